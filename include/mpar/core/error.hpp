@@ -1,0 +1,32 @@
+#pragma once
+/** @file Error types shared by every layer of mpar. */
+#include <sstream>
+#include <stdexcept>
+#include <string>
+#include <utility>
+
+namespace mpar {
+
+/** @brief Raised when user input (sizes, options, mesh shapes) is invalid; the message says what to change. */
+class config_error : public std::invalid_argument {
+ public:
+  using std::invalid_argument::invalid_argument;
+};
+
+namespace detail {
+/** Builds a message from streamable parts, so call sites stay one line long. */
+template <class... Parts>
+[[nodiscard]] std::string cat(Parts&&... parts) {
+  std::ostringstream os;
+  (os << ... << std::forward<Parts>(parts));
+  return os.str();
+}
+}  // namespace detail
+
+/** @brief Throws config_error with the concatenated message unless `ok`. */
+template <class... Parts>
+constexpr void require(bool ok, Parts&&... parts) {
+  if (!ok) throw config_error(detail::cat(std::forward<Parts>(parts)...));
+}
+
+}  // namespace mpar

@@ -1,0 +1,8 @@
+#pragma once
+/**
+ * @file The umbrella header: everything in mpar that does not need CUDA.
+ * CUDA parts live behind `mpar/cuda.hpp` and the MPAR_ENABLE_CUDA option.
+ */
+#include "mpar/version.hpp"
+#include "mpar/core.hpp"
+#include "mpar/backend/host/host_backend.hpp"

@@ -1,0 +1,5 @@
+#pragma once
+#define MPAR_VERSION_MAJOR 0
+#define MPAR_VERSION_MINOR 1
+#define MPAR_VERSION_PATCH 0
+#define MPAR_VERSION_STRING "0.1.0"
