@@ -1,0 +1,88 @@
+#pragma once
+/**
+ * @file The `communicator` concept: the transport every parallel feature of mpar is written against.
+ *
+ * Semantics shared by every implementation (threads, MPI, NCCL, adaptors) — see docs/communicators.md:
+ * - Buffers are `std::span`s of one element type `T` (float, double, bf16, f16); 16-bit types are
+ *   reduced in float. Every rank of the group must call the same collectives in the same order with
+ *   matching counts, element types, ops and roots; a mismatch is an error (comm_error) on every rank,
+ *   never a hang.
+ * - Uneven splits follow mpar's block rule (`block_of` in core/layout.hpp): for `n` elements over
+ *   `p` ranks, rank r owns `block_of(n, p, r)`, the first n % p ranks one element more.
+ * - In place: `all_reduce` and `broadcast` work in place; for the others send and receive buffers
+ *   must not overlap unless stated.
+ */
+#include <concepts>
+#include <cstddef>
+#include <span>
+#include <stdexcept>
+#include <string>
+
+#include "mpar/core/dtype.hpp"
+#include "mpar/core/layout.hpp"
+
+namespace mpar {
+
+/** @brief A collective or point-to-point failure: a peer threw, timed out, or called with mismatched arguments. */
+class comm_error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/**
+ * @brief A handle to an asynchronous operation: `wait()` blocks until done (rethrowing its error),
+ * `test()` returns whether it is done without blocking.
+ */
+template <class R>
+concept comm_request = std::movable<R> && requires(R& r) {
+  { r.wait() } -> std::same_as<void>;
+  { r.test() } -> std::convertible_to<bool>;
+};
+
+/**
+ * @brief A group of ranks and the collectives over it. Requirements, for every element type `T`:
+ *
+ * | call | semantics |
+ * |---|---|
+ * | `rank()`, `size()` | this rank's index in the group and the group size |
+ * | `name()` | the group's name in error messages ("world", "tensor", ...) |
+ * | `all_reduce(std::span<T> data, ReduceOp op)` | in place |
+ * | `broadcast(std::span<T> data, int root)` | in place |
+ * | `reduce(std::span<const T> send, std::span<T> recv, ReduceOp op, int root)` | recv used on root only |
+ * | `all_gather(std::span<const T> send, std::span<T> recv)` | recv.size() = n; rank r sends block_of(n, p, r) |
+ * | `reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op)` | send.size() = n; rank r receives block_of(n, p, r) |
+ * | `gather(send, recv, int root)` / `scatter(send, recv, int root)` | blocks as for all_gather / reduce_scatter |
+ * | `all_to_all(std::span<const T> send, std::span<T> recv)` | equal blocks: size divisible by p |
+ * | `all_to_all_v(send, send_counts, recv, recv_counts)` | counts are `std::span<const std::size_t>` of length p |
+ * | `send(std::span<const T> data, int peer, int tag)`, `recv(std::span<T> data, int peer, int tag)` | blocking, tagged |
+ * | `isend`, `irecv`, `iall_reduce`, `iall_gather`, `ireduce_scatter` | same arguments, return a `comm_request` |
+ * | `barrier()` | |
+ * | `split(int color, int key)` | a sub-communicator of the same type over the ranks with equal color, ordered by key |
+ */
+template <class C>
+concept communicator = requires(C& c, const C& cc, std::span<float> buf, std::span<const float> cbuf,
+                                std::span<const std::size_t> counts, int root, ReduceOp op) {
+  { cc.rank() } -> std::convertible_to<int>;
+  { cc.size() } -> std::convertible_to<int>;
+  { cc.name() } -> std::convertible_to<std::string>;
+  c.all_reduce(buf, op);
+  c.broadcast(buf, root);
+  c.reduce(cbuf, buf, op, root);
+  c.all_gather(cbuf, buf);
+  c.reduce_scatter(cbuf, buf, op);
+  c.gather(cbuf, buf, root);
+  c.scatter(cbuf, buf, root);
+  c.all_to_all(cbuf, buf);
+  c.all_to_all_v(cbuf, counts, buf, counts);
+  c.send(cbuf, root, root);
+  c.recv(buf, root, root);
+  c.barrier();
+  { c.iall_reduce(buf, op) } -> comm_request;
+  { c.iall_gather(cbuf, buf) } -> comm_request;
+  { c.ireduce_scatter(cbuf, buf, op) } -> comm_request;
+  { c.isend(cbuf, root, root) } -> comm_request;
+  { c.irecv(buf, root, root) } -> comm_request;
+  { c.split(root, root) } -> std::same_as<C>;
+};
+
+}  // namespace mpar
