@@ -1,0 +1,57 @@
+#pragma once
+/**
+ * @file A trainable parameter: this rank's block of a (possibly sharded) global tensor, its gradient,
+ * and the facts optimizers, data parallelism, gradient clipping and checkpoints need about it.
+ */
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "mpar/core/init.hpp"
+#include "mpar/core/layout.hpp"
+
+namespace mpar::nn {
+
+/**
+ * @brief One parameter's local shard. Values are fp32 master weights; `grad` accumulates over
+ * micro-batches until an optimizer step or `zero_grad()`.
+ */
+struct Parameter {
+  std::string name;                       ///< unique within the model, e.g. "block3.mlp.fc1.weight"
+  std::uint64_t id = 0;                   ///< the initialisation stream: values depend on (seed, id, global index)
+  std::vector<std::size_t> global_shape;  ///< the unsharded shape
+  std::vector<Block> local_box;           ///< this rank's block of every dimension
+  std::string layout;                     ///< layout name, e.g. "Shard<1, tensor>" or "Replicate"
+  bool sharded_over_tensor = false;       ///< false: every tensor rank holds an identical copy (count it once in norms)
+  std::vector<float> value, grad;         ///< local block, row-major
+
+  [[nodiscard]] std::size_t local_size() const { return value.size(); }
+  [[nodiscard]] std::size_t global_size() const {
+    std::size_t n = 1;
+    for (auto e : global_shape) n *= e;
+    return n;
+  }
+  void zero_grad() { grad.assign(value.size(), 0.0f); }
+
+  /** Allocates the block and fills it with the sharding-independent initial values. */
+  void initialise(std::uint64_t seed, const InitSpec& spec) {
+    std::size_t n = 1;
+    for (const auto& b : local_box) n *= b.extent;
+    value.assign(n, 0.0f);
+    grad.assign(n, 0.0f);
+    const std::size_t rank = global_shape.size();
+    std::vector<std::size_t> idx(rank, 0);
+    for (std::size_t k = 0; k < n; ++k) {
+      std::size_t rem = k, g = 0;
+      for (std::size_t d = rank; d-- > 0;) {
+        idx[d] = rem % local_box[d].extent;
+        rem /= local_box[d].extent;
+      }
+      for (std::size_t d = 0; d < rank; ++d) g = g * global_shape[d] + local_box[d].offset + idx[d];
+      value[k] = float(init_value(seed, id, g, spec));
+    }
+  }
+};
+
+}  // namespace mpar::nn
