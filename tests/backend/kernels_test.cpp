@@ -1,0 +1,164 @@
+// Every host kernel against a naive reference: forward values, and gradients by central finite differences.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <cstdint>
+#include <functional>
+#include <mpar/backend/host/kernels.hpp>
+#include <vector>
+
+using namespace mpar;
+using Vec = std::vector<double>;
+
+namespace {
+Vec random_vec(std::size_t n, std::uint64_t stream, double scale = 1.0) {
+  Vec v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = init_value(11, stream, i, InitSpec::uniform(scale));
+  return v;
+}
+double dot(const Vec& a, const Vec& b) {
+  double s = 0;
+  for (std::size_t i = 0; i < a.size(); ++i) s += a[i] * b[i];
+  return s;
+}
+// Checks analytic d(loss)/d(x) where loss(x) = <w, f(x)> against central differences.
+void check_gradient(Vec x, const std::function<Vec(const Vec&)>& f, const Vec& analytic, double tol = 1e-6) {
+  const Vec w = random_vec(f(x).size(), 99);
+  const double h = 1e-6;
+  for (std::size_t i = 0; i < x.size(); ++i) {
+    Vec xp = x, xm = x;
+    xp[i] += h;
+    xm[i] -= h;
+    const double numeric = (dot(w, f(xp)) - dot(w, f(xm))) / (2 * h);
+    REQUIRE(analytic[i] == Approx(numeric).margin(tol).epsilon(1e-5));
+  }
+}
+}  // namespace
+
+TEST_CASE("GeLU forward and backward", "[backend][kernels]") {
+  const Vec x = random_vec(50, 1, 4.0);
+  Vec y(50);
+  host::gelu_forward(50, x.data(), y.data());
+  for (std::size_t i = 0; i < 50; ++i) {
+    const double v = x[i];
+    CHECK(y[i] == Approx(0.5 * v * (1 + std::tanh(std::sqrt(2 / M_PI) * (v + 0.044715 * v * v * v)))));
+  }
+  const Vec w = random_vec(50, 99);
+  Vec dx(50);
+  host::gelu_backward(50, x.data(), w.data(), dx.data());
+  check_gradient(x, [](const Vec& in) { Vec out(in.size()); host::gelu_forward(in.size(), in.data(), out.data()); return out; }, dx);
+}
+
+TEST_CASE("softmax forward is stable and backward matches finite differences", "[backend][kernels]") {
+  const std::size_t rows = 3, cols = 7;
+  Vec x = random_vec(rows * cols, 2, 3.0);
+  x[0] = 1000.0;  // would overflow without max subtraction
+  Vec y(rows * cols);
+  host::softmax_forward(rows, cols, x.data(), y.data());
+  for (std::size_t r = 0; r < rows; ++r) {
+    double s = 0;
+    for (std::size_t c = 0; c < cols; ++c) s += y[r * cols + c];
+    CHECK(s == Approx(1.0));
+  }
+  CHECK(y[0] == Approx(1.0));
+  x[0] = 0.5;
+  host::softmax_forward(rows, cols, x.data(), y.data());
+  const Vec w = random_vec(rows * cols, 99);
+  Vec dx(rows * cols);
+  host::softmax_backward(rows, cols, y.data(), w.data(), dx.data());
+  check_gradient(x, [&](const Vec& in) { Vec out(in.size()); host::softmax_forward(rows, cols, in.data(), out.data()); return out; }, dx);
+}
+
+TEST_CASE("layer norm forward and all three gradients", "[backend][kernels]") {
+  const std::size_t rows = 4, cols = 9;
+  const Vec x = random_vec(rows * cols, 3, 2.0), gamma = random_vec(cols, 4), beta = random_vec(cols, 5);
+  auto run = [&](const Vec& xx, const Vec& g, const Vec& b) {
+    Vec y(rows * cols), mean(rows), rstd(rows);
+    host::layernorm_forward(rows, cols, xx.data(), g.data(), b.data(), y.data(), mean.data(), rstd.data());
+    return y;
+  };
+  // Forward against the definition.
+  const Vec y = run(x, gamma, beta);
+  for (std::size_t r = 0; r < rows; ++r) {
+    double m = 0, v = 0;
+    for (std::size_t c = 0; c < cols; ++c) m += x[r * cols + c] / cols;
+    for (std::size_t c = 0; c < cols; ++c) v += (x[r * cols + c] - m) * (x[r * cols + c] - m) / cols;
+    for (std::size_t c = 0; c < cols; ++c)
+      CHECK(y[r * cols + c] == Approx((x[r * cols + c] - m) / std::sqrt(v + 1e-5) * gamma[c] + beta[c]));
+  }
+  Vec yy(rows * cols), mean(rows), rstd(rows), dx(rows * cols), dg(cols, 0.0), db(cols, 0.0);
+  host::layernorm_forward(rows, cols, x.data(), gamma.data(), beta.data(), yy.data(), mean.data(), rstd.data());
+  const Vec w = random_vec(rows * cols, 99);
+  host::layernorm_backward(rows, cols, x.data(), mean.data(), rstd.data(), gamma.data(), w.data(), dx.data(), dg.data(), db.data());
+  check_gradient(x, [&](const Vec& in) { return run(in, gamma, beta); }, dx);
+  check_gradient(gamma, [&](const Vec& g) { return run(x, g, beta); }, dg);
+  check_gradient(beta, [&](const Vec& b) { return run(x, gamma, b); }, db);
+}
+
+TEST_CASE("cross-entropy forward and backward", "[backend][kernels]") {
+  const std::size_t rows = 5, cols = 6;
+  const Vec logits = random_vec(rows * cols, 6, 3.0);
+  const std::vector<std::int32_t> targets{0, 5, 2, 2, 1};
+  Vec probs(rows * cols);
+  const double loss = host::cross_entropy_forward(rows, cols, logits.data(), targets.data(), probs.data());
+  double ref = 0;
+  for (std::size_t r = 0; r < rows; ++r) {
+    double lse = 0;
+    for (std::size_t c = 0; c < cols; ++c) lse += std::exp(logits[r * cols + c]);
+    ref += std::log(lse) - logits[r * cols + std::size_t(targets[r])];
+  }
+  CHECK(loss == Approx(ref / rows));
+  Vec d(rows * cols);
+  host::cross_entropy_backward(rows, cols, probs.data(), targets.data(), d.data());
+  // loss is a scalar: check d(loss)/d(logits) directly.
+  const double h = 1e-6;
+  for (std::size_t i = 0; i < logits.size(); ++i) {
+    Vec p = logits, m = logits, tmp(rows * cols);
+    p[i] += h;
+    m[i] -= h;
+    const double num = (host::cross_entropy_forward(rows, cols, p.data(), targets.data(), tmp.data()) -
+                        host::cross_entropy_forward(rows, cols, m.data(), targets.data(), tmp.data())) / (2 * h);
+    REQUIRE(d[i] == Approx(num).margin(1e-7));
+  }
+  const std::vector<std::int32_t> bad{0, 6, 0, 0, 0};
+  CHECK_THROWS_WITH(host::cross_entropy_forward(rows, cols, logits.data(), bad.data(), probs.data()),
+                    Catch::Contains("target 6 of row 1"));
+}
+
+TEST_CASE("bias, add, scale and axpby", "[backend][kernels]") {
+  const std::size_t rows = 3, cols = 4;
+  Vec y(rows * cols, 1.0), bias = random_vec(cols, 7), db(cols, 0.0);
+  host::bias_add_forward(rows, cols, bias.data(), y.data());
+  CHECK(y[5] == Approx(1.0 + bias[1]));
+  const Vec dy = random_vec(rows * cols, 8);
+  host::bias_add_backward(rows, cols, dy.data(), db.data());
+  CHECK(db[2] == Approx(dy[2] + dy[6] + dy[10]));
+  Vec a{1, 2, 3}, b{10, 20, 30}, out(3);
+  host::add(3, a.data(), b.data(), out.data());
+  CHECK(out == Vec{11, 22, 33});
+  host::scale(3, 2.0, out.data());
+  CHECK(out == Vec{22, 44, 66});
+  host::axpby(3, 2.0, a.data(), 0.5, out.data());
+  CHECK(out == Vec{13, 26, 39});
+}
+
+TEST_CASE("dropout: deterministic, shard-consistent, rate and scaling", "[backend][kernels]") {
+  const std::size_t rows = 64, cols = 32;
+  const Vec x(rows * cols, 1.0);
+  Vec y(rows * cols);
+  host::DropoutMask mask{5, 1, 0.25, cols, 0, 0};
+  mask.apply(rows, cols, x.data(), y.data());
+  std::size_t kept = 0;
+  for (double v : y) {
+    REQUIRE((v == 0.0 || v == Approx(1.0 / 0.75)));
+    kept += v != 0.0;
+  }
+  CHECK(double(kept) / double(rows * cols) == Approx(0.75).margin(0.03));
+  // The right half as a column shard drops exactly the same elements.
+  Vec xs(rows * cols / 2, 1.0), ys(rows * cols / 2);
+  host::DropoutMask shard{5, 1, 0.25, cols, 0, cols / 2};
+  shard.apply(rows, cols / 2, xs.data(), ys.data());
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < cols / 2; ++c) REQUIRE(ys[r * cols / 2 + c] == y[r * cols + cols / 2 + c]);
+  host::DropoutMask bad{5, 1, 1.0, cols, 0, 0};
+  CHECK_THROWS_WITH(bad.apply(rows, cols, x.data(), y.data()), Catch::Contains("[0, 1)"));
+}
