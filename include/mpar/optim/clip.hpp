@@ -1,0 +1,102 @@
+#pragma once
+/**
+ * @file Gradient clipping by the global norm, correct on any tensor x pipeline x data mesh.
+ *
+ * The global norm is that of the full (unsharded, single-model) gradient. Each element must be counted
+ * exactly once:
+ * - a parameter sharded over the tensor axis contributes its local sum of squares, summed over the
+ *   tensor group;
+ * - a parameter replicated over the tensor axis (`nn::Parameter::sharded_over_tensor == false`) holds the
+ *   same gradient on every tensor rank: it is counted once, never summed over the tensor group;
+ * - pipeline stages own distinct parameters: their sums are added over the pipeline group;
+ * - data-parallel replicas hold the same (already averaged) gradient: they are NOT summed.
+ * Sums are accumulated in double.
+ */
+#include <cmath>
+#include <cstddef>
+#include <span>
+
+#include "mpar/comm/communicator.hpp"
+#include "mpar/nn/parameter.hpp"
+
+namespace mpar::optim {
+
+/** @brief Local sums of squares of a parameter set, split by whether the tensor group shares them. */
+struct GradSquares {
+  double tensor_sharded = 0.0;  ///< from parameters sharded over the tensor axis (sum these over the tensor group)
+  double replicated = 0.0;      ///< from parameters every tensor rank holds whole (count once)
+};
+
+/** @brief The local sums of squares of the gradients of `params`. */
+[[nodiscard]] inline GradSquares grad_squares(std::span<nn::Parameter* const> params) {
+  GradSquares s;
+  for (const auto* p : params) {
+    double acc = 0.0;
+    for (float g : p->grad) acc += double(g) * double(g);
+    (p->sharded_over_tensor ? s.tensor_sharded : s.replicated) += acc;
+  }
+  return s;
+}
+
+namespace detail {
+struct NoGroup {};
+
+/** Combines the local sums into the global squared norm over the tensor and pipeline groups given. */
+template <class TC, class PC>
+[[nodiscard]] double global_squares(GradSquares s, TC* tensor, PC* pipeline) {
+  if constexpr (!std::is_same_v<TC, NoGroup>) {
+    double buf[1] = {s.tensor_sharded};
+    tensor->all_reduce(std::span<double>(buf), ReduceOp::sum);
+    s.tensor_sharded = buf[0];
+  }
+  double total[1] = {s.tensor_sharded + s.replicated};
+  if constexpr (!std::is_same_v<PC, NoGroup>) pipeline->all_reduce(std::span<double>(total), ReduceOp::sum);
+  return total[0];
+}
+}  // namespace detail
+
+/** @brief The global gradient norm on one rank (no model parallelism). */
+[[nodiscard]] inline double grad_norm(std::span<nn::Parameter* const> params) {
+  return std::sqrt(detail::global_squares<detail::NoGroup, detail::NoGroup>(grad_squares(params), nullptr, nullptr));
+}
+/** @brief The global gradient norm under tensor parallelism (`tensor`: this rank's tensor group). */
+template <communicator TC>
+[[nodiscard]] double grad_norm(std::span<nn::Parameter* const> params, TC& tensor) {
+  return std::sqrt(detail::global_squares<TC, detail::NoGroup>(grad_squares(params), &tensor, nullptr));
+}
+/** @brief The global gradient norm under tensor and pipeline parallelism. Never pass the data group. */
+template <communicator TC, communicator PC>
+[[nodiscard]] double grad_norm(std::span<nn::Parameter* const> params, TC& tensor, PC& pipeline) {
+  return std::sqrt(detail::global_squares<TC, PC>(grad_squares(params), &tensor, &pipeline));
+}
+
+/**
+ * @brief The factor that brings a gradient of norm `norm` to at most `max_norm`: `min(1, max_norm / (norm + 1e-6))`.
+ * A non-finite norm gives 1 (nothing to rescale meaningfully; the loss scaler skips such steps).
+ */
+[[nodiscard]] inline float clip_coefficient(double norm, double max_norm) {
+  if (!std::isfinite(norm) || max_norm <= 0.0) return 1.0f;
+  const double c = max_norm / (norm + 1e-6);
+  return c < 1.0 ? float(c) : 1.0f;
+}
+
+/** @brief Multiplies every gradient by `factor`. */
+inline void scale_grads(std::span<nn::Parameter* const> params, float factor) {
+  if (factor == 1.0f) return;
+  for (auto* p : params)
+    for (float& g : p->grad) g *= factor;
+}
+
+/**
+ * @brief Clips gradients in place to global norm `max_norm` and returns the norm before clipping.
+ * `groups...` are none, the tensor group, or the tensor and pipeline groups (see `grad_norm`).
+ */
+template <communicator... Groups>
+  requires(sizeof...(Groups) <= 2)
+double clip_grad_norm(std::span<nn::Parameter* const> params, double max_norm, Groups&... groups) {
+  const double norm = grad_norm(params, groups...);
+  scale_grads(params, clip_coefficient(norm, max_norm));
+  return norm;
+}
+
+}  // namespace mpar::optim

@@ -1,0 +1,87 @@
+#pragma once
+/** @file SGD with momentum (and optional Nesterov momentum and L2 weight decay) over fp32 master weights. */
+#include <cstddef>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "mpar/core/error.hpp"
+#include "mpar/nn/parameter.hpp"
+
+namespace mpar::optim {
+
+/** @brief SGD hyper-parameters; the same meaning as in most frameworks (L2 decay added to the gradient). */
+struct SgdConfig {
+  float lr = 0.01f;
+  float momentum = 0.9f;      ///< 0 disables the momentum buffer
+  float dampening = 0.0f;     ///< the buffer adds (1 - dampening) * g after its first step
+  float weight_decay = 0.0f;  ///< L2: g += weight_decay * w before momentum
+  bool nesterov = false;      ///< use g + momentum * buf instead of buf
+};
+
+/**
+ * @brief One SGD update of `w` from `g` with momentum buffer `buf` (`first` says the buffer is empty):
+ * `g' = g + wd w; buf = first ? g' : mu buf + (1 - dampening) g'; w -= lr (nesterov ? g' + mu buf : buf)`.
+ * `grad_scale` multiplies `g` first (1 / loss scale, a clipping coefficient).
+ */
+inline void sgd_update(std::span<float> w, std::span<const float> g, std::span<float> buf, bool first,
+                       const SgdConfig& c, float lr, float grad_scale = 1.0f) {
+  require(w.size() == g.size() && (c.momentum == 0.0f || buf.size() == w.size()), "sgd_update: weights (", w.size(),
+          "), gradient (", g.size(), ") and momentum buffer (", buf.size(), ") differ in size");
+  for (std::size_t i = 0; i < w.size(); ++i) {
+    float d = g[i] * grad_scale + c.weight_decay * w[i];
+    if (c.momentum != 0.0f) {
+      buf[i] = first ? d : c.momentum * buf[i] + (1.0f - c.dampening) * d;
+      d = c.nesterov ? d + c.momentum * buf[i] : buf[i];
+    }
+    w[i] -= lr * d;
+  }
+}
+
+/**
+ * @brief SGD with momentum over a list of parameters (any sharding: the update is elementwise, so each
+ * rank updates its local shard). Momentum buffers are fp32 and live here, one per parameter.
+ */
+class Sgd {
+ public:
+  Sgd(std::vector<nn::Parameter*> params, SgdConfig config) : params_(std::move(params)), config_(config) {
+    require(config_.lr >= 0.0f && config_.momentum >= 0.0f, "Sgd: learning rate ", config_.lr, " and momentum ",
+            config_.momentum, " must be non-negative");
+    require(!config_.nesterov || (config_.momentum > 0.0f && config_.dampening == 0.0f),
+            "Sgd: Nesterov momentum needs momentum > 0 and dampening 0");
+    buffers_.resize(params_.size());
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      require(params_[i] != nullptr, "Sgd: parameter ", i, " is null");
+      if (config_.momentum != 0.0f) buffers_[i].assign(params_[i]->local_size(), 0.0f);
+    }
+  }
+
+  /** Applies one update with the configured learning rate. */
+  void step() { step(config_.lr); }
+  /** Applies one update with learning rate `lr` (from a schedule); gradients are multiplied by `grad_scale`. */
+  void step(float lr, float grad_scale = 1.0f) {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      auto& p = *params_[i];
+      require(p.grad.size() == p.value.size(), "Sgd::step: parameter ", p.name, " has ", p.value.size(),
+              " values but ", p.grad.size(), " gradients");
+      sgd_update(p.value, p.grad, buffers_[i], steps_ == 0, config_, lr, grad_scale);
+    }
+    ++steps_;
+  }
+  void zero_grad() {
+    for (auto* p : params_) p->zero_grad();
+  }
+
+  [[nodiscard]] std::size_t steps() const { return steps_; }
+  [[nodiscard]] const SgdConfig& config() const { return config_; }
+  [[nodiscard]] std::span<const float> momentum_buffer(std::size_t i) const { return buffers_.at(i); }
+  [[nodiscard]] const std::vector<nn::Parameter*>& params() const { return params_; }
+
+ private:
+  std::vector<nn::Parameter*> params_;
+  SgdConfig config_;
+  std::vector<std::vector<float>> buffers_;
+  std::size_t steps_ = 0;
+};
+
+}  // namespace mpar::optim
