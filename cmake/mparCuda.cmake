@@ -1,0 +1,48 @@
+# The CUDA backend and NCCL communicator: included by the top-level CMakeLists.txt when
+# MPAR_ENABLE_CUDA is ON (the top level has already found CUDAToolkit and MPAR_NCCL_LIBRARY).
+#
+# mpar::cuda is an INTERFACE target like mpar::mpar: the headers stay header-only, and code that
+# includes mpar/cuda.hpp is compiled by nvcc (its kernels are templates in headers).
+find_package(CUDAToolkit REQUIRED)
+if(NOT MPAR_NCCL_LIBRARY)
+  find_library(MPAR_NCCL_LIBRARY nccl HINTS ${CUDAToolkit_LIBRARY_DIR})
+endif()
+if(NOT MPAR_NCCL_LIBRARY)
+  message(FATAL_ERROR "MPAR_ENABLE_CUDA is ON but libnccl was not found; set MPAR_NCCL_LIBRARY or turn MPAR_ENABLE_CUDA OFF")
+endif()
+find_path(MPAR_NCCL_INCLUDE_DIR nccl.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
+
+add_library(mpar_cuda INTERFACE)
+add_library(mpar::cuda ALIAS mpar_cuda)
+set_target_properties(mpar_cuda PROPERTIES EXPORT_NAME cuda)
+target_link_libraries(mpar_cuda INTERFACE mpar CUDA::cudart CUDA::cublas CUDA::cublasLt ${MPAR_NCCL_LIBRARY})
+if(MPAR_NCCL_INCLUDE_DIR)
+  target_include_directories(mpar_cuda INTERFACE $<BUILD_INTERFACE:${MPAR_NCCL_INCLUDE_DIR}>)
+endif()
+target_compile_definitions(mpar_cuda INTERFACE MPAR_HAVE_CUDA)
+# The kernels call constexpr host helpers (CounterRng, bf16 conversions) from device code.
+target_compile_options(mpar_cuda INTERFACE $<$<COMPILE_LANGUAGE:CUDA>:--expt-relaxed-constexpr>)
+install(TARGETS mpar_cuda EXPORT mparTargets)
+
+# nvcc is needed only for our own programs (tests, examples, benchmarks); a consumer of the
+# installed package enables CUDA in its own project.
+if(MPAR_BUILD_TESTS OR MPAR_BUILD_EXAMPLES OR MPAR_BUILD_BENCHMARKS)
+  if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES)
+    # A100 and H100/H200: SASS for both plus PTX for newer devices.
+    set(CMAKE_CUDA_ARCHITECTURES 80 90)
+  endif()
+  if(NOT DEFINED CMAKE_CUDA_COMPILER AND EXISTS ${CUDAToolkit_BIN_DIR}/nvcc)
+    set(CMAKE_CUDA_COMPILER ${CUDAToolkit_BIN_DIR}/nvcc)
+  endif()
+  if(NOT DEFINED CMAKE_CUDA_HOST_COMPILER)
+    set(CMAKE_CUDA_HOST_COMPILER ${CMAKE_CXX_COMPILER})
+  endif()
+  enable_language(CUDA)
+  set(CMAKE_CUDA_STANDARD 20)
+  set(CMAKE_CUDA_STANDARD_REQUIRED ON)
+  set(CMAKE_CUDA_EXTENSIONS OFF)
+  # nvcc-compiled programs get the same warnings as the C++ ones, passed to the host compiler.
+  add_library(mpar_cuda_warnings INTERFACE)
+  target_compile_options(mpar_cuda_warnings INTERFACE
+    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wno-missing-field-initializers>)
+endif()
