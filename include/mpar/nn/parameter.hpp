@@ -3,9 +3,11 @@
  * @file A trainable parameter: this rank's block of a (possibly sharded) global tensor, its gradient,
  * and the facts optimizers, data parallelism, gradient clipping and checkpoints need about it.
  */
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mpar/core/init.hpp"
@@ -53,5 +55,24 @@ struct Parameter {
     }
   }
 };
+
+/**
+ * @brief Creates and initialises a parameter of `global_shape` whose local block is `box` (from a
+ * layout's `local_box`), so its values are those the same elements have in the unsharded parameter.
+ */
+template <std::size_t R>
+[[nodiscard]] Parameter make_parameter(std::string name, std::uint64_t id, const std::array<std::size_t, R>& global_shape,
+                                       const Box<R>& box, std::string layout, bool sharded_over_tensor,
+                                       std::uint64_t seed, const InitSpec& spec) {
+  Parameter p;
+  p.name = std::move(name);
+  p.id = id;
+  p.global_shape.assign(global_shape.begin(), global_shape.end());
+  p.local_box.assign(box.begin(), box.end());
+  p.layout = std::move(layout);
+  p.sharded_over_tensor = sharded_over_tensor;
+  p.initialise(seed, spec);
+  return p;
+}
 
 }  // namespace mpar::nn

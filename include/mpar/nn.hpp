@@ -1,0 +1,18 @@
+#pragma once
+/** @file Tensor-parallel layers: layouts of activations, layers with forward/backward, Stage composition. */
+#include "mpar/nn/activation.hpp"
+#include "mpar/nn/attention.hpp"
+#include "mpar/nn/collectives.hpp"
+#include "mpar/nn/column_parallel.hpp"
+#include "mpar/nn/cross_entropy.hpp"
+#include "mpar/nn/dropout.hpp"
+#include "mpar/nn/embedding.hpp"
+#include "mpar/nn/gelu.hpp"
+#include "mpar/nn/layer.hpp"
+#include "mpar/nn/layer_norm.hpp"
+#include "mpar/nn/linear.hpp"
+#include "mpar/nn/mlp.hpp"
+#include "mpar/nn/parameter.hpp"
+#include "mpar/nn/row_parallel.hpp"
+#include "mpar/nn/stage.hpp"
+#include "mpar/nn/transformer_block.hpp"

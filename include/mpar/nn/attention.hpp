@@ -1,0 +1,241 @@
+#pragma once
+/**
+ * @file Multi-head causal self-attention: the per-head core, the single-rank `Attention`, and the
+ * tensor-parallel `SelfAttention` split by heads (QKV column-parallel, output projection row-parallel).
+ *
+ * Representation: the input is `[tokens, hidden]` with token `t = b * seq + s`; the QKV projection
+ * returns `[tokens, 3 * h_local]` whose columns are `(q | k | v)`, each `[heads_local, head_dim]`
+ * head-major. The core reads head `h` of batch `b` as a `[seq, head_dim]` strided block of that
+ * matrix, so no transposes or copies into `[batch, heads, seq, head_dim]` are needed.
+ */
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <limits>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "mpar/backend/host/host_backend.hpp"
+#include "mpar/nn/column_parallel.hpp"
+#include "mpar/nn/linear.hpp"
+#include "mpar/nn/row_parallel.hpp"
+
+namespace mpar::nn {
+
+/** @brief Sizes of the causal attention core on one rank: its heads, head size and sequence length. */
+struct AttentionCore {
+  std::size_t heads = 1, head_dim = 1, seq = 1;
+
+  [[nodiscard]] std::size_t batch(const Activation& qkv, std::string_view who) const {
+    require(qkv.extent(1) == 3 * heads * head_dim, who, ": QKV has ", qkv.extent(1), " columns, expected 3 x ", heads,
+            " heads x ", head_dim);
+    require(qkv.extent(0) % seq == 0, who, ": ", qkv.extent(0), " tokens are not a whole number of sequences of length ",
+            seq);
+    return qkv.extent(0) / seq;
+  }
+
+  /** o = softmax(mask(q k^T / sqrt(d))) v per (batch, head); saves the probabilities `[b, h, s, s]`. */
+  template <backend B>
+  Activation forward(const Activation& qkv, std::vector<float>& probs, std::string_view who) const {
+    const std::size_t nb = batch(qkv, who), hl = heads * head_dim, ld = 3 * hl, s = seq, d = head_dim;
+    const float scale = 1.0f / std::sqrt(float(d));
+    probs.assign(nb * heads * s * s, 0.0f);
+    Activation o({qkv.extent(0), hl});
+    for (std::size_t b = 0; b < nb; ++b)
+      for (std::size_t h = 0; h < heads; ++h) {
+        const float* q = qkv.data() + b * s * ld + h * d;
+        float* p = probs.data() + (b * heads + h) * s * s;
+        B::template gemm<float>(Trans::no, Trans::yes, s, s, d, scale, q, ld, q + hl, ld, 0.0f, p, s);
+        // Causal mask: token i attends to tokens j <= i only.
+        for (std::size_t i = 0; i < s; ++i)
+          for (std::size_t j = i + 1; j < s; ++j) p[i * s + j] = -std::numeric_limits<float>::infinity();
+        host::softmax_forward(s, s, p, p);
+        B::template gemm<float>(Trans::no, Trans::no, s, d, s, 1.0f, p, s, q + 2 * hl, ld, 0.0f,
+                                o.data() + b * s * hl + h * d, hl);
+      }
+    return o;
+  }
+
+  /** dqkv from do, the saved qkv and probabilities. */
+  template <backend B>
+  Activation backward(const Activation& qkv, const std::vector<float>& probs, const Activation& dout,
+                      std::string_view who) const {
+    const std::size_t nb = batch(qkv, who), hl = heads * head_dim, ld = 3 * hl, s = seq, d = head_dim;
+    require(dout.extent(0) == qkv.extent(0) && dout.extent(1) == hl, who, ": output gradient is ", dout.extent(0), "x",
+            dout.extent(1), ", expected ", qkv.extent(0), "x", hl);
+    const float scale = 1.0f / std::sqrt(float(d));
+    Activation dqkv({qkv.extent(0), ld});
+    std::vector<float> dp(s * s);
+    for (std::size_t b = 0; b < nb; ++b)
+      for (std::size_t h = 0; h < heads; ++h) {
+        const float* q = qkv.data() + b * s * ld + h * d;
+        const float* p = probs.data() + (b * heads + h) * s * s;
+        const float* go = dout.data() + b * s * hl + h * d;
+        float* dq = dqkv.data() + b * s * ld + h * d;
+        B::template gemm<float>(Trans::yes, Trans::no, s, d, s, 1.0f, p, s, go, hl, 0.0f, dq + 2 * hl, ld);      // dV
+        B::template gemm<float>(Trans::no, Trans::yes, s, s, d, 1.0f, go, hl, q + 2 * hl, ld, 0.0f, dp.data(), s);  // dP
+        host::softmax_backward(s, s, p, dp.data(), dp.data());  // masked entries have p = 0, so their dS is 0
+        B::template gemm<float>(Trans::no, Trans::no, s, d, s, scale, dp.data(), s, q + hl, ld, 0.0f, dq, ld);     // dQ
+        B::template gemm<float>(Trans::yes, Trans::no, s, d, s, scale, dp.data(), s, q, ld, 0.0f, dq + hl, ld);   // dK
+      }
+    return dqkv;
+  }
+};
+
+namespace detail {
+inline AttentionCore make_core(std::string_view who, std::size_t hidden, std::size_t heads, std::size_t seq,
+                               std::size_t tp, std::size_t rank) {
+  require(hidden > 0 && heads > 0 && seq > 0, who, ": hidden, heads and seq must be positive");
+  require(hidden % heads == 0, who, ": hidden size ", hidden, " is not divisible by the number of heads ", heads);
+  require(heads % tp == 0, who, " (tensor rank ", rank, "): ", heads, " heads are not divisible by the tensor-parallel size ",
+          tp, "; attention is split by whole heads");
+  return AttentionCore{heads / tp, hidden / heads, seq};
+}
+}  // namespace detail
+
+/** @brief Sizes and initialisation of an attention layer. */
+struct AttentionConfig {
+  std::size_t hidden = 0, heads = 0, seq = 0;
+  std::uint64_t seed = 0, id_base = 0;  ///< QKV weight/bias get ids id_base, +1; the output projection +2, +3
+  std::string name = "attn";
+};
+
+/**
+ * @brief Single-rank causal self-attention: `Linear(h, 3h)` (`qkv`), the core, `Linear(h, h)` (`proj`).
+ * Its QKV weight `[h, 3h]` has the same elements as SelfAttention's `[h, 3, h]`, so both start equal.
+ */
+template <backend B = HostBackend>
+class Attention {
+ public:
+  static constexpr std::string_view layer_kind = "Attention";
+  using default_input = Replicate;
+  static constexpr bool preserves_features = false;
+  static constexpr std::size_t static_in_features = dyn, static_out_features = dyn;
+  template <class L>
+  static constexpr Verdict accepts() {
+    if constexpr (std::is_same_v<L, Replicate>) return Verdict::ok;
+    else if constexpr (L::is_partial) return Verdict::nonlinear_fed_partial;
+    else if constexpr (std::is_same_v<L, FeatureShard>) return Verdict::needs_full_features;
+    else return Verdict::needs_replicated;
+  }
+  template <class L>
+  using output_layout = Replicate;
+
+  explicit Attention(const AttentionConfig& c)
+      : core_(detail::make_core("Attention", c.hidden, c.heads, c.seq, 1, 0)),
+        qkv_(c.hidden, 3 * c.hidden, {c.seed, c.id_base, c.name + ".qkv", true}),
+        proj_(c.hidden, c.hidden, {c.seed, c.id_base + 2, c.name + ".proj", true}) {}
+
+  Activation forward(const Activation& x, int mb = 0) {
+    Activation qkv = qkv_.forward(x, mb);
+    auto& c = cache_.put(mb);
+    Activation o = core_.forward<B>(qkv, c.probs, layer_kind);
+    c.qkv = std::move(qkv);
+    return proj_.forward(o, mb);
+  }
+  Activation backward(const Activation& dy, int mb = 0) {
+    Activation dout = proj_.backward(dy, mb);
+    auto c = cache_.take(mb, layer_kind);
+    return qkv_.backward(core_.backward<B>(c.qkv, c.probs, dout, layer_kind), mb);
+  }
+  std::vector<Parameter*> parameters() {
+    auto ps = qkv_.parameters();
+    detail::append(ps, proj_.parameters());
+    return ps;
+  }
+  void drop(int mb) {
+    qkv_.drop(mb);
+    proj_.drop(mb);
+    cache_.drop(mb);
+  }
+  [[nodiscard]] std::size_t in_features() const { return qkv_.in_features(); }
+  [[nodiscard]] std::size_t out_features() const { return proj_.out_features(); }
+
+ private:
+  struct Cache {
+    Activation qkv;
+    std::vector<float> probs;
+  };
+  AttentionCore core_;
+  Linear<dyn, dyn, B> qkv_, proj_;
+  MicroBatchCache<Cache> cache_;
+};
+
+/**
+ * @brief Tensor-parallel causal self-attention split by heads: each tensor rank owns `heads / TP`
+ * heads. QKV is one fused ColumnParallel (`[h, 3, h]`, groups = 3), the output projection a
+ * RowParallel. Forward: one all-reduce (SP: all-gather + reduce-scatter); backward: one all-reduce
+ * (SP: all-gather + reduce-scatter). `Heads % TP` is checked at compile time when both are static.
+ */
+template <communicator C, std::size_t Hidden = dyn, std::size_t Heads = dyn, std::size_t TP = dyn, bool SP = false,
+          backend B = HostBackend>
+class SelfAttention {
+  static_assert(statically_divisible_v<Heads, TP>,
+                "mpar::nn::SelfAttention<C, Hidden, Heads, TP>: the static number of heads is not divisible by the "
+                "static tensor-parallel size TP; attention is split by whole heads, so choose Heads a multiple of TP");
+  static_assert(statically_divisible_v<Hidden, Heads>,
+                "mpar::nn::SelfAttention<C, Hidden, Heads, TP>: Hidden is not divisible by Heads; head_dim = Hidden / Heads");
+  using In = std::conditional_t<SP, TokenShard, Replicate>;
+
+ public:
+  static constexpr std::string_view layer_kind = "SelfAttention";
+  using default_input = In;
+  static constexpr bool preserves_features = false;
+  static constexpr std::size_t static_in_features = Hidden, static_out_features = Hidden;
+  template <class L>
+  static constexpr Verdict accepts() {
+    if constexpr (std::is_same_v<L, In>) return Verdict::ok;
+    else if constexpr (L::is_partial) return Verdict::nonlinear_fed_partial;
+    else if constexpr (std::is_same_v<L, FeatureShard>) return Verdict::needs_full_features;
+    else return SP ? Verdict::needs_token_shard : Verdict::needs_replicated;
+  }
+  template <class L>
+  using output_layout = In;
+
+  SelfAttention(C& tp, const AttentionConfig& c)
+      : core_(detail::make_core("SelfAttention '" + c.name + "'", detail::reconcile(Hidden, c.hidden, layer_kind, "hidden"),
+                                detail::reconcile(Heads, c.heads, layer_kind, "heads"), c.seq, std::size_t(tp.size()),
+                                std::size_t(tp.rank()))),
+        qkv_(tp, c.hidden, c.hidden, {c.seed, c.id_base, c.name + ".qkv", true}),
+        proj_(tp, c.hidden, c.hidden, {c.seed, c.id_base + 2, c.name + ".proj", true}) {}
+
+  Activation forward(const Activation& x, int mb = 0) {
+    Activation qkv = qkv_.forward(x, mb);
+    auto& c = cache_.put(mb);
+    Activation o = core_.forward<B>(qkv, c.probs, layer_kind);
+    c.qkv = std::move(qkv);
+    return proj_.forward(o, mb);
+  }
+  Activation backward(const Activation& dy, int mb = 0) {
+    Activation dout = proj_.backward(dy, mb);
+    auto c = cache_.take(mb, layer_kind);
+    return qkv_.backward(core_.backward<B>(c.qkv, c.probs, dout, layer_kind), mb);
+  }
+  std::vector<Parameter*> parameters() {
+    auto ps = qkv_.parameters();
+    detail::append(ps, proj_.parameters());
+    return ps;
+  }
+  void drop(int mb) {
+    qkv_.drop(mb);
+    proj_.drop(mb);
+    cache_.drop(mb);
+  }
+  [[nodiscard]] std::size_t in_features() const { return qkv_.in_features(); }
+  [[nodiscard]] std::size_t out_features() const { return proj_.out_features(); }
+  [[nodiscard]] std::size_t local_heads() const { return core_.heads; }
+
+ private:
+  struct Cache {
+    Activation qkv;
+    std::vector<float> probs;
+  };
+  AttentionCore core_;
+  ColumnParallel<C, Hidden, Hidden, TP, ColumnOptions{SP, false, 3}, B> qkv_;
+  RowParallel<C, Hidden, Hidden, TP, SP ? RowReduce::reduce_scatter : RowReduce::all_reduce, B> proj_;
+  MicroBatchCache<Cache> cache_;
+};
+
+}  // namespace mpar::nn

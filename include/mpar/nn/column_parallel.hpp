@@ -1,0 +1,154 @@
+#pragma once
+/**
+ * @file `ColumnParallel`: a linear layer whose weight `[in, out]` is split along the output dimension
+ * over the tensor axis (Megatron's column-parallel layer, the "f" side of the f/g pair).
+ */
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "mpar/backend/host/host_backend.hpp"
+#include "mpar/comm/communicator.hpp"
+#include "mpar/nn/collectives.hpp"
+#include "mpar/nn/linear.hpp"
+
+namespace mpar::nn {
+
+/** @brief Static options of a ColumnParallel layer. */
+struct ColumnOptions {
+  /// Input is token-sharded (sequence parallelism): all-gather tokens forward, reduce-scatter the input gradient backward.
+  bool sequence_parallel = false;
+  /// All-gather the output features so the layer returns a replicated tensor.
+  bool gather_output = false;
+  /// `groups > 1` fuses several projections of the same input (QKV: 3). The weight is then `[in, groups, out]`,
+  /// split along its last dimension, so each rank holds the same output block of every group.
+  std::size_t groups = 1;
+};
+
+/**
+ * @brief `y = x W + b` with `W` of global shape `[in, out]` (or `[in, groups, out]`) split along `out`.
+ *
+ * Layouts: input `Replicate` (or `Shard<0, tensor>` with sequence parallelism), output
+ * `Shard<1, tensor>` (or `Replicate` with `gather_output`). Forward has no collective (SP: one
+ * all-gather of tokens); backward all-reduces the input gradient (SP: reduce-scatters it).
+ * `TP` is the tensor-parallel size when known at compile time (then `Out % TP` is checked statically).
+ */
+template <communicator C, std::size_t In = dyn, std::size_t Out = dyn, std::size_t TP = dyn, ColumnOptions O = ColumnOptions{},
+          backend B = HostBackend>
+class ColumnParallel {
+  static_assert(statically_divisible_v<Out, TP>,
+                "mpar::nn::ColumnParallel<C, In, Out, TP>: the static output size Out is not divisible by the static "
+                "tensor-parallel size TP, so the weight cannot be split evenly by columns; choose Out a multiple of TP");
+  static_assert(O.groups >= 1, "mpar::nn::ColumnParallel: ColumnOptions::groups must be at least 1");
+  static_assert(!(O.gather_output && O.groups > 1),
+                "mpar::nn::ColumnParallel: gather_output with groups > 1 would interleave the groups; keep the output "
+                "sharded (gather_output = false) for fused projections");
+
+ public:
+  static constexpr std::string_view layer_kind = "ColumnParallel";
+  static constexpr ColumnOptions options = O;
+  using default_input = std::conditional_t<O.sequence_parallel, TokenShard, Replicate>;
+  static constexpr bool preserves_features = false;
+  static constexpr std::size_t static_in_features = In;
+  static constexpr std::size_t static_out_features = Out == dyn ? dyn : Out * O.groups;
+  template <class L>
+  static constexpr Verdict accepts() {
+    if constexpr (std::is_same_v<L, default_input>) return Verdict::ok;
+    else if constexpr (L::is_partial) return Verdict::linear_fed_partial;
+    else if constexpr (std::is_same_v<L, FeatureShard>) return Verdict::needs_full_features;
+    else if constexpr (O.sequence_parallel) return Verdict::needs_token_shard;
+    else return Verdict::needs_replicated;
+  }
+  template <class L>
+  using output_layout = std::conditional_t<O.gather_output, Replicate, FeatureShard>;
+
+  ColumnParallel(C& tp, std::size_t in, std::size_t out, const LinearInit& init)
+      : comm_(&tp),
+        in_(detail::reconcile(In, in, layer_kind, "in_features")),
+        out_(detail::reconcile(Out, out, layer_kind, "out_features")),
+        p_(std::size_t(tp.size())),
+        rank_(std::size_t(tp.rank())),
+        name_(init.name) {
+    require(TP == dyn || p_ == TP, "ColumnParallel '", name_, "': the type fixes the tensor-parallel size to ", TP,
+            " but the communicator '", tp.name(), "' has ", p_, " ranks");
+    require(in_ > 0 && out_ > 0 && out_ % p_ == 0, "ColumnParallel '", name_, "' (tensor rank ", rank_,
+            "): output size ", out_, " is not divisible by the tensor-parallel size ", p_, " (input size ", in_, ")");
+    local_out_ = out_ / p_;
+    const auto spec = detail::default_weight_init(in_);
+    if constexpr (O.groups == 1) {
+      const std::array<std::size_t, 2> ws{in_, out_};
+      weight_ = make_parameter<2>(name_ + ".weight", init.id_base, ws, detail::tensor_box<FeatureShard>(ws, p_, rank_),
+                                  FeatureShard::name(), p_ > 1, init.seed, spec);
+    } else {
+      using L3 = Shard<2, axis::tensor>;
+      const std::array<std::size_t, 3> ws{in_, O.groups, out_};
+      weight_ = make_parameter<3>(name_ + ".weight", init.id_base, ws, detail::tensor_box<L3>(ws, p_, rank_), L3::name(),
+                                  p_ > 1, init.seed, spec);
+    }
+    if (init.bias) {
+      if constexpr (O.groups == 1) {
+        const std::array<std::size_t, 1> bs{out_};
+        bias_ = make_parameter<1>(name_ + ".bias", init.id_base + 1, bs, detail::tensor_box<TokenShard>(bs, p_, rank_),
+                                  TokenShard::name(), p_ > 1, init.seed, InitSpec::normal(0.02));
+      } else {
+        const std::array<std::size_t, 2> bs{O.groups, out_};
+        bias_ = make_parameter<2>(name_ + ".bias", init.id_base + 1, bs, detail::tensor_box<FeatureShard>(bs, p_, rank_),
+                                  FeatureShard::name(), p_ > 1, init.seed, InitSpec::normal(0.02));
+      }
+    }
+  }
+
+  Activation forward(const Activation& x, int mb = 0) {
+    Activation xf = O.sequence_parallel ? gather_tokens(*comm_, x) : x;
+    require(xf.extent(1) == in_, "ColumnParallel '", name_, "' (tensor rank ", rank_, "): input has ", xf.extent(1),
+            " features, expected ", in_);
+    const std::size_t n = O.groups * local_out_;
+    Activation y({xf.extent(0), n});
+    detail::linear_forward<B>(xf, weight_.value.data(), n, y);
+    if (!bias_.value.empty()) detail::add_row_vector(y, bias_.value);
+    // The gathered input is kept for the weight gradient: memory for one all-gather less in backward.
+    cache_.put(mb).x = std::move(xf);
+    if constexpr (O.gather_output) return gather_features(*comm_, y);
+    else return y;
+  }
+
+  Activation backward(const Activation& dy_in, int mb = 0) {
+    auto c = cache_.take(mb, layer_kind);
+    Activation dy = O.gather_output ? local_features(dy_in, p_, rank_) : dy_in;
+    require(dy.extent(0) == c.x.extent(0) && dy.extent(1) == O.groups * local_out_, "ColumnParallel '", name_,
+            "' (tensor rank ", rank_, "): output gradient is ", dy.extent(0), "x", dy.extent(1), ", expected ",
+            c.x.extent(0), "x", O.groups * local_out_);
+    detail::linear_backward_weight<B>(c.x, dy, weight_.grad.data());
+    if (!bias_.value.empty()) detail::add_column_sums(dy, bias_.grad);
+    Activation dx({dy.extent(0), in_});
+    detail::linear_backward_input<B>(dy, weight_.value.data(), in_, dx);
+    // Each rank's dx is the contribution of its output columns: the "f" operator's backward sums them.
+    if constexpr (O.sequence_parallel) return reduce_scatter_tokens(*comm_, dx, "ColumnParallel");
+    else {
+      all_reduce_sum(*comm_, dx);
+      return dx;
+    }
+  }
+
+  std::vector<Parameter*> parameters() { return detail::param_list(&weight_, &bias_); }
+  void drop(int mb) { cache_.drop(mb); }
+  [[nodiscard]] std::size_t in_features() const { return in_; }
+  [[nodiscard]] std::size_t out_features() const { return out_ * O.groups; }
+  [[nodiscard]] std::size_t local_out_features() const { return local_out_ * O.groups; }
+  [[nodiscard]] Parameter& weight() { return weight_; }
+  [[nodiscard]] Parameter& bias() { return bias_; }
+
+ private:
+  struct Cache {
+    Activation x;
+  };
+  C* comm_;
+  std::size_t in_, out_, p_, rank_, local_out_ = 0;
+  std::string name_;
+  Parameter weight_, bias_;
+  MicroBatchCache<Cache> cache_;
+};
+
+}  // namespace mpar::nn

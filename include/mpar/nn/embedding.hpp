@@ -1,0 +1,135 @@
+#pragma once
+/**
+ * @file Token embeddings: the single-rank `Embedding` and the tensor-parallel `VocabParallelEmbedding`
+ * (each rank holds a contiguous slice of the vocabulary).
+ */
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mpar/comm/communicator.hpp"
+#include "mpar/nn/collectives.hpp"
+#include "mpar/nn/layer.hpp"
+
+namespace mpar::nn {
+
+/** @brief Sizes and initialisation of an embedding table `[vocab, hidden]` (id `id_base`). */
+struct EmbeddingConfig {
+  std::size_t vocab = 0, hidden = 0;
+  std::uint64_t seed = 0, id_base = 0;
+  std::string name = "embed";
+};
+
+namespace detail {
+/** Rows `[offset, offset + n)` of the table: copy in-range tokens' rows, zeros for the others. */
+inline void embed_rows(std::span<const std::int32_t> tokens, const Parameter& w, std::size_t offset, std::size_t n,
+                       std::size_t hidden, Activation& y) {
+  for (std::size_t t = 0; t < tokens.size(); ++t) {
+    const auto tok = std::size_t(tokens[t]);
+    if (tokens[t] < 0 || tok < offset || tok >= offset + n) continue;
+    const float* row = w.value.data() + (tok - offset) * hidden;
+    std::copy(row, row + hidden, y.data() + t * hidden);
+  }
+}
+inline void embed_rows_backward(std::span<const std::int32_t> tokens, Parameter& w, std::size_t offset, std::size_t n,
+                                std::size_t hidden, const Activation& dy) {
+  for (std::size_t t = 0; t < tokens.size(); ++t) {
+    const auto tok = std::size_t(tokens[t]);
+    if (tokens[t] < 0 || tok < offset || tok >= offset + n) continue;
+    float* g = w.grad.data() + (tok - offset) * hidden;
+    for (std::size_t j = 0; j < hidden; ++j) g[j] += dy.data()[t * hidden + j];
+  }
+}
+inline void check_tokens(std::span<const std::int32_t> tokens, std::size_t vocab, std::string_view who) {
+  for (std::size_t t = 0; t < tokens.size(); ++t)
+    require(tokens[t] >= 0 && std::size_t(tokens[t]) < vocab, who, ": token ", tokens[t], " at position ", t,
+            " is outside the vocabulary of ", vocab);
+}
+}  // namespace detail
+
+/** @brief Single-rank embedding lookup: tokens -> `[tokens, hidden]`. */
+class Embedding {
+ public:
+  explicit Embedding(const EmbeddingConfig& c) : vocab_(c.vocab), hidden_(c.hidden) {
+    const std::array<std::size_t, 2> s{vocab_, hidden_};
+    weight_ = make_parameter<2>(c.name + ".weight", c.id_base, s, detail::tensor_box<Replicate>(s, 1, 0),
+                                Replicate::name(), false, c.seed, InitSpec::normal(0.02));
+  }
+  Activation forward(std::span<const std::int32_t> tokens, int mb = 0) {
+    detail::check_tokens(tokens, vocab_, "Embedding");
+    Activation y({tokens.size(), hidden_});
+    detail::embed_rows(tokens, weight_, 0, vocab_, hidden_, y);
+    cache_.put(mb).tokens.assign(tokens.begin(), tokens.end());
+    return y;
+  }
+  void backward(const Activation& dy, int mb = 0) {
+    auto c = cache_.take(mb, "Embedding");
+    detail::embed_rows_backward(c.tokens, weight_, 0, vocab_, hidden_, dy);
+  }
+  std::vector<Parameter*> parameters() { return {&weight_}; }
+  void drop(int mb) { cache_.drop(mb); }
+
+ private:
+  struct Cache {
+    std::vector<std::int32_t> tokens;
+  };
+  std::size_t vocab_, hidden_;
+  Parameter weight_;
+  MicroBatchCache<Cache> cache_;
+};
+
+/**
+ * @brief Vocab-parallel embedding: the table `[vocab, hidden]` is split by rows (`Shard<0, tensor>`);
+ * a rank returns its rows for the tokens in its slice and zeros for the others, and one all-reduce
+ * (SP: reduce-scatter, returning `Shard<0, tensor>` tokens) completes the lookup. Backward needs no
+ * collective (SP: one all-gather of the gradient).
+ */
+template <communicator C, bool SP = false>
+class VocabParallelEmbedding {
+ public:
+  using output_layout = std::conditional_t<SP, TokenShard, Replicate>;
+
+  VocabParallelEmbedding(C& tp, const EmbeddingConfig& c)
+      : comm_(&tp), vocab_(c.vocab), hidden_(c.hidden), p_(std::size_t(tp.size())), rank_(std::size_t(tp.rank())) {
+    require(vocab_ > 0 && hidden_ > 0, "VocabParallelEmbedding '", c.name, "': sizes must be positive");
+    const std::array<std::size_t, 2> s{vocab_, hidden_};
+    const auto box = detail::tensor_box<TokenShard>(s, p_, rank_);
+    slice_ = box[0];
+    weight_ = make_parameter<2>(c.name + ".weight", c.id_base, s, box, TokenShard::name(), p_ > 1, c.seed,
+                                InitSpec::normal(0.02));
+  }
+  Activation forward(std::span<const std::int32_t> tokens, int mb = 0) {
+    detail::check_tokens(tokens, vocab_, "VocabParallelEmbedding");
+    Activation y({tokens.size(), hidden_});
+    detail::embed_rows(tokens, weight_, slice_.offset, slice_.extent, hidden_, y);
+    cache_.put(mb).tokens.assign(tokens.begin(), tokens.end());
+    if constexpr (SP) {
+      return reduce_scatter_tokens(*comm_, y, "VocabParallelEmbedding");
+    } else {
+      all_reduce_sum(*comm_, y);
+      return y;
+    }
+  }
+  void backward(const Activation& dy_in, int mb = 0) {
+    auto c = cache_.take(mb, "VocabParallelEmbedding");
+    Activation dy = SP ? gather_tokens(*comm_, dy_in) : dy_in;
+    detail::embed_rows_backward(c.tokens, weight_, slice_.offset, slice_.extent, hidden_, dy);
+  }
+  std::vector<Parameter*> parameters() { return {&weight_}; }
+  void drop(int mb) { cache_.drop(mb); }
+  [[nodiscard]] Block vocab_slice() const { return slice_; }
+
+ private:
+  struct Cache {
+    std::vector<std::int32_t> tokens;
+  };
+  C* comm_;
+  std::size_t vocab_, hidden_, p_, rank_;
+  Block slice_{};
+  Parameter weight_;
+  MicroBatchCache<Cache> cache_;
+};
+
+}  // namespace mpar::nn

@@ -1,0 +1,53 @@
+#pragma once
+/** @file `Gelu`: the tanh-approximated GeLU, applied elementwise to any non-Partial layout. */
+#include <cstddef>
+#include <string_view>
+
+#include "mpar/backend/host/kernels.hpp"
+#include "mpar/nn/layer.hpp"
+
+namespace mpar::nn {
+
+/**
+ * @brief Elementwise GeLU. Keeps its input's layout (a shard stays a shard); a Partial input is
+ * refused because gelu(a + b) != gelu(a) + gelu(b).
+ */
+class Gelu {
+ public:
+  static constexpr std::string_view layer_kind = "Gelu";
+  using default_input = Replicate;
+  static constexpr bool preserves_features = true;
+  static constexpr std::size_t static_in_features = dyn, static_out_features = dyn;
+  template <class L>
+  static constexpr Verdict accepts() {
+    return L::is_partial ? Verdict::nonlinear_fed_partial : Verdict::ok;
+  }
+  template <class L>
+  using output_layout = L;
+
+  Activation forward(const Activation& x, int mb = 0) {
+    Activation y(x.shape());
+    host::gelu_forward(x.size(), x.data(), y.data());
+    cache_.put(mb).x = x;
+    return y;
+  }
+  Activation backward(const Activation& dy, int mb = 0) {
+    auto c = cache_.take(mb, layer_kind);
+    require(dy.shape() == c.x.shape(), "Gelu: gradient shape differs from the input's");
+    Activation dx(dy.shape());
+    host::gelu_backward(dy.size(), c.x.data(), dy.data(), dx.data());
+    return dx;
+  }
+  std::vector<Parameter*> parameters() { return {}; }
+  void drop(int mb) { cache_.drop(mb); }
+  [[nodiscard]] std::size_t in_features() const { return 0; }
+  [[nodiscard]] std::size_t out_features() const { return 0; }
+
+ private:
+  struct Cache {
+    Activation x;
+  };
+  MicroBatchCache<Cache> cache_;
+};
+
+}  // namespace mpar::nn

@@ -1,0 +1,94 @@
+#pragma once
+/**
+ * @file The layer contract: what every layer declares about the layouts it accepts and returns,
+ * and the `layer` concept the pipeline and training code program against.
+ */
+#include <array>
+#include <concepts>
+#include <cstddef>
+#include <string_view>
+#include <vector>
+
+#include "mpar/core/extents.hpp"
+#include "mpar/core/mesh.hpp"
+#include "mpar/nn/activation.hpp"
+#include "mpar/nn/parameter.hpp"
+
+namespace mpar::nn {
+
+/**
+ * @brief A layer's answer to "can you take a tensor of layout `In`?". Each refusal is one cause with
+ * its own diagnostic in `Stage` (see stage.hpp), so the message can say how to fix it.
+ */
+enum class Verdict {
+  ok,
+  needs_feature_shard,         ///< a row-parallel layer fed a tensor whose features are not split
+  nonlinear_fed_partial,       ///< a nonlinear layer fed a Partial (unreduced) tensor
+  linear_fed_partial,          ///< a layer with a bias or a column split fed a Partial tensor
+  needs_full_features,         ///< a layer that needs whole rows fed a feature-sharded tensor
+  needs_token_shard,           ///< a sequence-parallel layer fed a tensor that is not token-sharded
+  needs_replicated,            ///< a non-sequence-parallel layer fed a token-sharded tensor
+  layout_parameter_mismatch,   ///< a layer declared for layout L (e.g. Dropout<L>) fed another layout
+  needs_2d_shard               ///< a 2D-parallel layer fed a tensor that is not 2D-sharded
+};
+
+/**
+ * @brief The static half of a layer: `layer_kind` (its name in messages), `default_input` (the
+ * layout it expects when it is first in a Stage), `accepts<In>()` (a Verdict), `output_layout<In>`
+ * (the layout it returns), `preserves_features` (elementwise layers) and, for the others,
+ * `static_in_features` / `static_out_features` (a size or `dyn`).
+ */
+template <class L>
+concept layer_contract = requires {
+  { L::layer_kind } -> std::convertible_to<std::string_view>;
+  typename L::default_input;
+  { L::template accepts<typename L::default_input>() } -> std::same_as<Verdict>;
+  typename L::template output_layout<typename L::default_input>;
+  { L::preserves_features } -> std::convertible_to<bool>;
+  { L::static_in_features } -> std::convertible_to<std::size_t>;
+  { L::static_out_features } -> std::convertible_to<std::size_t>;
+};
+
+/**
+ * @brief A layer: the static contract plus `forward(x, mb) -> y`, `backward(dy, mb) -> dx` (which
+ * accumulates parameter gradients into Parameter::grad), `parameters()`, `drop(mb)` (free the
+ * activations saved for micro-batch `mb`), and run-time `in_features()` / `out_features()` (0 for
+ * layers that preserve their input's features).
+ */
+template <class L>
+concept layer = layer_contract<L> && requires(L& l, const Activation& x, int mb) {
+  { l.forward(x, mb) } -> std::same_as<Activation>;
+  { l.backward(x, mb) } -> std::same_as<Activation>;
+  { l.parameters() } -> std::same_as<std::vector<Parameter*>>;
+  l.drop(mb);
+  { l.in_features() } -> std::convertible_to<std::size_t>;
+  { l.out_features() } -> std::convertible_to<std::size_t>;
+};
+
+namespace detail {
+/** Builds the `std::vector<Parameter*>` of a layer from its members. */
+template <class... P>
+std::vector<Parameter*> param_list(P*... p) {
+  std::vector<Parameter*> v;
+  ((p != nullptr && !p->value.empty() ? v.push_back(p) : void()), ...);
+  return v;
+}
+/** This rank's block of a tensor of shape `global` laid out as `L` on a tensor axis of `tp` ranks. */
+template <class L, std::size_t R>
+Box<R> tensor_box(const std::array<std::size_t, R>& global, std::size_t tp, std::size_t tp_rank) {
+  const DynamicMesh mesh(tp, std::size_t(1), std::size_t(1), std::size_t(1));
+  return L::template local_box<R>(global, mesh, mesh.coord(tp_rank));
+}
+inline void append(std::vector<Parameter*>& to, const std::vector<Parameter*>& from) {
+  to.insert(to.end(), from.begin(), from.end());
+}
+/** A non-negative size from a static template argument and a run-time one; throws if they disagree. */
+inline std::size_t reconcile(std::size_t static_value, std::size_t runtime, std::string_view layer, std::string_view what) {
+  if (static_value == dyn) return runtime;
+  require(runtime == 0 || runtime == static_value, layer, ": ", what, " is ", runtime,
+          " at construction but the type fixes it to ", static_value);
+  return static_value;
+}
+}  // namespace detail
+
+}  // namespace mpar::nn

@@ -1,0 +1,118 @@
+#pragma once
+/**
+ * @file `LayerNorm<L, C>`: layer normalisation over the feature dimension of a replicated or
+ * token-sharded (sequence-parallel) activation.
+ */
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "mpar/backend/host/kernels.hpp"
+#include "mpar/comm/communicator.hpp"
+#include "mpar/nn/layer.hpp"
+
+namespace mpar::nn {
+
+/**
+ * @brief LayerNorm with gain and bias (`[features]`, replicated). Layout `L` is `Replicate` or
+ * `Shard<0, tensor>`; feature-sharded input is refused (a row's statistics need all its features).
+ *
+ * Under sequence parallelism (`L = Shard<0, tensor>`) each rank sees only its tokens, so the gain and
+ * bias gradients are partial sums: backward all-reduces them over the tensor group `C` (one
+ * all-reduce of 2·features values) so every rank holds the full gradient, as in the unsharded run.
+ */
+template <class L = Replicate, class C = NoComm>
+class LayerNorm {
+  static_assert(std::is_same_v<L, Replicate> || std::is_same_v<L, TokenShard>,
+                "mpar::nn::LayerNorm<L>: L must be Replicate or Shard<0, axis::tensor>");
+  static_assert(std::is_same_v<L, Replicate> || communicator<C>,
+                "mpar::nn::LayerNorm<Shard<0, tensor>, C>: sequence-parallel layer norm needs the tensor communicator "
+                "type C to all-reduce its gradients");
+  static constexpr bool sequence_parallel = std::is_same_v<L, TokenShard>;
+
+ public:
+  static constexpr std::string_view layer_kind = "LayerNorm";
+  using default_input = L;
+  static constexpr bool preserves_features = true;
+  static constexpr std::size_t static_in_features = dyn, static_out_features = dyn;
+  template <class In>
+  static constexpr Verdict accepts() {
+    if constexpr (std::is_same_v<In, L>) return Verdict::ok;
+    else if constexpr (In::is_partial) return Verdict::nonlinear_fed_partial;
+    else if constexpr (std::is_same_v<In, FeatureShard>) return Verdict::needs_full_features;
+    else if constexpr (sequence_parallel) return Verdict::needs_token_shard;
+    else return Verdict::needs_replicated;
+  }
+  template <class In>
+  using output_layout = In;
+
+  /** Single-rank or replicated form. */
+  LayerNorm(std::size_t features, std::uint64_t seed, std::uint64_t id_base, std::string name)
+    requires(!sequence_parallel)
+      : LayerNorm(nullptr, features, seed, id_base, std::move(name)) {}
+  /** Sequence-parallel form: `tp` is the tensor group. */
+  LayerNorm(C& tp, std::size_t features, std::uint64_t seed, std::uint64_t id_base, std::string name)
+    requires(sequence_parallel)
+      : LayerNorm(&tp, features, seed, id_base, std::move(name)) {}
+
+  Activation forward(const Activation& x, int mb = 0) {
+    require(x.extent(1) == n_, "LayerNorm '", gamma_.name, "': input has ", x.extent(1), " features, expected ", n_);
+    const std::size_t rows = x.extent(0);
+    Activation y(x.shape());
+    auto& c = cache_.put(mb);
+    c.mean.resize(rows);
+    c.rstd.resize(rows);
+    host::layernorm_forward(rows, n_, x.data(), gamma_.value.data(), beta_.value.data(), y.data(), c.mean.data(),
+                            c.rstd.data());
+    c.x = x;
+    return y;
+  }
+  Activation backward(const Activation& dy, int mb = 0) {
+    auto c = cache_.take(mb, layer_kind);
+    require(dy.shape() == c.x.shape(), "LayerNorm '", gamma_.name, "': gradient shape differs from the input's");
+    Activation dx(dy.shape());
+    if constexpr (sequence_parallel) {
+      std::vector<float> g(2 * n_, 0.0f);
+      host::layernorm_backward(dy.extent(0), n_, c.x.data(), c.mean.data(), c.rstd.data(), gamma_.value.data(),
+                               dy.data(), dx.data(), g.data(), g.data() + n_);
+      if (comm_->size() > 1) comm_->all_reduce(std::span<float>(g), ReduceOp::sum);
+      for (std::size_t i = 0; i < n_; ++i) {
+        gamma_.grad[i] += g[i];
+        beta_.grad[i] += g[n_ + i];
+      }
+    } else {
+      host::layernorm_backward(dy.extent(0), n_, c.x.data(), c.mean.data(), c.rstd.data(), gamma_.value.data(),
+                               dy.data(), dx.data(), gamma_.grad.data(), beta_.grad.data());
+    }
+    return dx;
+  }
+  std::vector<Parameter*> parameters() { return detail::param_list(&gamma_, &beta_); }
+  void drop(int mb) { cache_.drop(mb); }
+  [[nodiscard]] std::size_t in_features() const { return 0; }
+  [[nodiscard]] std::size_t out_features() const { return 0; }
+  [[nodiscard]] std::size_t features() const { return n_; }
+
+ private:
+  using comm_ptr = std::conditional_t<sequence_parallel, C*, std::nullptr_t>;
+  LayerNorm(comm_ptr comm, std::size_t features, std::uint64_t seed, std::uint64_t id_base, std::string name)
+      : comm_(comm), n_(features) {
+    require(n_ > 0, "LayerNorm '", name, "': features must be positive");
+    const std::array<std::size_t, 1> s{n_};
+    const auto box = detail::tensor_box<Replicate>(s, 1, 0);
+    gamma_ = make_parameter<1>(name + ".weight", id_base, s, box, Replicate::name(), false, seed, InitSpec::constant(1.0));
+    beta_ = make_parameter<1>(name + ".bias", id_base + 1, s, box, Replicate::name(), false, seed, InitSpec::constant(0.0));
+  }
+  struct Cache {
+    Activation x;
+    std::vector<float> mean, rstd;
+  };
+  [[no_unique_address]] comm_ptr comm_;
+  std::size_t n_;
+  Parameter gamma_, beta_;
+  MicroBatchCache<Cache> cache_;
+};
+
+}  // namespace mpar::nn

@@ -1,0 +1,112 @@
+#pragma once
+/** @file `Linear`: the single-rank affine layer `y = x W + b`, and the GEMM steps shared by its parallel forms. */
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "mpar/backend/host/host_backend.hpp"
+#include "mpar/nn/layer.hpp"
+
+namespace mpar::nn {
+
+namespace detail {
+/** y[T, n] = x[T, k] * w[k, n] (+ y when accumulate). */
+template <backend B>
+void linear_forward(const Activation& x, const float* w, std::size_t n, Activation& y, bool accumulate = false) {
+  const std::size_t t = x.extent(0), k = x.extent(1);
+  B::template gemm<float>(Trans::no, Trans::no, t, n, k, 1.0f, x.data(), k, w, n, accumulate ? 1.0f : 0.0f, y.data(), n);
+}
+/** dx[T, k] = dy[T, n] * w[k, n]^T */
+template <backend B>
+void linear_backward_input(const Activation& dy, const float* w, std::size_t k, Activation& dx) {
+  const std::size_t t = dy.extent(0), n = dy.extent(1);
+  B::template gemm<float>(Trans::no, Trans::yes, t, k, n, 1.0f, dy.data(), n, w, n, 0.0f, dx.data(), k);
+}
+/** dw[k, n] += x[T, k]^T * dy[T, n] */
+template <backend B>
+void linear_backward_weight(const Activation& x, const Activation& dy, float* dw) {
+  const std::size_t t = x.extent(0), k = x.extent(1), n = dy.extent(1);
+  B::template gemm<float>(Trans::yes, Trans::no, k, n, t, 1.0f, x.data(), k, dy.data(), n, 1.0f, dw, n);
+}
+inline InitSpec default_weight_init(std::size_t fan_in) { return InitSpec::normal(1.0 / std::sqrt(double(fan_in))); }
+}  // namespace detail
+
+/** @brief Options shared by the linear layers. */
+struct LinearInit {
+  std::uint64_t seed = 0;       ///< initialisation seed (the same on every rank)
+  std::uint64_t id_base = 0;    ///< weight gets id `id_base`, bias `id_base + 1`
+  std::string name = "linear";  ///< parameter names are `<name>.weight`, `<name>.bias`
+  bool bias = true;
+};
+
+/**
+ * @brief Single-rank `y = x W + b` with W of shape `[in, out]` (ids `id_base`, `id_base + 1`).
+ * Accepts a replicated or token-sharded input (rows are independent) and returns the same layout.
+ */
+template <std::size_t In = dyn, std::size_t Out = dyn, backend B = HostBackend>
+class Linear {
+ public:
+  static constexpr std::string_view layer_kind = "Linear";
+  using default_input = Replicate;
+  static constexpr bool preserves_features = false;
+  static constexpr std::size_t static_in_features = In, static_out_features = Out;
+  template <class L>
+  static constexpr Verdict accepts() {
+    if constexpr (std::is_same_v<L, Replicate> || std::is_same_v<L, TokenShard>) return Verdict::ok;
+    else if constexpr (L::is_partial) return Verdict::linear_fed_partial;
+    else return Verdict::needs_full_features;
+  }
+  template <class L>
+  using output_layout = L;
+
+  Linear(std::size_t in, std::size_t out, const LinearInit& init)
+      : in_(detail::reconcile(In, in, layer_kind, "in_features")), out_(detail::reconcile(Out, out, layer_kind, "out_features")) {
+    require(in_ > 0 && out_ > 0, "Linear '", init.name, "': sizes must be positive, got in=", in_, " out=", out_);
+    const std::array<std::size_t, 2> ws{in_, out_};
+    weight_ = make_parameter<2>(init.name + ".weight", init.id_base, ws, detail::tensor_box<Replicate>(ws, 1, 0),
+                                Replicate::name(), false, init.seed, detail::default_weight_init(in_));
+    if (init.bias) {
+      const std::array<std::size_t, 1> bs{out_};
+      bias_ = make_parameter<1>(init.name + ".bias", init.id_base + 1, bs, detail::tensor_box<Replicate>(bs, 1, 0),
+                                Replicate::name(), false, init.seed, InitSpec::normal(0.02));
+    }
+  }
+
+  Activation forward(const Activation& x, int mb = 0) {
+    require(x.extent(1) == in_, "Linear '", weight_.name, "': input has ", x.extent(1), " features, expected ", in_);
+    Activation y({x.extent(0), out_});
+    detail::linear_forward<B>(x, weight_.value.data(), out_, y);
+    if (!bias_.value.empty()) detail::add_row_vector(y, bias_.value);
+    cache_.put(mb).x = x;
+    return y;
+  }
+  Activation backward(const Activation& dy, int mb = 0) {
+    auto c = cache_.take(mb, layer_kind);
+    require(dy.extent(1) == out_ && dy.extent(0) == c.x.extent(0), "Linear '", weight_.name, "': gradient is ",
+            dy.extent(0), "x", dy.extent(1), ", expected ", c.x.extent(0), "x", out_);
+    Activation dx({dy.extent(0), in_});
+    detail::linear_backward_input<B>(dy, weight_.value.data(), in_, dx);
+    detail::linear_backward_weight<B>(c.x, dy, weight_.grad.data());
+    if (!bias_.value.empty()) detail::add_column_sums(dy, bias_.grad);
+    return dx;
+  }
+  std::vector<Parameter*> parameters() { return detail::param_list(&weight_, &bias_); }
+  void drop(int mb) { cache_.drop(mb); }
+  [[nodiscard]] std::size_t in_features() const { return in_; }
+  [[nodiscard]] std::size_t out_features() const { return out_; }
+  [[nodiscard]] Parameter& weight() { return weight_; }
+  [[nodiscard]] Parameter& bias() { return bias_; }
+
+ private:
+  struct Cache {
+    Activation x;
+  };
+  std::size_t in_, out_;
+  Parameter weight_, bias_;
+  MicroBatchCache<Cache> cache_;
+};
+
+}  // namespace mpar::nn

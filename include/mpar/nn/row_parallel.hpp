@@ -1,0 +1,128 @@
+#pragma once
+/**
+ * @file `RowParallel`: a linear layer whose weight `[in, out]` is split along the input dimension over
+ * the tensor axis (Megatron's row-parallel layer, the "g" side of the f/g pair).
+ */
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "mpar/backend/host/host_backend.hpp"
+#include "mpar/comm/communicator.hpp"
+#include "mpar/nn/collectives.hpp"
+#include "mpar/nn/linear.hpp"
+
+namespace mpar::nn {
+
+/** @brief How a RowParallel layer finishes its partial sums. */
+enum class RowReduce {
+  all_reduce,      ///< output Replicate
+  reduce_scatter,  ///< output Shard<0, tensor> (sequence parallelism)
+  none             ///< output Partial<sum, tensor>: the caller reduces later (bias added on tensor rank 0 only)
+};
+
+/**
+ * @brief `y = x W + b` with `W` of global shape `[in, out]` split along `in`; input `Shard<1, tensor>`.
+ *
+ * Each rank computes a full-size partial product; the bias is added once, after the reduction.
+ * Forward: one all-reduce (or reduce-scatter); backward: none (or one all-gather of the gradient).
+ */
+template <communicator C, std::size_t In = dyn, std::size_t Out = dyn, std::size_t TP = dyn,
+          RowReduce R = RowReduce::all_reduce, backend B = HostBackend>
+class RowParallel {
+  static_assert(statically_divisible_v<In, TP>,
+                "mpar::nn::RowParallel<C, In, Out, TP>: the static input size In is not divisible by the static "
+                "tensor-parallel size TP, so the weight cannot be split evenly by rows; choose In a multiple of TP");
+
+ public:
+  static constexpr std::string_view layer_kind = "RowParallel";
+  static constexpr RowReduce reduction = R;
+  using default_input = FeatureShard;
+  static constexpr bool preserves_features = false;
+  static constexpr std::size_t static_in_features = In, static_out_features = Out;
+  template <class L>
+  static constexpr Verdict accepts() {
+    return std::is_same_v<L, FeatureShard> ? Verdict::ok : Verdict::needs_feature_shard;
+  }
+  template <class L>
+  using output_layout = std::conditional_t<R == RowReduce::all_reduce, Replicate,
+                                           std::conditional_t<R == RowReduce::reduce_scatter, TokenShard, TensorPartial>>;
+
+  RowParallel(C& tp, std::size_t in, std::size_t out, const LinearInit& init)
+      : comm_(&tp),
+        in_(detail::reconcile(In, in, layer_kind, "in_features")),
+        out_(detail::reconcile(Out, out, layer_kind, "out_features")),
+        p_(std::size_t(tp.size())),
+        rank_(std::size_t(tp.rank())),
+        name_(init.name) {
+    require(TP == dyn || p_ == TP, "RowParallel '", name_, "': the type fixes the tensor-parallel size to ", TP,
+            " but the communicator '", tp.name(), "' has ", p_, " ranks");
+    require(in_ > 0 && out_ > 0 && in_ % p_ == 0, "RowParallel '", name_, "' (tensor rank ", rank_, "): input size ",
+            in_, " is not divisible by the tensor-parallel size ", p_, " (output size ", out_, ")");
+    local_in_ = in_ / p_;
+    const std::array<std::size_t, 2> ws{in_, out_};
+    weight_ = make_parameter<2>(name_ + ".weight", init.id_base, ws, detail::tensor_box<TokenShard>(ws, p_, rank_),
+                                TokenShard::name(), p_ > 1, init.seed, detail::default_weight_init(in_));
+    if (init.bias) {
+      const std::array<std::size_t, 1> bs{out_};
+      bias_ = make_parameter<1>(name_ + ".bias", init.id_base + 1, bs, detail::tensor_box<Replicate>(bs, p_, rank_),
+                                Replicate::name(), false, init.seed, InitSpec::normal(0.02));
+    }
+  }
+
+  Activation forward(const Activation& x, int mb = 0) {
+    require(x.extent(1) == local_in_, "RowParallel '", name_, "' (tensor rank ", rank_, "): input shard has ",
+            x.extent(1), " features, expected ", local_in_, " (= ", in_, " / ", p_, ")");
+    Activation y({x.extent(0), out_});
+    detail::linear_forward<B>(x, weight_.value.data(), out_, y);
+    cache_.put(mb).x = x;
+    const bool has_bias = !bias_.value.empty();
+    if constexpr (R == RowReduce::all_reduce) {
+      all_reduce_sum(*comm_, y);
+      if (has_bias) detail::add_row_vector(y, bias_.value);
+      return y;
+    } else if constexpr (R == RowReduce::reduce_scatter) {
+      Activation part = reduce_scatter_tokens(*comm_, y, "RowParallel");
+      if (has_bias) detail::add_row_vector(part, bias_.value);
+      return part;
+    } else {
+      // A Partial tensor is the sum of the ranks' addends: the bias belongs to exactly one of them.
+      if (has_bias && rank_ == 0) detail::add_row_vector(y, bias_.value);
+      return y;
+    }
+  }
+
+  Activation backward(const Activation& dy_in, int mb = 0) {
+    auto c = cache_.take(mb, layer_kind);
+    Activation dy = R == RowReduce::reduce_scatter ? gather_tokens(*comm_, dy_in) : dy_in;
+    require(dy.extent(0) == c.x.extent(0) && dy.extent(1) == out_, "RowParallel '", name_, "' (tensor rank ", rank_,
+            "): output gradient is ", dy.extent(0), "x", dy.extent(1), ", expected ", c.x.extent(0), "x", out_);
+    detail::linear_backward_weight<B>(c.x, dy, weight_.grad.data());
+    // The replicated bias sees every token's gradient; with sequence parallelism the gathered dy already holds them all,
+    // so no extra all-reduce of the bias gradient is needed.
+    if (!bias_.value.empty()) detail::add_column_sums(dy, bias_.grad);
+    Activation dx({dy.extent(0), local_in_});
+    detail::linear_backward_input<B>(dy, weight_.value.data(), local_in_, dx);
+    return dx;
+  }
+
+  std::vector<Parameter*> parameters() { return detail::param_list(&weight_, &bias_); }
+  void drop(int mb) { cache_.drop(mb); }
+  [[nodiscard]] std::size_t in_features() const { return in_; }
+  [[nodiscard]] std::size_t out_features() const { return out_; }
+  [[nodiscard]] Parameter& weight() { return weight_; }
+  [[nodiscard]] Parameter& bias() { return bias_; }
+
+ private:
+  struct Cache {
+    Activation x;
+  };
+  C* comm_;
+  std::size_t in_, out_, p_, rank_, local_in_ = 0;
+  std::string name_;
+  Parameter weight_, bias_;
+  MicroBatchCache<Cache> cache_;
+};
+
+}  // namespace mpar::nn

@@ -1,0 +1,141 @@
+#pragma once
+/**
+ * @file `TransformerBlock`: a pre-LN GPT block `h = x + Dropout(Attn(LN1(x)))`,
+ * `y = h + Dropout(MLP(LN2(h)))`, tensor-parallel (optionally sequence-parallel), with per-micro-batch
+ * activation caches and optional full recomputation.
+ */
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "mpar/nn/attention.hpp"
+#include "mpar/nn/dropout.hpp"
+#include "mpar/nn/layer_norm.hpp"
+#include "mpar/nn/mlp.hpp"
+
+namespace mpar::nn {
+
+/** @brief Sizes and initialisation of a transformer block. */
+struct BlockConfig {
+  std::size_t hidden = 0, heads = 0, ffn = 0, seq = 0;
+  double dropout = 0.0;
+  std::uint64_t seed = 0;
+  /// Parameter ids: ln1 id_base+0,1; attention +2..+5; ln2 +6,7; MLP +8..+11; dropout streams +12, +13.
+  std::uint64_t id_base = 0;
+  std::string name = "block";
+  /// The number of ids a block uses, so consecutive blocks can use id_base = i * ids_per_block.
+  static constexpr std::uint64_t ids_per_block = 16;
+};
+
+/**
+ * @brief One transformer block on a tensor group `C`. Input and output layout: `Replicate`
+ * (`Shard<0, tensor>` tokens with `SP = true`). Collectives per micro-batch: forward 2 all-reduces,
+ * backward 2 all-reduces (SP: 2 all-gathers + 2 reduce-scatters each way, plus the layer norms'
+ * gradient all-reduces in backward).
+ *
+ * With `set_recompute(true)` forward keeps only the block input; backward first recomputes the
+ * forward (dropout masks are pure functions of indices, so it reproduces the same activations).
+ */
+template <communicator C, bool SP = false, backend B = HostBackend>
+class TransformerBlock {
+  using L = std::conditional_t<SP, TokenShard, Replicate>;
+
+ public:
+  static constexpr std::string_view layer_kind = "TransformerBlock";
+  using default_input = L;
+  static constexpr bool preserves_features = false;
+  static constexpr std::size_t static_in_features = dyn, static_out_features = dyn;
+  template <class In>
+  static constexpr Verdict accepts() {
+    if constexpr (std::is_same_v<In, L>) return Verdict::ok;
+    else if constexpr (In::is_partial) return Verdict::nonlinear_fed_partial;
+    else if constexpr (std::is_same_v<In, FeatureShard>) return Verdict::needs_full_features;
+    else return SP ? Verdict::needs_token_shard : Verdict::needs_replicated;
+  }
+  template <class In>
+  using output_layout = L;
+
+  TransformerBlock(C& tp, const BlockConfig& c)
+      : hidden_(c.hidden),
+        ln1_(make_ln(tp, c, 0, ".ln1")),
+        attn_(tp, AttentionConfig{c.hidden, c.heads, c.seq, c.seed, c.id_base + 2, c.name + ".attn"}),
+        drop1_(c.dropout, c.seed, c.id_base + 12, std::size_t(tp.size()), std::size_t(tp.rank())),
+        ln2_(make_ln(tp, c, 6, ".ln2")),
+        mlp_(make_mlp<C, dyn, dyn, dyn, SP, B>(tp, MlpConfig{c.hidden, c.ffn, c.seed, c.id_base + 8, c.name + ".mlp"})),
+        drop2_(c.dropout, c.seed, c.id_base + 13, std::size_t(tp.size()), std::size_t(tp.rank())) {}
+
+  Activation forward(const Activation& x, int mb = 0) {
+    require(x.extent(1) == hidden_, "TransformerBlock: input has ", x.extent(1), " features, expected ", hidden_);
+    Activation y = run_forward(x, mb);
+    if (recompute_) {
+      drop_sublayers(mb);
+      inputs_.put(mb).x = x;
+    }
+    return y;
+  }
+
+  Activation backward(const Activation& dy, int mb = 0) {
+    if (recompute_) run_forward(inputs_.take(mb, "TransformerBlock (recompute)").x, mb);
+    // y = h + drop2(mlp(ln2(h))): the residual passes dy straight through.
+    Activation dh = ln2_.backward(mlp_.backward(drop2_.backward(dy, mb), mb), mb);
+    host::add(dh.size(), dh.data(), dy.data(), dh.data());
+    Activation dx = ln1_.backward(attn_.backward(drop1_.backward(dh, mb), mb), mb);
+    host::add(dx.size(), dx.data(), dh.data(), dx.data());
+    return dx;
+  }
+
+  std::vector<Parameter*> parameters() {
+    std::vector<Parameter*> ps = ln1_.parameters();
+    detail::append(ps, attn_.parameters());
+    detail::append(ps, ln2_.parameters());
+    detail::append(ps, mlp_.parameters());
+    return ps;
+  }
+  /** Frees everything saved for micro-batch `mb` (after backward nothing is left anyway). */
+  void drop(int mb) {
+    drop_sublayers(mb);
+    inputs_.drop(mb);
+  }
+  /** Full recomputation: keep only the block input per micro-batch. */
+  void set_recompute(bool on) { recompute_ = on; }
+  [[nodiscard]] std::size_t in_features() const { return hidden_; }
+  [[nodiscard]] std::size_t out_features() const { return hidden_; }
+
+ private:
+  using Ln = std::conditional_t<SP, LayerNorm<TokenShard, C>, LayerNorm<Replicate>>;
+  static Ln make_ln(C& tp, const BlockConfig& c, std::uint64_t off, const char* suffix) {
+    if constexpr (SP) return Ln(tp, c.hidden, c.seed, c.id_base + off, c.name + suffix);
+    else return Ln(c.hidden, c.seed, c.id_base + off, c.name + suffix);
+  }
+  Activation run_forward(const Activation& x, int mb) {
+    Activation h = drop1_.forward(attn_.forward(ln1_.forward(x, mb), mb), mb);
+    host::add(h.size(), h.data(), x.data(), h.data());
+    Activation y = drop2_.forward(mlp_.forward(ln2_.forward(h, mb), mb), mb);
+    host::add(y.size(), y.data(), h.data(), y.data());
+    return y;
+  }
+  void drop_sublayers(int mb) {
+    ln1_.drop(mb);
+    attn_.drop(mb);
+    ln2_.drop(mb);
+    mlp_.drop(mb);
+  }
+  struct Input {
+    Activation x;
+  };
+
+  std::size_t hidden_;
+  Ln ln1_;
+  SelfAttention<C, dyn, dyn, dyn, SP, B> attn_;
+  Dropout<L> drop1_;
+  Ln ln2_;
+  MlpStage<C, dyn, dyn, dyn, SP, B> mlp_;
+  Dropout<L> drop2_;
+  MicroBatchCache<Input> inputs_;
+  bool recompute_ = false;
+};
+
+}  // namespace mpar::nn
