@@ -1,0 +1,230 @@
+#pragma once
+/**
+ * @file The pipeline simulator: replays a schedule's programs with per-action costs and predicts the
+ * timeline, the bubble, peak activation memory and throughput. This is the API the planner calls.
+ *
+ * Semantics are the executor's: compute actions run one at a time per rank; a send costs its rank
+ * nothing on the compute lane and delivers after `p2p_latency` (drawn on the communication lane); a
+ * receive waits until its message has arrived. The replay is a work-list over ranks (a blocked
+ * receive parks its rank, the matching send wakes it), so a step costs O(total actions): thousands
+ * of ranks simulate in milliseconds.
+ *
+ * ```
+ * auto prog = make_programs<OneFOneB>({.stages = 4, .microbatches = 8});
+ * SimResult r = simulate(prog, CostModel::uniform(1, 1, 1));
+ * // r.bubble_ratio == 3.0 / 11   ((P-1)/(M+P-1))
+ * ```
+ */
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "mpar/core/error.hpp"
+#include "mpar/pipeline/action.hpp"
+#include "mpar/pipeline/timeline.hpp"
+#include "mpar/pipeline/verifier.hpp"
+
+namespace mpar::pipeline {
+
+/**
+ * @brief Per-action costs. Each vector holds one entry per global stage (s = chunk·P + rank) or a single
+ * entry used for every stage. A whole backward (`Op::backward`) costs backward_input + backward_weight.
+ */
+struct CostModel {
+  std::vector<double> forward{1.0};
+  std::vector<double> backward_input{1.0};
+  std::vector<double> backward_weight{1.0};
+  double p2p_latency = 0.0;  ///< from a send to its arrival at the receiver
+  double optimizer = 0.0;    ///< one optimizer step on one rank
+
+  /** @brief The same F, B, W on every stage. */
+  [[nodiscard]] static CostModel uniform(double f, double b, double w, double latency = 0.0) {
+    return CostModel{{f}, {b}, {w}, latency, 0.0};
+  }
+  [[nodiscard]] double cost(Op op, int stage) const {
+    auto pick = [stage](const std::vector<double>& v) {
+      require(!v.empty(), "CostModel: a cost vector is empty");
+      return v.size() == 1 ? v[0] : v.at(std::size_t(stage));
+    };
+    switch (op) {
+      case Op::forward: return pick(forward);
+      case Op::backward: return pick(backward_input) + pick(backward_weight);
+      case Op::backward_input: return pick(backward_input);
+      case Op::backward_weight: return pick(backward_weight);
+      case Op::optimizer_step: return optimizer;
+      default: return 0.0;
+    }
+  }
+
+  /**
+   * @brief Costs measured from a real run's timeline: the mean duration per (global stage, action
+   * kind); a whole backward is split into B and W by `weight_share` (W's fraction of it). The p2p
+   * latency is the mean duration of the communication-lane events.
+   */
+  [[nodiscard]] static CostModel from_timeline(const Timeline& t, double weight_share = 0.5) {
+    const int S = t.config.total_stages();
+    std::vector<double> sum[3], cnt[3];
+    for (auto& v : sum) v.assign(std::size_t(S), 0.0);
+    for (auto& v : cnt) v.assign(std::size_t(S), 0.0);
+    double lat = 0, nlat = 0, opt = 0, nopt = 0;
+    for (const auto& e : t.events) {
+      const double d = e.end - e.start;
+      const auto s = std::size_t(global_stage(t.config, e.rank, e.action.chunk));
+      if (e.lane == Lane::communication) {
+        lat += d;
+        nlat += 1;
+        continue;
+      }
+      switch (e.action.op) {
+        case Op::forward: sum[0][s] += d, cnt[0][s] += 1; break;
+        case Op::backward_input: sum[1][s] += d, cnt[1][s] += 1; break;
+        case Op::backward_weight: sum[2][s] += d, cnt[2][s] += 1; break;
+        case Op::backward:
+          sum[1][s] += d * (1 - weight_share), cnt[1][s] += 1;
+          sum[2][s] += d * weight_share, cnt[2][s] += 1;
+          break;
+        case Op::optimizer_step: opt += d, nopt += 1; break;
+        default: break;
+      }
+    }
+    CostModel m;
+    std::vector<double>* out[3] = {&m.forward, &m.backward_input, &m.backward_weight};
+    for (int k = 0; k < 3; ++k) {
+      out[k]->assign(std::size_t(S), 0.0);
+      for (int s = 0; s < S; ++s)
+        (*out[k])[std::size_t(s)] = cnt[k][std::size_t(s)] > 0 ? sum[k][std::size_t(s)] / cnt[k][std::size_t(s)] : 0.0;
+    }
+    m.p2p_latency = nlat > 0 ? lat / nlat : 0.0;
+    m.optimizer = nopt > 0 ? opt / nopt : 0.0;
+    return m;
+  }
+};
+
+/** @brief What a simulated (or measured) step looks like. Times in the cost model's units. */
+struct SimResult {
+  Timeline timeline;
+  double makespan = 0;               ///< first start to last end over all ranks
+  std::vector<double> busy;          ///< per rank: time on the compute lane
+  std::vector<double> idle;          ///< per rank: makespan - busy
+  std::vector<double> span;          ///< per rank: its own last end - first start
+  double bubble_time = 0;            ///< makespan - the busiest rank's work: (P-1)(F+B+W) for 1F1B
+  double bubble_ratio = 0;           ///< sum of idle / (P · makespan): (P-1)/(M+P-1) for uniform 1F1B
+  double steady_bubble_time = 0;     ///< max over ranks of span - busy: the bubble when consecutive steps overlap (ZB-H2's parallelogram)
+  std::vector<int> peak_activations; ///< per rank, in (micro-batch, chunk) activations
+  double peak_memory_microbatches = 0;  ///< max over ranks of peak_activations / V (a chunk holds 1/V of a rank's layers)
+  double throughput = 0;             ///< micro-batches per time unit
+
+  /** @brief The compute lanes as text. */
+  [[nodiscard]] std::string text(double unit = 0, int max_width = 200) const {
+    return text_timeline(timeline, unit, max_width);
+  }
+};
+
+namespace detail {
+/** Fills the summary fields of a result from its timeline. */
+inline void summarise(SimResult& r) {
+  const auto& t = r.timeline;
+  const int P = t.config.stages;
+  std::vector<double> first(std::size_t(P), 0), last(std::size_t(P), 0);
+  std::vector<char> seen(std::size_t(P), 0);
+  r.busy.assign(std::size_t(P), 0);
+  double lo = 0, hi = 0;
+  bool any = false;
+  for (const auto& e : t.events) {
+    const auto ur = std::size_t(e.rank);
+    if (e.lane == Lane::compute) r.busy[ur] += e.end - e.start;
+    first[ur] = seen[ur] ? std::min(first[ur], e.start) : e.start;
+    last[ur] = seen[ur] ? std::max(last[ur], e.end) : e.end;
+    seen[ur] = 1;
+    lo = any ? std::min(lo, e.start) : e.start;
+    hi = any ? std::max(hi, e.end) : e.end;
+    any = true;
+  }
+  r.makespan = hi - lo;
+  r.idle.assign(std::size_t(P), 0);
+  r.span.assign(std::size_t(P), 0);
+  double idle_sum = 0, max_busy = 0;
+  r.steady_bubble_time = 0;
+  for (int k = 0; k < P; ++k) {
+    const auto u = std::size_t(k);
+    r.idle[u] = r.makespan - r.busy[u];
+    r.span[u] = last[u] - first[u];
+    idle_sum += r.idle[u];
+    max_busy = std::max(max_busy, r.busy[u]);
+    r.steady_bubble_time = std::max(r.steady_bubble_time, r.span[u] - r.busy[u]);
+  }
+  r.bubble_time = r.makespan - max_busy;
+  r.bubble_ratio = r.makespan > 0 ? idle_sum / (P * r.makespan) : 0;
+  r.throughput = r.makespan > 0 ? t.config.total_microbatches() / r.makespan : 0;
+}
+}  // namespace detail
+
+/**
+ * @brief Replays `p` with `costs`. Throws config_error (with the verifier's message naming the
+ * blocked ranks and actions) when the programs deadlock or break a dependency.
+ */
+[[nodiscard]] inline SimResult simulate(const Programs& p, const CostModel& costs) {
+  const ScheduleConfig& c = p.config;
+  const int P = c.stages, S = c.total_stages(), N = c.total_microbatches();
+  require(int(p.ranks.size()) == P, "simulate: programs for ", p.ranks.size(), " ranks but P = ", P);
+  SimResult res;
+  res.timeline.config = c;
+  res.timeline.events.reserve(p.total_actions());
+  const auto sn = std::size_t(S) * std::size_t(N);
+  std::vector<double> act_arrival(sn, -1.0), grad_arrival(sn, -1.0);
+  std::vector<double> clock(std::size_t(P), 0.0);
+  std::vector<std::size_t> pc(std::size_t(P), 0);
+  std::vector<int> inflight(std::size_t(P), 0);
+  res.peak_activations.assign(std::size_t(P), 0);
+  std::vector<int> queue;
+  std::vector<char> queued(std::size_t(P), 1);
+  for (int r = 0; r < P; ++r) queue.push_back(r);
+  auto at = [N](int s, int mb) { return std::size_t(s) * std::size_t(N) + std::size_t(mb); };
+  for (std::size_t head = 0; head < queue.size(); ++head) {
+    const int r = queue[head];
+    const auto ur = std::size_t(r);
+    queued[ur] = 0;
+    const auto& prog = p.ranks[ur];
+    while (pc[ur] < prog.size()) {
+      const Action& a = prog[pc[ur]];
+      const int s = global_stage(c, r, a.chunk);
+      if (a.mb < 0 || a.mb >= N || a.chunk < 0 || a.chunk >= c.chunks) break;  // the verifier names it below
+      if (is_recv(a.op)) {
+        const double arr = (a.op == Op::recv_activation ? act_arrival : grad_arrival)[at(s, a.mb)];
+        if (arr < 0) break;  // parked until the sender runs
+        clock[ur] = std::max(clock[ur], arr);
+      } else if (is_send(a.op)) {
+        const bool grad = a.op == Op::send_gradient;
+        const int dst = grad ? s - 1 : s + 1;
+        if (dst < 0 || dst >= S) break;
+        (grad ? grad_arrival : act_arrival)[at(dst, a.mb)] = clock[ur] + costs.p2p_latency;
+        res.timeline.events.push_back({r, Lane::communication, a, clock[ur], clock[ur] + costs.p2p_latency});
+        const auto q = std::size_t(stage_rank(c, dst));
+        if (!queued[q]) {
+          queued[q] = 1;
+          queue.push_back(int(q));
+        }
+      } else {
+        const double d = costs.cost(a.op, s);
+        res.timeline.events.push_back({r, Lane::compute, a, clock[ur], clock[ur] + d});
+        clock[ur] += d;
+        if (a.op == Op::forward && ++inflight[ur] > res.peak_activations[ur]) res.peak_activations[ur] = inflight[ur];
+        if (a.op == Op::backward || a.op == Op::backward_input) --inflight[ur];
+      }
+      ++pc[ur];
+    }
+  }
+  for (int r = 0; r < P; ++r)
+    if (pc[std::size_t(r)] < p.ranks[std::size_t(r)].size()) {
+      const VerifyReport v = verify(p);
+      throw config_error("simulate: schedule " + std::string(p.schedule) + " cannot run: " +
+                         (v.ok ? std::string("rank ") + std::to_string(r) + " is stuck" : v.error));
+    }
+  detail::summarise(res);
+  int peak = 0;
+  for (int x : res.peak_activations) peak = std::max(peak, x);
+  res.peak_memory_microbatches = double(peak) / c.chunks;
+  return res;
+}
+
+}  // namespace mpar::pipeline
