@@ -1,0 +1,217 @@
+#pragma once
+/**
+ * @file Seconds per pipeline action and per collective: compute from FLOPs and bytes at achievable
+ * device rates (GEMM, elementwise), communication from the alpha-beta model in collectives.hpp.
+ * Everything the search needs to hand the pipeline simulator its action costs.
+ */
+#include <algorithm>
+#include <cstddef>
+#include <map>
+#include <optional>
+#include <tuple>
+
+#include "mpar/core/error.hpp"
+#include "mpar/plan/collectives.hpp"
+#include "mpar/plan/memory_model.hpp"
+#include "mpar/plan/model.hpp"
+#include "mpar/plan/parallel_config.hpp"
+#include "mpar/plan/topology.hpp"
+
+namespace mpar::plan {
+
+/** @brief Measured per-layer action times for one (tp, micro-batch size, recompute), replacing the FLOP model. */
+struct MeasuredLayerCosts {
+  double forward = 0;          ///< one layer's forward, seconds
+  double backward_input = 0;   ///< its backward for inputs (including any recomputation)
+  double backward_weight = 0;  ///< its backward for weights
+};
+
+/**
+ * @brief The device and network constants of the cost model. Defaults are assumptions documented in
+ * docs/planner.md; `load_calibration` (calibration.hpp) overwrites them with measurements.
+ */
+struct Calibration {
+  /**
+   * Achievable fraction of peak for transformer GEMMs. Calibrated once against Megatron-LM's
+   * Table 1 (arXiv 2104.04473) on A100; see docs/planner.md for the fit and the residuals.
+   */
+  double gemm_efficiency = 0.65;
+  double elementwise_efficiency = 0.8;  ///< achievable fraction of HBM bandwidth for elementwise kernels
+  double bandwidth_efficiency = 0.8;    ///< achievable fraction of nominal link bandwidth (nccl-tests bus bandwidth)
+  std::optional<double> gemm_flops_per_s;         ///< measured: replaces peak * gemm_efficiency
+  std::optional<double> elementwise_bytes_per_s;  ///< measured: replaces HBM * elementwise_efficiency
+  std::optional<Link> intra, inter;               ///< measured per-GPU links: replace nominal * bandwidth_efficiency
+  /** Measured per-layer costs keyed by (tp, microbatch_size, recompute). */
+  std::map<std::tuple<std::size_t, std::size_t, Recompute>, MeasuredLayerCosts> layer_costs;
+};
+
+/** @brief Seconds of one chunk's actions for one micro-batch on one pipeline rank. */
+struct ChunkCosts {
+  double forward = 0, backward_input = 0, backward_weight = 0;
+  [[nodiscard]] constexpr double backward() const { return backward_input + backward_weight; }
+};
+
+/** @brief The per-operation-class work of one layer's forward on one tensor rank, and its collectives. */
+struct LayerWork {
+  double linear_flops = 0;       ///< QKV, projection, MLP GEMMs: 24 b s h^2 / t
+  double attention_flops = 0;    ///< Q K^T and scores x V: 4 b s^2 h / t
+  double elementwise_bytes = 0;  ///< HBM traffic of layer norms, softmax, GeLU, dropout, residuals
+  double softmax_bytes = 0;      ///< the part of elementwise_bytes in the attention core (selective recompute redoes it)
+  double tp_collective_bytes = 0;  ///< each of the two forward all-reduces (or reduce-scatter + all-gather pairs)
+};
+
+/**
+ * @brief Turns a model, a cluster and a calibration into seconds per action and per collective.
+ */
+class CostModel {
+ public:
+  CostModel(GptModel m, Cluster c, Calibration cal = {}, Precision p = Precision::mixed_adam())
+      : model_(m), cluster_(c), cal_(std::move(cal)), precision_(p) {
+    model_.validate();
+    cluster_.validate();
+  }
+
+  [[nodiscard]] const GptModel& model() const { return model_; }
+  [[nodiscard]] const Cluster& cluster() const { return cluster_; }
+  [[nodiscard]] const Calibration& calibration() const { return cal_; }
+  [[nodiscard]] const Precision& precision() const { return precision_; }
+
+  [[nodiscard]] double gemm_rate() const { return cal_.gemm_flops_per_s.value_or(cluster_.peak_flops * cal_.gemm_efficiency); }
+  [[nodiscard]] double elementwise_rate() const {
+    return cal_.elementwise_bytes_per_s.value_or(cluster_.hbm_bandwidth * cal_.elementwise_efficiency);
+  }
+  [[nodiscard]] Network network() const {
+    Network n;
+    n.intra = cal_.intra.value_or(Link{cluster_.intra_node_bandwidth * cal_.bandwidth_efficiency, cluster_.intra_node_latency});
+    n.inter = cal_.inter.value_or(
+        Link{cluster_.inter_node_bandwidth_per_gpu() * cal_.bandwidth_efficiency, cluster_.inter_node_latency});
+    return n;
+  }
+
+  /**
+   * One layer's forward work on one tensor rank. Elementwise traffic counts each kernel's reads and
+   * writes in activation elements: outside the tensor-parallel region (replicated unless sequence
+   * parallel) two layer norms (2 each) and two dropout+residual kernels (3 each + mask); inside it
+   * the fused bias-GeLU (8 over the 4h-wide MLP); in the attention core the fused scale-mask-softmax
+   * and the attention dropout (4 per score element + mask).
+   */
+  [[nodiscard]] LayerWork layer_work(const ParallelConfig& c) const {
+    const double s = double(model_.seq), b = double(c.microbatch_size), h = double(model_.hidden), a = double(model_.heads);
+    const double t = double(c.tp), e = precision_.activation_bytes, k = precision_.mask_bytes;
+    const double sbh = s * b * h;
+    LayerWork w;
+    w.linear_flops = 24.0 * b * s * h * h / t;
+    w.attention_flops = 4.0 * b * s * s * h / t;
+    const double outside = (10 * e + 2 * k) * sbh / (c.sequence_parallel ? t : 1.0);
+    w.softmax_bytes = (4 * e + k) * a * s * s * b / t;
+    w.elementwise_bytes = outside + 8 * e * sbh / t + w.softmax_bytes;
+    w.tp_collective_bytes = c.tp > 1 ? e * sbh : 0.0;
+    return w;
+  }
+
+  /** One tensor-parallel all-reduce of `bytes` (or its reduce-scatter + all-gather pair under sequence parallelism). */
+  [[nodiscard]] double tp_collective_seconds(double bytes, const ParallelConfig& c, const GroupPlacement& g) const {
+    if (c.tp <= 1 || bytes <= 0) return 0.0;
+    if (c.sequence_parallel)
+      return best_collective(Collective::reduce_scatter, bytes, g.tensor, network()).seconds +
+             best_collective(Collective::all_gather, bytes, g.tensor, network()).seconds;
+    return best_collective(Collective::all_reduce, bytes, g.tensor, network()).seconds;
+  }
+
+  /** Per-layer costs of one micro-batch: from measurements when calibrated for (tp, mbs, recompute), else from the work model. */
+  [[nodiscard]] ChunkCosts layer_costs(const ParallelConfig& c, const GroupPlacement& g) const {
+    if (auto it = cal_.layer_costs.find({c.tp, c.microbatch_size, c.recompute}); it != cal_.layer_costs.end())
+      return {it->second.forward, it->second.backward_input, it->second.backward_weight};
+    const LayerWork w = layer_work(c);
+    const double gemm = gemm_rate(), ew = elementwise_rate();
+    const double ar = tp_collective_seconds(w.tp_collective_bytes, c, g);
+    ChunkCosts l;
+    l.forward = (w.linear_flops + w.attention_flops) / gemm + w.elementwise_bytes / ew + 2 * ar;
+    // Backward for inputs: the linear layers' input gradients, both attention-core GEMMs' gradients
+    // (no weights there), elementwise backward (reads saved inputs and incoming gradients, writes gradients).
+    l.backward_input = (w.linear_flops + 2 * w.attention_flops) / gemm + 2 * w.elementwise_bytes / ew + 2 * ar;
+    l.backward_weight = w.linear_flops / gemm;
+    if (c.recompute == Recompute::full) l.backward_input += l.forward;
+    if (c.recompute == Recompute::selective) l.backward_input += w.attention_flops / gemm + w.softmax_bytes / ew;
+    return l;
+  }
+
+  /**
+   * Costs of local chunk `chunk` on pipeline rank `rank` for one micro-batch: its layers, plus the
+   * embedding on the first global stage and the final norm, logits and cross-entropy on the last.
+   */
+  [[nodiscard]] ChunkCosts chunk_costs(const ParallelConfig& c, std::size_t rank, std::size_t chunk, const GroupPlacement& g) const {
+    const double n = double(layers_per_chunk(model_, c));
+    const ChunkCosts l = layer_costs(c, g);
+    ChunkCosts r{n * l.forward, n * l.backward_input, n * l.backward_weight};
+    const double s = double(model_.seq), b = double(c.microbatch_size), h = double(model_.hidden), V = double(model_.vocab);
+    const double t = double(c.tp), e = precision_.activation_bytes, sbh = s * b * h;
+    const double gemm = gemm_rate(), ew = elementwise_rate();
+    const std::size_t global = chunk * c.pp + rank;
+    if (global == 0) {  // lookup + positions + dropout; backward scatters into the embedding gradient
+      const double ar = tp_collective_seconds(e * sbh, c, g);  // vocabulary-parallel lookup sums over tp
+      r.forward += (4 * e + precision_.mask_bytes) * sbh / ew + ar;
+      r.backward_input += 3 * e * sbh / ew;
+    }
+    if (global + 1 == c.stages()) {
+      const double logits = 2.0 * b * s * h * V / t;
+      const double ce_bytes = 4.0 * s * b * V / t;  // fp32 logits
+      const double ce_ar = tp_collective_seconds(3 * 4.0 * s * b, c, g);  // max, sum-exp and target logit over tp
+      r.forward += logits / gemm + (4 * e * sbh + 3 * ce_bytes) / ew + ce_ar;
+      r.backward_input += logits / gemm + (6 * e * sbh + 2 * ce_bytes) / ew;
+      r.backward_weight += logits / gemm;
+    }
+    return r;
+  }
+
+  /** Sending one micro-batch's activation (or gradient) to the next stage: each tensor rank sends its 1/t slice. */
+  [[nodiscard]] double p2p_seconds(const ParallelConfig& c, const GroupPlacement& g) const {
+    if (c.pp <= 1) return 0.0;
+    const double bytes = precision_.activation_bytes * double(model_.seq) * double(c.microbatch_size) * double(model_.hidden);
+    double t = send_recv_seconds(bytes / double(c.tp), g.pipeline_cross_node, network());
+    if (c.tp > 1 && !c.sequence_parallel)  // the receiving tensor group all-gathers the slices (Megatron's scatter-gather)
+      t += best_collective(Collective::all_gather, bytes, g.tensor, network()).seconds;
+    return t;
+  }
+
+  /** Data-parallel gradient reduction of `params` parameters: all-reduce, or reduce-scatter + weight all-gather under ZeRO-1. */
+  [[nodiscard]] double dp_reduce_seconds(double params, const ParallelConfig& c, const GroupPlacement& g) const {
+    if (c.dp <= 1 || params <= 0) return 0.0;
+    const Network net = network();
+    if (c.zero1)
+      return best_collective(Collective::reduce_scatter, params * precision_.grad_bytes, g.data, net).seconds +
+             best_collective(Collective::all_gather, params * precision_.weight_bytes, g.data, net).seconds;
+    return best_collective(Collective::all_reduce, params * precision_.grad_bytes, g.data, net).seconds;
+  }
+
+  /** The optimizer step over this rank's (ZeRO-1: 1/dp of its) parameters: an elementwise pass over all model states. */
+  [[nodiscard]] double optimizer_seconds(double params, const ParallelConfig& c) const {
+    const double share = c.zero1 ? params / double(c.dp) : params;
+    return 2.0 * share * precision_.model_state_bytes() / elementwise_rate();
+  }
+
+ private:
+  GptModel model_;
+  Cluster cluster_;
+  Calibration cal_;
+  Precision precision_;
+};
+
+}  // namespace mpar::plan
+
+namespace mpar::plan {
+
+/**
+ * FLOPs the hardware executes per iteration over `batch` sequences, recomputation included; with
+ * full recomputation this is Narayanan et al.'s 96 B s l h^2 (1 + s/(6h) + V/(16 l h)), the figure
+ * their TFLOP/s per GPU are computed from.
+ */
+[[nodiscard]] constexpr double iteration_flops(const GptModel& m, double batch, Recompute r) {
+  const double s = double(m.seq), h = double(m.hidden), l = double(m.layers);
+  double f = m.model_flops(batch);
+  if (r == Recompute::full) f += batch * l * (24.0 * s * h * h + 4.0 * s * s * h);
+  if (r == Recompute::selective) f += batch * l * 4.0 * s * s * h;
+  return f;
+}
+
+}  // namespace mpar::plan

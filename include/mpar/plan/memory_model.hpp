@@ -1,0 +1,150 @@
+#pragma once
+/**
+ * @file Per-rank memory: model states (weights, gradients, optimizer states, optionally ZeRO-1
+ * sharded), activations (Korthikanti et al., arXiv 2205.05198) times the schedule's peak number of
+ * in-flight micro-batches, and communication buffers.
+ */
+#include <algorithm>
+#include <cstddef>
+#include <span>
+
+#include "mpar/core/error.hpp"
+#include "mpar/plan/model.hpp"
+#include "mpar/plan/parallel_config.hpp"
+
+namespace mpar::plan {
+
+/**
+ * @brief Bytes per element of everything a training rank keeps. `master_bytes` is the fp32 copy a
+ * mixed-precision optimizer keeps next to 16-bit weights (0 when the weights are fp32 already);
+ * `optimizer_bytes` the optimizer's own state (Adam: momentum and variance, 8 bytes).
+ */
+struct Precision {
+  double weight_bytes = 2, grad_bytes = 2, master_bytes = 4, optimizer_bytes = 8;
+  double activation_bytes = 2;  ///< a stored activation element
+  double mask_bytes = 1;        ///< a stored dropout-mask element
+
+  /** 16-bit weights, gradients and activations with fp32 master weights and Adam: 16 bytes per parameter. */
+  [[nodiscard]] static constexpr Precision mixed_adam() { return {2, 2, 4, 8, 2, 1}; }
+  /**
+   * fp32 training as the host backend runs it: no 16-bit copies, fp32 activations.
+   * `optimizer_bytes_per_param`: 8 for Adam(W), 4 for SGD with momentum, 0 for plain SGD.
+   */
+  [[nodiscard]] static constexpr Precision fp32_host(double optimizer_bytes_per_param = 8, double mask_bytes = 1) {
+    return {4, 4, 0, optimizer_bytes_per_param, 4, mask_bytes};
+  }
+  [[nodiscard]] constexpr double model_state_bytes() const { return weight_bytes + grad_bytes + master_bytes + optimizer_bytes; }
+};
+
+/** @brief A rank's memory, by kind, in bytes. */
+struct MemoryEstimate {
+  double parameters = 0, gradients = 0, optimizer = 0, activations = 0, communication = 0;
+  std::size_t pipeline_rank = 0;  ///< the rank this estimate is for (the fullest one from `peak_memory`)
+  [[nodiscard]] constexpr double total() const { return parameters + gradients + optimizer + activations + communication; }
+};
+
+/** @brief Knobs of the memory model that are not part of a parallel configuration. */
+struct MemoryOptions {
+  double dp_bucket_bytes = 25.0 * 1024 * 1024;  ///< one gradient bucket; two are in flight while reducing
+};
+
+/**
+ * Activation bytes one transformer layer keeps for backward, per micro-batch, on one tensor rank.
+ *
+ * Korthikanti et al. count, for a layer of width h with a heads, s tokens and b sequences:
+ * 16 sbh + 2 as^2 b stored activation elements and 2 sbh + as^2 b dropout-mask elements. With 16-bit
+ * activations and 1-byte masks that is sbh (34 + 5as/h). Under tensor parallelism the layer-norm
+ * inputs, the QKV and MLP inputs and the two dropout masks after the blocks (4 elements + 2 masks)
+ * stay replicated unless sequence parallelism shards them; the rest divides by t. Selective
+ * recomputation drops the as^2 b terms; full recomputation keeps only the layer input.
+ */
+[[nodiscard]] constexpr double layer_activation_bytes(const GptModel& m, std::size_t microbatch, std::size_t tp,
+                                                      bool sequence_parallel, Recompute r, const Precision& p) {
+  const double s = double(m.seq), b = double(microbatch), h = double(m.hidden), a = double(m.heads), t = double(tp);
+  const double sbh = s * b * h, as2b = a * s * s * b;
+  const double e = p.activation_bytes, k = p.mask_bytes;
+  if (r == Recompute::full) return e * sbh / (sequence_parallel ? t : 1.0);
+  const double replicated = 4 * e * sbh + 2 * k * sbh;  // LN1/LN2 inputs, QKV and fc1 inputs; two block-output masks
+  const double sharded = 12 * e * sbh;                  // Q, K, V, projection input, GeLU input, fc2 input
+  const double scores = (2 * e + k) * as2b;             // softmax output, its dropout output and mask
+  const double sbh_part = sequence_parallel ? (replicated + sharded) / t : replicated + sharded / t;
+  return sbh_part + (r == Recompute::selective ? 0.0 : scores / t);
+}
+
+/** How many transformer layers a pipeline rank holds: layers / (pp * V) per chunk, V chunks. */
+[[nodiscard]] inline std::size_t layers_per_chunk(const GptModel& m, const ParallelConfig& c) {
+  require(c.pp * c.virtual_stages > 0 && m.layers % (c.pp * c.virtual_stages) == 0, "plan: ", m.layers,
+          " layers do not divide into pp*v = ", c.pp, "*", c.virtual_stages, " equal chunks; choose pp and v whose product divides ",
+          m.layers);
+  return m.layers / (c.pp * c.virtual_stages);
+}
+
+/**
+ * Parameters held by one tensor rank of pipeline rank `rank`. Per layer, (12h^2 + 7h) are split over
+ * tp (QKV, projection and fc1 weights and biases, fc2 weight) and 6h replicated (projection and fc2
+ * biases, two layer norms). The word embedding is vocabulary-parallel; the first rank holds it and
+ * the positions, the last rank the tied output copy and the final norm (one copy when pp = 1).
+ */
+[[nodiscard]] inline double rank_parameters(const GptModel& m, const ParallelConfig& c, std::size_t rank) {
+  const double h = double(m.hidden), t = double(c.tp);
+  const double per_layer = (12 * h * h + 7 * h) / t + 6 * h;
+  double n = double(layers_per_chunk(m, c) * c.virtual_stages) * per_layer;
+  const double word = double(m.vocab) * h / t;
+  if (rank == 0) n += word + double(m.seq) * h;
+  if (rank + 1 == c.pp) n += (c.pp > 1 ? word : 0.0) + m.final_norm_parameters();
+  return n;
+}
+
+/**
+ * Memory of pipeline rank `rank` (one of its tensor ranks) given the schedule's peak number of
+ * (micro-batch, chunk) activation sets that rank holds at once, as the pipeline verifier reports it.
+ */
+[[nodiscard]] inline MemoryEstimate rank_memory(const GptModel& m, const ParallelConfig& c, const Precision& p,
+                                                std::size_t rank, double peak_inflight, const MemoryOptions& o = {}) {
+  require(rank < c.pp, "plan::rank_memory: pipeline rank ", rank, " is outside pp = ", c.pp);
+  MemoryEstimate e;
+  e.pipeline_rank = rank;
+  const double psi = rank_parameters(m, c, rank);
+  // 2BW keeps a second weight version alive for in-flight micro-batches.
+  const double versions = c.schedule == ScheduleKind::two_bw ? 2.0 : 1.0;
+  e.parameters = psi * (versions * p.weight_bytes + p.master_bytes / (c.zero1 ? double(c.dp) : 1.0));
+  e.gradients = psi * p.grad_bytes;
+  e.optimizer = psi * p.optimizer_bytes / (c.zero1 ? double(c.dp) : 1.0);
+
+  const double s = double(m.seq), b = double(c.microbatch_size), h = double(m.hidden), t = double(c.tp);
+  const double sbh = s * b * h;
+  const double shard = c.sequence_parallel ? t : 1.0;
+  const double per_layer = layer_activation_bytes(m, c.microbatch_size, c.tp, c.sequence_parallel, c.recompute, p);
+  double act = peak_inflight * double(layers_per_chunk(m, c)) * per_layer;
+  // Recomputing a layer for its backward rebuilds that one layer's full activations.
+  if (c.recompute == Recompute::full)
+    act += layer_activation_bytes(m, c.microbatch_size, c.tp, c.sequence_parallel, Recompute::none, p);
+  else if (c.recompute == Recompute::selective)
+    act += (2 * p.activation_bytes + p.mask_bytes) * double(m.heads) * s * s * b / t;
+  if (rank == 0) act += peak_inflight / double(c.virtual_stages) * p.mask_bytes * sbh / shard;  // embedding dropout mask
+  if (rank + 1 == c.pp)  // final norm input, output-layer input, fp32 logits for the cross-entropy (one micro-batch)
+    act += 2 * p.activation_bytes * sbh / shard + 4.0 * s * b * double(m.vocab) / t;
+  e.activations = act;
+
+  double comm = 0;
+  if (c.pp > 1) comm += 4 * p.activation_bytes * sbh / t;  // send and receive, activations and gradients
+  if (c.sequence_parallel && c.tp > 1) comm += p.activation_bytes * sbh;  // the all-gathered layer input
+  if (c.dp > 1) comm += 2 * std::min(o.dp_bucket_bytes, psi * p.grad_bytes);
+  e.communication = comm;
+  return e;
+}
+
+/** The fullest pipeline rank, given each rank's peak in-flight count (size pp). */
+[[nodiscard]] inline MemoryEstimate peak_memory(const GptModel& m, const ParallelConfig& c, const Precision& p,
+                                                std::span<const double> peak_inflight_per_rank, const MemoryOptions& o = {}) {
+  require(peak_inflight_per_rank.size() == c.pp, "plan::peak_memory: got ", peak_inflight_per_rank.size(),
+          " in-flight counts for pp = ", c.pp, " pipeline ranks");
+  MemoryEstimate best;
+  for (std::size_t r = 0; r < c.pp; ++r) {
+    const MemoryEstimate e = rank_memory(m, c, p, r, peak_inflight_per_rank[r], o);
+    if (r == 0 || e.total() > best.total()) best = e;
+  }
+  return best;
+}
+
+}  // namespace mpar::plan

@@ -1,0 +1,102 @@
+#pragma once
+/**
+ * @file What the planner plans for: a GPT-style model and a cluster of identical GPUs.
+ *
+ * Sizes follow Narayanan et al. (arXiv 2104.04473): a layer holds 12h^2 + 13h parameters, the
+ * embedding V*h (word, tied with the output layer) + s*h (positions).
+ */
+#include <cstddef>
+
+#include "mpar/core/error.hpp"
+
+namespace mpar::plan {
+
+/** @brief A GPT-style decoder: `layers` transformer layers of width `hidden`, `heads` attention heads. */
+struct GptModel {
+  std::size_t layers = 0, hidden = 0, heads = 0, seq = 0, vocab = 0;
+
+  /** Parameters of one transformer layer: QKV 3h^2+3h, projection h^2+h, MLP 8h^2+5h, two layer norms 4h. */
+  [[nodiscard]] constexpr double layer_parameters() const {
+    const double h = double(hidden);
+    return 12.0 * h * h + 13.0 * h;
+  }
+  /** Word embedding (tied with the output layer) and position embedding. */
+  [[nodiscard]] constexpr double embedding_parameters() const { return double(vocab + seq) * double(hidden); }
+  /** Final layer norm. */
+  [[nodiscard]] constexpr double final_norm_parameters() const { return 2.0 * double(hidden); }
+  /** P = 12 l h^2 (1 + 13/(12h) + (V+s)/(12 l h)) plus the final layer norm. */
+  [[nodiscard]] constexpr double parameters() const {
+    return double(layers) * layer_parameters() + embedding_parameters() + final_norm_parameters();
+  }
+  /**
+   * FLOPs of one iteration over `batch` sequences without recomputation, counted as Narayanan et al.
+   * do: 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) (their 96 with full recomputation adds one more forward
+   * of every layer; see `iteration_flops` in cost_model.hpp).
+   */
+  [[nodiscard]] constexpr double model_flops(double batch) const {
+    const double s = double(seq), h = double(hidden), l = double(layers), V = double(vocab);
+    return 72.0 * batch * s * l * h * h * (1.0 + s / (6.0 * h)) + 6.0 * batch * s * h * V;
+  }
+
+  /** Throws config_error naming the field to change when the model is malformed. */
+  void validate() const {
+    require(layers > 0, "model: --layers must be at least 1");
+    require(hidden > 0, "model: --hidden must be at least 1");
+    require(heads > 0, "model: --heads must be at least 1");
+    require(seq > 0, "model: --seq must be at least 1");
+    require(vocab > 0, "model: --vocab must be at least 1");
+    require(hidden % heads == 0, "model: --hidden ", hidden, " is not divisible by --heads ", heads,
+            "; choose a head count that divides the hidden size");
+  }
+};
+
+/**
+ * @brief A homogeneous GPU cluster. Bandwidths are nominal, per direction, in bytes per second:
+ * `intra_node_bandwidth` per GPU (NVLink), `inter_node_bandwidth` per node with all its NICs
+ * together (each GPU owns an equal share, as with one NIC per GPU).
+ */
+struct Cluster {
+  std::size_t gpus = 0, gpus_per_node = 0;
+  double memory_bytes = 0;            ///< per GPU
+  double peak_flops = 0;              ///< dense 16-bit tensor-core peak per GPU
+  double intra_node_bandwidth = 0;    ///< bytes/s per GPU per direction
+  double inter_node_bandwidth = 0;    ///< bytes/s per node per direction
+  double hbm_bandwidth = 2.0e12;      ///< bytes/s per GPU (A100 80 GB: 2.0 TB/s)
+  double intra_node_latency = 5e-6;   ///< seconds per message hop inside a node
+  double inter_node_latency = 10e-6;  ///< seconds per message hop between nodes
+
+  [[nodiscard]] constexpr std::size_t nodes() const { return gpus_per_node ? (gpus + gpus_per_node - 1) / gpus_per_node : 0; }
+  /** One GPU's share of its node's network bandwidth. */
+  [[nodiscard]] constexpr double inter_node_bandwidth_per_gpu() const {
+    return gpus_per_node ? inter_node_bandwidth / double(gpus_per_node) : 0.0;
+  }
+
+  void validate() const {
+    require(gpus > 0, "cluster: --gpus must be at least 1");
+    require(gpus_per_node > 0, "cluster: --gpus-per-node must be at least 1");
+    require(gpus % gpus_per_node == 0 || gpus < gpus_per_node, "cluster: --gpus ", gpus,
+            " is not a whole number of nodes of --gpus-per-node ", gpus_per_node, "; use a multiple of ", gpus_per_node);
+    require(memory_bytes > 0, "cluster: --gpu-mem-gib must be positive");
+    require(peak_flops > 0, "cluster: --peak-tflops must be positive");
+    require(intra_node_bandwidth > 0, "cluster: --intra-node-gbps must be positive");
+    require(inter_node_bandwidth > 0 || gpus <= gpus_per_node,
+            "cluster: --inter-node-gbps must be positive when the cluster has more than one node");
+    require(hbm_bandwidth > 0, "cluster: --hbm-gbps must be positive");
+    require(intra_node_latency >= 0 && inter_node_latency >= 0, "cluster: latencies must not be negative");
+  }
+};
+
+/** @brief The A100 80 GB cluster of Narayanan et al.: 8 GPUs per node, NVLink 300 GB/s, 8x200 Gb/s InfiniBand. */
+[[nodiscard]] inline Cluster a100_selene(std::size_t gpus) {
+  Cluster c;
+  c.gpus = gpus;
+  c.gpus_per_node = 8;
+  c.memory_bytes = 80.0 * 1024 * 1024 * 1024;
+  c.peak_flops = 312e12;
+  c.intra_node_bandwidth = 300e9;
+  c.inter_node_bandwidth = 8 * 200e9 / 8;  // eight 200 Gb/s HCAs = 200 GB/s per node
+  c.hbm_bandwidth = 2.039e12;
+  return c;
+}
+
+}  // namespace mpar::plan

@@ -1,0 +1,83 @@
+#pragma once
+/** @file One point of the planner's search space: how a model is split over a cluster. */
+#include <cstddef>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <string_view>
+
+namespace mpar::plan {
+
+/** @brief Activation recomputation: keep everything, recompute attention's core (Korthikanti), or keep only layer inputs. */
+enum class Recompute { none, selective, full };
+
+[[nodiscard]] constexpr std::string_view recompute_name(Recompute r) {
+  switch (r) {
+    case Recompute::none: return "none";
+    case Recompute::selective: return "selective";
+    case Recompute::full: return "full";
+  }
+  return "?";
+}
+[[nodiscard]] inline std::optional<Recompute> parse_recompute(std::string_view s) {
+  if (s == "none") return Recompute::none;
+  if (s == "selective") return Recompute::selective;
+  if (s == "full") return Recompute::full;
+  return std::nullopt;
+}
+
+/**
+ * @brief Pipeline schedules the planner can choose; each is one schedule type of mpar/pipeline and
+ * `schedule_name` is that type's `name` (what `pipeline::make_programs(name, ...)` accepts).
+ */
+enum class ScheduleKind { gpipe, one_f_one_b, interleaved, zb_h1, zb_h2, two_bw };
+
+inline constexpr ScheduleKind all_schedules[] = {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved,
+                                                 ScheduleKind::zb_h1, ScheduleKind::zb_h2, ScheduleKind::two_bw};
+
+[[nodiscard]] constexpr std::string_view schedule_name(ScheduleKind s) {
+  switch (s) {
+    case ScheduleKind::gpipe: return "gpipe";
+    case ScheduleKind::one_f_one_b: return "1f1b";
+    case ScheduleKind::interleaved: return "interleaved_1f1b";
+    case ScheduleKind::zb_h1: return "zb_h1";
+    case ScheduleKind::zb_h2: return "zb_h2";
+    case ScheduleKind::two_bw: return "2bw";
+  }
+  return "?";
+}
+[[nodiscard]] inline std::optional<ScheduleKind> parse_schedule(std::string_view s) {
+  if (s == "interleaved") return ScheduleKind::interleaved;  // the common short spelling
+  for (auto k : all_schedules)
+    if (schedule_name(k) == s) return k;
+  return std::nullopt;
+}
+/** Zero-bubble schedules run the weight-gradient half of backward as its own action. */
+[[nodiscard]] constexpr bool splits_backward(ScheduleKind s) { return s == ScheduleKind::zb_h1 || s == ScheduleKind::zb_h2; }
+
+/**
+ * @brief A parallel configuration: tp x pp x dp ranks, `microbatches` micro-batches of
+ * `microbatch_size` sequences per pipeline per step, `virtual_stages` model chunks per pipeline rank.
+ */
+struct ParallelConfig {
+  std::size_t tp = 1, pp = 1, dp = 1;
+  std::size_t microbatch_size = 1, microbatches = 1;
+  ScheduleKind schedule = ScheduleKind::one_f_one_b;
+  std::size_t virtual_stages = 1;  ///< V: model chunks per pipeline rank (interleaved only)
+  Recompute recompute = Recompute::none;
+  bool zero1 = false;              ///< optimizer states sharded over the data-parallel group
+  bool sequence_parallel = false;  ///< activations outside the tensor-parallel GEMMs sharded over tp
+
+  [[nodiscard]] std::size_t gpus() const { return tp * pp * dp; }
+  [[nodiscard]] std::size_t stages() const { return pp * virtual_stages; }
+
+  friend std::ostream& operator<<(std::ostream& os, const ParallelConfig& c) {
+    os << "tp=" << c.tp << " pp=" << c.pp << " dp=" << c.dp << " mbs=" << c.microbatch_size << " m=" << c.microbatches
+       << " schedule=" << schedule_name(c.schedule);
+    if (c.virtual_stages > 1) os << " v=" << c.virtual_stages;
+    os << " recompute=" << recompute_name(c.recompute) << (c.zero1 ? " zero1" : "") << (c.sequence_parallel ? " sp" : "");
+    return os;
+  }
+};
+
+}  // namespace mpar::plan

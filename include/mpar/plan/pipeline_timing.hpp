@@ -1,0 +1,140 @@
+#pragma once
+/**
+ * @file The planner's view of a pipeline schedule: it builds the same per-rank programs the executor
+ * runs (mpar/pipeline/schedules.hpp), asks the verifier for the peak number of activations each rank
+ * holds, and asks the simulator for the makespan with the cost model's per-action seconds. There is
+ * no second schedule model here: bubbles, overlap and memory multipliers all come from the programs.
+ */
+#include <cstddef>
+#include <map>
+#include <tuple>
+#include <utility>
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "mpar/core/error.hpp"
+#include "mpar/pipeline/action.hpp"
+#include "mpar/pipeline/schedules.hpp"
+#include "mpar/pipeline/simulator.hpp"
+#include "mpar/pipeline/verifier.hpp"
+#include "mpar/plan/cost_model.hpp"
+#include "mpar/plan/parallel_config.hpp"
+
+namespace mpar::plan {
+
+/** The pipeline library's description of `c`'s pipeline (P, M, V; two steps for the asynchronous 2BW). */
+[[nodiscard]] inline pipeline::ScheduleConfig schedule_config(const ParallelConfig& c, int steps = 1) {
+  pipeline::ScheduleConfig s;
+  s.stages = int(c.pp);
+  s.microbatches = int(c.microbatches);
+  s.chunks = int(c.virtual_stages);
+  s.steps = steps;
+  return s;
+}
+
+/** Empty when the pipeline library accepts `c`'s schedule shape, else its sentence saying what to change. */
+[[nodiscard]] inline std::string schedule_problem(const ParallelConfig& c) {
+  const pipeline::ScheduleConfig s = schedule_config(c);
+  switch (c.schedule) {
+    case ScheduleKind::gpipe: return pipeline::GPipe::check(s);
+    case ScheduleKind::one_f_one_b: return pipeline::OneFOneB::check(s);
+    case ScheduleKind::interleaved: return pipeline::Interleaved1F1B::check(s);
+    case ScheduleKind::zb_h1: return pipeline::ZBH1::check(s);
+    case ScheduleKind::zb_h2: return pipeline::ZBH2::check(s);
+    case ScheduleKind::two_bw: return pipeline::PipeDream2BW::check(s);
+  }
+  return "unknown schedule";
+}
+
+/** The programs every pipeline rank runs for `c`. */
+[[nodiscard]] inline pipeline::Programs programs_for(const ParallelConfig& c, int steps = 1) {
+  return pipeline::make_programs(schedule_name(c.schedule), schedule_config(c, steps));
+}
+
+/**
+ * @brief Peak in-flight activation sets per pipeline rank, from the verifier, cached by (schedule, P, M, V)
+ * because the search asks for the same shapes under many cost assumptions.
+ */
+class ActivationPeaks {
+ public:
+  [[nodiscard]] const std::vector<double>& operator()(const ParallelConfig& c) {
+    const auto key = std::make_tuple(c.schedule, c.pp, c.microbatches, c.virtual_stages);
+    if (auto it = cache_.find(key); it != cache_.end()) return it->second;
+    const pipeline::VerifyReport rep = pipeline::verify(programs_for(c));
+    require(rep.ok, "plan: the pipeline verifier rejects ", schedule_name(c.schedule), " with P=", c.pp,
+            ", M=", c.microbatches, ", V=", c.virtual_stages, ": ", rep.error);
+    std::vector<double> peaks(rep.peak_activations.begin(), rep.peak_activations.end());
+    return cache_.emplace(key, std::move(peaks)).first->second;
+  }
+  [[nodiscard]] std::size_t verified() const { return cache_.size(); }
+
+ private:
+  std::map<std::tuple<ScheduleKind, std::size_t, std::size_t, std::size_t>, std::vector<double>> cache_;
+};
+
+/** @brief Seconds per action for one pipeline: `chunk[rank][local chunk]`, the p2p delivery time and one optimizer step. */
+struct StageCosts {
+  std::vector<std::vector<ChunkCosts>> chunk;
+  double p2p = 0, optimizer = 0;
+};
+
+/** @brief What the simulator predicts for one step of one pipeline. */
+struct PipelineTiming {
+  double makespan = 0;         ///< seconds per optimizer step (steady state for the asynchronous 2BW)
+  double bubble_fraction = 0;  ///< idle share of the compute lanes (the simulator's bubble ratio)
+  /** [rank][chunk]: start and end of the action that completes the chunk's gradients (its last backward or W). */
+  std::vector<std::vector<std::pair<double, double>>> grads_ready;
+  double grads_reference_end = 0;  ///< the end of the simulated timeline `grads_ready` refers to
+  std::vector<int> peak_activations;
+};
+
+/** The simulator's cost table for `sc`: one entry per global stage s = chunk * P + rank. */
+[[nodiscard]] inline pipeline::CostModel simulator_costs(const ParallelConfig& c, const StageCosts& sc) {
+  pipeline::CostModel m;
+  const std::size_t S = c.pp * c.virtual_stages;
+  m.forward.assign(S, 0.0);
+  m.backward_input.assign(S, 0.0);
+  m.backward_weight.assign(S, 0.0);
+  for (std::size_t r = 0; r < c.pp; ++r)
+    for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) {
+      const std::size_t s = ch * c.pp + r;
+      m.forward[s] = sc.chunk.at(r).at(ch).forward;
+      m.backward_input[s] = sc.chunk[r][ch].backward_input;
+      m.backward_weight[s] = sc.chunk[r][ch].backward_weight;
+    }
+  m.p2p_latency = sc.p2p;
+  m.optimizer = sc.optimizer;
+  return m;
+}
+
+/**
+ * Replays `c`'s programs in the pipeline simulator with costs `sc`. For PipeDream-2BW, which never
+ * flushes, the step time is the steady-state increment between a one-step and a two-step replay.
+ */
+[[nodiscard]] inline PipelineTiming time_pipeline(const ParallelConfig& c, const StageCosts& sc) {
+  const pipeline::CostModel costs = simulator_costs(c, sc);
+  const pipeline::SimResult one = pipeline::simulate(programs_for(c, 1), costs);
+  PipelineTiming t;
+  t.makespan = one.makespan;
+  t.bubble_fraction = one.bubble_ratio;
+  t.peak_activations = one.peak_activations;
+  t.grads_reference_end = one.makespan;
+  t.grads_ready.assign(c.pp, std::vector<std::pair<double, double>>(c.virtual_stages, {0.0, 0.0}));
+  for (const auto& e : one.timeline.events) {
+    if (e.lane != pipeline::Lane::compute) continue;
+    if (e.action.op != pipeline::Op::backward && e.action.op != pipeline::Op::backward_weight) continue;
+    auto& slot = t.grads_ready[std::size_t(e.rank)][std::size_t(e.action.chunk)];
+    if (e.end > slot.second) slot = {e.start, e.end};
+  }
+  if (c.schedule == ScheduleKind::two_bw) {
+    const pipeline::SimResult two = pipeline::simulate(programs_for(c, 2), costs);
+    t.makespan = two.makespan - one.makespan;
+    double busy = 0;
+    for (double b : one.busy) busy += b;
+    t.bubble_fraction = t.makespan > 0 ? std::max(0.0, 1.0 - busy / (double(c.pp) * t.makespan)) : 0.0;
+  }
+  return t;
+}
+
+}  // namespace mpar::plan

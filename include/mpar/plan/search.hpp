@@ -1,0 +1,338 @@
+#pragma once
+/**
+ * @file The strategy search: enumerate tensor x pipeline x data sizes, micro-batch size and count,
+ * schedule (and V), recomputation, ZeRO-1 and sequence parallelism; reject what cannot run or does
+ * not fit (saying why); time the rest with the pipeline simulator; rank by predicted step time.
+ *
+ * Fast at scale because the pipeline is simulated for one pipeline's P ranks only (data-parallel
+ * replicas are identical), the verifier's peak activations are cached per (schedule, P, M, V) and
+ * only consulted when memory bounds do not already decide, and candidates are simulated in order of
+ * a compute lower bound, stopping once that bound cannot beat the k-th best.
+ */
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <map>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "mpar/core/error.hpp"
+#include "mpar/plan/cost_model.hpp"
+#include "mpar/plan/memory_model.hpp"
+#include "mpar/plan/model.hpp"
+#include "mpar/plan/parallel_config.hpp"
+#include "mpar/plan/pipeline_timing.hpp"
+#include "mpar/plan/topology.hpp"
+
+namespace mpar::plan {
+
+inline constexpr double gib = 1024.0 * 1024.0 * 1024.0;
+
+/** @brief Dimensions of the search; a set field is fixed, an empty one searched. */
+struct SearchSpace {
+  std::optional<std::size_t> tp, pp, dp, microbatch_size, virtual_stages;
+  std::optional<ScheduleKind> schedule;
+  std::optional<Recompute> recompute;
+  std::optional<bool> zero1, sequence_parallel;
+  std::vector<std::size_t> microbatch_sizes{1, 2, 4, 8};  ///< tried when microbatch_size is not fixed
+  std::size_t max_virtual_stages = 8;                     ///< largest V tried for the interleaved schedule
+};
+
+/** @brief How the search judges and reports. */
+struct SearchOptions {
+  std::size_t top_k = 10;                    ///< configurations returned
+  double usable_memory_fraction = 0.95;      ///< of GPU memory, the rest left to the allocator and runtime
+  MemoryOptions memory;
+  Placement placement = Placement::tensor_innermost;
+};
+
+/** @brief A configuration that fits, with its predicted memory and time. */
+struct Candidate {
+  ParallelConfig config;
+  MemoryEstimate memory;
+  double step_seconds = 0;         ///< one optimizer step (global batch)
+  double pipeline_seconds = 0;     ///< makespan of the pipeline programs (simulator)
+  double dp_exposed_seconds = 0;   ///< data-parallel reduction not hidden behind backward
+  double optimizer_seconds = 0;    ///< optimizer step (+ ZeRO-1 weight all-gather)
+  double bubble_fraction = 0;      ///< idle share of the pipeline ranks' compute lanes
+  double tflops_per_gpu = 0;       ///< hardware FLOPs (recomputation included) per second per GPU
+  double samples_per_second = 0;
+  GroupPlacement placement;
+  Placement ordering = Placement::tensor_innermost;
+};
+
+/** @brief A configuration the search did not keep, and why. `kind` groups reasons for counting. */
+struct Rejection {
+  ParallelConfig config;
+  std::string kind;    ///< "heads", "topology", "layers", "batch", "schedule", "memory", "bound"
+  std::string reason;  ///< a sentence naming the sizes and what would change it
+};
+
+/** @brief The search's answer. */
+struct Plan {
+  std::vector<Candidate> best;                       ///< fastest first
+  std::vector<Rejection> rejected;                   ///< the first few of each kind
+  std::map<std::string, std::size_t> rejected_by_kind;
+  std::size_t considered = 0, simulated = 0, verified_shapes = 0;
+  /** The best configuration again with its tensor groups spread over nodes (data-innermost ordering), when that differs. */
+  std::optional<Candidate> broken_topology;
+};
+
+/** @brief A problem: model, cluster and the global batch (sequences per optimizer step). */
+struct Problem {
+  GptModel model;
+  Cluster cluster;
+  std::size_t global_batch = 0;
+  void validate() const {
+    model.validate();
+    cluster.validate();
+    require(global_batch > 0, "problem: --global-batch must be at least 1");
+  }
+};
+
+namespace detail {
+
+[[nodiscard]] inline std::vector<std::size_t> divisors(std::size_t n) {
+  std::vector<std::size_t> d;
+  for (std::size_t i = 1; i * i <= n; ++i)
+    if (n % i == 0) {
+      d.push_back(i);
+      if (i * i != n) d.push_back(n / i);
+    }
+  std::sort(d.begin(), d.end());
+  return d;
+}
+
+/** Parameters of local chunk `chunk` on pipeline rank `rank`: its layers plus the embedding pieces of the first and last stage. */
+[[nodiscard]] inline double chunk_parameters(const GptModel& m, const ParallelConfig& c, std::size_t rank, std::size_t chunk) {
+  const double h = double(m.hidden), t = double(c.tp);
+  double n = double(layers_per_chunk(m, c)) * ((12 * h * h + 7 * h) / t + 6 * h);
+  const std::size_t global = chunk * c.pp + rank;
+  if (global == 0) n += double(m.vocab) * h / t + double(m.seq) * h;
+  if (global + 1 == c.stages()) n += (c.pp > 1 ? double(m.vocab) * h / t : 0.0) + 2 * h;  // tied output copy on another rank
+  return n;
+}
+
+}  // namespace detail
+
+/**
+ * @brief Predicts step time and memory of one configuration (it must be structurally valid: see
+ * `structural_problem`). `peaks` supplies the verifier's activation peaks.
+ */
+[[nodiscard]] inline Candidate evaluate(const CostModel& cm, const ParallelConfig& c, ActivationPeaks& peaks,
+                                        const SearchOptions& o = {}, std::optional<Placement> ordering = {}) {
+  const GptModel& m = cm.model();
+  Candidate r;
+  r.config = c;
+  r.ordering = ordering.value_or(o.placement);
+  r.placement = place(c, cm.cluster().gpus_per_node, r.ordering);
+  r.memory = peak_memory(m, c, cm.precision(), peaks(c), o.memory);
+
+  StageCosts sc;
+  sc.chunk.assign(c.pp, std::vector<ChunkCosts>(c.virtual_stages));
+  for (std::size_t rk = 0; rk < c.pp; ++rk)
+    for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) sc.chunk[rk][ch] = cm.chunk_costs(c, rk, ch, r.placement);
+  sc.p2p = cm.p2p_seconds(c, r.placement);
+
+  double opt = 0, gather = 0;
+  for (std::size_t rk = 0; rk < c.pp; ++rk) {
+    double params = 0;
+    for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) params += detail::chunk_parameters(m, c, rk, ch);
+    opt = std::max(opt, cm.optimizer_seconds(params, c));
+    if (c.zero1 && c.dp > 1)
+      gather = std::max(gather, best_collective(Collective::all_gather, params * cm.precision().weight_bytes, r.placement.data,
+                                                cm.network()).seconds);
+  }
+  sc.optimizer = opt;
+  const PipelineTiming pt = time_pipeline(c, sc);
+  r.pipeline_seconds = pt.makespan;
+  r.bubble_fraction = pt.bubble_fraction;
+
+  // Data-parallel reduction as the executor overlaps it: each layer's gradient bucket is reduced as
+  // soon as the chunk's last backward produces it, one bucket after another on the rank's network lane.
+  double lane_end = pt.grads_reference_end;
+  if (c.dp > 1) {
+    ParallelConfig rs = c;  // ZeRO-1 reduce-scatters here and all-gathers weights after the step
+    for (std::size_t rk = 0; rk < c.pp; ++rk) {
+      struct Bucket { double ready, params; };
+      std::vector<Bucket> buckets;
+      for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) {
+        const double t0 = pt.grads_ready[rk][ch].first, t1 = pt.grads_ready[rk][ch].second;
+        const std::size_t L = layers_per_chunk(m, c);
+        const double total = detail::chunk_parameters(m, c, rk, ch), per_layer = total / double(L);
+        for (std::size_t l = 0; l < L; ++l) buckets.push_back({t0 + (t1 - t0) * double(l + 1) / double(L), per_layer});
+      }
+      std::sort(buckets.begin(), buckets.end(), [](const Bucket& a, const Bucket& b) { return a.ready < b.ready; });
+      double lane = 0;
+      for (const Bucket& b : buckets) {
+        const double d = c.zero1 ? best_collective(Collective::reduce_scatter, b.params * cm.precision().grad_bytes,
+                                                   r.placement.data, cm.network()).seconds
+                                 : cm.dp_reduce_seconds(b.params, rs, r.placement);
+        lane = std::max(lane, b.ready) + d;
+      }
+      lane_end = std::max(lane_end, lane);
+    }
+  }
+  r.dp_exposed_seconds = lane_end - pt.grads_reference_end;
+  const double finish = pt.makespan + r.dp_exposed_seconds;
+  r.optimizer_seconds = (c.schedule == ScheduleKind::two_bw ? 0.0 : opt) + gather;  // 2BW steps inside its programs
+  r.step_seconds = finish + r.optimizer_seconds;
+  const double batch = double(c.microbatches * c.microbatch_size * c.dp);
+  r.samples_per_second = batch / r.step_seconds;
+  r.tflops_per_gpu = iteration_flops(m, batch, c.recompute) / r.step_seconds / double(c.gpus()) / 1e12;
+  return r;
+}
+
+/** Empty when `c` can run at all (heads, layers, batch and schedule shape), else a rejection. */
+[[nodiscard]] inline std::optional<Rejection> structural_problem(const Problem& p, const ParallelConfig& c) {
+  auto rej = [&](const char* kind, std::string why) { return Rejection{c, kind, std::move(why)}; };
+  const GptModel& m = p.model;
+  if (m.heads % c.tp != 0)
+    return rej("heads", mpar::detail::cat("tp=", c.tp, " does not divide the ", m.heads, " attention heads"));
+  if (c.tp > p.cluster.gpus_per_node || p.cluster.gpus_per_node % c.tp != 0)
+    return rej("topology", mpar::detail::cat("tp=", c.tp, " does not fit inside a node of ", p.cluster.gpus_per_node,
+                                      " GPUs; tensor-parallel groups must stay on NVLink (choose tp dividing --gpus-per-node)"));
+  try {
+    (void)place(c, p.cluster.gpus_per_node, Placement::tensor_innermost);
+  } catch (const config_error& e) {
+    return rej("topology", e.what());
+  }
+  if (m.layers % (c.pp * c.virtual_stages) != 0)
+    return rej("layers", mpar::detail::cat(m.layers, " layers do not split evenly into pp*v = ", c.pp, "*", c.virtual_stages, " chunks"));
+  if (c.virtual_stages > 1 && c.schedule != ScheduleKind::interleaved)
+    return rej("schedule", mpar::detail::cat(schedule_name(c.schedule), " runs one chunk per rank; v=", c.virtual_stages, " needs interleaved_1f1b"));
+  if (c.schedule == ScheduleKind::interleaved && c.virtual_stages < 2)
+    return rej("schedule", "interleaved_1f1b needs v >= 2 chunks per rank (v = 1 is 1f1b)");
+  if (p.global_batch % (c.dp * c.microbatch_size) != 0)
+    return rej("batch", mpar::detail::cat("global batch ", p.global_batch, " is not a multiple of dp*mbs = ", c.dp, "*", c.microbatch_size));
+  if (std::string why = schedule_problem(c); !why.empty()) return rej("schedule", why);
+  return std::nullopt;
+}
+
+/** Searches `space` for `p`; see the file comment. Throws config_error when fixed sizes contradict the cluster. */
+[[nodiscard]] inline Plan search(const Problem& p, const CostModel& cm, const SearchSpace& space = {}, const SearchOptions& o = {}) {
+  p.validate();
+  const std::size_t N = p.cluster.gpus;
+  if (space.tp && space.pp && space.dp)
+    require(*space.tp * *space.pp * *space.dp == N, "--tp ", *space.tp, " x --pp ", *space.pp, " x --dp ", *space.dp, " = ",
+            *space.tp * *space.pp * *space.dp, " GPUs, but --gpus is ", N, "; make the product equal --gpus or leave one free");
+  for (auto [v, name] : {std::pair{space.tp, "--tp"}, std::pair{space.pp, "--pp"}, std::pair{space.dp, "--dp"}})
+    if (v) require(*v >= 1 && N % *v == 0, name, " ", *v, " does not divide --gpus ", N, "; choose a divisor of ", N);
+  if (space.tp && space.pp) require(N % (*space.tp * *space.pp) == 0, "--tp ", *space.tp, " x --pp ", *space.pp, " does not divide --gpus ", N);
+  if (space.microbatch_size) require(*space.microbatch_size >= 1, "--microbatch-size must be at least 1");
+  if (space.virtual_stages) require(*space.virtual_stages >= 1, "--virtual-stages must be at least 1");
+
+  Plan plan;
+  const double budget = p.cluster.memory_bytes * o.usable_memory_fraction;
+  ActivationPeaks peaks;
+  auto reject = [&](Rejection r) {
+    auto& n = plan.rejected_by_kind[r.kind];
+    if (n++ < 3) plan.rejected.push_back(std::move(r));
+  };
+
+  struct Feasible { ParallelConfig c; double bound; };
+  std::vector<Feasible> feasible;
+  const std::vector<std::size_t> all = detail::divisors(N);
+  for (std::size_t tp : all) {
+    if (space.tp && tp != *space.tp) continue;
+    for (std::size_t pp : all) {
+      if (space.pp && pp != *space.pp) continue;
+      if (N % (tp * pp) != 0 || pp > p.model.layers) continue;
+      const std::size_t dp = N / (tp * pp);
+      if (space.dp && dp != *space.dp) continue;
+      std::vector<ScheduleKind> schedules;
+      if (space.schedule) schedules = {*space.schedule};
+      else if (pp == 1) schedules = {ScheduleKind::one_f_one_b};  // one stage: every synchronous schedule is the same
+      else schedules = {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved, ScheduleKind::zb_h1, ScheduleKind::zb_h2};
+      std::vector<std::size_t> mbss = space.microbatch_size ? std::vector<std::size_t>{*space.microbatch_size} : space.microbatch_sizes;
+      for (std::size_t mbs : mbss)
+        for (ScheduleKind s : schedules) {
+          std::vector<std::size_t> vs;
+          if (space.virtual_stages) vs = {*space.virtual_stages};
+          else if (s == ScheduleKind::interleaved)
+            for (std::size_t v = 2; v <= space.max_virtual_stages; ++v) vs.push_back(v);
+          else vs = {1};
+          for (std::size_t v : vs)
+            for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
+              if (space.recompute && rc != *space.recompute) continue;
+              for (int z = 0; z < 2; ++z) {
+                if (space.zero1 ? (bool(z) != *space.zero1) : (z == 1 && dp == 1)) continue;
+                for (int spi = 0; spi < 2; ++spi) {
+                  if (space.sequence_parallel ? (bool(spi) != *space.sequence_parallel) : (spi == 1 && tp == 1)) continue;
+                  ParallelConfig c;
+                  c.tp = tp, c.pp = pp, c.dp = dp, c.microbatch_size = mbs, c.schedule = s, c.virtual_stages = v;
+                  c.recompute = rc, c.zero1 = bool(z), c.sequence_parallel = bool(spi);
+                  c.microbatches = std::max<std::size_t>(1, p.global_batch / (dp * mbs));
+                  ++plan.considered;
+                  if (auto why = structural_problem(p, c)) {
+                    reject(std::move(*why));
+                    continue;
+                  }
+                  // Memory: activations grow with the in-flight count, between 1 and M*V; the verifier decides only in between.
+                  std::vector<double> lo(pp, 1.0), hi(pp, double(c.microbatches * v));
+                  const double need_lo = peak_memory(p.model, c, cm.precision(), lo, o.memory).total();
+                  double need = need_lo;
+                  if (need_lo <= budget && peak_memory(p.model, c, cm.precision(), hi, o.memory).total() > budget)
+                    need = peak_memory(p.model, c, cm.precision(), peaks(c), o.memory).total();
+                  if (need > budget) {
+                    reject({c, "memory",
+                            mpar::detail::cat("needs at least ", std::round(need / gib * 10) / 10, " GiB per GPU but ",
+                                        std::round(budget / gib * 10) / 10, " GiB are usable (", o.usable_memory_fraction * 100,
+                                        " % of ", p.cluster.memory_bytes / gib, " GiB); more recomputation, ZeRO-1, larger tp/pp or a smaller micro-batch would help")});
+                    continue;
+                  }
+                  // Lower bound: the busiest rank computes M micro-batches through all its chunks without a gap.
+                  const GroupPlacement g = place(c, p.cluster.gpus_per_node, o.placement);
+                  double bound = 0;
+                  for (std::size_t rk = 0; rk < pp; ++rk) {
+                    double work = 0;
+                    for (std::size_t ch = 0; ch < v; ++ch) {
+                      const ChunkCosts cc = cm.chunk_costs(c, rk, ch, g);
+                      work += cc.forward + cc.backward();
+                    }
+                    bound = std::max(bound, work * double(c.microbatches));
+                  }
+                  feasible.push_back({c, bound});
+                }
+              }
+            }
+        }
+    }
+  }
+
+  std::sort(feasible.begin(), feasible.end(), [](const Feasible& a, const Feasible& b) { return a.bound < b.bound; });
+  for (const Feasible& f : feasible) {
+    if (plan.best.size() >= o.top_k && f.bound >= plan.best.back().step_seconds) {
+      reject({f.c, "bound", mpar::detail::cat("cannot beat the ", o.top_k, "th best (", plan.best.back().step_seconds,
+                                        " s): its busiest rank alone computes for ", f.bound, " s")});
+      continue;
+    }
+    Candidate cand = evaluate(cm, f.c, peaks, o);
+    ++plan.simulated;
+    if (cand.memory.total() > budget) {  // the verifier's exact peaks can exceed the lower bound that let it through
+      reject({f.c, "memory", mpar::detail::cat("needs ", std::round(cand.memory.total() / gib * 10) / 10, " GiB per GPU but ",
+                                         std::round(budget / gib * 10) / 10, " GiB are usable")});
+      continue;
+    }
+    auto at = std::upper_bound(plan.best.begin(), plan.best.end(), cand.step_seconds,
+                               [](double s, const Candidate& x) { return s < x.step_seconds; });
+    plan.best.insert(at, std::move(cand));
+    if (plan.best.size() > o.top_k) plan.best.pop_back();
+  }
+  plan.verified_shapes = peaks.verified();
+
+  if (!plan.best.empty()) {
+    const ParallelConfig& c = plan.best.front().config;
+    try {
+      const GroupPlacement broken = place(c, p.cluster.gpus_per_node, Placement::data_innermost);
+      if (!broken.tensor_inside_node()) plan.broken_topology = evaluate(cm, c, peaks, o, Placement::data_innermost);
+    } catch (const config_error&) {
+      // data-innermost groups would not even sit evenly on nodes here: nothing to compare against
+    }
+  }
+  return plan;
+}
+
+}  // namespace mpar::plan
