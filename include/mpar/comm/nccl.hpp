@@ -1,0 +1,517 @@
+#pragma once
+/**
+ * @file The NCCL communicator: the `communicator` concept on device buffers, for one rank per GPU.
+ *
+ * Include from code that links mpar::cuda. Buffers are device pointers. Every operation is ordered
+ * after the work already queued on the calling thread's compute stream (an event hands it over to
+ * the communicator's own stream), and later compute waits for it the same way, so communication
+ * runs on its own stream and the `i*` variants overlap compute.
+ *
+ * No rank hangs: the communicator is created non-blocking, and every wait polls the operation's
+ * event together with ncclCommGetAsyncError; an error or a timeout aborts the communicator
+ * (ncclCommAbort, which also releases the peers stuck in the same collective) and throws
+ * comm_error naming the rank, the group, the operation, its sequence number and its size.
+ *
+ * Blocking calls return once the result is in device memory (the host waited); `i*` calls return
+ * at once with a request whose wait()/test() do the polling.
+ */
+#include <cuda_runtime.h>
+#include <nccl.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "mpar/backend/cuda/context.hpp"
+#include "mpar/backend/cuda/error.hpp"
+#include "mpar/backend/cuda/memory.hpp"
+#include "mpar/comm/communicator.hpp"
+#include "mpar/core/dtype.hpp"
+#include "mpar/core/layout.hpp"
+
+#if defined(MPAR_HAVE_MPI)
+#include <mpi.h>
+#endif
+
+namespace mpar {
+
+/** @brief Options of an NcclCommunicator. */
+struct NcclOptions {
+  std::string name = "world";                      ///< the group's name in error messages
+  std::chrono::milliseconds timeout{std::chrono::minutes(5)};  ///< a wait longer than this aborts the communicator
+};
+
+namespace detail {
+template <class T>
+inline ncclDataType_t nccl_type() {
+  if constexpr (std::is_same_v<T, float>) return ncclFloat32;
+  else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
+  else if constexpr (std::is_same_v<T, bf16>) return ncclBfloat16;
+  else if constexpr (std::is_same_v<T, f16>) return ncclFloat16;
+  else if constexpr (std::is_same_v<T, std::int32_t>) return ncclInt32;
+  else if constexpr (std::is_same_v<T, std::int64_t>) return ncclInt64;
+  else static_assert(sizeof(T) == 0, "NcclCommunicator: element type has no NCCL data type (use float, double, bf16, f16)");
+}
+inline ncclRedOp_t nccl_op(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::sum: return ncclSum;
+    case ReduceOp::avg: return ncclAvg;
+    case ReduceOp::max: return ncclMax;
+    case ReduceOp::min: return ncclMin;
+  }
+  return ncclSum;
+}
+
+/** The state one NcclCommunicator owns; shared with its outstanding requests so they outlive a move. */
+struct NcclState {
+  ncclComm_t comm = nullptr;
+  int rank = 0, size = 1, device = 0;
+  NcclOptions opt;
+  gpu::Stream stream{-1};  // higher priority than compute: collectives should not queue behind GEMMs
+  gpu::Event ready;
+  std::uint64_t seq = 0;
+  bool aborted = false;
+  std::unique_ptr<gpu::DeviceBuffer<float>> barrier_buf;
+
+  NcclState() = default;
+  NcclState(const NcclState&) = delete;
+  NcclState& operator=(const NcclState&) = delete;
+  ~NcclState() {
+    if (comm && !aborted) {
+      (void)ncclCommFinalize(comm);
+      (void)ncclCommDestroy(comm);
+    } else if (comm) {
+      (void)ncclCommDestroy(comm);
+    }
+  }
+
+  [[nodiscard]] std::string where(const char* op, std::size_t count) const {
+    return mpar::detail::cat("rank ", rank, " of group '", opt.name, "' (size ", size, "), ", op, " #", seq, " of ",
+                             count, " elements");
+  }
+  [[noreturn]] void fail(const std::string& msg) {
+    if (comm && !aborted) {
+      aborted = true;
+      (void)ncclCommAbort(comm);  // wakes every peer blocked in the same collective with an error
+      comm = nullptr;
+    }
+    throw comm_error(msg);
+  }
+  /** Waits until an enqueue call on the non-blocking communicator has been accepted. */
+  void settle(ncclResult_t r, const char* op, std::size_t count) {
+    if (aborted) throw comm_error(where(op, count) + ": the communicator was aborted by an earlier error");
+    const auto t0 = std::chrono::steady_clock::now();
+    while (r == ncclInProgress) {
+      if (std::chrono::steady_clock::now() - t0 > opt.timeout)
+        fail(where(op, count) + ": NCCL did not accept the operation within the timeout; communicator aborted");
+      std::this_thread::yield();
+      (void)ncclCommGetAsyncError(comm, &r);
+    }
+    if (r != ncclSuccess) fail(where(op, count) + ": " + ncclGetErrorString(r) + " (" + ncclGetLastError(comm) + ")");
+  }
+  /** Polls `done` and the communicator's async error until the operation finished, timed out or failed. */
+  void wait(const gpu::Event& done, const char* op, std::size_t count) {
+    if (aborted) throw comm_error(where(op, count) + ": the communicator was aborted by an earlier error");
+    const auto t0 = std::chrono::steady_clock::now();
+    for (unsigned spins = 0;; ++spins) {
+      if (done.ready()) return;
+      ncclResult_t r = ncclSuccess;
+      (void)ncclCommGetAsyncError(comm, &r);
+      if (r != ncclSuccess && r != ncclInProgress)
+        fail(where(op, count) + ": " + ncclGetErrorString(r) + " (" + ncclGetLastError(comm) + "); communicator aborted");
+      if (std::chrono::steady_clock::now() - t0 > opt.timeout)
+        fail(where(op, count) + ": not finished after " + std::to_string(opt.timeout.count()) +
+             " ms (a peer did not join or called a different collective); communicator aborted");
+      if (spins < 1000) std::this_thread::yield();
+      else std::this_thread::sleep_for(std::chrono::microseconds(50));
+    }
+  }
+};
+}  // namespace detail
+
+/** @brief An outstanding NCCL operation: wait() polls it to completion (throwing comm_error on failure), test() peeks. */
+class NcclRequest {
+ public:
+  NcclRequest(std::shared_ptr<detail::NcclState> st, std::shared_ptr<gpu::Event> done, const char* op, std::size_t count)
+      : st_(std::move(st)), done_(std::move(done)), op_(op), count_(count) {}
+  void wait() {
+    if (!done_) return;
+    st_->wait(*done_, op_, count_);
+    done_.reset();
+  }
+  bool test() {
+    if (!done_) return true;
+    if (!done_->ready()) return false;
+    done_.reset();
+    return true;
+  }
+
+ private:
+  std::shared_ptr<detail::NcclState> st_;
+  std::shared_ptr<gpu::Event> done_;
+  const char* op_;
+  std::size_t count_;
+};
+
+/**
+ * @brief The `communicator` concept over NCCL: one rank per GPU (NCCL refuses two ranks of one
+ * communicator on the same device; for that, use gpu::DeviceCommunicator).
+ *
+ * Uneven all_gather / reduce_scatter (n not divisible by p) follow mpar's block rule by grouping one
+ * broadcast / reduce per block. send/recv match in issue order per peer, as NCCL's do; the tag is
+ * checked only with MPAR_EXTRA_CHECKS (it costs an extra message).
+ */
+class NcclCommunicator {
+ public:
+  /** A fresh id; rank 0 makes it and every rank must receive the same bytes (MPI_Bcast, a file, ...). */
+  [[nodiscard]] static ncclUniqueId make_unique_id() {
+    ncclUniqueId id;
+    const ncclResult_t r = ncclGetUniqueId(&id);
+    if (r != ncclSuccess) throw comm_error(std::string("ncclGetUniqueId failed: ") + ncclGetErrorString(r));
+    return id;
+  }
+
+  /** Joins the communicator `id` as `rank` of `size` on `device`; binds the calling thread to `device`. */
+  NcclCommunicator(const ncclUniqueId& id, int rank, int size, int device, NcclOptions opt = {})
+      : st_(make_state(device)) {
+    require(size >= 1 && rank >= 0 && rank < size, "NcclCommunicator: rank ", rank, " is outside a group of ", size);
+    init_state(rank, size, device, std::move(opt));
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;  // init and collectives return at once; our polling enforces the timeout
+    ncclComm_t c = nullptr;
+    ncclResult_t r = ncclCommInitRankConfig(&c, size, id, rank, &cfg);
+    st_->comm = c;
+    st_->settle(r, "ncclCommInitRankConfig", 0);
+  }
+
+#if defined(MPAR_HAVE_MPI)
+  /** The node-local rank of the calling process in `comm` (its index among the ranks sharing its memory). */
+  [[nodiscard]] static int node_local_rank(MPI_Comm comm) {
+    MPI_Comm local;
+    MPI_Comm_split_type(comm, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &local);
+    int lr = 0;
+    MPI_Comm_rank(local, &lr);
+    MPI_Comm_free(&local);
+    return lr;
+  }
+  /**
+   * One NCCL rank per MPI rank of `comm`: rank 0 makes the unique id and broadcasts it over MPI, and
+   * each process takes the GPU of its node-local rank (local rank modulo the visible devices).
+   */
+  [[nodiscard]] static NcclCommunicator from_mpi(MPI_Comm comm, NcclOptions opt = {}) {
+    int rank = 0, size = 1;
+    MPI_Comm_rank(comm, &rank);
+    MPI_Comm_size(comm, &size);
+    const int ndev = gpu::device_count();
+    if (ndev == 0) throw comm_error(mpar::detail::cat("NcclCommunicator::from_mpi: MPI rank ", rank, " sees no CUDA device"));
+    ncclUniqueId id{};
+    if (rank == 0) id = make_unique_id();
+    MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, comm);
+    return NcclCommunicator(id, rank, size, node_local_rank(comm) % ndev, std::move(opt));
+  }
+#endif
+
+  NcclCommunicator(NcclCommunicator&&) noexcept = default;
+  NcclCommunicator& operator=(NcclCommunicator&&) noexcept = default;
+
+  [[nodiscard]] int rank() const { return st_->rank; }
+  [[nodiscard]] int size() const { return st_->size; }
+  [[nodiscard]] std::string name() const { return st_->opt.name; }
+  [[nodiscard]] int device() const { return st_->device; }
+  /** The stream collectives run on. */
+  [[nodiscard]] cudaStream_t comm_stream() const { return st_->stream.get(); }
+  [[nodiscard]] ncclComm_t native() const { return st_->comm; }
+
+  // ---- collectives -----------------------------------------------------------------------------
+  template <element_type T>
+  void all_reduce(std::span<T> data, ReduceOp op) { iall_reduce(data, op).wait(); }
+  template <element_type T>
+  NcclRequest iall_reduce(std::span<T> data, ReduceOp op) {
+    return run("all_reduce", data.size(), [&](ncclComm_t c, cudaStream_t s) {
+      return ncclAllReduce(data.data(), data.data(), data.size(), detail::nccl_type<T>(), detail::nccl_op(op), c, s);
+    });
+  }
+  template <element_type T>
+  void broadcast(std::span<T> data, int root) {
+    check_root("broadcast", root);
+    run("broadcast", data.size(), [&](ncclComm_t c, cudaStream_t s) {
+      return ncclBroadcast(data.data(), data.data(), data.size(), detail::nccl_type<T>(), root, c, s);
+    }).wait();
+  }
+  template <element_type T>
+  void reduce(std::span<const T> send, std::span<T> recv, ReduceOp op, int root) {
+    check_root("reduce", root);
+    require(rank() != root || recv.size() == send.size(), where("reduce", send.size()), ": root's recv holds ",
+            recv.size(), " elements, send ", send.size());
+    run("reduce", send.size(), [&](ncclComm_t c, cudaStream_t s) {
+      return ncclReduce(send.data(), rank() == root ? recv.data() : nullptr, send.size(), detail::nccl_type<T>(),
+                        detail::nccl_op(op), root, c, s);
+    }).wait();
+  }
+  template <element_type T>
+  void all_gather(std::span<const T> send, std::span<T> recv) { iall_gather(send, recv).wait(); }
+  template <element_type T>
+  NcclRequest iall_gather(std::span<const T> send, std::span<T> recv) {
+    const std::size_t n = recv.size(), p = std::size_t(size());
+    check_block("all_gather", n, send.size());
+    return run("all_gather", n, [&](ncclComm_t c, cudaStream_t s) {
+      if (n % p == 0) return ncclAllGather(send.data(), recv.data(), n / p, detail::nccl_type<T>(), c, s);
+      ncclResult_t r = ncclGroupStart();
+      for (std::size_t q = 0; q < p && r == ncclSuccess; ++q) {
+        const Block b = block_of(n, p, q);
+        if (b.extent == 0) continue;
+        r = ncclBroadcast(int(q) == rank() ? static_cast<const void*>(send.data()) : recv.data() + b.offset,
+                          recv.data() + b.offset, b.extent, detail::nccl_type<T>(), int(q), c, s);
+      }
+      const ncclResult_t e = ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    });
+  }
+  template <element_type T>
+  void reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op) { ireduce_scatter(send, recv, op).wait(); }
+  template <element_type T>
+  NcclRequest ireduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op) {
+    const std::size_t n = send.size(), p = std::size_t(size());
+    check_block("reduce_scatter", n, recv.size());
+    return run("reduce_scatter", n, [&](ncclComm_t c, cudaStream_t s) {
+      if (n % p == 0)
+        return ncclReduceScatter(send.data(), recv.data(), n / p, detail::nccl_type<T>(), detail::nccl_op(op), c, s);
+      ncclResult_t r = ncclGroupStart();
+      for (std::size_t q = 0; q < p && r == ncclSuccess; ++q) {
+        const Block b = block_of(n, p, q);
+        if (b.extent == 0) continue;
+        r = ncclReduce(send.data() + b.offset, int(q) == rank() ? recv.data() : nullptr, b.extent,
+                       detail::nccl_type<T>(), detail::nccl_op(op), int(q), c, s);
+      }
+      const ncclResult_t e = ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    });
+  }
+  /** Root receives block q of recv from rank q (block_of(recv.size(), p, q)); others need no recv. */
+  template <element_type T>
+  void gather(std::span<const T> send, std::span<T> recv, int root) {
+    check_root("gather", root);
+    const std::size_t p = std::size_t(size());
+    if (rank() == root) check_block("gather", recv.size(), send.size());
+    run("gather", send.size(), [&](ncclComm_t c, cudaStream_t s) {
+      ncclResult_t r = ncclGroupStart();
+      if (rank() != root) {
+        if (!send.empty()) r = ncclSend(send.data(), send.size(), detail::nccl_type<T>(), root, c, s);
+      } else {
+        for (std::size_t q = 0; q < p && r == ncclSuccess; ++q) {
+          const Block b = block_of(recv.size(), p, q);
+          if (b.extent == 0) continue;
+          if (int(q) == root) gpu::copy_on_device(send.data(), recv.data() + b.offset, b.extent, s);
+          else r = ncclRecv(recv.data() + b.offset, b.extent, detail::nccl_type<T>(), int(q), c, s);
+        }
+      }
+      const ncclResult_t e = ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    }).wait();
+  }
+  /** Rank q receives block q of root's send (block_of(send.size(), p, q)). */
+  template <element_type T>
+  void scatter(std::span<const T> send, std::span<T> recv, int root) {
+    check_root("scatter", root);
+    const std::size_t p = std::size_t(size());
+    if (rank() == root) check_block("scatter", send.size(), recv.size());
+    run("scatter", recv.size(), [&](ncclComm_t c, cudaStream_t s) {
+      ncclResult_t r = ncclGroupStart();
+      if (rank() == root) {
+        for (std::size_t q = 0; q < p && r == ncclSuccess; ++q) {
+          const Block b = block_of(send.size(), p, q);
+          if (b.extent == 0) continue;
+          if (int(q) == root) gpu::copy_on_device(send.data() + b.offset, recv.data(), b.extent, s);
+          else r = ncclSend(send.data() + b.offset, b.extent, detail::nccl_type<T>(), int(q), c, s);
+        }
+      } else if (!recv.empty()) {
+        r = ncclRecv(recv.data(), recv.size(), detail::nccl_type<T>(), root, c, s);
+      }
+      const ncclResult_t e = ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    }).wait();
+  }
+  template <element_type T>
+  void all_to_all(std::span<const T> send, std::span<T> recv) {
+    const std::size_t p = std::size_t(size());
+    require(send.size() == recv.size() && send.size() % p == 0, where("all_to_all", send.size()),
+            ": send (", send.size(), ") and recv (", recv.size(), ") must be equal and divisible by ", p);
+    const std::vector<std::size_t> counts(p, send.size() / p);
+    all_to_all_v(send, std::span<const std::size_t>(counts), recv, std::span<const std::size_t>(counts));
+  }
+  template <element_type T>
+  void all_to_all_v(std::span<const T> send, std::span<const std::size_t> send_counts, std::span<T> recv,
+                    std::span<const std::size_t> recv_counts) {
+    const std::size_t p = std::size_t(size());
+    require(send_counts.size() == p && recv_counts.size() == p, where("all_to_all_v", send.size()),
+            ": count arrays must have one entry per rank (", p, ")");
+    std::size_t so = 0, ro = 0;
+    for (std::size_t q = 0; q < p; ++q) so += send_counts[q], ro += recv_counts[q];
+    require(so <= send.size() && ro <= recv.size(), where("all_to_all_v", send.size()), ": counts sum to ", so, " / ",
+            ro, " but buffers hold ", send.size(), " / ", recv.size());
+    run("all_to_all_v", send.size(), [&](ncclComm_t c, cudaStream_t s) {
+      ncclResult_t r = ncclGroupStart();
+      std::size_t soff = 0, roff = 0;
+      for (std::size_t q = 0; q < p && r == ncclSuccess; ++q) {
+        if (int(q) == rank()) {  // our own block is a device copy, not a message
+          require(send_counts[q] == recv_counts[q], where("all_to_all_v", send.size()), ": sends ", send_counts[q],
+                  " elements to itself but expects ", recv_counts[q]);
+          gpu::copy_on_device(send.data() + soff, recv.data() + roff, send_counts[q], s);
+        } else {
+          if (send_counts[q]) r = ncclSend(send.data() + soff, send_counts[q], detail::nccl_type<T>(), int(q), c, s);
+          if (r == ncclSuccess && recv_counts[q])
+            r = ncclRecv(recv.data() + roff, recv_counts[q], detail::nccl_type<T>(), int(q), c, s);
+        }
+        soff += send_counts[q];
+        roff += recv_counts[q];
+      }
+      const ncclResult_t e = ncclGroupEnd();
+      return r != ncclSuccess ? r : e;
+    }).wait();
+  }
+
+  // ---- point to point --------------------------------------------------------------------------
+  template <element_type T>
+  void send(std::span<const T> data, int peer, int tag) { isend(data, peer, tag).wait(); }
+  template <element_type T>
+  void recv(std::span<T> data, int peer, int tag) { irecv(data, peer, tag).wait(); }
+  template <element_type T>
+  NcclRequest isend(std::span<const T> data, int peer, int tag) {
+    check_root("send", peer);
+#if defined(MPAR_EXTRA_CHECKS)
+    exchange_header(true, peer, tag, data.size(), dtype_name_v<T>);
+#else
+    (void)tag;
+#endif
+    return run("send", data.size(), [&](ncclComm_t c, cudaStream_t s) {
+      return ncclSend(data.data(), data.size(), detail::nccl_type<T>(), peer, c, s);
+    });
+  }
+  template <element_type T>
+  NcclRequest irecv(std::span<T> data, int peer, int tag) {
+    check_root("recv", peer);
+#if defined(MPAR_EXTRA_CHECKS)
+    exchange_header(false, peer, tag, data.size(), dtype_name_v<T>);
+#else
+    (void)tag;
+#endif
+    return run("recv", data.size(), [&](ncclComm_t c, cudaStream_t s) {
+      return ncclRecv(data.data(), data.size(), detail::nccl_type<T>(), peer, c, s);
+    });
+  }
+
+  void barrier() {
+    if (!st_->barrier_buf) st_->barrier_buf = std::make_unique<gpu::DeviceBuffer<float>>(1, st_->stream.get());
+    all_reduce(st_->barrier_buf->span(), ReduceOp::sum);
+  }
+
+  /** A communicator over the ranks with equal `color`, ordered by `key` (ncclCommSplit; collective). */
+  [[nodiscard]] NcclCommunicator split(int color, int key) {
+    require(color >= 0, where("split", 0), ": color ", color, " must be non-negative");
+    ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
+    cfg.blocking = 0;
+    ncclComm_t nc = nullptr;
+    const ncclResult_t r = ncclCommSplit(st_->comm, color, key, &nc, &cfg);
+    st_->settle(r, "split", 0);
+    ++st_->seq;
+    if (nc) {  // the split's own initialisation may still be in flight
+      ncclResult_t a = ncclInProgress;
+      const auto t0 = std::chrono::steady_clock::now();
+      while ((void)ncclCommGetAsyncError(nc, &a), a == ncclInProgress) {
+        if (std::chrono::steady_clock::now() - t0 > st_->opt.timeout) {
+          (void)ncclCommAbort(nc);
+          st_->fail(where("split", 0) + ": the new communicator did not initialise within the timeout");
+        }
+        std::this_thread::yield();
+      }
+      if (a != ncclSuccess) {
+        (void)ncclCommAbort(nc);
+        st_->fail(where("split", 0) + ": " + ncclGetErrorString(a));
+      }
+    }
+    int nr = 0, ns = 1;
+    (void)ncclCommUserRank(nc, &nr);
+    (void)ncclCommCount(nc, &ns);
+    NcclOptions o = st_->opt;
+    o.name = st_->opt.name + "/" + std::to_string(color);
+    return NcclCommunicator(nc, nr, ns, st_->device, std::move(o));
+  }
+
+ private:
+  NcclCommunicator(ncclComm_t c, int rank, int size, int device, NcclOptions opt) : st_(make_state(device)) {
+    init_state(rank, size, device, std::move(opt));
+    st_->comm = c;
+  }
+  /** Binds the thread to `device` first, so the communicator's stream and events live on it. */
+  static std::shared_ptr<detail::NcclState> make_state(int device) {
+    gpu::this_thread().bind(device);
+    return std::make_shared<detail::NcclState>();
+  }
+  void init_state(int rank, int size, int device, NcclOptions opt) {
+    st_->rank = rank;
+    st_->size = size;
+    st_->device = device;
+    st_->opt = std::move(opt);
+  }
+  [[nodiscard]] std::string where(const char* op, std::size_t count) const { return st_->where(op, count); }
+  void check_root(const char* op, int r) const {
+    require(r >= 0 && r < size(), where(op, 0), ": rank argument ", r, " is outside the group");
+  }
+  void check_block(const char* op, std::size_t n, std::size_t local) const {
+    const Block b = block_of(n, std::size_t(size()), std::size_t(rank()));
+    require(local == b.extent, where(op, n), ": this rank's block has ", local, " elements, the block rule gives ",
+            b.extent);
+  }
+
+  /**
+   * Hands the work queued so far on the compute stream to the comm stream, enqueues `call` there, and
+   * makes the compute stream wait for it; returns the request that polls it.
+   */
+  template <class Call>
+  NcclRequest run(const char* op, std::size_t count, Call&& call) {
+    detail::NcclState& s = *st_;
+    if (s.aborted) throw comm_error(where(op, count) + ": the communicator was aborted by an earlier error");
+    ++s.seq;
+    if (gpu::this_thread().device() != s.device) gpu::this_thread().bind(s.device);
+    const cudaStream_t compute = gpu::current_stream();
+    s.ready.record(compute);
+    s.ready.wait_on(s.stream.get());
+    s.settle(call(s.comm, s.stream.get()), op, count);
+    auto done = std::make_shared<gpu::Event>();
+    done->record(s.stream.get());
+    done->wait_on(compute);
+    return NcclRequest(st_, std::move(done), op, count);
+  }
+
+#if defined(MPAR_EXTRA_CHECKS)
+  /** Sends (or receives and checks) {tag, count, dtype} ahead of a point-to-point message. */
+  void exchange_header(bool sending, int peer, int tag, std::size_t count, std::string_view dtype) {
+    std::int64_t h[3] = {tag, std::int64_t(count), std::int64_t(dtype[0]) << 8 | std::int64_t(dtype.back())};
+    gpu::DeviceBuffer<std::int64_t> d(3, st_->stream.get());
+    if (sending) gpu::copy_to_device(h, d.data(), 3, st_->stream.get());
+    run(sending ? "send(header)" : "recv(header)", 3, [&](ncclComm_t c, cudaStream_t s) {
+      return sending ? ncclSend(d.data(), 3, ncclInt64, peer, c, s) : ncclRecv(d.data(), 3, ncclInt64, peer, c, s);
+    }).wait();
+    if (sending) return;
+    std::int64_t got[3];
+    gpu::copy_to_host(d.data(), got, 3, st_->stream.get());
+    gpu::check(cudaStreamSynchronize(st_->stream.get()), "cudaStreamSynchronize");
+    if (got[0] != h[0] || got[1] != h[1] || got[2] != h[2])
+      st_->fail(where("recv", count) + mpar::detail::cat(": from rank ", peer, " expected tag ", tag, " count ", count,
+                                                          " but the sender used tag ", got[0], " count ", got[1]));
+  }
+#endif
+
+  std::shared_ptr<detail::NcclState> st_;
+};
+
+static_assert(communicator<NcclCommunicator>);
+
+}  // namespace mpar
