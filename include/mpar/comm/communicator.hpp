@@ -17,6 +17,7 @@
 #include <span>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
 
 #include "mpar/core/dtype.hpp"
 #include "mpar/core/layout.hpp"
@@ -28,6 +29,13 @@ class comm_error : public std::runtime_error {
  public:
   using std::runtime_error::runtime_error;
 };
+
+/**
+ * @brief The type of a collective's input buffer: `std::span<const T>` in a non-deduced context, so
+ * `T` is deduced from the output buffer alone and a `std::span<T>` or a `std::vector<T>` converts.
+ */
+template <class T>
+using in_span = std::type_identity_t<std::span<const T>>;
 
 /**
  * @brief A handle to an asynchronous operation: `wait()` blocks until done (rethrowing its error),

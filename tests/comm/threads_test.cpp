@@ -1,0 +1,315 @@
+// ThreadsCommunicator: the generic collective tests for 1-8 ranks, plus the failure semantics
+// (a rank throwing, mismatched calls, missing peers, timeouts) that only threads can test in-process.
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <cstdlib>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "comm/collective_tests.hpp"
+#include "mpar/comm/threads.hpp"
+
+using namespace mpar;
+using Catch::Matchers::Contains;
+using std::chrono::duration;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+ThreadsOptions with_timeout(double seconds) {
+  ThreadsOptions o;
+  o.timeout = duration<double>(seconds);
+  return o;
+}
+
+/** Runs `f(comm, checker)` on n threads and checks the collected failures on this thread. */
+template <class F>
+void on_threads(int n, F&& f, const ThreadsOptions& opts = {}) {
+  std::vector<test::Checker> ck(static_cast<std::size_t>(n));
+  run_threads(n, opts, [&](ThreadsCommunicator& c) { f(c, ck[std::size_t(c.rank())]); });
+  std::size_t failures = 0;
+  for (int r = 0; r < n; ++r)
+    for (auto& msg : ck[std::size_t(r)].failures) {
+      ++failures;
+      UNSCOPED_INFO(msg);
+    }
+  CHECK(failures == 0);
+}
+
+/** Runs `f` on n ranks; returns each rank's comm_error message (empty where none was thrown). */
+template <class F>
+std::vector<std::string> errors_on_every_rank(int n, F&& f, const ThreadsOptions& opts = {}) {
+  std::vector<std::string> msg(static_cast<std::size_t>(n));
+  try {
+    run_threads(n, opts, [&](ThreadsCommunicator& c) {
+      try {
+        f(c);
+      } catch (const comm_error& e) {
+        msg[std::size_t(c.rank())] = e.what();
+        throw;  // poisons the run, as an uncaught error would
+      }
+    });
+  } catch (const rank_failure&) {
+  }
+  return msg;
+}
+
+double seconds_since(Clock::time_point t0) { return duration<double>(Clock::now() - t0).count(); }
+
+}  // namespace
+
+TEST_CASE("threads: every collective matches the serial reference on 1-4 ranks", "[comm]") {
+  for (int n = 1; n <= 4; ++n) {
+    INFO("ranks " << n);
+    on_threads(n, [](ThreadsCommunicator& c, test::Checker& ck) { test::check_everything(c, ck); });
+  }
+}
+
+TEST_CASE("threads: every collective matches the serial reference on 5-8 ranks", "[comm]") {
+  for (int n = 5; n <= 8; ++n) {
+    INFO("ranks " << n);
+    on_threads(n, [](ThreadsCommunicator& c, test::Checker& ck) { test::check_everything(c, ck); });
+  }
+}
+
+TEST_CASE("threads: make_mesh_comms builds the tensor, pipeline, data and expert groups", "[comm]") {
+  on_threads(8, [](ThreadsCommunicator& c, test::Checker& ck) { test::check_mesh_comms(c, ck, 2, 2, 2); });
+  on_threads(6, [](ThreadsCommunicator& c, test::Checker& ck) { test::check_mesh_comms(c, ck, 3, 1, 2); });
+  run_threads(4, [](ThreadsCommunicator& c) {
+    auto mc = make_mesh_comms(c, DeviceMesh<2, 2, 1>{});
+    if (mc.tensor.name() != "tensor" || mc.pipeline.name() != "pipeline" || mc.data.name() != "data")
+      throw std::logic_error("axis groups are not named after their axes: " + mc.tensor.name());
+  });
+  CHECK_THROWS_WITH(run_threads(3, [](ThreadsCommunicator& c) { (void)make_mesh_comms(c, DeviceMesh<2, 2, 1>{}); }),
+                    Contains("has 3 ranks but DeviceMesh(tensor=2, expert=1, data=1, pipeline=2) needs 4"));
+}
+
+TEST_CASE("threads: split names groups and orders by key", "[comm]") {
+  run_threads(4, [](ThreadsCommunicator& c) {
+    auto tp = c.split(c.rank() / 2, c.rank(), "tensor");
+    auto other = c.split(c.rank() % 2, 0);
+    if (tp.name() != "tensor" || other.name() != "world." + std::to_string(c.rank() % 2) || tp.world_rank() != c.rank())
+      throw std::logic_error("unexpected group names " + tp.name() + ", " + other.name());
+    // equal keys keep the parent order
+    if (other.rank() != c.rank() / 2) throw std::logic_error("equal keys must keep parent order");
+  });
+}
+
+TEST_CASE("threads: a single-rank communicator works without threads", "[comm]") {
+  auto c = ThreadsCommunicator::single();
+  test::Checker ck;
+  test::check_everything(c, ck);
+  CHECK(ck.failures.empty());
+  CHECK(c.size() == 1);
+}
+
+TEST_CASE("threads: asynchronous collectives overlap with the caller", "[comm]") {
+  std::vector<double> issue_s(2), pending_after_compute(2);
+  std::vector<float> result(2);
+  const auto t0 = Clock::now();
+  run_threads(2, [&](ThreadsCommunicator& c) {
+    std::vector<float> x(1 << 16, float(c.rank() + 1));
+    if (c.rank() == 1) std::this_thread::sleep_for(std::chrono::milliseconds(300));  // a late peer
+    const auto t = Clock::now();
+    auto req = c.iall_reduce(std::span<float>(x), ReduceOp::sum);
+    issue_s[std::size_t(c.rank())] = seconds_since(t);
+    // "compute" while the collective waits for the late peer on the progress thread
+    volatile double acc = 0;
+    for (int i = 0; i < 100000; ++i) acc = acc + std::sqrt(double(i));
+    pending_after_compute[std::size_t(c.rank())] = req.test() ? 0.0 : 1.0;
+    req.wait();
+    result[std::size_t(c.rank())] = x[12345];
+  });
+  CHECK(issue_s[0] < 0.1);                 // issuing does not wait for the peer
+  CHECK(pending_after_compute[0] == 1.0);  // rank 0 computed while its all_reduce was still in flight
+  CHECK(result[0] == 3.0f);
+  CHECK(result[1] == 3.0f);
+  CHECK(seconds_since(t0) < 5.0);
+}
+
+TEST_CASE("threads: a rank that throws fails every rank's collective and run_threads rethrows it", "[comm][fault]") {
+  std::vector<std::string> msg(4);
+  const auto t0 = Clock::now();
+  try {
+    run_threads(4, with_timeout(30), [&](ThreadsCommunicator& c) {
+      std::vector<float> v(1000, 1.0f);
+      c.all_reduce(std::span<float>(v), ReduceOp::sum);
+      if (c.rank() == 2) throw std::runtime_error("boom");
+      try {
+        c.all_reduce(std::span<float>(v), ReduceOp::sum);
+      } catch (const comm_error& e) {
+        msg[std::size_t(c.rank())] = e.what();
+        throw;
+      }
+    });
+    FAIL("run_threads did not throw");
+  } catch (const rank_failure& e) {
+    CHECK(e.rank() == 2);
+    CHECK_THAT(e.what(), Contains("rank 2: boom"));
+    CHECK_THROWS_AS(e.rethrow_nested(), std::runtime_error);
+  }
+  for (int r : {0, 1, 3})
+    CHECK_THAT(msg[std::size_t(r)], Contains("all_reduce #2 on group world aborted: rank 2 threw: boom"));
+  CHECK(seconds_since(t0) < 5.0);
+}
+
+TEST_CASE("threads: mismatched counts, types, ops and roots fail on every rank", "[comm][fault]") {
+  const auto t0 = Clock::now();
+  auto counts = errors_on_every_rank(3, [](ThreadsCommunicator& c) {
+    std::vector<float> v(c.rank() == 1 ? 5 : 4, 1.0f);
+    c.all_reduce(std::span<float>(v), ReduceOp::sum);
+  });
+  for (auto& m : counts) {
+    CHECK_THAT(m, Contains("all_reduce #1 on group world: ranks called different collectives"));
+    CHECK_THAT(m, Contains("rank 0 all_reduce(f32, count=4, op=sum) #1; rank 1 all_reduce(f32, count=5, op=sum) #1"));
+  }
+  auto types = errors_on_every_rank(2, [](ThreadsCommunicator& c) {
+    if (c.rank() == 0) {
+      std::vector<double> v(4);
+      c.all_reduce(std::span<double>(v), ReduceOp::sum);
+    } else {
+      std::vector<bf16> v(4);
+      c.all_reduce(std::span<bf16>(v), ReduceOp::sum);
+    }
+  });
+  for (auto& m : types) CHECK_THAT(m, Contains("rank 1 all_reduce(bf16, count=4, op=sum) #1"));
+  auto ops = errors_on_every_rank(3, [](ThreadsCommunicator& c) {
+    std::vector<float> v(4);
+    c.all_reduce(std::span<float>(v), c.rank() == 2 ? ReduceOp::max : ReduceOp::sum);
+  });
+  for (auto& m : ops) CHECK_THAT(m, Contains("rank 2 all_reduce(f32, count=4, op=max) #1"));
+  auto roots = errors_on_every_rank(2, [](ThreadsCommunicator& c) {
+    std::vector<float> v(4);
+    c.broadcast(std::span<float>(v), c.rank());
+  });
+  for (auto& m : roots) CHECK_THAT(m, Contains("broadcast #1 on group world: ranks called different collectives"));
+  auto kinds = errors_on_every_rank(2, [](ThreadsCommunicator& c) {
+    std::vector<float> v(4);
+    if (c.rank() == 0) c.barrier();
+    else c.all_reduce(std::span<float>(v), ReduceOp::sum);
+  });
+  for (auto& m : kinds) CHECK_THAT(m, Contains("rank 0 barrier(-) #1; rank 1 all_reduce(f32, count=4, op=sum) #1"));
+  auto blocks = errors_on_every_rank(4, [](ThreadsCommunicator& c) {
+    std::vector<float> send(c.rank() == 1 ? 3 : 4), recv(16);
+    c.all_gather(send, std::span<float>(recv));
+  });
+  for (auto& m : blocks)
+    CHECK_THAT(m, Contains("all_gather #1 on group world: rank 1 passed send of 3 elements, expected block_of(16, 4, 1) = 4"));
+  auto a2av = errors_on_every_rank(2, [](ThreadsCommunicator& c) {
+    std::vector<float> send(4), recv(4);
+    std::vector<std::size_t> sc{1, 1}, rc{1, std::size_t(c.rank() == 0 ? 2 : 1)};
+    c.all_to_all_v(send, std::span<const std::size_t>(sc), std::span<float>(recv), std::span<const std::size_t>(rc));
+  });
+  for (auto& m : a2av) CHECK_THAT(m, Contains("rank 1 sends 1 elements to rank 0 but rank 0 expects 2"));
+  CHECK(seconds_since(t0) < 5.0);
+}
+
+TEST_CASE("threads: a group stays usable after a mismatch is reported", "[comm][fault]") {
+  on_threads(3, [](ThreadsCommunicator& c, test::Checker& ck) {
+    std::vector<float> v(c.rank() == 0 ? 2 : 3, 1.0f);
+    bool threw = false;
+    try {
+      c.all_reduce(std::span<float>(v), ReduceOp::sum);
+    } catch (const comm_error&) {
+      threw = true;
+    }
+    ck.expect(threw, "the mismatch was not reported on rank ", c.rank());
+    std::vector<float> w(3, 1.0f);
+    c.all_reduce(std::span<float>(w), ReduceOp::sum);
+    ck.expect(w[2] == 3.0f && c.seq() == 2, "all_reduce after a mismatch: ", w[2], " seq ", c.seq());
+  });
+}
+
+TEST_CASE("threads: a peer that never arrives times out on every rank, naming the missing ranks", "[comm][fault]") {
+  const auto t0 = Clock::now();
+  auto msg = errors_on_every_rank(
+      4,
+      [](ThreadsCommunicator& c) {
+        std::vector<float> v(8, 1.0f);
+        if (c.rank() % 2 == 1) std::this_thread::sleep_for(std::chrono::milliseconds(800));
+        c.all_reduce(std::span<float>(v), ReduceOp::sum);
+      },
+      with_timeout(0.25));
+  for (auto& m : msg) CHECK_THAT(m, Contains("all_reduce #1 on group world timed out after 0.25 s: ranks 1, 3 never arrived"));
+  CHECK_THAT(msg[1], Contains("all_reduce #1 on group world aborted:"));
+  CHECK(seconds_since(t0) < 3.0);
+}
+
+TEST_CASE("threads: timeouts in a sub-group name the group", "[comm][fault]") {
+  auto msg = errors_on_every_rank(
+      4,
+      [](ThreadsCommunicator& c) {
+        auto tp = c.split(c.rank() / 2, c.rank(), "tensor");
+        std::vector<float> v(8, 1.0f);
+        if (c.rank() == 3) std::this_thread::sleep_for(std::chrono::milliseconds(600));
+        tp.all_reduce(std::span<float>(v), ReduceOp::sum);
+        tp.all_reduce(std::span<float>(v), ReduceOp::sum);
+      },
+      with_timeout(0.2));
+  CHECK_THAT(msg[2], Contains("on group tensor timed out after 0.2 s: rank 1 never arrived"));
+}
+
+TEST_CASE("threads: a peer that has returned fails the collective at once", "[comm][fault]") {
+  const auto t0 = Clock::now();
+  auto msg = errors_on_every_rank(3, [](ThreadsCommunicator& c) {
+    if (c.rank() == 2) return;
+    std::vector<float> v(8, 1.0f);
+    c.all_reduce(std::span<float>(v), ReduceOp::sum);
+  });
+  for (int r : {0, 1}) CHECK_THAT(msg[std::size_t(r)], Contains("all_reduce #1 on group world"));
+  for (int r : {0, 1}) CHECK_THAT(msg[std::size_t(r)], Contains("rank 2 has already returned and will never arrive"));
+  CHECK(seconds_since(t0) < 2.0);
+}
+
+TEST_CASE("threads: point-to-point mismatches and timeouts", "[comm][fault]") {
+  auto sizes = errors_on_every_rank(2, [](ThreadsCommunicator& c) {
+    std::vector<float> v(c.rank() == 0 ? 5 : 4);
+    if (c.rank() == 0) c.send(std::span<const float>(v), 1, 3);
+    else c.recv(std::span<float>(v), 0, 3);
+    c.barrier();
+  });
+  CHECK_THAT(sizes[1], Contains("recv #1 on group world: rank 1 expected 4 f32 from rank 0 with tag 3, but rank 0 sent 5 f32"));
+  CHECK_THAT(sizes[0], Contains("barrier #1 on group world aborted: rank 1 threw: recv #1"));
+  const auto t0 = Clock::now();
+  auto never = errors_on_every_rank(
+      2,
+      [](ThreadsCommunicator& c) {
+        std::vector<float> v(4);
+        if (c.rank() == 1) c.recv(std::span<float>(v), 0, 9);
+        else std::this_thread::sleep_for(std::chrono::milliseconds(500));
+        c.barrier();
+      },
+      with_timeout(0.2));
+  CHECK_THAT(never[1], Contains("recv #1 on group world timed out after 0.2 s: rank 0 never sent tag 9 to rank 1"));
+  CHECK_THAT(never[0], Contains("barrier #1 on group world aborted: recv #1 on group world timed out"));
+  CHECK(seconds_since(t0) < 3.0);
+}
+
+TEST_CASE("threads: errors of asynchronous collectives surface in wait()", "[comm][fault]") {
+  auto msg = errors_on_every_rank(2, [](ThreadsCommunicator& c) {
+    std::vector<float> v(c.rank() == 0 ? 6 : 7);
+    auto req = c.iall_reduce(std::span<float>(v), ReduceOp::sum);
+    req.wait();
+  });
+  for (auto& m : msg) CHECK_THAT(m, Contains("all_reduce #1 on group world: ranks called different collectives"));
+}
+
+TEST_CASE("threads: MPAR_COMM_TIMEOUT_S sets the default timeout", "[comm]") {
+  ::setenv("MPAR_COMM_TIMEOUT_S", "0.5", 1);
+  CHECK(ThreadsOptions{}.timeout.count() == 0.5);
+  ::setenv("MPAR_COMM_TIMEOUT_S", "soon", 1);
+  CHECK_THROWS_WITH(ThreadsOptions{}, Contains("MPAR_COMM_TIMEOUT_S='soon' is not a positive number of seconds"));
+  ::unsetenv("MPAR_COMM_TIMEOUT_S");
+  CHECK(ThreadsOptions{}.timeout.count() == 300.0);
+}
+
+TEST_CASE("threads: exceptions of any type are reported with the rank", "[comm][fault]") {
+  CHECK_THROWS_WITH(run_threads(2, [](ThreadsCommunicator& c) {
+                      if (c.rank() == 1) throw 42;
+                    }),
+                    Contains("rank 1: an exception not derived from std::exception"));
+  CHECK_THROWS_AS(run_threads(0, [](ThreadsCommunicator&) {}), config_error);
+}
