@@ -6,3 +6,4 @@
 #include "mpar/version.hpp"
 #include "mpar/core.hpp"
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/comm.hpp"
