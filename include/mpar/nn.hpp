@@ -11,6 +11,7 @@
 #include "mpar/nn/layer.hpp"
 #include "mpar/nn/layer_norm.hpp"
 #include "mpar/nn/linear.hpp"
+#include "mpar/nn/linear_2d.hpp"
 #include "mpar/nn/mlp.hpp"
 #include "mpar/nn/parameter.hpp"
 #include "mpar/nn/row_parallel.hpp"

@@ -197,17 +197,19 @@ class Stage {
     else return backward_from<I - 1>(std::get<I>(layers_).backward(dy, mb), mb);
   }
   void check_features() const {
-    std::size_t cur = 0, index = 0;
+    // Elementwise layers pass features through, so a size is compared with the last layer that set it.
+    std::size_t cur = 0, index = 0, prev_index = 0;
     std::string_view prev_kind = detail::StageInput::layer_kind;
     auto visit = [&](const auto& l) {
       using L = std::remove_cvref_t<decltype(l)>;
       if constexpr (!L::preserves_features) {
         require(cur == 0 || l.in_features() == cur, "Stage: layer ", index, " (", L::layer_kind, ") takes ",
-                l.in_features(), " features but layer ", index - 1, " (", prev_kind, ") returns ", cur,
+                l.in_features(), " features but layer ", prev_index, " (", prev_kind, ") returns ", cur,
                 "; make the sizes of consecutive layers agree");
         cur = l.out_features();
+        prev_kind = L::layer_kind;
+        prev_index = index;
       }
-      prev_kind = L::layer_kind;
       ++index;
     };
     std::apply([&](const auto&... l) { (visit(l), ...); }, layers_);

@@ -1,0 +1,161 @@
+#pragma once
+/**
+ * @file `Linear2D`: 2D tensor parallelism (SUMMA). The tensor axis is arranged as a q x q grid
+ * (`DeviceMesh::with_tensor_grid`, axes `tensor_row` x `tensor_col`); the activation `X [T, in]` and the
+ * weight `W [in, out]` are both split into q x q blocks, block (i, j) on grid rank (i, j):
+ * `Layout2D<Shard<0, tensor_row>, Shard<1, tensor_col>>`.
+ *
+ * Forward, for k = 0..q-1: rank (i, k) broadcasts X_ik along its grid row, rank (k, j) broadcasts W_kj
+ * along its grid column, and every rank accumulates Y_ij += X_ik W_kj. Backward mirrors it:
+ * dX_ik = sum_j dY_ij W_kj^T (reduce along the grid row to (i, k)) and dW_kj = sum_i X_ik^T dY_ij
+ * (reduce along the grid column to (k, j)). Each rank stores 1/q² of W and of the activations.
+ */
+#include <cstddef>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "mpar/backend/host/host_backend.hpp"
+#include "mpar/comm/communicator.hpp"
+#include "mpar/nn/linear.hpp"
+
+namespace mpar::nn {
+
+/** @brief The activation and weight layout of 2D tensor parallelism. */
+using GridShard = Layout2D<Shard<0, axis::tensor_row>, Shard<1, axis::tensor_col>>;
+
+/**
+ * @brief A rank's two grid communicators: `row` holds the ranks of its grid row (ordered by column,
+ * so `row.rank()` is its column j) and `col` those of its grid column (`col.rank()` is its row i).
+ */
+template <communicator C>
+struct TensorGrid {
+  C row, col;
+  [[nodiscard]] std::size_t i() const { return std::size_t(col.rank()); }
+  [[nodiscard]] std::size_t j() const { return std::size_t(row.rank()); }
+  [[nodiscard]] std::size_t q() const { return std::size_t(row.size()); }
+};
+
+/** @brief Splits the tensor group `tp` into the grid of `mesh.with_tensor_grid(rows, cols)` (collective over `tp`). */
+template <communicator C>
+[[nodiscard]] TensorGrid<C> make_tensor_grid(C& tp, std::size_t rows, std::size_t cols) {
+  require(rows * cols == std::size_t(tp.size()), "make_tensor_grid: ", rows, " x ", cols,
+          " does not equal the tensor group size ", tp.size());
+  const DynamicMesh mesh = DynamicMesh(std::size_t(tp.size()), std::size_t(1), std::size_t(1), std::size_t(1)).with_tensor_grid(rows, cols);
+  const MeshCoord c = mesh.coord(std::size_t(tp.rank()));
+  C row = tp.split(int(c.tensor_row), int(c.tensor_col));
+  C col = tp.split(int(c.tensor_col), int(c.tensor_row));
+  return TensorGrid<C>{std::move(row), std::move(col)};
+}
+
+/** @brief SUMMA linear layer `y = x W + b` on a square q x q tensor grid (bias split by columns). */
+template <communicator C, backend B = HostBackend>
+class Linear2D {
+ public:
+  static constexpr std::string_view layer_kind = "Linear2D";
+  using default_input = GridShard;
+  static constexpr bool preserves_features = false;
+  static constexpr std::size_t static_in_features = dyn, static_out_features = dyn;
+  template <class L>
+  static constexpr Verdict accepts() {
+    if constexpr (std::is_same_v<L, GridShard>) return Verdict::ok;
+    else if constexpr (L::is_partial) return Verdict::linear_fed_partial;
+    else return Verdict::needs_2d_shard;
+  }
+  template <class L>
+  using output_layout = GridShard;
+
+  Linear2D(TensorGrid<C>& grid, std::size_t in, std::size_t out, const LinearInit& init)
+      : grid_(&grid), in_(in), out_(out), q_(grid.q()), name_(init.name) {
+    require(grid.row.size() == grid.col.size(), "Linear2D '", name_, "': SUMMA needs a square grid, got ",
+            grid.col.size(), " x ", grid.row.size());
+    require(in_ % q_ == 0 && out_ % q_ == 0, "Linear2D '", name_, "' (grid rank ", grid.i(), ",", grid.j(), "): sizes ",
+            in_, " x ", out_, " are not divisible by the grid size ", q_);
+    const std::size_t n = q_ * q_;
+    const DynamicMesh mesh = DynamicMesh(n, std::size_t(1), std::size_t(1), std::size_t(1)).with_tensor_grid(q_, q_);
+    const MeshCoord coord = mesh.coord(grid.i() * q_ + grid.j());
+    const std::array<std::size_t, 2> ws{in_, out_};
+    weight_ = make_parameter<2>(name_ + ".weight", init.id_base, ws, GridShard::local_box<2>(ws, mesh, coord),
+                                GridShard::name(), q_ > 1, init.seed, detail::default_weight_init(in_));
+    if (init.bias) {
+      using BL = Shard<0, axis::tensor_col>;
+      const std::array<std::size_t, 1> bs{out_};
+      bias_ = make_parameter<1>(name_ + ".bias", init.id_base + 1, bs, BL::local_box<1>(bs, mesh, coord), BL::name(),
+                                q_ > 1, init.seed, InitSpec::normal(0.02));
+    }
+  }
+
+  /** `x` is this rank's block X_ij `[T/q, in/q]`; returns Y_ij `[T/q, out/q]`. */
+  Activation forward(const Activation& x, int mb = 0) {
+    const std::size_t tl = x.extent(0), il = in_ / q_, ol = out_ / q_;
+    require(x.extent(1) == il, "Linear2D '", name_, "': input block has ", x.extent(1), " features, expected ", il);
+    Activation y({tl, ol});
+    Activation a({tl, il});
+    std::vector<float> w(il * ol);
+    for (std::size_t k = 0; k < q_; ++k) {
+      broadcast_blocks(k, x, a, w);
+      B::template gemm<float>(Trans::no, Trans::no, tl, ol, il, 1.0f, a.data(), il, w.data(), ol, 1.0f, y.data(), ol);
+    }
+    if (!bias_.value.empty()) detail::add_row_vector(y, bias_.value);
+    cache_.put(mb).x = x;
+    return y;
+  }
+
+  Activation backward(const Activation& dy, int mb = 0) {
+    auto c = cache_.take(mb, layer_kind);
+    const std::size_t tl = c.x.extent(0), il = in_ / q_, ol = out_ / q_;
+    require(dy.extent(0) == tl && dy.extent(1) == ol, "Linear2D '", name_, "': gradient block is ", dy.extent(0), "x",
+            dy.extent(1), ", expected ", tl, "x", ol);
+    Activation dx({tl, il}), a({tl, il}), part_x({tl, il});
+    std::vector<float> w(il * ol), part_w(il * ol);
+    for (std::size_t k = 0; k < q_; ++k) {
+      broadcast_blocks(k, c.x, a, w);
+      // dX_ik: this rank's share dY_ij W_kj^T, summed along the grid row onto column k.
+      B::template gemm<float>(Trans::no, Trans::yes, tl, il, ol, 1.0f, dy.data(), ol, w.data(), ol, 0.0f, part_x.data(), il);
+      grid_->row.reduce(std::span<const float>(part_x.span()), dx.span(), ReduceOp::sum, int(k));
+      // dW_kj: this rank's share X_ik^T dY_ij, summed along the grid column onto row k.
+      B::template gemm<float>(Trans::yes, Trans::no, il, ol, tl, 1.0f, a.data(), il, dy.data(), ol, 0.0f, part_w.data(), ol);
+      if (grid_->i() == k) {
+        std::vector<float> sum(il * ol);
+        grid_->col.reduce(std::span<const float>(part_w), std::span<float>(sum), ReduceOp::sum, int(k));
+        for (std::size_t e = 0; e < sum.size(); ++e) weight_.grad[e] += sum[e];
+      } else {
+        grid_->col.reduce(std::span<const float>(part_w), std::span<float>(), ReduceOp::sum, int(k));
+      }
+    }
+    if (!bias_.value.empty()) {
+      std::vector<float> db(ol, 0.0f);
+      detail::add_column_sums(dy, db);
+      grid_->col.all_reduce(std::span<float>(db), ReduceOp::sum);
+      for (std::size_t e = 0; e < ol; ++e) bias_.grad[e] += db[e];
+    }
+    return dx;
+  }
+
+  std::vector<Parameter*> parameters() { return detail::param_list(&weight_, &bias_); }
+  void drop(int mb) { cache_.drop(mb); }
+  [[nodiscard]] std::size_t in_features() const { return in_; }
+  [[nodiscard]] std::size_t out_features() const { return out_; }
+  [[nodiscard]] Parameter& weight() { return weight_; }
+  [[nodiscard]] Parameter& bias() { return bias_; }
+
+ private:
+  /** Step k of SUMMA: `a` <- X_ik (broadcast along the grid row), `w` <- W_kj (along the grid column). */
+  void broadcast_blocks(std::size_t k, const Activation& x, Activation& a, std::vector<float>& w) {
+    if (grid_->j() == k) std::copy(x.data(), x.data() + x.size(), a.data());
+    grid_->row.broadcast(a.span(), int(k));
+    if (grid_->i() == k) std::copy(weight_.value.begin(), weight_.value.end(), w.begin());
+    grid_->col.broadcast(std::span<float>(w), int(k));
+  }
+  struct Cache {
+    Activation x;
+  };
+  TensorGrid<C>* grid_;
+  std::size_t in_, out_, q_;
+  std::string name_;
+  Parameter weight_, bias_;
+  MicroBatchCache<Cache> cache_;
+};
+
+}  // namespace mpar::nn
