@@ -7,3 +7,4 @@
 #include "mpar/core.hpp"
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm.hpp"
+#include "mpar/nn.hpp"
