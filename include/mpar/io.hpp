@@ -1,0 +1,13 @@
+#pragma once
+/**
+ * @file Checkpoints: save and load with resharding (io/checkpoint.hpp), the manifest format
+ * (io/manifest.hpp), blocks from parameters and optimizer states (io/blocks.hpp) and the
+ * command-line option parser (io/cli.hpp). See docs/checkpoints.md.
+ */
+#include "mpar/io/blocks.hpp"
+#include "mpar/io/box.hpp"
+#include "mpar/io/checkpoint.hpp"
+#include "mpar/io/crc32.hpp"
+#include "mpar/io/error.hpp"
+#include "mpar/io/file.hpp"
+#include "mpar/io/manifest.hpp"
