@@ -1,0 +1,368 @@
+#pragma once
+/**
+ * @file The pipeline executor: runs a schedule's programs on real ranks, over any communicator.
+ *
+ * One Executor per pipeline rank holds that rank's chunks (V stages) and replays its program:
+ * forwards and backwards call the stages; sends are `isend` (they return at once, so the next
+ * compute overlaps the transfer, and complete by the end of the step); receives are posted as
+ * `irecv` when the step starts, so by the time a stage needs its input the message is usually
+ * there. The programs are verified before the first step (SendMode::buffered — exactly these semantics).
+ *
+ * Every message is a small header followed by the payload. The header (kind, micro-batch, shape,
+ * element type, sender) is checked against what the receiver expects before the payload is read: a
+ * mismatch throws naming both ranks, the micro-batch and both shapes, instead of hanging or
+ * silently reading garbage.
+ *
+ * Loss: the last stage turns each micro-batch's output into its mean loss and dL/dy; the executor
+ * scales dL/dy by 1/M, so accumulated gradients are those of the mean over the global batch (for
+ * equal micro-batches), and reports the mean loss on every rank.
+ */
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "mpar/comm/communicator.hpp"
+#include "mpar/core/error.hpp"
+#include "mpar/pipeline/action.hpp"
+#include "mpar/pipeline/simulator.hpp"
+#include "mpar/pipeline/stage_concept.hpp"
+#include "mpar/pipeline/timeline.hpp"
+#include "mpar/pipeline/verifier.hpp"
+
+namespace mpar::pipeline {
+
+/** @brief Executor options. */
+struct ExecutorOptions {
+  /** Activation recomputation per local chunk (missing entries: false): keep only the stage input, rerun the forward before the backward. */
+  std::vector<bool> recompute;
+  /** Rows (tokens) of every micro-batch, checked on each received activation; 0 = take them from the header. */
+  std::size_t microbatch_tokens = 0;
+};
+
+/** @brief The last stage's loss: mean loss of micro-batch `mb` from its output `y`; writes dL/dy (same shape as y) into `dy`. */
+using LossFn = std::function<double(const Boundary& y, int mb, Boundary& dy)>;
+/** @brief An optimizer step over this rank's parameters (values updated in place from their grads). */
+using OptimizerFn = std::function<void(const std::vector<nn::Parameter*>&)>;
+
+/** @brief One rank's measurements of one step (seconds). */
+struct StepStats {
+  int rank = 0;
+  double wall = 0;           ///< step start (after a barrier) to the last send's completion
+  double compute = 0;        ///< forwards, backwards, optimizer
+  double communication = 0;  ///< issuing sends and copying received payloads
+  double idle = 0;           ///< wall - compute - communication: waiting for messages (the bubble)
+  double bubble_ratio = 0;   ///< (wall - compute) / wall
+  double loss = 0;           ///< mean loss over the step's micro-batches (the same on every rank)
+  double throughput = 0;     ///< micro-batches per second
+  Timeline timeline;         ///< this rank's events, times in seconds on the process-wide steady clock
+};
+
+namespace detail {
+inline double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+/** Message header: what the receiver checks before it reads the payload. */
+enum HeaderField : std::size_t { h_magic, h_kind, h_mb, h_rows, h_cols, h_dtype, h_src_rank, h_src_stage, h_size };
+inline constexpr float header_magic = 7177.0f;
+inline constexpr float dtype_f32 = 1.0f;
+}  // namespace detail
+
+/**
+ * @brief Runs `programs` for one pipeline rank over `comm` (the pipeline group: size P, rank = pipeline rank),
+ * with `chunks[c]` the stage object of local chunk c.
+ */
+template <pipeline_stage Stage, communicator Comm>
+class Executor {
+ public:
+  using request_type = decltype(std::declval<Comm&>().irecv(std::span<float>{}, 0, 0));
+
+  Executor(Comm& comm, Programs programs, std::vector<Stage*> chunks, ExecutorOptions options = {})
+      : comm_(comm), prog_(std::move(programs)), chunks_(std::move(chunks)), opt_(std::move(options)) {
+    const auto& c = prog_.config;
+    require(comm_.size() == c.stages, "pipeline::Executor: communicator '", comm_.name(), "' has ", comm_.size(),
+            " ranks but the schedule has P = ", c.stages);
+    require(int(chunks_.size()) == c.chunks, "pipeline::Executor: rank ", comm_.rank(), " got ", chunks_.size(),
+            " stage objects but the schedule has V = ", c.chunks, " chunks per rank");
+    for (std::size_t i = 0; i < chunks_.size(); ++i)
+      require(chunks_[i] != nullptr, "pipeline::Executor: chunk ", i, " on rank ", comm_.rank(), " is null");
+    report_ = verify_or_throw(prog_);
+    opt_.recompute.resize(chunks_.size(), false);
+    if constexpr (!droppable_stage<Stage>)
+      for (bool r : opt_.recompute)
+        require(!r, "pipeline::Executor: recomputation needs a stage with drop(mb) to free its saved activations");
+    for (auto* ch : chunks_) {
+      auto ps = ch->parameters();
+      params_.insert(params_.end(), ps.begin(), ps.end());
+    }
+  }
+
+  [[nodiscard]] const Programs& programs() const { return prog_; }
+  [[nodiscard]] const VerifyReport& report() const { return report_; }
+  [[nodiscard]] const std::vector<nn::Parameter*>& parameters() const { return params_; }
+  /** @brief PipeDream-2BW: optimizer steps applied on this rank so far (the current weight version). */
+  [[nodiscard]] int weight_version() const { return version_; }
+
+  /**
+   * @brief Runs one step (the whole program). `inputs[mb]` are the micro-batches (needed on the rank
+   * holding stage 0; others may pass an empty vector); `loss` runs on the rank holding the last stage;
+   * `optimizer` (optional) runs at each optimizer_step action — without one, gradients stay
+   * accumulated in Parameter::grad for the caller.
+   */
+  StepStats step(const std::vector<Boundary>& inputs, const LossFn& loss, const OptimizerFn& optimizer = {}) {
+    const auto& c = prog_.config;
+    const int r = comm_.rank(), S = c.total_stages(), N = c.total_microbatches();
+    if (holds_stage(0))
+      require(int(inputs.size()) >= N, "pipeline::Executor: rank ", r, " holds the first stage and needs ", N,
+              " micro-batch inputs, got ", inputs.size());
+    if (holds_stage(S - 1)) require(bool(loss), "pipeline::Executor: rank ", r, " holds the last stage and needs a loss");
+    act_.clear();
+    grad_.clear();
+    saved_.clear();
+    fwd_version_.clear();
+    out_shape_.clear();
+    sends_.clear();
+    StepStats st;
+    st.rank = r;
+    st.timeline.config = c;
+    double loss_sum = 0;
+
+    comm_.barrier();
+    const double t0 = detail::now_seconds();
+    // Post every receive header of the step now, so they land while this rank computes.
+    const auto& prog = prog_.ranks[std::size_t(r)];
+    std::vector<std::array<float, detail::h_size>> headers;
+    std::vector<request_type> header_reqs;
+    std::vector<std::size_t> header_of(prog.size(), 0);
+    std::size_t nrecv = 0;
+    for (const auto& a : prog) nrecv += is_recv(a.op) ? 1 : 0;
+    headers.resize(nrecv);
+    header_reqs.reserve(nrecv);
+    for (std::size_t i = 0, k = 0; i < prog.size(); ++i)
+      if (is_recv(prog[i].op)) {
+        header_of[i] = k;
+        header_reqs.push_back(comm_.irecv(std::span<float>(headers[k]), prog[i].peer, tag_of(prog[i], r, 0)));
+        ++k;
+      }
+
+    for (std::size_t i = 0; i < prog.size(); ++i) {
+      const Action& a = prog[i];
+      const int s = global_stage(c, r, a.chunk);
+      Stage& stage = *chunks_[std::size_t(a.chunk)];
+      const double t_start = detail::now_seconds();
+      Lane lane = Lane::compute;
+      double t_begin = t_start;
+      switch (a.op) {
+        case Op::forward: {
+          Boundary x = s == 0 ? inputs[std::size_t(a.mb)] : take(act_, s, a.mb, "activation", a);
+          fwd_version_[{a.chunk, a.mb}] = version_;
+          Boundary y = stage.forward(x, a.mb);
+          if (opt_.recompute[std::size_t(a.chunk)]) {
+            if constexpr (droppable_stage<Stage>) stage.drop(a.mb);
+            saved_[{s, a.mb}] = std::move(x);
+          }
+          if (s == S - 1) {
+            Boundary dy(y.shape());
+            loss_sum += loss(y, a.mb, dy);
+            require(dy.shape() == y.shape(), "pipeline::Executor: the loss wrote a gradient of shape ", dy.extent(0), "x",
+                    dy.extent(1), " for an output of shape ", y.extent(0), "x", y.extent(1));
+            const float scale = 1.0f / float(c.microbatches);
+            for (auto& v : dy.values()) v *= scale;
+            grad_[{s, a.mb}] = std::move(dy);
+          } else {
+            out_shape_[{s, a.mb}] = y.shape();
+            act_[{s + 1, a.mb}] = std::move(y);
+          }
+          break;
+        }
+        case Op::backward:
+        case Op::backward_input: {
+          Boundary dy = take(grad_, s, a.mb, "gradient", a);
+          if (opt_.recompute[std::size_t(a.chunk)]) {
+            Boundary x = take(saved_, s, a.mb, "saved input", a);
+            with_version(a, [&] { (void)stage.forward(x, a.mb); });
+          }
+          Boundary dx;
+          with_version(a, [&] {
+            if constexpr (split_backward_stage<Stage>) {
+              dx = stage.backward_input(dy, a.mb);
+              if (a.op == Op::backward) stage.backward_weight(a.mb);
+            } else {
+              dx = stage.backward(dy, a.mb);
+            }
+          });
+          if (s > 0) grad_[{s - 1, a.mb}] = std::move(dx);
+          break;
+        }
+        case Op::backward_weight:
+          if constexpr (split_backward_stage<Stage>) with_version(a, [&] { stage.backward_weight(a.mb); });
+          break;
+        case Op::optimizer_step:
+          if (prog_.asynchronous) {
+            // 2BW: keep the version in-flight micro-batches still need for their backward.
+            stash_.clear();
+            for (auto* p : params_) stash_.push_back(p->value);
+          }
+          if (optimizer) {
+            optimizer(params_);
+            for (auto* p : params_) p->zero_grad();
+          }
+          ++version_;
+          break;
+        case Op::send_activation:
+        case Op::send_gradient: {
+          lane = Lane::communication;
+          const bool g = a.op == Op::send_gradient;
+          const int dst = g ? s - 1 : s + 1;
+          auto& pending = sends_.emplace_back();
+          pending.payload = take(g ? grad_ : act_, dst, a.mb, g ? "gradient" : "activation", a);
+          pending.header = {detail::header_magic, g ? 1.0f : 0.0f, float(a.mb), float(pending.payload.extent(0)),
+                            float(pending.payload.extent(1)), detail::dtype_f32, float(r), float(s)};
+          pending.reqs.push_back(comm_.isend(std::span<const float>(pending.header), a.peer, tag_of(a, r, 0)));
+          pending.reqs.push_back(comm_.isend(std::span<const float>(pending.payload.span()), a.peer, tag_of(a, r, 1)));
+          break;
+        }
+        case Op::recv_activation:
+        case Op::recv_gradient: {
+          lane = Lane::communication;
+          header_reqs[header_of[i]].wait();
+          t_begin = detail::now_seconds();  // the wait was idle time, not communication work
+          const auto& h = headers[header_of[i]];
+          const bool g = a.op == Op::recv_gradient;
+          const Shape<2> shape = check_header(h, a, r, s, g);
+          Boundary buf(shape);
+          comm_.recv(std::span<float>(buf.span()), a.peer, tag_of(a, r, 1));
+          (g ? grad_ : act_)[{s, a.mb}] = std::move(buf);
+          break;
+        }
+      }
+      const double t_end = detail::now_seconds();
+      st.timeline.events.push_back({r, lane, a, t_begin, t_end});
+      (lane == Lane::compute ? st.compute : st.communication) += t_end - t_begin;
+    }
+    for (auto& p : sends_)
+      for (auto& q : p.reqs) q.wait();
+    sends_.clear();
+    // Every rank reports the same mean loss (computed on the last stage's rank).
+    std::array<double, 1> l{loss_sum / double(N)};
+    comm_.broadcast(std::span<double>(l), stage_rank(c, S - 1));
+    st.loss = l[0];
+    st.wall = detail::now_seconds() - t0;
+    st.idle = std::max(0.0, st.wall - st.compute - st.communication);
+    st.bubble_ratio = st.wall > 0 ? (st.wall - st.compute) / st.wall : 0;
+    st.throughput = st.wall > 0 ? N / st.wall : 0;
+    return st;
+  }
+
+ private:
+  struct PendingSend {
+    std::array<float, detail::h_size> header{};
+    Boundary payload;
+    std::vector<request_type> reqs;
+  };
+  using Key = std::pair<int, int>;  // (stage, micro-batch) or (chunk, micro-batch)
+
+  [[nodiscard]] bool holds_stage(int s) const { return stage_rank(prog_.config, s) == comm_.rank(); }
+
+  /** Tags are unique per (message kind, micro-batch, receiving stage, header/payload) within a step. */
+  [[nodiscard]] int tag_of(const Action& a, int r, int part) const {
+    const int s = global_stage(prog_.config, r, a.chunk);
+    const bool grad = a.op == Op::send_gradient || a.op == Op::recv_gradient;
+    const int dst = a.op == Op::send_activation ? s + 1 : a.op == Op::send_gradient ? s - 1 : s;
+    return ((a.mb * prog_.config.total_stages() + dst) * 2 + (grad ? 1 : 0)) * 2 + part;
+  }
+
+  Boundary take(std::map<Key, Boundary>& m, int s, int mb, const char* what, const Action& a) {
+    auto it = m.find({s, mb});
+    require(it != m.end(), "pipeline::Executor: rank ", comm_.rank(), " at ", describe(a), " has no ", what,
+            " of micro-batch ", mb, " for stage ", s);
+    Boundary b = std::move(it->second);
+    m.erase(it);
+    return b;
+  }
+
+  Shape<2> check_header(const std::array<float, detail::h_size>& h, const Action& a, int r, int s, bool grad) {
+    const std::string what = grad ? "gradient" : "activation";
+    require(h[detail::h_magic] == detail::header_magic, "pipeline: rank ", r, " expected the ", what,
+            " header of micro-batch ", a.mb, " from rank ", a.peer, " but received something else (tag clash?)");
+    const auto rows = std::size_t(h[detail::h_rows]), cols = std::size_t(h[detail::h_cols]);
+    const bool kind_ok = (h[detail::h_kind] == 1.0f) == grad && int(h[detail::h_mb]) == a.mb;
+    require(kind_ok && h[detail::h_dtype] == detail::dtype_f32 && int(h[detail::h_src_rank]) == a.peer,
+            "pipeline: rank ", r, " (stage ", s, ") expected the ", what, " of micro-batch ", a.mb, " (f32) from rank ",
+            a.peer, " but received a ", h[detail::h_kind] == 1.0f ? "gradient" : "activation", " of micro-batch ",
+            int(h[detail::h_mb]), " from rank ", int(h[detail::h_src_rank]));
+    std::size_t want_rows = 0, want_cols = 0;
+    if (grad) {
+      // The gradient of this stage's output must have exactly the output's shape.
+      auto it = out_shape_.find({s, a.mb});
+      if (it != out_shape_.end()) want_rows = it->second[0], want_cols = it->second[1];
+    } else {
+      want_rows = opt_.microbatch_tokens;
+      if constexpr (requires(Stage& st) { { st.in_features() } -> std::convertible_to<std::size_t>; })
+        want_cols = chunks_[std::size_t(a.chunk)]->in_features();
+    }
+    require((want_rows == 0 || rows == want_rows) && (want_cols == 0 || cols == want_cols), "pipeline: rank ", r,
+            " (stage ", s, ") received from rank ", a.peer, " the ", what, " of micro-batch ", a.mb, " with shape ", rows,
+            "x", cols, " f32 but expects ", want_rows ? std::to_string(want_rows) : std::string("*"), "x",
+            want_cols ? std::to_string(want_cols) : std::string("*"),
+            " f32; the stages on both sides of this boundary disagree");
+    return {rows, cols};
+  }
+
+  /** Runs `f` with the weights the micro-batch's forward used (2BW keeps one older version). */
+  template <class F>
+  void with_version(const Action& a, F&& f) {
+    const auto it = fwd_version_.find({a.chunk, a.mb});
+    const int v = it == fwd_version_.end() ? version_ : it->second;
+    if (v == version_) {
+      f();
+      return;
+    }
+    require(v == version_ - 1 && stash_.size() == params_.size(), "pipeline::Executor: rank ", comm_.rank(),
+            " micro-batch ", a.mb, " needs weight version ", v, " but only versions ", version_ - 1, " and ", version_,
+            " are kept (2BW needs M >= P)");
+    for (std::size_t k = 0; k < params_.size(); ++k) std::swap(params_[k]->value, stash_[k]);
+    try {
+      f();
+    } catch (...) {
+      for (std::size_t k = 0; k < params_.size(); ++k) std::swap(params_[k]->value, stash_[k]);
+      throw;
+    }
+    for (std::size_t k = 0; k < params_.size(); ++k) std::swap(params_[k]->value, stash_[k]);
+  }
+
+  Comm& comm_;
+  Programs prog_;
+  std::vector<Stage*> chunks_;
+  ExecutorOptions opt_;
+  VerifyReport report_;
+  std::vector<nn::Parameter*> params_;
+  std::map<Key, Boundary> act_, grad_, saved_;
+  std::map<Key, Shape<2>> out_shape_;
+  std::map<Key, int> fwd_version_;
+  std::vector<PendingSend> sends_;
+  std::vector<std::vector<float>> stash_;
+  int version_ = 0;
+};
+
+/**
+ * @brief Merges every rank's measured timeline into one (threads share one clock; across processes,
+ * clocks are only roughly aligned by the step's barrier) and summarises it like a simulation:
+ * measured makespan, idle per rank and bubble ratio.
+ */
+[[nodiscard]] inline SimResult summarise_measured(const std::vector<StepStats>& ranks) {
+  SimResult res;
+  require(!ranks.empty(), "summarise_measured: no ranks");
+  res.timeline.config = ranks.front().timeline.config;
+  for (const auto& s : ranks)
+    res.timeline.events.insert(res.timeline.events.end(), s.timeline.events.begin(), s.timeline.events.end());
+  detail::summarise(res);
+  return res;
+}
+
+}  // namespace mpar::pipeline
