@@ -8,3 +8,5 @@
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm.hpp"
 #include "mpar/nn.hpp"
+#include "mpar/pipeline.hpp"
+#include "mpar/observe.hpp"

@@ -35,39 +35,50 @@ struct StaticSchedule {
                 "StaticSchedule<PipeDream2BW, P, M>: M must be at least P, or more than two weight versions would be alive");
 
   static constexpr ScheduleConfig config{P, M, V, Steps};
-  static_assert(S::check(config).empty(), "StaticSchedule: the schedule rejects this configuration (S::check says why)");
+  /** @brief The causes above, together; later checks only run on a valid configuration (one message per cause). */
+  static constexpr bool well_formed = P >= 1 && M >= 1 && V >= 1 && (S::supports_chunks || V == 1) &&
+                                      (!std::is_same_v<S, Interleaved1F1B> || M % P == 0) && (!S::asynchronous || M >= P);
+  static_assert(!well_formed || S::check(config).empty(),
+                "StaticSchedule: the schedule rejects this configuration (S::check(config) says why)");
 
   /** @brief True: the verifier replayed every rank's program at compile time (a failure stops compilation). */
-  static constexpr bool verified = verify(S::build(config)).ok;
-  static_assert(verified, "StaticSchedule: the programs fail verification (deadlock or broken dependency); "
-                          "call verify(S::build(config)).error at run time for the ranks and actions");
+  static constexpr bool verified = well_formed && S::check(config).empty() && verify(S::build(config)).ok;
+  static_assert(!well_formed || verified, "StaticSchedule: the programs fail verification (deadlock or broken dependency); "
+                                          "call verify(S::build(config)).error at run time for the ranks and actions");
 
   /** @brief The longest program, the static capacity of each rank's array. */
   static constexpr std::size_t capacity = [] {
     std::size_t n = 0;
-    for (const auto& r : S::build(config).ranks) n = std::max(n, r.size());
+    if constexpr (verified)
+      for (const auto& r : S::build(config).ranks) n = std::max(n, r.size());
     return n;
   }();
   /** @brief Each rank's program length. */
   static constexpr std::array<std::size_t, P> lengths = [] {
     std::array<std::size_t, P> out{};
-    const auto b = S::build(config);
-    for (int r = 0; r < P; ++r) out[std::size_t(r)] = b.ranks[std::size_t(r)].size();
+    if constexpr (verified) {
+      const auto b = S::build(config);
+      for (int r = 0; r < P; ++r) out[std::size_t(r)] = b.ranks[std::size_t(r)].size();
+    }
     return out;
   }();
   /** @brief Each rank's program, padded to `capacity`. */
   static constexpr std::array<std::array<Action, capacity>, P> program = [] {
     std::array<std::array<Action, capacity>, P> out{};
-    const auto b = S::build(config);
-    for (int r = 0; r < P; ++r)
-      for (std::size_t i = 0; i < b.ranks[std::size_t(r)].size(); ++i) out[std::size_t(r)][i] = b.ranks[std::size_t(r)][i];
+    if constexpr (verified) {
+      const auto b = S::build(config);
+      for (int r = 0; r < P; ++r)
+        for (std::size_t i = 0; i < b.ranks[std::size_t(r)].size(); ++i) out[std::size_t(r)][i] = b.ranks[std::size_t(r)][i];
+    }
     return out;
   }();
   /** @brief Peak activations per rank, as the verifier counted them. */
   static constexpr std::array<int, P> peak_activations = [] {
     std::array<int, P> out{};
-    const auto rep = verify(S::build(config));
-    for (int r = 0; r < P; ++r) out[std::size_t(r)] = rep.peak_activations[std::size_t(r)];
+    if constexpr (verified) {
+      const auto rep = verify(S::build(config));
+      for (int r = 0; r < P; ++r) out[std::size_t(r)] = rep.peak_activations[std::size_t(r)];
+    }
     return out;
   }();
 
