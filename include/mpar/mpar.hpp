@@ -10,3 +10,4 @@
 #include "mpar/nn.hpp"
 #include "mpar/pipeline.hpp"
 #include "mpar/observe.hpp"
+#include "mpar/plan.hpp"

@@ -4,6 +4,7 @@
  * pipeline and data parallel sizes, micro-batching, schedule and recomputation for a model and cluster.
  */
 #include "mpar/plan/calibration.hpp"
+#include "mpar/plan/cli.hpp"
 #include "mpar/plan/collectives.hpp"
 #include "mpar/plan/cost_model.hpp"
 #include "mpar/plan/memory_model.hpp"

@@ -1,0 +1,280 @@
+#pragma once
+/**
+ * @file The `mpar-plan` command line: option parsing with errors that say what to change, the
+ * ranked table, and JSON lines (one object per configuration). Kept in a header so tests drive it.
+ */
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iomanip>
+#include <optional>
+#include <ostream>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "mpar/core/error.hpp"
+#include "mpar/plan/calibration.hpp"
+#include "mpar/plan/search.hpp"
+
+namespace mpar::plan {
+
+/** @brief Everything `mpar-plan` was asked for. */
+struct CliOptions {
+  Problem problem;
+  SearchSpace space;
+  SearchOptions search;
+  Calibration calibration;
+  std::optional<std::string> calibration_file;
+  bool json = false;
+  bool help = false;
+};
+
+/** The `--help` text. */
+[[nodiscard]] inline std::string cli_usage() {
+  return R"(mpar-plan: choose tensor/pipeline/data parallel sizes, micro-batching, schedule and recomputation
+for a GPT-style model on a GPU cluster; prints the fastest configurations that fit in memory.
+
+Required:
+  --layers N  --hidden N  --heads N  --seq N  --vocab N    the model
+  --global-batch N                                         sequences per optimizer step
+  --gpus N  --gpus-per-node N                              the cluster
+  --gpu-mem-gib X                                          memory per GPU, GiB
+  --peak-tflops X                                          dense 16-bit peak per GPU, TFLOP/s
+  --intra-node-gbps X                                      NVLink bandwidth per GPU per direction, GB/s (gigabytes)
+  --inter-node-gbps X                                      network bandwidth per node per direction, GB/s (all NICs)
+Optional (fix a dimension instead of searching it):
+  --tp N  --pp N  --dp N  --microbatch-size N  --virtual-stages N
+  --schedule gpipe|1f1b|interleaved_1f1b|zb_h1|zb_h2|2bw   (2bw, asynchronous, only when asked for)
+  --recompute none|selective|full  --zero1 on|off  --sequence-parallel on|off
+Optional (hardware and output):
+  --hbm-gbps X             HBM bandwidth per GPU, GB/s (default 2039, A100 80 GB)
+  --memory-fraction X      usable share of GPU memory (default 0.95)
+  --calibration FILE       JSON-lines measurements replacing the cost model's defaults
+  --top N                  configurations to show (default 10)
+  --json                   one JSON object per configuration and line instead of the table
+  --help
+)";
+}
+
+namespace detail {
+
+[[nodiscard]] inline std::size_t parse_count(std::string_view opt, std::string_view v) {
+  std::size_t n = 0;
+  bool ok = !v.empty();
+  for (char ch : v) {
+    if (ch < '0' || ch > '9') ok = false;
+    else if (ok) n = n * 10 + std::size_t(ch - '0');
+  }
+  require(ok && n > 0 && v.size() < 19, opt, " expects a positive whole number, got '", v, "'");
+  return n;
+}
+[[nodiscard]] inline double parse_positive(std::string_view opt, std::string_view v) {
+  const std::string s(v);
+  char* end = nullptr;
+  const double x = std::strtod(s.c_str(), &end);
+  require(!s.empty() && end == s.c_str() + s.size() && std::isfinite(x) && x > 0, opt, " expects a positive number, got '", v, "'");
+  return x;
+}
+[[nodiscard]] inline bool parse_switch(std::string_view opt, std::string_view v) {
+  if (v == "on" || v == "true" || v == "1") return true;
+  if (v == "off" || v == "false" || v == "0") return false;
+  throw config_error(mpar::detail::cat(opt, " expects on or off, got '", v, "'"));
+}
+
+}  // namespace detail
+
+/** Parses `mpar-plan`'s arguments (without the program name). Throws config_error saying what to change. */
+[[nodiscard]] inline CliOptions parse_cli(const std::vector<std::string>& args) {
+  CliOptions o;
+  o.problem.cluster.hbm_bandwidth = 2039e9;
+  std::optional<std::size_t> layers, hidden, heads, seq, vocab, batch, gpus, per_node;
+  std::optional<double> mem, peak, intra, inter;
+  for (std::size_t i = 0; i < args.size(); ++i) {
+    std::string opt = args[i], val;
+    bool has_val = false;
+    if (auto eq = opt.find('='); opt.rfind("--", 0) == 0 && eq != std::string::npos) {
+      val = opt.substr(eq + 1), opt = opt.substr(0, eq), has_val = true;
+    }
+    require(opt.rfind("--", 0) == 0, "unexpected argument '", opt, "'; options start with -- (see --help)");
+    if (opt == "--help" || opt == "-h") {
+      o.help = true;
+      continue;
+    }
+    if (opt == "--json") {
+      o.json = true;
+      continue;
+    }
+    if (!has_val) {
+      require(i + 1 < args.size(), opt, " needs a value (see --help)");
+      val = args[++i];
+    }
+    if (opt == "--layers") layers = detail::parse_count(opt, val);
+    else if (opt == "--hidden") hidden = detail::parse_count(opt, val);
+    else if (opt == "--heads") heads = detail::parse_count(opt, val);
+    else if (opt == "--seq") seq = detail::parse_count(opt, val);
+    else if (opt == "--vocab") vocab = detail::parse_count(opt, val);
+    else if (opt == "--global-batch") batch = detail::parse_count(opt, val);
+    else if (opt == "--gpus") gpus = detail::parse_count(opt, val);
+    else if (opt == "--gpus-per-node") per_node = detail::parse_count(opt, val);
+    else if (opt == "--gpu-mem-gib") mem = detail::parse_positive(opt, val);
+    else if (opt == "--peak-tflops") peak = detail::parse_positive(opt, val);
+    else if (opt == "--intra-node-gbps") intra = detail::parse_positive(opt, val);
+    else if (opt == "--inter-node-gbps") inter = detail::parse_positive(opt, val);
+    else if (opt == "--hbm-gbps") o.problem.cluster.hbm_bandwidth = detail::parse_positive(opt, val) * 1e9;
+    else if (opt == "--tp") o.space.tp = detail::parse_count(opt, val);
+    else if (opt == "--pp") o.space.pp = detail::parse_count(opt, val);
+    else if (opt == "--dp") o.space.dp = detail::parse_count(opt, val);
+    else if (opt == "--microbatch-size") o.space.microbatch_size = detail::parse_count(opt, val);
+    else if (opt == "--virtual-stages") o.space.virtual_stages = detail::parse_count(opt, val);
+    else if (opt == "--top") o.search.top_k = detail::parse_count(opt, val);
+    else if (opt == "--zero1") o.space.zero1 = detail::parse_switch(opt, val);
+    else if (opt == "--sequence-parallel") o.space.sequence_parallel = detail::parse_switch(opt, val);
+    else if (opt == "--calibration") o.calibration_file = val;
+    else if (opt == "--memory-fraction") {
+      o.search.usable_memory_fraction = detail::parse_positive(opt, val);
+      require(o.search.usable_memory_fraction <= 1, "--memory-fraction is a share of GPU memory; give a value in (0, 1], got ", val);
+    } else if (opt == "--schedule") {
+      const auto s = parse_schedule(val);
+      require(s.has_value(), "--schedule '", val, "' is not known; use gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2 or 2bw");
+      o.space.schedule = *s;
+    } else if (opt == "--recompute") {
+      const auto r = parse_recompute(val);
+      require(r.has_value(), "--recompute '", val, "' is not known; use none, selective or full");
+      o.space.recompute = *r;
+    } else {
+      throw config_error(mpar::detail::cat("unknown option ", opt, "; see --help for the options mpar-plan understands"));
+    }
+  }
+  if (o.help) return o;
+  std::string missing;
+  auto need = [&](bool present, const char* name) {
+    if (!present) missing += std::string(missing.empty() ? "" : ", ") + name;
+  };
+  need(bool(layers), "--layers"), need(bool(hidden), "--hidden"), need(bool(heads), "--heads"), need(bool(seq), "--seq");
+  need(bool(vocab), "--vocab"), need(bool(batch), "--global-batch"), need(bool(gpus), "--gpus");
+  need(bool(per_node), "--gpus-per-node"), need(bool(mem), "--gpu-mem-gib"), need(bool(peak), "--peak-tflops");
+  need(bool(intra), "--intra-node-gbps"), need(bool(inter), "--inter-node-gbps");
+  require(missing.empty(), "missing ", missing, "; mpar-plan needs the model, the global batch and the cluster (see --help)");
+  o.problem.model = GptModel{*layers, *hidden, *heads, *seq, *vocab};
+  o.problem.global_batch = *batch;
+  Cluster& c = o.problem.cluster;
+  c.gpus = *gpus, c.gpus_per_node = *per_node, c.memory_bytes = *mem * gib, c.peak_flops = *peak * 1e12;
+  c.intra_node_bandwidth = *intra * 1e9, c.inter_node_bandwidth = *inter * 1e9;
+  o.problem.validate();
+  if (o.space.tp)
+    require(*o.space.tp <= c.gpus_per_node && c.gpus_per_node % *o.space.tp == 0, "--tp ", *o.space.tp,
+            " would spread a tensor-parallel group over nodes of ", c.gpus_per_node, " GPUs; choose a divisor of --gpus-per-node");
+  if (o.space.schedule && *o.space.schedule != ScheduleKind::interleaved && o.space.virtual_stages)
+    require(*o.space.virtual_stages == 1, "--virtual-stages ", *o.space.virtual_stages, " needs --schedule interleaved_1f1b");
+  return o;
+}
+
+namespace detail {
+[[nodiscard]] inline std::string fixed(double x, int digits) {
+  std::ostringstream os;
+  os << std::fixed << std::setprecision(digits) << x;
+  return os.str();
+}
+}  // namespace detail
+
+/** One JSON object (one line) describing a candidate; `rank` is its 1-based position. */
+[[nodiscard]] inline std::string candidate_json(const Candidate& c, std::size_t rank) {
+  const ParallelConfig& k = c.config;
+  std::ostringstream os;
+  os << std::setprecision(6);
+  os << "{\"rank\":" << rank << ",\"tp\":" << k.tp << ",\"pp\":" << k.pp << ",\"dp\":" << k.dp
+     << ",\"microbatch_size\":" << k.microbatch_size << ",\"microbatches\":" << k.microbatches << ",\"schedule\":\""
+     << schedule_name(k.schedule) << "\",\"virtual_stages\":" << k.virtual_stages << ",\"recompute\":\""
+     << recompute_name(k.recompute) << "\",\"zero1\":" << (k.zero1 ? "true" : "false")
+     << ",\"sequence_parallel\":" << (k.sequence_parallel ? "true" : "false")
+     << ",\"memory_gib_per_gpu\":" << c.memory.total() / gib << ",\"memory_gib\":{\"parameters\":" << c.memory.parameters / gib
+     << ",\"gradients\":" << c.memory.gradients / gib << ",\"optimizer\":" << c.memory.optimizer / gib
+     << ",\"activations\":" << c.memory.activations / gib << ",\"communication\":" << c.memory.communication / gib
+     << "},\"step_seconds\":" << c.step_seconds << ",\"tflops_per_gpu\":" << c.tflops_per_gpu
+     << ",\"bubble_fraction\":" << c.bubble_fraction << ",\"samples_per_second\":" << c.samples_per_second
+     << ",\"pipeline_seconds\":" << c.pipeline_seconds << ",\"dp_exposed_seconds\":" << c.dp_exposed_seconds
+     << ",\"optimizer_seconds\":" << c.optimizer_seconds << ",\"placement\":\"" << placement_name(c.ordering) << "\"}";
+  return os.str();
+}
+
+/** The readable report: the ranked table, why the rest were rejected, and the cost of breaking tensor-group locality. */
+inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
+  out << "model: " << detail::fixed(p.model.parameters() / 1e9, 2) << " B parameters (" << p.model.layers << " layers, hidden "
+      << p.model.hidden << ", " << p.model.heads << " heads, seq " << p.model.seq << ", vocab " << p.model.vocab
+      << "); global batch " << p.global_batch << "; " << p.cluster.gpus << " GPUs, " << p.cluster.gpus_per_node << " per node\n";
+  out << "searched " << plan.considered << " configurations, simulated " << plan.simulated << " pipelines ("
+      << plan.verified_shapes << " schedule shapes verified)\n\n";
+  if (plan.best.empty()) {
+    out << "no configuration fits; the closest rejections are listed below\n";
+  } else {
+    out << "  #  tp  pp    dp  mbs     m  schedule           v  recompute  zero1  sp   mem GiB   step s  TFLOP/s  bubble\n";
+    std::size_t i = 0;
+    for (const Candidate& c : plan.best) {
+      const ParallelConfig& k = c.config;
+      char line[256];
+      std::snprintf(line, sizeof line, "%3zu %3zu %3zu %5zu %4zu %5zu  %-17s %2zu  %-9s  %-5s  %-3s %8.1f %8.3f %8.1f  %5.1f%%\n", ++i,
+                    k.tp, k.pp, k.dp, k.microbatch_size, k.microbatches, std::string(schedule_name(k.schedule)).c_str(),
+                    k.virtual_stages, std::string(recompute_name(k.recompute)).c_str(), k.zero1 ? "yes" : "no",
+                    k.sequence_parallel ? "yes" : "no", c.memory.total() / gib, c.step_seconds, c.tflops_per_gpu,
+                    100 * c.bubble_fraction);
+      out << line;
+    }
+    const Candidate& b = plan.best.front();
+    out << "\nbest: " << b.config << "\n  memory per GPU " << detail::fixed(b.memory.total() / gib, 1) << " GiB = parameters "
+        << detail::fixed(b.memory.parameters / gib, 1) << " + gradients " << detail::fixed(b.memory.gradients / gib, 1)
+        << " + optimizer " << detail::fixed(b.memory.optimizer / gib, 1) << " + activations "
+        << detail::fixed(b.memory.activations / gib, 1) << " + buffers " << detail::fixed(b.memory.communication / gib, 1)
+        << " (pipeline rank " << b.memory.pipeline_rank << ")\n  step " << detail::fixed(b.step_seconds, 3) << " s = pipeline "
+        << detail::fixed(b.pipeline_seconds, 3) << " + exposed data-parallel reduction " << detail::fixed(b.dp_exposed_seconds, 3)
+        << " + optimizer " << detail::fixed(b.optimizer_seconds, 3) << "\n";
+    if (plan.broken_topology)
+      out << "  with tensor-parallel groups spread over " << plan.broken_topology->placement.tensor.nodes
+          << " nodes (data-parallel ranks innermost) the same configuration would take "
+          << detail::fixed(plan.broken_topology->step_seconds, 3) << " s per step ("
+          << detail::fixed(100 * (plan.broken_topology->step_seconds / b.step_seconds - 1), 1) << " % slower)\n";
+  }
+  if (!plan.rejected_by_kind.empty()) {
+    out << "\nrejected:\n";
+    for (const auto& [kind, n] : plan.rejected_by_kind) {
+      out << "  " << kind << ": " << n;
+      for (const Rejection& r : plan.rejected)
+        if (r.kind == kind) {
+          out << " (e.g. " << r.config << ": " << r.reason << ")";
+          break;
+        }
+      out << "\n";
+    }
+  }
+}
+
+/** Runs `mpar-plan` on `args`; returns the process exit code. Errors go to `err` with a hint. */
+inline int run_cli(const std::vector<std::string>& args, std::ostream& out, std::ostream& err) {
+  try {
+    CliOptions o = parse_cli(args);
+    if (o.help) {
+      out << cli_usage();
+      return 0;
+    }
+    if (o.calibration_file) {
+      std::ifstream in(*o.calibration_file);
+      require(bool(in), "--calibration: cannot open '", *o.calibration_file, "'; give the path of a JSON-lines metrics file");
+      o.calibration = load_calibration(in, o.problem.cluster, o.calibration);
+    }
+    const CostModel cm(o.problem.model, o.problem.cluster, o.calibration);
+    const Plan plan = search(o.problem, cm, o.space, o.search);
+    if (o.json) {
+      std::size_t i = 0;
+      for (const Candidate& c : plan.best) out << candidate_json(c, ++i) << "\n";
+    } else {
+      print_table(out, plan, o.problem);
+    }
+    return plan.best.empty() ? 2 : 0;
+  } catch (const config_error& e) {
+    err << "mpar-plan: " << e.what() << "\n";
+    return 1;
+  }
+}
+
+}  // namespace mpar::plan
