@@ -38,11 +38,20 @@ if(MPAR_BUILD_TESTS OR MPAR_BUILD_EXAMPLES OR MPAR_BUILD_BENCHMARKS)
     set(CMAKE_CUDA_HOST_COMPILER ${CMAKE_CXX_COMPILER})
   endif()
   enable_language(CUDA)
+  # CMake before 3.26 does not know nvcc's C++20 flag, though nvcc >= 12 supports it.
+  if(NOT CMAKE_CUDA20_STANDARD_COMPILE_OPTION AND CMAKE_CUDA_COMPILER_VERSION VERSION_GREATER_EQUAL 12.0)
+    set(CMAKE_CUDA20_STANDARD_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_EXTENSION_COMPILE_OPTION "-std=c++20")
+    set(CMAKE_CUDA20_COMPILE_FEATURES cuda_std_20)
+    list(APPEND CMAKE_CUDA_COMPILE_FEATURES cuda_std_20)
+  endif()
   set(CMAKE_CUDA_STANDARD 20)
   set(CMAKE_CUDA_STANDARD_REQUIRED ON)
   set(CMAKE_CUDA_EXTENSIONS OFF)
   # nvcc-compiled programs get the same warnings as the C++ ones, passed to the host compiler.
   add_library(mpar_cuda_warnings INTERFACE)
+  # nvcc's own front end warns (#186) about `k < I` loops instantiated with I = 0 in generic
+  # templates; g++ accepts them silently and they are correct, so that one diagnostic is off.
   target_compile_options(mpar_cuda_warnings INTERFACE
-    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wno-missing-field-initializers>)
+    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wno-missing-field-initializers --diag-suppress=186>)
 endif()
