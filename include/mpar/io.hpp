@@ -7,6 +7,7 @@
 #include "mpar/io/blocks.hpp"
 #include "mpar/io/box.hpp"
 #include "mpar/io/checkpoint.hpp"
+#include "mpar/io/cli.hpp"
 #include "mpar/io/crc32.hpp"
 #include "mpar/io/error.hpp"
 #include "mpar/io/file.hpp"

@@ -458,7 +458,10 @@ class ShardReader {
   }
 
  public:
+  /** Sets the byte and read counts of `stats` to the totals so far. */
   void add_io_to_stats() {
+    stats_.bytes_read = 0;
+    stats_.reads = 0;
     for (auto& [n, f] : files_) {
       stats_.bytes_read += f->bytes_read();
       stats_.reads += f->reads();
@@ -473,33 +476,61 @@ class ShardReader {
   std::vector<std::uint32_t> table_;
 };
 
+}  // namespace detail
+
+/**
+ * @brief An open checkpoint: its validated manifest, and reads of any blocks from it (rank-local).
+ * Files are opened on first use and kept open; `stats()` counts the I/O.
+ */
+class CheckpointReader {
+ public:
+  explicit CheckpointReader(const std::filesystem::path& path, LoadOptions opts = {})
+      : path_(resolve_checkpoint(path)), opts_(opts), reader_(path_, stats_) {
+    const auto file = path_ / manifest_file_name;
+    manifest_ = parse_manifest(read_small_file(file), file.string());
+  }
+
+  [[nodiscard]] const Manifest& manifest() const { return manifest_; }
+  [[nodiscard]] const std::filesystem::path& path() const { return path_; }
+  [[nodiscard]] LoadStats stats() {
+    reader_.add_io_to_stats();
+    return stats_;
+  }
+
+  /** Fills every block; checks the whole request against the manifest before reading anything. */
+  void read(std::span<const LoadBlock> blocks) {
+    const auto manifest_path = (path_ / manifest_file_name).string();
+    for (const auto& b : blocks) {
+      detail::check_block(b, "load_checkpoint");
+      const TensorRecord* t = manifest_.find(b.name);
+      detail::check(t != nullptr, "checkpoint ", manifest_path, " has no tensor '", b.name,
+                    "': it was saved from a different model (or the parameter was renamed)");
+      detail::check(t->shape == b.global_shape, "checkpoint ", manifest_path, ": tensor '", b.name, "' has shape ",
+                    shape_string(t->shape), " but the model expects ", shape_string(b.global_shape),
+                    ": it was saved from a different model");
+    }
+    for (const auto& b : blocks) {
+      stats_.bytes_needed += b.data.size_bytes();
+      const TensorRecord* t = manifest_.find(b.name);
+      for (const auto& s : t->shards)
+        if (auto inter = intersect(s.box, b.box)) reader_.read(*t, s, b, *inter, opts_.verify_whole_shards);
+    }
+  }
+
+ private:
+  std::filesystem::path path_;
+  LoadOptions opts_;
+  LoadStats stats_;
+  detail::ShardReader reader_;
+  Manifest manifest_;
+};
+
+namespace detail {
 /** Fills `blocks` from the checkpoint `path` designates; rank-local, no communication. */
 inline LoadResult load_local(const std::filesystem::path& path, std::span<const LoadBlock> blocks, const LoadOptions& opts) {
-  LoadResult res;
-  res.path = resolve_checkpoint(path);
-  const auto manifest_path = res.path / manifest_file_name;
-  const Manifest m = parse_manifest(read_small_file(manifest_path), manifest_path.string());
-  res.state = m.state;
-  res.saved_mesh = m.mesh;
-  // Check the whole request against the manifest before reading anything.
-  for (const auto& b : blocks) {
-    check_block(b, "load_checkpoint");
-    const TensorRecord* t = m.find(b.name);
-    check(t != nullptr, "checkpoint ", manifest_path.string(), " has no tensor '", b.name,
-          "': it was saved from a different model (or the parameter was renamed)");
-    check(t->shape == b.global_shape, "checkpoint ", manifest_path.string(), ": tensor '", b.name, "' has shape ",
-          shape_string(t->shape), " but the model expects ", shape_string(b.global_shape),
-          ": it was saved from a different model");
-  }
-  ShardReader reader(res.path, res.stats);
-  for (const auto& b : blocks) {
-    res.stats.bytes_needed += b.data.size_bytes();
-    const TensorRecord* t = m.find(b.name);
-    for (const auto& s : t->shards)
-      if (auto inter = intersect(s.box, b.box)) reader.read(*t, s, b, *inter, opts.verify_whole_shards);
-  }
-  reader.add_io_to_stats();
-  return res;
+  CheckpointReader reader(path, opts);
+  reader.read(blocks);
+  return LoadResult{reader.manifest().state, reader.path(), reader.manifest().mesh, reader.stats()};
 }
 
 }  // namespace detail
