@@ -44,12 +44,14 @@ class Dropout {
   }
 
   Activation forward(const Activation& x, int mb = 0) {
+    if (p_ == 0.0) return x;  // evaluation, or training without dropout: no mask to draw
     Activation y(x.shape());
     mask_for(x, mb).apply(x.extent(0), x.extent(1), x.data(), y.data());
     return y;
   }
   Activation backward(const Activation& dy, int mb = 0) {
     // The mask is a pure function of indices: nothing is cached, backward re-derives it.
+    if (p_ == 0.0) return dy;
     Activation dx(dy.shape());
     mask_for(dy, mb).apply(dy.extent(0), dy.extent(1), dy.data(), dx.data());
     return dx;
