@@ -110,6 +110,10 @@ class AdamW {
   [[nodiscard]] std::span<const float> first_moment(std::size_t i) const { return m_.at(i); }
   [[nodiscard]] std::span<const float> second_moment(std::size_t i) const { return v_.at(i); }
   [[nodiscard]] const std::vector<nn::Parameter*>& params() const { return params_; }
+  /** Writable moments and step count, for restoring a checkpoint. */
+  [[nodiscard]] std::span<float> first_moment_mut(std::size_t i) { return m_.at(i); }
+  [[nodiscard]] std::span<float> second_moment_mut(std::size_t i) { return v_.at(i); }
+  void set_steps(std::size_t steps) { steps_ = steps; }
 
  private:
   std::vector<nn::Parameter*> params_;

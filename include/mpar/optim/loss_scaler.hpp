@@ -64,6 +64,12 @@ class DynamicLossScaler {
     return overflow[0] == 0.0f;
   }
 
+  /** Restores the state saved with a checkpoint. */
+  void restore(float scale, std::size_t good_steps_in_a_row, std::size_t skipped) {
+    scale_ = scale;
+    good_run_ = good_steps_in_a_row;
+    skipped_ = skipped;
+  }
   /** Records the outcome of a step: lowers the scale after an overflow, raises it after enough good steps. */
   void update(bool finite) {
     if (!finite) {

@@ -1,0 +1,267 @@
+#pragma once
+/**
+ * @file A GPT-style decoder assembled from the tensor-parallel layers and split into pipeline stages.
+ *
+ * Model: token embedding (vocab-parallel) + learned position embedding, N pre-LN transformer blocks,
+ * a final layer norm and an output head tied to the token embedding (logits = h · Eᵀ, vocab-sharded
+ * over the tensor axis, consumed by `VocabParallelCrossEntropy` without gathering the logits).
+ *
+ * A `GptStage` is one pipeline stage (one model chunk): the first stage embeds, the last stage holds
+ * the final layer norm and the head, every stage holds a contiguous range of blocks. Stages satisfy
+ * `pipeline::pipeline_stage` and `droppable_stage`, so every schedule and activation recomputation run
+ * them. Token ids enter the first stage as a `[tokens, 1]` activation of floats (exact below 2²⁴).
+ *
+ * Tied weights across the pipeline: with one stage the head uses the embedding parameter itself;
+ * otherwise the last stage holds a copy with the same name, id and block (so the same initial values)
+ * and `GptTiedEmbedding` adds the two gradients over the first-and-last-stage group before the step,
+ * keeping both copies identical — the copy is excluded from gradient norms so it is not counted twice.
+ */
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mpar/backend/host/host_backend.hpp"
+#include "mpar/comm/communicator.hpp"
+#include "mpar/nn/cross_entropy.hpp"
+#include "mpar/nn/embedding.hpp"
+#include "mpar/nn/layer_norm.hpp"
+#include "mpar/nn/transformer_block.hpp"
+
+namespace mpar::models {
+
+/** @brief Sizes of a GPT-style model. `ffn = 0` means 4 · hidden. */
+struct GptConfig {
+  std::size_t vocab = 0, hidden = 64, heads = 4, layers = 2, seq = 32, ffn = 0;
+  double dropout = 0.0;
+  std::uint64_t seed = 1;
+
+  /** The vocabulary rounded up to a multiple of 16, so that every tensor-parallel size up to 16 splits
+   *  it evenly and every layout computes over the same padded vocabulary (padding rows are never targets). */
+  [[nodiscard]] std::size_t padded_vocab() const { return (vocab + 15) / 16 * 16; }
+  [[nodiscard]] std::size_t ffn_size() const { return ffn ? ffn : 4 * hidden; }
+
+  /** Throws with what to change when the sizes do not fit tensor size `tp` and `stages` pipeline stages in total. */
+  void validate(std::size_t tp, std::size_t stages) const {
+    require(vocab > 0 && hidden > 0 && heads > 0 && layers > 0 && seq > 0, "GPT: vocab, hidden, heads, layers and seq must be positive");
+    require(hidden % heads == 0, "GPT: hidden ", hidden, " is not divisible by heads ", heads, "; choose hidden = k * heads");
+    require(heads % tp == 0, "GPT: heads ", heads, " is not divisible by the tensor-parallel size ", tp,
+            "; use --tp dividing ", heads, " or change --heads");
+    require(ffn_size() % tp == 0, "GPT: the MLP size ", ffn_size(), " is not divisible by the tensor-parallel size ", tp);
+    require(padded_vocab() % tp == 0, "GPT: the padded vocabulary ", padded_vocab(), " is not divisible by --tp ", tp,
+            "; use a tensor-parallel size dividing 16");
+    require(stages <= layers, "GPT: ", stages, " pipeline stages (pp x chunks) for only ", layers,
+            " layers; every stage needs at least one block: lower --pp/--chunks or raise --layers");
+  }
+
+  /** Parameter ids: embeddings and final norm first, then `BlockConfig::ids_per_block` per block. */
+  static constexpr std::uint64_t token_embedding_id = 1, position_embedding_id = 2, final_norm_id = 3, first_block_id = 16;
+
+  /** Parameters of the unsharded model (with the padded vocabulary). */
+  [[nodiscard]] std::size_t parameter_count() const {
+    const std::size_t h = hidden, f = ffn_size();
+    const std::size_t block = 2 * h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (h * f + f) + (f * h + h);
+    return padded_vocab() * h + seq * h + layers * block + 2 * h;
+  }
+};
+
+/**
+ * @brief One pipeline stage of the GPT model on a tensor group `C`: blocks `[first_block, first_block + block_count)`,
+ * plus the embeddings when `first`, and the final layer norm and tied head when `last`.
+ */
+template <communicator C, backend B = HostBackend>
+class GptStage {
+ public:
+  using Block = nn::TransformerBlock<C, false, B>;
+  using GradientsFinalHook = std::function<void(const std::vector<nn::Parameter*>&)>;
+
+  GptStage(C& tp, const GptConfig& cfg, bool first, bool last, std::size_t first_block, std::size_t block_count,
+           nn::Parameter* shared_embedding = nullptr)
+      : tp_(&tp), cfg_(cfg), first_(first), last_(last) {
+    if (first_) {
+      embed_.emplace(tp, nn::EmbeddingConfig{cfg.padded_vocab(), cfg.hidden, cfg.seed, GptConfig::token_embedding_id, "embed.token"});
+      const std::array<std::size_t, 2> ps{cfg.seq, cfg.hidden};
+      pos_ = nn::make_parameter<2>("embed.position", GptConfig::position_embedding_id, ps,
+                                   nn::detail::tensor_box<Replicate>(ps, 1, 0), Replicate::name(), false, cfg.seed,
+                                   InitSpec::normal(0.01));
+    }
+    for (std::size_t i = 0; i < block_count; ++i) {
+      const std::size_t b = first_block + i;
+      blocks_.push_back(std::make_unique<Block>(
+          tp, nn::BlockConfig{cfg.hidden, cfg.heads, cfg.ffn_size(), cfg.seq, cfg.dropout, cfg.seed,
+                              GptConfig::first_block_id + b * nn::BlockConfig::ids_per_block, "block" + std::to_string(b)}));
+    }
+    if (last_) {
+      final_ln_.emplace(cfg.hidden, cfg.seed, GptConfig::final_norm_id, "final_norm");
+      if (first_) {
+        head_ = embed_->parameters()[0];
+      } else if (shared_embedding != nullptr) {
+        head_ = shared_embedding;  // the same stage object holds both ends (interleaved chunks on one rank)
+      } else {
+        // The tied copy: same name, id and block as the first stage's embedding shard, hence the same values.
+        nn::VocabParallelEmbedding<C> twin(tp, nn::EmbeddingConfig{cfg.padded_vocab(), cfg.hidden, cfg.seed,
+                                                                    GptConfig::token_embedding_id, "embed.token"});
+        head_copy_ = std::move(*twin.parameters()[0]);
+        head_ = &head_copy_;
+      }
+      ce_.emplace(tp, cfg.padded_vocab());
+    }
+  }
+  GptStage(const GptStage&) = delete;
+  GptStage& operator=(const GptStage&) = delete;
+
+  /** Tokens as the first stage's input activation `[tokens, 1]`. */
+  [[nodiscard]] static nn::Activation tokens_as_activation(std::span<const std::int32_t> tokens) {
+    nn::Activation a({tokens.size(), 1});
+    for (std::size_t i = 0; i < tokens.size(); ++i) a.data()[i] = float(tokens[i]);
+    return a;
+  }
+
+  /** Forward of micro-batch `mb`: tokens (first stage) or hidden states in; hidden states or vocab-sharded logits out. */
+  nn::Activation forward(const nn::Activation& x, int mb) {
+    nn::Activation h = first_ ? embed(x, mb) : x;
+    for (auto& b : blocks_) h = b->forward(h, mb);
+    if (!last_) return h;
+    nn::Activation hn = final_ln_->forward(h, mb);
+    nn::Activation logits({hn.extent(0), head_->local_box[0].extent});
+    B::template gemm<float>(Trans::no, Trans::yes, hn.extent(0), logits.extent(1), cfg_.hidden, 1.0f, hn.data(), cfg_.hidden,
+                            head_->value.data(), cfg_.hidden, 0.0f, logits.data(), logits.extent(1));
+    head_inputs_.put(mb).h = std::move(hn);
+    return logits;
+  }
+
+  /** Backward of micro-batch `mb`: accumulates every gradient of this stage; returns the input gradient. */
+  nn::Activation backward(const nn::Activation& dy_in, int mb) {
+    // After the backward of a step's last micro-batch, each gradient is final once its layer is done.
+    const bool final = hook_ && backwards_done_ + 1 == microbatches_;
+    ++backwards_done_;
+    nn::Activation dy = dy_in;
+    if (last_) {
+      auto saved = head_inputs_.take(mb, "GptStage head");
+      const std::size_t t = dy.extent(0), vl = dy.extent(1), h = cfg_.hidden;
+      // dE_local += dlogitsᵀ · h ; dh = dlogits · E_local, then summed over the vocabulary shards.
+      B::template gemm<float>(Trans::yes, Trans::no, vl, h, t, 1.0f, dy.data(), vl, saved.h.data(), h, 1.0f,
+                              head_->grad.data(), h);
+      nn::Activation dh({t, h});
+      B::template gemm<float>(Trans::no, Trans::no, t, h, vl, 1.0f, dy.data(), vl, head_->value.data(), h, 0.0f, dh.data(), h);
+      if (tp_->size() > 1) tp_->all_reduce(std::span<float>(dh.values()), ReduceOp::sum);
+      dy = final_ln_->backward(dh, mb);
+      if (final) hook_(final_ln_->parameters());
+    }
+    for (std::size_t i = blocks_.size(); i-- > 0;) {
+      dy = blocks_[i]->backward(dy, mb);
+      if (final) hook_(blocks_[i]->parameters());
+    }
+    if (first_) {
+      embed_backward(dy, mb, final);
+      return nn::Activation({dy.extent(0), 1});
+    }
+    return dy;
+  }
+
+  void drop(int mb) {
+    if (embed_) embed_->drop(mb);
+    for (auto& b : blocks_) b->drop(mb);
+    if (last_) {
+      final_ln_->drop(mb);
+      head_inputs_.drop(mb);
+    }
+  }
+
+  /** Every parameter this stage updates (the tied copy included, once). */
+  std::vector<nn::Parameter*> parameters() {
+    std::vector<nn::Parameter*> ps;
+    if (first_) {
+      nn::detail::append(ps, embed_->parameters());
+      ps.push_back(&pos_);
+    }
+    for (auto& b : blocks_) nn::detail::append(ps, b->parameters());
+    if (last_) {
+      nn::detail::append(ps, final_ln_->parameters());
+      if (head_ == &head_copy_) ps.push_back(&head_copy_);
+    }
+    return ps;
+  }
+  /** Parameters counted in the global gradient norm: all but the tied copy (its gradient equals the original's). */
+  std::vector<nn::Parameter*> norm_parameters() {
+    auto ps = parameters();
+    std::erase(ps, &head_copy_);
+    return ps;
+  }
+
+  /**
+   * @brief Calls `hook(params)` as soon as a group of this stage's gradients is final — after the backward
+   * of the `microbatches`-th micro-batch of a step — so data-parallel buckets can start reducing them
+   * while the backward continues. Call `begin_step()` before each step.
+   */
+  void on_gradients_final(GradientsFinalHook hook, int microbatches) {
+    hook_ = std::move(hook);
+    microbatches_ = microbatches;
+  }
+  void begin_step() { backwards_done_ = 0; }
+
+  void set_recompute(bool on) {
+    for (auto& b : blocks_) b->set_recompute(on);
+  }
+
+  [[nodiscard]] bool is_first() const { return first_; }
+  [[nodiscard]] bool is_last() const { return last_; }
+  [[nodiscard]] std::size_t block_count() const { return blocks_.size(); }
+  /** The token embedding shard (first stage) — the head of a single-stage model shares it. */
+  [[nodiscard]] nn::Parameter* token_embedding() { return first_ ? embed_->parameters()[0] : nullptr; }
+  /** The head's weight (last stage): the embedding itself, or the tied copy. */
+  [[nodiscard]] nn::Parameter* head_weight() { return last_ ? head_ : nullptr; }
+  [[nodiscard]] bool head_is_copy() const { return last_ && head_ == &head_copy_; }
+  [[nodiscard]] nn::VocabParallelCrossEntropy<C>& loss() { return *ce_; }
+  [[nodiscard]] const GptConfig& config() const { return cfg_; }
+
+ private:
+  struct HeadInput {
+    nn::Activation h;
+  };
+
+  nn::Activation embed(const nn::Activation& x, int mb) {
+    require(x.extent(1) == 1, "GptStage: the first stage takes token ids as a [tokens, 1] activation, got ", x.extent(0),
+            "x", x.extent(1));
+    std::vector<std::int32_t> tokens(x.extent(0));
+    for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = std::int32_t(x.data()[i]);
+    nn::Activation h = embed_->forward(tokens, mb);
+    const std::size_t hid = cfg_.hidden;
+    for (std::size_t t = 0; t < tokens.size(); ++t) {
+      const float* p = pos_.value.data() + (t % cfg_.seq) * hid;
+      for (std::size_t j = 0; j < hid; ++j) h.data()[t * hid + j] += p[j];
+    }
+    return h;
+  }
+  void embed_backward(const nn::Activation& dy, int mb, bool final) {
+    const std::size_t hid = cfg_.hidden;
+    for (std::size_t t = 0; t < dy.extent(0); ++t) {
+      float* g = pos_.grad.data() + (t % cfg_.seq) * hid;
+      for (std::size_t j = 0; j < hid; ++j) g[j] += dy.data()[t * hid + j];
+    }
+    embed_->backward(dy, mb);
+    // The embedding of a single-stage model is also the head: its gradient is final only here.
+    if (final) hook_(std::vector<nn::Parameter*>{embed_->parameters()[0], &pos_});
+  }
+
+  C* tp_;
+  GptConfig cfg_;
+  bool first_, last_;
+  std::optional<nn::VocabParallelEmbedding<C>> embed_;
+  nn::Parameter pos_;
+  std::vector<std::unique_ptr<Block>> blocks_;
+  std::optional<nn::LayerNorm<Replicate>> final_ln_;
+  nn::Parameter head_copy_;
+  nn::Parameter* head_ = nullptr;
+  std::optional<nn::VocabParallelCrossEntropy<C>> ce_;
+  nn::MicroBatchCache<HeadInput> head_inputs_;
+  GradientsFinalHook hook_;
+  int microbatches_ = 0, backwards_done_ = 0;
+};
+
+}  // namespace mpar::models

@@ -1,0 +1,432 @@
+#pragma once
+/**
+ * @file Hybrid tensor × pipeline × data training of the GPT model on one rank of a device mesh.
+ *
+ * `GptTrainer` is what `examples/train_gpt` runs, and what the equivalence tests drive: every rank of
+ * a `tp × pp × dp` mesh constructs one with the same configuration and calls `train_step()` in
+ * lockstep. Per step it
+ * 1. takes its data-parallel block of the global batch (a pure function of the step, so every layout
+ *    trains on the same samples) and splits it into micro-batches;
+ * 2. runs the pipeline schedule's program through `pipeline::Executor` (tensor-parallel collectives
+ *    inside the layers, activations and gradients between stages); as each layer's gradients become
+ *    final in the last micro-batch, its data-parallel bucket starts reducing (overlap);
+ * 3. sums the tied embedding / head gradients over the first and last pipeline stage;
+ * 4. finishes the data-parallel reduction (plain all-reduce, or ZeRO-1 reduce-scatter);
+ * 5. for f16, unscales the gradients and skips the step on overflow (dynamic loss scaling);
+ * 6. clips by the global gradient norm (tensor and pipeline groups; replicas and the tied copy
+ *    counted once), steps the optimizer with the warm-up + cosine learning rate, and copies the
+ *    embedding to the head's tied copy.
+ *
+ * Mixed precision (`bf16`, `f16`): the forward and backward passes use weights rounded to the
+ * 16-bit type while the optimizer updates fp32 master weights; on the host backend the arithmetic
+ * itself stays fp32 (the weights, not the activations, carry the 16-bit rounding).
+ */
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdint>
+#include <filesystem>
+#include <memory>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mpar/comm/communicator.hpp"
+#include "mpar/comm/mesh_comms.hpp"
+#include "mpar/core/mesh.hpp"
+#include "mpar/data/char_dataset.hpp"
+#include "mpar/io/checkpoint.hpp"
+#include "mpar/models/gpt.hpp"
+#include "mpar/observe/timed_communicator.hpp"
+#include "mpar/optim/adamw.hpp"
+#include "mpar/optim/clip.hpp"
+#include "mpar/optim/loss_scaler.hpp"
+#include "mpar/optim/lr_schedule.hpp"
+#include "mpar/optim/sgd.hpp"
+#include "mpar/parallel/data_parallel.hpp"
+#include "mpar/parallel/mixed_precision.hpp"
+#include "mpar/parallel/zero.hpp"
+#include "mpar/pipeline/executor.hpp"
+#include "mpar/pipeline/partition.hpp"
+#include "mpar/pipeline/schedules.hpp"
+
+namespace mpar::models {
+
+/** @brief Everything a training run needs to know; `validate` checks it against the world size first. */
+struct GptTrainConfig {
+  GptConfig model;
+  std::size_t tp = 1, pp = 1, dp = 1;
+  std::string schedule = "1f1b";  ///< gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2
+  int microbatches = 2;           ///< per data-parallel rank and step
+  int chunks = 1;                 ///< model chunks per pipeline rank (interleaved_1f1b)
+  bool recompute = false;         ///< full activation recomputation on every stage
+  std::string precision = "fp32"; ///< fp32, bf16 or f16 (f16 adds dynamic loss scaling)
+  std::string optimizer = "adamw";///< adamw or sgd (momentum 0.9)
+  bool zero1 = false;             ///< shard AdamW states over the data axis
+  std::size_t global_batch = 8;   ///< sequences per optimizer step, over all data-parallel ranks
+  std::size_t steps = 100;
+  double lr = 3e-3, min_lr = 3e-4;
+  std::size_t warmup = 10;
+  float weight_decay = 0.01f;
+  double clip = 1.0;              ///< global-norm clipping threshold; 0 disables clipping
+  std::size_t bucket_bytes = std::size_t(1) << 20;
+  std::uint64_t data_seed = 1234;
+
+  [[nodiscard]] std::size_t world_size() const { return tp * pp * dp; }
+  [[nodiscard]] std::size_t local_batch() const { return global_batch / dp; }
+  [[nodiscard]] std::size_t microbatch_size() const { return local_batch() / std::size_t(microbatches); }
+
+  /** Throws config_error with what to change, before any work starts. */
+  void validate(std::size_t world) const {
+    require(tp >= 1 && pp >= 1 && dp >= 1, "train: --tp, --pp and --dp must be at least 1");
+    require(world == world_size(), "train: tp x pp x dp = ", tp, " x ", pp, " x ", dp, " = ", world_size(),
+            " ranks, but the job has ", world, "; change --tp/--pp/--dp or the number of ranks");
+    require(microbatches >= 1 && chunks >= 1, "train: --microbatches and --chunks must be at least 1");
+    require(global_batch % (dp * std::size_t(microbatches)) == 0, "train: the global batch ", global_batch,
+            " must split evenly into dp (", dp, ") x microbatches (", microbatches,
+            ") equal micro-batches; use --batch as a multiple of ", dp * std::size_t(microbatches));
+    require(precision == "fp32" || precision == "bf16" || precision == "f16", "train: --precision '", precision,
+            "' is not one of fp32, bf16, f16");
+    require(optimizer == "adamw" || optimizer == "sgd", "train: --optimizer '", optimizer, "' is not one of adamw, sgd");
+    require(!(zero1 && optimizer != "adamw"), "train: ZeRO-1 shards AdamW states; use --optimizer adamw with --zero1");
+    require(schedule != pipeline::PipeDream2BW::name,
+            "train: 2bw is asynchronous (weights lag by one step), so its losses differ from synchronous training by "
+            "design; the trainer runs the synchronous schedules (gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2); "
+            "2bw runs through pipeline::Executor and examples/pipeline_sim");
+    require(chunks == 1 || schedule == pipeline::Interleaved1F1B::name, "train: --chunks ", chunks,
+            " needs --schedule interleaved_1f1b");
+    require(steps >= 1 && warmup <= steps, "train: need --steps >= 1 and --warmup <= --steps");
+    model.validate(tp, pp * std::size_t(chunks));
+    // The schedule's own checks (e.g. interleaved needs M a multiple of P), with its sentence.
+    (void)pipeline::make_programs(schedule, pipeline::ScheduleConfig{int(pp), microbatches, chunks, 1});
+  }
+};
+
+/** @brief What one step did, the same on every rank (losses and ratios are averaged over the world). */
+struct StepReport {
+  std::size_t step = 0;
+  double loss = 0, lr = 0, grad_norm = 0;
+  bool skipped = false;            ///< f16 overflow: weights unchanged
+  double wall = 0;                 ///< seconds, slowest rank
+  double bubble = 0;               ///< measured pipeline idle share of the step (mean over ranks)
+  double communication = 0;        ///< share of the step spent in collectives and transfers (mean over ranks)
+  double tokens_per_second = 0;
+  pipeline::StepStats stats;       ///< this rank's executor measurements (timeline included)
+};
+
+/** @brief Bytes this rank holds, by kind. */
+struct MemoryBreakdown {
+  std::size_t parameters = 0, gradients = 0, optimizer_states = 0, compute_copies = 0;
+};
+
+/** @brief One rank of a hybrid-parallel GPT training job over world communicator `Comm`. */
+template <communicator Comm>
+class GptTrainer {
+ public:
+  using TensorComm = observe::TimedCommunicator<Comm>;
+  using Stage = GptStage<TensorComm>;
+
+  GptTrainer(Comm& world, GptTrainConfig config, const data::CharDataset& data)
+      : cfg_(validated(std::move(config), world)),
+        data_(&data),
+        mesh_(cfg_.tp, cfg_.pp, cfg_.dp, std::size_t(1)),
+        comms_(make_mesh_comms(world, mesh_)),
+        tensor_(comms_.tensor),
+        pipe_(comms_.pipeline),
+        data_comm_(comms_.data),
+        coord_(mesh_.coord(std::size_t(world.rank()))),
+        schedule_(cfg_.lr, cfg_.min_lr, cfg_.warmup, cfg_.steps) {
+    HostBackend::init_rank();
+    build_stages();
+    build_embedding_group();
+    build_optimizer();
+  }
+
+  /** Runs the next step on every rank (collective over the world). */
+  StepReport train_step() {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::size_t step = step_;
+    tensor_.reset();
+    const double dp_comm_before = data_seconds_;
+    const double lr = schedule_(step);
+
+    // 1. This data rank's samples as micro-batches.
+    const auto batch = data_->batch(cfg_.data_seed, step, cfg_.global_batch, cfg_.dp, coord_.data);
+    const std::size_t mb_tokens = cfg_.microbatch_size() * cfg_.model.seq;
+    std::vector<nn::Activation> inputs;
+    targets_.assign(std::size_t(cfg_.microbatches), {});
+    for (int mb = 0; mb < cfg_.microbatches; ++mb) {
+      const auto lo = std::ptrdiff_t(std::size_t(mb) * mb_tokens), hi = lo + std::ptrdiff_t(mb_tokens);
+      if (holds_first_) inputs.push_back(Stage::tokens_as_activation(std::span(batch.tokens).subspan(std::size_t(lo), mb_tokens)));
+      targets_[std::size_t(mb)].assign(batch.targets.begin() + lo, batch.targets.begin() + hi);
+    }
+
+    // 2. The pipeline program: forwards, backwards (data-parallel buckets start as gradients finish).
+    use_compute_weights();
+    for (auto& s : stages_) s->begin_step();
+    const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
+    pipeline::StepStats stats = executor_->step(inputs, [&](const nn::Activation& y, int mb, nn::Activation& dy) {
+      Stage& last = *stages_.back();
+      const double loss = last.loss().forward(y, targets_[std::size_t(mb)], mb);
+      dy = last.loss().backward(mb, loss_scale);
+      return loss;
+    });
+    use_master_weights();
+
+    // 3-6. Tied weights, data-parallel reduction, loss scaling, clipping, the update.
+    const auto t_opt = std::chrono::steady_clock::now();
+    sum_tied_gradients();
+    finish_data_parallel();
+    bool finite = true;
+    if (scaler_) finite = scaler_->unscale_and_check(std::span<nn::Parameter* const>(opt_params_), comms_.world);
+    double norm = 0;
+    if (finite) {
+      norm = zero_ ? zero_->grad_norm(tensor_, pipe_) : optim::grad_norm(std::span<nn::Parameter* const>(opt_params_), tensor_, pipe_);
+      const float coef = cfg_.clip > 0 ? float(optim::clip_coefficient(norm, cfg_.clip)) : 1.0f;
+      if (zero_) zero_->step(float(lr), coef);
+      else if (adamw_) { optim::scale_grads(opt_params_, coef); adamw_->step(float(lr)); }
+      else { optim::scale_grads(opt_params_, coef); sgd_->step(float(lr)); }
+      copy_embedding_to_head();
+    }
+    store_masters();
+    if (scaler_) scaler_->update(finite);
+    for (auto* p : all_params_) p->zero_grad();
+    if (zero_) zero_->zero_grad();
+    stats.compute += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_opt).count();
+    ++step_;
+
+    // Report: averaged over the world so every rank prints the same numbers.
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double comm_s = stats.communication + tensor_.seconds() + (data_seconds_ - dp_comm_before);
+    std::array<double, 3> avg{stats.loss, stats.bubble_ratio, std::min(1.0, comm_s / wall)};
+    comms_.world.all_reduce(std::span<double>(avg), ReduceOp::avg);
+    std::array<double, 1> slowest{wall};
+    comms_.world.all_reduce(std::span<double>(slowest), ReduceOp::max);
+    StepReport r;
+    r.step = step;
+    r.loss = avg[0];  // the executor reports the loss of the unscaled forward
+    r.lr = lr;
+    r.grad_norm = norm;
+    r.skipped = !finite;
+    r.wall = slowest[0];
+    r.bubble = avg[1];
+    r.communication = avg[2];
+    r.tokens_per_second = double(cfg_.global_batch * cfg_.model.seq) / r.wall;
+    r.stats = std::move(stats);
+    return r;
+  }
+
+  [[nodiscard]] std::size_t step() const { return step_; }
+  [[nodiscard]] const GptTrainConfig& config() const { return cfg_; }
+  [[nodiscard]] const MeshCoord& coord() const { return coord_; }
+  /** Every parameter this rank holds (the head's tied copy included). */
+  [[nodiscard]] const std::vector<nn::Parameter*>& parameters() const { return all_params_; }
+  [[nodiscard]] const pipeline::Programs& programs() const { return executor_->programs(); }
+  [[nodiscard]] MeshComms<Comm>& comms() { return comms_; }
+
+  /** Bytes held now by kind (activations are transient: see the example's allocation tracking). */
+  [[nodiscard]] MemoryBreakdown memory() const {
+    MemoryBreakdown m;
+    for (const auto* p : all_params_) {
+      m.parameters += p->value.size() * sizeof(float);
+      m.gradients += p->grad.size() * sizeof(float);
+    }
+    if (zero_) m.optimizer_states = zero_->state_elements() * sizeof(float);
+    else if (adamw_) m.optimizer_states = 2 * opt_elements() * sizeof(float);
+    else m.optimizer_states = opt_elements() * sizeof(float);
+    if (!masters_.empty()) m.compute_copies = opt_elements() * sizeof(float);  // the fp32 masters beside the 16-bit weights
+    return m;
+  }
+
+  /**
+   * @brief Saves parameters, optimizer moments and the training state under `root` (collective). Each
+   * rank writes only the blocks no lower rank holds. ZeRO-1 moments are not saved (see docs/training.md).
+   */
+  io::SaveResult save(const std::filesystem::path& root) {
+    std::vector<io::SaveBlock> blocks;
+    for (std::size_t i = 0; i < opt_params_.size(); ++i) {
+      const nn::Parameter& p = *opt_params_[i];
+      blocks.push_back(block_of_param<const float>(p, p.name, std::span<const float>(p.value)));
+      if (adamw_) {
+        blocks.push_back(block_of_param<const float>(p, p.name + ".adam_m", adamw_->first_moment(i)));
+        blocks.push_back(block_of_param<const float>(p, p.name + ".adam_v", adamw_->second_moment(i)));
+      }
+    }
+    io::TrainingState st;
+    st.step = step_;
+    st.data_position = step_;  // batches are a pure function of the step
+    st.rng = {cfg_.data_seed, cfg_.model.seed};
+    if (scaler_)
+      st.loss_scale = io::LossScaleState{scaler_->scale(), std::uint64_t(scaler_->good_steps_in_a_row()),
+                                         std::uint64_t(scaler_->skipped_steps())};
+    if (adamw_) st.user["adamw.steps"] = std::to_string(adamw_->steps());
+    io::SaveOptions opts;
+    opts.mesh = {cfg_.tp, cfg_.pp, cfg_.dp};
+    return io::save_checkpoint(root, std::span<const io::SaveBlock>(blocks), st, comms_.world, opts);
+  }
+
+  /** Loads parameters (and AdamW moments) saved with any layout and continues from its step (collective). */
+  io::LoadResult resume(const std::filesystem::path& path) {
+    std::vector<io::LoadBlock> blocks;
+    for (std::size_t i = 0; i < opt_params_.size(); ++i) {
+      nn::Parameter& p = *opt_params_[i];
+      blocks.push_back(block_of_param<float>(p, p.name, std::span<float>(p.value)));
+      if (adamw_) {
+        blocks.push_back(block_of_param<float>(p, p.name + ".adam_m", adamw_->first_moment_mut(i)));
+        blocks.push_back(block_of_param<float>(p, p.name + ".adam_v", adamw_->second_moment_mut(i)));
+      }
+    }
+    io::LoadResult res = io::load_checkpoint(path, std::span<const io::LoadBlock>(blocks), comms_.world);
+    step_ = std::size_t(res.state.step);
+    if (adamw_) {
+      auto it = res.state.user.find("adamw.steps");
+      require(it != res.state.user.end(), "resume: checkpoint ", res.path.string(), " has no AdamW step count");
+      adamw_->set_steps(std::size_t(std::stoull(it->second)));
+    }
+    if (scaler_ && res.state.loss_scale)
+      scaler_->restore(res.state.loss_scale->scale, std::size_t(res.state.loss_scale->good_steps),
+                       std::size_t(res.state.loss_scale->skipped));
+    copy_embedding_to_head();
+    store_masters();
+    return res;
+  }
+
+ private:
+  template <class T>
+  static io::BlockView<T> block_of_param(const nn::Parameter& p, std::string name, std::span<T> data) {
+    return io::BlockView<T>{std::move(name), p.global_shape, io::BoxN(p.local_box.begin(), p.local_box.end()), p.layout, data};
+  }
+  [[nodiscard]] std::size_t opt_elements() const {
+    std::size_t n = 0;
+    for (const auto* p : opt_params_) n += p->value.size();
+    return n;
+  }
+  static GptTrainConfig validated(GptTrainConfig c, const Comm& world) {
+    c.validate(std::size_t(world.size()));
+    return c;
+  }
+
+  void build_stages() {
+    const int P = int(cfg_.pp), V = cfg_.chunks, S = P * V;
+    const auto part = pipeline::Partition::even(cfg_.model.layers, std::size_t(S));
+    const int r = int(coord_.pipeline);
+    for (int c = 0; c < V; ++c) {
+      const int s = pipeline::global_stage(pipeline::ScheduleConfig{P, cfg_.microbatches, V, 1}, r, c);
+      nn::Parameter* shared = (s == S - 1 && !stages_.empty() && stages_.front()->is_first()) ? stages_.front()->token_embedding() : nullptr;
+      stages_.push_back(std::make_unique<Stage>(tensor_, cfg_.model, s == 0, s == S - 1, part.begin(std::size_t(s)),
+                                                part.end(std::size_t(s)) - part.begin(std::size_t(s)), shared));
+    }
+    holds_first_ = stages_.front()->is_first();
+    holds_last_ = stages_.back()->is_last();
+    std::vector<Stage*> chunks;
+    for (auto& s : stages_) chunks.push_back(s.get());
+    pipeline::ExecutorOptions eo;
+    eo.recompute.assign(chunks.size(), cfg_.recompute);
+    eo.microbatch_tokens = cfg_.microbatch_size() * cfg_.model.seq;
+    executor_.emplace(pipe_, pipeline::make_programs(cfg_.schedule, {P, cfg_.microbatches, V, 1}), chunks, eo);
+    // The optimizer updates everything but the head's tied copy, which receives the embedding's values.
+    for (auto& s : stages_) {
+      for (auto* p : s->parameters()) all_params_.push_back(p);
+      for (auto* p : s->norm_parameters()) opt_params_.push_back(p);
+    }
+  }
+
+  /** First and last pipeline stage of each (tensor, data) position share the tied embedding. */
+  void build_embedding_group() {
+    tied_split_ = cfg_.pp > 1;
+    const bool end = coord_.pipeline == 0 || coord_.pipeline + 1 == cfg_.pp;
+    const int color = end ? int(coord_.data * cfg_.tp + coord_.tensor) : int(cfg_.tp * cfg_.dp + comms_.world.rank());
+    embed_group_.emplace(comms_.world.split(color, int(coord_.pipeline)));
+    if (tied_split_) {
+      if (holds_first_) tied_ = stages_.front()->token_embedding();
+      if (holds_last_) tied_ = stages_.back()->head_weight();
+    }
+  }
+
+  void build_optimizer() {
+    if (cfg_.precision == "f16") scaler_.emplace(optim::LossScalerConfig{});
+    if (cfg_.precision != "fp32") masters_.resize(all_params_.size());
+    optim::AdamWConfig ac;
+    ac.weight_decay = cfg_.weight_decay;
+    ac.decays = [](const nn::Parameter& p) { return p.global_shape.size() >= 2; };
+    if (cfg_.zero1) {
+      zero_.emplace(opt_params_, data_comm_, ac, parallel::ZeroOptions{cfg_.bucket_bytes, 0.0});
+    } else {
+      if (cfg_.dp > 1) dp_.emplace(opt_params_, data_comm_, parallel::DataParallelOptions{cfg_.bucket_bytes, 0.0});
+      if (cfg_.optimizer == "adamw") adamw_.emplace(opt_params_, ac);
+      else sgd_.emplace(opt_params_, optim::SgdConfig{float(cfg_.lr), 0.9f, 0.0f});
+    }
+    // Overlap: mark each layer's gradients ready as soon as the last micro-batch's backward is past it.
+    // With the embedding split over two stages, its gradient is final only after the tied sum.
+    if (cfg_.dp > 1)
+      for (auto& s : stages_)
+        s->on_gradients_final(
+            [this](const std::vector<nn::Parameter*>& ps) {
+              const auto t = std::chrono::steady_clock::now();
+              for (auto* p : ps)
+                if (p != tied_ && std::find(opt_params_.begin(), opt_params_.end(), p) != opt_params_.end()) {
+                  if (zero_) zero_->mark_ready(*p);
+                  else dp_->mark_ready(*p);
+                }
+              data_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+            },
+            cfg_.microbatches);
+    store_masters();
+  }
+
+  void sum_tied_gradients() {
+    if (!tied_split_ || tied_ == nullptr) return;
+    embed_group_->all_reduce(std::span<float>(tied_->grad), ReduceOp::sum);
+  }
+  void copy_embedding_to_head() {
+    if (!tied_split_ || tied_ == nullptr) return;
+    embed_group_->broadcast(std::span<float>(tied_->value), 0);
+  }
+  void finish_data_parallel() {
+    const auto t = std::chrono::steady_clock::now();
+    if (zero_) zero_->reduce_gradients();
+    else if (dp_) dp_->finish();
+    data_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  }
+
+  // Mixed precision: `masters_` keep the fp32 values while the passes see 16-bit-rounded weights.
+  void store_masters() {
+    for (std::size_t i = 0; i < masters_.size(); ++i) masters_[i] = all_params_[i]->value;
+  }
+  void use_compute_weights() {
+    if (masters_.empty()) return;
+    const bool bf = cfg_.precision == "bf16";
+    for (auto* p : all_params_)
+      for (float& v : p->value) v = bf ? float(bf16(v)) : float(f16(v));
+  }
+  void use_master_weights() {
+    for (std::size_t i = 0; i < masters_.size(); ++i) all_params_[i]->value = masters_[i];
+  }
+
+  GptTrainConfig cfg_;
+  const data::CharDataset* data_;
+  DynamicMesh mesh_;
+  MeshComms<Comm> comms_;
+  TensorComm tensor_;
+  Comm pipe_, data_comm_;
+  MeshCoord coord_;
+  optim::WarmupCosine schedule_;
+  std::vector<std::unique_ptr<Stage>> stages_;
+  std::optional<pipeline::Executor<Stage, Comm>> executor_;
+  std::vector<nn::Parameter*> all_params_, opt_params_;
+  std::vector<std::vector<std::int32_t>> targets_;
+  bool holds_first_ = false, holds_last_ = false, tied_split_ = false;
+  nn::Parameter* tied_ = nullptr;
+  std::optional<Comm> embed_group_;
+  std::optional<parallel::DataParallel<Comm>> dp_;
+  std::optional<parallel::Zero1AdamW<Comm>> zero_;
+  std::optional<optim::AdamW> adamw_;
+  std::optional<optim::Sgd> sgd_;
+  std::optional<optim::DynamicLossScaler> scaler_;
+  std::vector<std::vector<float>> masters_;
+  double data_seconds_ = 0;
+  std::size_t step_ = 0;
+};
+
+}  // namespace mpar::models
