@@ -156,7 +156,7 @@ class Executor {
       Stage& stage = *chunks_[std::size_t(a.chunk)];
       const double t_start = detail::now_seconds();
       Lane lane = Lane::compute;
-      double t_begin = t_start;
+      double t_work = t_start;
       switch (a.op) {
         case Op::forward: {
           Boundary x = s == 0 ? inputs[std::size_t(a.mb)] : take(act_, s, a.mb, "activation", a);
@@ -231,7 +231,7 @@ class Executor {
         case Op::recv_gradient: {
           lane = Lane::communication;
           header_reqs[header_of[i]].wait();
-          t_begin = detail::now_seconds();  // the wait was idle time, not communication work
+          t_work = detail::now_seconds();  // before this: waiting (idle); after: reading the payload
           const auto& h = headers[header_of[i]];
           const bool g = a.op == Op::recv_gradient;
           const Shape<2> shape = check_header(h, a, r, s, g);
@@ -242,8 +242,10 @@ class Executor {
         }
       }
       const double t_end = detail::now_seconds();
-      st.timeline.events.push_back({r, lane, a, t_begin, t_end});
-      (lane == Lane::compute ? st.compute : st.communication) += t_end - t_begin;
+      // A receive's event spans its wait too (the trace shows what a rank waited for); only the
+      // part after the header arrived counts as communication work.
+      st.timeline.events.push_back({r, lane, a, t_start, t_end});
+      (lane == Lane::compute ? st.compute : st.communication) += t_end - t_work;
     }
     for (auto& p : sends_)
       for (auto& q : p.reqs) q.wait();

@@ -3,9 +3,10 @@
  * @file The pipeline simulator: replays a schedule's programs with per-action costs and predicts the
  * timeline, the bubble, peak activation memory and throughput. This is the API the planner calls.
  *
- * Semantics are the executor's: compute actions run one at a time per rank; a send costs its rank
- * nothing on the compute lane and delivers after `p2p_latency` (drawn on the communication lane); a
- * receive waits until its message has arrived. The replay is a work-list over ranks (a blocked
+ * Semantics are the executor's: actions run one at a time per rank; a send occupies its rank for
+ * `send_overhead` and delivers `p2p_latency` after it starts; a receive waits until its message has
+ * arrived (or, if it already has, takes `recv_overhead`). Sends and receives are drawn on the
+ * communication lane, a receive's span including its wait. The replay is a work-list over ranks (a blocked
  * receive parks its rank, the matching send wakes it), so a step costs O(total actions): thousands
  * of ranks simulate in milliseconds.
  *
@@ -34,12 +35,14 @@ struct CostModel {
   std::vector<double> forward{1.0};
   std::vector<double> backward_input{1.0};
   std::vector<double> backward_weight{1.0};
-  double p2p_latency = 0.0;  ///< from a send to its arrival at the receiver
-  double optimizer = 0.0;    ///< one optimizer step on one rank
+  double p2p_latency = 0.0;    ///< from the start of a send to the moment a waiting receiver has the data
+  double send_overhead = 0.0;  ///< time a send occupies its rank (issuing it; an eager copy)
+  double recv_overhead = 0.0;  ///< time a receive of an already-arrived message occupies its rank
+  double optimizer = 0.0;      ///< one optimizer step on one rank
 
   /** @brief The same F, B, W on every stage. */
   [[nodiscard]] static CostModel uniform(double f, double b, double w, double latency = 0.0) {
-    return CostModel{{f}, {b}, {w}, latency, 0.0};
+    return CostModel{{f}, {b}, {w}, latency, 0.0, 0.0, 0.0};
   }
   [[nodiscard]] double cost(Op op, int stage) const {
     auto pick = [stage](const std::vector<double>& v) {
@@ -59,20 +62,30 @@ struct CostModel {
   /**
    * @brief Costs measured from a real run's timeline: the mean duration per (global stage, action
    * kind); a whole backward is split into B and W by `weight_share` (W's fraction of it). The p2p
-   * latency is the mean duration of the communication-lane events.
+   * latency is the median, over receives that were already waiting when their send started, of
+   * send start to receive end; the overheads are the mean send duration and the median duration
+   * of receives whose message had already arrived.
    */
   [[nodiscard]] static CostModel from_timeline(const Timeline& t, double weight_share = 0.5) {
-    const int S = t.config.total_stages();
+    const int S = t.config.total_stages(), N = t.config.total_microbatches();
     std::vector<double> sum[3], cnt[3];
     for (auto& v : sum) v.assign(std::size_t(S), 0.0);
     for (auto& v : cnt) v.assign(std::size_t(S), 0.0);
-    double lat = 0, nlat = 0, opt = 0, nopt = 0;
+    double opt = 0, nopt = 0, send_sum = 0, nsend = 0;
+    // Send events by message (kind, receiving stage, mb), to pair them with their receives.
+    std::vector<const TimelineEvent*> sends(std::size_t(2 * S * N), nullptr);
+    auto msg = [&](const TimelineEvent& e) {
+      const int s = global_stage(t.config, e.rank, e.action.chunk);
+      const bool grad = e.action.op == Op::send_gradient || e.action.op == Op::recv_gradient;
+      const int dst = e.action.op == Op::send_activation ? s + 1 : e.action.op == Op::send_gradient ? s - 1 : s;
+      return std::size_t(((grad ? 1 : 0) * S + dst) * N + e.action.mb);
+    };
     for (const auto& e : t.events) {
       const double d = e.end - e.start;
       const auto s = std::size_t(global_stage(t.config, e.rank, e.action.chunk));
-      if (e.lane == Lane::communication) {
-        lat += d;
-        nlat += 1;
+      if (is_send(e.action.op)) {
+        send_sum += d, nsend += 1;
+        if (msg(e) < sends.size()) sends[msg(e)] = &e;
         continue;
       }
       switch (e.action.op) {
@@ -87,6 +100,18 @@ struct CostModel {
         default: break;
       }
     }
+    std::vector<double> latency, ready;
+    for (const auto& e : t.events) {
+      if (!is_recv(e.action.op) || msg(e) >= sends.size() || sends[msg(e)] == nullptr) continue;
+      const TimelineEvent& snd = *sends[msg(e)];
+      if (e.start <= snd.start) latency.push_back(e.end - snd.start);
+      else if (e.start >= snd.end) ready.push_back(e.end - e.start);
+    }
+    auto median = [](std::vector<double> v) {
+      if (v.empty()) return 0.0;
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
     CostModel m;
     std::vector<double>* out[3] = {&m.forward, &m.backward_input, &m.backward_weight};
     for (int k = 0; k < 3; ++k) {
@@ -94,7 +119,9 @@ struct CostModel {
       for (int s = 0; s < S; ++s)
         (*out[k])[std::size_t(s)] = cnt[k][std::size_t(s)] > 0 ? sum[k][std::size_t(s)] / cnt[k][std::size_t(s)] : 0.0;
     }
-    m.p2p_latency = nlat > 0 ? lat / nlat : 0.0;
+    m.send_overhead = nsend > 0 ? send_sum / nsend : 0.0;
+    m.p2p_latency = std::max(median(latency), m.send_overhead);
+    m.recv_overhead = median(ready);
     m.optimizer = nopt > 0 ? opt / nopt : 0.0;
     return m;
   }
@@ -106,7 +133,7 @@ struct SimResult {
   double makespan = 0;               ///< first start to last end over all ranks
   std::vector<double> busy;          ///< per rank: time on the compute lane
   std::vector<double> idle;          ///< per rank: makespan - busy
-  std::vector<double> span;          ///< per rank: its own last end - first start
+  std::vector<double> span;          ///< per rank: its last compute's end - its first compute's start
   double bubble_time = 0;            ///< makespan - the busiest rank's work: (P-1)(F+B+W) for 1F1B
   double bubble_ratio = 0;           ///< sum of idle / (P · makespan): (P-1)/(M+P-1) for uniform 1F1B
   double steady_bubble_time = 0;     ///< max over ranks of span - busy: the bubble when consecutive steps overlap (ZB-H2's parallelogram)
@@ -132,10 +159,12 @@ inline void summarise(SimResult& r) {
   bool any = false;
   for (const auto& e : t.events) {
     const auto ur = std::size_t(e.rank);
-    if (e.lane == Lane::compute) r.busy[ur] += e.end - e.start;
-    first[ur] = seen[ur] ? std::min(first[ur], e.start) : e.start;
-    last[ur] = seen[ur] ? std::max(last[ur], e.end) : e.end;
-    seen[ur] = 1;
+    if (e.lane == Lane::compute) {
+      r.busy[ur] += e.end - e.start;
+      first[ur] = seen[ur] ? std::min(first[ur], e.start) : e.start;
+      last[ur] = seen[ur] ? std::max(last[ur], e.end) : e.end;
+      seen[ur] = 1;
+    }
     lo = any ? std::min(lo, e.start) : e.start;
     hi = any ? std::max(hi, e.end) : e.end;
     any = true;
@@ -192,13 +221,17 @@ inline void summarise(SimResult& r) {
       if (is_recv(a.op)) {
         const double arr = (a.op == Op::recv_activation ? act_arrival : grad_arrival)[at(s, a.mb)];
         if (arr < 0) break;  // parked until the sender runs
-        clock[ur] = std::max(clock[ur], arr);
+        // Waiting for a message in flight ends at its arrival; an arrived message costs the copy.
+        const double done = arr > clock[ur] ? arr : clock[ur] + costs.recv_overhead;
+        res.timeline.events.push_back({r, Lane::communication, a, clock[ur], done});
+        clock[ur] = done;
       } else if (is_send(a.op)) {
         const bool grad = a.op == Op::send_gradient;
         const int dst = grad ? s - 1 : s + 1;
         if (dst < 0 || dst >= S) break;
-        (grad ? grad_arrival : act_arrival)[at(dst, a.mb)] = clock[ur] + costs.p2p_latency;
-        res.timeline.events.push_back({r, Lane::communication, a, clock[ur], clock[ur] + costs.p2p_latency});
+        (grad ? grad_arrival : act_arrival)[at(dst, a.mb)] = clock[ur] + std::max(costs.p2p_latency, costs.send_overhead);
+        res.timeline.events.push_back({r, Lane::communication, a, clock[ur], clock[ur] + costs.send_overhead});
+        clock[ur] += costs.send_overhead;
         const auto q = std::size_t(stage_rank(c, dst));
         if (!queued[q]) {
           queued[q] = 1;

@@ -1,0 +1,91 @@
+#pragma once
+// The benchmark's model chunk: `layers` blocks y = relu(x W) of width h, with the backward split into
+// B (input gradient) and W (weight gradient) so the zero-bubble schedules have a W to defer. Each of
+// F, B and W is one GEMM of 2·T·h² flops per layer.
+#include <cmath>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "mpar/backend/host/host_backend.hpp"
+#include "mpar/core/init.hpp"
+#include "mpar/nn/activation.hpp"
+#include "mpar/nn/parameter.hpp"
+
+namespace mpar::bench {
+
+class MlpStackStage {
+ public:
+  MlpStackStage(std::size_t width, std::size_t first_layer, std::size_t layers) : h_(width) {
+    for (std::size_t i = 0; i < layers; ++i) {
+      nn::Parameter p;
+      p.name = "layer" + std::to_string(first_layer + i) + ".weight";
+      p.id = first_layer + i;
+      p.global_shape = {width, width};
+      p.local_box = {{0, width}, {0, width}};
+      p.initialise(3, InitSpec::normal(std::sqrt(2.0 / double(width))));
+      w_.push_back(std::move(p));
+    }
+  }
+  nn::Activation forward(const nn::Activation& x, int mb) {
+    auto& s = saved_[mb];
+    s.in.clear();
+    s.dz.assign(w_.size(), {});
+    nn::Activation h = x;
+    for (auto& w : w_) {
+      s.in.push_back(h);
+      nn::Activation y({h.extent(0), h_});
+      HostBackend::gemm<float>(Trans::no, Trans::no, h.extent(0), h_, h_, 1.0f, h.data(), h_, w.value.data(), h_, 0.0f,
+                               y.data(), h_);
+      for (auto& v : y.values()) v = v > 0 ? v : 0.0f;
+      h = std::move(y);
+    }
+    s.out = h;
+    return h;
+  }
+  nn::Activation backward_input(const nn::Activation& dy, int mb) {
+    auto& s = saved_.at(mb);
+    nn::Activation g = dy;
+    for (std::size_t i = w_.size(); i-- > 0;) {
+      const nn::Activation& y = i + 1 < w_.size() ? s.in[i + 1] : s.out;
+      for (std::size_t k = 0; k < g.size(); ++k) g.data()[k] = y.data()[k] > 0 ? g.data()[k] : 0.0f;
+      nn::Activation dx({g.extent(0), h_});
+      HostBackend::gemm<float>(Trans::no, Trans::yes, g.extent(0), h_, h_, 1.0f, g.data(), h_, w_[i].value.data(), h_, 0.0f,
+                               dx.data(), h_);
+      s.dz[i] = std::move(g);
+      g = std::move(dx);
+    }
+    return g;
+  }
+  void backward_weight(int mb) {
+    auto it = saved_.find(mb);
+    auto& s = it->second;
+    for (std::size_t i = 0; i < w_.size(); ++i)
+      HostBackend::gemm<float>(Trans::yes, Trans::no, h_, h_, s.in[i].extent(0), 1.0f, s.in[i].data(), h_, s.dz[i].data(),
+                               h_, 1.0f, w_[i].grad.data(), h_);
+    saved_.erase(it);
+  }
+  nn::Activation backward(const nn::Activation& dy, int mb) {
+    nn::Activation g = backward_input(dy, mb);
+    backward_weight(mb);
+    return g;
+  }
+  void drop(int mb) { saved_.erase(mb); }
+  std::vector<nn::Parameter*> parameters() {
+    std::vector<nn::Parameter*> ps;
+    for (auto& w : w_) ps.push_back(&w);
+    return ps;
+  }
+  [[nodiscard]] std::size_t in_features() const { return h_; }
+
+ private:
+  struct Saved {
+    std::vector<nn::Activation> in, dz;
+    nn::Activation out;
+  };
+  std::size_t h_;
+  std::vector<nn::Parameter> w_;
+  std::map<int, Saved> saved_;
+};
+
+}  // namespace mpar::bench
