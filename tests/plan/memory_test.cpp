@@ -60,8 +60,10 @@ TEST_CASE("activations per layer match Korthikanti et al.", "[plan][memory]") {
   CHECK(layer_activation_bytes(m, 2, 8, true, Recompute::selective, p) == Approx(34 * sbh / t));
   CHECK(layer_activation_bytes(m, 2, 8, false, Recompute::selective, p) == Approx(sbh * (10 + 24 / t)));
   CHECK(layer_activation_bytes(m, 2, 8, false, Recompute::full, p) == Approx(2 * sbh));
-  // fp32 activations: every stored element doubles, masks stay one byte.
+  // fp32 activations: every stored element doubles; the host's dropout stores no mask.
   CHECK(layer_activation_bytes(m, 2, 1, false, Recompute::none, Precision::fp32_host()) ==
+        Approx(sbh * 64 + a * s * s * b * 8));
+  CHECK(layer_activation_bytes(m, 2, 1, false, Recompute::none, Precision::fp32_host(8, 1)) ==
         Approx(sbh * (64 + 2) + a * s * s * b * (8 + 1)));
 }
 
@@ -127,7 +129,7 @@ TEST_CASE("fp32 host model states equal the bytes nn::Parameter and AdamW hold",
     for (std::size_t i = 0; i < ps.size(); ++i)
       held += double(ps[i].value.size() + ps[i].grad.size() + opt.first_moment(i).size() + opt.second_moment(i).size()) * sizeof(float);
     ParallelConfig c = cfg(tp, 1, 1);
-    const MemoryEstimate e = rank_memory(m, c, Precision::fp32_host(8), 0, 1);
+    const MemoryEstimate e = estimate_memory(m, c, Precision::fp32_host(8));
     const double states = e.parameters + e.gradients + e.optimizer;
     INFO("tp = " << tp << ": held " << held << " bytes, estimated " << states);
     CHECK(std::abs(states / held - 1) < 0.10);

@@ -29,8 +29,9 @@ struct Precision {
   /**
    * fp32 training as the host backend runs it: no 16-bit copies, fp32 activations.
    * `optimizer_bytes_per_param`: 8 for Adam(W), 4 for SGD with momentum, 0 for plain SGD.
+   * `mask_bytes` 0: mpar's Dropout regenerates its mask from (seed, index) instead of storing it.
    */
-  [[nodiscard]] static constexpr Precision fp32_host(double optimizer_bytes_per_param = 8, double mask_bytes = 1) {
+  [[nodiscard]] static constexpr Precision fp32_host(double optimizer_bytes_per_param = 8, double mask_bytes = 0) {
     return {4, 4, 0, optimizer_bytes_per_param, 4, mask_bytes};
   }
   [[nodiscard]] constexpr double model_state_bytes() const { return weight_bytes + grad_bytes + master_bytes + optimizer_bytes; }

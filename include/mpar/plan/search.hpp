@@ -185,6 +185,17 @@ namespace detail {
   return r;
 }
 
+/**
+ * @brief Memory of the fullest pipeline rank of `c`, with the verifier's activation peaks for its
+ * schedule. The entry point for checking the model against a measured run: for fp32 training on the
+ * host backend pass `Precision::fp32_host(optimizer bytes per parameter)`.
+ */
+[[nodiscard]] inline MemoryEstimate estimate_memory(const GptModel& m, const ParallelConfig& c, const Precision& p,
+                                                    const MemoryOptions& o = {}) {
+  ActivationPeaks peaks;
+  return peak_memory(m, c, p, peaks(c), o);
+}
+
 /** Empty when `c` can run at all (heads, layers, batch and schedule shape), else a rejection. */
 [[nodiscard]] inline std::optional<Rejection> structural_problem(const Problem& p, const ParallelConfig& c) {
   auto rej = [&](const char* kind, std::string why) { return Rejection{c, kind, std::move(why)}; };
@@ -227,9 +238,15 @@ namespace detail {
   Plan plan;
   const double budget = p.cluster.memory_bytes * o.usable_memory_fraction;
   ActivationPeaks peaks;
+  std::map<std::string, std::size_t> examples;
   auto reject = [&](Rejection r) {
-    auto& n = plan.rejected_by_kind[r.kind];
-    if (n++ < 3) plan.rejected.push_back(std::move(r));
+    ++plan.rejected_by_kind[r.kind];
+    auto& n = examples[r.kind];
+    if (n >= 3) return;  // a few distinct examples per kind are enough to say why
+    for (const Rejection& x : plan.rejected)
+      if (x.kind == r.kind && x.reason == r.reason) return;
+    ++n;
+    plan.rejected.push_back(std::move(r));
   };
 
   struct Feasible { ParallelConfig c; double bound; };
