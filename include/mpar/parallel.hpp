@@ -1,0 +1,6 @@
+#pragma once
+/** @file Data parallelism with overlapped gradient buckets, ZeRO-1, mixed-precision helpers, mixture of experts. */
+#include "mpar/parallel/buckets.hpp"
+#include "mpar/parallel/data_parallel.hpp"
+#include "mpar/parallel/mixed_precision.hpp"
+#include "mpar/parallel/zero.hpp"

@@ -1,0 +1,69 @@
+#pragma once
+/**
+ * @file Mixed precision: 16-bit (bf16 or f16) compute copies of fp32 master weights, and the way back for
+ * gradients. The optimizer always updates the fp32 masters in `nn::Parameter::value`; after each step the
+ * compute copies are refreshed. f16 needs dynamic loss scaling (`optim::DynamicLossScaler`); bf16 has
+ * float's exponent range and normally does not.
+ */
+#include <cstddef>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "mpar/core/dtype.hpp"
+#include "mpar/core/error.hpp"
+#include "mpar/nn/parameter.hpp"
+
+namespace mpar::parallel {
+
+/** @brief Rounds fp32 values to `T` (nearest even), elementwise. */
+template <half_precision T>
+void round_to(std::span<const float> from, std::span<T> to) {
+  require(from.size() == to.size(), "round_to<", dtype_name_v<T>, ">: ", from.size(), " values into ", to.size());
+  for (std::size_t i = 0; i < from.size(); ++i) to[i] = convert<T>(from[i]);
+}
+
+/** @brief Adds 16-bit gradients into fp32 accumulators (the accumulation itself is in fp32). */
+template <half_precision T>
+void accumulate_into(std::span<const T> grad, std::span<float> acc) {
+  require(grad.size() == acc.size(), "accumulate_into<", dtype_name_v<T>, ">: ", grad.size(), " gradients into ",
+          acc.size(), " accumulators");
+  for (std::size_t i = 0; i < grad.size(); ++i) acc[i] += float(grad[i]);
+}
+
+/**
+ * @brief The 16-bit compute copies of a parameter list: `weights(i)` feeds the forward pass, `add_grad(i, g)`
+ * accumulates a 16-bit gradient into the master's fp32 `grad`, and `refresh()` re-rounds the copies from the
+ * masters after an optimizer step.
+ */
+template <half_precision T>
+class ComputeCopies {
+ public:
+  explicit ComputeCopies(std::vector<nn::Parameter*> params) : params_(std::move(params)) {
+    copies_.resize(params_.size());
+    refresh();
+  }
+
+  void refresh() {
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      copies_[i].resize(params_[i]->local_size());
+      round_to<T>(params_[i]->value, copies_[i]);
+    }
+  }
+
+  [[nodiscard]] std::span<const T> weights(std::size_t i) const { return copies_.at(i); }
+  void add_grad(std::size_t i, std::span<const T> g) { accumulate_into<T>(g, params_.at(i)->grad); }
+  [[nodiscard]] std::size_t size() const { return params_.size(); }
+  /** Bytes of the compute copies (the masters are counted with the parameters). */
+  [[nodiscard]] std::size_t bytes() const {
+    std::size_t n = 0;
+    for (const auto& c : copies_) n += c.size() * sizeof(T);
+    return n;
+  }
+
+ private:
+  std::vector<nn::Parameter*> params_;
+  std::vector<std::vector<T>> copies_;
+};
+
+}  // namespace mpar::parallel

@@ -1,0 +1,181 @@
+#pragma once
+/**
+ * @file ZeRO stage 1 (Rajbhandari et al., arXiv 1910.02054): AdamW whose fp32 states are sharded over the
+ * data axis. Each bucket of gradients is reduce-scattered (rank r receives block_of(n, p, r) of the bucket's
+ * flat buffer), r updates that block of the weights with its block of the moments, and the weights are
+ * all-gathered back, so every replica ends the step with identical full parameters while holding only 1/p
+ * of the optimizer states.
+ */
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <span>
+#include <utility>
+#include <vector>
+
+#include "mpar/comm/communicator.hpp"
+#include "mpar/optim/adamw.hpp"
+#include "mpar/optim/clip.hpp"
+#include "mpar/parallel/buckets.hpp"
+
+namespace mpar::parallel {
+
+/** @brief ZeRO-1 settings; `bucket_bytes` and `divisor` mean what they mean in `DataParallelOptions`. */
+struct ZeroOptions {
+  std::size_t bucket_bytes = std::size_t(25) << 20;
+  double divisor = 0.0;  ///< 0: the data group size
+};
+
+/**
+ * @brief AdamW with ZeRO-1 state sharding over the data group `Comm`. Replaces both `DataParallel` and
+ * `optim::AdamW` (it averages the gradients itself). Per step:
+ * ```
+ * backward, calling zero.mark_ready(p) as gradients become final;   // reduce-scatters overlap the backward
+ * zero.reduce_gradients();                                          // optional: wait explicitly
+ * double norm = zero.grad_norm(tensor_group, pipeline_group);        // optional, for clipping
+ * zero.step(lr, optim::clip_coefficient(norm, 1.0));
+ * ```
+ * `p.grad` keeps this rank's un-averaged gradient (zero it for the next step as usual); the averaged
+ * gradient exists only as this rank's blocks.
+ */
+template <communicator Comm>
+class Zero1AdamW {
+ public:
+  Zero1AdamW(std::vector<nn::Parameter*> params, Comm& data_group, optim::AdamWConfig config, ZeroOptions options = {})
+      : buckets_(std::move(params), data_group, options.bucket_bytes),
+        config_(std::move(config)),
+        divisor_(options.divisor > 0.0 ? options.divisor : double(data_group.size())) {
+    const auto p = std::size_t(data_group.size()), r = std::size_t(data_group.rank());
+    pieces_.resize(buckets_.bucket_count());
+    m_.resize(buckets_.bucket_count());
+    v_.resize(buckets_.bucket_count());
+    w_.resize(buckets_.bucket_count());
+    for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
+      const Bucket& bk = buckets_.bucket(b);
+      const Block mine = block_of(bk.size, p, r);
+      // The parts of parameters that fall into this rank's block of the bucket.
+      for (const auto& s : bk.slots) {
+        const std::size_t lo = std::max(s.offset, mine.offset), hi = std::min(s.offset + s.size, mine.offset + mine.extent);
+        if (lo < hi) pieces_[b].push_back({s.param, lo - mine.offset, lo - s.offset, hi - lo});
+      }
+      m_[b].assign(mine.extent, 0.0f);
+      v_[b].assign(mine.extent, 0.0f);
+      w_[b].assign(mine.extent, 0.0f);
+    }
+    full_.resize(buckets_.bucket_count());
+    for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) full_[b].assign(buckets_.bucket(b).size, 0.0f);
+  }
+
+  void mark_ready(const nn::Parameter& p) { buckets_.mark_ready(p); }
+  void mark_ready(std::span<nn::Parameter* const> layer) {
+    for (auto* p : layer) buckets_.mark_ready(*p);
+  }
+
+  /** Finishes the reduce-scatters (launching what the backward did not mark) and averages this rank's blocks. */
+  void reduce_gradients() {
+    if (reduced_) return;
+    buckets_.wait();
+    const float inv = float(1.0 / divisor_);
+    for (std::size_t b = 0; b < buckets_.bucket_count(); ++b)
+      for (float& g : buckets_.shard(b)) g *= inv;
+    reduced_ = true;
+  }
+
+  /**
+   * @brief The global norm of the averaged gradient for clipping. The blocks are disjoint over the data group,
+   * so here — unlike plain data parallelism — the sums of squares ARE added over the data group; then over
+   * `groups...` = none, the tensor group, or the tensor and pipeline groups, as in `optim::grad_norm`.
+   */
+  template <communicator... Groups>
+    requires(sizeof...(Groups) <= 2)
+  [[nodiscard]] double grad_norm(Groups&... groups) {
+    reduce_gradients();
+    double sq[2] = {0.0, 0.0};  // tensor-sharded, replicated
+    for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
+      const auto g = buckets_.shard(b);
+      for (const auto& pc : pieces_[b]) {
+        double acc = 0.0;
+        for (std::size_t i = 0; i < pc.size; ++i) acc += double(g[pc.shard_offset + i]) * double(g[pc.shard_offset + i]);
+        sq[buckets_.params()[pc.param]->sharded_over_tensor ? 0 : 1] += acc;
+      }
+    }
+    buckets_.comm().all_reduce(std::span<double>(sq), ReduceOp::sum);
+    const optim::GradSquares s{sq[0], sq[1]};
+    if constexpr (sizeof...(Groups) == 0)
+      return std::sqrt(optim::detail::global_squares<optim::detail::NoGroup, optim::detail::NoGroup>(s, nullptr, nullptr));
+    else
+      return norm_over(s, groups...);
+  }
+
+  /** One AdamW step on this rank's blocks, then the all-gather of the weights. */
+  void step() { step(config_.lr); }
+  void step(float lr, float grad_scale = 1.0f) {
+    reduce_gradients();
+    ++steps_;
+    optim::AdamWStep st = optim::AdamWStep::at(config_, steps_, lr, grad_scale);
+    auto& comm = buckets_.comm();
+    for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
+      const auto g = buckets_.shard(b);
+      for (const auto& pc : pieces_[b]) {
+        auto& prm = *buckets_.params()[pc.param];
+        std::copy_n(prm.value.begin() + std::ptrdiff_t(pc.param_offset), pc.size,
+                    w_[b].begin() + std::ptrdiff_t(pc.shard_offset));
+        st.weight_decay = config_.decays_param(prm) ? config_.weight_decay : 0.0f;
+        const auto sub = [&](auto& v) { return std::span<float>(v).subspan(pc.shard_offset, pc.size); };
+        optim::adamw_update(sub(w_[b]), std::span<const float>(g).subspan(pc.shard_offset, pc.size), sub(m_[b]),
+                            sub(v_[b]), config_, st);
+      }
+    }
+    // Launch every all-gather before waiting for any, so they pipeline behind one another.
+    using gather_request = decltype(comm.iall_gather(std::span<const float>{}, std::span<float>{}));
+    std::vector<gather_request> gathers;
+    gathers.reserve(buckets_.bucket_count());
+    for (std::size_t b = 0; b < buckets_.bucket_count(); ++b)
+      gathers.push_back(comm.iall_gather(std::span<const float>(w_[b]), std::span<float>(full_[b])));
+    for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
+      gathers[b].wait();
+      for (const auto& s : buckets_.bucket(b).slots)
+        std::copy_n(full_[b].begin() + std::ptrdiff_t(s.offset), s.size, buckets_.params()[s.param]->value.begin());
+    }
+    buckets_.reset();
+    reduced_ = false;
+  }
+
+  void zero_grad() {
+    for (auto* p : buckets_.params()) p->zero_grad();
+  }
+
+  [[nodiscard]] std::size_t steps() const { return steps_; }
+  [[nodiscard]] std::size_t bucket_count() const { return buckets_.bucket_count(); }
+  [[nodiscard]] std::size_t launched() const { return buckets_.launched(); }
+  /** Optimizer-state floats held on this rank (two moments of its blocks): about 2 N / p. */
+  [[nodiscard]] std::size_t state_elements() const {
+    std::size_t n = 0;
+    for (const auto& m : m_) n += 2 * m.size();
+    return n;
+  }
+
+ private:
+  struct Piece {
+    std::size_t param, shard_offset, param_offset, size;
+  };
+
+  template <class TC>
+  static double norm_over(const optim::GradSquares& s, TC& tensor) {
+    return std::sqrt(optim::detail::global_squares<TC, optim::detail::NoGroup>(s, &tensor, nullptr));
+  }
+  template <class TC, class PC>
+  static double norm_over(const optim::GradSquares& s, TC& tensor, PC& pipeline) {
+    return std::sqrt(optim::detail::global_squares<TC, PC>(s, &tensor, &pipeline));
+  }
+
+  GradBuckets<Comm, BucketCollective::reduce_scatter> buckets_;
+  optim::AdamWConfig config_;
+  double divisor_;
+  std::vector<std::vector<Piece>> pieces_;
+  std::vector<std::vector<float>> m_, v_, w_, full_;
+  std::size_t steps_ = 0;
+  bool reduced_ = false;
+};
+
+}  // namespace mpar::parallel

@@ -1,0 +1,358 @@
+// Data parallelism with buckets, ZeRO-1, clipping over mesh axes and the loss scaler's agreement,
+// each against the single-rank result, on thread ranks.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <functional>
+#include <limits>
+#include <mutex>
+#include <vector>
+
+#include "mpar/comm/mesh_comms.hpp"
+#include "mpar/comm/threads.hpp"
+#include "mpar/optim.hpp"
+#include "mpar/parallel.hpp"
+
+using namespace mpar;
+
+namespace {
+
+/**
+ * A two-layer perceptron y = tanh(x W1 + b1) W2 + b2 with loss mean_over_batch(0.5 |y - t|^2), written by
+ * hand so the tests depend on nothing but nn::Parameter. Samples are a function of their global index.
+ */
+struct TinyMlp {
+  static constexpr std::size_t din = 5, dh = 7, dout = 3;
+  nn::Parameter w1, b1, w2, b2;
+
+  TinyMlp() {
+    auto mk = [](nn::Parameter& p, const char* name, std::uint64_t id, std::vector<std::size_t> shape) {
+      p.name = name;
+      p.id = id;
+      p.global_shape = shape;
+      for (auto e : shape) p.local_box.push_back({0, e});
+      p.layout = "Replicate";
+      p.initialise(42, InitSpec::normal(0.5));
+    };
+    mk(w1, "fc1.weight", 1, {din, dh});
+    mk(b1, "fc1.bias", 2, {dh});
+    mk(w2, "fc2.weight", 3, {dh, dout});
+    mk(b2, "fc2.bias", 4, {dout});
+  }
+  std::vector<nn::Parameter*> params() { return {&w1, &b1, &w2, &b2}; }
+
+  static float input(std::size_t sample, std::size_t i) {
+    return float(CounterRng{7, 100 + sample}.uniform(i) * 2 - 1);
+  }
+  static float target(std::size_t sample, std::size_t i) { return float(CounterRng{9, 100 + sample}.uniform(i)); }
+
+  /** Accumulates the gradient of the mean loss over samples [first, first + count) divided by `batch_div`;
+   *  calls `ready(p)` as soon as p's gradient is final (reverse order, as a real backward). */
+  void forward_backward(std::size_t first, std::size_t count, double batch_div,
+                        const std::function<void(nn::Parameter&)>& ready) {
+    std::vector<float> h(count * dh), y(count * dout), dy(count * dout), dh_(count * dh);
+    for (std::size_t s = 0; s < count; ++s) {
+      for (std::size_t j = 0; j < dh; ++j) {
+        float a = b1.value[j];
+        for (std::size_t i = 0; i < din; ++i) a += input(first + s, i) * w1.value[i * dh + j];
+        h[s * dh + j] = std::tanh(a);
+      }
+      for (std::size_t k = 0; k < dout; ++k) {
+        float a = b2.value[k];
+        for (std::size_t j = 0; j < dh; ++j) a += h[s * dh + j] * w2.value[j * dout + k];
+        y[s * dout + k] = a;
+        dy[s * dout + k] = float((a - target(first + s, k)) / batch_div);
+      }
+    }
+    for (std::size_t s = 0; s < count; ++s)
+      for (std::size_t k = 0; k < dout; ++k) b2.grad[k] += dy[s * dout + k];
+    ready(b2);
+    for (std::size_t s = 0; s < count; ++s)
+      for (std::size_t j = 0; j < dh; ++j)
+        for (std::size_t k = 0; k < dout; ++k) w2.grad[j * dout + k] += h[s * dh + j] * dy[s * dout + k];
+    ready(w2);
+    for (std::size_t s = 0; s < count; ++s)
+      for (std::size_t j = 0; j < dh; ++j) {
+        float a = 0;
+        for (std::size_t k = 0; k < dout; ++k) a += dy[s * dout + k] * w2.value[j * dout + k];
+        dh_[s * dh + j] = a * (1 - h[s * dh + j] * h[s * dh + j]);
+      }
+    for (std::size_t s = 0; s < count; ++s)
+      for (std::size_t j = 0; j < dh; ++j) b1.grad[j] += dh_[s * dh + j];
+    ready(b1);
+    for (std::size_t s = 0; s < count; ++s)
+      for (std::size_t i = 0; i < din; ++i)
+        for (std::size_t j = 0; j < dh; ++j) w1.grad[i * dh + j] += input(first + s, i) * dh_[s * dh + j];
+    ready(w1);
+  }
+};
+
+constexpr std::size_t global_batch = 12;
+void no_hook(nn::Parameter&) {}
+
+void check_same(const std::vector<nn::Parameter*>& got, const std::vector<nn::Parameter*>& want, bool grads,
+                double tol) {
+  for (std::size_t k = 0; k < got.size(); ++k) {
+    const auto& a = grads ? got[k]->grad : got[k]->value;
+    const auto& b = grads ? want[k]->grad : want[k]->value;
+    REQUIRE(a.size() == b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      INFO(got[k]->name << "[" << i << "]");
+      CHECK(a[i] == Approx(b[i]).margin(tol).epsilon(tol));
+    }
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Bucket planning fills buckets in reverse parameter order", "[train][dp]") {
+  TinyMlp m;  // sizes 35, 7, 21, 3
+  auto ps = m.params();
+  auto one = parallel::plan_buckets(ps, 1 << 20);
+  REQUIRE(one.size() == 1);
+  CHECK(one[0].slots.front().param == 3);
+  CHECK(one[0].size == 66);
+  auto small = parallel::plan_buckets(ps, 20 * sizeof(float));  // a bucket closes once it holds >= 20 floats
+  REQUIRE(small.size() == 2);
+  CHECK(small[0].size == 24);  // b2 (3) + w2 (21)
+  CHECK(small[1].size == 42);  // b1 (7) + w1 (35)
+  CHECK(small[1].slots[1].offset == 7);
+  CHECK(parallel::plan_buckets(ps, 0).size() == 4);
+}
+
+TEST_CASE("Data parallelism with buckets equals the single-rank gradient", "[train][dp]") {
+  TinyMlp ref;
+  ref.forward_backward(0, global_batch, double(global_batch), no_hook);
+  for (int dp : {2, 4}) {
+    for (std::size_t bucket_bytes : {std::size_t(0), std::size_t(64), std::size_t(1) << 20}) {
+      DYNAMIC_SECTION("dp=" << dp << " bucket_bytes=" << bucket_bytes) {
+        std::mutex mu;
+        run_threads(dp, [&](ThreadsCommunicator& world) {
+          TinyMlp m;
+          parallel::DataParallel<ThreadsCommunicator> ddp(m.params(), world, {.bucket_bytes = bucket_bytes});
+          const std::size_t local = global_batch / std::size_t(dp);
+          // loss = mean over the local batch; DataParallel divides the sum by dp
+          std::size_t launched_before_last = 0;
+          m.forward_backward(local * std::size_t(world.rank()), local, double(local), [&](nn::Parameter& p) {
+            if (&p == &m.w1) launched_before_last = ddp.launched();
+            ddp.mark_ready(p);
+          });
+          ddp.finish();
+          std::lock_guard l(mu);
+          check_same(m.params(), ref.params(), true, 1e-5);
+          // with more than one bucket, an all-reduce started before the backward's last gradient existed
+          if (ddp.bucket_count() > 1) CHECK(launched_before_last >= 1);
+        });
+      }
+    }
+  }
+}
+
+TEST_CASE("Data parallelism with a summed loss divides by the global batch", "[train][dp]") {
+  TinyMlp ref;
+  ref.forward_backward(0, global_batch, double(global_batch), no_hook);
+  run_threads(3, [&](ThreadsCommunicator& world) {
+    TinyMlp m;
+    parallel::DataParallel<ThreadsCommunicator> ddp(m.params(), world,
+                                                    {.bucket_bytes = 0, .divisor = double(global_batch)});
+    const std::size_t local = global_batch / 3;
+    m.forward_backward(local * std::size_t(world.rank()), local, 1.0, no_hook);  // sum over local samples
+    ddp.finish();  // no hooks: everything reduced here
+    check_same(m.params(), ref.params(), true, 1e-5);
+  });
+}
+
+TEST_CASE("Bucket overlap: an all-reduce is in flight while the backward still runs", "[train][dp]") {
+  run_threads(2, [&](ThreadsCommunicator& world) {
+    TinyMlp m;
+    parallel::DataParallel<ThreadsCommunicator> ddp(m.params(), world, {.bucket_bytes = 0});
+    REQUIRE(ddp.bucket_count() == 4);
+    std::vector<std::size_t> launched_at;
+    m.forward_backward(std::size_t(world.rank()) * 6, 6, 6.0, [&](nn::Parameter& p) {
+      ddp.mark_ready(p);
+      launched_at.push_back(ddp.launched());
+    });
+    // one bucket per parameter: each is launched the moment its gradient is marked
+    CHECK(launched_at == std::vector<std::size_t>{1, 2, 3, 4});
+    ddp.finish();
+    CHECK(ddp.launched() == 0);  // reset for the next step
+    CHECK_THROWS_AS(ddp.mark_ready(nn::Parameter{}), config_error);
+  });
+}
+
+TEST_CASE("ZeRO-1 AdamW equals data parallelism with AdamW over several steps", "[train][zero]") {
+  const optim::AdamWConfig cfg{.lr = 0.05f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.1f,
+                               .decays = [](const nn::Parameter& p) { return p.global_shape.size() >= 2; }};
+  const int steps = 4;
+  // single-rank reference: full batch, AdamW
+  TinyMlp ref;
+  optim::AdamW ref_opt(ref.params(), cfg);
+  for (int s = 0; s < steps; ++s) {
+    ref_opt.zero_grad();
+    ref.forward_backward(std::size_t(s) * global_batch, global_batch, double(global_batch), no_hook);
+    ref_opt.step(cfg.lr);
+  }
+  for (int dp : {2, 3, 4}) {
+    for (std::size_t bucket_bytes : {std::size_t(0), std::size_t(80)}) {
+      DYNAMIC_SECTION("dp=" << dp << " bucket_bytes=" << bucket_bytes) {
+        std::mutex mu;
+        run_threads(dp, [&](ThreadsCommunicator& world) {
+          const std::size_t local = global_batch / std::size_t(dp);
+          const std::size_t first = local * std::size_t(world.rank());
+          TinyMlp a, z;  // a: DataParallel + AdamW, z: ZeRO-1
+          parallel::DataParallel<ThreadsCommunicator> ddp(a.params(), world, {.bucket_bytes = bucket_bytes});
+          optim::AdamW opt(a.params(), cfg);
+          parallel::Zero1AdamW<ThreadsCommunicator> zero(z.params(), world, cfg, {.bucket_bytes = bucket_bytes});
+          for (int s = 0; s < steps; ++s) {
+            opt.zero_grad();
+            a.forward_backward(std::size_t(s) * global_batch + first, local, double(local),
+                               [&](nn::Parameter& p) { ddp.mark_ready(p); });
+            ddp.finish();
+            opt.step(cfg.lr);
+            zero.zero_grad();
+            z.forward_backward(std::size_t(s) * global_batch + first, local, double(local),
+                               [&](nn::Parameter& p) { zero.mark_ready(p); });
+            zero.step(cfg.lr);
+          }
+          std::lock_guard l(mu);
+          check_same(z.params(), a.params(), false, 1e-6);
+          check_same(z.params(), ref.params(), false, 1e-5);
+          // states are sharded: about 2 * 66 / dp floats here, never the full 132
+          CHECK(zero.state_elements() <= 2 * (66 / std::size_t(dp) + zero.bucket_count()));
+        });
+      }
+    }
+  }
+}
+
+TEST_CASE("ZeRO-1 gradient norm and clipping equal the single-rank ones", "[train][zero]") {
+  TinyMlp ref;
+  ref.forward_backward(0, global_batch, double(global_batch), no_hook);
+  const double want = optim::grad_norm(ref.params());
+  optim::AdamW ref_opt(ref.params(), {.lr = 0.1f, .weight_decay = 0.0f});
+  ref_opt.step(0.1f, optim::clip_coefficient(want, 0.1));
+  std::mutex mu;
+  run_threads(4, [&](ThreadsCommunicator& world) {
+    TinyMlp z;
+    parallel::Zero1AdamW<ThreadsCommunicator> zero(z.params(), world, {.lr = 0.1f, .weight_decay = 0.0f},
+                                                   {.bucket_bytes = 48});
+    z.forward_backward(3 * std::size_t(world.rank()), 3, 3.0, no_hook);
+    const double norm = zero.grad_norm();
+    zero.step(0.1f, optim::clip_coefficient(norm, 0.1));
+    std::lock_guard l(mu);
+    CHECK(norm == Approx(want).epsilon(1e-6));
+    check_same(z.params(), ref.params(), false, 1e-6);
+  });
+}
+
+namespace {
+/** A parameter of global shape `shape` holding the block of `shard_dim` (or everything when -1) for part `part`
+ *  of `parts`; gradient element g = sin(0.37 g_index + id). */
+nn::Parameter sharded_param(std::uint64_t id, std::vector<std::size_t> shape, int shard_dim, std::size_t parts,
+                            std::size_t part) {
+  nn::Parameter p;
+  p.name = "p" + std::to_string(id);
+  p.id = id;
+  p.global_shape = shape;
+  for (std::size_t d = 0; d < shape.size(); ++d)
+    p.local_box.push_back(int(d) == shard_dim ? block_of(shape[d], parts, part) : Block{0, shape[d]});
+  p.sharded_over_tensor = shard_dim >= 0 && parts > 1;
+  p.layout = shard_dim >= 0 ? "Shard<" + std::to_string(shard_dim) + ", tensor>" : "Replicate";
+  p.initialise(1, InitSpec::constant(0.0));
+  // fill the gradient from global indices (2-D or 1-D)
+  const std::size_t cols = shape.size() == 2 ? shape[1] : 1;
+  const std::size_t lc = shape.size() == 2 ? p.local_box[1].extent : 1;
+  for (std::size_t k = 0; k < p.grad.size(); ++k) {
+    const std::size_t r = p.local_box[0].offset + k / lc, c = (shape.size() == 2 ? p.local_box[1].offset : 0) + k % lc;
+    p.grad[k] = float(std::sin(0.37 * double(r * cols + c) + double(id)));
+  }
+  return p;
+}
+
+int shard_dim_of(std::uint64_t id) { return id % 3 == 0 ? 1 : id % 3 == 1 ? 0 : -1; }
+
+/** Stage `stage` of `stages` owns parameters ids with id % stages == stage. */
+std::vector<nn::Parameter> model_shard(std::size_t tp, std::size_t t, std::size_t stages, std::size_t stage) {
+  std::vector<nn::Parameter> out;
+  for (std::uint64_t id = 0; id < 6; ++id) {
+    if (id % stages != stage) continue;
+    // a column-parallel weight, an unevenly sharded vector, a replicated vector (a norm gain)
+    const std::vector<std::size_t> shape = id % 3 == 0 ? std::vector<std::size_t>{8, 6}
+                                           : id % 3 == 1 ? std::vector<std::size_t>{7}
+                                                         : std::vector<std::size_t>{5};
+    out.push_back(sharded_param(id, shape, shard_dim_of(id), tp, t));
+  }
+  return out;
+}
+}  // namespace
+
+TEST_CASE("Clipping equals single-rank clipping for tensor-sharded and replicated parameters", "[train][clip]") {
+  auto full = model_shard(1, 0, 1, 0);
+  std::vector<nn::Parameter*> fp;
+  for (auto& p : full) fp.push_back(&p);
+  const double want = optim::clip_grad_norm(fp, 1.0);
+  REQUIRE(want > 1.0);
+  struct Shape {
+    std::size_t tp, pp, dp;
+  };
+  for (Shape sh : {Shape{2, 1, 1}, Shape{4, 1, 1}, Shape{2, 1, 2}, Shape{2, 2, 1}, Shape{1, 2, 2}}) {
+    DYNAMIC_SECTION("tp=" << sh.tp << " pp=" << sh.pp << " dp=" << sh.dp) {
+      std::mutex mu;
+      const DynamicMesh mesh(sh.tp, sh.pp, sh.dp, std::size_t(1));
+      run_threads(int(mesh.world_size()), [&](ThreadsCommunicator& world) {
+        auto comms = make_mesh_comms(world, mesh);
+        const MeshCoord c = mesh.coord(std::size_t(world.rank()));
+        auto mine = model_shard(sh.tp, c.tensor, sh.pp, c.pipeline);
+        std::vector<nn::Parameter*> ps;
+        for (auto& p : mine) ps.push_back(&p);
+        const double norm = optim::clip_grad_norm(ps, 1.0, comms.tensor, comms.pipeline);
+        const double after = optim::grad_norm(ps, comms.tensor, comms.pipeline);  // collectives outside the lock
+        std::lock_guard l(mu);
+        CHECK(norm == Approx(want).epsilon(1e-9));
+        const double coef = 1.0 / (want + 1e-6);
+        for (auto& p : mine) {
+          const auto expect = sharded_param(p.id, p.global_shape, shard_dim_of(p.id), sh.tp, c.tensor);
+          for (std::size_t i = 0; i < p.grad.size(); ++i)
+            CHECK(p.grad[i] == Approx(expect.grad[i] * coef).epsilon(1e-6));
+        }
+        CHECK(after == Approx(1.0).epsilon(1e-5));
+      });
+    }
+  }
+}
+
+TEST_CASE("Loss-scaler overflow is agreed by every rank", "[train][mixed]") {
+  run_threads(4, [&](ThreadsCommunicator& world) {
+    optim::DynamicLossScaler scaler({.initial_scale = 256.0f, .growth_interval = 2});
+    nn::Parameter p;
+    p.value = {1.0f};
+    p.grad = {world.rank() == 2 ? std::numeric_limits<float>::infinity() : 512.0f};
+    std::vector<nn::Parameter*> ps{&p};
+    const bool ok = scaler.unscale_and_check(ps, world);
+    CHECK_FALSE(ok);  // rank 2 overflowed: everybody skips
+    scaler.update(ok);
+    CHECK(scaler.scale() == 128.0f);
+    p.grad = {256.0f};
+    CHECK(scaler.unscale_and_check(ps, world));
+    CHECK(p.grad[0] == 2.0f);
+  });
+}
+
+TEST_CASE("bf16 and f16 compute copies round the masters and accumulate in fp32", "[train][mixed]") {
+  nn::Parameter p;
+  p.value = {1.0f + 1.0f / 256.0f + 1.0f / 1024.0f, 70000.0f, -0.5f};
+  p.grad = {0.0f, 0.0f, 0.0f};
+  parallel::ComputeCopies<bf16> b({&p});
+  CHECK(float(b.weights(0)[0]) == 1.0f + 1.0f / 128.0f);  // 7 stored mantissa bits: above half an ulp, rounds up
+  CHECK(float(b.weights(0)[2]) == -0.5f);
+  parallel::ComputeCopies<f16> h({&p});
+  CHECK(std::isinf(float(h.weights(0)[1])));  // beyond f16's range: why f16 needs loss scaling
+  CHECK(h.bytes() == 6);
+  std::vector<f16> g{f16(0.25f), f16(1.5f), f16(-2.0f)};
+  h.add_grad(0, g);
+  h.add_grad(0, g);
+  CHECK(p.grad == std::vector<float>{0.5f, 3.0f, -4.0f});
+  p.value[2] = 3.0f;
+  h.refresh();
+  CHECK(float(h.weights(0)[2]) == 3.0f);
+}
