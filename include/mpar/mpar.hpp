@@ -8,6 +8,8 @@
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm.hpp"
 #include "mpar/nn.hpp"
+#include "mpar/optim.hpp"
+#include "mpar/parallel.hpp"
 #include "mpar/pipeline.hpp"
 #include "mpar/observe.hpp"
 #include "mpar/plan.hpp"
