@@ -13,3 +13,4 @@
 #include "mpar/pipeline.hpp"
 #include "mpar/observe.hpp"
 #include "mpar/plan.hpp"
+#include "mpar/io.hpp"
