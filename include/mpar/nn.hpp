@@ -2,6 +2,7 @@
 /** @file Tensor-parallel layers: layouts of activations, layers with forward/backward, Stage composition. */
 #include "mpar/nn/activation.hpp"
 #include "mpar/nn/attention.hpp"
+#include "mpar/nn/bias.hpp"
 #include "mpar/nn/collectives.hpp"
 #include "mpar/nn/column_parallel.hpp"
 #include "mpar/nn/cross_entropy.hpp"

@@ -360,3 +360,26 @@ TEST_CASE("Vocab-parallel embedding rejects tokens outside the vocabulary", "[nn
   const std::vector<std::int32_t> bad{1, 10};
   CHECK_THROWS_WITH(emb.forward(bad), Catch::Contains("token 10") && Catch::Contains("vocabulary of 10"));
 }
+
+TEST_CASE("Stage<ColumnParallel (no bias), Bias<Shard<1>>, Gelu, RowParallel> matches the serial MLP", "[nn][stage]") {
+  // A custom stage: the column layer's bias as a separate elementwise layer on the feature shard.
+  const MlpConfig cfg{16, 32, seed, 100, "mlp"};
+  const Activation x = random_activation(8, 16, 21), dy = random_activation(8, 16, 22);
+  auto ref = make_serial_mlp(cfg);
+  Activation y, dx;
+  Assembled rp;
+  run_serial(ref, x, dy, y, dx, rp);
+  for (int p : {2, 4}) {
+    INFO("TP = " << p);
+    ParallelResult out;
+    run_parallel<Replicate>(p, x, dy, out, [&](Comm& tp) {
+      using S = Stage<ColumnParallel<Comm>, Bias<FeatureShard>, Gelu, RowParallel<Comm>>;
+      return S(ColumnParallel<Comm>(tp, 16, 32, {seed, 100, "mlp.fc1", false}),
+               Bias<FeatureShard>(32, seed, 101, "mlp.fc1.bias", std::size_t(tp.size()), std::size_t(tp.rank())), Gelu{},
+               RowParallel<Comm>(tp, 32, 16, {seed, 102, "mlp.fc2", true}));
+    });
+    require_close(out.y, y, "forward output");
+    require_close(out.dx, dx, "input gradient");
+    require_params_match(out.params, rp);
+  }
+}

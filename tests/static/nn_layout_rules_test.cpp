@@ -20,6 +20,7 @@ using RowPartial = RowParallel<C, 4096, 1024, 4, RowReduce::none>;
 static_assert(layer<Linear<>> && layer<Col> && layer<Row> && layer<Gelu> && layer<Dropout<>> && layer<LayerNorm<>>);
 static_assert(layer<LayerNorm<TokenShard, C>> && layer<AllReduce<C>> && layer<GatherFeatures<C>> && layer<Linear2D<C>>);
 static_assert(layer<Attention<>> && layer<SelfAttention<C>> && layer<TransformerBlock<C>> && layer<TransformerBlock<C, true>>);
+static_assert(layer<Bias<>> && layer<Bias<FeatureShard>>);
 static_assert(layer<MlpStage<C>> && layer<SerialMlp<>>, "stages are layers, so they nest");
 
 // ---- output layouts (a metafunction of the input) ----
@@ -53,6 +54,7 @@ static_assert(ColSP::accepts<Replicate>() == Verdict::needs_token_shard);
 static_assert(Col::accepts<TokenShard>() == Verdict::needs_replicated);
 static_assert(Dropout<>::accepts<FeatureShard>() == Verdict::layout_parameter_mismatch);
 static_assert(Linear2D<C>::accepts<Replicate>() == Verdict::needs_2d_shard);
+static_assert(Bias<FeatureShard>::accepts<TensorPartial>() == Verdict::linear_fed_partial, "the bias would be added per addend");
 
 // ---- whole stages ----
 using Megatron = Stage<Col, Gelu, Row>;
@@ -60,6 +62,8 @@ static_assert(Megatron::valid && std::is_same_v<Megatron::output_layout<Replicat
 static_assert(Megatron::static_in_features == 1024 && Megatron::static_out_features == 1024);
 using MegatronSP = Stage<LayerNorm<TokenShard, C>, ColSP, Gelu, Dropout<FeatureShard>, RowSP, Dropout<TokenShard>>;
 static_assert(MegatronSP::valid && std::is_same_v<MegatronSP::output_layout<TokenShard>, TokenShard>);
+using BiasAfterColumn = Stage<ColumnParallel<C, 1024, 4096, 4>, Bias<FeatureShard>, Gelu, Row>;
+static_assert(BiasAfterColumn::valid, "an elementwise bias keeps the feature shard");
 using Deferred = Stage<Col, Gelu, RowPartial, AllReduce<C>, LayerNorm<>>;
 static_assert(Deferred::valid, "a Partial output is fine once an AllReduce follows");
 using Gathered = Stage<Col, GatherFeatures<C>, Linear<4096, 1024>>;

@@ -1,0 +1,73 @@
+#pragma once
+/**
+ * @file `Bias<L>`: a learned per-feature bias added elementwise to an activation of layout `L`,
+ * keeping that layout. On a feature-sharded activation each rank holds its block of the bias.
+ */
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+
+#include "mpar/nn/layer.hpp"
+
+namespace mpar::nn {
+
+/**
+ * @brief `y = x + b` over `features` global features, for `L` = `Replicate` (bias replicated) or
+ * `Shard<1, tensor>` (bias split like the features). A Partial input is refused: each addend would
+ * receive the bias, adding it TP times.
+ */
+template <class L = Replicate>
+class Bias {
+  static_assert(std::is_same_v<L, Replicate> || std::is_same_v<L, FeatureShard>,
+                "mpar::nn::Bias<L>: L must be Replicate or Shard<1, axis::tensor>; for a token-sharded activation "
+                "use the bias of the preceding RowParallel (added after its reduce-scatter)");
+
+ public:
+  static constexpr std::string_view layer_kind = "Bias";
+  using default_input = L;
+  static constexpr bool preserves_features = true;
+  static constexpr std::size_t static_in_features = dyn, static_out_features = dyn;
+  template <class In>
+  static constexpr Verdict accepts() {
+    if constexpr (std::is_same_v<In, L>) return Verdict::ok;
+    else if constexpr (In::is_partial) return Verdict::linear_fed_partial;
+    else return Verdict::layout_parameter_mismatch;
+  }
+  template <class In>
+  using output_layout = In;
+
+  /** `tp_size` / `tp_rank` place this rank's block when `L` is feature-sharded. */
+  Bias(std::size_t features, std::uint64_t seed, std::uint64_t id, std::string name, std::size_t tp_size = 1,
+       std::size_t tp_rank = 0) {
+    const bool sharded = std::is_same_v<L, FeatureShard>;
+    require(!sharded || features % tp_size == 0, "Bias '", name, "' (tensor rank ", tp_rank, "): ", features,
+            " features are not divisible by the tensor-parallel size ", tp_size);
+    using PL = std::conditional_t<std::is_same_v<L, FeatureShard>, Shard<0, axis::tensor>, Replicate>;
+    const std::array<std::size_t, 1> s{features};
+    bias_ = make_parameter<1>(std::move(name), id, s, detail::tensor_box<PL>(s, sharded ? tp_size : 1, sharded ? tp_rank : 0),
+                              PL::name(), sharded && tp_size > 1, seed, InitSpec::normal(0.02));
+  }
+
+  Activation forward(const Activation& x, int = 0) {
+    require(x.extent(1) == bias_.value.size(), "Bias '", bias_.name, "': input has ", x.extent(1),
+            " features, this rank's bias has ", bias_.value.size());
+    Activation y = x;
+    detail::add_row_vector(y, bias_.value);
+    return y;
+  }
+  Activation backward(const Activation& dy, int = 0) {
+    detail::add_column_sums(dy, bias_.grad);
+    return dy;
+  }
+  std::vector<Parameter*> parameters() { return {&bias_}; }
+  void drop(int) {}
+  [[nodiscard]] std::size_t in_features() const { return 0; }
+  [[nodiscard]] std::size_t out_features() const { return 0; }
+
+ private:
+  Parameter bias_;
+};
+
+}  // namespace mpar::nn
