@@ -21,6 +21,7 @@
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -84,13 +85,25 @@ struct NcclState {
   NcclState(const NcclState&) = delete;
   NcclState& operator=(const NcclState&) = delete;
   ~NcclState() {
-    if (comm && !aborted) {
-      (void)ncclCommFinalize(comm);
-      (void)ncclCommDestroy(comm);
-    } else if (comm) {
-      (void)ncclCommDestroy(comm);
+    if (!comm || aborted) return;
+    // Non-blocking communicator: finalize may stay in progress; wait for it (bounded), else abort.
+    ncclResult_t r = ncclCommFinalize(comm);
+    const auto t0 = std::chrono::steady_clock::now();
+    while (r == ncclInProgress && std::chrono::steady_clock::now() - t0 < opt.timeout) {
+      std::this_thread::yield();
+      (void)ncclCommGetAsyncError(comm, &r);
     }
+    if (r == ncclSuccess) (void)ncclCommDestroy(comm);
+    else (void)ncclCommAbort(comm);
   }
+
+  /** Point-to-point operations posted but not yet issued: NCCL needs matching sends and receives in one group. */
+  struct P2pBatch {
+    std::vector<std::function<ncclResult_t(ncclComm_t, cudaStream_t)>> ops;
+    std::size_t count = 0;
+    std::shared_ptr<gpu::Event> done;  // set when the batch is issued
+  };
+  std::shared_ptr<P2pBatch> open_batch;
 
   [[nodiscard]] std::string where(const char* op, std::size_t count) const {
     return mpar::detail::cat("rank ", rank, " of group '", opt.name, "' (size ", size, "), ", op, " #", seq, " of ",
@@ -116,6 +129,43 @@ struct NcclState {
     }
     if (r != ncclSuccess) fail(where(op, count) + ": " + ncclGetErrorString(r) + " (" + ncclGetLastError(comm) + ")");
   }
+  /**
+   * Hands the work queued so far on the calling thread's compute stream to the comm stream, enqueues
+   * `call` there and makes the compute stream wait for it; returns the completion event. Posted
+   * point-to-point operations are issued first, so every rank issues operations in program order.
+   */
+  template <class Call>
+  std::shared_ptr<gpu::Event> enqueue(const char* op, std::size_t count, Call&& call, bool is_flush = false) {
+    if (aborted) throw comm_error(where(op, count) + ": the communicator was aborted by an earlier error");
+    if (!is_flush) flush_p2p();
+    ++seq;
+    if (gpu::this_thread().device() != device) gpu::this_thread().bind(device);
+    const cudaStream_t compute = gpu::current_stream();
+    ready.record(compute);
+    ready.wait_on(stream.get());
+    settle(call(comm, stream.get()), op, count);
+    auto done = std::make_shared<gpu::Event>();
+    done->record(stream.get());
+    done->wait_on(compute);
+    return done;
+  }
+  /** Issues the posted sends and receives as one NCCL group (so a ring of isend/irecv cannot deadlock). */
+  void flush_p2p() {
+    if (!open_batch) return;
+    const std::shared_ptr<P2pBatch> b = std::exchange(open_batch, nullptr);
+    b->done = enqueue(
+        "send/recv group", b->count,
+        [&](ncclComm_t c, cudaStream_t s) {
+          ncclResult_t r = ncclGroupStart();
+          for (auto& f : b->ops)
+            if (r == ncclSuccess) r = f(c, s);
+          const ncclResult_t e = ncclGroupEnd();
+          return r != ncclSuccess ? r : e;
+        },
+        true);
+    b->ops.clear();
+  }
+
   /** Polls `done` and the communicator's async error until the operation finished, timed out or failed. */
   void wait(const gpu::Event& done, const char* op, std::size_t count) {
     if (aborted) throw comm_error(where(op, count) + ": the communicator was aborted by an earlier error");
@@ -141,12 +191,18 @@ class NcclRequest {
  public:
   NcclRequest(std::shared_ptr<detail::NcclState> st, std::shared_ptr<gpu::Event> done, const char* op, std::size_t count)
       : st_(std::move(st)), done_(std::move(done)), op_(op), count_(count) {}
+  /** A posted send or receive: issued with the rest of its batch at the first wait()/test() or collective. */
+  NcclRequest(std::shared_ptr<detail::NcclState> st, std::shared_ptr<detail::NcclState::P2pBatch> batch, const char* op,
+              std::size_t count)
+      : st_(std::move(st)), batch_(std::move(batch)), op_(op), count_(count) {}
   void wait() {
+    resolve();
     if (!done_) return;
     st_->wait(*done_, op_, count_);
     done_.reset();
   }
   bool test() {
+    resolve();
     if (!done_) return true;
     if (!done_->ready()) return false;
     done_.reset();
@@ -154,8 +210,16 @@ class NcclRequest {
   }
 
  private:
+  void resolve() {
+    if (!batch_) return;
+    if (!batch_->done) st_->flush_p2p();
+    done_ = batch_->done;
+    batch_.reset();
+    if (!done_) throw comm_error(st_->where(op_, count_) + ": its send/recv group failed to start");
+  }
   std::shared_ptr<detail::NcclState> st_;
   std::shared_ptr<gpu::Event> done_;
+  std::shared_ptr<detail::NcclState::P2pBatch> batch_;
   const char* op_;
   std::size_t count_;
 };
@@ -165,8 +229,10 @@ class NcclRequest {
  * communicator on the same device; for that, use gpu::DeviceCommunicator).
  *
  * Uneven all_gather / reduce_scatter (n not divisible by p) follow mpar's block rule by grouping one
- * broadcast / reduce per block. send/recv match in issue order per peer, as NCCL's do; the tag is
- * checked only with MPAR_EXTRA_CHECKS (it costs an extra message).
+ * broadcast / reduce per block. send/recv match in issue order per peer, as NCCL's do (NCCL has no
+ * tags). `isend`/`irecv` are posted and issued together as one NCCL group at the first wait()/test()
+ * or collective, so exchanges such as a ring of isend/irecv cannot deadlock; a blocking `send`
+ * returns only once the receiver has taken the data.
  */
 class NcclCommunicator {
  public:
@@ -378,31 +444,25 @@ class NcclCommunicator {
   }
 
   // ---- point to point --------------------------------------------------------------------------
+  /** Blocks until the matching receive has taken the data (like MPI_Ssend): order blocking pairs to avoid cycles. */
   template <element_type T>
   void send(std::span<const T> data, int peer, int tag) { isend(data, peer, tag).wait(); }
   template <element_type T>
   void recv(std::span<T> data, int peer, int tag) { irecv(data, peer, tag).wait(); }
+  /** Posts a send; posted sends and receives are issued together as one NCCL group at the first wait/test. */
   template <element_type T>
   NcclRequest isend(std::span<const T> data, int peer, int tag) {
     check_root("send", peer);
-#if defined(MPAR_EXTRA_CHECKS)
-    exchange_header(true, peer, tag, data.size(), dtype_name_v<T>);
-#else
-    (void)tag;
-#endif
-    return run("send", data.size(), [&](ncclComm_t c, cudaStream_t s) {
+    (void)tag;  // NCCL matches point-to-point messages in issue order per peer; it has no tags
+    return post("send", data.size(), [data, peer](ncclComm_t c, cudaStream_t s) {
       return ncclSend(data.data(), data.size(), detail::nccl_type<T>(), peer, c, s);
     });
   }
   template <element_type T>
   NcclRequest irecv(std::span<T> data, int peer, int tag) {
     check_root("recv", peer);
-#if defined(MPAR_EXTRA_CHECKS)
-    exchange_header(false, peer, tag, data.size(), dtype_name_v<T>);
-#else
     (void)tag;
-#endif
-    return run("recv", data.size(), [&](ncclComm_t c, cudaStream_t s) {
+    return post("recv", data.size(), [data, peer](ncclComm_t c, cudaStream_t s) {
       return ncclRecv(data.data(), data.size(), detail::nccl_type<T>(), peer, c, s);
     });
   }
@@ -415,6 +475,7 @@ class NcclCommunicator {
   /** A communicator over the ranks with equal `color`, ordered by `key` (ncclCommSplit; collective). */
   [[nodiscard]] NcclCommunicator split(int color, int key) {
     require(color >= 0, where("split", 0), ": color ", color, " must be non-negative");
+    st_->flush_p2p();
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     ncclComm_t nc = nullptr;
@@ -460,6 +521,14 @@ class NcclCommunicator {
     st_->device = device;
     st_->opt = std::move(opt);
   }
+  /** Point-to-point operations posted but not yet issued: NCCL needs matching sends and receives in one group. */
+  struct P2pBatch {
+    std::vector<std::function<ncclResult_t(ncclComm_t, cudaStream_t)>> ops;
+    std::size_t count = 0;
+    std::shared_ptr<gpu::Event> done;  // set when the batch is issued
+  };
+  std::shared_ptr<P2pBatch> open_batch;
+
   [[nodiscard]] std::string where(const char* op, std::size_t count) const { return st_->where(op, count); }
   void check_root(const char* op, int r) const {
     require(r >= 0 && r < size(), where(op, 0), ": rank argument ", r, " is outside the group");
@@ -470,44 +539,18 @@ class NcclCommunicator {
             b.extent);
   }
 
-  /**
-   * Hands the work queued so far on the compute stream to the comm stream, enqueues `call` there, and
-   * makes the compute stream wait for it; returns the request that polls it.
-   */
   template <class Call>
   NcclRequest run(const char* op, std::size_t count, Call&& call) {
-    detail::NcclState& s = *st_;
-    if (s.aborted) throw comm_error(where(op, count) + ": the communicator was aborted by an earlier error");
-    ++s.seq;
-    if (gpu::this_thread().device() != s.device) gpu::this_thread().bind(s.device);
-    const cudaStream_t compute = gpu::current_stream();
-    s.ready.record(compute);
-    s.ready.wait_on(s.stream.get());
-    s.settle(call(s.comm, s.stream.get()), op, count);
-    auto done = std::make_shared<gpu::Event>();
-    done->record(s.stream.get());
-    done->wait_on(compute);
-    return NcclRequest(st_, std::move(done), op, count);
+    return NcclRequest(st_, st_->enqueue(op, count, std::forward<Call>(call)), op, count);
   }
-
-#if defined(MPAR_EXTRA_CHECKS)
-  /** Sends (or receives and checks) {tag, count, dtype} ahead of a point-to-point message. */
-  void exchange_header(bool sending, int peer, int tag, std::size_t count, std::string_view dtype) {
-    std::int64_t h[3] = {tag, std::int64_t(count), std::int64_t(dtype[0]) << 8 | std::int64_t(dtype.back())};
-    gpu::DeviceBuffer<std::int64_t> d(3, st_->stream.get());
-    if (sending) gpu::copy_to_device(h, d.data(), 3, st_->stream.get());
-    run(sending ? "send(header)" : "recv(header)", 3, [&](ncclComm_t c, cudaStream_t s) {
-      return sending ? ncclSend(d.data(), 3, ncclInt64, peer, c, s) : ncclRecv(d.data(), 3, ncclInt64, peer, c, s);
-    }).wait();
-    if (sending) return;
-    std::int64_t got[3];
-    gpu::copy_to_host(d.data(), got, 3, st_->stream.get());
-    gpu::check(cudaStreamSynchronize(st_->stream.get()), "cudaStreamSynchronize");
-    if (got[0] != h[0] || got[1] != h[1] || got[2] != h[2])
-      st_->fail(where("recv", count) + mpar::detail::cat(": from rank ", peer, " expected tag ", tag, " count ", count,
-                                                          " but the sender used tag ", got[0], " count ", got[1]));
+  template <class Call>
+  NcclRequest post(const char* op, std::size_t count, Call&& call) {
+    if (st_->aborted) throw comm_error(where(op, count) + ": the communicator was aborted by an earlier error");
+    if (!st_->open_batch) st_->open_batch = std::make_shared<detail::NcclState::P2pBatch>();
+    st_->open_batch->ops.emplace_back(std::forward<Call>(call));
+    st_->open_batch->count += count;
+    return NcclRequest(st_, st_->open_batch, op, count);
   }
-#endif
 
   std::shared_ptr<detail::NcclState> st_;
 };

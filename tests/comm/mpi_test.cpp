@@ -1,0 +1,84 @@
+// MpiCommunicator: the generic collective tests of collective_tests.hpp on every group size the
+// job allows (sub-communicators of 1..N ranks), run under mpirun by CTest (label mpi).
+#define CATCH_CONFIG_RUNNER
+#include <catch2/catch.hpp>
+
+#include <string>
+#include <vector>
+
+#include "comm/collective_tests.hpp"
+#include "mpar/comm/mpi.hpp"
+
+using namespace mpar;
+using Catch::Matchers::Contains;
+
+namespace {
+
+MpiCommunicator& world() {
+  static MpiCommunicator w;
+  return w;
+}
+
+/** Every rank checks its own failures: each process is single-threaded, so Catch is safe here. */
+void require_clean(const test::Checker& ck) {
+  for (auto& m : ck.failures) UNSCOPED_INFO(m);
+  CHECK(ck.failures.empty());
+}
+
+}  // namespace
+
+TEST_CASE("mpi: every collective matches the serial reference on every group size", "[comm][mpi]") {
+  for (int n = 1; n <= world().size(); ++n) {
+    INFO("ranks " << n);
+    auto sub = world().split(world().rank() < n ? 0 : 1, world().rank());
+    test::Checker ck;
+    if (world().rank() < n) test::check_everything(sub, ck);
+    require_clean(ck);
+    world().barrier();
+  }
+}
+
+TEST_CASE("mpi: make_mesh_comms", "[comm][mpi]") {
+  if (world().size() != 4) return;
+  test::Checker ck;
+  test::check_mesh_comms(world(), ck, 2, 2, 1);
+  test::check_mesh_comms(world(), ck, 1, 2, 2);
+  require_clean(ck);
+}
+
+TEST_CASE("mpi: with checking on, mismatched calls fail on every rank and the group stays usable", "[comm][mpi]") {
+  auto c = world().split(0, world().rank(), "checked");
+  c.set_checking(true);
+  std::vector<float> v(c.rank() == 1 ? 5 : 4, 1.0f);
+  std::string msg;
+  try {
+    c.all_reduce(std::span<float>(v), ReduceOp::sum);
+  } catch (const comm_error& e) {
+    msg = e.what();
+  }
+  if (c.size() > 1) {
+    CHECK_THAT(msg, Contains("all_reduce #1 on group checked: ranks called different collectives"));
+    CHECK_THAT(msg, Contains("rank 1 all_reduce(f32, count=5, op=sum) #1"));
+  }
+  std::vector<float> send(c.rank() == 0 && c.size() > 1 ? 3 : mpar::block_of(16, std::size_t(c.size()), std::size_t(c.rank())).extent),
+      recv(16);
+  msg.clear();
+  try {
+    c.all_gather(send, std::span<float>(recv));
+  } catch (const comm_error& e) {
+    msg = e.what();
+  }
+  if (c.size() > 1) CHECK_THAT(msg, Contains("all_gather #2 on group checked: rank 0 passed send of 3 elements"));
+  std::vector<float> w(3, 1.0f);
+  c.all_reduce(std::span<float>(w), ReduceOp::sum);
+  CHECK(w[0] == float(c.size()));
+}
+
+int main(int argc, char** argv) {
+  MpiEnvironment env(&argc, &argv);
+  int rc = 0;
+  run_mpi([&](MpiCommunicator&) { rc = Catch::Session().run(argc, argv); });
+  int worst = rc;
+  MPI_Allreduce(&rc, &worst, 1, MPI_INT, MPI_MAX, MPI_COMM_WORLD);
+  return worst;
+}
