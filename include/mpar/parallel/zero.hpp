@@ -146,6 +146,28 @@ class Zero1AdamW {
   }
 
   [[nodiscard]] std::size_t steps() const { return steps_; }
+
+  /**
+   * @brief A contiguous part of one parameter whose moments this rank holds: elements
+   * `[param_offset, param_offset + m.size())` of the parameter's local block, row-major.
+   */
+  struct StatePiece {
+    const nn::Parameter* param;
+    std::size_t param_offset;
+    std::span<float> m, v;
+  };
+  /** This rank's moments as parameter pieces, for checkpoints (`io::flat_state_blocks` maps each to boxes). */
+  [[nodiscard]] std::vector<StatePiece> state_pieces() {
+    std::vector<StatePiece> out;
+    for (std::size_t b = 0; b < pieces_.size(); ++b)
+      for (const auto& pc : pieces_[b])
+        out.push_back({buckets_.params()[pc.param], pc.param_offset,
+                       std::span<float>(m_[b]).subspan(pc.shard_offset, pc.size),
+                       std::span<float>(v_[b]).subspan(pc.shard_offset, pc.size)});
+    return out;
+  }
+  /** Sets the number of steps taken (AdamW's bias correction), when resuming from a checkpoint. */
+  void set_steps(std::size_t steps) { steps_ = steps; }
   [[nodiscard]] std::size_t bucket_count() const { return buckets_.bucket_count(); }
   [[nodiscard]] std::size_t launched() const { return buckets_.launched(); }
   /** Optimizer-state floats held on this rank (two moments of its blocks): about 2 N / p. */
