@@ -3,4 +3,5 @@
 #include "mpar/parallel/buckets.hpp"
 #include "mpar/parallel/data_parallel.hpp"
 #include "mpar/parallel/mixed_precision.hpp"
+#include "mpar/parallel/moe.hpp"
 #include "mpar/parallel/zero.hpp"

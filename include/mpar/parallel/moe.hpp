@@ -1,0 +1,332 @@
+#pragma once
+/**
+ * @file A top-k gated mixture-of-experts MLP with experts spread over the expert axis (GShard, arXiv
+ * 2006.16668; Switch Transformer, arXiv 2101.03961).
+ *
+ * Per rank, for its local tokens x [T, d]:
+ * 1. gate: probs = softmax(x Wg) [T, E]; each token picks its k most probable experts (ties: lower index);
+ * 2. capacity: each expert accepts at most C = ceil(capacity_factor * k * T / E) assignments *from this rank*
+ *    (capacity_factor <= 0: unlimited). First choices of all tokens are served before second choices, tokens
+ *    in index order; a dropped assignment contributes nothing (the block's residual connection carries the
+ *    token), and `dropped()` counts them;
+ * 3. dispatch: accepted tokens travel to the rank holding their expert by `all_to_all_v` over the expert group
+ *    (expert e lives on expert rank e / (E / EP));
+ * 4. experts: out = gelu(x W1[e]) W2[e];
+ * 5. combine: results travel back by `all_to_all_v`; y_t = sum_j probs[t, e_j] * out_{t,j} (the gate
+ *    probability of each accepted choice, not renormalised over the k choices).
+ * Load-balancing loss (Switch): aux = alpha * E * sum_e f_e P_e, f_e the fraction of the k*T assignments
+ * (before capacity) that chose e, P_e the mean gate probability of e — both over the tokens of the *whole
+ * expert group* (one small all_reduce), so it does not depend on how tokens are spread over ranks; f is not
+ * differentiated, as in Switch.
+ *
+ * Gradients: expert weights receive every token routed to them from every rank, so they are complete on
+ * their owner. The gate weight is replicated: its gradient is this rank's share and must be summed (or
+ * averaged, as data parallelism does) over the ranks that hold different tokens.
+ */
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "mpar/backend/host/gemm.hpp"
+#include "mpar/backend/host/kernels.hpp"
+#include "mpar/comm/communicator.hpp"
+#include "mpar/core/error.hpp"
+#include "mpar/nn/parameter.hpp"
+
+namespace mpar::parallel {
+
+/** @brief Sizes and routing settings of a mixture-of-experts MLP. */
+struct MoeConfig {
+  std::size_t d_model = 0, d_ff = 0, experts = 0, top_k = 1;
+  double capacity_factor = 1.25;  ///< <= 0: no capacity limit, no dropped tokens
+  float aux_loss_weight = 0.01f;  ///< alpha of the load-balancing loss
+  std::uint64_t seed = 0;         ///< initialisation seed
+  std::uint64_t first_id = 0;     ///< parameter ids first_id (gate), +1 (W1), +2 (W2)
+  double init_std = 0.02;
+};
+
+/**
+ * @brief The mixture-of-experts MLP over an expert group `Comm` (EP = group size, experts divisible by it).
+ * Parameters: `gate` [d, E] replicated, `w1` [E, d, f] and `w2` [E, f, d] sharded on dimension 0 over the
+ * expert axis; all initialised sharding-independently, so EP = 1, 2, 4 start from the same weights.
+ */
+template <communicator Comm>
+class MoeMlp {
+ public:
+  MoeMlp(const MoeConfig& config, Comm& expert_group, const std::string& name = "moe")
+      : cfg_(config), comm_(&expert_group) {
+    const auto ep = std::size_t(comm_->size()), r = std::size_t(comm_->rank());
+    require(cfg_.d_model > 0 && cfg_.d_ff > 0 && cfg_.experts > 0, "MoeMlp '", name,
+            "': d_model, d_ff and experts must be positive");
+    require(cfg_.top_k >= 1 && cfg_.top_k <= cfg_.experts, "MoeMlp '", name, "': top_k = ", cfg_.top_k,
+            " must be between 1 and the number of experts (", cfg_.experts, ")");
+    require(cfg_.experts % ep == 0, "MoeMlp '", name, "': ", cfg_.experts, " experts do not divide over the ", ep,
+            " ranks of expert group '", comm_->name(), "'; choose a multiple of the expert axis size");
+    local_experts_ = cfg_.experts / ep;
+    const std::size_t d = cfg_.d_model, f = cfg_.d_ff, e = cfg_.experts;
+    const Block mine{r * local_experts_, local_experts_};
+    auto setup = [&](nn::Parameter& p, const std::string& n, std::uint64_t id, std::vector<std::size_t> shape,
+                     bool sharded) {
+      p.name = name + "." + n;
+      p.id = id;
+      p.global_shape = shape;
+      for (std::size_t k = 0; k < shape.size(); ++k)
+        p.local_box.push_back(sharded && k == 0 ? mine : Block{0, shape[k]});
+      p.layout = sharded ? "Shard<0, expert>" : "Replicate";
+      p.sharded_over_tensor = false;
+      p.initialise(cfg_.seed, InitSpec::normal(cfg_.init_std));
+    };
+    setup(gate_, "gate.weight", cfg_.first_id, {d, e}, false);
+    setup(w1_, "experts.w1", cfg_.first_id + 1, {e, d, f}, true);
+    setup(w2_, "experts.w2", cfg_.first_id + 2, {e, f, d}, true);
+  }
+
+  [[nodiscard]] std::vector<nn::Parameter*> parameters() { return {&gate_, &w1_, &w2_}; }
+  [[nodiscard]] nn::Parameter& gate() { return gate_; }
+  [[nodiscard]] nn::Parameter& w1() { return w1_; }
+  [[nodiscard]] nn::Parameter& w2() { return w2_; }
+  [[nodiscard]] std::size_t local_experts() const { return local_experts_; }
+  /** The per-expert capacity of the last forward (assignments accepted from this rank). */
+  [[nodiscard]] std::size_t capacity() const { return capacity_; }
+  /** Assignments dropped by the capacity limit in the last forward, on this rank. */
+  [[nodiscard]] std::size_t dropped() const { return dropped_; }
+  /** The load-balancing loss of the last forward (identical on every rank of the expert group). */
+  [[nodiscard]] float aux_loss() const { return aux_; }
+
+  /** y [tokens, d] = MoE(x [tokens, d]). Collective over the expert group. */
+  void forward(std::span<const float> x, std::size_t tokens, std::span<float> y) {
+    const std::size_t d = cfg_.d_model, E = cfg_.experts, k = cfg_.top_k, ep = std::size_t(comm_->size());
+    require(x.size() == tokens * d && y.size() == tokens * d, "MoeMlp::forward on expert rank ", comm_->rank(),
+            ": x has ", x.size(), " and y ", y.size(), " elements; ", tokens, " tokens of width ", d, " need ",
+            tokens * d);
+    tokens_ = tokens;
+    x_.assign(x.begin(), x.end());
+    // 1. gate
+    std::vector<float> logits(tokens * E);
+    gemm<float>(Trans::no, Trans::no, tokens, E, d, 1.0f, x_.data(), d, gate_.value.data(), E, 0.0f, logits.data(), E);
+    probs_.assign(tokens * E, 0.0f);
+    host::softmax_forward(tokens, E, logits.data(), probs_.data());
+    choice_.assign(tokens * k, 0);
+    std::vector<std::size_t> order(E);
+    for (std::size_t t = 0; t < tokens; ++t) {
+      std::iota(order.begin(), order.end(), std::size_t(0));
+      const float* pr = &probs_[t * E];
+      std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(k), order.end(),
+                        [&](std::size_t a, std::size_t b) { return pr[a] > pr[b] || (pr[a] == pr[b] && a < b); });
+      for (std::size_t j = 0; j < k; ++j) choice_[t * k + j] = order[j];
+    }
+    // load-balancing statistics over the whole group: assignment counts, probability sums, token count
+    std::vector<float> stats(2 * E + 1, 0.0f);
+    for (std::size_t t = 0; t < tokens; ++t) {
+      for (std::size_t j = 0; j < k; ++j) stats[choice_[t * k + j]] += 1.0f;
+      for (std::size_t e = 0; e < E; ++e) stats[E + e] += probs_[t * E + e];
+    }
+    stats[2 * E] = float(tokens);
+    comm_->all_reduce(std::span<float>(stats), ReduceOp::sum);
+    global_tokens_ = double(stats[2 * E]);
+    frac_.assign(E, 0.0f);
+    double aux = 0.0;
+    if (global_tokens_ > 0)
+      for (std::size_t e = 0; e < E; ++e) {
+        frac_[e] = float(double(stats[e]) / (global_tokens_ * double(k)));
+        aux += double(frac_[e]) * double(stats[E + e]) / global_tokens_;
+      }
+    aux_ = float(double(cfg_.aux_loss_weight) * double(E) * aux);
+    // 2. capacity, first choices first
+    capacity_ = cfg_.capacity_factor > 0
+                    ? std::size_t(std::ceil(cfg_.capacity_factor * double(k * tokens) / double(E)))
+                    : tokens * k;
+    std::vector<std::size_t> used(E, 0);
+    accepted_.assign(tokens * k, false);
+    dropped_ = 0;
+    for (std::size_t j = 0; j < k; ++j)
+      for (std::size_t t = 0; t < tokens; ++t) {
+        const std::size_t e = choice_[t * k + j];
+        if (used[e] < capacity_) {
+          ++used[e];
+          accepted_[t * k + j] = true;
+        } else {
+          ++dropped_;
+        }
+      }
+    // 3. dispatch: rows grouped by expert (hence by destination rank), tokens in index order within an expert
+    route_.clear();
+    for (std::size_t e = 0; e < E; ++e)
+      for (std::size_t t = 0; t < tokens; ++t)
+        for (std::size_t j = 0; j < k; ++j)
+          if (choice_[t * k + j] == e && accepted_[t * k + j]) route_.push_back(t * k + j);
+    std::vector<float> send(route_.size() * d);
+    for (std::size_t i = 0; i < route_.size(); ++i)
+      std::copy_n(&x_[route_[i] / k * d], d, &send[i * d]);
+    exchange_counts(used, ep);
+    std::vector<float> expert_in(recv_rows_ * d);
+    comm_->all_to_all_v(std::span<const float>(send), send_elems_, std::span<float>(expert_in), recv_elems_);
+    // 4. experts
+    std::vector<float> expert_out(recv_rows_ * d);
+    run_experts(expert_in, expert_out);
+    // 5. combine
+    out_.assign(route_.size() * d, 0.0f);
+    comm_->all_to_all_v(std::span<const float>(expert_out), recv_elems_, std::span<float>(out_), send_elems_);
+    std::fill(y.begin(), y.end(), 0.0f);
+    for (std::size_t i = 0; i < route_.size(); ++i) {
+      const std::size_t t = route_[i] / k, e = choice_[route_[i]];
+      const float w = probs_[t * E + e];
+      for (std::size_t c = 0; c < d; ++c) y[t * d + c] += w * out_[i * d + c];
+    }
+  }
+
+  /**
+   * dx [tokens, d] from dy [tokens, d]; accumulates parameter gradients. `aux_grad` is the gradient of the
+   * total loss with respect to `aux_loss()` (usually 1); this rank adds the share of its own tokens.
+   */
+  void backward(std::span<const float> dy, std::span<float> dx, float aux_grad = 1.0f) {
+    const std::size_t d = cfg_.d_model, E = cfg_.experts, k = cfg_.top_k, T = tokens_;
+    require(dy.size() == T * d && dx.size() == T * d, "MoeMlp::backward on expert rank ", comm_->rank(),
+            ": dy has ", dy.size(), " and dx ", dx.size(), " elements; the forward had ", T, " tokens of width ", d);
+    // combine: d out_i = w dy_t;  d w = <dy_t, out_i>
+    std::vector<float> dprobs(T * E, 0.0f), dout(route_.size() * d);
+    for (std::size_t i = 0; i < route_.size(); ++i) {
+      const std::size_t t = route_[i] / k, e = choice_[route_[i]];
+      const float w = probs_[t * E + e];
+      float dot = 0.0f;
+      for (std::size_t c = 0; c < d; ++c) {
+        dout[i * d + c] = w * dy[t * d + c];
+        dot += dy[t * d + c] * out_[i * d + c];
+      }
+      dprobs[t * E + e] += dot;
+    }
+    std::vector<float> expert_dout(recv_rows_ * d), expert_dx(recv_rows_ * d);
+    comm_->all_to_all_v(std::span<const float>(dout), send_elems_, std::span<float>(expert_dout), recv_elems_);
+    backward_experts(expert_dout, expert_dx);
+    std::vector<float> dxin(route_.size() * d);
+    comm_->all_to_all_v(std::span<const float>(expert_dx), recv_elems_, std::span<float>(dxin), send_elems_);
+    std::fill(dx.begin(), dx.end(), 0.0f);
+    for (std::size_t i = 0; i < route_.size(); ++i) {
+      const std::size_t t = route_[i] / k;
+      for (std::size_t c = 0; c < d; ++c) dx[t * d + c] += dxin[i * d + c];
+    }
+    // load-balancing loss: d aux / d probs[t, e] = alpha E f_e / T_global for this rank's tokens
+    if (global_tokens_ > 0 && aux_grad != 0.0f)
+      for (std::size_t t = 0; t < T; ++t)
+        for (std::size_t e = 0; e < E; ++e)
+          dprobs[t * E + e] +=
+              float(double(aux_grad) * cfg_.aux_loss_weight * double(E) * double(frac_[e]) / global_tokens_);
+    // gate
+    std::vector<float> dlogits(T * E);
+    host::softmax_backward(T, E, probs_.data(), dprobs.data(), dlogits.data());
+    gemm<float>(Trans::yes, Trans::no, d, E, T, 1.0f, x_.data(), d, dlogits.data(), E, 1.0f, gate_.grad.data(), E);
+    gemm<float>(Trans::no, Trans::yes, T, d, E, 1.0f, dlogits.data(), E, gate_.value.data(), E, 1.0f, dx.data(), d);
+  }
+
+ private:
+  /** Tells every expert rank how many rows of each of its experts it will receive from here. */
+  void exchange_counts(const std::vector<std::size_t>& used, std::size_t ep) {
+    const std::size_t El = local_experts_, d = cfg_.d_model;
+    std::vector<float> sent(cfg_.experts), got(cfg_.experts);
+    for (std::size_t e = 0; e < cfg_.experts; ++e) sent[e] = float(used[e]);
+    comm_->all_to_all(std::span<const float>(sent), std::span<float>(got));
+    rows_from_.assign(cfg_.experts, 0);  // [source][local expert]
+    for (std::size_t i = 0; i < cfg_.experts; ++i) rows_from_[i] = std::size_t(got[i]);
+    send_elems_.assign(ep, 0);
+    recv_elems_.assign(ep, 0);
+    recv_rows_ = 0;
+    for (std::size_t q = 0; q < ep; ++q)
+      for (std::size_t l = 0; l < El; ++l) {
+        send_elems_[q] += used[q * El + l] * d;
+        recv_elems_[q] += rows_from_[q * El + l] * d;
+        recv_rows_ += rows_from_[q * El + l];
+      }
+  }
+
+  /** Rows of local expert `l` sit in the receive buffer at [source][expert] positions; gather them. */
+  template <class F>
+  void for_each_expert(F&& f) const {
+    const std::size_t El = local_experts_, ep = std::size_t(comm_->size());
+    for (std::size_t l = 0; l < El; ++l) {
+      std::vector<std::pair<std::size_t, std::size_t>> runs;  // (first row in the buffer, rows), by source
+      std::size_t row = 0;
+      for (std::size_t q = 0; q < ep; ++q)
+        for (std::size_t m = 0; m < El; ++m) {
+          if (m == l) runs.emplace_back(row, rows_from_[q * El + m]);
+          row += rows_from_[q * El + m];
+        }
+      f(l, runs);
+    }
+  }
+
+  void run_experts(const std::vector<float>& in, std::vector<float>& out) {
+    const std::size_t d = cfg_.d_model, f = cfg_.d_ff;
+    ex_in_.assign(local_experts_, {});
+    ex_h_.assign(local_experts_, {});
+    for_each_expert([&](std::size_t l, const auto& runs) {
+      std::size_t n = 0;
+      for (auto [first, rows] : runs) n += rows;
+      auto& xi = ex_in_[l];
+      xi.resize(n * d);
+      std::size_t at = 0;
+      for (auto [first, rows] : runs) {
+        std::copy_n(&in[first * d], rows * d, &xi[at * d]);
+        at += rows;
+      }
+      auto& h = ex_h_[l];
+      h.resize(n * f);
+      gemm<float>(Trans::no, Trans::no, n, f, d, 1.0f, xi.data(), d, &w1_.value[l * d * f], f, 0.0f, h.data(), f);
+      std::vector<float> a(n * f), o(n * d);
+      host::gelu_forward(n * f, h.data(), a.data());
+      gemm<float>(Trans::no, Trans::no, n, d, f, 1.0f, a.data(), f, &w2_.value[l * f * d], d, 0.0f, o.data(), d);
+      at = 0;
+      for (auto [first, rows] : runs) {
+        std::copy_n(&o[at * d], rows * d, &out[first * d]);
+        at += rows;
+      }
+    });
+  }
+
+  void backward_experts(const std::vector<float>& dout, std::vector<float>& dx) {
+    const std::size_t d = cfg_.d_model, f = cfg_.d_ff;
+    for_each_expert([&](std::size_t l, const auto& runs) {
+      std::size_t n = 0;
+      for (auto [first, rows] : runs) n += rows;
+      std::vector<float> dy(n * d);
+      std::size_t at = 0;
+      for (auto [first, rows] : runs) {
+        std::copy_n(&dout[first * d], rows * d, &dy[at * d]);
+        at += rows;
+      }
+      const auto& h = ex_h_[l];
+      std::vector<float> a(n * f), da(n * f), dh(n * f), dxi(n * d);
+      host::gelu_forward(n * f, h.data(), a.data());  // recomputed: cheaper to keep h than both
+      gemm<float>(Trans::yes, Trans::no, f, d, n, 1.0f, a.data(), f, dy.data(), d, 1.0f, &w2_.grad[l * f * d], d);
+      gemm<float>(Trans::no, Trans::yes, n, f, d, 1.0f, dy.data(), d, &w2_.value[l * f * d], d, 0.0f, da.data(), f);
+      host::gelu_backward(n * f, h.data(), da.data(), dh.data());
+      gemm<float>(Trans::yes, Trans::no, d, f, n, 1.0f, ex_in_[l].data(), d, dh.data(), f, 1.0f,
+                  &w1_.grad[l * d * f], f);
+      gemm<float>(Trans::no, Trans::yes, n, d, f, 1.0f, dh.data(), f, &w1_.value[l * d * f], f, 0.0f, dxi.data(), d);
+      at = 0;
+      for (auto [first, rows] : runs) {
+        std::copy_n(&dxi[at * d], rows * d, &dx[first * d]);
+        at += rows;
+      }
+    });
+  }
+
+  MoeConfig cfg_;
+  Comm* comm_;
+  std::size_t local_experts_ = 0;
+  nn::Parameter gate_, w1_, w2_;
+  // saved by forward for backward
+  std::size_t tokens_ = 0, capacity_ = 0, dropped_ = 0, recv_rows_ = 0;
+  double global_tokens_ = 0.0;
+  float aux_ = 0.0f;
+  std::vector<float> x_, probs_, out_, frac_;
+  std::vector<std::size_t> choice_, route_, rows_from_, send_elems_, recv_elems_;
+  std::vector<bool> accepted_;
+  std::vector<std::vector<float>> ex_in_, ex_h_;
+};
+
+}  // namespace mpar::parallel
