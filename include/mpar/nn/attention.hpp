@@ -8,6 +8,7 @@
  * head-major. The core reads head `h` of batch `b` as a `[seq, head_dim]` strided block of that
  * matrix, so no transposes or copies into `[batch, heads, seq, head_dim]` are needed.
  */
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -36,6 +37,19 @@ struct AttentionCore {
     return qkv.extent(0) / seq;
   }
 
+  /** Row-wise softmax of `[s, s]` scores in place, token i attending to j <= i only (masked entries are 0). */
+  static void causal_softmax(std::size_t s, float* p) {
+    for (std::size_t i = 0; i < s; ++i) {
+      float* row = p + i * s;
+      float mx = -std::numeric_limits<float>::infinity(), sum = 0.0f;
+      for (std::size_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
+      for (std::size_t j = 0; j <= i; ++j) sum += (row[j] = std::exp(row[j] - mx));
+      const float inv = 1.0f / sum;
+      for (std::size_t j = 0; j <= i; ++j) row[j] *= inv;
+      for (std::size_t j = i + 1; j < s; ++j) row[j] = 0.0f;
+    }
+  }
+
   /** o = softmax(mask(q k^T / sqrt(d))) v per (batch, head); saves the probabilities `[b, h, s, s]`. */
   template <backend B>
   Activation forward(const Activation& qkv, std::vector<float>& probs, std::string_view who) const {
@@ -48,10 +62,7 @@ struct AttentionCore {
         const float* q = qkv.data() + b * s * ld + h * d;
         float* p = probs.data() + (b * heads + h) * s * s;
         B::template gemm<float>(Trans::no, Trans::yes, s, s, d, scale, q, ld, q + hl, ld, 0.0f, p, s);
-        // Causal mask: token i attends to tokens j <= i only.
-        for (std::size_t i = 0; i < s; ++i)
-          for (std::size_t j = i + 1; j < s; ++j) p[i * s + j] = -std::numeric_limits<float>::infinity();
-        host::softmax_forward(s, s, p, p);
+        causal_softmax(s, p);
         B::template gemm<float>(Trans::no, Trans::no, s, d, s, 1.0f, p, s, q + 2 * hl, ld, 0.0f,
                                 o.data() + b * s * hl + h * d, hl);
       }
