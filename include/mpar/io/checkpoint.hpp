@@ -19,6 +19,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <algorithm>
+#include <charconv>
 #include <cstdio>
 #include <cstring>
 #include <exception>
@@ -28,6 +29,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mpar/comm/communicator.hpp"
@@ -206,7 +208,16 @@ inline std::filesystem::path publish_checkpoint(const std::filesystem::path& roo
       if (e.is_directory() && e.path().filename().string().starts_with("step-") &&
           std::filesystem::exists(e.path() / manifest_file_name))
         complete.push_back(e.path());
-    std::sort(complete.begin(), complete.end());
+    // Oldest first by step number, then by re-save suffix (names do not sort numerically past 8 digits).
+    auto order = [](const std::filesystem::path& d) {
+      const std::string n = d.filename().string().substr(5);
+      const std::size_t dot = n.find('.');
+      std::uint64_t step = 0, k = 0;
+      std::from_chars(n.data(), n.data() + (dot == std::string::npos ? n.size() : dot), step);
+      if (dot != std::string::npos) std::from_chars(n.data() + dot + 1, n.data() + n.size(), k);
+      return std::pair{step, k};
+    };
+    std::sort(complete.begin(), complete.end(), [&](const auto& a, const auto& b) { return order(a) < order(b); });
     for (std::size_t i = 0; i + opts.keep_last < complete.size(); ++i)
       if (complete[i].filename() != name) detail::remove_all_path(complete[i], opts.hook);
   }
@@ -329,11 +340,12 @@ SaveResult save_impl(const std::filesystem::path& root, std::span<const SaveBloc
           std::map<std::string, std::size_t> where;
           std::optional<ShardFileWriter> data;
           for (std::size_t i = 0; i < blocks.size(); ++i) {
+            const auto& b = blocks[i];
+            if (b.data.empty()) continue;  // an empty block (more ranks than rows) holds nothing to save
             if (!writes[i]) {
               ++result.blocks_replicated;
               continue;
             }
-            const auto& b = blocks[i];
             if (!data) data.emplace(staging, rank_file_name(rank, "bin"), opts);
             auto [it, fresh] = where.try_emplace(b.name, index.tensors.size());
             if (fresh) index.tensors.push_back(TensorRecord{b.name, "f32", b.global_shape, b.layout, {}});
@@ -502,6 +514,7 @@ class CheckpointReader {
     const auto manifest_path = (path_ / manifest_file_name).string();
     for (const auto& b : blocks) {
       detail::check_block(b, "load_checkpoint");
+      if (b.data.empty()) continue;  // nothing to fill (a rank with an empty block of a tensor)
       const TensorRecord* t = manifest_.find(b.name);
       detail::check(t != nullptr, "checkpoint ", manifest_path, " has no tensor '", b.name,
                     "': it was saved from a different model (or the parameter was renamed)");
@@ -510,6 +523,7 @@ class CheckpointReader {
                     ": it was saved from a different model");
     }
     for (const auto& b : blocks) {
+      if (b.data.empty()) continue;
       stats_.bytes_needed += b.data.size_bytes();
       const TensorRecord* t = manifest_.find(b.name);
       for (const auto& s : t->shards)

@@ -384,7 +384,8 @@ class ManifestParser {
     fail_unless(!s.file.empty() && s.file.size() <= 255 && s.file.find('/') == std::string::npos && s.file != "." &&
                     s.file != ".." && s.file.find('\0') == std::string::npos,
                 ln, "tensor '", t.name, "': shard file name '", s.file, "' must be a plain file name");
-    fail_unless(s.chunk >= 1, ln, "tensor '", t.name, "': chunk must be at least 1 element");
+    fail_unless(s.chunk >= 1 && s.chunk <= (std::uint64_t(1) << 40), ln, "tensor '", t.name,
+                "': chunk must be between 1 and 2^40 elements");
     fail_unless(s.offset <= (std::uint64_t(1) << 60) && s.table <= (std::uint64_t(1) << 60), ln, "tensor '", t.name,
                 "': file offsets are impossibly large");
   }
