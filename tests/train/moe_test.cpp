@@ -6,7 +6,9 @@
 #include <mutex>
 #include <vector>
 
+#include "mpar/comm/mesh_comms.hpp"
 #include "mpar/comm/threads.hpp"
+#include "mpar/optim/clip.hpp"
 #include "mpar/parallel/moe.hpp"
 
 using namespace mpar;
@@ -157,4 +159,35 @@ TEST_CASE("MoE backward matches finite differences of sum(y * dy) + aux", "[trai
       CHECK(dx[i] == Approx(fd(x[i])).margin(2e-3).epsilon(2e-2));
     }
   });
+}
+
+TEST_CASE("Gradient norm with experts over the expert axis equals one rank", "[train][moe][clip]") {
+  const auto cfg = config(4, 2, 0.0);
+  double want = 0.0;
+  for (int ep : {1, 2, 4}) {
+    std::mutex mu;
+    std::vector<double> norms;
+    const DynamicMesh mesh(std::size_t(1), std::size_t(1), std::size_t(1), std::size_t(ep));
+    run_threads(ep, [&](ThreadsCommunicator& world) {
+      auto comms = make_mesh_comms(world, mesh);
+      parallel::MoeMlp<ThreadsCommunicator> moe(cfg, comms.expert);
+      const std::size_t local = kTokens / std::size_t(ep), first = local * std::size_t(world.rank());
+      std::vector<float> x(local * kD), dy(local * kD), y(local * kD), dx(local * kD);
+      for (std::size_t i = 0; i < x.size(); ++i) {
+        x[i] = x_at(first * kD + i);
+        dy[i] = dy_at(first * kD + i);
+      }
+      moe.forward(x, local, y);
+      moe.backward(dy, dx, 1.0f);
+      comms.expert.all_reduce(std::span<float>(moe.gate().grad), ReduceOp::sum);
+      auto ps = moe.parameters();
+      const double n = optim::grad_norm(ps, comms.tensor, comms.pipeline, comms.expert);
+      const double local_only = optim::grad_norm(ps, comms.tensor, comms.pipeline);
+      std::lock_guard l(mu);
+      norms.push_back(n);
+      if (ep > 1) CHECK(local_only < n);  // without the expert group the other ranks' experts are missing
+    });
+    if (ep == 1) want = norms[0];
+    for (double n : norms) CHECK(n == Approx(want).epsilon(1e-5));
+  }
 }

@@ -9,22 +9,33 @@
  * - a parameter replicated over the tensor axis (`nn::Parameter::sharded_over_tensor == false`) holds the
  *   same gradient on every tensor rank: it is counted once, never summed over the tensor group;
  * - pipeline stages own distinct parameters: their sums are added over the pipeline group;
- * - data-parallel replicas hold the same (already averaged) gradient: they are NOT summed.
+ * - data-parallel replicas hold the same (already averaged) gradient: they are NOT summed;
+ * - with a mixture of experts, expert parameters (layout sharded on the `expert` axis) differ between expert
+ *   ranks and are summed over the expert group; every other parameter is replicated over it.
  * Sums are accumulated in double.
  */
 #include <cmath>
 #include <cstddef>
 #include <span>
+#include <string>
+#include <type_traits>
 
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/parameter.hpp"
 
 namespace mpar::optim {
 
-/** @brief Local sums of squares of a parameter set, split by whether the tensor group shares them. */
+/** @brief Whether a parameter is split over the expert axis (its layout shards a dimension on `expert`). */
+[[nodiscard]] inline bool sharded_over_expert(const nn::Parameter& p) {
+  return p.layout.find("expert") != std::string::npos;
+}
+
+/** @brief Local sums of squares of a parameter set, split by which groups hold distinct parts of them. */
 struct GradSquares {
-  double tensor_sharded = 0.0;  ///< from parameters sharded over the tensor axis (sum these over the tensor group)
-  double replicated = 0.0;      ///< from parameters every tensor rank holds whole (count once)
+  double tensor_sharded = 0.0;  ///< parameters sharded over the tensor axis (sum these over the tensor group)
+  double replicated = 0.0;      ///< parameters every tensor rank holds whole (count once)
+  double expert_tensor_sharded = 0.0;  ///< expert parameters also sharded over the tensor axis
+  double expert_replicated = 0.0;      ///< expert parameters whole on every tensor rank
 };
 
 /** @brief The local sums of squares of the gradients of `params`. */
@@ -33,7 +44,8 @@ struct GradSquares {
   for (const auto* p : params) {
     double acc = 0.0;
     for (float g : p->grad) acc += double(g) * double(g);
-    (p->sharded_over_tensor ? s.tensor_sharded : s.replicated) += acc;
+    if (sharded_over_expert(*p)) (p->sharded_over_tensor ? s.expert_tensor_sharded : s.expert_replicated) += acc;
+    else (p->sharded_over_tensor ? s.tensor_sharded : s.replicated) += acc;
   }
   return s;
 }
@@ -41,15 +53,20 @@ struct GradSquares {
 namespace detail {
 struct NoGroup {};
 
-/** Combines the local sums into the global squared norm over the tensor and pipeline groups given. */
-template <class TC, class PC>
-[[nodiscard]] double global_squares(GradSquares s, TC* tensor, PC* pipeline) {
+/** Combines local sums into the global squared norm over the tensor, pipeline and expert groups given. */
+template <class TC, class PC, class EC = NoGroup>
+[[nodiscard]] double global_squares(GradSquares s, TC* tensor, PC* pipeline, EC* expert = nullptr) {
   if constexpr (!std::is_same_v<TC, NoGroup>) {
-    double buf[1] = {s.tensor_sharded};
+    double buf[2] = {s.tensor_sharded, s.expert_tensor_sharded};
     tensor->all_reduce(std::span<double>(buf), ReduceOp::sum);
     s.tensor_sharded = buf[0];
+    s.expert_tensor_sharded = buf[1];
   }
-  double total[1] = {s.tensor_sharded + s.replicated};
+  // Expert ranks hold different experts: their sums add up over the expert group; the other parameters are
+  // replicated over it (like data replicas) and count once.
+  double experts[1] = {s.expert_tensor_sharded + s.expert_replicated};
+  if constexpr (!std::is_same_v<EC, NoGroup>) expert->all_reduce(std::span<double>(experts), ReduceOp::sum);
+  double total[1] = {s.tensor_sharded + s.replicated + experts[0]};
   if constexpr (!std::is_same_v<PC, NoGroup>) pipeline->all_reduce(std::span<double>(total), ReduceOp::sum);
   return total[0];
 }
@@ -68,6 +85,14 @@ template <communicator TC>
 template <communicator TC, communicator PC>
 [[nodiscard]] double grad_norm(std::span<nn::Parameter* const> params, TC& tensor, PC& pipeline) {
   return std::sqrt(detail::global_squares<TC, PC>(grad_squares(params), &tensor, &pipeline));
+}
+/**
+ * @brief The global gradient norm with experts spread over `expert` as well (mixture of experts): expert
+ * parameters (`sharded_over_expert`) are summed over the expert group, the others counted once.
+ */
+template <communicator TC, communicator PC, communicator EC>
+[[nodiscard]] double grad_norm(std::span<nn::Parameter* const> params, TC& tensor, PC& pipeline, EC& expert) {
+  return std::sqrt(detail::global_squares<TC, PC, EC>(grad_squares(params), &tensor, &pipeline, &expert));
 }
 
 /**
@@ -89,10 +114,11 @@ inline void scale_grads(std::span<nn::Parameter* const> params, float factor) {
 
 /**
  * @brief Clips gradients in place to global norm `max_norm` and returns the norm before clipping.
- * `groups...` are none, the tensor group, or the tensor and pipeline groups (see `grad_norm`).
+ * `groups...` are none, the tensor group, the tensor and pipeline groups, or tensor, pipeline and expert groups
+ * (see `grad_norm`).
  */
 template <communicator... Groups>
-  requires(sizeof...(Groups) <= 2)
+  requires(sizeof...(Groups) <= 3)
 double clip_grad_norm(std::span<nn::Parameter* const> params, double max_norm, Groups&... groups) {
   const double norm = grad_norm(params, groups...);
   scale_grads(params, clip_coefficient(norm, max_norm));

@@ -84,23 +84,25 @@ class Zero1AdamW {
   /**
    * @brief The global norm of the averaged gradient for clipping. The blocks are disjoint over the data group,
    * so here — unlike plain data parallelism — the sums of squares ARE added over the data group; then over
-   * `groups...` = none, the tensor group, or the tensor and pipeline groups, as in `optim::grad_norm`.
+   * `groups...` = none, the tensor group, the tensor and pipeline groups, or tensor, pipeline and expert
+   * groups, as in `optim::grad_norm`.
    */
   template <communicator... Groups>
-    requires(sizeof...(Groups) <= 2)
+    requires(sizeof...(Groups) <= 3)
   [[nodiscard]] double grad_norm(Groups&... groups) {
     reduce_gradients();
-    double sq[2] = {0.0, 0.0};  // tensor-sharded, replicated
+    double sq[4] = {0.0, 0.0, 0.0, 0.0};  // the four sums of optim::GradSquares, in its order
     for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
       const auto g = buckets_.shard(b);
       for (const auto& pc : pieces_[b]) {
         double acc = 0.0;
         for (std::size_t i = 0; i < pc.size; ++i) acc += double(g[pc.shard_offset + i]) * double(g[pc.shard_offset + i]);
-        sq[buckets_.params()[pc.param]->sharded_over_tensor ? 0 : 1] += acc;
+        const auto& prm = *buckets_.params()[pc.param];
+        sq[(optim::sharded_over_expert(prm) ? 2 : 0) + (prm.sharded_over_tensor ? 0 : 1)] += acc;
       }
     }
     buckets_.comm().all_reduce(std::span<double>(sq), ReduceOp::sum);
-    const optim::GradSquares s{sq[0], sq[1]};
+    const optim::GradSquares s{sq[0], sq[1], sq[2], sq[3]};
     if constexpr (sizeof...(Groups) == 0)
       return std::sqrt(optim::detail::global_squares<optim::detail::NoGroup, optim::detail::NoGroup>(s, nullptr, nullptr));
     else
@@ -189,6 +191,10 @@ class Zero1AdamW {
   template <class TC, class PC>
   static double norm_over(const optim::GradSquares& s, TC& tensor, PC& pipeline) {
     return std::sqrt(optim::detail::global_squares<TC, PC>(s, &tensor, &pipeline));
+  }
+  template <class TC, class PC, class EC>
+  static double norm_over(const optim::GradSquares& s, TC& tensor, PC& pipeline, EC& expert) {
+    return std::sqrt(optim::detail::global_squares<TC, PC, EC>(s, &tensor, &pipeline, &expert));
   }
 
   GradBuckets<Comm, BucketCollective::reduce_scatter> buckets_;
