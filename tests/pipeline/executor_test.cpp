@@ -228,57 +228,62 @@ TEST_CASE("measured step statistics add up", "[pipeline][executor]") {
   CHECK(CostModel::from_timeline(m.timeline).forward.size() == 2);
 }
 
-TEST_CASE("tensor parallel x pipeline parallel (TP=2, PP=2) reproduces the single-rank MLP stack", "[pipeline][executor][tp]") {
+namespace {
+/**
+ * TP = 2 x PP = 2 on 4 threads: `name` with V chunks per rank, each chunk one tensor-parallel MLP
+ * (`nn::make_mlp` on the tensor group), against the same MLPs on one rank (`nn::make_serial_mlp`),
+ * micro-batch by micro-batch with dL/dy scaled by 1/M. Every rank's gradient shard and the loss
+ * must match.
+ */
+void tp2_pp2(std::string_view name, int M, int V) {
   constexpr std::size_t hidden = 8, ffn = 16;
-  const int M = 4;
-  auto cfg = [&](std::size_t stage) { return nn::MlpConfig{hidden, ffn, 11, 10 * stage, "mlp" + std::to_string(stage)}; };
-  auto sq_loss = [](const Activation& y, const Activation& t, Activation& dy) { return mpar_test::mse(y, t, dy); };
-  auto in = [&](int mb) {
+  const int P = 2, S = P * V;
+  auto cfg = [&](int stage) { return nn::MlpConfig{hidden, ffn, 11, 10 * std::uint64_t(stage), "mlp" + std::to_string(stage)}; };
+  auto sample = [&](int mb, std::uint64_t stream) {
     Activation a({tokens, hidden});
-    const CounterRng rng{5, 1};
+    const CounterRng rng{5, stream};
     for (std::size_t i = 0; i < a.size(); ++i) a.data()[i] = float(rng.uniform(std::uint64_t(mb) * 100 + i) - 0.5);
     return a;
   };
-  auto target = [&](int mb) {
-    Activation a({tokens, hidden});
-    const CounterRng rng{5, 2};
-    for (std::size_t i = 0; i < a.size(); ++i) a.data()[i] = float(rng.uniform(std::uint64_t(mb) * 100 + i) - 0.5);
-    return a;
-  };
-  // Reference: both MLPs on one rank, micro-batch by micro-batch, loss gradients scaled by 1/M.
-  auto m0 = nn::make_serial_mlp(cfg(0)), m1 = nn::make_serial_mlp(cfg(1));
+  std::vector<nn::SerialMlp<>> serial;
+  for (int s = 0; s < S; ++s) serial.push_back(nn::make_serial_mlp(cfg(s)));
   double ref_loss = 0;
   for (int mb = 0; mb < M; ++mb) {
-    Activation y = m1.forward(m0.forward(in(mb), mb), mb), dy(y.shape());
-    ref_loss += sq_loss(y, target(mb), dy) / M;
+    Activation h = sample(mb, 1);
+    for (auto& m : serial) h = m.forward(h, mb);
+    Activation dy(h.shape());
+    ref_loss += mpar_test::mse(h, sample(mb, 2), dy) / M;
     for (auto& v : dy.values()) v /= float(M);
-    (void)m0.backward(m1.backward(dy, mb), mb);
+    for (int s = S; s-- > 0;) dy = serial[std::size_t(s)].backward(dy, mb);
   }
   std::map<std::string, std::vector<float>> ref;
-  for (auto* p : m0.parameters()) ref[p->name] = p->grad;
-  for (auto* p : m1.parameters()) ref[p->name] = p->grad;
+  for (auto& m : serial)
+    for (auto* p : m.parameters()) ref[p->name] = p->grad;
 
   std::mutex mu;
-  std::map<std::string, std::pair<nn::Parameter, double>> got;  // name -> (shard with grad, loss)
+  std::vector<std::pair<nn::Parameter, double>> got;
   run_threads(4, [&](ThreadsCommunicator& world) {
-    const DynamicMesh mesh(std::size_t(2), std::size_t(2), std::size_t(1), std::size_t(1));  // tensor, pipeline, data, expert
+    const DynamicMesh mesh(std::size_t(2), std::size_t(P), std::size_t(1), std::size_t(1));  // tensor, pipeline, data, expert
     auto comms = make_mesh_comms(world, mesh);
     const int pp = comms.pipeline.rank();
-    auto stage = nn::make_mlp(comms.tensor, cfg(std::size_t(pp)));
-    using StageT = decltype(stage);
-    Executor<StageT, ThreadsCommunicator> ex(comms.pipeline, make_programs<OneFOneB>({2, M}), {&stage});
+    const Programs prog = make_programs(name, {P, M, V});
+    using StageT = decltype(nn::make_mlp(comms.tensor, cfg(0)));
+    std::vector<StageT> chunks;
+    for (int c = 0; c < V; ++c) chunks.push_back(nn::make_mlp(comms.tensor, cfg(global_stage(prog.config, pp, c))));
+    std::vector<StageT*> ptrs;
+    for (auto& c : chunks) ptrs.push_back(&c);
+    Executor<StageT, ThreadsCommunicator> ex(comms.pipeline, prog, ptrs);
     std::vector<Activation> inputs, targets;
-    for (int mb = 0; mb < M; ++mb) inputs.push_back(in(mb)), targets.push_back(target(mb));
+    for (int mb = 0; mb < M; ++mb) inputs.push_back(sample(mb, 1)), targets.push_back(sample(mb, 2));
     const StepStats st = ex.step(inputs, [&](const Activation& y, int mb, Activation& dy) {
-      return sq_loss(y, targets[std::size_t(mb)], dy);
+      return mpar_test::mse(y, targets[std::size_t(mb)], dy);
     });
     std::lock_guard l(mu);
-    for (auto* p : ex.parameters())
-      got[p->name + "@" + std::to_string(comms.tensor.rank())] = {*p, st.loss};
+    for (auto* p : ex.parameters()) got.emplace_back(*p, st.loss);
   });
-  for (const auto& [key, pl] : got) {
-    const nn::Parameter& p = pl.first;
-    CHECK(pl.second == Approx(ref_loss).epsilon(1e-5));
+  CHECK(got.size() == std::size_t(4 * S * 4 / P));  // 4 parameters per MLP, S MLPs, each on 2 tensor ranks
+  for (const auto& [p, loss] : got) {
+    CHECK(loss == Approx(ref_loss).epsilon(1e-5));
     const auto& full = ref.at(p.name);
     // Compare this rank's block of the gradient with the same block of the reference.
     const std::size_t rank = p.global_shape.size();
@@ -287,9 +292,15 @@ TEST_CASE("tensor parallel x pipeline parallel (TP=2, PP=2) reproduces the singl
       std::size_t rem = k, g = 0;
       for (std::size_t d = rank; d-- > 0;) idx[d] = rem % p.local_box[d].extent, rem /= p.local_box[d].extent;
       for (std::size_t d = 0; d < rank; ++d) g = g * p.global_shape[d] + p.local_box[d].offset + idx[d];
-      INFO(key << "[" << k << "]");
+      INFO(name << " M=" << M << " " << p.name << "[" << k << "]");
       CHECK(p.grad[k] == Approx(full[g]).margin(1e-6).epsilon(1e-4));
     }
   }
-  CHECK(got.size() == 16);
+}
+}  // namespace
+
+TEST_CASE("tensor parallel x pipeline parallel (TP=2, PP=2) reproduces the single-rank MLP stack", "[pipeline][executor][tp]") {
+  for (auto name : {GPipe::name, OneFOneB::name, ZBH1::name, ZBH2::name})
+    for (int M : {1, 3, 4}) tp2_pp2(name, M, 1);
+  tp2_pp2(Interleaved1F1B::name, 4, 2);
 }

@@ -91,6 +91,21 @@ TEST_CASE("ZB-H1 bubble is (P-1)(F+B-W), below 1F1B, at 1F1B's memory; ZB-H2 clo
     }
 }
 
+TEST_CASE("ZB-H1 and ZB-H2 follow the paper's formulas for unequal F, B, W", "[pipeline][simulator]") {
+  struct Costs {
+    double f, b, w;
+  };
+  for (const Costs c : {Costs{1, 1, 0.5}, Costs{1, 2, 1}, Costs{2, 1, 1}, Costs{1, 1, 1}})
+    for (int P : {2, 4, 8}) {
+      const int M = 3 * P;
+      INFO("F=" << c.f << " B=" << c.b << " W=" << c.w << " P=" << P);
+      const SimResult h1 = simulate(make_programs<ZBH1>({P, M}), CostModel::uniform(c.f, c.b, c.w));
+      CHECK(h1.bubble_time == Approx((P - 1) * (c.f + c.b - c.w)));
+      const SimResult h2 = simulate(make_programs<ZBH2>({P, M}), CostModel::uniform(c.f, c.b, c.w));
+      CHECK(h2.steady_bubble_time == Approx(std::max(0.0, (P - 1) * (c.f + c.b - 2 * c.w))));
+    }
+}
+
 TEST_CASE("simulator scales to thousands of ranks in O(total actions)", "[pipeline][simulator]") {
   const auto t0 = std::chrono::steady_clock::now();
   const Programs p = make_programs<OneFOneB>({2048, 32});
