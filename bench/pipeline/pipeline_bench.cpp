@@ -8,6 +8,7 @@
 // of the best schedule, baseline = GPipe's.
 //
 //   bench_pipeline [--smoke] [--width H] [--tokens T] [--layers L] [--microbatches M] [--rounds R] [--steps S]
+//                  [--timeline] [--trace FILE]
 #include <cmath>
 #include <cstdio>
 #include <map>
@@ -44,6 +45,9 @@ int main(int argc, char** argv) {
   const int rounds = arg(argc, argv, "--rounds", smoke ? 1 : 3);
   const int steps = arg(argc, argv, "--steps", smoke ? 2 : 5);
   const bool show = bench::has_flag(argc, argv, "--timeline");
+  std::string trace_path;  // --trace FILE: Chrome trace of zb_h1's last measured step
+  for (int i = 1; i + 1 < argc; ++i)
+    if (std::string(argv[i]) == "--trace") trace_path = argv[i + 1];
   const int P = 2;
   struct Case {
     std::string name;
@@ -99,6 +103,8 @@ int main(int argc, char** argv) {
                       measured.text(0, 160).c_str());
           std::printf("%s predicted:\n%s", cs.name.c_str(), predicted.text(0, 160).c_str());
         }
+        if (!trace_path.empty() && cs.name == "zb_h1" && s == steps && round == rounds - 1)
+          to_chrome_trace(measured.timeline).save(trace_path);
         samples[cs.name].push_back(
             {measured.bubble_ratio, predicted.bubble_ratio, double(M) * double(tokens) / measured.makespan});
       }
