@@ -13,6 +13,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <exception>
 #include <optional>
 #include <string>
 #include <thread>
@@ -185,7 +186,8 @@ void allreduce_table(const char* what, std::vector<Comm>& comms, const std::vect
 
 }  // namespace
 
-int main(int argc, char** argv) {
+namespace {
+int run(int argc, char** argv) {
   const bool smoke = bench::has_flag(argc, argv, "--smoke");
   int reps = smoke ? 2 : 10;
   double peak = 989.0;  // H200 SXM dense bf16 (docs/reference numbers)
@@ -265,4 +267,16 @@ int main(int argc, char** argv) {
              ", \"gemm_tflops_h" + std::to_string(r.hidden) + "\": " + std::to_string(r.gemm_tflops);
   bench::print_result_json("cuda_block", last.block_tflops, last.gemm_tflops, "TFLOP/s", true, extra);
   return 0;
+}
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(argc, argv);
+  } catch (const std::exception& e) {  // still end with the JSON line the tooling expects
+    std::printf("bench_cuda_block: FAILED: %s\n", e.what());
+    std::printf("{\"bench\": \"cuda_block\", \"ours\": null, \"baseline\": null, \"unit\": \"TFLOP/s\", "
+                "\"ratio\": null, \"error\": true}\n");
+    return 1;
+  }
 }

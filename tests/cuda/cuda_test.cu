@@ -397,7 +397,7 @@ TEST_CASE("kernels: AdamW step, sum of squares, bias gradient, convert and add",
   for (auto x : g) ss += double(float(x)) * double(float(x));
   auto acc = upload(std::vector<float>{1.0f});
   gpu::sum_squares_accumulate(n, dg.data(), acc.data());
-  CHECK(download(acc)[0] == Approx(1.0 + ss).epsilon(1e-5));
+  CHECK(download(acc)[0] == Approx(1.0 + ss).epsilon(1e-4));
 
   const std::size_t rows = 300, cols = 70;
   const auto dy = random_vec<float>(rows * cols, 84);
@@ -406,7 +406,7 @@ TEST_CASE("kernels: AdamW step, sum of squares, bias gradient, convert and add",
   auto dDY = upload(dy);
   auto dDB = upload(std::vector<float>(cols, 1.0f));
   gpu::bias_add_backward(rows, cols, dDY.data(), dDB.data());
-  CHECK(worst(download(dDB), db, 1e-5, 1e-5) <= 1.0);
+  CHECK(worst(download(dDB), db, 1e-4, 1e-4) <= 1.0);
 
   const auto f = random_vec<float>(n, 85);
   auto dF = upload(f);
@@ -557,8 +557,14 @@ std::vector<std::string> collective_suite(std::vector<Comm>& comms, const std::v
           rq.wait();
           sq.wait();
           if (download(in) != contribution<float>(prev, 10)) fail(r, "isend/irecv ring");
-          c.send(std::span<const float>(out.data(), 10), next, 43);
-          c.recv(in.span(), prev, 43);
+          // blocking pairs: even ranks send first, odd ranks receive first (a send may wait for its receiver)
+          if (r % 2 == 0) {
+            c.send(std::span<const float>(out.data(), 10), next, 43);
+            c.recv(in.span(), prev, 43);
+          } else {
+            c.recv(in.span(), prev, 43);
+            c.send(std::span<const float>(out.data(), 10), next, 43);
+          }
           if (download(in) != contribution<float>(prev, 10)) fail(r, "send/recv ring");
         }
         c.barrier();

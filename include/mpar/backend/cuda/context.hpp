@@ -54,13 +54,14 @@ class ThreadContext {
     stream_ = s ? s : own_stream_;
   }
 
-  [[nodiscard]] cublasHandle_t blas() {
+  /** The cuBLAS handle, set to run on `s` (the compute stream when null). */
+  [[nodiscard]] cublasHandle_t blas(cudaStream_t s = nullptr) {
     if (!blas_) {
       check(cublasCreate(&blas_), "cublasCreate");
       // Tensor-op math for 16-bit inputs; fp32 GEMMs stay true fp32 unless the user opts into TF32.
       check(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
     }
-    check(cublasSetStream(blas_, stream()), "cublasSetStream");
+    check(cublasSetStream(blas_, s ? s : stream()), "cublasSetStream");
     return blas_;
   }
   [[nodiscard]] cublasLtHandle_t lt() {

@@ -56,9 +56,7 @@ void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, gemm_
           cudaStream_t stream = nullptr) {
   if (m == 0 || n == 0) return;
   detail::check_gemm_dims("gpu::gemm", ta, tb, m, n, k, lda, ldb, ldc);
-  ThreadContext& ctx = this_thread();
-  if (stream) ctx.set_stream(stream);
-  cublasHandle_t h = ctx.blas();
+  cublasHandle_t h = this_thread().blas(stream);
   check(cublasGemmEx(h, detail::op_of(tb), detail::op_of(ta), int(n), int(m), int(k), &alpha, b,
                      cuda_data_type_v<TIn>, int(ldb), a, cuda_data_type_v<TIn>, int(lda), &beta, c,
                      cuda_data_type_v<TOut>, int(ldc), detail::compute_of<TIn>(), CUBLAS_GEMM_DEFAULT),
@@ -77,9 +75,7 @@ void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std:
                           std::int64_t stride_c, std::size_t batch, cudaStream_t stream = nullptr) {
   if (m == 0 || n == 0 || batch == 0) return;
   detail::check_gemm_dims("gpu::gemm_strided_batched", ta, tb, m, n, k, lda, ldb, ldc);
-  ThreadContext& ctx = this_thread();
-  if (stream) ctx.set_stream(stream);
-  check(cublasGemmStridedBatchedEx(ctx.blas(), detail::op_of(tb), detail::op_of(ta), int(n), int(m), int(k), &alpha, b,
+  check(cublasGemmStridedBatchedEx(this_thread().blas(stream), detail::op_of(tb), detail::op_of(ta), int(n), int(m), int(k), &alpha, b,
                                    cuda_data_type_v<TIn>, int(ldb), stride_b, a, cuda_data_type_v<TIn>, int(lda),
                                    stride_a, &beta, c, cuda_data_type_v<TOut>, int(ldc), stride_c, int(batch),
                                    detail::compute_of<TIn>(), CUBLAS_GEMM_DEFAULT),
@@ -140,8 +136,7 @@ void gemm_lt(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, fl
   require(aux == nullptr || (epilogue == Epilogue::gelu_bias && ldaux >= n && ldaux % 8 == 0),
           "gpu::gemm_lt: an aux buffer needs Epilogue::gelu_bias and ldaux >= n (", n, ") a multiple of 8, got ", ldaux);
   ThreadContext& ctx = this_thread();
-  if (stream) ctx.set_stream(stream);
-  stream = ctx.stream();
+  if (!stream) stream = ctx.stream();
   detail::LtDescriptors d;
   check(cublasLtMatmulDescCreate(&d.op, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
   // Column-major view: the Lt "A" operand is our B and the Lt "B" operand is our A (see the file comment).
