@@ -383,3 +383,43 @@ TEST_CASE("Stage<ColumnParallel (no bias), Bias<Shard<1>>, Gelu, RowParallel> ma
     require_params_match(out.params, rp);
   }
 }
+
+TEST_CASE("Gathered column output, deferred row reduction + AllReduce, and GatherFeatures match serial Linear stacks",
+          "[nn][stage]") {
+  const Activation x = random_activation(8, 16, 31), dy = random_activation(8, 16, 32);
+  auto init = [](std::uint64_t id, const char* name) { return LinearInit{seed, id, name, true}; };
+  // Serial: Linear(16, 32) -> Gelu -> Linear(32, 24) -> Gelu -> Linear(24, 16).
+  Stage<Linear<>, Gelu, Linear<>, Gelu, Linear<>> ref(Linear<>(16, 32, init(600, "a")), Gelu{}, Linear<>(32, 24, init(602, "b")),
+                                                      Gelu{}, Linear<>(24, 16, init(604, "c")));
+  Activation y, dx;
+  Assembled rp;
+  run_serial(ref, x, dy, y, dx, rp);
+  using GatherCol = ColumnParallel<Comm, dyn, dyn, dyn, ColumnOptions{.gather_output = true}>;
+  using Deferred = RowParallel<Comm, dyn, dyn, dyn, RowReduce::none>;
+  for (int p : {2, 4}) {
+    INFO("TP = " << p);
+    ParallelResult first;
+    run_parallel<Replicate>(p, x, dy, first, [&](Comm& tp) {
+      using S = Stage<GatherCol, Gelu, ColumnParallel<Comm>, Gelu, Deferred, AllReduce<Comm>>;
+      static_assert(std::is_same_v<S::output_layout<Replicate>, Replicate>);
+      return S(GatherCol(tp, 16, 32, init(600, "a")), Gelu{}, ColumnParallel<Comm>(tp, 32, 24, init(602, "b")), Gelu{},
+               Deferred(tp, 24, 16, init(604, "c")), AllReduce<Comm>(tp));
+    });
+    require_close(first.y, y, "forward output (gather_output, RowReduce::none + AllReduce)");
+    require_close(first.dx, dx, "input gradient");
+    require_params_match(first.params, rp);
+
+    ParallelResult second;
+    run_parallel<Replicate>(p, x, dy, second, [&](Comm& tp) {
+      using S = Stage<ColumnParallel<Comm>, GatherFeatures<Comm>, Gelu, Linear<>, Gelu, ColumnParallel<Comm>, Gelu, RowParallel<Comm>>;
+      static_assert(S::valid);
+      // The middle Linear is replicated: every rank computes it in full.
+      return Stage<ColumnParallel<Comm>, GatherFeatures<Comm>, Gelu, Linear<>, Gelu, Linear<>>(
+          ColumnParallel<Comm>(tp, 16, 32, init(600, "a")), GatherFeatures<Comm>(tp), Gelu{}, Linear<>(32, 24, init(602, "b")),
+          Gelu{}, Linear<>(24, 16, init(604, "c")));
+    });
+    require_close(second.y, y, "forward output (GatherFeatures)");
+    require_close(second.dx, dx, "input gradient");
+    require_params_match(second.params, rp);
+  }
+}
