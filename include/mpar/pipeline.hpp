@@ -3,6 +3,7 @@
 #include "mpar/pipeline/action.hpp"
 #include "mpar/pipeline/executor.hpp"
 #include "mpar/pipeline/partition.hpp"
+#include "mpar/pipeline/run_threads.hpp"
 #include "mpar/pipeline/schedules.hpp"
 #include "mpar/pipeline/simulator.hpp"
 #include "mpar/pipeline/stage_concept.hpp"

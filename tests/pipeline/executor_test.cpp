@@ -11,6 +11,7 @@
 #include "mpar/comm/threads.hpp"
 #include "mpar/nn.hpp"
 #include "mpar/pipeline.hpp"
+#include "mpar/pipeline/run_threads.hpp"
 #include "pipeline/tanh_linear_stage.hpp"
 
 using namespace mpar;
@@ -303,4 +304,22 @@ TEST_CASE("tensor parallel x pipeline parallel (TP=2, PP=2) reproduces the singl
   for (auto name : {GPipe::name, OneFOneB::name, ZBH1::name, ZBH2::name})
     for (int M : {1, 3, 4}) tp2_pp2(name, M, 1);
   tp2_pp2(Interleaved1F1B::name, 4, 2);
+}
+
+TEST_CASE("run_pipeline_threads runs several steps with an optimizer", "[pipeline][executor]") {
+  const int M = 4;
+  std::vector<Activation> inputs, targets;
+  for (int mb = 0; mb < M; ++mb) inputs.push_back(data(mb, 1)), targets.push_back(data(mb, 2));
+  const LossFn loss = [&](const Activation& y, int mb, Activation& dy) { return mpar_test::mse(y, targets[std::size_t(mb)], dy); };
+  const OptimizerFn sgd = [](const std::vector<nn::Parameter*>& ps) {
+    for (auto* p : ps)
+      for (std::size_t i = 0; i < p->value.size(); ++i) p->value[i] -= 0.1f * p->grad[i];
+  };
+  const auto stats = run_pipeline_threads(
+      make_programs<OneFOneB>({2, M}), [](int, int, int stage) { return TanhStack(width, std::size_t(stage), 1); }, inputs,
+      loss, 3, sgd);
+  REQUIRE(stats.size() == 3);
+  CHECK(stats[0][0].loss == Approx(reference(2, M).loss).epsilon(1e-5));
+  CHECK(stats[0][1].loss == Approx(stats[0][0].loss));
+  CHECK(stats[2][0].loss < stats[0][0].loss);  // SGD on the mean loss makes progress
 }

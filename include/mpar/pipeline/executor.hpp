@@ -18,6 +18,7 @@
  * equal micro-batches), and reports the mean loss on every rank.
  */
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
