@@ -356,3 +356,34 @@ TEST_CASE("bf16 and f16 compute copies round the masters and accumulate in fp32"
   h.refresh();
   CHECK(float(h.weights(0)[2]) == 3.0f);
 }
+
+TEST_CASE("f16 gradients survive with loss scaling and underflow without it", "[train][mixed]") {
+  // a gradient of 1e-8 is below f16's smallest subnormal (6e-8): computed in f16 it vanishes
+  nn::Parameter p;
+  p.value = {0.5f, -0.25f};
+  p.grad = {0.0f, 0.0f};
+  std::vector<nn::Parameter*> ps{&p};
+  parallel::ComputeCopies<f16> half(ps);
+  const std::vector<float> true_grad{1e-8f, -2e-8f};
+  auto backward16 = [&](float loss_scale) {  // what an f16 backward seeded with dy = loss_scale produces
+    std::vector<f16> g16{f16(true_grad[0] * loss_scale), f16(true_grad[1] * loss_scale)};
+    half.add_grad(0, g16);
+  };
+  backward16(1.0f);
+  CHECK(p.grad == std::vector<float>{0.0f, 0.0f});  // lost
+  p.zero_grad();
+  optim::DynamicLossScaler scaler({.initial_scale = 65536.0f});
+  backward16(scaler.scale());
+  REQUIRE(scaler.unscale_and_check(ps));
+  CHECK(p.grad[0] == Approx(true_grad[0]).epsilon(1e-3));  // f16 keeps 11 significant bits
+  CHECK(p.grad[1] == Approx(true_grad[1]).epsilon(1e-3));
+  // too large a scale overflows f16 instead: the step is skipped and the scale halved
+  p.zero_grad();
+  optim::DynamicLossScaler big({.initial_scale = 16777216.0f});
+  std::vector<f16> huge{f16(1e-2f * big.scale()), f16(0.0f)};
+  half.add_grad(0, huge);
+  const bool ok = big.unscale_and_check(ps);
+  CHECK_FALSE(ok);
+  big.update(ok);
+  CHECK(big.scale() == 8388608.0f);
+}
