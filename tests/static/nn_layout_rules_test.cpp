@@ -68,6 +68,8 @@ using Deferred = Stage<Col, Gelu, RowPartial, AllReduce<C>, LayerNorm<>>;
 static_assert(Deferred::valid, "a Partial output is fine once an AllReduce follows");
 using Gathered = Stage<Col, GatherFeatures<C>, Linear<4096, 1024>>;
 static_assert(Gathered::valid);
+using Summa = Stage<Linear2D<C>, Gelu, Linear2D<C>>;
+static_assert(Summa::valid && std::is_same_v<Summa::output_layout<GridShard>, GridShard>, "2D layers chain on the grid layout");
 using Nested = Stage<Megatron, Megatron>;
 static_assert(Nested::valid && Nested::static_out_features == 1024);
 
