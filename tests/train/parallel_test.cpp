@@ -151,6 +151,7 @@ TEST_CASE("Data parallelism with buckets equals the single-rank gradient", "[tra
 TEST_CASE("Data parallelism with a summed loss divides by the global batch", "[train][dp]") {
   TinyMlp ref;
   ref.forward_backward(0, global_batch, double(global_batch), no_hook);
+  std::mutex mu;  // Catch2 assertions are not thread-safe
   run_threads(3, [&](ThreadsCommunicator& world) {
     TinyMlp m;
     parallel::DataParallel<ThreadsCommunicator> ddp(m.params(), world,
@@ -158,25 +159,35 @@ TEST_CASE("Data parallelism with a summed loss divides by the global batch", "[t
     const std::size_t local = global_batch / 3;
     m.forward_backward(local * std::size_t(world.rank()), local, 1.0, no_hook);  // sum over local samples
     ddp.finish();  // no hooks: everything reduced here
+    std::lock_guard l(mu);
     check_same(m.params(), ref.params(), true, 1e-5);
   });
 }
 
 TEST_CASE("Bucket overlap: an all-reduce is in flight while the backward still runs", "[train][dp]") {
+  std::mutex mu;
   run_threads(2, [&](ThreadsCommunicator& world) {
     TinyMlp m;
     parallel::DataParallel<ThreadsCommunicator> ddp(m.params(), world, {.bucket_bytes = 0});
-    REQUIRE(ddp.bucket_count() == 4);
     std::vector<std::size_t> launched_at;
     m.forward_backward(std::size_t(world.rank()) * 6, 6, 6.0, [&](nn::Parameter& p) {
       ddp.mark_ready(p);
       launched_at.push_back(ddp.launched());
     });
+    ddp.finish();
+    const std::size_t after = ddp.launched();
+    bool unknown_rejected = false;
+    try {
+      ddp.mark_ready(nn::Parameter{});
+    } catch (const config_error&) {
+      unknown_rejected = true;
+    }
+    std::lock_guard l(mu);
+    CHECK(ddp.bucket_count() == 4);
     // one bucket per parameter: each is launched the moment its gradient is marked
     CHECK(launched_at == std::vector<std::size_t>{1, 2, 3, 4});
-    ddp.finish();
-    CHECK(ddp.launched() == 0);  // reset for the next step
-    CHECK_THROWS_AS(ddp.mark_ready(nn::Parameter{}), config_error);
+    CHECK(after == 0);  // reset for the next step
+    CHECK(unknown_rejected);
   });
 }
 
@@ -322,6 +333,7 @@ TEST_CASE("Clipping equals single-rank clipping for tensor-sharded and replicate
 }
 
 TEST_CASE("Loss-scaler overflow is agreed by every rank", "[train][mixed]") {
+  std::mutex mu;
   run_threads(4, [&](ThreadsCommunicator& world) {
     optim::DynamicLossScaler scaler({.initial_scale = 256.0f, .growth_interval = 2});
     nn::Parameter p;
@@ -329,11 +341,14 @@ TEST_CASE("Loss-scaler overflow is agreed by every rank", "[train][mixed]") {
     p.grad = {world.rank() == 2 ? std::numeric_limits<float>::infinity() : 512.0f};
     std::vector<nn::Parameter*> ps{&p};
     const bool ok = scaler.unscale_and_check(ps, world);
-    CHECK_FALSE(ok);  // rank 2 overflowed: everybody skips
     scaler.update(ok);
-    CHECK(scaler.scale() == 128.0f);
+    const float lowered = scaler.scale();
     p.grad = {256.0f};
-    CHECK(scaler.unscale_and_check(ps, world));
+    const bool ok2 = scaler.unscale_and_check(ps, world);
+    std::lock_guard l(mu);
+    CHECK_FALSE(ok);  // rank 2 overflowed: everybody skips
+    CHECK(lowered == 128.0f);
+    CHECK(ok2);
     CHECK(p.grad[0] == 2.0f);
   });
 }
