@@ -7,6 +7,14 @@
 #include <cstdio>
 #include <string_view>
 
+// The backend policy and the NCCL communicator must stay usable from plain C++ (g++), not only nvcc.
+#include "mpar/backend/cuda/cuda_backend.hpp"
+#include "mpar/comm/nccl.hpp"
+
+static_assert(mpar::backend<mpar::CudaBackend>);
+static_assert(mpar::communicator<mpar::NcclCommunicator>);
+static_assert(!mpar::gpu::gemm_types<double, float>, "only 16-bit inputs may widen to an fp32 output");
+
 int main(int argc, char** argv) {
   bool listing = false;
   for (int i = 1; i < argc; ++i) listing = listing || std::string_view(argv[i]).starts_with("--list");
