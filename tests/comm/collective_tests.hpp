@@ -29,7 +29,8 @@ inline constexpr ReduceOp all_ops[] = {ReduceOp::sum, ReduceOp::avg, ReduceOp::m
 /** Counts worth testing on p ranks: empty, smaller than p, uneven, and large uneven. */
 inline std::vector<std::size_t> test_counts(int p) {
   const auto q = std::size_t(p);
-  std::vector<std::size_t> c{0, 1, q + 1, 3 * q - 1, 1031, 5000};
+  std::vector<std::size_t> c{0, 1, q + 1, 3 * q - 1, 1031};
+  if (q <= 4) c.push_back(5000);  // large counts cost time, not coverage, on oversubscribed cores
   if (q > 2) c.push_back(q - 1);
   return c;
 }
@@ -127,8 +128,8 @@ void check_data_movement(Comm& c, Checker& ck) {
     c.all_gather(std::span<const T>(inplace).subspan(b.offset, b.extent), std::span<T>(inplace));
     for (std::size_t i = 0; i < n; ++i)
       ck.expect(inplace[i] == value<T>(0, i, salt), where<T>("all_gather in place", r, p, n, i));
-    // broadcast from every root
-    for (int root = 0; root < p; ++root) {
+    // broadcast from the first, a middle and the last root
+    for (int root : {0, p / 2, p - 1}) {
       std::vector<T> buf(n);
       for (std::size_t i = 0; i < n; ++i) buf[i] = value<T>(r, i, salt);
       c.broadcast(std::span<T>(buf), root);

@@ -156,6 +156,24 @@ TEST_CASE("threads: a rank that throws fails every rank's collective and run_thr
   CHECK(seconds_since(t0) < 5.0);
 }
 
+TEST_CASE("threads: buffers of a failing rank are not read after it unwinds", "[comm][fault]") {
+  // Each iteration allocates fresh buffers, so a peer still reading a failed rank's buffer would
+  // touch freed memory (reported by the sanitizers); the run must end with rank 3's error.
+  for (int round = 0; round < 3; ++round) {
+    CHECK_THROWS_WITH(run_threads(4, with_timeout(30),
+                                  [&](ThreadsCommunicator& c) {
+                                    for (int it = 0; it < 40; ++it) {
+                                      std::vector<float> v(std::size_t(1) << 15, 1.0f);
+                                      if (c.rank() == 3 && it == 10 + round) throw std::runtime_error("late failure");
+                                      c.all_reduce(std::span<float>(v), ReduceOp::sum);
+                                      std::vector<float> part(v.size() / 4);
+                                      c.reduce_scatter(v, std::span<float>(part), ReduceOp::sum);
+                                    }
+                                  }),
+                      Contains("rank 3: late failure"));
+  }
+}
+
 TEST_CASE("threads: mismatched counts, types, ops and roots fail on every rank", "[comm][fault]") {
   const auto t0 = Clock::now();
   auto counts = errors_on_every_rank(3, [](ThreadsCommunicator& c) {

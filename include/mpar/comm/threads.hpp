@@ -18,6 +18,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdlib>
 #include <cstring>
 #include <deque>
 #include <exception>
@@ -62,6 +63,14 @@ class rank_failure : public comm_error, public std::nested_exception {
 namespace detail {
 
 class ThreadsGroup;
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
 
 inline std::string what_of(const std::exception_ptr& e) {
   try {
@@ -161,10 +170,13 @@ class ThreadsGroup {
   ThreadsGroup(std::shared_ptr<ThreadsWorld> world, std::string name, std::vector<int> world_ranks)
       : world_(std::move(world)), name_(std::move(name)), world_ranks_(std::move(world_ranks)),
         size_(int(world_ranks_.size())), slots_(world_ranks_.size()),
-        arrived_(std::make_unique<std::atomic<std::uint64_t>[]>(world_ranks_.size())) {
+        arrived_(std::make_unique<std::atomic<std::uint64_t>[]>(world_ranks_.size())),
+        reading_(std::make_unique<std::atomic<bool>[]>(world_ranks_.size())) {
     for (int i = 0; i < size_; ++i) mailboxes_.push_back(std::make_unique<Mailbox>());
     // Spinning only pays when every rank has a core; oversubscribed runs go straight to sleep.
     spin_ = size_ <= int(std::max(1u, std::thread::hardware_concurrency()));
+    if (const char* v = std::getenv("MPAR_THREADS_SPIN_US"); v && *v) spin_time_ = std::chrono::microseconds(std::atol(v));
+    if (spin_time_.count() <= 0) spin_ = false;
   }
   static std::shared_ptr<ThreadsGroup> create(std::shared_ptr<ThreadsWorld> world, std::string name,
                                               std::vector<int> world_ranks) {
@@ -188,63 +200,117 @@ class ThreadsGroup {
   /**
    * The barrier every collective is built from. Fails (never hangs) when the run is poisoned,
    * when a missing peer has already returned from its function, or after the timeout; the last
-   * two poison the run because the group's arrival count is no longer consistent.
+   * two poison the run too. A failing rank first withdraws its arrival (so the barrier can no
+   * longer complete and release peers into reading its buffers) and waits until no peer is still
+   * reading from an earlier phase; only then may its buffers go away with the exception.
    */
   void arrive_and_wait(int rank, std::string_view op, std::uint64_t seq) {
-    if (world_->aborted()) throw_aborted(op, seq);
-    if (size_ == 1) return;
-    const std::uint64_t g = gen_.load(std::memory_order_acquire);
-    arrived_[std::size_t(rank)].store(g + 1, std::memory_order_relaxed);
-    if (count_.fetch_add(1, std::memory_order_acq_rel) + 1 == size_) {
-      count_.store(0, std::memory_order_relaxed);
-      {
-        std::lock_guard l(m_);
-        gen_.store(g + 1, std::memory_order_release);
-      }
-      cv_.notify_all();
-      return;
+    if (world_->aborted()) {
+      quiesce(rank);
+      throw_aborted(op, seq);
     }
+    if (size_ == 1) return;
+    // state_ = generation << 32 | arrivals, updated by CAS only so that arriving, completing and
+    // withdrawing are one linear history.
+    std::uint64_t st = state_.load();
+    std::uint32_t g = 0;
+    for (;;) {
+      g = std::uint32_t(st >> 32);
+      const bool last = (st & 0xffffffffu) + 1 == std::uint64_t(size_);
+      const std::uint64_t next = last ? std::uint64_t(g + 1) << 32 : st + 1;
+      if (state_.compare_exchange_weak(st, next)) {
+        if (!last) break;
+        if (sleepers_.load() > 0) {  // seq_cst with the sleeper's increment: it sees the change or is woken
+          { std::lock_guard l(m_); }
+          cv_.notify_all();
+        }
+        return;
+      }
+    }
+    arrived_[std::size_t(rank)].store(std::uint64_t(g) + 1, std::memory_order_relaxed);
+    auto done = [&] { return std::uint32_t(state_.load(std::memory_order_acquire) >> 32) != g; };
     if (spin_) {
-      for (int i = 0; i < 4000; ++i) {
-        if (gen_.load(std::memory_order_acquire) != g) return;
-        if (world_->aborted()) break;
-        if (i > 200) std::this_thread::yield();
+      // Peers usually arrive within microseconds; sleeping costs a scheduler round trip.
+      const auto spin_until = std::chrono::steady_clock::now() + spin_time_;
+      for (unsigned i = 1;; ++i) {
+        if (done()) return;
+        if ((i & 63u) == 0 && (world_->aborted() || std::chrono::steady_clock::now() >= spin_until)) break;
+        cpu_relax();
       }
     }
     const auto deadline =
         std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(world_->timeout());
     std::unique_lock l(m_);
+    ++sleepers_;
+    struct Leave {
+      std::atomic<int>& n;
+      ~Leave() { --n; }
+    } leave{sleepers_};
     for (;;) {
-      if (gen_.load(std::memory_order_acquire) != g) return;
+      if (done()) return;
+      std::string failure;
+      bool poison = true;
       if (world_->aborted()) {
-        l.unlock();
-        throw_aborted(op, seq);
+        failure = cat(op_prefix(op, seq, name_), " aborted: ", world_->abort_message());
+        poison = false;
+      } else {
+        std::vector<int> missing, gone;
+        for (int q = 0; q < size_; ++q) {
+          if (arrived_[std::size_t(q)].load(std::memory_order_relaxed) == std::uint64_t(g) + 1) continue;
+          missing.push_back(q);
+          if (world_->departed(world_rank(q))) gone.push_back(q);
+        }
+        if (!gone.empty())
+          failure = cat(op_prefix(op, seq, name_), ": rank", gone.size() > 1 ? "s " : " ", join_ranks(gone),
+                        gone.size() > 1 ? " have" : " has", " already returned and will never arrive");
+        else if (std::chrono::steady_clock::now() >= deadline)
+          failure = cat(op_prefix(op, seq, name_), " timed out after ", world_->timeout().count(), " s: rank",
+                        missing.size() > 1 ? "s " : " ", join_ranks(missing), " never arrived");
       }
-      std::vector<int> missing, gone;
-      for (int q = 0; q < size_; ++q) {
-        if (arrived_[std::size_t(q)].load(std::memory_order_relaxed) == g + 1) continue;
-        missing.push_back(q);
-        if (world_->departed(world_rank(q))) gone.push_back(q);
-      }
-      if (!gone.empty()) {
+      if (!failure.empty()) {
         l.unlock();
-        fail(cat(op_prefix(op, seq, name_), ": rank", gone.size() > 1 ? "s " : " ", join_ranks(gone),
-                 gone.size() > 1 ? " have" : " has", " already returned and will never arrive"));
-      }
-      if (std::chrono::steady_clock::now() >= deadline) {
-        l.unlock();
-        fail(cat(op_prefix(op, seq, name_), " timed out after ", world_->timeout().count(), " s: rank",
-                 missing.size() > 1 ? "s " : " ", join_ranks(missing), " never arrived"));
+        if (!withdraw(rank, g)) return;  // the barrier completed meanwhile: carry on
+        if (poison) world_->abort(failure);
+        quiesce(rank);
+        throw comm_error(failure);
       }
       cv_.wait_until(l, deadline);
     }
   }
+
+  /** Marks that `rank` will read peers' buffers after its next barrier, until the phase ends. */
+  void set_reading(int rank, bool on) { reading_[std::size_t(rank)].store(on); }
 
   /** Poisons the run with `message` (unless already poisoned) and throws it here. */
   [[noreturn]] void fail(const std::string& message) {
     world_->abort(message);
     throw comm_error(message);
   }
+
+ private:
+  /** Takes back this rank's arrival at generation g; false if the barrier already completed. */
+  bool withdraw(int rank, std::uint32_t g) {
+    std::uint64_t st = state_.load();
+    while (std::uint32_t(st >> 32) == g)
+      if (state_.compare_exchange_weak(st, st - 1)) {
+        arrived_[std::size_t(rank)].store(0, std::memory_order_relaxed);
+        return true;
+      }
+    return false;
+  }
+  /**
+   * Before a failing rank unwinds (and frees its buffers): waits until no peer is inside a data
+   * phase that reads them. Phases are plain copies, so this takes microseconds; bounded anyway.
+   */
+  void quiesce(int rank) {
+    set_reading(rank, false);
+    const auto until = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+    for (int q = 0; q < size_; ++q)
+      while (reading_[std::size_t(q)].load() && std::chrono::steady_clock::now() < until)
+        std::this_thread::sleep_for(std::chrono::microseconds(20));
+  }
+
+ public:
 
   void wake() {
     {
@@ -266,9 +332,11 @@ class ThreadsGroup {
   int size_;
   std::vector<Slot> slots_;
   std::vector<std::unique_ptr<Mailbox>> mailboxes_;
-  std::atomic<std::uint64_t> gen_{0};
-  std::atomic<int> count_{0};
-  std::unique_ptr<std::atomic<std::uint64_t>[]> arrived_;
+  std::atomic<std::uint64_t> state_{0};  // generation << 32 | arrivals
+  std::atomic<int> sleepers_{0};  // ranks blocked on cv_: the last arriver only notifies when > 0
+  std::chrono::microseconds spin_time_{1000};
+  std::unique_ptr<std::atomic<std::uint64_t>[]> arrived_;  // generation + 1 of each rank's last arrival
+  std::unique_ptr<std::atomic<bool>[]> reading_;           // rank is (about to be) reading peers' buffers
   std::mutex m_;
   std::condition_variable cv_;
   bool spin_ = true;
@@ -833,17 +901,34 @@ class ThreadsCommunicator {
         if (std::string x = extra(); !x.empty()) err = detail::cat(detail::op_prefix(op, st_->seq, g.name()), ": ", x);
     }
     if (!err.empty()) {
+      g.set_reading(rank(), false);
       g.arrive_and_wait(rank(), op, st_->seq);
       throw comm_error(err);
     }
   }
 
+  /** Flags this rank as reading peers' buffers from the next barrier until `end()` (or unwinding). */
+  class ReadingScope {
+   public:
+    ReadingScope(detail::ThreadsGroup& g, int rank) : g_(g), rank_(rank) { g_.set_reading(rank_, true); }
+    ~ReadingScope() { end(); }
+    ReadingScope(const ReadingScope&) = delete;
+    ReadingScope& operator=(const ReadingScope&) = delete;
+    void end() { g_.set_reading(rank_, false); }
+
+   private:
+    detail::ThreadsGroup& g_;
+    int rank_;
+  };
+
   /** A checked collective whose data movement is `body`, run between two barriers. */
   template <class Body, class Extra>
   void collective(Body&& body, Extra&& extra) {
+    auto& g = *st_->group;
+    ReadingScope reading(g, rank());
     run_phase_checked(std::forward<Extra>(extra));
     body();
-    auto& g = *st_->group;
+    reading.end();
     g.arrive_and_wait(rank(), detail::coll_name(g.slot(rank()).fp.kind), st_->seq);
   }
   template <class Body>
@@ -878,6 +963,7 @@ class ThreadsCommunicator {
     s.dst = data.data();
     auto& g = *st_->group;
     const auto p = std::size_t(size());
+    ReadingScope reading(g, rank());
     run_phase_checked([] { return std::string{}; });
     if (p == 1) return;  // sum, avg, max and min of one buffer are the buffer
     // Reduce-scatter: rank r reduces its block straight from every peer's buffer into its own.
@@ -894,6 +980,7 @@ class ThreadsCommunicator {
       if (b.extent)
         std::memcpy(data.data() + b.offset, static_cast<const T*>(g.slot(q).dst) + b.offset, b.extent * sizeof(T));
     }
+    reading.end();
     g.arrive_and_wait(rank(), "all_reduce", st_->seq);  // peers may still read our buffer until here
   }
 
