@@ -204,6 +204,9 @@ TEST_CASE("CRC-32 matches the standard check value and is incremental", "[io]") 
   auto c = io::crc32_update(io::crc32_init, bytes.first(10));
   c = io::crc32_update(c, bytes.subspan(10));
   CHECK(io::crc32_final(c) == 0x414FA339u);
+  // Combining the CRCs of two parts gives the CRC of the whole, for every split (odd lengths included).
+  for (std::size_t k = 0; k <= bytes.size(); ++k)
+    CHECK(io::crc32_combine(io::crc32(bytes.first(k)), io::crc32(bytes.subspan(k)), bytes.size() - k) == 0x414FA339u);
 }
 
 TEST_CASE("flat ranges decompose into boxes that cover them in order", "[io]") {

@@ -159,13 +159,16 @@ class ShardFileWriter {
     r.bytes = data.size_bytes();
     r.chunk = chunk_;
     const auto bytes = std::as_bytes(data);
-    r.crc32 = crc32(bytes);
     out_.write(bytes);
     r.table = out_.size();
+    // One pass over the data: each chunk's CRC, and the shard's CRC combined from them.
     std::vector<std::byte> table;
     table.reserve(4 * (data.size() / chunk_ + 1));
+    r.crc32 = crc32(std::span<const std::byte>());
     for (std::size_t b = 0; b < data.size(); b += chunk_) {
-      const std::uint32_t c = crc32(bytes.subspan(4 * b, 4 * std::min(chunk_, data.size() - b)));
+      const std::size_t len = 4 * std::min(chunk_, data.size() - b);
+      const std::uint32_t c = crc32(bytes.subspan(4 * b, len));
+      r.crc32 = crc32_combine(r.crc32, c, len);
       for (int k = 0; k < 4; ++k) table.push_back(std::byte((c >> (8 * k)) & 0xFFu));
     }
     out_.write(std::span<const std::byte>(table));
@@ -436,22 +439,37 @@ class ShardReader {
         ++j;
       }
       const std::size_t e0 = c0 * chunk, e1 = std::min(n, (c1 + 1) * chunk);
-      buf_.resize(e1 - e0);
-      f.read_at(std::size_t(shard.offset) + 4 * e0, std::as_writable_bytes(std::span<float>(buf_)));
+      // When the rows are exactly elements [e0, e1) and lie back to back in the destination too (a block
+      // that contains whole shards, e.g. loading with the saved layout), read straight into place.
+      bool direct = rows[i].src == e0 && rows[j - 1].src + rows[j - 1].count == e1;
+      for (std::size_t k = i + 1; k < j && direct; ++k)
+        direct = rows[k].src == rows[k - 1].src + rows[k - 1].count && rows[k].dst == rows[k - 1].dst + rows[k - 1].count;
+      std::span<float> target;
+      if (direct) {
+        target = dst.data.subspan(rows[i].dst, e1 - e0);
+      } else {
+        buf_.resize(e1 - e0);
+        target = buf_;
+      }
+      f.read_at(std::size_t(shard.offset) + 4 * e0, std::as_writable_bytes(target));
       table_.resize(c1 - c0 + 1);
       f.read_at(std::size_t(shard.table) + 4 * c0, std::as_writable_bytes(std::span<std::uint32_t>(table_)));
-      const auto bytes = std::as_bytes(std::span<const float>(buf_));
+      const auto bytes = std::as_bytes(std::span<const float>(target));
+      std::uint32_t whole_crc = crc32(std::span<const std::byte>());
       for (std::size_t c = c0; c <= c1; ++c) {
         const std::size_t b = c * chunk - e0, len = std::min(chunk, n - c * chunk);
-        check(crc32(bytes.subspan(4 * b, 4 * len)) == table_[c - c0], "checksum mismatch in ", f.path().string(),
-              " (tensor '", t.name, "', shard ", box_string(shard.box), ", elements ", c * chunk, "..",
-              c * chunk + len, "): the file is corrupted");
+        const std::uint32_t got = crc32(bytes.subspan(4 * b, 4 * len));
+        check(got == table_[c - c0], "checksum mismatch in ", f.path().string(), " (tensor '", t.name, "', shard ",
+              box_string(shard.box), ", elements ", c * chunk, "..", c * chunk + len, "): the file is corrupted");
+        whole_crc = crc32_combine(whole_crc, got, 4 * len);
       }
+      // A shard read whole is also checked against the manifest (this catches a damaged table too).
       if (e0 == 0 && e1 == n)
-        check(crc32(bytes) == shard.crc32, "checksum mismatch in ", f.path().string(), " (tensor '", t.name,
+        check(whole_crc == shard.crc32, "checksum mismatch in ", f.path().string(), " (tensor '", t.name,
               "', shard ", box_string(shard.box), "): the shard's CRC-32 differs from the manifest");
-      for (std::size_t k = i; k < j; ++k)
-        std::memcpy(dst.data.data() + rows[k].dst, buf_.data() + (rows[k].src - e0), 4 * rows[k].count);
+      if (!direct)
+        for (std::size_t k = i; k < j; ++k)
+          std::memcpy(dst.data.data() + rows[k].dst, buf_.data() + (rows[k].src - e0), 4 * rows[k].count);
       i = j;
     }
   }

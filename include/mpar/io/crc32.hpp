@@ -2,9 +2,11 @@
 /**
  * @file CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320), the checksum of every checkpoint shard.
  *
- * Table-driven, one byte per step; the table is built at compile time. `crc32("123456789") == 0xCBF43926`
- * (the standard check value). Incremental use: `c = crc32_update(c, more)` starting from `crc32_init`,
- * finishing with `crc32_final(c)`.
+ * Table-driven with eight tables ("slicing by 8": eight bytes per step, several times faster than one
+ * byte per step); the tables are built at compile time. `crc32("123456789") == 0xCBF43926` (the
+ * standard check value). Incremental use: `c = crc32_update(c, more)` starting from `crc32_init`,
+ * finishing with `crc32_final(c)`. `crc32_combine(crc(A), crc(B), |B|) == crc(A || B)` without
+ * touching the bytes again: checkpoints compute each chunk's CRC once and derive the shard's.
  */
 #include <array>
 #include <cstddef>
@@ -15,22 +17,63 @@
 namespace mpar::io {
 
 namespace detail {
-inline constexpr std::array<std::uint32_t, 256> crc32_table = [] {
-  std::array<std::uint32_t, 256> t{};
+inline constexpr std::uint32_t crc32_poly = 0xEDB88320u;
+
+inline constexpr std::array<std::array<std::uint32_t, 256>, 8> crc32_tables = [] {
+  std::array<std::array<std::uint32_t, 256>, 8> t{};
   for (std::uint32_t i = 0; i < 256; ++i) {
     std::uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1u) ? 0xEDB88320u ^ (c >> 1) : c >> 1;
-    t[i] = c;
+    for (int k = 0; k < 8; ++k) c = (c & 1u) ? crc32_poly ^ (c >> 1) : c >> 1;
+    t[0][i] = c;
   }
+  // t[k][i]: the CRC state after byte i followed by k zero bytes.
+  for (std::size_t k = 1; k < 8; ++k)
+    for (std::size_t i = 0; i < 256; ++i) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFFu];
   return t;
 }();
+
+constexpr std::uint32_t load_le32(const std::byte* p) {
+  return std::uint32_t(p[0]) | std::uint32_t(p[1]) << 8 | std::uint32_t(p[2]) << 16 | std::uint32_t(p[3]) << 24;
+}
+
+/** a * b modulo the CRC polynomial, both reflected (bit 31 is x^0). */
+constexpr std::uint32_t crc32_mulmod(std::uint32_t a, std::uint32_t b) {
+  std::uint32_t product = 0;
+  for (std::uint32_t bit = 0x80000000u; bit != 0; bit >>= 1) {
+    if (a & bit) product ^= b;
+    b = (b & 1u) ? (b >> 1) ^ crc32_poly : b >> 1;  // b *= x
+  }
+  return product;
+}
+
+/** x^(8 n) modulo the polynomial: the factor that appends n zero bytes to a CRC. */
+constexpr std::uint32_t crc32_x8n(std::uint64_t n) {
+  std::uint32_t result = 0x80000000u;  // x^0
+  std::uint32_t square = 0x00800000u;  // x^8 (one byte)
+  while (n != 0) {
+    if (n & 1u) result = crc32_mulmod(square, result);
+    square = crc32_mulmod(square, square);
+    n >>= 1;
+  }
+  return result;
+}
 }  // namespace detail
 
 inline constexpr std::uint32_t crc32_init = 0xFFFFFFFFu;
 
 /** @brief Feeds `bytes` into a running (not yet finalised) CRC state. */
 [[nodiscard]] constexpr std::uint32_t crc32_update(std::uint32_t state, std::span<const std::byte> bytes) {
-  for (std::byte b : bytes) state = detail::crc32_table[(state ^ std::uint32_t(b)) & 0xFFu] ^ (state >> 8);
+  const auto& t = detail::crc32_tables;
+  const std::byte* p = bytes.data();
+  std::size_t n = bytes.size();
+  while (n >= 8) {
+    const std::uint32_t lo = detail::load_le32(p) ^ state, hi = detail::load_le32(p + 4);
+    state = t[7][lo & 0xFFu] ^ t[6][(lo >> 8) & 0xFFu] ^ t[5][(lo >> 16) & 0xFFu] ^ t[4][lo >> 24] ^
+            t[3][hi & 0xFFu] ^ t[2][(hi >> 8) & 0xFFu] ^ t[1][(hi >> 16) & 0xFFu] ^ t[0][hi >> 24];
+    p += 8;
+    n -= 8;
+  }
+  for (; n > 0; --n, ++p) state = t[0][(state ^ std::uint32_t(*p)) & 0xFFu] ^ (state >> 8);
   return state;
 }
 [[nodiscard]] constexpr std::uint32_t crc32_final(std::uint32_t state) { return state ^ 0xFFFFFFFFu; }
@@ -42,10 +85,18 @@ inline constexpr std::uint32_t crc32_init = 0xFFFFFFFFu;
 /** @brief The CRC-32 of a string's characters. */
 [[nodiscard]] constexpr std::uint32_t crc32(std::string_view s) {
   std::uint32_t c = crc32_init;
-  for (char ch : s) c = detail::crc32_table[(c ^ std::uint32_t(static_cast<unsigned char>(ch))) & 0xFFu] ^ (c >> 8);
+  for (char ch : s) c = detail::crc32_tables[0][(c ^ std::uint32_t(static_cast<unsigned char>(ch))) & 0xFFu] ^ (c >> 8);
   return crc32_final(c);
 }
 
+/** @brief The CRC-32 of A followed by B, from `crc_a = crc32(A)`, `crc_b = crc32(B)` and `len_b = |B|`. */
+[[nodiscard]] constexpr std::uint32_t crc32_combine(std::uint32_t crc_a, std::uint32_t crc_b, std::uint64_t len_b) {
+  // The init and final XORs of A and B cancel except for A's CRC shifted past B's bytes.
+  return detail::crc32_mulmod(detail::crc32_x8n(len_b), crc_a) ^ crc_b;
+}
+
 static_assert(crc32(std::string_view("123456789")) == 0xCBF43926u, "CRC-32 check value");
+static_assert(crc32_combine(crc32(std::string_view("1234")), crc32(std::string_view("56789")), 5) == 0xCBF43926u,
+              "CRC-32 combination");
 
 }  // namespace mpar::io
