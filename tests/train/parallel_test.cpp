@@ -402,3 +402,30 @@ TEST_CASE("f16 gradients survive with loss scaling and underflow without it", "[
   big.update(ok);
   CHECK(big.scale() == 8388608.0f);
 }
+
+TEST_CASE("ZeRO-1 gradient norm over tensor x pipeline x data meshes equals the single-rank norm", "[train][zero][clip]") {
+  auto full = model_shard(1, 0, 1, 0);
+  std::vector<nn::Parameter*> fp;
+  for (auto& p : full) fp.push_back(&p);
+  const double want = optim::grad_norm(fp);
+  struct Shape {
+    std::size_t tp, pp, dp;
+  };
+  for (Shape sh : {Shape{2, 1, 2}, Shape{2, 2, 2}, Shape{1, 2, 3}}) {
+    DYNAMIC_SECTION("tp=" << sh.tp << " pp=" << sh.pp << " dp=" << sh.dp) {
+      std::mutex mu;
+      const DynamicMesh mesh(sh.tp, sh.pp, sh.dp, std::size_t(1));
+      run_threads(int(mesh.world_size()), [&](ThreadsCommunicator& world) {
+        auto comms = make_mesh_comms(world, mesh);
+        const MeshCoord c = mesh.coord(std::size_t(world.rank()));
+        auto mine = model_shard(sh.tp, c.tensor, sh.pp, c.pipeline);  // equal gradients on every data replica
+        std::vector<nn::Parameter*> ps;
+        for (auto& p : mine) ps.push_back(&p);
+        parallel::Zero1AdamW<ThreadsCommunicator> zero(ps, comms.data, {.lr = 0.0f}, {.bucket_bytes = 40});
+        const double n = zero.grad_norm(comms.tensor, comms.pipeline);
+        std::lock_guard l(mu);
+        CHECK(n == Approx(want).epsilon(1e-6));  // the fp32 average (3 g) / 3 may differ from g in the last bit
+      });
+    }
+  }
+}
