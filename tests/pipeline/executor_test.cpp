@@ -54,8 +54,9 @@ Result reference(std::size_t layers, int M) {
 }
 
 /** Runs one step of `name` on P threads with V chunks of `lps` layers each. */
-Result pipelined(std::string_view name, int P, int M, int V, std::size_t lps, bool recompute = false) {
-  const Programs prog = make_programs(name, {P, M, V});
+Result pipelined(std::string_view name, int P, int M, int V, std::size_t lps, bool recompute = false,
+                 CommPlacement placement = CommPlacement::lazy) {
+  const Programs prog = make_programs(name, {P, M, V, 1, placement});
   Result out;
   std::mutex mu;
   run_threads(P, [&](ThreadsCommunicator& comm) {
@@ -107,6 +108,14 @@ TEST_CASE("every synchronous schedule reproduces the single-rank loss and gradie
       INFO("interleaved P=" << P << " M=" << M << " V=2");
       compare(pipelined(Interleaved1F1B::name, P, M, 2, 1), reference(std::size_t(2 * P), M));
     }
+}
+
+TEST_CASE("programs with the blocking-safe (ordered) placement run to the same result", "[pipeline][executor]") {
+  for (auto name : {GPipe::name, OneFOneB::name, ZBH1::name, ZBH2::name}) {
+    INFO(name);
+    compare(pipelined(name, 4, 6, 1, 1, false, CommPlacement::ordered), reference(4, 6));
+  }
+  compare(pipelined(Interleaved1F1B::name, 2, 4, 2, 1, false, CommPlacement::ordered), reference(4, 4));
 }
 
 TEST_CASE("activation recomputation gives the same gradients", "[pipeline][executor]") {

@@ -31,6 +31,15 @@ TEST_CASE("every schedule verifies for P in {1,2,4,8}, M in 1..8, V in {1,2}", "
           const VerifyReport rep = verify(p);
           INFO(name << " P=" << P << " M=" << M << " V=" << V << ": " << rep.error);
           REQUIRE(rep.ok);
+          // The ordered placement is deadlock-free with blocking sends too, at the same uniform-cost makespan.
+          ScheduleConfig co = c;
+          co.placement = CommPlacement::ordered;
+          const Programs po = make_programs(name, co);
+          const VerifyReport ro = verify(po, SendMode::rendezvous);
+          INFO("ordered, rendezvous: " << ro.error);
+          REQUIRE(ro.ok);
+          CHECK(verify(po).ok);
+          CHECK(simulate(po, CostModel::uniform(1, 1, 1)).makespan == simulate(p, CostModel::uniform(1, 1, 1)).makespan);
           // Each (stage, micro-batch) runs F and B (and W when split) exactly once.
           std::size_t compute = 0;
           for (const auto& r : p.ranks)
@@ -159,10 +168,12 @@ TEST_CASE("verifier catches broken dependencies, unmatched sends and crossed blo
   bad = p;
   bad.ranks[0][1].peer = 0;
   CHECK_THAT(verify(bad).error, Contains("lives on rank 1"));
-  // With blocking (rendezvous) sends, 1F1B's send-activation / send-gradient pair crosses and deadlocks.
+  // With blocking (rendezvous) sends, the lazy placement of 1F1B crosses a send-activation with a
+  // send-gradient and deadlocks; the ordered placement does not.
   const VerifyReport rv = verify(make_programs<OneFOneB>({2, 4}), SendMode::rendezvous);
-  CHECK_THAT(rv.error, Contains("deadlock") && Contains("send_activation") && Contains("send_gradient"));
-  CHECK(verify(make_programs<GPipe>({4, 4}), SendMode::rendezvous).ok);
+  CHECK_THAT(rv.error, Contains("deadlock") && Contains("rank 0 action #3 send_activation(mb 1, chunk 0) to rank 1") &&
+                           Contains("rank 1 action #3 send_gradient(mb 0, chunk 0) to rank 0"));
+  CHECK(verify(make_programs<OneFOneB>({2, 4, 1, 1, CommPlacement::ordered}), SendMode::rendezvous).ok);
 }
 
 TEST_CASE("invalid configurations get a sentence saying what to change", "[pipeline][config]") {
@@ -185,6 +196,9 @@ TEST_CASE("static schedules are built and verified by the compiler", "[pipeline]
   static_assert(StaticSchedule<ZBH1, 4, 8>::peak_activations[0] == 4);
   static_assert(StaticSchedule<GPipe, 3, 5>::peak_activations[0] == 5);
   static_assert(StaticSchedule<PipeDream2BW, 2, 2, 1, 3>::verified);
+  // Blocking-send safety, proven by the compiler.
+  static_assert(verify(ZBH1::build({4, 8, 1, 1, CommPlacement::ordered}), SendMode::rendezvous).ok);
+  static_assert(!verify(OneFOneB::build({4, 8}), SendMode::rendezvous).ok);
   const Programs p = S::programs();
   CHECK(verify(p).ok);
   CHECK(p.ranks[0].size() == S::lengths[0]);

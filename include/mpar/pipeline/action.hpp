@@ -81,12 +81,21 @@ struct Action {
   friend constexpr bool operator==(const Action&, const Action&) = default;
 };
 
+/**
+ * @brief Where sends and receives go in the programs. `lazy`: each receive right before the compute
+ * that needs it, each send right after the compute that produced it (least waiting; safe with
+ * asynchronous sends). `ordered`: every message at the same position of one global order on both
+ * ranks (safe with blocking sends too; a receive may come earlier than strictly needed).
+ */
+enum class CommPlacement : std::uint8_t { lazy, ordered };
+
 /** @brief The shape of a pipeline: P ranks, M micro-batches per step, V chunks per rank, and (for asynchronous schedules) steps. */
 struct ScheduleConfig {
   int stages = 1;        ///< P: pipeline ranks
   int microbatches = 1;  ///< M: micro-batches per optimizer step
   int chunks = 1;        ///< V: model chunks (virtual stages) per rank
   int steps = 1;         ///< optimizer steps covered by one program (asynchronous schedules run several without a flush)
+  CommPlacement placement = CommPlacement::lazy;  ///< see CommPlacement
   [[nodiscard]] constexpr int total_stages() const { return stages * chunks; }
   [[nodiscard]] constexpr int total_microbatches() const { return microbatches * steps; }
   friend constexpr bool operator==(const ScheduleConfig&, const ScheduleConfig&) = default;

@@ -7,9 +7,11 @@
  * compiler (see StaticSchedule in static_schedule.hpp); a dynamic one is built and verified before
  * the first step.
  *
- * Communication placement: a receive sits right before the compute that consumes it, a send right
- * after the compute that produces it. Sends are asynchronous (isend, completed by the end of the
- * step); receives block. The verifier checks exactly these semantics.
+ * Communication placement (ScheduleConfig::placement): `lazy` (default) puts each receive right
+ * before its consumer and each send right after its producer — deadlock-free with asynchronous
+ * sends (isend, what the executor does); `ordered` puts every message at one position of a global
+ * order in both programs — deadlock-free with blocking (rendezvous) sends as well. The verifier
+ * checks either semantics.
  */
 #include <algorithm>
 #include <concepts>
@@ -54,14 +56,13 @@ constexpr std::string check_common(std::string_view name, const ScheduleConfig& 
 }
 
 /**
- * Turns per-rank compute orders into full programs: inserts the receive before and the send after
- * each compute whose neighbour stage lives on another rank, and appends the flush's optimizer step
- * for synchronous schedules.
+ * CommPlacement::lazy: each receive right before the compute that consumes it, each send right
+ * after the compute that produces it — the least waiting with asynchronous sends.
  */
-constexpr Programs assemble(std::string_view name, const ScheduleConfig& c, bool split, bool async,
-                            const std::vector<std::vector<Action>>& compute) {
+constexpr Programs assemble_lazy(std::string_view name, const ScheduleConfig& c, bool split, bool async,
+                                 const std::vector<std::vector<Action>>& compute) {
   Programs out{name, c, split, async, {}};
-  out.ranks.resize(std::size_t(c.stages));
+  out.ranks.resize(static_cast<std::size_t>(c.stages));
   const int S = c.total_stages();
   for (int r = 0; r < c.stages; ++r) {
     auto& prog = out.ranks[std::size_t(r)];
@@ -87,6 +88,108 @@ constexpr Programs assemble(std::string_view name, const ScheduleConfig& c, bool
     if (!async) prog.push_back({Op::optimizer_step, 0, 0, -1});
   }
   return out;
+}
+
+/**
+ * CommPlacement::ordered: turns per-rank compute orders into full programs by placing the sends and receives.
+ *
+ * The compute orders are first replayed with unit costs (F = B = W = 1, a whole backward 2) to give
+ * every compute a start time and every message the time `k` its producer finishes. Each message is
+ * then placed in *both* its sender's and its receiver's program right before the first compute
+ * that starts at or after `k`, messages at equal `k` ordered by one global key. So every rank meets
+ * its messages in one global order, which makes the programs deadlock-free even with blocking
+ * (rendezvous) sends: the earliest unfinished message has both ends reachable, because everything
+ * before it on either rank is either an earlier message or a compute whose inputs are earlier
+ * messages. The send still follows its producer (which ends at k) and the receive still precedes
+ * its consumer (which starts at or after k), so the buffered semantics hold as well.
+ */
+constexpr Programs assemble_ordered(std::string_view name, const ScheduleConfig& c, bool split, bool async,
+                                    const std::vector<std::vector<Action>>& compute) {
+  const int P = c.stages, S = c.total_stages(), N = c.total_microbatches();
+  constexpr long long unknown = -1;
+  const auto sn = static_cast<std::size_t>(S) * static_cast<std::size_t>(N);
+  std::vector<long long> f_end(sn, unknown), b_end(sn, unknown);
+  auto at = [N](int s, int mb) { return static_cast<std::size_t>(s) * static_cast<std::size_t>(N) + static_cast<std::size_t>(mb); };
+  // 1. Unit-cost replay of the compute orders (each pass advances every rank as far as it can).
+  std::vector<std::vector<long long>> start(static_cast<std::size_t>(P));
+  std::vector<std::size_t> next(static_cast<std::size_t>(P), 0);
+  std::vector<long long> clock(static_cast<std::size_t>(P), 0);
+  for (int r = 0; r < P; ++r) start[std::size_t(r)].assign(compute[std::size_t(r)].size(), 0);
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (int r = 0; r < P; ++r) {
+      const auto ur = std::size_t(r);
+      while (next[ur] < compute[ur].size()) {
+        const Action& a = compute[ur][next[ur]];
+        const int s = global_stage(c, r, a.chunk);
+        long long ready = clock[ur];
+        if (a.op == Op::forward && s > 0) {
+          if (f_end[at(s - 1, a.mb)] == unknown) break;
+          ready = std::max(ready, f_end[at(s - 1, a.mb)]);
+        }
+        if ((a.op == Op::backward || a.op == Op::backward_input) && s < S - 1) {
+          if (b_end[at(s + 1, a.mb)] == unknown) break;
+          ready = std::max(ready, b_end[at(s + 1, a.mb)]);
+        }
+        const long long cost = a.op == Op::backward && !split ? 2 : 1;
+        start[ur][next[ur]] = ready;
+        clock[ur] = ready + cost;
+        if (a.op == Op::forward) f_end[at(s, a.mb)] = clock[ur];
+        if (a.op == Op::backward || a.op == Op::backward_input) b_end[at(s, a.mb)] = clock[ur];
+        ++next[ur];
+        progress = true;
+      }
+    }
+  }
+  // (Orders that cannot complete are still assembled; the verifier then names the stuck ranks.)
+  // 2. Every rank's items: computes keyed by (start, 1), messages by (k, 0, global key).
+  struct Item {
+    long long time;
+    int kind;  // 0 message, 1 compute
+    long long key;
+    Action action;
+  };
+  std::vector<std::vector<Item>> items(static_cast<std::size_t>(P));
+  for (int r = 0; r < P; ++r) {
+    const auto ur = std::size_t(r);
+    for (std::size_t i = 0; i < compute[ur].size(); ++i) {
+      const Action& a = compute[ur][i];
+      const long long t = i < next[ur] ? start[ur][i] : (1ll << 60) + static_cast<long long>(i);
+      items[ur].push_back({t, 1, 0, a});
+      const int s = global_stage(c, r, a.chunk);
+      const bool fwd = a.op == Op::forward, bwd = a.op == Op::backward || a.op == Op::backward_input;
+      const int dst = fwd ? s + 1 : s - 1;
+      if (!(fwd || bwd) || dst < 0 || dst >= S || stage_rank(c, dst) == r) continue;
+      const int q = stage_rank(c, dst);
+      const long long k = i < next[ur] ? (fwd ? f_end : b_end)[at(s, a.mb)] : (1ll << 60) + static_cast<long long>(i);
+      const long long key = (static_cast<long long>(fwd ? 0 : 1) * S + dst) * N + a.mb;
+      items[ur].push_back({k, 0, key, {fwd ? Op::send_activation : Op::send_gradient, a.mb, a.chunk, q}});
+      items[std::size_t(q)].push_back(
+          {k, 0, key, {fwd ? Op::recv_activation : Op::recv_gradient, a.mb, stage_chunk(c, dst), r}});
+    }
+  }
+  Programs out{name, c, split, async, {}};
+  out.ranks.resize(static_cast<std::size_t>(P));
+  for (int r = 0; r < P; ++r) {
+    auto& v = items[std::size_t(r)];
+    std::sort(v.begin(), v.end(), [](const Item& x, const Item& y) {  // a total order: keys are unique per rank
+      if (x.time != y.time) return x.time < y.time;
+      if (x.kind != y.kind) return x.kind < y.kind;
+      return x.key < y.key;
+    });
+    auto& prog = out.ranks[std::size_t(r)];
+    for (const Item& it : v) prog.push_back(it.action);
+    if (!async) prog.push_back({Op::optimizer_step, 0, 0, -1});
+  }
+  return out;
+}
+
+/** Places the communication as `c.placement` asks. */
+constexpr Programs assemble(std::string_view name, const ScheduleConfig& c, bool split, bool async,
+                            const std::vector<std::vector<Action>>& compute) {
+  // (if/else rather than ?: — GCC 12's constant evaluator mishandles the conditional's temporary)
+  if (c.placement == CommPlacement::ordered) return assemble_ordered(name, c, split, async, compute);
+  return assemble_lazy(name, c, split, async, compute);
 }
 
 /** 1F1B order over `total` micro-batches for rank r: P-r-1 warm-up forwards, then alternate, then drain. */
