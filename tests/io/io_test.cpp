@@ -23,6 +23,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
+/** Catch2 is not thread-safe: assertions inside thread ranks take this lock. */
+std::mutex catch_mutex;
+
 /** A fresh directory under the system temp dir, removed at the end of the test. */
 struct TempDir {
   fs::path path;
@@ -149,6 +152,7 @@ void save_layout(const fs::path& root, std::size_t tp, std::size_t pp, std::size
     const auto rs = rank_state(tp, pp, dp, std::size_t(comm.rank()), seed);
     const auto blocks = rs.save_blocks();
     const auto r = io::save_checkpoint(root, blocks, st, comm, opts);
+    std::lock_guard lock(catch_mutex);
     CHECK(r.path.filename() == io::step_dir_name(st.step));
   });
 }
@@ -161,7 +165,6 @@ bool bits_equal(std::span<const float> a, std::span<const float> b) {
 std::vector<io::LoadStats> load_and_check(const fs::path& root, std::size_t tp, std::size_t pp, std::size_t dp,
                                           std::uint64_t seed = 1) {
   std::vector<io::LoadStats> stats(tp * pp * dp);
-  std::mutex mu;
   run_threads(int(tp * pp * dp), [&](ThreadsCommunicator& comm) {
     const auto want = rank_state(tp, pp, dp, std::size_t(comm.rank()), seed);
     RankState got = want;
@@ -174,7 +177,7 @@ std::vector<io::LoadStats> load_and_check(const fs::path& root, std::size_t tp, 
       blocks.push_back(io::state_block(got.params[i], "adamw.v", std::span<float>(got.v[i].value)));
     }
     const auto res = io::load_checkpoint(root, blocks, comm);
-    std::lock_guard lock(mu);
+    std::lock_guard lock(catch_mutex);
     CHECK(res.state == example_state(res.state.step));
     for (std::size_t i = 0; i < want.params.size(); ++i) {
       INFO("layout " << tp << "x" << pp << "x" << dp << " rank " << comm.rank() << " tensor " << want.params[i].name);
@@ -324,6 +327,7 @@ TEST_CASE("a (2,2,1) checkpoint loads bit-exactly into every other layout", "[io
       io::LoadOptions lo;
       lo.verify_whole_shards = true;
       const auto r = io::load_checkpoint(dir.path, blocks, comm, lo);
+      std::lock_guard lock(catch_mutex);
       CHECK(r.stats.bytes_read >= r.stats.bytes_needed);
     });
   }
@@ -383,6 +387,7 @@ TEST_CASE("ZeRO-1 flat optimizer states load into a plain layout", "[io]") {
       std::vector<float> got(range.extent, -1.0f);
       auto blocks = io::flat_state_blocks(want.params[i], "adamw.m", range.offset, std::span<float>(got));
       io::load_checkpoint(dir.path, blocks);
+      std::lock_guard lock(catch_mutex);
       CHECK(bits_equal(got, std::span<const float>(want.m[i].value).subspan(range.offset, range.extent)));
     }
   });
