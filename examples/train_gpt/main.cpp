@@ -37,6 +37,7 @@ struct Options {
   std::size_t ep = 1;
   std::string metrics, trace, save, resume;
   std::size_t trace_step = 1, save_every = 0, sample = 200, log_every = 1;
+  std::size_t bucket_kib = 1024;
   double mem_limit_gib = 0;
   bool quiet = false;
 };
@@ -58,7 +59,7 @@ Options parse(int argc, char** argv) {
   p.option("hidden", t.model.hidden, "model width").range(1, 1 << 20);
   p.option("heads", t.model.heads, "attention heads").range(1, 4096);
   p.option("seq", t.model.seq, "sequence length (characters)").range(2, 1 << 20);
-  p.option("dropout", t.model.dropout, "dropout probability").range(0, 0.99);
+  p.option("dropout", t.model.dropout, "dropout probability").range(0, 0.9);
   p.option("tp", t.tp, "tensor-parallel size").range(1, 1024);
   p.option("pp", t.pp, "pipeline-parallel size").range(1, 1024);
   p.option("dp", t.dp, "data-parallel size").range(1, 1024);
@@ -79,7 +80,7 @@ Options parse(int argc, char** argv) {
   p.option("min-lr", t.min_lr, "final learning rate of the cosine decay").range(0, 10);
   p.option("warmup", t.warmup, "warm-up steps").range(0, 1 << 30);
   p.option("clip", t.clip, "global gradient-norm clip (0: off)").range(0, 1e9);
-  p.option("bucket-kib", t.bucket_bytes, "data-parallel bucket size in KiB").range(1, 1 << 22);
+  p.option("bucket-kib", o.bucket_kib, "data-parallel bucket size in KiB").range(1, 1 << 22);
   p.option("seed", t.model.seed, "initialisation seed");
   p.option("data-seed", t.data_seed, "batch sampling seed");
   p.option("metrics", o.metrics, "write one JSON object per step to this file");
@@ -96,7 +97,7 @@ Options parse(int argc, char** argv) {
     std::cout << p.help();
     std::exit(0);
   }
-  t.bucket_bytes *= 1024;
+  t.bucket_bytes = o.bucket_kib * 1024;
   require(o.ep == 1, "train_gpt: --ep ", o.ep,
           " needs mixture-of-experts blocks, which the GPT model does not use yet; the MoE layer with expert "
           "parallelism is available as parallel::MoE (see docs/training.md). Use --ep 1");
