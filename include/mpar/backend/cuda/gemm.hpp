@@ -50,10 +50,12 @@ inline void check_gemm_dims(const char* what, Trans ta, Trans tb, std::size_t m,
  * `C = alpha * op(A) * op(B) + beta * C`; all pointers are device pointers, leading dimensions in elements.
  */
 template <class TIn, class TOut = TIn>
-  requires gemm_types<TIn, TOut>
 void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, gemm_scalar_t<TIn> alpha, const TIn* a,
           std::size_t lda, const TIn* b, std::size_t ldb, gemm_scalar_t<TIn> beta, TOut* c, std::size_t ldc,
           cudaStream_t stream = nullptr) {
+  static_assert(gemm_types<TIn, TOut>,
+                "gpu::gemm: supported are A, B, C of one type (float, double, bf16, f16), or bf16/f16 A and B "
+                "with a float C (fp32 accumulation); convert other operands first with gpu::convert");
   if (m == 0 || n == 0) return;
   detail::check_gemm_dims("gpu::gemm", ta, tb, m, n, k, lda, ldb, ldc);
   cublasHandle_t h = this_thread().blas(stream);
@@ -68,11 +70,13 @@ void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, gemm_
  * (attention's per-head products): `C_i = alpha * op(A_i) * op(B_i) + beta * C_i`.
  */
 template <class TIn, class TOut = TIn>
-  requires gemm_types<TIn, TOut>
 void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, gemm_scalar_t<TIn> alpha,
                           const TIn* a, std::size_t lda, std::int64_t stride_a, const TIn* b, std::size_t ldb,
                           std::int64_t stride_b, gemm_scalar_t<TIn> beta, TOut* c, std::size_t ldc,
                           std::int64_t stride_c, std::size_t batch, cudaStream_t stream = nullptr) {
+  static_assert(gemm_types<TIn, TOut>,
+                "gpu::gemm_strided_batched: supported are A, B, C of one type (float, double, bf16, f16), or bf16/f16 A and B "
+                "with a float C (fp32 accumulation); convert other operands first with gpu::convert");
   if (m == 0 || n == 0 || batch == 0) return;
   detail::check_gemm_dims("gpu::gemm_strided_batched", ta, tb, m, n, k, lda, ldb, ldc);
   check(cublasGemmStridedBatchedEx(this_thread().blas(stream), detail::op_of(tb), detail::op_of(ta), int(n), int(m), int(k), &alpha, b,
@@ -125,10 +129,12 @@ inline const char* epilogue_name(Epilogue e) {
  * cuBLASLt has no kernel for the combination.
  */
 template <class TIn, class TOut = TIn>
-  requires(gemm_types<TIn, TOut> && !std::is_same_v<TIn, double>)
 void gemm_lt(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const TIn* a, std::size_t lda,
              const TIn* b, std::size_t ldb, float beta, TOut* c, std::size_t ldc, Epilogue epilogue = Epilogue::none,
              const TOut* bias = nullptr, TOut* aux = nullptr, std::size_t ldaux = 0, cudaStream_t stream = nullptr) {
+  static_assert(gemm_types<TIn, TOut> && !std::is_same_v<TIn, double>,
+                "gpu::gemm_lt: cuBLASLt epilogues take float, bf16 or f16 A and B with C of the same type, or "
+                "bf16/f16 A and B with a float C; use gpu::gemm for double");
   if (m == 0 || n == 0) return;
   detail::check_gemm_dims("gpu::gemm_lt", ta, tb, m, n, k, lda, ldb, ldc);
   require(epilogue == Epilogue::none || bias != nullptr, "gpu::gemm_lt: epilogue ", detail::epilogue_name(epilogue),
