@@ -213,6 +213,20 @@ TEST_CASE("a run resumed from a checkpoint of another layout continues exactly",
     for (std::size_t i = 0; i < 10; ++i) REQUIRE(rest.losses[i] == Approx(full.losses[10 + i]).epsilon(loss_tol));
   }
   fs::remove_all(dir);
+  // ZeRO-1 moments are saved as flat ranges of each parameter: a ZeRO-1 run resumes without ZeRO and back.
+  auto zero = small(1, 2, 2);
+  zero.zero1 = true;
+  const RunResult zero_full = run(zero, 20);
+  (void)run(zero, 10, "", dir.string());
+  const RunResult plain_rest = run(small(2, 1, 1), 20, dir.string());
+  for (std::size_t i = 0; i < 10; ++i) REQUIRE(plain_rest.losses[i] == Approx(zero_full.losses[10 + i]).epsilon(loss_tol));
+  fs::remove_all(dir);
+  (void)run(small(2, 2, 1), 10, "", dir.string());
+  auto zero_again = small(1, 1, 2);
+  zero_again.zero1 = true;
+  const RunResult zero_rest = run(zero_again, 20, dir.string());
+  for (std::size_t i = 0; i < 10; ++i) REQUIRE(zero_rest.losses[i] == Approx(full.losses[10 + i]).epsilon(loss_tol));
+  fs::remove_all(dir);
 }
 
 TEST_CASE("invalid configurations are refused before training, saying what to change", "[models][gpt][errors]") {

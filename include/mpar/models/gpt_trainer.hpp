@@ -36,6 +36,7 @@
 #include "mpar/comm/mesh_comms.hpp"
 #include "mpar/core/mesh.hpp"
 #include "mpar/data/char_dataset.hpp"
+#include "mpar/io/blocks.hpp"
 #include "mpar/io/checkpoint.hpp"
 #include "mpar/models/gpt.hpp"
 #include "mpar/observe/timed_communicator.hpp"
@@ -240,19 +241,13 @@ class GptTrainer {
   }
 
   /**
-   * @brief Saves parameters, optimizer moments and the training state under `root` (collective). Each
-   * rank writes only the blocks no lower rank holds. ZeRO-1 moments are not saved (see docs/training.md).
+   * @brief Saves parameters, optimizer moments (AdamW, or ZeRO-1's sharded moments as flat ranges) and
+   * the training state under `root` (collective). Each rank writes only blocks no lower rank holds;
+   * any layout — with or without ZeRO-1 — can resume from the result.
    */
   io::SaveResult save(const std::filesystem::path& root) {
     std::vector<io::SaveBlock> blocks;
-    for (std::size_t i = 0; i < opt_params_.size(); ++i) {
-      const nn::Parameter& p = *opt_params_[i];
-      blocks.push_back(block_of_param<const float>(p, p.name, std::span<const float>(p.value)));
-      if (adamw_) {
-        blocks.push_back(block_of_param<const float>(p, p.name + ".adam_m", adamw_->first_moment(i)));
-        blocks.push_back(block_of_param<const float>(p, p.name + ".adam_v", adamw_->second_moment(i)));
-      }
-    }
+    state_blocks<const float>(blocks);
     io::TrainingState st;
     st.step = step_;
     st.data_position = step_;  // batches are a pure function of the step
@@ -261,28 +256,24 @@ class GptTrainer {
       st.loss_scale = io::LossScaleState{scaler_->scale(), std::uint64_t(scaler_->good_steps_in_a_row()),
                                          std::uint64_t(scaler_->skipped_steps())};
     if (adamw_) st.user["adamw.steps"] = std::to_string(adamw_->steps());
+    if (zero_) st.user["adamw.steps"] = std::to_string(zero_->steps());
     io::SaveOptions opts;
     opts.mesh = {cfg_.tp, cfg_.pp, cfg_.dp};
     return io::save_checkpoint(root, std::span<const io::SaveBlock>(blocks), st, comms_.world, opts);
   }
 
-  /** Loads parameters (and AdamW moments) saved with any layout and continues from its step (collective). */
+  /** Loads parameters and optimizer moments saved with any layout and continues from its step (collective). */
   io::LoadResult resume(const std::filesystem::path& path) {
     std::vector<io::LoadBlock> blocks;
-    for (std::size_t i = 0; i < opt_params_.size(); ++i) {
-      nn::Parameter& p = *opt_params_[i];
-      blocks.push_back(block_of_param<float>(p, p.name, std::span<float>(p.value)));
-      if (adamw_) {
-        blocks.push_back(block_of_param<float>(p, p.name + ".adam_m", adamw_->first_moment_mut(i)));
-        blocks.push_back(block_of_param<float>(p, p.name + ".adam_v", adamw_->second_moment_mut(i)));
-      }
-    }
+    state_blocks<float>(blocks);
     io::LoadResult res = io::load_checkpoint(path, std::span<const io::LoadBlock>(blocks), comms_.world);
     step_ = std::size_t(res.state.step);
-    if (adamw_) {
+    if (adamw_ || zero_) {
       auto it = res.state.user.find("adamw.steps");
-      require(it != res.state.user.end(), "resume: checkpoint ", res.path.string(), " has no AdamW step count");
-      adamw_->set_steps(std::size_t(std::stoull(it->second)));
+      require(it != res.state.user.end(), "resume: checkpoint ", res.path.string(),
+              " has no AdamW step count (was it saved with --optimizer sgd?)");
+      if (adamw_) adamw_->set_steps(std::size_t(std::stoull(it->second)));
+      else zero_->set_steps(std::size_t(std::stoull(it->second)));
     }
     if (scaler_ && res.state.loss_scale)
       scaler_->restore(res.state.loss_scale->scale, std::size_t(res.state.loss_scale->good_steps),
@@ -293,9 +284,23 @@ class GptTrainer {
   }
 
  private:
+  /** The blocks a checkpoint holds for this rank: every optimized parameter and its AdamW moments. */
   template <class T>
-  static io::BlockView<T> block_of_param(const nn::Parameter& p, std::string name, std::span<T> data) {
-    return io::BlockView<T>{std::move(name), p.global_shape, io::BoxN(p.local_box.begin(), p.local_box.end()), p.layout, data};
+  void state_blocks(std::vector<io::BlockView<T>>& out) {
+    using Span = std::span<T>;
+    for (std::size_t i = 0; i < opt_params_.size(); ++i) {
+      nn::Parameter& p = *opt_params_[i];
+      out.push_back(io::BlockView<T>{p.name, p.global_shape, io::BoxN(p.local_box.begin(), p.local_box.end()), p.layout,
+                                     Span(p.value)});
+      if (adamw_) {
+        out.push_back(io::state_block(p, "adamw.m", Span(adamw_->first_moment_mut(i))));
+        out.push_back(io::state_block(p, "adamw.v", Span(adamw_->second_moment_mut(i))));
+      }
+    }
+    if (zero_)
+      for (const auto& piece : zero_->state_pieces())
+        for (auto [state, data] : {std::pair{"adamw.m", piece.m}, std::pair{"adamw.v", piece.v}})
+          for (auto& b : io::flat_state_blocks(*piece.param, state, piece.param_offset, Span(data))) out.push_back(b);
   }
   [[nodiscard]] std::size_t opt_elements() const {
     std::size_t n = 0;
