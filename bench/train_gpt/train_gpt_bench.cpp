@@ -1,0 +1,174 @@
+// bench_train_gpt: training throughput of the GPT model for every (tp, pp, dp) layout of 1, 2 and 4
+// thread ranks, against the single-rank run of the same model, batch and data.
+//
+// Layouts are measured in rounds (each round trains every layout for a few steps with a fresh
+// trainer), so slow phases of a shared machine hit every layout alike; the first steps of every
+// round warm caches and allocations up and are not counted. Reported per layout: the median step
+// time over all counted steps, tokens/s from it, and the median bubble and communication shares
+// that `GptTrainer::train_step` measures. Last line: ours = the best 2-rank layout's tokens/s,
+// baseline = the single-rank tokens/s (ratio > 1: the 2-rank layout trains faster).
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <mutex>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <bench_util.hpp>
+#include <mpar/io/cli.hpp>
+#include <mpar/models/gpt_trainer.hpp>
+#include <mpar/mpar.hpp>
+
+using namespace mpar;
+
+namespace {
+
+struct Layout {
+  std::size_t tp, pp, dp;
+  [[nodiscard]] std::size_t ranks() const { return tp * pp * dp; }
+  [[nodiscard]] std::string name() const {
+    return "tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp);
+  }
+};
+
+struct Samples {
+  std::vector<double> wall, bubble, comm;
+  double last_loss = 0;
+};
+
+/** One round of `layout`: a fresh trainer, `warm + counted` steps; returns the counted steps' reports. */
+void run_round(const models::GptTrainConfig& base, const data::CharDataset& ds, const Layout& l, std::size_t warm,
+               std::size_t counted, Samples& out) {
+  models::GptTrainConfig cfg = base;
+  cfg.tp = l.tp;
+  cfg.pp = l.pp;
+  cfg.dp = l.dp;
+  cfg.steps = warm + counted;
+  cfg.warmup = 0;
+  std::mutex mu;
+  run_threads(int(l.ranks()), [&](ThreadsCommunicator& world) {
+    models::GptTrainer<ThreadsCommunicator> tr(world, cfg, ds);
+    for (std::size_t s = 0; s < cfg.steps; ++s) {
+      const models::StepReport r = tr.train_step();  // the same numbers on every rank
+      if (world.rank() != 0 || s < warm) continue;
+      const std::lock_guard lock(mu);
+      out.wall.push_back(r.wall);
+      out.bubble.push_back(r.bubble);
+      out.comm.push_back(r.communication);
+      out.last_loss = r.loss;
+    }
+  });
+}
+
+std::string load_average() {
+  std::ifstream f("/proc/loadavg");
+  std::string a;
+  f >> a;
+  return a.empty() ? "null" : a;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    models::GptTrainConfig cfg;
+    cfg.model.hidden = 256;
+    cfg.model.layers = 4;
+    cfg.model.heads = 4;
+    cfg.model.seq = 64;
+    cfg.global_batch = 16;
+    cfg.microbatches = 4;
+    cfg.schedule = "1f1b";
+    std::size_t rounds = 3, warm = 1, counted = 3, max_ranks = 4;
+    bool smoke = false;
+    std::string data = data::default_text_path;
+    cli::Parser p("bench_train_gpt", "GPT training tokens/s for every (tp, pp, dp) layout of 1, 2 and 4 thread ranks.");
+    p.option("hidden", cfg.model.hidden, "model width").range(1, 1 << 20);
+    p.option("layers", cfg.model.layers, "transformer blocks").range(1, 4096);
+    p.option("heads", cfg.model.heads, "attention heads").range(1, 4096);
+    p.option("seq", cfg.model.seq, "sequence length").range(2, 1 << 20);
+    p.option("batch", cfg.global_batch, "sequences per step (global)").range(1, 1 << 24);
+    p.option("microbatches", cfg.microbatches, "micro-batches per step and data-parallel rank").range(1, 1 << 16);
+    p.choice("schedule", cfg.schedule, {{"gpipe", "gpipe"}, {"1f1b", "1f1b"}, {"zb_h1", "zb_h1"}}, "pipeline schedule");
+    p.option("rounds", rounds, "rounds over all layouts").range(1, 1000);
+    p.option("warm", warm, "uncounted steps at the start of every round").range(0, 1000);
+    p.option("steps", counted, "counted steps per layout and round").range(1, 1000);
+    p.option("max-ranks", max_ranks, "largest world measured (1, 2 or 4)").range(1, 4);
+    p.option("data", data, "training text");
+    p.flag("smoke", smoke, "a tiny model and one short round (for ctest)");
+    if (!p.parse(argc, argv)) {
+      std::cout << p.help();
+      return 0;
+    }
+    if (smoke) {
+      cfg.model.hidden = 32;
+      cfg.model.layers = 2;
+      cfg.model.seq = 16;
+      cfg.global_batch = 8;
+      cfg.microbatches = 2;
+      rounds = 1;
+      warm = 1;
+      counted = 1;
+    }
+    data::CharDataset ds(data, cfg.model.seq);
+    cfg.model.vocab = ds.vocab_size();
+
+    // Every layout with each axis of size 1 or 2: the 2-rank ones fit the 2-core machine; the 4-rank
+    // ones oversubscribe it and are measured for reference.
+    std::vector<Layout> layouts;
+    for (const Layout& l : {Layout{1, 1, 1}, Layout{2, 1, 1}, Layout{1, 2, 1}, Layout{1, 1, 2}, Layout{2, 2, 1},
+                            Layout{2, 1, 2}, Layout{1, 2, 2}})
+      if (l.ranks() <= max_ranks) layouts.push_back(l);
+
+    std::printf("bench_train_gpt: %zu parameters (hidden %zu, %zu layers, %zu heads, seq %zu, vocab %zu), global batch %zu, "
+                "%d micro-batches per data rank, schedule %s, AdamW fp32\n",
+                cfg.model.parameter_count(), cfg.model.hidden, cfg.model.layers, cfg.model.heads, cfg.model.seq,
+                cfg.model.vocab, cfg.global_batch, cfg.microbatches, cfg.schedule.c_str());
+    std::printf("%zu rounds x (%zu warm-up + %zu counted steps) per layout; load average at start %s\n", rounds, warm,
+                counted, load_average().c_str());
+    std::fflush(stdout);
+
+    std::vector<Samples> samples(layouts.size());
+    for (std::size_t round = 0; round < rounds; ++round)
+      for (std::size_t i = 0; i < layouts.size(); ++i) run_round(cfg, ds, layouts[i], warm, counted, samples[i]);
+
+    const double tokens = double(cfg.global_batch * cfg.model.seq);
+    double single = 0, best2 = 0;
+    std::string best2_name;
+    std::ostringstream table;
+    std::printf("\n| tp | pp | dp | ranks | median step (ms) | tokens/s | bubble | communication | vs 1 rank | loss |\n"
+                "|---|---|---|---|---|---|---|---|---|---|\n");
+    std::vector<double> tps(layouts.size());
+    for (std::size_t i = 0; i < layouts.size(); ++i) {
+      tps[i] = tokens / bench::median(samples[i].wall);
+      if (layouts[i].ranks() == 1) single = tps[i];
+      if (layouts[i].ranks() == 2 && tps[i] > best2) {
+        best2 = tps[i];
+        best2_name = layouts[i].name();
+      }
+    }
+    for (std::size_t i = 0; i < layouts.size(); ++i) {
+      const Layout& l = layouts[i];
+      const double b = bench::median(samples[i].bubble), c = bench::median(samples[i].comm);
+      std::printf("| %zu | %zu | %zu | %zu | %.1f | %.0f | %.1f%% | %.1f%% | %.2fx | %.4f |\n", l.tp, l.pp, l.dp, l.ranks(),
+                  bench::median(samples[i].wall) * 1e3, tps[i], b * 100, c * 100, tps[i] / single, samples[i].last_loss);
+      table << (i ? ", " : "") << "{\"tp\": " << l.tp << ", \"pp\": " << l.pp << ", \"dp\": " << l.dp
+            << ", \"tokens_per_second\": " << tps[i] << ", \"bubble\": " << b << ", \"communication\": " << c << "}";
+    }
+    std::printf("\nbest 2-rank layout: %s, %.0f tokens/s = %.2fx the single rank (%.0f tokens/s); load average at end %s\n",
+                best2_name.c_str(), best2, best2 / single, single, load_average().c_str());
+    if (best2 == 0) {  // --max-ranks 1: nothing parallel to compare
+      best2 = single;
+      best2_name = "tp=1 pp=1 dp=1";
+    }
+    bench::print_result_json("train_gpt", best2, single, "tokens/s", true,
+                             "\"best\": \"" + best2_name + "\", \"load\": " + load_average() + ", \"layouts\": [" +
+                                 table.str() + "]");
+    return 0;
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "bench_train_gpt: %s\n", e.what());
+    return 2;
+  }
+}
