@@ -146,10 +146,22 @@ class Attention {
     c.qkv = std::move(qkv);
     return proj_.forward(o, mb);
   }
-  Activation backward(const Activation& dy, int mb = 0) {
-    Activation dout = proj_.backward(dy, mb);
+  /** B: through the output projection, the core and the QKV projection; both projections keep their W inputs. */
+  Activation backward_input(const Activation& dy, int mb = 0) {
+    Activation dout = proj_.backward_input(dy, mb);
     auto c = cache_.take(mb, layer_kind);
-    return qkv_.backward(core_.backward<B>(c.qkv, c.probs, dout, layer_kind), mb);
+    return qkv_.backward_input(core_.backward<B>(c.qkv, c.probs, dout, layer_kind), mb);
+  }
+  /** W: the weight gradients of both projections for micro-batch `mb` (the core has no weights). */
+  void backward_weight(int mb = 0) {
+    proj_.backward_weight(mb);
+    qkv_.backward_weight(mb);
+  }
+  /** The whole backward: backward_input then backward_weight. */
+  Activation backward(const Activation& dy, int mb = 0) {
+    Activation dx = backward_input(dy, mb);
+    backward_weight(mb);
+    return dx;
   }
   std::vector<Parameter*> parameters() {
     auto ps = qkv_.parameters();
@@ -219,10 +231,22 @@ class SelfAttention {
     c.qkv = std::move(qkv);
     return proj_.forward(o, mb);
   }
-  Activation backward(const Activation& dy, int mb = 0) {
-    Activation dout = proj_.backward(dy, mb);
+  /** B: through the output projection, the core and the QKV projection; both projections keep their W inputs. */
+  Activation backward_input(const Activation& dy, int mb = 0) {
+    Activation dout = proj_.backward_input(dy, mb);
     auto c = cache_.take(mb, layer_kind);
-    return qkv_.backward(core_.backward<B>(c.qkv, c.probs, dout, layer_kind), mb);
+    return qkv_.backward_input(core_.backward<B>(c.qkv, c.probs, dout, layer_kind), mb);
+  }
+  /** W: the weight gradients of both projections for micro-batch `mb` (the core has no weights). */
+  void backward_weight(int mb = 0) {
+    proj_.backward_weight(mb);
+    qkv_.backward_weight(mb);
+  }
+  /** The whole backward: backward_input then backward_weight. */
+  Activation backward(const Activation& dy, int mb = 0) {
+    Activation dx = backward_input(dy, mb);
+    backward_weight(mb);
+    return dx;
   }
   std::vector<Parameter*> parameters() {
     auto ps = qkv_.parameters();

@@ -114,16 +114,19 @@ class ColumnParallel {
     else return y;
   }
 
-  Activation backward(const Activation& dy_in, int mb = 0) {
+  /**
+   * B: the input gradient, with the layer's only backward collective (all-reduce; SP: reduce-scatter).
+   * Keeps the gathered input and this rank's output-gradient columns for backward_weight.
+   */
+  Activation backward_input(const Activation& dy_in, int mb = 0) {
     auto c = cache_.take(mb, layer_kind);
     Activation dy = O.gather_output ? local_features(dy_in, p_, rank_) : dy_in;
     require(dy.extent(0) == c.x.extent(0) && dy.extent(1) == O.groups * local_out_, "ColumnParallel '", name_,
             "' (tensor rank ", rank_, "): output gradient is ", dy.extent(0), "x", dy.extent(1), ", expected ",
             c.x.extent(0), "x", O.groups * local_out_);
-    detail::linear_backward_weight<B>(c.x, dy, weight_.grad.data());
-    if (!bias_.value.empty()) detail::add_column_sums(dy, bias_.grad);
     Activation dx({dy.extent(0), in_});
     detail::linear_backward_input<B>(dy, weight_.value.data(), in_, dx);
+    pending_.put(mb) = {std::move(c.x), std::move(dy)};
     // Each rank's dx is the contribution of its output columns: the "f" operator's backward sums them.
     if constexpr (O.sequence_parallel) return reduce_scatter_tokens(*comm_, dx, "ColumnParallel");
     else {
@@ -131,9 +134,24 @@ class ColumnParallel {
       return dx;
     }
   }
+  /** W: this rank's weight and bias columns, `dW += xᵀ dy`; no communication (every rank holds all tokens). */
+  void backward_weight(int mb = 0) {
+    auto w = pending_.take(mb, std::string(layer_kind).append(detail::no_backward_input_msg));
+    detail::linear_backward_weight<B>(w.x, w.dy, weight_.grad.data());
+    if (!bias_.value.empty()) detail::add_column_sums(w.dy, bias_.grad);
+  }
+  /** The whole backward: backward_input then backward_weight. */
+  Activation backward(const Activation& dy_in, int mb = 0) {
+    Activation dx = backward_input(dy_in, mb);
+    backward_weight(mb);
+    return dx;
+  }
 
   std::vector<Parameter*> parameters() { return detail::param_list(&weight_, &bias_); }
-  void drop(int mb) { cache_.drop(mb); }
+  void drop(int mb) {
+    cache_.drop(mb);
+    pending_.drop(mb);
+  }
   [[nodiscard]] std::size_t in_features() const { return in_; }
   [[nodiscard]] std::size_t out_features() const { return out_ * O.groups; }
   [[nodiscard]] std::size_t local_out_features() const { return local_out_ * O.groups; }
@@ -149,6 +167,7 @@ class ColumnParallel {
   std::string name_;
   Parameter weight_, bias_;
   MicroBatchCache<Cache> cache_;
+  MicroBatchCache<detail::WeightGradInputs> pending_;
 };
 
 }  // namespace mpar::nn

@@ -65,7 +65,32 @@ concept layer = layer_contract<L> && requires(L& l, const Activation& x, int mb)
   { l.out_features() } -> std::convertible_to<std::size_t>;
 };
 
+/**
+ * @brief A layer whose backward splits in two, for zero-bubble pipeline schedules:
+ * `backward_input(dy, mb) -> dx` (B: the input gradient, with every tensor-parallel collective it
+ * needs; it keeps what the weight gradient needs for micro-batch `mb`) and `backward_weight(mb)` (W:
+ * the weight gradients `dW = xᵀ·dy`, accumulated into Parameter::grad; frees what B kept).
+ * `backward(dy, mb)` equals B followed by W. Several micro-batches may sit between their B and W.
+ */
+template <class L>
+concept split_backward_layer = layer<L> && requires(L& l, const Activation& dy, int mb) {
+  { l.backward_input(dy, mb) } -> std::same_as<Activation>;
+  l.backward_weight(mb);
+};
+
 namespace detail {
+/** B of any layer: its `backward_input` when it splits its backward, else its whole backward (W is then empty). */
+template <class L>
+Activation backward_input_of(L& l, const Activation& dy, int mb) {
+  if constexpr (requires { { l.backward_input(dy, mb) } -> std::same_as<Activation>; }) return l.backward_input(dy, mb);
+  else return l.backward(dy, mb);
+}
+/** W of any layer: its `backward_weight` when it splits its backward; nothing otherwise (B did all the work). */
+template <class L>
+void backward_weight_of(L& l, int mb) {
+  if constexpr (requires { l.backward_weight(mb); }) l.backward_weight(mb);
+}
+
 /** Builds the `std::vector<Parameter*>` of a layer from its members. */
 template <class... P>
 std::vector<Parameter*> param_list(P*... p) {

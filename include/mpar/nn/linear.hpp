@@ -31,6 +31,15 @@ void linear_backward_weight(const Activation& x, const Activation& dy, float* dw
   const std::size_t t = x.extent(0), k = x.extent(1), n = dy.extent(1);
   B::template gemm<float>(Trans::yes, Trans::no, k, n, t, 1.0f, x.data(), k, dy.data(), n, 1.0f, dw, n);
 }
+/**
+ * What a linear layer's weight gradient needs from one micro-batch: the (gathered) input and the local
+ * output gradient. Kept from backward_input (B) until backward_weight (W) consumes it.
+ */
+struct WeightGradInputs {
+  Activation x, dy;
+};
+inline constexpr std::string_view no_backward_input_msg =
+    " backward_weight (no backward_input ran for this micro-batch since its forward)";
 inline InitSpec default_weight_init(std::size_t fan_in) { return InitSpec::normal(1.0 / std::sqrt(double(fan_in))); }
 }  // namespace detail
 
@@ -83,18 +92,33 @@ class Linear {
     cache_.put(mb).x = x;
     return y;
   }
-  Activation backward(const Activation& dy, int mb = 0) {
+  /** B: `dx = dy Wᵀ`; keeps `x` and `dy` of micro-batch `mb` for backward_weight. */
+  Activation backward_input(const Activation& dy, int mb = 0) {
     auto c = cache_.take(mb, layer_kind);
     require(dy.extent(1) == out_ && dy.extent(0) == c.x.extent(0), "Linear '", weight_.name, "': gradient is ",
             dy.extent(0), "x", dy.extent(1), ", expected ", c.x.extent(0), "x", out_);
     Activation dx({dy.extent(0), in_});
     detail::linear_backward_input<B>(dy, weight_.value.data(), in_, dx);
-    detail::linear_backward_weight<B>(c.x, dy, weight_.grad.data());
-    if (!bias_.value.empty()) detail::add_column_sums(dy, bias_.grad);
+    pending_.put(mb) = {std::move(c.x), dy};
+    return dx;
+  }
+  /** W: `dW += xᵀ dy`, `db += Σ dy` for micro-batch `mb`; frees what backward_input kept. */
+  void backward_weight(int mb = 0) {
+    auto w = pending_.take(mb, std::string(layer_kind).append(detail::no_backward_input_msg));
+    detail::linear_backward_weight<B>(w.x, w.dy, weight_.grad.data());
+    if (!bias_.value.empty()) detail::add_column_sums(w.dy, bias_.grad);
+  }
+  /** The whole backward: backward_input then backward_weight. */
+  Activation backward(const Activation& dy, int mb = 0) {
+    Activation dx = backward_input(dy, mb);
+    backward_weight(mb);
     return dx;
   }
   std::vector<Parameter*> parameters() { return detail::param_list(&weight_, &bias_); }
-  void drop(int mb) { cache_.drop(mb); }
+  void drop(int mb) {
+    cache_.drop(mb);
+    pending_.drop(mb);
+  }
   [[nodiscard]] std::size_t in_features() const { return in_; }
   [[nodiscard]] std::size_t out_features() const { return out_; }
   [[nodiscard]] Parameter& weight() { return weight_; }
@@ -107,6 +131,7 @@ class Linear {
   std::size_t in_, out_;
   Parameter weight_, bias_;
   MicroBatchCache<Cache> cache_;
+  MicroBatchCache<detail::WeightGradInputs> pending_;
 };
 
 }  // namespace mpar::nn

@@ -93,22 +93,40 @@ class RowParallel {
     }
   }
 
-  Activation backward(const Activation& dy_in, int mb = 0) {
+  /**
+   * B: this rank's input-gradient columns `dx = dy W_localᵀ` (SP: after the all-gather of dy, the
+   * layer's only backward collective). Keeps the input shard and the full dy for backward_weight.
+   */
+  Activation backward_input(const Activation& dy_in, int mb = 0) {
     auto c = cache_.take(mb, layer_kind);
     Activation dy = R == RowReduce::reduce_scatter ? gather_tokens(*comm_, dy_in) : dy_in;
     require(dy.extent(0) == c.x.extent(0) && dy.extent(1) == out_, "RowParallel '", name_, "' (tensor rank ", rank_,
             "): output gradient is ", dy.extent(0), "x", dy.extent(1), ", expected ", c.x.extent(0), "x", out_);
-    detail::linear_backward_weight<B>(c.x, dy, weight_.grad.data());
-    // The replicated bias sees every token's gradient; with sequence parallelism the gathered dy already holds them all,
-    // so no extra all-reduce of the bias gradient is needed.
-    if (!bias_.value.empty()) detail::add_column_sums(dy, bias_.grad);
     Activation dx({dy.extent(0), local_in_});
     detail::linear_backward_input<B>(dy, weight_.value.data(), local_in_, dx);
+    pending_.put(mb) = {std::move(c.x), std::move(dy)};
+    return dx;
+  }
+  /** W: this rank's weight rows `dW += x_localᵀ dy` and the bias; no communication. */
+  void backward_weight(int mb = 0) {
+    auto w = pending_.take(mb, std::string(layer_kind).append(detail::no_backward_input_msg));
+    detail::linear_backward_weight<B>(w.x, w.dy, weight_.grad.data());
+    // The replicated bias sees every token's gradient; with sequence parallelism the gathered dy already holds them all,
+    // so no extra all-reduce of the bias gradient is needed.
+    if (!bias_.value.empty()) detail::add_column_sums(w.dy, bias_.grad);
+  }
+  /** The whole backward: backward_input then backward_weight. */
+  Activation backward(const Activation& dy_in, int mb = 0) {
+    Activation dx = backward_input(dy_in, mb);
+    backward_weight(mb);
     return dx;
   }
 
   std::vector<Parameter*> parameters() { return detail::param_list(&weight_, &bias_); }
-  void drop(int mb) { cache_.drop(mb); }
+  void drop(int mb) {
+    cache_.drop(mb);
+    pending_.drop(mb);
+  }
   [[nodiscard]] std::size_t in_features() const { return in_; }
   [[nodiscard]] std::size_t out_features() const { return out_; }
   [[nodiscard]] Parameter& weight() { return weight_; }
@@ -123,6 +141,7 @@ class RowParallel {
   std::string name_;
   Parameter weight_, bias_;
   MicroBatchCache<Cache> cache_;
+  MicroBatchCache<detail::WeightGradInputs> pending_;
 };
 
 }  // namespace mpar::nn

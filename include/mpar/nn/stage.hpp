@@ -130,6 +130,9 @@ inline constexpr std::size_t static_input_features_v = L::preserves_features ? d
 /**
  * @brief Layers composed into one stage: `forward` runs them in order, `backward` in reverse; the
  * stage itself satisfies `layer`, so stages nest. Construct it from the layer objects.
+ *
+ * The backward also splits (`split_backward_layer`): `backward_input` runs every layer's B in reverse
+ * order (a layer without a split runs its whole backward there), `backward_weight` every layer's W.
  */
 template <layer First, layer... Rest>
 class Stage {
@@ -158,8 +161,17 @@ class Stage {
   Activation forward(const Activation& x, int mb = 0) {
     return std::apply([&](auto&... l) { return forward_each(x, mb, l...); }, layers_);
   }
-  Activation backward(const Activation& dy, int mb = 0) {
+  /** B: the input gradient; each layer keeps what its weight gradient needs for micro-batch `mb`. */
+  Activation backward_input(const Activation& dy, int mb = 0) {
     return backward_from<sizeof...(Rest)>(dy, mb);
+  }
+  /** W: every layer's weight gradients for micro-batch `mb` (last layer first, as the fused backward). */
+  void backward_weight(int mb = 0) { weight_from<sizeof...(Rest)>(mb); }
+  /** The whole backward: backward_input then backward_weight. */
+  Activation backward(const Activation& dy, int mb = 0) {
+    Activation dx = backward_input(dy, mb);
+    backward_weight(mb);
+    return dx;
   }
   std::vector<Parameter*> parameters() {
     std::vector<Parameter*> ps;
@@ -193,8 +205,13 @@ class Stage {
   }
   template <std::size_t I>
   Activation backward_from(const Activation& dy, int mb) {
-    if constexpr (I == 0) return std::get<0>(layers_).backward(dy, mb);
-    else return backward_from<I - 1>(std::get<I>(layers_).backward(dy, mb), mb);
+    if constexpr (I == 0) return detail::backward_input_of(std::get<0>(layers_), dy, mb);
+    else return backward_from<I - 1>(detail::backward_input_of(std::get<I>(layers_), dy, mb), mb);
+  }
+  template <std::size_t I>
+  void weight_from(int mb) {
+    detail::backward_weight_of(std::get<I>(layers_), mb);
+    if constexpr (I > 0) weight_from<I - 1>(mb);
   }
   void check_features() const {
     // Elementwise layers pass features through, so a size is compared with the last layer that set it.

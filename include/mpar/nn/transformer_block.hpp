@@ -38,6 +38,9 @@ struct BlockConfig {
  *
  * With `set_recompute(true)` forward keeps only the block input; backward first recomputes the
  * forward (dropout masks are pure functions of indices, so it reproduces the same activations).
+ *
+ * The backward splits for zero-bubble schedules: `backward_input` (B, with both backward
+ * all-reduces) and `backward_weight` (W, the four projection weight GEMMs, no communication).
  */
 template <communicator C, bool SP = false, backend B = HostBackend>
 class TransformerBlock {
@@ -77,13 +80,31 @@ class TransformerBlock {
     return y;
   }
 
-  Activation backward(const Activation& dy, int mb = 0) {
+  /**
+   * B: the input gradient (with recomputation, the forward is rerun first). The projections keep their
+   * W inputs; the layer norms' gain and bias gradients (cheap, computed by the same kernel as their
+   * input gradient) are accumulated here.
+   */
+  Activation backward_input(const Activation& dy, int mb = 0) {
     if (recompute_) run_forward(inputs_.take(mb, "TransformerBlock (recompute)").x, mb);
     // y = h + drop2(mlp(ln2(h))): the residual passes dy straight through.
-    Activation dh = ln2_.backward(mlp_.backward(drop2_.backward(dy, mb), mb), mb);
+    Activation dh = detail::backward_input_of(ln2_, mlp_.backward_input(drop2_.backward(dy, mb), mb), mb);
     host::add(dh.size(), dh.data(), dy.data(), dh.data());
-    Activation dx = ln1_.backward(attn_.backward(drop1_.backward(dh, mb), mb), mb);
+    Activation dx = detail::backward_input_of(ln1_, attn_.backward_input(drop1_.backward(dh, mb), mb), mb);
     host::add(dx.size(), dx.data(), dh.data(), dx.data());
+    return dx;
+  }
+  /** W: the weight gradients of the attention and MLP projections for micro-batch `mb`; no communication. */
+  void backward_weight(int mb = 0) {
+    mlp_.backward_weight(mb);
+    detail::backward_weight_of(ln2_, mb);
+    attn_.backward_weight(mb);
+    detail::backward_weight_of(ln1_, mb);
+  }
+  /** The whole backward: backward_input then backward_weight. */
+  Activation backward(const Activation& dy, int mb = 0) {
+    Activation dx = backward_input(dy, mb);
+    backward_weight(mb);
     return dx;
   }
 
