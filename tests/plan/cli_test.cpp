@@ -42,6 +42,10 @@ TEST_CASE("mpar-plan parses the model, cluster and fixed dimensions", "[plan][cl
   CHECK(o.search.top_k == 3);
   CHECK(o.json);
   CHECK(!o.space.dp);
+  CHECK(o.search.memory.recompute_whole_chunk);  // mpar's executor by default
+  const CliOptions m = parse_cli(with(base_args(), {"--memory-semantics", "megatron"}));
+  CHECK(!m.search.memory.recompute_whole_chunk);
+  CHECK(!m.search.memory.sends_held_until_step_end);
 }
 
 TEST_CASE("bad options give errors that say what to change", "[plan][cli]") {
@@ -53,6 +57,7 @@ TEST_CASE("bad options give errors that say what to change", "[plan][cli]") {
   CHECK_THAT(error_of(with(base_args(), {"--schedule", "zigzag"})),
              Catch::Contains("--schedule 'zigzag' is not known; use gpipe, 1f1b, interleaved_1f1b"));
   CHECK_THAT(error_of(with(base_args(), {"--recompute", "some"})), Catch::Contains("use none, selective or full"));
+  CHECK_THAT(error_of(with(base_args(), {"--memory-semantics", "deepspeed"})), Catch::Contains("use mpar or megatron"));
   CHECK_THAT(error_of(with(base_args(), {"--zero1", "maybe"})), Catch::Contains("--zero1 expects on or off"));
   CHECK_THAT(error_of(with(base_args(), {"--tp", "16"})), Catch::Contains("choose a divisor of --gpus-per-node"));
   CHECK_THAT(error_of(with(base_args(), {"--tp", "2", "--pp", "4", "--dp", "4"})), Catch::Contains("make the product equal --gpus"));

@@ -80,6 +80,12 @@ TEST_CASE("activation memory is the verifier's peak in-flight count times a chun
   const MemoryEstimate r1 = rank_memory(gpt7b, c, Precision::mixed_adam(), 1, pk[1]);
   const MemoryEstimate r1_more = rank_memory(gpt7b, c, Precision::mixed_adam(), 1, pk[1] + 1);
   CHECK(r1_more.activations - r1.activations == Approx(9 * per_layer));
+  // Zero-bubble schedules keep a set until its weight-gradient pass, not just its input gradient.
+  ParallelConfig zb = c;
+  zb.schedule = ScheduleKind::zb_h1;
+  for (std::size_t r = 0; r < 4; ++r) CHECK(peaks(zb)[r] >= pk[r]);
+  zb.schedule = ScheduleKind::zb_h2;
+  CHECK(peaks(zb)[0] > pk[0]);  // ZB-H2 holds up to 2P - 1
   c.schedule = ScheduleKind::gpipe;  // GPipe holds all M
   CHECK(peaks(c)[0] == 16);
   const MemoryEstimate worst = peak_memory(gpt7b, c, Precision::mixed_adam(), peaks(c));

@@ -51,6 +51,10 @@ Optional (fix a dimension instead of searching it):
 Optional (hardware and output):
   --hbm-gbps X             HBM bandwidth per GPU, GB/s (default 2039, A100 80 GB)
   --memory-fraction X      usable share of GPU memory (default 0.95)
+  --memory-semantics mpar|megatron
+                           mpar (default): as mpar's executor runs today, whole-chunk recomputation and
+                           send buffers held to the end of the step; megatron: per-layer checkpoints,
+                           send buffers freed on delivery
   --calibration FILE       JSON-lines measurements replacing the cost model's defaults
   --top N                  configurations to show (default 10)
   --json                   one JSON object per configuration and line instead of the table
@@ -135,6 +139,9 @@ namespace detail {
     else if (opt == "--memory-fraction") {
       o.search.usable_memory_fraction = detail::parse_positive(opt, val);
       require(o.search.usable_memory_fraction <= 1, "--memory-fraction is a share of GPU memory; give a value in (0, 1], got ", val);
+    } else if (opt == "--memory-semantics") {
+      require(val == "mpar" || val == "megatron", "--memory-semantics '", val, "' is not known; use mpar or megatron");
+      o.search.memory = val == "mpar" ? MemoryOptions::mpar_executor() : MemoryOptions::megatron();
     } else if (opt == "--schedule") {
       const auto s = parse_schedule(val);
       require(s.has_value(), "--schedule '", val, "' is not known; use gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2 or 2bw");

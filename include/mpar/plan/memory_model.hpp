@@ -47,6 +47,35 @@ struct MemoryEstimate {
 /** @brief Knobs of the memory model that are not part of a parallel configuration. */
 struct MemoryOptions {
   double dp_bucket_bytes = 25.0 * 1024 * 1024;  ///< one gradient bucket; two are in flight while reducing
+  /**
+   * Full recomputation as mpar's pipeline executor does it (`true`): a chunk keeps only its input per
+   * in-flight micro-batch and re-runs the whole chunk before its backward, so one chunk's full
+   * activations are alive at once. `false`: per-layer checkpoints (Megatron-LM), every layer keeps
+   * its input and one layer is rebuilt at a time.
+   */
+  bool recompute_whole_chunk = true;
+  /**
+   * mpar's executor completes its `isend`s at the end of the step, so every activation and gradient
+   * a rank sends stays allocated until then (M per chunk and direction). `false`: a send buffer is
+   * released as soon as it is delivered (two per direction in flight).
+   */
+  bool sends_held_until_step_end = true;
+  /**
+   * Korthikanti's count assumes dropout on the attention probabilities (its output and mask are kept
+   * next to the softmax output). Without attention dropout (p = 0, as mpar's host trainer defaults to)
+   * only the softmax output is kept.
+   */
+  bool attention_dropout = true;
+
+  /** How mpar's pipeline executor behaves today (the default). */
+  [[nodiscard]] static MemoryOptions mpar_executor() { return {}; }
+  /** Megatron-LM's behaviour: per-layer activation checkpoints, send buffers freed on delivery. */
+  [[nodiscard]] static MemoryOptions megatron() {
+    MemoryOptions o;
+    o.recompute_whole_chunk = false;
+    o.sends_held_until_step_end = false;
+    return o;
+  }
 };
 
 /**
@@ -60,14 +89,16 @@ struct MemoryOptions {
  * recomputation drops the as^2 b terms; full recomputation keeps only the layer input.
  */
 [[nodiscard]] constexpr double layer_activation_bytes(const GptModel& m, std::size_t microbatch, std::size_t tp,
-                                                      bool sequence_parallel, Recompute r, const Precision& p) {
+                                                      bool sequence_parallel, Recompute r, const Precision& p,
+                                                      bool attention_dropout = true) {
   const double s = double(m.seq), b = double(microbatch), h = double(m.hidden), a = double(m.heads), t = double(tp);
   const double sbh = s * b * h, as2b = a * s * s * b;
   const double e = p.activation_bytes, k = p.mask_bytes;
   if (r == Recompute::full) return e * sbh / (sequence_parallel ? t : 1.0);
   const double replicated = 4 * e * sbh + 2 * k * sbh;  // LN1/LN2 inputs, QKV and fc1 inputs; two block-output masks
   const double sharded = 12 * e * sbh;                  // Q, K, V, projection input, GeLU input, fc2 input
-  const double scores = (2 * e + k) * as2b;             // softmax output, its dropout output and mask
+  const double scores = attention_dropout ? (2 * e + k) * as2b  // softmax output, its dropout output and mask
+                                          : e * as2b;           // the softmax output alone
   const double sbh_part = sequence_parallel ? (replicated + sharded) / t : replicated + sharded / t;
   return sbh_part + (r == Recompute::selective ? 0.0 : scores / t);
 }
@@ -115,21 +146,44 @@ struct MemoryOptions {
   const double s = double(m.seq), b = double(c.microbatch_size), h = double(m.hidden), t = double(c.tp);
   const double sbh = s * b * h;
   const double shard = c.sequence_parallel ? t : 1.0;
-  const double per_layer = layer_activation_bytes(m, c.microbatch_size, c.tp, c.sequence_parallel, c.recompute, p);
-  double act = peak_inflight * double(layers_per_chunk(m, c)) * per_layer;
-  // Recomputing a layer for its backward rebuilds that one layer's full activations.
-  if (c.recompute == Recompute::full)
-    act += layer_activation_bytes(m, c.microbatch_size, c.tp, c.sequence_parallel, Recompute::none, p);
+  const double per_layer =
+      layer_activation_bytes(m, c.microbatch_size, c.tp, c.sequence_parallel, c.recompute, p, o.attention_dropout);
+  const double chunk_layers = double(layers_per_chunk(m, c));
+  const double full_layer =
+      layer_activation_bytes(m, c.microbatch_size, c.tp, c.sequence_parallel, Recompute::none, p, o.attention_dropout);
+  double act = peak_inflight * chunk_layers * per_layer;
+  // Recomputation rebuilds activations for the backward: a whole chunk at once, or one layer at a time.
+  if (c.recompute == Recompute::full && o.recompute_whole_chunk)
+    act = peak_inflight * p.activation_bytes * sbh / shard + chunk_layers * full_layer;
+  else if (c.recompute == Recompute::full)
+    act += full_layer;
   else if (c.recompute == Recompute::selective)
     act += (2 * p.activation_bytes + p.mask_bytes) * double(m.heads) * s * s * b / t;
+  // Backward workspace: while a layer runs its backward, the gradients of its widest intermediates
+  // (the 4h-wide MLP activation and the attention scores) are alive next to everything stored.
+  act += p.activation_bytes * (4 * sbh + double(m.heads) * s * s * b) / t;
   if (rank == 0) act += peak_inflight / double(c.virtual_stages) * p.mask_bytes * sbh / shard;  // embedding dropout mask
   if (rank + 1 == c.pp)  // final norm input, output-layer input, fp32 logits for the cross-entropy (one micro-batch)
     act += 2 * p.activation_bytes * sbh / shard + 4.0 * s * b * double(m.vocab) / t;
   e.activations = act;
 
   double comm = 0;
-  if (c.pp > 1) comm += 4 * p.activation_bytes * sbh / t;  // send and receive, activations and gradients
-  if (c.sequence_parallel && c.tp > 1) comm += p.activation_bytes * sbh;  // the all-gathered layer input
+  if (c.pp > 1) {
+    const double boundary = p.activation_bytes * sbh / shard;  // one micro-batch's activation or gradient
+    if (o.sends_held_until_step_end) {
+      double sends = 0;  // over this rank's chunks: activations forward unless last stage, gradients back unless first
+      for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) {
+        const std::size_t global = ch * c.pp + rank;
+        sends += double(global + 1 < c.stages()) + double(global > 0);
+      }
+      comm += sends * double(c.microbatches) * boundary + 2 * boundary;  // + the receive buffers
+    } else {
+      comm += 4 * boundary;  // send and receive, activations and gradients
+    }
+  }
+  // Tensor parallelism: the all-gathered layer input under sequence parallelism, otherwise the
+  // all-reduce's scratch copy of one activation.
+  if (c.tp > 1) comm += p.activation_bytes * sbh;
   if (c.dp > 1) comm += 2 * std::min(o.dp_bucket_bytes, psi * p.grad_bytes);
   e.communication = comm;
   return e;

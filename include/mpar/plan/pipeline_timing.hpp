@@ -53,18 +53,32 @@ namespace mpar::plan {
 }
 
 /**
- * @brief Peak in-flight activation sets per pipeline rank, from the verifier, cached by (schedule, P, M, V)
- * because the search asks for the same shapes under many cost assumptions.
+ * @brief Peak in-flight activation sets per pipeline rank, from the verifier (for zero-bubble schedules
+ * counted until each set's weight-gradient pass), cached by (schedule, P, M, V) because the search
+ * asks for the same shapes under many cost assumptions.
  */
 class ActivationPeaks {
  public:
   [[nodiscard]] const std::vector<double>& operator()(const ParallelConfig& c) {
     const auto key = std::make_tuple(c.schedule, c.pp, c.microbatches, c.virtual_stages);
     if (auto it = cache_.find(key); it != cache_.end()) return it->second;
-    const pipeline::VerifyReport rep = pipeline::verify(programs_for(c));
+    const pipeline::Programs prog = programs_for(c);
+    const pipeline::VerifyReport rep = pipeline::verify(prog);
     require(rep.ok, "plan: the pipeline verifier rejects ", schedule_name(c.schedule), " with P=", c.pp,
             ", M=", c.microbatches, ", V=", c.virtual_stages, ": ", rep.error);
     std::vector<double> peaks(rep.peak_activations.begin(), rep.peak_activations.end());
+    if (prog.split_backward) {
+      // The verifier frees a set at backward-input; the weight-gradient pass still reads the stored
+      // layer inputs, so for split schedules a set lives until its W. Same programs, counted to W.
+      for (std::size_t r = 0; r < prog.ranks.size(); ++r) {
+        int live = 0, peak = 0;
+        for (const pipeline::Action& a : prog.ranks[r]) {
+          if (a.op == pipeline::Op::forward) peak = std::max(peak, ++live);
+          if (a.op == pipeline::Op::backward || a.op == pipeline::Op::backward_weight) --live;
+        }
+        peaks[r] = std::max(peaks[r], double(peak));
+      }
+    }
     return cache_.emplace(key, std::move(peaks)).first->second;
   }
   [[nodiscard]] std::size_t verified() const { return cache_.size(); }

@@ -1,0 +1,115 @@
+// The memory model against the peak memory the GPT trainer really allocates on the host backend.
+//
+// This translation unit replaces the global allocation functions (observe/track_allocations.hpp),
+// so every heap block a rank's thread allocates is counted; the trainer runs two steps per
+// configuration and the largest per-step peak above the live bytes before the step is compared with
+// the estimate's activations + communication buffers, the model states with what the trainer holds.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "mpar/comm/threads.hpp"
+#include "mpar/models/gpt_trainer.hpp"
+#include "mpar/observe/allocations.hpp"
+#include "mpar/observe/track_allocations.hpp"
+#include "mpar/plan.hpp"
+
+namespace {
+
+struct Measured {
+  std::vector<double> step_peak, states;
+  std::size_t padded_vocab = 0;
+};
+
+/** A small text with 60-odd distinct characters, so the test needs no file from the system. */
+std::string training_text_path() {
+  static const std::string path = [] {
+    const auto p = std::filesystem::temp_directory_path() / "mpar_plan_host_memory.txt";
+    std::ofstream f(p);
+    const std::string words[] = {"pipeline ", "tensor ", "Data, ", "parallel. ", "Memory; ", "bubble ", "ZeRO-1 ",
+                                 "(recompute) ", "0123456789 ", "QUICK brown fox! ", "jumps? ", "over_lazy: dog\n"};
+    for (int i = 0; i < 2000; ++i) f << words[(i * 7 + i / 3) % 12];
+    return p.string();
+  }();
+  return path;
+}
+
+Measured run_trainer(const mpar::models::GptTrainConfig& base) {
+  using namespace mpar;
+  const std::size_t n = base.world_size();
+  // Counters live for the whole program: blocks freed after the run still point at them.
+  static std::vector<observe::AllocationCounter*> counters;
+  while (counters.size() < n) counters.push_back(new observe::AllocationCounter());
+  Measured m;
+  m.step_peak.assign(n, 0);
+  m.states.assign(n, 0);
+  run_threads(int(n), [&](ThreadsCommunicator& world) {
+    observe::AllocationCounter& mem = *counters[std::size_t(world.rank())];
+    observe::track_this_thread(&mem);
+    {
+      data::CharDataset ds(training_text_path(), base.model.seq);
+      models::GptTrainConfig cfg = base;
+      cfg.model.vocab = ds.vocab_size();
+      models::GptTrainer<ThreadsCommunicator> tr(world, cfg, ds);
+      std::int64_t peak = 0;
+      while (tr.step() < cfg.steps) {
+        const std::int64_t before = mem.live.load();
+        mem.reset_peak();
+        (void)tr.train_step();
+        peak = std::max(peak, mem.peak.load() - before);
+      }
+      const auto b = tr.memory();
+      m.step_peak[std::size_t(world.rank())] = double(peak);
+      m.states[std::size_t(world.rank())] = double(b.parameters + b.gradients + b.optimizer_states + b.compute_copies);
+      if (world.rank() == 0) m.padded_vocab = cfg.model.padded_vocab();
+    }
+    observe::track_this_thread(nullptr);
+  });
+  return m;
+}
+
+}  // namespace
+
+TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measured peak", "[plan][memory][host]") {
+  struct Case {
+    std::size_t tp, pp;
+    int microbatches;
+    bool recompute;
+    const char* schedule;
+  };
+  const Case cases[] = {{1, 1, 4, false, "1f1b"}, {1, 2, 4, true, "1f1b"},   {2, 2, 8, false, "1f1b"},
+                        {1, 2, 8, false, "gpipe"}, {1, 4, 8, true, "1f1b"}, {1, 2, 8, false, "zb_h1"}};
+  for (const Case& k : cases) {
+    mpar::models::GptTrainConfig cfg;
+    cfg.model.hidden = 128, cfg.model.heads = 4, cfg.model.layers = 4, cfg.model.seq = 64;
+    cfg.tp = k.tp, cfg.pp = k.pp, cfg.dp = 1, cfg.microbatches = k.microbatches, cfg.global_batch = 4 * std::size_t(k.microbatches);
+    cfg.recompute = k.recompute, cfg.schedule = k.schedule, cfg.steps = 2, cfg.warmup = 1;
+    const Measured got = run_trainer(cfg);
+
+    using namespace mpar::plan;
+    const GptModel model{cfg.model.layers, cfg.model.hidden, cfg.model.heads, cfg.model.seq, got.padded_vocab};
+    ParallelConfig c;
+    c.tp = k.tp, c.pp = k.pp, c.microbatch_size = 4, c.microbatches = std::size_t(k.microbatches);
+    c.recompute = k.recompute ? Recompute::full : Recompute::none;
+    c.schedule = *parse_schedule(k.schedule);
+    MemoryOptions o;
+    o.attention_dropout = false;  // the trainer's default dropout is 0
+    ActivationPeaks peaks;
+    for (std::size_t r = 0; r < k.pp; ++r) {
+      const MemoryEstimate e = rank_memory(model, c, Precision::fp32_host(8), r, peaks(c)[r], o);
+      const double measured_step = got.step_peak[r * k.tp], measured_states = got.states[r * k.tp];  // tensor rank 0 of stage r
+      INFO("tp=" << k.tp << " pp=" << k.pp << " M=" << k.microbatches << " " << k.schedule << (k.recompute ? " recompute" : "")
+                 << ", pipeline rank " << r << ": step peak measured " << measured_step << " B, estimated "
+                 << e.activations + e.communication << " B; model states measured " << measured_states << " B, estimated "
+                 << e.parameters + e.gradients + e.optimizer << " B");
+      CHECK(std::abs((e.activations + e.communication) / measured_step - 1) < 0.10);
+      CHECK(std::abs((e.parameters + e.gradients + e.optimizer) / measured_states - 1) < 0.10);
+      CHECK(std::abs(e.total() / (measured_step + measured_states) - 1) < 0.10);
+    }
+  }
+}
