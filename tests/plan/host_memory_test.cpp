@@ -82,8 +82,9 @@ TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measure
     bool recompute;
     const char* schedule;
   };
-  const Case cases[] = {{1, 1, 4, false, "1f1b"}, {1, 2, 4, true, "1f1b"},   {2, 2, 8, false, "1f1b"},
-                        {1, 2, 8, false, "gpipe"}, {1, 4, 8, true, "1f1b"}, {1, 2, 8, false, "zb_h1"}};
+  // Few, small runs keep this under a few seconds; runs of more shapes by hand (GPipe, pp = 4,
+  // recompute at pp = 4) agreed within 8 % as well (docs/planner.md).
+  const Case cases[] = {{1, 1, 4, false, "1f1b"}, {1, 2, 4, true, "1f1b"}, {2, 2, 4, false, "1f1b"}, {1, 2, 4, false, "zb_h1"}};
   for (const Case& k : cases) {
     mpar::models::GptTrainConfig cfg;
     cfg.model.hidden = 128, cfg.model.heads = 4, cfg.model.layers = 4, cfg.model.seq = 64;
