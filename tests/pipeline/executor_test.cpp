@@ -332,3 +332,60 @@ TEST_CASE("run_pipeline_threads runs several steps with an optimizer", "[pipelin
   CHECK(stats[0][1].loss == Approx(stats[0][0].loss));
   CHECK(stats[2][0].loss < stats[0][0].loss);  // SGD on the mean loss makes progress
 }
+
+TEST_CASE("nn stages under ZB-H1: W actions run the weight GEMMs and the measured costs predict a smaller bubble than 1F1B",
+          "[pipeline][executor][zb]") {
+  using Mlp = nn::MlpStage<ThreadsCommunicator>;
+  static_assert(split_backward_stage<Mlp>, "an nn::Stage of tensor-parallel layers splits its backward");
+  // Big enough that every GEMM takes measurable time.
+  constexpr std::size_t hidden = 128, ffn = 512, rows = 128;
+  const int P = 2, M = 4;
+  auto sample = [&](int mb, std::uint64_t stream) {
+    Activation a({rows, hidden});
+    const CounterRng rng{9, stream};
+    for (std::size_t i = 0; i < a.size(); ++i) a.data()[i] = float(rng.uniform(std::uint64_t(mb) * 100000 + i) - 0.5);
+    return a;
+  };
+  std::vector<StepStats> all(static_cast<std::size_t>(P));
+  std::vector<double> weight_grad_norm(static_cast<std::size_t>(P), 0.0);
+  run_threads(P, [&](ThreadsCommunicator& world) {
+    auto comms = make_mesh_comms(world, DynamicMesh(std::size_t(1), std::size_t(P), std::size_t(1), std::size_t(1)));
+    const int pp = comms.pipeline.rank();
+    Mlp stage = nn::make_mlp(comms.tensor, nn::MlpConfig{hidden, ffn, 17, 10 * std::uint64_t(pp), "mlp" + std::to_string(pp)});
+    Executor<Mlp, ThreadsCommunicator> ex(comms.pipeline, make_programs<ZBH1>({P, M}), {&stage});
+    std::vector<Activation> in, tg;
+    for (int mb = 0; mb < M; ++mb) in.push_back(sample(mb, 1)), tg.push_back(sample(mb, 2));
+    const LossFn loss = [&](const Activation& y, int mb, Activation& dy) { return mpar_test::mse(y, tg[std::size_t(mb)], dy); };
+    (void)ex.step(in, loss);  // warm-up (allocations, BLAS threads)
+    for (auto* p : ex.parameters()) p->zero_grad();
+    all[std::size_t(pp)] = ex.step(in, loss);
+    double norm = 0;
+    for (auto* p : ex.parameters())
+      if (p->global_shape.size() == 2)
+        for (float g : p->grad) norm += double(g) * g;
+    weight_grad_norm[std::size_t(pp)] = norm;
+  });
+  double b_total = 0, w_total = 0;
+  int w_events = 0;
+  for (const auto& s : all) {
+    CHECK(weight_grad_norm[std::size_t(s.rank)] > 0);
+    for (const auto& e : s.timeline.events) {
+      if (e.action.op == Op::backward_input) b_total += e.end - e.start;
+      if (e.action.op == Op::backward_weight) {
+        ++w_events;
+        CHECK(e.end > e.start);
+        w_total += e.end - e.start;
+      }
+    }
+  }
+  CHECK(w_events == P * M);
+  // W holds two of the four backward GEMMs of the MLP, so it is a sizeable share of the backward.
+  INFO("measured B total " << b_total << " s, W total " << w_total << " s");
+  CHECK(w_total > 0.25 * b_total);
+  const CostModel costs = CostModel::from_timeline(summarise_measured(all).timeline);
+  for (double w : costs.backward_weight) CHECK(w > 0);
+  const SimResult zb = simulate(make_programs<ZBH1>({P, M}), costs);
+  const SimResult f1 = simulate(make_programs<OneFOneB>({P, M}), costs);
+  INFO("predicted bubble: ZB-H1 " << zb.bubble_time << ", 1F1B " << f1.bubble_time);
+  CHECK(zb.bubble_time < f1.bubble_time);
+}
