@@ -322,7 +322,7 @@ namespace detail {
   std::sort(feasible.begin(), feasible.end(), [](const Feasible& a, const Feasible& b) { return a.bound < b.bound; });
   for (const Feasible& f : feasible) {
     if (plan.best.size() >= o.top_k && f.bound >= plan.best.back().step_seconds) {
-      reject({f.c, "bound", mpar::detail::cat("cannot beat the ", o.top_k, "th best (", plan.best.back().step_seconds,
+      reject({f.c, "bound", mpar::detail::cat("cannot beat the slowest of the best ", o.top_k, " (", plan.best.back().step_seconds,
                                         " s): its busiest rank alone computes for ", f.bound, " s")});
       continue;
     }
