@@ -6,9 +6,6 @@
 #include <map>
 #include <mpar/models/gpt_trainer.hpp>
 #include <mpar/mpar.hpp>
-#include <mpar/observe/track_allocations.hpp>
-#include <mpar/plan.hpp>
-#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -288,73 +285,4 @@ TEST_CASE("the loss falls clearly below the unigram entropy of the text", "[mode
   // GPL-3 text: unigram entropy 3.17 nats; a context-aware model must do clearly better.
   INFO("mean loss of the last 20 steps " << last << " vs unigram entropy " << ds32.unigram_entropy());
   REQUIRE(last < ds32.unigram_entropy() - 0.6);
-}
-
-TEST_CASE("the planner's memory estimate matches the measured peak of a host training run", "[models][gpt][plan]") {
-  // Measured: per rank, the model states mpar holds, and the peak of live heap bytes during a step
-  // above what was live before it (activations, messages, workspaces), counted by the replaced global
-  // allocation functions. Estimated: plan::estimate_memory for fp32 host training (4-byte weights and
-  // gradients, 8 bytes of AdamW moments per parameter) for the fullest pipeline rank.
-  struct Case {
-    std::size_t tp, pp, microbatches, hidden;
-  };
-  for (const Case k : {Case{1, 1, 4, 128}, Case{2, 2, 4, 128}, Case{1, 2, 8, 256}}) {
-    static const data::CharDataset ds64(data::default_text_path, 64);
-    models::GptTrainConfig c;
-    c.model.vocab = ds64.vocab_size();
-    c.model.hidden = k.hidden;
-    c.model.heads = 4;
-    c.model.layers = 4;
-    c.model.seq = 64;
-    c.tp = k.tp;
-    c.pp = k.pp;
-    c.microbatches = int(k.microbatches);
-    c.global_batch = 4 * k.microbatches;
-    c.steps = 3;
-    c.warmup = 1;
-    const int n = int(k.tp * k.pp);
-    std::vector<std::unique_ptr<observe::AllocationCounter>> counters;
-    for (int r = 0; r < n; ++r) counters.push_back(std::make_unique<observe::AllocationCounter>());
-    std::vector<double> step_peak(std::size_t(n), 0.0), states(std::size_t(n), 0.0);
-    std::vector<std::size_t> pipeline_rank(static_cast<std::size_t>(n), 0);
-    run_threads(n, [&](ThreadsCommunicator& w) {
-      auto& mine = *counters[std::size_t(w.rank())];
-      observe::track_this_thread(&mine);
-      {
-        models::GptTrainer<ThreadsCommunicator> t(w, c, ds64);
-        for (int s = 0; s < 3; ++s) {
-          const auto before = mine.live.load();
-          mine.reset_peak();
-          t.train_step();
-          step_peak[std::size_t(w.rank())] = std::max(step_peak[std::size_t(w.rank())], double(mine.peak.load() - before));
-        }
-        const auto m = t.memory();
-        states[std::size_t(w.rank())] = double(m.parameters + m.gradients + m.optimizer_states);
-        pipeline_rank[std::size_t(w.rank())] = t.coord().pipeline;
-      }
-      observe::track_this_thread(nullptr);
-    });
-    REQUIRE(observe::allocation_tracking_enabled());
-    plan::GptModel gm;
-    gm.layers = 4;
-    gm.hidden = k.hidden;
-    gm.heads = 4;
-    gm.seq = 64;
-    gm.vocab = c.model.padded_vocab();
-    plan::ParallelConfig pc;
-    pc.tp = k.tp;
-    pc.pp = k.pp;
-    pc.microbatch_size = 4;
-    pc.microbatches = k.microbatches;
-    const auto est = plan::estimate_memory(gm, pc, plan::Precision::fp32_host(8));
-    // Compare on a rank of the pipeline stage the estimate describes (the fullest one).
-    std::size_t r = 0;
-    while (pipeline_rank[r] != est.pipeline_rank) ++r;
-    const double measured = states[r] + step_peak[r];
-    INFO("tp=" << k.tp << " pp=" << k.pp << " M=" << k.microbatches << " h=" << k.hidden << ": measured " << measured / 1048576
-               << " MiB (states " << states[r] / 1048576 << ", step peak " << step_peak[r] / 1048576 << "), estimated "
-               << est.total() / 1048576 << " MiB");
-    REQUIRE(std::fabs(est.total() - measured) <= 0.10 * measured);
-    REQUIRE(std::fabs(est.parameters + est.gradients + est.optimizer - states[r]) <= 0.02 * states[r]);
-  }
 }
