@@ -10,6 +10,9 @@
  * the final layer norm and the head, every stage holds a contiguous range of blocks. Stages satisfy
  * `pipeline::pipeline_stage` and `droppable_stage`, so every schedule and activation recomputation run
  * them. Token ids enter the first stage as a `[tokens, 1]` activation of floats (exact below 2²⁴).
+ * They also satisfy `pipeline::split_backward_stage`: `backward_input` (B) and `backward_weight` (W,
+ * the weight GEMMs of the head and of every block, and the embeddings), so zero-bubble schedules
+ * defer the weight gradients into the pipeline bubble.
  *
  * Tied weights across the pipeline: with one stage the head uses the embedding parameter itself;
  * otherwise the last stage holds a copy with the same name, id and block (so the same initial values)
@@ -135,33 +138,64 @@ class GptStage {
     return logits;
   }
 
-  /** Backward of micro-batch `mb`: accumulates every gradient of this stage; returns the input gradient. */
-  nn::Activation backward(const nn::Activation& dy_in, int mb) {
-    // After the backward of a step's last micro-batch, each gradient is final once its layer is done.
-    const bool final = hook_ && backwards_done_ + 1 == microbatches_;
-    ++backwards_done_;
+  /**
+   * B of micro-batch `mb`: the input gradient (what the previous stage waits for), with the tensor
+   * all-reduces. Keeps the head's logit gradient and every projection's inputs for backward_weight;
+   * the layer norms' gains and biases get their (cheap) gradients here.
+   */
+  nn::Activation backward_input(const nn::Activation& dy_in, int mb) {
     nn::Activation dy = dy_in;
     if (last_) {
       auto saved = head_inputs_.take(mb, "GptStage head");
       const std::size_t t = dy.extent(0), vl = dy.extent(1), h = cfg_.hidden;
-      // dE_local += dlogitsᵀ · h ; dh = dlogits · E_local, then summed over the vocabulary shards.
-      B::template gemm<float>(Trans::yes, Trans::no, vl, h, t, 1.0f, dy.data(), vl, saved.h.data(), h, 1.0f,
-                              head_->grad.data(), h);
+      require(saved.h.extent(0) == t && vl == head_->local_box[0].extent, "GptStage head: logit gradient is ", t, "x", vl,
+              ", expected ", saved.h.extent(0), "x", head_->local_box[0].extent);
+      // dh = dlogits · E_local, then summed over the vocabulary shards.
       nn::Activation dh({t, h});
       B::template gemm<float>(Trans::no, Trans::no, t, h, vl, 1.0f, dy.data(), vl, head_->value.data(), h, 0.0f, dh.data(), h);
       if (tp_->size() > 1) tp_->all_reduce(std::span<float>(dh.values()), ReduceOp::sum);
+      head_pending_.put(mb) = {std::move(saved.h), std::move(dy)};
       dy = final_ln_->backward(dh, mb);
+    }
+    for (std::size_t i = blocks_.size(); i-- > 0;) dy = blocks_[i]->backward_input(dy, mb);
+    if (first_) {
+      const std::size_t t = dy.extent(0);
+      embed_pending_.put(mb).dy = std::move(dy);
+      return nn::Activation({t, 1});
+    }
+    return dy;
+  }
+
+  /**
+   * W of micro-batch `mb`: the head's `dE_local += dlogitsᵀ · h`, every block's projection weight
+   * gradients and the embeddings; no communication. The `microbatches`-th W of a step (see
+   * on_gradients_final) is the last one, so after it each layer's gradients are final.
+   */
+  void backward_weight(int mb) {
+    const bool final = hook_ && weights_done_ + 1 == microbatches_;
+    ++weights_done_;
+    if (last_) {
+      auto w = head_pending_.take(mb, "GptStage head backward_weight (no backward_input ran for this micro-batch)");
+      const std::size_t t = w.dy.extent(0), vl = w.dy.extent(1), h = cfg_.hidden;
+      B::template gemm<float>(Trans::yes, Trans::no, vl, h, t, 1.0f, w.dy.data(), vl, w.x.data(), h, 1.0f,
+                              head_->grad.data(), h);
       if (final) hook_(final_ln_->parameters());
     }
     for (std::size_t i = blocks_.size(); i-- > 0;) {
-      dy = blocks_[i]->backward(dy, mb);
+      blocks_[i]->backward_weight(mb);
       if (final) hook_(blocks_[i]->parameters());
     }
     if (first_) {
-      embed_backward(dy, mb, final);
-      return nn::Activation({dy.extent(0), 1});
+      auto e = embed_pending_.take(mb, "GptStage embedding backward_weight (no backward_input ran for this micro-batch)");
+      embed_backward(e.dy, mb, final);
     }
-    return dy;
+  }
+
+  /** Backward of micro-batch `mb`: backward_input then backward_weight; returns the input gradient. */
+  nn::Activation backward(const nn::Activation& dy_in, int mb) {
+    nn::Activation dx = backward_input(dy_in, mb);
+    backward_weight(mb);
+    return dx;
   }
 
   void drop(int mb) {
@@ -170,7 +204,9 @@ class GptStage {
     if (last_) {
       final_ln_->drop(mb);
       head_inputs_.drop(mb);
+      head_pending_.drop(mb);
     }
+    embed_pending_.drop(mb);
   }
 
   /** Every parameter this stage updates (the tied copy included, once). */
@@ -195,15 +231,17 @@ class GptStage {
   }
 
   /**
-   * @brief Calls `hook(params)` as soon as a group of this stage's gradients is final — after the backward
-   * of the `microbatches`-th micro-batch of a step — so data-parallel buckets can start reducing them
-   * while the backward continues. Call `begin_step()` before each step.
+   * @brief Calls `hook(params)` as soon as a group of this stage's gradients is final — after the weight
+   * gradient part (backward_weight, or the W half of a whole backward) of the `microbatches`-th
+   * micro-batch of a step, layer by layer — so data-parallel buckets can start reducing them while the
+   * backward continues. Under zero-bubble schedules that is the step's last W on this stage, whatever
+   * its micro-batch. Call `begin_step()` before each step.
    */
   void on_gradients_final(GradientsFinalHook hook, int microbatches) {
     hook_ = std::move(hook);
     microbatches_ = microbatches;
   }
-  void begin_step() { backwards_done_ = 0; }
+  void begin_step() { weights_done_ = 0; }
 
   void set_recompute(bool on) {
     for (auto& b : blocks_) b->set_recompute(on);
@@ -223,6 +261,10 @@ class GptStage {
  private:
   struct HeadInput {
     nn::Activation h;
+  };
+  /** The embedding's output gradient, kept from B for W. */
+  struct EmbedGrad {
+    nn::Activation dy;
   };
 
   nn::Activation embed(const nn::Activation& x, int mb) {
@@ -260,8 +302,10 @@ class GptStage {
   nn::Parameter* head_ = nullptr;
   std::optional<nn::VocabParallelCrossEntropy<C>> ce_;
   nn::MicroBatchCache<HeadInput> head_inputs_;
+  nn::MicroBatchCache<nn::detail::WeightGradInputs> head_pending_;  // final-norm output and logit gradient
+  nn::MicroBatchCache<EmbedGrad> embed_pending_;
   GradientsFinalHook hook_;
-  int microbatches_ = 0, backwards_done_ = 0;
+  int microbatches_ = 0, weights_done_ = 0;
 };
 
 }  // namespace mpar::models
