@@ -46,7 +46,7 @@ double process_cpu_seconds() {
   return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
 }
 
-/** One round of `layout`: a fresh trainer, `warm + counted` steps; returns the counted steps' reports. */
+/** One round of `layout`: a fresh trainer, `warm + counted` steps; appends the counted steps' measurements to `out`. */
 void run_round(const models::GptTrainConfig& base, const data::CharDataset& ds, const Layout& l, std::size_t warm,
                std::size_t counted, Samples& out) {
   models::GptTrainConfig cfg = base;
