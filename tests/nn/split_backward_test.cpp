@@ -196,3 +196,42 @@ TEST_CASE("W without B names the layer and the micro-batch", "[nn][split][errors
   l.drop(3);  // drop frees what B kept, too
   REQUIRE_THROWS_WITH(l.backward_weight(3), Catch::Matchers::Contains("micro-batch 3"));
 }
+
+TEST_CASE("Linear2D (2 x 2 grid): B then W equals the fused backward; W may run micro-batches in any order", "[nn][split][2d]") {
+  constexpr std::size_t t = 8, in = 8, out = 12, q = 2;
+  const LinearInit init{seed, 500, "fc2d", true};
+  const Activation x0 = random_activation(t, in, 31), x1 = random_activation(t, in, 32);
+  const Activation dy0 = random_activation(t, out, 33), dy1 = random_activation(t, out, 34);
+  SplitReport rep;
+  run_threads(int(q * q), [&](Comm& tp) {
+    auto grid = make_tensor_grid(tp, q, q);
+    const std::size_t i = grid.i(), j = grid.j();
+    auto block = [&](const Activation& g) {
+      return Activation(g.slice(0, i * g.extent(0) / q, (i + 1) * g.extent(0) / q)
+                            .slice(1, j * g.extent(1) / q, (j + 1) * g.extent(1) / q));
+    };
+    Linear2D<Comm> fused(grid, in, out, init), split(grid, in, out, init);
+    (void)fused.forward(block(x0), 0);
+    (void)fused.forward(block(x1), 1);
+    const Activation f0 = fused.backward(block(dy0), 0), f1 = fused.backward(block(dy1), 1);
+    (void)split.forward(block(x0), 0);
+    (void)split.forward(block(x1), 1);
+    const Activation s0 = split.backward_input(block(dy0), 0), s1 = split.backward_input(block(dy1), 1);
+    bool deferred = true;
+    for (float v : split.weight().grad) deferred = deferred && v == 0.0f;
+    split.backward_weight(1);
+    split.backward_weight(0);
+    const bool dx_eq = f0.values() == s0.values() && f1.values() == s1.values();
+    const double err = std::max(rel_err(split.weight().grad, fused.weight().grad), rel_err(split.bias().grad, fused.bias().grad));
+    std::lock_guard lock(rep.m);
+    ++rep.ranks;
+    if (!dx_eq) rep.fail("dx differs", rep.dx_equal);
+    if (!deferred) rep.fail("B wrote the weight gradient", rep.gemm_grads_deferred);
+    rep.interleaved_grad_err = std::max(rep.interleaved_grad_err, err);
+  });
+  INFO(rep.first_failure);
+  CHECK(rep.ranks == int(q * q));
+  CHECK(rep.dx_equal);
+  CHECK(rep.gemm_grads_deferred);
+  CHECK(rep.interleaved_grad_err <= 1e-6);
+}

@@ -102,20 +102,40 @@ class Linear2D {
     return y;
   }
 
-  Activation backward(const Activation& dy, int mb = 0) {
+  /**
+   * B: the input gradient block dX_ik = Σ_j dY_ij W_kjᵀ (weight blocks broadcast along grid columns,
+   * shares reduced along grid rows). Keeps X_ij and dY_ij for backward_weight.
+   */
+  Activation backward_input(const Activation& dy, int mb = 0) {
     auto c = cache_.take(mb, layer_kind);
     const std::size_t tl = c.x.extent(0), il = in_ / q_, ol = out_ / q_;
     require(dy.extent(0) == tl && dy.extent(1) == ol, "Linear2D '", name_, "': gradient block is ", dy.extent(0), "x",
             dy.extent(1), ", expected ", tl, "x", ol);
-    Activation dx({tl, il}), a({tl, il}), part_x({tl, il});
-    std::vector<float> w(il * ol), part_w(il * ol);
+    Activation dx({tl, il}), part_x({tl, il});
+    std::vector<float> w(il * ol);
     for (std::size_t k = 0; k < q_; ++k) {
-      broadcast_blocks(k, c.x, a, w);
+      broadcast_weight(k, w);
       // dX_ik: this rank's share dY_ij W_kj^T, summed along the grid row onto column k.
       B::template gemm<float>(Trans::no, Trans::yes, tl, il, ol, 1.0f, dy.data(), ol, w.data(), ol, 0.0f, part_x.data(), il);
       grid_->row.reduce(std::span<const float>(part_x.span()), dx.span(), ReduceOp::sum, int(k));
+    }
+    pending_.put(mb) = {std::move(c.x), dy};
+    return dx;
+  }
+  /**
+   * W: the weight block dW_kj = Σ_i X_ikᵀ dY_ij and the bias. SUMMA's weight gradient needs the
+   * input blocks of other grid columns, so W broadcasts them along grid rows and reduces along grid
+   * columns (the communication the math demands; none of it is on B's critical path).
+   */
+  void backward_weight(int mb = 0) {
+    auto p = pending_.take(mb, std::string(layer_kind).append(detail::no_backward_input_msg));
+    const std::size_t tl = p.x.extent(0), il = in_ / q_, ol = out_ / q_;
+    Activation a({tl, il});
+    std::vector<float> part_w(il * ol);
+    for (std::size_t k = 0; k < q_; ++k) {
+      broadcast_input(k, p.x, a);
       // dW_kj: this rank's share X_ik^T dY_ij, summed along the grid column onto row k.
-      B::template gemm<float>(Trans::yes, Trans::no, il, ol, tl, 1.0f, a.data(), il, dy.data(), ol, 0.0f, part_w.data(), ol);
+      B::template gemm<float>(Trans::yes, Trans::no, il, ol, tl, 1.0f, a.data(), il, p.dy.data(), ol, 0.0f, part_w.data(), ol);
       if (grid_->i() == k) {
         std::vector<float> sum(il * ol);
         grid_->col.reduce(std::span<const float>(part_w), std::span<float>(sum), ReduceOp::sum, int(k));
@@ -126,15 +146,23 @@ class Linear2D {
     }
     if (!bias_.value.empty()) {
       std::vector<float> db(ol, 0.0f);
-      detail::add_column_sums(dy, db);
+      detail::add_column_sums(p.dy, db);
       grid_->col.all_reduce(std::span<float>(db), ReduceOp::sum);
       for (std::size_t e = 0; e < ol; ++e) bias_.grad[e] += db[e];
     }
+  }
+  /** The whole backward: backward_input then backward_weight. */
+  Activation backward(const Activation& dy, int mb = 0) {
+    Activation dx = backward_input(dy, mb);
+    backward_weight(mb);
     return dx;
   }
 
   std::vector<Parameter*> parameters() { return detail::param_list(&weight_, &bias_); }
-  void drop(int mb) { cache_.drop(mb); }
+  void drop(int mb) {
+    cache_.drop(mb);
+    pending_.drop(mb);
+  }
   [[nodiscard]] std::size_t in_features() const { return in_; }
   [[nodiscard]] std::size_t out_features() const { return out_; }
   [[nodiscard]] Parameter& weight() { return weight_; }
@@ -143,8 +171,14 @@ class Linear2D {
  private:
   /** Step k of SUMMA: `a` <- X_ik (broadcast along the grid row), `w` <- W_kj (along the grid column). */
   void broadcast_blocks(std::size_t k, const Activation& x, Activation& a, std::vector<float>& w) {
+    broadcast_input(k, x, a);
+    broadcast_weight(k, w);
+  }
+  void broadcast_input(std::size_t k, const Activation& x, Activation& a) {
     if (grid_->j() == k) std::copy(x.data(), x.data() + x.size(), a.data());
     grid_->row.broadcast(a.span(), int(k));
+  }
+  void broadcast_weight(std::size_t k, std::vector<float>& w) {
     if (grid_->i() == k) std::copy(weight_.value.begin(), weight_.value.end(), w.begin());
     grid_->col.broadcast(std::span<float>(w), int(k));
   }
@@ -156,6 +190,7 @@ class Linear2D {
   std::string name_;
   Parameter weight_, bias_;
   MicroBatchCache<Cache> cache_;
+  MicroBatchCache<detail::WeightGradInputs> pending_;
 };
 
 }  // namespace mpar::nn
