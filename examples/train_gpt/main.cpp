@@ -38,6 +38,7 @@ struct Options {
   std::string metrics, trace, save, resume;
   std::size_t trace_step = 1, save_every = 0, sample = 200, log_every = 1;
   std::size_t bucket_kib = 1024;
+  long long warmup = -1;
   double mem_limit_gib = 0;
   bool quiet = false;
 };
@@ -52,7 +53,6 @@ Options parse(int argc, char** argv) {
   t.global_batch = 16;
   t.microbatches = 4;
   t.steps = 200;
-  t.warmup = 20;
   cli::Parser p("train_gpt", "Trains a character-level GPT with tensor, pipeline and data parallelism.");
   p.option("data", o.data, "training text file (default: a text every Debian system has)");
   p.option("layers", t.model.layers, "transformer blocks").range(1, 4096);
@@ -78,7 +78,7 @@ Options parse(int argc, char** argv) {
   p.option("steps", t.steps, "optimizer steps").range(1, 1 << 30);
   p.option("lr", t.lr, "peak learning rate").range(0, 10);
   p.option("min-lr", t.min_lr, "final learning rate of the cosine decay").range(0, 10);
-  p.option("warmup", t.warmup, "warm-up steps").range(0, 1 << 30);
+  p.option("warmup", o.warmup, "warm-up steps (-1: a tenth of --steps)").range(-1, 1 << 30);
   p.option("clip", t.clip, "global gradient-norm clip (0: off)").range(0, 1e9);
   p.option("bucket-kib", o.bucket_kib, "data-parallel bucket size in KiB").range(1, 1 << 22);
   p.option("seed", t.model.seed, "initialisation seed");
@@ -98,6 +98,7 @@ Options parse(int argc, char** argv) {
     std::exit(0);
   }
   t.bucket_bytes = o.bucket_kib * 1024;
+  t.warmup = o.warmup >= 0 ? std::size_t(o.warmup) : t.steps / 10;
   require(o.ep == 1, "train_gpt: --ep ", o.ep,
           " needs mixture-of-experts blocks, which the GPT model does not use yet; the MoE layer with expert "
           "parallelism is available as parallel::MoE (see docs/training.md). Use --ep 1");

@@ -1,6 +1,6 @@
 // A non-tensor passed where a tensor is required.
 // expect: (constraints not satisfied|satisfy)
-// expect: requires tensor<T>
+// expect: requires +tensor<T>
 #include <mpar/core.hpp>
 #include <vector>
 using namespace mpar;
