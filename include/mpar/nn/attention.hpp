@@ -16,6 +16,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "mpar/backend/host/host_backend.hpp"
@@ -104,6 +105,63 @@ inline AttentionCore make_core(std::string_view who, std::size_t hidden, std::si
           tp, "; attention is split by whole heads");
   return AttentionCore{heads / tp, hidden / heads, seq};
 }
+
+/**
+ * What single-rank and tensor-parallel self-attention share: a QKV projection, the core (causal
+ * attention over the heads this rank owns) and an output projection, with the per-micro-batch qkv and
+ * attention probabilities kept from forward to backward. `Derived` supplies `layer_kind` for messages.
+ */
+template <class Derived, class Qkv, class Proj, backend B>
+class AttentionLayer : public BackwardFromSplit<Derived> {
+ public:
+  Activation forward(const Activation& x, int mb = 0) {
+    Activation qkv = qkv_.forward(x, mb);
+    auto& c = cache_.put(mb);
+    Activation o = core_.forward<B>(qkv, c.probs, Derived::layer_kind);
+    c.qkv = std::move(qkv);
+    return proj_.forward(o, mb);
+  }
+  /** B: through the output projection, the core and the QKV projection; both projections keep their W inputs. */
+  Activation backward_input(const Activation& dy, int mb = 0) {
+    Activation dout = proj_.backward_input(dy, mb);
+    auto c = cache_.take(mb, Derived::layer_kind);
+    return qkv_.backward_input(core_.backward<B>(c.qkv, c.probs, dout, Derived::layer_kind), mb);
+  }
+  /** W: the weight gradients of both projections for micro-batch `mb` (the core has no weights). */
+  void backward_weight(int mb = 0) {
+    proj_.backward_weight(mb);
+    qkv_.backward_weight(mb);
+  }
+  std::vector<Parameter*> parameters() {
+    auto ps = qkv_.parameters();
+    append(ps, proj_.parameters());
+    return ps;
+  }
+  void drop(int mb) {
+    qkv_.drop(mb);
+    proj_.drop(mb);
+    cache_.drop(mb);
+  }
+  [[nodiscard]] std::size_t in_features() const { return qkv_.in_features(); }
+  [[nodiscard]] std::size_t out_features() const { return proj_.out_features(); }
+
+ protected:
+  /** The projections are built by `make_qkv()` and `make_proj()` after the core's sizes were checked. */
+  template <class MakeQkv, class MakeProj>
+  AttentionLayer(AttentionCore core, MakeQkv make_qkv, MakeProj make_proj)
+      : core_(core), qkv_(make_qkv()), proj_(make_proj()) {}
+
+  AttentionCore core_;
+
+ private:
+  struct Cache {
+    Activation qkv;
+    std::vector<float> probs;
+  };
+  Qkv qkv_;
+  Proj proj_;
+  MicroBatchCache<Cache> cache_;
+};
 }  // namespace detail
 
 /** @brief Sizes and initialisation of an attention layer. */
@@ -118,7 +176,9 @@ struct AttentionConfig {
  * Its QKV weight `[h, 3h]` has the same elements as SelfAttention's `[h, 3, h]`, so both start equal.
  */
 template <backend B = HostBackend>
-class Attention {
+class Attention : public detail::AttentionLayer<Attention<B>, Linear<dyn, dyn, B>, Linear<dyn, dyn, B>, B> {
+  using Base = detail::AttentionLayer<Attention<B>, Linear<dyn, dyn, B>, Linear<dyn, dyn, B>, B>;
+
  public:
   static constexpr std::string_view layer_kind = "Attention";
   using default_input = Replicate;
@@ -135,55 +195,9 @@ class Attention {
   using output_layout = Replicate;
 
   explicit Attention(const AttentionConfig& c)
-      : core_(detail::make_core("Attention", c.hidden, c.heads, c.seq, 1, 0)),
-        qkv_(c.hidden, 3 * c.hidden, {c.seed, c.id_base, c.name + ".qkv", true}),
-        proj_(c.hidden, c.hidden, {c.seed, c.id_base + 2, c.name + ".proj", true}) {}
-
-  Activation forward(const Activation& x, int mb = 0) {
-    Activation qkv = qkv_.forward(x, mb);
-    auto& c = cache_.put(mb);
-    Activation o = core_.forward<B>(qkv, c.probs, layer_kind);
-    c.qkv = std::move(qkv);
-    return proj_.forward(o, mb);
-  }
-  /** B: through the output projection, the core and the QKV projection; both projections keep their W inputs. */
-  Activation backward_input(const Activation& dy, int mb = 0) {
-    Activation dout = proj_.backward_input(dy, mb);
-    auto c = cache_.take(mb, layer_kind);
-    return qkv_.backward_input(core_.backward<B>(c.qkv, c.probs, dout, layer_kind), mb);
-  }
-  /** W: the weight gradients of both projections for micro-batch `mb` (the core has no weights). */
-  void backward_weight(int mb = 0) {
-    proj_.backward_weight(mb);
-    qkv_.backward_weight(mb);
-  }
-  /** The whole backward: backward_input then backward_weight. */
-  Activation backward(const Activation& dy, int mb = 0) {
-    Activation dx = backward_input(dy, mb);
-    backward_weight(mb);
-    return dx;
-  }
-  std::vector<Parameter*> parameters() {
-    auto ps = qkv_.parameters();
-    detail::append(ps, proj_.parameters());
-    return ps;
-  }
-  void drop(int mb) {
-    qkv_.drop(mb);
-    proj_.drop(mb);
-    cache_.drop(mb);
-  }
-  [[nodiscard]] std::size_t in_features() const { return qkv_.in_features(); }
-  [[nodiscard]] std::size_t out_features() const { return proj_.out_features(); }
-
- private:
-  struct Cache {
-    Activation qkv;
-    std::vector<float> probs;
-  };
-  AttentionCore core_;
-  Linear<dyn, dyn, B> qkv_, proj_;
-  MicroBatchCache<Cache> cache_;
+      : Base(detail::make_core("Attention", c.hidden, c.heads, c.seq, 1, 0),
+             [&] { return Linear<dyn, dyn, B>(c.hidden, 3 * c.hidden, {c.seed, c.id_base, c.name + ".qkv", true}); },
+             [&] { return Linear<dyn, dyn, B>(c.hidden, c.hidden, {c.seed, c.id_base + 2, c.name + ".proj", true}); }) {}
 };
 
 /**
@@ -194,13 +208,19 @@ class Attention {
  */
 template <communicator C, std::size_t Hidden = dyn, std::size_t Heads = dyn, std::size_t TP = dyn, bool SP = false,
           backend B = HostBackend>
-class SelfAttention {
+class SelfAttention
+    : public detail::AttentionLayer<
+          SelfAttention<C, Hidden, Heads, TP, SP, B>, ColumnParallel<C, Hidden, Hidden, TP, ColumnOptions{SP, false, 3}, B>,
+          RowParallel<C, Hidden, Hidden, TP, SP ? RowReduce::reduce_scatter : RowReduce::all_reduce, B>, B> {
   static_assert(statically_divisible_v<Heads, TP>,
                 "mpar::nn::SelfAttention<C, Hidden, Heads, TP>: the static number of heads is not divisible by the "
                 "static tensor-parallel size TP; attention is split by whole heads, so choose Heads a multiple of TP");
   static_assert(statically_divisible_v<Hidden, Heads>,
                 "mpar::nn::SelfAttention<C, Hidden, Heads, TP>: Hidden is not divisible by Heads; head_dim = Hidden / Heads");
   using In = std::conditional_t<SP, TokenShard, Replicate>;
+  using Qkv = ColumnParallel<C, Hidden, Hidden, TP, ColumnOptions{SP, false, 3}, B>;
+  using Proj = RowParallel<C, Hidden, Hidden, TP, SP ? RowReduce::reduce_scatter : RowReduce::all_reduce, B>;
+  using Base = detail::AttentionLayer<SelfAttention, Qkv, Proj, B>;
 
  public:
   static constexpr std::string_view layer_kind = "SelfAttention";
@@ -218,59 +238,13 @@ class SelfAttention {
   using output_layout = In;
 
   SelfAttention(C& tp, const AttentionConfig& c)
-      : core_(detail::make_core("SelfAttention '" + c.name + "'", detail::reconcile(Hidden, c.hidden, layer_kind, "hidden"),
-                                detail::reconcile(Heads, c.heads, layer_kind, "heads"), c.seq, std::size_t(tp.size()),
-                                std::size_t(tp.rank()))),
-        qkv_(tp, c.hidden, c.hidden, {c.seed, c.id_base, c.name + ".qkv", true}),
-        proj_(tp, c.hidden, c.hidden, {c.seed, c.id_base + 2, c.name + ".proj", true}) {}
+      : Base(detail::make_core("SelfAttention '" + c.name + "'", detail::reconcile(Hidden, c.hidden, layer_kind, "hidden"),
+                               detail::reconcile(Heads, c.heads, layer_kind, "heads"), c.seq, std::size_t(tp.size()),
+                               std::size_t(tp.rank())),
+             [&] { return Qkv(tp, c.hidden, c.hidden, {c.seed, c.id_base, c.name + ".qkv", true}); },
+             [&] { return Proj(tp, c.hidden, c.hidden, {c.seed, c.id_base + 2, c.name + ".proj", true}); }) {}
 
-  Activation forward(const Activation& x, int mb = 0) {
-    Activation qkv = qkv_.forward(x, mb);
-    auto& c = cache_.put(mb);
-    Activation o = core_.forward<B>(qkv, c.probs, layer_kind);
-    c.qkv = std::move(qkv);
-    return proj_.forward(o, mb);
-  }
-  /** B: through the output projection, the core and the QKV projection; both projections keep their W inputs. */
-  Activation backward_input(const Activation& dy, int mb = 0) {
-    Activation dout = proj_.backward_input(dy, mb);
-    auto c = cache_.take(mb, layer_kind);
-    return qkv_.backward_input(core_.backward<B>(c.qkv, c.probs, dout, layer_kind), mb);
-  }
-  /** W: the weight gradients of both projections for micro-batch `mb` (the core has no weights). */
-  void backward_weight(int mb = 0) {
-    proj_.backward_weight(mb);
-    qkv_.backward_weight(mb);
-  }
-  /** The whole backward: backward_input then backward_weight. */
-  Activation backward(const Activation& dy, int mb = 0) {
-    Activation dx = backward_input(dy, mb);
-    backward_weight(mb);
-    return dx;
-  }
-  std::vector<Parameter*> parameters() {
-    auto ps = qkv_.parameters();
-    detail::append(ps, proj_.parameters());
-    return ps;
-  }
-  void drop(int mb) {
-    qkv_.drop(mb);
-    proj_.drop(mb);
-    cache_.drop(mb);
-  }
-  [[nodiscard]] std::size_t in_features() const { return qkv_.in_features(); }
-  [[nodiscard]] std::size_t out_features() const { return proj_.out_features(); }
-  [[nodiscard]] std::size_t local_heads() const { return core_.heads; }
-
- private:
-  struct Cache {
-    Activation qkv;
-    std::vector<float> probs;
-  };
-  AttentionCore core_;
-  ColumnParallel<C, Hidden, Hidden, TP, ColumnOptions{SP, false, 3}, B> qkv_;
-  RowParallel<C, Hidden, Hidden, TP, SP ? RowReduce::reduce_scatter : RowReduce::all_reduce, B> proj_;
-  MicroBatchCache<Cache> cache_;
+  [[nodiscard]] std::size_t local_heads() const { return this->core_.heads; }
 };
 
 }  // namespace mpar::nn

@@ -37,7 +37,7 @@ struct ColumnOptions {
  */
 template <communicator C, std::size_t In = dyn, std::size_t Out = dyn, std::size_t TP = dyn, ColumnOptions O = ColumnOptions{},
           backend B = HostBackend>
-class ColumnParallel {
+class ColumnParallel : public detail::LinearState, public detail::BackwardFromSplit<ColumnParallel<C, In, Out, TP, O, B>> {
   static_assert(statically_divisible_v<Out, TP>,
                 "mpar::nn::ColumnParallel<C, In, Out, TP>: the static output size Out is not divisible by the static "
                 "tensor-parallel size TP, so the weight cannot be split evenly by columns; choose Out a multiple of TP");
@@ -107,9 +107,9 @@ class ColumnParallel {
     const std::size_t n = O.groups * local_out_;
     Activation y({xf.extent(0), n});
     detail::linear_forward<B>(xf, weight_.value.data(), n, y);
-    if (!bias_.value.empty()) detail::add_row_vector(y, bias_.value);
+    if (has_bias()) detail::add_row_vector(y, bias_.value);
     // The gathered input is kept for the weight gradient: memory for one all-gather less in backward.
-    cache_.put(mb).x = std::move(xf);
+    keep_input(mb, std::move(xf));
     if constexpr (O.gather_output) return gather_features(*comm_, y);
     else return y;
   }
@@ -119,14 +119,14 @@ class ColumnParallel {
    * Keeps the gathered input and this rank's output-gradient columns for backward_weight.
    */
   Activation backward_input(const Activation& dy_in, int mb = 0) {
-    auto c = cache_.take(mb, layer_kind);
+    Activation x = take_input(mb, layer_kind);
     Activation dy = O.gather_output ? local_features(dy_in, p_, rank_) : dy_in;
-    require(dy.extent(0) == c.x.extent(0) && dy.extent(1) == O.groups * local_out_, "ColumnParallel '", name_,
+    require(dy.extent(0) == x.extent(0) && dy.extent(1) == O.groups * local_out_, "ColumnParallel '", name_,
             "' (tensor rank ", rank_, "): output gradient is ", dy.extent(0), "x", dy.extent(1), ", expected ",
-            c.x.extent(0), "x", O.groups * local_out_);
+            x.extent(0), "x", O.groups * local_out_);
     Activation dx({dy.extent(0), in_});
     detail::linear_backward_input<B>(dy, weight_.value.data(), in_, dx);
-    pending_.put(mb) = {std::move(c.x), std::move(dy)};
+    keep_for_weight(mb, std::move(x), std::move(dy));
     // Each rank's dx is the contribution of its output columns: the "f" operator's backward sums them.
     if constexpr (O.sequence_parallel) return reduce_scatter_tokens(*comm_, dx, "ColumnParallel");
     else {
@@ -135,39 +135,16 @@ class ColumnParallel {
     }
   }
   /** W: this rank's weight and bias columns, `dW += xᵀ dy`; no communication (every rank holds all tokens). */
-  void backward_weight(int mb = 0) {
-    auto w = pending_.take(mb, std::string(layer_kind).append(detail::no_backward_input_msg));
-    detail::linear_backward_weight<B>(w.x, w.dy, weight_.grad.data());
-    if (!bias_.value.empty()) detail::add_column_sums(w.dy, bias_.grad);
-  }
-  /** The whole backward: backward_input then backward_weight. */
-  Activation backward(const Activation& dy_in, int mb = 0) {
-    Activation dx = backward_input(dy_in, mb);
-    backward_weight(mb);
-    return dx;
-  }
+  void backward_weight(int mb = 0) { local_backward_weight<B>(mb, layer_kind); }
 
-  std::vector<Parameter*> parameters() { return detail::param_list(&weight_, &bias_); }
-  void drop(int mb) {
-    cache_.drop(mb);
-    pending_.drop(mb);
-  }
   [[nodiscard]] std::size_t in_features() const { return in_; }
   [[nodiscard]] std::size_t out_features() const { return out_ * O.groups; }
   [[nodiscard]] std::size_t local_out_features() const { return local_out_ * O.groups; }
-  [[nodiscard]] Parameter& weight() { return weight_; }
-  [[nodiscard]] Parameter& bias() { return bias_; }
 
  private:
-  struct Cache {
-    Activation x;
-  };
   C* comm_;
   std::size_t in_, out_, p_, rank_, local_out_ = 0;
   std::string name_;
-  Parameter weight_, bias_;
-  MicroBatchCache<Cache> cache_;
-  MicroBatchCache<detail::WeightGradInputs> pending_;
 };
 
 }  // namespace mpar::nn

@@ -91,6 +91,22 @@ void backward_weight_of(L& l, int mb) {
   if constexpr (requires { l.backward_weight(mb); }) l.backward_weight(mb);
 }
 
+/**
+ * The fused backward of a layer that splits its backward: `Derived::backward_input` then
+ * `Derived::backward_weight` (CRTP base, so every split layer states "B then W" once).
+ */
+template <class Derived>
+class BackwardFromSplit {
+ public:
+  /** The whole backward: backward_input then backward_weight. */
+  Activation backward(const Activation& dy, int mb = 0) {
+    auto& self = static_cast<Derived&>(*this);
+    Activation dx = self.backward_input(dy, mb);
+    self.backward_weight(mb);
+    return dx;
+  }
+};
+
 /** Builds the `std::vector<Parameter*>` of a layer from its members. */
 template <class... P>
 std::vector<Parameter*> param_list(P*... p) {

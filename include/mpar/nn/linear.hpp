@@ -6,6 +6,8 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
+#include <vector>
 
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/nn/layer.hpp"
@@ -41,6 +43,49 @@ struct WeightGradInputs {
 inline constexpr std::string_view no_backward_input_msg =
     " backward_weight (no backward_input ran for this micro-batch since its forward)";
 inline InitSpec default_weight_init(std::size_t fan_in) { return InitSpec::normal(1.0 / std::sqrt(double(fan_in))); }
+
+/**
+ * What every linear layer holds besides its sizes: the weight, the optional bias (empty when
+ * disabled), the input kept from forward to B, and the `{x, dy}` kept from B to W, per micro-batch.
+ * The layers derive from it, so `parameters()`, `drop()`, `weight()` and `bias()` are written once.
+ */
+class LinearState {
+ public:
+  std::vector<Parameter*> parameters() { return param_list(&weight_, &bias_); }
+  /** Frees everything kept for micro-batch `mb` (its forward input and its pending weight-gradient inputs). */
+  void drop(int mb) {
+    inputs_.drop(mb);
+    pending_.drop(mb);
+  }
+  [[nodiscard]] Parameter& weight() { return weight_; }
+  [[nodiscard]] Parameter& bias() { return bias_; }
+
+ protected:
+  [[nodiscard]] bool has_bias() const { return !bias_.value.empty(); }
+  /** Forward: keeps the (gathered) input of micro-batch `mb` for its backward. */
+  void keep_input(int mb, Activation x) { inputs_.put(mb) = std::move(x); }
+  /** B: the input kept by forward for micro-batch `mb` (an error naming `kind` if there is none). */
+  [[nodiscard]] Activation take_input(int mb, std::string_view kind) { return inputs_.take(mb, kind); }
+  /** B: keeps the input and the local output gradient of micro-batch `mb` until W consumes them. */
+  void keep_for_weight(int mb, Activation x, Activation dy) { pending_.put(mb) = {std::move(x), std::move(dy)}; }
+  /** W: what B kept for micro-batch `mb` (an error naming `kind` if B has not run for it). */
+  [[nodiscard]] WeightGradInputs take_for_weight(int mb, std::string_view kind) {
+    return pending_.take(mb, std::string(kind).append(no_backward_input_msg));
+  }
+  /** W of a layer whose weight and bias gradients need no communication: `dW += xᵀ dy`, `db += Σ dy`. */
+  template <backend B>
+  void local_backward_weight(int mb, std::string_view kind) {
+    auto w = take_for_weight(mb, kind);
+    linear_backward_weight<B>(w.x, w.dy, weight_.grad.data());
+    if (has_bias()) add_column_sums(w.dy, bias_.grad);
+  }
+
+  Parameter weight_, bias_;
+
+ private:
+  MicroBatchCache<Activation> inputs_;
+  MicroBatchCache<WeightGradInputs> pending_;
+};
 }  // namespace detail
 
 /** @brief Options shared by the linear layers. */
@@ -56,7 +101,7 @@ struct LinearInit {
  * Accepts a replicated or token-sharded input (rows are independent) and returns the same layout.
  */
 template <std::size_t In = dyn, std::size_t Out = dyn, backend B = HostBackend>
-class Linear {
+class Linear : public detail::LinearState, public detail::BackwardFromSplit<Linear<In, Out, B>> {
  public:
   static constexpr std::string_view layer_kind = "Linear";
   using default_input = Replicate;
@@ -88,50 +133,27 @@ class Linear {
     require(x.extent(1) == in_, "Linear '", weight_.name, "': input has ", x.extent(1), " features, expected ", in_);
     Activation y({x.extent(0), out_});
     detail::linear_forward<B>(x, weight_.value.data(), out_, y);
-    if (!bias_.value.empty()) detail::add_row_vector(y, bias_.value);
-    cache_.put(mb).x = x;
+    if (has_bias()) detail::add_row_vector(y, bias_.value);
+    keep_input(mb, x);
     return y;
   }
   /** B: `dx = dy Wᵀ`; keeps `x` and `dy` of micro-batch `mb` for backward_weight. */
   Activation backward_input(const Activation& dy, int mb = 0) {
-    auto c = cache_.take(mb, layer_kind);
-    require(dy.extent(1) == out_ && dy.extent(0) == c.x.extent(0), "Linear '", weight_.name, "': gradient is ",
-            dy.extent(0), "x", dy.extent(1), ", expected ", c.x.extent(0), "x", out_);
+    Activation x = take_input(mb, layer_kind);
+    require(dy.extent(1) == out_ && dy.extent(0) == x.extent(0), "Linear '", weight_.name, "': gradient is ",
+            dy.extent(0), "x", dy.extent(1), ", expected ", x.extent(0), "x", out_);
     Activation dx({dy.extent(0), in_});
     detail::linear_backward_input<B>(dy, weight_.value.data(), in_, dx);
-    pending_.put(mb) = {std::move(c.x), dy};
+    keep_for_weight(mb, std::move(x), dy);
     return dx;
   }
   /** W: `dW += xᵀ dy`, `db += Σ dy` for micro-batch `mb`; frees what backward_input kept. */
-  void backward_weight(int mb = 0) {
-    auto w = pending_.take(mb, std::string(layer_kind).append(detail::no_backward_input_msg));
-    detail::linear_backward_weight<B>(w.x, w.dy, weight_.grad.data());
-    if (!bias_.value.empty()) detail::add_column_sums(w.dy, bias_.grad);
-  }
-  /** The whole backward: backward_input then backward_weight. */
-  Activation backward(const Activation& dy, int mb = 0) {
-    Activation dx = backward_input(dy, mb);
-    backward_weight(mb);
-    return dx;
-  }
-  std::vector<Parameter*> parameters() { return detail::param_list(&weight_, &bias_); }
-  void drop(int mb) {
-    cache_.drop(mb);
-    pending_.drop(mb);
-  }
+  void backward_weight(int mb = 0) { local_backward_weight<B>(mb, layer_kind); }
   [[nodiscard]] std::size_t in_features() const { return in_; }
   [[nodiscard]] std::size_t out_features() const { return out_; }
-  [[nodiscard]] Parameter& weight() { return weight_; }
-  [[nodiscard]] Parameter& bias() { return bias_; }
 
  private:
-  struct Cache {
-    Activation x;
-  };
   std::size_t in_, out_;
-  Parameter weight_, bias_;
-  MicroBatchCache<Cache> cache_;
-  MicroBatchCache<detail::WeightGradInputs> pending_;
 };
 
 }  // namespace mpar::nn

@@ -51,7 +51,7 @@ template <communicator C>
 
 /** @brief SUMMA linear layer `y = x W + b` on a square q x q tensor grid (bias split by columns). */
 template <communicator C, backend B = HostBackend>
-class Linear2D {
+class Linear2D : public detail::LinearState, public detail::BackwardFromSplit<Linear2D<C, B>> {
  public:
   static constexpr std::string_view layer_kind = "Linear2D";
   using default_input = GridShard;
@@ -97,8 +97,8 @@ class Linear2D {
       broadcast_blocks(k, x, a, w);
       B::template gemm<float>(Trans::no, Trans::no, tl, ol, il, 1.0f, a.data(), il, w.data(), ol, 1.0f, y.data(), ol);
     }
-    if (!bias_.value.empty()) detail::add_row_vector(y, bias_.value);
-    cache_.put(mb).x = x;
+    if (has_bias()) detail::add_row_vector(y, bias_.value);
+    keep_input(mb, x);
     return y;
   }
 
@@ -107,8 +107,8 @@ class Linear2D {
    * shares reduced along grid rows). Keeps X_ij and dY_ij for backward_weight.
    */
   Activation backward_input(const Activation& dy, int mb = 0) {
-    auto c = cache_.take(mb, layer_kind);
-    const std::size_t tl = c.x.extent(0), il = in_ / q_, ol = out_ / q_;
+    Activation x = take_input(mb, layer_kind);
+    const std::size_t tl = x.extent(0), il = in_ / q_, ol = out_ / q_;
     require(dy.extent(0) == tl && dy.extent(1) == ol, "Linear2D '", name_, "': gradient block is ", dy.extent(0), "x",
             dy.extent(1), ", expected ", tl, "x", ol);
     Activation dx({tl, il}), part_x({tl, il});
@@ -119,7 +119,7 @@ class Linear2D {
       B::template gemm<float>(Trans::no, Trans::yes, tl, il, ol, 1.0f, dy.data(), ol, w.data(), ol, 0.0f, part_x.data(), il);
       grid_->row.reduce(std::span<const float>(part_x.span()), dx.span(), ReduceOp::sum, int(k));
     }
-    pending_.put(mb) = {std::move(c.x), dy};
+    keep_for_weight(mb, std::move(x), dy);
     return dx;
   }
   /**
@@ -128,7 +128,7 @@ class Linear2D {
    * columns (the communication the math demands; none of it is on B's critical path).
    */
   void backward_weight(int mb = 0) {
-    auto p = pending_.take(mb, std::string(layer_kind).append(detail::no_backward_input_msg));
+    auto p = take_for_weight(mb, layer_kind);
     const std::size_t tl = p.x.extent(0), il = in_ / q_, ol = out_ / q_;
     Activation a({tl, il});
     std::vector<float> part_w(il * ol);
@@ -144,29 +144,16 @@ class Linear2D {
         grid_->col.reduce(std::span<const float>(part_w), std::span<float>(), ReduceOp::sum, int(k));
       }
     }
-    if (!bias_.value.empty()) {
+    if (has_bias()) {
       std::vector<float> db(ol, 0.0f);
       detail::add_column_sums(p.dy, db);
       grid_->col.all_reduce(std::span<float>(db), ReduceOp::sum);
       for (std::size_t e = 0; e < ol; ++e) bias_.grad[e] += db[e];
     }
   }
-  /** The whole backward: backward_input then backward_weight. */
-  Activation backward(const Activation& dy, int mb = 0) {
-    Activation dx = backward_input(dy, mb);
-    backward_weight(mb);
-    return dx;
-  }
 
-  std::vector<Parameter*> parameters() { return detail::param_list(&weight_, &bias_); }
-  void drop(int mb) {
-    cache_.drop(mb);
-    pending_.drop(mb);
-  }
   [[nodiscard]] std::size_t in_features() const { return in_; }
   [[nodiscard]] std::size_t out_features() const { return out_; }
-  [[nodiscard]] Parameter& weight() { return weight_; }
-  [[nodiscard]] Parameter& bias() { return bias_; }
 
  private:
   /** Step k of SUMMA: `a` <- X_ik (broadcast along the grid row), `w` <- W_kj (along the grid column). */
@@ -182,15 +169,9 @@ class Linear2D {
     if (grid_->i() == k) std::copy(weight_.value.begin(), weight_.value.end(), w.begin());
     grid_->col.broadcast(std::span<float>(w), int(k));
   }
-  struct Cache {
-    Activation x;
-  };
   TensorGrid<C>* grid_;
   std::size_t in_, out_, q_;
   std::string name_;
-  Parameter weight_, bias_;
-  MicroBatchCache<Cache> cache_;
-  MicroBatchCache<detail::WeightGradInputs> pending_;
 };
 
 }  // namespace mpar::nn

@@ -30,7 +30,7 @@ enum class RowReduce {
  */
 template <communicator C, std::size_t In = dyn, std::size_t Out = dyn, std::size_t TP = dyn,
           RowReduce R = RowReduce::all_reduce, backend B = HostBackend>
-class RowParallel {
+class RowParallel : public detail::LinearState, public detail::BackwardFromSplit<RowParallel<C, In, Out, TP, R, B>> {
   static_assert(statically_divisible_v<In, TP>,
                 "mpar::nn::RowParallel<C, In, Out, TP>: the static input size In is not divisible by the static "
                 "tensor-parallel size TP, so the weight cannot be split evenly by rows; choose In a multiple of TP");
@@ -76,19 +76,19 @@ class RowParallel {
             x.extent(1), " features, expected ", local_in_, " (= ", in_, " / ", p_, ")");
     Activation y({x.extent(0), out_});
     detail::linear_forward<B>(x, weight_.value.data(), out_, y);
-    cache_.put(mb).x = x;
-    const bool has_bias = !bias_.value.empty();
+    keep_input(mb, x);
+    const bool with_bias = has_bias();
     if constexpr (R == RowReduce::all_reduce) {
       all_reduce_sum(*comm_, y);
-      if (has_bias) detail::add_row_vector(y, bias_.value);
+      if (with_bias) detail::add_row_vector(y, bias_.value);
       return y;
     } else if constexpr (R == RowReduce::reduce_scatter) {
       Activation part = reduce_scatter_tokens(*comm_, y, "RowParallel");
-      if (has_bias) detail::add_row_vector(part, bias_.value);
+      if (with_bias) detail::add_row_vector(part, bias_.value);
       return part;
     } else {
       // A Partial tensor is the sum of the ranks' addends: the bias belongs to exactly one of them.
-      if (has_bias && rank_ == 0) detail::add_row_vector(y, bias_.value);
+      if (with_bias && rank_ == 0) detail::add_row_vector(y, bias_.value);
       return y;
     }
   }
@@ -98,50 +98,29 @@ class RowParallel {
    * layer's only backward collective). Keeps the input shard and the full dy for backward_weight.
    */
   Activation backward_input(const Activation& dy_in, int mb = 0) {
-    auto c = cache_.take(mb, layer_kind);
+    Activation x = take_input(mb, layer_kind);
     Activation dy = R == RowReduce::reduce_scatter ? gather_tokens(*comm_, dy_in) : dy_in;
-    require(dy.extent(0) == c.x.extent(0) && dy.extent(1) == out_, "RowParallel '", name_, "' (tensor rank ", rank_,
-            "): output gradient is ", dy.extent(0), "x", dy.extent(1), ", expected ", c.x.extent(0), "x", out_);
+    require(dy.extent(0) == x.extent(0) && dy.extent(1) == out_, "RowParallel '", name_, "' (tensor rank ", rank_,
+            "): output gradient is ", dy.extent(0), "x", dy.extent(1), ", expected ", x.extent(0), "x", out_);
     Activation dx({dy.extent(0), local_in_});
     detail::linear_backward_input<B>(dy, weight_.value.data(), local_in_, dx);
-    pending_.put(mb) = {std::move(c.x), std::move(dy)};
+    keep_for_weight(mb, std::move(x), std::move(dy));
     return dx;
   }
-  /** W: this rank's weight rows `dW += x_localᵀ dy` and the bias; no communication. */
-  void backward_weight(int mb = 0) {
-    auto w = pending_.take(mb, std::string(layer_kind).append(detail::no_backward_input_msg));
-    detail::linear_backward_weight<B>(w.x, w.dy, weight_.grad.data());
-    // The replicated bias sees every token's gradient; with sequence parallelism the gathered dy already holds them all,
-    // so no extra all-reduce of the bias gradient is needed.
-    if (!bias_.value.empty()) detail::add_column_sums(w.dy, bias_.grad);
-  }
-  /** The whole backward: backward_input then backward_weight. */
-  Activation backward(const Activation& dy_in, int mb = 0) {
-    Activation dx = backward_input(dy_in, mb);
-    backward_weight(mb);
-    return dx;
-  }
+  /**
+   * W: this rank's weight rows `dW += x_localᵀ dy` and the bias; no communication. The replicated bias
+   * sees every token's gradient; with sequence parallelism the gathered dy already holds them all, so no
+   * extra all-reduce of the bias gradient is needed.
+   */
+  void backward_weight(int mb = 0) { local_backward_weight<B>(mb, layer_kind); }
 
-  std::vector<Parameter*> parameters() { return detail::param_list(&weight_, &bias_); }
-  void drop(int mb) {
-    cache_.drop(mb);
-    pending_.drop(mb);
-  }
   [[nodiscard]] std::size_t in_features() const { return in_; }
   [[nodiscard]] std::size_t out_features() const { return out_; }
-  [[nodiscard]] Parameter& weight() { return weight_; }
-  [[nodiscard]] Parameter& bias() { return bias_; }
 
  private:
-  struct Cache {
-    Activation x;
-  };
   C* comm_;
   std::size_t in_, out_, p_, rank_, local_in_ = 0;
   std::string name_;
-  Parameter weight_, bias_;
-  MicroBatchCache<Cache> cache_;
-  MicroBatchCache<detail::WeightGradInputs> pending_;
 };
 
 }  // namespace mpar::nn

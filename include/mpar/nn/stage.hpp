@@ -135,7 +135,7 @@ inline constexpr std::size_t static_input_features_v = L::preserves_features ? d
  * order (a layer without a split runs its whole backward there), `backward_weight` every layer's W.
  */
 template <layer First, layer... Rest>
-class Stage {
+class Stage : public detail::BackwardFromSplit<Stage<First, Rest...>> {
  public:
   using input_layout = typename First::default_input;
   static constexpr bool valid =
@@ -167,12 +167,6 @@ class Stage {
   }
   /** W: every layer's weight gradients for micro-batch `mb` (last layer first, as the fused backward). */
   void backward_weight(int mb = 0) { weight_from<sizeof...(Rest)>(mb); }
-  /** The whole backward: backward_input then backward_weight. */
-  Activation backward(const Activation& dy, int mb = 0) {
-    Activation dx = backward_input(dy, mb);
-    backward_weight(mb);
-    return dx;
-  }
   std::vector<Parameter*> parameters() {
     std::vector<Parameter*> ps;
     std::apply([&](auto&... l) { (detail::append(ps, l.parameters()), ...); }, layers_);

@@ -43,7 +43,7 @@ struct BlockConfig {
  * all-reduces) and `backward_weight` (W, the four projection weight GEMMs, no communication).
  */
 template <communicator C, bool SP = false, backend B = HostBackend>
-class TransformerBlock {
+class TransformerBlock : public detail::BackwardFromSplit<TransformerBlock<C, SP, B>> {
   using L = std::conditional_t<SP, TokenShard, Replicate>;
 
  public:
@@ -100,12 +100,6 @@ class TransformerBlock {
     detail::backward_weight_of(ln2_, mb);
     attn_.backward_weight(mb);
     detail::backward_weight_of(ln1_, mb);
-  }
-  /** The whole backward: backward_input then backward_weight. */
-  Activation backward(const Activation& dy, int mb = 0) {
-    Activation dx = backward_input(dy, mb);
-    backward_weight(mb);
-    return dx;
   }
 
   std::vector<Parameter*> parameters() {
