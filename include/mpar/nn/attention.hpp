@@ -186,10 +186,7 @@ class Attention : public detail::AttentionLayer<Attention<B>, Linear<dyn, dyn, B
   static constexpr std::size_t static_in_features = dyn, static_out_features = dyn;
   template <class L>
   static constexpr Verdict accepts() {
-    if constexpr (std::is_same_v<L, Replicate>) return Verdict::ok;
-    else if constexpr (L::is_partial) return Verdict::nonlinear_fed_partial;
-    else if constexpr (std::is_same_v<L, FeatureShard>) return Verdict::needs_full_features;
-    else return Verdict::needs_replicated;
+    return detail::whole_rows_verdict<Replicate, L>();
   }
   template <class L>
   using output_layout = Replicate;
@@ -229,10 +226,7 @@ class SelfAttention
   static constexpr std::size_t static_in_features = Hidden, static_out_features = Hidden;
   template <class L>
   static constexpr Verdict accepts() {
-    if constexpr (std::is_same_v<L, In>) return Verdict::ok;
-    else if constexpr (L::is_partial) return Verdict::nonlinear_fed_partial;
-    else if constexpr (std::is_same_v<L, FeatureShard>) return Verdict::needs_full_features;
-    else return SP ? Verdict::needs_token_shard : Verdict::needs_replicated;
+    return detail::whole_rows_verdict<In, L>();
   }
   template <class L>
   using output_layout = In;

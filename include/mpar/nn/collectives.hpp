@@ -72,7 +72,7 @@ template <communicator C>
 
 /** @brief Layer: Partial<sum, tensor> -> Replicate (all-reduce forward; identity backward). */
 template <communicator C>
-class AllReduce {
+class AllReduce : public detail::NoParameters {
  public:
   static constexpr std::string_view layer_kind = "AllReduce";
   using default_input = TensorPartial;
@@ -93,10 +93,7 @@ class AllReduce {
   }
   // d(sum_r x_r)/dx_r = I: each rank's addend receives the replicated gradient unchanged.
   Activation backward(const Activation& dy, int = 0) { return dy; }
-  std::vector<Parameter*> parameters() { return {}; }
   void drop(int) {}
-  [[nodiscard]] std::size_t in_features() const { return 0; }
-  [[nodiscard]] std::size_t out_features() const { return 0; }
 
  private:
   C* comm_;
@@ -104,7 +101,7 @@ class AllReduce {
 
 /** @brief Layer: Shard<1, tensor> -> Replicate (all-gather of features; backward keeps this rank's columns). */
 template <communicator C>
-class GatherFeatures {
+class GatherFeatures : public detail::NoParameters {
  public:
   static constexpr std::string_view layer_kind = "GatherFeatures";
   using default_input = FeatureShard;
@@ -124,10 +121,7 @@ class GatherFeatures {
   Activation backward(const Activation& dy, int = 0) {
     return local_features(dy, std::size_t(comm_->size()), std::size_t(comm_->rank()));
   }
-  std::vector<Parameter*> parameters() { return {}; }
   void drop(int) {}
-  [[nodiscard]] std::size_t in_features() const { return 0; }
-  [[nodiscard]] std::size_t out_features() const { return 0; }
 
  private:
   C* comm_;

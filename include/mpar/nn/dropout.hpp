@@ -19,7 +19,7 @@ namespace mpar::nn {
  * `L` tells it where its local block sits in the global tensor. Shards must be even.
  */
 template <class L = Replicate>
-class Dropout {
+class Dropout : public detail::NoParameters {
   static_assert(std::is_same_v<L, Replicate> || std::is_same_v<L, FeatureShard> || std::is_same_v<L, TokenShard>,
                 "mpar::nn::Dropout<L>: L must be Replicate, Shard<1, axis::tensor> or Shard<0, axis::tensor>; dropout of "
                 "a Partial tensor would drop each addend separately (reduce it first)");
@@ -56,10 +56,7 @@ class Dropout {
     mask_for(dy, mb).apply(dy.extent(0), dy.extent(1), dy.data(), dx.data());
     return dx;
   }
-  std::vector<Parameter*> parameters() { return {}; }
   void drop(int) {}
-  [[nodiscard]] std::size_t in_features() const { return 0; }
-  [[nodiscard]] std::size_t out_features() const { return 0; }
   [[nodiscard]] double probability() const { return p_; }
 
  private:

@@ -12,7 +12,7 @@ namespace mpar::nn {
  * @brief Elementwise GeLU. Keeps its input's layout (a shard stays a shard); a Partial input is
  * refused because gelu(a + b) != gelu(a) + gelu(b).
  */
-class Gelu {
+class Gelu : public detail::NoParameters {
  public:
   static constexpr std::string_view layer_kind = "Gelu";
   using default_input = Replicate;
@@ -38,10 +38,7 @@ class Gelu {
     host::gelu_backward(dy.size(), c.x.data(), dy.data(), dx.data());
     return dx;
   }
-  std::vector<Parameter*> parameters() { return {}; }
   void drop(int mb) { cache_.drop(mb); }
-  [[nodiscard]] std::size_t in_features() const { return 0; }
-  [[nodiscard]] std::size_t out_features() const { return 0; }
 
  private:
   struct Cache {

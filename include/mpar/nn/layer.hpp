@@ -7,6 +7,7 @@
 #include <concepts>
 #include <cstddef>
 #include <string_view>
+#include <type_traits>
 #include <vector>
 
 #include "mpar/core/extents.hpp"
@@ -105,6 +106,27 @@ class BackwardFromSplit {
     self.backward_weight(mb);
     return dx;
   }
+};
+
+/**
+ * The verdict of a nonlinear layer that needs whole rows in layout `Expected` (`Replicate`, or
+ * `Shard<0, tensor>` under sequence parallelism) when it is fed layout `In`.
+ */
+template <class Expected, class In>
+constexpr Verdict whole_rows_verdict() {
+  if constexpr (std::is_same_v<In, Expected>) return Verdict::ok;
+  else if constexpr (In::is_partial) return Verdict::nonlinear_fed_partial;
+  else if constexpr (std::is_same_v<In, FeatureShard>) return Verdict::needs_full_features;
+  else if constexpr (std::is_same_v<Expected, TokenShard>) return Verdict::needs_token_shard;
+  else return Verdict::needs_replicated;
+}
+
+/** The parameter-free, feature-preserving half of a layer: no parameters, `in_features() == out_features() == 0`. */
+class NoParameters {
+ public:
+  std::vector<Parameter*> parameters() { return {}; }
+  [[nodiscard]] std::size_t in_features() const { return 0; }
+  [[nodiscard]] std::size_t out_features() const { return 0; }
 };
 
 /** Builds the `std::vector<Parameter*>` of a layer from its members. */

@@ -40,11 +40,7 @@ class LayerNorm {
   static constexpr std::size_t static_in_features = dyn, static_out_features = dyn;
   template <class In>
   static constexpr Verdict accepts() {
-    if constexpr (std::is_same_v<In, L>) return Verdict::ok;
-    else if constexpr (In::is_partial) return Verdict::nonlinear_fed_partial;
-    else if constexpr (std::is_same_v<In, FeatureShard>) return Verdict::needs_full_features;
-    else if constexpr (sequence_parallel) return Verdict::needs_token_shard;
-    else return Verdict::needs_replicated;
+    return detail::whole_rows_verdict<L, In>();
   }
   template <class In>
   using output_layout = In;

@@ -53,10 +53,7 @@ class TransformerBlock : public detail::BackwardFromSplit<TransformerBlock<C, SP
   static constexpr std::size_t static_in_features = dyn, static_out_features = dyn;
   template <class In>
   static constexpr Verdict accepts() {
-    if constexpr (std::is_same_v<In, L>) return Verdict::ok;
-    else if constexpr (In::is_partial) return Verdict::nonlinear_fed_partial;
-    else if constexpr (std::is_same_v<In, FeatureShard>) return Verdict::needs_full_features;
-    else return SP ? Verdict::needs_token_shard : Verdict::needs_replicated;
+    return detail::whole_rows_verdict<L, In>();
   }
   template <class In>
   using output_layout = L;
