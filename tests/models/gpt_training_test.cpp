@@ -236,6 +236,43 @@ TEST_CASE("a run resumed from a checkpoint of another layout continues exactly",
   fs::remove_all(dir);
 }
 
+TEST_CASE("a rank failing mid-training stops every rank with its name; the job resumes from the last checkpoint", "[models][gpt][faults]") {
+  const fs::path dir = fs::temp_directory_path() / "mpar-test-gpt-fault";
+  fs::remove_all(dir);
+  const auto c = small(2, 2, 1);
+  std::vector<std::string> errors(4);
+  std::mutex m;
+  try {
+    run_threads(4, [&](ThreadsCommunicator& w) {
+      models::GptTrainer<ThreadsCommunicator> t(w, c, dataset());
+      try {
+        while (t.step() < 20) {
+          if (t.step() == 8) t.save(dir);
+          if (t.step() == 13 && w.rank() == 2) throw std::runtime_error("simulated hardware fault");
+          t.train_step();
+        }
+      } catch (const std::exception& e) {
+        std::lock_guard lock(m);
+        errors[std::size_t(w.rank())] = e.what();
+        throw;
+      }
+    });
+    FAIL("the job did not fail");
+  } catch (const comm_error& e) {
+    CHECK_THAT(std::string(e.what()), Catch::Contains("rank 2") && Catch::Contains("simulated hardware fault"));
+  }
+  // Every surviving rank left its collective with an error that names the failed rank.
+  for (int r : {0, 1, 3}) {
+    INFO("rank " << r << ": " << errors[std::size_t(r)]);
+    CHECK_THAT(errors[std::size_t(r)], Catch::Contains("rank 2"));
+  }
+  // The checkpoint of step 8 is intact and the job continues from it exactly as if nothing had happened.
+  const RunResult rest = run(c, 20, dir.string());
+  REQUIRE(rest.losses.size() == 12);
+  for (std::size_t i = 0; i < rest.losses.size(); ++i) REQUIRE(rest.losses[i] == Approx(reference().losses[8 + i]).epsilon(loss_tol));
+  fs::remove_all(dir);
+}
+
 TEST_CASE("invalid configurations are refused before training, saying what to change", "[models][gpt][errors]") {
   auto expect = [](models::GptTrainConfig c, std::size_t world, const std::string& text) {
     INFO(text);
