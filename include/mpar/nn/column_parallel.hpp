@@ -68,11 +68,9 @@ class ColumnParallel : public detail::LinearState, public detail::BackwardFromSp
       : comm_(&tp),
         in_(detail::reconcile(In, in, layer_kind, "in_features")),
         out_(detail::reconcile(Out, out, layer_kind, "out_features")),
-        p_(std::size_t(tp.size())),
+        p_(detail::checked_tp_size<TP>(tp, layer_kind, init.name)),
         rank_(std::size_t(tp.rank())),
         name_(init.name) {
-    require(TP == dyn || p_ == TP, "ColumnParallel '", name_, "': the type fixes the tensor-parallel size to ", TP,
-            " but the communicator '", tp.name(), "' has ", p_, " ranks");
     require(in_ > 0 && out_ > 0 && out_ % p_ == 0, "ColumnParallel '", name_, "' (tensor rank ", rank_,
             "): output size ", out_, " is not divisible by the tensor-parallel size ", p_, " (input size ", in_, ")");
     local_out_ = out_ / p_;

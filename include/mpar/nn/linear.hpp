@@ -43,6 +43,14 @@ struct WeightGradInputs {
 inline constexpr std::string_view no_backward_input_msg =
     " backward_weight (no backward_input ran for this micro-batch since its forward)";
 inline InitSpec default_weight_init(std::size_t fan_in) { return InitSpec::normal(1.0 / std::sqrt(double(fan_in))); }
+/** Checks that a tensor-parallel layer's static size `TP` (or `dyn`) matches its communicator `tp`'s size. */
+template <std::size_t TP, class C>
+std::size_t checked_tp_size(const C& tp, std::string_view kind, const std::string& name) {
+  const std::size_t p = std::size_t(tp.size());
+  require(TP == dyn || p == TP, kind, " '", name, "': the type fixes the tensor-parallel size to ", TP,
+          " but the communicator '", tp.name(), "' has ", p, " ranks");
+  return p;
+}
 
 /**
  * What every linear layer holds besides its sizes: the weight, the optional bias (empty when

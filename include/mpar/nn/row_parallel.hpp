@@ -53,11 +53,9 @@ class RowParallel : public detail::LinearState, public detail::BackwardFromSplit
       : comm_(&tp),
         in_(detail::reconcile(In, in, layer_kind, "in_features")),
         out_(detail::reconcile(Out, out, layer_kind, "out_features")),
-        p_(std::size_t(tp.size())),
+        p_(detail::checked_tp_size<TP>(tp, layer_kind, init.name)),
         rank_(std::size_t(tp.rank())),
         name_(init.name) {
-    require(TP == dyn || p_ == TP, "RowParallel '", name_, "': the type fixes the tensor-parallel size to ", TP,
-            " but the communicator '", tp.name(), "' has ", p_, " ranks");
     require(in_ > 0 && out_ > 0 && in_ % p_ == 0, "RowParallel '", name_, "' (tensor rank ", rank_, "): input size ",
             in_, " is not divisible by the tensor-parallel size ", p_, " (output size ", out_, ")");
     local_in_ = in_ / p_;
