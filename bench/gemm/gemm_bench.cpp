@@ -29,7 +29,7 @@ int main(int argc, char** argv) {
                                {"square-2048", 2048, 2048, 2048},
                                {"mlp-fc1 (tokens 2048, h 1024 -> 4096)", 2048, 4096, 1024}};
   if (smoke) shapes = {{"square-64", 64, 64, 64}};
-  const int reps = smoke ? 1 : 7;
+  const int reps = smoke ? 1 : 15;
 
   std::printf("%-40s %12s %12s %8s\n", "shape", "mpar GFLOP/s", "cblas GFLOP/s", "ratio");
   double sum_log_ratio = 0, ours_total = 0, base_total = 0;
