@@ -101,7 +101,7 @@ Options parse(int argc, char** argv) {
   t.warmup = o.warmup >= 0 ? std::size_t(o.warmup) : t.steps / 10;
   require(o.ep == 1, "train_gpt: --ep ", o.ep,
           " needs mixture-of-experts blocks, which the GPT model does not use yet; the MoE layer with expert "
-          "parallelism is available as parallel::MoE (see docs/training.md). Use --ep 1");
+          "parallelism is available as parallel::MoeMlp (see docs/training.md). Use --ep 1");
   return o;
 }
 
