@@ -191,17 +191,11 @@ std::string generate(Comm& world, const models::GptConfig& mc, const data::CharD
   return out;
 }
 
-std::vector<observe::AllocationCounter*>& rank_counters(std::size_t n) {
-  // Never freed: allocations made by a rank may outlive main's locals (static destructors).
-  static auto* counters = new std::vector<observe::AllocationCounter*>();
-  while (counters->size() < n) counters->push_back(new observe::AllocationCounter());
-  return *counters;
-}
-
 template <class Comm>
-void train(Comm& world, const Options& o) {
+void train(Comm& world, const Options& o, bool process_per_rank) {
   const bool lead = world.rank() == 0;
-  observe::AllocationCounter& mem = *rank_counters(std::size_t(world.size()))[std::size_t(world.rank())];
+  // Thread ranks share the process's counters; an MPI process holds one rank.
+  observe::AllocationCounter& mem = observe::rank_counter(process_per_rank ? 0 : std::size_t(world.rank()));
   observe::track_this_thread(&mem);
   data::CharDataset ds(o.data, o.train.model.seq);
   models::GptTrainConfig cfg = o.train;
@@ -358,13 +352,13 @@ int main(int argc, char** argv) {
     if (under_mpirun()) {
 #if defined(MPAR_HAVE_MPI)
       MpiEnvironment env(&argc, &argv);
-      run_mpi([&](MpiCommunicator& world) { train(world, o); });
+      run_mpi([&](MpiCommunicator& world) { train(world, o, true); });
       return 0;
 #else
       throw config_error("train_gpt: started under mpirun, but this build has no MPI; rebuild with MPAR_ENABLE_MPI=ON");
 #endif
     }
-    run_threads(int(o.train.world_size()), [&](ThreadsCommunicator& world) { train(world, o); });
+    run_threads(int(o.train.world_size()), [&](ThreadsCommunicator& world) { train(world, o, false); });
     return 0;
   } catch (const std::exception& e) {
     const std::string what = e.what();

@@ -158,7 +158,8 @@ void save_layout(const fs::path& root, std::size_t tp, std::size_t pp, std::size
 }
 
 bool bits_equal(std::span<const float> a, std::span<const float> b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size_bytes()) == 0;
+  // memcmp's pointers must not be null, even for zero bytes (an empty block's span has a null data()).
+  return a.size() == b.size() && (a.empty() || std::memcmp(a.data(), b.data(), a.size_bytes()) == 0);
 }
 
 /** Loads layout (tp, pp, dp) from `root` and checks every block bit for bit against the original values. */

@@ -42,14 +42,11 @@ std::string training_text_path() {
 Measured run_trainer(const mpar::models::GptTrainConfig& base) {
   using namespace mpar;
   const std::size_t n = base.world_size();
-  // Counters live for the whole program: blocks freed after the run still point at them.
-  static std::vector<observe::AllocationCounter*> counters;
-  while (counters.size() < n) counters.push_back(new observe::AllocationCounter());
   Measured m;
   m.step_peak.assign(n, 0);
   m.states.assign(n, 0);
   run_threads(int(n), [&](ThreadsCommunicator& world) {
-    observe::AllocationCounter& mem = *counters[std::size_t(world.rank())];
+    observe::AllocationCounter& mem = observe::rank_counter(std::size_t(world.rank()));
     observe::track_this_thread(&mem);
     {
       data::CharDataset ds(training_text_path(), base.model.seq);

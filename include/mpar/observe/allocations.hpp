@@ -9,8 +9,12 @@
  * records the counter of the thread that made it, so memory freed on another thread (a message
  * buffer the receiver releases) is still taken off the right rank.
  */
+#include <array>
 #include <atomic>
+#include <cstddef>
 #include <cstdint>
+
+#include "mpar/core/error.hpp"
 
 namespace mpar::observe {
 
@@ -27,6 +31,18 @@ namespace detail {
 inline thread_local AllocationCounter* tracked_counter = nullptr;
 inline std::atomic<bool> allocation_tracking_installed{false};
 }  // namespace detail
+
+/**
+ * @brief The counter of rank `rank` of this process. Static storage rather than the heap: blocks a
+ * rank allocated may be freed during static destruction, after every heap object of the program is
+ * gone, and must still find their counter.
+ */
+inline AllocationCounter& rank_counter(std::size_t rank) {
+  static std::array<AllocationCounter, 1024> counters;
+  require(rank < counters.size(), "observe::rank_counter: rank ", rank, " exceeds the ", counters.size(),
+          " ranks one process can track");
+  return counters[rank];
+}
 
 /** @brief Attributes this thread's future allocations to `c` (nullptr: not tracked). `c` must outlive them. */
 inline void track_this_thread(AllocationCounter* c) { detail::tracked_counter = c; }
