@@ -339,11 +339,10 @@ class GptTrainer {
 
   /** First and last pipeline stage of each (tensor, data) position share the tied embedding. */
   void build_embedding_group() {
-    tied_split_ = cfg_.pp > 1;
     const bool end = coord_.pipeline == 0 || coord_.pipeline + 1 == cfg_.pp;
     const int color = end ? int(coord_.data * cfg_.tp + coord_.tensor) : int(cfg_.tp * cfg_.dp + comms_.world.rank());
     embed_group_.emplace(comms_.world.split(color, int(coord_.pipeline)));
-    if (tied_split_) {
+    if (cfg_.pp > 1) {  // with one pipeline stage the head uses the embedding itself: nothing to tie
       if (holds_first_) tied_ = stages_.front()->token_embedding();
       if (holds_last_) tied_ = stages_.back()->head_weight();
     }
@@ -381,11 +380,11 @@ class GptTrainer {
   }
 
   void sum_tied_gradients() {
-    if (!tied_split_ || tied_ == nullptr) return;
+    if (tied_ == nullptr) return;
     embed_group_->all_reduce(std::span<float>(tied_->grad), ReduceOp::sum);
   }
   void copy_embedding_to_head() {
-    if (!tied_split_ || tied_ == nullptr) return;
+    if (tied_ == nullptr) return;
     embed_group_->broadcast(std::span<float>(tied_->value), 0);
   }
   void finish_data_parallel() {
@@ -421,8 +420,8 @@ class GptTrainer {
   std::optional<pipeline::Executor<Stage, Comm>> executor_;
   std::vector<nn::Parameter*> all_params_, opt_params_;
   std::vector<std::vector<std::int32_t>> targets_;
-  bool holds_first_ = false, holds_last_ = false, tied_split_ = false;
-  nn::Parameter* tied_ = nullptr;
+  bool holds_first_ = false, holds_last_ = false;
+  nn::Parameter* tied_ = nullptr;  ///< this rank's end of an embedding split over two stages, if any
   std::optional<Comm> embed_group_;
   std::optional<parallel::DataParallel<Comm>> dp_;
   std::optional<parallel::Zero1AdamW<Comm>> zero_;
