@@ -1,4 +1,4 @@
-// train_gpt: a character-level GPT trained with tensor x pipeline x data parallelism.
+// train_gpt: a character-level GPT trained with tensor x pipeline x data (x expert) parallelism.
 //
 // Threads are the default transport (every rank a thread of this process); started under mpirun
 // (and built with MPI), every process is one rank. See docs/train_gpt.md for every option.
@@ -34,7 +34,6 @@ namespace {
 struct Options {
   models::GptTrainConfig train;
   std::string data = data::default_text_path;
-  std::size_t ep = 1;
   std::string metrics, trace, save, resume;
   std::size_t trace_step = 1, save_every = 0, sample = 200, log_every = 1;
   std::size_t bucket_kib = 1024;
@@ -63,7 +62,12 @@ Options parse(int argc, char** argv) {
   p.option("tp", t.tp, "tensor-parallel size").range(1, 1024);
   p.option("pp", t.pp, "pipeline-parallel size").range(1, 1024);
   p.option("dp", t.dp, "data-parallel size").range(1, 1024);
-  p.option("ep", o.ep, "expert-parallel size (1: dense MLPs)").range(1, 1024);
+  p.option("ep", t.ep, "expert-parallel size: ranks the experts are spread over (needs --experts)").range(1, 1024);
+  p.option("experts", t.model.experts, "experts per MoE block (0: dense MLPs everywhere)").range(0, 1 << 16);
+  p.option("topk", t.model.moe_top_k, "experts each token is routed to").range(1, 1 << 16);
+  p.option("capacity", t.model.moe_capacity, "MoE capacity factor (<= 0: unlimited, no token dropped)").range(-1, 1e6);
+  p.option("moe-every", t.model.moe_every, "every n-th block is MoE (1: all, 2: every other)").range(1, 4096);
+  p.option("aux-coef", t.model.moe_aux_weight, "coefficient of the MoE load-balancing loss").range(0, 1e3);
   p.choice("schedule", t.schedule,
            {{"gpipe", "gpipe"}, {"1f1b", "1f1b"}, {"interleaved_1f1b", "interleaved_1f1b"}, {"zb_h1", "zb_h1"},
             {"zb_h2", "zb_h2"}, {"2bw", "2bw"}},
@@ -99,9 +103,14 @@ Options parse(int argc, char** argv) {
   }
   t.bucket_bytes = o.bucket_kib * 1024;
   t.warmup = o.warmup >= 0 ? std::size_t(o.warmup) : t.steps / 10;
-  require(o.ep == 1, "train_gpt: --ep ", o.ep,
-          " needs mixture-of-experts blocks, which the GPT model does not use yet; the MoE layer with expert "
-          "parallelism is available as parallel::MoeMlp (see docs/training.md). Use --ep 1");
+  // Mesh and MoE checks that need no data file, before any rank starts.
+  require(t.ep == 1 || t.model.experts > 0, "train_gpt: --ep ", t.ep,
+          " spreads experts, but the model has none; add --experts N (a multiple of ", t.ep, ") or use --ep 1");
+  require(t.model.experts == 0 || t.model.experts % t.ep == 0, "train_gpt: --experts ", t.model.experts,
+          " does not divide over --ep ", t.ep, "; use --experts as a multiple of ", t.ep, " or an --ep dividing ",
+          t.model.experts);
+  require(t.model.experts == 0 || t.model.moe_top_k <= t.model.experts, "train_gpt: --topk ", t.model.moe_top_k,
+          " exceeds --experts ", t.model.experts, "; route each token to at most --experts experts");
   return o;
 }
 
@@ -212,8 +221,14 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
     std::printf("mpar train_gpt: %zu parameters, vocab %zu (padded %zu), text %s (%zu chars, unigram entropy %.3f nats)\n",
                 cfg.model.parameter_count(), ds.vocab_size(), cfg.model.padded_vocab(), ds.path().c_str(), ds.size(),
                 ds.unigram_entropy());
-    std::printf("mesh tp=%zu pp=%zu dp=%zu on %d %s ranks | schedule %s, %d micro-batches of %zu sequences%s | %s%s%s\n",
-                cfg.tp, cfg.pp, cfg.dp, world.size(), world.name().c_str(), cfg.schedule.c_str(), cfg.microbatches,
+    if (cfg.model.experts > 0)
+      std::printf("mixture of experts: %zu experts (top-%zu, capacity factor %g, aux coefficient %g) in %s, "
+                  "spread over ep=%zu\n",
+                  cfg.model.experts, cfg.model.moe_top_k, cfg.model.moe_capacity, double(cfg.model.moe_aux_weight),
+                  cfg.model.moe_every == 1 ? "every block" : ("every " + std::to_string(cfg.model.moe_every) + "-th block").c_str(),
+                  cfg.ep);
+    std::printf("mesh tp=%zu pp=%zu dp=%zu ep=%zu on %d %s ranks | schedule %s, %d micro-batches of %zu sequences%s | %s%s%s\n",
+                cfg.tp, cfg.pp, cfg.dp, cfg.ep, world.size(), world.name().c_str(), cfg.schedule.c_str(), cfg.microbatches,
                 cfg.microbatch_size(), cfg.chunks > 1 ? (", " + std::to_string(cfg.chunks) + " chunks").c_str() : "",
                 cfg.precision.c_str(), cfg.zero1 ? ", ZeRO-1" : "", cfg.recompute ? ", recompute" : "");
   }
@@ -255,13 +270,16 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
       metrics << "{\"step\": " << r.step << ", \"loss\": " << r.loss << ", \"lr\": " << r.lr << ", \"grad_norm\": "
               << r.grad_norm << ", \"skipped\": " << (r.skipped ? "true" : "false") << ", \"step_seconds\": " << r.wall
               << ", \"tokens_per_second\": " << r.tokens_per_second << ", \"bubble\": " << r.bubble
-              << ", \"communication\": " << r.communication << "}\n";
+              << ", \"communication\": " << r.communication << ", \"aux_loss\": " << r.aux_loss
+              << ", \"dropped\": " << r.dropped << "}\n";
     if (lead && !o.quiet && (r.step % o.log_every == 0 || r.step + 1 == cfg.steps)) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
       const double done = double(r.step + 1 - first_step) / double(cfg.steps - first_step);
       const int width = 20, filled = int(done * width + 0.5);
-      std::printf("step %5zu/%zu  loss %.4f  %s tok/s  %6.1f ms  bubble %4.1f%%  comm %4.1f%%  [%s%s] %s left%s\n",
-                  r.step + 1, cfg.steps, r.loss, human(r.tokens_per_second).c_str(), r.wall * 1e3, r.bubble * 100,
+      char moe[64] = "";
+      if (cfg.model.experts > 0) std::snprintf(moe, sizeof moe, "  aux %.4f  dropped %zu", r.aux_loss, r.dropped);
+      std::printf("step %5zu/%zu  loss %.4f%s  %s tok/s  %6.1f ms  bubble %4.1f%%  comm %4.1f%%  [%s%s] %s left%s\n",
+                  r.step + 1, cfg.steps, r.loss, moe, human(r.tokens_per_second).c_str(), r.wall * 1e3, r.bubble * 100,
                   r.communication * 100, std::string(std::size_t(filled), '#').c_str(),
                   std::string(std::size_t(width - filled), '.').c_str(), duration(elapsed / done - elapsed).c_str(),
                   r.skipped ? "  (overflow: step skipped)" : "");
@@ -310,8 +328,9 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
     const double* v = &all[std::size_t(r) * 5];
     const double total = v[0] + v[1] + v[2] + v[3] + v[4];
     worst = std::max(worst, total);
-    const MeshCoord c = DynamicMesh(cfg.tp, cfg.pp, cfg.dp, std::size_t(1)).coord(std::size_t(r));
-    std::printf("  rank %d (t%zu p%zu d%zu): %s = %s + %s + %s + %s + %s\n", r, c.tensor, c.pipeline, c.data, mib(total).c_str(),
+    const MeshCoord c = DynamicMesh(cfg.tp, cfg.pp, cfg.dp, cfg.ep).coord(std::size_t(r));
+    std::printf("  rank %d (t%zu p%zu d%zu e%zu): %s = %s + %s + %s + %s + %s\n", r, c.tensor, c.pipeline, c.data, c.expert,
+                mib(total).c_str(),
                 mib(v[0]).c_str(), mib(v[1]).c_str(), mib(v[2]).c_str(), mib(v[3]).c_str(), mib(v[4]).c_str());
   }
   if (!sample.empty()) std::printf("\nsample:\n%s\n", sample.c_str());

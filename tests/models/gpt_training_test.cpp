@@ -48,7 +48,8 @@ models::GptTrainConfig small_sgd(std::size_t tp, std::size_t pp, std::size_t dp,
 }
 
 struct RunResult {
-  std::vector<double> losses, norms;
+  std::vector<double> losses, norms, aux;
+  std::size_t dropped = 0;
   std::map<std::string, std::vector<float>> params;  ///< every parameter's full tensor, gathered from its shards
 };
 
@@ -56,6 +57,7 @@ struct RunResult {
 void gather_into(std::map<std::string, std::vector<float>>& full, const nn::Parameter& p, std::mutex& m) {
   std::lock_guard lock(m);
   auto& dst = full[p.name];
+  if (dst.size() != p.global_size()) dst.assign(p.global_size(), std::nanf(""));  // unwritten elements fail the comparison
   dst.resize(p.global_size());
   const std::size_t R = p.global_shape.size();
   std::vector<std::size_t> idx(R);
@@ -82,6 +84,8 @@ RunResult run(const models::GptTrainConfig& c, std::size_t steps, const std::str
       if (w.rank() == 0) {
         res.losses.push_back(r.loss);
         res.norms.push_back(r.grad_norm);
+        res.aux.push_back(r.aux_loss);
+        res.dropped += r.dropped;
       }
     }
     if (!save_at_end.empty()) t.save(save_at_end);
@@ -322,4 +326,144 @@ TEST_CASE("the loss falls clearly below the unigram entropy of the text", "[mode
   // GPL-3 text: unigram entropy 3.17 nats; a context-aware model must do clearly better.
   INFO("mean loss of the last 20 steps " << last << " vs unigram entropy " << ds32.unigram_entropy());
   REQUIRE(last < ds32.unigram_entropy() - 0.6);
+}
+
+// ---------------------------------------------------------------------------------------------------------
+// Mixture of experts inside the GPT: expert parallelism (inside data parallelism) against the single rank.
+
+namespace {
+
+/** The small SGD model with 4 experts (top-2) in every other block (blocks 1 and 3). Capacity factor 2 gives a
+ *  capacity of k T / E * 2 = T assignments per expert and rank: nothing can drop, whatever the routing. */
+models::GptTrainConfig small_moe(std::size_t tp, std::size_t pp, std::size_t dp, std::size_t ep,
+                                 std::string schedule = "1f1b") {
+  auto c = small_sgd(tp, pp, dp, std::move(schedule));
+  c.ep = ep;
+  c.model.experts = 4;
+  c.model.moe_top_k = 2;
+  c.model.moe_capacity = 2.0;
+  c.model.moe_aux_weight = 0.1f;  // large enough that a wrong load-balancing gradient shows in the parameters
+  c.model.moe_every = 2;
+  return c;
+}
+
+constexpr std::size_t moe_steps = 8;
+
+const RunResult& reference_moe() {
+  static const RunResult r = run(small_moe(1, 1, 1, 1), moe_steps);
+  return r;
+}
+
+void require_moe_equivalent(const RunResult& got, const RunResult& ref, const std::string& what, bool params = true) {
+  require_equivalent(got, ref, what, params);
+  INFO(what);
+  REQUIRE(got.dropped == 0);
+  for (std::size_t i = 0; i < ref.aux.size(); ++i) REQUIRE(got.aux[i] == Approx(ref.aux[i]).epsilon(loss_tol));
+}
+
+}  // namespace
+
+// Tolerances as above: losses and load-balancing losses 2e-5 relative, gradient norms 1e-3, every parameter
+// (gates and every expert included, gathered over the expert axis) 1e-4 norm-relative after 8 SGD steps.
+TEST_CASE("GPT with MoE: expert parallelism with tp, pp, dp reproduces the single-rank run", "[models][gpt][moe]") {
+  const RunResult& ref = reference_moe();
+  REQUIRE(ref.dropped == 0);
+  REQUIRE(ref.aux.front() > 0.1 * 0.9);  // alpha E sum f P >= alpha (equality at perfect balance)
+  REQUIRE(ref.losses.back() < ref.losses.front());
+  REQUIRE(ref.params.count("block1.moe.experts.w1") == 1);
+  REQUIRE(ref.params.count("block0.moe.experts.w1") == 0);  // block 0 stays dense with moe_every = 2
+  for (auto [tp, pp, dp, ep] : {std::tuple<std::size_t, std::size_t, std::size_t, std::size_t>{1, 1, 1, 2},
+                                {1, 1, 2, 1}, {2, 1, 1, 2}, {1, 2, 1, 2}, {1, 1, 2, 2}})
+    require_moe_equivalent(run(small_moe(tp, pp, dp, ep), moe_steps), ref,
+                           "MoE tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp) +
+                               " ep=" + std::to_string(ep));
+  // Split backward (zero-bubble) and recomputation rerun the MoE forward with its collectives.
+  require_moe_equivalent(run(small_moe(1, 2, 1, 2, "zb_h1"), moe_steps), ref, "MoE zb_h1 pp=2 ep=2");
+  auto re = small_moe(1, 1, 1, 2);
+  re.recompute = true;
+  require_moe_equivalent(run(re, moe_steps), ref, "MoE recompute ep=2");
+  // The load-balancing loss is part of the objective: without it the gates train differently.
+  auto no_aux = small_moe(1, 1, 1, 1);
+  no_aux.model.moe_aux_weight = 0.0f;
+  const RunResult plain = run(no_aux, moe_steps);
+  REQUIRE(plain.aux.front() == 0.0);
+  REQUIRE(rel_diff(plain.params.at("block1.moe.gate.weight"), ref.params.at("block1.moe.gate.weight")) > 1e-4);
+}
+
+TEST_CASE("GPT with MoE: clipping counts every expert once; AdamW and ZeRO-1 (ep = 1) agree", "[models][gpt][moe][clip]") {
+  auto one = small_moe(1, 1, 1, 1);
+  one.clip = 0.05;
+  const RunResult ref = run(one, 5);
+  for (double n : ref.norms) REQUIRE(n > 0.05);
+  for (auto [dp, ep] : {std::pair<std::size_t, std::size_t>{1, 2}, {2, 2}}) {
+    auto c = small_moe(1, 1, dp, ep);
+    c.clip = 0.05;
+    require_moe_equivalent(run(c, 5), ref, "clipped MoE dp=" + std::to_string(dp) + " ep=" + std::to_string(ep));
+  }
+  auto adam = [](std::size_t tp, std::size_t dp, std::size_t ep) {
+    auto c = small_moe(tp, 1, dp, ep);
+    c.optimizer = "adamw";
+    c.lr = 3e-3;
+    return c;
+  };
+  const RunResult adam_ref = run(adam(1, 1, 1), 5);
+  require_moe_equivalent(run(adam(2, 1, 2), 5), adam_ref, "AdamW MoE tp=2 ep=2", false);
+  auto zero = adam(1, 2, 1);
+  zero.zero1 = true;
+  require_moe_equivalent(run(zero, 5), adam_ref, "ZeRO-1 MoE dp=2 ep=1", false);
+}
+
+TEST_CASE("GPT with MoE: a checkpoint saved with ep = 2 resumes on another expert layout", "[models][gpt][moe][checkpoint]") {
+  const fs::path dir = fs::temp_directory_path() / "mpar-test-gpt-moe-resume";
+  fs::remove_all(dir);
+  auto adam = [](std::size_t dp, std::size_t ep) {
+    auto c = small_moe(1, 1, dp, ep);
+    c.optimizer = "adamw";
+    c.lr = 3e-3;
+    return c;
+  };
+  const RunResult full = run(adam(1, 1), moe_steps);
+  (void)run(adam(1, 2), 4, "", dir.string());
+  for (auto [dp, ep] : {std::pair<std::size_t, std::size_t>{1, 1}, {2, 1}, {1, 2}}) {
+    INFO("resumed with dp=" << dp << " ep=" << ep);
+    const RunResult rest = run(adam(dp, ep), moe_steps, dir.string());
+    REQUIRE(rest.losses.size() == moe_steps - 4);
+    for (std::size_t i = 0; i < rest.losses.size(); ++i) {
+      REQUIRE(rest.losses[i] == Approx(full.losses[4 + i]).epsilon(loss_tol));
+      REQUIRE(rest.aux[i] == Approx(full.aux[4 + i]).epsilon(loss_tol));
+    }
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("GPT with MoE: a small capacity drops tokens and still trains", "[models][gpt][moe]") {
+  auto c = small_moe(1, 1, 1, 2);
+  c.model.moe_capacity = 0.5;  // half the even share per expert and rank
+  const RunResult r = run(c, 4);
+  REQUIRE(r.dropped > 0);
+  for (double l : r.losses) REQUIRE(std::isfinite(l));
+}
+
+TEST_CASE("GPT with MoE: invalid expert layouts are refused, saying what to change", "[models][gpt][moe][errors]") {
+  auto expect = [](models::GptTrainConfig c, std::size_t world, const std::string& text) {
+    INFO(text);
+    REQUIRE_THROWS_WITH(c.validate(world), Catch::Contains(text));
+  };
+  expect(small_moe(1, 1, 1, 2), 4, "tp x pp x dp x ep = 1 x 1 x 1 x 2 = 2 ranks, but the job has 4");
+  auto odd = small_moe(1, 1, 1, 3);
+  odd.global_batch = 12;
+  expect(odd, 3, "4 experts do not divide over the expert-parallel size 3");
+  auto dense = small_sgd(1, 1, 1);
+  dense.ep = 2;
+  expect(dense, 2, "--ep 2 spreads experts, but the model has none");
+  auto zero = small_moe(1, 1, 1, 2);
+  zero.optimizer = "adamw";
+  zero.zero1 = true;
+  expect(zero, 2, "drop --zero1 or use --ep 1");
+  auto batch = small_moe(1, 1, 2, 2);
+  batch.global_batch = 12;
+  expect(batch, 4, "use --batch as a multiple of 8");
+  auto topk = small_moe(1, 1, 1, 1);
+  topk.model.moe_top_k = 5;
+  expect(topk, 1, "--topk 5 must be between 1 and --experts 4");
 }

@@ -18,6 +18,11 @@
  * otherwise the last stage holds a copy with the same name, id and block (so the same initial values)
  * and `GptTiedEmbedding` adds the two gradients over the first-and-last-stage group before the step,
  * keeping both copies identical — the copy is excluded from gradient norms so it is not counted twice.
+ *
+ * Mixture of experts (`GptConfig::experts > 0`): the blocks `GptConfig::is_moe_block` selects replace
+ * their MLP by a top-k gated MoE (`MoeTransformerBlock`) whose experts are spread over an expert group
+ * and whose load-balancing statistics are taken over a token group (`GptMoeGroups`); the load-balancing
+ * losses join the training objective of each micro-batch.
  */
 #include <algorithm>
 #include <cstddef>
@@ -27,6 +32,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "mpar/backend/host/host_backend.hpp"
@@ -35,6 +41,7 @@
 #include "mpar/nn/embedding.hpp"
 #include "mpar/nn/layer_norm.hpp"
 #include "mpar/nn/transformer_block.hpp"
+#include "mpar/models/moe_block.hpp"
 
 namespace mpar::models {
 
@@ -43,6 +50,35 @@ struct GptConfig {
   std::size_t vocab = 0, hidden = 64, heads = 4, layers = 2, seq = 32, ffn = 0;
   double dropout = 0.0;
   std::uint64_t seed = 1;
+  /// Mixture of experts: 0 keeps every MLP dense; otherwise the MoE blocks hold this many experts of
+  /// width `ffn_size()` each.
+  std::size_t experts = 0;
+  std::size_t moe_top_k = 2;       ///< experts each token is routed to
+  double moe_capacity = 1.25;      ///< capacity factor (<= 0: unlimited, nothing dropped)
+  float moe_aux_weight = 0.01f;    ///< coefficient of the load-balancing loss
+  std::size_t moe_every = 1;       ///< every n-th block is MoE: blocks n-1, 2n-1, ... (1: all, 2: every other)
+
+  /** Whether block `b` (0-based) holds a mixture of experts instead of a dense MLP. */
+  [[nodiscard]] bool is_moe_block(std::size_t b) const {
+    return experts > 0 && moe_every > 0 && b % moe_every == moe_every - 1;
+  }
+  [[nodiscard]] bool has_moe() const {
+    for (std::size_t b = 0; b < layers; ++b)
+      if (is_moe_block(b)) return true;
+    return false;
+  }
+  /** The MoE layer's settings (the block fills in its width, seed and parameter ids). */
+  [[nodiscard]] parallel::MoeConfig moe_config() const {
+    parallel::MoeConfig m;
+    m.d_model = hidden;
+    m.d_ff = ffn_size();
+    m.experts = experts;
+    m.top_k = moe_top_k;
+    m.capacity_factor = moe_capacity;
+    m.aux_loss_weight = moe_aux_weight;
+    m.seed = seed;
+    return m;
+  }
 
   /** The vocabulary rounded up to a multiple of 16, so that every tensor-parallel size up to 16 splits
    *  it evenly and every layout computes over the same padded vocabulary (padding rows are never targets). */
@@ -50,7 +86,7 @@ struct GptConfig {
   [[nodiscard]] std::size_t ffn_size() const { return ffn ? ffn : 4 * hidden; }
 
   /** Throws with what to change when the sizes do not fit tensor size `tp` and `stages` pipeline stages in total. */
-  void validate(std::size_t tp, std::size_t stages) const {
+  void validate(std::size_t tp, std::size_t stages, std::size_t ep = 1) const {
     require(vocab > 0 && hidden > 0 && heads > 0 && layers > 0 && seq > 0, "GPT: vocab, hidden, heads, layers and seq must be positive");
     require(hidden % heads == 0, "GPT: hidden ", hidden, " is not divisible by heads ", heads, "; choose hidden = k * heads");
     require(heads % tp == 0, "GPT: heads ", heads, " is not divisible by the tensor-parallel size ", tp,
@@ -60,6 +96,17 @@ struct GptConfig {
             "; use a tensor-parallel size dividing 16");
     require(stages <= layers, "GPT: ", stages, " pipeline stages (pp x chunks) for only ", layers,
             " layers; every stage needs at least one block: lower --pp/--chunks or raise --layers");
+    if (experts > 0) {
+      require(moe_every >= 1 && moe_every <= layers, "GPT: --moe-every ", moe_every, " must be between 1 and --layers ",
+              layers, " (1: every block is MoE, 2: every other block)");
+      require(moe_top_k >= 1 && moe_top_k <= experts, "GPT: --topk ", moe_top_k, " must be between 1 and --experts ",
+              experts);
+      require(experts % ep == 0, "GPT: ", experts, " experts do not divide over the expert-parallel size ", ep,
+              "; use --experts as a multiple of --ep ", ep, " or an --ep dividing ", experts);
+      require(moe_aux_weight >= 0.0f, "GPT: --aux-coef ", moe_aux_weight, " must not be negative");
+    }
+    require(ep == 1 || experts > 0, "GPT: --ep ", ep, " spreads experts, but the model has none; add --experts N ",
+            "(a multiple of ", ep, ") or use --ep 1");
   }
 
   /** Parameter ids: embeddings and final norm first, then `BlockConfig::ids_per_block` per block. */
@@ -68,10 +115,62 @@ struct GptConfig {
   /** Parameters of the unsharded model (with the padded vocabulary). */
   [[nodiscard]] std::size_t parameter_count() const {
     const std::size_t h = hidden, f = ffn_size();
-    const std::size_t block = 2 * h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h + (h * f + f) + (f * h + h);
-    return padded_vocab() * h + seq * h + layers * block + 2 * h;
+    const std::size_t attn = 2 * h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h;
+    const std::size_t dense = h * f + f + f * h + h, moe = h * experts + experts * 2 * h * f;
+    std::size_t blocks = 0;
+    for (std::size_t b = 0; b < layers; ++b) blocks += attn + (is_moe_block(b) ? moe : dense);
+    return padded_vocab() * h + seq * h + blocks + 2 * h;
   }
 };
+
+/**
+ * @brief The groups a stage's MoE blocks communicate over: `expert` (the experts' ranks) and `tokens` (the
+ * ranks sharing each micro-batch, over which the load-balancing statistics are taken). Null: size-1 groups.
+ */
+template <communicator C>
+struct GptMoeGroups {
+  C* expert = nullptr;
+  C* tokens = nullptr;
+};
+
+namespace detail {
+/** What a stage asks of one block, dense or MoE (a virtual call per block and micro-batch is noise). */
+struct GptBlock {
+  virtual ~GptBlock() = default;
+  virtual nn::Activation forward(const nn::Activation& x, int mb) = 0;
+  virtual nn::Activation backward_input(const nn::Activation& dy, int mb) = 0;
+  virtual void backward_weight(int mb) = 0;
+  virtual std::vector<nn::Parameter*> parameters() = 0;
+  virtual void drop(int mb) = 0;
+  virtual void set_recompute(bool on) = 0;
+  virtual void set_aux_gradient(float) {}
+  virtual double take_aux_loss() { return 0.0; }
+  virtual std::size_t take_dropped() { return 0; }
+};
+template <class Block>
+struct GptBlockOf final : GptBlock {
+  template <class... A>
+  explicit GptBlockOf(A&&... a) : block(std::forward<A>(a)...) {}
+  nn::Activation forward(const nn::Activation& x, int mb) override { return block.forward(x, mb); }
+  nn::Activation backward_input(const nn::Activation& dy, int mb) override { return block.backward_input(dy, mb); }
+  void backward_weight(int mb) override { block.backward_weight(mb); }
+  std::vector<nn::Parameter*> parameters() override { return block.parameters(); }
+  void drop(int mb) override { block.drop(mb); }
+  void set_recompute(bool on) override { block.set_recompute(on); }
+  void set_aux_gradient(float g) override {
+    if constexpr (requires { block.set_aux_gradient(g); }) block.set_aux_gradient(g);
+  }
+  double take_aux_loss() override {
+    if constexpr (requires { block.take_aux_loss(); }) return block.take_aux_loss();
+    else return 0.0;
+  }
+  std::size_t take_dropped() override {
+    if constexpr (requires { block.take_dropped(); }) return block.take_dropped();
+    else return 0;
+  }
+  Block block;
+};
+}  // namespace detail
 
 /**
  * @brief One pipeline stage of the GPT model on a tensor group `C`: blocks `[first_block, first_block + block_count)`,
@@ -81,10 +180,11 @@ template <communicator C, backend B = HostBackend>
 class GptStage {
  public:
   using Block = nn::TransformerBlock<C, false, B>;
+  using MoeBlock = MoeTransformerBlock<C, B>;
   using GradientsFinalHook = std::function<void(const std::vector<nn::Parameter*>&)>;
 
   GptStage(C& tp, const GptConfig& cfg, bool first, bool last, std::size_t first_block, std::size_t block_count,
-           nn::Parameter* shared_embedding = nullptr)
+           nn::Parameter* shared_embedding = nullptr, GptMoeGroups<C> moe_groups = {})
       : tp_(&tp), cfg_(cfg), first_(first), last_(last) {
     if (first_) {
       embed_.emplace(tp, nn::EmbeddingConfig{cfg.padded_vocab(), cfg.hidden, cfg.seed, GptConfig::token_embedding_id, "embed.token"});
@@ -95,9 +195,20 @@ class GptStage {
     }
     for (std::size_t i = 0; i < block_count; ++i) {
       const std::size_t b = first_block + i;
-      blocks_.push_back(std::make_unique<Block>(
-          tp, nn::BlockConfig{cfg.hidden, cfg.heads, cfg.ffn_size(), cfg.seq, cfg.dropout, cfg.seed,
-                              GptConfig::first_block_id + b * nn::BlockConfig::ids_per_block, "block" + std::to_string(b)}));
+      const nn::BlockConfig bc{cfg.hidden, cfg.heads, cfg.ffn_size(), cfg.seq, cfg.dropout, cfg.seed,
+                               GptConfig::first_block_id + b * nn::BlockConfig::ids_per_block, "block" + std::to_string(b)};
+      if (cfg.is_moe_block(b)) {
+        if (moe_groups.expert == nullptr || moe_groups.tokens == nullptr) {
+          // One rank holds every expert and the whole micro-batch: size-1 groups of this tensor rank.
+          own_groups_.emplace_back(std::make_unique<C>(tp.split(tp.rank(), 0)));
+          if (moe_groups.expert == nullptr) moe_groups.expert = own_groups_.back().get();
+          if (moe_groups.tokens == nullptr) moe_groups.tokens = own_groups_.back().get();
+        }
+        blocks_.push_back(std::make_unique<detail::GptBlockOf<MoeBlock>>(tp, *moe_groups.expert, *moe_groups.tokens, bc,
+                                                                          cfg.moe_config()));
+      } else {
+        blocks_.push_back(std::make_unique<detail::GptBlockOf<Block>>(tp, bc));
+      }
     }
     if (last_) {
       final_ln_.emplace(cfg.hidden, cfg.seed, GptConfig::final_norm_id, "final_norm");
@@ -246,6 +357,22 @@ class GptStage {
   void set_recompute(bool on) {
     for (auto& b : blocks_) b->set_recompute(on);
   }
+  /** d(objective)/d(each MoE block's load-balancing loss) in this rank's backward (see MoeTransformerBlock). */
+  void set_moe_aux_gradient(float g) {
+    for (auto& b : blocks_) b->set_aux_gradient(g);
+  }
+  /** This stage's load-balancing losses summed over blocks and forwards since the last call; resets. */
+  double take_moe_aux_loss() {
+    double s = 0.0;
+    for (auto& b : blocks_) s += b->take_aux_loss();
+    return s;
+  }
+  /** Token-to-expert assignments this rank dropped for capacity since the last call; resets. */
+  std::size_t take_moe_dropped() {
+    std::size_t n = 0;
+    for (auto& b : blocks_) n += b->take_dropped();
+    return n;
+  }
 
   [[nodiscard]] bool is_first() const { return first_; }
   [[nodiscard]] bool is_last() const { return last_; }
@@ -296,7 +423,8 @@ class GptStage {
   bool first_, last_;
   std::optional<nn::VocabParallelEmbedding<C>> embed_;
   nn::Parameter pos_;
-  std::vector<std::unique_ptr<Block>> blocks_;
+  std::vector<std::unique_ptr<C>> own_groups_;  // size-1 MoE groups when none were given (declared before the blocks)
+  std::vector<std::unique_ptr<detail::GptBlock>> blocks_;
   std::optional<nn::LayerNorm<Replicate>> final_ln_;
   nn::Parameter head_copy_;
   nn::Parameter* head_ = nullptr;

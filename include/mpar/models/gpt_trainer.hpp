@@ -17,6 +17,15 @@
  *    counted once), steps the optimizer with the warm-up + cosine learning rate, and copies the
  *    embedding to the head's tied copy.
  *
+ * Expert parallelism (`ep > 1`, a model with MoE blocks) lives inside data parallelism, as in
+ * Megatron-LM and DeepSpeed-MoE: the batch is split over dp x ep ranks; parameters outside the experts
+ * are replicated over them and their gradients averaged over all dp x ep ranks; each expert lives on one
+ * expert rank of each data replica and its gradient (which already holds every token routed to it from
+ * the expert group) is averaged over the data group and divided by ep. With MoE, micro-batch m of the
+ * step is the same set of sequences under every layout (each token-group rank takes its share of it),
+ * and the load-balancing statistics are all-reduced over that token group, so routing, losses and every
+ * gradient equal the single-rank run's.
+ *
  * Mixed precision (`bf16`, `f16`): the forward and backward passes use weights rounded to the
  * 16-bit type while the optimizer updates fp32 master weights; on the host backend the arithmetic
  * itself stays fp32 (the weights, not the activations, carry the 16-bit rounding).
@@ -58,6 +67,7 @@ namespace mpar::models {
 struct GptTrainConfig {
   GptConfig model;
   std::size_t tp = 1, pp = 1, dp = 1;
+  std::size_t ep = 1;             ///< expert-parallel size (needs model.experts, a multiple of it)
   std::string schedule = "1f1b";  ///< gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2
   int microbatches = 2;           ///< per data-parallel rank and step
   int chunks = 1;                 ///< model chunks per pipeline rank (interleaved_1f1b)
@@ -74,23 +84,38 @@ struct GptTrainConfig {
   std::size_t bucket_bytes = std::size_t(1) << 20;
   std::uint64_t data_seed = 1234;
 
-  [[nodiscard]] std::size_t world_size() const { return tp * pp * dp; }
-  [[nodiscard]] std::size_t local_batch() const { return global_batch / dp; }
+  [[nodiscard]] std::size_t world_size() const { return tp * pp * dp * ep; }
+  /** Ranks that take different samples: data x expert. */
+  [[nodiscard]] std::size_t batch_ranks() const { return dp * ep; }
+  [[nodiscard]] std::size_t local_batch() const { return global_batch / batch_ranks(); }
   [[nodiscard]] std::size_t microbatch_size() const { return local_batch() / std::size_t(microbatches); }
 
   /** Throws config_error with what to change, before any work starts. */
   void validate(std::size_t world) const {
-    require(tp >= 1 && pp >= 1 && dp >= 1, "train: --tp, --pp and --dp must be at least 1");
-    require(world == world_size(), "train: tp x pp x dp = ", tp, " x ", pp, " x ", dp, " = ", world_size(),
-            " ranks, but the job has ", world, "; change --tp/--pp/--dp or the number of ranks");
+    require(tp >= 1 && pp >= 1 && dp >= 1 && ep >= 1, "train: --tp, --pp, --dp and --ep must be at least 1");
+    if (ep == 1)
+      require(world == world_size(), "train: tp x pp x dp = ", tp, " x ", pp, " x ", dp, " = ", world_size(),
+              " ranks, but the job has ", world, "; change --tp/--pp/--dp or the number of ranks");
+    else
+      require(world == world_size(), "train: tp x pp x dp x ep = ", tp, " x ", pp, " x ", dp, " x ", ep, " = ",
+              world_size(), " ranks, but the job has ", world, "; change --tp/--pp/--dp/--ep or the number of ranks");
     require(microbatches >= 1 && chunks >= 1, "train: --microbatches and --chunks must be at least 1");
-    require(global_batch % (dp * std::size_t(microbatches)) == 0, "train: the global batch ", global_batch,
-            " must split evenly into dp (", dp, ") x microbatches (", microbatches,
-            ") equal micro-batches; use --batch as a multiple of ", dp * std::size_t(microbatches));
+    if (ep == 1)
+      require(global_batch % (dp * std::size_t(microbatches)) == 0, "train: the global batch ", global_batch,
+              " must split evenly into dp (", dp, ") x microbatches (", microbatches,
+              ") equal micro-batches; use --batch as a multiple of ", dp * std::size_t(microbatches));
+    else
+      require(global_batch % (batch_ranks() * std::size_t(microbatches)) == 0, "train: the global batch ", global_batch,
+              " must split evenly into dp (", dp, ") x ep (", ep, ") x microbatches (", microbatches,
+              ") equal micro-batches (expert ranks take different samples); use --batch as a multiple of ",
+              batch_ranks() * std::size_t(microbatches));
     require(precision == "fp32" || precision == "bf16" || precision == "f16", "train: --precision '", precision,
             "' is not one of fp32, bf16, f16");
     require(optimizer == "adamw" || optimizer == "sgd", "train: --optimizer '", optimizer, "' is not one of adamw, sgd");
     require(!(zero1 && optimizer != "adamw"), "train: ZeRO-1 shards AdamW states; use --optimizer adamw with --zero1");
+    require(!(zero1 && ep > 1), "train: ZeRO-1 shards optimizer states over the data axis only, while with --ep ", ep,
+            " the non-expert gradients average over data x expert ranks; drop --zero1 or use --ep 1 (ZeRO-1 with "
+            "MoE on --ep 1 is supported)");
     require(schedule != pipeline::PipeDream2BW::name,
             "train: 2bw is asynchronous (weights lag by one step), so its losses differ from synchronous training by "
             "design; the trainer runs the synchronous schedules (gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2); "
@@ -98,7 +123,7 @@ struct GptTrainConfig {
     require(chunks == 1 || schedule == pipeline::Interleaved1F1B::name, "train: --chunks ", chunks,
             " needs --schedule interleaved_1f1b");
     require(steps >= 1 && warmup <= steps, "train: need --steps >= 1 and --warmup <= --steps");
-    model.validate(tp, pp * std::size_t(chunks));
+    model.validate(tp, pp * std::size_t(chunks), ep);
     // The schedule's own checks (e.g. interleaved needs M a multiple of P), with its sentence.
     (void)pipeline::make_programs(schedule, pipeline::ScheduleConfig{int(pp), microbatches, chunks, 1});
   }
@@ -108,6 +133,8 @@ struct GptTrainConfig {
 struct StepReport {
   std::size_t step = 0;
   double loss = 0, lr = 0, grad_norm = 0;
+  double aux_loss = 0;             ///< MoE load-balancing loss (summed over MoE blocks, mean over micro-batches); in the objective, not in `loss`
+  std::size_t dropped = 0;         ///< MoE token-to-expert assignments dropped by the capacity limit this step (all ranks)
   bool skipped = false;            ///< f16 overflow: weights unchanged
   double wall = 0;                 ///< seconds, slowest rank
   double bubble = 0;               ///< measured pipeline idle share of the step (mean over ranks)
@@ -131,12 +158,15 @@ class GptTrainer {
   GptTrainer(Comm& world, GptTrainConfig config, const data::CharDataset& data)
       : cfg_(validated(std::move(config), world)),
         data_(&data),
-        mesh_(cfg_.tp, cfg_.pp, cfg_.dp, std::size_t(1)),
+        mesh_(cfg_.tp, cfg_.pp, cfg_.dp, cfg_.ep),
         comms_(make_mesh_comms(world, mesh_)),
         tensor_(comms_.tensor),
         pipe_(comms_.pipeline),
         data_comm_(comms_.data),
         coord_(mesh_.coord(std::size_t(world.rank()))),
+        replica_comm_(replica_group(world)),
+        expert_t_(comms_.expert),
+        tokens_t_(replica_comm_),
         schedule_(cfg_.lr, cfg_.min_lr, cfg_.warmup, cfg_.steps) {
     HostBackend::init_rank();
     build_stages();
@@ -149,11 +179,13 @@ class GptTrainer {
     const auto t0 = std::chrono::steady_clock::now();
     const std::size_t step = step_;
     tensor_.reset();
+    expert_t_.reset();
+    tokens_t_.reset();
     const double dp_comm_before = data_seconds_;
     const double lr = schedule_(step);
 
     // 1. This data rank's samples as micro-batches.
-    const auto batch = data_->batch(cfg_.data_seed, step, cfg_.global_batch, cfg_.dp, coord_.data);
+    const auto batch = local_batch(step);
     const std::size_t mb_tokens = cfg_.microbatch_size() * cfg_.model.seq;
     std::vector<nn::Activation> inputs;
     targets_.assign(std::size_t(cfg_.microbatches), {});
@@ -167,6 +199,9 @@ class GptTrainer {
     use_compute_weights();
     for (auto& s : stages_) s->begin_step();
     const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
+    // Each rank's backward adds its own tokens' share of d aux; the average over the token group divides it by
+    // the group's size again, so the share enters scaled by that size (and the loss scale, like the logits').
+    for (auto& s : stages_) s->set_moe_aux_gradient(float(cfg_.batch_ranks()) * loss_scale);
     pipeline::StepStats stats = executor_->step(inputs, [&](const nn::Activation& y, int mb, nn::Activation& dy) {
       Stage& last = *stages_.back();
       const double loss = last.loss().forward(y, targets_[std::size_t(mb)], mb);
@@ -183,7 +218,9 @@ class GptTrainer {
     if (scaler_) finite = scaler_->unscale_and_check(std::span<nn::Parameter* const>(opt_params_), comms_.world);
     double norm = 0;
     if (finite) {
-      norm = zero_ ? zero_->grad_norm(tensor_, pipe_) : optim::grad_norm(std::span<nn::Parameter* const>(opt_params_), tensor_, pipe_);
+      if (zero_) norm = zero_->grad_norm(tensor_, pipe_);
+      else if (cfg_.ep > 1) norm = optim::grad_norm(std::span<nn::Parameter* const>(opt_params_), tensor_, pipe_, comms_.expert);
+      else norm = optim::grad_norm(std::span<nn::Parameter* const>(opt_params_), tensor_, pipe_);
       const float coef = cfg_.clip > 0 ? float(optim::clip_coefficient(norm, cfg_.clip)) : 1.0f;
       if (zero_) zero_->step(float(lr), coef);
       else if (adamw_) { optim::scale_grads(opt_params_, coef); adamw_->step(float(lr)); }
@@ -199,8 +236,18 @@ class GptTrainer {
 
     // Report: averaged over the world so every rank prints the same numbers.
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double comm_s = stats.communication + tensor_.seconds() + (data_seconds_ - dp_comm_before);
-    std::array<double, 3> avg{stats.loss, stats.bubble_ratio, std::min(1.0, comm_s / wall)};
+    const double comm_s =
+        stats.communication + tensor_.seconds() + expert_t_.seconds() + tokens_t_.seconds() + (data_seconds_ - dp_comm_before);
+    double aux = 0;
+    std::size_t dropped = 0;
+    for (auto& s : stages_) {
+      aux += s->take_moe_aux_loss();
+      dropped += s->take_moe_dropped();
+    }
+    // aux is the same on every tensor and token-group rank and differs between pipeline stages (other blocks);
+    // tensor ranks repeat the same routing, so their dropped counts are divided out.
+    std::array<double, 5> avg{stats.loss, stats.bubble_ratio, std::min(1.0, comm_s / wall),
+                              aux * double(cfg_.pp) / double(cfg_.microbatches), double(dropped) * double(cfg_.world_size()) / double(cfg_.tp)};
     comms_.world.all_reduce(std::span<double>(avg), ReduceOp::avg);
     std::array<double, 1> slowest{wall};
     comms_.world.all_reduce(std::span<double>(slowest), ReduceOp::max);
@@ -209,6 +256,8 @@ class GptTrainer {
     r.loss = avg[0];  // the executor reports the loss of the unscaled forward
     r.lr = lr;
     r.grad_norm = norm;
+    r.aux_loss = avg[3];
+    r.dropped = std::size_t(std::llround(avg[4]));
     r.skipped = !finite;
     r.wall = slowest[0];
     r.bubble = avg[1];
@@ -307,6 +356,34 @@ class GptTrainer {
     for (const auto* p : opt_params_) n += p->value.size();
     return n;
   }
+  /**
+   * This rank's samples of step `step`, micro-batch after micro-batch. Dense: the data rank's contiguous block
+   * of the global batch. With MoE, micro-batch m of the step is the same sequences under every layout —
+   * global rows [m G/M, (m+1) G/M), of which token-group rank q = data * ep + expert takes the q-th
+   * micro-batch-size slice — so the load-balancing statistics of each micro-batch cover the same tokens.
+   */
+  [[nodiscard]] data::TokenBatch local_batch(std::size_t step) const {
+    if (!cfg_.model.has_moe()) return data_->batch(cfg_.data_seed, step, cfg_.global_batch, cfg_.dp, coord_.data);
+    const auto full = data_->batch(cfg_.data_seed, step, cfg_.global_batch, 1, 0);
+    const std::size_t R = cfg_.batch_ranks(), q = coord_.data * cfg_.ep + coord_.expert, mbs = cfg_.microbatch_size();
+    const std::size_t seq = full.seq, M = std::size_t(cfg_.microbatches);
+    data::TokenBatch b;
+    b.batch = M * mbs;
+    b.seq = seq;
+    for (std::size_t m = 0; m < M; ++m) {
+      const std::size_t first = (m * R + q) * mbs * seq;
+      b.tokens.insert(b.tokens.end(), full.tokens.begin() + std::ptrdiff_t(first), full.tokens.begin() + std::ptrdiff_t(first + mbs * seq));
+      b.targets.insert(b.targets.end(), full.targets.begin() + std::ptrdiff_t(first),
+                       full.targets.begin() + std::ptrdiff_t(first + mbs * seq));
+    }
+    return b;
+  }
+  /** The ranks with this rank's pipeline and tensor coordinates: they split each micro-batch (data x expert). */
+  Comm replica_group(Comm& world) {
+    if (cfg_.ep == 1) return comms_.data;
+    return world.split(int(coord_.pipeline * cfg_.tp + coord_.tensor), int(coord_.data * cfg_.ep + coord_.expert));
+  }
+
   static GptTrainConfig validated(GptTrainConfig c, const Comm& world) {
     c.validate(std::size_t(world.size()));
     return c;
@@ -320,7 +397,8 @@ class GptTrainer {
       const int s = pipeline::global_stage(pipeline::ScheduleConfig{P, cfg_.microbatches, V, 1}, r, c);
       nn::Parameter* shared = (s == S - 1 && !stages_.empty() && stages_.front()->is_first()) ? stages_.front()->token_embedding() : nullptr;
       stages_.push_back(std::make_unique<Stage>(tensor_, cfg_.model, s == 0, s == S - 1, part.begin(std::size_t(s)),
-                                                part.end(std::size_t(s)) - part.begin(std::size_t(s)), shared));
+                                                part.end(std::size_t(s)) - part.begin(std::size_t(s)), shared,
+                                                GptMoeGroups<TensorComm>{&expert_t_, &tokens_t_}));
     }
     holds_first_ = stages_.front()->is_first();
     holds_last_ = stages_.back()->is_last();
@@ -337,10 +415,11 @@ class GptTrainer {
     }
   }
 
-  /** First and last pipeline stage of each (tensor, data) position share the tied embedding. */
+  /** First and last pipeline stage of each (tensor, data, expert) position share the tied embedding. */
   void build_embedding_group() {
     const bool end = coord_.pipeline == 0 || coord_.pipeline + 1 == cfg_.pp;
-    const int color = end ? int(coord_.data * cfg_.tp + coord_.tensor) : int(cfg_.tp * cfg_.dp + comms_.world.rank());
+    const int color = end ? int((coord_.data * cfg_.ep + coord_.expert) * cfg_.tp + coord_.tensor)
+                          : int(cfg_.tp * cfg_.dp * cfg_.ep + std::size_t(comms_.world.rank()));
     embed_group_.emplace(comms_.world.split(color, int(coord_.pipeline)));
     if (cfg_.pp > 1) {  // with one pipeline stage the head uses the embedding itself: nothing to tie
       if (holds_first_) tied_ = stages_.front()->token_embedding();
@@ -357,13 +436,20 @@ class GptTrainer {
     if (cfg_.zero1) {
       zero_.emplace(opt_params_, data_comm_, ac, parallel::ZeroOptions{cfg_.bucket_bytes, 0.0});
     } else {
-      if (cfg_.dp > 1) dp_.emplace(opt_params_, data_comm_, parallel::DataParallelOptions{cfg_.bucket_bytes, 0.0});
+      // Replicated parameters average over every rank with other samples (data x expert); experts over the
+      // data group, divided by dp x ep: each already sums the tokens of its whole expert group.
+      std::vector<nn::Parameter*> replicated, experts;
+      for (auto* p : opt_params_) (cfg_.ep > 1 && optim::sharded_over_expert(*p) ? experts : replicated).push_back(p);
+      if (cfg_.batch_ranks() > 1) dp_.emplace(replicated, replica_comm_, parallel::DataParallelOptions{cfg_.bucket_bytes, 0.0});
+      if (cfg_.dp > 1 && !experts.empty())
+        dp_experts_.emplace(experts, data_comm_, parallel::DataParallelOptions{cfg_.bucket_bytes, double(cfg_.batch_ranks())});
+      expert_params_ = experts;
       if (cfg_.optimizer == "adamw") adamw_.emplace(opt_params_, ac);
       else sgd_.emplace(opt_params_, optim::SgdConfig{float(cfg_.lr), 0.9f, 0.0f});
     }
     // Overlap: mark each layer's gradients ready as soon as the last micro-batch's backward is past it.
     // With the embedding split over two stages, its gradient is final only after the tied sum.
-    if (cfg_.dp > 1)
+    if (cfg_.batch_ranks() > 1)
       for (auto& s : stages_)
         s->on_gradients_final(
             [this](const std::vector<nn::Parameter*>& ps) {
@@ -371,7 +457,8 @@ class GptTrainer {
               for (auto* p : ps)
                 if (p != tied_ && std::find(opt_params_.begin(), opt_params_.end(), p) != opt_params_.end()) {
                   if (zero_) zero_->mark_ready(*p);
-                  else dp_->mark_ready(*p);
+                  else if (std::find(expert_params_.begin(), expert_params_.end(), p) == expert_params_.end()) dp_->mark_ready(*p);
+                  else if (dp_experts_) dp_experts_->mark_ready(*p);
                 }
               data_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
             },
@@ -391,6 +478,8 @@ class GptTrainer {
     const auto t = std::chrono::steady_clock::now();
     if (zero_) zero_->reduce_gradients();
     else if (dp_) dp_->finish();
+    if (dp_experts_) dp_experts_->finish();
+    else if (cfg_.ep > 1) optim::scale_grads(expert_params_, 1.0f / float(cfg_.ep));
     data_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   }
 
@@ -415,6 +504,8 @@ class GptTrainer {
   TensorComm tensor_;
   Comm pipe_, data_comm_;
   MeshCoord coord_;
+  Comm replica_comm_;              ///< data x expert ranks of this (pipeline, tensor) position
+  TensorComm expert_t_, tokens_t_; ///< the MoE blocks' expert and token groups, timed
   optim::WarmupCosine schedule_;
   std::vector<std::unique_ptr<Stage>> stages_;
   std::optional<pipeline::Executor<Stage, Comm>> executor_;
@@ -424,11 +515,13 @@ class GptTrainer {
   nn::Parameter* tied_ = nullptr;  ///< this rank's end of an embedding split over two stages, if any
   std::optional<Comm> embed_group_;
   std::optional<parallel::DataParallel<Comm>> dp_;
+  std::optional<parallel::DataParallel<Comm>> dp_experts_;  ///< expert parameters over the data group (ep > 1)
+  std::vector<nn::Parameter*> expert_params_;
   std::optional<parallel::Zero1AdamW<Comm>> zero_;
   std::optional<optim::AdamW> adamw_;
   std::optional<optim::Sgd> sgd_;
   std::optional<optim::DynamicLossScaler> scaler_;
-  std::vector<std::vector<float>> masters_;
+  std::vector<decltype(nn::Parameter::value)> masters_;
   double data_seconds_ = 0;
   std::size_t step_ = 0;
 };

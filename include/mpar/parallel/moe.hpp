@@ -16,8 +16,12 @@
  *    probability of each accepted choice, not renormalised over the k choices).
  * Load-balancing loss (Switch): aux = alpha * E * sum_e f_e P_e, f_e the fraction of the k*T assignments
  * (before capacity) that chose e, P_e the mean gate probability of e — both over the tokens of the *whole
- * expert group* (one small all_reduce), so it does not depend on how tokens are spread over ranks; f is not
- * differentiated, as in Switch.
+ * token group* (one small all_reduce), so it does not depend on how tokens are spread over ranks; f is not
+ * differentiated, as in Switch. The token group defaults to the expert group; inside a model trained with
+ * data parallelism as well it is every rank that holds a part of the same micro-batch (data x expert).
+ *
+ * Several micro-batches may be in flight (pipeline schedules): `forward(..., mb)` keeps what backward
+ * needs per micro-batch `mb`, `backward(..., mb)` takes it, `drop(mb)` frees it early.
  *
  * Gradients: expert weights receive every token routed to them from every rank, so they are complete on
  * their owner. The gate weight is replicated: its gradient is this rank's share and must be summed (or
@@ -36,6 +40,7 @@
 #include "mpar/backend/host/kernels.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/error.hpp"
+#include "mpar/nn/activation.hpp"
 #include "mpar/nn/parameter.hpp"
 
 namespace mpar::parallel {
@@ -58,13 +63,19 @@ struct MoeConfig {
 template <communicator Comm>
 class MoeMlp {
  public:
-  MoeMlp(const MoeConfig& config, Comm& expert_group, const std::string& name = "moe")
-      : cfg_(config), comm_(&expert_group) {
+  /**
+   * `token_group` (optional): the ranks whose tokens together make up the batch the load-balancing
+   * statistics are taken over; it must contain this rank's expert group. Default: the expert group.
+   */
+  MoeMlp(const MoeConfig& config, Comm& expert_group, const std::string& name = "moe", Comm* token_group = nullptr)
+      : cfg_(config), comm_(&expert_group), tokens_comm_(token_group ? token_group : &expert_group), name_(name) {
     const auto ep = std::size_t(comm_->size()), r = std::size_t(comm_->rank());
     require(cfg_.d_model > 0 && cfg_.d_ff > 0 && cfg_.experts > 0, "MoeMlp '", name,
             "': d_model, d_ff and experts must be positive");
     require(cfg_.top_k >= 1 && cfg_.top_k <= cfg_.experts, "MoeMlp '", name, "': top_k = ", cfg_.top_k,
             " must be between 1 and the number of experts (", cfg_.experts, ")");
+    require(tokens_comm_->size() % comm_->size() == 0, "MoeMlp '", name, "': the token group '", tokens_comm_->name(),
+            "' has ", tokens_comm_->size(), " ranks, which cannot contain the expert group of ", comm_->size());
     require(cfg_.experts % ep == 0, "MoeMlp '", name, "': ", cfg_.experts, " experts do not divide over the ", ep,
             " ranks of expert group '", comm_->name(), "'; choose a multiple of the expert axis size");
     local_experts_ = cfg_.experts / ep;
@@ -91,15 +102,22 @@ class MoeMlp {
   [[nodiscard]] nn::Parameter& w1() { return w1_; }
   [[nodiscard]] nn::Parameter& w2() { return w2_; }
   [[nodiscard]] std::size_t local_experts() const { return local_experts_; }
+  [[nodiscard]] const MoeConfig& config() const { return cfg_; }
   /** The per-expert capacity of the last forward (assignments accepted from this rank). */
-  [[nodiscard]] std::size_t capacity() const { return capacity_; }
+  [[nodiscard]] std::size_t capacity() const { return last_capacity_; }
   /** Assignments dropped by the capacity limit in the last forward, on this rank. */
-  [[nodiscard]] std::size_t dropped() const { return dropped_; }
-  /** The load-balancing loss of the last forward (identical on every rank of the expert group). */
-  [[nodiscard]] float aux_loss() const { return aux_; }
+  [[nodiscard]] std::size_t dropped() const { return last_dropped_; }
+  /** The load-balancing loss of the last forward (identical on every rank of the token group). */
+  [[nodiscard]] float aux_loss() const { return last_aux_; }
 
-  /** y [tokens, d] = MoE(x [tokens, d]). Collective over the expert group. */
-  void forward(std::span<const float> x, std::size_t tokens, std::span<float> y) {
+  /** Frees what the forward of micro-batch `mb` kept for its backward. */
+  void drop(int mb) { saved_.drop(mb); }
+
+  /** y [tokens, d] = MoE(x [tokens, d]) for micro-batch `mb`. Collective over the expert and token groups. */
+  void forward(std::span<const float> x, std::size_t tokens, std::span<float> y, int mb = 0) {
+    State& st = saved_.put(mb);
+    auto& [tokens_, capacity_, dropped_, recv_rows_, global_tokens_, aux_, x_, probs_, out_, frac_, choice_, route_,
+           rows_from_, send_elems_, recv_elems_, accepted_, ex_in_, ex_h_] = st;
     const std::size_t d = cfg_.d_model, E = cfg_.experts, k = cfg_.top_k, ep = std::size_t(comm_->size());
     require(x.size() == tokens * d && y.size() == tokens * d, "MoeMlp::forward on expert rank ", comm_->rank(),
             ": x has ", x.size(), " and y ", y.size(), " elements; ", tokens, " tokens of width ", d, " need ",
@@ -127,7 +145,7 @@ class MoeMlp {
       for (std::size_t e = 0; e < E; ++e) stats[E + e] += probs_[t * E + e];
     }
     stats[2 * E] = float(tokens);
-    comm_->all_reduce(std::span<float>(stats), ReduceOp::sum);
+    tokens_comm_->all_reduce(std::span<float>(stats), ReduceOp::sum);
     global_tokens_ = double(stats[2 * E]);
     frac_.assign(E, 0.0f);
     double aux = 0.0;
@@ -163,12 +181,12 @@ class MoeMlp {
     std::vector<float> send(route_.size() * d);
     for (std::size_t i = 0; i < route_.size(); ++i)
       std::copy_n(&x_[route_[i] / k * d], d, &send[i * d]);
-    exchange_counts(used, ep);
+    exchange_counts(st, used, ep);
     std::vector<float> expert_in(recv_rows_ * d);
     comm_->all_to_all_v(std::span<const float>(send), send_elems_, std::span<float>(expert_in), recv_elems_);
     // 4. experts
     std::vector<float> expert_out(recv_rows_ * d);
-    run_experts(expert_in, expert_out);
+    run_experts(st, expert_in, expert_out);
     // 5. combine
     out_.assign(route_.size() * d, 0.0f);
     comm_->all_to_all_v(std::span<const float>(expert_out), recv_elems_, std::span<float>(out_), send_elems_);
@@ -178,13 +196,20 @@ class MoeMlp {
       const float w = probs_[t * E + e];
       for (std::size_t c = 0; c < d; ++c) y[t * d + c] += w * out_[i * d + c];
     }
+    last_capacity_ = capacity_;
+    last_dropped_ = dropped_;
+    last_aux_ = aux_;
   }
 
   /**
    * dx [tokens, d] from dy [tokens, d]; accumulates parameter gradients. `aux_grad` is the gradient of the
    * total loss with respect to `aux_loss()` (usually 1); this rank adds the share of its own tokens.
+   * Collective over the expert group; takes (frees) what forward kept for micro-batch `mb`.
    */
-  void backward(std::span<const float> dy, std::span<float> dx, float aux_grad = 1.0f) {
+  void backward(std::span<const float> dy, std::span<float> dx, float aux_grad = 1.0f, int mb = 0) {
+    State st = saved_.take(mb, "MoeMlp '" + name_ + "'");
+    const auto& [tokens_, capacity_, dropped_, recv_rows_, global_tokens_, aux_, x_, probs_, out_, frac_, choice_, route_,
+                 rows_from_, send_elems_, recv_elems_, accepted_, ex_in_, ex_h_] = st;
     const std::size_t d = cfg_.d_model, E = cfg_.experts, k = cfg_.top_k, T = tokens_;
     require(dy.size() == T * d && dx.size() == T * d, "MoeMlp::backward on expert rank ", comm_->rank(),
             ": dy has ", dy.size(), " and dx ", dx.size(), " elements; the forward had ", T, " tokens of width ", d);
@@ -202,7 +227,7 @@ class MoeMlp {
     }
     std::vector<float> expert_dout(recv_rows_ * d), expert_dx(recv_rows_ * d);
     comm_->all_to_all_v(std::span<const float>(dout), send_elems_, std::span<float>(expert_dout), recv_elems_);
-    backward_experts(expert_dout, expert_dx);
+    backward_experts(st, expert_dout, expert_dx);
     std::vector<float> dxin(route_.size() * d);
     comm_->all_to_all_v(std::span<const float>(expert_dx), recv_elems_, std::span<float>(dxin), send_elems_);
     std::fill(dx.begin(), dx.end(), 0.0f);
@@ -224,8 +249,23 @@ class MoeMlp {
   }
 
  private:
+  /** What the forward of one micro-batch keeps for its backward (the routing and the expert inputs). */
+  struct State {
+    std::size_t tokens = 0, capacity = 0, dropped = 0, recv_rows = 0;
+    double global_tokens = 0.0;
+    float aux = 0.0f;
+    std::vector<float> x, probs, out, frac;
+    std::vector<std::size_t> choice, route, rows_from, send_elems, recv_elems;
+    std::vector<bool> accepted;
+    std::vector<std::vector<float>> ex_in, ex_h;
+  };
+
   /** Tells every expert rank how many rows of each of its experts it will receive from here. */
-  void exchange_counts(const std::vector<std::size_t>& used, std::size_t ep) {
+  void exchange_counts(State& st, const std::vector<std::size_t>& used, std::size_t ep) {
+    auto& rows_from_ = st.rows_from;
+    auto& send_elems_ = st.send_elems;
+    auto& recv_elems_ = st.recv_elems;
+    auto& recv_rows_ = st.recv_rows;
     const std::size_t El = local_experts_, d = cfg_.d_model;
     std::vector<float> sent(cfg_.experts), got(cfg_.experts);
     for (std::size_t e = 0; e < cfg_.experts; ++e) sent[e] = float(used[e]);
@@ -245,7 +285,8 @@ class MoeMlp {
 
   /** Rows of local expert `l` sit in the receive buffer at [source][expert] positions; gather them. */
   template <class F>
-  void for_each_expert(F&& f) const {
+  void for_each_expert(const State& st, F&& f) const {
+    const auto& rows_from_ = st.rows_from;
     const std::size_t El = local_experts_, ep = std::size_t(comm_->size());
     for (std::size_t l = 0; l < El; ++l) {
       std::vector<std::pair<std::size_t, std::size_t>> runs;  // (first row in the buffer, rows), by source
@@ -259,11 +300,13 @@ class MoeMlp {
     }
   }
 
-  void run_experts(const std::vector<float>& in, std::vector<float>& out) {
+  void run_experts(State& st, const std::vector<float>& in, std::vector<float>& out) {
     const std::size_t d = cfg_.d_model, f = cfg_.d_ff;
+    auto& ex_in_ = st.ex_in;
+    auto& ex_h_ = st.ex_h;
     ex_in_.assign(local_experts_, {});
     ex_h_.assign(local_experts_, {});
-    for_each_expert([&](std::size_t l, const auto& runs) {
+    for_each_expert(st, [&](std::size_t l, const auto& runs) {
       std::size_t n = 0;
       for (auto [first, rows] : runs) n += rows;
       auto& xi = ex_in_[l];
@@ -287,9 +330,11 @@ class MoeMlp {
     });
   }
 
-  void backward_experts(const std::vector<float>& dout, std::vector<float>& dx) {
+  void backward_experts(const State& st, const std::vector<float>& dout, std::vector<float>& dx) {
     const std::size_t d = cfg_.d_model, f = cfg_.d_ff;
-    for_each_expert([&](std::size_t l, const auto& runs) {
+    const auto& ex_in_ = st.ex_in;
+    const auto& ex_h_ = st.ex_h;
+    for_each_expert(st, [&](std::size_t l, const auto& runs) {
       std::size_t n = 0;
       for (auto [first, rows] : runs) n += rows;
       std::vector<float> dy(n * d);
@@ -317,16 +362,13 @@ class MoeMlp {
 
   MoeConfig cfg_;
   Comm* comm_;
+  Comm* tokens_comm_;
+  std::string name_;
   std::size_t local_experts_ = 0;
   nn::Parameter gate_, w1_, w2_;
-  // saved by forward for backward
-  std::size_t tokens_ = 0, capacity_ = 0, dropped_ = 0, recv_rows_ = 0;
-  double global_tokens_ = 0.0;
-  float aux_ = 0.0f;
-  std::vector<float> x_, probs_, out_, frac_;
-  std::vector<std::size_t> choice_, route_, rows_from_, send_elems_, recv_elems_;
-  std::vector<bool> accepted_;
-  std::vector<std::vector<float>> ex_in_, ex_h_;
+  nn::MicroBatchCache<State> saved_;
+  std::size_t last_capacity_ = 0, last_dropped_ = 0;
+  float last_aux_ = 0.0f;
 };
 
 }  // namespace mpar::parallel
