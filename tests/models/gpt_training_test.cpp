@@ -413,6 +413,25 @@ TEST_CASE("GPT with MoE: clipping counts every expert once; AdamW and ZeRO-1 (ep
   require_moe_equivalent(run(zero, 5), adam_ref, "ZeRO-1 MoE dp=2 ep=1", false);
 }
 
+TEST_CASE("GPT with MoE under f16 loss scaling: the load-balancing gradient is scaled like the loss", "[models][gpt][moe][precision]") {
+  // The effect of the load-balancing loss on a gate (its parameters with minus without it) must be the same
+  // under f16 (gradients scaled by 65536, then unscaled) as in fp32; an unscaled aux gradient would vanish.
+  auto with = [](const char* prec, float aux, std::size_t ep) {
+    auto c = small_moe(1, 1, 1, ep);
+    c.precision = prec;
+    c.model.moe_aux_weight = aux;
+    return run(c, moe_steps).params.at("block1.moe.gate.weight");
+  };
+  auto effect = [](std::vector<float> a, const std::vector<float>& b) {
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] -= b[i];
+    return a;
+  };
+  const auto fp32 = effect(reference_moe().params.at("block1.moe.gate.weight"), with("fp32", 0.0f, 1));
+  const auto f16 = effect(with("f16", 0.1f, 2), with("f16", 0.0f, 2));
+  INFO("relative difference of the aux effect, f16 ep=2 vs fp32: " << rel_diff(f16, fp32));
+  REQUIRE(rel_diff(f16, fp32) < 0.1);
+}
+
 TEST_CASE("GPT with MoE: a checkpoint saved with ep = 2 resumes on another expert layout", "[models][gpt][moe][checkpoint]") {
   const fs::path dir = fs::temp_directory_path() / "mpar-test-gpt-moe-resume";
   fs::remove_all(dir);
