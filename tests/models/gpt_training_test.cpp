@@ -379,6 +379,9 @@ TEST_CASE("GPT with MoE: expert parallelism with tp, pp, dp reproduces the singl
                                " ep=" + std::to_string(ep));
   // Split backward (zero-bubble) and recomputation rerun the MoE forward with its collectives.
   require_moe_equivalent(run(small_moe(1, 2, 1, 2, "zb_h1"), moe_steps), ref, "MoE zb_h1 pp=2 ep=2");
+  auto inter = small_moe(1, 2, 1, 2, "interleaved_1f1b");
+  inter.chunks = 2;  // MoE blocks 1 and 3 on different chunks of the two pipeline ranks
+  require_moe_equivalent(run(inter, moe_steps), ref, "MoE interleaved_1f1b pp=2 chunks=2 ep=2");
   auto re = small_moe(1, 1, 1, 2);
   re.recompute = true;
   require_moe_equivalent(run(re, moe_steps), ref, "MoE recompute ep=2");
