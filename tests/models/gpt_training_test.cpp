@@ -393,7 +393,7 @@ TEST_CASE("GPT with MoE: expert parallelism with tp, pp, dp reproduces the singl
   REQUIRE(rel_diff(plain.params.at("block1.moe.gate.weight"), ref.params.at("block1.moe.gate.weight")) > 1e-4);
 }
 
-TEST_CASE("GPT with MoE: clipping counts every expert once; AdamW and ZeRO-1 (ep = 1) agree", "[models][gpt][moe][clip]") {
+TEST_CASE("GPT with MoE: clipping counts every expert once, AdamW and ZeRO-1 (ep = 1) agree", "[models][gpt][moe][clip]") {
   auto one = small_moe(1, 1, 1, 1);
   one.clip = 0.05;
   const RunResult ref = run(one, 5);
