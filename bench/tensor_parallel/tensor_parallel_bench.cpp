@@ -86,7 +86,7 @@ int main(int argc, char** argv) {
   auto one = Comm::single();
   nn::TransformerBlock<Comm> block(one, cfg);
   baseline::Block base(tokens, h, heads, ffn, seq);
-  const std::vector<float> xv = x.values(), dyv = dy.values();
+  const std::vector<float> xv(x.values().begin(), x.values().end()), dyv(dy.values().begin(), dy.values().end());
   // Alternating runs; besides the two medians, the median of the per-pair ratios is reported, which is
   // robust to load changes on a shared machine.
   auto run_ours = [&] { (void)block.backward(block.forward(x), 0); };

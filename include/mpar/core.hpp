@@ -5,5 +5,6 @@
 #include "mpar/core/extents.hpp"
 #include "mpar/core/init.hpp"
 #include "mpar/core/layout.hpp"
+#include "mpar/core/memory_resource.hpp"
 #include "mpar/core/mesh.hpp"
 #include "mpar/core/tensor.hpp"

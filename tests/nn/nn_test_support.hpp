@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <map>
 #include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -17,7 +18,7 @@ using nn::Activation;
 /** The tolerance every equivalence test states: ||a - b||_2 <= 1e-5 * ||b||_2 (fp32). */
 inline constexpr double rel_tol = 1e-5;
 
-inline double rel_err(const std::vector<float>& a, const std::vector<float>& b) {
+inline double rel_err(std::span<const float> a, std::span<const float> b) {
   if (a.size() != b.size()) return 1e30;
   double num = 0, den = 0;
   for (std::size_t i = 0; i < a.size(); ++i) {

@@ -49,7 +49,7 @@ Result reference(std::size_t layers, int M) {
   Result r;
   r.loss = mpar_test::mse(y, t, dy);
   (void)model.backward(dy, 0);
-  for (auto* p : model.parameters()) r.grads[p->name] = p->grad;
+  for (auto* p : model.parameters()) r.grads[p->name].assign(p->grad.begin(), p->grad.end());
   return r;
 }
 
@@ -76,7 +76,7 @@ Result pipelined(std::string_view name, int P, int M, int V, std::size_t lps, bo
     });
     std::lock_guard l(mu);
     out.loss = st.loss;
-    for (auto* p : ex.parameters()) out.grads[p->name] = p->grad;
+    for (auto* p : ex.parameters()) out.grads[p->name].assign(p->grad.begin(), p->grad.end());
   });
   return out;
 }
@@ -268,7 +268,7 @@ void tp2_pp2(std::string_view name, int M, int V) {
   }
   std::map<std::string, std::vector<float>> ref;
   for (auto& m : serial)
-    for (auto* p : m.parameters()) ref[p->name] = p->grad;
+    for (auto* p : m.parameters()) ref[p->name].assign(p->grad.begin(), p->grad.end());
 
   std::mutex mu;
   std::vector<std::pair<nn::Parameter, double>> got;

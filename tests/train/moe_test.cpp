@@ -55,7 +55,7 @@ Result run(int ep, const parallel::MoeConfig& cfg) {
     std::lock_guard l(mu);
     std::copy(y.begin(), y.end(), res.y.begin() + std::ptrdiff_t(first * kD));
     std::copy(dx.begin(), dx.end(), res.dx.begin() + std::ptrdiff_t(first * kD));
-    res.gate_grad = moe.gate().grad;
+    res.gate_grad.assign(moe.gate().grad.begin(), moe.gate().grad.end());
     const std::size_t e0 = moe.w1().local_box[0].offset;
     std::copy(moe.w1().grad.begin(), moe.w1().grad.end(), res.w1_grad.begin() + std::ptrdiff_t(e0 * kD * kF));
     std::copy(moe.w2().grad.begin(), moe.w2().grad.end(), res.w2_grad.begin() + std::ptrdiff_t(e0 * kF * kD));

@@ -17,8 +17,8 @@ nn::Parameter make_param(std::string name, std::vector<float> value, std::vector
   p.local_box = {Block{0, value.size()}};
   p.layout = sharded ? "Shard<0, tensor>" : "Replicate";
   p.sharded_over_tensor = sharded;
-  p.value = std::move(value);
-  p.grad = std::move(grad);
+  p.value.assign(value.begin(), value.end());
+  p.grad.assign(grad.begin(), grad.end());
   return p;
 }
 }  // namespace

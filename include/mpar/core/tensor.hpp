@@ -13,6 +13,7 @@
 #include "mpar/core/dtype.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/extents.hpp"
+#include "mpar/core/memory_resource.hpp"
 
 namespace mpar {
 
@@ -117,7 +118,10 @@ class TensorView {
   std::array<std::ptrdiff_t, Rank> strides_{};
 };
 
-/** @brief An owning, contiguous, row-major host tensor. */
+/**
+ * @brief An owning, contiguous, row-major tensor in the creating thread's memory resource (host
+ * memory unless the rank's backend installed another, see core/memory_resource.hpp).
+ */
 template <element_type T, std::size_t Rank>
   requires(Rank >= 1 && Rank <= 4)
 class Tensor {
@@ -129,10 +133,11 @@ class Tensor {
   template <std::size_t... E>
     requires(sizeof...(E) == Rank)
   explicit Tensor(const Extents<E...>& e, T fill = T{}) : Tensor(e.to_array(), fill) {}
-  Tensor(const Shape<Rank>& shape, std::vector<T> values) : shape_(shape), data_(std::move(values)) {
-    require(data_.size() == detail::product(shape_), "Tensor: ", data_.size(), " values given for a shape of ",
-            detail::product(shape_), " elements");
+  Tensor(const Shape<Rank>& shape, const std::vector<T>& values) : shape_(shape), data_(values.begin(), values.end()) {
+    check_value_count();
   }
+  /** Takes over a buffer (no copy). */
+  Tensor(const Shape<Rank>& shape, Buffer<T>&& values) : shape_(shape), data_(std::move(values)) { check_value_count(); }
   /** Copies any view of the same rank (making strided data contiguous). */
   template <class U>
     requires std::is_same_v<std::remove_const_t<U>, T>
@@ -149,8 +154,8 @@ class Tensor {
   [[nodiscard]] const T* data() const { return data_.data(); }
   [[nodiscard]] std::span<T> span() { return data_; }
   [[nodiscard]] std::span<const T> span() const { return data_; }
-  [[nodiscard]] std::vector<T>& values() { return data_; }
-  [[nodiscard]] const std::vector<T>& values() const { return data_; }
+  [[nodiscard]] Buffer<T>& values() { return data_; }
+  [[nodiscard]] const Buffer<T>& values() const { return data_; }
 
   [[nodiscard]] TensorView<T, Rank> view() { return {data_.data(), shape_}; }
   [[nodiscard]] TensorView<const T, Rank> view() const { return {data_.data(), shape_}; }
@@ -178,14 +183,18 @@ class Tensor {
   /** Same elements, new shape of equal element count. */
   template <std::size_t R2>
   [[nodiscard]] Tensor<T, R2> reshaped(const Shape<R2>& s) const& {
-    return Tensor<T, R2>(s, data_);
+    return Tensor<T, R2>(s, Buffer<T>(data_));
   }
 
   friend bool operator==(const Tensor& a, const Tensor& b) { return a.shape_ == b.shape_ && a.data_ == b.data_; }
 
  private:
+  void check_value_count() const {
+    require(data_.size() == detail::product(shape_), "Tensor: ", data_.size(), " values given for a shape of ",
+            detail::product(shape_), " elements");
+  }
   Shape<Rank> shape_{};
-  std::vector<T> data_;
+  Buffer<T> data_;
 };
 
 /** @brief Element-wise copy between views of equal shape (any strides). */

@@ -12,6 +12,7 @@
 
 #include "mpar/core/init.hpp"
 #include "mpar/core/layout.hpp"
+#include "mpar/core/memory_resource.hpp"
 
 namespace mpar::nn {
 
@@ -26,7 +27,7 @@ struct Parameter {
   std::vector<Block> local_box;           ///< this rank's block of every dimension
   std::string layout;                     ///< layout name, e.g. "Shard<1, tensor>" or "Replicate"
   bool sharded_over_tensor = false;       ///< false: every tensor rank holds an identical copy (count it once in norms)
-  std::vector<float> value, grad;         ///< local block, row-major
+  Buffer<float> value, grad;              ///< local block, row-major, in the rank's memory resource
 
   [[nodiscard]] std::size_t local_size() const { return value.size(); }
   [[nodiscard]] std::size_t global_size() const {

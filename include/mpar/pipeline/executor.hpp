@@ -349,7 +349,7 @@ class Executor {
   std::map<Key, Shape<2>> out_shape_;
   std::map<Key, int> fwd_version_;
   std::vector<PendingSend> sends_;
-  std::vector<std::vector<float>> stash_;
+  std::vector<decltype(nn::Parameter::value)> stash_;
   int version_ = 0;
 };
 
