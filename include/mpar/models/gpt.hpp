@@ -218,7 +218,7 @@ class GptStage {
         head_ = shared_embedding;  // the same stage object holds both ends (interleaved chunks on one rank)
       } else {
         // The tied copy: same name, id and block as the first stage's embedding shard, hence the same values.
-        nn::VocabParallelEmbedding<C> twin(tp, nn::EmbeddingConfig{cfg.padded_vocab(), cfg.hidden, cfg.seed,
+        nn::VocabParallelEmbedding<C, false, B> twin(tp, nn::EmbeddingConfig{cfg.padded_vocab(), cfg.hidden, cfg.seed,
                                                                     GptConfig::token_embedding_id, "embed.token"});
         head_copy_ = std::move(*twin.parameters()[0]);
         head_ = &head_copy_;
@@ -382,7 +382,7 @@ class GptStage {
   /** The head's weight (last stage): the embedding itself, or the tied copy. */
   [[nodiscard]] nn::Parameter* head_weight() { return last_ ? head_ : nullptr; }
   [[nodiscard]] bool head_is_copy() const { return last_ && head_ == &head_copy_; }
-  [[nodiscard]] nn::VocabParallelCrossEntropy<C>& loss() { return *ce_; }
+  [[nodiscard]] nn::VocabParallelCrossEntropy<C, B>& loss() { return *ce_; }
   [[nodiscard]] const GptConfig& config() const { return cfg_; }
 
  private:
@@ -400,19 +400,17 @@ class GptStage {
     std::vector<std::int32_t> tokens(x.extent(0));
     for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = std::int32_t(x.data()[i]);
     nn::Activation h = embed_->forward(tokens, mb);
-    const std::size_t hid = cfg_.hidden;
-    for (std::size_t t = 0; t < tokens.size(); ++t) {
-      const float* p = pos_.value.data() + (t % cfg_.seq) * hid;
-      for (std::size_t j = 0; j < hid; ++j) h.data()[t * hid + j] += p[j];
-    }
+    // h[b, s, :] += position[s, :], one backend addition per sequence.
+    const std::size_t block = cfg_.seq * cfg_.hidden;
+    require(tokens.size() % cfg_.seq == 0, "GptStage: ", tokens.size(), " tokens are not whole sequences of ", cfg_.seq);
+    for (std::size_t b = 0; b < tokens.size() / cfg_.seq; ++b)
+      B::add(block, h.data() + b * block, pos_.value.data(), h.data() + b * block);
     return h;
   }
   void embed_backward(const nn::Activation& dy, int mb, bool final) {
-    const std::size_t hid = cfg_.hidden;
-    for (std::size_t t = 0; t < dy.extent(0); ++t) {
-      float* g = pos_.grad.data() + (t % cfg_.seq) * hid;
-      for (std::size_t j = 0; j < hid; ++j) g[j] += dy.data()[t * hid + j];
-    }
+    const std::size_t block = cfg_.seq * cfg_.hidden;
+    for (std::size_t b = 0; b < dy.extent(0) / cfg_.seq; ++b)
+      B::add(block, pos_.grad.data(), dy.data() + b * block, pos_.grad.data());
     embed_->backward(dy, mb);
     // The embedding of a single-stage model is also the head: its gradient is final only here.
     if (final) hook_(std::vector<nn::Parameter*>{embed_->parameters()[0], &pos_});
@@ -421,14 +419,14 @@ class GptStage {
   C* tp_;
   GptConfig cfg_;
   bool first_, last_;
-  std::optional<nn::VocabParallelEmbedding<C>> embed_;
+  std::optional<nn::VocabParallelEmbedding<C, false, B>> embed_;
   nn::Parameter pos_;
   std::vector<std::unique_ptr<C>> own_groups_;  // size-1 MoE groups when none were given (declared before the blocks)
   std::vector<std::unique_ptr<detail::GptBlock>> blocks_;
-  std::optional<nn::LayerNorm<Replicate>> final_ln_;
+  std::optional<nn::LayerNorm<Replicate, nn::NoComm, B>> final_ln_;
   nn::Parameter head_copy_;
   nn::Parameter* head_ = nullptr;
-  std::optional<nn::VocabParallelCrossEntropy<C>> ce_;
+  std::optional<nn::VocabParallelCrossEntropy<C, B>> ce_;
   nn::MicroBatchCache<HeadInput> head_inputs_;
   nn::MicroBatchCache<nn::detail::WeightGradInputs> head_pending_;  // final-norm output and logit gradient
   nn::MicroBatchCache<EmbedGrad> embed_pending_;

@@ -148,12 +148,15 @@ struct MemoryBreakdown {
   std::size_t parameters = 0, gradients = 0, optimizer_states = 0, compute_copies = 0;
 };
 
-/** @brief One rank of a hybrid-parallel GPT training job over world communicator `Comm`. */
-template <communicator Comm>
+/**
+ * @brief One rank of a hybrid-parallel GPT training job over world communicator `Comm`, computing on
+ * backend `B` (HostBackend, or CudaBackend from an nvcc translation unit).
+ */
+template <communicator Comm, backend B = HostBackend>
 class GptTrainer {
  public:
   using TensorComm = observe::TimedCommunicator<Comm>;
-  using Stage = GptStage<TensorComm>;
+  using Stage = GptStage<TensorComm, B>;
 
   GptTrainer(Comm& world, GptTrainConfig config, const data::CharDataset& data)
       : cfg_(validated(std::move(config), world)),
@@ -168,7 +171,7 @@ class GptTrainer {
         expert_t_(comms_.expert),
         tokens_t_(replica_comm_),
         schedule_(cfg_.lr, cfg_.min_lr, cfg_.warmup, cfg_.steps) {
-    HostBackend::init_rank();
+    B::init_rank();  // before the stages allocate: the backend chooses where this rank's tensors live
     build_stages();
     build_embedding_group();
     build_optimizer();

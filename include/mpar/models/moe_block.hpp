@@ -63,9 +63,9 @@ class MoeTransformerBlock {
     nn::Activation dn({dm.extent(0), dm.extent(1)});
     moe_.backward(std::span<const float>(dm.data(), dm.size()), std::span<float>(dn.data(), dn.size()), aux_grad_, mb);
     nn::Activation dh = nn::detail::backward_input_of(ln2_, dn, mb);
-    host::add(dh.size(), dh.data(), dy.data(), dh.data());
+    B::add(dh.size(), dh.data(), dy.data(), dh.data());
     nn::Activation dx = nn::detail::backward_input_of(ln1_, attn_.backward_input(drop1_.backward(dh, mb), mb), mb);
-    host::add(dx.size(), dx.data(), dh.data(), dx.data());
+    B::add(dx.size(), dx.data(), dh.data(), dx.data());
     return dx;
   }
   /** W: the attention projections' weight gradients (the MoE finished its own in B); no communication. */
@@ -117,12 +117,12 @@ class MoeTransformerBlock {
   }
   nn::Activation run_forward(const nn::Activation& x, int mb) {
     nn::Activation h = drop1_.forward(attn_.forward(ln1_.forward(x, mb), mb), mb);
-    host::add(h.size(), h.data(), x.data(), h.data());
+    B::add(h.size(), h.data(), x.data(), h.data());
     const nn::Activation n = ln2_.forward(h, mb);
     nn::Activation m({n.extent(0), n.extent(1)});
     moe_.forward(std::span<const float>(n.data(), n.size()), n.extent(0), std::span<float>(m.data(), m.size()), mb);
     nn::Activation y = drop2_.forward(m, mb);
-    host::add(y.size(), y.data(), h.data(), y.data());
+    B::add(y.size(), y.data(), h.data(), y.data());
     return y;
   }
   void drop_sublayers(int mb) {
@@ -136,12 +136,12 @@ class MoeTransformerBlock {
   };
 
   std::size_t hidden_;
-  nn::LayerNorm<Replicate> ln1_;
+  nn::LayerNorm<Replicate, nn::NoComm, B> ln1_;
   nn::SelfAttention<C, dyn, dyn, dyn, false, B> attn_;
-  nn::Dropout<Replicate> drop1_;
-  nn::LayerNorm<Replicate> ln2_;
+  nn::Dropout<Replicate, B> drop1_;
+  nn::LayerNorm<Replicate, nn::NoComm, B> ln2_;
   parallel::MoeMlp<C> moe_;
-  nn::Dropout<Replicate> drop2_;
+  nn::Dropout<Replicate, B> drop2_;
   nn::MicroBatchCache<Input> inputs_;
   bool recompute_ = false;
   float aux_grad_ = 1.0f;

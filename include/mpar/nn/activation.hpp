@@ -21,6 +21,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "mpar/backend/backend.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/layout.hpp"
 #include "mpar/core/tensor.hpp"
@@ -70,17 +71,17 @@ class MicroBatchCache {
 };
 
 namespace detail {
-/** Column sums of a `[rows, cols]` matrix accumulated into `acc` (bias gradients). */
-inline void add_column_sums(const Activation& dy, std::span<float> acc) {
-  const std::size_t rows = dy.extent(0), cols = dy.extent(1);
-  require(acc.size() == cols, "bias gradient: ", acc.size(), " entries for ", cols, " columns");
-  for (std::size_t r = 0; r < rows; ++r)
-    for (std::size_t c = 0; c < cols; ++c) acc[c] += dy.data()[r * cols + c];
+/** Column sums of a `[rows, cols]` matrix accumulated into `acc` (bias gradients), on backend `B`. */
+template <backend B>
+void add_column_sums(const Activation& dy, std::span<float> acc) {
+  require(acc.size() == dy.extent(1), "bias gradient: ", acc.size(), " entries for ", dy.extent(1), " columns");
+  B::bias_add_backward(dy.extent(0), dy.extent(1), dy.data(), acc.data());
 }
-inline void add_row_vector(Activation& y, std::span<const float> v) {
-  const std::size_t rows = y.extent(0), cols = y.extent(1);
-  for (std::size_t r = 0; r < rows; ++r)
-    for (std::size_t c = 0; c < cols; ++c) y.data()[r * cols + c] += v[c];
+/** `y[r, :] += v` for every row (bias addition), on backend `B`. */
+template <backend B>
+void add_row_vector(Activation& y, std::span<const float> v) {
+  require(v.size() == y.extent(1), "bias: ", v.size(), " entries for ", y.extent(1), " columns");
+  B::bias_add_forward(y.extent(0), y.extent(1), v.data(), y.data());
 }
 }  // namespace detail
 

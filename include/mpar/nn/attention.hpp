@@ -38,59 +38,57 @@ struct AttentionCore {
     return qkv.extent(0) / seq;
   }
 
-  /** Row-wise softmax of `[s, s]` scores in place, token i attending to j <= i only (masked entries are 0). */
-  static void causal_softmax(std::size_t s, float* p) {
-    for (std::size_t i = 0; i < s; ++i) {
-      float* row = p + i * s;
-      float mx = -std::numeric_limits<float>::infinity(), sum = 0.0f;
-      for (std::size_t j = 0; j <= i; ++j) mx = std::max(mx, row[j]);
-      for (std::size_t j = 0; j <= i; ++j) sum += (row[j] = std::exp(row[j] - mx));
-      const float inv = 1.0f / sum;
-      for (std::size_t j = 0; j <= i; ++j) row[j] *= inv;
-      for (std::size_t j = i + 1; j < s; ++j) row[j] = 0.0f;
-    }
-  }
-
   /** o = softmax(mask(q k^T / sqrt(d))) v per (batch, head); saves the probabilities `[b, h, s, s]`. */
   template <backend B>
-  Activation forward(const Activation& qkv, std::vector<float>& probs, std::string_view who) const {
+  Activation forward(const Activation& qkv, Buffer<float>& probs, std::string_view who) const {
     const std::size_t nb = batch(qkv, who), hl = heads * head_dim, ld = 3 * hl, s = seq, d = head_dim;
     const float scale = 1.0f / std::sqrt(float(d));
     probs.assign(nb * heads * s * s, 0.0f);
     Activation o({qkv.extent(0), hl});
+    // Scores of every (batch, head), one causal softmax over all their rows (row r is query r % s),
+    // then the weighted values: three calls into the backend instead of one softmax per head.
     for (std::size_t b = 0; b < nb; ++b)
       for (std::size_t h = 0; h < heads; ++h) {
         const float* q = qkv.data() + b * s * ld + h * d;
-        float* p = probs.data() + (b * heads + h) * s * s;
-        B::template gemm<float>(Trans::no, Trans::yes, s, s, d, scale, q, ld, q + hl, ld, 0.0f, p, s);
-        causal_softmax(s, p);
-        B::template gemm<float>(Trans::no, Trans::no, s, d, s, 1.0f, p, s, q + 2 * hl, ld, 0.0f,
-                                o.data() + b * s * hl + h * d, hl);
+        B::template gemm<float>(Trans::no, Trans::yes, s, s, d, scale, q, ld, q + hl, ld, 0.0f,
+                                probs.data() + (b * heads + h) * s * s, s);
       }
+    B::softmax_forward(nb * heads * s, s, probs.data(), probs.data(), true);
+    for (std::size_t b = 0; b < nb; ++b)
+      for (std::size_t h = 0; h < heads; ++h)
+        B::template gemm<float>(Trans::no, Trans::no, s, d, s, 1.0f, probs.data() + (b * heads + h) * s * s, s,
+                                qkv.data() + b * s * ld + 2 * hl + h * d, ld, 0.0f, o.data() + b * s * hl + h * d, hl);
     return o;
   }
 
   /** dqkv from do, the saved qkv and probabilities. */
   template <backend B>
-  Activation backward(const Activation& qkv, const std::vector<float>& probs, const Activation& dout,
+  Activation backward(const Activation& qkv, const Buffer<float>& probs, const Activation& dout,
                       std::string_view who) const {
     const std::size_t nb = batch(qkv, who), hl = heads * head_dim, ld = 3 * hl, s = seq, d = head_dim;
     require(dout.extent(0) == qkv.extent(0) && dout.extent(1) == hl, who, ": output gradient is ", dout.extent(0), "x",
             dout.extent(1), ", expected ", qkv.extent(0), "x", hl);
     const float scale = 1.0f / std::sqrt(float(d));
     Activation dqkv({qkv.extent(0), ld});
-    std::vector<float> dp(s * s);
+    Buffer<float> dp(probs.size());
     for (std::size_t b = 0; b < nb; ++b)
       for (std::size_t h = 0; h < heads; ++h) {
         const float* q = qkv.data() + b * s * ld + h * d;
         const float* p = probs.data() + (b * heads + h) * s * s;
         const float* go = dout.data() + b * s * hl + h * d;
         float* dq = dqkv.data() + b * s * ld + h * d;
-        B::template gemm<float>(Trans::yes, Trans::no, s, d, s, 1.0f, p, s, go, hl, 0.0f, dq + 2 * hl, ld);      // dV
-        B::template gemm<float>(Trans::no, Trans::yes, s, s, d, 1.0f, go, hl, q + 2 * hl, ld, 0.0f, dp.data(), s);  // dP
-        host::softmax_backward(s, s, p, dp.data(), dp.data());  // masked entries have p = 0, so their dS is 0
-        B::template gemm<float>(Trans::no, Trans::no, s, d, s, scale, dp.data(), s, q + hl, ld, 0.0f, dq, ld);     // dQ
-        B::template gemm<float>(Trans::yes, Trans::no, s, d, s, scale, dp.data(), s, q, ld, 0.0f, dq + hl, ld);   // dK
+        B::template gemm<float>(Trans::yes, Trans::no, s, d, s, 1.0f, p, s, go, hl, 0.0f, dq + 2 * hl, ld);  // dV
+        B::template gemm<float>(Trans::no, Trans::yes, s, s, d, 1.0f, go, hl, q + 2 * hl, ld, 0.0f,
+                                dp.data() + (b * heads + h) * s * s, s);  // dP
+      }
+    B::softmax_backward(nb * heads * s, s, probs.data(), dp.data(), dp.data());  // masked entries have p = 0, so dS = 0
+    for (std::size_t b = 0; b < nb; ++b)
+      for (std::size_t h = 0; h < heads; ++h) {
+        const float* q = qkv.data() + b * s * ld + h * d;
+        const float* ds = dp.data() + (b * heads + h) * s * s;
+        float* dq = dqkv.data() + b * s * ld + h * d;
+        B::template gemm<float>(Trans::no, Trans::no, s, d, s, scale, ds, s, q + hl, ld, 0.0f, dq, ld);    // dQ
+        B::template gemm<float>(Trans::yes, Trans::no, s, d, s, scale, ds, s, q, ld, 0.0f, dq + hl, ld);  // dK
       }
     return dqkv;
   }
@@ -156,7 +154,7 @@ class AttentionLayer : public BackwardFromSplit<Derived> {
  private:
   struct Cache {
     Activation qkv;
-    std::vector<float> probs;
+    Buffer<float> probs;
   };
   Qkv qkv_;
   Proj proj_;

@@ -9,6 +9,7 @@
 #include <string_view>
 #include <type_traits>
 
+#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/nn/layer.hpp"
 
 namespace mpar::nn {
@@ -18,7 +19,7 @@ namespace mpar::nn {
  * `Shard<1, tensor>` (bias split like the features). A Partial input is refused: each addend would
  * receive the bias, adding it TP times.
  */
-template <class L = Replicate>
+template <class L = Replicate, backend B = HostBackend>
 class Bias {
   static_assert(std::is_same_v<L, Replicate> || std::is_same_v<L, FeatureShard>,
                 "mpar::nn::Bias<L>: L must be Replicate or Shard<1, axis::tensor>; for a token-sharded activation "
@@ -54,11 +55,11 @@ class Bias {
     require(x.extent(1) == bias_.value.size(), "Bias '", bias_.name, "': input has ", x.extent(1),
             " features, this rank's bias has ", bias_.value.size());
     Activation y = x;
-    detail::add_row_vector(y, bias_.value);
+    detail::add_row_vector<B>(y, bias_.value);
     return y;
   }
   Activation backward(const Activation& dy, int = 0) {
-    detail::add_column_sums(dy, bias_.grad);
+    detail::add_column_sums<B>(dy, bias_.grad);
     return dy;
   }
   std::vector<Parameter*> parameters() { return {&bias_}; }

@@ -105,7 +105,7 @@ class ColumnParallel : public detail::LinearState, public detail::BackwardFromSp
     const std::size_t n = O.groups * local_out_;
     Activation y({xf.extent(0), n});
     detail::linear_forward<B>(xf, weight_.value.data(), n, y);
-    if (has_bias()) detail::add_row_vector(y, bias_.value);
+    if (has_bias()) detail::add_row_vector<B>(y, bias_.value);
     // The gathered input is kept for the weight gradient: memory for one all-gather less in backward.
     keep_input(mb, std::move(xf));
     if constexpr (O.gather_output) return gather_features(*comm_, y);

@@ -7,7 +7,8 @@
  * Forward: the row maxima are all-reduced (max), then the sums of exp(logit - max) and the target
  * logits (a rank contributes the target logit only when the target is in its vocabulary slice) in one
  * all-reduce (sum) of 2·tokens values. loss = mean(log(sum) + max - target_logit).
- * Backward is local: dlogits = (softmax - onehot(target)) / tokens on this rank's columns.
+ * Backward is local: dlogits = (softmax - onehot(target)) / tokens on this rank's columns, the
+ * softmax recomputed from the kept logits and the all-reduced statistics.
  */
 #include <algorithm>
 #include <cmath>
@@ -17,13 +18,14 @@
 #include <span>
 #include <vector>
 
+#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/layer.hpp"
 
 namespace mpar::nn {
 
-/** @brief Cross-entropy over vocab-sharded logits; `vocab` is the global vocabulary size. */
-template <communicator C>
+/** @brief Cross-entropy over vocab-sharded logits on backend `B`; `vocab` is the global vocabulary size. */
+template <communicator C, backend B = HostBackend>
 class VocabParallelCrossEntropy {
  public:
   using input_layout = FeatureShard;
@@ -40,52 +42,41 @@ class VocabParallelCrossEntropy {
     const std::size_t t = logits.extent(0), vl = logits.extent(1);
     require(vl * p_ == vocab_ && targets.size() == t, "VocabParallelCrossEntropy (tensor rank ", rank_, "): logits ", t,
             "x", vl, " with ", targets.size(), " targets; expected ", t, "x", vocab_ / p_);
-    std::vector<float> mx(t, -std::numeric_limits<float>::infinity());
     for (std::size_t i = 0; i < t; ++i)
-      for (std::size_t j = 0; j < vl; ++j) mx[i] = std::max(mx[i], logits.data()[i * vl + j]);
-    if (p_ > 1) comm_->all_reduce(std::span<float>(mx), ReduceOp::max);
-    auto& c = cache_.put(mb);
-    c.probs = Activation(logits.shape());
-    std::vector<float> sums(2 * t, 0.0f);  // [sum exp | target logit]
-    for (std::size_t i = 0; i < t; ++i) {
       require(targets[i] >= 0 && std::size_t(targets[i]) < vocab_, "VocabParallelCrossEntropy: target ", targets[i],
               " of token ", i, " is outside the vocabulary of ", vocab_);
-      for (std::size_t j = 0; j < vl; ++j) sums[i] += (c.probs.data()[i * vl + j] = std::exp(logits.data()[i * vl + j] - mx[i]));
-      const auto tg = std::size_t(targets[i]);
-      if (tg >= offset_ && tg < offset_ + vl) sums[t + i] = logits.data()[i * vl + (tg - offset_)];
-    }
-    if (p_ > 1) comm_->all_reduce(std::span<float>(sums), ReduceOp::sum);
-    double loss = 0;
-    for (std::size_t i = 0; i < t; ++i) {
-      const float inv = 1.0f / sums[i];
-      for (std::size_t j = 0; j < vl; ++j) c.probs.data()[i * vl + j] *= inv;
-      loss += double(std::log(sums[i]) + mx[i] - sums[t + i]);
-    }
+    auto& c = cache_.put(mb);
+    c.logits = logits;
     c.targets.assign(targets.begin(), targets.end());
+    c.stats.assign(3 * t, 0.0f);  // [row max | sum exp | target logit], per token
+    float* mx = c.stats.data();
+    float* sums = mx + t;
+    B::vocab_parallel_max(t, vl, logits.data(), mx);
+    if (p_ > 1) comm_->all_reduce(std::span<float>(mx, t), ReduceOp::max);
+    B::vocab_parallel_sumexp(t, vl, offset_, logits.data(), c.targets.data(), mx, sums, sums + t);
+    if (p_ > 1) comm_->all_reduce(std::span<float>(sums, 2 * t), ReduceOp::sum);
+    double loss = 0;
+    for (std::size_t i = 0; i < t; ++i) loss += double(std::log(sums[i]) + mx[i] - sums[t + i]);
     return float(loss / double(t));
   }
 
   /** Gradient of `scale * loss` with respect to this rank's logits. */
   Activation backward(int mb = 0, float scale = 1.0f) {
     auto c = cache_.take(mb, "VocabParallelCrossEntropy");
-    const std::size_t t = c.probs.extent(0), vl = c.probs.extent(1);
-    const float s = scale / float(t);
-    Activation d(c.probs.shape());
-    for (std::size_t i = 0; i < t; ++i) {
-      const auto tg = std::size_t(c.targets[i]);
-      for (std::size_t j = 0; j < vl; ++j) {
-        const bool is_target = tg == offset_ + j;
-        d.data()[i * vl + j] = s * (c.probs.data()[i * vl + j] - (is_target ? 1.0f : 0.0f));
-      }
-    }
+    const std::size_t t = c.logits.extent(0), vl = c.logits.extent(1);
+    Activation d(c.logits.shape());
+    B::vocab_parallel_backward(t, vl, offset_, c.logits.data(), c.targets.data(), c.stats.data(), c.stats.data() + t,
+                               d.data(), scale);
     return d;
   }
   void drop(int mb) { cache_.drop(mb); }
 
  private:
+  /** What backward needs: the logits and the all-reduced row statistics (the softmax is recomputed from them). */
   struct Cache {
-    Activation probs;
-    std::vector<std::int32_t> targets;
+    Activation logits;
+    Buffer<std::int32_t> targets;
+    Buffer<float> stats;
   };
   C* comm_;
   std::size_t vocab_, p_, rank_, offset_ = 0;

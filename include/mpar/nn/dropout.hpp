@@ -9,7 +9,7 @@
 #include <string_view>
 #include <type_traits>
 
-#include "mpar/backend/host/kernels.hpp"
+#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/nn/layer.hpp"
 
 namespace mpar::nn {
@@ -18,7 +18,7 @@ namespace mpar::nn {
  * @brief Dropout on an activation of layout `L` (Replicate, Shard<1, tensor> or Shard<0, tensor>);
  * `L` tells it where its local block sits in the global tensor. Shards must be even.
  */
-template <class L = Replicate>
+template <class L = Replicate, backend B = HostBackend>
 class Dropout : public detail::NoParameters {
   static_assert(std::is_same_v<L, Replicate> || std::is_same_v<L, FeatureShard> || std::is_same_v<L, TokenShard>,
                 "mpar::nn::Dropout<L>: L must be Replicate, Shard<1, axis::tensor> or Shard<0, axis::tensor>; dropout of "
@@ -46,14 +46,14 @@ class Dropout : public detail::NoParameters {
   Activation forward(const Activation& x, int mb = 0) {
     if (p_ == 0.0) return x;  // evaluation, or training without dropout: no mask to draw
     Activation y(x.shape());
-    mask_for(x, mb).apply(x.extent(0), x.extent(1), x.data(), y.data());
+    B::dropout_apply(mask_for(x, mb), x.extent(0), x.extent(1), x.data(), y.data());
     return y;
   }
   Activation backward(const Activation& dy, int mb = 0) {
     // The mask is a pure function of indices: nothing is cached, backward re-derives it.
     if (p_ == 0.0) return dy;
     Activation dx(dy.shape());
-    mask_for(dy, mb).apply(dy.extent(0), dy.extent(1), dy.data(), dx.data());
+    B::dropout_apply(mask_for(dy, mb), dy.extent(0), dy.extent(1), dy.data(), dx.data());
     return dx;
   }
   void drop(int) {}

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/collectives.hpp"
 #include "mpar/nn/layer.hpp"
@@ -23,24 +24,18 @@ struct EmbeddingConfig {
 };
 
 namespace detail {
-/** Rows `[offset, offset + n)` of the table: copy in-range tokens' rows, zeros for the others. */
-inline void embed_rows(std::span<const std::int32_t> tokens, const Parameter& w, std::size_t offset, std::size_t n,
-                       std::size_t hidden, Activation& y) {
-  for (std::size_t t = 0; t < tokens.size(); ++t) {
-    const auto tok = std::size_t(tokens[t]);
-    if (tokens[t] < 0 || tok < offset || tok >= offset + n) continue;
-    const float* row = w.value.data() + (tok - offset) * hidden;
-    std::copy(row, row + hidden, y.data() + t * hidden);
-  }
+/** Rows `[offset, offset + n)` of the table: in-range tokens' rows, zeros for the others. */
+template <backend B>
+Activation embed_rows(const Buffer<std::int32_t>& tokens, const Parameter& w, std::size_t offset, std::size_t n,
+                      std::size_t hidden) {
+  Activation y({tokens.size(), hidden});
+  B::embedding_forward(tokens.size(), hidden, tokens.data(), w.value.data(), y.data(), offset, n);
+  return y;
 }
-inline void embed_rows_backward(std::span<const std::int32_t> tokens, Parameter& w, std::size_t offset, std::size_t n,
-                                std::size_t hidden, const Activation& dy) {
-  for (std::size_t t = 0; t < tokens.size(); ++t) {
-    const auto tok = std::size_t(tokens[t]);
-    if (tokens[t] < 0 || tok < offset || tok >= offset + n) continue;
-    float* g = w.grad.data() + (tok - offset) * hidden;
-    for (std::size_t j = 0; j < hidden; ++j) g[j] += dy.data()[t * hidden + j];
-  }
+template <backend B>
+void embed_rows_backward(const Buffer<std::int32_t>& tokens, Parameter& w, std::size_t offset, std::size_t n,
+                         std::size_t hidden, const Activation& dy) {
+  B::embedding_backward(tokens.size(), hidden, tokens.data(), dy.data(), w.grad.data(), offset, n);
 }
 inline void check_tokens(std::span<const std::int32_t> tokens, std::size_t vocab, std::string_view who) {
   for (std::size_t t = 0; t < tokens.size(); ++t)
@@ -49,36 +44,39 @@ inline void check_tokens(std::span<const std::int32_t> tokens, std::size_t vocab
 }
 }  // namespace detail
 
-/** @brief Single-rank embedding lookup: tokens -> `[tokens, hidden]`. */
-class Embedding {
+/** @brief Single-rank embedding lookup on backend `B`: tokens -> `[tokens, hidden]`. `Embedding` is the host form. */
+template <backend B>
+class BasicEmbedding {
  public:
-  explicit Embedding(const EmbeddingConfig& c) : vocab_(c.vocab), hidden_(c.hidden) {
+  explicit BasicEmbedding(const EmbeddingConfig& c) : vocab_(c.vocab), hidden_(c.hidden) {
     const std::array<std::size_t, 2> s{vocab_, hidden_};
     weight_ = make_parameter<2>(c.name + ".weight", c.id_base, s, detail::tensor_box<Replicate>(s, 1, 0),
                                 Replicate::name(), false, c.seed, InitSpec::normal(0.02));
   }
   Activation forward(std::span<const std::int32_t> tokens, int mb = 0) {
     detail::check_tokens(tokens, vocab_, "Embedding");
-    Activation y({tokens.size(), hidden_});
-    detail::embed_rows(tokens, weight_, 0, vocab_, hidden_, y);
-    cache_.put(mb).tokens.assign(tokens.begin(), tokens.end());
-    return y;
+    auto& ids = cache_.put(mb).tokens;
+    ids.assign(tokens.begin(), tokens.end());  // in the rank's memory, where the backend's kernels read them
+    return detail::embed_rows<B>(ids, weight_, 0, vocab_, hidden_);
   }
   void backward(const Activation& dy, int mb = 0) {
     auto c = cache_.take(mb, "Embedding");
-    detail::embed_rows_backward(c.tokens, weight_, 0, vocab_, hidden_, dy);
+    detail::embed_rows_backward<B>(c.tokens, weight_, 0, vocab_, hidden_, dy);
   }
   std::vector<Parameter*> parameters() { return {&weight_}; }
   void drop(int mb) { cache_.drop(mb); }
 
  private:
   struct Cache {
-    std::vector<std::int32_t> tokens;
+    Buffer<std::int32_t> tokens;
   };
   std::size_t vocab_, hidden_;
   Parameter weight_;
   MicroBatchCache<Cache> cache_;
 };
+
+/** @brief The single-rank embedding on the host backend. */
+using Embedding = BasicEmbedding<HostBackend>;
 
 /**
  * @brief Vocab-parallel embedding: the table `[vocab, hidden]` is split by rows (`Shard<0, tensor>`);
@@ -86,7 +84,7 @@ class Embedding {
  * (SP: reduce-scatter, returning `Shard<0, tensor>` tokens) completes the lookup. Backward needs no
  * collective (SP: one all-gather of the gradient).
  */
-template <communicator C, bool SP = false>
+template <communicator C, bool SP = false, backend B = HostBackend>
 class VocabParallelEmbedding {
  public:
   using output_layout = std::conditional_t<SP, TokenShard, Replicate>;
@@ -102,9 +100,9 @@ class VocabParallelEmbedding {
   }
   Activation forward(std::span<const std::int32_t> tokens, int mb = 0) {
     detail::check_tokens(tokens, vocab_, "VocabParallelEmbedding");
-    Activation y({tokens.size(), hidden_});
-    detail::embed_rows(tokens, weight_, slice_.offset, slice_.extent, hidden_, y);
-    cache_.put(mb).tokens.assign(tokens.begin(), tokens.end());
+    auto& ids = cache_.put(mb).tokens;
+    ids.assign(tokens.begin(), tokens.end());
+    Activation y = detail::embed_rows<B>(ids, weight_, slice_.offset, slice_.extent, hidden_);
     if constexpr (SP) {
       return reduce_scatter_tokens(*comm_, y, "VocabParallelEmbedding");
     } else {
@@ -115,7 +113,7 @@ class VocabParallelEmbedding {
   void backward(const Activation& dy_in, int mb = 0) {
     auto c = cache_.take(mb, "VocabParallelEmbedding");
     Activation dy = SP ? gather_tokens(*comm_, dy_in) : dy_in;
-    detail::embed_rows_backward(c.tokens, weight_, slice_.offset, slice_.extent, hidden_, dy);
+    detail::embed_rows_backward<B>(c.tokens, weight_, slice_.offset, slice_.extent, hidden_, dy);
   }
   std::vector<Parameter*> parameters() { return {&weight_}; }
   void drop(int mb) { cache_.drop(mb); }
@@ -123,7 +121,7 @@ class VocabParallelEmbedding {
 
  private:
   struct Cache {
-    std::vector<std::int32_t> tokens;
+    Buffer<std::int32_t> tokens;
   };
   C* comm_;
   std::size_t vocab_, hidden_, p_, rank_;

@@ -3,16 +3,17 @@
 #include <cstddef>
 #include <string_view>
 
-#include "mpar/backend/host/kernels.hpp"
+#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/nn/layer.hpp"
 
 namespace mpar::nn {
 
 /**
- * @brief Elementwise GeLU. Keeps its input's layout (a shard stays a shard); a Partial input is
- * refused because gelu(a + b) != gelu(a) + gelu(b).
+ * @brief Elementwise GeLU on backend `B`. Keeps its input's layout (a shard stays a shard); a Partial
+ * input is refused because gelu(a + b) != gelu(a) + gelu(b). `Gelu` is the host form.
  */
-class Gelu : public detail::NoParameters {
+template <backend B>
+class BasicGelu : public detail::NoParameters {
  public:
   static constexpr std::string_view layer_kind = "Gelu";
   using default_input = Replicate;
@@ -27,7 +28,7 @@ class Gelu : public detail::NoParameters {
 
   Activation forward(const Activation& x, int mb = 0) {
     Activation y(x.shape());
-    host::gelu_forward(x.size(), x.data(), y.data());
+    B::gelu_forward(x.size(), x.data(), y.data());
     cache_.put(mb).x = x;
     return y;
   }
@@ -35,7 +36,7 @@ class Gelu : public detail::NoParameters {
     auto c = cache_.take(mb, layer_kind);
     require(dy.shape() == c.x.shape(), "Gelu: gradient shape differs from the input's");
     Activation dx(dy.shape());
-    host::gelu_backward(dy.size(), c.x.data(), dy.data(), dx.data());
+    B::gelu_backward(dy.size(), c.x.data(), dy.data(), dx.data());
     return dx;
   }
   void drop(int mb) { cache_.drop(mb); }
@@ -46,5 +47,8 @@ class Gelu : public detail::NoParameters {
   };
   MicroBatchCache<Cache> cache_;
 };
+
+/** @brief GeLU on the host backend. */
+using Gelu = BasicGelu<HostBackend>;
 
 }  // namespace mpar::nn

@@ -10,7 +10,7 @@
 #include <type_traits>
 #include <vector>
 
-#include "mpar/backend/host/kernels.hpp"
+#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/layer.hpp"
 
@@ -24,7 +24,7 @@ namespace mpar::nn {
  * bias gradients are partial sums: backward all-reduces them over the tensor group `C` (one
  * all-reduce of 2·features values) so every rank holds the full gradient, as in the unsharded run.
  */
-template <class L = Replicate, class C = NoComm>
+template <class L = Replicate, class C = NoComm, backend B = HostBackend>
 class LayerNorm {
   static_assert(std::is_same_v<L, Replicate> || std::is_same_v<L, TokenShard>,
                 "mpar::nn::LayerNorm<L>: L must be Replicate or Shard<0, axis::tensor>");
@@ -61,7 +61,7 @@ class LayerNorm {
     auto& c = cache_.put(mb);
     c.mean.resize(rows);
     c.rstd.resize(rows);
-    host::layernorm_forward(rows, n_, x.data(), gamma_.value.data(), beta_.value.data(), y.data(), c.mean.data(),
+    B::layernorm_forward(rows, n_, x.data(), gamma_.value.data(), beta_.value.data(), y.data(), c.mean.data(),
                             c.rstd.data());
     c.x = x;
     return y;
@@ -71,17 +71,15 @@ class LayerNorm {
     require(dy.shape() == c.x.shape(), "LayerNorm '", gamma_.name, "': gradient shape differs from the input's");
     Activation dx(dy.shape());
     if constexpr (sequence_parallel) {
-      std::vector<float> g(2 * n_, 0.0f);
-      host::layernorm_backward(dy.extent(0), n_, c.x.data(), c.mean.data(), c.rstd.data(), gamma_.value.data(),
-                               dy.data(), dx.data(), g.data(), g.data() + n_);
+      Buffer<float> g(2 * n_, 0.0f);
+      B::layernorm_backward(dy.extent(0), n_, c.x.data(), c.mean.data(), c.rstd.data(), gamma_.value.data(),
+                            dy.data(), dx.data(), g.data(), g.data() + n_);
       if (comm_->size() > 1) comm_->all_reduce(std::span<float>(g), ReduceOp::sum);
-      for (std::size_t i = 0; i < n_; ++i) {
-        gamma_.grad[i] += g[i];
-        beta_.grad[i] += g[n_ + i];
-      }
+      B::add(n_, gamma_.grad.data(), g.data(), gamma_.grad.data());
+      B::add(n_, beta_.grad.data(), g.data() + n_, beta_.grad.data());
     } else {
-      host::layernorm_backward(dy.extent(0), n_, c.x.data(), c.mean.data(), c.rstd.data(), gamma_.value.data(),
-                               dy.data(), dx.data(), gamma_.grad.data(), beta_.grad.data());
+      B::layernorm_backward(dy.extent(0), n_, c.x.data(), c.mean.data(), c.rstd.data(), gamma_.value.data(),
+                            dy.data(), dx.data(), gamma_.grad.data(), beta_.grad.data());
     }
     return dx;
   }
@@ -103,7 +101,7 @@ class LayerNorm {
   }
   struct Cache {
     Activation x;
-    std::vector<float> mean, rstd;
+    Buffer<float> mean, rstd;
   };
   [[no_unique_address]] comm_ptr comm_;
   std::size_t n_;

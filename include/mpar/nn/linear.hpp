@@ -85,7 +85,7 @@ class LinearState {
   void local_backward_weight(int mb, std::string_view kind) {
     auto w = take_for_weight(mb, kind);
     linear_backward_weight<B>(w.x, w.dy, weight_.grad.data());
-    if (has_bias()) add_column_sums(w.dy, bias_.grad);
+    if (has_bias()) add_column_sums<B>(w.dy, bias_.grad);
   }
 
   Parameter weight_, bias_;
@@ -141,7 +141,7 @@ class Linear : public detail::LinearState, public detail::BackwardFromSplit<Line
     require(x.extent(1) == in_, "Linear '", weight_.name, "': input has ", x.extent(1), " features, expected ", in_);
     Activation y({x.extent(0), out_});
     detail::linear_forward<B>(x, weight_.value.data(), out_, y);
-    if (has_bias()) detail::add_row_vector(y, bias_.value);
+    if (has_bias()) detail::add_row_vector<B>(y, bias_.value);
     keep_input(mb, x);
     return y;
   }

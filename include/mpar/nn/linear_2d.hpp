@@ -92,12 +92,12 @@ class Linear2D : public detail::LinearState, public detail::BackwardFromSplit<Li
     require(x.extent(1) == il, "Linear2D '", name_, "': input block has ", x.extent(1), " features, expected ", il);
     Activation y({tl, ol});
     Activation a({tl, il});
-    std::vector<float> w(il * ol);
+    Buffer<float> w(il * ol);
     for (std::size_t k = 0; k < q_; ++k) {
       broadcast_blocks(k, x, a, w);
       B::template gemm<float>(Trans::no, Trans::no, tl, ol, il, 1.0f, a.data(), il, w.data(), ol, 1.0f, y.data(), ol);
     }
-    if (has_bias()) detail::add_row_vector(y, bias_.value);
+    if (has_bias()) detail::add_row_vector<B>(y, bias_.value);
     keep_input(mb, x);
     return y;
   }
@@ -112,7 +112,7 @@ class Linear2D : public detail::LinearState, public detail::BackwardFromSplit<Li
     require(dy.extent(0) == tl && dy.extent(1) == ol, "Linear2D '", name_, "': gradient block is ", dy.extent(0), "x",
             dy.extent(1), ", expected ", tl, "x", ol);
     Activation dx({tl, il}), part_x({tl, il});
-    std::vector<float> w(il * ol);
+    Buffer<float> w(il * ol);
     for (std::size_t k = 0; k < q_; ++k) {
       broadcast_weight(k, w);
       // dX_ik: this rank's share dY_ij W_kj^T, summed along the grid row onto column k.
@@ -131,13 +131,13 @@ class Linear2D : public detail::LinearState, public detail::BackwardFromSplit<Li
     auto p = take_for_weight(mb, layer_kind);
     const std::size_t tl = p.x.extent(0), il = in_ / q_, ol = out_ / q_;
     Activation a({tl, il});
-    std::vector<float> part_w(il * ol);
+    Buffer<float> part_w(il * ol);
     for (std::size_t k = 0; k < q_; ++k) {
       broadcast_input(k, p.x, a);
       // dW_kj: this rank's share X_ik^T dY_ij, summed along the grid column onto row k.
       B::template gemm<float>(Trans::yes, Trans::no, il, ol, tl, 1.0f, a.data(), il, p.dy.data(), ol, 0.0f, part_w.data(), ol);
       if (grid_->i() == k) {
-        std::vector<float> sum(il * ol);
+        Buffer<float> sum(il * ol);
         grid_->col.reduce(std::span<const float>(part_w), std::span<float>(sum), ReduceOp::sum, int(k));
         for (std::size_t e = 0; e < sum.size(); ++e) weight_.grad[e] += sum[e];
       } else {
@@ -145,8 +145,8 @@ class Linear2D : public detail::LinearState, public detail::BackwardFromSplit<Li
       }
     }
     if (has_bias()) {
-      std::vector<float> db(ol, 0.0f);
-      detail::add_column_sums(p.dy, db);
+      Buffer<float> db(ol, 0.0f);
+      detail::add_column_sums<B>(p.dy, db);
       grid_->col.all_reduce(std::span<float>(db), ReduceOp::sum);
       for (std::size_t e = 0; e < ol; ++e) bias_.grad[e] += db[e];
     }
@@ -157,7 +157,7 @@ class Linear2D : public detail::LinearState, public detail::BackwardFromSplit<Li
 
  private:
   /** Step k of SUMMA: `a` <- X_ik (broadcast along the grid row), `w` <- W_kj (along the grid column). */
-  void broadcast_blocks(std::size_t k, const Activation& x, Activation& a, std::vector<float>& w) {
+  void broadcast_blocks(std::size_t k, const Activation& x, Activation& a, Buffer<float>& w) {
     broadcast_input(k, x, a);
     broadcast_weight(k, w);
   }
@@ -165,7 +165,7 @@ class Linear2D : public detail::LinearState, public detail::BackwardFromSplit<Li
     if (grid_->j() == k) std::copy(x.data(), x.data() + x.size(), a.data());
     grid_->row.broadcast(a.span(), int(k));
   }
-  void broadcast_weight(std::size_t k, std::vector<float>& w) {
+  void broadcast_weight(std::size_t k, Buffer<float>& w) {
     if (grid_->i() == k) std::copy(weight_.value.begin(), weight_.value.end(), w.begin());
     grid_->col.broadcast(std::span<float>(w), int(k));
   }

@@ -25,7 +25,7 @@ struct MlpConfig {
 /** @brief The stage type of the tensor-parallel MLP (`Hidden`, `Ffn`, `TP` static or `dyn`). */
 template <communicator C, std::size_t Hidden = dyn, std::size_t Ffn = dyn, std::size_t TP = dyn, bool SP = false,
           backend B = HostBackend>
-using MlpStage = Stage<ColumnParallel<C, Hidden, Ffn, TP, ColumnOptions{SP, false, 1}, B>, Gelu,
+using MlpStage = Stage<ColumnParallel<C, Hidden, Ffn, TP, ColumnOptions{SP, false, 1}, B>, BasicGelu<B>,
                        RowParallel<C, Ffn, Hidden, TP, SP ? RowReduce::reduce_scatter : RowReduce::all_reduce, B>>;
 
 /** @brief Builds the tensor-parallel MLP stage on tensor group `tp`. */
@@ -35,17 +35,17 @@ template <communicator C, std::size_t Hidden = dyn, std::size_t Ffn = dyn, std::
   using S = MlpStage<C, Hidden, Ffn, TP, SP, B>;
   using Fc1 = ColumnParallel<C, Hidden, Ffn, TP, ColumnOptions{SP, false, 1}, B>;
   using Fc2 = RowParallel<C, Ffn, Hidden, TP, SP ? RowReduce::reduce_scatter : RowReduce::all_reduce, B>;
-  return S(Fc1(tp, c.hidden, c.ffn, {c.seed, c.id_base, c.name + ".fc1", true}), Gelu{},
+  return S(Fc1(tp, c.hidden, c.ffn, {c.seed, c.id_base, c.name + ".fc1", true}), BasicGelu<B>{},
            Fc2(tp, c.ffn, c.hidden, {c.seed, c.id_base + 2, c.name + ".fc2", true}));
 }
 
 /** @brief The single-rank MLP with the same parameter ids (the reference for the parallel one). */
 template <backend B = HostBackend>
-using SerialMlp = Stage<Linear<dyn, dyn, B>, Gelu, Linear<dyn, dyn, B>>;
+using SerialMlp = Stage<Linear<dyn, dyn, B>, BasicGelu<B>, Linear<dyn, dyn, B>>;
 
 template <backend B = HostBackend>
 [[nodiscard]] SerialMlp<B> make_serial_mlp(const MlpConfig& c) {
-  return SerialMlp<B>(Linear<dyn, dyn, B>(c.hidden, c.ffn, {c.seed, c.id_base, c.name + ".fc1", true}), Gelu{},
+  return SerialMlp<B>(Linear<dyn, dyn, B>(c.hidden, c.ffn, {c.seed, c.id_base, c.name + ".fc1", true}), BasicGelu<B>{},
                       Linear<dyn, dyn, B>(c.ffn, c.hidden, {c.seed, c.id_base + 2, c.name + ".fc2", true}));
 }
 

@@ -78,15 +78,15 @@ class RowParallel : public detail::LinearState, public detail::BackwardFromSplit
     const bool with_bias = has_bias();
     if constexpr (R == RowReduce::all_reduce) {
       all_reduce_sum(*comm_, y);
-      if (with_bias) detail::add_row_vector(y, bias_.value);
+      if (with_bias) detail::add_row_vector<B>(y, bias_.value);
       return y;
     } else if constexpr (R == RowReduce::reduce_scatter) {
       Activation part = reduce_scatter_tokens(*comm_, y, "RowParallel");
-      if (with_bias) detail::add_row_vector(part, bias_.value);
+      if (with_bias) detail::add_row_vector<B>(part, bias_.value);
       return part;
     } else {
       // A Partial tensor is the sum of the ranks' addends: the bias belongs to exactly one of them.
-      if (with_bias && rank_ == 0) detail::add_row_vector(y, bias_.value);
+      if (with_bias && rank_ == 0) detail::add_row_vector<B>(y, bias_.value);
       return y;
     }
   }

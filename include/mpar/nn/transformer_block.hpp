@@ -86,9 +86,9 @@ class TransformerBlock : public detail::BackwardFromSplit<TransformerBlock<C, SP
     if (recompute_) run_forward(inputs_.take(mb, "TransformerBlock (recompute)").x, mb);
     // y = h + drop2(mlp(ln2(h))): the residual passes dy straight through.
     Activation dh = detail::backward_input_of(ln2_, mlp_.backward_input(drop2_.backward(dy, mb), mb), mb);
-    host::add(dh.size(), dh.data(), dy.data(), dh.data());
+    B::add(dh.size(), dh.data(), dy.data(), dh.data());
     Activation dx = detail::backward_input_of(ln1_, attn_.backward_input(drop1_.backward(dh, mb), mb), mb);
-    host::add(dx.size(), dx.data(), dh.data(), dx.data());
+    B::add(dx.size(), dx.data(), dh.data(), dx.data());
     return dx;
   }
   /** W: the weight gradients of the attention and MLP projections for micro-batch `mb`; no communication. */
@@ -117,16 +117,16 @@ class TransformerBlock : public detail::BackwardFromSplit<TransformerBlock<C, SP
   [[nodiscard]] std::size_t out_features() const { return hidden_; }
 
  private:
-  using Ln = std::conditional_t<SP, LayerNorm<TokenShard, C>, LayerNorm<Replicate>>;
+  using Ln = std::conditional_t<SP, LayerNorm<TokenShard, C, B>, LayerNorm<Replicate, NoComm, B>>;
   static Ln make_ln(C& tp, const BlockConfig& c, std::uint64_t off, const char* suffix) {
     if constexpr (SP) return Ln(tp, c.hidden, c.seed, c.id_base + off, c.name + suffix);
     else return Ln(c.hidden, c.seed, c.id_base + off, c.name + suffix);
   }
   Activation run_forward(const Activation& x, int mb) {
     Activation h = drop1_.forward(attn_.forward(ln1_.forward(x, mb), mb), mb);
-    host::add(h.size(), h.data(), x.data(), h.data());
+    B::add(h.size(), h.data(), x.data(), h.data());
     Activation y = drop2_.forward(mlp_.forward(ln2_.forward(h, mb), mb), mb);
-    host::add(y.size(), y.data(), h.data(), y.data());
+    B::add(y.size(), y.data(), h.data(), y.data());
     return y;
   }
   void drop_sublayers(int mb) {
@@ -142,10 +142,10 @@ class TransformerBlock : public detail::BackwardFromSplit<TransformerBlock<C, SP
   std::size_t hidden_;
   Ln ln1_;
   SelfAttention<C, dyn, dyn, dyn, SP, B> attn_;
-  Dropout<L> drop1_;
+  Dropout<L, B> drop1_;
   Ln ln2_;
   MlpStage<C, dyn, dyn, dyn, SP, B> mlp_;
-  Dropout<L> drop2_;
+  Dropout<L, B> drop2_;
   MicroBatchCache<Input> inputs_;
   bool recompute_ = false;
 };

@@ -1,49 +1,131 @@
 #pragma once
-/** @file The CUDA backend policy type: the device twin of HostBackend. */
+/**
+ * @file The CUDA backend policy type: the device twin of HostBackend, so the layers, the GPT stages
+ * and the trainer run on a GPU unchanged (`GptStage<Comm, CudaBackend>`).
+ *
+ * Include from a translation unit compiled by nvcc: the layer kernels are templates in
+ * backend/cuda/kernels.hpp.
+ */
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
+#include <utility>
 
+#include "mpar/backend/backend.hpp"
 #include "mpar/backend/cuda/context.hpp"
 #include "mpar/backend/cuda/device_tensor.hpp"
 #include "mpar/backend/cuda/gemm.hpp"
-#include "mpar/backend/host/host_backend.hpp"  // the backend concept
+#include "mpar/backend/cuda/kernels.hpp"
+#include "mpar/backend/cuda/managed_resource.hpp"
 
 namespace mpar {
 
-/** @brief Memory-space tag: global memory of the calling thread's CUDA device. */
+/** @brief Memory-space tag: CUDA managed memory, resident on the calling thread's device while kernels use it. */
 struct CudaMemory {
   static constexpr const char* name = "cuda";
 };
 
 /**
- * @brief The CUDA backend: device memory, cuBLAS/cuBLASLt GEMM and the kernels of
- * `mpar/backend/cuda/kernels.hpp`, all on the calling thread's compute stream.
+ * @brief The CUDA backend: cuBLAS/cuBLASLt GEMM and the kernels of `mpar/backend/cuda/kernels.hpp` on
+ * the calling thread's compute stream, over tensors in CUDA managed memory.
+ *
+ * `init_rank()` binds the rank's thread to its device and makes managed memory the thread's memory
+ * resource, so every Tensor and Parameter the rank creates afterwards is reachable from its kernels
+ * and from host code alike. Each layer operation returns once its kernels have finished (see the
+ * `backend` concept): the code around the layers — communicators over host memory, optimizers,
+ * checkpoints, activation copies — reads the same buffers on the host. That keeps the GPU path
+ * correct by construction; overlapping kernels with communication needs device-side collectives
+ * (NcclCommunicator) and the raw `gpu::` functions, which are stream-ordered and never wait.
  *
  * Stateless like HostBackend: the per-rank state (device, stream, cuBLAS handles) is thread-local
  * (`gpu::this_thread()`), so N ranks as N threads, on one GPU or several, each get their own.
- * Pointers passed to `gemm` are device pointers.
  */
 struct CudaBackend {
   using memory_space = CudaMemory;
   template <class T, std::size_t R>
-  using tensor_type = gpu::DeviceTensor<T, R>;
+  using tensor_type = Tensor<T, R>;
   static constexpr const char* name = "cuda";
 
-  /** Binds the calling rank's thread to device 0 (one GPU per process); see init_rank(int). */
-  static void init_rank() { gpu::this_thread().bind(gpu::this_thread().device() < 0 ? 0 : gpu::this_thread().device()); }
-  /** Binds the calling rank's thread to `device` and creates its compute stream. */
-  static void init_rank(int device) { gpu::this_thread().bind(device); }
-  /** Waits until the calling rank's compute stream is idle (before reading results on the host). */
+  /** Binds the calling rank's thread to its current device (device 0 if none) and installs managed memory. */
+  static void init_rank() { init_rank(gpu::this_thread().device() < 0 ? 0 : gpu::this_thread().device()); }
+  /** Binds the calling rank's thread to `device`, creates its compute stream and installs managed memory. */
+  static void init_rank(int device) {
+    gpu::this_thread().bind(device);
+    set_current_memory_resource(gpu::managed_memory_resource());
+  }
+  /** Waits until the calling rank's compute stream is idle. */
   static void synchronize() { gpu::check(cudaStreamSynchronize(gpu::current_stream()), "cudaStreamSynchronize"); }
 
-  /** Row-major GEMM on device pointers (see gpu::gemm): fp32/fp64 as is, bf16/f16 on tensor cores with fp32 accumulation. */
+  /** Row-major GEMM (see gpu::gemm): fp32/fp64 as is, bf16/f16 on tensor cores with fp32 accumulation. */
   template <class T>
     requires gpu::gemm_types<T, T>
   static void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, gpu::gemm_scalar_t<T> alpha,
                    const T* a, std::size_t lda, const T* b, std::size_t ldb, gpu::gemm_scalar_t<T> beta, T* c,
                    std::size_t ldc) {
     gpu::gemm<T, T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    synchronize();
+  }
+
+  // The layer kernels (see the `backend` concept), each followed by a wait for its stream.
+  template <class... A> static void add(A&&... a) {
+    gpu::add(std::forward<A>(a)...);
+    synchronize();
+  }
+  template <class... A> static void bias_add_forward(A&&... a) {
+    gpu::bias_add_forward(std::forward<A>(a)...);
+    synchronize();
+  }
+  template <class... A> static void bias_add_backward(A&&... a) {
+    gpu::bias_add_backward(std::forward<A>(a)...);
+    synchronize();
+  }
+  template <class... A> static void gelu_forward(A&&... a) {
+    gpu::gelu_forward(std::forward<A>(a)...);
+    synchronize();
+  }
+  template <class... A> static void gelu_backward(A&&... a) {
+    gpu::gelu_backward(std::forward<A>(a)...);
+    synchronize();
+  }
+  template <class... A> static void softmax_forward(A&&... a) {
+    gpu::softmax_forward(std::forward<A>(a)...);
+    synchronize();
+  }
+  template <class... A> static void softmax_backward(A&&... a) {
+    gpu::softmax_backward(std::forward<A>(a)...);
+    synchronize();
+  }
+  template <class... A> static void layernorm_forward(A&&... a) {
+    gpu::layernorm_forward(std::forward<A>(a)...);
+    synchronize();
+  }
+  template <class... A> static void layernorm_backward(A&&... a) {
+    gpu::layernorm_backward(std::forward<A>(a)...);
+    synchronize();
+  }
+  template <class... A> static void dropout_apply(A&&... a) {
+    gpu::dropout_apply(std::forward<A>(a)...);
+    synchronize();
+  }
+  template <class... A> static void embedding_forward(A&&... a) {
+    gpu::embedding_forward(std::forward<A>(a)...);
+    synchronize();
+  }
+  template <class... A> static void embedding_backward(A&&... a) {
+    gpu::embedding_backward(std::forward<A>(a)...);
+    synchronize();
+  }
+  template <class... A> static void vocab_parallel_max(A&&... a) {
+    gpu::vocab_parallel_max(std::forward<A>(a)...);
+    synchronize();
+  }
+  template <class... A> static void vocab_parallel_sumexp(A&&... a) {
+    gpu::vocab_parallel_sumexp(std::forward<A>(a)...);
+    synchronize();
+  }
+  template <class... A> static void vocab_parallel_backward(A&&... a) {
+    gpu::vocab_parallel_backward(std::forward<A>(a)...);
+    synchronize();
   }
 };
 

@@ -2,8 +2,12 @@
 /** @file The host (CPU) backend policy type. */
 #include <cstddef>
 
+#include <utility>
+
+#include "mpar/backend/backend.hpp"
 #include "mpar/backend/host/gemm.hpp"
 #include "mpar/backend/host/kernels.hpp"
+#include "mpar/core/memory_resource.hpp"
 
 #if defined(MPAR_HAVE_OPENBLAS)
 extern "C" void openblas_set_num_threads(int);
@@ -34,25 +38,31 @@ struct HostBackend {
     openblas_set_num_threads(1);
 #endif
   }
+  /** Host work is finished when the call returns: nothing to wait for. */
+  static void synchronize() {}
 
   template <class T>
   static void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a,
                    std::size_t lda, const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc) {
     mpar::gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
-};
 
-/**
- * @brief A compute backend: `memory_space`, a `tensor_type<T, R>` template, `init_rank()` and a
- * row-major `gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)`.
- */
-template <class B>
-concept backend = requires(const float* a, float* c) {
-  typename B::memory_space;
-  typename B::template tensor_type<float, 2>;
-  B::init_rank();
-  B::template gemm<float>(Trans::no, Trans::no, std::size_t{}, std::size_t{}, std::size_t{}, 1.0f, a, std::size_t{}, a,
-                          std::size_t{}, 0.0f, c, std::size_t{});
+  // The layer kernels (see the `backend` concept): the mpar::host reference implementations.
+  template <class... A> static void add(A&&... a) { host::add(std::forward<A>(a)...); }
+  template <class... A> static void bias_add_forward(A&&... a) { host::bias_add_forward(std::forward<A>(a)...); }
+  template <class... A> static void bias_add_backward(A&&... a) { host::bias_add_backward(std::forward<A>(a)...); }
+  template <class... A> static void gelu_forward(A&&... a) { host::gelu_forward(std::forward<A>(a)...); }
+  template <class... A> static void gelu_backward(A&&... a) { host::gelu_backward(std::forward<A>(a)...); }
+  template <class... A> static void softmax_forward(A&&... a) { host::softmax_forward(std::forward<A>(a)...); }
+  template <class... A> static void softmax_backward(A&&... a) { host::softmax_backward(std::forward<A>(a)...); }
+  template <class... A> static void layernorm_forward(A&&... a) { host::layernorm_forward(std::forward<A>(a)...); }
+  template <class... A> static void layernorm_backward(A&&... a) { host::layernorm_backward(std::forward<A>(a)...); }
+  template <class... A> static void dropout_apply(A&&... a) { host::dropout_apply(std::forward<A>(a)...); }
+  template <class... A> static void embedding_forward(A&&... a) { host::embedding_forward(std::forward<A>(a)...); }
+  template <class... A> static void embedding_backward(A&&... a) { host::embedding_backward(std::forward<A>(a)...); }
+  template <class... A> static void vocab_parallel_max(A&&... a) { host::vocab_parallel_max(std::forward<A>(a)...); }
+  template <class... A> static void vocab_parallel_sumexp(A&&... a) { host::vocab_parallel_sumexp(std::forward<A>(a)...); }
+  template <class... A> static void vocab_parallel_backward(A&&... a) { host::vocab_parallel_backward(std::forward<A>(a)...); }
 };
 
 static_assert(backend<HostBackend>);

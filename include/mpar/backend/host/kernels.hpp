@@ -81,17 +81,23 @@ void gelu_backward(std::size_t n, const T* x, const T* dy, T* dx) {
 
 // ---- softmax (row-wise, max-subtracted) --------------------------------------------------------
 
+/**
+ * Row-wise softmax of `scale * x`. With `causal`, rows are query positions of `[.., s, s]` attention
+ * scores (cols = s): row r keeps columns c <= r % s and the others become 0 (as the CUDA kernel).
+ */
 template <class T>
-void softmax_forward(std::size_t rows, std::size_t cols, const T* x, T* y) {
+void softmax_forward(std::size_t rows, std::size_t cols, const T* x, T* y, bool causal = false, T scale = T(1)) {
   for (std::size_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
     T* yr = y + r * cols;
+    const std::size_t valid = causal ? r % cols + 1 : cols;
     T mx = -std::numeric_limits<T>::infinity();
-    for (std::size_t c = 0; c < cols; ++c) mx = std::max(mx, xr[c]);
+    for (std::size_t c = 0; c < valid; ++c) mx = std::max(mx, scale * xr[c]);
     T sum = 0;
-    for (std::size_t c = 0; c < cols; ++c) sum += (yr[c] = std::exp(xr[c] - mx));
+    for (std::size_t c = 0; c < valid; ++c) sum += (yr[c] = std::exp(scale * xr[c] - mx));
     const T inv = T(1) / sum;
-    for (std::size_t c = 0; c < cols; ++c) yr[c] *= inv;
+    for (std::size_t c = 0; c < valid; ++c) yr[c] *= inv;
+    for (std::size_t c = valid; c < cols; ++c) yr[c] = T(0);
   }
 }
 /** dx = y * (dy - sum(dy * y)); dx may alias dy */
@@ -202,5 +208,87 @@ struct DropoutMask {
       for (std::size_t c = 0; c < cols; ++c) y[r * cols + c] = keep(r, c) ? x[r * cols + c] * s : T(0);
   }
 };
+
+/** Applies `mask` to a `[rows, cols]` block: the function form of DropoutMask::apply (the backends' `dropout_apply`). */
+template <class T>
+void dropout_apply(const DropoutMask& mask, std::size_t rows, std::size_t cols, const T* x, T* y) {
+  mask.apply(rows, cols, x, y);
+}
+
+// ---- embedding over a vocabulary block ---------------------------------------------------------
+
+/**
+ * out[t, :] = table[ids[t] - vocab_offset, :] for the ids in `[vocab_offset, vocab_offset + vocab_local)`,
+ * zero for the others, so the vocabulary blocks of a vocabulary-parallel embedding sum to the full lookup.
+ */
+template <class T>
+void embedding_forward(std::size_t tokens, std::size_t dim, const std::int32_t* ids, const T* table, T* out,
+                       std::size_t vocab_offset, std::size_t vocab_local) {
+  for (std::size_t t = 0; t < tokens; ++t) {
+    const std::int64_t row = std::int64_t(ids[t]) - std::int64_t(vocab_offset);
+    T* o = out + t * dim;
+    if (row < 0 || row >= std::int64_t(vocab_local)) {
+      std::fill(o, o + dim, T(0));
+      continue;
+    }
+    const T* src = table + std::size_t(row) * dim;
+    std::copy(src, src + dim, o);
+  }
+}
+/** dtable[ids[t] - vocab_offset, :] += dout[t, :] for the ids this block owns (repeated ids add up). */
+template <class T>
+void embedding_backward(std::size_t tokens, std::size_t dim, const std::int32_t* ids, const T* dout, T* dtable,
+                        std::size_t vocab_offset, std::size_t vocab_local) {
+  for (std::size_t t = 0; t < tokens; ++t) {
+    const std::int64_t row = std::int64_t(ids[t]) - std::int64_t(vocab_offset);
+    if (row < 0 || row >= std::int64_t(vocab_local)) continue;
+    T* g = dtable + std::size_t(row) * dim;
+    const T* d = dout + t * dim;
+    for (std::size_t j = 0; j < dim; ++j) g[j] += d[j];
+  }
+}
+
+// ---- vocabulary-parallel cross-entropy ---------------------------------------------------------
+// Each rank holds the logit columns [col_offset, col_offset + cols); only per-row scalars cross ranks:
+// vocab_parallel_max -> all-reduce(max) -> vocab_parallel_sumexp -> all-reduce(sum) -> loss from the
+// statistics, and vocab_parallel_backward from the same statistics (the CUDA kernels follow the same steps).
+
+/** row_max[r] = max over this block's columns of row r. */
+template <class T>
+void vocab_parallel_max(std::size_t rows, std::size_t cols, const T* logits, float* row_max) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    float mx = -std::numeric_limits<float>::infinity();
+    for (std::size_t c = 0; c < cols; ++c) mx = std::max(mx, float(logits[r * cols + c]));
+    row_max[r] = mx;
+  }
+}
+/** sumexp[r] = sum of exp(logit - row_max[r]) over this block; target_logit[r] = the target's logit if this block owns it, else 0. */
+template <class T>
+void vocab_parallel_sumexp(std::size_t rows, std::size_t cols, std::size_t col_offset, const T* logits,
+                           const std::int32_t* targets, const float* row_max, float* sumexp, float* target_logit) {
+  for (std::size_t r = 0; r < rows; ++r) {
+    const T* lr = logits + r * cols;
+    float s = 0;
+    for (std::size_t c = 0; c < cols; ++c) s += std::exp(float(lr[c]) - row_max[r]);
+    sumexp[r] = s;
+    const std::int64_t t = std::int64_t(targets[r]) - std::int64_t(col_offset);
+    target_logit[r] = (t >= 0 && t < std::int64_t(cols)) ? float(lr[std::size_t(t)]) : 0.0f;
+  }
+}
+/** dlogits of this block: scale * (softmax - onehot(target)) / rows, the softmax from the global statistics. */
+template <class T>
+void vocab_parallel_backward(std::size_t rows, std::size_t cols, std::size_t col_offset, const T* logits,
+                             const std::int32_t* targets, const float* row_max, const float* sumexp, T* dlogits,
+                             float scale = 1.0f) {
+  const float s = scale / float(rows);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const float inv = 1.0f / sumexp[r];
+    const std::int64_t t = std::int64_t(targets[r]) - std::int64_t(col_offset);
+    for (std::size_t c = 0; c < cols; ++c) {
+      const float p = std::exp(float(logits[r * cols + c]) - row_max[r]) * inv;
+      dlogits[r * cols + c] = T(s * (p - (std::int64_t(c) == t ? 1.0f : 0.0f)));
+    }
+  }
+}
 
 }  // namespace mpar::host

@@ -1,0 +1,57 @@
+#pragma once
+/**
+ * @file The `backend` concept: what the layers need from a compute backend (HostBackend,
+ * CudaBackend). Layers, stages and trainers are templates over a backend type and call these static
+ * functions directly, so the choice of backend costs no run-time dispatch.
+ */
+#include <cstddef>
+#include <cstdint>
+
+#include "mpar/backend/host/gemm.hpp"     // Trans
+#include "mpar/backend/host/kernels.hpp"  // host::DropoutMask (the mask is the same on every backend)
+
+namespace mpar {
+
+/**
+ * @brief A compute backend. Requirements (all static; pointers are row-major `[rows, cols]` arrays in
+ * memory of the rank's memory resource, which the backend installs in `init_rank()`):
+ * - `memory_space` (a tag with a `name`), `tensor_type<T, R>` (its own tensor type), `name`;
+ * - `init_rank()`: prepares the calling rank's thread (BLAS threads, device, stream, memory resource);
+ * - `synchronize()`: returns when every operation the thread issued has finished;
+ * - `gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)`: row-major C = alpha op(A) op(B) + beta C;
+ * - the layer kernels, with the semantics of `mpar::host` (backend/host/kernels.hpp), which is their
+ *   reference: `add`, `bias_add_forward`, `bias_add_backward` (accumulates), `gelu_forward`,
+ *   `gelu_backward`, `softmax_forward` (optionally causal), `softmax_backward`, `layernorm_forward`,
+ *   `layernorm_backward` (accumulates dgamma/dbeta), `dropout_apply`, `embedding_forward`,
+ *   `embedding_backward` (accumulates), `vocab_parallel_max`, `vocab_parallel_sumexp`,
+ *   `vocab_parallel_backward`.
+ * Each operation returns with its result in memory that host code may read (a backend with
+ * asynchronous devices synchronises), because the code around the layers — communicators,
+ * optimizers, checkpoints — reads the same buffers on the host.
+ */
+template <class B>
+concept backend = requires(const float* a, float* c, const std::int32_t* ids, const host::DropoutMask& mask,
+                           std::size_t n) {
+  typename B::memory_space;
+  typename B::template tensor_type<float, 2>;
+  B::init_rank();
+  B::synchronize();
+  B::template gemm<float>(Trans::no, Trans::no, n, n, n, 1.0f, a, n, a, n, 0.0f, c, n);
+  B::add(n, a, a, c);
+  B::bias_add_forward(n, n, a, c);
+  B::bias_add_backward(n, n, a, c);
+  B::gelu_forward(n, a, c);
+  B::gelu_backward(n, a, a, c);
+  B::softmax_forward(n, n, a, c, true);
+  B::softmax_backward(n, n, a, a, c);
+  B::layernorm_forward(n, n, a, a, a, c, c, c);
+  B::layernorm_backward(n, n, a, a, a, a, a, c, c, c);
+  B::dropout_apply(mask, n, n, a, c);
+  B::embedding_forward(n, n, ids, a, c, n, n);
+  B::embedding_backward(n, n, ids, a, c, n, n);
+  B::vocab_parallel_max(n, n, a, c);
+  B::vocab_parallel_sumexp(n, n, n, a, ids, a, c, c);
+  B::vocab_parallel_backward(n, n, n, a, ids, a, a, c, 1.0f);
+};
+
+}  // namespace mpar
