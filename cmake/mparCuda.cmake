@@ -53,5 +53,7 @@ if(MPAR_BUILD_TESTS OR MPAR_BUILD_EXAMPLES OR MPAR_BUILD_BENCHMARKS)
   # nvcc's own front end warns (#186) about `k < I` loops instantiated with I = 0 in generic
   # templates; g++ accepts them silently and they are correct, so that one diagnostic is off.
   target_compile_options(mpar_cuda_warnings INTERFACE
-    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wno-missing-field-initializers --diag-suppress=186>)
+    $<$<COMPILE_LANGUAGE:CUDA>:-Xcompiler=-Wall,-Wextra,-Wno-missing-field-initializers --diag-suppress=186>
+    # The host compiler's false -Wrestrict positives in std::string (GCC PR 105329), as for C++.
+    "$<$<AND:$<COMPILE_LANGUAGE:CUDA>,$<CXX_COMPILER_ID:GNU>,$<VERSION_LESS:$<CXX_COMPILER_VERSION>,13>>:-Xcompiler=-Wno-restrict>")
 endif()

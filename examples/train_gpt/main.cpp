@@ -2,45 +2,24 @@
 //
 // Threads are the default transport (every rank a thread of this process); started under mpirun
 // (and built with MPI), every process is one rank. See docs/train_gpt.md for every option.
-#include <algorithm>
-#include <array>
-#include <cmath>
 #include <cstdio>
-#include <filesystem>
-#include <fstream>
+#include <cstdlib>
 #include <iostream>
-#include <memory>
-#include <mutex>
-#include <sstream>
 #include <string>
-#include <thread>
-#include <unistd.h>
-#include <vector>
 
 #include <mpar/io/cli.hpp>
-#include <mpar/models/gpt_trainer.hpp>
 #include <mpar/mpar.hpp>
-#include <mpar/observe/allocations.hpp>
 #include <mpar/observe/track_allocations.hpp>
 #if defined(MPAR_HAVE_MPI)
 #include <mpar/comm/mpi.hpp>
 #endif
 
-namespace fs = std::filesystem;
+#include "train.hpp"
+
 using namespace mpar;
+using train_gpt::Options;
 
 namespace {
-
-struct Options {
-  models::GptTrainConfig train;
-  std::string data = data::default_text_path;
-  std::string metrics, trace, save, resume;
-  std::size_t trace_step = 1, save_every = 0, sample = 200, log_every = 1;
-  std::size_t bucket_kib = 1024;
-  long long warmup = -1;
-  double mem_limit_gib = 0;
-  bool quiet = false;
-};
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -97,6 +76,12 @@ Options parse(int argc, char** argv) {
   p.option("log-every", o.log_every, "print a progress line every N steps").range(1, 1 << 30);
   p.option("mem-limit-gib", o.mem_limit_gib, "memory per rank to warn against (0: physical memory / ranks)");
   p.flag("quiet", o.quiet, "no per-step progress lines");
+  p.choice("backend", o.backend, {{"host", "host"}, {"cuda", "cuda"}},
+           "compute backend: host (CPU) or cuda (one GPU per rank; thread ranks share GPUs round-robin)");
+  p.flag("check-against-host", o.check_against_host,
+         "run --check-steps steps on the CUDA backend and on the host from the same weights and data; compare the "
+         "losses and gradient norms (exit 1 on a mismatch)");
+  p.option("check-steps", o.check_steps, "steps of --check-against-host").range(1, 1 << 20);
   if (!p.parse(argc, argv)) {
     std::cout << p.help();
     std::exit(0);
@@ -114,270 +99,30 @@ Options parse(int argc, char** argv) {
   return o;
 }
 
-std::string human(double v) {
-  char buf[32];
-  if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
-  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.0f", v);
-  return buf;
-}
-std::string mib(double bytes) {
-  char buf[32];
-  std::snprintf(buf, sizeof buf, "%.2f MiB", bytes / (1024.0 * 1024.0));
-  return buf;
-}
-std::string duration(double s) {
-  char buf[32];
-  if (s >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(std::fmod(s, 3600) / 60));
-  else if (s >= 60) std::snprintf(buf, sizeof buf, "%dm%02ds", int(s / 60), int(std::fmod(s, 60)));
-  else std::snprintf(buf, sizeof buf, "%.1fs", s);
-  return buf;
-}
-
-/** Every pipeline rank's events of one step, gathered to world rank 0 (serialised as doubles). */
-template <class Comm>
-std::optional<pipeline::Timeline> gather_timeline(Comm& world, const models::GptTrainer<Comm>& tr,
-                                                  const pipeline::StepStats& st) {
-  const bool contributes = tr.coord().tensor == 0 && tr.coord().data == 0;
-  std::vector<double> mine;
-  if (contributes)
-    for (const auto& e : st.timeline.events)
-      mine.insert(mine.end(), {double(tr.coord().pipeline), double(int(e.lane)), double(int(e.action.op)),
-                               double(e.action.mb), double(e.action.chunk), double(e.action.peer), e.start, e.end});
-  std::array<double, 1> n{double(mine.size())};
-  world.all_reduce(std::span<double>(n), ReduceOp::max);
-  mine.resize(static_cast<std::size_t>(n[0]), -1.0);  // padding rows have rank -1
-  std::vector<double> all(static_cast<std::size_t>(n[0]) * static_cast<std::size_t>(world.size()));
-  world.gather(std::span<const double>(mine), std::span<double>(all), 0);
-  if (world.rank() != 0) return std::nullopt;
-  pipeline::Timeline t = st.timeline;
-  t.events.clear();
-  for (std::size_t i = 0; i + 8 <= all.size(); i += 8) {
-    if (all[i] < 0) continue;
-    pipeline::TimelineEvent e;
-    e.rank = int(all[i]);
-    e.lane = pipeline::Lane(int(all[i + 1]));
-    e.action = pipeline::Action{pipeline::Op(int(all[i + 2])), int(all[i + 3]), int(all[i + 4]), int(all[i + 5])};
-    e.start = all[i + 6];
-    e.end = all[i + 7];
-    t.events.push_back(e);
-  }
-  return t;
-}
-
-/** Greedy-with-temperature sampling from a single-rank copy of the trained model, loaded from `ckpt`. */
-template <class Comm>
-std::string generate(Comm& world, const models::GptConfig& mc, const data::CharDataset& ds, const fs::path& ckpt,
-                     std::size_t n, std::uint64_t seed) {
-  using TC = observe::TimedCommunicator<Comm>;
-  TC solo(world.split(world.rank(), 0));  // collective: every rank gets a one-rank group
-  if (world.rank() != 0 || n == 0) return {};
-  models::GptStage<TC> model(solo, mc, true, true, 0, mc.layers);
-  std::vector<io::LoadBlock> blocks;
-  for (auto* p : model.parameters())
-    blocks.push_back({p->name, p->global_shape, io::BoxN(p->local_box.begin(), p->local_box.end()), p->layout,
-                      std::span<float>(p->value)});
-  (void)io::load_checkpoint(ckpt, std::span<const io::LoadBlock>(blocks));
-  std::vector<std::int32_t> ctx(mc.seq, ds.encode('\n'));
-  std::string out;
-  const CounterRng rng{seed, 0x5a3b1eull};
-  for (std::size_t i = 0; i < n; ++i) {
-    nn::Activation logits = model.forward(models::GptStage<TC>::tokens_as_activation(ctx), 0);
-    model.drop(0);
-    const float* last = logits.data() + (mc.seq - 1) * logits.extent(1);
-    // Temperature 0.8 over the real vocabulary (padding ids never occur in the text).
-    std::vector<double> p(ds.vocab_size());
-    double mx = -1e30, sum = 0;
-    for (std::size_t v = 0; v < p.size(); ++v) mx = std::max(mx, double(last[v]) / 0.8);
-    for (std::size_t v = 0; v < p.size(); ++v) sum += (p[v] = std::exp(double(last[v]) / 0.8 - mx));
-    double u = rng.uniform(i) * sum;
-    std::size_t pick = 0;
-    while (pick + 1 < p.size() && (u -= p[pick]) > 0) ++pick;
-    out += ds.decode(std::int32_t(pick));
-    ctx.erase(ctx.begin());
-    ctx.push_back(std::int32_t(pick));
-  }
-  return out;
-}
-
-template <class Comm>
-void train(Comm& world, const Options& o, bool process_per_rank) {
-  const bool lead = world.rank() == 0;
-  // Thread ranks share the process's counters; an MPI process holds one rank.
-  observe::AllocationCounter& mem = observe::rank_counter(process_per_rank ? 0 : std::size_t(world.rank()));
-  observe::track_this_thread(&mem);
-  data::CharDataset ds(o.data, o.train.model.seq);
-  models::GptTrainConfig cfg = o.train;
-  cfg.model.vocab = ds.vocab_size();
-  models::GptTrainer<Comm> tr(world, cfg, ds);
-
-  if (!o.resume.empty()) {
-    auto res = tr.resume(o.resume);
-    if (lead)
-      std::printf("resumed from %s at step %zu (saved with tp=%zu pp=%zu dp=%zu)\n", res.path.c_str(), tr.step(),
-                  res.saved_mesh.tp, res.saved_mesh.pp, res.saved_mesh.dp);
-  }
-  if (lead) {
-    std::printf("mpar train_gpt: %zu parameters, vocab %zu (padded %zu), text %s (%zu chars, unigram entropy %.3f nats)\n",
-                cfg.model.parameter_count(), ds.vocab_size(), cfg.model.padded_vocab(), ds.path().c_str(), ds.size(),
-                ds.unigram_entropy());
-    if (cfg.model.experts > 0)
-      std::printf("mixture of experts: %zu experts (top-%zu, capacity factor %g, aux coefficient %g) in %s, "
-                  "spread over ep=%zu\n",
-                  cfg.model.experts, cfg.model.moe_top_k, cfg.model.moe_capacity, double(cfg.model.moe_aux_weight),
-                  cfg.model.moe_every == 1 ? "every block" : ("every " + std::to_string(cfg.model.moe_every) + "-th block").c_str(),
-                  cfg.ep);
-    std::printf("mesh tp=%zu pp=%zu dp=%zu ep=%zu on %d %s ranks | schedule %s, %d micro-batches of %zu sequences%s | %s%s%s\n",
-                cfg.tp, cfg.pp, cfg.dp, cfg.ep, world.size(), world.name().c_str(), cfg.schedule.c_str(), cfg.microbatches,
-                cfg.microbatch_size(), cfg.chunks > 1 ? (", " + std::to_string(cfg.chunks) + " chunks").c_str() : "",
-                cfg.precision.c_str(), cfg.zero1 ? ", ZeRO-1" : "", cfg.recompute ? ", recompute" : "");
-  }
-  std::ofstream metrics;
-  if (lead && !o.metrics.empty()) {
-    metrics.open(o.metrics);
-    require(bool(metrics), "train_gpt: cannot write --metrics file '", o.metrics, "'");
-  }
-
-  double sum_time = 0, sum_bubble = 0, sum_comm = 0, sum_tps = 0, last_loss = 0, first_loss = 0;
-  std::size_t measured = 0;
-  std::int64_t peak_step_bytes = 0;
-  const std::size_t first_step = tr.step();
-  const auto t_start = std::chrono::steady_clock::now();
-  while (tr.step() < cfg.steps) {
-    const std::int64_t live_before = mem.live.load();
-    mem.reset_peak();
-    models::StepReport r = tr.train_step();
-    peak_step_bytes = std::max(peak_step_bytes, mem.peak.load() - live_before);
-    if (r.step == first_step) first_loss = r.loss;
-    last_loss = r.loss;
-    if (r.step > first_step || cfg.steps - first_step == 1) {  // the first step warms caches up
-      sum_time += r.wall;
-      sum_bubble += r.bubble;
-      sum_comm += r.communication;
-      sum_tps += r.tokens_per_second;
-      ++measured;
-    }
-    if (!o.trace.empty() && r.step == o.trace_step) {
-      auto t = gather_timeline(world, tr, r.stats);
-      if (t) {
-        std::ofstream f(o.trace);
-        pipeline::to_chrome_trace(*t).write(f);
-        std::printf("wrote the Chrome trace of step %zu to %s (open in https://ui.perfetto.dev)\n%s", r.step,
-                    o.trace.c_str(), pipeline::text_timeline(*t, 0, 100).c_str());
-      }
-    }
-    if (lead && metrics.is_open())
-      metrics << "{\"step\": " << r.step << ", \"loss\": " << r.loss << ", \"lr\": " << r.lr << ", \"grad_norm\": "
-              << r.grad_norm << ", \"skipped\": " << (r.skipped ? "true" : "false") << ", \"step_seconds\": " << r.wall
-              << ", \"tokens_per_second\": " << r.tokens_per_second << ", \"bubble\": " << r.bubble
-              << ", \"communication\": " << r.communication << ", \"aux_loss\": " << r.aux_loss
-              << ", \"dropped\": " << r.dropped << "}\n";
-    if (lead && !o.quiet && (r.step % o.log_every == 0 || r.step + 1 == cfg.steps)) {
-      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-      const double done = double(r.step + 1 - first_step) / double(cfg.steps - first_step);
-      const int width = 20, filled = int(done * width + 0.5);
-      char moe[64] = "";
-      if (cfg.model.experts > 0) std::snprintf(moe, sizeof moe, "  aux %.4f  dropped %zu", r.aux_loss, r.dropped);
-      std::printf("step %5zu/%zu  loss %.4f%s  %s tok/s  %6.1f ms  bubble %4.1f%%  comm %4.1f%%  [%s%s] %s left%s\n",
-                  r.step + 1, cfg.steps, r.loss, moe, human(r.tokens_per_second).c_str(), r.wall * 1e3, r.bubble * 100,
-                  r.communication * 100, std::string(std::size_t(filled), '#').c_str(),
-                  std::string(std::size_t(width - filled), '.').c_str(), duration(elapsed / done - elapsed).c_str(),
-                  r.skipped ? "  (overflow: step skipped)" : "");
-      std::fflush(stdout);
-    }
-    if (!o.save.empty() && o.save_every > 0 && tr.step() % o.save_every == 0 && tr.step() < cfg.steps) {
-      auto s = tr.save(o.save);
-      if (lead) std::printf("saved %s\n", s.path.c_str());
-    }
-  }
-
-  // Checkpoint (also the source of the single-rank copy that generates the sample).
-  fs::path ckpt;
-  std::string tmp_dir;
-  if (!o.save.empty()) {
-    ckpt = tr.save(o.save).path;
-    if (lead) std::printf("saved %s\n", ckpt.c_str());
-  } else if (o.sample > 0) {
-    tmp_dir = (fs::temp_directory_path() / ("mpar-train-gpt-" + std::to_string(::getpid()))).string();
-    std::array<double, 1> pid{double(::getpid())};
-    world.broadcast(std::span<double>(pid), 0);  // one directory for all processes of the job
-    tmp_dir = (fs::temp_directory_path() / ("mpar-train-gpt-" + std::to_string(long(pid[0])))).string();
-    ckpt = tr.save(tmp_dir).path;
-  }
-
-  // Summary: per-rank memory, averages, advice, a sample.
-  const auto m = tr.memory();
-  std::array<double, 5> mine{double(m.parameters), double(m.gradients), double(m.optimizer_states),
-                             double(m.compute_copies), double(peak_step_bytes)};
-  std::vector<double> all(5 * std::size_t(world.size()));
-  world.gather(std::span<const double>(mine), std::span<double>(all), 0);
-  const std::string sample = o.sample > 0 ? generate(world, cfg.model, ds, ckpt, o.sample, cfg.model.seed) : "";
-  world.barrier();
-  if (!tmp_dir.empty() && lead) fs::remove_all(tmp_dir);
-  if (!lead) return;
-
-  const double n = double(std::max<std::size_t>(measured, 1));
-  const double avg_bubble = sum_bubble / n, avg_comm = sum_comm / n;
-  std::printf("\nsummary: loss %.4f -> %.4f (unigram entropy %.3f) | %s tok/s | %.1f ms/step | bubble %.1f%% | comm %.1f%%\n",
-              first_loss, last_loss, ds.unigram_entropy(), human(sum_tps / n).c_str(), sum_time / n * 1e3, avg_bubble * 100,
-              avg_comm * 100);
-  std::printf("peak memory per rank (parameters + gradients + optimizer states + 16-bit copies + activations%s):\n",
-              observe::allocation_tracking_enabled() ? ", measured" : ", not measured");
-  double worst = 0;
-  for (int r = 0; r < world.size(); ++r) {
-    const double* v = &all[std::size_t(r) * 5];
-    const double total = v[0] + v[1] + v[2] + v[3] + v[4];
-    worst = std::max(worst, total);
-    const MeshCoord c = DynamicMesh(cfg.tp, cfg.pp, cfg.dp, cfg.ep).coord(std::size_t(r));
-    std::printf("  rank %d (t%zu p%zu d%zu e%zu): %s = %s + %s + %s + %s + %s\n", r, c.tensor, c.pipeline, c.data, c.expert,
-                mib(total).c_str(),
-                mib(v[0]).c_str(), mib(v[1]).c_str(), mib(v[2]).c_str(), mib(v[3]).c_str(), mib(v[4]).c_str());
-  }
-  if (!sample.empty()) std::printf("\nsample:\n%s\n", sample.c_str());
-
-  // Advice, once, when the numbers look bad.
-  std::vector<std::string> advice;
-  if (cfg.pp > 1 && avg_bubble > 0.30)
-    advice.push_back("pipeline bubble " + std::to_string(int(avg_bubble * 100)) +
-                     "%: raise --microbatches (bubble ~ (P-1)/(M+P-1); M >= 4P keeps it under ~20%) or use "
-                     "--schedule interleaved_1f1b --chunks 2");
-  if (world.size() > 1 && avg_comm > 0.40)
-    advice.push_back("communication " + std::to_string(int(avg_comm * 100)) +
-                     "% of the step: use bigger --bucket-kib, a smaller --tp (keep tensor groups on fast links), or "
-                     "top-k gradient compression (TopKCompressor) for data parallelism");
-  double limit = o.mem_limit_gib * double(1ull << 30);
-  if (limit <= 0) {
-    const double phys = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGE_SIZE));
-    limit = phys / double(world.size());
-  }
-  if (worst > 0.8 * limit)
-    advice.push_back("peak memory " + mib(worst) + " is near the per-rank limit " + mib(limit) +
-                     ": use --recompute, --zero1, more --pp, or fewer sequences per micro-batch");
-  if (!advice.empty()) {
-    std::printf("\nadvice:\n");
-    for (const auto& a : advice) std::printf("  - %s\n", a.c_str());
-  }
-}
-
-bool under_mpirun() {
-  return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
-}
 
 }  // namespace
 
 int main(int argc, char** argv) {
   try {
     const Options o = parse(argc, argv);
-    if (under_mpirun()) {
+    if (o.backend == "cuda" || o.check_against_host) {
+#if defined(MPAR_HAVE_CUDA)
+      return train_gpt::run_cuda(o, &argc, &argv);
+#else
+      throw config_error("train_gpt: --backend cuda and --check-against-host need a build with the CUDA backend "
+                         "(configure with -DMPAR_ENABLE_CUDA=ON on a machine with the CUDA toolkit)");
+#endif
+    }
+    if (train_gpt::under_mpirun()) {
 #if defined(MPAR_HAVE_MPI)
       MpiEnvironment env(&argc, &argv);
-      run_mpi([&](MpiCommunicator& world) { train(world, o, true); });
+      run_mpi([&](MpiCommunicator& world) { train_gpt::train<HostBackend>(world, o, true); });
       return 0;
 #else
       throw config_error("train_gpt: started under mpirun, but this build has no MPI; rebuild with MPAR_ENABLE_MPI=ON");
 #endif
     }
-    run_threads(int(o.train.world_size()), [&](ThreadsCommunicator& world) { train(world, o, false); });
+    run_threads(int(o.train.world_size()), [&](ThreadsCommunicator& world) { train_gpt::train<HostBackend>(world, o, false); });
     return 0;
   } catch (const std::exception& e) {
     const std::string what = e.what();

@@ -350,9 +350,13 @@ class GptTrainer {
       }
     }
     if (zero_)
-      for (const auto& piece : zero_->state_pieces())
-        for (auto [state, data] : {std::pair{"adamw.m", piece.m}, std::pair{"adamw.v", piece.v}})
+      for (const auto& piece : zero_->state_pieces()) {
+        auto add = [&](const char* state, auto data) {
           for (auto& b : io::flat_state_blocks(*piece.param, state, piece.param_offset, Span(data))) out.push_back(b);
+        };
+        add("adamw.m", piece.m);
+        add("adamw.v", piece.v);
+      }
   }
   [[nodiscard]] std::size_t opt_elements() const {
     std::size_t n = 0;
