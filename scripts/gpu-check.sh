@@ -67,9 +67,15 @@ train_status="not run (examples/train_gpt not built by this tree)"
 if [ "$has_train_gpt" -eq 1 ]; then
   exe=$(find "$build/examples" -type f -name train_gpt -perm -u+x | head -1)
   if [ -n "$exe" ] && "$exe" --help 2>&1 | grep -q -- '--check-against-host' && "$exe" --help 2>&1 | grep -q -- '--backend'; then
-    echo "== GPT training step: CUDA vs host =="
+    echo "== GPT training steps: CUDA vs host (one rank, then tp=2 x pp=2 thread ranks sharing the GPUs) =="
     timeout 120 "$exe" --backend cuda --check-against-host 2>&1 | tee "$log/train_gpt.log"
-    [ "${PIPESTATUS[0]}" -eq 0 ] && train_status=ok || train_status=FAILED
+    rc1=${PIPESTATUS[0]}
+    timeout 120 "$exe" --backend cuda --check-against-host --tp 2 --pp 2 --layers 4 2>&1 | tee -a "$log/train_gpt.log"
+    rc2=${PIPESTATUS[0]}
+    echo "== train_gpt --backend cuda: 20 steps, one rank =="
+    timeout 120 "$exe" --backend cuda --steps 20 --sample 0 2>&1 | tail -4 | tee -a "$log/train_gpt.log"
+    rc3=${PIPESTATUS[0]}
+    [ "$rc1" -eq 0 ] && [ "$rc2" -eq 0 ] && [ "$rc3" -eq 0 ] && train_status=ok || train_status=FAILED
   else
     train_status="not run (train_gpt has no --backend/--check-against-host yet)"
   fi
