@@ -7,11 +7,14 @@
  * gradient accumulation over micro-batches needs no extra buffers.
  */
 #include <algorithm>
+#include <bit>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
+#include <type_traits>
 
+#include "mpar/backend/host/fast_math.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/init.hpp"
 
@@ -59,18 +62,58 @@ template <class T>
 inline constexpr T gelu_c = T(0.044715);
 }  // namespace detail
 
+/**
+ * y = gelu(x). The float path uses 0.5 (1 + tanh u) = sigmoid(2u) with the vectorized fast_exp, taking
+ * e = exp(-2|u|) <= 1 so nothing overflows: sigmoid(2u) = 1 / (1 + e) for u >= 0 and e / (1 + e)
+ * otherwise. This is the same function without the cancellation of 1 + tanh u for negative u. Double
+ * keeps std::tanh.
+ */
 template <class T>
 void gelu_forward(std::size_t n, const T* x, T* y) {
   using detail::gelu_c, detail::gelu_k;
+  if constexpr (std::is_same_v<T, float>) {
+    fast::map_n(
+        n, y,
+        [](float v) {
+          const float u = gelu_k<float> * (v + gelu_c<float> * v * v * v);
+          const float au = std::bit_cast<float>(std::bit_cast<std::uint32_t>(u) & 0x7fffffffu);
+          const float e = fast::fast_exp(-2.0f * au);
+          return v * fast::select(u >= 0.0f, 1.0f, e) / (1.0f + e);
+        },
+        x);
+    return;
+  }
   for (std::size_t i = 0; i < n; ++i) {
     const T v = x[i];
     y[i] = T(0.5) * v * (T(1) + std::tanh(gelu_k<T> * (v + gelu_c<T> * v * v * v)));
   }
 }
-/** dx[i] = dy[i] * gelu'(x[i]); dx may alias dy */
+/**
+ * dx[i] = dy[i] * gelu'(x[i]); dx may alias dy. With s = sigmoid(2u) = (1 + tanh u) / 2 and
+ * 1 - s = sigmoid(-2u): gelu' = s (1 + 2 v u' (1 - s)), u' = k (1 + 3 c v^2). The float path gets both
+ * sigmoids from e = exp(-2|u|) as in gelu_forward, so neither overflows nor cancels.
+ */
 template <class T>
 void gelu_backward(std::size_t n, const T* x, const T* dy, T* dx) {
   using detail::gelu_c, detail::gelu_k;
+  if constexpr (std::is_same_v<T, float>) {
+    fast::map_n(
+        n, dx,
+        [](float v, float g) {
+          const float v2 = v * v;
+          const float u = gelu_k<float> * (v + gelu_c<float> * v2 * v);
+          const float au = std::bit_cast<float>(std::bit_cast<std::uint32_t>(u) & 0x7fffffffu);
+          const float e = fast::fast_exp(-2.0f * au);
+          const float inv = 1.0f / (1.0f + e);
+          const bool pos = u >= 0.0f;
+          const float du = gelu_k<float> * (1.0f + 3.0f * gelu_c<float> * v2);
+          // s (1 + 2 v u' (1 - s)) with s = inv, 1 - s = e inv (u >= 0) or s = e inv, 1 - s = inv.
+          const float sm = fast::select(pos, e * inv, inv);
+          return g * (fast::select(pos, 1.0f, e) * (1.0f + 2.0f * v * du * sm)) * inv;
+        },
+        x, dy);
+    return;
+  }
   for (std::size_t i = 0; i < n; ++i) {
     const T v = x[i];
     const T t = std::tanh(gelu_k<T> * (v + gelu_c<T> * v * v * v));
@@ -91,6 +134,16 @@ void softmax_forward(std::size_t rows, std::size_t cols, const T* x, T* y, bool 
     const T* xr = x + r * cols;
     T* yr = y + r * cols;
     const std::size_t valid = causal ? r % cols + 1 : cols;
+    if constexpr (std::is_same_v<T, float>) {
+      // Vectorized: partial maxima, then exp and the row sum in one blocked pass, then the normalisation.
+      fast::map_n(valid, yr, [scale](float v) { return scale * v; }, xr);
+      const float mx = fast::max_n(valid, yr);
+      fast::map_n(valid, yr, [mx](float v) { return fast::fast_exp(v - mx); }, yr);
+      const float inv = 1.0f / fast::sum_n(valid, [](float v) { return v; }, yr);
+      fast::map_n(valid, yr, [inv](float v) { return v * inv; }, yr);
+      std::fill(yr + valid, yr + cols, 0.0f);
+      continue;
+    }
     T mx = -std::numeric_limits<T>::infinity();
     for (std::size_t c = 0; c < valid; ++c) mx = std::max(mx, scale * xr[c]);
     T sum = 0;
@@ -105,6 +158,11 @@ template <class T>
 void softmax_backward(std::size_t rows, std::size_t cols, const T* y, const T* dy, T* dx) {
   for (std::size_t r = 0; r < rows; ++r) {
     const T *yr = y + r * cols, *dyr = dy + r * cols;
+    if constexpr (std::is_same_v<T, float>) {
+      const float dot = fast::sum_n(cols, [](float a, float b) { return a * b; }, yr, dyr);
+      fast::map_n(cols, dx + r * cols, [dot](float a, float b) { return a * (b - dot); }, yr, dyr);
+      continue;
+    }
     T dot = 0;
     for (std::size_t c = 0; c < cols; ++c) dot += yr[c] * dyr[c];
     for (std::size_t c = 0; c < cols; ++c) dx[r * cols + c] = yr[c] * (dyr[c] - dot);
@@ -119,6 +177,16 @@ void layernorm_forward(std::size_t rows, std::size_t cols, const T* x, const T* 
                        T* rstd, T eps = T(1e-5)) {
   for (std::size_t r = 0; r < rows; ++r) {
     const T* xr = x + r * cols;
+    if constexpr (std::is_same_v<T, float>) {
+      const float m = fast::sum_n(cols, [](float a) { return a; }, xr) / float(cols);
+      const float v = fast::sum_n(cols, [m](float a) { return (a - m) * (a - m); }, xr) / float(cols);
+      const float rs = 1.0f / std::sqrt(v + eps);
+      mean[r] = m;
+      rstd[r] = rs;
+      fast::map_n(
+          cols, y + r * cols, [m, rs](float a, float g, float b) { return (a - m) * rs * g + b; }, xr, gamma, beta);
+      continue;
+    }
     T m = 0;
     for (std::size_t c = 0; c < cols; ++c) m += xr[c];
     m /= T(cols);
@@ -138,6 +206,19 @@ void layernorm_backward(std::size_t rows, std::size_t cols, const T* x, const T*
   for (std::size_t r = 0; r < rows; ++r) {
     const T *xr = x + r * cols, *dyr = dy + r * cols;
     const T m = mean[r], rs = rstd[r];
+    if constexpr (std::is_same_v<T, float>) {
+      const float sum_g = fast::sum_n(cols, [](float d, float g) { return d * g; }, dyr, gamma);
+      const float sum_gx =
+          fast::sum_n(cols, [m, rs](float d, float g, float a) { return d * g * ((a - m) * rs); }, dyr, gamma, xr);
+      fast::map_n(cols, dgamma, [m, rs](float acc, float d, float a) { return acc + d * ((a - m) * rs); }, dgamma, dyr, xr);
+      fast::map_n(cols, dbeta, [](float acc, float d) { return acc + d; }, dbeta, dyr);
+      const float inv_n = 1.0f / float(cols);
+      fast::map_n(
+          cols, dx + r * cols,
+          [=](float d, float g, float a) { return rs * (d * g - inv_n * (sum_g + ((a - m) * rs) * sum_gx)); }, dyr, gamma,
+          xr);
+      continue;
+    }
     T sum_g = 0, sum_gx = 0;
     for (std::size_t c = 0; c < cols; ++c) {
       const T xhat = (xr[c] - m) * rs;
@@ -256,6 +337,10 @@ void embedding_backward(std::size_t tokens, std::size_t dim, const std::int32_t*
 /** row_max[r] = max over this block's columns of row r. */
 template <class T>
 void vocab_parallel_max(std::size_t rows, std::size_t cols, const T* logits, float* row_max) {
+  if constexpr (std::is_same_v<T, float>) {
+    for (std::size_t r = 0; r < rows; ++r) row_max[r] = fast::max_n(cols, logits + r * cols);
+    return;
+  }
   for (std::size_t r = 0; r < rows; ++r) {
     float mx = -std::numeric_limits<float>::infinity();
     for (std::size_t c = 0; c < cols; ++c) mx = std::max(mx, float(logits[r * cols + c]));
@@ -269,7 +354,12 @@ void vocab_parallel_sumexp(std::size_t rows, std::size_t cols, std::size_t col_o
   for (std::size_t r = 0; r < rows; ++r) {
     const T* lr = logits + r * cols;
     float s = 0;
-    for (std::size_t c = 0; c < cols; ++c) s += std::exp(float(lr[c]) - row_max[r]);
+    if constexpr (std::is_same_v<T, float>) {
+      const float mx = row_max[r];
+      s = fast::sum_n(cols, [mx](float v) { return fast::fast_exp(v - mx); }, lr);
+    } else {
+      for (std::size_t c = 0; c < cols; ++c) s += std::exp(float(lr[c]) - row_max[r]);
+    }
     sumexp[r] = s;
     const std::int64_t t = std::int64_t(targets[r]) - std::int64_t(col_offset);
     target_logit[r] = (t >= 0 && t < std::int64_t(cols)) ? float(lr[std::size_t(t)]) : 0.0f;
@@ -284,6 +374,13 @@ void vocab_parallel_backward(std::size_t rows, std::size_t cols, std::size_t col
   for (std::size_t r = 0; r < rows; ++r) {
     const float inv = 1.0f / sumexp[r];
     const std::int64_t t = std::int64_t(targets[r]) - std::int64_t(col_offset);
+    if constexpr (std::is_same_v<T, float>) {
+      const float mx = row_max[r], k = s * inv;
+      float* dr = dlogits + r * cols;
+      fast::map_n(cols, dr, [mx, k](float v) { return k * fast::fast_exp(v - mx); }, logits + r * cols);
+      if (t >= 0 && t < std::int64_t(cols)) dr[std::size_t(t)] -= s;
+      continue;
+    }
     for (std::size_t c = 0; c < cols; ++c) {
       const float p = std::exp(float(logits[r * cols + c]) - row_max[r]) * inv;
       dlogits[r * cols + c] = T(s * (p - (std::int64_t(c) == t ? 1.0f : 0.0f)));
