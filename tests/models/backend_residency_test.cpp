@@ -152,14 +152,22 @@ TEST_CASE("backend residency: every pointer the GPT trainer passes to its backen
   struct Layout {
     std::size_t tp, pp, dp;
     const char* schedule;
-    bool recompute;
+    bool recompute, moe;
   };
-  for (const Layout l : {Layout{1, 1, 1, "1f1b", false}, Layout{2, 2, 1, "zb_h1", false}, Layout{2, 1, 2, "1f1b", true},
-                         Layout{1, 2, 2, "interleaved_1f1b", false}}) {
+  for (const Layout l : {Layout{1, 1, 1, "1f1b", false, false}, Layout{2, 2, 1, "zb_h1", false, false},
+                         Layout{2, 1, 2, "1f1b", true, false}, Layout{1, 2, 2, "interleaved_1f1b", false, false},
+                         Layout{1, 2, 1, "1f1b", false, true}}) {
     auto c = config(l.tp, l.pp, l.dp, l.schedule);
     c.recompute = l.recompute;
+    if (l.moe) {  // mixture of experts in every other block, experts spread over ep = 2
+      c.ep = 2;
+      c.model.experts = 4;
+      c.model.moe_every = 2;
+      c.model.moe_capacity = 0;  // unlimited: no token dropped
+    }
     if (std::string(l.schedule) == "interleaved_1f1b") c.chunks = 2;
-    INFO("tp=" << l.tp << " pp=" << l.pp << " dp=" << l.dp << " " << l.schedule << (l.recompute ? " recompute" : ""));
+    INFO("tp=" << l.tp << " pp=" << l.pp << " dp=" << l.dp << " " << l.schedule << (l.recompute ? " recompute" : "")
+                << (l.moe ? " moe ep=2" : ""));
     const auto checked = losses<ResidencyCheckedBackend>(c);  // throws on a pointer outside rank memory
     // The check only observes: the arithmetic is the host backend's, so the losses are identical.
     CHECK(checked == losses<HostBackend>(c));

@@ -106,7 +106,7 @@ class MoeTransformerBlock {
     for (auto& [mb, v] : seen_) n += std::exchange(v.dropped, std::size_t(0));
     return n;
   }
-  [[nodiscard]] parallel::MoeMlp<C>& moe() { return moe_; }
+  [[nodiscard]] parallel::MoeMlp<C, B>& moe() { return moe_; }
 
  private:
   static parallel::MoeConfig with_ids(parallel::MoeConfig m, const nn::BlockConfig& c) {
@@ -140,7 +140,7 @@ class MoeTransformerBlock {
   nn::SelfAttention<C, dyn, dyn, dyn, false, B> attn_;
   nn::Dropout<Replicate, B> drop1_;
   nn::LayerNorm<Replicate, nn::NoComm, B> ln2_;
-  parallel::MoeMlp<C> moe_;
+  parallel::MoeMlp<C, B> moe_;
   nn::Dropout<Replicate, B> drop2_;
   nn::MicroBatchCache<Input> inputs_;
   bool recompute_ = false;

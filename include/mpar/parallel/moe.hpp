@@ -36,7 +36,7 @@
 #include <string>
 #include <vector>
 
-#include "mpar/backend/host/gemm.hpp"
+#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/backend/host/kernels.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/error.hpp"
@@ -56,11 +56,13 @@ struct MoeConfig {
 };
 
 /**
- * @brief The mixture-of-experts MLP over an expert group `Comm` (EP = group size, experts divisible by it).
+ * @brief The mixture-of-experts MLP over an expert group `Comm` (EP = group size, experts divisible by it),
+ * computing on backend `B` (the gate and expert GEMMs, softmax and GeLU; routing and the row
+ * permutations around the all-to-all are host loops over the rank's memory).
  * Parameters: `gate` [d, E] replicated, `w1` [E, d, f] and `w2` [E, f, d] sharded on dimension 0 over the
  * expert axis; all initialised sharding-independently, so EP = 1, 2, 4 start from the same weights.
  */
-template <communicator Comm>
+template <communicator Comm, backend B = HostBackend>
 class MoeMlp {
  public:
   /**
@@ -125,10 +127,10 @@ class MoeMlp {
     tokens_ = tokens;
     x_.assign(x.begin(), x.end());
     // 1. gate
-    std::vector<float> logits(tokens * E);
-    gemm<float>(Trans::no, Trans::no, tokens, E, d, 1.0f, x_.data(), d, gate_.value.data(), E, 0.0f, logits.data(), E);
+    Buffer<float> logits(tokens * E);
+    B::template gemm<float>(Trans::no, Trans::no, tokens, E, d, 1.0f, x_.data(), d, gate_.value.data(), E, 0.0f, logits.data(), E);
     probs_.assign(tokens * E, 0.0f);
-    host::softmax_forward(tokens, E, logits.data(), probs_.data());
+    B::softmax_forward(tokens, E, logits.data(), probs_.data());
     choice_.assign(tokens * k, 0);
     std::vector<std::size_t> order(E);
     for (std::size_t t = 0; t < tokens; ++t) {
@@ -139,7 +141,7 @@ class MoeMlp {
       for (std::size_t j = 0; j < k; ++j) choice_[t * k + j] = order[j];
     }
     // load-balancing statistics over the whole group: assignment counts, probability sums, token count
-    std::vector<float> stats(2 * E + 1, 0.0f);
+    Buffer<float> stats(2 * E + 1, 0.0f);
     for (std::size_t t = 0; t < tokens; ++t) {
       for (std::size_t j = 0; j < k; ++j) stats[choice_[t * k + j]] += 1.0f;
       for (std::size_t e = 0; e < E; ++e) stats[E + e] += probs_[t * E + e];
@@ -178,14 +180,14 @@ class MoeMlp {
       for (std::size_t t = 0; t < tokens; ++t)
         for (std::size_t j = 0; j < k; ++j)
           if (choice_[t * k + j] == e && accepted_[t * k + j]) route_.push_back(t * k + j);
-    std::vector<float> send(route_.size() * d);
+    Buffer<float> send(route_.size() * d);
     for (std::size_t i = 0; i < route_.size(); ++i)
       std::copy_n(&x_[route_[i] / k * d], d, &send[i * d]);
     exchange_counts(st, used, ep);
-    std::vector<float> expert_in(recv_rows_ * d);
+    Buffer<float> expert_in(recv_rows_ * d);
     comm_->all_to_all_v(std::span<const float>(send), send_elems_, std::span<float>(expert_in), recv_elems_);
     // 4. experts
-    std::vector<float> expert_out(recv_rows_ * d);
+    Buffer<float> expert_out(recv_rows_ * d);
     run_experts(st, expert_in, expert_out);
     // 5. combine
     out_.assign(route_.size() * d, 0.0f);
@@ -214,7 +216,7 @@ class MoeMlp {
     require(dy.size() == T * d && dx.size() == T * d, "MoeMlp::backward on expert rank ", comm_->rank(),
             ": dy has ", dy.size(), " and dx ", dx.size(), " elements; the forward had ", T, " tokens of width ", d);
     // combine: d out_i = w dy_t;  d w = <dy_t, out_i>
-    std::vector<float> dprobs(T * E, 0.0f), dout(route_.size() * d);
+    Buffer<float> dprobs(T * E, 0.0f), dout(route_.size() * d);
     for (std::size_t i = 0; i < route_.size(); ++i) {
       const std::size_t t = route_[i] / k, e = choice_[route_[i]];
       const float w = probs_[t * E + e];
@@ -225,10 +227,10 @@ class MoeMlp {
       }
       dprobs[t * E + e] += dot;
     }
-    std::vector<float> expert_dout(recv_rows_ * d), expert_dx(recv_rows_ * d);
+    Buffer<float> expert_dout(recv_rows_ * d), expert_dx(recv_rows_ * d);
     comm_->all_to_all_v(std::span<const float>(dout), send_elems_, std::span<float>(expert_dout), recv_elems_);
     backward_experts(st, expert_dout, expert_dx);
-    std::vector<float> dxin(route_.size() * d);
+    Buffer<float> dxin(route_.size() * d);
     comm_->all_to_all_v(std::span<const float>(expert_dx), recv_elems_, std::span<float>(dxin), send_elems_);
     std::fill(dx.begin(), dx.end(), 0.0f);
     for (std::size_t i = 0; i < route_.size(); ++i) {
@@ -242,10 +244,10 @@ class MoeMlp {
           dprobs[t * E + e] +=
               float(double(aux_grad) * cfg_.aux_loss_weight * double(E) * double(frac_[e]) / global_tokens_);
     // gate
-    std::vector<float> dlogits(T * E);
-    host::softmax_backward(T, E, probs_.data(), dprobs.data(), dlogits.data());
-    gemm<float>(Trans::yes, Trans::no, d, E, T, 1.0f, x_.data(), d, dlogits.data(), E, 1.0f, gate_.grad.data(), E);
-    gemm<float>(Trans::no, Trans::yes, T, d, E, 1.0f, dlogits.data(), E, gate_.value.data(), E, 1.0f, dx.data(), d);
+    Buffer<float> dlogits(T * E);
+    B::softmax_backward(T, E, probs_.data(), dprobs.data(), dlogits.data());
+    B::template gemm<float>(Trans::yes, Trans::no, d, E, T, 1.0f, x_.data(), d, dlogits.data(), E, 1.0f, gate_.grad.data(), E);
+    B::template gemm<float>(Trans::no, Trans::yes, T, d, E, 1.0f, dlogits.data(), E, gate_.value.data(), E, 1.0f, dx.data(), d);
   }
 
  private:
@@ -254,10 +256,10 @@ class MoeMlp {
     std::size_t tokens = 0, capacity = 0, dropped = 0, recv_rows = 0;
     double global_tokens = 0.0;
     float aux = 0.0f;
-    std::vector<float> x, probs, out, frac;
+    Buffer<float> x, probs, out, frac;
     std::vector<std::size_t> choice, route, rows_from, send_elems, recv_elems;
     std::vector<bool> accepted;
-    std::vector<std::vector<float>> ex_in, ex_h;
+    std::vector<Buffer<float>> ex_in, ex_h;
   };
 
   /** Tells every expert rank how many rows of each of its experts it will receive from here. */
@@ -267,7 +269,7 @@ class MoeMlp {
     auto& recv_elems_ = st.recv_elems;
     auto& recv_rows_ = st.recv_rows;
     const std::size_t El = local_experts_, d = cfg_.d_model;
-    std::vector<float> sent(cfg_.experts), got(cfg_.experts);
+    Buffer<float> sent(cfg_.experts), got(cfg_.experts);
     for (std::size_t e = 0; e < cfg_.experts; ++e) sent[e] = float(used[e]);
     comm_->all_to_all(std::span<const float>(sent), std::span<float>(got));
     rows_from_.assign(cfg_.experts, 0);  // [source][local expert]
@@ -300,7 +302,7 @@ class MoeMlp {
     }
   }
 
-  void run_experts(State& st, const std::vector<float>& in, std::vector<float>& out) {
+  void run_experts(State& st, const Buffer<float>& in, Buffer<float>& out) {
     const std::size_t d = cfg_.d_model, f = cfg_.d_ff;
     auto& ex_in_ = st.ex_in;
     auto& ex_h_ = st.ex_h;
@@ -318,10 +320,10 @@ class MoeMlp {
       }
       auto& h = ex_h_[l];
       h.resize(n * f);
-      gemm<float>(Trans::no, Trans::no, n, f, d, 1.0f, xi.data(), d, &w1_.value[l * d * f], f, 0.0f, h.data(), f);
-      std::vector<float> a(n * f), o(n * d);
-      host::gelu_forward(n * f, h.data(), a.data());
-      gemm<float>(Trans::no, Trans::no, n, d, f, 1.0f, a.data(), f, &w2_.value[l * f * d], d, 0.0f, o.data(), d);
+      B::template gemm<float>(Trans::no, Trans::no, n, f, d, 1.0f, xi.data(), d, &w1_.value[l * d * f], f, 0.0f, h.data(), f);
+      Buffer<float> a(n * f), o(n * d);
+      B::gelu_forward(n * f, h.data(), a.data());
+      B::template gemm<float>(Trans::no, Trans::no, n, d, f, 1.0f, a.data(), f, &w2_.value[l * f * d], d, 0.0f, o.data(), d);
       at = 0;
       for (auto [first, rows] : runs) {
         std::copy_n(&o[at * d], rows * d, &out[first * d]);
@@ -330,28 +332,28 @@ class MoeMlp {
     });
   }
 
-  void backward_experts(const State& st, const std::vector<float>& dout, std::vector<float>& dx) {
+  void backward_experts(const State& st, const Buffer<float>& dout, Buffer<float>& dx) {
     const std::size_t d = cfg_.d_model, f = cfg_.d_ff;
     const auto& ex_in_ = st.ex_in;
     const auto& ex_h_ = st.ex_h;
     for_each_expert(st, [&](std::size_t l, const auto& runs) {
       std::size_t n = 0;
       for (auto [first, rows] : runs) n += rows;
-      std::vector<float> dy(n * d);
+      Buffer<float> dy(n * d);
       std::size_t at = 0;
       for (auto [first, rows] : runs) {
         std::copy_n(&dout[first * d], rows * d, &dy[at * d]);
         at += rows;
       }
       const auto& h = ex_h_[l];
-      std::vector<float> a(n * f), da(n * f), dh(n * f), dxi(n * d);
-      host::gelu_forward(n * f, h.data(), a.data());  // recomputed: cheaper to keep h than both
-      gemm<float>(Trans::yes, Trans::no, f, d, n, 1.0f, a.data(), f, dy.data(), d, 1.0f, &w2_.grad[l * f * d], d);
-      gemm<float>(Trans::no, Trans::yes, n, f, d, 1.0f, dy.data(), d, &w2_.value[l * f * d], d, 0.0f, da.data(), f);
-      host::gelu_backward(n * f, h.data(), da.data(), dh.data());
-      gemm<float>(Trans::yes, Trans::no, d, f, n, 1.0f, ex_in_[l].data(), d, dh.data(), f, 1.0f,
+      Buffer<float> a(n * f), da(n * f), dh(n * f), dxi(n * d);
+      B::gelu_forward(n * f, h.data(), a.data());  // recomputed: cheaper to keep h than both
+      B::template gemm<float>(Trans::yes, Trans::no, f, d, n, 1.0f, a.data(), f, dy.data(), d, 1.0f, &w2_.grad[l * f * d], d);
+      B::template gemm<float>(Trans::no, Trans::yes, n, f, d, 1.0f, dy.data(), d, &w2_.value[l * f * d], d, 0.0f, da.data(), f);
+      B::gelu_backward(n * f, h.data(), da.data(), dh.data());
+      B::template gemm<float>(Trans::yes, Trans::no, d, f, n, 1.0f, ex_in_[l].data(), d, dh.data(), f, 1.0f,
                   &w1_.grad[l * d * f], f);
-      gemm<float>(Trans::no, Trans::yes, n, d, f, 1.0f, dh.data(), f, &w1_.value[l * d * f], f, 0.0f, dxi.data(), d);
+      B::template gemm<float>(Trans::no, Trans::yes, n, d, f, 1.0f, dh.data(), f, &w1_.value[l * d * f], f, 0.0f, dxi.data(), d);
       at = 0;
       for (auto [first, rows] : runs) {
         std::copy_n(&dxi[at * d], rows * d, &dx[first * d]);
