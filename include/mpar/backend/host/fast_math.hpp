@@ -96,37 +96,24 @@ inline constexpr std::size_t kBlock = 16;
 }
 
 namespace detail {
-// Copies into / out of the local block arrays. A full block copies a constant kBlock elements (plain
-// vector moves); only the last, partial block pays for a variable-length copy.
-template <class In>
-inline void load_block(std::size_t m, const In* x, float (&in)[kBlock]) {
-  if (m == kBlock) {
-    for (std::size_t j = 0; j < kBlock; ++j) in[j] = float(x[j]);
-  } else {
-    for (std::size_t j = 0; j < m; ++j) in[j] = float(x[j]);
-  }
-}
-template <class F, class... In, std::size_t... K>
+// One block of map_n: the inputs are copied into local arrays, so the loop over `f` has a constant trip
+// count and provably no aliasing with the output. A full block copies a constant kBlock elements (plain
+// vector moves); only the last, partial block is zero-padded and copied element by element.
+template <bool Full, class F, class... In, std::size_t... K>
 inline void map_block(std::size_t i, std::size_t m, float* y, F& f, std::index_sequence<K...>, const In*... x) {
-  float in[sizeof...(In)][kBlock] = {};
-  (load_block(m, x + i, in[K]), ...);
-  float out[kBlock];
-  for (std::size_t j = 0; j < kBlock; ++j) out[j] = f(in[K][j]...);
-  if (m == kBlock) {
-    for (std::size_t j = 0; j < kBlock; ++j) y[i + j] = out[j];
+  float in[sizeof...(In)][kBlock];
+  if constexpr (Full) {
+    ((void)[&] {
+      for (std::size_t j = 0; j < kBlock; ++j) in[K][j] = float(x[i + j]);
+    }(), ...);
   } else {
-    for (std::size_t j = 0; j < m; ++j) y[i + j] = out[j];
+    ((void)[&] {
+      for (std::size_t j = 0; j < kBlock; ++j) in[K][j] = j < m ? float(x[i + j]) : 0.0f;
+    }(), ...);
   }
-}
-template <class F, class... In, std::size_t... K>
-inline void sum_block(std::size_t i, std::size_t m, float (&acc)[kBlock], F& f, std::index_sequence<K...>,
-                      const In*... x) {
-  float in[sizeof...(In)][kBlock] = {};
-  (load_block(m, x + i, in[K]), ...);
   float out[kBlock];
   for (std::size_t j = 0; j < kBlock; ++j) out[j] = f(in[K][j]...);
-  for (std::size_t j = m; j < kBlock; ++j) out[j] = 0.0f;  // padding lanes of the last block add nothing
-  for (std::size_t j = 0; j < kBlock; ++j) acc[j] += out[j];
+  for (std::size_t j = 0; j < (Full ? kBlock : m); ++j) y[i + j] = out[j];
 }
 }  // namespace detail
 
@@ -137,17 +124,55 @@ inline void sum_block(std::size_t i, std::size_t m, float (&acc)[kBlock], F& f, 
  */
 template <class F, class... In>
 inline void map_n(std::size_t n, float* y, F f, const In*... x) {
-  for (std::size_t i = 0; i < n; i += kBlock)
-    detail::map_block(i, n - i < kBlock ? n - i : kBlock, y, f, std::index_sequence_for<In...>{}, x...);
+  std::size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) detail::map_block<true>(i, kBlock, y, f, std::index_sequence_for<In...>{}, x...);
+  if (i < n) detail::map_block<false>(i, n - i, y, f, std::index_sequence_for<In...>{}, x...);
 }
 
-/** Sum over i < n of f(x0[i], x1[i], ...), with kBlock partial sums (vectorized, and more accurate than one running sum). */
+/**
+ * Sum over i < n of f(x0[i], x1[i], ...), with kBlock partial sums (vectorized, and more accurate than
+ * one running sum). Nothing is written to memory, so the inputs are read in place.
+ */
 template <class F, class... In>
 [[nodiscard]] inline float sum_n(std::size_t n, F f, const In*... x) {
   float acc[kBlock] = {};
-  for (std::size_t i = 0; i < n; i += kBlock)
-    detail::sum_block(i, n - i < kBlock ? n - i : kBlock, acc, f, std::index_sequence_for<In...>{}, x...);
+  std::size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock)
+    for (std::size_t j = 0; j < kBlock; ++j) acc[j] += f(float(x[i + j])...);
+  for (std::size_t j = 0; i + j < n; ++j) acc[j] += f(float(x[i + j])...);
   // Pairwise combination of the partial sums.
+  for (std::size_t w = kBlock / 2; w > 0; w /= 2)
+    for (std::size_t j = 0; j < w; ++j) acc[j] += acc[j + w];
+  return acc[0];
+}
+
+/**
+ * y[i] = f(x[i]) for i < n like map_n, and returns the sum of the y[i] (kBlock partial sums): the
+ * exponentials of a softmax row and their sum in one pass.
+ */
+template <class F>
+[[nodiscard]] inline float map_sum_n(std::size_t n, float* y, F f, const float* x) {
+  float acc[kBlock] = {};
+  auto add = [&acc](std::size_t i, std::size_t m, const float* out) {
+    (void)i;
+    for (std::size_t j = 0; j < m; ++j) acc[j] += out[j];
+  };
+  std::size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock) {
+    float in[kBlock], out[kBlock];
+    for (std::size_t j = 0; j < kBlock; ++j) in[j] = x[i + j];
+    for (std::size_t j = 0; j < kBlock; ++j) out[j] = f(in[j]);
+    for (std::size_t j = 0; j < kBlock; ++j) y[i + j] = out[j];
+    add(i, kBlock, out);
+  }
+  if (i < n) {
+    const std::size_t m = n - i;
+    float in[kBlock], out[kBlock];
+    for (std::size_t j = 0; j < kBlock; ++j) in[j] = j < m ? x[i + j] : 0.0f;
+    for (std::size_t j = 0; j < kBlock; ++j) out[j] = f(in[j]);
+    for (std::size_t j = 0; j < m; ++j) y[i + j] = out[j];
+    add(i, m, out);
+  }
   for (std::size_t w = kBlock / 2; w > 0; w /= 2)
     for (std::size_t j = 0; j < w; ++j) acc[j] += acc[j + w];
   return acc[0];
@@ -158,13 +183,10 @@ template <class F, class... In>
   constexpr float ninf = -std::numeric_limits<float>::infinity();
   float acc[kBlock];
   for (std::size_t j = 0; j < kBlock; ++j) acc[j] = ninf;
-  for (std::size_t i = 0; i < n; i += kBlock) {
-    const std::size_t m = n - i < kBlock ? n - i : kBlock;
-    float in[kBlock];
-    for (std::size_t j = 0; j < kBlock; ++j) in[j] = ninf;
-    for (std::size_t j = 0; j < m; ++j) in[j] = x[i + j];
-    for (std::size_t j = 0; j < kBlock; ++j) acc[j] = select(acc[j] < in[j], in[j], acc[j]);
-  }
+  std::size_t i = 0;
+  for (; i + kBlock <= n; i += kBlock)
+    for (std::size_t j = 0; j < kBlock; ++j) acc[j] = select(acc[j] < x[i + j], x[i + j], acc[j]);
+  for (std::size_t j = 0; i + j < n; ++j) acc[j] = select(acc[j] < x[i + j], x[i + j], acc[j]);
   for (std::size_t w = kBlock / 2; w > 0; w /= 2)
     for (std::size_t j = 0; j < w; ++j) acc[j] = select(acc[j] < acc[j + w], acc[j + w], acc[j]);
   return acc[0];

@@ -136,10 +136,15 @@ void softmax_forward(std::size_t rows, std::size_t cols, const T* x, T* y, bool 
     const std::size_t valid = causal ? r % cols + 1 : cols;
     if constexpr (std::is_same_v<T, float>) {
       // Vectorized: partial maxima, then exp and the row sum in one blocked pass, then the normalisation.
-      fast::map_n(valid, yr, [scale](float v) { return scale * v; }, xr);
-      const float mx = fast::max_n(valid, yr);
-      fast::map_n(valid, yr, [mx](float v) { return fast::fast_exp(v - mx); }, yr);
-      const float inv = 1.0f / fast::sum_n(valid, [](float v) { return v; }, yr);
+      // For scale >= 0, max(scale * x) = scale * max(x) exactly (rounding is monotonic).
+      float mx;
+      if (scale >= 0.0f) {
+        mx = scale * fast::max_n(valid, xr);
+      } else {
+        fast::map_n(valid, yr, [scale](float v) { return scale * v; }, xr);
+        mx = fast::max_n(valid, yr);
+      }
+      const float inv = 1.0f / fast::map_sum_n(valid, yr, [scale, mx](float v) { return fast::fast_exp(scale * v - mx); }, xr);
       fast::map_n(valid, yr, [inv](float v) { return v * inv; }, yr);
       std::fill(yr + valid, yr + cols, 0.0f);
       continue;
@@ -206,19 +211,6 @@ void layernorm_backward(std::size_t rows, std::size_t cols, const T* x, const T*
   for (std::size_t r = 0; r < rows; ++r) {
     const T *xr = x + r * cols, *dyr = dy + r * cols;
     const T m = mean[r], rs = rstd[r];
-    if constexpr (std::is_same_v<T, float>) {
-      const float sum_g = fast::sum_n(cols, [](float d, float g) { return d * g; }, dyr, gamma);
-      const float sum_gx =
-          fast::sum_n(cols, [m, rs](float d, float g, float a) { return d * g * ((a - m) * rs); }, dyr, gamma, xr);
-      fast::map_n(cols, dgamma, [m, rs](float acc, float d, float a) { return acc + d * ((a - m) * rs); }, dgamma, dyr, xr);
-      fast::map_n(cols, dbeta, [](float acc, float d) { return acc + d; }, dbeta, dyr);
-      const float inv_n = 1.0f / float(cols);
-      fast::map_n(
-          cols, dx + r * cols,
-          [=](float d, float g, float a) { return rs * (d * g - inv_n * (sum_g + ((a - m) * rs) * sum_gx)); }, dyr, gamma,
-          xr);
-      continue;
-    }
     T sum_g = 0, sum_gx = 0;
     for (std::size_t c = 0; c < cols; ++c) {
       const T xhat = (xr[c] - m) * rs;
