@@ -72,15 +72,15 @@ template <class Comm, class Trainer>
 std::optional<pipeline::Timeline> gather_timeline(Comm& world, const Trainer& tr,
                                                   const pipeline::StepStats& st) {
   const bool contributes = tr.coord().tensor == 0 && tr.coord().data == 0;
-  std::vector<double> mine;
+  Buffer<double> mine;  // communicated buffers live in rank memory (device memory on CUDA ranks)
   if (contributes)
     for (const auto& e : st.timeline.events)
       mine.insert(mine.end(), {double(tr.coord().pipeline), double(int(e.lane)), double(int(e.action.op)),
                                double(e.action.mb), double(e.action.chunk), double(e.action.peer), e.start, e.end});
-  std::array<double, 1> n{double(mine.size())};
+  Buffer<double> n{double(mine.size())};
   world.all_reduce(std::span<double>(n), ReduceOp::max);
   mine.resize(static_cast<std::size_t>(n[0]), -1.0);  // padding rows have rank -1
-  std::vector<double> all(static_cast<std::size_t>(n[0]) * static_cast<std::size_t>(world.size()));
+  Buffer<double> all(static_cast<std::size_t>(n[0]) * static_cast<std::size_t>(world.size()));
   world.gather(std::span<const double>(mine), std::span<double>(all), 0);
   if (world.rank() != 0) return std::nullopt;
   pipeline::Timeline t = st.timeline;
@@ -233,7 +233,7 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
     if (lead) std::printf("saved %s\n", ckpt.c_str());
   } else if (o.sample > 0) {
     tmp_dir = (fs::temp_directory_path() / ("mpar-train-gpt-" + std::to_string(::getpid()))).string();
-    std::array<double, 1> pid{double(::getpid())};
+    Buffer<double> pid{double(::getpid())};
     world.broadcast(std::span<double>(pid), 0);  // one directory for all processes of the job
     tmp_dir = (fs::temp_directory_path() / ("mpar-train-gpt-" + std::to_string(long(pid[0])))).string();
     ckpt = tr.save(tmp_dir).path;
@@ -241,9 +241,9 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
 
   // Summary: per-rank memory, averages, advice, a sample.
   const auto m = tr.memory();
-  std::array<double, 5> mine{double(m.parameters), double(m.gradients), double(m.optimizer_states),
+  Buffer<double> mine{double(m.parameters), double(m.gradients), double(m.optimizer_states),
                              double(m.compute_copies), double(peak_step_bytes)};
-  std::vector<double> all(5 * std::size_t(world.size()));
+  Buffer<double> all(5 * std::size_t(world.size()));
   world.gather(std::span<const double>(mine), std::span<double>(all), 0);
   const std::string sample = o.sample > 0 ? generate(world, cfg.model, ds, ckpt, o.sample, cfg.model.seed) : "";
   world.barrier();

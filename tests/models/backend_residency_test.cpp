@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <cstdlib>
+#include <filesystem>
 #include <map>
 #include <mutex>
 #include <string>
@@ -108,6 +109,68 @@ struct ResidencyCheckedBackend : HostBackend {
 };
 static_assert(backend<ResidencyCheckedBackend>);
 
+template <class S>
+inline constexpr bool is_data_span = false;
+template <class T, std::size_t N>
+inline constexpr bool is_data_span<std::span<T, N>> = !std::is_same_v<std::remove_const_t<T>, std::size_t>;
+
+/** Throws when a data span handed to a collective is not rank memory (NCCL reads and writes device memory only). */
+template <class... A>
+void check_spans(const char* op, int rank, const A&... args) {
+  int position = 0;
+  auto one = [&](const auto& a) {
+    ++position;
+    if constexpr (is_data_span<std::decay_t<decltype(a)>>)
+      require(a.empty() || tracking().owns(a.data()), "ResidencyCheckedCommunicator: rank ", rank, ", argument ",
+              position, " of ", op, " (", a.size(), " elements) is outside the rank's memory resource");
+  };
+  (one(args), ...);
+}
+
+/**
+ * A communicator that checks every data buffer of every call before forwarding it: what the trainer
+ * sends and receives must be rank memory, so that on CUDA the communicator can be NCCL.
+ */
+template <communicator Comm>
+class ResidencyCheckedCommunicator {
+ public:
+  explicit ResidencyCheckedCommunicator(Comm inner) : inner_(std::move(inner)) {}
+  [[nodiscard]] int rank() const { return inner_.rank(); }
+  [[nodiscard]] int size() const { return inner_.size(); }
+  [[nodiscard]] std::string name() const { return inner_.name(); }
+  void barrier() { inner_.barrier(); }
+  [[nodiscard]] ResidencyCheckedCommunicator split(int color, int key) {
+    return ResidencyCheckedCommunicator(inner_.split(color, key));
+  }
+#define MPAR_TEST_CHECKED_COMM(op)                  \
+  template <class... A>                             \
+  decltype(auto) op(A&&... a) {                     \
+    check_spans(#op, rank(), a...);                 \
+    return inner_.op(std::forward<A>(a)...);        \
+  }
+  MPAR_TEST_CHECKED_COMM(all_reduce)
+  MPAR_TEST_CHECKED_COMM(broadcast)
+  MPAR_TEST_CHECKED_COMM(reduce)
+  MPAR_TEST_CHECKED_COMM(all_gather)
+  MPAR_TEST_CHECKED_COMM(reduce_scatter)
+  MPAR_TEST_CHECKED_COMM(gather)
+  MPAR_TEST_CHECKED_COMM(scatter)
+  MPAR_TEST_CHECKED_COMM(all_to_all)
+  MPAR_TEST_CHECKED_COMM(all_to_all_v)
+  MPAR_TEST_CHECKED_COMM(send)
+  MPAR_TEST_CHECKED_COMM(recv)
+  MPAR_TEST_CHECKED_COMM(iall_reduce)
+  MPAR_TEST_CHECKED_COMM(iall_gather)
+  MPAR_TEST_CHECKED_COMM(ireduce_scatter)
+  MPAR_TEST_CHECKED_COMM(isend)
+  MPAR_TEST_CHECKED_COMM(irecv)
+#undef MPAR_TEST_CHECKED_COMM
+
+ private:
+  Comm inner_;
+};
+static_assert(communicator<ResidencyCheckedCommunicator<ThreadsCommunicator>>);
+
 const data::CharDataset& dataset() {
   static const data::CharDataset ds(data::default_text_path, 16);
   return ds;
@@ -132,31 +195,39 @@ models::GptTrainConfig config(std::size_t tp, std::size_t pp, std::size_t dp, co
   return c;
 }
 
+/** The losses of `c.steps` steps; with the checked backend, every collective's buffers are checked too. */
 template <backend B>
-std::vector<double> losses(const models::GptTrainConfig& c) {
+std::vector<double> losses(const models::GptTrainConfig& c, const std::string& save_to = "") {
   std::vector<double> out;
   std::mutex m;
-  run_threads(int(c.world_size()), [&](ThreadsCommunicator& world) {
-    models::GptTrainer<ThreadsCommunicator, B> tr(world, c, dataset());
+  run_threads(int(c.world_size()), [&](ThreadsCommunicator& threads) {
+    using Comm = std::conditional_t<std::is_same_v<B, HostBackend>, ThreadsCommunicator,
+                                    ResidencyCheckedCommunicator<ThreadsCommunicator>>;
+    B::init_rank();  // as a CUDA rank does before anything else: its memory first
+    Comm world(threads);
+    models::GptTrainer<Comm, B> tr(world, c, dataset());
     std::vector<double> mine;
     for (std::size_t s = 0; s < c.steps; ++s) mine.push_back(tr.train_step().loss);
+    if (!save_to.empty()) (void)tr.save(save_to);
     std::lock_guard lock(m);
     if (world.rank() == 0) out = mine;
+    set_current_memory_resource(detail::host_memory_resource());
   });
   return out;
 }
 
 }  // namespace
 
-TEST_CASE("backend residency: every pointer the GPT trainer passes to its backend is rank memory", "[models][backend]") {
+TEST_CASE("backend residency: every pointer the GPT trainer passes to its backend or its communicators is rank memory",
+          "[models][backend]") {
   struct Layout {
     std::size_t tp, pp, dp;
     const char* schedule;
-    bool recompute, moe;
+    bool recompute, moe, zero1_f16_save = false;
   };
   for (const Layout l : {Layout{1, 1, 1, "1f1b", false, false}, Layout{2, 2, 1, "zb_h1", false, false},
                          Layout{2, 1, 2, "1f1b", true, false}, Layout{1, 2, 2, "interleaved_1f1b", false, false},
-                         Layout{1, 2, 1, "1f1b", false, true}}) {
+                         Layout{1, 2, 1, "1f1b", false, true}, Layout{1, 1, 2, "1f1b", false, false, true}}) {
     auto c = config(l.tp, l.pp, l.dp, l.schedule);
     c.recompute = l.recompute;
     if (l.moe) {  // mixture of experts in every other block, experts spread over ep = 2
@@ -165,10 +236,17 @@ TEST_CASE("backend residency: every pointer the GPT trainer passes to its backen
       c.model.moe_every = 2;
       c.model.moe_capacity = 0;  // unlimited: no token dropped
     }
+    if (l.zero1_f16_save) {  // ZeRO-1, dynamic loss scaling, and a checkpoint written at the end
+      c.zero1 = true;
+      c.precision = "f16";
+      c.clip = 1.0;
+    }
     if (std::string(l.schedule) == "interleaved_1f1b") c.chunks = 2;
     INFO("tp=" << l.tp << " pp=" << l.pp << " dp=" << l.dp << " " << l.schedule << (l.recompute ? " recompute" : "")
-                << (l.moe ? " moe ep=2" : ""));
-    const auto checked = losses<ResidencyCheckedBackend>(c);  // throws on a pointer outside rank memory
+                << (l.moe ? " moe ep=2" : "") << (l.zero1_f16_save ? " zero1 f16 save" : ""));
+    const std::string save = l.zero1_f16_save ? (std::filesystem::temp_directory_path() / "mpar-residency-ckpt").string() : "";
+    const auto checked = losses<ResidencyCheckedBackend>(c, save);  // throws on a pointer outside rank memory
+    if (!save.empty()) std::filesystem::remove_all(save);
     // The check only observes: the arithmetic is the host backend's, so the losses are identical.
     CHECK(checked == losses<HostBackend>(c));
   }

@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "mpar/comm/communicator.hpp"
+#include "mpar/core/memory_resource.hpp"
 #include "mpar/io/box.hpp"
 #include "mpar/io/crc32.hpp"
 #include "mpar/io/error.hpp"
@@ -257,7 +258,8 @@ inline std::uint64_t block_key(const std::string& name, const std::vector<std::s
 template <class C>
 void agree(C& comm, std::exception_ptr local, const std::string& what) {
   const int p = comm.size();
-  std::vector<float> mine(1, local ? 1.0f : 0.0f), all(static_cast<std::size_t>(p), 0.0f);
+  // Communicated buffers live in rank memory (a device communicator reads only that).
+  Buffer<float> mine(1, local ? 1.0f : 0.0f), all(static_cast<std::size_t>(p), 0.0f);
   comm.all_gather(std::span<const float>(mine), std::span<float>(all));
   if (local) std::rethrow_exception(local);
   std::string failed;
@@ -313,13 +315,13 @@ SaveResult save_impl(const std::filesystem::path& root, std::span<const SaveBloc
 
   // Phase 2: find replicas. Every rank publishes the identity keys of its blocks (16 bits per float,
   // exact); the lowest rank holding a key writes it.
-  std::vector<float> count{float(blocks.size())}, counts(static_cast<std::size_t>(p));
+  Buffer<float> count{float(blocks.size())}, counts(static_cast<std::size_t>(p));
   comm.all_gather(std::span<const float>(count), std::span<float>(counts));
   std::size_t most = 0;
   for (float c : counts) most = std::max(most, std::size_t(c));
   std::vector<std::uint64_t> keys;
   for (const auto& b : blocks) keys.push_back(block_key(b.name, b.global_shape, b.box));
-  std::vector<float> mine(4 * most, -1.0f), all(4 * most * std::size_t(p));
+  Buffer<float> mine(4 * most, -1.0f), all(4 * most * std::size_t(p));
   for (std::size_t i = 0; i < keys.size(); ++i)
     for (int k = 0; k < 4; ++k) mine[4 * i + std::size_t(k)] = float((keys[i] >> (16 * k)) & 0xFFFFu);
   if (most > 0) comm.all_gather(std::span<const float>(mine), std::span<float>(all));
@@ -368,7 +370,7 @@ SaveResult save_impl(const std::filesystem::path& root, std::span<const SaveBloc
         "save_checkpoint (writing shards)");
 
   // Phase 4: rank 0 merges the indexes into the manifest and publishes the checkpoint.
-  std::vector<float> suffix{0.0f};
+  Buffer<float> suffix{0.0f};
   agree(comm, capture([&] {
           if (rank != 0) return;
           Manifest m;

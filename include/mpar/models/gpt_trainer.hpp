@@ -249,10 +249,10 @@ class GptTrainer {
     }
     // aux is the same on every tensor and token-group rank and differs between pipeline stages (other blocks);
     // tensor ranks repeat the same routing, so their dropped counts are divided out.
-    std::array<double, 5> avg{stats.loss, stats.bubble_ratio, std::min(1.0, comm_s / wall),
+    Buffer<double> avg{stats.loss, stats.bubble_ratio, std::min(1.0, comm_s / wall),
                               aux * double(cfg_.pp) / double(cfg_.microbatches), double(dropped) * double(cfg_.world_size()) / double(cfg_.tp)};
     comms_.world.all_reduce(std::span<double>(avg), ReduceOp::avg);
-    std::array<double, 1> slowest{wall};
+    Buffer<double> slowest{wall};
     comms_.world.all_reduce(std::span<double>(slowest), ReduceOp::max);
     StepReport r;
     r.step = step;

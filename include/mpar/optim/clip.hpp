@@ -21,6 +21,7 @@
 #include <type_traits>
 
 #include "mpar/comm/communicator.hpp"
+#include "mpar/core/memory_resource.hpp"
 #include "mpar/nn/parameter.hpp"
 
 namespace mpar::optim {
@@ -57,16 +58,16 @@ struct NoGroup {};
 template <class TC, class PC, class EC = NoGroup>
 [[nodiscard]] double global_squares(GradSquares s, TC* tensor, PC* pipeline, EC* expert = nullptr) {
   if constexpr (!std::is_same_v<TC, NoGroup>) {
-    double buf[2] = {s.tensor_sharded, s.expert_tensor_sharded};
+    Buffer<double> buf{s.tensor_sharded, s.expert_tensor_sharded};  // rank memory: it is communicated
     tensor->all_reduce(std::span<double>(buf), ReduceOp::sum);
     s.tensor_sharded = buf[0];
     s.expert_tensor_sharded = buf[1];
   }
   // Expert ranks hold different experts: their sums add up over the expert group; the other parameters are
   // replicated over it (like data replicas) and count once.
-  double experts[1] = {s.expert_tensor_sharded + s.expert_replicated};
+  Buffer<double> experts{s.expert_tensor_sharded + s.expert_replicated};
   if constexpr (!std::is_same_v<EC, NoGroup>) expert->all_reduce(std::span<double>(experts), ReduceOp::sum);
-  double total[1] = {s.tensor_sharded + s.replicated + experts[0]};
+  Buffer<double> total{s.tensor_sharded + s.replicated + experts[0]};
   if constexpr (!std::is_same_v<PC, NoGroup>) pipeline->all_reduce(std::span<double>(total), ReduceOp::sum);
   return total[0];
 }

@@ -10,6 +10,7 @@
 
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/error.hpp"
+#include "mpar/core/memory_resource.hpp"
 #include "mpar/nn/parameter.hpp"
 
 namespace mpar::optim {
@@ -59,7 +60,7 @@ class DynamicLossScaler {
   /** As above, with the verdict agreed over `group` (an all_reduce of the overflow flag with max). */
   template <communicator C>
   [[nodiscard]] bool unscale_and_check(std::span<nn::Parameter* const> params, C& group) const {
-    float overflow[1] = {local_unscale(params) ? 0.0f : 1.0f};
+    Buffer<float> overflow{local_unscale(params) ? 0.0f : 1.0f};  // rank memory: it is communicated
     group.all_reduce(std::span<float>(overflow), ReduceOp::max);
     return overflow[0] == 0.0f;
   }

@@ -21,6 +21,7 @@
 
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/error.hpp"
+#include "mpar/core/memory_resource.hpp"
 #include "mpar/nn/parameter.hpp"
 
 namespace mpar::parallel {
@@ -173,7 +174,7 @@ class GradBuckets {
   std::unordered_map<const nn::Parameter*, std::size_t> index_;
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_, slot_of_;
-  std::vector<std::vector<float>> flat_, shard_;
+  std::vector<Buffer<float>> flat_, shard_;  // rank memory, as every communicated buffer
   std::vector<std::optional<request_type>> requests_;
   std::vector<bool> marked_;
   std::vector<std::size_t> ready_;

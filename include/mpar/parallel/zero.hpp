@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "mpar/comm/communicator.hpp"
+#include "mpar/core/memory_resource.hpp"
 #include "mpar/optim/adamw.hpp"
 #include "mpar/optim/clip.hpp"
 #include "mpar/parallel/buckets.hpp"
@@ -91,7 +92,7 @@ class Zero1AdamW {
     requires(sizeof...(Groups) <= 3)
   [[nodiscard]] double grad_norm(Groups&... groups) {
     reduce_gradients();
-    double sq[4] = {0.0, 0.0, 0.0, 0.0};  // the four sums of optim::GradSquares, in its order
+    Buffer<double> sq(4, 0.0);  // the four sums of optim::GradSquares, in its order (rank memory: it is communicated)
     for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
       const auto g = buckets_.shard(b);
       for (const auto& pc : pieces_[b]) {
@@ -201,7 +202,7 @@ class Zero1AdamW {
   optim::AdamWConfig config_;
   double divisor_;
   std::vector<std::vector<Piece>> pieces_;
-  std::vector<std::vector<float>> m_, v_, w_, full_;
+  std::vector<Buffer<float>> m_, v_, w_, full_;  // rank memory: w_ and full_ are communicated
   std::size_t steps_ = 0;
   bool reduced_ = false;
 };

@@ -30,6 +30,7 @@
 
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/error.hpp"
+#include "mpar/core/memory_resource.hpp"
 #include "mpar/pipeline/action.hpp"
 #include "mpar/pipeline/simulator.hpp"
 #include "mpar/pipeline/stage_concept.hpp"
@@ -137,17 +138,19 @@ class Executor {
     const double t0 = detail::now_seconds();
     // Post every receive header of the step now, so they land while this rank computes.
     const auto& prog = prog_.ranks[std::size_t(r)];
-    std::vector<std::array<float, detail::h_size>> headers;
+    // In rank memory, like every buffer handed to the communicator (a device communicator reads only that).
+    Buffer<float> headers;
     std::vector<request_type> header_reqs;
     std::vector<std::size_t> header_of(prog.size(), 0);
     std::size_t nrecv = 0;
     for (const auto& a : prog) nrecv += is_recv(a.op) ? 1 : 0;
-    headers.resize(nrecv);
+    headers.assign(nrecv * detail::h_size, 0.0f);
     header_reqs.reserve(nrecv);
     for (std::size_t i = 0, k = 0; i < prog.size(); ++i)
       if (is_recv(prog[i].op)) {
         header_of[i] = k;
-        header_reqs.push_back(comm_.irecv(std::span<float>(headers[k]), prog[i].peer, tag_of(prog[i], r, 0)));
+        header_reqs.push_back(
+            comm_.irecv(std::span<float>(headers.data() + k * detail::h_size, detail::h_size), prog[i].peer, tag_of(prog[i], r, 0)));
         ++k;
       }
 
@@ -224,6 +227,7 @@ class Executor {
           pending.payload = take(g ? grad_ : act_, dst, a.mb, g ? "gradient" : "activation", a);
           pending.header = {detail::header_magic, g ? 1.0f : 0.0f, float(a.mb), float(pending.payload.extent(0)),
                             float(pending.payload.extent(1)), detail::dtype_f32, float(r), float(s)};
+          static_assert(detail::h_size == 8, "the header list above has one value per header field");
           pending.reqs.push_back(comm_.isend(std::span<const float>(pending.header), a.peer, tag_of(a, r, 0)));
           pending.reqs.push_back(comm_.isend(std::span<const float>(pending.payload.span()), a.peer, tag_of(a, r, 1)));
           break;
@@ -233,7 +237,7 @@ class Executor {
           lane = Lane::communication;
           header_reqs[header_of[i]].wait();
           t_work = detail::now_seconds();  // before this: waiting (idle); after: reading the payload
-          const auto& h = headers[header_of[i]];
+          const std::span<const float, detail::h_size> h(headers.data() + header_of[i] * detail::h_size, detail::h_size);
           const bool g = a.op == Op::recv_gradient;
           const Shape<2> shape = check_header(h, a, r, s, g);
           Boundary buf(shape);
@@ -252,7 +256,7 @@ class Executor {
       for (auto& q : p.reqs) q.wait();
     sends_.clear();
     // Every rank reports the same mean loss (computed on the last stage's rank).
-    std::array<double, 1> l{loss_sum / double(N)};
+    Buffer<double> l{loss_sum / double(N)};
     comm_.broadcast(std::span<double>(l), stage_rank(c, S - 1));
     st.loss = l[0];
     st.wall = detail::now_seconds() - t0;
@@ -264,7 +268,7 @@ class Executor {
 
  private:
   struct PendingSend {
-    std::array<float, detail::h_size> header{};
+    Buffer<float> header;
     Boundary payload;
     std::vector<request_type> reqs;
   };
@@ -289,7 +293,7 @@ class Executor {
     return b;
   }
 
-  Shape<2> check_header(const std::array<float, detail::h_size>& h, const Action& a, int r, int s, bool grad) {
+  Shape<2> check_header(std::span<const float, detail::h_size> h, const Action& a, int r, int s, bool grad) {
     const std::string what = grad ? "gradient" : "activation";
     require(h[detail::h_magic] == detail::header_magic, "pipeline: rank ", r, " expected the ", what,
             " header of micro-batch ", a.mb, " from rank ", a.peer, " but received something else (tag clash?)");

@@ -1,6 +1,6 @@
 #pragma once
 /**
- * @file Branch-free float exp, sigmoid and tanh that the compiler can vectorize, and the blocking
+ * @file Branch-free float exp and tanh that the compiler can vectorize, and the blocking
  * helper the host kernels use to get them vectorized at -O2.
  *
  * Why not std::exp / std::tanh: glibc's tanhf (through expm1f) is a scalar call per element with
@@ -17,7 +17,7 @@
  *
  * Accuracy (tests/backend/fast_math_test.cpp sweeps every range): fast_exp is within 2 ulp of the
  * correctly rounded exp for normal results, flushes to 0 below exp(-103.97) and returns +inf above
- * 88.72 (as std::exp); fast_tanh and fast_sigmoid are within 3 ulp. NaN propagates.
+ * 88.72 (as std::exp); fast_tanh is within 3 ulp and exactly +-1 once saturated. NaN propagates.
  */
 #include <bit>
 #include <cstddef>
@@ -69,9 +69,6 @@ inline constexpr std::size_t kBlock = 16;
   const float s2 = std::bit_cast<float>((n2 + 127) << 23);
   return p * s1 * s2;
 }
-
-/** 1 / (1 + e^-x) for float: no cancellation for either sign (e^-x -> inf gives 0, -> 0 gives 1). */
-[[nodiscard]] inline float fast_sigmoid(float x) { return 1.0f / (1.0f + fast_exp(-x)); }
 
 /**
  * tanh(x) for float, branch-free. For |x| >= 0.4, tanh|x| = 1 - 2 / (e^{2|x|} + 1) (saturating to 1
