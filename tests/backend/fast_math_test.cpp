@@ -58,11 +58,13 @@ TEST_CASE("fast_exp: <= 2 ulp over the normal range, exact limits at underflow a
     const std::vector<float> xs = lo < 0 ? float_sweep(-87.3f, -1e-30f, 97) : float_sweep(0.0f, 88.72f, 97);
     std::vector<float> ys(xs.size());
     fm::exp_n(xs.size(), xs.data(), ys.data());  // the vectorized path
+    std::size_t differ = 0;  // the scalar and the blocked form must agree bit for bit
     for (std::size_t i = 0; i < xs.size(); ++i) {
-      REQUIRE(ys[i] == fm::fast_exp(xs[i]));  // the scalar and the blocked form agree bit for bit
+      differ += ys[i] != fm::fast_exp(xs[i]) ? 1 : 0;
       const double e = ulp_error(ys[i], std::exp(double(xs[i])));
       if (e > worst) worst = e, worst_x = xs[i];
     }
+    CHECK(differ == 0);
   }
   std::printf("fast_exp: max error %.3f ulp (at x = %.9g)\n", worst, worst_x);
   CHECK(worst <= 2.0);
@@ -81,11 +83,13 @@ TEST_CASE("fast_tanh: <= 3 ulp over all floats, odd, saturates to exactly +-1", 
   for (const float x : float_sweep(1e-30f, 12.0f, 61)) xs.push_back(-x);
   std::vector<float> ys(xs.size());
   fm::tanh_n(xs.size(), xs.data(), ys.data());
+  std::size_t differ = 0;
   for (std::size_t i = 0; i < xs.size(); ++i) {
-    REQUIRE(ys[i] == fm::fast_tanh(xs[i]));
+    differ += ys[i] != fm::fast_tanh(xs[i]) ? 1 : 0;
     const double e = ulp_error(ys[i], std::tanh(double(xs[i])));
     if (e > worst) worst = e, worst_x = xs[i];
   }
+  CHECK(differ == 0);
   std::printf("fast_tanh: max error %.3f ulp (at x = %.9g)\n", worst, worst_x);
   CHECK(worst <= 3.0);
   for (const float x : {9.1f, 20.0f, 44.0f, 100.0f, 1e30f, kInf}) {
