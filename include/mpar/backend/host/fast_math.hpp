@@ -27,7 +27,7 @@
 
 namespace mpar::host::fast {
 
-/** Elements per block of `for_blocks` (a multiple of every float SIMD width up to 512 bits). */
+/** Elements per block of `map_n`, `map_sum_n`, `sum_n` and `max_n` (a multiple of every float SIMD width up to 512 bits). */
 inline constexpr std::size_t kBlock = 16;
 
 /** `c ? a : b` as bit operations on a mask, so the compiler keeps it a vector select (see fast_exp). */
