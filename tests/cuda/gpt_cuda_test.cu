@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "mpar/cuda.hpp"
-#include "mpar/models/gpt.hpp"
+#include "mpar/models/gpt_trainer.hpp"
 
 using namespace mpar;
 
@@ -112,3 +112,7 @@ TEST_CASE("CudaBackend: tensors created after init_rank live in managed memory",
     set_current_memory_resource(detail::host_memory_resource());
   });
 }
+
+// The whole trainer instantiates with NCCL as the world communicator on the CUDA backend: every
+// communicated buffer is rank memory, which the host residency test checks call by call.
+template class mpar::models::GptTrainer<mpar::NcclCommunicator, mpar::CudaBackend>;

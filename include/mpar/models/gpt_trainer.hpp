@@ -163,13 +163,13 @@ class GptTrainer {
         data_(&data),
         mesh_(cfg_.tp, cfg_.pp, cfg_.dp, cfg_.ep),
         comms_(make_mesh_comms(world, mesh_)),
-        tensor_(comms_.tensor),
-        pipe_(comms_.pipeline),
-        data_comm_(comms_.data),
+        tensor_(same_group(comms_.tensor)),
+        pipe_(same_group(comms_.pipeline)),
+        data_comm_(same_group(comms_.data)),
         coord_(mesh_.coord(std::size_t(world.rank()))),
         replica_comm_(replica_group(world)),
-        expert_t_(comms_.expert),
-        tokens_t_(replica_comm_),
+        expert_t_(same_group(comms_.expert)),
+        tokens_t_(same_group(replica_comm_)),
         schedule_(cfg_.lr, cfg_.min_lr, cfg_.warmup, cfg_.steps) {
     B::init_rank();  // before the stages allocate: the backend chooses where this rank's tensors live
     build_stages();
@@ -387,7 +387,7 @@ class GptTrainer {
   }
   /** The ranks with this rank's pipeline and tensor coordinates: they split each micro-batch (data x expert). */
   Comm replica_group(Comm& world) {
-    if (cfg_.ep == 1) return comms_.data;
+    if (cfg_.ep == 1) return same_group(comms_.data);
     return world.split(int(coord_.pipeline * cfg_.tp + coord_.tensor), int(coord_.data * cfg_.ep + coord_.expert));
   }
 

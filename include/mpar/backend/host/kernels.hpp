@@ -81,11 +81,11 @@ void gelu_forward(std::size_t n, const T* x, T* y) {
           return v * fast::select(u >= 0.0f, 1.0f, e) / (1.0f + e);
         },
         x);
-    return;
-  }
-  for (std::size_t i = 0; i < n; ++i) {
-    const T v = x[i];
-    y[i] = T(0.5) * v * (T(1) + std::tanh(gelu_k<T> * (v + gelu_c<T> * v * v * v)));
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      const T v = x[i];
+      y[i] = T(0.5) * v * (T(1) + std::tanh(gelu_k<T> * (v + gelu_c<T> * v * v * v)));
+    }
   }
 }
 /**
@@ -112,13 +112,13 @@ void gelu_backward(std::size_t n, const T* x, const T* dy, T* dx) {
           return g * (fast::select(pos, 1.0f, e) * (1.0f + 2.0f * v * du * sm)) * inv;
         },
         x, dy);
-    return;
-  }
-  for (std::size_t i = 0; i < n; ++i) {
-    const T v = x[i];
-    const T t = std::tanh(gelu_k<T> * (v + gelu_c<T> * v * v * v));
-    const T dt = gelu_k<T> * (T(1) + T(3) * gelu_c<T> * v * v) * (T(1) - t * t);
-    dx[i] = dy[i] * (T(0.5) * (T(1) + t) + T(0.5) * v * dt);
+  } else {
+    for (std::size_t i = 0; i < n; ++i) {
+      const T v = x[i];
+      const T t = std::tanh(gelu_k<T> * (v + gelu_c<T> * v * v * v));
+      const T dt = gelu_k<T> * (T(1) + T(3) * gelu_c<T> * v * v) * (T(1) - t * t);
+      dx[i] = dy[i] * (T(0.5) * (T(1) + t) + T(0.5) * v * dt);
+    }
   }
 }
 
@@ -331,12 +331,12 @@ template <class T>
 void vocab_parallel_max(std::size_t rows, std::size_t cols, const T* logits, float* row_max) {
   if constexpr (std::is_same_v<T, float>) {
     for (std::size_t r = 0; r < rows; ++r) row_max[r] = fast::max_n(cols, logits + r * cols);
-    return;
-  }
-  for (std::size_t r = 0; r < rows; ++r) {
-    float mx = -std::numeric_limits<float>::infinity();
-    for (std::size_t c = 0; c < cols; ++c) mx = std::max(mx, float(logits[r * cols + c]));
-    row_max[r] = mx;
+  } else {
+    for (std::size_t r = 0; r < rows; ++r) {
+      float mx = -std::numeric_limits<float>::infinity();
+      for (std::size_t c = 0; c < cols; ++c) mx = std::max(mx, float(logits[r * cols + c]));
+      row_max[r] = mx;
+    }
   }
 }
 /** sumexp[r] = sum of exp(logit - row_max[r]) over this block; target_logit[r] = the target's logit if this block owns it, else 0. */
@@ -371,11 +371,11 @@ void vocab_parallel_backward(std::size_t rows, std::size_t cols, std::size_t col
       float* dr = dlogits + r * cols;
       fast::map_n(cols, dr, [mx, k](float v) { return k * fast::fast_exp(v - mx); }, logits + r * cols);
       if (t >= 0 && t < std::int64_t(cols)) dr[std::size_t(t)] -= s;
-      continue;
-    }
-    for (std::size_t c = 0; c < cols; ++c) {
-      const float p = std::exp(float(logits[r * cols + c]) - row_max[r]) * inv;
-      dlogits[r * cols + c] = T(s * (p - (std::int64_t(c) == t ? 1.0f : 0.0f)));
+    } else {
+      for (std::size_t c = 0; c < cols; ++c) {
+        const float p = std::exp(float(logits[r * cols + c]) - row_max[r]) * inv;
+        dlogits[r * cols + c] = T(s * (p - (std::int64_t(c) == t ? 1.0f : 0.0f)));
+      }
     }
   }
 }
