@@ -16,6 +16,7 @@
 
 #include "mpar/cuda.hpp"
 #include "mpar/models/gpt_trainer.hpp"
+#include "../nn/nn_test_support.hpp"
 
 using namespace mpar;
 
@@ -27,15 +28,7 @@ struct StageResult {
   std::map<std::string, std::vector<float>> grads;
 };
 
-double norm_rel_err(std::span<const float> a, std::span<const float> b) {
-  if (a.size() != b.size()) return 1e30;
-  double num = 0, den = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) {
-    num += (double(a[i]) - b[i]) * (double(a[i]) - b[i]);
-    den += double(b[i]) * b[i];
-  }
-  return std::sqrt(num) / std::max(std::sqrt(den), 1e-30);
-}
+using mpar::testing::rel_err;  // ||a - b|| / ||b||
 
 /** One forward, loss and backward of a single-stage GPT on backend B over tensor group `tp`. */
 template <class B>
@@ -55,12 +48,12 @@ StageResult run_stage(ThreadsCommunicator& tp, const models::GptConfig& cfg, std
 void compare(const StageResult& cuda, const StageResult& host, int rank) {
   INFO("tensor rank " << rank);
   CHECK(std::abs(cuda.loss - host.loss) <= 1e-5 * std::abs(host.loss));
-  CHECK(norm_rel_err(cuda.logits, host.logits) <= 1e-4);
+  CHECK(rel_err(cuda.logits, host.logits) <= 1e-4);
   REQUIRE(cuda.grads.size() == host.grads.size());
   for (const auto& [name, g] : host.grads) {
     INFO("gradient of " << name);
     REQUIRE(cuda.grads.count(name) == 1);
-    CHECK(norm_rel_err(cuda.grads.at(name), g) <= 1e-4);
+    CHECK(rel_err(cuda.grads.at(name), g) <= 1e-4);
   }
 }
 

@@ -18,6 +18,8 @@
 #include <mpar/models/gpt_trainer.hpp>
 #include <mpar/mpar.hpp>
 
+#include "gpt_test_config.hpp"
+
 using namespace mpar;
 
 namespace {
@@ -171,25 +173,12 @@ class ResidencyCheckedCommunicator {
 };
 static_assert(communicator<ResidencyCheckedCommunicator<ThreadsCommunicator>>);
 
-const data::CharDataset& dataset() {
-  static const data::CharDataset ds(data::default_text_path, 16);
-  return ds;
-}
+const data::CharDataset& dataset() { return testing::gpt_dataset(); }
 
+/** The model tests' small GPT, with dropout, for 3 steps. */
 models::GptTrainConfig config(std::size_t tp, std::size_t pp, std::size_t dp, const std::string& schedule) {
-  models::GptTrainConfig c;
-  c.model.vocab = dataset().vocab_size();
-  c.model.hidden = 32;
-  c.model.heads = 4;
-  c.model.layers = 4;
-  c.model.seq = 16;
+  models::GptTrainConfig c = testing::small_gpt(tp, pp, dp, schedule);
   c.model.dropout = 0.1;
-  c.tp = tp;
-  c.pp = pp;
-  c.dp = dp;
-  c.schedule = schedule;
-  c.microbatches = 2;
-  c.global_batch = 8;
   c.steps = 3;
   c.warmup = 1;
   return c;

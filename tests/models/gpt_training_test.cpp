@@ -6,6 +6,8 @@
 #include <map>
 #include <mpar/models/gpt_trainer.hpp>
 #include <mpar/mpar.hpp>
+
+#include "gpt_test_config.hpp"
 #include <mutex>
 #include <string>
 #include <vector>
@@ -15,28 +17,10 @@ namespace fs = std::filesystem;
 
 namespace {
 
-const data::CharDataset& dataset() {
-  static const data::CharDataset ds(data::default_text_path, 16);
-  return ds;
-}
+const data::CharDataset& dataset() { return testing::gpt_dataset(); }
 
 models::GptTrainConfig small(std::size_t tp, std::size_t pp, std::size_t dp, std::string schedule = "1f1b") {
-  models::GptTrainConfig c;
-  c.model.vocab = dataset().vocab_size();
-  c.model.hidden = 32;
-  c.model.heads = 4;
-  c.model.layers = 4;
-  c.model.seq = 16;
-  c.tp = tp;
-  c.pp = pp;
-  c.dp = dp;
-  c.schedule = std::move(schedule);
-  c.microbatches = 2;
-  c.global_batch = 8;
-  c.steps = 20;
-  c.warmup = 2;
-  c.lr = 3e-3;
-  return c;
+  return testing::small_gpt(tp, pp, dp, std::move(schedule));
 }
 
 /** The same, trained with SGD: every parameter is then a linear function of its gradients (see below). */
