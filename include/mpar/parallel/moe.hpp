@@ -315,7 +315,7 @@ class MoeMlp {
       xi.resize(n * d);
       std::size_t at = 0;
       for (auto [first, rows] : runs) {
-        std::copy_n(&in[first * d], rows * d, &xi[at * d]);
+        std::copy_n(in.data() + first * d, rows * d, xi.data() + at * d);  // rows may be 0 on empty buffers
         at += rows;
       }
       auto& h = ex_h_[l];
@@ -326,7 +326,7 @@ class MoeMlp {
       B::template gemm<float>(Trans::no, Trans::no, n, d, f, 1.0f, a.data(), f, &w2_.value[l * f * d], d, 0.0f, o.data(), d);
       at = 0;
       for (auto [first, rows] : runs) {
-        std::copy_n(&o[at * d], rows * d, &out[first * d]);
+        std::copy_n(o.data() + at * d, rows * d, out.data() + first * d);
         at += rows;
       }
     });
@@ -342,7 +342,7 @@ class MoeMlp {
       Buffer<float> dy(n * d);
       std::size_t at = 0;
       for (auto [first, rows] : runs) {
-        std::copy_n(&dout[first * d], rows * d, &dy[at * d]);
+        std::copy_n(dout.data() + first * d, rows * d, dy.data() + at * d);
         at += rows;
       }
       const auto& h = ex_h_[l];
@@ -356,7 +356,7 @@ class MoeMlp {
       B::template gemm<float>(Trans::no, Trans::yes, n, d, f, 1.0f, dh.data(), f, &w1_.value[l * d * f], f, 0.0f, dxi.data(), d);
       at = 0;
       for (auto [first, rows] : runs) {
-        std::copy_n(&dxi[at * d], rows * d, &dx[first * d]);
+        std::copy_n(dxi.data() + at * d, rows * d, dx.data() + first * d);
         at += rows;
       }
     });
