@@ -8,6 +8,7 @@
 #include <string>
 
 #include "mpar/comm/mesh_comms.hpp"
+#include "mpar/comm/ordered_p2p.hpp"
 #include "mpar/comm/threads.hpp"
 #include "mpar/nn.hpp"
 #include "mpar/pipeline.hpp"
@@ -53,22 +54,29 @@ Result reference(std::size_t layers, int M) {
   return r;
 }
 
-/** Runs one step of `name` on P threads with V chunks of `lps` layers each. */
+/** NCCL's point-to-point semantics (in-order matching, groups, rendezvous) over the threads communicator. */
+using NcclLike = OrderedP2pCommunicator<ThreadsCommunicator>;
+
+/**
+ * Runs one step of `name` on P threads with V chunks of `lps` layers each, over the threads
+ * communicator or, with `Wrap = NcclLike`, over NCCL's point-to-point semantics.
+ */
+template <class Wrap = ThreadsCommunicator>
 Result pipelined(std::string_view name, int P, int M, int V, std::size_t lps, bool recompute = false,
-                 CommPlacement placement = CommPlacement::lazy) {
+                 CommPlacement placement = CommPlacement::lazy, ExecutorOptions opt = {}) {
   const Programs prog = make_programs(name, {P, M, V, 1, placement});
   Result out;
   std::mutex mu;
-  run_threads(P, [&](ThreadsCommunicator& comm) {
+  run_threads(P, [&](ThreadsCommunicator& world) {
+    Wrap comm(world);
     const int r = comm.rank();
     std::vector<TanhStack> chunks;
     for (int c = 0; c < V; ++c) chunks.emplace_back(width, std::size_t(global_stage(prog.config, r, c)) * lps, lps);
     std::vector<TanhStack*> ptrs;
     for (auto& c : chunks) ptrs.push_back(&c);
-    ExecutorOptions opt;
     opt.recompute.assign(std::size_t(V), recompute);
-    opt.microbatch_tokens = tokens;
-    Executor<TanhStack, ThreadsCommunicator> ex(comm, prog, ptrs, opt);
+    if (opt.microbatch_tokens == 0) opt.microbatch_tokens = tokens;
+    Executor<TanhStack, Wrap> ex(comm, prog, ptrs, opt);
     std::vector<Activation> inputs, targets;
     for (int mb = 0; mb < M; ++mb) inputs.push_back(data(mb, 1)), targets.push_back(data(mb, 2));
     const StepStats st = ex.step(inputs, [&](const Activation& y, int mb, Activation& dy) {
@@ -116,6 +124,61 @@ TEST_CASE("programs with the blocking-safe (ordered) placement run to the same r
     compare(pipelined(name, 4, 6, 1, 1, false, CommPlacement::ordered), reference(4, 6));
   }
   compare(pipelined(Interleaved1F1B::name, 2, 4, 2, 1, false, CommPlacement::ordered), reference(4, 4));
+}
+
+TEST_CASE("over NCCL's point-to-point semantics (grouped, in order, rendezvous) every schedule reproduces the single-rank result",
+          "[pipeline][executor][nccl-semantics]") {
+  // A receive is posted with its size before the message arrives: tokens from the options, the
+  // width from the stage's in_features().
+  const ExecutorOptions shape;
+  for (auto name : {GPipe::name, OneFOneB::name, ZBH1::name, ZBH2::name})
+    for (int P : {2, 4})
+      for (int M : {1, 3, 8}) {
+        INFO(name << " P=" << P << " M=" << M);
+        compare(pipelined<NcclLike>(name, P, M, 1, 1, false, CommPlacement::ordered, shape), reference(std::size_t(P), M));
+      }
+  compare(pipelined<NcclLike>(Interleaved1F1B::name, 2, 4, 2, 1, false, CommPlacement::ordered, shape), reference(4, 4));
+  compare(pipelined<NcclLike>(Interleaved1F1B::name, 4, 8, 2, 1, true, CommPlacement::ordered, shape), reference(8, 8));
+  // The grouped mode on a tag-matching communicator runs the same messages, just later.
+  ExecutorOptions forced = shape;
+  forced.p2p = PointToPoint::grouped;
+  compare(pipelined(OneFOneB::name, 4, 6, 1, 1, false, CommPlacement::ordered, forced), reference(4, 6));
+}
+
+TEST_CASE("over in-order point-to-point, programs that would stall and unknown boundary shapes are refused up front",
+          "[pipeline][executor][nccl-semantics]") {
+  const ExecutorOptions shape;
+  // Lazy interleaved programs complete with tags but deadlock with NCCL's groups: the verifier says so before any message.
+  CHECK_THROWS_WITH(pipelined<NcclLike>(Interleaved1F1B::name, 2, 4, 2, 1, false, CommPlacement::lazy, shape),
+                    Contains("cannot run with grouped, in-order point-to-point") && Contains("deadlock") &&
+                        Contains("CommPlacement::ordered"));
+  ExecutorOptions posted = shape;
+  posted.p2p = PointToPoint::posted;
+  CHECK_THROWS_WITH(pipelined<NcclLike>(OneFOneB::name, 2, 4, 1, 1, false, CommPlacement::ordered, posted),
+                    Contains("in issue order without tags") && Contains("PointToPoint::grouped"));
+  // A boundary shape other than the posted receive's is named on the receiving rank (tag matching
+  // lets the header arrive alone, so the check comes before the payload).
+  ExecutorOptions wrong = shape;
+  wrong.microbatch_tokens = tokens + 1;
+  wrong.p2p = PointToPoint::grouped;
+  CHECK_THROWS_WITH(pipelined(GPipe::name, 2, 2, 1, 1, false, CommPlacement::ordered, wrong),
+                    Contains("rank 1") && Contains("shape 3x8") && Contains("expects 4x8"));
+  // A stage without in_features() needs the width in the options.
+  struct NoWidth {
+    TanhStack inner{width, 0, 1};
+    Activation forward(const Activation& x, int mb) { return inner.forward(x, mb); }
+    Activation backward(const Activation& dy, int mb) { return inner.backward(dy, mb); }
+    std::vector<nn::Parameter*> parameters() { return inner.parameters(); }
+  };
+  CHECK_THROWS_WITH(run_threads(2,
+                                [&](ThreadsCommunicator& world) {
+                                  NcclLike comm(world);
+                                  NoWidth stage;
+                                  ExecutorOptions o;
+                                  o.microbatch_tokens = tokens;
+                                  Executor<NoWidth, NcclLike> ex(comm, make_programs<OneFOneB>({2, 2}), {&stage}, o);
+                                }),
+                    Contains("boundary_cols"));
 }
 
 TEST_CASE("activation recomputation gives the same gradients", "[pipeline][executor]") {

@@ -38,6 +38,10 @@ TEST_CASE("every schedule verifies for P in {1,2,4,8}, M in 1..8, V in {1,2}", "
           const VerifyReport ro = verify(po, SendMode::rendezvous);
           INFO("ordered, rendezvous: " << ro.error);
           REQUIRE(ro.ok);
+          // ... and with NCCL's grouped, in-order matching, what the executor runs over NCCL.
+          const VerifyReport rg = verify(po, SendMode::grouped);
+          INFO("ordered, grouped: " << rg.error);
+          REQUIRE(rg.ok);
           CHECK(verify(po).ok);
           CHECK(simulate(po, CostModel::uniform(1, 1, 1)).makespan == simulate(p, CostModel::uniform(1, 1, 1)).makespan);
           // Each (stage, micro-batch) runs F and B (and W when split) exactly once.
@@ -240,4 +244,33 @@ TEST_CASE("Chrome trace and text timeline show the simulated schedule", "[pipeli
   CHECK_THAT(l0, Contains("rank 0 |F0 F1 "));
   CHECK_THAT(l1, Contains("rank 1 |."));
   CHECK_THAT(l1, Contains("B0"));
+}
+
+namespace {
+// GPipe on two ranks, M = 2, with all of a rank's messages in one run each.
+constexpr Programs gpipe_batched(bool swap_receives) {
+  Programs p{"hand-made", {2, 2, 1, 1}, false, false, {}};
+  p.ranks = {{{Op::forward, 0, 0, -1}, {Op::forward, 1, 0, -1}, {Op::send_activation, 0, 0, 1}, {Op::send_activation, 1, 0, 1},
+              {Op::recv_gradient, 0, 0, 1}, {Op::recv_gradient, 1, 0, 1}, {Op::backward, 0, 0, -1}, {Op::backward, 1, 0, -1},
+              {Op::optimizer_step, 0, 0, -1}},
+             {{Op::recv_activation, swap_receives ? 1 : 0, 0, 0}, {Op::recv_activation, swap_receives ? 0 : 1, 0, 0},
+              {Op::forward, 0, 0, -1}, {Op::forward, 1, 0, -1}, {Op::backward, 0, 0, -1}, {Op::backward, 1, 0, -1},
+              {Op::send_gradient, 0, 0, 0}, {Op::send_gradient, 1, 0, 0}, {Op::optimizer_step, 0, 0, -1}}};
+  return p;
+}
+}  // namespace
+
+TEST_CASE("grouped (NCCL) semantics: in-order matching and whole-group completion are checked", "[pipeline][verifier]") {
+  static_assert(verify(gpipe_batched(false), SendMode::grouped).ok);
+  // Tags make the order of two receives irrelevant; NCCL pairs messages in issue order.
+  CHECK(verify(gpipe_batched(true)).ok);
+  const VerifyReport swapped = verify(gpipe_batched(true), SendMode::grouped);
+  CHECK_THAT(swapped.error, Contains("send #0 from rank 0 to rank 1 (the activation of micro-batch 0 for stage 1)") &&
+                                Contains("received as the activation of micro-batch 1"));
+  // A group completes only as a whole: the lazy placement of interleaved 1F1B puts a gradient send
+  // and the next activation receive in one group on each rank, crossed with the peer's.
+  const Programs lazy = make_programs<Interleaved1F1B>({2, 4, 2});
+  CHECK(verify(lazy).ok);
+  CHECK_THAT(verify(lazy, SendMode::grouped).error, Contains("deadlock") && Contains("rank 0") && Contains("rank 1"));
+  CHECK(verify(make_programs<Interleaved1F1B>({2, 4, 2, 1, CommPlacement::ordered}), SendMode::grouped).ok);
 }

@@ -94,6 +94,19 @@ concept communicator = requires(C& c, const C& cc, std::span<float> buf, std::sp
 };
 
 /**
+ * @brief A communicator whose point-to-point messages between two ranks are matched in the order
+ * they are issued, not by tag, and whose posted sends and receives are issued together as one group
+ * at the next wait, test or collective (NCCL's semantics). It declares
+ * `static constexpr bool matches_in_order = true`. Code that posts receives ahead of need (the
+ * pipeline executor's default) must instead post them in the order the peer sends: see
+ * pipeline::PointToPoint::grouped.
+ */
+template <class C>
+concept ordered_point_to_point = communicator<C> && requires {
+  requires C::matches_in_order;
+};
+
+/**
  * @brief Another communicator over the same group as `c`: a copy when `C` is copyable (a shared
  * handle, like ThreadsCommunicator or MpiCommunicator), otherwise `c.split(0, c.rank())` — collective
  * over the group, same ranks in the same order — for move-only communicators such as NCCL's.

@@ -284,6 +284,9 @@ class NcclCommunicator {
   }
 #endif
 
+  /** NCCL has no tags: messages between two ranks pair in issue order (`ordered_point_to_point`). */
+  static constexpr bool matches_in_order = true;
+
   NcclCommunicator(NcclCommunicator&&) noexcept = default;
   NcclCommunicator& operator=(NcclCommunicator&&) noexcept = default;
 
@@ -555,6 +558,6 @@ class NcclCommunicator {
   std::shared_ptr<detail::NcclState> st_;
 };
 
-static_assert(communicator<NcclCommunicator>);
+static_assert(communicator<NcclCommunicator> && ordered_point_to_point<NcclCommunicator>);
 
 }  // namespace mpar

@@ -4,9 +4,17 @@
  *
  * One Executor per pipeline rank holds that rank's chunks (V stages) and replays its program:
  * forwards and backwards call the stages; sends are `isend` (they return at once, so the next
- * compute overlaps the transfer, and complete by the end of the step); receives are posted as
- * `irecv` when the step starts, so by the time a stage needs its input the message is usually
- * there. The programs are verified before the first step (SendMode::buffered — exactly these semantics).
+ * compute overlaps the transfer, and complete by the end of the step). How receives are posted
+ * depends on how the communicator matches messages (`PointToPoint`):
+ * - `posted` (tag matching: threads, MPI): every receive header of the step is posted as `irecv`
+ *   when the step starts, so by the time a stage needs its input the message is usually there.
+ *   The programs are verified with SendMode::buffered — exactly these semantics.
+ * - `grouped` (in-order matching without tags: NCCL, `ordered_point_to_point`): each run of
+ *   consecutive sends and receives in the program is posted together, headers and payloads, and
+ *   issued as one group. Since a receive is posted with its size before anything arrived, the
+ *   activation shape must be known up front (`microbatch_tokens` and the stage's `in_features()` or
+ *   `boundary_cols`), as Megatron's `tensor_shape`. The programs are verified with
+ *   SendMode::grouped; programs built with CommPlacement::ordered pass it.
  *
  * Every message is a small header followed by the payload. The header (kind, micro-batch, shape,
  * element type, sender) is checked against what the receiver expects before the payload is read: a
@@ -39,12 +47,22 @@
 
 namespace mpar::pipeline {
 
+/** @brief How the executor posts point-to-point messages (see the file comment). */
+enum class PointToPoint {
+  automatic,  ///< `grouped` for an `ordered_point_to_point` communicator, else `posted`
+  posted,     ///< every receive posted at step start, matched by tag (needs a tag-matching communicator)
+  grouped,    ///< each run of sends and receives issued as one group, in program order (NCCL's semantics)
+};
+
 /** @brief Executor options. */
 struct ExecutorOptions {
   /** Activation recomputation per local chunk (missing entries: false): keep only the stage input, rerun the forward before the backward. */
   std::vector<bool> recompute;
   /** Rows (tokens) of every micro-batch, checked on each received activation; 0 = take them from the header. */
   std::size_t microbatch_tokens = 0;
+  /** Columns of every activation between stages when the stage has no `in_features()`; 0 = take them from the header. */
+  std::size_t boundary_cols = 0;
+  PointToPoint p2p = PointToPoint::automatic;
 };
 
 /** @brief The last stage's loss: mean loss of micro-batch `mb` from its output `y`; writes dL/dy (same shape as y) into `dy`. */
@@ -93,7 +111,29 @@ class Executor {
             " stage objects but the schedule has V = ", c.chunks, " chunks per rank");
     for (std::size_t i = 0; i < chunks_.size(); ++i)
       require(chunks_[i] != nullptr, "pipeline::Executor: chunk ", i, " on rank ", comm_.rank(), " is null");
-    report_ = verify_or_throw(prog_);
+    grouped_ = opt_.p2p == PointToPoint::grouped || (opt_.p2p == PointToPoint::automatic && ordered_point_to_point<Comm>);
+    if constexpr (ordered_point_to_point<Comm>)
+      require(grouped_, "pipeline::Executor: communicator '", comm_.name(),
+              "' matches point-to-point messages in issue order without tags, so receives cannot be posted at step "
+              "start; use PointToPoint::grouped (the default for it)");
+    if (grouped_) {
+      require(opt_.microbatch_tokens > 0, "pipeline::Executor: rank ", comm_.rank(),
+              " posts receives with their size before they arrive (grouped point-to-point); set "
+              "ExecutorOptions::microbatch_tokens");
+      for (std::size_t c = 0; c < chunks_.size(); ++c)
+        require(activation_cols(int(c)) > 0, "pipeline::Executor: rank ", comm_.rank(),
+                " posts receives with their size before they arrive (grouped point-to-point), but the width of chunk ", c,
+                "'s input is unknown; set ExecutorOptions::boundary_cols or give the stage in_features()");
+      const VerifyReport rep = verify(prog_, SendMode::grouped);
+      if (!rep.ok)
+        throw config_error("pipeline schedule " + std::string(prog_.schedule) + " (P=" + std::to_string(c.stages) +
+                           ", M=" + std::to_string(c.microbatches) + ", V=" + std::to_string(c.chunks) +
+                           ") cannot run with grouped, in-order point-to-point messages (communicator '" + comm_.name() +
+                           "'): " + rep.error + ". Build the programs with CommPlacement::ordered.");
+      report_ = rep;
+    } else {
+      report_ = verify_or_throw(prog_);
+    }
     opt_.recompute.resize(chunks_.size(), false);
     if constexpr (!droppable_stage<Stage>)
       for (bool r : opt_.recompute)
@@ -136,29 +176,35 @@ class Executor {
 
     comm_.barrier();
     const double t0 = detail::now_seconds();
-    // Post every receive header of the step now, so they land while this rank computes.
     const auto& prog = prog_.ranks[std::size_t(r)];
     // In rank memory, like every buffer handed to the communicator (a device communicator reads only that).
     Buffer<float> headers;
     std::vector<request_type> header_reqs;
     std::vector<std::size_t> header_of(prog.size(), 0);
-    std::size_t nrecv = 0;
-    for (const auto& a : prog) nrecv += is_recv(a.op) ? 1 : 0;
-    headers.assign(nrecv * detail::h_size, 0.0f);
-    header_reqs.reserve(nrecv);
-    for (std::size_t i = 0, k = 0; i < prog.size(); ++i)
-      if (is_recv(prog[i].op)) {
-        header_of[i] = k;
-        header_reqs.push_back(
-            comm_.irecv(std::span<float>(headers.data() + k * detail::h_size, detail::h_size), prog[i].peer, tag_of(prog[i], r, 0)));
-        ++k;
-      }
+    if (!grouped_) {
+      // Post every receive header of the step now, so they land while this rank computes.
+      std::size_t nrecv = 0;
+      for (const auto& a : prog) nrecv += is_recv(a.op) ? 1 : 0;
+      headers.assign(nrecv * detail::h_size, 0.0f);
+      header_reqs.reserve(nrecv);
+      for (std::size_t i = 0, k = 0; i < prog.size(); ++i)
+        if (is_recv(prog[i].op)) {
+          header_of[i] = k;
+          header_reqs.push_back(comm_.irecv(std::span<float>(headers.data() + k * detail::h_size, detail::h_size),
+                                            prog[i].peer, tag_of(prog[i], r, 0)));
+          ++k;
+        }
+    }
 
     for (std::size_t i = 0; i < prog.size(); ++i) {
       const Action& a = prog[i];
       const int s = global_stage(c, r, a.chunk);
       Stage& stage = *chunks_[std::size_t(a.chunk)];
       const double t_start = detail::now_seconds();
+      if (grouped_ && (is_send(a.op) || is_recv(a.op))) {
+        i = exchange_group(prog, i, st) - 1;
+        continue;
+      }
       Lane lane = Lane::compute;
       double t_work = t_start;
       switch (a.op) {
@@ -221,15 +267,7 @@ class Executor {
         case Op::send_activation:
         case Op::send_gradient: {
           lane = Lane::communication;
-          const bool g = a.op == Op::send_gradient;
-          const int dst = g ? s - 1 : s + 1;
-          auto& pending = sends_.emplace_back();
-          pending.payload = take(g ? grad_ : act_, dst, a.mb, g ? "gradient" : "activation", a);
-          pending.header = {detail::header_magic, g ? 1.0f : 0.0f, float(a.mb), float(pending.payload.extent(0)),
-                            float(pending.payload.extent(1)), detail::dtype_f32, float(r), float(s)};
-          static_assert(detail::h_size == 8, "the header list above has one value per header field");
-          pending.reqs.push_back(comm_.isend(std::span<const float>(pending.header), a.peer, tag_of(a, r, 0)));
-          pending.reqs.push_back(comm_.isend(std::span<const float>(pending.payload.span()), a.peer, tag_of(a, r, 1)));
+          post_send(a, r, s);
           break;
         }
         case Op::recv_activation:
@@ -276,6 +314,96 @@ class Executor {
 
   [[nodiscard]] bool holds_stage(int s) const { return stage_rank(prog_.config, s) == comm_.rank(); }
 
+  /** Posts header and payload of a send action; both stay alive (and are waited for) until the step ends. */
+  void post_send(const Action& a, int r, int s) {
+    const bool g = a.op == Op::send_gradient;
+    const int dst = g ? s - 1 : s + 1;
+    auto& pending = sends_.emplace_back();
+    pending.payload = take(g ? grad_ : act_, dst, a.mb, g ? "gradient" : "activation", a);
+    pending.header = {detail::header_magic, g ? 1.0f : 0.0f, float(a.mb), float(pending.payload.extent(0)),
+                      float(pending.payload.extent(1)), detail::dtype_f32, float(r), float(s)};
+    static_assert(detail::h_size == 8, "the header list above has one value per header field");
+    pending.reqs.push_back(comm_.isend(std::span<const float>(pending.header), a.peer, tag_of(a, r, 0)));
+    pending.reqs.push_back(comm_.isend(std::span<const float>(pending.payload.span()), a.peer, tag_of(a, r, 1)));
+  }
+
+  /** Input width of local chunk `c`: the stage's in_features() when it has one, else ExecutorOptions::boundary_cols. */
+  [[nodiscard]] std::size_t activation_cols(int c) const {
+    if constexpr (requires(Stage& st) { { st.in_features() } -> std::convertible_to<std::size_t>; })
+      return chunks_[std::size_t(c)]->in_features();
+    else
+      return opt_.boundary_cols;
+  }
+
+  /**
+   * PointToPoint::grouped: posts the run of sends and receives starting at `prog[first]` — headers
+   * and payloads, receives with the sizes they must have — in program order, so an in-order
+   * communicator issues them as one group and pairs them with the peers' matching groups (the
+   * verifier proved they match). Waits for the receives (which completes the group), checks their
+   * headers and files the payloads; a group of sends only is issued at once (test()) and runs on
+   * while this rank computes. Returns the index after the run.
+   */
+  std::size_t exchange_group(const std::vector<Action>& prog, std::size_t first, StepStats& st) {
+    const int r = comm_.rank();
+    const double t_start = detail::now_seconds();
+    std::size_t end = first;
+    while (end < prog.size() && (is_send(prog[end].op) || is_recv(prog[end].op))) ++end;
+    struct Incoming {
+      std::size_t action;
+      Boundary payload;
+    };
+    std::vector<Incoming> incoming;
+    std::size_t nrecv = 0;
+    for (std::size_t i = first; i < end; ++i) nrecv += is_recv(prog[i].op) ? 1 : 0;
+    Buffer<float> headers(nrecv * detail::h_size, 0.0f);
+    std::vector<request_type> reqs;
+    for (std::size_t i = first; i < end; ++i) {
+      const Action& a = prog[i];
+      const int s = global_stage(prog_.config, r, a.chunk);
+      if (is_send(a.op)) {
+        post_send(a, r, s);
+        continue;
+      }
+      const bool g = a.op == Op::recv_gradient;
+      Shape<2> shape{opt_.microbatch_tokens, activation_cols(a.chunk)};
+      if (g) {
+        const auto it = out_shape_.find({s, a.mb});
+        require(it != out_shape_.end(), "pipeline::Executor: rank ", r, " at ", describe(a),
+                " receives a gradient for an output it has not produced");
+        shape = it->second;
+      }
+      auto& in = incoming.emplace_back(Incoming{i, Boundary(shape)});
+      reqs.push_back(comm_.irecv(std::span<float>(headers.data() + (incoming.size() - 1) * detail::h_size, detail::h_size),
+                                 a.peer, tag_of(a, r, 0)));
+      reqs.push_back(comm_.irecv(std::span<float>(in.payload.span()), a.peer, tag_of(a, r, 1)));
+    }
+    const double t_posted = detail::now_seconds();
+    if (reqs.empty()) (void)sends_.back().reqs.back().test();  // issue the group now, so it runs during the next compute
+    // Headers first (reqs alternate header, payload): with tag matching, a wrong shape is then named
+    // below before the payload transfer fails; on NCCL any wait completes the whole group.
+    for (std::size_t k = 0; k < reqs.size(); k += 2) reqs[k].wait();
+    const double t_arrived = detail::now_seconds();
+    for (std::size_t k = 0; k < incoming.size(); ++k) {
+      const Action& a = prog[incoming[k].action];
+      const int s = global_stage(prog_.config, r, a.chunk);
+      const bool g = a.op == Op::recv_gradient;
+      const std::span<const float, detail::h_size> h(headers.data() + k * detail::h_size, detail::h_size);
+      const Shape<2> sent = check_header(h, a, r, s, g);
+      const Shape<2> posted = incoming[k].payload.shape();
+      require(sent == posted, "pipeline: rank ", r, " (stage ", s, ") posted the ", g ? "gradient" : "activation",
+              " of micro-batch ", a.mb, " from rank ", a.peer, " as ", posted[0], "x", posted[1], " but rank ", a.peer,
+              " sent ", sent[0], "x", sent[1], "; set ExecutorOptions::microbatch_tokens and boundary_cols to the boundary's shape");
+      reqs[2 * k + 1].wait();
+      (g ? grad_ : act_)[{s, a.mb}] = std::move(incoming[k].payload);
+    }
+    const double t_end = detail::now_seconds();
+    // Posting and checking count as communication work; the wait for the group is idle time (the
+    // peers' readiness, and on a device the transfer itself, which runs on the communicator's stream).
+    for (std::size_t i = first; i < end; ++i) st.timeline.events.push_back({r, Lane::communication, prog[i], t_start, t_end});
+    st.communication += (t_posted - t_start) + (t_end - t_arrived);
+    return end;
+  }
+
   /** Tags are unique per (message kind, micro-batch, receiving stage, header/payload) within a step. */
   [[nodiscard]] int tag_of(const Action& a, int r, int part) const {
     const int s = global_stage(prog_.config, r, a.chunk);
@@ -310,8 +438,7 @@ class Executor {
       if (it != out_shape_.end()) want_rows = it->second[0], want_cols = it->second[1];
     } else {
       want_rows = opt_.microbatch_tokens;
-      if constexpr (requires(Stage& st) { { st.in_features() } -> std::convertible_to<std::size_t>; })
-        want_cols = chunks_[std::size_t(a.chunk)]->in_features();
+      want_cols = activation_cols(a.chunk);
     }
     require((want_rows == 0 || rows == want_rows) && (want_cols == 0 || cols == want_cols), "pipeline: rank ", r,
             " (stage ", s, ") received from rank ", a.peer, " the ", what, " of micro-batch ", a.mb, " with shape ", rows,
@@ -355,6 +482,7 @@ class Executor {
   std::vector<PendingSend> sends_;
   std::vector<decltype(nn::Parameter::value)> stash_;
   int version_ = 0;
+  bool grouped_ = false;  ///< PointToPoint::grouped in effect
 };
 
 /**

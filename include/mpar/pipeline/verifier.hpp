@@ -8,8 +8,8 @@
  * matching receive; nothing deadlocks. Reported: the peak number of activations each rank holds.
  *
  * The replay is a work-list over ranks: a rank runs until it blocks on a receive (or, with
- * `SendMode::rendezvous`, on a send whose receiver is not there), and a send wakes its peer, so the
- * cost is O(total actions). Everything is constexpr: a static configuration is verified by
+ * `SendMode::rendezvous`, on a send whose receiver is not there; with `SendMode::grouped`, on a group
+ * whose messages are not all matched), and a send wakes its peer, so the cost is O(total actions). Everything is constexpr: a static configuration is verified by
  * `static_assert` (see static_schedule.hpp).
  */
 #include <string>
@@ -21,11 +21,19 @@
 namespace mpar::pipeline {
 
 /**
- * @brief Point-to-point semantics to verify against. `buffered`: a send returns at once (isend; what
- * the executor does); `rendezvous`: a send blocks until its receiver reaches the matching receive
- * (blocking MPI_Ssend), which also exposes crossed send/recv orders.
+ * @brief Point-to-point semantics to verify against.
+ * - `buffered`: a send returns at once and messages are matched by tag (isend/irecv over threads or
+ *   MPI; what the executor does by default).
+ * - `rendezvous`: a send blocks until its receiver reaches the matching receive (blocking
+ *   MPI_Ssend), which also exposes crossed send/recv orders.
+ * - `grouped`: NCCL's semantics, what the executor does over a communicator that matches in order
+ *   (`ordered_point_to_point`). Every run of consecutive sends and receives in a program is issued as
+ *   one group; the messages between two ranks are matched in issue order, without tags; a message
+ *   completes once both of its ends are issued, and a rank passes its group only when every message
+ *   in it completed (the group is one kernel on the communicator's stream, and the next group or
+ *   compute waits for it).
  */
-enum class SendMode { buffered, rendezvous };
+enum class SendMode { buffered, rendezvous, grouped };
 
 /** @brief The verifier's verdict: `ok`, else `error` names the ranks and actions; `peak_activations[r]` counts (micro-batch, chunk) pairs. */
 struct VerifyReport {
@@ -47,6 +55,12 @@ struct Replay {
   std::vector<int> queue;
   std::vector<char> queued;
   std::string error;
+  // SendMode::grouped: per directed pair (from * P + to) the messages issued by each end, in issue
+  // order, and how many are matched; per rank, the end of its issued group and its unmatched messages.
+  std::vector<std::vector<int>> sent, received;  // message ids (see message_id)
+  std::vector<std::size_t> matched;
+  std::vector<std::size_t> group_end;
+  std::vector<int> unmatched;
 
   constexpr Replay(const Programs& prog, SendMode m)
       : p(prog), mode(m), P(prog.config.stages), V(prog.config.chunks), S(prog.config.total_stages()),
@@ -62,6 +76,14 @@ struct Replay {
     peak.assign(std::size_t(P), 0);
     opt_steps.assign(std::size_t(P), 0);
     queued.assign(std::size_t(P), 0);
+    if (mode == SendMode::grouped) {
+      const auto pairs = std::size_t(P) * std::size_t(P);
+      sent.resize(pairs);
+      received.resize(pairs);
+      matched.assign(pairs, 0);
+      group_end.assign(std::size_t(P), 0);
+      unmatched.assign(std::size_t(P), 0);
+    }
   }
   [[nodiscard]] constexpr std::size_t at(int s, int mb) const { return std::size_t(s) * std::size_t(N) + std::size_t(mb); }
   [[nodiscard]] constexpr std::string where(int r) const {
@@ -102,6 +124,14 @@ struct Replay {
     return a.gradient == bm.gradient && a.stage == bm.stage && a.mb == bm.mb;
   }
 
+  /** A message as one number (for the in-order matching of SendMode::grouped) and in words. */
+  [[nodiscard]] constexpr int message_id(const Msg& m) const { return ((m.gradient ? 1 : 0) * S + m.stage) * N + m.mb; }
+  [[nodiscard]] constexpr std::string describe_message(int id) const {
+    const int mb = id % N, stage = (id / N) % S;
+    return std::string(id / N / S ? "the gradient" : "the activation") + " of micro-batch " + itos(mb) + " for stage " +
+           itos(stage);
+  }
+
   /** Validates fields and the static part of the action (peer, stage range). */
   constexpr bool check_fields(int r, const Action& a) {
     if (a.mb < 0 || a.mb >= N) return fail(r, "micro-batch out of range [0, " + itos(N) + ")");
@@ -132,8 +162,68 @@ struct Replay {
 
   enum class Step { done, blocked, failed };
 
+  /**
+   * SendMode::grouped: issues the run of sends and receives starting at the rank's program counter
+   * as one group (once), pairs what both ends have issued, and passes the group when all of it matched.
+   */
+  constexpr Step step_group(int r) {
+    const auto ur = std::size_t(r);
+    const auto& prog = p.ranks[ur];
+    if (group_end[ur] == 0) {
+      std::size_t e = pc[ur];
+      while (e < prog.size() && (is_send(prog[e].op) || is_recv(prog[e].op))) ++e;
+      std::vector<std::size_t> touched;
+      for (std::size_t k = pc[ur]; k < e; ++k) {
+        const Action& a = prog[k];
+        if (!check_fields(r, a)) return Step::failed;
+        const Msg m = message_of(r, a);
+        auto& slot = (m.gradient ? grad_msg : act_msg)[at(m.stage, m.mb)];
+        const auto pair = is_send(a.op) ? ur * std::size_t(P) + std::size_t(a.peer) : std::size_t(a.peer) * std::size_t(P) + ur;
+        if (is_send(a.op)) {
+          const int s = global_stage(p.config, r, a.chunk);
+          if (m.gradient ? !b[at(s, a.mb)] : !f[at(s, a.mb)])
+            return fail(r, m.gradient ? "sends a gradient its backward has not produced yet"
+                                      : "sends an activation its forward has not produced yet"),
+                   Step::failed;
+          if (slot != 0) return fail(r, "this message was already sent"), Step::failed;
+          slot = 1;
+          sent[pair].push_back(message_id(m));
+        } else {
+          if (slot == 2) return fail(r, "this message was already received"), Step::failed;
+          received[pair].push_back(message_id(m));
+        }
+        ++unmatched[ur];
+        touched.push_back(pair);
+      }
+      group_end[ur] = e;
+      for (const std::size_t pair : touched) {
+        const int from = int(pair / std::size_t(P)), to = int(pair % std::size_t(P));
+        while (matched[pair] < sent[pair].size() && matched[pair] < received[pair].size()) {
+          const std::size_t k = matched[pair]++;
+          const int ms = sent[pair][k], mr = received[pair][k];
+          if (ms != mr)
+            return fail(r, "with in-order matching (no tags, as NCCL), send #" + itos(static_cast<long long>(k)) + " from rank " +
+                               itos(from) + " to rank " + itos(to) + " (" + describe_message(ms) +
+                               ") would be received as " + describe_message(mr) + "; both ranks must order their messages alike"),
+                   Step::failed;
+          const int stage = (ms / N) % S, mb = ms % N;
+          (ms / N / S ? grad_msg : act_msg)[at(stage, mb)] = 2;
+          --unmatched[std::size_t(from)];
+          --unmatched[std::size_t(to)];
+          push(from);
+          push(to);
+        }
+      }
+    }
+    if (unmatched[ur] > 0) return Step::blocked;
+    pc[ur] = group_end[ur] - 1;  // run() steps past the group's last action
+    group_end[ur] = 0;
+    return Step::done;
+  }
+
   constexpr Step step(int r) {
     const Action& a = p.ranks[std::size_t(r)][pc[std::size_t(r)]];
+    if (mode == SendMode::grouped && (is_send(a.op) || is_recv(a.op))) return step_group(r);
     if (!check_fields(r, a)) return Step::failed;
     const int s = global_stage(p.config, r, a.chunk);
     const auto i = at(s, a.mb);
