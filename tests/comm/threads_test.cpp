@@ -306,6 +306,18 @@ TEST_CASE("threads: point-to-point mismatches and timeouts", "[comm][fault]") {
   CHECK(seconds_since(t0) < 3.0);
 }
 
+TEST_CASE("threads: run_threads fails when ranks fail only through communicator errors", "[comm][fault]") {
+  // Nobody throws an error of their own: the receive times out and poisons the run, and the
+  // other rank's barrier fails from that. The run must still end in an exception.
+  CHECK_THROWS_WITH(run_threads(2, with_timeout(0.2),
+                                [](ThreadsCommunicator& c) {
+                                  std::vector<float> v(4);
+                                  if (c.rank() == 1) c.recv(std::span<float>(v), 0, 9);
+                                  c.barrier();
+                                }),
+                    Contains("never sent tag 9") || Contains("timed out"));
+}
+
 TEST_CASE("threads: errors of asynchronous collectives surface in wait()", "[comm][fault]") {
   auto msg = errors_on_every_rank(2, [](ThreadsCommunicator& c) {
     std::vector<float> v(c.rank() == 0 ? 6 : 7);

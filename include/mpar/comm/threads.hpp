@@ -1069,8 +1069,11 @@ void run_threads(int n, const ThreadsOptions& opts, F&& f) {
         f(comm);
       } catch (...) {
         auto e = std::current_exception();
-        if (world->abort(detail::cat("rank ", r, " threw: ", detail::what_of(e)))) {
-          std::lock_guard l(fm);
+        // A communicator failure (a timeout, a mismatch) poisons the run itself before it throws, so
+        // this may not be the call that aborts; the run must fail all the same.
+        const bool root_cause = world->abort(detail::cat("rank ", r, " threw: ", detail::what_of(e)));
+        std::lock_guard l(fm);
+        if (root_cause || !first) {
           first_rank = r;
           first = e;
         }
