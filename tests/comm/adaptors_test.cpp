@@ -1,13 +1,16 @@
 // Adaptors over any communicator, tested on threads: the hierarchical all-reduce against the flat
-// one, and top-k compression with error feedback against the dense sum.
+// one, top-k compression with error feedback against the dense sum, and NCCL's point-to-point
+// semantics (OrderedP2pCommunicator).
 #include <catch2/catch.hpp>
 
+#include <chrono>
 #include <cmath>
 #include <cstdint>
 #include <vector>
 
 #include "comm/collective_tests.hpp"
 #include "mpar/comm/hierarchical.hpp"
+#include "mpar/comm/ordered_p2p.hpp"
 #include "mpar/comm/threads.hpp"
 #include "mpar/comm/topk.hpp"
 
@@ -108,4 +111,63 @@ TEST_CASE("TopKCompressor: with error feedback the applied updates converge to t
                                                       << rel_err_at[400]);
   CHECK(rel_err_at[400] < 0.05);
   CHECK(rel_err_at[400] < rel_err_at[50]);
+}
+
+TEST_CASE("OrderedP2pCommunicator: messages pair in issue order, tags ignored, a group completes as a whole",
+          "[comm][adaptors][nccl-semantics]") {
+  using Nccl = OrderedP2pCommunicator<ThreadsCommunicator>;
+  static_assert(ordered_point_to_point<Nccl> && !ordered_point_to_point<ThreadsCommunicator>);
+  std::vector<std::vector<float>> got(2);
+  run_threads(2, [&](ThreadsCommunicator& world) {
+    Nccl c(world);
+    const int peer = 1 - c.rank();
+    Buffer<float> a(3, float(10 * c.rank() + 1)), b(2, float(10 * c.rank() + 2)), ra(3, 0.0f), rb(2, 0.0f);
+    // One group each way, a ring: both ranks send before they receive. The tags disagree on
+    // purpose; NCCL has none, so the first send meets the first receive.
+    auto s1 = c.isend(std::span<const float>(a), peer, 7);
+    auto s2 = c.isend(std::span<const float>(b), peer, 8);
+    auto r1 = c.irecv(std::span<float>(ra), peer, 99);
+    auto r2 = c.irecv(std::span<float>(rb), peer, 98);
+    r1.wait();  // waits for the whole group: the other three are done too
+    CHECK(s1.test());
+    CHECK(s2.test());
+    CHECK(r2.test());
+    // A collective runs after the posted group.
+    Buffer<float> posted(1, float(c.rank()));
+    auto late = c.isend(std::span<const float>(posted), peer, 0);
+    Buffer<float> arrived(1, -1.0f);
+    auto late_recv = c.irecv(std::span<float>(arrived), peer, 0);
+    Buffer<float> sum(1, 1.0f);
+    c.all_reduce(std::span<float>(sum), ReduceOp::sum);
+    CHECK(late_recv.test());
+    late.wait();
+    got[std::size_t(c.rank())] = {ra[0], rb[0], arrived[0], sum[0]};
+  });
+  CHECK(got[0] == std::vector<float>{11, 12, 1, 2});
+  CHECK(got[1] == std::vector<float>{1, 2, 0, 2});
+}
+
+TEST_CASE("OrderedP2pCommunicator: crossed blocking sends are a rendezvous deadlock, reported as an error",
+          "[comm][adaptors][nccl-semantics]") {
+  ThreadsOptions quick;
+  quick.timeout = std::chrono::milliseconds(300);
+  // Both ranks send before they receive, each send its own group: on NCCL neither send completes.
+  // The threads communicator under it buffers sends, so only the rendezvous makes this fail, as it must.
+  CHECK_THROWS_AS(run_threads(2, quick,
+                              [](ThreadsCommunicator& world) {
+                                OrderedP2pCommunicator<ThreadsCommunicator> c(world);
+                                Buffer<float> x(4, 1.0f), y(4, 0.0f);
+                                c.send(std::span<const float>(x), 1 - c.rank(), 0);
+                                c.recv(std::span<float>(y), 1 - c.rank(), 0);
+                              }),
+                  comm_error);
+  // The same exchange as one group completes.
+  run_threads(2, quick, [](ThreadsCommunicator& world) {
+    OrderedP2pCommunicator<ThreadsCommunicator> c(world);
+    Buffer<float> x(4, 1.0f), y(4, 0.0f);
+    auto s = c.isend(std::span<const float>(x), 1 - c.rank(), 0);
+    c.irecv(std::span<float>(y), 1 - c.rank(), 0).wait();
+    s.wait();
+    CHECK(y[3] == 1.0f);
+  });
 }
