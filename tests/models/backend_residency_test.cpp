@@ -88,9 +88,9 @@ struct ResidencyCheckedBackend : HostBackend {
   }
 #define MPAR_TEST_CHECKED(op)                       \
   template <class... A>                             \
-  static void op(A&&... a) {                        \
+  static decltype(auto) op(A&&... a) {              \
     check_pointers(#op, a...);                      \
-    HostBackend::op(std::forward<A>(a)...);         \
+    return HostBackend::op(std::forward<A>(a)...);  \
   }
   MPAR_TEST_CHECKED(add)
   MPAR_TEST_CHECKED(bias_add_forward)
@@ -107,6 +107,11 @@ struct ResidencyCheckedBackend : HostBackend {
   MPAR_TEST_CHECKED(vocab_parallel_max)
   MPAR_TEST_CHECKED(vocab_parallel_sumexp)
   MPAR_TEST_CHECKED(vocab_parallel_backward)
+  // The optimizer operations: weights, gradients, AdamW moments, SGD momentum and ZeRO blocks.
+  MPAR_TEST_CHECKED(adamw_update)
+  MPAR_TEST_CHECKED(sgd_update)
+  MPAR_TEST_CHECKED(sum_squares)
+  MPAR_TEST_CHECKED(scale)
 #undef MPAR_TEST_CHECKED
 };
 static_assert(backend<ResidencyCheckedBackend>);
@@ -207,16 +212,18 @@ std::vector<double> losses(const models::GptTrainConfig& c, const std::string& s
 
 }  // namespace
 
-TEST_CASE("backend residency: every pointer the GPT trainer passes to its backend or its communicators is rank memory",
+TEST_CASE("backend residency: every pointer the GPT trainer passes to its backend (layers and optimizer) or its "
+          "communicators is rank memory",
           "[models][backend]") {
   struct Layout {
     std::size_t tp, pp, dp;
     const char* schedule;
-    bool recompute, moe, zero1_f16_save = false;
+    bool recompute, moe, zero1_f16_save = false, sgd = false;
   };
   for (const Layout l : {Layout{1, 1, 1, "1f1b", false, false}, Layout{2, 2, 1, "zb_h1", false, false},
                          Layout{2, 1, 2, "1f1b", true, false}, Layout{1, 2, 2, "interleaved_1f1b", false, false},
-                         Layout{1, 2, 1, "1f1b", false, true}, Layout{1, 1, 2, "1f1b", false, false, true}}) {
+                         Layout{1, 2, 1, "1f1b", false, true}, Layout{1, 1, 2, "1f1b", false, false, true},
+                         Layout{2, 1, 1, "1f1b", false, false, false, true}}) {
     auto c = config(l.tp, l.pp, l.dp, l.schedule);
     c.recompute = l.recompute;
     if (l.moe) {  // mixture of experts in every other block, experts spread over ep = 2
@@ -230,9 +237,10 @@ TEST_CASE("backend residency: every pointer the GPT trainer passes to its backen
       c.precision = "f16";
       c.clip = 1.0;
     }
+    if (l.sgd) c.optimizer = "sgd";  // momentum buffers instead of AdamW moments
     if (std::string(l.schedule) == "interleaved_1f1b") c.chunks = 2;
     INFO("tp=" << l.tp << " pp=" << l.pp << " dp=" << l.dp << " " << l.schedule << (l.recompute ? " recompute" : "")
-                << (l.moe ? " moe ep=2" : "") << (l.zero1_f16_save ? " zero1 f16 save" : ""));
+                << (l.moe ? " moe ep=2" : "") << (l.zero1_f16_save ? " zero1 f16 save" : "") << (l.sgd ? " sgd" : ""));
     const std::string save = l.zero1_f16_save ? (std::filesystem::temp_directory_path() / "mpar-residency-ckpt").string() : "";
     const auto checked = losses<ResidencyCheckedBackend>(c, save);  // throws on a pointer outside rank memory
     if (!save.empty()) std::filesystem::remove_all(save);

@@ -2,7 +2,11 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <cstddef>
 #include <limits>
+#include <optional>
+#include <span>
+#include <utility>
 #include <vector>
 
 #include "mpar/optim.hpp"
@@ -91,6 +95,152 @@ TEST_CASE("AdamW matches hand-computed updates with bias correction and decouple
       }
     }
     for (std::size_t i = 0; i < 3; ++i) CHECK(q.value[i] == Approx(w[i]).epsilon(1e-5));
+  }
+}
+
+namespace {
+/** The host backend, counting the optimizer operations routed through it. */
+struct CountingBackend : HostBackend {
+  static inline int adamw_calls = 0, sgd_calls = 0, sum_squares_calls = 0, scale_calls = 0;
+  template <class... A> static void adamw_update(A&&... a) {
+    ++adamw_calls;
+    HostBackend::adamw_update(std::forward<A>(a)...);
+  }
+  template <class... A> static void sgd_update(A&&... a) {
+    ++sgd_calls;
+    HostBackend::sgd_update(std::forward<A>(a)...);
+  }
+  template <class... A> static double sum_squares(A&&... a) {
+    ++sum_squares_calls;
+    return HostBackend::sum_squares(std::forward<A>(a)...);
+  }
+  template <class... A> static void scale(A&&... a) {
+    ++scale_calls;
+    HostBackend::scale(std::forward<A>(a)...);
+  }
+};
+static_assert(backend<CountingBackend>);
+
+/** Host memory that counts the bytes it hands out, to see where optimizer states live. */
+class CountingResource final : public MemoryResource {
+ public:
+  [[nodiscard]] void* allocate(std::size_t bytes) override {
+    allocated += bytes;
+    return ::operator new(bytes ? bytes : 1);
+  }
+  void deallocate(void* p, std::size_t) noexcept override { ::operator delete(p); }
+  [[nodiscard]] const char* name() const noexcept override { return "counting"; }
+  std::size_t allocated = 0;
+};
+
+std::vector<float> wave(std::size_t n, int phase, float amplitude) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = amplitude * float(std::sin(0.37 * double(i) + 1.3 * phase));
+  return v;
+}
+}  // namespace
+
+TEST_CASE("AdamW and SGD step through the backend's optimizer operations and equal the float formula bit for bit",
+          "[train][optim][backend]") {
+  const std::size_t n = 37;
+  CountingResource rank_memory;
+
+  SECTION("AdamW: moments in the rank's memory, every step one adamw_update per parameter") {
+    auto p = make_param("w", wave(n, 0, 1.0f), std::vector<float>(n, 0.0f));
+    auto b = make_param("b", wave(3, 5, 0.5f), std::vector<float>(3, 0.0f));
+    const optim::AdamWConfig cfg{.lr = 0.02f, .beta1 = 0.85f, .beta2 = 0.97f, .eps = 1e-7f, .weight_decay = 0.2f,
+                                 .decays = [](const nn::Parameter& q) { return q.name != "b"; }};
+    std::size_t before = 0;
+    std::optional<optim::AdamW<CountingBackend>> adam;
+    {
+      ScopedMemoryResource scope(rank_memory);
+      adam.emplace(std::vector<nn::Parameter*>{&p, &b}, cfg);
+      before = rank_memory.allocated;
+    }
+    CHECK(before >= 2 * (n + 3) * sizeof(float));  // both moments of both parameters
+    std::vector<float> w(p.value.begin(), p.value.end()), m(n, 0.0f), v(n, 0.0f);
+    CountingBackend::adamw_calls = 0;
+    for (int t = 1; t <= 6; ++t) {
+      const auto g = wave(n, t, 0.3f);
+      std::copy(g.begin(), g.end(), p.grad.begin());
+      const float gs = t % 2 ? 1.0f : 0.5f, lr = 0.02f / float(t);
+      adam->step(lr, gs);
+      // The textbook update in float, one rounding per operation.
+      const float c1 = float(1.0 - std::pow(double(0.85f), t)), c2 = float(1.0 - std::pow(double(0.97f), t));
+      for (std::size_t i = 0; i < n; ++i) {
+        const float gi = g[i] * gs;
+        m[i] = 0.85f * m[i] + (1.0f - 0.85f) * gi;
+        v[i] = 0.97f * v[i] + (1.0f - 0.97f) * gi * gi;
+        w[i] = w[i] * (1.0f - lr * 0.2f) - lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + 1e-7f);
+      }
+      for (std::size_t i = 0; i < n; ++i) {
+        INFO("step " << t << " element " << i);
+        REQUIRE(p.value[i] == w[i]);
+        REQUIRE(adam->first_moment(0)[i] == m[i]);
+        REQUIRE(adam->second_moment(0)[i] == v[i]);
+      }
+    }
+    CHECK(CountingBackend::adamw_calls == 12);
+    // Through the default host backend the same steps give the same bits.
+    auto q = make_param("w", wave(n, 0, 1.0f), std::vector<float>(n, 0.0f));
+    optim::AdamW plain({&q}, cfg);
+    for (int t = 1; t <= 6; ++t) {
+      const auto g = wave(n, t, 0.3f);
+      std::copy(g.begin(), g.end(), q.grad.begin());
+      plain.step(0.02f / float(t), t % 2 ? 1.0f : 0.5f);
+    }
+    CHECK(std::vector<float>(q.value.begin(), q.value.end()) == w);
+  }
+
+  SECTION("SGD: momentum buffer in the rank's memory, plain and Nesterov momentum with decay and dampening") {
+    for (const bool nesterov : {false, true}) {
+      const optim::SgdConfig cfg{.lr = 0.05f, .momentum = 0.8f, .dampening = nesterov ? 0.0f : 0.25f,
+                                 .weight_decay = 0.01f, .nesterov = nesterov};
+      auto p = make_param("w", wave(n, 2, 1.0f), std::vector<float>(n, 0.0f));
+      const std::size_t start = rank_memory.allocated;
+      std::optional<optim::Sgd<CountingBackend>> sgd;
+      {
+        ScopedMemoryResource scope(rank_memory);
+        sgd.emplace(std::vector<nn::Parameter*>{&p}, cfg);
+      }
+      CHECK(rank_memory.allocated - start >= n * sizeof(float));
+      std::vector<float> w(p.value.begin(), p.value.end()), buf(n, 0.0f);
+      CountingBackend::sgd_calls = 0;
+      for (int t = 0; t < 5; ++t) {
+        const auto g = wave(n, 10 + t, 0.4f);
+        std::copy(g.begin(), g.end(), p.grad.begin());
+        sgd->step(0.05f, 0.75f);
+        for (std::size_t i = 0; i < n; ++i) {
+          float d = g[i] * 0.75f + 0.01f * w[i];
+          buf[i] = t == 0 ? d : 0.8f * buf[i] + (1.0f - cfg.dampening) * d;
+          d = nesterov ? d + 0.8f * buf[i] : buf[i];
+          w[i] -= 0.05f * d;
+        }
+        INFO("nesterov " << nesterov << " step " << t);
+        REQUIRE(std::vector<float>(p.value.begin(), p.value.end()) == w);
+        REQUIRE(std::vector<float>(sgd->momentum_buffer(0).begin(), sgd->momentum_buffer(0).end()) == buf);
+      }
+      CHECK(CountingBackend::sgd_calls == 5);
+    }
+  }
+
+  SECTION("gradient norm and scaling: sum_squares and scale per parameter, the double sum unchanged") {
+    auto a = make_param("a", {0, 0, 0}, {0.1f, -0.2f, 0.3f});
+    auto b = make_param("b", {0, 0}, {1e-3f, 7.0f}, true);
+    std::vector<nn::Parameter*> ps{&a, &b};
+    double want = 0.0;
+    for (const auto* q : ps)
+      for (float g : q->grad) want += double(g) * double(g);
+    CountingBackend::sum_squares_calls = CountingBackend::scale_calls = 0;
+    CHECK(optim::grad_norm<CountingBackend>(ps) == std::sqrt(want));
+    CHECK(CountingBackend::sum_squares_calls == 2);
+    CHECK(optim::grad_norm(ps) == std::sqrt(want));  // the default backend: the same bits
+    const double norm = optim::clip_grad_norm<CountingBackend>(ps, 1.0);
+    CHECK(norm == std::sqrt(want));
+    CHECK(CountingBackend::scale_calls == 2);
+    const float coef = optim::clip_coefficient(std::sqrt(want), 1.0);
+    CHECK(a.grad[2] == 0.3f * coef);
+    CHECK(b.grad[1] == 7.0f * coef);
   }
 }
 

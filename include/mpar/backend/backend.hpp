@@ -4,6 +4,7 @@
  * CudaBackend). Layers, stages and trainers are templates over a backend type and call these static
  * functions directly, so the choice of backend costs no run-time dispatch.
  */
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 
@@ -24,10 +25,20 @@ namespace mpar {
  *   `gelu_backward`, `softmax_forward` (optionally causal), `softmax_backward`, `layernorm_forward`,
  *   `layernorm_backward` (accumulates dgamma/dbeta), `dropout_apply`, `embedding_forward`,
  *   `embedding_backward` (accumulates), `vocab_parallel_max`, `vocab_parallel_sumexp`,
- *   `vocab_parallel_backward`.
+ *   `vocab_parallel_backward`;
+ * - the optimizer kernels, fp32 over `n` elements, with the semantics of their `mpar::host`
+ *   reference (backend/host/optimizer_kernels.hpp), so an optimizer runs where its weights live:
+ *   - `adamw_update(n, w, g, m, v, beta1, beta2, eps, lr, weight_decay, bias_correction1,
+ *     bias_correction2, grad_scale)`: one AdamW step on weights `w` with moments `m`, `v`, in the
+ *     direct textbook form (bias corrections `1 - beta^t` given by the caller);
+ *   - `sgd_update(n, w, g, buf, momentum, dampening, nesterov, lr, weight_decay, first, grad_scale)`:
+ *     one SGD step with L2 decay and momentum buffer `buf` (null when `momentum == 0`);
+ *   - `sum_squares(n, x) -> double`: the sum of `x[i]^2` (the host accumulates in double; a device
+ *     may accumulate in float), the local part of the global gradient norm;
+ *   - `scale(n, factor, x)`: `x[i] *= factor` in place (argument order of `host::scale`).
  * Each operation returns with its result in memory that host code may read (a backend with
- * asynchronous devices synchronises), because the code around the layers — communicators,
- * optimizers, checkpoints — reads the same buffers on the host.
+ * asynchronous devices synchronises), because the code around the layers and the optimizers —
+ * communicators, the loss scaler, checkpoints — reads the same buffers on the host.
  */
 template <class B>
 concept backend = requires(const float* a, float* c, const std::int32_t* ids, const host::DropoutMask& mask,
@@ -52,6 +63,10 @@ concept backend = requires(const float* a, float* c, const std::int32_t* ids, co
   B::vocab_parallel_max(n, n, a, c);
   B::vocab_parallel_sumexp(n, n, n, a, ids, a, c, c);
   B::vocab_parallel_backward(n, n, n, a, ids, a, a, c, 1.0f);
+  B::adamw_update(n, c, a, c, c, 0.9f, 0.999f, 1e-8f, 1e-3f, 0.01f, 0.1f, 0.001f, 1.0f);
+  B::sgd_update(n, c, a, c, 0.9f, 0.0f, false, 1e-2f, 0.0f, true, 1.0f);
+  { B::sum_squares(n, a) } -> std::same_as<double>;
+  B::scale(n, 1.0f, c);
 };
 
 }  // namespace mpar

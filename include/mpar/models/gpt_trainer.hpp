@@ -15,7 +15,8 @@
  * 5. for f16, unscales the gradients and skips the step on overflow (dynamic loss scaling);
  * 6. clips by the global gradient norm (tensor and pipeline groups; replicas and the tied copy
  *    counted once), steps the optimizer with the warm-up + cosine learning rate, and copies the
- *    embedding to the head's tied copy.
+ *    embedding to the head's tied copy. The norm, the scaling and the optimizer step are operations
+ *    of the backend `B`, like the layers', so a CUDA rank runs them on its device.
  *
  * Expert parallelism (`ep > 1`, a model with MoE blocks) lives inside data parallelism, as in
  * Megatron-LM and DeepSpeed-MoE: the batch is split over dp x ep ranks; parameters outside the experts
@@ -222,12 +223,12 @@ class GptTrainer {
     double norm = 0;
     if (finite) {
       if (zero_) norm = zero_->grad_norm(tensor_, pipe_);
-      else if (cfg_.ep > 1) norm = optim::grad_norm(std::span<nn::Parameter* const>(opt_params_), tensor_, pipe_, comms_.expert);
-      else norm = optim::grad_norm(std::span<nn::Parameter* const>(opt_params_), tensor_, pipe_);
+      else if (cfg_.ep > 1) norm = optim::grad_norm<B>(std::span<nn::Parameter* const>(opt_params_), tensor_, pipe_, comms_.expert);
+      else norm = optim::grad_norm<B>(std::span<nn::Parameter* const>(opt_params_), tensor_, pipe_);
       const float coef = cfg_.clip > 0 ? float(optim::clip_coefficient(norm, cfg_.clip)) : 1.0f;
       if (zero_) zero_->step(float(lr), coef);
-      else if (adamw_) { optim::scale_grads(opt_params_, coef); adamw_->step(float(lr)); }
-      else { optim::scale_grads(opt_params_, coef); sgd_->step(float(lr)); }
+      else if (adamw_) { optim::scale_grads<B>(opt_params_, coef); adamw_->step(float(lr)); }
+      else { optim::scale_grads<B>(opt_params_, coef); sgd_->step(float(lr)); }
       copy_embedding_to_head();
     }
     store_masters();
@@ -486,7 +487,7 @@ class GptTrainer {
     if (zero_) zero_->reduce_gradients();
     else if (dp_) dp_->finish();
     if (dp_experts_) dp_experts_->finish();
-    else if (cfg_.ep > 1) optim::scale_grads(expert_params_, 1.0f / float(cfg_.ep));
+    else if (cfg_.ep > 1) optim::scale_grads<B>(expert_params_, 1.0f / float(cfg_.ep));
     data_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   }
 
@@ -524,9 +525,9 @@ class GptTrainer {
   std::optional<parallel::DataParallel<Comm>> dp_;
   std::optional<parallel::DataParallel<Comm>> dp_experts_;  ///< expert parameters over the data group (ep > 1)
   std::vector<nn::Parameter*> expert_params_;
-  std::optional<parallel::Zero1AdamW<Comm>> zero_;
-  std::optional<optim::AdamW> adamw_;
-  std::optional<optim::Sgd> sgd_;
+  std::optional<parallel::Zero1AdamW<Comm, B>> zero_;  // optimizers, norm and scaling run on B, like the layers
+  std::optional<optim::AdamW<B>> adamw_;
+  std::optional<optim::Sgd<B>> sgd_;
   std::optional<optim::DynamicLossScaler> scaler_;
   std::vector<decltype(nn::Parameter::value)> masters_;
   double data_seconds_ = 0;

@@ -1,7 +1,8 @@
 #pragma once
 /**
  * @file AdamW (Loshchilov & Hutter, arXiv 1711.05101): Adam with bias correction and decoupled weight
- * decay, fp32 first and second moments.
+ * decay, fp32 first and second moments in the rank's memory, updated through the compute backend
+ * (`B::adamw_update`), so a CUDA rank steps on the device.
  */
 #include <cmath>
 #include <cstddef>
@@ -10,7 +11,10 @@
 #include <utility>
 #include <vector>
 
+#include "mpar/backend/backend.hpp"
+#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/core/error.hpp"
+#include "mpar/core/memory_resource.hpp"
 #include "mpar/nn/parameter.hpp"
 
 namespace mpar::optim {
@@ -47,31 +51,28 @@ struct AdamWStep {
 
 /**
  * @brief One AdamW update, elementwise over equal-sized spans (so it applies unchanged to a local
- * shard, a ZeRO block or a whole tensor):
+ * shard, a ZeRO block or a whole tensor), computed by backend `B` (`B::adamw_update`; the host
+ * reference is host::adamw_update):
  * `w *= 1 - lr wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; w -= lr (m / c1) / (sqrt(v / c2) + eps)`.
+ * All four spans must be memory `B` computes on (the rank's memory resource).
  */
-inline void adamw_update(std::span<float> w, std::span<const float> g, std::span<float> m, std::span<float> v,
-                         const AdamWConfig& c, const AdamWStep& s) {
+template <backend B = HostBackend>
+void adamw_update(std::span<float> w, std::span<const float> g, std::span<float> m, std::span<float> v,
+                  const AdamWConfig& c, const AdamWStep& s) {
   require(w.size() == g.size() && m.size() == w.size() && v.size() == w.size(), "adamw_update: weights (", w.size(),
           "), gradient (", g.size(), "), first (", m.size(), ") and second moments (", v.size(), ") differ in size");
-  const float decay = 1.0f - s.lr * s.weight_decay;
-  const float b1 = c.beta1, b2 = c.beta2;
-  // Folding the bias corrections into the step size and epsilon is the usual trick, but it changes the
-  // rounding; the direct form keeps the update identical to the textbook formula the tests check.
-  for (std::size_t i = 0; i < w.size(); ++i) {
-    const float gi = g[i] * s.grad_scale;
-    m[i] = b1 * m[i] + (1.0f - b1) * gi;
-    v[i] = b2 * v[i] + (1.0f - b2) * gi * gi;
-    const float mhat = m[i] / s.bias_correction1;
-    const float vhat = v[i] / s.bias_correction2;
-    w[i] = w[i] * decay - s.lr * mhat / (std::sqrt(vhat) + c.eps);
-  }
+  if (w.empty()) return;
+  B::adamw_update(w.size(), w.data(), g.data(), m.data(), v.data(), c.beta1, c.beta2, c.eps, s.lr, s.weight_decay,
+                  s.bias_correction1, s.bias_correction2, s.grad_scale);
 }
 
 /**
  * @brief AdamW over a list of parameters. Each rank updates its local shard: the update is elementwise, so
- * any tensor/pipeline sharding gives the single-rank result. States are fp32, one pair per parameter.
+ * any tensor/pipeline sharding gives the single-rank result. States are fp32, one pair per parameter, in
+ * the memory resource current when the optimizer is constructed (construct it on the rank's thread after
+ * `B::init_rank()`); each step runs on backend `B`.
  */
+template <backend B = HostBackend>
 class AdamW {
  public:
   AdamW(std::vector<nn::Parameter*> params, AdamWConfig config) : params_(std::move(params)), config_(std::move(config)) {
@@ -79,12 +80,12 @@ class AdamW {
                 config_.beta2 < 1.0f && config_.eps > 0.0f,
             "AdamW: need lr >= 0, 0 <= beta1, beta2 < 1 and eps > 0 (got lr ", config_.lr, ", beta1 ", config_.beta1,
             ", beta2 ", config_.beta2, ", eps ", config_.eps, ")");
-    m_.resize(params_.size());
-    v_.resize(params_.size());
+    m_.reserve(params_.size());
+    v_.reserve(params_.size());
     for (std::size_t i = 0; i < params_.size(); ++i) {
       require(params_[i] != nullptr, "AdamW: parameter ", i, " is null");
-      m_[i].assign(params_[i]->local_size(), 0.0f);
-      v_[i].assign(params_[i]->local_size(), 0.0f);
+      m_.emplace_back(params_[i]->local_size(), 0.0f);
+      v_.emplace_back(params_[i]->local_size(), 0.0f);
     }
   }
 
@@ -98,7 +99,7 @@ class AdamW {
       require(p.grad.size() == p.value.size(), "AdamW::step: parameter ", p.name, " has ", p.value.size(),
               " values but ", p.grad.size(), " gradients");
       s.weight_decay = config_.decays_param(p) ? config_.weight_decay : 0.0f;
-      adamw_update(p.value, p.grad, m_[i], v_[i], config_, s);
+      adamw_update<B>(p.value, p.grad, m_[i], v_[i], config_, s);
     }
   }
   void zero_grad() {
@@ -118,7 +119,7 @@ class AdamW {
  private:
   std::vector<nn::Parameter*> params_;
   AdamWConfig config_;
-  std::vector<std::vector<float>> m_, v_;
+  std::vector<Buffer<float>> m_, v_;  // rank memory: the backend's kernels read and write them
   std::size_t steps_ = 0;
 };
 

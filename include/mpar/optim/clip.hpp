@@ -12,7 +12,8 @@
  * - data-parallel replicas hold the same (already averaged) gradient: they are NOT summed;
  * - with a mixture of experts, expert parameters (layout sharded on the `expert` axis) differ between expert
  *   ranks and are summed over the expert group; every other parameter is replicated over it.
- * Sums are accumulated in double.
+ * The local sums of squares and the scaling run on the compute backend `B` (HostBackend unless given:
+ * `grad_norm<CudaBackend>(params, tensor, pipeline)`); the host accumulates in double.
  */
 #include <cmath>
 #include <cstddef>
@@ -20,6 +21,8 @@
 #include <string>
 #include <type_traits>
 
+#include "mpar/backend/backend.hpp"
+#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/memory_resource.hpp"
 #include "mpar/nn/parameter.hpp"
@@ -39,12 +42,12 @@ struct GradSquares {
   double expert_replicated = 0.0;      ///< expert parameters whole on every tensor rank
 };
 
-/** @brief The local sums of squares of the gradients of `params`. */
-[[nodiscard]] inline GradSquares grad_squares(std::span<nn::Parameter* const> params) {
+/** @brief The local sums of squares of the gradients of `params`, each parameter's by `B::sum_squares`. */
+template <backend B = HostBackend>
+[[nodiscard]] GradSquares grad_squares(std::span<nn::Parameter* const> params) {
   GradSquares s;
   for (const auto* p : params) {
-    double acc = 0.0;
-    for (float g : p->grad) acc += double(g) * double(g);
+    const double acc = p->grad.empty() ? 0.0 : B::sum_squares(p->grad.size(), p->grad.data());
     if (sharded_over_expert(*p)) (p->sharded_over_tensor ? s.expert_tensor_sharded : s.expert_replicated) += acc;
     else (p->sharded_over_tensor ? s.tensor_sharded : s.replicated) += acc;
   }
@@ -74,26 +77,27 @@ template <class TC, class PC, class EC = NoGroup>
 }  // namespace detail
 
 /** @brief The global gradient norm on one rank (no model parallelism). */
-[[nodiscard]] inline double grad_norm(std::span<nn::Parameter* const> params) {
-  return std::sqrt(detail::global_squares<detail::NoGroup, detail::NoGroup>(grad_squares(params), nullptr, nullptr));
+template <backend B = HostBackend>
+[[nodiscard]] double grad_norm(std::span<nn::Parameter* const> params) {
+  return std::sqrt(detail::global_squares<detail::NoGroup, detail::NoGroup>(grad_squares<B>(params), nullptr, nullptr));
 }
 /** @brief The global gradient norm under tensor parallelism (`tensor`: this rank's tensor group). */
-template <communicator TC>
+template <backend B = HostBackend, communicator TC>
 [[nodiscard]] double grad_norm(std::span<nn::Parameter* const> params, TC& tensor) {
-  return std::sqrt(detail::global_squares<TC, detail::NoGroup>(grad_squares(params), &tensor, nullptr));
+  return std::sqrt(detail::global_squares<TC, detail::NoGroup>(grad_squares<B>(params), &tensor, nullptr));
 }
 /** @brief The global gradient norm under tensor and pipeline parallelism. Never pass the data group. */
-template <communicator TC, communicator PC>
+template <backend B = HostBackend, communicator TC, communicator PC>
 [[nodiscard]] double grad_norm(std::span<nn::Parameter* const> params, TC& tensor, PC& pipeline) {
-  return std::sqrt(detail::global_squares<TC, PC>(grad_squares(params), &tensor, &pipeline));
+  return std::sqrt(detail::global_squares<TC, PC>(grad_squares<B>(params), &tensor, &pipeline));
 }
 /**
  * @brief The global gradient norm with experts spread over `expert` as well (mixture of experts): expert
  * parameters (`sharded_over_expert`) are summed over the expert group, the others counted once.
  */
-template <communicator TC, communicator PC, communicator EC>
+template <backend B = HostBackend, communicator TC, communicator PC, communicator EC>
 [[nodiscard]] double grad_norm(std::span<nn::Parameter* const> params, TC& tensor, PC& pipeline, EC& expert) {
-  return std::sqrt(detail::global_squares<TC, PC, EC>(grad_squares(params), &tensor, &pipeline, &expert));
+  return std::sqrt(detail::global_squares<TC, PC, EC>(grad_squares<B>(params), &tensor, &pipeline, &expert));
 }
 
 /**
@@ -106,23 +110,24 @@ template <communicator TC, communicator PC, communicator EC>
   return c < 1.0 ? float(c) : 1.0f;
 }
 
-/** @brief Multiplies every gradient by `factor`. */
-inline void scale_grads(std::span<nn::Parameter* const> params, float factor) {
+/** @brief Multiplies every gradient by `factor` (`B::scale`). */
+template <backend B = HostBackend>
+void scale_grads(std::span<nn::Parameter* const> params, float factor) {
   if (factor == 1.0f) return;
   for (auto* p : params)
-    for (float& g : p->grad) g *= factor;
+    if (!p->grad.empty()) B::scale(p->grad.size(), factor, p->grad.data());
 }
 
 /**
  * @brief Clips gradients in place to global norm `max_norm` and returns the norm before clipping.
  * `groups...` are none, the tensor group, the tensor and pipeline groups, or tensor, pipeline and expert groups
- * (see `grad_norm`).
+ * (see `grad_norm`); the norm and the scaling run on backend `B`.
  */
-template <communicator... Groups>
+template <backend B = HostBackend, communicator... Groups>
   requires(sizeof...(Groups) <= 3)
 double clip_grad_norm(std::span<nn::Parameter* const> params, double max_norm, Groups&... groups) {
-  const double norm = grad_norm(params, groups...);
-  scale_grads(params, clip_coefficient(norm, max_norm));
+  const double norm = grad_norm<B>(params, groups...);
+  scale_grads<B>(params, clip_coefficient(norm, max_norm));
   return norm;
 }
 

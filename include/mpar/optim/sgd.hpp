@@ -1,11 +1,17 @@
 #pragma once
-/** @file SGD with momentum (and optional Nesterov momentum and L2 weight decay) over fp32 master weights. */
+/**
+ * @file SGD with momentum (and optional Nesterov momentum and L2 weight decay) over fp32 master weights,
+ * updated through the compute backend (`B::sgd_update`), momentum buffers in the rank's memory.
+ */
 #include <cstddef>
 #include <span>
 #include <utility>
 #include <vector>
 
+#include "mpar/backend/backend.hpp"
+#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/core/error.hpp"
+#include "mpar/core/memory_resource.hpp"
 #include "mpar/nn/parameter.hpp"
 
 namespace mpar::optim {
@@ -20,28 +26,28 @@ struct SgdConfig {
 };
 
 /**
- * @brief One SGD update of `w` from `g` with momentum buffer `buf` (`first` says the buffer is empty):
+ * @brief One SGD update of `w` from `g` with momentum buffer `buf` (`first` says the buffer is empty),
+ * computed by backend `B` (`B::sgd_update`; the host reference is host::sgd_update):
  * `g' = g + wd w; buf = first ? g' : mu buf + (1 - dampening) g'; w -= lr (nesterov ? g' + mu buf : buf)`.
- * `grad_scale` multiplies `g` first (1 / loss scale, a clipping coefficient).
+ * `grad_scale` multiplies `g` first (1 / loss scale, a clipping coefficient). Without momentum `buf` is
+ * unused and may be empty.
  */
-inline void sgd_update(std::span<float> w, std::span<const float> g, std::span<float> buf, bool first,
-                       const SgdConfig& c, float lr, float grad_scale = 1.0f) {
+template <backend B = HostBackend>
+void sgd_update(std::span<float> w, std::span<const float> g, std::span<float> buf, bool first, const SgdConfig& c,
+                float lr, float grad_scale = 1.0f) {
   require(w.size() == g.size() && (c.momentum == 0.0f || buf.size() == w.size()), "sgd_update: weights (", w.size(),
           "), gradient (", g.size(), ") and momentum buffer (", buf.size(), ") differ in size");
-  for (std::size_t i = 0; i < w.size(); ++i) {
-    float d = g[i] * grad_scale + c.weight_decay * w[i];
-    if (c.momentum != 0.0f) {
-      buf[i] = first ? d : c.momentum * buf[i] + (1.0f - c.dampening) * d;
-      d = c.nesterov ? d + c.momentum * buf[i] : buf[i];
-    }
-    w[i] -= lr * d;
-  }
+  if (w.empty()) return;
+  B::sgd_update(w.size(), w.data(), g.data(), c.momentum != 0.0f ? buf.data() : nullptr, c.momentum, c.dampening,
+                c.nesterov, lr, c.weight_decay, first, grad_scale);
 }
 
 /**
  * @brief SGD with momentum over a list of parameters (any sharding: the update is elementwise, so each
- * rank updates its local shard). Momentum buffers are fp32 and live here, one per parameter.
+ * rank updates its local shard). Momentum buffers are fp32, one per parameter, in the memory resource
+ * current when the optimizer is constructed (the rank's, after `B::init_rank()`); each step runs on `B`.
  */
+template <backend B = HostBackend>
 class Sgd {
  public:
   Sgd(std::vector<nn::Parameter*> params, SgdConfig config) : params_(std::move(params)), config_(config) {
@@ -49,10 +55,10 @@ class Sgd {
             config_.momentum, " must be non-negative");
     require(!config_.nesterov || (config_.momentum > 0.0f && config_.dampening == 0.0f),
             "Sgd: Nesterov momentum needs momentum > 0 and dampening 0");
-    buffers_.resize(params_.size());
+    buffers_.reserve(params_.size());
     for (std::size_t i = 0; i < params_.size(); ++i) {
       require(params_[i] != nullptr, "Sgd: parameter ", i, " is null");
-      if (config_.momentum != 0.0f) buffers_[i].assign(params_[i]->local_size(), 0.0f);
+      buffers_.emplace_back(config_.momentum != 0.0f ? params_[i]->local_size() : 0, 0.0f);
     }
   }
 
@@ -64,7 +70,7 @@ class Sgd {
       auto& p = *params_[i];
       require(p.grad.size() == p.value.size(), "Sgd::step: parameter ", p.name, " has ", p.value.size(),
               " values but ", p.grad.size(), " gradients");
-      sgd_update(p.value, p.grad, buffers_[i], steps_ == 0, config_, lr, grad_scale);
+      sgd_update<B>(p.value, p.grad, buffers_[i], steps_ == 0, config_, lr, grad_scale);
     }
     ++steps_;
   }
@@ -75,12 +81,14 @@ class Sgd {
   [[nodiscard]] std::size_t steps() const { return steps_; }
   [[nodiscard]] const SgdConfig& config() const { return config_; }
   [[nodiscard]] std::span<const float> momentum_buffer(std::size_t i) const { return buffers_.at(i); }
+  /** Writable momentum buffer, for restoring a checkpoint (empty without momentum). */
+  [[nodiscard]] std::span<float> momentum_buffer_mut(std::size_t i) { return buffers_.at(i); }
   [[nodiscard]] const std::vector<nn::Parameter*>& params() const { return params_; }
 
  private:
   std::vector<nn::Parameter*> params_;
   SgdConfig config_;
-  std::vector<std::vector<float>> buffers_;
+  std::vector<Buffer<float>> buffers_;  // rank memory: the backend's kernels read and write them
   std::size_t steps_ = 0;
 };
 

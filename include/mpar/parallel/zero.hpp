@@ -4,7 +4,8 @@
  * data axis. Each bucket of gradients is reduce-scattered (rank r receives block_of(n, p, r) of the bucket's
  * flat buffer), r updates that block of the weights with its block of the moments, and the weights are
  * all-gathered back, so every replica ends the step with identical full parameters while holding only 1/p
- * of the optimizer states.
+ * of the optimizer states. The averaging, the gradient norm's sums of squares and the update run on the
+ * compute backend `B` (the moments and the flat buffers are rank memory).
  */
 #include <algorithm>
 #include <cmath>
@@ -13,6 +14,8 @@
 #include <utility>
 #include <vector>
 
+#include "mpar/backend/backend.hpp"
+#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/memory_resource.hpp"
 #include "mpar/optim/adamw.hpp"
@@ -39,7 +42,7 @@ struct ZeroOptions {
  * `p.grad` keeps this rank's un-averaged gradient (zero it for the next step as usual); the averaged
  * gradient exists only as this rank's blocks.
  */
-template <communicator Comm>
+template <communicator Comm, backend B = HostBackend>
 class Zero1AdamW {
  public:
   Zero1AdamW(std::vector<nn::Parameter*> params, Comm& data_group, optim::AdamWConfig config, ZeroOptions options = {})
@@ -77,8 +80,10 @@ class Zero1AdamW {
     if (reduced_) return;
     buckets_.wait();
     const float inv = float(1.0 / divisor_);
-    for (std::size_t b = 0; b < buckets_.bucket_count(); ++b)
-      for (float& g : buckets_.shard(b)) g *= inv;
+    for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
+      const auto g = buckets_.shard(b);
+      if (!g.empty()) B::scale(g.size(), inv, g.data());
+    }
     reduced_ = true;
   }
 
@@ -96,8 +101,7 @@ class Zero1AdamW {
     for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
       const auto g = buckets_.shard(b);
       for (const auto& pc : pieces_[b]) {
-        double acc = 0.0;
-        for (std::size_t i = 0; i < pc.size; ++i) acc += double(g[pc.shard_offset + i]) * double(g[pc.shard_offset + i]);
+        const double acc = pc.size ? B::sum_squares(pc.size, g.data() + pc.shard_offset) : 0.0;
         const auto& prm = *buckets_.params()[pc.param];
         sq[(optim::sharded_over_expert(prm) ? 2 : 0) + (prm.sharded_over_tensor ? 0 : 1)] += acc;
       }
@@ -125,7 +129,7 @@ class Zero1AdamW {
                     w_[b].begin() + std::ptrdiff_t(pc.shard_offset));
         st.weight_decay = config_.decays_param(prm) ? config_.weight_decay : 0.0f;
         const auto sub = [&](auto& v) { return std::span<float>(v).subspan(pc.shard_offset, pc.size); };
-        optim::adamw_update(sub(w_[b]), std::span<const float>(g).subspan(pc.shard_offset, pc.size), sub(m_[b]),
+        optim::adamw_update<B>(sub(w_[b]), std::span<const float>(g).subspan(pc.shard_offset, pc.size), sub(m_[b]),
                             sub(v_[b]), config_, st);
       }
     }

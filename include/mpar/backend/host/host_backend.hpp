@@ -63,6 +63,12 @@ struct HostBackend {
   template <class... A> static void vocab_parallel_max(A&&... a) { host::vocab_parallel_max(std::forward<A>(a)...); }
   template <class... A> static void vocab_parallel_sumexp(A&&... a) { host::vocab_parallel_sumexp(std::forward<A>(a)...); }
   template <class... A> static void vocab_parallel_backward(A&&... a) { host::vocab_parallel_backward(std::forward<A>(a)...); }
+
+  // The optimizer kernels (see the `backend` concept): mpar::host's, in backend/host/optimizer_kernels.hpp.
+  template <class... A> static void adamw_update(A&&... a) { host::adamw_update(std::forward<A>(a)...); }
+  template <class... A> static void sgd_update(A&&... a) { host::sgd_update(std::forward<A>(a)...); }
+  template <class... A> static double sum_squares(A&&... a) { return host::sum_squares(std::forward<A>(a)...); }
+  template <class... A> static void scale(A&&... a) { host::scale(std::forward<A>(a)...); }
 };
 
 static_assert(backend<HostBackend>);

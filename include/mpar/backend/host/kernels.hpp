@@ -15,6 +15,7 @@
 #include <type_traits>
 
 #include "mpar/backend/host/fast_math.hpp"
+#include "mpar/backend/host/optimizer_kernels.hpp"  // adamw_update, sgd_update, sum_squares
 #include "mpar/core/error.hpp"
 #include "mpar/core/init.hpp"
 
