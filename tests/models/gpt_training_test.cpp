@@ -31,6 +31,9 @@ models::GptTrainConfig small_sgd(std::size_t tp, std::size_t pp, std::size_t dp,
   return c;
 }
 
+/** NCCL's point-to-point semantics — in-order matching without tags, groups, rendezvous — over threads. */
+using NcclLike = OrderedP2pCommunicator<ThreadsCommunicator>;
+
 struct RunResult {
   std::vector<double> losses, norms, aux;
   std::size_t dropped = 0;
@@ -56,12 +59,15 @@ void gather_into(std::map<std::string, std::vector<float>>& full, const nn::Para
   }
 }
 
+/** Trains `c` on thread ranks over the threads communicator or, with `Comm = NcclLike`, over NCCL's point-to-point semantics. */
+template <class Comm = ThreadsCommunicator>
 RunResult run(const models::GptTrainConfig& c, std::size_t steps, const std::string& resume = "",
               const std::string& save_at_end = "") {
   RunResult res;
   std::mutex m;
-  run_threads(int(c.world_size()), [&](ThreadsCommunicator& w) {
-    models::GptTrainer<ThreadsCommunicator> t(w, c, dataset());
+  run_threads(int(c.world_size()), [&](ThreadsCommunicator& world) {
+    Comm w(world);
+    models::GptTrainer<Comm> t(w, c, dataset());
     if (!resume.empty()) t.resume(resume);
     while (t.step() < steps) {
       const auto r = t.train_step();
@@ -154,6 +160,18 @@ TEST_CASE("every synchronous pipeline schedule reproduces the single-rank run", 
   auto zb_recompute = small_sgd(1, 2, 2, "zb_h2");
   zb_recompute.recompute = true;
   require_equivalent(run(zb_recompute, 20), ref, "zb_h2 with recomputation, dp=2", true);
+}
+
+TEST_CASE("over NCCL's point-to-point semantics on every axis, the layouts and schedules reproduce the single-rank run",
+          "[models][gpt][pipeline][nccl-semantics]") {
+  // The trainer sees an ordered_point_to_point communicator, builds its programs with the ordered
+  // placement and exchanges each run of pipeline messages as one group with known sizes.
+  const RunResult& ref = reference_sgd();
+  require_equivalent(run<NcclLike>(small_sgd(2, 2, 2), 20), ref, "1f1b, tp=2 pp=2 dp=2, NCCL semantics", true);
+  require_equivalent(run<NcclLike>(small_sgd(1, 2, 2, "zb_h2"), 20), ref, "zb_h2, pp=2 dp=2, NCCL semantics", true);
+  auto inter = small_sgd(1, 2, 1, "interleaved_1f1b");
+  inter.chunks = 2;
+  require_equivalent(run<NcclLike>(inter, 20), ref, "interleaved_1f1b, 2 chunks, NCCL semantics", true);
 }
 
 TEST_CASE("ZeRO-1 equals plain data parallelism", "[models][gpt][zero]") {

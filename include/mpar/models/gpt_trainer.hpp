@@ -415,7 +415,12 @@ class GptTrainer {
     pipeline::ExecutorOptions eo;
     eo.recompute.assign(chunks.size(), cfg_.recompute);
     eo.microbatch_tokens = cfg_.microbatch_size() * cfg_.model.seq;
-    executor_.emplace(pipe_, pipeline::make_programs(cfg_.schedule, {P, cfg_.microbatches, V, 1}), chunks, eo);
+    eo.boundary_cols = cfg_.model.hidden;  // every stage boundary is [tokens, hidden]
+    pipeline::ScheduleConfig sc{P, cfg_.microbatches, V, 1};
+    // A communicator that pairs messages in issue order (NCCL) exchanges them in groups; the ordered
+    // placement is verified deadlock-free for that (the lazy one is not, for some schedules).
+    if constexpr (ordered_point_to_point<Comm>) sc.placement = pipeline::CommPlacement::ordered;
+    executor_.emplace(pipe_, pipeline::make_programs(cfg_.schedule, sc), chunks, eo);
     // The optimizer updates everything but the head's tied copy, which receives the embedding's values.
     for (auto& s : stages_) {
       for (auto* p : s->parameters()) all_params_.push_back(p);
