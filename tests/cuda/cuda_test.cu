@@ -10,7 +10,10 @@
 #include <functional>
 #include <mutex>
 #include <optional>
+#include <span>
+#include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "mpar/cuda.hpp"
@@ -418,6 +421,107 @@ TEST_CASE("kernels: AdamW step, sum of squares, bias gradient, convert and add",
   gpu::scale(n, 0.25f, dF.data());
   const auto half = download(dF);
   for (std::size_t i = 0; i < n; ++i) REQUIRE(half[i] == 0.5f * f[i]);
+}
+
+TEST_CASE("CudaBackend optimizer operations: AdamW, SGD, sum of squares and scale equal the host backend",
+          "[cuda][kernels][optim]") {
+  const std::size_t n = 3001;
+  const auto w0 = random_vec<float>(n, 90), g = random_vec<float>(n, 91);
+  auto m0 = random_vec<float>(n, 92, 0.1), v0 = random_vec<float>(n, 93, 0.01);
+  for (auto& x : v0) x = std::abs(x);
+  // Direct calls: the device kernels compute host::adamw_update / host::sgd_update operation for operation.
+  {
+    auto dw = upload(w0), dg = upload(g), dm = upload(m0), dv = upload(v0);
+    CudaBackend::adamw_update(n, dw.data(), static_cast<const float*>(dg.data()), dm.data(), dv.data(), 0.9f, 0.95f,
+                              1e-8f, 1e-2f, 0.1f, 0.271f, 0.142625f, 0.5f);
+    auto w = w0, m = m0, v = v0;
+    HostBackend::adamw_update(n, w.data(), g.data(), m.data(), v.data(), 0.9f, 0.95f, 1e-8f, 1e-2f, 0.1f, 0.271f,
+                              0.142625f, 0.5f);
+    CHECK(worst(download(dw), w, 1e-12, 1e-6) <= 1.0);
+    CHECK(worst(download(dm), m, 1e-12, 1e-6) <= 1.0);
+    CHECK(worst(download(dv), v, 1e-12, 1e-6) <= 1.0);
+  }
+  for (const bool nesterov : {false, true})
+    for (const bool first : {true, false}) {
+      auto dw = upload(w0), dg = upload(g), db = upload(m0);
+      CudaBackend::sgd_update(n, dw.data(), static_cast<const float*>(dg.data()), db.data(), 0.9f,
+                              nesterov ? 0.0f : 0.1f, nesterov, 0.05f, 0.01f, first, 0.75f);
+      auto w = w0, b = m0;
+      HostBackend::sgd_update(n, w.data(), g.data(), b.data(), 0.9f, nesterov ? 0.0f : 0.1f, nesterov, 0.05f, 0.01f,
+                              first, 0.75f);
+      INFO("nesterov " << nesterov << " first " << first);
+      CHECK(worst(download(dw), w, 1e-12, 1e-6) <= 1.0);
+      CHECK(worst(download(db), b, 1e-12, 1e-6) <= 1.0);
+    }
+  {
+    auto dw = upload(w0), dg = upload(g);
+    CudaBackend::sgd_update(n, dw.data(), static_cast<const float*>(dg.data()), static_cast<float*>(nullptr), 0.0f,
+                            0.0f, false, 0.05f, 0.01f, true, 1.0f);  // no momentum: no buffer
+    auto w = w0;
+    HostBackend::sgd_update(n, w.data(), g.data(), nullptr, 0.0f, 0.0f, false, 0.05f, 0.01f, true, 1.0f);
+    CHECK(worst(download(dw), w, 1e-12, 1e-6) <= 1.0);
+  }
+  {
+    auto dg = upload(g);
+    // The device accumulates in float (a tree over the threads), the host in double.
+    CHECK(CudaBackend::sum_squares(n, dg.data()) == Approx(HostBackend::sum_squares(n, g.data())).epsilon(1e-5));
+    CHECK(CudaBackend::sum_squares(0, dg.data()) == 0.0);
+    CudaBackend::scale(n, 0.375f, dg.data());
+    auto h = g;
+    HostBackend::scale(n, 0.375f, h.data());
+    CHECK(download(dg) == h);
+  }
+
+  // The optimizers on a CUDA rank (parameters and states in managed memory) against the host optimizers.
+  const auto make = [&](std::string name) {
+    nn::Parameter p;
+    p.name = std::move(name);
+    p.global_shape = {n};
+    p.local_box = {Block{0, n}};
+    p.layout = "Replicate";
+    p.value.assign(w0.begin(), w0.end());
+    p.grad.assign(g.begin(), g.end());
+    return p;
+  };
+  const optim::AdamWConfig acfg{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
+  const optim::SgdConfig scfg{.lr = 0.05f, .momentum = 0.9f, .weight_decay = 0.01f, .nesterov = true};
+  std::vector<float> adam_w, adam_m, adam_v, sgd_w, sgd_buf, scaled;
+  double norm = 0;
+  run_ranks(1, [&](int) {
+    auto pa = make("a"), ps = make("s");
+    optim::AdamW<CudaBackend> adam({&pa}, acfg);
+    optim::Sgd<CudaBackend> sgd({&ps}, scfg);
+    for (int t = 0; t < 3; ++t) {
+      adam.step(acfg.lr, 0.5f);
+      sgd.step(scfg.lr, 0.5f);
+    }
+    std::vector<nn::Parameter*> both{&pa, &ps};
+    norm = optim::grad_norm<CudaBackend>(both);
+    optim::scale_grads<CudaBackend>(both, 0.25f);
+    adam_w.assign(pa.value.begin(), pa.value.end());
+    adam_m.assign(adam.first_moment(0).begin(), adam.first_moment(0).end());
+    adam_v.assign(adam.second_moment(0).begin(), adam.second_moment(0).end());
+    sgd_w.assign(ps.value.begin(), ps.value.end());
+    sgd_buf.assign(sgd.momentum_buffer(0).begin(), sgd.momentum_buffer(0).end());
+    scaled.assign(ps.grad.begin(), ps.grad.end());
+  });
+  auto ha = make("a"), hs = make("s");
+  optim::AdamW adam({&ha}, acfg);
+  optim::Sgd sgd({&hs}, scfg);
+  for (int t = 0; t < 3; ++t) {
+    adam.step(acfg.lr, 0.5f);
+    sgd.step(scfg.lr, 0.5f);
+  }
+  std::vector<nn::Parameter*> both{&ha, &hs};
+  CHECK(norm == Approx(optim::grad_norm(both)).epsilon(1e-5));
+  optim::scale_grads(both, 0.25f);
+  const auto vec = [](std::span<const float> s) { return std::vector<float>(s.begin(), s.end()); };
+  CHECK(worst(adam_w, vec(ha.value), 1e-12, 1e-6) <= 1.0);
+  CHECK(worst(adam_m, vec(adam.first_moment(0)), 1e-12, 1e-6) <= 1.0);
+  CHECK(worst(adam_v, vec(adam.second_moment(0)), 1e-12, 1e-6) <= 1.0);
+  CHECK(worst(sgd_w, vec(hs.value), 1e-12, 1e-6) <= 1.0);
+  CHECK(worst(sgd_buf, vec(sgd.momentum_buffer(0)), 1e-12, 1e-6) <= 1.0);
+  CHECK(scaled == vec(hs.grad));
 }
 
 // ---- communicators ------------------------------------------------------------------------------

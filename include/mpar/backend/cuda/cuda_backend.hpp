@@ -17,6 +17,7 @@
 #include "mpar/backend/cuda/gemm.hpp"
 #include "mpar/backend/cuda/kernels.hpp"
 #include "mpar/backend/cuda/managed_resource.hpp"
+#include "mpar/backend/cuda/memory.hpp"
 
 namespace mpar {
 
@@ -32,8 +33,9 @@ struct CudaMemory {
  * `init_rank()` binds the rank's thread to its device and makes managed memory the thread's memory
  * resource, so every Tensor and Parameter the rank creates afterwards is reachable from its kernels
  * and from host code alike. Each layer operation returns once its kernels have finished (see the
- * `backend` concept): the code around the layers — communicators over host memory, optimizers,
- * checkpoints, activation copies — reads the same buffers on the host. That keeps the GPU path
+ * `backend` concept): the code around the layers — communicators over host memory, the loss
+ * scaler, checkpoints, activation copies — reads the same buffers on the host (the optimizer step,
+ * gradient norm and gradient scaling are backend operations and run here, on the device). That keeps the GPU path
  * correct by construction; overlapping kernels with communication needs device-side collectives
  * (NcclCommunicator) and the raw `gpu::` functions, which are stream-ordered and never wait.
  *
@@ -125,6 +127,35 @@ struct CudaBackend {
   }
   template <class... A> static void vocab_parallel_backward(A&&... a) {
     gpu::vocab_parallel_backward(std::forward<A>(a)...);
+    synchronize();
+  }
+
+  // The optimizer kernels (see the `backend` concept): the step, norm and scaling run on the device
+  // next to the weights, gradients and moments (all managed memory of the rank).
+  template <class... A> static void adamw_update(A&&... a) {
+    gpu::adamw_update(std::forward<A>(a)...);
+    synchronize();
+  }
+  template <class... A> static void sgd_update(A&&... a) {
+    gpu::sgd_update(std::forward<A>(a)...);
+    synchronize();
+  }
+  /** `sum x[i]^2`, accumulated in a device float and copied back (the device sums in float, not double). */
+  static double sum_squares(std::size_t n, const float* x) {
+    if (n == 0) return 0.0;
+    const cudaStream_t s = gpu::current_stream();
+    gpu::DeviceBuffer<float> acc(1, s);
+    acc.zero();
+    gpu::sum_squares_accumulate(n, x, acc.data(), s);
+    float out = 0.0f;
+    gpu::copy_to_host(acc.data(), &out, 1, s);
+    synchronize();
+    return double(out);
+  }
+  /** `x[i] *= factor` (the argument order of host::scale and gpu::scale). */
+  template <class T>
+  static void scale(std::size_t n, compute_type_t<T> factor, T* x) {
+    gpu::scale(n, factor, x);
     synchronize();
   }
 };

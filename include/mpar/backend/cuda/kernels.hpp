@@ -336,17 +336,39 @@ __global__ void embedding_backward_kernel(std::size_t tokens, std::size_t dim, s
   }
 }
 
+/**
+ * AdamW in the direct form of host::adamw_update, operation for operation. The explicitly rounded
+ * intrinsics keep nvcc from contracting a multiply and an add into one FMA (the host rounds each
+ * product), so a device step equals the host step bit for bit.
+ */
 template <class G>
-__global__ void adamw_kernel(std::size_t n, float* param, const G* grad, float* m, float* v, float lr, float beta1,
-                             float beta2, float eps, float weight_decay, float bias1, float bias2, float grad_scale) {
+__global__ void adamw_kernel(std::size_t n, float* w, const G* grad, float* m, float* v, float beta1, float beta2,
+                             float eps, float lr, float decay, float bias1, float bias2, float grad_scale) {
+  const float one_b1 = 1.0f - beta1, one_b2 = 1.0f - beta2;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
-    const float g = float(to_compute(grad[i])) * grad_scale;
-    const float mi = beta1 * m[i] + (1.0f - beta1) * g;
-    const float vi = beta2 * v[i] + (1.0f - beta2) * g * g;
+    const float g = __fmul_rn(float(to_compute(grad[i])), grad_scale);
+    const float mi = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(one_b1, g));
+    const float vi = __fadd_rn(__fmul_rn(beta2, v[i]), __fmul_rn(__fmul_rn(one_b2, g), g));
     m[i] = mi;
     v[i] = vi;
-    const float mhat = mi / bias1, vhat = vi / bias2;
-    param[i] -= lr * (mhat / (sqrtf(vhat) + eps) + weight_decay * param[i]);
+    const float mhat = __fdiv_rn(mi, bias1), vhat = __fdiv_rn(vi, bias2);
+    w[i] = __fsub_rn(__fmul_rn(w[i], decay), __fdiv_rn(__fmul_rn(lr, mhat), __fadd_rn(__fsqrt_rn(vhat), eps)));
+  }
+}
+
+/** SGD in the form of host::sgd_update, rounded like the host (see adamw_kernel). `buf` is null without momentum. */
+template <class G>
+__global__ void sgd_kernel(std::size_t n, float* w, const G* grad, float* buf, float momentum, float dampening,
+                           bool nesterov, float lr, float weight_decay, bool first, float grad_scale) {
+  const float keep = 1.0f - dampening;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+    float d = __fadd_rn(__fmul_rn(float(to_compute(grad[i])), grad_scale), __fmul_rn(weight_decay, w[i]));
+    if (momentum != 0.0f) {
+      const float b = first ? d : __fadd_rn(__fmul_rn(momentum, buf[i]), __fmul_rn(keep, d));
+      buf[i] = b;
+      d = nesterov ? __fadd_rn(d, __fmul_rn(momentum, b)) : b;
+    }
+    w[i] = __fsub_rn(w[i], __fmul_rn(lr, d));
   }
 }
 
@@ -576,20 +598,44 @@ struct AdamWConfig {
 };
 
 /**
- * One AdamW step on fp32 master weights with gradients of type G (float or 16-bit), `step` counting
- * from 1: m, v updated in place, param -= lr * (mhat / (sqrt(vhat) + eps) + wd * param).
+ * One AdamW step on fp32 master weights `w` with gradients of type G (float or 16-bit), with the
+ * per-step constants given (bias corrections `1 - beta^t`): exactly host::adamw_update,
+ * `w = w (1 - lr wd) - lr (m / c1) / (sqrt(v / c2) + eps)` after the moment updates.
  * `grad_scale` multiplies the gradient first (gradient clipping or loss-scale removal).
  */
+template <class G>
+void adamw_update(std::size_t n, float* w, const G* grad, float* m, float* v, float beta1, float beta2, float eps,
+                  float lr, float weight_decay, float bias_correction1, float bias_correction2, float grad_scale = 1.0f,
+                  cudaStream_t s = nullptr) {
+  if (!n) return;
+  const float decay = 1.0f - lr * weight_decay;  // on the host, as host::adamw_update rounds it
+  detail::adamw_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(
+      n, w, grad, m, v, beta1, beta2, eps, lr, decay, bias_correction1, bias_correction2, grad_scale);
+  check_launch("gpu::adamw_update");
+}
+/** As above for step `step` (counting from 1) of the hyper-parameters `cfg`. */
 template <class G>
 void adamw_update(std::size_t n, float* param, const G* grad, float* m, float* v, const AdamWConfig& cfg,
                   std::int64_t step, float grad_scale = 1.0f, cudaStream_t s = nullptr) {
   require(step >= 1, "gpu::adamw_update: step counts from 1, got ", step);
+  const float b1 = float(1.0 - std::pow(double(cfg.beta1), double(step)));
+  const float b2 = float(1.0 - std::pow(double(cfg.beta2), double(step)));
+  adamw_update(n, param, grad, m, v, cfg.beta1, cfg.beta2, cfg.eps, cfg.lr, cfg.weight_decay, b1, b2, grad_scale, s);
+}
+
+/**
+ * One SGD step, exactly host::sgd_update: `d = grad_scale g + wd w; buf = first ? d : mu buf +
+ * (1 - dampening) d; w -= lr (nesterov ? d + mu buf : buf)`; without momentum `buf` may be null.
+ */
+template <class G>
+void sgd_update(std::size_t n, float* w, const G* grad, float* buf, float momentum, float dampening, bool nesterov,
+                float lr, float weight_decay, bool first, float grad_scale = 1.0f, cudaStream_t s = nullptr) {
+  require(momentum == 0.0f || buf != nullptr || n == 0, "gpu::sgd_update: momentum ", momentum,
+          " needs a momentum buffer of ", n, " elements, got null");
   if (!n) return;
-  const float b1 = 1.0f - float(std::pow(double(cfg.beta1), double(step)));
-  const float b2 = 1.0f - float(std::pow(double(cfg.beta2), double(step)));
-  detail::adamw_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(
-      n, param, grad, m, v, cfg.lr, cfg.beta1, cfg.beta2, cfg.eps, cfg.weight_decay, b1, b2, grad_scale);
-  check_launch("gpu::adamw_update");
+  detail::sgd_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(
+      n, w, grad, buf, momentum, dampening, nesterov, lr, weight_decay, first, grad_scale);
+  check_launch("gpu::sgd_update");
 }
 
 /**
