@@ -75,7 +75,18 @@ if [ "$has_train_gpt" -eq 1 ]; then
     echo "== train_gpt --backend cuda: 20 steps, one rank =="
     timeout 120 "$exe" --backend cuda --steps 20 --sample 0 2>&1 | tail -4 | tee -a "$log/train_gpt.log"
     rc3=${PIPESTATUS[0]}
-    [ "$rc1" -eq 0 ] && [ "$rc2" -eq 0 ] && [ "$rc3" -eq 0 ] && train_status=ok || train_status=FAILED
+    rc4=0
+    if command -v mpirun > /dev/null; then
+      # NCCL on every axis: one process per GPU (pp=2 x dp when there are GPUs enough).
+      gpus=$(nvidia-smi -L | wc -l)
+      np=1; extra=()
+      if [ "$gpus" -ge 4 ]; then np=4; extra=(--pp 2 --dp 2); elif [ "$gpus" -ge 2 ]; then np=2; extra=(--pp 2); fi
+      echo "== train_gpt --backend cuda under mpirun -np $np (NCCL) ${extra[*]} =="
+      timeout 180 mpirun --allow-run-as-root -np "$np" "$exe" --backend cuda "${extra[@]}" --steps 20 --sample 0 2>&1 \
+        | tail -4 | tee -a "$log/train_gpt.log"
+      rc4=${PIPESTATUS[0]}
+    fi
+    [ "$rc1" -eq 0 ] && [ "$rc2" -eq 0 ] && [ "$rc3" -eq 0 ] && [ "$rc4" -eq 0 ] && train_status=ok || train_status=FAILED
   else
     train_status="not run (train_gpt has no --backend/--check-against-host yet)"
   fi

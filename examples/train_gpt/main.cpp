@@ -82,12 +82,19 @@ Options parse(int argc, char** argv) {
          "run --check-steps steps on the CUDA backend and on the host from the same weights and data; compare the "
          "losses and gradient norms (exit 1 on a mismatch)");
   p.option("check-steps", o.check_steps, "steps of --check-against-host").range(1, 1 << 20);
+  p.choice("comm", o.comm, {{"auto", "auto"}, {"nccl", "nccl"}, {"mpi", "mpi"}},
+           "communicator: auto (NCCL for --backend cuda under mpirun, else threads or MPI), nccl (one GPU per "
+           "process, under mpirun), mpi (MPI over host or managed memory, under mpirun)");
   if (!p.parse(argc, argv)) {
     std::cout << p.help();
     std::exit(0);
   }
   t.bucket_bytes = o.bucket_kib * 1024;
   t.warmup = o.warmup >= 0 ? std::size_t(o.warmup) : t.steps / 10;
+  require(o.comm != "nccl" || (o.backend == "cuda" && !o.check_against_host && train_gpt::under_mpirun()),
+          "train_gpt: --comm nccl runs one process per GPU: use it with --backend cuda under mpirun (thread ranks and "
+          "--check-against-host use the host transport)");
+  require(o.comm != "mpi" || train_gpt::under_mpirun(), "train_gpt: --comm mpi needs mpirun (thread ranks use the threads communicator)");
   // Mesh and MoE checks that need no data file, before any rank starts.
   require(t.ep == 1 || t.model.experts > 0, "train_gpt: --ep ", t.ep,
           " spreads experts, but the model has none; add --experts N (a multiple of ", t.ep, ") or use --ep 1");

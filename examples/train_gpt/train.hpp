@@ -35,6 +35,8 @@ struct Options {
   std::string backend = "host";     ///< host, or cuda (a build with the CUDA backend)
   bool check_against_host = false;  ///< run --check-steps steps on the CUDA backend and on the host, compare
   std::size_t check_steps = 5;
+  /** auto: NCCL for --backend cuda under mpirun, else the host transport (threads, or MPI under mpirun); nccl; mpi. */
+  std::string comm = "auto";
 };
 
 /** True when the program was started by mpirun (every process is then one rank). */

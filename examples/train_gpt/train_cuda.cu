@@ -3,8 +3,9 @@
 // on both backends from the same weights and data and compares them.
 //
 // Ranks: threads of this process by default (rank r uses GPU r mod the visible GPUs, each rank its
-// own stream), or one process per rank under mpirun (the node-local rank picks the GPU). The
-// communicators are the host ones over CUDA managed memory (see docs/cuda.md, "Training on CUDA").
+// own stream, the threads communicator over CUDA managed memory), or one process per rank under
+// mpirun (the node-local rank picks the GPU) with NCCL for every mesh axis, or MPI over managed
+// memory with --comm mpi (see docs/cuda.md, "Training on CUDA").
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -107,8 +108,26 @@ int run_cuda(const Options& o, int* argc, char*** argv) {
   if (under_mpirun()) {
 #if defined(MPAR_HAVE_MPI)
     MpiEnvironment env(argc, argv);
-    run_mpi([&](MpiCommunicator& world) {
-      CudaBackend::init_rank(device_of(world.rank()));
+    // run_mpi turns an exception on any rank into MPI_Abort, so no rank waits for a failed one.
+    run_mpi([&](MpiCommunicator& mpi) {
+      if (o.comm == "mpi") {
+        CudaBackend::init_rank(device_of(mpi.rank()));
+        train<CudaBackend>(mpi, o, true);
+        return;
+      }
+      // NCCL for every mesh axis: one GPU per process (two on one GPU would fail inside NCCL's setup).
+      MPI_Comm node = MPI_COMM_NULL;
+      MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
+      int local_ranks = 1;
+      MPI_Comm_size(node, &local_ranks);
+      MPI_Comm_free(&node);
+      require(local_ranks <= visible_gpus(), "train_gpt: rank ", mpi.rank(), ": ", local_ranks,
+              " processes on this node share ", visible_gpus(), " GPU(s); NCCL needs one GPU per process (start at most ",
+              visible_gpus(), " per node, or use --comm mpi)");
+      NcclOptions nopt;
+      nopt.name = "world";
+      NcclCommunicator world = NcclCommunicator::from_mpi(MPI_COMM_WORLD, nopt);
+      CudaBackend::init_rank(world.device());
       train<CudaBackend>(world, o, true);
     });
     return 0;

@@ -4,8 +4,10 @@
  *
  * Include from code that links mpar::cuda. Buffers are device pointers. Every operation is ordered
  * after the work already queued on the calling thread's compute stream (an event hands it over to
- * the communicator's own stream), and later compute waits for it the same way, so communication
- * runs on its own stream and the `i*` variants overlap compute.
+ * the communicator's own stream) and runs on that stream. The compute stream does not wait for it:
+ * as with MPI, a result is there, and a buffer may be reused, after `wait()` (or a `test()` that
+ * returned true). So an `i*` operation — a data-parallel bucket's all-reduce, a pipeline send —
+ * overlaps the compute issued until its wait.
  *
  * No rank hangs: the communicator is created non-blocking, and every wait polls the operation's
  * event together with ncclCommGetAsyncError; an error or a timeout aborts the communicator
@@ -131,8 +133,9 @@ struct NcclState {
   }
   /**
    * Hands the work queued so far on the calling thread's compute stream to the comm stream, enqueues
-   * `call` there and makes the compute stream wait for it; returns the completion event. Posted
-   * point-to-point operations are issued first, so every rank issues operations in program order.
+   * `call` there and returns its completion event. The compute stream is not made to wait: work
+   * that needs the result comes after the caller's wait(), which blocks until the event fired.
+   * Posted point-to-point operations are issued first, so every rank issues operations in program order.
    */
   template <class Call>
   std::shared_ptr<gpu::Event> enqueue(const char* op, std::size_t count, Call&& call, bool is_flush = false) {
@@ -146,7 +149,6 @@ struct NcclState {
     settle(call(comm, stream.get()), op, count);
     auto done = std::make_shared<gpu::Event>();
     done->record(stream.get());
-    done->wait_on(compute);
     return done;
   }
   /** Issues the posted sends and receives as one NCCL group (so a ring of isend/irecv cannot deadlock). */

@@ -120,9 +120,9 @@ class Executor {
       require(opt_.microbatch_tokens > 0, "pipeline::Executor: rank ", comm_.rank(),
               " posts receives with their size before they arrive (grouped point-to-point); set "
               "ExecutorOptions::microbatch_tokens");
-      for (std::size_t c = 0; c < chunks_.size(); ++c)
-        require(activation_cols(int(c)) > 0, "pipeline::Executor: rank ", comm_.rank(),
-                " posts receives with their size before they arrive (grouped point-to-point), but the width of chunk ", c,
+      for (std::size_t k = 0; k < chunks_.size(); ++k)
+        require(activation_cols(int(k)) > 0, "pipeline::Executor: rank ", comm_.rank(),
+                " posts receives with their size before they arrive (grouped point-to-point), but the width of chunk ", k,
                 "'s input is unknown; set ExecutorOptions::boundary_cols or give the stage in_features()");
       const VerifyReport rep = verify(prog_, SendMode::grouped);
       if (!rep.ok)
