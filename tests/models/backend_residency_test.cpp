@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -257,6 +258,34 @@ TEST_CASE("backend residency: a scratch std::vector handed to a backend operatio
     ResidencyCheckedBackend::gelu_forward(x.size(), x.data(), x.data());  // rank memory: fine
     CHECK_THROWS_WITH(ResidencyCheckedBackend::gelu_forward(x.size(), x.data(), host_only.data()),
                       Catch::Contains("argument 3 of gelu_forward points outside the rank's memory resource"));
+    set_current_memory_resource(detail::host_memory_resource());
+  });
+}
+
+TEST_CASE("backend residency: optimizer states allocated outside the rank's memory are caught", "[models][backend]") {
+  run_threads(1, [](ThreadsCommunicator&) {
+    ResidencyCheckedBackend::init_rank();
+    nn::Parameter p;
+    p.name = "w";
+    p.global_shape = {8};
+    p.local_box = {Block{0, 8}};
+    p.layout = "Replicate";
+    p.value.assign(8, 1.0f);
+    p.grad.assign(8, 0.5f);
+    optim::AdamW<ResidencyCheckedBackend> adam({&p}, {});
+    optim::Sgd<ResidencyCheckedBackend> sgd({&p}, {});
+    adam.step();  // moments and momentum in rank memory: fine
+    sgd.step();
+    // The same optimizers constructed under plain heap memory (before a rank's init, say): the step is refused.
+    std::optional<optim::AdamW<ResidencyCheckedBackend>> heap_adam;
+    std::optional<optim::Sgd<ResidencyCheckedBackend>> heap_sgd;
+    {
+      ScopedMemoryResource heap(detail::host_memory_resource());
+      heap_adam.emplace(std::vector<nn::Parameter*>{&p}, optim::AdamWConfig{});
+      heap_sgd.emplace(std::vector<nn::Parameter*>{&p}, optim::SgdConfig{});
+    }
+    CHECK_THROWS_WITH(heap_adam->step(), Catch::Contains("argument 4 of adamw_update points outside"));
+    CHECK_THROWS_WITH(heap_sgd->step(), Catch::Contains("argument 4 of sgd_update points outside"));
     set_current_memory_resource(detail::host_memory_resource());
   });
 }
