@@ -50,10 +50,10 @@ struct CudaBackend {
 
   /** Binds the calling rank's thread to its current device (device 0 if none) and installs managed memory. */
   static void init_rank() { init_rank(gpu::this_thread().device() < 0 ? 0 : gpu::this_thread().device()); }
-  /** Binds the calling rank's thread to `device`, creates its compute stream and installs managed memory. */
+  /** Binds the calling rank's thread to `device`, creates its compute stream and installs (cached) managed memory. */
   static void init_rank(int device) {
     gpu::this_thread().bind(device);
-    set_current_memory_resource(gpu::managed_memory_resource());
+    set_current_memory_resource(gpu::cached_managed_memory_resource());
   }
   /** Waits until the calling rank's compute stream is idle. */
   static void synchronize() { gpu::check(cudaStreamSynchronize(gpu::current_stream()), "cudaStreamSynchronize"); }

@@ -9,6 +9,7 @@
 #include <cstddef>
 
 #include "mpar/backend/cuda/error.hpp"
+#include "mpar/core/caching_memory_resource.hpp"
 #include "mpar/core/memory_resource.hpp"
 
 namespace mpar::gpu {
@@ -38,6 +39,17 @@ class ManagedMemoryResource final : public MemoryResource {
 [[nodiscard]] inline ManagedMemoryResource& managed_memory_resource() {
   static ManagedMemoryResource r;
   return r;
+}
+
+/**
+ * @brief What `CudaBackend::init_rank` installs: managed memory behind a CachingMemoryResource, so a
+ * training step reuses the previous step's blocks instead of paying `cudaMallocManaged` and a
+ * device-wide `cudaFree` for every activation. One per process, shared by the CUDA ranks (it locks).
+ * Never destroyed: buffers in other static objects may be freed after it at exit.
+ */
+[[nodiscard]] inline CachingMemoryResource& cached_managed_memory_resource() {
+  static auto* r = new CachingMemoryResource(managed_memory_resource());
+  return *r;
 }
 
 }  // namespace mpar::gpu
