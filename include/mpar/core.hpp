@@ -5,6 +5,7 @@
 #include "mpar/core/extents.hpp"
 #include "mpar/core/init.hpp"
 #include "mpar/core/layout.hpp"
+#include "mpar/core/caching_memory_resource.hpp"
 #include "mpar/core/memory_resource.hpp"
 #include "mpar/core/mesh.hpp"
 #include "mpar/core/tensor.hpp"
