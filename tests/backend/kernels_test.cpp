@@ -162,3 +162,30 @@ TEST_CASE("dropout: deterministic, shard-consistent, rate and scaling", "[backen
   host::DropoutMask bad{5, 1, 1.0, cols, 0, 0};
   CHECK_THROWS_WITH(bad.apply(rows, cols, x.data(), y.data()), Catch::Contains("[0, 1)"));
 }
+
+TEST_CASE("row kernels: gather, scatter, weighted scatter-add and its backward move rows by index", "[kernels][rows]") {
+  using F = std::vector<float>;
+  const std::size_t d = 3;
+  const F src{0, 1, 2, 10, 11, 12, 20, 21, 22};  // rows 0, 1, 2
+  const std::vector<std::int32_t> index{2, 0, 2, 1};
+  F g(4 * d);
+  host::gather_rows(4, d, index.data(), src.data(), g.data());
+  CHECK(g == F{20, 21, 22, 0, 1, 2, 20, 21, 22, 10, 11, 12});
+  F s(9, -1.0f);
+  const std::vector<std::int32_t> perm{1, 2, 0};
+  host::scatter_rows(3, d, perm.data(), src.data(), s.data());
+  CHECK(s == F{20, 21, 22, 0, 1, 2, 10, 11, 12});
+  // Token 2 gets two routed rows: 0.5 * g0 + 0.25 * g2; token 0 one; token 1 one; unweighted adds plain rows.
+  const F w{0.5f, 2.0f, 0.25f, 1.0f};
+  F y(9, 0.0f);
+  host::scatter_add_rows(4, d, index.data(), w.data(), g.data(), y.data());
+  CHECK(y == F{0, 2, 4, 10, 11, 12, 15, 15.75f, 16.5f});
+  host::scatter_add_rows(4, d, index.data(), nullptr, g.data(), y.data());
+  CHECK(y == F{0, 3, 6, 20, 22, 24, 55, 57.75f, 60.5f});
+  // Backward of y = sum_i w_i scatter(g_i): dg_i = w_i dy[index_i], dw_i = <dy[index_i], g_i>.
+  const F dy{1, 0, 0, 0, 1, 0, 0, 0, 1};
+  F dg(4 * d), dw(4);
+  host::scatter_add_rows_backward(4, d, index.data(), w.data(), dy.data(), g.data(), dg.data(), dw.data());
+  CHECK(dg == F{0, 0, 0.5f, 2, 0, 0, 0, 0, 0.25f, 0, 1, 0});
+  CHECK(dw == F{22, 0, 22, 11});
+}

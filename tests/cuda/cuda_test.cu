@@ -423,6 +423,53 @@ TEST_CASE("kernels: AdamW step, sum of squares, bias gradient, convert and add",
   for (std::size_t i = 0; i < n; ++i) REQUIRE(half[i] == 0.5f * f[i]);
 }
 
+TEST_CASE("CudaBackend row kernels (MoE dispatch and combine) equal the host backend", "[cuda][kernels][moe]") {
+  const std::size_t tokens = 57, d = 129, routed = 2 * tokens;  // each token routed twice (top-2)
+  const auto x = random_vec<float>(tokens * d, 80), rows = random_vec<float>(routed * d, 81);
+  const auto w = random_vec<float>(routed, 82), dy = random_vec<float>(tokens * d, 83);
+  std::vector<std::int32_t> index(routed), perm(tokens);
+  for (std::size_t i = 0; i < routed; ++i) index[i] = std::int32_t((i * 7) % tokens);  // every token twice
+  for (std::size_t t = 0; t < tokens; ++t) perm[t] = std::int32_t((t * 5 + 3) % tokens);
+  auto di = upload(index), dp = upload(perm);
+  auto dx = upload(x), drows = upload(rows), dw = upload(w), ddy = upload(dy);
+  {
+    gpu::DeviceBuffer<float> out(routed * d, S());
+    CudaBackend::gather_rows(routed, d, static_cast<const std::int32_t*>(di.data()), static_cast<const float*>(dx.data()),
+                             out.data());
+    std::vector<float> h(routed * d);
+    HostBackend::gather_rows(routed, d, index.data(), x.data(), h.data());
+    CHECK(download(out) == h);
+  }
+  {
+    gpu::DeviceBuffer<float> out(tokens * d, S());
+    CudaBackend::scatter_rows(tokens, d, static_cast<const std::int32_t*>(dp.data()), static_cast<const float*>(dx.data()),
+                              out.data());
+    std::vector<float> h(tokens * d);
+    HostBackend::scatter_rows(tokens, d, perm.data(), x.data(), h.data());
+    CHECK(download(out) == h);
+  }
+  for (const bool weighted : {true, false}) {
+    auto out = upload(x);  // accumulates onto x
+    CudaBackend::scatter_add_rows(routed, d, static_cast<const std::int32_t*>(di.data()),
+                                  weighted ? static_cast<const float*>(dw.data()) : nullptr,
+                                  static_cast<const float*>(drows.data()), out.data());
+    auto h = x;
+    HostBackend::scatter_add_rows(routed, d, index.data(), weighted ? w.data() : nullptr, rows.data(), h.data());
+    INFO("weighted " << weighted);
+    CHECK(worst(download(out), h, 1e-6, 1e-6) <= 1.0);  // atomics add the two rows of a token in either order
+  }
+  {
+    gpu::DeviceBuffer<float> dsrc(routed * d, S()), dot(routed, S());
+    CudaBackend::scatter_add_rows_backward(routed, d, static_cast<const std::int32_t*>(di.data()),
+                                           static_cast<const float*>(dw.data()), static_cast<const float*>(ddy.data()),
+                                           static_cast<const float*>(drows.data()), dsrc.data(), dot.data());
+    std::vector<float> hs(routed * d), hd(routed);
+    HostBackend::scatter_add_rows_backward(routed, d, index.data(), w.data(), dy.data(), rows.data(), hs.data(), hd.data());
+    CHECK(download(dsrc) == hs);
+    CHECK(worst(download(dot), hd, 1e-5, 1e-5) <= 1.0);  // a tree over the block, not column order
+  }
+}
+
 TEST_CASE("CudaBackend optimizer operations: AdamW, SGD, sum of squares and scale equal the host backend",
           "[cuda][kernels][optim]") {
   const std::size_t n = 3001;

@@ -113,6 +113,11 @@ struct ResidencyCheckedBackend : HostBackend {
   MPAR_TEST_CHECKED(sgd_update)
   MPAR_TEST_CHECKED(sum_squares)
   MPAR_TEST_CHECKED(scale)
+  // The row kernels of MoE routing: the rows and their index and weight arrays.
+  MPAR_TEST_CHECKED(gather_rows)
+  MPAR_TEST_CHECKED(scatter_rows)
+  MPAR_TEST_CHECKED(scatter_add_rows)
+  MPAR_TEST_CHECKED(scatter_add_rows_backward)
 #undef MPAR_TEST_CHECKED
 };
 static_assert(backend<ResidencyCheckedBackend>);

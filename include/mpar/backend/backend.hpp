@@ -35,7 +35,12 @@ namespace mpar {
  *     one SGD step with L2 decay and momentum buffer `buf` (null when `momentum == 0`);
  *   - `sum_squares(n, x) -> double`: the sum of `x[i]^2` (the host accumulates in double; a device
  *     may accumulate in float), the local part of the global gradient norm;
- *   - `scale(n, factor, x)`: `x[i] *= factor` in place (argument order of `host::scale`).
+ *   - `scale(n, factor, x)`: `x[i] *= factor` in place (argument order of `host::scale`);
+ * - the row kernels that route tokens (MoE dispatch and combine), with the semantics of their
+ *   `mpar::host` reference (backend/host/row_kernels.hpp); `index` is `std::int32_t` in rank memory:
+ *   `gather_rows(rows, d, index, src, dst)`, `scatter_rows(rows, d, index, src, dst)`,
+ *   `scatter_add_rows(rows, d, index, weight, src, dst)` (accumulates; `weight` may be null) and its
+ *   backward `scatter_add_rows_backward(rows, d, index, weight, dy, src, dsrc, dot)`.
  * Each operation returns with its result in memory that host code may read (a backend with
  * asynchronous devices synchronises), because the code around the layers and the optimizers —
  * communicators, the loss scaler, checkpoints — reads the same buffers on the host.
@@ -67,6 +72,10 @@ concept backend = requires(const float* a, float* c, const std::int32_t* ids, co
   B::sgd_update(n, c, a, c, 0.9f, 0.0f, false, 1e-2f, 0.0f, true, 1.0f);
   { B::sum_squares(n, a) } -> std::same_as<double>;
   B::scale(n, 1.0f, c);
+  B::gather_rows(n, n, ids, a, c);
+  B::scatter_rows(n, n, ids, a, c);
+  B::scatter_add_rows(n, n, ids, a, a, c);
+  B::scatter_add_rows_backward(n, n, ids, a, a, a, c, c);
 };
 
 }  // namespace mpar

@@ -119,7 +119,7 @@ class MoeMlp {
   void forward(std::span<const float> x, std::size_t tokens, std::span<float> y, int mb = 0) {
     State& st = saved_.put(mb);
     auto& [tokens_, capacity_, dropped_, recv_rows_, global_tokens_, aux_, x_, probs_, out_, frac_, choice_, route_,
-           rows_from_, send_elems_, recv_elems_, accepted_, ex_in_, ex_h_] = st;
+           rows_from_, send_elems_, recv_elems_, accepted_, ex_in_, ex_h_, route_token_, route_weight_] = st;
     const std::size_t d = cfg_.d_model, E = cfg_.experts, k = cfg_.top_k, ep = std::size_t(comm_->size());
     require(x.size() == tokens * d && y.size() == tokens * d, "MoeMlp::forward on expert rank ", comm_->rank(),
             ": x has ", x.size(), " and y ", y.size(), " elements; ", tokens, " tokens of width ", d, " need ",
@@ -180,9 +180,16 @@ class MoeMlp {
       for (std::size_t t = 0; t < tokens; ++t)
         for (std::size_t j = 0; j < k; ++j)
           if (choice_[t * k + j] == e && accepted_[t * k + j]) route_.push_back(t * k + j);
+    // The routing decisions are small host loops; the rows (d wide) move through the backend.
+    route_token_.resize(route_.size());
+    route_weight_.resize(route_.size());
+    for (std::size_t i = 0; i < route_.size(); ++i) {
+      const std::size_t t = route_[i] / k;
+      route_token_[i] = std::int32_t(t);
+      route_weight_[i] = probs_[t * E + choice_[route_[i]]];
+    }
     Buffer<float> send(route_.size() * d);
-    for (std::size_t i = 0; i < route_.size(); ++i)
-      std::copy_n(&x_[route_[i] / k * d], d, &send[i * d]);
+    B::gather_rows(route_.size(), d, route_token_.data(), x_.data(), send.data());
     exchange_counts(st, used, ep);
     Buffer<float> expert_in(recv_rows_ * d);
     comm_->all_to_all_v(std::span<const float>(send), send_elems_, std::span<float>(expert_in), recv_elems_);
@@ -193,11 +200,7 @@ class MoeMlp {
     out_.assign(route_.size() * d, 0.0f);
     comm_->all_to_all_v(std::span<const float>(expert_out), recv_elems_, std::span<float>(out_), send_elems_);
     std::fill(y.begin(), y.end(), 0.0f);
-    for (std::size_t i = 0; i < route_.size(); ++i) {
-      const std::size_t t = route_[i] / k, e = choice_[route_[i]];
-      const float w = probs_[t * E + e];
-      for (std::size_t c = 0; c < d; ++c) y[t * d + c] += w * out_[i * d + c];
-    }
+    B::scatter_add_rows(route_.size(), d, route_token_.data(), route_weight_.data(), out_.data(), y.data());
     last_capacity_ = capacity_;
     last_dropped_ = dropped_;
     last_aux_ = aux_;
@@ -211,32 +214,22 @@ class MoeMlp {
   void backward(std::span<const float> dy, std::span<float> dx, float aux_grad = 1.0f, int mb = 0) {
     State st = saved_.take(mb, "MoeMlp '" + name_ + "'");
     const auto& [tokens_, capacity_, dropped_, recv_rows_, global_tokens_, aux_, x_, probs_, out_, frac_, choice_, route_,
-                 rows_from_, send_elems_, recv_elems_, accepted_, ex_in_, ex_h_] = st;
+                 rows_from_, send_elems_, recv_elems_, accepted_, ex_in_, ex_h_, route_token_, route_weight_] = st;
     const std::size_t d = cfg_.d_model, E = cfg_.experts, k = cfg_.top_k, T = tokens_;
     require(dy.size() == T * d && dx.size() == T * d, "MoeMlp::backward on expert rank ", comm_->rank(),
             ": dy has ", dy.size(), " and dx ", dx.size(), " elements; the forward had ", T, " tokens of width ", d);
     // combine: d out_i = w dy_t;  d w = <dy_t, out_i>
-    Buffer<float> dprobs(T * E, 0.0f), dout(route_.size() * d);
-    for (std::size_t i = 0; i < route_.size(); ++i) {
-      const std::size_t t = route_[i] / k, e = choice_[route_[i]];
-      const float w = probs_[t * E + e];
-      float dot = 0.0f;
-      for (std::size_t c = 0; c < d; ++c) {
-        dout[i * d + c] = w * dy[t * d + c];
-        dot += dy[t * d + c] * out_[i * d + c];
-      }
-      dprobs[t * E + e] += dot;
-    }
+    Buffer<float> dprobs(T * E, 0.0f), dout(route_.size() * d), dweight(route_.size());
+    B::scatter_add_rows_backward(route_.size(), d, route_token_.data(), route_weight_.data(), dy.data(), out_.data(),
+                                 dout.data(), dweight.data());
+    for (std::size_t i = 0; i < route_.size(); ++i) dprobs[route_[i] / k * E + choice_[route_[i]]] += dweight[i];
     Buffer<float> expert_dout(recv_rows_ * d), expert_dx(recv_rows_ * d);
     comm_->all_to_all_v(std::span<const float>(dout), send_elems_, std::span<float>(expert_dout), recv_elems_);
     backward_experts(st, expert_dout, expert_dx);
     Buffer<float> dxin(route_.size() * d);
     comm_->all_to_all_v(std::span<const float>(expert_dx), recv_elems_, std::span<float>(dxin), send_elems_);
     std::fill(dx.begin(), dx.end(), 0.0f);
-    for (std::size_t i = 0; i < route_.size(); ++i) {
-      const std::size_t t = route_[i] / k;
-      for (std::size_t c = 0; c < d; ++c) dx[t * d + c] += dxin[i * d + c];
-    }
+    B::scatter_add_rows(route_.size(), d, route_token_.data(), nullptr, dxin.data(), dx.data());
     // load-balancing loss: d aux / d probs[t, e] = alpha E f_e / T_global for this rank's tokens
     if (global_tokens_ > 0 && aux_grad != 0.0f)
       for (std::size_t t = 0; t < T; ++t)
@@ -260,6 +253,8 @@ class MoeMlp {
     std::vector<std::size_t> choice, route, rows_from, send_elems, recv_elems;
     std::vector<bool> accepted;
     std::vector<Buffer<float>> ex_in, ex_h;
+    Buffer<std::int32_t> route_token;  ///< per routed row: its token (rank memory: the row kernels read it)
+    Buffer<float> route_weight;        ///< per routed row: the gate probability it is combined with
   };
 
   /** Tells every expert rank how many rows of each of its experts it will receive from here. */
@@ -285,20 +280,24 @@ class MoeMlp {
       }
   }
 
-  /** Rows of local expert `l` sit in the receive buffer at [source][expert] positions; gather them. */
+  /**
+   * Rows of local expert `l` sit in the receive buffer at [source][expert] positions: calls
+   * `f(l, rows)` with their indices in that buffer, by source (rank memory: the row kernels read it).
+   */
   template <class F>
   void for_each_expert(const State& st, F&& f) const {
     const auto& rows_from_ = st.rows_from;
     const std::size_t El = local_experts_, ep = std::size_t(comm_->size());
     for (std::size_t l = 0; l < El; ++l) {
-      std::vector<std::pair<std::size_t, std::size_t>> runs;  // (first row in the buffer, rows), by source
+      Buffer<std::int32_t> rows;
       std::size_t row = 0;
       for (std::size_t q = 0; q < ep; ++q)
         for (std::size_t m = 0; m < El; ++m) {
-          if (m == l) runs.emplace_back(row, rows_from_[q * El + m]);
+          if (m == l)
+            for (std::size_t r = 0; r < rows_from_[q * El + m]; ++r) rows.push_back(std::int32_t(row + r));
           row += rows_from_[q * El + m];
         }
-      f(l, runs);
+      f(l, rows);
     }
   }
 
@@ -308,27 +307,18 @@ class MoeMlp {
     auto& ex_h_ = st.ex_h;
     ex_in_.assign(local_experts_, {});
     ex_h_.assign(local_experts_, {});
-    for_each_expert(st, [&](std::size_t l, const auto& runs) {
-      std::size_t n = 0;
-      for (auto [first, rows] : runs) n += rows;
+    for_each_expert(st, [&](std::size_t l, const Buffer<std::int32_t>& rows) {
+      const std::size_t n = rows.size();
       auto& xi = ex_in_[l];
       xi.resize(n * d);
-      std::size_t at = 0;
-      for (auto [first, rows] : runs) {
-        std::copy_n(in.data() + first * d, rows * d, xi.data() + at * d);  // rows may be 0 on empty buffers
-        at += rows;
-      }
+      B::gather_rows(n, d, rows.data(), in.data(), xi.data());
       auto& h = ex_h_[l];
       h.resize(n * f);
       B::template gemm<float>(Trans::no, Trans::no, n, f, d, 1.0f, xi.data(), d, &w1_.value[l * d * f], f, 0.0f, h.data(), f);
       Buffer<float> a(n * f), o(n * d);
       B::gelu_forward(n * f, h.data(), a.data());
       B::template gemm<float>(Trans::no, Trans::no, n, d, f, 1.0f, a.data(), f, &w2_.value[l * f * d], d, 0.0f, o.data(), d);
-      at = 0;
-      for (auto [first, rows] : runs) {
-        std::copy_n(o.data() + at * d, rows * d, out.data() + first * d);
-        at += rows;
-      }
+      B::scatter_rows(n, d, rows.data(), o.data(), out.data());
     });
   }
 
@@ -336,15 +326,10 @@ class MoeMlp {
     const std::size_t d = cfg_.d_model, f = cfg_.d_ff;
     const auto& ex_in_ = st.ex_in;
     const auto& ex_h_ = st.ex_h;
-    for_each_expert(st, [&](std::size_t l, const auto& runs) {
-      std::size_t n = 0;
-      for (auto [first, rows] : runs) n += rows;
+    for_each_expert(st, [&](std::size_t l, const Buffer<std::int32_t>& rows) {
+      const std::size_t n = rows.size();
       Buffer<float> dy(n * d);
-      std::size_t at = 0;
-      for (auto [first, rows] : runs) {
-        std::copy_n(dout.data() + first * d, rows * d, dy.data() + at * d);
-        at += rows;
-      }
+      B::gather_rows(n, d, rows.data(), dout.data(), dy.data());
       const auto& h = ex_h_[l];
       Buffer<float> a(n * f), da(n * f), dh(n * f), dxi(n * d);
       B::gelu_forward(n * f, h.data(), a.data());  // recomputed: cheaper to keep h than both
@@ -354,11 +339,7 @@ class MoeMlp {
       B::template gemm<float>(Trans::yes, Trans::no, d, f, n, 1.0f, ex_in_[l].data(), d, dh.data(), f, 1.0f,
                   &w1_.grad[l * d * f], f);
       B::template gemm<float>(Trans::no, Trans::yes, n, d, f, 1.0f, dh.data(), f, &w1_.value[l * d * f], f, 0.0f, dxi.data(), d);
-      at = 0;
-      for (auto [first, rows] : runs) {
-        std::copy_n(dxi.data() + at * d, rows * d, dx.data() + first * d);
-        at += rows;
-      }
+      B::scatter_rows(n, d, rows.data(), dxi.data(), dx.data());
     });
   }
 

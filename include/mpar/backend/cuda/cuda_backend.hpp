@@ -18,6 +18,7 @@
 #include "mpar/backend/cuda/kernels.hpp"
 #include "mpar/backend/cuda/managed_resource.hpp"
 #include "mpar/backend/cuda/memory.hpp"
+#include "mpar/backend/cuda/row_kernels.hpp"
 
 namespace mpar {
 
@@ -69,77 +70,26 @@ struct CudaBackend {
   }
 
   // The layer kernels (see the `backend` concept), each followed by a wait for its stream.
-  template <class... A> static void add(A&&... a) {
-    gpu::add(std::forward<A>(a)...);
-    synchronize();
-  }
-  template <class... A> static void bias_add_forward(A&&... a) {
-    gpu::bias_add_forward(std::forward<A>(a)...);
-    synchronize();
-  }
-  template <class... A> static void bias_add_backward(A&&... a) {
-    gpu::bias_add_backward(std::forward<A>(a)...);
-    synchronize();
-  }
-  template <class... A> static void gelu_forward(A&&... a) {
-    gpu::gelu_forward(std::forward<A>(a)...);
-    synchronize();
-  }
-  template <class... A> static void gelu_backward(A&&... a) {
-    gpu::gelu_backward(std::forward<A>(a)...);
-    synchronize();
-  }
-  template <class... A> static void softmax_forward(A&&... a) {
-    gpu::softmax_forward(std::forward<A>(a)...);
-    synchronize();
-  }
-  template <class... A> static void softmax_backward(A&&... a) {
-    gpu::softmax_backward(std::forward<A>(a)...);
-    synchronize();
-  }
-  template <class... A> static void layernorm_forward(A&&... a) {
-    gpu::layernorm_forward(std::forward<A>(a)...);
-    synchronize();
-  }
-  template <class... A> static void layernorm_backward(A&&... a) {
-    gpu::layernorm_backward(std::forward<A>(a)...);
-    synchronize();
-  }
-  template <class... A> static void dropout_apply(A&&... a) {
-    gpu::dropout_apply(std::forward<A>(a)...);
-    synchronize();
-  }
-  template <class... A> static void embedding_forward(A&&... a) {
-    gpu::embedding_forward(std::forward<A>(a)...);
-    synchronize();
-  }
-  template <class... A> static void embedding_backward(A&&... a) {
-    gpu::embedding_backward(std::forward<A>(a)...);
-    synchronize();
-  }
-  template <class... A> static void vocab_parallel_max(A&&... a) {
-    gpu::vocab_parallel_max(std::forward<A>(a)...);
-    synchronize();
-  }
-  template <class... A> static void vocab_parallel_sumexp(A&&... a) {
-    gpu::vocab_parallel_sumexp(std::forward<A>(a)...);
-    synchronize();
-  }
-  template <class... A> static void vocab_parallel_backward(A&&... a) {
-    gpu::vocab_parallel_backward(std::forward<A>(a)...);
-    synchronize();
-  }
+  template <class... A> static void add(A&&... a) { then_wait([&] { gpu::add(std::forward<A>(a)...); }); }
+  template <class... A> static void bias_add_forward(A&&... a) { then_wait([&] { gpu::bias_add_forward(std::forward<A>(a)...); }); }
+  template <class... A> static void bias_add_backward(A&&... a) { then_wait([&] { gpu::bias_add_backward(std::forward<A>(a)...); }); }
+  template <class... A> static void gelu_forward(A&&... a) { then_wait([&] { gpu::gelu_forward(std::forward<A>(a)...); }); }
+  template <class... A> static void gelu_backward(A&&... a) { then_wait([&] { gpu::gelu_backward(std::forward<A>(a)...); }); }
+  template <class... A> static void softmax_forward(A&&... a) { then_wait([&] { gpu::softmax_forward(std::forward<A>(a)...); }); }
+  template <class... A> static void softmax_backward(A&&... a) { then_wait([&] { gpu::softmax_backward(std::forward<A>(a)...); }); }
+  template <class... A> static void layernorm_forward(A&&... a) { then_wait([&] { gpu::layernorm_forward(std::forward<A>(a)...); }); }
+  template <class... A> static void layernorm_backward(A&&... a) { then_wait([&] { gpu::layernorm_backward(std::forward<A>(a)...); }); }
+  template <class... A> static void dropout_apply(A&&... a) { then_wait([&] { gpu::dropout_apply(std::forward<A>(a)...); }); }
+  template <class... A> static void embedding_forward(A&&... a) { then_wait([&] { gpu::embedding_forward(std::forward<A>(a)...); }); }
+  template <class... A> static void embedding_backward(A&&... a) { then_wait([&] { gpu::embedding_backward(std::forward<A>(a)...); }); }
+  template <class... A> static void vocab_parallel_max(A&&... a) { then_wait([&] { gpu::vocab_parallel_max(std::forward<A>(a)...); }); }
+  template <class... A> static void vocab_parallel_sumexp(A&&... a) { then_wait([&] { gpu::vocab_parallel_sumexp(std::forward<A>(a)...); }); }
+  template <class... A> static void vocab_parallel_backward(A&&... a) { then_wait([&] { gpu::vocab_parallel_backward(std::forward<A>(a)...); }); }
 
   // The optimizer kernels (see the `backend` concept): the step, norm and scaling run on the device
   // next to the weights, gradients and moments (all managed memory of the rank).
-  template <class... A> static void adamw_update(A&&... a) {
-    gpu::adamw_update(std::forward<A>(a)...);
-    synchronize();
-  }
-  template <class... A> static void sgd_update(A&&... a) {
-    gpu::sgd_update(std::forward<A>(a)...);
-    synchronize();
-  }
+  template <class... A> static void adamw_update(A&&... a) { then_wait([&] { gpu::adamw_update(std::forward<A>(a)...); }); }
+  template <class... A> static void sgd_update(A&&... a) { then_wait([&] { gpu::sgd_update(std::forward<A>(a)...); }); }
   /** `sum x[i]^2`, accumulated in a device float and copied back (the device sums in float, not double). */
   static double sum_squares(std::size_t n, const float* x) {
     if (n == 0) return 0.0;
@@ -155,7 +105,24 @@ struct CudaBackend {
   /** `x[i] *= factor` (the argument order of host::scale and gpu::scale). */
   template <class T>
   static void scale(std::size_t n, compute_type_t<T> factor, T* x) {
-    gpu::scale(n, factor, x);
+    then_wait([&] { gpu::scale(n, factor, x); });
+  }
+
+  // The row kernels of token routing (see the `backend` concept; gpu:: versions in row_kernels.hpp).
+  template <class... A> static void gather_rows(A&&... a) { then_wait([&] { gpu::gather_rows(std::forward<A>(a)...); }); }
+  template <class... A> static void scatter_rows(A&&... a) { then_wait([&] { gpu::scatter_rows(std::forward<A>(a)...); }); }
+  template <class... A> static void scatter_add_rows(A&&... a) {
+    then_wait([&] { gpu::scatter_add_rows(std::forward<A>(a)...); });
+  }
+  template <class... A> static void scatter_add_rows_backward(A&&... a) {
+    then_wait([&] { gpu::scatter_add_rows_backward(std::forward<A>(a)...); });
+  }
+
+ private:
+  /** Launches stream-ordered work and waits for it: the backend concept's synchronous contract. */
+  template <class Launch>
+  static void then_wait(Launch&& launch) {
+    launch();
     synchronize();
   }
 };

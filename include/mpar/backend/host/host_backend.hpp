@@ -69,6 +69,13 @@ struct HostBackend {
   template <class... A> static void sgd_update(A&&... a) { host::sgd_update(std::forward<A>(a)...); }
   template <class... A> static double sum_squares(A&&... a) { return host::sum_squares(std::forward<A>(a)...); }
   template <class... A> static void scale(A&&... a) { host::scale(std::forward<A>(a)...); }
+  // The row kernels of token routing (see the `backend` concept).
+  template <class... A> static void gather_rows(A&&... a) { host::gather_rows(std::forward<A>(a)...); }
+  template <class... A> static void scatter_rows(A&&... a) { host::scatter_rows(std::forward<A>(a)...); }
+  template <class... A> static void scatter_add_rows(A&&... a) { host::scatter_add_rows(std::forward<A>(a)...); }
+  template <class... A> static void scatter_add_rows_backward(A&&... a) {
+    host::scatter_add_rows_backward(std::forward<A>(a)...);
+  }
 };
 
 static_assert(backend<HostBackend>);

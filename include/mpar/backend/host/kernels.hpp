@@ -16,6 +16,7 @@
 
 #include "mpar/backend/host/fast_math.hpp"
 #include "mpar/backend/host/optimizer_kernels.hpp"  // adamw_update, sgd_update, sum_squares
+#include "mpar/backend/host/row_kernels.hpp"        // gather_rows, scatter_rows, scatter_add_rows(_backward)
 #include "mpar/core/error.hpp"
 #include "mpar/core/init.hpp"
 
