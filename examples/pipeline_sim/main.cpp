@@ -60,13 +60,16 @@ int main(int argc, char** argv) {
     const Programs prog = make_programs(schedule, cfg);
     const VerifyReport rep = verify_or_throw(prog);
     const bool blocking_safe = verify(prog, SendMode::rendezvous).ok;
+    const bool nccl_safe = verify(prog, SendMode::grouped).ok;
     const SimResult r = simulate(prog, CostModel::uniform(f, b, w, latency));
     std::printf("schedule %s  P=%d M=%d V=%d%s  costs F=%g B=%g W=%g latency=%g\n", std::string(prog.schedule).c_str(),
                 cfg.stages, cfg.microbatches, cfg.chunks,
                 prog.asynchronous ? (" steps=" + std::to_string(cfg.steps)).c_str() : "", f, b, w, latency);
-    std::printf("verified: %zu actions, no deadlock, every send matched (%s)\n", prog.total_actions(),
+    std::printf("verified: %zu actions, no deadlock, every send matched (%s; %s)\n", prog.total_actions(),
                 blocking_safe ? "also with blocking sends"
-                              : "with blocking sends it would deadlock; --placement ordered avoids that");
+                              : "with blocking sends it would deadlock; --placement ordered avoids that",
+                nccl_safe ? "also with NCCL's grouped, in-order messages"
+                          : "with NCCL's grouped, in-order messages it would stall; --placement ordered avoids that");
     std::printf("makespan %.4g  bubble time %.4g  bubble ratio %.2f %%  steady-state bubble %.4g\n", r.makespan,
                 r.bubble_time, 100 * r.bubble_ratio, r.steady_bubble_time);
     std::printf("peak activations (micro-batches): %.4g on the worst rank; per rank:", r.peak_memory_microbatches);
