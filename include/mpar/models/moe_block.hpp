@@ -22,76 +22,37 @@
 #include <vector>
 
 #include "mpar/backend/host/host_backend.hpp"
-#include "mpar/nn/attention.hpp"
-#include "mpar/nn/dropout.hpp"
-#include "mpar/nn/layer_norm.hpp"
 #include "mpar/nn/transformer_block.hpp"
 #include "mpar/parallel/moe.hpp"
 
 namespace mpar::models {
 
-/** @brief A transformer block whose MLP is a mixture of experts; tensor group `C` for attention, expert and token groups for the MoE. */
+/**
+ * @brief The MoE MLP as a block's feed-forward half (`nn::block_ffn`): activations in and out. Its
+ * whole backward runs in B (the experts' weight gradients come back through the same all-to-all as
+ * the input gradient), so W has nothing left to do.
+ */
 template <communicator C, backend B = HostBackend>
-class MoeTransformerBlock {
+class MoeFfn {
  public:
-  /** `moe.d_model`, `moe.first_id` and `moe.seed` are taken from `c` (the MoE uses the block's MLP ids +8..+10). */
-  MoeTransformerBlock(C& tp, C& expert, C& tokens, const nn::BlockConfig& c, parallel::MoeConfig moe)
-      : hidden_(c.hidden),
-        ln1_(c.hidden, c.seed, c.id_base + 0, c.name + ".ln1"),
-        attn_(tp, nn::AttentionConfig{c.hidden, c.heads, c.seq, c.seed, c.id_base + 2, c.name + ".attn"}),
-        drop1_(c.dropout, c.seed, c.id_base + 12, std::size_t(tp.size()), std::size_t(tp.rank())),
-        ln2_(c.hidden, c.seed, c.id_base + 6, c.name + ".ln2"),
-        moe_(with_ids(moe, c), expert, c.name + ".moe", &tokens),
-        drop2_(c.dropout, c.seed, c.id_base + 13, std::size_t(tp.size()), std::size_t(tp.rank())) {}
+  explicit MoeFfn(parallel::MoeMlp<C, B> moe) : moe_(std::move(moe)) {}
 
-  nn::Activation forward(const nn::Activation& x, int mb = 0) {
-    require(x.extent(1) == hidden_, "MoeTransformerBlock: input has ", x.extent(1), " features, expected ", hidden_);
-    nn::Activation y = run_forward(x, mb);
-    // Keyed by micro-batch: a pipeline's recomputation reruns this forward, and must not count twice.
+  nn::Activation forward(const nn::Activation& x, int mb) {
+    nn::Activation y({x.extent(0), x.extent(1)});
+    moe_.forward(std::span<const float>(x.data(), x.size()), x.extent(0), std::span<float>(y.data(), y.size()), mb);
+    // Keyed by micro-batch: a recomputation reruns this forward and must not count twice.
     seen_[mb] = {double(moe_.aux_loss()), moe_.dropped()};
-    if (recompute_) {
-      drop_sublayers(mb);
-      inputs_.put(mb).x = x;
-    }
     return y;
   }
-
-  /** B: the input gradient; the MoE's own gradients (gate and experts) are complete after it. */
-  nn::Activation backward_input(const nn::Activation& dy, int mb = 0) {
-    if (recompute_) run_forward(inputs_.take(mb, "MoeTransformerBlock (recompute)").x, mb);
-    const nn::Activation dm = drop2_.backward(dy, mb);
-    nn::Activation dn({dm.extent(0), dm.extent(1)});
-    moe_.backward(std::span<const float>(dm.data(), dm.size()), std::span<float>(dn.data(), dn.size()), aux_grad_, mb);
-    nn::Activation dh = nn::detail::backward_input_of(ln2_, dn, mb);
-    B::add(dh.size(), dh.data(), dy.data(), dh.data());
-    nn::Activation dx = nn::detail::backward_input_of(ln1_, attn_.backward_input(drop1_.backward(dh, mb), mb), mb);
-    B::add(dx.size(), dx.data(), dh.data(), dx.data());
+  nn::Activation backward_input(const nn::Activation& dy, int mb) {
+    nn::Activation dx({dy.extent(0), dy.extent(1)});
+    moe_.backward(std::span<const float>(dy.data(), dy.size()), std::span<float>(dx.data(), dx.size()), aux_grad_, mb);
     return dx;
   }
-  /** W: the attention projections' weight gradients (the MoE finished its own in B); no communication. */
-  void backward_weight(int mb = 0) {
-    nn::detail::backward_weight_of(ln2_, mb);
-    attn_.backward_weight(mb);
-    nn::detail::backward_weight_of(ln1_, mb);
-  }
-  nn::Activation backward(const nn::Activation& dy, int mb = 0) {
-    nn::Activation dx = backward_input(dy, mb);
-    backward_weight(mb);
-    return dx;
-  }
+  void backward_weight(int /*mb*/) {}
+  std::vector<nn::Parameter*> parameters() { return moe_.parameters(); }
+  void drop(int mb) { moe_.drop(mb); }
 
-  std::vector<nn::Parameter*> parameters() {
-    std::vector<nn::Parameter*> ps = ln1_.parameters();
-    nn::detail::append(ps, attn_.parameters());
-    nn::detail::append(ps, ln2_.parameters());
-    nn::detail::append(ps, moe_.parameters());
-    return ps;
-  }
-  void drop(int mb) {
-    drop_sublayers(mb);
-    inputs_.drop(mb);
-  }
-  void set_recompute(bool on) { recompute_ = on; }
   /** d(objective)/d(aux loss) for this rank's backward (see the file comment). */
   void set_aux_gradient(float g) { aux_grad_ = g; }
   /** Load-balancing loss summed over the micro-batches run since the last call (each counted once), and reset. */
@@ -109,47 +70,41 @@ class MoeTransformerBlock {
   [[nodiscard]] parallel::MoeMlp<C, B>& moe() { return moe_; }
 
  private:
-  static parallel::MoeConfig with_ids(parallel::MoeConfig m, const nn::BlockConfig& c) {
-    m.d_model = c.hidden;
-    m.seed = c.seed;
-    m.first_id = c.id_base + 8;
-    return m;
-  }
-  nn::Activation run_forward(const nn::Activation& x, int mb) {
-    nn::Activation h = drop1_.forward(attn_.forward(ln1_.forward(x, mb), mb), mb);
-    B::add(h.size(), h.data(), x.data(), h.data());
-    const nn::Activation n = ln2_.forward(h, mb);
-    nn::Activation m({n.extent(0), n.extent(1)});
-    moe_.forward(std::span<const float>(n.data(), n.size()), n.extent(0), std::span<float>(m.data(), m.size()), mb);
-    nn::Activation y = drop2_.forward(m, mb);
-    B::add(y.size(), y.data(), h.data(), y.data());
-    return y;
-  }
-  void drop_sublayers(int mb) {
-    ln1_.drop(mb);
-    attn_.drop(mb);
-    ln2_.drop(mb);
-    moe_.drop(mb);
-  }
-  struct Input {
-    nn::Activation x;
-  };
-
-  std::size_t hidden_;
-  nn::LayerNorm<Replicate, nn::NoComm, B> ln1_;
-  nn::SelfAttention<C, dyn, dyn, dyn, false, B> attn_;
-  nn::Dropout<Replicate, B> drop1_;
-  nn::LayerNorm<Replicate, nn::NoComm, B> ln2_;
   parallel::MoeMlp<C, B> moe_;
-  nn::Dropout<Replicate, B> drop2_;
-  nn::MicroBatchCache<Input> inputs_;
-  bool recompute_ = false;
   float aux_grad_ = 1.0f;
   struct Seen {
     double aux = 0.0;
     std::size_t dropped = 0;
   };
   std::map<int, Seen> seen_;  ///< per micro-batch of the current step
+};
+
+/**
+ * @brief A transformer block whose MLP is a mixture of experts: `nn::TransformerBlock` (attention on
+ * tensor group `C`, residuals, dropout, recomputation, the B/W split) with `MoeFfn` as its
+ * feed-forward half, experts over the expert group, load-balancing statistics over the token group.
+ */
+template <communicator C, backend B = HostBackend>
+class MoeTransformerBlock : public nn::TransformerBlock<C, false, B, MoeFfn<C, B>> {
+  using Base = nn::TransformerBlock<C, false, B, MoeFfn<C, B>>;
+
+ public:
+  /** `moe.d_model`, `moe.first_id` and `moe.seed` are taken from `c` (the MoE uses the block's MLP ids +8..+10). */
+  MoeTransformerBlock(C& tp, C& expert, C& tokens, const nn::BlockConfig& c, parallel::MoeConfig moe)
+      : Base(tp, c, MoeFfn<C, B>(parallel::MoeMlp<C, B>(with_ids(moe, c), expert, c.name + ".moe", &tokens))) {}
+
+  void set_aux_gradient(float g) { this->ffn().set_aux_gradient(g); }
+  double take_aux_loss() { return this->ffn().take_aux_loss(); }
+  std::size_t take_dropped() { return this->ffn().take_dropped(); }
+  [[nodiscard]] parallel::MoeMlp<C, B>& moe() { return this->ffn().moe(); }
+
+ private:
+  static parallel::MoeConfig with_ids(parallel::MoeConfig m, const nn::BlockConfig& c) {
+    m.d_model = c.hidden;
+    m.seed = c.seed;
+    m.first_id = c.id_base + 8;
+    return m;
+  }
 };
 
 }  // namespace mpar::models

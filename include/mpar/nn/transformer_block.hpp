@@ -4,11 +4,13 @@
  * `y = h + Dropout(MLP(LN2(h)))`, tensor-parallel (optionally sequence-parallel), with per-micro-batch
  * activation caches and optional full recomputation.
  */
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "mpar/nn/attention.hpp"
@@ -31,6 +33,21 @@ struct BlockConfig {
 };
 
 /**
+ * @brief The feed-forward half of a transformer block, between `LN2` and the second residual:
+ * `forward(x, mb)` and `backward_input(dy, mb)` map `[tokens, hidden]` activations, `backward_weight(mb)`
+ * finishes the weight gradients (B/W split), `parameters()`, `drop(mb)` frees what a micro-batch
+ * saved. The tensor-parallel MLP (`MlpStage`) is the default; the MoE block plugs in its experts.
+ */
+template <class F>
+concept block_ffn = requires(F& f, const Activation& x, int mb) {
+  { f.forward(x, mb) } -> std::same_as<Activation>;
+  { f.backward_input(x, mb) } -> std::same_as<Activation>;
+  f.backward_weight(mb);
+  { f.parameters() } -> std::same_as<std::vector<Parameter*>>;
+  f.drop(mb);
+};
+
+/**
  * @brief One transformer block on a tensor group `C`. Input and output layout: `Replicate`
  * (`Shard<0, tensor>` tokens with `SP = true`). Collectives per micro-batch: forward 2 all-reduces,
  * backward 2 all-reduces (SP: 2 all-gathers + 2 reduce-scatters each way, plus the layer norms'
@@ -42,8 +59,8 @@ struct BlockConfig {
  * The backward splits for zero-bubble schedules: `backward_input` (B, with both backward
  * all-reduces) and `backward_weight` (W, the four projection weight GEMMs, no communication).
  */
-template <communicator C, bool SP = false, backend B = HostBackend>
-class TransformerBlock : public detail::BackwardFromSplit<TransformerBlock<C, SP, B>> {
+template <communicator C, bool SP = false, backend B = HostBackend, block_ffn FeedForward = MlpStage<C, dyn, dyn, dyn, SP, B>>
+class TransformerBlock : public detail::BackwardFromSplit<TransformerBlock<C, SP, B, FeedForward>> {
   using L = std::conditional_t<SP, TokenShard, Replicate>;
 
  public:
@@ -58,13 +75,19 @@ class TransformerBlock : public detail::BackwardFromSplit<TransformerBlock<C, SP
   template <class In>
   using output_layout = L;
 
+  /** The block with the tensor-parallel MLP (ids id_base+8..+11). */
   TransformerBlock(C& tp, const BlockConfig& c)
+    requires std::same_as<FeedForward, MlpStage<C, dyn, dyn, dyn, SP, B>>
+      : TransformerBlock(tp, c, make_mlp<C, dyn, dyn, dyn, SP, B>(
+                                    tp, MlpConfig{c.hidden, c.ffn, c.seed, c.id_base + 8, c.name + ".mlp"})) {}
+  /** The block with another feed-forward half (which takes the ids id_base+8..+11). */
+  TransformerBlock(C& tp, const BlockConfig& c, FeedForward ffn)
       : hidden_(c.hidden),
         ln1_(make_ln(tp, c, 0, ".ln1")),
         attn_(tp, AttentionConfig{c.hidden, c.heads, c.seq, c.seed, c.id_base + 2, c.name + ".attn"}),
         drop1_(c.dropout, c.seed, c.id_base + 12, std::size_t(tp.size()), std::size_t(tp.rank())),
         ln2_(make_ln(tp, c, 6, ".ln2")),
-        mlp_(make_mlp<C, dyn, dyn, dyn, SP, B>(tp, MlpConfig{c.hidden, c.ffn, c.seed, c.id_base + 8, c.name + ".mlp"})),
+        mlp_(std::move(ffn)),
         drop2_(c.dropout, c.seed, c.id_base + 13, std::size_t(tp.size()), std::size_t(tp.rank())) {}
 
   Activation forward(const Activation& x, int mb = 0) {
@@ -115,6 +138,8 @@ class TransformerBlock : public detail::BackwardFromSplit<TransformerBlock<C, SP
   void set_recompute(bool on) { recompute_ = on; }
   [[nodiscard]] std::size_t in_features() const { return hidden_; }
   [[nodiscard]] std::size_t out_features() const { return hidden_; }
+  /** The feed-forward half. */
+  [[nodiscard]] FeedForward& ffn() { return mlp_; }
 
  private:
   using Ln = std::conditional_t<SP, LayerNorm<TokenShard, C, B>, LayerNorm<Replicate, NoComm, B>>;
@@ -144,7 +169,7 @@ class TransformerBlock : public detail::BackwardFromSplit<TransformerBlock<C, SP
   SelfAttention<C, dyn, dyn, dyn, SP, B> attn_;
   Dropout<L, B> drop1_;
   Ln ln2_;
-  MlpStage<C, dyn, dyn, dyn, SP, B> mlp_;
+  FeedForward mlp_;
   Dropout<L, B> drop2_;
   MicroBatchCache<Input> inputs_;
   bool recompute_ = false;
