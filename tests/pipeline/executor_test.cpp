@@ -74,9 +74,10 @@ Result pipelined(std::string_view name, int P, int M, int V, std::size_t lps, bo
     for (int c = 0; c < V; ++c) chunks.emplace_back(width, std::size_t(global_stage(prog.config, r, c)) * lps, lps);
     std::vector<TanhStack*> ptrs;
     for (auto& c : chunks) ptrs.push_back(&c);
-    opt.recompute.assign(std::size_t(V), recompute);
-    if (opt.microbatch_tokens == 0) opt.microbatch_tokens = tokens;
-    Executor<TanhStack, Wrap> ex(comm, prog, ptrs, opt);
+    ExecutorOptions o = opt;  // each rank its own copy (the ranks are threads)
+    o.recompute.assign(std::size_t(V), recompute);
+    if (o.microbatch_tokens == 0) o.microbatch_tokens = tokens;
+    Executor<TanhStack, Wrap> ex(comm, prog, ptrs, o);
     std::vector<Activation> inputs, targets;
     for (int mb = 0; mb < M; ++mb) inputs.push_back(data(mb, 1)), targets.push_back(data(mb, 2));
     const StepStats st = ex.step(inputs, [&](const Activation& y, int mb, Activation& dy) {
