@@ -352,13 +352,17 @@ inline void ThreadsWorld::wake_all() {
   for (auto& g : live) g->wake();
 }
 
-/** The completion state of an asynchronous collective run by the progress thread. */
+/**
+ * The completion state of an asynchronous collective run by the progress thread. A failure is kept
+ * as its message and thrown as a new comm_error by the waiting rank: rethrowing the progress
+ * thread's exception object would share one object between two threads.
+ */
 struct TaskState {
   std::mutex m;
   std::condition_variable cv;
   bool done = false;
-  std::exception_ptr error;
-  void finish(std::exception_ptr e) {
+  std::string error;  ///< empty: success
+  void finish(std::string e) {
     {
       std::lock_guard l(m);
       error = std::move(e);
@@ -459,13 +463,13 @@ class ThreadsRequest {
   /** Blocks until the operation finished; rethrows its error. */
   void wait() {
     if (task_) {
-      std::exception_ptr e;
+      std::string e;
       {
         std::unique_lock l(task_->m);
         task_->cv.wait(l, [&] { return task_->done; });
         e = task_->error;
       }
-      if (e) std::rethrow_exception(e);
+      if (!e.empty()) throw comm_error(e);
     } else if (recv_) {
       wait_recv();
     }
@@ -1031,9 +1035,11 @@ class ThreadsCommunicator {
       ThreadsCommunicator self{std::shared_ptr<State>(std::shared_ptr<State>{}, st)};
       try {
         f(self);
-        task->finish(nullptr);
+        task->finish({});
+      } catch (const std::exception& e) {
+        task->finish(*e.what() ? e.what() : "asynchronous operation failed");
       } catch (...) {
-        task->finish(std::current_exception());
+        task->finish("unknown exception in an asynchronous operation");
       }
     });
     return req;
