@@ -117,7 +117,9 @@ TEST_CASE("OrderedP2pCommunicator: messages pair in issue order, tags ignored, a
           "[comm][adaptors][nccl-semantics]") {
   using Nccl = OrderedP2pCommunicator<ThreadsCommunicator>;
   static_assert(ordered_point_to_point<Nccl> && !ordered_point_to_point<ThreadsCommunicator>);
+  // Catch's assertions are not thread-safe: each rank records, the main thread checks.
   std::vector<std::vector<float>> got(2);
+  std::vector<std::vector<bool>> done(2);
   run_threads(2, [&](ThreadsCommunicator& world) {
     Nccl c(world);
     const int peer = 1 - c.rank();
@@ -129,9 +131,7 @@ TEST_CASE("OrderedP2pCommunicator: messages pair in issue order, tags ignored, a
     auto r1 = c.irecv(std::span<float>(ra), peer, 99);
     auto r2 = c.irecv(std::span<float>(rb), peer, 98);
     r1.wait();  // waits for the whole group: the other three are done too
-    CHECK(s1.test());
-    CHECK(s2.test());
-    CHECK(r2.test());
+    std::vector<bool> finished{s1.test(), s2.test(), r2.test()};
     // A collective runs after the posted group.
     Buffer<float> posted(1, float(c.rank()));
     auto late = c.isend(std::span<const float>(posted), peer, 0);
@@ -139,10 +139,12 @@ TEST_CASE("OrderedP2pCommunicator: messages pair in issue order, tags ignored, a
     auto late_recv = c.irecv(std::span<float>(arrived), peer, 0);
     Buffer<float> sum(1, 1.0f);
     c.all_reduce(std::span<float>(sum), ReduceOp::sum);
-    CHECK(late_recv.test());
+    finished.push_back(late_recv.test());
     late.wait();
     got[std::size_t(c.rank())] = {ra[0], rb[0], arrived[0], sum[0]};
+    done[std::size_t(c.rank())] = finished;
   });
+  for (const auto& f : done) CHECK(f == std::vector<bool>{true, true, true, true});
   CHECK(got[0] == std::vector<float>{11, 12, 1, 2});
   CHECK(got[1] == std::vector<float>{1, 2, 0, 2});
 }
@@ -162,12 +164,14 @@ TEST_CASE("OrderedP2pCommunicator: crossed blocking sends are a rendezvous deadl
                               }),
                   comm_error);
   // The same exchange as one group completes.
-  run_threads(2, quick, [](ThreadsCommunicator& world) {
+  std::vector<float> last(2, 0.0f);
+  run_threads(2, quick, [&](ThreadsCommunicator& world) {
     OrderedP2pCommunicator<ThreadsCommunicator> c(world);
     Buffer<float> x(4, 1.0f), y(4, 0.0f);
     auto s = c.isend(std::span<const float>(x), 1 - c.rank(), 0);
     c.irecv(std::span<float>(y), 1 - c.rank(), 0).wait();
     s.wait();
-    CHECK(y[3] == 1.0f);
+    last[std::size_t(c.rank())] = y[3];
   });
+  CHECK(last == std::vector<float>{1.0f, 1.0f});
 }
