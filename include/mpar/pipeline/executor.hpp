@@ -355,6 +355,7 @@ class Executor {
     std::vector<Incoming> incoming;
     std::size_t nrecv = 0;
     for (std::size_t i = first; i < end; ++i) nrecv += is_recv(prog[i].op) ? 1 : 0;
+    incoming.reserve(nrecv);  // the posted receives point into these payloads
     Buffer<float> headers(nrecv * detail::h_size, 0.0f);
     std::vector<request_type> reqs;
     for (std::size_t i = first; i < end; ++i) {
