@@ -389,11 +389,8 @@ class Executor {
       const int s = global_stage(prog_.config, r, a.chunk);
       const bool g = a.op == Op::recv_gradient;
       const std::span<const float, detail::h_size> h(headers.data() + k * detail::h_size, detail::h_size);
-      const Shape<2> sent = check_header(h, a, r, s, g);
-      const Shape<2> posted = incoming[k].payload.shape();
-      require(sent == posted, "pipeline: rank ", r, " (stage ", s, ") posted the ", g ? "gradient" : "activation",
-              " of micro-batch ", a.mb, " from rank ", a.peer, " as ", posted[0], "x", posted[1], " but rank ", a.peer,
-              " sent ", sent[0], "x", sent[1], "; set ExecutorOptions::microbatch_tokens and boundary_cols to the boundary's shape");
+      // The expected shape check_header enforces is the posted one (both sizes are known in this mode).
+      (void)check_header(h, a, r, s, g);
       reqs[2 * k + 1].wait();
       (g ? grad_ : act_)[{s, a.mb}] = std::move(incoming[k].payload);
     }
