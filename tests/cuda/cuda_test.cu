@@ -423,6 +423,22 @@ TEST_CASE("kernels: AdamW step, sum of squares, bias gradient, convert and add",
   for (std::size_t i = 0; i < n; ++i) REQUIRE(half[i] == 0.5f * f[i]);
 }
 
+TEST_CASE("kernels: block reductions count every warp once (exact sums of ones, uniform softmax rows)",
+          "[cuda][kernels]") {
+  // Sizes below, at and above one block of 256 threads (8 warps), and one that leaves warps idle.
+  for (const std::size_t n : {std::size_t(1), std::size_t(31), std::size_t(256), std::size_t(1000), std::size_t(70000)}) {
+    auto ones = upload(std::vector<float>(n, 1.0f));
+    auto acc = upload(std::vector<float>{0.0f});
+    gpu::sum_squares_accumulate(n, ones.data(), acc.data());
+    CHECK(download(acc)[0] == float(n));
+
+    auto zeros = upload(std::vector<float>(n, 0.0f));
+    gpu::DeviceBuffer<float> y(n, S());
+    gpu::softmax_forward(1, n, zeros.data(), y.data());
+    for (float v : download(y)) REQUIRE(v == Approx(1.0 / double(n)).epsilon(1e-6));
+  }
+}
+
 TEST_CASE("CudaBackend row kernels (MoE dispatch and combine) equal the host backend", "[cuda][kernels][moe]") {
   const std::size_t tokens = 57, d = 129, routed = 2 * tokens;  // each token routed twice (top-2)
   const auto x = random_vec<float>(tokens * d, 80), rows = random_vec<float>(routed * d, 81);

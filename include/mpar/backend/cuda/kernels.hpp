@@ -12,6 +12,8 @@
  */
 #include <cuda_runtime.h>
 
+#include <cub/block/block_reduce.cuh>
+
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -45,22 +47,20 @@ struct MaxOp {
 };
 
 /**
- * Reduces `v` over the block (blockDim.x a multiple of 32, at most 1024) and returns the result to
- * every thread. `scratch` is 32 shared values; the trailing barrier lets callers reuse it at once.
+ * Reduces `v` over the block and returns the result to every thread. Every launcher in this header
+ * uses `block_threads` threads per block, so the block size is a compile-time constant and
+ * `cub::BlockReduce` (warp shuffles, missing lanes never read) does the work; only the broadcast of
+ * thread 0's result is ours. The trailing barrier lets callers reduce again at once.
  */
 template <class V, class Op>
-__device__ V block_reduce(V v, Op op, V* scratch) {
-  for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-  const unsigned lane = threadIdx.x % 32, warp = threadIdx.x / 32, warps = blockDim.x / 32;
-  if (lane == 0) scratch[warp] = v;
+__device__ V block_reduce(V v, Op op) {
+  using Reduce = cub::BlockReduce<V, block_threads>;
+  __shared__ typename Reduce::TempStorage storage;
+  __shared__ V result;
+  const V total = Reduce(storage).Reduce(v, op);
+  if (threadIdx.x == 0) result = total;
   __syncthreads();
-  if (warp == 0) {
-    v = lane < warps ? scratch[lane] : scratch[0];
-    for (int o = 16; o > 0; o >>= 1) v = op(v, __shfl_xor_sync(0xffffffffu, v, o));
-    if (lane == 0) scratch[0] = v;
-  }
-  __syncthreads();
-  v = scratch[0];
+  v = result;
   __syncthreads();
   return v;
 }
@@ -127,17 +127,16 @@ __global__ void column_sum_kernel(std::size_t rows, std::size_t cols, std::size_
 /** One block per row; `causal` masks column c > (row % cols) (self-attention scores `[.., s, s]`). */
 template <class T>
 __global__ void softmax_forward_kernel(std::size_t cols, const T* x, T* y, bool causal, float scale) {
-  __shared__ float scratch[32];
   const std::size_t r = blockIdx.x;
   const T* xr = x + r * cols;
   T* yr = y + r * cols;
   const std::size_t valid = causal ? (r % cols) + 1 : cols;
   float mx = -INFINITY;
   for (std::size_t c = threadIdx.x; c < valid; c += blockDim.x) mx = fmaxf(mx, scale * float(to_compute(xr[c])));
-  mx = block_reduce(mx, MaxOp{}, scratch);
+  mx = block_reduce(mx, MaxOp{});
   float sum = 0;
   for (std::size_t c = threadIdx.x; c < valid; c += blockDim.x) sum += expf(scale * float(to_compute(xr[c])) - mx);
-  sum = block_reduce(sum, SumOp{}, scratch);
+  sum = block_reduce(sum, SumOp{});
   const float inv = 1.0f / sum;
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x)
     yr[c] = from_compute<T>(compute_type_t<T>(c < valid ? expf(scale * float(to_compute(xr[c])) - mx) * inv : 0.0f));
@@ -145,13 +144,12 @@ __global__ void softmax_forward_kernel(std::size_t cols, const T* x, T* y, bool 
 /** dx = scale * y * (dy - sum(dy * y)); masked entries have y = 0 and so get dx = 0. */
 template <class T>
 __global__ void softmax_backward_kernel(std::size_t cols, const T* y, const T* dy, T* dx, float scale) {
-  __shared__ float scratch[32];
   const std::size_t r = blockIdx.x;
   const T *yr = y + r * cols, *dyr = dy + r * cols;
   float dot = 0;
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x)
     dot += float(to_compute(yr[c])) * float(to_compute(dyr[c]));
-  dot = block_reduce(dot, SumOp{}, scratch);
+  dot = block_reduce(dot, SumOp{});
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x)
     dx[r * cols + c] = from_compute<T>(
         compute_type_t<T>(scale * float(to_compute(yr[c])) * (float(to_compute(dyr[c])) - dot)));
@@ -161,18 +159,17 @@ __global__ void softmax_backward_kernel(std::size_t cols, const T* y, const T* d
 template <class T>
 __global__ void layernorm_forward_kernel(std::size_t cols, const T* x, const T* gamma, const T* beta, T* y,
                                          float* mean, float* rstd, float eps) {
-  __shared__ float scratch[32];
   const std::size_t r = blockIdx.x;
   const T* xr = x + r * cols;
   float s = 0;
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) s += float(to_compute(xr[c]));
-  const float m = block_reduce(s, SumOp{}, scratch) / float(cols);
+  const float m = block_reduce(s, SumOp{}) / float(cols);
   float v = 0;
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const float d = float(to_compute(xr[c])) - m;
     v += d * d;
   }
-  const float rs = rsqrtf(block_reduce(v, SumOp{}, scratch) / float(cols) + eps);
+  const float rs = rsqrtf(block_reduce(v, SumOp{}) / float(cols) + eps);
   if (threadIdx.x == 0) {
     mean[r] = m;
     rstd[r] = rs;
@@ -184,7 +181,6 @@ __global__ void layernorm_forward_kernel(std::size_t cols, const T* x, const T* 
 template <class T>
 __global__ void layernorm_backward_dx_kernel(std::size_t cols, const T* x, const float* mean, const float* rstd,
                                              const T* gamma, const T* dy, T* dx) {
-  __shared__ float scratch[32];
   const std::size_t r = blockIdx.x;
   const T *xr = x + r * cols, *dyr = dy + r * cols;
   const float m = mean[r], rs = rstd[r];
@@ -194,8 +190,8 @@ __global__ void layernorm_backward_dx_kernel(std::size_t cols, const T* x, const
     sg += g;
     sgx += g * (float(to_compute(xr[c])) - m) * rs;
   }
-  sg = block_reduce(sg, SumOp{}, scratch);
-  sgx = block_reduce(sgx, SumOp{}, scratch);
+  sg = block_reduce(sg, SumOp{});
+  sgx = block_reduce(sgx, SumOp{});
   const float inv_n = 1.0f / float(cols);
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const float xhat = (float(to_compute(xr[c])) - m) * rs;
@@ -224,15 +220,14 @@ __global__ void layernorm_backward_params_kernel(std::size_t rows, std::size_t c
 template <class T>
 __global__ void cross_entropy_forward_kernel(std::size_t rows, std::size_t cols, const T* logits,
                                              const std::int32_t* targets, T* probs, float* loss) {
-  __shared__ float scratch[32];
   const std::size_t r = blockIdx.x;
   const T* xr = logits + r * cols;
   float mx = -INFINITY;
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) mx = fmaxf(mx, float(to_compute(xr[c])));
-  mx = block_reduce(mx, MaxOp{}, scratch);
+  mx = block_reduce(mx, MaxOp{});
   float sum = 0;
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) sum += expf(float(to_compute(xr[c])) - mx);
-  sum = block_reduce(sum, SumOp{}, scratch);
+  sum = block_reduce(sum, SumOp{});
   const float inv = 1.0f / sum;
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x)
     probs[r * cols + c] = from_compute<T>(compute_type_t<T>(expf(float(to_compute(xr[c])) - mx) * inv));
@@ -257,23 +252,21 @@ __global__ void cross_entropy_backward_kernel(std::size_t rows, std::size_t cols
 
 template <class T>
 __global__ void vocab_row_max_kernel(std::size_t cols, const T* logits, float* row_max) {
-  __shared__ float scratch[32];
   const std::size_t r = blockIdx.x;
   float mx = -INFINITY;
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) mx = fmaxf(mx, float(to_compute(logits[r * cols + c])));
-  mx = block_reduce(mx, MaxOp{}, scratch);
+  mx = block_reduce(mx, MaxOp{});
   if (threadIdx.x == 0) row_max[r] = mx;
 }
 template <class T>
 __global__ void vocab_sumexp_kernel(std::size_t cols, std::size_t col_offset, const T* logits,
                                     const std::int32_t* targets, const float* row_max, float* sumexp,
                                     float* target_logit) {
-  __shared__ float scratch[32];
   const std::size_t r = blockIdx.x;
   const float mx = row_max[r];
   float s = 0;
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) s += expf(float(to_compute(logits[r * cols + c])) - mx);
-  s = block_reduce(s, SumOp{}, scratch);
+  s = block_reduce(s, SumOp{});
   if (threadIdx.x == 0) {
     sumexp[r] = s;
     const std::int64_t t = std::int64_t(targets[r]) - std::int64_t(col_offset);
@@ -374,13 +367,12 @@ __global__ void sgd_kernel(std::size_t n, float* w, const G* grad, float* buf, f
 
 template <class T>
 __global__ void sum_squares_kernel(std::size_t n, const T* x, float* acc) {
-  __shared__ float scratch[32];
   float s = 0;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
     const float v = float(to_compute(x[i]));
     s += v * v;
   }
-  s = block_reduce(s, SumOp{}, scratch);
+  s = block_reduce(s, SumOp{});
   if (threadIdx.x == 0) atomicAdd(acc, s);
 }
 

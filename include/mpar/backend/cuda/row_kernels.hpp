@@ -47,7 +47,6 @@ __global__ void scatter_add_rows_kernel(std::size_t rows, std::size_t d, const s
 template <class T>
 __global__ void scatter_add_rows_backward_kernel(std::size_t rows, std::size_t d, const std::int32_t* index,
                                                  const T* weight, const T* dy, const T* src, T* dsrc, T* dot) {
-  __shared__ T scratch[32];
   for (std::size_t i = blockIdx.x; i < rows; i += gridDim.x) {
     const T* g = dy + std::size_t(index[i]) * d;
     const T w = weight[i];
@@ -56,7 +55,7 @@ __global__ void scatter_add_rows_backward_kernel(std::size_t rows, std::size_t d
       dsrc[i * d + c] = w * g[c];
       s += g[c] * src[i * d + c];
     }
-    s = block_reduce(s, SumOp{}, scratch);
+    s = block_reduce(s, SumOp{});
     if (threadIdx.x == 0) dot[i] = s;
   }
 }
