@@ -251,3 +251,33 @@ TEST_CASE("Embedding and VocabParallelEmbedding (TP 2) equal the table lookup an
     }
   }
 }
+
+TEST_CASE("TransformerBlock with recomputation keeps no sub-layer activations after forward and rebuilds them in backward",
+          "[nn][recompute][block]") {
+  // Equal gradients alone would also hold if nothing were recomputed; here the feed-forward half is asked
+  // for its saved activations right after the block's forward: they must be gone (and present without
+  // recomputation), and the block's backward must still run, rebuilding them.
+  const BlockConfig cfg{16, 4, 32, 4, 0.0, seed, 300, "block"};
+  const Activation x = random_activation(8, 16, 10), dy = random_activation(8, 16, 11);
+  std::string kept_error = "not run", dropped_error, backward_error = "not run";
+  run_threads(1, [&](Comm& tp) {
+    auto error_of = [](auto&& f) -> std::string {
+      try {
+        f();
+      } catch (const std::exception& e) {
+        return e.what();
+      }
+      return "";
+    };
+    TransformerBlock<Comm> plain(tp, cfg), recomputed(tp, cfg);
+    recomputed.set_recompute(true);
+    (void)forward(plain, x);
+    (void)forward(recomputed, x);
+    kept_error = error_of([&] { (void)backward_input(plain.ffn(), dy); });
+    dropped_error = error_of([&] { (void)backward_input(recomputed.ffn(), dy); });
+    backward_error = error_of([&] { (void)backward(recomputed, dy); });
+  });
+  CHECK(kept_error.empty());
+  CHECK_THAT(dropped_error, Catch::Contains("micro-batch 0") && Catch::Contains("no saved activations"));
+  CHECK(backward_error.empty());
+}
