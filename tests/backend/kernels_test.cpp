@@ -189,3 +189,64 @@ TEST_CASE("row kernels: gather, scatter, weighted scatter-add and its backward m
   CHECK(dg == F{0, 0, 0.5f, 2, 0, 0, 0, 0, 0.25f, 0, 1, 0});
   CHECK(dw == F{22, 0, 22, 11});
 }
+
+TEST_CASE("causal softmax: query i of every [s, s] block normalises over keys 0..i only, the rest exactly 0",
+          "[backend][kernels][causal]") {
+  // Two blocks (heads or sequences) of s = 5 queries: row r is query r % s. Naive reference per row.
+  const std::size_t s = 5, rows = 2 * s;
+  const Vec x = random_vec(rows * s, 4, 2.0);
+  const double scale = 0.7;
+  Vec want(rows * s, 0.0);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const std::size_t i = r % s;
+    double z = 0;
+    for (std::size_t c = 0; c <= i; ++c) z += std::exp(scale * x[r * s + c]);
+    for (std::size_t c = 0; c <= i; ++c) want[r * s + c] = std::exp(scale * x[r * s + c]) / z;
+  }
+  Vec yd(rows * s, -1.0);
+  host::softmax_forward(rows, s, x.data(), yd.data(), true, scale);
+  std::vector<float> xf(x.begin(), x.end()), yf(rows * s, -1.0f);
+  host::softmax_forward(rows, s, xf.data(), yf.data(), true, float(scale));
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < s; ++c) {
+      INFO("row " << r << " (query " << r % s << "), key " << c);
+      CHECK(yd[r * s + c] == Approx(want[r * s + c]).margin(1e-15));
+      CHECK(yf[r * s + c] == Approx(want[r * s + c]).margin(1e-7).epsilon(1e-5));
+      if (c > r % s) {
+        CHECK(yd[r * s + c] == 0.0);
+        CHECK(yf[r * s + c] == 0.0f);
+      }
+    }
+  // A future key's score changes nothing for the queries before it.
+  std::vector<float> xf2 = xf, yf2(rows * s);
+  for (std::size_t r = 0; r < rows; ++r) xf2[r * s + s - 1] += 50.0f;
+  host::softmax_forward(rows, s, xf2.data(), yf2.data(), true, float(scale));
+  for (std::size_t r = 0; r < rows; ++r)
+    if (r % s < s - 1)
+      for (std::size_t c = 0; c < s; ++c) CHECK(yf2[r * s + c] == yf[r * s + c]);
+}
+
+TEST_CASE("embedding kernels: lookup within a vocabulary block, zeros outside, scatter-add of repeated ids",
+          "[backend][kernels][embedding]") {
+  const std::size_t vocab = 6, dim = 3;
+  const std::vector<std::int32_t> ids{4, 1, 4, 5, 0, 2};
+  const Vec table = random_vec(vocab * dim, 5), dout = random_vec(ids.size() * dim, 6);
+  for (std::size_t offset : {std::size_t(0), std::size_t(3)}) {
+    const std::size_t local = offset == 0 ? vocab : 3;  // the whole table, or rows [3, 6) of it
+    INFO("vocabulary block [" << offset << ", " << offset + local << ")");
+    const double* block = table.data() + offset * dim;
+    Vec out(ids.size() * dim, -1.0), grad(local * dim, 0.5);
+    host::embedding_forward(ids.size(), dim, ids.data(), block, out.data(), offset, local);
+    host::embedding_backward(ids.size(), dim, ids.data(), dout.data(), grad.data(), offset, local);
+    Vec want_grad(local * dim, 0.5);
+    for (std::size_t t = 0; t < ids.size(); ++t) {
+      const auto id = std::size_t(ids[t]);
+      const bool mine = id >= offset && id < offset + local;
+      for (std::size_t c = 0; c < dim; ++c) {
+        CHECK(out[t * dim + c] == (mine ? table[id * dim + c] : 0.0));
+        if (mine) want_grad[(id - offset) * dim + c] += dout[t * dim + c];
+      }
+    }
+    for (std::size_t i = 0; i < grad.size(); ++i) CHECK(grad[i] == Approx(want_grad[i]).margin(1e-15));
+  }
+}

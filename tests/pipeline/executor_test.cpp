@@ -2,9 +2,12 @@
 // loss and gradients; recomputation; 2BW's weight versions; the p2p header check; TP=2 x PP=2.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <array>
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <set>
 #include <string>
 
 #include "mpar/comm/mesh_comms.hpp"
@@ -187,6 +190,78 @@ TEST_CASE("activation recomputation gives the same gradients", "[pipeline][execu
   compare(pipelined(ZBH1::name, 4, 4, 1, 1, true), reference(4, 4));
 }
 
+namespace {
+/**
+ * A TanhStack that counts its forwards and tracks the micro-batches whose activations it holds (a
+ * forward keeps them; drop, or the backward's weight half, frees them).
+ */
+class CountingStack : public TanhStack {
+ public:
+  using TanhStack::TanhStack;
+  Activation forward(const Activation& x, int mb) {
+    ++forwards;
+    held.insert(mb);
+    peak_held = std::max(peak_held, held.size());
+    return TanhStack::forward(x, mb);
+  }
+  void drop(int mb) {
+    held.erase(mb);
+    TanhStack::drop(mb);
+  }
+  void backward_weight(int mb) {
+    TanhStack::backward_weight(mb);
+    held.erase(mb);
+  }
+  Activation backward(const Activation& dy, int mb) {
+    Activation g = backward_input(dy, mb);
+    backward_weight(mb);
+    return g;
+  }
+  std::size_t forwards = 0, peak_held = 0;
+  std::set<int> held;
+};
+}  // namespace
+
+TEST_CASE("activation recomputation reruns each forward once and holds one micro-batch's activations at a time",
+          "[pipeline][executor][recompute]") {
+  // 1F1B, P = 2, M = 4: without recomputation stage 0 holds two micro-batches (F0 F1 B0 ...); with it every
+  // forward's activations are dropped at once and rebuilt by a second forward just before its backward.
+  constexpr int P = 2, M = 4;
+  for (bool recompute : {false, true}) {
+    INFO("recompute " << recompute);
+    std::mutex mu;
+    std::vector<std::size_t> forwards(P), peak(P), left(P);
+    Result out;
+    run_threads(P, [&](ThreadsCommunicator& comm) {
+      const int r = comm.rank();
+      CountingStack stage(width, std::size_t(r) * 2, 2);
+      ExecutorOptions o;
+      o.recompute = {recompute};
+      o.microbatch_tokens = tokens;
+      Executor<CountingStack, ThreadsCommunicator> ex(comm, make_programs(OneFOneB::name, {P, M, 1, 1}), {&stage}, o);
+      std::vector<Activation> inputs, targets;
+      for (int mb = 0; mb < M; ++mb) inputs.push_back(data(mb, 1)), targets.push_back(data(mb, 2));
+      const StepStats st = ex.step(inputs, [&](const Activation& y, int mb, Activation& dy) {
+        return mpar_test::mse(y, targets[std::size_t(mb)], dy);
+      });
+      std::lock_guard l(mu);
+      forwards[std::size_t(r)] = stage.forwards;
+      peak[std::size_t(r)] = stage.peak_held;
+      left[std::size_t(r)] = stage.held.size();
+      out.loss = st.loss;
+      for (auto* p : ex.parameters()) out.grads[p->name].assign(p->grad.begin(), p->grad.end());
+    });
+    compare(out, reference(4, M));
+    for (int r = 0; r < P; ++r) {
+      INFO("stage " << r);
+      CHECK(forwards[std::size_t(r)] == std::size_t(recompute ? 2 * M : M));
+      CHECK(left[std::size_t(r)] == 0);
+    }
+    CHECK(peak[0] == (recompute ? 1u : 2u));  // stage 0 runs F0 F1 before B0
+    if (recompute) CHECK(peak[1] == 1u);
+  }
+}
+
 TEST_CASE("PipeDream-2BW: each backward uses its forward's weights; updates apply one step late", "[pipeline][executor][2bw]") {
   // P = 2 (one layer per stage), M = 2, two batches, SGD with lr 0.5. From the 1F1B order without flush:
   //   rank 0: F0 F1 B0 F2 B1 [step 0] F3 B2 B3 [step 1]   rank 1: F0 B0 F1 B1 [step 0] F2 B2 F3 B3 [step 1]
@@ -194,9 +269,8 @@ TEST_CASE("PipeDream-2BW: each backward uses its forward's weights; updates appl
   const float lr = 0.5f;
   const int M = 2;
   // By hand: version[stage][mb] is the weight version each micro-batch's forward (and backward) uses.
-  const int version[2][4] = {{0, 0, 0, 1}, {0, 0, 1, 1}};
-  TanhStack s0(width, 0, 1), s1(width, 1, 1);
-  std::vector<std::vector<float>> w[2];  // w[stage][v]: the values of each parameter at version v
+  using Versions = int[2][4];
+  const Versions version = {{0, 0, 0, 1}, {0, 0, 1, 1}};
   auto snapshot = [](TanhStack& s) {
     std::vector<float> all;
     for (auto* p : s.parameters()) all.insert(all.end(), p->value.begin(), p->value.end());
@@ -212,13 +286,17 @@ TEST_CASE("PipeDream-2BW: each backward uses its forward's weights; updates appl
     for (auto* p : s.parameters()) all.insert(all.end(), p->grad.begin(), p->grad.end()), p->zero_grad();
     return all;
   };
+  // Replays the two batches by hand with the weight versions `ver`; returns w[stage][v].
+  auto replay = [&](const Versions& ver) {
+  TanhStack s0(width, 0, 1), s1(width, 1, 1);
+  std::vector<std::vector<float>> w[2];  // w[stage][v]: the values of each parameter at version v
   w[0].push_back(snapshot(s0));
   w[1].push_back(snapshot(s1));
   for (int batch = 0; batch < 2; ++batch) {
     std::vector<float> g0(w[0][0].size(), 0.0f), g1(w[1][0].size(), 0.0f);
     for (int mb = batch * M; mb < batch * M + M; ++mb) {
-      load(s0, w[0][std::size_t(version[0][mb])]);
-      load(s1, w[1][std::size_t(version[1][mb])]);
+      load(s0, w[0][std::size_t(ver[0][mb])]);
+      load(s1, w[1][std::size_t(ver[1][mb])]);
       Activation y = s1.forward(s0.forward(data(mb, 1), 0), 0), dy(y.shape());
       (void)mpar_test::mse(y, data(mb, 2), dy);
       for (auto& v : dy.values()) v /= float(M);
@@ -234,6 +312,13 @@ TEST_CASE("PipeDream-2BW: each backward uses its forward's weights; updates appl
     w[0].push_back(n0);
     w[1].push_back(n1);
   }
+  return std::array<std::vector<std::vector<float>>, 2>{w[0], w[1]};
+  };
+  const auto w = replay(version);
+  // What the executor would hold with a wrong version rule: micro-batch 2 on stage 0 with the newest
+  // weights (no stashing), or on stage 1 with the stale ones (the update applied too late).
+  const Versions newest = {{0, 0, 1, 1}, {0, 0, 1, 1}}, stale = {{0, 0, 0, 1}, {0, 0, 0, 1}};
+  const auto w_newest = replay(newest), w_stale = replay(stale);
 
   std::vector<float> got[2];
   int versions[2] = {0, 0};
@@ -261,8 +346,16 @@ TEST_CASE("PipeDream-2BW: each backward uses its forward's weights; updates appl
       INFO("stage " << s << " element " << i);
       CHECK(got[s][i] == Approx(w[s][2][i]).margin(1e-6).epsilon(1e-5));
     }
-  // The hand-made versions matter: running micro-batch 2 on stage 0 with version 1 gives other weights.
-  CHECK(std::abs(w[0][2][0] - w[0][1][0]) > 1e-6);
+  // The version rule matters: each wrong rule ends more than 100 times the tolerance away from the
+  // weights the executor produced.
+  auto distance = [&](const std::array<std::vector<std::vector<float>>, 2>& other) {
+    double d = 0;
+    for (int s = 0; s < 2; ++s)
+      for (std::size_t i = 0; i < got[s].size(); ++i) d = std::max(d, double(std::abs(got[s][i] - other[std::size_t(s)][2][i])));
+    return d;
+  };
+  CHECK(distance(w_newest) > 1e-3);
+  CHECK(distance(w_stale) > 1e-3);
 }
 
 TEST_CASE("a shape mismatch at a stage boundary is an error naming ranks, micro-batch and shapes", "[pipeline][executor]") {

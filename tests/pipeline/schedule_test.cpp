@@ -164,10 +164,11 @@ TEST_CASE("verifier catches broken dependencies, unmatched sends and crossed blo
   bad = p;
   bad.ranks[1].erase(bad.ranks[1].begin());
   CHECK_THAT(verify(bad).error, Contains("needs the activation from rank 0"));
-  // A send nobody receives.
+  // A second send of a message nobody receives again.
   bad = p;
   bad.ranks[1].push_back({Op::send_gradient, 1, 0, 0});
   CHECK_FALSE(verify(bad).ok);
+  CHECK_THAT(verify(bad).error, Contains("rank 1") && Contains("already sent"));
   // Wrong peer.
   bad = p;
   bad.ranks[0][1].peer = 0;

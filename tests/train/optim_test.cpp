@@ -255,8 +255,10 @@ TEST_CASE("Warm-up and cosine decay give the documented values", "[train][optim]
   CHECK(s(14) == Approx(0.1));
   CHECK(s(100) == Approx(0.1));
   for (std::size_t t = 4; t < 14; ++t) CHECK(s(t + 1) <= s(t));
-  CHECK_THROWS_AS(optim::WarmupCosine(1.0, 2.0, 0, 10), config_error);
-  CHECK_THROWS_AS(optim::WarmupCosine(1.0, 0.0, 10, 5), config_error);
+  CHECK_THROWS_WITH(optim::WarmupCosine(1.0, 2.0, 0, 10),
+                    Catch::Contains("WarmupCosine") && Catch::Contains("min_lr (2)") && Catch::Contains("peak_lr (1)"));
+  CHECK_THROWS_WITH(optim::WarmupCosine(1.0, 0.0, 10, 5),
+                    Catch::Contains("total_steps (5)") && Catch::Contains("at least warmup_steps (10)"));
 }
 
 TEST_CASE("Clipping by the global norm on one rank", "[train][optim]") {

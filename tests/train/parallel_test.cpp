@@ -5,6 +5,8 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <map>
+#include <string>
 #include <mutex>
 #include <vector>
 
@@ -12,8 +14,10 @@
 #include "mpar/comm/threads.hpp"
 #include "mpar/optim.hpp"
 #include "mpar/parallel.hpp"
+#include "support/rank_checks.hpp"
 
 using namespace mpar;
+using mpar::testing::RankChecks;
 
 namespace {
 
@@ -90,16 +94,15 @@ struct TinyMlp {
 constexpr std::size_t global_batch = 12;
 void no_hook(nn::Parameter&) {}
 
-void check_same(const std::vector<nn::Parameter*>& got, const std::vector<nn::Parameter*>& want, bool grads,
-                double tol) {
-  for (std::size_t k = 0; k < got.size(); ++k) {
+/** Records, element by element, that `got` has the values (or gradients) of `want` (run on rank threads). */
+void check_same(RankChecks& rc, const std::vector<nn::Parameter*>& got, const std::vector<nn::Parameter*>& want,
+                bool grads, double tol) {
+  rc.expect(got.size() == want.size(), "parameter counts differ");
+  for (std::size_t k = 0; k < got.size() && k < want.size(); ++k) {
     const auto& a = grads ? got[k]->grad : got[k]->value;
     const auto& b = grads ? want[k]->grad : want[k]->value;
-    REQUIRE(a.size() == b.size());
-    for (std::size_t i = 0; i < a.size(); ++i) {
-      INFO(got[k]->name << "[" << i << "]");
-      CHECK(a[i] == Approx(b[i]).margin(tol).epsilon(tol));
-    }
+    if (!rc.expect(a.size() == b.size(), got[k]->name + ": sizes differ")) continue;
+    for (std::size_t i = 0; i < a.size(); ++i) rc.close(a[i], b[i], tol, got[k]->name + "[" + std::to_string(i) + "]");
   }
 }
 
@@ -126,7 +129,7 @@ TEST_CASE("Data parallelism with buckets equals the single-rank gradient", "[tra
   for (int dp : {2, 4}) {
     for (std::size_t bucket_bytes : {std::size_t(0), std::size_t(64), std::size_t(1) << 20}) {
       DYNAMIC_SECTION("dp=" << dp << " bucket_bytes=" << bucket_bytes) {
-        std::mutex mu;
+        RankChecks rc;
         run_threads(dp, [&](ThreadsCommunicator& world) {
           TinyMlp m;
           parallel::DataParallel<ThreadsCommunicator> ddp(m.params(), world, {.bucket_bytes = bucket_bytes});
@@ -138,11 +141,11 @@ TEST_CASE("Data parallelism with buckets equals the single-rank gradient", "[tra
             ddp.mark_ready(p);
           });
           ddp.finish();
-          std::lock_guard l(mu);
-          check_same(m.params(), ref.params(), true, 1e-5);
+          check_same(rc, m.params(), ref.params(), true, 1e-5);
           // with more than one bucket, an all-reduce started before the backward's last gradient existed
-          if (ddp.bucket_count() > 1) CHECK(launched_before_last >= 1);
+          if (ddp.bucket_count() > 1) rc.expect(launched_before_last >= 1, "no all-reduce launched before the last gradient");
         });
+        rc.assert_all(66 * std::size_t(dp));
       }
     }
   }
@@ -151,7 +154,7 @@ TEST_CASE("Data parallelism with buckets equals the single-rank gradient", "[tra
 TEST_CASE("Data parallelism with a summed loss divides by the global batch", "[train][dp]") {
   TinyMlp ref;
   ref.forward_backward(0, global_batch, double(global_batch), no_hook);
-  std::mutex mu;  // Catch2 assertions are not thread-safe
+  RankChecks rc;  // Catch2 assertions are not thread-safe: ranks record, the main thread asserts
   run_threads(3, [&](ThreadsCommunicator& world) {
     TinyMlp m;
     parallel::DataParallel<ThreadsCommunicator> ddp(m.params(), world,
@@ -159,13 +162,13 @@ TEST_CASE("Data parallelism with a summed loss divides by the global batch", "[t
     const std::size_t local = global_batch / 3;
     m.forward_backward(local * std::size_t(world.rank()), local, 1.0, no_hook);  // sum over local samples
     ddp.finish();  // no hooks: everything reduced here
-    std::lock_guard l(mu);
-    check_same(m.params(), ref.params(), true, 1e-5);
+    check_same(rc, m.params(), ref.params(), true, 1e-5);
   });
+  rc.assert_all(3 * 66);
 }
 
 TEST_CASE("Bucket overlap: an all-reduce is in flight while the backward still runs", "[train][dp]") {
-  std::mutex mu;
+  RankChecks rc;
   run_threads(2, [&](ThreadsCommunicator& world) {
     TinyMlp m;
     parallel::DataParallel<ThreadsCommunicator> ddp(m.params(), world, {.bucket_bytes = 0});
@@ -177,18 +180,22 @@ TEST_CASE("Bucket overlap: an all-reduce is in flight while the backward still r
     ddp.finish();
     const std::size_t after = ddp.launched();
     bool unknown_rejected = false;
+    nn::Parameter stranger;
+    stranger.name = "stranger.weight";
     try {
-      ddp.mark_ready(nn::Parameter{});
-    } catch (const config_error&) {
-      unknown_rejected = true;
+      ddp.mark_ready(stranger);
+    } catch (const config_error& e) {
+      const std::string what = e.what();
+      unknown_rejected = what.find("mark_ready on rank " + std::to_string(world.rank())) != std::string::npos &&
+                         what.find("stranger.weight is not managed here") != std::string::npos;
     }
-    std::lock_guard l(mu);
-    CHECK(ddp.bucket_count() == 4);
+    rc.expect(ddp.bucket_count() == 4, "bucket count is not 4");
     // one bucket per parameter: each is launched the moment its gradient is marked
-    CHECK(launched_at == std::vector<std::size_t>{1, 2, 3, 4});
-    CHECK(after == 0);  // reset for the next step
-    CHECK(unknown_rejected);
+    rc.expect(launched_at == std::vector<std::size_t>{1, 2, 3, 4}, "buckets were not launched as their gradients were marked");
+    rc.expect(after == 0, "the launch count was not reset for the next step");
+    rc.expect(unknown_rejected, "an unknown parameter was not refused with its name and the rank");
   });
+  rc.assert_all(8);
 }
 
 TEST_CASE("ZeRO-1 AdamW equals data parallelism with AdamW over several steps", "[train][zero]") {
@@ -206,7 +213,7 @@ TEST_CASE("ZeRO-1 AdamW equals data parallelism with AdamW over several steps", 
   for (int dp : {2, 3, 4}) {
     for (std::size_t bucket_bytes : {std::size_t(0), std::size_t(80)}) {
       DYNAMIC_SECTION("dp=" << dp << " bucket_bytes=" << bucket_bytes) {
-        std::mutex mu;
+        RankChecks rc;
         run_threads(dp, [&](ThreadsCommunicator& world) {
           const std::size_t local = global_batch / std::size_t(dp);
           const std::size_t first = local * std::size_t(world.rank());
@@ -225,35 +232,67 @@ TEST_CASE("ZeRO-1 AdamW equals data parallelism with AdamW over several steps", 
                                [&](nn::Parameter& p) { zero.mark_ready(p); });
             zero.step(cfg.lr);
           }
-          std::lock_guard l(mu);
-          check_same(z.params(), a.params(), false, 1e-6);
-          check_same(z.params(), ref.params(), false, 1e-5);
+          check_same(rc, z.params(), a.params(), false, 1e-6);
+          check_same(rc, z.params(), ref.params(), false, 1e-5);
           // states are sharded: about 2 * 66 / dp floats here, never the full 132
-          CHECK(zero.state_elements() <= 2 * (66 / std::size_t(dp) + zero.bucket_count()));
+          rc.expect(zero.state_elements() <= 2 * (66 / std::size_t(dp) + zero.bucket_count()), "optimizer state is not sharded");
         });
+        rc.assert_all(2 * 66 * std::size_t(dp));
       }
     }
   }
 }
 
 TEST_CASE("ZeRO-1 gradient norm and clipping equal the single-rank ones", "[train][zero]") {
+  // One AdamW step moves every weight by about lr * sign(g) whatever the gradient's scale, so the weights
+  // alone barely see clipping. The first moment does: after one step m = (1 - beta1) * c * g with the
+  // clip coefficient c = max_norm / ||g|| written here by hand. A second step (with its own clipping)
+  // then has to match the single-rank run as well.
+  constexpr double max_norm = 0.1;
+  constexpr float beta1 = 0.9f;
   TinyMlp ref;
   ref.forward_backward(0, global_batch, double(global_batch), no_hook);
-  const double want = optim::grad_norm(ref.params());
-  optim::AdamW ref_opt(ref.params(), {.lr = 0.1f, .weight_decay = 0.0f});
-  ref_opt.step(0.1f, optim::clip_coefficient(want, 0.1));
+  double sq = 0;
+  for (const nn::Parameter* p : ref.params())
+    for (float g : p->grad) sq += double(g) * g;
+  const double want = std::sqrt(sq), hand_coef = max_norm / want;
+  REQUIRE(hand_coef < 0.5);  // the gradient is clipped to well below its size
+  std::map<std::string, std::vector<double>> want_m;  // the first moment after one clipped step, by hand
+  for (const nn::Parameter* p : ref.params())
+    for (float g : p->grad) want_m[p->name].push_back((1.0 - beta1) * hand_coef * g);
+  optim::AdamW ref_opt(ref.params(), {.lr = 0.1f, .beta1 = beta1, .weight_decay = 0.0f});
+  ref_opt.step(0.1f, optim::clip_coefficient(want, max_norm));
+  ref_opt.zero_grad();
+  ref.forward_backward(global_batch, global_batch, double(global_batch), no_hook);
+  const double want2 = optim::grad_norm(ref.params());
+  ref_opt.step(0.1f, optim::clip_coefficient(want2, max_norm));
+  RankChecks rc;
   std::mutex mu;
+  std::size_t moments_seen = 0;
   run_threads(4, [&](ThreadsCommunicator& world) {
     TinyMlp z;
-    parallel::Zero1AdamW<ThreadsCommunicator> zero(z.params(), world, {.lr = 0.1f, .weight_decay = 0.0f},
+    parallel::Zero1AdamW<ThreadsCommunicator> zero(z.params(), world, {.lr = 0.1f, .beta1 = beta1, .weight_decay = 0.0f},
                                                    {.bucket_bytes = 48});
     z.forward_backward(3 * std::size_t(world.rank()), 3, 3.0, no_hook);
     const double norm = zero.grad_norm();
-    zero.step(0.1f, optim::clip_coefficient(norm, 0.1));
+    zero.step(0.1f, optim::clip_coefficient(norm, max_norm));
+    rc.close(norm, want, 1e-6, "gradient norm of step 1");
+    std::size_t seen = 0;
+    for (const auto& piece : zero.state_pieces())
+      for (std::size_t i = 0; i < piece.m.size(); ++i, ++seen)
+        rc.close(piece.m[i], want_m[piece.param->name][piece.param_offset + i], 1e-6,
+                 "first moment of " + piece.param->name + "[" + std::to_string(piece.param_offset + i) + "]");
+    zero.zero_grad();
+    z.forward_backward(global_batch + 3 * std::size_t(world.rank()), 3, 3.0, no_hook);
+    const double norm2 = zero.grad_norm();
+    zero.step(0.1f, optim::clip_coefficient(norm2, max_norm));
+    rc.close(norm2, want2, 1e-6, "gradient norm of step 2");
+    check_same(rc, z.params(), ref.params(), false, 1e-6);
     std::lock_guard l(mu);
-    CHECK(norm == Approx(want).epsilon(1e-6));
-    check_same(z.params(), ref.params(), false, 1e-6);
+    moments_seen += seen;
   });
+  CHECK(moments_seen == 66);  // every element's moment is held by exactly one rank
+  rc.assert_all(4 * (2 + 66) + 66);
 }
 
 namespace {
@@ -308,7 +347,7 @@ TEST_CASE("Clipping equals single-rank clipping for tensor-sharded and replicate
   };
   for (Shape sh : {Shape{2, 1, 1}, Shape{4, 1, 1}, Shape{2, 1, 2}, Shape{2, 2, 1}, Shape{1, 2, 2}}) {
     DYNAMIC_SECTION("tp=" << sh.tp << " pp=" << sh.pp << " dp=" << sh.dp) {
-      std::mutex mu;
+      RankChecks rc;
       const DynamicMesh mesh(sh.tp, sh.pp, sh.dp, std::size_t(1));
       run_threads(int(mesh.world_size()), [&](ThreadsCommunicator& world) {
         auto comms = make_mesh_comms(world, mesh);
@@ -317,23 +356,24 @@ TEST_CASE("Clipping equals single-rank clipping for tensor-sharded and replicate
         std::vector<nn::Parameter*> ps;
         for (auto& p : mine) ps.push_back(&p);
         const double norm = optim::clip_grad_norm(ps, 1.0, comms.tensor, comms.pipeline);
-        const double after = optim::grad_norm(ps, comms.tensor, comms.pipeline);  // collectives outside the lock
-        std::lock_guard l(mu);
-        CHECK(norm == Approx(want).epsilon(1e-9));
-        const double coef = 1.0 / (want + 1e-6);
+        const double after = optim::grad_norm(ps, comms.tensor, comms.pipeline);
+        rc.expect(norm == Approx(want).epsilon(1e-9), "norm " + std::to_string(norm) + " vs " + std::to_string(want));
+        const double coef = 1.0 / want;  // max_norm / ||g||, by hand
         for (auto& p : mine) {
           const auto expect = sharded_param(p.id, p.global_shape, shard_dim_of(p.id), sh.tp, c.tensor);
           for (std::size_t i = 0; i < p.grad.size(); ++i)
-            CHECK(p.grad[i] == Approx(expect.grad[i] * coef).epsilon(1e-6));
+            rc.expect(p.grad[i] == Approx(expect.grad[i] * coef).epsilon(1e-5),
+                      p.name + "[" + std::to_string(i) + "] clipped wrongly");
         }
-        CHECK(after == Approx(1.0).epsilon(1e-5));
+        rc.expect(after == Approx(1.0).epsilon(1e-5), "norm after clipping is " + std::to_string(after));
       });
+      rc.assert_all(std::size_t(mesh.world_size()) * 2);
     }
   }
 }
 
 TEST_CASE("Loss-scaler overflow is agreed by every rank", "[train][mixed]") {
-  std::mutex mu;
+  RankChecks rc;
   run_threads(4, [&](ThreadsCommunicator& world) {
     optim::DynamicLossScaler scaler({.initial_scale = 256.0f, .growth_interval = 2});
     nn::Parameter p;
@@ -345,12 +385,12 @@ TEST_CASE("Loss-scaler overflow is agreed by every rank", "[train][mixed]") {
     const float lowered = scaler.scale();
     p.grad = {256.0f};
     const bool ok2 = scaler.unscale_and_check(ps, world);
-    std::lock_guard l(mu);
-    CHECK_FALSE(ok);  // rank 2 overflowed: everybody skips
-    CHECK(lowered == 128.0f);
-    CHECK(ok2);
-    CHECK(p.grad[0] == 2.0f);
+    rc.expect(!ok, "rank 2 overflowed, yet this rank did not skip");
+    rc.expect(lowered == 128.0f, "the scale was not halved");
+    rc.expect(ok2, "a finite step was skipped");
+    rc.expect(p.grad[0] == 2.0f, "the gradient was not unscaled");
   });
+  rc.assert_all(16);
 }
 
 TEST_CASE("bf16 and f16 compute copies round the masters and accumulate in fp32", "[train][mixed]") {
@@ -413,7 +453,7 @@ TEST_CASE("ZeRO-1 gradient norm over tensor x pipeline x data meshes equals the 
   };
   for (Shape sh : {Shape{2, 1, 2}, Shape{2, 2, 2}, Shape{1, 2, 3}}) {
     DYNAMIC_SECTION("tp=" << sh.tp << " pp=" << sh.pp << " dp=" << sh.dp) {
-      std::mutex mu;
+      RankChecks rc;
       const DynamicMesh mesh(sh.tp, sh.pp, sh.dp, std::size_t(1));
       run_threads(int(mesh.world_size()), [&](ThreadsCommunicator& world) {
         auto comms = make_mesh_comms(world, mesh);
@@ -423,9 +463,10 @@ TEST_CASE("ZeRO-1 gradient norm over tensor x pipeline x data meshes equals the 
         for (auto& p : mine) ps.push_back(&p);
         parallel::Zero1AdamW<ThreadsCommunicator> zero(ps, comms.data, {.lr = 0.0f}, {.bucket_bytes = 40});
         const double n = zero.grad_norm(comms.tensor, comms.pipeline);
-        std::lock_guard l(mu);
-        CHECK(n == Approx(want).epsilon(1e-6));  // the fp32 average (3 g) / 3 may differ from g in the last bit
+        // the fp32 average (3 g) / 3 may differ from g in the last bit
+        rc.expect(n == Approx(want).epsilon(1e-6), "norm " + std::to_string(n) + " vs " + std::to_string(want));
       });
+      rc.assert_all(mesh.world_size());
     }
   }
 }
