@@ -3,7 +3,7 @@
 # Works as root or through sudo. clang and its runtime libraries (libFuzzer, sanitizers) build the
 # fuzz targets of tests/fuzz, which CI runs.
 set -euo pipefail
-packages=(cmake g++ make catch2 libopenblas-dev libopenmpi-dev openmpi-bin clang libclang-rt-dev)
+packages=(cmake g++ make catch2 libopenblas-dev libdnnl-dev libopenmpi-dev openmpi-bin clang libclang-rt-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

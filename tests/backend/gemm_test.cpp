@@ -1,5 +1,11 @@
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cmath>
+#include <filesystem>
+#include <limits>
+#include <thread>
+#include <tuple>
+#include <utility>
 #include <mpar/backend/host/host_backend.hpp>
 #include <mpar/core.hpp>
 #include <vector>
@@ -20,26 +26,84 @@ void naive_gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k,
     }
 }
 
+/** Every transpose, several shapes with padded leading dimensions, and alpha/beta pairs that take different paths. */
 template <class T, class Gemm>
 void check_all_transposes(Gemm&& gemm_under_test, double tol) {
-  for (auto ta : {Trans::no, Trans::yes})
-    for (auto tb : {Trans::no, Trans::yes})
-      for (auto [m, n, k] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1, 1}, {7, 5, 3}, {33, 65, 17}, {64, 1, 70}}) {
-        // Padded leading dimensions exercise strided operands.
-        const std::size_t lda = (ta == Trans::no ? k : m) + 3, ldb = (tb == Trans::no ? n : k) + 2, ldc = n + 1;
-        std::vector<T> a((ta == Trans::no ? m : k) * lda), b((tb == Trans::no ? k : n) * ldb), c(m * ldc), ref;
-        for (std::size_t i = 0; i < a.size(); ++i) a[i] = T(init_value(1, 0, i, InitSpec::uniform(1)));
-        for (std::size_t i = 0; i < b.size(); ++i) b[i] = T(init_value(1, 1, i, InitSpec::uniform(1)));
-        for (std::size_t i = 0; i < c.size(); ++i) c[i] = T(init_value(1, 2, i, InitSpec::uniform(1)));
-        ref = c;
-        naive_gemm<T>(ta, tb, m, n, k, T(0.75), a.data(), lda, b.data(), ldb, T(-0.5), ref.data(), ldc);
-        gemm_under_test(ta, tb, m, n, k, T(0.75), a.data(), lda, b.data(), ldb, T(-0.5), c.data(), ldc);
-        for (std::size_t i = 0; i < c.size(); ++i) REQUIRE(std::fabs(double(c[i] - ref[i])) <= tol * (1 + std::fabs(double(ref[i]))));
-      }
+  for (auto [alpha, beta] : {std::pair<T, T>{T(0.75), T(-0.5)}, {T(1), T(0)}, {T(1), T(1)}})
+    for (auto ta : {Trans::no, Trans::yes})
+      for (auto tb : {Trans::no, Trans::yes})
+        for (auto [m, n, k] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1, 1}, {7, 5, 3}, {33, 65, 17},
+                               {64, 1, 70}, {96, 160, 200}}) {
+          // Padded leading dimensions exercise strided operands.
+          const std::size_t lda = (ta == Trans::no ? k : m) + 3, ldb = (tb == Trans::no ? n : k) + 2, ldc = n + 1;
+          std::vector<T> a((ta == Trans::no ? m : k) * lda), b((tb == Trans::no ? k : n) * ldb), c(m * ldc), ref;
+          for (std::size_t i = 0; i < a.size(); ++i) a[i] = T(init_value(1, 0, i, InitSpec::uniform(1)));
+          for (std::size_t i = 0; i < b.size(); ++i) b[i] = T(init_value(1, 1, i, InitSpec::uniform(1)));
+          for (std::size_t i = 0; i < c.size(); ++i) c[i] = T(init_value(1, 2, i, InitSpec::uniform(1)));
+          ref = c;
+          naive_gemm<T>(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, ref.data(), ldc);
+          // beta = 0 must overwrite C without reading it: NaN there must not leak into the result.
+          if (beta == T(0)) std::fill(c.begin(), c.end(), std::numeric_limits<T>::quiet_NaN());
+          gemm_under_test(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+          for (std::size_t i = 0; i < m; ++i)
+            for (std::size_t j = 0; j < n; ++j) {
+              const double got = double(c[i * ldc + j]), want = double(ref[i * ldc + j]);
+              INFO("m=" << m << " n=" << n << " k=" << k << " ta=" << (ta == Trans::yes) << " tb=" << (tb == Trans::yes)
+                        << " alpha=" << alpha << " beta=" << beta << " at (" << i << ", " << j << ")");
+              REQUIRE(std::fabs(got - want) <= tol * (1 + std::fabs(want)));
+            }
+        }
+}
+
+/**
+ * 16-bit A and B with an fp32 C against a naive loop over the same 16-bit values with fp32 accumulation.
+ * Products of 16-bit values are exact in fp32, so the two differ only in summation order: bounded by
+ * 2 (k + 2) 2^-24 (|alpha| sum_p |a b| + |beta c|) (twice the fp32 accumulation bound gamma_{k+2}).
+ * A wrong transpose, stride, alpha/beta or a 16-bit rounding of C (2^-9 relative) exceeds it.
+ */
+template <class H>
+void check_half_gemm() {
+  for (auto [alpha, beta] : {std::pair<float, float>{0.75f, -0.5f}, {1.0f, 0.0f}, {1.0f, 1.0f}})
+    for (auto ta : {Trans::no, Trans::yes})
+      for (auto tb : {Trans::no, Trans::yes})
+        for (auto [m, n, k] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1, 1}, {7, 5, 3}, {33, 65, 17},
+                               {64, 1, 70}, {96, 160, 200}}) {
+          const std::size_t lda = (ta == Trans::no ? k : m) + 3, ldb = (tb == Trans::no ? n : k) + 2, ldc = n + 1;
+          std::vector<H> a((ta == Trans::no ? m : k) * lda), b((tb == Trans::no ? k : n) * ldb);
+          std::vector<float> c(m * ldc), ref, mag(m * ldc);
+          for (std::size_t i = 0; i < a.size(); ++i) a[i] = H(init_value(4, 0, i, InitSpec::uniform(1)));
+          for (std::size_t i = 0; i < b.size(); ++i) b[i] = H(init_value(4, 1, i, InitSpec::uniform(1)));
+          for (std::size_t i = 0; i < c.size(); ++i) c[i] = init_value(4, 2, i, InitSpec::uniform(1));
+          ref = c;
+          for (std::size_t i = 0; i < m; ++i)
+            for (std::size_t j = 0; j < n; ++j) {
+              float s = 0, abs_sum = 0;
+              for (std::size_t p = 0; p < k; ++p) {
+                const float prod = float(ta == Trans::no ? a[i * lda + p] : a[p * lda + i]) *
+                                   float(tb == Trans::no ? b[p * ldb + j] : b[j * ldb + p]);
+                s += prod;
+                abs_sum += std::fabs(prod);
+              }
+              mag[i * ldc + j] = std::fabs(alpha) * abs_sum + std::fabs(beta * c[i * ldc + j]);
+              ref[i * ldc + j] = alpha * s + (beta == 0.0f ? 0.0f : beta * c[i * ldc + j]);
+            }
+          if (beta == 0.0f) std::fill(c.begin(), c.end(), std::numeric_limits<float>::quiet_NaN());
+          HostBackend::gemm<H, float>(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+          const double unit = std::ldexp(1.0, -24);
+          for (std::size_t i = 0; i < m; ++i)
+            for (std::size_t j = 0; j < n; ++j) {
+              INFO(dtype_name_v<H> << " m=" << m << " n=" << n << " k=" << k << " ta=" << (ta == Trans::yes)
+                                   << " tb=" << (tb == Trans::yes) << " alpha=" << alpha << " beta=" << beta << " at ("
+                                   << i << ", " << j << ")");
+              const double tol = 2.0 * double(k + 2) * unit * mag[i * ldc + j] + 1e-30;
+              REQUIRE(std::fabs(double(c[i * ldc + j]) - double(ref[i * ldc + j])) <= tol);
+            }
+        }
 }
 }  // namespace
 
 TEST_CASE("host GEMM matches a naive reference for every transpose, alpha/beta and stride", "[backend][gemm]") {
+  INFO("host GEMM library: " << host_gemm_library);
   check_all_transposes<float>([](auto... args) { HostBackend::gemm<float>(args...); }, 1e-5);
   check_all_transposes<double>([](auto... args) { HostBackend::gemm<double>(args...); }, 1e-12);
 }
@@ -49,6 +113,108 @@ TEST_CASE("the portable fallback GEMM matches the reference", "[backend][gemm]")
   check_all_transposes<double>([](auto... args) { detail::gemm_fallback<double>(args...); }, 1e-12);
 }
 
+TEST_CASE("bf16 and f16 GEMMs accumulate in fp32: summation-order agreement with a naive loop", "[backend][gemm][bf16]") {
+  INFO("host GEMM library: " << host_gemm_library);
+  check_half_gemm<bf16>();
+  check_half_gemm<f16>();
+}
+
+TEST_CASE("a bf16 GEMM of fp32 data is within the documented bf16 tolerance of the fp32 GEMM", "[backend][gemm][bf16]") {
+  // Rounding each input to bf16 changes it by at most 2^-9 relative, so each product by at most
+  // 2^-8 + 2^-18: |bf16 gemm - exact| <= (2^-8 + 2^-18 + 2 (k + 2) 2^-24) sum_p |a b|.
+  const std::size_t m = 48, n = 80, k = 256;
+  std::vector<float> a(m * k), b(k * n), c(m * n);
+  std::vector<bf16> ah(a.size()), bh(b.size());
+  for (std::size_t i = 0; i < a.size(); ++i) ah[i] = bf16(a[i] = init_value(5, 0, i, InitSpec::uniform(1)));
+  for (std::size_t i = 0; i < b.size(); ++i) bh[i] = bf16(b[i] = init_value(5, 1, i, InitSpec::uniform(1)));
+  HostBackend::gemm<bf16, float>(Trans::no, Trans::no, m, n, k, 1.0f, ah.data(), k, bh.data(), n, 0.0f, c.data(), n);
+  double worst = 0;
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      double exact = 0, abs_sum = 0;
+      for (std::size_t p = 0; p < k; ++p) {
+        exact += double(a[i * k + p]) * b[p * n + j];
+        abs_sum += std::fabs(double(a[i * k + p]) * b[p * n + j]);
+      }
+      const double bound = (std::ldexp(1.0, -8) + std::ldexp(1.0, -18) + 2.0 * double(k + 2) * std::ldexp(1.0, -24)) * abs_sum;
+      REQUIRE(std::fabs(double(c[i * n + j]) - exact) <= bound);
+      worst = std::max(worst, std::fabs(double(c[i * n + j]) - exact) / abs_sum);
+    }
+  // The operands really were rounded: an fp32 GEMM in disguise would be far more accurate than 2^-12.
+  CHECK(worst > std::ldexp(1.0, -12));
+}
+
+TEST_CASE("host GEMM names the sizes when leading dimensions are too small", "[backend][gemm]") {
+  std::vector<float> a(12), b(12), c(12);
+  CHECK_THROWS_WITH(HostBackend::gemm<float>(Trans::no, Trans::no, 3, 4, 4, 1.0f, a.data(), 3, b.data(), 4, 0.0f,
+                                             c.data(), 4),
+                    Catch::Contains("lda=3") && Catch::Contains("m=3 n=4 k=4"));
+}
+
+TEST_CASE("an empty inner dimension gives C = beta C", "[backend][gemm]") {
+  std::vector<float> c = {1, 2, 3, 4}, nan(4, std::numeric_limits<float>::quiet_NaN());
+  HostBackend::gemm<float>(Trans::no, Trans::no, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.5f, c.data(), 2);
+  CHECK(c == std::vector<float>{0.5f, 1.0f, 1.5f, 2.0f});
+  HostBackend::gemm<bf16, float>(Trans::no, Trans::no, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.0f, nan.data(), 2);
+  CHECK(nan == std::vector<float>(4, 0.0f));
+}
+
+#if defined(MPAR_HAVE_ONEDNN)
+TEST_CASE("oneDNN GEMM: one primitive per signature, created once per thread", "[backend][gemm][onednn]") {
+  std::vector<float> a(64 * 64, 0.5f), b(64 * 64, 0.25f), c(64 * 64);
+  std::vector<bf16> ah(a.size(), bf16(0.5f)), bh(b.size(), bf16(0.25f));
+  const std::size_t before = host::onednn::cached_primitives();
+  for (int r = 0; r < 3; ++r) mpar::gemm<float>(Trans::no, Trans::no, 37, 41, 43, 1.0f, a.data(), 43, b.data(), 41, 0.0f, c.data(), 41);
+  CHECK(host::onednn::cached_primitives() == before + 1);
+  CHECK(c[0] == Approx(43 * 0.125));
+  // Another leading dimension, transpose, type or beta is another primitive.
+  mpar::gemm<float>(Trans::no, Trans::no, 37, 41, 43, 1.0f, a.data(), 44, b.data(), 41, 0.0f, c.data(), 41);
+  mpar::gemm<float>(Trans::yes, Trans::no, 37, 41, 43, 1.0f, a.data(), 37, b.data(), 41, 0.0f, c.data(), 41);
+  mpar::gemm<float>(Trans::no, Trans::no, 37, 41, 43, 1.0f, a.data(), 43, b.data(), 41, 1.0f, c.data(), 41);
+  mpar::gemm<bf16, float>(Trans::no, Trans::no, 37, 41, 43, 1.0f, ah.data(), 43, bh.data(), 41, 0.0f, c.data(), 41);
+  CHECK(host::onednn::cached_primitives() == before + 5);
+  // A new thread starts with its own, empty cache.
+  std::size_t in_thread = 99;
+  std::thread([&] { in_thread = host::onednn::cached_primitives(); }).join();
+  CHECK(in_thread == 0);
+}
+
+namespace {
+std::size_t threads_in_process() {
+  std::size_t count = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/task")) ++count;
+  return count;
+}
+}  // namespace
+
+TEST_CASE("oneDNN GEMM runs on the calling thread only and keeps its OpenMP setting", "[backend][gemm][onednn]") {
+  const auto& omp = host::onednn::detail::OpenMpThreads::instance();
+  if (!omp.set) {
+    WARN("this oneDNN does not use OpenMP: nothing to check");
+    return;
+  }
+  // A rank thread whose OpenMP setting asks for 4 threads (as OMP_NUM_THREADS=4 would): the GEMMs must
+  // still create no thread (libgomp would start a pool of 3 for a parallel region), and the setting
+  // must be the caller's again afterwards.
+  std::size_t before = 0, after = 0;
+  int setting_after = 0;
+  std::thread([&] {
+    omp.set(4);
+    const std::size_t n = 256;
+    std::vector<float> a(n * n, 0.5f), b(n * n, 0.25f), c(n * n);
+    std::vector<bf16> ah(a.size(), bf16(0.5f)), bh(b.size(), bf16(0.25f));
+    before = threads_in_process();
+    for (int r = 0; r < 2; ++r) {
+      mpar::gemm<float>(Trans::no, Trans::no, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n);
+      mpar::gemm<bf16, float>(Trans::no, Trans::yes, n, n, n, 1.0f, ah.data(), n, bh.data(), n, 0.0f, c.data(), n);
+    }
+    after = threads_in_process();
+    setting_after = omp.get();
+  }).join();
+  CHECK(after == before);
+  CHECK(setting_after == 4);
+}
+#endif
 TEST_CASE("matmul on views checks shapes and honours slices", "[backend][gemm]") {
   Tensor<float, 2> a({4, 6}), b({6, 3}), c({4, 3});
   init_full(a, 3, 0, InitSpec::uniform(1));

@@ -81,11 +81,11 @@ struct ResidencyCheckedBackend : HostBackend {
     HostBackend::init_rank();
     set_current_memory_resource(tracking());
   }
-  template <class T>
-  static void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a, std::size_t lda,
-                   const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc) {
+  template <class TIn, class TOut = TIn>
+  static void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha, const TIn* a,
+                   std::size_t lda, const TIn* b, std::size_t ldb, TOut beta, TOut* c, std::size_t ldc) {
     check_pointers("gemm", a, b, c);
-    HostBackend::gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    HostBackend::gemm<TIn, TOut>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
 #define MPAR_TEST_CHECKED(op)                       \
   template <class... A>                             \

@@ -9,6 +9,7 @@
 #include <cstdint>
 
 #include "mpar/backend/host/gemm.hpp"     // Trans
+#include "mpar/core/dtype.hpp"             // bf16
 #include "mpar/backend/host/kernels.hpp"  // host::DropoutMask (the mask is the same on every backend)
 
 namespace mpar {
@@ -20,6 +21,8 @@ namespace mpar {
  * - `init_rank()`: prepares the calling rank's thread (BLAS threads, device, stream, memory resource);
  * - `synchronize()`: returns when every operation the thread issued has finished;
  * - `gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)`: row-major C = alpha op(A) op(B) + beta C;
+ * - `gemm<bf16, float>(...)` (same arguments): bf16 A and B, fp32 C, products accumulated in fp32 — the
+ *   GEMM of mixed-precision training (host: oneDNN's AMX / AVX-512 bf16 kernels; CUDA: tensor cores);
  * - the layer kernels, with the semantics of `mpar::host` (backend/host/kernels.hpp), which is their
  *   reference: `add`, `bias_add_forward`, `bias_add_backward` (accumulates), `gelu_forward`,
  *   `gelu_backward`, `softmax_forward` (optionally causal), `softmax_backward`, `layernorm_forward`,
@@ -46,13 +49,14 @@ namespace mpar {
  * communicators, the loss scaler, checkpoints — reads the same buffers on the host.
  */
 template <class B>
-concept backend = requires(const float* a, float* c, const std::int32_t* ids, const host::DropoutMask& mask,
-                           std::size_t n) {
+concept backend = requires(const float* a, float* c, const bf16* h, const std::int32_t* ids,
+                           const host::DropoutMask& mask, std::size_t n) {
   typename B::memory_space;
   typename B::template tensor_type<float, 2>;
   B::init_rank();
   B::synchronize();
   B::template gemm<float>(Trans::no, Trans::no, n, n, n, 1.0f, a, n, a, n, 0.0f, c, n);
+  B::template gemm<bf16, float>(Trans::no, Trans::yes, n, n, n, 1.0f, h, n, h, n, 1.0f, c, n);
   B::add(n, a, a, c);
   B::bias_add_forward(n, n, a, c);
   B::bias_add_backward(n, n, a, c);

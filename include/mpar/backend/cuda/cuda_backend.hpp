@@ -59,13 +59,16 @@ struct CudaBackend {
   /** Waits until the calling rank's compute stream is idle. */
   static void synchronize() { gpu::check(cudaStreamSynchronize(gpu::current_stream()), "cudaStreamSynchronize"); }
 
-  /** Row-major GEMM (see gpu::gemm): fp32/fp64 as is, bf16/f16 on tensor cores with fp32 accumulation. */
-  template <class T>
-    requires gpu::gemm_types<T, T>
-  static void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, gpu::gemm_scalar_t<T> alpha,
-                   const T* a, std::size_t lda, const T* b, std::size_t ldb, gpu::gemm_scalar_t<T> beta, T* c,
+  /**
+   * Row-major GEMM (see gpu::gemm): fp32/fp64 as is, bf16/f16 on tensor cores with fp32 accumulation, into
+   * a C of the input type or (`gemm<bf16, float>`) an fp32 C.
+   */
+  template <class TIn, class TOut = TIn>
+    requires gpu::gemm_types<TIn, TOut>
+  static void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, gpu::gemm_scalar_t<TIn> alpha,
+                   const TIn* a, std::size_t lda, const TIn* b, std::size_t ldb, gpu::gemm_scalar_t<TIn> beta, TOut* c,
                    std::size_t ldc) {
-    gpu::gemm<T, T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    gpu::gemm<TIn, TOut>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
     synchronize();
   }
 

@@ -1,13 +1,16 @@
 #pragma once
 /**
- * @file Host GEMM: CBLAS (OpenBLAS) when available, a portable blocked kernel otherwise.
+ * @file Host GEMM: oneDNN's matmul (MPAR_HOST_GEMM=onednn), CBLAS (=cblas) or a portable blocked kernel,
+ * as chosen at configure time; double always goes to CBLAS when it was found.
  *
- * Row-major, C = alpha * op(A) * op(B) + beta * C, with op() transposing on request. Each rank runs
- * its GEMMs single-threaded (see `host_backend.hpp`), so several ranks on one machine do not
- * oversubscribe its cores.
+ * Row-major, C = alpha * op(A) * op(B) + beta * C, with op() transposing on request. A and B are float,
+ * double, or 16-bit (bf16, f16) with an fp32 C: the products of 16-bit operands are exact in fp32 and
+ * are accumulated in fp32, as on the GPU's tensor cores. Each rank runs its GEMMs single-threaded (see
+ * `host_backend.hpp` and `onednn_gemm.hpp`), so several ranks on one machine do not oversubscribe it.
  */
 #include <algorithm>
 #include <cstddef>
+#include <type_traits>
 #include <vector>
 
 #include "mpar/core/dtype.hpp"
@@ -16,6 +19,9 @@
 
 #if defined(MPAR_HAVE_CBLAS)
 #include <cblas.h>
+#endif
+#if defined(MPAR_HAVE_ONEDNN)
+#include "mpar/backend/host/onednn_gemm.hpp"
 #endif
 
 namespace mpar {
@@ -52,17 +58,23 @@ void gemm_fallback(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t
       }
 }
 
-}  // namespace detail
-
-/**
- * @brief Row-major GEMM on raw pointers: `C[m x n] = alpha * op(A)[m x k] * op(B)[k x n] + beta * C`.
- * Leading dimensions are in elements. float and double go to CBLAS when it was found at configure time.
- */
+/** Copies a stored `[rows, cols]` 16-bit block (leading dimension ld) into dense fp32 (exact). */
 template <class T>
-  requires(std::is_same_v<T, float> || std::is_same_v<T, double>)
-void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a, std::size_t lda,
-          const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc) {
-  if (m == 0 || n == 0) return;
+void widen(std::size_t rows, std::size_t cols, const T* src, std::size_t ld, std::vector<float>& dst) {
+  dst.resize(rows * cols);
+  for (std::size_t r = 0; r < rows; ++r)
+    for (std::size_t c = 0; c < cols; ++c) dst[r * cols + c] = float(src[r * ld + c]);
+}
+
+/** Same-type float/double GEMM on the configured library. */
+template <class T>
+void gemm_same_type(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a,
+                    std::size_t lda, const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc) {
+#if defined(MPAR_HAVE_ONEDNN)
+  if constexpr (std::is_same_v<T, float>)
+    if (host::onednn::gemm<float>(ta == Trans::yes, tb == Trans::yes, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+      return;
+#endif
 #if defined(MPAR_HAVE_CBLAS)
   const auto cta = ta == Trans::no ? CblasNoTrans : CblasTrans;
   const auto ctb = tb == Trans::no ? CblasNoTrans : CblasTrans;
@@ -71,8 +83,61 @@ void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, T alp
   else
     cblas_dgemm(CblasRowMajor, cta, ctb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 #else
-  detail::gemm_fallback(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  gemm_fallback(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
 #endif
+}
+
+}  // namespace detail
+
+/** @brief Operand types of the host GEMM: A, B, C all float or all double, or bf16/f16 A and B with a float C. */
+template <class TIn, class TOut>
+concept host_gemm_types = (std::is_same_v<TIn, TOut> && (std::is_same_v<TIn, float> || std::is_same_v<TIn, double>)) ||
+                          (half_precision<TIn> && std::is_same_v<TOut, float>);
+
+/** @brief Which library computes float and 16-bit host GEMMs in this build ("oneDNN", "CBLAS" or "portable"). */
+inline constexpr const char* host_gemm_library =
+#if defined(MPAR_HAVE_ONEDNN)
+    "oneDNN";
+#elif defined(MPAR_HAVE_CBLAS)
+    "CBLAS";
+#else
+    "portable";
+#endif
+
+/**
+ * @brief Row-major GEMM on raw pointers: `C[m x n] = alpha * op(A)[m x k] * op(B)[k x n] + beta * C`.
+ * Leading dimensions are in elements; `beta == 0` overwrites C without reading it.
+ *
+ * 16-bit A and B (bf16, f16) with a float C multiply exactly and accumulate in fp32: through oneDNN's
+ * 16-bit kernels where the CPU has them (AMX, AVX-512 bf16 / fp16), otherwise by widening the operands
+ * to fp32 (exact) and running the fp32 GEMM, which gives the same numbers up to summation order.
+ */
+template <class TIn, class TOut = TIn>
+  requires host_gemm_types<TIn, TOut>
+void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha, const TIn* a, std::size_t lda,
+          const TIn* b, std::size_t ldb, TOut beta, TOut* c, std::size_t ldc) {
+  if (m == 0 || n == 0) return;
+  const std::size_t a_cols = ta == Trans::no ? k : m, b_cols = tb == Trans::no ? n : k;
+  require(lda >= a_cols && ldb >= b_cols && ldc >= n, "host gemm: leading dimensions lda=", lda, " ldb=", ldb,
+          " ldc=", ldc, " are too small for m=", m, " n=", n, " k=", k, " (row-major: ld >= the stored row length)");
+  if (k == 0) {  // C = beta C; libraries differ on empty products, so this is done here
+    for (std::size_t i = 0; i < m; ++i)
+      for (std::size_t j = 0; j < n; ++j) c[i * ldc + j] = beta == TOut(0) ? TOut(0) : beta * c[i * ldc + j];
+    return;
+  }
+  if constexpr (std::is_same_v<TIn, TOut>) {
+    detail::gemm_same_type(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  } else {
+#if defined(MPAR_HAVE_ONEDNN)
+    if (host::onednn::gemm<TIn>(ta == Trans::yes, tb == Trans::yes, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
+      return;
+#endif
+    // Per-thread scratch, so repeated calls allocate nothing once the largest shape was seen.
+    thread_local std::vector<float> wa, wb;
+    detail::widen(ta == Trans::no ? m : k, a_cols, a, lda, wa);
+    detail::widen(tb == Trans::no ? k : n, b_cols, b, ldb, wb);
+    detail::gemm_same_type<float>(ta, tb, m, n, k, alpha, wa.data(), a_cols, wb.data(), b_cols, beta, c, ldc);
+  }
 }
 
 /**

@@ -21,7 +21,8 @@ struct HostMemory {
 };
 
 /**
- * @brief The CPU backend: host memory, CBLAS GEMM (single-threaded per rank) and the host kernels.
+ * @brief The CPU backend: host memory, the host GEMM (oneDNN, CBLAS or portable; single-threaded per
+ * rank) and the host kernels, whose vector code matches the CPU at run time (see `isa.hpp`).
  *
  * Layers and executors are templates over a backend type; this one carries no state, so a call
  * through it is an ordinary inlined function call.
@@ -32,7 +33,10 @@ struct HostBackend {
   using tensor_type = Tensor<T, R>;
   static constexpr const char* name = "host";
 
-  /** Called once per rank before compute: keeps BLAS single-threaded so ranks do not oversubscribe cores. */
+  /**
+   * Called once per rank before compute: keeps BLAS single-threaded so ranks do not oversubscribe cores
+   * (oneDNN's GEMMs set one thread per call themselves, see onednn_gemm.hpp).
+   */
   static void init_rank() {
 #if defined(MPAR_HAVE_OPENBLAS)
     openblas_set_num_threads(1);
@@ -41,10 +45,12 @@ struct HostBackend {
   /** Host work is finished when the call returns: nothing to wait for. */
   static void synchronize() {}
 
-  template <class T>
-  static void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a,
-                   std::size_t lda, const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc) {
-    mpar::gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+  /** Row-major GEMM (see mpar::gemm): float or double as is, bf16/f16 A and B with fp32 accumulation into a float C. */
+  template <class TIn, class TOut = TIn>
+    requires host_gemm_types<TIn, TOut>
+  static void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha, const TIn* a,
+                   std::size_t lda, const TIn* b, std::size_t ldb, TOut beta, TOut* c, std::size_t ldc) {
+    mpar::gemm<TIn, TOut>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
 
   // The layer kernels (see the `backend` concept): the mpar::host reference implementations.
