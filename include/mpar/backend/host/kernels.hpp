@@ -4,7 +4,8 @@
  *
  * Activations are row-major matrices `[rows, cols]` passed as raw pointers with sizes (the layers
  * own the shapes). Backward kernels that produce parameter gradients *accumulate* into them, so
- * gradient accumulation over micro-batches needs no extra buffers.
+ * gradient accumulation over micro-batches needs no extra buffers. The float kernels run vectorized
+ * for the instruction set of the CPU they find (see isa.hpp).
  */
 #include <algorithm>
 #include <bit>
@@ -15,6 +16,7 @@
 #include <type_traits>
 
 #include "mpar/backend/host/fast_math.hpp"
+#include "mpar/backend/host/isa.hpp"
 #include "mpar/backend/host/optimizer_kernels.hpp"  // adamw_update, sgd_update, sum_squares
 #include "mpar/backend/host/row_kernels.hpp"        // gather_rows, scatter_rows, scatter_add_rows(_backward)
 #include "mpar/core/error.hpp"
@@ -22,22 +24,42 @@
 
 namespace mpar::host {
 
+namespace detail {
+/**
+ * Runs a kernel's loops: float ones through `with_isa` (isa.hpp), so they are vectorized for the CPU's
+ * best instruction set (AVX-512, AVX2 + FMA or the baseline), other element types as compiled.
+ */
+template <class T, class F>
+inline void vectorized(F&& body) {
+  if constexpr (std::is_same_v<T, float>)
+    with_isa(body);
+  else
+    body();
+}
+}  // namespace detail
+
 // ---- elementwise -------------------------------------------------------------------------------
 
 /** y[i] = a * x[i] + b * y[i] */
 template <class T>
 void axpby(std::size_t n, T a, const T* x, T b, T* y) {
-  for (std::size_t i = 0; i < n; ++i) y[i] = a * x[i] + b * y[i];
+  detail::vectorized<T>([&] {
+    for (std::size_t i = 0; i < n; ++i) y[i] = a * x[i] + b * y[i];
+  });
 }
 /** y[i] = x[i] + z[i] (y may alias x or z) */
 template <class T>
 void add(std::size_t n, const T* x, const T* z, T* y) {
-  for (std::size_t i = 0; i < n; ++i) y[i] = x[i] + z[i];
+  detail::vectorized<T>([&] {
+    for (std::size_t i = 0; i < n; ++i) y[i] = x[i] + z[i];
+  });
 }
 /** x[i] *= a */
 template <class T>
 void scale(std::size_t n, T a, T* x) {
-  for (std::size_t i = 0; i < n; ++i) x[i] *= a;
+  detail::vectorized<T>([&] {
+    for (std::size_t i = 0; i < n; ++i) x[i] *= a;
+  });
 }
 
 // ---- bias --------------------------------------------------------------------------------------
@@ -45,14 +67,18 @@ void scale(std::size_t n, T a, T* x) {
 /** y[r, c] += bias[c] */
 template <class T>
 void bias_add_forward(std::size_t rows, std::size_t cols, const T* bias, T* y) {
-  for (std::size_t r = 0; r < rows; ++r)
-    for (std::size_t c = 0; c < cols; ++c) y[r * cols + c] += bias[c];
+  detail::vectorized<T>([&] {
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < cols; ++c) y[r * cols + c] += bias[c];
+  });
 }
 /** dbias[c] += sum_r dy[r, c] */
 template <class T>
 void bias_add_backward(std::size_t rows, std::size_t cols, const T* dy, T* dbias) {
-  for (std::size_t r = 0; r < rows; ++r)
-    for (std::size_t c = 0; c < cols; ++c) dbias[c] += dy[r * cols + c];
+  detail::vectorized<T>([&] {
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < cols; ++c) dbias[c] += dy[r * cols + c];
+  });
 }
 
 // ---- GeLU (tanh approximation, as in GPT-2 and Megatron) ---------------------------------------
@@ -72,23 +98,25 @@ inline constexpr T gelu_c = T(0.044715);
  */
 template <class T>
 void gelu_forward(std::size_t n, const T* x, T* y) {
-  using detail::gelu_c, detail::gelu_k;
-  if constexpr (std::is_same_v<T, float>) {
-    fast::map_n(
-        n, y,
-        [](float v) {
-          const float u = gelu_k<float> * (v + gelu_c<float> * v * v * v);
-          const float au = std::bit_cast<float>(std::bit_cast<std::uint32_t>(u) & 0x7fffffffu);
-          const float e = fast::fast_exp(-2.0f * au);
-          return v * fast::select(u >= 0.0f, 1.0f, e) / (1.0f + e);
-        },
-        x);
-  } else {
-    for (std::size_t i = 0; i < n; ++i) {
-      const T v = x[i];
-      y[i] = T(0.5) * v * (T(1) + std::tanh(gelu_k<T> * (v + gelu_c<T> * v * v * v)));
+  detail::vectorized<T>([&] {
+    using detail::gelu_c, detail::gelu_k;
+    if constexpr (std::is_same_v<T, float>) {
+      fast::map_n(
+          n, y,
+          [](float v) {
+            const float u = gelu_k<float> * (v + gelu_c<float> * v * v * v);
+            const float au = std::bit_cast<float>(std::bit_cast<std::uint32_t>(u) & 0x7fffffffu);
+            const float e = fast::fast_exp(-2.0f * au);
+            return v * fast::select(u >= 0.0f, 1.0f, e) / (1.0f + e);
+          },
+          x);
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        const T v = x[i];
+        y[i] = T(0.5) * v * (T(1) + std::tanh(gelu_k<T> * (v + gelu_c<T> * v * v * v)));
+      }
     }
-  }
+  });
 }
 /**
  * dx[i] = dy[i] * gelu'(x[i]); dx may alias dy. With s = sigmoid(2u) = (1 + tanh u) / 2 and
@@ -97,31 +125,33 @@ void gelu_forward(std::size_t n, const T* x, T* y) {
  */
 template <class T>
 void gelu_backward(std::size_t n, const T* x, const T* dy, T* dx) {
-  using detail::gelu_c, detail::gelu_k;
-  if constexpr (std::is_same_v<T, float>) {
-    fast::map_n(
-        n, dx,
-        [](float v, float g) {
-          const float v2 = v * v;
-          const float u = gelu_k<float> * (v + gelu_c<float> * v2 * v);
-          const float au = std::bit_cast<float>(std::bit_cast<std::uint32_t>(u) & 0x7fffffffu);
-          const float e = fast::fast_exp(-2.0f * au);
-          const float inv = 1.0f / (1.0f + e);
-          const bool pos = u >= 0.0f;
-          const float du = gelu_k<float> * (1.0f + 3.0f * gelu_c<float> * v2);
-          // s (1 + 2 v u' (1 - s)) with s = inv, 1 - s = e inv (u >= 0) or s = e inv, 1 - s = inv.
-          const float sm = fast::select(pos, e * inv, inv);
-          return g * (fast::select(pos, 1.0f, e) * (1.0f + 2.0f * v * du * sm)) * inv;
-        },
-        x, dy);
-  } else {
-    for (std::size_t i = 0; i < n; ++i) {
-      const T v = x[i];
-      const T t = std::tanh(gelu_k<T> * (v + gelu_c<T> * v * v * v));
-      const T dt = gelu_k<T> * (T(1) + T(3) * gelu_c<T> * v * v) * (T(1) - t * t);
-      dx[i] = dy[i] * (T(0.5) * (T(1) + t) + T(0.5) * v * dt);
+  detail::vectorized<T>([&] {
+    using detail::gelu_c, detail::gelu_k;
+    if constexpr (std::is_same_v<T, float>) {
+      fast::map_n(
+          n, dx,
+          [](float v, float g) {
+            const float v2 = v * v;
+            const float u = gelu_k<float> * (v + gelu_c<float> * v2 * v);
+            const float au = std::bit_cast<float>(std::bit_cast<std::uint32_t>(u) & 0x7fffffffu);
+            const float e = fast::fast_exp(-2.0f * au);
+            const float inv = 1.0f / (1.0f + e);
+            const bool pos = u >= 0.0f;
+            const float du = gelu_k<float> * (1.0f + 3.0f * gelu_c<float> * v2);
+            // s (1 + 2 v u' (1 - s)) with s = inv, 1 - s = e inv (u >= 0) or s = e inv, 1 - s = inv.
+            const float sm = fast::select(pos, e * inv, inv);
+            return g * (fast::select(pos, 1.0f, e) * (1.0f + 2.0f * v * du * sm)) * inv;
+          },
+          x, dy);
+    } else {
+      for (std::size_t i = 0; i < n; ++i) {
+        const T v = x[i];
+        const T t = std::tanh(gelu_k<T> * (v + gelu_c<T> * v * v * v));
+        const T dt = gelu_k<T> * (T(1) + T(3) * gelu_c<T> * v * v) * (T(1) - t * t);
+        dx[i] = dy[i] * (T(0.5) * (T(1) + t) + T(0.5) * v * dt);
+      }
     }
-  }
+  });
 }
 
 // ---- softmax (row-wise, max-subtracted) --------------------------------------------------------
@@ -132,48 +162,52 @@ void gelu_backward(std::size_t n, const T* x, const T* dy, T* dx) {
  */
 template <class T>
 void softmax_forward(std::size_t rows, std::size_t cols, const T* x, T* y, bool causal = false, T scale = T(1)) {
-  for (std::size_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * cols;
-    T* yr = y + r * cols;
-    const std::size_t valid = causal ? r % cols + 1 : cols;
-    if constexpr (std::is_same_v<T, float>) {
-      // Vectorized: partial maxima, then exp and the row sum in one blocked pass, then the normalisation.
-      // For scale >= 0, max(scale * x) = scale * max(x) exactly (rounding is monotonic).
-      float mx;
-      if (scale >= 0.0f) {
-        mx = scale * fast::max_n(valid, xr);
-      } else {
-        fast::map_n(valid, yr, [scale](float v) { return scale * v; }, xr);
-        mx = fast::max_n(valid, yr);
+  detail::vectorized<T>([&] {
+    for (std::size_t r = 0; r < rows; ++r) {
+      const T* xr = x + r * cols;
+      T* yr = y + r * cols;
+      const std::size_t valid = causal ? r % cols + 1 : cols;
+      if constexpr (std::is_same_v<T, float>) {
+        // Vectorized: partial maxima, then exp and the row sum in one blocked pass, then the normalisation.
+        // For scale >= 0, max(scale * x) = scale * max(x) exactly (rounding is monotonic).
+        float mx;
+        if (scale >= 0.0f) {
+          mx = scale * fast::max_n(valid, xr);
+        } else {
+          fast::map_n(valid, yr, [scale](float v) { return scale * v; }, xr);
+          mx = fast::max_n(valid, yr);
+        }
+        const float inv = 1.0f / fast::map_sum_n(valid, yr, [scale, mx](float v) { return fast::fast_exp(scale * v - mx); }, xr);
+        fast::map_n(valid, yr, [inv](float v) { return v * inv; }, yr);
+        std::fill(yr + valid, yr + cols, 0.0f);
+        continue;
       }
-      const float inv = 1.0f / fast::map_sum_n(valid, yr, [scale, mx](float v) { return fast::fast_exp(scale * v - mx); }, xr);
-      fast::map_n(valid, yr, [inv](float v) { return v * inv; }, yr);
-      std::fill(yr + valid, yr + cols, 0.0f);
-      continue;
+      T mx = -std::numeric_limits<T>::infinity();
+      for (std::size_t c = 0; c < valid; ++c) mx = std::max(mx, scale * xr[c]);
+      T sum = 0;
+      for (std::size_t c = 0; c < valid; ++c) sum += (yr[c] = std::exp(scale * xr[c] - mx));
+      const T inv = T(1) / sum;
+      for (std::size_t c = 0; c < valid; ++c) yr[c] *= inv;
+      for (std::size_t c = valid; c < cols; ++c) yr[c] = T(0);
     }
-    T mx = -std::numeric_limits<T>::infinity();
-    for (std::size_t c = 0; c < valid; ++c) mx = std::max(mx, scale * xr[c]);
-    T sum = 0;
-    for (std::size_t c = 0; c < valid; ++c) sum += (yr[c] = std::exp(scale * xr[c] - mx));
-    const T inv = T(1) / sum;
-    for (std::size_t c = 0; c < valid; ++c) yr[c] *= inv;
-    for (std::size_t c = valid; c < cols; ++c) yr[c] = T(0);
-  }
+  });
 }
 /** dx = y * (dy - sum(dy * y)); dx may alias dy */
 template <class T>
 void softmax_backward(std::size_t rows, std::size_t cols, const T* y, const T* dy, T* dx) {
-  for (std::size_t r = 0; r < rows; ++r) {
-    const T *yr = y + r * cols, *dyr = dy + r * cols;
-    if constexpr (std::is_same_v<T, float>) {
-      const float dot = fast::sum_n(cols, [](float a, float b) { return a * b; }, yr, dyr);
-      fast::map_n(cols, dx + r * cols, [dot](float a, float b) { return a * (b - dot); }, yr, dyr);
-      continue;
+  detail::vectorized<T>([&] {
+    for (std::size_t r = 0; r < rows; ++r) {
+      const T *yr = y + r * cols, *dyr = dy + r * cols;
+      if constexpr (std::is_same_v<T, float>) {
+        const float dot = fast::sum_n(cols, [](float a, float b) { return a * b; }, yr, dyr);
+        fast::map_n(cols, dx + r * cols, [dot](float a, float b) { return a * (b - dot); }, yr, dyr);
+        continue;
+      }
+      T dot = 0;
+      for (std::size_t c = 0; c < cols; ++c) dot += yr[c] * dyr[c];
+      for (std::size_t c = 0; c < cols; ++c) dx[r * cols + c] = yr[c] * (dyr[c] - dot);
     }
-    T dot = 0;
-    for (std::size_t c = 0; c < cols; ++c) dot += yr[c] * dyr[c];
-    for (std::size_t c = 0; c < cols; ++c) dx[r * cols + c] = yr[c] * (dyr[c] - dot);
-  }
+  });
 }
 
 // ---- layer norm --------------------------------------------------------------------------------
@@ -182,52 +216,56 @@ void softmax_backward(std::size_t rows, std::size_t cols, const T* y, const T* d
 template <class T>
 void layernorm_forward(std::size_t rows, std::size_t cols, const T* x, const T* gamma, const T* beta, T* y, T* mean,
                        T* rstd, T eps = T(1e-5)) {
-  for (std::size_t r = 0; r < rows; ++r) {
-    const T* xr = x + r * cols;
-    if constexpr (std::is_same_v<T, float>) {
-      const float m = fast::sum_n(cols, [](float a) { return a; }, xr) / float(cols);
-      const float v = fast::sum_n(cols, [m](float a) { return (a - m) * (a - m); }, xr) / float(cols);
-      const float rs = 1.0f / std::sqrt(v + eps);
+  detail::vectorized<T>([&] {
+    for (std::size_t r = 0; r < rows; ++r) {
+      const T* xr = x + r * cols;
+      if constexpr (std::is_same_v<T, float>) {
+        const float m = fast::sum_n(cols, [](float a) { return a; }, xr) / float(cols);
+        const float v = fast::sum_n(cols, [m](float a) { return (a - m) * (a - m); }, xr) / float(cols);
+        const float rs = 1.0f / std::sqrt(v + eps);
+        mean[r] = m;
+        rstd[r] = rs;
+        fast::map_n(
+            cols, y + r * cols, [m, rs](float a, float g, float b) { return (a - m) * rs * g + b; }, xr, gamma, beta);
+        continue;
+      }
+      T m = 0;
+      for (std::size_t c = 0; c < cols; ++c) m += xr[c];
+      m /= T(cols);
+      T v = 0;
+      for (std::size_t c = 0; c < cols; ++c) v += (xr[c] - m) * (xr[c] - m);
+      v /= T(cols);
+      const T rs = T(1) / std::sqrt(v + eps);
       mean[r] = m;
       rstd[r] = rs;
-      fast::map_n(
-          cols, y + r * cols, [m, rs](float a, float g, float b) { return (a - m) * rs * g + b; }, xr, gamma, beta);
-      continue;
+      for (std::size_t c = 0; c < cols; ++c) y[r * cols + c] = (xr[c] - m) * rs * gamma[c] + beta[c];
     }
-    T m = 0;
-    for (std::size_t c = 0; c < cols; ++c) m += xr[c];
-    m /= T(cols);
-    T v = 0;
-    for (std::size_t c = 0; c < cols; ++c) v += (xr[c] - m) * (xr[c] - m);
-    v /= T(cols);
-    const T rs = T(1) / std::sqrt(v + eps);
-    mean[r] = m;
-    rstd[r] = rs;
-    for (std::size_t c = 0; c < cols; ++c) y[r * cols + c] = (xr[c] - m) * rs * gamma[c] + beta[c];
-  }
+  });
 }
 /** dx = layer-norm input gradient (overwritten); dgamma, dbeta accumulate. */
 template <class T>
 void layernorm_backward(std::size_t rows, std::size_t cols, const T* x, const T* mean, const T* rstd, const T* gamma,
                         const T* dy, T* dx, T* dgamma, T* dbeta) {
-  for (std::size_t r = 0; r < rows; ++r) {
-    const T *xr = x + r * cols, *dyr = dy + r * cols;
-    const T m = mean[r], rs = rstd[r];
-    T sum_g = 0, sum_gx = 0;
-    for (std::size_t c = 0; c < cols; ++c) {
-      const T xhat = (xr[c] - m) * rs;
-      const T g = dyr[c] * gamma[c];
-      sum_g += g;
-      sum_gx += g * xhat;
-      dgamma[c] += dyr[c] * xhat;
-      dbeta[c] += dyr[c];
+  detail::vectorized<T>([&] {
+    for (std::size_t r = 0; r < rows; ++r) {
+      const T *xr = x + r * cols, *dyr = dy + r * cols;
+      const T m = mean[r], rs = rstd[r];
+      T sum_g = 0, sum_gx = 0;
+      for (std::size_t c = 0; c < cols; ++c) {
+        const T xhat = (xr[c] - m) * rs;
+        const T g = dyr[c] * gamma[c];
+        sum_g += g;
+        sum_gx += g * xhat;
+        dgamma[c] += dyr[c] * xhat;
+        dbeta[c] += dyr[c];
+      }
+      const T inv_n = T(1) / T(cols);
+      for (std::size_t c = 0; c < cols; ++c) {
+        const T xhat = (xr[c] - m) * rs;
+        dx[r * cols + c] = rs * (dyr[c] * gamma[c] - inv_n * (sum_g + xhat * sum_gx));
+      }
     }
-    const T inv_n = T(1) / T(cols);
-    for (std::size_t c = 0; c < cols; ++c) {
-      const T xhat = (xr[c] - m) * rs;
-      dx[r * cols + c] = rs * (dyr[c] * gamma[c] - inv_n * (sum_g + xhat * sum_gx));
-    }
-  }
+  });
 }
 
 // ---- cross-entropy over logits -----------------------------------------------------------------
@@ -251,10 +289,12 @@ T cross_entropy_forward(std::size_t rows, std::size_t cols, const T* logits, con
 template <class T>
 void cross_entropy_backward(std::size_t rows, std::size_t cols, const T* probs, const std::int32_t* targets, T* dlogits,
                             T scale = T(1)) {
-  const T s = scale / T(rows);
-  for (std::size_t r = 0; r < rows; ++r)
-    for (std::size_t c = 0; c < cols; ++c)
-      dlogits[r * cols + c] = s * (probs[r * cols + c] - (std::int32_t(c) == targets[r] ? T(1) : T(0)));
+  detail::vectorized<T>([&] {
+    const T s = scale / T(rows);
+    for (std::size_t r = 0; r < rows; ++r)
+      for (std::size_t c = 0; c < cols; ++c)
+        dlogits[r * cols + c] = s * (probs[r * cols + c] - (std::int32_t(c) == targets[r] ? T(1) : T(0)));
+  });
 }
 
 // ---- dropout with a counter-based mask ---------------------------------------------------------
@@ -331,55 +371,61 @@ void embedding_backward(std::size_t tokens, std::size_t dim, const std::int32_t*
 /** row_max[r] = max over this block's columns of row r. */
 template <class T>
 void vocab_parallel_max(std::size_t rows, std::size_t cols, const T* logits, float* row_max) {
-  if constexpr (std::is_same_v<T, float>) {
-    for (std::size_t r = 0; r < rows; ++r) row_max[r] = fast::max_n(cols, logits + r * cols);
-  } else {
-    for (std::size_t r = 0; r < rows; ++r) {
-      float mx = -std::numeric_limits<float>::infinity();
-      for (std::size_t c = 0; c < cols; ++c) mx = std::max(mx, float(logits[r * cols + c]));
-      row_max[r] = mx;
+  detail::vectorized<T>([&] {
+    if constexpr (std::is_same_v<T, float>) {
+      for (std::size_t r = 0; r < rows; ++r) row_max[r] = fast::max_n(cols, logits + r * cols);
+    } else {
+      for (std::size_t r = 0; r < rows; ++r) {
+        float mx = -std::numeric_limits<float>::infinity();
+        for (std::size_t c = 0; c < cols; ++c) mx = std::max(mx, float(logits[r * cols + c]));
+        row_max[r] = mx;
+      }
     }
-  }
+  });
 }
 /** sumexp[r] = sum of exp(logit - row_max[r]) over this block; target_logit[r] = the target's logit if this block owns it, else 0. */
 template <class T>
 void vocab_parallel_sumexp(std::size_t rows, std::size_t cols, std::size_t col_offset, const T* logits,
                            const std::int32_t* targets, const float* row_max, float* sumexp, float* target_logit) {
-  for (std::size_t r = 0; r < rows; ++r) {
-    const T* lr = logits + r * cols;
-    float s = 0;
-    if constexpr (std::is_same_v<T, float>) {
-      const float mx = row_max[r];
-      s = fast::sum_n(cols, [mx](float v) { return fast::fast_exp(v - mx); }, lr);
-    } else {
-      for (std::size_t c = 0; c < cols; ++c) s += std::exp(float(lr[c]) - row_max[r]);
+  detail::vectorized<T>([&] {
+    for (std::size_t r = 0; r < rows; ++r) {
+      const T* lr = logits + r * cols;
+      float s = 0;
+      if constexpr (std::is_same_v<T, float>) {
+        const float mx = row_max[r];
+        s = fast::sum_n(cols, [mx](float v) { return fast::fast_exp(v - mx); }, lr);
+      } else {
+        for (std::size_t c = 0; c < cols; ++c) s += std::exp(float(lr[c]) - row_max[r]);
+      }
+      sumexp[r] = s;
+      const std::int64_t t = std::int64_t(targets[r]) - std::int64_t(col_offset);
+      target_logit[r] = (t >= 0 && t < std::int64_t(cols)) ? float(lr[std::size_t(t)]) : 0.0f;
     }
-    sumexp[r] = s;
-    const std::int64_t t = std::int64_t(targets[r]) - std::int64_t(col_offset);
-    target_logit[r] = (t >= 0 && t < std::int64_t(cols)) ? float(lr[std::size_t(t)]) : 0.0f;
-  }
+  });
 }
 /** dlogits of this block: scale * (softmax - onehot(target)) / rows, the softmax from the global statistics. */
 template <class T>
 void vocab_parallel_backward(std::size_t rows, std::size_t cols, std::size_t col_offset, const T* logits,
                              const std::int32_t* targets, const float* row_max, const float* sumexp, T* dlogits,
                              float scale = 1.0f) {
-  const float s = scale / float(rows);
-  for (std::size_t r = 0; r < rows; ++r) {
-    const float inv = 1.0f / sumexp[r];
-    const std::int64_t t = std::int64_t(targets[r]) - std::int64_t(col_offset);
-    if constexpr (std::is_same_v<T, float>) {
-      const float mx = row_max[r], k = s * inv;
-      float* dr = dlogits + r * cols;
-      fast::map_n(cols, dr, [mx, k](float v) { return k * fast::fast_exp(v - mx); }, logits + r * cols);
-      if (t >= 0 && t < std::int64_t(cols)) dr[std::size_t(t)] -= s;
-    } else {
-      for (std::size_t c = 0; c < cols; ++c) {
-        const float p = std::exp(float(logits[r * cols + c]) - row_max[r]) * inv;
-        dlogits[r * cols + c] = T(s * (p - (std::int64_t(c) == t ? 1.0f : 0.0f)));
+  detail::vectorized<T>([&] {
+    const float s = scale / float(rows);
+    for (std::size_t r = 0; r < rows; ++r) {
+      const float inv = 1.0f / sumexp[r];
+      const std::int64_t t = std::int64_t(targets[r]) - std::int64_t(col_offset);
+      if constexpr (std::is_same_v<T, float>) {
+        const float mx = row_max[r], k = s * inv;
+        float* dr = dlogits + r * cols;
+        fast::map_n(cols, dr, [mx, k](float v) { return k * fast::fast_exp(v - mx); }, logits + r * cols);
+        if (t >= 0 && t < std::int64_t(cols)) dr[std::size_t(t)] -= s;
+      } else {
+        for (std::size_t c = 0; c < cols; ++c) {
+          const float p = std::exp(float(logits[r * cols + c]) - row_max[r]) * inv;
+          dlogits[r * cols + c] = T(s * (p - (std::int64_t(c) == t ? 1.0f : 0.0f)));
+        }
       }
     }
-  }
+  });
 }
 
 }  // namespace mpar::host
