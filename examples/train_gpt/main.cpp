@@ -5,7 +5,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
+#include <regex>
 #include <string>
+#include <thread>
 
 #include <mpar/io/cli.hpp>
 #include <mpar/mpar.hpp>
@@ -33,6 +36,8 @@ Options parse(int argc, char** argv) {
   t.steps = 200;
   cli::Parser p("train_gpt", "Trains a character-level GPT with tensor, pipeline and data parallelism.");
   p.option("data", o.data, "training text file (default: a text every Debian system has)");
+  p.option("max-data-mib", o.max_data_mib, "refuse a --data file larger than this (it is read whole into memory)")
+      .range(1, 1 << 24);
   p.option("layers", t.model.layers, "transformer blocks").range(1, 4096);
   p.option("hidden", t.model.hidden, "model width").range(1, 1 << 20);
   p.option("heads", t.model.heads, "attention heads").range(1, 4096);
@@ -72,9 +77,12 @@ Options parse(int argc, char** argv) {
   p.option("save", o.save, "checkpoint directory");
   p.option("save-every", o.save_every, "save every N steps (0: only at the end)");
   p.option("resume", o.resume, "resume from this checkpoint (any tp/pp/dp layout)");
-  p.option("sample", o.sample, "characters to generate at the end (0: none)");
+  p.option("sample", o.sample, "characters to generate at the end (0: none)").range(0, 1 << 20);
   p.option("log-every", o.log_every, "print a progress line every N steps").range(1, 1 << 30);
-  p.option("mem-limit-gib", o.mem_limit_gib, "memory per rank to warn against (0: physical memory / ranks)");
+  p.option("mem-limit-gib", o.mem_limit_gib,
+           "memory per rank: a configuration estimated to need more is refused before it starts (default: physical "
+           "memory / ranks on this machine)")
+      .range(0, 1 << 24);
   p.flag("quiet", o.quiet, "no per-step progress lines");
   p.choice("backend", o.backend, {{"host", "host"}, {"cuda", "cuda"}},
            "compute backend: host (CPU) or cuda (one GPU per rank; thread ranks share GPUs round-robin)");
@@ -89,6 +97,19 @@ Options parse(int argc, char** argv) {
     std::cout << p.help();
     std::exit(0);
   }
+  // Options that would otherwise be ignored or fail later, deep inside training.
+  require(!p.given("mem-limit-gib") || o.mem_limit_gib > 0, "train_gpt: --mem-limit-gib must be positive (GiB per rank); "
+          "leave it out to use physical memory / ranks");
+  require(!p.given("resume") || !o.resume.empty(), "train_gpt: --resume is empty; give a checkpoint directory (or the "
+          "--save directory holding 'latest'), or leave --resume out to train from scratch");
+  require(o.save_every == 0 || !o.save.empty(), "train_gpt: --save-every ", o.save_every,
+          " needs --save DIR to say where the checkpoints go");
+  require(o.trace.empty() || o.trace_step < t.steps, "train_gpt: --trace-step ", o.trace_step, " is beyond the last step (",
+          t.steps - 1, " with --steps ", t.steps, "; steps count from 0): nothing would be traced");
+  require(!p.given("trace-step") || !o.trace.empty(), "train_gpt: --trace-step needs --trace FILE to say where the trace goes");
+  require(t.min_lr <= t.lr, "train_gpt: --min-lr ", t.min_lr, " exceeds --lr ", t.lr,
+          " (the cosine schedule decays from --lr to --min-lr); give --min-lr at most --lr",
+          t.lr == 0 ? " (--lr 0 needs --min-lr 0)" : "");
   t.bucket_bytes = o.bucket_kib * 1024;
   t.warmup = o.warmup >= 0 ? std::size_t(o.warmup) : t.steps / 10;
   require(o.comm != "nccl" || (o.backend == "cuda" && !o.check_against_host && train_gpt::under_mpirun()),
@@ -103,6 +124,16 @@ Options parse(int argc, char** argv) {
           t.model.experts);
   require(t.model.experts == 0 || t.model.moe_top_k <= t.model.experts, "train_gpt: --topk ", t.model.moe_top_k,
           " exceeds --experts ", t.model.experts, "; route each token to at most --experts experts");
+  // Thread ranks are threads of this process: beyond a limit they only thrash the machine.
+  require(train_gpt::under_mpirun() || o.backend == "cuda" || t.world_size() <= train_gpt::max_thread_ranks(),
+          "train_gpt: tp x pp x dp x ep = ", t.tp, " x ", t.pp, " x ", t.dp, " x ", t.ep, " = ", t.world_size(),
+          " thread ranks in one process, more than the ", train_gpt::max_thread_ranks(), " this machine with ",
+          std::max(1u, std::thread::hardware_concurrency()), " cores can run; use a smaller mesh, or start one process "
+          "per rank with mpirun");
+  // The mesh against the model (heads over tp, layers over stages, the schedule), before any data is read.
+  auto probe = t;
+  probe.model.vocab = 1;  // the vocabulary is known once the text is read; here it only needs to be positive
+  probe.validate(probe.world_size());
   return o;
 }
 
@@ -129,10 +160,19 @@ int main(int argc, char** argv) {
       throw config_error("train_gpt: started under mpirun, but this build has no MPI; rebuild with MPAR_ENABLE_MPI=ON");
 #endif
     }
-    run_threads(int(o.train.world_size()), [&](ThreadsCommunicator& world) { train_gpt::train<HostBackend>(world, o, false); });
+    // Thread ranks share one dataset, read and checked with the whole configuration before any rank
+    // starts; the --save directory is locked (and so known to be writable) for the whole run.
+    train_gpt::check_data_file(o);
+    const data::CharDataset ds(o.data, o.train.model.seq);
+    train_gpt::preflight(o, ds);
+    std::optional<io::DirectoryLock> save_lock;
+    if (!o.save.empty()) save_lock.emplace(o.save);
+    run_threads(int(o.train.world_size()),
+                [&](ThreadsCommunicator& world) { train_gpt::train<HostBackend>(world, o, false, &ds); });
     return 0;
   } catch (const std::exception& e) {
-    const std::string what = e.what();
+    // One "train_gpt: " in front; a rank's failure keeps its "rank N: " ("train_gpt: rank 0: ran out of memory ...").
+    const std::string what = std::regex_replace(e.what(), std::regex("(^|\n)(rank [0-9]+: )train_gpt: "), "$1$2");
     std::fprintf(stderr, "%s%s\n", what.starts_with("train_gpt") ? "" : "train_gpt: ", what.c_str());
     return 2;
   }

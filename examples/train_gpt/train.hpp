@@ -11,12 +11,16 @@
 #include <fstream>
 #include <optional>
 #include <string>
+#include <thread>
 #include <unistd.h>
 #include <vector>
 
+#include <mpar/io/lock.hpp>
 #include <mpar/models/gpt_trainer.hpp>
 #include <mpar/mpar.hpp>
 #include <mpar/observe/allocations.hpp>
+#include <mpar/plan/memory_model.hpp>
+#include <mpar/plan/pipeline_timing.hpp>
 
 namespace train_gpt {
 
@@ -28,6 +32,7 @@ struct Options {
   std::string data = data::default_text_path;
   std::string metrics, trace, save, resume;
   std::size_t trace_step = 1, save_every = 0, sample = 200, log_every = 1;
+  std::size_t max_data_mib = 1024;  ///< --data larger than this is refused (it is read whole into memory)
   std::size_t bucket_kib = 1024;
   long long warmup = -1;
   double mem_limit_gib = 0;
@@ -42,6 +47,98 @@ struct Options {
 /** True when the program was started by mpirun (every process is then one rank). */
 inline bool under_mpirun() {
   return std::getenv("OMPI_COMM_WORLD_SIZE") != nullptr || std::getenv("PMI_SIZE") != nullptr;
+}
+
+/** Ranks this process runs: all of them as threads, one under mpirun. */
+inline std::size_t local_ranks(const Options& o) {
+  if (!under_mpirun()) return o.train.world_size();
+  if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) return std::max<std::size_t>(1, std::size_t(std::atoll(v)));
+  return 1;
+}
+
+/** At most this many thread ranks in one process: beyond it threads only thrash the machine. */
+inline std::size_t max_thread_ranks() { return std::max<std::size_t>(64, 16 * std::max(1u, std::thread::hardware_concurrency())); }
+
+/**
+ * The checks of --data before it is read: a directory, a device or a pipe (/dev/zero would be read
+ * forever) or a file larger than --max-data-mib is refused, naming the file and the option.
+ */
+inline void check_data_file(const Options& o) {
+  std::error_code ec;
+  const auto st = fs::status(o.data, ec);
+  require(st.type() != fs::file_type::not_found, "train_gpt: cannot open '", o.data, "' (--data): no such file");
+  require(!ec, "train_gpt: cannot read --data '", o.data, "': ", ec.message());
+  require(st.type() != fs::file_type::directory, "train_gpt: --data '", o.data,
+          "' is a directory; give a text file inside it");
+  require(st.type() == fs::file_type::regular, "train_gpt: --data '", o.data,
+          "' is not a regular file (a device or a pipe has no end to read to); give a text file");
+  const auto bytes = fs::file_size(o.data, ec);
+  require(!ec, "train_gpt: cannot read --data '", o.data, "': ", ec.message());
+  require(bytes <= o.max_data_mib * (std::size_t(1) << 20), "train_gpt: --data '", o.data, "' is ", bytes >> 20,
+          " MiB, more than --max-data-mib ", o.max_data_mib, " (the text is read whole into memory); raise --max-data-mib "
+          "or give a smaller file");
+}
+
+/**
+ * Per-rank memory of the configuration from the planner's memory model (docs/planner.md), for the
+ * fullest pipeline rank: parameters, gradients, optimizer states and fp32 masters, activations of
+ * the schedule's peak in-flight micro-batches, communication buffers. Experts are not modelled: for
+ * MoE models this is the dense part, a lower bound.
+ */
+inline plan::MemoryEstimate estimate_rank_memory(const models::GptTrainConfig& cfg) {
+  const plan::GptModel model{cfg.model.layers, cfg.model.hidden, cfg.model.heads, cfg.model.seq, cfg.model.padded_vocab()};
+  plan::ParallelConfig c;
+  c.tp = cfg.tp, c.pp = cfg.pp, c.dp = cfg.batch_ranks();
+  c.microbatch_size = cfg.microbatch_size(), c.microbatches = std::size_t(cfg.microbatches);
+  c.schedule = plan::parse_schedule(cfg.schedule).value_or(plan::ScheduleKind::one_f_one_b);
+  c.virtual_stages = std::size_t(cfg.chunks);
+  c.recompute = cfg.recompute ? plan::Recompute::full : plan::Recompute::none;
+  c.zero1 = cfg.zero1;
+  plan::Precision p = plan::Precision::fp32_host(cfg.optimizer == "adamw" ? 8 : 4);
+  if (cfg.precision != "fp32") p.master_bytes = 4;  // the fp32 masters beside the 16-bit-rounded weights
+  plan::MemoryOptions mo;
+  mo.attention_dropout = cfg.model.dropout > 0;
+  mo.dp_bucket_bytes = double(cfg.bucket_bytes);
+  plan::ActivationPeaks peaks;
+  return plan::peak_memory(model, c, p, peaks(c), mo);
+}
+
+/** The per-rank memory budget: --mem-limit-gib, else physical memory over the ranks of this machine. */
+inline double rank_memory_limit(const Options& o) {
+  if (o.mem_limit_gib > 0) return o.mem_limit_gib * double(1ull << 30);
+  const double phys = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGE_SIZE));
+  return phys / double(local_ranks(o));
+}
+
+/**
+ * Everything checked before any rank starts or allocates (config_error naming what to change): the
+ * mesh against the model and the ranks this machine can run, what --sample needs of the text, and the
+ * per-rank memory the configuration needs against the budget.
+ */
+inline void preflight(const Options& o, const data::CharDataset& ds) {
+  models::GptTrainConfig cfg = o.train;
+  cfg.model.vocab = ds.vocab_size();
+  cfg.validate(cfg.world_size());
+  bool has_newline = false;
+  for (std::size_t i = 0; i < ds.vocab_size(); ++i) has_newline = has_newline || ds.decode(std::int32_t(i)) == '\n';
+  require(o.sample == 0 || has_newline,
+          "train_gpt: --data '", o.data, "' has no newline, which --sample uses to start the generated text; give "
+          "--sample 0 or a text with lines");
+  const plan::MemoryEstimate e = estimate_rank_memory(cfg);
+  const double limit = rank_memory_limit(o);
+  const double gib = double(1ull << 30);
+  auto g = [&](double b) {
+    char buf[32];
+    std::snprintf(buf, sizeof buf, "%.2f GiB", b / gib);
+    return std::string(buf);
+  };
+  require(e.total() <= limit, "train_gpt: each rank needs about ", g(e.total()), " (parameters ", g(e.parameters),
+          " + gradients ", g(e.gradients), " + optimizer states ", g(e.optimizer), " + activations ", g(e.activations),
+          " + communication buffers ", g(e.communication), ", pipeline rank ", e.pipeline_rank, "), more than the ",
+          g(limit), " per rank available (",
+          o.mem_limit_gib > 0 ? std::string("--mem-limit-gib") : "physical memory / " + std::to_string(local_ranks(o)) + " ranks",
+          "): use --recompute, --zero1, more --pp stages, fewer sequences per micro-batch (--batch, --microbatches), a "
+          "smaller model, or set --mem-limit-gib");
 }
 
 #if defined(MPAR_HAVE_CUDA)
@@ -116,7 +213,16 @@ std::string generate(Comm& world, const models::GptConfig& mc, const data::CharD
   std::vector<std::int32_t> ctx(mc.seq, ds.encode('\n'));
   std::string out;
   const CounterRng rng{seed, 0x5a3b1eull};
+  const auto t0 = std::chrono::steady_clock::now();
+  auto last_report = t0;
   for (std::size_t i = 0; i < n; ++i) {
+    // Long samples report their progress (to stderr: the sample itself goes to stdout) every 10 s.
+    if (const auto now = std::chrono::steady_clock::now(); now - last_report >= std::chrono::seconds(10)) {
+      last_report = now;
+      const double s = std::chrono::duration<double>(now - t0).count();
+      std::fprintf(stderr, "sampling: %zu/%zu characters, %s left\n", i, n,
+                   duration(s / double(i ? i : 1) * double(n - i)).c_str());
+    }
     nn::Activation logits = model.forward(models::GptStage<TC>::tokens_as_activation(ctx), 0);
     model.drop(0);
     const float* last = logits.data() + (mc.seq - 1) * logits.extent(1);
@@ -136,22 +242,49 @@ std::string generate(Comm& world, const models::GptConfig& mc, const data::CharD
 }
 
 /** Trains on every rank of `world` with backend `B` (collective); rank 0 prints progress and the summary. */
+/**
+ * Trains on every rank of `world` with backend `B` (collective); rank 0 prints progress and the summary.
+ * `shared` is the dataset thread ranks share (read and checked once, before they started); with one
+ * process per rank each reads and checks its own.
+ */
 template <backend B, class Comm>
-void train(Comm& world, const Options& o, bool process_per_rank) {
+void train(Comm& world, const Options& o, bool process_per_rank, const data::CharDataset* shared = nullptr) {
   const bool lead = world.rank() == 0;
   // Thread ranks share the process's counters; an MPI process holds one rank.
   observe::AllocationCounter& mem = observe::rank_counter(process_per_rank ? 0 : std::size_t(world.rank()));
   observe::track_this_thread(&mem);
-  data::CharDataset ds(o.data, o.train.model.seq);
+  std::optional<data::CharDataset> own;
+  std::optional<io::DirectoryLock> save_lock;
+  if (shared == nullptr) {
+    check_data_file(o);
+    own.emplace(o.data, o.train.model.seq);
+    preflight(o, *own);
+    if (lead && !o.save.empty()) save_lock.emplace(o.save);  // refuses a directory in use or not writable, before training
+  }
+  const data::CharDataset& ds = shared ? *shared : *own;
   models::GptTrainConfig cfg = o.train;
   cfg.model.vocab = ds.vocab_size();
-  models::GptTrainer<Comm, B> tr(world, cfg, ds);
+  std::optional<models::GptTrainer<Comm, B>> trainer;
+  try {
+    trainer.emplace(world, cfg, ds);
+  } catch (const std::bad_alloc& e) {
+    throw std::runtime_error(mpar::detail::cat("train_gpt: ran out of memory building the model (",
+                                         e.what(), "); the estimate before starting was ",
+                                         estimate_rank_memory(cfg).total() / double(1ull << 30),
+                                         " GiB per rank: lower --mem-limit-gib to what the machine really has free"));
+  }
+  auto& tr = *trainer;
 
   if (!o.resume.empty()) {
     auto res = tr.resume(o.resume);
-    if (lead)
+    require(tr.step() < cfg.steps, "train_gpt: --steps ", cfg.steps, " is not beyond the step of checkpoint ",
+            res.path.string(), ", which has completed ", tr.step(), " steps; give --steps greater than ", tr.step(),
+            " to train on");
+    if (lead) {
+      for (const auto& w : res.warnings) std::fprintf(stderr, "train_gpt: warning: %s\n", w.c_str());
       std::printf("resumed from %s at step %zu (saved with tp=%zu pp=%zu dp=%zu)\n", res.path.c_str(), tr.step(),
                   res.saved_mesh.tp, res.saved_mesh.pp, res.saved_mesh.dp);
+    }
   }
   if (lead) {
     std::printf("mpar train_gpt: %zu parameters, vocab %zu (padded %zu), text %s (%zu chars, unigram entropy %.3f nats)\n",
@@ -182,7 +315,14 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
   while (tr.step() < cfg.steps) {
     const std::int64_t live_before = mem.live.load();
     mem.reset_peak();
-    models::StepReport r = tr.train_step();
+    models::StepReport r;
+    try {
+      r = tr.train_step();
+    } catch (const std::bad_alloc& e) {
+      throw std::runtime_error(mpar::detail::cat("train_gpt: ran out of memory in step ", tr.step(),
+                                           " (", e.what(), "); use --recompute, --zero1, more --pp stages or fewer "
+                                           "sequences per micro-batch, or lower --mem-limit-gib to what is really free"));
+    }
     peak_step_bytes = std::max(peak_step_bytes, mem.peak.load() - live_before);
     if (r.step == first_step) first_loss = r.loss;
     last_loss = r.loss;
@@ -281,11 +421,7 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
     advice.push_back("communication " + std::to_string(int(avg_comm * 100)) +
                      "% of the step: use bigger --bucket-kib, a smaller --tp (keep tensor groups on fast links), or "
                      "top-k gradient compression (TopKCompressor) for data parallelism");
-  double limit = o.mem_limit_gib * double(1ull << 30);
-  if (limit <= 0) {
-    const double phys = double(::sysconf(_SC_PHYS_PAGES)) * double(::sysconf(_SC_PAGE_SIZE));
-    limit = phys / double(world.size());
-  }
+  const double limit = rank_memory_limit(o);
   if (worst > 0.8 * limit)
     advice.push_back("peak memory " + mib(worst) + " is near the per-rank limit " + mib(limit) +
                      ": use --recompute, --zero1, more --pp, or fewer sequences per micro-batch");
@@ -293,6 +429,11 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
     std::printf("\nadvice:\n");
     for (const auto& a : advice) std::printf("  - %s\n", a.c_str());
   }
+  // The last line says the run completed (scripts and tests check it, with the exit status).
+  std::printf("done: steps %zu-%zu of %zu in %s%s%s\n", first_step + 1, cfg.steps, cfg.steps,
+              duration(std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()).c_str(),
+              ckpt.empty() || !tmp_dir.empty() ? "" : ", checkpoint ", ckpt.empty() || !tmp_dir.empty() ? "" : ckpt.c_str());
+  std::fflush(stdout);
 }
 
 }  // namespace train_gpt

@@ -1,7 +1,7 @@
 #pragma once
 /**
  * @file Checkpoints: save and load with resharding (io/checkpoint.hpp), the manifest format
- * (io/manifest.hpp), blocks from parameters and optimizer states (io/blocks.hpp) and the
+ * (io/manifest.hpp), the lock one saving job holds on its directory (io/lock.hpp), blocks from parameters and optimizer states (io/blocks.hpp) and the
  * command-line option parser (io/cli.hpp). See docs/checkpoints.md.
  */
 #include "mpar/io/blocks.hpp"
@@ -11,4 +11,5 @@
 #include "mpar/io/crc32.hpp"
 #include "mpar/io/error.hpp"
 #include "mpar/io/file.hpp"
+#include "mpar/io/lock.hpp"
 #include "mpar/io/manifest.hpp"

@@ -11,6 +11,9 @@
 #include <string>
 #include <vector>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include "mpar/comm/threads.hpp"
 #include "mpar/core/layout.hpp"
 #include "mpar/core/mesh.hpp"
@@ -627,6 +630,103 @@ TEST_CASE("damaged, missing or foreign checkpoints are reported, never loaded", 
     CHECK_THAT(errors[1], Catch::Contains("missing file"));
     CHECK_THAT(errors[0], Catch::Contains("failed on rank(s) 1"));
   }
+  SECTION("the run's error shows the failing rank's own message, whichever rank fails first") {
+    {
+      std::fstream f(ck / victim.file, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(std::streamoff(victim.offset + 13));
+      f.put('\x5a');
+    }
+    for (int round = 0; round < 5; ++round)
+      CHECK_THROWS_WITH(run_threads(2,
+                                    [&](ThreadsCommunicator& comm) {
+                                      auto rs = rank_state(2, 1, 1, std::size_t(comm.rank()));
+                                      std::vector<io::LoadBlock> blocks;
+                                      for (auto& p : rs.params) blocks.push_back(io::load_block(p));
+                                      io::load_checkpoint(dir.path, blocks, comm);
+                                    }),
+                        Catch::Contains("checksum mismatch") && Catch::Contains(victim.file));
+  }
+}
+
+TEST_CASE("a damaged latest or an unreadable step directory is reported as such", "[io]") {
+  TempDir dir("latest");
+  save_layout(dir.path, 1, 1, 1, example_state(3));
+  const auto latest = dir.path / "latest";
+  SECTION("NUL and control bytes are shown escaped, not printed raw or cut off") {
+    {
+      std::ofstream f(latest, std::ios::binary);
+      f << std::string("step\0\x1b[31m-x", 12) << "\n";
+    }
+    CHECK_THROWS_WITH(io::resolve_checkpoint(dir.path),
+                      Catch::Contains("does not name a checkpoint directory: it holds 'step\\x00\\x1b[31m-x' (12 bytes)"));
+  }
+  SECTION("a path is refused") {
+    {
+      std::ofstream f(latest);
+      f << "../elsewhere\n";
+    }
+    CHECK_THROWS_WITH(io::resolve_checkpoint(dir.path), Catch::Contains("it holds '../elsewhere'"));
+  }
+  SECTION("a step directory that cannot be read is not called missing") {
+    // A symbolic link to itself fails every lookup with ELOOP: unreadable, as a directory without
+    // permissions is for a user who is not root.
+    const auto step = io::resolve_checkpoint(dir.path);
+    fs::rename(step, dir.path / "moved");
+    fs::create_directory_symlink(step.filename(), step);
+    CHECK_THROWS_WITH(io::resolve_checkpoint(dir.path),
+                      Catch::Contains("cannot read checkpoint") && Catch::Contains(step.filename().string()) &&
+                          Catch::Contains("symbolic links") && !Catch::Contains("has no manifest"));
+  }
+  SECTION("an empty path is refused") {
+    CHECK_THROWS_WITH(io::resolve_checkpoint(""), Catch::Contains("no checkpoint path given (the path is empty)"));
+  }
+}
+
+TEST_CASE("two jobs saving into one directory: the second is refused, naming the first", "[io]") {
+  TempDir dir("lock");
+  // Another job: a child process takes the lock and holds it until the parent says so.
+  int ready[2], release[2];
+  REQUIRE(::pipe(ready) == 0);
+  REQUIRE(::pipe(release) == 0);
+  const pid_t child = ::fork();
+  REQUIRE(child >= 0);
+  if (child == 0) {
+    char c = 0;
+    {
+      io::DirectoryLock held(dir.path);
+      (void)!::write(ready[1], "r", 1);
+      (void)!::read(release[0], &c, 1);
+    }
+    ::_exit(0);
+  }
+  char c = 0;
+  REQUIRE(::read(ready[0], &c, 1) == 1);
+  const std::string holder = "in use by job pid " + std::to_string(child) + " on host ";
+  CHECK_THROWS_WITH(io::DirectoryLock(dir.path), Catch::Contains(holder));
+  // A save (which takes the lock itself) is refused before it writes anything.
+  auto rs = rank_state(1, 1, 1, 0);
+  const auto blocks = rs.save_blocks();
+  CHECK_THROWS_WITH(io::save_checkpoint(dir.path, blocks, example_state(5)),
+                    Catch::Contains(holder) && Catch::Contains("another --save directory"));
+  CHECK_FALSE(fs::exists(dir.path / "latest"));
+  CHECK_FALSE(fs::exists(dir.path / ".partial-step-00000005"));
+  (void)!::write(release[1], "x", 1);
+  int status = 0;
+  REQUIRE(::waitpid(child, &status, 0) == child);
+  // Once the other job has ended, the directory is free; a job holding the lock saves under it.
+  io::DirectoryLock mine(dir.path);
+  CHECK(io::DirectoryLock::held_here(dir.path));
+  CHECK_NOTHROW(io::save_checkpoint(dir.path, blocks, example_state(5)));
+  CHECK(fs::exists(dir.path / "latest"));
+}
+
+TEST_CASE("a checkpoint directory that cannot be written is refused when locked, before any work", "[io]") {
+  TempDir dir("unwritable");
+  const auto file = dir.path / "a-file";
+  std::ofstream(file) << "x";
+  CHECK_THROWS_WITH(io::DirectoryLock(file / "ckpt"),
+                    Catch::Contains("cannot create checkpoint directory") && Catch::Contains("a-file/ckpt"));
+  CHECK_THROWS_WITH(io::DirectoryLock(file), Catch::Contains("is not a directory"));
 }
 
 // ---- fixtures for the mpar-ckpt tests registered in examples/mpar_ckpt (hidden: run by tag only) ----

@@ -381,17 +381,26 @@ TEST_CASE("measured step statistics add up", "[pipeline][executor]") {
     all[std::size_t(comm.rank())] =
         ex.step(in, [&](const Activation& y, int mb, Activation& dy) { return mpar_test::mse(y, tg[std::size_t(mb)], dy); });
   });
+  // Structure and accounting laws only: how long anything took depends on the machine's load.
+  const auto programs = make_programs<OneFOneB>({2, 4});
   for (const auto& s : all) {
-    CHECK(s.wall > 0);
-    CHECK(s.compute > 0);
-    CHECK(s.compute + s.communication <= s.wall * 1.0001);
+    CHECK(s.wall >= 0);
+    CHECK(s.compute >= 0);
+    CHECK(s.communication >= 0);
+    CHECK(s.compute + s.communication <= s.wall * 1.0001 + 1e-9);  // parts of the step, never more than it
     CHECK(s.bubble_ratio >= 0);
-    CHECK(s.bubble_ratio < 1);
-    CHECK(s.timeline.events.size() == make_programs<OneFOneB>({2, 4}).ranks[std::size_t(s.rank)].size());
+    CHECK(s.bubble_ratio <= 1);
+    // One event per action of the rank's program, in program order, each ending after it starts.
+    const auto& prog = programs.ranks[std::size_t(s.rank)];
+    REQUIRE(s.timeline.events.size() == prog.size());
+    for (std::size_t i = 0; i < prog.size(); ++i) {
+      CHECK(s.timeline.events[i].action == prog[i]);
+      CHECK(s.timeline.events[i].end >= s.timeline.events[i].start);
+    }
   }
   const SimResult m = summarise_measured(all);
-  CHECK(m.makespan > 0);
-  CHECK(m.bubble_ratio > 0);
+  CHECK(m.makespan >= 0);
+  CHECK(m.bubble_ratio >= 0);
   CHECK(CostModel::from_timeline(m.timeline).forward.size() == 2);
 }
 
@@ -536,13 +545,16 @@ TEST_CASE("nn stages under ZB-H1: W actions run the weight GEMMs and the measure
     }
   }
   CHECK(w_events == P * M);
-  // W holds two of the four backward GEMMs of the MLP, so it is a sizeable share of the backward.
   INFO("measured B total " << b_total << " s, W total " << w_total << " s");
-  CHECK(w_total > 0.25 * b_total);
-  const CostModel costs = CostModel::from_timeline(summarise_measured(all).timeline);
-  for (double w : costs.backward_weight) CHECK(w > 0);
-  const SimResult zb = simulate(make_programs<ZBH1>({P, M}), costs);
-  const SimResult f1 = simulate(make_programs<OneFOneB>({P, M}), costs);
+  // The measured timeline yields a cost model with a W cost per stage (how large depends on the load:
+  // the measured W/B ratio is a benchmark, bench/pipeline); from given costs with W = B/2 (two of the
+  // four backward GEMMs of the MLP), the simulator predicts ZB-H1's bubble below 1F1B's.
+  const CostModel measured = CostModel::from_timeline(summarise_measured(all).timeline);
+  CHECK(measured.backward_weight.size() == std::size_t(P));
+  for (double w : measured.backward_weight) CHECK(w >= 0);
+  const CostModel given = CostModel::uniform(1.0, 1.0, 0.5);
+  const SimResult zb = simulate(make_programs<ZBH1>({P, M}), given);
+  const SimResult f1 = simulate(make_programs<OneFOneB>({P, M}), given);
   INFO("predicted bubble: ZB-H1 " << zb.bubble_time << ", 1F1B " << f1.bubble_time);
   CHECK(zb.bubble_time < f1.bubble_time);
 }

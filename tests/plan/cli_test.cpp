@@ -1,7 +1,11 @@
 // mpar-plan's command line: parsing errors that say what to change, the table, and JSON lines.
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+#include <fstream>
 #include <sstream>
+
+#include <unistd.h>
 
 #include "mpar/plan.hpp"
 
@@ -65,6 +69,18 @@ TEST_CASE("bad options give errors that say what to change", "[plan][cli]") {
   CHECK_THAT(error_of(with(base_args(), {"--gpus", "60"})), Catch::Contains("use a multiple of 8"));
   CHECK_THAT(error_of(with(base_args(), {"--memory-fraction", "1.5"})), Catch::Contains("(0, 1]"));
   CHECK_THAT(error_of(with(base_args(), {"--calibration", "/nonexistent/metrics.jsonl"})), Catch::Contains("cannot open"));
+  // A directory, an empty file or a file without one measurement would silently plan with the defaults.
+  const auto tmp = std::filesystem::temp_directory_path() / ("mpar_plan_cli_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(tmp);
+  CHECK_THAT(error_of(with(base_args(), {"--calibration", tmp.string()})),
+             Catch::Contains("--calibration: '" + tmp.string() + "' is a directory"));
+  std::ofstream(tmp / "empty.jsonl").flush();
+  CHECK_THAT(error_of(with(base_args(), {"--calibration", (tmp / "empty.jsonl").string()})),
+             Catch::Contains("empty.jsonl' holds no measurements"));
+  std::ofstream(tmp / "foreign.jsonl") << "{\"metric\":\"step_time\",\"seconds\":1.5}\n";
+  CHECK_THAT(error_of(with(base_args(), {"--calibration", (tmp / "foreign.jsonl").string()})),
+             Catch::Contains("foreign.jsonl' holds no measurements"));
+  std::filesystem::remove_all(tmp);
   CHECK_THAT(error_of(with(base_args(), {"--tp"})), Catch::Contains("--tp needs a value"));
   CHECK_THAT(error_of(with(base_args(), {"--schedule", "1f1b", "--virtual-stages", "2"})),
              Catch::Contains("needs --schedule interleaved_1f1b"));

@@ -93,8 +93,7 @@ class MpiWatchdog {
   Id enter(std::string what, std::chrono::duration<double> timeout) {
     std::lock_guard l(m_);
     if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
-    calls_.emplace_front(std::chrono::steady_clock::now() +
-                             std::chrono::duration_cast<std::chrono::steady_clock::duration>(timeout),
+    calls_.emplace_front(detail::deadline_after(timeout),  // saturates: MPAR_COMM_TIMEOUT_S=inf never fires
                          detail::cat(std::move(what), " timed out after ", timeout.count(), " s"));
     return calls_.begin();
   }

@@ -18,6 +18,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstddef>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <deque>
@@ -40,11 +41,18 @@
 
 namespace mpar {
 
-/** @brief Options of a threads run: the world group's name and the collective timeout. */
+/** @brief Options of a threads run: the world group's name, the collective timeout, the barrier spin. */
 struct ThreadsOptions {
   std::string name = "world";
-  /** A collective or receive that waits longer than this for a peer fails on every rank. */
+  /**
+   * A collective or receive that waits longer than this for a peer fails on every rank; and once the
+   * run has failed, a rank that has not returned this long afterwards is stuck outside the
+   * communicator, so `run_threads` reports and ends the process (see run_threads). At least 1e9 s
+   * (`MPAR_COMM_TIMEOUT_S=inf`) means no timeout.
+   */
   std::chrono::duration<double> timeout = detail::default_comm_timeout();
+  /** How long a rank spins at a barrier before it sleeps (MPAR_THREADS_SPIN_US; 0: never spin). */
+  std::chrono::microseconds spin = detail::default_spin_time();
 };
 
 /**
@@ -85,9 +93,12 @@ inline std::string what_of(const std::exception_ptr& e) {
 /** State shared by every rank of one `run_threads`: the poison flag, departures, the timeout. */
 class ThreadsWorld {
  public:
-  ThreadsWorld(int n, std::chrono::duration<double> timeout) : timeout_(timeout), departed_(std::size_t(n)) {}
+  ThreadsWorld(int n, std::chrono::duration<double> timeout,
+               std::chrono::microseconds spin = std::chrono::microseconds(1000))
+      : timeout_(timeout), spin_(spin), n_(n), departed_(std::size_t(n)) {}
 
   [[nodiscard]] std::chrono::duration<double> timeout() const { return timeout_; }
+  [[nodiscard]] std::chrono::microseconds spin() const { return spin_; }
   [[nodiscard]] bool aborted() const { return aborted_.load(std::memory_order_acquire); }
   [[nodiscard]] std::string abort_message() const {
     std::lock_guard l(m_);
@@ -99,15 +110,45 @@ class ThreadsWorld {
       std::lock_guard l(m_);
       if (aborted_.load(std::memory_order_relaxed)) return false;
       message_ = message;
+      aborted_at_ = std::chrono::steady_clock::now();
       aborted_.store(true, std::memory_order_release);
     }
+    returned_cv_.notify_all();
     wake_all();
     return true;
   }
   /** Marks a world rank as returned from its function: waiting for it is pointless from now on. */
   void depart(int world_rank) {
     departed_[std::size_t(world_rank)].store(true);
+    {
+      std::lock_guard l(m_);
+      ++returned_;
+    }
+    returned_cv_.notify_all();
     wake_all();
+  }
+  /**
+   * Waits until every rank has returned from its function; once the run has failed, for at most
+   * `grace` longer. Returns the ranks still running then (empty: all returned).
+   */
+  std::vector<int> wait_for_ranks(std::chrono::duration<double> grace) {
+    std::unique_lock l(m_);
+    for (;;) {
+      if (returned_ == n_) return {};
+      if (!aborted_.load(std::memory_order_relaxed) || is_no_timeout(grace)) {
+        returned_cv_.wait(l);
+        continue;
+      }
+      const auto deadline =
+          aborted_at_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(grace);
+      if (std::chrono::steady_clock::now() >= deadline) {
+        std::vector<int> stuck;
+        for (int r = 0; r < n_; ++r)
+          if (!departed_[std::size_t(r)].load()) stuck.push_back(r);
+        return stuck;
+      }
+      returned_cv_.wait_until(l, deadline);
+    }
   }
   [[nodiscard]] bool departed(int world_rank) const { return departed_[std::size_t(world_rank)].load(); }
   void register_group(const std::shared_ptr<ThreadsGroup>& g) {
@@ -118,7 +159,12 @@ class ThreadsWorld {
 
  private:
   std::chrono::duration<double> timeout_;
+  std::chrono::microseconds spin_;
+  int n_;
   mutable std::mutex m_;
+  std::condition_variable returned_cv_;
+  int returned_ = 0;  // guarded by m_
+  std::chrono::steady_clock::time_point aborted_at_;  // guarded by m_
   std::atomic<bool> aborted_{false};
   std::string message_;
   std::vector<std::atomic<bool>> departed_;
@@ -175,7 +221,7 @@ class ThreadsGroup {
     for (int i = 0; i < size_; ++i) mailboxes_.push_back(std::make_unique<Mailbox>());
     // Spinning only pays when every rank has a core; oversubscribed runs go straight to sleep.
     spin_ = size_ <= int(std::max(1u, std::thread::hardware_concurrency()));
-    if (const char* v = std::getenv("MPAR_THREADS_SPIN_US"); v && *v) spin_time_ = std::chrono::microseconds(std::atol(v));
+    spin_time_ = world_->spin();
     if (spin_time_.count() <= 0) spin_ = false;
   }
   static std::shared_ptr<ThreadsGroup> create(std::shared_ptr<ThreadsWorld> world, std::string name,
@@ -238,8 +284,7 @@ class ThreadsGroup {
         cpu_relax();
       }
     }
-    const auto deadline =
-        std::chrono::steady_clock::now() + std::chrono::duration_cast<std::chrono::steady_clock::duration>(world_->timeout());
+    const auto deadline = deadline_after(world_->timeout());
     std::unique_lock l(m_);
     ++sleepers_;
     struct Leave {
@@ -503,8 +548,7 @@ class ThreadsRequest {
     auto& mb = g.mailbox(rank_);
     auto& pr = *recv_;
     const auto prefix = detail::op_prefix("recv", pr.seq, g.name());
-    const auto deadline = std::chrono::steady_clock::now() +
-                          std::chrono::duration_cast<std::chrono::steady_clock::duration>(g.world().timeout());
+    const auto deadline = detail::deadline_after(g.world().timeout());
     std::unique_lock l(mb.m);
     for (;;) {
       if (pr.done) break;
@@ -556,7 +600,7 @@ class ThreadsCommunicator {
 
   /** A one-rank world, for serial code paths and tests. */
   [[nodiscard]] static ThreadsCommunicator single(const ThreadsOptions& opts = {}) {
-    auto world = std::make_shared<detail::ThreadsWorld>(1, opts.timeout);
+    auto world = std::make_shared<detail::ThreadsWorld>(1, opts.timeout, opts.spin);
     return ThreadsCommunicator(detail::ThreadsGroup::create(world, opts.name, {0}), 0);
   }
 
@@ -1050,24 +1094,63 @@ class ThreadsCommunicator {
 
 static_assert(communicator<ThreadsCommunicator>);
 
+namespace detail {
+
+/** One rank's failure in a threads run. */
+struct RankError {
+  int rank = -1;
+  std::string what;
+  std::exception_ptr error;
+};
+
+/**
+ * The message of a failed run: the first failure, then every other rank's own failure (a rank
+ * whose error merely reports the run's abort is left out), so that a rank saying "failed on rank 1;
+ * see their errors" is followed by rank 1's error.
+ */
+inline std::string run_failure_message(const RankError& first, const std::vector<RankError>& all,
+                                       const std::string& abort_message) {
+  std::string msg = first.what;
+  std::size_t listed = 0, more = 0;
+  for (const auto& e : all) {
+    if (e.rank == first.rank || e.what == first.what) continue;
+    if (!abort_message.empty() && e.what.find(abort_message) != std::string::npos) continue;
+    if (++listed > 8) {
+      ++more;
+      continue;
+    }
+    msg += cat("\nrank ", e.rank, ": ", e.what);
+  }
+  if (more) msg += cat("\n(and ", more, " more ranks failed)");
+  return msg;
+}
+
+}  // namespace detail
+
 /**
  * @brief Runs `f(ThreadsCommunicator&)` on `n` threads (ranks 0..n-1 of a group named
- * `opts.name`), joins them, and rethrows the first failure as `rank_failure`.
+ * `opts.name`), joins them, and rethrows the first failure as `rank_failure`; its message goes on
+ * with every other rank's own failure, one per line.
  *
  * A rank that throws poisons the run: every rank blocked in, or later entering, a collective gets
  * a comm_error naming the operation, group, sequence number and the failed rank.
+ *
+ * A rank that has not returned `opts.timeout` after the run failed is stuck outside the
+ * communicator (in a computation or a lock of its own): a thread cannot be interrupted and its
+ * stack still holds the run's state, so, as an MPI job aborts, `run_threads` prints the failures
+ * and the stuck ranks to stderr and ends the process with exit status 3 instead of waiting forever.
  */
 template <class F>
   requires std::invocable<F&, ThreadsCommunicator&>
 void run_threads(int n, const ThreadsOptions& opts, F&& f) {
   require(n >= 1, "run_threads: needs at least one rank, got ", n);
-  auto world = std::make_shared<detail::ThreadsWorld>(n, opts.timeout);
+  auto world = std::make_shared<detail::ThreadsWorld>(n, opts.timeout, opts.spin);
   std::vector<int> ranks(static_cast<std::size_t>(n));
   std::iota(ranks.begin(), ranks.end(), 0);
   auto group = detail::ThreadsGroup::create(world, opts.name, ranks);
   std::mutex fm;
   int first_rank = -1;
-  std::exception_ptr first;
+  std::vector<detail::RankError> errors;
   auto body = [&](int r) {
     {
       ThreadsCommunicator comm(group, r);
@@ -1075,17 +1158,27 @@ void run_threads(int n, const ThreadsOptions& opts, F&& f) {
         f(comm);
       } catch (...) {
         auto e = std::current_exception();
+        const std::string what = detail::what_of(e);
         // A communicator failure (a timeout, a mismatch) poisons the run itself before it throws, so
         // this may not be the call that aborts; the run must fail all the same.
-        const bool root_cause = world->abort(detail::cat("rank ", r, " threw: ", detail::what_of(e)));
+        const bool root_cause = world->abort(detail::cat("rank ", r, " threw: ", what));
         std::lock_guard l(fm);
-        if (root_cause || !first) {
-          first_rank = r;
-          first = e;
-        }
+        if (root_cause || first_rank < 0) first_rank = r;
+        errors.push_back({r, what, e});
       }
     }  // ~comm drains pending asynchronous work, which fails fast once the run is poisoned
     world->depart(r);
+  };
+  auto failure = [&] {
+    std::lock_guard l(fm);
+    if (first_rank < 0) return std::string{};
+    // With no rank the root cause (a timeout poisoned the run), the rank that reported it comes first.
+    const std::string abort_message = world->abort_message();
+    auto first = std::find_if(errors.begin(), errors.end(), [&](const auto& e) { return e.rank == first_rank; });
+    for (auto it = errors.begin(); it != errors.end(); ++it)
+      if (it->what == abort_message) first = it;
+    first_rank = first->rank;
+    return detail::run_failure_message(*first, errors, abort_message);
   };
   if (n == 1) {
     body(0);
@@ -1093,13 +1186,28 @@ void run_threads(int n, const ThreadsOptions& opts, F&& f) {
     std::vector<std::thread> threads;
     threads.reserve(std::size_t(n));
     for (int r = 0; r < n; ++r) threads.emplace_back(body, r);
+    if (const auto stuck = world->wait_for_ranks(opts.timeout); !stuck.empty()) {
+      std::string why = failure();
+      if (why.empty()) why = world->abort_message();
+      std::fprintf(stderr, "mpar: run_threads: the run failed: rank %d: %s\n", first_rank, why.c_str());
+      std::fprintf(stderr,
+                   "mpar: run_threads: rank%s %s of group '%s' did not return within %g s after the run failed: %s "
+                   "stuck outside the communicator, and a thread cannot be interrupted; exiting the process (status 3)\n",
+                   stuck.size() > 1 ? "s" : "", detail::join_ranks(stuck).c_str(), opts.name.c_str(),
+                   opts.timeout.count(), stuck.size() > 1 ? "they are" : "it is");
+      std::fflush(stderr);
+      std::_Exit(3);
+    }
     for (auto& t : threads) t.join();
   }
-  if (first) {
+  if (const std::string why = failure(); !why.empty()) {
+    std::exception_ptr first;
+    for (const auto& e : errors)
+      if (e.rank == first_rank) first = e.error;
     try {
       std::rethrow_exception(first);
     } catch (...) {
-      throw rank_failure(first_rank, detail::what_of(first));
+      throw rank_failure(first_rank, why);
     }
   }
 }

@@ -38,6 +38,7 @@
 #include "mpar/io/crc32.hpp"
 #include "mpar/io/error.hpp"
 #include "mpar/io/file.hpp"
+#include "mpar/io/lock.hpp"
 #include "mpar/io/manifest.hpp"
 
 namespace mpar::io {
@@ -94,6 +95,7 @@ struct LoadResult {
   std::filesystem::path path;
   MeshShape saved_mesh;
   LoadStats stats;
+  std::vector<std::string> warnings;  ///< what a caller of the load chose to skip (e.g. another optimizer's states)
 };
 
 inline constexpr std::string_view manifest_file_name = "manifest.txt";
@@ -111,23 +113,61 @@ inline constexpr std::string_view latest_file_name = "latest";
   return std::string(buf) + std::string(ext);
 }
 
+namespace detail {
+/** `s` with control and non-ASCII bytes as \xNN (a NUL would end the message), cut after `max` bytes. */
+inline std::string printable(std::string_view s, std::size_t max = 80) {
+  static constexpr char hex[] = "0123456789abcdef";
+  std::string out;
+  for (std::size_t i = 0; i < s.size() && i < max; ++i) {
+    const auto c = static_cast<unsigned char>(s[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += char(c);
+    } else {
+      out += "\\x";
+      out += hex[c >> 4];
+      out += hex[c & 15];
+    }
+  }
+  if (s.size() > max) out += "...";
+  return out;
+}
+/** Whether `p` exists; throws naming it when it cannot be examined (permissions, a symlink loop, ...). */
+inline bool exists_checked(const std::filesystem::path& p, std::string_view what) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(p, ec);
+  if (st.type() == std::filesystem::file_type::not_found) return false;
+  check(!ec, "cannot read ", what, " ", p.string(), ": ", ec.message());
+  return true;
+}
+}  // namespace detail
+
 /**
  * @brief The checkpoint directory `path` designates: `path` itself if it holds a manifest, otherwise
- * the checkpoint its `latest` file names. Throws naming the missing file.
+ * the checkpoint its `latest` file names. Throws naming the missing or unreadable file, and showing
+ * a damaged `latest` with its control bytes escaped.
  */
 [[nodiscard]] inline std::filesystem::path resolve_checkpoint(const std::filesystem::path& path) {
-  std::error_code ec;
-  if (std::filesystem::exists(path / manifest_file_name, ec)) return path;
+  detail::check(!path.empty(), "no checkpoint path given (the path is empty)");
+  detail::check(detail::exists_checked(path, "checkpoint path"), "no checkpoint at ", path.string(),
+                ": it does not exist");
+  if (detail::exists_checked(path / manifest_file_name, "checkpoint manifest")) return path;
   const auto latest = path / latest_file_name;
-  detail::check(std::filesystem::exists(latest, ec), "no checkpoint in ", path.string(), ": neither ",
+  detail::check(detail::exists_checked(latest, "checkpoint pointer"), "no checkpoint in ", path.string(), ": neither ",
                 (path / manifest_file_name).string(), " nor ", latest.string(), " exists");
   std::string name = read_small_file(latest);
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
-  detail::check(!name.empty() && name.find('/') == std::string::npos && name != "." && name != "..", "file ",
-                latest.string(), " does not name a checkpoint directory");
+  // A step directory name: letters, digits, '.', '-', '_' (no path, no control bytes).
+  const bool plain = !name.empty() && name.size() <= 255 && name != "." && name != ".." &&
+                     name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") ==
+                         std::string::npos;
+  detail::check(plain, "file ", latest.string(), " does not name a checkpoint directory: it holds '",
+                detail::printable(name), "' (", name.size(), " bytes); write the name of a step directory into it, e.g. ",
+                step_dir_name(0));
   const auto dir = path / name;
-  detail::check(std::filesystem::exists(dir / manifest_file_name, ec), "checkpoint ", dir.string(), " named by ",
-                latest.string(), " has no ", manifest_file_name, " (missing file ",
+  detail::check(detail::exists_checked(dir, "checkpoint directory"), "checkpoint ", dir.string(), " named by ",
+                latest.string(), " does not exist");
+  detail::check(detail::exists_checked(dir / manifest_file_name, "checkpoint manifest"), "checkpoint ", dir.string(),
+                " named by ", latest.string(), " has no ", manifest_file_name, " (missing file ",
                 (dir / manifest_file_name).string(), ")");
   return dir;
 }
@@ -301,11 +341,15 @@ SaveResult save_impl(const std::filesystem::path& root, std::span<const SaveBloc
   const int rank = comm.rank(), p = comm.size();
   const auto staging = root / ("." + std::string("partial-") + step_dir_name(state.step));
   SaveResult result;
+  // Rank 0 holds the directory's lock until the checkpoint is published (unless this process holds it
+  // already): another job saving into the same directory is refused instead of mixing two checkpoints.
+  std::optional<DirectoryLock> lock;
 
   // Phase 1: rank 0 prepares an empty staging directory (a crashed earlier attempt may have left one).
   agree(comm, capture([&] {
           for (const auto& b : blocks) check_block(b, "save_checkpoint");
           if (rank == 0) {
+            if (!DirectoryLock::held_here(root)) lock.emplace(root);
             std::filesystem::create_directories(root);
             remove_all_path(staging, opts.hook);
             std::filesystem::create_directory(staging);
@@ -564,7 +608,7 @@ namespace detail {
 inline LoadResult load_local(const std::filesystem::path& path, std::span<const LoadBlock> blocks, const LoadOptions& opts) {
   CheckpointReader reader(path, opts);
   reader.read(blocks);
-  return LoadResult{reader.manifest().state, reader.path(), reader.manifest().mesh, reader.stats()};
+  return LoadResult{reader.manifest().state, reader.path(), reader.manifest().mesh, reader.stats(), {}};
 }
 
 }  // namespace detail

@@ -35,9 +35,12 @@
 #include <chrono>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
+#include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <span>
 #include <string>
 #include <vector>
@@ -129,6 +132,23 @@ struct GptTrainConfig {
     (void)pipeline::make_programs(schedule, pipeline::ScheduleConfig{int(pp), microbatches, chunks, 1});
   }
 };
+
+/**
+ * @brief What identifies a character dataset in a checkpoint (manifest `user` entries `data.*`): its
+ * vocabulary (which character each token id means), its length in tokens and a hash of its token ids.
+ * `GptTrainer::resume` refuses a checkpoint whose data identity differs from the run's. Another data
+ * source records its own entries under `data.` the same way.
+ */
+[[nodiscard]] inline std::map<std::string, std::string> data_identity(const data::CharDataset& ds) {
+  std::string vocabulary;
+  for (std::size_t i = 0; i < ds.vocab_size(); ++i) vocabulary += ds.decode(std::int32_t(i));
+  std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the ids' little-endian bytes
+  for (const std::int32_t id : ds.ids())
+    for (int k = 0; k < 4; ++k) h = (h ^ ((std::uint32_t(id) >> (8 * k)) & 0xFFu)) * 0x100000001b3ull;
+  char hex[17];
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+  return {{"data.vocabulary", vocabulary}, {"data.tokens", std::to_string(ds.size())}, {"data.hash", hex}};
+}
 
 /** @brief What one step did, the same on every rank (losses and ratios are averaged over the world). */
 struct StepReport {
@@ -310,23 +330,55 @@ class GptTrainer {
                                          std::uint64_t(scaler_->skipped_steps())};
     if (adamw_) st.user["adamw.steps"] = std::to_string(adamw_->steps());
     if (zero_) st.user["adamw.steps"] = std::to_string(zero_->steps());
+    if (sgd_) st.user["sgd.steps"] = std::to_string(sgd_->steps());
+    st.user["optimizer"] = cfg_.optimizer;
+    for (auto& [k, v] : run_identity()) st.user[k] = std::move(v);
     io::SaveOptions opts;
     opts.mesh = {cfg_.tp, cfg_.pp, cfg_.dp};
     return io::save_checkpoint(root, std::span<const io::SaveBlock>(blocks), st, comms_.world, opts);
   }
 
-  /** Loads parameters and optimizer moments saved with any layout and continues from its step (collective). */
+  /**
+   * @brief Loads parameters and optimizer states saved with any layout and continues from its step
+   * (collective). Refuses, before loading anything, a checkpoint of another run: other data (its
+   * identity, see data_identity), other seeds, another model shape (layers, width, heads, sequence,
+   * experts), or tensors this model lacks. A checkpoint of another optimizer loads the weights only:
+   * the optimizer starts afresh and `LoadResult::warnings` says so. See docs/checkpoints.md.
+   */
   io::LoadResult resume(const std::filesystem::path& path) {
+    require(!path.empty(), "resume: the checkpoint path is empty; give a checkpoint directory (or the --save "
+                           "directory holding 'latest'), or leave --resume out to train from scratch");
+    io::Manifest saved;
+    std::filesystem::path dir;
+    io::detail::agree(comms_.world, io::detail::capture([&] {
+                        dir = io::resolve_checkpoint(path);
+                        saved = io::read_manifest(dir);
+                      }),
+                      "resume (reading the manifest)");
+    check_same_run(saved, dir);
+    const std::string saved_optimizer = optimizer_of(saved);
+    const bool with_states = saved_optimizer == cfg_.optimizer;
+    std::vector<std::string> warnings;
+    if (!with_states)
+      warnings.push_back("resume: checkpoint " + dir.string() + " was saved with --optimizer " + saved_optimizer +
+                         (saved_optimizer == "sgd" && cfg_.optimizer == "sgd" ? " before momentum was saved" : "") +
+                         "; its optimizer states are not used and --optimizer " + cfg_.optimizer +
+                         " starts afresh from the loaded weights");
     std::vector<io::LoadBlock> blocks;
-    state_blocks<float>(blocks);
-    io::LoadResult res = io::load_checkpoint(path, std::span<const io::LoadBlock>(blocks), comms_.world);
+    state_blocks<float>(blocks, with_states);
+    check_model_holds(saved, blocks, with_states, dir);
+    io::LoadResult res = io::load_checkpoint(dir, std::span<const io::LoadBlock>(blocks), comms_.world);
+    res.warnings = std::move(warnings);
     step_ = std::size_t(res.state.step);
-    if (adamw_ || zero_) {
-      auto it = res.state.user.find("adamw.steps");
-      require(it != res.state.user.end(), "resume: checkpoint ", res.path.string(),
-              " has no AdamW step count (was it saved with --optimizer sgd?)");
-      if (adamw_) adamw_->set_steps(std::size_t(std::stoull(it->second)));
-      else zero_->set_steps(std::size_t(std::stoull(it->second)));
+    if (with_states) {
+      auto steps_of = [&](const char* key) {
+        auto it = res.state.user.find(key);
+        require(it != res.state.user.end(), "resume: checkpoint ", res.path.string(), " has no ", key, " entry");
+        return std::size_t(std::stoull(it->second));
+      };
+      if (adamw_) adamw_->set_steps(steps_of("adamw.steps"));
+      if (zero_) zero_->set_steps(steps_of("adamw.steps"));
+      if (sgd_) sgd_->set_steps(steps_of("sgd.steps"));
     }
     if (scaler_ && res.state.loss_scale)
       scaler_->restore(res.state.loss_scale->scale, std::size_t(res.state.loss_scale->good_steps),
@@ -339,18 +391,22 @@ class GptTrainer {
  private:
   /** The blocks a checkpoint holds for this rank: every optimized parameter and its AdamW moments. */
   template <class T>
-  void state_blocks(std::vector<io::BlockView<T>>& out) {
+  void state_blocks(std::vector<io::BlockView<T>>& out, bool with_states = true) {
     using Span = std::span<T>;
     for (std::size_t i = 0; i < opt_params_.size(); ++i) {
       nn::Parameter& p = *opt_params_[i];
       out.push_back(io::BlockView<T>{p.name, p.global_shape, io::BoxN(p.local_box.begin(), p.local_box.end()), p.layout,
                                      Span(p.value)});
+      if (!with_states) continue;
       if (adamw_) {
         out.push_back(io::state_block(p, "adamw.m", Span(adamw_->first_moment_mut(i))));
         out.push_back(io::state_block(p, "adamw.v", Span(adamw_->second_moment_mut(i))));
       }
+      // Without the momentum the first step after a resume would differ from the uninterrupted run's.
+      if (sgd_ && !sgd_->momentum_buffer_mut(i).empty())
+        out.push_back(io::state_block(p, "sgd.momentum", Span(sgd_->momentum_buffer_mut(i))));
     }
-    if (zero_)
+    if (zero_ && with_states)
       for (const auto& piece : zero_->state_pieces()) {
         auto add = [&](const char* state, auto data) {
           for (auto& b : io::flat_state_blocks(*piece.param, state, piece.param_offset, Span(data))) out.push_back(b);
@@ -358,6 +414,104 @@ class GptTrainer {
         add("adamw.m", piece.m);
         add("adamw.v", piece.v);
       }
+  }
+  /** What a checkpoint records of this run and a resume must find unchanged (manifest `user` entries). */
+  [[nodiscard]] std::map<std::string, std::string> run_identity() const {
+    auto id = data_identity(*data_);
+    const auto& m = cfg_.model;
+    id["data.seed"] = std::to_string(cfg_.data_seed);
+    id["model.seed"] = std::to_string(m.seed);
+    id["model.layers"] = std::to_string(m.layers);
+    id["model.hidden"] = std::to_string(m.hidden);
+    id["model.heads"] = std::to_string(m.heads);
+    id["model.seq"] = std::to_string(m.seq);
+    id["model.experts"] = std::to_string(m.experts);
+    if (m.experts > 0) {
+      id["model.moe_every"] = std::to_string(m.moe_every);
+      id["model.moe_top_k"] = std::to_string(m.moe_top_k);
+    }
+    return id;
+  }
+  /** The optimizer a checkpoint was saved with (older checkpoints: AdamW if they hold its step count). */
+  static std::string optimizer_of(const io::Manifest& saved) {
+    const auto& u = saved.state.user;
+    if (auto it = u.find("optimizer"); it != u.end()) {
+      if (it->second == "sgd" && !u.contains("sgd.steps")) return "sgd (an older checkpoint without momentum)";
+      return it->second;
+    }
+    return u.contains("adamw.steps") ? "adamw" : "sgd (an older checkpoint without momentum)";
+  }
+  /** Refuses a checkpoint whose recorded run identity differs from this run's, naming every difference. */
+  void check_same_run(const io::Manifest& saved, const std::filesystem::path& dir) const {
+    static const std::map<std::string, std::string> option{
+        {"data.seed", "--data-seed"},     {"model.seed", "--seed"},     {"model.layers", "--layers"},
+        {"model.hidden", "--hidden"},     {"model.heads", "--heads"},   {"model.seq", "--seq"},
+        {"model.experts", "--experts"},   {"model.moe_every", "--moe-every"}, {"model.moe_top_k", "--topk"}};
+    const auto& u = saved.state.user;
+    auto saved_of = [&](const std::string& k) -> const std::string* {
+      auto it = u.find(k);
+      return it == u.end() ? nullptr : &it->second;  // older checkpoints lack some entries: nothing to compare
+    };
+    const auto now = run_identity();
+    std::vector<std::string> diffs;
+    if (const auto* v = saved_of("data.vocabulary"); v && *v != now.at("data.vocabulary"))
+      diffs.push_back(mpar::detail::cat("the data has another vocabulary (", v->size(), " characters in the checkpoint, ",
+                                  now.at("data.vocabulary").size(), " now), so token ids would mean other characters"));
+    else if (const auto* h = saved_of("data.hash"); h && *h != now.at("data.hash"))
+      diffs.push_back(mpar::detail::cat("the data differs (", saved_of("data.tokens") ? *saved_of("data.tokens") : "?",
+                                  " characters with hash ", *h, " in the checkpoint, ", now.at("data.tokens"),
+                                  " with hash ", now.at("data.hash"), " now)"));
+    for (const auto& [key, flag] : option)
+      if (const auto* v = saved_of(key); v && now.contains(key) && *v != now.at(key))
+        diffs.push_back(mpar::detail::cat(flag, " ", *v, " in the checkpoint, ", now.at(key), " now"));
+    if (diffs.empty()) return;
+    std::string list;
+    for (const auto& d : diffs) list += (list.empty() ? "" : "; ") + d;
+    throw config_error(mpar::detail::cat("resume: checkpoint ", dir.string(), " is of another run and cannot continue this one: ",
+                                   list, ". Resume with the checkpoint's settings and data, or train from scratch "
+                                   "without --resume"));
+  }
+  /**
+   * Refuses a checkpoint holding tensors that no rank of this model loads (a deeper model's blocks, for
+   * example): they would be dropped silently. Collective: every rank contributes the names it loads.
+   */
+  void check_model_holds(const io::Manifest& saved, const std::vector<io::LoadBlock>& blocks, bool with_states,
+                         const std::filesystem::path& dir) {
+    auto key_of = [](const std::string& name) { return io::detail::block_key(name, {}, {}); };
+    std::set<std::uint64_t> mine;
+    for (const auto& b : blocks) mine.insert(key_of(b.name));
+    const std::size_t p = std::size_t(comms_.world.size());
+    Buffer<float> count{float(mine.size())}, counts(p);
+    comms_.world.all_gather(std::span<const float>(count), std::span<float>(counts));
+    std::size_t most = 0;
+    for (float c : counts) most = std::max(most, std::size_t(c));
+    Buffer<float> keys(4 * most, 0.0f), all(4 * most * p);
+    std::size_t i = 0;
+    for (std::uint64_t k : mine) {  // 16 bits per float: exact
+      for (int w = 0; w < 4; ++w) keys[4 * i + std::size_t(w)] = float((k >> (16 * w)) & 0xFFFFu);
+      ++i;
+    }
+    if (most > 0) comms_.world.all_gather(std::span<const float>(keys), std::span<float>(all));
+    std::set<std::uint64_t> loaded;
+    for (std::size_t r = 0; r < p; ++r)
+      for (std::size_t j = 0; j < std::size_t(counts[r]); ++j) {
+        std::uint64_t k = 0;
+        for (int w = 0; w < 4; ++w) k |= std::uint64_t(all[(r * most + j) * 4 + std::size_t(w)]) << (16 * w);
+        loaded.insert(k);
+      }
+    std::vector<std::string> extra;
+    for (const auto& t : saved.tensors) {
+      const bool state = t.name.find('/') != std::string::npos;  // "<parameter>/<optimizer state>"
+      if (state && !with_states) continue;
+      if (!loaded.contains(key_of(t.name))) extra.push_back(t.name);
+    }
+    if (extra.empty()) return;
+    std::string names;
+    for (std::size_t k = 0; k < extra.size() && k < 4; ++k) names += (k ? ", " : "") + extra[k];
+    if (extra.size() > 4) names += mpar::detail::cat(" and ", extra.size() - 4, " more");
+    throw config_error(mpar::detail::cat("resume: checkpoint ", dir.string(), " holds ", extra.size(),
+                                   " tensor(s) this model lacks (", names, "): it was saved from a larger or different "
+                                   "model, and resuming would drop them; resume with the checkpoint's model settings"));
   }
   [[nodiscard]] std::size_t opt_elements() const {
     std::size_t n = 0;

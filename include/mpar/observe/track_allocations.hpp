@@ -7,6 +7,7 @@
  * Each block carries a 16-byte header with the owning counter and the size; over-aligned requests
  * (align_val_t) keep the library's own functions and are not counted.
  */
+#include <cstdio>
 #include <cstdlib>
 #include <new>
 
@@ -41,9 +42,20 @@ inline void tracked_free(void* p) noexcept {
   if (h->owner) h->owner->live.fetch_sub(std::int64_t(h->size), std::memory_order_relaxed);
   std::free(h);
 }
+/** The `std::bad_alloc` of a failed tracked allocation: its message says how many bytes were asked for. */
+class allocation_failure : public std::bad_alloc {
+ public:
+  explicit allocation_failure(std::size_t n) {
+    std::snprintf(what_, sizeof what_, "an allocation of %zu bytes (%.3g GiB) failed", n, double(n) / double(1ull << 30));
+  }
+  [[nodiscard]] const char* what() const noexcept override { return what_; }
+
+ private:
+  char what_[96];
+};
 inline void* tracked_new(std::size_t n) {
   if (void* p = tracked_alloc(n == 0 ? 1 : n)) return p;
-  throw std::bad_alloc();
+  throw allocation_failure(n);
 }
 }  // namespace mpar::observe::detail
 

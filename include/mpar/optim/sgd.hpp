@@ -79,6 +79,8 @@ class Sgd {
   }
 
   [[nodiscard]] std::size_t steps() const { return steps_; }
+  /** Restores the step count with the momentum buffers from a checkpoint: step 0 starts a buffer, later ones add to it. */
+  void set_steps(std::size_t n) { steps_ = n; }
   [[nodiscard]] const SgdConfig& config() const { return config_; }
   [[nodiscard]] std::span<const float> momentum_buffer(std::size_t i) const { return buffers_.at(i); }
   /** Writable momentum buffer, for restoring a checkpoint (empty without momentum). */

@@ -145,7 +145,8 @@ struct LinkSample {
  * `gpus_per_node` GPUs per node.
  */
 [[nodiscard]] inline Calibration load_calibration(std::istream& in, const Cluster& cluster, Calibration base = {},
-                                                  double weight_share = 0.5) {
+                                                  double weight_share = 0.5, std::size_t* measurements = nullptr) {
+  std::size_t used = 0;  // lines with a metric this model reads
   double gemm_f = 0, gemm_t = 0, ew_b = 0, ew_t = 0;
   std::vector<detail::LinkSample> intra, inter;
   struct Acc { double f = 0, nf = 0, bi = 0, nbi = 0, bw = 0, nbw = 0; };
@@ -164,6 +165,7 @@ struct LinkSample {
     auto it = j.text.find("metric");
     if (it == j.text.end()) continue;
     const std::string& metric = it->second;
+    if (metric == "gemm" || metric == "elementwise" || metric == "collective" || metric == "action") ++used;
     if (metric == "gemm") {
       gemm_f += num("flops"), gemm_t += num("seconds");
     } else if (metric == "elementwise") {
@@ -197,6 +199,7 @@ struct LinkSample {
                                           "' is not one of forward, backward, backward_input, backward_weight"));
     }
   }
+  if (measurements) *measurements = used;
   if (gemm_t > 0) base.gemm_flops_per_s = gemm_f / gemm_t;
   if (ew_t > 0) base.elementwise_bytes_per_s = ew_b / ew_t;
   if (!intra.empty()) base.intra = detail::fit_link(intra, cluster.intra_node_latency);

@@ -5,6 +5,7 @@
  */
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iomanip>
 #include <optional>
@@ -265,9 +266,18 @@ inline int run_cli(const std::vector<std::string>& args, std::ostream& out, std:
       return 0;
     }
     if (o.calibration_file) {
-      std::ifstream in(*o.calibration_file);
-      require(bool(in), "--calibration: cannot open '", *o.calibration_file, "'; give the path of a JSON-lines metrics file");
-      o.calibration = load_calibration(in, o.problem.cluster, o.calibration);
+      const std::string& f = *o.calibration_file;
+      std::error_code ec;
+      require(!std::filesystem::is_directory(f, ec), "--calibration: '", f,
+              "' is a directory; give the path of a JSON-lines metrics file inside it");
+      std::ifstream in(f);
+      require(bool(in), "--calibration: cannot open '", f, "'; give the path of a JSON-lines metrics file");
+      std::size_t measurements = 0;
+      o.calibration = load_calibration(in, o.problem.cluster, o.calibration, 0.5, &measurements);
+      require(!in.bad(), "--calibration: cannot read '", f, "'");
+      require(measurements > 0, "--calibration: '", f, "' holds no measurements (no line with a \"metric\" of gemm, "
+              "elementwise, collective or action); give a metrics file written by mpar's benchmarks, or leave "
+              "--calibration out to use the defaults");
     }
     const CostModel cm(o.problem.model, o.problem.cluster, o.calibration);
     const Plan plan = search(o.problem, cm, o.space, o.search);

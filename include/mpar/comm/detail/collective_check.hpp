@@ -82,15 +82,52 @@ std::string join_ranks(const Range& ranks) {
   return s;
 }
 
-/** The collective timeout: MPAR_COMM_TIMEOUT_S seconds if set, else 300 s. */
+/**
+ * Timeouts at or above this many seconds (`inf` included) mean "no timeout": a deadline is a
+ * steady_clock time point in nanoseconds, and now + 1e9 s (about 31 years) still fits in it, while
+ * 1e10 s would overflow into the past and time out at once.
+ */
+inline constexpr double no_timeout_seconds = 1e9;
+
+/** Whether a timeout means "wait forever" (see no_timeout_seconds). */
+inline bool is_no_timeout(std::chrono::duration<double> t) { return !(t.count() < no_timeout_seconds); }
+
+/** now + t on the steady clock, saturated at now + no_timeout_seconds instead of overflowing. */
+inline std::chrono::steady_clock::time_point deadline_after(std::chrono::duration<double> t) {
+  const auto now = std::chrono::steady_clock::now();
+  const double s = is_no_timeout(t) ? no_timeout_seconds : t.count();
+  return now + std::chrono::duration_cast<std::chrono::steady_clock::duration>(std::chrono::duration<double>(s));
+}
+
+/**
+ * The collective timeout: MPAR_COMM_TIMEOUT_S seconds if set, else 300 s. `inf` (or any value of at
+ * least 1e9 s) means no timeout; anything but a positive number is refused here, before any rank starts.
+ */
 inline std::chrono::duration<double> default_comm_timeout() {
   if (const char* v = std::getenv("MPAR_COMM_TIMEOUT_S"); v && *v) {
     char* end = nullptr;
     const double s = std::strtod(v, &end);
-    require(end && *end == '\0' && s > 0, "MPAR_COMM_TIMEOUT_S='", v, "' is not a positive number of seconds");
+    require(end && *end == '\0' && s > 0, "MPAR_COMM_TIMEOUT_S='", v,
+            "' is not a positive number of seconds (use e.g. 60, or inf for no timeout)");
     return std::chrono::duration<double>(s);
   }
   return std::chrono::duration<double>(300.0);
+}
+
+/**
+ * How long a rank waiting at a threads barrier spins before it sleeps: MPAR_THREADS_SPIN_US
+ * microseconds (a whole number, 0 = never spin, at most 10 s) if set, else 1000.
+ */
+inline std::chrono::microseconds default_spin_time() {
+  if (const char* v = std::getenv("MPAR_THREADS_SPIN_US"); v && *v) {
+    const std::string_view s(v);
+    const bool digits = s.size() <= 8 && s.find_first_not_of("0123456789") == std::string_view::npos;
+    const long long us = digits ? std::atoll(v) : -1;
+    require(digits && us <= 10'000'000, "MPAR_THREADS_SPIN_US='", v,
+            "' is not a whole number of microseconds from 0 to 10000000 (0: never spin; default 1000)");
+    return std::chrono::microseconds(us);
+  }
+  return std::chrono::microseconds(1000);
 }
 
 /** Whether MPAR_CHECK_COLLECTIVES=1 (or MPAR_EXTRA_CHECKS at compile time) asks for fingerprint checks. */
