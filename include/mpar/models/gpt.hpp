@@ -334,6 +334,12 @@ class GptStage {
     }
     return ps;
   }
+  /** This stage's parameters under their stable names (docs/train_gpt.md), the head's tied copy excluded. */
+  std::vector<std::pair<std::string, nn::Parameter*>> named_parameters() {
+    std::vector<std::pair<std::string, nn::Parameter*>> out;
+    for (auto* p : norm_parameters()) out.emplace_back(p->name, p);
+    return out;
+  }
   /** Parameters counted in the global gradient norm: all but the tied copy (its gradient equals the original's). */
   std::vector<nn::Parameter*> norm_parameters() {
     auto ps = parameters();
