@@ -300,3 +300,52 @@ TEST_CASE("safetensors: GPT-2 names and shapes, vocabulary un-padding, and back"
     CHECK(e.size() == Vp * h);
   }
 }
+
+TEST_CASE("safetensors: Python's safetensors + numpy (and transformers, when installed) read mpar's export",
+          "[data][io][python]") {
+  // Skipped (with a warning) unless python3 can import safetensors and numpy.
+  if (std::system("python3 -c 'import safetensors, numpy' > /dev/null 2>&1") != 0) {
+    WARN("skipped: python3 with the safetensors and numpy packages is not installed");
+    return;
+  }
+  auto c = testing::small_gpt(1, 1, 1);
+  c.model.layers = 2;
+  const fs::path dir = scratch("python");
+  fs::create_directories(dir);
+  std::vector<std::int32_t> ids;
+  for (std::int32_t i = 0; i < 16; ++i) ids.push_back((i * 7 + 3) % std::int32_t(c.model.vocab));
+  run_threads(2, [&](ThreadsCommunicator& world) {
+    auto c2 = c;
+    c2.tp = 2;
+    models::GptTrainer<ThreadsCommunicator> t(world, c2, testing::gpt_dataset());
+    (void)t.train_step();
+    t.export_safetensors(dir / "mpar.safetensors");
+    t.export_safetensors(dir / "gpt2.safetensors", io::WeightNaming::hf_gpt2);
+  });
+  // mpar's values and logits, from a single-rank stage loaded from the export.
+  run_threads(1, [&](ThreadsCommunicator& world) {
+    models::GptStage<ThreadsCommunicator> stage(world, c.model, true, true, 0, c.model.layers);
+    io::SafetensorsWeights w(dir / "mpar.safetensors", io::WeightNaming::mpar);
+    std::ofstream ex(dir / "expected.txt");
+    ex.precision(9);
+    for (auto& [name, p] : stage.named_parameters()) {
+      const auto full = w(name, p->global_shape);
+      std::copy(full.begin(), full.end(), p->value.begin());
+      ex << name << ' ' << p->global_shape.size();
+      for (auto d : p->global_shape) ex << ' ' << d;
+      for (float v : full) ex << ' ' << v;
+      ex << '\n';
+    }
+    const nn::Activation logits = stage.forward(models::GptStage<ThreadsCommunicator>::tokens_as_activation(ids), 0);
+    std::ofstream lg(dir / "logits.txt");
+    lg.precision(9);
+    lg << "vocab " << c.model.vocab << " seq " << c.model.seq << " hidden " << c.model.hidden << " layers "
+       << c.model.layers << " heads " << c.model.heads << '\n';
+    for (auto id : ids) lg << id << ' ';
+    lg << '\n';
+    for (std::size_t r = 0; r < ids.size(); ++r)
+      for (std::size_t v = 0; v < c.model.vocab; ++v) lg << logits.data()[r * logits.extent(1) + v] << ' ';
+  });
+  const std::string cmd = "python3 " MPAR_TEST_DATA_DIR "/check_safetensors.py " + dir.string();
+  CHECK(std::system(cmd.c_str()) == 0);
+}

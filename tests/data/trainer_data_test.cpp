@@ -87,9 +87,10 @@ TEST_CASE("validation loss: equal across tp/pp/dp layouts, and evaluating change
   }
 }
 
-TEST_CASE("validation loss: an independent recomputation of the batches' mean loss", "[data][train]") {
-  // The loss of a model whose head sees only zeros is ln(padded vocabulary) exactly, on any data:
-  // load all-zero weights (final layer-norm gain 0 zeroes every logit) and evaluate.
+TEST_CASE("loss convention: padded vocabulary columns never count (an independent value)", "[data][train]") {
+  // The loss of a model whose logits are all zero is ln(vocab) exactly, on any data, when the softmax runs
+  // over the real vocabulary only (it would be ln(padded vocabulary) if the padding columns counted):
+  // load a zero final layer-norm gain and bias (every logit becomes 0) and evaluate.
   run_threads(4, [&](ThreadsCommunicator& world) {
     auto c = testing::small_gpt(2, 2, 1);
     models::GptTrainer<ThreadsCommunicator> t(world, c, testing::gpt_dataset());
@@ -102,7 +103,8 @@ TEST_CASE("validation loss: an independent recomputation of the batches' mean lo
       return zeros;
     });
     const double v = t.evaluate(validation_ids(), 2, 5);
-    if (world.rank() == 0) CHECK(v == Approx(std::log(double(c.model.padded_vocab()))).epsilon(1e-6));
+    REQUIRE(t.config().model.padded_vocab() > c.model.vocab);  // there are padding columns to exclude
+    if (world.rank() == 0) CHECK(v == Approx(std::log(double(c.model.vocab))).epsilon(1e-6));
   });
 }
 
@@ -279,5 +281,46 @@ TEST_CASE("weight decay: by default weight matrices and embeddings only, by name
     const bool matrix = n.find(".bias") == std::string::npos && n.find("norm") == std::string::npos &&
                         n.find(".ln") == std::string::npos;
     CHECK(differs == matrix);
+  }
+}
+
+TEST_CASE("vocabulary padding follows the mesh: tp 3 and 6 train like one rank", "[data][train]") {
+  // Heads 6 (width 36) divide over 3 and 6; the vocabulary is padded to lcm(16, tp) rows, so tp 1, 3 and 6
+  // hold embeddings of different padded sizes, whose real rows start equal; the padding columns are
+  // excluded from the loss, so every layout computes the same losses.
+  auto cfg = [](std::size_t tp, std::size_t pp) {
+    auto c = testing::small_gpt(tp, pp, 1);
+    c.model.hidden = 36;
+    c.model.heads = 6;
+    c.global_batch = 4;
+    return c;
+  };
+  auto losses = [&](const models::GptTrainConfig& c, std::size_t& padded) {
+    std::vector<double> l;
+    run_threads(int(c.world_size()), [&](ThreadsCommunicator& world) {
+      models::GptTrainer<ThreadsCommunicator> t(world, c, testing::gpt_dataset());
+      if (world.rank() == 0) padded = t.config().model.padded_vocab();
+      for (int s = 0; s < 3; ++s) {
+        const double loss = t.train_step().loss;
+        if (world.rank() == 0) l.push_back(loss);
+      }
+      const double v = t.evaluate(validation_ids(), 1, 2);
+      if (world.rank() == 0) l.push_back(v);
+    });
+    return l;
+  };
+  std::size_t p1 = 0, p3 = 0, p6 = 0, p32 = 0;
+  const auto ref = losses(cfg(1, 1), p1);
+  const auto tp3 = losses(cfg(3, 1), p3), tp6 = losses(cfg(6, 1), p6), tp3pp2 = losses(cfg(3, 2), p32);
+  const std::size_t V = testing::gpt_dataset().vocab_size();
+  CHECK(p1 == (V + 15) / 16 * 16);
+  CHECK(p3 == (V + 47) / 48 * 48);
+  CHECK(p6 == (V + 47) / 48 * 48);
+  CHECK(p3 % 3 == 0);
+  for (std::size_t i = 0; i < ref.size(); ++i) {
+    INFO("loss " << i);
+    CHECK(tp3[i] == Approx(ref[i]).epsilon(2e-5));
+    CHECK(tp6[i] == Approx(ref[i]).epsilon(2e-5));
+    CHECK(tp3pp2[i] == Approx(ref[i]).epsilon(2e-5));
   }
 }

@@ -38,6 +38,7 @@
 #include <filesystem>
 #include <functional>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <span>
 #include <string>
@@ -537,6 +538,7 @@ class GptTrainer {
   }
 
   static GptTrainConfig validated(GptTrainConfig c, const Comm& world) {
+    if (c.tp >= 1) c.model.vocab_multiple = std::lcm(c.model.vocab_multiple ? c.model.vocab_multiple : 1, c.tp);
     c.validate(std::size_t(world.size()));
     return c;
   }
