@@ -349,3 +349,45 @@ TEST_CASE("safetensors: Python's safetensors + numpy (and transformers, when ins
   const std::string cmd = "python3 " MPAR_TEST_DATA_DIR "/check_safetensors.py " + dir.string();
   CHECK(std::system(cmd.c_str()) == 0);
 }
+
+TEST_CASE("safetensors: an export from tp 3 (vocabulary padded to 48) loads into one rank (padded to 16)",
+          "[data][io][train]") {
+  auto c3 = testing::small_gpt(3, 1, 1);
+  c3.model.hidden = 36;
+  c3.model.heads = 6;
+  c3.model.layers = 1;
+  auto c1 = c3;
+  c1.tp = 1;
+  const fs::path p = scratch("tp3.safetensors");
+  fs::remove(p);
+  std::mutex m;
+  Full from, into;
+  std::size_t rows3 = 0, rows1 = 0;
+  run_threads(3, [&](ThreadsCommunicator& world) {
+    models::GptTrainer<ThreadsCommunicator> t(world, c3, testing::gpt_dataset());
+    (void)t.train_step();
+    t.export_safetensors(p);
+    rows3 = t.config().model.padded_vocab();
+    for (auto& [n, q] : t.named_parameters()) gather_into(from, *q, m);
+  });
+  run_threads(1, [&](ThreadsCommunicator& world) {
+    models::GptTrainer<ThreadsCommunicator> t(world, c1, testing::gpt_dataset());
+    io::SafetensorsWeights w(p, io::WeightNaming::mpar);
+    (void)t.load_weights(w);
+    rows1 = t.config().model.padded_vocab();
+    for (auto& [n, q] : t.named_parameters()) gather_into(into, *q, m);
+  });
+  REQUIRE(rows3 != rows1);
+  const std::size_t V = c1.model.vocab, h = c1.model.hidden;
+  for (const auto& [n, v] : from) {
+    INFO(n);
+    const auto& w = into.at(n);
+    if (n != "embed.token.weight") {
+      CHECK(w == v);
+      continue;
+    }
+    CHECK(w.size() == rows1 * h);
+    CHECK(std::equal(w.begin(), w.begin() + std::ptrdiff_t(V * h), v.begin()));
+    CHECK(std::all_of(w.begin() + std::ptrdiff_t(V * h), w.end(), [](float x) { return x == 0.0f; }));
+  }
+}

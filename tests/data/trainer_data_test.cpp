@@ -74,10 +74,14 @@ TEST_CASE("validation loss: equal across tp/pp/dp layouts, and evaluating change
   struct L {
     std::size_t tp, pp, dp;
     const char* schedule;
+    bool zero1 = false;
   };
-  for (const L l : {L{2, 2, 1, "1f1b"}, L{1, 2, 2, "gpipe"}, L{2, 1, 2, "1f1b"}, L{1, 1, 2, "1f1b"}}) {
-    INFO("tp " << l.tp << " pp " << l.pp << " dp " << l.dp);
-    const ValRun got = run_with_validation(testing::small_gpt(l.tp, l.pp, l.dp, l.schedule), steps);
+  for (const L l : {L{2, 2, 1, "1f1b"}, L{1, 2, 2, "gpipe"}, L{2, 1, 2, "1f1b"}, L{1, 1, 2, "1f1b", true},
+                    L{1, 2, 1, "zb_h1"}}) {
+    INFO("tp " << l.tp << " pp " << l.pp << " dp " << l.dp << " " << l.schedule << (l.zero1 ? " zero1" : ""));
+    auto c = testing::small_gpt(l.tp, l.pp, l.dp, l.schedule);
+    c.zero1 = l.zero1;
+    const ValRun got = run_with_validation(c, steps);
     REQUIRE(got.val_losses.size() == ref.val_losses.size());
     for (std::size_t i = 0; i < ref.val_losses.size(); ++i) {
       INFO("evaluation " << i);

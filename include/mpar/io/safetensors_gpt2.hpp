@@ -127,8 +127,10 @@ inline std::size_t export_safetensors(const std::filesystem::path& ckpt, const s
 
 /**
  * @brief A safetensors file as the source of `GptTrainer::load_weights` (and of any loader that asks for
- * whole tensors by mpar name and shape): reads each tensor, checks its shape and, under `hf_gpt2`,
- * pads the embedding's rows with zeros up to the model's padded vocabulary.
+ * whole tensors by mpar name and shape): reads each tensor and checks its shape. The token embedding
+ * may have another number of rows than the model's (GPT-2's unpadded vocabulary, or an mpar export
+ * from a layout padded differently, whose `mpar.vocab` metadata says how many rows are real): its real
+ * rows are loaded and the model's padding rows are zero.
  */
 class SafetensorsWeights {
  public:
@@ -143,7 +145,24 @@ class SafetensorsWeights {
       return {};
     }
     std::size_t vocab = shape.empty() ? 0 : shape[0];
-    if (naming_ == WeightNaming::hf_gpt2 && name == "embed.token.weight" && e->shape.size() == 2) vocab = e->shape[0];
+    if (name == "embed.token.weight" && e->shape.size() == 2 && shape.size() == 2 && e->shape[1] == shape[1]) {
+      if (naming_ == WeightNaming::hf_gpt2) {
+        vocab = e->shape[0];
+      } else if (e->shape[0] != shape[0]) {
+        // Padded for another tensor-parallel size: the real rows carry over.
+        const auto it = file_.metadata().find("mpar.vocab");
+        if (it != file_.metadata().end()) {
+          const std::size_t real = std::stoull(it->second);
+          require(real <= e->shape[0] && real <= shape[0], "safetensors ", file_.path().string(), ": the vocabulary ",
+                  real, " (metadata mpar.vocab) does not fit the embedding's ", e->shape[0], " rows and the model's ",
+                  shape[0]);
+          buf_ = file_.read(fname);
+          buf_.resize(real * shape[1]);
+          buf_.resize(shape[0] * shape[1], 0.0f);
+          return buf_;
+        }
+      }
+    }
     const auto want = file_shape(name, shape, naming_, vocab);
     require(e->shape == want && vocab <= (shape.empty() ? 0 : shape[0]), "safetensors ", file_.path().string(),
             ": tensor '", fname, "' has shape ", shape_string(e->shape), " but the model's '", name, "' needs ",

@@ -303,7 +303,7 @@ class GptTrainer {
    * @brief Mean loss over `batches` global batches of `val` (collective): batch i is `val.batch(seed, i, ...)`,
    * so every layout evaluates the same sequences and reports the same value. Runs the step's pipeline
    * program on the current weights (16-bit rounded under bf16/f16, as training sees them; dropout as in
-   * training) and discards the gradients: the weights, the optimizer and the step count are unchanged.
+   * training) and discards the gradients unreduced: the weights, the optimizer and the step count are unchanged.
    */
   double evaluate(data::SourceRef val, std::size_t batches, std::uint64_t seed = 0) {
     require(batches >= 1, "evaluate: need at least one batch (--val-batches)");
@@ -321,8 +321,12 @@ class GptTrainer {
         targets_[std::size_t(mb)].assign(batch.targets.begin() + lo, batch.targets.begin() + hi);
       }
       use_compute_weights();
-      for (auto& s : stages_) s->begin_step();
-      for (auto& s : stages_) s->set_moe_aux_gradient(float(cfg_.batch_ranks()));
+      // No gradient reduction: the hooks that would start the data-parallel buckets are off for this pass.
+      for (auto& s : stages_) {
+        s->on_gradients_final({}, cfg_.microbatches);
+        s->begin_step();
+        s->set_moe_aux_gradient(float(cfg_.batch_ranks()));
+      }
       const pipeline::StepStats stats = executor_->step(inputs, [&](const nn::Activation& y, int mb, nn::Activation& dy) {
         Stage& last = *stages_.back();
         const double loss = last.loss().forward(y, targets_[std::size_t(mb)], mb);
@@ -330,8 +334,8 @@ class GptTrainer {
         return loss;
       });
       use_master_weights();
-      // The gradient hooks started data-parallel reductions: complete them so the next step starts clean.
-      finish_data_parallel();
+      if (gradients_final_)
+        for (auto& s : stages_) s->on_gradients_final(gradients_final_, cfg_.microbatches);
       for (auto* p : all_params_) p->zero_grad();
       if (zero_) zero_->zero_grad();
       for (auto& s : stages_) {
@@ -611,20 +615,19 @@ class GptTrainer {
     }
     // Overlap: mark each layer's gradients ready as soon as the last micro-batch's backward is past it.
     // With the embedding split over two stages, its gradient is final only after the tied sum.
-    if (cfg_.batch_ranks() > 1)
-      for (auto& s : stages_)
-        s->on_gradients_final(
-            [this](const std::vector<nn::Parameter*>& ps) {
-              const auto t = std::chrono::steady_clock::now();
-              for (auto* p : ps)
-                if (p != tied_ && std::find(opt_params_.begin(), opt_params_.end(), p) != opt_params_.end()) {
-                  if (zero_) zero_->mark_ready(*p);
-                  else if (std::find(expert_params_.begin(), expert_params_.end(), p) == expert_params_.end()) dp_->mark_ready(*p);
-                  else if (dp_experts_) dp_experts_->mark_ready(*p);
-                }
-              data_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-            },
-            cfg_.microbatches);
+    if (cfg_.batch_ranks() > 1) {
+      gradients_final_ = [this](const std::vector<nn::Parameter*>& ps) {
+        const auto t = std::chrono::steady_clock::now();
+        for (auto* p : ps)
+          if (p != tied_ && std::find(opt_params_.begin(), opt_params_.end(), p) != opt_params_.end()) {
+            if (zero_) zero_->mark_ready(*p);
+            else if (std::find(expert_params_.begin(), expert_params_.end(), p) == expert_params_.end()) dp_->mark_ready(*p);
+            else if (dp_experts_) dp_experts_->mark_ready(*p);
+          }
+        data_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+      };
+      for (auto& s : stages_) s->on_gradients_final(gradients_final_, cfg_.microbatches);
+    }
     store_masters();
   }
 
@@ -679,6 +682,7 @@ class GptTrainer {
   std::optional<parallel::DataParallel<Comm>> dp_;
   std::optional<parallel::DataParallel<Comm>> dp_experts_;  ///< expert parameters over the data group (ep > 1)
   std::vector<nn::Parameter*> expert_params_;
+  typename Stage::GradientsFinalHook gradients_final_;  ///< starts the data-parallel buckets (empty: dp x ep = 1)
   std::optional<parallel::Zero1AdamW<Comm, B>> zero_;  // optimizers, norm and scaling run on B, like the layers
   std::optional<optim::AdamW<B>> adamw_;
   std::optional<optim::Sgd<B>> sgd_;
