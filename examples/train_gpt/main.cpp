@@ -32,7 +32,17 @@ Options parse(int argc, char** argv) {
   t.microbatches = 4;
   t.steps = 200;
   cli::Parser p("train_gpt", "Trains a character-level GPT with tensor, pipeline and data parallelism.");
-  p.option("data", o.data, "training text file (default: a text every Debian system has)");
+  p.option("data", o.data, "training data: a text file (characters), or a token file X.bin (llm.c) or X.npy (uint16/uint32)");
+  p.option("vocab", o.vocab, "vocabulary of a token file (0: 50257, GPT-2's); ignored for text").range(0, 1 << 30);
+  p.option("val-data", o.val_data, "validation data, the same kind as --data (default: other batches of --data)");
+  p.option("val-every", o.val_every, "report the validation loss every N steps (0: never)").range(0, 1 << 30);
+  p.option("val-batches", o.val_batches, "global batches per validation").range(1, 1 << 20);
+  p.option("export", o.export_path, "write the trained weights to this safetensors file at the end");
+  p.flag("hf-gpt2", o.hf_gpt2, "--export under Hugging Face GPT-2 names and shapes (transformer.wte.weight, ...)");
+  p.option("beta1", t.beta1, "AdamW beta1").range(0, 0.999999);
+  p.option("beta2", t.beta2, "AdamW beta2").range(0, 0.999999);
+  p.option("eps", t.eps, "AdamW epsilon").range(1e-30, 1);
+  p.option("weight-decay", t.weight_decay, "AdamW decoupled weight decay (matrices and embeddings only)").range(0, 10);
   p.option("layers", t.model.layers, "transformer blocks").range(1, 4096);
   p.option("hidden", t.model.hidden, "model width").range(1, 1 << 20);
   p.option("heads", t.model.heads, "attention heads").range(1, 4096);

@@ -14,6 +14,8 @@
 #include <unistd.h>
 #include <vector>
 
+#include <mpar/data/token_file.hpp>
+#include <mpar/data/token_vector.hpp>
 #include <mpar/models/gpt_trainer.hpp>
 #include <mpar/mpar.hpp>
 #include <mpar/observe/allocations.hpp>
@@ -26,6 +28,11 @@ using namespace mpar;
 struct Options {
   models::GptTrainConfig train;
   std::string data = data::default_text_path;
+  std::size_t vocab = 0;            ///< token files: the tokenizer's vocabulary (0: GPT-2's 50257)
+  std::string val_data;             ///< validation data (empty: other batches of --data)
+  std::size_t val_every = 0, val_batches = 4;
+  std::string export_path;          ///< safetensors file written at the end
+  bool hf_gpt2 = false;             ///< export under GPT-2's names
   std::string metrics, trace, save, resume;
   std::size_t trace_step = 1, save_every = 0, sample = 200, log_every = 1;
   std::size_t bucket_kib = 1024;
@@ -142,10 +149,37 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
   // Thread ranks share the process's counters; an MPI process holds one rank.
   observe::AllocationCounter& mem = observe::rank_counter(process_per_rank ? 0 : std::size_t(world.rank()));
   observe::track_this_thread(&mem);
-  data::CharDataset ds(o.data, o.train.model.seq);
+  // Training data: a token file (.bin, .npy) or characters of a text; validation data of the same kind.
+  const auto is_token_file = [](const std::string& p) { return p.ends_with(".bin") || p.ends_with(".npy"); };
+  const std::size_t token_vocab = o.vocab ? o.vocab : 50257;
+  std::optional<data::CharDataset> chars;
+  std::optional<data::TokenFile> tokens, val_tokens;
+  std::optional<data::TokenVector> val_chars;
+  if (is_token_file(o.data)) tokens.emplace(o.data, token_vocab, o.train.model.seq);
+  else chars.emplace(o.data, o.train.model.seq);
+  const data::SourceRef src = chars ? data::SourceRef(*chars) : data::SourceRef(*tokens);
+  std::optional<data::SourceRef> val;
+  if (!o.val_data.empty()) {
+    if (tokens) {
+      require(is_token_file(o.val_data), "train_gpt: --val-data '", o.val_data, "' must be a token file like --data '",
+              o.data, "'");
+      val.emplace(val_tokens.emplace(o.val_data, token_vocab, o.train.model.seq));
+    } else {
+      // Characters encoded with the training text's vocabulary, so the ids mean the same.
+      std::ifstream in(o.val_data, std::ios::binary);
+      require(bool(in), "train_gpt: cannot open --val-data '", o.val_data, "'");
+      std::vector<std::int32_t> ids;
+      for (char c; in.get(c);) ids.push_back(chars->encode(c));
+      val.emplace(val_chars.emplace(std::move(ids), chars->vocab_size(), o.train.model.seq, "text '" + o.val_data + "'"));
+    }
+  } else if (o.val_every > 0) {
+    val.emplace(src);  // other batches of the training data (another seed): a check, not a held-out set
+  }
   models::GptTrainConfig cfg = o.train;
-  cfg.model.vocab = ds.vocab_size();
-  models::GptTrainer<Comm, B> tr(world, cfg, ds);
+  cfg.model.vocab = src.vocab_size();
+  models::GptTrainer<Comm, B> tr(world, cfg, src);
+  cfg = tr.config();  // with the vocabulary padding the mesh needs
+  const std::uint64_t val_seed = o.val_data.empty() ? cfg.data_seed ^ 0x76616cull : cfg.data_seed;
 
   if (!o.resume.empty()) {
     auto res = tr.resume(o.resume);
@@ -154,9 +188,14 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
                   res.saved_mesh.tp, res.saved_mesh.pp, res.saved_mesh.dp);
   }
   if (lead) {
-    std::printf("mpar train_gpt: %zu parameters, vocab %zu (padded %zu), text %s (%zu chars, unigram entropy %.3f nats)\n",
-                cfg.model.parameter_count(), ds.vocab_size(), cfg.model.padded_vocab(), ds.path().c_str(), ds.size(),
-                ds.unigram_entropy());
+    if (chars)
+      std::printf("mpar train_gpt: %zu parameters, vocab %zu (padded %zu), text %s (%zu chars, unigram entropy %.3f nats)\n",
+                  cfg.model.parameter_count(), chars->vocab_size(), cfg.model.padded_vocab(), chars->path().c_str(),
+                  chars->size(), chars->unigram_entropy());
+    else
+      std::printf("mpar train_gpt: %zu parameters, vocab %zu (padded %zu), tokens %s\n", cfg.model.parameter_count(),
+                  src.vocab_size(), cfg.model.padded_vocab(), src.describe().c_str());
+    if (val) std::printf("validation: %zu batches of %s every %zu steps\n", o.val_batches, val->describe().c_str(), o.val_every);
     if (cfg.model.experts > 0)
       std::printf("mixture of experts: %zu experts (top-%zu, capacity factor %g, aux coefficient %g) in %s, "
                   "spread over ep=%zu\n",
@@ -221,10 +260,20 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
                   r.skipped ? "  (overflow: step skipped)" : "");
       std::fflush(stdout);
     }
+    if (val && o.val_every > 0 && (tr.step() % o.val_every == 0 || tr.step() == cfg.steps)) {
+      const double vl = tr.evaluate(*val, o.val_batches, val_seed);
+      if (lead) std::printf("step %5zu/%zu  validation loss %.4f\n", tr.step(), cfg.steps, vl);
+      if (lead && metrics.is_open()) metrics << "{\"step\": " << r.step << ", \"val_loss\": " << vl << "}\n";
+    }
     if (!o.save.empty() && o.save_every > 0 && tr.step() % o.save_every == 0 && tr.step() < cfg.steps) {
       auto s = tr.save(o.save);
       if (lead) std::printf("saved %s\n", s.path.c_str());
     }
+  }
+
+  if (!o.export_path.empty()) {
+    tr.export_safetensors(o.export_path, o.hf_gpt2 ? io::WeightNaming::hf_gpt2 : io::WeightNaming::mpar);
+    if (lead) std::printf("exported the weights to %s%s\n", o.export_path.c_str(), o.hf_gpt2 ? " (GPT-2 names)" : "");
   }
 
   // Checkpoint (also the source of the single-rank copy that generates the sample).
@@ -233,7 +282,7 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
   if (!o.save.empty()) {
     ckpt = tr.save(o.save).path;
     if (lead) std::printf("saved %s\n", ckpt.c_str());
-  } else if (o.sample > 0) {
+  } else if (o.sample > 0 && chars) {
     tmp_dir = (fs::temp_directory_path() / ("mpar-train-gpt-" + std::to_string(::getpid()))).string();
     Buffer<double> pid{double(::getpid())};
     world.broadcast(std::span<double>(pid), 0);  // one directory for all processes of the job
@@ -247,15 +296,17 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
                              double(m.compute_copies), double(peak_step_bytes)};
   Buffer<double> all(5 * std::size_t(world.size()));
   world.gather(std::span<const double>(mine), std::span<double>(all), 0);
-  const std::string sample = o.sample > 0 ? generate(world, cfg.model, ds, ckpt, o.sample, cfg.model.seed) : "";
+  const std::string sample = o.sample > 0 && chars ? generate(world, cfg.model, *chars, ckpt, o.sample, cfg.model.seed) : "";
   world.barrier();
   if (!tmp_dir.empty() && lead) fs::remove_all(tmp_dir);
   if (!lead) return;
 
   const double n = double(std::max<std::size_t>(measured, 1));
   const double avg_bubble = sum_bubble / n, avg_comm = sum_comm / n;
-  std::printf("\nsummary: loss %.4f -> %.4f (unigram entropy %.3f) | %s tok/s | %.1f ms/step | bubble %.1f%% | comm %.1f%%\n",
-              first_loss, last_loss, ds.unigram_entropy(), human(sum_tps / n).c_str(), sum_time / n * 1e3, avg_bubble * 100,
+  char entropy[48] = "";
+  if (chars) std::snprintf(entropy, sizeof entropy, " (unigram entropy %.3f)", chars->unigram_entropy());
+  std::printf("\nsummary: loss %.4f -> %.4f%s | %s tok/s | %.1f ms/step | bubble %.1f%% | comm %.1f%%\n",
+              first_loss, last_loss, entropy, human(sum_tps / n).c_str(), sum_time / n * 1e3, avg_bubble * 100,
               avg_comm * 100);
   std::printf("peak memory per rank (parameters + gradients + optimizer states + 16-bit copies + activations%s):\n",
               observe::allocation_tracking_enabled() ? ", measured" : ", not measured");
