@@ -75,8 +75,8 @@ class CharDataset {
     return fill_batch([this](std::size_t i) { return ids_[i]; }, ids_.size(), seq_, seed, step, global_batch, dp_size,
                       dp_rank);
   }
-  /** Vocabulary size and a hash of the character ids (the vocabulary's characters are part of the ids' meaning, so
-   *  they are hashed first, as negative markers cannot collide with ids: each character enters as 0x100 + byte). */
+  /** Vocabulary size, character count and a hash: the vocabulary's characters first (each as 0x100 + byte, since
+   *  they give the ids their meaning), then the ids. */
   [[nodiscard]] DataFingerprint fingerprint() const {
     DataFingerprint f;
     f.vocab = vocab_size();
