@@ -35,6 +35,8 @@ Options parse(int argc, char** argv) {
   p.option("data", o.data, "training data: a text file (characters), or a token file X.bin (llm.c) or X.npy (uint16/uint32)");
   p.option("vocab", o.vocab, "vocabulary of a token file (0: 50257, GPT-2's); ignored for text").range(0, 1 << 30);
   p.option("val-data", o.val_data, "validation data, the same kind as --data (default: other batches of --data)");
+  p.option("val-split", o.val_split, "hold out this last fraction of --data for validation (instead of --val-data)")
+      .range(0, 0.9);
   p.option("val-every", o.val_every, "report the validation loss every N steps (0: never)").range(0, 1 << 30);
   p.option("val-batches", o.val_batches, "global batches per validation").range(1, 1 << 20);
   p.option("export", o.export_path, "write the trained weights to this safetensors file at the end");

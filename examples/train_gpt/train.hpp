@@ -15,6 +15,7 @@
 #include <vector>
 
 #include <mpar/data/token_file.hpp>
+#include <mpar/data/token_range.hpp>
 #include <mpar/data/token_vector.hpp>
 #include <mpar/models/gpt_trainer.hpp>
 #include <mpar/mpar.hpp>
@@ -31,6 +32,7 @@ struct Options {
   std::size_t vocab = 0;            ///< token files: the tokenizer's vocabulary (0: GPT-2's 50257)
   std::string val_data;             ///< validation data (empty: other batches of --data)
   std::size_t val_every = 0, val_batches = 4;
+  double val_split = 0;             ///< hold out this last fraction of --data for validation
   std::string export_path;          ///< safetensors file written at the end
   bool hf_gpt2 = false;             ///< export under GPT-2's names
   std::string metrics, trace, save, resume;
@@ -154,11 +156,29 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
   const std::size_t token_vocab = o.vocab ? o.vocab : 50257;
   std::optional<data::CharDataset> chars;
   std::optional<data::TokenFile> tokens, val_tokens;
-  std::optional<data::TokenVector> val_chars;
+  std::optional<data::TokenVector> val_chars, char_ids;
+  using Split = std::pair<data::TokenRange<data::TokenFile>, data::TokenRange<data::TokenFile>>;
+  using CharSplit = std::pair<data::TokenRange<data::TokenVector>, data::TokenRange<data::TokenVector>>;
+  std::optional<Split> split;
+  std::optional<CharSplit> char_split;
   if (is_token_file(o.data)) tokens.emplace(o.data, token_vocab, o.train.model.seq);
   else chars.emplace(o.data, o.train.model.seq);
-  const data::SourceRef src = chars ? data::SourceRef(*chars) : data::SourceRef(*tokens);
+  require(o.val_split == 0 || o.val_data.empty(), "train_gpt: give --val-data or --val-split, not both");
   std::optional<data::SourceRef> val;
+  if (o.val_split > 0) {
+    // A held-out tail: training samples only the head, validation only the tail.
+    if (tokens) {
+      split.emplace(data::split_tail(*tokens, o.val_split, o.train.model.seq));
+    } else {
+      char_ids.emplace(chars->ids(), chars->vocab_size(), o.train.model.seq, "text '" + o.data + "'");
+      char_split.emplace(data::split_tail(*char_ids, o.val_split, o.train.model.seq));
+    }
+  }
+  const data::SourceRef src = split ? data::SourceRef(split->first)
+                              : char_split ? data::SourceRef(char_split->first)
+                              : chars ? data::SourceRef(*chars) : data::SourceRef(*tokens);
+  if (split) val.emplace(split->second);
+  if (char_split) val.emplace(char_split->second);
   if (!o.val_data.empty()) {
     if (tokens) {
       require(is_token_file(o.val_data), "train_gpt: --val-data '", o.val_data, "' must be a token file like --data '",
@@ -172,14 +192,15 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
       for (char c; in.get(c);) ids.push_back(chars->encode(c));
       val.emplace(val_chars.emplace(std::move(ids), chars->vocab_size(), o.train.model.seq, "text '" + o.val_data + "'"));
     }
-  } else if (o.val_every > 0) {
+  } else if (o.val_every > 0 && !val) {
     val.emplace(src);  // other batches of the training data (another seed): a check, not a held-out set
   }
   models::GptTrainConfig cfg = o.train;
   cfg.model.vocab = src.vocab_size();
   models::GptTrainer<Comm, B> tr(world, cfg, src);
   cfg = tr.config();  // with the vocabulary padding the mesh needs
-  const std::uint64_t val_seed = o.val_data.empty() ? cfg.data_seed ^ 0x76616cull : cfg.data_seed;
+  const bool held_out = !o.val_data.empty() || o.val_split > 0;
+  const std::uint64_t val_seed = held_out ? cfg.data_seed : cfg.data_seed ^ 0x76616cull;
 
   if (!o.resume.empty()) {
     auto res = tr.resume(o.resume);

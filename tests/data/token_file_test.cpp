@@ -12,6 +12,7 @@
 #include <mpar/core/init.hpp>
 #include <mpar/data/char_dataset.hpp>
 #include <mpar/data/token_file.hpp>
+#include <mpar/data/token_range.hpp>
 #include <mpar/data/token_source.hpp>
 #include <mpar/data/token_vector.hpp>
 
@@ -197,4 +198,35 @@ TEST_CASE("token sources: every model satisfies the concept; a reference forward
   CHECK_THAT(ref.describe(), Catch::Contains(data::default_text_path));
   CHECK_THROWS_WITH(data::TokenVector({1, 2, 5, 3}, 5, 1, "my ids"),
                     Catch::Contains("my ids") && Catch::Contains("token 5 at index 2"));
+}
+
+TEST_CASE("token ranges: a held-out split samples only inside its part", "[data]") {
+  const auto ids = some_ids(2000, 300);
+  const data::TokenFile tf(write("split.bin", llmc_bytes(ids)).string(), 300, 16);
+  STATIC_REQUIRE(data::token_source<data::TokenRange<data::TokenFile>>);
+  const auto [train, val] = data::split_tail(tf, 0.1, 16);
+  REQUIRE(train.size() == 1800);
+  REQUIRE(val.size() == 200);
+  // Independent reference: the split's batches are windows of the sub-stream at the documented starts.
+  for (std::uint64_t step : {0ull, 5ull}) {
+    const auto b = val.batch(3, step, 8);
+    for (std::size_t s = 0; s < 8; ++s) {
+      const std::size_t start = 1800 + std::size_t(CounterRng{3, step}.bits(s) % (200 - 16));
+      for (std::size_t t = 0; t < 16; ++t) {
+        REQUIRE(b.tokens[s * 16 + t] == std::int32_t(ids[start + t]));
+        REQUIRE(b.targets[s * 16 + t] == std::int32_t(ids[start + t + 1]));
+      }
+    }
+    const auto a = train.batch(3, step, 8);
+    for (std::size_t s = 0; s < 8; ++s) {
+      const std::size_t start = std::size_t(CounterRng{3, step}.bits(s) % (1800 - 16));
+      REQUIRE(a.tokens[s * 16] == std::int32_t(ids[start]));
+      REQUIRE(a.targets[s * 16 + 15] == std::int32_t(ids[start + 16]));  // the last target stays inside [0, 1800)
+    }
+  }
+  // Content fingerprints: the range equals the same ids held in memory.
+  const data::TokenVector tail(std::vector<std::int32_t>(ids.begin() + 1800, ids.end()), 300, 16);
+  CHECK(val.fingerprint() == tail.fingerprint());
+  CHECK_THROWS_WITH(data::split_tail(tf, 1.0, 16), Catch::Contains("between 0 and 1"));
+  CHECK_THROWS_WITH(data::split_tail(tf, 0.005, 16), Catch::Contains("split.bin") && Catch::Contains("too few for sequences of 16"));
 }

@@ -32,6 +32,7 @@ class TokenVector {
   [[nodiscard]] std::size_t vocab_size() const { return vocab_; }
   [[nodiscard]] std::size_t size() const { return ids_.size(); }
   [[nodiscard]] const std::vector<std::int32_t>& ids() const { return ids_; }
+  [[nodiscard]] std::int32_t operator[](std::size_t i) const { return ids_.at(i); }
   [[nodiscard]] DataFingerprint fingerprint() const { return fp_; }
   [[nodiscard]] std::string describe() const { return name_ + " (" + std::to_string(ids_.size()) + " tokens)"; }
   [[nodiscard]] TokenBatch batch(std::uint64_t seed, std::uint64_t step, std::size_t global_batch, std::size_t dp_size = 1,
