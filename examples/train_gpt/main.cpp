@@ -107,6 +107,7 @@ Options parse(int argc, char** argv) {
           "train_gpt: --comm nccl runs one process per GPU: use it with --backend cuda under mpirun (thread ranks and "
           "--check-against-host use the host transport)");
   require(o.comm != "mpi" || train_gpt::under_mpirun(), "train_gpt: --comm mpi needs mpirun (thread ranks use the threads communicator)");
+  require(o.val_split == 0 || o.val_data.empty(), "train_gpt: give --val-data or --val-split, not both");
   // Mesh and MoE checks that need no data file, before any rank starts.
   require(t.ep == 1 || t.model.experts > 0, "train_gpt: --ep ", t.ep,
           " spreads experts, but the model has none; add --experts N (a multiple of ", t.ep, ") or use --ep 1");

@@ -163,7 +163,6 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
   std::optional<CharSplit> char_split;
   if (is_token_file(o.data)) tokens.emplace(o.data, token_vocab, o.train.model.seq);
   else chars.emplace(o.data, o.train.model.seq);
-  require(o.val_split == 0 || o.val_data.empty(), "train_gpt: give --val-data or --val-split, not both");
   std::optional<data::SourceRef> val;
   if (o.val_split > 0) {
     // A held-out tail: training samples only the head, validation only the tail.
@@ -214,7 +213,7 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
                   cfg.model.parameter_count(), chars->vocab_size(), cfg.model.padded_vocab(), chars->path().c_str(),
                   chars->size(), chars->unigram_entropy());
     else
-      std::printf("mpar train_gpt: %zu parameters, vocab %zu (padded %zu), tokens %s\n", cfg.model.parameter_count(),
+      std::printf("mpar train_gpt: %zu parameters, vocab %zu (padded %zu), data %s\n", cfg.model.parameter_count(),
                   src.vocab_size(), cfg.model.padded_vocab(), src.describe().c_str());
     if (val) std::printf("validation: %zu batches of %s every %zu steps\n", o.val_batches, val->describe().c_str(), o.val_every);
     if (cfg.model.experts > 0)
