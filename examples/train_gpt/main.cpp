@@ -35,8 +35,20 @@ Options parse(int argc, char** argv) {
   t.microbatches = 4;
   t.steps = 200;
   cli::Parser p("train_gpt", "Trains a character-level GPT with tensor, pipeline and data parallelism.");
-  p.option("data", o.data, "training text file (default: a text every Debian system has)");
-  p.option("max-data-mib", o.max_data_mib, "refuse a --data file larger than this (it is read whole into memory)")
+  p.option("data", o.data, "training data: a text file (characters), or a token file X.bin (llm.c) or X.npy (uint16/uint32)");
+  p.option("vocab", o.vocab, "vocabulary of a token file (0: 50257, GPT-2's); ignored for text").range(0, 1 << 30);
+  p.option("val-data", o.val_data, "validation data, the same kind as --data (default: other batches of --data)");
+  p.option("val-split", o.val_split, "hold out this last fraction of --data for validation (instead of --val-data)")
+      .range(0, 0.9);
+  p.option("val-every", o.val_every, "report the validation loss every N steps (0: never)").range(0, 1 << 30);
+  p.option("val-batches", o.val_batches, "global batches per validation").range(1, 1 << 20);
+  p.option("export", o.export_path, "write the trained weights to this safetensors file at the end");
+  p.flag("hf-gpt2", o.hf_gpt2, "--export under Hugging Face GPT-2 names and shapes (transformer.wte.weight, ...)");
+  p.option("beta1", t.beta1, "AdamW beta1").range(0, 0.999999);
+  p.option("beta2", t.beta2, "AdamW beta2").range(0, 0.999999);
+  p.option("eps", t.eps, "AdamW epsilon").range(1e-30, 1);
+  p.option("weight-decay", t.weight_decay, "AdamW decoupled weight decay (matrices and embeddings only)").range(0, 10);
+  p.option("max-data-mib", o.max_data_mib, "refuse a text --data larger than this (a text is read whole into memory)")
       .range(1, 1 << 24);
   p.option("layers", t.model.layers, "transformer blocks").range(1, 4096);
   p.option("hidden", t.model.hidden, "model width").range(1, 1 << 20);
@@ -116,6 +128,7 @@ Options parse(int argc, char** argv) {
           "train_gpt: --comm nccl runs one process per GPU: use it with --backend cuda under mpirun (thread ranks and "
           "--check-against-host use the host transport)");
   require(o.comm != "mpi" || train_gpt::under_mpirun(), "train_gpt: --comm mpi needs mpirun (thread ranks use the threads communicator)");
+  require(o.val_split == 0 || o.val_data.empty(), "train_gpt: give --val-data or --val-split, not both");
   // Mesh and MoE checks that need no data file, before any rank starts.
   require(t.ep == 1 || t.model.experts > 0, "train_gpt: --ep ", t.ep,
           " spreads experts, but the model has none; add --experts N (a multiple of ", t.ep, ") or use --ep 1");
@@ -160,15 +173,13 @@ int main(int argc, char** argv) {
       throw config_error("train_gpt: started under mpirun, but this build has no MPI; rebuild with MPAR_ENABLE_MPI=ON");
 #endif
     }
-    // Thread ranks share one dataset, read and checked with the whole configuration before any rank
-    // starts; the --save directory is locked (and so known to be writable) for the whole run.
-    train_gpt::check_data_file(o);
-    const data::CharDataset ds(o.data, o.train.model.seq);
-    train_gpt::preflight(o, ds);
+    // The data and the whole configuration are checked before any thread rank starts; the --save
+    // directory is locked (and so known to be writable) for the whole run.
+    train_gpt::preflight(o);
     std::optional<io::DirectoryLock> save_lock;
     if (!o.save.empty()) save_lock.emplace(o.save);
     run_threads(int(o.train.world_size()),
-                [&](ThreadsCommunicator& world) { train_gpt::train<HostBackend>(world, o, false, &ds); });
+                [&](ThreadsCommunicator& world) { train_gpt::train<HostBackend>(world, o, false); });
     return 0;
   } catch (const std::exception& e) {
     // One "train_gpt: " in front; a rank's failure keeps its "rank N: " ("train_gpt: rank 0: ran out of memory ...").

@@ -15,6 +15,9 @@
 #include <unistd.h>
 #include <vector>
 
+#include <mpar/data/token_file.hpp>
+#include <mpar/data/token_range.hpp>
+#include <mpar/data/token_vector.hpp>
 #include <mpar/io/lock.hpp>
 #include <mpar/models/gpt_trainer.hpp>
 #include <mpar/mpar.hpp>
@@ -30,6 +33,12 @@ using namespace mpar;
 struct Options {
   models::GptTrainConfig train;
   std::string data = data::default_text_path;
+  std::size_t vocab = 0;            ///< token files: the tokenizer's vocabulary (0: GPT-2's 50257)
+  std::string val_data;             ///< validation data (empty: other batches of --data)
+  std::size_t val_every = 0, val_batches = 4;
+  double val_split = 0;             ///< hold out this last fraction of --data for validation
+  std::string export_path;          ///< safetensors file written at the end
+  bool hf_gpt2 = false;             ///< export under GPT-2's names
   std::string metrics, trace, save, resume;
   std::size_t trace_step = 1, save_every = 0, sample = 200, log_every = 1;
   std::size_t max_data_mib = 1024;  ///< --data larger than this is refused (it is read whole into memory)
@@ -63,6 +72,10 @@ inline std::size_t max_thread_ranks() { return std::max<std::size_t>(64, 16 * st
  * The checks of --data before it is read: a directory, a device or a pipe (/dev/zero would be read
  * forever) or a file larger than --max-data-mib is refused, naming the file and the option.
  */
+inline bool is_token_file(const std::string& path) { return path.ends_with(".bin") || path.ends_with(".npy"); }
+/** The vocabulary of a token file: --vocab, else GPT-2's 50257. */
+inline std::size_t token_file_vocab(const Options& o) { return o.vocab ? o.vocab : 50257; }
+
 inline void check_data_file(const Options& o) {
   std::error_code ec;
   const auto st = fs::status(o.data, ec);
@@ -72,6 +85,7 @@ inline void check_data_file(const Options& o) {
           "' is a directory; give a text file inside it");
   require(st.type() == fs::file_type::regular, "train_gpt: --data '", o.data,
           "' is not a regular file (a device or a pipe has no end to read to); give a text file");
+  if (is_token_file(o.data)) return;  // memory-mapped, not read whole; its header is checked when it is opened
   const auto bytes = fs::file_size(o.data, ec);
   require(!ec, "train_gpt: cannot read --data '", o.data, "': ", ec.message());
   require(bytes <= o.max_data_mib * (std::size_t(1) << 20), "train_gpt: --data '", o.data, "' is ", bytes >> 20,
@@ -115,15 +129,21 @@ inline double rank_memory_limit(const Options& o) {
  * mesh against the model and the ranks this machine can run, what --sample needs of the text, and the
  * per-rank memory the configuration needs against the budget.
  */
-inline void preflight(const Options& o, const data::CharDataset& ds) {
+inline void preflight(const Options& o) {
+  check_data_file(o);
   models::GptTrainConfig cfg = o.train;
-  cfg.model.vocab = ds.vocab_size();
+  if (is_token_file(o.data)) {
+    cfg.model.vocab = data::TokenFile(o.data, token_file_vocab(o), o.train.model.seq).vocab_size();
+  } else {
+    const data::CharDataset ds(o.data, o.train.model.seq);
+    cfg.model.vocab = ds.vocab_size();
+    bool has_newline = false;
+    for (std::size_t i = 0; i < ds.vocab_size(); ++i) has_newline = has_newline || ds.decode(std::int32_t(i)) == '\n';
+    require(o.sample == 0 || has_newline,
+            "train_gpt: --data '", o.data, "' has no newline, which --sample uses to start the generated text; give "
+            "--sample 0 or a text with lines");
+  }
   cfg.validate(cfg.world_size());
-  bool has_newline = false;
-  for (std::size_t i = 0; i < ds.vocab_size(); ++i) has_newline = has_newline || ds.decode(std::int32_t(i)) == '\n';
-  require(o.sample == 0 || has_newline,
-          "train_gpt: --data '", o.data, "' has no newline, which --sample uses to start the generated text; give "
-          "--sample 0 or a text with lines");
   const plan::MemoryEstimate e = estimate_rank_memory(cfg);
   const double limit = rank_memory_limit(o);
   const double gib = double(1ull << 30);
@@ -241,32 +261,70 @@ std::string generate(Comm& world, const models::GptConfig& mc, const data::CharD
   return out;
 }
 
-/** Trains on every rank of `world` with backend `B` (collective); rank 0 prints progress and the summary. */
 /**
  * Trains on every rank of `world` with backend `B` (collective); rank 0 prints progress and the summary.
- * `shared` is the dataset thread ranks share (read and checked once, before they started); with one
- * process per rank each reads and checks its own.
+ * Thread ranks start after main() ran `preflight`; with one process per rank each process runs it here.
  */
 template <backend B, class Comm>
-void train(Comm& world, const Options& o, bool process_per_rank, const data::CharDataset* shared = nullptr) {
+void train(Comm& world, const Options& o, bool process_per_rank) {
   const bool lead = world.rank() == 0;
   // Thread ranks share the process's counters; an MPI process holds one rank.
   observe::AllocationCounter& mem = observe::rank_counter(process_per_rank ? 0 : std::size_t(world.rank()));
   observe::track_this_thread(&mem);
-  std::optional<data::CharDataset> own;
+  // One process per rank (MPI) checks here what thread ranks check in main() before they start; the
+  // --save directory is locked (and so known to be writable) for the whole run.
   std::optional<io::DirectoryLock> save_lock;
-  if (shared == nullptr) {
-    check_data_file(o);
-    own.emplace(o.data, o.train.model.seq);
-    preflight(o, *own);
-    if (lead && !o.save.empty()) save_lock.emplace(o.save);  // refuses a directory in use or not writable, before training
+  if (process_per_rank) {
+    preflight(o);
+    if (lead && !o.save.empty()) save_lock.emplace(o.save);
   }
-  const data::CharDataset& ds = shared ? *shared : *own;
+  // Training data: a token file (.bin, .npy) or characters of a text; validation data of the same kind.
+  const std::size_t token_vocab = token_file_vocab(o);
+  std::optional<data::CharDataset> chars;
+  std::optional<data::TokenFile> tokens, val_tokens;
+  std::optional<data::TokenVector> val_chars, char_ids;
+  using Split = std::pair<data::TokenRange<data::TokenFile>, data::TokenRange<data::TokenFile>>;
+  using CharSplit = std::pair<data::TokenRange<data::TokenVector>, data::TokenRange<data::TokenVector>>;
+  std::optional<Split> split;
+  std::optional<CharSplit> char_split;
+  if (is_token_file(o.data)) tokens.emplace(o.data, token_vocab, o.train.model.seq);
+  else chars.emplace(o.data, o.train.model.seq);
+  std::optional<data::SourceRef> val;
+  if (o.val_split > 0) {
+    // A held-out tail: training samples only the head, validation only the tail.
+    if (tokens) {
+      split.emplace(data::split_tail(*tokens, o.val_split, o.train.model.seq));
+    } else {
+      char_ids.emplace(chars->ids(), chars->vocab_size(), o.train.model.seq, "text '" + o.data + "'");
+      char_split.emplace(data::split_tail(*char_ids, o.val_split, o.train.model.seq));
+    }
+  }
+  const data::SourceRef src = split ? data::SourceRef(split->first)
+                              : char_split ? data::SourceRef(char_split->first)
+                              : chars ? data::SourceRef(*chars) : data::SourceRef(*tokens);
+  if (split) val.emplace(split->second);
+  if (char_split) val.emplace(char_split->second);
+  if (!o.val_data.empty()) {
+    if (tokens) {
+      require(is_token_file(o.val_data), "train_gpt: --val-data '", o.val_data, "' must be a token file like --data '",
+              o.data, "'");
+      val.emplace(val_tokens.emplace(o.val_data, token_vocab, o.train.model.seq));
+    } else {
+      // Characters encoded with the training text's vocabulary, so the ids mean the same.
+      std::ifstream in(o.val_data, std::ios::binary);
+      require(bool(in), "train_gpt: cannot open --val-data '", o.val_data, "'");
+      std::vector<std::int32_t> ids;
+      for (char c; in.get(c);) ids.push_back(chars->encode(c));
+      val.emplace(val_chars.emplace(std::move(ids), chars->vocab_size(), o.train.model.seq, "text '" + o.val_data + "'"));
+    }
+  } else if (o.val_every > 0 && !val) {
+    val.emplace(src);  // other batches of the training data (another seed): a check, not a held-out set
+  }
   models::GptTrainConfig cfg = o.train;
-  cfg.model.vocab = ds.vocab_size();
+  cfg.model.vocab = src.vocab_size();
   std::optional<models::GptTrainer<Comm, B>> trainer;
   try {
-    trainer.emplace(world, cfg, ds);
+    trainer.emplace(world, cfg, src);
   } catch (const std::bad_alloc& e) {
     throw std::runtime_error(mpar::detail::cat("train_gpt: ran out of memory building the model (",
                                          e.what(), "); the estimate before starting was ",
@@ -274,6 +332,9 @@ void train(Comm& world, const Options& o, bool process_per_rank, const data::Cha
                                          " GiB per rank: lower --mem-limit-gib to what the machine really has free"));
   }
   auto& tr = *trainer;
+  cfg = tr.config();  // with the vocabulary padding the mesh needs
+  const bool held_out = !o.val_data.empty() || o.val_split > 0;
+  const std::uint64_t val_seed = held_out ? cfg.data_seed : cfg.data_seed ^ 0x76616cull;
 
   if (!o.resume.empty()) {
     auto res = tr.resume(o.resume);
@@ -287,9 +348,14 @@ void train(Comm& world, const Options& o, bool process_per_rank, const data::Cha
     }
   }
   if (lead) {
-    std::printf("mpar train_gpt: %zu parameters, vocab %zu (padded %zu), text %s (%zu chars, unigram entropy %.3f nats)\n",
-                cfg.model.parameter_count(), ds.vocab_size(), cfg.model.padded_vocab(), ds.path().c_str(), ds.size(),
-                ds.unigram_entropy());
+    if (chars)
+      std::printf("mpar train_gpt: %zu parameters, vocab %zu (padded %zu), text %s (%zu chars, unigram entropy %.3f nats)\n",
+                  cfg.model.parameter_count(), chars->vocab_size(), cfg.model.padded_vocab(), chars->path().c_str(),
+                  chars->size(), chars->unigram_entropy());
+    else
+      std::printf("mpar train_gpt: %zu parameters, vocab %zu (padded %zu), data %s\n", cfg.model.parameter_count(),
+                  src.vocab_size(), cfg.model.padded_vocab(), src.describe().c_str());
+    if (val) std::printf("validation: %zu batches of %s every %zu steps\n", o.val_batches, val->describe().c_str(), o.val_every);
     if (cfg.model.experts > 0)
       std::printf("mixture of experts: %zu experts (top-%zu, capacity factor %g, aux coefficient %g) in %s, "
                   "spread over ep=%zu\n",
@@ -361,10 +427,20 @@ void train(Comm& world, const Options& o, bool process_per_rank, const data::Cha
                   r.skipped ? "  (overflow: step skipped)" : "");
       std::fflush(stdout);
     }
+    if (val && o.val_every > 0 && (tr.step() % o.val_every == 0 || tr.step() == cfg.steps)) {
+      const double vl = tr.evaluate(*val, o.val_batches, val_seed);
+      if (lead) std::printf("step %5zu/%zu  validation loss %.4f\n", tr.step(), cfg.steps, vl);
+      if (lead && metrics.is_open()) metrics << "{\"step\": " << r.step << ", \"val_loss\": " << vl << "}\n";
+    }
     if (!o.save.empty() && o.save_every > 0 && tr.step() % o.save_every == 0 && tr.step() < cfg.steps) {
       auto s = tr.save(o.save);
       if (lead) std::printf("saved %s\n", s.path.c_str());
     }
+  }
+
+  if (!o.export_path.empty()) {
+    tr.export_safetensors(o.export_path, o.hf_gpt2 ? io::WeightNaming::hf_gpt2 : io::WeightNaming::mpar);
+    if (lead) std::printf("exported the weights to %s%s\n", o.export_path.c_str(), o.hf_gpt2 ? " (GPT-2 names)" : "");
   }
 
   // Checkpoint (also the source of the single-rank copy that generates the sample).
@@ -373,7 +449,7 @@ void train(Comm& world, const Options& o, bool process_per_rank, const data::Cha
   if (!o.save.empty()) {
     ckpt = tr.save(o.save).path;
     if (lead) std::printf("saved %s\n", ckpt.c_str());
-  } else if (o.sample > 0) {
+  } else if (o.sample > 0 && chars) {
     tmp_dir = (fs::temp_directory_path() / ("mpar-train-gpt-" + std::to_string(::getpid()))).string();
     Buffer<double> pid{double(::getpid())};
     world.broadcast(std::span<double>(pid), 0);  // one directory for all processes of the job
@@ -387,15 +463,17 @@ void train(Comm& world, const Options& o, bool process_per_rank, const data::Cha
                              double(m.compute_copies), double(peak_step_bytes)};
   Buffer<double> all(5 * std::size_t(world.size()));
   world.gather(std::span<const double>(mine), std::span<double>(all), 0);
-  const std::string sample = o.sample > 0 ? generate(world, cfg.model, ds, ckpt, o.sample, cfg.model.seed) : "";
+  const std::string sample = o.sample > 0 && chars ? generate(world, cfg.model, *chars, ckpt, o.sample, cfg.model.seed) : "";
   world.barrier();
   if (!tmp_dir.empty() && lead) fs::remove_all(tmp_dir);
   if (!lead) return;
 
   const double n = double(std::max<std::size_t>(measured, 1));
   const double avg_bubble = sum_bubble / n, avg_comm = sum_comm / n;
-  std::printf("\nsummary: loss %.4f -> %.4f (unigram entropy %.3f) | %s tok/s | %.1f ms/step | bubble %.1f%% | comm %.1f%%\n",
-              first_loss, last_loss, ds.unigram_entropy(), human(sum_tps / n).c_str(), sum_time / n * 1e3, avg_bubble * 100,
+  char entropy[48] = "";
+  if (chars) std::snprintf(entropy, sizeof entropy, " (unigram entropy %.3f)", chars->unigram_entropy());
+  std::printf("\nsummary: loss %.4f -> %.4f%s | %s tok/s | %.1f ms/step | bubble %.1f%% | comm %.1f%%\n",
+              first_loss, last_loss, entropy, human(sum_tps / n).c_str(), sum_time / n * 1e3, avg_bubble * 100,
               avg_comm * 100);
   std::printf("peak memory per rank (parameters + gradients + optimizer states + 16-bit copies + activations%s):\n",
               observe::allocation_tracking_enabled() ? ", measured" : ", not measured");

@@ -139,6 +139,9 @@ int run_cuda(const Options& o, int* argc, char*** argv) {
   }
   (void)argc;
   (void)argv;
+  preflight(o);  // as for host thread ranks: checked before any rank starts, --save locked for the run
+  std::optional<io::DirectoryLock> save_lock;
+  if (!o.save.empty()) save_lock.emplace(o.save);
   run_threads(int(o.train.world_size()), [&](ThreadsCommunicator& world) {
     CudaBackend::init_rank(device_of(world.rank()));
     train<CudaBackend>(world, o, false);

@@ -20,19 +20,19 @@
 #include "mpar/core/error.hpp"
 #include "mpar/core/init.hpp"
 #include "mpar/core/layout.hpp"
+#include "mpar/data/fingerprint.hpp"
+#include "mpar/data/sampler.hpp"
+#include "mpar/data/token_batch.hpp"
 
 namespace mpar::data {
 
 /** @brief The default training text: present on every Debian/Ubuntu system (package base-files). */
 inline constexpr const char* default_text_path = "/usr/share/common-licenses/GPL-3";
 
-/** @brief Token ids and next-token targets of one (local) batch, each `batch x seq` row-major. */
-struct TokenBatch {
-  std::size_t batch = 0, seq = 0;
-  std::vector<std::int32_t> tokens, targets;
-};
-
-/** @brief A text file as a sequence of character ids; the vocabulary is the sorted set of its bytes. */
+/**
+ * @brief A text file as a sequence of character ids; the vocabulary is the sorted set of its bytes.
+ * A `token_source` (token_source.hpp).
+ */
 class CharDataset {
  public:
   /** Reads `path`; throws naming the file if it is missing, empty or shorter than `seq_len + 1` characters. */
@@ -72,22 +72,22 @@ class CharDataset {
    */
   [[nodiscard]] TokenBatch batch(std::uint64_t seed, std::uint64_t step, std::size_t global_batch,
                                  std::size_t dp_size = 1, std::size_t dp_rank = 0) const {
-    const Block mine = block_of(global_batch, dp_size, dp_rank);
-    TokenBatch b;
-    b.batch = mine.extent;
-    b.seq = seq_;
-    b.tokens.resize(mine.extent * seq_);
-    b.targets.resize(mine.extent * seq_);
-    const CounterRng rng{seed, step};
-    const std::uint64_t starts = ids_.size() - seq_ - 1;
-    for (std::size_t s = 0; s < mine.extent; ++s) {
-      const std::size_t start = std::size_t(rng.bits(mine.offset + s) % (starts + 1));
-      for (std::size_t t = 0; t < seq_; ++t) {
-        b.tokens[s * seq_ + t] = ids_[start + t];
-        b.targets[s * seq_ + t] = ids_[start + t + 1];
-      }
-    }
-    return b;
+    return fill_batch([this](std::size_t i) { return ids_[i]; }, ids_.size(), seq_, seed, step, global_batch, dp_size,
+                      dp_rank);
+  }
+  /** Vocabulary size, character count and a hash: the vocabulary's characters first (each as 0x100 + byte, since
+   *  they give the ids their meaning), then the ids. */
+  [[nodiscard]] DataFingerprint fingerprint() const {
+    DataFingerprint f;
+    f.vocab = vocab_size();
+    for (char c : chars_) f.add(0x100u + static_cast<unsigned char>(c));
+    f.tokens = 0;
+    for (auto id : ids_) f.add(std::uint32_t(id));
+    return f;
+  }
+  [[nodiscard]] std::string describe() const {
+    return "text '" + path_ + "' (" + std::to_string(ids_.size()) + " characters, vocabulary " +
+           std::to_string(chars_.size()) + ")";
   }
 
   /** @brief Entropy of the character distribution, in nats: the loss of the best context-free model. */

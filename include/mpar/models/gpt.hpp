@@ -80,9 +80,17 @@ struct GptConfig {
     return m;
   }
 
-  /** The vocabulary rounded up to a multiple of 16, so that every tensor-parallel size up to 16 splits
-   *  it evenly and every layout computes over the same padded vocabulary (padding rows are never targets). */
-  [[nodiscard]] std::size_t padded_vocab() const { return (vocab + 15) / 16 * 16; }
+  /// The vocabulary is padded to a multiple of this. `GptTrainer` makes it lcm(16, tp) (as Megatron-LM pads to
+  /// a multiple of base x tp), so any tensor-parallel size dividing the heads splits the vocabulary evenly.
+  std::size_t vocab_multiple = 16;
+
+  /** The vocabulary rounded up to a multiple of `vocab_multiple`. The padding columns of the logits are masked
+   *  out (-1e30 before the softmax), so they never count in the softmax or the loss: the loss is the
+   *  cross-entropy over the real `vocab` ids, whatever the padding (as llm.c). */
+  [[nodiscard]] std::size_t padded_vocab() const {
+    const std::size_t m = vocab_multiple ? vocab_multiple : 1;
+    return (vocab + m - 1) / m * m;
+  }
   [[nodiscard]] std::size_t ffn_size() const { return ffn ? ffn : 4 * hidden; }
 
   /** Throws with what to change when the sizes do not fit tensor size `tp` and `stages` pipeline stages in total. */
@@ -93,7 +101,8 @@ struct GptConfig {
             "; use --tp dividing ", heads, " or change --heads");
     require(ffn_size() % tp == 0, "GPT: the MLP size ", ffn_size(), " is not divisible by the tensor-parallel size ", tp);
     require(padded_vocab() % tp == 0, "GPT: the padded vocabulary ", padded_vocab(), " is not divisible by --tp ", tp,
-            "; use a tensor-parallel size dividing 16");
+            "; use a tensor-parallel size dividing ", vocab_multiple,
+            " or set vocab_multiple to a multiple of it (GptTrainer does)");
     require(stages <= layers, "GPT: ", stages, " pipeline stages (pp x chunks) for only ", layers,
             " layers; every stage needs at least one block: lower --pp/--chunks or raise --layers");
     if (experts > 0) {
@@ -224,6 +233,13 @@ class GptStage {
         head_ = &head_copy_;
       }
       ce_.emplace(tp, cfg.padded_vocab());
+      // This rank's padding columns of the logits get -1e30 (exp gives 0): excluded from softmax and loss.
+      const mpar::Block cols = head_->local_box[0];
+      if (cols.offset + cols.extent > cfg.vocab) {
+        vocab_mask_.assign(cols.extent, 0.0f);
+        for (std::size_t c = 0; c < cols.extent; ++c)
+          if (cols.offset + c >= cfg.vocab) vocab_mask_[c] = -1e30f;
+      }
     }
   }
   GptStage(const GptStage&) = delete;
@@ -245,6 +261,7 @@ class GptStage {
     nn::Activation logits({hn.extent(0), head_->local_box[0].extent});
     B::template gemm<float>(Trans::no, Trans::yes, hn.extent(0), logits.extent(1), cfg_.hidden, 1.0f, hn.data(), cfg_.hidden,
                             head_->value.data(), cfg_.hidden, 0.0f, logits.data(), logits.extent(1));
+    if (!vocab_mask_.empty()) B::bias_add_forward(logits.extent(0), logits.extent(1), vocab_mask_.data(), logits.data());
     head_inputs_.put(mb).h = std::move(hn);
     return logits;
   }
@@ -333,6 +350,12 @@ class GptStage {
       if (head_ == &head_copy_) ps.push_back(&head_copy_);
     }
     return ps;
+  }
+  /** This stage's parameters under their stable names (docs/train_gpt.md), the head's tied copy excluded. */
+  std::vector<std::pair<std::string, nn::Parameter*>> named_parameters() {
+    std::vector<std::pair<std::string, nn::Parameter*>> out;
+    for (auto* p : norm_parameters()) out.emplace_back(p->name, p);
+    return out;
   }
   /** Parameters counted in the global gradient norm: all but the tied copy (its gradient equals the original's). */
   std::vector<nn::Parameter*> norm_parameters() {
@@ -427,6 +450,7 @@ class GptStage {
   nn::Parameter head_copy_;
   nn::Parameter* head_ = nullptr;
   std::optional<nn::VocabParallelCrossEntropy<C, B>> ce_;
+  Buffer<float> vocab_mask_;  ///< 0 for real ids, -1e30 for this rank's padding columns; empty when it has none
   nn::MicroBatchCache<HeadInput> head_inputs_;
   nn::MicroBatchCache<nn::detail::WeightGradInputs> head_pending_;  // final-norm output and logit gradient
   nn::MicroBatchCache<EmbedGrad> embed_pending_;

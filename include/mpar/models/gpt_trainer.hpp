@@ -37,20 +37,27 @@
 #include <cstdint>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <map>
 #include <memory>
+#include <numeric>
 #include <optional>
 #include <set>
 #include <span>
 #include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "mpar/comm/communicator.hpp"
 #include "mpar/comm/mesh_comms.hpp"
 #include "mpar/core/mesh.hpp"
 #include "mpar/data/char_dataset.hpp"
+#include "mpar/data/token_source.hpp"
 #include "mpar/io/blocks.hpp"
 #include "mpar/io/checkpoint.hpp"
+#include "mpar/io/safetensors_gpt2.hpp"
 #include "mpar/models/gpt.hpp"
 #include "mpar/observe/timed_communicator.hpp"
 #include "mpar/optim/adamw.hpp"
@@ -84,6 +91,10 @@ struct GptTrainConfig {
   double lr = 3e-3, min_lr = 3e-4;
   std::size_t warmup = 10;
   float weight_decay = 0.01f;
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;  ///< AdamW (and ZeRO-1 AdamW) moments and denominator
+  /// Which parameters weight decay applies to; empty: `optim::decays_weight_matrices` (matrices and embeddings;
+  /// no bias, the fused QKV bias [3, hidden] included, and no layer-norm parameter).
+  std::function<bool(const nn::Parameter&)> decays;
   double clip = 1.0;              ///< global-norm clipping threshold; 0 disables clipping
   std::size_t bucket_bytes = std::size_t(1) << 20;
   std::uint64_t data_seed = 1234;
@@ -134,20 +145,16 @@ struct GptTrainConfig {
 };
 
 /**
- * @brief What identifies a character dataset in a checkpoint (manifest `user` entries `data.*`): its
- * vocabulary (which character each token id means), its length in tokens and a hash of its token ids.
- * `GptTrainer::resume` refuses a checkpoint whose data identity differs from the run's. Another data
- * source records its own entries under `data.` the same way.
+ * @brief What identifies a token source in a checkpoint (manifest `user` entries `data.*`): its
+ * fingerprint (vocabulary size, length in tokens and a hash of its token ids; a character dataset's
+ * hash covers its vocabulary, which character each id means, too). `GptTrainer::resume` refuses a
+ * checkpoint whose data identity differs from the run's.
  */
-[[nodiscard]] inline std::map<std::string, std::string> data_identity(const data::CharDataset& ds) {
-  std::string vocabulary;
-  for (std::size_t i = 0; i < ds.vocab_size(); ++i) vocabulary += ds.decode(std::int32_t(i));
-  std::uint64_t h = 0xcbf29ce484222325ull;  // FNV-1a over the ids' little-endian bytes
-  for (const std::int32_t id : ds.ids())
-    for (int k = 0; k < 4; ++k) h = (h ^ ((std::uint32_t(id) >> (8 * k)) & 0xFFu)) * 0x100000001b3ull;
+[[nodiscard]] inline std::map<std::string, std::string> data_identity(const data::SourceRef& source) {
+  const data::DataFingerprint fp = source.fingerprint();
   char hex[17];
-  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
-  return {{"data.vocabulary", vocabulary}, {"data.tokens", std::to_string(ds.size())}, {"data.hash", hex}};
+  std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fp.hash));
+  return {{"data.vocab", std::to_string(fp.vocab)}, {"data.tokens", std::to_string(fp.tokens)}, {"data.hash", hex}};
 }
 
 /** @brief What one step did, the same on every rank (losses and ratios are averaged over the world). */
@@ -179,9 +186,13 @@ class GptTrainer {
   using TensorComm = observe::TimedCommunicator<Comm>;
   using Stage = GptStage<TensorComm, B>;
 
-  GptTrainer(Comm& world, GptTrainConfig config, const data::CharDataset& data)
+  /**
+   * Every rank constructs its trainer with the same configuration and a `data::token_source` (a
+   * `CharDataset`, `TokenFile`, `TokenVector` or any model of the concept), which must outlive the trainer.
+   */
+  GptTrainer(Comm& world, GptTrainConfig config, data::SourceRef data)
       : cfg_(validated(std::move(config), world)),
-        data_(&data),
+        data_(data),
         mesh_(cfg_.tp, cfg_.pp, cfg_.dp, cfg_.ep),
         comms_(make_mesh_comms(world, mesh_)),
         tensor_(same_group(comms_.tensor)),
@@ -192,6 +203,9 @@ class GptTrainer {
         expert_t_(same_group(comms_.expert)),
         tokens_t_(same_group(replica_comm_)),
         schedule_(cfg_.lr, cfg_.min_lr, cfg_.warmup, cfg_.steps) {
+    require(data_.vocab_size() <= cfg_.model.vocab, "train: the data ", data_.describe(), " has a vocabulary of ",
+            data_.vocab_size(), " ids but the model only ", cfg_.model.vocab, "; set the model's vocab (--vocab) to at least ",
+            data_.vocab_size());
     B::init_rank();  // before the stages allocate: the backend chooses where this rank's tensors live
     build_stages();
     build_embedding_group();
@@ -298,6 +312,99 @@ class GptTrainer {
   [[nodiscard]] const std::vector<nn::Parameter*>& parameters() const { return all_params_; }
   [[nodiscard]] const pipeline::Programs& programs() const { return executor_->programs(); }
   [[nodiscard]] MeshComms<Comm>& comms() { return comms_; }
+  /** The training data's identity (vocabulary size, token count, content hash), e.g. for a checkpoint manifest. */
+  [[nodiscard]] data::DataFingerprint data_fingerprint() const { return data_.fingerprint(); }
+
+  /**
+   * @brief Mean loss over `batches` global batches of `val` (collective): batch i is `val.batch(seed, i, ...)`,
+   * so every layout evaluates the same sequences and reports the same value. Runs the step's pipeline
+   * program on the current weights (16-bit rounded under bf16/f16, as training sees them; dropout as in
+   * training) and discards the gradients unreduced: the weights, the optimizer and the step count are unchanged.
+   */
+  double evaluate(data::SourceRef val, std::size_t batches, std::uint64_t seed = 0) {
+    require(batches >= 1, "evaluate: need at least one batch (--val-batches)");
+    require(val.vocab_size() <= cfg_.model.vocab, "evaluate: the validation data ", val.describe(), " has ",
+            val.vocab_size(), " ids, more than the model's vocabulary ", cfg_.model.vocab);
+    double sum = 0;
+    for (std::size_t i = 0; i < batches; ++i) {
+      const auto batch = local_batch(val, seed, i);
+      const std::size_t mb_tokens = cfg_.microbatch_size() * cfg_.model.seq;
+      std::vector<nn::Activation> inputs;
+      targets_.assign(std::size_t(cfg_.microbatches), {});
+      for (int mb = 0; mb < cfg_.microbatches; ++mb) {
+        const auto lo = std::ptrdiff_t(std::size_t(mb) * mb_tokens), hi = lo + std::ptrdiff_t(mb_tokens);
+        if (holds_first_) inputs.push_back(Stage::tokens_as_activation(std::span(batch.tokens).subspan(std::size_t(lo), mb_tokens)));
+        targets_[std::size_t(mb)].assign(batch.targets.begin() + lo, batch.targets.begin() + hi);
+      }
+      use_compute_weights();
+      // No gradient reduction: the hooks that would start the data-parallel buckets are off for this pass.
+      for (auto& s : stages_) {
+        s->on_gradients_final({}, cfg_.microbatches);
+        s->begin_step();
+        s->set_moe_aux_gradient(float(cfg_.batch_ranks()));
+      }
+      const pipeline::StepStats stats = executor_->step(inputs, [&](const nn::Activation& y, int mb, nn::Activation& dy) {
+        Stage& last = *stages_.back();
+        const double loss = last.loss().forward(y, targets_[std::size_t(mb)], mb);
+        dy = last.loss().backward(mb, 1.0f);
+        return loss;
+      });
+      use_master_weights();
+      if (gradients_final_)
+        for (auto& s : stages_) s->on_gradients_final(gradients_final_, cfg_.microbatches);
+      for (auto* p : all_params_) p->zero_grad();
+      if (zero_) zero_->zero_grad();
+      for (auto& s : stages_) {
+        (void)s->take_moe_aux_loss();
+        (void)s->take_moe_dropped();
+      }
+      Buffer<double> l{stats.loss};
+      comms_.world.all_reduce(std::span<double>(l), ReduceOp::avg);  // data ranks saw different sequences
+      sum += l[0];
+    }
+    return sum / double(batches);
+  }
+
+  /**
+   * @brief This rank's parameters under their stable names (docs/train_gpt.md lists them), the head's
+   * tied copy excluded (it is the embedding `embed.token.weight`). Each is this rank's block of the
+   * named global tensor: `global_shape` and `local_box` say which.
+   */
+  [[nodiscard]] std::vector<std::pair<std::string, nn::Parameter*>> named_parameters() const {
+    std::vector<std::pair<std::string, nn::Parameter*>> out;
+    for (auto* p : opt_params_) out.emplace_back(p->name, p);
+    return out;
+  }
+  /** This rank's parameter named `name`, or null when another rank (pipeline stage) holds it. */
+  [[nodiscard]] nn::Parameter* parameter(std::string_view name) const {
+    for (auto* p : opt_params_)
+      if (p->name == name) return p;
+    return nullptr;
+  }
+
+  /**
+   * @brief Loads whole (unsharded) tensors into every layout and precision: `source(name, global_shape)`
+   * returns the tensor's row-major values (exactly its global size) or an empty span to keep the current
+   * ones. Each rank copies its own block; no communication, so call it on every rank with the same source.
+   * The fp32 master copies are updated too, so under bf16/f16 the loaded values are what the next steps
+   * start from (writing into `Parameter::value` directly would be overwritten by the master copy after
+   * one step), and the head's tied copy receives the embedding. Returns the number of tensors loaded here.
+   */
+  template <class Source>
+    requires std::is_invocable_r_v<std::span<const float>, Source&, const std::string&, const std::vector<std::size_t>&>
+  std::size_t load_weights(Source&& source) {
+    std::size_t loaded = 0;
+    for (auto* p : all_params_) {
+      const std::span<const float> full = source(p->name, p->global_shape);
+      if (full.empty()) continue;
+      require(full.size() == p->global_size(), "load_weights: '", p->name, "' has ", p->global_size(),
+              " elements (shape ", io::shape_string(p->global_shape), ") but the source gave ", full.size());
+      copy_block_from_full(*p, full);
+      if (std::find(opt_params_.begin(), opt_params_.end(), p) != opt_params_.end()) ++loaded;
+    }
+    store_masters();
+    return loaded;
+  }
 
   /** Bytes held now by kind (activations are transient: see the example's allocation tracking). */
   [[nodiscard]] MemoryBreakdown memory() const {
@@ -336,6 +443,25 @@ class GptTrainer {
     io::SaveOptions opts;
     opts.mesh = {cfg_.tp, cfg_.pp, cfg_.dp};
     return io::save_checkpoint(root, std::span<const io::SaveBlock>(blocks), st, comms_.world, opts);
+  }
+
+  /**
+   * @brief Writes the whole model to the safetensors file `out` (collective), from any layout: saves a
+   * checkpoint of this layout under `<out>.staging`, and world rank 0 reads it back as whole tensors
+   * through the resharding loader and writes them (`io::export_safetensors`); the staging directory is
+   * then removed. `hf_gpt2` writes GPT-2's names and shapes with the unpadded vocabulary `model.vocab`.
+   */
+  void export_safetensors(const std::filesystem::path& out, io::WeightNaming naming = io::WeightNaming::mpar) {
+    const std::filesystem::path staging = out.string() + ".staging";
+    (void)save(staging);
+    std::exception_ptr err;
+    if (comms_.world.rank() == 0)
+      err = io::detail::capture([&] {
+        (void)io::export_safetensors(staging, out, naming, cfg_.model.vocab,
+                                     {{"mpar.step", std::to_string(step_)}, {"mpar.vocab", std::to_string(cfg_.model.vocab)}});
+        std::filesystem::remove_all(staging);
+      });
+    io::detail::agree(comms_.world, err, "export_safetensors");
   }
 
   /**
@@ -389,6 +515,24 @@ class GptTrainer {
   }
 
  private:
+  /** Copies `p`'s local box out of the row-major whole tensor `full`, one innermost row at a time. */
+  static void copy_block_from_full(nn::Parameter& p, std::span<const float> full) {
+    const std::size_t rank = p.global_shape.size();
+    if (rank == 0 || p.value.empty()) return;
+    const std::size_t inner = p.local_box[rank - 1].extent, rows = p.value.size() / inner;
+    std::vector<std::size_t> idx(rank, 0);
+    for (std::size_t r = 0; r < rows; ++r) {
+      std::size_t rem = r;
+      for (std::size_t d = rank - 1; d-- > 0;) {
+        idx[d] = rem % p.local_box[d].extent;
+        rem /= p.local_box[d].extent;
+      }
+      std::size_t g = 0;
+      for (std::size_t d = 0; d + 1 < rank; ++d) g = g * p.global_shape[d] + p.local_box[d].offset + idx[d];
+      g = g * p.global_shape[rank - 1] + p.local_box[rank - 1].offset;
+      std::copy_n(full.begin() + std::ptrdiff_t(g), inner, p.value.begin() + std::ptrdiff_t(r * inner));
+    }
+  }
   /** The blocks a checkpoint holds for this rank: every optimized parameter and its AdamW moments. */
   template <class T>
   void state_blocks(std::vector<io::BlockView<T>>& out, bool with_states = true) {
@@ -417,7 +561,7 @@ class GptTrainer {
   }
   /** What a checkpoint records of this run and a resume must find unchanged (manifest `user` entries). */
   [[nodiscard]] std::map<std::string, std::string> run_identity() const {
-    auto id = data_identity(*data_);
+    auto id = data_identity(data_);
     const auto& m = cfg_.model;
     id["data.seed"] = std::to_string(cfg_.data_seed);
     id["model.seed"] = std::to_string(m.seed);
@@ -454,13 +598,14 @@ class GptTrainer {
     };
     const auto now = run_identity();
     std::vector<std::string> diffs;
-    if (const auto* v = saved_of("data.vocabulary"); v && *v != now.at("data.vocabulary"))
-      diffs.push_back(mpar::detail::cat("the data has another vocabulary (", v->size(), " characters in the checkpoint, ",
-                                  now.at("data.vocabulary").size(), " now), so token ids would mean other characters"));
+    if (const auto* v = saved_of("data.vocab"); v && *v != now.at("data.vocab"))
+      diffs.push_back(mpar::detail::cat("the data has another vocabulary (", *v, " token ids in the checkpoint, ",
+                                        now.at("data.vocab"), " now), so token ids would mean other characters or tokens"));
     else if (const auto* h = saved_of("data.hash"); h && *h != now.at("data.hash"))
       diffs.push_back(mpar::detail::cat("the data differs (", saved_of("data.tokens") ? *saved_of("data.tokens") : "?",
-                                  " characters with hash ", *h, " in the checkpoint, ", now.at("data.tokens"),
-                                  " with hash ", now.at("data.hash"), " now)"));
+                                        " tokens with hash ", *h, " in the checkpoint, ", now.at("data.tokens"),
+                                        " with hash ", now.at("data.hash"),
+                                        " now; a text's hash covers which character each id means)"));
     for (const auto& [key, flag] : option)
       if (const auto* v = saved_of(key); v && now.contains(key) && *v != now.at(key))
         diffs.push_back(mpar::detail::cat(flag, " ", *v, " in the checkpoint, ", now.at(key), " now"));
@@ -524,9 +669,10 @@ class GptTrainer {
    * global rows [m G/M, (m+1) G/M), of which token-group rank q = data * ep + expert takes the q-th
    * micro-batch-size slice — so the load-balancing statistics of each micro-batch cover the same tokens.
    */
-  [[nodiscard]] data::TokenBatch local_batch(std::size_t step) const {
-    if (!cfg_.model.has_moe()) return data_->batch(cfg_.data_seed, step, cfg_.global_batch, cfg_.dp, coord_.data);
-    const auto full = data_->batch(cfg_.data_seed, step, cfg_.global_batch, 1, 0);
+  [[nodiscard]] data::TokenBatch local_batch(std::size_t step) const { return local_batch(data_, cfg_.data_seed, step); }
+  [[nodiscard]] data::TokenBatch local_batch(const data::SourceRef& src, std::uint64_t seed, std::size_t step) const {
+    if (!cfg_.model.has_moe()) return src.batch(seed, step, cfg_.global_batch, cfg_.dp, coord_.data);
+    const auto full = src.batch(seed, step, cfg_.global_batch, 1, 0);
     const std::size_t R = cfg_.batch_ranks(), q = coord_.data * cfg_.ep + coord_.expert, mbs = cfg_.microbatch_size();
     const std::size_t seq = full.seq, M = std::size_t(cfg_.microbatches);
     data::TokenBatch b;
@@ -547,6 +693,7 @@ class GptTrainer {
   }
 
   static GptTrainConfig validated(GptTrainConfig c, const Comm& world) {
+    if (c.tp >= 1) c.model.vocab_multiple = std::lcm(c.model.vocab_multiple ? c.model.vocab_multiple : 1, c.tp);
     c.validate(std::size_t(world.size()));
     return c;
   }
@@ -599,7 +746,10 @@ class GptTrainer {
     if (cfg_.precision != "fp32") masters_.resize(all_params_.size());
     optim::AdamWConfig ac;
     ac.weight_decay = cfg_.weight_decay;
-    ac.decays = [](const nn::Parameter& p) { return p.global_shape.size() >= 2; };
+    ac.beta1 = cfg_.beta1;
+    ac.beta2 = cfg_.beta2;
+    ac.eps = cfg_.eps;
+    ac.decays = cfg_.decays ? cfg_.decays : std::function<bool(const nn::Parameter&)>(optim::decays_weight_matrices);
     if (cfg_.zero1) {
       zero_.emplace(opt_params_, data_comm_, ac, parallel::ZeroOptions{cfg_.bucket_bytes, 0.0});
     } else {
@@ -616,20 +766,19 @@ class GptTrainer {
     }
     // Overlap: mark each layer's gradients ready as soon as the last micro-batch's backward is past it.
     // With the embedding split over two stages, its gradient is final only after the tied sum.
-    if (cfg_.batch_ranks() > 1)
-      for (auto& s : stages_)
-        s->on_gradients_final(
-            [this](const std::vector<nn::Parameter*>& ps) {
-              const auto t = std::chrono::steady_clock::now();
-              for (auto* p : ps)
-                if (p != tied_ && std::find(opt_params_.begin(), opt_params_.end(), p) != opt_params_.end()) {
-                  if (zero_) zero_->mark_ready(*p);
-                  else if (std::find(expert_params_.begin(), expert_params_.end(), p) == expert_params_.end()) dp_->mark_ready(*p);
-                  else if (dp_experts_) dp_experts_->mark_ready(*p);
-                }
-              data_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-            },
-            cfg_.microbatches);
+    if (cfg_.batch_ranks() > 1) {
+      gradients_final_ = [this](const std::vector<nn::Parameter*>& ps) {
+        const auto t = std::chrono::steady_clock::now();
+        for (auto* p : ps)
+          if (p != tied_ && std::find(opt_params_.begin(), opt_params_.end(), p) != opt_params_.end()) {
+            if (zero_) zero_->mark_ready(*p);
+            else if (std::find(expert_params_.begin(), expert_params_.end(), p) == expert_params_.end()) dp_->mark_ready(*p);
+            else if (dp_experts_) dp_experts_->mark_ready(*p);
+          }
+        data_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+      };
+      for (auto& s : stages_) s->on_gradients_final(gradients_final_, cfg_.microbatches);
+    }
     store_masters();
   }
 
@@ -665,7 +814,7 @@ class GptTrainer {
   }
 
   GptTrainConfig cfg_;
-  const data::CharDataset* data_;
+  data::SourceRef data_;
   DynamicMesh mesh_;
   MeshComms<Comm> comms_;
   TensorComm tensor_;
@@ -684,6 +833,7 @@ class GptTrainer {
   std::optional<parallel::DataParallel<Comm>> dp_;
   std::optional<parallel::DataParallel<Comm>> dp_experts_;  ///< expert parameters over the data group (ep > 1)
   std::vector<nn::Parameter*> expert_params_;
+  typename Stage::GradientsFinalHook gradients_final_;  ///< starts the data-parallel buckets (empty: dp x ep = 1)
   std::optional<parallel::Zero1AdamW<Comm, B>> zero_;  // optimizers, norm and scaling run on B, like the layers
   std::optional<optim::AdamW<B>> adamw_;
   std::optional<optim::Sgd<B>> sgd_;

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <functional>
 #include <span>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -19,6 +20,18 @@
 
 namespace mpar::optim {
 
+/**
+ * @brief The default weight-decay rule: weight matrices and embeddings (two or more dimensions) decay;
+ * biases — by name, so the fused QKV bias of shape [3, hidden] too — and layer-norm gains and biases do
+ * not (GPT-2 / nanoGPT / Megatron practice).
+ */
+[[nodiscard]] inline bool decays_weight_matrices(const nn::Parameter& p) {
+  constexpr std::string_view bias = ".bias";
+  const bool is_bias = p.name == "bias" || (p.name.size() >= bias.size() &&
+                                            std::string_view(p.name).substr(p.name.size() - bias.size()) == bias);
+  return p.global_shape.size() >= 2 && !is_bias;
+}
+
 /** @brief AdamW hyper-parameters. */
 struct AdamWConfig {
   float lr = 1e-3f;
@@ -27,8 +40,8 @@ struct AdamWConfig {
   float eps = 1e-8f;
   float weight_decay = 0.01f;  ///< decoupled: w *= 1 - lr * weight_decay, independent of the gradient
   /**
-   * Which parameters decay; empty means all. A common choice excludes biases and norm gains:
-   * `[](const nn::Parameter& p) { return p.global_shape.size() >= 2; }`.
+   * Which parameters decay; empty means all. `decays_weight_matrices` excludes biases and layer-norm
+   * parameters (the trainer's default).
    */
   std::function<bool(const nn::Parameter&)> decays;
 

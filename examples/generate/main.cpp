@@ -1,0 +1,164 @@
+// generate: samples text (or token ids) from a trained GPT, loaded from an mpar checkpoint (any
+// layout) or a safetensors file (mpar or GPT-2 names), with temperature and top-k, on one host rank.
+//
+//   generate --checkpoint ckpt/ --data text.txt --prompt "To be" --tokens 200   (character model)
+//   generate --safetensors gpt2.safetensors --hf-gpt2 --vocab 50257 --layers 12 --hidden 768
+//            --heads 12 --seq 1024 --prompt-ids 464,2068 --tokens 20           (token model: ids out)
+// A checkpoint saved at a tensor-parallel size that 16 does not divide needs --vocab-multiple lcm(16, tp).
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include <mpar/data/char_dataset.hpp>
+#include <mpar/io/checkpoint.hpp>
+#include <mpar/io/cli.hpp>
+#include <mpar/io/safetensors_gpt2.hpp>
+#include <mpar/models/gpt.hpp>
+#include <mpar/mpar.hpp>
+
+using namespace mpar;
+
+namespace {
+
+struct Options {
+  models::GptConfig model;
+  std::string checkpoint, safetensors, data, prompt, prompt_ids;
+  bool hf_gpt2 = false;
+  double temperature = 0.8;
+  std::size_t top_k = 0, tokens = 200;
+  std::uint64_t seed = 1;
+};
+
+/** Samples one id from `logits[0, vocab)`: top-k filter, softmax at `temperature` (0: greedy), one uniform draw. */
+std::size_t sample(const float* logits, std::size_t vocab, double temperature, std::size_t top_k, double u) {
+  std::vector<std::size_t> ids(vocab);
+  for (std::size_t v = 0; v < vocab; ++v) ids[v] = v;
+  const std::size_t k = top_k == 0 ? vocab : std::min(top_k, vocab);
+  std::partial_sort(ids.begin(), ids.begin() + std::ptrdiff_t(k), ids.end(),
+                    [&](std::size_t a, std::size_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
+  if (temperature <= 0) return ids[0];
+  std::vector<double> p(k);
+  double sum = 0;
+  for (std::size_t i = 0; i < k; ++i) sum += (p[i] = std::exp((double(logits[ids[i]]) - logits[ids[0]]) / temperature));
+  u *= sum;
+  for (std::size_t i = 0; i < k; ++i)
+    if ((u -= p[i]) <= 0) return ids[i];
+  return ids[k - 1];
+}
+
+int run(const Options& o) {
+  require(o.checkpoint.empty() != o.safetensors.empty(), "generate: pass exactly one of --checkpoint DIR and --safetensors FILE");
+  std::optional<data::CharDataset> chars;
+  models::GptConfig mc = o.model;
+  if (!o.data.empty()) {
+    chars.emplace(o.data, 1);
+    mc.vocab = chars->vocab_size();
+  }
+  require(mc.vocab > 0, "generate: give --data TEXT (a character model's training text) or --vocab N (a token model)");
+  mc.validate(1, 1);
+  int rc = 0;
+  run_threads(1, [&](ThreadsCommunicator& world) {
+    models::GptStage<ThreadsCommunicator> model(world, mc, true, true, 0, mc.layers);
+    std::size_t loaded = 0;
+    if (!o.checkpoint.empty()) {
+      std::vector<io::LoadBlock> blocks;
+      for (auto* p : model.parameters())
+        blocks.push_back({p->name, p->global_shape, io::BoxN(p->local_box.begin(), p->local_box.end()), p->layout,
+                          std::span<float>(p->value)});
+      (void)io::load_checkpoint(o.checkpoint, std::span<const io::LoadBlock>(blocks));
+      loaded = blocks.size();
+    } else {
+      io::SafetensorsWeights w(o.safetensors, o.hf_gpt2 ? io::WeightNaming::hf_gpt2 : io::WeightNaming::mpar);
+      for (auto& [name, p] : model.named_parameters()) {
+        const auto full = w(name, p->global_shape);
+        require(!full.empty(), "generate: ", o.safetensors, " has no tensor for '", name,
+                "'; pass the model sizes it was exported with (and --hf-gpt2 for GPT-2 names)");
+        std::copy(full.begin(), full.end(), p->value.begin());  // one rank: the local block is the whole tensor
+        ++loaded;
+      }
+    }
+    // The prompt, left-padded to the context length with its first id.
+    std::vector<std::int32_t> ctx;
+    if (chars)
+      for (char c : o.prompt.empty() ? std::string("\n") : o.prompt) ctx.push_back(chars->encode(c));
+    else {
+      std::stringstream ss(o.prompt_ids);
+      for (std::string t; std::getline(ss, t, ',');) ctx.push_back(std::int32_t(std::stol(t)));
+      require(!ctx.empty(), "generate: a token model needs --prompt-ids 1,2,3 (ids from the tokenizer)");
+      for (auto id : ctx) require(id >= 0 && std::size_t(id) < mc.vocab, "generate: prompt id ", id, " is outside the vocabulary ", mc.vocab);
+    }
+    std::printf("generate: %zu tensors loaded, vocab %zu, temperature %g, top-k %zu\n", loaded, mc.vocab, o.temperature, o.top_k);
+    std::string text;
+    std::vector<std::int32_t> out;
+    const CounterRng rng{o.seed, 0x67656eull};
+    std::size_t used = std::min(ctx.size(), mc.seq);
+    std::vector<std::int32_t> window(ctx.end() - std::ptrdiff_t(used), ctx.end());
+    for (std::size_t i = 0; i < o.tokens; ++i) {
+      // The model takes whole sequences: pad on the right, read the logits at the last real position
+      // (causal attention: later positions do not affect it).
+      std::vector<std::int32_t> seq(window);
+      seq.resize(mc.seq, window.back());
+      nn::Activation logits = model.forward(models::GptStage<ThreadsCommunicator>::tokens_as_activation(seq), 0);
+      model.drop(0);
+      const float* last = logits.data() + (window.size() - 1) * logits.extent(1);
+      const auto pick = std::int32_t(sample(last, mc.vocab, o.temperature, o.top_k, rng.uniform(i)));
+      out.push_back(pick);
+      if (chars) text += chars->decode(pick);
+      if (window.size() == mc.seq) window.erase(window.begin());
+      window.push_back(pick);
+    }
+    if (chars) std::printf("%s%s\n", o.prompt.c_str(), text.c_str());
+    else {
+      for (std::size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
+      std::printf("\n");
+    }
+  });
+  return rc;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    Options o;
+    o.model.hidden = 64;
+    o.model.heads = 4;
+    o.model.layers = 4;
+    o.model.seq = 64;
+    cli::Parser p("generate", "Samples from a GPT trained by train_gpt (checkpoint) or exported to safetensors.");
+    p.option("checkpoint", o.checkpoint, "an mpar checkpoint directory (saved with any layout)");
+    p.option("safetensors", o.safetensors, "a safetensors file (train_gpt --export)");
+    p.flag("hf-gpt2", o.hf_gpt2, "the safetensors file uses Hugging Face GPT-2 names");
+    p.option("data", o.data, "the training text of a character model (its vocabulary)");
+    p.option("vocab", o.model.vocab, "vocabulary of a token model (e.g. 50257)").range(0, 1 << 30);
+    p.option("layers", o.model.layers, "transformer blocks").range(1, 4096);
+    p.option("hidden", o.model.hidden, "model width").range(1, 1 << 20);
+    p.option("heads", o.model.heads, "attention heads").range(1, 4096);
+    p.option("seq", o.model.seq, "context length").range(2, 1 << 20);
+    p.option("vocab-multiple", o.model.vocab_multiple,
+             "padding multiple of the vocabulary the checkpoint was saved with: lcm(16, tp) of its run (default 16)")
+        .range(1, 1 << 20);
+    p.option("seed", o.model.seed, "the model's initialisation seed (irrelevant once loaded)");
+    p.option("prompt", o.prompt, "prompt text (character model)");
+    p.option("prompt-ids", o.prompt_ids, "prompt token ids, comma-separated (token model)");
+    p.option("temperature", o.temperature, "softmax temperature (0: greedy)").range(0, 100);
+    p.option("top-k", o.top_k, "sample among the k most likely (0: all)").range(0, 1 << 30);
+    p.option("tokens", o.tokens, "tokens to generate").range(0, 1 << 30);
+    p.option("sample-seed", o.seed, "sampling seed");
+    if (!p.parse(argc, argv)) {
+      std::cout << p.help();
+      return 0;
+    }
+    return run(o);
+  } catch (const std::exception& e) {
+    const std::string what = e.what();
+    std::fprintf(stderr, "%s%s\n", what.starts_with("generate") ? "" : "generate: ", what.c_str());
+    return 2;
+  }
+}
