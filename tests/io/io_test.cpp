@@ -7,7 +7,6 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
-#include <mutex>
 #include <string>
 #include <vector>
 
@@ -20,6 +19,7 @@
 #include "mpar/io.hpp"
 #include "mpar/optim/adamw.hpp"
 #include "mpar/parallel/zero.hpp"
+#include "support/rank_checks.hpp"
 
 using namespace mpar;
 namespace fs = std::filesystem;
@@ -27,7 +27,6 @@ namespace fs = std::filesystem;
 namespace {
 
 /** Catch2 is not thread-safe: assertions inside thread ranks take this lock. */
-std::mutex catch_mutex;
 
 /** A fresh directory under the system temp dir, removed at the end of the test. */
 struct TempDir {
@@ -151,13 +150,15 @@ io::TrainingState example_state(std::uint64_t step) {
 void save_layout(const fs::path& root, std::size_t tp, std::size_t pp, std::size_t dp, const io::TrainingState& st,
                  io::SaveOptions opts = {}, std::uint64_t seed = 1) {
   opts.mesh = {tp, pp, dp};
+  testing::RankChecks checks;
   run_threads(int(tp * pp * dp), [&](ThreadsCommunicator& comm) {
     const auto rs = rank_state(tp, pp, dp, std::size_t(comm.rank()), seed);
     const auto blocks = rs.save_blocks();
     const auto r = io::save_checkpoint(root, blocks, st, comm, opts);
-    std::lock_guard lock(catch_mutex);
-    CHECK(r.path.filename() == io::step_dir_name(st.step));
+    checks.expect(r.path.filename() == io::step_dir_name(st.step),
+                  "rank " + std::to_string(comm.rank()) + " published " + r.path.string());
   });
+  checks.assert_all(tp * pp * dp);
 }
 
 bool bits_equal(std::span<const float> a, std::span<const float> b) {
@@ -169,6 +170,7 @@ bool bits_equal(std::span<const float> a, std::span<const float> b) {
 std::vector<io::LoadStats> load_and_check(const fs::path& root, std::size_t tp, std::size_t pp, std::size_t dp,
                                           std::uint64_t seed = 1) {
   std::vector<io::LoadStats> stats(tp * pp * dp);
+  testing::RankChecks checks;
   run_threads(int(tp * pp * dp), [&](ThreadsCommunicator& comm) {
     const auto want = rank_state(tp, pp, dp, std::size_t(comm.rank()), seed);
     RankState got = want;
@@ -181,16 +183,18 @@ std::vector<io::LoadStats> load_and_check(const fs::path& root, std::size_t tp, 
       blocks.push_back(io::state_block(got.params[i], "adamw.v", std::span<float>(got.v[i].value)));
     }
     const auto res = io::load_checkpoint(root, blocks, comm);
-    std::lock_guard lock(catch_mutex);
-    CHECK(res.state == example_state(res.state.step));
+    const std::string where = "layout " + std::to_string(tp) + "x" + std::to_string(pp) + "x" + std::to_string(dp) +
+                              " rank " + std::to_string(comm.rank());
+    checks.expect(res.state == example_state(res.state.step), where + ": training state");
     for (std::size_t i = 0; i < want.params.size(); ++i) {
-      INFO("layout " << tp << "x" << pp << "x" << dp << " rank " << comm.rank() << " tensor " << want.params[i].name);
-      CHECK(bits_equal(got.params[i].value, want.params[i].value));
-      CHECK(bits_equal(got.m[i].value, want.m[i].value));
-      CHECK(bits_equal(got.v[i].value, want.v[i].value));
+      const std::string tensor = where + " tensor " + want.params[i].name;
+      checks.expect(bits_equal(got.params[i].value, want.params[i].value), tensor + " value");
+      checks.expect(bits_equal(got.m[i].value, want.m[i].value), tensor + " adamw.m");
+      checks.expect(bits_equal(got.v[i].value, want.v[i].value), tensor + " adamw.v");
     }
     stats[std::size_t(comm.rank())] = res.stats;
   });
+  checks.assert_all(tp * pp * dp);
   return stats;
 }
 
@@ -324,6 +328,7 @@ TEST_CASE("a (2,2,1) checkpoint loads bit-exactly into every other layout", "[io
     for (const auto& s : st) CHECK(s.bytes_read <= 2 * s.bytes_needed);
   }
   SECTION("(2,2,1) itself, verifying whole shards") {
+    testing::RankChecks checks;
     run_threads(4, [&](ThreadsCommunicator& comm) {
       auto rs = rank_state(2, 2, 1, std::size_t(comm.rank()));
       std::vector<io::LoadBlock> blocks;
@@ -331,9 +336,11 @@ TEST_CASE("a (2,2,1) checkpoint loads bit-exactly into every other layout", "[io
       io::LoadOptions lo;
       lo.verify_whole_shards = true;
       const auto r = io::load_checkpoint(dir.path, blocks, comm, lo);
-      std::lock_guard lock(catch_mutex);
-      CHECK(r.stats.bytes_read >= r.stats.bytes_needed);
+      checks.expect(r.stats.bytes_read >= r.stats.bytes_needed, "rank " + std::to_string(comm.rank()) + " read " +
+                                                                   std::to_string(r.stats.bytes_read) + " of " +
+                                                                   std::to_string(r.stats.bytes_needed) + " bytes");
     });
+    checks.assert_all(4);
   }
 }
 
@@ -384,6 +391,7 @@ TEST_CASE("ZeRO-1 flat optimizer states load into a plain layout", "[io]") {
   load_and_check(dir.path, 1, 1, 1);
   load_and_check(dir.path, 4, 1, 1);
   // And back into ZeRO ranges of another layout.
+  testing::RankChecks checks;
   run_threads(4, [&](ThreadsCommunicator& comm) {
     const auto want = rank_state(4, 1, 1, std::size_t(comm.rank()));
     for (std::size_t i = 0; i < want.params.size(); ++i) {
@@ -391,10 +399,11 @@ TEST_CASE("ZeRO-1 flat optimizer states load into a plain layout", "[io]") {
       std::vector<float> got(range.extent, -1.0f);
       auto blocks = io::flat_state_blocks(want.params[i], "adamw.m", range.offset, std::span<float>(got));
       io::load_checkpoint(dir.path, blocks);
-      std::lock_guard lock(catch_mutex);
-      CHECK(bits_equal(got, std::span<const float>(want.m[i].value).subspan(range.offset, range.extent)));
+      checks.expect(bits_equal(got, std::span<const float>(want.m[i].value).subspan(range.offset, range.extent)),
+                    "rank " + std::to_string(comm.rank()) + " " + want.params[i].name + "/adamw.m middle third");
     }
   });
+  checks.assert_all(4);
 }
 
 TEST_CASE("parallel::Zero1AdamW moments saved from (2,1,2) resume a single-rank AdamW exactly", "[io]") {
