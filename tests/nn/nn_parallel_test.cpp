@@ -234,8 +234,10 @@ TEMPLATE_TEST_CASE("Vocab-parallel embedding + LM head + cross-entropy match the
       VocabParallelEmbedding<Comm, TestType::value> pemb(tp, ecfg);
       ColumnParallel<Comm, dyn, dyn, dyn, ColumnOptions{TestType::value, false, 1}> phead(tp, hidden, vocab, head_init);
       VocabParallelCrossEntropy<Comm> ce(tp, vocab);
-      const float l = ce.forward(phead.forward(pemb.forward(tok)), target);
-      pemb.backward(phead.backward(ce.backward()));
+      // Typed: the embedding returns Replicate (SP: Shard<0, tensor>), the head Shard<1, tensor> logits,
+      // which is what the vocab-parallel loss takes; the gradients flow back in the same layouts.
+      const float l = ce.forward(phead.forward(pemb.embed(tok)), target);
+      pemb.backward(phead.backward(ce.logits_gradient()));
       losses[std::size_t(tp.rank())] = l;
       pp.add(pemb.parameters());
       pp.add(phead.parameters());

@@ -139,8 +139,28 @@ class Stage : public detail::TypedLayer<Stage<First, Rest...>> {
   using output_layout = typename fold::layout;
 
   using Typed::backward;
-  using Typed::backward_input;
-  using Typed::forward;
+
+  /** Typed forward: each layer's typed forward in turn (the chain was checked when the type was built). */
+  template <class In>
+  auto forward(const Act<In>& x, int mb = 0) {
+    if constexpr (check_input<In>() && composes)
+      return std::apply([&](auto&... l) { return typed_forward_each(x, mb, l...); }, layers_);
+    else
+      return Act<typename fold::layout>{};  // refused with its own message
+  }
+  /** Typed B: each layer's typed backward_input (or whole backward) in reverse order. */
+  template <class G>
+  auto backward_input(const Act<G>& dy, int mb = 0) {
+    if constexpr (composes) return typed_backward_from<sizeof...(Rest)>(dy, mb);
+    else return Act<grad_layout_t<input_layout>>{};
+  }
+  /** Typed backward: B then W. */
+  template <class G>
+  auto backward(const Act<G>& dy, int mb = 0) {
+    auto dx = backward_input(dy, mb);
+    backward_weight(mb);
+    return dx;
+  }
 
   explicit Stage(First first, Rest... rest) : layers_(std::move(first), std::move(rest)...) { check_features(); }
 
@@ -178,6 +198,16 @@ class Stage : public detail::TypedLayer<Stage<First, Rest...>> {
   static constexpr std::size_t size() { return 1 + sizeof...(Rest); }
 
  private:
+  template <class X, class L, class... Ls>
+  static auto typed_forward_each(const X& x, int mb, L& l, Ls&... ls) {
+    if constexpr (sizeof...(Ls) == 0) return l.forward(x, mb);
+    else return typed_forward_each(l.forward(x, mb), mb, ls...);
+  }
+  template <std::size_t I, class G>
+  auto typed_backward_from(const Act<G>& dy, int mb) {
+    if constexpr (I == 0) return detail::backward_input_of(std::get<0>(layers_), dy, mb);
+    else return typed_backward_from<I - 1>(detail::backward_input_of(std::get<I>(layers_), dy, mb), mb);
+  }
   template <class L, class... Ls>
   static Activation forward_each(const Activation& x, int mb, L& l, Ls&... ls) {
     if constexpr (sizeof...(Ls) == 0) return l.forward(x, mb);
