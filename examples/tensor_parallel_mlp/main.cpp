@@ -39,8 +39,10 @@ int main(int argc, char** argv) {
       HostBackend::init_rank();
       // Stage<ColumnParallel, Gelu, RowParallel>: one all-reduce forward, one backward.
       auto mlp = make_mlp(tp, cfg);
-      const Activation y = mlp.forward(x);    // replicated in, replicated out
-      const Activation dx = mlp.backward(dy);
+      // The layouts are in the types: a replicated input gives a replicated output, and the gradient
+      // of a replicated output is replicated again after the column layer's all-reduce.
+      const Act<Replicate> y = mlp.forward(Act<Replicate>(x));
+      const Act<Replicate> dx = mlp.backward(Act<Replicate>(dy));
       // fc1's weight is split by columns: this rank holds columns [offset, offset + extent).
       const Parameter& w1 = mlp.get<0>().weight();
       const Block cols = w1.local_box[1];

@@ -15,6 +15,8 @@
 #include "mpar/nn/linear_2d.hpp"
 #include "mpar/nn/mlp.hpp"
 #include "mpar/nn/parameter.hpp"
+#include "mpar/nn/redistribute.hpp"
+#include "mpar/nn/residual.hpp"
 #include "mpar/nn/row_parallel.hpp"
 #include "mpar/nn/stage.hpp"
 #include "mpar/nn/transformer_block.hpp"

@@ -51,12 +51,13 @@ void run_parallel(int p, const Activation& x, const Activation& dy, ParallelResu
   run_threads(p, [&](Comm& tp) {
     auto layer = make(tp);
     const auto n = std::size_t(p), r = std::size_t(tp.rank());
-    Activation y = layer.forward(local_block<L>(x, n, r), 0);
-    Activation dx = layer.backward(local_block<L>(dy, n, r), 0);
+    // Typed: the layer must return layout L and take (and return) gradients in L.
+    const Act<L> y = layer.forward(Act<L>(local_block<L>(x, n, r)), 0);
+    const Act<L> dx = layer.backward(Act<L>(local_block<L>(dy, n, r)), 0);
     {
       std::lock_guard lock(out.m);
-      put_block<L>(out.y, y, n, r);
-      put_block<L>(out.dx, dx, n, r);
+      put_block<L>(out.y, y.tensor(), n, r);
+      put_block<L>(out.dx, dx.tensor(), n, r);
     }
     out.params.add(layer.parameters());
   });
@@ -233,8 +234,10 @@ TEMPLATE_TEST_CASE("Vocab-parallel embedding + LM head + cross-entropy match the
       VocabParallelEmbedding<Comm, TestType::value> pemb(tp, ecfg);
       ColumnParallel<Comm, dyn, dyn, dyn, ColumnOptions{TestType::value, false, 1}> phead(tp, hidden, vocab, head_init);
       VocabParallelCrossEntropy<Comm> ce(tp, vocab);
-      const float l = ce.forward(phead.forward(pemb.forward(tok)), target);
-      pemb.backward(phead.backward(ce.backward()));
+      // Typed: the embedding returns Replicate (SP: Shard<0, tensor>), the head Shard<1, tensor> logits,
+      // which is what the vocab-parallel loss takes; the gradients flow back in the same layouts.
+      const float l = ce.forward(phead.forward(pemb.embed(tok)), target);
+      pemb.backward(phead.backward(ce.logits_gradient()));
       losses[std::size_t(tp.rank())] = l;
       pp.add(pemb.parameters());
       pp.add(phead.parameters());
@@ -411,8 +414,6 @@ TEST_CASE("Gathered column output, deferred row reduction + AllReduce, and Gathe
 
     ParallelResult second;
     run_parallel<Replicate>(p, x, dy, second, [&](Comm& tp) {
-      using S = Stage<ColumnParallel<Comm>, GatherFeatures<Comm>, Gelu, Linear<>, Gelu, ColumnParallel<Comm>, Gelu, RowParallel<Comm>>;
-      static_assert(S::valid);
       // The middle Linear is replicated: every rank computes it in full.
       return Stage<ColumnParallel<Comm>, GatherFeatures<Comm>, Gelu, Linear<>, Gelu, Linear<>>(
           ColumnParallel<Comm>(tp, 16, 32, init(600, "a")), GatherFeatures<Comm>(tp), Gelu{}, Linear<>(32, 24, init(602, "b")),

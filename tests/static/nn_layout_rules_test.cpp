@@ -1,6 +1,10 @@
-// Static tests: the layout contract of every nn layer and which Stage compositions are accepted.
-// Compiling this file is the test (the rejected compositions are checked without instantiating
-// Stage, through the layers' accepts<> verdicts; tests/verify/ checks the diagnostics themselves).
+// Static tests: the layout contract of every nn layer, the typed activations they take and return, and
+// the Stage compositions that are accepted. Compiling this file is the test. Every call below is a call
+// a user writes (`layer.forward(Act<In>)`, `stage.backward(Act<G>)`), taken in an unevaluated context;
+// the refused compositions are must-not-compile snippets in tests/verify/nn_*.verify.cpp, which
+// construct and call the wrong composition and match the message.
+#include <utility>
+
 #include <mpar/comm/threads.hpp>
 #include <mpar/nn.hpp>
 
@@ -16,6 +20,13 @@ using Row = RowParallel<C, 4096, 1024, 4>;
 using RowSP = RowParallel<C, 4096, 1024, 4, RowReduce::reduce_scatter>;
 using RowPartial = RowParallel<C, 4096, 1024, 4, RowReduce::none>;
 
+/** The type `l.forward(x)` returns for a layer `L` fed an `Act<In>`. */
+template <class L, class In>
+using forward_t = decltype(std::declval<L&>().forward(std::declval<const Act<In>&>(), 0));
+/** The type `l.backward(dy)` returns for a layer `L` given an output gradient `Act<G>`. */
+template <class L, class G>
+using backward_t = decltype(std::declval<L&>().backward(std::declval<const Act<G>&>(), 0));
+
 // ---- every layer satisfies the layer concept ----
 static_assert(layer<Linear<>> && layer<Col> && layer<Row> && layer<Gelu> && layer<Dropout<>> && layer<LayerNorm<>>);
 static_assert(layer<LayerNorm<TokenShard, C>> && layer<AllReduce<C>> && layer<GatherFeatures<C>> && layer<Linear2D<C>>);
@@ -23,57 +34,72 @@ static_assert(layer<Attention<>> && layer<SelfAttention<C>> && layer<Transformer
 static_assert(layer<Bias<>> && layer<Bias<FeatureShard>>);
 static_assert(layer<MlpStage<C>> && layer<SerialMlp<>>, "stages are layers, so they nest");
 
-// ---- output layouts (a metafunction of the input) ----
-static_assert(std::is_same_v<Col::output_layout<Replicate>, FeatureShard>);
-static_assert(std::is_same_v<ColGather::output_layout<Replicate>, Replicate>);
-static_assert(std::is_same_v<Row::output_layout<FeatureShard>, Replicate>);
-static_assert(std::is_same_v<RowSP::output_layout<FeatureShard>, TokenShard>);
-static_assert(std::is_same_v<RowPartial::output_layout<FeatureShard>, TensorPartial>);
-static_assert(std::is_same_v<Gelu::output_layout<FeatureShard>, FeatureShard>, "elementwise layers keep a shard");
-static_assert(std::is_same_v<Gelu::output_layout<TokenShard>, TokenShard>);
-static_assert(std::is_same_v<AllReduce<C>::output_layout<TensorPartial>, Replicate>);
+// ---- typed activations cost nothing: the layout is an empty tag, the storage is the tensor ----
+static_assert(sizeof(Act<Replicate>) == sizeof(Activation) && sizeof(Act<TensorPartial>) == sizeof(Activation));
+static_assert(!std::is_convertible_v<Activation, Act<Replicate>>, "a layout is stated explicitly, once");
+static_assert(!std::is_convertible_v<Act<TensorPartial>, Act<Replicate>>, "no conversion between layouts");
+static_assert(!std::is_convertible_v<Act<Replicate>, Act<FeatureShard>>);
 
-// ---- accepted inputs ----
-static_assert(Col::accepts<Replicate>() == Verdict::ok && ColSP::accepts<TokenShard>() == Verdict::ok);
-static_assert(Row::accepts<FeatureShard>() == Verdict::ok);
-static_assert(Gelu::accepts<FeatureShard>() == Verdict::ok && Gelu::accepts<Replicate>() == Verdict::ok);
-static_assert(LayerNorm<>::accepts<Replicate>() == Verdict::ok && LayerNorm<TokenShard, C>::accepts<TokenShard>() == Verdict::ok);
-static_assert(Dropout<FeatureShard>::accepts<FeatureShard>() == Verdict::ok);
-static_assert(Linear2D<C>::accepts<GridShard>() == Verdict::ok);
+// ---- forward: the output layout is a function of the input layout ----
+static_assert(std::is_same_v<forward_t<Col, Replicate>, Act<FeatureShard>>);
+static_assert(std::is_same_v<forward_t<ColSP, TokenShard>, Act<FeatureShard>>);
+static_assert(std::is_same_v<forward_t<ColGather, Replicate>, Act<Replicate>>);
+static_assert(std::is_same_v<forward_t<Row, FeatureShard>, Act<Replicate>>);
+static_assert(std::is_same_v<forward_t<RowSP, FeatureShard>, Act<TokenShard>>);
+static_assert(std::is_same_v<forward_t<RowPartial, FeatureShard>, Act<TensorPartial>>);
+static_assert(std::is_same_v<forward_t<Gelu, FeatureShard>, Act<FeatureShard>>, "elementwise layers keep a shard");
+static_assert(std::is_same_v<forward_t<Gelu, TokenShard>, Act<TokenShard>>);
+static_assert(std::is_same_v<forward_t<Linear<>, TokenShard>, Act<TokenShard>>, "rows are independent");
+static_assert(std::is_same_v<forward_t<AllReduce<C>, TensorPartial>, Act<Replicate>>);
+static_assert(std::is_same_v<forward_t<GatherFeatures<C>, FeatureShard>, Act<Replicate>>);
+static_assert(std::is_same_v<forward_t<LayerNorm<TokenShard, C>, TokenShard>, Act<TokenShard>>);
+static_assert(std::is_same_v<forward_t<Dropout<FeatureShard>, FeatureShard>, Act<FeatureShard>>);
+static_assert(std::is_same_v<forward_t<Bias<FeatureShard>, FeatureShard>, Act<FeatureShard>>);
+static_assert(std::is_same_v<forward_t<Linear2D<C>, GridShard>, Act<GridShard>>);
+static_assert(std::is_same_v<forward_t<SelfAttention<C>, Replicate>, Act<Replicate>>);
+static_assert(std::is_same_v<forward_t<TransformerBlock<C, true>, TokenShard>, Act<TokenShard>>);
 
-// ---- rejected inputs, one cause each ----
-static_assert(Row::accepts<Replicate>() == Verdict::needs_feature_shard, "row-parallel fed a replicated tensor");
-static_assert(Row::accepts<TokenShard>() == Verdict::needs_feature_shard);
-static_assert(Gelu::accepts<TensorPartial>() == Verdict::nonlinear_fed_partial, "nonlinear fed a Partial tensor");
-static_assert(LayerNorm<>::accepts<TensorPartial>() == Verdict::nonlinear_fed_partial);
-static_assert(Dropout<>::accepts<TensorPartial>() == Verdict::nonlinear_fed_partial);
-static_assert(Col::accepts<TensorPartial>() == Verdict::linear_fed_partial, "a bias would be added once per rank");
-static_assert(Col::accepts<FeatureShard>() == Verdict::needs_full_features);
-static_assert(LayerNorm<>::accepts<FeatureShard>() == Verdict::needs_full_features, "statistics need whole rows");
-static_assert(ColSP::accepts<Replicate>() == Verdict::needs_token_shard);
-static_assert(Col::accepts<TokenShard>() == Verdict::needs_replicated);
-static_assert(Dropout<>::accepts<FeatureShard>() == Verdict::layout_parameter_mismatch);
-static_assert(Linear2D<C>::accepts<Replicate>() == Verdict::needs_2d_shard);
-static_assert(Bias<FeatureShard>::accepts<TensorPartial>() == Verdict::linear_fed_partial, "the bias would be added per addend");
+// ---- backward: gradients follow; the gradient of a Partial output is replicated ----
+static_assert(std::is_same_v<backward_t<Col, FeatureShard>, Act<Replicate>>, "f's backward all-reduced it");
+static_assert(std::is_same_v<backward_t<ColSP, FeatureShard>, Act<TokenShard>>, "SP: reduce-scattered");
+static_assert(std::is_same_v<backward_t<Row, Replicate>, Act<FeatureShard>>);
+static_assert(std::is_same_v<backward_t<RowSP, TokenShard>, Act<FeatureShard>>);
+static_assert(std::is_same_v<backward_t<RowPartial, Replicate>, Act<FeatureShard>>);
+static_assert(std::is_same_v<backward_t<Gelu, FeatureShard>, Act<FeatureShard>>);
+static_assert(std::is_same_v<backward_t<AllReduce<C>, Replicate>, Act<Replicate>>);
+static_assert(std::is_same_v<grad_layout_t<TensorPartial>, Replicate> && std::is_same_v<grad_layout_t<TokenShard>, TokenShard>);
 
-// ---- whole stages ----
+// ---- whole stages: forward and backward of the checked chain ----
 using Megatron = Stage<Col, Gelu, Row>;
-static_assert(Megatron::valid && std::is_same_v<Megatron::output_layout<Replicate>, Replicate>);
+static_assert(std::is_same_v<forward_t<Megatron, Replicate>, Act<Replicate>>);
+static_assert(std::is_same_v<backward_t<Megatron, Replicate>, Act<Replicate>>);
 static_assert(Megatron::static_in_features == 1024 && Megatron::static_out_features == 1024);
 using MegatronSP = Stage<LayerNorm<TokenShard, C>, ColSP, Gelu, Dropout<FeatureShard>, RowSP, Dropout<TokenShard>>;
-static_assert(MegatronSP::valid && std::is_same_v<MegatronSP::output_layout<TokenShard>, TokenShard>);
+static_assert(std::is_same_v<forward_t<MegatronSP, TokenShard>, Act<TokenShard>>);
+static_assert(std::is_same_v<backward_t<MegatronSP, TokenShard>, Act<TokenShard>>);
 using BiasAfterColumn = Stage<ColumnParallel<C, 1024, 4096, 4>, Bias<FeatureShard>, Gelu, Row>;
-static_assert(BiasAfterColumn::valid, "an elementwise bias keeps the feature shard");
+static_assert(std::is_same_v<forward_t<BiasAfterColumn, Replicate>, Act<Replicate>>, "a bias keeps the feature shard");
 using Deferred = Stage<Col, Gelu, RowPartial, AllReduce<C>, LayerNorm<>>;
-static_assert(Deferred::valid, "a Partial output is fine once an AllReduce follows");
+static_assert(std::is_same_v<forward_t<Deferred, Replicate>, Act<Replicate>>, "a Partial is fine once an AllReduce follows");
 using Gathered = Stage<Col, GatherFeatures<C>, Linear<4096, 1024>>;
-static_assert(Gathered::valid);
+static_assert(std::is_same_v<forward_t<Gathered, Replicate>, Act<Replicate>>);
 using Summa = Stage<Linear2D<C>, Gelu, Linear2D<C>>;
-static_assert(Summa::valid && std::is_same_v<Summa::output_layout<GridShard>, GridShard>, "2D layers chain on the grid layout");
+static_assert(std::is_same_v<forward_t<Summa, GridShard>, Act<GridShard>>, "2D layers chain on the grid layout");
 using Nested = Stage<Megatron, Megatron>;
-static_assert(Nested::valid && Nested::static_out_features == 1024);
+static_assert(std::is_same_v<forward_t<Nested, Replicate>, Act<Replicate>> && Nested::static_out_features == 1024);
 
 // ---- static sizes: divisibility rules are compile-time facts ----
 static_assert(statically_divisible_v<4096, 4> && !statically_divisible_v<1000, 3>);
 static_assert(!layer<int> && !layer<Activation>, "only types with the layer contract are layers");
+}  // namespace
+
+// ---- one module concept: layers, stages, blocks and the feed-forward halves are all modules ----
+namespace {
+using namespace mpar;
+using namespace mpar::nn;
+static_assert(module<Gelu> && module<Megatron> && module<TransformerBlock<C>>, "untyped: pipeline boundaries");
+static_assert(module<Megatron, Act<Replicate>> && split_backward_module<Megatron, Act<Replicate>>, "typed");
+static_assert(split_backward_module<TransformerBlock<C, true>, Act<TokenShard>>);
+static_assert(block_ffn<MlpStage<C>, Replicate> && block_ffn<MlpStage<C, dyn, dyn, dyn, true>, TokenShard>);
+static_assert(split_backward_layer<Col> && split_backward_layer<Row> && !split_backward_layer<Gelu>);
 }  // namespace

@@ -1,16 +1,24 @@
-// Consecutive layers whose static feature sizes disagree (4096 leave the column layer, 2048 enter the row layer).
+// Consecutive layers whose static feature sizes disagree (64 leave the column layer, 32 enter the row
+// layer): the stage is constructed and run on 2 thread ranks.
 // expect: consecutive layers disagree on the feature size
-// expect: layers_do_not_compose.*Gelu.*RowParallel<.*2048
+// expect: check_link.*Gelu.*RowParallel<.*32.*features<64>
 #include <mpar/comm/threads.hpp>
 #include <mpar/nn.hpp>
 using namespace mpar;
 using namespace mpar::nn;
 using C = ThreadsCommunicator;
 #ifdef MPAR_VERIFY_CONTROL
-constexpr std::size_t ffn_in = 4096;
+constexpr std::size_t ffn_in = 64;
 #else
-constexpr std::size_t ffn_in = 2048;
+constexpr std::size_t ffn_in = 32;
 #endif
-using S = Stage<ColumnParallel<C, 1024, 4096, 4>, Gelu, RowParallel<C, ffn_in, 1024, 4>>;
-constexpr bool checked = S::valid;
-int main() { return checked ? 0 : 1; }
+int main() {
+  run_threads(2, [](C& tp) {
+    using Fc1 = ColumnParallel<C, 16, 64, 2>;
+    using Fc2 = RowParallel<C, ffn_in, 16, 2>;
+    Stage<Fc1, Gelu, Fc2> s(Fc1(tp, 16, 64, {.name = "fc1"}), Gelu{}, Fc2(tp, ffn_in, 16, {.name = "fc2"}));
+    auto y = s.forward(Act<Replicate>(Activation({8, 16})));
+    auto dx = s.backward(Act<Replicate>(Activation(y.shape())));
+    return dx.size();
+  });
+}

@@ -146,8 +146,8 @@ namespace detail {
 /** What a stage asks of one block, dense or MoE (a virtual call per block and micro-batch is noise). */
 struct GptBlock {
   virtual ~GptBlock() = default;
-  virtual nn::Activation forward(const nn::Activation& x, int mb) = 0;
-  virtual nn::Activation backward_input(const nn::Activation& dy, int mb) = 0;
+  virtual nn::Act<Replicate> forward(const nn::Act<Replicate>& x, int mb) = 0;
+  virtual nn::Act<Replicate> backward_input(const nn::Act<Replicate>& dy, int mb) = 0;
   virtual void backward_weight(int mb) = 0;
   virtual std::vector<nn::Parameter*> parameters() = 0;
   virtual void drop(int mb) = 0;
@@ -160,8 +160,10 @@ template <class Block>
 struct GptBlockOf final : GptBlock {
   template <class... A>
   explicit GptBlockOf(A&&... a) : block(std::forward<A>(a)...) {}
-  nn::Activation forward(const nn::Activation& x, int mb) override { return block.forward(x, mb); }
-  nn::Activation backward_input(const nn::Activation& dy, int mb) override { return block.backward_input(dy, mb); }
+  nn::Act<Replicate> forward(const nn::Act<Replicate>& x, int mb) override { return block.forward(x, mb); }
+  nn::Act<Replicate> backward_input(const nn::Act<Replicate>& dy, int mb) override {
+    return block.backward_input(dy, mb);
+  }
   void backward_weight(int mb) override { block.backward_weight(mb); }
   std::vector<nn::Parameter*> parameters() override { return block.parameters(); }
   void drop(int mb) override { block.drop(mb); }
@@ -254,16 +256,19 @@ class GptStage {
 
   /** Forward of micro-batch `mb`: tokens (first stage) or hidden states in; hidden states or vocab-sharded logits out. */
   nn::Activation forward(const nn::Activation& x, int mb) {
-    nn::Activation h = first_ ? embed(x, mb) : x;
+    // Hidden states cross stage boundaries replicated over the tensor group.
+    nn::Act<Replicate> h = first_ ? embed(x, mb) : nn::Act<Replicate>(x);
     for (auto& b : blocks_) h = b->forward(h, mb);
-    if (!last_) return h;
-    nn::Activation hn = final_ln_->forward(h, mb);
-    nn::Activation logits({hn.extent(0), head_->local_box[0].extent});
+    if (!last_) return std::move(h).tensor();
+    // The tied head is column-parallel over the vocabulary: f (identity forward), then this rank's
+    // vocabulary rows of E give vocab-sharded logits.
+    nn::Act<Replicate> hn = nn::CopyToTensorRegion::forward(*tp_, final_ln_->forward(h, mb));
+    nn::Act<nn::FeatureShard> logits(nn::Activation({hn.extent(0), head_->local_box[0].extent}));
     B::template gemm<float>(Trans::no, Trans::yes, hn.extent(0), logits.extent(1), cfg_.hidden, 1.0f, hn.data(), cfg_.hidden,
                             head_->value.data(), cfg_.hidden, 0.0f, logits.data(), logits.extent(1));
     if (!vocab_mask_.empty()) B::bias_add_forward(logits.extent(0), logits.extent(1), vocab_mask_.data(), logits.data());
-    head_inputs_.put(mb).h = std::move(hn);
-    return logits;
+    head_inputs_.put(mb).h = std::move(hn).tensor();
+    return std::move(logits).tensor();
   }
 
   /**
@@ -272,26 +277,14 @@ class GptStage {
    * the layer norms' gains and biases get their (cheap) gradients here.
    */
   nn::Activation backward_input(const nn::Activation& dy_in, int mb) {
-    nn::Activation dy = dy_in;
-    if (last_) {
-      auto saved = head_inputs_.take(mb, "GptStage head");
-      const std::size_t t = dy.extent(0), vl = dy.extent(1), h = cfg_.hidden;
-      require(saved.h.extent(0) == t && vl == head_->local_box[0].extent, "GptStage head: logit gradient is ", t, "x", vl,
-              ", expected ", saved.h.extent(0), "x", head_->local_box[0].extent);
-      // dh = dlogits · E_local, then summed over the vocabulary shards.
-      nn::Activation dh({t, h});
-      B::template gemm<float>(Trans::no, Trans::no, t, h, vl, 1.0f, dy.data(), vl, head_->value.data(), h, 0.0f, dh.data(), h);
-      if (tp_->size() > 1) tp_->all_reduce(std::span<float>(dh.values()), ReduceOp::sum);
-      head_pending_.put(mb) = {std::move(saved.h), std::move(dy)};
-      dy = final_ln_->backward(dh, mb);
-    }
+    nn::Act<Replicate> dy = last_ ? head_backward_input(dy_in, mb) : nn::Act<Replicate>(dy_in);
     for (std::size_t i = blocks_.size(); i-- > 0;) dy = blocks_[i]->backward_input(dy, mb);
     if (first_) {
       const std::size_t t = dy.extent(0);
-      embed_pending_.put(mb).dy = std::move(dy);
+      embed_pending_.put(mb).dy = std::move(dy).tensor();
       return nn::Activation({t, 1});
     }
-    return dy;
+    return std::move(dy).tensor();
   }
 
   /**
@@ -417,18 +410,32 @@ class GptStage {
     nn::Activation dy;
   };
 
-  nn::Activation embed(const nn::Activation& x, int mb) {
+  /** B of the head and the final layer norm: vocab-sharded logit gradient in, replicated hidden gradient out. */
+  nn::Act<Replicate> head_backward_input(const nn::Activation& dy_in, int mb) {
+    nn::Act<nn::FeatureShard> dy(dy_in);
+    auto saved = head_inputs_.take(mb, "GptStage head");
+    const std::size_t t = dy.extent(0), vl = dy.extent(1), h = cfg_.hidden;
+    require(saved.h.extent(0) == t && vl == head_->local_box[0].extent, "GptStage head: logit gradient is ", t, "x", vl,
+            ", expected ", saved.h.extent(0), "x", head_->local_box[0].extent);
+    // dh = dlogits · E_local: this rank's vocabulary shard's contribution, summed by f's backward.
+    nn::Act<nn::TensorPartial> dh(nn::Activation({t, h}));
+    B::template gemm<float>(Trans::no, Trans::no, t, h, vl, 1.0f, dy.data(), vl, head_->value.data(), h, 0.0f, dh.data(), h);
+    head_pending_.put(mb) = {std::move(saved.h), std::move(dy).tensor()};
+    return final_ln_->backward(nn::CopyToTensorRegion::backward(*tp_, std::move(dh)), mb);
+  }
+
+  nn::Act<Replicate> embed(const nn::Activation& x, int mb) {
     require(x.extent(1) == 1, "GptStage: the first stage takes token ids as a [tokens, 1] activation, got ", x.extent(0),
             "x", x.extent(1));
     std::vector<std::int32_t> tokens(x.extent(0));
     for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = std::int32_t(x.data()[i]);
-    nn::Activation h = embed_->forward(tokens, mb);
+    nn::Act<Replicate> h = embed_->embed(tokens, mb);
     // h[b, s, :] += position[s, :], one backend addition per sequence.
     const std::size_t block = cfg_.seq * cfg_.hidden;
     require(tokens.size() % cfg_.seq == 0, "GptStage: ", tokens.size(), " tokens are not whole sequences of ", cfg_.seq);
     for (std::size_t b = 0; b < tokens.size() / cfg_.seq; ++b)
       B::add(block, h.data() + b * block, pos_.value.data(), h.data() + b * block);
-    return h;
+    return h;  // the position embedding is replicated: the sum stays Replicate
   }
   void embed_backward(const nn::Activation& dy, int mb, bool final) {
     const std::size_t block = cfg_.seq * cfg_.hidden;

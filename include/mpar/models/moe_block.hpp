@@ -28,8 +28,9 @@
 namespace mpar::models {
 
 /**
- * @brief The MoE MLP as a block's feed-forward half (`nn::block_ffn`): activations in and out. Its
- * whole backward runs in B (the experts' weight gradients come back through the same all-to-all as
+ * @brief The MoE MLP as a block's feed-forward half (`nn::block_ffn<MoeFfn, Replicate>`): replicated
+ * activations in and out over the tensor group (every tensor rank routes the same tokens). Its whole
+ * backward runs in B (the experts' weight gradients come back through the same all-to-all as
  * the input gradient), so W has nothing left to do.
  */
 template <communicator C, backend B = HostBackend>
@@ -44,6 +45,13 @@ class MoeFfn {
     seen_[mb] = {double(moe_.aux_loss()), moe_.dropped()};
     return y;
   }
+  /** Typed: whole rows in, whole rows out (the gate needs every feature of a token). */
+  nn::Act<Replicate> forward(const nn::Act<Replicate>& x, int mb) { return nn::Act<Replicate>(forward(x.tensor(), mb)); }
+  nn::Act<Replicate> backward_input(const nn::Act<Replicate>& dy, int mb) {
+    return nn::Act<Replicate>(backward_input(dy.tensor(), mb));
+  }
+  /** The whole backward is B (W is empty), so backward and backward_input are the same. */
+  nn::Act<Replicate> backward(const nn::Act<Replicate>& dy, int mb) { return backward_input(dy, mb); }
   nn::Activation backward_input(const nn::Activation& dy, int mb) {
     nn::Activation dx({dy.extent(0), dy.extent(1)});
     moe_.backward(std::span<const float>(dy.data(), dy.size()), std::span<float>(dx.data(), dx.size()), aux_grad_, mb);

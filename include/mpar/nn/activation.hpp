@@ -28,7 +28,11 @@
 
 namespace mpar::nn {
 
-/** @brief An activation or its gradient: `[tokens, features]`, row-major, fp32. */
+/**
+ * @brief The storage of an activation or its gradient: `[tokens, features]`, row-major, fp32, with no
+ * layout in its type. It is what crosses a pipeline boundary and what a test fills; inside a stage
+ * activations travel as `Act<L>`.
+ */
 using Activation = Tensor<float, 2>;
 
 /** @brief Features split over the tensor axis (the output of a column-parallel layer). */
@@ -37,6 +41,47 @@ using FeatureShard = Shard<1, axis::tensor>;
 using TokenShard = Shard<0, axis::tensor>;
 /** @brief Full-size addends whose sum over the tensor axis is the value (a row-parallel layer before its reduction). */
 using TensorPartial = Partial<ReduceOp::sum, axis::tensor>;
+
+/**
+ * @brief An activation whose layout on the tensor axis is part of its type: `Act<Replicate>`,
+ * `Act<FeatureShard>`, `Act<TensorPartial>`, `Act<TokenShard>`, `Act<GridShard>`.
+ *
+ * It owns the same `Activation` storage (no extra bytes, no extra work: the layout is an empty tag
+ * that exists only at compile time). Construction from a tensor is explicit (the caller states the
+ * layout once, at the edge); there is no conversion between layouts: a layout changes only through
+ * a layer or a redistribution (nn/redistribute.hpp), so a mis-wired composition does not compile.
+ */
+template <class L>
+  requires is_layout_v<L>
+class Act {
+ public:
+  using layout = L;
+
+  Act() = default;
+  /** States that `t` is laid out as `L` (a copy of an lvalue, a move of an rvalue). */
+  explicit Act(Activation t) : t_(std::move(t)) {}
+
+  [[nodiscard]] const Activation& tensor() const& { return t_; }
+  [[nodiscard]] Activation& tensor() & { return t_; }
+  /** Gives up the storage (e.g. to send it across a pipeline boundary). */
+  [[nodiscard]] Activation tensor() && { return std::move(t_); }
+  [[nodiscard]] std::size_t extent(std::size_t d) const { return t_.extent(d); }
+  [[nodiscard]] const Shape<2>& shape() const { return t_.shape(); }
+  [[nodiscard]] std::size_t size() const { return t_.size(); }
+  [[nodiscard]] float* data() { return t_.data(); }
+  [[nodiscard]] const float* data() const { return t_.data(); }
+
+ private:
+  Activation t_;
+};
+
+/**
+ * @brief The layout of the gradient of an activation laid out as `L`, as a layer's backward receives
+ * or returns it: the same layout, except that the gradient of a Partial value is replicated
+ * (d(Σ_r x_r)/dx_r = I: every addend receives the whole gradient).
+ */
+template <class L>
+using grad_layout_t = std::conditional_t<L::is_partial, Replicate, L>;
 
 /** @brief Marks a layer that needs no communicator (single-rank or replicated work only). */
 struct NoComm {};

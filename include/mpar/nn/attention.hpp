@@ -110,20 +110,42 @@ inline AttentionCore make_core(std::string_view who, std::size_t hidden, std::si
  * attention probabilities kept from forward to backward. `Derived` supplies `layer_kind` for messages.
  */
 template <class Derived, class Qkv, class Proj, backend B>
-class AttentionLayer : public BackwardFromSplit<Derived> {
+class AttentionLayer : public TypedLayer<Derived> {
+  using Typed = TypedLayer<Derived>;
+
  public:
+  using Typed::backward;
+  /**
+   * Typed forward: QKV (column-parallel: the heads this rank owns, `Shard<1, tensor>`), the core on
+   * those heads (still `Shard<1, tensor>`), the output projection (row-parallel: back to the input's
+   * layout). Single-rank attention is the same chain with every shard the whole tensor.
+   */
+  template <class In>
+  auto forward(const Act<In>& x, int mb = 0) {
+    if constexpr (Derived::template check_input<In>()) {
+      auto qkv = qkv_.forward(x, mb);
+      auto& c = cache_.put(mb);
+      decltype(qkv) o(core_.forward<B>(qkv.tensor(), c.probs, Derived::layer_kind));
+      c.qkv = std::move(qkv).tensor();
+      return proj_.forward(o, mb);
+    } else {
+      return Act<typename Derived::default_input>{};  // refused above, with the layer's message
+    }
+  }
+  /** Untyped: the input in the layer's declared layout. */
   Activation forward(const Activation& x, int mb = 0) {
-    Activation qkv = qkv_.forward(x, mb);
-    auto& c = cache_.put(mb);
-    Activation o = core_.forward<B>(qkv, c.probs, Derived::layer_kind);
-    c.qkv = std::move(qkv);
-    return proj_.forward(o, mb);
+    return forward(Act<typename Derived::default_input>(x), mb).tensor();
   }
   /** B: through the output projection, the core and the QKV projection; both projections keep their W inputs. */
-  Activation backward_input(const Activation& dy, int mb = 0) {
-    Activation dout = proj_.backward_input(dy, mb);
+  template <class G>
+  auto backward_input(const Act<G>& dy, int mb = 0) {
+    auto dout = proj_.backward_input(dy, mb);
     auto c = cache_.take(mb, Derived::layer_kind);
-    return qkv_.backward_input(core_.backward<B>(c.qkv, c.probs, dout, Derived::layer_kind), mb);
+    decltype(dout) dqkv(core_.backward<B>(c.qkv, c.probs, dout.tensor(), Derived::layer_kind));
+    return qkv_.backward_input(dqkv, mb);
+  }
+  Activation backward_input(const Activation& dy, int mb = 0) {
+    return backward_input(Act<typename Derived::default_input>(dy), mb).tensor();
   }
   /** W: the weight gradients of both projections for micro-batch `mb` (the core has no weights). */
   void backward_weight(int mb = 0) {
@@ -183,8 +205,8 @@ class Attention : public detail::AttentionLayer<Attention<B>, Linear<dyn, dyn, B
   static constexpr bool preserves_features = false;
   static constexpr std::size_t static_in_features = dyn, static_out_features = dyn;
   template <class L>
-  static constexpr Verdict accepts() {
-    return detail::whole_rows_verdict<Replicate, L>();
+  static constexpr bool check_input() {
+    return detail::check_whole_rows<Replicate, L>();
   }
   template <class L>
   using output_layout = Replicate;
@@ -223,8 +245,8 @@ class SelfAttention
   static constexpr bool preserves_features = false;
   static constexpr std::size_t static_in_features = Hidden, static_out_features = Hidden;
   template <class L>
-  static constexpr Verdict accepts() {
-    return detail::whole_rows_verdict<In, L>();
+  static constexpr bool check_input() {
+    return detail::check_whole_rows<In, L>();
   }
   template <class L>
   using output_layout = In;

@@ -20,21 +20,34 @@ namespace mpar::nn {
  * receive the bias, adding it TP times.
  */
 template <class L = Replicate, backend B = HostBackend>
-class Bias {
+class Bias : public detail::TypedLayer<Bias<L, B>> {
+  using Typed = detail::TypedLayer<Bias<L, B>>;
   static_assert(std::is_same_v<L, Replicate> || std::is_same_v<L, FeatureShard>,
                 "mpar::nn::Bias<L>: L must be Replicate or Shard<1, axis::tensor>; for a token-sharded activation "
                 "use the bias of the preceding RowParallel (added after its reduce-scatter)");
 
  public:
+  using Typed::backward;
+  using Typed::forward;
   static constexpr std::string_view layer_kind = "Bias";
   using default_input = L;
   static constexpr bool preserves_features = true;
   static constexpr std::size_t static_in_features = dyn, static_out_features = dyn;
   template <class In>
-  static constexpr Verdict accepts() {
-    if constexpr (std::is_same_v<In, L>) return Verdict::ok;
-    else if constexpr (In::is_partial) return Verdict::linear_fed_partial;
-    else return Verdict::layout_parameter_mismatch;
+  static constexpr bool check_input() {
+    if constexpr (std::is_same_v<In, L>) {
+      return true;
+    } else if constexpr (In::is_partial) {
+      static_assert(detail::always_false_v<In>,
+                    "mpar::nn::Bias is fed a Partial<sum, tensor> tensor: every addend would receive the bias, adding it "
+                    "once per rank. Fix: insert AllReduce before it, or use the bias of the RowParallel");
+      return false;
+    } else {
+      static_assert(detail::always_false_v<In>,
+                    "mpar::nn::Bias<L> was declared for another layout than it is fed. Fix: declare it with the layout "
+                    "shown as 'In' above (Bias<Shard<1, axis::tensor>> after a ColumnParallel)");
+      return false;
+    }
   }
   template <class In>
   using output_layout = In;

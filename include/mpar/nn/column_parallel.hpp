@@ -37,7 +37,9 @@ struct ColumnOptions {
  */
 template <communicator C, std::size_t In = dyn, std::size_t Out = dyn, std::size_t TP = dyn, ColumnOptions O = ColumnOptions{},
           backend B = HostBackend>
-class ColumnParallel : public detail::LinearState, public detail::BackwardFromSplit<ColumnParallel<C, In, Out, TP, O, B>> {
+class ColumnParallel : public detail::LinearState, public detail::TypedLayer<ColumnParallel<C, In, Out, TP, O, B>> {
+  using Typed = detail::TypedLayer<ColumnParallel<C, In, Out, TP, O, B>>;
+
   static_assert(statically_divisible_v<Out, TP>,
                 "mpar::nn::ColumnParallel<C, In, Out, TP>: the static output size Out is not divisible by the static "
                 "tensor-parallel size TP, so the weight cannot be split evenly by columns; choose Out a multiple of TP");
@@ -47,6 +49,9 @@ class ColumnParallel : public detail::LinearState, public detail::BackwardFromSp
                 "sharded (gather_output = false) for fused projections");
 
  public:
+  using Typed::backward;
+  using Typed::backward_input;
+  using Typed::forward;
   static constexpr std::string_view layer_kind = "ColumnParallel";
   static constexpr ColumnOptions options = O;
   using default_input = std::conditional_t<O.sequence_parallel, TokenShard, Replicate>;
@@ -54,12 +59,33 @@ class ColumnParallel : public detail::LinearState, public detail::BackwardFromSp
   static constexpr std::size_t static_in_features = In;
   static constexpr std::size_t static_out_features = Out == dyn ? dyn : Out * O.groups;
   template <class L>
-  static constexpr Verdict accepts() {
-    if constexpr (std::is_same_v<L, default_input>) return Verdict::ok;
-    else if constexpr (L::is_partial) return Verdict::linear_fed_partial;
-    else if constexpr (std::is_same_v<L, FeatureShard>) return Verdict::needs_full_features;
-    else if constexpr (O.sequence_parallel) return Verdict::needs_token_shard;
-    else return Verdict::needs_replicated;
+  static constexpr bool check_input() {
+    if constexpr (std::is_same_v<L, default_input>) {
+      return true;
+    } else if constexpr (L::is_partial) {
+      static_assert(detail::always_false_v<L>,
+                    "mpar::nn::ColumnParallel is fed a Partial<sum, tensor> tensor, which would add its bias once per "
+                    "rank. Fix: insert AllReduce before it (or give the RowParallel RowReduce::all_reduce)");
+      return false;
+    } else if constexpr (std::is_same_v<L, FeatureShard>) {
+      static_assert(detail::always_false_v<L>,
+                    "mpar::nn::ColumnParallel needs whole rows but is fed a feature-sharded tensor (Shard<1, tensor>). "
+                    "Fix: use RowParallel here (it consumes Shard<1, tensor>), or insert GatherFeatures (or set "
+                    "ColumnOptions{.gather_output = true} on the previous ColumnParallel)");
+      return false;
+    } else if constexpr (O.sequence_parallel) {
+      static_assert(detail::always_false_v<L>,
+                    "mpar::nn::ColumnParallel with ColumnOptions{.sequence_parallel = true} expects a token-sharded "
+                    "input (Shard<0, tensor>) but is fed another layout (Replicate?). Fix: give the previous RowParallel "
+                    "RowReduce::reduce_scatter, or use the non-sequence-parallel ColumnParallel");
+      return false;
+    } else {
+      static_assert(detail::always_false_v<L>,
+                    "mpar::nn::ColumnParallel expects a Replicate input but is fed a token-sharded tensor (Shard<0, "
+                    "tensor>, sequence parallelism). Fix: use the sequence-parallel form "
+                    "ColumnParallel<..., ColumnOptions{.sequence_parallel = true}>");
+      return false;
+    }
   }
   template <class L>
   using output_layout = std::conditional_t<O.gather_output, Replicate, FeatureShard>;
@@ -98,18 +124,22 @@ class ColumnParallel : public detail::LinearState, public detail::BackwardFromSp
     }
   }
 
-  Activation forward(const Activation& x, int mb = 0) {
-    Activation xf = O.sequence_parallel ? gather_tokens(*comm_, x) : x;
+  Activation forward(const Activation& x_in, int mb = 0) {
+    // The replicated operand of this rank's columns: SP all-gathers the tokens; otherwise f (identity).
+    Act<Replicate> xf = [&] {
+      if constexpr (O.sequence_parallel) return GatherTokens::forward(*comm_, Act<TokenShard>(x_in));
+      else return CopyToTensorRegion::forward(*comm_, Act<Replicate>(x_in));
+    }();
     require(xf.extent(1) == in_, "ColumnParallel '", name_, "' (tensor rank ", rank_, "): input has ", xf.extent(1),
             " features, expected ", in_);
     const std::size_t n = O.groups * local_out_;
-    Activation y({xf.extent(0), n});
-    detail::linear_forward<B>(xf, weight_.value.data(), n, y);
-    if (has_bias()) detail::add_row_vector<B>(y, bias_.value);
+    Act<FeatureShard> y(Activation({xf.extent(0), n}));
+    detail::linear_forward<B>(xf.tensor(), weight_.value.data(), n, y.tensor());
+    if (has_bias()) detail::add_row_vector<B>(y.tensor(), bias_.value);
     // The gathered input is kept for the weight gradient: memory for one all-gather less in backward.
-    keep_input(mb, std::move(xf));
-    if constexpr (O.gather_output) return gather_features(*comm_, y);
-    else return y;
+    keep_input(mb, std::move(xf).tensor());
+    if constexpr (O.gather_output) return GatherFeaturesOf::forward(*comm_, y).tensor();
+    else return std::move(y).tensor();
   }
 
   /**
@@ -118,19 +148,20 @@ class ColumnParallel : public detail::LinearState, public detail::BackwardFromSp
    */
   Activation backward_input(const Activation& dy_in, int mb = 0) {
     Activation x = take_input(mb, layer_kind);
-    Activation dy = O.gather_output ? local_features(dy_in, p_, rank_) : dy_in;
+    Act<FeatureShard> dy = [&] {
+      if constexpr (O.gather_output) return GatherFeaturesOf::backward(*comm_, Act<Replicate>(dy_in));
+      else return Act<FeatureShard>(dy_in);
+    }();
     require(dy.extent(0) == x.extent(0) && dy.extent(1) == O.groups * local_out_, "ColumnParallel '", name_,
             "' (tensor rank ", rank_, "): output gradient is ", dy.extent(0), "x", dy.extent(1), ", expected ",
             x.extent(0), "x", O.groups * local_out_);
-    Activation dx({dy.extent(0), in_});
-    detail::linear_backward_input<B>(dy, weight_.value.data(), in_, dx);
-    keep_for_weight(mb, std::move(x), std::move(dy));
-    // Each rank's dx is the contribution of its output columns: the "f" operator's backward sums them.
-    if constexpr (O.sequence_parallel) return reduce_scatter_tokens(*comm_, dx, "ColumnParallel");
-    else {
-      all_reduce_sum(*comm_, dx);
-      return dx;
-    }
+    // Each rank's dx is the contribution of its output columns only: a Partial sum over the ranks.
+    Act<TensorPartial> dx(Activation({dy.extent(0), in_}));
+    detail::linear_backward_input<B>(dy.tensor(), weight_.value.data(), in_, dx.tensor());
+    keep_for_weight(mb, std::move(x), std::move(dy).tensor());
+    // The backward dual of the forward entry sums it: f's all-reduce (SP: the reduce-scatter of GatherTokens).
+    if constexpr (O.sequence_parallel) return GatherTokens::backward(*comm_, std::move(dx), "ColumnParallel").tensor();
+    else return CopyToTensorRegion::backward(*comm_, std::move(dx)).tensor();
   }
   /** W: this rank's weight and bias columns, `dW += xᵀ dy`; no communication (every rank holds all tokens). */
   void backward_weight(int mb = 0) { local_backward_weight<B>(mb, layer_kind); }

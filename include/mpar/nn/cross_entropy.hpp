@@ -37,6 +37,19 @@ class VocabParallelCrossEntropy {
     offset_ = rank_ * (vocab_ / p_);
   }
 
+  /** Typed: the logits must be vocab-sharded, the output of a ColumnParallel head without gather_output. */
+  template <class L>
+  float forward(const Act<L>& logits, std::span<const std::int32_t> targets, int mb = 0) {
+    static_assert(std::is_same_v<L, FeatureShard>,
+                  "mpar::nn::VocabParallelCrossEntropy takes vocab-sharded logits (Shard<1, tensor>) but is fed "
+                  "another layout (see L above). Fix: feed it the output of a ColumnParallel LM head without "
+                  "gather_output (or the tied head of GptStage)");
+    if constexpr (std::is_same_v<L, FeatureShard>) return forward(logits.tensor(), targets, mb);
+    else return 0.0f;
+  }
+  /** Typed gradient of `scale * loss` with respect to this rank's (vocab-sharded) logits. */
+  Act<FeatureShard> logits_gradient(int mb = 0, float scale = 1.0f) { return Act<FeatureShard>(backward(mb, scale)); }
+
   /** The mean loss (the same on every tensor rank). */
   float forward(const Activation& logits, std::span<const std::int32_t> targets, int mb = 0) {
     const std::size_t t = logits.extent(0), vl = logits.extent(1);

@@ -98,23 +98,28 @@ class VocabParallelEmbedding {
     weight_ = make_parameter<2>(c.name + ".weight", c.id_base, s, box, TokenShard::name(), p_ > 1, c.seed,
                                 InitSpec::normal(0.02));
   }
-  Activation forward(std::span<const std::int32_t> tokens, int mb = 0) {
+  /** Typed lookup: `Act<Replicate>` (SP: `Act<Shard<0, tensor>>`) of the tokens' rows. */
+  Act<output_layout> embed(std::span<const std::int32_t> tokens, int mb = 0) {
     detail::check_tokens(tokens, vocab_, "VocabParallelEmbedding");
     auto& ids = cache_.put(mb).tokens;
     ids.assign(tokens.begin(), tokens.end());
-    Activation y = detail::embed_rows<B>(ids, weight_, slice_.offset, slice_.extent, hidden_);
-    if constexpr (SP) {
-      return reduce_scatter_tokens(*comm_, y, "VocabParallelEmbedding");
-    } else {
-      all_reduce_sum(*comm_, y);
-      return y;
-    }
+    // This rank's rows for the tokens in its vocabulary slice, zeros elsewhere: an addend of the lookup.
+    Act<TensorPartial> y(detail::embed_rows<B>(ids, weight_, slice_.offset, slice_.extent, hidden_));
+    if constexpr (SP) return ReduceScatterTokens::forward(*comm_, std::move(y), "VocabParallelEmbedding");
+    else return ReduceToReplicate::forward(*comm_, std::move(y));
   }
-  void backward(const Activation& dy_in, int mb = 0) {
+  Activation forward(std::span<const std::int32_t> tokens, int mb = 0) { return embed(tokens, mb).tensor(); }
+  /** Typed backward: the gradient of the lookup's output (accumulated into the table's gradient). */
+  void backward(Act<output_layout> dy_in, int mb = 0) {
     auto c = cache_.take(mb, "VocabParallelEmbedding");
-    Activation dy = SP ? gather_tokens(*comm_, dy_in) : dy_in;
-    detail::embed_rows_backward<B>(c.tokens, weight_, slice_.offset, slice_.extent, hidden_, dy);
+    // The backward dual of the forward reduction: all-gather (SP) or identity.
+    const Act<Replicate> dy = [&] {
+      if constexpr (SP) return ReduceScatterTokens::backward(*comm_, std::move(dy_in));
+      else return ReduceToReplicate::backward(*comm_, std::move(dy_in));
+    }();
+    detail::embed_rows_backward<B>(c.tokens, weight_, slice_.offset, slice_.extent, hidden_, dy.tensor());
   }
+  void backward(const Activation& dy, int mb = 0) { backward(Act<output_layout>(dy), mb); }
   std::vector<Parameter*> parameters() { return {&weight_}; }
   void drop(int mb) { cache_.drop(mb); }
   [[nodiscard]] Block vocab_slice() const { return slice_; }

@@ -13,18 +13,28 @@ namespace mpar::nn {
  * input is refused because gelu(a + b) != gelu(a) + gelu(b). `Gelu` is the host form.
  */
 template <backend B>
-class BasicGelu : public detail::NoParameters {
+class BasicGelu : public detail::NoParameters, public detail::TypedLayer<BasicGelu<B>> {
+  using Typed = detail::TypedLayer<BasicGelu<B>>;
+
  public:
+  using Typed::backward;
+  using Typed::forward;
   static constexpr std::string_view layer_kind = "Gelu";
   using default_input = Replicate;
   static constexpr bool preserves_features = true;
   static constexpr std::size_t static_in_features = dyn, static_out_features = dyn;
   template <class L>
-  static constexpr Verdict accepts() {
-    return L::is_partial ? Verdict::nonlinear_fed_partial : Verdict::ok;
+  static constexpr bool check_input() {
+    static_assert(!L::is_partial,
+                  "mpar::nn::Gelu (a nonlinear layer) is fed a Partial<sum, tensor> tensor; gelu(a + b) != gelu(a) + "
+                  "gelu(b). Fix: reduce first: give the RowParallel RowReduce::all_reduce, or insert AllReduce between "
+                  "the two layers");
+    return !L::is_partial;
   }
   template <class L>
   using output_layout = L;
+  template <class G>
+  using input_for_grad = G;
 
   Activation forward(const Activation& x, int mb = 0) {
     Activation y(x.shape());

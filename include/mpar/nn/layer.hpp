@@ -13,37 +13,23 @@
 #include "mpar/core/extents.hpp"
 #include "mpar/core/mesh.hpp"
 #include "mpar/nn/activation.hpp"
+#include "mpar/nn/module.hpp"
 #include "mpar/nn/parameter.hpp"
 
 namespace mpar::nn {
 
 /**
- * @brief A layer's answer to "can you take a tensor of layout `In`?". Each refusal is one cause with
- * its own diagnostic in `Stage` (see stage.hpp), so the message can say how to fix it.
- */
-enum class Verdict {
-  ok,
-  needs_feature_shard,         ///< a row-parallel layer fed a tensor whose features are not split
-  nonlinear_fed_partial,       ///< a nonlinear layer fed a Partial (unreduced) tensor
-  linear_fed_partial,          ///< a layer with a bias or a column split fed a Partial tensor
-  needs_full_features,         ///< a layer that needs whole rows fed a feature-sharded tensor
-  needs_token_shard,           ///< a sequence-parallel layer fed a tensor that is not token-sharded
-  needs_replicated,            ///< a non-sequence-parallel layer fed a token-sharded tensor
-  layout_parameter_mismatch,   ///< a layer declared for layout L (e.g. Dropout<L>) fed another layout
-  needs_2d_shard               ///< a 2D-parallel layer fed a tensor that is not 2D-sharded
-};
-
-/**
  * @brief The static half of a layer: `layer_kind` (its name in messages), `default_input` (the
- * layout it expects when it is first in a Stage), `accepts<In>()` (a Verdict), `output_layout<In>`
- * (the layout it returns), `preserves_features` (elementwise layers) and, for the others,
- * `static_in_features` / `static_out_features` (a size or `dyn`).
+ * layout it expects when it is first in a Stage), `check_input<In>()` (true when it takes layout `In`;
+ * otherwise compilation stops in it with the layer's own message saying what is wrong and how to fix
+ * it), `output_layout<In>` (the layout it returns), `preserves_features` (elementwise layers) and, for
+ * the others, `static_in_features` / `static_out_features` (a size or `dyn`).
  */
 template <class L>
 concept layer_contract = requires {
   { L::layer_kind } -> std::convertible_to<std::string_view>;
   typename L::default_input;
-  { L::template accepts<typename L::default_input>() } -> std::same_as<Verdict>;
+  { L::template check_input<typename L::default_input>() } -> std::same_as<bool>;
   typename L::template output_layout<typename L::default_input>;
   { L::preserves_features } -> std::convertible_to<bool>;
   { L::static_in_features } -> std::convertible_to<std::size_t>;
@@ -51,33 +37,19 @@ concept layer_contract = requires {
 };
 
 /**
- * @brief A layer: the static contract plus `forward(x, mb) -> y`, `backward(dy, mb) -> dx` (which
- * accumulates parameter gradients into Parameter::grad), `parameters()`, `drop(mb)` (free the
- * activations saved for micro-batch `mb`), and run-time `in_features()` / `out_features()` (0 for
- * layers that preserve their input's features).
+ * @brief A layer: a `droppable_module` (forward, backward, parameters, `drop(mb)`) with the static
+ * layout contract and run-time `in_features()` / `out_features()` (0 for layers that preserve their
+ * input's features). Its typed forms (`forward(Act<In>)`, `backward(Act<G>)`) come from the contract.
  */
 template <class L>
-concept layer = layer_contract<L> && requires(L& l, const Activation& x, int mb) {
-  { l.forward(x, mb) } -> std::same_as<Activation>;
-  { l.backward(x, mb) } -> std::same_as<Activation>;
-  { l.parameters() } -> std::same_as<std::vector<Parameter*>>;
-  l.drop(mb);
+concept layer = layer_contract<L> && module<L> && droppable_module<L> && requires(const L& l) {
   { l.in_features() } -> std::convertible_to<std::size_t>;
   { l.out_features() } -> std::convertible_to<std::size_t>;
 };
 
-/**
- * @brief A layer whose backward splits in two, for zero-bubble pipeline schedules:
- * `backward_input(dy, mb) -> dx` (B: the input gradient, with every tensor-parallel collective it
- * needs; it keeps what the weight gradient needs for micro-batch `mb`) and `backward_weight(mb)` (W:
- * the weight gradients `dW = xᵀ·dy`, accumulated into Parameter::grad; frees what B kept).
- * `backward(dy, mb)` equals B followed by W. Several micro-batches may sit between their B and W.
- */
+/** @brief A layer whose backward splits into B and W (`split_backward_module`). */
 template <class L>
-concept split_backward_layer = layer<L> && requires(L& l, const Activation& dy, int mb) {
-  { l.backward_input(dy, mb) } -> std::same_as<Activation>;
-  l.backward_weight(mb);
-};
+concept split_backward_layer = layer<L> && split_backward_module<L>;
 
 namespace detail {
 /** B of any layer: its `backward_input` when it splits its backward, else its whole backward (W is then empty). */
@@ -86,39 +58,131 @@ Activation backward_input_of(L& l, const Activation& dy, int mb) {
   if constexpr (requires { { l.backward_input(dy, mb) } -> std::same_as<Activation>; }) return l.backward_input(dy, mb);
   else return l.backward(dy, mb);
 }
+/** B of any layer on a typed gradient: its `backward_input` when it splits its backward, else its whole backward. */
+template <class L, class G>
+auto backward_input_of(L& l, const Act<G>& dy, int mb) {
+  if constexpr (requires(const Activation& a) { l.backward_input(a, mb); }) return l.backward_input(dy, mb);
+  else return l.backward(dy, mb);
+}
 /** W of any layer: its `backward_weight` when it splits its backward; nothing otherwise (B did all the work). */
 template <class L>
 void backward_weight_of(L& l, int mb) {
   if constexpr (requires { l.backward_weight(mb); }) l.backward_weight(mb);
 }
 
+template <class>
+inline constexpr bool always_false_v = false;
+
+/** The layout of the input whose gradient is `G`: the layer's own `input_for_grad<G>` if it has one, else `default_input`. */
+template <class D, class G>
+struct input_for_grad {
+  using type = typename D::default_input;
+};
+template <class D, class G>
+  requires requires { typename D::template input_for_grad<G>; }
+struct input_for_grad<D, G> {
+  using type = typename D::template input_for_grad<G>;
+};
+
 /**
- * The fused backward of a layer that splits its backward: `Derived::backward_input` then
- * `Derived::backward_weight` (CRTP base, so every split layer states "B then W" once).
+ * The typed face of a layer (CRTP base): `forward(Act<In>) -> Act<output_layout<In>>` after the
+ * layer's own `check_input<In>()`, and `backward(Act<G>) -> Act<grad_layout_t<In>>` /
+ * `backward_input` where `G` must be the gradient layout of the output. The work is the layer's
+ * `forward(const Activation&, mb)` on the same storage, so the typed call costs nothing.
+ *
+ * It also supplies the fused backward of a layer that splits its backward: `backward_input` then
+ * `backward_weight`, so every split layer states "B then W" once.
  */
-template <class Derived>
-class BackwardFromSplit {
+template <class D>
+class TypedLayer {
  public:
-  /** The whole backward: backward_input then backward_weight. */
+  template <class In>
+  auto forward(const Act<In>& x, int mb = 0) {
+    // A refused layout stops compilation inside check_input with the layer's message; the result is
+    // then what a correctly fed layer returns, so the caller's code adds no second error.
+    if constexpr (D::template check_input<In>())
+      return Act<typename D::template output_layout<In>>(self().forward(x.tensor(), mb));
+    else
+      return refused_output();
+  }
+  template <class G>
+  auto backward(const Act<G>& dy, int mb = 0) {
+    using In = typename input_for_grad<D, G>::type;
+    if constexpr (!sound()) return Act<grad_layout_t<In>>{};  // its own diagnostic was already given
+    else if constexpr (check_grad<In, G>()) return Act<grad_layout_t<In>>(self().backward(dy.tensor(), mb));
+    else return Act<grad_layout_t<In>>{};
+  }
+  template <class G>
+    requires requires(D& d, const Activation& a) { d.backward_input(a, 0); }
+  auto backward_input(const Act<G>& dy, int mb = 0) {
+    using In = typename input_for_grad<D, G>::type;
+    if constexpr (!sound()) return Act<grad_layout_t<In>>{};
+    else if constexpr (check_grad<In, G>()) return Act<grad_layout_t<In>>(self().backward_input(dy.tensor(), mb));
+    else return Act<grad_layout_t<In>>{};
+  }
+  /** The whole backward of a layer that splits it: backward_input then backward_weight. */
   Activation backward(const Activation& dy, int mb = 0) {
-    auto& self = static_cast<Derived&>(*this);
-    Activation dx = self.backward_input(dy, mb);
-    self.backward_weight(mb);
+    Activation dx = self().backward_input(dy, mb);
+    self().backward_weight(mb);
     return dx;
+  }
+
+ private:
+  D& self() { return static_cast<D&>(*this); }
+  /** What the layer returns for its declared input: the stand-in result of a refused call (never run). */
+  static auto refused_output() {
+    return Act<typename D::template output_layout<typename D::default_input>>{};
+  }
+  /** False only for a composite (a Stage) whose own chain was refused, so its backward adds no second error. */
+  static constexpr bool sound() {
+    if constexpr (requires { D::composes; }) return D::composes;
+    else return true;
+  }
+  template <class In, class G>
+  static constexpr bool check_grad() {
+    constexpr bool ok = std::is_same_v<G, grad_layout_t<typename D::template output_layout<In>>>;
+    static_assert(ok,
+                  "mpar::nn: backward is given a gradient whose layout is not the gradient layout of this layer's "
+                  "output (see D and G above). Fix: pass the gradient the next layer's backward returned, or "
+                  "redistribute it first (nn/redistribute.hpp)");
+    return ok;
   }
 };
 
 /**
- * The verdict of a nonlinear layer that needs whole rows in layout `Expected` (`Replicate`, or
- * `Shard<0, tensor>` under sequence parallelism) when it is fed layout `In`.
+ * The input rule shared by layers that need whole rows (`LayerNorm`, attention, a transformer block):
+ * they take `Expected` (`Replicate`, or `Shard<0, tensor>` under sequence parallelism) and nothing else.
  */
 template <class Expected, class In>
-constexpr Verdict whole_rows_verdict() {
-  if constexpr (std::is_same_v<In, Expected>) return Verdict::ok;
-  else if constexpr (In::is_partial) return Verdict::nonlinear_fed_partial;
-  else if constexpr (std::is_same_v<In, FeatureShard>) return Verdict::needs_full_features;
-  else if constexpr (std::is_same_v<Expected, TokenShard>) return Verdict::needs_token_shard;
-  else return Verdict::needs_replicated;
+constexpr bool check_whole_rows() {
+  if constexpr (std::is_same_v<In, Expected>) {
+    return true;
+  } else if constexpr (In::is_partial) {
+    static_assert(always_false_v<In>,
+                  "mpar::nn: a layer that needs whole rows (LayerNorm, attention, a transformer block) is fed a "
+                  "Partial<sum, tensor> tensor; its statistics of a + b are not those of a plus those of b. Fix: reduce "
+                  "first: give the RowParallel RowReduce::all_reduce, or insert AllReduce between the two layers");
+    return false;
+  } else if constexpr (In::is_sharded && In::sharded_dim == 1) {
+    static_assert(always_false_v<In>,
+                  "mpar::nn: a layer that needs whole rows (LayerNorm, attention, a transformer block) is fed a "
+                  "feature-sharded tensor (Shard<1, tensor>). Fix: use RowParallel before it (it consumes "
+                  "Shard<1, tensor>), or insert GatherFeatures (or set ColumnOptions{.gather_output = true} on the "
+                  "previous ColumnParallel)");
+    return false;
+  } else if constexpr (std::is_same_v<Expected, TokenShard>) {
+    static_assert(always_false_v<In>,
+                  "mpar::nn: a sequence-parallel layer (LayerNorm<Shard<0, axis::tensor>, C>, SP attention or block) "
+                  "expects a token-sharded input (Shard<0, tensor>) but is fed another layout (see In above). Fix: give "
+                  "the previous RowParallel RowReduce::reduce_scatter, or use the non-sequence-parallel form");
+    return false;
+  } else {
+    static_assert(always_false_v<In>,
+                  "mpar::nn: this layer expects a Replicate input but is fed another layout (a token-sharded "
+                  "Shard<0, tensor> under sequence parallelism?). Fix: use the sequence-parallel form of this layer "
+                  "(LayerNorm<Shard<0, axis::tensor>, C>, SelfAttention<..., SP = true>)");
+    return false;
+  }
 }
 
 /** The parameter-free, feature-preserving half of a layer: no parameters, `in_features() == out_features() == 0`. */

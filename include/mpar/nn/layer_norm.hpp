@@ -25,7 +25,8 @@ namespace mpar::nn {
  * all-reduce of 2·features values) so every rank holds the full gradient, as in the unsharded run.
  */
 template <class L = Replicate, class C = NoComm, backend B = HostBackend>
-class LayerNorm {
+class LayerNorm : public detail::TypedLayer<LayerNorm<L, C, B>> {
+  using Typed = detail::TypedLayer<LayerNorm<L, C, B>>;
   static_assert(std::is_same_v<L, Replicate> || std::is_same_v<L, TokenShard>,
                 "mpar::nn::LayerNorm<L>: L must be Replicate or Shard<0, axis::tensor>");
   static_assert(std::is_same_v<L, Replicate> || communicator<C>,
@@ -34,13 +35,15 @@ class LayerNorm {
   static constexpr bool sequence_parallel = std::is_same_v<L, TokenShard>;
 
  public:
+  using Typed::backward;
+  using Typed::forward;
   static constexpr std::string_view layer_kind = "LayerNorm";
   using default_input = L;
   static constexpr bool preserves_features = true;
   static constexpr std::size_t static_in_features = dyn, static_out_features = dyn;
   template <class In>
-  static constexpr Verdict accepts() {
-    return detail::whole_rows_verdict<L, In>();
+  static constexpr bool check_input() {
+    return detail::check_whole_rows<L, In>();
   }
   template <class In>
   using output_layout = In;

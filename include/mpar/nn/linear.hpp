@@ -109,20 +109,38 @@ struct LinearInit {
  * Accepts a replicated or token-sharded input (rows are independent) and returns the same layout.
  */
 template <std::size_t In = dyn, std::size_t Out = dyn, backend B = HostBackend>
-class Linear : public detail::LinearState, public detail::BackwardFromSplit<Linear<In, Out, B>> {
+class Linear : public detail::LinearState, public detail::TypedLayer<Linear<In, Out, B>> {
+  using Typed = detail::TypedLayer<Linear<In, Out, B>>;
+
  public:
+  using Typed::backward;
+  using Typed::backward_input;
+  using Typed::forward;
   static constexpr std::string_view layer_kind = "Linear";
   using default_input = Replicate;
   static constexpr bool preserves_features = false;
   static constexpr std::size_t static_in_features = In, static_out_features = Out;
   template <class L>
-  static constexpr Verdict accepts() {
-    if constexpr (std::is_same_v<L, Replicate> || std::is_same_v<L, TokenShard>) return Verdict::ok;
-    else if constexpr (L::is_partial) return Verdict::linear_fed_partial;
-    else return Verdict::needs_full_features;
+  static constexpr bool check_input() {
+    if constexpr (std::is_same_v<L, Replicate> || std::is_same_v<L, TokenShard>) {
+      return true;
+    } else if constexpr (L::is_partial) {
+      static_assert(detail::always_false_v<L>,
+                    "mpar::nn::Linear is fed a Partial<sum, tensor> tensor, which would add its bias once per rank. Fix: "
+                    "insert AllReduce before it (or give the RowParallel RowReduce::all_reduce)");
+      return false;
+    } else {
+      static_assert(detail::always_false_v<L>,
+                    "mpar::nn::Linear needs whole rows (Replicate or Shard<0, tensor>) but is fed a feature-sharded "
+                    "tensor. Fix: use RowParallel here (it consumes Shard<1, tensor>), or insert GatherFeatures");
+      return false;
+    }
   }
   template <class L>
   using output_layout = L;
+  /** Rows are independent: the input gradient has the layout of the output gradient. */
+  template <class G>
+  using input_for_grad = G;
 
   Linear(std::size_t in, std::size_t out, const LinearInit& init)
       : in_(detail::reconcile(In, in, layer_kind, "in_features")), out_(detail::reconcile(Out, out, layer_kind, "out_features")) {

@@ -51,17 +51,25 @@ template <communicator C>
 
 /** @brief SUMMA linear layer `y = x W + b` on a square q x q tensor grid (bias split by columns). */
 template <communicator C, backend B = HostBackend>
-class Linear2D : public detail::LinearState, public detail::BackwardFromSplit<Linear2D<C, B>> {
+class Linear2D : public detail::LinearState, public detail::TypedLayer<Linear2D<C, B>> {
+  using Typed = detail::TypedLayer<Linear2D<C, B>>;
+
  public:
+  using Typed::backward;
+  using Typed::backward_input;
+  using Typed::forward;
   static constexpr std::string_view layer_kind = "Linear2D";
   using default_input = GridShard;
   static constexpr bool preserves_features = false;
   static constexpr std::size_t static_in_features = dyn, static_out_features = dyn;
   template <class L>
-  static constexpr Verdict accepts() {
-    if constexpr (std::is_same_v<L, GridShard>) return Verdict::ok;
-    else if constexpr (L::is_partial) return Verdict::linear_fed_partial;
-    else return Verdict::needs_2d_shard;
+  static constexpr bool check_input() {
+    static_assert(std::is_same_v<L, GridShard>,
+                  "mpar::nn::Linear2D (2D tensor parallelism, SUMMA) needs a tensor sharded on both grid axes "
+                  "(Layout2D<Shard<0, tensor_row>, Shard<1, tensor_col>>) but is fed another layout (see L above: a 1D "
+                  "shard, a replicated or a Partial tensor). Fix: feed it another Linear2D, or shard the input with the "
+                  "same Layout2D");
+    return std::is_same_v<L, GridShard>;
   }
   template <class L>
   using output_layout = GridShard;

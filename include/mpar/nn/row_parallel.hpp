@@ -30,20 +30,50 @@ enum class RowReduce {
  */
 template <communicator C, std::size_t In = dyn, std::size_t Out = dyn, std::size_t TP = dyn,
           RowReduce R = RowReduce::all_reduce, backend B = HostBackend>
-class RowParallel : public detail::LinearState, public detail::BackwardFromSplit<RowParallel<C, In, Out, TP, R, B>> {
+class RowParallel : public detail::LinearState, public detail::TypedLayer<RowParallel<C, In, Out, TP, R, B>> {
+  using Typed = detail::TypedLayer<RowParallel<C, In, Out, TP, R, B>>;
+
   static_assert(statically_divisible_v<In, TP>,
                 "mpar::nn::RowParallel<C, In, Out, TP>: the static input size In is not divisible by the static "
                 "tensor-parallel size TP, so the weight cannot be split evenly by rows; choose In a multiple of TP");
 
  public:
+  using Typed::backward;
+  using Typed::backward_input;
+  using Typed::forward;
   static constexpr std::string_view layer_kind = "RowParallel";
   static constexpr RowReduce reduction = R;
   using default_input = FeatureShard;
   static constexpr bool preserves_features = false;
   static constexpr std::size_t static_in_features = In, static_out_features = Out;
   template <class L>
-  static constexpr Verdict accepts() {
-    return std::is_same_v<L, FeatureShard> ? Verdict::ok : Verdict::needs_feature_shard;
+  static constexpr bool check_input() {
+    if constexpr (std::is_same_v<L, FeatureShard>) {
+      return true;
+    } else if constexpr (std::is_same_v<L, Replicate>) {
+      static_assert(detail::always_false_v<L>,
+                    "mpar::nn::RowParallel needs its input split by features (Shard<1, tensor>) but is fed a Replicate "
+                    "tensor. Fix: feed it the output of a ColumnParallel that keeps its output sharded (no "
+                    "gather_output): insert ColumnParallel before RowParallel, or use ColumnParallel here instead");
+      return false;
+    } else if constexpr (std::is_same_v<L, TokenShard>) {
+      static_assert(detail::always_false_v<L>,
+                    "mpar::nn::RowParallel needs its input split by features (Shard<1, tensor>) but is fed a "
+                    "token-sharded tensor (Shard<0, tensor>). Fix: insert a sequence-parallel ColumnParallel "
+                    "(ColumnOptions{.sequence_parallel = true}) before RowParallel");
+      return false;
+    } else if constexpr (L::is_partial) {
+      static_assert(detail::always_false_v<L>,
+                    "mpar::nn::RowParallel needs its input split by features (Shard<1, tensor>) but is fed a Partial "
+                    "(unreduced) tensor. Fix: reduce first (RowParallel with RowReduce::all_reduce, or insert "
+                    "AllReduce), then a ColumnParallel");
+      return false;
+    } else {
+      static_assert(detail::always_false_v<L>,
+                    "mpar::nn::RowParallel needs its input split by features on the 1D tensor axis (Shard<1, tensor>) "
+                    "but is fed another layout (see L above). Fix: feed it a ColumnParallel output");
+      return false;
+    }
   }
   template <class L>
   using output_layout = std::conditional_t<R == RowReduce::all_reduce, Replicate,
@@ -69,25 +99,27 @@ class RowParallel : public detail::LinearState, public detail::BackwardFromSplit
     }
   }
 
-  Activation forward(const Activation& x, int mb = 0) {
+  Activation forward(const Activation& x_in, int mb = 0) {
+    Act<FeatureShard> x(x_in);
     require(x.extent(1) == local_in_, "RowParallel '", name_, "' (tensor rank ", rank_, "): input shard has ",
             x.extent(1), " features, expected ", local_in_, " (= ", in_, " / ", p_, ")");
-    Activation y({x.extent(0), out_});
-    detail::linear_forward<B>(x, weight_.value.data(), out_, y);
-    keep_input(mb, x);
+    // This rank's rows of W times its feature block: a full-size addend of the product.
+    Act<TensorPartial> y(Activation({x.extent(0), out_}));
+    detail::linear_forward<B>(x.tensor(), weight_.value.data(), out_, y.tensor());
+    keep_input(mb, std::move(x).tensor());
     const bool with_bias = has_bias();
     if constexpr (R == RowReduce::all_reduce) {
-      all_reduce_sum(*comm_, y);
-      if (with_bias) detail::add_row_vector<B>(y, bias_.value);
-      return y;
+      Act<Replicate> r = ReduceToReplicate::forward(*comm_, std::move(y));
+      if (with_bias) detail::add_row_vector<B>(r.tensor(), bias_.value);
+      return std::move(r).tensor();
     } else if constexpr (R == RowReduce::reduce_scatter) {
-      Activation part = reduce_scatter_tokens(*comm_, y, "RowParallel");
-      if (with_bias) detail::add_row_vector<B>(part, bias_.value);
-      return part;
+      Act<TokenShard> part = ReduceScatterTokens::forward(*comm_, std::move(y), "RowParallel");
+      if (with_bias) detail::add_row_vector<B>(part.tensor(), bias_.value);
+      return std::move(part).tensor();
     } else {
       // A Partial tensor is the sum of the ranks' addends: the bias belongs to exactly one of them.
-      if (with_bias && rank_ == 0) detail::add_row_vector<B>(y, bias_.value);
-      return y;
+      if (with_bias && rank_ == 0) detail::add_row_vector<B>(y.tensor(), bias_.value);
+      return std::move(y).tensor();
     }
   }
 
@@ -97,12 +129,17 @@ class RowParallel : public detail::LinearState, public detail::BackwardFromSplit
    */
   Activation backward_input(const Activation& dy_in, int mb = 0) {
     Activation x = take_input(mb, layer_kind);
-    Activation dy = R == RowReduce::reduce_scatter ? gather_tokens(*comm_, dy_in) : dy_in;
+    // The backward dual of the forward reduction: identity (all-reduce) or all-gather (reduce-scatter);
+    // a Partial output's gradient is already replicated.
+    Act<Replicate> dy = [&] {
+      if constexpr (R == RowReduce::reduce_scatter) return ReduceScatterTokens::backward(*comm_, Act<TokenShard>(dy_in));
+      else return ReduceToReplicate::backward(*comm_, Act<Replicate>(dy_in));
+    }();
     require(dy.extent(0) == x.extent(0) && dy.extent(1) == out_, "RowParallel '", name_, "' (tensor rank ", rank_,
             "): output gradient is ", dy.extent(0), "x", dy.extent(1), ", expected ", x.extent(0), "x", out_);
     Activation dx({dy.extent(0), local_in_});
-    detail::linear_backward_input<B>(dy, weight_.value.data(), local_in_, dx);
-    keep_for_weight(mb, std::move(x), std::move(dy));
+    detail::linear_backward_input<B>(dy.tensor(), weight_.value.data(), local_in_, dx);
+    keep_for_weight(mb, std::move(x), std::move(dy).tensor());
     return dx;
   }
   /**

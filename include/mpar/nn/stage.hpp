@@ -4,11 +4,12 @@
  * every link checked at compile time.
  *
  * The layout entering the stage is the first layer's `default_input`. For each link the layout
- * leaving one layer (its `output_layout<In>`) must be accepted by the next; otherwise compilation
- * stops with exactly one static_assert whose message says what is wrong and how to fix it, and
- * whose instantiation context `layers_do_not_compose<Prev, Next, Layout>` names both layer types and
- * the layout. Static feature sizes of consecutive layers must agree (dynamic ones are checked once at
- * construction, with an exception naming both layers and the sizes).
+ * leaving one layer (its `output_layout<In>`) must be accepted by the next layer's `check_input`;
+ * the check runs whenever the Stage type is instantiated (constructing one is enough). A refused link
+ * stops compilation with exactly one static_assert, written by the refusing layer, saying what is
+ * wrong and how to fix it; its instantiation context `check_link<Prev, Next, Layout, Features>`
+ * names both layer types and the layout. Static feature sizes of consecutive layers must agree
+ * (dynamic ones are checked once at construction, with an exception naming both layers and sizes).
  */
 #include <cstddef>
 #include <string_view>
@@ -28,82 +29,37 @@ struct StageInput {
   static constexpr std::string_view layer_kind = "Stage input";
 };
 
-template <class...>
-inline constexpr bool always_false_v = false;
+/** A static feature count as it appears in diagnostics: `features<4096>`, or `dyn_features`. */
+template <std::size_t N>
+struct features {};
+struct dyn_features {};
+template <std::size_t N>
+using features_t = std::conditional_t<N == dyn, dyn_features, features<N>>;
 
 /**
- * The diagnostic ladder of one link: one static_assert per cause, so a wrong stage produces one
- * readable message. `Prev` returned a tensor of layout `Layout` with `Features` static features.
+ * One link: `Prev` returned a tensor of layout `Layout` with `Features` static features; `Next` judges
+ * the layout with its own `check_input` (and its own message); the feature sizes are compared here.
+ * Returns true when the two layers compose.
  */
-template <class Prev, class Next, class Layout, std::size_t Features>
-constexpr bool layers_do_not_compose() {
-  constexpr Verdict v = Next::template accepts<Layout>();
-  constexpr bool features_clash = !Next::preserves_features && Features != dyn && Next::static_in_features != dyn &&
-                                  Features != Next::static_in_features;
-  if constexpr (v == Verdict::needs_feature_shard && std::is_same_v<Layout, Replicate>) {
-    static_assert(always_false_v<Prev, Next, Layout>,
-                  "mpar::nn::Stage: a RowParallel layer needs its input split by features (Shard<1, tensor>), but the "
-                  "previous layer returns a Replicate tensor. Fix: insert ColumnParallel before RowParallel (or use "
-                  "ColumnParallel here instead of RowParallel)");
-  } else if constexpr (v == Verdict::needs_feature_shard && std::is_same_v<Layout, TokenShard>) {
-    static_assert(always_false_v<Prev, Next, Layout>,
-                  "mpar::nn::Stage: a RowParallel layer needs its input split by features (Shard<1, tensor>), but the "
-                  "previous layer returns a token-sharded tensor (Shard<0, tensor>). Fix: insert a sequence-parallel "
-                  "ColumnParallel (ColumnOptions{.sequence_parallel = true}) before RowParallel");
-  } else if constexpr (v == Verdict::needs_feature_shard) {
-    static_assert(always_false_v<Prev, Next, Layout>,
-                  "mpar::nn::Stage: this layer needs its input split by features (Shard<1, tensor>), but the previous "
-                  "layer returns a Partial (unreduced) tensor. Fix: reduce first (RowParallel with RowReduce::all_reduce, "
-                  "or insert AllReduce), then a ColumnParallel");
-  } else if constexpr (v == Verdict::nonlinear_fed_partial) {
-    static_assert(always_false_v<Prev, Next, Layout>,
-                  "mpar::nn::Stage: a nonlinear layer (Gelu, Dropout, LayerNorm, attention) is fed a Partial<sum, tensor> "
-                  "tensor by the previous layer; f(a + b) != f(a) + f(b). Fix: reduce first: give the RowParallel "
-                  "RowReduce::all_reduce, or insert AllReduce between the two layers");
-  } else if constexpr (v == Verdict::linear_fed_partial) {
-    static_assert(always_false_v<Prev, Next, Layout>,
-                  "mpar::nn::Stage: a ColumnParallel/Linear layer is fed a Partial<sum, tensor> tensor by the previous "
-                  "layer, which would add its bias once per rank. Fix: insert AllReduce between the two layers (or give "
-                  "the RowParallel RowReduce::all_reduce)");
-  } else if constexpr (v == Verdict::needs_full_features) {
-    static_assert(always_false_v<Prev, Next, Layout>,
-                  "mpar::nn::Stage: this layer (ColumnParallel, Linear or LayerNorm) needs whole rows, but the previous "
-                  "layer returns a feature-sharded tensor (Shard<1, tensor>). Fix: use RowParallel here (it consumes "
-                  "Shard<1, tensor>), or insert GatherFeatures (or set ColumnOptions{.gather_output = true} on the "
-                  "previous ColumnParallel)");
-  } else if constexpr (v == Verdict::needs_token_shard) {
-    static_assert(always_false_v<Prev, Next, Layout>,
-                  "mpar::nn::Stage: a sequence-parallel layer expects a token-sharded input (Shard<0, tensor>), but the "
-                  "previous layer returns another layout (Replicate?). Fix: give the previous RowParallel "
-                  "RowReduce::reduce_scatter, or use the non-sequence-parallel form of this layer");
-  } else if constexpr (v == Verdict::needs_replicated) {
-    static_assert(always_false_v<Prev, Next, Layout>,
-                  "mpar::nn::Stage: this layer expects a Replicate input, but the previous layer returns a token-sharded "
-                  "tensor (Shard<0, tensor>, sequence parallelism). Fix: use the sequence-parallel form of this layer "
-                  "(ColumnOptions{.sequence_parallel = true}, LayerNorm<Shard<0, axis::tensor>, C>)");
-  } else if constexpr (v == Verdict::layout_parameter_mismatch) {
-    static_assert(always_false_v<Prev, Next, Layout>,
-                  "mpar::nn::Stage: this layer was declared for another layout than the previous layer returns "
-                  "(e.g. Dropout<Replicate> after a ColumnParallel). Fix: declare it with the layout shown as "
-                  "'Layout' above (Dropout<Shard<1, axis::tensor>>), or AllReduce only after a Partial");
-  } else if constexpr (v == Verdict::needs_2d_shard) {
-    static_assert(always_false_v<Prev, Next, Layout>,
-                  "mpar::nn::Stage: a 2D-parallel layer (Linear2D) needs a tensor sharded on both grid axes "
-                  "(Layout2D<Shard<0, tensor_row>, Shard<1, tensor_col>>). Fix: feed it another Linear2D or shard the "
-                  "input with the same Layout2D");
-  } else if constexpr (features_clash) {
-    static_assert(always_false_v<Prev, Next, Layout>,
+template <class Prev, class Next, class Layout, class Features, std::size_t F>
+constexpr bool check_link() {
+  if constexpr (!Next::template check_input<Layout>()) {
+    return false;
+  } else {
+    constexpr bool features_clash =
+        !Next::preserves_features && F != dyn && Next::static_in_features != dyn && F != Next::static_in_features;
+    static_assert(!features_clash,
                   "mpar::nn::Stage: consecutive layers disagree on the feature size: the previous layer returns "
                   "'Features' features (see above) but the next layer's static In differs. Fix: make the next layer's "
                   "In equal the previous layer's Out");
+    return !features_clash;
   }
-  return v == Verdict::ok && !features_clash;
 }
 
 /** Folds the links left to right; stops at the first bad link so only one diagnostic appears. */
 template <class Prev, class Layout, std::size_t F, class Next, class... Rest>
 constexpr bool check_chain() {
-  if constexpr (!layers_do_not_compose<Prev, Next, Layout, F>()) {
+  if constexpr (!check_link<Prev, Next, Layout, features_t<F>, F>()) {
     return false;
   } else if constexpr (sizeof...(Rest) == 0) {
     return true;
@@ -122,6 +78,9 @@ template <class Layout, std::size_t F, class L, class... Rest>
 struct stage_fold<Layout, F, L, Rest...>
     : stage_fold<typename L::template output_layout<Layout>, (L::preserves_features ? F : L::static_out_features), Rest...> {};
 
+/** Read by Stage's class-body check: a refused link has already produced its one message. */
+inline constexpr bool diagnosed_by_the_refusing_layer = true;
+
 template <class L>
 inline constexpr std::size_t static_input_features_v = L::preserves_features ? dyn : L::static_in_features;
 
@@ -131,30 +90,77 @@ inline constexpr std::size_t static_input_features_v = L::preserves_features ? d
  * @brief Layers composed into one stage: `forward` runs them in order, `backward` in reverse; the
  * stage itself satisfies `layer`, so stages nest. Construct it from the layer objects.
  *
+ * Typed: `forward(Act<In>) -> Act<Out>` and `backward(Act<grad of Out>) -> Act<grad of In>` for the
+ * checked chain; the untyped `forward(const Activation&)` is the same chain on storage in the
+ * stage's declared input layout (a pipeline boundary).
+ *
  * The backward also splits (`split_backward_layer`): `backward_input` runs every layer's B in reverse
  * order (a layer without a split runs its whole backward there), `backward_weight` every layer's W.
  */
 template <layer First, layer... Rest>
-class Stage : public detail::BackwardFromSplit<Stage<First, Rest...>> {
+class Stage : public detail::TypedLayer<Stage<First, Rest...>> {
+  using Typed = detail::TypedLayer<Stage<First, Rest...>>;
+
  public:
   using input_layout = typename First::default_input;
-  static constexpr bool valid =
-      detail::check_chain<detail::StageInput, input_layout, detail::static_input_features_v<First>, First, Rest...>();
+
+ private:
   using fold = detail::stage_fold<input_layout, detail::static_input_features_v<First>, First, Rest...>;
+
+ public:
+  /** Whether every link composes (a refused link has stopped compilation with its own message). */
+  static constexpr bool composes =
+      detail::check_chain<detail::StageInput, input_layout, detail::static_input_features_v<First>, First, Rest...>();
+  // Unconditional: instantiating the Stage (constructing one) runs every link's check. A refused
+  // link has already stopped compilation with its own message, so this assertion adds none.
+  static_assert(composes || detail::diagnosed_by_the_refusing_layer);
 
   static constexpr std::string_view layer_kind = "Stage";
   using default_input = input_layout;
   static constexpr bool preserves_features = false;
   static constexpr std::size_t static_in_features = detail::static_input_features_v<First>;
   static constexpr std::size_t static_out_features = fold::features;
+  /** A stage takes what its first layer takes, and only in the layout the chain was checked for. */
   template <class L>
-  static constexpr Verdict accepts() {
-    if constexpr (std::is_same_v<L, input_layout>) return Verdict::ok;
-    else if constexpr (First::template accepts<L>() != Verdict::ok) return First::template accepts<L>();
-    else return Verdict::layout_parameter_mismatch;
+  static constexpr bool check_input() {
+    if constexpr (std::is_same_v<L, input_layout>) {
+      return true;
+    } else if constexpr (!First::template check_input<L>()) {
+      return false;
+    } else {
+      static_assert(detail::always_false_v<L>,
+                    "mpar::nn::Stage: fed a layout its first layer takes, but not the first layer's default_input that "
+                    "the stage's chain was checked for (see L above). Fix: declare the first layer for that layout "
+                    "(e.g. Dropout<L>), or redistribute the input first (nn/redistribute.hpp)");
+      return false;
+    }
   }
   template <class L>
   using output_layout = typename fold::layout;
+
+  using Typed::backward;
+
+  /** Typed forward: each layer's typed forward in turn (the chain was checked when the type was built). */
+  template <class In>
+  auto forward(const Act<In>& x, int mb = 0) {
+    if constexpr (check_input<In>() && composes)
+      return std::apply([&](auto&... l) { return typed_forward_each(x, mb, l...); }, layers_);
+    else
+      return Act<typename fold::layout>{};  // refused with its own message
+  }
+  /** Typed B: each layer's typed backward_input (or whole backward) in reverse order. */
+  template <class G>
+  auto backward_input(const Act<G>& dy, int mb = 0) {
+    if constexpr (composes) return typed_backward_from<sizeof...(Rest)>(dy, mb);
+    else return Act<grad_layout_t<input_layout>>{};
+  }
+  /** Typed backward: B then W. */
+  template <class G>
+  auto backward(const Act<G>& dy, int mb = 0) {
+    auto dx = backward_input(dy, mb);
+    backward_weight(mb);
+    return dx;
+  }
 
   explicit Stage(First first, Rest... rest) : layers_(std::move(first), std::move(rest)...) { check_features(); }
 
@@ -192,6 +198,16 @@ class Stage : public detail::BackwardFromSplit<Stage<First, Rest...>> {
   static constexpr std::size_t size() { return 1 + sizeof...(Rest); }
 
  private:
+  template <class X, class L, class... Ls>
+  static auto typed_forward_each(const X& x, int mb, L& l, Ls&... ls) {
+    if constexpr (sizeof...(Ls) == 0) return l.forward(x, mb);
+    else return typed_forward_each(l.forward(x, mb), mb, ls...);
+  }
+  template <std::size_t I, class G>
+  auto typed_backward_from(const Act<G>& dy, int mb) {
+    if constexpr (I == 0) return detail::backward_input_of(std::get<0>(layers_), dy, mb);
+    else return typed_backward_from<I - 1>(detail::backward_input_of(std::get<I>(layers_), dy, mb), mb);
+  }
   template <class L, class... Ls>
   static Activation forward_each(const Activation& x, int mb, L& l, Ls&... ls) {
     if constexpr (sizeof...(Ls) == 0) return l.forward(x, mb);

@@ -17,6 +17,7 @@
 #include "mpar/nn/dropout.hpp"
 #include "mpar/nn/layer_norm.hpp"
 #include "mpar/nn/mlp.hpp"
+#include "mpar/nn/residual.hpp"
 
 namespace mpar::nn {
 
@@ -33,19 +34,12 @@ struct BlockConfig {
 };
 
 /**
- * @brief The feed-forward half of a transformer block, between `LN2` and the second residual:
- * `forward(x, mb)` and `backward_input(dy, mb)` map `[tokens, hidden]` activations, `backward_weight(mb)`
- * finishes the weight gradients (B/W split), `parameters()`, `drop(mb)` frees what a micro-batch
- * saved. The tensor-parallel MLP (`MlpStage`) is the default; the MoE block plugs in its experts.
+ * @brief The feed-forward half of a transformer block, between `LN2` and the second residual: a
+ * `split_backward_module` over typed activations of the block's layout `L` that can `drop(mb)`. The
+ * tensor-parallel MLP (`MlpStage`) is the default; the MoE block plugs in its experts.
  */
-template <class F>
-concept block_ffn = requires(F& f, const Activation& x, int mb) {
-  { f.forward(x, mb) } -> std::same_as<Activation>;
-  { f.backward_input(x, mb) } -> std::same_as<Activation>;
-  f.backward_weight(mb);
-  { f.parameters() } -> std::same_as<std::vector<Parameter*>>;
-  f.drop(mb);
-};
+template <class F, class L>
+concept block_ffn = split_backward_module<F, Act<L>> && droppable_module<F>;
 
 /**
  * @brief One transformer block on a tensor group `C`. Input and output layout: `Replicate`
@@ -59,18 +53,21 @@ concept block_ffn = requires(F& f, const Activation& x, int mb) {
  * The backward splits for zero-bubble schedules: `backward_input` (B, with both backward
  * all-reduces) and `backward_weight` (W, the four projection weight GEMMs, no communication).
  */
-template <communicator C, bool SP = false, backend B = HostBackend, block_ffn FeedForward = MlpStage<C, dyn, dyn, dyn, SP, B>>
-class TransformerBlock : public detail::BackwardFromSplit<TransformerBlock<C, SP, B, FeedForward>> {
+template <communicator C, bool SP = false, backend B = HostBackend, class FeedForward = MlpStage<C, dyn, dyn, dyn, SP, B>>
+  requires block_ffn<FeedForward, std::conditional_t<SP, TokenShard, Replicate>>
+class TransformerBlock : public detail::TypedLayer<TransformerBlock<C, SP, B, FeedForward>> {
   using L = std::conditional_t<SP, TokenShard, Replicate>;
+  using Typed = detail::TypedLayer<TransformerBlock<C, SP, B, FeedForward>>;
 
  public:
+  using Typed::backward;
   static constexpr std::string_view layer_kind = "TransformerBlock";
   using default_input = L;
   static constexpr bool preserves_features = false;
   static constexpr std::size_t static_in_features = dyn, static_out_features = dyn;
   template <class In>
-  static constexpr Verdict accepts() {
-    return detail::whole_rows_verdict<L, In>();
+  static constexpr bool check_input() {
+    return detail::check_whole_rows<L, In>();
   }
   template <class In>
   using output_layout = L;
@@ -90,30 +87,39 @@ class TransformerBlock : public detail::BackwardFromSplit<TransformerBlock<C, SP
         mlp_(std::move(ffn)),
         drop2_(c.dropout, c.seed, c.id_base + 13, std::size_t(tp.size()), std::size_t(tp.rank())) {}
 
-  Activation forward(const Activation& x, int mb = 0) {
-    require(x.extent(1) == hidden_, "TransformerBlock: input has ", x.extent(1), " features, expected ", hidden_);
-    Activation y = run_forward(x, mb);
-    if (recompute_) {
-      drop_sublayers(mb);
-      inputs_.put(mb).x = x;
+  template <class In>
+  auto forward(const Act<In>& x, int mb = 0) {
+    if constexpr (check_input<In>()) {
+      require(x.extent(1) == hidden_, "TransformerBlock: input has ", x.extent(1), " features, expected ", hidden_);
+      Act<L> y = run_forward(x, mb);
+      if (recompute_) {
+        drop_sublayers(mb);
+        inputs_.put(mb).x = x.tensor();
+      }
+      return y;
+    } else {
+      return Act<L>{};  // refused above, with the check's message
     }
-    return y;
   }
+  /** Untyped: the input in the block's layout `L`. */
+  Activation forward(const Activation& x, int mb = 0) { return forward(Act<L>(x), mb).tensor(); }
 
   /**
    * B: the input gradient (with recomputation, the forward is rerun first). The projections keep their
    * W inputs; the layer norms' gain and bias gradients (cheap, computed by the same kernel as their
    * input gradient) are accumulated here.
    */
-  Activation backward_input(const Activation& dy, int mb = 0) {
-    if (recompute_) run_forward(inputs_.take(mb, "TransformerBlock (recompute)").x, mb);
+  template <class G>
+  auto backward_input(const Act<G>& dy, int mb = 0) {
+    static_assert(std::is_same_v<G, L>,
+                  "mpar::nn::TransformerBlock: the output gradient's layout differs from the block's layout (see G "
+                  "above). Fix: pass the gradient of the block's output (Replicate, or Shard<0, tensor> with SP)");
+    if (recompute_) run_forward(Act<L>(inputs_.take(mb, "TransformerBlock (recompute)").x), mb);
     // y = h + drop2(mlp(ln2(h))): the residual passes dy straight through.
-    Activation dh = detail::backward_input_of(ln2_, mlp_.backward_input(drop2_.backward(dy, mb), mb), mb);
-    B::add(dh.size(), dh.data(), dy.data(), dh.data());
-    Activation dx = detail::backward_input_of(ln1_, attn_.backward_input(drop1_.backward(dh, mb), mb), mb);
-    B::add(dx.size(), dx.data(), dh.data(), dx.data());
-    return dx;
+    Act<L> dh = add<B>(detail::backward_input_of(ln2_, mlp_.backward_input(drop2_.backward(dy, mb), mb), mb), dy);
+    return add<B>(detail::backward_input_of(ln1_, attn_.backward_input(drop1_.backward(dh, mb), mb), mb), dh);
   }
+  Activation backward_input(const Activation& dy, int mb = 0) { return backward_input(Act<L>(dy), mb).tensor(); }
   /** W: the weight gradients of the attention and MLP projections for micro-batch `mb`; no communication. */
   void backward_weight(int mb = 0) {
     mlp_.backward_weight(mb);
@@ -147,12 +153,10 @@ class TransformerBlock : public detail::BackwardFromSplit<TransformerBlock<C, SP
     if constexpr (SP) return Ln(tp, c.hidden, c.seed, c.id_base + off, c.name + suffix);
     else return Ln(c.hidden, c.seed, c.id_base + off, c.name + suffix);
   }
-  Activation run_forward(const Activation& x, int mb) {
-    Activation h = drop1_.forward(attn_.forward(ln1_.forward(x, mb), mb), mb);
-    B::add(h.size(), h.data(), x.data(), h.data());
-    Activation y = drop2_.forward(mlp_.forward(ln2_.forward(h, mb), mb), mb);
-    B::add(y.size(), y.data(), h.data(), y.data());
-    return y;
+  /** h = x + drop1(attn(ln1(x))), y = h + drop2(mlp(ln2(h))): every link and both residuals are typed. */
+  Act<L> run_forward(const Act<L>& x, int mb) {
+    Act<L> h = add<B>(drop1_.forward(attn_.forward(ln1_.forward(x, mb), mb), mb), x);
+    return add<B>(drop2_.forward(mlp_.forward(ln2_.forward(h, mb), mb), mb), h);
   }
   void drop_sublayers(int mb) {
     ln1_.drop(mb);

@@ -5,10 +5,13 @@
  */
 #include <concepts>
 #include <cstddef>
+#include <tuple>
+#include <type_traits>
 #include <vector>
 
 #include "mpar/core/extents.hpp"
 #include "mpar/nn/activation.hpp"
+#include "mpar/nn/module.hpp"
 #include "mpar/nn/parameter.hpp"
 
 namespace mpar::pipeline {
@@ -17,32 +20,22 @@ namespace mpar::pipeline {
 using Boundary = nn::Activation;
 
 /**
- * @brief A pipeline stage. Requirements: `forward(x, mb) -> y` saving what its backward needs under
- * micro-batch `mb`; `backward(dy, mb) -> dx` accumulating parameter gradients into
- * `Parameter::grad`; `parameters() -> std::vector<nn::Parameter*>`. Every `nn::Stage<...>` and every
- * `nn` layer qualifies.
+ * @brief A pipeline stage: an `nn::module` over the boundary tensor (forward, backward, parameters).
+ * Every `nn::Stage<...>`, every `nn` layer and `models::GptStage` qualifies.
  */
 template <class S>
-concept pipeline_stage = requires(S& s, const Boundary& x, int mb) {
-  { s.forward(x, mb) } -> std::same_as<Boundary>;
-  { s.backward(x, mb) } -> std::same_as<Boundary>;
-  { s.parameters() } -> std::same_as<std::vector<nn::Parameter*>>;
-};
+concept pipeline_stage = nn::module<S, Boundary>;
 
 /**
- * @brief A stage whose backward splits into `backward_input(dy, mb) -> dx` (B: what the previous
- * stage waits for) and `backward_weight(mb)` (W: the weight gradients, deferrable). Zero-bubble
- * schedules exploit the split; on a stage without it, B runs the whole backward and W is empty.
+ * @brief A stage whose backward splits into B and W (`nn::split_backward_module`); zero-bubble
+ * schedules exploit the split, and on a stage without it B runs the whole backward and W is empty.
  */
 template <class S>
-concept split_backward_stage = pipeline_stage<S> && requires(S& s, const Boundary& dy, int mb) {
-  { s.backward_input(dy, mb) } -> std::same_as<Boundary>;
-  s.backward_weight(mb);
-};
+concept split_backward_stage = nn::split_backward_module<S, Boundary>;
 
-/** @brief A stage that can free a micro-batch's saved activations (`drop(mb)`), which activation recomputation needs. */
+/** @brief A stage that can free a micro-batch's saved activations (`nn::droppable_module`), which recomputation needs. */
 template <class S>
-concept droppable_stage = pipeline_stage<S> && requires(S& s, int mb) { s.drop(mb); };
+concept droppable_stage = pipeline_stage<S> && nn::droppable_module<S>;
 
 /**
  * @brief Whether stage `A`'s output may feed stage `B`: when both declare static feature counts
@@ -59,27 +52,62 @@ constexpr bool boundary_compatible() {
 }
 
 /**
- * @brief Checks every adjacent pair of a model's stage types at compile time: the sender's output
- * features and the receiver's input features cannot disagree.
+ * @brief Whether stage `A`'s output layout is the layout stage `B` takes: when both declare layouts
+ * (nn layers and nn::Stage do), the tensor sent across the boundary is read as `B::default_input`.
+ */
+template <class A, class B>
+constexpr bool boundary_layouts_agree() {
+  if constexpr (requires {
+                  typename A::default_input;
+                  typename A::template output_layout<typename A::default_input>;
+                  typename B::default_input;
+                }) {
+    return std::is_same_v<typename A::template output_layout<typename A::default_input>, typename B::default_input>;
+  } else {
+    return true;
+  }
+}
+
+/**
+ * @brief The stages of one model, in pipeline order, checked pairwise at compile time when the chain
+ * is constructed from them (`pipeline::StageChain chain(stage0, stage1, ...)`): the sender's output
+ * features and layout must be what the receiver takes. It holds references to the stages.
  */
 template <class First, class... Rest>
-struct StageChain {
- private:
+class StageChain {
   template <class A, class B, class... More>
   static constexpr bool all_pairs() {
     static_assert(boundary_compatible<A, B>(),
                   "pipeline::StageChain: a stage's static_out_features differs from the next stage's "
-                  "static_in_features; the activation crossing that boundary would change shape");
+                  "static_in_features; the activation crossing that boundary would change shape. Fix: make the "
+                  "next stage's input size equal the previous stage's output size");
+    static_assert(boundary_layouts_agree<A, B>(),
+                  "pipeline::StageChain: a stage returns a layout (see A's output_layout) that the next stage does not "
+                  "take as its input (B's default_input); the tensor sent across the boundary would be misread. Fix: "
+                  "end the previous stage in the layout the next one starts with (e.g. reduce a Partial output first)");
     if constexpr (sizeof...(More) == 0) return true;
     else return all_pairs<B, More...>();
   }
+  static constexpr bool check() {
+    if constexpr (sizeof...(Rest) == 0) return true;
+    else return all_pairs<First, Rest...>();
+  }
+  // Unconditional: constructing the chain instantiates the class, and with it every boundary check.
+  static_assert(check() || true);
 
  public:
   static constexpr std::size_t stages = 1 + sizeof...(Rest);
-  static constexpr bool compatible = [] {
-    if constexpr (sizeof...(Rest) == 0) return true;
-    else return all_pairs<First, Rest...>();
-  }();
+  explicit StageChain(First& first, Rest&... rest) : first_(&first), rest_(&rest...) {}
+  /** Stage `I` of the chain. */
+  template <std::size_t I>
+  [[nodiscard]] auto& get() const {
+    if constexpr (I == 0) return *first_;
+    else return *std::get<I - 1>(rest_);
+  }
+
+ private:
+  First* first_;
+  std::tuple<Rest*...> rest_;
 };
 
 }  // namespace mpar::pipeline

@@ -1,0 +1,225 @@
+#pragma once
+/**
+ * @file Redistributions: the collectives of tensor parallelism as typed maps between activation
+ * layouts, each defined once together with its backward dual (the pairs of Megatron-LM's
+ * `mappings.py`). A layer that changes layout calls one of them forward and the same one backward,
+ * so a forward collective can no longer be paired with the wrong backward one.
+ *
+ * | redistribution        | forward maps                 | collective     | backward maps (gradients)        | collective     |
+ * |-----------------------|------------------------------|----------------|----------------------------------|----------------|
+ * | `ReduceToReplicate`   | Partial -> Replicate         | all-reduce     | Replicate -> Replicate           | identity       |
+ * | `CopyToTensorRegion`  | Replicate -> Replicate       | identity       | Partial -> Replicate             | all-reduce     |
+ * | `ScatterFeatures`     | Replicate -> Shard<1>        | slice          | Shard<1> -> Replicate            | all-gather     |
+ * | `GatherFeaturesOf`    | Shard<1> -> Replicate        | all-gather     | Replicate -> Shard<1>            | slice          |
+ * | `ReduceScatterTokens` | Partial -> Shard<0>          | reduce-scatter | Shard<0> -> Replicate            | all-gather     |
+ * | `GatherTokens`        | Shard<0> -> Replicate        | all-gather     | Partial -> Shard<0>              | reduce-scatter |
+ *
+ * (`Shard<d>` is `Shard<d, axis::tensor>`, `Partial` is `Partial<sum, tensor>`.) The gradient of a
+ * Partial value is replicated (`grad_layout_t`); the gradient of a replicated value that fed
+ * rank-divergent work (a column-parallel matmul) is Partial until `CopyToTensorRegion`'s backward
+ * all-reduces it. Every collective is a no-op on a one-rank group, so TP = 1 pays no communication.
+ */
+#include <cstddef>
+#include <span>
+#include <string_view>
+#include <utility>
+
+#include "mpar/comm/communicator.hpp"
+#include "mpar/nn/activation.hpp"
+
+namespace mpar::nn {
+
+/** @brief Sum of the Partial addends: in place, returns the replicated tensor. */
+template <communicator C>
+void all_reduce_sum(C& comm, Activation& x) {
+  if (comm.size() > 1) comm.all_reduce(x.span(), ReduceOp::sum);
+}
+
+/** @brief Token-sharded `[T/p, n]` -> replicated `[T, n]` (all-gather of row blocks). */
+template <communicator C>
+[[nodiscard]] Activation gather_tokens(C& comm, const Activation& x) {
+  const std::size_t p = std::size_t(comm.size());
+  if (p == 1) return x;
+  Activation full({x.extent(0) * p, x.extent(1)});
+  comm.all_gather(std::span<const float>(x.span()), full.span());
+  return full;
+}
+
+/** @brief Partial `[T, n]` -> token-sharded sum `[T/p, n]` (reduce-scatter of row blocks). */
+template <communicator C>
+[[nodiscard]] Activation reduce_scatter_tokens(C& comm, const Activation& x, std::string_view who) {
+  const std::size_t p = std::size_t(comm.size());
+  if (p == 1) return x;
+  require(x.extent(0) % p == 0, who, " (tensor rank ", comm.rank(), "): ", x.extent(0),
+          " tokens cannot be split evenly over ", p, " tensor ranks for sequence parallelism");
+  Activation part({x.extent(0) / p, x.extent(1)});
+  comm.reduce_scatter(std::span<const float>(x.span()), part.span(), ReduceOp::sum);
+  return part;
+}
+
+/** @brief Feature-sharded `[T, n/p]` -> replicated `[T, n]` (all-gather, then interleave the column blocks). */
+template <communicator C>
+[[nodiscard]] Activation gather_features(C& comm, const Activation& x) {
+  const std::size_t p = std::size_t(comm.size());
+  if (p == 1) return x;
+  const std::size_t t = x.extent(0), nl = x.extent(1);
+  Activation stacked({p * t, nl});
+  comm.all_gather(std::span<const float>(x.span()), stacked.span());
+  Activation full({t, p * nl});
+  for (std::size_t r = 0; r < p; ++r)
+    for (std::size_t i = 0; i < t; ++i)
+      for (std::size_t j = 0; j < nl; ++j) full.data()[i * p * nl + r * nl + j] = stacked.data()[(r * t + i) * nl + j];
+  return full;
+}
+
+/** @brief This rank's column block of a replicated `[T, n]` (no communication). */
+[[nodiscard]] inline Activation local_features(const Activation& x, std::size_t p, std::size_t rank) {
+  const std::size_t n = x.extent(1), nl = n / p;
+  return Activation(x.slice(1, rank * nl, (rank + 1) * nl));
+}
+
+/** @brief This rank's row block of a replicated `[T, n]` (no communication). */
+[[nodiscard]] inline Activation local_tokens(const Activation& x, std::size_t p, std::size_t rank) {
+  const std::size_t tl = x.extent(0) / p;
+  return Activation(x.slice(0, rank * tl, (rank + 1) * tl));
+}
+
+/**
+ * @brief A redistribution `R`: `R::from` -> `R::to` forward (`R::forward(comm, Act<from>)`) and the
+ * dual map of gradients backward (`R::backward(comm, Act<grad_to>) -> Act<grad_from>`), with `name`,
+ * `forward_collective` and `backward_collective` for messages and docs.
+ */
+template <class R>
+concept redistribution = requires {
+  typename R::from;
+  typename R::to;
+  typename R::grad_to;
+  typename R::grad_from;
+  { R::name } -> std::convertible_to<std::string_view>;
+  { R::forward_collective } -> std::convertible_to<std::string_view>;
+  { R::backward_collective } -> std::convertible_to<std::string_view>;
+};
+
+/** @brief Partial -> Replicate: all-reduce forward; backward identity (Megatron's "g", reduce_from_tp_region). */
+struct ReduceToReplicate {
+  using from = TensorPartial;
+  using to = Replicate;
+  using grad_to = Replicate;
+  using grad_from = grad_layout_t<TensorPartial>;
+  static constexpr std::string_view name = "ReduceToReplicate", forward_collective = "all-reduce",
+                                    backward_collective = "identity";
+  template <communicator C>
+  static Act<Replicate> forward(C& comm, Act<TensorPartial> x) {
+    all_reduce_sum(comm, x.tensor());
+    return Act<Replicate>(std::move(x).tensor());
+  }
+  // d(Σ_r x_r)/dx_r = I: each rank's addend receives the replicated gradient unchanged.
+  template <communicator C>
+  static Act<Replicate> backward(C&, Act<Replicate> dy) {
+    return dy;
+  }
+};
+
+/**
+ * @brief Replicate -> Replicate at the entry of rank-divergent work (a column-parallel matmul):
+ * identity forward; backward all-reduces the Partial input gradient (Megatron's "f", copy_to_tp_region).
+ */
+struct CopyToTensorRegion {
+  using from = Replicate;
+  using to = Replicate;
+  using grad_to = TensorPartial;
+  using grad_from = Replicate;
+  static constexpr std::string_view name = "CopyToTensorRegion", forward_collective = "identity",
+                                    backward_collective = "all-reduce";
+  template <communicator C>
+  static Act<Replicate> forward(C&, Act<Replicate> x) {
+    return x;
+  }
+  template <communicator C>
+  static Act<Replicate> backward(C& comm, Act<TensorPartial> dx) {
+    all_reduce_sum(comm, dx.tensor());
+    return Act<Replicate>(std::move(dx).tensor());
+  }
+};
+
+/** @brief Replicate -> Shard<1, tensor>: this rank's columns forward; backward all-gathers them (scatter_to_tp_region). */
+struct ScatterFeatures {
+  using from = Replicate;
+  using to = FeatureShard;
+  using grad_to = FeatureShard;
+  using grad_from = Replicate;
+  static constexpr std::string_view name = "ScatterFeatures", forward_collective = "slice",
+                                    backward_collective = "all-gather";
+  template <communicator C>
+  static Act<FeatureShard> forward(C& comm, const Act<Replicate>& x) {
+    return Act<FeatureShard>(local_features(x.tensor(), std::size_t(comm.size()), std::size_t(comm.rank())));
+  }
+  template <communicator C>
+  static Act<Replicate> backward(C& comm, const Act<FeatureShard>& dy) {
+    return Act<Replicate>(gather_features(comm, dy.tensor()));
+  }
+};
+
+/** @brief Shard<1, tensor> -> Replicate: all-gather forward; backward keeps this rank's columns (gather_from_tp_region). */
+struct GatherFeaturesOf {
+  using from = FeatureShard;
+  using to = Replicate;
+  using grad_to = Replicate;
+  using grad_from = FeatureShard;
+  static constexpr std::string_view name = "GatherFeatures", forward_collective = "all-gather",
+                                    backward_collective = "slice";
+  template <communicator C>
+  static Act<Replicate> forward(C& comm, const Act<FeatureShard>& x) {
+    return Act<Replicate>(gather_features(comm, x.tensor()));
+  }
+  // The replicated gradient is the same on every rank: each keeps the columns of its shard.
+  template <communicator C>
+  static Act<FeatureShard> backward(C& comm, const Act<Replicate>& dy) {
+    return Act<FeatureShard>(local_features(dy.tensor(), std::size_t(comm.size()), std::size_t(comm.rank())));
+  }
+};
+
+/** @brief Partial -> Shard<0, tensor>: reduce-scatter of token blocks forward; backward all-gathers them (sequence parallelism). */
+struct ReduceScatterTokens {
+  using from = TensorPartial;
+  using to = TokenShard;
+  using grad_to = TokenShard;
+  using grad_from = grad_layout_t<TensorPartial>;
+  static constexpr std::string_view name = "ReduceScatterTokens", forward_collective = "reduce-scatter",
+                                    backward_collective = "all-gather";
+  template <communicator C>
+  static Act<TokenShard> forward(C& comm, Act<TensorPartial> x, std::string_view who) {
+    if (comm.size() == 1) return Act<TokenShard>(std::move(x).tensor());
+    return Act<TokenShard>(reduce_scatter_tokens(comm, x.tensor(), who));
+  }
+  template <communicator C>
+  static Act<Replicate> backward(C& comm, Act<TokenShard> dy) {
+    if (comm.size() == 1) return Act<Replicate>(std::move(dy).tensor());
+    return Act<Replicate>(gather_tokens(comm, dy.tensor()));
+  }
+};
+
+/** @brief Shard<0, tensor> -> Replicate: all-gather of token blocks forward; backward reduce-scatters the Partial gradient. */
+struct GatherTokens {
+  using from = TokenShard;
+  using to = Replicate;
+  using grad_to = TensorPartial;
+  using grad_from = TokenShard;
+  static constexpr std::string_view name = "GatherTokens", forward_collective = "all-gather",
+                                    backward_collective = "reduce-scatter";
+  template <communicator C>
+  static Act<Replicate> forward(C& comm, Act<TokenShard> x) {
+    if (comm.size() == 1) return Act<Replicate>(std::move(x).tensor());
+    return Act<Replicate>(gather_tokens(comm, x.tensor()));
+  }
+  template <communicator C>
+  static Act<TokenShard> backward(C& comm, Act<TensorPartial> dx, std::string_view who) {
+    if (comm.size() == 1) return Act<TokenShard>(std::move(dx).tensor());
+    return Act<TokenShard>(reduce_scatter_tokens(comm, dx.tensor(), who));
+  }
+};
+
+static_assert(redistribution<ReduceToReplicate> && redistribution<CopyToTensorRegion> && redistribution<ScatterFeatures> &&
+              redistribution<GatherFeaturesOf> && redistribution<ReduceScatterTokens> && redistribution<GatherTokens>);
+
+}  // namespace mpar::nn
