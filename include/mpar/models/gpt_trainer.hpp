@@ -223,15 +223,7 @@ class GptTrainer {
     const double lr = schedule_(step);
 
     // 1. This data rank's samples as micro-batches.
-    const auto batch = local_batch(step);
-    const std::size_t mb_tokens = cfg_.microbatch_size() * cfg_.model.seq;
-    std::vector<nn::Activation> inputs;
-    targets_.assign(std::size_t(cfg_.microbatches), {});
-    for (int mb = 0; mb < cfg_.microbatches; ++mb) {
-      const auto lo = std::ptrdiff_t(std::size_t(mb) * mb_tokens), hi = lo + std::ptrdiff_t(mb_tokens);
-      if (holds_first_) inputs.push_back(Stage::tokens_as_activation(std::span(batch.tokens).subspan(std::size_t(lo), mb_tokens)));
-      targets_[std::size_t(mb)].assign(batch.targets.begin() + lo, batch.targets.begin() + hi);
-    }
+    std::vector<nn::Activation> inputs = split_microbatches(local_batch(step));
 
     // 2. The pipeline program: forwards, backwards (data-parallel buckets start as gradients finish).
     use_compute_weights();
@@ -327,15 +319,7 @@ class GptTrainer {
             val.vocab_size(), " ids, more than the model's vocabulary ", cfg_.model.vocab);
     double sum = 0;
     for (std::size_t i = 0; i < batches; ++i) {
-      const auto batch = local_batch(val, seed, i);
-      const std::size_t mb_tokens = cfg_.microbatch_size() * cfg_.model.seq;
-      std::vector<nn::Activation> inputs;
-      targets_.assign(std::size_t(cfg_.microbatches), {});
-      for (int mb = 0; mb < cfg_.microbatches; ++mb) {
-        const auto lo = std::ptrdiff_t(std::size_t(mb) * mb_tokens), hi = lo + std::ptrdiff_t(mb_tokens);
-        if (holds_first_) inputs.push_back(Stage::tokens_as_activation(std::span(batch.tokens).subspan(std::size_t(lo), mb_tokens)));
-        targets_[std::size_t(mb)].assign(batch.targets.begin() + lo, batch.targets.begin() + hi);
-      }
+      std::vector<nn::Activation> inputs = split_microbatches(local_batch(val, seed, i));
       use_compute_weights();
       // No gradient reduction: the hooks that would start the data-parallel buckets are off for this pass.
       for (auto& s : stages_) {
@@ -685,6 +669,21 @@ class GptTrainer {
                        full.targets.begin() + std::ptrdiff_t(first + mbs * seq));
     }
     return b;
+  }
+  /**
+   * Splits this rank's batch into micro-batches: the first stage's token inputs are returned, and every
+   * micro-batch's targets are kept in `targets_` for the last stage's loss.
+   */
+  std::vector<nn::Activation> split_microbatches(const data::TokenBatch& batch) {
+    const std::size_t mb_tokens = cfg_.microbatch_size() * cfg_.model.seq;
+    std::vector<nn::Activation> inputs;
+    targets_.assign(std::size_t(cfg_.microbatches), {});
+    for (int mb = 0; mb < cfg_.microbatches; ++mb) {
+      const auto lo = std::ptrdiff_t(std::size_t(mb) * mb_tokens), hi = lo + std::ptrdiff_t(mb_tokens);
+      if (holds_first_) inputs.push_back(Stage::tokens_as_activation(std::span(batch.tokens).subspan(std::size_t(lo), mb_tokens)));
+      targets_[std::size_t(mb)].assign(batch.targets.begin() + lo, batch.targets.begin() + hi);
+    }
+    return inputs;
   }
   /** The ranks with this rank's pipeline and tensor coordinates: they split each micro-batch (data x expert). */
   Comm replica_group(Comm& world) {
