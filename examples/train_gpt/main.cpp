@@ -145,7 +145,8 @@ Options parse(int argc, char** argv) {
           "per rank with mpirun");
   // The mesh against the model (heads over tp, layers over stages, the schedule), before any data is read.
   auto probe = t;
-  probe.model.vocab = 1;  // the vocabulary is known once the text is read; here it only needs to be positive
+  probe.model.vocab = 1;  // the vocabulary is known once the data is read; here it only needs to be positive
+  probe.pad_vocab_for_mesh();
   probe.validate(probe.world_size());
   return o;
 }

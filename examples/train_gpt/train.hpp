@@ -143,6 +143,7 @@ inline void preflight(const Options& o) {
             "train_gpt: --data '", o.data, "' has no newline, which --sample uses to start the generated text; give "
             "--sample 0 or a text with lines");
   }
+  cfg.pad_vocab_for_mesh();
   cfg.validate(cfg.world_size());
   const plan::MemoryEstimate e = estimate_rank_memory(cfg);
   const double limit = rank_memory_limit(o);

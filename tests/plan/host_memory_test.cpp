@@ -53,12 +53,14 @@ Measured run_trainer(const mpar::models::GptTrainConfig& base) {
       models::GptTrainConfig cfg = base;
       cfg.model.vocab = ds.vocab_size();
       models::GptTrainer<ThreadsCommunicator> tr(world, cfg, ds);
+      // The steady state the model predicts: the first step also builds the host GEMM's per-shape
+      // primitives (oneDNN allocates its JIT kernels then, through operator new), so it is not counted.
       std::int64_t peak = 0;
       while (tr.step() < cfg.steps) {
         const std::int64_t before = mem.live.load();
         mem.reset_peak();
         (void)tr.train_step();
-        peak = std::max(peak, mem.peak.load() - before);
+        if (tr.step() > 1) peak = std::max(peak, mem.peak.load() - before);
       }
       const auto b = tr.memory();
       m.step_peak[std::size_t(world.rank())] = double(peak);
@@ -86,7 +88,7 @@ TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measure
     mpar::models::GptTrainConfig cfg;
     cfg.model.hidden = 128, cfg.model.heads = 4, cfg.model.layers = 4, cfg.model.seq = 64;
     cfg.tp = k.tp, cfg.pp = k.pp, cfg.dp = 1, cfg.microbatches = k.microbatches, cfg.global_batch = 4 * std::size_t(k.microbatches);
-    cfg.recompute = k.recompute, cfg.schedule = k.schedule, cfg.steps = 2, cfg.warmup = 1;
+    cfg.recompute = k.recompute, cfg.schedule = k.schedule, cfg.steps = 3, cfg.warmup = 1;
     const Measured got = run_trainer(cfg);
 
     using namespace mpar::plan;

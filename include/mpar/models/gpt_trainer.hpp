@@ -104,6 +104,10 @@ struct GptTrainConfig {
   [[nodiscard]] std::size_t batch_ranks() const { return dp * ep; }
   [[nodiscard]] std::size_t local_batch() const { return global_batch / batch_ranks(); }
   [[nodiscard]] std::size_t microbatch_size() const { return local_batch() / std::size_t(microbatches); }
+  /** Raises `model.vocab_multiple` to a multiple of `tp` (their lcm), so the padded vocabulary splits over the tensor axis; GptTrainer applies it. */
+  void pad_vocab_for_mesh() {
+    if (tp >= 1) model.vocab_multiple = std::lcm(model.vocab_multiple ? model.vocab_multiple : 1, tp);
+  }
 
   /** Throws config_error with what to change, before any work starts. */
   void validate(std::size_t world) const {
@@ -692,7 +696,7 @@ class GptTrainer {
   }
 
   static GptTrainConfig validated(GptTrainConfig c, const Comm& world) {
-    if (c.tp >= 1) c.model.vocab_multiple = std::lcm(c.model.vocab_multiple ? c.model.vocab_multiple : 1, c.tp);
+    c.pad_vocab_for_mesh();
     c.validate(std::size_t(world.size()));
     return c;
   }
