@@ -4,4 +4,5 @@
 #include "mpar/optim/clip.hpp"
 #include "mpar/optim/loss_scaler.hpp"
 #include "mpar/optim/lr_schedule.hpp"
+#include "mpar/optim/rank_scalars.hpp"
 #include "mpar/optim/sgd.hpp"

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <cstdint>
 #include <exception>
 #include <functional>
@@ -493,13 +494,16 @@ TEST_CASE("CudaBackend optimizer operations: AdamW, SGD, sum of squares and scal
   auto m0 = random_vec<float>(n, 92, 0.1), v0 = random_vec<float>(n, 93, 0.01);
   for (auto& x : v0) x = std::abs(x);
   // Direct calls: the device kernels compute host::adamw_update / host::sgd_update operation for operation.
+  // The per-step factors live in rank memory (device) for the device, in host memory for the host reference.
+  const UpdateFactors half{0.5f, 0.0f}, three_quarters{0.75f, 0.0f}, one{1.0f, 0.0f};
   {
     auto dw = upload(w0), dg = upload(g), dm = upload(m0), dv = upload(v0);
+    auto df = upload(std::vector<UpdateFactors>{half});
     CudaBackend::adamw_update(n, dw.data(), static_cast<const float*>(dg.data()), dm.data(), dv.data(), 0.9f, 0.95f,
-                              1e-8f, 1e-2f, 0.1f, 0.271f, 0.142625f, 0.5f);
+                              1e-8f, 1e-2f, 0.1f, 0.271f, 0.142625f, static_cast<const UpdateFactors*>(df.data()));
     auto w = w0, m = m0, v = v0;
     HostBackend::adamw_update(n, w.data(), g.data(), m.data(), v.data(), 0.9f, 0.95f, 1e-8f, 1e-2f, 0.1f, 0.271f,
-                              0.142625f, 0.5f);
+                              0.142625f, &half);
     CHECK(worst(download(dw), w, 1e-12, 1e-6) <= 1.0);
     CHECK(worst(download(dm), m, 1e-12, 1e-6) <= 1.0);
     CHECK(worst(download(dv), v, 1e-12, 1e-6) <= 1.0);
@@ -507,28 +511,56 @@ TEST_CASE("CudaBackend optimizer operations: AdamW, SGD, sum of squares and scal
   for (const bool nesterov : {false, true})
     for (const bool first : {true, false}) {
       auto dw = upload(w0), dg = upload(g), db = upload(m0);
+      auto df = upload(std::vector<UpdateFactors>{three_quarters});
       CudaBackend::sgd_update(n, dw.data(), static_cast<const float*>(dg.data()), db.data(), 0.9f,
-                              nesterov ? 0.0f : 0.1f, nesterov, 0.05f, 0.01f, first, 0.75f);
+                              nesterov ? 0.0f : 0.1f, nesterov, 0.05f, 0.01f, first,
+                              static_cast<const UpdateFactors*>(df.data()));
       auto w = w0, b = m0;
       HostBackend::sgd_update(n, w.data(), g.data(), b.data(), 0.9f, nesterov ? 0.0f : 0.1f, nesterov, 0.05f, 0.01f,
-                              first, 0.75f);
+                              first, &three_quarters);
       INFO("nesterov " << nesterov << " first " << first);
       CHECK(worst(download(dw), w, 1e-12, 1e-6) <= 1.0);
       CHECK(worst(download(db), b, 1e-12, 1e-6) <= 1.0);
     }
   {
     auto dw = upload(w0), dg = upload(g);
+    auto df = upload(std::vector<UpdateFactors>{one});
     CudaBackend::sgd_update(n, dw.data(), static_cast<const float*>(dg.data()), static_cast<float*>(nullptr), 0.0f,
-                            0.0f, false, 0.05f, 0.01f, true, 1.0f);  // no momentum: no buffer
+                            0.0f, false, 0.05f, 0.01f, true, static_cast<const UpdateFactors*>(df.data()));  // no buffer
     auto w = w0;
-    HostBackend::sgd_update(n, w.data(), g.data(), nullptr, 0.0f, 0.0f, false, 0.05f, 0.01f, true, 1.0f);
+    HostBackend::sgd_update(n, w.data(), g.data(), nullptr, 0.0f, 0.0f, false, 0.05f, 0.01f, true, &one);
     CHECK(worst(download(dw), w, 1e-12, 1e-6) <= 1.0);
+    // A skip flag in rank memory: nothing changes on the device either.
+    auto skip = upload(std::vector<UpdateFactors>{UpdateFactors{1.0f, 1.0f}});
+    auto dw2 = upload(w0), dm = upload(m0), dv = upload(v0);
+    CudaBackend::adamw_update(n, dw2.data(), static_cast<const float*>(dg.data()), dm.data(), dv.data(), 0.9f, 0.95f,
+                              1e-8f, 1e-2f, 0.1f, 0.271f, 0.142625f, static_cast<const UpdateFactors*>(skip.data()));
+    CHECK(download(dw2) == w0);
+    CHECK(download(dm) == m0);
   }
   {
     auto dg = upload(g);
-    // The device accumulates in float (a tree over the threads), the host in double.
-    CHECK(CudaBackend::sum_squares(n, dg.data()) == Approx(HostBackend::sum_squares(n, g.data())).epsilon(1e-5));
-    CHECK(CudaBackend::sum_squares(0, dg.data()) == 0.0);
+    // The device accumulates in float per block into a double in rank memory, the host in double.
+    auto dacc = upload(std::vector<double>{0.25});
+    CudaBackend::sum_squares(n, dg.data(), dacc.data());
+    CudaBackend::sum_squares(0, dg.data(), dacc.data());
+    double hacc = 0.25;
+    HostBackend::sum_squares(n, g.data(), &hacc);
+    CHECK(download(dacc)[0] == Approx(hacc).epsilon(1e-5));
+    // The step's factors from the reduced sum of squares: the device computes host::update_factors.
+    for (const double squares : {hacc, 1e-4, std::numeric_limits<double>::infinity()}) {
+      auto dsq = upload(std::vector<double>{squares}), dnorm = upload(std::vector<double>{0.0});
+      auto df = upload(std::vector<UpdateFactors>{one});
+      CudaBackend::update_factors(static_cast<const double*>(dsq.data()), 1.0, 1.0f / 1024.0f, true, dnorm.data(),
+                                  df.data());
+      double hnorm = 0;
+      UpdateFactors hf;
+      HostBackend::update_factors(&squares, 1.0, 1.0f / 1024.0f, true, &hnorm, &hf);
+      INFO("squares " << squares);
+      CHECK((download(dnorm)[0] == hnorm || (std::isinf(hnorm) && std::isinf(download(dnorm)[0]))));
+      CHECK(download(df)[0].grad_scale == hf.grad_scale);
+      CHECK(download(df)[0].skip == hf.skip);
+    }
     CudaBackend::scale(n, 0.375f, dg.data());
     auto h = g;
     HostBackend::scale(n, 0.375f, h.data());

@@ -112,6 +112,7 @@ struct ResidencyCheckedBackend : HostBackend {
   MPAR_TEST_CHECKED(adamw_update)
   MPAR_TEST_CHECKED(sgd_update)
   MPAR_TEST_CHECKED(sum_squares)
+  MPAR_TEST_CHECKED(update_factors)
   MPAR_TEST_CHECKED(scale)
   // The row kernels of MoE routing: the rows and their index and weight arrays.
   MPAR_TEST_CHECKED(gather_rows)

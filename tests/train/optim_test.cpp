@@ -110,9 +110,9 @@ struct CountingBackend : HostBackend {
     ++sgd_calls;
     HostBackend::sgd_update(std::forward<A>(a)...);
   }
-  template <class... A> static double sum_squares(A&&... a) {
+  template <class... A> static void sum_squares(A&&... a) {
     ++sum_squares_calls;
-    return HostBackend::sum_squares(std::forward<A>(a)...);
+    HostBackend::sum_squares(std::forward<A>(a)...);
   }
   template <class... A> static void scale(A&&... a) {
     ++scale_calls;

@@ -11,6 +11,7 @@
 #include "mpar/backend/host/gemm.hpp"     // Trans
 #include "mpar/core/dtype.hpp"             // bf16
 #include "mpar/backend/host/kernels.hpp"  // host::DropoutMask (the mask is the same on every backend)
+#include "mpar/backend/host/optimizer_kernels.hpp"  // UpdateFactors (the optimizer kernels' per-step inputs)
 
 namespace mpar {
 
@@ -32,12 +33,19 @@ namespace mpar {
  * - the optimizer kernels, fp32 over `n` elements, with the semantics of their `mpar::host`
  *   reference (backend/host/optimizer_kernels.hpp), so an optimizer runs where its weights live:
  *   - `adamw_update(n, w, g, m, v, beta1, beta2, eps, lr, weight_decay, bias_correction1,
- *     bias_correction2, grad_scale)`: one AdamW step on weights `w` with moments `m`, `v`, in the
- *     direct textbook form (bias corrections `1 - beta^t` given by the caller);
- *   - `sgd_update(n, w, g, buf, momentum, dampening, nesterov, lr, weight_decay, first, grad_scale)`:
- *     one SGD step with L2 decay and momentum buffer `buf` (null when `momentum == 0`);
- *   - `sum_squares(n, x) -> double`: the sum of `x[i]^2` (the host accumulates in double; a device
- *     may accumulate in float), the local part of the global gradient norm;
+ *     bias_correction2, factors)`: one AdamW step on weights `w` with moments `m`, `v`, in the
+ *     direct textbook form (bias corrections `1 - beta^t` given by the caller); the gradient scale
+ *     and the skip flag are read from `factors` (an `UpdateFactors` in rank memory), so clipping
+ *     and the f16 overflow skip need no host read;
+ *   - `sgd_update(n, w, g, buf, momentum, dampening, nesterov, lr, weight_decay, first, factors)`:
+ *     one SGD step with L2 decay and momentum buffer `buf` (null when `momentum == 0`), `factors`
+ *     as for `adamw_update`;
+ *   - `sum_squares(n, x, acc)`: `*acc += sum x[i]^2` into a double in rank memory (the host
+ *     accumulates in double; a device may sum a block in float), the local part of the global
+ *     gradient norm;
+ *   - `update_factors(squares, max_norm, inv_loss_scale, skip_nonfinite, norm, factors)`: from the
+ *     reduced sum of squares (rank memory), the gradient norm and the `UpdateFactors` of the step
+ *     (clipping coefficient times the inverse loss scale; skip on a non-finite norm);
  *   - `scale(n, factor, x)`: `x[i] *= factor` in place (argument order of `host::scale`);
  * - the row kernels that route tokens (MoE dispatch and combine), with the semantics of their
  *   `mpar::host` reference (backend/host/row_kernels.hpp); `index` is `std::int32_t` in rank memory:
@@ -50,7 +58,7 @@ namespace mpar {
  */
 template <class B>
 concept backend = requires(const float* a, float* c, const bf16* h, const std::int32_t* ids,
-                           const host::DropoutMask& mask, std::size_t n) {
+                           const host::DropoutMask& mask, std::size_t n, double* acc, UpdateFactors* factors) {
   typename B::memory_space;
   typename B::template tensor_type<float, 2>;
   B::init_rank();
@@ -72,9 +80,10 @@ concept backend = requires(const float* a, float* c, const bf16* h, const std::i
   B::vocab_parallel_max(n, n, a, c);
   B::vocab_parallel_sumexp(n, n, n, a, ids, a, c, c);
   B::vocab_parallel_backward(n, n, n, a, ids, a, a, c, 1.0f);
-  B::adamw_update(n, c, a, c, c, 0.9f, 0.999f, 1e-8f, 1e-3f, 0.01f, 0.1f, 0.001f, 1.0f);
-  B::sgd_update(n, c, a, c, 0.9f, 0.0f, false, 1e-2f, 0.0f, true, 1.0f);
-  { B::sum_squares(n, a) } -> std::same_as<double>;
+  B::adamw_update(n, c, a, c, c, 0.9f, 0.999f, 1e-8f, 1e-3f, 0.01f, 0.1f, 0.001f, static_cast<const UpdateFactors*>(factors));
+  B::sgd_update(n, c, a, c, 0.9f, 0.0f, false, 1e-2f, 0.0f, true, static_cast<const UpdateFactors*>(factors));
+  B::sum_squares(n, a, acc);
+  B::update_factors(static_cast<const double*>(acc), 1.0, 1.0f, true, acc, factors);
   B::scale(n, 1.0f, c);
   B::gather_rows(n, n, ids, a, c);
   B::scatter_rows(n, n, ids, a, c);

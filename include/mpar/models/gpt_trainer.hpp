@@ -11,12 +11,15 @@
  *    inside the layers, activations and gradients between stages); as each layer's gradients become
  *    final in the last micro-batch, its data-parallel bucket starts reducing (overlap);
  * 3. sums the tied embedding / head gradients over the first and last pipeline stage;
- * 4. finishes the data-parallel reduction (plain all-reduce, or ZeRO-1 reduce-scatter);
- * 5. for f16, unscales the gradients and skips the step on overflow (dynamic loss scaling);
- * 6. clips by the global gradient norm (tensor and pipeline groups; replicas and the tied copy
- *    counted once), steps the optimizer with the warm-up + cosine learning rate, and copies the
- *    embedding to the head's tied copy. The norm, the scaling and the optimizer step are operations
- *    of the backend `B`, like the layers', so a CUDA rank runs them on its device.
+ * 4. hands the rest to its optimizer, one `parallel::DistributedOptimizer` composed from the configuration
+ *    (precision, gradient sync, update rule; see docs/training.md): `optimizer.step(lr)` finishes the
+ *    data-parallel reduction (plain all-reduce, or ZeRO-1 reduce-scatter), computes the global gradient norm
+ *    in rank memory (tensor and pipeline groups; replicas and the tied copy counted once), turns it into the
+ *    kernels' factors (clipping x 1 / loss scale; the f16 overflow skip) on the device, steps AdamW or SGD
+ *    with the warm-up + cosine learning rate, and reads the step's statistics (loss, aux loss, norm, skip)
+ *    back once;
+ * 5. copies the embedding to the head's tied copy. The norm, the factors and the update are operations of
+ *    the backend `B`, like the layers', so a CUDA rank runs them on its device.
  *
  * Expert parallelism (`ep > 1`, a model with MoE blocks) lives inside data parallelism, as in
  * Megatron-LM and DeepSpeed-MoE: the batch is split over dp x ep ranks; parameters outside the experts
@@ -65,9 +68,7 @@
 #include "mpar/optim/loss_scaler.hpp"
 #include "mpar/optim/lr_schedule.hpp"
 #include "mpar/optim/sgd.hpp"
-#include "mpar/parallel/data_parallel.hpp"
-#include "mpar/parallel/mixed_precision.hpp"
-#include "mpar/parallel/zero.hpp"
+#include "mpar/parallel/distributed_optimizer.hpp"
 #include "mpar/pipeline/executor.hpp"
 #include "mpar/pipeline/partition.hpp"
 #include "mpar/pipeline/schedules.hpp"
@@ -109,6 +110,27 @@ struct GptTrainConfig {
     if (tp >= 1) model.vocab_multiple = std::lcm(model.vocab_multiple ? model.vocab_multiple : 1, tp);
   }
 
+  /**
+   * The optimizer's typed configuration, parsed once from the strings the command line gives (the precision
+   * and optimizer names), with the AdamW / SGD hyper-parameters, clipping and bucket size.
+   */
+  [[nodiscard]] parallel::OptimizerConfig optimizer_config() const {
+    parallel::OptimizerConfig o;
+    o.precision = parallel::parse_precision(precision);
+    o.rule = parallel::parse_update_rule(optimizer);
+    o.sync = zero1 ? parallel::GradSync::zero1 : parallel::GradSync::all_reduce;
+    o.adamw.lr = float(lr);
+    o.adamw.weight_decay = weight_decay;
+    o.adamw.beta1 = beta1;
+    o.adamw.beta2 = beta2;
+    o.adamw.eps = eps;
+    o.adamw.decays = decays ? decays : std::function<bool(const nn::Parameter&)>(optim::decays_weight_matrices);
+    o.sgd = optim::SgdConfig{float(lr), 0.9f, 0.0f};
+    o.clip = clip;
+    o.bucket_bytes = bucket_bytes;
+    return o;
+  }
+
   /** Throws config_error with what to change, before any work starts. */
   void validate(std::size_t world) const {
     require(tp >= 1 && pp >= 1 && dp >= 1 && ep >= 1, "train: --tp, --pp, --dp and --ep must be at least 1");
@@ -128,9 +150,8 @@ struct GptTrainConfig {
               " must split evenly into dp (", dp, ") x ep (", ep, ") x microbatches (", microbatches,
               ") equal micro-batches (expert ranks take different samples); use --batch as a multiple of ",
               batch_ranks() * std::size_t(microbatches));
-    require(precision == "fp32" || precision == "bf16" || precision == "f16", "train: --precision '", precision,
-            "' is not one of fp32, bf16, f16");
-    require(optimizer == "adamw" || optimizer == "sgd", "train: --optimizer '", optimizer, "' is not one of adamw, sgd");
+    (void)parallel::parse_precision(precision);  // each throws naming the choices
+    (void)parallel::parse_update_rule(optimizer);
     require(!(zero1 && optimizer != "adamw"), "train: ZeRO-1 shards AdamW states; use --optimizer adamw with --zero1");
     require(!(zero1 && ep > 1), "train: ZeRO-1 shards optimizer states over the data axis only, while with --ep ", ep,
             " the non-expert gradients average over data x expert ranks; drop --zero1 or use --ep 1 (ZeRO-1 with "
@@ -223,16 +244,16 @@ class GptTrainer {
     tensor_.reset();
     expert_t_.reset();
     tokens_t_.reset();
-    const double dp_comm_before = data_seconds_;
+    const double dp_comm_before = optimizer_->sync_seconds();
     const double lr = schedule_(step);
 
     // 1. This data rank's samples as micro-batches.
     std::vector<nn::Activation> inputs = split_microbatches(local_batch(step));
 
     // 2. The pipeline program: forwards, backwards (data-parallel buckets start as gradients finish).
-    use_compute_weights();
+    optimizer_->begin_compute();
     for (auto& s : stages_) s->begin_step();
-    const float loss_scale = scaler_ ? scaler_->scale() : 1.0f;
+    const float loss_scale = optimizer_->loss_scale();
     // Each rank's backward adds its own tokens' share of d aux; the average over the token group divides it by
     // the group's size again, so the share enters scaled by that size (and the loss scale, like the logits').
     for (auto& s : stages_) s->set_moe_aux_gradient(float(cfg_.batch_ranks()) * loss_scale);
@@ -242,60 +263,48 @@ class GptTrainer {
       dy = last.loss().backward(mb, loss_scale);
       return loss;
     });
-    use_master_weights();
-
-    // 3-6. Tied weights, data-parallel reduction, loss scaling, clipping, the update.
-    const auto t_opt = std::chrono::steady_clock::now();
-    sum_tied_gradients();
-    finish_data_parallel();
-    bool finite = true;
-    if (scaler_) finite = scaler_->unscale_and_check(std::span<nn::Parameter* const>(opt_params_), comms_.world);
-    double norm = 0;
-    if (finite) {
-      if (zero_) norm = zero_->grad_norm(tensor_, pipe_);
-      else if (cfg_.ep > 1) norm = optim::grad_norm<B>(std::span<nn::Parameter* const>(opt_params_), tensor_, pipe_, comms_.expert);
-      else norm = optim::grad_norm<B>(std::span<nn::Parameter* const>(opt_params_), tensor_, pipe_);
-      const float coef = cfg_.clip > 0 ? float(optim::clip_coefficient(norm, cfg_.clip)) : 1.0f;
-      if (zero_) zero_->step(float(lr), coef);
-      else if (adamw_) { optim::scale_grads<B>(opt_params_, coef); adamw_->step(float(lr)); }
-      else { optim::scale_grads<B>(opt_params_, coef); sgd_->step(float(lr)); }
-      copy_embedding_to_head();
-    }
-    store_masters();
-    if (scaler_) scaler_->update(finite);
-    for (auto* p : all_params_) p->zero_grad();
-    if (zero_) zero_->zero_grad();
-    stats.compute += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_opt).count();
-    ++step_;
-
-    // Report: averaged over the world so every rank prints the same numbers.
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double comm_s =
-        stats.communication + tensor_.seconds() + expert_t_.seconds() + tokens_t_.seconds() + (data_seconds_ - dp_comm_before);
+    optimizer_->end_compute();
     double aux = 0;
     std::size_t dropped = 0;
     for (auto& s : stages_) {
       aux += s->take_moe_aux_loss();
       dropped += s->take_moe_dropped();
     }
-    // aux is the same on every tensor and token-group rank and differs between pipeline stages (other blocks);
-    // tensor ranks repeat the same routing, so their dropped counts are divided out.
-    Buffer<double> avg{stats.loss, stats.bubble_ratio, std::min(1.0, comm_s / wall),
-                              aux * double(cfg_.pp) / double(cfg_.microbatches), double(dropped) * double(cfg_.world_size()) / double(cfg_.tp)};
+    // aux is the same on every tensor and token-group rank and differs between pipeline stages (other blocks).
+    optimizer_->record_losses(stats.loss, aux * double(cfg_.pp) / double(cfg_.microbatches));
+
+    // 3-6. Tied weights; the optimizer: data-parallel reduction, norm, clipping, loss scaling, the update.
+    const auto t_opt = std::chrono::steady_clock::now();
+    sum_tied_gradients();
+    const parallel::StepStatistics st = optimizer_->step(lr);
+    copy_embedding_to_head();  // unchanged values after a skipped step: harmless, and no host decision needed
+    for (auto* p : all_params_) p->zero_grad();
+    optimizer_->zero_grad();
+    stats.compute += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_opt).count();
+    ++step_;
+
+    // Report: averaged over the world so every rank prints the same numbers.
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const double comm_s = stats.communication + tensor_.seconds() + expert_t_.seconds() + tokens_t_.seconds() +
+                          (optimizer_->sync_seconds() - dp_comm_before);
+    // Host measurements (times, the dropped count; tensor ranks repeat the same routing, so their dropped
+    // counts are divided out); the losses came averaged with the optimizer's statistics.
+    Buffer<double> avg{stats.bubble_ratio, std::min(1.0, comm_s / wall),
+                       double(dropped) * double(cfg_.world_size()) / double(cfg_.tp)};
     comms_.world.all_reduce(std::span<double>(avg), ReduceOp::avg);
     Buffer<double> slowest{wall};
     comms_.world.all_reduce(std::span<double>(slowest), ReduceOp::max);
     StepReport r;
     r.step = step;
-    r.loss = avg[0];  // the executor reports the loss of the unscaled forward
+    r.loss = st.loss;  // the executor reports the loss of the unscaled forward
     r.lr = lr;
-    r.grad_norm = norm;
-    r.aux_loss = avg[3];
-    r.dropped = std::size_t(std::llround(avg[4]));
-    r.skipped = !finite;
+    r.grad_norm = st.skipped ? 0.0 : st.grad_norm;
+    r.aux_loss = st.aux_loss;
+    r.dropped = std::size_t(std::llround(avg[2]));
+    r.skipped = st.skipped;
     r.wall = slowest[0];
-    r.bubble = avg[1];
-    r.communication = avg[2];
+    r.bubble = avg[0];
+    r.communication = avg[1];
     r.tokens_per_second = double(cfg_.global_batch * cfg_.model.seq) / r.wall;
     r.stats = std::move(stats);
     return r;
@@ -324,7 +333,7 @@ class GptTrainer {
     double sum = 0;
     for (std::size_t i = 0; i < batches; ++i) {
       std::vector<nn::Activation> inputs = split_microbatches(local_batch(val, seed, i));
-      use_compute_weights();
+      optimizer_->begin_compute();
       // No gradient reduction: the hooks that would start the data-parallel buckets are off for this pass.
       for (auto& s : stages_) {
         s->on_gradients_final({}, cfg_.microbatches);
@@ -337,11 +346,11 @@ class GptTrainer {
         dy = last.loss().backward(mb, 1.0f);
         return loss;
       });
-      use_master_weights();
+      optimizer_->end_compute();
       if (gradients_final_)
         for (auto& s : stages_) s->on_gradients_final(gradients_final_, cfg_.microbatches);
       for (auto* p : all_params_) p->zero_grad();
-      if (zero_) zero_->zero_grad();
+      optimizer_->zero_grad();
       for (auto& s : stages_) {
         (void)s->take_moe_aux_loss();
         (void)s->take_moe_dropped();
@@ -388,9 +397,8 @@ class GptTrainer {
       require(full.size() == p->global_size(), "load_weights: '", p->name, "' has ", p->global_size(),
               " elements (shape ", io::shape_string(p->global_shape), ") but the source gave ", full.size());
       copy_block_from_full(*p, full);
-      if (std::find(opt_params_.begin(), opt_params_.end(), p) != opt_params_.end()) ++loaded;
+      if (p != head_copy_) ++loaded;
     }
-    store_masters();
     return loaded;
   }
 
@@ -401,10 +409,8 @@ class GptTrainer {
       m.parameters += p->value.size() * sizeof(float);
       m.gradients += p->grad.size() * sizeof(float);
     }
-    if (zero_) m.optimizer_states = zero_->state_elements() * sizeof(float);
-    else if (adamw_) m.optimizer_states = 2 * opt_elements() * sizeof(float);
-    else m.optimizer_states = opt_elements() * sizeof(float);
-    if (!masters_.empty()) m.compute_copies = opt_elements() * sizeof(float);  // the fp32 masters beside the 16-bit weights
+    m.optimizer_states = optimizer_->state_elements() * sizeof(float);
+    m.compute_copies = optimizer_->precision_bytes();  // the fp32 masters and 16-bit copies beside the weights
     return m;
   }
 
@@ -420,12 +426,10 @@ class GptTrainer {
     st.step = step_;
     st.data_position = step_;  // batches are a pure function of the step
     st.rng = {cfg_.data_seed, cfg_.model.seed};
-    if (scaler_)
-      st.loss_scale = io::LossScaleState{scaler_->scale(), std::uint64_t(scaler_->good_steps_in_a_row()),
-                                         std::uint64_t(scaler_->skipped_steps())};
-    if (adamw_) st.user["adamw.steps"] = std::to_string(adamw_->steps());
-    if (zero_) st.user["adamw.steps"] = std::to_string(zero_->steps());
-    if (sgd_) st.user["sgd.steps"] = std::to_string(sgd_->steps());
+    if (const auto* scaler = optimizer_->scaler())
+      st.loss_scale = io::LossScaleState{scaler->scale(), std::uint64_t(scaler->good_steps_in_a_row()),
+                                         std::uint64_t(scaler->skipped_steps())};
+    st.user[optimizer_->sgd() ? "sgd.steps" : "adamw.steps"] = std::to_string(optimizer_->steps());
     st.user["optimizer"] = cfg_.optimizer;
     for (auto& [k, v] : run_identity()) st.user[k] = std::move(v);
     io::SaveOptions opts;
@@ -490,15 +494,12 @@ class GptTrainer {
         require(it != res.state.user.end(), "resume: checkpoint ", res.path.string(), " has no ", key, " entry");
         return std::size_t(std::stoull(it->second));
       };
-      if (adamw_) adamw_->set_steps(steps_of("adamw.steps"));
-      if (zero_) zero_->set_steps(steps_of("adamw.steps"));
-      if (sgd_) sgd_->set_steps(steps_of("sgd.steps"));
+      optimizer_->set_steps(steps_of(optimizer_->sgd() ? "sgd.steps" : "adamw.steps"));
     }
-    if (scaler_ && res.state.loss_scale)
-      scaler_->restore(res.state.loss_scale->scale, std::size_t(res.state.loss_scale->good_steps),
-                       std::size_t(res.state.loss_scale->skipped));
+    if (auto* scaler = optimizer_->scaler(); scaler && res.state.loss_scale)
+      scaler->restore(res.state.loss_scale->scale, std::size_t(res.state.loss_scale->good_steps),
+                      std::size_t(res.state.loss_scale->skipped));
     copy_embedding_to_head();
-    store_masters();
     return res;
   }
 
@@ -530,16 +531,16 @@ class GptTrainer {
       out.push_back(io::BlockView<T>{p.name, p.global_shape, io::BoxN(p.local_box.begin(), p.local_box.end()), p.layout,
                                      Span(p.value)});
       if (!with_states) continue;
-      if (adamw_) {
-        out.push_back(io::state_block(p, "adamw.m", Span(adamw_->first_moment_mut(i))));
-        out.push_back(io::state_block(p, "adamw.v", Span(adamw_->second_moment_mut(i))));
+      if (auto* adamw = optimizer_->adamw()) {
+        out.push_back(io::state_block(p, "adamw.m", Span(adamw->first_moment_mut(i))));
+        out.push_back(io::state_block(p, "adamw.v", Span(adamw->second_moment_mut(i))));
       }
       // Without the momentum the first step after a resume would differ from the uninterrupted run's.
-      if (sgd_ && !sgd_->momentum_buffer_mut(i).empty())
-        out.push_back(io::state_block(p, "sgd.momentum", Span(sgd_->momentum_buffer_mut(i))));
+      if (auto* sgd = optimizer_->sgd(); sgd && !sgd->momentum_buffer_mut(i).empty())
+        out.push_back(io::state_block(p, "sgd.momentum", Span(sgd->momentum_buffer_mut(i))));
     }
-    if (zero_ && with_states)
-      for (const auto& piece : zero_->state_pieces()) {
+    if (auto* zero = optimizer_->zero(); zero && with_states)
+      for (const auto& piece : zero->state_pieces()) {
         auto add = [&](const char* state, auto data) {
           for (auto& b : io::flat_state_blocks(*piece.param, state, piece.param_offset, Span(data))) out.push_back(b);
         };
@@ -730,6 +731,13 @@ class GptTrainer {
       for (auto* p : s->parameters()) all_params_.push_back(p);
       for (auto* p : s->norm_parameters()) opt_params_.push_back(p);
     }
+    const std::set<const nn::Parameter*> optimized(opt_params_.begin(), opt_params_.end());
+    for (auto* p : all_params_)
+      if (!optimized.contains(p)) {
+        require(head_copy_ == nullptr, "GptTrainer: more than one parameter outside the optimizer on rank ",
+                comms_.world.rank(), " (", head_copy_ ? head_copy_->name : "", ", ", p->name, ")");
+        head_copy_ = p;
+      }
   }
 
   /** First and last pipeline stage of each (tensor, data, expert) position share the tied embedding. */
@@ -745,44 +753,18 @@ class GptTrainer {
   }
 
   void build_optimizer() {
-    if (cfg_.precision == "f16") scaler_.emplace(optim::LossScalerConfig{});
-    if (cfg_.precision != "fp32") masters_.resize(all_params_.size());
-    optim::AdamWConfig ac;
-    ac.weight_decay = cfg_.weight_decay;
-    ac.beta1 = cfg_.beta1;
-    ac.beta2 = cfg_.beta2;
-    ac.eps = cfg_.eps;
-    ac.decays = cfg_.decays ? cfg_.decays : std::function<bool(const nn::Parameter&)>(optim::decays_weight_matrices);
-    if (cfg_.zero1) {
-      zero_.emplace(opt_params_, data_comm_, ac, parallel::ZeroOptions{cfg_.bucket_bytes, 0.0});
-    } else {
-      // Replicated parameters average over every rank with other samples (data x expert); experts over the
-      // data group, divided by dp x ep: each already sums the tokens of its whole expert group.
-      std::vector<nn::Parameter*> replicated, experts;
-      for (auto* p : opt_params_) (cfg_.ep > 1 && optim::sharded_over_expert(*p) ? experts : replicated).push_back(p);
-      if (cfg_.batch_ranks() > 1) dp_.emplace(replicated, replica_comm_, parallel::DataParallelOptions{cfg_.bucket_bytes, 0.0});
-      if (cfg_.dp > 1 && !experts.empty())
-        dp_experts_.emplace(experts, data_comm_, parallel::DataParallelOptions{cfg_.bucket_bytes, double(cfg_.batch_ranks())});
-      expert_params_ = experts;
-      if (cfg_.optimizer == "adamw") adamw_.emplace(opt_params_, ac);
-      else sgd_.emplace(opt_params_, optim::SgdConfig{float(cfg_.lr), 0.9f, 0.0f});
-    }
+    parallel::OptimizerGroups<Comm, TensorComm> groups{&comms_.world, &tensor_, &pipe_, &data_comm_, &replica_comm_,
+                                                       cfg_.ep > 1 ? &comms_.expert : nullptr};
+    optimizer_.emplace(opt_params_, all_params_, cfg_.optimizer_config(), groups);
     // Overlap: mark each layer's gradients ready as soon as the last micro-batch's backward is past it.
     // With the embedding split over two stages, its gradient is final only after the tied sum.
     if (cfg_.batch_ranks() > 1) {
       gradients_final_ = [this](const std::vector<nn::Parameter*>& ps) {
-        const auto t = std::chrono::steady_clock::now();
         for (auto* p : ps)
-          if (p != tied_ && std::find(opt_params_.begin(), opt_params_.end(), p) != opt_params_.end()) {
-            if (zero_) zero_->mark_ready(*p);
-            else if (std::find(expert_params_.begin(), expert_params_.end(), p) == expert_params_.end()) dp_->mark_ready(*p);
-            else if (dp_experts_) dp_experts_->mark_ready(*p);
-          }
-        data_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+          if (p != tied_) optimizer_->gradient_ready(*p);
       };
       for (auto& s : stages_) s->on_gradients_final(gradients_final_, cfg_.microbatches);
     }
-    store_masters();
   }
 
   void sum_tied_gradients() {
@@ -793,29 +775,6 @@ class GptTrainer {
     if (tied_ == nullptr) return;
     embed_group_->broadcast(std::span<float>(tied_->value), 0);
   }
-  void finish_data_parallel() {
-    const auto t = std::chrono::steady_clock::now();
-    if (zero_) zero_->reduce_gradients();
-    else if (dp_) dp_->finish();
-    if (dp_experts_) dp_experts_->finish();
-    else if (cfg_.ep > 1) optim::scale_grads<B>(expert_params_, 1.0f / float(cfg_.ep));
-    data_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
-  }
-
-  // Mixed precision: `masters_` keep the fp32 values while the passes see 16-bit-rounded weights.
-  void store_masters() {
-    for (std::size_t i = 0; i < masters_.size(); ++i) masters_[i] = all_params_[i]->value;
-  }
-  void use_compute_weights() {
-    if (masters_.empty()) return;
-    const bool bf = cfg_.precision == "bf16";
-    for (auto* p : all_params_)
-      for (float& v : p->value) v = bf ? float(bf16(v)) : float(f16(v));
-  }
-  void use_master_weights() {
-    for (std::size_t i = 0; i < masters_.size(); ++i) all_params_[i]->value = masters_[i];
-  }
-
   GptTrainConfig cfg_;
   data::SourceRef data_;
   DynamicMesh mesh_;
@@ -833,16 +792,11 @@ class GptTrainer {
   bool holds_first_ = false, holds_last_ = false;
   nn::Parameter* tied_ = nullptr;  ///< this rank's end of an embedding split over two stages, if any
   std::optional<Comm> embed_group_;
-  std::optional<parallel::DataParallel<Comm>> dp_;
-  std::optional<parallel::DataParallel<Comm>> dp_experts_;  ///< expert parameters over the data group (ep > 1)
-  std::vector<nn::Parameter*> expert_params_;
+  nn::Parameter* head_copy_ = nullptr;  ///< the head's tied copy of the embedding on this rank (not optimized), if any
   typename Stage::GradientsFinalHook gradients_final_;  ///< starts the data-parallel buckets (empty: dp x ep = 1)
-  std::optional<parallel::Zero1AdamW<Comm, B>> zero_;  // optimizers, norm and scaling run on B, like the layers
-  std::optional<optim::AdamW<B>> adamw_;
-  std::optional<optim::Sgd<B>> sgd_;
-  std::optional<optim::DynamicLossScaler> scaler_;
-  std::vector<decltype(nn::Parameter::value)> masters_;
-  double data_seconds_ = 0;
+  /// Gradient synchronisation, norm, clipping, loss scaling, the update and the mixed-precision weights; its
+  /// norm, scaling and update run on B, like the layers.
+  std::optional<parallel::DistributedOptimizer<Comm, B, TensorComm>> optimizer_;
   std::size_t step_ = 0;
 };
 

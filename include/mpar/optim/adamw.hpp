@@ -17,6 +17,7 @@
 #include "mpar/core/error.hpp"
 #include "mpar/core/memory_resource.hpp"
 #include "mpar/nn/parameter.hpp"
+#include "mpar/optim/rank_scalars.hpp"
 
 namespace mpar::optim {
 
@@ -53,12 +54,11 @@ struct AdamWStep {
   float lr = 0.0f;
   float weight_decay = 0.0f;  ///< 0 for parameters that do not decay
   float bias_correction1 = 1.0f, bias_correction2 = 1.0f;  ///< 1 - beta^t for step t (1-based)
-  float grad_scale = 1.0f;                                 ///< multiplies the gradient first
 
   /** The constants of step `t` (1-based). */
-  [[nodiscard]] static AdamWStep at(const AdamWConfig& c, std::size_t t, float lr, float grad_scale = 1.0f) {
+  [[nodiscard]] static AdamWStep at(const AdamWConfig& c, std::size_t t, float lr) {
     return {lr, c.weight_decay, float(1.0 - std::pow(double(c.beta1), double(t))),
-            float(1.0 - std::pow(double(c.beta2), double(t))), grad_scale};
+            float(1.0 - std::pow(double(c.beta2), double(t)))};
   }
 };
 
@@ -67,16 +67,18 @@ struct AdamWStep {
  * shard, a ZeRO block or a whole tensor), computed by backend `B` (`B::adamw_update`; the host
  * reference is host::adamw_update):
  * `w *= 1 - lr wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; w -= lr (m / c1) / (sqrt(v / c2) + eps)`.
- * All four spans must be memory `B` computes on (the rank's memory resource).
+ * The gradient is multiplied by `factors->grad_scale` first and nothing changes when `factors->skip` is
+ * set (see `UpdateFactors`). All four spans and `factors` must be memory `B` computes on (the rank's memory
+ * resource).
  */
 template <backend B = HostBackend>
 void adamw_update(std::span<float> w, std::span<const float> g, std::span<float> m, std::span<float> v,
-                  const AdamWConfig& c, const AdamWStep& s) {
+                  const AdamWConfig& c, const AdamWStep& s, const UpdateFactors* factors) {
   require(w.size() == g.size() && m.size() == w.size() && v.size() == w.size(), "adamw_update: weights (", w.size(),
           "), gradient (", g.size(), "), first (", m.size(), ") and second moments (", v.size(), ") differ in size");
   if (w.empty()) return;
   B::adamw_update(w.size(), w.data(), g.data(), m.data(), v.data(), c.beta1, c.beta2, c.eps, s.lr, s.weight_decay,
-                  s.bias_correction1, s.bias_correction2, s.grad_scale);
+                  s.bias_correction1, s.bias_correction2, factors);
 }
 
 /**
@@ -100,20 +102,36 @@ class AdamW {
       m_.emplace_back(params_[i]->local_size(), 0.0f);
       v_.emplace_back(params_[i]->local_size(), 0.0f);
     }
+    factors_.resize(1);
   }
 
   void step() { step(config_.lr); }
-  /** One update with learning rate `lr`; gradients are multiplied by `grad_scale` first. */
+  /** One update with learning rate `lr`; gradients are multiplied by `grad_scale` (a host value) first. */
   void step(float lr, float grad_scale = 1.0f) {
+    const UpdateFactors f{grad_scale, 0.0f};
+    copy_to_rank<B>(&f, factors_.data(), 1);
+    step(lr, factors_.data());
+  }
+  /**
+   * One update with learning rate `lr`, the gradient scale and the skip flag read from `factors` (rank
+   * memory, e.g. written by `B::update_factors`). A skipped update still counts here; `retract_step()`
+   * takes it back once the host has learnt of the skip (AdamW's bias correction counts updates taken).
+   */
+  void step(float lr, const UpdateFactors* factors) {
     ++steps_;
-    AdamWStep s = AdamWStep::at(config_, steps_, lr, grad_scale);
+    AdamWStep s = AdamWStep::at(config_, steps_, lr);
     for (std::size_t i = 0; i < params_.size(); ++i) {
       auto& p = *params_[i];
       require(p.grad.size() == p.value.size(), "AdamW::step: parameter ", p.name, " has ", p.value.size(),
               " values but ", p.grad.size(), " gradients");
       s.weight_decay = config_.decays_param(p) ? config_.weight_decay : 0.0f;
-      adamw_update<B>(p.value, p.grad, m_[i], v_[i], config_, s);
+      adamw_update<B>(p.value, p.grad, m_[i], v_[i], config_, s, factors);
     }
+  }
+  /** Takes back the count of an update that its factors skipped. */
+  void retract_step() {
+    require(steps_ > 0, "AdamW::retract_step: no step taken");
+    --steps_;
   }
   void zero_grad() {
     for (auto* p : params_) p->zero_grad();
@@ -133,6 +151,7 @@ class AdamW {
   std::vector<nn::Parameter*> params_;
   AdamWConfig config_;
   std::vector<Buffer<float>> m_, v_;  // rank memory: the backend's kernels read and write them
+  Buffer<UpdateFactors> factors_;     // the factors of `step(lr, grad_scale)`, in rank memory
   std::size_t steps_ = 0;
 };
 

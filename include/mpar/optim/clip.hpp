@@ -7,25 +7,28 @@
  * - a parameter sharded over the tensor axis contributes its local sum of squares, summed over the
  *   tensor group;
  * - a parameter replicated over the tensor axis (`nn::Parameter::sharded_over_tensor == false`) holds the
- *   same gradient on every tensor rank: it is counted once, never summed over the tensor group;
+ *   same gradient on every tensor rank: it is counted once, by tensor rank 0;
  * - pipeline stages own distinct parameters: their sums are added over the pipeline group;
  * - data-parallel replicas hold the same (already averaged) gradient: they are NOT summed;
  * - with a mixture of experts, expert parameters (layout sharded on the `expert` axis) differ between expert
- *   ranks and are summed over the expert group; every other parameter is replicated over it.
- * The local sums of squares and the scaling run on the compute backend `B` (HostBackend unless given:
- * `grad_norm<CudaBackend>(params, tensor, pipeline)`); the host accumulates in double.
+ *   ranks and are summed over the expert group; every other parameter is replicated over it and counted by
+ *   expert rank 0.
+ * Because each rank leaves out what another rank of its group counts, one scalar per rank suffices: the
+ * local sums accumulate into a double in rank memory (`B::sum_squares`) and are all-reduced there over the
+ * groups, so the whole norm is computed without a host read (`global_grad_squares`); `grad_norm` reads the
+ * result once for callers that want a number.
  */
 #include <cmath>
 #include <cstddef>
 #include <span>
 #include <string>
-#include <type_traits>
 
 #include "mpar/backend/backend.hpp"
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/memory_resource.hpp"
 #include "mpar/nn/parameter.hpp"
+#include "mpar/optim/rank_scalars.hpp"
 
 namespace mpar::optim {
 
@@ -34,75 +37,80 @@ namespace mpar::optim {
   return p.layout.find("expert") != std::string::npos;
 }
 
-/** @brief Local sums of squares of a parameter set, split by which groups hold distinct parts of them. */
-struct GradSquares {
-  double tensor_sharded = 0.0;  ///< parameters sharded over the tensor axis (sum these over the tensor group)
-  double replicated = 0.0;      ///< parameters every tensor rank holds whole (count once)
-  double expert_tensor_sharded = 0.0;  ///< expert parameters also sharded over the tensor axis
-  double expert_replicated = 0.0;      ///< expert parameters whole on every tensor rank
+/**
+ * @brief Which parameters this rank counts in the global norm: a parameter whole on every tensor rank only
+ * on tensor rank 0 (`tensor_rank0`), a parameter outside the experts only on expert rank 0 (`expert_rank0`).
+ */
+struct SquaresShare {
+  bool tensor_rank0 = true;
+  bool expert_rank0 = true;
+  [[nodiscard]] bool counts(const nn::Parameter& p) const {
+    return (p.sharded_over_tensor || tensor_rank0) && (sharded_over_expert(p) || expert_rank0);
+  }
 };
 
-/** @brief The local sums of squares of the gradients of `params`, each parameter's by `B::sum_squares`. */
-template <backend B = HostBackend>
-[[nodiscard]] GradSquares grad_squares(std::span<nn::Parameter* const> params) {
-  GradSquares s;
-  for (const auto* p : params) {
-    const double acc = p->grad.empty() ? 0.0 : B::sum_squares(p->grad.size(), p->grad.data());
-    if (sharded_over_expert(*p)) (p->sharded_over_tensor ? s.expert_tensor_sharded : s.expert_replicated) += acc;
-    else (p->sharded_over_tensor ? s.tensor_sharded : s.replicated) += acc;
-  }
-  return s;
-}
-
-namespace detail {
-struct NoGroup {};
-
-/** Combines local sums into the global squared norm over the tensor, pipeline and expert groups given. */
-template <class TC, class PC, class EC = NoGroup>
-[[nodiscard]] double global_squares(GradSquares s, TC* tensor, PC* pipeline, EC* expert = nullptr) {
-  if constexpr (!std::is_same_v<TC, NoGroup>) {
-    Buffer<double> buf{s.tensor_sharded, s.expert_tensor_sharded};  // rank memory: it is communicated
-    tensor->all_reduce(std::span<double>(buf), ReduceOp::sum);
-    s.tensor_sharded = buf[0];
-    s.expert_tensor_sharded = buf[1];
-  }
-  // Expert ranks hold different experts: their sums add up over the expert group; the other parameters are
-  // replicated over it (like data replicas) and count once.
-  Buffer<double> experts{s.expert_tensor_sharded + s.expert_replicated};
-  if constexpr (!std::is_same_v<EC, NoGroup>) expert->all_reduce(std::span<double>(experts), ReduceOp::sum);
-  Buffer<double> total{s.tensor_sharded + s.replicated + experts[0]};
-  if constexpr (!std::is_same_v<PC, NoGroup>) pipeline->all_reduce(std::span<double>(total), ReduceOp::sum);
-  return total[0];
-}
-}  // namespace detail
-
-/** @brief The global gradient norm on one rank (no model parallelism). */
-template <backend B = HostBackend>
-[[nodiscard]] double grad_norm(std::span<nn::Parameter* const> params) {
-  return std::sqrt(detail::global_squares<detail::NoGroup, detail::NoGroup>(grad_squares<B>(params), nullptr, nullptr));
-}
-/** @brief The global gradient norm under tensor parallelism (`tensor`: this rank's tensor group). */
-template <backend B = HostBackend, communicator TC>
-[[nodiscard]] double grad_norm(std::span<nn::Parameter* const> params, TC& tensor) {
-  return std::sqrt(detail::global_squares<TC, detail::NoGroup>(grad_squares<B>(params), &tensor, nullptr));
-}
-/** @brief The global gradient norm under tensor and pipeline parallelism. Never pass the data group. */
-template <backend B = HostBackend, communicator TC, communicator PC>
-[[nodiscard]] double grad_norm(std::span<nn::Parameter* const> params, TC& tensor, PC& pipeline) {
-  return std::sqrt(detail::global_squares<TC, PC>(grad_squares<B>(params), &tensor, &pipeline));
-}
 /**
- * @brief The global gradient norm with experts spread over `expert` as well (mixture of experts): expert
- * parameters (`sharded_over_expert`) are summed over the expert group, the others counted once.
+ * @brief The share of the squared norm over `groups...` (none, the tensor group, tensor and pipeline, or
+ * tensor, pipeline and expert groups) that this rank counts.
  */
-template <backend B = HostBackend, communicator TC, communicator PC, communicator EC>
-[[nodiscard]] double grad_norm(std::span<nn::Parameter* const> params, TC& tensor, PC& pipeline, EC& expert) {
-  return std::sqrt(detail::global_squares<TC, PC, EC>(grad_squares<B>(params), &tensor, &pipeline, &expert));
+[[nodiscard]] inline SquaresShare squares_share() { return {}; }
+template <communicator TC>
+[[nodiscard]] SquaresShare squares_share(TC& tensor) {
+  return {tensor.rank() == 0, true};
+}
+template <communicator TC, communicator PC>
+[[nodiscard]] SquaresShare squares_share(TC& tensor, PC&) {
+  return {tensor.rank() == 0, true};
+}
+template <communicator TC, communicator PC, communicator EC>
+[[nodiscard]] SquaresShare squares_share(TC& tensor, PC&, EC& expert) {
+  return {tensor.rank() == 0, expert.rank() == 0};
+}
+
+/** @brief Adds the squares of the gradients this rank counts (`share`) into `*acc` (rank memory), by `B::sum_squares`. */
+template <backend B = HostBackend>
+void accumulate_grad_squares(std::span<nn::Parameter* const> params, SquaresShare share, double* acc) {
+  for (const auto* p : params)
+    if (!p->grad.empty() && share.counts(*p)) B::sum_squares(p->grad.size(), p->grad.data(), acc);
+}
+
+/** @brief All-reduces (sum) the scalar `acc` (rank memory) over each of `groups...`. */
+template <communicator... Groups>
+void sum_over([[maybe_unused]] double* acc, Groups&... groups) {
+  (groups.all_reduce(std::span<double>(acc, 1), ReduceOp::sum), ...);
+}
+
+/**
+ * @brief The global squared gradient norm into `*acc` (rank memory; it is overwritten), without a host read:
+ * `groups...` are none, the tensor group, the tensor and pipeline groups, or tensor, pipeline and expert
+ * groups. Never pass the data group (replicas hold the same gradient).
+ */
+template <backend B = HostBackend, communicator... Groups>
+  requires(sizeof...(Groups) <= 3)
+void global_grad_squares(std::span<nn::Parameter* const> params, double* acc, Groups&... groups) {
+  zero_in_rank<B>(acc, 1);
+  accumulate_grad_squares<B>(params, squares_share(groups...), acc);
+  sum_over(acc, groups...);
+}
+
+/**
+ * @brief The global gradient norm (see `global_grad_squares` for `groups...`), read back to the host: one
+ * synchronisation; a training step uses `global_grad_squares` and `B::update_factors` instead.
+ */
+template <backend B = HostBackend, communicator... Groups>
+  requires(sizeof...(Groups) <= 3)
+[[nodiscard]] double grad_norm(std::span<nn::Parameter* const> params, Groups&... groups) {
+  Buffer<double> acc(1);  // rank memory: it is accumulated by the backend and communicated
+  global_grad_squares<B>(params, acc.data(), groups...);
+  double squares = 0;
+  copy_to_host<B>(acc.data(), &squares, 1);
+  return std::sqrt(squares);
 }
 
 /**
  * @brief The factor that brings a gradient of norm `norm` to at most `max_norm`: `min(1, max_norm / (norm + 1e-6))`.
  * A non-finite norm gives 1 (nothing to rescale meaningfully; the loss scaler skips such steps).
+ * `host::update_factors` computes the same on the device side of a step.
  */
 [[nodiscard]] inline float clip_coefficient(double norm, double max_norm) {
   if (!std::isfinite(norm) || max_norm <= 0.0) return 1.0f;

@@ -13,6 +13,7 @@
 #include "mpar/core/error.hpp"
 #include "mpar/core/memory_resource.hpp"
 #include "mpar/nn/parameter.hpp"
+#include "mpar/optim/rank_scalars.hpp"
 
 namespace mpar::optim {
 
@@ -29,17 +30,18 @@ struct SgdConfig {
  * @brief One SGD update of `w` from `g` with momentum buffer `buf` (`first` says the buffer is empty),
  * computed by backend `B` (`B::sgd_update`; the host reference is host::sgd_update):
  * `g' = g + wd w; buf = first ? g' : mu buf + (1 - dampening) g'; w -= lr (nesterov ? g' + mu buf : buf)`.
- * `grad_scale` multiplies `g` first (1 / loss scale, a clipping coefficient). Without momentum `buf` is
- * unused and may be empty.
+ * `factors->grad_scale` multiplies `g` first (1 / loss scale, a clipping coefficient) and `factors->skip`
+ * leaves everything unchanged (see `UpdateFactors`; rank memory). Without momentum `buf` is unused and may be
+ * empty.
  */
 template <backend B = HostBackend>
 void sgd_update(std::span<float> w, std::span<const float> g, std::span<float> buf, bool first, const SgdConfig& c,
-                float lr, float grad_scale = 1.0f) {
+                float lr, const UpdateFactors* factors) {
   require(w.size() == g.size() && (c.momentum == 0.0f || buf.size() == w.size()), "sgd_update: weights (", w.size(),
           "), gradient (", g.size(), ") and momentum buffer (", buf.size(), ") differ in size");
   if (w.empty()) return;
   B::sgd_update(w.size(), w.data(), g.data(), c.momentum != 0.0f ? buf.data() : nullptr, c.momentum, c.dampening,
-                c.nesterov, lr, c.weight_decay, first, grad_scale);
+                c.nesterov, lr, c.weight_decay, first, factors);
 }
 
 /**
@@ -60,19 +62,34 @@ class Sgd {
       require(params_[i] != nullptr, "Sgd: parameter ", i, " is null");
       buffers_.emplace_back(config_.momentum != 0.0f ? params_[i]->local_size() : 0, 0.0f);
     }
+    factors_.resize(1);
   }
 
   /** Applies one update with the configured learning rate. */
   void step() { step(config_.lr); }
   /** Applies one update with learning rate `lr` (from a schedule); gradients are multiplied by `grad_scale`. */
   void step(float lr, float grad_scale = 1.0f) {
+    const UpdateFactors f{grad_scale, 0.0f};
+    copy_to_rank<B>(&f, factors_.data(), 1);
+    step(lr, factors_.data());
+  }
+  /**
+   * One update with the gradient scale and the skip flag read from `factors` (rank memory). A skipped update
+   * still counts here; `retract_step()` takes it back once the host has learnt of the skip.
+   */
+  void step(float lr, const UpdateFactors* factors) {
     for (std::size_t i = 0; i < params_.size(); ++i) {
       auto& p = *params_[i];
       require(p.grad.size() == p.value.size(), "Sgd::step: parameter ", p.name, " has ", p.value.size(),
               " values but ", p.grad.size(), " gradients");
-      sgd_update<B>(p.value, p.grad, buffers_[i], steps_ == 0, config_, lr, grad_scale);
+      sgd_update<B>(p.value, p.grad, buffers_[i], steps_ == 0, config_, lr, factors);
     }
     ++steps_;
+  }
+  /** Takes back the count of an update that its factors skipped (the next one starts the buffer again if it was the first). */
+  void retract_step() {
+    require(steps_ > 0, "Sgd::retract_step: no step taken");
+    --steps_;
   }
   void zero_grad() {
     for (auto* p : params_) p->zero_grad();
@@ -91,6 +108,7 @@ class Sgd {
   std::vector<nn::Parameter*> params_;
   SgdConfig config_;
   std::vector<Buffer<float>> buffers_;  // rank memory: the backend's kernels read and write them
+  Buffer<UpdateFactors> factors_;       // the factors of `step(lr, grad_scale)`, in rank memory
   std::size_t steps_ = 0;
 };
 

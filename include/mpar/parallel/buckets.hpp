@@ -116,6 +116,13 @@ class GradBuckets {
     mark_index(it->second);
     launch_complete();
   }
+  /** As above for parameter `k` of the list given to the constructor (no lookup). */
+  void mark_ready(std::size_t k) {
+    require(k < params_.size(), "GradBuckets::mark_ready on rank ", comm_->rank(), " of group '", comm_->name(),
+            "': parameter index ", k, " is out of range (", params_.size(), " parameters)");
+    mark_index(k);
+    launch_complete();
+  }
 
   /** Launches the remaining buckets (unmarked parameters are taken as they are) and waits for all of them. */
   void wait() {

@@ -48,6 +48,8 @@ class DataParallel {
   }
 
   void mark_ready(const nn::Parameter& p) { buckets_.mark_ready(p); }
+  /** Marks parameter `index` (of the list given to the constructor) ready. */
+  void mark_ready(std::size_t index) { buckets_.mark_ready(index); }
   /** Marks a whole layer's parameters ready (a per-layer backward hook). */
   void mark_ready(std::span<nn::Parameter* const> layer) {
     for (auto* p : layer) buckets_.mark_ready(*p);

@@ -12,6 +12,7 @@
 
 #include "mpar/core/dtype.hpp"
 #include "mpar/core/error.hpp"
+#include "mpar/core/memory_resource.hpp"
 #include "mpar/nn/parameter.hpp"
 
 namespace mpar::parallel {
@@ -52,6 +53,16 @@ class ComputeCopies {
   }
 
   [[nodiscard]] std::span<const T> weights(std::size_t i) const { return copies_.at(i); }
+  /**
+   * Writes copy `i` widened back to fp32 into `out` (the rounded weights, for passes that compute in fp32 on
+   * 16-bit-rounded weights).
+   */
+  void widen_into(std::size_t i, std::span<float> out) const {
+    const auto& c = copies_.at(i);
+    require(out.size() == c.size(), "ComputeCopies::widen_into: copy ", i, " has ", c.size(), " values, the target ",
+            out.size());
+    for (std::size_t k = 0; k < c.size(); ++k) out[k] = float(c[k]);
+  }
   void add_grad(std::size_t i, std::span<const T> g) { accumulate_into<T>(g, params_.at(i)->grad); }
   [[nodiscard]] std::size_t size() const { return params_.size(); }
   /** Bytes of the compute copies (the masters are counted with the parameters). */
@@ -63,7 +74,7 @@ class ComputeCopies {
 
  private:
   std::vector<nn::Parameter*> params_;
-  std::vector<std::vector<T>> copies_;
+  std::vector<Buffer<T>> copies_;  // rank memory: the passes read them
 };
 
 }  // namespace mpar::parallel

@@ -39,6 +39,12 @@ struct ZeroOptions {
  * double norm = zero.grad_norm(tensor_group, pipeline_group);        // optional, for clipping
  * zero.step(lr, optim::clip_coefficient(norm, 1.0));
  * ```
+ * or, without a host read (what `parallel::DistributedOptimizer` does):
+ * ```
+ * zero.global_grad_squares(squares, tensor_group, pipeline_group);   // rank memory
+ * B::update_factors(squares, 1.0, 1.0f, false, norm, factors);       // rank memory
+ * zero.step(lr, factors);
+ * ```
  * `p.grad` keeps this rank's un-averaged gradient (zero it for the next step as usual); the averaged
  * gradient exists only as this rank's blocks.
  */
@@ -68,9 +74,12 @@ class Zero1AdamW {
     }
     full_.resize(buckets_.bucket_count());
     for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) full_[b].assign(buckets_.bucket(b).size, 0.0f);
+    factors_.resize(1);
   }
 
   void mark_ready(const nn::Parameter& p) { buckets_.mark_ready(p); }
+  /** Marks parameter `index` (of the list given to the constructor) ready. */
+  void mark_ready(std::size_t index) { buckets_.mark_ready(index); }
   void mark_ready(std::span<nn::Parameter* const> layer) {
     for (auto* p : layer) buckets_.mark_ready(*p);
   }
@@ -88,38 +97,52 @@ class Zero1AdamW {
   }
 
   /**
-   * @brief The global norm of the averaged gradient for clipping. The blocks are disjoint over the data group,
-   * so here — unlike plain data parallelism — the sums of squares ARE added over the data group; then over
-   * `groups...` = none, the tensor group, the tensor and pipeline groups, or tensor, pipeline and expert
-   * groups, as in `optim::grad_norm`.
+   * @brief The global squared norm of the averaged gradient into `*acc` (rank memory; overwritten), without a
+   * host read. The blocks are disjoint over the data group, so here — unlike plain data parallelism — the sums
+   * of squares ARE added over the data group; then over `groups...` = none, the tensor group, the tensor and
+   * pipeline groups, or tensor, pipeline and expert groups, as in `optim::global_grad_squares`.
    */
   template <communicator... Groups>
     requires(sizeof...(Groups) <= 3)
-  [[nodiscard]] double grad_norm(Groups&... groups) {
+  void global_grad_squares(double* acc, Groups&... groups) {
     reduce_gradients();
-    Buffer<double> sq(4, 0.0);  // the four sums of optim::GradSquares, in its order (rank memory: it is communicated)
+    optim::zero_in_rank<B>(acc, 1);
+    const optim::SquaresShare share = optim::squares_share(groups...);
     for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
       const auto g = buckets_.shard(b);
-      for (const auto& pc : pieces_[b]) {
-        const double acc = pc.size ? B::sum_squares(pc.size, g.data() + pc.shard_offset) : 0.0;
-        const auto& prm = *buckets_.params()[pc.param];
-        sq[(optim::sharded_over_expert(prm) ? 2 : 0) + (prm.sharded_over_tensor ? 0 : 1)] += acc;
-      }
+      for (const auto& pc : pieces_[b])
+        if (pc.size && share.counts(*buckets_.params()[pc.param])) B::sum_squares(pc.size, g.data() + pc.shard_offset, acc);
     }
-    buckets_.comm().all_reduce(std::span<double>(sq), ReduceOp::sum);
-    const optim::GradSquares s{sq[0], sq[1], sq[2], sq[3]};
-    if constexpr (sizeof...(Groups) == 0)
-      return std::sqrt(optim::detail::global_squares<optim::detail::NoGroup, optim::detail::NoGroup>(s, nullptr, nullptr));
-    else
-      return norm_over(s, groups...);
+    optim::sum_over(acc, buckets_.comm(), groups...);
+  }
+  /** @brief The global norm of the averaged gradient (see `global_grad_squares`), read back to the host. */
+  template <communicator... Groups>
+    requires(sizeof...(Groups) <= 3)
+  [[nodiscard]] double grad_norm(Groups&... groups) {
+    Buffer<double> acc(1);  // rank memory: accumulated by the backend and communicated
+    global_grad_squares(acc.data(), groups...);
+    double squares = 0;
+    optim::copy_to_host<B>(acc.data(), &squares, 1);
+    return std::sqrt(squares);
   }
 
   /** One AdamW step on this rank's blocks, then the all-gather of the weights. */
   void step() { step(config_.lr); }
+  /** As below, with a gradient scale known on the host. */
   void step(float lr, float grad_scale = 1.0f) {
+    const UpdateFactors f{grad_scale, 0.0f};
+    optim::copy_to_rank<B>(&f, factors_.data(), 1);
+    step(lr, factors_.data());
+  }
+  /**
+   * One AdamW step on this rank's blocks with the gradient scale and skip flag read from `factors` (rank
+   * memory), then the all-gather of the weights (unchanged ones when skipped). A skipped step still counts;
+   * `retract_step()` takes it back.
+   */
+  void step(float lr, const UpdateFactors* factors) {
     reduce_gradients();
     ++steps_;
-    optim::AdamWStep st = optim::AdamWStep::at(config_, steps_, lr, grad_scale);
+    optim::AdamWStep st = optim::AdamWStep::at(config_, steps_, lr);
     auto& comm = buckets_.comm();
     for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
       const auto g = buckets_.shard(b);
@@ -130,7 +153,7 @@ class Zero1AdamW {
         st.weight_decay = config_.decays_param(prm) ? config_.weight_decay : 0.0f;
         const auto sub = [&](auto& v) { return std::span<float>(v).subspan(pc.shard_offset, pc.size); };
         optim::adamw_update<B>(sub(w_[b]), std::span<const float>(g).subspan(pc.shard_offset, pc.size), sub(m_[b]),
-                            sub(v_[b]), config_, st);
+                               sub(v_[b]), config_, st, factors);
       }
     }
     // Launch every all-gather before waiting for any, so they pipeline behind one another.
@@ -146,6 +169,11 @@ class Zero1AdamW {
     }
     buckets_.reset();
     reduced_ = false;
+  }
+  /** Takes back the count of a step that its factors skipped (AdamW's bias correction counts steps taken). */
+  void retract_step() {
+    require(steps_ > 0, "Zero1AdamW::retract_step: no step taken");
+    --steps_;
   }
 
   void zero_grad() {
@@ -189,24 +217,12 @@ class Zero1AdamW {
     std::size_t param, shard_offset, param_offset, size;
   };
 
-  template <class TC>
-  static double norm_over(const optim::GradSquares& s, TC& tensor) {
-    return std::sqrt(optim::detail::global_squares<TC, optim::detail::NoGroup>(s, &tensor, nullptr));
-  }
-  template <class TC, class PC>
-  static double norm_over(const optim::GradSquares& s, TC& tensor, PC& pipeline) {
-    return std::sqrt(optim::detail::global_squares<TC, PC>(s, &tensor, &pipeline));
-  }
-  template <class TC, class PC, class EC>
-  static double norm_over(const optim::GradSquares& s, TC& tensor, PC& pipeline, EC& expert) {
-    return std::sqrt(optim::detail::global_squares<TC, PC, EC>(s, &tensor, &pipeline, &expert));
-  }
-
   GradBuckets<Comm, BucketCollective::reduce_scatter> buckets_;
   optim::AdamWConfig config_;
   double divisor_;
   std::vector<std::vector<Piece>> pieces_;
   std::vector<Buffer<float>> m_, v_, w_, full_;  // rank memory: w_ and full_ are communicated
+  Buffer<UpdateFactors> factors_;                 // the factors of `step(lr, grad_scale)`
   std::size_t steps_ = 0;
   bool reduced_ = false;
 };

@@ -93,18 +93,12 @@ struct CudaBackend {
   // next to the weights, gradients and moments (all managed memory of the rank).
   template <class... A> static void adamw_update(A&&... a) { then_wait([&] { gpu::adamw_update(std::forward<A>(a)...); }); }
   template <class... A> static void sgd_update(A&&... a) { then_wait([&] { gpu::sgd_update(std::forward<A>(a)...); }); }
-  /** `sum x[i]^2`, accumulated in a device float and copied back (the device sums in float, not double). */
-  static double sum_squares(std::size_t n, const float* x) {
-    if (n == 0) return 0.0;
-    const cudaStream_t s = gpu::current_stream();
-    gpu::DeviceBuffer<float> acc(1, s);
-    acc.zero();
-    gpu::sum_squares_accumulate(n, x, acc.data(), s);
-    float out = 0.0f;
-    gpu::copy_to_host(acc.data(), &out, 1, s);
-    synchronize();
-    return double(out);
+  /** `*acc += sum x[i]^2` into a double in rank memory (each block sums in float). */
+  static void sum_squares(std::size_t n, const float* x, double* acc) {
+    then_wait([&] { gpu::sum_squares_accumulate(n, x, acc); });
   }
+  /** The step's norm and `UpdateFactors` from the reduced sum of squares, on the device (host::update_factors). */
+  template <class... A> static void update_factors(A&&... a) { then_wait([&] { gpu::update_factors(std::forward<A>(a)...); }); }
   /** `x[i] *= factor` (the argument order of host::scale and gpu::scale). */
   template <class T>
   static void scale(std::size_t n, compute_type_t<T> factor, T* x) {

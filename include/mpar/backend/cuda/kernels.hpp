@@ -336,7 +336,12 @@ __global__ void embedding_backward_kernel(std::size_t tokens, std::size_t dim, s
  */
 template <class G>
 __global__ void adamw_kernel(std::size_t n, float* w, const G* grad, float* m, float* v, float beta1, float beta2,
-                             float eps, float lr, float decay, float bias1, float bias2, float grad_scale) {
+                             float eps, float lr, float decay, float bias1, float bias2, float grad_scale,
+                             const UpdateFactors* factors) {
+  if (factors) {  // the step's factors in rank memory (host::adamw_update): skip, or the scale to use
+    if (factors->skip != 0.0f) return;
+    grad_scale = factors->grad_scale;
+  }
   const float one_b1 = 1.0f - beta1, one_b2 = 1.0f - beta2;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
     const float g = __fmul_rn(float(to_compute(grad[i])), grad_scale);
@@ -352,7 +357,12 @@ __global__ void adamw_kernel(std::size_t n, float* w, const G* grad, float* m, f
 /** SGD in the form of host::sgd_update, rounded like the host (see adamw_kernel). `buf` is null without momentum. */
 template <class G>
 __global__ void sgd_kernel(std::size_t n, float* w, const G* grad, float* buf, float momentum, float dampening,
-                           bool nesterov, float lr, float weight_decay, bool first, float grad_scale) {
+                           bool nesterov, float lr, float weight_decay, bool first, float grad_scale,
+                           const UpdateFactors* factors) {
+  if (factors) {  // as in adamw_kernel
+    if (factors->skip != 0.0f) return;
+    grad_scale = factors->grad_scale;
+  }
   const float keep = 1.0f - dampening;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
     float d = __fadd_rn(__fmul_rn(float(to_compute(grad[i])), grad_scale), __fmul_rn(weight_decay, w[i]));
@@ -374,6 +384,34 @@ __global__ void sum_squares_kernel(std::size_t n, const T* x, float* acc) {
   }
   s = block_reduce(s, SumOp{});
   if (threadIdx.x == 0) atomicAdd(acc, s);
+}
+
+/** As sum_squares_kernel, each block's float sum added into a double in rank memory (`B::sum_squares`). */
+template <class T>
+__global__ void sum_squares_double_kernel(std::size_t n, const T* x, double* acc) {
+  float s = 0;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+    const float v = float(to_compute(x[i]));
+    s += v * v;
+  }
+  s = block_reduce(s, SumOp{});
+  if (threadIdx.x == 0) atomicAdd(acc, double(s));
+}
+
+/** host::update_factors on one device thread, operation for operation (a template: a header's kernel). */
+template <class Real>
+__global__ void update_factors_kernel(const Real* squares, Real max_norm, float inv_loss_scale, bool skip_nonfinite,
+                                      Real* norm, UpdateFactors* factors) {
+  const Real nrm = sqrt(*squares) * Real(inv_loss_scale);
+  const bool finite = isfinite(nrm);
+  float clip = 1.0f;
+  if (finite && max_norm > 0.0) {
+    const Real c = max_norm / (nrm + 1e-6);
+    clip = c < 1.0 ? float(c) : 1.0f;
+  }
+  *norm = nrm;
+  factors->grad_scale = __fmul_rn(clip, inv_loss_scale);
+  factors->skip = skip_nonfinite && !finite ? 1.0f : 0.0f;
 }
 
 }  // namespace detail
@@ -602,7 +640,18 @@ void adamw_update(std::size_t n, float* w, const G* grad, float* m, float* v, fl
   if (!n) return;
   const float decay = 1.0f - lr * weight_decay;  // on the host, as host::adamw_update rounds it
   detail::adamw_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(
-      n, w, grad, m, v, beta1, beta2, eps, lr, decay, bias_correction1, bias_correction2, grad_scale);
+      n, w, grad, m, v, beta1, beta2, eps, lr, decay, bias_correction1, bias_correction2, grad_scale, nullptr);
+  check_launch("gpu::adamw_update");
+}
+/** As above with the gradient scale and the skip flag read from `factors` (rank memory): no host read. */
+template <class G>
+void adamw_update(std::size_t n, float* w, const G* grad, float* m, float* v, float beta1, float beta2, float eps,
+                  float lr, float weight_decay, float bias_correction1, float bias_correction2,
+                  const UpdateFactors* factors, cudaStream_t s = nullptr) {
+  if (!n) return;
+  const float decay = 1.0f - lr * weight_decay;
+  detail::adamw_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(
+      n, w, grad, m, v, beta1, beta2, eps, lr, decay, bias_correction1, bias_correction2, 1.0f, factors);
   check_launch("gpu::adamw_update");
 }
 /** As above for step `step` (counting from 1) of the hyper-parameters `cfg`. */
@@ -626,7 +675,18 @@ void sgd_update(std::size_t n, float* w, const G* grad, float* buf, float moment
           " needs a momentum buffer of ", n, " elements, got null");
   if (!n) return;
   detail::sgd_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(
-      n, w, grad, buf, momentum, dampening, nesterov, lr, weight_decay, first, grad_scale);
+      n, w, grad, buf, momentum, dampening, nesterov, lr, weight_decay, first, grad_scale, nullptr);
+  check_launch("gpu::sgd_update");
+}
+/** As above with the gradient scale and the skip flag read from `factors` (rank memory): no host read. */
+template <class G>
+void sgd_update(std::size_t n, float* w, const G* grad, float* buf, float momentum, float dampening, bool nesterov,
+                float lr, float weight_decay, bool first, const UpdateFactors* factors, cudaStream_t s = nullptr) {
+  require(momentum == 0.0f || buf != nullptr || n == 0, "gpu::sgd_update: momentum ", momentum,
+          " needs a momentum buffer of ", n, " elements, got null");
+  if (!n) return;
+  detail::sgd_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(
+      n, w, grad, buf, momentum, dampening, nesterov, lr, weight_decay, first, 1.0f, factors);
   check_launch("gpu::sgd_update");
 }
 
@@ -640,6 +700,21 @@ void sum_squares_accumulate(std::size_t n, const T* x, float* acc, cudaStream_t 
   const unsigned grid = detail::grid_for(n) < 1024 ? detail::grid_for(n) : 1024;
   detail::sum_squares_kernel<<<grid, detail::block_threads, 0, detail::pick(s)>>>(n, x, acc);
   check_launch("gpu::sum_squares_accumulate");
+}
+/** `*acc += sum x[i]^2` into a double in rank memory (blocks sum in float): `CudaBackend::sum_squares`. */
+template <class T>
+void sum_squares_accumulate(std::size_t n, const T* x, double* acc, cudaStream_t s = nullptr) {
+  if (!n) return;
+  const unsigned grid = detail::grid_for(n) < 1024 ? detail::grid_for(n) : 1024;
+  detail::sum_squares_double_kernel<<<grid, detail::block_threads, 0, detail::pick(s)>>>(n, x, acc);
+  check_launch("gpu::sum_squares_accumulate");
+}
+/** host::update_factors on the device: the step's norm and `UpdateFactors` from the reduced sum of squares. */
+inline void update_factors(const double* squares, double max_norm, float inv_loss_scale, bool skip_nonfinite,
+                           double* norm, UpdateFactors* factors, cudaStream_t s = nullptr) {
+  detail::update_factors_kernel<double><<<1, 1, 0, detail::pick(s)>>>(squares, max_norm, inv_loss_scale, skip_nonfinite,
+                                                               norm, factors);
+  check_launch("gpu::update_factors");
 }
 
 }  // namespace mpar::gpu

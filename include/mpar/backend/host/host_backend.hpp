@@ -73,7 +73,8 @@ struct HostBackend {
   // The optimizer kernels (see the `backend` concept): mpar::host's, in backend/host/optimizer_kernels.hpp.
   template <class... A> static void adamw_update(A&&... a) { host::adamw_update(std::forward<A>(a)...); }
   template <class... A> static void sgd_update(A&&... a) { host::sgd_update(std::forward<A>(a)...); }
-  template <class... A> static double sum_squares(A&&... a) { return host::sum_squares(std::forward<A>(a)...); }
+  template <class... A> static void sum_squares(A&&... a) { host::sum_squares(std::forward<A>(a)...); }
+  template <class... A> static void update_factors(A&&... a) { host::update_factors(std::forward<A>(a)...); }
   template <class... A> static void scale(A&&... a) { host::scale(std::forward<A>(a)...); }
   // The row kernels of token routing (see the `backend` concept).
   template <class... A> static void gather_rows(A&&... a) { host::gather_rows(std::forward<A>(a)...); }

@@ -1,27 +1,46 @@
 #pragma once
 /**
  * @file Host kernels of the optimizers: the AdamW and SGD updates, the sum of squares behind the
- * global gradient norm, in-place scaling. They are the reference of the backends' optimizer
- * operations (see the `backend` concept); the device kernels compute the same expressions in the
- * same order.
+ * global gradient norm, the per-step factors derived from it, in-place scaling. They are the
+ * reference of the backends' optimizer operations (see the `backend` concept); the device kernels
+ * compute the same expressions in the same order.
  *
  * All arrays are fp32 of `n` elements. The updates are elementwise, so they apply unchanged to a
- * local shard, a ZeRO block or a whole tensor.
+ * local shard, a ZeRO block or a whole tensor. What a step's update depends on beyond its
+ * hyper-parameters — the gradient scale (clipping coefficient times the inverse loss scale) and
+ * whether the step is skipped (an f16 overflow) — is read from rank memory (`UpdateFactors`), where
+ * `update_factors` wrote it from the reduced sum of squares: neither clipping nor the overflow skip
+ * needs the host to read a device value.
  */
 #include <cmath>
 #include <cstddef>
+
+namespace mpar {
+
+/**
+ * @brief The per-step inputs of the optimizer kernels, in rank memory: `grad_scale` multiplies every
+ * gradient first; a non-zero `skip` makes the update leave weights and states untouched.
+ */
+struct UpdateFactors {
+  float grad_scale = 1.0f;
+  float skip = 0.0f;
+};
+
+}  // namespace mpar
 
 namespace mpar::host {
 
 /**
  * @brief One AdamW update (Loshchilov & Hutter), in the direct textbook form:
- * `g' = grad_scale g; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2;
+ * `g' = s g; m = b1 m + (1-b1) g'; v = b2 v + (1-b2) g'^2;
  *  w = w (1 - lr wd) - lr (m / c1) / (sqrt(v / c2) + eps)` with `c1, c2` the bias corrections
- * `1 - beta^t` of step `t`.
+ * `1 - beta^t` of step `t` and `s = factors->grad_scale`; nothing changes when `factors->skip != 0`.
  */
 inline void adamw_update(std::size_t n, float* w, const float* g, float* m, float* v, float beta1, float beta2,
                          float eps, float lr, float weight_decay, float bias_correction1, float bias_correction2,
-                         float grad_scale) {
+                         const UpdateFactors* factors) {
+  if (factors->skip != 0.0f) return;
+  const float grad_scale = factors->grad_scale;
   const float decay = 1.0f - lr * weight_decay;
   // Folding the bias corrections into the step size and epsilon is the usual trick, but it changes the
   // rounding; the direct form keeps the update identical to the textbook formula the tests check.
@@ -37,12 +56,15 @@ inline void adamw_update(std::size_t n, float* w, const float* g, float* m, floa
 
 /**
  * @brief One SGD update with L2 weight decay and (optionally Nesterov) momentum:
- * `d = grad_scale g + wd w; buf = first ? d : mu buf + (1 - dampening) d;
- *  w -= lr (nesterov ? d + mu buf : buf)`; with `momentum == 0` there is no buffer (`buf` may be
- * null) and `w -= lr d`. `first` says the buffer holds nothing yet (the optimizer's first step).
+ * `d = s g + wd w; buf = first ? d : mu buf + (1 - dampening) d;
+ *  w -= lr (nesterov ? d + mu buf : buf)` with `s = factors->grad_scale`; with `momentum == 0` there
+ * is no buffer (`buf` may be null) and `w -= lr d`. `first` says the buffer holds nothing yet (the
+ * optimizer's first step). Nothing changes when `factors->skip != 0`.
  */
 inline void sgd_update(std::size_t n, float* w, const float* g, float* buf, float momentum, float dampening,
-                       bool nesterov, float lr, float weight_decay, bool first, float grad_scale) {
+                       bool nesterov, float lr, float weight_decay, bool first, const UpdateFactors* factors) {
+  if (factors->skip != 0.0f) return;
+  const float grad_scale = factors->grad_scale;
   for (std::size_t i = 0; i < n; ++i) {
     float d = g[i] * grad_scale + weight_decay * w[i];
     if (momentum != 0.0f) {
@@ -53,11 +75,37 @@ inline void sgd_update(std::size_t n, float* w, const float* g, float* buf, floa
   }
 }
 
-/** @brief `sum x[i]^2`, each square and the running sum in double (the gradient norm's local part). */
-[[nodiscard]] inline double sum_squares(std::size_t n, const float* x) {
-  double acc = 0.0;
-  for (std::size_t i = 0; i < n; ++i) acc += double(x[i]) * double(x[i]);
-  return acc;
+/**
+ * @brief `*acc += sum x[i]^2`, each square and the running sum in double: the local part of the
+ * gradient norm, accumulated in rank memory so it can be all-reduced without a host read.
+ */
+inline void sum_squares(std::size_t n, const float* x, double* acc) {
+  double s = *acc;
+  for (std::size_t i = 0; i < n; ++i) s += double(x[i]) * double(x[i]);
+  *acc = s;
+}
+
+/**
+ * @brief The per-step factors of the optimizer kernels from the global sum of squares `*squares` of
+ * the gradients as they are (still multiplied by the loss scale `1 / inv_loss_scale`):
+ * `*norm = sqrt(*squares) inv_loss_scale` (the norm of the true gradient; a power-of-two loss scale
+ * makes this exact), `clip = max_norm > 0 && norm finite ? min(1, max_norm / (norm + 1e-6)) : 1`
+ * (rounded to float), `factors->grad_scale = clip inv_loss_scale`, and `factors->skip = 1` when
+ * `skip_nonfinite` and the norm is not finite (inf or NaN anywhere in the gradients; the f16
+ * overflow), else 0.
+ */
+inline void update_factors(const double* squares, double max_norm, float inv_loss_scale, bool skip_nonfinite,
+                           double* norm, UpdateFactors* factors) {
+  const double nrm = std::sqrt(*squares) * double(inv_loss_scale);
+  const bool finite = std::isfinite(nrm);
+  float clip = 1.0f;
+  if (finite && max_norm > 0.0) {
+    const double c = max_norm / (nrm + 1e-6);
+    clip = c < 1.0 ? float(c) : 1.0f;
+  }
+  *norm = nrm;
+  factors->grad_scale = clip * inv_loss_scale;
+  factors->skip = skip_nonfinite && !finite ? 1.0f : 0.0f;
 }
 
 }  // namespace mpar::host

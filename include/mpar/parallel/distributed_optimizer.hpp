@@ -1,0 +1,339 @@
+#pragma once
+/**
+ * @file The optimizer side of a training step as one object, in the shape of Megatron-Core's
+ * DistributedOptimizer / MixedPrecisionOptimizer: `auto stats = optimizer.step(lr)`.
+ *
+ * It composes three policies, chosen once from a typed configuration:
+ * - precision (`Precision`): fp32, or 16-bit compute weights (`parallel::ComputeCopies`) over fp32 masters,
+ *   with dynamic loss scaling for f16;
+ * - gradient synchronisation (`GradSync`): bucketed data-parallel all-reduces that overlap the backward
+ *   (`DataParallel`; with experts, the replicated parameters over data x expert ranks and the experts over the
+ *   data group), or ZeRO-1 (`Zero1AdamW`: reduce-scatter, sharded AdamW, all-gather);
+ * - the update rule (`UpdateRule`): AdamW or SGD with momentum.
+ *
+ * One step, without a host read until its statistics come back:
+ * 1. finish the gradient synchronisation;
+ * 2. the global squared gradient norm into rank memory (`optim::global_grad_squares`: each element counted
+ *    once, all-reduced over the tensor, expert and pipeline groups — and the data group under ZeRO-1);
+ * 3. `B::update_factors`: the norm, and the `UpdateFactors` of the kernels (clipping coefficient x inverse
+ *    loss scale; under f16 a skip flag on a non-finite norm, all-reduced with max over the world so every
+ *    replica skips together);
+ * 4. the update rule's kernels, which read the factors from rank memory;
+ * 5. the per-step statistics (`RankStatistics`: loss, aux loss, norm, factors; the losses averaged over the
+ *    world in rank memory) copied to the host once (`optim::copy_to_host`, the step's one synchronisation);
+ *    then the host learns of a skip: the loss scaler is updated and a skipped update's count is taken back.
+ */
+#include <chrono>
+#include <cmath>
+#include <cstddef>
+#include <optional>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <unordered_map>
+#include <utility>
+#include <variant>
+#include <vector>
+
+#include "mpar/backend/backend.hpp"
+#include "mpar/backend/host/host_backend.hpp"
+#include "mpar/comm/communicator.hpp"
+#include "mpar/core/dtype.hpp"
+#include "mpar/core/error.hpp"
+#include "mpar/core/memory_resource.hpp"
+#include "mpar/nn/parameter.hpp"
+#include "mpar/optim/adamw.hpp"
+#include "mpar/optim/clip.hpp"
+#include "mpar/optim/loss_scaler.hpp"
+#include "mpar/optim/rank_scalars.hpp"
+#include "mpar/optim/sgd.hpp"
+#include "mpar/parallel/data_parallel.hpp"
+#include "mpar/parallel/mixed_precision.hpp"
+#include "mpar/parallel/zero.hpp"
+
+namespace mpar::parallel {
+
+/** @brief The arithmetic of the passes: fp32, or 16-bit compute weights over fp32 masters (f16 with loss scaling). */
+enum class Precision { fp32, bf16, f16 };
+/** @brief The update rule. */
+enum class UpdateRule { adamw, sgd };
+/** @brief How gradients are synchronised over data replicas. */
+enum class GradSync {
+  all_reduce,  ///< bucketed all-reduces (replicated parameters over data x expert ranks, experts over data ranks)
+  zero1        ///< ZeRO-1: reduce-scatter, AdamW on this rank's blocks, all-gather of the weights
+};
+
+[[nodiscard]] constexpr std::string_view name_of(Precision p) {
+  return p == Precision::fp32 ? "fp32" : p == Precision::bf16 ? "bf16" : "f16";
+}
+[[nodiscard]] constexpr std::string_view name_of(UpdateRule r) { return r == UpdateRule::adamw ? "adamw" : "sgd"; }
+
+/** @brief Parses a precision name (fp32, bf16, f16) once, at the edge; throws config_error naming the choices. */
+[[nodiscard]] inline Precision parse_precision(std::string_view s) {
+  for (Precision p : {Precision::fp32, Precision::bf16, Precision::f16})
+    if (s == name_of(p)) return p;
+  throw config_error(mpar::detail::cat("train: --precision '", s, "' is not one of fp32, bf16, f16"));
+}
+/** @brief Parses an optimizer name (adamw, sgd) once, at the edge; throws config_error naming the choices. */
+[[nodiscard]] inline UpdateRule parse_update_rule(std::string_view s) {
+  for (UpdateRule r : {UpdateRule::adamw, UpdateRule::sgd})
+    if (s == name_of(r)) return r;
+  throw config_error(mpar::detail::cat("train: --optimizer '", s, "' is not one of adamw, sgd"));
+}
+
+/** @brief What the optimizer is composed of, typed. */
+struct OptimizerConfig {
+  Precision precision = Precision::fp32;
+  UpdateRule rule = UpdateRule::adamw;
+  GradSync sync = GradSync::all_reduce;
+  optim::AdamWConfig adamw;      ///< AdamW's (and ZeRO-1's) hyper-parameters
+  optim::SgdConfig sgd;          ///< SGD's
+  double clip = 1.0;             ///< global-norm clipping threshold; 0 disables clipping
+  std::size_t bucket_bytes = std::size_t(1) << 20;
+  optim::LossScalerConfig loss_scaler;  ///< f16 only
+};
+
+/**
+ * @brief The groups of this rank the optimizer reduces over. `replica`: the ranks with other samples (data x
+ * expert); `data`: the data group; `expert`: the expert group (its size is the expert-parallel degree `ep`).
+ */
+template <communicator Comm, communicator TensorComm = Comm>
+struct OptimizerGroups {
+  Comm* world = nullptr;
+  TensorComm* tensor = nullptr;
+  Comm* pipeline = nullptr;
+  Comm* data = nullptr;
+  Comm* replica = nullptr;
+  Comm* expert = nullptr;
+};
+
+/**
+ * @brief The statistics of one step as they live in rank memory: the losses (written by the loss
+ * computation, averaged over the world by the optimizer), the squared and plain gradient norm and the
+ * factors the update kernels read. Copied to the host once per step.
+ */
+struct RankStatistics {
+  double loss = 0, aux_loss = 0;      ///< contiguous: one all-reduce averages both
+  double grad_squares = 0, grad_norm = 0;
+  UpdateFactors factors;
+};
+
+/** @brief What one step measured, the same on every rank. */
+struct StepStatistics {
+  double loss = 0, aux_loss = 0;
+  double grad_norm = 0;   ///< of the true (unscaled) gradient, before clipping; not finite on an f16 overflow
+  bool found_inf = false; ///< the gradient held inf or NaN
+  bool skipped = false;   ///< the update was skipped (f16 overflow): weights and states unchanged
+};
+
+/**
+ * @brief The optimizer side of one rank: gradient synchronisation, norm, clipping, loss scaling, the update
+ * and the mixed-precision weights, composed from an `OptimizerConfig`. `params` are the parameters it
+ * updates, in model order; `compute_params` every parameter the passes read (they may include tied copies
+ * that are written otherwise), whose weights `begin_compute()` rounds to the compute precision.
+ */
+template <communicator Comm, backend B = HostBackend, communicator TensorComm = Comm>
+class DistributedOptimizer {
+ public:
+  DistributedOptimizer(std::vector<nn::Parameter*> params, std::vector<nn::Parameter*> compute_params,
+                       OptimizerConfig config, OptimizerGroups<Comm, TensorComm> groups)
+      : params_(std::move(params)), compute_params_(std::move(compute_params)), cfg_(std::move(config)), g_(groups) {
+    require(g_.world && g_.tensor && g_.pipeline && g_.data && g_.replica,
+            "DistributedOptimizer: the world, tensor, pipeline, data and replica groups are required");
+    ep_ = g_.expert ? std::size_t(g_.expert->size()) : 1;
+    const std::size_t dp = std::size_t(g_.data->size()), replicas = std::size_t(g_.replica->size());
+    require(cfg_.sync != GradSync::zero1 || cfg_.rule == UpdateRule::adamw,
+            "DistributedOptimizer: ZeRO-1 shards AdamW states; use the adamw update rule with ZeRO-1");
+    require(cfg_.sync != GradSync::zero1 || ep_ == 1,
+            "DistributedOptimizer: ZeRO-1 shards states over the data axis only, but the expert group has ", ep_,
+            " ranks");
+    if (cfg_.precision == Precision::f16) scaler_.emplace(cfg_.loss_scaler);
+    if (cfg_.precision == Precision::bf16) copies_.template emplace<ComputeCopies<bf16>>(compute_params_);
+    if (cfg_.precision == Precision::f16) copies_.template emplace<ComputeCopies<f16>>(compute_params_);
+    if (cfg_.precision != Precision::fp32) masters_.resize(compute_params_.size());
+    stats_.resize(1);
+    if (cfg_.sync == GradSync::zero1) {
+      zero_.emplace(params_, *g_.data, cfg_.adamw, ZeroOptions{cfg_.bucket_bytes, 0.0});
+      for (std::size_t i = 0; i < params_.size(); ++i) route_.emplace(params_[i], Route{Route::zero, i});
+    } else {
+      // Replicated parameters average over every rank with other samples (data x expert); experts over the
+      // data group, divided by dp x ep: each already sums the tokens of its whole expert group.
+      std::vector<nn::Parameter*> replicated;
+      for (auto* p : params_) {
+        const bool expert = ep_ > 1 && optim::sharded_over_expert(*p);
+        auto& list = expert ? experts_ : replicated;
+        route_.emplace(p, Route{expert ? Route::expert : Route::replicated, list.size()});
+        list.push_back(p);
+      }
+      if (replicas > 1) dp_.emplace(replicated, *g_.replica, DataParallelOptions{cfg_.bucket_bytes, 0.0});
+      if (dp > 1 && !experts_.empty())
+        dp_experts_.emplace(experts_, *g_.data, DataParallelOptions{cfg_.bucket_bytes, double(replicas)});
+      if (cfg_.rule == UpdateRule::adamw) adamw_.emplace(params_, cfg_.adamw);
+      else sgd_.emplace(params_, cfg_.sgd);
+    }
+  }
+
+  /**
+   * The gradient of `p` is final for this step: its bucket may start reducing (overlap with the backward).
+   * Parameters this optimizer does not update (a tied copy) are ignored; the lookup is one hash probe, and
+   * the bucket is found by the parameter's index.
+   */
+  void gradient_ready(const nn::Parameter& p) {
+    const auto t = std::chrono::steady_clock::now();
+    if (const auto it = route_.find(&p); it != route_.end()) {
+      const Route r = it->second;
+      if (r.kind == Route::zero) zero_->mark_ready(r.index);
+      else if (r.kind == Route::replicated && dp_) dp_->mark_ready(r.index);
+      else if (r.kind == Route::expert && dp_experts_) dp_experts_->mark_ready(r.index);
+    }
+    sync_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  }
+
+  /** The factor the loss (its gradient) is multiplied by in the backward: the f16 loss scale, else 1. */
+  [[nodiscard]] float loss_scale() const { return scaler_ ? scaler_->scale() : 1.0f; }
+
+  /**
+   * Where this step's loss and auxiliary loss go (rank memory, two doubles): the optimizer averages them over
+   * the world and returns them with the statistics. Until the loss is computed by backend operations the
+   * trainer records the host values with `record_losses`.
+   */
+  [[nodiscard]] double* losses() { return &stats_.data()->loss; }
+  void record_losses(double loss, double aux_loss) {
+    const double v[2] = {loss, aux_loss};
+    optim::copy_to_rank<B>(v, losses(), 2);
+  }
+
+  /** Rounds the weights the passes read to the compute precision (fp32 masters kept aside); nothing in fp32. */
+  void begin_compute() {
+    std::visit(
+        [&](auto& copies) {
+          if constexpr (!std::is_same_v<std::decay_t<decltype(copies)>, std::monostate>) {
+            copies.refresh();
+            for (std::size_t i = 0; i < compute_params_.size(); ++i) {
+              masters_[i] = compute_params_[i]->value;
+              copies.widen_into(i, compute_params_[i]->value);
+            }
+          }
+        },
+        copies_);
+  }
+  /** Puts the fp32 masters back after the passes (the optimizer updates them). */
+  void end_compute() {
+    for (std::size_t i = 0; i < masters_.size(); ++i) compute_params_[i]->value = masters_[i];
+  }
+
+  /**
+   * @brief One optimizer step with learning rate `lr` after the backward (and any tied-gradient sums): finishes
+   * the gradient synchronisation, computes the global norm, clips, unscales and steps on the device, averages
+   * the recorded losses over the world, and reads the statistics back once. Collective over the world.
+   */
+  StepStatistics step(double lr) {
+    finish_gradient_sync();
+    RankStatistics* st = stats_.data();
+    if (zero_) zero_->global_grad_squares(&st->grad_squares, *g_.tensor, *g_.pipeline);
+    else if (ep_ > 1) optim::global_grad_squares<B>(params_, &st->grad_squares, *g_.tensor, *g_.pipeline, *g_.expert);
+    else optim::global_grad_squares<B>(params_, &st->grad_squares, *g_.tensor, *g_.pipeline);
+    B::update_factors(&st->grad_squares, cfg_.clip, 1.0f / loss_scale(), scaler_.has_value(), &st->grad_norm,
+                      &st->factors);
+    // The norm is already the same on every rank; agreeing the skip over the world keeps replicas together
+    // even if a communicator's reduction rounded differently on some rank.
+    if (scaler_) g_.world->all_reduce(std::span<float>(&st->factors.skip, 1), ReduceOp::max);
+    if (zero_) zero_->step(float(lr), &st->factors);
+    else if (adamw_) adamw_->step(float(lr), &st->factors);
+    else sgd_->step(float(lr), &st->factors);
+    g_.world->all_reduce(std::span<double>(losses(), 2), ReduceOp::avg);
+
+    RankStatistics host;
+    optim::copy_to_host<B>(st, &host, 1);  // the step's one read of rank memory
+    StepStatistics out{host.loss, host.aux_loss, host.grad_norm, !std::isfinite(host.grad_norm),
+                       host.factors.skip != 0.0f};
+    if (out.skipped) {
+      if (zero_) zero_->retract_step();
+      else if (adamw_) adamw_->retract_step();
+      else sgd_->retract_step();
+    }
+    if (scaler_) scaler_->update(!out.skipped);
+    last_ = out;
+    return out;
+  }
+  /** The statistics of the last step (for logging without another read). */
+  [[nodiscard]] const StepStatistics& last_statistics() const { return last_; }
+
+  /** Zeroes the gradients of the updated parameters and ZeRO-1's own buffers. */
+  void zero_grad() {
+    for (auto* p : params_) p->zero_grad();
+    if (zero_) zero_->zero_grad();
+  }
+
+  [[nodiscard]] const OptimizerConfig& config() const { return cfg_; }
+  [[nodiscard]] const std::vector<nn::Parameter*>& params() const { return params_; }
+  /** Seconds spent in the gradient synchronisation (marking buckets, finishing them), accumulated. */
+  [[nodiscard]] double sync_seconds() const { return sync_seconds_; }
+  /** The composed parts, for checkpoints and inspection (null when not part of this composition). */
+  [[nodiscard]] optim::AdamW<B>* adamw() { return adamw_ ? &*adamw_ : nullptr; }
+  [[nodiscard]] optim::Sgd<B>* sgd() { return sgd_ ? &*sgd_ : nullptr; }
+  [[nodiscard]] Zero1AdamW<Comm, B>* zero() { return zero_ ? &*zero_ : nullptr; }
+  [[nodiscard]] optim::DynamicLossScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
+  /** Updates taken (AdamW's bias-correction count, or SGD's), for checkpoints. */
+  [[nodiscard]] std::size_t steps() const {
+    return zero_ ? zero_->steps() : adamw_ ? adamw_->steps() : sgd_->steps();
+  }
+  void set_steps(std::size_t n) {
+    if (zero_) zero_->set_steps(n);
+    else if (adamw_) adamw_->set_steps(n);
+    else sgd_->set_steps(n);
+  }
+  /** Optimizer-state floats held on this rank. */
+  [[nodiscard]] std::size_t state_elements() const {
+    if (zero_) return zero_->state_elements();
+    std::size_t n = 0;
+    for (const auto* p : params_) n += p->value.size();
+    return adamw_ ? 2 * n : sgd_->config().momentum != 0.0f ? n : 0;
+  }
+  /** Bytes of the precision policy: the fp32 masters kept aside and the 16-bit copies. */
+  [[nodiscard]] std::size_t precision_bytes() const {
+    std::size_t n = 0;
+    for (const auto& m : masters_) n += m.size() * sizeof(float);
+    std::visit(
+        [&](const auto& c) {
+          if constexpr (!std::is_same_v<std::decay_t<decltype(c)>, std::monostate>) n += c.bytes();
+        },
+        copies_);
+    return n;
+  }
+
+ private:
+  struct Route {
+    enum Kind { replicated, expert, zero } kind;
+    std::size_t index;  ///< in the list of the synchroniser that owns the parameter
+  };
+
+  void finish_gradient_sync() {
+    const auto t = std::chrono::steady_clock::now();
+    if (zero_) zero_->reduce_gradients();
+    else if (dp_) dp_->finish();
+    if (dp_experts_) dp_experts_->finish();
+    else if (ep_ > 1) optim::scale_grads<B>(experts_, 1.0f / float(ep_));
+    sync_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  }
+
+  std::vector<nn::Parameter*> params_, compute_params_;
+  OptimizerConfig cfg_;
+  OptimizerGroups<Comm, TensorComm> g_;
+  std::size_t ep_ = 1;
+  std::unordered_map<const nn::Parameter*, Route> route_;
+  std::vector<nn::Parameter*> experts_;
+  std::optional<DataParallel<Comm>> dp_, dp_experts_;
+  std::optional<Zero1AdamW<Comm, B>> zero_;
+  std::optional<optim::AdamW<B>> adamw_;
+  std::optional<optim::Sgd<B>> sgd_;
+  std::optional<optim::DynamicLossScaler> scaler_;
+  std::variant<std::monostate, ComputeCopies<bf16>, ComputeCopies<f16>> copies_;
+  std::vector<Buffer<float>> masters_;  // rank memory: the fp32 weights while the passes see rounded ones
+  Buffer<RankStatistics> stats_;        // rank memory: written by backend operations and communicators
+  StepStatistics last_;
+  double sync_seconds_ = 0;
+};
+
+}  // namespace mpar::parallel
