@@ -15,3 +15,13 @@ if ((${#missing[@]})); then
   $sudo apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 fi
+
+# Optional (off by default; CI does not need it): the Python packages of the tests that compare mpar with
+# Hugging Face transformers (tests/data/check_transformers.py, check_safetensors.py; skipped without
+# them) and of examples/tokenize_gpt2.py. MPAR_INSTALL_PYTHON_ML=1 installs them with pip from the
+# configured index (torch's default Linux wheel also pulls its CUDA libraries, several GiB; point
+# PIP_INDEX_URL at a CPU-only wheel index to avoid them).
+if [ "${MPAR_INSTALL_PYTHON_ML:-0}" = "1" ]; then
+  python3 -c 'import torch' 2>/dev/null || python3 -m pip install torch
+  python3 -m pip install transformers safetensors numpy tiktoken
+fi

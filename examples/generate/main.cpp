@@ -20,6 +20,7 @@
 #include <mpar/io/cli.hpp>
 #include <mpar/io/safetensors_gpt2.hpp>
 #include <mpar/models/gpt.hpp>
+#include <mpar/models/gpt_generate.hpp>
 #include <mpar/mpar.hpp>
 
 using namespace mpar;
@@ -34,23 +35,6 @@ struct Options {
   std::size_t top_k = 0, tokens = 200;
   std::uint64_t seed = 1;
 };
-
-/** Samples one id from `logits[0, vocab)`: top-k filter, softmax at `temperature` (0: greedy), one uniform draw. */
-std::size_t sample(const float* logits, std::size_t vocab, double temperature, std::size_t top_k, double u) {
-  std::vector<std::size_t> ids(vocab);
-  for (std::size_t v = 0; v < vocab; ++v) ids[v] = v;
-  const std::size_t k = top_k == 0 ? vocab : std::min(top_k, vocab);
-  std::partial_sort(ids.begin(), ids.begin() + std::ptrdiff_t(k), ids.end(),
-                    [&](std::size_t a, std::size_t b) { return logits[a] > logits[b] || (logits[a] == logits[b] && a < b); });
-  if (temperature <= 0) return ids[0];
-  std::vector<double> p(k);
-  double sum = 0;
-  for (std::size_t i = 0; i < k; ++i) sum += (p[i] = std::exp((double(logits[ids[i]]) - logits[ids[0]]) / temperature));
-  u *= sum;
-  for (std::size_t i = 0; i < k; ++i)
-    if ((u -= p[i]) <= 0) return ids[i];
-  return ids[k - 1];
-}
 
 int run(const Options& o) {
   require(o.checkpoint.empty() != o.safetensors.empty(), "generate: pass exactly one of --checkpoint DIR and --safetensors FILE");
@@ -83,7 +67,7 @@ int run(const Options& o) {
         ++loaded;
       }
     }
-    // The prompt, left-padded to the context length with its first id.
+    // The prompt: characters through the text's vocabulary, or ids.
     std::vector<std::int32_t> ctx;
     if (chars)
       for (char c : o.prompt.empty() ? std::string("\n") : o.prompt) ctx.push_back(chars->encode(c));
@@ -94,25 +78,12 @@ int run(const Options& o) {
       for (auto id : ctx) require(id >= 0 && std::size_t(id) < mc.vocab, "generate: prompt id ", id, " is outside the vocabulary ", mc.vocab);
     }
     std::printf("generate: %zu tensors loaded, vocab %zu, temperature %g, top-k %zu\n", loaded, mc.vocab, o.temperature, o.top_k);
+    // The library's generation (models::generate): any backend, any tensor group; here one host rank.
+    const std::vector<std::int32_t> out =
+        models::generate(model, ctx, o.tokens, models::SamplingConfig{o.temperature, o.top_k, o.seed});
     std::string text;
-    std::vector<std::int32_t> out;
-    const CounterRng rng{o.seed, 0x67656eull};
-    std::size_t used = std::min(ctx.size(), mc.seq);
-    std::vector<std::int32_t> window(ctx.end() - std::ptrdiff_t(used), ctx.end());
-    for (std::size_t i = 0; i < o.tokens; ++i) {
-      // The model takes whole sequences: pad on the right, read the logits at the last real position
-      // (causal attention: later positions do not affect it).
-      std::vector<std::int32_t> seq(window);
-      seq.resize(mc.seq, window.back());
-      nn::Activation logits = model.forward(models::GptStage<ThreadsCommunicator>::tokens_as_activation(seq), 0);
-      model.drop(0);
-      const float* last = logits.data() + (window.size() - 1) * logits.extent(1);
-      const auto pick = std::int32_t(sample(last, mc.vocab, o.temperature, o.top_k, rng.uniform(i)));
-      out.push_back(pick);
-      if (chars) text += chars->decode(pick);
-      if (window.size() == mc.seq) window.erase(window.begin());
-      window.push_back(pick);
-    }
+    if (chars)
+      for (auto id : out) text += chars->decode(id);
     if (chars) std::printf("%s%s\n", o.prompt.c_str(), text.c_str());
     else {
       for (std::size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);

@@ -90,6 +90,9 @@ Options parse(int argc, char** argv) {
   p.option("save-every", o.save_every, "save every N steps (0: only at the end)");
   p.option("resume", o.resume, "resume from this checkpoint (any tp/pp/dp layout)");
   p.option("sample", o.sample, "characters to generate at the end (0: none)").range(0, 1 << 20);
+  p.option("sample-progress-s", o.sample_progress_s,
+           "seconds between the progress lines (stderr) of a long --sample (0: after every character)")
+      .range(0, 86400);
   p.option("log-every", o.log_every, "print a progress line every N steps").range(1, 1 << 30);
   p.option("mem-limit-gib", o.mem_limit_gib,
            "memory per rank: a configuration estimated to need more is refused before it starts (default: physical "

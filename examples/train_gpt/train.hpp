@@ -19,6 +19,7 @@
 #include <mpar/data/token_range.hpp>
 #include <mpar/data/token_vector.hpp>
 #include <mpar/io/lock.hpp>
+#include <mpar/models/gpt_generate.hpp>
 #include <mpar/models/gpt_trainer.hpp>
 #include <mpar/mpar.hpp>
 #include <mpar/observe/allocations.hpp>
@@ -45,6 +46,7 @@ struct Options {
   std::size_t bucket_kib = 1024;
   long long warmup = -1;
   double mem_limit_gib = 0;
+  double sample_progress_s = 10;   ///< seconds between progress lines of a long --sample (0: every character)
   bool quiet = false;
   std::string backend = "host";     ///< host, or cuda (a build with the CUDA backend)
   bool check_against_host = false;  ///< run --check-steps steps on the CUDA backend and on the host, compare
@@ -218,10 +220,14 @@ std::optional<pipeline::Timeline> gather_timeline(Comm& world, const Trainer& tr
   return t;
 }
 
-/** Greedy-with-temperature sampling from a single-rank copy of the trained model, loaded from `ckpt`. */
+/**
+ * Temperature-0.8 sampling (models::generate) from a single-rank copy of the trained model, loaded from
+ * `ckpt`, starting from a full context of newlines. Long samples report their progress on stderr (the
+ * sample itself goes to stdout) every `progress_s` seconds (0: after every character).
+ */
 template <class Comm>
 std::string generate(Comm& world, const models::GptConfig& mc, const data::CharDataset& ds, const fs::path& ckpt,
-                     std::size_t n, std::uint64_t seed) {
+                     std::size_t n, std::uint64_t seed, double progress_s) {
   using TC = observe::TimedCommunicator<Comm>;
   TC solo(world.split(world.rank(), 0));  // collective: every rank gets a one-rank group
   if (world.rank() != 0 || n == 0) return {};
@@ -231,34 +237,21 @@ std::string generate(Comm& world, const models::GptConfig& mc, const data::CharD
     blocks.push_back({p->name, p->global_shape, io::BoxN(p->local_box.begin(), p->local_box.end()), p->layout,
                       std::span<float>(p->value)});
   (void)io::load_checkpoint(ckpt, std::span<const io::LoadBlock>(blocks));
-  std::vector<std::int32_t> ctx(mc.seq, ds.encode('\n'));
-  std::string out;
-  const CounterRng rng{seed, 0x5a3b1eull};
+  const std::vector<std::int32_t> ctx(mc.seq, ds.encode('\n'));
   const auto t0 = std::chrono::steady_clock::now();
   auto last_report = t0;
-  for (std::size_t i = 0; i < n; ++i) {
-    // Long samples report their progress (to stderr: the sample itself goes to stdout) every 10 s.
-    if (const auto now = std::chrono::steady_clock::now(); now - last_report >= std::chrono::seconds(10)) {
-      last_report = now;
-      const double s = std::chrono::duration<double>(now - t0).count();
-      std::fprintf(stderr, "sampling: %zu/%zu characters, %s left\n", i, n,
-                   duration(s / double(i ? i : 1) * double(n - i)).c_str());
-    }
-    nn::Activation logits = model.forward(models::GptStage<TC>::tokens_as_activation(ctx), 0);
-    model.drop(0);
-    const float* last = logits.data() + (mc.seq - 1) * logits.extent(1);
-    // Temperature 0.8 over the real vocabulary (padding ids never occur in the text).
-    std::vector<double> p(ds.vocab_size());
-    double mx = -1e30, sum = 0;
-    for (std::size_t v = 0; v < p.size(); ++v) mx = std::max(mx, double(last[v]) / 0.8);
-    for (std::size_t v = 0; v < p.size(); ++v) sum += (p[v] = std::exp(double(last[v]) / 0.8 - mx));
-    double u = rng.uniform(i) * sum;
-    std::size_t pick = 0;
-    while (pick + 1 < p.size() && (u -= p[pick]) > 0) ++pick;
-    out += ds.decode(std::int32_t(pick));
-    ctx.erase(ctx.begin());
-    ctx.push_back(std::int32_t(pick));
-  }
+  const auto report = [&](std::size_t done, std::size_t total) {
+    const auto now = std::chrono::steady_clock::now();
+    if (done == total || std::chrono::duration<double>(now - last_report).count() < progress_s) return;
+    last_report = now;
+    const double s = std::chrono::duration<double>(now - t0).count();
+    std::fprintf(stderr, "sampling: %zu/%zu characters, %s left\n", done, total,
+                 duration(s / double(done) * double(total - done)).c_str());
+  };
+  const std::vector<std::int32_t> ids =
+      models::generate(model, ctx, n, models::SamplingConfig{0.8, 0, seed, 0x5a3b1eull}, report);
+  std::string out;
+  for (auto id : ids) out += ds.decode(id);
   return out;
 }
 
@@ -464,7 +457,7 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
                              double(m.compute_copies), double(peak_step_bytes)};
   Buffer<double> all(5 * std::size_t(world.size()));
   world.gather(std::span<const double>(mine), std::span<double>(all), 0);
-  const std::string sample = o.sample > 0 && chars ? generate(world, cfg.model, *chars, ckpt, o.sample, cfg.model.seed) : "";
+  const std::string sample = o.sample > 0 && chars ? generate(world, cfg.model, *chars, ckpt, o.sample, cfg.model.seed, o.sample_progress_s) : "";
   world.barrier();
   if (!tmp_dir.empty() && lead) fs::remove_all(tmp_dir);
   if (!lead) return;

@@ -10,6 +10,7 @@
 
 #include "mpar/core/caching_memory_resource.hpp"
 #include "mpar/core/tensor.hpp"
+#include "mpar/nn/parameter.hpp"
 
 using namespace mpar;
 
@@ -124,4 +125,23 @@ TEST_CASE("caching resource: when the upstream is exhausted, the cache is releas
   CHECK(cache.stats().cached == 0);
   CHECK_THROWS_AS(cache.allocate(8192), std::bad_alloc);  // genuinely too big: the upstream's error
   cache.deallocate(c, 6000);
+}
+
+TEST_CASE("memory resource: an allocation that fails names what was being allocated and its size", "[core]") {
+  CountingResource limited(1 << 20);  // 1 MiB: a 1024 x 1024 float parameter (4 MiB) does not fit
+  ScopedMemoryResource scope(limited);
+  const std::array<std::size_t, 2> shape{1024, 1024};
+  CHECK_THROWS_WITH(nn::make_parameter<2>("big.weight", 1, shape, Box<2>{Block{0, 1024}, Block{0, 1024}}, "Replicate",
+                                          false, 1, InitSpec::normal(0.02)),
+                    Catch::Contains("cannot allocate parameter 'big.weight' (local block [1024, 1024]): 4194304 bytes") &&
+                        Catch::Contains("of counting memory"));
+  // Still a std::bad_alloc for handlers that catch that; without a label, the buffer is named as such.
+  CHECK_THROWS_AS(Buffer<float>(1 << 20), std::bad_alloc);
+  CHECK_THROWS_WITH(Buffer<float>(1 << 20), Catch::Contains("cannot allocate a tensor buffer: 4194304 bytes"));
+  {
+    const AllocationLabel outer("the outer thing");
+    const AllocationLabel inner("the activations of micro-batch 3");
+    CHECK_THROWS_WITH(Buffer<float>(1 << 20), Catch::Contains("cannot allocate the activations of micro-batch 3"));
+  }
+  CHECK(limited.held == 0);
 }

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "mpar/cuda.hpp"
+#include "mpar/models/gpt_generate.hpp"
 #include "mpar/models/gpt_trainer.hpp"
 #include "../nn/nn_test_support.hpp"
 
@@ -104,6 +105,40 @@ TEST_CASE("CudaBackend: tensors created after init_rank live in managed memory",
     CHECK(std::string(current_memory_resource().name()) == "cuda-managed");
     set_current_memory_resource(detail::host_memory_resource());
   });
+}
+
+TEST_CASE("generate on CudaBackend: greedy ids equal the host backend's (two tensor-parallel ranks)", "[cuda][gpt]") {
+  models::GptConfig cfg;
+  cfg.vocab = 37;  // padded to 48: the padding columns must never be picked
+  cfg.hidden = 64;
+  cfg.heads = 4;
+  cfg.layers = 2;
+  cfg.seq = 16;
+  cfg.seed = 5;
+  const std::vector<std::int32_t> prompt{3, 14, 15, 9, 2};
+  std::mutex m;
+  std::map<int, std::vector<std::int32_t>> host, cuda;
+  run_threads(2, [&](ThreadsCommunicator& tp) {
+    std::vector<std::int32_t> h, c;
+    {
+      models::GptStage<ThreadsCommunicator, HostBackend> stage(tp, cfg, true, true, 0, cfg.layers);
+      h = models::generate(stage, prompt, 24, {0.0, 0, 1});
+    }
+    CudaBackend::init_rank(0);
+    {
+      models::GptStage<ThreadsCommunicator, CudaBackend> stage(tp, cfg, true, true, 0, cfg.layers);
+      c = models::generate(stage, prompt, 24, {0.0, 0, 1});
+    }
+    set_current_memory_resource(detail::host_memory_resource());
+    std::lock_guard lock(m);
+    host[tp.rank()] = std::move(h);
+    cuda[tp.rank()] = std::move(c);
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("tensor rank " << r);
+    CHECK(cuda.at(r) == host.at(r));
+    for (auto id : cuda.at(r)) CHECK(std::size_t(id) < cfg.vocab);
+  }
 }
 
 // The whole trainer instantiates with NCCL as the world communicator on the CUDA backend: every

@@ -56,6 +56,7 @@ def main():
         logits = np.array([float(x) for x in f.read().split()], dtype=np.float32).reshape(len(ids), meta["vocab"])
     cfg = GPT2Config(vocab_size=meta["vocab"], n_positions=meta["seq"], n_embd=meta["hidden"], n_layer=meta["layers"],
                      n_head=meta["heads"], activation_function="gelu_new", layer_norm_epsilon=1e-5,
+                     bos_token_id=meta["vocab"] - 1, eos_token_id=meta["vocab"] - 1,
                      resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0, tie_word_embeddings=True)
     model = GPT2LMHeadModel(cfg)
     state = {k: torch.from_numpy(v) for k, v in gpt2.items()}

@@ -14,8 +14,11 @@
  * thread's current resource (`select_on_container_copy_construction`).
  */
 #include <cstddef>
+#include <cstdio>
 #include <new>
+#include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 namespace mpar {
@@ -73,6 +76,53 @@ class ScopedMemoryResource {
   MemoryResource* previous_;
 };
 
+// --- What is being allocated, for the message of an allocation that fails ---
+
+namespace detail {
+inline const std::string*& allocation_label() {
+  thread_local const std::string* label = nullptr;
+  return label;
+}
+}  // namespace detail
+
+/**
+ * @brief Names what the calling thread allocates while this object lives (e.g. "parameter 'block0.attn.qkv.weight'
+ * [64, 3, 64]"), so an allocation that fails meanwhile says what it was for. Nests: the innermost label wins.
+ */
+class AllocationLabel {
+ public:
+  explicit AllocationLabel(std::string what) : what_(std::move(what)), previous_(detail::allocation_label()) {
+    detail::allocation_label() = &what_;
+  }
+  ~AllocationLabel() { detail::allocation_label() = previous_; }
+  AllocationLabel(const AllocationLabel&) = delete;
+  AllocationLabel& operator=(const AllocationLabel&) = delete;
+
+ private:
+  std::string what_;
+  const std::string* previous_;
+};
+
+/**
+ * @brief A failed allocation of a tensor or parameter buffer: a `std::bad_alloc` (so existing handlers
+ * still catch it) whose message names what was being allocated (the innermost `AllocationLabel`), the
+ * size and the memory resource.
+ */
+class allocation_error : public std::bad_alloc {
+ public:
+  allocation_error(std::size_t bytes, std::size_t elements, const char* resource, const std::string* label) {
+    char size[96];
+    std::snprintf(size, sizeof size, "%zu bytes (%.3g GiB, %zu elements)", bytes, double(bytes) / double(1ull << 30),
+                  elements);
+    what_ = "cannot allocate " + (label ? *label : std::string("a tensor buffer")) + ": " + size + " of " + resource +
+            " memory";
+  }
+  [[nodiscard]] const char* what() const noexcept override { return what_.c_str(); }
+
+ private:
+  std::string what_;
+};
+
 /**
  * @brief A standard allocator over a MemoryResource (the thread's current one by default). It
  * propagates on copy, move and swap, so moving a buffer never copies and a buffer is always freed
@@ -91,7 +141,15 @@ class ResourceAllocator {
   template <class U>
   ResourceAllocator(const ResourceAllocator<U>& o) noexcept : resource_(&o.resource()) {}
 
-  [[nodiscard]] T* allocate(std::size_t n) { return static_cast<T*>(resource_->allocate(n * sizeof(T))); }
+  [[nodiscard]] T* allocate(std::size_t n) {
+    try {
+      return static_cast<T*>(resource_->allocate(n * sizeof(T)));
+    } catch (const allocation_error&) {
+      throw;
+    } catch (const std::bad_alloc&) {
+      throw allocation_error(n * sizeof(T), n, resource_->name(), detail::allocation_label());
+    }
+  }
   void deallocate(T* p, std::size_t n) noexcept { resource_->deallocate(p, n * sizeof(T)); }
   /** A copied container takes the copying thread's resource, not the source's. */
   [[nodiscard]] ResourceAllocator select_on_container_copy_construction() const { return ResourceAllocator(); }

@@ -400,6 +400,8 @@ class GptStage {
   [[nodiscard]] bool head_is_copy() const { return last_ && head_ == &head_copy_; }
   [[nodiscard]] nn::VocabParallelCrossEntropy<C, B>& loss() { return *ce_; }
   [[nodiscard]] const GptConfig& config() const { return cfg_; }
+  /** The tensor-parallel group this stage was built over. */
+  [[nodiscard]] C& tensor_group() { return *tp_; }
 
  private:
   struct HeadInput {

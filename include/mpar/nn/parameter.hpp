@@ -41,6 +41,9 @@ struct Parameter {
   void initialise(std::uint64_t seed, const InitSpec& spec) {
     std::size_t n = 1;
     for (const auto& b : local_box) n *= b.extent;
+    std::string shape;  // names the block in the message of an allocation that fails
+    for (const auto& b : local_box) shape += (shape.empty() ? "[" : ", ") + std::to_string(b.extent);
+    const AllocationLabel label("parameter '" + name + "' (local block " + shape + "])");
     value.assign(n, 0.0f);
     grad.assign(n, 0.0f);
     const std::size_t rank = global_shape.size();

@@ -1,0 +1,114 @@
+#pragma once
+/**
+ * @file Autoregressive generation from a `GptStage` that holds the whole model (first and last stage),
+ * on any backend and over any tensor-parallel group.
+ *
+ * Each new token takes one forward of the current window (the last `seq` ids, padded on the right to
+ * whole sequence length: causal attention makes the logits at the last real position independent of
+ * the padding), then the vocabulary shards of that row are gathered over the stage's tensor group and
+ * one id is drawn on every rank alike (same logits, same counter-based random numbers), so the ranks
+ * of a tensor-parallel model stay in step without a broadcast. The padded vocabulary columns are never
+ * candidates: only the first `vocab` columns are read.
+ *
+ * The backend's results are read on the host after `B::synchronize()` (the CUDA backend keeps
+ * tensors in memory the host can read once the stream has finished).
+ */
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <span>
+#include <vector>
+
+#include "mpar/core/init.hpp"
+#include "mpar/models/gpt.hpp"
+
+namespace mpar::models {
+
+/** @brief How the next token is chosen. */
+struct SamplingConfig {
+  double temperature = 0.8;  ///< softmax temperature; 0 picks the most likely id (greedy)
+  std::size_t top_k = 0;     ///< draw among the k most likely ids only (0: all); top_k 1 is greedy
+  std::uint64_t seed = 1;    ///< the draws are `CounterRng{seed, stream}.uniform(i)` for token i
+  std::uint64_t stream = 0x67656eull;
+};
+
+/**
+ * @brief One id from `logits` (the real vocabulary only): the `top_k` most likely (ties to the lower id),
+ * softmax at `temperature` over them, and the uniform draw `u` in (0, 1) picks one. Temperature 0 or
+ * top_k 1 returns the most likely id and ignores `u`.
+ */
+[[nodiscard]] inline std::size_t sample_token(std::span<const float> logits, double temperature, std::size_t top_k,
+                                              double u) {
+  const std::size_t vocab = logits.size();
+  require(vocab > 0, "sample_token: no logits");
+  require(temperature >= 0 && std::isfinite(temperature), "sample_token: temperature ", temperature,
+          " must be finite and not negative (0: greedy)");
+  const std::size_t k = top_k == 0 ? vocab : std::min(top_k, vocab);
+  std::vector<std::size_t> ids(vocab);
+  for (std::size_t v = 0; v < vocab; ++v) ids[v] = v;
+  std::partial_sort(ids.begin(), ids.begin() + std::ptrdiff_t(k), ids.end(), [&](std::size_t a, std::size_t b) {
+    return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+  });
+  if (temperature == 0 || k == 1) return ids[0];
+  std::vector<double> p(k);
+  double sum = 0;
+  for (std::size_t i = 0; i < k; ++i)
+    sum += (p[i] = std::exp((double(logits[ids[i]]) - double(logits[ids[0]])) / temperature));
+  u *= sum;
+  for (std::size_t i = 0; i < k; ++i)
+    if ((u -= p[i]) <= 0) return ids[i];
+  return ids[k - 1];
+}
+
+/** Called after each generated token with (tokens done, tokens asked for): progress reports, cancellation by throwing. */
+using GenerateProgress = std::function<void(std::size_t, std::size_t)>;
+
+/**
+ * @brief Generates `count` ids after `prompt` with `model`, which must hold the whole model (one pipeline
+ * stage, first and last) on the tensor group it was built over; collective over that group (every rank
+ * calls it with the same arguments and gets the same ids). Returns the new ids only.
+ */
+template <communicator C, backend B>
+std::vector<std::int32_t> generate(GptStage<C, B>& model, std::span<const std::int32_t> prompt, std::size_t count,
+                                   const SamplingConfig& sampling, const GenerateProgress& progress = {}) {
+  const GptConfig& cfg = model.config();
+  require(model.is_first() && model.is_last(), "generate: the stage must hold the whole model (first and last stage, ",
+          "all ", cfg.layers, " blocks); load a pipelined checkpoint into one stage (io::load_checkpoint reshards)");
+  require(model.block_count() == cfg.layers, "generate: the stage holds ", model.block_count(), " of ", cfg.layers,
+          " blocks");
+  require(!prompt.empty(), "generate: the prompt is empty; give at least one id");
+  for (std::size_t i = 0; i < prompt.size(); ++i)
+    require(prompt[i] >= 0 && std::size_t(prompt[i]) < cfg.vocab, "generate: prompt id ", prompt[i], " at position ", i,
+            " is outside the vocabulary [0, ", cfg.vocab, ")");
+  C& tp = model.tensor_group();
+  const std::size_t padded = cfg.padded_vocab(), local = padded / std::size_t(tp.size());
+  const CounterRng rng{sampling.seed, sampling.stream};
+  std::vector<std::int32_t> window(prompt.end() - std::ptrdiff_t(std::min(prompt.size(), cfg.seq)), prompt.end());
+  std::vector<std::int32_t> out;
+  out.reserve(count);
+  Buffer<float> mine(local), row(padded);
+  for (std::size_t i = 0; i < count; ++i) {
+    std::vector<std::int32_t> seq(window);
+    seq.resize(cfg.seq, window.back());
+    nn::Activation logits = model.forward(GptStage<C, B>::tokens_as_activation(seq), 0);
+    model.drop(0);
+    B::synchronize();
+    require(logits.extent(1) == local, "generate: the stage's logits have ", logits.extent(1), " columns, expected ",
+            local, " (padded vocabulary ", padded, " over ", tp.size(), " tensor ranks)");
+    const float* last = logits.data() + (window.size() - 1) * local;
+    std::copy_n(last, local, mine.begin());
+    if (tp.size() > 1) tp.all_gather(std::span<const float>(mine), std::span<float>(row));
+    else std::copy(mine.begin(), mine.end(), row.begin());
+    const auto pick = std::int32_t(sample_token(std::span<const float>(row.data(), cfg.vocab), sampling.temperature,
+                                                sampling.top_k, rng.uniform(i)));
+    out.push_back(pick);
+    if (window.size() == cfg.seq) window.erase(window.begin());
+    window.push_back(pick);
+    if (progress) progress(i + 1, count);
+  }
+  return out;
+}
+
+}  // namespace mpar::models
