@@ -27,7 +27,6 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
-#include <deque>
 #include <exception>
 #include <functional>
 #include <memory>
@@ -65,7 +64,7 @@ inline std::string message_of(const std::exception_ptr& e) {
 /** @brief An in-order queue of operations and the worker thread that runs them (see the file comment). */
 class Stream {
  public:
-  /** `name` appears in error messages ("rank 3", "rank 3 communication"); `on_start` runs first on the worker. */
+  /** `name` appears in error messages ("stream 3", "communication stream of tensor rank 1"); `on_start` runs first on the worker. */
   explicit Stream(std::string name, std::function<void()> on_start = {}) : name_(std::move(name)) {
     worker_ = std::thread([this, start = std::move(on_start)] {
       if (start) start();
@@ -75,40 +74,29 @@ class Stream {
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;
   ~Stream() {
-    {
-      std::lock_guard lock(m_);
-      stopping_ = true;
-    }
-    work_cv_.notify_one();
+    push(new Node{{}, "stop", OnError::always, 0, nullptr, true});  // runs after everything issued
     if (worker_.get_id() == std::this_thread::get_id()) worker_.detach();  // last owner was an operation
     else worker_.join();
+    std::lock_guard lock(done_m_);
     if (error_ && !error_reported_)
-      std::fprintf(stderr, "mpar: %s: an error nobody waited for: %s\n", name_.c_str(), error_message().c_str());
+      std::fprintf(stderr, "mpar: %s: an error nobody waited for: %s\n", name_.c_str(), describe_error().c_str());
   }
 
   [[nodiscard]] const std::string& name() const { return name_; }
 
   /** Appends `op` (named `what`, a string literal) and returns its ticket; never blocks on the worker. */
   std::uint64_t enqueue(const char* what, std::function<void()> op, OnError mode = OnError::skip) {
-    std::uint64_t ticket;
-    {
-      std::lock_guard lock(m_);
-      require(!stopping_, name_, ": operation '", what, "' issued to a stream that is being destroyed");
-      ticket = ++issued_;
-      queue_.push_back(Task{std::move(op), what, mode, ticket});
-    }
-    work_cv_.notify_one();
-    return ticket;
+    return push(new Node{std::move(op), what, mode, 0, nullptr, false});
   }
 
   /** The ticket of the last operation issued (0: none yet). */
   [[nodiscard]] std::uint64_t issued() const {
-    std::lock_guard lock(m_);
+    std::lock_guard lock(push_m_);
     return issued_;
   }
-  /** Whether every operation up to `ticket` has finished; never blocks on the worker. */
+  /** Whether every operation up to `ticket` has finished (if so, their results may be read); never blocks on the worker. */
   [[nodiscard]] bool done(std::uint64_t ticket) const {
-    std::lock_guard lock(m_);
+    std::lock_guard lock(done_m_);
     return completed_ >= ticket;
   }
 
@@ -118,7 +106,7 @@ class Stream {
    * operations before the calling one have finished).
    */
   void wait(std::uint64_t ticket) {
-    std::unique_lock lock(m_);
+    std::unique_lock lock(done_m_);
     if (std::this_thread::get_id() != worker_.get_id()) done_cv_.wait(lock, [&] { return completed_ >= ticket; });
     if (error_ && error_ticket_ <= ticket) {
       const std::string what = describe_error();
@@ -134,9 +122,10 @@ class Stream {
   }
   /** Blocks until everything issued so far has run; reports nothing (for owners about to go away). */
   void drain() noexcept {
-    std::unique_lock lock(m_);
     if (std::this_thread::get_id() == worker_.get_id()) return;
-    done_cv_.wait(lock, [&] { return completed_ >= issued_; });
+    const std::uint64_t last = issued();
+    std::unique_lock lock(done_m_);
+    done_cv_.wait(lock, [&] { return completed_ >= last; });
   }
   /** Waits for everything issued so far (see wait). */
   void synchronize() { wait(issued()); }
@@ -147,7 +136,7 @@ class Stream {
    * stays this stream's to report), so a dependent stream does not compute on garbage.
    */
   void wait_from_other_stream(std::uint64_t ticket) const {
-    std::unique_lock lock(m_);
+    std::unique_lock lock(done_m_);
     done_cv_.wait(lock, [&] { return completed_ >= ticket; });
     if (error_ && error_ticket_ <= ticket) {
       const std::exception_ptr e = error_;
@@ -163,66 +152,107 @@ class Stream {
   }
 
  private:
-  struct Task {
+  struct Node {
     std::function<void()> op;
     const char* what;
     OnError mode;
     std::uint64_t ticket;
+    Node* next;
+    bool stop;
   };
+
+  /*
+   * Synchronisation runs one way only, so that ThreadSanitizer sees a host read that no wait orders
+   * after the producing operation as the data race it is. Issuing goes host -> worker: producers
+   * serialise on push_m_ (which the worker never takes) and publish on `incoming_` with release; the
+   * worker takes the list with an acquire exchange, which does not release anything back. Completion
+   * goes worker -> host only through done_m_, which the host takes in waits and queries. A queue
+   * under one mutex would order every operation the worker has finished before every later issue,
+   * hiding such races.
+   */
+  std::uint64_t push(Node* n) {
+    std::lock_guard lock(push_m_);
+    if (stopped_) {
+      const char* what = n->what;
+      delete n;
+      throw config_error(mpar::detail::cat(name_, ": operation '", what, "' issued to a stream that is being destroyed"));
+    }
+    if (n->stop) stopped_ = true;
+    else n->ticket = ++issued_;
+    n->next = incoming_.load(std::memory_order_relaxed);
+    while (!incoming_.compare_exchange_weak(n->next, n, std::memory_order_release, std::memory_order_relaxed)) {
+    }
+    incoming_.notify_one();
+    return n->ticket;
+  }
 
   void run() {
     for (;;) {
-      Task task;
-      bool skip = false;
-      {
-        std::unique_lock lock(m_);
-        work_cv_.wait(lock, [&] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;  // stopping, and everything issued has run
-        task = std::move(queue_.front());
-        queue_.pop_front();
-        skip = error_ != nullptr && task.mode == OnError::skip;
+      incoming_.wait(nullptr, std::memory_order_acquire);
+      Node* list = incoming_.exchange(nullptr, std::memory_order_acquire);
+      Node* in_order = nullptr;  // the list is newest first
+      while (list) {
+        Node* next = list->next;
+        list->next = in_order;
+        in_order = list;
+        list = next;
       }
-      std::exception_ptr failure;
-      if (!skip) {
-        try {
-          task.op();
-        } catch (...) {
-          failure = std::current_exception();
+      while (in_order) {
+        Node* task = in_order;
+        in_order = task->next;
+        if (task->stop) {
+          delete task;
+          return;  // the stop node is the last one ever issued
         }
-      }
-      task.op = nullptr;  // release what the operation captured before it counts as finished
-      {
-        std::lock_guard lock(m_);
-        if (failure && !error_) {
-          error_ = failure;
-          error_what_ = task.what;
-          error_ticket_ = task.ticket;
-          error_reported_ = false;
+        bool skip;
+        {
+          std::lock_guard lock(done_m_);
+          skip = error_ != nullptr && task->mode == OnError::skip;
         }
-        completed_ = task.ticket;
+        std::exception_ptr failure;
+        if (!skip) {
+          try {
+            task->op();
+          } catch (...) {
+            failure = std::current_exception();
+          }
+        }
+        const std::uint64_t ticket = task->ticket;
+        const char* what = task->what;
+        delete task;  // release what the operation captured before it counts as finished
+        {
+          std::lock_guard lock(done_m_);
+          if (failure && !error_) {
+            error_ = failure;
+            error_what_ = what;
+            error_ticket_ = ticket;
+            error_reported_ = false;
+          }
+          completed_ = ticket;
+        }
+        done_cv_.notify_all();
       }
-      done_cv_.notify_all();
     }
   }
 
-  [[nodiscard]] std::string error_message() const { return detail::message_of(error_); }
   [[nodiscard]] std::string describe_error() const {
     return mpar::detail::cat(name_, ": operation '", error_what_, "' (#", error_ticket_, " on this stream) failed: ",
-                             error_message());
+                             detail::message_of(error_));
   }
 
   std::string name_;
-  mutable std::mutex m_;
-  std::condition_variable work_cv_;
+  mutable std::mutex push_m_;  // producers only
+  std::uint64_t issued_ = 0;   // guarded by push_m_
+  bool stopped_ = false;       // guarded by push_m_
+  std::atomic<Node*> incoming_{nullptr};
+  mutable std::mutex done_m_;  // the worker -> host direction
   mutable std::condition_variable done_cv_;
-  std::deque<Task> queue_;
-  std::uint64_t issued_ = 0, completed_ = 0;
-  bool stopping_ = false;
+  std::uint64_t completed_ = 0;  // guarded by done_m_, like the error state below
   std::exception_ptr error_;
   const char* error_what_ = "";
   std::uint64_t error_ticket_ = 0;
   mutable bool error_reported_ = false;
-  std::thread worker_;  // last: starts after every other member is constructed
+  std::thread worker_;  // assigned in the constructor body, after every other member exists
 };
 
 /**
