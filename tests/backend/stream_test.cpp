@@ -20,6 +20,7 @@
 #include <vector>
 
 #include <mpar/backend/host/host_backend.hpp>
+#include <mpar/backend/stream/host_access_trace.hpp>
 #include <mpar/backend/stream/stream_backend.hpp>
 
 using namespace mpar;
@@ -392,4 +393,42 @@ TEST_CASE("DiscreteHostBackend: a host read or write of rank memory faults; the 
   CHECK(out.tensor_status == 43);  // faults, at the tensor's own (unknown here) address
   CHECK(out.control_status == 0);
   for (std::size_t i = 0; i < n; ++i) REQUIRE(out.back[i] == -2.0f * v[i]);
+}
+
+TEST_CASE("HostAccessTrace: with DiscreteHostBackend, every host access of rank memory is recorded and the run goes on",
+          "[backend][stream][discrete]") {
+  using B = DiscreteHostBackend;
+  const std::size_t n = 64;
+  const std::vector<float> v = ramp(n, 1.0f);
+  const int status = on_rank([&] {
+    B::init_rank();
+    Buffer<float> x = B::allocate<float>(n);
+    B::copy_from_host_async<float>(n, v.data(), x.data());
+    B::scale(n, 3.0f, x.data());
+    B::synchronize();
+    float* p = x.data();
+    // In a child: the trace installs process-wide signal handlers. Exit status: 0 when the two reads
+    // saw the values the operation wrote, the write landed, and the trace holds one read site run
+    // and one write site, three reads and one write in all; a distinct nonzero status for each failure.
+    const pid_t pid = fork();
+    if (pid == 0) {
+      int code = 0;
+      {
+        stream::HostAccessTrace trace;
+        float got[2];
+        for (int i = 0; i < 2; ++i) got[i] = static_cast<volatile float*>(p)[5 + i];  // host reads
+        static_cast<volatile float*>(p)[9] = -1.0f;                                      // a host write
+        const float back = static_cast<volatile float*>(p)[9];                          // another read
+        if (got[0] != 3.0f * v[5] || got[1] != 3.0f * v[6]) code = 1;
+        else if (back != -1.0f) code = 2;
+        else if (trace.accesses(false) != 3 || trace.accesses(true) != 1) code = 3;
+        else if (trace.site_count() < 2) code = 4;
+      }
+      _exit(code);
+    }
+    int st = 0;
+    waitpid(pid, &st, 0);
+    return WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  });
+  CHECK(status == 0);
 }
