@@ -107,7 +107,7 @@ Options parse(int argc, char** argv) {
   p.option("check-steps", o.check_steps, "steps of --check-against-host").range(1, 1 << 20);
   p.choice("comm", o.comm, {{"auto", "auto"}, {"nccl", "nccl"}, {"mpi", "mpi"}},
            "communicator: auto (NCCL for --backend cuda under mpirun, else threads or MPI), nccl (one GPU per "
-           "process, under mpirun), mpi (MPI over host or managed memory, under mpirun)");
+           "process, under mpirun), mpi (MPI over host or device memory, under mpirun)");
   if (!p.parse(argc, argv)) {
     std::cout << p.help();
     std::exit(0);

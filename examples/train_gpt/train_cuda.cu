@@ -3,8 +3,8 @@
 // on both backends from the same weights and data and compares them.
 //
 // Ranks: threads of this process by default (rank r uses GPU r mod the visible GPUs, each rank its
-// own stream, the threads communicator over CUDA managed memory), or one process per rank under
-// mpirun (the node-local rank picks the GPU) with NCCL for every mesh axis, or MPI over managed
+// own stream, the threads communicator over its device memory), or one process per rank under
+// mpirun (the node-local rank picks the GPU) with NCCL for every mesh axis, or MPI over device
 // memory with --comm mpi (see docs/cuda.md, "Training on CUDA").
 #include <cuda_runtime.h>
 

@@ -10,6 +10,8 @@
 #include "mpar/backend/cuda/error.hpp"
 #include "mpar/backend/cuda/types.hpp"
 #include "mpar/backend/cuda/memory.hpp"
+#include "mpar/backend/cuda/device_resource.hpp"
+#include "mpar/backend/cuda/managed_resource.hpp"  // tests and user code only: not in the training path
 #include "mpar/backend/cuda/context.hpp"
 #include "mpar/backend/cuda/device_tensor.hpp"
 #include "mpar/backend/cuda/gemm.hpp"

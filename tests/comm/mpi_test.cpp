@@ -7,7 +7,9 @@
 #include <vector>
 
 #include "comm/collective_tests.hpp"
+#include "mpar/backend/stream/stream_backend.hpp"
 #include "mpar/comm/mpi.hpp"
+#include "mpar/comm/stream_ordered.hpp"
 
 using namespace mpar;
 using Catch::Matchers::Contains;
@@ -72,6 +74,34 @@ TEST_CASE("mpi: with checking on, mismatched calls fail on every rank and the gr
   std::vector<float> w(3, 1.0f);
   c.all_reduce(std::span<float>(w), ReduceOp::sum);
   CHECK(w[0] == float(c.size()));
+}
+
+TEST_CASE("mpi: ordered with a stream backend's compute stream, a collective runs after its producer and before "
+          "its consumer",
+          "[comm][mpi][stream]") {
+  using B = StreamHostBackend;
+  static_assert(communicator<StreamOrderedCommunicator<MpiCommunicator, B>>);
+  B::init_rank();
+  {
+    StreamOrderedCommunicator<MpiCommunicator, B> comm(world());
+    const std::size_t n = 100;
+    const int r = comm.rank(), p = comm.size();
+    std::vector<float> v(n), out(n);
+    for (std::size_t i = 0; i < n; ++i) v[i] = float(r + 1) * float(i + 1);
+    Buffer<float> x = B::allocate<float>(n);
+    B::copy_from_host_async<float>(n, v.data(), x.data());
+    B::scale(n, 2.0f, x.data());
+    comm.all_reduce(std::span<float>(x), ReduceOp::sum);
+    B::scale(n, 0.5f, x.data());
+    B::copy_to_host_async<float>(n, x.data(), out.data());
+    B::synchronize();
+    const float ranks_sum = float(p * (p + 1) / 2);
+    bool ok = true;
+    for (std::size_t i = 0; i < n; ++i) ok = ok && out[i] == ranks_sum * float(i + 1);
+    CHECK(ok);
+    comm.barrier();
+  }
+  set_current_memory_resource(detail::host_memory_resource());
 }
 
 int main(int argc, char** argv) {

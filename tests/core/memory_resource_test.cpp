@@ -3,6 +3,8 @@
 #include <catch2/catch.hpp>
 
 #include <cstddef>
+#include <cstdint>
+#include <cstring>
 #include <map>
 #include <new>
 #include <stdexcept>
@@ -144,4 +146,48 @@ TEST_CASE("memory resource: an allocation that fails names what was being alloca
     CHECK_THROWS_WITH(Buffer<float>(1 << 20), Catch::Contains("cannot allocate the activations of micro-batch 3"));
   }
   CHECK(limited.held == 0);
+}
+
+namespace {
+/** Host memory handed out pre-filled with the byte 0xAB, so a write by the container shows. */
+class PatternResource final : public MemoryResource {
+ public:
+  [[nodiscard]] void* allocate(std::size_t bytes) override {
+    void* p = ::operator new(bytes ? bytes : 1);
+    std::memset(p, 0xAB, bytes);
+    return p;
+  }
+  void deallocate(void* p, std::size_t) noexcept override { ::operator delete(p); }
+  [[nodiscard]] const char* name() const noexcept override { return "pattern"; }
+};
+template <class T>
+bool untouched(const Buffer<T>& b) {
+  const auto* bytes = reinterpret_cast<const unsigned char*>(b.data());
+  for (std::size_t i = 0; i < b.size() * sizeof(T); ++i)
+    if (bytes[i] != 0xAB) return false;
+  return true;
+}
+}  // namespace
+
+TEST_CASE("uninitialized_buffer: the container writes nothing; copies and ordinary buffers are initialised",
+          "[core][memory]") {
+  PatternResource r;
+  const Buffer<float> f = uninitialized_buffer<float>(300, r);
+  const Buffer<bf16> h = uninitialized_buffer<bf16>(300, r);  // bf16 zero-initialises its bits when constructed
+  const Buffer<std::int32_t> i = uninitialized_buffer<std::int32_t>(7, r);
+  CHECK(f.size() == 300);
+  CHECK(untouched(f));
+  CHECK(untouched(h));
+  CHECK(untouched(i));
+  CHECK(&f.get_allocator().resource() == &r);
+  // Growing it keeps the rule; a copy is an ordinary buffer again, and so is a buffer made without the tag.
+  Buffer<float> grown = uninitialized_buffer<float>(4, r);
+  grown.resize(600);
+  CHECK(untouched(grown));
+  ScopedMemoryResource use(r);
+  Buffer<float> copy(f);
+  copy.resize(400);
+  CHECK(copy[350] == 0.0f);
+  const Buffer<float> ordinary(50);
+  for (float x : ordinary) REQUIRE(x == 0.0f);
 }

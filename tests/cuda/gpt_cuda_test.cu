@@ -5,6 +5,7 @@
 // logits and gradients within 1e-4 in norm-relative error (the device sums in another order, and
 // the embedding and bias gradients accumulate with atomics).
 #include <catch2/catch.hpp>
+#include <algorithm>
 
 #include <cmath>
 #include <cstdint>
@@ -95,16 +96,40 @@ TEST_CASE("GPT on CudaBackend: two tensor-parallel thread ranks sharing GPU 0 eq
   check_gpt_on_cuda(2, 0.0);
 }
 
-TEST_CASE("CudaBackend: tensors created after init_rank live in managed memory", "[cuda][gpt]") {
-  run_threads(1, [](ThreadsCommunicator&) {
+TEST_CASE("CudaBackend: rank memory is device memory; values reach the host by asynchronous copies and events",
+          "[cuda][gpt]") {
+  const std::size_t n = 4096;
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = -3.0f + 0.25f * float(i % 97);
+  std::vector<float> doubled(n), sextupled(n);
+  std::string resource;
+  int memory_type = -1;
+  run_threads(1, [&](ThreadsCommunicator&) {
     CudaBackend::init_rank(0);
-    nn::Activation a({4, 8}, 1.0f);
+    resource = current_memory_resource().name();
+    Buffer<float> x = CudaBackend::allocate<float>(n);
     cudaPointerAttributes attr{};
-    gpu::check(cudaPointerGetAttributes(&attr, a.data()), "cudaPointerGetAttributes");
-    CHECK(attr.type == cudaMemoryTypeManaged);
-    CHECK(std::string(current_memory_resource().name()) == "cuda-managed");
+    gpu::check(cudaPointerGetAttributes(&attr, x.data()), "cudaPointerGetAttributes");
+    memory_type = int(attr.type);
+    CudaBackend::pinned_buffer<float> h1(n), h2(n);
+    CudaBackend::copy_from_host_async<float>(n, v.data(), x.data());
+    CudaBackend::scale(n, 2.0f, x.data());
+    CudaBackend::copy_to_host_async<float>(n, x.data(), h1.data());  // ordered: must see 2v, not 6v
+    CudaBackend::scale(n, 3.0f, x.data());
+    CudaBackend::copy_to_host_async<float>(n, x.data(), h2.data());
+    CudaBackend::event_type e;
+    CudaBackend::record_event(e);
+    CudaBackend::wait_event(e);
+    std::copy_n(h1.data(), n, doubled.data());
+    std::copy_n(h2.data(), n, sextupled.data());
     set_current_memory_resource(detail::host_memory_resource());
   });
+  CHECK(resource == "cuda-device");
+  CHECK(memory_type == int(cudaMemoryTypeDevice));
+  for (std::size_t i = 0; i < n; ++i) {
+    REQUIRE(doubled[i] == 2.0f * v[i]);
+    REQUIRE(sextupled[i] == 6.0f * v[i]);
+  }
 }
 
 TEST_CASE("generate on CudaBackend: greedy ids equal the host backend's (two tensor-parallel ranks)", "[cuda][gpt]") {

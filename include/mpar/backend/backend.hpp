@@ -12,6 +12,7 @@
 #include "mpar/core/dtype.hpp"             // bf16
 #include "mpar/backend/host/kernels.hpp"  // host::DropoutMask (the mask is the same on every backend)
 #include "mpar/backend/host/optimizer_kernels.hpp"  // UpdateFactors (the optimizer kernels' per-step inputs)
+#include "mpar/core/memory_resource.hpp"  // Buffer (allocate)
 
 namespace mpar {
 
@@ -20,7 +21,10 @@ namespace mpar {
  * memory of the rank's memory resource, which the backend installs in `init_rank()`):
  * - `memory_space` (a tag with a `name`), `tensor_type<T, R>` (its own tensor type), `name`;
  * - `init_rank()`: prepares the calling rank's thread (BLAS threads, device, stream, memory resource);
- * - `synchronize()`: returns when every operation the thread issued has finished;
+ * - `synchronize()`: returns when every operation the thread issued has finished (and reports the
+ *   first error one of them raised since the last wait);
+ * - the stream-ordered part, `stream_ordered<B>`: events, asynchronous copies to and from pinned host
+ *   memory, uninitialised allocation;
  * - `gemm<T>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc)`: row-major C = alpha op(A) op(B) + beta C;
  * - `gemm<bf16, float>(...)` (same arguments): bf16 A and B, fp32 C, products accumulated in fp32 — the
  *   GEMM of mixed-precision training (host: oneDNN's AMX / AVX-512 bf16 kernels; CUDA: tensor cores);
@@ -52,10 +56,51 @@ namespace mpar {
  *   `gather_rows(rows, d, index, src, dst)`, `scatter_rows(rows, d, index, src, dst)`,
  *   `scatter_add_rows(rows, d, index, weight, src, dst)` (accumulates; `weight` may be null) and its
  *   backward `scatter_add_rows_backward(rows, d, index, weight, dy, src, dsrc, dot)`.
- * Each operation returns with its result in memory that host code may read (a backend with
- * asynchronous devices synchronises), because the code around the layers and the optimizers —
- * communicators, the loss scaler, checkpoints — reads the same buffers on the host.
+ * Operations are ordered on the calling rank's stream and return at once: an operation runs after
+ * every operation the rank issued before it and before every one issued after it, but not
+ * necessarily before the call returns. Host code reads or writes rank memory only after an explicit
+ * wait: `synchronize()`, or `wait_event(e)` for an event recorded after the producing operation (see
+ * `stream_ordered`); the sanctioned way to bring values to the host is `copy_to_host_async` into a
+ * pinned buffer followed by such a wait. Arguments are captured when the operation is issued
+ * (pointers and sizes by value): the memory they point to must stay allocated until the stream has
+ * passed the operation (rank memory freed by its `Buffer` is released in stream order, so dropping a
+ * tensor right after issuing an operation on it is safe). No operation returns a value to the host
+ * (reductions such as `sum_squares` write rank memory). An error raised by an operation is reported by the next
+ * `synchronize()` or event wait of the rank, naming the operation.
+ * `HostBackend` runs each operation before it returns, which satisfies this contract trivially;
+ * `StreamHostBackend` (backend/stream/) runs them on a worker thread per rank to prove that code
+ * keeps it, and `DiscreteHostBackend` also makes every host access to rank memory fault.
  */
+/**
+ * @brief The stream-ordered part of a backend (see `backend` for the contract it serves):
+ * - `event_type`: a marker in the rank's stream, default-constructible; `record_event(e)` places it
+ *   after every operation issued so far; `wait_event(e)` blocks the host until the stream has passed
+ *   it (and reports a pending error of the stream); `stream_wait_event(e)` makes the calling rank's
+ *   stream wait for `e` (possibly recorded by another rank or stream) without blocking the host;
+ *   `event_done(e)` says whether the stream has passed it, without blocking;
+ * - `pinned_buffer<T>`: host memory the asynchronous copies may target (page-locked on a GPU),
+ *   constructed from an element count, with `data()` and `size()`;
+ * - `copy_to_host_async(n, src, dst)`: `n` elements from rank memory `src` to host memory `dst`,
+ *   ordered on the stream; `dst` may be read after a wait for a later event;
+ *   `copy_from_host_async(n, src, dst)`: host memory `src` to rank memory `dst`; `src` must not
+ *   change until the stream has passed the copy;
+ * - `allocate<T>(n) -> Buffer<T>`: `n` elements of rank memory that nobody initialises (the host
+ *   does not touch them; an operation must write them before any reads them).
+ */
+template <class B>
+concept stream_ordered = requires(typename B::event_type& e, const float* src, float* dst, std::size_t n) {
+  requires std::default_initializable<typename B::event_type>;
+  B::record_event(e);
+  B::wait_event(e);
+  B::stream_wait_event(e);
+  { B::event_done(e) } -> std::convertible_to<bool>;
+  { typename B::template pinned_buffer<float>(n).data() } -> std::same_as<float*>;
+  { typename B::template pinned_buffer<float>(n).size() } -> std::convertible_to<std::size_t>;
+  B::template copy_to_host_async<float>(n, src, dst);
+  B::template copy_from_host_async<float>(n, src, dst);
+  { B::template allocate<float>(n) } -> std::same_as<Buffer<float>>;
+};
+
 template <class B>
 concept backend = requires(const float* a, float* c, const bf16* h, const std::int32_t* ids,
                            const host::DropoutMask& mask, std::size_t n, double* acc, UpdateFactors* factors) {
@@ -63,6 +108,8 @@ concept backend = requires(const float* a, float* c, const bf16* h, const std::i
   typename B::template tensor_type<float, 2>;
   B::init_rank();
   B::synchronize();
+  // Stream-ordered execution: events, asynchronous copies, uninitialised allocation.
+  requires stream_ordered<B>;
   B::template gemm<float>(Trans::no, Trans::no, n, n, n, 1.0f, a, n, a, n, 0.0f, c, n);
   B::template gemm<bf16, float>(Trans::no, Trans::yes, n, n, n, 1.0f, h, n, h, n, 1.0f, c, n);
   B::add(n, a, a, c);

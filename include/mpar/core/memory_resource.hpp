@@ -15,6 +15,7 @@
  */
 #include <cstddef>
 #include <cstdio>
+#include <memory>
 #include <new>
 #include <string>
 #include <type_traits>
@@ -122,11 +123,21 @@ class allocation_error : public std::bad_alloc {
  private:
   std::string what_;
 };
+/** @brief Tag: a buffer whose elements are left uninitialised (see `uninitialized_buffer`). */
+struct uninitialized_t {
+  explicit uninitialized_t() = default;
+};
+inline constexpr uninitialized_t uninitialized{};
 
 /**
  * @brief A standard allocator over a MemoryResource (the thread's current one by default). It
  * propagates on copy, move and swap, so moving a buffer never copies and a buffer is always freed
  * by the resource that allocated it.
+ *
+ * An allocator made with `uninitialized` default-initialises the elements a container creates
+ * without a value (`resize(n)`), which for the element types of mpar writes nothing: rank memory of
+ * a device (or of the discrete-memory check, backend/stream/) is never touched by the host. A copy
+ * of such a buffer is an ordinary one again (`select_on_container_copy_construction`).
  */
 template <class T>
 class ResourceAllocator {
@@ -138,8 +149,9 @@ class ResourceAllocator {
 
   ResourceAllocator() noexcept : resource_(&current_memory_resource()) {}
   explicit ResourceAllocator(MemoryResource& r) noexcept : resource_(&r) {}
+  ResourceAllocator(MemoryResource& r, uninitialized_t) noexcept : resource_(&r), default_init_(true) {}
   template <class U>
-  ResourceAllocator(const ResourceAllocator<U>& o) noexcept : resource_(&o.resource()) {}
+  ResourceAllocator(const ResourceAllocator<U>& o) noexcept : resource_(&o.resource()), default_init_(o.default_init()) {}
 
   [[nodiscard]] T* allocate(std::size_t n) {
     try {
@@ -154,6 +166,22 @@ class ResourceAllocator {
   /** A copied container takes the copying thread's resource, not the source's. */
   [[nodiscard]] ResourceAllocator select_on_container_copy_construction() const { return ResourceAllocator(); }
   [[nodiscard]] MemoryResource& resource() const noexcept { return *resource_; }
+  /** Whether elements created without a value are left uninitialised (see the class comment). */
+  [[nodiscard]] bool default_init() const noexcept { return default_init_; }
+
+  template <class U, class... Args>
+  void construct(U* p, Args&&... args) {
+    if constexpr (sizeof...(Args) == 0) {
+      if (default_init_) {
+        // Trivially copyable elements (float, bf16, int32...) are implicit-lifetime types: the
+        // allocation already holds them, so nothing is stored. Others are default-initialised.
+        if constexpr (!(std::is_trivially_copyable_v<U> && std::is_trivially_destructible_v<U>))
+          ::new (static_cast<void*>(p)) U;
+        return;
+      }
+    }
+    std::construct_at(p, std::forward<Args>(args)...);
+  }
 
   template <class U>
   friend bool operator==(const ResourceAllocator& a, const ResourceAllocator<U>& b) noexcept {
@@ -162,10 +190,24 @@ class ResourceAllocator {
 
  private:
   MemoryResource* resource_;
+  bool default_init_ = false;
 };
 
 /** @brief Contiguous storage of tensors and parameters, allocated from the thread's memory resource. */
 template <class T>
 using Buffer = std::vector<T, ResourceAllocator<T>>;
+
+/**
+ * @brief `n` elements from `r` (the thread's resource by default) that are never written by the host:
+ * rank memory a device operation overwrites entirely. Reading them before an operation wrote them
+ * is reading garbage (the stream-emulating backend fills them with NaN to show it).
+ */
+template <class T>
+  requires std::is_trivially_copyable_v<T>
+[[nodiscard]] Buffer<T> uninitialized_buffer(std::size_t n, MemoryResource& r = current_memory_resource()) {
+  Buffer<T> b{ResourceAllocator<T>(r, uninitialized)};
+  b.resize(n);
+  return b;
+}
 
 }  // namespace mpar

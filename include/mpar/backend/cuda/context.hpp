@@ -12,10 +12,23 @@
 
 #include <cstddef>
 #include <memory>
+#include <mutex>
 
 #include "mpar/backend/cuda/error.hpp"
 
 namespace mpar::gpu {
+
+/**
+ * @brief A compute stream as the memory resource sees it: the stream, and whether it still exists.
+ * A buffer is freed in the order of the stream it was allocated on (`cudaFreeAsync`); a rank's own
+ * stream is destroyed when its thread ends, after which its buffers are freed with `cudaFree`.
+ */
+struct StreamToken {
+  explicit StreamToken(cudaStream_t s) : stream(s) {}
+  std::mutex m;
+  cudaStream_t stream;
+  bool alive = true;  // guarded by m
+};
 
 /** @brief One thread's CUDA state: device, compute stream, cuBLAS and cuBLASLt handles and a Lt workspace. */
 class ThreadContext {
@@ -31,15 +44,28 @@ class ThreadContext {
     if (workspace_) (void)cudaFree(workspace_);
     if (lt_) (void)cublasLtDestroy(lt_);
     if (blas_) (void)cublasDestroy(blas_);
-    if (own_stream_) (void)cudaStreamDestroy(own_stream_);
+    if (own_stream_) {
+      {
+        std::lock_guard lock(own_token_->m);
+        own_token_->alive = false;  // from now on this stream's buffers are freed with cudaFree
+      }
+      (void)cudaStreamSynchronize(own_stream_);
+      (void)cudaStreamDestroy(own_stream_);
+    }
   }
 
   /** Binds this thread to `device` (idempotent); the first call also creates the thread's stream. */
   void bind(int device) {
     check(cudaSetDevice(device), "cudaSetDevice");
     device_ = device;
-    if (!own_stream_) check(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    if (!stream_) stream_ = own_stream_;
+    if (!own_stream_) {
+      check(cudaStreamCreateWithFlags(&own_stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+      own_token_ = std::make_shared<StreamToken>(own_stream_);
+    }
+    if (!stream_) {
+      stream_ = own_stream_;
+      token_ = own_token_;
+    }
   }
   [[nodiscard]] int device() const { return device_; }
 
@@ -52,6 +78,12 @@ class ThreadContext {
   void set_stream(cudaStream_t s) {
     if (device_ < 0) bind(0);
     stream_ = s ? s : own_stream_;
+    token_ = s ? std::make_shared<StreamToken>(s) : own_token_;
+  }
+  /** The compute stream for the memory resource (see StreamToken). */
+  [[nodiscard]] const std::shared_ptr<StreamToken>& stream_token() {
+    if (device_ < 0) bind(0);
+    return token_;
   }
 
   /** The cuBLAS handle, set to run on `s` (the compute stream when null). */
@@ -77,6 +109,7 @@ class ThreadContext {
   int device_ = -1;
   cudaStream_t own_stream_ = nullptr;
   cudaStream_t stream_ = nullptr;
+  std::shared_ptr<StreamToken> own_token_, token_;
   cublasHandle_t blas_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
   void* workspace_ = nullptr;

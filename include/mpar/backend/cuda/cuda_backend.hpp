@@ -13,32 +13,30 @@
 
 #include "mpar/backend/backend.hpp"
 #include "mpar/backend/cuda/context.hpp"
+#include "mpar/backend/cuda/device_resource.hpp"
 #include "mpar/backend/cuda/device_tensor.hpp"
 #include "mpar/backend/cuda/gemm.hpp"
 #include "mpar/backend/cuda/kernels.hpp"
-#include "mpar/backend/cuda/managed_resource.hpp"
 #include "mpar/backend/cuda/memory.hpp"
 #include "mpar/backend/cuda/row_kernels.hpp"
 
 namespace mpar {
 
-/** @brief Memory-space tag: CUDA managed memory, resident on the calling thread's device while kernels use it. */
+/** @brief Memory-space tag: device memory of the calling thread's GPU, allocated in stream order. */
 struct CudaMemory {
   static constexpr const char* name = "cuda";
 };
 
 /**
  * @brief The CUDA backend: cuBLAS/cuBLASLt GEMM and the kernels of `mpar/backend/cuda/kernels.hpp` on
- * the calling thread's compute stream, over tensors in CUDA managed memory.
+ * the calling thread's compute stream, over tensors in device memory.
  *
- * `init_rank()` binds the rank's thread to its device and makes managed memory the thread's memory
- * resource, so every Tensor and Parameter the rank creates afterwards is reachable from its kernels
- * and from host code alike. Each layer operation returns once its kernels have finished (see the
- * `backend` concept): the code around the layers — communicators over host memory, the loss
- * scaler, checkpoints, activation copies — reads the same buffers on the host (the optimizer step,
- * gradient norm and gradient scaling are backend operations and run here, on the device). That keeps the GPU path
- * correct by construction; overlapping kernels with communication needs device-side collectives
- * (NcclCommunicator) and the raw `gpu::` functions, which are stream-ordered and never wait.
+ * `init_rank()` binds the rank's thread to its device and makes stream-ordered device memory
+ * (backend/cuda/device_resource.hpp) the thread's memory resource, so every Tensor and Parameter the
+ * rank creates afterwards lives on its GPU; the host cannot dereference it. Every operation is
+ * enqueued on the rank's compute stream and returns at once (the `backend` contract): host code
+ * reads results only through `copy_to_host_async` into a `pinned_buffer` and a wait for an event
+ * recorded after it, or after `synchronize()`. `sum_squares` returns a value and so waits.
  *
  * Stateless like HostBackend: the per-rank state (device, stream, cuBLAS handles) is thread-local
  * (`gpu::this_thread()`), so N ranks as N threads, on one GPU or several, each get their own.
@@ -49,15 +47,39 @@ struct CudaBackend {
   using tensor_type = Tensor<T, R>;
   static constexpr const char* name = "cuda";
 
-  /** Binds the calling rank's thread to its current device (device 0 if none) and installs managed memory. */
+  /** Binds the calling rank's thread to its current device (device 0 if none) and installs device memory. */
   static void init_rank() { init_rank(gpu::this_thread().device() < 0 ? 0 : gpu::this_thread().device()); }
-  /** Binds the calling rank's thread to `device`, creates its compute stream and installs (cached) managed memory. */
+  /** Binds the calling rank's thread to `device`, creates its compute stream and installs stream-ordered device memory. */
   static void init_rank(int device) {
     gpu::this_thread().bind(device);
-    set_current_memory_resource(gpu::cached_managed_memory_resource());
+    gpu::keep_pool_memory(device);
+    set_current_memory_resource(gpu::device_memory_resource());
   }
   /** Waits until the calling rank's compute stream is idle. */
   static void synchronize() { gpu::check(cudaStreamSynchronize(gpu::current_stream()), "cudaStreamSynchronize"); }
+
+  // Stream-ordered execution (see `stream_ordered` in backend.hpp): CUDA events on the rank's compute
+  // stream, cudaMemcpyAsync to and from page-locked host memory, allocation without initialisation.
+  using event_type = gpu::Event;
+  template <class T>
+  using pinned_buffer = gpu::PinnedBuffer<T>;
+  static void record_event(event_type& e) { e.record(gpu::current_stream()); }
+  static void wait_event(const event_type& e) { e.synchronize(); }
+  static void stream_wait_event(const event_type& e) { e.wait_on(gpu::current_stream()); }
+  [[nodiscard]] static bool event_done(const event_type& e) { return e.ready(); }
+  template <class T>
+  static void copy_to_host_async(std::size_t n, const T* src, T* dst) {
+    gpu::copy_to_host(src, dst, n, gpu::current_stream());
+  }
+  template <class T>
+  static void copy_from_host_async(std::size_t n, const T* src, T* dst) {
+    gpu::copy_to_device(src, dst, n, gpu::current_stream());
+  }
+  /** `n` elements of device memory (the thread's resource), not initialised: the host never touches them. */
+  template <class T>
+  [[nodiscard]] static Buffer<T> allocate(std::size_t n) {
+    return uninitialized_buffer<T>(n);
+  }
 
   /**
    * Row-major GEMM (see gpu::gemm): fp32/fp64 as is, bf16/f16 on tensor cores with fp32 accumulation, into
@@ -69,10 +91,9 @@ struct CudaBackend {
                    const TIn* a, std::size_t lda, const TIn* b, std::size_t ldb, gpu::gemm_scalar_t<TIn> beta, TOut* c,
                    std::size_t ldc) {
     gpu::gemm<TIn, TOut>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-    synchronize();
   }
 
-  // The layer kernels (see the `backend` concept), each followed by a wait for its stream.
+  // The layer kernels (see the `backend` concept), enqueued on the rank's stream.
   template <class... A> static void add(A&&... a) { then_wait([&] { gpu::add(std::forward<A>(a)...); }); }
   template <class... A> static void bias_add_forward(A&&... a) { then_wait([&] { gpu::bias_add_forward(std::forward<A>(a)...); }); }
   template <class... A> static void bias_add_backward(A&&... a) { then_wait([&] { gpu::bias_add_backward(std::forward<A>(a)...); }); }
@@ -90,7 +111,7 @@ struct CudaBackend {
   template <class... A> static void vocab_parallel_backward(A&&... a) { then_wait([&] { gpu::vocab_parallel_backward(std::forward<A>(a)...); }); }
 
   // The optimizer kernels (see the `backend` concept): the step, norm and scaling run on the device
-  // next to the weights, gradients and moments (all managed memory of the rank).
+  // next to the weights, gradients and moments (all device memory of the rank).
   template <class... A> static void adamw_update(A&&... a) { then_wait([&] { gpu::adamw_update(std::forward<A>(a)...); }); }
   template <class... A> static void sgd_update(A&&... a) { then_wait([&] { gpu::sgd_update(std::forward<A>(a)...); }); }
   /** `*acc += sum x[i]^2` into a double in rank memory (each block sums in float). */
@@ -116,11 +137,13 @@ struct CudaBackend {
   }
 
  private:
-  /** Launches stream-ordered work and waits for it: the backend concept's synchronous contract. */
+  /**
+   * Launches stream-ordered work and returns at once (the `backend` contract; the name is older than
+   * it): launch errors are thrown here, execution errors at the next synchronisation.
+   */
   template <class Launch>
   static void then_wait(Launch&& launch) {
     launch();
-    synchronize();
   }
 };
 

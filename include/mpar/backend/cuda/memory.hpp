@@ -153,6 +153,56 @@ class DeviceBuffer {
   cudaStream_t stream_ = nullptr;
 };
 
+/**
+ * @brief An owning array of `T` in page-locked host memory (`cudaMallocHost`): the target of an
+ * asynchronous device -> host copy (`CudaBackend::copy_to_host_async`), which with pageable memory
+ * would stage through a driver buffer and wait. Elements are not initialised; read them after a wait
+ * for an event recorded after the copy.
+ */
+template <class T>
+  requires std::is_trivially_copyable_v<T>
+class PinnedBuffer {
+ public:
+  using value_type = T;
+  PinnedBuffer() = default;
+  explicit PinnedBuffer(std::size_t n) : n_(n) {
+    if (n_ == 0) return;
+    void* p = nullptr;
+    const cudaError_t st = cudaMallocHost(&p, n_ * sizeof(T));
+    if (st != cudaSuccess) {
+      (void)cudaGetLastError();
+      throw cuda_error(mpar::detail::cat("cudaMallocHost of ", n_ * sizeof(T), " bytes failed: ", cudaGetErrorString(st)));
+    }
+    p_ = static_cast<T*>(p);
+  }
+  PinnedBuffer(PinnedBuffer&& o) noexcept : p_(std::exchange(o.p_, nullptr)), n_(std::exchange(o.n_, 0)) {}
+  PinnedBuffer& operator=(PinnedBuffer&& o) noexcept {
+    if (this != &o) {
+      release();
+      p_ = std::exchange(o.p_, nullptr);
+      n_ = std::exchange(o.n_, 0);
+    }
+    return *this;
+  }
+  PinnedBuffer(const PinnedBuffer&) = delete;
+  PinnedBuffer& operator=(const PinnedBuffer&) = delete;
+  ~PinnedBuffer() { release(); }
+
+  [[nodiscard]] T* data() const { return p_; }
+  [[nodiscard]] std::size_t size() const { return n_; }
+  [[nodiscard]] std::span<T> span() const { return {p_, n_}; }
+  [[nodiscard]] T& operator[](std::size_t i) const { return p_[i]; }
+
+ private:
+  void release() noexcept {
+    if (p_) (void)cudaFreeHost(p_);  // may run after the runtime shut down at exit: ignored
+    p_ = nullptr;
+    n_ = 0;
+  }
+  T* p_ = nullptr;
+  std::size_t n_ = 0;
+};
+
 /** Copies `n` elements host -> device, asynchronously on `s` (pageable memory makes it effectively synchronous). */
 template <class T>
 void copy_to_device(const T* host, T* dev, std::size_t n, cudaStream_t s) {

@@ -1,8 +1,10 @@
 #pragma once
 /** @file The host (CPU) backend policy type. */
+#include <algorithm>
 #include <cstddef>
 
 #include <utility>
+#include <vector>
 
 #include "mpar/backend/backend.hpp"
 #include "mpar/backend/host/gemm.hpp"
@@ -44,6 +46,31 @@ struct HostBackend {
   }
   /** Host work is finished when the call returns: nothing to wait for. */
   static void synchronize() {}
+
+  // Stream-ordered execution (see `stream_ordered` in backend.hpp). Every operation has finished when
+  // its call returns, so an event is passed as soon as it is recorded, a wait returns at once, and the
+  // asynchronous copies are plain copies into ordinary host memory.
+  /** A marker in a stream that is always passed. */
+  struct event_type {};
+  template <class T>
+  using pinned_buffer = std::vector<T>;
+  static void record_event(event_type&) {}
+  static void wait_event(const event_type&) {}
+  static void stream_wait_event(const event_type&) {}
+  [[nodiscard]] static bool event_done(const event_type&) { return true; }
+  template <class T>
+  static void copy_to_host_async(std::size_t n, const T* src, T* dst) {
+    std::copy_n(src, n, dst);
+  }
+  template <class T>
+  static void copy_from_host_async(std::size_t n, const T* src, T* dst) {
+    std::copy_n(src, n, dst);
+  }
+  /** `n` elements of the calling thread's memory resource, not initialised. */
+  template <class T>
+  [[nodiscard]] static Buffer<T> allocate(std::size_t n) {
+    return uninitialized_buffer<T>(n);
+  }
 
   /** Row-major GEMM (see mpar::gemm): float or double as is, bf16/f16 A and B with fp32 accumulation into a float C. */
   template <class TIn, class TOut = TIn>

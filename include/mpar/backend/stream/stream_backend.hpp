@@ -1,0 +1,234 @@
+#pragma once
+/**
+ * @file `StreamHostBackend` and `DiscreteHostBackend`: the host kernels run asynchronously, on a
+ * worker thread per rank in issue order, so the CPU test suite proves that code keeps the backend
+ * contract (backend/backend.hpp) a GPU relies on.
+ *
+ * - Every operation of the `backend` concept returns at once; its arguments are captured by value
+ *   when it is issued (pointers, sizes, the dropout mask), and the worker runs the `mpar::host`
+ *   reference kernel later. What the caller must keep alive: the memory behind every pointer until
+ *   the stream has passed the operation. Rank memory (from `allocate`, or any `Buffer`/`Tensor`
+ *   created after `init_rank()`) is freed in stream order and needs nothing; host memory handed to
+ *   an operation (a `pinned_buffer`, a `std::vector`) must stay allocated and unchanged until a wait.
+ * - `synchronize()`, `wait_event(e)` and an operation that returns a value (none of the concept's
+ *   do: results stay in rank memory) block until the worker has run everything up to that point; a failure on the worker surfaces there as
+ *   `stream::stream_error` naming the operation (the original exception nested).
+ * - Fresh rank memory is NaN-filled and freed in stream order (backend/stream/emulated_memory.hpp).
+ * - `DiscreteHostBackend` also gives the host only `PROT_NONE` addresses of rank memory and
+ *   translates each pointer argument to the readable mapping when the operation is issued; a
+ *   pointer outside rank memory is an error naming the operation and the argument. The host then
+ *   reaches rank memory only through `copy_to_host_async` / `copy_from_host_async`.
+ *
+ * Adding a backend operation: one `MPAR_STREAM_OP(name)` line below forwards it to `HostBackend`.
+ */
+#include <atomic>
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <span>
+#include <tuple>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "mpar/backend/backend.hpp"
+#include "mpar/backend/host/host_backend.hpp"
+#include "mpar/backend/stream/emulated_memory.hpp"
+#include "mpar/backend/stream/stream.hpp"
+#include "mpar/core/error.hpp"
+#include "mpar/core/tensor.hpp"
+
+namespace mpar {
+
+/** @brief Memory-space tag: host memory reached in stream order (the emulated device memory of a rank). */
+struct StreamMemory {
+  static constexpr const char* name = "stream-emulated";
+};
+
+namespace stream {
+
+/** @brief Rank memory with one address for host and operations (StreamHostBackend). */
+struct SharedView {
+  static constexpr const char* backend_name = "stream-host";
+  [[nodiscard]] static EmulatedRankMemory& resource() { return shared_memory_resource(); }
+  template <class T>
+  [[nodiscard]] static T* address(T* p, const char*, std::size_t) {
+    return p;
+  }
+};
+
+/** @brief Rank memory the host cannot touch (DiscreteHostBackend): operations use the second mapping. */
+struct DiscreteView {
+  static constexpr const char* backend_name = "stream-host-discrete";
+  [[nodiscard]] static EmulatedRankMemory& resource() { return discrete_memory_resource(); }
+  template <class T>
+  [[nodiscard]] static T* address(T* p, const char* op, std::size_t position) {
+    if (p == nullptr) return p;
+    void* q = discrete_memory_resource().operation_address(p);
+    require(q != nullptr, "DiscreteHostBackend: argument ", position, " of ", op,
+            " does not point into rank memory (allocate it after init_rank(), e.g. with allocate<T>(n) or a "
+            "Tensor, not in a std::vector): a device operation could not reach it");
+    return static_cast<T*>(q);
+  }
+};
+
+}  // namespace stream
+
+/**
+ * @brief A backend that runs the host kernels on a worker thread per rank (see the file comment);
+ * `View` says whether the host can address rank memory (`stream::SharedView`) or not
+ * (`stream::DiscreteView`). Stateless like HostBackend: the rank's stream is thread-local.
+ */
+template <class View>
+struct BasicStreamHostBackend {
+  using memory_space = StreamMemory;
+  template <class T, std::size_t R>
+  using tensor_type = Tensor<T, R>;
+  static constexpr const char* name = View::backend_name;
+
+  /** Starts the calling rank's stream (its worker prepares itself like a HostBackend rank) and installs its rank memory. */
+  static void init_rank() {
+    (void)stream();
+    set_current_memory_resource(View::resource());
+  }
+  /** Blocks until the calling rank's stream has run everything issued so far; reports a failure. */
+  static void synchronize() {
+    if (const auto& s = stream::thread_stream_slot()) s->synchronize();
+  }
+  /** The calling thread's stream, started on first use. */
+  [[nodiscard]] static const std::shared_ptr<stream::Stream>& stream() {
+    auto& s = stream::thread_stream_slot();
+    if (!s) {
+      static std::atomic<int> counter{0};
+      s = std::make_shared<stream::Stream>(mpar::detail::cat("stream ", counter.fetch_add(1)),
+                                           [] { HostBackend::init_rank(); });
+    }
+    return s;
+  }
+  /** Where operations reach `data` (the same span, or its readable mapping for DiscreteHostBackend). */
+  template <class T, std::size_t E>
+  [[nodiscard]] static std::span<T> operation_span(std::span<T, E> data, const char* op, std::size_t position = 1) {
+    return data.empty() ? std::span<T>() : std::span<T>(View::address(data.data(), op, position), data.size());
+  }
+
+  // Stream-ordered execution (see `stream_ordered` in backend.hpp).
+  using event_type = stream::Event;
+  template <class T>
+  using pinned_buffer = std::vector<T>;
+  static void record_event(event_type& e) { stream::record(e, stream()); }
+  static void wait_event(const event_type& e) { stream::wait(e); }
+  static void stream_wait_event(const event_type& e) { stream::stream_wait(*stream(), e); }
+  [[nodiscard]] static bool event_done(const event_type& e) { return stream::passed(e); }
+  template <class T>
+  static void copy_to_host_async(std::size_t n, const T* src, T* dst) {
+    const T* from = View::address(src, "copy_to_host_async", 2);
+    stream()->enqueue("copy_to_host_async", [n, from, dst] { std::memcpy(dst, from, n * sizeof(T)); });
+  }
+  template <class T>
+  static void copy_from_host_async(std::size_t n, const T* src, T* dst) {
+    T* to = View::address(dst, "copy_from_host_async", 3);
+    stream()->enqueue("copy_from_host_async", [n, src, to] { std::memcpy(to, src, n * sizeof(T)); });
+  }
+  /** `n` elements of rank memory, NaN-filled (never written by the host). */
+  template <class T>
+  [[nodiscard]] static Buffer<T> allocate(std::size_t n) {
+    return uninitialized_buffer<T>(n, View::resource());
+  }
+
+  /** Row-major GEMM (see HostBackend::gemm), issued to the rank's stream. */
+  template <class TIn, class TOut = TIn>
+    requires host_gemm_types<TIn, TOut>
+  static void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha, const TIn* a,
+                   std::size_t lda, const TIn* b, std::size_t ldb, TOut beta, TOut* c, std::size_t ldc) {
+    submit("gemm", [](auto... x) { HostBackend::template gemm<TIn, TOut>(x...); }, ta, tb, m, n, k, alpha, a, lda, b,
+           ldb, beta, c, ldc);
+  }
+
+  /**
+   * Issues `f(args...)` to the rank's stream, `args` captured by value with every pointer (and span)
+   * translated to where operations reach it. Returns at once for `void`; otherwise waits for the value.
+   */
+  template <class F, class... A>
+  static decltype(auto) submit(const char* what, F f, A&&... a) {
+    auto args = captured(what, std::index_sequence_for<A...>{}, std::forward<A>(a)...);
+    using R = decltype(std::apply(f, args));
+    const std::shared_ptr<stream::Stream>& s = stream();
+    if constexpr (std::is_void_v<R>) {
+      s->enqueue(what, [f, args]() mutable { std::apply(f, args); });
+    } else {
+      auto out = std::make_shared<std::optional<R>>();
+      const std::uint64_t ticket = s->enqueue(what, [f, args, out]() mutable { out->emplace(std::apply(f, args)); });
+      s->wait(ticket);
+      return R(std::move(**out));
+    }
+  }
+
+#define MPAR_STREAM_OP(op)                                                                                       \
+  template <class... A>                                                                                          \
+  static decltype(auto) op(A&&... a) {                                                                           \
+    return submit(#op, [](auto&... x) -> decltype(auto) { return HostBackend::op(x...); }, std::forward<A>(a)...); \
+  }
+  // The layer kernels.
+  MPAR_STREAM_OP(add)
+  MPAR_STREAM_OP(bias_add_forward)
+  MPAR_STREAM_OP(bias_add_backward)
+  MPAR_STREAM_OP(gelu_forward)
+  MPAR_STREAM_OP(gelu_backward)
+  MPAR_STREAM_OP(softmax_forward)
+  MPAR_STREAM_OP(softmax_backward)
+  MPAR_STREAM_OP(layernorm_forward)
+  MPAR_STREAM_OP(layernorm_backward)
+  MPAR_STREAM_OP(dropout_apply)
+  MPAR_STREAM_OP(embedding_forward)
+  MPAR_STREAM_OP(embedding_backward)
+  MPAR_STREAM_OP(vocab_parallel_max)
+  MPAR_STREAM_OP(vocab_parallel_sumexp)
+  MPAR_STREAM_OP(vocab_parallel_backward)
+  // The optimizer kernels.
+  MPAR_STREAM_OP(adamw_update)
+  MPAR_STREAM_OP(sgd_update)
+  MPAR_STREAM_OP(sum_squares)
+  MPAR_STREAM_OP(update_factors)
+  MPAR_STREAM_OP(scale)
+  // The row kernels of token routing.
+  MPAR_STREAM_OP(gather_rows)
+  MPAR_STREAM_OP(scatter_rows)
+  MPAR_STREAM_OP(scatter_add_rows)
+  MPAR_STREAM_OP(scatter_add_rows_backward)
+#undef MPAR_STREAM_OP
+
+ private:
+  template <class S>
+  struct is_span : std::false_type {};
+  template <class T, std::size_t E>
+  struct is_span<std::span<T, E>> : std::true_type {};
+
+  template <class X>
+  static auto captured_one(const char* what, std::size_t position, X&& x) {
+    using D = std::decay_t<X>;
+    if constexpr (std::is_pointer_v<D>) {
+      return View::address(x, what, position);
+    } else if constexpr (is_span<D>::value) {
+      return operation_span(x, what, position);
+    } else {
+      return D(std::forward<X>(x));
+    }
+  }
+  template <std::size_t... I, class... A>
+  static auto captured(const char* what, std::index_sequence<I...>, A&&... a) {
+    return std::tuple<decltype(captured_one(what, I + 1, std::forward<A>(a)))...>{
+        captured_one(what, I + 1, std::forward<A>(a))...};
+  }
+};
+
+/** @brief Host kernels in stream order on a worker thread per rank (see the file comment). */
+using StreamHostBackend = BasicStreamHostBackend<stream::SharedView>;
+/** @brief StreamHostBackend whose rank memory the host cannot touch: a host access faults. */
+using DiscreteHostBackend = BasicStreamHostBackend<stream::DiscreteView>;
+
+static_assert(backend<StreamHostBackend>);
+static_assert(backend<DiscreteHostBackend>);
+
+}  // namespace mpar
