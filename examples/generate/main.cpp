@@ -104,7 +104,8 @@ int run(const Options& o) {
       // (causal attention: later positions do not affect it).
       std::vector<std::int32_t> seq(window);
       seq.resize(mc.seq, window.back());
-      nn::Activation logits = model.forward(models::GptStage<ThreadsCommunicator>::tokens_as_activation(seq), 0);
+      const nn::Act<nn::FeatureShard> logits =
+          model.forward_to_loss(models::GptStage<ThreadsCommunicator>::tokens_as_activation(seq), 0);
       model.drop(0);
       const float* last = logits.data() + (window.size() - 1) * logits.extent(1);
       const auto pick = std::int32_t(sample(last, mc.vocab, o.temperature, o.top_k, rng.uniform(i)));

@@ -244,7 +244,7 @@ std::string generate(Comm& world, const models::GptConfig& mc, const data::CharD
       std::fprintf(stderr, "sampling: %zu/%zu characters, %s left\n", i, n,
                    duration(s / double(i ? i : 1) * double(n - i)).c_str());
     }
-    nn::Activation logits = model.forward(models::GptStage<TC>::tokens_as_activation(ctx), 0);
+    const nn::Act<nn::FeatureShard> logits = model.forward_to_loss(models::GptStage<TC>::tokens_as_activation(ctx), 0);
     model.drop(0);
     const float* last = logits.data() + (mc.seq - 1) * logits.extent(1);
     // Temperature 0.8 over the real vocabulary (padding ids never occur in the text).
