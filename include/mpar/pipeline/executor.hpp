@@ -245,7 +245,7 @@ class Executor {
           Boundary dy = take(grad_, s, a.mb, "gradient", a);
           if (opt_.recompute[std::size_t(a.chunk)]) {
             Boundary x = take(saved_, s, a.mb, "saved input", a);
-            with_version(a, [&] { (void)detail::forward(stage, std::move(x), a.mb, s == S - 1); });
+            with_version(a, [&] { (void)detail::forward(stage, x, a.mb, s == S - 1); });
           }
           Boundary dx;
           with_version(a, [&] {

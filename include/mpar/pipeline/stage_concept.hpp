@@ -100,12 +100,17 @@ namespace detail {
  * `last`: the stage is the pipeline's last, whose output goes to the loss.
  */
 template <pipeline_stage S>
-Boundary forward(S& s, Boundary x, int mb, bool last) {
+Boundary forward(S& s, Boundary& x, int mb, bool last) {
+  // The storage moves into the typed input and back into `x` after the call: no copy.
   nn::Act<input_layout_t<S>> in(std::move(x));
-  if constexpr (has_loss_layout<S>) {
-    if (last) return s.forward_to_loss(in, mb).tensor();
-  }
-  return s.forward(in, mb).tensor();
+  Boundary y = [&] {
+    if constexpr (has_loss_layout<S>) {
+      if (last) return s.forward_to_loss(in, mb).tensor();
+    }
+    return s.forward(in, mb).tensor();
+  }();
+  x = std::move(in).tensor();
+  return y;
 }
 /** Calls `f` with the output gradient `dy` in the layout the stage's output has at this boundary. */
 template <pipeline_stage S, class F>
