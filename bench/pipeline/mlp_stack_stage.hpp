@@ -27,7 +27,15 @@ class MlpStackStage {
       w_.push_back(std::move(p));
     }
   }
-  nn::Activation forward(const nn::Activation& x, int mb) {
+  /** The pipeline contract: a replicated activation in and out. */
+  using default_input = Replicate;
+  template <class>
+  using output_layout = Replicate;
+  using X = nn::Act<Replicate>;
+
+  X forward(const X& x, int mb) { return X(run_forward(x.tensor(), mb)); }
+  X backward_input(const X& dy, int mb) { return X(run_backward_input(dy.tensor(), mb)); }
+  nn::Activation run_forward(const nn::Activation& x, int mb) {
     auto& s = saved_[mb];
     s.in.clear();
     s.dz.assign(w_.size(), {});
@@ -43,7 +51,7 @@ class MlpStackStage {
     s.out = h;
     return h;
   }
-  nn::Activation backward_input(const nn::Activation& dy, int mb) {
+  nn::Activation run_backward_input(const nn::Activation& dy, int mb) {
     auto& s = saved_.at(mb);
     nn::Activation g = dy;
     for (std::size_t i = w_.size(); i-- > 0;) {
@@ -65,8 +73,8 @@ class MlpStackStage {
                                h_, 1.0f, w_[i].grad.data(), h_);
     saved_.erase(it);
   }
-  nn::Activation backward(const nn::Activation& dy, int mb) {
-    nn::Activation g = backward_input(dy, mb);
+  X backward(const X& dy, int mb) {
+    X g = backward_input(dy, mb);
     backward_weight(mb);
     return g;
   }

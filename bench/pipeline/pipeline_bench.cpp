@@ -72,13 +72,13 @@ int main(int argc, char** argv) {
         std::vector<bench::MlpStackStage*> ptrs;
         for (auto& c : chunks) ptrs.push_back(&c);
         Executor<bench::MlpStackStage, ThreadsCommunicator> ex(comm, prog, ptrs);
-        std::vector<nn::Activation> inputs;
+        std::vector<nn::Act<Replicate>> inputs;
         for (int mb = 0; mb < M; ++mb) {
           nn::Activation x({tokens, width});
           init_full(x, 9, std::uint64_t(mb), InitSpec::normal(1.0));
-          inputs.push_back(std::move(x));
+          inputs.emplace_back(std::move(x));
         }
-        const LossFn loss = [](const nn::Activation& y, int, nn::Activation& dy) {
+        const LossFn<Replicate> loss = [](const nn::Act<Replicate>& y, int, nn::Act<Replicate>& dy) {
           double l = 0;
           for (std::size_t i = 0; i < y.size(); ++i) {
             l += 0.5 * double(y.data()[i]) * y.data()[i] / double(y.size());

@@ -3,6 +3,10 @@
 // (speed-up, and the share of time spent inside collectives).
 //
 // Usage: bench_tensor_parallel [--smoke]. Last line: JSON with ours/baseline in tokens/s (TP = 1).
+//
+// The ratio is the cost of the abstraction (typed activations, layers, caches) only when mpar's host GEMM
+// is the baseline's CBLAS: configure with -DMPAR_HOST_GEMM=cblas. With the default oneDNN GEMM it also
+// measures oneDNN against the CBLAS library; the JSON's "host_gemm" says which build produced it.
 #include <chrono>
 #include <cstdio>
 #include <mutex>
@@ -19,6 +23,15 @@ using namespace mpar;
 using Comm = ThreadsCommunicator;
 
 namespace {
+
+/** The GEMM behind mpar's float layers in this build (CMake's MPAR_HOST_GEMM). */
+#if defined(MPAR_HAVE_ONEDNN)
+constexpr const char* host_gemm = "onednn";
+#elif defined(MPAR_HAVE_CBLAS)
+constexpr const char* host_gemm = "cblas";
+#else
+constexpr const char* host_gemm = "portable";
+#endif
 
 /** Forwards to a communicator and adds the wall time spent inside its calls to `seconds`. */
 class TimingCommunicator {
@@ -65,6 +78,16 @@ class TimingCommunicator {
 };
 static_assert(communicator<TimingCommunicator>);
 
+/** The 1-minute load average (/proc/loadavg), reported with the result: timings on a loaded machine are noise. */
+double load_average() {
+  double l = -1.0;
+  if (std::FILE* f = std::fopen("/proc/loadavg", "r")) {
+    if (std::fscanf(f, "%lf", &l) != 1) l = -1.0;
+    std::fclose(f);
+  }
+  return l;
+}
+
 nn::Activation filled(std::size_t rows, std::size_t cols, std::uint64_t stream) {
   nn::Activation a({rows, cols});
   const CounterRng rng{1, stream};
@@ -80,13 +103,14 @@ int main(int argc, char** argv) {
   const int reps = smoke ? 2 : 7;
   const nn::BlockConfig cfg{h, heads, ffn, seq, 0.0, 42, 0, "block"};
   HostBackend::init_rank();
-  const nn::Activation x = filled(tokens, h, 1), dy = filled(tokens, h, 2);
+  const nn::Activation x_raw = filled(tokens, h, 1), dy = filled(tokens, h, 2);
+  const nn::Act<Replicate> x(x_raw);  // the block's input, stated replicated over the tensor group
 
   // ---- TP = 1: mpar block against the hand-written CBLAS block, measured alternately ----
   auto one = Comm::single();
   nn::TransformerBlock<Comm> block(one, cfg);
   baseline::Block base(tokens, h, heads, ffn, seq);
-  const std::vector<float> xv(x.values().begin(), x.values().end()), dyv(dy.values().begin(), dy.values().end());
+  const std::vector<float> xv(x_raw.values().begin(), x_raw.values().end()), dyv(dy.values().begin(), dy.values().end());
   // Alternating runs; besides the two medians, the median of the per-pair ratios is reported, which is
   // robust to load changes on a shared machine.
   auto run_ours = [&] { (void)block.backward(block.forward(x), 0); };
@@ -127,13 +151,18 @@ int main(int argc, char** argv) {
   std::printf("  TP=1 mpar        %9.3f ms  %10.1f tokens/s\n", 1e3 * t_ours, ours);
   std::printf("  TP=1 CBLAS loops %9.3f ms  %10.1f tokens/s  (mpar / baseline = %.3f; median of paired ratios %.3f)\n",
               1e3 * t_base, baseline_tps, ours / baseline_tps, paired_ratio);
+  std::printf("  mpar's host GEMM: %s (%s)\n", host_gemm,
+              std::string(host_gemm) == "cblas"
+                  ? "the same library as the baseline: the ratio is the cost of the abstraction"
+                  : "not the baseline's CBLAS: the ratio also compares GEMM libraries; configure with "
+                    "-DMPAR_HOST_GEMM=cblas for the abstraction alone");
   std::printf("  TP=2 mpar        %9.3f ms  %10.1f tokens/s  speed-up %.2fx; in collectives %.3f ms (%.1f%%), compute %.3f ms\n",
               1e3 * t_tp2, tp2, t_ours / t_tp2, 1e3 * c_tp2, 100.0 * c_tp2 / t_tp2, 1e3 * (t_tp2 - c_tp2));
-  char extra[320];
+  char extra[400];
   std::snprintf(extra, sizeof extra,
                 "\"hidden\": %zu, \"tokens\": %zu, \"paired_ratio\": %.4f, \"tp2_tokens_per_s\": %.6g, \"tp2_speedup\": %.4f, "
-                "\"tp2_comm_fraction\": %.4f",
-                h, tokens, paired_ratio, tp2, t_ours / t_tp2, c_tp2 / t_tp2);
+                "\"tp2_comm_fraction\": %.4f, \"host_gemm\": \"%s\", \"loadavg\": %.2f",
+                h, tokens, paired_ratio, tp2, t_ours / t_tp2, c_tp2 / t_tp2, host_gemm, load_average());
   bench::print_result_json("tensor_parallel_block", ours, baseline_tps, "tokens/s", true, extra);
   return 0;
 }

@@ -28,8 +28,8 @@ int main(int argc, char** argv) {
 
   // The reference: Linear -> Gelu -> Linear on one rank.
   auto serial = make_serial_mlp(cfg);
-  const Activation y_ref = serial.forward(x);
-  const Activation dx_ref = serial.backward(dy);
+  const Activation y_ref = serial.forward(Act<Replicate>(x)).tensor();
+  const Activation dx_ref = serial.backward(Act<Replicate>(dy)).tensor();
   const auto& w1_ref = serial.get<0>().weight();  // [hidden, ffn]
 
   double max_y = 0, max_dx = 0, max_dw1 = 0;

@@ -37,12 +37,12 @@ template <class B>
 StageResult run_stage(ThreadsCommunicator& tp, const models::GptConfig& cfg, std::span<const std::int32_t> tokens,
                       std::span<const std::int32_t> targets) {
   models::GptStage<ThreadsCommunicator, B> stage(tp, cfg, true, true, 0, cfg.layers);
-  nn::Activation logits = stage.forward(decltype(stage)::tokens_as_activation(tokens), 0);
+  const nn::Act<nn::FeatureShard> logits = stage.forward_to_loss(decltype(stage)::tokens_as_activation(tokens), 0);
   StageResult r;
   r.loss = stage.loss().forward(logits, targets, 0);
-  (void)stage.backward(stage.loss().backward(0), 0);
+  (void)stage.backward(stage.loss().logits_gradient(0), 0);
   B::synchronize();
-  r.logits.assign(logits.values().begin(), logits.values().end());
+  r.logits.assign(logits.tensor().values().begin(), logits.tensor().values().end());
   for (auto* p : stage.parameters()) r.grads[p->name].assign(p->grad.begin(), p->grad.end());
   return r;
 }

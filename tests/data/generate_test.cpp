@@ -76,7 +76,7 @@ std::vector<float> last_logits(Stage& stage, const std::vector<std::int32_t>& s)
   const std::size_t n = std::min(s.size(), c.seq);
   std::vector<std::int32_t> seq(s.end() - std::ptrdiff_t(n), s.end());
   seq.resize(c.seq, 0);
-  nn::Activation logits = stage.forward(Stage::tokens_as_activation(seq), 0);
+  const nn::Act<nn::FeatureShard> logits = stage.forward_to_loss(Stage::tokens_as_activation(seq), 0);
   stage.drop(0);
   const float* row = logits.data() + (n - 1) * logits.extent(1);
   return {row, row + logits.extent(1)};

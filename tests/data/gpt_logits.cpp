@@ -117,13 +117,14 @@ int main(int argc, char** argv) {
       }
       for (std::size_t s = 0; s < pp; ++s) {
         if (s == stage_of) {
-          nn::Activation x = first ? models::GptStage<ThreadsCommunicator>::tokens_as_activation(ids)
-                                   : nn::Activation({T, mc.hidden});
+          nn::Act<Replicate> x = first ? models::GptStage<ThreadsCommunicator>::tokens_as_activation(ids)
+                                       : nn::Act<Replicate>(nn::Activation({T, mc.hidden}));
           if (!first) std::copy(handoff[(s - 1) * tp + t].begin(), handoff[(s - 1) * tp + t].end(), x.data());
-          nn::Activation y = stage.forward(x, 0);
           if (!last) {
-            handoff[s * tp + t].assign(y.data(), y.data() + y.values().size());
+            const nn::Act<Replicate> y = stage.forward(x, 0);
+            handoff[s * tp + t].assign(y.data(), y.data() + y.size());
           } else {
+            const nn::Act<nn::FeatureShard> y = stage.forward_to_loss(x, 0);
             const std::size_t local = y.extent(1);
             Buffer<float> all(T * Vp);
             group.all_gather(std::span<const float>(y.data(), T * local), std::span<float>(all));

@@ -336,7 +336,8 @@ TEST_CASE("safetensors: Python's safetensors + numpy (and transformers, when ins
       for (float v : full) ex << ' ' << v;
       ex << '\n';
     }
-    const nn::Activation logits = stage.forward(models::GptStage<ThreadsCommunicator>::tokens_as_activation(ids), 0);
+    const nn::Activation logits =
+        stage.forward_to_loss(models::GptStage<ThreadsCommunicator>::tokens_as_activation(ids), 0).tensor();
     std::ofstream lg(dir / "logits.txt");
     lg.precision(9);
     lg << "vocab " << c.model.vocab << " seq " << c.model.seq << " hidden " << c.model.hidden << " layers "

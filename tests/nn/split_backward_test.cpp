@@ -73,15 +73,16 @@ void check_split(int p, std::size_t tokens, std::size_t in_f, std::size_t out_f,
     const auto n = std::size_t(p), r = std::size_t(tp.rank());
     const Activation a0 = local_block<In>(x0, n, r), a1 = local_block<In>(x1, n, r);
     const Activation g0 = local_block<Out>(dy0, n, r), g1 = local_block<Out>(dy1, n, r);
+    using G = grad_layout_t<Out>;  // the layout of the output gradient
     auto fused = make(tp);
     auto split = make(tp);
     static_assert(split_backward_layer<decltype(split)>);
 
     // One micro-batch: fused backward vs B then W.
-    (void)fused.forward(a0, 0);
-    const Activation dx_f = fused.backward(g0, 0);
-    (void)split.forward(a0, 0);
-    const Activation dx_s = split.backward_input(g0, 0);
+    (void)fused.forward(Act<In>(a0), 0);
+    const Activation dx_f = fused.backward(Act<G>(g0), 0).tensor();
+    (void)split.forward(Act<In>(a0), 0);
+    const Activation dx_s = split.backward_input(Act<G>(g0), 0).tensor();
     bool deferred = true;
     const auto sp = split.parameters();
     for (auto* q : sp)
@@ -108,14 +109,14 @@ void check_split(int p, std::size_t tokens, std::size_t in_f, std::size_t out_f,
     // Two micro-batches in flight: W in the opposite order of B.
     auto seq = make(tp);
     auto inter = make(tp);
-    (void)seq.forward(a0, 0);
-    const Activation s0 = seq.backward(g0, 0);
-    (void)seq.forward(a1, 1);
-    const Activation s1 = seq.backward(g1, 1);
-    (void)inter.forward(a0, 0);
-    (void)inter.forward(a1, 1);
-    const Activation i0 = inter.backward_input(g0, 0);
-    const Activation i1 = inter.backward_input(g1, 1);
+    (void)seq.forward(Act<In>(a0), 0);
+    const Activation s0 = seq.backward(Act<G>(g0), 0).tensor();
+    (void)seq.forward(Act<In>(a1), 1);
+    const Activation s1 = seq.backward(Act<G>(g1), 1).tensor();
+    (void)inter.forward(Act<In>(a0), 0);
+    (void)inter.forward(Act<In>(a1), 1);
+    const Activation i0 = inter.backward_input(Act<G>(g0), 0).tensor();
+    const Activation i1 = inter.backward_input(Act<G>(g1), 1).tensor();
     inter.backward_weight(1);
     inter.backward_weight(0);
     const bool idx_eq = s0.values() == i0.values() && s1.values() == i1.values();

@@ -22,6 +22,8 @@ using namespace mpar;
 using namespace mpar::pipeline;
 using mpar_test::TanhStack;
 using nn::Activation;
+/** A replicated micro-batch activation: what the test stages take and return. */
+using X = nn::Act<Replicate>;
 using Catch::Matchers::Contains;
 
 namespace {
@@ -34,6 +36,17 @@ Activation data(int mb, std::uint64_t stream) {
   for (std::size_t i = 0; i < a.size(); ++i) a.data()[i] = float(2 * rng.uniform(std::uint64_t(mb) * 1000 + i) - 1);
   return a;
 }
+
+/** A stage without in_features(). */
+struct NoWidth {
+  TanhStack inner{width, 0, 1};
+  using default_input = Replicate;
+  template <class>
+  using output_layout = Replicate;
+  X forward(const X& x, int mb) { return inner.forward(x, mb); }
+  X backward(const X& dy, int mb) { return inner.backward(dy, mb); }
+  std::vector<nn::Parameter*> parameters() { return inner.parameters(); }
+};
 
 struct Result {
   double loss = 0;
@@ -49,10 +62,10 @@ Result reference(std::size_t layers, int M) {
     std::copy(xm.values().begin(), xm.values().end(), x.values().begin() + std::ptrdiff_t(xm.size()) * mb);
     std::copy(tm.values().begin(), tm.values().end(), t.values().begin() + std::ptrdiff_t(tm.size()) * mb);
   }
-  Activation y = model.forward(x, 0), dy(y.shape());
+  Activation y = model.forward(X(x), 0).tensor(), dy(y.shape());
   Result r;
   r.loss = mpar_test::mse(y, t, dy);
-  (void)model.backward(dy, 0);
+  (void)model.backward(X(dy), 0);
   for (auto* p : model.parameters()) r.grads[p->name].assign(p->grad.begin(), p->grad.end());
   return r;
 }
@@ -81,9 +94,10 @@ Result pipelined(std::string_view name, int P, int M, int V, std::size_t lps, bo
     o.recompute.assign(std::size_t(V), recompute);
     if (o.microbatch_tokens == 0) o.microbatch_tokens = tokens;
     Executor<TanhStack, Wrap> ex(comm, prog, ptrs, o);
-    std::vector<Activation> inputs, targets;
-    for (int mb = 0; mb < M; ++mb) inputs.push_back(data(mb, 1)), targets.push_back(data(mb, 2));
-    const StepStats st = ex.step(inputs, [&](const Activation& y, int mb, Activation& dy) {
+    std::vector<X> inputs;
+    std::vector<Activation> targets;
+    for (int mb = 0; mb < M; ++mb) inputs.emplace_back(data(mb, 1)), targets.push_back(data(mb, 2));
+    const StepStats st = ex.step(inputs, [&](const X& y, int mb, X& dy) {
       return mpar_test::mse(y, targets[std::size_t(mb)], dy);
     });
     std::lock_guard l(mu);
@@ -168,12 +182,6 @@ TEST_CASE("over in-order point-to-point, programs that would stall and unknown b
   CHECK_THROWS_WITH(pipelined(GPipe::name, 2, 2, 1, 1, false, CommPlacement::ordered, wrong),
                     Contains("rank 1") && Contains("shape 3x8") && Contains("expects 4x8"));
   // A stage without in_features() needs the width in the options.
-  struct NoWidth {
-    TanhStack inner{width, 0, 1};
-    Activation forward(const Activation& x, int mb) { return inner.forward(x, mb); }
-    Activation backward(const Activation& dy, int mb) { return inner.backward(dy, mb); }
-    std::vector<nn::Parameter*> parameters() { return inner.parameters(); }
-  };
   CHECK_THROWS_WITH(run_threads(2,
                                 [&](ThreadsCommunicator& world) {
                                   NcclLike comm(world);
@@ -198,7 +206,7 @@ namespace {
 class CountingStack : public TanhStack {
  public:
   using TanhStack::TanhStack;
-  Activation forward(const Activation& x, int mb) {
+  X forward(const X& x, int mb) {
     ++forwards;
     held.insert(mb);
     peak_held = std::max(peak_held, held.size());
@@ -212,8 +220,8 @@ class CountingStack : public TanhStack {
     TanhStack::backward_weight(mb);
     held.erase(mb);
   }
-  Activation backward(const Activation& dy, int mb) {
-    Activation g = backward_input(dy, mb);
+  X backward(const X& dy, int mb) {
+    X g = backward_input(dy, mb);
     backward_weight(mb);
     return g;
   }
@@ -239,9 +247,10 @@ TEST_CASE("activation recomputation reruns each forward once and holds one micro
       o.recompute = {recompute};
       o.microbatch_tokens = tokens;
       Executor<CountingStack, ThreadsCommunicator> ex(comm, make_programs(OneFOneB::name, {P, M, 1, 1}), {&stage}, o);
-      std::vector<Activation> inputs, targets;
-      for (int mb = 0; mb < M; ++mb) inputs.push_back(data(mb, 1)), targets.push_back(data(mb, 2));
-      const StepStats st = ex.step(inputs, [&](const Activation& y, int mb, Activation& dy) {
+      std::vector<X> inputs;
+    std::vector<Activation> targets;
+      for (int mb = 0; mb < M; ++mb) inputs.emplace_back(data(mb, 1)), targets.push_back(data(mb, 2));
+      const StepStats st = ex.step(inputs, [&](const X& y, int mb, X& dy) {
         return mpar_test::mse(y, targets[std::size_t(mb)], dy);
       });
       std::lock_guard l(mu);
@@ -297,10 +306,10 @@ TEST_CASE("PipeDream-2BW: each backward uses its forward's weights; updates appl
     for (int mb = batch * M; mb < batch * M + M; ++mb) {
       load(s0, w[0][std::size_t(ver[0][mb])]);
       load(s1, w[1][std::size_t(ver[1][mb])]);
-      Activation y = s1.forward(s0.forward(data(mb, 1), 0), 0), dy(y.shape());
+      Activation y = s1.forward(s0.forward(X(data(mb, 1)), 0), 0).tensor(), dy(y.shape());
       (void)mpar_test::mse(y, data(mb, 2), dy);
       for (auto& v : dy.values()) v /= float(M);
-      (void)s0.backward(s1.backward(dy, 0), 0);
+      (void)s0.backward(s1.backward(X(dy), 0), 0);
       auto a = grads(s0), b = grads(s1);
       for (std::size_t i = 0; i < a.size(); ++i) g0[i] += a[i];
       for (std::size_t i = 0; i < b.size(); ++i) g1[i] += b[i];
@@ -327,10 +336,11 @@ TEST_CASE("PipeDream-2BW: each backward uses its forward's weights; updates appl
     const int r = comm.rank();
     TanhStack stage(width, std::size_t(r), 1);
     Executor<TanhStack, ThreadsCommunicator> ex(comm, make_programs<PipeDream2BW>({2, M, 1, 2}), {&stage});
-    std::vector<Activation> inputs, targets;
-    for (int mb = 0; mb < 2 * M; ++mb) inputs.push_back(data(mb, 1)), targets.push_back(data(mb, 2));
+    std::vector<X> inputs;
+    std::vector<Activation> targets;
+    for (int mb = 0; mb < 2 * M; ++mb) inputs.emplace_back(data(mb, 1)), targets.push_back(data(mb, 2));
     (void)ex.step(
-        inputs, [&](const Activation& y, int mb, Activation& dy) { return mpar_test::mse(y, targets[std::size_t(mb)], dy); },
+        inputs, [&](const X& y, int mb, X& dy) { return mpar_test::mse(y, targets[std::size_t(mb)], dy); },
         [&](const std::vector<nn::Parameter*>& ps) {
           for (auto* p : ps)
             for (std::size_t i = 0; i < p->value.size(); ++i) p->value[i] -= lr * p->grad[i];
@@ -364,8 +374,8 @@ TEST_CASE("a shape mismatch at a stage boundary is an error naming ranks, micro-
                                   // Stage 1 is built for 6 input features; stage 0 sends 8.
                                   TanhStack stage(comm.rank() == 0 ? width : 6, 0, 1);
                                   Executor<TanhStack, ThreadsCommunicator> ex(comm, make_programs<GPipe>({2, 2}), {&stage});
-                                  std::vector<Activation> in{data(0, 1), data(1, 1)};
-                                  (void)ex.step(in, [](const Activation&, int, Activation&) { return 0.0; });
+                                  std::vector<X> in{X(data(0, 1)), X(data(1, 1))};
+                                  (void)ex.step(in, [](const X&, int, X&) { return 0.0; });
                                 }),
                     Contains("rank 1 (stage 1) received from rank 0 the activation of micro-batch 0 with shape 3x8 f32 but "
                              "expects *x6"));
@@ -376,10 +386,11 @@ TEST_CASE("measured step statistics add up", "[pipeline][executor]") {
   run_threads(2, [&](ThreadsCommunicator& comm) {
     TanhStack stage(width, std::size_t(comm.rank()), 1);
     Executor<TanhStack, ThreadsCommunicator> ex(comm, make_programs<OneFOneB>({2, 4}), {&stage});
-    std::vector<Activation> in, tg;
-    for (int mb = 0; mb < 4; ++mb) in.push_back(data(mb, 1)), tg.push_back(data(mb, 2));
+    std::vector<X> in;
+    std::vector<Activation> tg;
+    for (int mb = 0; mb < 4; ++mb) in.emplace_back(data(mb, 1)), tg.push_back(data(mb, 2));
     all[std::size_t(comm.rank())] =
-        ex.step(in, [&](const Activation& y, int mb, Activation& dy) { return mpar_test::mse(y, tg[std::size_t(mb)], dy); });
+        ex.step(in, [&](const X& y, int mb, X& dy) { return mpar_test::mse(y, tg[std::size_t(mb)], dy); });
   });
   // Structure and accounting laws only: how long anything took depends on the machine's load.
   const auto programs = make_programs<OneFOneB>({2, 4});
@@ -425,11 +436,11 @@ void tp2_pp2(std::string_view name, int M, int V) {
   for (int s = 0; s < S; ++s) serial.push_back(nn::make_serial_mlp(cfg(s)));
   double ref_loss = 0;
   for (int mb = 0; mb < M; ++mb) {
-    Activation h = sample(mb, 1);
+    X h(sample(mb, 1));
     for (auto& m : serial) h = m.forward(h, mb);
-    Activation dy(h.shape());
+    X dy(Activation(h.shape()));
     ref_loss += mpar_test::mse(h, sample(mb, 2), dy) / M;
-    for (auto& v : dy.values()) v /= float(M);
+    for (auto& v : dy.tensor().values()) v /= float(M);
     for (int s = S; s-- > 0;) dy = serial[std::size_t(s)].backward(dy, mb);
   }
   std::map<std::string, std::vector<float>> ref;
@@ -449,9 +460,10 @@ void tp2_pp2(std::string_view name, int M, int V) {
     std::vector<StageT*> ptrs;
     for (auto& c : chunks) ptrs.push_back(&c);
     Executor<StageT, ThreadsCommunicator> ex(comms.pipeline, prog, ptrs);
-    std::vector<Activation> inputs, targets;
-    for (int mb = 0; mb < M; ++mb) inputs.push_back(sample(mb, 1)), targets.push_back(sample(mb, 2));
-    const StepStats st = ex.step(inputs, [&](const Activation& y, int mb, Activation& dy) {
+    std::vector<X> inputs;
+    std::vector<Activation> targets;
+    for (int mb = 0; mb < M; ++mb) inputs.emplace_back(sample(mb, 1)), targets.push_back(sample(mb, 2));
+    const StepStats st = ex.step(inputs, [&](const X& y, int mb, X& dy) {
       return mpar_test::mse(y, targets[std::size_t(mb)], dy);
     });
     std::lock_guard l(mu);
@@ -483,9 +495,10 @@ TEST_CASE("tensor parallel x pipeline parallel (TP=2, PP=2) reproduces the singl
 
 TEST_CASE("run_pipeline_threads runs several steps with an optimizer", "[pipeline][executor]") {
   const int M = 4;
-  std::vector<Activation> inputs, targets;
-  for (int mb = 0; mb < M; ++mb) inputs.push_back(data(mb, 1)), targets.push_back(data(mb, 2));
-  const LossFn loss = [&](const Activation& y, int mb, Activation& dy) { return mpar_test::mse(y, targets[std::size_t(mb)], dy); };
+  std::vector<X> inputs;
+    std::vector<Activation> targets;
+  for (int mb = 0; mb < M; ++mb) inputs.emplace_back(data(mb, 1)), targets.push_back(data(mb, 2));
+  const LossFn<Replicate> loss = [&](const X& y, int mb, X& dy) { return mpar_test::mse(y, targets[std::size_t(mb)], dy); };
   const OptimizerFn sgd = [](const std::vector<nn::Parameter*>& ps) {
     for (auto* p : ps)
       for (std::size_t i = 0; i < p->value.size(); ++i) p->value[i] -= 0.1f * p->grad[i];
@@ -519,9 +532,10 @@ TEST_CASE("nn stages under ZB-H1: W actions run the weight GEMMs and the measure
     const int pp = comms.pipeline.rank();
     Mlp stage = nn::make_mlp(comms.tensor, nn::MlpConfig{hidden, ffn, 17, 10 * std::uint64_t(pp), "mlp" + std::to_string(pp)});
     Executor<Mlp, ThreadsCommunicator> ex(comms.pipeline, make_programs<ZBH1>({P, M}), {&stage});
-    std::vector<Activation> in, tg;
-    for (int mb = 0; mb < M; ++mb) in.push_back(sample(mb, 1)), tg.push_back(sample(mb, 2));
-    const LossFn loss = [&](const Activation& y, int mb, Activation& dy) { return mpar_test::mse(y, tg[std::size_t(mb)], dy); };
+    std::vector<X> in;
+    std::vector<Activation> tg;
+    for (int mb = 0; mb < M; ++mb) in.emplace_back(sample(mb, 1)), tg.push_back(sample(mb, 2));
+    const LossFn<Replicate> loss = [&](const X& y, int mb, X& dy) { return mpar_test::mse(y, tg[std::size_t(mb)], dy); };
     (void)ex.step(in, loss);  // warm-up (allocations, BLAS threads)
     for (auto* p : ex.parameters()) p->zero_grad();
     all[std::size_t(pp)] = ex.step(in, loss);

@@ -8,6 +8,7 @@
 
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/core/init.hpp"
+#include "mpar/core/layout.hpp"
 #include "mpar/nn/activation.hpp"
 #include "mpar/nn/parameter.hpp"
 
@@ -77,25 +78,31 @@ class TanhLinear {
 /** A chain of TanhLinear layers; satisfies pipeline_stage, split_backward_stage and droppable_stage. */
 class TanhStack {
  public:
+  /** The pipeline contract: a replicated activation in and out (this stage runs on one tensor rank). */
+  using default_input = mpar::Replicate;
+  template <class>
+  using output_layout = mpar::Replicate;
+  using X = mpar::nn::Act<mpar::Replicate>;
+
   TanhStack(std::size_t width, std::size_t first_layer, std::size_t layers) {
     for (std::size_t i = 0; i < layers; ++i) layers_.emplace_back(width, width, first_layer + i);
   }
-  Activation forward(const Activation& x, int mb) {
-    Activation h = x;
+  X forward(const X& x, int mb) {
+    Activation h = x.tensor();
     for (auto& l : layers_) h = l.forward(h, mb);
-    return h;
+    return X(std::move(h));
   }
-  Activation backward_input(const Activation& dy, int mb) {
-    Activation g = dy;
+  X backward_input(const X& dy, int mb) {
+    Activation g = dy.tensor();
     // W of layer i needs only its own dz, so B of the whole stack runs every layer's input half.
     for (std::size_t i = layers_.size(); i-- > 0;) g = layers_[i].backward_input(g, mb);
-    return g;
+    return X(std::move(g));
   }
   void backward_weight(int mb) {
     for (auto& l : layers_) l.backward_weight(mb);
   }
-  Activation backward(const Activation& dy, int mb) {
-    Activation g = backward_input(dy, mb);
+  X backward(const X& dy, int mb) {
+    X g = backward_input(dy, mb);
     backward_weight(mb);
     return g;
   }
@@ -124,6 +131,11 @@ inline double mse(const Activation& y, const Activation& target, Activation& dy)
     dy.data()[i] = float(2.0 * d / n);
   }
   return l;
+}
+
+/** The same on a typed (replicated) micro-batch output, as the executor's loss receives it. */
+inline double mse(const mpar::nn::Act<mpar::Replicate>& y, const Activation& target, mpar::nn::Act<mpar::Replicate>& dy) {
+  return mse(y.tensor(), target, dy.tensor());
 }
 
 }  // namespace mpar_test

@@ -97,7 +97,9 @@ static_assert(!layer<int> && !layer<Activation>, "only types with the layer cont
 namespace {
 using namespace mpar;
 using namespace mpar::nn;
-static_assert(module<Gelu> && module<Megatron> && module<TransformerBlock<C>>, "untyped: pipeline boundaries");
+static_assert(layer<Gelu> && layer<Megatron> && layer<TransformerBlock<C>>, "typed modules");
+static_assert(!module<Megatron> && !module<TransformerBlock<C>> && !module<SelfAttention<C>>,
+              "compositions are typed only: no forward(const Activation&) on a Stage, a block or attention");
 static_assert(module<Megatron, Act<Replicate>> && split_backward_module<Megatron, Act<Replicate>>, "typed");
 static_assert(split_backward_module<TransformerBlock<C, true>, Act<TokenShard>>);
 static_assert(block_ffn<MlpStage<C>, Replicate> && block_ffn<MlpStage<C, dyn, dyn, dyn, true>, TokenShard>);

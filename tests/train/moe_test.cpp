@@ -52,8 +52,14 @@ Result run(int ep, const parallel::MoeConfig& cfg) {
       x[i] = x_at(first * kD + i);
       dy[i] = dy_at(first * kD + i);
     }
-    moe.forward(x, local, y);
-    moe.backward(dy, dx, 1.0f);
+    // Through the typed API: this rank's tokens as whole rows, replicated over the (size-1) tensor axis.
+    nn::Act<Replicate> xt(nn::Activation({local, kD})), dyt(nn::Activation({local, kD}));
+    std::copy(x.begin(), x.end(), xt.data());
+    std::copy(dy.begin(), dy.end(), dyt.data());
+    const nn::Act<Replicate> yt = moe.forward(xt);
+    const nn::Act<Replicate> dxt = moe.backward(dyt, 1.0f);
+    std::copy(yt.data(), yt.data() + yt.size(), y.begin());
+    std::copy(dxt.data(), dxt.data() + dxt.size(), dx.begin());
     // the gate is replicated: sum its per-rank shares, as data parallelism over these ranks would
     group.all_reduce(std::span<float>(moe.gate().grad), ReduceOp::sum);
     std::size_t dropped[1] = {moe.dropped()};

@@ -9,7 +9,10 @@
  * A `GptStage` is one pipeline stage (one model chunk): the first stage embeds, the last stage holds
  * the final layer norm and the head, every stage holds a contiguous range of blocks. Stages satisfy
  * `pipeline::pipeline_stage` and `droppable_stage`, so every schedule and activation recomputation run
- * them. Token ids enter the first stage as a `[tokens, 1]` activation of floats (exact below 2²⁴).
+ * them. Token ids enter the first stage as a `[tokens, 1]` activation of floats (exact below 2²⁴),
+ * replicated over the tensor group like the hidden states that cross every other boundary: a stage takes
+ * `Act<Replicate>`; it returns `Act<Replicate>` hidden states (`forward`) or, the last stage,
+ * vocab-sharded logits `Act<FeatureShard>` for the loss (`forward_to_loss`, the pipeline's `loss_layout`).
  * They also satisfy `pipeline::split_backward_stage`: `backward_input` (B) and `backward_weight` (W,
  * the weight GEMMs of the head and of every block, and the embeddings), so zero-bubble schedules
  * defer the weight gradients into the pipeline bubble.
@@ -25,6 +28,7 @@
  * losses join the training objective of each micro-batch.
  */
 #include <algorithm>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -247,19 +251,28 @@ class GptStage {
   GptStage(const GptStage&) = delete;
   GptStage& operator=(const GptStage&) = delete;
 
-  /** Tokens as the first stage's input activation `[tokens, 1]`. */
-  [[nodiscard]] static nn::Activation tokens_as_activation(std::span<const std::int32_t> tokens) {
-    nn::Activation a({tokens.size(), 1});
+  /** The pipeline contract (pipeline/stage_concept.hpp): what crosses a boundary, and what the last stage gives the loss. */
+  using default_input = Replicate;
+  template <class>
+  using output_layout = Replicate;
+  using loss_layout = nn::FeatureShard;
+
+  /** Tokens as the first stage's input activation `[tokens, 1]` (every tensor rank holds the same tokens). */
+  [[nodiscard]] static nn::Act<Replicate> tokens_as_activation(std::span<const std::int32_t> tokens) {
+    nn::Act<Replicate> a(nn::Activation({tokens.size(), 1}));
     for (std::size_t i = 0; i < tokens.size(); ++i) a.data()[i] = float(tokens[i]);
     return a;
   }
 
-  /** Forward of micro-batch `mb`: tokens (first stage) or hidden states in; hidden states or vocab-sharded logits out. */
-  nn::Activation forward(const nn::Activation& x, int mb) {
-    // Hidden states cross stage boundaries replicated over the tensor group.
-    nn::Act<Replicate> h = first_ ? embed(x, mb) : nn::Act<Replicate>(x);
-    for (auto& b : blocks_) h = b->forward(h, mb);
-    if (!last_) return std::move(h).tensor();
+  /** Forward of micro-batch `mb` on a stage other than the last: tokens (first stage) or hidden states in, hidden states out. */
+  nn::Act<Replicate> forward(const nn::Act<Replicate>& x, int mb) {
+    require(!last_, "GptStage: the last stage returns vocab-sharded logits, not hidden states; call forward_to_loss");
+    return hidden(x, mb);
+  }
+  /** Forward of micro-batch `mb` on the last stage: tokens or hidden states in, this rank's vocab-sharded logits out. */
+  nn::Act<nn::FeatureShard> forward_to_loss(const nn::Act<Replicate>& x, int mb) {
+    require(last_, "GptStage: only the last stage returns logits; call forward on the others");
+    nn::Act<Replicate> h = hidden(x, mb);
     // The tied head is column-parallel over the vocabulary: f (identity forward), then this rank's
     // vocabulary rows of E give vocab-sharded logits.
     nn::Act<Replicate> hn = nn::CopyToTensorRegion::forward(*tp_, final_ln_->forward(h, mb));
@@ -268,7 +281,7 @@ class GptStage {
                             head_->value.data(), cfg_.hidden, 0.0f, logits.data(), logits.extent(1));
     if (!vocab_mask_.empty()) B::bias_add_forward(logits.extent(0), logits.extent(1), vocab_mask_.data(), logits.data());
     head_inputs_.put(mb).h = std::move(hn).tensor();
-    return std::move(logits).tensor();
+    return logits;
   }
 
   /**
@@ -276,15 +289,14 @@ class GptStage {
    * all-reduces. Keeps the head's logit gradient and every projection's inputs for backward_weight;
    * the layer norms' gains and biases get their (cheap) gradients here.
    */
-  nn::Activation backward_input(const nn::Activation& dy_in, int mb) {
-    nn::Act<Replicate> dy = last_ ? head_backward_input(dy_in, mb) : nn::Act<Replicate>(dy_in);
-    for (std::size_t i = blocks_.size(); i-- > 0;) dy = blocks_[i]->backward_input(dy, mb);
-    if (first_) {
-      const std::size_t t = dy.extent(0);
-      embed_pending_.put(mb).dy = std::move(dy).tensor();
-      return nn::Activation({t, 1});
-    }
-    return std::move(dy).tensor();
+  nn::Act<Replicate> backward_input(const nn::Act<Replicate>& dy, int mb) {
+    require(!last_, "GptStage: the last stage's output gradient is the vocab-sharded logit gradient (Act<FeatureShard>)");
+    return blocks_backward_input(dy, mb);
+  }
+  /** B of the last stage: from this rank's vocab-sharded logit gradient. */
+  nn::Act<Replicate> backward_input(const nn::Act<nn::FeatureShard>& dlogits, int mb) {
+    require(last_, "GptStage: only the last stage takes a logit gradient; pass the hidden-state gradient (Act<Replicate>)");
+    return blocks_backward_input(head_backward_input(dlogits, mb), mb);
   }
 
   /**
@@ -312,9 +324,11 @@ class GptStage {
     }
   }
 
-  /** Backward of micro-batch `mb`: backward_input then backward_weight; returns the input gradient. */
-  nn::Activation backward(const nn::Activation& dy_in, int mb) {
-    nn::Activation dx = backward_input(dy_in, mb);
+  /** Backward of micro-batch `mb` (hidden-state gradient, or the last stage's logit gradient): B then W. */
+  template <class G>
+    requires std::same_as<G, Replicate> || std::same_as<G, nn::FeatureShard>
+  nn::Act<Replicate> backward(const nn::Act<G>& dy, int mb) {
+    nn::Act<Replicate> dx = backward_input(dy, mb);
     backward_weight(mb);
     return dx;
   }
@@ -409,12 +423,28 @@ class GptStage {
   };
   /** The embedding's output gradient, kept from B for W. */
   struct EmbedGrad {
-    nn::Activation dy;
+    nn::Act<Replicate> dy;
   };
 
+  /** The embeddings (first stage) and the blocks: tokens or hidden states in, hidden states out. */
+  nn::Act<Replicate> hidden(const nn::Act<Replicate>& x, int mb) {
+    nn::Act<Replicate> h = first_ ? embed(x, mb) : x;
+    for (auto& b : blocks_) h = b->forward(h, mb);
+    return h;
+  }
+  /** B of the blocks (and, first stage, the embeddings' pending gradient); the first stage returns a zero token gradient. */
+  nn::Act<Replicate> blocks_backward_input(nn::Act<Replicate> dy, int mb) {
+    for (std::size_t i = blocks_.size(); i-- > 0;) dy = blocks_[i]->backward_input(dy, mb);
+    if (first_) {
+      const std::size_t t = dy.extent(0);
+      embed_pending_.put(mb).dy = std::move(dy);
+      return nn::Act<Replicate>(nn::Activation({t, 1}));
+    }
+    return dy;
+  }
+
   /** B of the head and the final layer norm: vocab-sharded logit gradient in, replicated hidden gradient out. */
-  nn::Act<Replicate> head_backward_input(const nn::Activation& dy_in, int mb) {
-    nn::Act<nn::FeatureShard> dy(dy_in);
+  nn::Act<Replicate> head_backward_input(const nn::Act<nn::FeatureShard>& dy, int mb) {
     auto saved = head_inputs_.take(mb, "GptStage head");
     const std::size_t t = dy.extent(0), vl = dy.extent(1), h = cfg_.hidden;
     require(saved.h.extent(0) == t && vl == head_->local_box[0].extent, "GptStage head: logit gradient is ", t, "x", vl,
@@ -422,11 +452,11 @@ class GptStage {
     // dh = dlogits · E_local: this rank's vocabulary shard's contribution, summed by f's backward.
     nn::Act<nn::TensorPartial> dh(nn::Activation({t, h}));
     B::template gemm<float>(Trans::no, Trans::no, t, h, vl, 1.0f, dy.data(), vl, head_->value.data(), h, 0.0f, dh.data(), h);
-    head_pending_.put(mb) = {std::move(saved.h), std::move(dy).tensor()};
+    head_pending_.put(mb) = {std::move(saved.h), dy.tensor()};
     return final_ln_->backward(nn::CopyToTensorRegion::backward(*tp_, std::move(dh)), mb);
   }
 
-  nn::Act<Replicate> embed(const nn::Activation& x, int mb) {
+  nn::Act<Replicate> embed(const nn::Act<Replicate>& x, int mb) {
     require(x.extent(1) == 1, "GptStage: the first stage takes token ids as a [tokens, 1] activation, got ", x.extent(0),
             "x", x.extent(1));
     std::vector<std::int32_t> tokens(x.extent(0));
@@ -439,7 +469,7 @@ class GptStage {
       B::add(block, h.data() + b * block, pos_.value.data(), h.data() + b * block);
     return h;  // the position embedding is replicated: the sum stays Replicate
   }
-  void embed_backward(const nn::Activation& dy, int mb, bool final) {
+  void embed_backward(const nn::Act<Replicate>& dy, int mb, bool final) {
     const std::size_t block = cfg_.seq * cfg_.hidden;
     for (std::size_t b = 0; b < dy.extent(0) / cfg_.seq; ++b)
       B::add(block, pos_.grad.data(), dy.data() + b * block, pos_.grad.data());

@@ -92,7 +92,7 @@ std::vector<std::int32_t> generate(GptStage<C, B>& model, std::span<const std::i
   for (std::size_t i = 0; i < count; ++i) {
     std::vector<std::int32_t> seq(window);
     seq.resize(cfg.seq, window.back());
-    nn::Activation logits = model.forward(GptStage<C, B>::tokens_as_activation(seq), 0);
+    const nn::Act<nn::FeatureShard> logits = model.forward_to_loss(GptStage<C, B>::tokens_as_activation(seq), 0);
     model.drop(0);
     B::synchronize();
     require(logits.extent(1) == local, "generate: the stage's logits have ", logits.extent(1), " columns, expected ",

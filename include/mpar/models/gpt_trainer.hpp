@@ -248,7 +248,7 @@ class GptTrainer {
     const double lr = schedule_(step);
 
     // 1. This data rank's samples as micro-batches.
-    std::vector<nn::Activation> inputs = split_microbatches(local_batch(step));
+    std::vector<nn::Act<Replicate>> inputs = split_microbatches(local_batch(step));
 
     // 2. The pipeline program: forwards, backwards (data-parallel buckets start as gradients finish).
     optimizer_->begin_compute();
@@ -257,10 +257,11 @@ class GptTrainer {
     // Each rank's backward adds its own tokens' share of d aux; the average over the token group divides it by
     // the group's size again, so the share enters scaled by that size (and the loss scale, like the logits').
     for (auto& s : stages_) s->set_moe_aux_gradient(float(cfg_.batch_ranks()) * loss_scale);
-    pipeline::StepStats stats = executor_->step(inputs, [&](const nn::Activation& y, int mb, nn::Activation& dy) {
+    pipeline::StepStats stats = executor_->step(inputs, [&](const nn::Act<nn::FeatureShard>& logits, int mb,
+                                                            nn::Act<nn::FeatureShard>& dlogits) {
       Stage& last = *stages_.back();
-      const double loss = last.loss().forward(y, targets_[std::size_t(mb)], mb);
-      dy = last.loss().backward(mb, loss_scale);
+      const double loss = last.loss().forward(logits, targets_[std::size_t(mb)], mb);
+      dlogits = last.loss().logits_gradient(mb, loss_scale);
       return loss;
     });
     optimizer_->end_compute();
@@ -332,7 +333,7 @@ class GptTrainer {
             val.vocab_size(), " ids, more than the model's vocabulary ", cfg_.model.vocab);
     double sum = 0;
     for (std::size_t i = 0; i < batches; ++i) {
-      std::vector<nn::Activation> inputs = split_microbatches(local_batch(val, seed, i));
+      std::vector<nn::Act<Replicate>> inputs = split_microbatches(local_batch(val, seed, i));
       optimizer_->begin_compute();
       // No gradient reduction: the hooks that would start the data-parallel buckets are off for this pass.
       for (auto& s : stages_) {
@@ -340,10 +341,11 @@ class GptTrainer {
         s->begin_step();
         s->set_moe_aux_gradient(float(cfg_.batch_ranks()));
       }
-      const pipeline::StepStats stats = executor_->step(inputs, [&](const nn::Activation& y, int mb, nn::Activation& dy) {
+      const pipeline::StepStats stats = executor_->step(inputs, [&](const nn::Act<nn::FeatureShard>& logits, int mb,
+                                                                    nn::Act<nn::FeatureShard>& dlogits) {
         Stage& last = *stages_.back();
-        const double loss = last.loss().forward(y, targets_[std::size_t(mb)], mb);
-        dy = last.loss().backward(mb, 1.0f);
+        const double loss = last.loss().forward(logits, targets_[std::size_t(mb)], mb);
+        dlogits = last.loss().logits_gradient(mb, 1.0f);
         return loss;
       });
       optimizer_->end_compute();
@@ -679,9 +681,9 @@ class GptTrainer {
    * Splits this rank's batch into micro-batches: the first stage's token inputs are returned, and every
    * micro-batch's targets are kept in `targets_` for the last stage's loss.
    */
-  std::vector<nn::Activation> split_microbatches(const data::TokenBatch& batch) {
+  std::vector<nn::Act<Replicate>> split_microbatches(const data::TokenBatch& batch) {
     const std::size_t mb_tokens = cfg_.microbatch_size() * cfg_.model.seq;
-    std::vector<nn::Activation> inputs;
+    std::vector<nn::Act<Replicate>> inputs;
     targets_.assign(std::size_t(cfg_.microbatches), {});
     for (int mb = 0; mb < cfg_.microbatches; ++mb) {
       const auto lo = std::ptrdiff_t(std::size_t(mb) * mb_tokens), hi = lo + std::ptrdiff_t(mb_tokens);

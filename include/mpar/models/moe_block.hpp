@@ -38,25 +38,17 @@ class MoeFfn {
  public:
   explicit MoeFfn(parallel::MoeMlp<C, B> moe) : moe_(std::move(moe)) {}
 
-  nn::Activation forward(const nn::Activation& x, int mb) {
-    nn::Activation y({x.extent(0), x.extent(1)});
-    moe_.forward(std::span<const float>(x.data(), x.size()), x.extent(0), std::span<float>(y.data(), y.size()), mb);
+  /** Typed: whole rows in, whole rows out (the gate needs every feature of a token); MoeMlp refuses any other layout. */
+  template <class L>
+  nn::Act<Replicate> forward(const nn::Act<L>& x, int mb) {
+    nn::Act<Replicate> y = moe_.forward(x, mb);
     // Keyed by micro-batch: a recomputation reruns this forward and must not count twice.
     seen_[mb] = {double(moe_.aux_loss()), moe_.dropped()};
     return y;
   }
-  /** Typed: whole rows in, whole rows out (the gate needs every feature of a token). */
-  nn::Act<Replicate> forward(const nn::Act<Replicate>& x, int mb) { return nn::Act<Replicate>(forward(x.tensor(), mb)); }
-  nn::Act<Replicate> backward_input(const nn::Act<Replicate>& dy, int mb) {
-    return nn::Act<Replicate>(backward_input(dy.tensor(), mb));
-  }
   /** The whole backward is B (W is empty), so backward and backward_input are the same. */
+  nn::Act<Replicate> backward_input(const nn::Act<Replicate>& dy, int mb) { return moe_.backward(dy, aux_grad_, mb); }
   nn::Act<Replicate> backward(const nn::Act<Replicate>& dy, int mb) { return backward_input(dy, mb); }
-  nn::Activation backward_input(const nn::Activation& dy, int mb) {
-    nn::Activation dx({dy.extent(0), dy.extent(1)});
-    moe_.backward(std::span<const float>(dy.data(), dy.size()), std::span<float>(dx.data(), dx.size()), aux_grad_, mb);
-    return dx;
-  }
   void backward_weight(int /*mb*/) {}
   std::vector<nn::Parameter*> parameters() { return moe_.parameters(); }
   void drop(int mb) { moe_.drop(mb); }

@@ -132,10 +132,6 @@ class AttentionLayer : public TypedLayer<Derived> {
       return Act<typename Derived::default_input>{};  // refused above, with the layer's message
     }
   }
-  /** Untyped: the input in the layer's declared layout. */
-  Activation forward(const Activation& x, int mb = 0) {
-    return forward(Act<typename Derived::default_input>(x), mb).tensor();
-  }
   /** B: through the output projection, the core and the QKV projection; both projections keep their W inputs. */
   template <class G>
   auto backward_input(const Act<G>& dy, int mb = 0) {
@@ -143,9 +139,6 @@ class AttentionLayer : public TypedLayer<Derived> {
     auto c = cache_.take(mb, Derived::layer_kind);
     decltype(dout) dqkv(core_.backward<B>(c.qkv, c.probs, dout.tensor(), Derived::layer_kind));
     return qkv_.backward_input(dqkv, mb);
-  }
-  Activation backward_input(const Activation& dy, int mb = 0) {
-    return backward_input(Act<typename Derived::default_input>(dy), mb).tensor();
   }
   /** W: the weight gradients of both projections for micro-batch `mb` (the core has no weights). */
   void backward_weight(int mb = 0) {

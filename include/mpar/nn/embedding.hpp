@@ -108,7 +108,6 @@ class VocabParallelEmbedding {
     if constexpr (SP) return ReduceScatterTokens::forward(*comm_, std::move(y), "VocabParallelEmbedding");
     else return ReduceToReplicate::forward(*comm_, std::move(y));
   }
-  Activation forward(std::span<const std::int32_t> tokens, int mb = 0) { return embed(tokens, mb).tensor(); }
   /** Typed backward: the gradient of the lookup's output (accumulated into the table's gradient). */
   void backward(Act<output_layout> dy_in, int mb = 0) {
     auto c = cache_.take(mb, "VocabParallelEmbedding");
@@ -119,7 +118,6 @@ class VocabParallelEmbedding {
     }();
     detail::embed_rows_backward<B>(c.tokens, weight_, slice_.offset, slice_.extent, hidden_, dy.tensor());
   }
-  void backward(const Activation& dy, int mb = 0) { backward(Act<output_layout>(dy), mb); }
   std::vector<Parameter*> parameters() { return {&weight_}; }
   void drop(int mb) { cache_.drop(mb); }
   [[nodiscard]] Block vocab_slice() const { return slice_; }

@@ -36,20 +36,28 @@ concept layer_contract = requires {
   { L::static_out_features } -> std::convertible_to<std::size_t>;
 };
 
+/** @brief The typed activation a layer takes as its declared input. */
+template <class L>
+using layer_input_t = Act<typename L::default_input>;
+/** @brief The typed activation a layer returns for its declared input. */
+template <class L>
+using layer_output_t = Act<typename L::template output_layout<typename L::default_input>>;
+
 /**
- * @brief A layer: a `droppable_module` (forward, backward, parameters, `drop(mb)`) with the static
- * layout contract and run-time `in_features()` / `out_features()` (0 for layers that preserve their
- * input's features). Its typed forms (`forward(Act<In>)`, `backward(Act<G>)`) come from the contract.
+ * @brief A layer: a typed `droppable_module` — `forward(Act<default_input>) -> Act<output_layout<...>>`,
+ * `backward` on the gradient of that output, parameters, `drop(mb)` — with the static layout contract
+ * and run-time `in_features()` / `out_features()` (0 for layers that preserve their input's features).
  */
 template <class L>
-concept layer = layer_contract<L> && module<L> && droppable_module<L> && requires(const L& l) {
+concept layer = layer_contract<L> && module<L, layer_input_t<L>, layer_output_t<L>> && droppable_module<L> &&
+                requires(const L& l) {
   { l.in_features() } -> std::convertible_to<std::size_t>;
   { l.out_features() } -> std::convertible_to<std::size_t>;
 };
 
 /** @brief A layer whose backward splits into B and W (`split_backward_module`). */
 template <class L>
-concept split_backward_layer = layer<L> && split_backward_module<L>;
+concept split_backward_layer = layer<L> && split_backward_module<L, layer_input_t<L>, layer_output_t<L>>;
 
 namespace detail {
 /** B of any layer: its `backward_input` when it splits its backward, else its whole backward (W is then empty). */
@@ -61,7 +69,7 @@ Activation backward_input_of(L& l, const Activation& dy, int mb) {
 /** B of any layer on a typed gradient: its `backward_input` when it splits its backward, else its whole backward. */
 template <class L, class G>
 auto backward_input_of(L& l, const Act<G>& dy, int mb) {
-  if constexpr (requires(const Activation& a) { l.backward_input(a, mb); }) return l.backward_input(dy, mb);
+  if constexpr (requires { l.backward_input(dy, mb); }) return l.backward_input(dy, mb);
   else return l.backward(dy, mb);
 }
 /** W of any layer: its `backward_weight` when it splits its backward; nothing otherwise (B did all the work). */
@@ -108,9 +116,18 @@ class TypedLayer {
   template <class G>
   auto backward(const Act<G>& dy, int mb = 0) {
     using In = typename input_for_grad<D, G>::type;
-    if constexpr (!sound()) return Act<grad_layout_t<In>>{};  // its own diagnostic was already given
-    else if constexpr (check_grad<In, G>()) return Act<grad_layout_t<In>>(self().backward(dy.tensor(), mb));
-    else return Act<grad_layout_t<In>>{};
+    if constexpr (!sound()) {
+      return Act<grad_layout_t<In>>{};  // its own diagnostic was already given
+    } else if constexpr (requires(D& d) { d.backward_weight(mb); }) {
+      // A layer that splits its backward: its typed B (which checks G), then W.
+      auto dx = self().backward_input(dy, mb);
+      self().backward_weight(mb);
+      return dx;
+    } else if constexpr (check_grad<In, G>()) {
+      return Act<grad_layout_t<In>>(self().backward(dy.tensor(), mb));
+    } else {
+      return Act<grad_layout_t<In>>{};
+    }
   }
   template <class G>
     requires requires(D& d, const Activation& a) { d.backward_input(a, 0); }
@@ -120,8 +137,10 @@ class TypedLayer {
     else if constexpr (check_grad<In, G>()) return Act<grad_layout_t<In>>(self().backward_input(dy.tensor(), mb));
     else return Act<grad_layout_t<In>>{};
   }
-  /** The whole backward of a layer that splits it: backward_input then backward_weight. */
-  Activation backward(const Activation& dy, int mb = 0) {
+  /** The whole backward of a leaf layer that splits it, on its storage: backward_input then backward_weight. */
+  Activation backward(const Activation& dy, int mb = 0)
+    requires requires(D& d, const Activation& a) { d.backward_input(a, 0); }
+  {
     Activation dx = self().backward_input(dy, mb);
     self().backward_weight(mb);
     return dx;

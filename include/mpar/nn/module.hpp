@@ -14,15 +14,31 @@
 namespace mpar::nn {
 
 /**
- * @brief A trainable module over activations of type `X` (the untyped `Activation` by default, or a
- * typed `Act<L>`): `forward(x, mb) -> X` saving what its backward needs under micro-batch `mb`,
- * `backward(dy, mb) -> X` returning the input gradient and accumulating parameter gradients into
+ * @brief The type of the gradient of an activation of type `X`: `X` itself for the untyped storage,
+ * `Act<grad_layout_t<L>>` for a typed `Act<L>` (the gradient of a Partial value is replicated).
+ */
+template <class X>
+struct grad_of {
+  using type = X;
+};
+template <class L>
+struct grad_of<Act<L>> {
+  using type = Act<grad_layout_t<L>>;
+};
+template <class X>
+using grad_of_t = typename grad_of<X>::type;
+
+/**
+ * @brief A trainable module from activations of type `X` to activations of type `Y` (typed:
+ * `X = Act<In>`, `Y = Act<Out>`; `Y = X` by default): `forward(x, mb) -> Y` saving what its backward
+ * needs under micro-batch `mb`, `backward(dy, mb) -> grad_of_t<X>` taking the gradient of its output
+ * (`grad_of_t<Y>`), returning the input gradient and accumulating parameter gradients into
  * `Parameter::grad`, and `parameters() -> std::vector<Parameter*>`.
  */
-template <class M, class X = Activation>
-concept module = requires(M& m, const X& x, int mb) {
-  { m.forward(x, mb) } -> std::same_as<X>;
-  { m.backward(x, mb) } -> std::same_as<X>;
+template <class M, class X = Activation, class Y = X>
+concept module = requires(M& m, const X& x, const grad_of_t<Y>& dy, int mb) {
+  { m.forward(x, mb) } -> std::same_as<Y>;
+  { m.backward(dy, mb) } -> std::same_as<grad_of_t<X>>;
   { m.parameters() } -> std::same_as<std::vector<Parameter*>>;
 };
 
@@ -33,9 +49,9 @@ concept module = requires(M& m, const X& x, int mb) {
  * the weight gradients, accumulated into Parameter::grad; frees what B kept). `backward(dy, mb)`
  * equals B followed by W. Several micro-batches may sit between their B and W.
  */
-template <class M, class X = Activation>
-concept split_backward_module = module<M, X> && requires(M& m, const X& dy, int mb) {
-  { m.backward_input(dy, mb) } -> std::same_as<X>;
+template <class M, class X = Activation, class Y = X>
+concept split_backward_module = module<M, X, Y> && requires(M& m, const grad_of_t<Y>& dy, int mb) {
+  { m.backward_input(dy, mb) } -> std::same_as<grad_of_t<X>>;
   m.backward_weight(mb);
 };
 

@@ -90,9 +90,9 @@ inline constexpr std::size_t static_input_features_v = L::preserves_features ? d
  * @brief Layers composed into one stage: `forward` runs them in order, `backward` in reverse; the
  * stage itself satisfies `layer`, so stages nest. Construct it from the layer objects.
  *
- * Typed: `forward(Act<In>) -> Act<Out>` and `backward(Act<grad of Out>) -> Act<grad of In>` for the
- * checked chain; the untyped `forward(const Activation&)` is the same chain on storage in the
- * stage's declared input layout (a pipeline boundary).
+ * Typed only: `forward(Act<In>) -> Act<Out>` and `backward(Act<grad of Out>) -> Act<grad of In>` for
+ * the checked chain (a pipeline boundary re-establishes the layout from the stage's declaration:
+ * pipeline/stage_concept.hpp).
  *
  * The backward also splits (`split_backward_layer`): `backward_input` runs every layer's B in reverse
  * order (a layer without a split runs its whole backward there), `backward_weight` every layer's W.
@@ -138,8 +138,6 @@ class Stage : public detail::TypedLayer<Stage<First, Rest...>> {
   template <class L>
   using output_layout = typename fold::layout;
 
-  using Typed::backward;
-
   /** Typed forward: each layer's typed forward in turn (the chain was checked when the type was built). */
   template <class In>
   auto forward(const Act<In>& x, int mb = 0) {
@@ -148,7 +146,8 @@ class Stage : public detail::TypedLayer<Stage<First, Rest...>> {
     else
       return Act<typename fold::layout>{};  // refused with its own message
   }
-  /** Typed B: each layer's typed backward_input (or whole backward) in reverse order. */
+  /** Typed B: each layer's typed backward_input (or whole backward) in reverse order; each layer keeps what its
+   *  weight gradient needs for micro-batch `mb`. */
   template <class G>
   auto backward_input(const Act<G>& dy, int mb = 0) {
     if constexpr (composes) return typed_backward_from<sizeof...(Rest)>(dy, mb);
@@ -164,13 +163,6 @@ class Stage : public detail::TypedLayer<Stage<First, Rest...>> {
 
   explicit Stage(First first, Rest... rest) : layers_(std::move(first), std::move(rest)...) { check_features(); }
 
-  Activation forward(const Activation& x, int mb = 0) {
-    return std::apply([&](auto&... l) { return forward_each(x, mb, l...); }, layers_);
-  }
-  /** B: the input gradient; each layer keeps what its weight gradient needs for micro-batch `mb`. */
-  Activation backward_input(const Activation& dy, int mb = 0) {
-    return backward_from<sizeof...(Rest)>(dy, mb);
-  }
   /** W: every layer's weight gradients for micro-batch `mb` (last layer first, as the fused backward). */
   void backward_weight(int mb = 0) { weight_from<sizeof...(Rest)>(mb); }
   std::vector<Parameter*> parameters() {
@@ -207,16 +199,6 @@ class Stage : public detail::TypedLayer<Stage<First, Rest...>> {
   auto typed_backward_from(const Act<G>& dy, int mb) {
     if constexpr (I == 0) return detail::backward_input_of(std::get<0>(layers_), dy, mb);
     else return typed_backward_from<I - 1>(detail::backward_input_of(std::get<I>(layers_), dy, mb), mb);
-  }
-  template <class L, class... Ls>
-  static Activation forward_each(const Activation& x, int mb, L& l, Ls&... ls) {
-    if constexpr (sizeof...(Ls) == 0) return l.forward(x, mb);
-    else return forward_each(l.forward(x, mb), mb, ls...);
-  }
-  template <std::size_t I>
-  Activation backward_from(const Activation& dy, int mb) {
-    if constexpr (I == 0) return detail::backward_input_of(std::get<0>(layers_), dy, mb);
-    else return backward_from<I - 1>(detail::backward_input_of(std::get<I>(layers_), dy, mb), mb);
   }
   template <std::size_t I>
   void weight_from(int mb) {

@@ -101,8 +101,6 @@ class TransformerBlock : public detail::TypedLayer<TransformerBlock<C, SP, B, Fe
       return Act<L>{};  // refused above, with the check's message
     }
   }
-  /** Untyped: the input in the block's layout `L`. */
-  Activation forward(const Activation& x, int mb = 0) { return forward(Act<L>(x), mb).tensor(); }
 
   /**
    * B: the input gradient (with recomputation, the forward is rerun first). The projections keep their
@@ -119,7 +117,6 @@ class TransformerBlock : public detail::TypedLayer<TransformerBlock<C, SP, B, Fe
     Act<L> dh = add<B>(detail::backward_input_of(ln2_, mlp_.backward_input(drop2_.backward(dy, mb), mb), mb), dy);
     return add<B>(detail::backward_input_of(ln1_, attn_.backward_input(drop1_.backward(dh, mb), mb), mb), dh);
   }
-  Activation backward_input(const Activation& dy, int mb = 0) { return backward_input(Act<L>(dy), mb).tensor(); }
   /** W: the weight gradients of the attention and MLP projections for micro-batch `mb`; no communication. */
   void backward_weight(int mb = 0) {
     mlp_.backward_weight(mb);

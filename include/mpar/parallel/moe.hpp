@@ -34,6 +34,7 @@
 #include <numeric>
 #include <span>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "mpar/backend/host/host_backend.hpp"
@@ -114,6 +115,39 @@ class MoeMlp {
 
   /** Frees what the forward of micro-batch `mb` kept for its backward. */
   void drop(int mb) { saved_.drop(mb); }
+
+  /**
+   * The layout the MoE takes on the tensor axis: whole token rows, the same on every tensor rank
+   * (`Replicate`); over the expert (token) group each rank passes its own tokens. True for `Replicate`;
+   * any other layout stops compilation here with what to do.
+   */
+  template <class L>
+  static constexpr bool check_input() {
+    static_assert(std::is_same_v<L, Replicate>,
+                  "mpar::parallel::MoeMlp (a mixture of experts) needs whole token rows, the same on every tensor rank "
+                  "(Replicate), but is fed another layout (see L above): the gate scores every feature of a token, and "
+                  "a Partial row would be routed by a partial sum. Fix: reduce a Partial input first "
+                  "(RowReduce::all_reduce, AllReduce), gather a feature shard (GatherFeatures) or token shards "
+                  "(GatherTokens) before the MoE");
+    return std::is_same_v<L, Replicate>;
+  }
+  /** Typed forward of micro-batch `mb`: `Act<Replicate>` rows `[tokens, d]` in, the MoE's output rows out. */
+  template <class L>
+  nn::Act<Replicate> forward(const nn::Act<L>& x, int mb = 0) {
+    if constexpr (check_input<L>()) {
+      nn::Act<Replicate> y(nn::Activation({x.extent(0), x.extent(1)}));
+      forward(std::span<const float>(x.data(), x.size()), x.extent(0), std::span<float>(y.data(), y.size()), mb);
+      return y;
+    } else {
+      return nn::Act<Replicate>{};  // refused above, with the message
+    }
+  }
+  /** Typed backward of micro-batch `mb`: the output gradient (Replicate) in, the input gradient out (see backward). */
+  nn::Act<Replicate> backward(const nn::Act<Replicate>& dy, float aux_grad = 1.0f, int mb = 0) {
+    nn::Act<Replicate> dx(nn::Activation({dy.extent(0), dy.extent(1)}));
+    backward(std::span<const float>(dy.data(), dy.size()), std::span<float>(dx.data(), dx.size()), aux_grad, mb);
+    return dx;
+  }
 
   /** y [tokens, d] = MoE(x [tokens, d]) for micro-batch `mb`. Collective over the expert and token groups. */
   void forward(std::span<const float> x, std::size_t tokens, std::span<float> y, int mb = 0) {

@@ -65,8 +65,6 @@ struct ExecutorOptions {
   PointToPoint p2p = PointToPoint::automatic;
 };
 
-/** @brief The last stage's loss: mean loss of micro-batch `mb` from its output `y`; writes dL/dy (same shape as y) into `dy`. */
-using LossFn = std::function<double(const Boundary& y, int mb, Boundary& dy)>;
 /** @brief An optimizer step over this rank's parameters (values updated in place from their grads). */
 using OptimizerFn = std::function<void(const std::vector<nn::Parameter*>&)>;
 
@@ -99,7 +97,19 @@ inline constexpr float dtype_f32 = 1.0f;
  */
 template <pipeline_stage Stage, communicator Comm>
 class Executor {
+  // Every stage of a pipeline is a `Stage`, so the tensor one sends is read by the next as its input.
+  static_assert(std::is_same_v<output_layout_t<Stage>, input_layout_t<Stage>>,
+                "pipeline::Executor: the stage type returns a layout (output_layout_t<Stage>) other than the one it "
+                "takes (input_layout_t<Stage>); every pipeline stage has this type, so the next stage would misread "
+                "the tensor it receives. Fix: end the stage in the layout it starts with (e.g. a RowParallel after a "
+                "ColumnParallel, or AllReduce after a Partial output); a last stage that returns something else to the "
+                "loss declares it as loss_layout and returns it from forward_to_loss");
+
  public:
+  /** The micro-batches entering stage 0, in the layout it declares. */
+  using input_type = nn::Act<input_layout_t<Stage>>;
+  /** The loss on the last stage's output, in the layout it declares for the loss. */
+  using loss_type = LossFn<loss_layout_t<Stage>>;
   using request_type = decltype(std::declval<Comm&>().irecv(std::span<float>{}, 0, 0));
 
   Executor(Comm& comm, Programs programs, std::vector<Stage*> chunks, ExecutorOptions options = {})
@@ -156,7 +166,7 @@ class Executor {
    * `optimizer` (optional) runs at each optimizer_step action — without one, gradients stay
    * accumulated in Parameter::grad for the caller.
    */
-  StepStats step(const std::vector<Boundary>& inputs, const LossFn& loss, const OptimizerFn& optimizer = {}) {
+  StepStats step(const std::vector<input_type>& inputs, const loss_type& loss, const OptimizerFn& optimizer = {}) {
     const auto& c = prog_.config;
     const int r = comm_.rank(), S = c.total_stages(), N = c.total_microbatches();
     if (holds_stage(0))
@@ -209,16 +219,16 @@ class Executor {
       double t_work = t_start;
       switch (a.op) {
         case Op::forward: {
-          Boundary x = s == 0 ? inputs[std::size_t(a.mb)] : take(act_, s, a.mb, "activation", a);
+          Boundary x = s == 0 ? inputs[std::size_t(a.mb)].tensor() : take(act_, s, a.mb, "activation", a);
           fwd_version_[{a.chunk, a.mb}] = version_;
-          Boundary y = stage.forward(x, a.mb);
+          Boundary y = detail::forward(stage, x, a.mb, s == S - 1);
           if (opt_.recompute[std::size_t(a.chunk)]) {
             if constexpr (droppable_stage<Stage>) stage.drop(a.mb);
             saved_[{s, a.mb}] = std::move(x);
           }
           if (s == S - 1) {
-            Boundary dy(y.shape());
-            loss_sum += loss(y, a.mb, dy);
+            Boundary dy;
+            loss_sum += detail::loss<Stage>(loss, y, a.mb, dy);
             require(dy.shape() == y.shape(), "pipeline::Executor: the loss wrote a gradient of shape ", dy.extent(0), "x",
                     dy.extent(1), " for an output of shape ", y.extent(0), "x", y.extent(1));
             const float scale = 1.0f / float(c.microbatches);
@@ -235,15 +245,15 @@ class Executor {
           Boundary dy = take(grad_, s, a.mb, "gradient", a);
           if (opt_.recompute[std::size_t(a.chunk)]) {
             Boundary x = take(saved_, s, a.mb, "saved input", a);
-            with_version(a, [&] { (void)stage.forward(x, a.mb); });
+            with_version(a, [&] { (void)detail::forward(stage, x, a.mb, s == S - 1); });
           }
           Boundary dx;
           with_version(a, [&] {
             if constexpr (split_backward_stage<Stage>) {
-              dx = stage.backward_input(dy, a.mb);
+              dx = detail::backward_input(stage, std::move(dy), a.mb, s == S - 1);
               if (a.op == Op::backward) stage.backward_weight(a.mb);
             } else {
-              dx = stage.backward(dy, a.mb);
+              dx = detail::backward(stage, std::move(dy), a.mb, s == S - 1);
             }
           });
           if (s > 0) grad_[{s - 1, a.mb}] = std::move(dx);

@@ -25,14 +25,14 @@ namespace mpar::pipeline {
  * chunk, global_stage)` builds each chunk on its own thread. Returns `stats[step][rank]`. A rank
  * that throws makes every rank fail (rank_failure names it).
  */
-template <class MakeStage>
+template <class MakeStage, class Stage = std::remove_cvref_t<std::invoke_result_t<MakeStage&, int, int, int>>>
 [[nodiscard]] auto run_pipeline_threads(const Programs& programs, MakeStage&& make_stage,
-                                        const std::vector<Boundary>& inputs, const LossFn& loss, int steps = 1,
+                                        const std::vector<nn::Act<input_layout_t<Stage>>>& inputs,
+                                        const LossFn<loss_layout_t<Stage>>& loss, int steps = 1,
                                         const OptimizerFn& optimizer = {}, const ExecutorOptions& options = {}) {
-  using Stage = std::remove_cvref_t<decltype(make_stage(0, 0, 0))>;
   static_assert(pipeline_stage<Stage>,
                 "run_pipeline_threads: make_stage(rank, chunk, stage) must return a pipeline_stage "
-                "(forward(x, mb), backward(dy, mb), parameters())");
+                "(typed forward(Act<In>, mb), backward(Act<grad of Out>, mb), parameters())");
   require(steps >= 1, "run_pipeline_threads: steps must be at least 1, got ", steps);
   const int P = programs.config.stages, V = programs.config.chunks;
   std::vector<std::vector<StepStats>> stats(static_cast<std::size_t>(steps),
