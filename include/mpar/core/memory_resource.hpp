@@ -20,6 +20,12 @@
 
 namespace mpar {
 
+/** @brief Tag: allocate without initialising the elements (a kernel writes them all before anything reads them). */
+struct uninitialized_t {
+  explicit uninitialized_t() = default;
+};
+inline constexpr uninitialized_t uninitialized{};
+
 /**
  * @brief A source of raw memory for tensors: `allocate(bytes)` returns memory aligned for any
  * element type, `deallocate(p, bytes)` returns it. Memory of every resource must be readable and
@@ -88,14 +94,33 @@ class ResourceAllocator {
 
   ResourceAllocator() noexcept : resource_(&current_memory_resource()) {}
   explicit ResourceAllocator(MemoryResource& r) noexcept : resource_(&r) {}
+  /** An allocator whose containers leave new elements uninitialised (see `construct`). */
+  ResourceAllocator(MemoryResource& r, uninitialized_t) noexcept : resource_(&r), default_init_(true) {}
   template <class U>
-  ResourceAllocator(const ResourceAllocator<U>& o) noexcept : resource_(&o.resource()) {}
+  ResourceAllocator(const ResourceAllocator<U>& o) noexcept : resource_(&o.resource()), default_init_(o.default_initialises()) {}
 
   [[nodiscard]] T* allocate(std::size_t n) { return static_cast<T*>(resource_->allocate(n * sizeof(T))); }
   void deallocate(T* p, std::size_t n) noexcept { resource_->deallocate(p, n * sizeof(T)); }
   /** A copied container takes the copying thread's resource, not the source's. */
   [[nodiscard]] ResourceAllocator select_on_container_copy_construction() const { return ResourceAllocator(); }
   [[nodiscard]] MemoryResource& resource() const noexcept { return *resource_; }
+  [[nodiscard]] bool default_initialises() const noexcept { return default_init_; }
+
+  /**
+   * Constructs an element. Without arguments (`Buffer<T>(n)`, `resize(n)`) it value-initialises, as
+   * std::allocator does, unless this allocator was made with `uninitialized`: then it
+   * default-initialises, which leaves arithmetic elements unwritten — how a tensor that a kernel
+   * overwrites whole is allocated without the host writing it first (on a device, touching it).
+   */
+  template <class U, class... A>
+  void construct(U* p, A&&... a) {
+    if constexpr (sizeof...(A) == 0) {
+      if (default_init_) ::new (static_cast<void*>(p)) U;
+      else ::new (static_cast<void*>(p)) U();
+    } else {
+      ::new (static_cast<void*>(p)) U(static_cast<A&&>(a)...);
+    }
+  }
 
   template <class U>
   friend bool operator==(const ResourceAllocator& a, const ResourceAllocator<U>& b) noexcept {
@@ -104,10 +129,20 @@ class ResourceAllocator {
 
  private:
   MemoryResource* resource_;
+  bool default_init_ = false;
 };
 
 /** @brief Contiguous storage of tensors and parameters, allocated from the thread's memory resource. */
 template <class T>
 using Buffer = std::vector<T, ResourceAllocator<T>>;
+
+/**
+ * @brief `n` elements from the thread's resource, not initialised (for a buffer a backend operation
+ * overwrites whole before it is read); growing it later also leaves the new elements unwritten.
+ */
+template <class T>
+[[nodiscard]] Buffer<T> uninitialized_buffer(std::size_t n) {
+  return Buffer<T>(n, ResourceAllocator<T>(current_memory_resource(), uninitialized));
+}
 
 }  // namespace mpar

@@ -263,7 +263,7 @@ class GptTrainer {
     }
     store_masters();
     if (scaler_) scaler_->update(finite);
-    for (auto* p : all_params_) p->zero_grad();
+    for (auto* p : all_params_) nn::zero_grad<B>(*p);
     if (zero_) zero_->zero_grad();
     stats.compute += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_opt).count();
     ++step_;
@@ -340,7 +340,7 @@ class GptTrainer {
       use_master_weights();
       if (gradients_final_)
         for (auto& s : stages_) s->on_gradients_final(gradients_final_, cfg_.microbatches);
-      for (auto* p : all_params_) p->zero_grad();
+      for (auto* p : all_params_) nn::zero_grad<B>(*p);
       if (zero_) zero_->zero_grad();
       for (auto& s : stages_) {
         (void)s->take_moe_aux_loss();
