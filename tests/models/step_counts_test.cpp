@@ -153,6 +153,21 @@ TEST_CASE("step counts: one rank, the operations per step follow the hand-derive
   check_dense("tp1 pp1 dp1", testing::small_gpt(1, 1, 1));
 }
 
+TEST_CASE("step counts: on one rank the host touches only token ids, targets, the loss and the logit-gradient buffer",
+          "[models][counts]") {
+  // Per micro-batch of t tokens: the [t, 1] id activation (written, value-initialised, copied once by the
+  // executor: read + written, read by the embedding) and its placeholder gradient, the ids and targets
+  // copied into rank memory, the loss read back, and the executor's value-initialised [t, vocab] logit
+  // gradient. Everything else — activations, gradients, statistics — is written by backend operations.
+  auto c = testing::small_gpt(1, 1, 1);
+  const auto rs = count_steps(c);
+  auto padded = c;
+  padded.model.vocab = testing::gpt_dataset().vocab_size();
+  const std::uint64_t t = c.microbatch_size() * c.model.seq, v = padded.model.padded_vocab(), f = sizeof(float);
+  const std::uint64_t per_mb = t * f * (2 + 2 + 1 + 1) + t * sizeof(std::int32_t) * 2 + f + t * v * f;
+  CHECK(rs[0].step.host_bytes == std::uint64_t(c.microbatches) * per_mb);
+}
+
 TEST_CASE("step counts: tensor, pipeline and data parallel layouts, every schedule", "[models][counts]") {
   check_dense("tp2", testing::small_gpt(2, 1, 1));
   check_dense("tp4", testing::small_gpt(4, 1, 1));

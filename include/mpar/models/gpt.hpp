@@ -310,7 +310,7 @@ class GptStage {
     }
     if (first_) {
       auto e = embed_pending_.take(mb, "GptStage embedding backward_weight (no backward_input ran for this micro-batch)");
-      embed_backward(e.dy, mb, final);
+      embed_backward(std::move(e.dy), mb, final);
     }
   }
 
@@ -440,10 +440,10 @@ class GptStage {
     B::bias_add_forward(tokens.size() / cfg_.seq, block, pos_.value.data(), h.data());
     return h;  // the position embedding is replicated: the sum stays Replicate
   }
-  void embed_backward(const nn::Activation& dy, int mb, bool final) {
+  void embed_backward(nn::Activation dy, int mb, bool final) {
     const std::size_t block = cfg_.seq * cfg_.hidden;
     B::bias_add_backward(dy.extent(0) / cfg_.seq, block, dy.data(), pos_.grad.data());  // the sum over sequences
-    embed_->backward(dy, mb);
+    embed_->backward(nn::Act<Replicate>(std::move(dy)), mb);  // moved: the typed backward takes it by value
     // The embedding of a single-stage model is also the head: its gradient is final only here.
     if (final) hook_(std::vector<nn::Parameter*>{embed_->parameters()[0], &pos_});
   }
