@@ -138,6 +138,55 @@ TEST_CASE("gemm: strided batched GEMM equals one GEMM per batch entry", "[cuda][
                 ref.data() + i * m * n, n);
   CHECK(worst(download(dc), ref, 1e-4, 1e-4) <= 1.0);
 }
+TEST_CASE("CudaBackend buffer ops and batched GEMM match their host references", "[cuda][buffer_ops]") {
+  const std::size_t n = 1000;
+  const auto x = random_vec<float>(n, 21);
+  auto dx = upload(x);
+  gpu::DeviceBuffer<float> dy(n, S());
+  CudaBackend::fill(n, 2.5f, dy.data());
+  CHECK(download(dy) == std::vector<float>(n, 2.5f));
+  CudaBackend::zero(n / 2, dy.data() + 1);
+  std::vector<float> zf(n, 2.5f);
+  std::fill(zf.begin() + 1, zf.begin() + 1 + n / 2, 0.0f);
+  CHECK(download(dy) == zf);
+  CudaBackend::copy(n, dx.data(), dy.data());
+  CHECK(download(dy) == x);
+  gpu::DeviceBuffer<bf16> dh(n, S());
+  CudaBackend::convert(n, dx.data(), dh.data());
+  std::vector<bf16> href(n);
+  host::convert(n, x.data(), href.data());
+  const auto h = download(dh);
+  for (std::size_t i = 0; i < n; ++i) REQUIRE(h[i].bits == href[i].bits);
+  CudaBackend::convert(n, dh.data(), dy.data());
+  std::vector<float> back(n);
+  host::convert(n, href.data(), back.data());
+  CHECK(download(dy) == back);
+  // Attention's shape: heads of width d inside rows of length ld, batched over the sequences.
+  const std::size_t s = 16, d = 8, heads = 4, nb = 3, ld = 3 * heads * d;
+  const auto qkv = random_vec<float>(nb * s * ld, 22);
+  auto dq = upload(qkv);
+  gpu::DeviceBuffer<float> dp(nb * heads * s * s, S());
+  std::vector<float> ref(nb * heads * s * s);
+  for (std::size_t hh = 0; hh < heads; ++hh) {
+    CudaBackend::gemm_strided_batched<float>(Trans::no, Trans::yes, s, s, d, 0.5f, dq.data() + hh * d, ld, s * ld,
+                                             dq.data() + heads * d + hh * d, ld, s * ld, 0.0f, dp.data() + hh * s * s, s,
+                                             heads * s * s, nb);
+    host::gemm_strided_batched<float>(Trans::no, Trans::yes, s, s, d, 0.5f, qkv.data() + hh * d, ld, s * ld,
+                                      qkv.data() + heads * d + hh * d, ld, s * ld, 0.0f, ref.data() + hh * s * s, s,
+                                      heads * s * s, nb);
+  }
+  CHECK(worst(download(dp), ref, 1e-4, 1e-4) <= 1.0);
+  // The loss reduction from cross-entropy statistics.
+  const std::size_t rows = 300;
+  auto mx = random_vec<float>(rows, 23), tl = random_vec<float>(rows, 24), se = random_vec<float>(rows, 25);
+  for (auto& v : se) v = 1.5f + std::abs(v);
+  auto dmx = upload(mx), dtl = upload(tl), dse = upload(se);
+  gpu::DeviceBuffer<float> dl(1, S());
+  CudaBackend::vocab_parallel_loss(rows, dmx.data(), dse.data(), dtl.data(), dl.data());
+  float lref = 0;
+  host::vocab_parallel_loss(rows, mx.data(), se.data(), tl.data(), &lref);
+  CHECK(worst(download(dl), std::vector<float>{lref}, 1e-5, 1e-5) <= 1.0);
+}
 TEST_CASE("gemm_lt: bias and GeLU fused in the epilogue match GEMM + host bias + host GeLU", "[cuda][gemm]") {
   const std::size_t m = 64, n = 96, k = 128;  // multiples of 8/16 as cuBLASLt's 16-bit kernels prefer
   for (Trans ta : {Trans::no, Trans::yes})

@@ -13,6 +13,7 @@
 #include "mpar/backend/host/kernels.hpp"  // host::DropoutMask (the mask is the same on every backend)
 #include "mpar/backend/host/optimizer_kernels.hpp"  // UpdateFactors (the optimizer kernels' per-step inputs)
 #include "mpar/core/memory_resource.hpp"  // Buffer (allocate)
+#include "mpar/backend/host/buffer_ops.hpp"  // the host reference of zero, fill, copy, convert, gemm_strided_batched
 
 namespace mpar {
 
@@ -56,6 +57,13 @@ namespace mpar {
  *   `gather_rows(rows, d, index, src, dst)`, `scatter_rows(rows, d, index, src, dst)`,
  *   `scatter_add_rows(rows, d, index, weight, src, dst)` (accumulates; `weight` may be null) and its
  *   backward `scatter_add_rows_backward(rows, d, index, weight, dy, src, dsrc, dot)`.
+ * - the buffer operations and the batched GEMM, with the semantics of their `mpar::host` reference
+ *   (backend/host/buffer_ops.hpp), so no host loop touches rank memory: `zero(n, x)`, `fill(n, value, x)`,
+ *   `copy(n, src, dst)` (no overlap), `convert(n, src, dst)` (fp32 to bf16/f16 rounding to nearest even, and
+ *   back exactly), and `gemm_strided_batched<T[, float]>(ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb,
+ *   stride_b, beta, c, ldc, stride_c, batch)`: `batch` row-major GEMMs whose operands are `stride_*`
+ *   elements apart (fp32, or bf16/f16 A and B with an fp32 C); `vocab_parallel_loss(rows, row_max, sumexp,
+ *   target_logit, loss)`: the mean cross-entropy from the statistics, into one float of rank memory;
  * Operations are ordered on the calling rank's stream and return at once: an operation runs after
  * every operation the rank issued before it and before every one issued after it, but not
  * necessarily before the call returns. Host code reads or writes rank memory only after an explicit
@@ -103,7 +111,8 @@ concept stream_ordered = requires(typename B::event_type& e, const float* src, f
 
 template <class B>
 concept backend = requires(const float* a, float* c, const bf16* h, const std::int32_t* ids,
-                           const host::DropoutMask& mask, std::size_t n, double* acc, UpdateFactors* factors) {
+                           const host::DropoutMask& mask, std::size_t n, double* acc, UpdateFactors* factors,
+                           bf16* hw) {
   typename B::memory_space;
   typename B::template tensor_type<float, 2>;
   B::init_rank();
@@ -136,6 +145,15 @@ concept backend = requires(const float* a, float* c, const bf16* h, const std::i
   B::scatter_rows(n, n, ids, a, c);
   B::scatter_add_rows(n, n, ids, a, a, c);
   B::scatter_add_rows_backward(n, n, ids, a, a, a, c, c);
+  // The buffer operations and the batched GEMM (backend/host/buffer_ops.hpp).
+  B::zero(n, c);
+  B::fill(n, 1.0f, c);
+  B::copy(n, a, c);
+  B::convert(n, a, hw);
+  B::convert(n, h, c);
+  B::template gemm_strided_batched<float>(Trans::no, Trans::yes, n, n, n, 1.0f, a, n, n, a, n, n, 0.0f, c, n, n, n);
+  B::template gemm_strided_batched<bf16, float>(Trans::no, Trans::no, n, n, n, 1.0f, h, n, n, h, n, n, 1.0f, c, n, n, n);
+  B::vocab_parallel_loss(n, a, a, a, c);
 };
 
 }  // namespace mpar

@@ -24,6 +24,12 @@
 
 namespace mpar {
 
+/** @brief Tag: allocate without initialising the elements (a kernel writes them all before anything reads them). */
+struct uninitialized_t {
+  explicit uninitialized_t() = default;
+};
+inline constexpr uninitialized_t uninitialized{};
+
 /**
  * @brief A source of raw memory for tensors: `allocate(bytes)` returns memory aligned for any
  * element type, `deallocate(p, bytes)` returns it. Memory of every resource must be readable and
@@ -123,11 +129,6 @@ class allocation_error : public std::bad_alloc {
  private:
   std::string what_;
 };
-/** @brief Tag: a buffer whose elements are left uninitialised (see `uninitialized_buffer`). */
-struct uninitialized_t {
-  explicit uninitialized_t() = default;
-};
-inline constexpr uninitialized_t uninitialized{};
 
 /**
  * @brief A standard allocator over a MemoryResource (the thread's current one by default). It

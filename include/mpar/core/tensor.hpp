@@ -13,6 +13,7 @@
 #include "mpar/core/dtype.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/extents.hpp"
+#include "mpar/core/host_access.hpp"
 #include "mpar/core/memory_resource.hpp"
 
 namespace mpar {
@@ -129,20 +130,44 @@ class Tensor {
   using value_type = T;
 
   Tensor() = default;
-  explicit Tensor(const Shape<Rank>& shape, T fill = T{}) : shape_(shape), data_(detail::product(shape), fill) {}
+  /** Every element set to `fill` (zero by default) by the host. */
+  explicit Tensor(const Shape<Rank>& shape, T fill = T{}) : shape_(shape), data_(detail::product(shape), fill) {
+    note_host_access(bytes());
+  }
+  /**
+   * Allocated, not initialised: for a tensor a backend operation overwrites whole before it is read
+   * (a GEMM with beta = 0, an elementwise kernel, `B::zero`). The host never touches its memory.
+   */
+  Tensor(const Shape<Rank>& shape, uninitialized_t)
+      : shape_(shape), data_(detail::product(shape), ResourceAllocator<T>(current_memory_resource(), uninitialized)) {}
+  /** A copy is made by the host (it reads and writes every byte, counted by `host_access_bytes`). */
+  Tensor(const Tensor& o) : shape_(o.shape_), data_(o.data_) { note_host_access(2 * bytes()); }
+  Tensor& operator=(const Tensor& o) {
+    if (this != &o) {
+      shape_ = o.shape_;
+      data_ = o.data_;
+      note_host_access(2 * bytes());
+    }
+    return *this;
+  }
+  Tensor(Tensor&&) noexcept = default;
+  Tensor& operator=(Tensor&&) noexcept = default;
+  ~Tensor() = default;
   template <std::size_t... E>
     requires(sizeof...(E) == Rank)
   explicit Tensor(const Extents<E...>& e, T fill = T{}) : Tensor(e.to_array(), fill) {}
   Tensor(const Shape<Rank>& shape, const std::vector<T>& values) : shape_(shape), data_(values.begin(), values.end()) {
     check_value_count();
+    note_host_access(bytes());
   }
   /** Takes over a buffer (no copy). */
   Tensor(const Shape<Rank>& shape, Buffer<T>&& values) : shape_(shape), data_(std::move(values)) { check_value_count(); }
   /** Copies any view of the same rank (making strided data contiguous). */
   template <class U>
     requires std::is_same_v<std::remove_const_t<U>, T>
-  explicit Tensor(const TensorView<U, Rank>& v) : Tensor(v.shape()) {
+  explicit Tensor(const TensorView<U, Rank>& v) : Tensor(v.shape(), uninitialized) {
     copy_into(v, view());
+    note_host_access(2 * bytes());
   }
 
   [[nodiscard]] static constexpr std::size_t rank() { return Rank; }
@@ -150,6 +175,7 @@ class Tensor {
   [[nodiscard]] std::ptrdiff_t stride(std::size_t d) const { return detail::row_major_strides(shape_)[d]; }
   [[nodiscard]] const Shape<Rank>& shape() const { return shape_; }
   [[nodiscard]] std::size_t size() const { return data_.size(); }
+  [[nodiscard]] std::size_t bytes() const { return data_.size() * sizeof(T); }
   [[nodiscard]] T* data() { return data_.data(); }
   [[nodiscard]] const T* data() const { return data_.data(); }
   [[nodiscard]] std::span<T> span() { return data_; }
@@ -178,11 +204,15 @@ class Tensor {
     return view().slice(dim, b, e);
   }
 
-  void fill(T v) { std::fill(data_.begin(), data_.end(), v); }
+  void fill(T v) {
+    std::fill(data_.begin(), data_.end(), v);
+    note_host_access(bytes());
+  }
 
   /** Same elements, new shape of equal element count. */
   template <std::size_t R2>
   [[nodiscard]] Tensor<T, R2> reshaped(const Shape<R2>& s) const& {
+    note_host_access(2 * bytes());
     return Tensor<T, R2>(s, Buffer<T>(data_));
   }
 

@@ -197,6 +197,7 @@ class GptStage {
   using Block = nn::TransformerBlock<C, false, B>;
   using MoeBlock = MoeTransformerBlock<C, B>;
   using GradientsFinalHook = std::function<void(const std::vector<nn::Parameter*>&)>;
+  using backend_type = B;  ///< the executor scales the loss gradient with it
 
   GptStage(C& tp, const GptConfig& cfg, bool first, bool last, std::size_t first_block, std::size_t block_count,
            nn::Parameter* shared_embedding = nullptr, GptMoeGroups<C> moe_groups = {})
@@ -261,6 +262,7 @@ class GptStage {
   [[nodiscard]] static nn::Act<Replicate> tokens_as_activation(std::span<const std::int32_t> tokens) {
     nn::Act<Replicate> a(nn::Activation({tokens.size(), 1}));
     for (std::size_t i = 0; i < tokens.size(); ++i) a.data()[i] = float(tokens[i]);
+    note_host_access(a.bytes());
     return a;
   }
 
@@ -276,7 +278,7 @@ class GptStage {
     // The tied head is column-parallel over the vocabulary: f (identity forward), then this rank's
     // vocabulary rows of E give vocab-sharded logits.
     nn::Act<Replicate> hn = nn::CopyToTensorRegion::forward(*tp_, final_ln_->forward(h, mb));
-    nn::Act<nn::FeatureShard> logits(nn::Activation({hn.extent(0), head_->local_box[0].extent}));
+    nn::Act<nn::FeatureShard> logits(nn::Activation({hn.extent(0), head_->local_box[0].extent}, uninitialized));
     B::template gemm<float>(Trans::no, Trans::yes, hn.extent(0), logits.extent(1), cfg_.hidden, 1.0f, hn.data(), cfg_.hidden,
                             head_->value.data(), cfg_.hidden, 0.0f, logits.data(), logits.extent(1));
     if (!vocab_mask_.empty()) B::bias_add_forward(logits.extent(0), logits.extent(1), vocab_mask_.data(), logits.data());
@@ -291,7 +293,7 @@ class GptStage {
    */
   nn::Act<Replicate> backward_input(const nn::Act<Replicate>& dy, int mb) {
     require(!last_, "GptStage: the last stage's output gradient is the vocab-sharded logit gradient (Act<FeatureShard>)");
-    return blocks_backward_input(dy, mb);
+    return blocks_backward_input(nn::backend_copy<B>(dy), mb);
   }
   /** B of the last stage: from this rank's vocab-sharded logit gradient. */
   nn::Act<Replicate> backward_input(const nn::Act<nn::FeatureShard>& dlogits, int mb) {
@@ -320,7 +322,7 @@ class GptStage {
     }
     if (first_) {
       auto e = embed_pending_.take(mb, "GptStage embedding backward_weight (no backward_input ran for this micro-batch)");
-      embed_backward(e.dy, mb, final);
+      embed_backward(std::move(e.dy), mb, final);
     }
   }
 
@@ -428,7 +430,7 @@ class GptStage {
 
   /** The embeddings (first stage) and the blocks: tokens or hidden states in, hidden states out. */
   nn::Act<Replicate> hidden(const nn::Act<Replicate>& x, int mb) {
-    nn::Act<Replicate> h = first_ ? embed(x, mb) : x;
+    nn::Act<Replicate> h = first_ ? embed(x, mb) : nn::backend_copy<B>(x);
     for (auto& b : blocks_) h = b->forward(h, mb);
     return h;
   }
@@ -450,9 +452,9 @@ class GptStage {
     require(saved.h.extent(0) == t && vl == head_->local_box[0].extent, "GptStage head: logit gradient is ", t, "x", vl,
             ", expected ", saved.h.extent(0), "x", head_->local_box[0].extent);
     // dh = dlogits · E_local: this rank's vocabulary shard's contribution, summed by f's backward.
-    nn::Act<nn::TensorPartial> dh(nn::Activation({t, h}));
+    nn::Act<nn::TensorPartial> dh(nn::Activation({t, h}, uninitialized));
     B::template gemm<float>(Trans::no, Trans::no, t, h, vl, 1.0f, dy.data(), vl, head_->value.data(), h, 0.0f, dh.data(), h);
-    head_pending_.put(mb) = {std::move(saved.h), dy.tensor()};
+    head_pending_.put(mb) = {std::move(saved.h), nn::backend_copy<B>(dy.tensor())};  // kept for W
     return final_ln_->backward(nn::CopyToTensorRegion::backward(*tp_, std::move(dh)), mb);
   }
 
@@ -461,19 +463,19 @@ class GptStage {
             "x", x.extent(1));
     std::vector<std::int32_t> tokens(x.extent(0));
     for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = std::int32_t(x.data()[i]);
+    note_host_access(x.bytes());
     nn::Act<Replicate> h = embed_->embed(tokens, mb);
-    // h[b, s, :] += position[s, :], one backend addition per sequence.
+    // h[b, s, :] += position[s, :]: with each sequence a row of seq x hidden values, the position table is
+    // that row's bias, so one bias addition covers the micro-batch.
     const std::size_t block = cfg_.seq * cfg_.hidden;
     require(tokens.size() % cfg_.seq == 0, "GptStage: ", tokens.size(), " tokens are not whole sequences of ", cfg_.seq);
-    for (std::size_t b = 0; b < tokens.size() / cfg_.seq; ++b)
-      B::add(block, h.data() + b * block, pos_.value.data(), h.data() + b * block);
+    B::bias_add_forward(tokens.size() / cfg_.seq, block, pos_.value.data(), h.data());
     return h;  // the position embedding is replicated: the sum stays Replicate
   }
-  void embed_backward(const nn::Act<Replicate>& dy, int mb, bool final) {
+  void embed_backward(nn::Act<Replicate> dy, int mb, bool final) {
     const std::size_t block = cfg_.seq * cfg_.hidden;
-    for (std::size_t b = 0; b < dy.extent(0) / cfg_.seq; ++b)
-      B::add(block, pos_.grad.data(), dy.data() + b * block, pos_.grad.data());
-    embed_->backward(dy, mb);
+    B::bias_add_backward(dy.extent(0) / cfg_.seq, block, dy.data(), pos_.grad.data());  // the sum over sequences
+    embed_->backward(std::move(dy), mb);  // moved: the typed backward takes it by value
     // The embedding of a single-stage model is also the head: its gradient is final only here.
     if (final) hook_(std::vector<nn::Parameter*>{embed_->parameters()[0], &pos_});
   }

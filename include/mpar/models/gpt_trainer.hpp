@@ -279,8 +279,7 @@ class GptTrainer {
     sum_tied_gradients();
     const parallel::StepStatistics st = optimizer_->step(lr);
     copy_embedding_to_head();  // unchanged values after a skipped step: harmless, and no host decision needed
-    for (auto* p : all_params_) p->zero_grad();
-    optimizer_->zero_grad();
+    zero_grad();
     stats.compute += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_opt).count();
     ++step_;
 
@@ -351,8 +350,7 @@ class GptTrainer {
       optimizer_->end_compute();
       if (gradients_final_)
         for (auto& s : stages_) s->on_gradients_final(gradients_final_, cfg_.microbatches);
-      for (auto* p : all_params_) p->zero_grad();
-      optimizer_->zero_grad();
+      zero_grad();
       for (auto& s : stages_) {
         (void)s->take_moe_aux_loss();
         (void)s->take_moe_dropped();
@@ -740,6 +738,12 @@ class GptTrainer {
                 comms_.world.rank(), " (", head_copy_ ? head_copy_->name : "", ", ", p->name, ")");
         head_copy_ = p;
       }
+  }
+
+  /** Zeroes every gradient once: the optimizer's parameters (and ZeRO-1's buffers) through it, the head's tied copy here. */
+  void zero_grad() {
+    optimizer_->zero_grad();
+    if (head_copy_) nn::zero_grad<B>(*head_copy_);
   }
 
   /** First and last pipeline stage of each (tensor, data, expert) position share the tied embedding. */

@@ -38,26 +38,44 @@ struct AttentionCore {
     return qkv.extent(0) / seq;
   }
 
+  /**
+   * One product of every (sequence, head) pair: `C(b, h) = alpha op(A(b, h)) op(B(b, h)) + beta C(b, h)`, where
+   * operand X(b, h) starts `b * X.seq + h * X.head` elements into X. A strided-batched GEMM has one batch
+   * stride, so it covers one of the two indices: the larger one, in one call per value of the smaller
+   * (min(sequences, heads) calls instead of sequences x heads).
+   */
+  struct Operand {
+    const float* p;
+    std::size_t ld, seq, head;
+  };
+  template <backend B>
+  void per_head_gemm(std::size_t nb, Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, float alpha,
+                     Operand a, Operand b, float* c, std::size_t ldc, std::size_t c_seq, std::size_t c_head) const {
+    const bool over_seqs = nb >= heads;
+    const std::size_t outer = over_seqs ? heads : nb, batch = over_seqs ? nb : heads;
+    for (std::size_t o = 0; o < outer; ++o) {
+      const std::size_t ao = o * (over_seqs ? a.head : a.seq), bo = o * (over_seqs ? b.head : b.seq),
+                        co = o * (over_seqs ? c_head : c_seq);
+      B::template gemm_strided_batched<float>(ta, tb, m, n, k, alpha, a.p + ao, a.ld, over_seqs ? a.seq : a.head, b.p + bo,
+                                              b.ld, over_seqs ? b.seq : b.head, 0.0f, c + co, ldc,
+                                              over_seqs ? c_seq : c_head, batch);
+    }
+  }
+
   /** o = softmax(mask(q k^T / sqrt(d))) v per (batch, head); saves the probabilities `[b, h, s, s]`. */
   template <backend B>
   Activation forward(const Activation& qkv, Buffer<float>& probs, std::string_view who) const {
     const std::size_t nb = batch(qkv, who), hl = heads * head_dim, ld = 3 * hl, s = seq, d = head_dim;
     const float scale = 1.0f / std::sqrt(float(d));
-    probs.assign(nb * heads * s * s, 0.0f);
-    Activation o({qkv.extent(0), hl});
-    // Scores of every (batch, head), one causal softmax over all their rows (row r is query r % s),
-    // then the weighted values: three calls into the backend instead of one softmax per head.
-    for (std::size_t b = 0; b < nb; ++b)
-      for (std::size_t h = 0; h < heads; ++h) {
-        const float* q = qkv.data() + b * s * ld + h * d;
-        B::template gemm<float>(Trans::no, Trans::yes, s, s, d, scale, q, ld, q + hl, ld, 0.0f,
-                                probs.data() + (b * heads + h) * s * s, s);
-      }
-    B::softmax_forward(nb * heads * s, s, probs.data(), probs.data(), true);
-    for (std::size_t b = 0; b < nb; ++b)
-      for (std::size_t h = 0; h < heads; ++h)
-        B::template gemm<float>(Trans::no, Trans::no, s, d, s, 1.0f, probs.data() + (b * heads + h) * s * s, s,
-                                qkv.data() + b * s * ld + 2 * hl + h * d, ld, 0.0f, o.data() + b * s * hl + h * d, hl);
+    // Every element of both is written by the products and the softmax below: no initialisation.
+    probs = uninitialized_buffer<float>(nb * heads * s * s);
+    Activation o({qkv.extent(0), hl}, uninitialized);
+    // Head h of sequence b: q at b*s*ld + h*d (k, v hl and 2hl further), its probabilities at (b*heads + h)*s*s.
+    const Operand q{qkv.data(), ld, s * ld, d}, k{qkv.data() + hl, ld, s * ld, d}, v{qkv.data() + 2 * hl, ld, s * ld, d};
+    const Operand p{probs.data(), s, heads * s * s, s * s};
+    per_head_gemm<B>(nb, Trans::no, Trans::yes, s, s, d, scale, q, k, probs.data(), s, heads * s * s, s * s);
+    B::softmax_forward(nb * heads * s, s, probs.data(), probs.data(), true);  // one causal softmax over all rows
+    per_head_gemm<B>(nb, Trans::no, Trans::no, s, d, s, 1.0f, p, v, o.data(), hl, s * hl, d);
     return o;
   }
 
@@ -69,27 +87,18 @@ struct AttentionCore {
     require(dout.extent(0) == qkv.extent(0) && dout.extent(1) == hl, who, ": output gradient is ", dout.extent(0), "x",
             dout.extent(1), ", expected ", qkv.extent(0), "x", hl);
     const float scale = 1.0f / std::sqrt(float(d));
-    Activation dqkv({qkv.extent(0), ld});
-    Buffer<float> dp(probs.size());
-    for (std::size_t b = 0; b < nb; ++b)
-      for (std::size_t h = 0; h < heads; ++h) {
-        const float* q = qkv.data() + b * s * ld + h * d;
-        const float* p = probs.data() + (b * heads + h) * s * s;
-        const float* go = dout.data() + b * s * hl + h * d;
-        float* dq = dqkv.data() + b * s * ld + h * d;
-        B::template gemm<float>(Trans::yes, Trans::no, s, d, s, 1.0f, p, s, go, hl, 0.0f, dq + 2 * hl, ld);  // dV
-        B::template gemm<float>(Trans::no, Trans::yes, s, s, d, 1.0f, go, hl, q + 2 * hl, ld, 0.0f,
-                                dp.data() + (b * heads + h) * s * s, s);  // dP
-      }
+    // dQ, dK, dV cover every column of dqkv and dP every element of dp: no initialisation.
+    Activation dqkv({qkv.extent(0), ld}, uninitialized);
+    Buffer<float> dp = uninitialized_buffer<float>(probs.size());
+    const Operand q{qkv.data(), ld, s * ld, d}, k{qkv.data() + hl, ld, s * ld, d}, v{qkv.data() + 2 * hl, ld, s * ld, d};
+    const Operand p{probs.data(), s, heads * s * s, s * s}, go{dout.data(), hl, s * hl, d};
+    float* dq = dqkv.data();
+    per_head_gemm<B>(nb, Trans::yes, Trans::no, s, d, s, 1.0f, p, go, dq + 2 * hl, ld, s * ld, d);  // dV = P^T dO
+    per_head_gemm<B>(nb, Trans::no, Trans::yes, s, s, d, 1.0f, go, v, dp.data(), s, heads * s * s, s * s);  // dP = dO V^T
     B::softmax_backward(nb * heads * s, s, probs.data(), dp.data(), dp.data());  // masked entries have p = 0, so dS = 0
-    for (std::size_t b = 0; b < nb; ++b)
-      for (std::size_t h = 0; h < heads; ++h) {
-        const float* q = qkv.data() + b * s * ld + h * d;
-        const float* ds = dp.data() + (b * heads + h) * s * s;
-        float* dq = dqkv.data() + b * s * ld + h * d;
-        B::template gemm<float>(Trans::no, Trans::no, s, d, s, scale, ds, s, q + hl, ld, 0.0f, dq, ld);    // dQ
-        B::template gemm<float>(Trans::yes, Trans::no, s, d, s, scale, ds, s, q, ld, 0.0f, dq + hl, ld);  // dK
-      }
+    const Operand ds{dp.data(), s, heads * s * s, s * s};
+    per_head_gemm<B>(nb, Trans::no, Trans::no, s, d, s, scale, ds, k, dq, ld, s * ld, d);        // dQ = dS K
+    per_head_gemm<B>(nb, Trans::yes, Trans::no, s, d, s, scale, ds, q, dq + hl, ld, s * ld, d);  // dK = dS^T Q
     return dqkv;
   }
 };

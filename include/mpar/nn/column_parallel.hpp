@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/nn/backend_copy.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/collectives.hpp"
 #include "mpar/nn/linear.hpp"
@@ -128,12 +129,12 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
     // The replicated operand of this rank's columns: SP all-gathers the tokens; otherwise f (identity).
     Act<Replicate> xf = [&] {
       if constexpr (O.sequence_parallel) return GatherTokens::forward(*comm_, Act<TokenShard>(x_in));
-      else return CopyToTensorRegion::forward(*comm_, Act<Replicate>(x_in));
+      else return CopyToTensorRegion::forward(*comm_, Act<Replicate>(backend_copy<B>(x_in)));  // kept for W
     }();
     require(xf.extent(1) == in_, "ColumnParallel '", name_, "' (tensor rank ", rank_, "): input has ", xf.extent(1),
             " features, expected ", in_);
     const std::size_t n = O.groups * local_out_;
-    Act<FeatureShard> y(Activation({xf.extent(0), n}));
+    Act<FeatureShard> y(Activation({xf.extent(0), n}, uninitialized));  // the GEMM (beta = 0) writes all of it
     detail::linear_forward<B>(xf.tensor(), weight_.value.data(), n, y.tensor());
     if (has_bias()) detail::add_row_vector<B>(y.tensor(), bias_.value);
     // The gathered input is kept for the weight gradient: memory for one all-gather less in backward.
@@ -150,13 +151,13 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
     Activation x = take_input(mb, layer_kind);
     Act<FeatureShard> dy = [&] {
       if constexpr (O.gather_output) return GatherFeaturesOf::backward(*comm_, Act<Replicate>(dy_in));
-      else return Act<FeatureShard>(dy_in);
+      else return Act<FeatureShard>(backend_copy<B>(dy_in));  // kept for W
     }();
     require(dy.extent(0) == x.extent(0) && dy.extent(1) == O.groups * local_out_, "ColumnParallel '", name_,
             "' (tensor rank ", rank_, "): output gradient is ", dy.extent(0), "x", dy.extent(1), ", expected ",
             x.extent(0), "x", O.groups * local_out_);
     // Each rank's dx is the contribution of its output columns only: a Partial sum over the ranks.
-    Act<TensorPartial> dx(Activation({dy.extent(0), in_}));
+    Act<TensorPartial> dx(Activation({dy.extent(0), in_}, uninitialized));
     detail::linear_backward_input<B>(dy.tensor(), weight_.value.data(), in_, dx.tensor());
     keep_for_weight(mb, std::move(x), std::move(dy).tensor());
     // The backward dual of the forward entry sums it: f's all-reduce (SP: the reduce-scatter of GatherTokens).

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/nn/backend_copy.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/layer.hpp"
 
@@ -59,25 +60,27 @@ class VocabParallelCrossEntropy {
       require(targets[i] >= 0 && std::size_t(targets[i]) < vocab_, "VocabParallelCrossEntropy: target ", targets[i],
               " of token ", i, " is outside the vocabulary of ", vocab_);
     auto& c = cache_.put(mb);
-    c.logits = logits;
+    c.logits = backend_copy<B>(logits);
     c.targets.assign(targets.begin(), targets.end());
-    c.stats.assign(3 * t, 0.0f);  // [row max | sum exp | target logit], per token
+    // [row max | sum exp | target logit] per token, then the loss: all written by the kernels.
+    c.stats = uninitialized_buffer<float>(3 * t + 1);
+    note_host_access(t * sizeof(std::int32_t));     // the targets copied in
     float* mx = c.stats.data();
     float* sums = mx + t;
     B::vocab_parallel_max(t, vl, logits.data(), mx);
     if (p_ > 1) comm_->all_reduce(std::span<float>(mx, t), ReduceOp::max);
     B::vocab_parallel_sumexp(t, vl, offset_, logits.data(), c.targets.data(), mx, sums, sums + t);
     if (p_ > 1) comm_->all_reduce(std::span<float>(sums, 2 * t), ReduceOp::sum);
-    double loss = 0;
-    for (std::size_t i = 0; i < t; ++i) loss += double(std::log(sums[i]) + mx[i] - sums[t + i]);
-    return float(loss / double(t));
+    B::vocab_parallel_loss(t, mx, sums, sums + t, sums + 2 * t);
+    note_host_access(sizeof(float));  // the host reads the loss
+    return sums[2 * t];
   }
 
   /** Gradient of `scale * loss` with respect to this rank's logits. */
   Activation backward(int mb = 0, float scale = 1.0f) {
     auto c = cache_.take(mb, "VocabParallelCrossEntropy");
     const std::size_t t = c.logits.extent(0), vl = c.logits.extent(1);
-    Activation d(c.logits.shape());
+    Activation d(c.logits.shape(), uninitialized);
     B::vocab_parallel_backward(t, vl, offset_, c.logits.data(), c.targets.data(), c.stats.data(), c.stats.data() + t,
                                d.data(), scale);
     return d;

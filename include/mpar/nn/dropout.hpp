@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/layer.hpp"
 
 namespace mpar::nn {
@@ -60,15 +61,15 @@ class Dropout : public detail::NoParameters, public detail::TypedLayer<Dropout<L
   }
 
   Activation forward(const Activation& x, int mb = 0) {
-    if (p_ == 0.0) return x;  // evaluation, or training without dropout: no mask to draw
-    Activation y(x.shape());
+    if (p_ == 0.0) return backend_copy<B>(x);  // evaluation, or training without dropout: no mask to draw
+    Activation y(x.shape(), uninitialized);
     B::dropout_apply(mask_for(x, mb), x.extent(0), x.extent(1), x.data(), y.data());
     return y;
   }
   Activation backward(const Activation& dy, int mb = 0) {
     // The mask is a pure function of indices: nothing is cached, backward re-derives it.
-    if (p_ == 0.0) return dy;
-    Activation dx(dy.shape());
+    if (p_ == 0.0) return backend_copy<B>(dy);
+    Activation dx(dy.shape(), uninitialized);
     B::dropout_apply(mask_for(dy, mb), dy.extent(0), dy.extent(1), dy.data(), dx.data());
     return dx;
   }

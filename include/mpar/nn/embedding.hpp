@@ -28,7 +28,7 @@ namespace detail {
 template <backend B>
 Activation embed_rows(const Buffer<std::int32_t>& tokens, const Parameter& w, std::size_t offset, std::size_t n,
                       std::size_t hidden) {
-  Activation y({tokens.size(), hidden});
+  Activation y({tokens.size(), hidden}, uninitialized);  // the kernel writes every row (zeros outside the slice)
   B::embedding_forward(tokens.size(), hidden, tokens.data(), w.value.data(), y.data(), offset, n);
   return y;
 }
@@ -57,6 +57,7 @@ class BasicEmbedding {
     detail::check_tokens(tokens, vocab_, "Embedding");
     auto& ids = cache_.put(mb).tokens;
     ids.assign(tokens.begin(), tokens.end());  // in the rank's memory, where the backend's kernels read them
+    note_host_access(ids.size() * sizeof(std::int32_t));
     return detail::embed_rows<B>(ids, weight_, 0, vocab_, hidden_);
   }
   void backward(const Activation& dy, int mb = 0) {
@@ -103,6 +104,7 @@ class VocabParallelEmbedding {
     detail::check_tokens(tokens, vocab_, "VocabParallelEmbedding");
     auto& ids = cache_.put(mb).tokens;
     ids.assign(tokens.begin(), tokens.end());
+    note_host_access(ids.size() * sizeof(std::int32_t));
     // This rank's rows for the tokens in its vocabulary slice, zeros elsewhere: an addend of the lookup.
     Act<TensorPartial> y(detail::embed_rows<B>(ids, weight_, slice_.offset, slice_.extent, hidden_));
     if constexpr (SP) return ReduceScatterTokens::forward(*comm_, std::move(y), "VocabParallelEmbedding");

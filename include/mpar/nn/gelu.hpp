@@ -4,6 +4,7 @@
 #include <string_view>
 
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/layer.hpp"
 
 namespace mpar::nn {
@@ -37,15 +38,15 @@ class BasicGelu : public detail::NoParameters, public detail::TypedLayer<BasicGe
   using input_for_grad = G;
 
   Activation forward(const Activation& x, int mb = 0) {
-    Activation y(x.shape());
+    Activation y(x.shape(), uninitialized);
     B::gelu_forward(x.size(), x.data(), y.data());
-    cache_.put(mb).x = x;
+    cache_.put(mb).x = backend_copy<B>(x);
     return y;
   }
   Activation backward(const Activation& dy, int mb = 0) {
     auto c = cache_.take(mb, layer_kind);
     require(dy.shape() == c.x.shape(), "Gelu: gradient shape differs from the input's");
-    Activation dx(dy.shape());
+    Activation dx(dy.shape(), uninitialized);
     B::gelu_backward(dy.size(), c.x.data(), dy.data(), dx.data());
     return dx;
   }

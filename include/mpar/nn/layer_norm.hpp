@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/nn/backend_copy.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/layer.hpp"
 
@@ -60,21 +61,22 @@ class LayerNorm : public detail::TypedLayer<LayerNorm<L, C, B>> {
   Activation forward(const Activation& x, int mb = 0) {
     require(x.extent(1) == n_, "LayerNorm '", gamma_.name, "': input has ", x.extent(1), " features, expected ", n_);
     const std::size_t rows = x.extent(0);
-    Activation y(x.shape());
+    Activation y(x.shape(), uninitialized);  // the kernel writes y, mean and rstd whole
     auto& c = cache_.put(mb);
-    c.mean.resize(rows);
-    c.rstd.resize(rows);
+    c.mean = uninitialized_buffer<float>(rows);
+    c.rstd = uninitialized_buffer<float>(rows);
     B::layernorm_forward(rows, n_, x.data(), gamma_.value.data(), beta_.value.data(), y.data(), c.mean.data(),
                             c.rstd.data());
-    c.x = x;
+    c.x = backend_copy<B>(x);
     return y;
   }
   Activation backward(const Activation& dy, int mb = 0) {
     auto c = cache_.take(mb, layer_kind);
     require(dy.shape() == c.x.shape(), "LayerNorm '", gamma_.name, "': gradient shape differs from the input's");
-    Activation dx(dy.shape());
+    Activation dx(dy.shape(), uninitialized);
     if constexpr (sequence_parallel) {
-      Buffer<float> g(2 * n_, 0.0f);
+      Buffer<float> g = uninitialized_buffer<float>(2 * n_);
+      B::zero(g.size(), g.data());  // the kernel accumulates dgamma, dbeta
       B::layernorm_backward(dy.extent(0), n_, c.x.data(), c.mean.data(), c.rstd.data(), gamma_.value.data(),
                             dy.data(), dx.data(), g.data(), g.data() + n_);
       if (comm_->size() > 1) comm_->all_reduce(std::span<float>(g), ReduceOp::sum);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/layer.hpp"
 
 namespace mpar::nn {
@@ -157,10 +158,10 @@ class Linear : public detail::LinearState, public detail::TypedLayer<Linear<In, 
 
   Activation forward(const Activation& x, int mb = 0) {
     require(x.extent(1) == in_, "Linear '", weight_.name, "': input has ", x.extent(1), " features, expected ", in_);
-    Activation y({x.extent(0), out_});
+    Activation y({x.extent(0), out_}, uninitialized);  // the GEMM (beta = 0) writes all of it
     detail::linear_forward<B>(x, weight_.value.data(), out_, y);
     if (has_bias()) detail::add_row_vector<B>(y, bias_.value);
-    keep_input(mb, x);
+    keep_input(mb, backend_copy<B>(x));
     return y;
   }
   /** B: `dx = dy Wᵀ`; keeps `x` and `dy` of micro-batch `mb` for backward_weight. */
@@ -168,9 +169,9 @@ class Linear : public detail::LinearState, public detail::TypedLayer<Linear<In, 
     Activation x = take_input(mb, layer_kind);
     require(dy.extent(1) == out_ && dy.extent(0) == x.extent(0), "Linear '", weight_.name, "': gradient is ",
             dy.extent(0), "x", dy.extent(1), ", expected ", x.extent(0), "x", out_);
-    Activation dx({dy.extent(0), in_});
+    Activation dx({dy.extent(0), in_}, uninitialized);
     detail::linear_backward_input<B>(dy, weight_.value.data(), in_, dx);
-    keep_for_weight(mb, std::move(x), dy);
+    keep_for_weight(mb, std::move(x), backend_copy<B>(dy));
     return dx;
   }
   /** W: `dW += xᵀ dy`, `db += Σ dy` for micro-batch `mb`; frees what backward_input kept. */

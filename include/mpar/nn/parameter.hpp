@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "mpar/core/host_access.hpp"
 #include "mpar/core/init.hpp"
 #include "mpar/core/layout.hpp"
 #include "mpar/core/memory_resource.hpp"
@@ -35,7 +36,11 @@ struct Parameter {
     for (auto e : global_shape) n *= e;
     return n;
   }
-  void zero_grad() { grad.assign(value.size(), 0.0f); }
+  /** Zeroes the gradient on the host (a device trainer uses `B::zero` on `grad` instead). */
+  void zero_grad() {
+    grad.assign(value.size(), 0.0f);
+    note_host_access(grad.size() * sizeof(float));
+  }
 
   /** Allocates the block and fills it with the sharding-independent initial values. */
   void initialise(std::uint64_t seed, const InitSpec& spec) {
@@ -59,6 +64,16 @@ struct Parameter {
     }
   }
 };
+
+/**
+ * @brief Zeroes `p`'s gradient with backend `B`'s `zero` — a kernel on the rank's memory, not a host loop
+ * (allocating the gradient uninitialised first if it has not its value's size).
+ */
+template <class B>
+void zero_grad(Parameter& p) {
+  if (p.grad.size() != p.value.size()) p.grad = uninitialized_buffer<float>(p.value.size());
+  B::zero(p.grad.size(), p.grad.data());
+}
 
 /**
  * @brief Creates and initialises a parameter of `global_shape` whose local block is `box` (from a

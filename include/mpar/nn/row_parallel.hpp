@@ -9,6 +9,7 @@
 #include <type_traits>
 
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/nn/backend_copy.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/collectives.hpp"
 #include "mpar/nn/linear.hpp"
@@ -100,11 +101,11 @@ class RowParallel : public detail::LinearState, public detail::TypedLayer<RowPar
   }
 
   Activation forward(const Activation& x_in, int mb = 0) {
-    Act<FeatureShard> x(x_in);
+    Act<FeatureShard> x(backend_copy<B>(x_in));  // kept for W
     require(x.extent(1) == local_in_, "RowParallel '", name_, "' (tensor rank ", rank_, "): input shard has ",
             x.extent(1), " features, expected ", local_in_, " (= ", in_, " / ", p_, ")");
     // This rank's rows of W times its feature block: a full-size addend of the product.
-    Act<TensorPartial> y(Activation({x.extent(0), out_}));
+    Act<TensorPartial> y(Activation({x.extent(0), out_}, uninitialized));  // the GEMM (beta = 0) writes all of it
     detail::linear_forward<B>(x.tensor(), weight_.value.data(), out_, y.tensor());
     keep_input(mb, std::move(x).tensor());
     const bool with_bias = has_bias();
@@ -133,11 +134,11 @@ class RowParallel : public detail::LinearState, public detail::TypedLayer<RowPar
     // a Partial output's gradient is already replicated.
     Act<Replicate> dy = [&] {
       if constexpr (R == RowReduce::reduce_scatter) return ReduceScatterTokens::backward(*comm_, Act<TokenShard>(dy_in));
-      else return ReduceToReplicate::backward(*comm_, Act<Replicate>(dy_in));
+      else return ReduceToReplicate::backward(*comm_, Act<Replicate>(backend_copy<B>(dy_in)));  // kept for W
     }();
     require(dy.extent(0) == x.extent(0) && dy.extent(1) == out_, "RowParallel '", name_, "' (tensor rank ", rank_,
             "): output gradient is ", dy.extent(0), "x", dy.extent(1), ", expected ", x.extent(0), "x", out_);
-    Activation dx({dy.extent(0), local_in_});
+    Activation dx({dy.extent(0), local_in_}, uninitialized);
     detail::linear_backward_input<B>(dy.tensor(), weight_.value.data(), local_in_, dx);
     keep_for_weight(mb, std::move(x), std::move(dy).tensor());
     return dx;

@@ -94,7 +94,7 @@ class TransformerBlock : public detail::TypedLayer<TransformerBlock<C, SP, B, Fe
       Act<L> y = run_forward(x, mb);
       if (recompute_) {
         drop_sublayers(mb);
-        inputs_.put(mb).x = x.tensor();
+        inputs_.put(mb).x = backend_copy<B>(x.tensor());
       }
       return y;
     } else {

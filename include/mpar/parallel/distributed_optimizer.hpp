@@ -262,8 +262,9 @@ class DistributedOptimizer {
 
   /** Zeroes the gradients of the updated parameters and ZeRO-1's own buffers. */
   void zero_grad() {
-    for (auto* p : params_) p->zero_grad();
-    if (zero_) zero_->zero_grad();
+    if (zero_) zero_->zero_grad();  // the same parameters, through ZeRO-1's own list
+    else
+      for (auto* p : params_) nn::zero_grad<B>(*p);
   }
 
   [[nodiscard]] const OptimizerConfig& config() const { return cfg_; }

@@ -177,7 +177,7 @@ class Zero1AdamW {
   }
 
   void zero_grad() {
-    for (auto* p : buckets_.params()) p->zero_grad();
+    for (auto* p : buckets_.params()) nn::zero_grad<B>(*p);
   }
 
   [[nodiscard]] std::size_t steps() const { return steps_; }

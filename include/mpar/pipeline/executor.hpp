@@ -38,6 +38,7 @@
 
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/error.hpp"
+#include "mpar/core/host_access.hpp"
 #include "mpar/core/memory_resource.hpp"
 #include "mpar/pipeline/action.hpp"
 #include "mpar/pipeline/simulator.hpp"
@@ -232,7 +233,13 @@ class Executor {
             require(dy.shape() == y.shape(), "pipeline::Executor: the loss wrote a gradient of shape ", dy.extent(0), "x",
                     dy.extent(1), " for an output of shape ", y.extent(0), "x", y.extent(1));
             const float scale = 1.0f / float(c.microbatches);
-            for (auto& v : dy.values()) v *= scale;
+            if constexpr (requires { typename Stage::backend_type; }) {
+              // The stage's backend scales its gradient where it lives (no host pass over the logits).
+              Stage::backend_type::scale(dy.size(), scale, dy.data());
+            } else {
+              for (auto& v : dy.values()) v *= scale;
+              note_host_access(2 * dy.bytes());
+            }
             grad_[{s, a.mb}] = std::move(dy);
           } else {
             out_shape_[{s, a.mb}] = y.shape();

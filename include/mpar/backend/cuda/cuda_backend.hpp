@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "mpar/backend/backend.hpp"
+#include "mpar/backend/cuda/buffer_ops.hpp"
 #include "mpar/backend/cuda/context.hpp"
 #include "mpar/backend/cuda/device_resource.hpp"
 #include "mpar/backend/cuda/device_tensor.hpp"
@@ -134,6 +135,30 @@ struct CudaBackend {
   }
   template <class... A> static void scatter_add_rows_backward(A&&... a) {
     then_wait([&] { gpu::scatter_add_rows_backward(std::forward<A>(a)...); });
+  }
+
+  // The buffer operations and the batched GEMM (see the `backend` concept), on the compute stream.
+  template <class T> static void zero(std::size_t n, T* x) { then_wait([&] { gpu::zero(n, x); }); }
+  template <class T> static void fill(std::size_t n, T value, T* x) { then_wait([&] { gpu::fill(n, value, x); }); }
+  template <class T> static void copy(std::size_t n, const T* src, T* dst) {
+    then_wait([&] { gpu::copy_on_device(src, dst, n, gpu::current_stream()); });
+  }
+  template <class From, class To> static void convert(std::size_t n, const From* src, To* dst) {
+    then_wait([&] { gpu::convert(n, src, dst); });
+  }
+  /** cublasGemmStridedBatchedEx (see gpu::gemm_strided_batched): fp32, or bf16/f16 A and B with fp32 accumulation. */
+  template <class TIn, class TOut = TIn>
+    requires gpu::gemm_types<TIn, TOut>
+  static void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k,
+                                   gpu::gemm_scalar_t<TIn> alpha, const TIn* a, std::size_t lda, std::size_t stride_a,
+                                   const TIn* b, std::size_t ldb, std::size_t stride_b, gpu::gemm_scalar_t<TIn> beta,
+                                   TOut* c, std::size_t ldc, std::size_t stride_c, std::size_t batch) {
+    gpu::gemm_strided_batched<TIn, TOut>(ta, tb, m, n, k, alpha, a, lda, std::int64_t(stride_a), b, ldb,
+                                         std::int64_t(stride_b), beta, c, ldc, std::int64_t(stride_c), batch);
+    synchronize();
+  }
+  template <class... A> static void vocab_parallel_loss(A&&... a) {
+    then_wait([&] { gpu::vocab_parallel_loss(std::forward<A>(a)...); });
   }
 
  private:

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "mpar/backend/backend.hpp"
+#include "mpar/backend/host/buffer_ops.hpp"
 #include "mpar/backend/host/gemm.hpp"
 #include "mpar/backend/host/kernels.hpp"
 #include "mpar/core/memory_resource.hpp"
@@ -110,6 +111,22 @@ struct HostBackend {
   template <class... A> static void scatter_add_rows_backward(A&&... a) {
     host::scatter_add_rows_backward(std::forward<A>(a)...);
   }
+
+  // The buffer operations and the batched GEMM (see the `backend` concept; host/buffer_ops.hpp).
+  template <class T> static void zero(std::size_t n, T* x) { host::zero(n, x); }
+  template <class T> static void fill(std::size_t n, T value, T* x) { host::fill(n, value, x); }
+  template <class T> static void copy(std::size_t n, const T* src, T* dst) { host::copy(n, src, dst); }
+  template <class From, class To> static void convert(std::size_t n, const From* src, To* dst) { host::convert(n, src, dst); }
+  template <class TIn, class TOut = TIn>
+    requires host_gemm_types<TIn, TOut>
+  static void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha,
+                                   const TIn* a, std::size_t lda, std::size_t stride_a, const TIn* b, std::size_t ldb,
+                                   std::size_t stride_b, TOut beta, TOut* c, std::size_t ldc, std::size_t stride_c,
+                                   std::size_t batch) {
+    host::gemm_strided_batched<TIn, TOut>(ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
+                                          stride_c, batch);
+  }
+  template <class... A> static void vocab_parallel_loss(A&&... a) { host::vocab_parallel_loss(std::forward<A>(a)...); }
 };
 
 static_assert(backend<HostBackend>);

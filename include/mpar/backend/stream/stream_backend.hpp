@@ -197,7 +197,24 @@ struct BasicStreamHostBackend {
   MPAR_STREAM_OP(scatter_rows)
   MPAR_STREAM_OP(scatter_add_rows)
   MPAR_STREAM_OP(scatter_add_rows_backward)
+  // The buffer operations and the loss reduction.
+  MPAR_STREAM_OP(zero)
+  MPAR_STREAM_OP(fill)
+  MPAR_STREAM_OP(copy)
+  MPAR_STREAM_OP(convert)
+  MPAR_STREAM_OP(vocab_parallel_loss)
 #undef MPAR_STREAM_OP
+
+  /** Strided-batched GEMM (see HostBackend::gemm_strided_batched), issued to the rank's stream. */
+  template <class TIn, class TOut = TIn>
+    requires host_gemm_types<TIn, TOut>
+  static void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha,
+                                   const TIn* a, std::size_t lda, std::size_t stride_a, const TIn* b, std::size_t ldb,
+                                   std::size_t stride_b, TOut beta, TOut* c, std::size_t ldc, std::size_t stride_c,
+                                   std::size_t batch) {
+    submit("gemm_strided_batched", [](auto... x) { HostBackend::template gemm_strided_batched<TIn, TOut>(x...); }, ta,
+           tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c, batch);
+  }
 
  private:
   template <class S>

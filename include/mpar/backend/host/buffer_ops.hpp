@@ -1,0 +1,69 @@
+#pragma once
+/**
+ * @file Host reference of the buffer operations of the `backend` concept — `zero`, `fill`, `copy`,
+ * `convert` — of the strided-batched GEMM, and of the cross-entropy's loss reduction.
+ *
+ * Why they are backend operations: on a device backend the buffers live in device memory, so zeroing a
+ * gradient, keeping a copy of an activation or rounding fp32 weights to bf16 must be kernels on the
+ * rank's stream, not host loops over the same memory (each a page migration or a stall).
+ */
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstring>
+#include <type_traits>
+
+#include "mpar/backend/host/gemm.hpp"
+#include "mpar/core/dtype.hpp"
+
+namespace mpar::host {
+
+/** x[i] = 0 for i < n. */
+template <class T>
+void zero(std::size_t n, T* x) {
+  static_assert(std::is_trivially_copyable_v<T>, "host::zero: T must be trivially copyable (all-zero bytes is zero)");
+  if (n) std::memset(static_cast<void*>(x), 0, n * sizeof(T));
+}
+/** x[i] = value for i < n. */
+template <class T>
+void fill(std::size_t n, T value, T* x) {
+  std::fill(x, x + n, value);
+}
+/** dst[i] = src[i] for i < n; the ranges must not overlap. */
+template <class T>
+void copy(std::size_t n, const T* src, T* dst) {
+  if (n) std::memcpy(static_cast<void*>(dst), static_cast<const void*>(src), n * sizeof(T));
+}
+/** dst[i] = To(src[i]): fp32 to bf16/f16 rounds to nearest even, 16-bit to fp32 is exact. */
+template <class From, class To>
+void convert(std::size_t n, const From* src, To* dst) {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = mpar::convert<To>(src[i]);
+}
+
+/**
+ * `batch` row-major GEMMs `C_i = alpha op(A_i) op(B_i) + beta C_i` with `A_i = a + i * stride_a` (and so on
+ * for B, C; strides in elements): the per-(sequence, head) products of attention in one call. The host
+ * runs them one after another through `mpar::gemm`.
+ */
+template <class TIn, class TOut = TIn>
+  requires host_gemm_types<TIn, TOut>
+void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha, const TIn* a,
+                          std::size_t lda, std::size_t stride_a, const TIn* b, std::size_t ldb, std::size_t stride_b,
+                          TOut beta, TOut* c, std::size_t ldc, std::size_t stride_c, std::size_t batch) {
+  for (std::size_t i = 0; i < batch; ++i)
+    mpar::gemm<TIn, TOut>(ta, tb, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta, c + i * stride_c, ldc);
+}
+
+/**
+ * `*loss` = the mean over rows of log(sumexp[r]) + row_max[r] - target_logit[r]: the cross-entropy from the
+ * (all-reduced) statistics of `vocab_parallel_max` / `vocab_parallel_sumexp`, into rank memory, so the host
+ * reads one number instead of three per token. Summed in double.
+ */
+inline void vocab_parallel_loss(std::size_t rows, const float* row_max, const float* sumexp, const float* target_logit,
+                                float* loss) {
+  double s = 0;
+  for (std::size_t r = 0; r < rows; ++r) s += double(std::log(sumexp[r]) + row_max[r] - target_logit[r]);
+  *loss = rows ? float(s / double(rows)) : 0.0f;
+}
+
+}  // namespace mpar::host

@@ -1,0 +1,216 @@
+#pragma once
+/**
+ * @file `CountingBackend<B>`: backend `B` with a per-rank count of what a training step asks of it —
+ * operations issued (by kind), host synchronisations, and bytes of tensor memory host code touched.
+ *
+ * Use it wherever a backend type is a template argument (`GptTrainer<Comm, CountingBackend<HostBackend>>`)
+ * and take `CountingBackend<B>::counts()` on each rank before and after a step; the difference is that
+ * step's work. Counters are thread-local: a rank is a thread, and a backend's operations run on the
+ * thread that issues them, so nothing is shared between ranks and the numbers are exact and reproducible.
+ *
+ * What is counted, and how:
+ * - launches: one per call of a backend operation (`gemm`, the layer, optimizer and row kernels, the
+ *   zero/fill/copy/convert operations, `gemm_strided_batched`, `vocab_parallel_loss`), by `Op` kind;
+ * - host synchronisations: calls of `synchronize()` and event waits, plus — for a backend whose
+ *   operations return only when finished (`operations_block_host<B>`, true for the synchronous
+ *   backends) — one per launch, since every such call blocks the host until the work is done;
+ * - host bytes: `host_access_bytes()` (core/host_access.hpp): bytes of tensor memory written or read by
+ *   host code on the paths that announce it — a value-initialising or filling `Tensor` constructor,
+ *   `Tensor::fill`, `Tensor` copies (read + write), `Parameter::zero_grad`, the layers' host loops and
+ *   value-initialised `Buffer`s (each site calls `note_host_access`). Not counted: the communicators'
+ *   own copies, and host code that does not announce its accesses (see docs/performance.md for the list).
+ *
+ * Operations not overridden here are inherited from `B` unchanged (and uncounted), so a backend that
+ * gains operations stays usable through the wrapper; counting a new one is one forwarding line.
+ */
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+
+#include "mpar/backend/backend.hpp"
+#include "mpar/core/host_access.hpp"
+
+namespace mpar::observe {
+
+/** @brief The kinds of backend operation `CountingBackend` tells apart. */
+enum class Op : std::size_t {
+  gemm,        ///< same-type GEMM (fp32)
+  gemm_mixed,  ///< 16-bit A and B, fp32 C
+  gemm_strided_batched,
+  add,
+  bias_add_forward,
+  bias_add_backward,
+  gelu_forward,
+  gelu_backward,
+  softmax_forward,
+  softmax_backward,
+  layernorm_forward,
+  layernorm_backward,
+  dropout_apply,
+  embedding_forward,
+  embedding_backward,
+  vocab_parallel_max,
+  vocab_parallel_sumexp,
+  vocab_parallel_backward,
+  adamw_update,
+  sgd_update,
+  sum_squares,
+  scale,
+  gather_rows,
+  scatter_rows,
+  scatter_add_rows,
+  scatter_add_rows_backward,
+  zero,
+  fill,
+  copy,
+  convert,
+  vocab_parallel_loss,
+  update_factors,
+  kinds_  ///< the number of kinds
+};
+inline constexpr std::size_t op_kinds = std::size_t(Op::kinds_);
+inline constexpr std::array<std::string_view, op_kinds> op_names{
+    "gemm",          "gemm_mixed",      "gemm_strided_batched", "add",
+    "bias_add_forward", "bias_add_backward", "gelu_forward",     "gelu_backward",
+    "softmax_forward", "softmax_backward", "layernorm_forward", "layernorm_backward",
+    "dropout_apply", "embedding_forward", "embedding_backward", "vocab_parallel_max",
+    "vocab_parallel_sumexp", "vocab_parallel_backward", "adamw_update", "sgd_update",
+    "sum_squares",   "scale",           "gather_rows",          "scatter_rows",
+    "scatter_add_rows", "scatter_add_rows_backward", "zero",    "fill",
+    "copy",          "convert",         "vocab_parallel_loss", "update_factors"};
+
+/**
+ * @brief Whether backend `B`'s operations return only after their work finished (each one a host
+ * synchronisation). True unless `B` says otherwise with `static constexpr bool operations_block_host = false`
+ * (a stream-ordered backend whose operations return at once).
+ */
+template <class B>
+inline constexpr bool operations_block_host = [] {
+  if constexpr (requires { B::operations_block_host; }) return bool(B::operations_block_host);
+  else return true;
+}();
+
+/** @brief What one rank asked of its backend (a snapshot, or the difference of two). */
+struct BackendCounts {
+  std::array<std::uint64_t, op_kinds> launches{};
+  std::uint64_t synchronize_calls = 0;  ///< explicit `synchronize()`
+  std::uint64_t event_waits = 0;        ///< host waits on an event (stream-ordered backends)
+  std::uint64_t host_bytes = 0;         ///< `host_access_bytes()` at the snapshot
+  bool operations_block = true;         ///< whether every launch also blocked the host
+
+  [[nodiscard]] std::uint64_t operator[](Op k) const { return launches[std::size_t(k)]; }
+  [[nodiscard]] std::uint64_t total_launches() const {
+    std::uint64_t n = 0;
+    for (auto v : launches) n += v;
+    return n;
+  }
+  [[nodiscard]] std::uint64_t gemms() const { return (*this)[Op::gemm] + (*this)[Op::gemm_mixed] + (*this)[Op::gemm_strided_batched]; }
+  /** Times the host waited for the backend: explicit synchronisations and event waits, plus every launch of a blocking backend. */
+  [[nodiscard]] std::uint64_t host_syncs() const {
+    return synchronize_calls + event_waits + (operations_block ? total_launches() : 0);
+  }
+  [[nodiscard]] friend BackendCounts operator-(BackendCounts a, const BackendCounts& b) {
+    for (std::size_t i = 0; i < op_kinds; ++i) a.launches[i] -= b.launches[i];
+    a.synchronize_calls -= b.synchronize_calls;
+    a.event_waits -= b.event_waits;
+    a.host_bytes -= b.host_bytes;
+    return a;
+  }
+  /** `kind=count` for every kind issued, e.g. "gemm=120 add=8". */
+  [[nodiscard]] std::string by_kind() const {
+    std::string s;
+    for (std::size_t i = 0; i < op_kinds; ++i)
+      if (launches[i]) s += (s.empty() ? "" : " ") + std::string(op_names[i]) + "=" + std::to_string(launches[i]);
+    return s;
+  }
+};
+
+/**
+ * @brief Backend `B`, counting on the calling thread (see the file comment). Every counted operation
+ * forwards its arguments to `B`'s unchanged.
+ */
+template <backend B>
+struct CountingBackend : B {
+  static constexpr const char* name = "counting";
+
+  /** This thread's counts so far (the host bytes read from `host_access_bytes()` now). */
+  [[nodiscard]] static BackendCounts counts() {
+    BackendCounts c = state();
+    c.host_bytes = host_access_bytes();
+    c.operations_block = operations_block_host<B>;
+    return c;
+  }
+
+  static void synchronize() {
+    ++state().synchronize_calls;
+    B::synchronize();
+  }
+  /** A host wait on an event is a host synchronisation too. */
+  template <class E>
+  static void wait_event(E& e) {
+    ++state().event_waits;
+    B::wait_event(e);
+  }
+
+  template <class TIn, class TOut = TIn, class... A>
+  static void gemm(A&&... a) {
+    note(std::is_same_v<TIn, TOut> ? Op::gemm : Op::gemm_mixed);
+    B::template gemm<TIn, TOut>(std::forward<A>(a)...);
+  }
+
+#define MPAR_COUNTING_OP(op)                                         \
+  template <class... A>                                              \
+  static decltype(auto) op(A&&... a) {                               \
+    note(Op::op);                                                    \
+    return B::op(std::forward<A>(a)...);                             \
+  }
+  MPAR_COUNTING_OP(add)
+  MPAR_COUNTING_OP(bias_add_forward)
+  MPAR_COUNTING_OP(bias_add_backward)
+  MPAR_COUNTING_OP(gelu_forward)
+  MPAR_COUNTING_OP(gelu_backward)
+  MPAR_COUNTING_OP(softmax_forward)
+  MPAR_COUNTING_OP(softmax_backward)
+  MPAR_COUNTING_OP(layernorm_forward)
+  MPAR_COUNTING_OP(layernorm_backward)
+  MPAR_COUNTING_OP(dropout_apply)
+  MPAR_COUNTING_OP(embedding_forward)
+  MPAR_COUNTING_OP(embedding_backward)
+  MPAR_COUNTING_OP(vocab_parallel_max)
+  MPAR_COUNTING_OP(vocab_parallel_sumexp)
+  MPAR_COUNTING_OP(vocab_parallel_backward)
+  MPAR_COUNTING_OP(adamw_update)
+  MPAR_COUNTING_OP(sgd_update)
+  MPAR_COUNTING_OP(sum_squares)
+  MPAR_COUNTING_OP(scale)
+  MPAR_COUNTING_OP(gather_rows)
+  MPAR_COUNTING_OP(scatter_rows)
+  MPAR_COUNTING_OP(scatter_add_rows)
+  MPAR_COUNTING_OP(scatter_add_rows_backward)
+  MPAR_COUNTING_OP(zero)
+  MPAR_COUNTING_OP(fill)
+  MPAR_COUNTING_OP(copy)
+  MPAR_COUNTING_OP(convert)
+  MPAR_COUNTING_OP(vocab_parallel_loss)
+  MPAR_COUNTING_OP(update_factors)
+#undef MPAR_COUNTING_OP
+
+  template <class TIn, class TOut = TIn, class... A>
+  static void gemm_strided_batched(A&&... a) {
+    note(Op::gemm_strided_batched);
+    B::template gemm_strided_batched<TIn, TOut>(std::forward<A>(a)...);
+  }
+
+ private:
+  static BackendCounts& state() {
+    thread_local BackendCounts c;
+    return c;
+  }
+  static void note(Op k) { ++state().launches[std::size_t(k)]; }
+};
+
+}  // namespace mpar::observe

@@ -1,0 +1,153 @@
+// The buffer operations (zero, fill, copy, convert) and the strided-batched GEMM of the backend concept,
+// on HostBackend and through CountingBackend, against naive loops and hand-worked roundings.
+#include <catch2/catch.hpp>
+
+#include <bit>
+#include <cmath>
+#include <thread>
+#include <cstdint>
+#include <vector>
+
+#include <mpar/backend/host/host_backend.hpp>
+#include <mpar/core.hpp>
+#include <mpar/observe/counting_backend.hpp>
+
+using namespace mpar;
+
+namespace {
+/** Row-major C = alpha op(A) op(B) + beta C, summed in double: the reference for one batch entry. */
+template <class T>
+void naive_gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const T* a,
+                std::size_t lda, const T* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      double s = 0;
+      for (std::size_t p = 0; p < k; ++p)
+        s += double(float(ta == Trans::no ? a[i * lda + p] : a[p * lda + i])) *
+             double(float(tb == Trans::no ? b[p * ldb + j] : b[j * ldb + p]));
+      c[i * ldc + j] = float(alpha * s + beta * double(c[i * ldc + j]));
+    }
+}
+float value(std::size_t i) { return float(int(i * 37 % 23) - 11) / 8.0f; }
+}  // namespace
+
+TEMPLATE_TEST_CASE("backend buffer ops: zero, fill and copy write exactly their n elements", "[backend][buffer_ops]",
+                   HostBackend, observe::CountingBackend<HostBackend>) {
+  std::vector<float> x(10, 7.0f), y(10, -1.0f);
+  TestType::zero(std::size_t(4), x.data() + 3);
+  CHECK(x == std::vector<float>{7, 7, 7, 0, 0, 0, 0, 7, 7, 7});
+  TestType::fill(std::size_t(3), 2.5f, x.data() + 1);
+  CHECK(x == std::vector<float>{7, 2.5f, 2.5f, 2.5f, 0, 0, 0, 7, 7, 7});
+  TestType::copy(std::size_t(5), x.data(), y.data() + 2);
+  CHECK(y == std::vector<float>{-1, -1, 7, 2.5f, 2.5f, 2.5f, 0, -1, -1, -1});
+  std::vector<std::int32_t> ids(4, 9);
+  TestType::zero(std::size_t(4), ids.data());
+  CHECK(ids == std::vector<std::int32_t>(4, 0));
+}
+
+TEMPLATE_TEST_CASE("backend buffer ops: convert rounds fp32 to bf16 and f16 to nearest even, back exactly",
+                   "[backend][buffer_ops]", HostBackend, observe::CountingBackend<HostBackend>) {
+  // 1 + 2^-8 is halfway between the bf16 neighbours 1 and 1 + 2^-7: ties to even gives 1.
+  // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even): gives 1 + 2^-6.
+  const std::vector<float> src{1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -2.0f, 0x1p-20f};
+  std::vector<bf16> h(4);
+  TestType::convert(src.size(), src.data(), h.data());
+  CHECK(h[0].bits == 0x3f80);
+  CHECK(h[1].bits == 0x3f82);
+  CHECK(h[2].bits == 0xc000);
+  CHECK(h[3].bits == std::uint16_t(std::bit_cast<std::uint32_t>(0x1p-20f) >> 16));
+  std::vector<float> back(4, 0.0f);
+  TestType::convert(h.size(), h.data(), back.data());
+  CHECK(back == std::vector<float>{1.0f, 1.0f + 0x1p-6f, -2.0f, 0x1p-20f});
+  // f16: 1 + 2^-11 is halfway between 1 and 1 + 2^-10: ties to even gives 1.
+  const std::vector<float> s16{1.0f + 0x1p-11f, 65504.0f};
+  std::vector<f16> g(2);
+  TestType::convert(s16.size(), s16.data(), g.data());
+  std::vector<float> g_back(2);
+  TestType::convert(g.size(), g.data(), g_back.data());
+  CHECK(g_back == std::vector<float>{1.0f, 65504.0f});
+}
+
+TEMPLATE_TEST_CASE("backend gemm_strided_batched: every batch entry equals a naive GEMM, strides and transposes honoured",
+                   "[backend][buffer_ops]", HostBackend, observe::CountingBackend<HostBackend>) {
+  // Attention's shape: per entry an [s, d] block of a wider matrix (ld > d), entries d columns apart.
+  const std::size_t batch = 3, m = 5, n = 4, k = 6, pad = 2;
+  for (Trans ta : {Trans::no, Trans::yes})
+    for (Trans tb : {Trans::no, Trans::yes})
+      for (float beta : {0.0f, 0.5f}) {
+        const std::size_t a_rows = ta == Trans::no ? m : k, a_cols = ta == Trans::no ? k : m;
+        const std::size_t b_rows = tb == Trans::no ? k : n, b_cols = tb == Trans::no ? n : k;
+        const std::size_t lda = batch * a_cols + pad, ldb = b_cols + pad, ldc = n + 1;
+        const std::size_t sa = a_cols, sb = b_rows * ldb, sc = m * ldc;  // A interleaved by columns, B and C stacked
+        std::vector<float> a(a_rows * lda), b(batch * sb), c(batch * sc), ref;
+        for (std::size_t i = 0; i < a.size(); ++i) a[i] = value(i);
+        for (std::size_t i = 0; i < b.size(); ++i) b[i] = value(i + 5);
+        for (std::size_t i = 0; i < c.size(); ++i) c[i] = value(i + 11);
+        ref = c;
+        for (std::size_t e = 0; e < batch; ++e)
+          naive_gemm<float>(ta, tb, m, n, k, 0.75f, a.data() + e * sa, lda, b.data() + e * sb, ldb, beta,
+                            ref.data() + e * sc, ldc);
+        TestType::template gemm_strided_batched<float>(ta, tb, m, n, k, 0.75f, a.data(), lda, sa, b.data(), ldb, sb, beta,
+                                                       c.data(), ldc, sc, batch);
+        for (std::size_t i = 0; i < c.size(); ++i) REQUIRE(c[i] == Approx(ref[i]).margin(1e-5));
+      }
+  // bf16 A and B into an fp32 C (the mixed-precision form).
+  std::vector<bf16> a(batch * m * k), b(batch * k * n);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = bf16(value(i));
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = bf16(value(i + 3));
+  std::vector<float> c(batch * m * n, 1.0f), ref = c;
+  for (std::size_t e = 0; e < batch; ++e)
+    naive_gemm<bf16>(Trans::no, Trans::no, m, n, k, 1.0f, a.data() + e * m * k, k, b.data() + e * k * n, n, 1.0f,
+                     ref.data() + e * m * n, n);
+  TestType::template gemm_strided_batched<bf16, float>(Trans::no, Trans::no, m, n, k, 1.0f, a.data(), k, m * k, b.data(),
+                                                       n, k * n, 1.0f, c.data(), n, m * n, batch);
+  for (std::size_t i = 0; i < c.size(); ++i) REQUIRE(c[i] == Approx(ref[i]).margin(1e-5));
+}
+
+TEST_CASE("CountingBackend counts one launch per call, by kind, on the calling thread", "[backend][buffer_ops]") {
+  using Cb = observe::CountingBackend<HostBackend>;
+  const auto before = Cb::counts();
+  std::vector<float> x(8, 1.0f), y(8);
+  Cb::zero(x.size(), x.data());
+  Cb::copy(x.size(), x.data(), y.data());
+  Cb::copy(x.size(), y.data(), x.data());
+  Cb::template gemm<float>(Trans::no, Trans::no, 2, 2, 2, 1.0f, x.data(), 2, x.data(), 2, 0.0f, y.data(), 2);
+  Cb::synchronize();
+  const auto d = Cb::counts() - before;
+  CHECK(d[observe::Op::zero] == 1);
+  CHECK(d[observe::Op::copy] == 2);
+  CHECK(d[observe::Op::gemm] == 1);
+  CHECK(d.total_launches() == 4);
+  CHECK(d.synchronize_calls == 1);
+  CHECK(d.host_syncs() == 5);  // HostBackend returns when done: every launch is a synchronisation, plus the explicit one
+  CHECK(d.by_kind() == "gemm=1 zero=1 copy=2");
+  // Another thread's work is its own.
+  std::thread([] { Cb::zero(std::size_t(0), static_cast<float*>(nullptr)); }).join();
+  CHECK((Cb::counts() - before).total_launches() == 4);
+  // Host bytes: a value-initialised tensor is written by the host, an uninitialised one is not.
+  const auto h0 = Cb::counts().host_bytes;
+  Tensor<float, 2> t({4, 8});
+  CHECK(Cb::counts().host_bytes - h0 == 4 * 8 * sizeof(float));
+  Tensor<float, 2> u({4, 8}, uninitialized);
+  CHECK(Cb::counts().host_bytes - h0 == 4 * 8 * sizeof(float));
+  Tensor<float, 2> copy = t;  // read and written
+  CHECK(Cb::counts().host_bytes - h0 == 3 * 4 * 8 * sizeof(float));
+  Tensor<float, 2> moved = std::move(copy);
+  CHECK(Cb::counts().host_bytes - h0 == 3 * 4 * 8 * sizeof(float));
+}
+
+TEST_CASE("backend vocab_parallel_loss: the mean of log(sumexp) + max - target logit, into rank memory",
+          "[backend][buffer_ops]") {
+  const std::vector<float> mx{1.0f, -2.0f, 0.5f}, se{1.0f, 2.0f, 3.0f}, tl{0.25f, -3.0f, 1.5f};
+  // By hand: (0 + 1 - 0.25) + (ln 2 - 2 + 3) + (ln 3 + 0.5 - 1.5), over 3 rows.
+  const double want = (0.75 + (std::log(2.0) + 1.0) + (std::log(3.0) - 1.0)) / 3.0;
+  float loss = -1.0f;
+  HostBackend::vocab_parallel_loss(mx.size(), mx.data(), se.data(), tl.data(), &loss);
+  CHECK(loss == Approx(want).epsilon(1e-6));
+  using Cb = observe::CountingBackend<HostBackend>;
+  const auto before = Cb::counts();
+  float again = 0.0f;
+  Cb::vocab_parallel_loss(mx.size(), mx.data(), se.data(), tl.data(), &again);
+  CHECK(again == loss);
+  CHECK((Cb::counts() - before)[observe::Op::vocab_parallel_loss] == 1);
+}

@@ -1,0 +1,263 @@
+// What one training step asks of the backend, per rank, counted by CountingBackend around the real
+// GptTrainer on thread ranks: operations issued (checked against a hand-derived formula), host
+// synchronisations, and bytes of tensor memory the host touched. Printed for every layout, so the
+// numbers in docs/performance.md can be reproduced.
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <optional>
+#include <cstdio>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <mpar/comm/threads.hpp>
+#include <mpar/models/gpt_trainer.hpp>
+#include <mpar/observe/counting_backend.hpp>
+
+#include "gpt_test_config.hpp"
+
+using namespace mpar;
+using observe::BackendCounts;
+using observe::Op;
+using Counting = observe::CountingBackend<HostBackend>;
+
+namespace {
+
+struct RankCounts {
+  MeshCoord coord;
+  std::size_t held = 0;     // parameters on the rank
+  std::size_t updated = 0;  // parameters the optimizer updates (the head's tied copy is copied, not updated)
+  BackendCounts step, again;  // the steady-state step (the second) and the one after it
+};
+
+/** Runs three steps on thread ranks and returns every rank's counts of steps 2 and 3 (the first builds caches). */
+std::vector<RankCounts> count_steps(const models::GptTrainConfig& c) {
+  std::vector<RankCounts> out(c.world_size());
+  run_threads(int(c.world_size()), [&](ThreadsCommunicator& world) {
+    models::GptTrainer<ThreadsCommunicator, Counting> t(world, c, testing::gpt_dataset());
+    (void)t.train_step();  // the first step builds caches (GEMM primitives, buffers)
+    const BackendCounts a = Counting::counts();
+    (void)t.train_step();
+    const BackendCounts b = Counting::counts();
+    (void)t.train_step();
+    const BackendCounts d = Counting::counts();
+    RankCounts& r = out[std::size_t(world.rank())];
+    r.coord = t.coord();
+    r.step = b - a;
+    r.again = d - b;
+    r.updated = r.held = t.parameters().size();
+    for (auto* p : t.parameters())
+      if (p->name == "embed.token.weight" && r.coord.pipeline != 0) --r.updated;
+  });
+  return out;
+}
+
+void print(const std::string& name, const std::vector<RankCounts>& rs) {
+  for (std::size_t i = 0; i < rs.size(); ++i) {
+    const auto& s = rs[i].step;
+    std::printf("%-28s rank %zu: launches %llu (gemms %llu), host syncs %llu, host bytes %llu\n    %s\n", name.c_str(), i,
+                (unsigned long long)s.total_launches(), (unsigned long long)s.gemms(),
+                (unsigned long long)s.host_syncs(), (unsigned long long)s.host_bytes, s.by_kind().c_str());
+  }
+}
+
+/** Checks that hold at every layout: a blocking backend synchronises once per launch, steady steps repeat exactly. */
+void check_common(const std::vector<RankCounts>& rs) {
+  for (const auto& r : rs) {
+    CHECK(r.step.total_launches() > 0);
+    CHECK(r.step.host_syncs() == r.step.total_launches() + r.step.synchronize_calls + r.step.event_waits);
+    CHECK(r.step.launches == r.again.launches);
+    CHECK(r.step.host_bytes == r.again.host_bytes);
+  }
+}
+
+/**
+ * The operations one rank issues per step, derived by hand from the layers (dense GPT, fp32 compute,
+ * no dropout), with M micro-batches of nb sequences, L_r blocks and H_r = heads / tp heads on the rank:
+ * - a block's forward: 4 projection GEMMs + 4 bias adds, 2 layer norms, 2 residual adds, GeLU, one causal
+ *   softmax and 2 attention products, each A = min(nb, H_r) strided-batched GEMMs (batched over the larger
+ *   of sequences and heads): 14 + 2 A;
+ * - its backward (B + W): 3 GEMMs + 1 bias reduction per projection, 2 layer-norm backwards, 2 residual
+ *   adds, GeLU and softmax backward and 4 attention products: 18 + 4 A;
+ * - the first stage: the embedding lookup and the position embedding (one bias add over the micro-batch's
+ *   sequences), forward and backward: 2 + 2;
+ * - the last stage: final layer norm and head GEMM forward (+ the padding mask's bias add where this rank's
+ *   vocabulary columns include padding), layer norm backward, 2 head GEMMs, 4 cross-entropy kernels
+ *   (row max, sums, loss, logit gradient) and the executor's 1/M scale of the logit gradient;
+ * - the activations layers keep for backward while receiving them by const reference are copied by the
+ *   backend (`nn::backend_copy`, one `copy` each): in a block's forward the inputs of both layer norms, of
+ *   the four projections and of GeLU, and the two dropouts (identity at p = 0): 9; in its backward the
+ *   output gradients of the four projections and the two dropouts: 6; a stage's input (not the first)
+ *   and output gradient (not the last); the final layer norm's input, the logits kept by the loss and
+ *   the logit gradient kept for the head's W on the last stage;
+ * - full recomputation reruns each stage's forward once more in its backward;
+ * - the optimizer: per parameter in the global norm one `sum_squares`, per updated parameter one `scale`
+ *   (clipping) and one `adamw_update`, and per parameter held one `zero` of its gradient.
+ * (Before attention was batched this was 14 + 2 nb H_r and 18 + 4 nb H_r per block, one GEMM per (sequence,
+ * head) and product, and the position embedding one add per sequence: 2 (1 + nb) on the first stage.)
+ */
+struct Expected {
+  std::uint64_t forward = 0, backward = 0, per_step = 0;
+};
+Expected expected_launches(const models::GptTrainConfig& c, const RankCounts& r, std::size_t vocab) {
+  const std::uint64_t M = std::uint64_t(c.microbatches), nb = c.microbatch_size(), H = c.model.heads / c.tp;
+  const std::uint64_t A = std::min(nb, H);
+  const std::size_t stages = c.pp * std::size_t(c.chunks);
+  const std::uint64_t L = c.model.layers / stages;
+  auto padded = c;
+  padded.pad_vocab_for_mesh();
+  padded.model.vocab = vocab;
+  const std::size_t pv = padded.model.padded_vocab(), cols_end = (r.coord.tensor + 1) * (pv / c.tp);
+  const std::uint64_t mask = cols_end > vocab ? 1 : 0;
+  Expected e;
+  // The rank's stages (model chunks): r, r + pp, ... of pp x chunks.
+  for (std::size_t stage = r.coord.pipeline; stage < stages; stage += c.pp) {
+    const bool first = stage == 0, last = stage == stages - 1;
+    e.forward += L * (14 + 2 * A + 9) + (first ? 2 : 1) + (last ? 2 + mask + 1 : 0);
+    e.backward += L * (18 + 4 * A + 6) + (first ? 2 : 0) + (last ? 7 + 2 + 1 : 1);
+  }
+  e.per_step = M * (e.forward + e.backward + (c.recompute ? e.forward : 0));
+  return e;
+}
+
+/** Launches of the optimizer side: norms, clipping scales (one per parameter; ZeRO-1 scales its flat shard once), updates, gradient zeroing. */
+std::uint64_t optimizer_launches(const models::GptTrainConfig& c, const RankCounts& r) {
+  const BackendCounts& s = r.step;
+  return s[Op::sum_squares] + (c.zero1 ? 1 : r.updated) + s[Op::adamw_update] + s[Op::sgd_update] + s[Op::zero];
+}
+
+void check_dense(const std::string& name, const models::GptTrainConfig& c) {
+  const auto rs = count_steps(c);
+  print(name, rs);
+  check_common(rs);
+  const std::size_t vocab = testing::gpt_dataset().vocab_size();
+  for (std::size_t i = 0; i < rs.size(); ++i) {
+    INFO(name << ", rank " << i);
+    const auto& r = rs[i];
+    const Expected e = expected_launches(c, r, vocab);
+    CHECK(r.step.total_launches() - optimizer_launches(c, r) == e.per_step);
+    if (!c.zero1) {
+      CHECK(r.step[Op::adamw_update] == r.updated);
+      CHECK(r.step[Op::sum_squares] == r.updated);
+    }
+    CHECK(r.step[Op::zero] == r.held);
+    // Under the synchronous backend contract every launch is a host synchronisation.
+    CHECK(r.step.host_syncs() == r.step.total_launches());
+  }
+}
+
+}  // namespace
+
+TEST_CASE("step counts: one rank, the operations per step follow the hand-derived formula", "[models][counts]") {
+  check_dense("tp1 pp1 dp1", testing::small_gpt(1, 1, 1));
+}
+
+TEST_CASE("step counts: on one rank the host touches only token ids, targets, the loss and the logit-gradient buffer",
+          "[models][counts]") {
+  // Per micro-batch of t tokens: the [t, 1] id activation (written, value-initialised, copied once by the
+  // executor: read + written, read by the embedding) and its placeholder gradient, the ids and targets
+  // copied into rank memory, the loss read back, and the executor's value-initialised [t, vocab] logit
+  // gradient. Everything else — activations, gradients, statistics — is written by backend operations.
+  auto c = testing::small_gpt(1, 1, 1);
+  const auto rs = count_steps(c);
+  auto padded = c;
+  padded.model.vocab = testing::gpt_dataset().vocab_size();
+  const std::uint64_t t = c.microbatch_size() * c.model.seq, v = padded.model.padded_vocab(), f = sizeof(float);
+  const std::uint64_t per_mb = t * f * (2 + 2 + 1 + 1) + t * sizeof(std::int32_t) * 2 + f + t * v * f;
+  CHECK(rs[0].step.host_bytes == std::uint64_t(c.microbatches) * per_mb);
+}
+
+TEST_CASE("step counts: tensor, pipeline and data parallel layouts, every schedule", "[models][counts]") {
+  check_dense("tp2", testing::small_gpt(2, 1, 1));
+  check_dense("tp4", testing::small_gpt(4, 1, 1));
+  check_dense("pp2 1f1b", testing::small_gpt(1, 2, 1));
+  check_dense("pp2 gpipe", testing::small_gpt(1, 2, 1, "gpipe"));
+  check_dense("pp2 zb_h1", testing::small_gpt(1, 2, 1, "zb_h1"));
+  check_dense("pp2 zb_h2", testing::small_gpt(1, 2, 1, "zb_h2"));
+  auto il = testing::small_gpt(1, 2, 1, "interleaved_1f1b");
+  il.chunks = 2;
+  check_dense("pp2 interleaved", il);
+  check_dense("dp2", testing::small_gpt(1, 1, 2));
+  check_dense("tp2 pp2", testing::small_gpt(2, 2, 1));
+}
+
+TEST_CASE("step counts: recomputation, ZeRO-1, bf16 and f16", "[models][counts]") {
+  auto rc = testing::small_gpt(1, 2, 1);
+  rc.recompute = true;
+  check_dense("pp2 recompute", rc);
+  auto z = testing::small_gpt(1, 1, 2);
+  z.zero1 = true;
+  check_dense("dp2 zero1", z);
+  auto b = testing::small_gpt(1, 1, 1);
+  b.precision = "bf16";
+  check_dense("bf16", b);
+  auto f = testing::small_gpt(1, 1, 1);
+  f.precision = "f16";
+  check_dense("f16", f);
+}
+
+TEST_CASE("step counts: expert parallel MoE (printed; counts repeat from step to step)", "[models][counts]") {
+  auto e = testing::small_gpt(1, 1, 1);
+  e.ep = 2;
+  e.model.experts = 2;
+  e.model.moe_top_k = 1;
+  const auto rs = count_steps(e);
+  print("ep2 moe", rs);
+  check_common(rs);
+  CHECK(rs[0].step.launches == rs[1].step.launches);  // expert ranks do the same work on different tokens
+  CHECK(rs[0].step[Op::gather_rows] > 0);
+}
+
+namespace {
+/** Host memory whose fresh allocations are all-ones bytes (a NaN in every float): storage the layers
+ *  allocate uninitialised and a kernel does not overwrite whole shows up as a NaN loss. */
+class NanFilledMemory final : public MemoryResource {
+ public:
+  [[nodiscard]] void* allocate(std::size_t bytes) override {
+    void* p = ::operator new(bytes);
+    std::memset(p, 0xff, bytes);
+    return p;
+  }
+  void deallocate(void* p, std::size_t) noexcept override { ::operator delete(p); }
+  [[nodiscard]] const char* name() const noexcept override { return "nan-filled host"; }
+};
+
+std::vector<double> losses(const models::GptTrainConfig& c, bool nan_filled) {
+  std::vector<double> out;
+  std::mutex m;
+  run_threads(int(c.world_size()), [&](ThreadsCommunicator& world) {
+    NanFilledMemory nan_memory;
+    std::optional<ScopedMemoryResource> use;
+    if (nan_filled) use.emplace(nan_memory);
+    {
+      models::GptTrainer<ThreadsCommunicator> t(world, c, testing::gpt_dataset());
+      for (int s = 0; s < 3; ++s) {
+        const double l = t.train_step().loss;
+        if (world.rank() == 0) {
+          std::lock_guard<std::mutex> lock(m);
+          out.push_back(l);
+        }
+      }
+    }
+  });
+  return out;
+}
+}  // namespace
+
+TEST_CASE("uninitialised layer storage: training on memory pre-filled with NaN gives the same losses", "[models][counts]") {
+  auto rc = testing::small_gpt(1, 2, 1);
+  rc.recompute = true;
+  auto il = testing::small_gpt(1, 2, 1, "interleaved_1f1b");
+  il.chunks = 2;
+  for (const auto& c : {testing::small_gpt(1, 1, 1), testing::small_gpt(2, 1, 1), testing::small_gpt(1, 1, 2), rc, il}) {
+    INFO("tp " << c.tp << " pp " << c.pp << " dp " << c.dp << " " << c.schedule);
+    const auto clean = losses(c, false), nan = losses(c, true);
+    REQUIRE(clean.size() == 3);
+    CHECK(std::isfinite(clean.back()));
+    CHECK(nan == clean);
+  }
+}
