@@ -262,7 +262,7 @@ class GptStage {
   [[nodiscard]] static nn::Act<Replicate> tokens_as_activation(std::span<const std::int32_t> tokens) {
     nn::Act<Replicate> a(nn::Activation({tokens.size(), 1}));
     for (std::size_t i = 0; i < tokens.size(); ++i) a.data()[i] = float(tokens[i]);
-    note_host_access(a.bytes());
+    note_host_access(a.tensor().bytes());
     return a;
   }
 
@@ -463,7 +463,7 @@ class GptStage {
             "x", x.extent(1));
     std::vector<std::int32_t> tokens(x.extent(0));
     for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = std::int32_t(x.data()[i]);
-    note_host_access(x.bytes());
+    note_host_access(x.tensor().bytes());
     nn::Act<Replicate> h = embed_->embed(tokens, mb);
     // h[b, s, :] += position[s, :]: with each sequence a row of seq x hidden values, the position table is
     // that row's bias, so one bias addition covers the micro-batch.

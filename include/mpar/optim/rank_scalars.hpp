@@ -5,10 +5,10 @@
  * scale chosen on the host). Everything else the optimizers compute stays in rank memory and is
  * produced and consumed by backend operations and communicators.
  *
- * Each is one function, so when the backend concept gains stream-ordered transfers (an asynchronous
- * copy to pinned host memory and an event, a device-side fill) each changes in one line. Today's
- * backends finish every operation before returning, so `B::synchronize()` followed by a plain copy
- * is exact.
+ * Each goes through the stream-ordered part of the backend contract: an asynchronous copy and one
+ * event wait (the wait is what lets the host read the values, or reuse its source), or a backend
+ * operation with no wait at all (the zeroed accumulator). So the host never dereferences rank memory
+ * here, which `DiscreteHostBackend` would refuse.
  */
 #include <algorithm>
 #include <cstddef>
@@ -20,22 +20,27 @@ namespace mpar::optim {
 /** @brief Copies `n` values of rank memory `src` to host memory `dst`, after the work that produced them. */
 template <backend B, class T>
 void copy_to_host(const T* src, T* dst, std::size_t n) {
-  B::synchronize();
-  std::copy_n(src, n, dst);
+  typename B::template pinned_buffer<T> staged(n);
+  B::template copy_to_host_async<T>(n, src, staged.data());
+  typename B::event_type copied;
+  B::record_event(copied);
+  B::wait_event(copied);
+  std::copy_n(staged.data(), n, dst);
 }
 
-/** @brief Copies `n` host values `src` into rank memory `dst`, after the work that still reads it. */
 template <backend B, class T>
 void copy_to_rank(const T* src, T* dst, std::size_t n) {
-  B::synchronize();
-  std::copy_n(src, n, dst);
+  typename B::template pinned_buffer<T> staged(n);
+  std::copy_n(src, n, staged.data());
+  B::template copy_from_host_async<T>(n, staged.data(), dst);
+  typename B::event_type copied;  // the staging buffer must outlive the copy
+  B::record_event(copied);
+  B::wait_event(copied);
 }
 
-/** @brief Sets `n` values of rank memory to `T{}` (an accumulator before a step). */
 template <backend B, class T>
 void zero_in_rank(T* dst, std::size_t n) {
-  B::synchronize();
-  std::fill_n(dst, n, T{});
+  B::zero(n, dst);  // a backend operation: ordered on the stream, no host wait
 }
 
 }  // namespace mpar::optim

@@ -229,9 +229,10 @@ class Executor {
           }
           if (s == S - 1) {
             Boundary dy;
-            loss_sum += detail::loss<Stage>(loss, y, a.mb, dy);
-            require(dy.shape() == y.shape(), "pipeline::Executor: the loss wrote a gradient of shape ", dy.extent(0), "x",
-                    dy.extent(1), " for an output of shape ", y.extent(0), "x", y.extent(1));
+            const auto y_shape = y.shape();
+            loss_sum += detail::loss<Stage>(loss, std::move(y), a.mb, dy);  // moved: the output is the loss's now
+            require(dy.shape() == y_shape, "pipeline::Executor: the loss wrote a gradient of shape ", dy.extent(0), "x",
+                    dy.extent(1), " for an output of shape ", y_shape[0], "x", y_shape[1]);
             const float scale = 1.0f / float(c.microbatches);
             if constexpr (requires { typename Stage::backend_type; }) {
               // The stage's backend scales its gradient where it lives (no host pass over the logits).
