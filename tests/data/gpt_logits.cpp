@@ -37,15 +37,8 @@ std::vector<std::int32_t> parse_ids(const std::string& s) {
 void copy_block(nn::Parameter& p, std::span<const float> full) {
   require(full.size() == p.global_size(), "gpt_logits: '", p.name, "' has ", full.size(), " values, expected ",
           p.global_size());
-  const std::size_t R = p.global_shape.size();
-  std::vector<std::size_t> idx(R);
   for (std::size_t k = 0; k < p.value.size(); ++k) {
-    std::size_t rem = k, g = 0;
-    for (std::size_t d = R; d-- > 0;) {
-      idx[d] = rem % p.local_box[d].extent;
-      rem /= p.local_box[d].extent;
-    }
-    for (std::size_t d = 0; d < R; ++d) g = g * p.global_shape[d] + p.local_box[d].offset + idx[d];
+    const std::size_t g = p.global_index(k);
     p.value[k] = full[g];
   }
 }

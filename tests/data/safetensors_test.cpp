@@ -59,15 +59,8 @@ void gather_into(Full& full, const nn::Parameter& p, std::mutex& m) {
   std::lock_guard lock(m);
   auto& dst = full[p.name];
   if (dst.size() != p.global_size()) dst.assign(p.global_size(), std::nanf(""));
-  const std::size_t R = p.global_shape.size();
-  std::vector<std::size_t> idx(R);
   for (std::size_t k = 0; k < p.value.size(); ++k) {
-    std::size_t rem = k, g = 0;
-    for (std::size_t d = R; d-- > 0;) {
-      idx[d] = rem % p.local_box[d].extent;
-      rem /= p.local_box[d].extent;
-    }
-    for (std::size_t d = 0; d < R; ++d) g = g * p.global_shape[d] + p.local_box[d].offset + idx[d];
+    const std::size_t g = p.global_index(k);
     dst[g] = p.value[k];
   }
 }

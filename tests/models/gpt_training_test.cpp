@@ -57,15 +57,8 @@ void gather_into(RunResult& res, std::map<std::string, std::vector<float>>& full
   if (dst.size() != p.global_size()) dst.assign(p.global_size(), std::nanf(""));  // unwritten elements fail the comparison
   float scale = 1e-30f;
   for (float v : p.value) scale = std::max(scale, std::abs(v));
-  const std::size_t R = p.global_shape.size();
-  std::vector<std::size_t> idx(R);
   for (std::size_t k = 0; k < p.value.size(); ++k) {
-    std::size_t rem = k, g = 0;
-    for (std::size_t d = R; d-- > 0;) {
-      idx[d] = rem % p.local_box[d].extent;
-      rem /= p.local_box[d].extent;
-    }
-    for (std::size_t d = 0; d < R; ++d) g = g * p.global_shape[d] + p.local_box[d].offset + idx[d];
+    const std::size_t g = p.global_index(k);
     if (!std::isnan(dst[g])) {
       const double diff = std::abs(double(dst[g]) - double(p.value[k])) / scale;
       if (diff > res.replica_mismatch) res.replica_mismatch = diff, res.worst_replica = p.name;

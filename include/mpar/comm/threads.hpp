@@ -80,16 +80,6 @@ inline void cpu_relax() {
 #endif
 }
 
-inline std::string what_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "an exception not derived from std::exception";
-  }
-}
-
 /** State shared by every rank of one `run_threads`: the poison flag, departures, the timeout. */
 class ThreadsWorld {
  public:

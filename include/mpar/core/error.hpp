@@ -1,5 +1,6 @@
 #pragma once
 /** @file Error types shared by every layer of mpar. */
+#include <exception>
 #include <sstream>
 #include <stdexcept>
 #include <string>
@@ -20,6 +21,17 @@ template <class... Parts>
   std::ostringstream os;
   (os << ... << std::forward<Parts>(parts));
   return os.str();
+}
+
+/** The message of a captured exception, for reporting it elsewhere (another thread, the next wait). */
+[[nodiscard]] inline std::string what_of(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const std::exception& x) {
+    return x.what();
+  } catch (...) {
+    return "an exception not derived from std::exception";
+  }
 }
 }  // namespace detail
 

@@ -51,17 +51,18 @@ struct Parameter {
     const AllocationLabel label("parameter '" + name + "' (local block " + shape + "])");
     value.assign(n, 0.0f);
     grad.assign(n, 0.0f);
-    const std::size_t rank = global_shape.size();
-    std::vector<std::size_t> idx(rank, 0);
-    for (std::size_t k = 0; k < n; ++k) {
-      std::size_t rem = k, g = 0;
-      for (std::size_t d = rank; d-- > 0;) {
-        idx[d] = rem % local_box[d].extent;
-        rem /= local_box[d].extent;
-      }
-      for (std::size_t d = 0; d < rank; ++d) g = g * global_shape[d] + local_box[d].offset + idx[d];
-      value[k] = float(init_value(seed, id, g, spec));
+    for (std::size_t k = 0; k < n; ++k) value[k] = float(init_value(seed, id, global_index(k), spec));
+  }
+
+  /** The row-major index, in the whole (global) tensor, of element `k` of this rank's block. */
+  [[nodiscard]] std::size_t global_index(std::size_t k) const {
+    std::size_t g = 0, stride = 1;
+    for (std::size_t d = global_shape.size(); d-- > 0;) {
+      g += (local_box[d].offset + k % local_box[d].extent) * stride;
+      k /= local_box[d].extent;
+      stride *= global_shape[d];
     }
+    return g;
   }
 };
 

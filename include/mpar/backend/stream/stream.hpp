@@ -50,18 +50,6 @@ class stream_error : public std::runtime_error {
 /** @brief Whether an operation runs after an earlier one failed (see the file comment). */
 enum class OnError { skip, always };
 
-namespace detail {
-inline std::string message_of(const std::exception_ptr& e) {
-  try {
-    std::rethrow_exception(e);
-  } catch (const std::exception& x) {
-    return x.what();
-  } catch (...) {
-    return "an exception not derived from std::exception";
-  }
-}
-}  // namespace detail
-
 /** @brief An in-order queue of operations and the worker thread that runs them (see the file comment). */
 class Stream {
  public:
@@ -239,7 +227,7 @@ class Stream {
 
   [[nodiscard]] std::string describe_error() const {
     return mpar::detail::cat(name_, ": operation '", error_what_, "' (#", error_ticket_, " on this stream) failed: ",
-                             detail::message_of(error_));
+                             detail::what_of(error_));
   }
 
   std::string name_;
