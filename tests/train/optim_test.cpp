@@ -9,21 +9,14 @@
 #include <utility>
 #include <vector>
 
+#include "vector_parameter.hpp"
 #include "mpar/optim.hpp"
 
 using namespace mpar;
 
 namespace {
 nn::Parameter make_param(std::string name, std::vector<float> value, std::vector<float> grad, bool sharded = false) {
-  nn::Parameter p;
-  p.name = std::move(name);
-  p.global_shape = {value.size()};
-  p.local_box = {Block{0, value.size()}};
-  p.layout = sharded ? "Shard<0, tensor>" : "Replicate";
-  p.sharded_over_tensor = sharded;
-  p.value.assign(value.begin(), value.end());
-  p.grad.assign(grad.begin(), grad.end());
-  return p;
+  return testing::vector_parameter(std::move(name), value, grad, sharded);
 }
 }  // namespace
 

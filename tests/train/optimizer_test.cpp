@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "vector_parameter.hpp"
 #include "mpar/comm/mesh_comms.hpp"
 #include "mpar/comm/threads.hpp"
 #include "mpar/core/mesh.hpp"
@@ -22,15 +23,8 @@ using mpar::testing::RankChecks;
 namespace {
 
 nn::Parameter make_param(std::string name, std::vector<float> value, bool sharded = false) {
-  nn::Parameter p;
-  p.name = std::move(name);
-  p.global_shape = {value.size()};
-  p.local_box = {Block{0, value.size()}};
-  p.layout = sharded ? "Shard<0, tensor>" : "Replicate";
-  p.sharded_over_tensor = sharded;
-  p.value.assign(value.begin(), value.end());
-  p.grad.assign(value.size(), 0.0f);
-  return p;
+  const std::vector<float> zeros(value.size(), 0.0f);
+  return testing::vector_parameter(std::move(name), value, zeros, sharded);
 }
 
 /** A deterministic gradient value: element i of parameter k at step t on data rank r. */
