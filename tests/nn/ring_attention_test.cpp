@@ -219,3 +219,36 @@ TEST_CASE("ring attention refuses a sequence length not divisible by 2 cp", "[ri
   }
   CHECK_THAT(errors[1], Catch::Contains("context rank 1 of 3"));
 }
+
+TEST_CASE("ring attention keeps several micro-batches in flight", "[ring_attention]") {
+  // Two forwards, then the backwards in reverse order (as a pipeline schedule may run them), cp = 2.
+  const Sizes z{1, 8, 2, 4};
+  const std::size_t cp = 2;
+  std::vector<Activation> qkv, dout;
+  std::vector<NaiveAttention> ref(2, NaiveAttention{z, {}, {}});
+  for (std::size_t mb = 0; mb < 2; ++mb) {
+    qkv.push_back(random_activation(8, 24, 200 + mb));
+    dout.push_back(random_activation(8, 8, 300 + mb));
+    ref[mb].run(qkv[mb], dout[mb]);
+  }
+  std::vector<Activation> out(2, Activation({8, 8})), dqkv(2, Activation({8, 24}));
+  std::mutex m;
+  run_threads(int(cp), [&](Comm& context) {
+    const auto r = std::size_t(context.rank());
+    RingAttention<Comm> ring(context, {z.heads, z.dim, z.seq});
+    const Placement in{z, cp, r, 1, 0, 3}, outp{z, cp, r, 1, 0, 1};
+    std::vector<Act<ContextHeads>> y;
+    for (int mb = 0; mb < 2; ++mb) y.push_back(ring.forward(Act<ContextHeads>(in.take(qkv[std::size_t(mb)])), mb));
+    for (int mb = 1; mb >= 0; --mb) {
+      const auto dx = ring.backward(Act<ContextHeads>(outp.take(dout[std::size_t(mb)])), mb);
+      std::lock_guard lock(m);
+      outp.put(out[std::size_t(mb)], y[std::size_t(mb)].tensor());
+      in.put(dqkv[std::size_t(mb)], dx.tensor());
+    }
+  });
+  for (std::size_t mb = 0; mb < 2; ++mb) {
+    INFO("micro-batch " << mb);
+    CHECK(rel_err(out[mb].values(), ref[mb].out.values()) <= rel_tol);
+    CHECK(rel_err(dqkv[mb].values(), ref[mb].dqkv.values()) <= rel_tol);
+  }
+}

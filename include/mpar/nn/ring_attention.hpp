@@ -85,7 +85,7 @@ struct BlockCount {
 /** @brief Sizes of a ring-attention layer: the heads this rank owns, head size, global sequence length. */
 struct RingAttentionConfig {
   std::size_t heads = 0, head_dim = 0, seq = 0;
-  int tag_base = 0x52410000;  ///< point-to-point tags `tag_base + 0..3`; distinct from other traffic on the group
+  int tag_base = 21000;  ///< point-to-point tags `tag_base`, `+ 2` (K/V, dK/dV); below MPI's least tag bound 32767
   std::string name = "ring_attn";
 };
 
