@@ -17,6 +17,8 @@
 #include "mpar/nn/parameter.hpp"
 #include "mpar/nn/redistribute.hpp"
 #include "mpar/nn/residual.hpp"
+#include "mpar/nn/ring_attention.hpp"
+#include "mpar/nn/ring_self_attention.hpp"
 #include "mpar/nn/row_parallel.hpp"
 #include "mpar/nn/stage.hpp"
 #include "mpar/nn/transformer_block.hpp"

@@ -103,6 +103,29 @@ struct Partial final : layout_tag {
   }
 };
 
+/**
+ * @brief Dimension `Dim` cut into `2p` equal chunks over the `p` ranks of `Axis`, rank `r` holding chunks
+ * `r` and `2p - 1 - r` in that order (zig-zag). Under a causal mask the early chunks see few keys and
+ * the late ones many; pairing them gives every rank the same work (ring attention, nn/ring_attention.hpp).
+ * A rank's share is two blocks, so the layout has `local_blocks` instead of a one-block `local_box`.
+ */
+template <std::size_t Dim, MeshAxis Axis>
+struct ZigZagShard final : layout_tag {
+  static constexpr bool is_replicated = false;
+  static constexpr bool is_partial = false;
+  static constexpr bool is_sharded = true;
+  static constexpr int sharded_dim = int(Dim);
+  static constexpr MeshAxis axis = Axis;
+  static std::string name() { return "ZigZagShard<" + std::to_string(Dim) + ", " + std::string(axis_name(Axis)) + ">"; }
+  /** The two chunks `{r, 2p - 1 - r}` of `n` elements on rank `r` of `p`; `n` must be a multiple of `2p`. */
+  static constexpr std::array<Block, 2> local_blocks(std::size_t n, std::size_t p, std::size_t r) {
+    require(p > 0 && n % (2 * p) == 0, "ZigZagShard: ", n, " elements do not split into 2 x ", p,
+            " equal chunks; choose a size that is a multiple of ", 2 * p);
+    const std::size_t c = n / (2 * p);
+    return {Block{r * c, c}, Block{(2 * p - 1 - r) * c, c}};
+  }
+};
+
 template <class T>
 inline constexpr bool is_layout_v = std::is_base_of_v<layout_tag, T> && std::is_empty_v<T>;
 

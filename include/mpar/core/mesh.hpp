@@ -15,8 +15,12 @@ namespace mpar {
  *
  * `tensor_row` and `tensor_col` are the two factors of the tensor axis when it is arranged as a
  * 2D grid (tensor = rows x cols, column index innermost) for 2D tensor parallelism.
+ *
+ * `context` splits the sequence dimension (context parallelism, nn/ring_attention.hpp). `DeviceMesh`
+ * carries no context extent yet (its size there is 1): ring attention takes its context group as a
+ * communicator, and the axis names the layout of its zig-zag token shards (`ZigZagShard`).
  */
-enum class MeshAxis { tensor, expert, data, pipeline, tensor_row, tensor_col };
+enum class MeshAxis { tensor, expert, data, pipeline, tensor_row, tensor_col, context };
 
 /** @brief Short spellings for layout arguments: `Shard<1, axis::tensor>`. */
 namespace axis {
@@ -26,6 +30,7 @@ inline constexpr MeshAxis data = MeshAxis::data;
 inline constexpr MeshAxis pipeline = MeshAxis::pipeline;
 inline constexpr MeshAxis tensor_row = MeshAxis::tensor_row;
 inline constexpr MeshAxis tensor_col = MeshAxis::tensor_col;
+inline constexpr MeshAxis context = MeshAxis::context;
 }  // namespace axis
 
 inline constexpr std::string_view axis_name(MeshAxis a) {
@@ -36,6 +41,7 @@ inline constexpr std::string_view axis_name(MeshAxis a) {
     case MeshAxis::pipeline: return "pipeline";
     case MeshAxis::tensor_row: return "tensor_row";
     case MeshAxis::tensor_col: return "tensor_col";
+    case MeshAxis::context: return "context";
   }
   return "?";
 }
@@ -43,7 +49,7 @@ inline std::ostream& operator<<(std::ostream& os, MeshAxis a) { return os << axi
 
 /** @brief One rank's position on every axis of a mesh. */
 struct MeshCoord {
-  std::size_t tensor = 0, expert = 0, data = 0, pipeline = 0, tensor_row = 0, tensor_col = 0;
+  std::size_t tensor = 0, expert = 0, data = 0, pipeline = 0, tensor_row = 0, tensor_col = 0, context = 0;
   [[nodiscard]] constexpr std::size_t operator[](MeshAxis a) const {
     switch (a) {
       case MeshAxis::tensor: return tensor;
@@ -52,6 +58,7 @@ struct MeshCoord {
       case MeshAxis::pipeline: return pipeline;
       case MeshAxis::tensor_row: return tensor_row;
       case MeshAxis::tensor_col: return tensor_col;
+      case MeshAxis::context: return context;
     }
     return 0;
   }
@@ -98,6 +105,7 @@ class DeviceMesh {
       case MeshAxis::pipeline: return pipeline_size();
       case MeshAxis::tensor_row: return grid_rows_;
       case MeshAxis::tensor_col: return tensor_size() / grid_rows_;
+      case MeshAxis::context: return 1;  // no context extent in the mesh yet: see MeshAxis
     }
     return 1;
   }

@@ -1,0 +1,347 @@
+#pragma once
+/**
+ * @file Ring attention: causal attention over a sequence split across a `context` group (context
+ * parallelism), K/V blocks passed around the ring while each rank computes on the block it holds.
+ *
+ * Placement (docs/context-parallel.md): every sequence of length `seq` is cut into `2 cp` equal chunks
+ * of `c = seq / (2 cp)` tokens; context rank `r` holds chunks `r` and `2 cp - 1 - r` (`ZigZagShard`), so
+ * under the causal mask every rank has the same work (`zigzag_visible_blocks`). Locally a rank's
+ * tokens are `[batch, 2c]` in that order: row `b * 2c + i` is global position `r c + i` for `i < c`,
+ * `(2 cp - 1 - r) c + i - c` otherwise.
+ *
+ * The layer is the attention core (no weights): it takes the QKV of the heads this rank owns (under
+ * head-parallel tensor parallelism, the `(q | k | v)` columns a fused ColumnParallel returns, each
+ * `[heads_local, head_dim]` head-major, as in nn/attention.hpp) and returns the attention output of
+ * those heads, `[tokens_local, heads_local * head_dim]`. Heads are independent, so tensor
+ * parallelism composes without communication: the tensor ranks run independent rings.
+ *
+ * Forward: step `j = 0 .. cp-1` computes on the K/V of context rank `r - j` while that block's
+ * successor is already on its way (`isend` to `r + 1`, `irecv` from `r - 1`, waited after the
+ * compute). Scores are accumulated flash-style in fp32: a running row maximum `m`, row sum `l` and
+ * unnormalised output, rescaled by `exp(m_old - m_new)` as blocks arrive; the saved statistic is the
+ * row log-sum-exp `L = m + log l`, not the `[seq, seq]` probabilities, so memory stays linear in the
+ * local tokens.
+ *
+ * Backward: recomputes each block's probabilities `P = exp(S - L)` from Q, K and the saved `L`
+ * (no score matrix is kept between forward and backward), and passes the accumulating dK/dV of a
+ * block around the ring together with it: the gradient of block `s` is summed by every rank it visits
+ * and comes home after `cp` hops. Recomputing the other way (each rank recomputing the whole ring
+ * for its own dK/dV) would cost `cp` times the compute; passing the gradients costs one extra message
+ * of the K/V's size per step. The K/V transfer is overlapped with the compute; the dK/dV of a step
+ * depends on that step, so its transfer is not.
+ *
+ * Backend: the products are the backend's strided-batched GEMMs (one call per block over the local
+ * heads); the online-softmax updates are host loops over the block's scores, so the layer needs a
+ * backend whose memory the host reads after each operation returns (`HostBackend`). A device backend
+ * needs a block-softmax operation (not written yet; see docs/context-parallel.md).
+ */
+#include <array>
+#include <cmath>
+#include <cstddef>
+#include <limits>
+#include <span>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "mpar/backend/host/host_backend.hpp"
+#include "mpar/comm/communicator.hpp"
+#include "mpar/core/host_access.hpp"
+#include "mpar/core/layout.hpp"
+#include "mpar/nn/activation.hpp"
+#include "mpar/nn/layer.hpp"
+
+namespace mpar::nn {
+
+/** @brief Tokens in zig-zag chunks over the context axis. */
+using ContextShard = ZigZagShard<0, axis::context>;
+/**
+ * @brief The layout of ring attention's input and output: tokens zig-zag over `context`, heads
+ * (columns) split over `tensor` (with tp = 1 the tensor part is the whole tensor).
+ */
+using ContextHeads = Layout2D<ContextShard, FeatureShard>;
+
+/**
+ * @brief Whether query chunk `qc` sees any key of chunk `kc` under the causal mask (`kc <= qc`); the
+ * diagonal (`kc == qc`) is half-masked. The layer skips the others.
+ */
+[[nodiscard]] constexpr bool chunk_visible(std::size_t qc, std::size_t kc) { return kc <= qc; }
+
+/** @brief The (query chunk, key chunk) pairs context rank `r` of `cp` computes: full blocks and diagonal ones. */
+struct BlockCount {
+  std::size_t full = 0, diagonal = 0;
+  friend constexpr bool operator==(const BlockCount&, const BlockCount&) = default;
+};
+[[nodiscard]] constexpr BlockCount zigzag_visible_blocks(std::size_t cp, std::size_t r) {
+  BlockCount n;
+  for (std::size_t qc : {r, 2 * cp - 1 - r})
+    for (std::size_t kc = 0; kc < 2 * cp; ++kc)
+      if (chunk_visible(qc, kc)) ++(kc == qc ? n.diagonal : n.full);
+  return n;
+}
+
+/** @brief Sizes of a ring-attention layer: the heads this rank owns, head size, global sequence length. */
+struct RingAttentionConfig {
+  std::size_t heads = 0, head_dim = 0, seq = 0;
+  int tag_base = 21000;  ///< point-to-point tags `tag_base`, `+ 2` (K/V, dK/dV); below MPI's least tag bound 32767
+  std::string name = "ring_attn";
+};
+
+/**
+ * @brief Causal self-attention core over a sequence split across context group `C` (see the file
+ * comment). Input and output `Act<ContextHeads>`; no parameters.
+ */
+template <communicator C, backend B = HostBackend>
+class RingAttention : public detail::NoParameters, public detail::TypedLayer<RingAttention<C, B>> {
+  static_assert(std::is_same_v<B, HostBackend>,
+                "mpar::nn::RingAttention: the online-softmax updates are host loops, so the backend must be "
+                "HostBackend; a device backend needs a block-softmax operation first (docs/context-parallel.md)");
+  using Typed = detail::TypedLayer<RingAttention<C, B>>;
+
+ public:
+  static constexpr std::string_view layer_kind = "RingAttention";
+  using default_input = ContextHeads;
+  static constexpr bool preserves_features = false;
+  static constexpr std::size_t static_in_features = dyn, static_out_features = dyn;
+  template <class L>
+  static constexpr bool check_input() {
+    constexpr bool ok = std::is_same_v<L, ContextHeads>;
+    static_assert(ok || detail::always_false_v<L>,
+                  "mpar::nn::RingAttention takes QKV whose tokens are zig-zag chunks over the context axis and whose "
+                  "heads are split over the tensor axis (Act<ContextHeads>). Fix: state the layout where the "
+                  "sequence is split (Act<ContextHeads>(local_qkv)), or use nn::Attention/SelfAttention for an "
+                  "unsplit sequence");
+    return ok;
+  }
+  template <class L>
+  using output_layout = ContextHeads;
+  using Typed::backward;
+  using Typed::forward;
+
+  /** `context` is the ring (its rank order is the chunk order). Refuses a sequence not divisible by 2 cp. */
+  RingAttention(C& context, const RingAttentionConfig& c)
+      : comm_(&context), cp_(std::size_t(context.size())), r_(std::size_t(context.rank())), h_(c.heads),
+        d_(c.head_dim), seq_(c.seq), tag_(c.tag_base), name_(c.name) {
+    require(h_ > 0 && d_ > 0 && seq_ > 0, who(), ": heads, head_dim and seq must be positive");
+    require(seq_ % (2 * cp_) == 0, who(), ": sequence length ", seq_, " is not divisible by 2 x cp = 2 x ", cp_, " = ",
+            2 * cp_, " (zig-zag placement cuts each sequence into 2 cp equal chunks). Fix: choose a sequence length "
+            "that is a multiple of ", 2 * cp_, " (pad the sequence), or a context-parallel size cp that divides ",
+            seq_, " / 2");
+    c_ = seq_ / (2 * cp_);
+  }
+
+  /** o = softmax(mask(q k^T / sqrt(d))) v over the whole sequence, for this rank's tokens and heads. */
+  Activation forward(const Activation& qkv, int mb = 0) {
+    const std::size_t nb = batches(qkv), hl = h_ * d_, t = qkv.extent(0);
+    auto& s = cache_.put(mb);
+    s.qkv = qkv;
+    s.lse.assign(nb * h_ * 2 * c_, -std::numeric_limits<float>::infinity());
+    std::vector<float> l(s.lse.size(), 0.0f), scores(h_ * c_ * c_);
+    Activation acc({t, hl});  // unnormalised output, zero
+    blocks_ = {};
+    Ring ring(*this, pack_kv(qkv), tag_);
+    for (std::size_t j = 0; j < cp_; ++j) {
+      const std::size_t src = (r_ + cp_ - j) % cp_;
+      if (j + 1 < cp_) ring.start();  // the next block travels while this one is computed
+      const float* kv = ring.current().data();
+      for (std::size_t b = 0; b < nb; ++b)
+        for (std::size_t a = 0; a < 2; ++a)
+          for (std::size_t e = 0; e < 2; ++e) {
+            const std::size_t qc = chunk(r_, a), kc = chunk(src, e);
+            if (!chunk_visible(qc, kc)) continue;
+            ++(qc == kc ? blocks_.diagonal : blocks_.full);
+            block_forward(qkv, kv, b, a, e, qc == kc, scores, s.lse, l, acc);
+          }
+      if (j + 1 < cp_) ring.finish();
+    }
+    // o = acc / l; L = m + log l (every row saw its own diagonal at step 0, so l > 0).
+    note_host_access(acc.size() * sizeof(float) * 2);
+    for (std::size_t b = 0; b < nb; ++b)
+      for (std::size_t h = 0; h < h_; ++h)
+        for (std::size_t i = 0; i < 2 * c_; ++i) {
+          const std::size_t st = stat(b, h, i);
+          float* o = acc.data() + (b * 2 * c_ + i) * hl + h * d_;
+          for (std::size_t x = 0; x < d_; ++x) o[x] /= l[st];
+          s.lse[st] += std::log(l[st]);
+        }
+    s.out = acc;
+    return acc;
+  }
+
+  /** dqkv from do: recomputes each block's probabilities and passes dK/dV around the ring with K/V. */
+  Activation backward(const Activation& dout, int mb = 0) {
+    auto s = cache_.take(mb, layer_kind);
+    const Activation& qkv = s.qkv;
+    const std::size_t nb = batches(qkv), hl = h_ * d_, t = qkv.extent(0);
+    require(dout.extent(0) == t && dout.extent(1) == hl, who(), ": output gradient is ", dout.extent(0), "x",
+            dout.extent(1), ", expected ", t, "x", hl);
+    // delta = rowsum(dO * O) per (row, head): the softmax backward's correction term.
+    std::vector<float> delta(s.lse.size());
+    note_host_access(2 * dout.size() * sizeof(float));
+    for (std::size_t b = 0; b < nb; ++b)
+      for (std::size_t h = 0; h < h_; ++h)
+        for (std::size_t i = 0; i < 2 * c_; ++i) {
+          const std::size_t row = (b * 2 * c_ + i) * hl + h * d_;
+          float acc = 0;
+          for (std::size_t x = 0; x < d_; ++x) acc += dout.data()[row + x] * s.out.data()[row + x];
+          delta[stat(b, h, i)] = acc;
+        }
+    Activation dqkv({t, 3 * hl});                                // dQ accumulates in its first hl columns
+    Ring ring(*this, pack_kv(qkv), tag_);                        // K/V of the block being worked on
+    Ring grad(*this, Activation({t, 2 * hl}), tag_ + 2);         // its dK/dV, zero at its home rank
+    std::vector<float> p(h_ * c_ * c_), dp(h_ * c_ * c_);
+    for (std::size_t j = 0; j < cp_; ++j) {
+      const std::size_t src = (r_ + cp_ - j) % cp_;
+      if (j + 1 < cp_) ring.start();
+      const float* kv = ring.current().data();
+      float* dkv = grad.current().data();
+      for (std::size_t b = 0; b < nb; ++b)
+        for (std::size_t a = 0; a < 2; ++a)
+          for (std::size_t e = 0; e < 2; ++e) {
+            const std::size_t qc = chunk(r_, a), kc = chunk(src, e);
+            if (chunk_visible(qc, kc)) block_backward(qkv, kv, dout, b, a, e, qc == kc, s.lse, delta, p, dp, dqkv, dkv);
+          }
+      // This block's dK/dV moves on with it; after cp hops every block's gradient is home.
+      grad.start();
+      if (j + 1 < cp_) ring.finish();
+      grad.finish();
+    }
+    const float* dkv = grad.current().data();
+    note_host_access(2 * t * 2 * hl * sizeof(float));
+    for (std::size_t row = 0; row < t; ++row)
+      for (std::size_t x = 0; x < 2 * hl; ++x) dqkv.data()[row * 3 * hl + hl + x] = dkv[row * 2 * hl + x];
+    return dqkv;
+  }
+
+  void drop(int mb) { cache_.drop(mb); }
+  /** The score blocks the last forward computed on this rank (the load-balance measure). */
+  [[nodiscard]] BlockCount last_blocks() const { return blocks_; }
+  [[nodiscard]] std::size_t context_size() const { return cp_; }
+
+ private:
+  struct Saved {
+    Activation qkv, out;
+    std::vector<float> lse;  // [batch, heads, 2c] row log-sum-exp of the scaled, masked scores
+  };
+  /**
+   * A block travelling the ring: `start()` posts the send of the current block to the next rank and
+   * the receive of the previous rank's into a second buffer; `finish()` waits and swaps them.
+   */
+  class Ring {
+   public:
+    Ring(RingAttention& l, Activation first, int tag) : l_(&l), cur_(std::move(first)), next_(cur_.shape()), tag_(tag) {}
+    void start() {
+      if (l_->cp_ == 1) return;
+      const int p = int(l_->cp_), r = int(l_->r_);
+      recv_.emplace_back(l_->comm_->irecv(std::span<float>(next_.data(), next_.size()), (r + p - 1) % p, tag_));
+      send_.emplace_back(l_->comm_->isend(std::span<const float>(cur_.data(), cur_.size()), (r + 1) % p, tag_));
+    }
+    void finish() {
+      if (l_->cp_ == 1) return;
+      for (auto& q : recv_) q.wait();
+      for (auto& q : send_) q.wait();
+      recv_.clear(), send_.clear();
+      std::swap(cur_, next_);
+    }
+    Activation& current() { return cur_; }
+
+   private:
+    using Request = decltype(std::declval<C&>().isend(std::span<const float>{}, 0, 0));
+    RingAttention* l_;
+    Activation cur_, next_;
+    int tag_;
+    std::vector<Request> recv_, send_;
+  };
+
+  [[nodiscard]] std::string who() const { return std::string(layer_kind) + " '" + name_ + "' (context rank " +
+                                                 std::to_string(r_) + " of " + std::to_string(cp_) + ")"; }
+  [[nodiscard]] std::size_t batches(const Activation& qkv) const {
+    require(qkv.extent(1) == 3 * h_ * d_, who(), ": QKV has ", qkv.extent(1), " columns, expected 3 x ", h_,
+            " heads x ", d_);
+    require(qkv.extent(0) % (2 * c_) == 0, who(), ": ", qkv.extent(0), " local tokens are not a whole number of ",
+            "local sequences of 2 chunks x ", c_, " tokens (sequence ", seq_, " over cp = ", cp_, ")");
+    return qkv.extent(0) / (2 * c_);
+  }
+  /** Global chunk of local half `a` (0 or 1) on context rank `rank`. */
+  [[nodiscard]] std::size_t chunk(std::size_t rank, std::size_t a) const { return a == 0 ? rank : 2 * cp_ - 1 - rank; }
+  [[nodiscard]] std::size_t stat(std::size_t b, std::size_t h, std::size_t i) const { return (b * h_ + h) * 2 * c_ + i; }
+  /** The K and V columns of this rank's tokens, contiguous `[tokens, 2 hl]`: the block that travels. */
+  Activation pack_kv(const Activation& qkv) const {
+    const std::size_t hl = h_ * d_, t = qkv.extent(0);
+    Activation kv({t, 2 * hl}, uninitialized);
+    for (std::size_t row = 0; row < t; ++row)
+      B::template copy<float>(2 * hl, qkv.data() + row * 3 * hl + hl, kv.data() + row * 2 * hl);
+    return kv;
+  }
+
+  /**
+   * One (query half a, key half e) block of sequence b, every local head: S = scale Q K^T, then the
+   * online-softmax update of the running max (in `lse` until the end), the row sums `l` and `acc`.
+   */
+  void block_forward(const Activation& qkv, const float* kv, std::size_t b, std::size_t a, std::size_t e, bool diag,
+                     std::vector<float>& sc, std::vector<float>& m, std::vector<float>& l, Activation& acc) const {
+    const std::size_t hl = h_ * d_, ld = 3 * hl, c = c_, qrow = b * 2 * c + a * c, krow = b * 2 * c + e * c;
+    const float scale = 1.0f / std::sqrt(float(d_));
+    B::template gemm_strided_batched<float>(Trans::no, Trans::yes, c, c, d_, scale, qkv.data() + qrow * ld, ld, d_,
+                                            kv + krow * 2 * hl, 2 * hl, d_, 0.0f, sc.data(), c, c * c, h_);
+    note_host_access(sc.size() * sizeof(float) + c * hl * sizeof(float));
+    for (std::size_t h = 0; h < h_; ++h)
+      for (std::size_t i = 0; i < c; ++i) {
+        float* srow = sc.data() + (h * c + i) * c;
+        const std::size_t n = diag ? i + 1 : c, st = stat(b, h, a * c + i);  // diagonal: keys up to the query
+        float mx = m[st];
+        for (std::size_t k = 0; k < n; ++k) mx = std::max(mx, srow[k]);
+        const float alpha = std::exp(m[st] - mx);  // 0 for the first block of the row (m = -inf)
+        float sum = 0;
+        for (std::size_t k = 0; k < n; ++k) sum += (srow[k] = std::exp(srow[k] - mx));
+        for (std::size_t k = n; k < c; ++k) srow[k] = 0.0f;
+        m[st] = mx, l[st] = alpha * l[st] + sum;
+        float* o = acc.data() + (qrow + i) * hl + h * d_;
+        for (std::size_t x = 0; x < d_; ++x) o[x] *= alpha;
+      }
+    // acc += P V
+    B::template gemm_strided_batched<float>(Trans::no, Trans::no, c, d_, c, 1.0f, sc.data(), c, c * c,
+                                            kv + krow * 2 * hl + hl, 2 * hl, d_, 1.0f, acc.data() + qrow * hl, hl, d_, h_);
+  }
+
+  /** The backward of one block: P = exp(S - L), dV += P^T dO, dS = P (dO V^T - delta), dQ += scale dS K, dK += scale dS^T Q. */
+  void block_backward(const Activation& qkv, const float* kv, const Activation& dout, std::size_t b, std::size_t a,
+                      std::size_t e, bool diag, const std::vector<float>& lse, const std::vector<float>& delta,
+                      std::vector<float>& p, std::vector<float>& dp, Activation& dqkv, float* dkv) const {
+    const std::size_t hl = h_ * d_, ld = 3 * hl, c = c_, qrow = b * 2 * c + a * c, krow = b * 2 * c + e * c;
+    const float scale = 1.0f / std::sqrt(float(d_));
+    const float *q = qkv.data() + qrow * ld, *k = kv + krow * 2 * hl, *v = k + hl, *go = dout.data() + qrow * hl;
+    B::template gemm_strided_batched<float>(Trans::no, Trans::yes, c, c, d_, scale, q, ld, d_, k, 2 * hl, d_, 0.0f,
+                                            p.data(), c, c * c, h_);
+    B::template gemm_strided_batched<float>(Trans::no, Trans::yes, c, c, d_, 1.0f, go, hl, d_, v, 2 * hl, d_, 0.0f,
+                                            dp.data(), c, c * c, h_);
+    note_host_access(2 * p.size() * sizeof(float));
+    for (std::size_t h = 0; h < h_; ++h)
+      for (std::size_t i = 0; i < c; ++i) {
+        const std::size_t n = diag ? i + 1 : c, st = stat(b, h, a * c + i);
+        float *prow = p.data() + (h * c + i) * c, *dprow = dp.data() + (h * c + i) * c;
+        for (std::size_t x = 0; x < c; ++x) {
+          prow[x] = x < n ? std::exp(prow[x] - lse[st]) : 0.0f;
+          dprow[x] = prow[x] * (dprow[x] - delta[st]);  // dS
+        }
+      }
+    float *dq = dqkv.data() + qrow * ld, *dk = dkv + krow * 2 * hl, *dv = dk + hl;
+    B::template gemm_strided_batched<float>(Trans::yes, Trans::no, c, d_, c, 1.0f, p.data(), c, c * c, go, hl, d_, 1.0f,
+                                            dv, 2 * hl, d_, h_);
+    B::template gemm_strided_batched<float>(Trans::no, Trans::no, c, d_, c, scale, dp.data(), c, c * c, k, 2 * hl, d_,
+                                            1.0f, dq, ld, d_, h_);
+    B::template gemm_strided_batched<float>(Trans::yes, Trans::no, c, d_, c, scale, dp.data(), c, c * c, q, ld, d_, 1.0f,
+                                            dk, 2 * hl, d_, h_);
+  }
+
+  C* comm_;
+  std::size_t cp_, r_, h_, d_, seq_, c_ = 1;
+  int tag_;
+  std::string name_;
+  BlockCount blocks_;
+  MicroBatchCache<Saved> cache_;
+};
+
+}  // namespace mpar::nn
