@@ -7,7 +7,7 @@
 #   scripts/gpu-check.sh --bundle [DIR]  here, on a machine WITHOUT a GPU: build the CUDA tests,
 #                                        bench/cuda_block and train_gpt for sm_90 (no MPI), copy them
 #                                        with the shared libraries they need that a bare CUDA machine
-#                                        lacks (host BLAS, oneDNN, ...) into DIR (default
+#                                        lacks (host BLAS, oneDNN, ...; xz-compressed) into DIR (default
 #                                        build/gpu-bundle, at most 64 MiB), and write DIR/MANIFEST.
 #   scripts/gpu-check.sh --run DIR       on the GPU machine: run only the bundle's binaries (no build,
 #                                        no Catch2, MPI or OpenBLAS needed there); NCCL is taken from
@@ -147,8 +147,10 @@ case ${1:-} in
       ldd "$dir"/bin/* | awk '/=> / {print "  "$1}' | grep -E 'libcud|libcublas|libnccl' | sort -u
       echo "newest glibc symbol version required: $(objdump -T "$dir"/bin/* 2>/dev/null | grep -o 'GLIBC_[0-9.]*' | sort -uV | tail -1)"
     } > "$dir/MANIFEST"
+    # The libraries travel compressed (the host BLAS and oneDNN alone are ~80 MB, the carry limit 64 MiB).
+    tar -C "$dir" -cf - lib | xz -6 -T1 > "$dir/lib.tar.xz" && rm -rf "$dir/lib" || die "cannot compress $dir/lib"
     cat "$dir/MANIFEST"
-    mib=$(( $(du -sk "$dir" | cut -f1) / 1024 ))
+    mib=$(( ($(du -sk "$dir" | cut -f1) + 1023) / 1024 ))
     [ "$mib" -le "$bundle_limit_mib" ] || die "the bundle is $mib MiB, over the $bundle_limit_mib MiB a device run carries"
     echo "gpu-check: bundle of $mib MiB in $dir after $(elapsed) s; on the GPU machine run: bash $dir/gpu-check.sh --run $dir"
     ;;
@@ -157,7 +159,10 @@ case ${1:-} in
     [ -f "$dir/MANIFEST" ] || die "$dir holds no bundle (no MANIFEST); make one with --bundle"
     have_gpu || { echo "gpu-check: no NVIDIA GPU visible (nvidia-smi -L failed); --run needs one." >&2; exit 2; }
     cat "$dir/MANIFEST"
-    libs=$(cd "$dir/lib" && pwd)
+    # The bundled libraries, unpacked outside the bundle (which may be read-only there).
+    unpacked=$(mktemp -d "${TMPDIR:-/tmp}/mpar-gpu-bundle.XXXXXX")
+    xz -dc "$dir/lib.tar.xz" | tar -C "$unpacked" -xf - || die "cannot unpack $dir/lib.tar.xz"
+    libs=$unpacked/lib
     # NCCL: the system's if the loader finds one, else the wheel's (pip's nvidia-nccl-cu13).
     if ! ldconfig -p 2>/dev/null | grep -q 'libnccl.so'; then
       nccl=$(python3 -c 'import nvidia.nccl, os; print(os.path.join(list(nvidia.nccl.__path__)[0], "lib"))' 2>/dev/null)
