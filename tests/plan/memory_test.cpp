@@ -31,7 +31,7 @@ TEST_CASE("GPT parameter count follows Narayanan et al.'s formula", "[plan][memo
   CHECK(iteration_flops(gpt7b, B, Recompute::none) == Approx(gpt7b.model_flops(B)));
 }
 
-TEST_CASE("mixed-precision Adam keeps 16 bytes per parameter; ZeRO-1 keeps 4 + 12/N_d", "[plan][memory]") {
+TEST_CASE("mixed-precision Adam keeps 16 bytes per parameter; ZeRO-1 keeps 4 + 12/N_d, ZeRO-2 2 + 14/N_d", "[plan][memory]") {
   CHECK(Precision::mixed_adam().model_state_bytes() == 16);
   const double psi = gpt7b.parameters();
   ParallelConfig c = cfg(1, 1, 8);
@@ -40,6 +40,13 @@ TEST_CASE("mixed-precision Adam keeps 16 bytes per parameter; ZeRO-1 keeps 4 + 1
   c.zero1 = true;
   const MemoryEstimate z = rank_memory(gpt7b, c, Precision::mixed_adam(), 0, 1);
   CHECK(z.parameters + z.gradients + z.optimizer == Approx(4 * psi + 12 * psi / 8));
+  // ZeRO-2 shards the 2-byte gradients too: 2 (16-bit weights) + 14 / N_d.
+  c.zero2 = true;
+  const MemoryEstimate z2 = rank_memory(gpt7b, c, Precision::mixed_adam(), 0, 1);
+  CHECK(z2.gradients == Approx(2 * psi / 8));
+  CHECK(z2.parameters == Approx(z.parameters));
+  CHECK(z2.optimizer == Approx(z.optimizer));
+  CHECK(z2.parameters + z2.gradients + z2.optimizer == Approx(2 * psi + 14 * psi / 8));
   // Tensor and pipeline splits divide the layers' weights, not the replicated norms and biases.
   const ParallelConfig t4 = cfg(4, 1, 1);
   const double h = 4096;

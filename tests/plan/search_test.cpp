@@ -147,13 +147,43 @@ TEST_CASE("memory rejections name the need and the budget; a tiny GPU fits nothi
   none.recompute = Recompute::none, none.zero1 = false, none.tp = 1, none.pp = 1, none.microbatch_size = 8;
   const Plan tight = search(p, CostModel(p.model, p.cluster), none);
   CHECK(tight.best.empty());
-  none.recompute = Recompute::full, none.zero1 = true;
+  none.recompute = Recompute::full, none.zero1 = true, none.zero2 = false;
   // mpar's executor recomputes a whole chunk at once: with one stage that is the whole model again.
   CHECK(search(p, CostModel(p.model, p.cluster), none).best.empty());
   // Per-layer checkpoints (Megatron-LM) keep one layer's activations at a time and fit.
   SearchOptions per_layer;
   per_layer.memory.recompute_whole_chunk = false;
   CHECK(!search(p, CostModel(p.model, p.cluster), none, per_layer).best.empty());
+}
+
+TEST_CASE("ZeRO-2 fits where ZeRO-1 does not: the search finds it between their memory needs", "[plan][search][zero2]") {
+  Problem p{GptModel{24, 2048, 16, 1024, 32000}, a100_selene(8), 64};
+  SearchSpace s;
+  s.tp = 1, s.pp = 1, s.dp = 8, s.microbatch_size = 1, s.recompute = Recompute::full, s.sequence_parallel = false;
+  s.zero1 = true;
+  auto need = [&](bool zero2) {
+    SearchSpace one = s;
+    one.zero2 = zero2;
+    const Plan plan = search(p, CostModel(p.model, p.cluster), one);
+    REQUIRE(!plan.best.empty());
+    REQUIRE(plan.best.front().config.zero2 == zero2);
+    return plan.best.front().memory.total();
+  };
+  const double z1 = need(false), z2 = need(true);
+  // ZeRO-2 drops (dp - 1) / dp of the gradients: psi x grad_bytes x 7 / 8 on this rank.
+  REQUIRE(z2 < z1);
+  p.cluster.memory_bytes = (z1 + z2) / 2 / SearchOptions{}.usable_memory_fraction;
+  SearchSpace only_zero1 = s;
+  only_zero1.zero2 = false;
+  const Plan without = search(p, CostModel(p.model, p.cluster), only_zero1);
+  CHECK(without.best.empty());
+  REQUIRE(without.rejected_by_kind.count("memory"));
+  bool named = false;
+  for (const Rejection& r : without.rejected) named = named || r.reason.find("ZeRO-2") != std::string::npos;
+  CHECK(named);  // the rejection suggests it
+  const Plan with = search(p, CostModel(p.model, p.cluster), s);
+  REQUIRE(!with.best.empty());
+  for (const Candidate& c : with.best) CHECK(c.config.zero2);
 }
 
 TEST_CASE("topology: tensor groups stay inside a node; breaking that is predicted slower", "[plan][topology]") {

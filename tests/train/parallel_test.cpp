@@ -243,6 +243,75 @@ TEST_CASE("ZeRO-1 AdamW equals data parallelism with AdamW over several steps", 
   }
 }
 
+TEST_CASE("ZeRO-2 AdamW equals single-rank AdamW, releasing each gradient as its bucket takes it", "[train][zero][zero2]") {
+  const optim::AdamWConfig cfg{.lr = 0.05f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.1f,
+                               .decays = [](const nn::Parameter& p) { return p.global_shape.size() >= 2; }};
+  const int steps = 4;
+  TinyMlp ref;
+  optim::AdamW ref_opt(ref.params(), cfg);
+  for (int s = 0; s < steps; ++s) {
+    ref_opt.zero_grad();
+    ref.forward_backward(std::size_t(s) * global_batch, global_batch, double(global_batch), no_hook);
+    ref_opt.step(cfg.lr);
+  }
+  for (int dp : {2, 3, 4}) {
+    for (std::size_t bucket_bytes : {std::size_t(0), std::size_t(80)}) {
+      DYNAMIC_SECTION("dp=" << dp << " bucket_bytes=" << bucket_bytes) {
+        RankChecks rc;
+        run_threads(dp, [&](ThreadsCommunicator& world) {
+          const std::size_t local = global_batch / std::size_t(dp);
+          const std::size_t first = local * std::size_t(world.rank());
+          TinyMlp z;
+          parallel::ZeroAdamW<ThreadsCommunicator> zero(z.params(), world, cfg,
+                                                       {.bucket_bytes = bucket_bytes, .stage = 2, .in_flight = 1});
+          std::size_t largest_bucket = 0;
+          const std::size_t shards = zero.gradient_buffer_elements();  // before any step: the shards alone
+          std::size_t total = 0;
+          for (auto* p : z.params()) total += p->value.size(), largest_bucket = std::max(largest_bucket, p->value.size());
+          if (bucket_bytes) largest_bucket += bucket_bytes / sizeof(float);  // a bucket closes past its bound
+          bool released = true, bounded = true;
+          std::size_t peak = 0;
+          for (int s = 0; s < steps; ++s) {
+            zero.zero_grad();
+            for (auto* p : z.params()) released = released && p->grad.empty();  // nothing full-size between steps
+            zero.prepare_gradients();
+            z.forward_backward(std::size_t(s) * global_batch + first, local, double(local), [&](nn::Parameter& p) {
+              zero.mark_ready(p);
+              released = released && p.grad.empty();
+              const std::size_t now = zero.gradient_buffer_elements() - shards;
+              peak = std::max(peak, now);
+              // in_flight = 1: the bucket being filled and the one in flight (an older one was waited for and freed)
+              bounded = bounded && now <= 2 * largest_bucket;
+            });
+            zero.step(cfg.lr);
+            released = released && zero.gradient_buffer_elements() == shards && zero.gather_buffer_elements() == 0;
+          }
+          check_same(rc, z.params(), ref.params(), false, 1e-5);
+          rc.expect(released, "a full-size gradient, bucket or gather buffer outlived its use");
+          rc.expect(bounded, "more full-size buckets were alive than the in-flight bound allows");
+          rc.expect(peak > 0, "no bucket memory was ever seen (the check above would be void)");
+          rc.expect(shards <= total / std::size_t(dp) + zero.bucket_count(), "the gradient shards are not 1/dp");
+          rc.expect(zero.stage() == 2, "not stage 2");
+        });
+        rc.assert_all((66 + 5) * std::size_t(dp));
+      }
+    }
+  }
+  RankChecks bad;
+  run_threads(2, [&](ThreadsCommunicator& world) {
+    TinyMlp z;
+    std::string what;
+    try {
+      parallel::ZeroAdamW<ThreadsCommunicator> zero(z.params(), world, cfg, {.stage = 3});
+    } catch (const std::exception& e) {
+      what = e.what();
+    }
+    bad.expect(what.find("stage 3 is not 1 or 2") != std::string::npos && what.find("rank") != std::string::npos,
+               "stage 3 was not refused naming the stage and the rank: " + what);
+  });
+  bad.assert_all(1);
+}
+
 TEST_CASE("ZeRO-1 gradient norm and clipping equal the single-rank ones", "[train][zero]") {
   // One AdamW step moves every weight by about lr * sign(g) whatever the gradient's scale, so the weights
   // alone barely see clipping. The first moment does: after one step m = (1 - beta1) * c * g with the

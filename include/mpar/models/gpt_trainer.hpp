@@ -86,7 +86,8 @@ struct GptTrainConfig {
   bool recompute = false;         ///< full activation recomputation on every stage
   std::string precision = "fp32"; ///< fp32, bf16 or f16 (f16 adds dynamic loss scaling)
   std::string optimizer = "adamw";///< adamw or sgd (momentum 0.9)
-  bool zero1 = false;             ///< shard AdamW states over the data axis
+  bool zero1 = false;             ///< shard AdamW states over the data axis (the same as zero = 1)
+  int zero = 0;                   ///< ZeRO stage: 0 none, 1 AdamW states sharded, 2 gradients too (--zero N)
   std::size_t global_batch = 8;   ///< sequences per optimizer step, over all data-parallel ranks
   std::size_t steps = 100;
   double lr = 3e-3, min_lr = 3e-4;
@@ -101,6 +102,8 @@ struct GptTrainConfig {
   std::uint64_t data_seed = 1234;
 
   [[nodiscard]] std::size_t world_size() const { return tp * pp * dp * ep; }
+  /** The ZeRO stage in effect: `zero`, or 1 when only `zero1` is set. */
+  [[nodiscard]] int zero_stage() const { return zero != 0 ? zero : zero1 ? 1 : 0; }
   /** Ranks that take different samples: data x expert. */
   [[nodiscard]] std::size_t batch_ranks() const { return dp * ep; }
   [[nodiscard]] std::size_t local_batch() const { return global_batch / batch_ranks(); }
@@ -118,7 +121,9 @@ struct GptTrainConfig {
     parallel::OptimizerConfig o;
     o.precision = parallel::parse_precision(precision);
     o.rule = parallel::parse_update_rule(optimizer);
-    o.sync = zero1 ? parallel::GradSync::zero1 : parallel::GradSync::all_reduce;
+    o.sync = zero_stage() == 2   ? parallel::GradSync::zero2
+             : zero_stage() == 1 ? parallel::GradSync::zero1
+                                 : parallel::GradSync::all_reduce;
     o.adamw.lr = float(lr);
     o.adamw.weight_decay = weight_decay;
     o.adamw.beta1 = beta1;
@@ -152,10 +157,14 @@ struct GptTrainConfig {
               batch_ranks() * std::size_t(microbatches));
     (void)parallel::parse_precision(precision);  // each throws naming the choices
     (void)parallel::parse_update_rule(optimizer);
-    require(!(zero1 && optimizer != "adamw"), "train: ZeRO-1 shards AdamW states; use --optimizer adamw with --zero1");
-    require(!(zero1 && ep > 1), "train: ZeRO-1 shards optimizer states over the data axis only, while with --ep ", ep,
-            " the non-expert gradients average over data x expert ranks; drop --zero1 or use --ep 1 (ZeRO-1 with "
-            "MoE on --ep 1 is supported)");
+    require(zero >= 0 && zero <= 2, "train: --zero ", zero, " is not a ZeRO stage mpar runs; use 0, 1 or 2");
+    require(!(zero1 && zero > 1), "train: --zero1 and --zero ", zero, " ask for two ZeRO stages; give one");
+    const int z = zero_stage();
+    require(!(z > 0 && optimizer != "adamw"), "train: ZeRO-", z, " shards AdamW states; use --optimizer adamw with --zero ",
+            z);
+    require(!(z > 0 && ep > 1), "train: ZeRO-", z, " shards optimizer states over the data axis only, while with --ep ",
+            ep, " the non-expert gradients average over data x expert ranks; drop --zero", z == 1 ? "1" : " 2",
+            " or use --ep 1 (ZeRO with MoE on --ep 1 is supported)");
     require(schedule != pipeline::PipeDream2BW::name,
             "train: 2bw is asynchronous (weights lag by one step), so its losses differ from synchronous training by "
             "design; the trainer runs the synchronous schedules (gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2); "
@@ -409,6 +418,7 @@ class GptTrainer {
       m.parameters += p->value.size() * sizeof(float);
       m.gradients += p->grad.size() * sizeof(float);
     }
+    m.gradients += optimizer_->sync_gradient_elements() * sizeof(float);  // ZeRO's shards (and kept buckets)
     m.optimizer_states = optimizer_->state_elements() * sizeof(float);
     m.compute_copies = optimizer_->precision_bytes();  // the fp32 masters and 16-bit copies beside the weights
     return m;

@@ -11,6 +11,7 @@
  *   slightly different order still issue the same sequence of collectives;
  * - every rank must hold the same parameters with the same local sizes (true for data-parallel replicas).
  */
+#include <algorithm>
 #include <cstddef>
 #include <optional>
 #include <span>
@@ -65,6 +66,18 @@ struct Bucket {
 enum class BucketCollective { all_reduce, reduce_scatter };
 
 /**
+ * @brief How long a bucket's full-size memory lives.
+ * - `kept`: every bucket's flat buffer is allocated once and kept for the whole run, and each parameter keeps
+ *   its gradient (data parallelism, ZeRO-1).
+ * - `transient` (reduce_scatter only; ZeRO-2): a bucket's flat buffer is allocated when its first gradient
+ *   arrives and freed as soon as its reduce-scatter has completed; each parameter's gradient is released
+ *   (`grad` left empty) once copied into its bucket. Each launch frees the buckets whose reduce-scatter has
+ *   completed; if more than `in_flight` are still in flight, it waits for the oldest, so during the backward
+ *   at most `in_flight` + 1 full-size buckets exist, and after `wait()` only this rank's shards remain.
+ */
+enum class BucketMemory { kept, transient };
+
+/**
  * @brief Buckets of gradients over a communicator `Comm` with their asynchronous collectives in flight.
  *
  * `mark_ready(p)` copies `p.grad` into its bucket; a complete bucket is launched at once (in bucket order).
@@ -82,8 +95,11 @@ class GradBuckets {
   using request_type =
       std::conditional_t<Kind == BucketCollective::all_reduce, all_reduce_request, reduce_scatter_request>;
 
-  GradBuckets(std::vector<nn::Parameter*> params, Comm& comm, std::size_t bucket_bytes)
-      : params_(std::move(params)), comm_(&comm) {
+  GradBuckets(std::vector<nn::Parameter*> params, Comm& comm, std::size_t bucket_bytes,
+              BucketMemory memory = BucketMemory::kept, std::size_t in_flight = 2)
+      : params_(std::move(params)), comm_(&comm), memory_(memory), in_flight_(std::max<std::size_t>(in_flight, 1)) {
+    require(memory_ == BucketMemory::kept || Kind == BucketCollective::reduce_scatter,
+            "GradBuckets: transient buckets keep only a shard, so they need the reduce_scatter collective");
     for (std::size_t k = 0; k < params_.size(); ++k) {
       require(params_[k] != nullptr, "GradBuckets: parameter ", k, " is null");
       require(index_.emplace(params_[k], k).second, "GradBuckets: parameter ", params_[k]->name, " is listed twice");
@@ -99,7 +115,7 @@ class GradBuckets {
     flat_.resize(buckets_.size());
     shard_.resize(buckets_.size());
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
-      flat_[b].assign(buckets_[b].size, 0.0f);
+      if (memory_ == BucketMemory::kept) flat_[b].assign(buckets_[b].size, 0.0f);
       if constexpr (Kind == BucketCollective::reduce_scatter)
         shard_[b].assign(block_of(buckets_[b].size, std::size_t(comm_->size()), std::size_t(comm_->rank())).extent,
                          0.0f);
@@ -129,8 +145,7 @@ class GradBuckets {
     for (std::size_t k = 0; k < params_.size(); ++k)
       if (!marked_[k]) mark_index(k);
     launch_complete();
-    for (auto& r : requests_)
-      if (r) r->wait();
+    for (std::size_t b = 0; b < requests_.size(); ++b) finish_bucket(b);
   }
 
   /** Forgets this step's marks; the next step's gradients may be marked. Call after `wait()`. */
@@ -139,6 +154,7 @@ class GradBuckets {
     ready_.assign(buckets_.size(), 0);
     for (auto& r : requests_) r.reset();
     next_launch_ = 0;
+    next_done_ = 0;
   }
 
   [[nodiscard]] std::size_t bucket_count() const { return buckets_.size(); }
@@ -150,6 +166,19 @@ class GradBuckets {
   [[nodiscard]] std::span<float> shard(std::size_t b) { return shard_.at(b); }
   [[nodiscard]] const std::vector<nn::Parameter*>& params() const { return params_; }
   [[nodiscard]] Comm& comm() const { return *comm_; }
+  [[nodiscard]] BucketMemory memory() const { return memory_; }
+  /** Floats of full-size bucket buffers allocated now (0 between steps under `transient`). */
+  [[nodiscard]] std::size_t flat_elements() const {
+    std::size_t n = 0;
+    for (const auto& f : flat_) n += f.size();
+    return n;
+  }
+  /** Floats of this rank's gradient shards (reduce_scatter). */
+  [[nodiscard]] std::size_t shard_elements() const {
+    std::size_t n = 0;
+    for (const auto& s : shard_) n += s.size();
+    return n;
+  }
 
  private:
   void mark_index(std::size_t k) {
@@ -160,7 +189,9 @@ class GradBuckets {
     const BucketSlot& s = buckets_[b].slots[slot_of_[k]];
     require(p.grad.size() == s.size, "GradBuckets::mark_ready on rank ", comm_->rank(), ": parameter ", p.name,
             " has ", p.grad.size(), " gradient elements, but ", s.size, " when the buckets were planned");
+    if (flat_[b].size() != buckets_[b].size) flat_[b] = uninitialized_buffer<float>(buckets_[b].size);  // transient
     std::copy(p.grad.begin(), p.grad.end(), flat_[b].begin() + std::ptrdiff_t(s.offset));
+    if (memory_ == BucketMemory::transient) params_[k]->grad = Buffer<float>{};  // the bucket holds it now
     marked_[k] = true;
     ++ready_[b];
   }
@@ -173,7 +204,32 @@ class GradBuckets {
       else
         requests_[b].emplace(
             comm_->ireduce_scatter(std::span<const float>(flat_[b]), std::span<float>(shard_[b]), ReduceOp::sum));
+      if (memory_ == BucketMemory::transient) release_finished();
     }
+  }
+
+  /**
+   * Transient buckets: frees every bucket whose reduce-scatter has completed (without blocking), then, while
+   * more than `in_flight_` are still in flight, waits for the oldest. Every rank launches in the same order, so
+   * the oldest bucket is launched on every rank and its completion needs nothing of this rank's backward.
+   */
+  void release_finished() {
+    std::size_t in_flight = 0;
+    for (std::size_t b = next_done_; b < next_launch_; ++b)
+      if (requests_[b] && requests_[b]->test()) finish_bucket(b);
+      else if (requests_[b]) ++in_flight;
+    for (std::size_t b = next_done_; b < next_launch_ && in_flight > in_flight_; ++b)
+      if (requests_[b]) finish_bucket(b), --in_flight;
+  }
+
+  /** Waits for bucket `b`'s collective (if launched and not waited yet); a transient bucket's buffer is freed. */
+  void finish_bucket(std::size_t b) {
+    if (requests_[b]) {
+      requests_[b]->wait();
+      requests_[b].reset();
+    }
+    if (memory_ == BucketMemory::transient) flat_[b] = Buffer<float>{};
+    while (next_done_ < next_launch_ && !requests_[next_done_]) ++next_done_;
   }
 
   std::vector<nn::Parameter*> params_;
@@ -186,6 +242,9 @@ class GradBuckets {
   std::vector<bool> marked_;
   std::vector<std::size_t> ready_;
   std::size_t next_launch_ = 0;
+  std::size_t next_done_ = 0;  ///< every bucket below it has been waited for (transient: its flat buffer freed)
+  BucketMemory memory_;
+  std::size_t in_flight_;
 };
 
 }  // namespace mpar::parallel

@@ -8,13 +8,14 @@
  *   with dynamic loss scaling for f16;
  * - gradient synchronisation (`GradSync`): bucketed data-parallel all-reduces that overlap the backward
  *   (`DataParallel`; with experts, the replicated parameters over data x expert ranks and the experts over the
- *   data group), or ZeRO-1 (`Zero1AdamW`: reduce-scatter, sharded AdamW, all-gather);
+ *   data group), or ZeRO-1 / ZeRO-2 (`ZeroAdamW`: reduce-scatter, sharded AdamW, all-gather; ZeRO-2 keeps only
+ *   the gradient shards, see parallel/zero.hpp);
  * - the update rule (`UpdateRule`): AdamW or SGD with momentum.
  *
  * One step, without a host read until its statistics come back:
  * 1. finish the gradient synchronisation;
  * 2. the global squared gradient norm into rank memory (`optim::global_grad_squares`: each element counted
- *    once, all-reduced over the tensor, expert and pipeline groups — and the data group under ZeRO-1);
+ *    once, all-reduced over the tensor, expert and pipeline groups — and the data group under ZeRO);
  * 3. `B::update_factors`: the norm, and the `UpdateFactors` of the kernels (clipping coefficient x inverse
  *    loss scale; under f16 a skip flag on a non-finite norm, all-reduced with max over the world so every
  *    replica skips together);
@@ -61,8 +62,12 @@ enum class UpdateRule { adamw, sgd };
 /** @brief How gradients are synchronised over data replicas. */
 enum class GradSync {
   all_reduce,  ///< bucketed all-reduces (replicated parameters over data x expert ranks, experts over data ranks)
-  zero1        ///< ZeRO-1: reduce-scatter, AdamW on this rank's blocks, all-gather of the weights
+  zero1,       ///< ZeRO-1: reduce-scatter, AdamW on this rank's blocks, all-gather of the weights
+  zero2        ///< ZeRO-2: as ZeRO-1, holding only this rank's gradient shards (full gradients freed per bucket)
 };
+
+/** @brief The ZeRO stage of a synchronisation: 0 (none), 1 or 2. */
+[[nodiscard]] constexpr int zero_stage(GradSync s) { return s == GradSync::zero1 ? 1 : s == GradSync::zero2 ? 2 : 0; }
 
 [[nodiscard]] constexpr std::string_view name_of(Precision p) {
   return p == Precision::fp32 ? "fp32" : p == Precision::bf16 ? "bf16" : "f16";
@@ -143,18 +148,18 @@ class DistributedOptimizer {
             "DistributedOptimizer: the world, tensor, pipeline, data and replica groups are required");
     ep_ = g_.expert ? std::size_t(g_.expert->size()) : 1;
     const std::size_t dp = std::size_t(g_.data->size()), replicas = std::size_t(g_.replica->size());
-    require(cfg_.sync != GradSync::zero1 || cfg_.rule == UpdateRule::adamw,
-            "DistributedOptimizer: ZeRO-1 shards AdamW states; use the adamw update rule with ZeRO-1");
-    require(cfg_.sync != GradSync::zero1 || ep_ == 1,
-            "DistributedOptimizer: ZeRO-1 shards states over the data axis only, but the expert group has ", ep_,
-            " ranks");
+    const int stage = zero_stage(cfg_.sync);
+    require(stage == 0 || cfg_.rule == UpdateRule::adamw, "DistributedOptimizer: ZeRO-", stage,
+            " shards AdamW states; use the adamw update rule with ZeRO-", stage);
+    require(stage == 0 || ep_ == 1, "DistributedOptimizer: ZeRO-", stage,
+            " shards states over the data axis only, but the expert group has ", ep_, " ranks");
     if (cfg_.precision == Precision::f16) scaler_.emplace(cfg_.loss_scaler);
     if (cfg_.precision == Precision::bf16) copies_.template emplace<ComputeCopies<bf16>>(compute_params_);
     if (cfg_.precision == Precision::f16) copies_.template emplace<ComputeCopies<f16>>(compute_params_);
     if (cfg_.precision != Precision::fp32) masters_.resize(compute_params_.size());
     stats_.resize(1);
-    if (cfg_.sync == GradSync::zero1) {
-      zero_.emplace(params_, *g_.data, cfg_.adamw, ZeroOptions{cfg_.bucket_bytes, 0.0});
+    if (stage > 0) {
+      zero_.emplace(params_, *g_.data, cfg_.adamw, ZeroOptions{cfg_.bucket_bytes, 0.0, stage});
       for (std::size_t i = 0; i < params_.size(); ++i) route_.emplace(params_[i], Route{Route::zero, i});
     } else {
       // Replicated parameters average over every rank with other samples (data x expert); experts over the
@@ -204,8 +209,13 @@ class DistributedOptimizer {
     optim::copy_to_rank<B>(v, losses(), 2);
   }
 
-  /** Rounds the weights the passes read to the compute precision (fp32 masters kept aside); nothing in fp32. */
+  /**
+   * Before the passes: under ZeRO-2 allocates the zeroed gradients the backward accumulates into (released
+   * again bucket by bucket as they are reduced); rounds the weights the passes read to the compute precision
+   * (fp32 masters kept aside; nothing in fp32).
+   */
   void begin_compute() {
+    if (zero_) zero_->prepare_gradients();
     std::visit(
         [&](auto& copies) {
           if constexpr (!std::is_same_v<std::decay_t<decltype(copies)>, std::monostate>) {
@@ -260,7 +270,7 @@ class DistributedOptimizer {
   /** The statistics of the last step (for logging without another read). */
   [[nodiscard]] const StepStatistics& last_statistics() const { return last_; }
 
-  /** Zeroes the gradients of the updated parameters and ZeRO-1's own buffers. */
+  /** Zeroes the gradients of the updated parameters (ZeRO-2: releases them; `begin_compute` allocates them). */
   void zero_grad() {
     if (zero_) zero_->zero_grad();  // the same parameters, through ZeRO-1's own list
     else
@@ -274,7 +284,7 @@ class DistributedOptimizer {
   /** The composed parts, for checkpoints and inspection (null when not part of this composition). */
   [[nodiscard]] optim::AdamW<B>* adamw() { return adamw_ ? &*adamw_ : nullptr; }
   [[nodiscard]] optim::Sgd<B>* sgd() { return sgd_ ? &*sgd_ : nullptr; }
-  [[nodiscard]] Zero1AdamW<Comm, B>* zero() { return zero_ ? &*zero_ : nullptr; }
+  [[nodiscard]] ZeroAdamW<Comm, B>* zero() { return zero_ ? &*zero_ : nullptr; }
   [[nodiscard]] optim::DynamicLossScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
   /** Updates taken (AdamW's bias-correction count, or SGD's), for checkpoints. */
   [[nodiscard]] std::size_t steps() const {
@@ -285,6 +295,8 @@ class DistributedOptimizer {
     else if (adamw_) adamw_->set_steps(n);
     else sgd_->set_steps(n);
   }
+  /** Floats of the synchroniser's own gradient buffers held now (ZeRO: shards and flat buckets; else 0). */
+  [[nodiscard]] std::size_t sync_gradient_elements() const { return zero_ ? zero_->gradient_buffer_elements() : 0; }
   /** Optimizer-state floats held on this rank. */
   [[nodiscard]] std::size_t state_elements() const {
     if (zero_) return zero_->state_elements();
@@ -326,7 +338,7 @@ class DistributedOptimizer {
   std::unordered_map<const nn::Parameter*, Route> route_;
   std::vector<nn::Parameter*> experts_;
   std::optional<DataParallel<Comm>> dp_, dp_experts_;
-  std::optional<Zero1AdamW<Comm, B>> zero_;
+  std::optional<ZeroAdamW<Comm, B>> zero_;
   std::optional<optim::AdamW<B>> adamw_;
   std::optional<optim::Sgd<B>> sgd_;
   std::optional<optim::DynamicLossScaler> scaler_;

@@ -1,11 +1,20 @@
 #pragma once
 /**
- * @file ZeRO stage 1 (Rajbhandari et al., arXiv 1910.02054): AdamW whose fp32 states are sharded over the
- * data axis. Each bucket of gradients is reduce-scattered (rank r receives block_of(n, p, r) of the bucket's
- * flat buffer), r updates that block of the weights with its block of the moments, and the weights are
- * all-gathered back, so every replica ends the step with identical full parameters while holding only 1/p
- * of the optimizer states. The averaging, the gradient norm's sums of squares and the update run on the
- * compute backend `B` (the moments and the flat buffers are rank memory).
+ * @file ZeRO stages 1 and 2 (Rajbhandari et al., arXiv 1910.02054): AdamW whose fp32 states (stage 1) and
+ * averaged gradients (stage 2) are sharded over the data axis. Each bucket of gradients is reduce-scattered
+ * (rank r receives block_of(n, p, r) of the bucket's flat buffer), r updates that block of the weights with
+ * its block of the moments, and the weights are all-gathered back, so every replica ends the step with
+ * identical full parameters while holding only 1/p of the optimizer states. The two stages differ only in
+ * how long full-size gradient memory lives (`parallel::BucketMemory`):
+ * - stage 1 keeps every parameter's gradient, every bucket's flat buffer and the all-gather's receive buffers
+ *   for the whole run;
+ * - stage 2 releases a parameter's gradient once it is copied into its bucket, frees a bucket's flat buffer as
+ *   soon as its reduce-scatter completes (at most `in_flight` + 1 in the backward), and allocates the
+ *   all-gather's receive buffers for the step only. Between steps a rank holds the weights, its gradient
+ *   shards (about N / p) and its moment shards (2 N / p); `prepare_gradients()` allocates the zeroed
+ *   gradients the next backward accumulates into (the layers accumulate into `Parameter::grad`).
+ * The averaging, the gradient norm's sums of squares and the update run on the compute backend `B` (the
+ * moments and the flat buffers are rank memory).
  */
 #include <algorithm>
 #include <cmath>
@@ -24,14 +33,16 @@
 
 namespace mpar::parallel {
 
-/** @brief ZeRO-1 settings; `bucket_bytes` and `divisor` mean what they mean in `DataParallelOptions`. */
+/** @brief ZeRO settings; `bucket_bytes` and `divisor` mean what they mean in `DataParallelOptions`. */
 struct ZeroOptions {
   std::size_t bucket_bytes = std::size_t(25) << 20;
   double divisor = 0.0;  ///< 0: the data group size
+  int stage = 1;         ///< 1: optimizer states sharded; 2: gradients too (see the file comment)
+  std::size_t in_flight = 2;  ///< stage 2: reduce-scatters in flight before the oldest is waited for
 };
 
 /**
- * @brief AdamW with ZeRO-1 state sharding over the data group `Comm`. Replaces both `DataParallel` and
+ * @brief AdamW with ZeRO-1 or ZeRO-2 sharding over the data group `Comm` (`ZeroOptions::stage`). Replaces both `DataParallel` and
  * `optim::AdamW` (it averages the gradients itself). Per step:
  * ```
  * backward, calling zero.mark_ready(p) as gradients become final;   // reduce-scatters overlap the backward
@@ -45,16 +56,19 @@ struct ZeroOptions {
  * B::update_factors(squares, 1.0, 1.0f, false, norm, factors);       // rank memory
  * zero.step(lr, factors);
  * ```
- * `p.grad` keeps this rank's un-averaged gradient (zero it for the next step as usual); the averaged
- * gradient exists only as this rank's blocks.
+ * Stage 1: `p.grad` keeps this rank's un-averaged gradient (zero it for the next step as usual); the averaged
+ * gradient exists only as this rank's blocks. Stage 2: `p.grad` is released when its bucket takes it;
+ * `zero_grad()` leaves it released and `prepare_gradients()` allocates it zeroed before the next backward.
  */
 template <communicator Comm, backend B = HostBackend>
-class Zero1AdamW {
+class ZeroAdamW {
  public:
-  Zero1AdamW(std::vector<nn::Parameter*> params, Comm& data_group, optim::AdamWConfig config, ZeroOptions options = {})
-      : buckets_(std::move(params), data_group, options.bucket_bytes),
+  ZeroAdamW(std::vector<nn::Parameter*> params, Comm& data_group, optim::AdamWConfig config, ZeroOptions options = {})
+      : buckets_(std::move(params), data_group, options.bucket_bytes,
+                 stage_memory(options.stage, data_group), options.in_flight),
         config_(std::move(config)),
-        divisor_(options.divisor > 0.0 ? options.divisor : double(data_group.size())) {
+        divisor_(options.divisor > 0.0 ? options.divisor : double(data_group.size())),
+        stage_(options.stage) {
     const auto p = std::size_t(data_group.size()), r = std::size_t(data_group.rank());
     pieces_.resize(buckets_.bucket_count());
     m_.resize(buckets_.bucket_count());
@@ -73,9 +87,12 @@ class Zero1AdamW {
       w_[b].assign(mine.extent, 0.0f);
     }
     full_.resize(buckets_.bucket_count());
-    for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) full_[b].assign(buckets_.bucket(b).size, 0.0f);
+    if (stage_ == 1)
+      for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) full_[b].assign(buckets_.bucket(b).size, 0.0f);
     factors_.resize(1);
   }
+
+  [[nodiscard]] int stage() const { return stage_; }
 
   void mark_ready(const nn::Parameter& p) { buckets_.mark_ready(p); }
   /** Marks parameter `index` (of the list given to the constructor) ready. */
@@ -160,24 +177,35 @@ class Zero1AdamW {
     using gather_request = decltype(comm.iall_gather(std::span<const float>{}, std::span<float>{}));
     std::vector<gather_request> gathers;
     gathers.reserve(buckets_.bucket_count());
-    for (std::size_t b = 0; b < buckets_.bucket_count(); ++b)
+    for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
+      if (full_[b].size() != buckets_.bucket(b).size) full_[b] = uninitialized_buffer<float>(buckets_.bucket(b).size);
       gathers.push_back(comm.iall_gather(std::span<const float>(w_[b]), std::span<float>(full_[b])));
+    }
     for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
       gathers[b].wait();
       for (const auto& s : buckets_.bucket(b).slots)
         std::copy_n(full_[b].begin() + std::ptrdiff_t(s.offset), s.size, buckets_.params()[s.param]->value.begin());
+      if (stage_ == 2) full_[b] = Buffer<float>{};  // the weights are in place: drop the gathered copy
     }
     buckets_.reset();
     reduced_ = false;
   }
   /** Takes back the count of a step that its factors skipped (AdamW's bias correction counts steps taken). */
   void retract_step() {
-    require(steps_ > 0, "Zero1AdamW::retract_step: no step taken");
+    require(steps_ > 0, "ZeroAdamW::retract_step: no step taken");
     --steps_;
   }
 
+  /** Stage 1: zeroes every gradient. Stage 2: releases them (a parameter not marked this step still holds one). */
   void zero_grad() {
-    for (auto* p : buckets_.params()) nn::zero_grad<B>(*p);
+    for (auto* p : buckets_.params())
+      if (stage_ == 1) nn::zero_grad<B>(*p);
+      else p->grad = Buffer<float>{};
+  }
+  /** Stage 2: allocates every gradient zeroed, for the backward to accumulate into (stage 1: they exist). */
+  void prepare_gradients() {
+    for (auto* p : buckets_.params())
+      if (p->grad.size() != p->value.size()) nn::zero_grad<B>(*p);
   }
 
   [[nodiscard]] std::size_t steps() const { return steps_; }
@@ -205,6 +233,16 @@ class Zero1AdamW {
   void set_steps(std::size_t steps) { steps_ = steps; }
   [[nodiscard]] std::size_t bucket_count() const { return buckets_.bucket_count(); }
   [[nodiscard]] std::size_t launched() const { return buckets_.launched(); }
+  /** Floats of gradient memory the synchroniser holds now: shards, plus (stage 1, or mid-backward) flat buckets. */
+  [[nodiscard]] std::size_t gradient_buffer_elements() const {
+    return buckets_.shard_elements() + buckets_.flat_elements();
+  }
+  /** Floats of the weights' all-gather receive buffers held now (stage 1: N, kept; stage 2: 0 between steps). */
+  [[nodiscard]] std::size_t gather_buffer_elements() const {
+    std::size_t n = 0;
+    for (const auto& f : full_) n += f.size();
+    return n;
+  }
   /** Optimizer-state floats held on this rank (two moments of its blocks): about 2 N / p. */
   [[nodiscard]] std::size_t state_elements() const {
     std::size_t n = 0;
@@ -223,8 +261,19 @@ class Zero1AdamW {
   std::vector<std::vector<Piece>> pieces_;
   std::vector<Buffer<float>> m_, v_, w_, full_;  // rank memory: w_ and full_ are communicated
   Buffer<UpdateFactors> factors_;                 // the factors of `step(lr, grad_scale)`
+  int stage_;
   std::size_t steps_ = 0;
   bool reduced_ = false;
+
+  static BucketMemory stage_memory(int stage, const Comm& group) {
+    require(stage == 1 || stage == 2, "ZeroAdamW on rank ", group.rank(), " of group '", group.name(), "': stage ",
+            stage, " is not 1 or 2 (ZeRO-1 shards optimizer states, ZeRO-2 gradients too)");
+    return stage == 2 ? BucketMemory::transient : BucketMemory::kept;
+  }
 };
+
+/** ZeRO-1 by its historical name: `ZeroAdamW` with `ZeroOptions::stage` = 1 (the default). */
+template <communicator Comm, backend B = HostBackend>
+using Zero1AdamW = ZeroAdamW<Comm, B>;
 
 }  // namespace mpar::parallel

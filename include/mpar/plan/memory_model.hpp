@@ -1,7 +1,7 @@
 #pragma once
 /**
- * @file Per-rank memory: model states (weights, gradients, optimizer states, optionally ZeRO-1
- * sharded), activations (Korthikanti et al., arXiv 2205.05198) times the schedule's peak number of
+ * @file Per-rank memory: model states (weights, gradients, optimizer states, optionally ZeRO-1 or
+ * ZeRO-2 sharded), activations (Korthikanti et al., arXiv 2205.05198) times the schedule's peak number of
  * in-flight micro-batches, and communication buffers.
  */
 #include <algorithm>
@@ -140,7 +140,10 @@ struct MemoryOptions {
   // 2BW keeps a second weight version alive for in-flight micro-batches.
   const double versions = c.schedule == ScheduleKind::two_bw ? 2.0 : 1.0;
   e.parameters = psi * (versions * p.weight_bytes + p.master_bytes / (c.zero1 ? double(c.dp) : 1.0));
-  e.gradients = psi * p.grad_bytes;
+  // ZeRO-2 keeps only this rank's 1/dp of the averaged gradient between steps. (mpar's layers accumulate the
+  // micro-batches' gradients in full-size per-parameter buffers, released bucket by bucket once the last
+  // micro-batch's backward has passed them; that transient is the backward's, as ZeRO-1's full gradient is.)
+  e.gradients = psi * p.grad_bytes / (c.zero2 ? double(c.dp) : 1.0);
   e.optimizer = psi * p.optimizer_bytes / (c.zero1 ? double(c.dp) : 1.0);
 
   const double s = double(m.seq), b = double(c.microbatch_size), h = double(m.hidden), t = double(c.tp);

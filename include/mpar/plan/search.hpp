@@ -35,7 +35,7 @@ struct SearchSpace {
   std::optional<std::size_t> tp, pp, dp, microbatch_size, virtual_stages;
   std::optional<ScheduleKind> schedule;
   std::optional<Recompute> recompute;
-  std::optional<bool> zero1, sequence_parallel;
+  std::optional<bool> zero1, zero2, sequence_parallel;
   std::vector<std::size_t> microbatch_sizes{1, 2, 4, 8};  ///< tried when microbatch_size is not fixed
   std::size_t max_virtual_stages = 8;                     ///< largest V tried for the interleaved schedule
 };
@@ -274,13 +274,14 @@ namespace detail {
           for (std::size_t v : vs)
             for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
               if (space.recompute && rc != *space.recompute) continue;
-              for (int z = 0; z < 2; ++z) {
-                if (space.zero1 ? (bool(z) != *space.zero1) : (z == 1 && dp == 1)) continue;
+              for (int z = 0; z < 3; ++z) {  // ZeRO stage: 0, 1 (states sharded), 2 (gradients too)
+                if (space.zero1 ? (bool(z) != *space.zero1) : (z >= 1 && dp == 1)) continue;
+                if (space.zero2 ? ((z == 2) != *space.zero2) : (z == 2 && dp == 1)) continue;
                 for (int spi = 0; spi < 2; ++spi) {
                   if (space.sequence_parallel ? (bool(spi) != *space.sequence_parallel) : (spi == 1 && tp == 1)) continue;
                   ParallelConfig c;
                   c.tp = tp, c.pp = pp, c.dp = dp, c.microbatch_size = mbs, c.schedule = s, c.virtual_stages = v;
-                  c.recompute = rc, c.zero1 = bool(z), c.sequence_parallel = bool(spi);
+                  c.recompute = rc, c.zero1 = z >= 1, c.zero2 = z == 2, c.sequence_parallel = bool(spi);
                   c.microbatches = std::max<std::size_t>(1, p.global_batch / (dp * mbs));
                   ++plan.considered;
                   if (auto why = structural_problem(p, c)) {
@@ -297,7 +298,7 @@ namespace detail {
                     reject({c, "memory",
                             mpar::detail::cat("needs at least ", std::round(need / gib * 10) / 10, " GiB per GPU but ",
                                         std::round(budget / gib * 10) / 10, " GiB are usable (", o.usable_memory_fraction * 100,
-                                        " % of ", p.cluster.memory_bytes / gib, " GiB); more recomputation, ZeRO-1, larger tp/pp or a smaller micro-batch would help")});
+                                        " % of ", p.cluster.memory_bytes / gib, " GiB); more recomputation, ZeRO-1 or ZeRO-2, larger tp/pp or a smaller micro-batch would help")});
                     continue;
                   }
                   // Lower bound: the busiest rank computes M micro-batches through all its chunks without a gap.
