@@ -1091,24 +1091,65 @@ struct RankError {
   int rank = -1;
   std::string what;
   std::exception_ptr error;
+  bool reports_peers = false;  ///< it only reports other ranks' failures (a peer_failure_report)
 };
 
+/** Whether `e` only reports other ranks' failures: it derives from peer_failure_report. */
+[[nodiscard]] inline bool reports_peer_failures(const std::exception_ptr& e) {
+  try {
+    std::rethrow_exception(e);
+  } catch (const peer_failure_report&) {
+    return true;
+  } catch (...) {
+    return false;
+  }
+}
+
 /**
- * The message of a failed run: the first failure, then every other rank's own failure (a rank
- * whose error merely reports the run's abort is left out), so that a rank saying "failed on rank 1;
- * see their errors" is followed by rank 1's error.
+ * A failed run's errors in the order of its report. First the root cause: the rank that reported a
+ * timeout (its error is the abort message), else the rank whose exception poisoned the run; but a
+ * report of other ranks' failures gives way to the earliest own error of a failing rank, since which
+ * of the two threw first is a race and the report refers to it. Then the other ranks' own errors,
+ * reports of peers' failures last; otherwise in the order the ranks failed.
  */
-inline std::string run_failure_message(const RankError& first, const std::vector<RankError>& all,
-                                       const std::string& abort_message) {
-  std::string msg = first.what;
-  std::size_t listed = 0, more = 0;
-  for (const auto& e : all) {
-    if (e.rank == first.rank || e.what == first.what) continue;
+[[nodiscard]] inline std::vector<RankError> order_failures(std::vector<RankError> errors, int root_rank,
+                                                           const std::string& abort_message) {
+  if (errors.empty()) return errors;
+  std::stable_partition(errors.begin(), errors.end(), [](const RankError& e) { return !e.reports_peers; });
+  const auto echoes_abort = [&](const RankError& e) {
+    return !abort_message.empty() && e.what.find(abort_message) != std::string::npos;
+  };
+  auto first = std::find_if(errors.begin(), errors.end(), [&](const RankError& e) { return e.rank == root_rank; });
+  for (auto it = errors.begin(); it != errors.end(); ++it)
+    if (it->what == abort_message) first = it;
+  if (first == errors.end() || first->reports_peers) {
+    const auto own = std::find_if(errors.begin(), errors.end(),
+                                  [&](const RankError& e) { return !e.reports_peers && !echoes_abort(e); });
+    if (own != errors.end()) first = own;
+  }
+  if (first == errors.end()) first = errors.begin();
+  std::rotate(errors.begin(), first, std::next(first));
+  return errors;
+}
+
+/**
+ * The message of a failed run, from its errors in report order (order_failures): the first failure,
+ * then every other rank's own failure, one per line; a rank whose error merely reports the run's abort
+ * is left out, and so is a message already listed (the same report from several ranks).
+ */
+inline std::string run_failure_message(const std::vector<RankError>& ordered, const std::string& abort_message) {
+  if (ordered.empty()) return {};
+  std::string msg = ordered.front().what;
+  std::vector<const std::string*> listed{&ordered.front().what};
+  std::size_t more = 0;
+  for (const auto& e : ordered) {
+    if (std::any_of(listed.begin(), listed.end(), [&](const std::string* w) { return *w == e.what; })) continue;
     if (!abort_message.empty() && e.what.find(abort_message) != std::string::npos) continue;
-    if (++listed > 8) {
+    if (listed.size() > 8) {
       ++more;
       continue;
     }
+    listed.push_back(&e.what);
     msg += cat("\nrank ", e.rank, ": ", e.what);
   }
   if (more) msg += cat("\n(and ", more, " more ranks failed)");
@@ -1120,7 +1161,8 @@ inline std::string run_failure_message(const RankError& first, const std::vector
 /**
  * @brief Runs `f(ThreadsCommunicator&)` on `n` threads (ranks 0..n-1 of a group named
  * `opts.name`), joins them, and rethrows the first failure as `rank_failure`; its message goes on
- * with every other rank's own failure, one per line.
+ * with every other rank's own failure, one per line. A failure that only reports other ranks'
+ * failures (a `peer_failure_report`) comes after their own errors (see detail::order_failures).
  *
  * A rank that throws poisons the run: every rank blocked in, or later entering, a collective gets
  * a comm_error naming the operation, group, sequence number and the failed rank.
@@ -1154,7 +1196,7 @@ void run_threads(int n, const ThreadsOptions& opts, F&& f) {
         const bool root_cause = world->abort(detail::cat("rank ", r, " threw: ", what));
         std::lock_guard l(fm);
         if (root_cause || first_rank < 0) first_rank = r;
-        errors.push_back({r, what, e});
+        errors.push_back({r, what, e, detail::reports_peer_failures(e)});
       }
     }  // ~comm drains pending asynchronous work, which fails fast once the run is poisoned
     world->depart(r);
@@ -1162,13 +1204,10 @@ void run_threads(int n, const ThreadsOptions& opts, F&& f) {
   auto failure = [&] {
     std::lock_guard l(fm);
     if (first_rank < 0) return std::string{};
-    // With no rank the root cause (a timeout poisoned the run), the rank that reported it comes first.
     const std::string abort_message = world->abort_message();
-    auto first = std::find_if(errors.begin(), errors.end(), [&](const auto& e) { return e.rank == first_rank; });
-    for (auto it = errors.begin(); it != errors.end(); ++it)
-      if (it->what == abort_message) first = it;
-    first_rank = first->rank;
-    return detail::run_failure_message(*first, errors, abort_message);
+    const auto ordered = detail::order_failures(errors, first_rank, abort_message);
+    first_rank = ordered.front().rank;
+    return detail::run_failure_message(ordered, abort_message);
   };
   if (n == 1) {
     body(0);
