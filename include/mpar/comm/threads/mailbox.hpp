@@ -22,7 +22,7 @@ struct PostedRecv {
   int src = 0, tag = 0;
   std::uint64_t seq = 0;
   bool done = false;  // guarded by the mailbox mutex
-  std::string error;
+  std::string error{};
 };
 
 /** A message sent before its receive was posted: the eager copy that makes sends never block. */
