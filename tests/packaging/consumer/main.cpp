@@ -3,6 +3,7 @@
 // It is compiled with -Wall -Wextra -Wpedantic -Werror: a warning in an mpar header fails the build.
 #include <cstdio>
 #include <mpar/mpar.hpp>
+#include <mpar/tools.hpp>
 #include <span>
 #include <vector>
 
@@ -51,6 +52,7 @@ int main() {
   Tensor<float, 2> c({4, 4});
   matmul<float>(full.slice(1, 0, 4), Trans::no, full.slice(1, 2, 6), Trans::yes, c.view());
   if (!threads_ok()) return 2;
+  if (plan::parse_schedule("1f1b") != plan::ScheduleKind::one_f_one_b) return 3;
   std::printf("mpar %s consumer ok\n", MPAR_VERSION_STRING);
   return 0;
 }
