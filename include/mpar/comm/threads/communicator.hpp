@@ -81,7 +81,8 @@ class ThreadsCommunicator {
     s.src = send.data();
     s.dst = recv.data();
     if (rank() == root && recv.size() != send.size())
-      s.error = detail::cat("rank ", rank(), " (root) passed recv of ", recv.size(), " elements, expected ", send.size());
+      s.error =
+          detail::cat("rank ", rank(), " (root) passed recv of ", recv.size(), " elements, expected ", send.size());
     auto& g = *st_->group;
     collective([&] {
       // Every rank reduces its own block into root's recv: the work is spread as in all_reduce.
@@ -133,7 +134,8 @@ class ThreadsCommunicator {
     collective(
         [&] {
           const Block b = block_of(g.slot(root).src_count, std::size_t(size()), std::size_t(rank()));
-          if (b.extent) std::memcpy(recv.data(), static_cast<const T*>(g.slot(root).src) + b.offset, b.extent * sizeof(T));
+          if (b.extent)
+            std::memcpy(recv.data(), static_cast<const T*>(g.slot(root).src) + b.offset, b.extent * sizeof(T));
         },
         [&]() -> std::string { return check_blocks("recv", root, [&](int q) { return g.slot(q).dst_count; }); });
   }
@@ -156,7 +158,10 @@ class ThreadsCommunicator {
                     b * sizeof(T));
     });
   }
-  /** Variable blocks: rank r sends send_counts[q] elements to q and receives recv_counts[q] from q, packed in rank order. */
+  /**
+   * Variable blocks: rank r sends send_counts[q] elements to q and receives recv_counts[q] from q,
+   * packed in rank order.
+   */
   template <element_type T>
   void all_to_all_v(in_span<T> send, std::span<const std::size_t> send_counts, std::span<T> recv,
                     std::span<const std::size_t> recv_counts) {
@@ -189,8 +194,8 @@ class ThreadsCommunicator {
           for (int q = 0; q < size(); ++q)
             for (int r = 0; r < size(); ++r)
               if (g.slot(q).counts_a[r] != g.slot(r).counts_b[q])
-                return detail::cat("rank ", q, " sends ", g.slot(q).counts_a[r], " elements to rank ", r,
-                                   " but rank ", r, " expects ", g.slot(r).counts_b[q]);
+                return detail::cat("rank ", q, " sends ", g.slot(q).counts_a[r], " elements to rank ", r, " but rank ",
+                                   r, " expects ", g.slot(r).counts_b[q]);
           return {};
         });
   }
@@ -361,8 +366,8 @@ class ThreadsCommunicator {
   std::string mismatch_message(const detail::PostedRecv& pr, int receiver, std::uint8_t sent_dtype,
                                std::size_t sent_count) const {
     return detail::cat(detail::op_prefix("recv", pr.seq, name()), ": rank ", receiver, " expected ", pr.count, " ",
-                       detail::dtype_names[pr.dtype], " from rank ", pr.src, " with tag ", pr.tag, ", but rank ", pr.src,
-                       " sent ", sent_count, " ", detail::dtype_names[sent_dtype]);
+                       detail::dtype_names[pr.dtype], " from rank ", pr.src, " with tag ", pr.tag, ", but rank ",
+                       pr.src, " sent ", sent_count, " ", detail::dtype_names[sent_dtype]);
   }
 
   /**
@@ -386,7 +391,8 @@ class ThreadsCommunicator {
       for (int q : bad) err += detail::cat("; rank ", q, " ", detail::describe(g.slot(q).fp));
     } else {
       for (int q = 0; q < size() && err.empty(); ++q)
-        if (!g.slot(q).error.empty()) err = detail::cat(detail::op_prefix(op, st_->seq, g.name()), ": ", g.slot(q).error);
+        if (!g.slot(q).error.empty())
+          err = detail::cat(detail::op_prefix(op, st_->seq, g.name()), ": ", g.slot(q).error);
       if (err.empty())
         if (std::string x = extra(); !x.empty()) err = detail::cat(detail::op_prefix(op, st_->seq, g.name()), ": ", x);
     }

@@ -177,16 +177,11 @@ class ThreadsGroup {
   }
 
  public:
-
   void wake() {
-    {
-      std::lock_guard l(m_);
-    }
+    { std::lock_guard l(m_); }
     cv_.notify_all();
     for (auto& mb : mailboxes_) {
-      {
-        std::lock_guard l(mb->m);
-      }
+      { std::lock_guard l(mb->m); }
       mb->cv.notify_all();
     }
   }
@@ -199,7 +194,7 @@ class ThreadsGroup {
   std::vector<Slot> slots_;
   std::vector<std::unique_ptr<Mailbox>> mailboxes_;
   std::atomic<std::uint64_t> state_{0};  // generation << 32 | arrivals
-  std::atomic<int> sleepers_{0};  // ranks blocked on cv_: the last arriver only notifies when > 0
+  std::atomic<int> sleepers_{0};         // ranks blocked on cv_: the last arriver only notifies when > 0
   std::chrono::microseconds spin_time_{1000};
   std::unique_ptr<std::atomic<std::uint64_t>[]> arrived_;  // generation + 1 of each rank's last arrival
   std::unique_ptr<std::atomic<bool>[]> reading_;           // rank is (about to be) reading peers' buffers

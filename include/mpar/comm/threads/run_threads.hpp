@@ -86,11 +86,12 @@ void run_threads(int n, const ThreadsOptions& opts, F&& f) {
       std::string why = failure();
       if (why.empty()) why = world->abort_message();
       std::fprintf(stderr, "mpar: run_threads: the run failed: rank %d: %s\n", first_rank, why.c_str());
-      std::fprintf(stderr,
-                   "mpar: run_threads: rank%s %s of group '%s' did not return within %g s after the run failed: %s "
-                   "stuck outside the communicator, and a thread cannot be interrupted; exiting the process (status 3)\n",
-                   stuck.size() > 1 ? "s" : "", detail::join_ranks(stuck).c_str(), opts.name.c_str(),
-                   opts.timeout.count(), stuck.size() > 1 ? "they are" : "it is");
+      std::fprintf(
+          stderr,
+          "mpar: run_threads: rank%s %s of group '%s' did not return within %g s after the run failed: %s "
+          "stuck outside the communicator, and a thread cannot be interrupted; exiting the process (status 3)\n",
+          stuck.size() > 1 ? "s" : "", detail::join_ranks(stuck).c_str(), opts.name.c_str(), opts.timeout.count(),
+          stuck.size() > 1 ? "they are" : "it is");
       std::fflush(stderr);
       std::_Exit(3);
     }
@@ -110,8 +111,6 @@ void run_threads(int n, const ThreadsOptions& opts, F&& f) {
 
 template <class F>
   requires std::invocable<F&, ThreadsCommunicator&>
-void run_threads(int n, F&& f) {
-  run_threads(n, ThreadsOptions{}, std::forward<F>(f));
-}
+void run_threads(int n, F&& f) { run_threads(n, ThreadsOptions{}, std::forward<F>(f)); }
 
 }  // namespace mpar

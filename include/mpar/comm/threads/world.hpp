@@ -65,8 +65,7 @@ class ThreadsWorld {
         returned_cv_.wait(l);
         continue;
       }
-      const auto deadline =
-          aborted_at_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(grace);
+      const auto deadline = aborted_at_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(grace);
       if (std::chrono::steady_clock::now() >= deadline) {
         std::vector<int> stuck;
         for (int r = 0; r < n_; ++r)
@@ -100,7 +99,7 @@ class ThreadsWorld {
   int n_;
   mutable std::mutex m_;
   std::condition_variable returned_cv_;
-  int returned_ = 0;  // guarded by m_
+  int returned_ = 0;                                  // guarded by m_
   std::chrono::steady_clock::time_point aborted_at_;  // guarded by m_
   std::atomic<bool> aborted_{false};
   std::string message_;
