@@ -15,6 +15,7 @@
 #include "bench_util.hpp"
 #include "mpar/comm/threads.hpp"
 #include "mpar/io.hpp"
+#include "mpar/tools.hpp"
 
 using namespace mpar;
 namespace fs = std::filesystem;

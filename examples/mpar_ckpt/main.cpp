@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "mpar/io.hpp"
+#include "mpar/tools.hpp"
 
 namespace fs = std::filesystem;
 using namespace mpar;

@@ -1,13 +1,12 @@
 #pragma once
 /**
  * @file Checkpoints: save and load with resharding (io/checkpoint.hpp), the manifest format
- * (io/manifest.hpp), the lock one saving job holds on its directory (io/lock.hpp), blocks from parameters and optimizer states (io/blocks.hpp) and the
- * command-line option parser (io/cli.hpp). See docs/checkpoints.md.
+ * (io/manifest.hpp), the lock one saving job holds on its directory (io/lock.hpp), blocks from parameters and optimizer states (io/blocks.hpp).
+ * See docs/checkpoints.md. The command-line option parser (io/cli.hpp) is in `mpar/tools.hpp`.
  */
 #include "mpar/io/blocks.hpp"
 #include "mpar/io/box.hpp"
 #include "mpar/io/checkpoint.hpp"
-#include "mpar/io/cli.hpp"
 #include "mpar/io/crc32.hpp"
 #include "mpar/io/error.hpp"
 #include "mpar/io/file.hpp"

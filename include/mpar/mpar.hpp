@@ -1,7 +1,8 @@
 #pragma once
 /**
- * @file The umbrella header: everything in mpar that does not need CUDA.
- * CUDA parts live behind `mpar/cuda.hpp` and the MPAR_ENABLE_CUDA option.
+ * @file The umbrella header: everything in mpar that a training program needs and that does not need
+ * CUDA. CUDA parts live behind `mpar/cuda.hpp` and the MPAR_ENABLE_CUDA option; the planner and the
+ * command-line option parser behind `mpar/tools.hpp` (their compile time is not every consumer's).
  */
 #include "mpar/version.hpp"
 #include "mpar/core.hpp"
@@ -12,5 +13,4 @@
 #include "mpar/parallel.hpp"
 #include "mpar/pipeline.hpp"
 #include "mpar/observe.hpp"
-#include "mpar/plan.hpp"
 #include "mpar/io.hpp"

@@ -414,6 +414,120 @@ TEST_CASE("threads: the run's error carries every failing rank's own message", "
   }
 }
 
+namespace {
+
+/** A rank's error that only names the ranks that failed, as load_checkpoint's agreement throws it. */
+class summary_error : public std::runtime_error, public peer_failure_report {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+/** What run_threads reports for a run, or "" when it did not fail; `rank` gets rank_failure::rank(). */
+template <class F>
+std::string run_failure(int n, F&& f, int& rank, std::string& nested) {
+  try {
+    run_threads(n, std::forward<F>(f));
+  } catch (const rank_failure& e) {
+    rank = e.rank();
+    try {
+      e.rethrow_nested();
+    } catch (const std::exception& x) {
+      nested = x.what();
+    }
+    return e.what();
+  }
+  return {};
+}
+
+/** Whether `needle` occurs in `text` before `later` (both must occur). */
+bool occurs_before(const std::string& text, const std::string& needle, const std::string& later) {
+  const auto a = text.find(needle), b = text.find(later);
+  return a != std::string::npos && b != std::string::npos && a < b;
+}
+
+}  // namespace
+
+TEST_CASE("threads: the failing rank's own error comes before the ranks' report of it, in either order", "[comm][fault]") {
+  const std::string own = "rank 1: checksum mismatch in shard 1";
+  const std::string report = "load_checkpoint failed on rank(s) 1 of group 'world'; see their errors";
+  // Which rank throws first is forced: the later one waits in a receive that only the run's abort
+  // (the earlier one's exception) ends, swallows that error and throws its own.
+  auto forced = [&](int first_to_throw) {
+    return [=](ThreadsCommunicator& c) {
+      std::vector<float> failed{c.rank() == 1 ? 1.0f : 0.0f};
+      c.all_reduce(std::span<float>(failed), ReduceOp::sum);
+      if (c.rank() == 2) {
+        c.barrier();  // fails only as a consequence of the abort, and is not listed
+        return;
+      }
+      if (c.rank() != first_to_throw) {
+        std::vector<float> never(1);
+        try {
+          c.recv(std::span<float>(never), first_to_throw, 99);
+        } catch (const comm_error&) {
+        }
+      }
+      if (c.rank() == 1) throw std::runtime_error("checksum mismatch in shard 1");
+      throw summary_error("load_checkpoint failed on rank(s) 1 of group 'world'; see their errors");
+    };
+  };
+  for (int first_to_throw : {0, 1}) {
+    CAPTURE(first_to_throw);
+    int rank = -1;
+    std::string nested;
+    const std::string msg = run_failure(3, forced(first_to_throw), rank, nested);
+    CAPTURE(msg);
+    CHECK(msg.starts_with(own));
+    CHECK(occurs_before(msg, own, "rank 0: " + report));
+    CHECK(msg.find("rank 2:") == std::string::npos);
+    CHECK(rank == 1);
+    CHECK(nested == "checksum mismatch in shard 1");
+  }
+  // Unforced, the two ranks race; every repetition must report in the same order.
+  for (int round = 0; round < 20; ++round) {
+    int rank = -1;
+    std::string nested;
+    const std::string msg = run_failure(
+        4,
+        [&](ThreadsCommunicator& c) {
+          std::vector<float> failed{c.rank() == 1 ? 1.0f : 0.0f};
+          c.all_reduce(std::span<float>(failed), ReduceOp::sum);
+          if (c.rank() == 1) throw std::runtime_error("checksum mismatch in shard 1");
+          throw summary_error(report);  // ranks 0, 2 and 3: the same report, listed once
+        },
+        rank, nested);
+    CAPTURE(round, msg);
+    CHECK(msg.starts_with(own));
+    CHECK(rank == 1);
+    const auto at = msg.find("see their errors");
+    CHECK(at != std::string::npos);
+    CHECK(msg.find("see their errors", at + 1) == std::string::npos);
+  }
+}
+
+TEST_CASE("threads: a run whose ranks only report peers' failures still fails with the root cause", "[comm][fault]") {
+  // No rank's own error: the report that poisoned the run comes first.
+  int rank = -1;
+  std::string nested;
+  const std::string msg = run_failure(
+      2,
+      [](ThreadsCommunicator& c) {
+        if (c.rank() == 1) {
+          std::vector<float> never(1);
+          try {
+            c.recv(std::span<float>(never), 0, 7);
+          } catch (const comm_error&) {
+          }
+          throw summary_error("rank 1 reports: save failed on rank(s) 0");
+        }
+        throw summary_error("rank 0 reports: save failed on rank(s) 1");
+      },
+      rank, nested);
+  CHECK(msg.starts_with("rank 0: rank 0 reports: save failed on rank(s) 1"));
+  CHECK(occurs_before(msg, "rank 0 reports", "rank 1: rank 1 reports"));
+  CHECK(rank == 0);
+}
+
 // Run by the CTest entry "comm: a stuck rank ends the process" (tests/comm/threads/CMakeLists.txt),
 // which expects exit status 3 and the report: rank 1 never returns (it waits on a latch nobody
 // counts down), rank 0 times out waiting for it, and run_threads must not wait for rank 1 forever.

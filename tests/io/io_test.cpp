@@ -645,15 +645,29 @@ TEST_CASE("damaged, missing or foreign checkpoints are reported, never loaded", 
       f.seekp(std::streamoff(victim.offset + 13));
       f.put('\x5a');
     }
-    for (int round = 0; round < 5; ++round)
-      CHECK_THROWS_WITH(run_threads(2,
-                                    [&](ThreadsCommunicator& comm) {
-                                      auto rs = rank_state(2, 1, 1, std::size_t(comm.rank()));
-                                      std::vector<io::LoadBlock> blocks;
-                                      for (auto& p : rs.params) blocks.push_back(io::load_block(p));
-                                      io::load_checkpoint(dir.path, blocks, comm);
-                                    }),
-                        Catch::Contains("checksum mismatch") && Catch::Contains(victim.file));
+    // Rank 1 names the damage, rank 0 reports that rank 1 failed: rank 1's own words come first.
+    for (int round = 0; round < 10; ++round) {
+      std::string msg;
+      int failed_rank = -1;
+      try {
+        run_threads(2, [&](ThreadsCommunicator& comm) {
+          auto rs = rank_state(2, 1, 1, std::size_t(comm.rank()));
+          std::vector<io::LoadBlock> blocks;
+          for (auto& p : rs.params) blocks.push_back(io::load_block(p));
+          io::load_checkpoint(dir.path, blocks, comm);
+        });
+      } catch (const rank_failure& e) {
+        msg = e.what();
+        failed_rank = e.rank();
+      }
+      CAPTURE(round, msg);
+      CHECK(failed_rank == 1);
+      CHECK_THAT(msg, Catch::StartsWith("rank 1: ") && Catch::Contains("checksum mismatch") &&
+                          Catch::Contains(victim.file));
+      const auto own = msg.find("checksum mismatch"), report = msg.find("\nrank 0: load_checkpoint failed on rank(s) 1");
+      CHECK(own < report);
+      CHECK(report != std::string::npos);
+    }
   }
 }
 

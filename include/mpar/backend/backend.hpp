@@ -8,9 +8,8 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "mpar/backend/host/gemm.hpp"     // Trans
+#include "mpar/backend/types.hpp"  // Trans, host::DropoutMask (the same on every backend)
 #include "mpar/core/dtype.hpp"             // bf16
-#include "mpar/backend/host/kernels.hpp"  // host::DropoutMask (the mask is the same on every backend)
 #include "mpar/backend/host/optimizer_kernels.hpp"  // UpdateFactors (the optimizer kernels' per-step inputs)
 #include "mpar/core/memory_resource.hpp"  // Buffer (allocate)
 #include "mpar/backend/host/buffer_ops.hpp"  // the host reference of zero, fill, copy, convert, gemm_strided_batched

@@ -48,12 +48,21 @@ concept comm_request = std::movable<R> && requires(R& r) {
 };
 
 /**
- * @brief A group of ranks and the collectives over it. Requirements, for every element type `T`:
+ * @brief A rank of a group: `rank()`, `size()` (this rank's index and the group size) and `name()`
+ * (the group's name in error messages: "world", "tensor", ...). Every communicator part requires it.
+ */
+template <class C>
+concept comm_group = requires(const C& cc) {
+  { cc.rank() } -> std::convertible_to<int>;
+  { cc.size() } -> std::convertible_to<int>;
+  { cc.name() } -> std::convertible_to<std::string>;
+};
+
+/**
+ * @brief The blocking collectives over a group. Requirements, for every element type `T`:
  *
  * | call | semantics |
  * |---|---|
- * | `rank()`, `size()` | this rank's index in the group and the group size |
- * | `name()` | the group's name in error messages ("world", "tensor", ...) |
  * | `all_reduce(std::span<T> data, ReduceOp op)` | in place |
  * | `broadcast(std::span<T> data, int root)` | in place |
  * | `reduce(std::span<const T> send, std::span<T> recv, ReduceOp op, int root)` | recv used on root only |
@@ -62,17 +71,12 @@ concept comm_request = std::movable<R> && requires(R& r) {
  * | `gather(send, recv, int root)` / `scatter(send, recv, int root)` | blocks as for all_gather / reduce_scatter |
  * | `all_to_all(std::span<const T> send, std::span<T> recv)` | equal blocks: size divisible by p |
  * | `all_to_all_v(send, send_counts, recv, recv_counts)` | counts are `std::span<const std::size_t>` of length p |
- * | `send(std::span<const T> data, int peer, int tag)`, `recv(std::span<T> data, int peer, int tag)` | blocking, tagged |
- * | `isend`, `irecv`, `iall_reduce`, `iall_gather`, `ireduce_scatter` | same arguments, return a `comm_request` |
  * | `barrier()` | |
- * | `split(int color, int key)` | a sub-communicator of the same type over the ranks with equal color, ordered by key |
  */
 template <class C>
-concept communicator = requires(C& c, const C& cc, std::span<float> buf, std::span<const float> cbuf,
-                                std::span<const std::size_t> counts, int root, ReduceOp op) {
-  { cc.rank() } -> std::convertible_to<int>;
-  { cc.size() } -> std::convertible_to<int>;
-  { cc.name() } -> std::convertible_to<std::string>;
+concept collective_communicator =
+    comm_group<C> && requires(C& c, std::span<float> buf, std::span<const float> cbuf,
+                              std::span<const std::size_t> counts, int root, ReduceOp op) {
   c.all_reduce(buf, op);
   c.broadcast(buf, root);
   c.reduce(cbuf, buf, op, root);
@@ -82,16 +86,53 @@ concept communicator = requires(C& c, const C& cc, std::span<float> buf, std::sp
   c.scatter(cbuf, buf, root);
   c.all_to_all(cbuf, buf);
   c.all_to_all_v(cbuf, counts, buf, counts);
-  c.send(cbuf, root, root);
-  c.recv(buf, root, root);
   c.barrier();
+};
+
+/**
+ * @brief Tagged point-to-point messages: `send(std::span<const T> data, int peer, int tag)` and
+ * `recv(std::span<T> data, int peer, int tag)` block; `isend` and `irecv` take the same arguments and
+ * return a `comm_request`.
+ */
+template <class C>
+concept point_to_point_communicator = comm_group<C> && requires(C& c, std::span<float> buf, std::span<const float> cbuf,
+                                                                 int peer, int tag) {
+  c.send(cbuf, peer, tag);
+  c.recv(buf, peer, tag);
+  { c.isend(cbuf, peer, tag) } -> comm_request;
+  { c.irecv(buf, peer, tag) } -> comm_request;
+};
+
+/**
+ * @brief Collectives that overlap with computation: `iall_reduce`, `iall_gather` and
+ * `ireduce_scatter` take the arguments of their blocking forms and return a `comm_request`.
+ */
+template <class C>
+concept asynchronous_communicator = collective_communicator<C> &&
+                                    requires(C& c, std::span<float> buf, std::span<const float> cbuf, ReduceOp op) {
   { c.iall_reduce(buf, op) } -> comm_request;
   { c.iall_gather(cbuf, buf) } -> comm_request;
   { c.ireduce_scatter(cbuf, buf, op) } -> comm_request;
-  { c.isend(cbuf, root, root) } -> comm_request;
-  { c.irecv(buf, root, root) } -> comm_request;
-  { c.split(root, root) } -> std::same_as<C>;
 };
+
+/**
+ * @brief Sub-groups: `split(int color, int key)` is a communicator of the same type over the ranks
+ * with equal color, ordered by key (collective over the group).
+ */
+template <class C>
+concept splittable_communicator = comm_group<C> && requires(C& c, int color, int key) {
+  { c.split(color, key) } -> std::same_as<C>;
+};
+
+/**
+ * @brief A group of ranks and everything a parallel program calls on it: the conjunction of
+ * `collective_communicator`, `point_to_point_communicator`, `asynchronous_communicator` and
+ * `splittable_communicator` (see each for its requirements). Code that calls only some of them
+ * (a layer that only all-reduces) can require only those parts.
+ */
+template <class C>
+concept communicator = collective_communicator<C> && point_to_point_communicator<C> && asynchronous_communicator<C> &&
+                       splittable_communicator<C>;
 
 /**
  * @brief A communicator whose point-to-point messages between two ranks are matched in the order

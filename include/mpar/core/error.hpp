@@ -14,6 +14,16 @@ class config_error : public std::invalid_argument {
   using std::invalid_argument::invalid_argument;
 };
 
+/**
+ * @brief Mixed into an exception that only reports other ranks' failures ("load_checkpoint failed on
+ * rank(s) 1 of group 'world'; see their errors"). A run that collects every rank's error (run_threads)
+ * puts the failing ranks' own errors first and such a report after them, whichever rank threw first.
+ */
+class peer_failure_report {
+ public:
+  virtual ~peer_failure_report() = default;
+};
+
 namespace detail {
 /** Builds a message from streamable parts, so call sites stay one line long. */
 template <class... Parts>

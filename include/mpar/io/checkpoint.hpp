@@ -305,7 +305,9 @@ void agree(C& comm, std::exception_ptr local, const std::string& what) {
   std::string failed;
   for (int r = 0; r < p; ++r)
     if (all[std::size_t(r)] != 0.0f) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
-  check(failed.empty(), what, " failed on rank(s) ", failed, " of group '", comm.name(), "'; see their errors");
+  if (!failed.empty())
+    throw peer_checkpoint_error(
+        mpar::detail::cat(what, " failed on rank(s) ", failed, " of group '", comm.name(), "'; see their errors"));
 }
 
 template <class F>

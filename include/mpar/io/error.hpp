@@ -18,6 +18,15 @@ class checkpoint_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/**
+ * @brief The checkpoint_error of a rank whose own part succeeded while another rank's failed: it names
+ * the failed ranks, whose own errors say what went wrong (and are reported first by run_threads).
+ */
+class peer_checkpoint_error : public checkpoint_error, public peer_failure_report {
+ public:
+  using checkpoint_error::checkpoint_error;
+};
+
 namespace detail {
 /** Throws checkpoint_error with the concatenated message unless `ok`. */
 template <class... Parts>

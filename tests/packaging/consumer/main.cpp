@@ -1,6 +1,41 @@
-// Uses mpar through the umbrella header: a sharded initialisation checked against the full tensor.
+// Uses mpar through the umbrella header: a sharded initialisation checked against the full tensor,
+// and the threads communicator's collectives, point-to-point and asynchronous calls on two ranks.
+// It is compiled with -Wall -Wextra -Wpedantic -Werror: a warning in an mpar header fails the build.
 #include <cstdio>
 #include <mpar/mpar.hpp>
+#include <mpar/tools.hpp>
+#include <span>
+#include <vector>
+
+namespace {
+
+/** Two ranks: every kind of call a training step makes; returns whether all results are right. */
+bool threads_ok() {
+  using namespace mpar;
+  bool ok[2] = {false, false};
+  run_threads(2, [&](ThreadsCommunicator& comm) {
+    const int r = comm.rank();
+    std::vector<float> v{float(r + 1), float(10 * (r + 1))};
+    comm.all_reduce(std::span<float>(v), ReduceOp::sum);  // {3, 30}
+    std::vector<float> got(1, -1.0f);
+    const std::vector<float> mine{float(100 + r)};
+    auto rq = comm.irecv(std::span<float>(got), 1 - r, 5);
+    comm.send(std::span<const float>(mine), 1 - r, 5);
+    rq.wait();
+    std::vector<double> half(1), all{double(r), double(r)};
+    comm.reduce_scatter(std::span<const double>(all), std::span<double>(half), ReduceOp::max);  // {1}
+    std::vector<float> a(2, float(r));
+    auto ar = comm.iall_reduce(std::span<float>(a), ReduceOp::max);
+    ar.wait();
+    auto sub = comm.split(0, -r, "pair");
+    comm.barrier();
+    ok[r] = v[0] == 3.0f && v[1] == 30.0f && got[0] == float(101 - r) && half[0] == 1.0 && a[0] == 1.0f &&
+            sub.size() == 2 && sub.rank() == 1 - r;
+  });
+  return ok[0] && ok[1];
+}
+
+}  // namespace
 
 int main() {
   using namespace mpar;
@@ -16,6 +51,8 @@ int main() {
   }
   Tensor<float, 2> c({4, 4});
   matmul<float>(full.slice(1, 0, 4), Trans::no, full.slice(1, 2, 6), Trans::yes, c.view());
+  if (!threads_ok()) return 2;
+  if (plan::parse_schedule("1f1b") != plan::ScheduleKind::one_f_one_b) return 3;
   std::printf("mpar %s consumer ok\n", MPAR_VERSION_STRING);
   return 0;
 }

@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "mpar/backend/types.hpp"  // Trans
 #include "mpar/core/dtype.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/tensor.hpp"
@@ -25,9 +26,6 @@
 #endif
 
 namespace mpar {
-
-/** @brief Whether a GEMM operand is used as stored or transposed. */
-enum class Trans { no, yes };
 
 namespace detail {
 

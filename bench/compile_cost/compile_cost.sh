@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# The compile cost a header-only library puts on every consumer: user CPU seconds of -fsyntax-only
+# of a file that only includes <mpar/mpar.hpp>, against <bits/stdc++.h> (the whole standard
+# library) measured in the same run and the same way, so the ratio stays meaningful on a loaded or
+# slower machine. The smallest of --repeat runs counts (noise only ever adds time).
+#
+#   compile_cost.sh [--cxx g++] [--include DIR] [--repeat N] [--smoke]
+#
+# The last line is one JSON object: bench, ours, baseline, unit, ratio (baseline / ours: > 1 means
+# the umbrella header is cheaper than the standard library), loadavg (1-minute, at the start), and
+# the other headers' times for reference.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+cxx=${CXX:-g++}
+include="$here/../../include"
+repeat=3
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --cxx) cxx=$2; shift 2 ;;
+    --include) include=$2; shift 2 ;;
+    --repeat) repeat=$2; shift 2 ;;
+    --smoke) repeat=1; shift ;;
+    *) echo "compile_cost.sh: unknown option '$1' (options: --cxx, --include, --repeat, --smoke)" >&2; exit 2 ;;
+  esac
+done
+[[ $repeat =~ ^[1-9][0-9]*$ ]] || { echo "compile_cost.sh: --repeat takes a positive whole number, got '$repeat'" >&2; exit 2; }
+[[ -f $include/mpar/mpar.hpp ]] || { echo "compile_cost.sh: no mpar/mpar.hpp under --include '$include'" >&2; exit 2; }
+flags=(-std=c++20 -O2 -fsyntax-only -I"$include")
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+loadavg=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo null)
+
+# user_seconds HEADER: the smallest user CPU time of `repeat` syntax-only compiles of `#include <HEADER>`.
+user_seconds() {
+  local src="$work/tu.cpp" best="" t
+  printf '#include <%s>\n' "$1" > "$src"
+  for ((i = 0; i < repeat; ++i)); do
+    # bash's `time` reports the children's user time; its output goes to the group's stderr.
+    t=$( { TIMEFORMAT=%U; time "$cxx" "${flags[@]}" "$src" 2> "$work/err" >&2; } 2>&1 ) ||
+      { cat "$work/err" >&2; echo "compile_cost.sh: '$cxx' failed on #include <$1>" >&2; exit 1; }
+    if [[ -z $best ]] || awk -v a="$t" -v b="$best" 'BEGIN { exit !(a < b) }'; then best=$t; fi
+  done
+  echo "$best"
+}
+
+ours=$(user_seconds mpar/mpar.hpp)
+baseline=$(user_seconds bits/stdc++.h)
+tools=null
+[[ -f $include/mpar/tools.hpp ]] && tools=$(user_seconds mpar/tools.hpp)
+echo "syntax-only user seconds (best of $repeat, $($cxx --version | head -1), 1-min loadavg $loadavg):"
+echo "  <mpar/mpar.hpp>  $ours"
+echo "  <mpar/tools.hpp> $tools"
+echo "  <bits/stdc++.h>  $baseline"
+ratio=$(awk -v a="$baseline" -v b="$ours" 'BEGIN { printf "%.3f", (b > 0 ? a / b : 0) }')
+printf '{"bench": "compile_cost", "ours": %s, "baseline": %s, "unit": "s user (-fsyntax-only, -std=c++20 -O2)", "ratio": %s, "loadavg": %s, "ours_header": "<mpar/mpar.hpp>", "baseline_header": "<bits/stdc++.h>", "tools_hpp": %s, "repeat": %s}\n' \
+  "$ours" "$baseline" "$ratio" "$loadavg" "$tools" "$repeat"
