@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Installs what mpar's build, tests and examples need on Debian/Ubuntu, only where missing.
 # Works as root or through sudo. clang and its runtime libraries (libFuzzer, sanitizers) build the
-# fuzz targets of tests/fuzz, which CI runs.
+# fuzz targets of tests/fuzz, which CI runs; clang-format checks the formatted files (scripts/check-format.sh).
 set -euo pipefail
-packages=(cmake g++ make catch2 libopenblas-dev libdnnl-dev libopenmpi-dev openmpi-bin clang libclang-rt-dev)
+packages=(cmake g++ make catch2 libopenblas-dev libdnnl-dev libopenmpi-dev openmpi-bin clang libclang-rt-dev clang-format)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
