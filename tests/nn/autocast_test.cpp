@@ -228,3 +228,85 @@ TEST_CASE("Autocast: a backward uses the type its forward used, and scopes nest"
   CHECK(excess(dx, ref.dx, ref.dx_bound, In, 0, 0) <= 1.0);
   CHECK(grad_excess(layer.weight(), ref.dw, &ref.dw_bound) <= 1.0);
 }
+
+// The attention core's six products under bf16 against naive loops: q, k, v, the probabilities, dO and dS
+// rounded to bf16 by the test, everything else in double (the softmax and its backward in fp32 in the layer).
+// Tolerance, norm-relative: 3e-4. The layer's fp32 probabilities and the reference's double ones can fall on
+// two sides of a bf16 rounding boundary (one element moves by 2^-8 relative), so elementwise bounds as above
+// would be brittle; the bf16-vs-fp32 difference itself is about 10x larger than the tolerance, which the test
+// checks too.
+TEST_CASE("Autocast(bf16): the attention core's products match a bf16-rounded naive reference", "[nn][autocast][attention]") {
+  const std::size_t heads = 2, d = 8, s = 6, nb = 2, hl = heads * d, ld = 3 * hl, tokens = nb * s;
+  const AttentionCore core{heads, d, s};
+  const Activation qkv = random_activation(tokens, ld, 91), dout = random_activation(tokens, hl, 92);
+  // The layer: q, k, v converted to bf16 as AttentionLayer does, then the core in bf16.
+  Buffer<bf16> qkv16(qkv.size());
+  HostBackend::convert(qkv.size(), qkv.data(), qkv16.data());
+  Buffer<float> probs;
+  const Activation o = core.forward<HostBackend, bf16>(qkv, qkv16.data(), probs, "test");
+  const Activation dqkv = core.backward<HostBackend, bf16>(tokens, qkv16.data(), probs, dout, "test");
+
+  auto reference = [&](bool rounded) {
+    auto r = [&](double v) { return rounded ? double(round_bf16(float(v))) : v; };
+    const double scale = 1.0 / std::sqrt(double(d));
+    std::vector<double> out(tokens * hl, 0.0), grad(tokens * ld, 0.0);
+    for (std::size_t b = 0; b < nb; ++b)
+      for (std::size_t h = 0; h < heads; ++h) {
+        auto q = [&](std::size_t i, std::size_t c) { return r(qkv(b * s + i, h * d + c)); };
+        auto k = [&](std::size_t i, std::size_t c) { return r(qkv(b * s + i, hl + h * d + c)); };
+        auto v = [&](std::size_t i, std::size_t c) { return r(qkv(b * s + i, 2 * hl + h * d + c)); };
+        auto go = [&](std::size_t i, std::size_t c) { return r(dout(b * s + i, h * d + c)); };
+        std::vector<double> p(s * s, 0.0), dp(s * s, 0.0);
+        for (std::size_t i = 0; i < s; ++i) {
+          double m = -1e300, z = 0;
+          std::vector<double> sc(i + 1);
+          for (std::size_t j = 0; j <= i; ++j) {
+            for (std::size_t c = 0; c < d; ++c) sc[j] += q(i, c) * k(j, c);
+            sc[j] *= scale;
+            m = std::max(m, sc[j]);
+          }
+          for (std::size_t j = 0; j <= i; ++j) z += std::exp(sc[j] - m);
+          for (std::size_t j = 0; j <= i; ++j) p[i * s + j] = std::exp(sc[j] - m) / z;
+        }
+        for (std::size_t i = 0; i < s; ++i)
+          for (std::size_t c = 0; c < d; ++c) {
+            double acc = 0;
+            for (std::size_t j = 0; j <= i; ++j) acc += r(p[i * s + j]) * v(j, c);
+            out[(b * s + i) * hl + h * d + c] = acc;
+          }
+        for (std::size_t i = 0; i < s; ++i)
+          for (std::size_t j = 0; j <= i; ++j)
+            for (std::size_t c = 0; c < d; ++c) dp[i * s + j] += go(i, c) * v(j, c);
+        for (std::size_t i = 0; i < s; ++i) {
+          double dot = 0;
+          for (std::size_t j = 0; j <= i; ++j) dot += p[i * s + j] * dp[i * s + j];
+          for (std::size_t j = 0; j <= i; ++j) dp[i * s + j] = p[i * s + j] * (dp[i * s + j] - dot);  // dS
+        }
+        for (std::size_t i = 0; i < s; ++i)
+          for (std::size_t j = 0; j <= i; ++j)
+            for (std::size_t c = 0; c < d; ++c) {
+              const double ds = r(dp[i * s + j]);
+              grad[(b * s + i) * ld + h * d + c] += scale * ds * k(j, c);       // dQ
+              grad[(b * s + j) * ld + hl + h * d + c] += scale * ds * q(i, c);  // dK
+              grad[(b * s + j) * ld + 2 * hl + h * d + c] += r(p[i * s + j]) * go(i, c);  // dV
+            }
+      }
+    return std::pair{out, grad};
+  };
+  auto rel = [](const Activation& got, const std::vector<double>& ref) {
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+      num += (double(got.data()[i]) - ref[i]) * (double(got.data()[i]) - ref[i]);
+      den += ref[i] * ref[i];
+    }
+    return std::sqrt(num / den);
+  };
+  const auto [o_ref, g_ref] = reference(true);
+  const auto [o_32, g_32] = reference(false);
+  INFO("output: " << rel(o, o_ref) << " from the bf16 reference, " << rel(o, o_32) << " from fp32");
+  INFO("dqkv: " << rel(dqkv, g_ref) << " from the bf16 reference, " << rel(dqkv, g_32) << " from fp32");
+  CHECK(rel(o, o_ref) <= 3e-4);
+  CHECK(rel(dqkv, g_ref) <= 3e-4);
+  CHECK(rel(o, o_32) > 1e-3);
+  CHECK(rel(dqkv, g_32) > 1e-3);
+}
