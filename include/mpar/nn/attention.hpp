@@ -44,15 +44,16 @@ struct AttentionCore {
    * stride, so it covers one of the two indices: the larger one, in one call per value of the smaller
    * (min(sequences, heads) calls instead of sequences x heads).
    */
-  template <class T = float>
-  struct Operand {
+  template <class T>
+  struct OperandOf {
     const T* p;
     std::size_t ld, seq, head;
   };
+  using Operand = OperandOf<float>;
   /** fp32 operands, or 16-bit ones (bf16 / f16 under `Autocast`) with fp32 accumulation; C is fp32 either way. */
   template <backend B, class T>
   void per_head_gemm(std::size_t nb, Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, float alpha,
-                     Operand<T> a, Operand<T> b, float* c, std::size_t ldc, std::size_t c_seq, std::size_t c_head) const {
+                     OperandOf<T> a, OperandOf<T> b, float* c, std::size_t ldc, std::size_t c_seq, std::size_t c_head) const {
     const bool over_seqs = nb >= heads;
     const std::size_t outer = over_seqs ? heads : nb, batch = over_seqs ? nb : heads;
     for (std::size_t o = 0; o < outer; ++o) {
@@ -77,11 +78,11 @@ struct AttentionCore {
     probs = uninitialized_buffer<float>(nb * heads * s * s);
     Activation o({qkv.extent(0), hl}, uninitialized);
     // Head h of sequence b: q at b*s*ld + h*d (k, v hl and 2hl further), its probabilities at (b*heads + h)*s*s.
-    const Operand<T> q{qkv_t, ld, s * ld, d}, k{qkv_t + hl, ld, s * ld, d}, v{qkv_t + 2 * hl, ld, s * ld, d};
+    const OperandOf<T> q{qkv_t, ld, s * ld, d}, k{qkv_t + hl, ld, s * ld, d}, v{qkv_t + 2 * hl, ld, s * ld, d};
     per_head_gemm<B>(nb, Trans::no, Trans::yes, s, s, d, scale, q, k, probs.data(), s, heads * s * s, s * s);
     B::softmax_forward(nb * heads * s, s, probs.data(), probs.data(), true);  // one causal softmax over all rows
     const Buffer<T> p_t = as_operand<B, T>(probs);
-    const Operand<T> p{operand_ptr(p_t, probs.data()), s, heads * s * s, s * s};
+    const OperandOf<T> p{operand_ptr(p_t, probs.data()), s, heads * s * s, s * s};
     per_head_gemm<B>(nb, Trans::no, Trans::no, s, d, s, 1.0f, p, v, o.data(), hl, s * hl, d);
     return o;
   }
@@ -100,15 +101,15 @@ struct AttentionCore {
     // dQ, dK, dV cover every column of dqkv and dP every element of dp: no initialisation.
     Activation dqkv({tokens, ld}, uninitialized);
     Buffer<float> dp = uninitialized_buffer<float>(probs.size());
-    const Operand<T> q{qkv_t, ld, s * ld, d}, k{qkv_t + hl, ld, s * ld, d}, v{qkv_t + 2 * hl, ld, s * ld, d};
+    const OperandOf<T> q{qkv_t, ld, s * ld, d}, k{qkv_t + hl, ld, s * ld, d}, v{qkv_t + 2 * hl, ld, s * ld, d};
     const Buffer<T> p_t = as_operand<B, T>(probs), do_t = as_operand<B, T>(dout);
-    const Operand<T> p{operand_ptr(p_t, probs.data()), s, heads * s * s, s * s}, go{operand_ptr(do_t, dout.data()), hl, s * hl, d};
+    const OperandOf<T> p{operand_ptr(p_t, probs.data()), s, heads * s * s, s * s}, go{operand_ptr(do_t, dout.data()), hl, s * hl, d};
     float* dq = dqkv.data();
     per_head_gemm<B>(nb, Trans::yes, Trans::no, s, d, s, 1.0f, p, go, dq + 2 * hl, ld, s * ld, d);  // dV = P^T dO
     per_head_gemm<B>(nb, Trans::no, Trans::yes, s, s, d, 1.0f, go, v, dp.data(), s, heads * s * s, s * s);  // dP = dO V^T
     B::softmax_backward(nb * heads * s, s, probs.data(), dp.data(), dp.data());  // masked entries have p = 0, so dS = 0
     const Buffer<T> ds_t = as_operand<B, T>(dp);
-    const Operand<T> ds{operand_ptr(ds_t, dp.data()), s, heads * s * s, s * s};
+    const OperandOf<T> ds{operand_ptr(ds_t, dp.data()), s, heads * s * s, s * s};
     per_head_gemm<B>(nb, Trans::no, Trans::no, s, d, s, scale, ds, k, dq, ld, s * ld, d);        // dQ = dS K
     per_head_gemm<B>(nb, Trans::yes, Trans::no, s, d, s, scale, ds, q, dq + hl, ld, s * ld, d);  // dK = dS^T Q
     return dqkv;
