@@ -6,7 +6,8 @@ plus a learned position embedding, N pre-LN blocks (LayerNorm eps 1e-5; fused QK
 causal softmax attention, output projection; LayerNorm; h -> 4h linear, tanh-approximated GeLU,
 4h -> h linear), a final LayerNorm and an output head tied to the token embedding, mean
 cross-entropy. AdamW (betas 0.9/0.999, eps 1e-8, weight decay 0.01 on matrices only), global
-gradient-norm clipping at 1.0, fp32, no dropout.
+gradient-norm clipping at 1.0, fp32 (or, with --precision bf16, the forward under
+torch.autocast("cpu", torch.bfloat16)), no dropout.
 
 Configurations (the user's alternatives on a 2-core CPU):
   * one process with torch.set_num_threads(1) and with torch.set_num_threads(2);
@@ -112,7 +113,10 @@ def train_steps(model, opt, ids, args, local_batch, offset, steps, first_step):
         x, y = batch(ids, first_step + i, local_batch, args.seq, offset)
         t0 = time.perf_counter()
         opt.zero_grad(set_to_none=True)
-        out = model(x, y)
+        # --precision bf16: torch's CPU autocast (matmuls and linears on bf16 operands, fp32 accumulation; layer
+        # norm, softmax and the loss in fp32; fp32 parameters) -- the numerics mpar's nn::Autocast follows.
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=args.precision == "bf16"):
+            out = model(x, y)
         out.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -175,6 +179,8 @@ def main():
     p.add_argument("--warm", type=int, default=1)
     p.add_argument("--steps", type=int, default=3, help="counted steps per configuration and round")
     p.add_argument("--data", default="/usr/share/common-licenses/GPL-3")
+    p.add_argument("--precision", choices=["fp32", "bf16"], default="fp32",
+                   help="bf16: forward under torch.autocast('cpu', torch.bfloat16)")
     p.add_argument("--smoke", action="store_true", help="tiny model, one round")
     args = p.parse_args()
     if args.smoke:
@@ -183,7 +189,7 @@ def main():
     ids, vocab = load_text(args.data)
     params = sum(p.numel() for p in make_model(args, vocab)[0].parameters())
     print(f"pytorch_gpt: torch {torch.__version__}, {params} parameters (hidden {args.hidden}, {args.layers} layers, "
-          f"{args.heads} heads, seq {args.seq}, vocab {vocab}), global batch {args.batch}, AdamW fp32; "
+          f"{args.heads} heads, seq {args.seq}, vocab {vocab}), global batch {args.batch}, AdamW, {args.precision}; "
           f"{args.rounds} rounds x ({args.warm} warm-up + {args.steps} counted steps); load average {os.getloadavg()[0]:.2f}",
           flush=True)
     configs = {"1 process, 1 thread": lambda: single_process(args, ids, vocab, 1),
@@ -209,6 +215,7 @@ def main():
     best = max(results, key=lambda r: r["tokens_per_second"])
     print(f"\nbest: {best['config']}, {best['tokens_per_second']:.0f} tokens/s")
     print(json.dumps({"bench": "train_gpt_pytorch", "best": best["config"], "tokens_per_second": best["tokens_per_second"],
+                      "precision": args.precision,
                       "unit": "tokens/s", "torch": torch.__version__, "configs": results}))
 
 

@@ -6,7 +6,8 @@
 #   bench/train_gpt/run_with_pytorch.sh BUILD/bench/train_gpt/bench_train_gpt [ARGS...]
 #
 # ARGS go to both programs (both understand --hidden --layers --heads --seq --batch --rounds --warm
-# --steps --data --smoke); MPAR_ARGS holds extra arguments for the mpar binary only (e.g.
+# --steps --data --precision --smoke; --precision bf16 compares mpar's nn::Autocast with torch's bf16
+# autocast); MPAR_ARGS holds extra arguments for the mpar binary only (e.g.
 # "--microbatches 8"). Builds nothing; needs python3 with torch. OPENBLAS_CORETYPE and
 # OPENBLAS_L2_SIZE are unset for the PyTorch run only (they tune the OpenBLAS that mpar links).
 set -euo pipefail

@@ -6,7 +6,8 @@
 // round warm caches and allocations up and are not counted. Reported per layout: the median step
 // time over all counted steps, tokens/s from it, and the median bubble and communication shares
 // that `GptTrainer::train_step` measures. Last line: ours = the best 2-rank layout's tokens/s,
-// baseline = the single-rank tokens/s (ratio > 1: the 2-rank layout trains faster).
+// baseline = the single-rank tokens/s (ratio > 1: the 2-rank layout trains faster). `--precision bf16`
+// trains with the GEMMs on bf16 operands (nn::Autocast), to compare with PyTorch's bf16 autocast.
 #include <algorithm>
 #include <ctime>
 #include <cstdio>
@@ -107,6 +108,8 @@ int main(int argc, char** argv) {
     p.option("warm", warm, "uncounted steps at the start of every round").range(0, 1000);
     p.option("steps", counted, "counted steps per layout and round").range(1, 1000);
     p.option("max-ranks", max_ranks, "largest world measured (1, 2 or 4)").range(1, 4);
+    p.choice("precision", cfg.precision, {{"fp32", "fp32"}, {"bf16", "bf16"}},
+             "compute precision (bf16: the GEMMs on bf16 operands with fp32 accumulation, fp32 masters)");
     p.option("data", data, "training text");
     p.flag("smoke", smoke, "a tiny model and one short round (for ctest)");
     if (!p.parse(argc, argv)) {
@@ -134,9 +137,9 @@ int main(int argc, char** argv) {
       if (l.ranks() <= max_ranks) layouts.push_back(l);
 
     std::printf("bench_train_gpt: %zu parameters (hidden %zu, %zu layers, %zu heads, seq %zu, vocab %zu), global batch %zu, "
-                "%d micro-batches per data rank, schedule %s, AdamW fp32\n",
+                "%d micro-batches per data rank, schedule %s, AdamW, precision %s\n",
                 cfg.model.parameter_count(), cfg.model.hidden, cfg.model.layers, cfg.model.heads, cfg.model.seq,
-                cfg.model.vocab, cfg.global_batch, cfg.microbatches, cfg.schedule.c_str());
+                cfg.model.vocab, cfg.global_batch, cfg.microbatches, cfg.schedule.c_str(), cfg.precision.c_str());
     std::printf("%zu rounds x (%zu warm-up + %zu counted steps) per layout; load average at start %s\n", rounds, warm,
                 counted, load_average().c_str());
     std::fflush(stdout);
@@ -179,7 +182,7 @@ int main(int argc, char** argv) {
       best2_name = "tp=1 pp=1 dp=1";
     }
     bench::print_result_json("train_gpt", best2, single, "tokens/s", true,
-                             "\"best\": \"" + best2_name + "\", \"load\": " + load_average() + ", \"layouts\": [" +
+                             "\"best\": \"" + best2_name + "\", \"precision\": \"" + cfg.precision + "\", \"load\": " + load_average() + ", \"layouts\": [" +
                                  table.str() + "]");
     return 0;
   } catch (const std::exception& e) {

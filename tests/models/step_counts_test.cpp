@@ -94,6 +94,11 @@ void check_common(const std::vector<RankCounts>& rs) {
  *   output gradients of the four projections and the two dropouts: 6; a stage's input (not the first)
  *   and output gradient (not the last); the final layer norm's input, the logits kept by the loss and
  *   the logit gradient kept for the head's W on the last stage;
+ * - under bf16 / f16 (`nn::Autocast`) each of a block's four projections converts its input to 16 bits in the
+ *   forward (one `convert`) and its output gradient in the backward (one more), and its weight once per step
+ *   (the first forward of the step), and attention converts q, k, v and the probabilities in the forward and
+ *   the probabilities, dO and dS in the backward: + 6 per block forward, + 7 per block backward, + 4 per block
+ *   and step;
  * - full recomputation reruns each stage's forward once more in its backward;
  * - the optimizer: per parameter in the global norm one `sum_squares`, one `update_factors` (the norm, the
  *   clipping and loss-scale factor and the skip flag, which the updates read from rank memory), per updated
@@ -115,14 +120,17 @@ Expected expected_launches(const models::GptTrainConfig& c, const RankCounts& r,
   padded.model.vocab = vocab;
   const std::size_t pv = padded.model.padded_vocab(), cols_end = (r.coord.tensor + 1) * (pv / c.tp);
   const std::uint64_t mask = cols_end > vocab ? 1 : 0;
+  const std::uint64_t half = c.precision == "fp32" ? 0 : 1;  // the projections' 16-bit conversions
   Expected e;
+  std::uint64_t weight_converts = 0;
   // The rank's stages (model chunks): r, r + pp, ... of pp x chunks.
   for (std::size_t stage = r.coord.pipeline; stage < stages; stage += c.pp) {
     const bool first = stage == 0, last = stage == stages - 1;
-    e.forward += L * (14 + 2 * A + 9) + (first ? 2 : 1) + (last ? 2 + mask + 1 : 0);
-    e.backward += L * (18 + 4 * A + 6) + (first ? 2 : 0) + (last ? 7 + 2 + 1 : 1);
+    e.forward += L * (14 + 2 * A + 9 + 6 * half) + (first ? 2 : 1) + (last ? 2 + mask + 1 : 0);
+    e.backward += L * (18 + 4 * A + 6 + 7 * half) + (first ? 2 : 0) + (last ? 7 + 2 + 1 : 1);
+    weight_converts += L * 4 * half;
   }
-  e.per_step = M * (e.forward + e.backward + (c.recompute ? e.forward : 0));
+  e.per_step = M * (e.forward + e.backward + (c.recompute ? e.forward : 0)) + weight_converts;
   return e;
 }
 

@@ -30,9 +30,11 @@
  * and the load-balancing statistics are all-reduced over that token group, so routing, losses and every
  * gradient equal the single-rank run's.
  *
- * Mixed precision (`bf16`, `f16`): the forward and backward passes use weights rounded to the
- * 16-bit type while the optimizer updates fp32 master weights; on the host backend the arithmetic
- * itself stays fp32 (the weights, not the activations, carry the 16-bit rounding).
+ * Mixed precision (`bf16`, `f16`), with the numerics of GPU AMP: the passes run inside an
+ * `nn::Autocast` scope of the 16-bit type, so the linear layers' GEMMs take 16-bit weights and
+ * activations and accumulate in fp32 (outputs fp32); layer norm, softmax, GeLU, the loss and the
+ * optimizer's fp32 master weights stay fp32 (the other weights the passes read are rounded to the
+ * 16-bit type by the optimizer's `begin_compute`).
  */
 #include <algorithm>
 #include <chrono>
@@ -62,6 +64,7 @@
 #include "mpar/io/checkpoint.hpp"
 #include "mpar/io/safetensors_gpt2.hpp"
 #include "mpar/models/gpt.hpp"
+#include "mpar/nn/autocast.hpp"
 #include "mpar/observe/timed_communicator.hpp"
 #include "mpar/optim/adamw.hpp"
 #include "mpar/optim/clip.hpp"
@@ -261,6 +264,7 @@ class GptTrainer {
 
     // 2. The pipeline program: forwards, backwards (data-parallel buckets start as gradients finish).
     optimizer_->begin_compute();
+    std::optional<nn::Autocast> autocast(std::in_place, compute_type());  // the GEMMs' operand type, this step
     for (auto& s : stages_) s->begin_step();
     const float loss_scale = optimizer_->loss_scale();
     // Each rank's backward adds its own tokens' share of d aux; the average over the token group divides it by
@@ -273,6 +277,7 @@ class GptTrainer {
       dlogits = last.loss().logits_gradient(mb, loss_scale);
       return loss;
     });
+    autocast.reset();
     optimizer_->end_compute();
     double aux = 0;
     std::size_t dropped = 0;
@@ -321,6 +326,14 @@ class GptTrainer {
 
   [[nodiscard]] std::size_t step() const { return step_; }
   [[nodiscard]] const GptTrainConfig& config() const { return cfg_; }
+  /** The element type of the GEMM operands in the passes: the precision's 16-bit type, or fp32. */
+  [[nodiscard]] nn::ComputeType compute_type() const {
+    switch (optimizer_->config().precision) {
+      case parallel::Precision::bf16: return nn::ComputeType::bf16;
+      case parallel::Precision::f16: return nn::ComputeType::f16;
+      default: return nn::ComputeType::fp32;
+    }
+  }
   [[nodiscard]] const MeshCoord& coord() const { return coord_; }
   /** Every parameter this rank holds (the head's tied copy included). */
   [[nodiscard]] const std::vector<nn::Parameter*>& parameters() const { return all_params_; }
@@ -343,6 +356,7 @@ class GptTrainer {
     for (std::size_t i = 0; i < batches; ++i) {
       std::vector<nn::Act<Replicate>> inputs = split_microbatches(local_batch(val, seed, i));
       optimizer_->begin_compute();
+      std::optional<nn::Autocast> autocast(std::in_place, compute_type());
       // No gradient reduction: the hooks that would start the data-parallel buckets are off for this pass.
       for (auto& s : stages_) {
         s->on_gradients_final({}, cfg_.microbatches);
@@ -356,6 +370,7 @@ class GptTrainer {
         dlogits = last.loss().logits_gradient(mb, 1.0f);
         return loss;
       });
+      autocast.reset();
       optimizer_->end_compute();
       if (gradients_final_)
         for (auto& s : stages_) s->on_gradients_final(gradients_final_, cfg_.microbatches);

@@ -44,62 +44,105 @@ struct AttentionCore {
    * stride, so it covers one of the two indices: the larger one, in one call per value of the smaller
    * (min(sequences, heads) calls instead of sequences x heads).
    */
-  struct Operand {
-    const float* p;
+  template <class T>
+  struct OperandOf {
+    const T* p;
     std::size_t ld, seq, head;
   };
-  template <backend B>
+  using Operand = OperandOf<float>;
+  /** fp32 operands, or 16-bit ones (bf16 / f16 under `Autocast`) with fp32 accumulation; C is fp32 either way. */
+  template <backend B, class T>
   void per_head_gemm(std::size_t nb, Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, float alpha,
-                     Operand a, Operand b, float* c, std::size_t ldc, std::size_t c_seq, std::size_t c_head) const {
+                     OperandOf<T> a, OperandOf<T> b, float* c, std::size_t ldc, std::size_t c_seq, std::size_t c_head) const {
     const bool over_seqs = nb >= heads;
     const std::size_t outer = over_seqs ? heads : nb, batch = over_seqs ? nb : heads;
     for (std::size_t o = 0; o < outer; ++o) {
       const std::size_t ao = o * (over_seqs ? a.head : a.seq), bo = o * (over_seqs ? b.head : b.seq),
                         co = o * (over_seqs ? c_head : c_seq);
-      B::template gemm_strided_batched<float>(ta, tb, m, n, k, alpha, a.p + ao, a.ld, over_seqs ? a.seq : a.head, b.p + bo,
+      B::template gemm_strided_batched<T, float>(ta, tb, m, n, k, alpha, a.p + ao, a.ld, over_seqs ? a.seq : a.head, b.p + bo,
                                               b.ld, over_seqs ? b.seq : b.head, 0.0f, c + co, ldc,
                                               over_seqs ? c_seq : c_head, batch);
     }
   }
 
-  /** o = softmax(mask(q k^T / sqrt(d))) v per (batch, head); saves the probabilities `[b, h, s, s]`. */
-  template <backend B>
-  Activation forward(const Activation& qkv, Buffer<float>& probs, std::string_view who) const {
+  /**
+   * o = softmax(mask(q k^T / sqrt(d))) v per (batch, head); saves the probabilities `[b, h, s, s]` (fp32, for the
+   * softmax backward). `qkv_t` is `qkv` itself (T = float) or its 16-bit conversion (under `Autocast`): the
+   * products read it, and a 16-bit copy of the probabilities, and accumulate in fp32; the softmax is fp32.
+   */
+  template <backend B, class T = float>
+  Activation forward(const Activation& qkv, const T* qkv_t, Buffer<float>& probs, std::string_view who) const {
     const std::size_t nb = batch(qkv, who), hl = heads * head_dim, ld = 3 * hl, s = seq, d = head_dim;
     const float scale = 1.0f / std::sqrt(float(d));
     // Every element of both is written by the products and the softmax below: no initialisation.
     probs = uninitialized_buffer<float>(nb * heads * s * s);
     Activation o({qkv.extent(0), hl}, uninitialized);
     // Head h of sequence b: q at b*s*ld + h*d (k, v hl and 2hl further), its probabilities at (b*heads + h)*s*s.
-    const Operand q{qkv.data(), ld, s * ld, d}, k{qkv.data() + hl, ld, s * ld, d}, v{qkv.data() + 2 * hl, ld, s * ld, d};
-    const Operand p{probs.data(), s, heads * s * s, s * s};
+    const OperandOf<T> q{qkv_t, ld, s * ld, d}, k{qkv_t + hl, ld, s * ld, d}, v{qkv_t + 2 * hl, ld, s * ld, d};
     per_head_gemm<B>(nb, Trans::no, Trans::yes, s, s, d, scale, q, k, probs.data(), s, heads * s * s, s * s);
     B::softmax_forward(nb * heads * s, s, probs.data(), probs.data(), true);  // one causal softmax over all rows
+    const Buffer<T> p_t = as_operand<B, T>(probs);
+    const OperandOf<T> p{operand_ptr(p_t, probs.data()), s, heads * s * s, s * s};
     per_head_gemm<B>(nb, Trans::no, Trans::no, s, d, s, 1.0f, p, v, o.data(), hl, s * hl, d);
     return o;
   }
 
-  /** dqkv from do, the saved qkv and probabilities. */
-  template <backend B>
-  Activation backward(const Activation& qkv, const Buffer<float>& probs, const Activation& dout,
+  /**
+   * dqkv from do, the saved qkv (`qkv_t`: as in `forward`) and probabilities; with 16-bit `T` every product takes
+   * 16-bit operands (dO and dS converted once each, P converted again from the fp32 probabilities).
+   */
+  template <backend B, class T = float>
+  Activation backward(std::size_t tokens, const T* qkv_t, const Buffer<float>& probs, const Activation& dout,
                       std::string_view who) const {
-    const std::size_t nb = batch(qkv, who), hl = heads * head_dim, ld = 3 * hl, s = seq, d = head_dim;
-    require(dout.extent(0) == qkv.extent(0) && dout.extent(1) == hl, who, ": output gradient is ", dout.extent(0), "x",
-            dout.extent(1), ", expected ", qkv.extent(0), "x", hl);
+    const std::size_t hl = heads * head_dim, ld = 3 * hl, s = seq, d = head_dim, nb = tokens / s;
+    require(dout.extent(0) == tokens && dout.extent(1) == hl, who, ": output gradient is ", dout.extent(0), "x",
+            dout.extent(1), ", expected ", tokens, "x", hl);
     const float scale = 1.0f / std::sqrt(float(d));
     // dQ, dK, dV cover every column of dqkv and dP every element of dp: no initialisation.
-    Activation dqkv({qkv.extent(0), ld}, uninitialized);
+    Activation dqkv({tokens, ld}, uninitialized);
     Buffer<float> dp = uninitialized_buffer<float>(probs.size());
-    const Operand q{qkv.data(), ld, s * ld, d}, k{qkv.data() + hl, ld, s * ld, d}, v{qkv.data() + 2 * hl, ld, s * ld, d};
-    const Operand p{probs.data(), s, heads * s * s, s * s}, go{dout.data(), hl, s * hl, d};
+    const OperandOf<T> q{qkv_t, ld, s * ld, d}, k{qkv_t + hl, ld, s * ld, d}, v{qkv_t + 2 * hl, ld, s * ld, d};
+    const Buffer<T> p_t = as_operand<B, T>(probs), do_t = as_operand<B, T>(dout);
+    const OperandOf<T> p{operand_ptr(p_t, probs.data()), s, heads * s * s, s * s}, go{operand_ptr(do_t, dout.data()), hl, s * hl, d};
     float* dq = dqkv.data();
     per_head_gemm<B>(nb, Trans::yes, Trans::no, s, d, s, 1.0f, p, go, dq + 2 * hl, ld, s * ld, d);  // dV = P^T dO
     per_head_gemm<B>(nb, Trans::no, Trans::yes, s, s, d, 1.0f, go, v, dp.data(), s, heads * s * s, s * s);  // dP = dO V^T
     B::softmax_backward(nb * heads * s, s, probs.data(), dp.data(), dp.data());  // masked entries have p = 0, so dS = 0
-    const Operand ds{dp.data(), s, heads * s * s, s * s};
+    const Buffer<T> ds_t = as_operand<B, T>(dp);
+    const OperandOf<T> ds{operand_ptr(ds_t, dp.data()), s, heads * s * s, s * s};
     per_head_gemm<B>(nb, Trans::no, Trans::no, s, d, s, scale, ds, k, dq, ld, s * ld, d);        // dQ = dS K
     per_head_gemm<B>(nb, Trans::yes, Trans::no, s, d, s, scale, ds, q, dq + hl, ld, s * ld, d);  // dK = dS^T Q
     return dqkv;
+  }
+  /** The fp32 forms (the signatures other attention variants call). */
+  template <backend B>
+  Activation forward(const Activation& qkv, Buffer<float>& probs, std::string_view who) const {
+    return forward<B, float>(qkv, qkv.data(), probs, who);
+  }
+  template <backend B>
+  Activation backward(const Activation& qkv, const Buffer<float>& probs, const Activation& dout,
+                      std::string_view who) const {
+    (void)batch(qkv, who);
+    return backward<B, float>(qkv.extent(0), qkv.data(), probs, dout, who);
+  }
+
+ private:
+  /** fp32 data as a product's operand: nothing to do for float (an empty buffer; the caller reads `x`), else one `B::convert`. */
+  template <backend B, class T, class X>
+  static Buffer<T> as_operand(const X& x) {
+    if constexpr (std::is_same_v<T, float>) {
+      return {};
+    } else {
+      Buffer<T> h = B::template allocate<T>(x.size());
+      B::convert(x.size(), x.data(), h.data());
+      return h;
+    }
+  }
+  /** The operand `as_operand` made, or the fp32 original. */
+  template <class T>
+  static const T* operand_ptr(const Buffer<T>& converted, const float* x) {
+    if constexpr (std::is_same_v<T, float>) return x;
+    else return converted.data();
   }
 };
 
@@ -134,8 +177,19 @@ class AttentionLayer : public TypedLayer<Derived> {
     if constexpr (Derived::template check_input<In>()) {
       auto qkv = qkv_.forward(x, mb);
       auto& c = cache_.put(mb);
-      decltype(qkv) o(core_.forward<B>(qkv.tensor(), c.probs, Derived::layer_kind));
-      c.qkv = std::move(qkv).tensor();
+      const ComputeType t = autocast_type();  // read once: the backward follows what the forward did
+      c.tokens = qkv.extent(0);
+      if (t == ComputeType::fp32) {
+        decltype(qkv) o(core_.forward<B>(qkv.tensor(), qkv.tensor().data(), c.probs, Derived::layer_kind));
+        c.qkv = make_operand<B>(std::move(qkv).tensor(), t);
+        return proj_.forward(o, mb);
+      }
+      // Under Autocast the core's products take 16-bit q, k, v (converted once, kept for the backward instead
+      // of the fp32 qkv) and 16-bit probabilities.
+      c.qkv = make_operand<B>(qkv.tensor(), t);
+      decltype(qkv) o(with_half(t, [&]<class T>(T) {
+        return core_.forward<B>(qkv.tensor(), c.qkv.template half<T>(), c.probs, Derived::layer_kind);
+      }));
       return proj_.forward(o, mb);
     } else {
       return Act<typename Derived::default_input>{};  // refused above, with the layer's message
@@ -146,7 +200,12 @@ class AttentionLayer : public TypedLayer<Derived> {
   auto backward_input(const Act<G>& dy, int mb = 0) {
     auto dout = proj_.backward_input(dy, mb);
     auto c = cache_.take(mb, Derived::layer_kind);
-    decltype(dout) dqkv(core_.backward<B>(c.qkv, c.probs, dout.tensor(), Derived::layer_kind));
+    require(c.tokens % core_.seq == 0, Derived::layer_kind, ": ", c.tokens, " tokens are not whole sequences");
+    decltype(dout) dqkv = c.qkv.type == ComputeType::fp32
+        ? decltype(dout)(core_.backward<B>(c.tokens, c.qkv.f32.data(), c.probs, dout.tensor(), Derived::layer_kind))
+        : decltype(dout)(with_half(c.qkv.type, [&]<class T>(T) {
+            return core_.backward<B>(c.tokens, c.qkv.template half<T>(), c.probs, dout.tensor(), Derived::layer_kind);
+          }));
     return qkv_.backward_input(dqkv, mb);
   }
   /** W: the weight gradients of both projections for micro-batch `mb` (the core has no weights). */
@@ -177,7 +236,8 @@ class AttentionLayer : public TypedLayer<Derived> {
 
  private:
   struct Cache {
-    Activation qkv;
+    std::size_t tokens = 0;
+    GemmOperand qkv;  ///< fp32, or 16-bit under Autocast
     Buffer<float> probs;
   };
   Qkv qkv_;

@@ -135,10 +135,9 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
             " features, expected ", in_);
     const std::size_t n = O.groups * local_out_;
     Act<FeatureShard> y(Activation({xf.extent(0), n}, uninitialized));  // the GEMM (beta = 0) writes all of it
-    detail::linear_forward<B>(xf.tensor(), weight_.value.data(), n, y.tensor());
+    // The gathered input is kept for the weight gradient (16-bit under Autocast): one all-gather less in backward.
+    gemm_forward<B>(mb, std::move(xf).tensor(), n, y.tensor());
     if (has_bias()) detail::add_row_vector<B>(y.tensor(), bias_.value);
-    // The gathered input is kept for the weight gradient: memory for one all-gather less in backward.
-    keep_input(mb, std::move(xf).tensor());
     if constexpr (O.gather_output) return GatherFeaturesOf::forward(*comm_, y).tensor();
     else return std::move(y).tensor();
   }
@@ -148,18 +147,17 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
    * Keeps the gathered input and this rank's output-gradient columns for backward_weight.
    */
   Activation backward_input(const Activation& dy_in, int mb = 0) {
-    Activation x = take_input(mb, layer_kind);
+    detail::GemmOperand x = take_operand(mb, layer_kind);
     Act<FeatureShard> dy = [&] {
       if constexpr (O.gather_output) return GatherFeaturesOf::backward(*comm_, Act<Replicate>(dy_in));
       else return Act<FeatureShard>(backend_copy<B>(dy_in));  // kept for W
     }();
-    require(dy.extent(0) == x.extent(0) && dy.extent(1) == O.groups * local_out_, "ColumnParallel '", name_,
+    require(dy.extent(0) == x.rows && dy.extent(1) == O.groups * local_out_, "ColumnParallel '", name_,
             "' (tensor rank ", rank_, "): output gradient is ", dy.extent(0), "x", dy.extent(1), ", expected ",
-            x.extent(0), "x", O.groups * local_out_);
+            x.rows, "x", O.groups * local_out_);
     // Each rank's dx is the contribution of its output columns only: a Partial sum over the ranks.
     Act<TensorPartial> dx(Activation({dy.extent(0), in_}, uninitialized));
-    detail::linear_backward_input<B>(dy.tensor(), weight_.value.data(), in_, dx.tensor());
-    keep_for_weight(mb, std::move(x), std::move(dy).tensor());
+    gemm_backward_input<B>(mb, std::move(x), std::move(dy).tensor(), in_, dx.tensor());
     // The backward dual of the forward entry sums it: f's all-reduce (SP: the reduce-scatter of GatherTokens).
     if constexpr (O.sequence_parallel) return GatherTokens::backward(*comm_, std::move(dx), "ColumnParallel").tensor();
     else return CopyToTensorRegion::backward(*comm_, std::move(dx)).tensor();

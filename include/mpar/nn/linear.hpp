@@ -10,6 +10,8 @@
 #include <vector>
 
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/core/dtype.hpp"
+#include "mpar/nn/autocast.hpp"
 #include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/layer.hpp"
 
@@ -41,6 +43,59 @@ void linear_backward_weight(const Activation& x, const Activation& dy, float* dw
 struct WeightGradInputs {
   Activation x, dy;
 };
+
+/** Calls `f(T{})` with the 16-bit element type of `t` (bf16 or f16; `t` is not fp32). */
+template <class F>
+decltype(auto) with_half(ComputeType t, F&& f) {
+  if (t == ComputeType::bf16) return f(bf16{});
+  return f(f16{});
+}
+
+/**
+ * A `[rows, cols]` GEMM operand a layer keeps between passes: the fp32 activation, or under `Autocast` its
+ * 16-bit conversion (half the bytes; the fp32 original is not kept).
+ */
+struct GemmOperand {
+  ComputeType type = ComputeType::fp32;
+  std::size_t rows = 0, cols = 0;
+  Activation f32;   ///< fp32 operands
+  Buffer<bf16> b16; ///< bf16 operands
+  Buffer<f16> h16;  ///< f16 operands
+
+  template <class T>
+  [[nodiscard]] const T* half() const {
+    if constexpr (std::is_same_v<T, bf16>) return b16.data();
+    else return h16.data();
+  }
+  template <class T>
+  [[nodiscard]] Buffer<T>& half_storage() {
+    if constexpr (std::is_same_v<T, bf16>) return b16;
+    else return h16;
+  }
+};
+/**
+ * `x` as a GEMM operand of type `t`: one `B::convert` into rank memory for a 16-bit type; for fp32 the
+ * activation itself (moved when `x` is an rvalue, else one `B::copy`).
+ */
+template <backend B, class X>
+GemmOperand make_operand(X&& x, ComputeType t) {
+  GemmOperand op{t, x.extent(0), x.extent(1), {}, {}, {}};
+  if (t == ComputeType::fp32) {
+    if constexpr (std::is_rvalue_reference_v<X&&>) op.f32 = std::move(x);
+    else op.f32 = backend_copy<B>(x);
+  } else {
+    with_half(t, [&]<class T>(T) {
+      auto& h = op.half_storage<T>();
+      h = B::template allocate<T>(x.size());
+      B::convert(x.size(), x.data(), h.data());
+    });
+  }
+  return op;
+}
+/** What W needs from one micro-batch: the input and output-gradient operands. */
+struct WeightGradOperands {
+  GemmOperand x, dy;
+};
 inline constexpr std::string_view no_backward_input_msg =
     " backward_weight (no backward_input ran for this micro-batch since its forward)";
 inline InitSpec default_weight_init(std::size_t fan_in) { return InitSpec::normal(1.0 / std::sqrt(double(fan_in))); }
@@ -65,6 +120,8 @@ class LinearState {
   void drop(int mb) {
     inputs_.drop(mb);
     pending_.drop(mb);
+    operands_.drop(mb);
+    pending_operands_.drop(mb);
   }
   [[nodiscard]] Parameter& weight() { return weight_; }
   [[nodiscard]] Parameter& bias() { return bias_; }
@@ -81,19 +138,94 @@ class LinearState {
   [[nodiscard]] WeightGradInputs take_for_weight(int mb, std::string_view kind) {
     return pending_.take(mb, std::string(kind).append(no_backward_input_msg));
   }
+  /**
+   * Forward GEMM `y[T, n] = x[T, k] W[k, n]` in the compute type of the current `Autocast` scope (fp32 outside
+   * one), keeping `x` of micro-batch `mb` for the backward (16-bit under autocast: converted once, used by the
+   * product and by the weight gradient). An rvalue `x` is moved in fp32 mode.
+   */
+  template <backend B, class X>
+  void gemm_forward(int mb, X&& x, std::size_t n, Activation& y) {
+    const ComputeType t = autocast_type();
+    GemmOperand op = make_operand<B>(std::forward<X>(x), t);
+    const std::size_t rows = op.rows, k = op.cols;
+    if (t == ComputeType::fp32) {
+      linear_forward<B>(op.f32, weight_.value.data(), n, y);
+    } else {
+      with_half(t, [&]<class T>(T) {
+        B::template gemm<T, float>(Trans::no, Trans::no, rows, n, k, 1.0f, op.half<T>(), k, weight_half<B, T>(), n,
+                                   0.0f, y.data(), n);
+      });
+    }
+    operands_.put(mb) = std::move(op);
+  }
+  /** B: the input operand kept by `gemm_forward` for micro-batch `mb` (an error naming `kind` if there is none). */
+  [[nodiscard]] GemmOperand take_operand(int mb, std::string_view kind) { return operands_.take(mb, kind); }
+  /**
+   * B: `dx[T, k] = dy[T, n] Wᵀ` in the type the forward used (`x.type`: dy converted once), and keeps `x` and
+   * dy for W. In 16-bit mode the bias gradient `db += Σ dy` is accumulated here, from the fp32 dy, so that only
+   * the 16-bit dy is kept (the bias gradient is final no later than in fp32, where W adds it).
+   */
+  template <backend B>
+  void gemm_backward_input(int mb, GemmOperand x, Activation&& dy, std::size_t k, Activation& dx) {
+    const std::size_t rows = dy.extent(0), n = dy.extent(1);
+    WeightGradOperands w;
+    if (x.type == ComputeType::fp32) {
+      linear_backward_input<B>(dy, weight_.value.data(), k, dx);
+      w.dy = make_operand<B>(std::move(dy), ComputeType::fp32);
+    } else {
+      if (has_bias()) add_column_sums<B>(dy, bias_.grad);  // from the fp32 dy, which is not kept
+      w.dy = make_operand<B>(dy, x.type);
+      with_half(x.type, [&]<class T>(T) {
+        B::template gemm<T, float>(Trans::no, Trans::yes, rows, k, n, 1.0f, w.dy.template half<T>(), n,
+                                   weight_half<B, T>(), n, 0.0f, dx.data(), k);
+      });
+    }
+    w.x = std::move(x);
+    pending_operands_.put(mb) = std::move(w);
+  }
   /** W of a layer whose weight and bias gradients need no communication: `dW += xᵀ dy`, `db += Σ dy`. */
   template <backend B>
   void local_backward_weight(int mb, std::string_view kind) {
-    auto w = take_for_weight(mb, kind);
-    linear_backward_weight<B>(w.x, w.dy, weight_.grad.data());
-    if (has_bias()) add_column_sums<B>(w.dy, bias_.grad);
+    auto w = pending_operands_.take(mb, std::string(kind).append(no_backward_input_msg));
+    const std::size_t rows = w.x.rows, k = w.x.cols, n = w.dy.cols;
+    if (w.x.type == ComputeType::fp32) {
+      linear_backward_weight<B>(w.x.f32, w.dy.f32, weight_.grad.data());
+      if (has_bias()) add_column_sums<B>(w.dy.f32, bias_.grad);
+    } else {
+      with_half(w.x.type, [&]<class T>(T) {
+        B::template gemm<T, float>(Trans::yes, Trans::no, k, n, rows, 1.0f, w.x.template half<T>(), k,
+                                   w.dy.template half<T>(), n, 1.0f, weight_.grad.data(), n);
+      });
+    }
   }
 
   Parameter weight_, bias_;
 
  private:
+  /**
+   * The weight as 16-bit `T`: one `B::convert` of the fp32 weight per `Autocast` generation (the trainer opens
+   * one per step, after the optimizer's update), reused by every micro-batch's forward and backward.
+   */
+  template <backend B, class T>
+  const T* weight_half() {
+    Buffer<T>& h = weight16_.half_storage<T>();
+    const std::uint64_t gen = autocast_generation();
+    if (gen == 0 || gen != weight16_gen_ || weight16_.type != (std::is_same_v<T, bf16> ? ComputeType::bf16
+                                                                                      : ComputeType::f16)) {
+      if (h.size() != weight_.value.size()) h = B::template allocate<T>(weight_.value.size());
+      B::convert(h.size(), weight_.value.data(), h.data());
+      weight16_.type = std::is_same_v<T, bf16> ? ComputeType::bf16 : ComputeType::f16;
+      weight16_gen_ = gen;
+    }
+    return h.data();
+  }
+
   MicroBatchCache<Activation> inputs_;
   MicroBatchCache<WeightGradInputs> pending_;
+  MicroBatchCache<GemmOperand> operands_;
+  MicroBatchCache<WeightGradOperands> pending_operands_;
+  GemmOperand weight16_;  // the 16-bit weight of the current autocast generation
+  std::uint64_t weight16_gen_ = 0;
 };
 }  // namespace detail
 
@@ -159,19 +291,17 @@ class Linear : public detail::LinearState, public detail::TypedLayer<Linear<In, 
   Activation forward(const Activation& x, int mb = 0) {
     require(x.extent(1) == in_, "Linear '", weight_.name, "': input has ", x.extent(1), " features, expected ", in_);
     Activation y({x.extent(0), out_}, uninitialized);  // the GEMM (beta = 0) writes all of it
-    detail::linear_forward<B>(x, weight_.value.data(), out_, y);
+    gemm_forward<B>(mb, x, out_, y);  // fp32, or 16-bit operands under Autocast
     if (has_bias()) detail::add_row_vector<B>(y, bias_.value);
-    keep_input(mb, backend_copy<B>(x));
     return y;
   }
   /** B: `dx = dy Wᵀ`; keeps `x` and `dy` of micro-batch `mb` for backward_weight. */
   Activation backward_input(const Activation& dy, int mb = 0) {
-    Activation x = take_input(mb, layer_kind);
-    require(dy.extent(1) == out_ && dy.extent(0) == x.extent(0), "Linear '", weight_.name, "': gradient is ",
-            dy.extent(0), "x", dy.extent(1), ", expected ", x.extent(0), "x", out_);
+    detail::GemmOperand x = take_operand(mb, layer_kind);
+    require(dy.extent(1) == out_ && dy.extent(0) == x.rows, "Linear '", weight_.name, "': gradient is ",
+            dy.extent(0), "x", dy.extent(1), ", expected ", x.rows, "x", out_);
     Activation dx({dy.extent(0), in_}, uninitialized);
-    detail::linear_backward_input<B>(dy, weight_.value.data(), in_, dx);
-    keep_for_weight(mb, std::move(x), backend_copy<B>(dy));
+    gemm_backward_input<B>(mb, std::move(x), backend_copy<B>(dy), in_, dx);
     return dx;
   }
   /** W: `dW += xᵀ dy`, `db += Σ dy` for micro-batch `mb`; frees what backward_input kept. */

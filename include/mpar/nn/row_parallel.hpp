@@ -106,8 +106,7 @@ class RowParallel : public detail::LinearState, public detail::TypedLayer<RowPar
             x.extent(1), " features, expected ", local_in_, " (= ", in_, " / ", p_, ")");
     // This rank's rows of W times its feature block: a full-size addend of the product.
     Act<TensorPartial> y(Activation({x.extent(0), out_}, uninitialized));  // the GEMM (beta = 0) writes all of it
-    detail::linear_forward<B>(x.tensor(), weight_.value.data(), out_, y.tensor());
-    keep_input(mb, std::move(x).tensor());
+    gemm_forward<B>(mb, std::move(x).tensor(), out_, y.tensor());  // fp32, or 16-bit operands under Autocast
     const bool with_bias = has_bias();
     if constexpr (R == RowReduce::all_reduce) {
       Act<Replicate> r = ReduceToReplicate::forward(*comm_, std::move(y));
@@ -129,18 +128,17 @@ class RowParallel : public detail::LinearState, public detail::TypedLayer<RowPar
    * layer's only backward collective). Keeps the input shard and the full dy for backward_weight.
    */
   Activation backward_input(const Activation& dy_in, int mb = 0) {
-    Activation x = take_input(mb, layer_kind);
+    detail::GemmOperand x = take_operand(mb, layer_kind);
     // The backward dual of the forward reduction: identity (all-reduce) or all-gather (reduce-scatter);
     // a Partial output's gradient is already replicated.
     Act<Replicate> dy = [&] {
       if constexpr (R == RowReduce::reduce_scatter) return ReduceScatterTokens::backward(*comm_, Act<TokenShard>(dy_in));
       else return ReduceToReplicate::backward(*comm_, Act<Replicate>(backend_copy<B>(dy_in)));  // kept for W
     }();
-    require(dy.extent(0) == x.extent(0) && dy.extent(1) == out_, "RowParallel '", name_, "' (tensor rank ", rank_,
-            "): output gradient is ", dy.extent(0), "x", dy.extent(1), ", expected ", x.extent(0), "x", out_);
+    require(dy.extent(0) == x.rows && dy.extent(1) == out_, "RowParallel '", name_, "' (tensor rank ", rank_,
+            "): output gradient is ", dy.extent(0), "x", dy.extent(1), ", expected ", x.rows, "x", out_);
     Activation dx({dy.extent(0), local_in_}, uninitialized);
-    detail::linear_backward_input<B>(dy.tensor(), weight_.value.data(), local_in_, dx);
-    keep_for_weight(mb, std::move(x), std::move(dy).tensor());
+    gemm_backward_input<B>(mb, std::move(x), std::move(dy).tensor(), local_in_, dx);
     return dx;
   }
   /**

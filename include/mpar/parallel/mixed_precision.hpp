@@ -4,6 +4,10 @@
  * gradients. The optimizer always updates the fp32 masters in `nn::Parameter::value`; after each step the
  * compute copies are refreshed. f16 needs dynamic loss scaling (`optim::DynamicLossScaler`); bf16 has
  * float's exponent range and normally does not.
+ *
+ * The arithmetic in 16 bits is `nn::Autocast` (nn/autocast.hpp): inside its scope the GEMM layers convert
+ * their weight (once per scope) and their activations with `B::convert` and multiply 16-bit operands with
+ * fp32 accumulation; these copies are what the other passes (layer norm gains, embeddings) read.
  */
 #include <cstddef>
 #include <span>

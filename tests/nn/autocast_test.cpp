@@ -1,0 +1,312 @@
+// The GEMM layers under Autocast(bf16) against a naive-loop reference that rounds the operands to bf16 itself.
+//
+// Tolerance: the layer multiplies bf16 operands (whose products are exact in fp32) and accumulates in fp32, so
+// each output element may differ from the exact (double) sum of the rounded products by at most about
+// k * 2^-24 * sum_k |a_ik b_kj| for a k-term sum. The test allows 1e-5 * sum_k |a_ik b_kj| per element (k <= 24
+// here, so that is more than 20x the worst case and far below bf16's own rounding, 2^-8). To show that the
+// operands really are 16-bit, the same output must miss the unrounded fp32 reference by more than that.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <mutex>
+#include <vector>
+
+#include <mpar/comm/threads.hpp>
+
+#include "nn_test_support.hpp"
+
+using namespace mpar;
+using namespace mpar::nn;
+using namespace mpar::testing;
+using Comm = ThreadsCommunicator;
+
+namespace {
+
+/** fp32 to the nearest bf16 (ties to even), written here on the bits, independent of mpar's bf16 type. */
+float round_bf16(float v) {
+  std::uint32_t u;
+  std::memcpy(&u, &v, 4);
+  u += 0x7FFFu + ((u >> 16) & 1u);
+  u &= 0xFFFF0000u;
+  float r;
+  std::memcpy(&r, &u, 4);
+  return r;
+}
+
+/** Global reference of one layer: y = r(x) r(W) + b, dx = r(dy) r(W)ᵀ, dW = r(x)ᵀ r(dy), db = Σ dy. */
+struct Reference {
+  std::size_t t, in, out;
+  std::vector<double> y, y_bound, y_fp32, dx, dx_bound, dw, dw_bound, db;
+};
+
+Reference reference(const Activation& x, const Activation& dy, const std::vector<float>& w,
+                    const std::vector<float>& b) {
+  const std::size_t t = x.extent(0), in = x.extent(1), out = dy.extent(1);
+  Reference r{t, in, out, {}, {}, {}, {}, {}, {}, {}, {}};
+  r.y.assign(t * out, 0), r.y_bound.assign(t * out, 0), r.y_fp32.assign(t * out, 0);
+  r.dx.assign(t * in, 0), r.dx_bound.assign(t * in, 0), r.dw.assign(in * out, 0), r.dw_bound.assign(in * out, 0);
+  r.db.assign(out, 0);
+  auto rx = [&](std::size_t i, std::size_t k) { return double(round_bf16(x(i, k))); };
+  auto rw = [&](std::size_t k, std::size_t j) { return double(round_bf16(w[k * out + j])); };
+  auto rdy = [&](std::size_t i, std::size_t j) { return double(round_bf16(dy(i, j))); };
+  for (std::size_t i = 0; i < t; ++i)
+    for (std::size_t j = 0; j < out; ++j) {
+      double s = b.empty() ? 0.0 : double(b[j]), s32 = s, bound = 0;
+      for (std::size_t k = 0; k < in; ++k) {
+        s += rx(i, k) * rw(k, j);
+        bound += std::abs(rx(i, k) * rw(k, j));
+        s32 += double(x(i, k)) * double(w[k * out + j]);
+      }
+      r.y[i * out + j] = s, r.y_bound[i * out + j] = bound, r.y_fp32[i * out + j] = s32;
+    }
+  for (std::size_t i = 0; i < t; ++i)
+    for (std::size_t k = 0; k < in; ++k)
+      for (std::size_t j = 0; j < out; ++j) {
+        r.dx[i * in + k] += rdy(i, j) * rw(k, j);
+        r.dx_bound[i * in + k] += std::abs(rdy(i, j) * rw(k, j));
+      }
+  for (std::size_t k = 0; k < in; ++k)
+    for (std::size_t j = 0; j < out; ++j)
+      for (std::size_t i = 0; i < t; ++i) {
+        r.dw[k * out + j] += rx(i, k) * rdy(i, j);
+        r.dw_bound[k * out + j] += std::abs(rx(i, k) * rdy(i, j));
+      }
+  for (std::size_t i = 0; i < t; ++i)
+    for (std::size_t j = 0; j < out; ++j) r.db[j] += double(dy(i, j));
+  return r;
+}
+
+/** Largest |got - ref| / (1e-5 * bound) over a local block whose element (i, j) is global (i + r0, j + c0). */
+double excess(const Activation& got, const std::vector<double>& ref, const std::vector<double>& bound,
+              std::size_t global_cols, std::size_t r0, std::size_t c0) {
+  double worst = 0;
+  for (std::size_t i = 0; i < got.extent(0); ++i)
+    for (std::size_t j = 0; j < got.extent(1); ++j) {
+      const std::size_t g = (i + r0) * global_cols + j + c0;
+      worst = std::max(worst, std::abs(double(got(i, j)) - ref[g]) / (1e-5 * bound[g] + 1e-30));
+    }
+  return worst;
+}
+/** The same for a parameter's gradient block (its global index), with a bound per element (or a flat one). */
+double grad_excess(const Parameter& p, const std::vector<double>& ref, const std::vector<double>* bound) {
+  double worst = 0;
+  for (std::size_t k = 0; k < p.local_size(); ++k) {
+    const std::size_t g = p.global_index(k);
+    const double tol = bound ? 1e-5 * (*bound)[g] + 1e-30 : 1e-5 * (std::abs(ref[g]) + 1.0);
+    worst = std::max(worst, std::abs(double(p.grad[k]) - ref[g]) / tol);
+  }
+  return worst;
+}
+
+/** What one rank measured (Catch2 assertions stay on the main thread). */
+struct Measured {
+  double y = 0, y_vs_fp32 = 1e30, dx = 0, dw = 0, db = 0;
+};
+
+constexpr std::uint64_t seed = 11;
+constexpr std::size_t T = 8, In = 16, Out = 24;
+
+void check(const std::vector<Measured>& ms) {
+  for (std::size_t r = 0; r < ms.size(); ++r) {
+    INFO("rank " << r);
+    CHECK(ms[r].y <= 1.0);
+    CHECK(ms[r].dx <= 1.0);
+    CHECK(ms[r].dw <= 1.0);
+    CHECK(ms[r].db <= 1.0);
+  }
+  // Some rank's output misses the unrounded product: the operands were 16-bit.
+  double most = 0;
+  for (const auto& m : ms) most = std::max(most, m.y_vs_fp32);
+  CHECK(most > 10.0);
+}
+
+}  // namespace
+
+TEST_CASE("Autocast(bf16): Linear, ColumnParallel and RowParallel match a bf16-rounded naive reference",
+          "[nn][autocast]") {
+  const Activation x = random_activation(T, In, 71), dy = random_activation(T, Out, 72);
+  const LinearInit init{seed, 500, "lin", true};
+  Linear<> global(In, Out, init);  // its (sharding-independent) initial values are every layer's global weights
+  const std::vector<float> w(global.weight().value.begin(), global.weight().value.end()),
+      b(global.bias().value.begin(), global.bias().value.end());
+  const Reference ref = reference(x, dy, w, b);
+
+  SECTION("Linear") {
+    std::vector<Measured> ms(1);
+    Linear<> layer(In, Out, init);
+    {
+      Autocast scope(ComputeType::bf16);
+      const Activation y = layer.forward(x, 3);
+      const Activation dx = layer.backward_input(dy, 3);
+      layer.backward_weight(3);
+      ms[0].y = excess(y, ref.y, ref.y_bound, Out, 0, 0);
+      ms[0].y_vs_fp32 = excess(y, ref.y_fp32, ref.y_bound, Out, 0, 0);
+      ms[0].dx = excess(dx, ref.dx, ref.dx_bound, In, 0, 0);
+    }
+    ms[0].dw = grad_excess(layer.weight(), ref.dw, &ref.dw_bound);
+    ms[0].db = grad_excess(layer.bias(), ref.db, nullptr);
+    check(ms);
+    // Outside the scope the layer computes in fp32 again.
+    Linear<> plain(In, Out, init);
+    CHECK(excess(plain.forward(x), ref.y_fp32, ref.y_bound, Out, 0, 0) <= 1.0);
+  }
+  for (int p : {1, 2}) {
+    DYNAMIC_SECTION("ColumnParallel, TP = " << p) {
+      std::vector<Measured> ms(static_cast<std::size_t>(p));
+      run_threads(p, [&](Comm& tp) {
+        const auto r = std::size_t(tp.rank()), cols = Out / std::size_t(p);
+        ColumnParallel<Comm> layer(tp, In, Out, init);
+        Measured& m = ms[r];
+        {
+          Autocast scope(ComputeType::bf16);
+          const Activation y = layer.forward(x, 0);  // this rank's output columns
+          const Activation dx = layer.backward_input(local_features(dy, std::size_t(p), r), 0);  // all-reduced
+          layer.backward_weight(0);
+          m.y = excess(y, ref.y, ref.y_bound, Out, 0, r * cols);
+          m.y_vs_fp32 = excess(y, ref.y_fp32, ref.y_bound, Out, 0, r * cols);
+          m.dx = excess(dx, ref.dx, ref.dx_bound, In, 0, 0);
+        }
+        m.dw = grad_excess(layer.weight(), ref.dw, &ref.dw_bound);
+        m.db = grad_excess(layer.bias(), ref.db, nullptr);
+      });
+      check(ms);
+    }
+    DYNAMIC_SECTION("RowParallel, TP = " << p) {
+      std::vector<Measured> ms(static_cast<std::size_t>(p));
+      run_threads(p, [&](Comm& tp) {
+        const auto r = std::size_t(tp.rank()), rows = In / std::size_t(p);
+        RowParallel<Comm> layer(tp, In, Out, init);
+        Measured& m = ms[r];
+        {
+          Autocast scope(ComputeType::bf16);
+          const Activation y = layer.forward(local_features(x, std::size_t(p), r), 0);  // all-reduced
+          const Activation dx = layer.backward_input(dy, 0);  // this rank's input columns
+          layer.backward_weight(0);
+          m.y = excess(y, ref.y, ref.y_bound, Out, 0, 0);
+          m.y_vs_fp32 = excess(y, ref.y_fp32, ref.y_bound, Out, 0, 0);
+          m.dx = excess(dx, ref.dx, ref.dx_bound, In, 0, r * rows);
+        }
+        m.dw = grad_excess(layer.weight(), ref.dw, &ref.dw_bound);
+        m.db = grad_excess(layer.bias(), ref.db, nullptr);
+      });
+      check(ms);
+    }
+  }
+}
+
+TEST_CASE("Autocast: a backward uses the type its forward used, and scopes nest", "[nn][autocast]") {
+  CHECK(autocast_type() == ComputeType::fp32);
+  {
+    Autocast outer(ComputeType::bf16);
+    const auto g = autocast_generation();
+    CHECK(autocast_type() == ComputeType::bf16);
+    {
+      Autocast inner(ComputeType::fp32);
+      CHECK(autocast_type() == ComputeType::fp32);
+      CHECK(autocast_generation() != g);
+    }
+    CHECK(autocast_type() == ComputeType::bf16);
+    CHECK(autocast_generation() == g);
+  }
+  CHECK(autocast_type() == ComputeType::fp32);
+
+  // Forward in bf16, backward after the scope closed: the kept 16-bit input decides, so dW is the bf16 one.
+  const Activation x = random_activation(T, In, 81), dy = random_activation(T, Out, 82);
+  const LinearInit init{seed, 510, "lin", true};
+  Linear<> layer(In, Out, init);
+  const std::vector<float> w(layer.weight().value.begin(), layer.weight().value.end()),
+      b(layer.bias().value.begin(), layer.bias().value.end());
+  const Reference ref = reference(x, dy, w, b);
+  {
+    Autocast scope(ComputeType::bf16);
+    (void)layer.forward(x, 0);
+  }
+  const Activation dx = layer.backward_input(dy, 0);
+  layer.backward_weight(0);
+  CHECK(excess(dx, ref.dx, ref.dx_bound, In, 0, 0) <= 1.0);
+  CHECK(grad_excess(layer.weight(), ref.dw, &ref.dw_bound) <= 1.0);
+}
+
+// The attention core's six products under bf16 against naive loops: q, k, v, the probabilities, dO and dS
+// rounded to bf16 by the test, everything else in double (the softmax and its backward in fp32 in the layer).
+// Tolerance, norm-relative: 3e-4. The layer's fp32 probabilities and the reference's double ones can fall on
+// two sides of a bf16 rounding boundary (one element moves by 2^-8 relative), so elementwise bounds as above
+// would be brittle; the bf16-vs-fp32 difference itself is about 10x larger than the tolerance, which the test
+// checks too.
+TEST_CASE("Autocast(bf16): the attention core's products match a bf16-rounded naive reference", "[nn][autocast][attention]") {
+  const std::size_t heads = 2, d = 8, s = 6, nb = 2, hl = heads * d, ld = 3 * hl, tokens = nb * s;
+  const AttentionCore core{heads, d, s};
+  const Activation qkv = random_activation(tokens, ld, 91), dout = random_activation(tokens, hl, 92);
+  // The layer: q, k, v converted to bf16 as AttentionLayer does, then the core in bf16.
+  Buffer<bf16> qkv16(qkv.size());
+  HostBackend::convert(qkv.size(), qkv.data(), qkv16.data());
+  Buffer<float> probs;
+  const Activation o = core.forward<HostBackend, bf16>(qkv, qkv16.data(), probs, "test");
+  const Activation dqkv = core.backward<HostBackend, bf16>(tokens, qkv16.data(), probs, dout, "test");
+
+  auto reference = [&](bool rounded) {
+    auto r = [&](double v) { return rounded ? double(round_bf16(float(v))) : v; };
+    const double scale = 1.0 / std::sqrt(double(d));
+    std::vector<double> out(tokens * hl, 0.0), grad(tokens * ld, 0.0);
+    for (std::size_t b = 0; b < nb; ++b)
+      for (std::size_t h = 0; h < heads; ++h) {
+        auto q = [&](std::size_t i, std::size_t c) { return r(qkv(b * s + i, h * d + c)); };
+        auto k = [&](std::size_t i, std::size_t c) { return r(qkv(b * s + i, hl + h * d + c)); };
+        auto v = [&](std::size_t i, std::size_t c) { return r(qkv(b * s + i, 2 * hl + h * d + c)); };
+        auto go = [&](std::size_t i, std::size_t c) { return r(dout(b * s + i, h * d + c)); };
+        std::vector<double> p(s * s, 0.0), dp(s * s, 0.0);
+        for (std::size_t i = 0; i < s; ++i) {
+          double m = -1e300, z = 0;
+          std::vector<double> sc(i + 1);
+          for (std::size_t j = 0; j <= i; ++j) {
+            for (std::size_t c = 0; c < d; ++c) sc[j] += q(i, c) * k(j, c);
+            sc[j] *= scale;
+            m = std::max(m, sc[j]);
+          }
+          for (std::size_t j = 0; j <= i; ++j) z += std::exp(sc[j] - m);
+          for (std::size_t j = 0; j <= i; ++j) p[i * s + j] = std::exp(sc[j] - m) / z;
+        }
+        for (std::size_t i = 0; i < s; ++i)
+          for (std::size_t c = 0; c < d; ++c) {
+            double acc = 0;
+            for (std::size_t j = 0; j <= i; ++j) acc += r(p[i * s + j]) * v(j, c);
+            out[(b * s + i) * hl + h * d + c] = acc;
+          }
+        for (std::size_t i = 0; i < s; ++i)
+          for (std::size_t j = 0; j <= i; ++j)
+            for (std::size_t c = 0; c < d; ++c) dp[i * s + j] += go(i, c) * v(j, c);
+        for (std::size_t i = 0; i < s; ++i) {
+          double dot = 0;
+          for (std::size_t j = 0; j <= i; ++j) dot += p[i * s + j] * dp[i * s + j];
+          for (std::size_t j = 0; j <= i; ++j) dp[i * s + j] = p[i * s + j] * (dp[i * s + j] - dot);  // dS
+        }
+        for (std::size_t i = 0; i < s; ++i)
+          for (std::size_t j = 0; j <= i; ++j)
+            for (std::size_t c = 0; c < d; ++c) {
+              const double ds = r(dp[i * s + j]);
+              grad[(b * s + i) * ld + h * d + c] += scale * ds * k(j, c);       // dQ
+              grad[(b * s + j) * ld + hl + h * d + c] += scale * ds * q(i, c);  // dK
+              grad[(b * s + j) * ld + 2 * hl + h * d + c] += r(p[i * s + j]) * go(i, c);  // dV
+            }
+      }
+    return std::pair{out, grad};
+  };
+  auto rel = [](const Activation& got, const std::vector<double>& ref) {
+    double num = 0, den = 0;
+    for (std::size_t i = 0; i < ref.size(); ++i) {
+      num += (double(got.data()[i]) - ref[i]) * (double(got.data()[i]) - ref[i]);
+      den += ref[i] * ref[i];
+    }
+    return std::sqrt(num / den);
+  };
+  const auto [o_ref, g_ref] = reference(true);
+  const auto [o_32, g_32] = reference(false);
+  INFO("output: " << rel(o, o_ref) << " from the bf16 reference, " << rel(o, o_32) << " from fp32");
+  INFO("dqkv: " << rel(dqkv, g_ref) << " from the bf16 reference, " << rel(dqkv, g_32) << " from fp32");
+  CHECK(rel(o, o_ref) <= 3e-4);
+  CHECK(rel(dqkv, g_ref) <= 3e-4);
+  CHECK(rel(o, o_32) > 1e-3);
+  CHECK(rel(dqkv, g_32) > 1e-3);
+}
