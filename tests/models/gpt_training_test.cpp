@@ -292,6 +292,28 @@ TEST_CASE("2bw under bf16: the passes round the previous version, the update app
   require_equivalent(run(par, 10), ref, "bf16 2bw tp=2 pp=2", false);
 }
 
+TEST_CASE("a 2bw run resumed from a checkpoint says that its first step computes on the loaded weights",
+          "[models][gpt][2bw][checkpoint]") {
+  const fs::path dir = fs::temp_directory_path() / "mpar-test-gpt-2bw-resume";
+  fs::remove_all(dir);
+  auto c = small(1, 2, 1, "2bw");
+  (void)run(c, 3, "", dir.string());
+  std::vector<std::string> warnings;
+  std::vector<std::size_t> lags;
+  std::mutex m;
+  run_threads(2, [&](ThreadsCommunicator& world) {
+    models::GptTrainer<ThreadsCommunicator> t(world, c, dataset());
+    const auto res = t.resume(dir);
+    const std::size_t first = t.train_step().weight_lag, second = t.train_step().weight_lag;
+    std::lock_guard lock(m);
+    if (world.rank() == 0) warnings = res.warnings, lags = {first, second};
+  });
+  fs::remove_all(dir);
+  REQUIRE(warnings.size() == 1);
+  CHECK_THAT(warnings[0], Catch::Contains("2bw") && Catch::Contains("lag 0"));
+  CHECK(lags == std::vector<std::size_t>{0, 1});
+}
+
 TEST_CASE("ZeRO-1 equals plain data parallelism", "[models][gpt][zero]") {
   auto zero = small(1, 2, 2);
   zero.zero1 = true;
