@@ -7,6 +7,7 @@
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <optional>
@@ -415,6 +416,9 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
       const int width = 20, filled = int(done * width + 0.5);
       char moe[64] = "";
       if (cfg.model.experts > 0) std::snprintf(moe, sizeof moe, "  aux %.4f  dropped %zu", r.aux_loss, r.dropped);
+      // 2bw: how many updates behind the weights this step's passes used were (0 at the first step, then 1).
+      if (cfg.schedule == "2bw")
+        std::snprintf(moe + std::strlen(moe), sizeof moe - std::strlen(moe), "  lag %zu", r.weight_lag);
       std::printf("step %5zu/%zu  loss %.4f%s  %s tok/s  %6.1f ms  bubble %4.1f%%  comm %4.1f%%  [%s%s] %s left%s\n",
                   r.step + 1, cfg.steps, r.loss, moe, human(r.tokens_per_second).c_str(), r.wall * 1e3, r.bubble * 100,
                   r.communication * 100, std::string(std::size_t(filled), '#').c_str(),

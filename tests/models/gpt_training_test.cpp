@@ -37,6 +37,7 @@ using NcclLike = OrderedP2pCommunicator<ThreadsCommunicator>;
 
 struct RunResult {
   std::vector<double> losses, norms, aux;
+  std::vector<std::size_t> lags;  ///< StepReport::weight_lag of each step
   std::size_t dropped = 0;
   std::map<std::string, std::vector<float>> params;  ///< every parameter's full tensor, gathered from its shards
   std::map<std::string, std::vector<float>> initial;  ///< the same before the first step of this run
@@ -84,6 +85,7 @@ RunResult run(const models::GptTrainConfig& c, std::size_t steps, const std::str
         res.losses.push_back(r.loss);
         res.norms.push_back(r.grad_norm);
         res.aux.push_back(r.aux_loss);
+        res.lags.push_back(r.weight_lag);
         res.dropped += r.dropped;
       }
     }
@@ -197,6 +199,119 @@ TEST_CASE("over NCCL's point-to-point semantics on every axis, the layouts and s
   auto inter = small_sgd(1, 2, 1, "interleaved_1f1b");
   inter.chunks = 2;
   require_equivalent(run<NcclLike>(inter, 20), ref, "interleaved_1f1b, 2 chunks, NCCL semantics", true);
+}
+
+/**
+ * The 2bw reference, built by hand on the ordinary synchronous single-rank trainer (1f1b at one rank): before
+ * each step's passes the test overwrites every weight with its own copy of the previous step's weights, and
+ * afterwards writes the current ones back and copies them for the next step. So the passes of step t see
+ * W(t-1) (W(0) at step 0, when there is no older version) and the update of step t applies their gradient to
+ * W(t). The stash lives in this test (host vectors, copied, not swapped); the trainer's own 2bw code is not
+ * run: the trainer's schedule here is 1f1b.
+ */
+RunResult run_delayed_reference(models::GptTrainConfig c, std::size_t steps) {
+  REQUIRE(c.world_size() == 1);
+  c.schedule = "1f1b";
+  RunResult res;
+  std::mutex m;
+  run_threads(1, [&](ThreadsCommunicator& world) {
+    models::GptTrainer<ThreadsCommunicator> t(world, c, dataset());
+    std::vector<std::vector<float>> previous, current;
+    auto& ps = t.parameters();
+    t.on_passes(
+        [&] {
+          if (previous.empty()) return;  // step 0: W(-1) is W(0)
+          current.assign(ps.size(), {});
+          for (std::size_t k = 0; k < ps.size(); ++k) {
+            current[k].assign(ps[k]->value.begin(), ps[k]->value.end());
+            std::copy(previous[k].begin(), previous[k].end(), ps[k]->value.begin());
+          }
+        },
+        [&] {
+          if (!previous.empty())
+            for (std::size_t k = 0; k < ps.size(); ++k) std::copy(current[k].begin(), current[k].end(), ps[k]->value.begin());
+          previous.assign(ps.size(), {});
+          for (std::size_t k = 0; k < ps.size(); ++k) previous[k].assign(ps[k]->value.begin(), ps[k]->value.end());
+        });
+    for (auto* p : t.parameters()) gather_into(res, res.initial, *p, m);
+    while (t.step() < steps) {
+      const auto r = t.train_step();
+      res.losses.push_back(r.loss);
+      res.norms.push_back(r.grad_norm);
+      res.aux.push_back(r.aux_loss);
+      res.lags.push_back(r.weight_lag);
+    }
+    for (auto* p : t.parameters()) gather_into(res, res.params, *p, m);
+  });
+  return res;
+}
+
+TEST_CASE("2bw trains to the delayed-update single-rank reference", "[models][gpt][pipeline][2bw]") {
+  const RunResult ref = run_delayed_reference(small_sgd(1, 1, 1), 20);
+  const RunResult& sync = reference_sgd();
+  // The reference is the delayed run, not the synchronous one: step 0 computes on W(0) in both; step 1 computes
+  // on W(0) again instead of W(1), so from there on the runs differ; the delayed one still learns.
+  // The differences are far above the tolerances below, so a 2bw run without the lag would fail them.
+  REQUIRE(ref.losses[0] == sync.losses[0]);
+  REQUIRE(std::fabs(ref.losses[1] / sync.losses[1] - 1) > 10 * loss_tol);
+  double largest = 0;
+  for (const auto& [name, values] : ref.params) {
+    std::vector<float> a(values.size()), b(values.size());
+    for (std::size_t i = 0; i < values.size(); ++i)
+      a[i] = values[i] - ref.initial.at(name)[i], b[i] = sync.params.at(name)[i] - sync.initial.at(name)[i];
+    largest = std::max(largest, rel_diff(a, b));
+  }
+  REQUIRE(largest > 10 * update_tol);
+  REQUIRE(ref.losses.back() < ref.losses.front());
+  std::vector<std::size_t> lags(20, 1);
+  lags[0] = 0;
+  for (auto [tp, pp, dp] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 2, 1}, {2, 2, 1}, {1, 2, 2}}) {
+    const RunResult got = run(small_sgd(tp, pp, dp, "2bw"), 20);
+    require_equivalent(got, ref, "2bw tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp), true);
+    CHECK(got.lags == lags);
+  }
+  // AdamW (losses and norms), and NCCL's point-to-point semantics.
+  const RunResult ref_adamw = run_delayed_reference(small(1, 1, 1), 20);
+  require_equivalent(run(small(2, 2, 1, "2bw"), 20), ref_adamw, "AdamW 2bw tp=2 pp=2", false);
+  auto zero = small(1, 2, 2, "2bw");
+  zero.zero1 = true;  // the update all-gathers W(t+1) into the weights; W(t-1) was copied before it
+  zero.recompute = true;
+  require_equivalent(run(zero, 20), ref_adamw, "AdamW 2bw pp=2 dp=2, ZeRO-1, recomputation", false);
+  require_equivalent(run<NcclLike>(small_sgd(2, 2, 1, "2bw"), 20), ref, "2bw tp=2 pp=2, NCCL semantics", true);
+  // A synchronous schedule reports no lag.
+  CHECK(sync.lags == std::vector<std::size_t>(20, 0));
+}
+
+TEST_CASE("2bw under bf16: the passes round the previous version, the update applies to the fp32 masters",
+          "[models][gpt][pipeline][2bw][precision]") {
+  auto one = small(1, 1, 1);
+  one.precision = "bf16";
+  const RunResult ref = run_delayed_reference(one, 10);
+  auto par = small(2, 2, 1, "2bw");
+  par.precision = "bf16";
+  require_equivalent(run(par, 10), ref, "bf16 2bw tp=2 pp=2", false);
+}
+
+TEST_CASE("a 2bw run resumed from a checkpoint says that its first step computes on the loaded weights",
+          "[models][gpt][2bw][checkpoint]") {
+  const fs::path dir = fs::temp_directory_path() / "mpar-test-gpt-2bw-resume";
+  fs::remove_all(dir);
+  auto c = small(1, 2, 1, "2bw");
+  (void)run(c, 3, "", dir.string());
+  std::vector<std::string> warnings;
+  std::vector<std::size_t> lags;
+  std::mutex m;
+  run_threads(2, [&](ThreadsCommunicator& world) {
+    models::GptTrainer<ThreadsCommunicator> t(world, c, dataset());
+    const auto res = t.resume(dir);
+    const std::size_t first = t.train_step().weight_lag, second = t.train_step().weight_lag;
+    std::lock_guard lock(m);
+    if (world.rank() == 0) warnings = res.warnings, lags = {first, second};
+  });
+  fs::remove_all(dir);
+  REQUIRE(warnings.size() == 1);
+  CHECK_THAT(warnings[0], Catch::Contains("2bw") && Catch::Contains("lag 0"));
+  CHECK(lags == std::vector<std::size_t>{0, 1});
 }
 
 TEST_CASE("ZeRO-1 equals plain data parallelism", "[models][gpt][zero]") {
@@ -437,8 +552,9 @@ TEST_CASE("invalid configurations are refused before training, saying what to ch
   deep.chunks = 2;
   deep.microbatches = 4;
   expect(deep, 4, "8 pipeline stages (pp x chunks) for only 4 layers");
-  auto bw = small(1, 2, 1, "2bw");
-  expect(bw, 2, "2bw is asynchronous");
+  auto bw = small(1, 4, 1, "2bw");
+  bw.microbatches = 2;
+  expect(bw, 4, "M (micro-batches per weight update) must be at least P");
 }
 
 TEST_CASE("the loss falls clearly below the unigram entropy of the text", "[models][gpt][convergence]") {

@@ -83,7 +83,8 @@ TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measure
   };
   // Few, small runs keep this under a few seconds; runs of more shapes by hand (GPipe, pp = 4,
   // recompute at pp = 4) agreed within 8 % as well (docs/planner.md).
-  const Case cases[] = {{1, 1, 4, false, "1f1b"}, {1, 2, 4, true, "1f1b"}, {2, 2, 4, false, "1f1b"}, {1, 2, 4, false, "zb_h1"}};
+  const Case cases[] = {{1, 1, 4, false, "1f1b"}, {1, 2, 4, true, "1f1b"}, {2, 2, 4, false, "1f1b"}, {1, 2, 4, false, "zb_h1"},
+                        {1, 2, 4, false, "2bw"}};  // 2bw: the previous weight version the trainer keeps
   for (const Case& k : cases) {
     mpar::models::GptTrainConfig cfg;
     cfg.model.hidden = 128, cfg.model.heads = 4, cfg.model.layers = 4, cfg.model.seq = 64;

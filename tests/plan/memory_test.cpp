@@ -57,6 +57,27 @@ TEST_CASE("mixed-precision Adam keeps 16 bytes per parameter; ZeRO-1 keeps 4 + 1
   CHECK(rank_parameters(gpt7b, p4, 3) == Approx(9 * (12 * h * h + 13 * h) + 51200 * h + 2 * h));  // tied output copy
 }
 
+TEST_CASE("PipeDream-2BW keeps a second copy of the weights the optimizer updates", "[plan][memory][2bw]") {
+  // By hand: mixed-precision Adam holds 16 bytes per parameter; 2BW adds the previous version, an fp32 copy
+  // (4 bytes), so 20 per parameter, and under ZeRO-1 over 8 ranks 4 + 12/8 + 4 (the old version stays whole).
+  // fp32 host training: 16 bytes plus a 4-byte copy. Activations do not depend on the version count.
+  const ParallelConfig base = cfg(1, 4, 8);
+  ParallelConfig bw = base;
+  bw.schedule = ScheduleKind::two_bw;
+  const double psi1 = rank_parameters(gpt7b, base, 1);
+  const MemoryEstimate one = rank_memory(gpt7b, base, Precision::mixed_adam(), 1, 4);
+  const MemoryEstimate two = rank_memory(gpt7b, bw, Precision::mixed_adam(), 1, 4);
+  CHECK(two.parameters + two.gradients + two.optimizer == Approx(20 * psi1));
+  CHECK(two.parameters - one.parameters == Approx(4 * psi1));
+  CHECK(two.activations == Approx(one.activations));
+  bw.zero1 = true;
+  const MemoryEstimate z = rank_memory(gpt7b, bw, Precision::mixed_adam(), 1, 4);
+  CHECK(z.parameters + z.gradients + z.optimizer == Approx(4 * psi1 + 12 * psi1 / 8 + 4 * psi1));
+  bw.zero1 = false;
+  const MemoryEstimate host = rank_memory(gpt7b, bw, Precision::fp32_host(8), 1, 4);
+  CHECK(host.parameters + host.gradients + host.optimizer == Approx((16 + 4) * psi1));
+}
+
 TEST_CASE("activations per layer match Korthikanti et al.", "[plan][memory]") {
   const GptModel m{24, 4096, 32, 2048, 51200};
   const double s = 2048, b = 2, h = 4096, a = 32, t = 8, sbh = s * b * h;

@@ -30,6 +30,13 @@
  * and the load-balancing statistics are all-reduced over that token group, so routing, losses and every
  * gradient equal the single-rank run's.
  *
+ * PipeDream-2BW (`schedule = "2bw"`): the weights lag one step by design. The passes of step t run on
+ * W(t-1), the weights before step t-1's update (at step 0, with no older version, on W(0)), and step t's
+ * update applies their gradient to the current W(t): W(t+1) = update(W(t), g(W(t-1))). Each rank keeps
+ * W(t-1) beside W(t) (one more fp32 copy of its parameters) and swaps it in for the passes. The reference
+ * it trains to is the synchronous single-rank run with that stash done by hand (tests/models, docs/pipeline.md).
+ * Each step is one run of the schedule's program (1F1B order), so steps are separated by a flush.
+ *
  * Mixed precision (`bf16`, `f16`), with the numerics of GPU AMP: the passes run inside an
  * `nn::Autocast` scope of the 16-bit type, so the linear layers' GEMMs take 16-bit weights and
  * activations and accumulate in fp32 (outputs fp32); layer norm, softmax, GeLU, the loss and the
@@ -83,7 +90,7 @@ struct GptTrainConfig {
   GptConfig model;
   std::size_t tp = 1, pp = 1, dp = 1;
   std::size_t ep = 1;             ///< expert-parallel size (needs model.experts, a multiple of it)
-  std::string schedule = "1f1b";  ///< gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2
+  std::string schedule = "1f1b";  ///< gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2, or 2bw (weights lag one step; see GptTrainer)
   int microbatches = 2;           ///< per data-parallel rank and step
   int chunks = 1;                 ///< model chunks per pipeline rank (interleaved_1f1b)
   bool recompute = false;         ///< full activation recomputation on every stage
@@ -168,10 +175,6 @@ struct GptTrainConfig {
     require(!(z > 0 && ep > 1), "train: ZeRO-", z, " shards optimizer states over the data axis only, while with --ep ",
             ep, " the non-expert gradients average over data x expert ranks; drop --zero", z == 1 ? "1" : " 2",
             " or use --ep 1 (ZeRO with MoE on --ep 1 is supported)");
-    require(schedule != pipeline::PipeDream2BW::name,
-            "train: 2bw is asynchronous (weights lag by one step), so its losses differ from synchronous training by "
-            "design; the trainer runs the synchronous schedules (gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2); "
-            "2bw runs through pipeline::Executor and examples/pipeline_sim");
     require(chunks == 1 || schedule == pipeline::Interleaved1F1B::name, "train: --chunks ", chunks,
             " needs --schedule interleaved_1f1b");
     require(steps >= 1 && warmup <= steps, "train: need --steps >= 1 and --warmup <= --steps");
@@ -201,6 +204,9 @@ struct StepReport {
   double aux_loss = 0;             ///< MoE load-balancing loss (summed over MoE blocks, mean over micro-batches); in the objective, not in `loss`
   std::size_t dropped = 0;         ///< MoE token-to-expert assignments dropped by the capacity limit this step (all ranks)
   bool skipped = false;            ///< f16 overflow: weights unchanged
+  /// Optimizer steps between the weights this step's passes used and the ones it updated: 1 under 2bw from the
+  /// second step on (the passes of step t use the weights before step t-1's update), else 0.
+  std::size_t weight_lag = 0;
   double wall = 0;                 ///< seconds, slowest rank
   double bubble = 0;               ///< measured pipeline idle share of the step (mean over ranks)
   double communication = 0;        ///< share of the step spent in collectives and transfers (mean over ranks)
@@ -263,6 +269,8 @@ class GptTrainer {
     std::vector<nn::Act<Replicate>> inputs = split_microbatches(local_batch(step));
 
     // 2. The pipeline program: forwards, backwards (data-parallel buckets start as gradients finish).
+    if (before_passes_) before_passes_();
+    const bool lagged = use_previous_weights();  // 2bw: the passes run on the version before the last update
     optimizer_->begin_compute();
     std::optional<nn::Autocast> autocast(std::in_place, compute_type());  // the GEMMs' operand type, this step
     for (auto& s : stages_) s->begin_step();
@@ -279,6 +287,8 @@ class GptTrainer {
     });
     autocast.reset();
     optimizer_->end_compute();
+    keep_weight_version(lagged);  // 2bw: the current weights again, and a copy of them for the next step's passes
+    if (after_passes_) after_passes_();
     double aux = 0;
     std::size_t dropped = 0;
     for (auto& s : stages_) {
@@ -316,6 +326,7 @@ class GptTrainer {
     r.aux_loss = st.aux_loss;
     r.dropped = std::size_t(std::llround(avg[2]));
     r.skipped = st.skipped;
+    r.weight_lag = lagged ? 1 : 0;
     r.wall = slowest[0];
     r.bubble = avg[0];
     r.communication = avg[1];
@@ -325,6 +336,17 @@ class GptTrainer {
   }
 
   [[nodiscard]] std::size_t step() const { return step_; }
+
+  /**
+   * @brief Calls `before` just before each training step's forward and backward passes (the step's batch is
+   * chosen; under bf16/f16 the weights are not rounded yet) and `after` just after them (the fp32 weights are
+   * back, the gradients accumulated, nothing reduced or updated yet). A test builds the 2bw reference with
+   * them: it swaps the previous weights in and out of an ordinary synchronous run by hand.
+   */
+  void on_passes(std::function<void()> before, std::function<void()> after) {
+    before_passes_ = std::move(before);
+    after_passes_ = std::move(after);
+  }
   [[nodiscard]] const GptTrainConfig& config() const { return cfg_; }
   /** The element type of the GEMM operands in the passes: the precision's 16-bit type, or fp32. */
   [[nodiscard]] nn::ComputeType compute_type() const {
@@ -423,6 +445,7 @@ class GptTrainer {
       copy_block_from_full(*p, full);
       if (p != head_copy_) ++loaded;
     }
+    previous_.clear();  // 2bw: the next step's passes run on the loaded weights
     return loaded;
   }
 
@@ -434,6 +457,7 @@ class GptTrainer {
       m.gradients += p->grad.size() * sizeof(float);
     }
     m.gradients += optimizer_->sync_gradient_elements() * sizeof(float);  // ZeRO's shards (and kept buckets)
+    for (const auto& v : previous_) m.parameters += v.size() * sizeof(float);  // 2bw's second weight version
     m.optimizer_states = optimizer_->state_elements() * sizeof(float);
     m.compute_copies = optimizer_->precision_bytes();  // the fp32 masters and 16-bit copies beside the weights
     return m;
@@ -512,6 +536,14 @@ class GptTrainer {
     check_model_holds(saved, blocks, with_states, dir);
     io::LoadResult res = io::load_checkpoint(dir, std::span<const io::LoadBlock>(blocks), comms_.world);
     res.warnings = std::move(warnings);
+    if (two_bw_) {
+      // A checkpoint holds one weight version: the first step after the resume runs on the loaded weights (lag 0),
+      // where the uninterrupted run would have used the version before them.
+      previous_.clear();
+      res.warnings.push_back("resume: --schedule 2bw keeps the previous weight version in memory only; the first "
+                             "step after the resume computes on the loaded weights (lag 0), so the run departs from "
+                             "an uninterrupted one there");
+    }
     step_ = std::size_t(res.state.step);
     if (with_states) {
       auto steps_of = [&](const char* key) {
@@ -740,6 +772,7 @@ class GptTrainer {
     }
     holds_first_ = stages_.front()->is_first();
     holds_last_ = stages_.back()->is_last();
+    two_bw_ = cfg_.schedule == pipeline::PipeDream2BW::name;
     std::vector<Stage*> chunks;
     for (auto& s : stages_) chunks.push_back(s.get());
     pipeline::ExecutorOptions eo;
@@ -763,6 +796,30 @@ class GptTrainer {
                 comms_.world.rank(), " (", head_copy_ ? head_copy_->name : "", ", ", p->name, ")");
         head_copy_ = p;
       }
+    // Each parameter once (a stage may list a shared one twice): swapping it twice would undo the swap.
+    std::set<const nn::Parameter*> seen;
+    for (auto* p : all_params_)
+      if (seen.insert(p).second) versioned_.push_back(p);
+  }
+
+  /**
+   * PipeDream-2BW's double-buffered weights, one step per executor run: the passes of step t use W(t-1), the
+   * weights before step t-1's update, while the update of step t applies to the current W(t). `previous_` holds
+   * W(t-1) (all of this rank's parameters, the head's tied copy included, fp32 as the optimizer keeps them); at
+   * step 0 there is no older version and the passes use W(0). Swaps it in and returns whether it did.
+   */
+  bool use_previous_weights() {
+    if (!two_bw_ || previous_.empty()) return false;
+    for (std::size_t k = 0; k < versioned_.size(); ++k) std::swap(versioned_[k]->value, previous_[k]);
+    return true;
+  }
+  /** After the passes: the current weights back in place, and a copy of them kept as the next step's W(t-1). */
+  void keep_weight_version(bool swapped) {
+    if (!two_bw_) return;
+    if (swapped)
+      for (std::size_t k = 0; k < versioned_.size(); ++k) std::swap(versioned_[k]->value, previous_[k]);
+    previous_.resize(versioned_.size());
+    for (std::size_t k = 0; k < versioned_.size(); ++k) previous_[k] = versioned_[k]->value;
   }
 
   /** Zeroes every gradient once: the optimizer's parameters (and ZeRO-1's buffers) through it, the head's tied copy here. */
@@ -829,6 +886,10 @@ class GptTrainer {
   /// norm, scaling and update run on B, like the layers.
   std::optional<parallel::DistributedOptimizer<Comm, B, TensorComm>> optimizer_;
   std::size_t step_ = 0;
+  bool two_bw_ = false;                          ///< --schedule 2bw: the passes use the previous weight version
+  std::vector<nn::Parameter*> versioned_;        ///< all_params_ without repeats: what the 2bw swap exchanges
+  std::vector<decltype(nn::Parameter::value)> previous_;  ///< 2bw: W(t-1), empty before the first step
+  std::function<void()> before_passes_, after_passes_;    ///< on_passes
 };
 
 }  // namespace mpar::models

@@ -178,6 +178,8 @@ class Executor {
     grad_.clear();
     saved_.clear();
     fwd_version_.clear();
+    stash_.clear();
+    weights_change_ = bool(optimizer);
     out_shape_.clear();
     sends_.clear();
     StepStats st;
@@ -271,8 +273,10 @@ class Executor {
           if constexpr (split_backward_stage<Stage>) with_version(a, [&] { stage.backward_weight(a.mb); });
           break;
         case Op::optimizer_step:
-          if (prog_.asynchronous) {
-            // 2BW: keep the version in-flight micro-batches still need for their backward.
+          if (prog_.asynchronous && optimizer) {
+            // 2BW: keep the version in-flight micro-batches still need for their backward. Without an
+            // optimizer the weights do not change inside the program (the caller steps after it, as
+            // GptTrainer does), so there is nothing to keep and no copy is made.
             stash_.clear();
             for (auto* p : params_) stash_.push_back(p->value);
           }
@@ -469,7 +473,7 @@ class Executor {
   void with_version(const Action& a, F&& f) {
     const auto it = fwd_version_.find({a.chunk, a.mb});
     const int v = it == fwd_version_.end() ? version_ : it->second;
-    if (v == version_) {
+    if (v == version_ || !weights_change_) {  // without an optimizer in the program every version has the same values
       f();
       return;
     }
@@ -498,6 +502,7 @@ class Executor {
   std::vector<PendingSend> sends_;
   std::vector<decltype(nn::Parameter::value)> stash_;
   int version_ = 0;
+  bool weights_change_ = false;  ///< this step runs an optimizer inside the program (2BW keeps the older version then)
   bool grouped_ = false;  ///< PointToPoint::grouped in effect
 };
 

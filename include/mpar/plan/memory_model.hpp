@@ -127,6 +127,9 @@ struct MemoryOptions {
   return n;
 }
 
+/** Bytes per parameter of PipeDream-2BW's second weight version: a copy of the weights the optimizer updates. */
+[[nodiscard]] constexpr double two_bw_version_bytes(const Precision& p) { return p.master_bytes > 0 ? p.master_bytes : p.weight_bytes; }
+
 /**
  * Memory of pipeline rank `rank` (one of its tensor ranks) given the schedule's peak number of
  * (micro-batch, chunk) activation sets that rank holds at once, as the pipeline verifier reports it.
@@ -137,9 +140,10 @@ struct MemoryOptions {
   MemoryEstimate e;
   e.pipeline_rank = rank;
   const double psi = rank_parameters(m, c, rank);
-  // 2BW keeps a second weight version alive for in-flight micro-batches.
-  const double versions = c.schedule == ScheduleKind::two_bw ? 2.0 : 1.0;
-  e.parameters = psi * (versions * p.weight_bytes + p.master_bytes / (c.zero1 ? double(c.dp) : 1.0));
+  e.parameters = psi * (p.weight_bytes + p.master_bytes / (c.zero1 ? double(c.dp) : 1.0));
+  // 2BW keeps a second weight version: the previous step's weights as the optimizer holds them (the fp32
+  // master when there is one, whole on every rank even under ZeRO-1), which the passes run on.
+  if (c.schedule == ScheduleKind::two_bw) e.parameters += psi * two_bw_version_bytes(p);
   // ZeRO-2 keeps only this rank's 1/dp of the averaged gradient between steps. (mpar's layers accumulate the
   // micro-batches' gradients in full-size per-parameter buffers, released bucket by bucket once the last
   // micro-batch's backward has passed them; that transient is the backward's, as ZeRO-1's full gradient is.)
