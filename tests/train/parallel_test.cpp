@@ -198,18 +198,29 @@ TEST_CASE("Bucket overlap: an all-reduce is in flight while the backward still r
   rc.assert_all(8);
 }
 
-TEST_CASE("ZeRO-1 AdamW equals data parallelism with AdamW over several steps", "[train][zero]") {
-  const optim::AdamWConfig cfg{.lr = 0.05f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.1f,
-                               .decays = [](const nn::Parameter& p) { return p.global_shape.size() >= 2; }};
-  const int steps = 4;
-  // single-rank reference: full batch, AdamW
-  TinyMlp ref;
+namespace {
+/** The AdamW settings of the ZeRO tests: weight decay on the matrices only. */
+optim::AdamWConfig zero_test_adamw() {
+  return {.lr = 0.05f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.1f,
+          .decays = [](const nn::Parameter& p) { return p.global_shape.size() >= 2; }};
+}
+
+/** The single-rank reference of the ZeRO tests: `steps` AdamW steps of `ref` on the full batch. */
+void train_single_rank_adamw(TinyMlp& ref, const optim::AdamWConfig& cfg, int steps) {
   optim::AdamW ref_opt(ref.params(), cfg);
   for (int s = 0; s < steps; ++s) {
     ref_opt.zero_grad();
     ref.forward_backward(std::size_t(s) * global_batch, global_batch, double(global_batch), no_hook);
     ref_opt.step(cfg.lr);
   }
+}
+}  // namespace
+
+TEST_CASE("ZeRO-1 AdamW equals data parallelism with AdamW over several steps", "[train][zero]") {
+  const optim::AdamWConfig cfg = zero_test_adamw();
+  const int steps = 4;
+  TinyMlp ref;
+  train_single_rank_adamw(ref, cfg, steps);
   for (int dp : {2, 3, 4}) {
     for (std::size_t bucket_bytes : {std::size_t(0), std::size_t(80)}) {
       DYNAMIC_SECTION("dp=" << dp << " bucket_bytes=" << bucket_bytes) {
@@ -244,16 +255,10 @@ TEST_CASE("ZeRO-1 AdamW equals data parallelism with AdamW over several steps", 
 }
 
 TEST_CASE("ZeRO-2 AdamW equals single-rank AdamW, releasing each gradient as its bucket takes it", "[train][zero][zero2]") {
-  const optim::AdamWConfig cfg{.lr = 0.05f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.1f,
-                               .decays = [](const nn::Parameter& p) { return p.global_shape.size() >= 2; }};
+  const optim::AdamWConfig cfg = zero_test_adamw();
   const int steps = 4;
   TinyMlp ref;
-  optim::AdamW ref_opt(ref.params(), cfg);
-  for (int s = 0; s < steps; ++s) {
-    ref_opt.zero_grad();
-    ref.forward_backward(std::size_t(s) * global_batch, global_batch, double(global_batch), no_hook);
-    ref_opt.step(cfg.lr);
-  }
+  train_single_rank_adamw(ref, cfg, steps);
   for (int dp : {2, 3, 4}) {
     for (std::size_t bucket_bytes : {std::size_t(0), std::size_t(80)}) {
       DYNAMIC_SECTION("dp=" << dp << " bucket_bytes=" << bucket_bytes) {
