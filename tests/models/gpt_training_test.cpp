@@ -240,10 +240,37 @@ TEST_CASE("context parallelism reproduces the single-rank run, alone and with tp
   cp4.recompute = true;
   require_equivalent(run(cp4, 20), ref, "cp=4 recompute", true);
   require_equivalent(run(small_cp(2, 1, 2, 1), 20), ref, "cp=2 pp=2", true);
+  // The ring's isend/irecv over NCCL's in-order point-to-point matching (no tags), with the pipeline's.
+  require_equivalent(run<NcclLike>(small_cp(2, 2, 2, 1), 20), ref, "cp=2 tp=2 pp=2, NCCL semantics", true);
   // AdamW: losses and gradient norms.
   auto adamw = small(2, 1, 1);
   adamw.cp = 2;
   require_equivalent(run(adamw, 20), reference(), "AdamW cp=2 tp=2", false);
+}
+
+TEST_CASE("context parallelism with ZeRO shards over data x context; its checkpoints resume without cp and back",
+          "[models][gpt][context][zero][checkpoint]") {
+  // ZeRO-1 and ZeRO-2 over the dp x cp = 4 ranks of the gradient-reduction group: the AdamW run's losses and norms.
+  for (int stage : {1, 2}) {
+    auto z = small(1, 1, 2);
+    z.cp = 2;
+    z.zero = stage;
+    require_equivalent(run(z, 20), reference(), "ZeRO-" + std::to_string(stage) + " cp=2 dp=2", false);
+  }
+  // A checkpoint of cp = 2 x tp = 2 (replicas on the context ranks saved once) resumes at one rank and at cp = 2.
+  const fs::path dir = fs::temp_directory_path() / "mpar-test-gpt-resume-cp";
+  fs::remove_all(dir);
+  auto saved = small(2, 1, 1);
+  saved.cp = 2;
+  (void)run(saved, 10, "", dir.string());
+  auto again = small(1, 1, 1);
+  again.cp = 2;
+  for (const auto& c : {small(1, 1, 1), again}) {
+    const RunResult rest = run(c, 20, dir.string());
+    REQUIRE(rest.losses.size() == 10);
+    for (std::size_t i = 0; i < 10; ++i) REQUIRE(rest.losses[i] == Approx(reference().losses[10 + i]).epsilon(loss_tol));
+  }
+  fs::remove_all(dir);
 }
 
 TEST_CASE("context-parallel configurations that cannot run are refused, naming the fix", "[models][gpt][context][errors]") {

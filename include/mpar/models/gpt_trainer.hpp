@@ -1,9 +1,10 @@
 #pragma once
 /**
- * @file Hybrid tensor × pipeline × data training of the GPT model on one rank of a device mesh.
+ * @file Hybrid tensor × pipeline × data (× context, × expert) training of the GPT model on one rank of a
+ * device mesh.
  *
  * `GptTrainer` is what `examples/train_gpt` runs, and what the equivalence tests drive: every rank of
- * a `tp × pp × dp` mesh constructs one with the same configuration and calls `train_step()` in
+ * a `tp × cp × pp × dp` mesh constructs one with the same configuration and calls `train_step()` in
  * lockstep. Per step it
  * 1. takes its data-parallel block of the global batch (a pure function of the step, so every layout
  *    trains on the same samples) and splits it into micro-batches;
@@ -20,6 +21,12 @@
  *    back once;
  * 5. copies the embedding to the head's tied copy. The norm, the factors and the update are operations of
  *    the backend `B`, like the layers', so a CUDA rank runs them on its device.
+ *
+ * Context parallelism (`cp > 1`, docs/context-parallel.md): ranks are ordered tensor, context, data, pipeline
+ * (Megatron-LM's tp-cp-dp-pp); the mesh's data axis holds data x context ranks, context innermost. Each context
+ * rank takes zig-zag chunks r and 2 cp - 1 - r of every sequence of its data rank's batch, its blocks attend by
+ * a ring over the cp ranks, and the gradients are averaged over data x context (every parameter is a replica
+ * on the cp ranks, each holding its tokens' share): the loss and every update equal the single-rank run's.
  *
  * Expert parallelism (`ep > 1`, a model with MoE blocks) lives inside data parallelism, as in
  * Megatron-LM and DeepSpeed-MoE: the batch is split over dp x ep ranks; parameters outside the experts
