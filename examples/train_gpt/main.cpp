@@ -58,6 +58,8 @@ Options parse(int argc, char** argv) {
   p.option("tp", t.tp, "tensor-parallel size").range(1, 1024);
   p.option("pp", t.pp, "pipeline-parallel size").range(1, 1024);
   p.option("dp", t.dp, "data-parallel size").range(1, 1024);
+  p.option("cp", t.cp, "context-parallel size: each sequence split over N ranks in zig-zag chunks, attention by a "
+           "ring (host backend; --seq a multiple of 2N)").range(1, 1024);
   p.option("ep", t.ep, "expert-parallel size: ranks the experts are spread over (needs --experts)").range(1, 1024);
   p.option("experts", t.model.experts, "experts per MoE block (0: dense MLPs everywhere)").range(0, 1 << 16);
   p.option("topk", t.model.moe_top_k, "experts each token is routed to").range(1, 1 << 16);
@@ -135,6 +137,9 @@ Options parse(int argc, char** argv) {
   require(o.comm != "mpi" || train_gpt::under_mpirun(), "train_gpt: --comm mpi needs mpirun (thread ranks use the threads communicator)");
   require(o.val_split == 0 || o.val_data.empty(), "train_gpt: give --val-data or --val-split, not both");
   // Mesh and MoE checks that need no data file, before any rank starts.
+  require(t.cp == 1 || (o.backend == "host" && !o.check_against_host), "train_gpt: --cp ", t.cp,
+          " runs on the host backend only (ring attention's online softmax is host loops; docs/context-parallel.md); "
+          "use --backend host without --check-against-host, or --cp 1");
   require(t.ep == 1 || t.model.experts > 0, "train_gpt: --ep ", t.ep,
           " spreads experts, but the model has none; add --experts N (a multiple of ", t.ep, ") or use --ep 1");
   require(t.model.experts == 0 || t.model.experts % t.ep == 0, "train_gpt: --experts ", t.model.experts,
@@ -144,7 +149,7 @@ Options parse(int argc, char** argv) {
           " exceeds --experts ", t.model.experts, "; route each token to at most --experts experts");
   // Thread ranks are threads of this process: beyond a limit they only thrash the machine.
   require(train_gpt::under_mpirun() || o.backend == "cuda" || t.world_size() <= train_gpt::max_thread_ranks(),
-          "train_gpt: tp x pp x dp x ep = ", t.tp, " x ", t.pp, " x ", t.dp, " x ", t.ep, " = ", t.world_size(),
+          "train_gpt: tp x cp x pp x dp x ep = ", t.tp, " x ", t.cp, " x ", t.pp, " x ", t.dp, " x ", t.ep, " = ", t.world_size(),
           " thread ranks in one process, more than the ", train_gpt::max_thread_ranks(), " this machine with ",
           std::max(1u, std::thread::hardware_concurrency()), " cores can run; use a smaller mesh, or start one process "
           "per rank with mpirun");

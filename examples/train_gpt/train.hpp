@@ -105,7 +105,7 @@ inline void check_data_file(const Options& o) {
 inline plan::MemoryEstimate estimate_rank_memory(const models::GptTrainConfig& cfg) {
   const plan::GptModel model{cfg.model.layers, cfg.model.hidden, cfg.model.heads, cfg.model.seq, cfg.model.padded_vocab()};
   plan::ParallelConfig c;
-  c.tp = cfg.tp, c.pp = cfg.pp, c.dp = cfg.batch_ranks();
+  c.tp = cfg.tp, c.pp = cfg.pp, c.dp = cfg.batch_ranks(), c.cp = cfg.cp;
   c.microbatch_size = cfg.microbatch_size(), c.microbatches = std::size_t(cfg.microbatches);
   c.schedule = plan::parse_schedule(cfg.schedule).value_or(plan::ScheduleKind::one_f_one_b);
   c.virtual_stages = std::size_t(cfg.chunks);
@@ -195,7 +195,7 @@ inline std::string duration(double s) {
 template <class Comm, class Trainer>
 std::optional<pipeline::Timeline> gather_timeline(Comm& world, const Trainer& tr,
                                                   const pipeline::StepStats& st) {
-  const bool contributes = tr.coord().tensor == 0 && tr.coord().data == 0;
+  const bool contributes = tr.coord().tensor == 0 && tr.coord().data == 0 && tr.coord().context == 0;
   Buffer<double> mine;  // communicated buffers live in rank memory (device memory on CUDA ranks)
   if (contributes)
     for (const auto& e : st.timeline.events)
@@ -358,6 +358,10 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
                   cfg.model.experts, cfg.model.moe_top_k, cfg.model.moe_capacity, double(cfg.model.moe_aux_weight),
                   cfg.model.moe_every == 1 ? "every block" : ("every " + std::to_string(cfg.model.moe_every) + "-th block").c_str(),
                   cfg.ep);
+    if (cfg.cp > 1)
+      std::printf("context parallelism: each sequence of %zu split over cp=%zu ranks (zig-zag chunks of %zu, ring "
+                  "attention); ranks ordered tensor, context, data, pipeline\n",
+                  cfg.model.seq, cfg.cp, cfg.model.seq / (2 * cfg.cp));
     std::printf("mesh tp=%zu pp=%zu dp=%zu ep=%zu on %d %s ranks | schedule %s, %d micro-batches of %zu sequences%s | %s%s%s\n",
                 cfg.tp, cfg.pp, cfg.dp, cfg.ep, world.size(), world.name().c_str(), cfg.schedule.c_str(), cfg.microbatches,
                 cfg.microbatch_size(), cfg.chunks > 1 ? (", " + std::to_string(cfg.chunks) + " chunks").c_str() : "",
@@ -481,8 +485,9 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
     const double* v = &all[std::size_t(r) * 5];
     const double total = v[0] + v[1] + v[2] + v[3] + v[4];
     worst = std::max(worst, total);
-    const MeshCoord c = DynamicMesh(cfg.tp, cfg.pp, cfg.dp, cfg.ep).coord(std::size_t(r));
-    std::printf("  rank %d (t%zu p%zu d%zu e%zu): %s = %s + %s + %s + %s + %s\n", r, c.tensor, c.pipeline, c.data, c.expert,
+    const MeshCoord c = DynamicMesh(cfg.tp, cfg.pp, cfg.dp * cfg.cp, cfg.ep).coord(std::size_t(r));  // data x context
+    std::printf("  rank %d (t%zu%s p%zu d%zu e%zu): %s = %s + %s + %s + %s + %s\n", r, c.tensor,
+                cfg.cp > 1 ? (" c" + std::to_string(c.data % cfg.cp)).c_str() : "", c.pipeline, c.data / cfg.cp, c.expert,
                 mib(total).c_str(),
                 mib(v[0]).c_str(), mib(v[1]).c_str(), mib(v[2]).c_str(), mib(v[3]).c_str(), mib(v[4]).c_str());
   }

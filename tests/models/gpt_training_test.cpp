@@ -223,6 +223,72 @@ TEST_CASE("every synchronous pipeline schedule reproduces the single-rank run", 
   require_equivalent(run(zb_recompute, 20), ref, "zb_h2 with recomputation, dp=2", true);
 }
 
+/** `small_sgd` with the sequence split over `cp` context ranks (ring attention, zig-zag chunks). */
+models::GptTrainConfig small_cp(std::size_t cp, std::size_t tp, std::size_t pp, std::size_t dp) {
+  auto c = small_sgd(tp, pp, dp);
+  c.cp = cp;
+  return c;
+}
+
+TEST_CASE("context parallelism reproduces the single-rank run, alone and with tp, dp, pp and recomputation",
+          "[models][gpt][context]") {
+  const RunResult& ref = reference_sgd();
+  require_equivalent(run(small_cp(2, 1, 1, 1), 20), ref, "cp=2", true);
+  require_equivalent(run(small_cp(2, 2, 1, 1), 20), ref, "cp=2 tp=2", true);
+  require_equivalent(run(small_cp(2, 1, 1, 2), 20), ref, "cp=2 dp=2", true);
+  auto cp4 = small_cp(4, 1, 1, 1);  // seq 16 = 8 chunks of 2 tokens
+  cp4.recompute = true;
+  require_equivalent(run(cp4, 20), ref, "cp=4 recompute", true);
+  require_equivalent(run(small_cp(2, 1, 2, 1), 20), ref, "cp=2 pp=2", true);
+  // The ring's isend/irecv over NCCL's in-order point-to-point matching (no tags), with the pipeline's.
+  require_equivalent(run<NcclLike>(small_cp(2, 2, 2, 1), 20), ref, "cp=2 tp=2 pp=2, NCCL semantics", true);
+  // AdamW: losses and gradient norms.
+  auto adamw = small(2, 1, 1);
+  adamw.cp = 2;
+  require_equivalent(run(adamw, 20), reference(), "AdamW cp=2 tp=2", false);
+}
+
+TEST_CASE("context parallelism with ZeRO shards over data x context; its checkpoints resume without cp and back",
+          "[models][gpt][context][zero][checkpoint]") {
+  // ZeRO-1 and ZeRO-2 over the dp x cp = 4 ranks of the gradient-reduction group: the AdamW run's losses and norms.
+  for (int stage : {1, 2}) {
+    auto z = small(1, 1, 2);
+    z.cp = 2;
+    z.zero = stage;
+    require_equivalent(run(z, 20), reference(), "ZeRO-" + std::to_string(stage) + " cp=2 dp=2", false);
+  }
+  // A checkpoint of cp = 2 x tp = 2 (replicas on the context ranks saved once) resumes at one rank and at cp = 2.
+  const fs::path dir = fs::temp_directory_path() / "mpar-test-gpt-resume-cp";
+  fs::remove_all(dir);
+  auto saved = small(2, 1, 1);
+  saved.cp = 2;
+  (void)run(saved, 10, "", dir.string());
+  auto again = small(1, 1, 1);
+  again.cp = 2;
+  for (const auto& c : {small(1, 1, 1), again}) {
+    const RunResult rest = run(c, 20, dir.string());
+    REQUIRE(rest.losses.size() == 10);
+    for (std::size_t i = 0; i < 10; ++i) REQUIRE(rest.losses[i] == Approx(reference().losses[10 + i]).epsilon(loss_tol));
+  }
+  fs::remove_all(dir);
+}
+
+TEST_CASE("context-parallel configurations that cannot run are refused, naming the fix", "[models][gpt][context][errors]") {
+  auto expect = [](models::GptTrainConfig c, std::size_t world, const std::string& text) {
+    INFO(text);
+    REQUIRE_THROWS_WITH(c.validate(world), Catch::Contains(text));
+  };
+  expect(small_cp(2, 2, 1, 1), 2, "tp x cp x pp x dp = 2 x 2 x 1 x 1 = 4 ranks, but the job has 2");
+  auto seq = small_cp(3, 1, 1, 1);  // 16 is not a multiple of 6
+  expect(seq, 3, "--seq 16 is not divisible by 2 x --cp = 6");
+  auto drop = small_cp(2, 1, 1, 1);
+  drop.model.dropout = 0.1;
+  expect(drop, 2, "use --dropout 0 or --cp 1");
+  auto moe = small_cp(2, 1, 1, 1);
+  moe.model.experts = 4;
+  expect(moe, 2, "use --cp 1 or --experts 0");
+}
+
 TEST_CASE("over NCCL's point-to-point semantics on every axis, the layouts and schedules reproduce the single-rank run",
           "[models][gpt][pipeline][nccl-semantics]") {
   // The trainer sees an ordered_point_to_point communicator, builds its programs with the ordered

@@ -125,3 +125,25 @@ TEST_CASE("the table shows the ranking, the rejections and the cost of a broken 
   CHECK_THAT(s, Catch::Contains("tensor-parallel groups spread over"));
   CHECK_THAT(s, Catch::Contains("% slower"));
 }
+
+TEST_CASE("--cp fixes context parallelism: every configuration splits each sequence over cp GPUs", "[plan][cli][context]") {
+  CHECK(parse_cli(base_args()).space.cp == 1);
+  CHECK(parse_cli(with(base_args(), {"--cp", "4"})).space.cp == 4);
+  CHECK_THAT(error_of(with(base_args(), {"--cp", "3"})),
+             Catch::Contains("--cp 3 splits each sequence into 2 x cp = 6 zig-zag chunks, which --seq 1024 does not divide"));
+  CHECK_THAT(error_of(with(base_args(), {"--cp", "0"})), Catch::Contains("--cp expects a positive whole number"));
+  CHECK_THAT(error_of(with(base_args(), {"--tp", "2", "--pp", "4", "--dp", "8", "--cp", "2"})),
+             Catch::Contains("--tp 2 x --pp 4 x --dp 8 x --cp 2 = 128 GPUs, but --gpus is 64"));
+  std::ostringstream out, err;
+  REQUIRE(run_cli(with(base_args(), {"--json", "--top", "4", "--cp", "2"}), out, err) == 0);
+  std::istringstream lines(out.str());
+  std::string line;
+  std::size_t n = 0;
+  while (std::getline(lines, line)) {
+    ++n;
+    const auto j = mpar::plan::detail::parse_json_object(line, n);
+    CHECK(j.number.at("cp") == 2);
+    CHECK(j.number.at("tp") * j.number.at("pp") * j.number.at("dp") * j.number.at("cp") == 64);
+  }
+  CHECK(n == 4);
+}

@@ -80,22 +80,24 @@ TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measure
     int microbatches;
     bool recompute;
     const char* schedule;
+    std::size_t cp = 1;
   };
   // Few, small runs keep this under a few seconds; runs of more shapes by hand (GPipe, pp = 4,
   // recompute at pp = 4) agreed within 8 % as well (docs/planner.md).
   const Case cases[] = {{1, 1, 4, false, "1f1b"}, {1, 2, 4, true, "1f1b"}, {2, 2, 4, false, "1f1b"}, {1, 2, 4, false, "zb_h1"},
-                        {1, 2, 4, false, "2bw"}};  // 2bw: the previous weight version the trainer keeps
+                        {1, 2, 4, false, "2bw"},  // 2bw: the previous weight version the trainer keeps
+                        {1, 1, 4, false, "1f1b", 2}, {2, 2, 4, true, "1f1b", 2}};  // context parallelism: ring attention
   for (const Case& k : cases) {
     mpar::models::GptTrainConfig cfg;
     cfg.model.hidden = 128, cfg.model.heads = 4, cfg.model.layers = 4, cfg.model.seq = 64;
-    cfg.tp = k.tp, cfg.pp = k.pp, cfg.dp = 1, cfg.microbatches = k.microbatches, cfg.global_batch = 4 * std::size_t(k.microbatches);
+    cfg.tp = k.tp, cfg.pp = k.pp, cfg.dp = 1, cfg.cp = k.cp, cfg.microbatches = k.microbatches, cfg.global_batch = 4 * std::size_t(k.microbatches);
     cfg.recompute = k.recompute, cfg.schedule = k.schedule, cfg.steps = 3, cfg.warmup = 1;
     const Measured got = run_trainer(cfg);
 
     using namespace mpar::plan;
     const GptModel model{cfg.model.layers, cfg.model.hidden, cfg.model.heads, cfg.model.seq, got.padded_vocab};
     ParallelConfig c;
-    c.tp = k.tp, c.pp = k.pp, c.microbatch_size = 4, c.microbatches = std::size_t(k.microbatches);
+    c.tp = k.tp, c.pp = k.pp, c.cp = k.cp, c.microbatch_size = 4, c.microbatches = std::size_t(k.microbatches);
     c.recompute = k.recompute ? Recompute::full : Recompute::none;
     c.schedule = *parse_schedule(k.schedule);
     MemoryOptions o;
@@ -103,14 +105,18 @@ TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measure
     ActivationPeaks peaks;
     for (std::size_t r = 0; r < k.pp; ++r) {
       const MemoryEstimate e = rank_memory(model, c, Precision::fp32_host(8), r, peaks(c)[r], o);
-      const double measured_step = got.step_peak[r * k.tp], measured_states = got.states[r * k.tp];  // tensor rank 0 of stage r
-      INFO("tp=" << k.tp << " pp=" << k.pp << " M=" << k.microbatches << " " << k.schedule << (k.recompute ? " recompute" : "")
+      const double measured_step = got.step_peak[r * k.tp * k.cp], measured_states = got.states[r * k.tp * k.cp];  // tensor and context rank 0 of stage r
+      INFO("tp=" << k.tp << " cp=" << k.cp << " pp=" << k.pp << " M=" << k.microbatches << " " << k.schedule << (k.recompute ? " recompute" : "")
                  << ", pipeline rank " << r << ": step peak measured " << measured_step << " B, estimated "
                  << e.activations + e.communication << " B; model states measured " << measured_states << " B, estimated "
                  << e.parameters + e.gradients + e.optimizer << " B");
-      CHECK(std::abs((e.activations + e.communication) / measured_step - 1) < 0.10);
+      // With cp > 1 the gradients reduce over the data x context group; the model adds two buckets to every
+      // data-parallel rank's buffers, a bound: the trainer's buckets fill during the backward, after the
+      // activation peak of these runs, so the comparison leaves them out.
+      const double buckets = c.data_group() > 1 ? 2 * std::min(o.dp_bucket_bytes, e.gradients) : 0.0;
+      CHECK(std::abs((e.activations + e.communication - buckets) / measured_step - 1) < 0.10);
       CHECK(std::abs((e.parameters + e.gradients + e.optimizer) / measured_states - 1) < 0.10);
-      CHECK(std::abs(e.total() / (measured_step + measured_states) - 1) < 0.10);
+      CHECK(std::abs((e.total() - buckets) / (measured_step + measured_states) - 1) < 0.10);
     }
   }
 }

@@ -170,3 +170,37 @@ TEST_CASE("fp32 host model states equal the bytes nn::Parameter and AdamW hold",
     CHECK(states == Approx(held));  // in fact exact: the layout is the same
   }
 }
+
+TEST_CASE("context parallelism: a rank keeps 1/cp of each sequence's activations; ZeRO shards over dp x cp",
+          "[plan][memory][context]") {
+  const GptModel m{24, 4096, 32, 2048, 51200};
+  const double s = 2048, b = 2, h = 4096, a = 32, t = 8, sbh = s * b * h;
+  const Precision p = Precision::mixed_adam();
+  for (double cp : {2.0, 4.0}) {
+    INFO("cp " << cp);
+    const double sl = s / cp, sbhl = sbh / cp;
+    // Korthikanti's 10 + 24/t per token element on the rank's s/cp tokens; ring attention keeps, instead of
+    // the [s, s] probabilities, a copy of its output (2/t) and the row log-sum-exp: a fp32 values per token
+    // and head shard. Nothing of it is recomputed selectively.
+    const double ring = sbhl * (10 + 26 / t) + 4 * a * sl * b / t;
+    CHECK(layer_activation_bytes(m, 2, 8, false, Recompute::none, p, true, std::size_t(cp)) == Approx(ring));
+    CHECK(layer_activation_bytes(m, 2, 8, false, Recompute::selective, p, true, std::size_t(cp)) == Approx(ring));
+    CHECK(layer_activation_bytes(m, 2, 8, false, Recompute::full, p, true, std::size_t(cp)) == Approx(2 * sbhl));
+  }
+  // The rank's whole activation memory under selective recomputation (no score matrices either way) about halves.
+  ParallelConfig one = cfg(8, 1, 4), two = cfg(8, 1, 4);
+  one.recompute = two.recompute = Recompute::selective;
+  two.cp = 2;
+  CHECK(two.gpus() == 64);
+  const MemoryEstimate e1 = rank_memory(m, one, p, 0, 1), e2 = rank_memory(m, two, p, 0, 1);
+  CHECK(e2.activations / e1.activations == Approx(0.5).epsilon(0.06));
+  CHECK(e2.parameters == Approx(e1.parameters));  // every context rank holds a replica
+  // ZeRO-1/2 shard over the gradient-reduction group: dp x cp = 8 ranks, as dp = 8 would.
+  ParallelConfig z = cfg(8, 1, 4), z8 = cfg(8, 1, 8);
+  z.cp = 2;
+  z.zero1 = z.zero2 = z8.zero1 = z8.zero2 = true;
+  const MemoryEstimate ez = rank_memory(m, z, p, 0, 1), ez8 = rank_memory(m, z8, p, 0, 1);
+  CHECK(ez.optimizer == Approx(ez8.optimizer));
+  CHECK(ez.gradients == Approx(ez8.gradients));
+  CHECK(ez.parameters == Approx(ez8.parameters));
+}

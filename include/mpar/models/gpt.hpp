@@ -44,6 +44,7 @@
 #include "mpar/nn/cross_entropy.hpp"
 #include "mpar/nn/embedding.hpp"
 #include "mpar/nn/layer_norm.hpp"
+#include "mpar/nn/ring_transformer_block.hpp"
 #include "mpar/nn/transformer_block.hpp"
 #include "mpar/models/moe_block.hpp"
 
@@ -185,6 +186,28 @@ struct GptBlockOf final : GptBlock {
   }
   Block block;
 };
+/**
+ * A context-parallel block (`nn::RingTransformerBlock`): the stage's hidden states are the rank's zig-zag
+ * tokens (whole rows on the tensor axis, which is all `Replicate` says at a stage boundary), the block's
+ * own layout `Act<ContextShard>` says where the sequence is split.
+ */
+template <class Block, backend B>
+struct GptRingBlockOf final : GptBlock {
+  template <class... A>
+  explicit GptRingBlockOf(A&&... a) : block(std::forward<A>(a)...) {}
+  nn::Act<Replicate> forward(const nn::Act<Replicate>& x, int mb) override {
+    return nn::Act<Replicate>(block.forward(nn::Act<nn::ContextShard>(nn::backend_copy<B>(x.tensor())), mb).tensor());
+  }
+  nn::Act<Replicate> backward_input(const nn::Act<Replicate>& dy, int mb) override {
+    return nn::Act<Replicate>(
+        block.backward_input(nn::Act<nn::ContextShard>(nn::backend_copy<B>(dy.tensor())), mb).tensor());
+  }
+  void backward_weight(int mb) override { block.backward_weight(mb); }
+  std::vector<nn::Parameter*> parameters() override { return block.parameters(); }
+  void drop(int mb) override { block.drop(mb); }
+  void set_recompute(bool on) override { block.set_recompute(on); }
+  Block block;
+};
 }  // namespace detail
 
 /**
@@ -199,9 +222,21 @@ class GptStage {
   using GradientsFinalHook = std::function<void(const std::vector<nn::Parameter*>&)>;
   using backend_type = B;  ///< the executor scales the loss gradient with it
 
+  /**
+   * `context`: the context-parallel group (null or size 1: the stage holds whole sequences). With cp > 1 the
+   * stage's tokens are, per sequence, the rank's zig-zag chunks r and 2 cp - 1 - r (docs/context-parallel.md),
+   * its blocks use ring self-attention over `context`, and its position embedding their global positions.
+   */
   GptStage(C& tp, const GptConfig& cfg, bool first, bool last, std::size_t first_block, std::size_t block_count,
-           nn::Parameter* shared_embedding = nullptr, GptMoeGroups<C> moe_groups = {})
-      : tp_(&tp), cfg_(cfg), first_(first), last_(last) {
+           nn::Parameter* shared_embedding = nullptr, GptMoeGroups<C> moe_groups = {}, C* context = nullptr)
+      : tp_(&tp), cfg_(cfg), first_(first), last_(last),
+        cp_(context ? std::size_t(context->size()) : 1), cp_rank_(context ? std::size_t(context->rank()) : 0) {
+    if (cp_ > 1) {
+      require(!cfg.has_moe(), "GptStage: context parallelism (cp ", cp_, ") with MoE blocks is not supported; use cp 1 "
+              "or a dense model (--experts 0)");
+      require(cfg.seq % (2 * cp_) == 0, "GptStage: sequence length ", cfg.seq, " is not divisible by 2 x cp = ", 2 * cp_,
+              " (each context rank holds two of the 2 cp equal chunks); use --seq a multiple of ", 2 * cp_);
+    }
     if (first_) {
       embed_.emplace(tp, nn::EmbeddingConfig{cfg.padded_vocab(), cfg.hidden, cfg.seed, GptConfig::token_embedding_id, "embed.token"});
       const std::array<std::size_t, 2> ps{cfg.seq, cfg.hidden};
@@ -213,7 +248,13 @@ class GptStage {
       const std::size_t b = first_block + i;
       const nn::BlockConfig bc{cfg.hidden, cfg.heads, cfg.ffn_size(), cfg.seq, cfg.dropout, cfg.seed,
                                GptConfig::first_block_id + b * nn::BlockConfig::ids_per_block, "block" + std::to_string(b)};
-      if (cfg.is_moe_block(b)) {
+      if (cp_ > 1) {
+        if constexpr (std::is_same_v<B, HostBackend>)
+          blocks_.push_back(std::make_unique<detail::GptRingBlockOf<nn::RingTransformerBlock<C, B>, B>>(tp, *context, bc));
+        else
+          throw config_error("GptStage: context parallelism runs on HostBackend only (ring attention's online softmax "
+                             "is host loops; docs/context-parallel.md); use cp 1 on this backend");
+      } else if (cfg.is_moe_block(b)) {
         if (moe_groups.expert == nullptr || moe_groups.tokens == nullptr) {
           // One rank holds every expert and the whole micro-batch: size-1 groups of this tensor rank.
           own_groups_.emplace_back(std::make_unique<C>(tp.split(tp.rank(), 0)));
@@ -466,15 +507,35 @@ class GptStage {
     note_host_access(x.tensor().bytes());
     nn::Act<Replicate> h = embed_->embed(tokens, mb);
     // h[b, s, :] += position[s, :]: with each sequence a row of seq x hidden values, the position table is
-    // that row's bias, so one bias addition covers the micro-batch.
-    const std::size_t block = cfg_.seq * cfg_.hidden;
-    require(tokens.size() % cfg_.seq == 0, "GptStage: ", tokens.size(), " tokens are not whole sequences of ", cfg_.seq);
-    B::bias_add_forward(tokens.size() / cfg_.seq, block, pos_.value.data(), h.data());
+    // that row's bias, so one bias addition covers the micro-batch. Under cp the row is the rank's two
+    // chunks, and the bias their rows of the table.
+    const std::size_t seq = cfg_.seq / cp_, block = seq * cfg_.hidden;
+    require(tokens.size() % seq == 0, "GptStage: ", tokens.size(), " tokens are not whole sequences of ", seq,
+            cp_ > 1 ? " (this context rank's share of each sequence)" : "");
+    if (cp_ == 1) {
+      B::bias_add_forward(tokens.size() / seq, block, pos_.value.data(), h.data());
+    } else {
+      nn::Activation table({seq, cfg_.hidden}, uninitialized);
+      const std::size_t half = block / 2;
+      for (std::size_t a = 0; a < 2; ++a) B::copy(half, pos_.value.data() + position_chunk(a) * half, table.data() + a * half);
+      B::bias_add_forward(tokens.size() / seq, block, table.data(), h.data());
+    }
     return h;  // the position embedding is replicated: the sum stays Replicate
   }
+  /** The global chunk index of this context rank's `a`-th chunk (0: chunk r, 1: chunk 2 cp - 1 - r). */
+  [[nodiscard]] std::size_t position_chunk(std::size_t a) const { return a == 0 ? cp_rank_ : 2 * cp_ - 1 - cp_rank_; }
   void embed_backward(nn::Act<Replicate> dy, int mb, bool final) {
-    const std::size_t block = cfg_.seq * cfg_.hidden;
-    B::bias_add_backward(dy.extent(0) / cfg_.seq, block, dy.data(), pos_.grad.data());  // the sum over sequences
+    const std::size_t seq = cfg_.seq / cp_, block = seq * cfg_.hidden;
+    if (cp_ == 1) {
+      B::bias_add_backward(dy.extent(0) / seq, block, dy.data(), pos_.grad.data());  // the sum over sequences
+    } else {
+      // The sum over sequences of the rank's two chunks, added into their rows of the table's gradient.
+      nn::Activation g({seq, cfg_.hidden});
+      B::bias_add_backward(dy.extent(0) / seq, block, dy.data(), g.data());
+      const std::size_t half = block / 2;
+      for (std::size_t a = 0; a < 2; ++a)
+        B::bias_add_forward(1, half, g.data() + a * half, pos_.grad.data() + position_chunk(a) * half);
+    }
     embed_->backward(std::move(dy), mb);  // moved: the typed backward takes it by value
     // The embedding of a single-stage model is also the head: its gradient is final only here.
     if (final) hook_(std::vector<nn::Parameter*>{embed_->parameters()[0], &pos_});
@@ -483,6 +544,7 @@ class GptStage {
   C* tp_;
   GptConfig cfg_;
   bool first_, last_;
+  std::size_t cp_ = 1, cp_rank_ = 0;  ///< context-parallel size and this rank's place in the ring
   std::optional<nn::VocabParallelEmbedding<C, false, B>> embed_;
   nn::Parameter pos_;
   std::vector<std::unique_ptr<C>> own_groups_;  // size-1 MoE groups when none were given (declared before the blocks)

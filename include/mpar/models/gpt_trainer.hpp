@@ -1,9 +1,10 @@
 #pragma once
 /**
- * @file Hybrid tensor × pipeline × data training of the GPT model on one rank of a device mesh.
+ * @file Hybrid tensor × pipeline × data (× context, × expert) training of the GPT model on one rank of a
+ * device mesh.
  *
  * `GptTrainer` is what `examples/train_gpt` runs, and what the equivalence tests drive: every rank of
- * a `tp × pp × dp` mesh constructs one with the same configuration and calls `train_step()` in
+ * a `tp × cp × pp × dp` mesh constructs one with the same configuration and calls `train_step()` in
  * lockstep. Per step it
  * 1. takes its data-parallel block of the global batch (a pure function of the step, so every layout
  *    trains on the same samples) and splits it into micro-batches;
@@ -20,6 +21,12 @@
  *    back once;
  * 5. copies the embedding to the head's tied copy. The norm, the factors and the update are operations of
  *    the backend `B`, like the layers', so a CUDA rank runs them on its device.
+ *
+ * Context parallelism (`cp > 1`, docs/context-parallel.md): ranks are ordered tensor, context, data, pipeline
+ * (Megatron-LM's tp-cp-dp-pp); the mesh's data axis holds data x context ranks, context innermost. Each context
+ * rank takes zig-zag chunks r and 2 cp - 1 - r of every sequence of its data rank's batch, its blocks attend by
+ * a ring over the cp ranks, and the gradients are averaged over data x context (every parameter is a replica
+ * on the cp ranks, each holding its tokens' share): the loss and every update equal the single-rank run's.
  *
  * Expert parallelism (`ep > 1`, a model with MoE blocks) lives inside data parallelism, as in
  * Megatron-LM and DeepSpeed-MoE: the batch is split over dp x ep ranks; parameters outside the experts
@@ -90,6 +97,9 @@ struct GptTrainConfig {
   GptConfig model;
   std::size_t tp = 1, pp = 1, dp = 1;
   std::size_t ep = 1;             ///< expert-parallel size (needs model.experts, a multiple of it)
+  /// Context-parallel size: each sequence split over cp ranks in zig-zag chunks, attention by a ring over them
+  /// (docs/context-parallel.md). Rank order tensor, context, data, pipeline (Megatron-LM's tp-cp-dp-pp).
+  std::size_t cp = 1;
   std::string schedule = "1f1b";  ///< gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2, or 2bw (weights lag one step; see GptTrainer)
   int microbatches = 2;           ///< per data-parallel rank and step
   int chunks = 1;                 ///< model chunks per pipeline rank (interleaved_1f1b)
@@ -111,7 +121,7 @@ struct GptTrainConfig {
   std::size_t bucket_bytes = std::size_t(1) << 20;
   std::uint64_t data_seed = 1234;
 
-  [[nodiscard]] std::size_t world_size() const { return tp * pp * dp * ep; }
+  [[nodiscard]] std::size_t world_size() const { return tp * cp * pp * dp * ep; }
   /** The ZeRO stage in effect: `zero`, or 1 when only `zero1` is set. */
   [[nodiscard]] int zero_stage() const { return zero != 0 ? zero : zero1 ? 1 : 0; }
   /** Ranks that take different samples: data x expert. */
@@ -148,8 +158,11 @@ struct GptTrainConfig {
 
   /** Throws config_error with what to change, before any work starts. */
   void validate(std::size_t world) const {
-    require(tp >= 1 && pp >= 1 && dp >= 1 && ep >= 1, "train: --tp, --pp, --dp and --ep must be at least 1");
-    if (ep == 1)
+    require(tp >= 1 && pp >= 1 && dp >= 1 && ep >= 1 && cp >= 1, "train: --tp, --pp, --dp, --ep and --cp must be at least 1");
+    if (cp > 1)
+      require(world == world_size(), "train: tp x cp x pp x dp = ", tp, " x ", cp, " x ", pp, " x ", dp, " = ",
+              world_size(), " ranks, but the job has ", world, "; change --tp/--cp/--pp/--dp or the number of ranks");
+    else if (ep == 1)
       require(world == world_size(), "train: tp x pp x dp = ", tp, " x ", pp, " x ", dp, " = ", world_size(),
               " ranks, but the job has ", world, "; change --tp/--pp/--dp or the number of ranks");
     else
@@ -178,9 +191,20 @@ struct GptTrainConfig {
     require(chunks == 1 || schedule == pipeline::Interleaved1F1B::name, "train: --chunks ", chunks,
             " needs --schedule interleaved_1f1b");
     require(steps >= 1 && warmup <= steps, "train: need --steps >= 1 and --warmup <= --steps");
+    if (cp > 1) validate_context();
     model.validate(tp, pp * std::size_t(chunks), ep);
     // The schedule's own checks (e.g. interleaved needs M a multiple of P), with its sentence.
     (void)pipeline::make_programs(schedule, pipeline::ScheduleConfig{int(pp), microbatches, chunks, 1});
+  }
+  /** What context parallelism (cp > 1) needs of the rest of the configuration, each refusal naming the fix. */
+  void validate_context() const {
+    require(model.seq % (2 * cp) == 0, "train: --seq ", model.seq, " is not divisible by 2 x --cp = ", 2 * cp,
+            " (each context rank holds two of the 2 cp equal chunks of every sequence); use --seq a multiple of ",
+            2 * cp, " or a --cp dividing ", model.seq, " / 2");
+    require(model.experts == 0 && ep == 1, "train: --cp ", cp, " with mixture of experts (--experts/--ep) is not "
+            "supported (the load-balancing statistics would need the context group); use --cp 1 or --experts 0");
+    require(model.dropout == 0.0, "train: --cp ", cp, " with --dropout ", model.dropout, " is not supported (dropout "
+            "masks are indexed by local token position, which the zig-zag placement changes); use --dropout 0 or --cp 1");
   }
 };
 
@@ -236,15 +260,16 @@ class GptTrainer {
   GptTrainer(Comm& world, GptTrainConfig config, data::SourceRef data)
       : cfg_(validated(std::move(config), world)),
         data_(data),
-        mesh_(cfg_.tp, cfg_.pp, cfg_.dp, cfg_.ep),
+        mesh_(cfg_.tp, cfg_.pp, cfg_.dp * cfg_.cp, cfg_.ep),  // the mesh's data axis holds data x context
         comms_(make_mesh_comms(world, mesh_)),
         tensor_(same_group(comms_.tensor)),
         pipe_(same_group(comms_.pipeline)),
         data_comm_(same_group(comms_.data)),
-        coord_(mesh_.coord(std::size_t(world.rank()))),
+        coord_(split_context(mesh_.coord(std::size_t(world.rank())), cfg_.cp)),
         replica_comm_(replica_group(world)),
         expert_t_(same_group(comms_.expert)),
         tokens_t_(same_group(replica_comm_)),
+        context_t_(comms_.data.split(int(coord_.data), int(coord_.context))),
         schedule_(cfg_.lr, cfg_.min_lr, cfg_.warmup, cfg_.steps) {
     require(data_.vocab_size() <= cfg_.model.vocab, "train: the data ", data_.describe(), " has a vocabulary of ",
             data_.vocab_size(), " ids but the model only ", cfg_.model.vocab, "; set the model's vocab (--vocab) to at least ",
@@ -262,6 +287,7 @@ class GptTrainer {
     tensor_.reset();
     expert_t_.reset();
     tokens_t_.reset();
+    context_t_.reset();
     const double dp_comm_before = optimizer_->sync_seconds();
     const double lr = schedule_(step);
 
@@ -309,7 +335,7 @@ class GptTrainer {
 
     // Report: averaged over the world so every rank prints the same numbers.
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double comm_s = stats.communication + tensor_.seconds() + expert_t_.seconds() + tokens_t_.seconds() +
+    const double comm_s = stats.communication + tensor_.seconds() + expert_t_.seconds() + tokens_t_.seconds() + context_t_.seconds() +
                           (optimizer_->sync_seconds() - dp_comm_before);
     // Host measurements (times, the dropped count; tensor ranks repeat the same routing, so their dropped
     // counts are divided out); the losses came averaged with the optimizer's statistics.
@@ -717,6 +743,7 @@ class GptTrainer {
    */
   [[nodiscard]] data::TokenBatch local_batch(std::size_t step) const { return local_batch(data_, cfg_.data_seed, step); }
   [[nodiscard]] data::TokenBatch local_batch(const data::SourceRef& src, std::uint64_t seed, std::size_t step) const {
+    if (cfg_.cp > 1) return context_chunks(src.batch(seed, step, cfg_.global_batch, cfg_.dp, coord_.data));
     if (!cfg_.model.has_moe()) return src.batch(seed, step, cfg_.global_batch, cfg_.dp, coord_.data);
     const auto full = src.batch(seed, step, cfg_.global_batch, 1, 0);
     const std::size_t R = cfg_.batch_ranks(), q = coord_.data * cfg_.ep + coord_.expert, mbs = cfg_.microbatch_size();
@@ -733,11 +760,37 @@ class GptTrainer {
     return b;
   }
   /**
+   * This context rank's tokens of a data rank's batch: of every sequence, chunk r then chunk 2 cp - 1 - r of the
+   * 2 cp equal chunks (the zig-zag placement of nn::ContextShard); tokens and targets alike, `seq` kept global.
+   */
+  [[nodiscard]] data::TokenBatch context_chunks(const data::TokenBatch& full) const {
+    const std::size_t seq = full.seq, c = seq / (2 * cfg_.cp), r = coord_.context;
+    data::TokenBatch b;
+    b.batch = full.batch;
+    b.seq = seq;
+    for (std::size_t s = 0; s < full.batch; ++s)
+      for (std::size_t chunk : {r, 2 * cfg_.cp - 1 - r}) {
+        const auto first = std::ptrdiff_t(s * seq + chunk * c);
+        b.tokens.insert(b.tokens.end(), full.tokens.begin() + first, full.tokens.begin() + first + std::ptrdiff_t(c));
+        b.targets.insert(b.targets.end(), full.targets.begin() + first, full.targets.begin() + first + std::ptrdiff_t(c));
+      }
+    return b;
+  }
+  /**
+   * The mesh's data axis is data x context with context innermost (tensor, context, data, pipeline from the
+   * innermost rank out): its coordinate d splits into the context rank d % cp and the data rank d / cp.
+   */
+  static MeshCoord split_context(MeshCoord c, std::size_t cp) {
+    c.context = c.data % cp;
+    c.data /= cp;
+    return c;
+  }
+  /**
    * Splits this rank's batch into micro-batches: the first stage's token inputs are returned, and every
    * micro-batch's targets are kept in `targets_` for the last stage's loss.
    */
   std::vector<nn::Act<Replicate>> split_microbatches(const data::TokenBatch& batch) {
-    const std::size_t mb_tokens = cfg_.microbatch_size() * cfg_.model.seq;
+    const std::size_t mb_tokens = cfg_.microbatch_size() * cfg_.model.seq / cfg_.cp;
     std::vector<nn::Act<Replicate>> inputs;
     targets_.assign(std::size_t(cfg_.microbatches), {});
     for (int mb = 0; mb < cfg_.microbatches; ++mb) {
@@ -768,7 +821,8 @@ class GptTrainer {
       nn::Parameter* shared = (s == S - 1 && !stages_.empty() && stages_.front()->is_first()) ? stages_.front()->token_embedding() : nullptr;
       stages_.push_back(std::make_unique<Stage>(tensor_, cfg_.model, s == 0, s == S - 1, part.begin(std::size_t(s)),
                                                 part.end(std::size_t(s)) - part.begin(std::size_t(s)), shared,
-                                                GptMoeGroups<TensorComm>{&expert_t_, &tokens_t_}));
+                                                GptMoeGroups<TensorComm>{&expert_t_, &tokens_t_},
+                                                cfg_.cp > 1 ? &context_t_ : nullptr));
     }
     holds_first_ = stages_.front()->is_first();
     holds_last_ = stages_.back()->is_last();
@@ -777,7 +831,7 @@ class GptTrainer {
     for (auto& s : stages_) chunks.push_back(s.get());
     pipeline::ExecutorOptions eo;
     eo.recompute.assign(chunks.size(), cfg_.recompute);
-    eo.microbatch_tokens = cfg_.microbatch_size() * cfg_.model.seq;
+    eo.microbatch_tokens = cfg_.microbatch_size() * cfg_.model.seq / cfg_.cp;  // this context rank's tokens
     eo.boundary_cols = cfg_.model.hidden;  // every stage boundary is [tokens, hidden]
     pipeline::ScheduleConfig sc{P, cfg_.microbatches, V, 1};
     // A communicator that pairs messages in issue order (NCCL) exchanges them in groups; the ordered
@@ -831,8 +885,9 @@ class GptTrainer {
   /** First and last pipeline stage of each (tensor, data, expert) position share the tied embedding. */
   void build_embedding_group() {
     const bool end = coord_.pipeline == 0 || coord_.pipeline + 1 == cfg_.pp;
-    const int color = end ? int((coord_.data * cfg_.ep + coord_.expert) * cfg_.tp + coord_.tensor)
-                          : int(cfg_.tp * cfg_.dp * cfg_.ep + std::size_t(comms_.world.rank()));
+    const std::size_t data_context = coord_.data * cfg_.cp + coord_.context;
+    const int color = end ? int((data_context * cfg_.ep + coord_.expert) * cfg_.tp + coord_.tensor)
+                          : int(cfg_.tp * cfg_.cp * cfg_.dp * cfg_.ep + std::size_t(comms_.world.rank()));
     embed_group_.emplace(comms_.world.split(color, int(coord_.pipeline)));
     if (cfg_.pp > 1) {  // with one pipeline stage the head uses the embedding itself: nothing to tie
       if (holds_first_) tied_ = stages_.front()->token_embedding();
@@ -846,7 +901,7 @@ class GptTrainer {
     optimizer_.emplace(opt_params_, all_params_, cfg_.optimizer_config(), groups);
     // Overlap: mark each layer's gradients ready as soon as the last micro-batch's backward is past it.
     // With the embedding split over two stages, its gradient is final only after the tied sum.
-    if (cfg_.batch_ranks() > 1) {
+    if (cfg_.batch_ranks() * cfg_.cp > 1) {  // the data-axis group: data x expert, or data x context
       gradients_final_ = [this](const std::vector<nn::Parameter*>& ps) {
         for (auto* p : ps)
           if (p != tied_) optimizer_->gradient_ready(*p);
@@ -872,6 +927,7 @@ class GptTrainer {
   MeshCoord coord_;
   Comm replica_comm_;              ///< data x expert ranks of this (pipeline, tensor) position
   TensorComm expert_t_, tokens_t_; ///< the MoE blocks' expert and token groups, timed
+  TensorComm context_t_;           ///< the ring: the cp ranks of this (tensor, data, pipeline) position, timed
   optim::WarmupCosine schedule_;
   std::vector<std::unique_ptr<Stage>> stages_;
   std::optional<pipeline::Executor<Stage, Comm>> executor_;

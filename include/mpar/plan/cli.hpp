@@ -49,6 +49,8 @@ Optional (fix a dimension instead of searching it):
   --tp N  --pp N  --dp N  --microbatch-size N  --virtual-stages N
   --schedule gpipe|1f1b|interleaved_1f1b|zb_h1|zb_h2|2bw   (2bw, asynchronous, only when asked for)
   --recompute none|selective|full  --zero1 on|off  --zero2 on|off  --sequence-parallel on|off
+  --cp N                   context parallelism: each sequence split over N GPUs (ring attention; default 1,
+                           not searched); tp x pp x dp share --gpus / N, and gradients reduce over dp x cp
 Optional (hardware and output):
   --hbm-gbps X             HBM bandwidth per GPU, GB/s (default 2039, A100 80 GB)
   --memory-fraction X      usable share of GPU memory (default 0.95)
@@ -131,6 +133,7 @@ namespace detail {
     else if (opt == "--tp") o.space.tp = detail::parse_count(opt, val);
     else if (opt == "--pp") o.space.pp = detail::parse_count(opt, val);
     else if (opt == "--dp") o.space.dp = detail::parse_count(opt, val);
+    else if (opt == "--cp") o.space.cp = detail::parse_count(opt, val);
     else if (opt == "--microbatch-size") o.space.microbatch_size = detail::parse_count(opt, val);
     else if (opt == "--virtual-stages") o.space.virtual_stages = detail::parse_count(opt, val);
     else if (opt == "--top") o.search.top_k = detail::parse_count(opt, val);
@@ -172,6 +175,10 @@ namespace detail {
   c.gpus = *gpus, c.gpus_per_node = *per_node, c.memory_bytes = *mem * gib, c.peak_flops = *peak * 1e12;
   c.intra_node_bandwidth = *intra * 1e9, c.inter_node_bandwidth = *inter * 1e9;
   o.problem.validate();
+  require(*seq % (2 * o.space.cp) == 0, "--cp ", o.space.cp, " splits each sequence into 2 x cp = ", 2 * o.space.cp,
+          " zig-zag chunks, which --seq ", *seq, " does not divide; choose --seq a multiple of ", 2 * o.space.cp,
+          " or another --cp");
+  require(c.gpus % o.space.cp == 0, "--cp ", o.space.cp, " does not divide --gpus ", c.gpus, "; choose a divisor of --gpus");
   if (o.space.tp)
     require(*o.space.tp <= c.gpus_per_node && c.gpus_per_node % *o.space.tp == 0, "--tp ", *o.space.tp,
             " would spread a tensor-parallel group over nodes of ", c.gpus_per_node, " GPUs; choose a divisor of --gpus-per-node");
@@ -193,7 +200,7 @@ namespace detail {
   const ParallelConfig& k = c.config;
   std::ostringstream os;
   os << std::setprecision(6);
-  os << "{\"rank\":" << rank << ",\"tp\":" << k.tp << ",\"pp\":" << k.pp << ",\"dp\":" << k.dp
+  os << "{\"rank\":" << rank << ",\"tp\":" << k.tp << ",\"pp\":" << k.pp << ",\"dp\":" << k.dp << ",\"cp\":" << k.cp
      << ",\"microbatch_size\":" << k.microbatch_size << ",\"microbatches\":" << k.microbatches << ",\"schedule\":\""
      << schedule_name(k.schedule) << "\",\"virtual_stages\":" << k.virtual_stages << ",\"recompute\":\""
      << recompute_name(k.recompute) << "\",\"zero1\":" << (k.zero1 ? "true" : "false") << ",\"zero2\":" << (k.zero2 ? "true" : "false")
@@ -213,6 +220,9 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
   out << "model: " << detail::fixed(p.model.parameters() / 1e9, 2) << " B parameters (" << p.model.layers << " layers, hidden "
       << p.model.hidden << ", " << p.model.heads << " heads, seq " << p.model.seq << ", vocab " << p.model.vocab
       << "); global batch " << p.global_batch << "; " << p.cluster.gpus << " GPUs, " << p.cluster.gpus_per_node << " per node\n";
+  if (!plan.best.empty() && plan.best.front().config.cp > 1)
+    out << "context parallelism cp=" << plan.best.front().config.cp << ": every configuration below splits each sequence "
+        << "over " << plan.best.front().config.cp << " GPUs (tp x pp x dp x cp GPUs)\n";
   out << "searched " << plan.considered << " configurations, simulated " << plan.simulated << " pipelines ("
       << plan.verified_shapes << " schedule shapes verified)\n\n";
   if (plan.best.empty()) {

@@ -58,6 +58,7 @@ struct LayerWork {
   double elementwise_bytes = 0;  ///< HBM traffic of layer norms, softmax, GeLU, dropout, residuals
   double softmax_bytes = 0;      ///< the part of elementwise_bytes in the attention core (selective recompute redoes it)
   double tp_collective_bytes = 0;  ///< each of the two forward all-reduces (or reduce-scatter + all-gather pairs)
+  double ring_block_bytes = 0;     ///< context parallelism: one K/V block sent around the ring (cp - 1 hops)
 };
 
 /**
@@ -96,16 +97,20 @@ class CostModel {
    * and the attention dropout (4 per score element + mask).
    */
   [[nodiscard]] LayerWork layer_work(const ParallelConfig& c) const {
-    const double s = double(model_.seq), b = double(c.microbatch_size), h = double(model_.hidden), a = double(model_.heads);
+    // Under context parallelism (cp > 1) a rank works on s / cp tokens of each sequence and on 1/cp of its
+    // attention scores (zig-zag chunks balance the causal work), and sends its K/V block around the ring.
+    const double S = double(model_.seq), cp = double(c.cp), s = S / cp;
+    const double b = double(c.microbatch_size), h = double(model_.hidden), a = double(model_.heads);
     const double t = double(c.tp), e = precision_.activation_bytes, k = precision_.mask_bytes;
     const double sbh = s * b * h;
     LayerWork w;
     w.linear_flops = 24.0 * b * s * h * h / t;
-    w.attention_flops = 4.0 * b * s * s * h / t;
+    w.attention_flops = 4.0 * b * S * S * h / t / cp;
     const double outside = (10 * e + 2 * k) * sbh / (c.sequence_parallel ? t : 1.0);
-    w.softmax_bytes = (4 * e + k) * a * s * s * b / t;
+    w.softmax_bytes = (4 * e + k) * a * S * S * b / t / cp;
     w.elementwise_bytes = outside + 8 * e * sbh / t + w.softmax_bytes;
     w.tp_collective_bytes = c.tp > 1 ? e * sbh : 0.0;
+    w.ring_block_bytes = c.cp > 1 ? 2 * e * sbh / t : 0.0;
     return w;
   }
 
@@ -120,7 +125,8 @@ class CostModel {
 
   /** Per-layer costs of one micro-batch: from measurements when calibrated for (tp, mbs, recompute), else from the work model. */
   [[nodiscard]] ChunkCosts layer_costs(const ParallelConfig& c, const GroupPlacement& g) const {
-    if (auto it = cal_.layer_costs.find({c.tp, c.microbatch_size, c.recompute}); it != cal_.layer_costs.end())
+    // (Measurements are of whole sequences: a context-parallel layer uses the work model.)
+    if (auto it = cal_.layer_costs.find({c.tp, c.microbatch_size, c.recompute}); c.cp == 1 && it != cal_.layer_costs.end())
       return {it->second.forward, it->second.backward_input, it->second.backward_weight};
     const LayerWork w = layer_work(c);
     const double gemm = gemm_rate(), ew = elementwise_rate();
@@ -131,6 +137,14 @@ class CostModel {
     // (no weights there), elementwise backward (reads saved inputs and incoming gradients, writes gradients).
     l.backward_input = (w.linear_flops + 2 * w.attention_flops) / gemm + 2 * w.elementwise_bytes / ew + 2 * ar;
     l.backward_weight = w.linear_flops / gemm;
+    if (c.cp > 1) {
+      // The ring: cp - 1 K/V hops overlap the block compute (only what exceeds it shows); in backward the
+      // dK/dV of a step travels after that step's compute, so its hops add in full.
+      const double hop = send_recv_seconds(w.ring_block_bytes, g.context.nodes > 1, network());
+      const double hops = double(c.cp - 1) * hop, attn = w.attention_flops / gemm;
+      l.forward += std::max(0.0, hops - attn);
+      l.backward_input += hops + std::max(0.0, hops - 2 * attn);
+    }
     if (c.recompute == Recompute::full) l.backward_input += l.forward;
     if (c.recompute == Recompute::selective) l.backward_input += w.attention_flops / gemm + w.softmax_bytes / ew;
     return l;
@@ -144,7 +158,8 @@ class CostModel {
     const double n = double(layers_per_chunk(model_, c));
     const ChunkCosts l = layer_costs(c, g);
     ChunkCosts r{n * l.forward, n * l.backward_input, n * l.backward_weight};
-    const double s = double(model_.seq), b = double(c.microbatch_size), h = double(model_.hidden), V = double(model_.vocab);
+    const double s = double(model_.seq) / double(c.cp), b = double(c.microbatch_size), h = double(model_.hidden),
+                 V = double(model_.vocab);
     const double t = double(c.tp), e = precision_.activation_bytes, sbh = s * b * h;
     const double gemm = gemm_rate(), ew = elementwise_rate();
     const std::size_t global = chunk * c.pp + rank;
@@ -167,7 +182,8 @@ class CostModel {
   /** Sending one micro-batch's activation (or gradient) to the next stage: each tensor rank sends its 1/t slice. */
   [[nodiscard]] double p2p_seconds(const ParallelConfig& c, const GroupPlacement& g) const {
     if (c.pp <= 1) return 0.0;
-    const double bytes = precision_.activation_bytes * double(model_.seq) * double(c.microbatch_size) * double(model_.hidden);
+    const double bytes = precision_.activation_bytes * double(model_.seq) / double(c.cp) * double(c.microbatch_size) *
+                         double(model_.hidden);
     double t = send_recv_seconds(bytes / double(c.tp), g.pipeline_cross_node, network());
     if (c.tp > 1 && !c.sequence_parallel)  // the receiving tensor group all-gathers the slices (Megatron's scatter-gather)
       t += best_collective(Collective::all_gather, bytes, g.tensor, network()).seconds;
@@ -176,7 +192,7 @@ class CostModel {
 
   /** Data-parallel gradient reduction of `params` parameters: all-reduce, or reduce-scatter + weight all-gather under ZeRO-1. */
   [[nodiscard]] double dp_reduce_seconds(double params, const ParallelConfig& c, const GroupPlacement& g) const {
-    if (c.dp <= 1 || params <= 0) return 0.0;
+    if (c.data_group() <= 1 || params <= 0) return 0.0;
     const Network net = network();
     if (c.zero1)
       return best_collective(Collective::reduce_scatter, params * precision_.grad_bytes, g.data, net).seconds +
@@ -186,7 +202,7 @@ class CostModel {
 
   /** The optimizer step over this rank's (ZeRO-1: 1/dp of its) parameters: an elementwise pass over all model states. */
   [[nodiscard]] double optimizer_seconds(double params, const ParallelConfig& c) const {
-    const double share = c.zero1 ? params / double(c.dp) : params;
+    const double share = c.zero1 ? params / double(c.data_group()) : params;
     return 2.0 * share * precision_.model_state_bytes() / elementwise_rate();
   }
 

@@ -90,13 +90,21 @@ struct MemoryOptions {
  */
 [[nodiscard]] constexpr double layer_activation_bytes(const GptModel& m, std::size_t microbatch, std::size_t tp,
                                                       bool sequence_parallel, Recompute r, const Precision& p,
-                                                      bool attention_dropout = true) {
-  const double s = double(m.seq), b = double(microbatch), h = double(m.hidden), a = double(m.heads), t = double(tp);
+                                                      bool attention_dropout = true, std::size_t cp = 1) {
+  // Under context parallelism a rank holds s/cp tokens of each sequence, and ring attention keeps, instead of
+  // the probabilities, the row log-sum-exp (a values per token, fp32) and its own copy of its output (the
+  // backward's rowsum(dO * O) reads it; the projection keeps its input too) (nn/ring_attention.hpp).
+  const double s = double(m.seq) / double(cp), b = double(microbatch), h = double(m.hidden), a = double(m.heads),
+               t = double(tp);
   const double sbh = s * b * h, as2b = a * s * s * b;
   const double e = p.activation_bytes, k = p.mask_bytes;
   if (r == Recompute::full) return e * sbh / (sequence_parallel ? t : 1.0);
   const double replicated = 4 * e * sbh + 2 * k * sbh;  // LN1/LN2 inputs, QKV and fc1 inputs; two block-output masks
   const double sharded = 12 * e * sbh;                  // Q, K, V, projection input, GeLU input, fc2 input
+  if (cp > 1) {
+    const double ring = (e * sbh + 4.0 * a * s * b) / t;  // output copy and log-sum-exp: not recomputed selectively
+    return (sequence_parallel ? (replicated + sharded) / t : replicated + sharded / t) + ring;
+  }
   const double scores = attention_dropout ? (2 * e + k) * as2b  // softmax output, its dropout output and mask
                                           : e * as2b;           // the softmax output alone
   const double sbh_part = sequence_parallel ? (replicated + sharded) / t : replicated + sharded / t;
@@ -140,24 +148,29 @@ struct MemoryOptions {
   MemoryEstimate e;
   e.pipeline_rank = rank;
   const double psi = rank_parameters(m, c, rank);
-  e.parameters = psi * (p.weight_bytes + p.master_bytes / (c.zero1 ? double(c.dp) : 1.0));
+  const double zdp = double(c.data_group());  // ZeRO shards over the gradient-reduction group, data x context
+  e.parameters = psi * (p.weight_bytes + p.master_bytes / (c.zero1 ? zdp : 1.0));
   // 2BW keeps a second weight version: the previous step's weights as the optimizer holds them (the fp32
   // master when there is one, whole on every rank even under ZeRO-1), which the passes run on.
   if (c.schedule == ScheduleKind::two_bw) e.parameters += psi * two_bw_version_bytes(p);
   // ZeRO-2 keeps only this rank's 1/dp of the averaged gradient between steps. (mpar's layers accumulate the
   // micro-batches' gradients in full-size per-parameter buffers, released bucket by bucket once the last
   // micro-batch's backward has passed them; that transient is the backward's, as ZeRO-1's full gradient is.)
-  e.gradients = psi * p.grad_bytes / (c.zero2 ? double(c.dp) : 1.0);
-  e.optimizer = psi * p.optimizer_bytes / (c.zero1 ? double(c.dp) : 1.0);
+  e.gradients = psi * p.grad_bytes / (c.zero2 ? zdp : 1.0);
+  e.optimizer = psi * p.optimizer_bytes / (c.zero1 ? zdp : 1.0);
 
-  const double s = double(m.seq), b = double(c.microbatch_size), h = double(m.hidden), t = double(c.tp);
+  // s: the tokens of one sequence this rank holds (all of them, or 1/cp under context parallelism).
+  const double s = double(m.seq) / double(c.cp), b = double(c.microbatch_size), h = double(m.hidden), t = double(c.tp);
   const double sbh = s * b * h;
   const double shard = c.sequence_parallel ? t : 1.0;
-  const double per_layer =
-      layer_activation_bytes(m, c.microbatch_size, c.tp, c.sequence_parallel, c.recompute, p, o.attention_dropout);
+  // One layer's attention score elements alive at once: the whole [s, s] per head and sequence, or under
+  // context parallelism one ring block of [s/2, s/2] (chunk by chunk) per head.
+  const double scores = c.cp > 1 ? double(m.heads) * (s / 2) * (s / 2) : double(m.heads) * s * s * b;
+  const double per_layer = layer_activation_bytes(m, c.microbatch_size, c.tp, c.sequence_parallel, c.recompute, p,
+                                                  o.attention_dropout, c.cp);
   const double chunk_layers = double(layers_per_chunk(m, c));
-  const double full_layer =
-      layer_activation_bytes(m, c.microbatch_size, c.tp, c.sequence_parallel, Recompute::none, p, o.attention_dropout);
+  const double full_layer = layer_activation_bytes(m, c.microbatch_size, c.tp, c.sequence_parallel, Recompute::none, p,
+                                                   o.attention_dropout, c.cp);
   double act = peak_inflight * chunk_layers * per_layer;
   // Recomputation rebuilds activations for the backward: a whole chunk at once, or one layer at a time.
   if (c.recompute == Recompute::full && o.recompute_whole_chunk)
@@ -165,10 +178,12 @@ struct MemoryOptions {
   else if (c.recompute == Recompute::full)
     act += full_layer;
   else if (c.recompute == Recompute::selective)
-    act += (2 * p.activation_bytes + p.mask_bytes) * double(m.heads) * s * s * b / t;
+    act += (2 * p.activation_bytes + p.mask_bytes) * scores / t;
   // Backward workspace: while a layer runs its backward, the gradients of its widest intermediates
   // (the 4h-wide MLP activation and the attention scores) are alive next to everything stored.
-  act += p.activation_bytes * (4 * sbh + double(m.heads) * s * s * b) / t;
+  act += p.activation_bytes * (4 * sbh + scores) / t;
+  // Context parallelism: a block's input and its token-wise view are copied (whole rows) while it runs.
+  if (c.cp > 1) act += 2 * p.activation_bytes * sbh;
   if (rank == 0) act += peak_inflight / double(c.virtual_stages) * p.mask_bytes * sbh / shard;  // embedding dropout mask
   if (rank + 1 == c.pp)  // final norm input, output-layer input, fp32 logits for the cross-entropy (one micro-batch)
     act += 2 * p.activation_bytes * sbh / shard + 4.0 * s * b * double(m.vocab) / t;
@@ -191,7 +206,9 @@ struct MemoryOptions {
   // Tensor parallelism: the all-gathered layer input under sequence parallelism, otherwise the
   // all-reduce's scratch copy of one activation.
   if (c.tp > 1) comm += p.activation_bytes * sbh;
-  if (c.dp > 1) comm += 2 * std::min(o.dp_bucket_bytes, psi * p.grad_bytes);
+  // Ring attention: the K/V block held and the one arriving, and in backward their dK/dV travelling with them.
+  if (c.cp > 1) comm += 8 * p.activation_bytes * sbh / t;
+  if (c.data_group() > 1) comm += 2 * std::min(o.dp_bucket_bytes, psi * p.grad_bytes);
   e.communication = comm;
   return e;
 }

@@ -56,11 +56,15 @@ inline constexpr ScheduleKind all_schedules[] = {ScheduleKind::gpipe, ScheduleKi
 [[nodiscard]] constexpr bool splits_backward(ScheduleKind s) { return s == ScheduleKind::zb_h1 || s == ScheduleKind::zb_h2; }
 
 /**
- * @brief A parallel configuration: tp x pp x dp ranks, `microbatches` micro-batches of
+ * @brief A parallel configuration: tp x cp x pp x dp ranks (cp: context parallelism, each sequence split
+ * over cp ranks with ring attention; ranks ordered tensor, context, data, pipeline from the innermost out), `microbatches` micro-batches of
  * `microbatch_size` sequences per pipeline per step, `virtual_stages` model chunks per pipeline rank.
  */
 struct ParallelConfig {
   std::size_t tp = 1, pp = 1, dp = 1;
+  /// Context-parallel ranks per (tensor, data, pipeline) coordinate: each holds 1/cp of every sequence's tokens
+  /// and a replica of every parameter, so its gradients are reduced with the data-parallel ones (over dp x cp).
+  std::size_t cp = 1;
   std::size_t microbatch_size = 1, microbatches = 1;
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
   std::size_t virtual_stages = 1;  ///< V: model chunks per pipeline rank (interleaved only)
@@ -69,11 +73,15 @@ struct ParallelConfig {
   bool zero2 = false;              ///< gradients sharded too (ZeRO-2; set together with zero1)
   bool sequence_parallel = false;  ///< activations outside the tensor-parallel GEMMs sharded over tp
 
-  [[nodiscard]] std::size_t gpus() const { return tp * pp * dp; }
+  [[nodiscard]] std::size_t gpus() const { return tp * cp * pp * dp; }
+  /** The ranks that hold replicas of each parameter and reduce its gradient (and shard it under ZeRO): dp x cp. */
+  [[nodiscard]] std::size_t data_group() const { return dp * cp; }
   [[nodiscard]] std::size_t stages() const { return pp * virtual_stages; }
 
   friend std::ostream& operator<<(std::ostream& os, const ParallelConfig& c) {
-    os << "tp=" << c.tp << " pp=" << c.pp << " dp=" << c.dp << " mbs=" << c.microbatch_size << " m=" << c.microbatches
+    os << "tp=" << c.tp << " pp=" << c.pp << " dp=" << c.dp;
+    if (c.cp > 1) os << " cp=" << c.cp;
+    os << " mbs=" << c.microbatch_size << " m=" << c.microbatches
        << " schedule=" << schedule_name(c.schedule);
     if (c.virtual_stages > 1) os << " v=" << c.virtual_stages;
     os << " recompute=" << recompute_name(c.recompute) << (c.zero2 ? " zero2" : c.zero1 ? " zero1" : "") << (c.sequence_parallel ? " sp" : "");

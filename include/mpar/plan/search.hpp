@@ -33,6 +33,7 @@ inline constexpr double gib = 1024.0 * 1024.0 * 1024.0;
 /** @brief Dimensions of the search; a set field is fixed, an empty one searched. */
 struct SearchSpace {
   std::optional<std::size_t> tp, pp, dp, microbatch_size, virtual_stages;
+  std::size_t cp = 1;  ///< context-parallel size, fixed (not searched): the other axes share gpus / cp
   std::optional<ScheduleKind> schedule;
   std::optional<Recompute> recompute;
   std::optional<bool> zero1, zero2, sequence_parallel;
@@ -141,7 +142,7 @@ namespace detail {
     double params = 0;
     for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) params += detail::chunk_parameters(m, c, rk, ch);
     opt = std::max(opt, cm.optimizer_seconds(params, c));
-    if (c.zero1 && c.dp > 1)
+    if (c.zero1 && c.data_group() > 1)
       gather = std::max(gather, best_collective(Collective::all_gather, params * cm.precision().weight_bytes, r.placement.data,
                                                 cm.network()).seconds);
   }
@@ -153,7 +154,7 @@ namespace detail {
   // Data-parallel reduction as the executor overlaps it: each layer's gradient bucket is reduced as
   // soon as the chunk's last backward produces it, one bucket after another on the rank's network lane.
   double lane_end = pt.grads_reference_end;
-  if (c.dp > 1) {
+  if (c.data_group() > 1) {
     ParallelConfig rs = c;  // ZeRO-1 reduce-scatters here and all-gathers weights after the step
     for (std::size_t rk = 0; rk < c.pp; ++rk) {
       struct Bucket { double ready, params; };
@@ -216,6 +217,11 @@ namespace detail {
     return rej("schedule", mpar::detail::cat(schedule_name(c.schedule), " runs one chunk per rank; v=", c.virtual_stages, " needs interleaved_1f1b"));
   if (c.schedule == ScheduleKind::interleaved && c.virtual_stages < 2)
     return rej("schedule", "interleaved_1f1b needs v >= 2 chunks per rank (v = 1 is 1f1b)");
+  if (c.cp > 1 && m.seq % (2 * c.cp) != 0)
+    return rej("context", mpar::detail::cat("sequence length ", m.seq, " is not divisible by 2 x cp = ", 2 * c.cp,
+                                            " (zig-zag chunks)"));
+  if (c.cp > 1 && c.sequence_parallel)
+    return rej("context", "sequence parallelism and context parallelism are not combined in mpar (cp > 1 needs sp off)");
   if (p.global_batch % (c.dp * c.microbatch_size) != 0)
     return rej("batch", mpar::detail::cat("global batch ", p.global_batch, " is not a multiple of dp*mbs = ", c.dp, "*", c.microbatch_size));
   if (std::string why = schedule_problem(c); !why.empty()) return rej("schedule", why);
@@ -225,8 +231,14 @@ namespace detail {
 /** Searches `space` for `p`; see the file comment. Throws config_error when fixed sizes contradict the cluster. */
 [[nodiscard]] inline Plan search(const Problem& p, const CostModel& cm, const SearchSpace& space = {}, const SearchOptions& o = {}) {
   p.validate();
-  const std::size_t N = p.cluster.gpus;
-  if (space.tp && space.pp && space.dp)
+  require(space.cp >= 1 && p.cluster.gpus % space.cp == 0, "--cp ", space.cp, " does not divide --gpus ",
+          p.cluster.gpus, "; choose a divisor of ", p.cluster.gpus);
+  const std::size_t N = p.cluster.gpus / space.cp;  // GPUs per context rank: what tp x pp x dp share
+  if (space.tp && space.pp && space.dp && space.cp > 1)
+    require(*space.tp * *space.pp * *space.dp == N, "--tp ", *space.tp, " x --pp ", *space.pp, " x --dp ", *space.dp,
+            " x --cp ", space.cp, " = ", *space.tp * *space.pp * *space.dp * space.cp, " GPUs, but --gpus is ",
+            p.cluster.gpus, "; make the product equal --gpus or leave one free");
+  else if (space.tp && space.pp && space.dp)
     require(*space.tp * *space.pp * *space.dp == N, "--tp ", *space.tp, " x --pp ", *space.pp, " x --dp ", *space.dp, " = ",
             *space.tp * *space.pp * *space.dp, " GPUs, but --gpus is ", N, "; make the product equal --gpus or leave one free");
   for (auto [v, name] : {std::pair{space.tp, "--tp"}, std::pair{space.pp, "--pp"}, std::pair{space.dp, "--dp"}})
@@ -275,12 +287,12 @@ namespace detail {
             for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
               if (space.recompute && rc != *space.recompute) continue;
               for (int z = 0; z < 3; ++z) {  // ZeRO stage: 0, 1 (states sharded), 2 (gradients too)
-                if (space.zero1 ? (bool(z) != *space.zero1) : (z >= 1 && dp == 1)) continue;
-                if (space.zero2 ? ((z == 2) != *space.zero2) : (z == 2 && dp == 1)) continue;
+                if (space.zero1 ? (bool(z) != *space.zero1) : (z >= 1 && dp * space.cp == 1)) continue;
+                if (space.zero2 ? ((z == 2) != *space.zero2) : (z == 2 && dp * space.cp == 1)) continue;
                 for (int spi = 0; spi < 2; ++spi) {
-                  if (space.sequence_parallel ? (bool(spi) != *space.sequence_parallel) : (spi == 1 && tp == 1)) continue;
+                  if (space.sequence_parallel ? (bool(spi) != *space.sequence_parallel) : (spi == 1 && (tp == 1 || space.cp > 1))) continue;
                   ParallelConfig c;
-                  c.tp = tp, c.pp = pp, c.dp = dp, c.microbatch_size = mbs, c.schedule = s, c.virtual_stages = v;
+                  c.tp = tp, c.pp = pp, c.dp = dp, c.cp = space.cp, c.microbatch_size = mbs, c.schedule = s, c.virtual_stages = v;
                   c.recompute = rc, c.zero1 = z >= 1, c.zero2 = z == 2, c.sequence_parallel = bool(spi);
                   c.microbatches = std::max<std::size_t>(1, p.global_batch / (dp * mbs));
                   ++plan.considered;

@@ -44,7 +44,8 @@ enum class Placement { tensor_innermost, data_innermost };
 
 /** @brief The node footprint of one configuration's groups. */
 struct GroupPlacement {
-  GroupShape tensor, data;
+  GroupShape tensor, data;  ///< data: the gradient-reduction group, data x context ranks
+  GroupShape context;       ///< the ring of context parallelism (size 1 without it)
   bool pipeline_cross_node = false;  ///< neighbouring pipeline stages sit on different nodes
   [[nodiscard]] constexpr bool tensor_inside_node() const { return tensor.nodes == 1; }
 };
@@ -53,9 +54,12 @@ struct GroupPlacement {
 [[nodiscard]] inline GroupPlacement place(const ParallelConfig& c, std::size_t gpus_per_node, Placement p) {
   GroupPlacement g;
   const bool tensor_first = p == Placement::tensor_innermost;
-  g.tensor = group_shape(c.tp, tensor_first ? 1 : c.dp, gpus_per_node);
-  g.data = group_shape(c.dp, tensor_first ? c.tp : 1, gpus_per_node);
-  g.pipeline_cross_node = c.tp * c.dp >= gpus_per_node;
+  // The context axis sits just outside tensor (tensor_innermost) or innermost (data_innermost), and inside
+  // data in both: the data x context ranks of one tensor coordinate are one contiguous, strided group.
+  g.tensor = group_shape(c.tp, tensor_first ? 1 : c.data_group(), gpus_per_node);
+  g.data = group_shape(c.data_group(), tensor_first ? c.tp : 1, gpus_per_node);
+  g.context = group_shape(c.cp, tensor_first ? c.tp : 1, gpus_per_node);
+  g.pipeline_cross_node = c.tp * c.data_group() >= gpus_per_node;
   return g;
 }
 
