@@ -4,7 +4,11 @@
 # library) measured in the same run and the same way, so the ratio stays meaningful on a loaded or
 # slower machine. The smallest of --repeat runs counts (noise only ever adds time).
 #
-#   compile_cost.sh [--cxx g++] [--include DIR] [--repeat N] [--smoke]
+#   compile_cost.sh [--cxx g++] [--include DIR] [--repeat N] [--smoke] [--per-header]
+#
+# --per-header also prints where the umbrella header's time goes: for each header it includes, in its
+# order, the time of that header alone and its marginal cost (the umbrella's includes up to and including
+# it, minus those before it: what it adds that the earlier ones did not already pull in).
 #
 # The last line is one JSON object: bench, ours, baseline, unit, ratio (baseline / ours: > 1 means
 # the umbrella header is cheaper than the standard library), loadavg (1-minute, at the start), and
@@ -14,13 +18,15 @@ here=$(cd "$(dirname "$0")" && pwd)
 cxx=${CXX:-g++}
 include="$here/../../include"
 repeat=3
+per_header=0
 while [[ $# -gt 0 ]]; do
   case $1 in
     --cxx) cxx=$2; shift 2 ;;
     --include) include=$2; shift 2 ;;
     --repeat) repeat=$2; shift 2 ;;
     --smoke) repeat=1; shift ;;
-    *) echo "compile_cost.sh: unknown option '$1' (options: --cxx, --include, --repeat, --smoke)" >&2; exit 2 ;;
+    --per-header) per_header=1; shift ;;
+    *) echo "compile_cost.sh: unknown option '$1' (options: --cxx, --include, --repeat, --smoke, --per-header)" >&2; exit 2 ;;
   esac
 done
 [[ $repeat =~ ^[1-9][0-9]*$ ]] || { echo "compile_cost.sh: --repeat takes a positive whole number, got '$repeat'" >&2; exit 2; }
@@ -30,18 +36,35 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 loadavg=$(cut -d' ' -f1 /proc/loadavg 2>/dev/null || echo null)
 
-# user_seconds HEADER: the smallest user CPU time of `repeat` syntax-only compiles of `#include <HEADER>`.
+# user_seconds HEADER...: the smallest user CPU time of `repeat` syntax-only compiles of `#include <HEADER>`
+# for each HEADER given (none: an empty file).
 user_seconds() {
   local src="$work/tu.cpp" best="" t
-  printf '#include <%s>\n' "$1" > "$src"
+  : > "$src"
+  for h in "$@"; do printf '#include <%s>\n' "$h" >> "$src"; done
   for ((i = 0; i < repeat; ++i)); do
     # bash's `time` reports the children's user time; its output goes to the group's stderr.
     t=$( { TIMEFORMAT=%U; time "$cxx" "${flags[@]}" "$src" 2> "$work/err" >&2; } 2>&1 ) ||
-      { cat "$work/err" >&2; echo "compile_cost.sh: '$cxx' failed on #include <$1>" >&2; exit 1; }
+      { cat "$work/err" >&2; echo "compile_cost.sh: '$cxx' failed on #include <$*>" >&2; exit 1; }
     if [[ -z $best ]] || awk -v a="$t" -v b="$best" 'BEGIN { exit !(a < b) }'; then best=$t; fi
   done
   echo "$best"
 }
+
+if ((per_header)); then
+  # The umbrella's own include lines, in order ("mpar/core.hpp", ...).
+  mapfile -t parts < <(sed -n 's/^#include "\(mpar\/[^"]*\)"/\1/p' "$include/mpar/mpar.hpp")
+  empty=$(user_seconds)
+  echo "per header of <mpar/mpar.hpp> (syntax-only user seconds, best of $repeat; an empty file: $empty):"
+  printf '  %-40s %8s %9s\n' header alone marginal
+  before=$empty
+  for ((k = 0; k < ${#parts[@]}; ++k)); do
+    alone=$(user_seconds "${parts[k]}")
+    upto=$(user_seconds "${parts[@]:0:k+1}")
+    printf '  %-40s %8s %9s\n' "<${parts[k]}>" "$alone" "$(awk -v a="$upto" -v b="$before" 'BEGIN { printf "%.2f", a - b }')"
+    before=$upto
+  done
+fi
 
 ours=$(user_seconds mpar/mpar.hpp)
 baseline=$(user_seconds bits/stdc++.h)

@@ -21,7 +21,7 @@
 #include <mpar/data/token_vector.hpp>
 #include <mpar/io/lock.hpp>
 #include <mpar/models/gpt_generate.hpp>
-#include <mpar/models/gpt_trainer.hpp>
+#include <mpar/models/gpt_trainer_instances.hpp>
 #include <mpar/mpar.hpp>
 #include <mpar/observe/allocations.hpp>
 #include <mpar/plan/memory_model.hpp>

@@ -43,16 +43,16 @@ RankResult column_then_row(Comm& tp) {
   // Each layer's entry copies its input on the host (Act from a const Activation&), a host read of
   // rank memory: hence a synchronisation between layers. Inside a layer — GEMM, all-reduce, bias —
   // nothing waits on the host.
-  nn::Activation h = col.forward(x);
+  nn::Act<nn::FeatureShard> h = col.forward(nn::Act<Replicate>(x));
   B::synchronize();
-  nn::Activation y = row.forward(h);
+  nn::Act<Replicate> y = row.forward(h);
   B::synchronize();
-  nn::Activation dh = row.backward(dy);
+  nn::Act<nn::FeatureShard> dh = row.backward(nn::Act<Replicate>(dy));
   B::synchronize();
-  nn::Activation dx = col.backward(dh);
+  nn::Act<Replicate> dx = col.backward(dh);
   B::synchronize();
-  return {to_vector(y.span()),          to_vector(dx.span()),          to_vector(col.weight().grad),
-          to_vector(col.bias().grad),   to_vector(row.weight().grad),  to_vector(row.bias().grad)};
+  return {to_vector(y.tensor().span()), to_vector(dx.tensor().span()), to_vector(col.weight().grad),
+          to_vector(col.bias().grad),    to_vector(row.weight().grad),   to_vector(row.bias().grad)};
 }
 
 template <class B, class Wrap>

@@ -15,6 +15,7 @@
 
 #include <mpar/comm/threads.hpp>
 
+#include "call_layer.hpp"
 #include "nn_test_support.hpp"
 
 using namespace mpar;
@@ -138,8 +139,8 @@ TEST_CASE("Autocast(bf16): Linear, ColumnParallel and RowParallel match a bf16-r
     Linear<> layer(In, Out, init);
     {
       Autocast scope(ComputeType::bf16);
-      const Activation y = layer.forward(x, 3);
-      const Activation dx = layer.backward_input(dy, 3);
+      const Activation y = testing::forward(layer, x, 3);
+      const Activation dx = testing::backward_input(layer, dy, 3);
       layer.backward_weight(3);
       ms[0].y = excess(y, ref.y, ref.y_bound, Out, 0, 0);
       ms[0].y_vs_fp32 = excess(y, ref.y_fp32, ref.y_bound, Out, 0, 0);
@@ -150,7 +151,7 @@ TEST_CASE("Autocast(bf16): Linear, ColumnParallel and RowParallel match a bf16-r
     check(ms);
     // Outside the scope the layer computes in fp32 again.
     Linear<> plain(In, Out, init);
-    CHECK(excess(plain.forward(x), ref.y_fp32, ref.y_bound, Out, 0, 0) <= 1.0);
+    CHECK(excess(testing::forward(plain, x), ref.y_fp32, ref.y_bound, Out, 0, 0) <= 1.0);
   }
   for (int p : {1, 2}) {
     DYNAMIC_SECTION("ColumnParallel, TP = " << p) {
@@ -161,8 +162,8 @@ TEST_CASE("Autocast(bf16): Linear, ColumnParallel and RowParallel match a bf16-r
         Measured& m = ms[r];
         {
           Autocast scope(ComputeType::bf16);
-          const Activation y = layer.forward(x, 0);  // this rank's output columns
-          const Activation dx = layer.backward_input(local_features(dy, std::size_t(p), r), 0);  // all-reduced
+          const Activation y = testing::forward(layer, x, 0);  // this rank's output columns
+          const Activation dx = testing::backward_input(layer, local_features(dy, std::size_t(p), r), 0);  // all-reduced
           layer.backward_weight(0);
           m.y = excess(y, ref.y, ref.y_bound, Out, 0, r * cols);
           m.y_vs_fp32 = excess(y, ref.y_fp32, ref.y_bound, Out, 0, r * cols);
@@ -181,8 +182,8 @@ TEST_CASE("Autocast(bf16): Linear, ColumnParallel and RowParallel match a bf16-r
         Measured& m = ms[r];
         {
           Autocast scope(ComputeType::bf16);
-          const Activation y = layer.forward(local_features(x, std::size_t(p), r), 0);  // all-reduced
-          const Activation dx = layer.backward_input(dy, 0);  // this rank's input columns
+          const Activation y = testing::forward(layer, local_features(x, std::size_t(p), r), 0);  // all-reduced
+          const Activation dx = testing::backward_input(layer, dy, 0);  // this rank's input columns
           layer.backward_weight(0);
           m.y = excess(y, ref.y, ref.y_bound, Out, 0, 0);
           m.y_vs_fp32 = excess(y, ref.y_fp32, ref.y_bound, Out, 0, 0);
@@ -221,9 +222,9 @@ TEST_CASE("Autocast: a backward uses the type its forward used, and scopes nest"
   const Reference ref = reference(x, dy, w, b);
   {
     Autocast scope(ComputeType::bf16);
-    (void)layer.forward(x, 0);
+    (void)testing::forward(layer, x, 0);
   }
-  const Activation dx = layer.backward_input(dy, 0);
+  const Activation dx = testing::backward_input(layer, dy, 0);
   layer.backward_weight(0);
   CHECK(excess(dx, ref.dx, ref.dx_bound, In, 0, 0) <= 1.0);
   CHECK(grad_excess(layer.weight(), ref.dw, &ref.dw_bound) <= 1.0);

@@ -134,16 +134,16 @@ struct SerialBlock {
         d2(c.dropout, c.seed, c.id_base + 13),
         mlp(make_serial_mlp(MlpConfig{c.hidden, c.ffn, c.seed, c.id_base + 8, c.name + ".mlp"})) {}
   Activation forward(const Activation& x, int mb) {
-    Activation h = d1.forward(testing::forward(attn, ln1.forward(x, mb), mb), mb);
+    Activation h = testing::forward(d1, testing::forward(attn, testing::forward(ln1, x, mb), mb), mb);
     host::add(h.size(), h.data(), x.data(), h.data());
-    Activation y = d2.forward(testing::forward(mlp, ln2.forward(h, mb), mb), mb);
+    Activation y = testing::forward(d2, testing::forward(mlp, testing::forward(ln2, h, mb), mb), mb);
     host::add(y.size(), y.data(), h.data(), y.data());
     return y;
   }
   Activation backward(const Activation& dy, int mb) {
-    Activation dh = ln2.backward(testing::backward(mlp, d2.backward(dy, mb), mb), mb);
+    Activation dh = testing::backward(ln2, testing::backward(mlp, testing::backward(d2, dy, mb), mb), mb);
     host::add(dh.size(), dh.data(), dy.data(), dh.data());
-    Activation dx = ln1.backward(testing::backward(attn, d1.backward(dh, mb), mb), mb);
+    Activation dx = testing::backward(ln1, testing::backward(attn, testing::backward(d1, dh, mb), mb), mb);
     host::add(dx.size(), dx.data(), dh.data(), dx.data());
     return dx;
   }
@@ -223,11 +223,11 @@ TEMPLATE_TEST_CASE("Vocab-parallel embedding + LM head + cross-entropy match the
   // Serial: embedding -> Linear(hidden, vocab) -> softmax cross-entropy.
   Embedding emb(ecfg);
   Linear<> head(hidden, vocab, head_init);
-  Activation logits = head.forward(emb.forward(tok));
+  Activation logits = head.forward(emb.embed(tok)).tensor();
   Activation probs(logits.shape()), dlogits(logits.shape());
   const float loss = host::cross_entropy_forward(tokens, vocab, logits.data(), target.data(), probs.data());
   host::cross_entropy_backward(tokens, vocab, probs.data(), target.data(), dlogits.data());
-  emb.backward(head.backward(dlogits));
+  emb.backward(head.backward(Act<Replicate>(dlogits)));
   Assembled rp;
   rp.add(emb.parameters());
   rp.add(head.parameters());
@@ -268,12 +268,12 @@ TEST_CASE("2D tensor parallelism (SUMMA, 2 x 2 grid) matches the serial Linear",
     auto grid = make_tensor_grid(tp, q, q);
     Linear2D<Comm> layer(grid, in, out, init);
     const std::size_t i = grid.i(), j = grid.j();
-    auto block = [&](const Activation& g) {
-      return Activation(g.slice(0, i * g.extent(0) / q, (i + 1) * g.extent(0) / q)
-                            .slice(1, j * g.extent(1) / q, (j + 1) * g.extent(1) / q));
+    auto block = [&](const Activation& g) {  // this rank's block X_ij, typed as the grid shard it is
+      return Act<GridShard>(Activation(g.slice(0, i * g.extent(0) / q, (i + 1) * g.extent(0) / q)
+                                           .slice(1, j * g.extent(1) / q, (j + 1) * g.extent(1) / q)));
     };
-    Activation ly = layer.forward(block(x));
-    Activation ldx = layer.backward(block(dy));
+    Activation ly = layer.forward(block(x)).tensor();
+    Activation ldx = layer.backward(block(dy)).tensor();
     {
       std::lock_guard l(m);
       copy_into(ly.view(), py.slice(0, i * t / q, (i + 1) * t / q).slice(1, j * out / q, (j + 1) * out / q));

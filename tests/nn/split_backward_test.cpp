@@ -160,8 +160,8 @@ void check_hand_backward(int p, std::size_t t, std::size_t in_f, std::size_t out
   run_threads(p, [&](Comm& tp) {
     const auto n = std::size_t(p), r = std::size_t(tp.rank());
     auto layer = make(tp);
-    (void)layer.forward(local_block<In>(x, n, r), 0);
-    Activation dx = layer.backward_input(local_block<Out>(dy, n, r), 0);
+    (void)layer.forward(Act<In>(local_block<In>(x, n, r)), 0);
+    Activation dx = layer.backward_input(Act<grad_layout_t<Out>>(local_block<Out>(dy, n, r)), 0).tensor();
     layer.backward_weight(0);
     params.add(layer.parameters());
     std::lock_guard lock(m);
@@ -270,10 +270,10 @@ TEST_CASE("Serial attention and a Stage with a separate bias: B then W equals th
 
 TEST_CASE("W without B names the layer and the micro-batch", "[nn][split][errors]") {
   Linear<> l(4, 4, {seed, 1, "lin", true});
-  (void)l.forward(random_activation(2, 4, 1), 3);
+  (void)l.forward(Act<Replicate>(random_activation(2, 4, 1)), 3);
   REQUIRE_THROWS_WITH(l.backward_weight(3), Catch::Matchers::Contains("Linear") && Catch::Matchers::Contains("micro-batch 3") &&
                                                  Catch::Matchers::Contains("backward_input"));
-  (void)l.backward_input(random_activation(2, 4, 2), 3);
+  (void)l.backward_input(Act<Replicate>(random_activation(2, 4, 2)), 3);
   l.drop(3);  // drop frees what B kept, too
   REQUIRE_THROWS_WITH(l.backward_weight(3), Catch::Matchers::Contains("micro-batch 3"));
 }
@@ -287,17 +287,17 @@ TEST_CASE("Linear2D (2 x 2 grid): B then W equals the fused backward; W may run 
   run_threads(int(q * q), [&](Comm& tp) {
     auto grid = make_tensor_grid(tp, q, q);
     const std::size_t i = grid.i(), j = grid.j();
-    auto block = [&](const Activation& g) {
-      return Activation(g.slice(0, i * g.extent(0) / q, (i + 1) * g.extent(0) / q)
-                            .slice(1, j * g.extent(1) / q, (j + 1) * g.extent(1) / q));
+    auto block = [&](const Activation& g) {  // this rank's block X_ij, typed as the grid shard it is
+      return Act<GridShard>(Activation(g.slice(0, i * g.extent(0) / q, (i + 1) * g.extent(0) / q)
+                                           .slice(1, j * g.extent(1) / q, (j + 1) * g.extent(1) / q)));
     };
     Linear2D<Comm> fused(grid, in, out, init), split(grid, in, out, init);
     (void)fused.forward(block(x0), 0);
     (void)fused.forward(block(x1), 1);
-    const Activation f0 = fused.backward(block(dy0), 0), f1 = fused.backward(block(dy1), 1);
+    const Activation f0 = fused.backward(block(dy0), 0).tensor(), f1 = fused.backward(block(dy1), 1).tensor();
     (void)split.forward(block(x0), 0);
     (void)split.forward(block(x1), 1);
-    const Activation s0 = split.backward_input(block(dy0), 0), s1 = split.backward_input(block(dy1), 1);
+    const Activation s0 = split.backward_input(block(dy0), 0).tensor(), s1 = split.backward_input(block(dy1), 1).tensor();
     bool deferred = true;
     for (float v : split.weight().grad) deferred = deferred && v == 0.0f;
     split.backward_weight(1);

@@ -3,7 +3,9 @@
  * @file CRC-32 (IEEE 802.3, reflected polynomial 0xEDB88320), the checksum of every checkpoint shard.
  *
  * Table-driven with eight tables ("slicing by 8": eight bytes per step, several times faster than one
- * byte per step); the tables are built at compile time. `crc32("123456789") == 0xCBF43926` (the
+ * byte per step); the tables are built once, at first use (built at compile time they cost every file
+ * that includes this header about 0.2 s of compile time), and a constant expression computes the CRC bit
+ * by bit instead. `crc32("123456789") == 0xCBF43926` (the
  * standard check value). Incremental use: `c = crc32_update(c, more)` starting from `crc32_init`,
  * finishing with `crc32_final(c)`. `crc32_combine(crc(A), crc(B), |B|) == crc(A || B)` without
  * touching the bytes again: checkpoints compute each chunk's CRC once and derive the shard's.
@@ -13,24 +15,35 @@
 #include <cstdint>
 #include <span>
 #include <string_view>
+#include <type_traits>
 
 namespace mpar::io {
 
 namespace detail {
 inline constexpr std::uint32_t crc32_poly = 0xEDB88320u;
 
-inline constexpr std::array<std::array<std::uint32_t, 256>, 8> crc32_tables = [] {
-  std::array<std::array<std::uint32_t, 256>, 8> t{};
-  for (std::uint32_t i = 0; i < 256; ++i) {
-    std::uint32_t c = i;
-    for (int k = 0; k < 8; ++k) c = (c & 1u) ? crc32_poly ^ (c >> 1) : c >> 1;
-    t[0][i] = c;
-  }
+/** One byte fed into the state bit by bit (what the tables tabulate; used in constant expressions). */
+constexpr std::uint32_t crc32_byte(std::uint32_t c, std::uint32_t byte) {
+  c ^= byte;
+  for (int k = 0; k < 8; ++k) c = (c & 1u) ? crc32_poly ^ (c >> 1) : c >> 1;
+  return c;
+}
+
+using Crc32Tables = std::array<std::array<std::uint32_t, 256>, 8>;
+/** Builds the slicing-by-8 tables. Not constexpr on purpose: the compiler would evaluate it while parsing. */
+inline Crc32Tables crc32_build_tables() {
+  Crc32Tables t{};
+  for (std::uint32_t i = 0; i < 256; ++i) t[0][i] = crc32_byte(0, i);
   // t[k][i]: the CRC state after byte i followed by k zero bytes.
   for (std::size_t k = 1; k < 8; ++k)
     for (std::size_t i = 0; i < 256; ++i) t[k][i] = (t[k - 1][i] >> 8) ^ t[0][t[k - 1][i] & 0xFFu];
   return t;
-}();
+}
+/** The tables, built on first use (thread-safe: a function-local static). */
+inline const Crc32Tables& crc32_tables() {
+  static const Crc32Tables tables = crc32_build_tables();
+  return tables;
+}
 
 constexpr std::uint32_t load_le32(const std::byte* p) {
   return std::uint32_t(p[0]) | std::uint32_t(p[1]) << 8 | std::uint32_t(p[2]) << 16 | std::uint32_t(p[3]) << 24;
@@ -63,7 +76,11 @@ inline constexpr std::uint32_t crc32_init = 0xFFFFFFFFu;
 
 /** @brief Feeds `bytes` into a running (not yet finalised) CRC state. */
 [[nodiscard]] constexpr std::uint32_t crc32_update(std::uint32_t state, std::span<const std::byte> bytes) {
-  const auto& t = detail::crc32_tables;
+  if (std::is_constant_evaluated()) {
+    for (std::byte b : bytes) state = detail::crc32_byte(state, std::uint32_t(b));
+    return state;
+  }
+  const auto& t = detail::crc32_tables();
   const std::byte* p = bytes.data();
   std::size_t n = bytes.size();
   while (n >= 8) {
@@ -85,7 +102,12 @@ inline constexpr std::uint32_t crc32_init = 0xFFFFFFFFu;
 /** @brief The CRC-32 of a string's characters. */
 [[nodiscard]] constexpr std::uint32_t crc32(std::string_view s) {
   std::uint32_t c = crc32_init;
-  for (char ch : s) c = detail::crc32_tables[0][(c ^ std::uint32_t(static_cast<unsigned char>(ch))) & 0xFFu] ^ (c >> 8);
+  if (std::is_constant_evaluated()) {
+    for (char ch : s) c = detail::crc32_byte(c, std::uint32_t(static_cast<unsigned char>(ch)));
+  } else {
+    const auto& t0 = detail::crc32_tables()[0];
+    for (char ch : s) c = t0[(c ^ std::uint32_t(static_cast<unsigned char>(ch))) & 0xFFu] ^ (c >> 8);
+  }
   return crc32_final(c);
 }
 

@@ -167,6 +167,8 @@ class AttentionLayer : public TypedLayer<Derived> {
 
  public:
   using Typed::backward;
+  using Typed::backward_input;  // the refusal of a bare tensor (this class's own typed B is below)
+  using Typed::forward;         // the refusal of a bare tensor (this class's own typed forward is below)
   /**
    * Typed forward: QKV (column-parallel: the heads this rank owns, `Shard<1, tensor>`), the core on
    * those heads (still `Shard<1, tensor>`), the output projection (row-parallel: back to the input's

@@ -64,17 +64,21 @@ class Bias : public detail::TypedLayer<Bias<L, B>> {
                               PL::name(), sharded && tp_size > 1, seed, InitSpec::normal(0.02));
   }
 
-  Activation forward(const Activation& x, int = 0) {
+ private:
+  friend Typed;  // its typed entries are the only public way in; these do the work on the storage
+  Activation do_forward(const Activation& x, int) {
     require(x.extent(1) == bias_.value.size(), "Bias '", bias_.name, "': input has ", x.extent(1),
             " features, this rank's bias has ", bias_.value.size());
     Activation y = x;
     detail::add_row_vector<B>(y, bias_.value);
     return y;
   }
-  Activation backward(const Activation& dy, int = 0) {
+  Activation do_backward(const Activation& dy, int) {
     detail::add_column_sums<B>(dy, bias_.grad);
     return dy;
   }
+
+ public:
   std::vector<Parameter*> parameters() { return {&bias_}; }
   void drop(int) {}
   [[nodiscard]] std::size_t in_features() const { return 0; }

@@ -38,15 +38,16 @@ class AllReduce : public detail::NoParameters, public detail::TypedLayer<AllRedu
   using output_layout = Replicate;
 
   explicit AllReduce(C& comm) : comm_(&comm) {}
-  Activation forward(const Activation& x, int = 0) {
-    return ReduceToReplicate::forward(*comm_, Act<TensorPartial>(x)).tensor();
-  }
-  Activation backward(const Activation& dy, int = 0) {
-    return ReduceToReplicate::backward(*comm_, Act<Replicate>(dy)).tensor();
-  }
   void drop(int) {}
 
  private:
+  friend Typed;  // its typed entries are the only public way in; these do the work on the storage
+  Activation do_forward(const Activation& x, int) {
+    return ReduceToReplicate::forward(*comm_, Act<TensorPartial>(x)).tensor();
+  }
+  Activation do_backward(const Activation& dy, int) {
+    return ReduceToReplicate::backward(*comm_, Act<Replicate>(dy)).tensor();
+  }
   C* comm_;
 };
 
@@ -73,15 +74,16 @@ class GatherFeatures : public detail::NoParameters, public detail::TypedLayer<Ga
   using output_layout = Replicate;
 
   explicit GatherFeatures(C& comm) : comm_(&comm) {}
-  Activation forward(const Activation& x, int = 0) {
-    return GatherFeaturesOf::forward(*comm_, Act<FeatureShard>(x)).tensor();
-  }
-  Activation backward(const Activation& dy, int = 0) {
-    return GatherFeaturesOf::backward(*comm_, Act<Replicate>(dy)).tensor();
-  }
   void drop(int) {}
 
  private:
+  friend Typed;  // its typed entries are the only public way in; these do the work on the storage
+  Activation do_forward(const Activation& x, int) {
+    return GatherFeaturesOf::forward(*comm_, Act<FeatureShard>(x)).tensor();
+  }
+  Activation do_backward(const Activation& dy, int) {
+    return GatherFeaturesOf::backward(*comm_, Act<Replicate>(dy)).tensor();
+  }
   C* comm_;
 };
 

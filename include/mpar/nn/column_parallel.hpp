@@ -125,7 +125,9 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
     }
   }
 
-  Activation forward(const Activation& x_in, int mb = 0) {
+ private:
+  friend Typed;  // its typed entries are the only public way in; these do the work on the storage
+  Activation do_forward(const Activation& x_in, int mb) {
     // The replicated operand of this rank's columns: SP all-gathers the tokens; otherwise f (identity).
     Act<Replicate> xf = [&] {
       if constexpr (O.sequence_parallel) return GatherTokens::forward(*comm_, Act<TokenShard>(x_in));
@@ -146,7 +148,7 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
    * B: the input gradient, with the layer's only backward collective (all-reduce; SP: reduce-scatter).
    * Keeps the gathered input and this rank's output-gradient columns for backward_weight.
    */
-  Activation backward_input(const Activation& dy_in, int mb = 0) {
+  Activation do_backward_input(const Activation& dy_in, int mb) {
     detail::GemmOperand x = take_operand(mb, layer_kind);
     Act<FeatureShard> dy = [&] {
       if constexpr (O.gather_output) return GatherFeaturesOf::backward(*comm_, Act<Replicate>(dy_in));
@@ -162,6 +164,8 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
     if constexpr (O.sequence_parallel) return GatherTokens::backward(*comm_, std::move(dx), "ColumnParallel").tensor();
     else return CopyToTensorRegion::backward(*comm_, std::move(dx)).tensor();
   }
+
+ public:
   /** W: this rank's weight and bias columns, `dW += xᵀ dy`; no communication (every rank holds all tokens). */
   void backward_weight(int mb = 0) { local_backward_weight<B>(mb, layer_kind); }
 

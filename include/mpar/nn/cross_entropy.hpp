@@ -45,14 +45,26 @@ class VocabParallelCrossEntropy {
                   "mpar::nn::VocabParallelCrossEntropy takes vocab-sharded logits (Shard<1, tensor>) but is fed "
                   "another layout (see L above). Fix: feed it the output of a ColumnParallel LM head without "
                   "gather_output (or the tied head of GptStage)");
-    if constexpr (std::is_same_v<L, FeatureShard>) return forward(logits.tensor(), targets, mb);
+    if constexpr (std::is_same_v<L, FeatureShard>) return do_forward(logits.tensor(), targets, mb);
     else return 0.0f;
   }
+  /** A bare tensor states no layout, so the loss could not check it: refused, with the fix. */
+  template <class T>
+    requires(!detail::is_act_v<T>)
+  float forward(const T&, std::span<const std::int32_t>, int = 0) {
+    static_assert(detail::always_false_v<T>,
+                  "mpar::nn::VocabParallelCrossEntropy takes typed logits Act<Shard<1, tensor>>, not a bare "
+                  "Tensor<float, 2>. Fix: feed it the output of a ColumnParallel LM head (already typed), or state the "
+                  "layout once: loss.forward(Act<FeatureShard>(logits), targets)");
+    return 0.0f;
+  }
   /** Typed gradient of `scale * loss` with respect to this rank's (vocab-sharded) logits. */
-  Act<FeatureShard> logits_gradient(int mb = 0, float scale = 1.0f) { return Act<FeatureShard>(backward(mb, scale)); }
+  Act<FeatureShard> logits_gradient(int mb = 0, float scale = 1.0f) { return Act<FeatureShard>(do_backward(mb, scale)); }
+  void drop(int mb) { cache_.drop(mb); }
 
+ private:
   /** The mean loss (the same on every tensor rank). */
-  float forward(const Activation& logits, std::span<const std::int32_t> targets, int mb = 0) {
+  float do_forward(const Activation& logits, std::span<const std::int32_t> targets, int mb) {
     const std::size_t t = logits.extent(0), vl = logits.extent(1);
     require(vl * p_ == vocab_ && targets.size() == t, "VocabParallelCrossEntropy (tensor rank ", rank_, "): logits ", t,
             "x", vl, " with ", targets.size(), " targets; expected ", t, "x", vocab_ / p_);
@@ -77,7 +89,7 @@ class VocabParallelCrossEntropy {
   }
 
   /** Gradient of `scale * loss` with respect to this rank's logits. */
-  Activation backward(int mb = 0, float scale = 1.0f) {
+  Activation do_backward(int mb, float scale) {
     auto c = cache_.take(mb, "VocabParallelCrossEntropy");
     const std::size_t t = c.logits.extent(0), vl = c.logits.extent(1);
     Activation d(c.logits.shape(), uninitialized);
@@ -85,9 +97,7 @@ class VocabParallelCrossEntropy {
                                d.data(), scale);
     return d;
   }
-  void drop(int mb) { cache_.drop(mb); }
 
- private:
   /** What backward needs: the logits and the all-reduced row statistics (the softmax is recomputed from them). */
   struct Cache {
     Activation logits;

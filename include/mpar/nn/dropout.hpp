@@ -60,23 +60,24 @@ class Dropout : public detail::NoParameters, public detail::TypedLayer<Dropout<L
     require(p >= 0.0 && p < 1.0, "Dropout: probability ", p, " must be in [0, 1)");
   }
 
-  Activation forward(const Activation& x, int mb = 0) {
+  void drop(int) {}
+  [[nodiscard]] double probability() const { return p_; }
+
+ private:
+  friend Typed;  // its typed entries are the only public way in; these do the work on the storage
+  Activation do_forward(const Activation& x, int mb) {
     if (p_ == 0.0) return backend_copy<B>(x);  // evaluation, or training without dropout: no mask to draw
     Activation y(x.shape(), uninitialized);
     B::dropout_apply(mask_for(x, mb), x.extent(0), x.extent(1), x.data(), y.data());
     return y;
   }
-  Activation backward(const Activation& dy, int mb = 0) {
+  Activation do_backward(const Activation& dy, int mb) {
     // The mask is a pure function of indices: nothing is cached, backward re-derives it.
     if (p_ == 0.0) return backend_copy<B>(dy);
     Activation dx(dy.shape(), uninitialized);
     B::dropout_apply(mask_for(dy, mb), dy.extent(0), dy.extent(1), dy.data(), dx.data());
     return dx;
   }
-  void drop(int) {}
-  [[nodiscard]] double probability() const { return p_; }
-
- private:
   [[nodiscard]] host::DropoutMask mask_for(const Activation& x, int mb) const {
     host::DropoutMask m;
     m.seed = seed_;

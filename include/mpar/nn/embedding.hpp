@@ -44,25 +44,32 @@ inline void check_tokens(std::span<const std::int32_t> tokens, std::size_t vocab
 }
 }  // namespace detail
 
-/** @brief Single-rank embedding lookup on backend `B`: tokens -> `[tokens, hidden]`. `Embedding` is the host form. */
+/**
+ * @brief Single-rank embedding lookup on backend `B`: tokens -> `Act<Replicate>` `[tokens, hidden]` (the same
+ * typed entries as VocabParallelEmbedding). `Embedding` is the host form.
+ */
 template <backend B>
 class BasicEmbedding {
  public:
+  using output_layout = Replicate;
+
   explicit BasicEmbedding(const EmbeddingConfig& c) : vocab_(c.vocab), hidden_(c.hidden) {
     const std::array<std::size_t, 2> s{vocab_, hidden_};
     weight_ = make_parameter<2>(c.name + ".weight", c.id_base, s, detail::tensor_box<Replicate>(s, 1, 0),
                                 Replicate::name(), false, c.seed, InitSpec::normal(0.02));
   }
-  Activation forward(std::span<const std::int32_t> tokens, int mb = 0) {
+  /** Typed lookup: the tokens' rows, `Act<Replicate>`. */
+  Act<output_layout> embed(std::span<const std::int32_t> tokens, int mb = 0) {
     detail::check_tokens(tokens, vocab_, "Embedding");
     auto& ids = cache_.put(mb).tokens;
     ids.assign(tokens.begin(), tokens.end());  // in the rank's memory, where the backend's kernels read them
     note_host_access(ids.size() * sizeof(std::int32_t));
-    return detail::embed_rows<B>(ids, weight_, 0, vocab_, hidden_);
+    return Act<output_layout>(detail::embed_rows<B>(ids, weight_, 0, vocab_, hidden_));
   }
-  void backward(const Activation& dy, int mb = 0) {
+  /** Typed backward: the gradient of the lookup's output (accumulated into the table's gradient). */
+  void backward(const Act<output_layout>& dy, int mb = 0) {
     auto c = cache_.take(mb, "Embedding");
-    detail::embed_rows_backward<B>(c.tokens, weight_, 0, vocab_, hidden_, dy);
+    detail::embed_rows_backward<B>(c.tokens, weight_, 0, vocab_, hidden_, dy.tensor());
   }
   std::vector<Parameter*> parameters() { return {&weight_}; }
   void drop(int mb) { cache_.drop(mb); }

@@ -37,22 +37,24 @@ class BasicGelu : public detail::NoParameters, public detail::TypedLayer<BasicGe
   template <class G>
   using input_for_grad = G;
 
-  Activation forward(const Activation& x, int mb = 0) {
+  void drop(int mb) { cache_.drop(mb); }
+
+ private:
+  friend Typed;  // its typed entries are the only public way in; these do the work on the storage
+  Activation do_forward(const Activation& x, int mb) {
     Activation y(x.shape(), uninitialized);
     B::gelu_forward(x.size(), x.data(), y.data());
     cache_.put(mb).x = backend_copy<B>(x);
     return y;
   }
-  Activation backward(const Activation& dy, int mb = 0) {
+  Activation do_backward(const Activation& dy, int mb) {
     auto c = cache_.take(mb, layer_kind);
     require(dy.shape() == c.x.shape(), "Gelu: gradient shape differs from the input's");
     Activation dx(dy.shape(), uninitialized);
     B::gelu_backward(dy.size(), c.x.data(), dy.data(), dx.data());
     return dx;
   }
-  void drop(int mb) { cache_.drop(mb); }
 
- private:
   struct Cache {
     Activation x;
   };

@@ -60,12 +60,6 @@ template <class L>
 concept split_backward_layer = layer<L> && split_backward_module<L, layer_input_t<L>, layer_output_t<L>>;
 
 namespace detail {
-/** B of any layer: its `backward_input` when it splits its backward, else its whole backward (W is then empty). */
-template <class L>
-Activation backward_input_of(L& l, const Activation& dy, int mb) {
-  if constexpr (requires { { l.backward_input(dy, mb) } -> std::same_as<Activation>; }) return l.backward_input(dy, mb);
-  else return l.backward(dy, mb);
-}
 /** B of any layer on a typed gradient: its `backward_input` when it splits its backward, else its whole backward. */
 template <class L, class G>
 auto backward_input_of(L& l, const Act<G>& dy, int mb) {
@@ -81,6 +75,12 @@ void backward_weight_of(L& l, int mb) {
 template <class>
 inline constexpr bool always_false_v = false;
 
+/** True for a typed activation `Act<L>`. */
+template <class X>
+inline constexpr bool is_act_v = false;
+template <class L>
+inline constexpr bool is_act_v<Act<L>> = true;
+
 /** The layout of the input whose gradient is `G`: the layer's own `input_for_grad<G>` if it has one, else `default_input`. */
 template <class D, class G>
 struct input_for_grad {
@@ -95,8 +95,11 @@ struct input_for_grad<D, G> {
 /**
  * The typed face of a layer (CRTP base): `forward(Act<In>) -> Act<output_layout<In>>` after the
  * layer's own `check_input<In>()`, and `backward(Act<G>) -> Act<grad_layout_t<In>>` /
- * `backward_input` where `G` must be the gradient layout of the output. The work is the layer's
- * `forward(const Activation&, mb)` on the same storage, so the typed call costs nothing.
+ * `backward_input` where `G` must be the gradient layout of the output. These are the only public
+ * entries: the layer does its work in private `do_forward(const Activation&, mb)` and
+ * `do_backward(dy, mb)` or `do_backward_input(dy, mb)` on the same storage (it befriends this base),
+ * so the typed call costs nothing and no caller can skip the layout check. A call with a bare tensor
+ * stops compilation with a message saying how to state its layout.
  *
  * It also supplies the fused backward of a layer that splits its backward: `backward_input` then
  * `backward_weight`, so every split layer states "B then W" once.
@@ -109,7 +112,7 @@ class TypedLayer {
     // A refused layout stops compilation inside check_input with the layer's message; the result is
     // then what a correctly fed layer returns, so the caller's code adds no second error.
     if constexpr (D::template check_input<In>())
-      return Act<typename D::template output_layout<In>>(self().forward(x.tensor(), mb));
+      return Act<typename D::template output_layout<In>>(self().do_forward(x.tensor(), mb));
     else
       return refused_output();
   }
@@ -124,26 +127,49 @@ class TypedLayer {
       self().backward_weight(mb);
       return dx;
     } else if constexpr (check_grad<In, G>()) {
-      return Act<grad_layout_t<In>>(self().backward(dy.tensor(), mb));
+      return Act<grad_layout_t<In>>(self().do_backward(dy.tensor(), mb));
     } else {
       return Act<grad_layout_t<In>>{};
     }
   }
   template <class G>
-    requires requires(D& d, const Activation& a) { d.backward_input(a, 0); }
+    requires requires(D& d, const Activation& a) { d.do_backward_input(a, 0); }
   auto backward_input(const Act<G>& dy, int mb = 0) {
     using In = typename input_for_grad<D, G>::type;
     if constexpr (!sound()) return Act<grad_layout_t<In>>{};
-    else if constexpr (check_grad<In, G>()) return Act<grad_layout_t<In>>(self().backward_input(dy.tensor(), mb));
+    else if constexpr (check_grad<In, G>()) return Act<grad_layout_t<In>>(self().do_backward_input(dy.tensor(), mb));
     else return Act<grad_layout_t<In>>{};
   }
-  /** The whole backward of a leaf layer that splits it, on its storage: backward_input then backward_weight. */
-  Activation backward(const Activation& dy, int mb = 0)
-    requires requires(D& d, const Activation& a) { d.backward_input(a, 0); }
-  {
-    Activation dx = self().backward_input(dy, mb);
-    self().backward_weight(mb);
-    return dx;
+  // A bare tensor (no layout in its type) is refused here, with the fix, rather than by "no matching function";
+  // the declared result is what the layer returns for its declared input, so the caller's code adds no second error.
+  template <class T, class Self = D>
+    requires(!is_act_v<T>)
+  auto forward(const T&, int = 0) -> Act<typename Self::template output_layout<typename Self::default_input>> {
+    static_assert(always_false_v<T>,
+                  "mpar::nn: a layer's forward takes a typed activation Act<Layout>, not a bare Tensor<float, 2>: the "
+                  "layout in the type is what the layer checks its input against (see D, the layer, above). Fix: state "
+                  "the layout once where the tensor enters, e.g. layer.forward(Act<Replicate>(x)) (the layer's declared "
+                  "input is D::default_input); every layer's output is then already typed");
+    return {};
+  }
+  template <class T, class Self = D>
+    requires(!is_act_v<T>)
+  auto backward(const T&, int = 0) -> Act<grad_layout_t<typename Self::default_input>> {
+    static_assert(always_false_v<T>,
+                  "mpar::nn: a layer's backward takes the typed gradient Act<Layout> of its output, not a bare "
+                  "Tensor<float, 2> (see D, the layer, above). Fix: pass the gradient the next layer's backward "
+                  "returned, or state its layout once, e.g. layer.backward(Act<Replicate>(dy)) (the gradient layout of "
+                  "the layer's output: grad_layout_t<output_layout<In>>)");
+    return {};
+  }
+  template <class T, class Self = D>
+    requires(!is_act_v<T>)
+  auto backward_input(const T&, int = 0) -> Act<grad_layout_t<typename Self::default_input>> {
+    static_assert(always_false_v<T>,
+                  "mpar::nn: a layer's backward_input takes the typed gradient Act<Layout> of its output, not a bare "
+                  "Tensor<float, 2> (see D, the layer, above). Fix: pass the gradient the next layer's backward "
+                  "returned, or state its layout once, e.g. layer.backward_input(Act<Replicate>(dy))");
+    return {};
   }
 
  private:

@@ -58,7 +58,9 @@ class LayerNorm : public detail::TypedLayer<LayerNorm<L, C, B>> {
     requires(sequence_parallel)
       : LayerNorm(&tp, features, seed, id_base, std::move(name)) {}
 
-  Activation forward(const Activation& x, int mb = 0) {
+ private:
+  friend Typed;  // its typed entries are the only public way in; these do the work on the storage
+  Activation do_forward(const Activation& x, int mb) {
     require(x.extent(1) == n_, "LayerNorm '", gamma_.name, "': input has ", x.extent(1), " features, expected ", n_);
     const std::size_t rows = x.extent(0);
     Activation y(x.shape(), uninitialized);  // the kernel writes y, mean and rstd whole
@@ -70,7 +72,7 @@ class LayerNorm : public detail::TypedLayer<LayerNorm<L, C, B>> {
     c.x = backend_copy<B>(x);
     return y;
   }
-  Activation backward(const Activation& dy, int mb = 0) {
+  Activation do_backward(const Activation& dy, int mb) {
     auto c = cache_.take(mb, layer_kind);
     require(dy.shape() == c.x.shape(), "LayerNorm '", gamma_.name, "': gradient shape differs from the input's");
     Activation dx(dy.shape(), uninitialized);
@@ -88,6 +90,8 @@ class LayerNorm : public detail::TypedLayer<LayerNorm<L, C, B>> {
     }
     return dx;
   }
+
+ public:
   std::vector<Parameter*> parameters() { return detail::param_list(&gamma_, &beta_); }
   void drop(int mb) { cache_.drop(mb); }
   [[nodiscard]] std::size_t in_features() const { return 0; }

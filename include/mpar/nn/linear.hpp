@@ -288,7 +288,9 @@ class Linear : public detail::LinearState, public detail::TypedLayer<Linear<In, 
     }
   }
 
-  Activation forward(const Activation& x, int mb = 0) {
+ private:
+  friend Typed;  // its typed entries are the only public way in; these do the work on the storage
+  Activation do_forward(const Activation& x, int mb) {
     require(x.extent(1) == in_, "Linear '", weight_.name, "': input has ", x.extent(1), " features, expected ", in_);
     Activation y({x.extent(0), out_}, uninitialized);  // the GEMM (beta = 0) writes all of it
     gemm_forward<B>(mb, x, out_, y);  // fp32, or 16-bit operands under Autocast
@@ -296,7 +298,7 @@ class Linear : public detail::LinearState, public detail::TypedLayer<Linear<In, 
     return y;
   }
   /** B: `dx = dy Wᵀ`; keeps `x` and `dy` of micro-batch `mb` for backward_weight. */
-  Activation backward_input(const Activation& dy, int mb = 0) {
+  Activation do_backward_input(const Activation& dy, int mb) {
     detail::GemmOperand x = take_operand(mb, layer_kind);
     require(dy.extent(1) == out_ && dy.extent(0) == x.rows, "Linear '", weight_.name, "': gradient is ",
             dy.extent(0), "x", dy.extent(1), ", expected ", x.rows, "x", out_);
@@ -304,6 +306,8 @@ class Linear : public detail::LinearState, public detail::TypedLayer<Linear<In, 
     gemm_backward_input<B>(mb, std::move(x), backend_copy<B>(dy), in_, dx);
     return dx;
   }
+
+ public:
   /** W: `dW += xᵀ dy`, `db += Σ dy` for micro-batch `mb`; frees what backward_input kept. */
   void backward_weight(int mb = 0) { local_backward_weight<B>(mb, layer_kind); }
   [[nodiscard]] std::size_t in_features() const { return in_; }

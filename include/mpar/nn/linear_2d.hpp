@@ -94,8 +94,10 @@ class Linear2D : public detail::LinearState, public detail::TypedLayer<Linear2D<
     }
   }
 
+ private:
+  friend Typed;  // its typed entries are the only public way in; these do the work on the storage
   /** `x` is this rank's block X_ij `[T/q, in/q]`; returns Y_ij `[T/q, out/q]`. */
-  Activation forward(const Activation& x, int mb = 0) {
+  Activation do_forward(const Activation& x, int mb) {
     const std::size_t tl = x.extent(0), il = in_ / q_, ol = out_ / q_;
     require(x.extent(1) == il, "Linear2D '", name_, "': input block has ", x.extent(1), " features, expected ", il);
     Activation y({tl, ol});
@@ -114,7 +116,7 @@ class Linear2D : public detail::LinearState, public detail::TypedLayer<Linear2D<
    * B: the input gradient block dX_ik = Σ_j dY_ij W_kjᵀ (weight blocks broadcast along grid columns,
    * shares reduced along grid rows). Keeps X_ij and dY_ij for backward_weight.
    */
-  Activation backward_input(const Activation& dy, int mb = 0) {
+  Activation do_backward_input(const Activation& dy, int mb) {
     Activation x = take_input(mb, layer_kind);
     const std::size_t tl = x.extent(0), il = in_ / q_, ol = out_ / q_;
     require(dy.extent(0) == tl && dy.extent(1) == ol, "Linear2D '", name_, "': gradient block is ", dy.extent(0), "x",
@@ -130,6 +132,8 @@ class Linear2D : public detail::LinearState, public detail::TypedLayer<Linear2D<
     keep_for_weight(mb, std::move(x), dy);
     return dx;
   }
+
+ public:
   /**
    * W: the weight block dW_kj = Σ_i X_ikᵀ dY_ij and the bias. SUMMA's weight gradient needs the
    * input blocks of other grid columns, so W broadcasts them along grid rows and reduces along grid

@@ -132,8 +132,15 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
     c_ = seq_ / (2 * cp_);
   }
 
+  void drop(int mb) { cache_.drop(mb); }
+  /** The score blocks the last forward computed on this rank (the load-balance measure). */
+  [[nodiscard]] BlockCount last_blocks() const { return blocks_; }
+  [[nodiscard]] std::size_t context_size() const { return cp_; }
+
+ private:
+  friend Typed;  // its typed entries are the only public way in; these do the work on the storage
   /** o = softmax(mask(q k^T / sqrt(d))) v over the whole sequence, for this rank's tokens and heads. */
-  Activation forward(const Activation& qkv, int mb = 0) {
+  Activation do_forward(const Activation& qkv, int mb) {
     const std::size_t nb = batches(qkv), hl = h_ * d_, t = qkv.extent(0);
     auto& s = cache_.put(mb);
     s.qkv = qkv;
@@ -171,7 +178,7 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
   }
 
   /** dqkv from do: recomputes each block's probabilities and passes dK/dV around the ring with K/V. */
-  Activation backward(const Activation& dout, int mb = 0) {
+  Activation do_backward(const Activation& dout, int mb) {
     auto s = cache_.take(mb, layer_kind);
     const Activation& qkv = s.qkv;
     const std::size_t nb = batches(qkv), hl = h_ * d_, t = qkv.extent(0);
@@ -215,12 +222,6 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
     return dqkv;
   }
 
-  void drop(int mb) { cache_.drop(mb); }
-  /** The score blocks the last forward computed on this rank (the load-balance measure). */
-  [[nodiscard]] BlockCount last_blocks() const { return blocks_; }
-  [[nodiscard]] std::size_t context_size() const { return cp_; }
-
- private:
   struct Saved {
     Activation qkv, out;
     std::vector<float> lse;  // [batch, heads, 2c] row log-sum-exp of the scaled, masked scores

@@ -60,16 +60,6 @@ class RingSelfAttention : public detail::TypedLayer<RingSelfAttention<C, B>> {
         qkv_(tp, c.hidden, c.hidden, {c.seed, c.id_base, c.name + ".qkv", true}),
         proj_(tp, c.hidden, c.hidden, {c.seed, c.id_base + 2, c.name + ".proj", true}) {}
 
-  Activation forward(const Activation& x, int mb = 0) {
-    Activation qkv = qkv_.forward(x, mb);
-    Activation o = core_.forward(qkv, mb);
-    return proj_.forward(o, mb);
-  }
-  Activation backward_input(const Activation& dy, int mb = 0) {
-    Activation dout = proj_.backward_input(dy, mb);
-    Activation dqkv = core_.backward(dout, mb);
-    return qkv_.backward_input(dqkv, mb);
-  }
   void backward_weight(int mb = 0) {
     proj_.backward_weight(mb);
     qkv_.backward_weight(mb);
@@ -88,6 +78,20 @@ class RingSelfAttention : public detail::TypedLayer<RingSelfAttention<C, B>> {
   [[nodiscard]] std::size_t out_features() const { return proj_.out_features(); }
 
  private:
+  friend Typed;  // its typed entries are the only public way in; these do the work on the storage
+  // On the tensor axis a rank's context tokens are whole rows, so the projections take them as Replicate and
+  // return the heads' columns as Shard<1, tensor>; the core sees those columns with the tokens' context placement
+  // (ContextHeads). Each restatement below names that step; only the input (a const reference) is copied.
+  Activation do_forward(const Activation& x, int mb) {
+    Act<FeatureShard> qkv = qkv_.forward(Act<Replicate>(x), mb);
+    Act<ContextHeads> o = core_.forward(Act<ContextHeads>(std::move(qkv).tensor()), mb);
+    return proj_.forward(Act<FeatureShard>(std::move(o).tensor()), mb).tensor();
+  }
+  Activation do_backward_input(const Activation& dy, int mb) {
+    Act<FeatureShard> dout = proj_.backward_input(Act<Replicate>(dy), mb);
+    Act<ContextHeads> dqkv = core_.backward(Act<ContextHeads>(std::move(dout).tensor()), mb);
+    return qkv_.backward_input(Act<FeatureShard>(std::move(dqkv).tensor()), mb).tensor();
+  }
   static RingAttentionConfig ring_config(C& tp, const AttentionConfig& c, int tag_base) {
     const AttentionCore sizes = detail::make_core("RingSelfAttention '" + c.name + "'", c.hidden, c.heads, c.seq,
                                                   std::size_t(tp.size()), std::size_t(tp.rank()));

@@ -100,7 +100,9 @@ class RowParallel : public detail::LinearState, public detail::TypedLayer<RowPar
     }
   }
 
-  Activation forward(const Activation& x_in, int mb = 0) {
+ private:
+  friend Typed;  // its typed entries are the only public way in; these do the work on the storage
+  Activation do_forward(const Activation& x_in, int mb) {
     Act<FeatureShard> x(backend_copy<B>(x_in));  // kept for W
     require(x.extent(1) == local_in_, "RowParallel '", name_, "' (tensor rank ", rank_, "): input shard has ",
             x.extent(1), " features, expected ", local_in_, " (= ", in_, " / ", p_, ")");
@@ -127,7 +129,7 @@ class RowParallel : public detail::LinearState, public detail::TypedLayer<RowPar
    * B: this rank's input-gradient columns `dx = dy W_localᵀ` (SP: after the all-gather of dy, the
    * layer's only backward collective). Keeps the input shard and the full dy for backward_weight.
    */
-  Activation backward_input(const Activation& dy_in, int mb = 0) {
+  Activation do_backward_input(const Activation& dy_in, int mb) {
     detail::GemmOperand x = take_operand(mb, layer_kind);
     // The backward dual of the forward reduction: identity (all-reduce) or all-gather (reduce-scatter);
     // a Partial output's gradient is already replicated.
@@ -141,6 +143,8 @@ class RowParallel : public detail::LinearState, public detail::TypedLayer<RowPar
     gemm_backward_input<B>(mb, std::move(x), std::move(dy).tensor(), local_in_, dx);
     return dx;
   }
+
+ public:
   /**
    * W: this rank's weight rows `dW += x_localᵀ dy` and the bias; no communication. The replicated bias
    * sees every token's gradient; with sequence parallelism the gathered dy already holds them all, so no
