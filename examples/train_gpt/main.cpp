@@ -75,8 +75,10 @@ Options parse(int argc, char** argv) {
   p.flag("recompute", t.recompute, "recompute activations in backward (keep only stage inputs)");
   p.choice("precision", t.precision, {{"fp32", "fp32"}, {"bf16", "bf16"}, {"f16", "f16"}}, "compute precision (fp32 masters)");
   p.choice("optimizer", t.optimizer, {{"adamw", "adamw"}, {"sgd", "sgd"}}, "optimizer");
-  p.option("zero", t.zero, "ZeRO stage over the data axis: 0 off, 1 optimizer states sharded, 2 gradients too")
-      .range(0, 2);
+  p.option("zero", t.zero,
+           "ZeRO stage over the data axis: 0 off, 1 optimizer states sharded, 2 gradients too, 3 parameters too "
+           "(gathered per block around its forward and backward)")
+      .range(0, 3);
   p.flag("zero1", t.zero1, "the same as --zero 1");
   p.option("batch", t.global_batch, "sequences per step (global)").range(1, 1 << 24);
   p.option("steps", t.steps, "optimizer steps").range(1, 1 << 30);

@@ -111,7 +111,8 @@ inline plan::MemoryEstimate estimate_rank_memory(const models::GptTrainConfig& c
   c.virtual_stages = std::size_t(cfg.chunks);
   c.recompute = cfg.recompute ? plan::Recompute::full : plan::Recompute::none;
   c.zero1 = cfg.zero_stage() >= 1;
-  c.zero2 = cfg.zero_stage() == 2;
+  c.zero2 = cfg.zero_stage() >= 2;
+  c.zero3 = cfg.zero_stage() == 3;
   plan::Precision p = plan::Precision::fp32_host(cfg.optimizer == "adamw" ? 8 : 4);
   if (cfg.precision != "fp32") p.master_bytes = 4;  // the fp32 masters beside the 16-bit-rounded weights
   plan::MemoryOptions mo;
@@ -162,7 +163,7 @@ inline void preflight(const Options& o) {
           " + communication buffers ", g(e.communication), ", pipeline rank ", e.pipeline_rank, "), more than the ",
           g(limit), " per rank available (",
           o.mem_limit_gib > 0 ? std::string("--mem-limit-gib") : "physical memory / " + std::to_string(local_ranks(o)) + " ranks",
-          "): use --recompute, --zero 1 or 2, more --pp stages, fewer sequences per micro-batch (--batch, --microbatches), a "
+          "): use --recompute, --zero 1, 2 or 3, more --pp stages, fewer sequences per micro-batch (--batch, --microbatches), a "
           "smaller model, or set --mem-limit-gib");
 }
 
@@ -365,7 +366,7 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
     std::printf("mesh tp=%zu pp=%zu dp=%zu ep=%zu on %d %s ranks | schedule %s, %d micro-batches of %zu sequences%s | %s%s%s\n",
                 cfg.tp, cfg.pp, cfg.dp, cfg.ep, world.size(), world.name().c_str(), cfg.schedule.c_str(), cfg.microbatches,
                 cfg.microbatch_size(), cfg.chunks > 1 ? (", " + std::to_string(cfg.chunks) + " chunks").c_str() : "",
-                cfg.precision.c_str(), cfg.zero_stage() == 2 ? ", ZeRO-2" : cfg.zero_stage() == 1 ? ", ZeRO-1" : "", cfg.recompute ? ", recompute" : "");
+                cfg.precision.c_str(), cfg.zero_stage() == 3 ? ", ZeRO-3" : cfg.zero_stage() == 2 ? ", ZeRO-2" : cfg.zero_stage() == 1 ? ", ZeRO-1" : "", cfg.recompute ? ", recompute" : "");
   }
   std::ofstream metrics;
   if (lead && !o.metrics.empty()) {
@@ -386,7 +387,7 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
       r = tr.train_step();
     } catch (const std::bad_alloc& e) {
       throw std::runtime_error(mpar::detail::cat("train_gpt: ran out of memory in step ", tr.step(),
-                                           " (", e.what(), "); use --recompute, --zero 1 or 2, more --pp stages or fewer "
+                                           " (", e.what(), "); use --recompute, --zero 1, 2 or 3, more --pp stages or fewer "
                                            "sequences per micro-batch, or lower --mem-limit-gib to what is really free"));
     }
     peak_step_bytes = std::max(peak_step_bytes, mem.peak.load() - live_before);
@@ -506,7 +507,7 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
   const double limit = rank_memory_limit(o);
   if (worst > 0.8 * limit)
     advice.push_back("peak memory " + mib(worst) + " is near the per-rank limit " + mib(limit) +
-                     ": use --recompute, --zero 1 or 2, more --pp, or fewer sequences per micro-batch");
+                     ": use --recompute, --zero 1, 2 or 3, more --pp, or fewer sequences per micro-batch");
   if (!advice.empty()) {
     std::printf("\nadvice:\n");
     for (const auto& a : advice) std::printf("  - %s\n", a.c_str());

@@ -45,6 +45,9 @@ TEST_CASE("mpar-plan parses the model, cluster and fixed dimensions", "[plan][cl
   CHECK(!o.space.zero2);  // not given: searched
   CHECK(*parse_cli(with(base_args(), {"--zero2", "on"})).space.zero2);
   CHECK(!*parse_cli(with(base_args(), {"--zero2", "off"})).space.zero2);
+  CHECK(!o.space.zero3);  // not given: searched
+  CHECK(*parse_cli(with(base_args(), {"--zero3", "on"})).space.zero3);
+  CHECK(!*parse_cli(with(base_args(), {"--zero3", "off"})).space.zero3);
   CHECK(*o.space.microbatch_size == 2);
   CHECK(o.search.top_k == 3);
   CHECK(o.json);
@@ -67,6 +70,7 @@ TEST_CASE("bad options give errors that say what to change", "[plan][cli]") {
   CHECK_THAT(error_of(with(base_args(), {"--memory-semantics", "deepspeed"})), Catch::Contains("use mpar or megatron"));
   CHECK_THAT(error_of(with(base_args(), {"--zero1", "maybe"})), Catch::Contains("--zero1 expects on or off"));
   CHECK_THAT(error_of(with(base_args(), {"--zero2", "maybe"})), Catch::Contains("--zero2 expects on or off"));
+  CHECK_THAT(error_of(with(base_args(), {"--zero3", "maybe"})), Catch::Contains("--zero3 expects on or off"));
   CHECK_THAT(error_of(with(base_args(), {"--tp", "16"})), Catch::Contains("choose a divisor of --gpus-per-node"));
   CHECK_THAT(error_of(with(base_args(), {"--tp", "2", "--pp", "4", "--dp", "4"})), Catch::Contains("make the product equal --gpus"));
   CHECK_THAT(error_of(with(base_args(), {"--heads", "15"})), Catch::Contains("--hidden 2048 is not divisible by --heads 15"));

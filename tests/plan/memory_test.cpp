@@ -2,6 +2,7 @@
 // library's own parameter and optimizer containers hold for fp32 host training.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <vector>
 
 #include "mpar/nn/parameter.hpp"
@@ -31,7 +32,7 @@ TEST_CASE("GPT parameter count follows Narayanan et al.'s formula", "[plan][memo
   CHECK(iteration_flops(gpt7b, B, Recompute::none) == Approx(gpt7b.model_flops(B)));
 }
 
-TEST_CASE("mixed-precision Adam keeps 16 bytes per parameter; ZeRO-1 keeps 4 + 12/N_d, ZeRO-2 2 + 14/N_d", "[plan][memory]") {
+TEST_CASE("mixed-precision Adam keeps 16 bytes per parameter; ZeRO-1 keeps 4 + 12/N_d, ZeRO-2 2 + 14/N_d, ZeRO-3 14/N_d", "[plan][memory]") {
   CHECK(Precision::mixed_adam().model_state_bytes() == 16);
   const double psi = gpt7b.parameters();
   ParallelConfig c = cfg(1, 1, 8);
@@ -47,6 +48,16 @@ TEST_CASE("mixed-precision Adam keeps 16 bytes per parameter; ZeRO-1 keeps 4 + 1
   CHECK(z2.parameters == Approx(z.parameters));
   CHECK(z2.optimizer == Approx(z.optimizer));
   CHECK(z2.parameters + z2.gradients + z2.optimizer == Approx(2 * psi + 14 * psi / 8));
+  // ZeRO-3 keeps 1/N_d of the weights too, in the precision the optimizer updates: the 4-byte master only (the
+  // 2-byte values are rounded from it as they are gathered), so (4 + 2 + 8) / N_d; plus two gathered units (a
+  // layer and the prefetched next one, here the embedding on the first rank) of 2-byte weights, counted with
+  // the communication buffers.
+  c.zero3 = true;
+  const MemoryEstimate z3 = rank_memory(gpt7b, c, Precision::mixed_adam(), 0, 1);
+  CHECK(z3.parameters == Approx(4 * psi / 8));
+  CHECK(z3.parameters + z3.gradients + z3.optimizer == Approx(14 * psi / 8));
+  const double hh = 4096, layer = 12 * hh * hh + 13 * hh;
+  CHECK(z3.communication - z2.communication == Approx(2 * (std::max(layer, 51200 * hh + 2048 * hh) + layer)));
   // Tensor and pipeline splits divide the layers' weights, not the replicated norms and biases.
   const ParallelConfig t4 = cfg(4, 1, 1);
   const double h = 4096;

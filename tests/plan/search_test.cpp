@@ -186,6 +186,32 @@ TEST_CASE("ZeRO-2 fits where ZeRO-1 does not: the search finds it between their 
   for (const Candidate& c : with.best) CHECK(c.config.zero2);
 }
 
+TEST_CASE("ZeRO-3 fits where ZeRO-2 does not: the search finds it between their memory needs", "[plan][search][zero3]") {
+  Problem p{GptModel{24, 2048, 16, 1024, 32000}, a100_selene(8), 64};
+  SearchSpace s;
+  s.tp = 1, s.pp = 1, s.dp = 8, s.microbatch_size = 1, s.recompute = Recompute::full, s.sequence_parallel = false;
+  s.zero1 = true, s.zero2 = true;  // gradients sharded: ZeRO-2, or ZeRO-3 (which shards them too)
+  auto need = [&](bool zero3) {
+    SearchSpace one = s;
+    one.zero3 = zero3;
+    const Plan plan = search(p, CostModel(p.model, p.cluster), one);
+    REQUIRE(!plan.best.empty());
+    REQUIRE(plan.best.front().config.zero3 == zero3);
+    return plan.best.front();
+  };
+  const Candidate z2 = need(false), z3 = need(true);
+  // ZeRO-3 drops (dp - 1) / dp of the weights, for all-gathers before every micro-batch's forward and backward.
+  REQUIRE(z3.memory.total() < z2.memory.total());
+  CHECK(z3.step_seconds > z2.step_seconds);
+  p.cluster.memory_bytes = (z2.memory.total() + z3.memory.total()) / 2 / SearchOptions{}.usable_memory_fraction;
+  SearchSpace only_zero2 = s;
+  only_zero2.zero3 = false;
+  CHECK(search(p, CostModel(p.model, p.cluster), only_zero2).best.empty());
+  const Plan with = search(p, CostModel(p.model, p.cluster), s);
+  REQUIRE(!with.best.empty());
+  for (const Candidate& c : with.best) CHECK(c.config.zero3);
+}
+
 TEST_CASE("topology: tensor groups stay inside a node; breaking that is predicted slower", "[plan][topology]") {
   CHECK(group_shape(8, 1, 8).nodes == 1);
   CHECK(group_shape(16, 1, 8).nodes == 2);

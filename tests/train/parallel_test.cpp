@@ -307,12 +307,12 @@ TEST_CASE("ZeRO-2 AdamW equals single-rank AdamW, releasing each gradient as its
     TinyMlp z;
     std::string what;
     try {
-      parallel::ZeroAdamW<ThreadsCommunicator> zero(z.params(), world, cfg, {.stage = 3});
+      parallel::ZeroAdamW<ThreadsCommunicator> zero(z.params(), world, cfg, {.stage = 4});
     } catch (const std::exception& e) {
       what = e.what();
     }
-    bad.expect(what.find("stage 3 is not 1 or 2") != std::string::npos && what.find("rank") != std::string::npos,
-               "stage 3 was not refused naming the stage and the rank: " + what);
+    bad.expect(what.find("stage 4 is not 1, 2 or 3") != std::string::npos && what.find("rank") != std::string::npos,
+               "stage 4 was not refused naming the stage and the rank: " + what);
   });
   bad.assert_all(1);
 }

@@ -316,6 +316,11 @@ class GptStage {
   nn::Act<nn::FeatureShard> forward_to_loss(const nn::Act<Replicate>& x, int mb) {
     require(last_, "GptStage: only the last stage returns logits; call forward on the others");
     nn::Act<Replicate> h = hidden(x, mb);
+    return use_unit(head_unit(), no_unit, [&] { return head_forward(std::move(h), mb); });
+  }
+
+ private:
+  nn::Act<nn::FeatureShard> head_forward(nn::Act<Replicate> h, int mb) {
     // The tied head is column-parallel over the vocabulary: f (identity forward), then this rank's
     // vocabulary rows of E give vocab-sharded logits.
     nn::Act<Replicate> hn = nn::CopyToTensorRegion::forward(*tp_, final_ln_->forward(h, mb));
@@ -327,6 +332,7 @@ class GptStage {
     return logits;
   }
 
+ public:
   /**
    * B of micro-batch `mb`: the input gradient (what the previous stage waits for), with the tensor
    * all-reduces. Keeps the head's logit gradient and every projection's inputs for backward_weight;
@@ -339,7 +345,8 @@ class GptStage {
   /** B of the last stage: from this rank's vocab-sharded logit gradient. */
   nn::Act<Replicate> backward_input(const nn::Act<nn::FeatureShard>& dlogits, int mb) {
     require(last_, "GptStage: only the last stage takes a logit gradient; pass the hidden-state gradient (Act<Replicate>)");
-    return blocks_backward_input(head_backward_input(dlogits, mb), mb);
+    nn::Act<Replicate> dh = use_unit(head_unit(), head_unit() - 1, [&] { return head_backward_input(dlogits, mb); });
+    return blocks_backward_input(std::move(dh), mb);
   }
 
   /**
@@ -430,6 +437,32 @@ class GptStage {
   void set_recompute(bool on) {
     for (auto& b : blocks_) b->set_recompute(on);
   }
+
+  /**
+   * @brief ZeRO-3's hook point: `hook(unit, next, begin)` is called with `begin` = true just before a unit of
+   * this stage's parameters (`units()`) is used — a forward, or the input-gradient part of a backward — and
+   * with false right after; `next` is the unit this pass uses after it (`no_unit` when none), so its
+   * parameters can be gathered while this one computes. The weight-gradient part (W) reads no weights, so it
+   * is not announced. Empty: nothing is called (the parameters are always in place).
+   */
+  using UnitHook = std::function<void(std::size_t unit, std::size_t next, bool begin)>;
+  static constexpr std::size_t no_unit = std::size_t(-1);
+  void on_unit_use(UnitHook hook) { unit_hook_ = std::move(hook); }
+  /**
+   * The units the passes use whole, in forward order: the embeddings (first stage: token and position
+   * tables), each block, and the head (last stage: the final norm and the tied head weight, unless the head
+   * is the tied copy, which is not sharded).
+   */
+  std::vector<std::vector<nn::Parameter*>> units() {
+    std::vector<std::vector<nn::Parameter*>> out;
+    if (first_) out.push_back({embed_->parameters()[0], &pos_});
+    for (auto& b : blocks_) out.push_back(b->parameters());
+    if (last_) {
+      out.push_back(final_ln_->parameters());
+      if (head_ != &head_copy_) out.back().push_back(head_);
+    }
+    return out;
+  }
   /** d(objective)/d(each MoE block's load-balancing loss) in this rank's backward (see MoeTransformerBlock). */
   void set_moe_aux_gradient(float g) {
     for (auto& b : blocks_) b->set_aux_gradient(g);
@@ -469,15 +502,32 @@ class GptStage {
     nn::Act<Replicate> dy;
   };
 
+  /** Unit indices (see units()): the embeddings are unit 0 on the first stage, then the blocks, then the head. */
+  [[nodiscard]] std::size_t block_unit(std::size_t i) const { return (first_ ? 1 : 0) + i; }
+  [[nodiscard]] std::size_t head_unit() const { return block_unit(blocks_.size()); }
+  /** Runs `f` between the unit hook's begin and end of `unit` (just `f` without a hook). */
+  template <class F>
+  auto use_unit(std::size_t unit, std::size_t next, F&& f) {
+    if (!unit_hook_) return f();
+    unit_hook_(unit, next, true);
+    auto out = f();
+    unit_hook_(unit, next, false);
+    return out;
+  }
+
   /** The embeddings (first stage) and the blocks: tokens or hidden states in, hidden states out. */
   nn::Act<Replicate> hidden(const nn::Act<Replicate>& x, int mb) {
-    nn::Act<Replicate> h = first_ ? embed(x, mb) : nn::backend_copy<B>(x);
-    for (auto& b : blocks_) h = b->forward(h, mb);
+    const std::size_t after_blocks = last_ ? head_unit() : no_unit;
+    nn::Act<Replicate> h = first_ ? use_unit(0, block_unit(0), [&] { return embed(x, mb); }) : nn::backend_copy<B>(x);
+    for (std::size_t i = 0; i < blocks_.size(); ++i)
+      h = use_unit(block_unit(i), i + 1 < blocks_.size() ? block_unit(i + 1) : after_blocks,
+                   [&] { return blocks_[i]->forward(h, mb); });
     return h;
   }
   /** B of the blocks (and, first stage, the embeddings' pending gradient); the first stage returns a zero token gradient. */
   nn::Act<Replicate> blocks_backward_input(nn::Act<Replicate> dy, int mb) {
-    for (std::size_t i = blocks_.size(); i-- > 0;) dy = blocks_[i]->backward_input(dy, mb);
+    for (std::size_t i = blocks_.size(); i-- > 0;)
+      dy = use_unit(block_unit(i), i > 0 ? block_unit(i - 1) : no_unit, [&] { return blocks_[i]->backward_input(dy, mb); });
     if (first_) {
       const std::size_t t = dy.extent(0);
       embed_pending_.put(mb).dy = std::move(dy);
@@ -558,6 +608,7 @@ class GptStage {
   nn::MicroBatchCache<nn::detail::WeightGradInputs> head_pending_;  // final-norm output and logit gradient
   nn::MicroBatchCache<EmbedGrad> embed_pending_;
   GradientsFinalHook hook_;
+  UnitHook unit_hook_;  ///< ZeRO-3's gathers (see on_unit_use)
   int microbatches_ = 0, weights_done_ = 0;
 };
 

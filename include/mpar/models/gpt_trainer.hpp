@@ -37,6 +37,11 @@
  * and the load-balancing statistics are all-reduced over that token group, so routing, losses and every
  * gradient equal the single-rank run's.
  *
+ * ZeRO-3 (`zero = 3`): the weights are sharded over the data group at rest (this rank keeps its fp32 block of
+ * each bucket); each stage gathers a unit — the embeddings, a block, the head — just before its forward and its
+ * input-gradient backward and releases it right after, with the next unit's gather in flight meanwhile
+ * (`GptStage::on_unit_use`, `parallel::GatheredUnits`). Saving, loading and `with_full_parameters` gather all.
+ *
  * PipeDream-2BW (`schedule = "2bw"`): the weights lag one step by design. The passes of step t run on
  * W(t-1), the weights before step t-1's update (at step 0, with no older version, on W(0)), and step t's
  * update applies their gradient to the current W(t): W(t+1) = update(W(t), g(W(t-1))). Each rank keeps
@@ -86,6 +91,7 @@
 #include "mpar/optim/lr_schedule.hpp"
 #include "mpar/optim/sgd.hpp"
 #include "mpar/parallel/distributed_optimizer.hpp"
+#include "mpar/parallel/gathered_units.hpp"
 #include "mpar/pipeline/executor.hpp"
 #include "mpar/pipeline/partition.hpp"
 #include "mpar/pipeline/schedules.hpp"
@@ -107,7 +113,7 @@ struct GptTrainConfig {
   std::string precision = "fp32"; ///< fp32, bf16 or f16 (f16 adds dynamic loss scaling)
   std::string optimizer = "adamw";///< adamw or sgd (momentum 0.9)
   bool zero1 = false;             ///< shard AdamW states over the data axis (the same as zero = 1)
-  int zero = 0;                   ///< ZeRO stage: 0 none, 1 AdamW states sharded, 2 gradients too (--zero N)
+  int zero = 0;                   ///< ZeRO stage: 0 none, 1 AdamW states sharded, 2 gradients too, 3 parameters too (--zero N)
   std::size_t global_batch = 8;   ///< sequences per optimizer step, over all data-parallel ranks
   std::size_t steps = 100;
   double lr = 3e-3, min_lr = 3e-4;
@@ -141,7 +147,8 @@ struct GptTrainConfig {
     parallel::OptimizerConfig o;
     o.precision = parallel::parse_precision(precision);
     o.rule = parallel::parse_update_rule(optimizer);
-    o.sync = zero_stage() == 2   ? parallel::GradSync::zero2
+    o.sync = zero_stage() == 3   ? parallel::GradSync::zero3
+             : zero_stage() == 2 ? parallel::GradSync::zero2
              : zero_stage() == 1 ? parallel::GradSync::zero1
                                  : parallel::GradSync::all_reduce;
     o.adamw.lr = float(lr);
@@ -180,14 +187,17 @@ struct GptTrainConfig {
               batch_ranks() * std::size_t(microbatches));
     (void)parallel::parse_precision(precision);  // each throws naming the choices
     (void)parallel::parse_update_rule(optimizer);
-    require(zero >= 0 && zero <= 2, "train: --zero ", zero, " is not a ZeRO stage mpar runs; use 0, 1 or 2");
+    require(zero >= 0 && zero <= 3, "train: --zero ", zero, " is not a ZeRO stage mpar runs; use 0, 1, 2 or 3");
     require(!(zero1 && zero > 1), "train: --zero1 and --zero ", zero, " ask for two ZeRO stages; give one");
     const int z = zero_stage();
     require(!(z > 0 && optimizer != "adamw"), "train: ZeRO-", z, " shards AdamW states; use --optimizer adamw with --zero ",
             z);
     require(!(z > 0 && ep > 1), "train: ZeRO-", z, " shards optimizer states over the data axis only, while with --ep ",
-            ep, " the non-expert gradients average over data x expert ranks; drop --zero", z == 1 ? "1" : " 2",
+            ep, " the non-expert gradients average over data x expert ranks; drop --zero", z == 1 ? "1" : " " + std::to_string(z),
             " or use --ep 1 (ZeRO with MoE on --ep 1 is supported)");
+    require(!(z == 3 && schedule == pipeline::PipeDream2BW::name),
+            "train: --schedule 2bw keeps a second full weight version, which ZeRO-3's sharded weights do not have; "
+            "use --zero 2 or another schedule");
     require(chunks == 1 || schedule == pipeline::Interleaved1F1B::name, "train: --chunks ", chunks,
             " needs --schedule interleaved_1f1b");
     require(steps >= 1 && warmup <= steps, "train: need --steps >= 1 and --warmup <= --steps");
@@ -252,6 +262,7 @@ class GptTrainer {
  public:
   using TensorComm = observe::TimedCommunicator<Comm>;
   using Stage = GptStage<TensorComm, B>;
+  using Zero = parallel::ZeroAdamW<Comm, B>;
 
   /**
    * Every rank constructs its trainer with the same configuration and a `data::token_source` (a
@@ -462,6 +473,29 @@ class GptTrainer {
   template <class Source>
     requires std::is_invocable_r_v<std::span<const float>, Source&, const std::string&, const std::vector<std::size_t>&>
   std::size_t load_weights(Source&& source) {
+    return with_gathered([&] {
+      const std::size_t n = load_full_weights(source);
+      store_gathered();
+      return n;
+    });
+  }
+  /**
+   * @brief Calls `f()` with every parameter's full values in place, and returns its result: under ZeRO-3 the
+   * weights are gathered first and released after (collective over the data group); otherwise they always are.
+   * For inspection — a test comparing the weights of layouts — and for checkpoints.
+   */
+  template <class F>
+  decltype(auto) with_full_parameters(F&& f) {
+    return with_gathered(std::forward<F>(f));
+  }
+
+ private:
+  /** ZeRO-3, while gathered: the (loaded) full values become the sharded masters. */
+  void store_gathered() {
+    if (auto* z = optimizer_->zero(); z && z->stage() == 3) z->store_gathered();
+  }
+  template <class Source>
+  std::size_t load_full_weights(Source& source) {
     std::size_t loaded = 0;
     for (auto* p : all_params_) {
       const std::span<const float> full = source(p->name, p->global_shape);
@@ -475,6 +509,8 @@ class GptTrainer {
     return loaded;
   }
 
+ public:
+
   /** Bytes held now by kind (activations are transient: see the example's allocation tracking). */
   [[nodiscard]] MemoryBreakdown memory() const {
     MemoryBreakdown m;
@@ -483,6 +519,7 @@ class GptTrainer {
       m.gradients += p->grad.size() * sizeof(float);
     }
     m.gradients += optimizer_->sync_gradient_elements() * sizeof(float);  // ZeRO's shards (and kept buckets)
+    m.parameters += optimizer_->sharded_weight_elements() * sizeof(float);  // ZeRO-3: the weight shards
     for (const auto& v : previous_) m.parameters += v.size() * sizeof(float);  // 2bw's second weight version
     m.optimizer_states = optimizer_->state_elements() * sizeof(float);
     m.compute_copies = optimizer_->precision_bytes();  // the fp32 masters and 16-bit copies beside the weights
@@ -495,6 +532,11 @@ class GptTrainer {
    * any layout — with or without ZeRO-1 — can resume from the result.
    */
   io::SaveResult save(const std::filesystem::path& root) {
+    return with_gathered([&] { return save_gathered(root); });  // ZeRO-3 saves the full blocks, as ZeRO-1 does
+  }
+
+ private:
+  io::SaveResult save_gathered(const std::filesystem::path& root) {
     std::vector<io::SaveBlock> blocks;
     state_blocks<const float>(blocks);
     io::TrainingState st;
@@ -511,6 +553,8 @@ class GptTrainer {
     opts.mesh = {cfg_.tp, cfg_.pp, cfg_.dp};
     return io::save_checkpoint(root, std::span<const io::SaveBlock>(blocks), st, comms_.world, opts);
   }
+
+ public:
 
   /**
    * @brief Writes the whole model to the safetensors file `out` (collective), from any layout: saves a
@@ -557,10 +601,14 @@ class GptTrainer {
                          (saved_optimizer == "sgd" && cfg_.optimizer == "sgd" ? " before momentum was saved" : "") +
                          "; its optimizer states are not used and --optimizer " + cfg_.optimizer +
                          " starts afresh from the loaded weights");
-    std::vector<io::LoadBlock> blocks;
-    state_blocks<float>(blocks, with_states);
-    check_model_holds(saved, blocks, with_states, dir);
-    io::LoadResult res = io::load_checkpoint(dir, std::span<const io::LoadBlock>(blocks), comms_.world);
+    io::LoadResult res = with_gathered([&] {  // ZeRO-3: load into the full blocks, then keep this rank's shards
+      std::vector<io::LoadBlock> blocks;
+      state_blocks<float>(blocks, with_states);
+      check_model_holds(saved, blocks, with_states, dir);
+      io::LoadResult r = io::load_checkpoint(dir, std::span<const io::LoadBlock>(blocks), comms_.world);
+      store_gathered();
+      return r;
+    });
     res.warnings = std::move(warnings);
     if (two_bw_) {
       // A checkpoint holds one weight version: the first step after the resume runs on the loaded weights (lag 0),
@@ -898,7 +946,20 @@ class GptTrainer {
   void build_optimizer() {
     parallel::OptimizerGroups<Comm, TensorComm> groups{&comms_.world, &tensor_, &pipe_, &data_comm_, &replica_comm_,
                                                        cfg_.ep > 1 ? &comms_.expert : nullptr};
-    optimizer_.emplace(opt_params_, all_params_, cfg_.optimizer_config(), groups);
+    parallel::OptimizerConfig oc = cfg_.optimizer_config();
+    if (cfg_.zero_stage() == 3)  // no bucket holds parameters of two units: each unit is gathered as whole buckets
+      for (auto& s : stages_)
+        for (const auto& u : s->units()) {
+          if (u.empty()) continue;
+          const auto it = std::find(opt_params_.begin(), opt_params_.end(), u.front());
+          if (it != opt_params_.end()) oc.zero_unit_starts.push_back(std::size_t(it - opt_params_.begin()));
+        }
+    optimizer_.emplace(opt_params_, all_params_, oc, groups);
+    if (cfg_.zero_stage() == 3)  // ZeRO-3: each stage gathers a unit's weights around its use, prefetching the next
+      for (auto& s : stages_) {
+        auto units = std::make_shared<parallel::GatheredUnits<Zero>>(*optimizer_->zero(), s->units());
+        s->on_unit_use([units](std::size_t u, std::size_t next, bool begin) { (*units)(u, next, begin); });
+      }
     // Overlap: mark each layer's gradients ready as soon as the last micro-batch's backward is past it.
     // With the embedding split over two stages, its gradient is final only after the tied sum.
     if (cfg_.batch_ranks() * cfg_.cp > 1) {  // the data-axis group: data x expert, or data x context
@@ -916,7 +977,27 @@ class GptTrainer {
   }
   void copy_embedding_to_head() {
     if (tied_ == nullptr) return;
+    // ZeRO-3: the first stage's embedding is sharded at rest; gather it for the broadcast.
+    std::vector<std::size_t> gathered;
+    if (auto* z = optimizer_->zero(); z && z->stage() == 3 && holds_first_) {
+      gathered = z->buckets_of(std::span<nn::Parameter* const>(&tied_, 1));
+      for (std::size_t b : gathered) z->gather_begin(b);
+      for (std::size_t b : gathered) z->gather_end(b);
+    }
     embed_group_->broadcast(std::span<float>(tied_->value), 0);
+    for (std::size_t b : gathered) optimizer_->zero()->gather_release(b);
+  }
+  /** Runs `f` with every parameter's full values in place (ZeRO-3 gathers them first and releases them after). */
+  template <class F>
+  decltype(auto) with_gathered(F&& f) {
+    auto* z = optimizer_->zero();
+    if (!z || z->stage() != 3) return f();
+    z->gather_all();
+    struct Release {
+      Zero* z;
+      ~Release() { z->release_all(); }
+    } release{z};
+    return f();
   }
   GptTrainConfig cfg_;
   data::SourceRef data_;

@@ -238,11 +238,15 @@ class NoParameters {
   [[nodiscard]] std::size_t out_features() const { return 0; }
 };
 
-/** Builds the `std::vector<Parameter*>` of a layer from its members. */
+/**
+ * Builds the `std::vector<Parameter*>` of a layer from its members, leaving out the absent ones (a layer
+ * without bias keeps a default `Parameter`: no values, no shape). A parameter whose values are released
+ * between uses (ZeRO-3) has its shape and is listed.
+ */
 template <class... P>
 std::vector<Parameter*> param_list(P*... p) {
   std::vector<Parameter*> v;
-  ((p != nullptr && !p->value.empty() ? v.push_back(p) : void()), ...);
+  ((p != nullptr && (!p->value.empty() || !p->global_shape.empty()) ? v.push_back(p) : void()), ...);
   return v;
 }
 /** This rank's block of a tensor of shape `global` laid out as `L` on a tensor axis of `tp` ranks. */

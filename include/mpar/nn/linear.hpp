@@ -127,7 +127,9 @@ class LinearState {
   [[nodiscard]] Parameter& bias() { return bias_; }
 
  protected:
-  [[nodiscard]] bool has_bias() const { return !bias_.value.empty(); }
+  /// By its shape, not its values: under ZeRO-3 the values are released outside the forward and B (W adds the
+  /// bias gradient without them).
+  [[nodiscard]] bool has_bias() const { return !bias_.value.empty() || !bias_.global_shape.empty(); }
   /** Forward: keeps the (gathered) input of micro-batch `mb` for its backward. */
   void keep_input(int mb, Activation x) { inputs_.put(mb) = std::move(x); }
   /** B: the input kept by forward for micro-batch `mb` (an error naming `kind` if there is none). */

@@ -43,17 +43,23 @@ struct Bucket {
 /**
  * @brief Groups `params` into buckets of about `bucket_bytes` (fp32 gradients), last parameter first. A bucket
  * is closed once it reaches `bucket_bytes`, so a parameter larger than the bound gets a bucket of its own and
- * `bucket_bytes = 0` gives one bucket per parameter.
+ * `bucket_bytes = 0` gives one bucket per parameter. A bucket is also closed at every index of `unit_starts`
+ * (the first parameter of a unit), so no bucket holds parameters of two units (ZeRO-3 gathers whole buckets
+ * per unit).
  */
 [[nodiscard]] inline std::vector<Bucket> plan_buckets(std::span<nn::Parameter* const> params,
-                                                      std::size_t bucket_bytes) {
+                                                      std::size_t bucket_bytes,
+                                                      std::span<const std::size_t> unit_starts = {}) {
   std::vector<Bucket> out;
   Bucket cur;
+  std::vector<bool> starts(params.size(), false);
+  for (std::size_t k : unit_starts)
+    if (k < params.size()) starts[k] = true;
   for (std::size_t k = params.size(); k-- > 0;) {
     const std::size_t n = params[k]->local_size();
     cur.slots.push_back({k, cur.size, n});
     cur.size += n;
-    if (cur.size * sizeof(float) >= bucket_bytes) {
+    if (cur.size * sizeof(float) >= bucket_bytes || starts[k]) {
       out.push_back(std::move(cur));
       cur = Bucket{};
     }
@@ -96,7 +102,8 @@ class GradBuckets {
       std::conditional_t<Kind == BucketCollective::all_reduce, all_reduce_request, reduce_scatter_request>;
 
   GradBuckets(std::vector<nn::Parameter*> params, Comm& comm, std::size_t bucket_bytes,
-              BucketMemory memory = BucketMemory::kept, std::size_t in_flight = 2)
+              BucketMemory memory = BucketMemory::kept, std::size_t in_flight = 2,
+              std::span<const std::size_t> unit_starts = {})
       : params_(std::move(params)), comm_(&comm), memory_(memory), in_flight_(std::max<std::size_t>(in_flight, 1)) {
     require(memory_ == BucketMemory::kept || Kind == BucketCollective::reduce_scatter,
             "GradBuckets: transient buckets keep only a shard, so they need the reduce_scatter collective");
@@ -104,7 +111,7 @@ class GradBuckets {
       require(params_[k] != nullptr, "GradBuckets: parameter ", k, " is null");
       require(index_.emplace(params_[k], k).second, "GradBuckets: parameter ", params_[k]->name, " is listed twice");
     }
-    buckets_ = plan_buckets(params_, bucket_bytes);
+    buckets_ = plan_buckets(params_, bucket_bytes, unit_starts);
     bucket_of_.resize(params_.size());
     slot_of_.resize(params_.size());
     for (std::size_t b = 0; b < buckets_.size(); ++b)

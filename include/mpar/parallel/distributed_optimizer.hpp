@@ -9,7 +9,7 @@
  * - gradient synchronisation (`GradSync`): bucketed data-parallel all-reduces that overlap the backward
  *   (`DataParallel`; with experts, the replicated parameters over data x expert ranks and the experts over the
  *   data group), or ZeRO-1 / ZeRO-2 (`ZeroAdamW`: reduce-scatter, sharded AdamW, all-gather; ZeRO-2 keeps only
- *   the gradient shards, see parallel/zero.hpp);
+ *   the gradient shards, ZeRO-3 the weight shards too, gathered per unit by the passes; see parallel/zero.hpp);
  * - the update rule (`UpdateRule`): AdamW or SGD with momentum.
  *
  * One step, without a host read until its statistics come back:
@@ -24,6 +24,7 @@
  *    world in rank memory) copied to the host once (`optim::copy_to_host`, the step's one synchronisation);
  *    then the host learns of a skip: the loss scaler is updated and a skipped update's count is taken back.
  */
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstddef>
@@ -63,11 +64,14 @@ enum class UpdateRule { adamw, sgd };
 enum class GradSync {
   all_reduce,  ///< bucketed all-reduces (replicated parameters over data x expert ranks, experts over data ranks)
   zero1,       ///< ZeRO-1: reduce-scatter, AdamW on this rank's blocks, all-gather of the weights
-  zero2        ///< ZeRO-2: as ZeRO-1, holding only this rank's gradient shards (full gradients freed per bucket)
+  zero2,       ///< ZeRO-2: as ZeRO-1, holding only this rank's gradient shards (full gradients freed per bucket)
+  zero3        ///< ZeRO-3: as ZeRO-2, and the weights sharded at rest (gathered per unit by the passes)
 };
 
-/** @brief The ZeRO stage of a synchronisation: 0 (none), 1 or 2. */
-[[nodiscard]] constexpr int zero_stage(GradSync s) { return s == GradSync::zero1 ? 1 : s == GradSync::zero2 ? 2 : 0; }
+/** @brief The ZeRO stage of a synchronisation: 0 (none), 1, 2 or 3. */
+[[nodiscard]] constexpr int zero_stage(GradSync s) {
+  return s == GradSync::zero1 ? 1 : s == GradSync::zero2 ? 2 : s == GradSync::zero3 ? 3 : 0;
+}
 
 [[nodiscard]] constexpr std::string_view name_of(Precision p) {
   return p == Precision::fp32 ? "fp32" : p == Precision::bf16 ? "bf16" : "f16";
@@ -97,6 +101,9 @@ struct OptimizerConfig {
   double clip = 1.0;             ///< global-norm clipping threshold; 0 disables clipping
   std::size_t bucket_bytes = std::size_t(1) << 20;
   optim::LossScalerConfig loss_scaler;  ///< f16 only
+  /// ZeRO-3: where each unit the passes gather at once begins, as indices into the updated parameters
+  /// (`ZeroOptions::unit_starts`); empty: buckets by size only.
+  std::vector<std::size_t> zero_unit_starts;
 };
 
 /**
@@ -154,12 +161,18 @@ class DistributedOptimizer {
     require(stage == 0 || ep_ == 1, "DistributedOptimizer: ZeRO-", stage,
             " shards states over the data axis only, but the expert group has ", ep_, " ranks");
     if (cfg_.precision == Precision::f16) scaler_.emplace(cfg_.loss_scaler);
+    // ZeRO-3: the updated parameters are rounded as they are gathered (their fp32 masters are the shards), so
+    // the compute copies cover only what is not sharded (the head's tied copy on another pipeline stage).
+    if (stage == 3)
+      std::erase_if(compute_params_, [&](const nn::Parameter* p) { return std::ranges::count(params_, p) > 0; });
     if (cfg_.precision == Precision::bf16) copies_.template emplace<ComputeCopies<bf16>>(compute_params_);
     if (cfg_.precision == Precision::f16) copies_.template emplace<ComputeCopies<f16>>(compute_params_);
     if (cfg_.precision != Precision::fp32) masters_.resize(compute_params_.size());
     stats_.resize(1);
     if (stage > 0) {
-      zero_.emplace(params_, *g_.data, cfg_.adamw, ZeroOptions{cfg_.bucket_bytes, 0.0, stage});
+      zero_.emplace(params_, *g_.data, cfg_.adamw, ZeroOptions{cfg_.bucket_bytes, 0.0, stage, 2, cfg_.zero_unit_starts});
+      if (stage == 3 && cfg_.precision == Precision::bf16) zero_->set_gather_rounding(round_through<bf16>);
+      if (stage == 3 && cfg_.precision == Precision::f16) zero_->set_gather_rounding(round_through<f16>);
       for (std::size_t i = 0; i < params_.size(); ++i) route_.emplace(params_[i], Route{Route::zero, i});
     } else {
       // Replicated parameters average over every rank with other samples (data x expert); experts over the
@@ -297,6 +310,8 @@ class DistributedOptimizer {
   }
   /** Floats of the synchroniser's own gradient buffers held now (ZeRO: shards and flat buckets; else 0). */
   [[nodiscard]] std::size_t sync_gradient_elements() const { return zero_ ? zero_->gradient_buffer_elements() : 0; }
+  /** Floats of the fp32 weight shards ZeRO-3 keeps at rest (0 otherwise: the weights are the parameters'). */
+  [[nodiscard]] std::size_t sharded_weight_elements() const { return zero_ ? zero_->master_elements() : 0; }
   /** Optimizer-state floats held on this rank. */
   [[nodiscard]] std::size_t state_elements() const {
     if (zero_) return zero_->state_elements();
@@ -317,6 +332,12 @@ class DistributedOptimizer {
   }
 
  private:
+  /** The values rounded to `T` and widened back (what `ComputeCopies::widen_into` gives the passes). */
+  template <class T>
+  static void round_through(std::span<float> v) {
+    for (auto& x : v) x = float(convert<T>(x));
+  }
+
   struct Route {
     enum Kind { replicated, expert, zero } kind;
     std::size_t index;  ///< in the list of the synchroniser that owns the parameter

@@ -1,7 +1,7 @@
 #pragma once
 /**
- * @file ZeRO stages 1 and 2 (Rajbhandari et al., arXiv 1910.02054): AdamW whose fp32 states (stage 1) and
- * averaged gradients (stage 2) are sharded over the data axis. Each bucket of gradients is reduce-scattered
+ * @file ZeRO stages 1, 2 and 3 (Rajbhandari et al., arXiv 1910.02054): AdamW whose fp32 states (stage 1),
+ * averaged gradients (stage 2) and weights (stage 3) are sharded over the data axis. Each bucket of gradients is reduce-scattered
  * (rank r receives block_of(n, p, r) of the bucket's flat buffer), r updates that block of the weights with
  * its block of the moments, and the weights are all-gathered back, so every replica ends the step with
  * identical full parameters while holding only 1/p of the optimizer states. The two stages differ only in
@@ -13,12 +13,19 @@
  *   all-gather's receive buffers for the step only. Between steps a rank holds the weights, its gradient
  *   shards (about N / p) and its moment shards (2 N / p); `prepare_gradients()` allocates the zeroed
  *   gradients the next backward accumulates into (the layers accumulate into `Parameter::grad`).
+ * - stage 3 is stage 2 with the weights sharded at rest: this rank's block of each bucket's weights is the
+ *   fp32 master the update writes, every `Parameter::value` is released between uses, and the step ends
+ *   without the all-gather; the passes gather the buckets of a unit (a block, the embeddings, the head) just
+ *   before they use it and release them after (`gather_begin` / `gather_end` / `gather_release`, driven by
+ *   `parallel::GatheredUnits`).
  * The averaging, the gradient norm's sums of squares and the update run on the compute backend `B` (the
  * moments and the flat buffers are rank memory).
  */
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
+#include <functional>
+#include <optional>
 #include <span>
 #include <utility>
 #include <vector>
@@ -37,12 +44,15 @@ namespace mpar::parallel {
 struct ZeroOptions {
   std::size_t bucket_bytes = std::size_t(25) << 20;
   double divisor = 0.0;  ///< 0: the data group size
-  int stage = 1;         ///< 1: optimizer states sharded; 2: gradients too (see the file comment)
-  std::size_t in_flight = 2;  ///< stage 2: reduce-scatters in flight before the oldest is waited for
+  int stage = 1;         ///< 1: optimizer states sharded; 2: gradients too; 3: parameters too (see the file comment)
+  std::size_t in_flight = 2;  ///< stages 2 and 3: reduce-scatters in flight before the oldest is waited for
+  /// Stage 3: indices (into the parameter list) where a unit the passes gather at once begins; no bucket
+  /// crosses one, so a unit is gathered as whole buckets (`plan_buckets`).
+  std::vector<std::size_t> unit_starts;
 };
 
 /**
- * @brief AdamW with ZeRO-1 or ZeRO-2 sharding over the data group `Comm` (`ZeroOptions::stage`). Replaces both `DataParallel` and
+ * @brief AdamW with ZeRO-1, ZeRO-2 or ZeRO-3 sharding over the data group `Comm` (`ZeroOptions::stage`). Replaces both `DataParallel` and
  * `optim::AdamW` (it averages the gradients itself). Per step:
  * ```
  * backward, calling zero.mark_ready(p) as gradients become final;   // reduce-scatters overlap the backward
@@ -65,7 +75,7 @@ class ZeroAdamW {
  public:
   ZeroAdamW(std::vector<nn::Parameter*> params, Comm& data_group, optim::AdamWConfig config, ZeroOptions options = {})
       : buckets_(std::move(params), data_group, options.bucket_bytes,
-                 stage_memory(options.stage, data_group), options.in_flight),
+                 stage_memory(options.stage, data_group), options.in_flight, options.unit_starts),
         config_(std::move(config)),
         divisor_(options.divisor > 0.0 ? options.divisor : double(data_group.size())),
         stage_(options.stage) {
@@ -87,6 +97,7 @@ class ZeroAdamW {
       w_[b].assign(mine.extent, 0.0f);
     }
     full_.resize(buckets_.bucket_count());
+    if (stage_ == 3) shard_parameters();
     if (stage_ == 1)
       for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) full_[b].assign(buckets_.bucket(b).size, 0.0f);
     factors_.resize(1);
@@ -165,16 +176,21 @@ class ZeroAdamW {
       const auto g = buckets_.shard(b);
       for (const auto& pc : pieces_[b]) {
         auto& prm = *buckets_.params()[pc.param];
-        std::copy_n(prm.value.begin() + std::ptrdiff_t(pc.param_offset), pc.size,
-                    w_[b].begin() + std::ptrdiff_t(pc.shard_offset));
+        if (stage_ != 3)  // stage 3: w_ is the master itself (the full weights exist only while gathered)
+          std::copy_n(prm.value.begin() + std::ptrdiff_t(pc.param_offset), pc.size,
+                      w_[b].begin() + std::ptrdiff_t(pc.shard_offset));
         st.weight_decay = config_.decays_param(prm) ? config_.weight_decay : 0.0f;
         const auto sub = [&](auto& v) { return std::span<float>(v).subspan(pc.shard_offset, pc.size); };
         optim::adamw_update<B>(sub(w_[b]), std::span<const float>(g).subspan(pc.shard_offset, pc.size), sub(m_[b]),
                                sub(v_[b]), config_, st, factors);
       }
     }
+    if (stage_ == 3) {  // the weights stay sharded: the passes gather each unit when they need it
+      buckets_.reset();
+      reduced_ = false;
+      return;
+    }
     // Launch every all-gather before waiting for any, so they pipeline behind one another.
-    using gather_request = decltype(comm.iall_gather(std::span<const float>{}, std::span<float>{}));
     std::vector<gather_request> gathers;
     gathers.reserve(buckets_.bucket_count());
     for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
@@ -202,10 +218,15 @@ class ZeroAdamW {
       if (stage_ == 1) nn::zero_grad<B>(*p);
       else p->grad = Buffer<float>{};
   }
-  /** Stage 2: allocates every gradient zeroed, for the backward to accumulate into (stage 1: they exist). */
+  /** Stages 2 and 3: allocates every gradient zeroed, for the backward to accumulate into (stage 1: they exist). */
   void prepare_gradients() {
-    for (auto* p : buckets_.params())
-      if (p->grad.size() != p->value.size()) nn::zero_grad<B>(*p);
+    for (std::size_t b = 0; b < buckets_.bucket_count(); ++b)
+      for (const auto& s : buckets_.bucket(b).slots) {  // the slot's size: under stage 3 the value may be released
+        auto& p = *buckets_.params()[s.param];
+        if (p.grad.size() == s.size) continue;
+        p.grad = uninitialized_buffer<float>(s.size);
+        B::zero(s.size, p.grad.data());
+      }
   }
 
   [[nodiscard]] std::size_t steps() const { return steps_; }
@@ -250,10 +271,122 @@ class ZeroAdamW {
     return n;
   }
 
+  // ---- Stage 3: parameters sharded at rest ------------------------------------------------------------
+  // Between uses every parameter's `value` is released; this rank keeps its block of each bucket's weights
+  // (w_, the fp32 master the update writes). A unit of the passes is gathered as whole buckets: `gather_begin`
+  // launches a bucket's all-gather (asynchronous, so it overlaps the compute before `gather_end`),
+  // `gather_end` waits, allocates the bucket's parameters and copies their values in (rounded to the compute
+  // precision when a rounding is set), `gather_release` frees them. Buckets are reference-counted, so two
+  // units sharing a parameter (the tied embedding and head) keep it until both are done.
+
+  /** The buckets holding parameters `ps` (each once, in bucket order); parameters not managed here are skipped. */
+  [[nodiscard]] std::vector<std::size_t> buckets_of(std::span<nn::Parameter* const> ps) const {
+    std::vector<bool> in(buckets_.bucket_count(), false);
+    for (auto* p : ps)
+      for (std::size_t k = 0; k < buckets_.params().size(); ++k)
+        if (buckets_.params()[k] == p) in[buckets_.bucket_of(k)] = true;
+    std::vector<std::size_t> out;
+    for (std::size_t b = 0; b < in.size(); ++b)
+      if (in[b]) out.push_back(b);
+    return out;
+  }
+  /** Stage 3: one more user of bucket `b`; the first launches its all-gather. Collective over the data group. */
+  void gather_begin(std::size_t b) {
+    require_stage3("gather_begin");
+    if (users_[b]++ > 0) return;
+    full_[b] = uninitialized_buffer<float>(buckets_.bucket(b).size);
+    gathering_[b].emplace(buckets_.comm().iall_gather(std::span<const float>(w_[b]), std::span<float>(full_[b])));
+  }
+  /**
+   * Stage 3: waits for bucket `b`'s all-gather (if still in flight) and puts its parameters' full values in
+   * place; `for_compute`: rounded to the compute precision (the passes), else the fp32 masters exactly
+   * (checkpoints, the tied-embedding broadcast, inspection).
+   */
+  void gather_end(std::size_t b, bool for_compute = false) {
+    require_stage3("gather_end");
+    require(users_[b] > 0, "ZeroAdamW::gather_end on rank ", buckets_.comm().rank(), ": bucket ", b,
+            " was not begun (call gather_begin first)");
+    if (!gathering_[b]) return;
+    gathering_[b]->wait();
+    gathering_[b].reset();
+    for (const auto& s : buckets_.bucket(b).slots) {
+      auto& v = buckets_.params()[s.param]->value;
+      v = uninitialized_buffer<float>(s.size);
+      std::copy_n(full_[b].begin() + std::ptrdiff_t(s.offset), s.size, v.begin());
+      if (for_compute && rounding_) rounding_(std::span<float>(v));
+    }
+    full_[b] = Buffer<float>{};
+  }
+  /** Stage 3: one user fewer of bucket `b`; the last frees its parameters' values. */
+  void gather_release(std::size_t b) {
+    require_stage3("gather_release");
+    require(users_[b] > 0, "ZeroAdamW::gather_release on rank ", buckets_.comm().rank(), ": bucket ", b,
+            " is not gathered");
+    if (--users_[b] > 0) return;
+    if (gathering_[b]) gather_end(b);  // never leave an all-gather writing into a freed buffer
+    for (const auto& s : buckets_.bucket(b).slots) buckets_.params()[s.param]->value = Buffer<float>{};
+  }
+  /** Stage 3: gathers every bucket (checkpoints, inspection); `release_all` undoes it. */
+  void gather_all() {
+    for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) gather_begin(b);
+    for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) gather_end(b);
+  }
+  void release_all() {
+    for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) gather_release(b);
+  }
+  /** Stage 3, while gathered: takes this rank's blocks of the (e.g. loaded) full values as the new masters. */
+  void store_gathered() {
+    require_stage3("store_gathered");
+    for (std::size_t b = 0; b < pieces_.size(); ++b)
+      for (const auto& pc : pieces_[b]) {
+        const auto& prm = *buckets_.params()[pc.param];
+        require(prm.value.size() > pc.param_offset, "ZeroAdamW::store_gathered: parameter ", prm.name,
+                " is not gathered");
+        std::copy_n(prm.value.begin() + std::ptrdiff_t(pc.param_offset), pc.size,
+                    w_[b].begin() + std::ptrdiff_t(pc.shard_offset));
+      }
+  }
+  /** Stage 3: what each gathered value is passed through (the compute precision's rounding); empty: none. */
+  void set_gather_rounding(std::function<void(std::span<float>)> f) { rounding_ = std::move(f); }
+  /** Floats of the fp32 weight blocks this rank keeps (stage 3: its masters, about N / p; else 0). */
+  [[nodiscard]] std::size_t master_elements() const {
+    if (stage_ != 3) return 0;
+    std::size_t n = 0;
+    for (const auto& w : w_) n += w.size();
+    return n;
+  }
+  /** Floats of gathered full parameter values (and all-gather receive buffers) held now. */
+  [[nodiscard]] std::size_t gathered_elements() const {
+    std::size_t n = 0;
+    for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
+      n += full_[b].size();
+      if (stage_ == 3 && users_[b] > 0)
+        for (const auto& s : buckets_.bucket(b).slots) n += buckets_.params()[s.param]->value.size();
+    }
+    return n;
+  }
+
  private:
   struct Piece {
     std::size_t param, shard_offset, param_offset, size;
   };
+
+  using gather_request = decltype(std::declval<Comm&>().iall_gather(std::span<const float>{}, std::span<float>{}));
+
+  /** Stage 3 at construction: this rank's blocks of the (identical on every rank) initial weights, then released. */
+  void shard_parameters() {
+    for (std::size_t b = 0; b < pieces_.size(); ++b)
+      for (const auto& pc : pieces_[b])
+        std::copy_n(buckets_.params()[pc.param]->value.begin() + std::ptrdiff_t(pc.param_offset), pc.size,
+                    w_[b].begin() + std::ptrdiff_t(pc.shard_offset));
+    users_.assign(buckets_.bucket_count(), 0);
+    gathering_.resize(buckets_.bucket_count());
+    for (auto* p : buckets_.params()) p->value = Buffer<float>{};
+  }
+  void require_stage3(const char* what) const {
+    require(stage_ == 3, "ZeroAdamW::", what, " on rank ", buckets_.comm().rank(), ": parameters are gathered under ",
+            "ZeRO-3 only, this is stage ", stage_);
+  }
 
   GradBuckets<Comm, BucketCollective::reduce_scatter> buckets_;
   optim::AdamWConfig config_;
@@ -264,11 +397,14 @@ class ZeroAdamW {
   int stage_;
   std::size_t steps_ = 0;
   bool reduced_ = false;
+  std::vector<int> users_;                               // stage 3: units using each bucket's gathered values
+  std::vector<std::optional<gather_request>> gathering_;  // stage 3: all-gathers in flight
+  std::function<void(std::span<float>)> rounding_;       // stage 3: the compute precision of gathered values
 
   static BucketMemory stage_memory(int stage, const Comm& group) {
-    require(stage == 1 || stage == 2, "ZeroAdamW on rank ", group.rank(), " of group '", group.name(), "': stage ",
-            stage, " is not 1 or 2 (ZeRO-1 shards optimizer states, ZeRO-2 gradients too)");
-    return stage == 2 ? BucketMemory::transient : BucketMemory::kept;
+    require(stage >= 1 && stage <= 3, "ZeroAdamW on rank ", group.rank(), " of group '", group.name(), "': stage ",
+            stage, " is not 1, 2 or 3 (ZeRO-1 shards optimizer states, ZeRO-2 gradients too, ZeRO-3 parameters too)");
+    return stage >= 2 ? BucketMemory::transient : BucketMemory::kept;
   }
 };
 

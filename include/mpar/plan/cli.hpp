@@ -48,7 +48,8 @@ Required:
 Optional (fix a dimension instead of searching it):
   --tp N  --pp N  --dp N  --microbatch-size N  --virtual-stages N
   --schedule gpipe|1f1b|interleaved_1f1b|zb_h1|zb_h2|2bw   (2bw, asynchronous, only when asked for)
-  --recompute none|selective|full  --zero1 on|off  --zero2 on|off  --sequence-parallel on|off
+  --recompute none|selective|full  --zero1 on|off  --zero2 on|off  --zero3 on|off
+  --sequence-parallel on|off
   --cp N                   context parallelism: each sequence split over N GPUs (ring attention; default 1,
                            not searched); tp x pp x dp share --gpus / N, and gradients reduce over dp x cp
 Optional (hardware and output):
@@ -139,6 +140,7 @@ namespace detail {
     else if (opt == "--top") o.search.top_k = detail::parse_count(opt, val);
     else if (opt == "--zero1") o.space.zero1 = detail::parse_switch(opt, val);
     else if (opt == "--zero2") o.space.zero2 = detail::parse_switch(opt, val);
+    else if (opt == "--zero3") o.space.zero3 = detail::parse_switch(opt, val);
     else if (opt == "--sequence-parallel") o.space.sequence_parallel = detail::parse_switch(opt, val);
     else if (opt == "--calibration") o.calibration_file = val;
     else if (opt == "--memory-fraction") {
@@ -204,6 +206,7 @@ namespace detail {
      << ",\"microbatch_size\":" << k.microbatch_size << ",\"microbatches\":" << k.microbatches << ",\"schedule\":\""
      << schedule_name(k.schedule) << "\",\"virtual_stages\":" << k.virtual_stages << ",\"recompute\":\""
      << recompute_name(k.recompute) << "\",\"zero1\":" << (k.zero1 ? "true" : "false") << ",\"zero2\":" << (k.zero2 ? "true" : "false")
+     << ",\"zero3\":" << (k.zero3 ? "true" : "false")
      << ",\"sequence_parallel\":" << (k.sequence_parallel ? "true" : "false")
      << ",\"memory_gib_per_gpu\":" << c.memory.total() / gib << ",\"memory_gib\":{\"parameters\":" << c.memory.parameters / gib
      << ",\"gradients\":" << c.memory.gradients / gib << ",\"optimizer\":" << c.memory.optimizer / gib

@@ -150,13 +150,17 @@ struct MemoryOptions {
   const double psi = rank_parameters(m, c, rank);
   const double zdp = double(c.data_group());  // ZeRO shards over the gradient-reduction group, data x context
   e.parameters = psi * (p.weight_bytes + p.master_bytes / (c.zero1 ? zdp : 1.0));
+  // ZeRO-3 keeps only this rank's 1/dp of the weights at rest, in the precision the optimizer updates (the fp32
+  // master where there is one: the gathered 16-bit values are rounded from it); each unit's full weights exist
+  // only while the passes use it (counted with the communication buffers below).
+  if (c.zero3) e.parameters = psi * two_bw_version_bytes(p) / zdp;
   // 2BW keeps a second weight version: the previous step's weights as the optimizer holds them (the fp32
   // master when there is one, whole on every rank even under ZeRO-1), which the passes run on.
   if (c.schedule == ScheduleKind::two_bw) e.parameters += psi * two_bw_version_bytes(p);
   // ZeRO-2 keeps only this rank's 1/dp of the averaged gradient between steps. (mpar's layers accumulate the
   // micro-batches' gradients in full-size per-parameter buffers, released bucket by bucket once the last
   // micro-batch's backward has passed them; that transient is the backward's, as ZeRO-1's full gradient is.)
-  e.gradients = psi * p.grad_bytes / (c.zero2 ? zdp : 1.0);
+  e.gradients = psi * p.grad_bytes / (c.zero2 || c.zero3 ? zdp : 1.0);
   e.optimizer = psi * p.optimizer_bytes / (c.zero1 ? zdp : 1.0);
 
   // s: the tokens of one sequence this rank holds (all of them, or 1/cp under context parallelism).
@@ -209,6 +213,13 @@ struct MemoryOptions {
   // Ring attention: the K/V block held and the one arriving, and in backward their dK/dV travelling with them.
   if (c.cp > 1) comm += 8 * p.activation_bytes * sbh / t;
   if (c.data_group() > 1) comm += 2 * std::min(o.dp_bucket_bytes, psi * p.grad_bytes);
+  // ZeRO-3: the unit in use and the next one (prefetched) gathered at once; a unit is a layer, or the
+  // embeddings / the head with the word embedding on the first and last pipeline rank.
+  if (c.zero3) {
+    const double hh = double(m.hidden), layer = (12 * hh * hh + 7 * hh) / t + 6 * hh;
+    const double ends = rank == 0 || rank + 1 == c.pp ? double(m.vocab) * hh / t + double(m.seq) * hh : 0.0;
+    comm += (std::max(layer, ends) + layer) * p.weight_bytes;
+  }
   e.communication = comm;
   return e;
 }

@@ -71,6 +71,7 @@ struct ParallelConfig {
   Recompute recompute = Recompute::none;
   bool zero1 = false;              ///< optimizer states sharded over the data-parallel group
   bool zero2 = false;              ///< gradients sharded too (ZeRO-2; set together with zero1)
+  bool zero3 = false;              ///< parameters sharded too (ZeRO-3; set together with zero1 and zero2)
   bool sequence_parallel = false;  ///< activations outside the tensor-parallel GEMMs sharded over tp
 
   [[nodiscard]] std::size_t gpus() const { return tp * cp * pp * dp; }
@@ -84,7 +85,7 @@ struct ParallelConfig {
     os << " mbs=" << c.microbatch_size << " m=" << c.microbatches
        << " schedule=" << schedule_name(c.schedule);
     if (c.virtual_stages > 1) os << " v=" << c.virtual_stages;
-    os << " recompute=" << recompute_name(c.recompute) << (c.zero2 ? " zero2" : c.zero1 ? " zero1" : "") << (c.sequence_parallel ? " sp" : "");
+    os << " recompute=" << recompute_name(c.recompute) << (c.zero3 ? " zero3" : c.zero2 ? " zero2" : c.zero1 ? " zero1" : "") << (c.sequence_parallel ? " sp" : "");
     return os;
   }
 };

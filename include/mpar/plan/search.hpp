@@ -36,7 +36,7 @@ struct SearchSpace {
   std::size_t cp = 1;  ///< context-parallel size, fixed (not searched): the other axes share gpus / cp
   std::optional<ScheduleKind> schedule;
   std::optional<Recompute> recompute;
-  std::optional<bool> zero1, zero2, sequence_parallel;
+  std::optional<bool> zero1, zero2, zero3, sequence_parallel;
   std::vector<std::size_t> microbatch_sizes{1, 2, 4, 8};  ///< tried when microbatch_size is not fixed
   std::size_t max_virtual_stages = 8;                     ///< largest V tried for the interleaved schedule
 };
@@ -142,9 +142,13 @@ namespace detail {
     double params = 0;
     for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) params += detail::chunk_parameters(m, c, rk, ch);
     opt = std::max(opt, cm.optimizer_seconds(params, c));
-    if (c.zero1 && c.data_group() > 1)
-      gather = std::max(gather, best_collective(Collective::all_gather, params * cm.precision().weight_bytes, r.placement.data,
-                                                cm.network()).seconds);
+    if (c.zero1 && c.data_group() > 1) {
+      const double once = best_collective(Collective::all_gather, params * cm.precision().weight_bytes, r.placement.data,
+                                          cm.network()).seconds;
+      // ZeRO-3 gathers every unit before each micro-batch's forward and again before its backward, instead of
+      // once after the step; counted as not overlapped (the prefetch hides part of it), so it is an upper bound.
+      gather = std::max(gather, c.zero3 ? 2.0 * double(c.microbatches) * once : once);
+    }
   }
   sc.optimizer = opt;
   const PipelineTiming pt = time_pipeline(c, sc);
@@ -286,14 +290,15 @@ namespace detail {
           for (std::size_t v : vs)
             for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
               if (space.recompute && rc != *space.recompute) continue;
-              for (int z = 0; z < 3; ++z) {  // ZeRO stage: 0, 1 (states sharded), 2 (gradients too)
+              for (int z = 0; z < 4; ++z) {  // ZeRO stage: 0, 1 (states sharded), 2 (gradients too), 3 (parameters too)
                 if (space.zero1 ? (bool(z) != *space.zero1) : (z >= 1 && dp * space.cp == 1)) continue;
-                if (space.zero2 ? ((z == 2) != *space.zero2) : (z == 2 && dp * space.cp == 1)) continue;
+                if (space.zero2 ? ((z >= 2) != *space.zero2) : (z == 2 && dp * space.cp == 1)) continue;  // ZeRO-3 shards gradients too
+                if (space.zero3 ? ((z == 3) != *space.zero3) : (z == 3 && dp * space.cp == 1)) continue;
                 for (int spi = 0; spi < 2; ++spi) {
                   if (space.sequence_parallel ? (bool(spi) != *space.sequence_parallel) : (spi == 1 && (tp == 1 || space.cp > 1))) continue;
                   ParallelConfig c;
                   c.tp = tp, c.pp = pp, c.dp = dp, c.cp = space.cp, c.microbatch_size = mbs, c.schedule = s, c.virtual_stages = v;
-                  c.recompute = rc, c.zero1 = z >= 1, c.zero2 = z == 2, c.sequence_parallel = bool(spi);
+                  c.recompute = rc, c.zero1 = z >= 1, c.zero2 = z >= 2, c.zero3 = z == 3, c.sequence_parallel = bool(spi);
                   c.microbatches = std::max<std::size_t>(1, p.global_batch / (dp * mbs));
                   ++plan.considered;
                   if (auto why = structural_problem(p, c)) {
@@ -310,7 +315,7 @@ namespace detail {
                     reject({c, "memory",
                             mpar::detail::cat("needs at least ", std::round(need / gib * 10) / 10, " GiB per GPU but ",
                                         std::round(budget / gib * 10) / 10, " GiB are usable (", o.usable_memory_fraction * 100,
-                                        " % of ", p.cluster.memory_bytes / gib, " GiB); more recomputation, ZeRO-1 or ZeRO-2, larger tp/pp or a smaller micro-batch would help")});
+                                        " % of ", p.cluster.memory_bytes / gib, " GiB); more recomputation, ZeRO-1, ZeRO-2 or ZeRO-3, larger tp/pp or a smaller micro-batch would help")});
                     continue;
                   }
                   // Lower bound: the busiest rank computes M micro-batches through all its chunks without a gap.
