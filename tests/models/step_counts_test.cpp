@@ -177,14 +177,12 @@ TEST_CASE("step counts: on one rank the host touches only token ids, targets, th
           "[models][counts]") {
   // Per micro-batch of t tokens: the [t, 1] id activation (written, value-initialised, copied once by the
   // executor: read + written, read by the embedding) and its placeholder gradient, the ids and targets
-  // copied into rank memory, the loss read back, and the executor's value-initialised [t, vocab] logit
-  // gradient. Everything else — activations, gradients, statistics — is written by backend operations.
+  // copied into rank memory, and the loss read back. Everything else — activations, gradients, the logit
+  // gradient (allocated uninitialised, written whole by the loss), statistics — is written by backend operations.
   auto c = testing::small_gpt(1, 1, 1);
   const auto rs = count_steps(c);
-  auto padded = c;
-  padded.model.vocab = testing::gpt_dataset().vocab_size();
-  const std::uint64_t t = c.microbatch_size() * c.model.seq, v = padded.model.padded_vocab(), f = sizeof(float);
-  const std::uint64_t per_mb = t * f * (2 + 2 + 1 + 1) + t * sizeof(std::int32_t) * 2 + f + t * v * f;
+  const std::uint64_t t = c.microbatch_size() * c.model.seq, f = sizeof(float);
+  const std::uint64_t per_mb = t * f * (2 + 2 + 1 + 1) + t * sizeof(std::int32_t) * 2 + f;
   CHECK(rs[0].step.host_bytes == std::uint64_t(c.microbatches) * per_mb);
 }
 

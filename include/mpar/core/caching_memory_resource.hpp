@@ -48,6 +48,7 @@ class CachingMemoryResource final : public MemoryResource {
                                  std::size_t max_cached = std::numeric_limits<std::size_t>::max())
       : upstream_(&upstream), max_cached_(max_cached), name_(std::string("caching(") + upstream.name() + ")") {}
   ~CachingMemoryResource() override { release(); }
+  void write_initial(void* dst, const void* src, std::size_t bytes) override { upstream_->write_initial(dst, src, bytes); }
   CachingMemoryResource(const CachingMemoryResource&) = delete;
   CachingMemoryResource& operator=(const CachingMemoryResource&) = delete;
 

@@ -15,8 +15,10 @@
  */
 #include <cstddef>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <new>
+#include <span>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -41,7 +43,21 @@ class MemoryResource {
   [[nodiscard]] virtual void* allocate(std::size_t bytes) = 0;
   virtual void deallocate(void* p, std::size_t bytes) noexcept = 0;
   [[nodiscard]] virtual const char* name() const noexcept = 0;
+  /**
+   * Copies `bytes` of host memory into `dst`, memory of this resource that no queued operation uses yet
+   * (a fresh allocation receiving its initial values, e.g. a parameter's), and returns when done. Host
+   * memory copies directly; a device resource uploads (and waits), the discrete-memory check writes through
+   * the mapping its operations use, so initial values need no backend and no host access of rank memory.
+   */
+  virtual void write_initial(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
 };
+
+/** Writes `values` into `dst` (fresh, same size) through `dst`'s memory resource (see `MemoryResource::write_initial`). */
+template <class T, class V>
+void write_initial(std::vector<T, V>& dst, std::span<const T> values) {
+  static_assert(std::is_trivially_copyable_v<T>);
+  if (!dst.empty()) dst.get_allocator().resource().write_initial(dst.data(), values.data(), dst.size() * sizeof(T));
+}
 
 /** @brief Ordinary host memory through the global `operator new` (so allocation tracking sees it). */
 class HostMemoryResource final : public MemoryResource {

@@ -284,9 +284,11 @@ class GptStage {
       // This rank's padding columns of the logits get -1e30 (exp gives 0): excluded from softmax and loss.
       const mpar::Block cols = head_->local_box[0];
       if (cols.offset + cols.extent > cfg.vocab) {
-        vocab_mask_.assign(cols.extent, 0.0f);
+        std::vector<float> mask(cols.extent, 0.0f);
         for (std::size_t c = 0; c < cols.extent; ++c)
-          if (cols.offset + c >= cfg.vocab) vocab_mask_[c] = -1e30f;
+          if (cols.offset + c >= cfg.vocab) mask[c] = -1e30f;
+        vocab_mask_ = uninitialized_buffer<float>(cols.extent);
+        write_initial(vocab_mask_, std::span<const float>(mask));  // rank memory the host never touches again
       }
     }
   }
@@ -305,6 +307,16 @@ class GptStage {
     for (std::size_t i = 0; i < tokens.size(); ++i) a.data()[i] = float(tokens[i]);
     note_host_access(a.tensor().bytes());
     return a;
+  }
+
+  /**
+   * The token ids of micro-batch `mb` as host values, for a first stage on a backend whose rank memory the
+   * host must not read: its embedding then takes them from here and leaves the `[tokens, 1]` input activation
+   * unread (it carries the shape only). Kept until the next call for `mb` (recomputation reruns the lookup).
+   */
+  void set_tokens(int mb, std::span<const std::int32_t> tokens) {
+    if (std::size_t(mb) >= host_tokens_.size()) host_tokens_.resize(std::size_t(mb) + 1);
+    host_tokens_[std::size_t(mb)].assign(tokens.begin(), tokens.end());
   }
 
   /** Forward of micro-batch `mb` on a stage other than the last: tokens (first stage) or hidden states in, hidden states out. */
@@ -531,7 +543,9 @@ class GptStage {
     if (first_) {
       const std::size_t t = dy.extent(0);
       embed_pending_.put(mb).dy = std::move(dy);
-      return nn::Act<Replicate>(nn::Activation({t, 1}));
+      // A placeholder (token ids have no gradient); nobody reads it, so a stream-ordered backend leaves it unwritten.
+      if constexpr (optim::host_reads_rank_memory<B>) return nn::Act<Replicate>(nn::Activation({t, 1}));
+      else return nn::Act<Replicate>(nn::Activation({t, 1}, uninitialized));
     }
     return dy;
   }
@@ -553,8 +567,12 @@ class GptStage {
     require(x.extent(1) == 1, "GptStage: the first stage takes token ids as a [tokens, 1] activation, got ", x.extent(0),
             "x", x.extent(1));
     std::vector<std::int32_t> tokens(x.extent(0));
-    for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = std::int32_t(x.data()[i]);
-    note_host_access(x.tensor().bytes());
+    if (std::size_t(mb) < host_tokens_.size() && host_tokens_[std::size_t(mb)].size() == tokens.size()) {
+      tokens = host_tokens_[std::size_t(mb)];  // given by set_tokens: the activation's values are not read
+    } else {
+      for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = std::int32_t(x.data()[i]);
+      note_host_access(x.tensor().bytes());
+    }
     nn::Act<Replicate> h = embed_->embed(tokens, mb);
     // h[b, s, :] += position[s, :]: with each sequence a row of seq x hidden values, the position table is
     // that row's bias, so one bias addition covers the micro-batch. Under cp the row is the rank's two
@@ -603,6 +621,7 @@ class GptStage {
   nn::Parameter head_copy_;
   nn::Parameter* head_ = nullptr;
   std::optional<nn::VocabParallelCrossEntropy<C, B>> ce_;
+  std::vector<std::vector<std::int32_t>> host_tokens_;  ///< set_tokens: host ids per micro-batch (first stage)
   Buffer<float> vocab_mask_;  ///< 0 for real ids, -1e30 for this rank's padding columns; empty when it has none
   nn::MicroBatchCache<HeadInput> head_inputs_;
   nn::MicroBatchCache<nn::detail::WeightGradInputs> head_pending_;  // final-norm output and logit gradient

@@ -56,6 +56,7 @@
  * 16-bit type by the optimizer's `begin_compute`).
  */
 #include <algorithm>
+#include <array>
 #include <chrono>
 #include <cmath>
 #include <cstdint>
@@ -350,11 +351,11 @@ class GptTrainer {
                           (optimizer_->sync_seconds() - dp_comm_before);
     // Host measurements (times, the dropped count; tensor ranks repeat the same routing, so their dropped
     // counts are divided out); the losses came averaged with the optimizer's statistics.
-    Buffer<double> avg{stats.bubble_ratio, std::min(1.0, comm_s / wall),
-                       double(dropped) * double(cfg_.world_size()) / double(cfg_.tp)};
-    comms_.world.all_reduce(std::span<double>(avg), ReduceOp::avg);
-    Buffer<double> slowest{wall};
-    comms_.world.all_reduce(std::span<double>(slowest), ReduceOp::max);
+    // [0, 3): averaged over the world; [3]: the slowest rank's wall time.
+    std::array<double, 4> avg{stats.bubble_ratio, std::min(1.0, comm_s / wall),
+                              double(dropped) * double(cfg_.world_size()) / double(cfg_.tp), wall};
+    host_all_reduce(avg);
+    const std::array<double, 1> slowest{avg[3]};
     StepReport r;
     r.step = step;
     r.loss = st.loss;  // the executor reports the loss of the unscaled forward
@@ -843,7 +844,15 @@ class GptTrainer {
     targets_.assign(std::size_t(cfg_.microbatches), {});
     for (int mb = 0; mb < cfg_.microbatches; ++mb) {
       const auto lo = std::ptrdiff_t(std::size_t(mb) * mb_tokens), hi = lo + std::ptrdiff_t(mb_tokens);
-      if (holds_first_) inputs.push_back(Stage::tokens_as_activation(std::span(batch.tokens).subspan(std::size_t(lo), mb_tokens)));
+      if (holds_first_) {
+        const auto ids = std::span(batch.tokens).subspan(std::size_t(lo), mb_tokens);
+        if constexpr (optim::host_reads_rank_memory<B>) {
+          inputs.push_back(Stage::tokens_as_activation(ids));
+        } else {  // the host must not write rank memory: the first stage takes the ids as host values
+          stages_.front()->set_tokens(mb, ids);
+          inputs.push_back(nn::Act<Replicate>(nn::Activation({mb_tokens, 1}, uninitialized)));
+        }
+      }
       targets_[std::size_t(mb)].assign(batch.targets.begin() + lo, batch.targets.begin() + hi);
     }
     return inputs;
@@ -999,6 +1008,27 @@ class GptTrainer {
     } release{z};
     return f();
   }
+  /**
+   * Reduces the step's host measurements over the world: `v[0..3)` averaged, `v[3]` the maximum. On a backend
+   * whose operations return at once they go through rank memory by the stream-ordered copies (the communicator
+   * is ordered with the rank's stream), with one host wait: the staging buffer outlives the copy in.
+   */
+  void host_all_reduce(std::array<double, 4>& v) {
+    if (comms_.world.size() == 1) return;
+    Buffer<double> rank = B::template allocate<double>(v.size());
+    if constexpr (optim::host_reads_rank_memory<B>) {
+      std::copy(v.begin(), v.end(), rank.begin());
+    } else {
+      if (!report_staging_) report_staging_.emplace(v.size());  // after init_rank: pinned for this rank's device
+      std::copy(v.begin(), v.end(), report_staging_->data());
+      B::template copy_from_host_async<double>(v.size(), report_staging_->data(), rank.data());
+    }
+    comms_.world.all_reduce(std::span<double>(rank.data(), 3), ReduceOp::avg);
+    comms_.world.all_reduce(std::span<double>(rank.data() + 3, 1), ReduceOp::max);
+    if constexpr (optim::host_reads_rank_memory<B>) std::copy(rank.begin(), rank.end(), v.begin());
+    else optim::copy_to_host<B>(rank.data(), v.data(), v.size());
+  }
+  std::optional<typename B::template pinned_buffer<double>> report_staging_;
   GptTrainConfig cfg_;
   data::SourceRef data_;
   DynamicMesh mesh_;

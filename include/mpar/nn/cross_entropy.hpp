@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/optim/rank_scalars.hpp"
 #include "mpar/nn/backend_copy.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/layer.hpp"
@@ -73,7 +74,8 @@ class VocabParallelCrossEntropy {
               " of token ", i, " is outside the vocabulary of ", vocab_);
     auto& c = cache_.put(mb);
     c.logits = backend_copy<B>(logits);
-    c.targets.assign(targets.begin(), targets.end());
+    c.targets = uninitialized_buffer<std::int32_t>(t);
+    write_initial(c.targets, targets);  // into the rank's memory (an upload on a device)
     // [row max | sum exp | target logit] per token, then the loss: all written by the kernels.
     c.stats = uninitialized_buffer<float>(3 * t + 1);
     note_host_access(t * sizeof(std::int32_t));     // the targets copied in
@@ -85,7 +87,8 @@ class VocabParallelCrossEntropy {
     if (p_ > 1) comm_->all_reduce(std::span<float>(sums, 2 * t), ReduceOp::sum);
     B::vocab_parallel_loss(t, mx, sums, sums + t, sums + 2 * t);
     note_host_access(sizeof(float));  // the host reads the loss
-    return sums[2 * t];
+    // On a backend whose operations return at once, through the stream-ordered copy and an event wait.
+    return optim::read_from_rank<B>(sums + 2 * t);
   }
 
   /** Gradient of `scale * loss` with respect to this rank's logits. */

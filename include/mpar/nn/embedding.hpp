@@ -62,7 +62,8 @@ class BasicEmbedding {
   Act<output_layout> embed(std::span<const std::int32_t> tokens, int mb = 0) {
     detail::check_tokens(tokens, vocab_, "Embedding");
     auto& ids = cache_.put(mb).tokens;
-    ids.assign(tokens.begin(), tokens.end());  // in the rank's memory, where the backend's kernels read them
+    ids = uninitialized_buffer<std::int32_t>(tokens.size());
+    write_initial(ids, tokens);  // into the rank's memory (an upload on a device), where the kernels read them  // in the rank's memory, where the backend's kernels read them
     note_host_access(ids.size() * sizeof(std::int32_t));
     return Act<output_layout>(detail::embed_rows<B>(ids, weight_, 0, vocab_, hidden_));
   }
@@ -110,7 +111,8 @@ class VocabParallelEmbedding {
   Act<output_layout> embed(std::span<const std::int32_t> tokens, int mb = 0) {
     detail::check_tokens(tokens, vocab_, "VocabParallelEmbedding");
     auto& ids = cache_.put(mb).tokens;
-    ids.assign(tokens.begin(), tokens.end());
+    ids = uninitialized_buffer<std::int32_t>(tokens.size());
+    write_initial(ids, tokens);  // into the rank's memory (an upload on a device), where the kernels read them
     note_host_access(ids.size() * sizeof(std::int32_t));
     // This rank's rows for the tokens in its vocabulary slice, zeros elsewhere: an addend of the lookup.
     Act<TensorPartial> y(detail::embed_rows<B>(ids, weight_, slice_.offset, slice_.extent, hidden_));

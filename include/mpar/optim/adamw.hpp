@@ -99,10 +99,14 @@ class AdamW {
     v_.reserve(params_.size());
     for (std::size_t i = 0; i < params_.size(); ++i) {
       require(params_[i] != nullptr, "AdamW: parameter ", i, " is null");
-      m_.emplace_back(params_[i]->local_size(), 0.0f);
-      v_.emplace_back(params_[i]->local_size(), 0.0f);
+      // Zeroed by the backend: rank memory the host never writes.
+      const std::size_t n = params_[i]->local_size();
+      m_.push_back(B::template allocate<float>(n));
+      v_.push_back(B::template allocate<float>(n));
+      B::zero(n, m_.back().data());
+      B::zero(n, v_.back().data());
     }
-    factors_.resize(1);
+    factors_ = B::template allocate<UpdateFactors>(1);  // written by each step before its update reads it
   }
 
   void step() { step(config_.lr); }

@@ -12,8 +12,10 @@
  */
 #include <algorithm>
 #include <cstddef>
+#include <type_traits>
 
 #include "mpar/backend/backend.hpp"
+#include "mpar/backend/host/host_backend.hpp"
 
 namespace mpar::optim {
 
@@ -26,6 +28,28 @@ void copy_to_host(const T* src, T* dst, std::size_t n) {
   B::record_event(copied);
   B::wait_event(copied);
   std::copy_n(staged.data(), n, dst);
+}
+
+/**
+ * @brief Whether the host may dereference `B`'s rank memory right after issuing an operation: only for
+ * backends whose memory is the host's and whose operations finish before they return (HostBackend).
+ */
+template <backend B>
+inline constexpr bool host_reads_rank_memory = std::is_same_v<typename B::memory_space, HostMemory>;
+
+/**
+ * @brief One value of rank memory on the host, after the operations that produced it: a plain read where
+ * `host_reads_rank_memory<B>` (no synchronisation to count), else the stream-ordered copy and one event wait.
+ */
+template <backend B, class T>
+[[nodiscard]] T read_from_rank(const T* src) {
+  if constexpr (host_reads_rank_memory<B>) {
+    return *src;
+  } else {
+    T v{};
+    copy_to_host<B>(src, &v, 1);
+    return v;
+  }
 }
 
 template <backend B, class T>

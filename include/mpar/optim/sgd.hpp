@@ -60,9 +60,11 @@ class Sgd {
     buffers_.reserve(params_.size());
     for (std::size_t i = 0; i < params_.size(); ++i) {
       require(params_[i] != nullptr, "Sgd: parameter ", i, " is null");
-      buffers_.emplace_back(config_.momentum != 0.0f ? params_[i]->local_size() : 0, 0.0f);
+      const std::size_t n = config_.momentum != 0.0f ? params_[i]->local_size() : 0;
+      buffers_.push_back(B::template allocate<float>(n));  // zeroed by the backend: the host never writes rank memory
+      if (n > 0) B::zero(n, buffers_.back().data());
     }
-    factors_.resize(1);
+    factors_ = B::template allocate<UpdateFactors>(1);  // written by each step before its update reads it
   }
 
   /** Applies one update with the configured learning rate. */

@@ -20,6 +20,9 @@
 #include <utility>
 #include <vector>
 
+#include "mpar/backend/backend.hpp"
+#include "mpar/backend/host/host_backend.hpp"
+#include "mpar/optim/rank_scalars.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/memory_resource.hpp"
@@ -91,7 +94,7 @@ enum class BucketMemory { kept, transient };
  * `wait()`, `flat(b)` holds the summed bucket (all_reduce) or `shard(b)` this rank's summed block of it,
  * `block_of(size, p, rank)` (reduce_scatter). `reset()` starts the next step.
  */
-template <communicator Comm, BucketCollective Kind>
+template <communicator Comm, BucketCollective Kind, backend B = HostBackend>
 class GradBuckets {
   using all_reduce_request = decltype(std::declval<Comm&>().iall_reduce(std::span<float>{}, ReduceOp::sum));
   using reduce_scatter_request = decltype(std::declval<Comm&>().ireduce_scatter(std::span<const float>{},
@@ -122,10 +125,11 @@ class GradBuckets {
     flat_.resize(buckets_.size());
     shard_.resize(buckets_.size());
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
-      if (memory_ == BucketMemory::kept) flat_[b].assign(buckets_[b].size, 0.0f);
+      // Uninitialised: every slot is copied in before a collective reads it, and the collective writes the shard.
+      if (memory_ == BucketMemory::kept) flat_[b] = uninitialized_buffer<float>(buckets_[b].size);
       if constexpr (Kind == BucketCollective::reduce_scatter)
-        shard_[b].assign(block_of(buckets_[b].size, std::size_t(comm_->size()), std::size_t(comm_->rank())).extent,
-                         0.0f);
+        shard_[b] = uninitialized_buffer<float>(
+            block_of(buckets_[b].size, std::size_t(comm_->size()), std::size_t(comm_->rank())).extent);
     }
     requests_.resize(buckets_.size());
     reset();
@@ -197,7 +201,11 @@ class GradBuckets {
     require(p.grad.size() == s.size, "GradBuckets::mark_ready on rank ", comm_->rank(), ": parameter ", p.name,
             " has ", p.grad.size(), " gradient elements, but ", s.size, " when the buckets were planned");
     if (flat_[b].size() != buckets_[b].size) flat_[b] = uninitialized_buffer<float>(buckets_[b].size);  // transient
-    std::copy(p.grad.begin(), p.grad.end(), flat_[b].begin() + std::ptrdiff_t(s.offset));
+    // A backend copy where operations run in stream order (the host must not touch rank memory there).
+    if constexpr (optim::host_reads_rank_memory<B>)
+      std::copy(p.grad.begin(), p.grad.end(), flat_[b].begin() + std::ptrdiff_t(s.offset));
+    else
+      B::copy(s.size, p.grad.data(), flat_[b].data() + s.offset);
     if (memory_ == BucketMemory::transient) params_[k]->grad = Buffer<float>{};  // the bucket holds it now
     marked_[k] = true;
     ++ready_[b];

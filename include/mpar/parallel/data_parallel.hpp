@@ -35,7 +35,7 @@ struct DataParallelOptions {
  * micro-batches, mark gradients ready during the last micro-batch only. Parameters never marked are
  * reduced by `finish()` as they are (so a model without hooks needs only `finish()`, without overlap).
  */
-template <communicator Comm>
+template <communicator Comm, backend B = HostBackend>
 class DataParallel {
  public:
   DataParallel(std::vector<nn::Parameter*> params, Comm& data_group, DataParallelOptions options = {})
@@ -63,7 +63,12 @@ class DataParallel {
       const auto flat = buckets_.flat(b);
       for (const auto& s : buckets_.bucket(b).slots) {
         auto& g = buckets_.params()[s.param]->grad;
-        for (std::size_t i = 0; i < s.size; ++i) g[i] = flat[s.offset + i] * inv;
+        if constexpr (optim::host_reads_rank_memory<B>) {
+          for (std::size_t i = 0; i < s.size; ++i) g[i] = flat[s.offset + i] * inv;
+        } else {  // the same product, by backend operations ordered after the all-reduce
+          B::copy(s.size, flat.data() + s.offset, g.data());
+          B::scale(s.size, inv, g.data());
+        }
       }
     }
     buckets_.reset();
@@ -76,7 +81,7 @@ class DataParallel {
   [[nodiscard]] double divisor() const { return divisor_; }
 
  private:
-  GradBuckets<Comm, BucketCollective::all_reduce> buckets_;
+  GradBuckets<Comm, BucketCollective::all_reduce, B> buckets_;
   double divisor_;
 };
 

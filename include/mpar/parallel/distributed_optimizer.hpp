@@ -168,7 +168,7 @@ class DistributedOptimizer {
     if (cfg_.precision == Precision::bf16) copies_.template emplace<ComputeCopies<bf16>>(compute_params_);
     if (cfg_.precision == Precision::f16) copies_.template emplace<ComputeCopies<f16>>(compute_params_);
     if (cfg_.precision != Precision::fp32) masters_.resize(compute_params_.size());
-    stats_.resize(1);
+    stats_ = B::template allocate<RankStatistics>(1);  // every field written by operations or copies before it is read
     if (stage > 0) {
       zero_.emplace(params_, *g_.data, cfg_.adamw, ZeroOptions{cfg_.bucket_bytes, 0.0, stage, 2, cfg_.zero_unit_starts});
       if (stage == 3 && cfg_.precision == Precision::bf16) zero_->set_gather_rounding(round_through<bf16>);
@@ -218,8 +218,11 @@ class DistributedOptimizer {
    */
   [[nodiscard]] double* losses() { return &stats_.data()->loss; }
   void record_losses(double loss, double aux_loss) {
-    const double v[2] = {loss, aux_loss};
-    optim::copy_to_rank<B>(v, losses(), 2);
+    // Without a host wait: the staging buffer is rewritten only by the next step's call, after this step's
+    // statistics read (a later point of the same stream) has waited.
+    loss_staging_[0] = loss;
+    loss_staging_[1] = aux_loss;
+    B::template copy_from_host_async<double>(2, loss_staging_.data(), losses());
   }
 
   /**
@@ -358,13 +361,14 @@ class DistributedOptimizer {
   std::size_t ep_ = 1;
   std::unordered_map<const nn::Parameter*, Route> route_;
   std::vector<nn::Parameter*> experts_;
-  std::optional<DataParallel<Comm>> dp_, dp_experts_;
+  std::optional<DataParallel<Comm, B>> dp_, dp_experts_;
   std::optional<ZeroAdamW<Comm, B>> zero_;
   std::optional<optim::AdamW<B>> adamw_;
   std::optional<optim::Sgd<B>> sgd_;
   std::optional<optim::DynamicLossScaler> scaler_;
   std::variant<std::monostate, ComputeCopies<bf16>, ComputeCopies<f16>> copies_;
   std::vector<Buffer<float>> masters_;  // rank memory: the fp32 weights while the passes see rounded ones
+  typename B::template pinned_buffer<double> loss_staging_ = typename B::template pinned_buffer<double>(2);  // record_losses
   Buffer<RankStatistics> stats_;        // rank memory: written by backend operations and communicators
   StepStatistics last_;
   double sync_seconds_ = 0;

@@ -92,15 +92,19 @@ class ZeroAdamW {
         const std::size_t lo = std::max(s.offset, mine.offset), hi = std::min(s.offset + s.size, mine.offset + mine.extent);
         if (lo < hi) pieces_[b].push_back({s.param, lo - mine.offset, lo - s.offset, hi - lo});
       }
-      m_[b].assign(mine.extent, 0.0f);
-      v_[b].assign(mine.extent, 0.0f);
-      w_[b].assign(mine.extent, 0.0f);
+      // Rank memory the host never writes: moments zeroed by the backend, the weight shard copied in each step.
+      m_[b] = B::template allocate<float>(mine.extent);
+      v_[b] = B::template allocate<float>(mine.extent);
+      w_[b] = B::template allocate<float>(mine.extent);
+      B::zero(mine.extent, m_[b].data());
+      B::zero(mine.extent, v_[b].data());
     }
     full_.resize(buckets_.bucket_count());
     if (stage_ == 3) shard_parameters();
-    if (stage_ == 1)
-      for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) full_[b].assign(buckets_.bucket(b).size, 0.0f);
-    factors_.resize(1);
+    if (stage_ == 1)  // written whole by each step's all-gather
+      for (std::size_t b = 0; b < buckets_.bucket_count(); ++b)
+        full_[b] = B::template allocate<float>(buckets_.bucket(b).size);
+    factors_ = B::template allocate<UpdateFactors>(1);
   }
 
   [[nodiscard]] int stage() const { return stage_; }
@@ -176,9 +180,14 @@ class ZeroAdamW {
       const auto g = buckets_.shard(b);
       for (const auto& pc : pieces_[b]) {
         auto& prm = *buckets_.params()[pc.param];
-        if (stage_ != 3)  // stage 3: w_ is the master itself (the full weights exist only while gathered)
+        if (stage_ == 3) {
+          // stage 3: w_ is the master itself (the full weights exist only while gathered)
+        } else if constexpr (optim::host_reads_rank_memory<B>) {
           std::copy_n(prm.value.begin() + std::ptrdiff_t(pc.param_offset), pc.size,
                       w_[b].begin() + std::ptrdiff_t(pc.shard_offset));
+        } else {  // stream-ordered backends: a backend copy (the host must not touch rank memory)
+          B::copy(pc.size, prm.value.data() + pc.param_offset, w_[b].data() + pc.shard_offset);
+        }
         st.weight_decay = config_.decays_param(prm) ? config_.weight_decay : 0.0f;
         const auto sub = [&](auto& v) { return std::span<float>(v).subspan(pc.shard_offset, pc.size); };
         optim::adamw_update<B>(sub(w_[b]), std::span<const float>(g).subspan(pc.shard_offset, pc.size), sub(m_[b]),
@@ -199,8 +208,12 @@ class ZeroAdamW {
     }
     for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
       gathers[b].wait();
-      for (const auto& s : buckets_.bucket(b).slots)
-        std::copy_n(full_[b].begin() + std::ptrdiff_t(s.offset), s.size, buckets_.params()[s.param]->value.begin());
+      for (const auto& s : buckets_.bucket(b).slots) {
+        if constexpr (optim::host_reads_rank_memory<B>)
+          std::copy_n(full_[b].begin() + std::ptrdiff_t(s.offset), s.size, buckets_.params()[s.param]->value.begin());
+        else
+          B::copy(s.size, full_[b].data() + s.offset, buckets_.params()[s.param]->value.data());
+      }
       if (stage_ == 2) full_[b] = Buffer<float>{};  // the weights are in place: drop the gathered copy
     }
     buckets_.reset();
@@ -376,9 +389,13 @@ class ZeroAdamW {
   /** Stage 3 at construction: this rank's blocks of the (identical on every rank) initial weights, then released. */
   void shard_parameters() {
     for (std::size_t b = 0; b < pieces_.size(); ++b)
-      for (const auto& pc : pieces_[b])
-        std::copy_n(buckets_.params()[pc.param]->value.begin() + std::ptrdiff_t(pc.param_offset), pc.size,
-                    w_[b].begin() + std::ptrdiff_t(pc.shard_offset));
+      for (const auto& pc : pieces_[b]) {
+        const auto& value = buckets_.params()[pc.param]->value;
+        if constexpr (optim::host_reads_rank_memory<B>)
+          std::copy_n(value.begin() + std::ptrdiff_t(pc.param_offset), pc.size, w_[b].begin() + std::ptrdiff_t(pc.shard_offset));
+        else
+          B::copy(pc.size, value.data() + pc.param_offset, w_[b].data() + pc.shard_offset);
+      }
     users_.assign(buckets_.bucket_count(), 0);
     gathering_.resize(buckets_.bucket_count());
     for (auto* p : buckets_.params()) p->value = Buffer<float>{};
@@ -388,7 +405,7 @@ class ZeroAdamW {
             "ZeRO-3 only, this is stage ", stage_);
   }
 
-  GradBuckets<Comm, BucketCollective::reduce_scatter> buckets_;
+  GradBuckets<Comm, BucketCollective::reduce_scatter, B> buckets_;
   optim::AdamWConfig config_;
   double divisor_;
   std::vector<std::vector<Piece>> pieces_;

@@ -36,6 +36,8 @@
 #include <utility>
 #include <vector>
 
+#include "mpar/nn/backend_copy.hpp"
+#include "mpar/optim/rank_scalars.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/host_access.hpp"
@@ -198,7 +200,7 @@ class Executor {
       // Post every receive header of the step now, so they land while this rank computes.
       std::size_t nrecv = 0;
       for (const auto& a : prog) nrecv += is_recv(a.op) ? 1 : 0;
-      headers.assign(nrecv * detail::h_size, 0.0f);
+      headers = uninitialized_buffer<float>(nrecv * detail::h_size);  // the receives write them
       header_reqs.reserve(nrecv);
       for (std::size_t i = 0, k = 0; i < prog.size(); ++i)
         if (is_recv(prog[i].op)) {
@@ -222,7 +224,7 @@ class Executor {
       double t_work = t_start;
       switch (a.op) {
         case Op::forward: {
-          Boundary x = s == 0 ? inputs[std::size_t(a.mb)].tensor() : take(act_, s, a.mb, "activation", a);
+          Boundary x = s == 0 ? input_copy(inputs[std::size_t(a.mb)].tensor()) : take(act_, s, a.mb, "activation", a);
           fwd_version_[{a.chunk, a.mb}] = version_;
           Boundary y = detail::forward(stage, x, a.mb, s == S - 1);
           if (opt_.recompute[std::size_t(a.chunk)]) {
@@ -297,10 +299,10 @@ class Executor {
           lane = Lane::communication;
           header_reqs[header_of[i]].wait();
           t_work = detail::now_seconds();  // before this: waiting (idle); after: reading the payload
-          const std::span<const float, detail::h_size> h(headers.data() + header_of[i] * detail::h_size, detail::h_size);
+          const auto h = header_on_host(headers.data() + header_of[i] * detail::h_size);
           const bool g = a.op == Op::recv_gradient;
-          const Shape<2> shape = check_header(h, a, r, s, g);
-          Boundary buf(shape);
+          const Shape<2> shape = check_header(std::span<const float, detail::h_size>(h), a, r, s, g);
+          Boundary buf(shape, uninitialized);  // the receive writes it
           comm_.recv(std::span<float>(buf.span()), a.peer, tag_of(a, r, 1));
           (g ? grad_ : act_)[{s, a.mb}] = std::move(buf);
           break;
@@ -316,9 +318,7 @@ class Executor {
       for (auto& q : p.reqs) q.wait();
     sends_.clear();
     // Every rank reports the same mean loss (computed on the last stage's rank).
-    Buffer<double> l{loss_sum / double(N)};
-    comm_.broadcast(std::span<double>(l), stage_rank(c, S - 1));
-    st.loss = l[0];
+    st.loss = broadcast_loss(loss_sum / double(N), stage_rank(c, S - 1));
     st.wall = detail::now_seconds() - t0;
     st.idle = std::max(0.0, st.wall - st.compute - st.communication);
     st.bubble_ratio = st.wall > 0 ? (st.wall - st.compute) / st.wall : 0;
@@ -327,6 +327,49 @@ class Executor {
   }
 
  private:
+  /** Whether the host reads and writes the message headers in rank memory directly (HostBackend, or a stage without a backend). */
+  static constexpr bool host_headers = [] {
+    if constexpr (requires { typename Stage::backend_type; })
+      return optim::host_reads_rank_memory<typename Stage::backend_type>;
+    else
+      return true;
+  }();
+  /** A received header as host values: read directly, or through the stream-ordered copy and a wait. */
+  static std::array<float, detail::h_size> header_on_host(const float* p) {
+    std::array<float, detail::h_size> h{};
+    if constexpr (host_headers) std::copy_n(p, detail::h_size, h.begin());
+    else optim::copy_to_host<typename Stage::backend_type>(p, h.data(), detail::h_size);
+    return h;
+  }
+  /** The first stage's input, copied by the stage's backend where the host must not touch rank memory. */
+  static Boundary input_copy(const Boundary& x) {
+    if constexpr (requires { typename Stage::backend_type; })
+      if constexpr (!optim::host_reads_rank_memory<typename Stage::backend_type>)
+        return nn::backend_copy<typename Stage::backend_type>(x);
+    return x;
+  }
+  /**
+   * The last stage's mean loss on every rank. A stage on a backend whose operations return at once (a
+   * `backend_type` other than HostBackend's memory) passes it through rank memory with the stream-ordered
+   * copies, since its communicator is ordered with the rank's stream.
+   */
+  double broadcast_loss(double loss, int root) {
+    if (comm_.size() == 1) return loss;  // one stage: nothing to send
+    if constexpr (requires { typename Stage::backend_type; }) {
+      using B = typename Stage::backend_type;
+      if constexpr (!optim::host_reads_rank_memory<B>) {
+        Buffer<double> l = B::template allocate<double>(1);
+        optim::copy_to_rank<B>(&loss, l.data(), 1);
+        comm_.broadcast(std::span<double>(l), root);
+        optim::copy_to_host<B>(l.data(), &loss, 1);
+        return loss;
+      }
+    }
+    Buffer<double> l{loss};
+    comm_.broadcast(std::span<double>(l), root);
+    return l[0];
+  }
+
   struct PendingSend {
     Buffer<float> header;
     Boundary payload;
@@ -342,9 +385,16 @@ class Executor {
     const int dst = g ? s - 1 : s + 1;
     auto& pending = sends_.emplace_back();
     pending.payload = take(g ? grad_ : act_, dst, a.mb, g ? "gradient" : "activation", a);
-    pending.header = {detail::header_magic, g ? 1.0f : 0.0f, float(a.mb), float(pending.payload.extent(0)),
-                      float(pending.payload.extent(1)), detail::dtype_f32, float(r), float(s)};
+    const std::array<float, detail::h_size> header{detail::header_magic, g ? 1.0f : 0.0f, float(a.mb),
+                                                   float(pending.payload.extent(0)), float(pending.payload.extent(1)),
+                                                   detail::dtype_f32, float(r), float(s)};
     static_assert(detail::h_size == 8, "the header list above has one value per header field");
+    if constexpr (host_headers) {
+      pending.header.assign(header.begin(), header.end());
+    } else {  // rank memory the host must not write: the stream-ordered copy (and its wait, for the source)
+      pending.header = uninitialized_buffer<float>(detail::h_size);
+      optim::copy_to_rank<typename Stage::backend_type>(header.data(), pending.header.data(), detail::h_size);
+    }
     pending.reqs.push_back(comm_.isend(std::span<const float>(pending.header), a.peer, tag_of(a, r, 0)));
     pending.reqs.push_back(comm_.isend(std::span<const float>(pending.payload.span()), a.peer, tag_of(a, r, 1)));
   }
@@ -378,7 +428,7 @@ class Executor {
     std::size_t nrecv = 0;
     for (std::size_t i = first; i < end; ++i) nrecv += is_recv(prog[i].op) ? 1 : 0;
     incoming.reserve(nrecv);  // the posted receives point into these payloads
-    Buffer<float> headers(nrecv * detail::h_size, 0.0f);
+    Buffer<float> headers = uninitialized_buffer<float>(nrecv * detail::h_size);  // the receives write them
     std::vector<request_type> reqs;
     for (std::size_t i = first; i < end; ++i) {
       const Action& a = prog[i];
@@ -395,7 +445,7 @@ class Executor {
                 " receives a gradient for an output it has not produced");
         shape = it->second;
       }
-      auto& in = incoming.emplace_back(Incoming{i, Boundary(shape)});
+      auto& in = incoming.emplace_back(Incoming{i, Boundary(shape, uninitialized)});  // the receive writes it
       reqs.push_back(comm_.irecv(std::span<float>(headers.data() + (incoming.size() - 1) * detail::h_size, detail::h_size),
                                  a.peer, tag_of(a, r, 0)));
       reqs.push_back(comm_.irecv(std::span<float>(in.payload.span()), a.peer, tag_of(a, r, 1)));
@@ -410,9 +460,9 @@ class Executor {
       const Action& a = prog[incoming[k].action];
       const int s = global_stage(prog_.config, r, a.chunk);
       const bool g = a.op == Op::recv_gradient;
-      const std::span<const float, detail::h_size> h(headers.data() + k * detail::h_size, detail::h_size);
+      const auto h = header_on_host(headers.data() + k * detail::h_size);
       // The expected shape check_header enforces is the posted one (both sizes are known in this mode).
-      (void)check_header(h, a, r, s, g);
+      (void)check_header(std::span<const float, detail::h_size>(h), a, r, s, g);
       reqs[2 * k + 1].wait();
       (g ? grad_ : act_)[{s, a.mb}] = std::move(incoming[k].payload);
     }

@@ -133,7 +133,7 @@ template <pipeline_stage S>
 double loss(const LossFn<loss_layout_t<S>>& fn, Boundary y, int mb, Boundary& dy) {
   using L = loss_layout_t<S>;
   nn::Act<L> yt(std::move(y));
-  nn::Act<nn::grad_layout_t<L>> dyt(Boundary(yt.shape()));
+  nn::Act<nn::grad_layout_t<L>> dyt(Boundary(yt.shape(), uninitialized));  // the loss function replaces it whole
   const double l = fn(yt, mb, dyt);
   dy = std::move(dyt).tensor();
   return l;

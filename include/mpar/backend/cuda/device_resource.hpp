@@ -67,6 +67,12 @@ class DeviceMemoryResource final : public MemoryResource {
     (void)cudaFree(p);
   }
   [[nodiscard]] const char* name() const noexcept override { return "cuda-device"; }
+  /** Uploads initial values on the calling thread's stream (after the allocation) and waits for them. */
+  void write_initial(void* dst, const void* src, std::size_t bytes) override {
+    const std::shared_ptr<StreamToken>& token = this_thread().stream_token();
+    check(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, token->stream), "cudaMemcpyAsync (write_initial)");
+    check(cudaStreamSynchronize(token->stream), "cudaStreamSynchronize (write_initial)");
+  }
 
  private:
   std::mutex m_;

@@ -48,6 +48,10 @@ namespace mpar::stream {
  */
 class EmulatedRankMemory : public MemoryResource {
  public:
+  /** Initial values of a fresh block: written through the operations' mapping, before any operation uses it. */
+  void write_initial(void* dst, const void* src, std::size_t bytes) final {
+    std::memcpy(operation_address(dst), src, bytes);
+  }
   [[nodiscard]] void* allocate(std::size_t bytes) final {
     const std::size_t n = bytes ? bytes : 1;
     void* p = raw_allocate(n);

@@ -87,6 +87,8 @@ struct BasicStreamHostBackend {
   template <class T, std::size_t R>
   using tensor_type = Tensor<T, R>;
   static constexpr const char* name = View::backend_name;
+  /** Operations return before they run: only waits synchronise the host (observe::CountingBackend counts so). */
+  static constexpr bool operations_block_host = false;
 
   /** Starts the calling rank's stream (its worker prepares itself like a HostBackend rank) and installs its rank memory. */
   static void init_rank() {
