@@ -154,8 +154,8 @@ class DistributedOptimizer {
     require(stage == 0 || ep_ == 1, "DistributedOptimizer: ZeRO-", stage,
             " shards states over the data axis only, but the expert group has ", ep_, " ranks");
     if (cfg_.precision == Precision::f16) scaler_.emplace(cfg_.loss_scaler);
-    if (cfg_.precision == Precision::bf16) copies_.template emplace<ComputeCopies<bf16>>(compute_params_);
-    if (cfg_.precision == Precision::f16) copies_.template emplace<ComputeCopies<f16>>(compute_params_);
+    if (cfg_.precision == Precision::bf16) copies_.template emplace<ComputeCopies<bf16, B>>(compute_params_);
+    if (cfg_.precision == Precision::f16) copies_.template emplace<ComputeCopies<f16, B>>(compute_params_);
     if (cfg_.precision != Precision::fp32) masters_.resize(compute_params_.size());
     stats_.resize(1);
     if (stage > 0) {
@@ -219,10 +219,14 @@ class DistributedOptimizer {
     std::visit(
         [&](auto& copies) {
           if constexpr (!std::is_same_v<std::decay_t<decltype(copies)>, std::monostate>) {
+            // All on the rank's stream: keep the master aside (B::copy), round it into the 16-bit copy and
+            // widen the copy back into the value the passes read (B::convert); no host pass over weights.
             copies.refresh();
             for (std::size_t i = 0; i < compute_params_.size(); ++i) {
-              masters_[i] = compute_params_[i]->value;
-              copies.widen_into(i, compute_params_[i]->value);
+              auto& value = compute_params_[i]->value;
+              if (masters_[i].size() != value.size()) masters_[i] = B::template allocate<float>(value.size());
+              if (!value.empty()) B::copy(value.size(), value.data(), masters_[i].data());
+              copies.widen_into(i, value);
             }
           }
         },
@@ -230,7 +234,13 @@ class DistributedOptimizer {
   }
   /** Puts the fp32 masters back after the passes (the optimizer updates them). */
   void end_compute() {
-    for (std::size_t i = 0; i < masters_.size(); ++i) compute_params_[i]->value = masters_[i];
+    for (std::size_t i = 0; i < masters_.size(); ++i) {
+      auto& value = compute_params_[i]->value;
+      require(value.size() == masters_[i].size(), "DistributedOptimizer::end_compute: parameter ",
+              compute_params_[i]->name, " holds ", value.size(), " values but its master ", masters_[i].size(),
+              "; a parameter must not be resized between begin_compute and end_compute");
+      if (!value.empty()) B::copy(value.size(), masters_[i].data(), value.data());
+    }
   }
 
   /**
@@ -342,7 +352,7 @@ class DistributedOptimizer {
   std::optional<optim::AdamW<B>> adamw_;
   std::optional<optim::Sgd<B>> sgd_;
   std::optional<optim::DynamicLossScaler> scaler_;
-  std::variant<std::monostate, ComputeCopies<bf16>, ComputeCopies<f16>> copies_;
+  std::variant<std::monostate, ComputeCopies<bf16, B>, ComputeCopies<f16, B>> copies_;
   std::vector<Buffer<float>> masters_;  // rank memory: the fp32 weights while the passes see rounded ones
   Buffer<RankStatistics> stats_;        // rank memory: written by backend operations and communicators
   StepStatistics last_;
