@@ -106,7 +106,9 @@ void check_common(const std::vector<RankCounts>& rs) {
  * - the optimizer: per parameter in the global norm one `sum_squares`, one `update_factors` (the norm, the
  *   clipping and loss-scale factor and the skip flag, which the updates read from rank memory), per updated
  *   parameter one `adamw_update` (ZeRO-1: one per parameter piece of its shard), and per parameter held one
- *   `zero` of its gradient.
+ *   `zero` of its gradient; under bf16 / f16 per parameter the passes read (`parameters()` on one stage) the
+ *   mixed-precision swap on the stream: round the master into its 16-bit copy (`convert`), keep the master
+ *   (`copy`), widen the copy into the weight (`convert`), restore the master after the passes (`copy`): 4.
  * (Before attention was batched this was 14 + 2 nb H_r and 18 + 4 nb H_r per block, one GEMM per (sequence,
  * head) and product, and the position embedding one add per sequence: 2 (1 + nb) on the first stage.)
  */
@@ -142,7 +144,7 @@ Expected expected_launches(const models::GptTrainConfig& c, const RankCounts& r,
 std::uint64_t optimizer_launches(const models::GptTrainConfig& c, const RankCounts& r) {
   const BackendCounts& s = r.step;
   return s[Op::sum_squares] + s[Op::update_factors] + s[Op::adamw_update] + s[Op::sgd_update] + s[Op::zero] +
-         (c.zero1 ? 1 : 0);
+         (c.zero1 ? 1 : 0) + (c.precision != "fp32" ? 4 * r.held : 0);
 }
 
 void check_dense(const std::string& name, const models::GptTrainConfig& c) {
