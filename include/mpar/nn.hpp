@@ -5,6 +5,7 @@
 #include "mpar/nn/bias.hpp"
 #include "mpar/nn/collectives.hpp"
 #include "mpar/nn/column_parallel.hpp"
+#include "mpar/nn/column_parallel_gelu.hpp"
 #include "mpar/nn/cross_entropy.hpp"
 #include "mpar/nn/dropout.hpp"
 #include "mpar/nn/embedding.hpp"

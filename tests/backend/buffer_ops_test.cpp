@@ -2,7 +2,9 @@
 // on HostBackend and through CountingBackend, against naive loops and hand-worked roundings.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <bit>
+#include <type_traits>
 #include <cmath>
 #include <thread>
 #include <cstdint>
@@ -150,4 +152,77 @@ TEST_CASE("backend vocab_parallel_loss: the mean of log(sumexp) + max - target l
   Cb::vocab_parallel_loss(mx.size(), mx.data(), se.data(), tl.data(), &again);
   CHECK(again == loss);
   CHECK((Cb::counts() - before)[observe::Op::vocab_parallel_loss] == 1);
+}
+
+namespace {
+/** GeLU (tanh form) in double: the hand formula. */
+double gelu_by_hand(double x) { return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))); }
+
+/**
+ * One `gemm_bias_gelu` of `TIn` operands against (1) a naive loop in double and (2) the unfused composition
+ * `gemm`, `bias_add_forward`, `gelu_forward` (what CBLAS and portable builds run, and the MLP's layer chain).
+ * Tolerances, relative to s = Σ_p |a_ip w_pj| + |b_j| (the size of the sum being rounded): against the naive
+ * loop 1e-5 s + 1e-6 (fp32 summation over k, GeLU's float kernel); against the composition 4e-7 s + 1e-7
+ * (oneDNN may add the bias to the accumulator in another order than after the product: a few ulps of s).
+ */
+template <class B, class TIn>
+void check_gemm_bias_gelu(std::size_t m, std::size_t n, std::size_t k, std::size_t pad) {
+  const std::size_t lda = k + pad, ldw = n + pad;
+  std::vector<TIn> a(m * lda), w(k * ldw);
+  std::vector<float> bias(n);
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = TIn(value(i) * 0.25f);
+  for (std::size_t i = 0; i < w.size(); ++i) w[i] = TIn(value(i + 7) * 0.2f);
+  for (std::size_t j = 0; j < n; ++j) bias[j] = value(j + 3) * 0.5f;
+  std::vector<float> pre(m * n, -7.0f), y(m * n, -7.0f), pre_unfused(m * n), y_unfused(m * n);
+  B::gemm_bias_gelu(m, n, k, static_cast<const TIn*>(a.data()), lda, static_cast<const TIn*>(w.data()), ldw,
+                    static_cast<const float*>(bias.data()), pre.data(), y.data());
+  B::template gemm<TIn, float>(Trans::no, Trans::no, m, n, k, 1.0f, a.data(), lda, w.data(), ldw, 0.0f,
+                               pre_unfused.data(), n);
+  B::bias_add_forward(m, n, static_cast<const float*>(bias.data()), pre_unfused.data());
+  B::gelu_forward(m * n, static_cast<const float*>(pre_unfused.data()), y_unfused.data());
+  for (std::size_t i = 0; i < m; ++i)
+    for (std::size_t j = 0; j < n; ++j) {
+      double ref = bias[j], s = std::fabs(double(bias[j]));
+      for (std::size_t p = 0; p < k; ++p) {
+        const double prod = double(float(a[i * lda + p])) * double(float(w[p * ldw + j]));
+        ref += prod;
+        s += std::fabs(prod);
+      }
+      const std::size_t e = i * n + j;
+      INFO("m=" << m << " n=" << n << " k=" << k << " element (" << i << ", " << j << "), s=" << s);
+      REQUIRE(std::fabs(pre[e] - ref) <= 1e-5 * s + 1e-6);
+      REQUIRE(std::fabs(y[e] - gelu_by_hand(ref)) <= 1e-5 * s + 1e-6);
+      REQUIRE(std::fabs(pre[e] - pre_unfused[e]) <= 4e-7 * s + 1e-7);
+      REQUIRE(std::fabs(y[e] - y_unfused[e]) <= 4e-7 * s + 1e-7);
+    }
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE("backend gemm_bias_gelu: the pre-activation and GeLU match a naive loop and the unfused composition",
+                   "[backend][buffer_ops][fused]", HostBackend, observe::CountingBackend<HostBackend>) {
+  INFO("host GEMM: " << host_gemm_library << (host::gemm_bias_fused ? " (bias inside the GEMM)" : " (unfused)"));
+  for (auto [m, n, k, pad] : {std::array<std::size_t, 4>{37, 70, 129, 0}, {1, 33, 17, 3}, {64, 256, 64, 0}}) {
+    check_gemm_bias_gelu<TestType, float>(m, n, k, pad);
+    check_gemm_bias_gelu<TestType, bf16>(m, n, k, pad);
+  }
+  if constexpr (!std::is_same_v<TestType, HostBackend>) {
+    const auto before = TestType::counts();
+    std::vector<float> a(4, 1.0f), b(2, 0.5f), pre(4), y(4);
+    TestType::gemm_bias_gelu(std::size_t(2), std::size_t(2), std::size_t(2), static_cast<const float*>(a.data()),
+                             std::size_t(2), static_cast<const float*>(a.data()), std::size_t(2),
+                             static_cast<const float*>(b.data()), pre.data(), y.data());
+    const auto d = TestType::counts() - before;
+    CHECK(d[observe::Op::gemm_bias_gelu] == 1);
+    CHECK(d.gemms() == 1);
+    CHECK(pre == std::vector<float>(4, 2.5f));
+  }
+}
+
+TEST_CASE("backend gemm_bias_gelu: a missing bias is refused, naming the sizes", "[backend][buffer_ops][fused]") {
+  std::vector<float> a(6, 1.0f), pre(4), y(4);
+  CHECK_THROWS_WITH(HostBackend::gemm_bias_gelu(std::size_t(2), std::size_t(2), std::size_t(3),
+                                                static_cast<const float*>(a.data()), std::size_t(3),
+                                                static_cast<const float*>(a.data()), std::size_t(2),
+                                                static_cast<const float*>(nullptr), pre.data(), y.data()),
+                    Catch::Contains("bias is required") && Catch::Contains("2x2x3"));
 }

@@ -119,6 +119,8 @@ struct ResidencyCheckedBackend : HostBackend {
   MPAR_TEST_CHECKED(scatter_rows)
   MPAR_TEST_CHECKED(scatter_add_rows)
   MPAR_TEST_CHECKED(scatter_add_rows_backward)
+  // The MLP's first projection with its bias and GeLU: input, weight, bias, pre-activation, output.
+  MPAR_TEST_CHECKED(gemm_bias_gelu)
 #undef MPAR_TEST_CHECKED
 };
 static_assert(backend<ResidencyCheckedBackend>);

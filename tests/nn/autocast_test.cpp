@@ -11,6 +11,7 @@
 #include <cstdint>
 #include <cstring>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include <mpar/comm/threads.hpp>
@@ -195,6 +196,31 @@ TEST_CASE("Autocast(bf16): Linear, ColumnParallel and RowParallel match a bf16-r
       check(ms);
     }
   }
+  SECTION("Linear2D (SUMMA), 2 x 2 grid") {
+    constexpr std::size_t q = 2;
+    std::vector<Measured> ms(q * q);
+    run_threads(int(q * q), [&](Comm& world) {
+      auto grid = make_tensor_grid(world, q, q);
+      Linear2D<Comm> layer(grid, In, Out, init);
+      const std::size_t i = grid.i(), j = grid.j(), tq = T / q, iq = In / q, oq = Out / q;
+      auto block = [&](const Activation& g, std::size_t cols) {
+        return Activation(g.slice(0, i * tq, (i + 1) * tq).slice(1, j * cols / q, (j + 1) * cols / q));
+      };
+      Measured& m = ms[i * q + j];
+      {
+        Autocast scope(ComputeType::bf16);
+        const Activation y = layer.forward(block(x, In), 0);
+        const Activation dx = layer.backward_input(block(dy, Out), 0);
+        layer.backward_weight(0);
+        m.y = excess(y, ref.y, ref.y_bound, Out, i * tq, j * oq);
+        m.y_vs_fp32 = excess(y, ref.y_fp32, ref.y_bound, Out, i * tq, j * oq);
+        m.dx = excess(dx, ref.dx, ref.dx_bound, In, i * tq, j * iq);
+      }
+      m.dw = grad_excess(layer.weight(), ref.dw, &ref.dw_bound);
+      m.db = grad_excess(layer.bias(), ref.db, nullptr);
+    });
+    check(ms);
+  }
 }
 
 TEST_CASE("Autocast: a backward uses the type its forward used, and scopes nest", "[nn][autocast]") {
@@ -310,4 +336,78 @@ TEST_CASE("Autocast(bf16): the attention core's products match a bf16-rounded na
   CHECK(rel(dqkv, g_ref) <= 3e-4);
   CHECK(rel(o, o_32) > 1e-3);
   CHECK(rel(dqkv, g_32) > 1e-3);
+}
+
+// The MLP's first half fused (bias and GeLU as the GEMM's epilogue, `B::gemm_bias_gelu`) against the unfused
+// chain ColumnParallel -> Gelu on the same rank, in fp32 and inside Autocast(bf16), and against gelu(x W + b)
+// by a naive loop in double (fp32). Tolerance: the equivalence tests' norm-relative 1e-5 (rel_tol) for the
+// output, the input gradient and both parameter gradients: the two paths differ only in where the bias enters
+// the fp32 sum (inside oneDNN's matmul or after it), a few ulps of the activation.
+TEST_CASE("ColumnParallelGelu: matches ColumnParallel then Gelu (fp32 and bf16) and a naive loop, TP = 1, 2",
+          "[nn][autocast][fused]") {
+  const Activation x = random_activation(T, In, 31), dy = random_activation(T, Out, 32);
+  for (ComputeType type : {ComputeType::fp32, ComputeType::bf16})
+    for (int p : {1, 2}) {
+      INFO("TP = " << p << ", " << name_of(type));
+      struct Errors {
+        double y = 1e30, dx = 1e30, dw = 1e30, db = 1e30, naive = 1e30;
+      };
+      std::vector<Errors> errs(static_cast<std::size_t>(p));
+      run_threads(p, [&](Comm& tp) {
+        const auto n = std::size_t(p), r = std::size_t(tp.rank());
+        const LinearInit init{seed, 40, "fc", true};
+        ColumnParallelGelu<Comm> fused(tp, In, Out, init);
+        ColumnParallel<Comm> fc(tp, In, Out, init);
+        Gelu gelu;
+        const Activation dy_local = local_features(dy, n, r);
+        Errors e;
+        {
+          Autocast scope(type);
+          const auto y = fused.forward(Act<Replicate>(x));
+          const auto dx = fused.backward(Act<FeatureShard>(dy_local));
+          const auto y2 = gelu.forward(fc.forward(Act<Replicate>(x)));
+          const auto dx2 = fc.backward(gelu.backward(Act<FeatureShard>(dy_local)));
+          e.y = rel_err(y.tensor().values(), y2.tensor().values());
+          e.dx = rel_err(dx.tensor().values(), dx2.tensor().values());
+          if (type == ComputeType::fp32) {
+            const auto& w = fused.weight().value;
+            const auto& b = fused.bias().value;
+            const std::size_t local = Out / n;
+            std::vector<float> ref(T * local);
+            for (std::size_t i = 0; i < T; ++i)
+              for (std::size_t j = 0; j < local; ++j) {
+                double s = b[j];
+                for (std::size_t k = 0; k < In; ++k) s += double(x(i, k)) * double(w[k * local + j]);
+                ref[i * local + j] = float(0.5 * s * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (s + 0.044715 * s * s * s))));
+              }
+            e.naive = rel_err(y.tensor().values(), ref);
+          } else {
+            e.naive = 0;
+          }
+        }
+        e.dw = rel_err(fused.weight().grad, fc.weight().grad);
+        e.db = rel_err(fused.bias().grad, fc.bias().grad);
+        errs[r] = e;
+      });
+      for (std::size_t r = 0; r < errs.size(); ++r) {
+        INFO("rank " << r);
+        CHECK(errs[r].y <= rel_tol);
+        CHECK(errs[r].dx <= rel_tol);
+        CHECK(errs[r].dw <= rel_tol);
+        CHECK(errs[r].db <= rel_tol);
+        CHECK(errs[r].naive <= rel_tol);
+      }
+    }
+}
+
+TEST_CASE("ColumnParallelGelu: a projection without a bias is refused, naming the layer", "[nn][fused]") {
+  std::string message = "(no exception)";
+  run_threads(1, [&](Comm& tp) {
+    try {
+      ColumnParallelGelu<Comm> layer(tp, In, Out, LinearInit{seed, 40, "fc1", false});
+    } catch (const std::exception& e) {
+      message = e.what();
+    }
+  });
+  CHECK_THAT(message, Catch::Contains("ColumnParallelGelu 'fc1'") && Catch::Contains("needs a bias"));
 }

@@ -2,6 +2,9 @@
 // object for the optimizer side of a step) against hand-written clipping, loss scaling and updates.
 #include <catch2/catch.hpp>
 
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <cmath>
 #include <cstddef>
 #include <limits>
@@ -14,6 +17,8 @@
 #include "mpar/comm/threads.hpp"
 #include "mpar/core/mesh.hpp"
 #include "mpar/optim.hpp"
+#include "mpar/backend/stream/host_access_trace.hpp"
+#include "mpar/backend/stream/stream_backend.hpp"
 #include "mpar/parallel.hpp"
 #include "support/rank_checks.hpp"
 
@@ -281,6 +286,57 @@ TEST_CASE("DistributedOptimizer under bf16: the passes see rounded weights, the 
     rc.expect(opt.precision_bytes() == 2 * sizeof(float) + 2 * sizeof(bf16), "masters and copies counted");
   });
   rc.assert_all(3);
+}
+
+TEST_CASE("DistributedOptimizer under bf16: rounding the weights and restoring the masters are stream operations "
+          "on rank memory, no host access",
+          "[train][optim][mixed][discrete]") {
+  // DiscreteHostBackend's rank memory faults when the host touches it; the trace records every such access
+  // (a device backend's weights are unreachable from the host). Ties round to even: 1 + 2^-8 lies halfway
+  // between 1 and 1 + 2^-7 (odd mantissa) and goes to 1; 1 + 3 * 2^-8 goes up to the even 1 + 2^-6.
+  using B = DiscreteHostBackend;
+  const std::vector<float> w{1.0f + 1.0f / 256.0f + 1.0f / 1024.0f, 1.0f + 1.0f / 256.0f,
+                             1.0f + 3.0f / 256.0f, -0.5f, 70000.0f};
+  const std::vector<float> rounded{1.0f + 1.0f / 128.0f, 1.0f, 1.0f + 1.0f / 64.0f, -0.5f, 70144.0f};
+  // In a child: the trace installs process-wide signal handlers. Exit status 0: no host access, the passes
+  // saw the rounded weights and the masters came back; a distinct status for each failure.
+  const pid_t pid = fork();
+  if (pid == 0) {
+    int code = 0;
+    stream::HostAccessTrace trace;
+    run_threads(1, [&](ThreadsCommunicator& world) {
+      B::init_rank();
+      auto comms = make_mesh_comms(world, DynamicMesh(1, 1, 1, 1));
+      nn::Parameter p;
+      p.name = "w";
+      p.global_shape = {w.size()};
+      p.value = B::allocate<float>(w.size());
+      p.grad = B::allocate<float>(w.size());
+      B::copy_from_host_async<float>(w.size(), w.data(), p.value.data());
+      B::zero(w.size(), p.grad.data());
+      parallel::OptimizerConfig oc;
+      oc.precision = parallel::Precision::bf16;
+      parallel::DistributedOptimizer<ThreadsCommunicator, B> opt({&p}, {&p}, oc, groups_of(comms));
+      std::vector<float> seen(w.size()), back(w.size());
+      B::synchronize();
+      // Only the mixed-precision swap is under test: what the construction touched is counted before it.
+      const std::size_t before = trace.accesses(false) + trace.accesses(true);
+      opt.begin_compute();
+      B::copy_to_host_async<float>(w.size(), p.value.data(), seen.data());
+      opt.end_compute();
+      B::copy_to_host_async<float>(w.size(), p.value.data(), back.data());
+      B::synchronize();
+      if (trace.accesses(false) + trace.accesses(true) != before) code = 1;
+      else if (seen != rounded) code = 2;
+      else if (back != w) code = 3;
+    });
+    _exit(code);
+  }
+  int st = 0;
+  waitpid(pid, &st, 0);
+  const int status = WIFEXITED(st) ? WEXITSTATUS(st) : 128 + WTERMSIG(st);
+  INFO("1: the host touched rank memory; 2: wrong rounded weights; 3: the masters did not come back");
+  CHECK(status == 0);
 }
 
 namespace {

@@ -13,6 +13,7 @@
 #include "mpar/backend/host/optimizer_kernels.hpp"  // UpdateFactors (the optimizer kernels' per-step inputs)
 #include "mpar/core/memory_resource.hpp"  // Buffer (allocate)
 #include "mpar/backend/host/buffer_ops.hpp"  // the host reference of zero, fill, copy, convert, gemm_strided_batched
+#include "mpar/backend/host/gemm_bias_gelu.hpp"  // the host reference of gemm_bias_gelu
 
 namespace mpar {
 
@@ -34,6 +35,10 @@ namespace mpar {
  *   `layernorm_backward` (accumulates dgamma/dbeta), `dropout_apply`, `embedding_forward`,
  *   `embedding_backward` (accumulates), `vocab_parallel_max`, `vocab_parallel_sumexp`,
  *   `vocab_parallel_backward`;
+ * - the fused GEMM epilogue `gemm_bias_gelu(m, n, k, a, lda, w, ldw, bias, pre, y)` (fp32, or bf16/f16
+ *   `a` and `w` with fp32 accumulation): `pre = a w + bias`, `y = gelu(pre)`, with the semantics of
+ *   `mpar::host::gemm_bias_gelu` (backend/host/gemm_bias_gelu.hpp): the MLP's first projection, keeping
+ *   the pre-activation for GeLU's backward;
  * - the optimizer kernels, fp32 over `n` elements, with the semantics of their `mpar::host`
  *   reference (backend/host/optimizer_kernels.hpp), so an optimizer runs where its weights live:
  *   - `adamw_update(n, w, g, m, v, beta1, beta2, eps, lr, weight_decay, bias_correction1,
@@ -153,6 +158,9 @@ concept backend = requires(const float* a, float* c, const bf16* h, const std::i
   B::template gemm_strided_batched<float>(Trans::no, Trans::yes, n, n, n, 1.0f, a, n, n, a, n, n, 0.0f, c, n, n, n);
   B::template gemm_strided_batched<bf16, float>(Trans::no, Trans::no, n, n, n, 1.0f, h, n, n, h, n, n, 1.0f, c, n, n, n);
   B::vocab_parallel_loss(n, a, a, a, c);
+  // The fused GEMM epilogue of the MLP's first projection (backend/host/gemm_bias_gelu.hpp).
+  B::gemm_bias_gelu(n, n, n, a, n, a, n, a, c, c);
+  B::gemm_bias_gelu(n, n, n, h, n, h, n, a, c, c);
 };
 
 }  // namespace mpar

@@ -43,6 +43,7 @@
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/cross_entropy.hpp"
 #include "mpar/nn/embedding.hpp"
+#include "mpar/nn/half_weight.hpp"
 #include "mpar/nn/layer_norm.hpp"
 #include "mpar/nn/ring_transformer_block.hpp"
 #include "mpar/nn/transformer_block.hpp"
@@ -337,10 +338,22 @@ class GptStage {
     // vocabulary rows of E give vocab-sharded logits.
     nn::Act<Replicate> hn = nn::CopyToTensorRegion::forward(*tp_, final_ln_->forward(h, mb));
     nn::Act<nn::FeatureShard> logits(nn::Activation({hn.extent(0), head_->local_box[0].extent}, uninitialized));
-    B::template gemm<float>(Trans::no, Trans::yes, hn.extent(0), logits.extent(1), cfg_.hidden, 1.0f, hn.data(), cfg_.hidden,
-                            head_->value.data(), cfg_.hidden, 0.0f, logits.data(), logits.extent(1));
+    // Inside an Autocast scope the head's products take 16-bit operands (the input converted once, kept for
+    // W; the weight once per scope) and accumulate in fp32: the logits and the loss stay fp32.
+    const nn::ComputeType ct = nn::autocast_type();
+    nn::detail::GemmOperand hop = nn::detail::make_operand<B>(std::move(hn).tensor(), ct);
+    const std::size_t t = hop.rows, vl = logits.extent(1), hd = cfg_.hidden;
+    if (ct == nn::ComputeType::fp32) {
+      B::template gemm<float>(Trans::no, Trans::yes, t, vl, hd, 1.0f, hop.f32.data(), hd, head_->value.data(), hd, 0.0f,
+                              logits.data(), vl);
+    } else {
+      nn::detail::with_half(ct, [&]<class T>(T) {
+        B::template gemm<T, float>(Trans::no, Trans::yes, t, vl, hd, 1.0f, hop.template half<T>(), hd,
+                                   head16_.template get<B, T>(head_->value), hd, 0.0f, logits.data(), vl);
+      });
+    }
     if (!vocab_mask_.empty()) B::bias_add_forward(logits.extent(0), logits.extent(1), vocab_mask_.data(), logits.data());
-    head_inputs_.put(mb).h = std::move(hn).tensor();
+    head_inputs_.put(mb).x = std::move(hop);
     return logits;
   }
 
@@ -371,9 +384,16 @@ class GptStage {
     ++weights_done_;
     if (last_) {
       auto w = head_pending_.take(mb, "GptStage head backward_weight (no backward_input ran for this micro-batch)");
-      const std::size_t t = w.dy.extent(0), vl = w.dy.extent(1), h = cfg_.hidden;
-      B::template gemm<float>(Trans::yes, Trans::no, vl, h, t, 1.0f, w.dy.data(), vl, w.x.data(), h, 1.0f,
-                              head_->grad.data(), h);
+      const std::size_t t = w.dy.rows, vl = w.dy.cols, h = cfg_.hidden;
+      if (w.dy.type == nn::ComputeType::fp32) {
+        B::template gemm<float>(Trans::yes, Trans::no, vl, h, t, 1.0f, w.dy.f32.data(), vl, w.x.f32.data(), h, 1.0f,
+                                head_->grad.data(), h);
+      } else {
+        nn::detail::with_half(w.dy.type, [&]<class T>(T) {
+          B::template gemm<T, float>(Trans::yes, Trans::no, vl, h, t, 1.0f, w.dy.template half<T>(), vl,
+                                     w.x.template half<T>(), h, 1.0f, head_->grad.data(), h);
+        });
+      }
       if (final) hook_(final_ln_->parameters());
     }
     for (std::size_t i = blocks_.size(); i-- > 0;) {
@@ -507,7 +527,7 @@ class GptStage {
 
  private:
   struct HeadInput {
-    nn::Activation h;
+    nn::detail::GemmOperand x;  ///< the final norm's output, 16-bit under Autocast
   };
   /** The embedding's output gradient, kept from B for W. */
   struct EmbedGrad {
@@ -554,12 +574,23 @@ class GptStage {
   nn::Act<Replicate> head_backward_input(const nn::Act<nn::FeatureShard>& dy, int mb) {
     auto saved = head_inputs_.take(mb, "GptStage head");
     const std::size_t t = dy.extent(0), vl = dy.extent(1), h = cfg_.hidden;
-    require(saved.h.extent(0) == t && vl == head_->local_box[0].extent, "GptStage head: logit gradient is ", t, "x", vl,
-            ", expected ", saved.h.extent(0), "x", head_->local_box[0].extent);
-    // dh = dlogits · E_local: this rank's vocabulary shard's contribution, summed by f's backward.
+    require(saved.x.rows == t && vl == head_->local_box[0].extent, "GptStage head: logit gradient is ", t, "x", vl,
+            ", expected ", saved.x.rows, "x", head_->local_box[0].extent);
+    // dh = dlogits · E_local: this rank's vocabulary shard's contribution, summed by f's backward. In the type
+    // the forward used: under Autocast the logit gradient is converted once and kept (16-bit) for W.
     nn::Act<nn::TensorPartial> dh(nn::Activation({t, h}, uninitialized));
-    B::template gemm<float>(Trans::no, Trans::no, t, h, vl, 1.0f, dy.data(), vl, head_->value.data(), h, 0.0f, dh.data(), h);
-    head_pending_.put(mb) = {std::move(saved.h), nn::backend_copy<B>(dy.tensor())};  // kept for W
+    const nn::ComputeType ct = saved.x.type;
+    nn::detail::GemmOperand dy_op = nn::detail::make_operand<B>(dy.tensor(), ct);  // fp32: a copy, kept for W
+    if (ct == nn::ComputeType::fp32) {
+      B::template gemm<float>(Trans::no, Trans::no, t, h, vl, 1.0f, dy.data(), vl, head_->value.data(), h, 0.0f,
+                              dh.data(), h);
+    } else {
+      nn::detail::with_half(ct, [&]<class T>(T) {
+        B::template gemm<T, float>(Trans::no, Trans::no, t, h, vl, 1.0f, dy_op.template half<T>(), vl,
+                                   head16_.template get<B, T>(head_->value), h, 0.0f, dh.data(), h);
+      });
+    }
+    head_pending_.put(mb) = {std::move(saved.x), std::move(dy_op)};  // kept for W
     return final_ln_->backward(nn::CopyToTensorRegion::backward(*tp_, std::move(dh)), mb);
   }
 
@@ -624,7 +655,8 @@ class GptStage {
   std::vector<std::vector<std::int32_t>> host_tokens_;  ///< set_tokens: host ids per micro-batch (first stage)
   Buffer<float> vocab_mask_;  ///< 0 for real ids, -1e30 for this rank's padding columns; empty when it has none
   nn::MicroBatchCache<HeadInput> head_inputs_;
-  nn::MicroBatchCache<nn::detail::WeightGradInputs> head_pending_;  // final-norm output and logit gradient
+  nn::MicroBatchCache<nn::detail::WeightGradOperands> head_pending_;  // final-norm output and logit gradient
+  nn::HalfWeight head16_;  // the head's 16-bit weight inside an Autocast scope
   nn::MicroBatchCache<EmbedGrad> embed_pending_;
   GradientsFinalHook hook_;
   UnitHook unit_hook_;  ///< ZeRO-3's gathers (see on_unit_use)

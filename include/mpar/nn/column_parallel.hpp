@@ -145,6 +145,29 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
   }
 
   /**
+   * This layer's forward followed by GeLU, fused (`B::gemm_bias_gelu`: the bias inside the GEMM, GeLU in the
+   * same operation): returns `gelu(x W + b)` and the pre-activation `x W + b` in `pre`, which GeLU's backward
+   * needs. Keeps what `forward` keeps, so `backward_input` (on GeLU's input gradient) and `backward_weight`
+   * are this layer's own. For the plain form only: one group, a sharded output, and a bias.
+   */
+  Activation forward_bias_gelu(const Activation& x_in, Activation& pre, int mb = 0)
+    requires(O.groups == 1 && !O.gather_output)
+  {
+    Act<Replicate> xf = [&] {
+      if constexpr (O.sequence_parallel) return GatherTokens::forward(*comm_, Act<TokenShard>(x_in));
+      else return CopyToTensorRegion::forward(*comm_, Act<Replicate>(backend_copy<B>(x_in)));  // kept for W
+    }();
+    require(xf.extent(1) == in_, "ColumnParallel '", name_, "' (tensor rank ", rank_, "): input has ", xf.extent(1),
+            " features, expected ", in_);
+    require(has_bias(), "ColumnParallel '", name_, "' (tensor rank ", rank_,
+            "): the fused bias + GeLU forward needs a bias; build the layer with a bias or use forward and Gelu");
+    pre = Activation({xf.extent(0), local_out_}, uninitialized);  // both written whole by the operation
+    Activation y({xf.extent(0), local_out_}, uninitialized);
+    gemm_forward_bias_gelu<B>(mb, std::move(xf).tensor(), local_out_, pre, y);
+    return y;
+  }
+
+  /**
    * B: the input gradient, with the layer's only backward collective (all-reduce; SP: reduce-scatter).
    * Keeps the gathered input and this rank's output-gradient columns for backward_weight.
    */

@@ -160,6 +160,28 @@ class LinearState {
     }
     operands_.put(mb) = std::move(op);
   }
+  /**
+   * Forward of a projection whose output feeds GeLU, fused: `pre[T, n] = x W + b` and `y = gelu(pre)` in one
+   * `B::gemm_bias_gelu` (the bias inside the GEMM), in the compute type of the current `Autocast` scope, keeping
+   * `x` exactly as `gemm_forward` does. The caller keeps `pre` for GeLU's backward. Needs the bias.
+   */
+  template <backend B, class X>
+  void gemm_forward_bias_gelu(int mb, X&& x, std::size_t n, Activation& pre, Activation& y) {
+    const ComputeType t = autocast_type();
+    GemmOperand op = make_operand<B>(std::forward<X>(x), t);
+    const std::size_t rows = op.rows, k = op.cols;
+    if (t == ComputeType::fp32) {
+      B::gemm_bias_gelu(rows, n, k, static_cast<const float*>(op.f32.data()), k,
+                        static_cast<const float*>(weight_.value.data()), n, static_cast<const float*>(bias_.value.data()),
+                        pre.data(), y.data());
+    } else {
+      with_half(t, [&]<class T>(T) {
+        B::gemm_bias_gelu(rows, n, k, op.half<T>(), k, weight_half<B, T>(), n,
+                          static_cast<const float*>(bias_.value.data()), pre.data(), y.data());
+      });
+    }
+    operands_.put(mb) = std::move(op);
+  }
   /** B: the input operand kept by `gemm_forward` for micro-batch `mb` (an error naming `kind` if there is none). */
   [[nodiscard]] GemmOperand take_operand(int mb, std::string_view kind) { return operands_.take(mb, kind); }
   /**

@@ -18,6 +18,7 @@
 
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
+#include "mpar/nn/half_weight.hpp"
 #include "mpar/nn/linear.hpp"
 
 namespace mpar::nn {
@@ -100,15 +101,17 @@ class Linear2D : public detail::LinearState, public detail::TypedLayer<Linear2D<
   Activation do_forward(const Activation& x, int mb) {
     const std::size_t tl = x.extent(0), il = in_ / q_, ol = out_ / q_;
     require(x.extent(1) == il, "Linear2D '", name_, "': input block has ", x.extent(1), " features, expected ", il);
+    const ComputeType t = autocast_type();  // read once: the backward uses what the forward used
     Activation y({tl, ol});
     Activation a({tl, il});
     Buffer<float> w(il * ol);
     for (std::size_t k = 0; k < q_; ++k) {
       broadcast_blocks(k, x, a, w);
-      B::template gemm<float>(Trans::no, Trans::no, tl, ol, il, 1.0f, a.data(), il, w.data(), ol, 1.0f, y.data(), ol);
+      gemm_in(t, Trans::no, Trans::no, tl, ol, il, a.span(), il, w, ol, 1.0f, y.data(), ol);
     }
     if (has_bias()) detail::add_row_vector<B>(y, bias_.value);
     keep_input(mb, x);
+    types_.put(mb) = t;
     return y;
   }
 
@@ -121,12 +124,13 @@ class Linear2D : public detail::LinearState, public detail::TypedLayer<Linear2D<
     const std::size_t tl = x.extent(0), il = in_ / q_, ol = out_ / q_;
     require(dy.extent(0) == tl && dy.extent(1) == ol, "Linear2D '", name_, "': gradient block is ", dy.extent(0), "x",
             dy.extent(1), ", expected ", tl, "x", ol);
+    const ComputeType t = types_.peek(mb, layer_kind);
     Activation dx({tl, il}), part_x({tl, il});
     Buffer<float> w(il * ol);
     for (std::size_t k = 0; k < q_; ++k) {
       broadcast_weight(k, w);
       // dX_ik: this rank's share dY_ij W_kj^T, summed along the grid row onto column k.
-      B::template gemm<float>(Trans::no, Trans::yes, tl, il, ol, 1.0f, dy.data(), ol, w.data(), ol, 0.0f, part_x.data(), il);
+      gemm_in(t, Trans::no, Trans::yes, tl, il, ol, dy.span(), ol, w, ol, 0.0f, part_x.data(), il);
       grid_->row.reduce(std::span<const float>(part_x.span()), dx.span(), ReduceOp::sum, int(k));
     }
     keep_for_weight(mb, std::move(x), dy);
@@ -141,13 +145,14 @@ class Linear2D : public detail::LinearState, public detail::TypedLayer<Linear2D<
    */
   void backward_weight(int mb = 0) {
     auto p = take_for_weight(mb, layer_kind);
+    const ComputeType t = types_.take(mb, layer_kind);
     const std::size_t tl = p.x.extent(0), il = in_ / q_, ol = out_ / q_;
     Activation a({tl, il});
     Buffer<float> part_w(il * ol);
     for (std::size_t k = 0; k < q_; ++k) {
       broadcast_input(k, p.x, a);
       // dW_kj: this rank's share X_ik^T dY_ij, summed along the grid column onto row k.
-      B::template gemm<float>(Trans::yes, Trans::no, il, ol, tl, 1.0f, a.data(), il, p.dy.data(), ol, 0.0f, part_w.data(), ol);
+      gemm_in(t, Trans::yes, Trans::no, il, ol, tl, a.span(), il, p.dy.span(), ol, 0.0f, part_w.data(), ol);
       if (grid_->i() == k) {
         Buffer<float> sum(il * ol);
         grid_->col.reduce(std::span<const float>(part_w), std::span<float>(sum), ReduceOp::sum, int(k));
@@ -166,8 +171,30 @@ class Linear2D : public detail::LinearState, public detail::TypedLayer<Linear2D<
 
   [[nodiscard]] std::size_t in_features() const { return in_; }
   [[nodiscard]] std::size_t out_features() const { return out_; }
+  /** Frees what micro-batch `mb` kept (its input, its pending weight-gradient inputs, its operand type). */
+  void drop(int mb) {
+    types_.drop(mb);
+    LinearState::drop(mb);
+  }
 
  private:
+  /**
+   * `C = op(A) op(B) + beta C` in operand type `t` (the forward's `Autocast` type): fp32 as is, or both blocks
+   * converted to 16 bits right before the product, accumulated in fp32. The broadcasts stay fp32 (they move
+   * the same blocks either way; a 16-bit broadcast would halve their bytes, left for later).
+   */
+  void gemm_in(ComputeType t, Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, std::span<const float> a,
+               std::size_t lda, std::span<const float> b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+    if (t == ComputeType::fp32) {
+      B::template gemm<float>(ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, beta, c, ldc);
+      return;
+    }
+    detail::with_half(t, [&]<class T>(T) {
+      const Buffer<T> a16 = to_half<B, T>(a), b16 = to_half<B, T>(b);
+      B::template gemm<T, float>(ta, tb, m, n, k, 1.0f, a16.data(), lda, b16.data(), ldb, beta, c, ldc);
+    });
+  }
+
   /** Step k of SUMMA: `a` <- X_ik (broadcast along the grid row), `w` <- W_kj (along the grid column). */
   void broadcast_blocks(std::size_t k, const Activation& x, Activation& a, Buffer<float>& w) {
     broadcast_input(k, x, a);
@@ -182,6 +209,7 @@ class Linear2D : public detail::LinearState, public detail::TypedLayer<Linear2D<
     grid_->col.broadcast(std::span<float>(w), int(k));
   }
   TensorGrid<C>* grid_;
+  MicroBatchCache<ComputeType> types_;  // the operand type each micro-batch's forward used
   std::size_t in_, out_, q_;
   std::string name_;
 };

@@ -2,6 +2,10 @@
 /**
  * @file The Megatron MLP: `ColumnParallel -> Gelu -> RowParallel`, exactly one all-reduce forward and
  * one backward (with sequence parallelism: all-gather + reduce-scatter each way instead).
+ *
+ * The tensor-parallel stage runs its first projection and GeLU as one layer (`ColumnParallelGelu`: the bias
+ * and GeLU as the GEMM's epilogue); the single-rank reference keeps the three-layer chain
+ * `Linear -> Gelu -> Linear`, so the tests of one against the other check the fusion too.
  */
 #include <cstddef>
 #include <cstdint>
@@ -9,6 +13,7 @@
 #include <string_view>
 
 #include "mpar/nn/column_parallel.hpp"
+#include "mpar/nn/column_parallel_gelu.hpp"
 #include "mpar/nn/gelu.hpp"
 #include "mpar/nn/row_parallel.hpp"
 #include "mpar/nn/stage.hpp"
@@ -25,7 +30,7 @@ struct MlpConfig {
 /** @brief The stage type of the tensor-parallel MLP (`Hidden`, `Ffn`, `TP` static or `dyn`). */
 template <communicator C, std::size_t Hidden = dyn, std::size_t Ffn = dyn, std::size_t TP = dyn, bool SP = false,
           backend B = HostBackend>
-using MlpStage = Stage<ColumnParallel<C, Hidden, Ffn, TP, ColumnOptions{SP, false, 1}, B>, BasicGelu<B>,
+using MlpStage = Stage<ColumnParallelGelu<C, Hidden, Ffn, TP, SP, B>,
                        RowParallel<C, Ffn, Hidden, TP, SP ? RowReduce::reduce_scatter : RowReduce::all_reduce, B>>;
 
 /** @brief Builds the tensor-parallel MLP stage on tensor group `tp`. */
@@ -33,9 +38,9 @@ template <communicator C, std::size_t Hidden = dyn, std::size_t Ffn = dyn, std::
           backend B = HostBackend>
 [[nodiscard]] MlpStage<C, Hidden, Ffn, TP, SP, B> make_mlp(C& tp, const MlpConfig& c) {
   using S = MlpStage<C, Hidden, Ffn, TP, SP, B>;
-  using Fc1 = ColumnParallel<C, Hidden, Ffn, TP, ColumnOptions{SP, false, 1}, B>;
+  using Fc1 = ColumnParallelGelu<C, Hidden, Ffn, TP, SP, B>;
   using Fc2 = RowParallel<C, Ffn, Hidden, TP, SP ? RowReduce::reduce_scatter : RowReduce::all_reduce, B>;
-  return S(Fc1(tp, c.hidden, c.ffn, {c.seed, c.id_base, c.name + ".fc1", true}), BasicGelu<B>{},
+  return S(Fc1(tp, c.hidden, c.ffn, {c.seed, c.id_base, c.name + ".fc1", true}),
            Fc2(tp, c.ffn, c.hidden, {c.seed, c.id_base + 2, c.name + ".fc2", true}));
 }
 

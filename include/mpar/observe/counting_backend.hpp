@@ -70,6 +70,7 @@ enum class Op : std::size_t {
   convert,
   vocab_parallel_loss,
   update_factors,
+  gemm_bias_gelu,  ///< the MLP's first projection with its bias and GeLU (a GEMM)
   kinds_  ///< the number of kinds
 };
 inline constexpr std::size_t op_kinds = std::size_t(Op::kinds_);
@@ -81,7 +82,8 @@ inline constexpr std::array<std::string_view, op_kinds> op_names{
     "vocab_parallel_sumexp", "vocab_parallel_backward", "adamw_update", "sgd_update",
     "sum_squares",   "scale",           "gather_rows",          "scatter_rows",
     "scatter_add_rows", "scatter_add_rows_backward", "zero",    "fill",
-    "copy",          "convert",         "vocab_parallel_loss", "update_factors"};
+    "copy",          "convert",         "vocab_parallel_loss", "update_factors",
+    "gemm_bias_gelu"};
 
 /**
  * @brief Whether backend `B`'s operations return only after their work finished (each one a host
@@ -108,7 +110,7 @@ struct BackendCounts {
     for (auto v : launches) n += v;
     return n;
   }
-  [[nodiscard]] std::uint64_t gemms() const { return (*this)[Op::gemm] + (*this)[Op::gemm_mixed] + (*this)[Op::gemm_strided_batched]; }
+  [[nodiscard]] std::uint64_t gemms() const { return (*this)[Op::gemm] + (*this)[Op::gemm_mixed] + (*this)[Op::gemm_strided_batched] + (*this)[Op::gemm_bias_gelu]; }
   /** Times the host waited for the backend: explicit synchronisations and event waits, plus every launch of a blocking backend. */
   [[nodiscard]] std::uint64_t host_syncs() const {
     return synchronize_calls + event_waits + (operations_block ? total_launches() : 0);
@@ -197,6 +199,7 @@ struct CountingBackend : B {
   MPAR_COUNTING_OP(convert)
   MPAR_COUNTING_OP(vocab_parallel_loss)
   MPAR_COUNTING_OP(update_factors)
+  MPAR_COUNTING_OP(gemm_bias_gelu)
 #undef MPAR_COUNTING_OP
 
   template <class TIn, class TOut = TIn, class... A>

@@ -165,8 +165,8 @@ class DistributedOptimizer {
     // the compute copies cover only what is not sharded (the head's tied copy on another pipeline stage).
     if (stage == 3)
       std::erase_if(compute_params_, [&](const nn::Parameter* p) { return std::ranges::count(params_, p) > 0; });
-    if (cfg_.precision == Precision::bf16) copies_.template emplace<ComputeCopies<bf16>>(compute_params_);
-    if (cfg_.precision == Precision::f16) copies_.template emplace<ComputeCopies<f16>>(compute_params_);
+    if (cfg_.precision == Precision::bf16) copies_.template emplace<ComputeCopies<bf16, B>>(compute_params_);
+    if (cfg_.precision == Precision::f16) copies_.template emplace<ComputeCopies<f16, B>>(compute_params_);
     if (cfg_.precision != Precision::fp32) masters_.resize(compute_params_.size());
     stats_ = B::template allocate<RankStatistics>(1);  // every field written by operations or copies before it is read
     if (stage > 0) {
@@ -235,10 +235,14 @@ class DistributedOptimizer {
     std::visit(
         [&](auto& copies) {
           if constexpr (!std::is_same_v<std::decay_t<decltype(copies)>, std::monostate>) {
+            // All on the rank's stream: keep the master aside (B::copy), round it into the 16-bit copy and
+            // widen the copy back into the value the passes read (B::convert); no host pass over weights.
             copies.refresh();
             for (std::size_t i = 0; i < compute_params_.size(); ++i) {
-              masters_[i] = compute_params_[i]->value;
-              copies.widen_into(i, compute_params_[i]->value);
+              auto& value = compute_params_[i]->value;
+              if (masters_[i].size() != value.size()) masters_[i] = B::template allocate<float>(value.size());
+              if (!value.empty()) B::copy(value.size(), value.data(), masters_[i].data());
+              copies.widen_into(i, value);
             }
           }
         },
@@ -246,7 +250,13 @@ class DistributedOptimizer {
   }
   /** Puts the fp32 masters back after the passes (the optimizer updates them). */
   void end_compute() {
-    for (std::size_t i = 0; i < masters_.size(); ++i) compute_params_[i]->value = masters_[i];
+    for (std::size_t i = 0; i < masters_.size(); ++i) {
+      auto& value = compute_params_[i]->value;
+      require(value.size() == masters_[i].size(), "DistributedOptimizer::end_compute: parameter ",
+              compute_params_[i]->name, " holds ", value.size(), " values but its master ", masters_[i].size(),
+              "; a parameter must not be resized between begin_compute and end_compute");
+      if (!value.empty()) B::copy(value.size(), masters_[i].data(), value.data());
+    }
   }
 
   /**
@@ -366,7 +376,7 @@ class DistributedOptimizer {
   std::optional<optim::AdamW<B>> adamw_;
   std::optional<optim::Sgd<B>> sgd_;
   std::optional<optim::DynamicLossScaler> scaler_;
-  std::variant<std::monostate, ComputeCopies<bf16>, ComputeCopies<f16>> copies_;
+  std::variant<std::monostate, ComputeCopies<bf16, B>, ComputeCopies<f16, B>> copies_;
   std::vector<Buffer<float>> masters_;  // rank memory: the fp32 weights while the passes see rounded ones
   typename B::template pinned_buffer<double> loss_staging_ = typename B::template pinned_buffer<double>(2);  // record_losses
   Buffer<RankStatistics> stats_;        // rank memory: written by backend operations and communicators

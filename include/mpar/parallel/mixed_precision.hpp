@@ -8,12 +8,18 @@
  * The arithmetic in 16 bits is `nn::Autocast` (nn/autocast.hpp): inside its scope the GEMM layers convert
  * their weight (once per scope) and their activations with `B::convert` and multiply 16-bit operands with
  * fp32 accumulation; these copies are what the other passes (layer norm gains, embeddings) read.
+ *
+ * Rounding the copies and widening them back are backend operations (`B::convert`, `B::copy` on the rank's
+ * stream): the masters and copies are rank memory, so on a device backend the refresh is kernels, never a
+ * host loop over device memory. `B::convert` rounds to nearest even exactly as `mpar::convert` does, so the
+ * numbers are those of the host loops `round_to` / `accumulate_into` below (kept for host-side use).
  */
 #include <cstddef>
 #include <span>
 #include <utility>
 #include <vector>
 
+#include "mpar/backend/backend.hpp"
 #include "mpar/core/dtype.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/memory_resource.hpp"
@@ -39,9 +45,9 @@ void accumulate_into(std::span<const T> grad, std::span<float> acc) {
 /**
  * @brief The 16-bit compute copies of a parameter list: `weights(i)` feeds the forward pass, `add_grad(i, g)`
  * accumulates a 16-bit gradient into the master's fp32 `grad`, and `refresh()` re-rounds the copies from the
- * masters after an optimizer step.
+ * masters after an optimizer step (one `B::convert` per parameter, on the rank's stream: no host pass).
  */
-template <half_precision T>
+template <half_precision T, backend B = HostBackend>
 class ComputeCopies {
  public:
   explicit ComputeCopies(std::vector<nn::Parameter*> params) : params_(std::move(params)) {
@@ -51,8 +57,10 @@ class ComputeCopies {
 
   void refresh() {
     for (std::size_t i = 0; i < params_.size(); ++i) {
-      copies_[i].resize(params_[i]->local_size());
-      round_to<T>(params_[i]->value, copies_[i]);
+      const std::size_t n = params_[i]->local_size();
+      // rank memory the conversion overwrites whole: allocated without a host fill
+      if (copies_[i].size() != n) copies_[i] = B::template allocate<T>(n);
+      if (n) B::convert(n, params_[i]->value.data(), copies_[i].data());
     }
   }
 
@@ -65,7 +73,7 @@ class ComputeCopies {
     const auto& c = copies_.at(i);
     require(out.size() == c.size(), "ComputeCopies::widen_into: copy ", i, " has ", c.size(), " values, the target ",
             out.size());
-    for (std::size_t k = 0; k < c.size(); ++k) out[k] = float(c[k]);
+    if (!c.empty()) B::convert(c.size(), c.data(), out.data());  // exact: every 16-bit value is a float
   }
   void add_grad(std::size_t i, std::span<const T> g) { accumulate_into<T>(g, params_.at(i)->grad); }
   [[nodiscard]] std::size_t size() const { return params_.size(); }

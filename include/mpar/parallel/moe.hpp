@@ -23,6 +23,12 @@
  * Several micro-batches may be in flight (pipeline schedules): `forward(..., mb)` keeps what backward
  * needs per micro-batch `mb`, `backward(..., mb)` takes it, `drop(mb)` frees it early.
  *
+ * Mixed precision: inside an `nn::Autocast` scope the experts' six GEMMs per expert (two forward, four
+ * backward) take 16-bit operands with fp32 accumulation — the activations converted right before each
+ * product, the weights once per scope (`nn::HalfWeight`) — as the dense layers do. The gate's product, its
+ * softmax and the routing stay fp32: the top-k choice is a discrete decision that a rounded logit could
+ * flip, and it must not depend on the layout.
+ *
  * Gradients: expert weights receive every token routed to them from every rank, so they are complete on
  * their owner. The gate weight is replicated: its gradient is this rank's share and must be summed (or
  * averaged, as data parallelism does) over the ranks that hold different tokens.
@@ -42,6 +48,9 @@
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/nn/activation.hpp"
+#include "mpar/nn/autocast.hpp"
+#include "mpar/nn/half_weight.hpp"
+#include "mpar/nn/linear.hpp"  // detail::with_half
 #include "mpar/nn/parameter.hpp"
 
 namespace mpar::parallel {
@@ -153,7 +162,8 @@ class MoeMlp {
   void forward(std::span<const float> x, std::size_t tokens, std::span<float> y, int mb = 0) {
     State& st = saved_.put(mb);
     auto& [tokens_, capacity_, dropped_, recv_rows_, global_tokens_, aux_, x_, probs_, out_, frac_, choice_, route_,
-           rows_from_, send_elems_, recv_elems_, accepted_, ex_in_, ex_h_, route_token_, route_weight_] = st;
+           rows_from_, send_elems_, recv_elems_, accepted_, ex_in_, ex_h_, route_token_, route_weight_, type_] = st;
+    type_ = nn::autocast_type();  // read once: the backward uses what the forward used
     const std::size_t d = cfg_.d_model, E = cfg_.experts, k = cfg_.top_k, ep = std::size_t(comm_->size());
     require(x.size() == tokens * d && y.size() == tokens * d, "MoeMlp::forward on expert rank ", comm_->rank(),
             ": x has ", x.size(), " and y ", y.size(), " elements; ", tokens, " tokens of width ", d, " need ",
@@ -248,7 +258,7 @@ class MoeMlp {
   void backward(std::span<const float> dy, std::span<float> dx, float aux_grad = 1.0f, int mb = 0) {
     State st = saved_.take(mb, "MoeMlp '" + name_ + "'");
     const auto& [tokens_, capacity_, dropped_, recv_rows_, global_tokens_, aux_, x_, probs_, out_, frac_, choice_, route_,
-                 rows_from_, send_elems_, recv_elems_, accepted_, ex_in_, ex_h_, route_token_, route_weight_] = st;
+                 rows_from_, send_elems_, recv_elems_, accepted_, ex_in_, ex_h_, route_token_, route_weight_, type_] = st;
     const std::size_t d = cfg_.d_model, E = cfg_.experts, k = cfg_.top_k, T = tokens_;
     require(dy.size() == T * d && dx.size() == T * d, "MoeMlp::backward on expert rank ", comm_->rank(),
             ": dy has ", dy.size(), " and dx ", dx.size(), " elements; the forward had ", T, " tokens of width ", d);
@@ -289,6 +299,7 @@ class MoeMlp {
     std::vector<Buffer<float>> ex_in, ex_h;
     Buffer<std::int32_t> route_token;  ///< per routed row: its token (rank memory: the row kernels read it)
     Buffer<float> route_weight;        ///< per routed row: the gate probability it is combined with
+    nn::ComputeType type = nn::ComputeType::fp32;  ///< the experts' GEMM operand type of this forward
   };
 
   /** Tells every expert rank how many rows of each of its experts it will receive from here. */
@@ -348,10 +359,10 @@ class MoeMlp {
       B::gather_rows(n, d, rows.data(), in.data(), xi.data());
       auto& h = ex_h_[l];
       h.resize(n * f);
-      B::template gemm<float>(Trans::no, Trans::no, n, f, d, 1.0f, xi.data(), d, &w1_.value[l * d * f], f, 0.0f, h.data(), f);
+      gemm_xw(st.type, Trans::no, Trans::no, n, f, d, xi, d, w1_, w1_16_, l * d * f, f, 0.0f, h.data(), f);
       Buffer<float> a(n * f), o(n * d);
       B::gelu_forward(n * f, h.data(), a.data());
-      B::template gemm<float>(Trans::no, Trans::no, n, d, f, 1.0f, a.data(), f, &w2_.value[l * f * d], d, 0.0f, o.data(), d);
+      gemm_xw(st.type, Trans::no, Trans::no, n, d, f, a, f, w2_, w2_16_, l * f * d, d, 0.0f, o.data(), d);
       B::scatter_rows(n, d, rows.data(), o.data(), out.data());
     });
   }
@@ -367,13 +378,43 @@ class MoeMlp {
       const auto& h = ex_h_[l];
       Buffer<float> a(n * f), da(n * f), dh(n * f), dxi(n * d);
       B::gelu_forward(n * f, h.data(), a.data());  // recomputed: cheaper to keep h than both
-      B::template gemm<float>(Trans::yes, Trans::no, f, d, n, 1.0f, a.data(), f, dy.data(), d, 1.0f, &w2_.grad[l * f * d], d);
-      B::template gemm<float>(Trans::no, Trans::yes, n, f, d, 1.0f, dy.data(), d, &w2_.value[l * f * d], d, 0.0f, da.data(), f);
+      gemm_xy(st.type, Trans::yes, Trans::no, f, d, n, a, f, dy, d, &w2_.grad[l * f * d], d);
+      gemm_xw(st.type, Trans::no, Trans::yes, n, f, d, dy, d, w2_, w2_16_, l * f * d, d, 0.0f, da.data(), f);
       B::gelu_backward(n * f, h.data(), da.data(), dh.data());
-      B::template gemm<float>(Trans::yes, Trans::no, d, f, n, 1.0f, ex_in_[l].data(), d, dh.data(), f, 1.0f,
-                  &w1_.grad[l * d * f], f);
-      B::template gemm<float>(Trans::no, Trans::yes, n, d, f, 1.0f, dh.data(), f, &w1_.value[l * d * f], f, 0.0f, dxi.data(), d);
+      gemm_xy(st.type, Trans::yes, Trans::no, d, f, n, ex_in_[l], d, dh, f, &w1_.grad[l * d * f], f);
+      gemm_xw(st.type, Trans::no, Trans::yes, n, d, f, dh, f, w1_, w1_16_, l * d * f, f, 0.0f, dxi.data(), d);
       B::scatter_rows(n, d, rows.data(), dxi.data(), dx.data());
+    });
+  }
+
+  /**
+   * `C = op(X) op(W_l) + beta C` for an activation X and expert l's block of weight `w` (at `offset`), in
+   * operand type `t`: fp32 as is; 16-bit with X converted here and the weight once per Autocast scope.
+   */
+  void gemm_xw(nn::ComputeType t, Trans tx, Trans tw, std::size_t m, std::size_t n, std::size_t k,
+               std::span<const float> x, std::size_t ldx, const nn::Parameter& w, nn::HalfWeight& w16,
+               std::size_t offset, std::size_t ldw, float beta, float* c, std::size_t ldc) {
+    if (t == nn::ComputeType::fp32) {
+      B::template gemm<float>(tx, tw, m, n, k, 1.0f, x.data(), ldx, w.value.data() + offset, ldw, beta, c, ldc);
+      return;
+    }
+    nn::detail::with_half(t, [&]<class T>(T) {
+      const Buffer<T> x16 = nn::to_half<B, T>(x);
+      B::template gemm<T, float>(tx, tw, m, n, k, 1.0f, x16.data(), ldx, w16.template get<B, T>(w.value) + offset, ldw,
+                                 beta, c, ldc);
+    });
+  }
+  /** `C += op(X) op(Y)` for two activations (a weight gradient), in operand type `t` (16-bit: both converted). */
+  void gemm_xy(nn::ComputeType t, Trans tx, Trans ty, std::size_t m, std::size_t n, std::size_t k,
+               std::span<const float> x, std::size_t ldx, std::span<const float> y, std::size_t ldy, float* c,
+               std::size_t ldc) {
+    if (t == nn::ComputeType::fp32) {
+      B::template gemm<float>(tx, ty, m, n, k, 1.0f, x.data(), ldx, y.data(), ldy, 1.0f, c, ldc);
+      return;
+    }
+    nn::detail::with_half(t, [&]<class T>(T) {
+      const Buffer<T> x16 = nn::to_half<B, T>(x), y16 = nn::to_half<B, T>(y);
+      B::template gemm<T, float>(tx, ty, m, n, k, 1.0f, x16.data(), ldx, y16.data(), ldy, 1.0f, c, ldc);
     });
   }
 
@@ -383,6 +424,7 @@ class MoeMlp {
   std::string name_;
   std::size_t local_experts_ = 0;
   nn::Parameter gate_, w1_, w2_;
+  nn::HalfWeight w1_16_, w2_16_;  // the expert weights as 16-bit GEMM operands inside an Autocast scope
   nn::MicroBatchCache<State> saved_;
   std::size_t last_capacity_ = 0, last_dropped_ = 0;
   float last_aux_ = 0.0f;

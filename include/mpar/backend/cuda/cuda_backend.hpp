@@ -161,6 +161,20 @@ struct CudaBackend {
     then_wait([&] { gpu::vocab_parallel_loss(std::forward<A>(a)...); });
   }
 
+  /**
+   * The fused GEMM epilogue of the MLP's first projection (see host::gemm_bias_gelu), composed on the
+   * compute stream: cuBLAS's GEMM into `pre`, the bias kernel, the GeLU kernel (no host step between them).
+   */
+  template <class TIn>
+    requires gpu::gemm_types<TIn, float>
+  static void gemm_bias_gelu(std::size_t m, std::size_t n, std::size_t k, const TIn* a, std::size_t lda, const TIn* w,
+                             std::size_t ldw, const float* bias, float* pre, float* y) {
+    if (m == 0 || n == 0) return;
+    gemm<TIn, float>(Trans::no, Trans::no, m, n, k, 1.0f, a, lda, w, ldw, 0.0f, pre, n);
+    bias_add_forward(m, n, bias, pre);
+    gelu_forward(m * n, static_cast<const float*>(pre), y);
+  }
+
  private:
   /**
    * Launches stream-ordered work and returns at once (the `backend` contract; the name is older than

@@ -127,6 +127,15 @@ struct HostBackend {
                                           stride_c, batch);
   }
   template <class... A> static void vocab_parallel_loss(A&&... a) { host::vocab_parallel_loss(std::forward<A>(a)...); }
+
+  // The fused GEMM epilogue of the MLP's first projection (host/gemm_bias_gelu.hpp: the bias inside
+  // oneDNN's matmul, GeLU in the same operation).
+  template <class TIn>
+    requires host_gemm_types<TIn, float>
+  static void gemm_bias_gelu(std::size_t m, std::size_t n, std::size_t k, const TIn* a, std::size_t lda, const TIn* w,
+                             std::size_t ldw, const float* bias, float* pre, float* y) {
+    host::gemm_bias_gelu<TIn>(m, n, k, a, lda, w, ldw, bias, pre, y);
+  }
 };
 
 static_assert(backend<HostBackend>);

@@ -120,6 +120,7 @@ struct MatmulKey {
   bool ta, tb;
   dnnl_data_type_t in;
   float alpha, beta;
+  bool bias = false;  ///< an fp32 row vector added to every row of C by the kernel (the matmul's bias operand)
   bool operator==(const MatmulKey&) const = default;
 };
 struct MatmulKeyHash {
@@ -127,7 +128,7 @@ struct MatmulKeyHash {
     std::size_t h = 0;
     auto mix = [&h](std::uint64_t v) { h ^= std::hash<std::uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
     for (std::size_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) mix(v);
-    mix((std::uint64_t(key.ta) << 1) | std::uint64_t(key.tb));
+    mix((std::uint64_t(key.bias) << 2) | (std::uint64_t(key.ta) << 1) | std::uint64_t(key.tb));
     mix(std::uint64_t(key.in));
     mix((std::uint64_t(std::bit_cast<std::uint32_t>(key.alpha)) << 32) | std::bit_cast<std::uint32_t>(key.beta));
     return h;
@@ -138,7 +139,7 @@ struct MatmulKeyHash {
 struct CachedMatmul {
   bool implemented = false;
   Handle<dnnl_primitive_t, dnnl_primitive_destroy> primitive;
-  Handle<dnnl_memory_t, dnnl_memory_destroy> a, b, c;
+  Handle<dnnl_memory_t, dnnl_memory_destroy> a, b, c, bias;
 };
 
 /** The calling thread's CPU engine, stream and primitives. */
@@ -178,8 +179,13 @@ class ThreadMatmuls {
     check(dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, key.in, a_str), "describing A");
     check(dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, key.in, b_str), "describing B");
     check(dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, dnnl_f32, c_str), "describing C");
+    // The bias ([1, n], broadcast over the rows) is applied by the kernel to the fp32 accumulator before C is
+    // written: one pass over C less than a separate bias addition, and the same fp32 sum acc + b.
+    dnnl_memory_desc_t bias_md;
+    const dnnl_dims_t bias_dims = {1, n}, bias_str = {n, 1};
+    if (key.bias) check(dnnl_memory_desc_init_by_strides(&bias_md, 2, bias_dims, dnnl_f32, bias_str), "describing the bias");
     dnnl_matmul_desc_t desc;
-    check(dnnl_matmul_desc_init(&desc, &a_md, &b_md, nullptr, &c_md), "describing the matmul");
+    check(dnnl_matmul_desc_init(&desc, &a_md, &b_md, key.bias ? &bias_md : nullptr, &c_md), "describing the matmul");
     // C = alpha A B + beta C: alpha as the output scale (a linear eltwise post-op instead makes 2.6 fall
     // back to its reference kernel once a sum follows), beta as a sum post-op reading the old C.
     dnnl_primitive_attr_t attr_raw = nullptr;
@@ -211,6 +217,11 @@ class ThreadMatmuls {
       check(dnnl_memory_create(&raw, md, engine_.get(), DNNL_MEMORY_NONE), "creating a memory object");
       mem->reset(raw);
     }
+    if (key.bias) {
+      dnnl_memory_t raw = nullptr;
+      check(dnnl_memory_create(&raw, &bias_md, engine_.get(), DNNL_MEMORY_NONE), "creating the bias memory object");
+      entry.bias.reset(raw);
+    }
     entry.implemented = true;
     return entry;
   }
@@ -228,6 +239,36 @@ inline ThreadMatmuls& this_thread_matmuls() {
 }  // namespace detail
 
 /**
+ * @brief `C = alpha op(A) op(B) + bias + beta C` with `bias` an fp32 row vector of `n` values added to every
+ * row by the matmul kernel itself (no separate pass over C); `bias == nullptr` is `gemm`. Returns false,
+ * touching nothing, where oneDNN has no kernel for these types on this CPU.
+ */
+template <class TIn>
+  requires matmul_types<TIn, float>
+bool gemm_bias(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const TIn* a,
+               std::size_t lda, const TIn* b, std::size_t ldb, float beta, const float* bias, float* c,
+               std::size_t ldc) {
+  detail::OneThread one_thread;
+  auto& matmuls = detail::this_thread_matmuls();
+  auto& entry =
+      matmuls.get({m, n, k, lda, ldb, ldc, ta, tb, detail::data_type_v<TIn>, alpha, beta, bias != nullptr});
+  if (!entry.implemented) return false;
+  // oneDNN only reads its source operands; the handles are non-const in its interface.
+  detail::check(dnnl_memory_set_data_handle(entry.a.get(), const_cast<TIn*>(a)), "setting A");
+  detail::check(dnnl_memory_set_data_handle(entry.b.get(), const_cast<TIn*>(b)), "setting B");
+  detail::check(dnnl_memory_set_data_handle(entry.c.get(), c), "setting C");
+  if (bias) detail::check(dnnl_memory_set_data_handle(entry.bias.get(), const_cast<float*>(bias)), "setting the bias");
+  const dnnl_exec_arg_t args[] = {{DNNL_ARG_SRC, entry.a.get()},
+                                  {DNNL_ARG_WEIGHTS, entry.b.get()},
+                                  {DNNL_ARG_DST, entry.c.get()},
+                                  {DNNL_ARG_BIAS, entry.bias.get()}};
+  detail::check(dnnl_primitive_execute(entry.primitive.get(), matmuls.stream(), bias ? 4 : 3, args),
+                "executing the matmul");
+  detail::check(dnnl_stream_wait(matmuls.stream()), "waiting for the stream");
+  return true;
+}
+
+/**
  * @brief Row-major `C[m x n] = alpha op(A) op(B) + beta C` (fp32 C) through the calling thread's cached
  * oneDNN matmul, on one thread. Returns false, touching nothing, when oneDNN has no kernel for these
  * types on this CPU (the caller then computes in fp32); `beta == 0` overwrites C without reading it.
@@ -236,19 +277,7 @@ template <class TIn>
   requires matmul_types<TIn, float>
 bool gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const TIn* a, std::size_t lda,
           const TIn* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
-  detail::OneThread one_thread;
-  auto& matmuls = detail::this_thread_matmuls();
-  auto& entry = matmuls.get({m, n, k, lda, ldb, ldc, ta, tb, detail::data_type_v<TIn>, alpha, beta});
-  if (!entry.implemented) return false;
-  // oneDNN only reads its source operands; the handles are non-const in its interface.
-  detail::check(dnnl_memory_set_data_handle(entry.a.get(), const_cast<TIn*>(a)), "setting A");
-  detail::check(dnnl_memory_set_data_handle(entry.b.get(), const_cast<TIn*>(b)), "setting B");
-  detail::check(dnnl_memory_set_data_handle(entry.c.get(), c), "setting C");
-  const dnnl_exec_arg_t args[] = {
-      {DNNL_ARG_SRC, entry.a.get()}, {DNNL_ARG_WEIGHTS, entry.b.get()}, {DNNL_ARG_DST, entry.c.get()}};
-  detail::check(dnnl_primitive_execute(entry.primitive.get(), matmuls.stream(), 3, args), "executing the matmul");
-  detail::check(dnnl_stream_wait(matmuls.stream()), "waiting for the stream");
-  return true;
+  return gemm_bias(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, static_cast<const float*>(nullptr), c, ldc);
 }
 
 /** @brief How many matmul primitives the calling thread has created (each distinct GEMM signature once). */

@@ -205,6 +205,8 @@ struct BasicStreamHostBackend {
   MPAR_STREAM_OP(copy)
   MPAR_STREAM_OP(convert)
   MPAR_STREAM_OP(vocab_parallel_loss)
+  // The fused GEMM epilogue of the MLP's first projection.
+  MPAR_STREAM_OP(gemm_bias_gelu)
 #undef MPAR_STREAM_OP
 
   /** Strided-batched GEMM (see HostBackend::gemm_strided_batched), issued to the rank's stream. */

@@ -1,0 +1,63 @@
+#pragma once
+/**
+ * @file `HalfWeight`: the 16-bit copy of an fp32 weight that a GEMM outside the linear layers (the tied LM
+ * head, `Linear2D`, the MoE experts) multiplies inside an `Autocast` scope, converted once per scope.
+ *
+ * The linear layers keep the same copy inside `detail::LinearState`; this is that logic for a weight the
+ * caller owns elsewhere (a parameter of a model stage, an expert's block of a stacked weight).
+ */
+#include <cstddef>
+#include <cstdint>
+#include <span>
+#include <type_traits>
+
+#include "mpar/backend/backend.hpp"
+#include "mpar/core/dtype.hpp"
+#include "mpar/core/error.hpp"
+#include "mpar/core/memory_resource.hpp"
+#include "mpar/nn/autocast.hpp"
+
+namespace mpar::nn {
+
+/**
+ * @brief A 16-bit copy of one fp32 weight: `get<B, T>(w)` converts `w` with `B::convert` the first time it
+ * is asked for in an `Autocast` generation (or for another type), and returns the same copy until the next
+ * scope. The weight must not change inside a scope (the trainer updates weights between scopes).
+ */
+class HalfWeight {
+ public:
+  template <backend B, half_precision T>
+  const T* get(std::span<const float> w) {
+    Buffer<T>& h = storage<T>();
+    const std::uint64_t gen = autocast_generation();
+    const ComputeType t = std::is_same_v<T, bf16> ? ComputeType::bf16 : ComputeType::f16;
+    if (gen == 0 || gen != gen_ || type_ != t || h.size() != w.size()) {
+      if (h.size() != w.size()) h = B::template allocate<T>(w.size());
+      if (!w.empty()) B::convert(w.size(), w.data(), h.data());
+      type_ = t;
+      gen_ = gen;
+    }
+    return h.data();
+  }
+
+ private:
+  template <class T>
+  Buffer<T>& storage() {
+    if constexpr (std::is_same_v<T, bf16>) return b16_;
+    else return h16_;
+  }
+  Buffer<bf16> b16_;
+  Buffer<f16> h16_;
+  ComputeType type_ = ComputeType::fp32;
+  std::uint64_t gen_ = 0;
+};
+
+/** @brief `x` converted to 16-bit `T` into fresh rank memory (one `B::convert`): a GEMM operand under Autocast. */
+template <backend B, half_precision T>
+[[nodiscard]] Buffer<T> to_half(std::span<const float> x) {
+  Buffer<T> h = B::template allocate<T>(x.size());
+  if (!x.empty()) B::convert(x.size(), x.data(), h.data());
+  return h;
+}
+
+}  // namespace mpar::nn
