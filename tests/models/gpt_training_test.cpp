@@ -255,8 +255,9 @@ TEST_CASE("context parallelism reproduces the single-rank run, alone and with tp
 
 TEST_CASE("context parallelism with ZeRO shards over data x context; its checkpoints resume without cp and back",
           "[models][gpt][context][zero][checkpoint]") {
-  // ZeRO-1 and ZeRO-2 over the dp x cp = 4 ranks of the gradient-reduction group: the AdamW run's losses and norms.
-  for (int stage : {1, 2}) {
+  // ZeRO-1, -2 and -3 over the dp x cp = 4 ranks of the gradient-reduction group: the AdamW run's losses and norms
+  // (ZeRO-3 gathers each block's weights from all four around the ring block's passes).
+  for (int stage : {1, 2, 3}) {
     auto z = small(1, 1, 2);
     z.cp = 2;
     z.zero = stage;

@@ -209,8 +209,8 @@ TEST_CASE("Autocast(bf16): Linear, ColumnParallel and RowParallel match a bf16-r
       Measured& m = ms[i * q + j];
       {
         Autocast scope(ComputeType::bf16);
-        const Activation y = layer.forward(block(x, In), 0);
-        const Activation dx = layer.backward_input(block(dy, Out), 0);
+        const Activation y = layer.forward(Act<GridShard>(block(x, In)), 0).tensor();
+        const Activation dx = layer.backward_input(Act<GridShard>(block(dy, Out)), 0).tensor();
         layer.backward_weight(0);
         m.y = excess(y, ref.y, ref.y_bound, Out, i * tq, j * oq);
         m.y_vs_fp32 = excess(y, ref.y_fp32, ref.y_bound, Out, i * tq, j * oq);

@@ -28,6 +28,9 @@ struct ColumnOptions {
   std::size_t groups = 1;
 };
 
+template <communicator C, std::size_t In, std::size_t Out, std::size_t TP, bool SP, backend B>
+class ColumnParallelGelu;
+
 /**
  * @brief `y = x W + b` with `W` of global shape `[in, out]` (or `[in, groups, out]`) split along `out`.
  *
@@ -127,6 +130,9 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
 
  private:
   friend Typed;  // its typed entries are the only public way in; these do the work on the storage
+  // The fused projection + GeLU runs this layer's forward_bias_gelu on storage it has already checked.
+  template <communicator C2, std::size_t In2, std::size_t Out2, std::size_t TP2, bool SP2, backend B2>
+  friend class ColumnParallelGelu;
   Activation do_forward(const Activation& x_in, int mb) {
     // The replicated operand of this rank's columns: SP all-gathers the tokens; otherwise f (identity).
     Act<Replicate> xf = [&] {

@@ -51,22 +51,6 @@ class ColumnParallelGelu : public detail::TypedLayer<ColumnParallelGelu<C, In, O
             "': the fused bias + GeLU needs a bias (LinearInit::bias = true); without one use Stage<ColumnParallel, Gelu>");
   }
 
-  Activation forward(const Activation& x, int mb = 0) {
-    Activation pre;
-    Activation y = fc_.forward_bias_gelu(x, pre, mb);
-    cache_.put(mb).pre = std::move(pre);
-    return y;
-  }
-  /** B: GeLU's backward on the kept pre-activation, then the projection's (its only collective). */
-  Activation backward_input(const Activation& dy, int mb = 0) {
-    auto c = cache_.take(mb, layer_kind);
-    require(dy.shape() == c.pre.shape(), "ColumnParallelGelu: the output gradient is ", dy.extent(0), "x",
-            dy.extent(1), ", the forward's output ", c.pre.extent(0), "x", c.pre.extent(1));
-    using G = grad_layout_t<output_layout<default_input>>;
-    Act<G> dpre(Activation(dy.shape(), uninitialized));
-    B::gelu_backward(dy.size(), c.pre.data(), dy.data(), dpre.tensor().data());
-    return fc_.backward_input(dpre, mb).tensor();
-  }
   /** W: the projection's weight and bias gradients; no communication. */
   void backward_weight(int mb = 0) { fc_.backward_weight(mb); }
 
@@ -83,6 +67,24 @@ class ColumnParallelGelu : public detail::TypedLayer<ColumnParallelGelu<C, In, O
   [[nodiscard]] std::size_t local_out_features() const { return fc_.local_out_features(); }
 
  private:
+  friend Typed;  // its typed entries are the only public way in; these do the work on the storage
+  Activation do_forward(const Activation& x, int mb) {
+    Activation pre;
+    Activation y = fc_.forward_bias_gelu(x, pre, mb);
+    cache_.put(mb).pre = std::move(pre);
+    return y;
+  }
+  /** B: GeLU's backward on the kept pre-activation, then the projection's (its only collective). */
+  Activation do_backward_input(const Activation& dy, int mb) {
+    auto c = cache_.take(mb, layer_kind);
+    require(dy.shape() == c.pre.shape(), "ColumnParallelGelu: the output gradient is ", dy.extent(0), "x",
+            dy.extent(1), ", the forward's output ", c.pre.extent(0), "x", c.pre.extent(1));
+    using G = grad_layout_t<output_layout<default_input>>;
+    Act<G> dpre(Activation(dy.shape(), uninitialized));
+    B::gelu_backward(dy.size(), c.pre.data(), dy.data(), dpre.tensor().data());
+    return fc_.backward_input(dpre, mb).tensor();
+  }
+
   struct Cache {
     Activation pre;  ///< x W + b: GeLU's input
   };
