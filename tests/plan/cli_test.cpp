@@ -130,7 +130,7 @@ TEST_CASE("the table shows the ranking, the rejections and the cost of a broken 
   CHECK_THAT(s, Catch::Contains("% slower"));
 }
 
-TEST_CASE("--cp fixes context parallelism: every configuration splits each sequence over cp GPUs", "[plan][cli][context]") {
+TEST_CASE("mpar-plan --cp fixes context parallelism: every configuration splits each sequence over cp GPUs", "[plan][cli][context]") {
   CHECK(parse_cli(base_args()).space.cp == 1);
   CHECK(parse_cli(with(base_args(), {"--cp", "4"})).space.cp == 4);
   CHECK_THAT(error_of(with(base_args(), {"--cp", "3"})),

@@ -49,11 +49,12 @@ struct Parameter {
     std::string shape;  // names the block in the message of an allocation that fails
     for (const auto& b : local_box) shape += (shape.empty() ? "[" : ", ") + std::to_string(b.extent);
     const AllocationLabel label("parameter '" + name + "' (local block " + shape + "])");
+    // The rank's memory first, so that a block too large fails there, named by the label above.
+    value = uninitialized_buffer<float>(n);
+    grad = uninitialized_buffer<float>(n);
     // Computed on the host, then written once into the rank's memory (a device upload where the rank has one).
     std::vector<float> init(n);
     for (std::size_t k = 0; k < n; ++k) init[k] = float(init_value(seed, id, global_index(k), spec));
-    value = uninitialized_buffer<float>(n);
-    grad = uninitialized_buffer<float>(n);
     write_initial(value, std::span<const float>(init));
     write_initial(grad, std::span<const float>(std::vector<float>(n, 0.0f)));
   }

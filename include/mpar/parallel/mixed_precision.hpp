@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "mpar/backend/backend.hpp"
+#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/core/dtype.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/memory_resource.hpp"
