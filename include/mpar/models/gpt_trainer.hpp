@@ -1060,3 +1060,9 @@ class GptTrainer {
 };
 
 }  // namespace mpar::models
+
+// A program that links mpar::trainers (MPAR_EXPLICIT_TRAINERS) sees the common specialisations as
+// `extern template` wherever it includes this header, so none of its files compiles them again.
+#if defined(MPAR_EXPLICIT_TRAINERS)
+#include "mpar/models/gpt_trainer_instances.hpp"
+#endif
