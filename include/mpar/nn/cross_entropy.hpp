@@ -26,6 +26,16 @@
 
 namespace mpar::nn {
 
+/**
+ * A backend with a one-pass softmax cross-entropy and gradient (CudaBackend's `fused_classifier`,
+ * backend/cuda/classifier.hpp): without vocabulary parallelism the loss uses it instead of the
+ * three-step vocabulary-parallel protocol.
+ */
+template <class B>
+concept fused_classifier_backend = requires(std::size_t n, const float* x, const std::int32_t* t, float* y) {
+  B::fused_classifier(n, n, n, x, t, y, y, y, 1.0f);
+};
+
 /** @brief Cross-entropy over vocab-sharded logits on backend `B`; `vocab` is the global vocabulary size. */
 template <communicator C, backend B = HostBackend>
 class VocabParallelCrossEntropy {
@@ -73,9 +83,21 @@ class VocabParallelCrossEntropy {
       require(targets[i] >= 0 && std::size_t(targets[i]) < vocab_, "VocabParallelCrossEntropy: target ", targets[i],
               " of token ", i, " is outside the vocabulary of ", vocab_);
     auto& c = cache_.put(mb);
-    c.logits = backend_copy<B>(logits);
     c.targets = uninitialized_buffer<std::int32_t>(t);
     write_initial(c.targets, targets);  // into the rank's memory (an upload on a device)
+    if constexpr (fused_classifier_backend<B>) {
+      if (p_ == 1) {  // the whole vocabulary here: loss and gradient in one pass, no statistics to all-reduce
+        note_host_access(t * sizeof(std::int32_t));
+        c.fused = true;
+        c.logits = Activation(logits.shape(), uninitialized);  // holds dlogits of the unscaled loss
+        c.stats = uninitialized_buffer<float>(t + 1);           // [row loss | mean loss]
+        B::fused_classifier(t, vl, vl, logits.data(), c.targets.data(), c.logits.data(), c.stats.data(),
+                            c.stats.data() + t, 1.0f);
+        note_host_access(sizeof(float));
+        return optim::read_from_rank<B>(c.stats.data() + t);
+      }
+    }
+    c.logits = backend_copy<B>(logits);
     // [row max | sum exp | target logit] per token, then the loss: all written by the kernels.
     c.stats = uninitialized_buffer<float>(3 * t + 1);
     note_host_access(t * sizeof(std::int32_t));     // the targets copied in
@@ -95,17 +117,25 @@ class VocabParallelCrossEntropy {
   Activation do_backward(int mb, float scale) {
     auto c = cache_.take(mb, "VocabParallelCrossEntropy");
     const std::size_t t = c.logits.extent(0), vl = c.logits.extent(1);
+    if (c.fused) {  // the forward computed the gradient of the loss itself: only the scale is left
+      if (scale != 1.0f) B::scale(c.logits.size(), scale, c.logits.data());
+      return std::move(c.logits);
+    }
     Activation d(c.logits.shape(), uninitialized);
     B::vocab_parallel_backward(t, vl, offset_, c.logits.data(), c.targets.data(), c.stats.data(), c.stats.data() + t,
                                d.data(), scale);
     return d;
   }
 
-  /** What backward needs: the logits and the all-reduced row statistics (the softmax is recomputed from them). */
+  /**
+   * What backward needs: the logits and the all-reduced row statistics (the softmax is recomputed from
+   * them); or, after the fused classifier (`fused`), the gradient itself in `logits`.
+   */
   struct Cache {
     Activation logits;
     Buffer<std::int32_t> targets;
     Buffer<float> stats;
+    bool fused = false;
   };
   C* comm_;
   std::size_t vocab_, p_, rank_, offset_ = 0;

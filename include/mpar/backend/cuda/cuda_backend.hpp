@@ -20,6 +20,9 @@
 #include "mpar/backend/cuda/kernels.hpp"
 #include "mpar/backend/cuda/memory.hpp"
 #include "mpar/backend/cuda/row_kernels.hpp"
+// Fused kernels (classifier, residual + layer norm): their operations are in the block below `gemm_bias_gelu`.
+#include "mpar/backend/cuda/classifier.hpp"
+#include "mpar/backend/cuda/residual_layernorm.hpp"
 
 namespace mpar {
 
@@ -174,6 +177,24 @@ struct CudaBackend {
     bias_add_forward(m, n, bias, pre);
     gelu_forward(m * n, static_cast<const float*>(pre), y);
   }
+
+  // ---- Fused kernels (not in the `backend` concept; layers use them where a backend has them) ----
+  /**
+   * Softmax cross-entropy, its mean and its gradient in one pass over the logits (gpu::fused_classifier):
+   * `nn::VocabParallelCrossEntropy` uses it without vocabulary parallelism (`nn::fused_classifier_backend`).
+   */
+  template <class... A> static void fused_classifier(A&&... a) {
+    then_wait([&] { gpu::fused_classifier(std::forward<A>(a)...); });
+  }
+  /** `h = x + branch; y = LN(h)` in one kernel (gpu::residual_layernorm_forward). */
+  template <class... A> static void residual_layernorm_forward(A&&... a) {
+    then_wait([&] { gpu::residual_layernorm_forward(std::forward<A>(a)...); });
+  }
+  /** `dh = dres + LN'(dy)`, dgamma and dbeta accumulated in fp32 (gpu::residual_layernorm_backward). */
+  template <class... A> static void residual_layernorm_backward(A&&... a) {
+    then_wait([&] { gpu::residual_layernorm_backward(std::forward<A>(a)...); });
+  }
+  // ---- end of the fused kernels ----
 
  private:
   /**
