@@ -340,8 +340,8 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
             " to train on");
     if (lead) {
       for (const auto& w : res.warnings) std::fprintf(stderr, "train_gpt: warning: %s\n", w.c_str());
-      std::printf("resumed from %s at step %zu (saved with tp=%zu pp=%zu dp=%zu)\n", res.path.c_str(), tr.step(),
-                  res.saved_mesh.tp, res.saved_mesh.pp, res.saved_mesh.dp);
+      std::printf("resumed from %s at step %zu (saved with tp=%zu pp=%zu dp=%zu cp=%zu)\n", res.path.c_str(), tr.step(),
+                  res.saved_mesh.tp, res.saved_mesh.pp, res.saved_mesh.dp, res.saved_mesh.cp);
     }
   }
   if (lead) {
@@ -412,7 +412,7 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
     if (lead && metrics.is_open())
       metrics << "{\"step\": " << r.step << ", \"loss\": " << r.loss << ", \"lr\": " << r.lr << ", \"grad_norm\": "
               << r.grad_norm << ", \"skipped\": " << (r.skipped ? "true" : "false") << ", \"step_seconds\": " << r.wall
-              << ", \"tokens_per_second\": " << r.tokens_per_second << ", \"bubble\": " << r.bubble
+              << ", \"tokens_per_second\": " << r.tokens_per_second << ", \"bubble\": " << r.bubble << ", \"idle_slots\": " << r.idle_slots
               << ", \"communication\": " << r.communication << ", \"aux_loss\": " << r.aux_loss
               << ", \"dropped\": " << r.dropped << "}\n";
     if (lead && !o.quiet && (r.step % o.log_every == 0 || r.step + 1 == cfg.steps)) {
@@ -424,9 +424,13 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
       // 2bw: how many updates behind the weights this step's passes used were (0 at the first step, then 1).
       if (cfg.schedule == "2bw")
         std::snprintf(moe + std::strlen(moe), sizeof moe - std::strlen(moe), "  lag %zu", r.weight_lag);
-      std::printf("step %5zu/%zu  loss %.4f%s  %s tok/s  %6.1f ms  bubble %4.1f%%  comm %4.1f%%  [%s%s] %s left%s\n",
+      // With a pipeline: the bubble as a count from the programs (idle slots over the ranks, F one slot, B two),
+      // next to the measured share; the planner predicts the same count.
+      char slots[32] = "";
+      if (cfg.pp > 1) std::snprintf(slots, sizeof slots, " (%g slots)", r.idle_slots);
+      std::printf("step %5zu/%zu  loss %.4f%s  %s tok/s  %6.1f ms  bubble %4.1f%%%s  comm %4.1f%%  [%s%s] %s left%s\n",
                   r.step + 1, cfg.steps, r.loss, moe, human(r.tokens_per_second).c_str(), r.wall * 1e3, r.bubble * 100,
-                  r.communication * 100, std::string(std::size_t(filled), '#').c_str(),
+                  slots, r.communication * 100, std::string(std::size_t(filled), '#').c_str(),
                   std::string(std::size_t(width - filled), '.').c_str(), duration(elapsed / done - elapsed).c_str(),
                   r.skipped ? "  (overflow: step skipped)" : "");
       std::fflush(stdout);

@@ -83,3 +83,19 @@ TEST_CASE("mesh rank <-> coordinate round trip, tensor innermost", "[core][mesh]
   CHECK_THROWS_WITH((DeviceMesh<dyn, 1, 1>(0)), Catch::Contains("tensor axis has size 0"));
   CHECK_THROWS_WITH((DeviceMesh<dyn, 1, 1>(4).with_tensor_grid(3, 2)), Catch::Contains("3 x 2"));
 }
+
+TEST_CASE("the context axis is the innermost factor of the data axis", "[core][mesh]") {
+  // tp 2, pp 2, data axis 6 = dp 3 x cp 2: rank = ((pipeline * 6 + data) * 1 + expert) * 2 + tensor.
+  DynamicMesh mesh(2, 2, 6, 1);
+  CHECK(mesh.size(axis::context) == 1);  // without with_context every rank is its own context group
+  CHECK(mesh.coord(3).context == 0);
+  mesh.with_context(2);
+  CHECK(mesh.size(axis::context) == 2);
+  CHECK(mesh.size(axis::data) == 6);  // the whole gradient-averaging group
+  for (std::size_t r = 0; r < mesh.world_size(); ++r) {
+    const MeshCoord c = mesh.coord(r);
+    CHECK(c.context == (r / 2) % 2);  // by hand: the data index is (r / 2) % 6, its innermost factor of 2
+    CHECK(mesh.rank(c) == r);
+  }
+  CHECK_THROWS_WITH(DynamicMesh(1, 1, 6, 1).with_context(4), Catch::Contains("cp = 4") && Catch::Contains("6"));
+}

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <atomic>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
@@ -286,6 +287,33 @@ TEST_CASE("manifest round-trips and rejects damage", "[io]") {
     esc.tensors[0].shards[0].file = "../../etc/passwd";
     CHECK_THROWS_WITH(io::parse_manifest(io::format_manifest(esc), "m.txt"), Catch::Contains("plain file name"));
   }
+}
+
+TEST_CASE("the manifest records the context-parallel size; one written before cp was recorded reads as cp = 1", "[io]") {
+  io::Manifest m;
+  m.mesh = {2, 1, 2, 4};
+  m.state = example_state(3);
+  io::TensorRecord t{"w", "f32", {2, 2}, "Replicate", {}};
+  t.shards.push_back({{{0, 2}, {0, 2}}, "rank-00000.bin", 0, 16, 0x1234abcd, 16, 16});
+  m.tensors.push_back(t);
+  const std::string text = io::format_manifest(m);
+  CHECK(text.find("\nmesh tp=2 pp=1 dp=2 cp=4\n") != std::string::npos);
+  CHECK(io::parse_manifest(text, "m.txt").mesh == io::MeshShape{2, 1, 2, 4});
+  // The same manifest as an older build wrote it: no cp= token, and its own checksum over the shorter text.
+  std::string old = text.substr(0, text.rfind("end crc32="));
+  old.erase(old.find(" cp=4"), 5);
+  char crc[9];
+  std::snprintf(crc, sizeof crc, "%08x", unsigned(io::crc32(std::string_view(old))));
+  old += std::string("end crc32=") + crc + "\n";
+  const io::Manifest back = io::parse_manifest(old, "old.txt");
+  CHECK(back.mesh == io::MeshShape{2, 1, 2, 1});
+  CHECK(back.state == m.state);
+  // A malformed mesh line names what it needs.
+  std::string bad = text.substr(0, text.rfind("end crc32="));
+  bad.replace(bad.find(" cp=4"), 5, " cp=4 ep=1");
+  std::snprintf(crc, sizeof crc, "%08x", unsigned(io::crc32(std::string_view(bad))));
+  bad += std::string("end crc32=") + crc + "\n";
+  CHECK_THROWS_WITH(io::parse_manifest(bad, "bad.txt"), Catch::Contains("bad.txt") && Catch::Contains("cp="));
 }
 
 TEST_CASE("a (2,2,1) checkpoint loads bit-exactly into every other layout", "[io]") {

@@ -38,6 +38,7 @@ using NcclLike = OrderedP2pCommunicator<ThreadsCommunicator>;
 struct RunResult {
   std::vector<double> losses, norms, aux;
   std::vector<std::size_t> lags;  ///< StepReport::weight_lag of each step
+  std::vector<double> idle_slots; ///< StepReport::idle_slots of each step
   std::size_t dropped = 0;
   std::map<std::string, std::vector<float>> params;  ///< every parameter's full tensor, gathered from its shards
   std::map<std::string, std::vector<float>> initial;  ///< the same before the first step of this run
@@ -89,6 +90,7 @@ RunResult run(const models::GptTrainConfig& c, std::size_t steps, const std::str
         res.norms.push_back(r.grad_norm);
         res.aux.push_back(r.aux_loss);
         res.lags.push_back(r.weight_lag);
+        res.idle_slots.push_back(r.idle_slots);
         res.dropped += r.dropped;
       }
     }
@@ -156,6 +158,20 @@ void require_equivalent(const RunResult& got, const RunResult& ref, const std::s
 // host GEMM rounds (oneDNN's bf16 kernels or the CBLAS path's widening) moves it too, so the agreement is
 // looser than fp32's: losses within 1e-3 relative, gradient norms within 1e-2, and (SGD, as above) every
 // parameter's update within 2e-2 norm-relative after 10 steps (`compare_updates`).
+/**
+ * Every parameter of `got` within `tol` (norm-relative) of the same run `ref` under another ZeRO stage: a stage
+ * changes how long gradient or weight memory lives, not the arithmetic (only the grouping of the norm's partial
+ * sums by buckets, which moves the clipping factor by rounding).
+ */
+void require_same_parameters(const RunResult& got, const RunResult& ref, const std::string& what, double tol) {
+  REQUIRE(got.params.size() == ref.params.size());
+  for (const auto& [name, values] : ref.params) {
+    INFO(what << ", parameter " << name);
+    REQUIRE(got.params.count(name) == 1);
+    REQUIRE(rel_diff(got.params.at(name), values) <= tol);
+  }
+}
+
 void require_bf16_equivalent(const RunResult& got, const RunResult& ref, const std::string& what, bool compare_updates) {
   constexpr double bf16_loss_tol = 1e-3, bf16_norm_tol = 1e-2, bf16_update_tol = 2e-2;
   INFO(what);
@@ -375,6 +391,9 @@ TEST_CASE("2bw trains to the delayed-update single-rank reference", "[models][gp
     const RunResult got = run(small_sgd(tp, pp, dp, "2bw"), 20);
     require_equivalent(got, ref, "2bw tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp), true);
     CHECK(got.lags == lags);
+    // Each step is one flushed program in 1F1B order: 1F1B's bubble, by hand 3 (pp - 1) idle slots on each of
+    // the pp ranks (a forward one slot, a backward two), every step.
+    CHECK(got.idle_slots == std::vector<double>(20, double(3 * (pp - 1) * pp)));
   }
   // AdamW (losses and norms), and NCCL's point-to-point semantics.
   const RunResult ref_adamw = run_delayed_reference(small(1, 1, 1), 20);
@@ -444,12 +463,7 @@ TEST_CASE("ZeRO-2 reproduces the single-rank run and ZeRO-1's parameters, with t
     // ZeRO-1 computes in the same layout (itself checked against plain data parallelism above).
     auto z1 = z2;
     z1.zero = 1;
-    const RunResult ref1 = run(z1, 20);
-    for (const auto& [name, values] : ref1.params) {
-      INFO(what << ", parameter " << name);
-      REQUIRE(got.params.count(name) == 1);
-      REQUIRE(rel_diff(got.params.at(name), values) <= 1e-7);
-    }
+    require_same_parameters(got, run(z1, 20), what + " vs ZeRO-1", 1e-7);
   }
 }
 
@@ -536,12 +550,7 @@ TEST_CASE("ZeRO-3 reproduces the single-rank run and ZeRO-2's parameters, with t
     // other buckets, which moves the clipping factor by rounding.
     auto z2 = z3;
     z2.zero = 2;
-    const RunResult ref2 = run(z2, 20);
-    for (const auto& [name, values] : ref2.params) {
-      INFO(what << ", parameter " << name);
-      REQUIRE(got.params.count(name) == 1);
-      REQUIRE(rel_diff(got.params.at(name), values) <= 1e-6);
-    }
+    require_same_parameters(got, run(z2, 20), what + " vs ZeRO-2", 1e-6);
   }
 }
 
@@ -564,11 +573,7 @@ TEST_CASE("ZeRO-3 under bf16 and f16 agrees with the single-rank run", "[models]
     // rounding of the weights can amplify to a flipped ulp of the GEMM operands: 1.6e-3 is the largest seen.
     auto z2 = z3;
     z2.zero = 2;
-    const RunResult ref2 = run(z2, 10);
-    for (const auto& [name, values] : ref2.params) {
-      INFO("parameter " << name);
-      REQUIRE(rel_diff(got.params.at(name), values) <= 1e-2);
-    }
+    require_same_parameters(got, run(z2, 10), std::string(prec) + " ZeRO-3 vs ZeRO-2", 1e-2);
   }
 }
 

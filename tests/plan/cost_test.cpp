@@ -105,6 +105,24 @@ TEST_CASE("pipeline time and bubble come from the pipeline simulator replaying t
   CHECK(time_pipeline(c, sc).makespan == Approx(8 * 3.0 + 3 * 3.0 / 2));  // bubble shrinks by V
 }
 
+TEST_CASE("PipeDream-2BW is timed as the trainer runs it: one flushed program per step, 1F1B's bubble", "[plan][cost][2bw]") {
+  ParallelConfig c;
+  c.pp = 4, c.microbatches = 8;
+  StageCosts sc;
+  sc.chunk.assign(4, std::vector<ChunkCosts>(1, ChunkCosts{1.0, 1.0, 1.0}));
+  c.schedule = ScheduleKind::one_f_one_b;
+  const PipelineTiming flush = time_pipeline(c, sc);
+  c.schedule = ScheduleKind::two_bw;
+  const PipelineTiming bw = time_pipeline(c, sc);
+  CHECK(bw.makespan == Approx((8 + 3) * 3.0));  // (M + P - 1)(F + B + W), by hand: not the steady state M (F + B + W)
+  CHECK(bw.bubble_fraction == Approx(flush.bubble_fraction));
+  // The bubble as a count of idle slots (F one slot, B two): 3 (P - 1) per rank, 4 ranks, for both.
+  CHECK(flush.idle_slots == 4 * 3 * 3);
+  CHECK(bw.idle_slots == flush.idle_slots);
+  c.microbatches = 16;  // the count depends on P only, the share falls with M
+  CHECK(time_pipeline(c, sc).idle_slots == 4 * 3 * 3);
+}
+
 TEST_CASE("calibration from JSON lines replaces the defaults", "[plan][calibration]") {
   const Cluster c = a100_selene(64);
   // Two sizes on one node: exactly alpha = 5 us, bandwidth 200 GB/s under the ring model.

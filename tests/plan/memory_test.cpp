@@ -36,14 +36,29 @@ TEST_CASE("mixed-precision Adam keeps 16 bytes per parameter; ZeRO-1 keeps 4 + 1
   CHECK(Precision::mixed_adam().model_state_bytes() == 16);
   const double psi = gpt7b.parameters();
   ParallelConfig c = cfg(1, 1, 8);
-  const MemoryEstimate plain = rank_memory(gpt7b, c, Precision::mixed_adam(), 0, 1);
+  // Rajbhandari et al.'s counts assume the gradients are reduced in place (Megatron-LM's semantics); mpar's own
+  // buffers are added by hand below.
+  const MemoryOptions in_place = MemoryOptions::megatron();
+  const MemoryEstimate plain = rank_memory(gpt7b, c, Precision::mixed_adam(), 0, 1, in_place);
   CHECK(plain.parameters + plain.gradients + plain.optimizer == Approx(16 * psi));
   c.zero1 = true;
-  const MemoryEstimate z = rank_memory(gpt7b, c, Precision::mixed_adam(), 0, 1);
+  const MemoryEstimate z = rank_memory(gpt7b, c, Precision::mixed_adam(), 0, 1, in_place);
   CHECK(z.parameters + z.gradients + z.optimizer == Approx(4 * psi + 12 * psi / 8));
+  // mpar's ZeRO-1 keeps the buckets' flat copy of the 2-byte gradients and its shard between steps.
+  const MemoryEstimate zm = rank_memory(gpt7b, c, Precision::mixed_adam(), 0, 1);
+  CHECK(zm.gradients - z.gradients == Approx(2 * psi + 2 * psi / 8));
+  CHECK(zm.accumulated_gradients == 0);
   // ZeRO-2 shards the 2-byte gradients too: 2 (16-bit weights) + 14 / N_d.
   c.zero2 = true;
-  const MemoryEstimate z2 = rank_memory(gpt7b, c, Precision::mixed_adam(), 0, 1);
+  const MemoryEstimate z2 = rank_memory(gpt7b, c, Precision::mixed_adam(), 0, 1, in_place);
+  CHECK(z2.accumulated_gradients == 0);
+  // mpar's backward accumulates the micro-batches into full-size 2-byte gradients during the step, above the
+  // state between steps; still below mpar's ZeRO-1 in total.
+  const MemoryEstimate z2m = rank_memory(gpt7b, c, Precision::mixed_adam(), 0, 1);
+  CHECK(z2m.gradients == Approx(z2.gradients));
+  CHECK(z2m.accumulated_gradients == Approx(2 * psi));
+  CHECK(z2m.total() - z2.total() == Approx(2 * psi));
+  CHECK(z2m.total() < zm.total());
   CHECK(z2.gradients == Approx(2 * psi / 8));
   CHECK(z2.parameters == Approx(z.parameters));
   CHECK(z2.optimizer == Approx(z.optimizer));
@@ -53,7 +68,7 @@ TEST_CASE("mixed-precision Adam keeps 16 bytes per parameter; ZeRO-1 keeps 4 + 1
   // layer and the prefetched next one, here the embedding on the first rank) of 2-byte weights, counted with
   // the communication buffers.
   c.zero3 = true;
-  const MemoryEstimate z3 = rank_memory(gpt7b, c, Precision::mixed_adam(), 0, 1);
+  const MemoryEstimate z3 = rank_memory(gpt7b, c, Precision::mixed_adam(), 0, 1, in_place);
   CHECK(z3.parameters == Approx(4 * psi / 8));
   CHECK(z3.parameters + z3.gradients + z3.optimizer == Approx(14 * psi / 8));
   const double hh = 4096, layer = 12 * hh * hh + 13 * hh;
@@ -82,7 +97,7 @@ TEST_CASE("PipeDream-2BW keeps a second copy of the weights the optimizer update
   CHECK(two.parameters - one.parameters == Approx(4 * psi1));
   CHECK(two.activations == Approx(one.activations));
   bw.zero1 = true;
-  const MemoryEstimate z = rank_memory(gpt7b, bw, Precision::mixed_adam(), 1, 4);
+  const MemoryEstimate z = rank_memory(gpt7b, bw, Precision::mixed_adam(), 1, 4, MemoryOptions::megatron());
   CHECK(z.parameters + z.gradients + z.optimizer == Approx(4 * psi1 + 12 * psi1 / 8 + 4 * psi1));
   bw.zero1 = false;
   const MemoryEstimate host = rank_memory(gpt7b, bw, Precision::fp32_host(8), 1, 4);

@@ -43,7 +43,8 @@ static_assert(std::is_empty_v<Shard<0, axis::tensor>> && std::is_final_v<Shard<0
 
 // ---- mesh and divisibility ----
 static_assert(device_mesh<DeviceMesh<2, 2, 2>> && device_mesh<DynamicMesh> && !device_mesh<int>);
-static_assert(sizeof(DeviceMesh<2, 2, 2, 1>) == sizeof(std::size_t), "a static mesh stores only the grid factor");
+static_assert(sizeof(DeviceMesh<2, 2, 2, 1>) == 2 * sizeof(std::size_t),
+              "a static mesh stores only the tensor-grid and context factors");
 static_assert(DeviceMesh<2, 2, 2>{}.world_size() == 8);
 static_assert(DeviceMesh<2, 2, 2>{}.coord(1).tensor == 1 && DeviceMesh<2, 2, 2>{}.coord(2).data == 1,
               "tensor is the innermost axis, then data");

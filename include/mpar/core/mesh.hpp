@@ -16,9 +16,12 @@ namespace mpar {
  * `tensor_row` and `tensor_col` are the two factors of the tensor axis when it is arranged as a
  * 2D grid (tensor = rows x cols, column index innermost) for 2D tensor parallelism.
  *
- * `context` splits the sequence dimension (context parallelism, nn/ring_attention.hpp). `DeviceMesh`
- * carries no context extent yet (its size there is 1): ring attention takes its context group as a
- * communicator, and the axis names the layout of its zig-zag token shards (`ZigZagShard`).
+ * `context` splits the sequence dimension (context parallelism, nn/ring_attention.hpp). Like the tensor
+ * grid's factors it is a factor of another axis: `DeviceMesh::with_context(cp)` arranges the data axis as
+ * data x context, context innermost (Megatron-LM's tp-cp-dp-pp order), because every context rank holds a
+ * replica of the weights and the gradients average over the whole data axis. `size(data)` is then that whole
+ * group and `size(context)` its cp factor (1 without `with_context`); ring attention takes its context group
+ * as a communicator, and the axis names the layout of its zig-zag token shards (`ZigZagShard`).
  */
 enum class MeshAxis { tensor, expert, data, pipeline, tensor_row, tensor_col, context };
 
@@ -91,6 +94,16 @@ class DeviceMesh {
     grid_rows_ = rows;
     return *this;
   }
+  /**
+   * Arranges the data axis as `data_size() / cp` data x `cp` context ranks, context innermost: the ranks of one
+   * sequence's context group are neighbours on the data axis (see MeshAxis).
+   */
+  constexpr DeviceMesh& with_context(std::size_t cp) {
+    require(cp >= 1 && data_size() % cp == 0, "DeviceMesh::with_context: cp = ", cp,
+            " does not divide the data axis size ", data_size(), " (data x context ranks); use a divisor of ", data_size());
+    context_ = cp;
+    return *this;
+  }
 
   [[nodiscard]] constexpr std::size_t tensor_size() const { return sizes_.template extent<0>(); }
   [[nodiscard]] constexpr std::size_t pipeline_size() const { return sizes_.template extent<1>(); }
@@ -105,7 +118,7 @@ class DeviceMesh {
       case MeshAxis::pipeline: return pipeline_size();
       case MeshAxis::tensor_row: return grid_rows_;
       case MeshAxis::tensor_col: return tensor_size() / grid_rows_;
-      case MeshAxis::context: return 1;  // no context extent in the mesh yet: see MeshAxis
+      case MeshAxis::context: return context_;  // a factor of the data axis: see MeshAxis
     }
     return 1;
   }
@@ -122,6 +135,7 @@ class DeviceMesh {
     const std::size_t cols = tensor_size() / grid_rows_;
     c.tensor_row = c.tensor / cols;
     c.tensor_col = c.tensor % cols;
+    c.context = c.data % context_;
     return c;
   }
 
@@ -130,8 +144,9 @@ class DeviceMesh {
   }
 
   friend std::ostream& operator<<(std::ostream& os, const DeviceMesh& m) {
-    return os << "DeviceMesh(tensor=" << m.tensor_size() << ", expert=" << m.expert_size() << ", data=" << m.data_size()
-              << ", pipeline=" << m.pipeline_size() << ")";
+    os << "DeviceMesh(tensor=" << m.tensor_size() << ", expert=" << m.expert_size() << ", data=" << m.data_size();
+    if (m.context_ > 1) os << " (context=" << m.context_ << ")";
+    return os << ", pipeline=" << m.pipeline_size() << ")";
   }
 
  private:
@@ -143,6 +158,7 @@ class DeviceMesh {
   }
   [[no_unique_address]] sizes_type sizes_;
   std::size_t grid_rows_ = 1;
+  std::size_t context_ = 1;  ///< with_context: the context factor of the data axis
 };
 
 /** @brief A mesh whose four sizes are chosen at run time. */

@@ -6,7 +6,7 @@
  * ```
  * mpar-checkpoint 1
  * byte_order little
- * mesh tp=2 pp=2 dp=1
+ * mesh tp=2 pp=2 dp=1 cp=1
  * step 100
  * data_position 6400
  * rng 2 0x000000000000002a 0x0000000000000c80
@@ -63,6 +63,7 @@ struct TrainingState {
 /** @brief The mesh a checkpoint was saved from (informative: loading works for any mesh). */
 struct MeshShape {
   std::size_t tp = 1, pp = 1, dp = 1;
+  std::size_t cp = 1;  ///< context-parallel ranks (a manifest written before cp was recorded reads as 1)
   friend bool operator==(const MeshShape&, const MeshShape&) = default;
 };
 
@@ -213,10 +214,11 @@ class ManifestParser {
       if (kw == "byte_order") {
         fail_unless(tok.size() == 2 && tok[1] == "little", line_no, "only byte_order little is supported");
       } else if (kw == "mesh") {
-        fail_unless(tok.size() == 4, line_no, "mesh needs tp=, pp= and dp=");
+        fail_unless(tok.size() == 4 || tok.size() == 5, line_no, "mesh needs tp=, pp=, dp= and (optionally) cp=");
         m.mesh.tp = num(value_of(tok[1], "tp", line_no), line_no);
         m.mesh.pp = num(value_of(tok[2], "pp", line_no), line_no);
         m.mesh.dp = num(value_of(tok[3], "dp", line_no), line_no);
+        m.mesh.cp = tok.size() == 5 ? num(value_of(tok[4], "cp", line_no), line_no) : 1;  // older manifests: no cp
       } else if (kw == "step") {
         fail_unless(tok.size() == 2, line_no, "step needs one value");
         m.state.step = num(tok[1], line_no);
@@ -413,7 +415,7 @@ class ManifestParser {
   using namespace detail;
   std::ostringstream os;
   os << manifest_magic << ' ' << manifest_version << "\nbyte_order little\n";
-  os << "mesh tp=" << m.mesh.tp << " pp=" << m.mesh.pp << " dp=" << m.mesh.dp << '\n';
+  os << "mesh tp=" << m.mesh.tp << " pp=" << m.mesh.pp << " dp=" << m.mesh.dp << " cp=" << m.mesh.cp << '\n';
   os << "step " << m.state.step << "\ndata_position " << m.state.data_position << '\n';
   os << "rng " << m.state.rng.size();
   for (auto w : m.state.rng) os << ' ' << hex64(w);

@@ -47,7 +47,9 @@
  * update applies their gradient to the current W(t): W(t+1) = update(W(t), g(W(t-1))). Each rank keeps
  * W(t-1) beside W(t) (one more fp32 copy of its parameters) and swaps it in for the passes. The reference
  * it trains to is the synchronous single-rank run with that stash done by hand (tests/models, docs/pipeline.md).
- * Each step is one run of the schedule's program (1F1B order), so steps are separated by a flush.
+ * Each step is one run of the schedule's program (1F1B order), so steps are separated by a flush and the
+ * bubble is 1F1B's (`StepReport::idle_slots`); the planner times 2bw the same way (docs/training.md says what
+ * a flush-free steady state would need).
  *
  * Mixed precision (`bf16`, `f16`), with the numerics of GPU AMP: the passes run inside an
  * `nn::Autocast` scope of the 16-bit type, so the linear layers' GEMMs take 16-bit weights and
@@ -244,6 +246,10 @@ struct StepReport {
   std::size_t weight_lag = 0;
   double wall = 0;                 ///< seconds, slowest rank
   double bubble = 0;               ///< measured pipeline idle share of the step (mean over ranks)
+  /// The bubble as a count from the programs this step ran (`pipeline::idle_slots`: idle slots summed over the
+  /// pipeline ranks, a forward one slot, a backward two): 3 (pp - 1) per rank for 1F1B, and the same for 2bw,
+  /// whose steps are separated by a flush. The planner predicts the same count (plan::PipelineTiming).
+  double idle_slots = 0;
   double communication = 0;        ///< share of the step spent in collectives and transfers (mean over ranks)
   double tokens_per_second = 0;
   pipeline::StepStats stats;       ///< this rank's executor measurements (timeline included)
@@ -272,7 +278,7 @@ class GptTrainer {
   GptTrainer(Comm& world, GptTrainConfig config, data::SourceRef data)
       : cfg_(validated(std::move(config), world)),
         data_(data),
-        mesh_(cfg_.tp, cfg_.pp, cfg_.dp * cfg_.cp, cfg_.ep),  // the mesh's data axis holds data x context
+        mesh_(DynamicMesh(cfg_.tp, cfg_.pp, cfg_.dp * cfg_.cp, cfg_.ep).with_context(cfg_.cp)),  // data axis: data x context
         comms_(make_mesh_comms(world, mesh_)),
         tensor_(same_group(comms_.tensor)),
         pipe_(same_group(comms_.pipeline)),
@@ -367,6 +373,7 @@ class GptTrainer {
     r.weight_lag = lagged ? 1 : 0;
     r.wall = slowest[0];
     r.bubble = avg[0];
+    r.idle_slots = idle_slots_;
     r.communication = avg[1];
     r.tokens_per_second = double(cfg_.global_batch * cfg_.model.seq) / r.wall;
     r.stats = std::move(stats);
@@ -551,7 +558,7 @@ class GptTrainer {
     st.user["optimizer"] = cfg_.optimizer;
     for (auto& [k, v] : run_identity()) st.user[k] = std::move(v);
     io::SaveOptions opts;
-    opts.mesh = {cfg_.tp, cfg_.pp, cfg_.dp};
+    opts.mesh = {cfg_.tp, cfg_.pp, cfg_.dp, cfg_.cp};
     return io::save_checkpoint(root, std::span<const io::SaveBlock>(blocks), st, comms_.world, opts);
   }
 
@@ -830,8 +837,7 @@ class GptTrainer {
    * innermost rank out): its coordinate d splits into the context rank d % cp and the data rank d / cp.
    */
   static MeshCoord split_context(MeshCoord c, std::size_t cp) {
-    c.context = c.data % cp;
-    c.data /= cp;
+    c.data /= cp;  // the mesh's coordinate holds data x context; its context factor is c.context already
     return c;
   }
   /**
@@ -895,6 +901,7 @@ class GptTrainer {
     // placement is verified deadlock-free for that (the lazy one is not, for some schedules).
     if constexpr (ordered_point_to_point<Comm>) sc.placement = pipeline::CommPlacement::ordered;
     executor_.emplace(pipe_, pipeline::make_programs(cfg_.schedule, sc), chunks, eo);
+    idle_slots_ = pipeline::idle_slots(executor_->programs());
     // The optimizer updates everything but the head's tied copy, which receives the embedding's values.
     for (auto& s : stages_) {
       for (auto* p : s->parameters()) all_params_.push_back(p);
@@ -1053,6 +1060,7 @@ class GptTrainer {
   /// norm, scaling and update run on B, like the layers.
   std::optional<parallel::DistributedOptimizer<Comm, B, TensorComm>> optimizer_;
   std::size_t step_ = 0;
+  double idle_slots_ = 0;                        ///< StepReport::idle_slots of the programs executor_ runs
   bool two_bw_ = false;                          ///< --schedule 2bw: the passes use the previous weight version
   std::vector<nn::Parameter*> versioned_;        ///< all_params_ without repeats: what the 2bw swap exchanges
   std::vector<decltype(nn::Parameter::value)> previous_;  ///< 2bw: W(t-1), empty before the first step

@@ -57,6 +57,22 @@ enum class PointToPoint {
   grouped,    ///< each run of sends and receives issued as one group, in program order (NCCL's semantics)
 };
 
+/**
+ * @brief Which weight version a micro-batch of an asynchronous (PipeDream-2BW) program runs on, when the
+ * program calls an optimizer. Either way a micro-batch's backward uses its forward's weights and two versions
+ * suffice (M >= P).
+ */
+enum class WeightVersions {
+  /// The version current on its stage at its forward (PipeDream-2BW's rule): on the first stages the
+  /// micro-batches of batch t+1 that enter before batch t's update see the older weights, the rest the newer.
+  at_forward,
+  /// Batch b (counted from the program's start) runs on W(max(b-1, 0)) on every stage, the weights before
+  /// batch b-1's update, and each update applies to the newest version: W(b+1) = update(W(b), g(W(b-1))).
+  /// One version per batch, so a single-rank run with the delay done by hand is its reference (GptTrainer's
+  /// 2bw semantics), and still no flush between batches.
+  per_batch,
+};
+
 /** @brief Executor options. */
 struct ExecutorOptions {
   /** Activation recomputation per local chunk (missing entries: false): keep only the stage input, rerun the forward before the backward. */
@@ -66,6 +82,8 @@ struct ExecutorOptions {
   /** Columns of every activation between stages when the stage has no `in_features()`; 0 = take them from the header. */
   std::size_t boundary_cols = 0;
   PointToPoint p2p = PointToPoint::automatic;
+  /** Asynchronous programs with an optimizer: which version each micro-batch uses (see WeightVersions). */
+  WeightVersions versions = WeightVersions::at_forward;
 };
 
 /** @brief An optimizer step over this rank's parameters (values updated in place from their grads). */
@@ -182,6 +200,7 @@ class Executor {
     fwd_version_.clear();
     stash_.clear();
     weights_change_ = bool(optimizer);
+    first_version_ = version_;
     out_shape_.clear();
     sends_.clear();
     StepStats st;
@@ -225,8 +244,9 @@ class Executor {
       switch (a.op) {
         case Op::forward: {
           Boundary x = s == 0 ? input_copy(inputs[std::size_t(a.mb)].tensor()) : take(act_, s, a.mb, "activation", a);
-          fwd_version_[{a.chunk, a.mb}] = version_;
-          Boundary y = detail::forward(stage, x, a.mb, s == S - 1);
+          fwd_version_[{a.chunk, a.mb}] = forward_version(a);
+          Boundary y;
+          with_version(a, [&] { y = detail::forward(stage, x, a.mb, s == S - 1); });
           if (opt_.recompute[std::size_t(a.chunk)]) {
             if constexpr (droppable_stage<Stage>) stage.drop(a.mb);
             saved_[{s, a.mb}] = std::move(x);
@@ -518,6 +538,16 @@ class Executor {
     return {rows, cols};
   }
 
+  /** The weight version the forward of `a`'s micro-batch uses (see WeightVersions). */
+  [[nodiscard]] int forward_version(const Action& a) const {
+    if (!prog_.asynchronous || opt_.versions == WeightVersions::at_forward) return version_;
+    const int batch = a.mb / prog_.config.microbatches;
+    const int v = first_version_ + std::max(batch - 1, 0);
+    require(v <= version_, "pipeline::Executor: rank ", comm_.rank(), " runs the forward of micro-batch ", a.mb,
+            " (batch ", batch, ") on weight version ", v, ", which its update has not produced yet (version ",
+            version_, "); per-batch versions need M >= P");
+    return v;
+  }
   /** Runs `f` with the weights the micro-batch's forward used (2BW keeps one older version). */
   template <class F>
   void with_version(const Action& a, F&& f) {
@@ -552,6 +582,7 @@ class Executor {
   std::vector<PendingSend> sends_;
   std::vector<decltype(nn::Parameter::value)> stash_;
   int version_ = 0;
+  int first_version_ = 0;  ///< version_ when the running program started (WeightVersions::per_batch counts from it)
   bool weights_change_ = false;  ///< this step runs an optimizer inside the program (2BW keeps the older version then)
   bool grouped_ = false;  ///< PointToPoint::grouped in effect
 };

@@ -260,4 +260,19 @@ inline void summarise(SimResult& r) {
   return res;
 }
 
+/**
+ * @brief The bubble of one run of `p` as a count: idle slots summed over the ranks, where a forward takes one
+ * slot, a whole backward two (a split one B and W one each), the optimizer and messages none; divided by the
+ * optimizer steps the program covers. It depends on the order of the programs only, so a trainer reports it
+ * for the programs it runs and a planner predicts it from the same programs: 1F1B has 3 (P-1) per rank.
+ */
+[[nodiscard]] inline double idle_slots(const Programs& p) {
+  CostModel unit = CostModel::uniform(1, 1, 1);
+  unit.optimizer = 0;
+  const SimResult r = simulate(p, unit);
+  double idle = 0;
+  for (double x : r.idle) idle += x;
+  return idle / double(std::max(1, p.config.steps));
+}
+
 }  // namespace mpar::pipeline

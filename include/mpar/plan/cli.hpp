@@ -211,6 +211,7 @@ namespace detail {
      << ",\"memory_gib_per_gpu\":" << c.memory.total() / gib << ",\"memory_gib\":{\"parameters\":" << c.memory.parameters / gib
      << ",\"gradients\":" << c.memory.gradients / gib << ",\"optimizer\":" << c.memory.optimizer / gib
      << ",\"activations\":" << c.memory.activations / gib << ",\"communication\":" << c.memory.communication / gib
+     << ",\"accumulated_gradients\":" << c.memory.accumulated_gradients / gib
      << "},\"step_seconds\":" << c.step_seconds << ",\"tflops_per_gpu\":" << c.tflops_per_gpu
      << ",\"bubble_fraction\":" << c.bubble_fraction << ",\"samples_per_second\":" << c.samples_per_second
      << ",\"pipeline_seconds\":" << c.pipeline_seconds << ",\"dp_exposed_seconds\":" << c.dp_exposed_seconds
@@ -248,6 +249,9 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
         << detail::fixed(b.memory.parameters / gib, 1) << " + gradients " << detail::fixed(b.memory.gradients / gib, 1)
         << " + optimizer " << detail::fixed(b.memory.optimizer / gib, 1) << " + activations "
         << detail::fixed(b.memory.activations / gib, 1) << " + buffers " << detail::fixed(b.memory.communication / gib, 1)
+        << (b.memory.accumulated_gradients > 0
+                ? " + accumulated gradients " + detail::fixed(b.memory.accumulated_gradients / gib, 1)
+                : std::string())
         << " (pipeline rank " << b.memory.pipeline_rank << ")\n  step " << detail::fixed(b.step_seconds, 3) << " s = pipeline "
         << detail::fixed(b.pipeline_seconds, 3) << " + exposed data-parallel reduction " << detail::fixed(b.dp_exposed_seconds, 3)
         << " + optimizer " << detail::fixed(b.optimizer_seconds, 3) << "\n";

@@ -40,8 +40,13 @@ struct Precision {
 /** @brief A rank's memory, by kind, in bytes. */
 struct MemoryEstimate {
   double parameters = 0, gradients = 0, optimizer = 0, activations = 0, communication = 0;
+  /// ZeRO-2/3, during the step: the full-size gradients the backward accumulates the micro-batches into before
+  /// each bucket is reduce-scattered into this rank's shard (`gradients` holds the shard kept between steps).
+  double accumulated_gradients = 0;
   std::size_t pipeline_rank = 0;  ///< the rank this estimate is for (the fullest one from `peak_memory`)
-  [[nodiscard]] constexpr double total() const { return parameters + gradients + optimizer + activations + communication; }
+  [[nodiscard]] constexpr double total() const {
+    return parameters + gradients + optimizer + activations + communication + accumulated_gradients;
+  }
 };
 
 /** @brief Knobs of the memory model that are not part of a parallel configuration. */
@@ -66,6 +71,18 @@ struct MemoryOptions {
    * only the softmax output is kept.
    */
   bool attention_dropout = true;
+  /**
+   * mpar's ZeRO-1 keeps, between steps, every bucket's flat copy of the gradients and its shard of the
+   * averaged gradient next to the per-parameter gradients (2.5 N gradient floats at dp = 2). `false`: the
+   * gradients live in one contiguous buffer reduce-scattered in place (Megatron-LM's distributed optimizer).
+   */
+  bool zero1_flat_buckets = true;
+  /**
+   * mpar's backward accumulates the micro-batches into full-size per-parameter gradients even under ZeRO-2/3
+   * (allocated when the passes begin, released bucket by bucket once final), so all of them are alive at the
+   * activation peak. `false`: each micro-batch's gradient is reduce-scattered into the shard as it is made.
+   */
+  bool zero_full_gradient_accumulation = true;
 
   /** How mpar's pipeline executor behaves today (the default). */
   [[nodiscard]] static MemoryOptions mpar_executor() { return {}; }
@@ -74,6 +91,8 @@ struct MemoryOptions {
     MemoryOptions o;
     o.recompute_whole_chunk = false;
     o.sends_held_until_step_end = false;
+    o.zero1_flat_buckets = false;
+    o.zero_full_gradient_accumulation = false;
     return o;
   }
 };
@@ -157,10 +176,14 @@ struct MemoryOptions {
   // 2BW keeps a second weight version: the previous step's weights as the optimizer holds them (the fp32
   // master when there is one, whole on every rank even under ZeRO-1), which the passes run on.
   if (c.schedule == ScheduleKind::two_bw) e.parameters += psi * two_bw_version_bytes(p);
-  // ZeRO-2 keeps only this rank's 1/dp of the averaged gradient between steps. (mpar's layers accumulate the
-  // micro-batches' gradients in full-size per-parameter buffers, released bucket by bucket once the last
-  // micro-batch's backward has passed them; that transient is the backward's, as ZeRO-1's full gradient is.)
+  // ZeRO-2 keeps only this rank's 1/dp of the averaged gradient between steps. During the step mpar's layers
+  // accumulate the micro-batches' gradients in full-size per-parameter buffers, allocated (zeroed) when the
+  // passes begin and released bucket by bucket once the last micro-batch's backward has passed them: all of
+  // them are alive at the activation peak, next to the shards.
   e.gradients = psi * p.grad_bytes / (c.zero2 || c.zero3 ? zdp : 1.0);
+  if ((c.zero2 || c.zero3) && o.zero_full_gradient_accumulation) e.accumulated_gradients = psi * p.grad_bytes;
+  // ZeRO-1 alone: the buckets' flat copy of every gradient and this rank's shard stay allocated between steps.
+  if (c.zero1 && !c.zero2 && !c.zero3 && zdp > 1 && o.zero1_flat_buckets) e.gradients += psi * p.grad_bytes * (1.0 + 1.0 / zdp);
   e.optimizer = psi * p.optimizer_bytes / (c.zero1 ? zdp : 1.0);
 
   // s: the tokens of one sequence this rank holds (all of them, or 1/cp under context parallelism).
@@ -212,7 +235,9 @@ struct MemoryOptions {
   if (c.tp > 1) comm += p.activation_bytes * sbh;
   // Ring attention: the K/V block held and the one arriving, and in backward their dK/dV travelling with them.
   if (c.cp > 1) comm += 8 * p.activation_bytes * sbh / t;
-  if (c.data_group() > 1) comm += 2 * std::min(o.dp_bucket_bytes, psi * p.grad_bytes);
+  // Two gradient buckets in flight (under mpar's ZeRO-1 they are among the flat buckets counted as gradients).
+  const bool zero1_flat = c.zero1 && !c.zero2 && !c.zero3 && o.zero1_flat_buckets;
+  if (c.data_group() > 1 && !zero1_flat) comm += 2 * std::min(o.dp_bucket_bytes, psi * p.grad_bytes);
   // ZeRO-3: the unit in use and the next one (prefetched) gathered at once; a unit is a layer, or the
   // embeddings / the head with the word embedding on the first and last pipeline rank.
   if (c.zero3) {

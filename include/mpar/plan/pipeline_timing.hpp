@@ -23,7 +23,7 @@
 
 namespace mpar::plan {
 
-/** The pipeline library's description of `c`'s pipeline (P, M, V; two steps for the asynchronous 2BW). */
+/** The pipeline library's description of `c`'s pipeline (P, M, V; `steps` optimizer steps per program). */
 [[nodiscard]] inline pipeline::ScheduleConfig schedule_config(const ParallelConfig& c, int steps = 1) {
   pipeline::ScheduleConfig s;
   s.stages = int(c.pp);
@@ -95,8 +95,11 @@ struct StageCosts {
 
 /** @brief What the simulator predicts for one step of one pipeline. */
 struct PipelineTiming {
-  double makespan = 0;         ///< seconds per optimizer step (steady state for the asynchronous 2BW)
+  double makespan = 0;         ///< seconds per optimizer step, as GptTrainer runs it (one program per step)
   double bubble_fraction = 0;  ///< idle share of the compute lanes (the simulator's bubble ratio)
+  /// Idle slots per step summed over the ranks (`pipeline::idle_slots`: F one slot, B two): the count
+  /// `models::StepReport::idle_slots` reports for the same programs.
+  double idle_slots = 0;
   /** [rank][chunk]: start and end of the action that completes the chunk's gradients (its last backward or W). */
   std::vector<std::vector<std::pair<double, double>>> grads_ready;
   double grads_reference_end = 0;  ///< the end of the simulated timeline `grads_ready` refers to
@@ -123,15 +126,19 @@ struct PipelineTiming {
 }
 
 /**
- * Replays `c`'s programs in the pipeline simulator with costs `sc`. For PipeDream-2BW, which never
- * flushes, the step time is the steady-state increment between a one-step and a two-step replay.
+ * Replays `c`'s programs in the pipeline simulator with costs `sc`: the one-step program, which is what
+ * GptTrainer runs per step. For PipeDream-2BW that is 1F1B's order with the update at the end, so steps are
+ * separated by a pipeline flush and its time and bubble are 1F1B's (the steady state without the flush, which
+ * a multi-step program would reach, is not what the trainer runs; docs/planner.md).
  */
 [[nodiscard]] inline PipelineTiming time_pipeline(const ParallelConfig& c, const StageCosts& sc) {
   const pipeline::CostModel costs = simulator_costs(c, sc);
-  const pipeline::SimResult one = pipeline::simulate(programs_for(c, 1), costs);
+  const pipeline::Programs prog = programs_for(c, 1);
+  const pipeline::SimResult one = pipeline::simulate(prog, costs);
   PipelineTiming t;
   t.makespan = one.makespan;
   t.bubble_fraction = one.bubble_ratio;
+  t.idle_slots = pipeline::idle_slots(prog);
   t.peak_activations = one.peak_activations;
   t.grads_reference_end = one.makespan;
   t.grads_ready.assign(c.pp, std::vector<std::pair<double, double>>(c.virtual_stages, {0.0, 0.0}));
@@ -140,13 +147,6 @@ struct PipelineTiming {
     if (e.action.op != pipeline::Op::backward && e.action.op != pipeline::Op::backward_weight) continue;
     auto& slot = t.grads_ready[std::size_t(e.rank)][std::size_t(e.action.chunk)];
     if (e.end > slot.second) slot = {e.start, e.end};
-  }
-  if (c.schedule == ScheduleKind::two_bw) {
-    const pipeline::SimResult two = pipeline::simulate(programs_for(c, 2), costs);
-    t.makespan = two.makespan - one.makespan;
-    double busy = 0;
-    for (double b : one.busy) busy += b;
-    t.bubble_fraction = t.makespan > 0 ? std::max(0.0, 1.0 - busy / (double(c.pp) * t.makespan)) : 0.0;
   }
   return t;
 }
