@@ -20,6 +20,7 @@
 #include "mpar/backend/cuda/residual_layernorm.hpp"
 #include "mpar/backend/cuda/moe_routing.hpp"
 #include "mpar/backend/cuda/flash_attention.hpp"
+#include "mpar/backend/cuda/sdpa.hpp"
 #include "mpar/backend/cuda/graph.hpp"
 #include "mpar/backend/cuda/cuda_backend.hpp"
 #include "mpar/backend/cuda/device_communicator.hpp"

@@ -158,7 +158,8 @@ struct CudaBackend {
                                    TOut* c, std::size_t ldc, std::size_t stride_c, std::size_t batch) {
     gpu::gemm_strided_batched<TIn, TOut>(ta, tb, m, n, k, alpha, a, lda, std::int64_t(stride_a), b, ldb,
                                          std::int64_t(stride_b), beta, c, ldc, std::int64_t(stride_c), batch);
-    synchronize();
+    // No wait: the GEMM reads and writes only caller-owned memory (no temporary to free), so it is
+    // stream-ordered like every other operation and returns at once.
   }
   template <class... A> static void vocab_parallel_loss(A&&... a) {
     then_wait([&] { gpu::vocab_parallel_loss(std::forward<A>(a)...); });
