@@ -103,8 +103,8 @@ void check_common(const std::vector<RankCounts>& rs) {
  * - full recomputation reruns each stage's forward once more in its backward;
  * - the optimizer: per parameter in the global norm one `sum_squares`, one `update_factors` (the norm, the
  *   clipping and loss-scale factor and the skip flag, which the updates read from rank memory), per updated
- *   parameter one `adamw_update` (ZeRO-1: one per parameter piece of its shard), and per parameter held one
- *   `zero` of its gradient; under bf16 / f16 per parameter the passes read (`parameters()` on one stage) the
+ *   parameter one `adamw_update` (ZeRO-1: one per parameter piece of its shard), and one `zero` over the
+ *   gradient arena, which holds every gradient of the rank (parallel/gradient_arena.hpp); under bf16 / f16 per parameter the passes read (`parameters()` on one stage) the
  *   mixed-precision swap on the stream: round the master into its 16-bit copy (`convert`), keep the master
  *   (`copy`), widen the copy into the weight (`convert`), restore the master after the passes (`copy`): 4.
  * (Before attention was batched this was 14 + 2 nb H_r and 18 + 4 nb H_r per block, one GEMM per (sequence,
@@ -167,7 +167,9 @@ void check_dense(const std::string& name, const models::GptTrainConfig& c) {
       if (r.coord.tensor == 0) CHECK(r.step[Op::sum_squares] == r.updated);
       else CHECK(r.step[Op::sum_squares] < r.updated);
     }
-    CHECK(r.step[Op::zero] == r.held + 1);  // every gradient, and the norm's accumulator
+    // Every gradient the rank holds (the tied copy included) lies in one arena, zeroed by one operation; and
+    // the norm's accumulator.
+    CHECK(r.step[Op::zero] == 2);
     // The step's explicit host waits (the optimizer's zeroed accumulator and its statistics read): at most two.
     // HostBackend's operations finish before they return, so there every launch is a host synchronisation too.
     CHECK(r.step.synchronize_calls + r.step.event_waits <= 2);
