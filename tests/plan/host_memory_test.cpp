@@ -150,8 +150,9 @@ TEST_CASE("ZeRO-2 and ZeRO-3 model states at dp = 2 are within 10 % of the estim
     INFO("ZeRO-" << stage << ": model states measured " << got.states[0] << " B, estimated "
                  << e.parameters + e.gradients + e.optimizer << " B; step peak measured " << got.step_peak[0]
                  << " B, estimated " << e.activations + e.communication << " B");
-    // ZeRO-1 keeps its flat buckets as well as every gradient (2.5 N gradient floats), which the model counts
-    // as bucket-sized communication buffers; stages 2 and 3 hold what the model says.
+    // ZeRO-1 keeps every gradient and its shards (1.5 N gradient floats; its buckets are ranges of the gradient
+    // arena, with no copy of their own), which the model counts as bucket-sized communication buffers besides;
+    // stages 2 and 3 hold what the model says.
     if (stage >= 2) CHECK(std::abs((e.parameters + e.gradients + e.optimizer) / got.states[0] - 1) < 0.10);
     CHECK(got.states[1] == got.states[0]);  // both data ranks hold the same share
   }
@@ -159,7 +160,9 @@ TEST_CASE("ZeRO-2 and ZeRO-3 model states at dp = 2 are within 10 % of the estim
                           << " B; estimated " << estimated_total[1] << ", " << estimated_total[2] << ", "
                           << estimated_total[3] << " B");
   CHECK(measured_total[3] < measured_total[2]);
-  CHECK(measured_total[2] < measured_total[1]);
+  // ZeRO-2 frees the full gradients between steps, but the backward accumulates into them while the activations
+  // peak, so at this size its peak total is ZeRO-1's (equal when measured: ZeRO-1's buckets hold no copies).
+  CHECK(measured_total[2] <= measured_total[1]);
   CHECK(estimated_total[3] < estimated_total[2]);
   CHECK(estimated_total[2] < estimated_total[1]);
   // The totals are not compared: under ZeRO-2 and ZeRO-3 the model leaves out the full-size gradients the
