@@ -6,6 +6,7 @@
 #include "mpar/parallel/buckets.hpp"
 #include "mpar/parallel/data_parallel.hpp"
 #include "mpar/parallel/distributed_optimizer.hpp"
+#include "mpar/parallel/gradient_arena.hpp"
 #include "mpar/parallel/mixed_precision.hpp"
 #include "mpar/parallel/moe.hpp"
 #include "mpar/parallel/zero.hpp"

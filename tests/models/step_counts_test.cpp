@@ -90,8 +90,9 @@ void check_common(const std::vector<RankCounts>& rs) {
  *   (row max, sums, loss, logit gradient) and the executor's 1/M scale of the logit gradient;
  * - the activations layers keep for backward while receiving them by const reference are copied by the
  *   backend (`nn::backend_copy`, one `copy` each): in a block's forward the inputs of both layer norms, of
- *   the four projections and of GeLU, and the two dropouts (identity at p = 0): 9; in its backward the
- *   output gradients of the four projections and the two dropouts: 6; a stage's input (not the first)
+ *   the four projections and of GeLU: 7 (the two dropouts, identity at p = 0, receive their inputs as
+ *   rvalues and return them moved, no copy); in its backward the output gradients of the four projections
+ *   and the two dropouts (whose inputs the residuals still read): 6; a stage's input (not the first)
  *   and output gradient (not the last); the final layer norm's input, the logits kept by the loss and
  *   the logit gradient kept for the head's W on the last stage;
  * - under bf16 / f16 (`nn::Autocast`) each of a block's four projections converts its input to 16 bits in the
@@ -103,8 +104,8 @@ void check_common(const std::vector<RankCounts>& rs) {
  * - full recomputation reruns each stage's forward once more in its backward;
  * - the optimizer: per parameter in the global norm one `sum_squares`, one `update_factors` (the norm, the
  *   clipping and loss-scale factor and the skip flag, which the updates read from rank memory), per updated
- *   parameter one `adamw_update` (ZeRO-1: one per parameter piece of its shard), and per parameter held one
- *   `zero` of its gradient; under bf16 / f16 per parameter the passes read (`parameters()` on one stage) the
+ *   parameter one `adamw_update` (ZeRO-1: one per parameter piece of its shard), and one `zero` over the
+ *   gradient arena, which holds every gradient of the rank (parallel/gradient_arena.hpp); under bf16 / f16 per parameter the passes read (`parameters()` on one stage) the
  *   mixed-precision swap on the stream: round the master into its 16-bit copy (`convert`), keep the master
  *   (`copy`), widen the copy into the weight (`convert`), restore the master after the passes (`copy`): 4.
  * (Before attention was batched this was 14 + 2 nb H_r and 18 + 4 nb H_r per block, one GEMM per (sequence,
@@ -129,7 +130,7 @@ Expected expected_launches(const models::GptTrainConfig& c, const RankCounts& r,
   // The rank's stages (model chunks): r, r + pp, ... of pp x chunks.
   for (std::size_t stage = r.coord.pipeline; stage < stages; stage += c.pp) {
     const bool first = stage == 0, last = stage == stages - 1;
-    e.forward += L * (14 + 2 * A + 9 + 6 * half) + (first ? 2 : 1) + (last ? 2 + mask + 1 + half : 0);
+    e.forward += L * (14 + 2 * A + 7 + 6 * half) + (first ? 2 : 1) + (last ? 2 + mask + 1 + half : 0);
     e.backward += L * (18 + 4 * A + 6 + 7 * half) + (first ? 2 : 0) + (last ? 7 + 2 + 1 : 1);
     weight_converts += L * 4 * half + (last ? half : 0);
   }
@@ -167,7 +168,9 @@ void check_dense(const std::string& name, const models::GptTrainConfig& c) {
       if (r.coord.tensor == 0) CHECK(r.step[Op::sum_squares] == r.updated);
       else CHECK(r.step[Op::sum_squares] < r.updated);
     }
-    CHECK(r.step[Op::zero] == r.held + 1);  // every gradient, and the norm's accumulator
+    // Every gradient the rank holds (the tied copy included) lies in one arena, zeroed by one operation; and
+    // the norm's accumulator.
+    CHECK(r.step[Op::zero] == 2);
     // The step's explicit host waits (the optimizer's zeroed accumulator and its statistics read): at most two.
     // HostBackend's operations finish before they return, so there every launch is a host synchronisation too.
     CHECK(r.step.synchronize_calls + r.step.event_waits <= 2);

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 
 #include <mpar/comm/threads.hpp>
+#include <mpar/observe/counting_backend.hpp>
 
 #include "call_layer.hpp"
 #include "counting_communicator.hpp"
@@ -429,4 +430,31 @@ TEST_CASE("Gathered column output, deferred row reduction + AllReduce, and Gathe
     require_close(second.dx, dx, "input gradient");
     require_params_match(second.params, rp);
   }
+}
+
+TEST_CASE("Dropout without a mask to draw returns an input it is given as an rvalue (moved, no copy) and copies one it is lent",
+          "[nn][dropout][move]") {
+  using Counting = observe::CountingBackend<HostBackend>;
+  Dropout<Replicate, Counting> drop(0.0, seed, 7);
+  const Activation x = random_activation(4, 6, 3);
+  const std::vector<float> want(x.data(), x.data() + x.size());
+
+  Act<Replicate> given(x);
+  const float* storage = given.tensor().data();
+  const auto before = Counting::counts();
+  const Act<Replicate> moved = drop.forward(std::move(given));
+  const auto d = Counting::counts() - before;
+  CHECK(moved.tensor().data() == storage);  // the very storage: nothing allocated, nothing copied
+  CHECK(d.total_launches() == 0);
+  CHECK(std::vector<float>(moved.tensor().data(), moved.tensor().data() + moved.size()) == want);
+
+  // A caller that keeps reading its activation (a residual) lends it: the output is a backend copy.
+  const Act<Replicate> lent(x);
+  const auto before_lent = Counting::counts();
+  const Act<Replicate> copied = drop.forward(lent);
+  const auto dl = Counting::counts() - before_lent;
+  CHECK(copied.tensor().data() != lent.tensor().data());
+  CHECK(dl[observe::Op::copy] == 1);
+  CHECK(std::vector<float>(copied.tensor().data(), copied.tensor().data() + copied.size()) == want);
+  CHECK(std::vector<float>(lent.tensor().data(), lent.tensor().data() + lent.size()) == want);
 }

@@ -150,8 +150,8 @@ TEST_CASE("ZeRO-2 and ZeRO-3 model states and totals at dp = 2 are within 10 % o
     INFO("ZeRO-" << stage << ": model states measured " << got.states[0] << " B, estimated "
                  << e.parameters + e.gradients + e.optimizer << " B; step peak measured " << got.step_peak[0]
                  << " B, estimated " << e.activations + e.communication + e.accumulated_gradients << " B");
-    // ZeRO-1 keeps its flat buckets and its shard as well as every gradient (2.5 N gradient floats); stages 2
-    // and 3 only the shards.
+    // ZeRO-1 keeps every gradient (in the gradient arena; its buckets are ranges of it, reduced in place) and
+    // its shard of the averaged gradient (1.5 N gradient floats); stages 2 and 3 only the shards.
     CHECK(std::abs((e.parameters + e.gradients + e.optimizer) / got.states[0] - 1) < 0.10);
     // The total, at ZeRO-2/3 with the full-size gradients the backward accumulates the micro-batches into.
     CHECK((e.accumulated_gradients > 0) == (stage >= 2));
@@ -162,7 +162,10 @@ TEST_CASE("ZeRO-2 and ZeRO-3 model states and totals at dp = 2 are within 10 % o
                           << " B; estimated " << estimated_total[1] << ", " << estimated_total[2] << ", "
                           << estimated_total[3] << " B");
   CHECK(measured_total[3] < measured_total[2]);
-  CHECK(measured_total[2] < measured_total[1]);
+  // ZeRO-2 frees the full gradients between steps, but the backward accumulates into them while the activations
+  // peak, so at this size its peak total is ZeRO-1's (equal when measured: ZeRO-1's buckets hold no copies);
+  // the model adds only ZeRO-2's two bucket buffers in flight.
+  CHECK(measured_total[2] <= measured_total[1]);
   CHECK(estimated_total[3] < estimated_total[2]);
-  CHECK(estimated_total[2] < estimated_total[1]);
+  CHECK(std::abs(estimated_total[2] / estimated_total[1] - 1) < 0.05);
 }

@@ -940,10 +940,13 @@ class GptTrainer {
     for (std::size_t k = 0; k < versioned_.size(); ++k) previous_[k] = versioned_[k]->value;
   }
 
-  /** Zeroes every gradient once: the optimizer's parameters (and ZeRO-1's buffers) through it, the head's tied copy here. */
+  /**
+   * Zeroes every gradient once: through the optimizer (one operation over its gradient arena, which holds the
+   * head's tied copy too; ZeRO-2/3 release them), the tied copy here only where the arena does not hold it.
+   */
   void zero_grad() {
     optimizer_->zero_grad();
-    if (head_copy_) nn::zero_grad<B>(*head_copy_);
+    if (head_copy_ && !optimizer_->zeroes_gradient_of(*head_copy_)) nn::zero_grad<B>(*head_copy_);
   }
 
   /** First and last pipeline stage of each (tensor, data, expert) position share the tied embedding. */

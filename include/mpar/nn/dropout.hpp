@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/nn/backend_copy.hpp"
@@ -70,6 +71,11 @@ class Dropout : public detail::NoParameters, public detail::TypedLayer<Dropout<L
     Activation y(x.shape(), uninitialized);
     B::dropout_apply(mask_for(x, mb), x.extent(0), x.extent(1), x.data(), y.data());
     return y;
+  }
+  /** An input the caller gives up: without a mask to draw it is the output itself (moved, not copied). */
+  Activation do_forward(Activation&& x, int mb) {
+    if (p_ == 0.0) return std::move(x);
+    return do_forward(std::as_const(x), mb);
   }
   Activation do_backward(const Activation& dy, int mb) {
     // The mask is a pure function of indices: nothing is cached, backward re-derives it.

@@ -8,6 +8,7 @@
 #include <cstddef>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "mpar/core/extents.hpp"
@@ -113,6 +114,20 @@ class TypedLayer {
     // then what a correctly fed layer returns, so the caller's code adds no second error.
     if constexpr (D::template check_input<In>())
       return Act<typename D::template output_layout<In>>(self().do_forward(x.tensor(), mb));
+    else
+      return refused_output();
+  }
+  /**
+   * An input the caller gives up (an rvalue) reaches the layer as an rvalue: a layer with
+   * `do_forward(Activation&&, mb)` may keep or return its storage instead of copying it (a layer
+   * without one reads it through its `const Activation&` entry, as before).
+   */
+  template <class In>
+  auto forward(Act<In>&& x, int mb = 0) {
+    if constexpr (!requires(D& d, Activation&& a) { d.do_forward(std::move(a), 0); })
+      return self().forward(std::as_const(x), mb);  // a layer with its own typed forward: it reads x as before
+    else if constexpr (D::template check_input<In>())
+      return Act<typename D::template output_layout<In>>(self().do_forward(std::move(x).tensor(), mb));
     else
       return refused_output();
   }

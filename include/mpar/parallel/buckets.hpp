@@ -90,6 +90,10 @@ enum class BucketMemory { kept, transient };
  * @brief Buckets of gradients over a communicator `Comm` with their asynchronous collectives in flight.
  *
  * `mark_ready(p)` copies `p.grad` into its bucket; a complete bucket is launched at once (in bucket order).
+ * Under `kept` memory a bucket whose gradients lie next to one another in slot order (a `GradientArena`
+ * laid out in backward order, gradient_arena.hpp) is not copied at all: its collective runs in place on
+ * that range of the gradients, and `flat(b)` is a view of it (`aliased(b)`). Whether a bucket is aliased is
+ * decided again at its first mark of every step, so a gradient replaced in between falls back to the copy.
  * `wait()` launches what is left (parameters never marked are taken as they are) and waits for all. After
  * `wait()`, `flat(b)` holds the summed bucket (all_reduce) or `shard(b)` this rank's summed block of it,
  * `block_of(size, p, rank)` (reduce_scatter). `reset()` starts the next step.
@@ -124,9 +128,12 @@ class GradBuckets {
       }
     flat_.resize(buckets_.size());
     shard_.resize(buckets_.size());
+    view_.resize(buckets_.size());
+    aliased_.assign(buckets_.size(), false);
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       // Uninitialised: every slot is copied in before a collective reads it, and the collective writes the shard.
-      if (memory_ == BucketMemory::kept) flat_[b] = uninitialized_buffer<float>(buckets_[b].size);
+      // A bucket over contiguous gradients needs no buffer of its own.
+      if (memory_ == BucketMemory::kept) select_storage(b);
       if constexpr (Kind == BucketCollective::reduce_scatter)
         shard_[b] = uninitialized_buffer<float>(
             block_of(buckets_[b].size, std::size_t(comm_->size()), std::size_t(comm_->rank())).extent);
@@ -173,7 +180,10 @@ class GradBuckets {
   [[nodiscard]] std::size_t bucket_of(std::size_t param) const { return bucket_of_.at(param); }
   /** Buckets whose collective has been launched this step (they are in flight until `wait()`). */
   [[nodiscard]] std::size_t launched() const { return next_launch_; }
-  [[nodiscard]] std::span<float> flat(std::size_t b) { return flat_.at(b); }
+  /** Bucket `b`'s values: its own buffer, or (`aliased(b)`) the range of the gradients it covers. */
+  [[nodiscard]] std::span<float> flat(std::size_t b) { return view_.at(b); }
+  /** Whether bucket `b` runs in place on the gradients (no copy into a bucket buffer, none back). */
+  [[nodiscard]] bool aliased(std::size_t b) const { return aliased_.at(b); }
   [[nodiscard]] std::span<float> shard(std::size_t b) { return shard_.at(b); }
   [[nodiscard]] const std::vector<nn::Parameter*>& params() const { return params_; }
   [[nodiscard]] Comm& comm() const { return *comm_; }
@@ -200,9 +210,11 @@ class GradBuckets {
     const BucketSlot& s = buckets_[b].slots[slot_of_[k]];
     require(p.grad.size() == s.size, "GradBuckets::mark_ready on rank ", comm_->rank(), ": parameter ", p.name,
             " has ", p.grad.size(), " gradient elements, but ", s.size, " when the buckets were planned");
-    if (flat_[b].size() != buckets_[b].size) flat_[b] = uninitialized_buffer<float>(buckets_[b].size);  // transient
+    if (ready_[b] == 0) select_storage(b);  // the bucket's first gradient this step
     // A backend copy where operations run in stream order (the host must not touch rank memory there).
-    if constexpr (optim::host_reads_rank_memory<B>)
+    if (aliased_[b]) {
+      // In place: the collective reads the gradients themselves once the bucket is complete.
+    } else if constexpr (optim::host_reads_rank_memory<B>)
       std::copy(p.grad.begin(), p.grad.end(), flat_[b].begin() + std::ptrdiff_t(s.offset));
     else
       B::copy(s.size, p.grad.data(), flat_[b].data() + s.offset);
@@ -215,10 +227,10 @@ class GradBuckets {
     while (next_launch_ < buckets_.size() && ready_[next_launch_] == buckets_[next_launch_].slots.size()) {
       const std::size_t b = next_launch_++;
       if constexpr (Kind == BucketCollective::all_reduce)
-        requests_[b].emplace(comm_->iall_reduce(std::span<float>(flat_[b]), ReduceOp::sum));
+        requests_[b].emplace(comm_->iall_reduce(view_[b], ReduceOp::sum));
       else
         requests_[b].emplace(
-            comm_->ireduce_scatter(std::span<const float>(flat_[b]), std::span<float>(shard_[b]), ReduceOp::sum));
+            comm_->ireduce_scatter(std::span<const float>(view_[b]), std::span<float>(shard_[b]), ReduceOp::sum));
       if (memory_ == BucketMemory::transient) release_finished();
     }
   }
@@ -237,13 +249,39 @@ class GradBuckets {
       if (requests_[b]) finish_bucket(b), --in_flight;
   }
 
+  /**
+   * Chooses where bucket `b`'s values live this step: in place when its gradients are contiguous in slot
+   * order (kept memory only: a transient bucket releases the gradients it takes), else its own buffer
+   * (allocated if it has none).
+   */
+  void select_storage(std::size_t b) {
+    const auto& slots = buckets_[b].slots;
+    float* base = slots.empty() ? nullptr : params_[slots.front().param]->grad.data();
+    bool contiguous = memory_ == BucketMemory::kept && base != nullptr;
+    for (std::size_t i = 0; contiguous && i < slots.size(); ++i) {
+      const auto& g = params_[slots[i].param]->grad;
+      contiguous = g.size() == slots[i].size && (g.empty() || g.data() == base + slots[i].offset);
+    }
+    aliased_[b] = contiguous;
+    if (contiguous) {
+      flat_[b] = Buffer<float>{};
+      view_[b] = std::span<float>(base, buckets_[b].size);
+      return;
+    }
+    if (flat_[b].size() != buckets_[b].size) flat_[b] = uninitialized_buffer<float>(buckets_[b].size);
+    view_[b] = std::span<float>(flat_[b]);
+  }
+
   /** Waits for bucket `b`'s collective (if launched and not waited yet); a transient bucket's buffer is freed. */
   void finish_bucket(std::size_t b) {
     if (requests_[b]) {
       requests_[b]->wait();
       requests_[b].reset();
     }
-    if (memory_ == BucketMemory::transient) flat_[b] = Buffer<float>{};
+    if (memory_ == BucketMemory::transient) {
+      flat_[b] = Buffer<float>{};
+      view_[b] = {};
+    }
     while (next_done_ < next_launch_ && !requests_[next_done_]) ++next_done_;
   }
 
@@ -253,6 +291,8 @@ class GradBuckets {
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_, slot_of_;
   std::vector<Buffer<float>> flat_, shard_;  // rank memory, as every communicated buffer
+  std::vector<std::span<float>> view_;       // what each bucket's collective reads and writes: flat_[b] or the gradients
+  std::vector<bool> aliased_;                // bucket b runs in place on the gradients
   std::vector<std::optional<request_type>> requests_;
   std::vector<bool> marked_;
   std::vector<std::size_t> ready_;

@@ -31,7 +31,8 @@ struct DataParallelOptions {
  *
  * Per step: run the backward and call `mark_ready(p)` (or `mark_ready(layer_params)`) as soon as a
  * parameter's gradient is final — its bucket's all-reduce starts while the backward continues; then
- * `finish()` waits and writes the averaged gradients back into `p.grad`. With gradient accumulation over
+ * `finish()` waits and writes the averaged gradients back into `p.grad` (in place, without copies, where the
+ * gradients lie in a `GradientArena` in backward order: each bucket is then a range of it). With gradient accumulation over
  * micro-batches, mark gradients ready during the last micro-batch only. Parameters never marked are
  * reduced by `finish()` as they are (so a model without hooks needs only `finish()`, without overlap).
  */
@@ -61,6 +62,14 @@ class DataParallel {
     const float inv = float(1.0 / divisor_);
     for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
       const auto flat = buckets_.flat(b);
+      if (buckets_.aliased(b)) {  // reduced in place: the bucket is the gradients, scaled where they are
+        if constexpr (optim::host_reads_rank_memory<B>) {
+          for (float& x : flat) x *= inv;
+        } else {
+          B::scale(flat.size(), inv, flat.data());
+        }
+        continue;
+      }
       for (const auto& s : buckets_.bucket(b).slots) {
         auto& g = buckets_.params()[s.param]->grad;
         if constexpr (optim::host_reads_rank_memory<B>) {
@@ -76,6 +85,10 @@ class DataParallel {
 
   [[nodiscard]] std::size_t bucket_count() const { return buckets_.bucket_count(); }
   [[nodiscard]] const Bucket& bucket(std::size_t b) const { return buckets_.bucket(b); }
+  /** Whether bucket `b` is reduced in place on the gradients (see `GradBuckets::aliased`). */
+  [[nodiscard]] bool aliased(std::size_t b) const { return buckets_.aliased(b); }
+  /** Bucket `b`'s values (a view of the gradients when `aliased(b)`). */
+  [[nodiscard]] std::span<float> flat(std::size_t b) { return buckets_.flat(b); }
   /** Buckets whose all-reduce has started this step; more than 0 before the backward ends means overlap. */
   [[nodiscard]] std::size_t launched() const { return buckets_.launched(); }
   [[nodiscard]] double divisor() const { return divisor_; }

@@ -51,6 +51,7 @@
 #include "mpar/optim/rank_scalars.hpp"
 #include "mpar/optim/sgd.hpp"
 #include "mpar/parallel/data_parallel.hpp"
+#include "mpar/parallel/gradient_arena.hpp"
 #include "mpar/parallel/mixed_precision.hpp"
 #include "mpar/parallel/zero.hpp"
 
@@ -169,6 +170,7 @@ class DistributedOptimizer {
     if (cfg_.precision == Precision::f16) copies_.template emplace<ComputeCopies<f16, B>>(compute_params_);
     if (cfg_.precision != Precision::fp32) masters_.resize(compute_params_.size());
     stats_ = B::template allocate<RankStatistics>(1);  // every field written by operations or copies before it is read
+    bind_gradient_arena(stage);
     if (stage > 0) {
       zero_.emplace(params_, *g_.data, cfg_.adamw, ZeroOptions{cfg_.bucket_bytes, 0.0, stage, 2, cfg_.zero_unit_starts});
       if (stage == 3 && cfg_.precision == Precision::bf16) zero_->set_gather_rounding(round_through<bf16>);
@@ -296,12 +298,27 @@ class DistributedOptimizer {
   /** The statistics of the last step (for logging without another read). */
   [[nodiscard]] const StepStatistics& last_statistics() const { return last_; }
 
-  /** Zeroes the gradients of the updated parameters (ZeRO-2: releases them; `begin_compute` allocates them). */
+  /**
+   * Zeroes the gradients of the updated parameters and of the other parameters the passes read (a tied
+   * copy): with the gradient arena (no ZeRO, ZeRO-1) one `B::zero` over all of them; ZeRO-2/3 release them
+   * instead (`begin_compute` allocates them again).
+   */
   void zero_grad() {
-    if (zero_) zero_->zero_grad();  // the same parameters, through ZeRO-1's own list
-    else
+    if (arena_) {
+      arena_->zero();
+      if (!arena_->intact())  // a gradient replaced since binding (it left the arena): zero it on its own
+        for (auto* p : arena_->params())
+          if (!arena_->holds(*p)) nn::zero_grad<B>(*p);
+    } else if (zero_) {
+      zero_->zero_grad();  // the same parameters, through ZeRO's own list
+    } else {
       for (auto* p : params_) nn::zero_grad<B>(*p);
+    }
   }
+  /** Whether `zero_grad()` zeroes `p`'s gradient although `p` is not updated here (a tied copy in the arena). */
+  [[nodiscard]] bool zeroes_gradient_of(const nn::Parameter& p) const { return arena_ && arena_->holds(p); }
+  /** The gradient arena (no ZeRO and ZeRO-1; null under ZeRO-2/3, which release gradients). */
+  [[nodiscard]] const GradientArena<B>* gradient_arena() const { return arena_ ? &*arena_ : nullptr; }
 
   [[nodiscard]] const OptimizerConfig& config() const { return cfg_; }
   [[nodiscard]] const std::vector<nn::Parameter*>& params() const { return params_; }
@@ -356,6 +373,24 @@ class DistributedOptimizer {
     std::size_t index;  ///< in the list of the synchroniser that owns the parameter
   };
 
+  /**
+   * Without ZeRO and under ZeRO-1 every gradient this rank holds becomes a slice of one arena, in the order the
+   * backward produces them: the replicated parameters last first, then the experts last first (each list is
+   * bucketed on its own, last first, so every bucket is a contiguous range and is reduced in place), then the
+   * parameters the passes read but this optimizer does not update (a tied copy), so that `zero_grad` is one
+   * operation. ZeRO-2/3 keep their own path: they release each gradient once its bucket has taken it.
+   */
+  void bind_gradient_arena(int stage) {
+    if (stage > 1) return;
+    std::vector<nn::Parameter*> order, experts;
+    for (auto it = params_.rbegin(); it != params_.rend(); ++it)
+      (stage == 0 && ep_ > 1 && optim::sharded_over_expert(**it) ? experts : order).push_back(*it);
+    order.insert(order.end(), experts.begin(), experts.end());
+    for (auto* p : compute_params_)
+      if (std::ranges::count(order, p) == 0) order.push_back(p);
+    arena_.emplace(std::move(order));
+  }
+
   void finish_gradient_sync() {
     const auto t = std::chrono::steady_clock::now();
     if (zero_) zero_->reduce_gradients();
@@ -372,6 +407,7 @@ class DistributedOptimizer {
   std::unordered_map<const nn::Parameter*, Route> route_;
   std::vector<nn::Parameter*> experts_;
   std::optional<DataParallel<Comm, B>> dp_, dp_experts_;
+  std::optional<GradientArena<B>> arena_;  // bound before the synchronisers are built: their buckets are ranges of it
   std::optional<ZeroAdamW<Comm, B>> zero_;
   std::optional<optim::AdamW<B>> adamw_;
   std::optional<optim::Sgd<B>> sgd_;

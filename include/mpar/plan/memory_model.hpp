@@ -72,11 +72,12 @@ struct MemoryOptions {
    */
   bool attention_dropout = true;
   /**
-   * mpar's ZeRO-1 keeps, between steps, every bucket's flat copy of the gradients and its shard of the
-   * averaged gradient next to the per-parameter gradients (2.5 N gradient floats at dp = 2). `false`: the
-   * gradients live in one contiguous buffer reduce-scattered in place (Megatron-LM's distributed optimizer).
+   * mpar's data-parallel buckets are ranges of the rank's gradient arena, reduced in place (no bucket
+   * buffers in flight without ZeRO-2/3), and its ZeRO-1 keeps its shard of the averaged gradient between
+   * steps next to the full gradients (1.5 N gradient floats at dp = 2). `false`: the textbook count, with two
+   * bucket buffers in flight and no shard kept (Megatron-LM's distributed optimizer).
    */
-  bool zero1_flat_buckets = true;
+  bool zero1_gradient_shard = true;
   /**
    * mpar's backward accumulates the micro-batches into full-size per-parameter gradients even under ZeRO-2/3
    * (allocated when the passes begin, released bucket by bucket once final), so all of them are alive at the
@@ -91,7 +92,7 @@ struct MemoryOptions {
     MemoryOptions o;
     o.recompute_whole_chunk = false;
     o.sends_held_until_step_end = false;
-    o.zero1_flat_buckets = false;
+    o.zero1_gradient_shard = false;
     o.zero_full_gradient_accumulation = false;
     return o;
   }
@@ -182,8 +183,8 @@ struct MemoryOptions {
   // them are alive at the activation peak, next to the shards.
   e.gradients = psi * p.grad_bytes / (c.zero2 || c.zero3 ? zdp : 1.0);
   if ((c.zero2 || c.zero3) && o.zero_full_gradient_accumulation) e.accumulated_gradients = psi * p.grad_bytes;
-  // ZeRO-1 alone: the buckets' flat copy of every gradient and this rank's shard stay allocated between steps.
-  if (c.zero1 && !c.zero2 && !c.zero3 && zdp > 1 && o.zero1_flat_buckets) e.gradients += psi * p.grad_bytes * (1.0 + 1.0 / zdp);
+  // ZeRO-1 alone: this rank's shard of the averaged gradient stays allocated between steps.
+  if (c.zero1 && !c.zero2 && !c.zero3 && zdp > 1 && o.zero1_gradient_shard) e.gradients += psi * p.grad_bytes / zdp;
   e.optimizer = psi * p.optimizer_bytes / (c.zero1 ? zdp : 1.0);
 
   // s: the tokens of one sequence this rank holds (all of them, or 1/cp under context parallelism).
@@ -235,9 +236,10 @@ struct MemoryOptions {
   if (c.tp > 1) comm += p.activation_bytes * sbh;
   // Ring attention: the K/V block held and the one arriving, and in backward their dK/dV travelling with them.
   if (c.cp > 1) comm += 8 * p.activation_bytes * sbh / t;
-  // Two gradient buckets in flight (under mpar's ZeRO-1 they are among the flat buckets counted as gradients).
-  const bool zero1_flat = c.zero1 && !c.zero2 && !c.zero3 && o.zero1_flat_buckets;
-  if (c.data_group() > 1 && !zero1_flat) comm += 2 * std::min(o.dp_bucket_bytes, psi * p.grad_bytes);
+  // Two gradient buckets in flight: ZeRO-2/3's flat buckets; without them mpar reduces its buckets in place,
+  // as ranges of the gradient arena (the textbook count keeps two buffers either way).
+  const bool in_place_buckets = !c.zero2 && !c.zero3 && o.zero1_gradient_shard;
+  if (c.data_group() > 1 && !in_place_buckets) comm += 2 * std::min(o.dp_bucket_bytes, psi * p.grad_bytes);
   // ZeRO-3: the unit in use and the next one (prefetched) gathered at once; a unit is a layer, or the
   // embeddings / the head with the word embedding on the first and last pipeline rank.
   if (c.zero3) {

@@ -1,0 +1,157 @@
+// The gradient arena (parallel/gradient_arena.hpp): a rank's gradients as consecutive slices of one
+// allocation, zeroed by one backend operation, with the data-parallel buckets reduced in place on ranges
+// of it — checked against a hand formula and against the copying path, bit for bit.
+#include <catch2/catch.hpp>
+
+#include <cstddef>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include <mpar/comm/threads.hpp>
+#include <mpar/observe/counting_backend.hpp>
+#include <mpar/parallel/data_parallel.hpp>
+#include <mpar/parallel/gradient_arena.hpp>
+
+#include "vector_parameter.hpp"
+
+using namespace mpar;
+using Counting = observe::CountingBackend<HostBackend>;
+
+namespace {
+
+std::vector<float> values(std::size_t n, float base) {
+  std::vector<float> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = base + 0.1f * float(i) + 1.0f / 3.0f;
+  return v;
+}
+std::vector<float> copy_of(const Buffer<float>& b) { return {b.begin(), b.end()}; }
+
+}  // namespace
+
+TEST_CASE("gradient arena: gradients become consecutive slices in the given order, keep their values, zero in one operation",
+          "[train][arena]") {
+  auto a = testing::vector_parameter("a", values(3, 0), values(3, 1));
+  auto b = testing::vector_parameter("b", values(2, 0), values(2, 2));
+  auto c = testing::vector_parameter("c", values(4, 0), values(4, 3));
+  parallel::GradientArena<Counting> arena({&c, &b, &a});  // the backward's order: the last parameter first
+  REQUIRE(arena.size() == 9);
+  CHECK(c.grad.data() == arena.data());
+  CHECK(b.grad.data() == arena.data() + 4);
+  CHECK(a.grad.data() == arena.data() + 6);
+  CHECK(copy_of(a.grad) == values(3, 1));
+  CHECK(copy_of(b.grad) == values(2, 2));
+  CHECK(copy_of(c.grad) == values(4, 3));
+  CHECK(arena.intact());
+
+  // Accumulating into a gradient writes the arena (the layers' `grad.data()` is the slice).
+  b.grad[1] += 5.0f;
+  CHECK(arena.data()[5] == values(2, 2)[1] + 5.0f);
+
+  const auto before = Counting::counts();
+  arena.zero();
+  const auto d = Counting::counts() - before;
+  CHECK(d[observe::Op::zero] == 1);
+  CHECK(d.total_launches() == 1);
+  for (const auto* p : {&a, &b, &c})
+    for (float g : p->grad) CHECK(g == 0.0f);
+}
+
+TEST_CASE("gradient arena: a replaced gradient leaves it, a copied parameter owns its gradient, either may outlive the other",
+          "[train][arena]") {
+  auto a = testing::vector_parameter("a", values(3, 0), values(3, 1));
+  auto b = testing::vector_parameter("b", values(2, 0), values(2, 2));
+  {
+    parallel::GradientArena<HostBackend> arena({&b, &a});
+    const nn::Parameter copy = a;  // a checkpoint or reference copy: its own memory, the same values
+    CHECK(copy.grad.data() != a.grad.data());
+    CHECK(copy_of(copy.grad) == copy_of(a.grad));
+
+    a.grad = uninitialized_buffer<float>(3);  // as ZeRO-2 re-allocates a released gradient
+    a.grad.assign(3, 7.0f);
+    CHECK_FALSE(arena.holds(a));
+    CHECK(arena.holds(b));
+    CHECK_FALSE(arena.intact());
+    arena.zero();
+    CHECK(copy_of(a.grad) == std::vector<float>(3, 7.0f));  // no longer the arena's to zero
+    CHECK(copy_of(b.grad) == std::vector<float>(2, 0.0f));
+  }
+  // The arena is gone; b's slice lives on until b lets it go, and is still b's gradient.
+  b.grad[0] = 4.0f;
+  b.grad[1] += 1.0f;
+  CHECK(copy_of(b.grad) == std::vector<float>{4.0f, 1.0f});
+  b.grad = Buffer<float>{};  // the last slice released: the block is freed (a leak or a double free shows under ASan)
+
+  parallel::GradientArena<HostBackend> outer;
+  {
+    auto e = testing::vector_parameter("e", values(2, 0), values(2, 5));
+    parallel::GradientArena<HostBackend> arena({&e});
+    CHECK(copy_of(e.grad) == values(2, 5));
+  }  // the parameter after the arena: destroyed in the other order
+}
+
+TEST_CASE("data parallel over a gradient arena: every bucket is a range of the arena, reduced in place, bit-equal to the "
+          "copying path and to the hand formula",
+          "[train][arena][dp]") {
+  constexpr int dp = 2;
+  const std::vector<std::size_t> sizes{5, 3, 8, 2, 6};
+  struct RankResult {
+    std::vector<std::vector<float>> arena_grads, plain_grads;
+    std::vector<bool> aliased;
+    std::vector<bool> view_in_arena;
+    std::size_t buckets = 0;
+  };
+  std::vector<RankResult> results(dp);
+  auto grad_of = [](std::size_t k, std::size_t n, int rank) { return values(n, float(k) * 0.37f + float(rank) * 1.9f); };
+  run_threads(dp, [&](ThreadsCommunicator& world) {
+    std::vector<nn::Parameter> in_arena, plain;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      in_arena.push_back(testing::vector_parameter("p" + std::to_string(k), values(sizes[k], 0), grad_of(k, sizes[k], world.rank())));
+      plain.push_back(in_arena.back());
+    }
+    std::vector<nn::Parameter*> pa, pp, backward_order;
+    for (auto& p : in_arena) pa.push_back(&p);
+    for (auto& p : plain) pp.push_back(&p);
+    for (std::size_t k = pa.size(); k-- > 0;) backward_order.push_back(pa[k]);
+    parallel::GradientArena<HostBackend> arena(backward_order);
+    // 32-byte buckets: several buckets, some holding more than one parameter.
+    parallel::DataParallel<ThreadsCommunicator> with_arena(pa, world, {.bucket_bytes = 32});
+    parallel::DataParallel<ThreadsCommunicator> copying(pp, world, {.bucket_bytes = 32});
+    for (std::size_t k = pa.size(); k-- > 0;) {  // as a backward marks them
+      with_arena.mark_ready(k);
+      copying.mark_ready(k);
+    }
+    RankResult& r = results[std::size_t(world.rank())];
+    r.buckets = with_arena.bucket_count();
+    for (std::size_t b = 0; b < with_arena.bucket_count(); ++b) {
+      r.aliased.push_back(with_arena.aliased(b));
+      const auto flat = with_arena.flat(b);
+      const auto& first = *pa[with_arena.bucket(b).slots.front().param];
+      r.view_in_arena.push_back(flat.data() == first.grad.data() && flat.data() >= arena.data() &&
+                                flat.data() + flat.size() <= arena.data() + arena.size());
+    }
+    with_arena.finish();
+    copying.finish();
+    for (auto* p : pa) r.arena_grads.push_back(copy_of(p->grad));
+    for (auto* p : pp) r.plain_grads.push_back(copy_of(p->grad));
+  });
+  for (int rank = 0; rank < dp; ++rank) {
+    const auto& r = results[std::size_t(rank)];
+    INFO("rank " << rank);
+    REQUIRE(r.buckets > 2);
+    for (std::size_t b = 0; b < r.buckets; ++b) {
+      CHECK(r.aliased[b]);
+      CHECK(r.view_in_arena[b]);
+    }
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      // The mean of the two replicas' gradients, in float as the all-reduce and the 1/dp scale compute it.
+      const auto g0 = grad_of(k, sizes[k], 0), g1 = grad_of(k, sizes[k], 1);
+      std::vector<float> want(sizes[k]);
+      for (std::size_t i = 0; i < want.size(); ++i) want[i] = (g0[i] + g1[i]) * float(1.0 / dp);
+      CHECK(r.arena_grads[k] == want);
+      REQUIRE(r.plain_grads[k].size() == r.arena_grads[k].size());
+      CHECK(std::memcmp(r.plain_grads[k].data(), r.arena_grads[k].data(), want.size() * sizeof(float)) == 0);
+    }
+  }
+}
