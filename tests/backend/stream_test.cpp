@@ -123,6 +123,30 @@ TEMPLATE_TEST_CASE("backend contract: a reduction (sum_squares) accumulates into
   CHECK(got == Approx(want).epsilon(1e-12));
 }
 
+TEMPLATE_TEST_CASE("backend contract: accumulate adds a scaled sum into a double of rank memory (the step's losses)",
+                   "[backend][stream]", HostBackend, StreamHostBackend, DiscreteHostBackend) {
+  using B = TestType;
+  // Values exact in binary, so the hand result is exact: 2 + 2 (0.5 + 0.25 + 1) = 5.5, then + 0.5 * 3 = 7.
+  const std::vector<float> v{0.5f, 0.25f, 1.0f, 3.0f};
+  const double start = 2.0;
+  const double got = on_rank([&] {
+    B::init_rank();
+    Buffer<float> x = B::template allocate<float>(v.size());
+    Buffer<double> acc = B::template allocate<double>(1);
+    B::template copy_from_host_async<float>(v.size(), v.data(), x.data());
+    B::template copy_from_host_async<double>(1, &start, acc.data());
+    B::accumulate(3, x.data(), 2.0, acc.data());
+    B::accumulate(1, x.data() + 3, 0.5, acc.data());  // ordered after the first: the two adds accumulate
+    typename B::template pinned_buffer<double> host(1);
+    B::template copy_to_host_async<double>(1, acc.data(), host.data());
+    typename B::event_type done;
+    B::record_event(done);
+    B::wait_event(done);
+    return host.data()[0];
+  });
+  CHECK(got == 7.0);
+}
+
 TEMPLATE_TEST_CASE("stream backends: fresh rank memory is NaN, so a missing zeroing shows", "[backend][stream]",
                    StreamHostBackend, DiscreteHostBackend) {
   using B = TestType;

@@ -87,7 +87,8 @@ void check_common(const std::vector<RankCounts>& rs) {
  *   sequences), forward and backward: 2 + 2;
  * - the last stage: final layer norm and head GEMM forward (+ the padding mask's bias add where this rank's
  *   vocabulary columns include padding), layer norm backward, 2 head GEMMs, 4 cross-entropy kernels
- *   (row max, sums, loss, logit gradient) and the executor's 1/M scale of the logit gradient;
+ *   (row max, sums, loss, logit gradient), the loss added into the step's statistics in rank memory
+ *   (`accumulate`, no host read) and the executor's 1/M scale of the logit gradient;
  * - the activations layers keep for backward while receiving them by const reference are copied by the
  *   backend (`nn::backend_copy`, one `copy` each): in a block's forward the inputs of both layer norms, of
  *   the four projections and of GeLU: 7 (the two dropouts, identity at p = 0, receive their inputs as
@@ -131,7 +132,7 @@ Expected expected_launches(const models::GptTrainConfig& c, const RankCounts& r,
   for (std::size_t stage = r.coord.pipeline; stage < stages; stage += c.pp) {
     const bool first = stage == 0, last = stage == stages - 1;
     e.forward += L * (14 + 2 * A + 7 + 6 * half) + (first ? 2 : 1) + (last ? 2 + mask + 1 + half : 0);
-    e.backward += L * (18 + 4 * A + 6 + 7 * half) + (first ? 2 : 0) + (last ? 7 + 2 + 1 : 1);
+    e.backward += L * (18 + 4 * A + 6 + 7 * half) + (first ? 2 : 0) + (last ? 7 + 2 + 1 + 1 : 1);  // + accumulate
     weight_converts += L * 4 * half + (last ? half : 0);
   }
   e.per_step = M * (e.forward + e.backward + (c.recompute ? e.forward : 0)) + weight_converts;
@@ -168,9 +169,12 @@ void check_dense(const std::string& name, const models::GptTrainConfig& c) {
       if (r.coord.tensor == 0) CHECK(r.step[Op::sum_squares] == r.updated);
       else CHECK(r.step[Op::sum_squares] < r.updated);
     }
-    // Every gradient the rank holds (the tied copy included) lies in one arena, zeroed by one operation; and
-    // the norm's accumulator.
-    CHECK(r.step[Op::zero] == 2);
+    // Every gradient the rank holds (the tied copy included) lies in one arena, zeroed by one operation; then
+    // the norm's accumulator and the step's losses.
+    CHECK(r.step[Op::zero] == 3);
+    // Each micro-batch's loss is added into the statistics on the last stage (and read with them, once).
+    const bool last = r.coord.pipeline + 1 == c.pp;
+    CHECK(r.step[Op::accumulate] == (last ? std::uint64_t(c.microbatches) : 0));
     // The step's explicit host waits (the optimizer's zeroed accumulator and its statistics read): at most two.
     // HostBackend's operations finish before they return, so there every launch is a host synchronisation too.
     CHECK(r.step.synchronize_calls + r.step.event_waits <= 2);
@@ -184,16 +188,16 @@ TEST_CASE("step counts: one rank, the operations per step follow the hand-derive
   check_dense("tp1 pp1 dp1", testing::small_gpt(1, 1, 1));
 }
 
-TEST_CASE("step counts: on one rank the host touches only token ids, targets, the loss and the logit-gradient buffer",
-          "[models][counts]") {
+TEST_CASE("step counts: on one rank the host touches only token ids and targets", "[models][counts]") {
   // Per micro-batch of t tokens: the [t, 1] id activation (written, value-initialised, copied once by the
   // executor: read + written, read by the embedding) and its placeholder gradient, the ids and targets
-  // copied into rank memory, and the loss read back. Everything else — activations, gradients, the logit
-  // gradient (allocated uninitialised, written whole by the loss), statistics — is written by backend operations.
+  // copied into rank memory. Everything else — activations, gradients, the logit gradient (allocated
+  // uninitialised, written whole by the loss), the losses and the other statistics — is written by backend
+  // operations (the losses accumulated in rank memory are read once per step with the statistics).
   auto c = testing::small_gpt(1, 1, 1);
   const auto rs = count_steps(c);
   const std::uint64_t t = c.microbatch_size() * c.model.seq, f = sizeof(float);
-  const std::uint64_t per_mb = t * f * (2 + 2 + 1 + 1) + t * sizeof(std::int32_t) * 2 + f;
+  const std::uint64_t per_mb = t * f * (2 + 2 + 1 + 1) + t * sizeof(std::int32_t) * 2;
   CHECK(rs[0].step.host_bytes == std::uint64_t(c.microbatches) * per_mb);
 }
 

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include <cstddef>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -51,6 +52,10 @@ std::vector<RankRun> train(const models::GptTrainConfig& c, int steps) {
       B::synchronize();
     };
     if constexpr (std::is_same_v<B, HostBackend>) {
+      // Ordinary host memory: a rank on the main thread may still have a stream backend's memory installed by
+      // an earlier test case (DiscreteHostBackend's faults on every host access).
+      HostMemoryResource host;
+      ScopedMemoryResource use(host);
       run(w);
     } else {
       StreamOrderedCommunicator<ThreadsCommunicator, B> world(w);
@@ -124,11 +129,44 @@ TEST_CASE("GPT over DiscreteHostBackend: dp2 and ZeRO-1 dp2 equal HostBackend", 
   check_equal_to_host<DiscreteHostBackend>("ZeRO-1 dp2", z);
 }
 
+TEST_CASE("GPT over StreamHostBackend: interleaved and zero-bubble schedules equal HostBackend bit for bit",
+          "[stream][gpt][schedules]") {
+  auto il = testing::small_gpt(1, 2, 1, "interleaved_1f1b");
+  il.chunks = 2;
+  check_equal_to_host<StreamHostBackend>("pp2 interleaved", il, 2);
+  check_equal_to_host<StreamHostBackend>("pp2 zb_h1", testing::small_gpt(1, 2, 1, "zb_h1"), 2);
+  check_equal_to_host<StreamHostBackend>("pp2 zb_h2", testing::small_gpt(1, 2, 1, "zb_h2"), 2);
+}
+
+TEST_CASE("GPT over StreamHostBackend: bf16, f16 and dp2 x tp2 equal HostBackend bit for bit", "[stream][gpt][precision]") {
+  auto b = testing::small_gpt(1, 1, 1);
+  b.precision = "bf16";
+  check_equal_to_host<StreamHostBackend>("bf16", b, 2);
+  auto f = testing::small_gpt(1, 1, 1);
+  f.precision = "f16";
+  check_equal_to_host<StreamHostBackend>("f16", f, 2);
+  check_equal_to_host<StreamHostBackend>("dp2 x tp2", testing::small_gpt(2, 1, 2), 2);
+}
+
+TEST_CASE("GPT over DiscreteHostBackend: interleaved, zero-bubble, bf16 and f16 never touch rank memory from the host",
+          "[stream][gpt][discrete][schedules][precision]") {
+  auto il = testing::small_gpt(1, 2, 1, "interleaved_1f1b");
+  il.chunks = 2;
+  check_equal_to_host<DiscreteHostBackend>("pp2 interleaved", il, 2);
+  check_equal_to_host<DiscreteHostBackend>("pp2 zb_h2", testing::small_gpt(1, 2, 1, "zb_h2"), 2);
+  auto b = testing::small_gpt(1, 1, 1);
+  b.precision = "bf16";
+  check_equal_to_host<DiscreteHostBackend>("bf16", b, 2);
+  auto f = testing::small_gpt(1, 2, 1);
+  f.precision = "f16";
+  check_equal_to_host<DiscreteHostBackend>("f16 pp2", f, 2);
+}
+
 namespace {
 
-/** Host synchronisations (synchronize() calls and event waits) of every rank in the third step over B. */
+/** What every rank asked of backend B (counted) in the third step: the first two build caches and staging. */
 template <class B>
-std::vector<observe::BackendCounts> step_syncs(const models::GptTrainConfig& c) {
+std::vector<observe::BackendCounts> step_counts(const models::GptTrainConfig& c) {
   std::vector<observe::BackendCounts> out(c.world_size());
   run_threads(int(c.world_size()), [&](ThreadsCommunicator& w) {
     B::init_rank();
@@ -144,29 +182,66 @@ std::vector<observe::BackendCounts> step_syncs(const models::GptTrainConfig& c) 
   return out;
 }
 
+/** Every layout the trainer takes over the stream backends, with a name. */
+std::vector<std::pair<std::string, models::GptTrainConfig>> budget_layouts() {
+  std::vector<std::pair<std::string, models::GptTrainConfig>> out{
+      {"1 rank", testing::small_gpt(1, 1, 1)},           {"tp2", testing::small_gpt(2, 1, 1)},
+      {"dp2", testing::small_gpt(1, 1, 2)},              {"dp2 x tp2", testing::small_gpt(2, 1, 2)},
+      {"pp2 1f1b", testing::small_gpt(1, 2, 1)},         {"pp2 gpipe", testing::small_gpt(1, 2, 1, "gpipe")},
+      {"pp2 zb_h1", testing::small_gpt(1, 2, 1, "zb_h1")}, {"pp2 zb_h2", testing::small_gpt(1, 2, 1, "zb_h2")},
+      {"tp2 x pp2", testing::small_gpt(2, 2, 1)}};
+  auto il = testing::small_gpt(1, 2, 1, "interleaved_1f1b");
+  il.chunks = 2;
+  out.emplace_back("pp2 interleaved", il);
+  auto rc = testing::small_gpt(1, 2, 1);
+  rc.recompute = true;
+  out.emplace_back("pp2 recompute", rc);
+  auto z = testing::small_gpt(1, 1, 2);
+  z.zero = 1;
+  out.emplace_back("ZeRO-1 dp2", z);
+  for (const char* p : {"bf16", "f16"}) {
+    auto one = testing::small_gpt(1, 1, 1);
+    one.precision = p;
+    out.emplace_back(std::string(p), one);
+    auto pp = testing::small_gpt(1, 2, 1);
+    pp.precision = p;
+    out.emplace_back(std::string(p) + " pp2", pp);
+  }
+  return out;
+}
+
 }  // namespace
 
-TEST_CASE("GPT over CountingBackend<StreamHostBackend>: the host waits once per micro-batch's loss, once for the "
-          "statistics and once for the step report",
+TEST_CASE("GPT over CountingBackend<StreamHostBackend>: at most two host waits per training step at every layout",
           "[stream][gpt][counts]") {
   using Counting = observe::CountingBackend<StreamHostBackend>;
   STATIC_REQUIRE(!observe::operations_block_host<Counting>);
-  auto z = testing::small_gpt(1, 1, 2);
-  z.zero = 1;
-  const std::pair<const char*, models::GptTrainConfig> layouts[] = {
-      {"1 rank", testing::small_gpt(1, 1, 1)}, {"tp2", testing::small_gpt(2, 1, 1)},
-      {"dp2", testing::small_gpt(1, 1, 2)},    {"ZeRO-1 dp2", z}};
-  for (const auto& [name, c] : layouts) {
-    // Per step: each micro-batch's loss read back (the executor sums the losses on the host), the optimizer's
-    // statistics read, and with more than one rank the step report's measurements reduced over the world.
-    // Operations themselves never wait (operations_block_host is false).
-    const std::uint64_t expected = std::uint64_t(c.microbatches) + 1 + (c.world_size() > 1 ? 1 : 0);
-    const auto counts = step_syncs<Counting>(c);
+  for (const auto& [name, c] : budget_layouts()) {
+    // Per step: the statistics (every micro-batch's loss accumulated in rank memory, aux loss, norm, found-inf)
+    // read once by the optimizer; with more than one rank, the step report's host measurements (times, dropped
+    // tokens) reduced over the world and read once more. Nothing waits per micro-batch or per message:
+    // operations never block (operations_block_host is false), pipeline headers are checked after the
+    // statistics wait has passed their copies.
+    const std::uint64_t expected = c.world_size() > 1 ? 2 : 1;
+    const auto counts = step_counts<Counting>(c);
     for (std::size_t r = 0; r < counts.size(); ++r) {
-      INFO(name << ", rank " << r);
+      INFO(name << ", rank " << r << ": " << counts[r].by_kind());
       CHECK(counts[r].total_launches() > 0);
       CHECK(counts[r].host_syncs() == counts[r].synchronize_calls + counts[r].event_waits);
+      CHECK(counts[r].host_syncs() <= 2);
       CHECK(counts[r].host_syncs() == expected);
+      CHECK(counts[r].synchronize_calls == 0);
+      const bool last_stage = r >= counts.size() - counts.size() / c.pp;  // pipeline is the outermost axis
+      const bool first_stage = r < counts.size() / c.pp;
+      CHECK(counts[r][observe::Op::accumulate] == (last_stage ? std::uint64_t(c.microbatches) : 0));
+      // The host touches no rank memory (DiscreteHostBackend above faults on any access); the bytes the host
+      // reads are the step's inputs only, uploaded by stream-ordered copies: the first stage's token ids (once
+      // more when recomputation reruns its forward) and the last stage's targets, 4 bytes per token.
+      const std::uint64_t inputs = std::uint64_t(c.microbatches) * c.microbatch_size() * c.model.seq * 4;
+      CHECK(counts[r].host_bytes == (first_stage ? inputs * (c.recompute ? 2 : 1) : 0) + (last_stage ? inputs : 0));
+      std::printf("%-16s rank %zu: host syncs %llu, launches %llu, host bytes %llu\n", name.c_str(), r,
+                  (unsigned long long)counts[r].host_syncs(), (unsigned long long)counts[r].total_launches(),
+                  (unsigned long long)counts[r].host_bytes);
     }
   }
 }

@@ -14,6 +14,7 @@
 #include "mpar/core/memory_resource.hpp"  // Buffer (allocate)
 #include "mpar/backend/host/buffer_ops.hpp"  // the host reference of zero, fill, copy, convert, gemm_strided_batched
 #include "mpar/backend/host/gemm_bias_gelu.hpp"  // the host reference of gemm_bias_gelu
+#include "mpar/backend/host/accumulate.hpp"  // the host reference of accumulate
 
 namespace mpar {
 
@@ -68,6 +69,9 @@ namespace mpar {
  *   stride_b, beta, c, ldc, stride_c, batch)`: `batch` row-major GEMMs whose operands are `stride_*`
  *   elements apart (fp32, or bf16/f16 A and B with an fp32 C); `vocab_parallel_loss(rows, row_max, sumexp,
  *   target_logit, loss)`: the mean cross-entropy from the statistics, into one float of rank memory;
+ * - `accumulate(n, x, scale, acc)`: `*acc += scale * sum x[i]` into a double of rank memory, with the
+ *   semantics of `mpar::host::accumulate` (backend/host/accumulate.hpp): each micro-batch's loss added to
+ *   the step's statistics, which reach the host once per step;
  * Operations are ordered on the calling rank's stream and return at once: an operation runs after
  * every operation the rank issued before it and before every one issued after it, but not
  * necessarily before the call returns. Host code reads or writes rank memory only after an explicit
@@ -161,6 +165,8 @@ concept backend = requires(const float* a, float* c, const bf16* h, const std::i
   // The fused GEMM epilogue of the MLP's first projection (backend/host/gemm_bias_gelu.hpp).
   B::gemm_bias_gelu(n, n, n, a, n, a, n, a, c, c);
   B::gemm_bias_gelu(n, n, n, h, n, h, n, a, c, c);
+  // The per-step statistics in rank memory (backend/host/accumulate.hpp).
+  B::accumulate(n, a, 1.0, acc);
 };
 
 }  // namespace mpar

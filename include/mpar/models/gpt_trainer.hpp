@@ -322,12 +322,15 @@ class GptTrainer {
     // Each rank's backward adds its own tokens' share of d aux; the average over the token group divides it by
     // the group's size again, so the share enters scaled by that size (and the loss scale, like the logits').
     for (auto& s : stages_) s->set_moe_aux_gradient(float(cfg_.batch_ranks()) * loss_scale);
+    // Each micro-batch's loss stays in rank memory: added into the step's statistics (no host read), scaled by
+    // 1/M and by pp, since only the last stage's ranks add theirs and the statistics average over the world.
+    optimizer_->zero_losses();
     pipeline::StepStats stats = executor_->step(inputs, [&](const nn::Act<nn::FeatureShard>& logits, int mb,
                                                             nn::Act<nn::FeatureShard>& dlogits) {
       Stage& last = *stages_.back();
-      const double loss = last.loss().forward(logits, targets_[std::size_t(mb)], mb);
+      last.loss().forward_into(logits, targets_[std::size_t(mb)], mb, optimizer_->losses(), loss_weight());
       dlogits = last.loss().logits_gradient(mb, loss_scale);
-      return loss;
+      return 0.0;  // ignored: the executor runs with loss_on_host = false
     });
     autocast.reset();
     optimizer_->end_compute();
@@ -340,12 +343,13 @@ class GptTrainer {
       dropped += s->take_moe_dropped();
     }
     // aux is the same on every tensor and token-group rank and differs between pipeline stages (other blocks).
-    optimizer_->record_losses(stats.loss, aux * double(cfg_.pp) / double(cfg_.microbatches));
+    optimizer_->record_aux_loss(aux * double(cfg_.pp) / double(cfg_.microbatches));
 
     // 3-6. Tied weights; the optimizer: data-parallel reduction, norm, clipping, loss scaling, the update.
     const auto t_opt = std::chrono::steady_clock::now();
     sum_tied_gradients();
     const parallel::StepStatistics st = optimizer_->step(lr);
+    executor_->check_received_headers();  // the stream has passed this step's header copies: no further wait
     copy_embedding_to_head();  // unchanged values after a skipped step: harmless, and no host decision needed
     zero_grad();
     stats.compute += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_opt).count();
@@ -364,7 +368,7 @@ class GptTrainer {
     const std::array<double, 1> slowest{avg[3]};
     StepReport r;
     r.step = step;
-    r.loss = st.loss;  // the executor reports the loss of the unscaled forward
+    r.loss = st.loss;  // of the unscaled forward, averaged over the world with the statistics
     r.lr = lr;
     r.grad_norm = st.skipped ? 0.0 : st.grad_norm;
     r.aux_loss = st.aux_loss;
@@ -376,6 +380,7 @@ class GptTrainer {
     r.idle_slots = idle_slots_;
     r.communication = avg[1];
     r.tokens_per_second = double(cfg_.global_batch * cfg_.model.seq) / r.wall;
+    stats.loss = st.loss;
     r.stats = std::move(stats);
     return r;
   }
@@ -430,12 +435,13 @@ class GptTrainer {
         s->begin_step();
         s->set_moe_aux_gradient(float(cfg_.batch_ranks()));
       }
-      const pipeline::StepStats stats = executor_->step(inputs, [&](const nn::Act<nn::FeatureShard>& logits, int mb,
-                                                                    nn::Act<nn::FeatureShard>& dlogits) {
+      Buffer<double> l = B::template allocate<double>(1);  // rank memory: the batch's loss, as in a training step
+      B::zero(1, l.data());
+      (void)executor_->step(inputs, [&](const nn::Act<nn::FeatureShard>& logits, int mb, nn::Act<nn::FeatureShard>& dlogits) {
         Stage& last = *stages_.back();
-        const double loss = last.loss().forward(logits, targets_[std::size_t(mb)], mb);
+        last.loss().forward_into(logits, targets_[std::size_t(mb)], mb, l.data(), loss_weight());
         dlogits = last.loss().logits_gradient(mb, 1.0f);
-        return loss;
+        return 0.0;
       });
       autocast.reset();
       optimizer_->end_compute();
@@ -446,9 +452,8 @@ class GptTrainer {
         (void)s->take_moe_aux_loss();
         (void)s->take_moe_dropped();
       }
-      Buffer<double> l{stats.loss};
       comms_.world.all_reduce(std::span<double>(l), ReduceOp::avg);  // data ranks saw different sequences
-      sum += l[0];
+      sum += optim::read_from_rank<B>(l.data());
     }
     return sum / double(batches);
   }
@@ -869,6 +874,12 @@ class GptTrainer {
     return world.split(int(coord_.pipeline * cfg_.tp + coord_.tensor), int(coord_.data * cfg_.ep + coord_.expert));
   }
 
+  /**
+   * What each micro-batch's loss is added to the statistics with: 1/M for the mean over micro-batches, times pp
+   * because only the last stage's ranks add theirs and the statistics are averaged over the world.
+   */
+  [[nodiscard]] double loss_weight() const { return double(cfg_.pp) / double(cfg_.microbatches); }
+
   static GptTrainConfig validated(GptTrainConfig c, const Comm& world) {
     c.pad_vocab_for_mesh();
     c.validate(std::size_t(world.size()));
@@ -896,6 +907,7 @@ class GptTrainer {
     eo.recompute.assign(chunks.size(), cfg_.recompute);
     eo.microbatch_tokens = cfg_.microbatch_size() * cfg_.model.seq / cfg_.cp;  // this context rank's tokens
     eo.boundary_cols = cfg_.model.hidden;  // every stage boundary is [tokens, hidden]
+    eo.loss_on_host = false;  // the loss accumulates into the optimizer's statistics in rank memory
     pipeline::ScheduleConfig sc{P, cfg_.microbatches, V, 1};
     // A communicator that pairs messages in issue order (NCCL) exchanges them in groups; the ordered
     // placement is verified deadlock-free for that (the lazy one is not, for some schedules).

@@ -21,6 +21,7 @@
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/optim/rank_scalars.hpp"
 #include "mpar/nn/backend_copy.hpp"
+#include "mpar/nn/upload.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/layer.hpp"
 
@@ -69,6 +70,18 @@ class VocabParallelCrossEntropy {
                   "layout once: loss.forward(Act<FeatureShard>(logits), targets)");
     return 0.0f;
   }
+  /**
+   * As `forward`, without bringing the loss to the host: `*acc += scale * loss` in rank memory (`B::accumulate`),
+   * so a training step reads its losses once, with its other statistics, instead of once per micro-batch.
+   */
+  template <class L>
+  void forward_into(const Act<L>& logits, std::span<const std::int32_t> targets, int mb, double* acc, double scale) {
+    static_assert(std::is_same_v<L, FeatureShard>,
+                  "mpar::nn::VocabParallelCrossEntropy takes vocab-sharded logits (Shard<1, tensor>) but is fed "
+                  "another layout (see L above). Fix: feed it the output of a ColumnParallel LM head without "
+                  "gather_output (or the tied head of GptStage)");
+    if constexpr (std::is_same_v<L, FeatureShard>) B::accumulate(1, loss_in_rank(logits.tensor(), targets, mb), scale, acc);
+  }
   /** Typed gradient of `scale * loss` with respect to this rank's (vocab-sharded) logits. */
   Act<FeatureShard> logits_gradient(int mb = 0, float scale = 1.0f) { return Act<FeatureShard>(do_backward(mb, scale)); }
   void drop(int mb) { cache_.drop(mb); }
@@ -76,6 +89,13 @@ class VocabParallelCrossEntropy {
  private:
   /** The mean loss (the same on every tensor rank). */
   float do_forward(const Activation& logits, std::span<const std::int32_t> targets, int mb) {
+    const float* loss = loss_in_rank(logits, targets, mb);
+    note_host_access(sizeof(float));  // the host reads the loss
+    // On a backend whose operations return at once, through the stream-ordered copy and an event wait.
+    return optim::read_from_rank<B>(loss);
+  }
+  /** The mean loss into rank memory (one float of the micro-batch's cached statistics); returns where it is. */
+  const float* loss_in_rank(const Activation& logits, std::span<const std::int32_t> targets, int mb) {
     const std::size_t t = logits.extent(0), vl = logits.extent(1);
     require(vl * p_ == vocab_ && targets.size() == t, "VocabParallelCrossEntropy (tensor rank ", rank_, "): logits ", t,
             "x", vl, " with ", targets.size(), " targets; expected ", t, "x", vocab_ / p_);
@@ -84,17 +104,16 @@ class VocabParallelCrossEntropy {
               " of token ", i, " is outside the vocabulary of ", vocab_);
     auto& c = cache_.put(mb);
     c.targets = uninitialized_buffer<std::int32_t>(t);
-    write_initial(c.targets, targets);  // into the rank's memory (an upload on a device)
+    upload<B>(c.targets, targets);  // into the rank's memory (a stream-ordered upload on a device, no wait)
     if constexpr (fused_classifier_backend<B>) {
       if (p_ == 1) {  // the whole vocabulary here: loss and gradient in one pass, no statistics to all-reduce
-        note_host_access(t * sizeof(std::int32_t));
+        note_host_access(t * sizeof(std::int32_t));  // the targets copied in
         c.fused = true;
         c.logits = Activation(logits.shape(), uninitialized);  // holds dlogits of the unscaled loss
         c.stats = uninitialized_buffer<float>(t + 1);           // [row loss | mean loss]
         B::fused_classifier(t, vl, vl, logits.data(), c.targets.data(), c.logits.data(), c.stats.data(),
                             c.stats.data() + t, 1.0f);
-        note_host_access(sizeof(float));
-        return optim::read_from_rank<B>(c.stats.data() + t);
+        return c.stats.data() + t;
       }
     }
     c.logits = backend_copy<B>(logits);
@@ -108,9 +127,7 @@ class VocabParallelCrossEntropy {
     B::vocab_parallel_sumexp(t, vl, offset_, logits.data(), c.targets.data(), mx, sums, sums + t);
     if (p_ > 1) comm_->all_reduce(std::span<float>(sums, 2 * t), ReduceOp::sum);
     B::vocab_parallel_loss(t, mx, sums, sums + t, sums + 2 * t);
-    note_host_access(sizeof(float));  // the host reads the loss
-    // On a backend whose operations return at once, through the stream-ordered copy and an event wait.
-    return optim::read_from_rank<B>(sums + 2 * t);
+    return sums + 2 * t;
   }
 
   /** Gradient of `scale * loss` with respect to this rank's logits. */

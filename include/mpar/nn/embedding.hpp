@@ -13,6 +13,7 @@
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/collectives.hpp"
 #include "mpar/nn/layer.hpp"
+#include "mpar/nn/upload.hpp"
 
 namespace mpar::nn {
 
@@ -63,7 +64,7 @@ class BasicEmbedding {
     detail::check_tokens(tokens, vocab_, "Embedding");
     auto& ids = cache_.put(mb).tokens;
     ids = uninitialized_buffer<std::int32_t>(tokens.size());
-    write_initial(ids, tokens);  // into the rank's memory (an upload on a device), where the kernels read them  // in the rank's memory, where the backend's kernels read them
+    upload<B>(ids, tokens);  // into the rank's memory (a stream-ordered upload on a device), where the kernels read them
     note_host_access(ids.size() * sizeof(std::int32_t));
     return Act<output_layout>(detail::embed_rows<B>(ids, weight_, 0, vocab_, hidden_));
   }
@@ -112,7 +113,7 @@ class VocabParallelEmbedding {
     detail::check_tokens(tokens, vocab_, "VocabParallelEmbedding");
     auto& ids = cache_.put(mb).tokens;
     ids = uninitialized_buffer<std::int32_t>(tokens.size());
-    write_initial(ids, tokens);  // into the rank's memory (an upload on a device), where the kernels read them
+    upload<B>(ids, tokens);  // into the rank's memory (a stream-ordered upload on a device), where the kernels read them
     note_host_access(ids.size() * sizeof(std::int32_t));
     // This rank's rows for the tokens in its vocabulary slice, zeros elsewhere: an addend of the lookup.
     Act<TensorPartial> y(detail::embed_rows<B>(ids, weight_, slice_.offset, slice_.extent, hidden_));

@@ -71,6 +71,7 @@ enum class Op : std::size_t {
   vocab_parallel_loss,
   update_factors,
   gemm_bias_gelu,  ///< the MLP's first projection with its bias and GeLU (a GEMM)
+  accumulate,      ///< a micro-batch's loss added to the step's statistics in rank memory
   kinds_  ///< the number of kinds
 };
 inline constexpr std::size_t op_kinds = std::size_t(Op::kinds_);
@@ -83,7 +84,8 @@ inline constexpr std::array<std::string_view, op_kinds> op_names{
     "sum_squares",   "scale",           "gather_rows",          "scatter_rows",
     "scatter_add_rows", "scatter_add_rows_backward", "zero",    "fill",
     "copy",          "convert",         "vocab_parallel_loss", "update_factors",
-    "gemm_bias_gelu"};
+    "gemm_bias_gelu",
+    "accumulate"};
 
 /**
  * @brief Whether backend `B`'s operations return only after their work finished (each one a host
@@ -200,6 +202,7 @@ struct CountingBackend : B {
   MPAR_COUNTING_OP(vocab_parallel_loss)
   MPAR_COUNTING_OP(update_factors)
   MPAR_COUNTING_OP(gemm_bias_gelu)
+  MPAR_COUNTING_OP(accumulate)
 #undef MPAR_COUNTING_OP
 
   template <class TIn, class TOut = TIn, class... A>

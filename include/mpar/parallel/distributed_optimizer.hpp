@@ -219,6 +219,16 @@ class DistributedOptimizer {
    * trainer records the host values with `record_losses`.
    */
   [[nodiscard]] double* losses() { return &stats_.data()->loss; }
+  /**
+   * Starts a step whose losses the passes accumulate in rank memory (`B::accumulate` into `losses()`): both
+   * zeroed by an operation, no host wait; the auxiliary loss follows with `record_aux_loss`.
+   */
+  void zero_losses() { B::zero(2, losses()); }
+  /** The auxiliary loss as a host value (the MoE blocks' load-balancing loss), after the passes; no host wait. */
+  void record_aux_loss(double aux_loss) {
+    loss_staging_[1] = aux_loss;  // rewritten only after this step's statistics read, as in record_losses
+    B::template copy_from_host_async<double>(1, loss_staging_.data() + 1, losses() + 1);
+  }
   void record_losses(double loss, double aux_loss) {
     // Without a host wait: the staging buffer is rewritten only by the next step's call, after this step's
     // statistics read (a later point of the same stream) has waited.

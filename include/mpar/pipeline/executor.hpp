@@ -23,14 +23,28 @@
  *
  * Loss: the last stage turns each micro-batch's output into its mean loss and dL/dy; the executor
  * scales dL/dy by 1/M, so accumulated gradients are those of the mean over the global batch (for
- * equal micro-batches), and reports the mean loss on every rank.
+ * equal micro-batches), and reports the mean loss on every rank. With `ExecutorOptions::loss_on_host`
+ * false the loss function keeps the loss in rank memory itself (GptTrainer accumulates it into the
+ * step's statistics with `B::accumulate`) and the executor neither sums nor broadcasts it.
+ *
+ * Host waits on a stage whose backend returns at once (a `backend_type` whose memory the host must
+ * not read): none per message when the shapes are known up front (`microbatch_tokens` and the
+ * activation width). Received headers are copied to pinned host memory on the rank's stream and
+ * checked once those copies are done — at the next step's start, or when the caller's own per-step
+ * wait has passed them (`check_received_headers()`) — so a mismatch is named one step late, not
+ * before its payload is read; sent headers are staged in pinned memory reused once the stream has
+ * passed the previous step's copies. The step then starts without a barrier (on such a backend the
+ * host's times measure issue, not work).
  */
 #include <algorithm>
 #include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <map>
+#include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <utility>
@@ -84,6 +98,12 @@ struct ExecutorOptions {
   PointToPoint p2p = PointToPoint::automatic;
   /** Asynchronous programs with an optimizer: which version each micro-batch uses (see WeightVersions). */
   WeightVersions versions = WeightVersions::at_forward;
+  /**
+   * Whether the loss function's return values are the losses: summed on the host and broadcast from the last
+   * stage (StepStats::loss). False: the loss function keeps them in rank memory itself (e.g. `B::accumulate`
+   * into the step's statistics) and its return value is ignored; StepStats::loss is NaN.
+   */
+  bool loss_on_host = true;
 };
 
 /** @brief An optimizer step over this rank's parameters (values updated in place from their grads). */
@@ -110,6 +130,16 @@ inline double now_seconds() {
 enum HeaderField : std::size_t { h_magic, h_kind, h_mb, h_rows, h_cols, h_dtype, h_src_rank, h_src_stage, h_size };
 inline constexpr float header_magic = 7177.0f;
 inline constexpr float dtype_f32 = 1.0f;
+/** A stage's backend (`backend_type`), or HostBackend for a stage without one. */
+template <class S>
+struct stage_backend {
+  using type = HostBackend;
+};
+template <class S>
+  requires requires { typename S::backend_type; }
+struct stage_backend<S> {
+  using type = typename S::backend_type;
+};
 }  // namespace detail
 
 /**
@@ -208,7 +238,9 @@ class Executor {
     st.timeline.config = c;
     double loss_sum = 0;
 
-    comm_.barrier();
+    check_received_headers();  // the previous step's (a stream-ordered stage's), before their staging is reused
+    send_slot_ = 0;
+    if constexpr (host_headers) comm_.barrier();  // a stream-ordered stage's host times measure issue: no barrier
     const double t0 = detail::now_seconds();
     const auto& prog = prog_.ranks[std::size_t(r)];
     // In rank memory, like every buffer handed to the communicator (a device communicator reads only that).
@@ -254,7 +286,8 @@ class Executor {
           if (s == S - 1) {
             Boundary dy;
             const auto y_shape = y.shape();
-            loss_sum += detail::loss<Stage>(loss, std::move(y), a.mb, dy);  // moved: the output is the loss's now
+            const double l = detail::loss<Stage>(loss, std::move(y), a.mb, dy);  // moved: the output is the loss's now
+            if (opt_.loss_on_host) loss_sum += l;
             require(dy.shape() == y_shape, "pipeline::Executor: the loss wrote a gradient of shape ", dy.extent(0), "x",
                     dy.extent(1), " for an output of shape ", y_shape[0], "x", y_shape[1]);
             const float scale = 1.0f / float(c.microbatches);
@@ -319,9 +352,16 @@ class Executor {
           lane = Lane::communication;
           header_reqs[header_of[i]].wait();
           t_work = detail::now_seconds();  // before this: waiting (idle); after: reading the payload
-          const auto h = header_on_host(headers.data() + header_of[i] * detail::h_size);
           const bool g = a.op == Op::recv_gradient;
-          const Shape<2> shape = check_header(std::span<const float, detail::h_size>(h), a, r, s, g);
+          const float* header = headers.data() + header_of[i] * detail::h_size;
+          Shape<2> shape{};
+          if (const auto known = expected_shape(a, s, g)) {  // a stream-ordered stage: checked later, no wait
+            shape = *known;
+            defer_header_check(header, a, s, g);
+          } else {
+            const auto h = header_on_host(header);
+            shape = check_header(std::span<const float, detail::h_size>(h), a, r, s, g);
+          }
           Boundary buf(shape, uninitialized);  // the receive writes it
           comm_.recv(std::span<float>(buf.span()), a.peer, tag_of(a, r, 1));
           (g ? grad_ : act_)[{s, a.mb}] = std::move(buf);
@@ -337,8 +377,15 @@ class Executor {
     for (auto& p : sends_)
       for (auto& q : p.reqs) q.wait();
     sends_.clear();
+    if constexpr (!host_headers) {
+      if (!checks_.empty() || send_slot_ > 0) {  // the staged headers' copies: done once the stream passes this
+        B_::record_event(staged_);
+        staged_pending_ = true;
+      }
+    }
     // Every rank reports the same mean loss (computed on the last stage's rank).
-    st.loss = broadcast_loss(loss_sum / double(N), stage_rank(c, S - 1));
+    st.loss = opt_.loss_on_host ? broadcast_loss(loss_sum / double(N), stage_rank(c, S - 1))
+                                : std::numeric_limits<double>::quiet_NaN();
     st.wall = detail::now_seconds() - t0;
     st.idle = std::max(0.0, st.wall - st.compute - st.communication);
     st.bubble_ratio = st.wall > 0 ? (st.wall - st.compute) / st.wall : 0;
@@ -361,6 +408,66 @@ class Executor {
     else optim::copy_to_host<typename Stage::backend_type>(p, h.data(), detail::h_size);
     return h;
   }
+  /** The stage's backend, or HostBackend for a stage without one (whose headers the host reads directly). */
+  using B_ = typename detail::stage_backend<Stage>::type;
+
+ public:
+  /**
+   * @brief Checks the headers a stream-ordered stage received in the last step (see the file comment): waits
+   * for their copies only if the stream has not passed them yet — after the caller's own per-step wait (the
+   * trainer's statistics read) it has, so this costs no host synchronisation. Throws as a receive would, naming
+   * both ranks, the micro-batch and both shapes. Runs at every step's start too; a no-op for host stages.
+   */
+  void check_received_headers() {
+    if constexpr (!host_headers) {
+      if (!staged_pending_) return;
+      if (!B_::event_done(staged_)) B_::wait_event(staged_);
+      staged_pending_ = false;
+      const auto checks = std::move(checks_);
+      checks_.clear();
+      for (const auto& ch : checks) {
+        std::array<float, detail::h_size> h{};
+        std::copy_n(recv_staging_->data() + ch.slot * detail::h_size, detail::h_size, h.begin());
+        const Shape<2> got = check_header(std::span<const float, detail::h_size>(h), ch.action, comm_.rank(), ch.stage,
+                                          ch.gradient, ch.expected);
+        (void)got;
+      }
+    }
+  }
+
+ private:
+  /**
+   * The shape a receive must have when a stream-ordered stage knows it without reading the header (the
+   * micro-batch's tokens and the activation width, or the shape of the output a gradient belongs to); none for a
+   * host stage, or when it is not known up front.
+   */
+  std::optional<Shape<2>> expected_shape(const Action& a, int s, bool grad) const {
+    if constexpr (host_headers) {
+      return std::nullopt;
+    } else {
+      if (grad) {
+        const auto it = out_shape_.find({s, a.mb});
+        if (it != out_shape_.end()) return it->second;
+        return std::nullopt;
+      }
+      const std::size_t cols = activation_cols(a.chunk);
+      if (opt_.microbatch_tokens == 0 || cols == 0) return std::nullopt;
+      return Shape<2>{opt_.microbatch_tokens, cols};
+    }
+  }
+  /** Copies a received header (rank memory) to pinned host memory on the stream, to be checked later. */
+  void defer_header_check(const float* header, const Action& a, int s, bool grad) {
+    if constexpr (!host_headers) {
+      const std::size_t slot = checks_.size();
+      if (!recv_staging_)  // once: a slot per receive of the program, reused every step
+        recv_staging_ = std::make_unique<typename B_::template pinned_buffer<float>>(actions_of(is_recv) * detail::h_size);
+      B_::template copy_to_host_async<float>(detail::h_size, header, recv_staging_->data() + slot * detail::h_size);
+      checks_.push_back({slot, a, s, grad, expected_shape(a, s, grad).value_or(Shape<2>{})});
+    } else {
+      (void)header, (void)a, (void)s, (void)grad;
+    }
+  }
+
   /** The first stage's input, copied by the stage's backend where the host must not touch rank memory. */
   static Boundary input_copy(const Boundary& x) {
     if constexpr (requires { typename Stage::backend_type; })
@@ -411,9 +518,15 @@ class Executor {
     static_assert(detail::h_size == 8, "the header list above has one value per header field");
     if constexpr (host_headers) {
       pending.header.assign(header.begin(), header.end());
-    } else {  // rank memory the host must not write: the stream-ordered copy (and its wait, for the source)
+    } else {
+      // Rank memory the host must not write: the stream-ordered copy from pinned staging, a slot per send of the
+      // program, rewritten only in a later step after the stream has passed this copy (check_received_headers).
+      if (!send_staging_)
+        send_staging_ = std::make_unique<typename B_::template pinned_buffer<float>>(actions_of(is_send) * detail::h_size);
+      float* staged = send_staging_->data() + send_slot_++ * detail::h_size;
+      std::copy(header.begin(), header.end(), staged);
       pending.header = uninitialized_buffer<float>(detail::h_size);
-      optim::copy_to_rank<typename Stage::backend_type>(header.data(), pending.header.data(), detail::h_size);
+      B_::template copy_from_host_async<float>(detail::h_size, staged, pending.header.data());
     }
     pending.reqs.push_back(comm_.isend(std::span<const float>(pending.header), a.peer, tag_of(a, r, 0)));
     pending.reqs.push_back(comm_.isend(std::span<const float>(pending.payload.span()), a.peer, tag_of(a, r, 1)));
@@ -480,9 +593,13 @@ class Executor {
       const Action& a = prog[incoming[k].action];
       const int s = global_stage(prog_.config, r, a.chunk);
       const bool g = a.op == Op::recv_gradient;
-      const auto h = header_on_host(headers.data() + k * detail::h_size);
       // The expected shape check_header enforces is the posted one (both sizes are known in this mode).
-      (void)check_header(std::span<const float, detail::h_size>(h), a, r, s, g);
+      if constexpr (!host_headers) {
+        defer_header_check(headers.data() + k * detail::h_size, a, s, g);  // checked later, no host wait
+      } else {
+        const auto h = header_on_host(headers.data() + k * detail::h_size);
+        (void)check_header(std::span<const float, detail::h_size>(h), a, r, s, g);
+      }
       reqs[2 * k + 1].wait();
       (g ? grad_ : act_)[{s, a.mb}] = std::move(incoming[k].payload);
     }
@@ -511,7 +628,8 @@ class Executor {
     return b;
   }
 
-  Shape<2> check_header(std::span<const float, detail::h_size> h, const Action& a, int r, int s, bool grad) {
+  Shape<2> check_header(std::span<const float, detail::h_size> h, const Action& a, int r, int s, bool grad,
+                        Shape<2> expected = {}) {
     const std::string what = grad ? "gradient" : "activation";
     require(h[detail::h_magic] == detail::header_magic, "pipeline: rank ", r, " expected the ", what,
             " header of micro-batch ", a.mb, " from rank ", a.peer, " but received something else (tag clash?)");
@@ -522,7 +640,9 @@ class Executor {
             a.peer, " but received a ", h[detail::h_kind] == 1.0f ? "gradient" : "activation", " of micro-batch ",
             int(h[detail::h_mb]), " from rank ", int(h[detail::h_src_rank]));
     std::size_t want_rows = 0, want_cols = 0;
-    if (grad) {
+    if (expected[0] != 0) {  // a deferred check: the shape the payload was received with
+      want_rows = expected[0], want_cols = expected[1];
+    } else if (grad) {
       // The gradient of this stage's output must have exactly the output's shape.
       auto it = out_shape_.find({s, a.mb});
       if (it != out_shape_.end()) want_rows = it->second[0], want_cols = it->second[1];
@@ -585,6 +705,26 @@ class Executor {
   int first_version_ = 0;  ///< version_ when the running program started (WeightVersions::per_batch counts from it)
   bool weights_change_ = false;  ///< this step runs an optimizer inside the program (2BW keeps the older version then)
   bool grouped_ = false;  ///< PointToPoint::grouped in effect
+  // A stream-ordered stage's headers (see the file comment): pinned staging, one slot per message of the program.
+  struct DeferredCheck {
+    std::size_t slot;
+    Action action;
+    int stage;
+    bool gradient;
+    Shape<2> expected;
+  };
+  /** Actions of this rank's program for which `pred(op)` holds. */
+  template <class Pred>
+  [[nodiscard]] std::size_t actions_of(Pred pred) const {
+    std::size_t n = 0;
+    for (const auto& a : prog_.ranks[std::size_t(comm_.rank())]) n += pred(a.op) ? 1 : 0;
+    return n;
+  }
+  std::vector<DeferredCheck> checks_;  ///< received headers staged this step, checked by check_received_headers
+  std::unique_ptr<typename B_::template pinned_buffer<float>> recv_staging_, send_staging_;
+  std::size_t send_slot_ = 0;
+  typename B_::event_type staged_;  ///< after the step's header copies
+  bool staged_pending_ = false;
 };
 
 /**

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "mpar/backend/backend.hpp"
+#include "mpar/backend/cuda/accumulate.hpp"
 #include "mpar/backend/cuda/buffer_ops.hpp"
 #include "mpar/backend/cuda/context.hpp"
 #include "mpar/backend/cuda/device_resource.hpp"
@@ -163,6 +164,10 @@ struct CudaBackend {
   }
   template <class... A> static void vocab_parallel_loss(A&&... a) {
     then_wait([&] { gpu::vocab_parallel_loss(std::forward<A>(a)...); });
+  }
+  /** The per-step statistics in device memory: `*acc += scale * sum x[i]` (gpu::accumulate, host::accumulate's twin). */
+  static void accumulate(std::size_t n, const float* x, double scale, double* acc) {
+    then_wait([&] { gpu::accumulate(n, x, scale, acc); });
   }
 
   /**

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "mpar/backend/backend.hpp"
+#include "mpar/backend/host/accumulate.hpp"
 #include "mpar/backend/host/buffer_ops.hpp"
 #include "mpar/backend/host/gemm.hpp"
 #include "mpar/backend/host/kernels.hpp"
@@ -136,6 +137,9 @@ struct HostBackend {
                              std::size_t ldw, const float* bias, float* pre, float* y) {
     host::gemm_bias_gelu<TIn>(m, n, k, a, lda, w, ldw, bias, pre, y);
   }
+
+  // The per-step statistics in rank memory (host/accumulate.hpp): a micro-batch's loss added to the step's.
+  static void accumulate(std::size_t n, const float* x, double scale, double* acc) { host::accumulate(n, x, scale, acc); }
 };
 
 static_assert(backend<HostBackend>);

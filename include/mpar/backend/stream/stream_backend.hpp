@@ -207,6 +207,8 @@ struct BasicStreamHostBackend {
   MPAR_STREAM_OP(vocab_parallel_loss)
   // The fused GEMM epilogue of the MLP's first projection.
   MPAR_STREAM_OP(gemm_bias_gelu)
+  // The per-step statistics: a micro-batch's loss added to the step's, in rank memory.
+  MPAR_STREAM_OP(accumulate)
 #undef MPAR_STREAM_OP
 
   /** Strided-batched GEMM (see HostBackend::gemm_strided_batched), issued to the rank's stream. */

@@ -1,0 +1,33 @@
+#pragma once
+/**
+ * @file `gpu::accumulate`: the device twin of `host::accumulate` (backend/host/accumulate.hpp),
+ * `*acc += scale * sum x[i]` into a double of device memory, ordered on a stream.
+ *
+ * It adds a handful of values (a micro-batch's loss), so one thread sums them in index order in double,
+ * operation for operation as the host does: the result equals the host's bit for bit.
+ */
+#include <cuda_runtime.h>
+
+#include <cstddef>
+
+#include "mpar/backend/cuda/error.hpp"
+#include "mpar/backend/cuda/kernels.hpp"
+
+namespace mpar::gpu {
+
+namespace detail {
+template <class T>  // a template, so the header's kernel is defined once however many units include it
+__global__ void accumulate_kernel(std::size_t n, const T* x, double scale, double* acc) {
+  double s = 0;
+  for (std::size_t i = 0; i < n; ++i) s += double(x[i]);
+  *acc += scale * s;
+}
+}  // namespace detail
+
+/** `*acc += scale * (x[0] + ... + x[n-1])` in double, ordered on `s`. */
+inline void accumulate(std::size_t n, const float* x, double scale, double* acc, cudaStream_t s = nullptr) {
+  detail::accumulate_kernel<float><<<1, 1, 0, detail::pick(s)>>>(n, x, scale, acc);
+  check_launch("gpu::accumulate");
+}
+
+}  // namespace mpar::gpu
