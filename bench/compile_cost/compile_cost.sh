@@ -4,11 +4,17 @@
 # library) measured in the same run and the same way, so the ratio stays meaningful on a loaded or
 # slower machine. The smallest of --repeat runs counts (noise only ever adds time).
 #
-#   compile_cost.sh [--cxx g++] [--include DIR] [--repeat N] [--smoke] [--per-header]
+#   compile_cost.sh [--cxx g++] [--include DIR] [--repeat N] [--smoke] [--per-header] [--budget B]
 #
 # --per-header also prints where the umbrella header's time goes: for each header it includes, in its
 # order, the time of that header alone and its marginal cost (the umbrella's includes up to and including
 # it, minus those before it: what it adds that the earlier ones did not already pull in).
+#
+# --budget B (default 1.5): the umbrella header may cost at most B times <bits/stdc++.h> measured in the
+# same run. Above it the script says so on stderr ("over budget", naming both times and the ratio) and
+# exits with status 3 after printing its JSON line, so a header that regrows fails its test instead of
+# regressing silently. A ratio, not seconds: the standard library is the yardstick that loads and slower
+# machines inflate alike. 0 turns the check off.
 #
 # The last line is one JSON object: bench, ours, baseline, unit, ratio (baseline / ours: > 1 means
 # the umbrella header is cheaper than the standard library), loadavg (1-minute, at the start), and
@@ -19,6 +25,7 @@ cxx=${CXX:-g++}
 include="$here/../../include"
 repeat=3
 per_header=0
+budget=1.5
 while [[ $# -gt 0 ]]; do
   case $1 in
     --cxx) cxx=$2; shift 2 ;;
@@ -26,10 +33,12 @@ while [[ $# -gt 0 ]]; do
     --repeat) repeat=$2; shift 2 ;;
     --smoke) repeat=1; shift ;;
     --per-header) per_header=1; shift ;;
-    *) echo "compile_cost.sh: unknown option '$1' (options: --cxx, --include, --repeat, --smoke, --per-header)" >&2; exit 2 ;;
+    --budget) budget=$2; shift 2 ;;
+    *) echo "compile_cost.sh: unknown option '$1' (options: --cxx, --include, --repeat, --smoke, --per-header, --budget)" >&2; exit 2 ;;
   esac
 done
 [[ $repeat =~ ^[1-9][0-9]*$ ]] || { echo "compile_cost.sh: --repeat takes a positive whole number, got '$repeat'" >&2; exit 2; }
+[[ $budget =~ ^[0-9]+(\.[0-9]+)?$ ]] || { echo "compile_cost.sh: --budget takes a number (umbrella / <bits/stdc++.h>; 0 = off), got '$budget'" >&2; exit 2; }
 [[ -f $include/mpar/mpar.hpp ]] || { echo "compile_cost.sh: no mpar/mpar.hpp under --include '$include'" >&2; exit 2; }
 flags=(-std=c++20 -O2 -fsyntax-only -I"$include")
 work=$(mktemp -d)
@@ -75,5 +84,14 @@ echo "  <mpar/mpar.hpp>  $ours"
 echo "  <mpar/tools.hpp> $tools"
 echo "  <bits/stdc++.h>  $baseline"
 ratio=$(awk -v a="$baseline" -v b="$ours" 'BEGIN { printf "%.3f", (b > 0 ? a / b : 0) }')
-printf '{"bench": "compile_cost", "ours": %s, "baseline": %s, "unit": "s user (-fsyntax-only, -std=c++20 -O2)", "ratio": %s, "loadavg": %s, "ours_header": "<mpar/mpar.hpp>", "baseline_header": "<bits/stdc++.h>", "tools_hpp": %s, "repeat": %s}\n' \
-  "$ours" "$baseline" "$ratio" "$loadavg" "$tools" "$repeat"
+# cost: the umbrella in units of the standard library (the budget's unit; the inverse of `ratio`).
+cost=$(awk -v a="$baseline" -v b="$ours" 'BEGIN { printf "%.3f", (a > 0 ? b / a : 0) }')
+over=false
+if awk -v c="$cost" -v b="$budget" 'BEGIN { exit !(b > 0 && c > b) }'; then over=true; fi
+echo "  <mpar/mpar.hpp> / <bits/stdc++.h> = $cost (budget $budget)"
+printf '{"bench": "compile_cost", "ours": %s, "baseline": %s, "unit": "s user (-fsyntax-only, -std=c++20 -O2)", "ratio": %s, "loadavg": %s, "ours_header": "<mpar/mpar.hpp>", "baseline_header": "<bits/stdc++.h>", "tools_hpp": %s, "repeat": %s, "cost_in_stdlibs": %s, "budget": %s, "over_budget": %s}\n' \
+  "$ours" "$baseline" "$ratio" "$loadavg" "$tools" "$repeat" "$cost" "$budget" "$over"
+if [[ $over == true ]]; then
+  echo "compile_cost.sh: over budget: <mpar/mpar.hpp> took $ours s, $cost times <bits/stdc++.h> ($baseline s) in the same run; the budget is $budget. Find the header that grew with --per-header and move what a training program does not need behind mpar/tools.hpp or mpar/io.hpp (docs/performance.md)" >&2
+  exit 3
+fi

@@ -20,6 +20,7 @@
 #include "mlp_stack_stage.hpp"
 #include "mpar/comm/threads.hpp"
 #include "mpar/pipeline.hpp"
+#include "mpar/pipeline/timeline_trace.hpp"
 
 using namespace mpar;
 using namespace mpar::pipeline;

@@ -19,7 +19,7 @@
 #include <mpar/comm/stream_ordered.hpp>
 #include <mpar/comm/threads.hpp>
 #include <mpar/data/char_dataset.hpp>
-#include <mpar/io/cli.hpp>
+#include <mpar/cli/parser.hpp>
 #include <mpar/models/gpt_trainer.hpp>
 #include <mpar/observe/counting_backend.hpp>
 

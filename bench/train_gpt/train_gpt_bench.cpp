@@ -19,7 +19,7 @@
 #include <vector>
 
 #include <bench_util.hpp>
-#include <mpar/io/cli.hpp>
+#include <mpar/cli/parser.hpp>
 #include <mpar/models/gpt_trainer.hpp>
 #include <mpar/mpar.hpp>
 

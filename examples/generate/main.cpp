@@ -17,7 +17,7 @@
 
 #include <mpar/data/char_dataset.hpp>
 #include <mpar/io/checkpoint.hpp>
-#include <mpar/io/cli.hpp>
+#include <mpar/cli/parser.hpp>
 #include <mpar/io/safetensors_gpt2.hpp>
 #include <mpar/models/gpt.hpp>
 #include <mpar/models/gpt_generate.hpp>

@@ -10,7 +10,7 @@
 #include <string>
 #include <thread>
 
-#include <mpar/io/cli.hpp>
+#include <mpar/cli/parser.hpp>
 #include <mpar/mpar.hpp>
 #include <mpar/observe/track_allocations.hpp>
 #if defined(MPAR_HAVE_MPI)

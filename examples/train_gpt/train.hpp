@@ -25,6 +25,7 @@
 #include <mpar/mpar.hpp>
 #include <mpar/observe/allocations.hpp>
 #include <mpar/plan/memory_model.hpp>
+#include <mpar/pipeline/timeline_trace.hpp>
 #include <mpar/plan/pipeline_timing.hpp>
 
 namespace train_gpt {

@@ -2,7 +2,7 @@
 /**
  * @file Checkpoints: save and load with resharding (io/checkpoint.hpp), the manifest format
  * (io/manifest.hpp), the lock one saving job holds on its directory (io/lock.hpp), blocks from parameters and optimizer states (io/blocks.hpp).
- * See docs/checkpoints.md. The command-line option parser (io/cli.hpp) is in `mpar/tools.hpp`.
+ * See docs/checkpoints.md. The command-line option parser (cli/parser.hpp) is in `mpar/tools.hpp`.
  */
 #include "mpar/io/blocks.hpp"
 #include "mpar/io/box.hpp"

@@ -1,8 +1,16 @@
 #pragma once
 /**
- * @file The umbrella header: everything in mpar that a training program needs and that does not need
- * CUDA. CUDA parts live behind `mpar/cuda.hpp` and the MPAR_ENABLE_CUDA option; the planner and the
- * command-line option parser behind `mpar/tools.hpp` (their compile time is not every consumer's).
+ * @file The umbrella header: what every training program needs and that does not need CUDA — the core
+ * vocabulary, the host backend, the communicators, the layers, the optimizers, data parallelism and
+ * ZeRO, the pipeline (schedules, verifier, simulator, executor). Everything else has its own umbrella,
+ * so that its compile time is paid only by the programs that use it (docs/concepts.md, "Which header
+ * holds what"):
+ * - `mpar/io.hpp`: checkpoints (writer, publish protocol, readers, manifest, lock); the GPT trainer
+ *   includes the parts it uses;
+ * - `mpar/tools.hpp`: the planner, the command-line option parser, Chrome traces (`mpar/observe.hpp`,
+ *   `mpar/pipeline/timeline_trace.hpp`);
+ * - `mpar/cuda.hpp` (with MPAR_ENABLE_CUDA): the CUDA backend and NCCL.
+ * A budget keeps this header's cost near the standard library's (bench/compile_cost).
  */
 #include "mpar/version.hpp"
 #include "mpar/core.hpp"
@@ -12,5 +20,3 @@
 #include "mpar/optim.hpp"
 #include "mpar/parallel.hpp"
 #include "mpar/pipeline.hpp"
-#include "mpar/observe.hpp"
-#include "mpar/io.hpp"

@@ -17,7 +17,7 @@
 #include <string>
 #include <vector>
 
-#include <mpar/io/cli.hpp>
+#include <mpar/cli/parser.hpp>
 #include <mpar/io/safetensors_gpt2.hpp>
 #include <mpar/models/gpt.hpp>
 #include <mpar/mpar.hpp>

@@ -6,7 +6,7 @@
 #include <string_view>
 #include <vector>
 
-#include "mpar/io/cli.hpp"
+#include "mpar/cli/parser.hpp"
 
 using namespace mpar;
 

@@ -5,7 +5,7 @@
 #include <string>
 #include <vector>
 
-#include "mpar/io/cli.hpp"
+#include "mpar/cli/parser.hpp"
 
 using namespace mpar;
 

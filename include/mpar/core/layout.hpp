@@ -154,18 +154,6 @@ struct Layout2D final : layout_tag {
   }
 };
 
-/**
- * @brief A layout type usable for a tensor of rank `R`: an empty tag with the static facts
- * `is_replicated`, `is_partial`, `is_sharded`, `sharded_dim`, a `name()` and `local_box<R>(global, mesh, coord)`.
- */
-template <class L, std::size_t R>
-concept layout_of = is_layout_v<L> && requires {
-  { L::is_replicated } -> std::convertible_to<bool>;
-  { L::is_partial } -> std::convertible_to<bool>;
-  { L::sharded_dim } -> std::convertible_to<int>;
-  { L::name() } -> std::convertible_to<std::string>;
-} && (L::sharded_dim < int(R));
-
 /** @brief Satisfied by any layout type. */
 template <class L>
 concept layout = is_layout_v<L>;

@@ -40,10 +40,6 @@ concept tensor = requires(const T& t, std::size_t d) {
   { t.size() } -> std::convertible_to<std::size_t>;
 };
 
-/** @brief A tensor of exactly rank `R`. */
-template <class T, std::size_t R>
-concept tensor_of_rank = tensor<T> && (T::rank() == R);
-
 namespace detail {
 template <std::size_t R>
 constexpr std::array<std::ptrdiff_t, R> row_major_strides(const Shape<R>& s) {

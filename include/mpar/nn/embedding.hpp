@@ -26,14 +26,14 @@ struct EmbeddingConfig {
 
 namespace detail {
 /** Rows `[offset, offset + n)` of the table: in-range tokens' rows, zeros for the others. */
-template <backend B>
+template <layer_kernel_backend B>
 Activation embed_rows(const Buffer<std::int32_t>& tokens, const Parameter& w, std::size_t offset, std::size_t n,
                       std::size_t hidden) {
   Activation y({tokens.size(), hidden}, uninitialized);  // the kernel writes every row (zeros outside the slice)
   B::embedding_forward(tokens.size(), hidden, tokens.data(), w.value.data(), y.data(), offset, n);
   return y;
 }
-template <backend B>
+template <layer_kernel_backend B>
 void embed_rows_backward(const Buffer<std::int32_t>& tokens, Parameter& w, std::size_t offset, std::size_t n,
                          std::size_t hidden, const Activation& dy) {
   B::embedding_backward(tokens.size(), hidden, tokens.data(), dy.data(), w.grad.data(), offset, n);

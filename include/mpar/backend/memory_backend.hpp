@@ -1,0 +1,44 @@
+#pragma once
+/**
+ * @file The `memory_backend` concept: a backend's rank memory and stream — its memory space, per-rank
+ * set-up, synchronisation, the stream-ordered part, and the buffer operations on rank memory.
+ */
+#include <concepts>
+#include <cstddef>
+#include <cstdint>
+
+#include "mpar/backend/stream_ordered.hpp"
+#include "mpar/backend/host/buffer_ops.hpp"  // the host reference of zero, fill, copy, convert
+#include "mpar/core/dtype.hpp"  // bf16
+#include "mpar/core/memory_resource.hpp"  // Buffer
+
+namespace mpar {
+
+/**
+ * @brief The rank-memory and stream family of `backend` (backend/backend.hpp has the ordering contract):
+ * - `memory_space` (a tag with a `name`), `name`;
+ * - `init_rank()`: prepares the calling rank's thread (BLAS threads, device, stream, memory resource);
+ * - `synchronize()`: returns when every operation the thread issued has finished (and reports the
+ *   first error one of them raised since the last wait);
+ * - the stream-ordered part, `stream_ordered<B>`: events, asynchronous copies to and from pinned host
+ *   memory, uninitialised allocation;
+ * - the buffer operations, with the semantics of their `mpar::host` reference (backend/host/buffer_ops.hpp),
+ *   so no host loop touches rank memory: `zero(n, x)`, `fill(n, value, x)`, `copy(n, src, dst)` (no
+ *   overlap), `convert(n, src, dst)` (fp32 to bf16/f16 rounding to nearest even, and back exactly).
+ */
+template <class B>
+concept memory_backend = requires(const float* a, float* c, const bf16* h, std::size_t n, bf16* hw) {
+  typename B::memory_space;
+  B::init_rank();
+  B::synchronize();
+  // Stream-ordered execution: events, asynchronous copies, uninitialised allocation.
+  requires stream_ordered<B>;
+  // The buffer operations (backend/host/buffer_ops.hpp).
+  B::zero(n, c);
+  B::fill(n, 1.0f, c);
+  B::copy(n, a, c);
+  B::convert(n, a, hw);
+  B::convert(n, h, c);
+};
+
+}  // namespace mpar

@@ -1,0 +1,34 @@
+// Static tests of the backend concept families: every backend models each family and their
+// conjunction; a type that provides one family models that family only, so code that requires
+// `gemm_backend` (say) accepts it where `backend` would not.
+#include <cstddef>
+#include <mpar/backend/backend.hpp>
+#include <mpar/backend/host/host_backend.hpp>
+#include <mpar/backend/stream/stream_backend.hpp>
+#include <mpar/observe/counting_backend.hpp>
+
+namespace {
+using namespace mpar;
+
+template <class B>
+constexpr bool every_family =
+    memory_backend<B> && gemm_backend<B> && layer_kernel_backend<B> && optimizer_backend<B> && routing_backend<B>;
+
+static_assert(backend<HostBackend> && every_family<HostBackend>);
+static_assert(backend<StreamHostBackend> && every_family<StreamHostBackend>);
+static_assert(backend<observe::CountingBackend<HostBackend>> && every_family<observe::CountingBackend<HostBackend>>);
+static_assert(stream_ordered<HostBackend> && stream_ordered<StreamHostBackend>);
+
+/** Only the routing rows: a routing backend and nothing else. */
+struct RoutingOnly {
+  static void gather_rows(std::size_t, std::size_t, const std::int32_t*, const float*, float*) {}
+  static void scatter_rows(std::size_t, std::size_t, const std::int32_t*, const float*, float*) {}
+  static void scatter_add_rows(std::size_t, std::size_t, const std::int32_t*, const float*, const float*, float*) {}
+  static void scatter_add_rows_backward(std::size_t, std::size_t, const std::int32_t*, const float*, const float*,
+                                        const float*, float*, float*) {}
+};
+static_assert(routing_backend<RoutingOnly>);
+static_assert(!gemm_backend<RoutingOnly> && !layer_kernel_backend<RoutingOnly> && !optimizer_backend<RoutingOnly> &&
+              !memory_backend<RoutingOnly> && !backend<RoutingOnly>);
+static_assert(!backend<int> && !gemm_backend<int> && !memory_backend<int>);
+}  // namespace
