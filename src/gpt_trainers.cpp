@@ -7,13 +7,13 @@
 
 namespace mpar::models {
 template class GptTrainer<ThreadsCommunicator, HostBackend>;
-template class GptStage<observe::TimedCommunicator<ThreadsCommunicator>, HostBackend>;
-template std::vector<std::int32_t> generate(HostGptStage<ThreadsCommunicator>&, std::span<const std::int32_t>,
+template class GptPipelinePart<observe::TimedCommunicator<ThreadsCommunicator>, HostBackend>;
+template std::vector<std::int32_t> generate(HostGptPipelinePart<ThreadsCommunicator>&, std::span<const std::int32_t>,
                                             std::size_t, const SamplingConfig&, const GenerateProgress&);
 #if defined(MPAR_HAVE_MPI)
 template class GptTrainer<MpiCommunicator, HostBackend>;
-template class GptStage<observe::TimedCommunicator<MpiCommunicator>, HostBackend>;
-template std::vector<std::int32_t> generate(HostGptStage<MpiCommunicator>&, std::span<const std::int32_t>,
+template class GptPipelinePart<observe::TimedCommunicator<MpiCommunicator>, HostBackend>;
+template std::vector<std::int32_t> generate(HostGptPipelinePart<MpiCommunicator>&, std::span<const std::int32_t>,
                                             std::size_t, const SamplingConfig&, const GenerateProgress&);
 #endif
 }  // namespace mpar::models

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """PyTorch baseline for bench/train_gpt: the same character-level GPT trained on the CPU.
 
-Model (as mpar's models::GptStage): token embedding over the vocabulary padded to a multiple of 16
+Model (as mpar's models::GptPipelinePart): token embedding over the vocabulary padded to a multiple of 16
 plus a learned position embedding, N pre-LN blocks (LayerNorm eps 1e-5; fused QKV linear with bias,
 causal softmax attention, output projection; LayerNorm; h -> 4h linear, tanh-approximated GeLU,
 4h -> h linear), a final LayerNorm and an output head tied to the token embedding, mean

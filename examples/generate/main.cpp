@@ -48,7 +48,7 @@ int run(const Options& o) {
   mc.validate(1, 1);
   int rc = 0;
   run_threads(1, [&](ThreadsCommunicator& world) {
-    models::GptStage<ThreadsCommunicator> model(world, mc, true, true, 0, mc.layers);
+    models::GptPipelinePart<ThreadsCommunicator> model(world, mc, true, true, 0, mc.layers);
     std::size_t loaded = 0;
     if (!o.checkpoint.empty()) {
       std::vector<io::LoadBlock> blocks;

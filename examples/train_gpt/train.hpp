@@ -235,7 +235,7 @@ std::string generate(Comm& world, const models::GptConfig& mc, const data::CharD
   using TC = observe::TimedCommunicator<Comm>;
   TC solo(world.split(world.rank(), 0));  // collective: every rank gets a one-rank group
   if (world.rank() != 0 || n == 0) return {};
-  models::GptStage<TC> model(solo, mc, true, true, 0, mc.layers);
+  models::GptPipelinePart<TC> model(solo, mc, true, true, 0, mc.layers);
   std::vector<io::LoadBlock> blocks;
   for (auto* p : model.parameters())
     blocks.push_back({p->name, p->global_shape, io::BoxN(p->local_box.begin(), p->local_box.end()), p->layout,

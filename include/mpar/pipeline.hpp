@@ -6,7 +6,7 @@
 #include "mpar/pipeline/run_threads.hpp"
 #include "mpar/pipeline/schedules.hpp"
 #include "mpar/pipeline/simulator.hpp"
-#include "mpar/pipeline/stage_concept.hpp"
+#include "mpar/pipeline/pipeline_part.hpp"
 #include "mpar/pipeline/static_schedule.hpp"
 #include "mpar/pipeline/timeline.hpp"
 #include "mpar/pipeline/verifier.hpp"

@@ -36,7 +36,7 @@ using mpar::testing::rel_err;  // ||a - b|| / ||b||
 template <class B>
 StageResult run_stage(ThreadsCommunicator& tp, const models::GptConfig& cfg, std::span<const std::int32_t> tokens,
                       std::span<const std::int32_t> targets) {
-  models::GptStage<ThreadsCommunicator, B> stage(tp, cfg, true, true, 0, cfg.layers);
+  models::GptPipelinePart<ThreadsCommunicator, B> stage(tp, cfg, true, true, 0, cfg.layers);
   const nn::Act<nn::FeatureShard> logits = stage.forward_to_loss(decltype(stage)::tokens_as_activation(tokens), 0);
   StageResult r;
   r.loss = stage.loss().forward(logits, targets, 0);
@@ -146,12 +146,12 @@ TEST_CASE("generate on CudaBackend: greedy ids equal the host backend's (two ten
   run_threads(2, [&](ThreadsCommunicator& tp) {
     std::vector<std::int32_t> h, c;
     {
-      models::GptStage<ThreadsCommunicator, HostBackend> stage(tp, cfg, true, true, 0, cfg.layers);
+      models::GptPipelinePart<ThreadsCommunicator, HostBackend> stage(tp, cfg, true, true, 0, cfg.layers);
       h = models::generate(stage, prompt, 24, {0.0, 0, 1});
     }
     CudaBackend::init_rank(0);
     {
-      models::GptStage<ThreadsCommunicator, CudaBackend> stage(tp, cfg, true, true, 0, cfg.layers);
+      models::GptPipelinePart<ThreadsCommunicator, CudaBackend> stage(tp, cfg, true, true, 0, cfg.layers);
       c = models::generate(stage, prompt, 24, {0.0, 0, 1});
     }
     set_current_memory_resource(detail::host_memory_resource());

@@ -24,7 +24,7 @@ using namespace mpar;
 namespace {
 
 using Full = std::map<std::string, std::vector<float>>;
-using Stage = models::GptStage<ThreadsCommunicator>;
+using Stage = models::GptPipelinePart<ThreadsCommunicator>;
 
 /** A model trained 200 steps on the default text (single rank), as whole tensors by name. */
 const Full& trained() {

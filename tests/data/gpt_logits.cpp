@@ -99,7 +99,7 @@ int main(int argc, char** argv) {
       ThreadsCommunicator group = world.split(int(stage_of), int(t));
       const std::size_t per = mc.layers / pp;
       const bool first = stage_of == 0, last = stage_of + 1 == pp;
-      models::GptStage<ThreadsCommunicator> stage(group, mc, first, last, stage_of * per, per);
+      models::GptPipelinePart<ThreadsCommunicator> stage(group, mc, first, last, stage_of * per, per);
       io::SafetensorsWeights w(file, hf ? io::WeightNaming::hf_gpt2 : io::WeightNaming::mpar);
       auto named = stage.named_parameters();
       if (stage.head_is_copy()) named.emplace_back("embed.token.weight", stage.head_weight());  // the tied head
@@ -110,7 +110,7 @@ int main(int argc, char** argv) {
       }
       for (std::size_t s = 0; s < pp; ++s) {
         if (s == stage_of) {
-          nn::Act<Replicate> x = first ? models::GptStage<ThreadsCommunicator>::tokens_as_activation(ids)
+          nn::Act<Replicate> x = first ? models::GptPipelinePart<ThreadsCommunicator>::tokens_as_activation(ids)
                                        : nn::Act<Replicate>(nn::Activation({T, mc.hidden}));
           if (!first) std::copy(handoff[(s - 1) * tp + t].begin(), handoff[(s - 1) * tp + t].end(), x.data());
           if (!last) {

@@ -317,7 +317,7 @@ TEST_CASE("safetensors: Python's safetensors + numpy (and transformers, when ins
   });
   // mpar's values and logits, from a single-rank stage loaded from the export.
   run_threads(1, [&](ThreadsCommunicator& world) {
-    models::GptStage<ThreadsCommunicator> stage(world, c.model, true, true, 0, c.model.layers);
+    models::GptPipelinePart<ThreadsCommunicator> stage(world, c.model, true, true, 0, c.model.layers);
     io::SafetensorsWeights w(dir / "mpar.safetensors", io::WeightNaming::mpar);
     std::ofstream ex(dir / "expected.txt");
     ex.precision(9);
@@ -330,7 +330,7 @@ TEST_CASE("safetensors: Python's safetensors + numpy (and transformers, when ins
       ex << '\n';
     }
     const nn::Activation logits =
-        stage.forward_to_loss(models::GptStage<ThreadsCommunicator>::tokens_as_activation(ids), 0).tensor();
+        stage.forward_to_loss(models::GptPipelinePart<ThreadsCommunicator>::tokens_as_activation(ids), 0).tensor();
     std::ofstream lg(dir / "logits.txt");
     lg.precision(9);
     lg << "vocab " << c.model.vocab << " seq " << c.model.seq << " hidden " << c.model.hidden << " layers "

@@ -75,7 +75,7 @@ class TanhLinear {
   std::map<int, Saved> saved_;
 };
 
-/** A chain of TanhLinear layers; satisfies pipeline_stage, split_backward_stage and droppable_stage. */
+/** A chain of TanhLinear layers; satisfies pipeline_part, split_backward_part and droppable_part. */
 class TanhStack {
  public:
   /** The pipeline contract: a replicated activation in and out (this stage runs on one tensor rank). */

@@ -5,7 +5,7 @@
  *
  * Why per thread: a rank is a thread (or a process), and a backend decides for its rank where the
  * rank's tensors live — ordinary host memory for the host backend, CUDA managed memory for the CUDA
- * backend (see backend/cuda/managed_resource.hpp) — by installing a resource in `init_rank()`. The
+ * backend (see backend/gpu/managed_resource.hpp) — by installing a resource in `init_rank()`. The
  * layers allocate their tensors as before and never name the memory kind, so one layer template
  * serves both backends. The choice is made once per allocation, never per element or per kernel.
  *

@@ -6,14 +6,14 @@
  * a final layer norm and an output head tied to the token embedding (logits = h · Eᵀ, vocab-sharded
  * over the tensor axis, consumed by `VocabParallelCrossEntropy` without gathering the logits).
  *
- * A `GptStage` is one pipeline stage (one model chunk): the first stage embeds, the last stage holds
+ * A `GptPipelinePart` is one pipeline stage (one model chunk): the first stage embeds, the last stage holds
  * the final layer norm and the head, every stage holds a contiguous range of blocks. Stages satisfy
- * `pipeline::pipeline_stage` and `droppable_stage`, so every schedule and activation recomputation run
+ * `pipeline::pipeline_part` and `droppable_part`, so every schedule and activation recomputation run
  * them. Token ids enter the first stage as a `[tokens, 1]` activation of floats (exact below 2²⁴),
  * replicated over the tensor group like the hidden states that cross every other boundary: a stage takes
  * `Act<Replicate>`; it returns `Act<Replicate>` hidden states (`forward`) or, the last stage,
  * vocab-sharded logits `Act<FeatureShard>` for the loss (`forward_to_loss`, the pipeline's `loss_layout`).
- * They also satisfy `pipeline::split_backward_stage`: `backward_input` (B) and `backward_weight` (W,
+ * They also satisfy `pipeline::split_backward_part`: `backward_input` (B) and `backward_weight` (W,
  * the weight GEMMs of the head and of every block, and the embeddings), so zero-bubble schedules
  * defer the weight gradients into the pipeline bubble.
  *
@@ -216,7 +216,7 @@ struct GptRingBlockOf final : GptBlock {
  * plus the embeddings when `first`, and the final layer norm and tied head when `last`.
  */
 template <communicator C, backend B = HostBackend>
-class GptStage {
+class GptPipelinePart {
  public:
   using Block = nn::TransformerBlock<C, false, B>;
   using MoeBlock = MoeTransformerBlock<C, B>;
@@ -228,14 +228,14 @@ class GptStage {
    * stage's tokens are, per sequence, the rank's zig-zag chunks r and 2 cp - 1 - r (docs/context-parallel.md),
    * its blocks use ring self-attention over `context`, and its position embedding their global positions.
    */
-  GptStage(C& tp, const GptConfig& cfg, bool first, bool last, std::size_t first_block, std::size_t block_count,
+  GptPipelinePart(C& tp, const GptConfig& cfg, bool first, bool last, std::size_t first_block, std::size_t block_count,
            nn::Parameter* shared_embedding = nullptr, GptMoeGroups<C> moe_groups = {}, C* context = nullptr)
       : tp_(&tp), cfg_(cfg), first_(first), last_(last),
         cp_(context ? std::size_t(context->size()) : 1), cp_rank_(context ? std::size_t(context->rank()) : 0) {
     if (cp_ > 1) {
-      require(!cfg.has_moe(), "GptStage: context parallelism (cp ", cp_, ") with MoE blocks is not supported; use cp 1 "
+      require(!cfg.has_moe(), "GptPipelinePart: context parallelism (cp ", cp_, ") with MoE blocks is not supported; use cp 1 "
               "or a dense model (--experts 0)");
-      require(cfg.seq % (2 * cp_) == 0, "GptStage: sequence length ", cfg.seq, " is not divisible by 2 x cp = ", 2 * cp_,
+      require(cfg.seq % (2 * cp_) == 0, "GptPipelinePart: sequence length ", cfg.seq, " is not divisible by 2 x cp = ", 2 * cp_,
               " (each context rank holds two of the 2 cp equal chunks); use --seq a multiple of ", 2 * cp_);
     }
     if (first_) {
@@ -253,7 +253,7 @@ class GptStage {
         if constexpr (std::is_same_v<B, HostBackend>)
           blocks_.push_back(std::make_unique<detail::GptRingBlockOf<nn::RingTransformerBlock<C, B>, B>>(tp, *context, bc));
         else
-          throw config_error("GptStage: context parallelism runs on HostBackend only (ring attention's online softmax "
+          throw config_error("GptPipelinePart: context parallelism runs on HostBackend only (ring attention's online softmax "
                              "is host loops; docs/context-parallel.md); use cp 1 on this backend");
       } else if (cfg.is_moe_block(b)) {
         if (moe_groups.expert == nullptr || moe_groups.tokens == nullptr) {
@@ -293,10 +293,10 @@ class GptStage {
       }
     }
   }
-  GptStage(const GptStage&) = delete;
-  GptStage& operator=(const GptStage&) = delete;
+  GptPipelinePart(const GptPipelinePart&) = delete;
+  GptPipelinePart& operator=(const GptPipelinePart&) = delete;
 
-  /** The pipeline contract (pipeline/stage_concept.hpp): what crosses a boundary, and what the last stage gives the loss. */
+  /** The pipeline contract (pipeline/pipeline_part.hpp): what crosses a boundary, and what the last stage gives the loss. */
   using default_input = Replicate;
   template <class>
   using output_layout = Replicate;
@@ -322,12 +322,12 @@ class GptStage {
 
   /** Forward of micro-batch `mb` on a stage other than the last: tokens (first stage) or hidden states in, hidden states out. */
   nn::Act<Replicate> forward(const nn::Act<Replicate>& x, int mb) {
-    require(!last_, "GptStage: the last stage returns vocab-sharded logits, not hidden states; call forward_to_loss");
+    require(!last_, "GptPipelinePart: the last stage returns vocab-sharded logits, not hidden states; call forward_to_loss");
     return hidden(x, mb);
   }
   /** Forward of micro-batch `mb` on the last stage: tokens or hidden states in, this rank's vocab-sharded logits out. */
   nn::Act<nn::FeatureShard> forward_to_loss(const nn::Act<Replicate>& x, int mb) {
-    require(last_, "GptStage: only the last stage returns logits; call forward on the others");
+    require(last_, "GptPipelinePart: only the last stage returns logits; call forward on the others");
     nn::Act<Replicate> h = hidden(x, mb);
     return use_unit(head_unit(), no_unit, [&] { return head_forward(std::move(h), mb); });
   }
@@ -364,12 +364,12 @@ class GptStage {
    * the layer norms' gains and biases get their (cheap) gradients here.
    */
   nn::Act<Replicate> backward_input(const nn::Act<Replicate>& dy, int mb) {
-    require(!last_, "GptStage: the last stage's output gradient is the vocab-sharded logit gradient (Act<FeatureShard>)");
+    require(!last_, "GptPipelinePart: the last stage's output gradient is the vocab-sharded logit gradient (Act<FeatureShard>)");
     return blocks_backward_input(nn::backend_copy<B>(dy), mb);
   }
   /** B of the last stage: from this rank's vocab-sharded logit gradient. */
   nn::Act<Replicate> backward_input(const nn::Act<nn::FeatureShard>& dlogits, int mb) {
-    require(last_, "GptStage: only the last stage takes a logit gradient; pass the hidden-state gradient (Act<Replicate>)");
+    require(last_, "GptPipelinePart: only the last stage takes a logit gradient; pass the hidden-state gradient (Act<Replicate>)");
     nn::Act<Replicate> dh = use_unit(head_unit(), head_unit() - 1, [&] { return head_backward_input(dlogits, mb); });
     return blocks_backward_input(std::move(dh), mb);
   }
@@ -383,7 +383,7 @@ class GptStage {
     const bool final = hook_ && weights_done_ + 1 == microbatches_;
     ++weights_done_;
     if (last_) {
-      auto w = head_pending_.take(mb, "GptStage head backward_weight (no backward_input ran for this micro-batch)");
+      auto w = head_pending_.take(mb, "GptPipelinePart head backward_weight (no backward_input ran for this micro-batch)");
       const std::size_t t = w.dy.rows, vl = w.dy.cols, h = cfg_.hidden;
       if (w.dy.type == nn::ComputeType::fp32) {
         B::template gemm<float>(Trans::yes, Trans::no, vl, h, t, 1.0f, w.dy.f32.data(), vl, w.x.f32.data(), h, 1.0f,
@@ -401,7 +401,7 @@ class GptStage {
       if (final) hook_(blocks_[i]->parameters());
     }
     if (first_) {
-      auto e = embed_pending_.take(mb, "GptStage embedding backward_weight (no backward_input ran for this micro-batch)");
+      auto e = embed_pending_.take(mb, "GptPipelinePart embedding backward_weight (no backward_input ran for this micro-batch)");
       embed_backward(std::move(e.dy), mb, final);
     }
   }
@@ -572,9 +572,9 @@ class GptStage {
 
   /** B of the head and the final layer norm: vocab-sharded logit gradient in, replicated hidden gradient out. */
   nn::Act<Replicate> head_backward_input(const nn::Act<nn::FeatureShard>& dy, int mb) {
-    auto saved = head_inputs_.take(mb, "GptStage head");
+    auto saved = head_inputs_.take(mb, "GptPipelinePart head");
     const std::size_t t = dy.extent(0), vl = dy.extent(1), h = cfg_.hidden;
-    require(saved.x.rows == t && vl == head_->local_box[0].extent, "GptStage head: logit gradient is ", t, "x", vl,
+    require(saved.x.rows == t && vl == head_->local_box[0].extent, "GptPipelinePart head: logit gradient is ", t, "x", vl,
             ", expected ", saved.x.rows, "x", head_->local_box[0].extent);
     // dh = dlogits · E_local: this rank's vocabulary shard's contribution, summed by f's backward. In the type
     // the forward used: under Autocast the logit gradient is converted once and kept (16-bit) for W.
@@ -595,7 +595,7 @@ class GptStage {
   }
 
   nn::Act<Replicate> embed(const nn::Act<Replicate>& x, int mb) {
-    require(x.extent(1) == 1, "GptStage: the first stage takes token ids as a [tokens, 1] activation, got ", x.extent(0),
+    require(x.extent(1) == 1, "GptPipelinePart: the first stage takes token ids as a [tokens, 1] activation, got ", x.extent(0),
             "x", x.extent(1));
     std::vector<std::int32_t> tokens(x.extent(0));
     if (std::size_t(mb) < host_tokens_.size() && host_tokens_[std::size_t(mb)].size() == tokens.size()) {
@@ -609,7 +609,7 @@ class GptStage {
     // that row's bias, so one bias addition covers the micro-batch. Under cp the row is the rank's two
     // chunks, and the bias their rows of the table.
     const std::size_t seq = cfg_.seq / cp_, block = seq * cfg_.hidden;
-    require(tokens.size() % seq == 0, "GptStage: ", tokens.size(), " tokens are not whole sequences of ", seq,
+    require(tokens.size() % seq == 0, "GptPipelinePart: ", tokens.size(), " tokens are not whole sequences of ", seq,
             cp_ > 1 ? " (this context rank's share of each sequence)" : "");
     if (cp_ == 1) {
       B::bias_add_forward(tokens.size() / seq, block, pos_.value.data(), h.data());

@@ -1,6 +1,6 @@
 #pragma once
 /**
- * @file Autoregressive generation from a `GptStage` that holds the whole model (first and last stage),
+ * @file Autoregressive generation from a `GptPipelinePart` that holds the whole model (first and last stage),
  * on any backend and over any tensor-parallel group.
  *
  * Each new token takes one forward of the current window (the last `seq` ids, padded on the right to
@@ -71,7 +71,7 @@ using GenerateProgress = std::function<void(std::size_t, std::size_t)>;
  * calls it with the same arguments and gets the same ids). Returns the new ids only.
  */
 template <communicator C, backend B>
-std::vector<std::int32_t> generate(GptStage<C, B>& model, std::span<const std::int32_t> prompt, std::size_t count,
+std::vector<std::int32_t> generate(GptPipelinePart<C, B>& model, std::span<const std::int32_t> prompt, std::size_t count,
                                    const SamplingConfig& sampling, const GenerateProgress& progress = {}) {
   const GptConfig& cfg = model.config();
   require(model.is_first() && model.is_last(), "generate: the stage must hold the whole model (first and last stage, ",
@@ -92,7 +92,7 @@ std::vector<std::int32_t> generate(GptStage<C, B>& model, std::span<const std::i
   for (std::size_t i = 0; i < count; ++i) {
     std::vector<std::int32_t> seq(window);
     seq.resize(cfg.seq, window.back());
-    const nn::Act<nn::FeatureShard> logits = model.forward_to_loss(GptStage<C, B>::tokens_as_activation(seq), 0);
+    const nn::Act<nn::FeatureShard> logits = model.forward_to_loss(GptPipelinePart<C, B>::tokens_as_activation(seq), 0);
     model.drop(0);
     B::synchronize();
     require(logits.extent(1) == local, "generate: the stage's logits have ", logits.extent(1), " columns, expected ",

@@ -40,7 +40,7 @@
  * ZeRO-3 (`zero = 3`): the weights are sharded over the data group at rest (this rank keeps its fp32 block of
  * each bucket); each stage gathers a unit — the embeddings, a block, the head — just before its forward and its
  * input-gradient backward and releases it right after, with the next unit's gather in flight meanwhile
- * (`GptStage::on_unit_use`, `parallel::GatheredUnits`). Saving, loading and `with_full_parameters` gather all.
+ * (`GptPipelinePart::on_unit_use`, `parallel::GatheredUnits`). Saving, loading and `with_full_parameters` gather all.
  *
  * PipeDream-2BW (`schedule = "2bw"`): the weights lag one step by design. The passes of step t run on
  * W(t-1), the weights before step t-1's update (at step 0, with no older version, on W(0)), and step t's
@@ -268,7 +268,7 @@ template <communicator Comm, backend B = HostBackend>
 class GptTrainer {
  public:
   using TensorComm = observe::TimedCommunicator<Comm>;
-  using Stage = GptStage<TensorComm, B>;
+  using Stage = GptPipelinePart<TensorComm, B>;
   using Zero = parallel::ZeroAdamW<Comm, B>;
 
   /**

@@ -2,7 +2,7 @@
 /**
  * @file `GptTrainer` for the common (communicator, backend) pairs, compiled once instead of in every program
  * that trains: `GptTrainer<ThreadsCommunicator, HostBackend>` and, in a build with MPI,
- * `GptTrainer<MpiCommunicator, HostBackend>`, with the model they build (`GptStage` over the trainer's timed
+ * `GptTrainer<MpiCommunicator, HostBackend>`, with the model they build (`GptPipelinePart` over the trainer's timed
  * tensor communicator) and `models::generate` on that model (train_gpt samples from a single-rank copy).
  *
  * With `MPAR_EXPLICIT_TRAINERS` defined — by linking the static library `mpar::trainers` of the build tree
@@ -26,16 +26,16 @@
 namespace mpar::models {
 /** The model a `GptTrainer<Comm, HostBackend>` builds: its stages run over the timed tensor communicator. */
 template <class Comm>
-using HostGptStage = GptStage<observe::TimedCommunicator<Comm>, HostBackend>;
+using HostGptPipelinePart = GptPipelinePart<observe::TimedCommunicator<Comm>, HostBackend>;
 
 extern template class GptTrainer<ThreadsCommunicator, HostBackend>;
-extern template class GptStage<observe::TimedCommunicator<ThreadsCommunicator>, HostBackend>;
-extern template std::vector<std::int32_t> generate(HostGptStage<ThreadsCommunicator>&, std::span<const std::int32_t>,
+extern template class GptPipelinePart<observe::TimedCommunicator<ThreadsCommunicator>, HostBackend>;
+extern template std::vector<std::int32_t> generate(HostGptPipelinePart<ThreadsCommunicator>&, std::span<const std::int32_t>,
                                                    std::size_t, const SamplingConfig&, const GenerateProgress&);
 #if defined(MPAR_HAVE_MPI)
 extern template class GptTrainer<MpiCommunicator, HostBackend>;
-extern template class GptStage<observe::TimedCommunicator<MpiCommunicator>, HostBackend>;
-extern template std::vector<std::int32_t> generate(HostGptStage<MpiCommunicator>&, std::span<const std::int32_t>,
+extern template class GptPipelinePart<observe::TimedCommunicator<MpiCommunicator>, HostBackend>;
+extern template std::vector<std::int32_t> generate(HostGptPipelinePart<MpiCommunicator>&, std::span<const std::int32_t>,
                                                    std::size_t, const SamplingConfig&, const GenerateProgress&);
 #endif
 }  // namespace mpar::models

@@ -29,7 +29,7 @@ namespace mpar::nn {
 
 /**
  * A backend with a one-pass softmax cross-entropy and gradient (CudaBackend's `fused_classifier`,
- * backend/cuda/classifier.hpp): without vocabulary parallelism the loss uses it instead of the
+ * backend/gpu/classifier.hpp): without vocabulary parallelism the loss uses it instead of the
  * three-step vocabulary-parallel protocol.
  */
 template <class B>
@@ -56,7 +56,7 @@ class VocabParallelCrossEntropy {
     static_assert(std::is_same_v<L, FeatureShard>,
                   "mpar::nn::VocabParallelCrossEntropy takes vocab-sharded logits (Shard<1, tensor>) but is fed "
                   "another layout (see L above). Fix: feed it the output of a ColumnParallel LM head without "
-                  "gather_output (or the tied head of GptStage)");
+                  "gather_output (or the tied head of GptPipelinePart)");
     if constexpr (std::is_same_v<L, FeatureShard>) return do_forward(logits.tensor(), targets, mb);
     else return 0.0f;
   }
@@ -79,7 +79,7 @@ class VocabParallelCrossEntropy {
     static_assert(std::is_same_v<L, FeatureShard>,
                   "mpar::nn::VocabParallelCrossEntropy takes vocab-sharded logits (Shard<1, tensor>) but is fed "
                   "another layout (see L above). Fix: feed it the output of a ColumnParallel LM head without "
-                  "gather_output (or the tied head of GptStage)");
+                  "gather_output (or the tied head of GptPipelinePart)");
     if constexpr (std::is_same_v<L, FeatureShard>) B::accumulate(1, loss_in_rank(logits.tensor(), targets, mb), scale, acc);
   }
   /** Typed gradient of `scale * loss` with respect to this rank's (vocab-sharded) logits. */

@@ -1,7 +1,7 @@
 #pragma once
 /**
  * @file The one module concept: what nn layers, nn::Stage, transformer blocks, GPT pipeline stages and
- * a block's feed-forward half all are. Every narrower name (nn::layer, pipeline::pipeline_stage,
+ * a block's feed-forward half all are. Every narrower name (nn::layer, pipeline::pipeline_part,
  * nn::block_ffn, ...) is this concept with its activation type fixed or one requirement added; see
  * docs/concepts.md for the glossary.
  */

@@ -92,7 +92,7 @@ inline constexpr std::size_t static_input_features_v = L::preserves_features ? d
  *
  * Typed only: `forward(Act<In>) -> Act<Out>` and `backward(Act<grad of Out>) -> Act<grad of In>` for
  * the checked chain (a pipeline boundary re-establishes the layout from the stage's declaration:
- * pipeline/stage_concept.hpp).
+ * pipeline/pipeline_part.hpp).
  *
  * The backward also splits (`split_backward_layer`): `backward_input` runs every layer's B in reverse
  * order (a layer without a split runs its whole backward there), `backward_weight` every layer's W.

@@ -1,7 +1,7 @@
 #pragma once
 /**
  * @file ZeRO-3's schedule of parameter gathers over the units a model's passes use whole (a transformer
- * block, the embeddings, the head): the hook a stage calls around each unit (`GptStage::on_unit_use`).
+ * block, the embeddings, the head): the hook a stage calls around each unit (`GptPipelinePart::on_unit_use`).
  *
  * Before a unit computes, its buckets' all-gathers are launched (unless a prefetch already did), then those
  * of the unit the pass uses next (the prefetch: asynchronous collectives, in flight while this unit

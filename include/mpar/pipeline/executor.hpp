@@ -58,7 +58,7 @@
 #include "mpar/core/memory_resource.hpp"
 #include "mpar/pipeline/action.hpp"
 #include "mpar/pipeline/simulator.hpp"
-#include "mpar/pipeline/stage_concept.hpp"
+#include "mpar/pipeline/pipeline_part.hpp"
 #include "mpar/pipeline/timeline.hpp"
 #include "mpar/pipeline/verifier.hpp"
 
@@ -146,7 +146,7 @@ struct stage_backend<S> {
  * @brief Runs `programs` for one pipeline rank over `comm` (the pipeline group: size P, rank = pipeline rank),
  * with `chunks[c]` the stage object of local chunk c.
  */
-template <pipeline_stage Stage, communicator Comm>
+template <pipeline_part Stage, communicator Comm>
 class Executor {
   // Every stage of a pipeline is a `Stage`, so the tensor one sends is read by the next as its input.
   static_assert(std::is_same_v<output_layout_t<Stage>, input_layout_t<Stage>>,
@@ -196,7 +196,7 @@ class Executor {
       report_ = verify_or_throw(prog_);
     }
     opt_.recompute.resize(chunks_.size(), false);
-    if constexpr (!droppable_stage<Stage>)
+    if constexpr (!droppable_part<Stage>)
       for (bool r : opt_.recompute)
         require(!r, "pipeline::Executor: recomputation needs a stage with drop(mb) to free its saved activations");
     for (auto* ch : chunks_) {
@@ -280,7 +280,7 @@ class Executor {
           Boundary y;
           with_version(a, [&] { y = detail::forward(stage, x, a.mb, s == S - 1); });
           if (opt_.recompute[std::size_t(a.chunk)]) {
-            if constexpr (droppable_stage<Stage>) stage.drop(a.mb);
+            if constexpr (droppable_part<Stage>) stage.drop(a.mb);
             saved_[{s, a.mb}] = std::move(x);
           }
           if (s == S - 1) {
@@ -314,7 +314,7 @@ class Executor {
           }
           Boundary dx;
           with_version(a, [&] {
-            if constexpr (split_backward_stage<Stage>) {
+            if constexpr (split_backward_part<Stage>) {
               dx = detail::backward_input(stage, std::move(dy), a.mb, s == S - 1);
               if (a.op == Op::backward) stage.backward_weight(a.mb);
             } else {
@@ -325,7 +325,7 @@ class Executor {
           break;
         }
         case Op::backward_weight:
-          if constexpr (split_backward_stage<Stage>) with_version(a, [&] { stage.backward_weight(a.mb); });
+          if constexpr (split_backward_part<Stage>) with_version(a, [&] { stage.backward_weight(a.mb); });
           break;
         case Op::optimizer_step:
           if (prog_.asynchronous && optimizer) {

@@ -30,8 +30,8 @@ template <class MakeStage, class Stage = std::remove_cvref_t<std::invoke_result_
                                         const std::vector<nn::Act<input_layout_t<Stage>>>& inputs,
                                         const LossFn<loss_layout_t<Stage>>& loss, int steps = 1,
                                         const OptimizerFn& optimizer = {}, const ExecutorOptions& options = {}) {
-  static_assert(pipeline_stage<Stage>,
-                "run_pipeline_threads: make_stage(rank, chunk, stage) must return a pipeline_stage "
+  static_assert(pipeline_part<Stage>,
+                "run_pipeline_threads: make_stage(rank, chunk, stage) must return a pipeline_part "
                 "(typed forward(Act<In>, mb), backward(Act<grad of Out>, mb), parameters())");
   require(steps >= 1, "run_pipeline_threads: steps must be at least 1, got ", steps);
   const int P = programs.config.stages, V = programs.config.chunks;

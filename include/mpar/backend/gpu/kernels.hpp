@@ -18,9 +18,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "mpar/backend/cuda/context.hpp"
-#include "mpar/backend/cuda/error.hpp"
-#include "mpar/backend/cuda/types.hpp"
+#include "mpar/backend/gpu/context.hpp"
+#include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/types.hpp"
 #include "mpar/backend/host/kernels.hpp"  // host::DropoutMask: the device applies the same mask
 #include "mpar/core/init.hpp"
 

@@ -59,11 +59,11 @@ concept has_loss_layout = requires { typename S::loss_layout; };
 /**
  * @brief A pipeline stage: a typed `nn::module` from `Act<input_layout_t<S>>` to `Act<output_layout_t<S>>`
  * (forward, backward of the output gradient, parameters). Every `nn::Stage<...>` and every `nn` layer
- * qualifies; a stage with a `loss_layout` (`models::GptStage`) adds `forward_to_loss(x, mb) ->
+ * qualifies; a stage with a `loss_layout` (`models::GptPipelinePart`) adds `forward_to_loss(x, mb) ->
  * Act<loss_layout>` and `backward` of its gradient.
  */
 template <class S>
-concept pipeline_stage =
+concept pipeline_part =
     requires {
       typename input_layout_t<S>;
       typename output_layout_t<S>;
@@ -79,12 +79,12 @@ concept pipeline_stage =
  * schedules exploit the split, and on a stage without it B runs the whole backward and W is empty.
  */
 template <class S>
-concept split_backward_stage =
-    pipeline_stage<S> && nn::split_backward_module<S, nn::Act<input_layout_t<S>>, nn::Act<output_layout_t<S>>>;
+concept split_backward_part =
+    pipeline_part<S> && nn::split_backward_module<S, nn::Act<input_layout_t<S>>, nn::Act<output_layout_t<S>>>;
 
 /** @brief A stage that can free a micro-batch's saved activations (`nn::droppable_module`), which recomputation needs. */
 template <class S>
-concept droppable_stage = pipeline_stage<S> && nn::droppable_module<S>;
+concept droppable_part = pipeline_part<S> && nn::droppable_module<S>;
 
 /**
  * @brief The loss the last stage's output goes to: the mean loss of micro-batch `mb` from the typed output
@@ -99,7 +99,7 @@ namespace detail {
  * stage declares for that boundary, calls the stage's typed API and gives the storage back to be sent.
  * `last`: the stage is the pipeline's last, whose output goes to the loss.
  */
-template <pipeline_stage S>
+template <pipeline_part S>
 Boundary forward(S& s, Boundary& x, int mb, bool last) {
   // The storage moves into the typed input and back into `x` after the call: no copy.
   nn::Act<input_layout_t<S>> in(std::move(x));
@@ -113,23 +113,23 @@ Boundary forward(S& s, Boundary& x, int mb, bool last) {
   return y;
 }
 /** Calls `f` with the output gradient `dy` in the layout the stage's output has at this boundary. */
-template <pipeline_stage S, class F>
+template <pipeline_part S, class F>
 Boundary with_output_gradient(Boundary dy, bool last, F&& f) {
   if constexpr (has_loss_layout<S>) {
     if (last) return std::forward<F>(f)(nn::Act<nn::grad_layout_t<loss_layout_t<S>>>(std::move(dy))).tensor();
   }
   return std::forward<F>(f)(nn::Act<nn::grad_layout_t<output_layout_t<S>>>(std::move(dy))).tensor();
 }
-template <pipeline_stage S>
+template <pipeline_part S>
 Boundary backward(S& s, Boundary dy, int mb, bool last) {
   return with_output_gradient<S>(std::move(dy), last, [&](const auto& g) { return s.backward(g, mb); });
 }
-template <split_backward_stage S>
+template <split_backward_part S>
 Boundary backward_input(S& s, Boundary dy, int mb, bool last) {
   return with_output_gradient<S>(std::move(dy), last, [&](const auto& g) { return s.backward_input(g, mb); });
 }
 /** The loss on the last stage's output, typed in `loss_layout_t<S>`; returns its value and writes dL/dy. */
-template <pipeline_stage S>
+template <pipeline_part S>
 double loss(const LossFn<loss_layout_t<S>>& fn, Boundary y, int mb, Boundary& dy) {
   using L = loss_layout_t<S>;
   nn::Act<L> yt(std::move(y));
@@ -173,19 +173,19 @@ constexpr bool boundary_layouts_agree() {
 
 /**
  * @brief The stages of one model, in pipeline order, checked pairwise at compile time when the chain
- * is constructed from them (`pipeline::StageChain chain(stage0, stage1, ...)`): the sender's output
+ * is constructed from them (`pipeline::PartChain chain(stage0, stage1, ...)`): the sender's output
  * features and layout must be what the receiver takes. It holds references to the stages.
  */
 template <class First, class... Rest>
-class StageChain {
+class PartChain {
   template <class A, class B, class... More>
   static constexpr bool all_pairs() {
     static_assert(boundary_compatible<A, B>(),
-                  "pipeline::StageChain: a stage's static_out_features differs from the next stage's "
+                  "pipeline::PartChain: a stage's static_out_features differs from the next stage's "
                   "static_in_features; the activation crossing that boundary would change shape. Fix: make the "
                   "next stage's input size equal the previous stage's output size");
     static_assert(boundary_layouts_agree<A, B>(),
-                  "pipeline::StageChain: a stage returns a layout (see A's output_layout) that the next stage does not "
+                  "pipeline::PartChain: a stage returns a layout (see A's output_layout) that the next stage does not "
                   "take as its input (B's default_input); the tensor sent across the boundary would be misread. Fix: "
                   "end the previous stage in the layout the next one starts with (e.g. reduce a Partial output first)");
     if constexpr (sizeof...(More) == 0) return true;
@@ -200,7 +200,7 @@ class StageChain {
 
  public:
   static constexpr std::size_t stages = 1 + sizeof...(Rest);
-  explicit StageChain(First& first, Rest&... rest) : first_(&first), rest_(&rest...) {}
+  explicit PartChain(First& first, Rest&... rest) : first_(&first), rest_(&rest...) {}
   /** Stage `I` of the chain. */
   template <std::size_t I>
   [[nodiscard]] auto& get() const {

@@ -39,10 +39,10 @@
 #include <utility>
 #include <vector>
 
-#include "mpar/backend/cuda/context.hpp"
-#include "mpar/backend/cuda/error.hpp"
-#include "mpar/backend/cuda/memory.hpp"
-#include "mpar/backend/cuda/types.hpp"
+#include "mpar/backend/gpu/context.hpp"
+#include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/memory.hpp"
+#include "mpar/backend/gpu/types.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/layout.hpp"
 

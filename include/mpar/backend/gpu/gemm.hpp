@@ -14,9 +14,9 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "mpar/backend/cuda/context.hpp"
-#include "mpar/backend/cuda/error.hpp"
-#include "mpar/backend/cuda/types.hpp"
+#include "mpar/backend/gpu/context.hpp"
+#include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/types.hpp"
 #include "mpar/backend/host/gemm.hpp"  // mpar::Trans
 
 namespace mpar::gpu {

@@ -24,10 +24,10 @@
 #include <cstddef>
 #include <type_traits>
 
-#include "mpar/backend/cuda/error.hpp"
-#include "mpar/backend/cuda/kernels.hpp"
-#include "mpar/backend/cuda/memory.hpp"
-#include "mpar/backend/cuda/types.hpp"
+#include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/kernels.hpp"
+#include "mpar/backend/gpu/memory.hpp"
+#include "mpar/backend/gpu/types.hpp"
 #include "mpar/core/error.hpp"
 
 namespace mpar::gpu {

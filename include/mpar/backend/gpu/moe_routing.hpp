@@ -32,9 +32,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "mpar/backend/cuda/error.hpp"
-#include "mpar/backend/cuda/kernels.hpp"
-#include "mpar/backend/cuda/memory.hpp"
+#include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/kernels.hpp"
+#include "mpar/backend/gpu/memory.hpp"
 #include "mpar/core/error.hpp"
 
 namespace mpar::gpu {

@@ -30,13 +30,13 @@
 #include <type_traits>
 #include <vector>
 
-#include "mpar/backend/cuda/context.hpp"
-#include "mpar/backend/cuda/error.hpp"
-#include "mpar/backend/cuda/memory.hpp"
+#include "mpar/backend/gpu/context.hpp"
+#include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/memory.hpp"
 #include "mpar/core/dtype.hpp"
 
 #if CUDNN_VERSION < 91300
-#error "mpar/backend/cuda/cudnn_attention.hpp needs cuDNN >= 9.13 (the SDPA backend operations)"
+#error "mpar/backend/gpu/cudnn_attention.hpp needs cuDNN >= 9.13 (the SDPA backend operations)"
 #endif
 
 namespace mpar::gpu::cudnn {

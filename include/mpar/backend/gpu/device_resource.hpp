@@ -19,8 +19,8 @@
 #include <mutex>
 #include <unordered_map>
 
-#include "mpar/backend/cuda/context.hpp"
-#include "mpar/backend/cuda/error.hpp"
+#include "mpar/backend/gpu/context.hpp"
+#include "mpar/backend/gpu/error.hpp"
 #include "mpar/core/memory_resource.hpp"
 
 namespace mpar::gpu {

@@ -17,7 +17,7 @@
 #include <exception>
 #include <utility>
 
-#include "mpar/backend/cuda/error.hpp"
+#include "mpar/backend/gpu/error.hpp"
 
 namespace mpar::gpu {
 

@@ -5,8 +5,8 @@
 #include <span>
 #include <vector>
 
-#include "mpar/backend/cuda/context.hpp"
-#include "mpar/backend/cuda/memory.hpp"
+#include "mpar/backend/gpu/context.hpp"
+#include "mpar/backend/gpu/memory.hpp"
 #include "mpar/core/tensor.hpp"
 
 namespace mpar::gpu {

@@ -1,10 +1,10 @@
 #pragma once
 /**
  * @file The CUDA backend policy type: the device twin of HostBackend, so the layers, the GPT stages
- * and the trainer run on a GPU unchanged (`GptStage<Comm, CudaBackend>`).
+ * and the trainer run on a GPU unchanged (`GptPipelinePart<Comm, CudaBackend>`).
  *
  * Include from a translation unit compiled by nvcc: the layer kernels are templates in
- * backend/cuda/kernels.hpp.
+ * backend/gpu/kernels.hpp.
  */
 #include <cstddef>
 #include <cstdint>
@@ -12,18 +12,18 @@
 #include <utility>
 
 #include "mpar/backend/backend.hpp"
-#include "mpar/backend/cuda/accumulate.hpp"
-#include "mpar/backend/cuda/buffer_ops.hpp"
-#include "mpar/backend/cuda/context.hpp"
-#include "mpar/backend/cuda/device_resource.hpp"
-#include "mpar/backend/cuda/device_tensor.hpp"
-#include "mpar/backend/cuda/gemm.hpp"
-#include "mpar/backend/cuda/kernels.hpp"
-#include "mpar/backend/cuda/memory.hpp"
-#include "mpar/backend/cuda/row_kernels.hpp"
+#include "mpar/backend/gpu/accumulate.hpp"
+#include "mpar/backend/gpu/buffer_ops.hpp"
+#include "mpar/backend/gpu/context.hpp"
+#include "mpar/backend/gpu/device_resource.hpp"
+#include "mpar/backend/gpu/device_tensor.hpp"
+#include "mpar/backend/gpu/gemm.hpp"
+#include "mpar/backend/gpu/kernels.hpp"
+#include "mpar/backend/gpu/memory.hpp"
+#include "mpar/backend/gpu/row_kernels.hpp"
 // Fused kernels (classifier, residual + layer norm): their operations are in the block below `gemm_bias_gelu`.
-#include "mpar/backend/cuda/classifier.hpp"
-#include "mpar/backend/cuda/residual_layernorm.hpp"
+#include "mpar/backend/gpu/classifier.hpp"
+#include "mpar/backend/gpu/residual_layernorm.hpp"
 
 namespace mpar {
 
@@ -33,11 +33,11 @@ struct CudaMemory {
 };
 
 /**
- * @brief The CUDA backend: cuBLAS/cuBLASLt GEMM and the kernels of `mpar/backend/cuda/kernels.hpp` on
+ * @brief The CUDA backend: cuBLAS/cuBLASLt GEMM and the kernels of `mpar/backend/gpu/kernels.hpp` on
  * the calling thread's compute stream, over tensors in device memory.
  *
  * `init_rank()` binds the rank's thread to its device and makes stream-ordered device memory
- * (backend/cuda/device_resource.hpp) the thread's memory resource, so every Tensor and Parameter the
+ * (backend/gpu/device_resource.hpp) the thread's memory resource, so every Tensor and Parameter the
  * rank creates afterwards lives on its GPU; the host cannot dereference it. Every operation is
  * enqueued on the rank's compute stream and returns at once (the `backend` contract): host code
  * reads results only through `copy_to_host_async` into a `pinned_buffer` and a wait for an event

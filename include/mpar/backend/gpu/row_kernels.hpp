@@ -14,7 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "mpar/backend/cuda/kernels.hpp"  // grid_for, block_threads, pick, block_reduce, check_launch
+#include "mpar/backend/gpu/kernels.hpp"  // grid_for, block_threads, pick, block_reduce, check_launch
 
 namespace mpar::gpu {
 

@@ -14,7 +14,7 @@
 #include <memory>
 #include <mutex>
 
-#include "mpar/backend/cuda/error.hpp"
+#include "mpar/backend/gpu/error.hpp"
 
 namespace mpar::gpu {
 

@@ -17,10 +17,10 @@
 #include <cmath>
 #include <cstddef>
 
-#include "mpar/backend/cuda/context.hpp"
-#include "mpar/backend/cuda/error.hpp"
-#include "mpar/backend/cuda/kernels.hpp"
-#include "mpar/backend/cuda/types.hpp"
+#include "mpar/backend/gpu/context.hpp"
+#include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/kernels.hpp"
+#include "mpar/backend/gpu/types.hpp"
 #include "mpar/core/error.hpp"
 
 namespace mpar::gpu {

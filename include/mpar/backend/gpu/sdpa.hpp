@@ -15,9 +15,9 @@
 #include <cstddef>
 #include <cstdio>
 
-#include "mpar/backend/cuda/flash_attention.hpp"
+#include "mpar/backend/gpu/flash_attention.hpp"
 #if defined(MPAR_HAVE_CUDNN)
-#include "mpar/backend/cuda/cudnn_attention.hpp"
+#include "mpar/backend/gpu/cudnn_attention.hpp"
 #endif
 
 namespace mpar::gpu {

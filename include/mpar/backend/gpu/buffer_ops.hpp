@@ -7,8 +7,8 @@
 
 #include <cstddef>
 
-#include "mpar/backend/cuda/error.hpp"
-#include "mpar/backend/cuda/kernels.hpp"
+#include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/kernels.hpp"
 
 namespace mpar::gpu {
 

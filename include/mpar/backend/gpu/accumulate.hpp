@@ -10,8 +10,8 @@
 
 #include <cstddef>
 
-#include "mpar/backend/cuda/error.hpp"
-#include "mpar/backend/cuda/kernels.hpp"
+#include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/kernels.hpp"
 
 namespace mpar::gpu {
 
