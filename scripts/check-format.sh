@@ -6,8 +6,8 @@
 #   scripts/check-format.sh --since BASE     the C++ files changed since commit BASE (e.g. origin/main)
 #   scripts/check-format.sh --fix FILE...    formats the files in place instead
 #
-# The tree is brought to the format file by file, as files are touched, so CI checks what a change
-# touches (--since) rather than the whole tree. CLANG_FORMAT selects the binary (default clang-format).
+# The whole tree is formatted and CI checks all of it; --since checks what a change touches before
+# pushing. CLANG_FORMAT selects the binary (default clang-format).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 cf=${CLANG_FORMAT:-clang-format}

@@ -78,7 +78,9 @@ int main(int argc, char** argv) {
   fs::create_directories(raw);
 
   std::vector<double> save_ours, save_base, load_ours, load_base;
-  auto run = [&](auto&& body) { run_threads(2, [&](ThreadsCommunicator& comm) { body(comm, make_rank(comm.rank(), tensors, rows, cols)); }); };
+  auto run = [&](auto&& body) {
+    run_threads(2, [&](ThreadsCommunicator& comm) { body(comm, make_rank(comm.rank(), tensors, rows, cols)); });
+  };
   for (int r = -1; r < reps; ++r) {  // r = -1 warms up
     run([&](ThreadsCommunicator& comm, RankModel m) {
       std::vector<io::SaveBlock> blocks;
@@ -117,7 +119,8 @@ int main(int argc, char** argv) {
         const int fd = ::open(f.c_str(), O_RDONLY);
         std::size_t off = 0;
         for (auto& d : m.data) {
-          if (::pread(fd, d.data(), d.size() * 4, off_t(off)) != ssize_t(d.size() * 4)) throw std::runtime_error("pread");
+          if (::pread(fd, d.data(), d.size() * 4, off_t(off)) != ssize_t(d.size() * 4))
+            throw std::runtime_error("pread");
           off += d.size() * 4;
         }
         ::close(fd);

@@ -65,16 +65,18 @@ int main(int argc, char** argv) {
 #if defined(MPAR_BENCH_MPIEXEC) && defined(MPAR_BENCH_MPI_BINARY)
   if (!has_flag(argc, argv, "--no-mpi")) {
     const std::string cmd = std::string(MPAR_BENCH_MPIEXEC) + " -np " + std::to_string(ranks) +
-                            " --allow-run-as-root --oversubscribe " + MPAR_BENCH_MPI_BINARY + (smoke ? " --smoke" : "") +
-                            " 2>&1";
+                            " --allow-run-as-root --oversubscribe " + MPAR_BENCH_MPI_BINARY +
+                            (smoke ? " --smoke" : "") + " 2>&1";
     std::fflush(stdout);
     if (FILE* f = popen(cmd.c_str(), "r")) {
       char buf[4096];
       std::string last;
       while (std::fgets(buf, sizeof buf, f)) {
         std::string line(buf);
-        if (line.rfind("{", 0) == 0) last = line;
-        else std::fputs(buf, stdout);
+        if (line.rfind("{", 0) == 0)
+          last = line;
+        else
+          std::fputs(buf, stdout);
       }
       const int rc = pclose(f);
       raw = json_number(last, "raw_mpi_algbw");
@@ -94,8 +96,10 @@ int main(int argc, char** argv) {
   if (raw > 0) {
     print_result_json("all_reduce_f32_threads_vs_openmpi", ours, raw, "GB/s", true, extra);
   } else {
-    std::printf("{\"bench\": \"all_reduce_f32_threads_vs_openmpi\", \"ours\": %.6g, \"baseline\": null, "
-                "\"unit\": \"GB/s\", \"ratio\": null, %s}\n", ours, extra);
+    std::printf(
+        "{\"bench\": \"all_reduce_f32_threads_vs_openmpi\", \"ours\": %.6g, \"baseline\": null, "
+        "\"unit\": \"GB/s\", \"ratio\": null, %s}\n",
+        ours, extra);
   }
   return t_ar > 0 ? 0 : 1;
 }

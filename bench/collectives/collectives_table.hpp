@@ -75,7 +75,8 @@ std::vector<CollRow> measure_collectives(Comm& c, bool smoke) {
       rows.push_back({op, bytes, s, double(bytes) / s / 1e9, double(bytes) / s / 1e9 * bus_factor(op, p)});
     };
     add("all_reduce", time_collective(c, reps, iters, [&] { c.all_reduce(std::span<float>(a), ReduceOp::sum); }));
-    add("reduce_scatter", time_collective(c, reps, iters, [&] { c.reduce_scatter(a, std::span<float>(part), ReduceOp::sum); }));
+    add("reduce_scatter",
+        time_collective(c, reps, iters, [&] { c.reduce_scatter(a, std::span<float>(part), ReduceOp::sum); }));
     add("all_gather", time_collective(c, reps, iters, [&] { c.all_gather(part, std::span<float>(b)); }));
     add("broadcast", time_collective(c, reps, iters, [&] { c.broadcast(std::span<float>(a), 0); }));
     add("all_to_all", time_collective(c, reps, iters, [&] {

@@ -23,15 +23,15 @@ int main(int argc, char** argv) {
     const int iters = iterations_for(key_bytes, smoke), reps = smoke ? 1 : 7;
     std::vector<double> raw, ours;
     for (int r = 0; r < reps; ++r) {
-      raw.push_back(time_collective(c, 1, iters, [&] {
-        MPI_Allreduce(MPI_IN_PLACE, x.data(), int(n), MPI_FLOAT, MPI_SUM, c.native());
-      }));
+      raw.push_back(time_collective(
+          c, 1, iters, [&] { MPI_Allreduce(MPI_IN_PLACE, x.data(), int(n), MPI_FLOAT, MPI_SUM, c.native()); }));
       ours.push_back(time_collective(c, 1, iters, [&] { c.all_reduce(std::span<float>(x), ReduceOp::sum); }));
     }
     const double traw = median(raw), tours = median(ours);
     if (c.rank() == 0) {
-      std::printf("# all_reduce %zu bytes: raw MPI_Allreduce %.2f us (%.3f GB/s), MpiCommunicator %.2f us (%.3f GB/s)\n",
-                  key_bytes, traw * 1e6, double(key_bytes) / traw / 1e9, tours * 1e6, double(key_bytes) / tours / 1e9);
+      std::printf(
+          "# all_reduce %zu bytes: raw MPI_Allreduce %.2f us (%.3f GB/s), MpiCommunicator %.2f us (%.3f GB/s)\n",
+          key_bytes, traw * 1e6, double(key_bytes) / traw / 1e9, tours * 1e6, double(key_bytes) / tours / 1e9);
       std::printf("{\"raw_mpi_algbw\": %.6g, \"mpicomm_algbw\": %.6g}\n", double(key_bytes) / traw / 1e9,
                   double(key_bytes) / tours / 1e9);
     }

@@ -16,8 +16,10 @@
 
 #if !defined(MPAR_HAVE_ONEDNN)
 int main() {
-  std::printf("{\"bench\": \"gemm\", \"skipped\": true, \"reason\": \"mpar was configured with MPAR_HOST_GEMM=%s, not onednn\"}\n",
-              mpar::host_gemm_library);
+  std::printf(
+      "{\"bench\": \"gemm\", \"skipped\": true, \"reason\": \"mpar was configured with MPAR_HOST_GEMM=%s, not "
+      "onednn\"}\n",
+      mpar::host_gemm_library);
 }
 #else
 #include <dlfcn.h>

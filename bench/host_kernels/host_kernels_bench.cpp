@@ -109,7 +109,8 @@ std::string loadavg() {
 }
 double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double w = 0, m = 0;
-  for (std::size_t i = 0; i < a.size(); ++i) w = std::max(w, double(std::fabs(a[i] - b[i]))), m = std::max(m, double(std::fabs(b[i])));
+  for (std::size_t i = 0; i < a.size(); ++i)
+    w = std::max(w, double(std::fabs(a[i] - b[i]))), m = std::max(m, double(std::fabs(b[i])));
   return m > 0 ? w / m : w;
 }
 }  // namespace
@@ -121,12 +122,13 @@ int main(int argc, char** argv) {
   const std::size_t tokens = smoke ? 32 : 256, hidden = 256, ffn = 4 * hidden, heads = 4, seq = 64;
   const std::size_t att_rows = tokens * heads;  // [batch, heads, seq] rows of seq scores
 
-  std::vector<float> xf = filled(tokens * ffn, 1, 4.0), gf = filled(tokens * ffn, 2, 1.0), yf(tokens * ffn), yb(tokens * ffn);
+  std::vector<float> xf = filled(tokens * ffn, 1, 4.0), gf = filled(tokens * ffn, 2, 1.0), yf(tokens * ffn),
+                     yb(tokens * ffn);
   std::vector<float> xa = filled(att_rows * seq, 3, 6.0), ga = filled(att_rows * seq, 4, 1.0), ya(att_rows * seq),
                      yab(att_rows * seq), dxa(att_rows * seq);
-  std::vector<float> xl = filled(tokens * hidden, 5, 2.0), gl = filled(tokens * hidden, 6, 1.0), gam = filled(hidden, 7, 1.0),
-                     bet = filled(hidden, 8, 0.5), yl(tokens * hidden), dxl(tokens * hidden), mean(tokens), rstd(tokens),
-                     dgam(hidden), dbet(hidden);
+  std::vector<float> xl = filled(tokens * hidden, 5, 2.0), gl = filled(tokens * hidden, 6, 1.0),
+                     gam = filled(hidden, 7, 1.0), bet = filled(hidden, 8, 0.5), yl(tokens * hidden),
+                     dxl(tokens * hidden), mean(tokens), rstd(tokens), dgam(hidden), dbet(hidden);
 
   struct Row {
     std::string name;
@@ -143,21 +145,28 @@ int main(int argc, char** argv) {
       [&] { baseline::gelu_forward(xf.size(), xf.data(), yb.data()); }, [&] { return max_rel_diff(yf, yb); });
   measure(
       "gelu_backward", double(xf.size()), [&] { host::gelu_backward(xf.size(), xf.data(), gf.data(), yf.data()); },
-      [&] { baseline::gelu_backward(xf.size(), xf.data(), gf.data(), yb.data()); }, [&] { return max_rel_diff(yf, yb); });
+      [&] { baseline::gelu_backward(xf.size(), xf.data(), gf.data(), yb.data()); },
+      [&] { return max_rel_diff(yf, yb); });
   measure(
       "softmax_forward causal", double(xa.size()),
       [&] { host::softmax_forward(att_rows, seq, xa.data(), ya.data(), true, scale); },
       [&] { baseline::softmax_forward(att_rows, seq, xa.data(), yab.data(), true, scale); },
       [&] { return max_rel_diff(ya, yab); });
   measure(
-      "softmax_backward", double(xa.size()), [&] { host::softmax_backward(att_rows, seq, ya.data(), ga.data(), dxa.data()); },
+      "softmax_backward", double(xa.size()),
+      [&] { host::softmax_backward(att_rows, seq, ya.data(), ga.data(), dxa.data()); },
       [&] { baseline::softmax_backward(att_rows, seq, ya.data(), ga.data(), yab.data()); },
       [&] { return max_rel_diff(dxa, yab); });
   std::vector<float> ylb(yl.size()), meanb(tokens), rstdb(tokens);
   measure(
       "layernorm_forward", double(xl.size()),
-      [&] { host::layernorm_forward(tokens, hidden, xl.data(), gam.data(), bet.data(), yl.data(), mean.data(), rstd.data()); },
-      [&] { baseline::layernorm_forward(tokens, hidden, xl.data(), gam.data(), bet.data(), ylb.data(), meanb.data(), rstdb.data()); },
+      [&] {
+        host::layernorm_forward(tokens, hidden, xl.data(), gam.data(), bet.data(), yl.data(), mean.data(), rstd.data());
+      },
+      [&] {
+        baseline::layernorm_forward(tokens, hidden, xl.data(), gam.data(), bet.data(), ylb.data(), meanb.data(),
+                                    rstdb.data());
+      },
       [&] { return max_rel_diff(yl, ylb); });
   std::vector<float> dxlb(dxl.size()), dgamb(hidden), dbetb(hidden);
   measure(

@@ -58,8 +58,8 @@ class MlpStackStage {
       const nn::Activation& y = i + 1 < w_.size() ? s.in[i + 1] : s.out;
       for (std::size_t k = 0; k < g.size(); ++k) g.data()[k] = y.data()[k] > 0 ? g.data()[k] : 0.0f;
       nn::Activation dx({g.extent(0), h_});
-      HostBackend::gemm<float>(Trans::no, Trans::yes, g.extent(0), h_, h_, 1.0f, g.data(), h_, w_[i].value.data(), h_, 0.0f,
-                               dx.data(), h_);
+      HostBackend::gemm<float>(Trans::no, Trans::yes, g.extent(0), h_, h_, 1.0f, g.data(), h_, w_[i].value.data(), h_,
+                               0.0f, dx.data(), h_);
       s.dz[i] = std::move(g);
       g = std::move(dx);
     }
@@ -69,8 +69,8 @@ class MlpStackStage {
     auto it = saved_.find(mb);
     auto& s = it->second;
     for (std::size_t i = 0; i < w_.size(); ++i)
-      HostBackend::gemm<float>(Trans::yes, Trans::no, h_, h_, s.in[i].extent(0), 1.0f, s.in[i].data(), h_, s.dz[i].data(),
-                               h_, 1.0f, w_[i].grad.data(), h_);
+      HostBackend::gemm<float>(Trans::yes, Trans::no, h_, h_, s.in[i].extent(0), 1.0f, s.in[i].data(), h_,
+                               s.dz[i].data(), h_, 1.0f, w_[i].grad.data(), h_);
     saved_.erase(it);
   }
   X backward(const X& dy, int mb) {

@@ -100,8 +100,8 @@ int main(int argc, char** argv) {
         if (show && s == steps && round == rounds - 1) {
           const CostModel cm = CostModel::from_timeline(measured.timeline);
           std::printf("\n%s measured (F %.3g ms, B %.3g ms, W %.3g ms, latency %.3g ms):\n%s", cs.name.c_str(),
-                      1e3 * cm.forward[0], 1e3 * cm.backward_input[0], 1e3 * cm.backward_weight[0], 1e3 * cm.p2p_latency,
-                      measured.text(0, 160).c_str());
+                      1e3 * cm.forward[0], 1e3 * cm.backward_input[0], 1e3 * cm.backward_weight[0],
+                      1e3 * cm.p2p_latency, measured.text(0, 160).c_str());
           std::printf("%s predicted:\n%s", cs.name.c_str(), predicted.text(0, 160).c_str());
         }
         if (!trace_path.empty() && cs.name == "zb_h1" && s == steps && round == rounds - 1)
@@ -111,9 +111,10 @@ int main(int argc, char** argv) {
       }
     }
 
-  std::printf("pipeline bench: P=%d threads, M=%d micro-batches of %zu tokens, width %zu, %zu layers per rank, "
-              "%d rounds x %d steps\n",
-              P, M, tokens, width, layers, rounds, steps);
+  std::printf(
+      "pipeline bench: P=%d threads, M=%d micro-batches of %zu tokens, width %zu, %zu layers per rank, "
+      "%d rounds x %d steps\n",
+      P, M, tokens, width, layers, rounds, steps);
   std::printf("%-18s %14s %16s %12s %16s\n", "schedule", "measured bubble", "predicted bubble", "|diff| (pp)",
               "tokens/s");
   std::string best = "gpipe";

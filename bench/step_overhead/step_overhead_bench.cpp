@@ -16,10 +16,10 @@
 #include <string>
 
 #include <mpar/backend/stream/stream_backend.hpp>
+#include <mpar/cli/parser.hpp>
 #include <mpar/comm/stream_ordered.hpp>
 #include <mpar/comm/threads.hpp>
 #include <mpar/data/char_dataset.hpp>
-#include <mpar/cli/parser.hpp>
 #include <mpar/models/gpt_trainer.hpp>
 #include <mpar/observe/counting_backend.hpp>
 
@@ -92,7 +92,8 @@ int main(int argc, char** argv) {
     bool smoke = false;
     std::string data = data::default_text_path;
     std::size_t big_hidden = 1024, big_heads = 16, big_layers = 24;
-    cli::Parser p("bench_step_overhead", "Backend operations, host synchronisations and host-touched bytes per GPT training step.");
+    cli::Parser p("bench_step_overhead",
+                  "Backend operations, host synchronisations and host-touched bytes per GPT training step.");
     p.option("data", data, "training text");
     p.option("big-hidden", big_hidden, "width of the large model").range(16, 1 << 16);
     p.option("big-heads", big_heads, "heads of the large model").range(1, 1024);
@@ -116,8 +117,10 @@ int main(int argc, char** argv) {
     const data::CharDataset ds(data, c.model.seq);
     c.model.vocab = ds.vocab_size();
 
-    std::printf("Per training step, one rank (CountingBackend<HostBackend>, steady state)\n\n"
-                "| model | launches | GEMMs | host syncs | host syncs (stream-ordered) | host MiB |\n|---|---|---|---|---|---|\n");
+    std::printf(
+        "Per training step, one rank (CountingBackend<HostBackend>, steady state)\n\n"
+        "| model | launches | GEMMs | host syncs | host syncs (stream-ordered) | host MiB "
+        "|\n|---|---|---|---|---|---|\n");
     Scaled small = of(steady_step(c, ds));
     small.stream_syncs = stream_syncs(c, ds);
     print_row("train_gpt default (h64, 4 layers)", small);
@@ -135,21 +138,23 @@ int main(int argc, char** argv) {
     const Scaled large{one.launches + k * (two.launches - one.launches), one.gemms + k * (two.gemms - one.gemms),
                        one.syncs + k * (two.syncs - one.syncs), one.host_bytes + k * (two.host_bytes - one.host_bytes),
                        one.stream_syncs + k * (two.stream_syncs - one.stream_syncs)};
-    const std::string big_name = "h" + std::to_string(big_hidden) + ", " + std::to_string(big_layers) + " layers (scaled)";
+    const std::string big_name =
+        "h" + std::to_string(big_hidden) + ", " + std::to_string(big_layers) + " layers (scaled)";
     print_row(big_name.c_str(), large);
 
-    const std::string extra =
-        "\"syncs_per_step\": " + std::to_string(std::llround(small.syncs)) +
-        ", \"launches_per_step\": " + std::to_string(std::llround(small.launches)) +
-        ", \"host_bytes_per_step\": " + std::to_string(std::llround(small.host_bytes)) +
-        ", \"stream_syncs_per_step\": " + std::to_string(std::llround(small.stream_syncs)) +
-        ", \"large\": {\"hidden\": " + std::to_string(big_hidden) + ", \"layers\": " + std::to_string(big_layers) +
-        ", \"syncs_per_step\": " + std::to_string(std::llround(large.syncs)) +
-        ", \"launches_per_step\": " + std::to_string(std::llround(large.launches)) +
-        ", \"host_bytes_per_step\": " + std::to_string(std::llround(large.host_bytes)) +
-        ", \"stream_syncs_per_step\": " + std::to_string(std::llround(large.stream_syncs)) + "}" +
-        ", \"baseline_is\": \"host synchronisations per step of the default model measured before the layers' host work was cut\"" +
-        ", \"loadavg\": " + load_average();
+    const std::string extra = "\"syncs_per_step\": " + std::to_string(std::llround(small.syncs)) +
+                              ", \"launches_per_step\": " + std::to_string(std::llround(small.launches)) +
+                              ", \"host_bytes_per_step\": " + std::to_string(std::llround(small.host_bytes)) +
+                              ", \"stream_syncs_per_step\": " + std::to_string(std::llround(small.stream_syncs)) +
+                              ", \"large\": {\"hidden\": " + std::to_string(big_hidden) +
+                              ", \"layers\": " + std::to_string(big_layers) +
+                              ", \"syncs_per_step\": " + std::to_string(std::llround(large.syncs)) +
+                              ", \"launches_per_step\": " + std::to_string(std::llround(large.launches)) +
+                              ", \"host_bytes_per_step\": " + std::to_string(std::llround(large.host_bytes)) +
+                              ", \"stream_syncs_per_step\": " + std::to_string(std::llround(large.stream_syncs)) + "}" +
+                              ", \"baseline_is\": \"host synchronisations per step of the default model measured "
+                              "before the layers' host work was cut\"" +
+                              ", \"loadavg\": " + load_average();
     bench::print_result_json("step_overhead", small.syncs, baseline_syncs_default, "host syncs per step", false, extra);
     return 0;
   } catch (const std::exception& e) {

@@ -13,17 +13,17 @@ namespace baseline {
 
 using Vec = std::vector<float>;
 
-inline void sgemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a, std::size_t lda,
-                  const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m), int(n), int(k), alpha,
-              a, int(lda), b, int(ldb), beta, c, int(ldc));
+inline void sgemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+                  std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+  cblas_sgemm(CblasRowMajor, ta ? CblasTrans : CblasNoTrans, tb ? CblasTrans : CblasNoTrans, int(m), int(n), int(k),
+              alpha, a, int(lda), b, int(ldb), beta, c, int(ldc));
 }
 
 struct Block {
   std::size_t t, h, heads, f, seq;
-  Vec g1, be1, wqkv, bqkv, wo, bo, g2, be2, w1, b1, w2, b2;                 // parameters
-  Vec dg1, dbe1, dwqkv, dbqkv, dwo, dbo, dg2, dbe2, dw1, db1, dw2, db2;     // gradients
-  Vec x, xn1, mean1, rstd1, qkv, probs, o, h1, xn2, mean2, rstd2, u, g;    // saved activations
+  Vec g1, be1, wqkv, bqkv, wo, bo, g2, be2, w1, b1, w2, b2;              // parameters
+  Vec dg1, dbe1, dwqkv, dbqkv, dwo, dbo, dg2, dbe2, dw1, db1, dw2, db2;  // gradients
+  Vec x, xn1, mean1, rstd1, qkv, probs, o, h1, xn2, mean2, rstd2, u, g;  // saved activations
 
   Block(std::size_t t_, std::size_t h_, std::size_t heads_, std::size_t f_, std::size_t seq_)
       : t(t_), h(h_), heads(heads_), f(f_), seq(seq_) {
@@ -40,8 +40,8 @@ struct Block {
     dwo = Vec(h * h), dbo = Vec(h), dw1 = Vec(h * f), db1 = Vec(f), dw2 = Vec(f * h), db2 = Vec(h);
   }
 
-  static void ln_fwd(std::size_t rows, std::size_t n, const float* x, const float* gm, const float* bt, float* y, float* mu,
-                     float* rs) {
+  static void ln_fwd(std::size_t rows, std::size_t n, const float* x, const float* gm, const float* bt, float* y,
+                     float* mu, float* rs) {
     for (std::size_t r = 0; r < rows; ++r) {
       const float* xr = x + r * n;
       float m = 0, v = 0;

@@ -50,26 +50,74 @@ class TimingCommunicator {
     } add{seconds_, t0};
     return f();
   }
-  template <class T> void all_reduce(std::span<T> d, ReduceOp op) { timed([&] { inner_.all_reduce(d, op); }); }
-  template <class T> void broadcast(std::span<T> d, int r) { timed([&] { inner_.broadcast(d, r); }); }
-  template <class T> void reduce(std::span<const T> s, std::span<T> d, ReduceOp op, int r) { timed([&] { inner_.reduce(s, d, op, r); }); }
-  template <class T> void all_gather(std::span<const T> s, std::span<T> d) { timed([&] { inner_.all_gather(s, d); }); }
-  template <class T> void reduce_scatter(std::span<const T> s, std::span<T> d, ReduceOp op) { timed([&] { inner_.reduce_scatter(s, d, op); }); }
-  template <class T> void gather(std::span<const T> s, std::span<T> d, int r) { timed([&] { inner_.gather(s, d, r); }); }
-  template <class T> void scatter(std::span<const T> s, std::span<T> d, int r) { timed([&] { inner_.scatter(s, d, r); }); }
-  template <class T> void all_to_all(std::span<const T> s, std::span<T> d) { timed([&] { inner_.all_to_all(s, d); }); }
   template <class T>
-  void all_to_all_v(std::span<const T> s, std::span<const std::size_t> sc, std::span<T> d, std::span<const std::size_t> dc) {
+  void all_reduce(std::span<T> d, ReduceOp op) {
+    timed([&] { inner_.all_reduce(d, op); });
+  }
+  template <class T>
+  void broadcast(std::span<T> d, int r) {
+    timed([&] { inner_.broadcast(d, r); });
+  }
+  template <class T>
+  void reduce(std::span<const T> s, std::span<T> d, ReduceOp op, int r) {
+    timed([&] { inner_.reduce(s, d, op, r); });
+  }
+  template <class T>
+  void all_gather(std::span<const T> s, std::span<T> d) {
+    timed([&] { inner_.all_gather(s, d); });
+  }
+  template <class T>
+  void reduce_scatter(std::span<const T> s, std::span<T> d, ReduceOp op) {
+    timed([&] { inner_.reduce_scatter(s, d, op); });
+  }
+  template <class T>
+  void gather(std::span<const T> s, std::span<T> d, int r) {
+    timed([&] { inner_.gather(s, d, r); });
+  }
+  template <class T>
+  void scatter(std::span<const T> s, std::span<T> d, int r) {
+    timed([&] { inner_.scatter(s, d, r); });
+  }
+  template <class T>
+  void all_to_all(std::span<const T> s, std::span<T> d) {
+    timed([&] { inner_.all_to_all(s, d); });
+  }
+  template <class T>
+  void all_to_all_v(std::span<const T> s, std::span<const std::size_t> sc, std::span<T> d,
+                    std::span<const std::size_t> dc) {
     timed([&] { inner_.all_to_all_v(s, sc, d, dc); });
   }
-  template <class T> void send(std::span<const T> d, int p, int t) { timed([&] { inner_.send(d, p, t); }); }
-  template <class T> void recv(std::span<T> d, int p, int t) { timed([&] { inner_.recv(d, p, t); }); }
-  void barrier() { timed([&] { inner_.barrier(); }); }
-  template <class T> auto iall_reduce(std::span<T> d, ReduceOp op) { return inner_.iall_reduce(d, op); }
-  template <class T> auto iall_gather(std::span<const T> s, std::span<T> d) { return inner_.iall_gather(s, d); }
-  template <class T> auto ireduce_scatter(std::span<const T> s, std::span<T> d, ReduceOp op) { return inner_.ireduce_scatter(s, d, op); }
-  template <class T> auto isend(std::span<const T> d, int p, int t) { return inner_.isend(d, p, t); }
-  template <class T> auto irecv(std::span<T> d, int p, int t) { return inner_.irecv(d, p, t); }
+  template <class T>
+  void send(std::span<const T> d, int p, int t) {
+    timed([&] { inner_.send(d, p, t); });
+  }
+  template <class T>
+  void recv(std::span<T> d, int p, int t) {
+    timed([&] { inner_.recv(d, p, t); });
+  }
+  void barrier() {
+    timed([&] { inner_.barrier(); });
+  }
+  template <class T>
+  auto iall_reduce(std::span<T> d, ReduceOp op) {
+    return inner_.iall_reduce(d, op);
+  }
+  template <class T>
+  auto iall_gather(std::span<const T> s, std::span<T> d) {
+    return inner_.iall_gather(s, d);
+  }
+  template <class T>
+  auto ireduce_scatter(std::span<const T> s, std::span<T> d, ReduceOp op) {
+    return inner_.ireduce_scatter(s, d, op);
+  }
+  template <class T>
+  auto isend(std::span<const T> d, int p, int t) {
+    return inner_.isend(d, p, t);
+  }
+  template <class T>
+  auto irecv(std::span<T> d, int p, int t) {
+    return inner_.irecv(d, p, t);
+  }
   TimingCommunicator split(int color, int key) { return TimingCommunicator(inner_.split(color, key), seconds_); }
 
  private:
@@ -110,7 +158,8 @@ int main(int argc, char** argv) {
   auto one = Comm::single();
   nn::TransformerBlock<Comm> block(one, cfg);
   baseline::Block base(tokens, h, heads, ffn, seq);
-  const std::vector<float> xv(x_raw.values().begin(), x_raw.values().end()), dyv(dy.values().begin(), dy.values().end());
+  const std::vector<float> xv(x_raw.values().begin(), x_raw.values().end()),
+      dyv(dy.values().begin(), dy.values().end());
   // Alternating runs; besides the two medians, the median of the per-pair ratios is reported, which is
   // robust to load changes on a shared machine.
   auto run_ours = [&] { (void)block.backward(block.forward(x), 0); };
@@ -147,7 +196,8 @@ int main(int argc, char** argv) {
   const double t_tp2 = bench::median(tp2_iter), c_tp2 = bench::median(tp2_comm);
 
   const double ours = double(tokens) / t_ours, baseline_tps = double(tokens) / t_base, tp2 = double(tokens) / t_tp2;
-  std::printf("transformer block fwd+bwd: tokens=%zu hidden=%zu heads=%zu ffn=%zu, median of %d\n", tokens, h, heads, ffn, reps);
+  std::printf("transformer block fwd+bwd: tokens=%zu hidden=%zu heads=%zu ffn=%zu, median of %d\n", tokens, h, heads,
+              ffn, reps);
   std::printf("  TP=1 mpar        %9.3f ms  %10.1f tokens/s\n", 1e3 * t_ours, ours);
   std::printf("  TP=1 CBLAS loops %9.3f ms  %10.1f tokens/s  (mpar / baseline = %.3f; median of paired ratios %.3f)\n",
               1e3 * t_base, baseline_tps, ours / baseline_tps, paired_ratio);
@@ -156,13 +206,16 @@ int main(int argc, char** argv) {
                   ? "the same library as the baseline: the ratio is the cost of the abstraction"
                   : "not the baseline's CBLAS: the ratio also compares GEMM libraries; configure with "
                     "-DMPAR_HOST_GEMM=cblas for the abstraction alone");
-  std::printf("  TP=2 mpar        %9.3f ms  %10.1f tokens/s  speed-up %.2fx; in collectives %.3f ms (%.1f%%), compute %.3f ms\n",
-              1e3 * t_tp2, tp2, t_ours / t_tp2, 1e3 * c_tp2, 100.0 * c_tp2 / t_tp2, 1e3 * (t_tp2 - c_tp2));
+  std::printf(
+      "  TP=2 mpar        %9.3f ms  %10.1f tokens/s  speed-up %.2fx; in collectives %.3f ms (%.1f%%), compute %.3f "
+      "ms\n",
+      1e3 * t_tp2, tp2, t_ours / t_tp2, 1e3 * c_tp2, 100.0 * c_tp2 / t_tp2, 1e3 * (t_tp2 - c_tp2));
   char extra[400];
-  std::snprintf(extra, sizeof extra,
-                "\"hidden\": %zu, \"tokens\": %zu, \"paired_ratio\": %.4f, \"tp2_tokens_per_s\": %.6g, \"tp2_speedup\": %.4f, "
-                "\"tp2_comm_fraction\": %.4f, \"host_gemm\": \"%s\", \"loadavg\": %.2f",
-                h, tokens, paired_ratio, tp2, t_ours / t_tp2, c_tp2 / t_tp2, host_gemm, load_average());
+  std::snprintf(
+      extra, sizeof extra,
+      "\"hidden\": %zu, \"tokens\": %zu, \"paired_ratio\": %.4f, \"tp2_tokens_per_s\": %.6g, \"tp2_speedup\": %.4f, "
+      "\"tp2_comm_fraction\": %.4f, \"host_gemm\": \"%s\", \"loadavg\": %.2f",
+      h, tokens, paired_ratio, tp2, t_ours / t_tp2, c_tp2 / t_tp2, host_gemm, load_average());
   bench::print_result_json("tensor_parallel_block", ours, baseline_tps, "tokens/s", true, extra);
   return 0;
 }

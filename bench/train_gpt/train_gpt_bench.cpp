@@ -9,8 +9,8 @@
 // baseline = the single-rank tokens/s (ratio > 1: the 2-rank layout trains faster). `--precision bf16`
 // trains with the GEMMs on bf16 operands (nn::Autocast), to compare with PyTorch's bf16 autocast.
 #include <algorithm>
-#include <ctime>
 #include <cstdio>
+#include <ctime>
 #include <fstream>
 #include <iostream>
 #include <mutex>
@@ -136,10 +136,11 @@ int main(int argc, char** argv) {
                             Layout{2, 1, 2}, Layout{1, 2, 2}})
       if (l.ranks() <= max_ranks) layouts.push_back(l);
 
-    std::printf("bench_train_gpt: %zu parameters (hidden %zu, %zu layers, %zu heads, seq %zu, vocab %zu), global batch %zu, "
-                "%d micro-batches per data rank, schedule %s, AdamW, precision %s\n",
-                cfg.model.parameter_count(), cfg.model.hidden, cfg.model.layers, cfg.model.heads, cfg.model.seq,
-                cfg.model.vocab, cfg.global_batch, cfg.microbatches, cfg.schedule.c_str(), cfg.precision.c_str());
+    std::printf(
+        "bench_train_gpt: %zu parameters (hidden %zu, %zu layers, %zu heads, seq %zu, vocab %zu), global batch %zu, "
+        "%d micro-batches per data rank, schedule %s, AdamW, precision %s\n",
+        cfg.model.parameter_count(), cfg.model.hidden, cfg.model.layers, cfg.model.heads, cfg.model.seq,
+        cfg.model.vocab, cfg.global_batch, cfg.microbatches, cfg.schedule.c_str(), cfg.precision.c_str());
     std::printf("%zu rounds x (%zu warm-up + %zu counted steps) per layout; load average at start %s\n", rounds, warm,
                 counted, load_average().c_str());
     std::fflush(stdout);
@@ -154,8 +155,10 @@ int main(int argc, char** argv) {
     std::ostringstream table;
     // CPU seconds per step (all ranks together; waiting ranks spin briefly, so this is an upper bound
     // of the work): unlike wall time it does not depend on how much of the machine other jobs take.
-    std::printf("\n| tp | pp | dp | ranks | median step (ms) | tokens/s | bubble | communication | vs 1 rank | CPU s/step | loss |\n"
-                "|---|---|---|---|---|---|---|---|---|---|---|\n");
+    std::printf(
+        "\n| tp | pp | dp | ranks | median step (ms) | tokens/s | bubble | communication | vs 1 rank | CPU s/step | "
+        "loss |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|\n");
     std::vector<double> tps(layouts.size());
     for (std::size_t i = 0; i < layouts.size(); ++i) {
       tps[i] = tokens / bench::median(samples[i].wall);
@@ -173,17 +176,19 @@ int main(int argc, char** argv) {
                   l.ranks(), bench::median(samples[i].wall) * 1e3, tps[i], b * 100, c * 100, tps[i] / single, cpu,
                   samples[i].last_loss);
       table << (i ? ", " : "") << "{\"tp\": " << l.tp << ", \"pp\": " << l.pp << ", \"dp\": " << l.dp
-            << ", \"tokens_per_second\": " << tps[i] << ", \"bubble\": " << b << ", \"communication\": " << c << ", \"cpu_seconds_per_step\": " << cpu << "}";
+            << ", \"tokens_per_second\": " << tps[i] << ", \"bubble\": " << b << ", \"communication\": " << c
+            << ", \"cpu_seconds_per_step\": " << cpu << "}";
     }
-    std::printf("\nbest 2-rank layout: %s, %.0f tokens/s = %.2fx the single rank (%.0f tokens/s); load average at end %s\n",
-                best2_name.c_str(), best2, best2 / single, single, load_average().c_str());
+    std::printf(
+        "\nbest 2-rank layout: %s, %.0f tokens/s = %.2fx the single rank (%.0f tokens/s); load average at end %s\n",
+        best2_name.c_str(), best2, best2 / single, single, load_average().c_str());
     if (best2 == 0) {  // --max-ranks 1: nothing parallel to compare
       best2 = single;
       best2_name = "tp=1 pp=1 dp=1";
     }
     bench::print_result_json("train_gpt", best2, single, "tokens/s", true,
-                             "\"best\": \"" + best2_name + "\", \"precision\": \"" + cfg.precision + "\", \"load\": " + load_average() + ", \"layouts\": [" +
-                                 table.str() + "]");
+                             "\"best\": \"" + best2_name + "\", \"precision\": \"" + cfg.precision +
+                                 "\", \"load\": " + load_average() + ", \"layouts\": [" + table.str() + "]");
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_train_gpt: %s\n", e.what());

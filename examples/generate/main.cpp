@@ -15,9 +15,9 @@
 #include <string>
 #include <vector>
 
+#include <mpar/cli/parser.hpp>
 #include <mpar/data/char_dataset.hpp>
 #include <mpar/io/checkpoint.hpp>
-#include <mpar/cli/parser.hpp>
 #include <mpar/io/safetensors_gpt2.hpp>
 #include <mpar/models/gpt.hpp>
 #include <mpar/models/gpt_generate.hpp>
@@ -37,7 +37,8 @@ struct Options {
 };
 
 int run(const Options& o) {
-  require(o.checkpoint.empty() != o.safetensors.empty(), "generate: pass exactly one of --checkpoint DIR and --safetensors FILE");
+  require(o.checkpoint.empty() != o.safetensors.empty(),
+          "generate: pass exactly one of --checkpoint DIR and --safetensors FILE");
   std::optional<data::CharDataset> chars;
   models::GptConfig mc = o.model;
   if (!o.data.empty()) {
@@ -75,16 +76,20 @@ int run(const Options& o) {
       std::stringstream ss(o.prompt_ids);
       for (std::string t; std::getline(ss, t, ',');) ctx.push_back(std::int32_t(std::stol(t)));
       require(!ctx.empty(), "generate: a token model needs --prompt-ids 1,2,3 (ids from the tokenizer)");
-      for (auto id : ctx) require(id >= 0 && std::size_t(id) < mc.vocab, "generate: prompt id ", id, " is outside the vocabulary ", mc.vocab);
+      for (auto id : ctx)
+        require(id >= 0 && std::size_t(id) < mc.vocab, "generate: prompt id ", id, " is outside the vocabulary ",
+                mc.vocab);
     }
-    std::printf("generate: %zu tensors loaded, vocab %zu, temperature %g, top-k %zu\n", loaded, mc.vocab, o.temperature, o.top_k);
+    std::printf("generate: %zu tensors loaded, vocab %zu, temperature %g, top-k %zu\n", loaded, mc.vocab, o.temperature,
+                o.top_k);
     // The library's generation (models::generate): any backend, any tensor group; here one host rank.
     const std::vector<std::int32_t> out =
         models::generate(model, ctx, o.tokens, models::SamplingConfig{o.temperature, o.top_k, o.seed});
     std::string text;
     if (chars)
       for (auto id : out) text += chars->decode(id);
-    if (chars) std::printf("%s%s\n", o.prompt.c_str(), text.c_str());
+    if (chars)
+      std::printf("%s%s\n", o.prompt.c_str(), text.c_str());
     else {
       for (std::size_t i = 0; i < out.size(); ++i) std::printf("%s%d", i ? "," : "", out[i]);
       std::printf("\n");

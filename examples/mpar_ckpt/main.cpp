@@ -30,7 +30,8 @@ std::optional<std::size_t> tensor_sharded_dim(std::string layout) {
   const std::string flat = " (flat)";  // ZeRO-1 states keep their parameter's layout
   if (layout.size() > flat.size() && layout.ends_with(flat)) layout.resize(layout.size() - flat.size());
   const std::string head = "Shard<", tail = ", tensor>";
-  if (!layout.starts_with(head) || !layout.ends_with(tail) || layout.size() <= head.size() + tail.size()) return std::nullopt;
+  if (!layout.starts_with(head) || !layout.ends_with(tail) || layout.size() <= head.size() + tail.size())
+    return std::nullopt;
   const std::string digits = layout.substr(head.size(), layout.size() - head.size() - tail.size());
   std::size_t d = 0;
   auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), d);
@@ -54,8 +55,8 @@ int cmd_info(int argc, const char* const* argv) {
   for (auto w : m.state.rng) std::cout << ' ' << w;
   std::cout << "\n";
   if (m.state.loss_scale)
-    std::cout << "loss scale " << m.state.loss_scale->scale << " (good steps in a row " << m.state.loss_scale->good_steps
-              << ", skipped " << m.state.loss_scale->skipped << ")\n";
+    std::cout << "loss scale " << m.state.loss_scale->scale << " (good steps in a row "
+              << m.state.loss_scale->good_steps << ", skipped " << m.state.loss_scale->skipped << ")\n";
   for (const auto& [k, v] : m.state.user) std::cout << "user " << k << " = " << v << "\n";
   std::size_t elems = 0;
   std::map<std::string, std::size_t> files;

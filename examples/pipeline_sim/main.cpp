@@ -39,19 +39,32 @@ int main(int argc, char** argv) {
       }
       return argv[++i];
     };
-    if (a == "--schedule") schedule = next();
-    else if (a == "--stages") cfg.stages = std::stoi(next());
-    else if (a == "--microbatches") cfg.microbatches = std::stoi(next());
-    else if (a == "--chunks") cfg.chunks = std::stoi(next());
-    else if (a == "--steps") cfg.steps = std::stoi(next());
-    else if (a == "--cost-f") f = std::stod(next());
-    else if (a == "--cost-b") b = std::stod(next());
-    else if (a == "--cost-w") w = std::stod(next());
-    else if (a == "--latency") latency = std::stod(next());
-    else if (a == "--trace") trace = next();
-    else if (a == "--width") width = std::stoi(next());
-    else if (a == "--placement") cfg.placement = next() == "ordered" ? CommPlacement::ordered : CommPlacement::lazy;
-    else if (a == "--no-timeline") timeline = false;
+    if (a == "--schedule")
+      schedule = next();
+    else if (a == "--stages")
+      cfg.stages = std::stoi(next());
+    else if (a == "--microbatches")
+      cfg.microbatches = std::stoi(next());
+    else if (a == "--chunks")
+      cfg.chunks = std::stoi(next());
+    else if (a == "--steps")
+      cfg.steps = std::stoi(next());
+    else if (a == "--cost-f")
+      f = std::stod(next());
+    else if (a == "--cost-b")
+      b = std::stod(next());
+    else if (a == "--cost-w")
+      w = std::stod(next());
+    else if (a == "--latency")
+      latency = std::stod(next());
+    else if (a == "--trace")
+      trace = next();
+    else if (a == "--width")
+      width = std::stoi(next());
+    else if (a == "--placement")
+      cfg.placement = next() == "ordered" ? CommPlacement::ordered : CommPlacement::lazy;
+    else if (a == "--no-timeline")
+      timeline = false;
     else {
       usage();
       return a == "--help" || a == "-h" ? 0 : 2;

@@ -48,10 +48,12 @@ int main(int argc, char** argv) {
       const Block cols = w1.local_box[1];
       double ey = 0, edx = 0, ew = 0;
       for (std::size_t i = 0; i < y.size(); ++i) ey = std::max(ey, double(std::abs(y.data()[i] - y_ref.data()[i])));
-      for (std::size_t i = 0; i < dx.size(); ++i) edx = std::max(edx, double(std::abs(dx.data()[i] - dx_ref.data()[i])));
+      for (std::size_t i = 0; i < dx.size(); ++i)
+        edx = std::max(edx, double(std::abs(dx.data()[i] - dx_ref.data()[i])));
       for (std::size_t r = 0; r < cfg.hidden; ++r)
         for (std::size_t c = 0; c < cols.extent; ++c)
-          ew = std::max(ew, double(std::abs(w1.grad[r * cols.extent + c] - w1_ref.grad[r * cfg.ffn + cols.offset + c])));
+          ew =
+              std::max(ew, double(std::abs(w1.grad[r * cols.extent + c] - w1_ref.grad[r * cfg.ffn + cols.offset + c])));
       std::lock_guard l(m);
       max_y = std::max(max_y, ey), max_dx = std::max(max_dx, edx), max_dw1 = std::max(max_dw1, ew);
     });
@@ -62,8 +64,8 @@ int main(int argc, char** argv) {
   const double tol = 1e-4;  // absolute, on values of order 1
   const bool pass = max_y <= tol && max_dx <= tol && max_dw1 <= tol;
   std::printf("tensor-parallel MLP, TP=%d, hidden=%zu, ffn=%zu, tokens=%zu\n", tp_size, cfg.hidden, cfg.ffn, tokens);
-  std::printf("max |error|: output %.3g, input gradient %.3g, fc1 weight gradient %.3g (tolerance %.0e)\n", max_y, max_dx,
-              max_dw1, tol);
+  std::printf("max |error|: output %.3g, input gradient %.3g, fc1 weight gradient %.3g (tolerance %.0e)\n", max_y,
+              max_dx, max_dw1, tol);
   std::printf("%s\n", pass ? "PASS" : "FAIL");
   return pass ? 0 : 1;
 }

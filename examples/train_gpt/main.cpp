@@ -35,7 +35,8 @@ Options parse(int argc, char** argv) {
   t.microbatches = 4;
   t.steps = 200;
   cli::Parser p("train_gpt", "Trains a character-level GPT with tensor, pipeline and data parallelism.");
-  p.option("data", o.data, "training data: a text file (characters), or a token file X.bin (llm.c) or X.npy (uint16/uint32)");
+  p.option("data", o.data,
+           "training data: a text file (characters), or a token file X.bin (llm.c) or X.npy (uint16/uint32)");
   p.option("vocab", o.vocab, "vocabulary of a token file (0: 50257, GPT-2's); ignored for text").range(0, 1 << 30);
   p.option("val-data", o.val_data, "validation data, the same kind as --data (default: other batches of --data)");
   p.option("val-split", o.val_split, "hold out this last fraction of --data for validation (instead of --val-data)")
@@ -58,8 +59,10 @@ Options parse(int argc, char** argv) {
   p.option("tp", t.tp, "tensor-parallel size").range(1, 1024);
   p.option("pp", t.pp, "pipeline-parallel size").range(1, 1024);
   p.option("dp", t.dp, "data-parallel size").range(1, 1024);
-  p.option("cp", t.cp, "context-parallel size: each sequence split over N ranks in zig-zag chunks, attention by a "
-           "ring (host backend; --seq a multiple of 2N)").range(1, 1024);
+  p.option("cp", t.cp,
+           "context-parallel size: each sequence split over N ranks in zig-zag chunks, attention by a "
+           "ring (host backend; --seq a multiple of 2N)")
+      .range(1, 1024);
   p.option("ep", t.ep, "expert-parallel size: ranks the experts are spread over (needs --experts)").range(1, 1024);
   p.option("experts", t.model.experts, "experts per MoE block (0: dense MLPs everywhere)").range(0, 1 << 16);
   p.option("topk", t.model.moe_top_k, "experts each token is routed to").range(1, 1 << 16);
@@ -67,13 +70,18 @@ Options parse(int argc, char** argv) {
   p.option("moe-every", t.model.moe_every, "every n-th block is MoE (1: all, 2: every other)").range(1, 4096);
   p.option("aux-coef", t.model.moe_aux_weight, "coefficient of the MoE load-balancing loss").range(0, 1e3);
   p.choice("schedule", t.schedule,
-           {{"gpipe", "gpipe"}, {"1f1b", "1f1b"}, {"interleaved_1f1b", "interleaved_1f1b"}, {"zb_h1", "zb_h1"},
-            {"zb_h2", "zb_h2"}, {"2bw", "2bw"}},
+           {{"gpipe", "gpipe"},
+            {"1f1b", "1f1b"},
+            {"interleaved_1f1b", "interleaved_1f1b"},
+            {"zb_h1", "zb_h1"},
+            {"zb_h2", "zb_h2"},
+            {"2bw", "2bw"}},
            "pipeline schedule");
   p.option("microbatches", t.microbatches, "micro-batches per step and data-parallel rank").range(1, 1 << 16);
   p.option("chunks", t.chunks, "model chunks per pipeline rank (interleaved_1f1b)").range(1, 64);
   p.flag("recompute", t.recompute, "recompute activations in backward (keep only stage inputs)");
-  p.choice("precision", t.precision, {{"fp32", "fp32"}, {"bf16", "bf16"}, {"f16", "f16"}}, "compute precision (fp32 masters)");
+  p.choice("precision", t.precision, {{"fp32", "fp32"}, {"bf16", "bf16"}, {"f16", "f16"}},
+           "compute precision (fp32 masters)");
   p.choice("optimizer", t.optimizer, {{"adamw", "adamw"}, {"sgd", "sgd"}}, "optimizer");
   p.option("zero", t.zero,
            "ZeRO stage over the data axis: 0 off, 1 optimizer states sharded, 2 gradients too, 3 parameters too "
@@ -119,15 +127,19 @@ Options parse(int argc, char** argv) {
     std::exit(0);
   }
   // Options that would otherwise be ignored or fail later, deep inside training.
-  require(!p.given("mem-limit-gib") || o.mem_limit_gib > 0, "train_gpt: --mem-limit-gib must be positive (GiB per rank); "
+  require(!p.given("mem-limit-gib") || o.mem_limit_gib > 0,
+          "train_gpt: --mem-limit-gib must be positive (GiB per rank); "
           "leave it out to use physical memory / ranks");
-  require(!p.given("resume") || !o.resume.empty(), "train_gpt: --resume is empty; give a checkpoint directory (or the "
+  require(!p.given("resume") || !o.resume.empty(),
+          "train_gpt: --resume is empty; give a checkpoint directory (or the "
           "--save directory holding 'latest'), or leave --resume out to train from scratch");
   require(o.save_every == 0 || !o.save.empty(), "train_gpt: --save-every ", o.save_every,
           " needs --save DIR to say where the checkpoints go");
-  require(o.trace.empty() || o.trace_step < t.steps, "train_gpt: --trace-step ", o.trace_step, " is beyond the last step (",
-          t.steps - 1, " with --steps ", t.steps, "; steps count from 0): nothing would be traced");
-  require(!p.given("trace-step") || !o.trace.empty(), "train_gpt: --trace-step needs --trace FILE to say where the trace goes");
+  require(o.trace.empty() || o.trace_step < t.steps, "train_gpt: --trace-step ", o.trace_step,
+          " is beyond the last step (", t.steps - 1, " with --steps ", t.steps,
+          "; steps count from 0): nothing would be traced");
+  require(!p.given("trace-step") || !o.trace.empty(),
+          "train_gpt: --trace-step needs --trace FILE to say where the trace goes");
   require(t.min_lr <= t.lr, "train_gpt: --min-lr ", t.min_lr, " exceeds --lr ", t.lr,
           " (the cosine schedule decays from --lr to --min-lr); give --min-lr at most --lr",
           t.lr == 0 ? " (--lr 0 needs --min-lr 0)" : "");
@@ -136,7 +148,8 @@ Options parse(int argc, char** argv) {
   require(o.comm != "nccl" || (o.backend == "cuda" && !o.check_against_host && train_gpt::under_mpirun()),
           "train_gpt: --comm nccl runs one process per GPU: use it with --backend cuda under mpirun (thread ranks and "
           "--check-against-host use the host transport)");
-  require(o.comm != "mpi" || train_gpt::under_mpirun(), "train_gpt: --comm mpi needs mpirun (thread ranks use the threads communicator)");
+  require(o.comm != "mpi" || train_gpt::under_mpirun(),
+          "train_gpt: --comm mpi needs mpirun (thread ranks use the threads communicator)");
   require(o.val_split == 0 || o.val_data.empty(), "train_gpt: give --val-data or --val-split, not both");
   // Mesh and MoE checks that need no data file, before any rank starts.
   require(t.cp == 1 || (o.backend == "host" && !o.check_against_host), "train_gpt: --cp ", t.cp,
@@ -151,9 +164,10 @@ Options parse(int argc, char** argv) {
           " exceeds --experts ", t.model.experts, "; route each token to at most --experts experts");
   // Thread ranks are threads of this process: beyond a limit they only thrash the machine.
   require(train_gpt::under_mpirun() || o.backend == "cuda" || t.world_size() <= train_gpt::max_thread_ranks(),
-          "train_gpt: tp x cp x pp x dp x ep = ", t.tp, " x ", t.cp, " x ", t.pp, " x ", t.dp, " x ", t.ep, " = ", t.world_size(),
-          " thread ranks in one process, more than the ", train_gpt::max_thread_ranks(), " this machine with ",
-          std::max(1u, std::thread::hardware_concurrency()), " cores can run; use a smaller mesh, or start one process "
+          "train_gpt: tp x cp x pp x dp x ep = ", t.tp, " x ", t.cp, " x ", t.pp, " x ", t.dp, " x ", t.ep, " = ",
+          t.world_size(), " thread ranks in one process, more than the ", train_gpt::max_thread_ranks(),
+          " this machine with ", std::max(1u, std::thread::hardware_concurrency()),
+          " cores can run; use a smaller mesh, or start one process "
           "per rank with mpirun");
   // The mesh against the model (heads over tp, layers over stages, the schedule), before any data is read.
   auto probe = t;
@@ -162,7 +176,6 @@ Options parse(int argc, char** argv) {
   probe.validate(probe.world_size());
   return o;
 }
-
 
 }  // namespace
 
@@ -173,8 +186,9 @@ int main(int argc, char** argv) {
 #if defined(MPAR_HAVE_CUDA)
       return train_gpt::run_cuda(o, &argc, &argv);
 #else
-      throw config_error("train_gpt: --backend cuda and --check-against-host need a build with the CUDA backend "
-                         "(configure with -DMPAR_ENABLE_CUDA=ON on a machine with the CUDA toolkit)");
+      throw config_error(
+          "train_gpt: --backend cuda and --check-against-host need a build with the CUDA backend "
+          "(configure with -DMPAR_ENABLE_CUDA=ON on a machine with the CUDA toolkit)");
 #endif
     }
     if (train_gpt::under_mpirun()) {

@@ -1,6 +1,7 @@
 #pragma once
 // The training loop of train_gpt, shared by the host program (main.cpp) and its CUDA part
 // (train_cuda.cu): options, progress lines, the summary, advice and the generated sample.
+#include <unistd.h>
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -13,7 +14,6 @@
 #include <optional>
 #include <string>
 #include <thread>
-#include <unistd.h>
 #include <vector>
 
 #include <mpar/data/token_file.hpp>
@@ -24,8 +24,8 @@
 #include <mpar/models/gpt_trainer_instances.hpp>
 #include <mpar/mpar.hpp>
 #include <mpar/observe/allocations.hpp>
-#include <mpar/plan/memory_model.hpp>
 #include <mpar/pipeline/timeline_trace.hpp>
+#include <mpar/plan/memory_model.hpp>
 #include <mpar/plan/pipeline_timing.hpp>
 
 namespace train_gpt {
@@ -36,19 +36,19 @@ using namespace mpar;
 struct Options {
   models::GptTrainConfig train;
   std::string data = data::default_text_path;
-  std::size_t vocab = 0;            ///< token files: the tokenizer's vocabulary (0: GPT-2's 50257)
-  std::string val_data;             ///< validation data (empty: other batches of --data)
+  std::size_t vocab = 0;  ///< token files: the tokenizer's vocabulary (0: GPT-2's 50257)
+  std::string val_data;   ///< validation data (empty: other batches of --data)
   std::size_t val_every = 0, val_batches = 4;
-  double val_split = 0;             ///< hold out this last fraction of --data for validation
-  std::string export_path;          ///< safetensors file written at the end
-  bool hf_gpt2 = false;             ///< export under GPT-2's names
+  double val_split = 0;     ///< hold out this last fraction of --data for validation
+  std::string export_path;  ///< safetensors file written at the end
+  bool hf_gpt2 = false;     ///< export under GPT-2's names
   std::string metrics, trace, save, resume;
   std::size_t trace_step = 1, save_every = 0, sample = 200, log_every = 1;
   std::size_t max_data_mib = 1024;  ///< --data larger than this is refused (it is read whole into memory)
   std::size_t bucket_kib = 1024;
   long long warmup = -1;
   double mem_limit_gib = 0;
-  double sample_progress_s = 10;   ///< seconds between progress lines of a long --sample (0: every character)
+  double sample_progress_s = 10;  ///< seconds between progress lines of a long --sample (0: every character)
   bool quiet = false;
   std::string backend = "host";     ///< host, or cuda (a build with the CUDA backend)
   bool check_against_host = false;  ///< run --check-steps steps on the CUDA backend and on the host, compare
@@ -65,12 +65,15 @@ inline bool under_mpirun() {
 /** Ranks this process runs: all of them as threads, one under mpirun. */
 inline std::size_t local_ranks(const Options& o) {
   if (!under_mpirun()) return o.train.world_size();
-  if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE")) return std::max<std::size_t>(1, std::size_t(std::atoll(v)));
+  if (const char* v = std::getenv("OMPI_COMM_WORLD_LOCAL_SIZE"))
+    return std::max<std::size_t>(1, std::size_t(std::atoll(v)));
   return 1;
 }
 
 /** At most this many thread ranks in one process: beyond it threads only thrash the machine. */
-inline std::size_t max_thread_ranks() { return std::max<std::size_t>(64, 16 * std::max(1u, std::thread::hardware_concurrency())); }
+inline std::size_t max_thread_ranks() {
+  return std::max<std::size_t>(64, 16 * std::max(1u, std::thread::hardware_concurrency()));
+}
 
 /**
  * The checks of --data before it is read: a directory, a device or a pipe (/dev/zero would be read
@@ -93,7 +96,8 @@ inline void check_data_file(const Options& o) {
   const auto bytes = fs::file_size(o.data, ec);
   require(!ec, "train_gpt: cannot read --data '", o.data, "': ", ec.message());
   require(bytes <= o.max_data_mib * (std::size_t(1) << 20), "train_gpt: --data '", o.data, "' is ", bytes >> 20,
-          " MiB, more than --max-data-mib ", o.max_data_mib, " (the text is read whole into memory); raise --max-data-mib "
+          " MiB, more than --max-data-mib ", o.max_data_mib,
+          " (the text is read whole into memory); raise --max-data-mib "
           "or give a smaller file");
 }
 
@@ -104,7 +108,8 @@ inline void check_data_file(const Options& o) {
  * MoE models this is the dense part, a lower bound.
  */
 inline plan::MemoryEstimate estimate_rank_memory(const models::GptTrainConfig& cfg) {
-  const plan::GptModel model{cfg.model.layers, cfg.model.hidden, cfg.model.heads, cfg.model.seq, cfg.model.padded_vocab()};
+  const plan::GptModel model{cfg.model.layers, cfg.model.hidden, cfg.model.heads, cfg.model.seq,
+                             cfg.model.padded_vocab()};
   plan::ParallelConfig c;
   c.tp = cfg.tp, c.pp = cfg.pp, c.dp = cfg.batch_ranks(), c.cp = cfg.cp;
   c.microbatch_size = cfg.microbatch_size(), c.microbatches = std::size_t(cfg.microbatches);
@@ -145,8 +150,8 @@ inline void preflight(const Options& o) {
     cfg.model.vocab = ds.vocab_size();
     bool has_newline = false;
     for (std::size_t i = 0; i < ds.vocab_size(); ++i) has_newline = has_newline || ds.decode(std::int32_t(i)) == '\n';
-    require(o.sample == 0 || has_newline,
-            "train_gpt: --data '", o.data, "' has no newline, which --sample uses to start the generated text; give "
+    require(o.sample == 0 || has_newline, "train_gpt: --data '", o.data,
+            "' has no newline, which --sample uses to start the generated text; give "
             "--sample 0 or a text with lines");
   }
   cfg.pad_vocab_for_mesh();
@@ -163,8 +168,10 @@ inline void preflight(const Options& o) {
           " + gradients ", g(e.gradients), " + optimizer states ", g(e.optimizer), " + activations ", g(e.activations),
           " + communication buffers ", g(e.communication), ", pipeline rank ", e.pipeline_rank, "), more than the ",
           g(limit), " per rank available (",
-          o.mem_limit_gib > 0 ? std::string("--mem-limit-gib") : "physical memory / " + std::to_string(local_ranks(o)) + " ranks",
-          "): use --recompute, --zero 1, 2 or 3, more --pp stages, fewer sequences per micro-batch (--batch, --microbatches), a "
+          o.mem_limit_gib > 0 ? std::string("--mem-limit-gib")
+                              : "physical memory / " + std::to_string(local_ranks(o)) + " ranks",
+          "): use --recompute, --zero 1, 2 or 3, more --pp stages, fewer sequences per micro-batch (--batch, "
+          "--microbatches), a "
           "smaller model, or set --mem-limit-gib");
 }
 
@@ -175,9 +182,12 @@ int run_cuda(const Options& o, int* argc, char*** argv);
 
 inline std::string human(double v) {
   char buf[32];
-  if (v >= 1e6) std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
-  else if (v >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
-  else std::snprintf(buf, sizeof buf, "%.0f", v);
+  if (v >= 1e6)
+    std::snprintf(buf, sizeof buf, "%.2fM", v / 1e6);
+  else if (v >= 1e3)
+    std::snprintf(buf, sizeof buf, "%.1fk", v / 1e3);
+  else
+    std::snprintf(buf, sizeof buf, "%.0f", v);
   return buf;
 }
 inline std::string mib(double bytes) {
@@ -187,16 +197,18 @@ inline std::string mib(double bytes) {
 }
 inline std::string duration(double s) {
   char buf[32];
-  if (s >= 3600) std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(std::fmod(s, 3600) / 60));
-  else if (s >= 60) std::snprintf(buf, sizeof buf, "%dm%02ds", int(s / 60), int(std::fmod(s, 60)));
-  else std::snprintf(buf, sizeof buf, "%.1fs", s);
+  if (s >= 3600)
+    std::snprintf(buf, sizeof buf, "%dh%02dm", int(s / 3600), int(std::fmod(s, 3600) / 60));
+  else if (s >= 60)
+    std::snprintf(buf, sizeof buf, "%dm%02ds", int(s / 60), int(std::fmod(s, 60)));
+  else
+    std::snprintf(buf, sizeof buf, "%.1fs", s);
   return buf;
 }
 
 /** Every pipeline rank's events of one step, gathered to world rank 0 (serialised as doubles). */
 template <class Comm, class Trainer>
-std::optional<pipeline::Timeline> gather_timeline(Comm& world, const Trainer& tr,
-                                                  const pipeline::StepStats& st) {
+std::optional<pipeline::Timeline> gather_timeline(Comm& world, const Trainer& tr, const pipeline::StepStats& st) {
   const bool contributes = tr.coord().tensor == 0 && tr.coord().data == 0 && tr.coord().context == 0;
   Buffer<double> mine;  // communicated buffers live in rank memory (device memory on CUDA ranks)
   if (contributes)
@@ -285,8 +297,10 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
   using CharSplit = std::pair<data::TokenRange<data::TokenVector>, data::TokenRange<data::TokenVector>>;
   std::optional<Split> split;
   std::optional<CharSplit> char_split;
-  if (is_token_file(o.data)) tokens.emplace(o.data, token_vocab, o.train.model.seq);
-  else chars.emplace(o.data, o.train.model.seq);
+  if (is_token_file(o.data))
+    tokens.emplace(o.data, token_vocab, o.train.model.seq);
+  else
+    chars.emplace(o.data, o.train.model.seq);
   std::optional<data::SourceRef> val;
   if (o.val_split > 0) {
     // A held-out tail: training samples only the head, validation only the tail.
@@ -297,9 +311,10 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
       char_split.emplace(data::split_tail(*char_ids, o.val_split, o.train.model.seq));
     }
   }
-  const data::SourceRef src = split ? data::SourceRef(split->first)
+  const data::SourceRef src = split        ? data::SourceRef(split->first)
                               : char_split ? data::SourceRef(char_split->first)
-                              : chars ? data::SourceRef(*chars) : data::SourceRef(*tokens);
+                              : chars      ? data::SourceRef(*chars)
+                                           : data::SourceRef(*tokens);
   if (split) val.emplace(split->second);
   if (char_split) val.emplace(char_split->second);
   if (!o.val_data.empty()) {
@@ -313,7 +328,8 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
       require(bool(in), "train_gpt: cannot open --val-data '", o.val_data, "'");
       std::vector<std::int32_t> ids;
       for (char c; in.get(c);) ids.push_back(chars->encode(c));
-      val.emplace(val_chars.emplace(std::move(ids), chars->vocab_size(), o.train.model.seq, "text '" + o.val_data + "'"));
+      val.emplace(
+          val_chars.emplace(std::move(ids), chars->vocab_size(), o.train.model.seq, "text '" + o.val_data + "'"));
     }
   } else if (o.val_every > 0 && !val) {
     val.emplace(src);  // other batches of the training data (another seed): a check, not a held-out set
@@ -324,10 +340,10 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
   try {
     trainer.emplace(world, cfg, src);
   } catch (const std::bad_alloc& e) {
-    throw std::runtime_error(mpar::detail::cat("train_gpt: ran out of memory building the model (",
-                                         e.what(), "); the estimate before starting was ",
-                                         estimate_rank_memory(cfg).total() / double(1ull << 30),
-                                         " GiB per rank: lower --mem-limit-gib to what the machine really has free"));
+    throw std::runtime_error(mpar::detail::cat(
+        "train_gpt: ran out of memory building the model (", e.what(), "); the estimate before starting was ",
+        estimate_rank_memory(cfg).total() / double(1ull << 30),
+        " GiB per rank: lower --mem-limit-gib to what the machine really has free"));
   }
   auto& tr = *trainer;
   cfg = tr.config();  // with the vocabulary padding the mesh needs
@@ -347,27 +363,39 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
   }
   if (lead) {
     if (chars)
-      std::printf("mpar train_gpt: %zu parameters, vocab %zu (padded %zu), text %s (%zu chars, unigram entropy %.3f nats)\n",
-                  cfg.model.parameter_count(), chars->vocab_size(), cfg.model.padded_vocab(), chars->path().c_str(),
-                  chars->size(), chars->unigram_entropy());
+      std::printf(
+          "mpar train_gpt: %zu parameters, vocab %zu (padded %zu), text %s (%zu chars, unigram entropy %.3f nats)\n",
+          cfg.model.parameter_count(), chars->vocab_size(), cfg.model.padded_vocab(), chars->path().c_str(),
+          chars->size(), chars->unigram_entropy());
     else
       std::printf("mpar train_gpt: %zu parameters, vocab %zu (padded %zu), data %s\n", cfg.model.parameter_count(),
                   src.vocab_size(), cfg.model.padded_vocab(), src.describe().c_str());
-    if (val) std::printf("validation: %zu batches of %s every %zu steps\n", o.val_batches, val->describe().c_str(), o.val_every);
+    if (val)
+      std::printf("validation: %zu batches of %s every %zu steps\n", o.val_batches, val->describe().c_str(),
+                  o.val_every);
     if (cfg.model.experts > 0)
-      std::printf("mixture of experts: %zu experts (top-%zu, capacity factor %g, aux coefficient %g) in %s, "
-                  "spread over ep=%zu\n",
-                  cfg.model.experts, cfg.model.moe_top_k, cfg.model.moe_capacity, double(cfg.model.moe_aux_weight),
-                  cfg.model.moe_every == 1 ? "every block" : ("every " + std::to_string(cfg.model.moe_every) + "-th block").c_str(),
-                  cfg.ep);
+      std::printf(
+          "mixture of experts: %zu experts (top-%zu, capacity factor %g, aux coefficient %g) in %s, "
+          "spread over ep=%zu\n",
+          cfg.model.experts, cfg.model.moe_top_k, cfg.model.moe_capacity, double(cfg.model.moe_aux_weight),
+          cfg.model.moe_every == 1 ? "every block"
+                                   : ("every " + std::to_string(cfg.model.moe_every) + "-th block").c_str(),
+          cfg.ep);
     if (cfg.cp > 1)
-      std::printf("context parallelism: each sequence of %zu split over cp=%zu ranks (zig-zag chunks of %zu, ring "
-                  "attention); ranks ordered tensor, context, data, pipeline\n",
-                  cfg.model.seq, cfg.cp, cfg.model.seq / (2 * cfg.cp));
-    std::printf("mesh tp=%zu pp=%zu dp=%zu ep=%zu on %d %s ranks | schedule %s, %d micro-batches of %zu sequences%s | %s%s%s\n",
-                cfg.tp, cfg.pp, cfg.dp, cfg.ep, world.size(), world.name().c_str(), cfg.schedule.c_str(), cfg.microbatches,
-                cfg.microbatch_size(), cfg.chunks > 1 ? (", " + std::to_string(cfg.chunks) + " chunks").c_str() : "",
-                cfg.precision.c_str(), cfg.zero_stage() == 3 ? ", ZeRO-3" : cfg.zero_stage() == 2 ? ", ZeRO-2" : cfg.zero_stage() == 1 ? ", ZeRO-1" : "", cfg.recompute ? ", recompute" : "");
+      std::printf(
+          "context parallelism: each sequence of %zu split over cp=%zu ranks (zig-zag chunks of %zu, ring "
+          "attention); ranks ordered tensor, context, data, pipeline\n",
+          cfg.model.seq, cfg.cp, cfg.model.seq / (2 * cfg.cp));
+    std::printf(
+        "mesh tp=%zu pp=%zu dp=%zu ep=%zu on %d %s ranks | schedule %s, %d micro-batches of %zu sequences%s | %s%s%s\n",
+        cfg.tp, cfg.pp, cfg.dp, cfg.ep, world.size(), world.name().c_str(), cfg.schedule.c_str(), cfg.microbatches,
+        cfg.microbatch_size(), cfg.chunks > 1 ? (", " + std::to_string(cfg.chunks) + " chunks").c_str() : "",
+        cfg.precision.c_str(),
+        cfg.zero_stage() == 3   ? ", ZeRO-3"
+        : cfg.zero_stage() == 2 ? ", ZeRO-2"
+        : cfg.zero_stage() == 1 ? ", ZeRO-1"
+                                : "",
+        cfg.recompute ? ", recompute" : "");
   }
   std::ofstream metrics;
   if (lead && !o.metrics.empty()) {
@@ -387,9 +415,10 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
     try {
       r = tr.train_step();
     } catch (const std::bad_alloc& e) {
-      throw std::runtime_error(mpar::detail::cat("train_gpt: ran out of memory in step ", tr.step(),
-                                           " (", e.what(), "); use --recompute, --zero 1, 2 or 3, more --pp stages or fewer "
-                                           "sequences per micro-batch, or lower --mem-limit-gib to what is really free"));
+      throw std::runtime_error(
+          mpar::detail::cat("train_gpt: ran out of memory in step ", tr.step(), " (", e.what(),
+                            "); use --recompute, --zero 1, 2 or 3, more --pp stages or fewer "
+                            "sequences per micro-batch, or lower --mem-limit-gib to what is really free"));
     }
     peak_step_bytes = std::max(peak_step_bytes, mem.peak.load() - live_before);
     if (r.step == first_step) first_loss = r.loss;
@@ -411,9 +440,10 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
       }
     }
     if (lead && metrics.is_open())
-      metrics << "{\"step\": " << r.step << ", \"loss\": " << r.loss << ", \"lr\": " << r.lr << ", \"grad_norm\": "
-              << r.grad_norm << ", \"skipped\": " << (r.skipped ? "true" : "false") << ", \"step_seconds\": " << r.wall
-              << ", \"tokens_per_second\": " << r.tokens_per_second << ", \"bubble\": " << r.bubble << ", \"idle_slots\": " << r.idle_slots
+      metrics << "{\"step\": " << r.step << ", \"loss\": " << r.loss << ", \"lr\": " << r.lr
+              << ", \"grad_norm\": " << r.grad_norm << ", \"skipped\": " << (r.skipped ? "true" : "false")
+              << ", \"step_seconds\": " << r.wall << ", \"tokens_per_second\": " << r.tokens_per_second
+              << ", \"bubble\": " << r.bubble << ", \"idle_slots\": " << r.idle_slots
               << ", \"communication\": " << r.communication << ", \"aux_loss\": " << r.aux_loss
               << ", \"dropped\": " << r.dropped << "}\n";
     if (lead && !o.quiet && (r.step % o.log_every == 0 || r.step + 1 == cfg.steps)) {
@@ -468,11 +498,13 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
 
   // Summary: per-rank memory, averages, advice, a sample.
   const auto m = tr.memory();
-  Buffer<double> mine{double(m.parameters), double(m.gradients), double(m.optimizer_states),
-                             double(m.compute_copies), double(peak_step_bytes)};
+  Buffer<double> mine{double(m.parameters), double(m.gradients), double(m.optimizer_states), double(m.compute_copies),
+                      double(peak_step_bytes)};
   Buffer<double> all(5 * std::size_t(world.size()));
   world.gather(std::span<const double>(mine), std::span<double>(all), 0);
-  const std::string sample = o.sample > 0 && chars ? generate(world, cfg.model, *chars, ckpt, o.sample, cfg.model.seed, o.sample_progress_s) : "";
+  const std::string sample =
+      o.sample > 0 && chars ? generate(world, cfg.model, *chars, ckpt, o.sample, cfg.model.seed, o.sample_progress_s)
+                            : "";
   world.barrier();
   if (!tmp_dir.empty() && lead) fs::remove_all(tmp_dir);
   if (!lead) return;
@@ -481,9 +513,8 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
   const double avg_bubble = sum_bubble / n, avg_comm = sum_comm / n;
   char entropy[48] = "";
   if (chars) std::snprintf(entropy, sizeof entropy, " (unigram entropy %.3f)", chars->unigram_entropy());
-  std::printf("\nsummary: loss %.4f -> %.4f%s | %s tok/s | %.1f ms/step | bubble %.1f%% | comm %.1f%%\n",
-              first_loss, last_loss, entropy, human(sum_tps / n).c_str(), sum_time / n * 1e3, avg_bubble * 100,
-              avg_comm * 100);
+  std::printf("\nsummary: loss %.4f -> %.4f%s | %s tok/s | %.1f ms/step | bubble %.1f%% | comm %.1f%%\n", first_loss,
+              last_loss, entropy, human(sum_tps / n).c_str(), sum_time / n * 1e3, avg_bubble * 100, avg_comm * 100);
   std::printf("peak memory per rank (parameters + gradients + optimizer states + 16-bit copies + activations%s):\n",
               observe::allocation_tracking_enabled() ? ", measured" : ", not measured");
   double worst = 0;
@@ -493,9 +524,9 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
     worst = std::max(worst, total);
     const MeshCoord c = DynamicMesh(cfg.tp, cfg.pp, cfg.dp * cfg.cp, cfg.ep).coord(std::size_t(r));  // data x context
     std::printf("  rank %d (t%zu%s p%zu d%zu e%zu): %s = %s + %s + %s + %s + %s\n", r, c.tensor,
-                cfg.cp > 1 ? (" c" + std::to_string(c.data % cfg.cp)).c_str() : "", c.pipeline, c.data / cfg.cp, c.expert,
-                mib(total).c_str(),
-                mib(v[0]).c_str(), mib(v[1]).c_str(), mib(v[2]).c_str(), mib(v[3]).c_str(), mib(v[4]).c_str());
+                cfg.cp > 1 ? (" c" + std::to_string(c.data % cfg.cp)).c_str() : "", c.pipeline, c.data / cfg.cp,
+                c.expert, mib(total).c_str(), mib(v[0]).c_str(), mib(v[1]).c_str(), mib(v[2]).c_str(),
+                mib(v[3]).c_str(), mib(v[4]).c_str());
   }
   if (!sample.empty()) std::printf("\nsample:\n%s\n", sample.c_str());
 
@@ -520,7 +551,8 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
   // The last line says the run completed (scripts and tests check it, with the exit status).
   std::printf("done: steps %zu-%zu of %zu in %s%s%s\n", first_step + 1, cfg.steps, cfg.steps,
               duration(std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count()).c_str(),
-              ckpt.empty() || !tmp_dir.empty() ? "" : ", checkpoint ", ckpt.empty() || !tmp_dir.empty() ? "" : ckpt.c_str());
+              ckpt.empty() || !tmp_dir.empty() ? "" : ", checkpoint ",
+              ckpt.empty() || !tmp_dir.empty() ? "" : ckpt.c_str());
   std::fflush(stdout);
 }
 

@@ -122,8 +122,9 @@ int run_cuda(const Options& o, int* argc, char*** argv) {
       MPI_Comm_size(node, &local_ranks);
       MPI_Comm_free(&node);
       require(local_ranks <= visible_gpus(), "train_gpt: rank ", mpi.rank(), ": ", local_ranks,
-              " processes on this node share ", visible_gpus(), " GPU(s); NCCL needs one GPU per process (start at most ",
-              visible_gpus(), " per node, or use --comm mpi)");
+              " processes on this node share ", visible_gpus(),
+              " GPU(s); NCCL needs one GPU per process (start at most ", visible_gpus(),
+              " per node, or use --comm mpi)");
       NcclOptions nopt;
       nopt.name = "world";
       NcclCommunicator world = NcclCommunicator::from_mpi(MPI_COMM_WORLD, nopt);

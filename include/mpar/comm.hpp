@@ -5,8 +5,8 @@
  * communicator needs MPI and is included explicitly: `#include "mpar/comm/mpi.hpp"` (target mpar::mpi).
  */
 #include "mpar/comm/communicator.hpp"
-#include "mpar/comm/mesh_comms.hpp"
-#include "mpar/comm/threads.hpp"
 #include "mpar/comm/hierarchical.hpp"
+#include "mpar/comm/mesh_comms.hpp"
 #include "mpar/comm/ordered_p2p.hpp"
+#include "mpar/comm/threads.hpp"
 #include "mpar/comm/topk.hpp"

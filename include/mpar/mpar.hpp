@@ -12,11 +12,11 @@
  * - `mpar/cuda.hpp` (with MPAR_ENABLE_CUDA): the CUDA backend and NCCL.
  * A budget keeps this header's cost near the standard library's (bench/compile_cost).
  */
-#include "mpar/version.hpp"
-#include "mpar/core.hpp"
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm.hpp"
+#include "mpar/core.hpp"
 #include "mpar/nn.hpp"
 #include "mpar/optim.hpp"
 #include "mpar/parallel.hpp"
 #include "mpar/pipeline.hpp"
+#include "mpar/version.hpp"

@@ -4,10 +4,10 @@
 
 #include <array>
 #include <bit>
-#include <type_traits>
 #include <cmath>
-#include <thread>
 #include <cstdint>
+#include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <mpar/backend/host/host_backend.hpp>
@@ -70,8 +70,9 @@ TEMPLATE_TEST_CASE("backend buffer ops: convert rounds fp32 to bf16 and f16 to n
   CHECK(g_back == std::vector<float>{1.0f, 65504.0f});
 }
 
-TEMPLATE_TEST_CASE("backend gemm_strided_batched: every batch entry equals a naive GEMM, strides and transposes honoured",
-                   "[backend][buffer_ops]", HostBackend, observe::CountingBackend<HostBackend>) {
+TEMPLATE_TEST_CASE(
+    "backend gemm_strided_batched: every batch entry equals a naive GEMM, strides and transposes honoured",
+    "[backend][buffer_ops]", HostBackend, observe::CountingBackend<HostBackend>) {
   // Attention's shape: per entry an [s, d] block of a wider matrix (ld > d), entries d columns apart.
   const std::size_t batch = 3, m = 5, n = 4, k = 6, pad = 2;
   for (Trans ta : {Trans::no, Trans::yes})
@@ -89,8 +90,8 @@ TEMPLATE_TEST_CASE("backend gemm_strided_batched: every batch entry equals a nai
         for (std::size_t e = 0; e < batch; ++e)
           naive_gemm<float>(ta, tb, m, n, k, 0.75f, a.data() + e * sa, lda, b.data() + e * sb, ldb, beta,
                             ref.data() + e * sc, ldc);
-        TestType::template gemm_strided_batched<float>(ta, tb, m, n, k, 0.75f, a.data(), lda, sa, b.data(), ldb, sb, beta,
-                                                       c.data(), ldc, sc, batch);
+        TestType::template gemm_strided_batched<float>(ta, tb, m, n, k, 0.75f, a.data(), lda, sa, b.data(), ldb, sb,
+                                                       beta, c.data(), ldc, sc, batch);
         for (std::size_t i = 0; i < c.size(); ++i) REQUIRE(c[i] == Approx(ref[i]).margin(1e-5));
       }
   // bf16 A and B into an fp32 C (the mixed-precision form).
@@ -101,8 +102,8 @@ TEMPLATE_TEST_CASE("backend gemm_strided_batched: every batch entry equals a nai
   for (std::size_t e = 0; e < batch; ++e)
     naive_gemm<bf16>(Trans::no, Trans::no, m, n, k, 1.0f, a.data() + e * m * k, k, b.data() + e * k * n, n, 1.0f,
                      ref.data() + e * m * n, n);
-  TestType::template gemm_strided_batched<bf16, float>(Trans::no, Trans::no, m, n, k, 1.0f, a.data(), k, m * k, b.data(),
-                                                       n, k * n, 1.0f, c.data(), n, m * n, batch);
+  TestType::template gemm_strided_batched<bf16, float>(Trans::no, Trans::no, m, n, k, 1.0f, a.data(), k, m * k,
+                                                       b.data(), n, k * n, 1.0f, c.data(), n, m * n, batch);
   for (std::size_t i = 0; i < c.size(); ++i) REQUIRE(c[i] == Approx(ref[i]).margin(1e-5));
 }
 
@@ -121,7 +122,8 @@ TEST_CASE("CountingBackend counts one launch per call, by kind, on the calling t
   CHECK(d[observe::Op::gemm] == 1);
   CHECK(d.total_launches() == 4);
   CHECK(d.synchronize_calls == 1);
-  CHECK(d.host_syncs() == 5);  // HostBackend returns when done: every launch is a synchronisation, plus the explicit one
+  CHECK(d.host_syncs() ==
+        5);  // HostBackend returns when done: every launch is a synchronisation, plus the explicit one
   CHECK(d.by_kind() == "gemm=1 zero=1 copy=2");
   // Another thread's work is its own.
   std::thread([] { Cb::zero(std::size_t(0), static_cast<float*>(nullptr)); }).join();
@@ -156,7 +158,9 @@ TEST_CASE("backend vocab_parallel_loss: the mean of log(sumexp) + max - target l
 
 namespace {
 /** GeLU (tanh form) in double: the hand formula. */
-double gelu_by_hand(double x) { return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))); }
+double gelu_by_hand(double x) {
+  return 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+}
 
 /**
  * One `gemm_bias_gelu` of `TIn` operands against (1) a naive loop in double and (2) the unfused composition
@@ -220,9 +224,9 @@ TEMPLATE_TEST_CASE("backend gemm_bias_gelu: the pre-activation and GeLU match a 
 
 TEST_CASE("backend gemm_bias_gelu: a missing bias is refused, naming the sizes", "[backend][buffer_ops][fused]") {
   std::vector<float> a(6, 1.0f), pre(4), y(4);
-  CHECK_THROWS_WITH(HostBackend::gemm_bias_gelu(std::size_t(2), std::size_t(2), std::size_t(3),
-                                                static_cast<const float*>(a.data()), std::size_t(3),
-                                                static_cast<const float*>(a.data()), std::size_t(2),
-                                                static_cast<const float*>(nullptr), pre.data(), y.data()),
-                    Catch::Contains("bias is required") && Catch::Contains("2x2x3"));
+  CHECK_THROWS_WITH(
+      HostBackend::gemm_bias_gelu(std::size_t(2), std::size_t(2), std::size_t(3), static_cast<const float*>(a.data()),
+                                  std::size_t(3), static_cast<const float*>(a.data()), std::size_t(2),
+                                  static_cast<const float*>(nullptr), pre.data(), y.data()),
+      Catch::Contains("bias is required") && Catch::Contains("2x2x3"));
 }

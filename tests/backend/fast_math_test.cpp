@@ -1,7 +1,7 @@
 // The vectorized float exp/tanh (backend/host/fast_math.hpp) against the correctly rounded double
 // results over their whole float range, and the float kernels that use them against double references.
-#include <catch2/catch.hpp>
 #include <bit>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -81,7 +81,8 @@ TEST_CASE("fast_exp: <= 2 ulp over the normal range, exact limits at underflow a
     CHECK(worst <= 2.0);
     // Subnormal results: within one subnormal step of the exact value, and 0 beyond exp(-103.97).
     const double denorm = double(std::numeric_limits<float>::denorm_min());
-    for (float x = -87.4f; x > -103.0f; x -= 0.01f) CHECK(std::fabs(double(fm::fast_exp(x)) - std::exp(double(x))) <= denorm);
+    for (float x = -87.4f; x > -103.0f; x -= 0.01f)
+      CHECK(std::fabs(double(fm::fast_exp(x)) - std::exp(double(x))) <= denorm);
     for (const float x : {-103.98f, -104.0f, -150.0f, -1e30f, -kInf}) CHECK(fm::fast_exp(x) == 0.0f);
     for (const float x : {88.73f, 89.0f, 100.0f, 1e30f, kInf}) CHECK(fm::fast_exp(x) == kInf);
     CHECK(fm::fast_exp(0.0f) == 1.0f);
@@ -143,10 +144,14 @@ TEST_CASE("float GeLU forward and backward against the double-precision formula"
       const double terms = sg * (1.0 + std::fabs(2.0 * v * 0.7978845608028654 * (1.0 + 3 * 0.044715 * v * v) * sgm));
       // Results below the normal float range are compared absolutely.
       const double min_normal = double(std::numeric_limits<float>::min());
-      if (std::fabs(rf) >= min_normal) worst_f = std::max(worst_f, std::fabs(y[i] - rf) / std::fabs(rf) / cond);
-      else worst_tiny = std::max(worst_tiny, std::fabs(y[i] - rf));
-      if (terms >= min_normal) worst_b = std::max(worst_b, std::fabs(g[i] - rb) / terms / cond);
-      else worst_tiny = std::max(worst_tiny, std::fabs(g[i] - rb));
+      if (std::fabs(rf) >= min_normal)
+        worst_f = std::max(worst_f, std::fabs(y[i] - rf) / std::fabs(rf) / cond);
+      else
+        worst_tiny = std::max(worst_tiny, std::fabs(y[i] - rf));
+      if (terms >= min_normal)
+        worst_b = std::max(worst_b, std::fabs(g[i] - rb) / terms / cond);
+      else
+        worst_tiny = std::max(worst_tiny, std::fabs(g[i] - rb));
     }
     CHECK(worst_tiny <= double(std::numeric_limits<float>::min()));
     std::printf("gelu float (%s): max relative error / conditioning: forward %.3g, backward %.3g\n",
@@ -156,7 +161,8 @@ TEST_CASE("float GeLU forward and backward against the double-precision formula"
   }
 }
 
-TEST_CASE("float softmax (plain and causal), layer norm and vocabulary statistics against double", "[backend][fast_math]") {
+TEST_CASE("float softmax (plain and causal), layer norm and vocabulary statistics against double",
+          "[backend][fast_math]") {
   // Every instruction-set level this CPU runs, each pinned explicitly (not only the one dispatched).
   for (const host::Isa isa : host::supported_isas()) {
     host::ScopedIsa pin(isa);
@@ -186,7 +192,8 @@ TEST_CASE("float softmax (plain and causal), layer norm and vocabulary statistic
       // Norm-wise error max|a - b| / max|b| (gradients and normalised values: elements near zero cancel).
       auto close_norm = [](const std::vector<float>& a, const std::vector<double>& b, double tol) {
         double w = 0, m = 0;
-        for (std::size_t i = 0; i < a.size(); ++i) w = std::max(w, std::fabs(a[i] - b[i])), m = std::max(m, std::fabs(b[i]));
+        for (std::size_t i = 0; i < a.size(); ++i)
+          w = std::max(w, std::fabs(a[i] - b[i])), m = std::max(m, std::fabs(b[i]));
         if (w > tol * m) std::printf("norm-wise error %.3g > %.3g\n", w / m, tol);
         return w <= tol * m;
       };
@@ -205,8 +212,8 @@ TEST_CASE("float softmax (plain and causal), layer norm and vocabulary statistic
       host::layernorm_forward(rows, cols, x.data(), gamma.data(), beta.data(), y.data(), mean.data(), rstd.data());
       host::layernorm_forward(rows, cols, xd.data(), gd.data(), bd.data(), yd.data(), meand.data(), rstdd.data());
       if (cols > 1) CHECK(close_norm(y, yd, 1e-6));
-      host::layernorm_backward(rows, cols, x.data(), mean.data(), rstd.data(), gamma.data(), dy.data(), dx.data(), dg.data(),
-                               db.data());
+      host::layernorm_backward(rows, cols, x.data(), mean.data(), rstd.data(), gamma.data(), dy.data(), dx.data(),
+                               dg.data(), db.data());
       host::layernorm_backward(rows, cols, xd.data(), meand.data(), rstdd.data(), gd.data(), dyd.data(), dxd.data(),
                                dgd.data(), dbd.data());
       if (cols > 1) CHECK(close_norm(dx, dxd, 1e-5));
@@ -230,7 +237,8 @@ TEST_CASE("float softmax (plain and causal), layer norm and vocabulary statistic
   }
 }
 
-TEST_CASE("the kernels' instruction set is the best one /proc/cpuinfo lists, and can be pinned lower", "[backend][fast_math]") {
+TEST_CASE("the kernels' instruction set is the best one /proc/cpuinfo lists, and can be pinned lower",
+          "[backend][fast_math]") {
   // The CPU's flags as the kernel reports them: an independent account of what the CPU and OS support.
   std::ifstream cpuinfo("/proc/cpuinfo");
   std::set<std::string> flags;
@@ -250,9 +258,10 @@ TEST_CASE("the kernels' instruction set is the best one /proc/cpuinfo lists, and
       return true;
     };
     const bool v3 = has({"avx2", "fma", "bmi2"});
-    const host::Isa expected = v3 && has({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"}) ? host::Isa::avx512
-                               : v3                                                                  ? host::Isa::avx2
-                                                                                                     : host::Isa::baseline;
+    const host::Isa expected = v3 && has({"avx512f", "avx512cd", "avx512bw", "avx512dq", "avx512vl"})
+                                   ? host::Isa::avx512
+                               : v3 ? host::Isa::avx2
+                                    : host::Isa::baseline;
 #else
     const host::Isa expected = host::Isa::baseline;
 #endif

@@ -1,13 +1,13 @@
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
 #include <limits>
+#include <mpar/backend/host/host_backend.hpp>
+#include <mpar/core.hpp>
 #include <thread>
 #include <tuple>
 #include <utility>
-#include <mpar/backend/host/host_backend.hpp>
-#include <mpar/core.hpp>
 #include <vector>
 
 using namespace mpar;
@@ -32,8 +32,11 @@ void check_all_transposes(Gemm&& gemm_under_test, double tol) {
   for (auto [alpha, beta] : {std::pair<T, T>{T(0.75), T(-0.5)}, {T(1), T(0)}, {T(1), T(1)}})
     for (auto ta : {Trans::no, Trans::yes})
       for (auto tb : {Trans::no, Trans::yes})
-        for (auto [m, n, k] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1, 1}, {7, 5, 3}, {33, 65, 17},
-                               {64, 1, 70}, {96, 160, 200}}) {
+        for (auto [m, n, k] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1, 1},
+                               {7, 5, 3},
+                               {33, 65, 17},
+                               {64, 1, 70},
+                               {96, 160, 200}}) {
           // Padded leading dimensions exercise strided operands.
           const std::size_t lda = (ta == Trans::no ? k : m) + 3, ldb = (tb == Trans::no ? n : k) + 2, ldc = n + 1;
           std::vector<T> a((ta == Trans::no ? m : k) * lda), b((tb == Trans::no ? k : n) * ldb), c(m * ldc), ref;
@@ -66,8 +69,11 @@ void check_half_gemm() {
   for (auto [alpha, beta] : {std::pair<float, float>{0.75f, -0.5f}, {1.0f, 0.0f}, {1.0f, 1.0f}})
     for (auto ta : {Trans::no, Trans::yes})
       for (auto tb : {Trans::no, Trans::yes})
-        for (auto [m, n, k] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1, 1}, {7, 5, 3}, {33, 65, 17},
-                               {64, 1, 70}, {96, 160, 200}}) {
+        for (auto [m, n, k] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 1, 1},
+                               {7, 5, 3},
+                               {33, 65, 17},
+                               {64, 1, 70},
+                               {96, 160, 200}}) {
           const std::size_t lda = (ta == Trans::no ? k : m) + 3, ldb = (tb == Trans::no ? n : k) + 2, ldc = n + 1;
           std::vector<H> a((ta == Trans::no ? m : k) * lda), b((tb == Trans::no ? k : n) * ldb);
           std::vector<float> c(m * ldc), ref, mag(m * ldc);
@@ -113,13 +119,15 @@ TEST_CASE("the portable fallback GEMM matches the reference", "[backend][gemm]")
   check_all_transposes<double>([](auto... args) { detail::gemm_fallback<double>(args...); }, 1e-12);
 }
 
-TEST_CASE("bf16 and f16 GEMMs accumulate in fp32: summation-order agreement with a naive loop", "[backend][gemm][bf16]") {
+TEST_CASE("bf16 and f16 GEMMs accumulate in fp32: summation-order agreement with a naive loop",
+          "[backend][gemm][bf16]") {
   INFO("host GEMM library: " << host_gemm_library);
   check_half_gemm<bf16>();
   check_half_gemm<f16>();
 }
 
-TEST_CASE("a bf16 GEMM of fp32 data is within the documented bf16 tolerance of the fp32 GEMM", "[backend][gemm][bf16]") {
+TEST_CASE("a bf16 GEMM of fp32 data is within the documented bf16 tolerance of the fp32 GEMM",
+          "[backend][gemm][bf16]") {
   // Rounding each input to bf16 changes it by at most 2^-9 relative, so each product by at most
   // 2^-8 + 2^-18: |bf16 gemm - exact| <= (2^-8 + 2^-18 + 2 (k + 2) 2^-24) sum_p |a b|.
   const std::size_t m = 48, n = 80, k = 256;
@@ -136,7 +144,8 @@ TEST_CASE("a bf16 GEMM of fp32 data is within the documented bf16 tolerance of t
         exact += double(a[i * k + p]) * b[p * n + j];
         abs_sum += std::fabs(double(a[i * k + p]) * b[p * n + j]);
       }
-      const double bound = (std::ldexp(1.0, -8) + std::ldexp(1.0, -18) + 2.0 * double(k + 2) * std::ldexp(1.0, -24)) * abs_sum;
+      const double bound =
+          (std::ldexp(1.0, -8) + std::ldexp(1.0, -18) + 2.0 * double(k + 2) * std::ldexp(1.0, -24)) * abs_sum;
       REQUIRE(std::fabs(double(c[i * n + j]) - exact) <= bound);
       worst = std::max(worst, std::fabs(double(c[i * n + j]) - exact) / abs_sum);
     }
@@ -146,9 +155,9 @@ TEST_CASE("a bf16 GEMM of fp32 data is within the documented bf16 tolerance of t
 
 TEST_CASE("host GEMM names the sizes when leading dimensions are too small", "[backend][gemm]") {
   std::vector<float> a(12), b(12), c(12);
-  CHECK_THROWS_WITH(HostBackend::gemm<float>(Trans::no, Trans::no, 3, 4, 4, 1.0f, a.data(), 3, b.data(), 4, 0.0f,
-                                             c.data(), 4),
-                    Catch::Contains("lda=3") && Catch::Contains("m=3 n=4 k=4"));
+  CHECK_THROWS_WITH(
+      HostBackend::gemm<float>(Trans::no, Trans::no, 3, 4, 4, 1.0f, a.data(), 3, b.data(), 4, 0.0f, c.data(), 4),
+      Catch::Contains("lda=3") && Catch::Contains("m=3 n=4 k=4"));
 }
 
 TEST_CASE("an empty inner dimension gives C = beta C", "[backend][gemm]") {
@@ -164,7 +173,8 @@ TEST_CASE("oneDNN GEMM: one primitive per signature, created once per thread", "
   std::vector<float> a(64 * 64, 0.5f), b(64 * 64, 0.25f), c(64 * 64);
   std::vector<bf16> ah(a.size(), bf16(0.5f)), bh(b.size(), bf16(0.25f));
   const std::size_t before = host::onednn::cached_primitives();
-  for (int r = 0; r < 3; ++r) mpar::gemm<float>(Trans::no, Trans::no, 37, 41, 43, 1.0f, a.data(), 43, b.data(), 41, 0.0f, c.data(), 41);
+  for (int r = 0; r < 3; ++r)
+    mpar::gemm<float>(Trans::no, Trans::no, 37, 41, 43, 1.0f, a.data(), 43, b.data(), 41, 0.0f, c.data(), 41);
   CHECK(host::onednn::cached_primitives() == before + 1);
   CHECK(c[0] == Approx(43 * 0.125));
   // Another leading dimension, transpose, type or beta is another primitive.

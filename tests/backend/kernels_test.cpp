@@ -45,7 +45,14 @@ TEST_CASE("GeLU forward and backward", "[backend][kernels]") {
   const Vec w = random_vec(50, 99);
   Vec dx(50);
   host::gelu_backward(50, x.data(), w.data(), dx.data());
-  check_gradient(x, [](const Vec& in) { Vec out(in.size()); host::gelu_forward(in.size(), in.data(), out.data()); return out; }, dx);
+  check_gradient(
+      x,
+      [](const Vec& in) {
+        Vec out(in.size());
+        host::gelu_forward(in.size(), in.data(), out.data());
+        return out;
+      },
+      dx);
 }
 
 TEST_CASE("softmax forward is stable and backward matches finite differences", "[backend][kernels]") {
@@ -65,7 +72,14 @@ TEST_CASE("softmax forward is stable and backward matches finite differences", "
   const Vec w = random_vec(rows * cols, 99);
   Vec dx(rows * cols);
   host::softmax_backward(rows, cols, y.data(), w.data(), dx.data());
-  check_gradient(x, [&](const Vec& in) { Vec out(in.size()); host::softmax_forward(rows, cols, in.data(), out.data()); return out; }, dx);
+  check_gradient(
+      x,
+      [&](const Vec& in) {
+        Vec out(in.size());
+        host::softmax_forward(rows, cols, in.data(), out.data());
+        return out;
+      },
+      dx);
 }
 
 TEST_CASE("layer norm forward and all three gradients", "[backend][kernels]") {
@@ -88,10 +102,14 @@ TEST_CASE("layer norm forward and all three gradients", "[backend][kernels]") {
   Vec yy(rows * cols), mean(rows), rstd(rows), dx(rows * cols), dg(cols, 0.0), db(cols, 0.0);
   host::layernorm_forward(rows, cols, x.data(), gamma.data(), beta.data(), yy.data(), mean.data(), rstd.data());
   const Vec w = random_vec(rows * cols, 99);
-  host::layernorm_backward(rows, cols, x.data(), mean.data(), rstd.data(), gamma.data(), w.data(), dx.data(), dg.data(), db.data());
-  check_gradient(x, [&](const Vec& in) { return run(in, gamma, beta); }, dx);
-  check_gradient(gamma, [&](const Vec& g) { return run(x, g, beta); }, dg);
-  check_gradient(beta, [&](const Vec& b) { return run(x, gamma, b); }, db);
+  host::layernorm_backward(rows, cols, x.data(), mean.data(), rstd.data(), gamma.data(), w.data(), dx.data(), dg.data(),
+                           db.data());
+  check_gradient(
+      x, [&](const Vec& in) { return run(in, gamma, beta); }, dx);
+  check_gradient(
+      gamma, [&](const Vec& g) { return run(x, g, beta); }, dg);
+  check_gradient(
+      beta, [&](const Vec& b) { return run(x, gamma, b); }, db);
 }
 
 TEST_CASE("cross-entropy forward and backward", "[backend][kernels]") {
@@ -116,7 +134,8 @@ TEST_CASE("cross-entropy forward and backward", "[backend][kernels]") {
     p[i] += h;
     m[i] -= h;
     const double num = (host::cross_entropy_forward(rows, cols, p.data(), targets.data(), tmp.data()) -
-                        host::cross_entropy_forward(rows, cols, m.data(), targets.data(), tmp.data())) / (2 * h);
+                        host::cross_entropy_forward(rows, cols, m.data(), targets.data(), tmp.data())) /
+                       (2 * h);
     REQUIRE(d[i] == Approx(num).margin(1e-7));
   }
   const std::vector<std::int32_t> bad{0, 6, 0, 0, 0};

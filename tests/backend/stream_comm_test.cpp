@@ -52,7 +52,7 @@ RankResult column_then_row(Comm& tp) {
   nn::Act<Replicate> dx = col.backward(dh);
   B::synchronize();
   return {to_vector(y.tensor().span()), to_vector(dx.tensor().span()), to_vector(col.weight().grad),
-          to_vector(col.bias().grad),    to_vector(row.weight().grad),   to_vector(row.bias().grad)};
+          to_vector(col.bias().grad),   to_vector(row.weight().grad),  to_vector(row.bias().grad)};
 }
 
 template <class B, class Wrap>
@@ -89,9 +89,10 @@ TEST_CASE("StreamOrderedCommunicator: ColumnParallel + RowParallel over StreamHo
   CHECK(got[0].col_w != got[1].col_w);
 }
 
-TEST_CASE("StreamOrderedCommunicator: a collective runs after the producing operation and before the consumer, "
-          "without a host wait; i* requests order the compute stream",
-          "[backend][stream][comm]") {
+TEST_CASE(
+    "StreamOrderedCommunicator: a collective runs after the producing operation and before the consumer, "
+    "without a host wait; i* requests order the compute stream",
+    "[backend][stream][comm]") {
   using B = StreamHostBackend;
   using SC = StreamOrderedCommunicator<ThreadsCommunicator, B>;
   static_assert(communicator<SC>);
@@ -105,9 +106,9 @@ TEST_CASE("StreamOrderedCommunicator: a collective runs after the producing oper
     for (std::size_t i = 0; i < n; ++i) v[i] = float(r + 1) * (0.5f + float(i));
     Buffer<float> x = B::allocate<float>(n), g = B::allocate<float>(2 * n);
     B::copy_from_host_async<float>(n, v.data(), x.data());
-    B::scale(n, 2.0f, x.data());                       // producer: the all-reduce must see 2v
+    B::scale(n, 2.0f, x.data());                          // producer: the all-reduce must see 2v
     comm.all_reduce(std::span<float>(x), ReduceOp::sum);  // returns at once
-    B::scale(n, 0.5f, x.data());                       // consumer: runs after the all-reduce
+    B::scale(n, 0.5f, x.data());                          // consumer: runs after the all-reduce
     auto req = comm.iall_gather(std::span<const float>(x), std::span<float>(g));
     req.wait();  // orders the compute stream, does not block the host
     B::scale(2 * n, 2.0f, g.data());

@@ -452,12 +452,16 @@ TEST_CASE("HostAccessTrace: with DiscreteHostBackend, every host access of rank 
         stream::HostAccessTrace trace;
         float got[2];
         for (int i = 0; i < 2; ++i) got[i] = static_cast<volatile float*>(p)[5 + i];  // host reads
-        static_cast<volatile float*>(p)[9] = -1.0f;                                      // a host write
-        const float back = static_cast<volatile float*>(p)[9];                          // another read
-        if (got[0] != 3.0f * v[5] || got[1] != 3.0f * v[6]) code = 1;
-        else if (back != -1.0f) code = 2;
-        else if (trace.accesses(false) != 3 || trace.accesses(true) != 1) code = 3;
-        else if (trace.site_count() < 2) code = 4;
+        static_cast<volatile float*>(p)[9] = -1.0f;                                   // a host write
+        const float back = static_cast<volatile float*>(p)[9];                        // another read
+        if (got[0] != 3.0f * v[5] || got[1] != 3.0f * v[6])
+          code = 1;
+        else if (back != -1.0f)
+          code = 2;
+        else if (trace.accesses(false) != 3 || trace.accesses(true) != 1)
+          code = 3;
+        else if (trace.site_count() < 2)
+          code = 4;
       }
       _exit(code);
     }

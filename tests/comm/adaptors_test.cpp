@@ -60,11 +60,10 @@ TEST_CASE("HierarchicalAllReduce equals the flat all-reduce on threads split int
   hierarchical_matches_flat<float>(8, 2);
   hierarchical_matches_flat<bf16>(6, 3);
   hierarchical_matches_flat<f16>(4, 1);
-  CHECK_THROWS_WITH(run_threads(6,
-                                [](ThreadsCommunicator& c) {
-                                  (void)HierarchicalAllReduce<ThreadsCommunicator>::from_world(c, 4);
-                                }),
-                    Catch::Matchers::Contains("6 ranks do not split into nodes of 4"));
+  CHECK_THROWS_WITH(
+      run_threads(6,
+                  [](ThreadsCommunicator& c) { (void)HierarchicalAllReduce<ThreadsCommunicator>::from_world(c, 4); }),
+      Catch::Matchers::Contains("6 ranks do not split into nodes of 4"));
 }
 
 TEST_CASE("TopKCompressor: with error feedback the applied updates converge to the dense sum", "[comm][adaptors]") {
@@ -90,7 +89,8 @@ TEST_CASE("TopKCompressor: with error feedback the applied updates converge to t
       for (std::size_t i = 0; i < n; ++i) applied[i] += double(g[i]);
       if (c.rank() == 0) {
         double e2 = 0, s2 = 0;
-        for (std::size_t i = 0; i < n; ++i) e2 += (applied[i] - dense[i]) * (applied[i] - dense[i]), s2 += dense[i] * dense[i];
+        for (std::size_t i = 0; i < n; ++i)
+          e2 += (applied[i] - dense[i]) * (applied[i] - dense[i]), s2 += dense[i] * dense[i];
         rel_err_at[std::size_t(t)] = std::sqrt(e2 / s2);
         ratio[0] = st.compression_ratio;
       }
@@ -108,7 +108,7 @@ TEST_CASE("TopKCompressor: with error feedback the applied updates converge to t
   for (double e : invariant_err) CHECK(e < 1e-3);
   // The relative error shrinks as steps accumulate, and is small at the end.
   INFO("relative error after 50 / 200 / 400 steps: " << rel_err_at[50] << " / " << rel_err_at[200] << " / "
-                                                      << rel_err_at[400]);
+                                                     << rel_err_at[400]);
   CHECK(rel_err_at[400] < 0.05);
   CHECK(rel_err_at[400] < rel_err_at[50]);
 }
@@ -156,12 +156,12 @@ TEST_CASE("OrderedP2pCommunicator: crossed blocking sends are a rendezvous deadl
   // Both ranks send before they receive, each send its own group: on NCCL neither send completes.
   // The threads communicator under it buffers sends, so only the rendezvous makes this fail, as it must.
   CHECK_THROWS_WITH(run_threads(2, quick,
-                              [](ThreadsCommunicator& world) {
-                                OrderedP2pCommunicator<ThreadsCommunicator> c(world);
-                                Buffer<float> x(4, 1.0f), y(4, 0.0f);
-                                c.send(std::span<const float>(x), 1 - c.rank(), 0);
-                                c.recv(std::span<float>(y), 1 - c.rank(), 0);
-                              }),
+                                [](ThreadsCommunicator& world) {
+                                  OrderedP2pCommunicator<ThreadsCommunicator> c(world);
+                                  Buffer<float> x(4, 1.0f), y(4, 0.0f);
+                                  c.send(std::span<const float>(x), 1 - c.rank(), 0);
+                                  c.recv(std::span<float>(y), 1 - c.rank(), 0);
+                                }),
                     Catch::Contains("timed out after 0.3 s"));
   // The same exchange as one group completes.
   std::vector<float> last(2, 0.0f);

@@ -57,7 +57,8 @@ T reference(int p, std::size_t i, ReduceOp op, int salt) {
 template <class T>
 bool close(T got, T want) {
   const double g = double(compute_type_t<T>(got)), w = double(compute_type_t<T>(want));
-  const double tol = std::is_same_v<T, double> ? 1e-12 : std::is_same_v<T, float> ? 1e-6
+  const double tol = std::is_same_v<T, double>  ? 1e-12
+                     : std::is_same_v<T, float> ? 1e-6
                      : std::is_same_v<T, bf16>  ? 1.0 / 128
                                                 : 1.0 / 1024;
   return std::abs(g - w) <= tol * std::max(1.0, std::abs(w));
@@ -121,8 +122,7 @@ void check_data_movement(Comm& c, Checker& ck) {
     std::vector<T> mine(b.extent), all(n, T(99.0f));
     for (std::size_t i = 0; i < b.extent; ++i) mine[i] = value<T>(0, b.offset + i, salt);
     c.all_gather(mine, std::span<T>(all));
-    for (std::size_t i = 0; i < n; ++i)
-      ck.expect(all[i] == value<T>(0, i, salt), where<T>("all_gather", r, p, n, i));
+    for (std::size_t i = 0; i < n; ++i) ck.expect(all[i] == value<T>(0, i, salt), where<T>("all_gather", r, p, n, i));
     std::vector<T> inplace(n, T(99.0f));
     std::copy(mine.begin(), mine.end(), inplace.begin() + std::ptrdiff_t(b.offset));
     c.all_gather(std::span<const T>(inplace).subspan(b.offset, b.extent), std::span<T>(inplace));
@@ -187,7 +187,8 @@ void check_point_to_point(Comm& c, Checker& ck) {
     for (std::size_t i = 0; i < n; ++i) out[i] = value<T>(r, i, 7);
     c.send(std::span<const T>(out), next, 11);
     c.recv(std::span<T>(in), prev, 11);
-    for (std::size_t i = 0; i < n; ++i) ck.expect(in[i] == value<T>(prev, i, 7), where<T>("send/recv ring", r, p, n, i));
+    for (std::size_t i = 0; i < n; ++i)
+      ck.expect(in[i] == value<T>(prev, i, 7), where<T>("send/recv ring", r, p, n, i));
   }
   // Tags select among messages from the same peer; receives posted before the sends.
   std::vector<T> a(5), b(6), x(5), y(6);
@@ -262,8 +263,7 @@ void check_split(Comm& c, Checker& ck) {
   c.all_reduce(std::span<float>(w), ReduceOp::sum);
   float want_w = 0;  // every rank contributes the size of its own group
   for (int q = 0; q < p; ++q) want_w += float(q % 2 == 0 ? (p + 1) / 2 : p / 2);
-  ck.expect(w[0] == want_w,
-            "split of split: got ", w[0]);
+  ck.expect(w[0] == want_w, "split of split: got ", w[0]);
 }
 
 template <class Comm>

@@ -62,7 +62,8 @@ TEST_CASE("mpi: with checking on, mismatched calls fail on every rank and the gr
     CHECK_THAT(msg, Contains("all_reduce #1 on group checked: ranks called different collectives"));
     CHECK_THAT(msg, Contains("rank 1 all_reduce(f32, count=5, op=sum) #1"));
   }
-  std::vector<float> send(c.rank() == 0 && c.size() > 1 ? 3 : mpar::block_of(16, std::size_t(c.size()), std::size_t(c.rank())).extent),
+  std::vector<float> send(
+      c.rank() == 0 && c.size() > 1 ? 3 : mpar::block_of(16, std::size_t(c.size()), std::size_t(c.rank())).extent),
       recv(16);
   msg.clear();
   try {
@@ -76,9 +77,10 @@ TEST_CASE("mpi: with checking on, mismatched calls fail on every rank and the gr
   CHECK(w[0] == float(c.size()));
 }
 
-TEST_CASE("mpi: ordered with a stream backend's compute stream, a collective runs after its producer and before "
-          "its consumer",
-          "[comm][mpi][stream]") {
+TEST_CASE(
+    "mpi: ordered with a stream backend's compute stream, a collective runs after its producer and before "
+    "its consumer",
+    "[comm][mpi][stream]") {
   using B = StreamHostBackend;
   static_assert(communicator<StreamOrderedCommunicator<MpiCommunicator, B>>);
   B::init_rank();

@@ -52,8 +52,7 @@ std::vector<std::string> errors_on_every_rank(int n, F&& f, const ThreadsOptions
         throw;  // poisons the run, as an uncaught error would
       }
     });
-  } catch (const rank_failure&) {
-  }
+  } catch (const rank_failure&) {}
   return msg;
 }
 
@@ -201,8 +200,10 @@ TEST_CASE("threads: mismatched counts, types, ops and roots fail on every rank",
   for (auto& m : roots) CHECK_THAT(m, Contains("broadcast #1 on group world: ranks called different collectives"));
   auto kinds = errors_on_every_rank(2, [](ThreadsCommunicator& c) {
     std::vector<float> v(4);
-    if (c.rank() == 0) c.barrier();
-    else c.all_reduce(std::span<float>(v), ReduceOp::sum);
+    if (c.rank() == 0)
+      c.barrier();
+    else
+      c.all_reduce(std::span<float>(v), ReduceOp::sum);
   });
   for (auto& m : kinds) CHECK_THAT(m, Contains("rank 0 barrier(-) #1; rank 1 all_reduce(f32, count=4, op=sum) #1"));
   auto blocks = errors_on_every_rank(4, [](ThreadsCommunicator& c) {
@@ -210,7 +211,8 @@ TEST_CASE("threads: mismatched counts, types, ops and roots fail on every rank",
     c.all_gather(send, std::span<float>(recv));
   });
   for (auto& m : blocks)
-    CHECK_THAT(m, Contains("all_gather #1 on group world: rank 1 passed send of 3 elements, expected block_of(16, 4, 1) = 4"));
+    CHECK_THAT(
+        m, Contains("all_gather #1 on group world: rank 1 passed send of 3 elements, expected block_of(16, 4, 1) = 4"));
   auto a2av = errors_on_every_rank(2, [](ThreadsCommunicator& c) {
     std::vector<float> send(4), recv(4);
     std::vector<std::size_t> sc{1, 1}, rc{1, std::size_t(c.rank() == 0 ? 2 : 1)};
@@ -255,7 +257,8 @@ TEST_CASE("threads: a peer that never arrives times out on every rank, naming th
         }
       },
       with_timeout(0.25));
-  for (auto& m : msg) CHECK_THAT(m, Contains("all_reduce #1 on group world timed out after 0.25 s: ranks 1, 3 never arrived"));
+  for (auto& m : msg)
+    CHECK_THAT(m, Contains("all_reduce #1 on group world timed out after 0.25 s: ranks 1, 3 never arrived"));
   CHECK_THAT(msg[1], Contains("all_reduce #1 on group world aborted:"));
 }
 
@@ -294,11 +297,14 @@ TEST_CASE("threads: a peer that has returned fails the collective at once", "[co
 TEST_CASE("threads: point-to-point mismatches and timeouts", "[comm][fault]") {
   auto sizes = errors_on_every_rank(2, [](ThreadsCommunicator& c) {
     std::vector<float> v(c.rank() == 0 ? 5 : 4);
-    if (c.rank() == 0) c.send(std::span<const float>(v), 1, 3);
-    else c.recv(std::span<float>(v), 0, 3);
+    if (c.rank() == 0)
+      c.send(std::span<const float>(v), 1, 3);
+    else
+      c.recv(std::span<float>(v), 0, 3);
     c.barrier();
   });
-  CHECK_THAT(sizes[1], Contains("recv #1 on group world: rank 1 expected 4 f32 from rank 0 with tag 3, but rank 0 sent 5 f32"));
+  CHECK_THAT(sizes[1],
+             Contains("recv #1 on group world: rank 1 expected 4 f32 from rank 0 with tag 3, but rank 0 sent 5 f32"));
   CHECK_THAT(sizes[0], Contains("barrier #1 on group world aborted: rank 1 threw: recv #1"));
   std::latch recv_failed(1);
   auto never = errors_on_every_rank(
@@ -348,8 +354,9 @@ TEST_CASE("threads: MPAR_COMM_TIMEOUT_S sets the default timeout", "[comm]") {
   CHECK(ThreadsOptions{}.timeout.count() == 0.5);
   for (const char* bad : {"soon", "0", "-5", "nan", "1e3x"}) {
     ::setenv("MPAR_COMM_TIMEOUT_S", bad, 1);
-    CHECK_THROWS_WITH(ThreadsOptions{}, Contains(std::string("MPAR_COMM_TIMEOUT_S='") + bad +
-                                                 "' is not a positive number of seconds (use e.g. 60, or inf for no timeout)"));
+    CHECK_THROWS_WITH(ThreadsOptions{},
+                      Contains(std::string("MPAR_COMM_TIMEOUT_S='") + bad +
+                               "' is not a positive number of seconds (use e.g. 60, or inf for no timeout)"));
   }
   ::unsetenv("MPAR_COMM_TIMEOUT_S");
   CHECK(ThreadsOptions{}.timeout.count() == 300.0);
@@ -370,8 +377,10 @@ TEST_CASE("threads: MPAR_COMM_TIMEOUT_S=inf and huge timeouts mean no timeout, n
     std::vector<float> got(2);
     run_threads(2, o, [&](ThreadsCommunicator& c) {
       std::vector<float> x(4, float(c.rank() + 1));
-      if (c.rank() == 0) go.count_down();
-      else go.wait();
+      if (c.rank() == 0)
+        go.count_down();
+      else
+        go.wait();
       c.all_reduce(std::span<float>(x), ReduceOp::sum);
       got[std::size_t(c.rank())] = x[0];
     });
@@ -394,7 +403,8 @@ TEST_CASE("threads: MPAR_THREADS_SPIN_US is a whole number of microseconds or re
   // Spinning off: collectives still work (every barrier sleeps).
   ThreadsOptions no_spin;
   no_spin.spin = std::chrono::microseconds(0);
-  on_threads(3, [](ThreadsCommunicator& c, test::Checker& ck) { test::check_everything(c, ck); }, no_spin);
+  on_threads(
+      3, [](ThreadsCommunicator& c, test::Checker& ck) { test::check_everything(c, ck); }, no_spin);
 }
 
 TEST_CASE("threads: the run's error carries every failing rank's own message", "[comm][fault]") {
@@ -406,7 +416,8 @@ TEST_CASE("threads: the run's error carries every failing rank's own message", "
                                     std::vector<float> failed{c.rank() == 1 ? 1.0f : 0.0f};
                                     c.all_reduce(std::span<float>(failed), ReduceOp::sum);
                                     if (c.rank() == 1) throw std::runtime_error("checksum mismatch in shard 1");
-                                    if (c.rank() == 0) throw std::runtime_error("load failed on rank(s) 1; see their errors");
+                                    if (c.rank() == 0)
+                                      throw std::runtime_error("load failed on rank(s) 1; see their errors");
                                     c.barrier();  // rank 2: fails as a consequence, and is not listed
                                   }),
                       Contains("rank 1: checksum mismatch in shard 1") &&
@@ -447,7 +458,8 @@ bool occurs_before(const std::string& text, const std::string& needle, const std
 
 }  // namespace
 
-TEST_CASE("threads: the failing rank's own error comes before the ranks' report of it, in either order", "[comm][fault]") {
+TEST_CASE("threads: the failing rank's own error comes before the ranks' report of it, in either order",
+          "[comm][fault]") {
   const std::string own = "rank 1: checksum mismatch in shard 1";
   const std::string report = "load_checkpoint failed on rank(s) 1 of group 'world'; see their errors";
   // Which rank throws first is forced: the later one waits in a receive that only the run's abort
@@ -464,8 +476,7 @@ TEST_CASE("threads: the failing rank's own error comes before the ranks' report 
         std::vector<float> never(1);
         try {
           c.recv(std::span<float>(never), first_to_throw, 99);
-        } catch (const comm_error&) {
-        }
+        } catch (const comm_error&) {}
       }
       if (c.rank() == 1) throw std::runtime_error("checksum mismatch in shard 1");
       throw summary_error("load_checkpoint failed on rank(s) 1 of group 'world'; see their errors");
@@ -516,8 +527,7 @@ TEST_CASE("threads: a run whose ranks only report peers' failures still fails wi
           std::vector<float> never(1);
           try {
             c.recv(std::span<float>(never), 0, 7);
-          } catch (const comm_error&) {
-          }
+          } catch (const comm_error&) {}
           throw summary_error("rank 1 reports: save failed on rank(s) 0");
         }
         throw summary_error("rank 0 reports: save failed on rank(s) 1");
@@ -542,9 +552,11 @@ TEST_CASE("threads: a rank stuck outside the communicator ends the process with 
 }
 
 TEST_CASE("threads: exceptions of any type are reported with the rank", "[comm][fault]") {
-  CHECK_THROWS_WITH(run_threads(2, [](ThreadsCommunicator& c) {
-                      if (c.rank() == 1) throw 42;
-                    }),
+  CHECK_THROWS_WITH(run_threads(2,
+                                [](ThreadsCommunicator& c) {
+                                  if (c.rank() == 1) throw 42;
+                                }),
                     Contains("rank 1: an exception not derived from std::exception"));
-  CHECK_THROWS_WITH(run_threads(0, [](ThreadsCommunicator&) {}), Contains("run_threads: needs at least one rank, got 0"));
+  CHECK_THROWS_WITH(run_threads(0, [](ThreadsCommunicator&) {}),
+                    Contains("run_threads: needs at least one rank, got 0"));
 }

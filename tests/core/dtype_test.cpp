@@ -1,5 +1,5 @@
-#include <catch2/catch.hpp>
 #include <bit>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
 #include <limits>

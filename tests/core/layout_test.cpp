@@ -66,9 +66,9 @@ TEST_CASE("replicated and partial layouts hold the whole extent", "[core][layout
 TEST_CASE("uneven splits are rejected where a layer needs equal shards", "[core][layout]") {
   DeviceMesh<dyn, 1, 1> mesh(3);
   CHECK_NOTHROW(require_even_split<Shard<1, axis::tensor>, 2>({4, 9}, mesh));
-  CHECK_THROWS_WITH((require_even_split<Shard<1, axis::tensor>, 2>({4, 10}, mesh, "ColumnParallel")),
-                    Catch::Contains("ColumnParallel") && Catch::Contains("size 10") &&
-                        Catch::Contains("tensor axis size 3"));
+  CHECK_THROWS_WITH(
+      (require_even_split<Shard<1, axis::tensor>, 2>({4, 10}, mesh, "ColumnParallel")),
+      Catch::Contains("ColumnParallel") && Catch::Contains("size 10") && Catch::Contains("tensor axis size 3"));
 }
 
 TEST_CASE("mesh rank <-> coordinate round trip, tensor innermost", "[core][mesh]") {

@@ -53,7 +53,8 @@ TEST_CASE("caching resource: size classes round up by at most 512 bytes or 12.5 
   STATIC_REQUIRE(CachingMemoryResource::size_class(1) == 512);
   STATIC_REQUIRE(CachingMemoryResource::size_class(513) == 1024);
   STATIC_REQUIRE(CachingMemoryResource::size_class(std::size_t(1) << 20) == std::size_t(1) << 20);
-  STATIC_REQUIRE(CachingMemoryResource::size_class((std::size_t(1) << 20) + 1) == (std::size_t(1) << 20) + (std::size_t(1) << 17));
+  STATIC_REQUIRE(CachingMemoryResource::size_class((std::size_t(1) << 20) + 1) ==
+                 (std::size_t(1) << 20) + (std::size_t(1) << 17));
   STATIC_REQUIRE(CachingMemoryResource::size_class(std::size_t(2) << 20) == std::size_t(2) << 20);
   for (std::size_t b = 1; b < (std::size_t(64) << 20); b = b * 3 / 2 + 7) {
     const std::size_t c = CachingMemoryResource::size_class(b);
@@ -115,13 +116,14 @@ TEST_CASE("caching resource: the bound on cached bytes, destruction, frees on an
   CHECK(up.held == 0);  // destruction returned the cache
 }
 
-TEST_CASE("caching resource: when the upstream is exhausted, the cache is released and the request retried", "[core][memory]") {
+TEST_CASE("caching resource: when the upstream is exhausted, the cache is released and the request retried",
+          "[core][memory]") {
   CountingResource up(8192);
   CachingMemoryResource cache(up);
   void* a = cache.allocate(4096);
   void* b = cache.allocate(2048);
   cache.deallocate(a, 4096);
-  cache.deallocate(b, 2048);  // 6144 bytes cached, upstream holds them
+  cache.deallocate(b, 2048);       // 6144 bytes cached, upstream holds them
   void* c = cache.allocate(6000);  // class 6144: only fits once the cache went back
   CHECK(c != nullptr);
   CHECK(cache.stats().cached == 0);
@@ -133,10 +135,11 @@ TEST_CASE("memory resource: an allocation that fails names what was being alloca
   CountingResource limited(1 << 20);  // 1 MiB: a 1024 x 1024 float parameter (4 MiB) does not fit
   ScopedMemoryResource scope(limited);
   const std::array<std::size_t, 2> shape{1024, 1024};
-  CHECK_THROWS_WITH(nn::make_parameter<2>("big.weight", 1, shape, Box<2>{Block{0, 1024}, Block{0, 1024}}, "Replicate",
-                                          false, 1, InitSpec::normal(0.02)),
-                    Catch::Contains("cannot allocate parameter 'big.weight' (local block [1024, 1024]): 4194304 bytes") &&
-                        Catch::Contains("of counting memory"));
+  CHECK_THROWS_WITH(
+      nn::make_parameter<2>("big.weight", 1, shape, Box<2>{Block{0, 1024}, Block{0, 1024}}, "Replicate", false, 1,
+                            InitSpec::normal(0.02)),
+      Catch::Contains("cannot allocate parameter 'big.weight' (local block [1024, 1024]): 4194304 bytes") &&
+          Catch::Contains("of counting memory"));
   // Still a std::bad_alloc for handlers that catch that; without a label, the buffer is named as such.
   CHECK_THROWS_AS(Buffer<float>(1 << 20), std::bad_alloc);
   CHECK_THROWS_WITH(Buffer<float>(1 << 20), Catch::Contains("cannot allocate a tensor buffer: 4194304 bytes"));

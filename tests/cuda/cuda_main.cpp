@@ -1,8 +1,8 @@
 // The CUDA tests' main: without a usable CUDA device every test exits with 77, which CTest reports
 // as skipped (SKIP_RETURN_CODE), so machines without a GPU stay green and say why.
 #define CATCH_CONFIG_RUNNER
-#include <catch2/catch.hpp>
 #include <cuda_runtime.h>
+#include <catch2/catch.hpp>
 
 #include <cstdio>
 #include <string_view>

@@ -5,10 +5,10 @@
 
 #include <algorithm>
 #include <cmath>
-#include <limits>
 #include <cstdint>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <optional>
 #include <span>
@@ -111,7 +111,7 @@ TEST_CASE("gemm: bf16 and f16 inputs accumulate in fp32 (fp32 and 16-bit outputs
     for (Trans tb : {Trans::no, Trans::yes}) {
       check_gemm<bf16, float>(ta, tb, 1e-4);  // products of 8-bit mantissas are exact in fp32
       check_gemm<f16, float>(ta, tb, 1e-4);
-      check_gemm<bf16, bf16>(ta, tb, 1e-2);   // one bf16 rounding of the result: 2^-8 relative
+      check_gemm<bf16, bf16>(ta, tb, 1e-2);  // one bf16 rounding of the result: 2^-8 relative
       check_gemm<f16, f16>(ta, tb, 2e-3);
     }
 }
@@ -169,8 +169,8 @@ TEST_CASE("CudaBackend buffer ops and batched GEMM match their host references",
   std::vector<float> ref(nb * heads * s * s);
   for (std::size_t hh = 0; hh < heads; ++hh) {
     CudaBackend::gemm_strided_batched<float>(Trans::no, Trans::yes, s, s, d, 0.5f, dq.data() + hh * d, ld, s * ld,
-                                             dq.data() + heads * d + hh * d, ld, s * ld, 0.0f, dp.data() + hh * s * s, s,
-                                             heads * s * s, nb);
+                                             dq.data() + heads * d + hh * d, ld, s * ld, 0.0f, dp.data() + hh * s * s,
+                                             s, heads * s * s, nb);
     host::gemm_strided_batched<float>(Trans::no, Trans::yes, s, s, d, 0.5f, qkv.data() + hh * d, ld, s * ld,
                                       qkv.data() + heads * d + hh * d, ld, s * ld, 0.0f, ref.data() + hh * s * s, s,
                                       heads * s * s, nb);
@@ -342,8 +342,8 @@ TEST_CASE("kernels: cross-entropy forward/backward match the host, and vocab-par
   auto dMax = upload(gmax);
   for (int s = 0; s < 2; ++s) {
     gpu::DeviceBuffer<float> se(rows, S()), tl(rows, S());
-    gpu::vocab_parallel_sumexp(rows, widths[s], offs[s], shards[std::size_t(s)].data(), dT.data(), dMax.data(), se.data(),
-                               tl.data());
+    gpu::vocab_parallel_sumexp(rows, widths[s], offs[s], shards[std::size_t(s)].data(), dT.data(), dMax.data(),
+                               se.data(), tl.data());
     const auto a = download(se), b = download(tl);
     for (std::size_t r = 0; r < rows; ++r) gsum[r] += a[r], gtgt[r] += b[r];
   }
@@ -411,7 +411,8 @@ TEST_CASE("kernels: embedding forward/backward, vocabulary-parallel shards sum t
   std::vector<float> sum(tokens * dim, 0.0f), gsum(vocab * dim, 0.0f);
   for (std::size_t off : {std::size_t(0), std::size_t(20)}) {
     const std::size_t local = off == 0 ? 20 : vocab - 20;
-    std::vector<float> part(table.begin() + std::ptrdiff_t(off * dim), table.begin() + std::ptrdiff_t((off + local) * dim));
+    std::vector<float> part(table.begin() + std::ptrdiff_t(off * dim),
+                            table.begin() + std::ptrdiff_t((off + local) * dim));
     auto dTab = upload(part);
     gpu::DeviceBuffer<float> o(tokens * dim, S());
     auto g = upload(std::vector<float>(local * dim, 0.0f));
@@ -476,7 +477,8 @@ TEST_CASE("kernels: AdamW step, sum of squares, bias gradient, convert and add",
 TEST_CASE("kernels: block reductions count every warp once (exact sums of ones, uniform softmax rows)",
           "[cuda][kernels]") {
   // Sizes below, at and above one block of 256 threads (8 warps), and one that leaves warps idle.
-  for (const std::size_t n : {std::size_t(1), std::size_t(31), std::size_t(256), std::size_t(1000), std::size_t(70000)}) {
+  for (const std::size_t n :
+       {std::size_t(1), std::size_t(31), std::size_t(256), std::size_t(1000), std::size_t(70000)}) {
     auto ones = upload(std::vector<float>(n, 1.0f));
     auto acc = upload(std::vector<float>{0.0f});
     gpu::sum_squares_accumulate(n, ones.data(), acc.data());
@@ -500,16 +502,16 @@ TEST_CASE("CudaBackend row kernels (MoE dispatch and combine) equal the host bac
   auto dx = upload(x), drows = upload(rows), dw = upload(w), ddy = upload(dy);
   {
     gpu::DeviceBuffer<float> out(routed * d, S());
-    CudaBackend::gather_rows(routed, d, static_cast<const std::int32_t*>(di.data()), static_cast<const float*>(dx.data()),
-                             out.data());
+    CudaBackend::gather_rows(routed, d, static_cast<const std::int32_t*>(di.data()),
+                             static_cast<const float*>(dx.data()), out.data());
     std::vector<float> h(routed * d);
     HostBackend::gather_rows(routed, d, index.data(), x.data(), h.data());
     CHECK(download(out) == h);
   }
   {
     gpu::DeviceBuffer<float> out(tokens * d, S());
-    CudaBackend::scatter_rows(tokens, d, static_cast<const std::int32_t*>(dp.data()), static_cast<const float*>(dx.data()),
-                              out.data());
+    CudaBackend::scatter_rows(tokens, d, static_cast<const std::int32_t*>(dp.data()),
+                              static_cast<const float*>(dx.data()), out.data());
     std::vector<float> h(tokens * d);
     HostBackend::scatter_rows(tokens, d, perm.data(), x.data(), h.data());
     CHECK(download(out) == h);
@@ -530,7 +532,8 @@ TEST_CASE("CudaBackend row kernels (MoE dispatch and combine) equal the host bac
                                            static_cast<const float*>(dw.data()), static_cast<const float*>(ddy.data()),
                                            static_cast<const float*>(drows.data()), dsrc.data(), dot.data());
     std::vector<float> hs(routed * d), hd(routed);
-    HostBackend::scatter_add_rows_backward(routed, d, index.data(), w.data(), dy.data(), rows.data(), hs.data(), hd.data());
+    HostBackend::scatter_add_rows_backward(routed, d, index.data(), w.data(), dy.data(), rows.data(), hs.data(),
+                                           hd.data());
     CHECK(download(dsrc) == hs);
     CHECK(worst(download(dot), hd, 1e-5, 1e-5) <= 1.0);  // a tree over the block, not column order
   }
@@ -575,7 +578,8 @@ TEST_CASE("CudaBackend optimizer operations: AdamW, SGD, sum of squares and scal
     auto dw = upload(w0), dg = upload(g);
     auto df = upload(std::vector<UpdateFactors>{one});
     CudaBackend::sgd_update(n, dw.data(), static_cast<const float*>(dg.data()), static_cast<float*>(nullptr), 0.0f,
-                            0.0f, false, 0.05f, 0.01f, true, static_cast<const UpdateFactors*>(df.data()));  // no buffer
+                            0.0f, false, 0.05f, 0.01f, true,
+                            static_cast<const UpdateFactors*>(df.data()));  // no buffer
     auto w = w0;
     HostBackend::sgd_update(n, w.data(), g.data(), nullptr, 0.0f, 0.0f, false, 0.05f, 0.01f, true, &one);
     CHECK(worst(download(dw), w, 1e-12, 1e-6) <= 1.0);
@@ -816,7 +820,7 @@ std::vector<std::string> collective_suite(std::vector<Comm>& comms, const std::v
           if (download(in) != contribution<float>(prev, 10)) fail(r, "send/recv ring");
         }
         c.barrier();
-        {  // split into even and odd ranks; sum within each
+        {                                 // split into even and odd ranks; sum within each
           Comm sub = c.split(r % 2, -r);  // key -r: reversed order
           auto d = upload(std::vector<float>{float(r)});
           sub.all_reduce(d.span(), ReduceOp::sum);

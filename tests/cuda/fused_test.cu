@@ -108,7 +108,6 @@ void check_classifier(std::size_t rows, std::size_t vocab, std::size_t ld, bool 
   for (std::size_t i = 0; i < x.size(); ++i) REQUIRE(as_double(x2[i]) == as_double(x[i]));
 }
 
-
 /** Naive double-precision residual + layer norm, forward and backward, on the inputs as stored. */
 struct ResidualLnReference {
   std::vector<double> h, y, mean, rstd, dh, dgamma, dbeta;
@@ -118,8 +117,9 @@ ResidualLnReference residual_ln_reference(std::size_t rows, std::size_t cols, co
                                           const std::vector<T>& b, const std::vector<T>& gamma,
                                           const std::vector<T>& beta, const std::vector<T>& dy,
                                           const std::vector<T>& dres, double eps) {
-  ResidualLnReference ref{std::vector<double>(rows * cols), std::vector<double>(rows * cols), std::vector<double>(rows),
-                          std::vector<double>(rows), std::vector<double>(rows * cols), std::vector<double>(cols, 0.0),
+  ResidualLnReference ref{std::vector<double>(rows * cols), std::vector<double>(rows * cols),
+                          std::vector<double>(rows),        std::vector<double>(rows),
+                          std::vector<double>(rows * cols), std::vector<double>(cols, 0.0),
                           std::vector<double>(cols, 0.0)};
   for (std::size_t r = 0; r < rows; ++r) {
     double m = 0, v = 0;
@@ -145,8 +145,7 @@ ResidualLnReference residual_ln_reference(std::size_t rows, std::size_t cols, co
     }
     for (std::size_t c = 0; c < cols; ++c) {
       const double xhat = (ref.h[r * cols + c] - m) * rs, g = as_double(dy[r * cols + c]) * as_double(gamma[c]);
-      ref.dh[r * cols + c] =
-          as_double(dres[r * cols + c]) + rs * (g - sg / double(cols) - xhat * sgx / double(cols));
+      ref.dh[r * cols + c] = as_double(dres[r * cols + c]) + rs * (g - sg / double(cols) - xhat * sgx / double(cols));
     }
   }
   return ref;
@@ -205,7 +204,9 @@ void check_residual_layernorm(std::size_t rows, std::size_t cols, double tol) {
 
 TEST_CASE("fused classifier: loss, log-sum-exp and gradient equal a double-precision softmax cross-entropy",
           "[cuda][fused][classifier]") {
-  SECTION("fp32, vocabulary padded from 1000 to 1024, separate gradient") { check_classifier<float>(37, 1000, 1024, false, 1e-5, 1e-4); }
+  SECTION("fp32, vocabulary padded from 1000 to 1024, separate gradient") {
+    check_classifier<float>(37, 1000, 1024, false, 1e-5, 1e-4);
+  }
   SECTION("fp32, GPT-2's 50257 padded to 50304, gradient in place of the logits") {
     check_classifier<float>(9, 50257, 50304, true, 1e-5, 1e-4);
   }
@@ -234,7 +235,9 @@ TEST_CASE("fused classifier: a target outside the vocabulary makes the loss NaN;
 TEST_CASE("fused residual + layer norm: forward and backward equal a double-precision reference",
           "[cuda][fused][layernorm]") {
   SECTION("fp32, more rows than blocks") { check_residual_layernorm<float>(700, 768, 1e-4); }
-  SECTION("fp32, wide rows (partials above 48 KiB of shared memory)") { check_residual_layernorm<float>(40, 8192, 1e-4); }
+  SECTION("fp32, wide rows (partials above 48 KiB of shared memory)") {
+    check_residual_layernorm<float>(40, 8192, 1e-4);
+  }
   SECTION("bf16 storage, fp32 statistics") { check_residual_layernorm<bf16>(64, 1000, 3e-2); }
 }
 
@@ -290,8 +293,9 @@ void check_moe_route(std::size_t T, std::size_t E, std::size_t k, std::size_t ca
   gpu::DeviceBuffer<std::int32_t> choice(n, S()), route(n, S()), token(n, S()), used(E, S()), routed(1, S());
   gpu::DeviceBuffer<std::uint8_t> accepted(n, S());
   gpu::DeviceBuffer<float> weight(n, S());
-  gpu::moe_route(T, E, k, cap, dp.data(),
-                 {choice.data(), accepted.data(), route.data(), token.data(), weight.data(), used.data(), routed.data()});
+  gpu::moe_route(
+      T, E, k, cap, dp.data(),
+      {choice.data(), accepted.data(), route.data(), token.data(), weight.data(), used.data(), routed.data()});
   const auto m = std::size_t(download(routed)[0]);
   REQUIRE(m == want.route.size());
   CHECK(download(choice) == want.choice);
@@ -385,9 +389,10 @@ void check_flash_attention(std::size_t bh, std::size_t s, std::size_t d, bool ca
   auto dq_ = upload(q), dk_ = upload(k), dv_ = upload(v), ddo = upload(dout);
   gpu::DeviceBuffer<T> o(n, S()), gq(n, S()), gk(n, S()), gv(n, S());
   gpu::DeviceBuffer<float> lse(bh * s, S());
-  gpu::flash_attention_forward(bh, s, d, dq_.data(), dk_.data(), dv_.data(), o.data(), lse.data(), float(scale), causal);
-  gpu::flash_attention_backward(bh, s, d, dq_.data(), dk_.data(), dv_.data(), o.data(), lse.data(), ddo.data(), gq.data(),
-                                gk.data(), gv.data(), float(scale), causal);
+  gpu::flash_attention_forward(bh, s, d, dq_.data(), dk_.data(), dv_.data(), o.data(), lse.data(), float(scale),
+                               causal);
+  gpu::flash_attention_backward(bh, s, d, dq_.data(), dk_.data(), dv_.data(), o.data(), lse.data(), ddo.data(),
+                                gq.data(), gk.data(), gv.data(), float(scale), causal);
   CHECK(worst(download(o), ref.o, tol, tol) <= 1.0);
   CHECK(worst(download(lse), ref.lse, 1e-5, 1e-5) <= 1.0);
   CHECK(worst(download(gq), ref.dq, tol, tol) <= 1.0);
@@ -399,7 +404,9 @@ void check_flash_attention(std::size_t bh, std::size_t s, std::size_t d, bool ca
 
 TEST_CASE("flash attention: forward, log-sum-exp and backward equal naive double-precision attention",
           "[cuda][fused][attention]") {
-  SECTION("fp32, d 64, causal, a sequence not a multiple of the tile") { check_flash_attention<float>(3, 77, 64, true, 1e-4); }
+  SECTION("fp32, d 64, causal, a sequence not a multiple of the tile") {
+    check_flash_attention<float>(3, 77, 64, true, 1e-4);
+  }
   SECTION("fp32, d 128, full attention") { check_flash_attention<float>(2, 130, 128, false, 1e-4); }
   SECTION("fp32, d 32, causal, one row") { check_flash_attention<float>(1, 1, 32, true, 1e-4); }
   SECTION("bf16, d 96, causal") { check_flash_attention<bf16>(2, 65, 96, true, 2e-2); }
@@ -408,6 +415,7 @@ TEST_CASE("flash attention: forward, log-sum-exp and backward equal naive double
 TEST_CASE("flash attention: an unsupported head dimension names the supported ones", "[cuda][fused][attention]") {
   CudaBackend::init_rank(0);
   gpu::DeviceBuffer<float> x(2 * 48, S()), lse(2, S());
-  CHECK_THROWS_WITH(gpu::flash_attention_forward(1, 2, 48, x.data(), x.data(), x.data(), x.data(), lse.data(), 1.0f, false),
-                    Catch::Contains("head dimension 48") && Catch::Contains("32, 64, 96 or 128"));
+  CHECK_THROWS_WITH(
+      gpu::flash_attention_forward(1, 2, 48, x.data(), x.data(), x.data(), x.data(), lse.data(), 1.0f, false),
+      Catch::Contains("head dimension 48") && Catch::Contains("32, 64, 96 or 128"));
 }

@@ -4,8 +4,8 @@
 // Tolerances (fp32 on both sides; cuBLAS runs true fp32, not TF32): the loss within 1e-5 relative,
 // logits and gradients within 1e-4 in norm-relative error (the device sums in another order, and
 // the embedding and bias gradients accumulate with atomics).
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 
 #include <cmath>
 #include <cstdint>
@@ -15,10 +15,10 @@
 #include <string>
 #include <vector>
 
+#include "../nn/nn_test_support.hpp"
 #include "mpar/cuda.hpp"
 #include "mpar/models/gpt_generate.hpp"
 #include "mpar/models/gpt_trainer.hpp"
-#include "../nn/nn_test_support.hpp"
 
 using namespace mpar;
 

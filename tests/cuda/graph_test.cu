@@ -35,17 +35,9 @@ struct TinyModel {
   gpu::DeviceBuffer<float> x, w1, w2, pre, h, logits, dw1, dw2, dhid, dpre, row_loss, loss;
   gpu::DeviceBuffer<std::int32_t> targets;
   TinyModel()
-      : x(upload(values(batch * din, 1, 1.0))),
-        w1(upload(values(din * dh, 2, 0.2))),
-        w2(upload(values(dh * vocab, 3, 0.2))),
-        pre(batch * dh, S()),
-        h(batch * dh, S()),
-        logits(batch * vocab, S()),
-        dw1(din * dh, S()),
-        dw2(dh * vocab, S()),
-        dhid(batch * dh, S()),
-        dpre(batch * dh, S()),
-        row_loss(batch, S()),
+      : x(upload(values(batch * din, 1, 1.0))), w1(upload(values(din * dh, 2, 0.2))),
+        w2(upload(values(dh * vocab, 3, 0.2))), pre(batch * dh, S()), h(batch * dh, S()), logits(batch * vocab, S()),
+        dw1(din * dh, S()), dw2(dh * vocab, S()), dhid(batch * dh, S()), dpre(batch * dh, S()), row_loss(batch, S()),
         loss(1, S()) {
     std::vector<std::int32_t> t(batch);
     for (std::size_t i = 0; i < batch; ++i) t[i] = std::int32_t((i * 37) % vocab);
@@ -97,7 +89,8 @@ TEST_CASE("CUDA graph: a captured training step replayed three times equals thre
   }
   REQUIRE(eager_loss.size() == 3);
   CHECK(eager_loss[2] < eager_loss[0]);  // the step trains
-  for (int s = 0; s < 3; ++s) CHECK(std::abs(graph_loss[std::size_t(s)] - eager_loss[std::size_t(s)]) <= 1e-6 * eager_loss[0]);
+  for (int s = 0; s < 3; ++s)
+    CHECK(std::abs(graph_loss[std::size_t(s)] - eager_loss[std::size_t(s)]) <= 1e-6 * eager_loss[0]);
   CHECK(max_rel_diff(download(replayed.w1), download(eager.w1)) <= 1e-5);
   CHECK(max_rel_diff(download(replayed.w2), download(eager.w2)) <= 1e-5);
 }
@@ -106,10 +99,11 @@ TEST_CASE("CUDA graph: a host wait inside the captured step is refused, naming t
   CudaBackend::init_rank(0);
   TinyModel m;
   m.step();  // handles and workspaces exist before the capture (creating them is not stream-ordered)
-  CHECK_THROWS_WITH(gpu::Graph::capture(S(), [&] {
-                      m.step();
-                      CudaBackend::synchronize();
-                    }),
+  CHECK_THROWS_WITH(gpu::Graph::capture(S(),
+                                        [&] {
+                                          m.step();
+                                          CudaBackend::synchronize();
+                                        }),
                     Catch::Contains("cudaStreamSynchronize"));
   // The stream is usable afterwards: an eager step runs and gives a finite loss.
   m.step();
@@ -147,7 +141,8 @@ TEST_CASE("CUDA graph: CudaBackend::gemm_strided_batched is stream-ordered (capt
     for (std::size_t r = 0; r < m; ++r)
       for (std::size_t j = 0; j < n; ++j) {
         double ref = 0;
-        for (std::size_t p = 0; p < k; ++p) ref += double(ha[i * m * k + r * k + p]) * double(hb[i * k * n + p * n + j]);
+        for (std::size_t p = 0; p < k; ++p)
+          ref += double(ha[i * m * k + r * k + p]) * double(hb[i * k * n + p * n + j]);
         worst = std::max(worst, std::abs(double(got[i * m * n + r * n + j]) - ref) / (1.0 + std::abs(ref)));
       }
   CHECK(worst <= 1e-5);

@@ -44,7 +44,8 @@ std::vector<double> download(const gpu::DeviceBuffer<T>& d) {
 double worst(const std::vector<double>& got, const std::vector<double>& want, double tol) {
   REQUIRE(got.size() == want.size());
   double w = 0;
-  for (std::size_t i = 0; i < got.size(); ++i) w = std::max(w, std::abs(got[i] - want[i]) / (tol * (1 + std::abs(want[i]))));
+  for (std::size_t i = 0; i < got.size(); ++i)
+    w = std::max(w, std::abs(got[i] - want[i]) / (tol * (1 + std::abs(want[i]))));
   return w;
 }
 
@@ -119,7 +120,8 @@ void check_sdpa(std::size_t bh, std::size_t s, std::size_t d, bool causal, doubl
     gpu::DeviceBuffer<T> o(n, S()), gq(n, S()), gk(n, S()), gv(n, S());
     gpu::DeviceBuffer<float> lse(bh * s, S());
     if (fused) {
-      *fwd_path = gpu::sdpa_forward(bh, s, d, dq_.data(), dk_.data(), dv_.data(), o.data(), lse.data(), float(scale), causal);
+      *fwd_path =
+          gpu::sdpa_forward(bh, s, d, dq_.data(), dk_.data(), dv_.data(), o.data(), lse.data(), float(scale), causal);
       *bwd_path = gpu::sdpa_backward(bh, s, d, dq_.data(), dk_.data(), dv_.data(), o.data(), lse.data(), ddo.data(),
                                      gq.data(), gk.data(), gv.data(), float(scale), causal);
     } else {

@@ -127,7 +127,8 @@ int main(int argc, char** argv) {
               logits.assign(T * Vp, 0.0f);
               for (std::size_t r = 0; r < std::size_t(tp); ++r)  // rank r's block is its [T, local] vocabulary shard
                 for (std::size_t i = 0; i < T; ++i)
-                  for (std::size_t c = 0; c < local; ++c) logits[i * Vp + r * local + c] = all[r * T * local + i * local + c];
+                  for (std::size_t c = 0; c < local; ++c)
+                    logits[i * Vp + r * local + c] = all[r * T * local + i * local + c];
               loss = l;
             }
           }

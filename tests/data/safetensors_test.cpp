@@ -104,9 +104,10 @@ TEST_CASE("safetensors: write then read returns every tensor, metadata and dtype
   CHECK(f.read("b \"quoted\"") == b);
   // F16 and BF16 tensors widen to fp32.
   const std::vector<unsigned char> half = {0x00, 0x3c, 0x00, 0xc0, 0x80, 0x3f, 0x40, 0xc0};  // f16 1, -2; bf16 1, -3
-  io::SafetensorsFile g(raw_file("half.safetensors",
-                                 R"({"h":{"dtype":"F16","shape":[2],"data_offsets":[0,4]},"b":{"dtype":"BF16","shape":[2],"data_offsets":[4,8]}})",
-                                 half));
+  io::SafetensorsFile g(raw_file(
+      "half.safetensors",
+      R"({"h":{"dtype":"F16","shape":[2],"data_offsets":[0,4]},"b":{"dtype":"BF16","shape":[2],"data_offsets":[4,8]}})",
+      half));
   CHECK(g.read("h") == std::vector<float>{1.0f, -2.0f});
   CHECK(g.read("b") == std::vector<float>{1.0f, -3.0f});
 }
@@ -136,31 +137,37 @@ TEST_CASE("safetensors: each damaged file is refused naming the file and the fau
          "non-integer number");
   refuse(raw_file("bad_json3.safetensors", R"({"t":{"dtype":F32,"shape":[2,2],"data_offsets":[0,16]}})", buf),
          "unexpected 'F'");
-  refuse(raw_file("dup.safetensors",
-                  R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"t":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
-                  buf),
-         "key \"t\" twice");
-  refuse(raw_file("overlap.safetensors",
-                  R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
-                  buf),
-         "overlap");
-  refuse(raw_file("gap.safetensors",
-                  R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
-                  buf),
-         "gap of 4 bytes before tensor 'b'");
+  refuse(
+      raw_file(
+          "dup.safetensors",
+          R"({"t":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"t":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+          buf),
+      "key \"t\" twice");
+  refuse(
+      raw_file(
+          "overlap.safetensors",
+          R"({"a":{"dtype":"F32","shape":[3],"data_offsets":[0,12]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+          buf),
+      "overlap");
+  refuse(
+      raw_file(
+          "gap.safetensors",
+          R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"b":{"dtype":"F32","shape":[2],"data_offsets":[8,16]}})",
+          buf),
+      "gap of 4 bytes before tensor 'b'");
   refuse(raw_file("range.safetensors", R"({"t":{"dtype":"F32","shape":[2,3],"data_offsets":[0,24]}})", buf),
          "data_offsets [0, 24] outside the 16-byte data buffer");
   refuse(raw_file("reversed.safetensors", R"({"t":{"dtype":"F32","shape":[0],"data_offsets":[16,0]}})", buf),
          "data_offsets [16, 0]");
-  refuse(raw_file("dtype.safetensors", R"({"t":{"dtype":"I64","shape":[2],"data_offsets":[0,16]}})", buf),
-         "dtype I64");
+  refuse(raw_file("dtype.safetensors", R"({"t":{"dtype":"I64","shape":[2],"data_offsets":[0,16]}})", buf), "dtype I64");
   refuse(raw_file("size.safetensors", R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,16]}})", buf),
          "needs 12 bytes but data_offsets give 16");
   refuse(raw_file("trailing.safetensors", R"({"t":{"dtype":"F32","shape":[3],"data_offsets":[0,12]}})", buf),
          "trailing bytes");
   refuse(raw_file("field.safetensors", R"({"t":{"dtype":"F32","shape":[4],"offsets":[0,16]}})", buf),
          "unknown field \"offsets\"");
-  CHECK_THROWS_WITH(io::SafetensorsFile(raw_file("good2.safetensors", good, buf)).read("u"), Catch::Contains("no tensor 'u'"));
+  CHECK_THROWS_WITH(io::SafetensorsFile(raw_file("good2.safetensors", good, buf)).read("u"),
+                    Catch::Contains("no tensor 'u'"));
 }
 
 TEST_CASE("safetensors: export from tp2 x pp2, import into one rank and back, exactly", "[data][io][train]") {
@@ -253,15 +260,22 @@ TEST_CASE("safetensors: GPT-2 names and shapes, vocabulary un-padding, and back"
   using S = std::vector<std::size_t>;
   std::map<std::string, S> shapes;
   for (const auto& e : f.entries()) shapes[e.name] = e.shape;
-  const std::map<std::string, S> want = {
-      {"transformer.wte.weight", {V, h}},          {"transformer.wpe.weight", {16, h}},
-      {"transformer.h.0.ln_1.weight", {h}},        {"transformer.h.0.ln_1.bias", {h}},
-      {"transformer.h.0.attn.c_attn.weight", {h, 3 * h}}, {"transformer.h.0.attn.c_attn.bias", {3 * h}},
-      {"transformer.h.0.attn.c_proj.weight", {h, h}}, {"transformer.h.0.attn.c_proj.bias", {h}},
-      {"transformer.h.0.ln_2.weight", {h}},        {"transformer.h.0.ln_2.bias", {h}},
-      {"transformer.h.0.mlp.c_fc.weight", {h, 4 * h}}, {"transformer.h.0.mlp.c_fc.bias", {4 * h}},
-      {"transformer.h.0.mlp.c_proj.weight", {4 * h, h}}, {"transformer.h.0.mlp.c_proj.bias", {h}},
-      {"transformer.ln_f.weight", {h}},            {"transformer.ln_f.bias", {h}}};
+  const std::map<std::string, S> want = {{"transformer.wte.weight", {V, h}},
+                                         {"transformer.wpe.weight", {16, h}},
+                                         {"transformer.h.0.ln_1.weight", {h}},
+                                         {"transformer.h.0.ln_1.bias", {h}},
+                                         {"transformer.h.0.attn.c_attn.weight", {h, 3 * h}},
+                                         {"transformer.h.0.attn.c_attn.bias", {3 * h}},
+                                         {"transformer.h.0.attn.c_proj.weight", {h, h}},
+                                         {"transformer.h.0.attn.c_proj.bias", {h}},
+                                         {"transformer.h.0.ln_2.weight", {h}},
+                                         {"transformer.h.0.ln_2.bias", {h}},
+                                         {"transformer.h.0.mlp.c_fc.weight", {h, 4 * h}},
+                                         {"transformer.h.0.mlp.c_fc.bias", {4 * h}},
+                                         {"transformer.h.0.mlp.c_proj.weight", {4 * h, h}},
+                                         {"transformer.h.0.mlp.c_proj.bias", {h}},
+                                         {"transformer.ln_f.weight", {h}},
+                                         {"transformer.ln_f.bias", {h}}};
   CHECK(shapes == want);  // no lm_head: tied to wte
   // Values: the embedding's first V rows; c_attn[i, g*h + j] = qkv[i, g, j] (row-major reshape).
   const auto wte = f.read("transformer.wte.weight");

@@ -228,5 +228,6 @@ TEST_CASE("token ranges: a held-out split samples only inside its part", "[data]
   const data::TokenVector tail(std::vector<std::int32_t>(ids.begin() + 1800, ids.end()), 300, 16);
   CHECK(val.fingerprint() == tail.fingerprint());
   CHECK_THROWS_WITH(data::split_tail(tf, 1.0, 16), Catch::Contains("between 0 and 1"));
-  CHECK_THROWS_WITH(data::split_tail(tf, 0.005, 16), Catch::Contains("split.bin") && Catch::Contains("too few for sequences of 16"));
+  CHECK_THROWS_WITH(data::split_tail(tf, 0.005, 16),
+                    Catch::Contains("split.bin") && Catch::Contains("too few for sequences of 16"));
 }

@@ -26,8 +26,8 @@ namespace {
 const data::TokenVector& validation_ids() {
   static const data::TokenVector v = [] {
     const auto& ids = testing::gpt_dataset().ids();
-    return data::TokenVector(std::vector<std::int32_t>(ids.rbegin(), ids.rend()), testing::gpt_dataset().vocab_size(), 16,
-                             "reversed text");
+    return data::TokenVector(std::vector<std::int32_t>(ids.rbegin(), ids.rend()), testing::gpt_dataset().vocab_size(),
+                             16, "reversed text");
   }();
   return v;
 }
@@ -76,8 +76,8 @@ TEST_CASE("validation loss: equal across tp/pp/dp layouts, and evaluating change
     const char* schedule;
     bool zero1 = false;
   };
-  for (const L l : {L{2, 2, 1, "1f1b"}, L{1, 2, 2, "gpipe"}, L{2, 1, 2, "1f1b"}, L{1, 1, 2, "1f1b", true},
-                    L{1, 2, 1, "zb_h1"}}) {
+  for (const L l :
+       {L{2, 2, 1, "1f1b"}, L{1, 2, 2, "gpipe"}, L{2, 1, 2, "1f1b"}, L{1, 1, 2, "1f1b", true}, L{1, 2, 1, "zb_h1"}}) {
     INFO("tp " << l.tp << " pp " << l.pp << " dp " << l.dp << " " << l.schedule << (l.zero1 ? " zero1" : ""));
     auto c = testing::small_gpt(l.tp, l.pp, l.dp, l.schedule);
     c.zero1 = l.zero1;
@@ -164,8 +164,8 @@ TEST_CASE("named parameters: stable names, the same set under every layout", "[d
   });
   const std::size_t h = 32, V = c.model.padded_vocab(), f = 4 * h, s = 16;
   using S = std::vector<std::size_t>;
-  std::map<std::string, S> want = {{"embed.token.weight", {V, h}}, {"embed.position", {s, h}},
-                                   {"final_norm.weight", {h}},    {"final_norm.bias", {h}}};
+  std::map<std::string, S> want = {
+      {"embed.token.weight", {V, h}}, {"embed.position", {s, h}}, {"final_norm.weight", {h}}, {"final_norm.bias", {h}}};
   for (int b = 0; b < 2; ++b) {
     const std::string k = "block" + std::to_string(b);
     want[k + ".ln1.weight"] = {h};
@@ -223,7 +223,8 @@ TEST_CASE("load_weights: loaded values survive bf16 training steps (the fp32 mas
       });
       for (int s = 0; s < 3; ++s) (void)t.train_step();
       std::lock_guard lock(m);
-      if (n != t.named_parameters().size()) failures.push_back("rank " + std::to_string(world.rank()) + " loaded " + std::to_string(n));
+      if (n != t.named_parameters().size())
+        failures.push_back("rank " + std::to_string(world.rank()) + " loaded " + std::to_string(n));
       for (auto& [name, p] : t.named_parameters()) {
         const std::size_t R = p->global_shape.size();
         for (std::size_t k = 0; k < p->value.size(); ++k) {
@@ -255,12 +256,12 @@ TEST_CASE("weight decay: by default weight matrices and embeddings only, by name
     std::map<std::string, bool> got;
     for (auto& [n, p] : t.named_parameters()) got[n] = optim::decays_weight_matrices(*p);
     const std::map<std::string, bool> want = {
-        {"embed.token.weight", true},   {"embed.position", true},      {"final_norm.weight", false},
-        {"final_norm.bias", false},     {"block0.ln1.weight", false},  {"block0.ln1.bias", false},
-        {"block0.attn.qkv.weight", true}, {"block0.attn.qkv.bias", false},  // [3, hidden]: a bias all the same
+        {"embed.token.weight", true},      {"embed.position", true},         {"final_norm.weight", false},
+        {"final_norm.bias", false},        {"block0.ln1.weight", false},     {"block0.ln1.bias", false},
+        {"block0.attn.qkv.weight", true},  {"block0.attn.qkv.bias", false},  // [3, hidden]: a bias all the same
         {"block0.attn.proj.weight", true}, {"block0.attn.proj.bias", false}, {"block0.ln2.weight", false},
-        {"block0.ln2.bias", false},     {"block0.mlp.fc1.weight", true}, {"block0.mlp.fc1.bias", false},
-        {"block0.mlp.fc2.weight", true}, {"block0.mlp.fc2.bias", false}};
+        {"block0.ln2.bias", false},        {"block0.mlp.fc1.weight", true},  {"block0.mlp.fc1.bias", false},
+        {"block0.mlp.fc2.weight", true},   {"block0.mlp.fc2.bias", false}};
     CHECK(got == want);
   });
   // The rule acts in the trainer: with only weight decay moving weights (gradients zeroed by lr... no:

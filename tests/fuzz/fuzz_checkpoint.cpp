@@ -72,7 +72,6 @@ extern "C" int LLVMFuzzerTestOneInput(const std::uint8_t* data, std::size_t size
       const io::LoadBlock b{t.name, t.shape, io::full_box(t.shape), t.layout, buf};
       reader.read(std::span<const io::LoadBlock>(&b, 1));
     }
-  } catch (const io::checkpoint_error&) {
-  }
+  } catch (const io::checkpoint_error&) {}
   return 0;
 }

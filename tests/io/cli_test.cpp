@@ -31,7 +31,8 @@ struct Args {
     parser.option("lr", lr, "learning rate").range(0.0, 1.0).required();
     parser.option("clip", clip, "gradient clipping norm");
     parser.option("out", out, "checkpoint directory");
-    parser.choice("schedule", schedule, {{"gpipe", Schedule::gpipe}, {"1f1b", Schedule::one_f_one_b}}, "pipeline schedule");
+    parser.choice("schedule", schedule, {{"gpipe", Schedule::gpipe}, {"1f1b", Schedule::one_f_one_b}},
+                  "pipeline schedule");
     parser.flag("single", single, "one rank");
   }
   bool parse(std::vector<std::string_view> a) { return parser.parse(a); }
@@ -40,7 +41,8 @@ struct Args {
 
 TEST_CASE("cli: both spellings, every kind of value, defaults kept", "[io][cli]") {
   Args a;
-  REQUIRE(a.parse({"data", "--tp", "4", "--lr=0.001", "--seed", "-7", "--clip=+2.5", "--schedule", "gpipe", "--single"}));
+  REQUIRE(
+      a.parse({"data", "--tp", "4", "--lr=0.001", "--seed", "-7", "--clip=+2.5", "--schedule", "gpipe", "--single"}));
   CHECK(a.dir == "data");
   CHECK(a.tp == 4);
   CHECK(a.lr == 0.001);
@@ -82,13 +84,15 @@ TEST_CASE("cli: errors name the option and what to change", "[io][cli]") {
     }
     return std::string("no error");
   };
-  CHECK_THAT(err({"d", "--lr", "1", "--tp", "0"}), Catch::Contains("option --tp: 0 is out of range; give a value in [1, 64]"));
+  CHECK_THAT(err({"d", "--lr", "1", "--tp", "0"}),
+             Catch::Contains("option --tp: 0 is out of range; give a value in [1, 64]"));
   CHECK_THAT(err({"d", "--lr", "fast"}), Catch::Contains("option --lr: expected a number, got 'fast'"));
   CHECK_THAT(err({"d", "--lr", "1", "--tp", "2.5"}), Catch::Contains("option --tp: expected an integer, got '2.5'"));
   CHECK_THAT(err({"d", "--lr", "1", "--steps", "-1"}), Catch::Contains("expected a non-negative integer"));
   CHECK_THAT(err({"d", "--lr", "1", "--tp", "99999999999"}), Catch::Contains("does not fit"));
   CHECK_THAT(err({"d", "--lr", "inf"}), Catch::Contains("finite"));
-  CHECK_THAT(err({"d", "--lr", "1", "--schedule", "zb"}), Catch::Contains("option --schedule: 'zb' is not one of: gpipe, 1f1b"));
+  CHECK_THAT(err({"d", "--lr", "1", "--schedule", "zb"}),
+             Catch::Contains("option --schedule: 'zb' is not one of: gpipe, 1f1b"));
   CHECK_THAT(err({"d", "--lr", "1", "--tpp", "2"}), Catch::Contains("unknown option --tpp (did you mean --tp?)"));
   CHECK_THAT(err({"d", "--lr", "1", "-x"}), Catch::Contains("unknown option -x"));
   CHECK_THAT(err({"d"}), Catch::Contains("missing required option --lr (learning rate)"));

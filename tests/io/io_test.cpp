@@ -34,7 +34,8 @@ struct TempDir {
   fs::path path;
   explicit TempDir(const std::string& tag) {
     static std::atomic<int> counter{0};
-    path = fs::temp_directory_path() / ("mpar_io_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
+    path = fs::temp_directory_path() /
+           ("mpar_io_" + tag + "_" + std::to_string(::getpid()) + "_" + std::to_string(counter++));
     fs::remove_all(path);
     fs::create_directories(path);
   }
@@ -48,7 +49,7 @@ struct TempDir {
 struct ParamSpec {
   std::string name;
   std::vector<std::size_t> shape;
-  int shard_dim;  ///< -1: Replicate; d: Shard<d, tensor>
+  int shard_dim;      ///< -1: Replicate; d: Shard<d, tensor>
   std::size_t block;  ///< transformer block (stage assignment); 0 = embedding, blocks+1 = head
 };
 
@@ -108,8 +109,8 @@ std::vector<nn::Parameter> rank_params(std::size_t tp, std::size_t pp, std::size
     if (stage_of(s, pp) != c.pipeline) continue;
     nn::Parameter p;
     if (s.shape.size() == 1) {
-      p = nn::make_parameter<1>(s.name, i, {s.shape[0]}, box_for<1>(s, mesh, c), layout_name(s), s.shard_dim >= 0,
-                                seed, InitSpec::normal(1.0));
+      p = nn::make_parameter<1>(s.name, i, {s.shape[0]}, box_for<1>(s, mesh, c), layout_name(s), s.shard_dim >= 0, seed,
+                                InitSpec::normal(1.0));
     } else {
       p = nn::make_parameter<2>(s.name, i, {s.shape[0], s.shape[1]}, box_for<2>(s, mesh, c), layout_name(s),
                                 s.shard_dim >= 0, seed, InitSpec::normal(1.0));
@@ -289,7 +290,8 @@ TEST_CASE("manifest round-trips and rejects damage", "[io]") {
   }
 }
 
-TEST_CASE("the manifest records the context-parallel size; one written before cp was recorded reads as cp = 1", "[io]") {
+TEST_CASE("the manifest records the context-parallel size; one written before cp was recorded reads as cp = 1",
+          "[io]") {
   io::Manifest m;
   m.mesh = {2, 1, 2, 4};
   m.state = example_state(3);
@@ -365,8 +367,8 @@ TEST_CASE("a (2,2,1) checkpoint loads bit-exactly into every other layout", "[io
       lo.verify_whole_shards = true;
       const auto r = io::load_checkpoint(dir.path, blocks, comm, lo);
       checks.expect(r.stats.bytes_read >= r.stats.bytes_needed, "rank " + std::to_string(comm.rank()) + " read " +
-                                                                   std::to_string(r.stats.bytes_read) + " of " +
-                                                                   std::to_string(r.stats.bytes_needed) + " bytes");
+                                                                    std::to_string(r.stats.bytes_read) + " of " +
+                                                                    std::to_string(r.stats.bytes_needed) + " bytes");
     });
     checks.assert_all(4);
   }
@@ -454,9 +456,11 @@ TEST_CASE("parallel::Zero1AdamW moments saved from (2,1,2) resume a single-rank 
     std::vector<io::SaveBlock> blocks;
     for (const auto& p : params) blocks.push_back(io::save_block(p));
     for (const auto& piece : zero.state_pieces()) {
-      for (auto& b : io::flat_state_blocks(*piece.param, "adamw.m", piece.param_offset, std::span<const float>(piece.m)))
+      for (auto& b :
+           io::flat_state_blocks(*piece.param, "adamw.m", piece.param_offset, std::span<const float>(piece.m)))
         blocks.push_back(b);
-      for (auto& b : io::flat_state_blocks(*piece.param, "adamw.v", piece.param_offset, std::span<const float>(piece.v)))
+      for (auto& b :
+           io::flat_state_blocks(*piece.param, "adamw.v", piece.param_offset, std::span<const float>(piece.v)))
         blocks.push_back(b);
     }
     io::TrainingState st;
@@ -530,7 +534,8 @@ TEST_CASE("a crash at any point of a save leaves the previous checkpoint loadabl
     for (auto& p : got.params) blocks.push_back(io::load_block(p));
     CHECK(io::load_checkpoint(dir.path, blocks).state.step == 1);
     bool same = true;
-    for (std::size_t i = 0; i < got.params.size(); ++i) same = same && bits_equal(got.params[i].value, rs1.params[i].value);
+    for (std::size_t i = 0; i < got.params.size(); ++i)
+      same = same && bits_equal(got.params[i].value, rs1.params[i].value);
     CHECK(same);
   }
   // After all those crashes, a clean save succeeds and becomes latest.
@@ -637,9 +642,9 @@ TEST_CASE("damaged, missing or foreign checkpoints are reported, never loaded", 
     std::vector<float> buf(io::volume(b.global_shape));
     b.box = io::full_box(b.global_shape);
     b.data = buf;
-    CHECK_THROWS_WITH(io::load_checkpoint(dir.path, std::span<const io::LoadBlock>(&b, 1)),
-                      Catch::Contains(rs.params[2].name) && Catch::Contains("different model") &&
-                          Catch::Contains("manifest.txt"));
+    CHECK_THROWS_WITH(
+        io::load_checkpoint(dir.path, std::span<const io::LoadBlock>(&b, 1)),
+        Catch::Contains(rs.params[2].name) && Catch::Contains("different model") && Catch::Contains("manifest.txt"));
   }
   SECTION("a manifest of another model: unknown parameter") {
     std::vector<float> buf(4);
@@ -690,9 +695,10 @@ TEST_CASE("damaged, missing or foreign checkpoints are reported, never loaded", 
       }
       CAPTURE(round, msg);
       CHECK(failed_rank == 1);
-      CHECK_THAT(msg, Catch::StartsWith("rank 1: ") && Catch::Contains("checksum mismatch") &&
-                          Catch::Contains(victim.file));
-      const auto own = msg.find("checksum mismatch"), report = msg.find("\nrank 0: load_checkpoint failed on rank(s) 1");
+      CHECK_THAT(msg,
+                 Catch::StartsWith("rank 1: ") && Catch::Contains("checksum mismatch") && Catch::Contains(victim.file));
+      const auto own = msg.find("checksum mismatch"),
+                 report = msg.find("\nrank 0: load_checkpoint failed on rank(s) 1");
       CHECK(own < report);
       CHECK(report != std::string::npos);
     }
@@ -708,8 +714,9 @@ TEST_CASE("a damaged latest or an unreadable step directory is reported as such"
       std::ofstream f(latest, std::ios::binary);
       f << std::string("step\0\x1b[31m-x", 12) << "\n";
     }
-    CHECK_THROWS_WITH(io::resolve_checkpoint(dir.path),
-                      Catch::Contains("does not name a checkpoint directory: it holds 'step\\x00\\x1b[31m-x' (12 bytes)"));
+    CHECK_THROWS_WITH(
+        io::resolve_checkpoint(dir.path),
+        Catch::Contains("does not name a checkpoint directory: it holds 'step\\x00\\x1b[31m-x' (12 bytes)"));
   }
   SECTION("a path is refused") {
     {

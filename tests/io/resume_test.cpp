@@ -62,7 +62,8 @@ TEST_CASE("resume refuses a checkpoint holding tensors the model lacks", "[io][r
   std::vector<io::SaveBlock> save;
   for (const auto& b : load) save.push_back({b.name, b.global_shape, b.box, b.layout, std::span<const float>(b.data)});
   values.emplace_back(16, 0.5f);
-  save.push_back({"block7.fc1.weight", {4, 4}, io::full_box({4, 4}), "Replicate", std::span<const float>(values.back())});
+  save.push_back(
+      {"block7.fc1.weight", {4, 4}, io::full_box({4, 4}), "Replicate", std::span<const float>(values.back())});
   (void)io::save_checkpoint(dir / "deeper", save, reader.manifest().state);
 
   const std::string error = trainer_at(dir / "deeper", {});

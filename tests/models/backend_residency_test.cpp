@@ -87,11 +87,11 @@ struct ResidencyCheckedBackend : HostBackend {
     check_pointers("gemm", a, b, c);
     HostBackend::gemm<TIn, TOut>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
-#define MPAR_TEST_CHECKED(op)                       \
-  template <class... A>                             \
-  static decltype(auto) op(A&&... a) {              \
-    check_pointers(#op, a...);                      \
-    return HostBackend::op(std::forward<A>(a)...);  \
+#define MPAR_TEST_CHECKED(op)                      \
+  template <class... A>                            \
+  static decltype(auto) op(A&&... a) {             \
+    check_pointers(#op, a...);                     \
+    return HostBackend::op(std::forward<A>(a)...); \
   }
   MPAR_TEST_CHECKED(add)
   MPAR_TEST_CHECKED(bias_add_forward)
@@ -158,11 +158,11 @@ class ResidencyCheckedCommunicator {
   [[nodiscard]] ResidencyCheckedCommunicator split(int color, int key) {
     return ResidencyCheckedCommunicator(inner_.split(color, key));
   }
-#define MPAR_TEST_CHECKED_COMM(op)                  \
-  template <class... A>                             \
-  decltype(auto) op(A&&... a) {                     \
-    check_spans(#op, rank(), a...);                 \
-    return inner_.op(std::forward<A>(a)...);        \
+#define MPAR_TEST_CHECKED_COMM(op)           \
+  template <class... A>                      \
+  decltype(auto) op(A&&... a) {              \
+    check_spans(#op, rank(), a...);          \
+    return inner_.op(std::forward<A>(a)...); \
   }
   MPAR_TEST_CHECKED_COMM(all_reduce)
   MPAR_TEST_CHECKED_COMM(broadcast)
@@ -221,9 +221,10 @@ std::vector<double> losses(const models::GptTrainConfig& c, const std::string& s
 
 }  // namespace
 
-TEST_CASE("backend residency: every pointer the GPT trainer passes to its backend (layers and optimizer) or its "
-          "communicators is rank memory",
-          "[models][backend]") {
+TEST_CASE(
+    "backend residency: every pointer the GPT trainer passes to its backend (layers and optimizer) or its "
+    "communicators is rank memory",
+    "[models][backend]") {
   struct Layout {
     std::size_t tp, pp, dp;
     const char* schedule;
@@ -249,8 +250,9 @@ TEST_CASE("backend residency: every pointer the GPT trainer passes to its backen
     if (l.sgd) c.optimizer = "sgd";  // momentum buffers instead of AdamW moments
     if (std::string(l.schedule) == "interleaved_1f1b") c.chunks = 2;
     INFO("tp=" << l.tp << " pp=" << l.pp << " dp=" << l.dp << " " << l.schedule << (l.recompute ? " recompute" : "")
-                << (l.moe ? " moe ep=2" : "") << (l.zero1_f16_save ? " zero1 f16 save" : "") << (l.sgd ? " sgd" : ""));
-    const std::string save = l.zero1_f16_save ? (std::filesystem::temp_directory_path() / "mpar-residency-ckpt").string() : "";
+               << (l.moe ? " moe ep=2" : "") << (l.zero1_f16_save ? " zero1 f16 save" : "") << (l.sgd ? " sgd" : ""));
+    const std::string save =
+        l.zero1_f16_save ? (std::filesystem::temp_directory_path() / "mpar-residency-ckpt").string() : "";
     const auto checked = losses<ResidencyCheckedBackend>(c, save);  // throws on a pointer outside rank memory
     if (!save.empty()) std::filesystem::remove_all(save);
     // The check only observes: the arithmetic is the host backend's, so the losses are identical.

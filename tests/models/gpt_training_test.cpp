@@ -1,17 +1,17 @@
 // Hybrid-parallel GPT training against the single-rank run: loss sequences, every trained parameter,
 // ZeRO-1, clipping, mixed precision, resumption from a checkpoint saved with another layout.
-#include <catch2/catch.hpp>
 #include <algorithm>
+#include <catch2/catch.hpp>
 #include <cmath>
 #include <filesystem>
 #include <map>
 #include <mpar/models/gpt_trainer.hpp>
 #include <mpar/mpar.hpp>
 
-#include "gpt_test_config.hpp"
 #include <mutex>
 #include <string>
 #include <vector>
+#include "gpt_test_config.hpp"
 
 using namespace mpar;
 namespace fs = std::filesystem;
@@ -37,10 +37,10 @@ using NcclLike = OrderedP2pCommunicator<ThreadsCommunicator>;
 
 struct RunResult {
   std::vector<double> losses, norms, aux;
-  std::vector<std::size_t> lags;  ///< StepReport::weight_lag of each step
-  std::vector<double> idle_slots; ///< StepReport::idle_slots of each step
+  std::vector<std::size_t> lags;   ///< StepReport::weight_lag of each step
+  std::vector<double> idle_slots;  ///< StepReport::idle_slots of each step
   std::size_t dropped = 0;
-  std::map<std::string, std::vector<float>> params;  ///< every parameter's full tensor, gathered from its shards
+  std::map<std::string, std::vector<float>> params;   ///< every parameter's full tensor, gathered from its shards
   std::map<std::string, std::vector<float>> initial;  ///< the same before the first step of this run
   /// Largest difference between two copies of one element (data-parallel replicas, tensor-parallel
   /// replicated parameters, the tied embedding copy on the last stage), relative to the tensor's largest value.
@@ -53,10 +53,12 @@ struct RunResult {
  * compared with the copy already written: `replica_mismatch` keeps the largest difference, so replicas
  * that drift apart fail the equivalence checks instead of the last writer winning.
  */
-void gather_into(RunResult& res, std::map<std::string, std::vector<float>>& full, const nn::Parameter& p, std::mutex& m) {
+void gather_into(RunResult& res, std::map<std::string, std::vector<float>>& full, const nn::Parameter& p,
+                 std::mutex& m) {
   std::lock_guard lock(m);
   auto& dst = full[p.name];
-  if (dst.size() != p.global_size()) dst.assign(p.global_size(), std::nanf(""));  // unwritten elements fail the comparison
+  if (dst.size() != p.global_size())
+    dst.assign(p.global_size(), std::nanf(""));  // unwritten elements fail the comparison
   float scale = 1e-30f;
   for (float v : p.value) scale = std::max(scale, std::abs(v));
   for (std::size_t k = 0; k < p.value.size(); ++k) {
@@ -172,7 +174,8 @@ void require_same_parameters(const RunResult& got, const RunResult& ref, const s
   }
 }
 
-void require_bf16_equivalent(const RunResult& got, const RunResult& ref, const std::string& what, bool compare_updates) {
+void require_bf16_equivalent(const RunResult& got, const RunResult& ref, const std::string& what,
+                             bool compare_updates) {
   constexpr double bf16_loss_tol = 1e-3, bf16_norm_tol = 1e-2, bf16_update_tol = 2e-2;
   INFO(what);
   CHECK(got.replica_mismatch <= replica_tol);
@@ -216,14 +219,20 @@ const RunResult& reference_sgd() {
 TEST_CASE("every (tp, pp, dp) layout reproduces the single-rank loss sequence and parameters", "[models][gpt]") {
   const RunResult& ref = reference_sgd();
   REQUIRE(ref.losses.back() < ref.losses.front());
-  for (auto [tp, pp, dp] : {std::tuple<std::size_t, std::size_t, std::size_t>{2, 1, 1}, {1, 2, 1}, {1, 1, 2}, {2, 2, 1},
-                            {2, 1, 2}, {1, 2, 2}, {2, 2, 2}})
+  for (auto [tp, pp, dp] : {std::tuple<std::size_t, std::size_t, std::size_t>{2, 1, 1},
+                            {1, 2, 1},
+                            {1, 1, 2},
+                            {2, 2, 1},
+                            {2, 1, 2},
+                            {1, 2, 2},
+                            {2, 2, 2}})
     require_equivalent(run(small_sgd(tp, pp, dp), 20), ref,
                        "tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp), true);
   // The same sweep with AdamW: losses and gradient norms.
   for (auto [tp, pp, dp] : {std::tuple<std::size_t, std::size_t, std::size_t>{2, 1, 1}, {1, 2, 2}, {2, 2, 2}})
     require_equivalent(run(small(tp, pp, dp), 20), reference(),
-                       "AdamW tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp), false);
+                       "AdamW tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp),
+                       false);
 }
 
 TEST_CASE("every synchronous pipeline schedule reproduces the single-rank run", "[models][gpt][pipeline]") {
@@ -290,12 +299,14 @@ TEST_CASE("context parallelism with ZeRO shards over data x context; its checkpo
   for (const auto& c : {small(1, 1, 1), again}) {
     const RunResult rest = run(c, 20, dir.string());
     REQUIRE(rest.losses.size() == 10);
-    for (std::size_t i = 0; i < 10; ++i) REQUIRE(rest.losses[i] == Approx(reference().losses[10 + i]).epsilon(loss_tol));
+    for (std::size_t i = 0; i < 10; ++i)
+      REQUIRE(rest.losses[i] == Approx(reference().losses[10 + i]).epsilon(loss_tol));
   }
   fs::remove_all(dir);
 }
 
-TEST_CASE("context-parallel configurations that cannot run are refused, naming the fix", "[models][gpt][context][errors]") {
+TEST_CASE("context-parallel configurations that cannot run are refused, naming the fix",
+          "[models][gpt][context][errors]") {
   auto expect = [](models::GptTrainConfig c, std::size_t world, const std::string& text) {
     INFO(text);
     REQUIRE_THROWS_WITH(c.validate(world), Catch::Contains(text));
@@ -351,7 +362,8 @@ RunResult run_delayed_reference(models::GptTrainConfig c, std::size_t steps) {
         },
         [&] {
           if (!previous.empty())
-            for (std::size_t k = 0; k < ps.size(); ++k) std::copy(current[k].begin(), current[k].end(), ps[k]->value.begin());
+            for (std::size_t k = 0; k < ps.size(); ++k)
+              std::copy(current[k].begin(), current[k].end(), ps[k]->value.begin());
           previous.assign(ps.size(), {});
           for (std::size_t k = 0; k < ps.size(); ++k) previous[k].assign(ps[k]->value.begin(), ps[k]->value.end());
         });
@@ -389,7 +401,8 @@ TEST_CASE("2bw trains to the delayed-update single-rank reference", "[models][gp
   lags[0] = 0;
   for (auto [tp, pp, dp] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 2, 1}, {2, 2, 1}, {1, 2, 2}}) {
     const RunResult got = run(small_sgd(tp, pp, dp, "2bw"), 20);
-    require_equivalent(got, ref, "2bw tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp), true);
+    require_equivalent(
+        got, ref, "2bw tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp), true);
     CHECK(got.lags == lags);
     // Each step is one flushed program in 1F1B order: 1F1B's bubble, by hand 3 (pp - 1) idle slots on each of
     // the pp ranks (a forward one slot, a backward two), every step.
@@ -449,7 +462,8 @@ TEST_CASE("ZeRO-1 equals plain data parallelism", "[models][gpt][zero]") {
   require_equivalent(run(zero_tp, 20), reference(), "ZeRO-1 tp=2 dp=2 vs single rank", false);
 }
 
-TEST_CASE("ZeRO-2 reproduces the single-rank run and ZeRO-1's parameters, with tp and pp", "[models][gpt][zero][zero2]") {
+TEST_CASE("ZeRO-2 reproduces the single-rank run and ZeRO-1's parameters, with tp and pp",
+          "[models][gpt][zero][zero2]") {
   // dp = 2 alone, with tp = 2 and with pp = 2; several buckets, so reduce-scatters overlap the backward and
   // the bounded in-flight window (two reduce-scatters, then the oldest is waited for and freed) is exercised.
   for (auto [tp, pp] : {std::pair<std::size_t, std::size_t>{1, 1}, {2, 1}, {1, 2}}) {
@@ -467,7 +481,8 @@ TEST_CASE("ZeRO-2 reproduces the single-rank run and ZeRO-1's parameters, with t
   }
 }
 
-TEST_CASE("ZeRO-2 under bf16 and f16 and with every step clipped agrees with the single-rank run", "[models][gpt][zero2][precision]") {
+TEST_CASE("ZeRO-2 under bf16 and f16 and with every step clipped agrees with the single-rank run",
+          "[models][gpt][zero2][precision]") {
   for (const char* prec : {"bf16", "f16"}) {
     auto one = small(1, 1, 1);
     one.precision = prec;
@@ -490,7 +505,9 @@ TEST_CASE("ZeRO-2 under bf16 and f16 and with every step clipped agrees with the
   require_equivalent(run(z2, 10), ref, "clipped ZeRO-2 tp=2 dp=2", false);
 }
 
-TEST_CASE("ZeRO-2 holds only gradient shards between steps; ZeRO-1 holds full gradients (its buckets are ranges of them)", "[models][gpt][zero2][memory]") {
+TEST_CASE(
+    "ZeRO-2 holds only gradient shards between steps; ZeRO-1 holds full gradients (its buckets are ranges of them)",
+    "[models][gpt][zero2][memory]") {
   struct Held {
     std::size_t gradients = 0, states = 0, local = 0, non_empty_grads = 0;
   };
@@ -530,7 +547,8 @@ TEST_CASE("ZeRO-2 holds only gradient shards between steps; ZeRO-1 holds full gr
   }
 }
 
-TEST_CASE("ZeRO-3 reproduces the single-rank run and ZeRO-2's parameters, with tp, pp and recomputation", "[models][gpt][zero][zero3]") {
+TEST_CASE("ZeRO-3 reproduces the single-rank run and ZeRO-2's parameters, with tp, pp and recomputation",
+          "[models][gpt][zero][zero3]") {
   // Parameters sharded at rest, each unit (embeddings, a block, the head) gathered around its forward and its
   // backward with the next unit's gather in flight; several buckets (4096 bytes), none crossing a unit.
   struct Layout {
@@ -633,7 +651,8 @@ TEST_CASE("gradient clipping equals single-rank clipping", "[models][gpt][clip]"
     auto c = small_sgd(tp, pp, dp);
     c.clip = 0.05;
     require_equivalent(run(c, 10), ref,
-                       "clipped tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp), true);
+                       "clipped tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp),
+                       true);
   }
 }
 
@@ -671,7 +690,8 @@ TEST_CASE("a run resumed from a checkpoint of another layout continues exactly",
   const RunResult zero_full = run(zero, 20);
   (void)run(zero, 10, "", dir.string());
   const RunResult plain_rest = run(small(2, 1, 1), 20, dir.string());
-  for (std::size_t i = 0; i < 10; ++i) REQUIRE(plain_rest.losses[i] == Approx(zero_full.losses[10 + i]).epsilon(loss_tol));
+  for (std::size_t i = 0; i < 10; ++i)
+    REQUIRE(plain_rest.losses[i] == Approx(zero_full.losses[10 + i]).epsilon(loss_tol));
   fs::remove_all(dir);
   (void)run(small(2, 2, 1), 10, "", dir.string());
   auto zero_again = small(1, 1, 2);
@@ -681,7 +701,8 @@ TEST_CASE("a run resumed from a checkpoint of another layout continues exactly",
   fs::remove_all(dir);
 }
 
-TEST_CASE("a checkpoint saved with ZeRO-2 resumes at ZeRO-1 and at one rank, and ZeRO-2 resumes a plain one", "[models][gpt][zero2][checkpoint]") {
+TEST_CASE("a checkpoint saved with ZeRO-2 resumes at ZeRO-1 and at one rank, and ZeRO-2 resumes a plain one",
+          "[models][gpt][zero2][checkpoint]") {
   const fs::path dir = fs::temp_directory_path() / "mpar-test-gpt-resume-zero2";
   fs::remove_all(dir);
   // ZeRO-2 saves its moment shards as flat ranges of each parameter, as ZeRO-1 does; its gradient shards
@@ -693,8 +714,8 @@ TEST_CASE("a checkpoint saved with ZeRO-2 resumes at ZeRO-1 and at one rank, and
   (void)run(z2, 10, "", dir.string());
   auto z1 = small(2, 1, 2);
   z1.zero = 1;
-  for (const auto& [what, c] : {std::pair<std::string, models::GptTrainConfig>{"ZeRO-1 tp=2 dp=2", z1},
-                                {"one rank", small(1, 1, 1)}}) {
+  for (const auto& [what, c] :
+       {std::pair<std::string, models::GptTrainConfig>{"ZeRO-1 tp=2 dp=2", z1}, {"one rank", small(1, 1, 1)}}) {
     INFO("resumed at " << what);
     const RunResult rest = run(c, 20, dir.string());
     REQUIRE(rest.losses.size() == 10);
@@ -709,7 +730,8 @@ TEST_CASE("a checkpoint saved with ZeRO-2 resumes at ZeRO-1 and at one rank, and
   fs::remove_all(dir);
 }
 
-TEST_CASE("a checkpoint saved with ZeRO-3 resumes at ZeRO-1 and at one rank, and ZeRO-3 resumes a plain one", "[models][gpt][zero3][checkpoint]") {
+TEST_CASE("a checkpoint saved with ZeRO-3 resumes at ZeRO-1 and at one rank, and ZeRO-3 resumes a plain one",
+          "[models][gpt][zero3][checkpoint]") {
   const fs::path dir = fs::temp_directory_path() / "mpar-test-gpt-resume-zero3";
   fs::remove_all(dir);
   // ZeRO-3 gathers its weight shards to save the full blocks, and its moments as flat ranges, as ZeRO-1 does.
@@ -720,8 +742,8 @@ TEST_CASE("a checkpoint saved with ZeRO-3 resumes at ZeRO-1 and at one rank, and
   (void)run(z3, 10, "", dir.string());
   auto z1 = small(2, 1, 2);
   z1.zero = 1;
-  for (const auto& [what, c] : {std::pair<std::string, models::GptTrainConfig>{"ZeRO-1 tp=2 dp=2", z1},
-                                {"one rank", small(1, 1, 1)}}) {
+  for (const auto& [what, c] :
+       {std::pair<std::string, models::GptTrainConfig>{"ZeRO-1 tp=2 dp=2", z1}, {"one rank", small(1, 1, 1)}}) {
     INFO("resumed at " << what);
     const RunResult rest = run(c, 20, dir.string());
     REQUIRE(rest.losses.size() == 10);
@@ -738,7 +760,8 @@ TEST_CASE("a checkpoint saved with ZeRO-3 resumes at ZeRO-1 and at one rank, and
   fs::remove_all(dir);
 }
 
-TEST_CASE("a rank failing mid-training stops every rank with its name; the job resumes from the last checkpoint", "[models][gpt][faults]") {
+TEST_CASE("a rank failing mid-training stops every rank with its name; the job resumes from the last checkpoint",
+          "[models][gpt][faults]") {
   const fs::path dir = fs::temp_directory_path() / "mpar-test-gpt-fault";
   fs::remove_all(dir);
   const auto c = small(2, 2, 1);
@@ -771,7 +794,8 @@ TEST_CASE("a rank failing mid-training stops every rank with its name; the job r
   // The checkpoint of step 8 is intact and the job continues from it exactly as if nothing had happened.
   const RunResult rest = run(c, 20, dir.string());
   REQUIRE(rest.losses.size() == 12);
-  for (std::size_t i = 0; i < rest.losses.size(); ++i) REQUIRE(rest.losses[i] == Approx(reference().losses[8 + i]).epsilon(loss_tol));
+  for (std::size_t i = 0; i < rest.losses.size(); ++i)
+    REQUIRE(rest.losses[i] == Approx(reference().losses[8 + i]).epsilon(loss_tol));
   fs::remove_all(dir);
 }
 
@@ -872,7 +896,10 @@ TEST_CASE("GPT with MoE: expert parallelism with tp, pp, dp reproduces the singl
   REQUIRE(ref.params.count("block1.moe.experts.w1") == 1);
   REQUIRE(ref.params.count("block0.moe.experts.w1") == 0);  // block 0 stays dense with moe_every = 2
   for (auto [tp, pp, dp, ep] : {std::tuple<std::size_t, std::size_t, std::size_t, std::size_t>{1, 1, 1, 2},
-                                {1, 1, 2, 1}, {2, 1, 1, 2}, {1, 2, 1, 2}, {1, 1, 2, 2}})
+                                {1, 1, 2, 1},
+                                {2, 1, 1, 2},
+                                {1, 2, 1, 2},
+                                {1, 1, 2, 2}})
     require_moe_equivalent(run(small_moe(tp, pp, dp, ep), moe_steps), ref,
                            "MoE tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp) +
                                " ep=" + std::to_string(ep));
@@ -892,7 +919,8 @@ TEST_CASE("GPT with MoE: expert parallelism with tp, pp, dp reproduces the singl
   REQUIRE(rel_diff(plain.params.at("block1.moe.gate.weight"), ref.params.at("block1.moe.gate.weight")) > 1e-4);
 }
 
-TEST_CASE("GPT with MoE: clipping counts every expert once, AdamW and ZeRO-1 (ep = 1) agree", "[models][gpt][moe][clip]") {
+TEST_CASE("GPT with MoE: clipping counts every expert once, AdamW and ZeRO-1 (ep = 1) agree",
+          "[models][gpt][moe][clip]") {
   auto one = small_moe(1, 1, 1, 1);
   one.clip = 0.05;
   const RunResult ref = run(one, 5);
@@ -915,7 +943,8 @@ TEST_CASE("GPT with MoE: clipping counts every expert once, AdamW and ZeRO-1 (ep
   require_moe_equivalent(run(zero, 5), adam_ref, "ZeRO-1 MoE dp=2 ep=1", false);
 }
 
-TEST_CASE("GPT with MoE under f16 loss scaling: the load-balancing gradient is scaled like the loss", "[models][gpt][moe][precision]") {
+TEST_CASE("GPT with MoE under f16 loss scaling: the load-balancing gradient is scaled like the loss",
+          "[models][gpt][moe][precision]") {
   // The effect of the load-balancing loss on a gate (its parameters with minus without it) must be the same
   // under f16 (gradients scaled by 65536, then unscaled) as in fp32; an unscaled aux gradient would vanish.
   auto with = [](const char* prec, float aux, std::size_t ep) {
@@ -934,7 +963,8 @@ TEST_CASE("GPT with MoE under f16 loss scaling: the load-balancing gradient is s
   REQUIRE(rel_diff(f16, fp32) < 0.1);
 }
 
-TEST_CASE("GPT with MoE: a checkpoint saved with ep = 2 resumes on another expert layout", "[models][gpt][moe][checkpoint]") {
+TEST_CASE("GPT with MoE: a checkpoint saved with ep = 2 resumes on another expert layout",
+          "[models][gpt][moe][checkpoint]") {
   const fs::path dir = fs::temp_directory_path() / "mpar-test-gpt-moe-resume";
   fs::remove_all(dir);
   auto adam = [](std::size_t dp, std::size_t ep) {
@@ -990,7 +1020,8 @@ TEST_CASE("GPT with MoE: invalid expert layouts are refused, saying what to chan
 }
 
 // bf16 autocast: every layout reproduces the single-rank bf16 run (tolerances at require_bf16_equivalent).
-TEST_CASE("bf16 autocast: tp, pp, dp and ep layouts reproduce the single-rank bf16 run", "[models][gpt][precision][autocast]") {
+TEST_CASE("bf16 autocast: tp, pp, dp and ep layouts reproduce the single-rank bf16 run",
+          "[models][gpt][precision][autocast]") {
   constexpr std::size_t steps = 10;
   auto check = [](const RunResult& got, const RunResult& ref, const std::string& what) {
     require_bf16_equivalent(got, ref, what, true);
@@ -1004,7 +1035,8 @@ TEST_CASE("bf16 autocast: tp, pp, dp and ep layouts reproduce the single-rank bf
   REQUIRE(ref.losses.back() < ref.losses.front());
   const RunResult fp32 = run(small_sgd(1, 1, 1), steps);
   REQUIRE(ref.losses.back() != fp32.losses.back());
-  for (auto [tp, pp, dp] : {std::tuple<std::size_t, std::size_t, std::size_t>{2, 1, 1}, {1, 2, 1}, {1, 1, 2}, {2, 2, 1}})
+  for (auto [tp, pp, dp] :
+       {std::tuple<std::size_t, std::size_t, std::size_t>{2, 1, 1}, {1, 2, 1}, {1, 1, 2}, {2, 2, 1}})
     check(run(bf16(small_sgd(tp, pp, dp)), steps), ref,
           "bf16 tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp));
   // Expert parallelism (the experts' own GEMMs stay fp32 on rounded weights; the dense layers are bf16).

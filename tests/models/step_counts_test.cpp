@@ -7,10 +7,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
-#include <optional>
 #include <cstdio>
+#include <cstring>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -29,8 +29,8 @@ namespace {
 
 struct RankCounts {
   MeshCoord coord;
-  std::size_t held = 0;     // parameters on the rank
-  std::size_t updated = 0;  // parameters the optimizer updates (the head's tied copy is copied, not updated)
+  std::size_t held = 0;       // parameters on the rank
+  std::size_t updated = 0;    // parameters the optimizer updates (the head's tied copy is copied, not updated)
   BackendCounts step, again;  // the steady-state step (the second) and the one after it
 };
 
@@ -59,8 +59,8 @@ std::vector<RankCounts> count_steps(const models::GptTrainConfig& c) {
 void print(const std::string& name, const std::vector<RankCounts>& rs) {
   for (std::size_t i = 0; i < rs.size(); ++i) {
     const auto& s = rs[i].step;
-    std::printf("%-28s rank %zu: launches %llu (gemms %llu), host syncs %llu, host bytes %llu\n    %s\n", name.c_str(), i,
-                (unsigned long long)s.total_launches(), (unsigned long long)s.gemms(),
+    std::printf("%-28s rank %zu: launches %llu (gemms %llu), host syncs %llu, host bytes %llu\n    %s\n", name.c_str(),
+                i, (unsigned long long)s.total_launches(), (unsigned long long)s.gemms(),
                 (unsigned long long)s.host_syncs(), (unsigned long long)s.host_bytes, s.by_kind().c_str());
   }
 }
@@ -164,12 +164,15 @@ void check_dense(const std::string& name, const models::GptTrainConfig& c) {
     // none is left in fp32.
     if (c.precision != "fp32") CHECK(r.step[Op::gemm] == 0);
     if (c.precision != "fp32") CHECK(r.step[Op::gemm_mixed] > 0);
-    CHECK(r.step[Op::gemm_bias_gelu] == std::uint64_t(c.microbatches) * (c.model.layers / c.pp) * (c.recompute ? 2 : 1));
+    CHECK(r.step[Op::gemm_bias_gelu] ==
+          std::uint64_t(c.microbatches) * (c.model.layers / c.pp) * (c.recompute ? 2 : 1));
     if (!c.zero1) {
       CHECK(r.step[Op::adamw_update] == r.updated);
       // Tensor rank 0 counts the replicated parameters in the norm; the others only their own shards.
-      if (r.coord.tensor == 0) CHECK(r.step[Op::sum_squares] == r.updated);
-      else CHECK(r.step[Op::sum_squares] < r.updated);
+      if (r.coord.tensor == 0)
+        CHECK(r.step[Op::sum_squares] == r.updated);
+      else
+        CHECK(r.step[Op::sum_squares] < r.updated);
     }
     // Every gradient the rank holds (the tied copy included) lies in one arena, zeroed by one operation; then
     // the norm's accumulator and the step's losses.
@@ -287,12 +290,14 @@ std::vector<double> losses(const models::GptTrainConfig& c, bool nan_filled) {
 }
 }  // namespace
 
-TEST_CASE("uninitialised layer storage: training on memory pre-filled with NaN gives the same losses", "[models][counts]") {
+TEST_CASE("uninitialised layer storage: training on memory pre-filled with NaN gives the same losses",
+          "[models][counts]") {
   auto rc = testing::small_gpt(1, 2, 1);
   rc.recompute = true;
   auto il = testing::small_gpt(1, 2, 1, "interleaved_1f1b");
   il.chunks = 2;
-  for (const auto& c : {testing::small_gpt(1, 1, 1), testing::small_gpt(2, 1, 1), testing::small_gpt(1, 1, 2), rc, il}) {
+  for (const auto& c :
+       {testing::small_gpt(1, 1, 1), testing::small_gpt(2, 1, 1), testing::small_gpt(1, 1, 2), rc, il}) {
     INFO("tp " << c.tp << " pp " << c.pp << " dp " << c.dp << " " << c.schedule);
     const auto clean = losses(c, false), nan = losses(c, true);
     REQUIRE(clean.size() == 3);

@@ -164,7 +164,8 @@ TEST_CASE("Autocast(bf16): Linear, ColumnParallel and RowParallel match a bf16-r
         {
           Autocast scope(ComputeType::bf16);
           const Activation y = testing::forward(layer, x, 0);  // this rank's output columns
-          const Activation dx = testing::backward_input(layer, local_features(dy, std::size_t(p), r), 0);  // all-reduced
+          const Activation dx =
+              testing::backward_input(layer, local_features(dy, std::size_t(p), r), 0);  // all-reduced
           layer.backward_weight(0);
           m.y = excess(y, ref.y, ref.y_bound, Out, 0, r * cols);
           m.y_vs_fp32 = excess(y, ref.y_fp32, ref.y_bound, Out, 0, r * cols);
@@ -262,7 +263,8 @@ TEST_CASE("Autocast: a backward uses the type its forward used, and scopes nest"
 // two sides of a bf16 rounding boundary (one element moves by 2^-8 relative), so elementwise bounds as above
 // would be brittle; the bf16-vs-fp32 difference itself is about 10x larger than the tolerance, which the test
 // checks too.
-TEST_CASE("Autocast(bf16): the attention core's products match a bf16-rounded naive reference", "[nn][autocast][attention]") {
+TEST_CASE("Autocast(bf16): the attention core's products match a bf16-rounded naive reference",
+          "[nn][autocast][attention]") {
   const std::size_t heads = 2, d = 8, s = 6, nb = 2, hl = heads * d, ld = 3 * hl, tokens = nb * s;
   const AttentionCore core{heads, d, s};
   const Activation qkv = random_activation(tokens, ld, 91), dout = random_activation(tokens, hl, 92);
@@ -313,8 +315,8 @@ TEST_CASE("Autocast(bf16): the attention core's products match a bf16-rounded na
           for (std::size_t j = 0; j <= i; ++j)
             for (std::size_t c = 0; c < d; ++c) {
               const double ds = r(dp[i * s + j]);
-              grad[(b * s + i) * ld + h * d + c] += scale * ds * k(j, c);       // dQ
-              grad[(b * s + j) * ld + hl + h * d + c] += scale * ds * q(i, c);  // dK
+              grad[(b * s + i) * ld + h * d + c] += scale * ds * k(j, c);                 // dQ
+              grad[(b * s + j) * ld + hl + h * d + c] += scale * ds * q(i, c);            // dK
               grad[(b * s + j) * ld + 2 * hl + h * d + c] += r(p[i * s + j]) * go(i, c);  // dV
             }
       }
@@ -378,7 +380,8 @@ TEST_CASE("ColumnParallelGelu: matches ColumnParallel then Gelu (fp32 and bf16) 
               for (std::size_t j = 0; j < local; ++j) {
                 double s = b[j];
                 for (std::size_t k = 0; k < In; ++k) s += double(x(i, k)) * double(w[k * local + j]);
-                ref[i * local + j] = float(0.5 * s * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (s + 0.044715 * s * s * s))));
+                ref[i * local + j] =
+                    float(0.5 * s * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (s + 0.044715 * s * s * s))));
               }
             e.naive = rel_err(y.tensor().values(), ref);
           } else {

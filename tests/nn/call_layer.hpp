@@ -24,8 +24,10 @@ nn::Activation backward(Layer& layer, const nn::Activation& dy, int mb = 0) {
 template <class Layer>
 nn::Activation backward_input(Layer& layer, const nn::Activation& dy, int mb = 0) {
   const nn::Act<output_grad_layout_t<Layer>> g(dy);
-  if constexpr (requires { layer.backward_input(g, mb); }) return layer.backward_input(g, mb).tensor();
-  else return layer.backward(g, mb).tensor();
+  if constexpr (requires { layer.backward_input(g, mb); })
+    return layer.backward_input(g, mb).tensor();
+  else
+    return layer.backward(g, mb).tensor();
 }
 /** W: the weight gradients (nothing for a layer whose backward does not split). */
 template <class Layer>

@@ -46,46 +46,71 @@ class CountingCommunicator {
   [[nodiscard]] CollectiveCounts& counts() { return *counts_; }
 
   template <class T>
-  void all_reduce(std::span<T> d, ReduceOp op) { counts_->add("all_reduce", d.size()), inner_.all_reduce(d, op); }
+  void all_reduce(std::span<T> d, ReduceOp op) {
+    counts_->add("all_reduce", d.size()), inner_.all_reduce(d, op);
+  }
   template <class T>
-  void broadcast(std::span<T> d, int root) { counts_->add("broadcast", d.size()), inner_.broadcast(d, root); }
+  void broadcast(std::span<T> d, int root) {
+    counts_->add("broadcast", d.size()), inner_.broadcast(d, root);
+  }
   template <class T>
   void reduce(std::span<const T> s, std::span<T> r, ReduceOp op, int root) {
     counts_->add("reduce", s.size()), inner_.reduce(s, r, op, root);
   }
   template <class T>
-  void all_gather(std::span<const T> s, std::span<T> r) { counts_->add("all_gather", r.size()), inner_.all_gather(s, r); }
+  void all_gather(std::span<const T> s, std::span<T> r) {
+    counts_->add("all_gather", r.size()), inner_.all_gather(s, r);
+  }
   template <class T>
   void reduce_scatter(std::span<const T> s, std::span<T> r, ReduceOp op) {
     counts_->add("reduce_scatter", s.size()), inner_.reduce_scatter(s, r, op);
   }
   template <class T>
-  void gather(std::span<const T> s, std::span<T> r, int root) { counts_->add("gather", s.size()), inner_.gather(s, r, root); }
+  void gather(std::span<const T> s, std::span<T> r, int root) {
+    counts_->add("gather", s.size()), inner_.gather(s, r, root);
+  }
   template <class T>
-  void scatter(std::span<const T> s, std::span<T> r, int root) { counts_->add("scatter", r.size()), inner_.scatter(s, r, root); }
+  void scatter(std::span<const T> s, std::span<T> r, int root) {
+    counts_->add("scatter", r.size()), inner_.scatter(s, r, root);
+  }
   template <class T>
-  void all_to_all(std::span<const T> s, std::span<T> r) { counts_->add("all_to_all", s.size()), inner_.all_to_all(s, r); }
+  void all_to_all(std::span<const T> s, std::span<T> r) {
+    counts_->add("all_to_all", s.size()), inner_.all_to_all(s, r);
+  }
   template <class T>
-  void all_to_all_v(std::span<const T> s, std::span<const std::size_t> sc, std::span<T> r, std::span<const std::size_t> rc) {
+  void all_to_all_v(std::span<const T> s, std::span<const std::size_t> sc, std::span<T> r,
+                    std::span<const std::size_t> rc) {
     counts_->add("all_to_all_v", s.size()), inner_.all_to_all_v(s, sc, r, rc);
   }
   template <class T>
-  void send(std::span<const T> d, int peer, int tag) { counts_->add("send", d.size()), inner_.send(d, peer, tag); }
+  void send(std::span<const T> d, int peer, int tag) {
+    counts_->add("send", d.size()), inner_.send(d, peer, tag);
+  }
   template <class T>
-  void recv(std::span<T> d, int peer, int tag) { counts_->add("recv", d.size()), inner_.recv(d, peer, tag); }
+  void recv(std::span<T> d, int peer, int tag) {
+    counts_->add("recv", d.size()), inner_.recv(d, peer, tag);
+  }
   void barrier() { counts_->add("barrier", 0), inner_.barrier(); }
   template <class T>
-  auto iall_reduce(std::span<T> d, ReduceOp op) { return counts_->add("all_reduce", d.size()), inner_.iall_reduce(d, op); }
+  auto iall_reduce(std::span<T> d, ReduceOp op) {
+    return counts_->add("all_reduce", d.size()), inner_.iall_reduce(d, op);
+  }
   template <class T>
-  auto iall_gather(std::span<const T> s, std::span<T> r) { return counts_->add("all_gather", r.size()), inner_.iall_gather(s, r); }
+  auto iall_gather(std::span<const T> s, std::span<T> r) {
+    return counts_->add("all_gather", r.size()), inner_.iall_gather(s, r);
+  }
   template <class T>
   auto ireduce_scatter(std::span<const T> s, std::span<T> r, ReduceOp op) {
     return counts_->add("reduce_scatter", s.size()), inner_.ireduce_scatter(s, r, op);
   }
   template <class T>
-  auto isend(std::span<const T> d, int peer, int tag) { return counts_->add("send", d.size()), inner_.isend(d, peer, tag); }
+  auto isend(std::span<const T> d, int peer, int tag) {
+    return counts_->add("send", d.size()), inner_.isend(d, peer, tag);
+  }
   template <class T>
-  auto irecv(std::span<T> d, int peer, int tag) { return counts_->add("recv", d.size()), inner_.irecv(d, peer, tag); }
+  auto irecv(std::span<T> d, int peer, int tag) {
+    return counts_->add("recv", d.size()), inner_.irecv(d, peer, tag);
+  }
   CountingCommunicator split(int color, int key) { return CountingCommunicator(inner_.split(color, key)); }
 
  private:

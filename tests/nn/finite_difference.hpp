@@ -46,7 +46,8 @@ inline Vec linear(const Vec& x, std::size_t t, std::size_t in, std::size_t out, 
 }
 
 /** (x - mean) / sqrt(var + eps) * gamma + beta per row, the biased variance. */
-inline Vec layer_norm(const Vec& x, std::size_t t, std::size_t n, const Vec& gamma, const Vec& beta, double eps = 1e-5) {
+inline Vec layer_norm(const Vec& x, std::size_t t, std::size_t n, const Vec& gamma, const Vec& beta,
+                      double eps = 1e-5) {
   Vec y(t * n);
   for (std::size_t r = 0; r < t; ++r) {
     double mean = 0, var = 0;
@@ -54,7 +55,8 @@ inline Vec layer_norm(const Vec& x, std::size_t t, std::size_t n, const Vec& gam
     mean /= double(n);
     for (std::size_t i = 0; i < n; ++i) var += (x[r * n + i] - mean) * (x[r * n + i] - mean);
     var /= double(n);
-    for (std::size_t i = 0; i < n; ++i) y[r * n + i] = (x[r * n + i] - mean) / std::sqrt(var + eps) * gamma[i] + beta[i];
+    for (std::size_t i = 0; i < n; ++i)
+      y[r * n + i] = (x[r * n + i] - mean) / std::sqrt(var + eps) * gamma[i] + beta[i];
   }
   return y;
 }
@@ -101,8 +103,8 @@ inline Vec attention_core(const Vec& qkv, std::size_t t, std::size_t heads, std:
 }
 
 /** Self-attention with parameters `<name>.qkv.{weight,bias}` ([h, 3h], [3h]) and `<name>.proj.{weight,bias}`. */
-inline Vec attention(const Vec& x, std::size_t t, std::size_t hidden, std::size_t heads, std::size_t seq, const Params& p,
-                     const std::string& name, std::size_t future = 0) {
+inline Vec attention(const Vec& x, std::size_t t, std::size_t hidden, std::size_t heads, std::size_t seq,
+                     const Params& p, const std::string& name, std::size_t future = 0) {
   const Vec qkv = linear(x, t, hidden, 3 * hidden, p.at(name + ".qkv.weight"), &p.at(name + ".qkv.bias"));
   const Vec o = attention_core(qkv, t, heads, hidden / heads, seq, future);
   return linear(o, t, hidden, hidden, p.at(name + ".proj.weight"), &p.at(name + ".proj.bias"));

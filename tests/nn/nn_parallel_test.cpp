@@ -113,7 +113,8 @@ TEMPLATE_TEST_CASE("Self-attention split by heads: TP = 1, 2, 4 match the serial
   for (int p : {1, 2, 4}) {
     INFO("TP = " << p << (sp ? " with sequence parallelism" : ""));
     ParallelResult out;
-    run_parallel<L>(p, x, dy, out, [&](Comm& tp) { return SelfAttention<Comm, dyn, dyn, dyn, TestType::value>(tp, cfg); });
+    run_parallel<L>(p, x, dy, out,
+                    [&](Comm& tp) { return SelfAttention<Comm, dyn, dyn, dyn, TestType::value>(tp, cfg); });
     require_close(out.y, y, "forward output");
     require_close(out.dx, dx, "input gradient");
     require_params_match(out.params, rp);
@@ -128,11 +129,9 @@ struct SerialBlock {
   Dropout<> d1, d2;
   SerialMlp<> mlp;
   explicit SerialBlock(const BlockConfig& c)
-      : ln1(c.hidden, c.seed, c.id_base + 0, c.name + ".ln1"),
-        ln2(c.hidden, c.seed, c.id_base + 6, c.name + ".ln2"),
+      : ln1(c.hidden, c.seed, c.id_base + 0, c.name + ".ln1"), ln2(c.hidden, c.seed, c.id_base + 6, c.name + ".ln2"),
         attn(AttentionConfig{c.hidden, c.heads, c.seq, c.seed, c.id_base + 2, c.name + ".attn"}),
-        d1(c.dropout, c.seed, c.id_base + 12),
-        d2(c.dropout, c.seed, c.id_base + 13),
+        d1(c.dropout, c.seed, c.id_base + 12), d2(c.dropout, c.seed, c.id_base + 13),
         mlp(make_serial_mlp(MlpConfig{c.hidden, c.ffn, c.seed, c.id_base + 8, c.name + ".mlp"})) {}
   Activation forward(const Activation& x, int mb) {
     Activation h = testing::forward(d1, testing::forward(attn, testing::forward(ln1, x, mb), mb), mb);
@@ -158,8 +157,8 @@ struct SerialBlock {
 };
 }  // namespace
 
-TEMPLATE_TEST_CASE("Transformer block (dropout 0.1): TP = 1, 2, 4 match the serial block", "[nn][block]", std::false_type,
-                   std::true_type) {
+TEMPLATE_TEST_CASE("Transformer block (dropout 0.1): TP = 1, 2, 4 match the serial block", "[nn][block]",
+                   std::false_type, std::true_type) {
   constexpr bool sp = TestType::value;
   using L = std::conditional_t<sp, TokenShard, Replicate>;
   const BlockConfig cfg{16, 4, 64, 4, 0.1, seed, 300, "block"};
@@ -214,8 +213,8 @@ TEST_CASE("Transformer block: micro-batches in flight and recomputation give the
   }
 }
 
-TEMPLATE_TEST_CASE("Vocab-parallel embedding + LM head + cross-entropy match the serial loss and gradients", "[nn][loss]",
-                   std::false_type, std::true_type) {
+TEMPLATE_TEST_CASE("Vocab-parallel embedding + LM head + cross-entropy match the serial loss and gradients",
+                   "[nn][loss]", std::false_type, std::true_type) {
   constexpr bool sp = TestType::value;
   constexpr std::size_t vocab = 24, hidden = 8, tokens = 8;
   const std::vector<std::int32_t> tok{0, 5, 23, 11, 12, 6, 17, 5}, target{5, 23, 11, 12, 6, 17, 5, 0};
@@ -299,7 +298,8 @@ TEST_CASE("Collectives per layer: the MLP does one all-reduce forward and one ba
     auto mlp = make_mlp<CC>(tp, cfg);
     auto mlp_sp = make_mlp<CC, dyn, dyn, dyn, true>(tp, cfg);
     TransformerBlock<CC> blk(tp, bcfg);
-    auto step = [&](auto& layer, const Activation& in, std::vector<CollectiveCounts>& f, std::vector<CollectiveCounts>& b) {
+    auto step = [&](auto& layer, const Activation& in, std::vector<CollectiveCounts>& f,
+                    std::vector<CollectiveCounts>& b) {
       tp.counts().reset();
       Activation y = testing::forward(layer, in);
       CollectiveCounts cf = tp.counts();
@@ -360,8 +360,8 @@ TEST_CASE("Dynamic sizes are checked once at construction, naming the layer and 
                               Catch::Contains("tensor-parallel size 2"));
   CHECK_THAT(messages[1], Catch::Contains("SelfAttention") && Catch::Contains("3 heads") &&
                               Catch::Contains("tensor-parallel size 2"));
-  CHECK_THAT(messages[2], Catch::Contains("RowParallel") && Catch::Contains("takes 32") && Catch::Contains("ColumnParallel") &&
-                              Catch::Contains("returns 16"));
+  CHECK_THAT(messages[2], Catch::Contains("RowParallel") && Catch::Contains("takes 32") &&
+                              Catch::Contains("ColumnParallel") && Catch::Contains("returns 16"));
 }
 
 TEST_CASE("Vocab-parallel embedding rejects tokens outside the vocabulary", "[nn][errors]") {
@@ -385,8 +385,8 @@ TEST_CASE("Stage<ColumnParallel (no bias), Bias<Shard<1>>, Gelu, RowParallel> ma
     run_parallel<Replicate>(p, x, dy, out, [&](Comm& tp) {
       using S = Stage<ColumnParallel<Comm>, Bias<FeatureShard>, Gelu, RowParallel<Comm>>;
       return S(ColumnParallel<Comm>(tp, 16, 32, {seed, 100, "mlp.fc1", false}),
-               Bias<FeatureShard>(32, seed, 101, "mlp.fc1.bias", std::size_t(tp.size()), std::size_t(tp.rank())), Gelu{},
-               RowParallel<Comm>(tp, 32, 16, {seed, 102, "mlp.fc2", true}));
+               Bias<FeatureShard>(32, seed, 101, "mlp.fc1.bias", std::size_t(tp.size()), std::size_t(tp.rank())),
+               Gelu{}, RowParallel<Comm>(tp, 32, 16, {seed, 102, "mlp.fc2", true}));
     });
     require_close(out.y, y, "forward output");
     require_close(out.dx, dx, "input gradient");
@@ -399,8 +399,9 @@ TEST_CASE("Gathered column output, deferred row reduction + AllReduce, and Gathe
   const Activation x = random_activation(8, 16, 31), dy = random_activation(8, 16, 32);
   auto init = [](std::uint64_t id, const char* name) { return LinearInit{seed, id, name, true}; };
   // Serial: Linear(16, 32) -> Gelu -> Linear(32, 24) -> Gelu -> Linear(24, 16).
-  Stage<Linear<>, Gelu, Linear<>, Gelu, Linear<>> ref(Linear<>(16, 32, init(600, "a")), Gelu{}, Linear<>(32, 24, init(602, "b")),
-                                                      Gelu{}, Linear<>(24, 16, init(604, "c")));
+  Stage<Linear<>, Gelu, Linear<>, Gelu, Linear<>> ref(Linear<>(16, 32, init(600, "a")), Gelu{},
+                                                      Linear<>(32, 24, init(602, "b")), Gelu{},
+                                                      Linear<>(24, 16, init(604, "c")));
   Activation y, dx;
   Assembled rp;
   run_serial(ref, x, dy, y, dx, rp);
@@ -423,8 +424,8 @@ TEST_CASE("Gathered column output, deferred row reduction + AllReduce, and Gathe
     run_parallel<Replicate>(p, x, dy, second, [&](Comm& tp) {
       // The middle Linear is replicated: every rank computes it in full.
       return Stage<ColumnParallel<Comm>, GatherFeatures<Comm>, Gelu, Linear<>, Gelu, Linear<>>(
-          ColumnParallel<Comm>(tp, 16, 32, init(600, "a")), GatherFeatures<Comm>(tp), Gelu{}, Linear<>(32, 24, init(602, "b")),
-          Gelu{}, Linear<>(24, 16, init(604, "c")));
+          ColumnParallel<Comm>(tp, 16, 32, init(600, "a")), GatherFeatures<Comm>(tp), Gelu{},
+          Linear<>(32, 24, init(602, "b")), Gelu{}, Linear<>(24, 16, init(604, "c")));
     });
     require_close(second.y, y, "forward output (GatherFeatures)");
     require_close(second.dx, dx, "input gradient");
@@ -432,8 +433,10 @@ TEST_CASE("Gathered column output, deferred row reduction + AllReduce, and Gathe
   }
 }
 
-TEST_CASE("Dropout without a mask to draw returns an input it is given as an rvalue (moved, no copy) and copies one it is lent",
-          "[nn][dropout][move]") {
+TEST_CASE(
+    "Dropout without a mask to draw returns an input it is given as an rvalue (moved, no copy) and copies one it is "
+    "lent",
+    "[nn][dropout][move]") {
   using Counting = observe::CountingBackend<HostBackend>;
   Dropout<Replicate, Counting> drop(0.0, seed, 7);
   const Activation x = random_activation(4, 6, 3);

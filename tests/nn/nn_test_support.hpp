@@ -38,9 +38,12 @@ inline Activation random_activation(std::size_t rows, std::size_t cols, std::uin
 /** Rank `r`'s block of a global activation in layout `L` over `p` ranks (even splits). */
 template <class L>
 Activation local_block(const Activation& g, std::size_t p, std::size_t r) {
-  if constexpr (std::is_same_v<L, nn::TokenShard>) return nn::local_tokens(g, p, r);
-  else if constexpr (std::is_same_v<L, nn::FeatureShard>) return nn::local_features(g, p, r);
-  else return g;
+  if constexpr (std::is_same_v<L, nn::TokenShard>)
+    return nn::local_tokens(g, p, r);
+  else if constexpr (std::is_same_v<L, nn::FeatureShard>)
+    return nn::local_features(g, p, r);
+  else
+    return g;
 }
 
 /** Writes rank `r`'s block back into the global activation (caller serialises). */
@@ -80,8 +83,8 @@ struct Assembled {
         }
         for (std::size_t d = 0; d < rank; ++d) gi = gi * p->global_shape[d] + p->local_box[d].offset + idx[d];
         if (s[gi]) {
-          replica_mismatch = std::max({replica_mismatch, double(std::abs(v[gi] - p->value[k])),
-                                       double(std::abs(g[gi] - p->grad[k]))});
+          replica_mismatch =
+              std::max({replica_mismatch, double(std::abs(v[gi] - p->value[k])), double(std::abs(g[gi] - p->grad[k]))});
         }
         v[gi] = p->value[k], g[gi] = p->grad[k], s[gi] = 1;
       }

@@ -112,7 +112,8 @@ TEST_CASE("redistributions match naive references forward and their duals backwa
         return std::pair{std::move(y).tensor(), std::move(d).tensor()};
       });
       for (std::size_t r = 0; r < p; ++r) require_equal(out.fwd[r], xr, "forward: the input unchanged");
-      for (std::size_t r = 0; r < p; ++r) require_equal(out.bwd[r], sum_of(g), "backward: the sum of the Partial gradients");
+      for (std::size_t r = 0; r < p; ++r)
+        require_equal(out.bwd[r], sum_of(g), "backward: the sum of the Partial gradients");
     }
     SECTION("ScatterFeatures: slice / all-gather") {
       auto out = run(p, [&](Comm& tp, std::size_t r) {
@@ -123,7 +124,8 @@ TEST_CASE("redistributions match naive references forward and their duals backwa
       std::vector<Activation> gcols(p);
       for (std::size_t r = 0; r < p; ++r) gcols[r] = cols_of(g[r], p, r);
       for (std::size_t r = 0; r < p; ++r) require_equal(out.fwd[r], cols_of(xr, p, r), "forward: this rank's columns");
-      for (std::size_t r = 0; r < p; ++r) require_equal(out.bwd[r], stack_cols(gcols), "backward: every rank's columns");
+      for (std::size_t r = 0; r < p; ++r)
+        require_equal(out.bwd[r], stack_cols(gcols), "backward: every rank's columns");
     }
     SECTION("GatherFeaturesOf: all-gather / slice") {
       auto out = run(p, [&](Comm& tp, std::size_t r) {
@@ -144,7 +146,8 @@ TEST_CASE("redistributions match naive references forward and their duals backwa
       });
       std::vector<Activation> grows(p);
       for (std::size_t r = 0; r < p; ++r) grows[r] = rows_of(g[r], p, r);
-      for (std::size_t r = 0; r < p; ++r) require_equal(out.fwd[r], rows_of(sum_of(x), p, r), "forward: this rank's rows of the sum");
+      for (std::size_t r = 0; r < p; ++r)
+        require_equal(out.fwd[r], rows_of(sum_of(x), p, r), "forward: this rank's rows of the sum");
       for (std::size_t r = 0; r < p; ++r) require_equal(out.bwd[r], stack_rows(grows), "backward: every rank's rows");
     }
     SECTION("GatherTokens: all-gather / reduce-scatter") {
@@ -156,7 +159,8 @@ TEST_CASE("redistributions match naive references forward and their duals backwa
       std::vector<Activation> xrows(p);
       for (std::size_t r = 0; r < p; ++r) xrows[r] = rows_of(x[r], p, r);
       for (std::size_t r = 0; r < p; ++r) require_equal(out.fwd[r], stack_rows(xrows), "forward: every rank's rows");
-      for (std::size_t r = 0; r < p; ++r) require_equal(out.bwd[r], rows_of(sum_of(g), p, r), "backward: this rank's rows of the sum");
+      for (std::size_t r = 0; r < p; ++r)
+        require_equal(out.bwd[r], rows_of(sum_of(g), p, r), "backward: this rank's rows of the sum");
     }
   }
 }
@@ -173,9 +177,11 @@ TEST_CASE("a hand-written typed block with a Partial + Partial residual matches 
            b2 = lin(ffn, hidden, 6, "b2");
   Gelu ga, gb;
   const Act<Replicate> xs(x);
-  const Act<Replicate> ys = add(add(a2.forward(ga.forward(a1.forward(xs))), b2.forward(gb.forward(b1.forward(xs)))), xs);
+  const Act<Replicate> ys =
+      add(add(a2.forward(ga.forward(a1.forward(xs))), b2.forward(gb.forward(b1.forward(xs)))), xs);
   const Act<Replicate> g(dy);
-  const Act<Replicate> dxs = add(add(a1.backward(ga.backward(a2.backward(g))), b1.backward(gb.backward(b2.backward(g)))), g);
+  const Act<Replicate> dxs =
+      add(add(a1.backward(ga.backward(a2.backward(g))), b1.backward(gb.backward(b2.backward(g)))), g);
 
   for (int p : {2, 4}) {
     INFO("TP = " << p);
@@ -188,11 +194,13 @@ TEST_CASE("a hand-written typed block with a Partial + Partial residual matches 
       Row r2(tp, ffn, hidden, {.seed = 3, .id_base = 6, .name = "b2"});
       Gelu g1, g2;
       const Act<Replicate> xl(x);
-      const Act<TensorPartial> both = add(r1.forward(g1.forward(c1.forward(xl))), r2.forward(g2.forward(c2.forward(xl))));
+      const Act<TensorPartial> both =
+          add(r1.forward(g1.forward(c1.forward(xl))), r2.forward(g2.forward(c2.forward(xl))));
       const Act<Replicate> y = add(ReduceToReplicate::forward(tp, both), xl);
       // Backward: the gradient of a Partial value is replicated, so both branches take dy as it is.
       const Act<Replicate> d = ReduceToReplicate::backward(tp, Act<Replicate>(dy));
-      const Act<Replicate> dx = add(add(c1.backward(g1.backward(r1.backward(d))), c2.backward(g2.backward(r2.backward(d)))), d);
+      const Act<Replicate> dx =
+          add(add(c1.backward(g1.backward(r1.backward(d))), c2.backward(g2.backward(r2.backward(d)))), d);
       ys_par[std::size_t(tp.rank())] = y.tensor();
       dxs_par[std::size_t(tp.rank())] = dx.tensor();
     });

@@ -32,9 +32,9 @@ constexpr double fwd_tol = 1e-5, grad_tol = 1e-4;
 struct Observed {
   std::mutex m;
   int ranks = 0;
-  std::vector<float> y, dx;              // rank 0's (the layers tested here return replicated activations)
+  std::vector<float> y, dx;                // rank 0's (the layers tested here return replicated activations)
   std::vector<std::vector<float>> others;  // the other ranks' y and dx, which must equal rank 0's
-  double rank_disagreement = 0;          // (embedding test) largest |y_r - y_0|
+  double rank_disagreement = 0;            // (embedding test) largest |y_r - y_0|
   Assembled params;
 };
 
@@ -42,7 +42,8 @@ enum class Backward { fused, split };
 
 /** Runs `make(tp)` on `p` ranks: forward(x), then the fused backward or B then W, all on replicated x and dy. */
 template <class Make>
-void run_layer(int p, const Activation& x, const Activation& dy, Observed& out, Make make, Backward how = Backward::fused) {
+void run_layer(int p, const Activation& x, const Activation& dy, Observed& out, Make make,
+               Backward how = Backward::fused) {
   run_threads(p, [&](Comm& tp) {
     auto layer = make(tp);
     const Activation y = forward(layer, x);
@@ -112,7 +113,12 @@ TEST_CASE("Linear: forward and backward equal the hand formulas y = xW + b, dx =
   for (Backward how : {Backward::fused, Backward::split}) {
     INFO((how == Backward::fused ? "fused backward" : "B then W"));
     Observed got;
-    run_layer(1, x, dy, got, [](Comm&) { return Linear<>(in, out, {seed, 10, "lin", true}); }, how);
+    run_layer(
+        1, x, dy, got,
+        [](Comm&) {
+          return Linear<>(in, out, {seed, 10, "lin", true});
+        },
+        how);
     REQUIRE(got.ranks == 1);
     const ref::Vec w(got.params.value["lin.weight"].begin(), got.params.value["lin.weight"].end());
     const ref::Vec b(got.params.value["lin.bias"].begin(), got.params.value["lin.bias"].end());
@@ -144,12 +150,15 @@ TEST_CASE("Attention and SelfAttention (TP 1, 2) equal a naive causal attention 
   const AttentionConfig cfg{hidden, heads, seq, seed, 200, "attn"};
   const Activation x = random_activation(t, hidden, 3), dy = random_activation(t, hidden, 4);
   const auto naive = [&](std::size_t future) {
-    return [=](const ref::Vec& xv, const ref::Params& p) { return ref::attention(xv, t, hidden, heads, seq, p, "attn", future); };
+    return [=](const ref::Vec& xv, const ref::Params& p) {
+      return ref::attention(xv, t, hidden, heads, seq, p, "attn", future);
+    };
   };
   SECTION("Attention, fused backward and B then W") {
     for (Backward how : {Backward::fused, Backward::split}) {
       Observed got;
-      run_layer(1, x, dy, got, [&](Comm&) { return Attention<>(cfg); }, how);
+      run_layer(
+          1, x, dy, got, [&](Comm&) { return Attention<>(cfg); }, how);
       check_against_reference(got, 1, x, dy, naive(0));
       // the reference tells a one-token-ahead mask apart: the test fails if the layer's mask leaks
       CHECK(ref::rel_err(got.y, naive(1)(as_vec(x), params_of(got.params))) > 1e-2);
@@ -183,20 +192,25 @@ TEST_CASE("TransformerBlock (TP 1, 2; with and without recomputation; fused and 
   constexpr std::size_t hidden = 16, heads = 4, ffn = 32, seq = 4, t = 8;
   const BlockConfig cfg{hidden, heads, ffn, seq, 0.0, seed, 300, "block"};
   const Activation x = random_activation(t, hidden, 7), dy = random_activation(t, hidden, 8);
-  const auto naive = [&](const ref::Vec& xv, const ref::Params& p) { return ref::block(xv, t, hidden, heads, ffn, seq, p, "block"); };
+  const auto naive = [&](const ref::Vec& xv, const ref::Params& p) {
+    return ref::block(xv, t, hidden, heads, ffn, seq, p, "block");
+  };
   for (int p : {1, 2})
     for (bool recompute : {false, true})
       for (Backward how : {Backward::fused, Backward::split}) {
         INFO("recompute " << recompute << (how == Backward::split ? ", B then W" : ", fused"));
         Observed got;
-        run_layer(p, x, dy, got, [&](Comm& tp) {
-          TransformerBlock<Comm> b(tp, cfg);
-          b.set_recompute(recompute);
-          // layer norms start at gain 1, bias 0; move them (identically on every rank) so their gradients matter
-          for (Parameter* q : b.parameters())
-            if (q->global_shape.size() == 1 && q->name.find(".ln") != std::string::npos) randomise({q}, q->id);
-          return b;
-        }, how);
+        run_layer(
+            p, x, dy, got,
+            [&](Comm& tp) {
+              TransformerBlock<Comm> b(tp, cfg);
+              b.set_recompute(recompute);
+              // layer norms start at gain 1, bias 0; move them (identically on every rank) so their gradients matter
+              for (Parameter* q : b.parameters())
+                if (q->global_shape.size() == 1 && q->name.find(".ln") != std::string::npos) randomise({q}, q->id);
+              return b;
+            },
+            how);
         check_against_reference(got, p, x, dy, naive);
       }
 }
@@ -228,7 +242,8 @@ TEST_CASE("Embedding and VocabParallelEmbedding (TP 2) equal the table lookup an
       }
       std::lock_guard lock(got.m);
       ++got.ranks;
-      if (tp.rank() == 0) got.y = y;
+      if (tp.rank() == 0)
+        got.y = y;
       else
         for (std::size_t i = 0; i < y.size() && i < got.y.size(); ++i)
           got.rank_disagreement = std::max(got.rank_disagreement, double(std::abs(y[i] - got.y[i])));
@@ -252,8 +267,9 @@ TEST_CASE("Embedding and VocabParallelEmbedding (TP 2) equal the table lookup an
   }
 }
 
-TEST_CASE("TransformerBlock with recomputation keeps no sub-layer activations after forward and rebuilds them in backward",
-          "[nn][recompute][block]") {
+TEST_CASE(
+    "TransformerBlock with recomputation keeps no sub-layer activations after forward and rebuilds them in backward",
+    "[nn][recompute][block]") {
   // Equal gradients alone would also hold if nothing were recomputed; here the feed-forward half is asked
   // for its saved activations right after the block's forward: they must be gone (and present without
   // recomputation), and the block's backward must still run, rebuilding them.

@@ -125,7 +125,8 @@ struct RingRun {
 };
 
 /** Ring attention on cp x tp threads (tensor innermost), outputs and dqkv re-assembled into global tensors. */
-void run_ring(const Sizes& z, std::size_t cp, std::size_t tp, const Activation& qkv, const Activation& dout, RingRun& res) {
+void run_ring(const Sizes& z, std::size_t cp, std::size_t tp, const Activation& qkv, const Activation& dout,
+              RingRun& res) {
   res.out = Activation({z.batch * z.seq, z.hidden()});
   res.dqkv = Activation({z.batch * z.seq, 3 * z.hidden()});
   res.blocks.assign(cp * tp, {});
@@ -159,7 +160,8 @@ void check_against_naive(const Sizes& z, std::size_t cp, std::size_t tp) {
     std::vector<float> a, b;
     for (std::size_t i = 0; i < ref.dqkv.extent(0); ++i)
       for (std::size_t j = part * H; j < (part + 1) * H; ++j) a.push_back(ring.dqkv(i, j)), b.push_back(ref.dqkv(i, j));
-    INFO("gradient of " << "qkv"[part]);
+    INFO("gradient of "
+         << "qkv"[part]);
     CHECK(rel_err(a, b) <= rel_tol);
   }
 }
@@ -261,7 +263,8 @@ TEST_CASE("ring self-attention (projections + ring) at cp x tp equals the single
   // ranks hold replicas of the weights) equal nn::Attention at one rank. Weights start bit-identical.
   const Sizes z{2, 16, 4, 4};  // hidden 16, 4 heads
   const AttentionConfig cfg{z.hidden(), z.heads, z.seq, 7, 200, "attn"};
-  const Activation x = random_activation(z.batch * z.seq, z.hidden(), 5), dy = random_activation(z.batch * z.seq, z.hidden(), 6);
+  const Activation x = random_activation(z.batch * z.seq, z.hidden(), 5),
+                   dy = random_activation(z.batch * z.seq, z.hidden(), 6);
   Attention<> ref(cfg);
   const Activation y_ref = ref.forward(Act<Replicate>(x)).tensor();
   const Activation dx_ref = ref.backward(Act<Replicate>(dy)).tensor();
@@ -279,7 +282,8 @@ TEST_CASE("ring self-attention (projections + ring) at cp x tp equals the single
       const Placement rows{z, cp, c, 1, 0, 1};
       const Act<ContextShard> yl = attn.forward(Act<ContextShard>(rows.take(x)));
       const Act<ContextShard> dxl = attn.backward(Act<ContextShard>(rows.take(dy)));
-      for (Parameter* p : attn.parameters()) context.all_reduce(std::span<float>(p->grad.data(), p->grad.size()), ReduceOp::sum);
+      for (Parameter* p : attn.parameters())
+        context.all_reduce(std::span<float>(p->grad.data(), p->grad.size()), ReduceOp::sum);
       params.add(attn.parameters());
       std::lock_guard lock(m);
       rows.put(y, yl.tensor());

@@ -44,7 +44,8 @@ bool is_gemm_weight(const Parameter& p) { return p.global_shape.size() >= 2; }
 bool written_by_w(const Parameter& p, const std::vector<Parameter*>& all) {
   if (is_gemm_weight(p)) return true;
   const std::string suffix = ".bias";
-  if (p.name.size() <= suffix.size() || p.name.compare(p.name.size() - suffix.size(), suffix.size(), suffix) != 0) return false;
+  if (p.name.size() <= suffix.size() || p.name.compare(p.name.size() - suffix.size(), suffix.size(), suffix) != 0)
+    return false;
   const std::string weight = p.name.substr(0, p.name.size() - suffix.size()) + ".weight";
   for (const Parameter* q : all)
     if (q->name == weight && is_gemm_weight(*q)) return true;
@@ -132,7 +133,10 @@ void check_split(int p, std::size_t tokens, std::size_t in_f, std::size_t out_f,
     if (!g_eq) rep.fail(where + "gradients after B+W differ from the fused backward's", rep.grads_equal);
     if (!deferred) rep.fail(where + "a weight or linear-bias gradient was written by B", rep.gemm_grads_deferred);
     if (!nonzero) rep.fail(where + "a weight or linear-bias gradient is still zero after W", rep.weight_grads_nonzero);
-    if (!throws) rep.fail(where + "a second W of the same micro-batch did not throw an error naming micro-batch 0 and backward_input", rep.second_w_throws);
+    if (!throws)
+      rep.fail(
+          where + "a second W of the same micro-batch did not throw an error naming micro-batch 0 and backward_input",
+          rep.second_w_throws);
     if (!idx_eq) rep.fail(where + "dx with two micro-batches in flight differs", rep.interleaved_dx_equal);
     rep.interleaved_grad_err = std::max(rep.interleaved_grad_err, err);
   });
@@ -152,7 +156,8 @@ void check_split(int p, std::size_t tokens, std::size_t in_f, std::size_t out_f,
  * layer's (assembled) weight: dx = dy Wᵀ, dW = xᵀ dy, db = Σ_t dy. Tolerance ||a - b||_2 <= 1e-5 ||b||_2.
  */
 template <class In, class Out, class Make>
-void check_hand_backward(int p, std::size_t t, std::size_t in_f, std::size_t out_f, const std::string& name, Make make) {
+void check_hand_backward(int p, std::size_t t, std::size_t in_f, std::size_t out_f, const std::string& name,
+                         Make make) {
   const Activation x = random_activation(t, in_f, 41), dy = random_activation(t, out_f, 42);
   std::mutex m;
   std::vector<Activation> dx_of(std::size_t(p), Activation({1, 1}));
@@ -197,16 +202,23 @@ void check_hand_backward(int p, std::size_t t, std::size_t in_f, std::size_t out
 
 TEST_CASE("Linear, ColumnParallel and RowParallel (TP 1, 2): B then W equals the hand-written fused backward",
           "[nn][split][reference]") {
-  check_hand_backward<Replicate, Replicate>(1, 6, 8, 12, "lin", [](Comm&) { return Linear<>(8, 12, {seed, 10, "lin", true}); });
+  check_hand_backward<Replicate, Replicate>(1, 6, 8, 12, "lin", [](Comm&) {
+    return Linear<>(8, 12, {seed, 10, "lin", true});
+  });
   for (int p : {1, 2}) {
-    check_hand_backward<Replicate, FeatureShard>(p, 6, 8, 12, "col", [](Comm& tp) { return ColumnParallel<Comm>(tp, 8, 12, {seed, 10, "col", true}); });
+    check_hand_backward<Replicate, FeatureShard>(p, 6, 8, 12, "col", [](Comm& tp) {
+      return ColumnParallel<Comm>(tp, 8, 12, {seed, 10, "col", true});
+    });
     check_hand_backward<TokenShard, FeatureShard>(p, 6, 8, 12, "col_sp", [](Comm& tp) {
       return ColumnParallel<Comm, dyn, dyn, dyn, ColumnOptions{true, false, 1}>(tp, 8, 12, {seed, 10, "col_sp", true});
     });
     check_hand_backward<Replicate, Replicate>(p, 6, 8, 12, "col_gather", [](Comm& tp) {
-      return ColumnParallel<Comm, dyn, dyn, dyn, ColumnOptions{false, true, 1}>(tp, 8, 12, {seed, 10, "col_gather", true});
+      return ColumnParallel<Comm, dyn, dyn, dyn, ColumnOptions{false, true, 1}>(tp, 8, 12,
+                                                                                {seed, 10, "col_gather", true});
     });
-    check_hand_backward<FeatureShard, Replicate>(p, 6, 12, 8, "row", [](Comm& tp) { return RowParallel<Comm>(tp, 12, 8, {seed, 20, "row", true}); });
+    check_hand_backward<FeatureShard, Replicate>(p, 6, 12, 8, "row", [](Comm& tp) {
+      return RowParallel<Comm>(tp, 12, 8, {seed, 20, "row", true});
+    });
     check_hand_backward<FeatureShard, TokenShard>(p, 6, 12, 8, "row_rs", [](Comm& tp) {
       return RowParallel<Comm, dyn, dyn, dyn, RowReduce::reduce_scatter>(tp, 12, 8, {seed, 20, "row_rs", true});
     });
@@ -220,17 +232,22 @@ TEST_CASE("Linear: B then W equals the fused backward; W may run micro-batches i
 
 TEST_CASE("ColumnParallel and RowParallel: B then W equals the fused backward at TP 1 and 2", "[nn][split]") {
   for (int p : {1, 2}) {
-    check_split<Replicate, FeatureShard>(p, 6, 8, 12, [](Comm& tp) { return ColumnParallel<Comm>(tp, 8, 12, {seed, 10, "col", true}); });
+    check_split<Replicate, FeatureShard>(p, 6, 8, 12, [](Comm& tp) {
+      return ColumnParallel<Comm>(tp, 8, 12, {seed, 10, "col", true});
+    });
     check_split<TokenShard, FeatureShard>(p, 6, 8, 12, [](Comm& tp) {
       return ColumnParallel<Comm, dyn, dyn, dyn, ColumnOptions{true, false, 1}>(tp, 8, 12, {seed, 10, "col_sp", true});
     });
     check_split<Replicate, Replicate>(p, 6, 8, 12, [](Comm& tp) {
-      return ColumnParallel<Comm, dyn, dyn, dyn, ColumnOptions{false, true, 1}>(tp, 8, 12, {seed, 10, "col_gather", true});
+      return ColumnParallel<Comm, dyn, dyn, dyn, ColumnOptions{false, true, 1}>(tp, 8, 12,
+                                                                                {seed, 10, "col_gather", true});
     });
     check_split<Replicate, FeatureShard>(p, 6, 8, 24, [](Comm& tp) {
       return ColumnParallel<Comm, dyn, dyn, dyn, ColumnOptions{false, false, 3}>(tp, 8, 8, {seed, 10, "qkv", true});
     });
-    check_split<FeatureShard, Replicate>(p, 6, 12, 8, [](Comm& tp) { return RowParallel<Comm>(tp, 12, 8, {seed, 20, "row", true}); });
+    check_split<FeatureShard, Replicate>(p, 6, 12, 8, [](Comm& tp) {
+      return RowParallel<Comm>(tp, 12, 8, {seed, 20, "row", true});
+    });
     check_split<FeatureShard, TokenShard>(p, 6, 12, 8, [](Comm& tp) {
       return RowParallel<Comm, dyn, dyn, dyn, RowReduce::reduce_scatter>(tp, 12, 8, {seed, 20, "row_rs", true});
     });
@@ -243,9 +260,12 @@ TEMPLATE_TEST_CASE("MLP, attention and transformer block: B then W equals the fu
   using L = std::conditional_t<sp, TokenShard, Replicate>;
   for (int p : {1, 2}) {
     INFO((sp ? "sequence parallel" : "replicated"));
-    check_split<L, L>(p, 8, 16, 16, [](Comm& tp) { return make_mlp<Comm, dyn, dyn, dyn, sp>(tp, MlpConfig{16, 32, seed, 100, "mlp"}); });
-    check_split<L, L>(p, 8, 16, 16,
-                      [](Comm& tp) { return SelfAttention<Comm, dyn, dyn, dyn, sp>(tp, AttentionConfig{16, 4, 4, seed, 200, "attn"}); });
+    check_split<L, L>(p, 8, 16, 16, [](Comm& tp) {
+      return make_mlp<Comm, dyn, dyn, dyn, sp>(tp, MlpConfig{16, 32, seed, 100, "mlp"});
+    });
+    check_split<L, L>(p, 8, 16, 16, [](Comm& tp) {
+      return SelfAttention<Comm, dyn, dyn, dyn, sp>(tp, AttentionConfig{16, 4, 4, seed, 200, "attn"});
+    });
     for (bool recompute : {false, true}) {
       INFO("recompute " << recompute);
       check_split<L, L>(p, 8, 16, 16, [&](Comm& tp) {
@@ -258,27 +278,31 @@ TEMPLATE_TEST_CASE("MLP, attention and transformer block: B then W equals the fu
 }
 
 TEST_CASE("Serial attention and a Stage with a separate bias: B then W equals the fused backward", "[nn][split]") {
-  check_split<Replicate, Replicate>(1, 8, 16, 16, [](Comm&) { return Attention<>(AttentionConfig{16, 4, 4, seed, 200, "attn"}); });
+  check_split<Replicate, Replicate>(1, 8, 16, 16, [](Comm&) {
+    return Attention<>(AttentionConfig{16, 4, 4, seed, 200, "attn"});
+  });
   for (int p : {1, 2})
     check_split<Replicate, Replicate>(p, 6, 8, 8, [](Comm& tp) {
       const auto n = std::size_t(tp.size()), r = std::size_t(tp.rank());
       return Stage<ColumnParallel<Comm>, Bias<FeatureShard>, Gelu, RowParallel<Comm>>(
-          ColumnParallel<Comm>(tp, 8, 16, {seed, 40, "fc1", false}), Bias<FeatureShard>(16, seed, 41, "fc1_bias", n, r), Gelu{},
-          RowParallel<Comm>(tp, 16, 8, {seed, 42, "fc2", true}));
+          ColumnParallel<Comm>(tp, 8, 16, {seed, 40, "fc1", false}), Bias<FeatureShard>(16, seed, 41, "fc1_bias", n, r),
+          Gelu{}, RowParallel<Comm>(tp, 16, 8, {seed, 42, "fc2", true}));
     });
 }
 
 TEST_CASE("W without B names the layer and the micro-batch", "[nn][split][errors]") {
   Linear<> l(4, 4, {seed, 1, "lin", true});
   (void)l.forward(Act<Replicate>(random_activation(2, 4, 1)), 3);
-  REQUIRE_THROWS_WITH(l.backward_weight(3), Catch::Matchers::Contains("Linear") && Catch::Matchers::Contains("micro-batch 3") &&
-                                                 Catch::Matchers::Contains("backward_input"));
+  REQUIRE_THROWS_WITH(l.backward_weight(3), Catch::Matchers::Contains("Linear") &&
+                                                Catch::Matchers::Contains("micro-batch 3") &&
+                                                Catch::Matchers::Contains("backward_input"));
   (void)l.backward_input(Act<Replicate>(random_activation(2, 4, 2)), 3);
   l.drop(3);  // drop frees what B kept, too
   REQUIRE_THROWS_WITH(l.backward_weight(3), Catch::Matchers::Contains("micro-batch 3"));
 }
 
-TEST_CASE("Linear2D (2 x 2 grid): B then W equals the fused backward; W may run micro-batches in any order", "[nn][split][2d]") {
+TEST_CASE("Linear2D (2 x 2 grid): B then W equals the fused backward; W may run micro-batches in any order",
+          "[nn][split][2d]") {
   constexpr std::size_t t = 8, in = 8, out = 12, q = 2;
   const LinearInit init{seed, 500, "fc2d", true};
   const Activation x0 = random_activation(t, in, 31), x1 = random_activation(t, in, 32);
@@ -297,13 +321,15 @@ TEST_CASE("Linear2D (2 x 2 grid): B then W equals the fused backward; W may run 
     const Activation f0 = fused.backward(block(dy0), 0).tensor(), f1 = fused.backward(block(dy1), 1).tensor();
     (void)split.forward(block(x0), 0);
     (void)split.forward(block(x1), 1);
-    const Activation s0 = split.backward_input(block(dy0), 0).tensor(), s1 = split.backward_input(block(dy1), 1).tensor();
+    const Activation s0 = split.backward_input(block(dy0), 0).tensor(),
+                     s1 = split.backward_input(block(dy1), 1).tensor();
     bool deferred = true;
     for (float v : split.weight().grad) deferred = deferred && v == 0.0f;
     split.backward_weight(1);
     split.backward_weight(0);
     const bool dx_eq = f0.values() == s0.values() && f1.values() == s1.values();
-    const double err = std::max(rel_err(split.weight().grad, fused.weight().grad), rel_err(split.bias().grad, fused.bias().grad));
+    const double err =
+        std::max(rel_err(split.weight().grad, fused.weight().grad), rel_err(split.bias().grad, fused.bias().grad));
     std::lock_guard lock(rep.m);
     ++rep.ranks;
     if (!dx_eq) rep.fail("dx differs", rep.dx_equal);

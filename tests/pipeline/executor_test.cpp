@@ -97,9 +97,8 @@ Result pipelined(std::string_view name, int P, int M, int V, std::size_t lps, bo
     std::vector<X> inputs;
     std::vector<Activation> targets;
     for (int mb = 0; mb < M; ++mb) inputs.emplace_back(data(mb, 1)), targets.push_back(data(mb, 2));
-    const StepStats st = ex.step(inputs, [&](const X& y, int mb, X& dy) {
-      return mpar_test::mse(y, targets[std::size_t(mb)], dy);
-    });
+    const StepStats st =
+        ex.step(inputs, [&](const X& y, int mb, X& dy) { return mpar_test::mse(y, targets[std::size_t(mb)], dy); });
     std::lock_guard l(mu);
     out.loss = st.loss;
     for (auto* p : ex.parameters()) out.grads[p->name].assign(p->grad.begin(), p->grad.end());
@@ -144,8 +143,10 @@ TEST_CASE("programs with the blocking-safe (ordered) placement run to the same r
   compare(pipelined(Interleaved1F1B::name, 2, 4, 2, 1, false, CommPlacement::ordered), reference(4, 4));
 }
 
-TEST_CASE("over NCCL's point-to-point semantics (grouped, in order, rendezvous) every schedule reproduces the single-rank result",
-          "[pipeline][executor][nccl-semantics]") {
+TEST_CASE(
+    "over NCCL's point-to-point semantics (grouped, in order, rendezvous) every schedule reproduces the single-rank "
+    "result",
+    "[pipeline][executor][nccl-semantics]") {
   // A receive is posted with its size before the message arrives: tokens from the options, the
   // width from the stage's in_features().
   const ExecutorOptions shape;
@@ -153,9 +154,11 @@ TEST_CASE("over NCCL's point-to-point semantics (grouped, in order, rendezvous) 
     for (int P : {2, 4})
       for (int M : {1, 3, 8}) {
         INFO(name << " P=" << P << " M=" << M);
-        compare(pipelined<NcclLike>(name, P, M, 1, 1, false, CommPlacement::ordered, shape), reference(std::size_t(P), M));
+        compare(pipelined<NcclLike>(name, P, M, 1, 1, false, CommPlacement::ordered, shape),
+                reference(std::size_t(P), M));
       }
-  compare(pipelined<NcclLike>(Interleaved1F1B::name, 2, 4, 2, 1, false, CommPlacement::ordered, shape), reference(4, 4));
+  compare(pipelined<NcclLike>(Interleaved1F1B::name, 2, 4, 2, 1, false, CommPlacement::ordered, shape),
+          reference(4, 4));
   compare(pipelined<NcclLike>(Interleaved1F1B::name, 4, 8, 2, 1, true, CommPlacement::ordered, shape), reference(8, 8));
   // The grouped mode on a tag-matching communicator runs the same messages, just later.
   ExecutorOptions forced = shape;
@@ -248,11 +251,10 @@ TEST_CASE("activation recomputation reruns each forward once and holds one micro
       o.microbatch_tokens = tokens;
       Executor<CountingStack, ThreadsCommunicator> ex(comm, make_programs(OneFOneB::name, {P, M, 1, 1}), {&stage}, o);
       std::vector<X> inputs;
-    std::vector<Activation> targets;
+      std::vector<Activation> targets;
       for (int mb = 0; mb < M; ++mb) inputs.emplace_back(data(mb, 1)), targets.push_back(data(mb, 2));
-      const StepStats st = ex.step(inputs, [&](const X& y, int mb, X& dy) {
-        return mpar_test::mse(y, targets[std::size_t(mb)], dy);
-      });
+      const StepStats st =
+          ex.step(inputs, [&](const X& y, int mb, X& dy) { return mpar_test::mse(y, targets[std::size_t(mb)], dy); });
       std::lock_guard l(mu);
       forwards[std::size_t(r)] = stage.forwards;
       peak[std::size_t(r)] = stage.peak_held;
@@ -271,7 +273,8 @@ TEST_CASE("activation recomputation reruns each forward once and holds one micro
   }
 }
 
-TEST_CASE("PipeDream-2BW with per-batch versions: no flush, every batch on one version on all stages", "[pipeline][executor][2bw]") {
+TEST_CASE("PipeDream-2BW with per-batch versions: no flush, every batch on one version on all stages",
+          "[pipeline][executor][2bw]") {
   // P = 2 (one layer per stage), M = 2, three batches in one program, SGD with lr 0.5. With
   // WeightVersions::per_batch batch b runs on W(max(b-1, 0)) on both stages and each update applies to the
   // newest version: W(b+1) = W(b) - lr g(W(b-1)). The reference replays that by hand on one rank, batch by
@@ -362,7 +365,8 @@ TEST_CASE("PipeDream-2BW with per-batch versions: no flush, every batch on one v
   CHECK(idle_slots(prog) == Approx(3.0 * (P - 1) * P / batches));
 }
 
-TEST_CASE("PipeDream-2BW: each backward uses its forward's weights; updates apply one step late", "[pipeline][executor][2bw]") {
+TEST_CASE("PipeDream-2BW: each backward uses its forward's weights; updates apply one step late",
+          "[pipeline][executor][2bw]") {
   // P = 2 (one layer per stage), M = 2, two batches, SGD with lr 0.5. From the 1F1B order without flush:
   //   rank 0: F0 F1 B0 F2 B1 [step 0] F3 B2 B3 [step 1]   rank 1: F0 B0 F1 B1 [step 0] F2 B2 F3 B3 [step 1]
   // so micro-batch 2 runs stage 0 with version 0 and stage 1 with version 1; all else is as written below.
@@ -388,31 +392,31 @@ TEST_CASE("PipeDream-2BW: each backward uses its forward's weights; updates appl
   };
   // Replays the two batches by hand with the weight versions `ver`; returns w[stage][v].
   auto replay = [&](const Versions& ver) {
-  TanhStack s0(width, 0, 1), s1(width, 1, 1);
-  std::vector<std::vector<float>> w[2];  // w[stage][v]: the values of each parameter at version v
-  w[0].push_back(snapshot(s0));
-  w[1].push_back(snapshot(s1));
-  for (int batch = 0; batch < 2; ++batch) {
-    std::vector<float> g0(w[0][0].size(), 0.0f), g1(w[1][0].size(), 0.0f);
-    for (int mb = batch * M; mb < batch * M + M; ++mb) {
-      load(s0, w[0][std::size_t(ver[0][mb])]);
-      load(s1, w[1][std::size_t(ver[1][mb])]);
-      Activation y = s1.forward(s0.forward(X(data(mb, 1)), 0), 0).tensor(), dy(y.shape());
-      (void)mpar_test::mse(y, data(mb, 2), dy);
-      for (auto& v : dy.values()) v /= float(M);
-      (void)s0.backward(s1.backward(X(dy), 0), 0);
-      auto a = grads(s0), b = grads(s1);
-      for (std::size_t i = 0; i < a.size(); ++i) g0[i] += a[i];
-      for (std::size_t i = 0; i < b.size(); ++i) g1[i] += b[i];
+    TanhStack s0(width, 0, 1), s1(width, 1, 1);
+    std::vector<std::vector<float>> w[2];  // w[stage][v]: the values of each parameter at version v
+    w[0].push_back(snapshot(s0));
+    w[1].push_back(snapshot(s1));
+    for (int batch = 0; batch < 2; ++batch) {
+      std::vector<float> g0(w[0][0].size(), 0.0f), g1(w[1][0].size(), 0.0f);
+      for (int mb = batch * M; mb < batch * M + M; ++mb) {
+        load(s0, w[0][std::size_t(ver[0][mb])]);
+        load(s1, w[1][std::size_t(ver[1][mb])]);
+        Activation y = s1.forward(s0.forward(X(data(mb, 1)), 0), 0).tensor(), dy(y.shape());
+        (void)mpar_test::mse(y, data(mb, 2), dy);
+        for (auto& v : dy.values()) v /= float(M);
+        (void)s0.backward(s1.backward(X(dy), 0), 0);
+        auto a = grads(s0), b = grads(s1);
+        for (std::size_t i = 0; i < a.size(); ++i) g0[i] += a[i];
+        for (std::size_t i = 0; i < b.size(); ++i) g1[i] += b[i];
+      }
+      // The update applies to the newest version.
+      auto n0 = w[0].back(), n1 = w[1].back();
+      for (std::size_t i = 0; i < n0.size(); ++i) n0[i] -= lr * g0[i];
+      for (std::size_t i = 0; i < n1.size(); ++i) n1[i] -= lr * g1[i];
+      w[0].push_back(n0);
+      w[1].push_back(n1);
     }
-    // The update applies to the newest version.
-    auto n0 = w[0].back(), n1 = w[1].back();
-    for (std::size_t i = 0; i < n0.size(); ++i) n0[i] -= lr * g0[i];
-    for (std::size_t i = 0; i < n1.size(); ++i) n1[i] -= lr * g1[i];
-    w[0].push_back(n0);
-    w[1].push_back(n1);
-  }
-  return std::array<std::vector<std::vector<float>>, 2>{w[0], w[1]};
+    return std::array<std::vector<std::vector<float>>, 2>{w[0], w[1]};
   };
   const auto w = replay(version);
   // What the executor would hold with a wrong version rule: micro-batch 2 on stage 0 with the newest
@@ -452,24 +456,27 @@ TEST_CASE("PipeDream-2BW: each backward uses its forward's weights; updates appl
   auto distance = [&](const std::array<std::vector<std::vector<float>>, 2>& other) {
     double d = 0;
     for (int s = 0; s < 2; ++s)
-      for (std::size_t i = 0; i < got[s].size(); ++i) d = std::max(d, double(std::abs(got[s][i] - other[std::size_t(s)][2][i])));
+      for (std::size_t i = 0; i < got[s].size(); ++i)
+        d = std::max(d, double(std::abs(got[s][i] - other[std::size_t(s)][2][i])));
     return d;
   };
   CHECK(distance(w_newest) > 1e-3);
   CHECK(distance(w_stale) > 1e-3);
 }
 
-TEST_CASE("a shape mismatch at a stage boundary is an error naming ranks, micro-batch and shapes", "[pipeline][executor]") {
-  CHECK_THROWS_WITH(run_threads(2,
-                                [&](ThreadsCommunicator& comm) {
-                                  // Stage 1 is built for 6 input features; stage 0 sends 8.
-                                  TanhStack stage(comm.rank() == 0 ? width : 6, 0, 1);
-                                  Executor<TanhStack, ThreadsCommunicator> ex(comm, make_programs<GPipe>({2, 2}), {&stage});
-                                  std::vector<X> in{X(data(0, 1)), X(data(1, 1))};
-                                  (void)ex.step(in, [](const X&, int, X&) { return 0.0; });
-                                }),
-                    Contains("rank 1 (stage 1) received from rank 0 the activation of micro-batch 0 with shape 3x8 f32 but "
-                             "expects *x6"));
+TEST_CASE("a shape mismatch at a stage boundary is an error naming ranks, micro-batch and shapes",
+          "[pipeline][executor]") {
+  CHECK_THROWS_WITH(
+      run_threads(2,
+                  [&](ThreadsCommunicator& comm) {
+                    // Stage 1 is built for 6 input features; stage 0 sends 8.
+                    TanhStack stage(comm.rank() == 0 ? width : 6, 0, 1);
+                    Executor<TanhStack, ThreadsCommunicator> ex(comm, make_programs<GPipe>({2, 2}), {&stage});
+                    std::vector<X> in{X(data(0, 1)), X(data(1, 1))};
+                    (void)ex.step(in, [](const X&, int, X&) { return 0.0; });
+                  }),
+      Contains("rank 1 (stage 1) received from rank 0 the activation of micro-batch 0 with shape 3x8 f32 but "
+               "expects *x6"));
 }
 
 TEST_CASE("measured step statistics add up", "[pipeline][executor]") {
@@ -516,7 +523,9 @@ namespace {
 void tp2_pp2(std::string_view name, int M, int V) {
   constexpr std::size_t hidden = 8, ffn = 16;
   const int P = 2, S = P * V;
-  auto cfg = [&](int stage) { return nn::MlpConfig{hidden, ffn, 11, 10 * std::uint64_t(stage), "mlp" + std::to_string(stage)}; };
+  auto cfg = [&](int stage) {
+    return nn::MlpConfig{hidden, ffn, 11, 10 * std::uint64_t(stage), "mlp" + std::to_string(stage)};
+  };
   auto sample = [&](int mb, std::uint64_t stream) {
     Activation a({tokens, hidden});
     const CounterRng rng{5, stream};
@@ -541,7 +550,8 @@ void tp2_pp2(std::string_view name, int M, int V) {
   std::mutex mu;
   std::vector<std::pair<nn::Parameter, double>> got;
   run_threads(4, [&](ThreadsCommunicator& world) {
-    const DynamicMesh mesh(std::size_t(2), std::size_t(P), std::size_t(1), std::size_t(1));  // tensor, pipeline, data, expert
+    const DynamicMesh mesh(std::size_t(2), std::size_t(P), std::size_t(1),
+                           std::size_t(1));  // tensor, pipeline, data, expert
     auto comms = make_mesh_comms(world, mesh);
     const int pp = comms.pipeline.rank();
     const Programs prog = make_programs(name, {P, M, V});
@@ -554,9 +564,8 @@ void tp2_pp2(std::string_view name, int M, int V) {
     std::vector<X> inputs;
     std::vector<Activation> targets;
     for (int mb = 0; mb < M; ++mb) inputs.emplace_back(sample(mb, 1)), targets.push_back(sample(mb, 2));
-    const StepStats st = ex.step(inputs, [&](const X& y, int mb, X& dy) {
-      return mpar_test::mse(y, targets[std::size_t(mb)], dy);
-    });
+    const StepStats st =
+        ex.step(inputs, [&](const X& y, int mb, X& dy) { return mpar_test::mse(y, targets[std::size_t(mb)], dy); });
     std::lock_guard l(mu);
     for (auto* p : ex.parameters()) got.emplace_back(*p, st.loss);
   });
@@ -578,7 +587,8 @@ void tp2_pp2(std::string_view name, int M, int V) {
 }
 }  // namespace
 
-TEST_CASE("tensor parallel x pipeline parallel (TP=2, PP=2) reproduces the single-rank MLP stack", "[pipeline][executor][tp]") {
+TEST_CASE("tensor parallel x pipeline parallel (TP=2, PP=2) reproduces the single-rank MLP stack",
+          "[pipeline][executor][tp]") {
   for (auto name : {GPipe::name, OneFOneB::name, ZBH1::name, ZBH2::name})
     for (int M : {1, 3, 4}) tp2_pp2(name, M, 1);
   tp2_pp2(Interleaved1F1B::name, 4, 2);
@@ -587,24 +597,27 @@ TEST_CASE("tensor parallel x pipeline parallel (TP=2, PP=2) reproduces the singl
 TEST_CASE("run_pipeline_threads runs several steps with an optimizer", "[pipeline][executor]") {
   const int M = 4;
   std::vector<X> inputs;
-    std::vector<Activation> targets;
+  std::vector<Activation> targets;
   for (int mb = 0; mb < M; ++mb) inputs.emplace_back(data(mb, 1)), targets.push_back(data(mb, 2));
-  const LossFn<Replicate> loss = [&](const X& y, int mb, X& dy) { return mpar_test::mse(y, targets[std::size_t(mb)], dy); };
+  const LossFn<Replicate> loss = [&](const X& y, int mb, X& dy) {
+    return mpar_test::mse(y, targets[std::size_t(mb)], dy);
+  };
   const OptimizerFn sgd = [](const std::vector<nn::Parameter*>& ps) {
     for (auto* p : ps)
       for (std::size_t i = 0; i < p->value.size(); ++i) p->value[i] -= 0.1f * p->grad[i];
   };
   const auto stats = run_pipeline_threads(
-      make_programs<OneFOneB>({2, M}), [](int, int, int stage) { return TanhStack(width, std::size_t(stage), 1); }, inputs,
-      loss, 3, sgd);
+      make_programs<OneFOneB>({2, M}), [](int, int, int stage) { return TanhStack(width, std::size_t(stage), 1); },
+      inputs, loss, 3, sgd);
   REQUIRE(stats.size() == 3);
   CHECK(stats[0][0].loss == Approx(reference(2, M).loss).epsilon(1e-5));
   CHECK(stats[0][1].loss == Approx(stats[0][0].loss));
   CHECK(stats[2][0].loss < stats[0][0].loss);  // SGD on the mean loss makes progress
 }
 
-TEST_CASE("nn stages under ZB-H1: W actions run the weight GEMMs and the measured costs predict a smaller bubble than 1F1B",
-          "[pipeline][executor][zb]") {
+TEST_CASE(
+    "nn stages under ZB-H1: W actions run the weight GEMMs and the measured costs predict a smaller bubble than 1F1B",
+    "[pipeline][executor][zb]") {
   using Mlp = nn::MlpStage<ThreadsCommunicator>;
   static_assert(split_backward_part<Mlp>, "an nn::Stage of tensor-parallel layers splits its backward");
   // Big enough that every GEMM takes measurable time.
@@ -621,12 +634,15 @@ TEST_CASE("nn stages under ZB-H1: W actions run the weight GEMMs and the measure
   run_threads(P, [&](ThreadsCommunicator& world) {
     auto comms = make_mesh_comms(world, DynamicMesh(std::size_t(1), std::size_t(P), std::size_t(1), std::size_t(1)));
     const int pp = comms.pipeline.rank();
-    Mlp stage = nn::make_mlp(comms.tensor, nn::MlpConfig{hidden, ffn, 17, 10 * std::uint64_t(pp), "mlp" + std::to_string(pp)});
+    Mlp stage =
+        nn::make_mlp(comms.tensor, nn::MlpConfig{hidden, ffn, 17, 10 * std::uint64_t(pp), "mlp" + std::to_string(pp)});
     Executor<Mlp, ThreadsCommunicator> ex(comms.pipeline, make_programs<ZBH1>({P, M}), {&stage});
     std::vector<X> in;
     std::vector<Activation> tg;
     for (int mb = 0; mb < M; ++mb) in.emplace_back(sample(mb, 1)), tg.push_back(sample(mb, 2));
-    const LossFn<Replicate> loss = [&](const X& y, int mb, X& dy) { return mpar_test::mse(y, tg[std::size_t(mb)], dy); };
+    const LossFn<Replicate> loss = [&](const X& y, int mb, X& dy) {
+      return mpar_test::mse(y, tg[std::size_t(mb)], dy);
+    };
     (void)ex.step(in, loss);  // warm-up (allocations, BLAS threads)
     for (auto* p : ex.parameters()) p->zero_grad();
     all[std::size_t(pp)] = ex.step(in, loss);

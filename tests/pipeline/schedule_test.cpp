@@ -43,19 +43,22 @@ TEST_CASE("every schedule verifies for P in {1,2,4,8}, M in 1..8, V in {1,2}", "
           INFO("ordered, grouped: " << rg.error);
           REQUIRE(rg.ok);
           CHECK(verify(po).ok);
-          CHECK(simulate(po, CostModel::uniform(1, 1, 1)).makespan == simulate(p, CostModel::uniform(1, 1, 1)).makespan);
+          CHECK(simulate(po, CostModel::uniform(1, 1, 1)).makespan ==
+                simulate(p, CostModel::uniform(1, 1, 1)).makespan);
           // Each (stage, micro-batch) runs F and B (and W when split) exactly once.
           std::size_t compute = 0;
           for (const auto& r : p.ranks)
-            for (const auto& a : r) compute += (a.op == Op::forward || a.op == Op::backward || a.op == Op::backward_input ||
-                                                a.op == Op::backward_weight);
+            for (const auto& a : r)
+              compute += (a.op == Op::forward || a.op == Op::backward || a.op == Op::backward_input ||
+                          a.op == Op::backward_weight);
           CHECK(compute == std::size_t(c.total_stages() * c.total_microbatches() * (p.split_backward ? 3 : 2)));
           ++checked;
         }
   CHECK(checked > 150);
 }
 
-TEST_CASE("simulator reproduces the GPipe and 1F1B bubble (P-1)/(M+P-1) and their peak activations", "[pipeline][simulator]") {
+TEST_CASE("simulator reproduces the GPipe and 1F1B bubble (P-1)/(M+P-1) and their peak activations",
+          "[pipeline][simulator]") {
   for (double b : {1.0, 2.0})
     for (int P : {1, 2, 4, 8})
       for (int M : {1, 2, 4, 8, 16, 32}) {
@@ -79,7 +82,8 @@ TEST_CASE("interleaved 1F1B divides the bubble by V", "[pipeline][simulator]") {
       for (int M : {P, 2 * P, 4 * P}) {
         // A chunk holds 1/V of a rank's layers, so it costs 1/V of the stage's F, B, W.
         const double F = 1.0, B = 1.0, W = 1.0;
-        const SimResult r = simulate(make_programs<Interleaved1F1B>({P, M, V}), CostModel::uniform(F / V, B / V, W / V));
+        const SimResult r =
+            simulate(make_programs<Interleaved1F1B>({P, M, V}), CostModel::uniform(F / V, B / V, W / V));
         INFO("P=" << P << " M=" << M << " V=" << V);
         CHECK(r.bubble_time == Approx((P - 1) * (F + B + W) / V));
         CHECK(r.bubble_ratio == Approx(double(P - 1) / V / (M + double(P - 1) / V)));
@@ -133,9 +137,15 @@ namespace {
 // Rank 0 waits for a gradient before it sends the activation that would produce it.
 constexpr Programs deadlocking() {
   Programs p{"hand-made", {2, 1, 1, 1}, false, false, {}};
-  p.ranks = {{{Op::forward, 0, 0, -1}, {Op::recv_gradient, 0, 0, 1}, {Op::send_activation, 0, 0, 1}, {Op::backward, 0, 0, -1},
+  p.ranks = {{{Op::forward, 0, 0, -1},
+              {Op::recv_gradient, 0, 0, 1},
+              {Op::send_activation, 0, 0, 1},
+              {Op::backward, 0, 0, -1},
               {Op::optimizer_step, 0, 0, -1}},
-             {{Op::recv_activation, 0, 0, 0}, {Op::forward, 0, 0, -1}, {Op::backward, 0, 0, -1}, {Op::send_gradient, 0, 0, 0},
+             {{Op::recv_activation, 0, 0, 0},
+              {Op::forward, 0, 0, -1},
+              {Op::backward, 0, 0, -1},
+              {Op::send_gradient, 0, 0, 0},
               {Op::optimizer_step, 0, 0, -1}}};
   return p;
 }
@@ -249,17 +259,30 @@ namespace {
 // GPipe on two ranks, M = 2, with all of a rank's messages in one run each.
 constexpr Programs gpipe_batched(bool swap_receives) {
   Programs p{"hand-made", {2, 2, 1, 1}, false, false, {}};
-  p.ranks = {{{Op::forward, 0, 0, -1}, {Op::forward, 1, 0, -1}, {Op::send_activation, 0, 0, 1}, {Op::send_activation, 1, 0, 1},
-              {Op::recv_gradient, 0, 0, 1}, {Op::recv_gradient, 1, 0, 1}, {Op::backward, 0, 0, -1}, {Op::backward, 1, 0, -1},
+  p.ranks = {{{Op::forward, 0, 0, -1},
+              {Op::forward, 1, 0, -1},
+              {Op::send_activation, 0, 0, 1},
+              {Op::send_activation, 1, 0, 1},
+              {Op::recv_gradient, 0, 0, 1},
+              {Op::recv_gradient, 1, 0, 1},
+              {Op::backward, 0, 0, -1},
+              {Op::backward, 1, 0, -1},
               {Op::optimizer_step, 0, 0, -1}},
-             {{Op::recv_activation, swap_receives ? 1 : 0, 0, 0}, {Op::recv_activation, swap_receives ? 0 : 1, 0, 0},
-              {Op::forward, 0, 0, -1}, {Op::forward, 1, 0, -1}, {Op::backward, 0, 0, -1}, {Op::backward, 1, 0, -1},
-              {Op::send_gradient, 0, 0, 0}, {Op::send_gradient, 1, 0, 0}, {Op::optimizer_step, 0, 0, -1}}};
+             {{Op::recv_activation, swap_receives ? 1 : 0, 0, 0},
+              {Op::recv_activation, swap_receives ? 0 : 1, 0, 0},
+              {Op::forward, 0, 0, -1},
+              {Op::forward, 1, 0, -1},
+              {Op::backward, 0, 0, -1},
+              {Op::backward, 1, 0, -1},
+              {Op::send_gradient, 0, 0, 0},
+              {Op::send_gradient, 1, 0, 0},
+              {Op::optimizer_step, 0, 0, -1}}};
   return p;
 }
 }  // namespace
 
-TEST_CASE("grouped (NCCL) semantics: in-order matching and whole-group completion are checked", "[pipeline][verifier]") {
+TEST_CASE("grouped (NCCL) semantics: in-order matching and whole-group completion are checked",
+          "[pipeline][verifier]") {
   static_assert(verify(gpipe_batched(false), SendMode::grouped).ok);
   // Tags make the order of two receives irrelevant; NCCL pairs messages in issue order.
   CHECK(verify(gpipe_batched(true)).ok);

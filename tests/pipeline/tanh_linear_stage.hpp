@@ -134,7 +134,8 @@ inline double mse(const Activation& y, const Activation& target, Activation& dy)
 }
 
 /** The same on a typed (replicated) micro-batch output, as the executor's loss receives it. */
-inline double mse(const mpar::nn::Act<mpar::Replicate>& y, const Activation& target, mpar::nn::Act<mpar::Replicate>& dy) {
+inline double mse(const mpar::nn::Act<mpar::Replicate>& y, const Activation& target,
+                  mpar::nn::Act<mpar::Replicate>& dy) {
   return mse(y.tensor(), target, dy.tensor());
 }
 

@@ -13,9 +13,10 @@ using namespace mpar::plan;
 
 namespace {
 std::vector<std::string> base_args() {
-  return {"--layers", "24", "--hidden", "2048", "--heads", "16", "--seq", "1024", "--vocab", "32000",
-          "--global-batch", "256", "--gpus", "64", "--gpus-per-node", "8", "--gpu-mem-gib", "80",
-          "--peak-tflops", "312", "--intra-node-gbps", "300", "--inter-node-gbps", "200"};
+  return {"--layers",      "24",   "--hidden",          "2048",  "--heads",           "16",
+          "--seq",         "1024", "--vocab",           "32000", "--global-batch",    "256",
+          "--gpus",        "64",   "--gpus-per-node",   "8",     "--gpu-mem-gib",     "80",
+          "--peak-tflops", "312",  "--intra-node-gbps", "300",   "--inter-node-gbps", "200"};
 }
 std::vector<std::string> with(std::vector<std::string> a, std::initializer_list<std::string> more) {
   a.insert(a.end(), more);
@@ -31,8 +32,9 @@ std::string error_of(const std::vector<std::string>& args) {
 }  // namespace
 
 TEST_CASE("mpar-plan parses the model, cluster and fixed dimensions", "[plan][cli]") {
-  const CliOptions o = parse_cli(with(base_args(), {"--tp", "2", "--pp=4", "--schedule", "interleaved", "--recompute", "full",
-                                                    "--zero1", "on", "--microbatch-size", "2", "--top", "3", "--json"}));
+  const CliOptions o =
+      parse_cli(with(base_args(), {"--tp", "2", "--pp=4", "--schedule", "interleaved", "--recompute", "full", "--zero1",
+                                   "on", "--microbatch-size", "2", "--top", "3", "--json"}));
   CHECK(o.problem.model.layers == 24);
   CHECK(o.problem.cluster.memory_bytes == 80 * gib);
   CHECK(o.problem.cluster.peak_flops == 312e12);
@@ -59,10 +61,13 @@ TEST_CASE("mpar-plan parses the model, cluster and fixed dimensions", "[plan][cl
 }
 
 TEST_CASE("bad options give errors that say what to change", "[plan][cli]") {
-  CHECK_THAT(error_of({"--layers", "24"}), Catch::Contains("missing --hidden, --heads") && Catch::Contains("see --help"));
-  CHECK_THAT(error_of(with(base_args(), {"--tp", "two"})), Catch::Contains("--tp expects a positive whole number, got 'two'"));
+  CHECK_THAT(error_of({"--layers", "24"}),
+             Catch::Contains("missing --hidden, --heads") && Catch::Contains("see --help"));
+  CHECK_THAT(error_of(with(base_args(), {"--tp", "two"})),
+             Catch::Contains("--tp expects a positive whole number, got 'two'"));
   CHECK_THAT(error_of(with(base_args(), {"--tp", "0"})), Catch::Contains("--tp expects a positive whole number"));
-  CHECK_THAT(error_of(with(base_args(), {"--gpu-mem-gib", "-3"})), Catch::Contains("--gpu-mem-gib expects a positive number"));
+  CHECK_THAT(error_of(with(base_args(), {"--gpu-mem-gib", "-3"})),
+             Catch::Contains("--gpu-mem-gib expects a positive number"));
   CHECK_THAT(error_of(with(base_args(), {"--frobnicate", "1"})), Catch::Contains("unknown option --frobnicate"));
   CHECK_THAT(error_of(with(base_args(), {"--schedule", "zigzag"})),
              Catch::Contains("--schedule 'zigzag' is not known; use gpipe, 1f1b, interleaved_1f1b"));
@@ -72,11 +77,14 @@ TEST_CASE("bad options give errors that say what to change", "[plan][cli]") {
   CHECK_THAT(error_of(with(base_args(), {"--zero2", "maybe"})), Catch::Contains("--zero2 expects on or off"));
   CHECK_THAT(error_of(with(base_args(), {"--zero3", "maybe"})), Catch::Contains("--zero3 expects on or off"));
   CHECK_THAT(error_of(with(base_args(), {"--tp", "16"})), Catch::Contains("choose a divisor of --gpus-per-node"));
-  CHECK_THAT(error_of(with(base_args(), {"--tp", "2", "--pp", "4", "--dp", "4"})), Catch::Contains("make the product equal --gpus"));
-  CHECK_THAT(error_of(with(base_args(), {"--heads", "15"})), Catch::Contains("--hidden 2048 is not divisible by --heads 15"));
+  CHECK_THAT(error_of(with(base_args(), {"--tp", "2", "--pp", "4", "--dp", "4"})),
+             Catch::Contains("make the product equal --gpus"));
+  CHECK_THAT(error_of(with(base_args(), {"--heads", "15"})),
+             Catch::Contains("--hidden 2048 is not divisible by --heads 15"));
   CHECK_THAT(error_of(with(base_args(), {"--gpus", "60"})), Catch::Contains("use a multiple of 8"));
   CHECK_THAT(error_of(with(base_args(), {"--memory-fraction", "1.5"})), Catch::Contains("(0, 1]"));
-  CHECK_THAT(error_of(with(base_args(), {"--calibration", "/nonexistent/metrics.jsonl"})), Catch::Contains("cannot open"));
+  CHECK_THAT(error_of(with(base_args(), {"--calibration", "/nonexistent/metrics.jsonl"})),
+             Catch::Contains("cannot open"));
   // A directory, an empty file or a file without one measurement would silently plan with the defaults.
   const auto tmp = std::filesystem::temp_directory_path() / ("mpar_plan_cli_" + std::to_string(::getpid()));
   std::filesystem::create_directories(tmp);
@@ -130,11 +138,13 @@ TEST_CASE("the table shows the ranking, the rejections and the cost of a broken 
   CHECK_THAT(s, Catch::Contains("% slower"));
 }
 
-TEST_CASE("mpar-plan --cp fixes context parallelism: every configuration splits each sequence over cp GPUs", "[plan][cli][context]") {
+TEST_CASE("mpar-plan --cp fixes context parallelism: every configuration splits each sequence over cp GPUs",
+          "[plan][cli][context]") {
   CHECK(parse_cli(base_args()).space.cp == 1);
   CHECK(parse_cli(with(base_args(), {"--cp", "4"})).space.cp == 4);
-  CHECK_THAT(error_of(with(base_args(), {"--cp", "3"})),
-             Catch::Contains("--cp 3 splits each sequence into 2 x cp = 6 zig-zag chunks, which --seq 1024 does not divide"));
+  CHECK_THAT(
+      error_of(with(base_args(), {"--cp", "3"})),
+      Catch::Contains("--cp 3 splits each sequence into 2 x cp = 6 zig-zag chunks, which --seq 1024 does not divide"));
   CHECK_THAT(error_of(with(base_args(), {"--cp", "0"})), Catch::Contains("--cp expects a positive whole number"));
   CHECK_THAT(error_of(with(base_args(), {"--tp", "2", "--pp", "4", "--dp", "8", "--cp", "2"})),
              Catch::Contains("--tp 2 x --pp 4 x --dp 8 x --cp 2 = 128 GPUs, but --gpus is 64"));

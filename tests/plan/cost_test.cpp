@@ -10,26 +10,31 @@ using namespace mpar::plan;
 
 namespace {
 const Network net{{100e9, 2e-6}, {10e9, 10e-6}};  // intra 100 GB/s, inter 10 GB/s per GPU
-}
+}  // namespace
 
 TEST_CASE("ring, tree and hierarchical collectives follow the alpha-beta formulas", "[plan][cost]") {
   const double S = 1e9;
   const GroupShape node8{8, 1};
-  CHECK(collective_seconds(Collective::all_reduce, Algorithm::ring, S, node8, net) == Approx(14 * 2e-6 + 2.0 * 7 / 8 * S / 100e9));
-  CHECK(collective_seconds(Collective::reduce_scatter, Algorithm::ring, S, node8, net) == Approx(7 * 2e-6 + 7.0 / 8 * S / 100e9));
+  CHECK(collective_seconds(Collective::all_reduce, Algorithm::ring, S, node8, net) ==
+        Approx(14 * 2e-6 + 2.0 * 7 / 8 * S / 100e9));
+  CHECK(collective_seconds(Collective::reduce_scatter, Algorithm::ring, S, node8, net) ==
+        Approx(7 * 2e-6 + 7.0 / 8 * S / 100e9));
   CHECK(collective_seconds(Collective::all_gather, Algorithm::ring, S, node8, net) ==
         collective_seconds(Collective::reduce_scatter, Algorithm::ring, S, node8, net));
-  CHECK(collective_seconds(Collective::all_reduce, Algorithm::tree, S, node8, net) == Approx(2 * (3 * 2e-6 + S / 100e9)));
+  CHECK(collective_seconds(Collective::all_reduce, Algorithm::tree, S, node8, net) ==
+        Approx(2 * (3 * 2e-6 + S / 100e9)));
   CHECK(collective_seconds(Collective::all_reduce, Algorithm::ring, S, {1, 1}, net) == 0);
 
   // 4 nodes x 8: the ring crosses nodes on 8 NICs at once (8 x 10 GB/s < 100 GB/s NVLink) with inter-node hops.
   const GroupShape g{32, 4};
-  CHECK(collective_seconds(Collective::all_reduce, Algorithm::ring, S, g, net) == Approx(62 * 10e-6 + 2.0 * 31 / 32 * S / 80e9));
+  CHECK(collective_seconds(Collective::all_reduce, Algorithm::ring, S, g, net) ==
+        Approx(62 * 10e-6 + 2.0 * 31 / 32 * S / 80e9));
   // Hierarchical: reduce-scatter in the node, all-reduce an eighth across 4 nodes, all-gather in the node.
   const double intra = 7 * 2e-6 + 7.0 / 8 * S / 100e9, inter = 3 * 10e-6 + 3.0 / 4 * (S / 8) / 10e9;
   CHECK(collective_seconds(Collective::all_reduce, Algorithm::hierarchical, S, g, net) == Approx(2 * (intra + inter)));
   // One member per node: every byte crosses the network.
-  CHECK(collective_seconds(Collective::all_reduce, Algorithm::ring, S, {4, 4}, net) == Approx(6 * 10e-6 + 1.5 * S / 10e9));
+  CHECK(collective_seconds(Collective::all_reduce, Algorithm::ring, S, {4, 4}, net) ==
+        Approx(6 * 10e-6 + 1.5 * S / 10e9));
   CHECK(send_recv_seconds(S, true, net) == Approx(10e-6 + S / 10e9));
   CHECK(send_recv_seconds(S, false, net) == Approx(2e-6 + S / 100e9));
 }
@@ -42,12 +47,14 @@ TEST_CASE("the fastest algorithm depends on size: tree when latency-bound, ring 
   CHECK(big.seconds == collective_seconds(Collective::all_reduce, Algorithm::ring, 4e9, {8, 1}, net));
   // Every algorithm is at least as slow as the best one.
   for (Algorithm a : {Algorithm::ring, Algorithm::tree, Algorithm::hierarchical})
-    CHECK(best_collective(Collective::all_reduce, 64e6, g, net).seconds <= collective_seconds(Collective::all_reduce, a, 64e6, g, net));
+    CHECK(best_collective(Collective::all_reduce, 64e6, g, net).seconds <=
+          collective_seconds(Collective::all_reduce, a, 64e6, g, net));
   CHECK_THROWS_WITH(collective_seconds(Collective::all_reduce, Algorithm::ring, 1, {6, 4}, net),
                     Catch::Contains("cannot sit evenly on 4 nodes"));
 }
 
-TEST_CASE("action costs come from FLOPs at the GEMM rate, elementwise bytes at HBM rate, and TP collectives", "[plan][cost]") {
+TEST_CASE("action costs come from FLOPs at the GEMM rate, elementwise bytes at HBM rate, and TP collectives",
+          "[plan][cost]") {
   const GptModel m{8, 1024, 16, 512, 1000};
   Cluster c = a100_selene(8);
   Calibration cal;
@@ -87,17 +94,18 @@ TEST_CASE("action costs come from FLOPs at the GEMM rate, elementwise bytes at H
   CHECK(cm.chunk_costs(p, 0, 0, g).forward > 4 * l.forward);
 }
 
-TEST_CASE("pipeline time and bubble come from the pipeline simulator replaying the executor's programs", "[plan][cost]") {
+TEST_CASE("pipeline time and bubble come from the pipeline simulator replaying the executor's programs",
+          "[plan][cost]") {
   ParallelConfig c;
   c.pp = 4, c.microbatches = 8, c.schedule = ScheduleKind::one_f_one_b;
   StageCosts sc;
   sc.chunk.assign(4, std::vector<ChunkCosts>(1, ChunkCosts{1.0, 1.0, 1.0}));
   const PipelineTiming t = time_pipeline(c, sc);
-  CHECK(t.makespan == Approx((8 + 3) * 3.0));                // (M + P - 1)(F + B + W)
-  CHECK(t.bubble_fraction == Approx(3.0 / 11));              // (P-1)/(M+P-1), numbers.md
-  CHECK(t.grads_ready[0][0].second == Approx(t.makespan));   // rank 0 finishes the last backward
-  CHECK(t.grads_ready[3][0].second < t.makespan);            // the last stage is done earlier: room to overlap
-  c.schedule = ScheduleKind::zb_h2;                          // 2W >= F + B: no bubble left in the steady state
+  CHECK(t.makespan == Approx((8 + 3) * 3.0));               // (M + P - 1)(F + B + W)
+  CHECK(t.bubble_fraction == Approx(3.0 / 11));             // (P-1)/(M+P-1), numbers.md
+  CHECK(t.grads_ready[0][0].second == Approx(t.makespan));  // rank 0 finishes the last backward
+  CHECK(t.grads_ready[3][0].second < t.makespan);           // the last stage is done earlier: room to overlap
+  c.schedule = ScheduleKind::zb_h2;                         // 2W >= F + B: no bubble left in the steady state
   sc.chunk.assign(4, std::vector<ChunkCosts>(1, ChunkCosts{1.0, 1.0, 1.0}));
   CHECK(time_pipeline(c, sc).makespan < (8 + 3) * 3.0);
   c.schedule = ScheduleKind::interleaved, c.virtual_stages = 2;
@@ -105,7 +113,8 @@ TEST_CASE("pipeline time and bubble come from the pipeline simulator replaying t
   CHECK(time_pipeline(c, sc).makespan == Approx(8 * 3.0 + 3 * 3.0 / 2));  // bubble shrinks by V
 }
 
-TEST_CASE("PipeDream-2BW is timed as the trainer runs it: one flushed program per step, 1F1B's bubble", "[plan][cost][2bw]") {
+TEST_CASE("PipeDream-2BW is timed as the trainer runs it: one flushed program per step, 1F1B's bubble",
+          "[plan][cost][2bw]") {
   ParallelConfig c;
   c.pp = 4, c.microbatches = 8;
   StageCosts sc;
@@ -126,16 +135,22 @@ TEST_CASE("PipeDream-2BW is timed as the trainer runs it: one flushed program pe
 TEST_CASE("calibration from JSON lines replaces the defaults", "[plan][calibration]") {
   const Cluster c = a100_selene(64);
   // Two sizes on one node: exactly alpha = 5 us, bandwidth 200 GB/s under the ring model.
-  auto ring_ar = [](double bytes, double n, double a, double bw) { return 2 * (n - 1) * a + 2 * (n - 1) / n * bytes / bw; };
+  auto ring_ar = [](double bytes, double n, double a, double bw) {
+    return 2 * (n - 1) * a + 2 * (n - 1) / n * bytes / bw;
+  };
   std::ostringstream f;
   f << "{\"metric\":\"gemm\",\"flops\":2.0e12,\"seconds\":0.01}\n"
     << "\n{\"metric\":\"step_time\",\"seconds\":1.5,\"tags\":{\"rank\":0}}\n"  // not ours: ignored
     << "{\"metric\":\"elementwise\",\"bytes\":3.0e9,\"seconds\":0.002}\n"
-    << "{\"metric\":\"collective\",\"op\":\"all_reduce\",\"ranks\":8,\"nodes\":1,\"bytes\":1e6,\"seconds\":" << ring_ar(1e6, 8, 5e-6, 200e9) << "}\n"
-    << "{\"metric\":\"collective\",\"op\":\"all_reduce\",\"ranks\":8,\"nodes\":1,\"bytes\":1e9,\"seconds\":" << ring_ar(1e9, 8, 5e-6, 200e9) << "}\n"
+    << "{\"metric\":\"collective\",\"op\":\"all_reduce\",\"ranks\":8,\"nodes\":1,\"bytes\":1e6,\"seconds\":"
+    << ring_ar(1e6, 8, 5e-6, 200e9) << "}\n"
+    << "{\"metric\":\"collective\",\"op\":\"all_reduce\",\"ranks\":8,\"nodes\":1,\"bytes\":1e9,\"seconds\":"
+    << ring_ar(1e9, 8, 5e-6, 200e9) << "}\n"
     << "{\"metric\":\"collective\",\"op\":\"all_gather\",\"ranks\":16,\"nodes\":2,\"bytes\":1e9,\"seconds\":0.05}\n"
-    << "{\"metric\":\"action\",\"op\":\"forward\",\"layers\":2,\"tp\":8,\"microbatch_size\":1,\"recompute\":\"full\",\"seconds\":0.02}\n"
-    << "{\"metric\":\"action\",\"op\":\"backward\",\"layers\":2,\"tp\":8,\"microbatch_size\":1,\"recompute\":\"full\",\"seconds\":0.08}\n";
+    << "{\"metric\":\"action\",\"op\":\"forward\",\"layers\":2,\"tp\":8,\"microbatch_size\":1,\"recompute\":\"full\","
+       "\"seconds\":0.02}\n"
+    << "{\"metric\":\"action\",\"op\":\"backward\",\"layers\":2,\"tp\":8,\"microbatch_size\":1,\"recompute\":\"full\","
+       "\"seconds\":0.08}\n";
   const Calibration cal = load_calibration(f.str(), c);
   REQUIRE(cal.gemm_flops_per_s);
   CHECK(*cal.gemm_flops_per_s == Approx(2e14));
@@ -162,7 +177,12 @@ TEST_CASE("calibration from JSON lines replaces the defaults", "[plan][calibrati
 
   CHECK_THROWS_WITH(load_calibration(std::string("{\"metric\":\"gemm\",\"flops\":1}\n{\"metric\": }\n"), c),
                     Catch::Contains("line 1") && Catch::Contains("seconds"));
-  CHECK_THROWS_WITH(load_calibration(std::string("{\"metric\":\"gemm\" \"flops\":1}\n"), c), Catch::Contains("line 1, column"));
-  CHECK_THROWS_WITH(load_calibration(std::string("{\"metric\":\"collective\",\"op\":\"gossip\",\"ranks\":2,\"nodes\":1,\"bytes\":1,\"seconds\":1}"), c),
-                    Catch::Contains("gossip"));
+  CHECK_THROWS_WITH(load_calibration(std::string("{\"metric\":\"gemm\" \"flops\":1}\n"), c),
+                    Catch::Contains("line 1, column"));
+  CHECK_THROWS_WITH(
+      load_calibration(
+          std::string(
+              "{\"metric\":\"collective\",\"op\":\"gossip\",\"ranks\":2,\"nodes\":1,\"bytes\":1,\"seconds\":1}"),
+          c),
+      Catch::Contains("gossip"));
 }

@@ -31,8 +31,9 @@ std::string training_text_path() {
   static const std::string path = [] {
     const auto p = std::filesystem::temp_directory_path() / "mpar_plan_host_memory.txt";
     std::ofstream f(p);
-    const std::string words[] = {"pipeline ", "tensor ", "Data, ", "parallel. ", "Memory; ", "bubble ", "ZeRO-1 ",
-                                 "(recompute) ", "0123456789 ", "QUICK brown fox! ", "jumps? ", "over_lazy: dog\n"};
+    const std::string words[] = {"pipeline ",   "tensor ",           "Data, ",  "parallel. ",
+                                 "Memory; ",    "bubble ",           "ZeRO-1 ", "(recompute) ",
+                                 "0123456789 ", "QUICK brown fox! ", "jumps? ", "over_lazy: dog\n"};
     for (int i = 0; i < 2000; ++i) f << words[(i * 7 + i / 3) % 12];
     return p.string();
   }();
@@ -84,13 +85,15 @@ TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measure
   };
   // Few, small runs keep this under a few seconds; runs of more shapes by hand (GPipe, pp = 4,
   // recompute at pp = 4) agreed within 8 % as well (docs/planner.md).
-  const Case cases[] = {{1, 1, 4, false, "1f1b"}, {1, 2, 4, true, "1f1b"}, {2, 2, 4, false, "1f1b"}, {1, 2, 4, false, "zb_h1"},
-                        {1, 2, 4, false, "2bw"},  // 2bw: the previous weight version the trainer keeps
-                        {1, 1, 4, false, "1f1b", 2}, {2, 2, 4, true, "1f1b", 2}};  // context parallelism: ring attention
+  const Case cases[] = {
+      {1, 1, 4, false, "1f1b"},    {1, 2, 4, true, "1f1b"},   {2, 2, 4, false, "1f1b"},
+      {1, 2, 4, false, "zb_h1"},   {1, 2, 4, false, "2bw"},      // 2bw: the previous weight version the trainer keeps
+      {1, 1, 4, false, "1f1b", 2}, {2, 2, 4, true, "1f1b", 2}};  // context parallelism: ring attention
   for (const Case& k : cases) {
     mpar::models::GptTrainConfig cfg;
     cfg.model.hidden = 128, cfg.model.heads = 4, cfg.model.layers = 4, cfg.model.seq = 64;
-    cfg.tp = k.tp, cfg.pp = k.pp, cfg.dp = 1, cfg.cp = k.cp, cfg.microbatches = k.microbatches, cfg.global_batch = 4 * std::size_t(k.microbatches);
+    cfg.tp = k.tp, cfg.pp = k.pp, cfg.dp = 1, cfg.cp = k.cp, cfg.microbatches = k.microbatches,
+    cfg.global_batch = 4 * std::size_t(k.microbatches);
     cfg.recompute = k.recompute, cfg.schedule = k.schedule, cfg.steps = 3, cfg.warmup = 1;
     const Measured got = run_trainer(cfg);
 
@@ -105,11 +108,12 @@ TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measure
     ActivationPeaks peaks;
     for (std::size_t r = 0; r < k.pp; ++r) {
       const MemoryEstimate e = rank_memory(model, c, Precision::fp32_host(8), r, peaks(c)[r], o);
-      const double measured_step = got.step_peak[r * k.tp * k.cp], measured_states = got.states[r * k.tp * k.cp];  // tensor and context rank 0 of stage r
-      INFO("tp=" << k.tp << " cp=" << k.cp << " pp=" << k.pp << " M=" << k.microbatches << " " << k.schedule << (k.recompute ? " recompute" : "")
-                 << ", pipeline rank " << r << ": step peak measured " << measured_step << " B, estimated "
-                 << e.activations + e.communication << " B; model states measured " << measured_states << " B, estimated "
-                 << e.parameters + e.gradients + e.optimizer << " B");
+      const double measured_step = got.step_peak[r * k.tp * k.cp],
+                   measured_states = got.states[r * k.tp * k.cp];  // tensor and context rank 0 of stage r
+      INFO("tp=" << k.tp << " cp=" << k.cp << " pp=" << k.pp << " M=" << k.microbatches << " " << k.schedule
+                 << (k.recompute ? " recompute" : "") << ", pipeline rank " << r << ": step peak measured "
+                 << measured_step << " B, estimated " << e.activations + e.communication << " B; model states measured "
+                 << measured_states << " B, estimated " << e.parameters + e.gradients + e.optimizer << " B");
       // With cp > 1 the gradients reduce over the data x context group; the model adds two buckets to every
       // data-parallel rank's buffers, a bound: the trainer's buckets fill during the backward, after the
       // activation peak of these runs, so the comparison leaves them out.
@@ -121,7 +125,10 @@ TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measure
   }
 }
 
-TEST_CASE("ZeRO-2 and ZeRO-3 model states and totals at dp = 2 are within 10 % of the estimate; the totals fall with each stage", "[plan][memory][host][zero3]") {
+TEST_CASE(
+    "ZeRO-2 and ZeRO-3 model states and totals at dp = 2 are within 10 % of the estimate; the totals fall with each "
+    "stage",
+    "[plan][memory][host][zero3]") {
   // What train_gpt prints per rank: the model states held between steps plus the step's peak above them
   // (the same allocation tracking). ZeRO-3 holds 1/dp of the weights, gradients and AdamW states between steps
   // and gathers a unit (and the next, prefetched) around its use.

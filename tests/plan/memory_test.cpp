@@ -23,7 +23,7 @@ ParallelConfig cfg(std::size_t tp, std::size_t pp, std::size_t dp) {
 TEST_CASE("GPT parameter count follows Narayanan et al.'s formula", "[plan][memory]") {
   const double l = 36, h = 4096, V = 51200, s = 2048;
   const double published = 12 * l * h * h * (1 + 13 / (12 * h) + (V + s) / (12 * l * h));
-  CHECK(gpt7b.parameters() == Approx(published + 2 * h));  // + the final layer norm the formula leaves out
+  CHECK(gpt7b.parameters() == Approx(published + 2 * h));       // + the final layer norm the formula leaves out
   CHECK(gpt7b.parameters() / 1e9 == Approx(7.5).margin(0.05));  // the 7.5 B row of Table 1
   // With full recomputation the hardware FLOPs are the paper's 96 B s l h^2 (1 + s/6h + V/(16 l h)).
   const double B = 512;
@@ -32,7 +32,9 @@ TEST_CASE("GPT parameter count follows Narayanan et al.'s formula", "[plan][memo
   CHECK(iteration_flops(gpt7b, B, Recompute::none) == Approx(gpt7b.model_flops(B)));
 }
 
-TEST_CASE("mixed-precision Adam keeps 16 bytes per parameter; ZeRO-1 keeps 4 + 12/N_d, ZeRO-2 2 + 14/N_d, ZeRO-3 14/N_d", "[plan][memory]") {
+TEST_CASE(
+    "mixed-precision Adam keeps 16 bytes per parameter; ZeRO-1 keeps 4 + 12/N_d, ZeRO-2 2 + 14/N_d, ZeRO-3 14/N_d",
+    "[plan][memory]") {
   CHECK(Precision::mixed_adam().model_state_bytes() == 16);
   const double psi = gpt7b.parameters();
   ParallelConfig c = cfg(1, 1, 8);
@@ -111,7 +113,8 @@ TEST_CASE("activations per layer match Korthikanti et al.", "[plan][memory]") {
   const double s = 2048, b = 2, h = 4096, a = 32, t = 8, sbh = s * b * h;
   const Precision p = Precision::mixed_adam();
   CHECK(layer_activation_bytes(m, 2, 1, false, Recompute::none, p) == Approx(sbh * (34 + 5 * a * s / h)));
-  CHECK(layer_activation_bytes(m, 2, 8, false, Recompute::none, p) == Approx(sbh * (10 + 24 / t + 5 * a * s / (h * t))));
+  CHECK(layer_activation_bytes(m, 2, 8, false, Recompute::none, p) ==
+        Approx(sbh * (10 + 24 / t + 5 * a * s / (h * t))));
   CHECK(layer_activation_bytes(m, 2, 8, true, Recompute::none, p) == Approx(sbh / t * (34 + 5 * a * s / h)));
   CHECK(layer_activation_bytes(m, 2, 8, true, Recompute::selective, p) == Approx(34 * sbh / t));
   CHECK(layer_activation_bytes(m, 2, 8, false, Recompute::selective, p) == Approx(sbh * (10 + 24 / t)));
@@ -141,7 +144,7 @@ TEST_CASE("activation memory is the verifier's peak in-flight count times a chun
   zb.schedule = ScheduleKind::zb_h1;
   for (std::size_t r = 0; r < 4; ++r) CHECK(peaks(zb)[r] >= pk[r]);
   zb.schedule = ScheduleKind::zb_h2;
-  CHECK(peaks(zb)[0] > pk[0]);  // ZB-H2 holds up to 2P - 1
+  CHECK(peaks(zb)[0] > pk[0]);       // ZB-H2 holds up to 2P - 1
   c.schedule = ScheduleKind::gpipe;  // GPipe holds all M
   CHECK(peaks(c)[0] == 16);
   const MemoryEstimate worst = peak_memory(gpt7b, c, Precision::mixed_adam(), peaks(c));
@@ -174,22 +177,24 @@ TEST_CASE("fp32 host model states equal the bytes nn::Parameter and AdamW hold",
       ps.push_back(std::move(p));
     };
     for (std::size_t layer = 0; layer < m.layers; ++layer) {
-      add({h}, 0, false, 0), add({h}, 0, false, 0);              // ln1
-      add({3 * h, h}, 0, true, 0), add({3 * h}, 0, true, 0);     // qkv (column parallel)
-      add({h, h}, 1, true, 0), add({h}, 0, false, 0);            // projection (row parallel), bias replicated
-      add({h}, 0, false, 0), add({h}, 0, false, 0);              // ln2
-      add({4 * h, h}, 0, true, 0), add({4 * h}, 0, true, 0);     // fc1
-      add({h, 4 * h}, 1, true, 0), add({h}, 0, false, 0);        // fc2
+      add({h}, 0, false, 0), add({h}, 0, false, 0);           // ln1
+      add({3 * h, h}, 0, true, 0), add({3 * h}, 0, true, 0);  // qkv (column parallel)
+      add({h, h}, 1, true, 0), add({h}, 0, false, 0);         // projection (row parallel), bias replicated
+      add({h}, 0, false, 0), add({h}, 0, false, 0);           // ln2
+      add({4 * h, h}, 0, true, 0), add({4 * h}, 0, true, 0);  // fc1
+      add({h, 4 * h}, 1, true, 0), add({h}, 0, false, 0);     // fc2
     }
-    add({m.vocab, h}, 0, true, 0);                               // word embedding (vocabulary parallel)
-    add({m.seq, h}, 0, false, 0);                                // positions
-    add({h}, 0, false, 0), add({h}, 0, false, 0);                // final norm
+    add({m.vocab, h}, 0, true, 0);                 // word embedding (vocabulary parallel)
+    add({m.seq, h}, 0, false, 0);                  // positions
+    add({h}, 0, false, 0), add({h}, 0, false, 0);  // final norm
     std::vector<mpar::nn::Parameter*> ptrs;
     for (auto& p : ps) ptrs.push_back(&p);
     mpar::optim::AdamW opt(ptrs, {});
     double held = 0;
     for (std::size_t i = 0; i < ps.size(); ++i)
-      held += double(ps[i].value.size() + ps[i].grad.size() + opt.first_moment(i).size() + opt.second_moment(i).size()) * sizeof(float);
+      held +=
+          double(ps[i].value.size() + ps[i].grad.size() + opt.first_moment(i).size() + opt.second_moment(i).size()) *
+          sizeof(float);
     ParallelConfig c = cfg(tp, 1, 1);
     const MemoryEstimate e = estimate_memory(m, c, Precision::fp32_host(8));
     const double states = e.parameters + e.gradients + e.optimizer;

@@ -57,7 +57,8 @@ double predicted_published(const MegatronRow& r, const Calibration& cal) {
 
 }  // namespace
 
-TEST_CASE("Megatron-LM Table 1: predicted TFLOP/s per GPU within 15 % with TP and PP as published", "[plan][validation]") {
+TEST_CASE("Megatron-LM Table 1: predicted TFLOP/s per GPU within 15 % with TP and PP as published",
+          "[plan][validation]") {
   for (const MegatronRow& r : table1) {
     const double got = predicted_published(r, Calibration{});
     INFO(r.hidden << "-wide, " << r.layers << " layers, tp=" << r.tp << " pp=" << r.pp << " on " << r.gpus
@@ -67,7 +68,8 @@ TEST_CASE("Megatron-LM Table 1: predicted TFLOP/s per GPU within 15 % with TP an
   }
 }
 
-TEST_CASE("the Table 1 check can fail: a GEMM efficiency far from the calibrated one misses rows", "[plan][validation]") {
+TEST_CASE("the Table 1 check can fail: a GEMM efficiency far from the calibrated one misses rows",
+          "[plan][validation]") {
   Calibration slow;
   slow.gemm_efficiency = 0.50;
   std::size_t missed = 0;
@@ -76,7 +78,8 @@ TEST_CASE("the Table 1 check can fail: a GEMM efficiency far from the calibrated
   CHECK(missed >= 3);
 }
 
-TEST_CASE("with TP and PP free, the best configuration is at least as fast as the published one", "[plan][validation]") {
+TEST_CASE("with TP and PP free, the best configuration is at least as fast as the published one",
+          "[plan][validation]") {
   for (const MegatronRow& r : {table1[2], table1[3]}) {
     const Problem p = megatron_problem(r);
     const CostModel cm(p.model, p.cluster);
@@ -92,7 +95,8 @@ TEST_CASE("with TP and PP free, the best configuration is at least as fast as th
   }
 }
 
-TEST_CASE("search ranks fitting configurations by predicted step time and says why others were rejected", "[plan][search]") {
+TEST_CASE("search ranks fitting configurations by predicted step time and says why others were rejected",
+          "[plan][search]") {
   const Problem p{GptModel{24, 2048, 16, 1024, 32000}, a100_selene(64), 256};
   const CostModel cm(p.model, p.cluster);
   const Plan plan = search(p, cm);
@@ -139,7 +143,8 @@ TEST_CASE("memory rejections name the need and the budget; a tiny GPU fits nothi
   REQUIRE(plan.rejected_by_kind.count("memory"));
   bool named = false;
   for (const Rejection& r : plan.rejected)
-    if (r.kind == "memory") named = r.reason.find("GiB per GPU but 1 GiB are usable (95 % of 1 GiB)") != std::string::npos;
+    if (r.kind == "memory")
+      named = r.reason.find("GiB per GPU but 1 GiB are usable (95 % of 1 GiB)") != std::string::npos;
   CHECK(named);
   // More memory: full recomputation and ZeRO-1 make room before anything else does.
   p.cluster.memory_bytes = 20 * gib;
@@ -156,7 +161,8 @@ TEST_CASE("memory rejections name the need and the budget; a tiny GPU fits nothi
   CHECK(!search(p, CostModel(p.model, p.cluster), none, per_layer).best.empty());
 }
 
-TEST_CASE("ZeRO-2 fits where ZeRO-1 does not: the search finds it between their memory needs", "[plan][search][zero2]") {
+TEST_CASE("ZeRO-2 fits where ZeRO-1 does not: the search finds it between their memory needs",
+          "[plan][search][zero2]") {
   Problem p{GptModel{24, 2048, 16, 1024, 32000}, a100_selene(8), 64};
   SearchSpace s;
   s.tp = 1, s.pp = 1, s.dp = 8, s.microbatch_size = 1, s.recompute = Recompute::full, s.sequence_parallel = false;
@@ -186,7 +192,8 @@ TEST_CASE("ZeRO-2 fits where ZeRO-1 does not: the search finds it between their 
   for (const Candidate& c : with.best) CHECK(c.config.zero2);
 }
 
-TEST_CASE("ZeRO-3 fits where ZeRO-2 does not: the search finds it between their memory needs", "[plan][search][zero3]") {
+TEST_CASE("ZeRO-3 fits where ZeRO-2 does not: the search finds it between their memory needs",
+          "[plan][search][zero3]") {
   Problem p{GptModel{24, 2048, 16, 1024, 32000}, a100_selene(8), 64};
   SearchSpace s;
   s.tp = 1, s.pp = 1, s.dp = 8, s.microbatch_size = 1, s.recompute = Recompute::full, s.sequence_parallel = false;
@@ -215,7 +222,7 @@ TEST_CASE("ZeRO-3 fits where ZeRO-2 does not: the search finds it between their 
 TEST_CASE("topology: tensor groups stay inside a node; breaking that is predicted slower", "[plan][topology]") {
   CHECK(group_shape(8, 1, 8).nodes == 1);
   CHECK(group_shape(16, 1, 8).nodes == 2);
-  CHECK(group_shape(4, 8, 8).nodes == 4);   // stride of a node: one member per node
+  CHECK(group_shape(4, 8, 8).nodes == 4);  // stride of a node: one member per node
   CHECK(group_shape(4, 2, 8).nodes == 1);
   CHECK(group_shape(8, 2, 8).nodes == 2);
   CHECK(group_shape(8, 2, 8).per_node() == 4);

@@ -12,7 +12,7 @@ using namespace mpar;
 
 template <class B>
 constexpr bool every_family =
-    memory_backend<B> && gemm_backend<B> && layer_kernel_backend<B> && optimizer_backend<B> && routing_backend<B>;
+    memory_backend<B>&& gemm_backend<B>&& layer_kernel_backend<B>&& optimizer_backend<B>&& routing_backend<B>;
 
 static_assert(backend<HostBackend> && every_family<HostBackend>);
 static_assert(backend<StreamHostBackend> && every_family<StreamHostBackend>);

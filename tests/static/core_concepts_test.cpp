@@ -37,7 +37,8 @@ static_assert(Replicate::is_replicated && !Replicate::is_partial);
 static_assert(Shard<1, axis::data>::sharded_dim == 1 && Shard<1, axis::data>::axis == axis::data);
 static_assert(Partial<ReduceOp::sum, axis::tensor>::is_partial && !Partial<ReduceOp::sum, axis::tensor>::is_replicated);
 static_assert(Layout2D<Shard<0, axis::tensor_row>, Partial<ReduceOp::sum, axis::tensor_col>>::is_partial);
-static_assert(std::is_empty_v<Shard<0, axis::tensor>> && std::is_final_v<Shard<0, axis::tensor>>, "layouts are final empty tags");
+static_assert(std::is_empty_v<Shard<0, axis::tensor>> && std::is_final_v<Shard<0, axis::tensor>>,
+              "layouts are final empty tags");
 
 // ---- mesh and divisibility ----
 static_assert(device_mesh<DeviceMesh<2, 2, 2>> && device_mesh<DynamicMesh> && !device_mesh<int>);
@@ -48,7 +49,9 @@ static_assert(DeviceMesh<2, 2, 2>{}.coord(1).tensor == 1 && DeviceMesh<2, 2, 2>{
               "tensor is the innermost axis, then data");
 static_assert(DeviceMesh<2, 2, 2>{}.coord(4).pipeline == 1, "pipeline is the outermost axis");
 static_assert(statically_divisible_v<1024, 4> && !statically_divisible_v<1000, 3>);
-static_assert(statically_divisible_v<dyn, 3> && statically_divisible_v<1000, dyn>, "dynamic sizes are checked at run time");
-static_assert(block_of(10, 4, 0) == Block{0, 3} && block_of(10, 4, 1) == Block{3, 3} && block_of(10, 4, 2) == Block{6, 2} &&
-              block_of(10, 4, 3) == Block{8, 2}, "the first n % p ranks get one more element");
+static_assert(statically_divisible_v<dyn, 3> && statically_divisible_v<1000, dyn>,
+              "dynamic sizes are checked at run time");
+static_assert(block_of(10, 4, 0) == Block{0, 3} && block_of(10, 4, 1) == Block{3, 3} &&
+                  block_of(10, 4, 2) == Block{6, 2} && block_of(10, 4, 3) == Block{8, 2},
+              "the first n % p ranks get one more element");
 }  // namespace

@@ -30,7 +30,8 @@ using backward_t = decltype(std::declval<L&>().backward(std::declval<const Act<G
 // ---- every layer satisfies the layer concept ----
 static_assert(layer<Linear<>> && layer<Col> && layer<Row> && layer<Gelu> && layer<Dropout<>> && layer<LayerNorm<>>);
 static_assert(layer<LayerNorm<TokenShard, C>> && layer<AllReduce<C>> && layer<GatherFeatures<C>> && layer<Linear2D<C>>);
-static_assert(layer<Attention<>> && layer<SelfAttention<C>> && layer<TransformerBlock<C>> && layer<TransformerBlock<C, true>>);
+static_assert(layer<Attention<>> && layer<SelfAttention<C>> && layer<TransformerBlock<C>> &&
+              layer<TransformerBlock<C, true>>);
 static_assert(layer<Bias<>> && layer<Bias<FeatureShard>>);
 static_assert(layer<MlpStage<C>> && layer<SerialMlp<>>, "stages are layers, so they nest");
 
@@ -67,7 +68,8 @@ static_assert(std::is_same_v<backward_t<RowSP, TokenShard>, Act<FeatureShard>>);
 static_assert(std::is_same_v<backward_t<RowPartial, Replicate>, Act<FeatureShard>>);
 static_assert(std::is_same_v<backward_t<Gelu, FeatureShard>, Act<FeatureShard>>);
 static_assert(std::is_same_v<backward_t<AllReduce<C>, Replicate>, Act<Replicate>>);
-static_assert(std::is_same_v<grad_layout_t<TensorPartial>, Replicate> && std::is_same_v<grad_layout_t<TokenShard>, TokenShard>);
+static_assert(std::is_same_v<grad_layout_t<TensorPartial>, Replicate> &&
+              std::is_same_v<grad_layout_t<TokenShard>, TokenShard>);
 
 // ---- whole stages: forward and backward of the checked chain ----
 using Megatron = Stage<Col, Gelu, Row>;
@@ -80,7 +82,8 @@ static_assert(std::is_same_v<backward_t<MegatronSP, TokenShard>, Act<TokenShard>
 using BiasAfterColumn = Stage<ColumnParallel<C, 1024, 4096, 4>, Bias<FeatureShard>, Gelu, Row>;
 static_assert(std::is_same_v<forward_t<BiasAfterColumn, Replicate>, Act<Replicate>>, "a bias keeps the feature shard");
 using Deferred = Stage<Col, Gelu, RowPartial, AllReduce<C>, LayerNorm<>>;
-static_assert(std::is_same_v<forward_t<Deferred, Replicate>, Act<Replicate>>, "a Partial is fine once an AllReduce follows");
+static_assert(std::is_same_v<forward_t<Deferred, Replicate>, Act<Replicate>>,
+              "a Partial is fine once an AllReduce follows");
 using Gathered = Stage<Col, GatherFeatures<C>, Linear<4096, 1024>>;
 static_assert(std::is_same_v<forward_t<Gathered, Replicate>, Act<Replicate>>);
 using Summa = Stage<Linear2D<C>, Gelu, Linear2D<C>>;

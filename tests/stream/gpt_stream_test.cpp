@@ -138,7 +138,8 @@ TEST_CASE("GPT over StreamHostBackend: interleaved and zero-bubble schedules equ
   check_equal_to_host<StreamHostBackend>("pp2 zb_h2", testing::small_gpt(1, 2, 1, "zb_h2"), 2);
 }
 
-TEST_CASE("GPT over StreamHostBackend: bf16, f16 and dp2 x tp2 equal HostBackend bit for bit", "[stream][gpt][precision]") {
+TEST_CASE("GPT over StreamHostBackend: bf16, f16 and dp2 x tp2 equal HostBackend bit for bit",
+          "[stream][gpt][precision]") {
   auto b = testing::small_gpt(1, 1, 1);
   b.precision = "bf16";
   check_equal_to_host<StreamHostBackend>("bf16", b, 2);
@@ -184,12 +185,15 @@ std::vector<observe::BackendCounts> step_counts(const models::GptTrainConfig& c)
 
 /** Every layout the trainer takes over the stream backends, with a name. */
 std::vector<std::pair<std::string, models::GptTrainConfig>> budget_layouts() {
-  std::vector<std::pair<std::string, models::GptTrainConfig>> out{
-      {"1 rank", testing::small_gpt(1, 1, 1)},           {"tp2", testing::small_gpt(2, 1, 1)},
-      {"dp2", testing::small_gpt(1, 1, 2)},              {"dp2 x tp2", testing::small_gpt(2, 1, 2)},
-      {"pp2 1f1b", testing::small_gpt(1, 2, 1)},         {"pp2 gpipe", testing::small_gpt(1, 2, 1, "gpipe")},
-      {"pp2 zb_h1", testing::small_gpt(1, 2, 1, "zb_h1")}, {"pp2 zb_h2", testing::small_gpt(1, 2, 1, "zb_h2")},
-      {"tp2 x pp2", testing::small_gpt(2, 2, 1)}};
+  std::vector<std::pair<std::string, models::GptTrainConfig>> out{{"1 rank", testing::small_gpt(1, 1, 1)},
+                                                                  {"tp2", testing::small_gpt(2, 1, 1)},
+                                                                  {"dp2", testing::small_gpt(1, 1, 2)},
+                                                                  {"dp2 x tp2", testing::small_gpt(2, 1, 2)},
+                                                                  {"pp2 1f1b", testing::small_gpt(1, 2, 1)},
+                                                                  {"pp2 gpipe", testing::small_gpt(1, 2, 1, "gpipe")},
+                                                                  {"pp2 zb_h1", testing::small_gpt(1, 2, 1, "zb_h1")},
+                                                                  {"pp2 zb_h2", testing::small_gpt(1, 2, 1, "zb_h2")},
+                                                                  {"tp2 x pp2", testing::small_gpt(2, 2, 1)}};
   auto il = testing::small_gpt(1, 2, 1, "interleaved_1f1b");
   il.chunks = 2;
   out.emplace_back("pp2 interleaved", il);

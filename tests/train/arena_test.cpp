@@ -30,8 +30,9 @@ std::vector<float> copy_of(const Buffer<float>& b) { return {b.begin(), b.end()}
 
 }  // namespace
 
-TEST_CASE("gradient arena: gradients become consecutive slices in the given order, keep their values, zero in one operation",
-          "[train][arena]") {
+TEST_CASE(
+    "gradient arena: gradients become consecutive slices in the given order, keep their values, zero in one operation",
+    "[train][arena]") {
   auto a = testing::vector_parameter("a", values(3, 0), values(3, 1));
   auto b = testing::vector_parameter("b", values(2, 0), values(2, 2));
   auto c = testing::vector_parameter("c", values(4, 0), values(4, 3));
@@ -58,8 +59,9 @@ TEST_CASE("gradient arena: gradients become consecutive slices in the given orde
     for (float g : p->grad) CHECK(g == 0.0f);
 }
 
-TEST_CASE("gradient arena: a replaced gradient leaves it, a copied parameter owns its gradient, either may outlive the other",
-          "[train][arena]") {
+TEST_CASE(
+    "gradient arena: a replaced gradient leaves it, a copied parameter owns its gradient, either may outlive the other",
+    "[train][arena]") {
   auto a = testing::vector_parameter("a", values(3, 0), values(3, 1));
   auto b = testing::vector_parameter("b", values(2, 0), values(2, 2));
   {
@@ -91,9 +93,10 @@ TEST_CASE("gradient arena: a replaced gradient leaves it, a copied parameter own
   }  // the parameter after the arena: destroyed in the other order
 }
 
-TEST_CASE("data parallel over a gradient arena: every bucket is a range of the arena, reduced in place, bit-equal to the "
-          "copying path and to the hand formula",
-          "[train][arena][dp]") {
+TEST_CASE(
+    "data parallel over a gradient arena: every bucket is a range of the arena, reduced in place, bit-equal to the "
+    "copying path and to the hand formula",
+    "[train][arena][dp]") {
   constexpr int dp = 2;
   const std::vector<std::size_t> sizes{5, 3, 8, 2, 6};
   struct RankResult {
@@ -103,11 +106,14 @@ TEST_CASE("data parallel over a gradient arena: every bucket is a range of the a
     std::size_t buckets = 0;
   };
   std::vector<RankResult> results(dp);
-  auto grad_of = [](std::size_t k, std::size_t n, int rank) { return values(n, float(k) * 0.37f + float(rank) * 1.9f); };
+  auto grad_of = [](std::size_t k, std::size_t n, int rank) {
+    return values(n, float(k) * 0.37f + float(rank) * 1.9f);
+  };
   run_threads(dp, [&](ThreadsCommunicator& world) {
     std::vector<nn::Parameter> in_arena, plain;
     for (std::size_t k = 0; k < sizes.size(); ++k) {
-      in_arena.push_back(testing::vector_parameter("p" + std::to_string(k), values(sizes[k], 0), grad_of(k, sizes[k], world.rank())));
+      in_arena.push_back(
+          testing::vector_parameter("p" + std::to_string(k), values(sizes[k], 0), grad_of(k, sizes[k], world.rank())));
       plain.push_back(in_arena.back());
     }
     std::vector<nn::Parameter*> pa, pp, backward_order;

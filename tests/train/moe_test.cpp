@@ -24,8 +24,15 @@ float x_at(std::size_t g) { return float(CounterRng{11, 1}.normal(g)); }
 float dy_at(std::size_t g) { return float(CounterRng{11, 2}.normal(g)); }
 
 parallel::MoeConfig config(std::size_t experts, std::size_t k, double capacity) {
-  return {.d_model = kD, .d_ff = kF, .experts = experts, .top_k = k, .capacity_factor = capacity,
-          .aux_loss_weight = 0.1f, .seed = 5, .first_id = 100, .init_std = 0.5};
+  return {.d_model = kD,
+          .d_ff = kF,
+          .experts = experts,
+          .top_k = k,
+          .capacity_factor = capacity,
+          .aux_loss_weight = 0.1f,
+          .seed = 5,
+          .first_id = 100,
+          .init_std = 0.5};
 }
 
 /** Everything one run produces, in global coordinates (tokens and experts of the whole group). */
@@ -185,7 +192,8 @@ TEST_CASE("MoE with experts over the expert axis equals one rank", "[train][moe]
   }
 }
 
-TEST_CASE("MoE forward and load-balancing loss equal a naive per-token loop (EP = 1, 2, 4)", "[train][moe][reference]") {
+TEST_CASE("MoE forward and load-balancing loss equal a naive per-token loop (EP = 1, 2, 4)",
+          "[train][moe][reference]") {
   // Tolerance: ||y - y_naive||_2 <= 1e-5 ||y_naive||_2; aux within 1e-5 relative.
   for (std::size_t experts : {std::size_t(4), std::size_t(8)})
     for (std::size_t k : {std::size_t(1), std::size_t(2), std::size_t(3)})
@@ -260,7 +268,8 @@ TEST_CASE("MoE backward matches finite differences of sum(y * dy) + aux", "[trai
       pairs.push_back({"w1 " + std::to_string(i), moe.w1().grad[i], fd(moe.w1().value[i])});
       pairs.push_back({"w2 " + std::to_string(i), moe.w2().grad[i], fd(moe.w2().value[i])});
     }
-    for (std::size_t i : {std::size_t(1), std::size_t(50)}) pairs.push_back({"x " + std::to_string(i), dx[i], fd(x[i])});
+    for (std::size_t i : {std::size_t(1), std::size_t(50)})
+      pairs.push_back({"x " + std::to_string(i), dx[i], fd(x[i])});
   });
   REQUIRE(pairs.size() == 11);
   for (const Pair& p : pairs) {
@@ -317,7 +326,8 @@ TEST_CASE("MoE under Autocast(bf16): the experts' GEMMs take bf16 operands; EP =
   const auto cfg = config(4, 2, 0.0);
   const Result fp32 = run(1, cfg), ref = run(1, cfg, nn::ComputeType::bf16);
   CHECK(ref.dropped == 0);
-  for (const auto& [got, want, what] : {std::tuple{&ref.y, &fp32.y, "y"}, {&ref.dx, &fp32.dx, "dx"},
+  for (const auto& [got, want, what] : {std::tuple{&ref.y, &fp32.y, "y"},
+                                        {&ref.dx, &fp32.dx, "dx"},
                                         {&ref.w1_grad, &fp32.w1_grad, "w1.grad"},
                                         {&ref.w2_grad, &fp32.w2_grad, "w2.grad"}}) {
     INFO(what << ": relative difference to fp32 " << rel(*got, *want));

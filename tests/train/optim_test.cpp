@@ -9,8 +9,8 @@
 #include <utility>
 #include <vector>
 
-#include "vector_parameter.hpp"
 #include "mpar/optim.hpp"
+#include "vector_parameter.hpp"
 
 using namespace mpar;
 
@@ -66,8 +66,8 @@ TEST_CASE("AdamW matches hand-computed updates with bias correction and decouple
 
   SECTION("parameters excluded from decay") {
     auto bias = make_param("b", {1.0f}, {0.0f});
-    optim::AdamW a2({&bias}, {.lr = 0.1f, .weight_decay = 0.5f,
-                              .decays = [](const nn::Parameter& q) { return q.name != "b"; }});
+    optim::AdamW a2({&bias},
+                    {.lr = 0.1f, .weight_decay = 0.5f, .decays = [](const nn::Parameter& q) { return q.name != "b"; }});
     a2.step();  // zero gradient and no decay: the value does not move
     CHECK(bias.value[0] == 1.0f);
   }
@@ -95,19 +95,23 @@ namespace {
 /** The host backend, counting the optimizer operations routed through it. */
 struct CountingBackend : HostBackend {
   static inline int adamw_calls = 0, sgd_calls = 0, sum_squares_calls = 0, scale_calls = 0;
-  template <class... A> static void adamw_update(A&&... a) {
+  template <class... A>
+  static void adamw_update(A&&... a) {
     ++adamw_calls;
     HostBackend::adamw_update(std::forward<A>(a)...);
   }
-  template <class... A> static void sgd_update(A&&... a) {
+  template <class... A>
+  static void sgd_update(A&&... a) {
     ++sgd_calls;
     HostBackend::sgd_update(std::forward<A>(a)...);
   }
-  template <class... A> static void sum_squares(A&&... a) {
+  template <class... A>
+  static void sum_squares(A&&... a) {
     ++sum_squares_calls;
     HostBackend::sum_squares(std::forward<A>(a)...);
   }
-  template <class... A> static void scale(A&&... a) {
+  template <class... A>
+  static void scale(A&&... a) {
     ++scale_calls;
     HostBackend::scale(std::forward<A>(a)...);
   }
@@ -141,7 +145,11 @@ TEST_CASE("AdamW and SGD step through the backend's optimizer operations and equ
   SECTION("AdamW: moments in the rank's memory, every step one adamw_update per parameter") {
     auto p = make_param("w", wave(n, 0, 1.0f), std::vector<float>(n, 0.0f));
     auto b = make_param("b", wave(3, 5, 0.5f), std::vector<float>(3, 0.0f));
-    const optim::AdamWConfig cfg{.lr = 0.02f, .beta1 = 0.85f, .beta2 = 0.97f, .eps = 1e-7f, .weight_decay = 0.2f,
+    const optim::AdamWConfig cfg{.lr = 0.02f,
+                                 .beta1 = 0.85f,
+                                 .beta2 = 0.97f,
+                                 .eps = 1e-7f,
+                                 .weight_decay = 0.2f,
                                  .decays = [](const nn::Parameter& q) { return q.name != "b"; }};
     std::size_t before = 0;
     std::optional<optim::AdamW<CountingBackend>> adam;
@@ -187,8 +195,11 @@ TEST_CASE("AdamW and SGD step through the backend's optimizer operations and equ
 
   SECTION("SGD: momentum buffer in the rank's memory, plain and Nesterov momentum with decay and dampening") {
     for (const bool nesterov : {false, true}) {
-      const optim::SgdConfig cfg{.lr = 0.05f, .momentum = 0.8f, .dampening = nesterov ? 0.0f : 0.25f,
-                                 .weight_decay = 0.01f, .nesterov = nesterov};
+      const optim::SgdConfig cfg{.lr = 0.05f,
+                                 .momentum = 0.8f,
+                                 .dampening = nesterov ? 0.0f : 0.25f,
+                                 .weight_decay = 0.01f,
+                                 .nesterov = nesterov};
       auto p = make_param("w", wave(n, 2, 1.0f), std::vector<float>(n, 0.0f));
       const std::size_t start = rank_memory.allocated;
       std::optional<optim::Sgd<CountingBackend>> sgd;
@@ -242,7 +253,7 @@ TEST_CASE("Warm-up and cosine decay give the documented values", "[train][optim]
   CHECK(s(0) == Approx(0.25));
   CHECK(s(1) == Approx(0.5));
   CHECK(s(3) == Approx(1.0));
-  CHECK(s(4) == Approx(1.0));                                  // decay starts at the peak
+  CHECK(s(4) == Approx(1.0));                                           // decay starts at the peak
   CHECK(s(9) == Approx(0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * 0.5))));  // half way: the midpoint 0.55
   CHECK(s(9) == Approx(0.55));
   CHECK(s(14) == Approx(0.1));

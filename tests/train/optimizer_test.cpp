@@ -12,15 +12,15 @@
 #include <string>
 #include <vector>
 
-#include "vector_parameter.hpp"
+#include "mpar/backend/stream/host_access_trace.hpp"
+#include "mpar/backend/stream/stream_backend.hpp"
 #include "mpar/comm/mesh_comms.hpp"
 #include "mpar/comm/threads.hpp"
 #include "mpar/core/mesh.hpp"
 #include "mpar/optim.hpp"
-#include "mpar/backend/stream/host_access_trace.hpp"
-#include "mpar/backend/stream/stream_backend.hpp"
 #include "mpar/parallel.hpp"
 #include "support/rank_checks.hpp"
+#include "vector_parameter.hpp"
 
 using namespace mpar;
 using mpar::testing::RankChecks;
@@ -131,7 +131,11 @@ TEST_CASE("typed optimizer configuration: names are parsed once, unknown ones re
 
 TEST_CASE("DistributedOptimizer on one rank: the global norm, clipping and AdamW equal the hand formulas bit for bit",
           "[train][optim]") {
-  const optim::AdamWConfig cfg{.lr = 0.05f, .beta1 = 0.85f, .beta2 = 0.97f, .eps = 1e-7f, .weight_decay = 0.1f,
+  const optim::AdamWConfig cfg{.lr = 0.05f,
+                               .beta1 = 0.85f,
+                               .beta2 = 0.97f,
+                               .eps = 1e-7f,
+                               .weight_decay = 0.1f,
                                .decays = [](const nn::Parameter& q) { return q.name == "a"; }};
   RankChecks rc;
   run_threads(1, [&](ThreadsCommunicator& world) {
@@ -174,9 +178,10 @@ TEST_CASE("DistributedOptimizer on one rank: the global norm, clipping and AdamW
   rc.assert_all(3 * (3 + 5));
 }
 
-TEST_CASE("DistributedOptimizer under f16 on two data ranks: loss-scaled gradients give the fp32 step; an overflow on "
-          "one rank skips the update everywhere and lowers the scale",
-          "[train][optim][mixed]") {
+TEST_CASE(
+    "DistributedOptimizer under f16 on two data ranks: loss-scaled gradients give the fp32 step; an overflow on "
+    "one rank skips the update everywhere and lowers the scale",
+    "[train][optim][mixed]") {
   for (const bool zero1 : {false, true}) {
     DYNAMIC_SECTION((zero1 ? "ZeRO-1" : "all-reduce")) {
       RankChecks rc;
@@ -288,15 +293,16 @@ TEST_CASE("DistributedOptimizer under bf16: the passes see rounded weights, the 
   rc.assert_all(3);
 }
 
-TEST_CASE("DistributedOptimizer under bf16: rounding the weights and restoring the masters are stream operations "
-          "on rank memory, no host access",
-          "[train][optim][mixed][discrete]") {
+TEST_CASE(
+    "DistributedOptimizer under bf16: rounding the weights and restoring the masters are stream operations "
+    "on rank memory, no host access",
+    "[train][optim][mixed][discrete]") {
   // DiscreteHostBackend's rank memory faults when the host touches it; the trace records every such access
   // (a device backend's weights are unreachable from the host). Ties round to even: 1 + 2^-8 lies halfway
   // between 1 and 1 + 2^-7 (odd mantissa) and goes to 1; 1 + 3 * 2^-8 goes up to the even 1 + 2^-6.
   using B = DiscreteHostBackend;
-  const std::vector<float> w{1.0f + 1.0f / 256.0f + 1.0f / 1024.0f, 1.0f + 1.0f / 256.0f,
-                             1.0f + 3.0f / 256.0f, -0.5f, 70000.0f};
+  const std::vector<float> w{1.0f + 1.0f / 256.0f + 1.0f / 1024.0f, 1.0f + 1.0f / 256.0f, 1.0f + 3.0f / 256.0f, -0.5f,
+                             70000.0f};
   const std::vector<float> rounded{1.0f + 1.0f / 128.0f, 1.0f, 1.0f + 1.0f / 64.0f, -0.5f, 70144.0f};
   // In a child: the trace installs process-wide signal handlers. Exit status 0: no host access, the passes
   // saw the rounded weights and the masters came back; a distinct status for each failure.
@@ -326,9 +332,12 @@ TEST_CASE("DistributedOptimizer under bf16: rounding the weights and restoring t
       opt.end_compute();
       B::copy_to_host_async<float>(w.size(), p.value.data(), back.data());
       B::synchronize();
-      if (trace.accesses(false) + trace.accesses(true) != before) code = 1;
-      else if (seen != rounded) code = 2;
-      else if (back != w) code = 3;
+      if (trace.accesses(false) + trace.accesses(true) != before)
+        code = 1;
+      else if (seen != rounded)
+        code = 2;
+      else if (back != w)
+        code = 3;
     });
     _exit(code);
   }
@@ -352,9 +361,10 @@ struct SyncCountingBackend : HostBackend {
 static_assert(backend<SyncCountingBackend>);
 }  // namespace
 
-TEST_CASE("DistributedOptimizer::step waits for rank memory once: the statistics read (the norm accumulator is "
-          "zeroed by a backend operation)",
-          "[train][optim]") {
+TEST_CASE(
+    "DistributedOptimizer::step waits for rank memory once: the statistics read (the norm accumulator is "
+    "zeroed by a backend operation)",
+    "[train][optim]") {
   int per_step_fp32 = -1, per_step_f16 = -1;
   run_threads(1, [&](ThreadsCommunicator& world) {
     auto comms = make_mesh_comms(world, DynamicMesh(1, 1, 1, 1));

@@ -6,8 +6,8 @@
 #include <functional>
 #include <limits>
 #include <map>
-#include <string>
 #include <mutex>
+#include <string>
 #include <vector>
 
 #include "mpar/comm/mesh_comms.hpp"
@@ -143,7 +143,8 @@ TEST_CASE("Data parallelism with buckets equals the single-rank gradient", "[tra
           ddp.finish();
           check_same(rc, m.params(), ref.params(), true, 1e-5);
           // with more than one bucket, an all-reduce started before the backward's last gradient existed
-          if (ddp.bucket_count() > 1) rc.expect(launched_before_last >= 1, "no all-reduce launched before the last gradient");
+          if (ddp.bucket_count() > 1)
+            rc.expect(launched_before_last >= 1, "no all-reduce launched before the last gradient");
         });
         rc.assert_all(66 * std::size_t(dp));
       }
@@ -161,7 +162,7 @@ TEST_CASE("Data parallelism with a summed loss divides by the global batch", "[t
                                                     {.bucket_bytes = 0, .divisor = double(global_batch)});
     const std::size_t local = global_batch / 3;
     m.forward_backward(local * std::size_t(world.rank()), local, 1.0, no_hook);  // sum over local samples
-    ddp.finish();  // no hooks: everything reduced here
+    ddp.finish();                                                                // no hooks: everything reduced here
     check_same(rc, m.params(), ref.params(), true, 1e-5);
   });
   rc.assert_all(3 * 66);
@@ -191,7 +192,8 @@ TEST_CASE("Bucket overlap: an all-reduce is in flight while the backward still r
     }
     rc.expect(ddp.bucket_count() == 4, "bucket count is not 4");
     // one bucket per parameter: each is launched the moment its gradient is marked
-    rc.expect(launched_at == std::vector<std::size_t>{1, 2, 3, 4}, "buckets were not launched as their gradients were marked");
+    rc.expect(launched_at == std::vector<std::size_t>{1, 2, 3, 4},
+              "buckets were not launched as their gradients were marked");
     rc.expect(after == 0, "the launch count was not reset for the next step");
     rc.expect(unknown_rejected, "an unknown parameter was not refused with its name and the rank");
   });
@@ -201,7 +203,11 @@ TEST_CASE("Bucket overlap: an all-reduce is in flight while the backward still r
 namespace {
 /** The AdamW settings of the ZeRO tests: weight decay on the matrices only. */
 optim::AdamWConfig zero_test_adamw() {
-  return {.lr = 0.05f, .beta1 = 0.9f, .beta2 = 0.99f, .eps = 1e-8f, .weight_decay = 0.1f,
+  return {.lr = 0.05f,
+          .beta1 = 0.9f,
+          .beta2 = 0.99f,
+          .eps = 1e-8f,
+          .weight_decay = 0.1f,
           .decays = [](const nn::Parameter& p) { return p.global_shape.size() >= 2; }};
 }
 
@@ -246,7 +252,8 @@ TEST_CASE("ZeRO-1 AdamW equals data parallelism with AdamW over several steps", 
           check_same(rc, z.params(), a.params(), false, 1e-6);
           check_same(rc, z.params(), ref.params(), false, 1e-5);
           // states are sharded: about 2 * 66 / dp floats here, never the full 132
-          rc.expect(zero.state_elements() <= 2 * (66 / std::size_t(dp) + zero.bucket_count()), "optimizer state is not sharded");
+          rc.expect(zero.state_elements() <= 2 * (66 / std::size_t(dp) + zero.bucket_count()),
+                    "optimizer state is not sharded");
         });
         rc.assert_all(2 * 66 * std::size_t(dp));
       }
@@ -254,7 +261,8 @@ TEST_CASE("ZeRO-1 AdamW equals data parallelism with AdamW over several steps", 
   }
 }
 
-TEST_CASE("ZeRO-2 AdamW equals single-rank AdamW, releasing each gradient as its bucket takes it", "[train][zero][zero2]") {
+TEST_CASE("ZeRO-2 AdamW equals single-rank AdamW, releasing each gradient as its bucket takes it",
+          "[train][zero][zero2]") {
   const optim::AdamWConfig cfg = zero_test_adamw();
   const int steps = 4;
   TinyMlp ref;
@@ -268,11 +276,12 @@ TEST_CASE("ZeRO-2 AdamW equals single-rank AdamW, releasing each gradient as its
           const std::size_t first = local * std::size_t(world.rank());
           TinyMlp z;
           parallel::ZeroAdamW<ThreadsCommunicator> zero(z.params(), world, cfg,
-                                                       {.bucket_bytes = bucket_bytes, .stage = 2, .in_flight = 1});
+                                                        {.bucket_bytes = bucket_bytes, .stage = 2, .in_flight = 1});
           std::size_t largest_bucket = 0;
           const std::size_t shards = zero.gradient_buffer_elements();  // before any step: the shards alone
           std::size_t total = 0;
-          for (auto* p : z.params()) total += p->value.size(), largest_bucket = std::max(largest_bucket, p->value.size());
+          for (auto* p : z.params())
+            total += p->value.size(), largest_bucket = std::max(largest_bucket, p->value.size());
           if (bucket_bytes) largest_bucket += bucket_bytes / sizeof(float);  // a bucket closes past its bound
           bool released = true, bounded = true;
           std::size_t peak = 0;
@@ -330,7 +339,7 @@ TEST_CASE("ZeRO-1 gradient norm and clipping equal the single-rank ones", "[trai
   for (const nn::Parameter* p : ref.params())
     for (float g : p->grad) sq += double(g) * g;
   const double want = std::sqrt(sq), hand_coef = max_norm / want;
-  REQUIRE(hand_coef < 0.5);  // the gradient is clipped to well below its size
+  REQUIRE(hand_coef < 0.5);                           // the gradient is clipped to well below its size
   std::map<std::string, std::vector<double>> want_m;  // the first moment after one clipped step, by hand
   for (const nn::Parameter* p : ref.params())
     for (float g : p->grad) want_m[p->name].push_back((1.0 - beta1) * hand_coef * g);
@@ -345,8 +354,8 @@ TEST_CASE("ZeRO-1 gradient norm and clipping equal the single-rank ones", "[trai
   std::size_t moments_seen = 0;
   run_threads(4, [&](ThreadsCommunicator& world) {
     TinyMlp z;
-    parallel::Zero1AdamW<ThreadsCommunicator> zero(z.params(), world, {.lr = 0.1f, .beta1 = beta1, .weight_decay = 0.0f},
-                                                   {.bucket_bytes = 48});
+    parallel::Zero1AdamW<ThreadsCommunicator> zero(
+        z.params(), world, {.lr = 0.1f, .beta1 = beta1, .weight_decay = 0.0f}, {.bucket_bytes = 48});
     z.forward_backward(3 * std::size_t(world.rank()), 3, 3.0, no_hook);
     const double norm = zero.grad_norm();
     zero.step(0.1f, optim::clip_coefficient(norm, max_norm));
@@ -401,7 +410,7 @@ std::vector<nn::Parameter> model_shard(std::size_t tp, std::size_t t, std::size_
   for (std::uint64_t id = 0; id < 6; ++id) {
     if (id % stages != stage) continue;
     // a column-parallel weight, an unevenly sharded vector, a replicated vector (a norm gain)
-    const std::vector<std::size_t> shape = id % 3 == 0 ? std::vector<std::size_t>{8, 6}
+    const std::vector<std::size_t> shape = id % 3 == 0   ? std::vector<std::size_t>{8, 6}
                                            : id % 3 == 1 ? std::vector<std::size_t>{7}
                                                          : std::vector<std::size_t>{5};
     out.push_back(sharded_param(id, shape, shard_dim_of(id), tp, t));
@@ -517,7 +526,8 @@ TEST_CASE("f16 gradients survive with loss scaling and underflow without it", "[
   CHECK(big.scale() == 8388608.0f);
 }
 
-TEST_CASE("ZeRO-1 gradient norm over tensor x pipeline x data meshes equals the single-rank norm", "[train][zero][clip]") {
+TEST_CASE("ZeRO-1 gradient norm over tensor x pipeline x data meshes equals the single-rank norm",
+          "[train][zero][clip]") {
   auto full = model_shard(1, 0, 1, 0);
   std::vector<nn::Parameter*> fp;
   for (auto& p : full) fp.push_back(&p);

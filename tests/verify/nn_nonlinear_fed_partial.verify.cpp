@@ -13,8 +13,8 @@ using RowDeferred = RowParallel<C, 64, 16, dyn, RowReduce::none>;
 int main() {
   run_threads(2, [](C& tp) {
 #ifdef MPAR_VERIFY_CONTROL
-    Stage<Col, Gelu, RowDeferred, AllReduce<C>, Gelu> s(Col(tp, 16, 64, {.name = "fc1"}), Gelu{},
-                                                        RowDeferred(tp, 64, 16, {.name = "fc2"}), AllReduce<C>(tp), Gelu{});
+    Stage<Col, Gelu, RowDeferred, AllReduce<C>, Gelu> s(
+        Col(tp, 16, 64, {.name = "fc1"}), Gelu{}, RowDeferred(tp, 64, 16, {.name = "fc2"}), AllReduce<C>(tp), Gelu{});
 #else
     Stage<Col, Gelu, RowDeferred, Gelu> s(Col(tp, 16, 64, {.name = "fc1"}), Gelu{}, RowDeferred(tp, 64, 16, {.name = "fc2"}),
                                           Gelu{});

@@ -10,8 +10,9 @@ using C = ThreadsCommunicator;
 int main() {
   run_threads(2, [](C& tp) {
 #ifdef MPAR_VERIFY_CONTROL
-    Stage<ColumnParallel<C, 16, 64>, Gelu, RowParallel<C, 64, 16>> s(ColumnParallel<C, 16, 64>(tp, 16, 64, {.name = "fc1"}),
-                                                                    Gelu{}, RowParallel<C, 64, 16>(tp, 64, 16, {.name = "fc2"}));
+    Stage<ColumnParallel<C, 16, 64>, Gelu, RowParallel<C, 64, 16>> s(
+        ColumnParallel<C, 16, 64>(tp, 16, 64, {.name = "fc1"}), Gelu{},
+        RowParallel<C, 64, 16>(tp, 64, 16, {.name = "fc2"}));
 #else
     Stage<Linear<16, 64>, Gelu, RowParallel<C, 64, 16>> s(Linear<16, 64>(16, 64, {.name = "fc1"}), Gelu{},
                                                           RowParallel<C, 64, 16>(tp, 64, 16, {.name = "fc2"}));

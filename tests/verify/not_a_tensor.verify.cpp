@@ -5,7 +5,9 @@
 #include <vector>
 using namespace mpar;
 template <tensor T>
-std::size_t elements(const T& t) { return t.size(); }
+std::size_t elements(const T& t) {
+  return t.size();
+}
 int main() {
 #ifdef MPAR_VERIFY_CONTROL
   Tensor<float, 2> x({2, 2});

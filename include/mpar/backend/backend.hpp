@@ -13,15 +13,15 @@
 #include <cstdint>
 
 #include "mpar/backend/gemm_backend.hpp"
+#include "mpar/backend/host/accumulate.hpp"      // the host reference of accumulate
+#include "mpar/backend/host/gemm_bias_gelu.hpp"  // the host reference of gemm_bias_gelu
 #include "mpar/backend/layer_kernel_backend.hpp"
 #include "mpar/backend/memory_backend.hpp"
 #include "mpar/backend/optimizer_backend.hpp"
 #include "mpar/backend/routing_backend.hpp"
 #include "mpar/backend/stream_ordered.hpp"
 #include "mpar/backend/types.hpp"  // Trans, host::DropoutMask (the same on every backend)
-#include "mpar/core/dtype.hpp"             // bf16
-#include "mpar/backend/host/gemm_bias_gelu.hpp"  // the host reference of gemm_bias_gelu
-#include "mpar/backend/host/accumulate.hpp"  // the host reference of accumulate
+#include "mpar/core/dtype.hpp"     // bf16
 
 namespace mpar {
 
@@ -58,7 +58,7 @@ namespace mpar {
  */
 template <class B>
 concept backend = memory_backend<B> && gemm_backend<B> && layer_kernel_backend<B> && optimizer_backend<B> &&
-                  routing_backend<B> && requires(const float* a, float* c, const bf16* h, std::size_t n, double* acc) {
+    routing_backend<B> && requires(const float* a, float* c, const bf16* h, std::size_t n, double* acc) {
   // The fused GEMM epilogue of the MLP's first projection (backend/host/gemm_bias_gelu.hpp).
   B::gemm_bias_gelu(n, n, n, a, n, a, n, a, c, c);
   B::gemm_bias_gelu(n, n, n, h, n, h, n, a, c, c);

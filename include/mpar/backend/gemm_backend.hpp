@@ -6,9 +6,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "mpar/backend/types.hpp"  // Trans
 #include "mpar/backend/host/buffer_ops.hpp"  // the host reference of gemm_strided_batched
-#include "mpar/core/dtype.hpp"  // bf16
+#include "mpar/backend/types.hpp"            // Trans
+#include "mpar/core/dtype.hpp"               // bf16
 
 namespace mpar {
 
@@ -27,7 +27,8 @@ concept gemm_backend = requires(const float* a, float* c, const bf16* h, std::si
   B::template gemm<bf16, float>(Trans::no, Trans::yes, n, n, n, 1.0f, h, n, h, n, 1.0f, c, n);
   // The batched GEMM (backend/host/buffer_ops.hpp).
   B::template gemm_strided_batched<float>(Trans::no, Trans::yes, n, n, n, 1.0f, a, n, n, a, n, n, 0.0f, c, n, n, n);
-  B::template gemm_strided_batched<bf16, float>(Trans::no, Trans::no, n, n, n, 1.0f, h, n, n, h, n, n, 1.0f, c, n, n, n);
+  B::template gemm_strided_batched<bf16, float>(Trans::no, Trans::no, n, n, n, 1.0f, h, n, n, h, n, n, 1.0f, c, n, n,
+                                                n);
 };
 
 }  // namespace mpar

@@ -21,8 +21,8 @@ namespace mpar {
  * cross-entropy from the statistics, into one float of rank memory.
  */
 template <class B>
-concept layer_kernel_backend = requires(const float* a, float* c, const std::int32_t* ids, const host::DropoutMask& mask,
-                                        std::size_t n) {
+concept layer_kernel_backend = requires(const float* a, float* c, const std::int32_t* ids,
+                                        const host::DropoutMask& mask, std::size_t n) {
   B::add(n, a, a, c);
   B::bias_add_forward(n, n, a, c);
   B::bias_add_backward(n, n, a, c);

@@ -7,9 +7,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "mpar/backend/stream_ordered.hpp"
 #include "mpar/backend/host/buffer_ops.hpp"  // the host reference of zero, fill, copy, convert
-#include "mpar/core/dtype.hpp"  // bf16
+#include "mpar/backend/stream_ordered.hpp"
+#include "mpar/core/dtype.hpp"            // bf16
 #include "mpar/core/memory_resource.hpp"  // Buffer
 
 namespace mpar {

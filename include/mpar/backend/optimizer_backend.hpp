@@ -32,7 +32,8 @@ namespace mpar {
  */
 template <class B>
 concept optimizer_backend = requires(const float* a, float* c, std::size_t n, double* acc, UpdateFactors* factors) {
-  B::adamw_update(n, c, a, c, c, 0.9f, 0.999f, 1e-8f, 1e-3f, 0.01f, 0.1f, 0.001f, static_cast<const UpdateFactors*>(factors));
+  B::adamw_update(n, c, a, c, c, 0.9f, 0.999f, 1e-8f, 1e-3f, 0.01f, 0.1f, 0.001f,
+                  static_cast<const UpdateFactors*>(factors));
   B::sgd_update(n, c, a, c, 0.9f, 0.0f, false, 1e-2f, 0.0f, true, static_cast<const UpdateFactors*>(factors));
   B::sum_squares(n, a, acc);
   B::update_factors(static_cast<const double*>(acc), 1.0, 1.0f, true, acc, factors);

@@ -43,21 +43,27 @@ class usage_error : public config_error {
 
 /** @brief Value types an option can bind to: integers, floating point and strings (flags bind `bool`). */
 template <class T>
-concept option_value = (std::integral<T> && !std::same_as<T, bool>) || std::floating_point<T> || std::same_as<T, std::string>;
+concept option_value =
+    (std::integral<T> && !std::same_as<T, bool>) || std::floating_point<T> || std::same_as<T, std::string>;
 
 namespace detail {
 
 template <class T>
 constexpr const char* kind_name() {
-  if constexpr (std::same_as<T, std::string>) return "a string";
-  else if constexpr (std::unsigned_integral<T>) return "a non-negative integer";
-  else if constexpr (std::integral<T>) return "an integer";
-  else return "a number";
+  if constexpr (std::same_as<T, std::string>)
+    return "a string";
+  else if constexpr (std::unsigned_integral<T>)
+    return "a non-negative integer";
+  else if constexpr (std::integral<T>)
+    return "an integer";
+  else
+    return "a number";
 }
 
 template <class T>
 std::string show(const T& v) {
-  if constexpr (std::same_as<T, std::string>) return "'" + v + "'";
+  if constexpr (std::same_as<T, std::string>)
+    return "'" + v + "'";
   else {
     std::ostringstream os;
     os << v;
@@ -243,7 +249,8 @@ class Parser {
         if (!o) fail("unknown option --", name, suggestion(name), "; see --help");
         if (o->given_) fail("option --", name, " is given twice; give it once");
         if (o->flag_) {
-          if (eq != std::string_view::npos) fail("option --", name, " is a flag and takes no value; write just --", name);
+          if (eq != std::string_view::npos)
+            fail("option --", name, " is a flag and takes no value; write just --", name);
           assign(*o, "");
           continue;
         }
@@ -306,8 +313,10 @@ class Parser {
         notes.push_back(list);
       }
       if (o->ranged_) notes.push_back("in [" + num(o->lo_) + ", " + num(o->hi_) + "]");
-      if (o->required_) notes.push_back("required");
-      else if (!o->flag_ && !o->default_text_.empty()) notes.push_back("default " + o->default_text_);
+      if (o->required_)
+        notes.push_back("required");
+      else if (!o->flag_ && !o->default_text_.empty())
+        notes.push_back("default " + o->default_text_);
       if (!notes.empty()) {
         os << " (";
         for (std::size_t k = 0; k < notes.size(); ++k) os << (k ? ", " : "") << notes[k];
@@ -373,7 +382,9 @@ class Parser {
     os << double(v);
     return os.str();
   }
-  static std::string pad(const std::string& s) { return s.size() >= 22 ? s + "  " : s + std::string(22 - s.size(), ' '); }
+  static std::string pad(const std::string& s) {
+    return s.size() >= 22 ? s + "  " : s + std::string(22 - s.size(), ' ');
+  }
 
   std::string program_, description_;
   std::vector<std::unique_ptr<Option>> options_;

@@ -74,9 +74,9 @@ concept comm_group = requires(const C& cc) {
  * | `barrier()` | |
  */
 template <class C>
-concept collective_communicator =
-    comm_group<C> && requires(C& c, std::span<float> buf, std::span<const float> cbuf,
-                              std::span<const std::size_t> counts, int root, ReduceOp op) {
+concept collective_communicator = comm_group<C> &&
+    requires(C& c, std::span<float> buf, std::span<const float> cbuf, std::span<const std::size_t> counts, int root,
+             ReduceOp op) {
   c.all_reduce(buf, op);
   c.broadcast(buf, root);
   c.reduce(cbuf, buf, op, root);
@@ -95,8 +95,8 @@ concept collective_communicator =
  * return a `comm_request`.
  */
 template <class C>
-concept point_to_point_communicator = comm_group<C> && requires(C& c, std::span<float> buf, std::span<const float> cbuf,
-                                                                 int peer, int tag) {
+concept point_to_point_communicator = comm_group<C> &&
+    requires(C& c, std::span<float> buf, std::span<const float> cbuf, int peer, int tag) {
   c.send(cbuf, peer, tag);
   c.recv(buf, peer, tag);
   { c.isend(cbuf, peer, tag) } -> comm_request;
@@ -109,7 +109,7 @@ concept point_to_point_communicator = comm_group<C> && requires(C& c, std::span<
  */
 template <class C>
 concept asynchronous_communicator = collective_communicator<C> &&
-                                    requires(C& c, std::span<float> buf, std::span<const float> cbuf, ReduceOp op) {
+    requires(C& c, std::span<float> buf, std::span<const float> cbuf, ReduceOp op) {
   { c.iall_reduce(buf, op) } -> comm_request;
   { c.iall_gather(cbuf, buf) } -> comm_request;
   { c.ireduce_scatter(cbuf, buf, op) } -> comm_request;
@@ -132,7 +132,7 @@ concept splittable_communicator = comm_group<C> && requires(C& c, int color, int
  */
 template <class C>
 concept communicator = collective_communicator<C> && point_to_point_communicator<C> && asynchronous_communicator<C> &&
-                       splittable_communicator<C>;
+    splittable_communicator<C>;
 
 /**
  * @brief A communicator whose point-to-point messages between two ranks are matched in the order
@@ -154,8 +154,10 @@ concept ordered_point_to_point = communicator<C> && requires {
  */
 template <communicator C>
 [[nodiscard]] C same_group(C& c) {
-  if constexpr (std::copy_constructible<C>) return c;
-  else return c.split(0, c.rank());
+  if constexpr (std::copy_constructible<C>)
+    return c;
+  else
+    return c.split(0, c.rank());
 }
 
 }  // namespace mpar

@@ -58,8 +58,10 @@ class HierarchicalAllReduce {
  private:
   template <class C>
   static C split_named(C& c, int color, int key, const char* name) {
-    if constexpr (requires { c.split(color, key, std::string(name)); }) return c.split(color, key, std::string(name));
-    else return c.split(color, key);
+    if constexpr (requires { c.split(color, key, std::string(name)); })
+      return c.split(color, key, std::string(name));
+    else
+      return c.split(color, key);
   }
   Comm local_, cross_;
   std::vector<std::byte> block_;  // this rank's reduced block between the steps, reused across calls

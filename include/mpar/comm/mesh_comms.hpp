@@ -24,11 +24,16 @@ struct MeshComms {
   /** The communicator of one mesh axis (tensor, pipeline, data or expert). */
   [[nodiscard]] Comm& axis(MeshAxis a) {
     switch (a) {
-      case MeshAxis::tensor: return tensor;
-      case MeshAxis::pipeline: return pipeline;
-      case MeshAxis::data: return data;
-      case MeshAxis::expert: return expert;
-      default: break;
+      case MeshAxis::tensor:
+        return tensor;
+      case MeshAxis::pipeline:
+        return pipeline;
+      case MeshAxis::data:
+        return data;
+      case MeshAxis::expert:
+        return expert;
+      default:
+        break;
     }
     throw config_error(detail::cat("MeshComms::axis: no communicator for axis ", axis_name(a),
                                    "; 2D tensor grids split the tensor communicator themselves"));
@@ -39,8 +44,10 @@ namespace detail {
 /** Splits with a group name when the communicator supports one (error messages then say "tensor"). */
 template <communicator Comm>
 Comm split_named(Comm& c, int color, int key, const std::string& name) {
-  if constexpr (requires { c.split(color, key, name); }) return c.split(color, key, name);
-  else return c.split(color, key);
+  if constexpr (requires { c.split(color, key, name); })
+    return c.split(color, key, name);
+  else
+    return c.split(color, key);
 }
 }  // namespace detail
 
@@ -60,8 +67,10 @@ template <communicator Comm, device_mesh Mesh>
   const auto data_color = int((c.pipeline * ep + c.expert) * tp + c.tensor);
   const auto expert_color = int((c.pipeline * dp + c.data) * tp + c.tensor);
   Comm world_copy = [&] {
-    if constexpr (std::copy_constructible<Comm>) return world;
-    else return detail::split_named(world, 0, world.rank(), world.name());
+    if constexpr (std::copy_constructible<Comm>)
+      return world;
+    else
+      return detail::split_named(world, 0, world.rank(), world.name());
   }();
   Comm tensor = detail::split_named(world, tensor_color, int(c.tensor), "tensor");
   Comm pipeline = detail::split_named(world, pipeline_color, int(c.pipeline), "pipeline");

@@ -59,16 +59,22 @@ namespace detail {
 
 template <class T>
 MPI_Datatype mpi_type() {
-  if constexpr (std::is_same_v<T, float>) return MPI_FLOAT;
-  else if constexpr (std::is_same_v<T, double>) return MPI_DOUBLE;
-  else return MPI_UINT16_T;  // bf16/f16 move as raw 16-bit words; reductions go through float
+  if constexpr (std::is_same_v<T, float>)
+    return MPI_FLOAT;
+  else if constexpr (std::is_same_v<T, double>)
+    return MPI_DOUBLE;
+  else
+    return MPI_UINT16_T;  // bf16/f16 move as raw 16-bit words; reductions go through float
 }
 
 inline MPI_Op mpi_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::max: return MPI_MAX;
-    case ReduceOp::min: return MPI_MIN;
-    default: return MPI_SUM;  // avg = sum, then divided by the group size
+    case ReduceOp::max:
+      return MPI_MAX;
+    case ReduceOp::min:
+      return MPI_MIN;
+    default:
+      return MPI_SUM;  // avg = sum, then divided by the group size
   }
 }
 
@@ -262,13 +268,17 @@ class MpiCommunicator {
     const auto pre = begin<T>(detail::CollKind::all_reduce, data.size(), op, -1, 0, 0);
     if constexpr (half_precision<T>) {
       std::vector<float> tmp(data.begin(), data.end());
-      call(pre, [&] { return MPI_Allreduce(MPI_IN_PLACE, tmp.data(), icount(tmp.size(), pre), MPI_FLOAT, detail::mpi_op(op),
-                              st_->comm); });
+      call(pre, [&] {
+        return MPI_Allreduce(MPI_IN_PLACE, tmp.data(), icount(tmp.size(), pre), MPI_FLOAT, detail::mpi_op(op),
+                             st_->comm);
+      });
       finish_avg(std::span<float>(tmp), op);
       for (std::size_t i = 0; i < tmp.size(); ++i) data[i] = T(tmp[i]);
     } else {
-      call(pre, [&] { return MPI_Allreduce(MPI_IN_PLACE, data.data(), icount(data.size(), pre), detail::mpi_type<T>(),
-                              detail::mpi_op(op), st_->comm); });
+      call(pre, [&] {
+        return MPI_Allreduce(MPI_IN_PLACE, data.data(), icount(data.size(), pre), detail::mpi_type<T>(),
+                             detail::mpi_op(op), st_->comm);
+      });
       finish_avg(data, op);
     }
   }
@@ -279,18 +289,23 @@ class MpiCommunicator {
   }
   template <element_type T>
   void reduce(in_span<T> send, std::span<T> recv, ReduceOp op, int root) {
-    const auto pre = begin<T>(detail::CollKind::reduce, send.size(), op, root, rank() == root ? recv.size() : send.size(), 0);
+    const auto pre =
+        begin<T>(detail::CollKind::reduce, send.size(), op, root, rank() == root ? recv.size() : send.size(), 0);
     const bool is_root = rank() == root;
     if (is_root && recv.size() != send.size())
       throw comm_error(detail::cat(pre, ": root's recv has ", recv.size(), " elements, expected ", send.size()));
     if constexpr (half_precision<T>) {
       std::vector<float> s(send.begin(), send.end()), r(is_root ? send.size() : 0);
-      call(pre, [&] { return MPI_Reduce(s.data(), r.data(), icount(s.size(), pre), MPI_FLOAT, detail::mpi_op(op), root, st_->comm); });
+      call(pre, [&] {
+        return MPI_Reduce(s.data(), r.data(), icount(s.size(), pre), MPI_FLOAT, detail::mpi_op(op), root, st_->comm);
+      });
       finish_avg(std::span<float>(r), op);
       for (std::size_t i = 0; i < r.size(); ++i) recv[i] = T(r[i]);
     } else {
-      call(pre, [&] { return MPI_Reduce(send.data(), is_root ? recv.data() : nullptr, icount(send.size(), pre), detail::mpi_type<T>(),
-                           detail::mpi_op(op), root, st_->comm); });
+      call(pre, [&] {
+        return MPI_Reduce(send.data(), is_root ? recv.data() : nullptr, icount(send.size(), pre), detail::mpi_type<T>(),
+                          detail::mpi_op(op), root, st_->comm);
+      });
       if (is_root) finish_avg(recv, op);
     }
   }
@@ -300,8 +315,10 @@ class MpiCommunicator {
     auto [counts, displs] = blocks(recv.size(), pre);
     check_own_block(pre, "send", send.size(), recv.size());
     const bool in_place = send.data() == recv.data() + displs[std::size_t(rank())] && !send.empty();
-    call(pre, [&] { return MPI_Allgatherv(in_place ? MPI_IN_PLACE : send.data(), int(send.size()), detail::mpi_type<T>(), recv.data(),
-                             counts.data(), displs.data(), detail::mpi_type<T>(), st_->comm); });
+    call(pre, [&] {
+      return MPI_Allgatherv(in_place ? MPI_IN_PLACE : send.data(), int(send.size()), detail::mpi_type<T>(), recv.data(),
+                            counts.data(), displs.data(), detail::mpi_type<T>(), st_->comm);
+    });
   }
   template <element_type T>
   void reduce_scatter(in_span<T> send, std::span<T> recv, ReduceOp op) {
@@ -310,12 +327,16 @@ class MpiCommunicator {
     check_own_block(pre, "recv", recv.size(), send.size());
     if constexpr (half_precision<T>) {
       std::vector<float> s(send.begin(), send.end()), r(recv.size());
-      call(pre, [&] { return MPI_Reduce_scatter(s.data(), r.data(), counts.data(), MPI_FLOAT, detail::mpi_op(op), st_->comm); });
+      call(pre, [&] {
+        return MPI_Reduce_scatter(s.data(), r.data(), counts.data(), MPI_FLOAT, detail::mpi_op(op), st_->comm);
+      });
       finish_avg(std::span<float>(r), op);
       for (std::size_t i = 0; i < r.size(); ++i) recv[i] = T(r[i]);
     } else {
-      call(pre, [&] { return MPI_Reduce_scatter(send.data(), recv.data(), counts.data(), detail::mpi_type<T>(), detail::mpi_op(op),
-                                   st_->comm); });
+      call(pre, [&] {
+        return MPI_Reduce_scatter(send.data(), recv.data(), counts.data(), detail::mpi_type<T>(), detail::mpi_op(op),
+                                  st_->comm);
+      });
       finish_avg(recv, op);
     }
   }
@@ -326,8 +347,10 @@ class MpiCommunicator {
     std::vector<int> counts, displs;
     if (is_root) std::tie(counts, displs) = blocks(recv.size(), pre);
     if (is_root) check_own_block(pre, "send", send.size(), recv.size());
-    call(pre, [&] { return MPI_Gatherv(send.data(), int(send.size()), detail::mpi_type<T>(), recv.data(), counts.data(), displs.data(),
-                          detail::mpi_type<T>(), root, st_->comm); });
+    call(pre, [&] {
+      return MPI_Gatherv(send.data(), int(send.size()), detail::mpi_type<T>(), recv.data(), counts.data(),
+                         displs.data(), detail::mpi_type<T>(), root, st_->comm);
+    });
   }
   template <element_type T>
   void scatter(in_span<T> send, std::span<T> recv, int root) {
@@ -336,18 +359,22 @@ class MpiCommunicator {
     std::vector<int> counts, displs;
     if (is_root) std::tie(counts, displs) = blocks(send.size(), pre);
     if (is_root) check_own_block(pre, "recv", recv.size(), send.size());
-    call(pre, [&] { return MPI_Scatterv(send.data(), counts.data(), displs.data(), detail::mpi_type<T>(), recv.data(),
-                           int(recv.size()), detail::mpi_type<T>(), root, st_->comm); });
+    call(pre, [&] {
+      return MPI_Scatterv(send.data(), counts.data(), displs.data(), detail::mpi_type<T>(), recv.data(),
+                          int(recv.size()), detail::mpi_type<T>(), root, st_->comm);
+    });
   }
   template <element_type T>
   void all_to_all(in_span<T> send, std::span<T> recv) {
     const auto pre = begin<T>(detail::CollKind::all_to_all, send.size(), std::nullopt, -1, recv.size(), 0);
     const auto p = std::size_t(size());
     if (recv.size() != send.size() || send.size() % p != 0)
-      throw comm_error(detail::cat(pre, ": rank ", rank(), " passed send of ", send.size(), " and recv of ", recv.size(),
-                                   " elements; both must be equal and divisible by the group size ", p));
+      throw comm_error(detail::cat(pre, ": rank ", rank(), " passed send of ", send.size(), " and recv of ",
+                                   recv.size(), " elements; both must be equal and divisible by the group size ", p));
     const int b = icount(send.size() / p, pre);
-    call(pre, [&] { return MPI_Alltoall(send.data(), b, detail::mpi_type<T>(), recv.data(), b, detail::mpi_type<T>(), st_->comm); });
+    call(pre, [&] {
+      return MPI_Alltoall(send.data(), b, detail::mpi_type<T>(), recv.data(), b, detail::mpi_type<T>(), st_->comm);
+    });
   }
   template <element_type T>
   void all_to_all_v(in_span<T> send, std::span<const std::size_t> send_counts, std::span<T> recv,
@@ -376,18 +403,22 @@ class MpiCommunicator {
       call(pre, [&] { return MPI_Allreduce(MPI_IN_PLACE, &any, 1, MPI_INT, MPI_MAX, st_->comm); });
       if (any >= 0) {
         std::vector<int> all_in(p * p), all_rc(p * p);
-        call(pre, [&] { return MPI_Allgather(incoming.data(), int(p), MPI_INT, all_in.data(), int(p), MPI_INT, st_->comm); });
+        call(pre, [&] {
+          return MPI_Allgather(incoming.data(), int(p), MPI_INT, all_in.data(), int(p), MPI_INT, st_->comm);
+        });
         call(pre, [&] { return MPI_Allgather(rc.data(), int(p), MPI_INT, all_rc.data(), int(p), MPI_INT, st_->comm); });
         for (std::size_t q = 0; q < p; ++q) {
           const std::size_t i = std::size_t(any) * p + q;
           if (all_in[i] != all_rc[i])
-            throw comm_error(detail::cat(pre, ": rank ", q, " sends ", all_in[i], " elements to rank ", any, " but rank ",
-                                         any, " expects ", all_rc[i]));
+            throw comm_error(detail::cat(pre, ": rank ", q, " sends ", all_in[i], " elements to rank ", any,
+                                         " but rank ", any, " expects ", all_rc[i]));
         }
       }
     }
-    call(pre, [&] { return MPI_Alltoallv(send.data(), sc.data(), sd.data(), detail::mpi_type<T>(), recv.data(), rc.data(), rd.data(),
-                            detail::mpi_type<T>(), st_->comm); });
+    call(pre, [&] {
+      return MPI_Alltoallv(send.data(), sc.data(), sd.data(), detail::mpi_type<T>(), recv.data(), rc.data(), rd.data(),
+                           detail::mpi_type<T>(), st_->comm);
+    });
   }
   void barrier() {
     const auto pre = begin<float>(detail::CollKind::barrier, 0, std::nullopt, -1, 0, 0);
@@ -404,7 +435,9 @@ class MpiCommunicator {
     reap_eager();
     auto& [req, buf] = st_->eager.emplace_back(MPI_REQUEST_NULL, std::vector<std::byte>(data.size_bytes()));
     if (!data.empty()) std::memcpy(buf.data(), data.data(), data.size_bytes());
-    call(pre, [&] { return MPI_Isend(buf.data(), icount(data.size(), pre), detail::mpi_type<T>(), peer, tag, st_->comm, &req); });
+    call(pre, [&] {
+      return MPI_Isend(buf.data(), icount(data.size(), pre), detail::mpi_type<T>(), peer, tag, st_->comm, &req);
+    });
   }
   template <element_type T>
   void send(std::span<T> data, int peer, int tag) {
@@ -420,8 +453,9 @@ class MpiCommunicator {
     MpiRequest r;
     r.what_ = detail::op_prefix("isend", ++st_->p2p_seq, st_->name);
     r.timeout_ = st_->timeout;
-    call(r.what_, [&] { return MPI_Isend(data.data(), icount(data.size(), r.what_), detail::mpi_type<T>(), peer, tag, st_->comm,
-                            &r.req_); });
+    call(r.what_, [&] {
+      return MPI_Isend(data.data(), icount(data.size(), r.what_), detail::mpi_type<T>(), peer, tag, st_->comm, &r.req_);
+    });
     return r;
   }
   template <element_type T>
@@ -434,8 +468,9 @@ class MpiCommunicator {
     MpiRequest r;
     r.what_ = detail::op_prefix("recv", ++st_->p2p_seq, st_->name);
     r.timeout_ = st_->timeout;
-    call(r.what_, [&] { return MPI_Irecv(data.data(), icount(data.size(), r.what_), detail::mpi_type<T>(), peer, tag, st_->comm,
-                            &r.req_); });
+    call(r.what_, [&] {
+      return MPI_Irecv(data.data(), icount(data.size(), r.what_), detail::mpi_type<T>(), peer, tag, st_->comm, &r.req_);
+    });
     r.finish_ = [what = r.what_, n = data.size(), peer, tag, me = rank()](const MPI_Status& st) {
       int got = 0;
       MPI_Get_count(&st, detail::mpi_type<T>(), &got);
@@ -454,14 +489,19 @@ class MpiCommunicator {
     const int p = size();
     if constexpr (half_precision<T>) {
       auto tmp = std::make_shared<std::vector<float>>(data.begin(), data.end());
-      call(r.what_, [&] { return MPI_Iallreduce(MPI_IN_PLACE, tmp->data(), icount(tmp->size(), r.what_), MPI_FLOAT, detail::mpi_op(op),
-                                   st_->comm, &r.req_); });
+      call(r.what_, [&] {
+        return MPI_Iallreduce(MPI_IN_PLACE, tmp->data(), icount(tmp->size(), r.what_), MPI_FLOAT, detail::mpi_op(op),
+                              st_->comm, &r.req_);
+      });
       r.finish_ = [tmp, data, op, p](const MPI_Status&) {
-        for (std::size_t i = 0; i < data.size(); ++i) data[i] = T(op == ReduceOp::avg ? (*tmp)[i] / float(p) : (*tmp)[i]);
+        for (std::size_t i = 0; i < data.size(); ++i)
+          data[i] = T(op == ReduceOp::avg ? (*tmp)[i] / float(p) : (*tmp)[i]);
       };
     } else {
-      call(r.what_, [&] { return MPI_Iallreduce(MPI_IN_PLACE, data.data(), icount(data.size(), r.what_), detail::mpi_type<T>(),
-                                   detail::mpi_op(op), st_->comm, &r.req_); });
+      call(r.what_, [&] {
+        return MPI_Iallreduce(MPI_IN_PLACE, data.data(), icount(data.size(), r.what_), detail::mpi_type<T>(),
+                              detail::mpi_op(op), st_->comm, &r.req_);
+      });
       if (op == ReduceOp::avg)
         r.finish_ = [data, p](const MPI_Status&) {
           for (auto& x : data) x /= T(p);
@@ -477,9 +517,11 @@ class MpiCommunicator {
     auto cd = std::make_shared<std::pair<std::vector<int>, std::vector<int>>>(blocks(recv.size(), r.what_));
     check_own_block(r.what_, "send", send.size(), recv.size());
     const bool in_place = send.data() == recv.data() + cd->second[std::size_t(rank())] && !send.empty();
-    call(r.what_, [&] { return MPI_Iallgatherv(in_place ? MPI_IN_PLACE : send.data(), int(send.size()), detail::mpi_type<T>(),
-                                  recv.data(), cd->first.data(), cd->second.data(), detail::mpi_type<T>(), st_->comm,
-                                  &r.req_); });
+    call(r.what_, [&] {
+      return MPI_Iallgatherv(in_place ? MPI_IN_PLACE : send.data(), int(send.size()), detail::mpi_type<T>(),
+                             recv.data(), cd->first.data(), cd->second.data(), detail::mpi_type<T>(), st_->comm,
+                             &r.req_);
+    });
     r.finish_ = [cd](const MPI_Status&) {};  // keeps the counts alive until completion
     return r;
   }
@@ -494,14 +536,18 @@ class MpiCommunicator {
     if constexpr (half_precision<T>) {
       auto s = std::make_shared<std::vector<float>>(send.begin(), send.end());
       auto d = std::make_shared<std::vector<float>>(recv.size());
-      call(r.what_, [&] { return MPI_Ireduce_scatter(s->data(), d->data(), counts->data(), MPI_FLOAT, detail::mpi_op(op), st_->comm,
-                                        &r.req_); });
+      call(r.what_, [&] {
+        return MPI_Ireduce_scatter(s->data(), d->data(), counts->data(), MPI_FLOAT, detail::mpi_op(op), st_->comm,
+                                   &r.req_);
+      });
       r.finish_ = [s, d, counts, recv, op, p](const MPI_Status&) {
         for (std::size_t i = 0; i < recv.size(); ++i) recv[i] = T(op == ReduceOp::avg ? (*d)[i] / float(p) : (*d)[i]);
       };
     } else {
-      call(r.what_, [&] { return MPI_Ireduce_scatter(send.data(), recv.data(), counts->data(), detail::mpi_type<T>(),
-                                        detail::mpi_op(op), st_->comm, &r.req_); });
+      call(r.what_, [&] {
+        return MPI_Ireduce_scatter(send.data(), recv.data(), counts->data(), detail::mpi_type<T>(), detail::mpi_op(op),
+                                   st_->comm, &r.req_);
+      });
       r.finish_ = [counts, recv, op, p](const MPI_Status&) {
         if (op == ReduceOp::avg)
           for (auto& x : recv) x /= T(p);
@@ -514,7 +560,8 @@ class MpiCommunicator {
   /** MPI_Comm_split; `name` names the new group in error messages (default "<parent>.<color>"). */
   [[nodiscard]] MpiCommunicator split(int color, int key, std::string name) {
     const auto pre = begin<float>(detail::CollKind::split, 0, std::nullopt, -1, 0, 0);
-    if (color < 0) throw comm_error(detail::cat(pre, ": rank ", rank(), " passed color ", color, "; colors must be >= 0"));
+    if (color < 0)
+      throw comm_error(detail::cat(pre, ": rank ", rank(), " passed color ", color, "; colors must be >= 0"));
     MPI_Comm sub = MPI_COMM_NULL;
     call(pre, [&] { return MPI_Comm_split(st_->comm, color, key, &sub); });
     MpiCommunicator c(sub, name.empty() ? detail::cat(st_->name, ".", color) : std::move(name));
@@ -559,8 +606,8 @@ class MpiCommunicator {
   void check_own_block(const std::string& pre, const char* what, std::size_t got, std::size_t n) const {
     const Block b = block_of(n, std::size_t(size()), std::size_t(rank()));
     if (got != b.extent)
-      throw comm_error(detail::cat(pre, ": rank ", rank(), " passed ", what, " of ", got, " elements, expected block_of(",
-                                   n, ", ", size(), ", ", rank(), ") = ", b.extent));
+      throw comm_error(detail::cat(pre, ": rank ", rank(), " passed ", what, " of ", got,
+                                   " elements, expected block_of(", n, ", ", size(), ", ", rank(), ") = ", b.extent));
   }
   /** MPI has no average: sum, then divide by the group size. */
   template <class T>
@@ -583,10 +630,14 @@ class MpiCommunicator {
   template <class T>
   std::string begin(detail::CollKind kind, std::size_t count, std::optional<ReduceOp> op, int root, std::size_t a,
                     std::size_t b) {
-    detail::Fingerprint f{kind, (kind == detail::CollKind::barrier || kind == detail::CollKind::split)
-                                    ? std::uint8_t(0)
-                                    : detail::dtype_code_v<T>,
-                          std::int8_t(op ? int(*op) : -1), root, count, ++st_->seq};
+    detail::Fingerprint f{kind,
+                          (kind == detail::CollKind::barrier || kind == detail::CollKind::split)
+                              ? std::uint8_t(0)
+                              : detail::dtype_code_v<T>,
+                          std::int8_t(op ? int(*op) : -1),
+                          root,
+                          count,
+                          ++st_->seq};
     std::string pre = detail::op_prefix(detail::coll_name(kind), f.seq, st_->name);
     if (st_->check && size() > 1) {
       struct Wire {
@@ -594,13 +645,16 @@ class MpiCommunicator {
         std::uint64_t a, b;
       } mine{f, a, b};
       std::vector<Wire> all(static_cast<std::size_t>(size()));
-      call(pre, [&] { return MPI_Allgather(&mine, int(sizeof(Wire)), MPI_BYTE, all.data(), int(sizeof(Wire)), MPI_BYTE, st_->comm); });
+      call(pre, [&] {
+        return MPI_Allgather(&mine, int(sizeof(Wire)), MPI_BYTE, all.data(), int(sizeof(Wire)), MPI_BYTE, st_->comm);
+      });
       std::string err;
       for (int q = 1; q < size(); ++q)
         if (!(all[std::size_t(q)].fp == all[0].fp))
           err += detail::cat("; rank ", q, " ", detail::describe(all[std::size_t(q)].fp));
       if (!err.empty())
-        throw comm_error(detail::cat(pre, ": ranks called different collectives: rank 0 ", detail::describe(all[0].fp), err));
+        throw comm_error(
+            detail::cat(pre, ": ranks called different collectives: rank 0 ", detail::describe(all[0].fp), err));
       // Block sizes of the uneven collectives, checked on every rank with every rank's counts.
       const std::size_t n = kind == detail::CollKind::gather || kind == detail::CollKind::scatter
                                 ? std::size_t(all[std::size_t(root)].b)

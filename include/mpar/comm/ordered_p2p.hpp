@@ -54,8 +54,8 @@ class OrderedP2pCommunicator {
 
   struct State {
     Comm inner;
-    std::shared_ptr<Group> open;  ///< posted, not yet issued
-    std::shared_ptr<Group> last;  ///< the most recently issued group
+    std::shared_ptr<Group> open;                ///< posted, not yet issued
+    std::shared_ptr<Group> last;                ///< the most recently issued group
     std::vector<std::uint32_t> sent, received;  ///< messages to / from each peer so far (the matching order)
 
     /** Issues `g` (the open group) once the previous group completed: groups run one after another. */
@@ -117,19 +117,55 @@ class OrderedP2pCommunicator {
   [[nodiscard]] Comm& inner() { return st_->inner; }
 
   // Collectives run after every posted point-to-point operation, as on NCCL's stream.
-  template <class... A> void all_reduce(A&&... a) { settled().all_reduce(std::forward<A>(a)...); }
-  template <class... A> void broadcast(A&&... a) { settled().broadcast(std::forward<A>(a)...); }
-  template <class... A> void reduce(A&&... a) { settled().reduce(std::forward<A>(a)...); }
-  template <class... A> void all_gather(A&&... a) { settled().all_gather(std::forward<A>(a)...); }
-  template <class... A> void reduce_scatter(A&&... a) { settled().reduce_scatter(std::forward<A>(a)...); }
-  template <class... A> void gather(A&&... a) { settled().gather(std::forward<A>(a)...); }
-  template <class... A> void scatter(A&&... a) { settled().scatter(std::forward<A>(a)...); }
-  template <class... A> void all_to_all(A&&... a) { settled().all_to_all(std::forward<A>(a)...); }
-  template <class... A> void all_to_all_v(A&&... a) { settled().all_to_all_v(std::forward<A>(a)...); }
+  template <class... A>
+  void all_reduce(A&&... a) {
+    settled().all_reduce(std::forward<A>(a)...);
+  }
+  template <class... A>
+  void broadcast(A&&... a) {
+    settled().broadcast(std::forward<A>(a)...);
+  }
+  template <class... A>
+  void reduce(A&&... a) {
+    settled().reduce(std::forward<A>(a)...);
+  }
+  template <class... A>
+  void all_gather(A&&... a) {
+    settled().all_gather(std::forward<A>(a)...);
+  }
+  template <class... A>
+  void reduce_scatter(A&&... a) {
+    settled().reduce_scatter(std::forward<A>(a)...);
+  }
+  template <class... A>
+  void gather(A&&... a) {
+    settled().gather(std::forward<A>(a)...);
+  }
+  template <class... A>
+  void scatter(A&&... a) {
+    settled().scatter(std::forward<A>(a)...);
+  }
+  template <class... A>
+  void all_to_all(A&&... a) {
+    settled().all_to_all(std::forward<A>(a)...);
+  }
+  template <class... A>
+  void all_to_all_v(A&&... a) {
+    settled().all_to_all_v(std::forward<A>(a)...);
+  }
   void barrier() { settled().barrier(); }
-  template <class... A> auto iall_reduce(A&&... a) { return settled().iall_reduce(std::forward<A>(a)...); }
-  template <class... A> auto iall_gather(A&&... a) { return settled().iall_gather(std::forward<A>(a)...); }
-  template <class... A> auto ireduce_scatter(A&&... a) { return settled().ireduce_scatter(std::forward<A>(a)...); }
+  template <class... A>
+  auto iall_reduce(A&&... a) {
+    return settled().iall_reduce(std::forward<A>(a)...);
+  }
+  template <class... A>
+  auto iall_gather(A&&... a) {
+    return settled().iall_gather(std::forward<A>(a)...);
+  }
+  template <class... A>
+  auto ireduce_scatter(A&&... a) {
+    return settled().ireduce_scatter(std::forward<A>(a)...);
+  }
 
   /**
    * Posts a send (issued with its group). The tag is ignored, as NCCL has none: the message pairs
@@ -155,11 +191,17 @@ class OrderedP2pCommunicator {
     });
   }
   template <element_type T>
-  void send(std::span<const T> data, int peer, int tag) { isend(data, peer, tag).wait(); }
+  void send(std::span<const T> data, int peer, int tag) {
+    isend(data, peer, tag).wait();
+  }
   template <element_type T>
-  void recv(std::span<T> data, int peer, int tag) { irecv(data, peer, tag).wait(); }
+  void recv(std::span<T> data, int peer, int tag) {
+    irecv(data, peer, tag).wait();
+  }
 
-  [[nodiscard]] OrderedP2pCommunicator split(int color, int key) { return OrderedP2pCommunicator(settled().split(color, key)); }
+  [[nodiscard]] OrderedP2pCommunicator split(int color, int key) {
+    return OrderedP2pCommunicator(settled().split(color, key));
+  }
 
  private:
   /** Inner tags: even for data, odd for its rendezvous token; sequence numbers wrap far beyond any backlog. */
@@ -175,7 +217,8 @@ class OrderedP2pCommunicator {
     if (!st_->open) st_->open = std::make_shared<Group>();
     Group& g = *st_->open;
     const std::size_t op = g.post.size();
-    g.post.emplace_back([f = std::forward<PostInner>(post_inner), op, st = st_.get()](Group& grp) { f(st->inner, grp, op); });
+    g.post.emplace_back(
+        [f = std::forward<PostInner>(post_inner), op, st = st_.get()](Group& grp) { f(st->inner, grp, op); });
     return Request(st_, st_->open);
   }
 

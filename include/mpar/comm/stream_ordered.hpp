@@ -48,8 +48,10 @@ namespace mpar {
 namespace detail {
 template <class C>
 constexpr bool matches_in_order_v() {
-  if constexpr (requires { C::matches_in_order; }) return C::matches_in_order;
-  else return false;
+  if constexpr (requires { C::matches_in_order; })
+    return C::matches_in_order;
+  else
+    return false;
 }
 }  // namespace detail
 
@@ -70,12 +72,9 @@ class StreamOrderedCommunicator {
 
   /** Wraps `inner`; its calls run on a new communication stream of the calling rank. */
   explicit StreamOrderedCommunicator(Comm inner)
-      : rank_(inner.rank()),
-        size_(inner.size()),
-        name_(inner.name()),
-        shared_(std::make_shared<Shared>(
-            std::move(inner), std::make_shared<stream::Stream>(mpar::detail::cat("communication stream of ", name_,
-                                                                                 " rank ", rank_)))) {}
+      : rank_(inner.rank()), size_(inner.size()), name_(inner.name()),
+        shared_(std::make_shared<Shared>(std::move(inner), std::make_shared<stream::Stream>(mpar::detail::cat(
+                                                               "communication stream of ", name_, " rank ", rank_)))) {}
 
   [[nodiscard]] int rank() const { return rank_; }
   [[nodiscard]] int size() const { return size_; }
@@ -99,8 +98,7 @@ class StreamOrderedCommunicator {
         wait_ticket_ = comm->enqueue("wait", [inner = inner_] {
           if (*inner) (*inner)->wait();
         });
-        B::stream()->enqueue("wait for communication",
-                             [comm, t = wait_ticket_] { comm->wait_from_other_stream(t); });
+        B::stream()->enqueue("wait for communication", [comm, t = wait_ticket_] { comm->wait_from_other_stream(t); });
       }
       return wait_ticket_;
     }
@@ -135,9 +133,8 @@ class StreamOrderedCommunicator {
   }
   template <element_type T>
   void gather(in_span<T> send, std::span<T> recv, int root) {
-    blocking("gather", [s = rank_span(send, "gather"), r = rank_span(recv, "gather"), root](Comm& c) {
-      c.gather(s, r, root);
-    });
+    blocking("gather",
+             [s = rank_span(send, "gather"), r = rank_span(recv, "gather"), root](Comm& c) { c.gather(s, r, root); });
   }
   template <element_type T>
   void scatter(in_span<T> send, std::span<T> recv, int root) {
@@ -186,23 +183,24 @@ class StreamOrderedCommunicator {
   }
   template <element_type T>
   [[nodiscard]] auto iall_reduce(std::span<T> data, ReduceOp op) {
-    return immediate("iall_reduce",
-                     [d = rank_span(data, "iall_reduce"), op](Comm& c) { return c.iall_reduce(d, op); });
+    return immediate("iall_reduce", [d = rank_span(data, "iall_reduce"), op](Comm& c) { return c.iall_reduce(d, op); });
   }
   template <element_type T>
   [[nodiscard]] auto iall_gather(in_span<T> send, std::span<T> recv) {
-    return immediate("iall_gather", [s = rank_span(send, "iall_gather"), r = rank_span(recv, "iall_gather")](
-                                        Comm& c) { return c.iall_gather(s, r); });
+    return immediate("iall_gather", [s = rank_span(send, "iall_gather"), r = rank_span(recv, "iall_gather")](Comm& c) {
+      return c.iall_gather(s, r);
+    });
   }
   template <element_type T>
   [[nodiscard]] auto ireduce_scatter(in_span<T> send, std::span<T> recv, ReduceOp op) {
-    return immediate("ireduce_scatter", [s = rank_span(send, "ireduce_scatter"),
-                                         r = rank_span(recv, "ireduce_scatter"),
+    return immediate("ireduce_scatter", [s = rank_span(send, "ireduce_scatter"), r = rank_span(recv, "ireduce_scatter"),
                                          op](Comm& c) { return c.ireduce_scatter(s, r, op); });
   }
 
   /** Blocks the host until every rank of the group has issued it and the compute stream reached it. */
-  void barrier() { host_wait(issue("barrier", [](Comm& c) { c.barrier(); })); }
+  void barrier() {
+    host_wait(issue("barrier", [](Comm& c) { c.barrier(); }));
+  }
 
   /** Collective: a sub-communicator sharing this rank's communication stream; blocks until it exists. */
   template <class... Extra>

@@ -14,11 +14,11 @@ namespace mpar {
 
 /** @brief What one compressed all-reduce sent. */
 struct TopKStats {
-  std::size_t n = 0;                ///< dense elements per rank
-  std::size_t k = 0;                ///< entries each rank sent
-  double density = 0;               ///< k / n
-  double compression_ratio = 0;     ///< dense bytes / sent bytes, per rank
-  double residual_l2 = 0;           ///< this rank's carried-over error after the step
+  std::size_t n = 0;             ///< dense elements per rank
+  std::size_t k = 0;             ///< entries each rank sent
+  double density = 0;            ///< k / n
+  double compression_ratio = 0;  ///< dense bytes / sent bytes, per rank
+  double residual_l2 = 0;        ///< this rank's carried-over error after the step
 };
 
 /**
@@ -50,8 +50,8 @@ class TopKCompressor {
    */
   template <element_type T>
   TopKStats all_reduce(std::span<T> grad, ReduceOp op = ReduceOp::sum) {
-    require(grad.size() == n_, "TopKCompressor::all_reduce: the gradient has ", grad.size(), " elements, the compressor ",
-            n_);
+    require(grad.size() == n_, "TopKCompressor::all_reduce: the gradient has ", grad.size(),
+            " elements, the compressor ", n_);
     require(op == ReduceOp::sum || op == ReduceOp::avg, "TopKCompressor::all_reduce: only sum and avg compress, not ",
             reduce_op_name(op));
     for (std::size_t i = 0; i < n_; ++i) residual_[i] += double(compute_type_t<T>(grad[i]));

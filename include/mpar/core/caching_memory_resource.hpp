@@ -28,11 +28,11 @@ namespace mpar {
 
 /** @brief What a CachingMemoryResource holds, in bytes of size-class blocks, and how often it hit. */
 struct CacheStats {
-  std::size_t in_use = 0;       ///< handed out and not returned
-  std::size_t cached = 0;       ///< returned and kept for reuse
-  std::size_t peak_in_use = 0;  ///< the most in_use ever was
+  std::size_t in_use = 0;                ///< handed out and not returned
+  std::size_t cached = 0;                ///< returned and kept for reuse
+  std::size_t peak_in_use = 0;           ///< the most in_use ever was
   std::size_t upstream_allocations = 0;  ///< calls that reached the upstream resource
-  std::size_t hits = 0;         ///< allocations served from the cache
+  std::size_t hits = 0;                  ///< allocations served from the cache
 };
 
 /**
@@ -48,7 +48,9 @@ class CachingMemoryResource final : public MemoryResource {
                                  std::size_t max_cached = std::numeric_limits<std::size_t>::max())
       : upstream_(&upstream), max_cached_(max_cached), name_(std::string("caching(") + upstream.name() + ")") {}
   ~CachingMemoryResource() override { release(); }
-  void write_initial(void* dst, const void* src, std::size_t bytes) override { upstream_->write_initial(dst, src, bytes); }
+  void write_initial(void* dst, const void* src, std::size_t bytes) override {
+    upstream_->write_initial(dst, src, bytes);
+  }
   CachingMemoryResource(const CachingMemoryResource&) = delete;
   CachingMemoryResource& operator=(const CachingMemoryResource&) = delete;
 

@@ -57,10 +57,10 @@ struct f16 {
     const std::uint32_t u = std::bit_cast<std::uint32_t>(f);
     const std::uint32_t sign = (u >> 16) & 0x8000u;
     const std::uint32_t a = u & 0x7fffffffu;
-    if (a > 0x7f800000u) return std::uint16_t(sign | 0x7e00u);           // NaN
-    if (a >= 0x477ff000u) return std::uint16_t(sign | 0x7c00u);          // rounds to >= 65520: inf
-    if (a < 0x38800000u) {                                               // below 2^-14: subnormal or zero
-      if (a < 0x33000000u) return std::uint16_t(sign);                   // below half the smallest subnormal
+    if (a > 0x7f800000u) return std::uint16_t(sign | 0x7e00u);   // NaN
+    if (a >= 0x477ff000u) return std::uint16_t(sign | 0x7c00u);  // rounds to >= 65520: inf
+    if (a < 0x38800000u) {                                       // below 2^-14: subnormal or zero
+      if (a < 0x33000000u) return std::uint16_t(sign);           // below half the smallest subnormal
       const std::uint32_t mant = (a & 0x7fffffu) | 0x800000u;
       // value = mant * 2^(exp-150); in units of the smallest subnormal 2^-24 that is mant >> (126 - exp)
       const int shift = 126 - int(a >> 23);
@@ -125,9 +125,12 @@ inline constexpr std::string_view dtype_name_v = std::is_same_v<T, float>    ? "
 /** @brief Converts between element types through float/double (round-to-nearest-even into 16 bits). */
 template <element_type To, element_type From>
 [[nodiscard]] constexpr To convert(From v) {
-  if constexpr (std::is_same_v<To, From>) return v;
-  else if constexpr (half_precision<To>) return To(float(v));
-  else return static_cast<To>(static_cast<compute_type_t<From>>(v));
+  if constexpr (std::is_same_v<To, From>)
+    return v;
+  else if constexpr (half_precision<To>)
+    return To(float(v));
+  else
+    return static_cast<To>(static_cast<compute_type_t<From>>(v));
 }
 
 }  // namespace mpar

@@ -73,8 +73,10 @@ class Extents {
   template <std::size_t D>
   [[nodiscard]] constexpr std::size_t extent() const {
     static_assert(D < rank_v, "mpar::Extents::extent<D>: D is not a dimension of these extents");
-    if constexpr (static_sizes[D] != dyn) return static_sizes[D];
-    else return dyn_.v[detail::dynamic_index<D, E...>()];
+    if constexpr (static_sizes[D] != dyn)
+      return static_sizes[D];
+    else
+      return dyn_.v[detail::dynamic_index<D, E...>()];
   }
 
   [[nodiscard]] constexpr std::size_t size() const {

@@ -56,9 +56,12 @@ struct InitSpec {
                                        const InitSpec& spec) {
   const CounterRng rng{seed, param_id};
   switch (spec.kind) {
-    case InitSpec::Kind::normal: return spec.scale * rng.normal(global_index);
-    case InitSpec::Kind::uniform: return spec.scale * (2.0 * rng.uniform(global_index) - 1.0);
-    case InitSpec::Kind::constant: return spec.scale;
+    case InitSpec::Kind::normal:
+      return spec.scale * rng.normal(global_index);
+    case InitSpec::Kind::uniform:
+      return spec.scale * (2.0 * rng.uniform(global_index) - 1.0);
+    case InitSpec::Kind::constant:
+      return spec.scale;
   }
   return 0.0;
 }
@@ -71,9 +74,9 @@ template <class T, std::size_t R>
 void init_shard(const TensorView<T, R>& local, const std::array<std::size_t, R>& global, const Box<R>& box,
                 std::uint64_t seed, std::uint64_t param_id, const InitSpec& spec) {
   for (std::size_t d = 0; d < R; ++d)
-    require(local.extent(d) == box[d].extent && box[d].offset + box[d].extent <= global[d],
-            "init_shard: local extent ", local.extent(d), " in dimension ", d, " does not match the block [",
-            box[d].offset, ", +", box[d].extent, ") of global extent ", global[d]);
+    require(local.extent(d) == box[d].extent && box[d].offset + box[d].extent <= global[d], "init_shard: local extent ",
+            local.extent(d), " in dimension ", d, " does not match the block [", box[d].offset, ", +", box[d].extent,
+            ") of global extent ", global[d]);
   std::array<std::size_t, R> idx{};
   const std::size_t n = local.size();
   for (std::size_t k = 0; k < n; ++k) {

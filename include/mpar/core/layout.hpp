@@ -26,10 +26,14 @@ namespace mpar {
 enum class ReduceOp { sum, avg, max, min };
 inline constexpr const char* reduce_op_name(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return "sum";
-    case ReduceOp::avg: return "avg";
-    case ReduceOp::max: return "max";
-    case ReduceOp::min: return "min";
+    case ReduceOp::sum:
+      return "sum";
+    case ReduceOp::avg:
+      return "avg";
+    case ReduceOp::max:
+      return "max";
+    case ReduceOp::min:
+      return "min";
   }
   return "?";
 }
@@ -78,7 +82,8 @@ struct Shard final : layout_tag {
   static std::string name() { return "Shard<" + std::to_string(Dim) + ", " + std::string(axis_name(Axis)) + ">"; }
   template <std::size_t R, device_mesh M>
   static constexpr Box<R> local_box(const std::array<std::size_t, R>& global, const M& mesh, const MeshCoord& c) {
-    static_assert(Dim < R, "mpar::Shard<Dim, Axis>: Dim is not a dimension of the tensor; shard a dimension below its rank");
+    static_assert(Dim < R,
+                  "mpar::Shard<Dim, Axis>: Dim is not a dimension of the tensor; shard a dimension below its rank");
     Box<R> b = Replicate::local_box<R>(global, mesh, c);
     b[Dim] = block_of(global[Dim], mesh.size(Axis), c[Axis]);
     return b;
@@ -127,11 +132,11 @@ struct ZigZagShard final : layout_tag {
 };
 
 template <class T>
-inline constexpr bool is_layout_v = std::is_base_of_v<layout_tag, T> && std::is_empty_v<T>;
+inline constexpr bool is_layout_v = std::is_base_of_v<layout_tag, T>&& std::is_empty_v<T>;
 
 /** @brief Two layouts on two different mesh axes, applied together (e.g. a SUMMA-sharded weight). */
 template <class A, class B>
-  requires(is_layout_v<A> && is_layout_v<B>)
+  requires(is_layout_v<A>&& is_layout_v<B>)
 struct Layout2D final : layout_tag {
   static_assert(!(A::is_sharded && B::is_sharded) || A::sharded_dim != B::sharded_dim || A::axis != B::axis,
                 "mpar::Layout2D<A, B>: both parts shard the same dimension on the same axis; use two different axes");
@@ -160,8 +165,8 @@ concept layout = is_layout_v<L>;
 
 /** @brief The local extents of `global` on the rank at `coord`. */
 template <layout L, std::size_t R, device_mesh M>
-[[nodiscard]] constexpr std::array<std::size_t, R> local_extents(const std::array<std::size_t, R>& global, const M& mesh,
-                                                                const MeshCoord& coord) {
+[[nodiscard]] constexpr std::array<std::size_t, R> local_extents(const std::array<std::size_t, R>& global,
+                                                                 const M& mesh, const MeshCoord& coord) {
   auto box = L::template local_box<R>(global, mesh, coord);
   std::array<std::size_t, R> e{};
   for (std::size_t d = 0; d < R; ++d) e[d] = box[d].extent;

@@ -168,7 +168,8 @@ class ResourceAllocator {
   explicit ResourceAllocator(MemoryResource& r) noexcept : resource_(&r) {}
   ResourceAllocator(MemoryResource& r, uninitialized_t) noexcept : resource_(&r), default_init_(true) {}
   template <class U>
-  ResourceAllocator(const ResourceAllocator<U>& o) noexcept : resource_(&o.resource()), default_init_(o.default_init()) {}
+  ResourceAllocator(const ResourceAllocator<U>& o) noexcept
+      : resource_(&o.resource()), default_init_(o.default_init()) {}
 
   [[nodiscard]] T* allocate(std::size_t n) {
     try {

@@ -38,13 +38,20 @@ inline constexpr MeshAxis context = MeshAxis::context;
 
 inline constexpr std::string_view axis_name(MeshAxis a) {
   switch (a) {
-    case MeshAxis::tensor: return "tensor";
-    case MeshAxis::expert: return "expert";
-    case MeshAxis::data: return "data";
-    case MeshAxis::pipeline: return "pipeline";
-    case MeshAxis::tensor_row: return "tensor_row";
-    case MeshAxis::tensor_col: return "tensor_col";
-    case MeshAxis::context: return "context";
+    case MeshAxis::tensor:
+      return "tensor";
+    case MeshAxis::expert:
+      return "expert";
+    case MeshAxis::data:
+      return "data";
+    case MeshAxis::pipeline:
+      return "pipeline";
+    case MeshAxis::tensor_row:
+      return "tensor_row";
+    case MeshAxis::tensor_col:
+      return "tensor_col";
+    case MeshAxis::context:
+      return "context";
   }
   return "?";
 }
@@ -55,13 +62,20 @@ struct MeshCoord {
   std::size_t tensor = 0, expert = 0, data = 0, pipeline = 0, tensor_row = 0, tensor_col = 0, context = 0;
   [[nodiscard]] constexpr std::size_t operator[](MeshAxis a) const {
     switch (a) {
-      case MeshAxis::tensor: return tensor;
-      case MeshAxis::expert: return expert;
-      case MeshAxis::data: return data;
-      case MeshAxis::pipeline: return pipeline;
-      case MeshAxis::tensor_row: return tensor_row;
-      case MeshAxis::tensor_col: return tensor_col;
-      case MeshAxis::context: return context;
+      case MeshAxis::tensor:
+        return tensor;
+      case MeshAxis::expert:
+        return expert;
+      case MeshAxis::data:
+        return data;
+      case MeshAxis::pipeline:
+        return pipeline;
+      case MeshAxis::tensor_row:
+        return tensor_row;
+      case MeshAxis::tensor_col:
+        return tensor_col;
+      case MeshAxis::context:
+        return context;
     }
     return 0;
   }
@@ -100,7 +114,8 @@ class DeviceMesh {
    */
   constexpr DeviceMesh& with_context(std::size_t cp) {
     require(cp >= 1 && data_size() % cp == 0, "DeviceMesh::with_context: cp = ", cp,
-            " does not divide the data axis size ", data_size(), " (data x context ranks); use a divisor of ", data_size());
+            " does not divide the data axis size ", data_size(), " (data x context ranks); use a divisor of ",
+            data_size());
     context_ = cp;
     return *this;
   }
@@ -112,13 +127,20 @@ class DeviceMesh {
   [[nodiscard]] constexpr std::size_t world_size() const { return sizes_.size(); }
   [[nodiscard]] constexpr std::size_t size(MeshAxis a) const {
     switch (a) {
-      case MeshAxis::tensor: return tensor_size();
-      case MeshAxis::expert: return expert_size();
-      case MeshAxis::data: return data_size();
-      case MeshAxis::pipeline: return pipeline_size();
-      case MeshAxis::tensor_row: return grid_rows_;
-      case MeshAxis::tensor_col: return tensor_size() / grid_rows_;
-      case MeshAxis::context: return context_;  // a factor of the data axis: see MeshAxis
+      case MeshAxis::tensor:
+        return tensor_size();
+      case MeshAxis::expert:
+        return expert_size();
+      case MeshAxis::data:
+        return data_size();
+      case MeshAxis::pipeline:
+        return pipeline_size();
+      case MeshAxis::tensor_row:
+        return grid_rows_;
+      case MeshAxis::tensor_col:
+        return tensor_size() / grid_rows_;
+      case MeshAxis::context:
+        return context_;  // a factor of the data axis: see MeshAxis
     }
     return 1;
   }
@@ -153,7 +175,8 @@ class DeviceMesh {
   constexpr explicit DeviceMesh(const sizes_type& s) : sizes_(s) {
     for (std::size_t d = 0; d < 4; ++d) {
       constexpr std::array<std::string_view, 4> names{"tensor", "pipeline", "data", "expert"};
-      require(sizes_.extent(d) >= 1, "DeviceMesh: the ", names[d], " axis has size 0; every axis needs at least 1 rank");
+      require(sizes_.extent(d) >= 1, "DeviceMesh: the ", names[d],
+              " axis has size 0; every axis needs at least 1 rank");
     }
   }
   [[no_unique_address]] sizes_type sizes_;
@@ -177,11 +200,16 @@ concept device_mesh = is_device_mesh_v<std::remove_cvref_t<T>>;
 template <device_mesh M>
 constexpr std::size_t static_axis_size(MeshAxis axis) {
   switch (axis) {
-    case MeshAxis::tensor: return M::static_tensor;
-    case MeshAxis::pipeline: return M::static_pipeline;
-    case MeshAxis::data: return M::static_data;
-    case MeshAxis::expert: return M::static_expert;
-    default: return dyn;
+    case MeshAxis::tensor:
+      return M::static_tensor;
+    case MeshAxis::pipeline:
+      return M::static_pipeline;
+    case MeshAxis::data:
+      return M::static_data;
+    case MeshAxis::expert:
+      return M::static_expert;
+    default:
+      return dyn;
   }
 }
 

@@ -36,7 +36,7 @@ concept tensor = requires(const T& t, std::size_t d) {
   requires(T::rank() >= 1 && T::rank() <= 4);
   { t.extent(d) } -> std::convertible_to<std::size_t>;
   { t.stride(d) } -> std::convertible_to<std::ptrdiff_t>;
-  { t.data() };
+  {t.data()};
   { t.size() } -> std::convertible_to<std::size_t>;
 };
 
@@ -68,12 +68,13 @@ class TensorView {
   using element = T;
 
   TensorView() = default;
-  TensorView(T* data, const Shape<Rank>& shape) : data_(data), shape_(shape), strides_(detail::row_major_strides(shape)) {}
+  TensorView(T* data, const Shape<Rank>& shape)
+      : data_(data), shape_(shape), strides_(detail::row_major_strides(shape)) {}
   TensorView(T* data, const Shape<Rank>& shape, const std::array<std::ptrdiff_t, Rank>& strides)
       : data_(data), shape_(shape), strides_(strides) {}
   /** A view of non-const elements converts to a view of const ones. */
   template <class U>
-    requires(std::is_const_v<T> && std::is_same_v<U, value_type>)
+    requires(std::is_const_v<T>&& std::is_same_v<U, value_type>)
   TensorView(const TensorView<U, Rank>& o) : data_(o.data()), shape_(o.shape()), strides_(o.strides()) {}
 
   [[nodiscard]] static constexpr std::size_t rank() { return Rank; }
@@ -157,7 +158,9 @@ class Tensor {
     note_host_access(bytes());
   }
   /** Takes over a buffer (no copy). */
-  Tensor(const Shape<Rank>& shape, Buffer<T>&& values) : shape_(shape), data_(std::move(values)) { check_value_count(); }
+  Tensor(const Shape<Rank>& shape, Buffer<T>&& values) : shape_(shape), data_(std::move(values)) {
+    check_value_count();
+  }
   /** Copies any view of the same rank (making strided data contiguous). */
   template <class U>
     requires std::is_same_v<std::remove_const_t<U>, T>
@@ -186,16 +189,14 @@ class Tensor {
 
   template <class... I>
     requires(sizeof...(I) == Rank && (std::is_integral_v<I> && ...))
-  [[nodiscard]] T& operator()(I... idx) {
-    return view()(idx...);
-  }
+  [[nodiscard]] T& operator()(I... idx) { return view()(idx...); }
   template <class... I>
     requires(sizeof...(I) == Rank && (std::is_integral_v<I> && ...))
-  [[nodiscard]] const T& operator()(I... idx) const {
-    return view()(idx...);
-  }
+  [[nodiscard]] const T& operator()(I... idx) const { return view()(idx...); }
 
-  [[nodiscard]] TensorView<T, Rank> slice(std::size_t dim, std::size_t b, std::size_t e) { return view().slice(dim, b, e); }
+  [[nodiscard]] TensorView<T, Rank> slice(std::size_t dim, std::size_t b, std::size_t e) {
+    return view().slice(dim, b, e);
+  }
   [[nodiscard]] TensorView<const T, Rank> slice(std::size_t dim, std::size_t b, std::size_t e) const {
     return view().slice(dim, b, e);
   }

@@ -31,8 +31,9 @@ namespace mpar::data {
  * through `at(i)` (the id at position i, as int32). Throws when the stream is too short for `seq`.
  */
 template <class At>
-[[nodiscard]] TokenBatch fill_batch(At&& at, std::size_t tokens, std::size_t seq, std::uint64_t seed, std::uint64_t step,
-                                    std::size_t global_batch, std::size_t dp_size, std::size_t dp_rank) {
+[[nodiscard]] TokenBatch fill_batch(At&& at, std::size_t tokens, std::size_t seq, std::uint64_t seed,
+                                    std::uint64_t step, std::size_t global_batch, std::size_t dp_size,
+                                    std::size_t dp_rank) {
   require(seq > 0 && tokens > seq + 1, "data: ", tokens, " tokens are too few for sequences of ", seq,
           " (each sample needs seq + 1 tokens); use a shorter --seq or more data");
   require(dp_size > 0 && dp_rank < dp_size, "data: data-parallel rank ", dp_rank, " of ", dp_size, " does not exist");

@@ -51,8 +51,10 @@ namespace detail {
   ++p;
   while (p < dict.size() && dict[p] == ' ') ++p;
   std::size_t e = p;
-  if (p < dict.size() && dict[p] == '(') e = dict.find(')', p) + 1;
-  else if (p < dict.size() && dict[p] == '\'') e = dict.find('\'', p + 1) + 1;
+  if (p < dict.size() && dict[p] == '(')
+    e = dict.find(')', p) + 1;
+  else if (p < dict.size() && dict[p] == '\'')
+    e = dict.find('\'', p + 1) + 1;
   else
     while (e < dict.size() && dict[e] != ',' && dict[e] != '}') ++e;
   if (e == 0 || e > dict.size()) return {};
@@ -69,14 +71,17 @@ class TokenFile {
     const unsigned char* d = file_.data();
     const std::size_t n = file_.size();
     static constexpr std::string_view npy_magic("\x93NUMPY", 6);
-    if (n >= 6 && std::memcmp(d, npy_magic.data(), 6) == 0) open_npy();
-    else open_llmc();
+    if (n >= 6 && std::memcmp(d, npy_magic.data(), 6) == 0)
+      open_npy();
+    else
+      open_llmc();
     fp_.vocab = vocab_;
     for (std::size_t i = 0; i < count_; ++i) {
       const std::uint32_t id = at_unchecked(i);
       if (id >= vocab_)
-        require(false, "token file '", path, "': token ", id, " at byte offset ", offset_ + i * width_, " (token index ", i,
-                ") is not below the vocabulary size ", vocab_, "; pass the tokenizer's --vocab (GPT-2: 50257)");
+        require(false, "token file '", path, "': token ", id, " at byte offset ", offset_ + i * width_,
+                " (token index ", i, ") is not below the vocabulary size ", vocab_,
+                "; pass the tokenizer's --vocab (GPT-2: 50257)");
       fp_.add(id);
     }
     require(count_ > seq_ + 1, "token file '", path, "' holds ", count_, " tokens, too few for sequences of ", seq_,
@@ -98,8 +103,8 @@ class TokenFile {
     return "'" + path() + "' (" + std::string(format()) + ", " + std::to_string(count_) + " tokens of " +
            std::to_string(width_ * 8) + " bits)";
   }
-  [[nodiscard]] TokenBatch batch(std::uint64_t seed, std::uint64_t step, std::size_t global_batch, std::size_t dp_size = 1,
-                                 std::size_t dp_rank = 0) const {
+  [[nodiscard]] TokenBatch batch(std::uint64_t seed, std::uint64_t step, std::size_t global_batch,
+                                 std::size_t dp_size = 1, std::size_t dp_rank = 0) const {
     return fill_batch([this](std::size_t i) { return std::int32_t(at_unchecked(i)); }, count_, seq_, seed, step,
                       global_batch, dp_size, dp_rank);
   }
@@ -110,11 +115,12 @@ class TokenFile {
   }
   void check_size(std::size_t expected_count) {
     const std::size_t n = file_.size(), want = offset_ + expected_count * width_;
-    require(n >= want, "token file '", path(), "' is short: its header promises ", expected_count, " tokens of ", width_,
-            " bytes from byte offset ", offset_, " (", want, " bytes), but the file ends at byte offset ", n,
+    require(n >= want, "token file '", path(), "' is short: its header promises ", expected_count, " tokens of ",
+            width_, " bytes from byte offset ", offset_, " (", want, " bytes), but the file ends at byte offset ", n,
             "; it was truncated (tokenise again)");
-    require(n == want, "token file '", path(), "': ", n - want, " unexpected bytes after the last token, from byte offset ",
-            want, " (the header promises ", expected_count, " tokens)");
+    require(n == want, "token file '", path(), "': ", n - want,
+            " unexpected bytes after the last token, from byte offset ", want, " (the header promises ", expected_count,
+            " tokens)");
     count_ = expected_count;
   }
   void open_llmc() {
@@ -139,22 +145,27 @@ class TokenFile {
     npy_ = true;
     const unsigned char* d = file_.data();
     const std::size_t n = file_.size();
-    require(n >= 10, "token file '", path(), "' is short: ", n, " bytes end inside the .npy preamble (at byte offset ", n, ")");
+    require(n >= 10, "token file '", path(), "' is short: ", n, " bytes end inside the .npy preamble (at byte offset ",
+            n, ")");
     const unsigned major = d[6];
     require(major >= 1 && major <= 3, "token file '", path(), "': unsupported .npy format version ", major,
             " at byte offset 6 (expected 1, 2 or 3)");
     const std::size_t len_bytes = major == 1 ? 2 : 4, start = 8 + len_bytes;
-    require(n >= start, "token file '", path(), "' is short: the .npy header length ends past the file (byte offset ", n, ")");
+    require(n >= start, "token file '", path(), "' is short: the .npy header length ends past the file (byte offset ",
+            n, ")");
     const std::size_t hlen = detail::load_le(d + 8, len_bytes);
-    require(n >= start + hlen, "token file '", path(), "' is short: the .npy header of ", hlen, " bytes from byte offset ",
-            start, " ends past the file end at byte offset ", n);
+    require(n >= start + hlen, "token file '", path(), "' is short: the .npy header of ", hlen,
+            " bytes from byte offset ", start, " ends past the file end at byte offset ", n);
     const std::string_view dict(reinterpret_cast<const char*>(d + start), hlen);
     const auto descr = detail::npy_field(dict, "descr");
-    if (descr == "'<u2'" || descr == "'|u2'") width_ = 2;
-    else if (descr == "'<u4'" || descr == "'|u4'") width_ = 4;
+    if (descr == "'<u2'" || descr == "'|u2'")
+      width_ = 2;
+    else if (descr == "'<u4'" || descr == "'|u4'")
+      width_ = 4;
     else
       require(false, "token file '", path(), "': .npy dtype ", descr.empty() ? std::string_view("(none)") : descr,
-              " in the header at byte offset ", start, " is not a token dtype; save the array as numpy.uint16 or "
+              " in the header at byte offset ", start,
+              " is not a token dtype; save the array as numpy.uint16 or "
               "numpy.uint32 (little-endian)");
     require(detail::npy_field(dict, "fortran_order") == "False", "token file '", path(),
             "': the .npy header at byte offset ", start, " does not say fortran_order: False");

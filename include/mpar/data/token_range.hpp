@@ -32,10 +32,10 @@ class TokenRange {
  public:
   TokenRange(const S& stream, std::size_t begin, std::size_t end, std::size_t seq)
       : s_(&stream), begin_(begin), end_(end), seq_(seq) {
-    require(begin <= end && end <= std::size_t(stream.size()), "data: range [", begin, ", ", end, ") of ", stream.describe(),
-            " is outside its ", stream.size(), " tokens");
-    require(end - begin > seq + 1, "data: range [", begin, ", ", end, ") of ", stream.describe(), " holds ", end - begin,
-            " tokens, too few for sequences of ", seq, "; use a shorter --seq or a larger split");
+    require(begin <= end && end <= std::size_t(stream.size()), "data: range [", begin, ", ", end, ") of ",
+            stream.describe(), " is outside its ", stream.size(), " tokens");
+    require(end - begin > seq + 1, "data: range [", begin, ", ", end, ") of ", stream.describe(), " holds ",
+            end - begin, " tokens, too few for sequences of ", seq, "; use a shorter --seq or a larger split");
     fp_.vocab = stream.vocab_size();
     for (std::size_t i = begin; i < end; ++i) fp_.add(std::uint32_t(std::int32_t(stream[i])));
   }
@@ -47,10 +47,10 @@ class TokenRange {
   [[nodiscard]] std::string describe() const {
     return "tokens [" + std::to_string(begin_) + ", " + std::to_string(end_) + ") of " + std::string(s_->describe());
   }
-  [[nodiscard]] TokenBatch batch(std::uint64_t seed, std::uint64_t step, std::size_t global_batch, std::size_t dp_size = 1,
-                                 std::size_t dp_rank = 0) const {
-    return fill_batch([this](std::size_t i) { return std::int32_t((*s_)[begin_ + i]); }, end_ - begin_, seq_, seed, step,
-                      global_batch, dp_size, dp_rank);
+  [[nodiscard]] TokenBatch batch(std::uint64_t seed, std::uint64_t step, std::size_t global_batch,
+                                 std::size_t dp_size = 1, std::size_t dp_rank = 0) const {
+    return fill_batch([this](std::size_t i) { return std::int32_t((*s_)[begin_ + i]); }, end_ - begin_, seq_, seed,
+                      step, global_batch, dp_size, dp_rank);
   }
 
  private:
@@ -65,7 +65,8 @@ class TokenRange {
  */
 template <random_access_tokens S>
 [[nodiscard]] std::pair<TokenRange<S>, TokenRange<S>> split_tail(const S& stream, double fraction, std::size_t seq) {
-  require(fraction > 0.0 && fraction < 1.0, "data: the validation fraction ", fraction, " must be between 0 and 1 (--val-split)");
+  require(fraction > 0.0 && fraction < 1.0, "data: the validation fraction ", fraction,
+          " must be between 0 and 1 (--val-split)");
   const std::size_t n = std::size_t(stream.size()), cut = n - std::size_t(double(n) * fraction);
   return {TokenRange<S>(stream, 0, cut, seq), TokenRange<S>(stream, cut, n, seq)};
 }

@@ -43,8 +43,7 @@ class SourceRef {
   template <token_source D>
     requires(!std::same_as<D, SourceRef>)
   SourceRef(const D& d)  // NOLINT(google-explicit-constructor): a reference converts implicitly, like std::span
-      : obj_(&d),
-        vocab_([](const void* o) { return std::size_t(static_cast<const D*>(o)->vocab_size()); }),
+      : obj_(&d), vocab_([](const void* o) { return std::size_t(static_cast<const D*>(o)->vocab_size()); }),
         batch_([](const void* o, std::uint64_t seed, std::uint64_t step, std::size_t g, std::size_t n, std::size_t r) {
           return static_cast<const D*>(o)->batch(seed, step, g, n, r);
         }),
@@ -52,8 +51,8 @@ class SourceRef {
         describe_([](const void* o) { return std::string(static_cast<const D*>(o)->describe()); }) {}
 
   [[nodiscard]] std::size_t vocab_size() const { return vocab_(obj_); }
-  [[nodiscard]] TokenBatch batch(std::uint64_t seed, std::uint64_t step, std::size_t global_batch, std::size_t dp_size = 1,
-                                 std::size_t dp_rank = 0) const {
+  [[nodiscard]] TokenBatch batch(std::uint64_t seed, std::uint64_t step, std::size_t global_batch,
+                                 std::size_t dp_size = 1, std::size_t dp_rank = 0) const {
     return batch_(obj_, seed, step, global_batch, dp_size, dp_rank);
   }
   [[nodiscard]] DataFingerprint fingerprint() const { return fp_(obj_); }

@@ -35,8 +35,8 @@ class TokenVector {
   [[nodiscard]] std::int32_t operator[](std::size_t i) const { return ids_.at(i); }
   [[nodiscard]] DataFingerprint fingerprint() const { return fp_; }
   [[nodiscard]] std::string describe() const { return name_ + " (" + std::to_string(ids_.size()) + " tokens)"; }
-  [[nodiscard]] TokenBatch batch(std::uint64_t seed, std::uint64_t step, std::size_t global_batch, std::size_t dp_size = 1,
-                                 std::size_t dp_rank = 0) const {
+  [[nodiscard]] TokenBatch batch(std::uint64_t seed, std::uint64_t step, std::size_t global_batch,
+                                 std::size_t dp_size = 1, std::size_t dp_rank = 0) const {
     return fill_batch([this](std::size_t i) { return ids_[i]; }, ids_.size(), seq_, seed, step, global_batch, dp_size,
                       dp_rank);
   }

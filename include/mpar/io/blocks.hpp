@@ -57,7 +57,8 @@ template <class T>
                 "': flat range ", flat_begin, "..", flat_begin + data.size(), " exceeds the ", p.local_size(),
                 " local elements of parameter '", p.name, "'");
   std::vector<BlockView<T>> out;
-  for (auto& piece : flat_range_boxes(BoxN(p.local_box.begin(), p.local_box.end()), flat_begin, flat_begin + data.size()))
+  for (auto& piece :
+       flat_range_boxes(BoxN(p.local_box.begin(), p.local_box.end()), flat_begin, flat_begin + data.size()))
     out.push_back(BlockView<T>{state_name(p.name, state), p.global_shape, piece.box, p.layout + " (flat)",
                                data.subspan(piece.flat_offset, volume(piece.box))});
   return out;

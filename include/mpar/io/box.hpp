@@ -71,7 +71,8 @@ using BoxN = std::vector<Block>;
 [[nodiscard]] inline std::string box_string(const BoxN& box) {
   std::ostringstream os;
   os << '[';
-  for (std::size_t d = 0; d < box.size(); ++d) os << (d ? ", " : "") << box[d].offset << ':' << box[d].offset + box[d].extent;
+  for (std::size_t d = 0; d < box.size(); ++d)
+    os << (d ? ", " : "") << box[d].offset << ':' << box[d].offset + box[d].extent;
   os << ']';
   return os.str();
 }

@@ -17,14 +17,14 @@
  * DIR/.partial-step-00000100/      a save in progress; never read
  * ```
  */
-#include "mpar/io/checkpoint/block_view.hpp"
-#include "mpar/io/checkpoint/options.hpp"
-#include "mpar/io/checkpoint/directory.hpp"
-#include "mpar/io/checkpoint/shard_file_writer.hpp"
-#include "mpar/io/checkpoint/publish.hpp"
-#include "mpar/io/checkpoint/block_key.hpp"
 #include "mpar/io/checkpoint/agree.hpp"
-#include "mpar/io/checkpoint/save.hpp"
-#include "mpar/io/checkpoint/shard_reader.hpp"
-#include "mpar/io/checkpoint/reader.hpp"
+#include "mpar/io/checkpoint/block_key.hpp"
+#include "mpar/io/checkpoint/block_view.hpp"
+#include "mpar/io/checkpoint/directory.hpp"
 #include "mpar/io/checkpoint/load.hpp"
+#include "mpar/io/checkpoint/options.hpp"
+#include "mpar/io/checkpoint/publish.hpp"
+#include "mpar/io/checkpoint/reader.hpp"
+#include "mpar/io/checkpoint/save.hpp"
+#include "mpar/io/checkpoint/shard_file_writer.hpp"
+#include "mpar/io/checkpoint/shard_reader.hpp"

@@ -85,8 +85,8 @@ inline constexpr std::uint32_t crc32_init = 0xFFFFFFFFu;
   std::size_t n = bytes.size();
   while (n >= 8) {
     const std::uint32_t lo = detail::load_le32(p) ^ state, hi = detail::load_le32(p + 4);
-    state = t[7][lo & 0xFFu] ^ t[6][(lo >> 8) & 0xFFu] ^ t[5][(lo >> 16) & 0xFFu] ^ t[4][lo >> 24] ^
-            t[3][hi & 0xFFu] ^ t[2][(hi >> 8) & 0xFFu] ^ t[1][(hi >> 16) & 0xFFu] ^ t[0][hi >> 24];
+    state = t[7][lo & 0xFFu] ^ t[6][(lo >> 8) & 0xFFu] ^ t[5][(lo >> 16) & 0xFFu] ^ t[4][lo >> 24] ^ t[3][hi & 0xFFu] ^
+            t[2][(hi >> 8) & 0xFFu] ^ t[1][(hi >> 16) & 0xFFu] ^ t[0][hi >> 24];
     p += 8;
     n -= 8;
   }

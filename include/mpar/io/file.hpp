@@ -26,9 +26,9 @@ namespace mpar::io {
 /** @brief One disk-changing operation, reported to an `IoHook` just before it happens. */
 struct IoEvent {
   enum class Kind { create, write, fsync, rename, remove } kind = Kind::write;
-  std::string path;         ///< the file written, synced or removed; for rename the source
-  std::size_t offset = 0;   ///< write: position of the chunk in its file
-  std::size_t bytes = 0;    ///< write: size of the chunk
+  std::string path;        ///< the file written, synced or removed; for rename the source
+  std::size_t offset = 0;  ///< write: position of the chunk in its file
+  std::size_t bytes = 0;   ///< write: size of the chunk
 };
 
 /**
@@ -118,8 +118,8 @@ class DurableFile {
       while (done < n) {
         const ssize_t w = ::write(fd_.get(), bytes.data() + done, n - done);
         if (w < 0 && errno == EINTR) continue;
-        detail::check(w > 0, "write to ", tmp_.string(), " failed after ", size_ + done, " bytes: ",
-                      detail::errno_text());
+        detail::check(w > 0, "write to ", tmp_.string(), " failed after ", size_ + done,
+                      " bytes: ", detail::errno_text());
         done += std::size_t(w);
       }
       size_ += n;

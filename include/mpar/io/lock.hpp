@@ -63,8 +63,8 @@ class DirectoryLock {
     detail::check(!ec, "cannot create checkpoint directory ", dir.string(), ": ", ec.message());
     const auto file = dir / ".lock";
     fd_ = ::open(file.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    detail::check(fd_ >= 0, "cannot write checkpoint directory ", dir.string(), ": creating ", file.string(), " failed: ",
-          std::strerror(errno));
+    detail::check(fd_ >= 0, "cannot write checkpoint directory ", dir.string(), ": creating ", file.string(),
+                  " failed: ", std::strerror(errno));
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       const int err = errno;
       std::string holder(256, '\0');
@@ -74,9 +74,9 @@ class DirectoryLock {
       ::close(fd_);
       fd_ = -1;
       detail::check(err != EWOULDBLOCK, "checkpoint directory ", dir.string(), " is in use by job ",
-            holder.empty() ? std::string("(unknown)") : holder,
-            "; two jobs saving into one directory would corrupt its checkpoints: give this job another --save "
-            "directory, or wait for that job to end");
+                    holder.empty() ? std::string("(unknown)") : holder,
+                    "; two jobs saving into one directory would corrupt its checkpoints: give this job another --save "
+                    "directory, or wait for that job to end");
       detail::check(false, "cannot lock checkpoint directory ", dir.string(), ": ", std::strerror(err));
     }
     char host[256] = "?";

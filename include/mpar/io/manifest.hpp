@@ -24,8 +24,8 @@
  */
 #include <bit>
 #include <charconv>
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <map>
 #include <optional>
 #include <sstream>
@@ -52,11 +52,11 @@ struct LossScaleState {
 
 /** @brief Everything besides tensors that a resumed run needs to continue exactly. */
 struct TrainingState {
-  std::uint64_t step = 0;                      ///< optimizer steps completed
-  std::uint64_t data_position = 0;             ///< where the data loader continues (samples or tokens)
-  std::vector<std::uint64_t> rng;              ///< RNG state words, e.g. {seed, counter}
-  std::optional<LossScaleState> loss_scale;    ///< absent when no loss scaling is used
-  std::map<std::string, std::string> user;     ///< anything else, e.g. {"adamw.steps", "100"}
+  std::uint64_t step = 0;                    ///< optimizer steps completed
+  std::uint64_t data_position = 0;           ///< where the data loader continues (samples or tokens)
+  std::vector<std::uint64_t> rng;            ///< RNG state words, e.g. {seed, counter}
+  std::optional<LossScaleState> loss_scale;  ///< absent when no loss scaling is used
+  std::map<std::string, std::string> user;   ///< anything else, e.g. {"adamw.steps", "100"}
   friend bool operator==(const TrainingState&, const TrainingState&) = default;
 };
 
@@ -70,12 +70,12 @@ struct MeshShape {
 /** @brief One saved block of a tensor and where its bytes lie. */
 struct ShardRecord {
   BoxN box;
-  std::string file;                 ///< relative to the checkpoint directory, no directories
-  std::uint64_t offset = 0;         ///< of the first data byte in `file`
-  std::uint64_t bytes = 0;          ///< 4 * volume(box)
-  std::uint32_t crc32 = 0;          ///< of the `bytes` data bytes
-  std::uint64_t chunk = 0;          ///< elements per checksummed chunk
-  std::uint64_t table = 0;          ///< offset in `file` of the chunk CRC table (one little-endian u32 per chunk)
+  std::string file;          ///< relative to the checkpoint directory, no directories
+  std::uint64_t offset = 0;  ///< of the first data byte in `file`
+  std::uint64_t bytes = 0;   ///< 4 * volume(box)
+  std::uint32_t crc32 = 0;   ///< of the `bytes` data bytes
+  std::uint64_t chunk = 0;   ///< elements per checksummed chunk
+  std::uint64_t table = 0;   ///< offset in `file` of the chunk CRC table (one little-endian u32 per chunk)
   [[nodiscard]] std::uint64_t chunks() const { return chunk == 0 ? 0 : (bytes / 4 + chunk - 1) / chunk; }
 };
 
@@ -182,7 +182,8 @@ class ManifestParser {
     fail_unless(end_line.starts_with("end crc32="), 0, "it is truncated (the last line is not `end crc32=...`)");
     const auto want = parse_hex32(end_line.substr(10));
     fail_unless(want.has_value(), 0, "the end line's crc32 is not 8 hex digits");
-    fail_unless(crc32(body.substr(0, end_pos)) == *want, 0, "its checksum does not match (the file was modified or damaged)");
+    fail_unless(crc32(body.substr(0, end_pos)) == *want, 0,
+                "its checksum does not match (the file was modified or damaged)");
     body = body.substr(0, end_pos);
 
     Manifest m;
@@ -206,7 +207,8 @@ class ManifestParser {
       const std::string_view kw = tok[0];
       if (!have_magic) {
         fail_unless(tok.size() == 2 && kw == manifest_magic, line_no, "it does not start with `mpar-checkpoint 1`");
-        fail_unless(tok[1] == "1", line_no, "format version ", tok[1], " is not supported (this build reads version 1)");
+        fail_unless(tok[1] == "1", line_no, "format version ", tok[1],
+                    " is not supported (this build reads version 1)");
         have_magic = true;
         continue;
       }
@@ -310,8 +312,8 @@ class ManifestParser {
   }
 
   std::string_view value_of(std::string_view tok, std::string_view key, std::size_t ln) const {
-    fail_unless(tok.size() > key.size() && tok.substr(0, key.size()) == key && tok[key.size()] == '=', ln,
-                "expected ", key, "=... but found '", tok, "'");
+    fail_unless(tok.size() > key.size() && tok.substr(0, key.size()) == key && tok[key.size()] == '=', ln, "expected ",
+                key, "=... but found '", tok, "'");
     return tok.substr(key.size() + 1);
   }
   std::uint64_t num(std::string_view s, std::size_t ln) const {

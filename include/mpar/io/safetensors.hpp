@@ -91,9 +91,9 @@ inline void json_string(std::string& out, std::string_view s) {
 struct Json {
   enum class Kind { object, array, string, integer } kind = Kind::integer;
   std::vector<std::pair<std::string, Json>> members;  // object, in file order
-  std::vector<Json> items;                             // array
-  std::string text;                                    // string
-  std::uint64_t number = 0;                            // integer
+  std::vector<Json> items;                            // array
+  std::string text;                                   // string
+  std::uint64_t number = 0;                           // integer
 };
 
 /** A strict recursive-descent parser; `where` names the file in messages. */
@@ -117,7 +117,8 @@ class Parser {
     return s_[p_];
   }
   void expect(char c) {
-    if (peek() != c) fail(where_, ": bad JSON header: expected '", c, "' at header byte ", p_, ", found '", s_[p_], "'");
+    if (peek() != c)
+      fail(where_, ": bad JSON header: expected '", c, "' at header byte ", p_, ", found '", s_[p_], "'");
     ++p_;
   }
   Json value(int depth) {
@@ -183,7 +184,8 @@ class Parser {
     if (s_[p_] == '0' && p_ + 1 < s_.size() && s_[p_ + 1] >= '0' && s_[p_ + 1] <= '9')
       fail(where_, ": bad JSON header: a number with a leading zero at header byte ", p_);
     while (p_ < s_.size() && s_[p_] >= '0' && s_[p_] <= '9') {
-      if (v.number > (UINT64_MAX - 9) / 10) fail(where_, ": a number in the JSON header at header byte ", start, " is too large");
+      if (v.number > (UINT64_MAX - 9) / 10)
+        fail(where_, ": a number in the JSON header at header byte ", start, " is too large");
       v.number = v.number * 10 + std::uint64_t(s_[p_++] - '0');
     }
     if (p_ < s_.size() && (s_[p_] == '.' || s_[p_] == 'e' || s_[p_] == 'E'))
@@ -197,7 +199,8 @@ class Parser {
       if (p_ >= s_.size()) fail(where_, ": bad JSON header: a string is not closed");
       const char c = s_[p_++];
       if (c == '"') return out;
-      if (static_cast<unsigned char>(c) < 0x20) fail(where_, ": bad JSON header: a control character in a string at header byte ", p_ - 1);
+      if (static_cast<unsigned char>(c) < 0x20)
+        fail(where_, ": bad JSON header: a control character in a string at header byte ", p_ - 1);
       if (c != '\\') {
         out += c;
         continue;
@@ -205,24 +208,43 @@ class Parser {
       if (p_ >= s_.size()) fail(where_, ": bad JSON header: a string ends in an escape");
       const char e = s_[p_++];
       switch (e) {
-        case '"': out += '"'; break;
-        case '\\': out += '\\'; break;
-        case '/': out += '/'; break;
-        case 'b': out += '\b'; break;
-        case 'f': out += '\f'; break;
-        case 'n': out += '\n'; break;
-        case 'r': out += '\r'; break;
-        case 't': out += '\t'; break;
+        case '"':
+          out += '"';
+          break;
+        case '\\':
+          out += '\\';
+          break;
+        case '/':
+          out += '/';
+          break;
+        case 'b':
+          out += '\b';
+          break;
+        case 'f':
+          out += '\f';
+          break;
+        case 'n':
+          out += '\n';
+          break;
+        case 'r':
+          out += '\r';
+          break;
+        case 't':
+          out += '\t';
+          break;
         case 'u': {
           if (p_ + 4 > s_.size()) fail(where_, ": bad JSON header: a short \\u escape");
           unsigned cp = 0;
           for (int i = 0; i < 4; ++i) {
             const char h = s_[p_++];
-            cp = cp * 16 + unsigned(h >= '0' && h <= '9' ? h - '0' : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                                    : h >= 'A' && h <= 'F' ? h - 'A' + 10 : (fail(where_, ": bad JSON header: a bad \\u escape"), 0));
+            cp = cp * 16 + unsigned(h >= '0' && h <= '9'   ? h - '0'
+                                    : h >= 'a' && h <= 'f' ? h - 'a' + 10
+                                    : h >= 'A' && h <= 'F' ? h - 'A' + 10
+                                                           : (fail(where_, ": bad JSON header: a bad \\u escape"), 0));
           }
           if (cp >= 0xd800 && cp < 0xe000) fail(where_, ": a surrogate \\u escape in the JSON header is not supported");
-          if (cp < 0x80) out += char(cp);
+          if (cp < 0x80)
+            out += char(cp);
           else if (cp < 0x800) {
             out += char(0xc0 | (cp >> 6));
             out += char(0x80 | (cp & 0x3f));
@@ -233,7 +255,8 @@ class Parser {
           }
           break;
         }
-        default: fail(where_, ": bad JSON header: unknown escape \\", e, " at header byte ", p_ - 1);
+        default:
+          fail(where_, ": bad JSON header: unknown escape \\", e, " at header byte ", p_ - 1);
       }
     }
   }
@@ -337,7 +360,8 @@ class SafetensorsFile {
       if (name == "__metadata__") {
         if (v.kind != detail::st::Json::Kind::object) detail::st::fail(f, ": __metadata__ is not an object");
         for (const auto& [k, s] : v.members) {
-          if (s.kind != detail::st::Json::Kind::string) detail::st::fail(f, ": __metadata__ value \"", k, "\" is not a string");
+          if (s.kind != detail::st::Json::Kind::string)
+            detail::st::fail(f, ": __metadata__ value \"", k, "\" is not a string");
           metadata_[k] = s.text;
         }
         continue;
@@ -347,7 +371,8 @@ class SafetensorsFile {
     // Tensors tile the buffer: no overlap, no gap, nothing past the end.
     std::vector<const SafetensorsEntry*> order;
     for (const auto& e : entries_) order.push_back(&e);
-    std::sort(order.begin(), order.end(), [](auto* a, auto* b) { return a->begin < b->begin || (a->begin == b->begin && a->end < b->end); });
+    std::sort(order.begin(), order.end(),
+              [](auto* a, auto* b) { return a->begin < b->begin || (a->begin == b->begin && a->end < b->end); });
     std::uint64_t at = 0;
     const SafetensorsEntry* prev = nullptr;
     for (const auto* e : order) {
@@ -381,13 +406,15 @@ class SafetensorsFile {
     in_.clear();
     in_.seekg(std::streamoff(data_start_ + e->begin));
     in_.read(reinterpret_cast<char*>(raw.data()), std::streamsize(raw.size()));
-    if (!in_) detail::st::fail("safetensors ", path_.string(), ": reading tensor '", name, "' failed (the file shrank?)");
+    if (!in_)
+      detail::st::fail("safetensors ", path_.string(), ": reading tensor '", name, "' failed (the file shrank?)");
     const std::size_t w = detail::st::dtype_bytes(e->dtype), n = raw.size() / w;
     std::vector<float> out(n);
     for (std::size_t i = 0; i < n; ++i) {
       std::uint32_t u = 0;
       for (std::size_t k = 0; k < w; ++k) u |= std::uint32_t(raw[i * w + k]) << (8 * k);
-      if (e->dtype == "F32") std::memcpy(&out[i], &u, 4);
+      if (e->dtype == "F32")
+        std::memcpy(&out[i], &u, 4);
       else if (e->dtype == "BF16") {
         u <<= 16;
         std::memcpy(&out[i], &u, 4);
@@ -399,17 +426,22 @@ class SafetensorsFile {
   }
 
  private:
-  static SafetensorsEntry entry(const std::string& f, const std::string& name, const detail::st::Json& v, std::uint64_t buffer) {
+  static SafetensorsEntry entry(const std::string& f, const std::string& name, const detail::st::Json& v,
+                                std::uint64_t buffer) {
     using K = detail::st::Json::Kind;
     SafetensorsEntry e;
     e.name = name;
     if (v.kind != K::object) detail::st::fail(f, ": tensor '", name, "' is not an object");
     const detail::st::Json *dtype = nullptr, *shape = nullptr, *offsets = nullptr;
     for (const auto& [k, m] : v.members) {
-      if (k == "dtype") dtype = &m;
-      else if (k == "shape") shape = &m;
-      else if (k == "data_offsets") offsets = &m;
-      else detail::st::fail(f, ": tensor '", name, "' has an unknown field \"", k, "\"");
+      if (k == "dtype")
+        dtype = &m;
+      else if (k == "shape")
+        shape = &m;
+      else if (k == "data_offsets")
+        offsets = &m;
+      else
+        detail::st::fail(f, ": tensor '", name, "' has an unknown field \"", k, "\"");
     }
     if (dtype == nullptr || dtype->kind != K::string) detail::st::fail(f, ": tensor '", name, "' has no string dtype");
     e.dtype = dtype->text;
@@ -434,8 +466,8 @@ class SafetensorsFile {
       want *= d;
     }
     if (want != e.end - e.begin)
-      detail::st::fail(f, ": tensor '", name, "' of dtype ", e.dtype, " and ", e.shape.size(), " dimensions needs ", want,
-                       " bytes but data_offsets give ", e.end - e.begin);
+      detail::st::fail(f, ": tensor '", name, "' of dtype ", e.dtype, " and ", e.shape.size(), " dimensions needs ",
+                       want, " bytes but data_offsets give ", e.end - e.begin);
     return e;
   }
 

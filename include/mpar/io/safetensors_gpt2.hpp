@@ -43,8 +43,10 @@ enum class WeightNaming { mpar, hf_gpt2 };
 /** @brief `embed.token.weight` etc.: the name of one tensor in the other convention; nullopt when it has none. */
 [[nodiscard]] inline std::optional<std::string> hf_gpt2_name(std::string_view n) {
   static const std::pair<std::string_view, std::string_view> fixed[] = {
-      {"embed.token.weight", "transformer.wte.weight"}, {"embed.position", "transformer.wpe.weight"},
-      {"final_norm.weight", "transformer.ln_f.weight"}, {"final_norm.bias", "transformer.ln_f.bias"}};
+      {"embed.token.weight", "transformer.wte.weight"},
+      {"embed.position", "transformer.wpe.weight"},
+      {"final_norm.weight", "transformer.ln_f.weight"},
+      {"final_norm.bias", "transformer.ln_f.bias"}};
   for (auto [a, b] : fixed)
     if (n == a) return std::string(b);
   if (n.substr(0, 5) != "block") return std::nullopt;
@@ -53,9 +55,12 @@ enum class WeightNaming { mpar, hf_gpt2 };
   const std::string_view index = n.substr(5, dot - 5), rest = n.substr(dot + 1);
   for (char c : index)
     if (c < '0' || c > '9') return std::nullopt;
-  static const std::pair<std::string_view, std::string_view> parts[] = {
-      {"ln1.", "ln_1."},           {"ln2.", "ln_2."},           {"attn.qkv.", "attn.c_attn."},
-      {"attn.proj.", "attn.c_proj."}, {"mlp.fc1.", "mlp.c_fc."}, {"mlp.fc2.", "mlp.c_proj."}};
+  static const std::pair<std::string_view, std::string_view> parts[] = {{"ln1.", "ln_1."},
+                                                                        {"ln2.", "ln_2."},
+                                                                        {"attn.qkv.", "attn.c_attn."},
+                                                                        {"attn.proj.", "attn.c_proj."},
+                                                                        {"mlp.fc1.", "mlp.c_fc."},
+                                                                        {"mlp.fc2.", "mlp.c_proj."}};
   for (auto [a, b] : parts)
     if (rest.substr(0, a.size()) == a) {
       const std::string_view leaf = rest.substr(a.size());
@@ -69,8 +74,9 @@ enum class WeightNaming { mpar, hf_gpt2 };
  * @brief The shape a tensor has in the file: mpar's `shape` under `mpar` naming; under `hf_gpt2`, the
  * embedding with `vocab` rows and the fused QKV flattened to GPT-2's [h, 3h] and [3h].
  */
-[[nodiscard]] inline std::vector<std::size_t> file_shape(std::string_view mpar_name, const std::vector<std::size_t>& shape,
-                                                          WeightNaming naming, std::size_t vocab) {
+[[nodiscard]] inline std::vector<std::size_t> file_shape(std::string_view mpar_name,
+                                                         const std::vector<std::size_t>& shape, WeightNaming naming,
+                                                         std::size_t vocab) {
   if (naming == WeightNaming::mpar) return shape;
   if (mpar_name == "embed.token.weight") return {vocab, shape.at(1)};
   if (mpar_name.find(".attn.qkv.") != std::string_view::npos) {

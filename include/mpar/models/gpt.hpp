@@ -41,13 +41,13 @@
 
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
+#include "mpar/models/moe_block.hpp"
 #include "mpar/nn/cross_entropy.hpp"
 #include "mpar/nn/embedding.hpp"
 #include "mpar/nn/half_weight.hpp"
 #include "mpar/nn/layer_norm.hpp"
 #include "mpar/nn/ring_transformer_block.hpp"
 #include "mpar/nn/transformer_block.hpp"
-#include "mpar/models/moe_block.hpp"
 
 namespace mpar::models {
 
@@ -59,10 +59,10 @@ struct GptConfig {
   /// Mixture of experts: 0 keeps every MLP dense; otherwise the MoE blocks hold this many experts of
   /// width `ffn_size()` each.
   std::size_t experts = 0;
-  std::size_t moe_top_k = 2;       ///< experts each token is routed to
-  double moe_capacity = 1.25;      ///< capacity factor (<= 0: unlimited, nothing dropped)
-  float moe_aux_weight = 0.01f;    ///< coefficient of the load-balancing loss
-  std::size_t moe_every = 1;       ///< every n-th block is MoE: blocks n-1, 2n-1, ... (1: all, 2: every other)
+  std::size_t moe_top_k = 2;     ///< experts each token is routed to
+  double moe_capacity = 1.25;    ///< capacity factor (<= 0: unlimited, nothing dropped)
+  float moe_aux_weight = 0.01f;  ///< coefficient of the load-balancing loss
+  std::size_t moe_every = 1;     ///< every n-th block is MoE: blocks n-1, 2n-1, ... (1: all, 2: every other)
 
   /** Whether block `b` (0-based) holds a mixture of experts instead of a dense MLP. */
   [[nodiscard]] bool is_moe_block(std::size_t b) const {
@@ -101,11 +101,14 @@ struct GptConfig {
 
   /** Throws with what to change when the sizes do not fit tensor size `tp` and `stages` pipeline stages in total. */
   void validate(std::size_t tp, std::size_t stages, std::size_t ep = 1) const {
-    require(vocab > 0 && hidden > 0 && heads > 0 && layers > 0 && seq > 0, "GPT: vocab, hidden, heads, layers and seq must be positive");
-    require(hidden % heads == 0, "GPT: hidden ", hidden, " is not divisible by heads ", heads, "; choose hidden = k * heads");
+    require(vocab > 0 && hidden > 0 && heads > 0 && layers > 0 && seq > 0,
+            "GPT: vocab, hidden, heads, layers and seq must be positive");
+    require(hidden % heads == 0, "GPT: hidden ", hidden, " is not divisible by heads ", heads,
+            "; choose hidden = k * heads");
     require(heads % tp == 0, "GPT: heads ", heads, " is not divisible by the tensor-parallel size ", tp,
             "; use --tp dividing ", heads, " or change --heads");
-    require(ffn_size() % tp == 0, "GPT: the MLP size ", ffn_size(), " is not divisible by the tensor-parallel size ", tp);
+    require(ffn_size() % tp == 0, "GPT: the MLP size ", ffn_size(), " is not divisible by the tensor-parallel size ",
+            tp);
     require(padded_vocab() % tp == 0, "GPT: the padded vocabulary ", padded_vocab(), " is not divisible by --tp ", tp,
             "; use a tensor-parallel size dividing ", vocab_multiple,
             " or set vocab_multiple to a multiple of it (GptTrainer does)");
@@ -125,7 +128,8 @@ struct GptConfig {
   }
 
   /** Parameter ids: embeddings and final norm first, then `BlockConfig::ids_per_block` per block. */
-  static constexpr std::uint64_t token_embedding_id = 1, position_embedding_id = 2, final_norm_id = 3, first_block_id = 16;
+  static constexpr std::uint64_t token_embedding_id = 1, position_embedding_id = 2, final_norm_id = 3,
+                                 first_block_id = 16;
 
   /** Parameters of the unsharded model (with the padded vocabulary). */
   [[nodiscard]] std::size_t parameter_count() const {
@@ -178,12 +182,16 @@ struct GptBlockOf final : GptBlock {
     if constexpr (requires { block.set_aux_gradient(g); }) block.set_aux_gradient(g);
   }
   double take_aux_loss() override {
-    if constexpr (requires { block.take_aux_loss(); }) return block.take_aux_loss();
-    else return 0.0;
+    if constexpr (requires { block.take_aux_loss(); })
+      return block.take_aux_loss();
+    else
+      return 0.0;
   }
   std::size_t take_dropped() override {
-    if constexpr (requires { block.take_dropped(); }) return block.take_dropped();
-    else return 0;
+    if constexpr (requires { block.take_dropped(); })
+      return block.take_dropped();
+    else
+      return 0;
   }
   Block block;
 };
@@ -229,17 +237,20 @@ class GptPipelinePart {
    * its blocks use ring self-attention over `context`, and its position embedding their global positions.
    */
   GptPipelinePart(C& tp, const GptConfig& cfg, bool first, bool last, std::size_t first_block, std::size_t block_count,
-           nn::Parameter* shared_embedding = nullptr, GptMoeGroups<C> moe_groups = {}, C* context = nullptr)
-      : tp_(&tp), cfg_(cfg), first_(first), last_(last),
-        cp_(context ? std::size_t(context->size()) : 1), cp_rank_(context ? std::size_t(context->rank()) : 0) {
+                  nn::Parameter* shared_embedding = nullptr, GptMoeGroups<C> moe_groups = {}, C* context = nullptr)
+      : tp_(&tp), cfg_(cfg), first_(first), last_(last), cp_(context ? std::size_t(context->size()) : 1),
+        cp_rank_(context ? std::size_t(context->rank()) : 0) {
     if (cp_ > 1) {
-      require(!cfg.has_moe(), "GptPipelinePart: context parallelism (cp ", cp_, ") with MoE blocks is not supported; use cp 1 "
+      require(!cfg.has_moe(), "GptPipelinePart: context parallelism (cp ", cp_,
+              ") with MoE blocks is not supported; use cp 1 "
               "or a dense model (--experts 0)");
-      require(cfg.seq % (2 * cp_) == 0, "GptPipelinePart: sequence length ", cfg.seq, " is not divisible by 2 x cp = ", 2 * cp_,
+      require(cfg.seq % (2 * cp_) == 0, "GptPipelinePart: sequence length ", cfg.seq,
+              " is not divisible by 2 x cp = ", 2 * cp_,
               " (each context rank holds two of the 2 cp equal chunks); use --seq a multiple of ", 2 * cp_);
     }
     if (first_) {
-      embed_.emplace(tp, nn::EmbeddingConfig{cfg.padded_vocab(), cfg.hidden, cfg.seed, GptConfig::token_embedding_id, "embed.token"});
+      embed_.emplace(tp, nn::EmbeddingConfig{cfg.padded_vocab(), cfg.hidden, cfg.seed, GptConfig::token_embedding_id,
+                                             "embed.token"});
       const std::array<std::size_t, 2> ps{cfg.seq, cfg.hidden};
       pos_ = nn::make_parameter<2>("embed.position", GptConfig::position_embedding_id, ps,
                                    nn::detail::tensor_box<Replicate>(ps, 1, 0), Replicate::name(), false, cfg.seed,
@@ -247,14 +258,22 @@ class GptPipelinePart {
     }
     for (std::size_t i = 0; i < block_count; ++i) {
       const std::size_t b = first_block + i;
-      const nn::BlockConfig bc{cfg.hidden, cfg.heads, cfg.ffn_size(), cfg.seq, cfg.dropout, cfg.seed,
-                               GptConfig::first_block_id + b * nn::BlockConfig::ids_per_block, "block" + std::to_string(b)};
+      const nn::BlockConfig bc{cfg.hidden,
+                               cfg.heads,
+                               cfg.ffn_size(),
+                               cfg.seq,
+                               cfg.dropout,
+                               cfg.seed,
+                               GptConfig::first_block_id + b * nn::BlockConfig::ids_per_block,
+                               "block" + std::to_string(b)};
       if (cp_ > 1) {
         if constexpr (std::is_same_v<B, HostBackend>)
-          blocks_.push_back(std::make_unique<detail::GptRingBlockOf<nn::RingTransformerBlock<C, B>, B>>(tp, *context, bc));
+          blocks_.push_back(
+              std::make_unique<detail::GptRingBlockOf<nn::RingTransformerBlock<C, B>, B>>(tp, *context, bc));
         else
-          throw config_error("GptPipelinePart: context parallelism runs on HostBackend only (ring attention's online softmax "
-                             "is host loops; docs/context-parallel.md); use cp 1 on this backend");
+          throw config_error(
+              "GptPipelinePart: context parallelism runs on HostBackend only (ring attention's online softmax "
+              "is host loops; docs/context-parallel.md); use cp 1 on this backend");
       } else if (cfg.is_moe_block(b)) {
         if (moe_groups.expert == nullptr || moe_groups.tokens == nullptr) {
           // One rank holds every expert and the whole micro-batch: size-1 groups of this tensor rank.
@@ -263,7 +282,7 @@ class GptPipelinePart {
           if (moe_groups.tokens == nullptr) moe_groups.tokens = own_groups_.back().get();
         }
         blocks_.push_back(std::make_unique<detail::GptBlockOf<MoeBlock>>(tp, *moe_groups.expert, *moe_groups.tokens, bc,
-                                                                          cfg.moe_config()));
+                                                                         cfg.moe_config()));
       } else {
         blocks_.push_back(std::make_unique<detail::GptBlockOf<Block>>(tp, bc));
       }
@@ -276,8 +295,9 @@ class GptPipelinePart {
         head_ = shared_embedding;  // the same stage object holds both ends (interleaved chunks on one rank)
       } else {
         // The tied copy: same name, id and block as the first stage's embedding shard, hence the same values.
-        nn::VocabParallelEmbedding<C, false, B> twin(tp, nn::EmbeddingConfig{cfg.padded_vocab(), cfg.hidden, cfg.seed,
-                                                                    GptConfig::token_embedding_id, "embed.token"});
+        nn::VocabParallelEmbedding<C, false, B> twin(
+            tp, nn::EmbeddingConfig{cfg.padded_vocab(), cfg.hidden, cfg.seed, GptConfig::token_embedding_id,
+                                    "embed.token"});
         head_copy_ = std::move(*twin.parameters()[0]);
         head_ = &head_copy_;
       }
@@ -322,7 +342,8 @@ class GptPipelinePart {
 
   /** Forward of micro-batch `mb` on a stage other than the last: tokens (first stage) or hidden states in, hidden states out. */
   nn::Act<Replicate> forward(const nn::Act<Replicate>& x, int mb) {
-    require(!last_, "GptPipelinePart: the last stage returns vocab-sharded logits, not hidden states; call forward_to_loss");
+    require(!last_,
+            "GptPipelinePart: the last stage returns vocab-sharded logits, not hidden states; call forward_to_loss");
     return hidden(x, mb);
   }
   /** Forward of micro-batch `mb` on the last stage: tokens or hidden states in, this rank's vocab-sharded logits out. */
@@ -352,7 +373,8 @@ class GptPipelinePart {
                                    head16_.template get<B, T>(head_->value), hd, 0.0f, logits.data(), vl);
       });
     }
-    if (!vocab_mask_.empty()) B::bias_add_forward(logits.extent(0), logits.extent(1), vocab_mask_.data(), logits.data());
+    if (!vocab_mask_.empty())
+      B::bias_add_forward(logits.extent(0), logits.extent(1), vocab_mask_.data(), logits.data());
     head_inputs_.put(mb).x = std::move(hop);
     return logits;
   }
@@ -364,12 +386,16 @@ class GptPipelinePart {
    * the layer norms' gains and biases get their (cheap) gradients here.
    */
   nn::Act<Replicate> backward_input(const nn::Act<Replicate>& dy, int mb) {
-    require(!last_, "GptPipelinePart: the last stage's output gradient is the vocab-sharded logit gradient (Act<FeatureShard>)");
+    require(
+        !last_,
+        "GptPipelinePart: the last stage's output gradient is the vocab-sharded logit gradient (Act<FeatureShard>)");
     return blocks_backward_input(nn::backend_copy<B>(dy), mb);
   }
   /** B of the last stage: from this rank's vocab-sharded logit gradient. */
   nn::Act<Replicate> backward_input(const nn::Act<nn::FeatureShard>& dlogits, int mb) {
-    require(last_, "GptPipelinePart: only the last stage takes a logit gradient; pass the hidden-state gradient (Act<Replicate>)");
+    require(
+        last_,
+        "GptPipelinePart: only the last stage takes a logit gradient; pass the hidden-state gradient (Act<Replicate>)");
     nn::Act<Replicate> dh = use_unit(head_unit(), head_unit() - 1, [&] { return head_backward_input(dlogits, mb); });
     return blocks_backward_input(std::move(dh), mb);
   }
@@ -383,7 +409,8 @@ class GptPipelinePart {
     const bool final = hook_ && weights_done_ + 1 == microbatches_;
     ++weights_done_;
     if (last_) {
-      auto w = head_pending_.take(mb, "GptPipelinePart head backward_weight (no backward_input ran for this micro-batch)");
+      auto w =
+          head_pending_.take(mb, "GptPipelinePart head backward_weight (no backward_input ran for this micro-batch)");
       const std::size_t t = w.dy.rows, vl = w.dy.cols, h = cfg_.hidden;
       if (w.dy.type == nn::ComputeType::fp32) {
         B::template gemm<float>(Trans::yes, Trans::no, vl, h, t, 1.0f, w.dy.f32.data(), vl, w.x.f32.data(), h, 1.0f,
@@ -401,19 +428,20 @@ class GptPipelinePart {
       if (final) hook_(blocks_[i]->parameters());
     }
     if (first_) {
-      auto e = embed_pending_.take(mb, "GptPipelinePart embedding backward_weight (no backward_input ran for this micro-batch)");
+      auto e = embed_pending_.take(
+          mb, "GptPipelinePart embedding backward_weight (no backward_input ran for this micro-batch)");
       embed_backward(std::move(e.dy), mb, final);
     }
   }
 
   /** Backward of micro-batch `mb` (hidden-state gradient, or the last stage's logit gradient): B then W. */
   template <class G>
-    requires std::same_as<G, Replicate> || std::same_as<G, nn::FeatureShard>
-  nn::Act<Replicate> backward(const nn::Act<G>& dy, int mb) {
-    nn::Act<Replicate> dx = backward_input(dy, mb);
-    backward_weight(mb);
-    return dx;
-  }
+    requires std::same_as<G, Replicate> || std::same_as<G, nn::FeatureShard> nn::Act<Replicate> backward(
+        const nn::Act<G>& dy, int mb) {
+      nn::Act<Replicate> dx = backward_input(dy, mb);
+      backward_weight(mb);
+      return dx;
+    }
 
   void drop(int mb) {
     if (embed_) embed_->drop(mb);
@@ -559,13 +587,16 @@ class GptPipelinePart {
   /** B of the blocks (and, first stage, the embeddings' pending gradient); the first stage returns a zero token gradient. */
   nn::Act<Replicate> blocks_backward_input(nn::Act<Replicate> dy, int mb) {
     for (std::size_t i = blocks_.size(); i-- > 0;)
-      dy = use_unit(block_unit(i), i > 0 ? block_unit(i - 1) : no_unit, [&] { return blocks_[i]->backward_input(dy, mb); });
+      dy = use_unit(block_unit(i), i > 0 ? block_unit(i - 1) : no_unit,
+                    [&] { return blocks_[i]->backward_input(dy, mb); });
     if (first_) {
       const std::size_t t = dy.extent(0);
       embed_pending_.put(mb).dy = std::move(dy);
       // A placeholder (token ids have no gradient); nobody reads it, so a stream-ordered backend leaves it unwritten.
-      if constexpr (optim::host_reads_rank_memory<B>) return nn::Act<Replicate>(nn::Activation({t, 1}));
-      else return nn::Act<Replicate>(nn::Activation({t, 1}, uninitialized));
+      if constexpr (optim::host_reads_rank_memory<B>)
+        return nn::Act<Replicate>(nn::Activation({t, 1}));
+      else
+        return nn::Act<Replicate>(nn::Activation({t, 1}, uninitialized));
     }
     return dy;
   }
@@ -574,8 +605,8 @@ class GptPipelinePart {
   nn::Act<Replicate> head_backward_input(const nn::Act<nn::FeatureShard>& dy, int mb) {
     auto saved = head_inputs_.take(mb, "GptPipelinePart head");
     const std::size_t t = dy.extent(0), vl = dy.extent(1), h = cfg_.hidden;
-    require(saved.x.rows == t && vl == head_->local_box[0].extent, "GptPipelinePart head: logit gradient is ", t, "x", vl,
-            ", expected ", saved.x.rows, "x", head_->local_box[0].extent);
+    require(saved.x.rows == t && vl == head_->local_box[0].extent, "GptPipelinePart head: logit gradient is ", t, "x",
+            vl, ", expected ", saved.x.rows, "x", head_->local_box[0].extent);
     // dh = dlogits · E_local: this rank's vocabulary shard's contribution, summed by f's backward. In the type
     // the forward used: under Autocast the logit gradient is converted once and kept (16-bit) for W.
     nn::Act<nn::TensorPartial> dh(nn::Activation({t, h}, uninitialized));
@@ -595,8 +626,8 @@ class GptPipelinePart {
   }
 
   nn::Act<Replicate> embed(const nn::Act<Replicate>& x, int mb) {
-    require(x.extent(1) == 1, "GptPipelinePart: the first stage takes token ids as a [tokens, 1] activation, got ", x.extent(0),
-            "x", x.extent(1));
+    require(x.extent(1) == 1, "GptPipelinePart: the first stage takes token ids as a [tokens, 1] activation, got ",
+            x.extent(0), "x", x.extent(1));
     std::vector<std::int32_t> tokens(x.extent(0));
     if (std::size_t(mb) < host_tokens_.size() && host_tokens_[std::size_t(mb)].size() == tokens.size()) {
       tokens = host_tokens_[std::size_t(mb)];  // given by set_tokens: the activation's values are not read
@@ -616,7 +647,8 @@ class GptPipelinePart {
     } else {
       nn::Activation table({seq, cfg_.hidden}, uninitialized);
       const std::size_t half = block / 2;
-      for (std::size_t a = 0; a < 2; ++a) B::copy(half, pos_.value.data() + position_chunk(a) * half, table.data() + a * half);
+      for (std::size_t a = 0; a < 2; ++a)
+        B::copy(half, pos_.value.data() + position_chunk(a) * half, table.data() + a * half);
       B::bias_add_forward(tokens.size() / seq, block, table.data(), h.data());
     }
     return h;  // the position embedding is replicated: the sum stays Replicate

@@ -71,8 +71,9 @@ using GenerateProgress = std::function<void(std::size_t, std::size_t)>;
  * calls it with the same arguments and gets the same ids). Returns the new ids only.
  */
 template <communicator C, backend B>
-std::vector<std::int32_t> generate(GptPipelinePart<C, B>& model, std::span<const std::int32_t> prompt, std::size_t count,
-                                   const SamplingConfig& sampling, const GenerateProgress& progress = {}) {
+std::vector<std::int32_t> generate(GptPipelinePart<C, B>& model, std::span<const std::int32_t> prompt,
+                                   std::size_t count, const SamplingConfig& sampling,
+                                   const GenerateProgress& progress = {}) {
   const GptConfig& cfg = model.config();
   require(model.is_first() && model.is_last(), "generate: the stage must hold the whole model (first and last stage, ",
           "all ", cfg.layers, " blocks); load a pipelined checkpoint into one stage (io::load_checkpoint reshards)");
@@ -99,8 +100,10 @@ std::vector<std::int32_t> generate(GptPipelinePart<C, B>& model, std::span<const
             local, " (padded vocabulary ", padded, " over ", tp.size(), " tensor ranks)");
     const float* last = logits.data() + (window.size() - 1) * local;
     std::copy_n(last, local, mine.begin());
-    if (tp.size() > 1) tp.all_gather(std::span<const float>(mine), std::span<float>(row));
-    else std::copy(mine.begin(), mine.end(), row.begin());
+    if (tp.size() > 1)
+      tp.all_gather(std::span<const float>(mine), std::span<float>(row));
+    else
+      std::copy(mine.begin(), mine.end(), row.begin());
     const auto pick = std::int32_t(sample_token(std::span<const float>(row.data(), cfg.vocab), sampling.temperature,
                                                 sampling.top_k, rng.uniform(i)));
     out.push_back(pick);

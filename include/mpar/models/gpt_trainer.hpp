@@ -105,19 +105,20 @@ namespace mpar::models {
 struct GptTrainConfig {
   GptConfig model;
   std::size_t tp = 1, pp = 1, dp = 1;
-  std::size_t ep = 1;             ///< expert-parallel size (needs model.experts, a multiple of it)
+  std::size_t ep = 1;  ///< expert-parallel size (needs model.experts, a multiple of it)
   /// Context-parallel size: each sequence split over cp ranks in zig-zag chunks, attention by a ring over them
   /// (docs/context-parallel.md). Rank order tensor, context, data, pipeline (Megatron-LM's tp-cp-dp-pp).
   std::size_t cp = 1;
-  std::string schedule = "1f1b";  ///< gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2, or 2bw (weights lag one step; see GptTrainer)
-  int microbatches = 2;           ///< per data-parallel rank and step
-  int chunks = 1;                 ///< model chunks per pipeline rank (interleaved_1f1b)
-  bool recompute = false;         ///< full activation recomputation on every stage
-  std::string precision = "fp32"; ///< fp32, bf16 or f16 (f16 adds dynamic loss scaling)
-  std::string optimizer = "adamw";///< adamw or sgd (momentum 0.9)
-  bool zero1 = false;             ///< shard AdamW states over the data axis (the same as zero = 1)
-  int zero = 0;                   ///< ZeRO stage: 0 none, 1 AdamW states sharded, 2 gradients too, 3 parameters too (--zero N)
-  std::size_t global_batch = 8;   ///< sequences per optimizer step, over all data-parallel ranks
+  std::string schedule =
+      "1f1b";            ///< gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2, or 2bw (weights lag one step; see GptTrainer)
+  int microbatches = 2;  ///< per data-parallel rank and step
+  int chunks = 1;        ///< model chunks per pipeline rank (interleaved_1f1b)
+  bool recompute = false;           ///< full activation recomputation on every stage
+  std::string precision = "fp32";   ///< fp32, bf16 or f16 (f16 adds dynamic loss scaling)
+  std::string optimizer = "adamw";  ///< adamw or sgd (momentum 0.9)
+  bool zero1 = false;               ///< shard AdamW states over the data axis (the same as zero = 1)
+  int zero = 0;  ///< ZeRO stage: 0 none, 1 AdamW states sharded, 2 gradients too, 3 parameters too (--zero N)
+  std::size_t global_batch = 8;  ///< sequences per optimizer step, over all data-parallel ranks
   std::size_t steps = 100;
   double lr = 3e-3, min_lr = 3e-4;
   std::size_t warmup = 10;
@@ -126,7 +127,7 @@ struct GptTrainConfig {
   /// Which parameters weight decay applies to; empty: `optim::decays_weight_matrices` (matrices and embeddings;
   /// no bias, the fused QKV bias [3, hidden] included, and no layer-norm parameter).
   std::function<bool(const nn::Parameter&)> decays;
-  double clip = 1.0;              ///< global-norm clipping threshold; 0 disables clipping
+  double clip = 1.0;  ///< global-norm clipping threshold; 0 disables clipping
   std::size_t bucket_bytes = std::size_t(1) << 20;
   std::uint64_t data_seed = 1234;
 
@@ -168,7 +169,8 @@ struct GptTrainConfig {
 
   /** Throws config_error with what to change, before any work starts. */
   void validate(std::size_t world) const {
-    require(tp >= 1 && pp >= 1 && dp >= 1 && ep >= 1 && cp >= 1, "train: --tp, --pp, --dp, --ep and --cp must be at least 1");
+    require(tp >= 1 && pp >= 1 && dp >= 1 && ep >= 1 && cp >= 1,
+            "train: --tp, --pp, --dp, --ep and --cp must be at least 1");
     if (cp > 1)
       require(world == world_size(), "train: tp x cp x pp x dp = ", tp, " x ", cp, " x ", pp, " x ", dp, " = ",
               world_size(), " ranks, but the job has ", world, "; change --tp/--cp/--pp/--dp or the number of ranks");
@@ -193,11 +195,11 @@ struct GptTrainConfig {
     require(zero >= 0 && zero <= 3, "train: --zero ", zero, " is not a ZeRO stage mpar runs; use 0, 1, 2 or 3");
     require(!(zero1 && zero > 1), "train: --zero1 and --zero ", zero, " ask for two ZeRO stages; give one");
     const int z = zero_stage();
-    require(!(z > 0 && optimizer != "adamw"), "train: ZeRO-", z, " shards AdamW states; use --optimizer adamw with --zero ",
-            z);
+    require(!(z > 0 && optimizer != "adamw"), "train: ZeRO-", z,
+            " shards AdamW states; use --optimizer adamw with --zero ", z);
     require(!(z > 0 && ep > 1), "train: ZeRO-", z, " shards optimizer states over the data axis only, while with --ep ",
-            ep, " the non-expert gradients average over data x expert ranks; drop --zero", z == 1 ? "1" : " " + std::to_string(z),
-            " or use --ep 1 (ZeRO with MoE on --ep 1 is supported)");
+            ep, " the non-expert gradients average over data x expert ranks; drop --zero",
+            z == 1 ? "1" : " " + std::to_string(z), " or use --ep 1 (ZeRO with MoE on --ep 1 is supported)");
     require(!(z == 3 && schedule == pipeline::PipeDream2BW::name),
             "train: --schedule 2bw keeps a second full weight version, which ZeRO-3's sharded weights do not have; "
             "use --zero 2 or another schedule");
@@ -214,10 +216,13 @@ struct GptTrainConfig {
     require(model.seq % (2 * cp) == 0, "train: --seq ", model.seq, " is not divisible by 2 x --cp = ", 2 * cp,
             " (each context rank holds two of the 2 cp equal chunks of every sequence); use --seq a multiple of ",
             2 * cp, " or a --cp dividing ", model.seq, " / 2");
-    require(model.experts == 0 && ep == 1, "train: --cp ", cp, " with mixture of experts (--experts/--ep) is not "
+    require(model.experts == 0 && ep == 1, "train: --cp ", cp,
+            " with mixture of experts (--experts/--ep) is not "
             "supported (the load-balancing statistics would need the context group); use --cp 1 or --experts 0");
-    require(model.dropout == 0.0, "train: --cp ", cp, " with --dropout ", model.dropout, " is not supported (dropout "
-            "masks are indexed by local token position, which the zig-zag placement changes); use --dropout 0 or --cp 1");
+    require(
+        model.dropout == 0.0, "train: --cp ", cp, " with --dropout ", model.dropout,
+        " is not supported (dropout "
+        "masks are indexed by local token position, which the zig-zag placement changes); use --dropout 0 or --cp 1");
   }
 };
 
@@ -238,21 +243,22 @@ struct GptTrainConfig {
 struct StepReport {
   std::size_t step = 0;
   double loss = 0, lr = 0, grad_norm = 0;
-  double aux_loss = 0;             ///< MoE load-balancing loss (summed over MoE blocks, mean over micro-batches); in the objective, not in `loss`
-  std::size_t dropped = 0;         ///< MoE token-to-expert assignments dropped by the capacity limit this step (all ranks)
-  bool skipped = false;            ///< f16 overflow: weights unchanged
+  double aux_loss =
+      0;  ///< MoE load-balancing loss (summed over MoE blocks, mean over micro-batches); in the objective, not in `loss`
+  std::size_t dropped = 0;  ///< MoE token-to-expert assignments dropped by the capacity limit this step (all ranks)
+  bool skipped = false;     ///< f16 overflow: weights unchanged
   /// Optimizer steps between the weights this step's passes used and the ones it updated: 1 under 2bw from the
   /// second step on (the passes of step t use the weights before step t-1's update), else 0.
   std::size_t weight_lag = 0;
-  double wall = 0;                 ///< seconds, slowest rank
-  double bubble = 0;               ///< measured pipeline idle share of the step (mean over ranks)
+  double wall = 0;    ///< seconds, slowest rank
+  double bubble = 0;  ///< measured pipeline idle share of the step (mean over ranks)
   /// The bubble as a count from the programs this step ran (`pipeline::idle_slots`: idle slots summed over the
   /// pipeline ranks, a forward one slot, a backward two): 3 (pp - 1) per rank for 1F1B, and the same for 2bw,
   /// whose steps are separated by a flush. The planner predicts the same count (plan::PipelineTiming).
   double idle_slots = 0;
-  double communication = 0;        ///< share of the step spent in collectives and transfers (mean over ranks)
+  double communication = 0;  ///< share of the step spent in collectives and transfers (mean over ranks)
   double tokens_per_second = 0;
-  pipeline::StepStats stats;       ///< this rank's executor measurements (timeline included)
+  pipeline::StepStats stats;  ///< this rank's executor measurements (timeline included)
 };
 
 /** @brief Bytes this rank holds, by kind. */
@@ -276,22 +282,17 @@ class GptTrainer {
    * `CharDataset`, `TokenFile`, `TokenVector` or any model of the concept), which must outlive the trainer.
    */
   GptTrainer(Comm& world, GptTrainConfig config, data::SourceRef data)
-      : cfg_(validated(std::move(config), world)),
-        data_(data),
-        mesh_(DynamicMesh(cfg_.tp, cfg_.pp, cfg_.dp * cfg_.cp, cfg_.ep).with_context(cfg_.cp)),  // data axis: data x context
-        comms_(make_mesh_comms(world, mesh_)),
-        tensor_(same_group(comms_.tensor)),
-        pipe_(same_group(comms_.pipeline)),
-        data_comm_(same_group(comms_.data)),
-        coord_(split_context(mesh_.coord(std::size_t(world.rank())), cfg_.cp)),
-        replica_comm_(replica_group(world)),
-        expert_t_(same_group(comms_.expert)),
-        tokens_t_(same_group(replica_comm_)),
+      : cfg_(validated(std::move(config), world)), data_(data),
+        mesh_(DynamicMesh(cfg_.tp, cfg_.pp, cfg_.dp * cfg_.cp, cfg_.ep)
+                  .with_context(cfg_.cp)),  // data axis: data x context
+        comms_(make_mesh_comms(world, mesh_)), tensor_(same_group(comms_.tensor)), pipe_(same_group(comms_.pipeline)),
+        data_comm_(same_group(comms_.data)), coord_(split_context(mesh_.coord(std::size_t(world.rank())), cfg_.cp)),
+        replica_comm_(replica_group(world)), expert_t_(same_group(comms_.expert)), tokens_t_(same_group(replica_comm_)),
         context_t_(comms_.data.split(int(coord_.data), int(coord_.context))),
         schedule_(cfg_.lr, cfg_.min_lr, cfg_.warmup, cfg_.steps) {
     require(data_.vocab_size() <= cfg_.model.vocab, "train: the data ", data_.describe(), " has a vocabulary of ",
-            data_.vocab_size(), " ids but the model only ", cfg_.model.vocab, "; set the model's vocab (--vocab) to at least ",
-            data_.vocab_size());
+            data_.vocab_size(), " ids but the model only ", cfg_.model.vocab,
+            "; set the model's vocab (--vocab) to at least ", data_.vocab_size());
     B::init_rank();  // before the stages allocate: the backend chooses where this rank's tensors live
     build_stages();
     build_embedding_group();
@@ -325,13 +326,13 @@ class GptTrainer {
     // Each micro-batch's loss stays in rank memory: added into the step's statistics (no host read), scaled by
     // 1/M and by pp, since only the last stage's ranks add theirs and the statistics average over the world.
     optimizer_->zero_losses();
-    pipeline::StepStats stats = executor_->step(inputs, [&](const nn::Act<nn::FeatureShard>& logits, int mb,
-                                                            nn::Act<nn::FeatureShard>& dlogits) {
-      Stage& last = *stages_.back();
-      last.loss().forward_into(logits, targets_[std::size_t(mb)], mb, optimizer_->losses(), loss_weight());
-      dlogits = last.loss().logits_gradient(mb, loss_scale);
-      return 0.0;  // ignored: the executor runs with loss_on_host = false
-    });
+    pipeline::StepStats stats = executor_->step(
+        inputs, [&](const nn::Act<nn::FeatureShard>& logits, int mb, nn::Act<nn::FeatureShard>& dlogits) {
+          Stage& last = *stages_.back();
+          last.loss().forward_into(logits, targets_[std::size_t(mb)], mb, optimizer_->losses(), loss_weight());
+          dlogits = last.loss().logits_gradient(mb, loss_scale);
+          return 0.0;  // ignored: the executor runs with loss_on_host = false
+        });
     autocast.reset();
     optimizer_->end_compute();
     keep_weight_version(lagged);  // 2bw: the current weights again, and a copy of them for the next step's passes
@@ -357,8 +358,8 @@ class GptTrainer {
 
     // Report: averaged over the world so every rank prints the same numbers.
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-    const double comm_s = stats.communication + tensor_.seconds() + expert_t_.seconds() + tokens_t_.seconds() + context_t_.seconds() +
-                          (optimizer_->sync_seconds() - dp_comm_before);
+    const double comm_s = stats.communication + tensor_.seconds() + expert_t_.seconds() + tokens_t_.seconds() +
+                          context_t_.seconds() + (optimizer_->sync_seconds() - dp_comm_before);
     // Host measurements (times, the dropped count; tensor ranks repeat the same routing, so their dropped
     // counts are divided out); the losses came averaged with the optimizer's statistics.
     // [0, 3): averaged over the world; [3]: the slowest rank's wall time.
@@ -401,9 +402,12 @@ class GptTrainer {
   /** The element type of the GEMM operands in the passes: the precision's 16-bit type, or fp32. */
   [[nodiscard]] nn::ComputeType compute_type() const {
     switch (optimizer_->config().precision) {
-      case parallel::Precision::bf16: return nn::ComputeType::bf16;
-      case parallel::Precision::f16: return nn::ComputeType::f16;
-      default: return nn::ComputeType::fp32;
+      case parallel::Precision::bf16:
+        return nn::ComputeType::bf16;
+      case parallel::Precision::f16:
+        return nn::ComputeType::f16;
+      default:
+        return nn::ComputeType::fp32;
     }
   }
   [[nodiscard]] const MeshCoord& coord() const { return coord_; }
@@ -437,12 +441,13 @@ class GptTrainer {
       }
       Buffer<double> l = B::template allocate<double>(1);  // rank memory: the batch's loss, as in a training step
       B::zero(1, l.data());
-      (void)executor_->step(inputs, [&](const nn::Act<nn::FeatureShard>& logits, int mb, nn::Act<nn::FeatureShard>& dlogits) {
-        Stage& last = *stages_.back();
-        last.loss().forward_into(logits, targets_[std::size_t(mb)], mb, l.data(), loss_weight());
-        dlogits = last.loss().logits_gradient(mb, 1.0f);
-        return 0.0;
-      });
+      (void)executor_->step(inputs,
+                            [&](const nn::Act<nn::FeatureShard>& logits, int mb, nn::Act<nn::FeatureShard>& dlogits) {
+                              Stage& last = *stages_.back();
+                              last.loss().forward_into(logits, targets_[std::size_t(mb)], mb, l.data(), loss_weight());
+                              dlogits = last.loss().logits_gradient(mb, 1.0f);
+                              return 0.0;
+                            });
       autocast.reset();
       optimizer_->end_compute();
       if (gradients_final_)
@@ -484,8 +489,8 @@ class GptTrainer {
    * one step), and the head's tied copy receives the embedding. Returns the number of tensors loaded here.
    */
   template <class Source>
-    requires std::is_invocable_r_v<std::span<const float>, Source&, const std::string&, const std::vector<std::size_t>&>
-  std::size_t load_weights(Source&& source) {
+  requires std::is_invocable_r_v<std::span<const float>, Source&, const std::string&, const std::vector<std::size_t>&>
+      std::size_t load_weights(Source&& source) {
     return with_gathered([&] {
       const std::size_t n = load_full_weights(source);
       store_gathered();
@@ -523,7 +528,6 @@ class GptTrainer {
   }
 
  public:
-
   /** Bytes held now by kind (activations are transient: see the example's allocation tracking). */
   [[nodiscard]] MemoryBreakdown memory() const {
     MemoryBreakdown m;
@@ -531,8 +535,8 @@ class GptTrainer {
       m.parameters += p->value.size() * sizeof(float);
       m.gradients += p->grad.size() * sizeof(float);
     }
-    m.gradients += optimizer_->sync_gradient_elements() * sizeof(float);  // ZeRO's shards (and kept buckets)
-    m.parameters += optimizer_->sharded_weight_elements() * sizeof(float);  // ZeRO-3: the weight shards
+    m.gradients += optimizer_->sync_gradient_elements() * sizeof(float);       // ZeRO's shards (and kept buckets)
+    m.parameters += optimizer_->sharded_weight_elements() * sizeof(float);     // ZeRO-3: the weight shards
     for (const auto& v : previous_) m.parameters += v.size() * sizeof(float);  // 2bw's second weight version
     m.optimizer_states = optimizer_->state_elements() * sizeof(float);
     m.compute_copies = optimizer_->precision_bytes();  // the fp32 masters and 16-bit copies beside the weights
@@ -568,7 +572,6 @@ class GptTrainer {
   }
 
  public:
-
   /**
    * @brief Writes the whole model to the safetensors file `out` (collective), from any layout: saves a
    * checkpoint of this layout under `<out>.staging`, and world rank 0 reads it back as whole tensors
@@ -581,8 +584,9 @@ class GptTrainer {
     std::exception_ptr err;
     if (comms_.world.rank() == 0)
       err = io::detail::capture([&] {
-        (void)io::export_safetensors(staging, out, naming, cfg_.model.vocab,
-                                     {{"mpar.step", std::to_string(step_)}, {"mpar.vocab", std::to_string(cfg_.model.vocab)}});
+        (void)io::export_safetensors(
+            staging, out, naming, cfg_.model.vocab,
+            {{"mpar.step", std::to_string(step_)}, {"mpar.vocab", std::to_string(cfg_.model.vocab)}});
         std::filesystem::remove_all(staging);
       });
     io::detail::agree(comms_.world, err, "export_safetensors");
@@ -596,8 +600,9 @@ class GptTrainer {
    * the optimizer starts afresh and `LoadResult::warnings` says so. See docs/checkpoints.md.
    */
   io::LoadResult resume(const std::filesystem::path& path) {
-    require(!path.empty(), "resume: the checkpoint path is empty; give a checkpoint directory (or the --save "
-                           "directory holding 'latest'), or leave --resume out to train from scratch");
+    require(!path.empty(),
+            "resume: the checkpoint path is empty; give a checkpoint directory (or the --save "
+            "directory holding 'latest'), or leave --resume out to train from scratch");
     io::Manifest saved;
     std::filesystem::path dir;
     io::detail::agree(comms_.world, io::detail::capture([&] {
@@ -627,9 +632,10 @@ class GptTrainer {
       // A checkpoint holds one weight version: the first step after the resume runs on the loaded weights (lag 0),
       // where the uninterrupted run would have used the version before them.
       previous_.clear();
-      res.warnings.push_back("resume: --schedule 2bw keeps the previous weight version in memory only; the first "
-                             "step after the resume computes on the loaded weights (lag 0), so the run departs from "
-                             "an uninterrupted one there");
+      res.warnings.push_back(
+          "resume: --schedule 2bw keeps the previous weight version in memory only; the first "
+          "step after the resume computes on the loaded weights (lag 0), so the run departs from "
+          "an uninterrupted one there");
     }
     step_ = std::size_t(res.state.step);
     if (with_states) {
@@ -721,9 +727,9 @@ class GptTrainer {
   /** Refuses a checkpoint whose recorded run identity differs from this run's, naming every difference. */
   void check_same_run(const io::Manifest& saved, const std::filesystem::path& dir) const {
     static const std::map<std::string, std::string> option{
-        {"data.seed", "--data-seed"},     {"model.seed", "--seed"},     {"model.layers", "--layers"},
-        {"model.hidden", "--hidden"},     {"model.heads", "--heads"},   {"model.seq", "--seq"},
-        {"model.experts", "--experts"},   {"model.moe_every", "--moe-every"}, {"model.moe_top_k", "--topk"}};
+        {"data.seed", "--data-seed"},   {"model.seed", "--seed"},           {"model.layers", "--layers"},
+        {"model.hidden", "--hidden"},   {"model.heads", "--heads"},         {"model.seq", "--seq"},
+        {"model.experts", "--experts"}, {"model.moe_every", "--moe-every"}, {"model.moe_top_k", "--topk"}};
     const auto& u = saved.state.user;
     auto saved_of = [&](const std::string& k) -> const std::string* {
       auto it = u.find(k);
@@ -733,7 +739,8 @@ class GptTrainer {
     std::vector<std::string> diffs;
     if (const auto* v = saved_of("data.vocab"); v && *v != now.at("data.vocab"))
       diffs.push_back(mpar::detail::cat("the data has another vocabulary (", *v, " token ids in the checkpoint, ",
-                                        now.at("data.vocab"), " now), so token ids would mean other characters or tokens"));
+                                        now.at("data.vocab"),
+                                        " now), so token ids would mean other characters or tokens"));
     else if (const auto* h = saved_of("data.hash"); h && *h != now.at("data.hash"))
       diffs.push_back(mpar::detail::cat("the data differs (", saved_of("data.tokens") ? *saved_of("data.tokens") : "?",
                                         " tokens with hash ", *h, " in the checkpoint, ", now.at("data.tokens"),
@@ -745,9 +752,10 @@ class GptTrainer {
     if (diffs.empty()) return;
     std::string list;
     for (const auto& d : diffs) list += (list.empty() ? "" : "; ") + d;
-    throw config_error(mpar::detail::cat("resume: checkpoint ", dir.string(), " is of another run and cannot continue this one: ",
-                                   list, ". Resume with the checkpoint's settings and data, or train from scratch "
-                                   "without --resume"));
+    throw config_error(mpar::detail::cat("resume: checkpoint ", dir.string(),
+                                         " is of another run and cannot continue this one: ", list,
+                                         ". Resume with the checkpoint's settings and data, or train from scratch "
+                                         "without --resume"));
   }
   /**
    * Refuses a checkpoint holding tensors that no rank of this model loads (a deeper model's blocks, for
@@ -787,9 +795,10 @@ class GptTrainer {
     std::string names;
     for (std::size_t k = 0; k < extra.size() && k < 4; ++k) names += (k ? ", " : "") + extra[k];
     if (extra.size() > 4) names += mpar::detail::cat(" and ", extra.size() - 4, " more");
-    throw config_error(mpar::detail::cat("resume: checkpoint ", dir.string(), " holds ", extra.size(),
-                                   " tensor(s) this model lacks (", names, "): it was saved from a larger or different "
-                                   "model, and resuming would drop them; resume with the checkpoint's model settings"));
+    throw config_error(mpar::detail::cat(
+        "resume: checkpoint ", dir.string(), " holds ", extra.size(), " tensor(s) this model lacks (", names,
+        "): it was saved from a larger or different "
+        "model, and resuming would drop them; resume with the checkpoint's model settings"));
   }
   [[nodiscard]] std::size_t opt_elements() const {
     std::size_t n = 0;
@@ -802,7 +811,9 @@ class GptTrainer {
    * global rows [m G/M, (m+1) G/M), of which token-group rank q = data * ep + expert takes the q-th
    * micro-batch-size slice — so the load-balancing statistics of each micro-batch cover the same tokens.
    */
-  [[nodiscard]] data::TokenBatch local_batch(std::size_t step) const { return local_batch(data_, cfg_.data_seed, step); }
+  [[nodiscard]] data::TokenBatch local_batch(std::size_t step) const {
+    return local_batch(data_, cfg_.data_seed, step);
+  }
   [[nodiscard]] data::TokenBatch local_batch(const data::SourceRef& src, std::uint64_t seed, std::size_t step) const {
     if (cfg_.cp > 1) return context_chunks(src.batch(seed, step, cfg_.global_batch, cfg_.dp, coord_.data));
     if (!cfg_.model.has_moe()) return src.batch(seed, step, cfg_.global_batch, cfg_.dp, coord_.data);
@@ -814,7 +825,8 @@ class GptTrainer {
     b.seq = seq;
     for (std::size_t m = 0; m < M; ++m) {
       const std::size_t first = (m * R + q) * mbs * seq;
-      b.tokens.insert(b.tokens.end(), full.tokens.begin() + std::ptrdiff_t(first), full.tokens.begin() + std::ptrdiff_t(first + mbs * seq));
+      b.tokens.insert(b.tokens.end(), full.tokens.begin() + std::ptrdiff_t(first),
+                      full.tokens.begin() + std::ptrdiff_t(first + mbs * seq));
       b.targets.insert(b.targets.end(), full.targets.begin() + std::ptrdiff_t(first),
                        full.targets.begin() + std::ptrdiff_t(first + mbs * seq));
     }
@@ -833,7 +845,8 @@ class GptTrainer {
       for (std::size_t chunk : {r, 2 * cfg_.cp - 1 - r}) {
         const auto first = std::ptrdiff_t(s * seq + chunk * c);
         b.tokens.insert(b.tokens.end(), full.tokens.begin() + first, full.tokens.begin() + first + std::ptrdiff_t(c));
-        b.targets.insert(b.targets.end(), full.targets.begin() + first, full.targets.begin() + first + std::ptrdiff_t(c));
+        b.targets.insert(b.targets.end(), full.targets.begin() + first,
+                         full.targets.begin() + first + std::ptrdiff_t(c));
       }
     return b;
   }
@@ -892,7 +905,9 @@ class GptTrainer {
     const int r = int(coord_.pipeline);
     for (int c = 0; c < V; ++c) {
       const int s = pipeline::global_stage(pipeline::ScheduleConfig{P, cfg_.microbatches, V, 1}, r, c);
-      nn::Parameter* shared = (s == S - 1 && !stages_.empty() && stages_.front()->is_first()) ? stages_.front()->token_embedding() : nullptr;
+      nn::Parameter* shared = (s == S - 1 && !stages_.empty() && stages_.front()->is_first())
+                                  ? stages_.front()->token_embedding()
+                                  : nullptr;
       stages_.push_back(std::make_unique<Stage>(tensor_, cfg_.model, s == 0, s == S - 1, part.begin(std::size_t(s)),
                                                 part.end(std::size_t(s)) - part.begin(std::size_t(s)), shared,
                                                 GptMoeGroups<TensorComm>{&expert_t_, &tokens_t_},
@@ -907,7 +922,7 @@ class GptTrainer {
     eo.recompute.assign(chunks.size(), cfg_.recompute);
     eo.microbatch_tokens = cfg_.microbatch_size() * cfg_.model.seq / cfg_.cp;  // this context rank's tokens
     eo.boundary_cols = cfg_.model.hidden;  // every stage boundary is [tokens, hidden]
-    eo.loss_on_host = false;  // the loss accumulates into the optimizer's statistics in rank memory
+    eo.loss_on_host = false;               // the loss accumulates into the optimizer's statistics in rank memory
     pipeline::ScheduleConfig sc{P, cfg_.microbatches, V, 1};
     // A communicator that pairs messages in issue order (NCCL) exchanges them in groups; the ordered
     // placement is verified deadlock-free for that (the lazy one is not, for some schedules).
@@ -975,8 +990,8 @@ class GptTrainer {
   }
 
   void build_optimizer() {
-    parallel::OptimizerGroups<Comm, TensorComm> groups{&comms_.world, &tensor_, &pipe_, &data_comm_, &replica_comm_,
-                                                       cfg_.ep > 1 ? &comms_.expert : nullptr};
+    parallel::OptimizerGroups<Comm, TensorComm> groups{
+        &comms_.world, &tensor_, &pipe_, &data_comm_, &replica_comm_, cfg_.ep > 1 ? &comms_.expert : nullptr};
     parallel::OptimizerConfig oc = cfg_.optimizer_config();
     if (cfg_.zero_stage() == 3)  // no bucket holds parameters of two units: each unit is gathered as whole buckets
       for (auto& s : stages_)
@@ -1047,8 +1062,10 @@ class GptTrainer {
     }
     comms_.world.all_reduce(std::span<double>(rank.data(), 3), ReduceOp::avg);
     comms_.world.all_reduce(std::span<double>(rank.data() + 3, 1), ReduceOp::max);
-    if constexpr (optim::host_reads_rank_memory<B>) std::copy(rank.begin(), rank.end(), v.begin());
-    else optim::copy_to_host<B>(rank.data(), v.data(), v.size());
+    if constexpr (optim::host_reads_rank_memory<B>)
+      std::copy(rank.begin(), rank.end(), v.begin());
+    else
+      optim::copy_to_host<B>(rank.data(), v.data(), v.size());
   }
   std::optional<typename B::template pinned_buffer<double>> report_staging_;
   GptTrainConfig cfg_;
@@ -1058,9 +1075,9 @@ class GptTrainer {
   TensorComm tensor_;
   Comm pipe_, data_comm_;
   MeshCoord coord_;
-  Comm replica_comm_;              ///< data x expert ranks of this (pipeline, tensor) position
-  TensorComm expert_t_, tokens_t_; ///< the MoE blocks' expert and token groups, timed
-  TensorComm context_t_;           ///< the ring: the cp ranks of this (tensor, data, pipeline) position, timed
+  Comm replica_comm_;               ///< data x expert ranks of this (pipeline, tensor) position
+  TensorComm expert_t_, tokens_t_;  ///< the MoE blocks' expert and token groups, timed
+  TensorComm context_t_;            ///< the ring: the cp ranks of this (tensor, data, pipeline) position, timed
   optim::WarmupCosine schedule_;
   std::vector<std::unique_ptr<Stage>> stages_;
   std::optional<pipeline::Executor<Stage, Comm>> executor_;
@@ -1075,9 +1092,9 @@ class GptTrainer {
   /// norm, scaling and update run on B, like the layers.
   std::optional<parallel::DistributedOptimizer<Comm, B, TensorComm>> optimizer_;
   std::size_t step_ = 0;
-  double idle_slots_ = 0;                        ///< StepReport::idle_slots of the programs executor_ runs
-  bool two_bw_ = false;                          ///< --schedule 2bw: the passes use the previous weight version
-  std::vector<nn::Parameter*> versioned_;        ///< all_params_ without repeats: what the 2bw swap exchanges
+  double idle_slots_ = 0;                  ///< StepReport::idle_slots of the programs executor_ runs
+  bool two_bw_ = false;                    ///< --schedule 2bw: the passes use the previous weight version
+  std::vector<nn::Parameter*> versioned_;  ///< all_params_ without repeats: what the 2bw swap exchanges
   std::vector<decltype(nn::Parameter::value)> previous_;  ///< 2bw: W(t-1), empty before the first step
   std::function<void()> before_passes_, after_passes_;    ///< on_passes
 };

@@ -30,8 +30,9 @@ using HostGptPipelinePart = GptPipelinePart<observe::TimedCommunicator<Comm>, Ho
 
 extern template class GptTrainer<ThreadsCommunicator, HostBackend>;
 extern template class GptPipelinePart<observe::TimedCommunicator<ThreadsCommunicator>, HostBackend>;
-extern template std::vector<std::int32_t> generate(HostGptPipelinePart<ThreadsCommunicator>&, std::span<const std::int32_t>,
-                                                   std::size_t, const SamplingConfig&, const GenerateProgress&);
+extern template std::vector<std::int32_t> generate(HostGptPipelinePart<ThreadsCommunicator>&,
+                                                   std::span<const std::int32_t>, std::size_t, const SamplingConfig&,
+                                                   const GenerateProgress&);
 #if defined(MPAR_HAVE_MPI)
 extern template class GptTrainer<MpiCommunicator, HostBackend>;
 extern template class GptPipelinePart<observe::TimedCommunicator<MpiCommunicator>, HostBackend>;

@@ -33,8 +33,8 @@ struct AttentionCore {
   [[nodiscard]] std::size_t batch(const Activation& qkv, std::string_view who) const {
     require(qkv.extent(1) == 3 * heads * head_dim, who, ": QKV has ", qkv.extent(1), " columns, expected 3 x ", heads,
             " heads x ", head_dim);
-    require(qkv.extent(0) % seq == 0, who, ": ", qkv.extent(0), " tokens are not a whole number of sequences of length ",
-            seq);
+    require(qkv.extent(0) % seq == 0, who, ": ", qkv.extent(0),
+            " tokens are not a whole number of sequences of length ", seq);
     return qkv.extent(0) / seq;
   }
 
@@ -53,15 +53,16 @@ struct AttentionCore {
   /** fp32 operands, or 16-bit ones (bf16 / f16 under `Autocast`) with fp32 accumulation; C is fp32 either way. */
   template <backend B, class T>
   void per_head_gemm(std::size_t nb, Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, float alpha,
-                     OperandOf<T> a, OperandOf<T> b, float* c, std::size_t ldc, std::size_t c_seq, std::size_t c_head) const {
+                     OperandOf<T> a, OperandOf<T> b, float* c, std::size_t ldc, std::size_t c_seq,
+                     std::size_t c_head) const {
     const bool over_seqs = nb >= heads;
     const std::size_t outer = over_seqs ? heads : nb, batch = over_seqs ? nb : heads;
     for (std::size_t o = 0; o < outer; ++o) {
       const std::size_t ao = o * (over_seqs ? a.head : a.seq), bo = o * (over_seqs ? b.head : b.seq),
                         co = o * (over_seqs ? c_head : c_seq);
-      B::template gemm_strided_batched<T, float>(ta, tb, m, n, k, alpha, a.p + ao, a.ld, over_seqs ? a.seq : a.head, b.p + bo,
-                                              b.ld, over_seqs ? b.seq : b.head, 0.0f, c + co, ldc,
-                                              over_seqs ? c_seq : c_head, batch);
+      B::template gemm_strided_batched<T, float>(ta, tb, m, n, k, alpha, a.p + ao, a.ld, over_seqs ? a.seq : a.head,
+                                                 b.p + bo, b.ld, over_seqs ? b.seq : b.head, 0.0f, c + co, ldc,
+                                                 over_seqs ? c_seq : c_head, batch);
     }
   }
 
@@ -103,10 +104,12 @@ struct AttentionCore {
     Buffer<float> dp = uninitialized_buffer<float>(probs.size());
     const OperandOf<T> q{qkv_t, ld, s * ld, d}, k{qkv_t + hl, ld, s * ld, d}, v{qkv_t + 2 * hl, ld, s * ld, d};
     const Buffer<T> p_t = as_operand<B, T>(probs), do_t = as_operand<B, T>(dout);
-    const OperandOf<T> p{operand_ptr(p_t, probs.data()), s, heads * s * s, s * s}, go{operand_ptr(do_t, dout.data()), hl, s * hl, d};
+    const OperandOf<T> p{operand_ptr(p_t, probs.data()), s, heads * s * s, s * s},
+        go{operand_ptr(do_t, dout.data()), hl, s * hl, d};
     float* dq = dqkv.data();
     per_head_gemm<B>(nb, Trans::yes, Trans::no, s, d, s, 1.0f, p, go, dq + 2 * hl, ld, s * ld, d);  // dV = P^T dO
-    per_head_gemm<B>(nb, Trans::no, Trans::yes, s, s, d, 1.0f, go, v, dp.data(), s, heads * s * s, s * s);  // dP = dO V^T
+    per_head_gemm<B>(nb, Trans::no, Trans::yes, s, s, d, 1.0f, go, v, dp.data(), s, heads * s * s,
+                     s * s);                                                     // dP = dO V^T
     B::softmax_backward(nb * heads * s, s, probs.data(), dp.data(), dp.data());  // masked entries have p = 0, so dS = 0
     const Buffer<T> ds_t = as_operand<B, T>(dp);
     const OperandOf<T> ds{operand_ptr(ds_t, dp.data()), s, heads * s * s, s * s};
@@ -141,8 +144,10 @@ struct AttentionCore {
   /** The operand `as_operand` made, or the fp32 original. */
   template <class T>
   static const T* operand_ptr(const Buffer<T>& converted, const float* x) {
-    if constexpr (std::is_same_v<T, float>) return x;
-    else return converted.data();
+    if constexpr (std::is_same_v<T, float>)
+      return x;
+    else
+      return converted.data();
   }
 };
 
@@ -151,8 +156,8 @@ inline AttentionCore make_core(std::string_view who, std::size_t hidden, std::si
                                std::size_t tp, std::size_t rank) {
   require(hidden > 0 && heads > 0 && seq > 0, who, ": hidden, heads and seq must be positive");
   require(hidden % heads == 0, who, ": hidden size ", hidden, " is not divisible by the number of heads ", heads);
-  require(heads % tp == 0, who, " (tensor rank ", rank, "): ", heads, " heads are not divisible by the tensor-parallel size ",
-          tp, "; attention is split by whole heads");
+  require(heads % tp == 0, who, " (tensor rank ", rank, "): ", heads,
+          " heads are not divisible by the tensor-parallel size ", tp, "; attention is split by whole heads");
   return AttentionCore{heads / tp, hidden / heads, seq};
 }
 
@@ -203,11 +208,13 @@ class AttentionLayer : public TypedLayer<Derived> {
     auto dout = proj_.backward_input(dy, mb);
     auto c = cache_.take(mb, Derived::layer_kind);
     require(c.tokens % core_.seq == 0, Derived::layer_kind, ": ", c.tokens, " tokens are not whole sequences");
-    decltype(dout) dqkv = c.qkv.type == ComputeType::fp32
-        ? decltype(dout)(core_.backward<B>(c.tokens, c.qkv.f32.data(), c.probs, dout.tensor(), Derived::layer_kind))
-        : decltype(dout)(with_half(c.qkv.type, [&]<class T>(T) {
-            return core_.backward<B>(c.tokens, c.qkv.template half<T>(), c.probs, dout.tensor(), Derived::layer_kind);
-          }));
+    decltype(dout) dqkv =
+        c.qkv.type == ComputeType::fp32
+            ? decltype(dout)(core_.backward<B>(c.tokens, c.qkv.f32.data(), c.probs, dout.tensor(), Derived::layer_kind))
+            : decltype(dout)(with_half(c.qkv.type, [&]<class T>(T) {
+                return core_.backward<B>(c.tokens, c.qkv.template half<T>(), c.probs, dout.tensor(),
+                                         Derived::layer_kind);
+              }));
     return qkv_.backward_input(dqkv, mb);
   }
   /** W: the weight gradients of both projections for micro-batch `mb` (the core has no weights). */
@@ -276,9 +283,14 @@ class Attention : public detail::AttentionLayer<Attention<B>, Linear<dyn, dyn, B
   using output_layout = Replicate;
 
   explicit Attention(const AttentionConfig& c)
-      : Base(detail::make_core("Attention", c.hidden, c.heads, c.seq, 1, 0),
-             [&] { return Linear<dyn, dyn, B>(c.hidden, 3 * c.hidden, {c.seed, c.id_base, c.name + ".qkv", true}); },
-             [&] { return Linear<dyn, dyn, B>(c.hidden, c.hidden, {c.seed, c.id_base + 2, c.name + ".proj", true}); }) {}
+      : Base(
+            detail::make_core("Attention", c.hidden, c.heads, c.seq, 1, 0),
+            [&] {
+              return Linear<dyn, dyn, B>(c.hidden, 3 * c.hidden, {c.seed, c.id_base, c.name + ".qkv", true});
+            },
+            [&] {
+              return Linear<dyn, dyn, B>(c.hidden, c.hidden, {c.seed, c.id_base + 2, c.name + ".proj", true});
+            }) {}
 };
 
 /**
@@ -291,13 +303,15 @@ template <communicator C, std::size_t Hidden = dyn, std::size_t Heads = dyn, std
           backend B = HostBackend>
 class SelfAttention
     : public detail::AttentionLayer<
-          SelfAttention<C, Hidden, Heads, TP, SP, B>, ColumnParallel<C, Hidden, Hidden, TP, ColumnOptions{SP, false, 3}, B>,
+          SelfAttention<C, Hidden, Heads, TP, SP, B>,
+          ColumnParallel<C, Hidden, Hidden, TP, ColumnOptions{SP, false, 3}, B>,
           RowParallel<C, Hidden, Hidden, TP, SP ? RowReduce::reduce_scatter : RowReduce::all_reduce, B>, B> {
   static_assert(statically_divisible_v<Heads, TP>,
                 "mpar::nn::SelfAttention<C, Hidden, Heads, TP>: the static number of heads is not divisible by the "
                 "static tensor-parallel size TP; attention is split by whole heads, so choose Heads a multiple of TP");
-  static_assert(statically_divisible_v<Hidden, Heads>,
-                "mpar::nn::SelfAttention<C, Hidden, Heads, TP>: Hidden is not divisible by Heads; head_dim = Hidden / Heads");
+  static_assert(
+      statically_divisible_v<Hidden, Heads>,
+      "mpar::nn::SelfAttention<C, Hidden, Heads, TP>: Hidden is not divisible by Heads; head_dim = Hidden / Heads");
   using In = std::conditional_t<SP, TokenShard, Replicate>;
   using Qkv = ColumnParallel<C, Hidden, Hidden, TP, ColumnOptions{SP, false, 3}, B>;
   using Proj = RowParallel<C, Hidden, Hidden, TP, SP ? RowReduce::reduce_scatter : RowReduce::all_reduce, B>;
@@ -316,11 +330,17 @@ class SelfAttention
   using output_layout = In;
 
   SelfAttention(C& tp, const AttentionConfig& c)
-      : Base(detail::make_core("SelfAttention '" + c.name + "'", detail::reconcile(Hidden, c.hidden, layer_kind, "hidden"),
-                               detail::reconcile(Heads, c.heads, layer_kind, "heads"), c.seq, std::size_t(tp.size()),
-                               std::size_t(tp.rank())),
-             [&] { return Qkv(tp, c.hidden, c.hidden, {c.seed, c.id_base, c.name + ".qkv", true}); },
-             [&] { return Proj(tp, c.hidden, c.hidden, {c.seed, c.id_base + 2, c.name + ".proj", true}); }) {}
+      : Base(
+            detail::make_core("SelfAttention '" + c.name + "'",
+                              detail::reconcile(Hidden, c.hidden, layer_kind, "hidden"),
+                              detail::reconcile(Heads, c.heads, layer_kind, "heads"), c.seq, std::size_t(tp.size()),
+                              std::size_t(tp.rank())),
+            [&] {
+              return Qkv(tp, c.hidden, c.hidden, {c.seed, c.id_base, c.name + ".qkv", true});
+            },
+            [&] {
+              return Proj(tp, c.hidden, c.hidden, {c.seed, c.id_base + 2, c.name + ".proj", true});
+            }) {}
 
   [[nodiscard]] std::size_t local_heads() const { return this->core_.heads; }
 };

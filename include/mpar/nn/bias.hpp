@@ -38,9 +38,10 @@ class Bias : public detail::TypedLayer<Bias<L, B>> {
     if constexpr (std::is_same_v<In, L>) {
       return true;
     } else if constexpr (In::is_partial) {
-      static_assert(detail::always_false_v<In>,
-                    "mpar::nn::Bias is fed a Partial<sum, tensor> tensor: every addend would receive the bias, adding it "
-                    "once per rank. Fix: insert AllReduce before it, or use the bias of the RowParallel");
+      static_assert(
+          detail::always_false_v<In>,
+          "mpar::nn::Bias is fed a Partial<sum, tensor> tensor: every addend would receive the bias, adding it "
+          "once per rank. Fix: insert AllReduce before it, or use the bias of the RowParallel");
       return false;
     } else {
       static_assert(detail::always_false_v<In>,
@@ -60,8 +61,9 @@ class Bias : public detail::TypedLayer<Bias<L, B>> {
             " features are not divisible by the tensor-parallel size ", tp_size);
     using PL = std::conditional_t<std::is_same_v<L, FeatureShard>, Shard<0, axis::tensor>, Replicate>;
     const std::array<std::size_t, 1> s{features};
-    bias_ = make_parameter<1>(std::move(name), id, s, detail::tensor_box<PL>(s, sharded ? tp_size : 1, sharded ? tp_rank : 0),
-                              PL::name(), sharded && tp_size > 1, seed, InitSpec::normal(0.02));
+    bias_ = make_parameter<1>(std::move(name), id, s,
+                              detail::tensor_box<PL>(s, sharded ? tp_size : 1, sharded ? tp_rank : 0), PL::name(),
+                              sharded && tp_size > 1, seed, InitSpec::normal(0.02));
   }
 
  private:

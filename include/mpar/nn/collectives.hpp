@@ -65,9 +65,10 @@ class GatherFeatures : public detail::NoParameters, public detail::TypedLayer<Ga
   static constexpr std::size_t static_in_features = dyn, static_out_features = dyn;
   template <class L>
   static constexpr bool check_input() {
-    static_assert(std::is_same_v<L, FeatureShard>,
-                  "mpar::nn::GatherFeatures all-gathers a feature-sharded tensor (Shard<1, tensor>) but is fed another "
-                  "layout (see L above). Fix: put it right after a ColumnParallel (for a Partial tensor use AllReduce)");
+    static_assert(
+        std::is_same_v<L, FeatureShard>,
+        "mpar::nn::GatherFeatures all-gathers a feature-sharded tensor (Shard<1, tensor>) but is fed another "
+        "layout (see L above). Fix: put it right after a ColumnParallel (for a Partial tensor use AllReduce)");
     return std::is_same_v<L, FeatureShard>;
   }
   template <class L>

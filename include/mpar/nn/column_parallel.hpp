@@ -10,8 +10,8 @@
 #include <type_traits>
 
 #include "mpar/backend/host/host_backend.hpp"
-#include "mpar/nn/backend_copy.hpp"
 #include "mpar/comm/communicator.hpp"
+#include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/collectives.hpp"
 #include "mpar/nn/linear.hpp"
 
@@ -39,14 +39,15 @@ class ColumnParallelGelu;
  * all-gather of tokens); backward all-reduces the input gradient (SP: reduce-scatters it).
  * `TP` is the tensor-parallel size when known at compile time (then `Out % TP` is checked statically).
  */
-template <communicator C, std::size_t In = dyn, std::size_t Out = dyn, std::size_t TP = dyn, ColumnOptions O = ColumnOptions{},
-          backend B = HostBackend>
+template <communicator C, std::size_t In = dyn, std::size_t Out = dyn, std::size_t TP = dyn,
+          ColumnOptions O = ColumnOptions{}, backend B = HostBackend>
 class ColumnParallel : public detail::LinearState, public detail::TypedLayer<ColumnParallel<C, In, Out, TP, O, B>> {
   using Typed = detail::TypedLayer<ColumnParallel<C, In, Out, TP, O, B>>;
 
-  static_assert(statically_divisible_v<Out, TP>,
-                "mpar::nn::ColumnParallel<C, In, Out, TP>: the static output size Out is not divisible by the static "
-                "tensor-parallel size TP, so the weight cannot be split evenly by columns; choose Out a multiple of TP");
+  static_assert(
+      statically_divisible_v<Out, TP>,
+      "mpar::nn::ColumnParallel<C, In, Out, TP>: the static output size Out is not divisible by the static "
+      "tensor-parallel size TP, so the weight cannot be split evenly by columns; choose Out a multiple of TP");
   static_assert(O.groups >= 1, "mpar::nn::ColumnParallel: ColumnOptions::groups must be at least 1");
   static_assert(!(O.gather_output && O.groups > 1),
                 "mpar::nn::ColumnParallel: gather_output with groups > 1 would interleave the groups; keep the output "
@@ -78,10 +79,11 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
                     "ColumnOptions{.gather_output = true} on the previous ColumnParallel)");
       return false;
     } else if constexpr (O.sequence_parallel) {
-      static_assert(detail::always_false_v<L>,
-                    "mpar::nn::ColumnParallel with ColumnOptions{.sequence_parallel = true} expects a token-sharded "
-                    "input (Shard<0, tensor>) but is fed another layout (Replicate?). Fix: give the previous RowParallel "
-                    "RowReduce::reduce_scatter, or use the non-sequence-parallel ColumnParallel");
+      static_assert(
+          detail::always_false_v<L>,
+          "mpar::nn::ColumnParallel with ColumnOptions{.sequence_parallel = true} expects a token-sharded "
+          "input (Shard<0, tensor>) but is fed another layout (Replicate?). Fix: give the previous RowParallel "
+          "RowReduce::reduce_scatter, or use the non-sequence-parallel ColumnParallel");
       return false;
     } else {
       static_assert(detail::always_false_v<L>,
@@ -95,12 +97,9 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
   using output_layout = std::conditional_t<O.gather_output, Replicate, FeatureShard>;
 
   ColumnParallel(C& tp, std::size_t in, std::size_t out, const LinearInit& init)
-      : comm_(&tp),
-        in_(detail::reconcile(In, in, layer_kind, "in_features")),
+      : comm_(&tp), in_(detail::reconcile(In, in, layer_kind, "in_features")),
         out_(detail::reconcile(Out, out, layer_kind, "out_features")),
-        p_(detail::checked_tp_size<TP>(tp, layer_kind, init.name)),
-        rank_(std::size_t(tp.rank())),
-        name_(init.name) {
+        p_(detail::checked_tp_size<TP>(tp, layer_kind, init.name)), rank_(std::size_t(tp.rank())), name_(init.name) {
     require(in_ > 0 && out_ > 0 && out_ % p_ == 0, "ColumnParallel '", name_, "' (tensor rank ", rank_,
             "): output size ", out_, " is not divisible by the tensor-parallel size ", p_, " (input size ", in_, ")");
     local_out_ = out_ / p_;
@@ -112,8 +111,8 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
     } else {
       using L3 = Shard<2, axis::tensor>;
       const std::array<std::size_t, 3> ws{in_, O.groups, out_};
-      weight_ = make_parameter<3>(name_ + ".weight", init.id_base, ws, detail::tensor_box<L3>(ws, p_, rank_), L3::name(),
-                                  p_ > 1, init.seed, spec);
+      weight_ = make_parameter<3>(name_ + ".weight", init.id_base, ws, detail::tensor_box<L3>(ws, p_, rank_),
+                                  L3::name(), p_ > 1, init.seed, spec);
     }
     if (init.bias) {
       if constexpr (O.groups == 1) {
@@ -122,8 +121,9 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
                                   TokenShard::name(), p_ > 1, init.seed, InitSpec::normal(0.02));
       } else {
         const std::array<std::size_t, 2> bs{O.groups, out_};
-        bias_ = make_parameter<2>(name_ + ".bias", init.id_base + 1, bs, detail::tensor_box<FeatureShard>(bs, p_, rank_),
-                                  FeatureShard::name(), p_ > 1, init.seed, InitSpec::normal(0.02));
+        bias_ =
+            make_parameter<2>(name_ + ".bias", init.id_base + 1, bs, detail::tensor_box<FeatureShard>(bs, p_, rank_),
+                              FeatureShard::name(), p_ > 1, init.seed, InitSpec::normal(0.02));
       }
     }
   }
@@ -136,8 +136,10 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
   Activation do_forward(const Activation& x_in, int mb) {
     // The replicated operand of this rank's columns: SP all-gathers the tokens; otherwise f (identity).
     Act<Replicate> xf = [&] {
-      if constexpr (O.sequence_parallel) return GatherTokens::forward(*comm_, Act<TokenShard>(x_in));
-      else return CopyToTensorRegion::forward(*comm_, Act<Replicate>(backend_copy<B>(x_in)));  // kept for W
+      if constexpr (O.sequence_parallel)
+        return GatherTokens::forward(*comm_, Act<TokenShard>(x_in));
+      else
+        return CopyToTensorRegion::forward(*comm_, Act<Replicate>(backend_copy<B>(x_in)));  // kept for W
     }();
     require(xf.extent(1) == in_, "ColumnParallel '", name_, "' (tensor rank ", rank_, "): input has ", xf.extent(1),
             " features, expected ", in_);
@@ -146,8 +148,10 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
     // The gathered input is kept for the weight gradient (16-bit under Autocast): one all-gather less in backward.
     gemm_forward<B>(mb, std::move(xf).tensor(), n, y.tensor());
     if (has_bias()) detail::add_row_vector<B>(y.tensor(), bias_.value);
-    if constexpr (O.gather_output) return GatherFeaturesOf::forward(*comm_, y).tensor();
-    else return std::move(y).tensor();
+    if constexpr (O.gather_output)
+      return GatherFeaturesOf::forward(*comm_, y).tensor();
+    else
+      return std::move(y).tensor();
   }
 
   /**
@@ -156,12 +160,13 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
    * needs. Keeps what `forward` keeps, so `backward_input` (on GeLU's input gradient) and `backward_weight`
    * are this layer's own. For the plain form only: one group, a sharded output, and a bias.
    */
-  Activation forward_bias_gelu(const Activation& x_in, Activation& pre, int mb = 0)
-    requires(O.groups == 1 && !O.gather_output)
-  {
+  Activation forward_bias_gelu(const Activation& x_in, Activation& pre,
+                               int mb = 0) requires(O.groups == 1 && !O.gather_output) {
     Act<Replicate> xf = [&] {
-      if constexpr (O.sequence_parallel) return GatherTokens::forward(*comm_, Act<TokenShard>(x_in));
-      else return CopyToTensorRegion::forward(*comm_, Act<Replicate>(backend_copy<B>(x_in)));  // kept for W
+      if constexpr (O.sequence_parallel)
+        return GatherTokens::forward(*comm_, Act<TokenShard>(x_in));
+      else
+        return CopyToTensorRegion::forward(*comm_, Act<Replicate>(backend_copy<B>(x_in)));  // kept for W
     }();
     require(xf.extent(1) == in_, "ColumnParallel '", name_, "' (tensor rank ", rank_, "): input has ", xf.extent(1),
             " features, expected ", in_);
@@ -180,18 +185,22 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
   Activation do_backward_input(const Activation& dy_in, int mb) {
     detail::GemmOperand x = take_operand(mb, layer_kind);
     Act<FeatureShard> dy = [&] {
-      if constexpr (O.gather_output) return GatherFeaturesOf::backward(*comm_, Act<Replicate>(dy_in));
-      else return Act<FeatureShard>(backend_copy<B>(dy_in));  // kept for W
+      if constexpr (O.gather_output)
+        return GatherFeaturesOf::backward(*comm_, Act<Replicate>(dy_in));
+      else
+        return Act<FeatureShard>(backend_copy<B>(dy_in));  // kept for W
     }();
     require(dy.extent(0) == x.rows && dy.extent(1) == O.groups * local_out_, "ColumnParallel '", name_,
-            "' (tensor rank ", rank_, "): output gradient is ", dy.extent(0), "x", dy.extent(1), ", expected ",
-            x.rows, "x", O.groups * local_out_);
+            "' (tensor rank ", rank_, "): output gradient is ", dy.extent(0), "x", dy.extent(1), ", expected ", x.rows,
+            "x", O.groups * local_out_);
     // Each rank's dx is the contribution of its output columns only: a Partial sum over the ranks.
     Act<TensorPartial> dx(Activation({dy.extent(0), in_}, uninitialized));
     gemm_backward_input<B>(mb, std::move(x), std::move(dy).tensor(), in_, dx.tensor());
     // The backward dual of the forward entry sums it: f's all-reduce (SP: the reduce-scatter of GatherTokens).
-    if constexpr (O.sequence_parallel) return GatherTokens::backward(*comm_, std::move(dx), "ColumnParallel").tensor();
-    else return CopyToTensorRegion::backward(*comm_, std::move(dx)).tensor();
+    if constexpr (O.sequence_parallel)
+      return GatherTokens::backward(*comm_, std::move(dx), "ColumnParallel").tensor();
+    else
+      return CopyToTensorRegion::backward(*comm_, std::move(dx)).tensor();
   }
 
  public:

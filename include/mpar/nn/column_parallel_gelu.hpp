@@ -45,10 +45,10 @@ class ColumnParallelGelu : public detail::TypedLayer<ColumnParallelGelu<C, In, O
   template <class L>
   using output_layout = typename Projection::template output_layout<L>;
 
-  ColumnParallelGelu(C& tp, std::size_t in, std::size_t out, const LinearInit& init)
-      : fc_(tp, in, out, init) {
-    require(init.bias, "ColumnParallelGelu '", init.name,
-            "': the fused bias + GeLU needs a bias (LinearInit::bias = true); without one use Stage<ColumnParallel, Gelu>");
+  ColumnParallelGelu(C& tp, std::size_t in, std::size_t out, const LinearInit& init) : fc_(tp, in, out, init) {
+    require(
+        init.bias, "ColumnParallelGelu '", init.name,
+        "': the fused bias + GeLU needs a bias (LinearInit::bias = true); without one use Stage<ColumnParallel, Gelu>");
   }
 
   /** W: the projection's weight and bias gradients; no communication. */

@@ -19,11 +19,11 @@
 #include <vector>
 
 #include "mpar/backend/host/host_backend.hpp"
-#include "mpar/optim/rank_scalars.hpp"
-#include "mpar/nn/backend_copy.hpp"
-#include "mpar/nn/upload.hpp"
 #include "mpar/comm/communicator.hpp"
+#include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/layer.hpp"
+#include "mpar/nn/upload.hpp"
+#include "mpar/optim/rank_scalars.hpp"
 
 namespace mpar::nn {
 
@@ -57,8 +57,10 @@ class VocabParallelCrossEntropy {
                   "mpar::nn::VocabParallelCrossEntropy takes vocab-sharded logits (Shard<1, tensor>) but is fed "
                   "another layout (see L above). Fix: feed it the output of a ColumnParallel LM head without "
                   "gather_output (or the tied head of GptPipelinePart)");
-    if constexpr (std::is_same_v<L, FeatureShard>) return do_forward(logits.tensor(), targets, mb);
-    else return 0.0f;
+    if constexpr (std::is_same_v<L, FeatureShard>)
+      return do_forward(logits.tensor(), targets, mb);
+    else
+      return 0.0f;
   }
   /** A bare tensor states no layout, so the loss could not check it: refused, with the fix. */
   template <class T>
@@ -80,10 +82,13 @@ class VocabParallelCrossEntropy {
                   "mpar::nn::VocabParallelCrossEntropy takes vocab-sharded logits (Shard<1, tensor>) but is fed "
                   "another layout (see L above). Fix: feed it the output of a ColumnParallel LM head without "
                   "gather_output (or the tied head of GptPipelinePart)");
-    if constexpr (std::is_same_v<L, FeatureShard>) B::accumulate(1, loss_in_rank(logits.tensor(), targets, mb), scale, acc);
+    if constexpr (std::is_same_v<L, FeatureShard>)
+      B::accumulate(1, loss_in_rank(logits.tensor(), targets, mb), scale, acc);
   }
   /** Typed gradient of `scale * loss` with respect to this rank's (vocab-sharded) logits. */
-  Act<FeatureShard> logits_gradient(int mb = 0, float scale = 1.0f) { return Act<FeatureShard>(do_backward(mb, scale)); }
+  Act<FeatureShard> logits_gradient(int mb = 0, float scale = 1.0f) {
+    return Act<FeatureShard>(do_backward(mb, scale));
+  }
   void drop(int mb) { cache_.drop(mb); }
 
  private:
@@ -110,7 +115,7 @@ class VocabParallelCrossEntropy {
         note_host_access(t * sizeof(std::int32_t));  // the targets copied in
         c.fused = true;
         c.logits = Activation(logits.shape(), uninitialized);  // holds dlogits of the unscaled loss
-        c.stats = uninitialized_buffer<float>(t + 1);           // [row loss | mean loss]
+        c.stats = uninitialized_buffer<float>(t + 1);          // [row loss | mean loss]
         B::fused_classifier(t, vl, vl, logits.data(), c.targets.data(), c.logits.data(), c.stats.data(),
                             c.stats.data() + t, 1.0f);
         return c.stats.data() + t;
@@ -119,7 +124,7 @@ class VocabParallelCrossEntropy {
     c.logits = backend_copy<B>(logits);
     // [row max | sum exp | target logit] per token, then the loss: all written by the kernels.
     c.stats = uninitialized_buffer<float>(3 * t + 1);
-    note_host_access(t * sizeof(std::int32_t));     // the targets copied in
+    note_host_access(t * sizeof(std::int32_t));  // the targets copied in
     float* mx = c.stats.data();
     float* sums = mx + t;
     B::vocab_parallel_max(t, vl, logits.data(), mx);

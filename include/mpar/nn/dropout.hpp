@@ -24,9 +24,10 @@ template <class L = Replicate, backend B = HostBackend>
 class Dropout : public detail::NoParameters, public detail::TypedLayer<Dropout<L, B>> {
   using Typed = detail::TypedLayer<Dropout<L, B>>;
 
-  static_assert(std::is_same_v<L, Replicate> || std::is_same_v<L, FeatureShard> || std::is_same_v<L, TokenShard>,
-                "mpar::nn::Dropout<L>: L must be Replicate, Shard<1, axis::tensor> or Shard<0, axis::tensor>; dropout of "
-                "a Partial tensor would drop each addend separately (reduce it first)");
+  static_assert(
+      std::is_same_v<L, Replicate> || std::is_same_v<L, FeatureShard> || std::is_same_v<L, TokenShard>,
+      "mpar::nn::Dropout<L>: L must be Replicate, Shard<1, axis::tensor> or Shard<0, axis::tensor>; dropout of "
+      "a Partial tensor would drop each addend separately (reduce it first)");
 
  public:
   using Typed::backward;
@@ -40,15 +41,17 @@ class Dropout : public detail::NoParameters, public detail::TypedLayer<Dropout<L
     if constexpr (std::is_same_v<In, L>) {
       return true;
     } else if constexpr (In::is_partial) {
-      static_assert(detail::always_false_v<In>,
-                    "mpar::nn::Dropout is fed a Partial<sum, tensor> tensor: it would drop each addend separately. Fix: "
-                    "reduce first: give the RowParallel RowReduce::all_reduce, or insert AllReduce");
+      static_assert(
+          detail::always_false_v<In>,
+          "mpar::nn::Dropout is fed a Partial<sum, tensor> tensor: it would drop each addend separately. Fix: "
+          "reduce first: give the RowParallel RowReduce::all_reduce, or insert AllReduce");
       return false;
     } else {
-      static_assert(detail::always_false_v<In>,
-                    "mpar::nn::Dropout<L> was declared for another layout than it is fed (e.g. Dropout<Replicate> after "
-                    "a ColumnParallel). Fix: declare it with the layout shown as 'In' above "
-                    "(Dropout<Shard<1, axis::tensor>>)");
+      static_assert(
+          detail::always_false_v<In>,
+          "mpar::nn::Dropout<L> was declared for another layout than it is fed (e.g. Dropout<Replicate> after "
+          "a ColumnParallel). Fix: declare it with the layout shown as 'In' above "
+          "(Dropout<Shard<1, axis::tensor>>)");
       return false;
     }
   }

@@ -64,7 +64,8 @@ class BasicEmbedding {
     detail::check_tokens(tokens, vocab_, "Embedding");
     auto& ids = cache_.put(mb).tokens;
     ids = uninitialized_buffer<std::int32_t>(tokens.size());
-    upload<B>(ids, tokens);  // into the rank's memory (a stream-ordered upload on a device), where the kernels read them
+    upload<B>(ids,
+              tokens);  // into the rank's memory (a stream-ordered upload on a device), where the kernels read them
     note_host_access(ids.size() * sizeof(std::int32_t));
     return Act<output_layout>(detail::embed_rows<B>(ids, weight_, 0, vocab_, hidden_));
   }
@@ -113,20 +114,25 @@ class VocabParallelEmbedding {
     detail::check_tokens(tokens, vocab_, "VocabParallelEmbedding");
     auto& ids = cache_.put(mb).tokens;
     ids = uninitialized_buffer<std::int32_t>(tokens.size());
-    upload<B>(ids, tokens);  // into the rank's memory (a stream-ordered upload on a device), where the kernels read them
+    upload<B>(ids,
+              tokens);  // into the rank's memory (a stream-ordered upload on a device), where the kernels read them
     note_host_access(ids.size() * sizeof(std::int32_t));
     // This rank's rows for the tokens in its vocabulary slice, zeros elsewhere: an addend of the lookup.
     Act<TensorPartial> y(detail::embed_rows<B>(ids, weight_, slice_.offset, slice_.extent, hidden_));
-    if constexpr (SP) return ReduceScatterTokens::forward(*comm_, std::move(y), "VocabParallelEmbedding");
-    else return ReduceToReplicate::forward(*comm_, std::move(y));
+    if constexpr (SP)
+      return ReduceScatterTokens::forward(*comm_, std::move(y), "VocabParallelEmbedding");
+    else
+      return ReduceToReplicate::forward(*comm_, std::move(y));
   }
   /** Typed backward: the gradient of the lookup's output (accumulated into the table's gradient). */
   void backward(Act<output_layout> dy_in, int mb = 0) {
     auto c = cache_.take(mb, "VocabParallelEmbedding");
     // The backward dual of the forward reduction: all-gather (SP) or identity.
     const Act<Replicate> dy = [&] {
-      if constexpr (SP) return ReduceScatterTokens::backward(*comm_, std::move(dy_in));
-      else return ReduceToReplicate::backward(*comm_, std::move(dy_in));
+      if constexpr (SP)
+        return ReduceScatterTokens::backward(*comm_, std::move(dy_in));
+      else
+        return ReduceToReplicate::backward(*comm_, std::move(dy_in));
     }();
     detail::embed_rows_backward<B>(c.tokens, weight_, slice_.offset, slice_.extent, hidden_, dy.tensor());
   }

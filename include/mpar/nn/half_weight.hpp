@@ -43,8 +43,10 @@ class HalfWeight {
  private:
   template <class T>
   Buffer<T>& storage() {
-    if constexpr (std::is_same_v<T, bf16>) return b16_;
-    else return h16_;
+    if constexpr (std::is_same_v<T, bf16>)
+      return b16_;
+    else
+      return h16_;
   }
   Buffer<bf16> b16_;
   Buffer<f16> h16_;

@@ -51,7 +51,7 @@ using layer_output_t = Act<typename L::template output_layout<typename L::defaul
  */
 template <class L>
 concept layer = layer_contract<L> && module<L, layer_input_t<L>, layer_output_t<L>> && droppable_module<L> &&
-                requires(const L& l) {
+    requires(const L& l) {
   { l.in_features() } -> std::convertible_to<std::size_t>;
   { l.out_features() } -> std::convertible_to<std::size_t>;
 };
@@ -64,8 +64,10 @@ namespace detail {
 /** B of any layer on a typed gradient: its `backward_input` when it splits its backward, else its whole backward. */
 template <class L, class G>
 auto backward_input_of(L& l, const Act<G>& dy, int mb) {
-  if constexpr (requires { l.backward_input(dy, mb); }) return l.backward_input(dy, mb);
-  else return l.backward(dy, mb);
+  if constexpr (requires { l.backward_input(dy, mb); })
+    return l.backward_input(dy, mb);
+  else
+    return l.backward(dy, mb);
 }
 /** W of any layer: its `backward_weight` when it splits its backward; nothing otherwise (B did all the work). */
 template <class L>
@@ -124,7 +126,7 @@ class TypedLayer {
    */
   template <class In>
   auto forward(Act<In>&& x, int mb = 0) {
-    if constexpr (!requires(D& d, Activation&& a) { d.do_forward(std::move(a), 0); })
+    if constexpr (!requires(D & d, Activation && a) { d.do_forward(std::move(a), 0); })
       return self().forward(std::as_const(x), mb);  // a layer with its own typed forward: it reads x as before
     else if constexpr (D::template check_input<In>())
       return Act<typename D::template output_layout<In>>(self().do_forward(std::move(x).tensor(), mb));
@@ -136,7 +138,7 @@ class TypedLayer {
     using In = typename input_for_grad<D, G>::type;
     if constexpr (!sound()) {
       return Act<grad_layout_t<In>>{};  // its own diagnostic was already given
-    } else if constexpr (requires(D& d) { d.backward_weight(mb); }) {
+    } else if constexpr (requires(D & d) { d.backward_weight(mb); }) {
       // A layer that splits its backward: its typed B (which checks G), then W.
       auto dx = self().backward_input(dy, mb);
       self().backward_weight(mb);
@@ -151,20 +153,24 @@ class TypedLayer {
     requires requires(D& d, const Activation& a) { d.do_backward_input(a, 0); }
   auto backward_input(const Act<G>& dy, int mb = 0) {
     using In = typename input_for_grad<D, G>::type;
-    if constexpr (!sound()) return Act<grad_layout_t<In>>{};
-    else if constexpr (check_grad<In, G>()) return Act<grad_layout_t<In>>(self().do_backward_input(dy.tensor(), mb));
-    else return Act<grad_layout_t<In>>{};
+    if constexpr (!sound())
+      return Act<grad_layout_t<In>>{};
+    else if constexpr (check_grad<In, G>())
+      return Act<grad_layout_t<In>>(self().do_backward_input(dy.tensor(), mb));
+    else
+      return Act<grad_layout_t<In>>{};
   }
   // A bare tensor (no layout in its type) is refused here, with the fix, rather than by "no matching function";
   // the declared result is what the layer returns for its declared input, so the caller's code adds no second error.
   template <class T, class Self = D>
     requires(!is_act_v<T>)
   auto forward(const T&, int = 0) -> Act<typename Self::template output_layout<typename Self::default_input>> {
-    static_assert(always_false_v<T>,
-                  "mpar::nn: a layer's forward takes a typed activation Act<Layout>, not a bare Tensor<float, 2>: the "
-                  "layout in the type is what the layer checks its input against (see D, the layer, above). Fix: state "
-                  "the layout once where the tensor enters, e.g. layer.forward(Act<Replicate>(x)) (the layer's declared "
-                  "input is D::default_input); every layer's output is then already typed");
+    static_assert(
+        always_false_v<T>,
+        "mpar::nn: a layer's forward takes a typed activation Act<Layout>, not a bare Tensor<float, 2>: the "
+        "layout in the type is what the layer checks its input against (see D, the layer, above). Fix: state "
+        "the layout once where the tensor enters, e.g. layer.forward(Act<Replicate>(x)) (the layer's declared "
+        "input is D::default_input); every layer's output is then already typed");
     return {};
   }
   template <class T, class Self = D>
@@ -190,13 +196,13 @@ class TypedLayer {
  private:
   D& self() { return static_cast<D&>(*this); }
   /** What the layer returns for its declared input: the stand-in result of a refused call (never run). */
-  static auto refused_output() {
-    return Act<typename D::template output_layout<typename D::default_input>>{};
-  }
+  static auto refused_output() { return Act<typename D::template output_layout<typename D::default_input>>{}; }
   /** False only for a composite (a Stage) whose own chain was refused, so its backward adds no second error. */
   static constexpr bool sound() {
-    if constexpr (requires { D::composes; }) return D::composes;
-    else return true;
+    if constexpr (requires { D::composes; })
+      return D::composes;
+    else
+      return true;
   }
   template <class In, class G>
   static constexpr bool check_grad() {
@@ -218,10 +224,11 @@ constexpr bool check_whole_rows() {
   if constexpr (std::is_same_v<In, Expected>) {
     return true;
   } else if constexpr (In::is_partial) {
-    static_assert(always_false_v<In>,
-                  "mpar::nn: a layer that needs whole rows (LayerNorm, attention, a transformer block) is fed a "
-                  "Partial<sum, tensor> tensor; its statistics of a + b are not those of a plus those of b. Fix: reduce "
-                  "first: give the RowParallel RowReduce::all_reduce, or insert AllReduce between the two layers");
+    static_assert(
+        always_false_v<In>,
+        "mpar::nn: a layer that needs whole rows (LayerNorm, attention, a transformer block) is fed a "
+        "Partial<sum, tensor> tensor; its statistics of a + b are not those of a plus those of b. Fix: reduce "
+        "first: give the RowParallel RowReduce::all_reduce, or insert AllReduce between the two layers");
     return false;
   } else if constexpr (In::is_sharded && In::sharded_dim == 1) {
     static_assert(always_false_v<In>,
@@ -231,10 +238,11 @@ constexpr bool check_whole_rows() {
                   "previous ColumnParallel)");
     return false;
   } else if constexpr (std::is_same_v<Expected, TokenShard>) {
-    static_assert(always_false_v<In>,
-                  "mpar::nn: a sequence-parallel layer (LayerNorm<Shard<0, axis::tensor>, C>, SP attention or block) "
-                  "expects a token-sharded input (Shard<0, tensor>) but is fed another layout (see In above). Fix: give "
-                  "the previous RowParallel RowReduce::reduce_scatter, or use the non-sequence-parallel form");
+    static_assert(
+        always_false_v<In>,
+        "mpar::nn: a sequence-parallel layer (LayerNorm<Shard<0, axis::tensor>, C>, SP attention or block) "
+        "expects a token-sharded input (Shard<0, tensor>) but is fed another layout (see In above). Fix: give "
+        "the previous RowParallel RowReduce::reduce_scatter, or use the non-sequence-parallel form");
     return false;
   } else {
     static_assert(always_false_v<In>,
@@ -274,7 +282,8 @@ inline void append(std::vector<Parameter*>& to, const std::vector<Parameter*>& f
   to.insert(to.end(), from.begin(), from.end());
 }
 /** A non-negative size from a static template argument and a run-time one; throws if they disagree. */
-inline std::size_t reconcile(std::size_t static_value, std::size_t runtime, std::string_view layer, std::string_view what) {
+inline std::size_t reconcile(std::size_t static_value, std::size_t runtime, std::string_view layer,
+                             std::string_view what) {
   if (static_value == dyn) return runtime;
   require(runtime == 0 || runtime == static_value, layer, ": ", what, " is ", runtime,
           " at construction but the type fixes it to ", static_value);

@@ -11,8 +11,8 @@
 #include <vector>
 
 #include "mpar/backend/host/host_backend.hpp"
-#include "mpar/nn/backend_copy.hpp"
 #include "mpar/comm/communicator.hpp"
+#include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/layer.hpp"
 
 namespace mpar::nn {
@@ -50,12 +50,12 @@ class LayerNorm : public detail::TypedLayer<LayerNorm<L, C, B>> {
   using output_layout = In;
 
   /** Single-rank or replicated form. */
-  LayerNorm(std::size_t features, std::uint64_t seed, std::uint64_t id_base, std::string name)
-    requires(!sequence_parallel)
+  LayerNorm(std::size_t features, std::uint64_t seed, std::uint64_t id_base,
+            std::string name) requires(!sequence_parallel)
       : LayerNorm(nullptr, features, seed, id_base, std::move(name)) {}
   /** Sequence-parallel form: `tp` is the tensor group. */
-  LayerNorm(C& tp, std::size_t features, std::uint64_t seed, std::uint64_t id_base, std::string name)
-    requires(sequence_parallel)
+  LayerNorm(C& tp, std::size_t features, std::uint64_t seed, std::uint64_t id_base,
+            std::string name) requires(sequence_parallel)
       : LayerNorm(&tp, features, seed, id_base, std::move(name)) {}
 
  private:
@@ -68,7 +68,7 @@ class LayerNorm : public detail::TypedLayer<LayerNorm<L, C, B>> {
     c.mean = uninitialized_buffer<float>(rows);
     c.rstd = uninitialized_buffer<float>(rows);
     B::layernorm_forward(rows, n_, x.data(), gamma_.value.data(), beta_.value.data(), y.data(), c.mean.data(),
-                            c.rstd.data());
+                         c.rstd.data());
     c.x = backend_copy<B>(x);
     return y;
   }
@@ -79,14 +79,14 @@ class LayerNorm : public detail::TypedLayer<LayerNorm<L, C, B>> {
     if constexpr (sequence_parallel) {
       Buffer<float> g = uninitialized_buffer<float>(2 * n_);
       B::zero(g.size(), g.data());  // the kernel accumulates dgamma, dbeta
-      B::layernorm_backward(dy.extent(0), n_, c.x.data(), c.mean.data(), c.rstd.data(), gamma_.value.data(),
-                            dy.data(), dx.data(), g.data(), g.data() + n_);
+      B::layernorm_backward(dy.extent(0), n_, c.x.data(), c.mean.data(), c.rstd.data(), gamma_.value.data(), dy.data(),
+                            dx.data(), g.data(), g.data() + n_);
       if (comm_->size() > 1) comm_->all_reduce(std::span<float>(g), ReduceOp::sum);
       B::add(n_, gamma_.grad.data(), g.data(), gamma_.grad.data());
       B::add(n_, beta_.grad.data(), g.data() + n_, beta_.grad.data());
     } else {
-      B::layernorm_backward(dy.extent(0), n_, c.x.data(), c.mean.data(), c.rstd.data(), gamma_.value.data(),
-                            dy.data(), dx.data(), gamma_.grad.data(), beta_.grad.data());
+      B::layernorm_backward(dy.extent(0), n_, c.x.data(), c.mean.data(), c.rstd.data(), gamma_.value.data(), dy.data(),
+                            dx.data(), gamma_.grad.data(), beta_.grad.data());
     }
     return dx;
   }
@@ -105,8 +105,10 @@ class LayerNorm : public detail::TypedLayer<LayerNorm<L, C, B>> {
     require(n_ > 0, "LayerNorm '", name, "': features must be positive");
     const std::array<std::size_t, 1> s{n_};
     const auto box = detail::tensor_box<Replicate>(s, 1, 0);
-    gamma_ = make_parameter<1>(name + ".weight", id_base, s, box, Replicate::name(), false, seed, InitSpec::constant(1.0));
-    beta_ = make_parameter<1>(name + ".bias", id_base + 1, s, box, Replicate::name(), false, seed, InitSpec::constant(0.0));
+    gamma_ =
+        make_parameter<1>(name + ".weight", id_base, s, box, Replicate::name(), false, seed, InitSpec::constant(1.0));
+    beta_ =
+        make_parameter<1>(name + ".bias", id_base + 1, s, box, Replicate::name(), false, seed, InitSpec::constant(0.0));
   }
   struct Cache {
     Activation x;

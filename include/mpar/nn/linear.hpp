@@ -22,7 +22,8 @@ namespace detail {
 template <backend B>
 void linear_forward(const Activation& x, const float* w, std::size_t n, Activation& y, bool accumulate = false) {
   const std::size_t t = x.extent(0), k = x.extent(1);
-  B::template gemm<float>(Trans::no, Trans::no, t, n, k, 1.0f, x.data(), k, w, n, accumulate ? 1.0f : 0.0f, y.data(), n);
+  B::template gemm<float>(Trans::no, Trans::no, t, n, k, 1.0f, x.data(), k, w, n, accumulate ? 1.0f : 0.0f, y.data(),
+                          n);
 }
 /** dx[T, k] = dy[T, n] * w[k, n]^T */
 template <backend B>
@@ -58,19 +59,23 @@ decltype(auto) with_half(ComputeType t, F&& f) {
 struct GemmOperand {
   ComputeType type = ComputeType::fp32;
   std::size_t rows = 0, cols = 0;
-  Activation f32;   ///< fp32 operands
-  Buffer<bf16> b16; ///< bf16 operands
-  Buffer<f16> h16;  ///< f16 operands
+  Activation f32;    ///< fp32 operands
+  Buffer<bf16> b16;  ///< bf16 operands
+  Buffer<f16> h16;   ///< f16 operands
 
   template <class T>
   [[nodiscard]] const T* half() const {
-    if constexpr (std::is_same_v<T, bf16>) return b16.data();
-    else return h16.data();
+    if constexpr (std::is_same_v<T, bf16>)
+      return b16.data();
+    else
+      return h16.data();
   }
   template <class T>
   [[nodiscard]] Buffer<T>& half_storage() {
-    if constexpr (std::is_same_v<T, bf16>) return b16;
-    else return h16;
+    if constexpr (std::is_same_v<T, bf16>)
+      return b16;
+    else
+      return h16;
   }
 };
 /**
@@ -81,8 +86,10 @@ template <backend B, class X>
 GemmOperand make_operand(X&& x, ComputeType t) {
   GemmOperand op{t, x.extent(0), x.extent(1), {}, {}, {}};
   if (t == ComputeType::fp32) {
-    if constexpr (std::is_rvalue_reference_v<X&&>) op.f32 = std::move(x);
-    else op.f32 = backend_copy<B>(x);
+    if constexpr (std::is_rvalue_reference_v<X&&>)
+      op.f32 = std::move(x);
+    else
+      op.f32 = backend_copy<B>(x);
   } else {
     with_half(t, [&]<class T>(T) {
       auto& h = op.half_storage<T>();
@@ -172,8 +179,8 @@ class LinearState {
     const std::size_t rows = op.rows, k = op.cols;
     if (t == ComputeType::fp32) {
       B::gemm_bias_gelu(rows, n, k, static_cast<const float*>(op.f32.data()), k,
-                        static_cast<const float*>(weight_.value.data()), n, static_cast<const float*>(bias_.value.data()),
-                        pre.data(), y.data());
+                        static_cast<const float*>(weight_.value.data()), n,
+                        static_cast<const float*>(bias_.value.data()), pre.data(), y.data());
     } else {
       with_half(t, [&]<class T>(T) {
         B::gemm_bias_gelu(rows, n, k, op.half<T>(), k, weight_half<B, T>(), n,
@@ -234,8 +241,8 @@ class LinearState {
   const T* weight_half() {
     Buffer<T>& h = weight16_.half_storage<T>();
     const std::uint64_t gen = autocast_generation();
-    if (gen == 0 || gen != weight16_gen_ || weight16_.type != (std::is_same_v<T, bf16> ? ComputeType::bf16
-                                                                                      : ComputeType::f16)) {
+    if (gen == 0 || gen != weight16_gen_ ||
+        weight16_.type != (std::is_same_v<T, bf16> ? ComputeType::bf16 : ComputeType::f16)) {
       if (h.size() != weight_.value.size()) h = B::template allocate<T>(weight_.value.size());
       B::convert(h.size(), weight_.value.data(), h.data());
       weight16_.type = std::is_same_v<T, bf16> ? ComputeType::bf16 : ComputeType::f16;
@@ -282,9 +289,10 @@ class Linear : public detail::LinearState, public detail::TypedLayer<Linear<In, 
     if constexpr (std::is_same_v<L, Replicate> || std::is_same_v<L, TokenShard>) {
       return true;
     } else if constexpr (L::is_partial) {
-      static_assert(detail::always_false_v<L>,
-                    "mpar::nn::Linear is fed a Partial<sum, tensor> tensor, which would add its bias once per rank. Fix: "
-                    "insert AllReduce before it (or give the RowParallel RowReduce::all_reduce)");
+      static_assert(
+          detail::always_false_v<L>,
+          "mpar::nn::Linear is fed a Partial<sum, tensor> tensor, which would add its bias once per rank. Fix: "
+          "insert AllReduce before it (or give the RowParallel RowReduce::all_reduce)");
       return false;
     } else {
       static_assert(detail::always_false_v<L>,
@@ -300,7 +308,8 @@ class Linear : public detail::LinearState, public detail::TypedLayer<Linear<In, 
   using input_for_grad = G;
 
   Linear(std::size_t in, std::size_t out, const LinearInit& init)
-      : in_(detail::reconcile(In, in, layer_kind, "in_features")), out_(detail::reconcile(Out, out, layer_kind, "out_features")) {
+      : in_(detail::reconcile(In, in, layer_kind, "in_features")),
+        out_(detail::reconcile(Out, out, layer_kind, "out_features")) {
     require(in_ > 0 && out_ > 0, "Linear '", init.name, "': sizes must be positive, got in=", in_, " out=", out_);
     const std::array<std::size_t, 2> ws{in_, out_};
     weight_ = make_parameter<2>(init.name + ".weight", init.id_base, ws, detail::tensor_box<Replicate>(ws, 1, 0),
@@ -317,15 +326,15 @@ class Linear : public detail::LinearState, public detail::TypedLayer<Linear<In, 
   Activation do_forward(const Activation& x, int mb) {
     require(x.extent(1) == in_, "Linear '", weight_.name, "': input has ", x.extent(1), " features, expected ", in_);
     Activation y({x.extent(0), out_}, uninitialized);  // the GEMM (beta = 0) writes all of it
-    gemm_forward<B>(mb, x, out_, y);  // fp32, or 16-bit operands under Autocast
+    gemm_forward<B>(mb, x, out_, y);                   // fp32, or 16-bit operands under Autocast
     if (has_bias()) detail::add_row_vector<B>(y, bias_.value);
     return y;
   }
   /** B: `dx = dy Wᵀ`; keeps `x` and `dy` of micro-batch `mb` for backward_weight. */
   Activation do_backward_input(const Activation& dy, int mb) {
     detail::GemmOperand x = take_operand(mb, layer_kind);
-    require(dy.extent(1) == out_ && dy.extent(0) == x.rows, "Linear '", weight_.name, "': gradient is ",
-            dy.extent(0), "x", dy.extent(1), ", expected ", x.rows, "x", out_);
+    require(dy.extent(1) == out_ && dy.extent(0) == x.rows, "Linear '", weight_.name, "': gradient is ", dy.extent(0),
+            "x", dy.extent(1), ", expected ", x.rows, "x", out_);
     Activation dx({dy.extent(0), in_}, uninitialized);
     gemm_backward_input<B>(mb, std::move(x), backend_copy<B>(dy), in_, dx);
     return dx;

@@ -43,7 +43,8 @@ template <communicator C>
 [[nodiscard]] TensorGrid<C> make_tensor_grid(C& tp, std::size_t rows, std::size_t cols) {
   require(rows * cols == std::size_t(tp.size()), "make_tensor_grid: ", rows, " x ", cols,
           " does not equal the tensor group size ", tp.size());
-  const DynamicMesh mesh = DynamicMesh(std::size_t(tp.size()), std::size_t(1), std::size_t(1), std::size_t(1)).with_tensor_grid(rows, cols);
+  const DynamicMesh mesh =
+      DynamicMesh(std::size_t(tp.size()), std::size_t(1), std::size_t(1), std::size_t(1)).with_tensor_grid(rows, cols);
   const MeshCoord c = mesh.coord(std::size_t(tp.rank()));
   C row = tp.split(int(c.tensor_row), int(c.tensor_col));
   C col = tp.split(int(c.tensor_col), int(c.tensor_row));
@@ -65,11 +66,12 @@ class Linear2D : public detail::LinearState, public detail::TypedLayer<Linear2D<
   static constexpr std::size_t static_in_features = dyn, static_out_features = dyn;
   template <class L>
   static constexpr bool check_input() {
-    static_assert(std::is_same_v<L, GridShard>,
-                  "mpar::nn::Linear2D (2D tensor parallelism, SUMMA) needs a tensor sharded on both grid axes "
-                  "(Layout2D<Shard<0, tensor_row>, Shard<1, tensor_col>>) but is fed another layout (see L above: a 1D "
-                  "shard, a replicated or a Partial tensor). Fix: feed it another Linear2D, or shard the input with the "
-                  "same Layout2D");
+    static_assert(
+        std::is_same_v<L, GridShard>,
+        "mpar::nn::Linear2D (2D tensor parallelism, SUMMA) needs a tensor sharded on both grid axes "
+        "(Layout2D<Shard<0, tensor_row>, Shard<1, tensor_col>>) but is fed another layout (see L above: a 1D "
+        "shard, a replicated or a Partial tensor). Fix: feed it another Linear2D, or shard the input with the "
+        "same Layout2D");
     return std::is_same_v<L, GridShard>;
   }
   template <class L>

@@ -57,6 +57,8 @@ concept split_backward_module = module<M, X, Y> && requires(M& m, const grad_of_
 
 /** @brief A module that can free a micro-batch's saved activations early (`drop(mb)`), which recomputation needs. */
 template <class M>
-concept droppable_module = requires(M& m, int mb) { m.drop(mb); };
+concept droppable_module = requires(M& m, int mb) {
+  m.drop(mb);
+};
 
 }  // namespace mpar::nn

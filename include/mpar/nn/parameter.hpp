@@ -86,9 +86,10 @@ void zero_grad(Parameter& p) {
  * layout's `local_box`), so its values are those the same elements have in the unsharded parameter.
  */
 template <std::size_t R>
-[[nodiscard]] Parameter make_parameter(std::string name, std::uint64_t id, const std::array<std::size_t, R>& global_shape,
-                                       const Box<R>& box, std::string layout, bool sharded_over_tensor,
-                                       std::uint64_t seed, const InitSpec& spec) {
+[[nodiscard]] Parameter make_parameter(std::string name, std::uint64_t id,
+                                       const std::array<std::size_t, R>& global_shape, const Box<R>& box,
+                                       std::string layout, bool sharded_over_tensor, std::uint64_t seed,
+                                       const InitSpec& spec) {
   Parameter p;
   p.name = std::move(name);
   p.id = id;

@@ -219,7 +219,8 @@ struct GatherTokens {
   }
 };
 
-static_assert(redistribution<ReduceToReplicate> && redistribution<CopyToTensorRegion> && redistribution<ScatterFeatures> &&
-              redistribution<GatherFeaturesOf> && redistribution<ReduceScatterTokens> && redistribution<GatherTokens>);
+static_assert(redistribution<ReduceToReplicate> && redistribution<CopyToTensorRegion> &&
+              redistribution<ScatterFeatures> && redistribution<GatherFeaturesOf> &&
+              redistribution<ReduceScatterTokens> && redistribution<GatherTokens>);
 
 }  // namespace mpar::nn

@@ -122,13 +122,14 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
 
   /** `context` is the ring (its rank order is the chunk order). Refuses a sequence not divisible by 2 cp. */
   RingAttention(C& context, const RingAttentionConfig& c)
-      : comm_(&context), cp_(std::size_t(context.size())), r_(std::size_t(context.rank())), h_(c.heads),
-        d_(c.head_dim), seq_(c.seq), tag_(c.tag_base), name_(c.name) {
+      : comm_(&context), cp_(std::size_t(context.size())), r_(std::size_t(context.rank())), h_(c.heads), d_(c.head_dim),
+        seq_(c.seq), tag_(c.tag_base), name_(c.name) {
     require(h_ > 0 && d_ > 0 && seq_ > 0, who(), ": heads, head_dim and seq must be positive");
     require(seq_ % (2 * cp_) == 0, who(), ": sequence length ", seq_, " is not divisible by 2 x cp = 2 x ", cp_, " = ",
-            2 * cp_, " (zig-zag placement cuts each sequence into 2 cp equal chunks). Fix: choose a sequence length "
-            "that is a multiple of ", 2 * cp_, " (pad the sequence), or a context-parallel size cp that divides ",
-            seq_, " / 2");
+            2 * cp_,
+            " (zig-zag placement cuts each sequence into 2 cp equal chunks). Fix: choose a sequence length "
+            "that is a multiple of ",
+            2 * cp_, " (pad the sequence), or a context-parallel size cp that divides ", seq_, " / 2");
     c_ = seq_ / (2 * cp_);
   }
 
@@ -195,9 +196,9 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
           for (std::size_t x = 0; x < d_; ++x) acc += dout.data()[row + x] * s.out.data()[row + x];
           delta[stat(b, h, i)] = acc;
         }
-    Activation dqkv({t, 3 * hl});                                // dQ accumulates in its first hl columns
-    Ring ring(*this, pack_kv(qkv), tag_);                        // K/V of the block being worked on
-    Ring grad(*this, Activation({t, 2 * hl}), tag_ + 2);         // its dK/dV, zero at its home rank
+    Activation dqkv({t, 3 * hl});                         // dQ accumulates in its first hl columns
+    Ring ring(*this, pack_kv(qkv), tag_);                 // K/V of the block being worked on
+    Ring grad(*this, Activation({t, 2 * hl}), tag_ + 2);  // its dK/dV, zero at its home rank
     std::vector<float> p(h_ * c_ * c_), dp(h_ * c_ * c_);
     for (std::size_t j = 0; j < cp_; ++j) {
       const std::size_t src = (r_ + cp_ - j) % cp_;
@@ -232,7 +233,8 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
    */
   class Ring {
    public:
-    Ring(RingAttention& l, Activation first, int tag) : l_(&l), cur_(std::move(first)), next_(cur_.shape()), tag_(tag) {}
+    Ring(RingAttention& l, Activation first, int tag)
+        : l_(&l), cur_(std::move(first)), next_(cur_.shape()), tag_(tag) {}
     void start() {
       if (l_->cp_ == 1) return;
       const int p = int(l_->cp_), r = int(l_->r_);
@@ -256,8 +258,10 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
     std::vector<Request> recv_, send_;
   };
 
-  [[nodiscard]] std::string who() const { return std::string(layer_kind) + " '" + name_ + "' (context rank " +
-                                                 std::to_string(r_) + " of " + std::to_string(cp_) + ")"; }
+  [[nodiscard]] std::string who() const {
+    return std::string(layer_kind) + " '" + name_ + "' (context rank " + std::to_string(r_) + " of " +
+           std::to_string(cp_) + ")";
+  }
   [[nodiscard]] std::size_t batches(const Activation& qkv) const {
     require(qkv.extent(1) == 3 * h_ * d_, who(), ": QKV has ", qkv.extent(1), " columns, expected 3 x ", h_,
             " heads x ", d_);
@@ -267,7 +271,9 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
   }
   /** Global chunk of local half `a` (0 or 1) on context rank `rank`. */
   [[nodiscard]] std::size_t chunk(std::size_t rank, std::size_t a) const { return a == 0 ? rank : 2 * cp_ - 1 - rank; }
-  [[nodiscard]] std::size_t stat(std::size_t b, std::size_t h, std::size_t i) const { return (b * h_ + h) * 2 * c_ + i; }
+  [[nodiscard]] std::size_t stat(std::size_t b, std::size_t h, std::size_t i) const {
+    return (b * h_ + h) * 2 * c_ + i;
+  }
   /** The K and V columns of this rank's tokens, contiguous `[tokens, 2 hl]`: the block that travels. */
   Activation pack_kv(const Activation& qkv) const {
     const std::size_t hl = h_ * d_, t = qkv.extent(0);
@@ -304,7 +310,8 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
       }
     // acc += P V
     B::template gemm_strided_batched<float>(Trans::no, Trans::no, c, d_, c, 1.0f, sc.data(), c, c * c,
-                                            kv + krow * 2 * hl + hl, 2 * hl, d_, 1.0f, acc.data() + qrow * hl, hl, d_, h_);
+                                            kv + krow * 2 * hl + hl, 2 * hl, d_, 1.0f, acc.data() + qrow * hl, hl, d_,
+                                            h_);
   }
 
   /** The backward of one block: P = exp(S - L), dV += P^T dO, dS = P (dO V^T - delta), dQ += scale dS K, dK += scale dS^T Q. */
@@ -333,8 +340,8 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
                                             dv, 2 * hl, d_, h_);
     B::template gemm_strided_batched<float>(Trans::no, Trans::no, c, d_, c, scale, dp.data(), c, c * c, k, 2 * hl, d_,
                                             1.0f, dq, ld, d_, h_);
-    B::template gemm_strided_batched<float>(Trans::yes, Trans::no, c, d_, c, scale, dp.data(), c, c * c, q, ld, d_, 1.0f,
-                                            dk, 2 * hl, d_, h_);
+    B::template gemm_strided_batched<float>(Trans::yes, Trans::no, c, d_, c, scale, dp.data(), c, c * c, q, ld, d_,
+                                            1.0f, dk, 2 * hl, d_, h_);
   }
 
   C* comm_;

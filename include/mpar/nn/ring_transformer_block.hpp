@@ -46,11 +46,11 @@ class RingTransformerBlock {
   static constexpr std::string_view layer_kind = "RingTransformerBlock";
 
   RingTransformerBlock(C& tp, C& context, const BlockConfig& c)
-      : hidden_(c.hidden),
-        ln1_(c.hidden, c.seed, c.id_base, c.name + ".ln1"),
+      : hidden_(c.hidden), ln1_(c.hidden, c.seed, c.id_base, c.name + ".ln1"),
         attn_(tp, context, AttentionConfig{c.hidden, c.heads, c.seq, c.seed, c.id_base + 2, c.name + ".attn"}),
         ln2_(c.hidden, c.seed, c.id_base + 6, c.name + ".ln2"),
-        mlp_(make_mlp<C, dyn, dyn, dyn, false, B>(tp, MlpConfig{c.hidden, c.ffn, c.seed, c.id_base + 8, c.name + ".mlp"})) {
+        mlp_(make_mlp<C, dyn, dyn, dyn, false, B>(tp,
+                                                  MlpConfig{c.hidden, c.ffn, c.seed, c.id_base + 8, c.name + ".mlp"})) {
     require(c.dropout == 0.0, "RingTransformerBlock '", c.name, "': dropout ", c.dropout,
             " under context parallelism is not supported (the mask streams are indexed by local token position); "
             "use dropout 0 with cp > 1");

@@ -9,8 +9,8 @@
 #include <type_traits>
 
 #include "mpar/backend/host/host_backend.hpp"
-#include "mpar/nn/backend_copy.hpp"
 #include "mpar/comm/communicator.hpp"
+#include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/collectives.hpp"
 #include "mpar/nn/linear.hpp"
 
@@ -77,16 +77,14 @@ class RowParallel : public detail::LinearState, public detail::TypedLayer<RowPar
     }
   }
   template <class L>
-  using output_layout = std::conditional_t<R == RowReduce::all_reduce, Replicate,
-                                           std::conditional_t<R == RowReduce::reduce_scatter, TokenShard, TensorPartial>>;
+  using output_layout =
+      std::conditional_t<R == RowReduce::all_reduce, Replicate,
+                         std::conditional_t<R == RowReduce::reduce_scatter, TokenShard, TensorPartial>>;
 
   RowParallel(C& tp, std::size_t in, std::size_t out, const LinearInit& init)
-      : comm_(&tp),
-        in_(detail::reconcile(In, in, layer_kind, "in_features")),
+      : comm_(&tp), in_(detail::reconcile(In, in, layer_kind, "in_features")),
         out_(detail::reconcile(Out, out, layer_kind, "out_features")),
-        p_(detail::checked_tp_size<TP>(tp, layer_kind, init.name)),
-        rank_(std::size_t(tp.rank())),
-        name_(init.name) {
+        p_(detail::checked_tp_size<TP>(tp, layer_kind, init.name)), rank_(std::size_t(tp.rank())), name_(init.name) {
     require(in_ > 0 && out_ > 0 && in_ % p_ == 0, "RowParallel '", name_, "' (tensor rank ", rank_, "): input size ",
             in_, " is not divisible by the tensor-parallel size ", p_, " (output size ", out_, ")");
     local_in_ = in_ / p_;
@@ -108,7 +106,7 @@ class RowParallel : public detail::LinearState, public detail::TypedLayer<RowPar
             x.extent(1), " features, expected ", local_in_, " (= ", in_, " / ", p_, ")");
     // This rank's rows of W times its feature block: a full-size addend of the product.
     Act<TensorPartial> y(Activation({x.extent(0), out_}, uninitialized));  // the GEMM (beta = 0) writes all of it
-    gemm_forward<B>(mb, std::move(x).tensor(), out_, y.tensor());  // fp32, or 16-bit operands under Autocast
+    gemm_forward<B>(mb, std::move(x).tensor(), out_, y.tensor());          // fp32, or 16-bit operands under Autocast
     const bool with_bias = has_bias();
     if constexpr (R == RowReduce::all_reduce) {
       Act<Replicate> r = ReduceToReplicate::forward(*comm_, std::move(y));
@@ -134,8 +132,10 @@ class RowParallel : public detail::LinearState, public detail::TypedLayer<RowPar
     // The backward dual of the forward reduction: identity (all-reduce) or all-gather (reduce-scatter);
     // a Partial output's gradient is already replicated.
     Act<Replicate> dy = [&] {
-      if constexpr (R == RowReduce::reduce_scatter) return ReduceScatterTokens::backward(*comm_, Act<TokenShard>(dy_in));
-      else return ReduceToReplicate::backward(*comm_, Act<Replicate>(backend_copy<B>(dy_in)));  // kept for W
+      if constexpr (R == RowReduce::reduce_scatter)
+        return ReduceScatterTokens::backward(*comm_, Act<TokenShard>(dy_in));
+      else
+        return ReduceToReplicate::backward(*comm_, Act<Replicate>(backend_copy<B>(dy_in)));  // kept for W
     }();
     require(dy.extent(0) == x.rows && dy.extent(1) == out_, "RowParallel '", name_, "' (tensor rank ", rank_,
             "): output gradient is ", dy.extent(0), "x", dy.extent(1), ", expected ", x.rows, "x", out_);

@@ -75,8 +75,8 @@ struct stage_fold {
   static constexpr std::size_t features = F;
 };
 template <class Layout, std::size_t F, class L, class... Rest>
-struct stage_fold<Layout, F, L, Rest...>
-    : stage_fold<typename L::template output_layout<Layout>, (L::preserves_features ? F : L::static_out_features), Rest...> {};
+struct stage_fold<Layout, F, L, Rest...> : stage_fold<typename L::template output_layout<Layout>,
+                                                      (L::preserves_features ? F : L::static_out_features), Rest...> {};
 
 /** Read by Stage's class-body check: a refused link has already produced its one message. */
 inline constexpr bool diagnosed_by_the_refusing_layer = true;
@@ -150,8 +150,10 @@ class Stage : public detail::TypedLayer<Stage<First, Rest...>> {
    *  weight gradient needs for micro-batch `mb`. */
   template <class G>
   auto backward_input(const Act<G>& dy, int mb = 0) {
-    if constexpr (composes) return typed_backward_from<sizeof...(Rest)>(dy, mb);
-    else return Act<grad_layout_t<input_layout>>{};
+    if constexpr (composes)
+      return typed_backward_from<sizeof...(Rest)>(dy, mb);
+    else
+      return Act<grad_layout_t<input_layout>>{};
   }
   /** Typed backward: B then W. */
   template <class G>
@@ -180,7 +182,8 @@ class Stage : public detail::TypedLayer<Stage<First, Rest...>> {
   }
   [[nodiscard]] std::size_t out_features() const {
     std::size_t f = 0;
-    std::apply([&](const auto&... l) { ((l.out_features() != 0 ? (void)(f = l.out_features()) : void()), ...); }, layers_);
+    std::apply([&](const auto&... l) { ((l.out_features() != 0 ? (void)(f = l.out_features()) : void()), ...); },
+               layers_);
     return f;
   }
   template <std::size_t I>
@@ -192,13 +195,17 @@ class Stage : public detail::TypedLayer<Stage<First, Rest...>> {
  private:
   template <class X, class L, class... Ls>
   static auto typed_forward_each(const X& x, int mb, L& l, Ls&... ls) {
-    if constexpr (sizeof...(Ls) == 0) return l.forward(x, mb);
-    else return typed_forward_each(l.forward(x, mb), mb, ls...);
+    if constexpr (sizeof...(Ls) == 0)
+      return l.forward(x, mb);
+    else
+      return typed_forward_each(l.forward(x, mb), mb, ls...);
   }
   template <std::size_t I, class G>
   auto typed_backward_from(const Act<G>& dy, int mb) {
-    if constexpr (I == 0) return detail::backward_input_of(std::get<0>(layers_), dy, mb);
-    else return typed_backward_from<I - 1>(detail::backward_input_of(std::get<I>(layers_), dy, mb), mb);
+    if constexpr (I == 0)
+      return detail::backward_input_of(std::get<0>(layers_), dy, mb);
+    else
+      return typed_backward_from<I - 1>(detail::backward_input_of(std::get<I>(layers_), dy, mb), mb);
   }
   template <std::size_t I>
   void weight_from(int mb) {

@@ -53,7 +53,8 @@ concept block_ffn = split_backward_module<F, Act<L>> && droppable_module<F>;
  * The backward splits for zero-bubble schedules: `backward_input` (B, with both backward
  * all-reduces) and `backward_weight` (W, the four projection weight GEMMs, no communication).
  */
-template <communicator C, bool SP = false, backend B = HostBackend, class FeedForward = MlpStage<C, dyn, dyn, dyn, SP, B>>
+template <communicator C, bool SP = false, backend B = HostBackend,
+          class FeedForward = MlpStage<C, dyn, dyn, dyn, SP, B>>
   requires block_ffn<FeedForward, std::conditional_t<SP, TokenShard, Replicate>>
 class TransformerBlock : public detail::TypedLayer<TransformerBlock<C, SP, B, FeedForward>> {
   using L = std::conditional_t<SP, TokenShard, Replicate>;
@@ -73,18 +74,16 @@ class TransformerBlock : public detail::TypedLayer<TransformerBlock<C, SP, B, Fe
   using output_layout = L;
 
   /** The block with the tensor-parallel MLP (ids id_base+8..+11). */
-  TransformerBlock(C& tp, const BlockConfig& c)
-    requires std::same_as<FeedForward, MlpStage<C, dyn, dyn, dyn, SP, B>>
-      : TransformerBlock(tp, c, make_mlp<C, dyn, dyn, dyn, SP, B>(
-                                    tp, MlpConfig{c.hidden, c.ffn, c.seed, c.id_base + 8, c.name + ".mlp"})) {}
+  TransformerBlock(C& tp, const BlockConfig& c) requires std::same_as<FeedForward, MlpStage<C, dyn, dyn, dyn, SP, B>>
+      : TransformerBlock(tp, c,
+                         make_mlp<C, dyn, dyn, dyn, SP, B>(tp, MlpConfig{c.hidden, c.ffn, c.seed, c.id_base + 8,
+                                                                         c.name + ".mlp"})) {}
   /** The block with another feed-forward half (which takes the ids id_base+8..+11). */
   TransformerBlock(C& tp, const BlockConfig& c, FeedForward ffn)
-      : hidden_(c.hidden),
-        ln1_(make_ln(tp, c, 0, ".ln1")),
+      : hidden_(c.hidden), ln1_(make_ln(tp, c, 0, ".ln1")),
         attn_(tp, AttentionConfig{c.hidden, c.heads, c.seq, c.seed, c.id_base + 2, c.name + ".attn"}),
         drop1_(c.dropout, c.seed, c.id_base + 12, std::size_t(tp.size()), std::size_t(tp.rank())),
-        ln2_(make_ln(tp, c, 6, ".ln2")),
-        mlp_(std::move(ffn)),
+        ln2_(make_ln(tp, c, 6, ".ln2")), mlp_(std::move(ffn)),
         drop2_(c.dropout, c.seed, c.id_base + 13, std::size_t(tp.size()), std::size_t(tp.rank())) {}
 
   template <class In>
@@ -147,8 +146,10 @@ class TransformerBlock : public detail::TypedLayer<TransformerBlock<C, SP, B, Fe
  private:
   using Ln = std::conditional_t<SP, LayerNorm<TokenShard, C, B>, LayerNorm<Replicate, NoComm, B>>;
   static Ln make_ln(C& tp, const BlockConfig& c, std::uint64_t off, const char* suffix) {
-    if constexpr (SP) return Ln(tp, c.hidden, c.seed, c.id_base + off, c.name + suffix);
-    else return Ln(c.hidden, c.seed, c.id_base + off, c.name + suffix);
+    if constexpr (SP)
+      return Ln(tp, c.hidden, c.seed, c.id_base + off, c.name + suffix);
+    else
+      return Ln(c.hidden, c.seed, c.id_base + off, c.name + suffix);
   }
   /** h = x + drop1(attn(ln1(x))), y = h + drop2(mlp(ln2(h))): every link and both residuals are typed. */
   Act<L> run_forward(const Act<L>& x, int mb) {

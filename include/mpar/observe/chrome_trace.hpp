@@ -49,7 +49,8 @@ class ChromeTrace {
       sep();
       os << R"({"ph":"M","name":"process_name","pid":)" << pid << R"(,"tid":0,"args":{"name":)" << quote(name) << "}}";
       sep();
-      os << R"({"ph":"M","name":"process_sort_index","pid":)" << pid << R"(,"tid":0,"args":{"sort_index":)" << pid << "}}";
+      os << R"({"ph":"M","name":"process_sort_index","pid":)" << pid << R"(,"tid":0,"args":{"sort_index":)" << pid
+         << "}}";
     }
     for (const auto& [key, name] : threads_) {
       sep();

@@ -72,20 +72,43 @@ enum class Op : std::size_t {
   update_factors,
   gemm_bias_gelu,  ///< the MLP's first projection with its bias and GeLU (a GEMM)
   accumulate,      ///< a micro-batch's loss added to the step's statistics in rank memory
-  kinds_  ///< the number of kinds
+  kinds_           ///< the number of kinds
 };
 inline constexpr std::size_t op_kinds = std::size_t(Op::kinds_);
-inline constexpr std::array<std::string_view, op_kinds> op_names{
-    "gemm",          "gemm_mixed",      "gemm_strided_batched", "add",
-    "bias_add_forward", "bias_add_backward", "gelu_forward",     "gelu_backward",
-    "softmax_forward", "softmax_backward", "layernorm_forward", "layernorm_backward",
-    "dropout_apply", "embedding_forward", "embedding_backward", "vocab_parallel_max",
-    "vocab_parallel_sumexp", "vocab_parallel_backward", "adamw_update", "sgd_update",
-    "sum_squares",   "scale",           "gather_rows",          "scatter_rows",
-    "scatter_add_rows", "scatter_add_rows_backward", "zero",    "fill",
-    "copy",          "convert",         "vocab_parallel_loss", "update_factors",
-    "gemm_bias_gelu",
-    "accumulate"};
+inline constexpr std::array<std::string_view, op_kinds> op_names{"gemm",
+                                                                 "gemm_mixed",
+                                                                 "gemm_strided_batched",
+                                                                 "add",
+                                                                 "bias_add_forward",
+                                                                 "bias_add_backward",
+                                                                 "gelu_forward",
+                                                                 "gelu_backward",
+                                                                 "softmax_forward",
+                                                                 "softmax_backward",
+                                                                 "layernorm_forward",
+                                                                 "layernorm_backward",
+                                                                 "dropout_apply",
+                                                                 "embedding_forward",
+                                                                 "embedding_backward",
+                                                                 "vocab_parallel_max",
+                                                                 "vocab_parallel_sumexp",
+                                                                 "vocab_parallel_backward",
+                                                                 "adamw_update",
+                                                                 "sgd_update",
+                                                                 "sum_squares",
+                                                                 "scale",
+                                                                 "gather_rows",
+                                                                 "scatter_rows",
+                                                                 "scatter_add_rows",
+                                                                 "scatter_add_rows_backward",
+                                                                 "zero",
+                                                                 "fill",
+                                                                 "copy",
+                                                                 "convert",
+                                                                 "vocab_parallel_loss",
+                                                                 "update_factors",
+                                                                 "gemm_bias_gelu",
+                                                                 "accumulate"};
 
 /**
  * @brief Whether backend `B`'s operations return only after their work finished (each one a host
@@ -94,8 +117,10 @@ inline constexpr std::array<std::string_view, op_kinds> op_names{
  */
 template <class B>
 inline constexpr bool operations_block_host = [] {
-  if constexpr (requires { B::operations_block_host; }) return bool(B::operations_block_host);
-  else return true;
+  if constexpr (requires { B::operations_block_host; })
+    return bool(B::operations_block_host);
+  else
+    return true;
 }();
 
 /** @brief What one rank asked of its backend (a snapshot, or the difference of two). */
@@ -112,7 +137,10 @@ struct BackendCounts {
     for (auto v : launches) n += v;
     return n;
   }
-  [[nodiscard]] std::uint64_t gemms() const { return (*this)[Op::gemm] + (*this)[Op::gemm_mixed] + (*this)[Op::gemm_strided_batched] + (*this)[Op::gemm_bias_gelu]; }
+  [[nodiscard]] std::uint64_t gemms() const {
+    return (*this)[Op::gemm] + (*this)[Op::gemm_mixed] + (*this)[Op::gemm_strided_batched] +
+           (*this)[Op::gemm_bias_gelu];
+  }
   /** Times the host waited for the backend: explicit synchronisations and event waits, plus every launch of a blocking backend. */
   [[nodiscard]] std::uint64_t host_syncs() const {
     return synchronize_calls + event_waits + (operations_block ? total_launches() : 0);
@@ -166,11 +194,11 @@ struct CountingBackend : B {
     B::template gemm<TIn, TOut>(std::forward<A>(a)...);
   }
 
-#define MPAR_COUNTING_OP(op)                                         \
-  template <class... A>                                              \
-  static decltype(auto) op(A&&... a) {                               \
-    note(Op::op);                                                    \
-    return B::op(std::forward<A>(a)...);                             \
+#define MPAR_COUNTING_OP(op)             \
+  template <class... A>                  \
+  static decltype(auto) op(A&&... a) {   \
+    note(Op::op);                        \
+    return B::op(std::forward<A>(a)...); \
   }
   MPAR_COUNTING_OP(add)
   MPAR_COUNTING_OP(bias_add_forward)

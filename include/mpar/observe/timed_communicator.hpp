@@ -30,25 +30,73 @@ class TimedCommunicator {
   [[nodiscard]] double seconds() const { return *seconds_; }
   void reset() { *seconds_ = 0.0; }
 
-  template <class... A> void all_reduce(A&&... a) { timed([&] { inner_.all_reduce(std::forward<A>(a)...); }); }
-  template <class... A> void broadcast(A&&... a) { timed([&] { inner_.broadcast(std::forward<A>(a)...); }); }
-  template <class... A> void reduce(A&&... a) { timed([&] { inner_.reduce(std::forward<A>(a)...); }); }
-  template <class... A> void all_gather(A&&... a) { timed([&] { inner_.all_gather(std::forward<A>(a)...); }); }
-  template <class... A> void reduce_scatter(A&&... a) { timed([&] { inner_.reduce_scatter(std::forward<A>(a)...); }); }
-  template <class... A> void gather(A&&... a) { timed([&] { inner_.gather(std::forward<A>(a)...); }); }
-  template <class... A> void scatter(A&&... a) { timed([&] { inner_.scatter(std::forward<A>(a)...); }); }
-  template <class... A> void all_to_all(A&&... a) { timed([&] { inner_.all_to_all(std::forward<A>(a)...); }); }
-  template <class... A> void all_to_all_v(A&&... a) { timed([&] { inner_.all_to_all_v(std::forward<A>(a)...); }); }
-  template <class... A> void send(A&&... a) { timed([&] { inner_.send(std::forward<A>(a)...); }); }
-  template <class... A> void recv(A&&... a) { timed([&] { inner_.recv(std::forward<A>(a)...); }); }
-  void barrier() { timed([&] { inner_.barrier(); }); }
-  template <class... A> auto iall_reduce(A&&... a) { return timed([&] { return inner_.iall_reduce(std::forward<A>(a)...); }); }
-  template <class... A> auto iall_gather(A&&... a) { return timed([&] { return inner_.iall_gather(std::forward<A>(a)...); }); }
-  template <class... A> auto ireduce_scatter(A&&... a) {
+  template <class... A>
+  void all_reduce(A&&... a) {
+    timed([&] { inner_.all_reduce(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  void broadcast(A&&... a) {
+    timed([&] { inner_.broadcast(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  void reduce(A&&... a) {
+    timed([&] { inner_.reduce(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  void all_gather(A&&... a) {
+    timed([&] { inner_.all_gather(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  void reduce_scatter(A&&... a) {
+    timed([&] { inner_.reduce_scatter(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  void gather(A&&... a) {
+    timed([&] { inner_.gather(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  void scatter(A&&... a) {
+    timed([&] { inner_.scatter(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  void all_to_all(A&&... a) {
+    timed([&] { inner_.all_to_all(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  void all_to_all_v(A&&... a) {
+    timed([&] { inner_.all_to_all_v(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  void send(A&&... a) {
+    timed([&] { inner_.send(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  void recv(A&&... a) {
+    timed([&] { inner_.recv(std::forward<A>(a)...); });
+  }
+  void barrier() {
+    timed([&] { inner_.barrier(); });
+  }
+  template <class... A>
+  auto iall_reduce(A&&... a) {
+    return timed([&] { return inner_.iall_reduce(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  auto iall_gather(A&&... a) {
+    return timed([&] { return inner_.iall_gather(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  auto ireduce_scatter(A&&... a) {
     return timed([&] { return inner_.ireduce_scatter(std::forward<A>(a)...); });
   }
-  template <class... A> auto isend(A&&... a) { return timed([&] { return inner_.isend(std::forward<A>(a)...); }); }
-  template <class... A> auto irecv(A&&... a) { return timed([&] { return inner_.irecv(std::forward<A>(a)...); }); }
+  template <class... A>
+  auto isend(A&&... a) {
+    return timed([&] { return inner_.isend(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  auto irecv(A&&... a) {
+    return timed([&] { return inner_.irecv(std::forward<A>(a)...); });
+  }
   [[nodiscard]] TimedCommunicator split(int color, int key) { return TimedCommunicator(inner_.split(color, key)); }
 
  private:

@@ -31,8 +31,7 @@ inline void* tracked_alloc(std::size_t n) noexcept {
   if (AllocationCounter* c = h->owner) {
     const std::int64_t now = c->live.fetch_add(std::int64_t(n), std::memory_order_relaxed) + std::int64_t(n);
     std::int64_t seen = c->peak.load(std::memory_order_relaxed);
-    while (now > seen && !c->peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {
-    }
+    while (now > seen && !c->peak.compare_exchange_weak(seen, now, std::memory_order_relaxed)) {}
   }
   return h + 1;
 }
@@ -46,7 +45,8 @@ inline void tracked_free(void* p) noexcept {
 class allocation_failure : public std::bad_alloc {
  public:
   explicit allocation_failure(std::size_t n) {
-    std::snprintf(what_, sizeof what_, "an allocation of %zu bytes (%.3g GiB) failed", n, double(n) / double(1ull << 30));
+    std::snprintf(what_, sizeof what_, "an allocation of %zu bytes (%.3g GiB) failed", n,
+                  double(n) / double(1ull << 30));
   }
   [[nodiscard]] const char* what() const noexcept override { return what_; }
 
@@ -61,8 +61,12 @@ inline void* tracked_new(std::size_t n) {
 
 void* operator new(std::size_t n) { return mpar::observe::detail::tracked_new(n); }
 void* operator new[](std::size_t n) { return mpar::observe::detail::tracked_new(n); }
-void* operator new(std::size_t n, const std::nothrow_t&) noexcept { return mpar::observe::detail::tracked_alloc(n == 0 ? 1 : n); }
-void* operator new[](std::size_t n, const std::nothrow_t&) noexcept { return mpar::observe::detail::tracked_alloc(n == 0 ? 1 : n); }
+void* operator new(std::size_t n, const std::nothrow_t&) noexcept {
+  return mpar::observe::detail::tracked_alloc(n == 0 ? 1 : n);
+}
+void* operator new[](std::size_t n, const std::nothrow_t&) noexcept {
+  return mpar::observe::detail::tracked_alloc(n == 0 ? 1 : n);
+}
 void operator delete(void* p) noexcept { mpar::observe::detail::tracked_free(p); }
 void operator delete[](void* p) noexcept { mpar::observe::detail::tracked_free(p); }
 void operator delete(void* p, std::size_t) noexcept { mpar::observe::detail::tracked_free(p); }

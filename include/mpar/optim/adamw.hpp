@@ -52,7 +52,7 @@ struct AdamWConfig {
 /** @brief The per-step constants of one AdamW update: the learning rate and both bias corrections. */
 struct AdamWStep {
   float lr = 0.0f;
-  float weight_decay = 0.0f;  ///< 0 for parameters that do not decay
+  float weight_decay = 0.0f;                               ///< 0 for parameters that do not decay
   float bias_correction1 = 1.0f, bias_correction2 = 1.0f;  ///< 1 - beta^t for step t (1-based)
 
   /** The constants of step `t` (1-based). */
@@ -90,7 +90,8 @@ void adamw_update(std::span<float> w, std::span<const float> g, std::span<float>
 template <backend B = HostBackend>
 class AdamW {
  public:
-  AdamW(std::vector<nn::Parameter*> params, AdamWConfig config) : params_(std::move(params)), config_(std::move(config)) {
+  AdamW(std::vector<nn::Parameter*> params, AdamWConfig config)
+      : params_(std::move(params)), config_(std::move(config)) {
     require(config_.lr >= 0.0f && config_.beta1 >= 0.0f && config_.beta1 < 1.0f && config_.beta2 >= 0.0f &&
                 config_.beta2 < 1.0f && config_.eps > 0.0f,
             "AdamW: need lr >= 0, 0 <= beta1, beta2 < 1 and eps > 0 (got lr ", config_.lr, ", beta1 ", config_.beta1,

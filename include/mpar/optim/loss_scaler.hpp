@@ -54,9 +54,7 @@ class DynamicLossScaler {
   [[nodiscard]] std::size_t good_steps_in_a_row() const { return good_run_; }
 
   /** Divides every gradient by the scale; returns whether all of them are finite on this rank alone. */
-  [[nodiscard]] bool unscale_and_check(std::span<nn::Parameter* const> params) const {
-    return local_unscale(params);
-  }
+  [[nodiscard]] bool unscale_and_check(std::span<nn::Parameter* const> params) const { return local_unscale(params); }
   /** As above, with the verdict agreed over `group` (an all_reduce of the overflow flag with max). */
   template <communicator C>
   [[nodiscard]] bool unscale_and_check(std::span<nn::Parameter* const> params, C& group) const {

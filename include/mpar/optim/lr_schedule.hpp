@@ -24,8 +24,8 @@ struct WarmupCosine {
 
   WarmupCosine(double peak, double min, std::size_t warmup, std::size_t total)
       : peak_lr(peak), min_lr(min), warmup_steps(warmup), total_steps(total) {
-    require(peak >= 0.0 && min >= 0.0 && min <= peak, "WarmupCosine: need 0 <= min_lr (", min, ") <= peak_lr (",
-            peak, ")");
+    require(peak >= 0.0 && min >= 0.0 && min <= peak, "WarmupCosine: need 0 <= min_lr (", min, ") <= peak_lr (", peak,
+            ")");
     require(total >= warmup && total > 0, "WarmupCosine: total_steps (", total,
             ") must be positive and at least warmup_steps (", warmup, ")");
   }

@@ -82,8 +82,8 @@ class Sgd {
   void step(float lr, const UpdateFactors* factors) {
     for (std::size_t i = 0; i < params_.size(); ++i) {
       auto& p = *params_[i];
-      require(p.grad.size() == p.value.size(), "Sgd::step: parameter ", p.name, " has ", p.value.size(),
-              " values but ", p.grad.size(), " gradients");
+      require(p.grad.size() == p.value.size(), "Sgd::step: parameter ", p.name, " has ", p.value.size(), " values but ",
+              p.grad.size(), " gradients");
       sgd_update<B>(p.value, p.grad, buffers_[i], steps_ == 0, config_, lr, factors);
     }
     ++steps_;

@@ -22,11 +22,11 @@
 
 #include "mpar/backend/backend.hpp"
 #include "mpar/backend/host/host_backend.hpp"
-#include "mpar/optim/rank_scalars.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/memory_resource.hpp"
 #include "mpar/nn/parameter.hpp"
+#include "mpar/optim/rank_scalars.hpp"
 
 namespace mpar::parallel {
 
@@ -50,8 +50,7 @@ struct Bucket {
  * (the first parameter of a unit), so no bucket holds parameters of two units (ZeRO-3 gathers whole buckets
  * per unit).
  */
-[[nodiscard]] inline std::vector<Bucket> plan_buckets(std::span<nn::Parameter* const> params,
-                                                      std::size_t bucket_bytes,
+[[nodiscard]] inline std::vector<Bucket> plan_buckets(std::span<nn::Parameter* const> params, std::size_t bucket_bytes,
                                                       std::span<const std::size_t> unit_starts = {}) {
   std::vector<Bucket> out;
   Bucket cur;
@@ -101,8 +100,8 @@ enum class BucketMemory { kept, transient };
 template <communicator Comm, BucketCollective Kind, backend B = HostBackend>
 class GradBuckets {
   using all_reduce_request = decltype(std::declval<Comm&>().iall_reduce(std::span<float>{}, ReduceOp::sum));
-  using reduce_scatter_request = decltype(std::declval<Comm&>().ireduce_scatter(std::span<const float>{},
-                                                                                std::span<float>{}, ReduceOp::sum));
+  using reduce_scatter_request =
+      decltype(std::declval<Comm&>().ireduce_scatter(std::span<const float>{}, std::span<float>{}, ReduceOp::sum));
 
  public:
   using request_type =
@@ -208,8 +207,8 @@ class GradBuckets {
             " was marked twice in one step (call reset() after wait())");
     const std::size_t b = bucket_of_[k];
     const BucketSlot& s = buckets_[b].slots[slot_of_[k]];
-    require(p.grad.size() == s.size, "GradBuckets::mark_ready on rank ", comm_->rank(), ": parameter ", p.name,
-            " has ", p.grad.size(), " gradient elements, but ", s.size, " when the buckets were planned");
+    require(p.grad.size() == s.size, "GradBuckets::mark_ready on rank ", comm_->rank(), ": parameter ", p.name, " has ",
+            p.grad.size(), " gradient elements, but ", s.size, " when the buckets were planned");
     if (ready_[b] == 0) select_storage(b);  // the bucket's first gradient this step
     // A backend copy where operations run in stream order (the host must not touch rank memory there).
     if (aliased_[b]) {
@@ -243,8 +242,10 @@ class GradBuckets {
   void release_finished() {
     std::size_t in_flight = 0;
     for (std::size_t b = next_done_; b < next_launch_; ++b)
-      if (requests_[b] && requests_[b]->test()) finish_bucket(b);
-      else if (requests_[b]) ++in_flight;
+      if (requests_[b] && requests_[b]->test())
+        finish_bucket(b);
+      else if (requests_[b])
+        ++in_flight;
     for (std::size_t b = next_done_; b < next_launch_ && in_flight > in_flight_; ++b)
       if (requests_[b]) finish_bucket(b), --in_flight;
   }
@@ -291,8 +292,8 @@ class GradBuckets {
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_, slot_of_;
   std::vector<Buffer<float>> flat_, shard_;  // rank memory, as every communicated buffer
-  std::vector<std::span<float>> view_;       // what each bucket's collective reads and writes: flat_[b] or the gradients
-  std::vector<bool> aliased_;                // bucket b runs in place on the gradients
+  std::vector<std::span<float>> view_;  // what each bucket's collective reads and writes: flat_[b] or the gradients
+  std::vector<bool> aliased_;           // bucket b runs in place on the gradients
   std::vector<std::optional<request_type>> requests_;
   std::vector<bool> marked_;
   std::vector<std::size_t> ready_;

@@ -97,9 +97,9 @@ struct OptimizerConfig {
   Precision precision = Precision::fp32;
   UpdateRule rule = UpdateRule::adamw;
   GradSync sync = GradSync::all_reduce;
-  optim::AdamWConfig adamw;      ///< AdamW's (and ZeRO-1's) hyper-parameters
-  optim::SgdConfig sgd;          ///< SGD's
-  double clip = 1.0;             ///< global-norm clipping threshold; 0 disables clipping
+  optim::AdamWConfig adamw;  ///< AdamW's (and ZeRO-1's) hyper-parameters
+  optim::SgdConfig sgd;      ///< SGD's
+  double clip = 1.0;         ///< global-norm clipping threshold; 0 disables clipping
   std::size_t bucket_bytes = std::size_t(1) << 20;
   optim::LossScalerConfig loss_scaler;  ///< f16 only
   /// ZeRO-3: where each unit the passes gather at once begins, as indices into the updated parameters
@@ -127,7 +127,7 @@ struct OptimizerGroups {
  * factors the update kernels read. Copied to the host once per step.
  */
 struct RankStatistics {
-  double loss = 0, aux_loss = 0;      ///< contiguous: one all-reduce averages both
+  double loss = 0, aux_loss = 0;  ///< contiguous: one all-reduce averages both
   double grad_squares = 0, grad_norm = 0;
   UpdateFactors factors;
 };
@@ -135,9 +135,9 @@ struct RankStatistics {
 /** @brief What one step measured, the same on every rank. */
 struct StepStatistics {
   double loss = 0, aux_loss = 0;
-  double grad_norm = 0;   ///< of the true (unscaled) gradient, before clipping; not finite on an f16 overflow
-  bool found_inf = false; ///< the gradient held inf or NaN
-  bool skipped = false;   ///< the update was skipped (f16 overflow): weights and states unchanged
+  double grad_norm = 0;    ///< of the true (unscaled) gradient, before clipping; not finite on an f16 overflow
+  bool found_inf = false;  ///< the gradient held inf or NaN
+  bool skipped = false;    ///< the update was skipped (f16 overflow): weights and states unchanged
 };
 
 /**
@@ -172,7 +172,8 @@ class DistributedOptimizer {
     stats_ = B::template allocate<RankStatistics>(1);  // every field written by operations or copies before it is read
     bind_gradient_arena(stage);
     if (stage > 0) {
-      zero_.emplace(params_, *g_.data, cfg_.adamw, ZeroOptions{cfg_.bucket_bytes, 0.0, stage, 2, cfg_.zero_unit_starts});
+      zero_.emplace(params_, *g_.data, cfg_.adamw,
+                    ZeroOptions{cfg_.bucket_bytes, 0.0, stage, 2, cfg_.zero_unit_starts});
       if (stage == 3 && cfg_.precision == Precision::bf16) zero_->set_gather_rounding(round_through<bf16>);
       if (stage == 3 && cfg_.precision == Precision::f16) zero_->set_gather_rounding(round_through<f16>);
       for (std::size_t i = 0; i < params_.size(); ++i) route_.emplace(params_[i], Route{Route::zero, i});
@@ -189,8 +190,10 @@ class DistributedOptimizer {
       if (replicas > 1) dp_.emplace(replicated, *g_.replica, DataParallelOptions{cfg_.bucket_bytes, 0.0});
       if (dp > 1 && !experts_.empty())
         dp_experts_.emplace(experts_, *g_.data, DataParallelOptions{cfg_.bucket_bytes, double(replicas)});
-      if (cfg_.rule == UpdateRule::adamw) adamw_.emplace(params_, cfg_.adamw);
-      else sgd_.emplace(params_, cfg_.sgd);
+      if (cfg_.rule == UpdateRule::adamw)
+        adamw_.emplace(params_, cfg_.adamw);
+      else
+        sgd_.emplace(params_, cfg_.sgd);
     }
   }
 
@@ -203,9 +206,12 @@ class DistributedOptimizer {
     const auto t = std::chrono::steady_clock::now();
     if (const auto it = route_.find(&p); it != route_.end()) {
       const Route r = it->second;
-      if (r.kind == Route::zero) zero_->mark_ready(r.index);
-      else if (r.kind == Route::replicated && dp_) dp_->mark_ready(r.index);
-      else if (r.kind == Route::expert && dp_experts_) dp_experts_->mark_ready(r.index);
+      if (r.kind == Route::zero)
+        zero_->mark_ready(r.index);
+      else if (r.kind == Route::replicated && dp_)
+        dp_->mark_ready(r.index);
+      else if (r.kind == Route::expert && dp_experts_)
+        dp_experts_->mark_ready(r.index);
     }
     sync_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   }
@@ -279,17 +285,23 @@ class DistributedOptimizer {
   StepStatistics step(double lr) {
     finish_gradient_sync();
     RankStatistics* st = stats_.data();
-    if (zero_) zero_->global_grad_squares(&st->grad_squares, *g_.tensor, *g_.pipeline);
-    else if (ep_ > 1) optim::global_grad_squares<B>(params_, &st->grad_squares, *g_.tensor, *g_.pipeline, *g_.expert);
-    else optim::global_grad_squares<B>(params_, &st->grad_squares, *g_.tensor, *g_.pipeline);
+    if (zero_)
+      zero_->global_grad_squares(&st->grad_squares, *g_.tensor, *g_.pipeline);
+    else if (ep_ > 1)
+      optim::global_grad_squares<B>(params_, &st->grad_squares, *g_.tensor, *g_.pipeline, *g_.expert);
+    else
+      optim::global_grad_squares<B>(params_, &st->grad_squares, *g_.tensor, *g_.pipeline);
     B::update_factors(&st->grad_squares, cfg_.clip, 1.0f / loss_scale(), scaler_.has_value(), &st->grad_norm,
                       &st->factors);
     // The norm is already the same on every rank; agreeing the skip over the world keeps replicas together
     // even if a communicator's reduction rounded differently on some rank.
     if (scaler_) g_.world->all_reduce(std::span<float>(&st->factors.skip, 1), ReduceOp::max);
-    if (zero_) zero_->step(float(lr), &st->factors);
-    else if (adamw_) adamw_->step(float(lr), &st->factors);
-    else sgd_->step(float(lr), &st->factors);
+    if (zero_)
+      zero_->step(float(lr), &st->factors);
+    else if (adamw_)
+      adamw_->step(float(lr), &st->factors);
+    else
+      sgd_->step(float(lr), &st->factors);
     g_.world->all_reduce(std::span<double>(losses(), 2), ReduceOp::avg);
 
     RankStatistics host;
@@ -297,9 +309,12 @@ class DistributedOptimizer {
     StepStatistics out{host.loss, host.aux_loss, host.grad_norm, !std::isfinite(host.grad_norm),
                        host.factors.skip != 0.0f};
     if (out.skipped) {
-      if (zero_) zero_->retract_step();
-      else if (adamw_) adamw_->retract_step();
-      else sgd_->retract_step();
+      if (zero_)
+        zero_->retract_step();
+      else if (adamw_)
+        adamw_->retract_step();
+      else
+        sgd_->retract_step();
     }
     if (scaler_) scaler_->update(!out.skipped);
     last_ = out;
@@ -340,13 +355,14 @@ class DistributedOptimizer {
   [[nodiscard]] ZeroAdamW<Comm, B>* zero() { return zero_ ? &*zero_ : nullptr; }
   [[nodiscard]] optim::DynamicLossScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
   /** Updates taken (AdamW's bias-correction count, or SGD's), for checkpoints. */
-  [[nodiscard]] std::size_t steps() const {
-    return zero_ ? zero_->steps() : adamw_ ? adamw_->steps() : sgd_->steps();
-  }
+  [[nodiscard]] std::size_t steps() const { return zero_ ? zero_->steps() : adamw_ ? adamw_->steps() : sgd_->steps(); }
   void set_steps(std::size_t n) {
-    if (zero_) zero_->set_steps(n);
-    else if (adamw_) adamw_->set_steps(n);
-    else sgd_->set_steps(n);
+    if (zero_)
+      zero_->set_steps(n);
+    else if (adamw_)
+      adamw_->set_steps(n);
+    else
+      sgd_->set_steps(n);
   }
   /** Floats of the synchroniser's own gradient buffers held now (ZeRO: shards and flat buckets; else 0). */
   [[nodiscard]] std::size_t sync_gradient_elements() const { return zero_ ? zero_->gradient_buffer_elements() : 0; }
@@ -403,10 +419,14 @@ class DistributedOptimizer {
 
   void finish_gradient_sync() {
     const auto t = std::chrono::steady_clock::now();
-    if (zero_) zero_->reduce_gradients();
-    else if (dp_) dp_->finish();
-    if (dp_experts_) dp_experts_->finish();
-    else if (ep_ > 1) optim::scale_grads<B>(experts_, 1.0f / float(ep_));
+    if (zero_)
+      zero_->reduce_gradients();
+    else if (dp_)
+      dp_->finish();
+    if (dp_experts_)
+      dp_experts_->finish();
+    else if (ep_ > 1)
+      optim::scale_grads<B>(experts_, 1.0f / float(ep_));
     sync_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   }
 
@@ -424,8 +444,9 @@ class DistributedOptimizer {
   std::optional<optim::DynamicLossScaler> scaler_;
   std::variant<std::monostate, ComputeCopies<bf16, B>, ComputeCopies<f16, B>> copies_;
   std::vector<Buffer<float>> masters_;  // rank memory: the fp32 weights while the passes see rounded ones
-  typename B::template pinned_buffer<double> loss_staging_ = typename B::template pinned_buffer<double>(2);  // record_losses
-  Buffer<RankStatistics> stats_;        // rank memory: written by backend operations and communicators
+  typename B::template pinned_buffer<double> loss_staging_ =
+      typename B::template pinned_buffer<double>(2);  // record_losses
+  Buffer<RankStatistics> stats_;                      // rank memory: written by backend operations and communicators
   StepStatistics last_;
   double sync_seconds_ = 0;
 };

@@ -41,8 +41,10 @@ class ArenaResource final : public MemoryResource {
 
   [[nodiscard]] void* allocate(std::size_t bytes) override {
     void* p = nullptr;
-    if (expected_ != nullptr && bytes == expected_bytes_) p = std::exchange(expected_, nullptr);
-    else p = upstream_->allocate(bytes);
+    if (expected_ != nullptr && bytes == expected_bytes_)
+      p = std::exchange(expected_, nullptr);
+    else
+      p = upstream_->allocate(bytes);
     refs_.fetch_add(1, std::memory_order_relaxed);
     return p;
   }
@@ -51,7 +53,9 @@ class ArenaResource final : public MemoryResource {
     drop();
   }
   [[nodiscard]] const char* name() const noexcept override { return upstream_->name(); }
-  void write_initial(void* dst, const void* src, std::size_t bytes) override { upstream_->write_initial(dst, src, bytes); }
+  void write_initial(void* dst, const void* src, std::size_t bytes) override {
+    upstream_->write_initial(dst, src, bytes);
+  }
 
   /** The next allocation of exactly `bytes` gets `p` (a slice of the block). */
   void expect(void* p, std::size_t bytes) {
@@ -113,8 +117,10 @@ class GradientArena {
       if (n != 0) resource_->expect(base + at, n * sizeof(float));
       Buffer<float> g = uninitialized_buffer<float>(n, *resource_);
       if (n != 0) {
-        if (p->grad.size() == n) B::copy(n, p->grad.data(), g.data());
-        else B::zero(n, g.data());
+        if (p->grad.size() == n)
+          B::copy(n, p->grad.data(), g.data());
+        else
+          B::zero(n, g.data());
       }
       p->grad = std::move(g);  // the old gradient's memory goes back to its own resource
     }

@@ -172,7 +172,8 @@ class MoeMlp {
     x_.assign(x.begin(), x.end());
     // 1. gate
     Buffer<float> logits(tokens * E);
-    B::template gemm<float>(Trans::no, Trans::no, tokens, E, d, 1.0f, x_.data(), d, gate_.value.data(), E, 0.0f, logits.data(), E);
+    B::template gemm<float>(Trans::no, Trans::no, tokens, E, d, 1.0f, x_.data(), d, gate_.value.data(), E, 0.0f,
+                            logits.data(), E);
     probs_.assign(tokens * E, 0.0f);
     B::softmax_forward(tokens, E, logits.data(), probs_.data());
     choice_.assign(tokens * k, 0);
@@ -202,9 +203,8 @@ class MoeMlp {
       }
     aux_ = float(double(cfg_.aux_loss_weight) * double(E) * aux);
     // 2. capacity, first choices first
-    capacity_ = cfg_.capacity_factor > 0
-                    ? std::size_t(std::ceil(cfg_.capacity_factor * double(k * tokens) / double(E)))
-                    : tokens * k;
+    capacity_ = cfg_.capacity_factor > 0 ? std::size_t(std::ceil(cfg_.capacity_factor * double(k * tokens) / double(E)))
+                                         : tokens * k;
     std::vector<std::size_t> used(E, 0);
     accepted_.assign(tokens * k, false);
     dropped_ = 0;
@@ -257,11 +257,12 @@ class MoeMlp {
    */
   void backward(std::span<const float> dy, std::span<float> dx, float aux_grad = 1.0f, int mb = 0) {
     State st = saved_.take(mb, "MoeMlp '" + name_ + "'");
-    const auto& [tokens_, capacity_, dropped_, recv_rows_, global_tokens_, aux_, x_, probs_, out_, frac_, choice_, route_,
-                 rows_from_, send_elems_, recv_elems_, accepted_, ex_in_, ex_h_, route_token_, route_weight_, type_] = st;
+    const auto& [tokens_, capacity_, dropped_, recv_rows_, global_tokens_, aux_, x_, probs_, out_, frac_, choice_,
+                 route_, rows_from_, send_elems_, recv_elems_, accepted_, ex_in_, ex_h_, route_token_, route_weight_,
+                 type_] = st;
     const std::size_t d = cfg_.d_model, E = cfg_.experts, k = cfg_.top_k, T = tokens_;
-    require(dy.size() == T * d && dx.size() == T * d, "MoeMlp::backward on expert rank ", comm_->rank(),
-            ": dy has ", dy.size(), " and dx ", dx.size(), " elements; the forward had ", T, " tokens of width ", d);
+    require(dy.size() == T * d && dx.size() == T * d, "MoeMlp::backward on expert rank ", comm_->rank(), ": dy has ",
+            dy.size(), " and dx ", dx.size(), " elements; the forward had ", T, " tokens of width ", d);
     // combine: d out_i = w dy_t;  d w = <dy_t, out_i>
     Buffer<float> dprobs(T * E, 0.0f), dout(route_.size() * d), dweight(route_.size());
     B::scatter_add_rows_backward(route_.size(), d, route_token_.data(), route_weight_.data(), dy.data(), out_.data(),
@@ -283,8 +284,10 @@ class MoeMlp {
     // gate
     Buffer<float> dlogits(T * E);
     B::softmax_backward(T, E, probs_.data(), dprobs.data(), dlogits.data());
-    B::template gemm<float>(Trans::yes, Trans::no, d, E, T, 1.0f, x_.data(), d, dlogits.data(), E, 1.0f, gate_.grad.data(), E);
-    B::template gemm<float>(Trans::no, Trans::yes, T, d, E, 1.0f, dlogits.data(), E, gate_.value.data(), E, 1.0f, dx.data(), d);
+    B::template gemm<float>(Trans::yes, Trans::no, d, E, T, 1.0f, x_.data(), d, dlogits.data(), E, 1.0f,
+                            gate_.grad.data(), E);
+    B::template gemm<float>(Trans::no, Trans::yes, T, d, E, 1.0f, dlogits.data(), E, gate_.value.data(), E, 1.0f,
+                            dx.data(), d);
   }
 
  private:
@@ -297,8 +300,8 @@ class MoeMlp {
     std::vector<std::size_t> choice, route, rows_from, send_elems, recv_elems;
     std::vector<bool> accepted;
     std::vector<Buffer<float>> ex_in, ex_h;
-    Buffer<std::int32_t> route_token;  ///< per routed row: its token (rank memory: the row kernels read it)
-    Buffer<float> route_weight;        ///< per routed row: the gate probability it is combined with
+    Buffer<std::int32_t> route_token;              ///< per routed row: its token (rank memory: the row kernels read it)
+    Buffer<float> route_weight;                    ///< per routed row: the gate probability it is combined with
     nn::ComputeType type = nn::ComputeType::fp32;  ///< the experts' GEMM operand type of this forward
   };
 

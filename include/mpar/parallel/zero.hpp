@@ -74,10 +74,9 @@ template <communicator Comm, backend B = HostBackend>
 class ZeroAdamW {
  public:
   ZeroAdamW(std::vector<nn::Parameter*> params, Comm& data_group, optim::AdamWConfig config, ZeroOptions options = {})
-      : buckets_(std::move(params), data_group, options.bucket_bytes,
-                 stage_memory(options.stage, data_group), options.in_flight, options.unit_starts),
-        config_(std::move(config)),
-        divisor_(options.divisor > 0.0 ? options.divisor : double(data_group.size())),
+      : buckets_(std::move(params), data_group, options.bucket_bytes, stage_memory(options.stage, data_group),
+                 options.in_flight, options.unit_starts),
+        config_(std::move(config)), divisor_(options.divisor > 0.0 ? options.divisor : double(data_group.size())),
         stage_(options.stage) {
     const auto p = std::size_t(data_group.size()), r = std::size_t(data_group.rank());
     pieces_.resize(buckets_.bucket_count());
@@ -89,7 +88,8 @@ class ZeroAdamW {
       const Block mine = block_of(bk.size, p, r);
       // The parts of parameters that fall into this rank's block of the bucket.
       for (const auto& s : bk.slots) {
-        const std::size_t lo = std::max(s.offset, mine.offset), hi = std::min(s.offset + s.size, mine.offset + mine.extent);
+        const std::size_t lo = std::max(s.offset, mine.offset),
+                          hi = std::min(s.offset + s.size, mine.offset + mine.extent);
         if (lo < hi) pieces_[b].push_back({s.param, lo - mine.offset, lo - s.offset, hi - lo});
       }
       // Rank memory the host never writes: moments zeroed by the backend, the weight shard copied in each step.
@@ -143,7 +143,8 @@ class ZeroAdamW {
     for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
       const auto g = buckets_.shard(b);
       for (const auto& pc : pieces_[b])
-        if (pc.size && share.counts(*buckets_.params()[pc.param])) B::sum_squares(pc.size, g.data() + pc.shard_offset, acc);
+        if (pc.size && share.counts(*buckets_.params()[pc.param]))
+          B::sum_squares(pc.size, g.data() + pc.shard_offset, acc);
     }
     optim::sum_over(acc, buckets_.comm(), groups...);
   }
@@ -228,8 +229,10 @@ class ZeroAdamW {
   /** Stage 1: zeroes every gradient. Stage 2: releases them (a parameter not marked this step still holds one). */
   void zero_grad() {
     for (auto* p : buckets_.params())
-      if (stage_ == 1) nn::zero_grad<B>(*p);
-      else p->grad = Buffer<float>{};
+      if (stage_ == 1)
+        nn::zero_grad<B>(*p);
+      else
+        p->grad = Buffer<float>{};
   }
   /** Stages 2 and 3: allocates every gradient zeroed, for the backward to accumulate into (stage 1: they exist). */
   void prepare_gradients() {
@@ -392,7 +395,8 @@ class ZeroAdamW {
       for (const auto& pc : pieces_[b]) {
         const auto& value = buckets_.params()[pc.param]->value;
         if constexpr (optim::host_reads_rank_memory<B>)
-          std::copy_n(value.begin() + std::ptrdiff_t(pc.param_offset), pc.size, w_[b].begin() + std::ptrdiff_t(pc.shard_offset));
+          std::copy_n(value.begin() + std::ptrdiff_t(pc.param_offset), pc.size,
+                      w_[b].begin() + std::ptrdiff_t(pc.shard_offset));
         else
           B::copy(pc.size, value.data() + pc.param_offset, w_[b].data() + pc.shard_offset);
       }
@@ -410,13 +414,13 @@ class ZeroAdamW {
   double divisor_;
   std::vector<std::vector<Piece>> pieces_;
   std::vector<Buffer<float>> m_, v_, w_, full_;  // rank memory: w_ and full_ are communicated
-  Buffer<UpdateFactors> factors_;                 // the factors of `step(lr, grad_scale)`
+  Buffer<UpdateFactors> factors_;                // the factors of `step(lr, grad_scale)`
   int stage_;
   std::size_t steps_ = 0;
   bool reduced_ = false;
-  std::vector<int> users_;                               // stage 3: units using each bucket's gathered values
+  std::vector<int> users_;                                // stage 3: units using each bucket's gathered values
   std::vector<std::optional<gather_request>> gathering_;  // stage 3: all-gathers in flight
-  std::function<void(std::span<float>)> rounding_;       // stage 3: the compute precision of gathered values
+  std::function<void(std::span<float>)> rounding_;        // stage 3: the compute precision of gathered values
 
   static BucketMemory stage_memory(int stage, const Comm& group) {
     require(stage >= 1 && stage <= 3, "ZeroAdamW on rank ", group.rank(), " of group '", group.name(), "': stage ",

@@ -40,30 +40,45 @@ enum class Op : std::uint8_t {
 /** @brief Short names used in traces and error messages: F, B, Bi (as "B" in timelines), W, ... */
 [[nodiscard]] constexpr std::string_view op_name(Op op) {
   switch (op) {
-    case Op::forward: return "forward";
-    case Op::backward: return "backward";
-    case Op::backward_input: return "backward_input";
-    case Op::backward_weight: return "backward_weight";
-    case Op::send_activation: return "send_activation";
-    case Op::recv_activation: return "recv_activation";
-    case Op::send_gradient: return "send_gradient";
-    case Op::recv_gradient: return "recv_gradient";
-    case Op::optimizer_step: return "optimizer_step";
+    case Op::forward:
+      return "forward";
+    case Op::backward:
+      return "backward";
+    case Op::backward_input:
+      return "backward_input";
+    case Op::backward_weight:
+      return "backward_weight";
+    case Op::send_activation:
+      return "send_activation";
+    case Op::recv_activation:
+      return "recv_activation";
+    case Op::send_gradient:
+      return "send_gradient";
+    case Op::recv_gradient:
+      return "recv_gradient";
+    case Op::optimizer_step:
+      return "optimizer_step";
   }
   return "?";
 }
 /** @brief One-letter label for timelines: F, B (whole or input half), W, S (send), R (recv), O (optimizer). */
 [[nodiscard]] constexpr char op_letter(Op op) {
   switch (op) {
-    case Op::forward: return 'F';
+    case Op::forward:
+      return 'F';
     case Op::backward:
-    case Op::backward_input: return 'B';
-    case Op::backward_weight: return 'W';
+    case Op::backward_input:
+      return 'B';
+    case Op::backward_weight:
+      return 'W';
     case Op::send_activation:
-    case Op::send_gradient: return 'S';
+    case Op::send_gradient:
+      return 'S';
     case Op::recv_activation:
-    case Op::recv_gradient: return 'R';
-    case Op::optimizer_step: return 'O';
+    case Op::recv_gradient:
+      return 'R';
+    case Op::optimizer_step:
+      return 'O';
   }
   return '?';
 }
@@ -94,7 +109,7 @@ struct ScheduleConfig {
   int stages = 1;        ///< P: pipeline ranks
   int microbatches = 1;  ///< M: micro-batches per optimizer step
   int chunks = 1;        ///< V: model chunks (virtual stages) per rank
-  int steps = 1;         ///< optimizer steps covered by one program (asynchronous schedules run several without a flush)
+  int steps = 1;  ///< optimizer steps covered by one program (asynchronous schedules run several without a flush)
   CommPlacement placement = CommPlacement::lazy;  ///< see CommPlacement
   [[nodiscard]] constexpr int total_stages() const { return stages * chunks; }
   [[nodiscard]] constexpr int total_microbatches() const { return microbatches * steps; }
@@ -102,7 +117,9 @@ struct ScheduleConfig {
 };
 
 /** @brief Global stage index of `chunk` on `rank`. */
-[[nodiscard]] constexpr int global_stage(const ScheduleConfig& c, int rank, int chunk) { return chunk * c.stages + rank; }
+[[nodiscard]] constexpr int global_stage(const ScheduleConfig& c, int rank, int chunk) {
+  return chunk * c.stages + rank;
+}
 /** @brief The rank holding global stage `s`. */
 [[nodiscard]] constexpr int stage_rank(const ScheduleConfig& c, int s) { return s % c.stages; }
 /** @brief The local chunk index of global stage `s`. */

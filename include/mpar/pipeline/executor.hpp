@@ -50,15 +50,15 @@
 #include <utility>
 #include <vector>
 
-#include "mpar/nn/backend_copy.hpp"
-#include "mpar/optim/rank_scalars.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/host_access.hpp"
 #include "mpar/core/memory_resource.hpp"
+#include "mpar/nn/backend_copy.hpp"
+#include "mpar/optim/rank_scalars.hpp"
 #include "mpar/pipeline/action.hpp"
-#include "mpar/pipeline/simulator.hpp"
 #include "mpar/pipeline/pipeline_part.hpp"
+#include "mpar/pipeline/simulator.hpp"
 #include "mpar/pipeline/timeline.hpp"
 #include "mpar/pipeline/verifier.hpp"
 
@@ -172,7 +172,8 @@ class Executor {
             " stage objects but the schedule has V = ", c.chunks, " chunks per rank");
     for (std::size_t i = 0; i < chunks_.size(); ++i)
       require(chunks_[i] != nullptr, "pipeline::Executor: chunk ", i, " on rank ", comm_.rank(), " is null");
-    grouped_ = opt_.p2p == PointToPoint::grouped || (opt_.p2p == PointToPoint::automatic && ordered_point_to_point<Comm>);
+    grouped_ =
+        opt_.p2p == PointToPoint::grouped || (opt_.p2p == PointToPoint::automatic && ordered_point_to_point<Comm>);
     if constexpr (ordered_point_to_point<Comm>)
       require(grouped_, "pipeline::Executor: communicator '", comm_.name(),
               "' matches point-to-point messages in issue order without tags, so receives cannot be posted at step "
@@ -183,14 +184,14 @@ class Executor {
               "ExecutorOptions::microbatch_tokens");
       for (std::size_t k = 0; k < chunks_.size(); ++k)
         require(activation_cols(int(k)) > 0, "pipeline::Executor: rank ", comm_.rank(),
-                " posts receives with their size before they arrive (grouped point-to-point), but the width of chunk ", k,
-                "'s input is unknown; set ExecutorOptions::boundary_cols or give the stage in_features()");
+                " posts receives with their size before they arrive (grouped point-to-point), but the width of chunk ",
+                k, "'s input is unknown; set ExecutorOptions::boundary_cols or give the stage in_features()");
       const VerifyReport rep = verify(prog_, SendMode::grouped);
       if (!rep.ok)
         throw config_error("pipeline schedule " + std::string(prog_.schedule) + " (P=" + std::to_string(c.stages) +
                            ", M=" + std::to_string(c.microbatches) + ", V=" + std::to_string(c.chunks) +
-                           ") cannot run with grouped, in-order point-to-point messages (communicator '" + comm_.name() +
-                           "'): " + rep.error + ". Build the programs with CommPlacement::ordered.");
+                           ") cannot run with grouped, in-order point-to-point messages (communicator '" +
+                           comm_.name() + "'): " + rep.error + ". Build the programs with CommPlacement::ordered.");
       report_ = rep;
     } else {
       report_ = verify_or_throw(prog_);
@@ -223,7 +224,8 @@ class Executor {
     if (holds_stage(0))
       require(int(inputs.size()) >= N, "pipeline::Executor: rank ", r, " holds the first stage and needs ", N,
               " micro-batch inputs, got ", inputs.size());
-    if (holds_stage(S - 1)) require(bool(loss), "pipeline::Executor: rank ", r, " holds the last stage and needs a loss");
+    if (holds_stage(S - 1))
+      require(bool(loss), "pipeline::Executor: rank ", r, " holds the last stage and needs a loss");
     act_.clear();
     grad_.clear();
     saved_.clear();
@@ -404,8 +406,10 @@ class Executor {
   /** A received header as host values: read directly, or through the stream-ordered copy and a wait. */
   static std::array<float, detail::h_size> header_on_host(const float* p) {
     std::array<float, detail::h_size> h{};
-    if constexpr (host_headers) std::copy_n(p, detail::h_size, h.begin());
-    else optim::copy_to_host<typename Stage::backend_type>(p, h.data(), detail::h_size);
+    if constexpr (host_headers)
+      std::copy_n(p, detail::h_size, h.begin());
+    else
+      optim::copy_to_host<typename Stage::backend_type>(p, h.data(), detail::h_size);
     return h;
   }
   /** The stage's backend, or HostBackend for a stage without one (whose headers the host reads directly). */
@@ -460,7 +464,8 @@ class Executor {
     if constexpr (!host_headers) {
       const std::size_t slot = checks_.size();
       if (!recv_staging_)  // once: a slot per receive of the program, reused every step
-        recv_staging_ = std::make_unique<typename B_::template pinned_buffer<float>>(actions_of(is_recv) * detail::h_size);
+        recv_staging_ =
+            std::make_unique<typename B_::template pinned_buffer<float>>(actions_of(is_recv) * detail::h_size);
       B_::template copy_to_host_async<float>(detail::h_size, header, recv_staging_->data() + slot * detail::h_size);
       checks_.push_back({slot, a, s, grad, expected_shape(a, s, grad).value_or(Shape<2>{})});
     } else {
@@ -512,9 +517,14 @@ class Executor {
     const int dst = g ? s - 1 : s + 1;
     auto& pending = sends_.emplace_back();
     pending.payload = take(g ? grad_ : act_, dst, a.mb, g ? "gradient" : "activation", a);
-    const std::array<float, detail::h_size> header{detail::header_magic, g ? 1.0f : 0.0f, float(a.mb),
-                                                   float(pending.payload.extent(0)), float(pending.payload.extent(1)),
-                                                   detail::dtype_f32, float(r), float(s)};
+    const std::array<float, detail::h_size> header{detail::header_magic,
+                                                   g ? 1.0f : 0.0f,
+                                                   float(a.mb),
+                                                   float(pending.payload.extent(0)),
+                                                   float(pending.payload.extent(1)),
+                                                   detail::dtype_f32,
+                                                   float(r),
+                                                   float(s)};
     static_assert(detail::h_size == 8, "the header list above has one value per header field");
     if constexpr (host_headers) {
       pending.header.assign(header.begin(), header.end());
@@ -522,7 +532,8 @@ class Executor {
       // Rank memory the host must not write: the stream-ordered copy from pinned staging, a slot per send of the
       // program, rewritten only in a later step after the stream has passed this copy (check_received_headers).
       if (!send_staging_)
-        send_staging_ = std::make_unique<typename B_::template pinned_buffer<float>>(actions_of(is_send) * detail::h_size);
+        send_staging_ =
+            std::make_unique<typename B_::template pinned_buffer<float>>(actions_of(is_send) * detail::h_size);
       float* staged = send_staging_->data() + send_slot_++ * detail::h_size;
       std::copy(header.begin(), header.end(), staged);
       pending.header = uninitialized_buffer<float>(detail::h_size);
@@ -534,7 +545,9 @@ class Executor {
 
   /** Input width of local chunk `c`: the stage's in_features() when it has one, else ExecutorOptions::boundary_cols. */
   [[nodiscard]] std::size_t activation_cols(int c) const {
-    if constexpr (requires(Stage& st) { { st.in_features() } -> std::convertible_to<std::size_t>; })
+    if constexpr (requires(Stage & st) {
+                    { st.in_features() } -> std::convertible_to<std::size_t>;
+                  })
       return chunks_[std::size_t(c)]->in_features();
     else
       return opt_.boundary_cols;
@@ -579,12 +592,14 @@ class Executor {
         shape = it->second;
       }
       auto& in = incoming.emplace_back(Incoming{i, Boundary(shape, uninitialized)});  // the receive writes it
-      reqs.push_back(comm_.irecv(std::span<float>(headers.data() + (incoming.size() - 1) * detail::h_size, detail::h_size),
-                                 a.peer, tag_of(a, r, 0)));
+      reqs.push_back(
+          comm_.irecv(std::span<float>(headers.data() + (incoming.size() - 1) * detail::h_size, detail::h_size), a.peer,
+                      tag_of(a, r, 0)));
       reqs.push_back(comm_.irecv(std::span<float>(in.payload.span()), a.peer, tag_of(a, r, 1)));
     }
     const double t_posted = detail::now_seconds();
-    if (reqs.empty()) (void)sends_.back().reqs.back().test();  // issue the group now, so it runs during the next compute
+    if (reqs.empty())
+      (void)sends_.back().reqs.back().test();  // issue the group now, so it runs during the next compute
     // Headers first (reqs alternate header, payload): with tag matching, a wrong shape is then named
     // below before the payload transfer fails; on NCCL any wait completes the whole group.
     for (std::size_t k = 0; k < reqs.size(); k += 2) reqs[k].wait();
@@ -606,7 +621,8 @@ class Executor {
     const double t_end = detail::now_seconds();
     // Posting and checking count as communication work; the wait for the group is idle time (the
     // peers' readiness, and on a device the transfer itself, which runs on the communicator's stream).
-    for (std::size_t i = first; i < end; ++i) st.timeline.events.push_back({r, Lane::communication, prog[i], t_start, t_end});
+    for (std::size_t i = first; i < end; ++i)
+      st.timeline.events.push_back({r, Lane::communication, prog[i], t_start, t_end});
     st.communication += (t_posted - t_start) + (t_end - t_arrived);
     return end;
   }
@@ -651,8 +667,8 @@ class Executor {
       want_cols = activation_cols(a.chunk);
     }
     require((want_rows == 0 || rows == want_rows) && (want_cols == 0 || cols == want_cols), "pipeline: rank ", r,
-            " (stage ", s, ") received from rank ", a.peer, " the ", what, " of micro-batch ", a.mb, " with shape ", rows,
-            "x", cols, " f32 but expects ", want_rows ? std::to_string(want_rows) : std::string("*"), "x",
+            " (stage ", s, ") received from rank ", a.peer, " the ", what, " of micro-batch ", a.mb, " with shape ",
+            rows, "x", cols, " f32 but expects ", want_rows ? std::to_string(want_rows) : std::string("*"), "x",
             want_cols ? std::to_string(want_cols) : std::string("*"),
             " f32; the stages on both sides of this boundary disagree");
     return {rows, cols};
@@ -664,8 +680,8 @@ class Executor {
     const int batch = a.mb / prog_.config.microbatches;
     const int v = first_version_ + std::max(batch - 1, 0);
     require(v <= version_, "pipeline::Executor: rank ", comm_.rank(), " runs the forward of micro-batch ", a.mb,
-            " (batch ", batch, ") on weight version ", v, ", which its update has not produced yet (version ",
-            version_, "); per-batch versions need M >= P");
+            " (batch ", batch, ") on weight version ", v, ", which its update has not produced yet (version ", version_,
+            "); per-batch versions need M >= P");
     return v;
   }
   /** Runs `f` with the weights the micro-batch's forward used (2BW keeps one older version). */
@@ -704,7 +720,7 @@ class Executor {
   int version_ = 0;
   int first_version_ = 0;  ///< version_ when the running program started (WeightVersions::per_batch counts from it)
   bool weights_change_ = false;  ///< this step runs an optimizer inside the program (2BW keeps the older version then)
-  bool grouped_ = false;  ///< PointToPoint::grouped in effect
+  bool grouped_ = false;         ///< PointToPoint::grouped in effect
   // A stream-ordered stage's headers (see the file comment): pinned staging, one slot per message of the program.
   struct DeferredCheck {
     std::size_t slot;

@@ -106,8 +106,9 @@ struct StaticPartition {
   static_assert(sizeof...(Sizes) >= 1, "StaticPartition: at least one stage is needed");
   static_assert(((Sizes >= 1) && ...), "StaticPartition: every stage needs at least one layer (a size is 0)");
   static constexpr std::size_t covered = (Sizes + ... + 0);
-  static_assert(covered == N, "StaticPartition: the stage sizes must cover exactly the N layers of the model: "
-                              "a smaller sum drops layers, a larger one doubles them");
+  static_assert(covered == N,
+                "StaticPartition: the stage sizes must cover exactly the N layers of the model: "
+                "a smaller sum drops layers, a larger one doubles them");
   static constexpr std::size_t stages = sizeof...(Sizes);
   static constexpr std::array<std::size_t, stages> sizes{Sizes...};
   static constexpr std::array<std::size_t, stages + 1> begin = [] {

@@ -54,7 +54,9 @@ using loss_layout_t = typename detail::loss_layout_of<S>::type;
 
 /** @brief Whether a stage returns a different layout to the loss than to the next stage (`S::loss_layout`). */
 template <class S>
-concept has_loss_layout = requires { typename S::loss_layout; };
+concept has_loss_layout = requires {
+  typename S::loss_layout;
+};
 
 /**
  * @brief A pipeline stage: a typed `nn::module` from `Act<input_layout_t<S>>` to `Act<output_layout_t<S>>`
@@ -63,16 +65,16 @@ concept has_loss_layout = requires { typename S::loss_layout; };
  * Act<loss_layout>` and `backward` of its gradient.
  */
 template <class S>
-concept pipeline_part =
-    requires {
-      typename input_layout_t<S>;
-      typename output_layout_t<S>;
-    } && nn::module<S, nn::Act<input_layout_t<S>>, nn::Act<output_layout_t<S>>> &&
-    (!has_loss_layout<S> ||
-     requires(S& s, const nn::Act<input_layout_t<S>>& x, const nn::Act<nn::grad_layout_t<loss_layout_t<S>>>& dy, int mb) {
-       { s.forward_to_loss(x, mb) } -> std::same_as<nn::Act<loss_layout_t<S>>>;
-       { s.backward(dy, mb) } -> std::same_as<nn::Act<nn::grad_layout_t<input_layout_t<S>>>>;
-     });
+concept pipeline_part = requires {
+  typename input_layout_t<S>;
+  typename output_layout_t<S>;
+}
+&&nn::module<S, nn::Act<input_layout_t<S>>, nn::Act<output_layout_t<S>>> &&
+    (!has_loss_layout<S> || requires(S & s, const nn::Act<input_layout_t<S>>& x,
+                                     const nn::Act<nn::grad_layout_t<loss_layout_t<S>>>& dy, int mb) {
+      { s.forward_to_loss(x, mb) } -> std::same_as<nn::Act<loss_layout_t<S>>>;
+      { s.backward(dy, mb) } -> std::same_as<nn::Act<nn::grad_layout_t<input_layout_t<S>>>>;
+    });
 
 /**
  * @brief A stage whose backward splits into B and W (`nn::split_backward_module`); zero-bubble
@@ -146,7 +148,10 @@ double loss(const LossFn<loss_layout_t<S>>& fn, Boundary y, int mb, Boundary& dy
  */
 template <class A, class B>
 constexpr bool boundary_compatible() {
-  if constexpr (requires { A::static_out_features; B::static_in_features; }) {
+  if constexpr (requires {
+                  A::static_out_features;
+                  B::static_in_features;
+                }) {
     return A::static_out_features == dyn || B::static_in_features == dyn ||
            A::static_out_features == B::static_in_features;
   } else {
@@ -188,12 +193,16 @@ class PartChain {
                   "pipeline::PartChain: a stage returns a layout (see A's output_layout) that the next stage does not "
                   "take as its input (B's default_input); the tensor sent across the boundary would be misread. Fix: "
                   "end the previous stage in the layout the next one starts with (e.g. reduce a Partial output first)");
-    if constexpr (sizeof...(More) == 0) return true;
-    else return all_pairs<B, More...>();
+    if constexpr (sizeof...(More) == 0)
+      return true;
+    else
+      return all_pairs<B, More...>();
   }
   static constexpr bool check() {
-    if constexpr (sizeof...(Rest) == 0) return true;
-    else return all_pairs<First, Rest...>();
+    if constexpr (sizeof...(Rest) == 0)
+      return true;
+    else
+      return all_pairs<First, Rest...>();
   }
   // Unconditional: constructing the chain instantiates the class, and with it every boundary check.
   static_assert(check() || true);
@@ -204,8 +213,10 @@ class PartChain {
   /** Stage `I` of the chain. */
   template <std::size_t I>
   [[nodiscard]] auto& get() const {
-    if constexpr (I == 0) return *first_;
-    else return *std::get<I - 1>(rest_);
+    if constexpr (I == 0)
+      return *first_;
+    else
+      return *std::get<I - 1>(rest_);
   }
 
  private:

@@ -82,7 +82,8 @@ constexpr Programs assemble_lazy(std::string_view name, const ScheduleConfig& c,
           prog.push_back(a);
           if (prev_remote) prog.push_back({Op::send_gradient, a.mb, a.chunk, stage_rank(c, s - 1)});
           break;
-        default: prog.push_back(a);
+        default:
+          prog.push_back(a);
       }
     }
     if (!async) prog.push_back({Op::optimizer_step, 0, 0, -1});
@@ -109,7 +110,9 @@ constexpr Programs assemble_ordered(std::string_view name, const ScheduleConfig&
   constexpr long long unknown = -1;
   const auto sn = static_cast<std::size_t>(S) * static_cast<std::size_t>(N);
   std::vector<long long> f_end(sn, unknown), b_end(sn, unknown);
-  auto at = [N](int s, int mb) { return static_cast<std::size_t>(s) * static_cast<std::size_t>(N) + static_cast<std::size_t>(mb); };
+  auto at = [N](int s, int mb) {
+    return static_cast<std::size_t>(s) * static_cast<std::size_t>(N) + static_cast<std::size_t>(mb);
+  };
   // 1. Unit-cost replay of the compute orders (each pass advances every rank as far as it can).
   std::vector<std::vector<long long>> start(static_cast<std::size_t>(P));
   std::vector<std::size_t> next(static_cast<std::size_t>(P), 0);
@@ -245,7 +248,7 @@ constexpr std::vector<std::vector<Action>> zero_bubble_orders(const ScheduleConf
         // Memory cap: a forward may not start while `cap` micro-batches still hold activations for their W.
         const bool over_cap = a.op == Op::forward && a.mb - next_w[ur] >= cap && next_w[ur] < b_count[ur];
         const bool ready = !over_cap && (a.op == Op::forward ? (r == 0 || f_done[at(r - 1, a.mb)] <= t)
-                                                              : (r == P - 1 || b_done[at(r + 1, a.mb)] <= t));
+                                                             : (r == P - 1 || b_done[at(r + 1, a.mb)] <= t));
         if (ready) {
           order[ur].push_back(a);
           (a.op == Op::forward ? f_done : b_done)[at(r, a.mb)] = t + 1;
@@ -303,9 +306,10 @@ struct Interleaved1F1B {
   static constexpr std::string check(const ScheduleConfig& c) {
     if (auto e = detail::check_common(name, c, supports_chunks); !e.empty()) return e;
     if (c.microbatches % c.stages != 0)
-      return std::string(name) + ": M (micro-batches) must be a multiple of P (stages); got M = " +
-             detail::itos(c.microbatches) + ", P = " + detail::itos(c.stages) + "; use M = " +
-             detail::itos((c.microbatches / c.stages + 1) * c.stages);
+      return std::string(name) +
+             ": M (micro-batches) must be a multiple of P (stages); got M = " + detail::itos(c.microbatches) +
+             ", P = " + detail::itos(c.stages) +
+             "; use M = " + detail::itos((c.microbatches / c.stages + 1) * c.stages);
     return {};
   }
   static constexpr Programs build(const ScheduleConfig& c) {
@@ -318,7 +322,7 @@ struct Interleaved1F1B {
     for (int r = 0; r < P; ++r) {
       auto& o = order[std::size_t(r)];
       // Megatron's warm-up: enough chunk forwards that the first backward finds its gradient ready.
-      const int warm = V == 1 ? std::min(P - r - 1, total)
+      const int warm = V == 1   ? std::min(P - r - 1, total)
                        : M == P ? total
                                 : std::min((P - r - 1) * 2 + (V - 1) * P, total);
       for (int k = 0; k < warm; ++k) o.push_back({Op::forward, mb_of(k), fchunk(k), -1});
@@ -364,8 +368,10 @@ struct PipeDream2BW {
   static constexpr std::string check(const ScheduleConfig& c) {
     if (auto e = detail::check_common(name, c, supports_chunks); !e.empty()) return e;
     if (c.microbatches < c.stages)
-      return std::string(name) + ": M (micro-batches per weight update) must be at least P (stages) so that two "
-             "weight versions suffice; got M = " + detail::itos(c.microbatches) + ", P = " + detail::itos(c.stages);
+      return std::string(name) +
+             ": M (micro-batches per weight update) must be at least P (stages) so that two "
+             "weight versions suffice; got M = " +
+             detail::itos(c.microbatches) + ", P = " + detail::itos(c.stages);
     return {};
   }
   static constexpr Programs build(const ScheduleConfig& c) {

@@ -50,12 +50,18 @@ struct CostModel {
       return v.size() == 1 ? v[0] : v.at(std::size_t(stage));
     };
     switch (op) {
-      case Op::forward: return pick(forward);
-      case Op::backward: return pick(backward_input) + pick(backward_weight);
-      case Op::backward_input: return pick(backward_input);
-      case Op::backward_weight: return pick(backward_weight);
-      case Op::optimizer_step: return optimizer;
-      default: return 0.0;
+      case Op::forward:
+        return pick(forward);
+      case Op::backward:
+        return pick(backward_input) + pick(backward_weight);
+      case Op::backward_input:
+        return pick(backward_input);
+      case Op::backward_weight:
+        return pick(backward_weight);
+      case Op::optimizer_step:
+        return optimizer;
+      default:
+        return 0.0;
     }
   }
 
@@ -89,23 +95,34 @@ struct CostModel {
         continue;
       }
       switch (e.action.op) {
-        case Op::forward: sum[0][s] += d, cnt[0][s] += 1; break;
-        case Op::backward_input: sum[1][s] += d, cnt[1][s] += 1; break;
-        case Op::backward_weight: sum[2][s] += d, cnt[2][s] += 1; break;
+        case Op::forward:
+          sum[0][s] += d, cnt[0][s] += 1;
+          break;
+        case Op::backward_input:
+          sum[1][s] += d, cnt[1][s] += 1;
+          break;
+        case Op::backward_weight:
+          sum[2][s] += d, cnt[2][s] += 1;
+          break;
         case Op::backward:
           sum[1][s] += d * (1 - weight_share), cnt[1][s] += 1;
           sum[2][s] += d * weight_share, cnt[2][s] += 1;
           break;
-        case Op::optimizer_step: opt += d, nopt += 1; break;
-        default: break;
+        case Op::optimizer_step:
+          opt += d, nopt += 1;
+          break;
+        default:
+          break;
       }
     }
     std::vector<double> latency, ready;
     for (const auto& e : t.events) {
       if (!is_recv(e.action.op) || msg(e) >= sends.size() || sends[msg(e)] == nullptr) continue;
       const TimelineEvent& snd = *sends[msg(e)];
-      if (e.start <= snd.start) latency.push_back(e.end - snd.start);
-      else if (e.start >= snd.end) ready.push_back(e.end - e.start);
+      if (e.start <= snd.start)
+        latency.push_back(e.end - snd.start);
+      else if (e.start >= snd.end)
+        ready.push_back(e.end - e.start);
     }
     auto median = [](std::vector<double> v) {
       if (v.empty()) return 0.0;
@@ -130,16 +147,18 @@ struct CostModel {
 /** @brief What a simulated (or measured) step looks like. Times in the cost model's units. */
 struct SimResult {
   Timeline timeline;
-  double makespan = 0;               ///< first start to last end over all ranks
-  std::vector<double> busy;          ///< per rank: time on the compute lane
-  std::vector<double> idle;          ///< per rank: makespan - busy
-  std::vector<double> span;          ///< per rank: its last compute's end - its first compute's start
-  double bubble_time = 0;            ///< makespan - the busiest rank's work: (P-1)(F+B+W) for 1F1B
-  double bubble_ratio = 0;           ///< sum of idle / (P · makespan): (P-1)/(M+P-1) for uniform 1F1B
-  double steady_bubble_time = 0;     ///< max over ranks of span - busy: the bubble when consecutive steps overlap (ZB-H2's parallelogram)
-  std::vector<int> peak_activations; ///< per rank, in (micro-batch, chunk) activations
-  double peak_memory_microbatches = 0;  ///< max over ranks of peak_activations / V (a chunk holds 1/V of a rank's layers)
-  double throughput = 0;             ///< micro-batches per time unit
+  double makespan = 0;       ///< first start to last end over all ranks
+  std::vector<double> busy;  ///< per rank: time on the compute lane
+  std::vector<double> idle;  ///< per rank: makespan - busy
+  std::vector<double> span;  ///< per rank: its last compute's end - its first compute's start
+  double bubble_time = 0;    ///< makespan - the busiest rank's work: (P-1)(F+B+W) for 1F1B
+  double bubble_ratio = 0;   ///< sum of idle / (P · makespan): (P-1)/(M+P-1) for uniform 1F1B
+  double steady_bubble_time =
+      0;  ///< max over ranks of span - busy: the bubble when consecutive steps overlap (ZB-H2's parallelogram)
+  std::vector<int> peak_activations;  ///< per rank, in (micro-batch, chunk) activations
+  double peak_memory_microbatches =
+      0;                  ///< max over ranks of peak_activations / V (a chunk holds 1/V of a rank's layers)
+  double throughput = 0;  ///< micro-batches per time unit
 
   /** @brief The compute lanes as text. */
   [[nodiscard]] std::string text(double unit = 0, int max_width = 200) const {
@@ -229,7 +248,8 @@ inline void summarise(SimResult& r) {
         const bool grad = a.op == Op::send_gradient;
         const int dst = grad ? s - 1 : s + 1;
         if (dst < 0 || dst >= S) break;
-        (grad ? grad_arrival : act_arrival)[at(dst, a.mb)] = clock[ur] + std::max(costs.p2p_latency, costs.send_overhead);
+        (grad ? grad_arrival : act_arrival)[at(dst, a.mb)] =
+            clock[ur] + std::max(costs.p2p_latency, costs.send_overhead);
         res.timeline.events.push_back({r, Lane::communication, a, clock[ur], clock[ur] + costs.send_overhead});
         clock[ur] += costs.send_overhead;
         const auto q = std::size_t(stage_rank(c, dst));
@@ -250,8 +270,8 @@ inline void summarise(SimResult& r) {
   for (int r = 0; r < P; ++r)
     if (pc[std::size_t(r)] < p.ranks[std::size_t(r)].size()) {
       const VerifyReport v = verify(p);
-      throw config_error("simulate: schedule " + std::string(p.schedule) + " cannot run: " +
-                         (v.ok ? std::string("rank ") + std::to_string(r) + " is stuck" : v.error));
+      throw config_error("simulate: schedule " + std::string(p.schedule) +
+                         " cannot run: " + (v.ok ? std::string("rank ") + std::to_string(r) + " is stuck" : v.error));
     }
   detail::summarise(res);
   int peak = 0;

@@ -26,25 +26,29 @@ struct StaticSchedule {
   static_assert(P >= 1, "StaticSchedule: P (pipeline stages) must be at least 1");
   static_assert(M >= 1, "StaticSchedule: M (micro-batches) must be at least 1");
   static_assert(V >= 1, "StaticSchedule: V (chunks per rank) must be at least 1");
-  static_assert(S::supports_chunks || V == 1,
-                "StaticSchedule: this schedule runs one chunk per rank; use V = 1 or Interleaved1F1B for virtual stages");
+  static_assert(
+      S::supports_chunks || V == 1,
+      "StaticSchedule: this schedule runs one chunk per rank; use V = 1 or Interleaved1F1B for virtual stages");
   static_assert(!std::is_same_v<S, Interleaved1F1B> || M % P == 0,
                 "StaticSchedule<Interleaved1F1B, P, M, V>: M (micro-batches) must be a multiple of P (stages); "
                 "round M up to the next multiple of P");
-  static_assert(!S::asynchronous || M >= P,
-                "StaticSchedule<PipeDream2BW, P, M>: M must be at least P, or more than two weight versions would be alive");
+  static_assert(
+      !S::asynchronous || M >= P,
+      "StaticSchedule<PipeDream2BW, P, M>: M must be at least P, or more than two weight versions would be alive");
 
   static constexpr ScheduleConfig config{P, M, V, Steps};
   /** @brief The causes above, together; later checks only run on a valid configuration (one message per cause). */
   static constexpr bool well_formed = P >= 1 && M >= 1 && V >= 1 && (S::supports_chunks || V == 1) &&
-                                      (!std::is_same_v<S, Interleaved1F1B> || M % P == 0) && (!S::asynchronous || M >= P);
+                                      (!std::is_same_v<S, Interleaved1F1B> || M % P == 0) &&
+                                      (!S::asynchronous || M >= P);
   static_assert(!well_formed || S::check(config).empty(),
                 "StaticSchedule: the schedule rejects this configuration (S::check(config) says why)");
 
   /** @brief True: the verifier replayed every rank's program at compile time (a failure stops compilation). */
   static constexpr bool verified = well_formed && S::check(config).empty() && verify(S::build(config)).ok;
-  static_assert(!well_formed || verified, "StaticSchedule: the programs fail verification (deadlock or broken dependency); "
-                                          "call verify(S::build(config)).error at run time for the ranks and actions");
+  static_assert(!well_formed || verified,
+                "StaticSchedule: the programs fail verification (deadlock or broken dependency); "
+                "call verify(S::build(config)).error at run time for the ranks and actions");
 
   /** @brief The longest program, the static capacity of each rank's array. */
   static constexpr std::size_t capacity = [] {
@@ -68,7 +72,8 @@ struct StaticSchedule {
     if constexpr (verified) {
       const auto b = S::build(config);
       for (int r = 0; r < P; ++r)
-        for (std::size_t i = 0; i < b.ranks[std::size_t(r)].size(); ++i) out[std::size_t(r)][i] = b.ranks[std::size_t(r)][i];
+        for (std::size_t i = 0; i < b.ranks[std::size_t(r)].size(); ++i)
+          out[std::size_t(r)][i] = b.ranks[std::size_t(r)][i];
     }
     return out;
   }();
@@ -86,7 +91,8 @@ struct StaticSchedule {
   [[nodiscard]] static Programs programs() {
     Programs p{S::name, config, S::split_backward, S::asynchronous, {}};
     for (int r = 0; r < P; ++r)
-      p.ranks.emplace_back(program[std::size_t(r)].begin(), program[std::size_t(r)].begin() + std::ptrdiff_t(lengths[std::size_t(r)]));
+      p.ranks.emplace_back(program[std::size_t(r)].begin(),
+                           program[std::size_t(r)].begin() + std::ptrdiff_t(lengths[std::size_t(r)]));
     return p;
   }
 };

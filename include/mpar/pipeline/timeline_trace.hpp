@@ -30,8 +30,12 @@ namespace mpar::pipeline {
     const bool comm = e.lane == Lane::communication;
     std::string name = comm ? std::string(op_name(e.action.op)) + " mb" + std::to_string(e.action.mb)
                             : label(e.action, t.config.chunks);
-    tr.add({std::move(name), comm ? "p2p" : std::string(op_name(e.action.op)), e.rank, comm ? 1 : 0,
-            (e.start - t0) * seconds_per_unit * 1e6, (e.end - e.start) * seconds_per_unit * 1e6,
+    tr.add({std::move(name),
+            comm ? "p2p" : std::string(op_name(e.action.op)),
+            e.rank,
+            comm ? 1 : 0,
+            (e.start - t0) * seconds_per_unit * 1e6,
+            (e.end - e.start) * seconds_per_unit * 1e6,
             {{"microbatch", std::to_string(e.action.mb)}, {"chunk", std::to_string(e.action.chunk)}}});
   }
   return tr;

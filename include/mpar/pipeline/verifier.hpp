@@ -39,7 +39,8 @@ enum class SendMode { buffered, rendezvous, grouped };
 struct VerifyReport {
   bool ok = true;
   std::string error;
-  std::vector<int> peak_activations;  ///< per rank: forwards whose backward (input half) has not run yet, at the worst moment
+  std::vector<int>
+      peak_activations;  ///< per rank: forwards whose backward (input half) has not run yet, at the worst moment
 };
 
 namespace detail {
@@ -49,7 +50,7 @@ struct Replay {
   SendMode mode;
   int P, V, S, N;
   std::vector<std::size_t> pc;
-  std::vector<char> f, b, w;           // per (stage, mb)
+  std::vector<char> f, b, w;            // per (stage, mb)
   std::vector<char> act_msg, grad_msg;  // per (receiving stage, mb): 0 none, 1 in flight, 2 received
   std::vector<int> inflight, peak, opt_steps;
   std::vector<int> queue;
@@ -85,10 +86,13 @@ struct Replay {
       unmatched.assign(std::size_t(P), 0);
     }
   }
-  [[nodiscard]] constexpr std::size_t at(int s, int mb) const { return std::size_t(s) * std::size_t(N) + std::size_t(mb); }
+  [[nodiscard]] constexpr std::size_t at(int s, int mb) const {
+    return std::size_t(s) * std::size_t(N) + std::size_t(mb);
+  }
   [[nodiscard]] constexpr std::string where(int r) const {
     const auto i = pc[std::size_t(r)];
-    return "rank " + itos(r) + " action #" + itos(static_cast<long long>(i)) + " " + describe(p.ranks[std::size_t(r)][i]);
+    return "rank " + itos(r) + " action #" + itos(static_cast<long long>(i)) + " " +
+           describe(p.ranks[std::size_t(r)][i]);
   }
   constexpr void push(int r) {
     if (!queued[std::size_t(r)]) {
@@ -110,10 +114,14 @@ struct Replay {
   [[nodiscard]] constexpr Msg message_of(int r, const Action& a) const {
     const int s = global_stage(p.config, r, a.chunk);
     switch (a.op) {
-      case Op::send_activation: return {false, s + 1, a.mb};
-      case Op::recv_activation: return {false, s, a.mb};
-      case Op::send_gradient: return {true, s - 1, a.mb};
-      default: return {true, s, a.mb};  // recv_gradient
+      case Op::send_activation:
+        return {false, s + 1, a.mb};
+      case Op::recv_activation:
+        return {false, s, a.mb};
+      case Op::send_gradient:
+        return {true, s - 1, a.mb};
+      default:
+        return {true, s, a.mb};  // recv_gradient
     }
   }
   [[nodiscard]] constexpr bool matches(int q, const Action& send, int r) const {
@@ -178,7 +186,8 @@ struct Replay {
         if (!check_fields(r, a)) return Step::failed;
         const Msg m = message_of(r, a);
         auto& slot = (m.gradient ? grad_msg : act_msg)[at(m.stage, m.mb)];
-        const auto pair = is_send(a.op) ? ur * std::size_t(P) + std::size_t(a.peer) : std::size_t(a.peer) * std::size_t(P) + ur;
+        const auto pair =
+            is_send(a.op) ? ur * std::size_t(P) + std::size_t(a.peer) : std::size_t(a.peer) * std::size_t(P) + ur;
         if (is_send(a.op)) {
           const int s = global_stage(p.config, r, a.chunk);
           if (m.gradient ? !b[at(s, a.mb)] : !f[at(s, a.mb)])
@@ -202,9 +211,10 @@ struct Replay {
           const std::size_t k = matched[pair]++;
           const int ms = sent[pair][k], mr = received[pair][k];
           if (ms != mr)
-            return fail(r, "with in-order matching (no tags, as NCCL), send #" + itos(static_cast<long long>(k)) + " from rank " +
-                               itos(from) + " to rank " + itos(to) + " (" + describe_message(ms) +
-                               ") would be received as " + describe_message(mr) + "; both ranks must order their messages alike"),
+            return fail(r, "with in-order matching (no tags, as NCCL), send #" + itos(static_cast<long long>(k)) +
+                               " from rank " + itos(from) + " to rank " + itos(to) + " (" + describe_message(ms) +
+                               ") would be received as " + describe_message(mr) +
+                               "; both ranks must order their messages alike"),
                    Step::failed;
           const int stage = (ms / N) % S, mb = ms % N;
           (ms / N / S ? grad_msg : act_msg)[at(stage, mb)] = 2;
@@ -264,8 +274,10 @@ struct Replay {
       case Op::optimizer_step: {
         const int M = p.config.microbatches;
         const int lo = p.asynchronous ? a.mb * M : 0, hi = p.asynchronous ? lo + M : N;
-        if (p.asynchronous && a.mb >= p.config.steps) return fail(r, "batch index beyond the configured steps"), Step::failed;
-        if (a.mb != (p.asynchronous ? opt_steps[std::size_t(r)] : 0) || (!p.asynchronous && opt_steps[std::size_t(r)] > 0))
+        if (p.asynchronous && a.mb >= p.config.steps)
+          return fail(r, "batch index beyond the configured steps"), Step::failed;
+        if (a.mb != (p.asynchronous ? opt_steps[std::size_t(r)] : 0) ||
+            (!p.asynchronous && opt_steps[std::size_t(r)] > 0))
           return fail(r, "optimizer steps must run once per batch, in order"), Step::failed;
         for (int c = 0; c < V; ++c)
           for (int mb = lo; mb < hi; ++mb)
@@ -379,7 +391,8 @@ struct Replay {
   VerifyReport rep;
   if (int(p.ranks.size()) != p.config.stages) {
     rep.ok = false;
-    rep.error = "the programs hold " + detail::itos(static_cast<long long>(p.ranks.size())) + " ranks but P = " + detail::itos(p.config.stages);
+    rep.error = "the programs hold " + detail::itos(static_cast<long long>(p.ranks.size())) +
+                " ranks but P = " + detail::itos(p.config.stages);
     return rep;
   }
   detail::Replay rp(p, mode);

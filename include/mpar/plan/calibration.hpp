@@ -45,7 +45,9 @@ struct JsonLine {
   auto fail = [&](const char* what) -> JsonLine {  // never returns; the type lets call sites `return fail(...)`
     throw config_error(mpar::detail::cat("calibration line ", line_no, ", column ", i + 1, ": ", what, " in: ", s));
   };
-  auto ws = [&] { while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i; };
+  auto ws = [&] {
+    while (i < s.size() && std::isspace(static_cast<unsigned char>(s[i]))) ++i;
+  };
   auto str = [&](std::string& out) -> bool {
     if (i >= s.size() || s[i] != '"') return false;
     ++i;
@@ -81,10 +83,14 @@ struct JsonLine {
       bool in_str = false;
       for (; i < s.size(); ++i) {
         if (in_str) {
-          if (s[i] == '\\') ++i;
-          else if (s[i] == '"') in_str = false;
-        } else if (s[i] == '"') in_str = true;
-        else if (s[i] == '{' || s[i] == '[') ++depth;
+          if (s[i] == '\\')
+            ++i;
+          else if (s[i] == '"')
+            in_str = false;
+        } else if (s[i] == '"')
+          in_str = true;
+        else if (s[i] == '{' || s[i] == '[')
+          ++depth;
         else if ((s[i] == '}' || s[i] == ']') && --depth == 0) {
           ++i;
           break;
@@ -124,8 +130,9 @@ struct LinkSample {
 /** Least-squares alpha and bandwidth; latency kept at `alpha0` when one size or a negative fit. */
 [[nodiscard]] inline Link fit_link(const std::vector<LinkSample>& xs, double alpha0) {
   double shh = 0, shv = 0, svv = 0, sht = 0, svt = 0;
-  for (const auto& x : xs) shh += x.hops * x.hops, shv += x.hops * x.volume, svv += x.volume * x.volume,
-                           sht += x.hops * x.seconds, svt += x.volume * x.seconds;
+  for (const auto& x : xs)
+    shh += x.hops * x.hops, shv += x.hops * x.volume, svv += x.volume * x.volume, sht += x.hops * x.seconds,
+        svt += x.volume * x.seconds;
   const double det = shh * svv - shv * shv;
   if (xs.size() >= 2 && std::abs(det) > 1e-12 * shh * svv) {
     const double alpha = (sht * svv - shv * svt) / det, inv_bw = (shh * svt - shv * sht) / det;
@@ -134,7 +141,8 @@ struct LinkSample {
   // Bandwidth only: minimise sum (t - hops*alpha0 - volume/bw)^2 over 1/bw.
   double num = 0;
   for (const auto& x : xs) num += x.volume * (x.seconds - x.hops * alpha0);
-  require(num > 0 && svv > 0, "calibration: collective timings are faster than the latency alone; check the units (seconds, bytes)");
+  require(num > 0 && svv > 0,
+          "calibration: collective timings are faster than the latency alone; check the units (seconds, bytes)");
   return {svv / num, alpha0};
 }
 
@@ -149,7 +157,9 @@ struct LinkSample {
   std::size_t used = 0;  // lines with a metric this model reads
   double gemm_f = 0, gemm_t = 0, ew_b = 0, ew_t = 0;
   std::vector<detail::LinkSample> intra, inter;
-  struct Acc { double f = 0, nf = 0, bi = 0, nbi = 0, bw = 0, nbw = 0; };
+  struct Acc {
+    double f = 0, nf = 0, bi = 0, nbi = 0, bw = 0, nbw = 0;
+  };
   std::map<std::tuple<std::size_t, std::size_t, Recompute>, Acc> actions;
   std::string line;
   std::size_t no = 0;
@@ -159,7 +169,8 @@ struct LinkSample {
     const detail::JsonLine j = detail::parse_json_object(line, no);
     auto num = [&](const char* k) {
       auto it = j.number.find(k);
-      require(it != j.number.end(), "calibration line ", no, ": metric '", j.text.at("metric"), "' needs a numeric \"", k, "\"");
+      require(it != j.number.end(), "calibration line ", no, ": metric '", j.text.at("metric"), "' needs a numeric \"",
+              k, "\"");
       return it->second;
     };
     auto it = j.text.find("metric");
@@ -173,16 +184,21 @@ struct LinkSample {
     } else if (metric == "collective") {
       const std::string op = j.text.count("op") ? j.text.at("op") : "";
       const double n = num("ranks"), k = num("nodes"), bytes = num("bytes"), t = num("seconds");
-      require(n >= 2 && k >= 1 && std::fmod(n, k) == 0, "calibration line ", no, ": a collective over ", n, " ranks on ", k,
-              " nodes cannot be fitted (need ranks >= 2, spread evenly)");
+      require(n >= 2 && k >= 1 && std::fmod(n, k) == 0, "calibration line ", no, ": a collective over ", n,
+              " ranks on ", k, " nodes cannot be fitted (need ranks >= 2, spread evenly)");
       double hops = 0, volume = 0;
-      if (op == "all_reduce") hops = 2 * (n - 1), volume = 2 * (n - 1) / n * bytes;
-      else if (op == "reduce_scatter" || op == "all_gather") hops = n - 1, volume = (n - 1) / n * bytes;
-      else throw config_error(mpar::detail::cat("calibration line ", no, ": collective op '", op,
-                                          "' is not one of all_reduce, reduce_scatter, all_gather"));
+      if (op == "all_reduce")
+        hops = 2 * (n - 1), volume = 2 * (n - 1) / n * bytes;
+      else if (op == "reduce_scatter" || op == "all_gather")
+        hops = n - 1, volume = (n - 1) / n * bytes;
+      else
+        throw config_error(mpar::detail::cat("calibration line ", no, ": collective op '", op,
+                                             "' is not one of all_reduce, reduce_scatter, all_gather"));
       // Across nodes the ring's bottleneck is per_node NICs in parallel (see collectives.hpp): scale to one GPU's share.
-      if (k > 1) inter.push_back({hops, volume / (n / k), t});
-      else intra.push_back({hops, volume, t});
+      if (k > 1)
+        inter.push_back({hops, volume / (n / k), t});
+      else
+        intra.push_back({hops, volume, t});
     } else if (metric == "action") {
       const double layers = num("layers"), t = num("seconds");
       require(layers > 0, "calibration line ", no, ": \"layers\" must be positive");
@@ -191,12 +207,17 @@ struct LinkSample {
       Acc& a = actions[{std::size_t(num("tp")), std::size_t(num("microbatch_size")), *rc}];
       const std::string op = j.text.count("op") ? j.text.at("op") : "";
       const double per = t / layers;
-      if (op == "forward") a.f += per, a.nf += 1;
-      else if (op == "backward_input") a.bi += per, a.nbi += 1;
-      else if (op == "backward_weight") a.bw += per, a.nbw += 1;
-      else if (op == "backward") a.bi += per * (1 - weight_share), a.nbi += 1, a.bw += per * weight_share, a.nbw += 1;
-      else throw config_error(mpar::detail::cat("calibration line ", no, ": action op '", op,
-                                          "' is not one of forward, backward, backward_input, backward_weight"));
+      if (op == "forward")
+        a.f += per, a.nf += 1;
+      else if (op == "backward_input")
+        a.bi += per, a.nbi += 1;
+      else if (op == "backward_weight")
+        a.bw += per, a.nbw += 1;
+      else if (op == "backward")
+        a.bi += per * (1 - weight_share), a.nbi += 1, a.bw += per * weight_share, a.nbw += 1;
+      else
+        throw config_error(mpar::detail::cat("calibration line ", no, ": action op '", op,
+                                             "' is not one of forward, backward, backward_input, backward_weight"));
     }
   }
   if (measurements) *measurements = used;
@@ -205,15 +226,16 @@ struct LinkSample {
   if (!intra.empty()) base.intra = detail::fit_link(intra, cluster.intra_node_latency);
   if (!inter.empty()) base.inter = detail::fit_link(inter, cluster.inter_node_latency);
   for (const auto& [key, a] : actions) {
-    require(a.nf > 0 && a.nbi > 0, "calibration: action timings for tp=", std::get<0>(key), ", microbatch_size=", std::get<1>(key),
-            " need both a forward and a backward");
+    require(a.nf > 0 && a.nbi > 0, "calibration: action timings for tp=", std::get<0>(key),
+            ", microbatch_size=", std::get<1>(key), " need both a forward and a backward");
     base.layer_costs[key] = {a.f / a.nf, a.bi / a.nbi, a.nbw > 0 ? a.bw / a.nbw : 0.0};
   }
   return base;
 }
 
 /** Convenience: reads a calibration from a JSON-lines string. */
-[[nodiscard]] inline Calibration load_calibration(const std::string& text, const Cluster& cluster, Calibration base = {}) {
+[[nodiscard]] inline Calibration load_calibration(const std::string& text, const Cluster& cluster,
+                                                  Calibration base = {}) {
   std::istringstream in(text);
   return load_calibration(in, cluster, std::move(base));
 }

@@ -72,8 +72,10 @@ namespace detail {
   std::size_t n = 0;
   bool ok = !v.empty();
   for (char ch : v) {
-    if (ch < '0' || ch > '9') ok = false;
-    else if (ok) n = n * 10 + std::size_t(ch - '0');
+    if (ch < '0' || ch > '9')
+      ok = false;
+    else if (ok)
+      n = n * 10 + std::size_t(ch - '0');
   }
   require(ok && n > 0 && v.size() < 19, opt, " expects a positive whole number, got '", v, "'");
   return n;
@@ -82,7 +84,8 @@ namespace detail {
   const std::string s(v);
   char* end = nullptr;
   const double x = std::strtod(s.c_str(), &end);
-  require(!s.empty() && end == s.c_str() + s.size() && std::isfinite(x) && x > 0, opt, " expects a positive number, got '", v, "'");
+  require(!s.empty() && end == s.c_str() + s.size() && std::isfinite(x) && x > 0, opt,
+          " expects a positive number, got '", v, "'");
   return x;
 }
 [[nodiscard]] inline bool parse_switch(std::string_view opt, std::string_view v) {
@@ -118,47 +121,75 @@ namespace detail {
       require(i + 1 < args.size(), opt, " needs a value (see --help)");
       val = args[++i];
     }
-    if (opt == "--layers") layers = detail::parse_count(opt, val);
-    else if (opt == "--hidden") hidden = detail::parse_count(opt, val);
-    else if (opt == "--heads") heads = detail::parse_count(opt, val);
-    else if (opt == "--seq") seq = detail::parse_count(opt, val);
-    else if (opt == "--vocab") vocab = detail::parse_count(opt, val);
-    else if (opt == "--global-batch") batch = detail::parse_count(opt, val);
-    else if (opt == "--gpus") gpus = detail::parse_count(opt, val);
-    else if (opt == "--gpus-per-node") per_node = detail::parse_count(opt, val);
-    else if (opt == "--gpu-mem-gib") mem = detail::parse_positive(opt, val);
-    else if (opt == "--peak-tflops") peak = detail::parse_positive(opt, val);
-    else if (opt == "--intra-node-gbps") intra = detail::parse_positive(opt, val);
-    else if (opt == "--inter-node-gbps") inter = detail::parse_positive(opt, val);
-    else if (opt == "--hbm-gbps") o.problem.cluster.hbm_bandwidth = detail::parse_positive(opt, val) * 1e9;
-    else if (opt == "--tp") o.space.tp = detail::parse_count(opt, val);
-    else if (opt == "--pp") o.space.pp = detail::parse_count(opt, val);
-    else if (opt == "--dp") o.space.dp = detail::parse_count(opt, val);
-    else if (opt == "--cp") o.space.cp = detail::parse_count(opt, val);
-    else if (opt == "--microbatch-size") o.space.microbatch_size = detail::parse_count(opt, val);
-    else if (opt == "--virtual-stages") o.space.virtual_stages = detail::parse_count(opt, val);
-    else if (opt == "--top") o.search.top_k = detail::parse_count(opt, val);
-    else if (opt == "--zero1") o.space.zero1 = detail::parse_switch(opt, val);
-    else if (opt == "--zero2") o.space.zero2 = detail::parse_switch(opt, val);
-    else if (opt == "--zero3") o.space.zero3 = detail::parse_switch(opt, val);
-    else if (opt == "--sequence-parallel") o.space.sequence_parallel = detail::parse_switch(opt, val);
-    else if (opt == "--calibration") o.calibration_file = val;
+    if (opt == "--layers")
+      layers = detail::parse_count(opt, val);
+    else if (opt == "--hidden")
+      hidden = detail::parse_count(opt, val);
+    else if (opt == "--heads")
+      heads = detail::parse_count(opt, val);
+    else if (opt == "--seq")
+      seq = detail::parse_count(opt, val);
+    else if (opt == "--vocab")
+      vocab = detail::parse_count(opt, val);
+    else if (opt == "--global-batch")
+      batch = detail::parse_count(opt, val);
+    else if (opt == "--gpus")
+      gpus = detail::parse_count(opt, val);
+    else if (opt == "--gpus-per-node")
+      per_node = detail::parse_count(opt, val);
+    else if (opt == "--gpu-mem-gib")
+      mem = detail::parse_positive(opt, val);
+    else if (opt == "--peak-tflops")
+      peak = detail::parse_positive(opt, val);
+    else if (opt == "--intra-node-gbps")
+      intra = detail::parse_positive(opt, val);
+    else if (opt == "--inter-node-gbps")
+      inter = detail::parse_positive(opt, val);
+    else if (opt == "--hbm-gbps")
+      o.problem.cluster.hbm_bandwidth = detail::parse_positive(opt, val) * 1e9;
+    else if (opt == "--tp")
+      o.space.tp = detail::parse_count(opt, val);
+    else if (opt == "--pp")
+      o.space.pp = detail::parse_count(opt, val);
+    else if (opt == "--dp")
+      o.space.dp = detail::parse_count(opt, val);
+    else if (opt == "--cp")
+      o.space.cp = detail::parse_count(opt, val);
+    else if (opt == "--microbatch-size")
+      o.space.microbatch_size = detail::parse_count(opt, val);
+    else if (opt == "--virtual-stages")
+      o.space.virtual_stages = detail::parse_count(opt, val);
+    else if (opt == "--top")
+      o.search.top_k = detail::parse_count(opt, val);
+    else if (opt == "--zero1")
+      o.space.zero1 = detail::parse_switch(opt, val);
+    else if (opt == "--zero2")
+      o.space.zero2 = detail::parse_switch(opt, val);
+    else if (opt == "--zero3")
+      o.space.zero3 = detail::parse_switch(opt, val);
+    else if (opt == "--sequence-parallel")
+      o.space.sequence_parallel = detail::parse_switch(opt, val);
+    else if (opt == "--calibration")
+      o.calibration_file = val;
     else if (opt == "--memory-fraction") {
       o.search.usable_memory_fraction = detail::parse_positive(opt, val);
-      require(o.search.usable_memory_fraction <= 1, "--memory-fraction is a share of GPU memory; give a value in (0, 1], got ", val);
+      require(o.search.usable_memory_fraction <= 1,
+              "--memory-fraction is a share of GPU memory; give a value in (0, 1], got ", val);
     } else if (opt == "--memory-semantics") {
       require(val == "mpar" || val == "megatron", "--memory-semantics '", val, "' is not known; use mpar or megatron");
       o.search.memory = val == "mpar" ? MemoryOptions::mpar_executor() : MemoryOptions::megatron();
     } else if (opt == "--schedule") {
       const auto s = parse_schedule(val);
-      require(s.has_value(), "--schedule '", val, "' is not known; use gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2 or 2bw");
+      require(s.has_value(), "--schedule '", val,
+              "' is not known; use gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2 or 2bw");
       o.space.schedule = *s;
     } else if (opt == "--recompute") {
       const auto r = parse_recompute(val);
       require(r.has_value(), "--recompute '", val, "' is not known; use none, selective or full");
       o.space.recompute = *r;
     } else {
-      throw config_error(mpar::detail::cat("unknown option ", opt, "; see --help for the options mpar-plan understands"));
+      throw config_error(
+          mpar::detail::cat("unknown option ", opt, "; see --help for the options mpar-plan understands"));
     }
   }
   if (o.help) return o;
@@ -166,11 +197,13 @@ namespace detail {
   auto need = [&](bool present, const char* name) {
     if (!present) missing += std::string(missing.empty() ? "" : ", ") + name;
   };
-  need(bool(layers), "--layers"), need(bool(hidden), "--hidden"), need(bool(heads), "--heads"), need(bool(seq), "--seq");
+  need(bool(layers), "--layers"), need(bool(hidden), "--hidden"), need(bool(heads), "--heads"),
+      need(bool(seq), "--seq");
   need(bool(vocab), "--vocab"), need(bool(batch), "--global-batch"), need(bool(gpus), "--gpus");
   need(bool(per_node), "--gpus-per-node"), need(bool(mem), "--gpu-mem-gib"), need(bool(peak), "--peak-tflops");
   need(bool(intra), "--intra-node-gbps"), need(bool(inter), "--inter-node-gbps");
-  require(missing.empty(), "missing ", missing, "; mpar-plan needs the model, the global batch and the cluster (see --help)");
+  require(missing.empty(), "missing ", missing,
+          "; mpar-plan needs the model, the global batch and the cluster (see --help)");
   o.problem.model = GptModel{*layers, *hidden, *heads, *seq, *vocab};
   o.problem.global_batch = *batch;
   Cluster& c = o.problem.cluster;
@@ -180,12 +213,15 @@ namespace detail {
   require(*seq % (2 * o.space.cp) == 0, "--cp ", o.space.cp, " splits each sequence into 2 x cp = ", 2 * o.space.cp,
           " zig-zag chunks, which --seq ", *seq, " does not divide; choose --seq a multiple of ", 2 * o.space.cp,
           " or another --cp");
-  require(c.gpus % o.space.cp == 0, "--cp ", o.space.cp, " does not divide --gpus ", c.gpus, "; choose a divisor of --gpus");
+  require(c.gpus % o.space.cp == 0, "--cp ", o.space.cp, " does not divide --gpus ", c.gpus,
+          "; choose a divisor of --gpus");
   if (o.space.tp)
     require(*o.space.tp <= c.gpus_per_node && c.gpus_per_node % *o.space.tp == 0, "--tp ", *o.space.tp,
-            " would spread a tensor-parallel group over nodes of ", c.gpus_per_node, " GPUs; choose a divisor of --gpus-per-node");
+            " would spread a tensor-parallel group over nodes of ", c.gpus_per_node,
+            " GPUs; choose a divisor of --gpus-per-node");
   if (o.space.schedule && *o.space.schedule != ScheduleKind::interleaved && o.space.virtual_stages)
-    require(*o.space.virtual_stages == 1, "--virtual-stages ", *o.space.virtual_stages, " needs --schedule interleaved_1f1b");
+    require(*o.space.virtual_stages == 1, "--virtual-stages ", *o.space.virtual_stages,
+            " needs --schedule interleaved_1f1b");
   return o;
 }
 
@@ -205,39 +241,44 @@ namespace detail {
   os << "{\"rank\":" << rank << ",\"tp\":" << k.tp << ",\"pp\":" << k.pp << ",\"dp\":" << k.dp << ",\"cp\":" << k.cp
      << ",\"microbatch_size\":" << k.microbatch_size << ",\"microbatches\":" << k.microbatches << ",\"schedule\":\""
      << schedule_name(k.schedule) << "\",\"virtual_stages\":" << k.virtual_stages << ",\"recompute\":\""
-     << recompute_name(k.recompute) << "\",\"zero1\":" << (k.zero1 ? "true" : "false") << ",\"zero2\":" << (k.zero2 ? "true" : "false")
-     << ",\"zero3\":" << (k.zero3 ? "true" : "false")
+     << recompute_name(k.recompute) << "\",\"zero1\":" << (k.zero1 ? "true" : "false")
+     << ",\"zero2\":" << (k.zero2 ? "true" : "false") << ",\"zero3\":" << (k.zero3 ? "true" : "false")
      << ",\"sequence_parallel\":" << (k.sequence_parallel ? "true" : "false")
-     << ",\"memory_gib_per_gpu\":" << c.memory.total() / gib << ",\"memory_gib\":{\"parameters\":" << c.memory.parameters / gib
-     << ",\"gradients\":" << c.memory.gradients / gib << ",\"optimizer\":" << c.memory.optimizer / gib
-     << ",\"activations\":" << c.memory.activations / gib << ",\"communication\":" << c.memory.communication / gib
-     << ",\"accumulated_gradients\":" << c.memory.accumulated_gradients / gib
-     << "},\"step_seconds\":" << c.step_seconds << ",\"tflops_per_gpu\":" << c.tflops_per_gpu
-     << ",\"bubble_fraction\":" << c.bubble_fraction << ",\"samples_per_second\":" << c.samples_per_second
-     << ",\"pipeline_seconds\":" << c.pipeline_seconds << ",\"dp_exposed_seconds\":" << c.dp_exposed_seconds
-     << ",\"optimizer_seconds\":" << c.optimizer_seconds << ",\"placement\":\"" << placement_name(c.ordering) << "\"}";
+     << ",\"memory_gib_per_gpu\":" << c.memory.total() / gib
+     << ",\"memory_gib\":{\"parameters\":" << c.memory.parameters / gib << ",\"gradients\":" << c.memory.gradients / gib
+     << ",\"optimizer\":" << c.memory.optimizer / gib << ",\"activations\":" << c.memory.activations / gib
+     << ",\"communication\":" << c.memory.communication / gib
+     << ",\"accumulated_gradients\":" << c.memory.accumulated_gradients / gib << "},\"step_seconds\":" << c.step_seconds
+     << ",\"tflops_per_gpu\":" << c.tflops_per_gpu << ",\"bubble_fraction\":" << c.bubble_fraction
+     << ",\"samples_per_second\":" << c.samples_per_second << ",\"pipeline_seconds\":" << c.pipeline_seconds
+     << ",\"dp_exposed_seconds\":" << c.dp_exposed_seconds << ",\"optimizer_seconds\":" << c.optimizer_seconds
+     << ",\"placement\":\"" << placement_name(c.ordering) << "\"}";
   return os.str();
 }
 
 /** The readable report: the ranked table, why the rest were rejected, and the cost of breaking tensor-group locality. */
 inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
-  out << "model: " << detail::fixed(p.model.parameters() / 1e9, 2) << " B parameters (" << p.model.layers << " layers, hidden "
-      << p.model.hidden << ", " << p.model.heads << " heads, seq " << p.model.seq << ", vocab " << p.model.vocab
-      << "); global batch " << p.global_batch << "; " << p.cluster.gpus << " GPUs, " << p.cluster.gpus_per_node << " per node\n";
+  out << "model: " << detail::fixed(p.model.parameters() / 1e9, 2) << " B parameters (" << p.model.layers
+      << " layers, hidden " << p.model.hidden << ", " << p.model.heads << " heads, seq " << p.model.seq << ", vocab "
+      << p.model.vocab << "); global batch " << p.global_batch << "; " << p.cluster.gpus << " GPUs, "
+      << p.cluster.gpus_per_node << " per node\n";
   if (!plan.best.empty() && plan.best.front().config.cp > 1)
-    out << "context parallelism cp=" << plan.best.front().config.cp << ": every configuration below splits each sequence "
+    out << "context parallelism cp=" << plan.best.front().config.cp
+        << ": every configuration below splits each sequence "
         << "over " << plan.best.front().config.cp << " GPUs (tp x pp x dp x cp GPUs)\n";
   out << "searched " << plan.considered << " configurations, simulated " << plan.simulated << " pipelines ("
       << plan.verified_shapes << " schedule shapes verified)\n\n";
   if (plan.best.empty()) {
     out << "no configuration fits; the closest rejections are listed below\n";
   } else {
-    out << "  #  tp  pp    dp  mbs     m  schedule           v  recompute  zero1  sp   mem GiB   step s  TFLOP/s  bubble\n";
+    out << "  #  tp  pp    dp  mbs     m  schedule           v  recompute  zero1  sp   mem GiB   step s  TFLOP/s  "
+           "bubble\n";
     std::size_t i = 0;
     for (const Candidate& c : plan.best) {
       const ParallelConfig& k = c.config;
       char line[256];
-      std::snprintf(line, sizeof line, "%3zu %3zu %3zu %5zu %4zu %5zu  %-17s %2zu  %-9s  %-5s  %-3s %8.1f %8.3f %8.1f  %5.1f%%\n", ++i,
+      std::snprintf(line, sizeof line,
+                    "%3zu %3zu %3zu %5zu %4zu %5zu  %-17s %2zu  %-9s  %-5s  %-3s %8.1f %8.3f %8.1f  %5.1f%%\n", ++i,
                     k.tp, k.pp, k.dp, k.microbatch_size, k.microbatches, std::string(schedule_name(k.schedule)).c_str(),
                     k.virtual_stages, std::string(recompute_name(k.recompute)).c_str(), k.zero1 ? "yes" : "no",
                     k.sequence_parallel ? "yes" : "no", c.memory.total() / gib, c.step_seconds, c.tflops_per_gpu,
@@ -245,16 +286,17 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
       out << line;
     }
     const Candidate& b = plan.best.front();
-    out << "\nbest: " << b.config << "\n  memory per GPU " << detail::fixed(b.memory.total() / gib, 1) << " GiB = parameters "
-        << detail::fixed(b.memory.parameters / gib, 1) << " + gradients " << detail::fixed(b.memory.gradients / gib, 1)
-        << " + optimizer " << detail::fixed(b.memory.optimizer / gib, 1) << " + activations "
-        << detail::fixed(b.memory.activations / gib, 1) << " + buffers " << detail::fixed(b.memory.communication / gib, 1)
+    out << "\nbest: " << b.config << "\n  memory per GPU " << detail::fixed(b.memory.total() / gib, 1)
+        << " GiB = parameters " << detail::fixed(b.memory.parameters / gib, 1) << " + gradients "
+        << detail::fixed(b.memory.gradients / gib, 1) << " + optimizer " << detail::fixed(b.memory.optimizer / gib, 1)
+        << " + activations " << detail::fixed(b.memory.activations / gib, 1) << " + buffers "
+        << detail::fixed(b.memory.communication / gib, 1)
         << (b.memory.accumulated_gradients > 0
                 ? " + accumulated gradients " + detail::fixed(b.memory.accumulated_gradients / gib, 1)
                 : std::string())
-        << " (pipeline rank " << b.memory.pipeline_rank << ")\n  step " << detail::fixed(b.step_seconds, 3) << " s = pipeline "
-        << detail::fixed(b.pipeline_seconds, 3) << " + exposed data-parallel reduction " << detail::fixed(b.dp_exposed_seconds, 3)
-        << " + optimizer " << detail::fixed(b.optimizer_seconds, 3) << "\n";
+        << " (pipeline rank " << b.memory.pipeline_rank << ")\n  step " << detail::fixed(b.step_seconds, 3)
+        << " s = pipeline " << detail::fixed(b.pipeline_seconds, 3) << " + exposed data-parallel reduction "
+        << detail::fixed(b.dp_exposed_seconds, 3) << " + optimizer " << detail::fixed(b.optimizer_seconds, 3) << "\n";
     if (plan.broken_topology)
       out << "  with tensor-parallel groups spread over " << plan.broken_topology->placement.tensor.nodes
           << " nodes (data-parallel ranks innermost) the same configuration would take "
@@ -293,7 +335,8 @@ inline int run_cli(const std::vector<std::string>& args, std::ostream& out, std:
       std::size_t measurements = 0;
       o.calibration = load_calibration(in, o.problem.cluster, o.calibration, 0.5, &measurements);
       require(!in.bad(), "--calibration: cannot read '", f, "'");
-      require(measurements > 0, "--calibration: '", f, "' holds no measurements (no line with a \"metric\" of gemm, "
+      require(measurements > 0, "--calibration: '", f,
+              "' holds no measurements (no line with a \"metric\" of gemm, "
               "elementwise, collective or action); give a metrics file written by mpar's benchmarks, or leave "
               "--calibration out to use the defaults");
     }

@@ -31,18 +31,25 @@ enum class Algorithm { ring, tree, hierarchical };
 
 [[nodiscard]] constexpr std::string_view algorithm_name(Algorithm a) {
   switch (a) {
-    case Algorithm::ring: return "ring";
-    case Algorithm::tree: return "tree";
-    case Algorithm::hierarchical: return "hierarchical";
+    case Algorithm::ring:
+      return "ring";
+    case Algorithm::tree:
+      return "tree";
+    case Algorithm::hierarchical:
+      return "hierarchical";
   }
   return "?";
 }
 [[nodiscard]] constexpr std::string_view collective_name(Collective c) {
   switch (c) {
-    case Collective::all_reduce: return "all_reduce";
-    case Collective::reduce_scatter: return "reduce_scatter";
-    case Collective::all_gather: return "all_gather";
-    case Collective::broadcast: return "broadcast";
+    case Collective::all_reduce:
+      return "all_reduce";
+    case Collective::reduce_scatter:
+      return "reduce_scatter";
+    case Collective::all_gather:
+      return "all_gather";
+    case Collective::broadcast:
+      return "broadcast";
   }
   return "?";
 }
@@ -66,7 +73,8 @@ namespace detail {
 /** Bandwidth of a ring through `g`: inside a node the NVLink; across nodes each of the per_node rings (NCCL channels) owns one NIC. */
 [[nodiscard]] constexpr Link ring_link(const GroupShape& g, const Network& net) {
   if (g.nodes <= 1) return net.intra;
-  return {std::min(net.intra.bandwidth, double(g.per_node()) * net.inter.bandwidth), std::max(net.intra.latency, net.inter.latency)};
+  return {std::min(net.intra.bandwidth, double(g.per_node()) * net.inter.bandwidth),
+          std::max(net.intra.latency, net.inter.latency)};
 }
 /** Ring reduce-scatter or all-gather: n-1 steps of bytes/n. */
 [[nodiscard]] constexpr double ring_half(double bytes, std::size_t n, const Link& l) {
@@ -76,7 +84,8 @@ namespace detail {
 }  // namespace detail
 
 /** Time of one collective over `bytes` (the full buffer per rank) with a given algorithm. */
-[[nodiscard]] inline double collective_seconds(Collective c, Algorithm a, double bytes, const GroupShape& g, const Network& net) {
+[[nodiscard]] inline double collective_seconds(Collective c, Algorithm a, double bytes, const GroupShape& g,
+                                               const Network& net) {
   require(g.ranks >= 1 && g.nodes >= 1 && g.ranks % g.nodes == 0, "plan::collective_seconds: a group of ", g.ranks,
           " ranks cannot sit evenly on ", g.nodes, " nodes");
   require(bytes >= 0, "plan::collective_seconds: negative size ", bytes, " bytes for ", collective_name(c));
@@ -91,7 +100,8 @@ namespace detail {
     case Algorithm::tree: {
       // Double binary tree: log2(n) hops up (and down for all-reduce); each rank moves the whole buffer per pass.
       const double hops = std::ceil(std::log2(double(n)));
-      if (c == Collective::reduce_scatter || c == Collective::all_gather) return passes * detail::ring_half(bytes, n, ring);
+      if (c == Collective::reduce_scatter || c == Collective::all_gather)
+        return passes * detail::ring_half(bytes, n, ring);
       return passes * (hops * ring.latency + bytes / ring.bandwidth);
     }
     case Algorithm::hierarchical: {
@@ -100,7 +110,8 @@ namespace detail {
       // Inside a node the buffer is split m ways; each of the m slices then crosses nodes on its own NIC.
       const double intra = detail::ring_half(bytes, m, net.intra);
       const double inter = detail::ring_half(bytes / double(m), k, net.inter);
-      if (c == Collective::broadcast) return double(k - 1) * net.inter.latency + bytes / double(m) / net.inter.bandwidth + intra;
+      if (c == Collective::broadcast)
+        return double(k - 1) * net.inter.latency + bytes / double(m) / net.inter.bandwidth + intra;
       return passes * (intra + inter);
     }
   }
@@ -108,7 +119,8 @@ namespace detail {
 }
 
 /** The fastest algorithm for this collective, as NCCL's tuner would pick it. */
-[[nodiscard]] inline CollectiveTime best_collective(Collective c, double bytes, const GroupShape& g, const Network& net) {
+[[nodiscard]] inline CollectiveTime best_collective(Collective c, double bytes, const GroupShape& g,
+                                                    const Network& net) {
   CollectiveTime best{collective_seconds(c, Algorithm::ring, bytes, g, net), Algorithm::ring};
   for (Algorithm a : {Algorithm::tree, Algorithm::hierarchical}) {
     const double t = collective_seconds(c, a, bytes, g, net);

@@ -36,9 +36,9 @@ struct Calibration {
    * Table 1 (arXiv 2104.04473) on A100; see docs/planner.md for the fit and the residuals.
    */
   double gemm_efficiency = 0.65;
-  double elementwise_efficiency = 0.8;  ///< achievable fraction of HBM bandwidth for elementwise kernels
-  double bandwidth_efficiency = 0.8;    ///< achievable fraction of nominal link bandwidth (nccl-tests bus bandwidth)
-  std::optional<double> gemm_flops_per_s;         ///< measured: replaces peak * gemm_efficiency
+  double elementwise_efficiency = 0.8;     ///< achievable fraction of HBM bandwidth for elementwise kernels
+  double bandwidth_efficiency = 0.8;       ///< achievable fraction of nominal link bandwidth (nccl-tests bus bandwidth)
+  std::optional<double> gemm_flops_per_s;  ///< measured: replaces peak * gemm_efficiency
   std::optional<double> elementwise_bytes_per_s;  ///< measured: replaces HBM * elementwise_efficiency
   std::optional<Link> intra, inter;               ///< measured per-GPU links: replace nominal * bandwidth_efficiency
   /** Measured per-layer costs keyed by (tp, microbatch_size, recompute). */
@@ -56,7 +56,7 @@ struct LayerWork {
   double linear_flops = 0;       ///< QKV, projection, MLP GEMMs: 24 b s h^2 / t
   double attention_flops = 0;    ///< Q K^T and scores x V: 4 b s^2 h / t
   double elementwise_bytes = 0;  ///< HBM traffic of layer norms, softmax, GeLU, dropout, residuals
-  double softmax_bytes = 0;      ///< the part of elementwise_bytes in the attention core (selective recompute redoes it)
+  double softmax_bytes = 0;  ///< the part of elementwise_bytes in the attention core (selective recompute redoes it)
   double tp_collective_bytes = 0;  ///< each of the two forward all-reduces (or reduce-scatter + all-gather pairs)
   double ring_block_bytes = 0;     ///< context parallelism: one K/V block sent around the ring (cp - 1 hops)
 };
@@ -77,13 +77,16 @@ class CostModel {
   [[nodiscard]] const Calibration& calibration() const { return cal_; }
   [[nodiscard]] const Precision& precision() const { return precision_; }
 
-  [[nodiscard]] double gemm_rate() const { return cal_.gemm_flops_per_s.value_or(cluster_.peak_flops * cal_.gemm_efficiency); }
+  [[nodiscard]] double gemm_rate() const {
+    return cal_.gemm_flops_per_s.value_or(cluster_.peak_flops * cal_.gemm_efficiency);
+  }
   [[nodiscard]] double elementwise_rate() const {
     return cal_.elementwise_bytes_per_s.value_or(cluster_.hbm_bandwidth * cal_.elementwise_efficiency);
   }
   [[nodiscard]] Network network() const {
     Network n;
-    n.intra = cal_.intra.value_or(Link{cluster_.intra_node_bandwidth * cal_.bandwidth_efficiency, cluster_.intra_node_latency});
+    n.intra = cal_.intra.value_or(
+        Link{cluster_.intra_node_bandwidth * cal_.bandwidth_efficiency, cluster_.intra_node_latency});
     n.inter = cal_.inter.value_or(
         Link{cluster_.inter_node_bandwidth_per_gpu() * cal_.bandwidth_efficiency, cluster_.inter_node_latency});
     return n;
@@ -126,7 +129,8 @@ class CostModel {
   /** Per-layer costs of one micro-batch: from measurements when calibrated for (tp, mbs, recompute), else from the work model. */
   [[nodiscard]] ChunkCosts layer_costs(const ParallelConfig& c, const GroupPlacement& g) const {
     // (Measurements are of whole sequences: a context-parallel layer uses the work model.)
-    if (auto it = cal_.layer_costs.find({c.tp, c.microbatch_size, c.recompute}); c.cp == 1 && it != cal_.layer_costs.end())
+    if (auto it = cal_.layer_costs.find({c.tp, c.microbatch_size, c.recompute});
+        c.cp == 1 && it != cal_.layer_costs.end())
       return {it->second.forward, it->second.backward_input, it->second.backward_weight};
     const LayerWork w = layer_work(c);
     const double gemm = gemm_rate(), ew = elementwise_rate();
@@ -154,7 +158,8 @@ class CostModel {
    * Costs of local chunk `chunk` on pipeline rank `rank` for one micro-batch: its layers, plus the
    * embedding on the first global stage and the final norm, logits and cross-entropy on the last.
    */
-  [[nodiscard]] ChunkCosts chunk_costs(const ParallelConfig& c, std::size_t rank, std::size_t chunk, const GroupPlacement& g) const {
+  [[nodiscard]] ChunkCosts chunk_costs(const ParallelConfig& c, std::size_t rank, std::size_t chunk,
+                                       const GroupPlacement& g) const {
     const double n = double(layers_per_chunk(model_, c));
     const ChunkCosts l = layer_costs(c, g);
     ChunkCosts r{n * l.forward, n * l.backward_input, n * l.backward_weight};
@@ -170,7 +175,7 @@ class CostModel {
     }
     if (global + 1 == c.stages()) {
       const double logits = 2.0 * b * s * h * V / t;
-      const double ce_bytes = 4.0 * s * b * V / t;  // fp32 logits
+      const double ce_bytes = 4.0 * s * b * V / t;                        // fp32 logits
       const double ce_ar = tp_collective_seconds(3 * 4.0 * s * b, c, g);  // max, sum-exp and target logit over tp
       r.forward += logits / gemm + (4 * e * sbh + 3 * ce_bytes) / ew + ce_ar;
       r.backward_input += logits / gemm + (6 * e * sbh + 2 * ce_bytes) / ew;
@@ -185,7 +190,8 @@ class CostModel {
     const double bytes = precision_.activation_bytes * double(model_.seq) / double(c.cp) * double(c.microbatch_size) *
                          double(model_.hidden);
     double t = send_recv_seconds(bytes / double(c.tp), g.pipeline_cross_node, network());
-    if (c.tp > 1 && !c.sequence_parallel)  // the receiving tensor group all-gathers the slices (Megatron's scatter-gather)
+    if (c.tp > 1 &&
+        !c.sequence_parallel)  // the receiving tensor group all-gathers the slices (Megatron's scatter-gather)
       t += best_collective(Collective::all_gather, bytes, g.tensor, network()).seconds;
     return t;
   }

@@ -34,7 +34,9 @@ struct Precision {
   [[nodiscard]] static constexpr Precision fp32_host(double optimizer_bytes_per_param = 8, double mask_bytes = 0) {
     return {4, 4, 0, optimizer_bytes_per_param, 4, mask_bytes};
   }
-  [[nodiscard]] constexpr double model_state_bytes() const { return weight_bytes + grad_bytes + master_bytes + optimizer_bytes; }
+  [[nodiscard]] constexpr double model_state_bytes() const {
+    return weight_bytes + grad_bytes + master_bytes + optimizer_bytes;
+  }
 };
 
 /** @brief A rank's memory, by kind, in bytes. */
@@ -134,8 +136,8 @@ struct MemoryOptions {
 /** How many transformer layers a pipeline rank holds: layers / (pp * V) per chunk, V chunks. */
 [[nodiscard]] inline std::size_t layers_per_chunk(const GptModel& m, const ParallelConfig& c) {
   require(c.pp * c.virtual_stages > 0 && m.layers % (c.pp * c.virtual_stages) == 0, "plan: ", m.layers,
-          " layers do not divide into pp*v = ", c.pp, "*", c.virtual_stages, " equal chunks; choose pp and v whose product divides ",
-          m.layers);
+          " layers do not divide into pp*v = ", c.pp, "*", c.virtual_stages,
+          " equal chunks; choose pp and v whose product divides ", m.layers);
   return m.layers / (c.pp * c.virtual_stages);
 }
 
@@ -156,7 +158,9 @@ struct MemoryOptions {
 }
 
 /** Bytes per parameter of PipeDream-2BW's second weight version: a copy of the weights the optimizer updates. */
-[[nodiscard]] constexpr double two_bw_version_bytes(const Precision& p) { return p.master_bytes > 0 ? p.master_bytes : p.weight_bytes; }
+[[nodiscard]] constexpr double two_bw_version_bytes(const Precision& p) {
+  return p.master_bytes > 0 ? p.master_bytes : p.weight_bytes;
+}
 
 /**
  * Memory of pipeline rank `rank` (one of its tensor ranks) given the schedule's peak number of
@@ -212,7 +216,8 @@ struct MemoryOptions {
   act += p.activation_bytes * (4 * sbh + scores) / t;
   // Context parallelism: a block's input and its token-wise view are copied (whole rows) while it runs.
   if (c.cp > 1) act += 2 * p.activation_bytes * sbh;
-  if (rank == 0) act += peak_inflight / double(c.virtual_stages) * p.mask_bytes * sbh / shard;  // embedding dropout mask
+  if (rank == 0)
+    act += peak_inflight / double(c.virtual_stages) * p.mask_bytes * sbh / shard;  // embedding dropout mask
   if (rank + 1 == c.pp)  // final norm input, output-layer input, fp32 logits for the cross-entropy (one micro-batch)
     act += 2 * p.activation_bytes * sbh / shard + 4.0 * s * b * double(m.vocab) / t;
   e.activations = act;
@@ -253,7 +258,8 @@ struct MemoryOptions {
 
 /** The fullest pipeline rank, given each rank's peak in-flight count (size pp). */
 [[nodiscard]] inline MemoryEstimate peak_memory(const GptModel& m, const ParallelConfig& c, const Precision& p,
-                                                std::span<const double> peak_inflight_per_rank, const MemoryOptions& o = {}) {
+                                                std::span<const double> peak_inflight_per_rank,
+                                                const MemoryOptions& o = {}) {
   require(peak_inflight_per_rank.size() == c.pp, "plan::peak_memory: got ", peak_inflight_per_rank.size(),
           " in-flight counts for pp = ", c.pp, " pipeline ranks");
   MemoryEstimate best;

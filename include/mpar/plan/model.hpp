@@ -65,7 +65,9 @@ struct Cluster {
   double intra_node_latency = 5e-6;   ///< seconds per message hop inside a node
   double inter_node_latency = 10e-6;  ///< seconds per message hop between nodes
 
-  [[nodiscard]] constexpr std::size_t nodes() const { return gpus_per_node ? (gpus + gpus_per_node - 1) / gpus_per_node : 0; }
+  [[nodiscard]] constexpr std::size_t nodes() const {
+    return gpus_per_node ? (gpus + gpus_per_node - 1) / gpus_per_node : 0;
+  }
   /** One GPU's share of its node's network bandwidth. */
   [[nodiscard]] constexpr double inter_node_bandwidth_per_gpu() const {
     return gpus_per_node ? inter_node_bandwidth / double(gpus_per_node) : 0.0;
@@ -75,7 +77,8 @@ struct Cluster {
     require(gpus > 0, "cluster: --gpus must be at least 1");
     require(gpus_per_node > 0, "cluster: --gpus-per-node must be at least 1");
     require(gpus % gpus_per_node == 0 || gpus < gpus_per_node, "cluster: --gpus ", gpus,
-            " is not a whole number of nodes of --gpus-per-node ", gpus_per_node, "; use a multiple of ", gpus_per_node);
+            " is not a whole number of nodes of --gpus-per-node ", gpus_per_node, "; use a multiple of ",
+            gpus_per_node);
     require(memory_bytes > 0, "cluster: --gpu-mem-gib must be positive");
     require(peak_flops > 0, "cluster: --peak-tflops must be positive");
     require(intra_node_bandwidth > 0, "cluster: --intra-node-gbps must be positive");

@@ -13,9 +13,12 @@ enum class Recompute { none, selective, full };
 
 [[nodiscard]] constexpr std::string_view recompute_name(Recompute r) {
   switch (r) {
-    case Recompute::none: return "none";
-    case Recompute::selective: return "selective";
-    case Recompute::full: return "full";
+    case Recompute::none:
+      return "none";
+    case Recompute::selective:
+      return "selective";
+    case Recompute::full:
+      return "full";
   }
   return "?";
 }
@@ -32,17 +35,24 @@ enum class Recompute { none, selective, full };
  */
 enum class ScheduleKind { gpipe, one_f_one_b, interleaved, zb_h1, zb_h2, two_bw };
 
-inline constexpr ScheduleKind all_schedules[] = {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved,
-                                                 ScheduleKind::zb_h1, ScheduleKind::zb_h2, ScheduleKind::two_bw};
+inline constexpr ScheduleKind all_schedules[] = {ScheduleKind::gpipe,       ScheduleKind::one_f_one_b,
+                                                 ScheduleKind::interleaved, ScheduleKind::zb_h1,
+                                                 ScheduleKind::zb_h2,       ScheduleKind::two_bw};
 
 [[nodiscard]] constexpr std::string_view schedule_name(ScheduleKind s) {
   switch (s) {
-    case ScheduleKind::gpipe: return "gpipe";
-    case ScheduleKind::one_f_one_b: return "1f1b";
-    case ScheduleKind::interleaved: return "interleaved_1f1b";
-    case ScheduleKind::zb_h1: return "zb_h1";
-    case ScheduleKind::zb_h2: return "zb_h2";
-    case ScheduleKind::two_bw: return "2bw";
+    case ScheduleKind::gpipe:
+      return "gpipe";
+    case ScheduleKind::one_f_one_b:
+      return "1f1b";
+    case ScheduleKind::interleaved:
+      return "interleaved_1f1b";
+    case ScheduleKind::zb_h1:
+      return "zb_h1";
+    case ScheduleKind::zb_h2:
+      return "zb_h2";
+    case ScheduleKind::two_bw:
+      return "2bw";
   }
   return "?";
 }
@@ -53,7 +63,9 @@ inline constexpr ScheduleKind all_schedules[] = {ScheduleKind::gpipe, ScheduleKi
   return std::nullopt;
 }
 /** Zero-bubble schedules run the weight-gradient half of backward as its own action. */
-[[nodiscard]] constexpr bool splits_backward(ScheduleKind s) { return s == ScheduleKind::zb_h1 || s == ScheduleKind::zb_h2; }
+[[nodiscard]] constexpr bool splits_backward(ScheduleKind s) {
+  return s == ScheduleKind::zb_h1 || s == ScheduleKind::zb_h2;
+}
 
 /**
  * @brief A parallel configuration: tp x cp x pp x dp ranks (cp: context parallelism, each sequence split
@@ -82,10 +94,14 @@ struct ParallelConfig {
   friend std::ostream& operator<<(std::ostream& os, const ParallelConfig& c) {
     os << "tp=" << c.tp << " pp=" << c.pp << " dp=" << c.dp;
     if (c.cp > 1) os << " cp=" << c.cp;
-    os << " mbs=" << c.microbatch_size << " m=" << c.microbatches
-       << " schedule=" << schedule_name(c.schedule);
+    os << " mbs=" << c.microbatch_size << " m=" << c.microbatches << " schedule=" << schedule_name(c.schedule);
     if (c.virtual_stages > 1) os << " v=" << c.virtual_stages;
-    os << " recompute=" << recompute_name(c.recompute) << (c.zero3 ? " zero3" : c.zero2 ? " zero2" : c.zero1 ? " zero1" : "") << (c.sequence_parallel ? " sp" : "");
+    os << " recompute=" << recompute_name(c.recompute)
+       << (c.zero3   ? " zero3"
+           : c.zero2 ? " zero2"
+           : c.zero1 ? " zero1"
+                     : "")
+       << (c.sequence_parallel ? " sp" : "");
     return os;
   }
 };

@@ -5,12 +5,12 @@
  * holds, and asks the simulator for the makespan with the cost model's per-action seconds. There is
  * no second schedule model here: bubbles, overlap and memory multipliers all come from the programs.
  */
+#include <algorithm>
 #include <cstddef>
 #include <map>
+#include <string>
 #include <tuple>
 #include <utility>
-#include <algorithm>
-#include <string>
 #include <vector>
 
 #include "mpar/core/error.hpp"
@@ -37,12 +37,18 @@ namespace mpar::plan {
 [[nodiscard]] inline std::string schedule_problem(const ParallelConfig& c) {
   const pipeline::ScheduleConfig s = schedule_config(c);
   switch (c.schedule) {
-    case ScheduleKind::gpipe: return pipeline::GPipe::check(s);
-    case ScheduleKind::one_f_one_b: return pipeline::OneFOneB::check(s);
-    case ScheduleKind::interleaved: return pipeline::Interleaved1F1B::check(s);
-    case ScheduleKind::zb_h1: return pipeline::ZBH1::check(s);
-    case ScheduleKind::zb_h2: return pipeline::ZBH2::check(s);
-    case ScheduleKind::two_bw: return pipeline::PipeDream2BW::check(s);
+    case ScheduleKind::gpipe:
+      return pipeline::GPipe::check(s);
+    case ScheduleKind::one_f_one_b:
+      return pipeline::OneFOneB::check(s);
+    case ScheduleKind::interleaved:
+      return pipeline::Interleaved1F1B::check(s);
+    case ScheduleKind::zb_h1:
+      return pipeline::ZBH1::check(s);
+    case ScheduleKind::zb_h2:
+      return pipeline::ZBH2::check(s);
+    case ScheduleKind::two_bw:
+      return pipeline::PipeDream2BW::check(s);
   }
   return "unknown schedule";
 }

@@ -43,8 +43,8 @@ struct SearchSpace {
 
 /** @brief How the search judges and reports. */
 struct SearchOptions {
-  std::size_t top_k = 10;                    ///< configurations returned
-  double usable_memory_fraction = 0.95;      ///< of GPU memory, the rest left to the allocator and runtime
+  std::size_t top_k = 10;                ///< configurations returned
+  double usable_memory_fraction = 0.95;  ///< of GPU memory, the rest left to the allocator and runtime
   MemoryOptions memory;
   Placement placement = Placement::tensor_innermost;
 };
@@ -53,12 +53,12 @@ struct SearchOptions {
 struct Candidate {
   ParallelConfig config;
   MemoryEstimate memory;
-  double step_seconds = 0;         ///< one optimizer step (global batch)
-  double pipeline_seconds = 0;     ///< makespan of the pipeline programs (simulator)
-  double dp_exposed_seconds = 0;   ///< data-parallel reduction not hidden behind backward
-  double optimizer_seconds = 0;    ///< optimizer step (+ ZeRO-1 weight all-gather)
-  double bubble_fraction = 0;      ///< idle share of the pipeline ranks' compute lanes
-  double tflops_per_gpu = 0;       ///< hardware FLOPs (recomputation included) per second per GPU
+  double step_seconds = 0;        ///< one optimizer step (global batch)
+  double pipeline_seconds = 0;    ///< makespan of the pipeline programs (simulator)
+  double dp_exposed_seconds = 0;  ///< data-parallel reduction not hidden behind backward
+  double optimizer_seconds = 0;   ///< optimizer step (+ ZeRO-1 weight all-gather)
+  double bubble_fraction = 0;     ///< idle share of the pipeline ranks' compute lanes
+  double tflops_per_gpu = 0;      ///< hardware FLOPs (recomputation included) per second per GPU
   double samples_per_second = 0;
   GroupPlacement placement;
   Placement ordering = Placement::tensor_innermost;
@@ -73,8 +73,8 @@ struct Rejection {
 
 /** @brief The search's answer. */
 struct Plan {
-  std::vector<Candidate> best;                       ///< fastest first
-  std::vector<Rejection> rejected;                   ///< the first few of each kind
+  std::vector<Candidate> best;      ///< fastest first
+  std::vector<Rejection> rejected;  ///< the first few of each kind
   std::map<std::string, std::size_t> rejected_by_kind;
   std::size_t considered = 0, simulated = 0, verified_shapes = 0;
   /** The best configuration again with its tensor groups spread over nodes (data-innermost ordering), when that differs. */
@@ -107,12 +107,14 @@ namespace detail {
 }
 
 /** Parameters of local chunk `chunk` on pipeline rank `rank`: its layers plus the embedding pieces of the first and last stage. */
-[[nodiscard]] inline double chunk_parameters(const GptModel& m, const ParallelConfig& c, std::size_t rank, std::size_t chunk) {
+[[nodiscard]] inline double chunk_parameters(const GptModel& m, const ParallelConfig& c, std::size_t rank,
+                                             std::size_t chunk) {
   const double h = double(m.hidden), t = double(c.tp);
   double n = double(layers_per_chunk(m, c)) * ((12 * h * h + 7 * h) / t + 6 * h);
   const std::size_t global = chunk * c.pp + rank;
   if (global == 0) n += double(m.vocab) * h / t + double(m.seq) * h;
-  if (global + 1 == c.stages()) n += (c.pp > 1 ? double(m.vocab) * h / t : 0.0) + 2 * h;  // tied output copy on another rank
+  if (global + 1 == c.stages())
+    n += (c.pp > 1 ? double(m.vocab) * h / t : 0.0) + 2 * h;  // tied output copy on another rank
   return n;
 }
 
@@ -143,8 +145,9 @@ namespace detail {
     for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) params += detail::chunk_parameters(m, c, rk, ch);
     opt = std::max(opt, cm.optimizer_seconds(params, c));
     if (c.zero1 && c.data_group() > 1) {
-      const double once = best_collective(Collective::all_gather, params * cm.precision().weight_bytes, r.placement.data,
-                                          cm.network()).seconds;
+      const double once =
+          best_collective(Collective::all_gather, params * cm.precision().weight_bytes, r.placement.data, cm.network())
+              .seconds;
       // ZeRO-3 gathers every unit before each micro-batch's forward and again before its backward, instead of
       // once after the step; counted as not overlapped (the prefetch hides part of it), so it is an upper bound.
       gather = std::max(gather, c.zero3 ? 2.0 * double(c.microbatches) * once : once);
@@ -161,7 +164,9 @@ namespace detail {
   if (c.data_group() > 1) {
     ParallelConfig rs = c;  // ZeRO-1 reduce-scatters here and all-gathers weights after the step
     for (std::size_t rk = 0; rk < c.pp; ++rk) {
-      struct Bucket { double ready, params; };
+      struct Bucket {
+        double ready, params;
+      };
       std::vector<Bucket> buckets;
       for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) {
         const double t0 = pt.grads_ready[rk][ch].first, t1 = pt.grads_ready[rk][ch].second;
@@ -173,7 +178,8 @@ namespace detail {
       double lane = 0;
       for (const Bucket& b : buckets) {
         const double d = c.zero1 ? best_collective(Collective::reduce_scatter, b.params * cm.precision().grad_bytes,
-                                                   r.placement.data, cm.network()).seconds
+                                                   r.placement.data, cm.network())
+                                       .seconds
                                  : cm.dp_reduce_seconds(b.params, rs, r.placement);
         lane = std::max(lane, b.ready) + d;
       }
@@ -208,32 +214,39 @@ namespace detail {
   if (m.heads % c.tp != 0)
     return rej("heads", mpar::detail::cat("tp=", c.tp, " does not divide the ", m.heads, " attention heads"));
   if (c.tp > p.cluster.gpus_per_node || p.cluster.gpus_per_node % c.tp != 0)
-    return rej("topology", mpar::detail::cat("tp=", c.tp, " does not fit inside a node of ", p.cluster.gpus_per_node,
-                                      " GPUs; tensor-parallel groups must stay on NVLink (choose tp dividing --gpus-per-node)"));
+    return rej(
+        "topology",
+        mpar::detail::cat("tp=", c.tp, " does not fit inside a node of ", p.cluster.gpus_per_node,
+                          " GPUs; tensor-parallel groups must stay on NVLink (choose tp dividing --gpus-per-node)"));
   try {
     (void)place(c, p.cluster.gpus_per_node, Placement::tensor_innermost);
   } catch (const config_error& e) {
     return rej("topology", e.what());
   }
   if (m.layers % (c.pp * c.virtual_stages) != 0)
-    return rej("layers", mpar::detail::cat(m.layers, " layers do not split evenly into pp*v = ", c.pp, "*", c.virtual_stages, " chunks"));
+    return rej("layers", mpar::detail::cat(m.layers, " layers do not split evenly into pp*v = ", c.pp, "*",
+                                           c.virtual_stages, " chunks"));
   if (c.virtual_stages > 1 && c.schedule != ScheduleKind::interleaved)
-    return rej("schedule", mpar::detail::cat(schedule_name(c.schedule), " runs one chunk per rank; v=", c.virtual_stages, " needs interleaved_1f1b"));
+    return rej("schedule", mpar::detail::cat(schedule_name(c.schedule), " runs one chunk per rank; v=",
+                                             c.virtual_stages, " needs interleaved_1f1b"));
   if (c.schedule == ScheduleKind::interleaved && c.virtual_stages < 2)
     return rej("schedule", "interleaved_1f1b needs v >= 2 chunks per rank (v = 1 is 1f1b)");
   if (c.cp > 1 && m.seq % (2 * c.cp) != 0)
     return rej("context", mpar::detail::cat("sequence length ", m.seq, " is not divisible by 2 x cp = ", 2 * c.cp,
                                             " (zig-zag chunks)"));
   if (c.cp > 1 && c.sequence_parallel)
-    return rej("context", "sequence parallelism and context parallelism are not combined in mpar (cp > 1 needs sp off)");
+    return rej("context",
+               "sequence parallelism and context parallelism are not combined in mpar (cp > 1 needs sp off)");
   if (p.global_batch % (c.dp * c.microbatch_size) != 0)
-    return rej("batch", mpar::detail::cat("global batch ", p.global_batch, " is not a multiple of dp*mbs = ", c.dp, "*", c.microbatch_size));
+    return rej("batch", mpar::detail::cat("global batch ", p.global_batch, " is not a multiple of dp*mbs = ", c.dp, "*",
+                                          c.microbatch_size));
   if (std::string why = schedule_problem(c); !why.empty()) return rej("schedule", why);
   return std::nullopt;
 }
 
 /** Searches `space` for `p`; see the file comment. Throws config_error when fixed sizes contradict the cluster. */
-[[nodiscard]] inline Plan search(const Problem& p, const CostModel& cm, const SearchSpace& space = {}, const SearchOptions& o = {}) {
+[[nodiscard]] inline Plan search(const Problem& p, const CostModel& cm, const SearchSpace& space = {},
+                                 const SearchOptions& o = {}) {
   p.validate();
   require(space.cp >= 1 && p.cluster.gpus % space.cp == 0, "--cp ", space.cp, " does not divide --gpus ",
           p.cluster.gpus, "; choose a divisor of ", p.cluster.gpus);
@@ -243,11 +256,13 @@ namespace detail {
             " x --cp ", space.cp, " = ", *space.tp * *space.pp * *space.dp * space.cp, " GPUs, but --gpus is ",
             p.cluster.gpus, "; make the product equal --gpus or leave one free");
   else if (space.tp && space.pp && space.dp)
-    require(*space.tp * *space.pp * *space.dp == N, "--tp ", *space.tp, " x --pp ", *space.pp, " x --dp ", *space.dp, " = ",
-            *space.tp * *space.pp * *space.dp, " GPUs, but --gpus is ", N, "; make the product equal --gpus or leave one free");
+    require(*space.tp * *space.pp * *space.dp == N, "--tp ", *space.tp, " x --pp ", *space.pp, " x --dp ", *space.dp,
+            " = ", *space.tp * *space.pp * *space.dp, " GPUs, but --gpus is ", N,
+            "; make the product equal --gpus or leave one free");
   for (auto [v, name] : {std::pair{space.tp, "--tp"}, std::pair{space.pp, "--pp"}, std::pair{space.dp, "--dp"}})
     if (v) require(*v >= 1 && N % *v == 0, name, " ", *v, " does not divide --gpus ", N, "; choose a divisor of ", N);
-  if (space.tp && space.pp) require(N % (*space.tp * *space.pp) == 0, "--tp ", *space.tp, " x --pp ", *space.pp, " does not divide --gpus ", N);
+  if (space.tp && space.pp)
+    require(N % (*space.tp * *space.pp) == 0, "--tp ", *space.tp, " x --pp ", *space.pp, " does not divide --gpus ", N);
   if (space.microbatch_size) require(*space.microbatch_size >= 1, "--microbatch-size must be at least 1");
   if (space.virtual_stages) require(*space.virtual_stages >= 1, "--virtual-stages must be at least 1");
 
@@ -265,7 +280,10 @@ namespace detail {
     plan.rejected.push_back(std::move(r));
   };
 
-  struct Feasible { ParallelConfig c; double bound; };
+  struct Feasible {
+    ParallelConfig c;
+    double bound;
+  };
   std::vector<Feasible> feasible;
   const std::vector<std::size_t> all = detail::divisors(N);
   for (std::size_t tp : all) {
@@ -276,29 +294,41 @@ namespace detail {
       const std::size_t dp = N / (tp * pp);
       if (space.dp && dp != *space.dp) continue;
       std::vector<ScheduleKind> schedules;
-      if (space.schedule) schedules = {*space.schedule};
-      else if (pp == 1) schedules = {ScheduleKind::one_f_one_b};  // one stage: every synchronous schedule is the same
-      else schedules = {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved, ScheduleKind::zb_h1, ScheduleKind::zb_h2};
-      std::vector<std::size_t> mbss = space.microbatch_size ? std::vector<std::size_t>{*space.microbatch_size} : space.microbatch_sizes;
+      if (space.schedule)
+        schedules = {*space.schedule};
+      else if (pp == 1)
+        schedules = {ScheduleKind::one_f_one_b};  // one stage: every synchronous schedule is the same
+      else
+        schedules = {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved, ScheduleKind::zb_h1,
+                     ScheduleKind::zb_h2};
+      std::vector<std::size_t> mbss =
+          space.microbatch_size ? std::vector<std::size_t>{*space.microbatch_size} : space.microbatch_sizes;
       for (std::size_t mbs : mbss)
         for (ScheduleKind s : schedules) {
           std::vector<std::size_t> vs;
-          if (space.virtual_stages) vs = {*space.virtual_stages};
+          if (space.virtual_stages)
+            vs = {*space.virtual_stages};
           else if (s == ScheduleKind::interleaved)
             for (std::size_t v = 2; v <= space.max_virtual_stages; ++v) vs.push_back(v);
-          else vs = {1};
+          else
+            vs = {1};
           for (std::size_t v : vs)
             for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
               if (space.recompute && rc != *space.recompute) continue;
               for (int z = 0; z < 4; ++z) {  // ZeRO stage: 0, 1 (states sharded), 2 (gradients too), 3 (parameters too)
                 if (space.zero1 ? (bool(z) != *space.zero1) : (z >= 1 && dp * space.cp == 1)) continue;
-                if (space.zero2 ? ((z >= 2) != *space.zero2) : (z == 2 && dp * space.cp == 1)) continue;  // ZeRO-3 shards gradients too
+                if (space.zero2 ? ((z >= 2) != *space.zero2) : (z == 2 && dp * space.cp == 1))
+                  continue;  // ZeRO-3 shards gradients too
                 if (space.zero3 ? ((z == 3) != *space.zero3) : (z == 3 && dp * space.cp == 1)) continue;
                 for (int spi = 0; spi < 2; ++spi) {
-                  if (space.sequence_parallel ? (bool(spi) != *space.sequence_parallel) : (spi == 1 && (tp == 1 || space.cp > 1))) continue;
+                  if (space.sequence_parallel ? (bool(spi) != *space.sequence_parallel)
+                                              : (spi == 1 && (tp == 1 || space.cp > 1)))
+                    continue;
                   ParallelConfig c;
-                  c.tp = tp, c.pp = pp, c.dp = dp, c.cp = space.cp, c.microbatch_size = mbs, c.schedule = s, c.virtual_stages = v;
-                  c.recompute = rc, c.zero1 = z >= 1, c.zero2 = z >= 2, c.zero3 = z == 3, c.sequence_parallel = bool(spi);
+                  c.tp = tp, c.pp = pp, c.dp = dp, c.cp = space.cp, c.microbatch_size = mbs, c.schedule = s,
+                  c.virtual_stages = v;
+                  c.recompute = rc, c.zero1 = z >= 1, c.zero2 = z >= 2, c.zero3 = z == 3,
+                  c.sequence_parallel = bool(spi);
                   c.microbatches = std::max<std::size_t>(1, p.global_batch / (dp * mbs));
                   ++plan.considered;
                   if (auto why = structural_problem(p, c)) {
@@ -314,8 +344,10 @@ namespace detail {
                   if (need > budget) {
                     reject({c, "memory",
                             mpar::detail::cat("needs at least ", std::round(need / gib * 10) / 10, " GiB per GPU but ",
-                                        std::round(budget / gib * 10) / 10, " GiB are usable (", o.usable_memory_fraction * 100,
-                                        " % of ", p.cluster.memory_bytes / gib, " GiB); more recomputation, ZeRO-1, ZeRO-2 or ZeRO-3, larger tp/pp or a smaller micro-batch would help")});
+                                              std::round(budget / gib * 10) / 10, " GiB are usable (",
+                                              o.usable_memory_fraction * 100, " % of ", p.cluster.memory_bytes / gib,
+                                              " GiB); more recomputation, ZeRO-1, ZeRO-2 or ZeRO-3, larger tp/pp or a "
+                                              "smaller micro-batch would help")});
                     continue;
                   }
                   // Lower bound: the busiest rank computes M micro-batches through all its chunks without a gap.
@@ -340,15 +372,17 @@ namespace detail {
   std::sort(feasible.begin(), feasible.end(), [](const Feasible& a, const Feasible& b) { return a.bound < b.bound; });
   for (const Feasible& f : feasible) {
     if (plan.best.size() >= o.top_k && f.bound >= plan.best.back().step_seconds) {
-      reject({f.c, "bound", mpar::detail::cat("cannot beat the slowest of the best ", o.top_k, " (", plan.best.back().step_seconds,
-                                        " s): its busiest rank alone computes for ", f.bound, " s")});
+      reject({f.c, "bound",
+              mpar::detail::cat("cannot beat the slowest of the best ", o.top_k, " (", plan.best.back().step_seconds,
+                                " s): its busiest rank alone computes for ", f.bound, " s")});
       continue;
     }
     Candidate cand = evaluate(cm, f.c, peaks, o);
     ++plan.simulated;
     if (cand.memory.total() > budget) {  // the verifier's exact peaks can exceed the lower bound that let it through
-      reject({f.c, "memory", mpar::detail::cat("needs ", std::round(cand.memory.total() / gib * 10) / 10, " GiB per GPU but ",
-                                         std::round(budget / gib * 10) / 10, " GiB are usable")});
+      reject({f.c, "memory",
+              mpar::detail::cat("needs ", std::round(cand.memory.total() / gib * 10) / 10, " GiB per GPU but ",
+                                std::round(budget / gib * 10) / 10, " GiB are usable")});
       continue;
     }
     auto at = std::upper_bound(plan.best.begin(), plan.best.end(), cand.step_seconds,

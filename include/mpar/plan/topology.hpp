@@ -44,8 +44,8 @@ enum class Placement { tensor_innermost, data_innermost };
 
 /** @brief The node footprint of one configuration's groups. */
 struct GroupPlacement {
-  GroupShape tensor, data;  ///< data: the gradient-reduction group, data x context ranks
-  GroupShape context;       ///< the ring of context parallelism (size 1 without it)
+  GroupShape tensor, data;           ///< data: the gradient-reduction group, data x context ranks
+  GroupShape context;                ///< the ring of context parallelism (size 1 without it)
   bool pipeline_cross_node = false;  ///< neighbouring pipeline stages sit on different nodes
   [[nodiscard]] constexpr bool tensor_inside_node() const { return tensor.nodes == 1; }
 };

@@ -15,7 +15,8 @@ namespace mpar::gpu {
 namespace detail {
 template <class T>
 __global__ void fill_kernel(std::size_t n, T value, T* x) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x)
     x[i] = value;
 }
 }  // namespace detail

@@ -123,16 +123,18 @@ template <class T>
 void fused_classifier(std::size_t rows, std::size_t vocab, std::size_t ld, const T* logits, const std::int32_t* targets,
                       T* dlogits, float* row_loss, float* loss, float grad_scale = 1.0f, float* row_lse = nullptr,
                       cudaStream_t s = nullptr) {
-  require(vocab >= 1 && ld >= vocab, "gpu::fused_classifier: ", rows, " rows of ", vocab, " vocabulary columns need a row "
-          "stride ld >= vocab >= 1, got ld = ", ld, ". Fix: pass the padded width of the logits as ld");
+  require(vocab >= 1 && ld >= vocab, "gpu::fused_classifier: ", rows, " rows of ", vocab,
+          " vocabulary columns need a row "
+          "stride ld >= vocab >= 1, got ld = ",
+          ld, ". Fix: pass the padded width of the logits as ld");
   require(rows <= 0x7fffffffu, "gpu::fused_classifier: ", rows, " rows exceed one grid dimension (2^31 - 1)");
   s = detail::pick(s);
   if (!rows) {
     check(cudaMemsetAsync(loss, 0, sizeof(float), s), "cudaMemsetAsync(loss)");
     return;
   }
-  detail::fused_classifier_kernel<<<unsigned(rows), detail::block_threads, 0, s>>>(rows, vocab, ld, logits, targets,
-                                                                                  dlogits, row_loss, row_lse, grad_scale);
+  detail::fused_classifier_kernel<<<unsigned(rows), detail::block_threads, 0, s>>>(
+      rows, vocab, ld, logits, targets, dlogits, row_loss, row_lse, grad_scale);
   check_launch("gpu::fused_classifier");
   detail::mean_rows_kernel<><<<1, detail::block_threads, 0, s>>>(rows, row_loss, loss);
   check_launch("gpu::fused_classifier(mean)");

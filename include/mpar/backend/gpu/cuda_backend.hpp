@@ -99,32 +99,86 @@ struct CudaBackend {
   }
 
   // The layer kernels (see the `backend` concept), enqueued on the rank's stream.
-  template <class... A> static void add(A&&... a) { then_wait([&] { gpu::add(std::forward<A>(a)...); }); }
-  template <class... A> static void bias_add_forward(A&&... a) { then_wait([&] { gpu::bias_add_forward(std::forward<A>(a)...); }); }
-  template <class... A> static void bias_add_backward(A&&... a) { then_wait([&] { gpu::bias_add_backward(std::forward<A>(a)...); }); }
-  template <class... A> static void gelu_forward(A&&... a) { then_wait([&] { gpu::gelu_forward(std::forward<A>(a)...); }); }
-  template <class... A> static void gelu_backward(A&&... a) { then_wait([&] { gpu::gelu_backward(std::forward<A>(a)...); }); }
-  template <class... A> static void softmax_forward(A&&... a) { then_wait([&] { gpu::softmax_forward(std::forward<A>(a)...); }); }
-  template <class... A> static void softmax_backward(A&&... a) { then_wait([&] { gpu::softmax_backward(std::forward<A>(a)...); }); }
-  template <class... A> static void layernorm_forward(A&&... a) { then_wait([&] { gpu::layernorm_forward(std::forward<A>(a)...); }); }
-  template <class... A> static void layernorm_backward(A&&... a) { then_wait([&] { gpu::layernorm_backward(std::forward<A>(a)...); }); }
-  template <class... A> static void dropout_apply(A&&... a) { then_wait([&] { gpu::dropout_apply(std::forward<A>(a)...); }); }
-  template <class... A> static void embedding_forward(A&&... a) { then_wait([&] { gpu::embedding_forward(std::forward<A>(a)...); }); }
-  template <class... A> static void embedding_backward(A&&... a) { then_wait([&] { gpu::embedding_backward(std::forward<A>(a)...); }); }
-  template <class... A> static void vocab_parallel_max(A&&... a) { then_wait([&] { gpu::vocab_parallel_max(std::forward<A>(a)...); }); }
-  template <class... A> static void vocab_parallel_sumexp(A&&... a) { then_wait([&] { gpu::vocab_parallel_sumexp(std::forward<A>(a)...); }); }
-  template <class... A> static void vocab_parallel_backward(A&&... a) { then_wait([&] { gpu::vocab_parallel_backward(std::forward<A>(a)...); }); }
+  template <class... A>
+  static void add(A&&... a) {
+    then_wait([&] { gpu::add(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void bias_add_forward(A&&... a) {
+    then_wait([&] { gpu::bias_add_forward(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void bias_add_backward(A&&... a) {
+    then_wait([&] { gpu::bias_add_backward(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void gelu_forward(A&&... a) {
+    then_wait([&] { gpu::gelu_forward(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void gelu_backward(A&&... a) {
+    then_wait([&] { gpu::gelu_backward(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void softmax_forward(A&&... a) {
+    then_wait([&] { gpu::softmax_forward(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void softmax_backward(A&&... a) {
+    then_wait([&] { gpu::softmax_backward(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void layernorm_forward(A&&... a) {
+    then_wait([&] { gpu::layernorm_forward(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void layernorm_backward(A&&... a) {
+    then_wait([&] { gpu::layernorm_backward(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void dropout_apply(A&&... a) {
+    then_wait([&] { gpu::dropout_apply(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void embedding_forward(A&&... a) {
+    then_wait([&] { gpu::embedding_forward(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void embedding_backward(A&&... a) {
+    then_wait([&] { gpu::embedding_backward(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void vocab_parallel_max(A&&... a) {
+    then_wait([&] { gpu::vocab_parallel_max(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void vocab_parallel_sumexp(A&&... a) {
+    then_wait([&] { gpu::vocab_parallel_sumexp(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void vocab_parallel_backward(A&&... a) {
+    then_wait([&] { gpu::vocab_parallel_backward(std::forward<A>(a)...); });
+  }
 
   // The optimizer kernels (see the `backend` concept): the step, norm and scaling run on the device
   // next to the weights, gradients and moments (all device memory of the rank).
-  template <class... A> static void adamw_update(A&&... a) { then_wait([&] { gpu::adamw_update(std::forward<A>(a)...); }); }
-  template <class... A> static void sgd_update(A&&... a) { then_wait([&] { gpu::sgd_update(std::forward<A>(a)...); }); }
+  template <class... A>
+  static void adamw_update(A&&... a) {
+    then_wait([&] { gpu::adamw_update(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void sgd_update(A&&... a) {
+    then_wait([&] { gpu::sgd_update(std::forward<A>(a)...); });
+  }
   /** `*acc += sum x[i]^2` into a double in rank memory (each block sums in float). */
   static void sum_squares(std::size_t n, const float* x, double* acc) {
     then_wait([&] { gpu::sum_squares_accumulate(n, x, acc); });
   }
   /** The step's norm and `UpdateFactors` from the reduced sum of squares, on the device (host::update_factors). */
-  template <class... A> static void update_factors(A&&... a) { then_wait([&] { gpu::update_factors(std::forward<A>(a)...); }); }
+  template <class... A>
+  static void update_factors(A&&... a) {
+    then_wait([&] { gpu::update_factors(std::forward<A>(a)...); });
+  }
   /** `x[i] *= factor` (the argument order of host::scale and gpu::scale). */
   template <class T>
   static void scale(std::size_t n, compute_type_t<T> factor, T* x) {
@@ -132,22 +186,38 @@ struct CudaBackend {
   }
 
   // The row kernels of token routing (see the `backend` concept; gpu:: versions in row_kernels.hpp).
-  template <class... A> static void gather_rows(A&&... a) { then_wait([&] { gpu::gather_rows(std::forward<A>(a)...); }); }
-  template <class... A> static void scatter_rows(A&&... a) { then_wait([&] { gpu::scatter_rows(std::forward<A>(a)...); }); }
-  template <class... A> static void scatter_add_rows(A&&... a) {
+  template <class... A>
+  static void gather_rows(A&&... a) {
+    then_wait([&] { gpu::gather_rows(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void scatter_rows(A&&... a) {
+    then_wait([&] { gpu::scatter_rows(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void scatter_add_rows(A&&... a) {
     then_wait([&] { gpu::scatter_add_rows(std::forward<A>(a)...); });
   }
-  template <class... A> static void scatter_add_rows_backward(A&&... a) {
+  template <class... A>
+  static void scatter_add_rows_backward(A&&... a) {
     then_wait([&] { gpu::scatter_add_rows_backward(std::forward<A>(a)...); });
   }
 
   // The buffer operations and the batched GEMM (see the `backend` concept), on the compute stream.
-  template <class T> static void zero(std::size_t n, T* x) { then_wait([&] { gpu::zero(n, x); }); }
-  template <class T> static void fill(std::size_t n, T value, T* x) { then_wait([&] { gpu::fill(n, value, x); }); }
-  template <class T> static void copy(std::size_t n, const T* src, T* dst) {
+  template <class T>
+  static void zero(std::size_t n, T* x) {
+    then_wait([&] { gpu::zero(n, x); });
+  }
+  template <class T>
+  static void fill(std::size_t n, T value, T* x) {
+    then_wait([&] { gpu::fill(n, value, x); });
+  }
+  template <class T>
+  static void copy(std::size_t n, const T* src, T* dst) {
     then_wait([&] { gpu::copy_on_device(src, dst, n, gpu::current_stream()); });
   }
-  template <class From, class To> static void convert(std::size_t n, const From* src, To* dst) {
+  template <class From, class To>
+  static void convert(std::size_t n, const From* src, To* dst) {
     then_wait([&] { gpu::convert(n, src, dst); });
   }
   /** cublasGemmStridedBatchedEx (see gpu::gemm_strided_batched): fp32, or bf16/f16 A and B with fp32 accumulation. */
@@ -162,7 +232,8 @@ struct CudaBackend {
     // No wait: the GEMM reads and writes only caller-owned memory (no temporary to free), so it is
     // stream-ordered like every other operation and returns at once.
   }
-  template <class... A> static void vocab_parallel_loss(A&&... a) {
+  template <class... A>
+  static void vocab_parallel_loss(A&&... a) {
     then_wait([&] { gpu::vocab_parallel_loss(std::forward<A>(a)...); });
   }
   /** The per-step statistics in device memory: `*acc += scale * sum x[i]` (gpu::accumulate, host::accumulate's twin). */
@@ -189,15 +260,18 @@ struct CudaBackend {
    * Softmax cross-entropy, its mean and its gradient in one pass over the logits (gpu::fused_classifier):
    * `nn::VocabParallelCrossEntropy` uses it without vocabulary parallelism (`nn::fused_classifier_backend`).
    */
-  template <class... A> static void fused_classifier(A&&... a) {
+  template <class... A>
+  static void fused_classifier(A&&... a) {
     then_wait([&] { gpu::fused_classifier(std::forward<A>(a)...); });
   }
   /** `h = x + branch; y = LN(h)` in one kernel (gpu::residual_layernorm_forward). */
-  template <class... A> static void residual_layernorm_forward(A&&... a) {
+  template <class... A>
+  static void residual_layernorm_forward(A&&... a) {
     then_wait([&] { gpu::residual_layernorm_forward(std::forward<A>(a)...); });
   }
   /** `dh = dres + LN'(dy)`, dgamma and dbeta accumulated in fp32 (gpu::residual_layernorm_backward). */
-  template <class... A> static void residual_layernorm_backward(A&&... a) {
+  template <class... A>
+  static void residual_layernorm_backward(A&&... a) {
     then_wait([&] { gpu::residual_layernorm_backward(std::forward<A>(a)...); });
   }
   // ---- end of the fused kernels ----

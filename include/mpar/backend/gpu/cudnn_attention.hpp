@@ -16,8 +16,8 @@
  * Host code only (cudnn.h, the CUDA runtime): plain C++ may include it. Compiled when MPAR_HAVE_CUDNN
  * is defined (cmake/mparCuda.cmake finds cudnn.h and libcudnn).
  */
-#include <cudnn.h>
 #include <cuda_runtime.h>
+#include <cudnn.h>
 
 #include <array>
 #include <cstddef>
@@ -53,7 +53,9 @@ namespace detail {
 /** One backend descriptor (RAII). */
 class Desc {
  public:
-  explicit Desc(cudnnBackendDescriptorType_t type) { check(cudnnBackendCreateDescriptor(type, &d_), "cudnnBackendCreateDescriptor"); }
+  explicit Desc(cudnnBackendDescriptorType_t type) {
+    check(cudnnBackendCreateDescriptor(type, &d_), "cudnnBackendCreateDescriptor");
+  }
   Desc(const Desc&) = delete;
   Desc& operator=(const Desc&) = delete;
   ~Desc() {
@@ -78,9 +80,12 @@ class Desc {
 
 template <class T>
 constexpr cudnnDataType_t data_type() {
-  if constexpr (std::is_same_v<T, bf16>) return CUDNN_DATA_BFLOAT16;
-  else if constexpr (std::is_same_v<T, f16>) return CUDNN_DATA_HALF;
-  else return CUDNN_DATA_FLOAT;
+  if constexpr (std::is_same_v<T, bf16>)
+    return CUDNN_DATA_BFLOAT16;
+  else if constexpr (std::is_same_v<T, f16>)
+    return CUDNN_DATA_HALF;
+  else
+    return CUDNN_DATA_FLOAT;
 }
 
 /** A 4-d tensor descriptor `[1, bh, rows, cols]`, row-major; `by_value`: a host scalar in the variant pack. */
@@ -296,7 +301,8 @@ bool sdpa_forward(std::size_t bh, std::size_t s, std::size_t d, const T* q, cons
 /** @brief cuDNN's fused SDPA backward (dq, dk, dv overwritten); false when it cannot take the call. */
 template <class T>
 bool sdpa_backward(std::size_t bh, std::size_t s, std::size_t d, const T* q, const T* k, const T* v, const T* o,
-                   const float* lse, const T* dout, T* dq, T* dk, T* dv, float scale, bool causal, cudaStream_t stream) {
+                   const float* lse, const T* dout, T* dq, T* dk, T* dv, float scale, bool causal,
+                   cudaStream_t stream) {
   if (!applicable<T>(d, causal, {q, k, v, o, lse, dout, dq, dk, dv})) return false;
   const Plan* plan = this_thread_context().plan_for(
       {true, detail::data_type<T>(), std::int64_t(bh), std::int64_t(s), std::int64_t(d)});

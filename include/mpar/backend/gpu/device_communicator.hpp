@@ -69,9 +69,14 @@ __global__ void reduce_peers_kernel(PeerPointers<T> src, int npeers, std::size_t
     for (int q = 1; q < npeers; ++q) {
       const C v = to_compute(src.p[q][offset + i]);
       switch (op) {
-        case int(ReduceOp::max): acc = v > acc ? v : acc; break;
-        case int(ReduceOp::min): acc = v < acc ? v : acc; break;
-        default: acc += v;
+        case int(ReduceOp::max):
+          acc = v > acc ? v : acc;
+          break;
+        case int(ReduceOp::min):
+          acc = v < acc ? v : acc;
+          break;
+        default:
+          acc += v;
       }
     }
     if (op == int(ReduceOp::avg)) acc /= C(npeers);
@@ -208,8 +213,8 @@ class DeviceRequest {
 class DeviceCommunicator {
  public:
   /** One communicator per rank of a new group of `n` ranks on `device`. */
-  [[nodiscard]] static std::vector<DeviceCommunicator> create(int n, int device = 0, std::string name = "world",
-                                                              std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
+  [[nodiscard]] static std::vector<DeviceCommunicator> create(
+      int n, int device = 0, std::string name = "world", std::chrono::milliseconds timeout = std::chrono::seconds(60)) {
     require(n >= 1 && n <= max_device_group, "gpu::DeviceCommunicator::create: ", n, " ranks; supported are 1 to ",
             max_device_group);
     auto g = std::make_shared<detail::DeviceGroup>(n, device, std::move(name), timeout);
@@ -248,16 +253,18 @@ class DeviceCommunicator {
   void broadcast(std::span<T> data, int root) {
     publish<T>("broadcast", data.size(), root, 0, data.data(), data.data());
     phase(true);
-    if (rank_ != root) copy_on_device(static_cast<const T*>(g_->slots[std::size_t(root)].send), data.data(), data.size(), stream());
+    if (rank_ != root)
+      copy_on_device(static_cast<const T*>(g_->slots[std::size_t(root)].send), data.data(), data.size(), stream());
     phase(false);
   }
   template <element_type T>
   void reduce(std::span<const T> send, std::span<T> recv, ReduceOp op, int root) {
-    publish<T>("reduce", send.size(), root, int(op), send.data(), recv.data(), rank_ == root ? recv.size() : send.size());
+    publish<T>("reduce", send.size(), root, int(op), send.data(), recv.data(),
+               rank_ == root ? recv.size() : send.size());
     phase(true);
     if (g_->slots[std::size_t(root)].count2 != send.size())
       fail(where("reduce") + mpar::detail::cat(": the root's recv holds ", g_->slots[std::size_t(root)].count2,
-                                              " elements, send ", send.size()));
+                                               " elements, send ", send.size()));
     if (rank_ == root) reduce_into<T>(0, send.size(), int(op), recv.data());
     phase(false);
   }
@@ -330,8 +337,8 @@ class DeviceCommunicator {
       for (std::size_t b = 0; b < p; ++b)
         if (g_->slots[a].counts_send[b] != g_->slots[b].counts_recv[a])
           fail(where("all_to_all_v") + mpar::detail::cat(": rank ", a, " sends ", g_->slots[a].counts_send[b],
-                                                        " elements to rank ", b, ", which expects ",
-                                                        g_->slots[b].counts_recv[a]));
+                                                         " elements to rank ", b, ", which expects ",
+                                                         g_->slots[b].counts_recv[a]));
     std::size_t roff = 0;
     for (std::size_t q = 0; q < p; ++q) {
       std::size_t soff = 0;
@@ -479,15 +486,17 @@ class DeviceCommunicator {
       }
     }
     for (int r = 0; r < size(); ++r)
-      if (r != rank_) check(cudaStreamWaitEvent(stream(), g_->slots[std::size_t(r)].ev[parity], 0), "cudaStreamWaitEvent");
+      if (r != rank_)
+        check(cudaStreamWaitEvent(stream(), g_->slots[std::size_t(r)].ev[parity], 0), "cudaStreamWaitEvent");
   }
   template <class F>
   void check_blocks(const char* op, std::size_t n, F&& local_of) const {
     for (std::size_t q = 0; q < std::size_t(size()); ++q) {
       const Block b = block_of(n, std::size_t(size()), q);
       if (local_of(q) != b.extent)
-        fail(where(op) + mpar::detail::cat(": rank ", q, " passes a block of ", local_of(q), " elements; the block rule for ",
-                                          n, " elements over ", size(), " ranks gives ", b.extent));
+        fail(where(op) + mpar::detail::cat(": rank ", q, " passes a block of ", local_of(q),
+                                           " elements; the block rule for ", n, " elements over ", size(),
+                                           " ranks gives ", b.extent));
     }
   }
   /** out[0, count) = reduction over all ranks' `send` at [offset, offset + count). */
@@ -523,8 +532,8 @@ class DeviceCommunicator {
     (void)cudaEventDestroy(m.ready);  // released once the wait above has been satisfied
     if (m.count != data.size() || m.dtype != dtype_name_v<T>) {
       if (m.data) (void)cudaFreeAsync(m.data, stream());
-      fail(where("recv") + mpar::detail::cat(": rank ", peer, " sent ", m.count, " ", m.dtype, " elements with tag ", tag,
-                                            ", this rank expects ", data.size(), " ", dtype_name_v<T>));
+      fail(where("recv") + mpar::detail::cat(": rank ", peer, " sent ", m.count, " ", m.dtype, " elements with tag ",
+                                             tag, ", this rank expects ", data.size(), " ", dtype_name_v<T>));
     }
     if (m.count) {
       copy_on_device(static_cast<const T*>(m.data), data.data(), m.count, stream());

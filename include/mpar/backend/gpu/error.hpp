@@ -27,13 +27,14 @@ namespace gpu {
 /** Throws cuda_error naming `what` unless `st` is cudaSuccess. */
 inline void check(cudaError_t st, const char* what) {
   if (st != cudaSuccess)
-    throw cuda_error(mpar::detail::cat("CUDA error in ", what, ": ", cudaGetErrorName(st), " (", cudaGetErrorString(st), ")"));
+    throw cuda_error(
+        mpar::detail::cat("CUDA error in ", what, ": ", cudaGetErrorName(st), " (", cudaGetErrorString(st), ")"));
 }
 /** Throws cuda_error naming `what` unless `st` is CUBLAS_STATUS_SUCCESS. */
 inline void check(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS)
-    throw cuda_error(mpar::detail::cat("cuBLAS error in ", what, ": ", cublasGetStatusName(st), " (", cublasGetStatusString(st),
-                                 ")"));
+    throw cuda_error(mpar::detail::cat("cuBLAS error in ", what, ": ", cublasGetStatusName(st), " (",
+                                       cublasGetStatusString(st), ")"));
 }
 
 /** Number of visible CUDA devices; 0 (not an exception) when there is no driver or no device. */

@@ -51,7 +51,8 @@ template <class T, int D>
 __device__ void stage_tile(const T* head, std::size_t s, std::size_t r0, float* tile) {
   for (int i = int(threadIdx.x); i < attn_tile * D; i += int(blockDim.x)) {
     const int r = i / D, c = i % D;
-    tile[r * (D + 1) + c] = r0 + std::size_t(r) < s ? float(to_compute(head[(r0 + std::size_t(r)) * D + std::size_t(c)])) : 0.0f;
+    tile[r * (D + 1) + c] =
+        r0 + std::size_t(r) < s ? float(to_compute(head[(r0 + std::size_t(r)) * D + std::size_t(c)])) : 0.0f;
   }
 }
 template <int D>
@@ -88,7 +89,7 @@ __global__ void flash_forward_kernel(std::size_t s, const T* q, const T* k, cons
     const bool valid = j < s && (!causal || j <= i);
     const float sc = valid ? scale * dot_row<D>(qs[warp], ks + lane * (D + 1)) : -INFINITY;
     const float m_new = fmaxf(m, warp_max(sc));
-    if (m_new == -INFINITY) continue;  // nothing visible yet
+    if (m_new == -INFINITY) continue;                                          // nothing visible yet
     const float p = valid ? expf(sc - m_new) : 0.0f, alpha = expf(m - m_new);  // exp(-inf) = 0
     l = l * alpha + warp_sum(p);
 #pragma unroll
@@ -103,7 +104,8 @@ __global__ void flash_forward_kernel(std::size_t s, const T* q, const T* k, cons
   if (!active) return;
   const float inv = 1.0f / l;
 #pragma unroll
-  for (int u = 0; u < U; ++u) o[base + i * D + std::size_t(lane + 32 * u)] = from_compute<T>(compute_type_t<T>(acc[u] * inv));
+  for (int u = 0; u < U; ++u)
+    o[base + i * D + std::size_t(lane + 32 * u)] = from_compute<T>(compute_type_t<T>(acc[u] * inv));
   if (lane == 0) lse[bh * s + i] = m + logf(l);
 }
 
@@ -114,7 +116,8 @@ __global__ void flash_delta_kernel(std::size_t rows, const T* o, const T* dout, 
   const int lane = int(threadIdx.x) % 32;
   if (r >= rows) return;
   float acc = 0.0f;
-  for (int c = lane; c < D; c += 32) acc += float(to_compute(o[r * D + std::size_t(c)])) * float(to_compute(dout[r * D + std::size_t(c)]));
+  for (int c = lane; c < D; c += 32)
+    acc += float(to_compute(o[r * D + std::size_t(c)])) * float(to_compute(dout[r * D + std::size_t(c)]));
   acc = warp_sum(acc);
   if (lane == 0) delta[r] = acc;
 }
@@ -161,7 +164,8 @@ __global__ void flash_backward_dq_kernel(std::size_t s, const T* q, const T* k, 
   }
   if (!active) return;
 #pragma unroll
-  for (int u = 0; u < U; ++u) dq[base + i * D + std::size_t(lane + 32 * u)] = from_compute<T>(compute_type_t<T>(scale * acc[u]));
+  for (int u = 0; u < U; ++u)
+    dq[base + i * D + std::size_t(lane + 32 * u)] = from_compute<T>(compute_type_t<T>(scale * acc[u]));
 }
 
 /** dV_j = sum_i P_ij dO_i and dK_j = scale · sum_i P_ij (dP_ij - delta_i) Q_i, by key rows. */
@@ -225,12 +229,21 @@ __global__ void flash_backward_dkdv_kernel(std::size_t s, const T* q, const T* k
 template <class F>
 void with_head_dim(std::size_t d, const char* what, F&& f) {
   switch (d) {
-    case 32: f(std::integral_constant<int, 32>{}); break;
-    case 64: f(std::integral_constant<int, 64>{}); break;
-    case 96: f(std::integral_constant<int, 96>{}); break;
-    case 128: f(std::integral_constant<int, 128>{}); break;
+    case 32:
+      f(std::integral_constant<int, 32>{});
+      break;
+    case 64:
+      f(std::integral_constant<int, 64>{});
+      break;
+    case 96:
+      f(std::integral_constant<int, 96>{});
+      break;
+    case 128:
+      f(std::integral_constant<int, 128>{});
+      break;
     default:
-      require(false, what, ": head dimension ", d, " is not supported (32, 64, 96 or 128). "
+      require(false, what, ": head dimension ", d,
+              " is not supported (32, 64, 96 or 128). "
               "Fix: pad the heads, or use gemm_strided_batched and softmax_forward");
   }
 }
@@ -253,8 +266,8 @@ void flash_attention_forward(std::size_t batch_heads, std::size_t s, std::size_t
   const dim3 grid = detail::attention_grid(batch_heads, s, "gpu::flash_attention_forward");
   st = detail::pick(st);
   detail::with_head_dim(d, "gpu::flash_attention_forward", [&](auto D) {
-    detail::flash_forward_kernel<T, decltype(D)::value><<<grid, detail::attn_warps * 32, 0, st>>>(s, q, k, v, o, lse,
-                                                                                                  scale, causal);
+    detail::flash_forward_kernel<T, decltype(D)::value>
+        <<<grid, detail::attn_warps * 32, 0, st>>>(s, q, k, v, o, lse, scale, causal);
   });
   check_launch("gpu::flash_attention_forward");
 }
@@ -264,8 +277,8 @@ void flash_attention_forward(std::size_t batch_heads, std::size_t s, std::size_t
  * and `lse`. A `[batch_heads, s]` float scratch for `dO · O` is allocated and freed in stream order.
  */
 template <class T>
-void flash_attention_backward(std::size_t batch_heads, std::size_t s, std::size_t d, const T* q, const T* k,
-                              const T* v, const T* o, const float* lse, const T* dout, T* dq, T* dk, T* dv, float scale,
+void flash_attention_backward(std::size_t batch_heads, std::size_t s, std::size_t d, const T* q, const T* k, const T* v,
+                              const T* o, const float* lse, const T* dout, T* dq, T* dk, T* dv, float scale,
                               bool causal, cudaStream_t st = nullptr) {
   if (!batch_heads || !s) return;
   const dim3 grid = detail::attention_grid(batch_heads, s, "gpu::flash_attention_backward");
@@ -274,14 +287,15 @@ void flash_attention_backward(std::size_t batch_heads, std::size_t s, std::size_
   detail::with_head_dim(d, "gpu::flash_attention_backward", [&](auto D) {
     constexpr int Dv = decltype(D)::value;
     const std::size_t rows = batch_heads * s;
-    detail::flash_delta_kernel<T, Dv><<<unsigned((rows + detail::attn_warps - 1) / detail::attn_warps),
-                                         detail::attn_warps * 32, 0, st>>>(rows, o, dout, delta.data());
+    detail::flash_delta_kernel<T, Dv>
+        <<<unsigned((rows + detail::attn_warps - 1) / detail::attn_warps), detail::attn_warps * 32, 0, st>>>(
+            rows, o, dout, delta.data());
     check_launch("gpu::flash_attention_backward(delta)");
-    detail::flash_backward_dq_kernel<T, Dv><<<grid, detail::attn_warps * 32, 0, st>>>(s, q, k, v, dout, lse,
-                                                                                      delta.data(), dq, scale, causal);
+    detail::flash_backward_dq_kernel<T, Dv>
+        <<<grid, detail::attn_warps * 32, 0, st>>>(s, q, k, v, dout, lse, delta.data(), dq, scale, causal);
     check_launch("gpu::flash_attention_backward(dq)");
-    detail::flash_backward_dkdv_kernel<T, Dv><<<grid, detail::attn_warps * 32, 0, st>>>(
-        s, q, k, v, dout, lse, delta.data(), dk, dv, scale, causal);
+    detail::flash_backward_dkdv_kernel<T, Dv>
+        <<<grid, detail::attn_warps * 32, 0, st>>>(s, q, k, v, dout, lse, delta.data(), dk, dv, scale, causal);
   });
   check_launch("gpu::flash_attention_backward(dk, dv)");
 }

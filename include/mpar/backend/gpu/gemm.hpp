@@ -23,7 +23,8 @@ namespace mpar::gpu {
 
 /** @brief GEMM input/output types the device supports: same-type float/double, or 16-bit inputs with 16-bit or fp32 output. */
 template <class TIn, class TOut>
-concept gemm_types = (std::is_same_v<TIn, TOut> && element_type<TIn>) || (half_precision<TIn> && std::is_same_v<TOut, float>);
+concept gemm_types = (std::is_same_v<TIn, TOut> && element_type<TIn>) ||
+                     (half_precision<TIn> && std::is_same_v<TOut, float>);
 
 /** The scalar type of alpha and beta: double for double GEMMs, float otherwise. */
 template <class TIn>
@@ -38,8 +39,8 @@ inline cublasComputeType_t compute_of() {
 inline void check_gemm_dims(const char* what, Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k,
                             std::size_t lda, std::size_t ldb, std::size_t ldc) {
   const std::size_t a_cols = ta == Trans::no ? k : m, b_cols = tb == Trans::no ? n : k;
-  require(lda >= a_cols && ldb >= b_cols && ldc >= n, what, ": leading dimensions lda=", lda, " ldb=", ldb, " ldc=", ldc,
-          " are too small for m=", m, " n=", n, " k=", k, " (row-major, ld >= the stored row length)");
+  require(lda >= a_cols && ldb >= b_cols && ldc >= n, what, ": leading dimensions lda=", lda, " ldb=", ldb,
+          " ldc=", ldc, " are too small for m=", m, " n=", n, " k=", k, " (row-major, ld >= the stored row length)");
   require(m <= std::size_t(INT32_MAX) && n <= std::size_t(INT32_MAX) && k <= std::size_t(INT32_MAX), what,
           ": sizes m=", m, " n=", n, " k=", k, " exceed cuBLAS's 32-bit limit");
 }
@@ -59,9 +60,9 @@ void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, gemm_
   if (m == 0 || n == 0) return;
   detail::check_gemm_dims("gpu::gemm", ta, tb, m, n, k, lda, ldb, ldc);
   cublasHandle_t h = this_thread().blas(stream);
-  check(cublasGemmEx(h, detail::op_of(tb), detail::op_of(ta), int(n), int(m), int(k), &alpha, b,
-                     cuda_data_type_v<TIn>, int(ldb), a, cuda_data_type_v<TIn>, int(lda), &beta, c,
-                     cuda_data_type_v<TOut>, int(ldc), detail::compute_of<TIn>(), CUBLAS_GEMM_DEFAULT),
+  check(cublasGemmEx(h, detail::op_of(tb), detail::op_of(ta), int(n), int(m), int(k), &alpha, b, cuda_data_type_v<TIn>,
+                     int(ldb), a, cuda_data_type_v<TIn>, int(lda), &beta, c, cuda_data_type_v<TOut>, int(ldc),
+                     detail::compute_of<TIn>(), CUBLAS_GEMM_DEFAULT),
         "cublasGemmEx");
 }
 
@@ -74,15 +75,16 @@ void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std:
                           const TIn* a, std::size_t lda, std::int64_t stride_a, const TIn* b, std::size_t ldb,
                           std::int64_t stride_b, gemm_scalar_t<TIn> beta, TOut* c, std::size_t ldc,
                           std::int64_t stride_c, std::size_t batch, cudaStream_t stream = nullptr) {
-  static_assert(gemm_types<TIn, TOut>,
-                "gpu::gemm_strided_batched: supported are A, B, C of one type (float, double, bf16, f16), or bf16/f16 A and B "
-                "with a float C (fp32 accumulation); convert other operands first with gpu::convert");
+  static_assert(
+      gemm_types<TIn, TOut>,
+      "gpu::gemm_strided_batched: supported are A, B, C of one type (float, double, bf16, f16), or bf16/f16 A and B "
+      "with a float C (fp32 accumulation); convert other operands first with gpu::convert");
   if (m == 0 || n == 0 || batch == 0) return;
   detail::check_gemm_dims("gpu::gemm_strided_batched", ta, tb, m, n, k, lda, ldb, ldc);
-  check(cublasGemmStridedBatchedEx(this_thread().blas(stream), detail::op_of(tb), detail::op_of(ta), int(n), int(m), int(k), &alpha, b,
-                                   cuda_data_type_v<TIn>, int(ldb), stride_b, a, cuda_data_type_v<TIn>, int(lda),
-                                   stride_a, &beta, c, cuda_data_type_v<TOut>, int(ldc), stride_c, int(batch),
-                                   detail::compute_of<TIn>(), CUBLAS_GEMM_DEFAULT),
+  check(cublasGemmStridedBatchedEx(this_thread().blas(stream), detail::op_of(tb), detail::op_of(ta), int(n), int(m),
+                                   int(k), &alpha, b, cuda_data_type_v<TIn>, int(ldb), stride_b, a,
+                                   cuda_data_type_v<TIn>, int(lda), stride_a, &beta, c, cuda_data_type_v<TOut>,
+                                   int(ldc), stride_c, int(batch), detail::compute_of<TIn>(), CUBLAS_GEMM_DEFAULT),
         "cublasGemmStridedBatchedEx");
 }
 
@@ -112,9 +114,12 @@ struct LtDescriptors {
 };
 inline const char* epilogue_name(Epilogue e) {
   switch (e) {
-    case Epilogue::none: return "none";
-    case Epilogue::bias: return "bias";
-    case Epilogue::gelu_bias: return "gelu_bias";
+    case Epilogue::none:
+      return "none";
+    case Epilogue::bias:
+      return "bias";
+    case Epilogue::gelu_bias:
+      return "gelu_bias";
   }
   return "?";
 }
@@ -129,9 +134,10 @@ inline const char* epilogue_name(Epilogue e) {
  * cuBLASLt has no kernel for the combination.
  */
 template <class TIn, class TOut = TIn>
-void gemm_lt(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const TIn* a, std::size_t lda,
-             const TIn* b, std::size_t ldb, float beta, TOut* c, std::size_t ldc, Epilogue epilogue = Epilogue::none,
-             const TOut* bias = nullptr, TOut* aux = nullptr, std::size_t ldaux = 0, cudaStream_t stream = nullptr) {
+void gemm_lt(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const TIn* a,
+             std::size_t lda, const TIn* b, std::size_t ldb, float beta, TOut* c, std::size_t ldc,
+             Epilogue epilogue = Epilogue::none, const TOut* bias = nullptr, TOut* aux = nullptr, std::size_t ldaux = 0,
+             cudaStream_t stream = nullptr) {
   static_assert(gemm_types<TIn, TOut> && !std::is_same_v<TIn, double>,
                 "gpu::gemm_lt: cuBLASLt epilogues take float, bf16 or f16 A and B with C of the same type, or "
                 "bf16/f16 A and B with a float C; use gpu::gemm for double");
@@ -140,7 +146,8 @@ void gemm_lt(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, fl
   require(epilogue == Epilogue::none || bias != nullptr, "gpu::gemm_lt: epilogue ", detail::epilogue_name(epilogue),
           " needs a bias pointer");
   require(aux == nullptr || (epilogue == Epilogue::gelu_bias && ldaux >= n && ldaux % 8 == 0),
-          "gpu::gemm_lt: an aux buffer needs Epilogue::gelu_bias and ldaux >= n (", n, ") a multiple of 8, got ", ldaux);
+          "gpu::gemm_lt: an aux buffer needs Epilogue::gelu_bias and ldaux >= n (", n, ") a multiple of 8, got ",
+          ldaux);
   ThreadContext& ctx = this_thread();
   if (!stream) stream = ctx.stream();
   detail::LtDescriptors d;
@@ -155,8 +162,10 @@ void gemm_lt(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, fl
   check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_EPILOGUE, &ep, sizeof ep), "Lt EPILOGUE");
   if (bias) {
     const cudaDataType_t bt = cuda_data_type_v<TOut>;
-    check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias), "Lt BIAS_POINTER");
-    check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt), "Lt BIAS_DATA_TYPE");
+    check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_POINTER, &bias, sizeof bias),
+          "Lt BIAS_POINTER");
+    check(cublasLtMatmulDescSetAttribute(d.op, CUBLASLT_MATMUL_DESC_BIAS_DATA_TYPE, &bt, sizeof bt),
+          "Lt BIAS_DATA_TYPE");
   }
   if (aux) {
     const std::int64_t ld = std::int64_t(ldaux);
@@ -180,13 +189,12 @@ void gemm_lt(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, fl
   const cublasStatus_t hs =
       cublasLtMatmulAlgoGetHeuristic(ctx.lt(), d.op, d.a, d.b, d.c, d.c, d.pref, 1, &heur, &found);
   if (hs != CUBLAS_STATUS_SUCCESS || found == 0)
-    throw cuda_error(mpar::detail::cat("gpu::gemm_lt: cuBLASLt has no kernel for ", dtype_name_v<TIn>, " x ",
-                                       dtype_name_v<TIn>, " -> ", dtype_name_v<TOut>, " m=", m, " n=", n, " k=", k,
-                                       " ta=", ta == Trans::yes, " tb=", tb == Trans::yes,
-                                       " epilogue=", detail::epilogue_name(epilogue),
-                                       "; use Epilogue::none and a separate bias/GeLU kernel"));
-  check(cublasLtMatmul(ctx.lt(), d.op, &alpha, b, d.a, a, d.b, &beta, c, d.c, c, d.c, &heur.algo, ctx.lt_workspace(), ws,
-                       stream),
+    throw cuda_error(mpar::detail::cat(
+        "gpu::gemm_lt: cuBLASLt has no kernel for ", dtype_name_v<TIn>, " x ", dtype_name_v<TIn>, " -> ",
+        dtype_name_v<TOut>, " m=", m, " n=", n, " k=", k, " ta=", ta == Trans::yes, " tb=", tb == Trans::yes,
+        " epilogue=", detail::epilogue_name(epilogue), "; use Epilogue::none and a separate bias/GeLU kernel"));
+  check(cublasLtMatmul(ctx.lt(), d.op, &alpha, b, d.a, a, d.b, &beta, c, d.c, c, d.c, &heur.algo, ctx.lt_workspace(),
+                       ws, stream),
         "cublasLtMatmul");
 }
 

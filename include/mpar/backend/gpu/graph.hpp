@@ -57,8 +57,9 @@ class Graph {
       (void)cudaGetLastError();
       throw;
     }
-    check(cudaStreamEndCapture(stream, &g.graph_), "cudaStreamEndCapture (an operation in the captured step waits "
-                                                   "on the host or used another stream without an event)");
+    check(cudaStreamEndCapture(stream, &g.graph_),
+          "cudaStreamEndCapture (an operation in the captured step waits "
+          "on the host or used another stream without an event)");
     check(cudaGraphInstantiate(&g.exec_, g.graph_, 0), "cudaGraphInstantiate");
     return g;
   }

@@ -39,11 +39,15 @@ inline cudaStream_t pick(cudaStream_t s) { return s ? s : current_stream(); }
 
 struct SumOp {
   template <class V>
-  __device__ V operator()(V a, V b) const { return a + b; }
+  __device__ V operator()(V a, V b) const {
+    return a + b;
+  }
 };
 struct MaxOp {
   template <class V>
-  __device__ V operator()(V a, V b) const { return a > b ? a : b; }
+  __device__ V operator()(V a, V b) const {
+    return a > b ? a : b;
+  }
 };
 
 /**
@@ -66,16 +70,21 @@ __device__ V block_reduce(V v, Op op) {
 }
 
 template <class C>
-__device__ C gelu_k() { return C(0.7978845608028654); }
+__device__ C gelu_k() {
+  return C(0.7978845608028654);
+}
 template <class C>
-__device__ C gelu_c() { return C(0.044715); }
+__device__ C gelu_c() {
+  return C(0.044715);
+}
 
 // ---- kernels (templates, so the header can be included by several translation units) ----------
 
 template <class T>
 __global__ void gelu_forward_kernel(std::size_t n, const T* x, T* y) {
   using C = compute_type_t<T>;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
     const C v = to_compute(x[i]);
     y[i] = from_compute<T>(C(0.5) * v * (C(1) + std::tanh(gelu_k<C>() * (v + gelu_c<C>() * v * v * v))));
   }
@@ -83,7 +92,8 @@ __global__ void gelu_forward_kernel(std::size_t n, const T* x, T* y) {
 template <class T>
 __global__ void gelu_backward_kernel(std::size_t n, const T* x, const T* dy, T* dx) {
   using C = compute_type_t<T>;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
     const C v = to_compute(x[i]);
     const C t = std::tanh(gelu_k<C>() * (v + gelu_c<C>() * v * v * v));
     const C dt = gelu_k<C>() * (C(1) + C(3) * gelu_c<C>() * v * v) * (C(1) - t * t);
@@ -93,23 +103,27 @@ __global__ void gelu_backward_kernel(std::size_t n, const T* x, const T* dy, T* 
 
 template <class T>
 __global__ void add_kernel(std::size_t n, const T* x, const T* z, T* y) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x)
     y[i] = from_compute<T>(to_compute(x[i]) + to_compute(z[i]));
 }
 template <class T>
 __global__ void scale_kernel(std::size_t n, compute_type_t<T> a, T* x) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x)
     x[i] = from_compute<T>(a * to_compute(x[i]));
 }
 template <class From, class To>
 __global__ void convert_kernel(std::size_t n, const From* x, To* y) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x)
     y[i] = from_compute<To>(compute_type_t<To>(to_compute(x[i])));
 }
 template <class T>
 __global__ void bias_add_forward_kernel(std::size_t rows, std::size_t cols, const T* bias, T* y) {
   const std::size_t n = rows * cols;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x)
     y[i] = from_compute<T>(to_compute(y[i]) + to_compute(bias[i % cols]));
 }
 /** Column sums: each thread owns one column and a chunk of rows, so reads are coalesced across the warp. */
@@ -151,14 +165,14 @@ __global__ void softmax_backward_kernel(std::size_t cols, const T* y, const T* d
     dot += float(to_compute(yr[c])) * float(to_compute(dyr[c]));
   dot = block_reduce(dot, SumOp{});
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x)
-    dx[r * cols + c] = from_compute<T>(
-        compute_type_t<T>(scale * float(to_compute(yr[c])) * (float(to_compute(dyr[c])) - dot)));
+    dx[r * cols + c] =
+        from_compute<T>(compute_type_t<T>(scale * float(to_compute(yr[c])) * (float(to_compute(dyr[c])) - dot)));
 }
 
 /** One block per row, two passes as on the host (mean, then the variance about it). */
 template <class T>
-__global__ void layernorm_forward_kernel(std::size_t cols, const T* x, const T* gamma, const T* beta, T* y,
-                                         float* mean, float* rstd, float eps) {
+__global__ void layernorm_forward_kernel(std::size_t cols, const T* x, const T* gamma, const T* beta, T* y, float* mean,
+                                         float* rstd, float eps) {
   const std::size_t r = blockIdx.x;
   const T* xr = x + r * cols;
   float s = 0;
@@ -175,8 +189,8 @@ __global__ void layernorm_forward_kernel(std::size_t cols, const T* x, const T* 
     rstd[r] = rs;
   }
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x)
-    y[r * cols + c] = from_compute<T>(compute_type_t<T>((float(to_compute(xr[c])) - m) * rs *
-                                                            float(to_compute(gamma[c])) + float(to_compute(beta[c]))));
+    y[r * cols + c] = from_compute<T>(compute_type_t<T>(
+        (float(to_compute(xr[c])) - m) * rs * float(to_compute(gamma[c])) + float(to_compute(beta[c]))));
 }
 template <class T>
 __global__ void layernorm_backward_dx_kernel(std::size_t cols, const T* x, const float* mean, const float* rstd,
@@ -195,8 +209,8 @@ __global__ void layernorm_backward_dx_kernel(std::size_t cols, const T* x, const
   const float inv_n = 1.0f / float(cols);
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) {
     const float xhat = (float(to_compute(xr[c])) - m) * rs;
-    dx[r * cols + c] = from_compute<T>(compute_type_t<T>(
-        rs * (float(to_compute(dyr[c])) * float(to_compute(gamma[c])) - inv_n * (sg + xhat * sgx))));
+    dx[r * cols + c] = from_compute<T>(
+        compute_type_t<T>(rs * (float(to_compute(dyr[c])) * float(to_compute(gamma[c])) - inv_n * (sg + xhat * sgx))));
   }
 }
 template <class T>
@@ -243,7 +257,8 @@ __global__ void cross_entropy_backward_kernel(std::size_t rows, std::size_t cols
                                               const std::int32_t* targets, T* dlogits, float scale) {
   const std::size_t n = rows * cols;
   const float s = scale / float(rows);
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
     const std::size_t r = i / cols, c = i % cols;
     const float onehot = std::int32_t(c) == targets[r] ? 1.0f : 0.0f;
     dlogits[i] = from_compute<T>(compute_type_t<T>(s * (float(to_compute(probs[i])) - onehot)));
@@ -275,8 +290,9 @@ __global__ void vocab_sumexp_kernel(std::size_t cols, std::size_t col_offset, co
 }
 template <class = void>
 __global__ void vocab_loss_kernel(std::size_t rows, const float* row_max, const float* sumexp,
-                                         const float* target_logit, float* loss) {
-  for (std::size_t r = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; r < rows; r += std::size_t(gridDim.x) * blockDim.x)
+                                  const float* target_logit, float* loss) {
+  for (std::size_t r = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; r < rows;
+       r += std::size_t(gridDim.x) * blockDim.x)
     atomicAdd(loss, (logf(sumexp[r]) + row_max[r] - target_logit[r]) / float(rows));
 }
 template <class T>
@@ -285,7 +301,8 @@ __global__ void vocab_backward_kernel(std::size_t rows, std::size_t cols, std::s
                                       T* dlogits, float scale) {
   const std::size_t n = rows * cols;
   const float s = scale / float(rows);
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
     const std::size_t r = i / cols, c = i % cols;
     const float p = expf(float(to_compute(logits[i])) - row_max[r]) / sumexp[r];
     const float onehot = std::int64_t(targets[r]) == std::int64_t(col_offset + c) ? 1.0f : 0.0f;
@@ -300,7 +317,8 @@ __global__ void dropout_kernel(std::size_t rows, std::size_t cols, std::uint64_t
                                compute_type_t<T> keep_scale, const T* x, T* y) {
   const std::size_t n = rows * cols;
   const CounterRng rng{seed, stream};
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
     const std::size_t r = i / cols, c = i % cols;
     const std::uint64_t g = std::uint64_t(row_offset + r) * global_cols + col_offset + c;
     y[i] = rng.uniform(g) >= p ? from_compute<T>(to_compute(x[i]) * keep_scale) : from_compute<T>(0);
@@ -311,7 +329,8 @@ template <class T>
 __global__ void embedding_forward_kernel(std::size_t tokens, std::size_t dim, std::size_t vocab_offset,
                                          std::size_t vocab_local, const std::int32_t* ids, const T* table, T* out) {
   const std::size_t n = tokens * dim;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
     const std::size_t t = i / dim, d = i % dim;
     const std::int64_t row = std::int64_t(ids[t]) - std::int64_t(vocab_offset);
     out[i] = (row >= 0 && row < std::int64_t(vocab_local)) ? table[std::size_t(row) * dim + d] : from_compute<T>(0);
@@ -322,10 +341,12 @@ __global__ void embedding_backward_kernel(std::size_t tokens, std::size_t dim, s
                                           std::size_t vocab_local, const std::int32_t* ids, const T* dout,
                                           float* dtable) {
   const std::size_t n = tokens * dim;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
     const std::size_t t = i / dim, d = i % dim;
     const std::int64_t row = std::int64_t(ids[t]) - std::int64_t(vocab_offset);
-    if (row >= 0 && row < std::int64_t(vocab_local)) atomicAdd(dtable + std::size_t(row) * dim + d, float(to_compute(dout[i])));
+    if (row >= 0 && row < std::int64_t(vocab_local))
+      atomicAdd(dtable + std::size_t(row) * dim + d, float(to_compute(dout[i])));
   }
 }
 
@@ -343,7 +364,8 @@ __global__ void adamw_kernel(std::size_t n, float* w, const G* grad, float* m, f
     grad_scale = factors->grad_scale;
   }
   const float one_b1 = 1.0f - beta1, one_b2 = 1.0f - beta2;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
     const float g = __fmul_rn(float(to_compute(grad[i])), grad_scale);
     const float mi = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(one_b1, g));
     const float vi = __fadd_rn(__fmul_rn(beta2, v[i]), __fmul_rn(__fmul_rn(one_b2, g), g));
@@ -364,7 +386,8 @@ __global__ void sgd_kernel(std::size_t n, float* w, const G* grad, float* buf, f
     grad_scale = factors->grad_scale;
   }
   const float keep = 1.0f - dampening;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
     float d = __fadd_rn(__fmul_rn(float(to_compute(grad[i])), grad_scale), __fmul_rn(weight_decay, w[i]));
     if (momentum != 0.0f) {
       const float b = first ? d : __fadd_rn(__fmul_rn(momentum, buf[i]), __fmul_rn(keep, d));
@@ -378,7 +401,8 @@ __global__ void sgd_kernel(std::size_t n, float* w, const G* grad, float* buf, f
 template <class T>
 __global__ void sum_squares_kernel(std::size_t n, const T* x, float* acc) {
   float s = 0;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
     const float v = float(to_compute(x[i]));
     s += v * v;
   }
@@ -390,7 +414,8 @@ __global__ void sum_squares_kernel(std::size_t n, const T* x, float* acc) {
 template <class T>
 __global__ void sum_squares_double_kernel(std::size_t n, const T* x, double* acc) {
   float s = 0;
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
     const float v = float(to_compute(x[i]));
     s += v * v;
   }
@@ -467,7 +492,8 @@ void bias_add_backward(std::size_t rows, std::size_t cols, const T* dy, compute_
                        cudaStream_t s = nullptr) {
   if (!rows || !cols) return;
   constexpr std::size_t chunk = 64;
-  const dim3 grid(unsigned((cols + detail::block_threads - 1) / detail::block_threads), unsigned((rows + chunk - 1) / chunk));
+  const dim3 grid(unsigned((cols + detail::block_threads - 1) / detail::block_threads),
+                  unsigned((rows + chunk - 1) / chunk));
   detail::column_sum_kernel<<<grid, detail::block_threads, 0, detail::pick(s)>>>(rows, cols, chunk, dy, dbias);
   check_launch("gpu::bias_add_backward");
 }
@@ -480,7 +506,8 @@ template <class T>
 void softmax_forward(std::size_t rows, std::size_t cols, const T* x, T* y, bool causal = false, float scale = 1.0f,
                      cudaStream_t s = nullptr) {
   if (!rows || !cols) return;
-  detail::softmax_forward_kernel<<<unsigned(rows), detail::block_threads, 0, detail::pick(s)>>>(cols, x, y, causal, scale);
+  detail::softmax_forward_kernel<<<unsigned(rows), detail::block_threads, 0, detail::pick(s)>>>(cols, x, y, causal,
+                                                                                                scale);
   check_launch("gpu::softmax_forward");
 }
 /** dx = scale * y * (dy - sum(dy * y)); dx may alias dy. Causal masking needs nothing extra (y is 0 there). */
@@ -488,7 +515,8 @@ template <class T>
 void softmax_backward(std::size_t rows, std::size_t cols, const T* y, const T* dy, T* dx, float scale = 1.0f,
                       cudaStream_t s = nullptr) {
   if (!rows || !cols) return;
-  detail::softmax_backward_kernel<<<unsigned(rows), detail::block_threads, 0, detail::pick(s)>>>(cols, y, dy, dx, scale);
+  detail::softmax_backward_kernel<<<unsigned(rows), detail::block_threads, 0, detail::pick(s)>>>(cols, y, dy, dx,
+                                                                                                 scale);
   check_launch("gpu::softmax_backward");
 }
 
@@ -507,10 +535,12 @@ void layernorm_backward(std::size_t rows, std::size_t cols, const T* x, const fl
                         const T* gamma, const T* dy, T* dx, float* dgamma, float* dbeta, cudaStream_t s = nullptr) {
   if (!rows || !cols) return;
   s = detail::pick(s);
-  detail::layernorm_backward_dx_kernel<<<unsigned(rows), detail::block_threads, 0, s>>>(cols, x, mean, rstd, gamma, dy, dx);
+  detail::layernorm_backward_dx_kernel<<<unsigned(rows), detail::block_threads, 0, s>>>(cols, x, mean, rstd, gamma, dy,
+                                                                                        dx);
   check_launch("gpu::layernorm_backward(dx)");
   constexpr std::size_t chunk = 64;
-  const dim3 grid(unsigned((cols + detail::block_threads - 1) / detail::block_threads), unsigned((rows + chunk - 1) / chunk));
+  const dim3 grid(unsigned((cols + detail::block_threads - 1) / detail::block_threads),
+                  unsigned((rows + chunk - 1) / chunk));
   detail::layernorm_backward_params_kernel<<<grid, detail::block_threads, 0, s>>>(rows, cols, chunk, x, mean, rstd, dy,
                                                                                   dgamma, dbeta);
   check_launch("gpu::layernorm_backward(dgamma, dbeta)");
@@ -569,8 +599,8 @@ inline void vocab_parallel_loss(std::size_t rows, const float* row_max, const fl
   s = detail::pick(s);
   check(cudaMemsetAsync(loss, 0, sizeof(float), s), "cudaMemsetAsync(loss)");
   if (!rows) return;
-  detail::vocab_loss_kernel<><<<detail::grid_for(rows), detail::block_threads, 0, s>>>(rows, row_max, sumexp, target_logit,
-                                                                                     loss);
+  detail::vocab_loss_kernel<>
+      <<<detail::grid_for(rows), detail::block_threads, 0, s>>>(rows, row_max, sumexp, target_logit, loss);
   check_launch("gpu::vocab_parallel_loss");
 }
 /** dlogits of the local vocabulary block: scale * (softmax - onehot) / rows, softmax from the global statistics. */
@@ -712,8 +742,8 @@ void sum_squares_accumulate(std::size_t n, const T* x, double* acc, cudaStream_t
 /** host::update_factors on the device: the step's norm and `UpdateFactors` from the reduced sum of squares. */
 inline void update_factors(const double* squares, double max_norm, float inv_loss_scale, bool skip_nonfinite,
                            double* norm, UpdateFactors* factors, cudaStream_t s = nullptr) {
-  detail::update_factors_kernel<double><<<1, 1, 0, detail::pick(s)>>>(squares, max_norm, inv_loss_scale, skip_nonfinite,
-                                                               norm, factors);
+  detail::update_factors_kernel<double>
+      <<<1, 1, 0, detail::pick(s)>>>(squares, max_norm, inv_loss_scale, skip_nonfinite, norm, factors);
   check_launch("gpu::update_factors");
 }
 

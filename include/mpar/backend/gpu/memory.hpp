@@ -112,8 +112,8 @@ class DeviceBuffer {
     const cudaError_t st = cudaMallocAsync(&p, n_ * sizeof(T), stream_);
     if (st != cudaSuccess) {
       (void)cudaGetLastError();
-      throw cuda_error(mpar::detail::cat("cudaMallocAsync of ", n_, " elements (", n_ * sizeof(T), " bytes) failed: ",
-                                   cudaGetErrorString(st)));
+      throw cuda_error(mpar::detail::cat("cudaMallocAsync of ", n_, " elements (", n_ * sizeof(T),
+                                         " bytes) failed: ", cudaGetErrorString(st)));
     }
     p_ = static_cast<T*>(p);
   }
@@ -171,7 +171,8 @@ class PinnedBuffer {
     const cudaError_t st = cudaMallocHost(&p, n_ * sizeof(T));
     if (st != cudaSuccess) {
       (void)cudaGetLastError();
-      throw cuda_error(mpar::detail::cat("cudaMallocHost of ", n_ * sizeof(T), " bytes failed: ", cudaGetErrorString(st)));
+      throw cuda_error(
+          mpar::detail::cat("cudaMallocHost of ", n_ * sizeof(T), " bytes failed: ", cudaGetErrorString(st)));
     }
     p_ = static_cast<T*>(p);
   }

@@ -41,13 +41,13 @@ namespace mpar::gpu {
 
 /** @brief Where moe_route writes its decisions: caller-owned device arrays (a = t * k + j is an assignment). */
 struct MoeRouting {
-  std::int32_t* choice = nullptr;        ///< [T k]: the expert of assignment a (the j-th choice of token t)
-  std::uint8_t* accepted = nullptr;      ///< [T k]: 1 if the capacity admitted assignment a
-  std::int32_t* route = nullptr;         ///< [T k]: the first `*routed` are the accepted a's in routing order
-  std::int32_t* route_token = nullptr;   ///< [T k]: route[i] / k, the row gather_rows reads
-  float* route_weight = nullptr;         ///< [T k]: probs[t, choice[a]], the combine weight
-  std::int32_t* used = nullptr;          ///< [E]: accepted assignments per expert (the all-to-all's row counts)
-  std::int32_t* routed = nullptr;        ///< [1]: sum of used (T k - routed were dropped)
+  std::int32_t* choice = nullptr;       ///< [T k]: the expert of assignment a (the j-th choice of token t)
+  std::uint8_t* accepted = nullptr;     ///< [T k]: 1 if the capacity admitted assignment a
+  std::int32_t* route = nullptr;        ///< [T k]: the first `*routed` are the accepted a's in routing order
+  std::int32_t* route_token = nullptr;  ///< [T k]: route[i] / k, the row gather_rows reads
+  float* route_weight = nullptr;        ///< [T k]: probs[t, choice[a]], the combine weight
+  std::int32_t* used = nullptr;         ///< [E]: accepted assignments per expert (the all-to-all's row counts)
+  std::int32_t* routed = nullptr;       ///< [1]: sum of used (T k - routed were dropped)
 };
 
 namespace detail {
@@ -84,7 +84,8 @@ template <class = void>
 __global__ void moe_capacity_kernel(std::size_t n, std::size_t tokens, std::size_t experts, std::size_t capacity,
                                     const std::int32_t* sorted_expert, const std::int32_t* sorted_index,
                                     const std::int32_t* start, std::uint8_t* accepted, std::uint32_t* route_key) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
     const std::int32_t e = sorted_expert[i], a = sorted_index[i];
     const bool ok = i - std::size_t(start[e]) < capacity;
     accepted[a] = ok ? 1 : 0;
@@ -106,7 +107,8 @@ __global__ void moe_route_rows_kernel(std::size_t n, std::size_t k, std::size_t 
                                       const std::int32_t* choice, const float* probs, const std::int32_t* routed,
                                       std::int32_t* route_token, float* route_weight) {
   const std::size_t m = std::size_t(*routed);
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x) {
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
     if (i >= m) {  // past the routed rows: defined values, never read by the row kernels
       route_token[i] = -1;
       route_weight[i] = 0.0f;
@@ -120,7 +122,8 @@ __global__ void moe_route_rows_kernel(std::size_t n, std::size_t k, std::size_t 
 
 template <class = void>
 __global__ void iota_kernel(std::size_t n, std::int32_t* x) {
-  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n; i += std::size_t(gridDim.x) * blockDim.x)
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x)
     x[i] = std::int32_t(i);
 }
 
@@ -138,7 +141,8 @@ inline void moe_route(std::size_t tokens, std::size_t experts, std::size_t k, st
           "]");
   // Keys e * T + t and E * T + a must fit the 32-bit radix keys; indices t * k + j fit an int32.
   require(tokens * k < (std::size_t(1) << 31) && (experts + k) * tokens < (std::size_t(1) << 32),
-          "gpu::moe_route: ", tokens, " tokens x ", experts, " experts (top ", k, ") exceed the 32-bit routing keys. "
+          "gpu::moe_route: ", tokens, " tokens x ", experts, " experts (top ", k,
+          ") exceed the 32-bit routing keys. "
           "Fix: route fewer tokens per call");
   s = detail::pick(s);
   const std::size_t n = tokens * k;
@@ -152,22 +156,25 @@ inline void moe_route(std::size_t tokens, std::size_t experts, std::size_t k, st
       start(experts, s), identity(n, s);
   DeviceBuffer<std::uint32_t> key(n, s), sorted_key(n, s);
   const unsigned blocks = unsigned((tokens + detail::block_threads - 1) / detail::block_threads);
-  detail::moe_topk_kernel<><<<blocks, detail::block_threads, 0, s>>>(tokens, experts, k, probs, out.choice,
-                                                                     prio_e.data(), prio_i.data());
+  detail::moe_topk_kernel<>
+      <<<blocks, detail::block_threads, 0, s>>>(tokens, experts, k, probs, out.choice, prio_e.data(), prio_i.data());
   check_launch("gpu::moe_route(top-k)");
 
   // One temporary-storage block, sized for the largest of the CUB calls.
   std::size_t bytes = 0, b = 0;
   check(cub::DeviceRadixSort::SortPairs(nullptr, b, prio_e.data(), sorted_e.data(), prio_i.data(), sorted_i.data(), ni,
-                                        0, 32, s), "cub::DeviceRadixSort::SortPairs(size)");
+                                        0, 32, s),
+        "cub::DeviceRadixSort::SortPairs(size)");
   bytes = b > bytes ? b : bytes;
   check(cub::DeviceHistogram::HistogramEven(nullptr, b, prio_e.data(), count.data(), ei + 1, 0, ei, ni, s),
         "cub::DeviceHistogram::HistogramEven(size)");
   bytes = b > bytes ? b : bytes;
-  check(cub::DeviceScan::ExclusiveSum(nullptr, b, count.data(), start.data(), ei, s), "cub::DeviceScan::ExclusiveSum(size)");
+  check(cub::DeviceScan::ExclusiveSum(nullptr, b, count.data(), start.data(), ei, s),
+        "cub::DeviceScan::ExclusiveSum(size)");
   bytes = b > bytes ? b : bytes;
-  check(cub::DeviceRadixSort::SortPairs(nullptr, b, key.data(), sorted_key.data(), identity.data(), out.route, ni, 0, 32,
-                                        s), "cub::DeviceRadixSort::SortPairs(size)");
+  check(cub::DeviceRadixSort::SortPairs(nullptr, b, key.data(), sorted_key.data(), identity.data(), out.route, ni, 0,
+                                        32, s),
+        "cub::DeviceRadixSort::SortPairs(size)");
   bytes = b > bytes ? b : bytes;
   check(cub::DeviceReduce::Sum(nullptr, b, out.used, out.routed, ei, s), "cub::DeviceReduce::Sum(size)");
   bytes = b > bytes ? b : bytes;
@@ -176,12 +183,14 @@ inline void moe_route(std::size_t tokens, std::size_t experts, std::size_t k, st
   // Capacity: stable sort of the priority-ordered assignments by expert, segment starts, acceptance.
   b = bytes;
   check(cub::DeviceRadixSort::SortPairs(temp.data(), b, prio_e.data(), sorted_e.data(), prio_i.data(), sorted_i.data(),
-                                        ni, 0, 32, s), "cub::DeviceRadixSort::SortPairs(by expert)");
+                                        ni, 0, 32, s),
+        "cub::DeviceRadixSort::SortPairs(by expert)");
   b = bytes;
   check(cub::DeviceHistogram::HistogramEven(temp.data(), b, prio_e.data(), count.data(), ei + 1, 0, ei, ni, s),
         "cub::DeviceHistogram::HistogramEven(experts)");
   b = bytes;
-  check(cub::DeviceScan::ExclusiveSum(temp.data(), b, count.data(), start.data(), ei, s), "cub::DeviceScan::ExclusiveSum");
+  check(cub::DeviceScan::ExclusiveSum(temp.data(), b, count.data(), start.data(), ei, s),
+        "cub::DeviceScan::ExclusiveSum");
   detail::moe_capacity_kernel<><<<detail::grid_for(n), detail::block_threads, 0, s>>>(
       n, tokens, experts, capacity, sorted_e.data(), sorted_i.data(), start.data(), out.accepted, key.data());
   check_launch("gpu::moe_route(capacity)");
@@ -192,8 +201,9 @@ inline void moe_route(std::size_t tokens, std::size_t experts, std::size_t k, st
   detail::iota_kernel<><<<detail::grid_for(n), detail::block_threads, 0, s>>>(n, identity.data());
   check_launch("gpu::moe_route(iota)");
   b = bytes;
-  check(cub::DeviceRadixSort::SortPairs(temp.data(), b, key.data(), sorted_key.data(), identity.data(), out.route, ni, 0,
-                                        32, s), "cub::DeviceRadixSort::SortPairs(routing order)");
+  check(cub::DeviceRadixSort::SortPairs(temp.data(), b, key.data(), sorted_key.data(), identity.data(), out.route, ni,
+                                        0, 32, s),
+        "cub::DeviceRadixSort::SortPairs(routing order)");
   b = bytes;
   check(cub::DeviceReduce::Sum(temp.data(), b, out.used, out.routed, ei, s), "cub::DeviceReduce::Sum(routed)");
   detail::moe_route_rows_kernel<><<<detail::grid_for(n), detail::block_threads, 0, s>>>(

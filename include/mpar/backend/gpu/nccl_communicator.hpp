@@ -47,27 +47,39 @@ namespace mpar {
 
 /** @brief Options of an NcclCommunicator. */
 struct NcclOptions {
-  std::string name = "world";                      ///< the group's name in error messages
+  std::string name = "world";                                  ///< the group's name in error messages
   std::chrono::milliseconds timeout{std::chrono::minutes(5)};  ///< a wait longer than this aborts the communicator
 };
 
 namespace detail {
 template <class T>
 inline ncclDataType_t nccl_type() {
-  if constexpr (std::is_same_v<T, float>) return ncclFloat32;
-  else if constexpr (std::is_same_v<T, double>) return ncclFloat64;
-  else if constexpr (std::is_same_v<T, bf16>) return ncclBfloat16;
-  else if constexpr (std::is_same_v<T, f16>) return ncclFloat16;
-  else if constexpr (std::is_same_v<T, std::int32_t>) return ncclInt32;
-  else if constexpr (std::is_same_v<T, std::int64_t>) return ncclInt64;
-  else static_assert(sizeof(T) == 0, "NcclCommunicator: element type has no NCCL data type (use float, double, bf16, f16)");
+  if constexpr (std::is_same_v<T, float>)
+    return ncclFloat32;
+  else if constexpr (std::is_same_v<T, double>)
+    return ncclFloat64;
+  else if constexpr (std::is_same_v<T, bf16>)
+    return ncclBfloat16;
+  else if constexpr (std::is_same_v<T, f16>)
+    return ncclFloat16;
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return ncclInt32;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return ncclInt64;
+  else
+    static_assert(sizeof(T) == 0,
+                  "NcclCommunicator: element type has no NCCL data type (use float, double, bf16, f16)");
 }
 inline ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
-    case ReduceOp::sum: return ncclSum;
-    case ReduceOp::avg: return ncclAvg;
-    case ReduceOp::max: return ncclMax;
-    case ReduceOp::min: return ncclMin;
+    case ReduceOp::sum:
+      return ncclSum;
+    case ReduceOp::avg:
+      return ncclAvg;
+    case ReduceOp::max:
+      return ncclMax;
+    case ReduceOp::min:
+      return ncclMin;
   }
   return ncclSum;
 }
@@ -95,8 +107,10 @@ struct NcclState {
       std::this_thread::yield();
       (void)ncclCommGetAsyncError(comm, &r);
     }
-    if (r == ncclSuccess) (void)ncclCommDestroy(comm);
-    else (void)ncclCommAbort(comm);
+    if (r == ncclSuccess)
+      (void)ncclCommDestroy(comm);
+    else
+      (void)ncclCommAbort(comm);
   }
 
   /** Point-to-point operations posted but not yet issued: NCCL needs matching sends and receives in one group. */
@@ -177,12 +191,15 @@ struct NcclState {
       ncclResult_t r = ncclSuccess;
       (void)ncclCommGetAsyncError(comm, &r);
       if (r != ncclSuccess && r != ncclInProgress)
-        fail(where(op, count) + ": " + ncclGetErrorString(r) + " (" + ncclGetLastError(comm) + "); communicator aborted");
+        fail(where(op, count) + ": " + ncclGetErrorString(r) + " (" + ncclGetLastError(comm) +
+             "); communicator aborted");
       if (std::chrono::steady_clock::now() - t0 > opt.timeout)
         fail(where(op, count) + ": not finished after " + std::to_string(opt.timeout.count()) +
              " ms (a peer did not join or called a different collective); communicator aborted");
-      if (spins < 1000) std::this_thread::yield();
-      else std::this_thread::sleep_for(std::chrono::microseconds(50));
+      if (spins < 1000)
+        std::this_thread::yield();
+      else
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
   }
 };
@@ -191,7 +208,8 @@ struct NcclState {
 /** @brief An outstanding NCCL operation: wait() polls it to completion (throwing comm_error on failure), test() peeks. */
 class NcclRequest {
  public:
-  NcclRequest(std::shared_ptr<detail::NcclState> st, std::shared_ptr<gpu::Event> done, const char* op, std::size_t count)
+  NcclRequest(std::shared_ptr<detail::NcclState> st, std::shared_ptr<gpu::Event> done, const char* op,
+              std::size_t count)
       : st_(std::move(st)), done_(std::move(done)), op_(op), count_(count) {}
   /** A posted send or receive: issued with the rest of its batch at the first wait()/test() or collective. */
   NcclRequest(std::shared_ptr<detail::NcclState> st, std::shared_ptr<detail::NcclState::P2pBatch> batch, const char* op,
@@ -278,7 +296,8 @@ class NcclCommunicator {
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
     const int ndev = gpu::device_count();
-    if (ndev == 0) throw comm_error(mpar::detail::cat("NcclCommunicator::from_mpi: MPI rank ", rank, " sees no CUDA device"));
+    if (ndev == 0)
+      throw comm_error(mpar::detail::cat("NcclCommunicator::from_mpi: MPI rank ", rank, " sees no CUDA device"));
     ncclUniqueId id{};
     if (rank == 0) id = make_unique_id();
     MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, comm);
@@ -302,7 +321,9 @@ class NcclCommunicator {
 
   // ---- collectives -----------------------------------------------------------------------------
   template <element_type T>
-  void all_reduce(std::span<T> data, ReduceOp op) { iall_reduce(data, op).wait(); }
+  void all_reduce(std::span<T> data, ReduceOp op) {
+    iall_reduce(data, op).wait();
+  }
   template <element_type T>
   NcclRequest iall_reduce(std::span<T> data, ReduceOp op) {
     return run("all_reduce", data.size(), [&](ncclComm_t c, cudaStream_t s) {
@@ -327,7 +348,9 @@ class NcclCommunicator {
     }).wait();
   }
   template <element_type T>
-  void all_gather(std::span<const T> send, std::span<T> recv) { iall_gather(send, recv).wait(); }
+  void all_gather(std::span<const T> send, std::span<T> recv) {
+    iall_gather(send, recv).wait();
+  }
   template <element_type T>
   NcclRequest iall_gather(std::span<const T> send, std::span<T> recv) {
     const std::size_t n = recv.size(), p = std::size_t(size());
@@ -346,7 +369,9 @@ class NcclCommunicator {
     });
   }
   template <element_type T>
-  void reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op) { ireduce_scatter(send, recv, op).wait(); }
+  void reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op) {
+    ireduce_scatter(send, recv, op).wait();
+  }
   template <element_type T>
   NcclRequest ireduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op) {
     const std::size_t n = send.size(), p = std::size_t(size());
@@ -379,8 +404,10 @@ class NcclCommunicator {
         for (std::size_t q = 0; q < p && r == ncclSuccess; ++q) {
           const Block b = block_of(recv.size(), p, q);
           if (b.extent == 0) continue;
-          if (int(q) == root) gpu::copy_on_device(send.data(), recv.data() + b.offset, b.extent, s);
-          else r = ncclRecv(recv.data() + b.offset, b.extent, detail::nccl_type<T>(), int(q), c, s);
+          if (int(q) == root)
+            gpu::copy_on_device(send.data(), recv.data() + b.offset, b.extent, s);
+          else
+            r = ncclRecv(recv.data() + b.offset, b.extent, detail::nccl_type<T>(), int(q), c, s);
         }
       }
       const ncclResult_t e = ncclGroupEnd();
@@ -399,8 +426,10 @@ class NcclCommunicator {
         for (std::size_t q = 0; q < p && r == ncclSuccess; ++q) {
           const Block b = block_of(send.size(), p, q);
           if (b.extent == 0) continue;
-          if (int(q) == root) gpu::copy_on_device(send.data() + b.offset, recv.data(), b.extent, s);
-          else r = ncclSend(send.data() + b.offset, b.extent, detail::nccl_type<T>(), int(q), c, s);
+          if (int(q) == root)
+            gpu::copy_on_device(send.data() + b.offset, recv.data(), b.extent, s);
+          else
+            r = ncclSend(send.data() + b.offset, b.extent, detail::nccl_type<T>(), int(q), c, s);
         }
       } else if (!recv.empty()) {
         r = ncclRecv(recv.data(), recv.size(), detail::nccl_type<T>(), root, c, s);
@@ -412,8 +441,8 @@ class NcclCommunicator {
   template <element_type T>
   void all_to_all(std::span<const T> send, std::span<T> recv) {
     const std::size_t p = std::size_t(size());
-    require(send.size() == recv.size() && send.size() % p == 0, where("all_to_all", send.size()),
-            ": send (", send.size(), ") and recv (", recv.size(), ") must be equal and divisible by ", p);
+    require(send.size() == recv.size() && send.size() % p == 0, where("all_to_all", send.size()), ": send (",
+            send.size(), ") and recv (", recv.size(), ") must be equal and divisible by ", p);
     const std::vector<std::size_t> counts(p, send.size() / p);
     all_to_all_v(send, std::span<const std::size_t>(counts), recv, std::span<const std::size_t>(counts));
   }
@@ -451,9 +480,13 @@ class NcclCommunicator {
   // ---- point to point --------------------------------------------------------------------------
   /** Blocks until the matching receive has taken the data (like MPI_Ssend): order blocking pairs to avoid cycles. */
   template <element_type T>
-  void send(std::span<const T> data, int peer, int tag) { isend(data, peer, tag).wait(); }
+  void send(std::span<const T> data, int peer, int tag) {
+    isend(data, peer, tag).wait();
+  }
   template <element_type T>
-  void recv(std::span<T> data, int peer, int tag) { irecv(data, peer, tag).wait(); }
+  void recv(std::span<T> data, int peer, int tag) {
+    irecv(data, peer, tag).wait();
+  }
   /** Posts a send; posted sends and receives are issued together as one NCCL group at the first wait/test. */
   template <element_type T>
   NcclRequest isend(std::span<const T> data, int peer, int tag) {

@@ -56,8 +56,8 @@ __global__ void residual_layernorm_forward_kernel(std::size_t cols, const T* x, 
     rstd[r] = rs;
   }
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x)
-    y[r * cols + c] = from_compute<T>(compute_type_t<T>((float(to_compute(hr[c])) - m) * rs *
-                                                            float(to_compute(gamma[c])) + float(to_compute(beta[c]))));
+    y[r * cols + c] = from_compute<T>(compute_type_t<T>(
+        (float(to_compute(hr[c])) - m) * rs * float(to_compute(gamma[c])) + float(to_compute(beta[c]))));
 }
 
 /**

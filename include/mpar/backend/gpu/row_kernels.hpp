@@ -25,20 +25,23 @@ namespace detail {
 template <class T>
 __global__ void gather_rows_kernel(std::size_t rows, std::size_t d, const std::int32_t* index, const T* src, T* dst) {
   const std::size_t n = rows * d;
-  for (std::size_t k = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; k < n; k += std::size_t(gridDim.x) * blockDim.x)
+  for (std::size_t k = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; k < n;
+       k += std::size_t(gridDim.x) * blockDim.x)
     dst[k] = src[std::size_t(index[k / d]) * d + k % d];
 }
 template <class T>
 __global__ void scatter_rows_kernel(std::size_t rows, std::size_t d, const std::int32_t* index, const T* src, T* dst) {
   const std::size_t n = rows * d;
-  for (std::size_t k = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; k < n; k += std::size_t(gridDim.x) * blockDim.x)
+  for (std::size_t k = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; k < n;
+       k += std::size_t(gridDim.x) * blockDim.x)
     dst[std::size_t(index[k / d]) * d + k % d] = src[k];
 }
 template <class T>
 __global__ void scatter_add_rows_kernel(std::size_t rows, std::size_t d, const std::int32_t* index, const T* weight,
                                         const T* src, T* dst) {
   const std::size_t n = rows * d;
-  for (std::size_t k = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; k < n; k += std::size_t(gridDim.x) * blockDim.x) {
+  for (std::size_t k = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; k < n;
+       k += std::size_t(gridDim.x) * blockDim.x) {
     const std::size_t i = k / d;
     atomicAdd(&dst[std::size_t(index[i]) * d + k % d], weight ? weight[i] * src[k] : src[k]);
   }
@@ -66,24 +69,24 @@ __global__ void scatter_add_rows_backward_kernel(std::size_t rows, std::size_t d
 inline void gather_rows(std::size_t rows, std::size_t d, const std::int32_t* index, const float* src, float* dst,
                         cudaStream_t s = nullptr) {
   if (!rows || !d) return;
-  detail::gather_rows_kernel<float><<<detail::grid_for(rows * d), detail::block_threads, 0, detail::pick(s)>>>(
-      rows, d, index, src, dst);
+  detail::gather_rows_kernel<float>
+      <<<detail::grid_for(rows * d), detail::block_threads, 0, detail::pick(s)>>>(rows, d, index, src, dst);
   check_launch("gpu::gather_rows");
 }
 /** `dst[index[i], :] = src[i, :]` for `i < rows` (distinct indices). */
 inline void scatter_rows(std::size_t rows, std::size_t d, const std::int32_t* index, const float* src, float* dst,
                          cudaStream_t s = nullptr) {
   if (!rows || !d) return;
-  detail::scatter_rows_kernel<float><<<detail::grid_for(rows * d), detail::block_threads, 0, detail::pick(s)>>>(
-      rows, d, index, src, dst);
+  detail::scatter_rows_kernel<float>
+      <<<detail::grid_for(rows * d), detail::block_threads, 0, detail::pick(s)>>>(rows, d, index, src, dst);
   check_launch("gpu::scatter_rows");
 }
 /** `dst[index[i], :] += weight[i] * src[i, :]` (`weight` null: weight 1), atomically. */
 inline void scatter_add_rows(std::size_t rows, std::size_t d, const std::int32_t* index, const float* weight,
                              const float* src, float* dst, cudaStream_t s = nullptr) {
   if (!rows || !d) return;
-  detail::scatter_add_rows_kernel<float><<<detail::grid_for(rows * d), detail::block_threads, 0, detail::pick(s)>>>(
-      rows, d, index, weight, src, dst);
+  detail::scatter_add_rows_kernel<float>
+      <<<detail::grid_for(rows * d), detail::block_threads, 0, detail::pick(s)>>>(rows, d, index, weight, src, dst);
   check_launch("gpu::scatter_add_rows");
 }
 /** `dsrc[i, :] = weight[i] dy[index[i], :]`, `dot[i] = <dy[index[i], :], src[i, :]>`. */
@@ -92,8 +95,8 @@ inline void scatter_add_rows_backward(std::size_t rows, std::size_t d, const std
                                       cudaStream_t s = nullptr) {
   if (!rows) return;
   const unsigned grid = rows < 65536 ? unsigned(rows) : 65536u;
-  detail::scatter_add_rows_backward_kernel<float><<<grid, detail::block_threads, 0, detail::pick(s)>>>(
-      rows, d, index, weight, dy, src, dsrc, dot);
+  detail::scatter_add_rows_backward_kernel<float>
+      <<<grid, detail::block_threads, 0, detail::pick(s)>>>(rows, d, index, weight, dy, src, dsrc, dot);
   check_launch("gpu::scatter_add_rows_backward");
 }
 

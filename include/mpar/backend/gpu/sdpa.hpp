@@ -61,7 +61,8 @@ AttentionPath sdpa_backward(std::size_t batch_heads, std::size_t s, std::size_t 
                             cudaStream_t st = nullptr) {
   st = detail::pick(st);
 #if defined(MPAR_HAVE_CUDNN)
-  if (batch_heads && s && cudnn::sdpa_backward<T>(batch_heads, s, d, q, k, v, o, lse, dout, dq, dk, dv, scale, causal, st))
+  if (batch_heads && s &&
+      cudnn::sdpa_backward<T>(batch_heads, s, d, q, k, v, o, lse, dout, dq, dk, dv, scale, causal, st))
     return AttentionPath::cudnn;
 #endif
   detail::log_attention_fallback_once("gpu::sdpa_backward", d, causal);

@@ -28,9 +28,12 @@ __host__ __device__ inline float to_compute(f16 v) { return __half2float(__ushor
 /** Narrows a compute value to element type `T`, rounding to nearest even as the host types do. */
 template <class T>
 __host__ __device__ inline T from_compute(compute_type_t<T> v) {
-  if constexpr (std::is_same_v<T, bf16>) return bf16::from_bits(__bfloat16_as_ushort(__float2bfloat16_rn(v)));
-  else if constexpr (std::is_same_v<T, f16>) return f16::from_bits(__half_as_ushort(__float2half_rn(v)));
-  else return v;
+  if constexpr (std::is_same_v<T, bf16>)
+    return bf16::from_bits(__bfloat16_as_ushort(__float2bfloat16_rn(v)));
+  else if constexpr (std::is_same_v<T, f16>)
+    return f16::from_bits(__half_as_ushort(__float2half_rn(v)));
+  else
+    return v;
 }
 
 /** @brief The cudaDataType_t of an element type, used by cuBLAS and cuBLASLt descriptors. */

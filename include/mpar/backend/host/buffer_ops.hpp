@@ -51,7 +51,8 @@ void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std:
                           std::size_t lda, std::size_t stride_a, const TIn* b, std::size_t ldb, std::size_t stride_b,
                           TOut beta, TOut* c, std::size_t ldc, std::size_t stride_c, std::size_t batch) {
   for (std::size_t i = 0; i < batch; ++i)
-    mpar::gemm<TIn, TOut>(ta, tb, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta, c + i * stride_c, ldc);
+    mpar::gemm<TIn, TOut>(ta, tb, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta, c + i * stride_c,
+                          ldc);
 }
 
 /**

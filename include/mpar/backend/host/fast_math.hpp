@@ -107,13 +107,17 @@ template <bool Full, class F, class... In, std::size_t... K>
 inline void map_block(std::size_t i, std::size_t m, float* y, F& f, std::index_sequence<K...>, const In*... x) {
   float in[sizeof...(In)][kBlock];
   if constexpr (Full) {
-    ((void)[&] {
-      for (std::size_t j = 0; j < kBlock; ++j) in[K][j] = float(x[i + j]);
-    }(), ...);
+    (
+        (void)[&] {
+          for (std::size_t j = 0; j < kBlock; ++j) in[K][j] = float(x[i + j]);
+        }(),
+        ...);
   } else {
-    ((void)[&] {
-      for (std::size_t j = 0; j < kBlock; ++j) in[K][j] = j < m ? float(x[i + j]) : 0.0f;
-    }(), ...);
+    (
+        (void)[&] {
+          for (std::size_t j = 0; j < kBlock; ++j) in[K][j] = j < m ? float(x[i + j]) : 0.0f;
+        }(),
+        ...);
   }
   float out[kBlock];
   for (std::size_t j = 0; j < kBlock; ++j) out[j] = f(in[K][j]...);
@@ -198,12 +202,18 @@ template <class F>
 
 /** y[i] = fast_exp(x[i]) for n elements (y may alias x), on the thread's instruction-set level. */
 inline void exp_n(std::size_t n, const float* x, float* y) {
-  with_isa([&] { map_n(n, y, [](float v) { return fast_exp(v); }, x); });
+  with_isa([&] {
+    map_n(
+        n, y, [](float v) { return fast_exp(v); }, x);
+  });
 }
 
 /** y[i] = fast_tanh(x[i]) for n elements (y may alias x), on the thread's instruction-set level. */
 inline void tanh_n(std::size_t n, const float* x, float* y) {
-  with_isa([&] { map_n(n, y, [](float v) { return fast_tanh(v); }, x); });
+  with_isa([&] {
+    map_n(
+        n, y, [](float v) { return fast_tanh(v); }, x);
+  });
 }
 
 }  // namespace mpar::host::fast

@@ -143,8 +143,8 @@ void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut 
  * last dimension; a size mismatch throws naming all three shapes.
  */
 template <class T>
-void matmul(TensorView<const T, 2> a, Trans ta, TensorView<const T, 2> b, Trans tb, TensorView<T, 2> c,
-            T alpha = T(1), T beta = T(0)) {
+void matmul(TensorView<const T, 2> a, Trans ta, TensorView<const T, 2> b, Trans tb, TensorView<T, 2> c, T alpha = T(1),
+            T beta = T(0)) {
   const std::size_t m = ta == Trans::no ? a.extent(0) : a.extent(1);
   const std::size_t k = ta == Trans::no ? a.extent(1) : a.extent(0);
   const std::size_t kb = tb == Trans::no ? b.extent(0) : b.extent(1);
@@ -153,8 +153,8 @@ void matmul(TensorView<const T, 2> a, Trans ta, TensorView<const T, 2> b, Trans 
           ", C is ", c.extent(0), "x", c.extent(1), "; inner sizes and C's shape must agree");
   require(a.stride(1) == 1 && b.stride(1) == 1 && c.stride(1) == 1,
           "matmul: operands need unit stride in their last dimension");
-  gemm<T>(ta, tb, m, n, k, alpha, a.data(), std::size_t(a.stride(0)), b.data(), std::size_t(b.stride(0)), beta, c.data(),
-          std::size_t(c.stride(0)));
+  gemm<T>(ta, tb, m, n, k, alpha, a.data(), std::size_t(a.stride(0)), b.data(), std::size_t(b.stride(0)), beta,
+          c.data(), std::size_t(c.stride(0)));
 }
 
 }  // namespace mpar

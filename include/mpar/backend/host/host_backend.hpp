@@ -83,41 +83,123 @@ struct HostBackend {
   }
 
   // The layer kernels (see the `backend` concept): the mpar::host reference implementations.
-  template <class... A> static void add(A&&... a) { host::add(std::forward<A>(a)...); }
-  template <class... A> static void bias_add_forward(A&&... a) { host::bias_add_forward(std::forward<A>(a)...); }
-  template <class... A> static void bias_add_backward(A&&... a) { host::bias_add_backward(std::forward<A>(a)...); }
-  template <class... A> static void gelu_forward(A&&... a) { host::gelu_forward(std::forward<A>(a)...); }
-  template <class... A> static void gelu_backward(A&&... a) { host::gelu_backward(std::forward<A>(a)...); }
-  template <class... A> static void softmax_forward(A&&... a) { host::softmax_forward(std::forward<A>(a)...); }
-  template <class... A> static void softmax_backward(A&&... a) { host::softmax_backward(std::forward<A>(a)...); }
-  template <class... A> static void layernorm_forward(A&&... a) { host::layernorm_forward(std::forward<A>(a)...); }
-  template <class... A> static void layernorm_backward(A&&... a) { host::layernorm_backward(std::forward<A>(a)...); }
-  template <class... A> static void dropout_apply(A&&... a) { host::dropout_apply(std::forward<A>(a)...); }
-  template <class... A> static void embedding_forward(A&&... a) { host::embedding_forward(std::forward<A>(a)...); }
-  template <class... A> static void embedding_backward(A&&... a) { host::embedding_backward(std::forward<A>(a)...); }
-  template <class... A> static void vocab_parallel_max(A&&... a) { host::vocab_parallel_max(std::forward<A>(a)...); }
-  template <class... A> static void vocab_parallel_sumexp(A&&... a) { host::vocab_parallel_sumexp(std::forward<A>(a)...); }
-  template <class... A> static void vocab_parallel_backward(A&&... a) { host::vocab_parallel_backward(std::forward<A>(a)...); }
+  template <class... A>
+  static void add(A&&... a) {
+    host::add(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void bias_add_forward(A&&... a) {
+    host::bias_add_forward(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void bias_add_backward(A&&... a) {
+    host::bias_add_backward(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void gelu_forward(A&&... a) {
+    host::gelu_forward(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void gelu_backward(A&&... a) {
+    host::gelu_backward(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void softmax_forward(A&&... a) {
+    host::softmax_forward(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void softmax_backward(A&&... a) {
+    host::softmax_backward(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void layernorm_forward(A&&... a) {
+    host::layernorm_forward(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void layernorm_backward(A&&... a) {
+    host::layernorm_backward(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void dropout_apply(A&&... a) {
+    host::dropout_apply(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void embedding_forward(A&&... a) {
+    host::embedding_forward(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void embedding_backward(A&&... a) {
+    host::embedding_backward(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void vocab_parallel_max(A&&... a) {
+    host::vocab_parallel_max(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void vocab_parallel_sumexp(A&&... a) {
+    host::vocab_parallel_sumexp(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void vocab_parallel_backward(A&&... a) {
+    host::vocab_parallel_backward(std::forward<A>(a)...);
+  }
 
   // The optimizer kernels (see the `backend` concept): mpar::host's, in backend/host/optimizer_kernels.hpp.
-  template <class... A> static void adamw_update(A&&... a) { host::adamw_update(std::forward<A>(a)...); }
-  template <class... A> static void sgd_update(A&&... a) { host::sgd_update(std::forward<A>(a)...); }
-  template <class... A> static void sum_squares(A&&... a) { host::sum_squares(std::forward<A>(a)...); }
-  template <class... A> static void update_factors(A&&... a) { host::update_factors(std::forward<A>(a)...); }
-  template <class... A> static void scale(A&&... a) { host::scale(std::forward<A>(a)...); }
+  template <class... A>
+  static void adamw_update(A&&... a) {
+    host::adamw_update(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void sgd_update(A&&... a) {
+    host::sgd_update(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void sum_squares(A&&... a) {
+    host::sum_squares(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void update_factors(A&&... a) {
+    host::update_factors(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void scale(A&&... a) {
+    host::scale(std::forward<A>(a)...);
+  }
   // The row kernels of token routing (see the `backend` concept).
-  template <class... A> static void gather_rows(A&&... a) { host::gather_rows(std::forward<A>(a)...); }
-  template <class... A> static void scatter_rows(A&&... a) { host::scatter_rows(std::forward<A>(a)...); }
-  template <class... A> static void scatter_add_rows(A&&... a) { host::scatter_add_rows(std::forward<A>(a)...); }
-  template <class... A> static void scatter_add_rows_backward(A&&... a) {
+  template <class... A>
+  static void gather_rows(A&&... a) {
+    host::gather_rows(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void scatter_rows(A&&... a) {
+    host::scatter_rows(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void scatter_add_rows(A&&... a) {
+    host::scatter_add_rows(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void scatter_add_rows_backward(A&&... a) {
     host::scatter_add_rows_backward(std::forward<A>(a)...);
   }
 
   // The buffer operations and the batched GEMM (see the `backend` concept; host/buffer_ops.hpp).
-  template <class T> static void zero(std::size_t n, T* x) { host::zero(n, x); }
-  template <class T> static void fill(std::size_t n, T value, T* x) { host::fill(n, value, x); }
-  template <class T> static void copy(std::size_t n, const T* src, T* dst) { host::copy(n, src, dst); }
-  template <class From, class To> static void convert(std::size_t n, const From* src, To* dst) { host::convert(n, src, dst); }
+  template <class T>
+  static void zero(std::size_t n, T* x) {
+    host::zero(n, x);
+  }
+  template <class T>
+  static void fill(std::size_t n, T value, T* x) {
+    host::fill(n, value, x);
+  }
+  template <class T>
+  static void copy(std::size_t n, const T* src, T* dst) {
+    host::copy(n, src, dst);
+  }
+  template <class From, class To>
+  static void convert(std::size_t n, const From* src, To* dst) {
+    host::convert(n, src, dst);
+  }
   template <class TIn, class TOut = TIn>
     requires host_gemm_types<TIn, TOut>
   static void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha,
@@ -127,7 +209,10 @@ struct HostBackend {
     host::gemm_strided_batched<TIn, TOut>(ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
                                           stride_c, batch);
   }
-  template <class... A> static void vocab_parallel_loss(A&&... a) { host::vocab_parallel_loss(std::forward<A>(a)...); }
+  template <class... A>
+  static void vocab_parallel_loss(A&&... a) {
+    host::vocab_parallel_loss(std::forward<A>(a)...);
+  }
 
   // The fused GEMM epilogue of the MLP's first projection (host/gemm_bias_gelu.hpp: the bias inside
   // oneDNN's matmul, GeLU in the same operation).
@@ -139,7 +224,9 @@ struct HostBackend {
   }
 
   // The per-step statistics in rank memory (host/accumulate.hpp): a micro-batch's loss added to the step's.
-  static void accumulate(std::size_t n, const float* x, double scale, double* acc) { host::accumulate(n, x, scale, acc); }
+  static void accumulate(std::size_t n, const float* x, double scale, double* acc) {
+    host::accumulate(n, x, scale, acc);
+  }
 };
 
 static_assert(backend<HostBackend>);

@@ -36,9 +36,12 @@ enum class Isa { baseline, avx2, avx512 };
 /** @brief The level's name: "baseline", "avx2" or "avx512". */
 [[nodiscard]] inline const char* isa_name(Isa isa) {
   switch (isa) {
-    case Isa::baseline: return "baseline";
-    case Isa::avx2: return "avx2";
-    case Isa::avx512: return "avx512";
+    case Isa::baseline:
+      return "baseline";
+    case Isa::avx2:
+      return "avx2";
+    case Isa::avx512:
+      return "avx512";
   }
   return "?";
 }
@@ -83,8 +86,7 @@ class ScopedIsa {
  public:
   explicit ScopedIsa(Isa isa) : previous_(detail::pinned_isa) {
     require(int(isa) <= int(detected_isa()), "host kernels: instruction set ", isa_name(isa),
-            " is not supported by this CPU, whose best is ", isa_name(detected_isa()),
-            "; pin one of supported_isas()");
+            " is not supported by this CPU, whose best is ", isa_name(detected_isa()), "; pin one of supported_isas()");
     detail::pinned_isa = isa;
   }
   ~ScopedIsa() { detail::pinned_isa = previous_; }
@@ -100,13 +102,13 @@ namespace detail {
 // The target strings name features, not an `arch=`: GCC inlines a callee only into a caller of the same
 // arch, and `flatten` must inline the (default-arch) kernel bodies here.
 template <class F>
-[[gnu::target("avx512f,avx512cd,avx512bw,avx512dq,avx512vl,avx2,fma,bmi,bmi2,lzcnt,popcnt,f16c,movbe"), gnu::flatten]]
-void run_avx512(F& body) {
+[[gnu::target("avx512f,avx512cd,avx512bw,avx512dq,avx512vl,avx2,fma,bmi,bmi2,lzcnt,popcnt,f16c,movbe"),
+  gnu::flatten]] void
+run_avx512(F& body) {
   body();
 }
 template <class F>
-[[gnu::target("avx2,fma,bmi,bmi2,lzcnt,popcnt,f16c,movbe"), gnu::flatten]]
-void run_avx2(F& body) {
+[[gnu::target("avx2,fma,bmi,bmi2,lzcnt,popcnt,f16c,movbe"), gnu::flatten]] void run_avx2(F& body) {
   body();
 }
 #endif
@@ -120,9 +122,14 @@ template <class F>
 inline void with_isa(F&& body) {
 #if MPAR_HOST_MULTIVERSION
   switch (active_isa()) {
-    case Isa::avx512: detail::run_avx512(body); return;
-    case Isa::avx2: detail::run_avx2(body); return;
-    case Isa::baseline: break;
+    case Isa::avx512:
+      detail::run_avx512(body);
+      return;
+    case Isa::avx2:
+      detail::run_avx2(body);
+      return;
+    case Isa::baseline:
+      break;
   }
 #endif
   body();

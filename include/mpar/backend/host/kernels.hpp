@@ -19,7 +19,7 @@
 #include "mpar/backend/host/isa.hpp"
 #include "mpar/backend/host/optimizer_kernels.hpp"  // adamw_update, sgd_update, sum_squares
 #include "mpar/backend/host/row_kernels.hpp"        // gather_rows, scatter_rows, scatter_add_rows(_backward)
-#include "mpar/backend/types.hpp"  // DropoutMask
+#include "mpar/backend/types.hpp"                   // DropoutMask
 #include "mpar/core/error.hpp"
 #include "mpar/core/init.hpp"
 
@@ -175,11 +175,14 @@ void softmax_forward(std::size_t rows, std::size_t cols, const T* x, T* y, bool 
         if (scale >= 0.0f) {
           mx = scale * fast::max_n(valid, xr);
         } else {
-          fast::map_n(valid, yr, [scale](float v) { return scale * v; }, xr);
+          fast::map_n(
+              valid, yr, [scale](float v) { return scale * v; }, xr);
           mx = fast::max_n(valid, yr);
         }
-        const float inv = 1.0f / fast::map_sum_n(valid, yr, [scale, mx](float v) { return fast::fast_exp(scale * v - mx); }, xr);
-        fast::map_n(valid, yr, [inv](float v) { return v * inv; }, yr);
+        const float inv = 1.0f / fast::map_sum_n(
+                                     valid, yr, [scale, mx](float v) { return fast::fast_exp(scale * v - mx); }, xr);
+        fast::map_n(
+            valid, yr, [inv](float v) { return v * inv; }, yr);
         std::fill(yr + valid, yr + cols, 0.0f);
         continue;
       }
@@ -200,8 +203,10 @@ void softmax_backward(std::size_t rows, std::size_t cols, const T* y, const T* d
     for (std::size_t r = 0; r < rows; ++r) {
       const T *yr = y + r * cols, *dyr = dy + r * cols;
       if constexpr (std::is_same_v<T, float>) {
-        const float dot = fast::sum_n(cols, [](float a, float b) { return a * b; }, yr, dyr);
-        fast::map_n(cols, dx + r * cols, [dot](float a, float b) { return a * (b - dot); }, yr, dyr);
+        const float dot = fast::sum_n(
+            cols, [](float a, float b) { return a * b; }, yr, dyr);
+        fast::map_n(
+            cols, dx + r * cols, [dot](float a, float b) { return a * (b - dot); }, yr, dyr);
         continue;
       }
       T dot = 0;
@@ -221,8 +226,12 @@ void layernorm_forward(std::size_t rows, std::size_t cols, const T* x, const T* 
     for (std::size_t r = 0; r < rows; ++r) {
       const T* xr = x + r * cols;
       if constexpr (std::is_same_v<T, float>) {
-        const float m = fast::sum_n(cols, [](float a) { return a; }, xr) / float(cols);
-        const float v = fast::sum_n(cols, [m](float a) { return (a - m) * (a - m); }, xr) / float(cols);
+        const float m = fast::sum_n(
+                            cols, [](float a) { return a; }, xr) /
+                        float(cols);
+        const float v = fast::sum_n(
+                            cols, [m](float a) { return (a - m) * (a - m); }, xr) /
+                        float(cols);
         const float rs = 1.0f / std::sqrt(v + eps);
         mean[r] = m;
         rstd[r] = rs;
@@ -369,7 +378,8 @@ void vocab_parallel_sumexp(std::size_t rows, std::size_t cols, std::size_t col_o
       float s = 0;
       if constexpr (std::is_same_v<T, float>) {
         const float mx = row_max[r];
-        s = fast::sum_n(cols, [mx](float v) { return fast::fast_exp(v - mx); }, lr);
+        s = fast::sum_n(
+            cols, [mx](float v) { return fast::fast_exp(v - mx); }, lr);
       } else {
         for (std::size_t c = 0; c < cols; ++c) s += std::exp(float(lr[c]) - row_max[r]);
       }
@@ -392,7 +402,8 @@ void vocab_parallel_backward(std::size_t rows, std::size_t cols, std::size_t col
       if constexpr (std::is_same_v<T, float>) {
         const float mx = row_max[r], k = s * inv;
         float* dr = dlogits + r * cols;
-        fast::map_n(cols, dr, [mx, k](float v) { return k * fast::fast_exp(v - mx); }, logits + r * cols);
+        fast::map_n(
+            cols, dr, [mx, k](float v) { return k * fast::fast_exp(v - mx); }, logits + r * cols);
         if (t >= 0 && t < std::int64_t(cols)) dr[std::size_t(t)] -= s;
       } else {
         for (std::size_t c = 0; c < cols; ++c) {

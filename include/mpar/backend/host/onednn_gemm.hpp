@@ -42,14 +42,14 @@ namespace mpar::host::onednn {
 /** @brief Operand types oneDNN's CPU matmul takes here: float x float -> float, bf16/f16 x same -> float. */
 template <class TIn, class TOut>
 concept matmul_types = std::is_same_v<TOut, float> &&
-                       (std::is_same_v<TIn, float> || std::is_same_v<TIn, bf16> || std::is_same_v<TIn, f16>);
+    (std::is_same_v<TIn, float> || std::is_same_v<TIn, bf16> || std::is_same_v<TIn, f16>);
 
 namespace detail {
 
 template <class T>
 inline constexpr dnnl_data_type_t data_type_v = std::is_same_v<T, float>  ? dnnl_f32
-                                               : std::is_same_v<T, bf16> ? dnnl_bf16
-                                                                         : dnnl_f16;
+                                                : std::is_same_v<T, bf16> ? dnnl_bf16
+                                                                          : dnnl_f16;
 
 /** Owns one oneDNN C handle (engine, stream, primitive, memory, ...) and destroys it with `Destroy`. */
 template <class H, dnnl_status_t (*Destroy)(H)>
@@ -126,7 +126,9 @@ struct MatmulKey {
 struct MatmulKeyHash {
   std::size_t operator()(const MatmulKey& key) const noexcept {
     std::size_t h = 0;
-    auto mix = [&h](std::uint64_t v) { h ^= std::hash<std::uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2); };
+    auto mix = [&h](std::uint64_t v) {
+      h ^= std::hash<std::uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+    };
     for (std::size_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) mix(v);
     mix((std::uint64_t(key.bias) << 2) | (std::uint64_t(key.ta) << 1) | std::uint64_t(key.tb));
     mix(std::uint64_t(key.in));
@@ -183,7 +185,8 @@ class ThreadMatmuls {
     // written: one pass over C less than a separate bias addition, and the same fp32 sum acc + b.
     dnnl_memory_desc_t bias_md;
     const dnnl_dims_t bias_dims = {1, n}, bias_str = {n, 1};
-    if (key.bias) check(dnnl_memory_desc_init_by_strides(&bias_md, 2, bias_dims, dnnl_f32, bias_str), "describing the bias");
+    if (key.bias)
+      check(dnnl_memory_desc_init_by_strides(&bias_md, 2, bias_dims, dnnl_f32, bias_str), "describing the bias");
     dnnl_matmul_desc_t desc;
     check(dnnl_matmul_desc_init(&desc, &a_md, &b_md, key.bias ? &bias_md : nullptr, &c_md), "describing the matmul");
     // C = alpha A B + beta C: alpha as the output scale (a linear eltwise post-op instead makes 2.6 fall
@@ -250,8 +253,7 @@ bool gemm_bias(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, fl
                std::size_t ldc) {
   detail::OneThread one_thread;
   auto& matmuls = detail::this_thread_matmuls();
-  auto& entry =
-      matmuls.get({m, n, k, lda, ldb, ldc, ta, tb, detail::data_type_v<TIn>, alpha, beta, bias != nullptr});
+  auto& entry = matmuls.get({m, n, k, lda, ldb, ldc, ta, tb, detail::data_type_v<TIn>, alpha, beta, bias != nullptr});
   if (!entry.implemented) return false;
   // oneDNN only reads its source operands; the handles are non-const in its interface.
   detail::check(dnnl_memory_set_data_handle(entry.a.get(), const_cast<TIn*>(a)), "setting A");

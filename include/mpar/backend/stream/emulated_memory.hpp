@@ -75,7 +75,8 @@ class EmulatedRankMemory : public MemoryResource {
     }
     if (owner) {
       try {
-        owner->enqueue("free", [this, p, n] { raw_deallocate(p, n); }, OnError::always);
+        owner->enqueue(
+            "free", [this, p, n] { raw_deallocate(p, n); }, OnError::always);
         return;
       } catch (...) {
         // the stream is stopping: it has run everything, so the block is free now
@@ -167,7 +168,8 @@ class DiscreteMemoryResource final : public EmulatedRankMemory {
     if (::ftruncate(fd, off_t(bytes)) != 0) {
       const int e = errno;
       ::close(fd);
-      throw config_error(mpar::detail::cat("DiscreteMemoryResource: ftruncate to ", bytes, " bytes failed: ", std::strerror(e)));
+      throw config_error(
+          mpar::detail::cat("DiscreteMemoryResource: ftruncate to ", bytes, " bytes failed: ", std::strerror(e)));
     }
     void* ops = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
     void* host = ops == MAP_FAILED ? MAP_FAILED : ::mmap(nullptr, bytes, PROT_NONE, MAP_SHARED, fd, 0);

@@ -57,7 +57,8 @@ class HostAccessTrace {
     void* warm[2];
     (void)backtrace(warm, 2);  // the first call loads the unwinder (allocates): not in a signal handler
     active() = this;
-    struct sigaction segv {}, trap {};
+    struct sigaction segv {
+    }, trap{};
     segv.sa_sigaction = &HostAccessTrace::on_fault;
     segv.sa_flags = SA_SIGINFO | SA_NODEFER;
     sigemptyset(&segv.sa_mask);
@@ -112,8 +113,10 @@ class HostAccessTrace {
     HostAccessTrace* t = active();
     if (t == nullptr || discrete_memory_resource().operation_address(info->si_addr) == nullptr) {
       // Not ours: restore the previous disposition; the faulting instruction runs again and faults there.
-      if (t) sigaction(SIGSEGV, &t->old_segv_, nullptr);
-      else signal(sig, SIG_DFL);
+      if (t)
+        sigaction(SIGSEGV, &t->old_segv_, nullptr);
+      else
+        signal(sig, SIG_DFL);
       return;
     }
     auto* uc = static_cast<ucontext_t*>(ucv);
@@ -131,8 +134,7 @@ class HostAccessTrace {
   }
 
   void record(bool write) {
-    while (lock_.test_and_set(std::memory_order_acquire)) {
-    }
+    while (lock_.test_and_set(std::memory_order_acquire)) {}
     struct Unlock {
       std::atomic_flag& f;
       ~Unlock() { f.clear(std::memory_order_release); }
@@ -156,7 +158,8 @@ class HostAccessTrace {
     s.count = 1;
   }
 
-  struct sigaction old_segv_ {}, old_trap_ {};
+  struct sigaction old_segv_ {
+  }, old_trap_{};
   std::unique_ptr<Site[]> sites_;
   std::atomic<std::size_t> used_{0};
   std::atomic_flag lock_ = ATOMIC_FLAG_INIT;  // recording threads (a fault handler cannot block on a mutex)

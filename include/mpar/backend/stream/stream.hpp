@@ -64,8 +64,10 @@ class Stream {
   Stream& operator=(const Stream&) = delete;
   ~Stream() {
     push(new Node{{}, "stop", OnError::always, 0, nullptr, true});  // runs after everything issued
-    if (worker_.get_id() == std::this_thread::get_id()) worker_.detach();  // last owner was an operation
-    else worker_.join();
+    if (worker_.get_id() == std::this_thread::get_id())
+      worker_.detach();  // last owner was an operation
+    else
+      worker_.join();
     std::lock_guard lock(done_m_);
     if (error_ && !error_reported_)
       std::fprintf(stderr, "mpar: %s: an error nobody waited for: %s\n", name_.c_str(), describe_error().c_str());
@@ -164,14 +166,16 @@ class Stream {
     if (stopped_) {
       const char* what = n->what;
       delete n;
-      throw config_error(mpar::detail::cat(name_, ": operation '", what, "' issued to a stream that is being destroyed"));
+      throw config_error(
+          mpar::detail::cat(name_, ": operation '", what, "' issued to a stream that is being destroyed"));
     }
-    if (n->stop) stopped_ = true;
-    else n->ticket = ++issued_;
+    if (n->stop)
+      stopped_ = true;
+    else
+      n->ticket = ++issued_;
     const std::uint64_t ticket = n->ticket;  // once published, the node belongs to the worker
     n->next = incoming_.load(std::memory_order_relaxed);
-    while (!incoming_.compare_exchange_weak(n->next, n, std::memory_order_release, std::memory_order_relaxed)) {
-    }
+    while (!incoming_.compare_exchange_weak(n->next, n, std::memory_order_release, std::memory_order_relaxed)) {}
     incoming_.notify_one();
     return ticket;
   }
@@ -226,8 +230,8 @@ class Stream {
   }
 
   [[nodiscard]] std::string describe_error() const {
-    return mpar::detail::cat(name_, ": operation '", error_what_, "' (#", error_ticket_, " on this stream) failed: ",
-                             detail::what_of(error_));
+    return mpar::detail::cat(name_, ": operation '", error_what_, "' (#", error_ticket_,
+                             " on this stream) failed: ", detail::what_of(error_));
   }
 
   std::string name_;

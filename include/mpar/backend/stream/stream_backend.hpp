@@ -144,8 +144,9 @@ struct BasicStreamHostBackend {
     requires host_gemm_types<TIn, TOut>
   static void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha, const TIn* a,
                    std::size_t lda, const TIn* b, std::size_t ldb, TOut beta, TOut* c, std::size_t ldc) {
-    submit("gemm", [](auto... x) { HostBackend::template gemm<TIn, TOut>(x...); }, ta, tb, m, n, k, alpha, a, lda, b,
-           ldb, beta, c, ldc);
+    submit(
+        "gemm", [](auto... x) { HostBackend::template gemm<TIn, TOut>(x...); }, ta, tb, m, n, k, alpha, a, lda, b, ldb,
+        beta, c, ldc);
   }
 
   /**
@@ -167,10 +168,11 @@ struct BasicStreamHostBackend {
     }
   }
 
-#define MPAR_STREAM_OP(op)                                                                                       \
-  template <class... A>                                                                                          \
-  static decltype(auto) op(A&&... a) {                                                                           \
-    return submit(#op, [](auto&... x) -> decltype(auto) { return HostBackend::op(x...); }, std::forward<A>(a)...); \
+#define MPAR_STREAM_OP(op)                                                                               \
+  template <class... A>                                                                                  \
+  static decltype(auto) op(A&&... a) {                                                                   \
+    return submit(                                                                                       \
+        #op, [](auto&... x) -> decltype(auto) { return HostBackend::op(x...); }, std::forward<A>(a)...); \
   }
   // The layer kernels.
   MPAR_STREAM_OP(add)
@@ -218,8 +220,9 @@ struct BasicStreamHostBackend {
                                    const TIn* a, std::size_t lda, std::size_t stride_a, const TIn* b, std::size_t ldb,
                                    std::size_t stride_b, TOut beta, TOut* c, std::size_t ldc, std::size_t stride_c,
                                    std::size_t batch) {
-    submit("gemm_strided_batched", [](auto... x) { HostBackend::template gemm_strided_batched<TIn, TOut>(x...); }, ta,
-           tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c, batch);
+    submit(
+        "gemm_strided_batched", [](auto... x) { HostBackend::template gemm_strided_batched<TIn, TOut>(x...); }, ta, tb,
+        m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c, batch);
   }
 
  private:

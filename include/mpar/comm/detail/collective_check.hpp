@@ -20,22 +20,43 @@ namespace mpar::detail {
 
 /** The collective operations, as named in error messages. */
 enum class CollKind : std::uint8_t {
-  all_reduce, broadcast, reduce, all_gather, reduce_scatter, gather, scatter, all_to_all, all_to_all_v, barrier, split
+  all_reduce,
+  broadcast,
+  reduce,
+  all_gather,
+  reduce_scatter,
+  gather,
+  scatter,
+  all_to_all,
+  all_to_all_v,
+  barrier,
+  split
 };
 
 inline constexpr std::string_view coll_name(CollKind k) {
   switch (k) {
-    case CollKind::all_reduce: return "all_reduce";
-    case CollKind::broadcast: return "broadcast";
-    case CollKind::reduce: return "reduce";
-    case CollKind::all_gather: return "all_gather";
-    case CollKind::reduce_scatter: return "reduce_scatter";
-    case CollKind::gather: return "gather";
-    case CollKind::scatter: return "scatter";
-    case CollKind::all_to_all: return "all_to_all";
-    case CollKind::all_to_all_v: return "all_to_all_v";
-    case CollKind::barrier: return "barrier";
-    case CollKind::split: return "split";
+    case CollKind::all_reduce:
+      return "all_reduce";
+    case CollKind::broadcast:
+      return "broadcast";
+    case CollKind::reduce:
+      return "reduce";
+    case CollKind::all_gather:
+      return "all_gather";
+    case CollKind::reduce_scatter:
+      return "reduce_scatter";
+    case CollKind::gather:
+      return "gather";
+    case CollKind::scatter:
+      return "scatter";
+    case CollKind::all_to_all:
+      return "all_to_all";
+    case CollKind::all_to_all_v:
+      return "all_to_all_v";
+    case CollKind::barrier:
+      return "barrier";
+    case CollKind::split:
+      return "split";
   }
   return "?";
 }
@@ -43,21 +64,22 @@ inline constexpr std::string_view coll_name(CollKind k) {
 /** The part of a collective call that must be identical on every rank of the group. */
 struct Fingerprint {
   CollKind kind = CollKind::barrier;
-  std::uint8_t dtype = 0;        ///< index into dtype_names (0: none)
-  std::int8_t op = -1;           ///< ReduceOp, or -1 when the collective does not reduce
-  std::int32_t root = -1;        ///< root rank, or -1
-  std::uint64_t count = 0;       ///< the global element count (see each collective)
-  std::uint64_t seq = 0;         ///< this group's collective sequence number, from 1
+  std::uint8_t dtype = 0;   ///< index into dtype_names (0: none)
+  std::int8_t op = -1;      ///< ReduceOp, or -1 when the collective does not reduce
+  std::int32_t root = -1;   ///< root rank, or -1
+  std::uint64_t count = 0;  ///< the global element count (see each collective)
+  std::uint64_t seq = 0;    ///< this group's collective sequence number, from 1
   friend constexpr bool operator==(const Fingerprint&, const Fingerprint&) = default;
 };
 
 inline constexpr std::string_view dtype_names[] = {"-", "f32", "f64", "bf16", "f16"};
 
 template <class T>
-inline constexpr std::uint8_t dtype_code_v = std::is_same_v<T, float> ? 1 : std::is_same_v<T, double> ? 2
-                                             : std::is_same_v<T, bf16>  ? 3
-                                             : std::is_same_v<T, f16>   ? 4
-                                                                        : 0;
+inline constexpr std::uint8_t dtype_code_v = std::is_same_v<T, float>    ? 1
+                                             : std::is_same_v<T, double> ? 2
+                                             : std::is_same_v<T, bf16>   ? 3
+                                             : std::is_same_v<T, f16>    ? 4
+                                                                         : 0;
 
 /** "all_reduce(f32, count=16, op=sum)" */
 inline std::string describe(const Fingerprint& f) {

@@ -75,12 +75,12 @@ inline bool exists_checked(const std::filesystem::path& p, std::string_view what
   std::string name = read_small_file(latest);
   while (!name.empty() && (name.back() == '\n' || name.back() == '\r' || name.back() == ' ')) name.pop_back();
   // A step directory name: letters, digits, '.', '-', '_' (no path, no control bytes).
-  const bool plain = !name.empty() && name.size() <= 255 && name != "." && name != ".." &&
-                     name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") ==
-                         std::string::npos;
+  const bool plain =
+      !name.empty() && name.size() <= 255 && name != "." && name != ".." &&
+      name.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-") == std::string::npos;
   detail::check(plain, "file ", latest.string(), " does not name a checkpoint directory: it holds '",
-                detail::printable(name), "' (", name.size(), " bytes); write the name of a step directory into it, e.g. ",
-                step_dir_name(0));
+                detail::printable(name), "' (", name.size(),
+                " bytes); write the name of a step directory into it, e.g. ", step_dir_name(0));
   const auto dir = path / name;
   detail::check(detail::exists_checked(dir, "checkpoint directory"), "checkpoint ", dir.string(), " named by ",
                 latest.string(), " does not exist");

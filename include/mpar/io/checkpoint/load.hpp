@@ -17,7 +17,8 @@ namespace mpar::io {
 
 namespace detail {
 /** Fills `blocks` from the checkpoint `path` designates; rank-local, no communication. */
-inline LoadResult load_local(const std::filesystem::path& path, std::span<const LoadBlock> blocks, const LoadOptions& opts) {
+inline LoadResult load_local(const std::filesystem::path& path, std::span<const LoadBlock> blocks,
+                             const LoadOptions& opts) {
   CheckpointReader reader(path, opts);
   reader.read(blocks);
   return LoadResult{reader.manifest().state, reader.path(), reader.manifest().mesh, reader.stats(), {}};

@@ -16,19 +16,19 @@ namespace mpar::io {
 
 /** @brief How a checkpoint is saved. */
 struct SaveOptions {
-  MeshShape mesh;                                  ///< recorded as the layout it was saved with
-  std::size_t chunk_elems = 16384;                 ///< elements per checksummed chunk (64 KiB): the read granularity
+  MeshShape mesh;                   ///< recorded as the layout it was saved with
+  std::size_t chunk_elems = 16384;  ///< elements per checksummed chunk (64 KiB): the read granularity
   std::size_t write_chunk_bytes = std::size_t(1) << 20;
-  std::size_t keep_last = 0;                       ///< 0 keeps every checkpoint; n > 0 removes all but the newest n
-  IoHook hook;                                     ///< sees every disk-changing operation (tests inject crashes here)
+  std::size_t keep_last = 0;  ///< 0 keeps every checkpoint; n > 0 removes all but the newest n
+  IoHook hook;                ///< sees every disk-changing operation (tests inject crashes here)
 };
 
 /** @brief What a save did on this rank. */
 struct SaveResult {
-  std::filesystem::path path;        ///< the checkpoint directory
-  std::size_t blocks_written = 0;    ///< blocks this rank wrote
-  std::size_t blocks_replicated = 0; ///< blocks skipped because a lower rank holds the same block
-  std::size_t bytes_written = 0;     ///< data and tables this rank wrote
+  std::filesystem::path path;         ///< the checkpoint directory
+  std::size_t blocks_written = 0;     ///< blocks this rank wrote
+  std::size_t blocks_replicated = 0;  ///< blocks skipped because a lower rank holds the same block
+  std::size_t bytes_written = 0;      ///< data and tables this rank wrote
 };
 
 /** @brief How a checkpoint is loaded. */

@@ -104,9 +104,8 @@ SaveResult save_impl(const std::filesystem::path& root, std::span<const SaveBloc
             auto [it, fresh] = where.try_emplace(b.name, index.tensors.size());
             if (fresh) index.tensors.push_back(TensorRecord{b.name, "f32", b.global_shape, b.layout, {}});
             auto& t = index.tensors[it->second];
-            check(t.shape == b.global_shape, "save_checkpoint: tensor '", b.name,
-                  "' is given twice on rank ", rank, " with shapes ", shape_string(t.shape), " and ",
-                  shape_string(b.global_shape));
+            check(t.shape == b.global_shape, "save_checkpoint: tensor '", b.name, "' is given twice on rank ", rank,
+                  " with shapes ", shape_string(t.shape), " and ", shape_string(b.global_shape));
             t.shards.push_back(data->append(b.box, b.data));
             ++result.blocks_written;
           }

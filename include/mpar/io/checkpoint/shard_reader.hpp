@@ -40,18 +40,21 @@ class ShardReader {
     auto& f = file(shard.file, t.name);
     const std::size_t n = std::size_t(shard.bytes / 4), chunk = std::size_t(shard.chunk);
     const std::size_t nchunks = std::size_t(shard.chunks());
-    check(shard.offset + shard.bytes <= f.size() && shard.table + 4 * nchunks <= f.size(), "file ",
-          f.path().string(), " is truncated: it is ", f.size(), " bytes but tensor '", t.name, "' shard ",
-          box_string(shard.box), " needs bytes up to ", std::max(shard.offset + shard.bytes, shard.table + 4 * nchunks));
+    check(shard.offset + shard.bytes <= f.size() && shard.table + 4 * nchunks <= f.size(), "file ", f.path().string(),
+          " is truncated: it is ", f.size(), " bytes but tensor '", t.name, "' shard ", box_string(shard.box),
+          " needs bytes up to ", std::max(shard.offset + shard.bytes, shard.table + 4 * nchunks));
     struct Row {
       std::size_t src, dst, count;
     };
     std::vector<Row> rows;
-    for_each_row(shard.box, dst.box, inter, [&](std::size_t s, std::size_t d, std::size_t c) { rows.push_back({s, d, c}); });
+    for_each_row(shard.box, dst.box, inter, [&](std::size_t s, std::size_t d, std::size_t c) {
+      rows.push_back({s, d, c});
+    });
     // Group rows into runs of chunks; rows in one chunk or neighbouring chunks share one read.
     std::size_t i = 0;
     while (i < rows.size()) {
-      std::size_t c0 = whole ? 0 : rows[i].src / chunk, c1 = whole ? nchunks - 1 : (rows[i].src + rows[i].count - 1) / chunk;
+      std::size_t c0 = whole ? 0 : rows[i].src / chunk,
+                  c1 = whole ? nchunks - 1 : (rows[i].src + rows[i].count - 1) / chunk;
       std::size_t j = i + 1;
       while (j < rows.size() && (whole || rows[j].src / chunk <= c1 + 1)) {
         c1 = std::max(c1, (rows[j].src + rows[j].count - 1) / chunk);
@@ -62,7 +65,8 @@ class ShardReader {
       // that contains whole shards, e.g. loading with the saved layout), read straight into place.
       bool direct = rows[i].src == e0 && rows[j - 1].src + rows[j - 1].count == e1;
       for (std::size_t k = i + 1; k < j && direct; ++k)
-        direct = rows[k].src == rows[k - 1].src + rows[k - 1].count && rows[k].dst == rows[k - 1].dst + rows[k - 1].count;
+        direct =
+            rows[k].src == rows[k - 1].src + rows[k - 1].count && rows[k].dst == rows[k - 1].dst + rows[k - 1].count;
       std::span<float> target;
       if (direct) {
         target = dst.data.subspan(rows[i].dst, e1 - e0);
@@ -84,8 +88,8 @@ class ShardReader {
       }
       // A shard read whole is also checked against the manifest (this catches a damaged table too).
       if (e0 == 0 && e1 == n)
-        check(whole_crc == shard.crc32, "checksum mismatch in ", f.path().string(), " (tensor '", t.name,
-              "', shard ", box_string(shard.box), "): the shard's CRC-32 differs from the manifest");
+        check(whole_crc == shard.crc32, "checksum mismatch in ", f.path().string(), " (tensor '", t.name, "', shard ",
+              box_string(shard.box), "): the shard's CRC-32 differs from the manifest");
       if (!direct)
         for (std::size_t k = i; k < j; ++k)
           std::memcpy(dst.data.data() + rows[k].dst, buf_.data() + (rows[k].src - e0), 4 * rows[k].count);
