@@ -130,15 +130,13 @@ class Stream {
     std::unique_lock lock(done_m_);
     done_cv_.wait(lock, [&] { return completed_ >= ticket; });
     if (error_ && error_ticket_ <= ticket) {
-      const std::exception_ptr e = error_;
+      // The message carries the original's text, but the original is not nested: an exception object
+      // owned by two streams' threads would be released by whichever drops it last, and that
+      // reference count lives in the standard library, outside what a race detector can see.
       const std::string what = describe_error();
       error_reported_ = true;  // the dependent stream reports it
       lock.unlock();
-      try {
-        std::rethrow_exception(e);
-      } catch (...) {
-        std::throw_with_nested(stream_error(what));
-      }
+      throw stream_error(what);
     }
   }
 
@@ -217,7 +215,7 @@ class Stream {
         {
           std::lock_guard lock(done_m_);
           if (failure && !error_) {
-            error_ = failure;
+            error_ = std::move(failure);  // the worker keeps no reference: the host releases it
             error_what_ = what;
             error_ticket_ = ticket;
             error_reported_ = false;
