@@ -1,5 +1,5 @@
 #[[ Lists the test cases of a Catch2 binary and writes one CTest entry per case, each with every label.
-      cmake -DEXE=path -DPREFIX=name -DLABELS=a,b -DWORKDIR=dir -DTIMEOUT=s -DOUT=file -P discover_catch_tests.cmake
+      cmake -DEXE=path -DPREFIX=name -DLABELS=a,b -DWORKDIR=dir -DTIMEOUT=s [-DCOST=s] -DOUT=file -P discover_catch_tests.cmake
     Run after each build of the binary (mpar_add_test_binary in tests/CMakeLists.txt). Catch2's own
     catch_discover_tests passes only the first label of a list, and a directory's LABELS property
     reaches discovered tests on some CMake versions only; writing the labels into each entry works
@@ -10,6 +10,9 @@ if(NOT rc MATCHES "^[0-9]+$")
   message(FATAL_ERROR "discover_catch_tests: '${EXE} --list-test-names-only' failed (${rc}): ${err}")
 endif()
 string(REPLACE "," ";" labels "${LABELS}")
+if(NOT DEFINED COST OR COST STREQUAL "")
+  set(COST 0)
+endif()
 # Test names may hold ';', which CMake lists would split: carry them as a placeholder meanwhile.
 string(REPLACE ";" "<mpar-semicolon>" out "${out}")
 string(REPLACE "\n" ";" lines "${out}")
@@ -29,7 +32,7 @@ foreach(line IN LISTS lines)
   # -w NoTests: a spec that matches no case (a renamed test) fails instead of passing with nothing run.
   string(APPEND script "add_test([==[${PREFIX}: ${name}]==] [==[${EXE}]==] [==[${spec}]==] -w NoTests)\n"
          "set_tests_properties([==[${PREFIX}: ${name}]==] PROPERTIES LABELS [==[${labels}]==] "
-         "WORKING_DIRECTORY [==[${WORKDIR}]==] TIMEOUT ${TIMEOUT})\n")
+         "WORKING_DIRECTORY [==[${WORKDIR}]==] TIMEOUT ${TIMEOUT} COST ${COST})\n")
   math(EXPR count "${count} + 1")
 endforeach()
 if(count EQUAL 0)
