@@ -49,9 +49,6 @@ install(TARGETS mpar_cuda EXPORT mparTargets)
 # nvcc is needed only for our own programs (tests, examples, benchmarks); a consumer of the
 # installed package enables CUDA in its own project.
 if(MPAR_BUILD_TESTS OR MPAR_BUILD_EXAMPLES OR MPAR_BUILD_BENCHMARKS)
-  option(MPAR_CUDA_LOCAL_ARCHITECTURES
-         "Without CMAKE_CUDA_ARCHITECTURES: compile for this machine's GPUs (nvidia-smi), or sm_90 alone where there is none"
-         OFF)
   if(NOT DEFINED CMAKE_CUDA_ARCHITECTURES AND MPAR_CUDA_LOCAL_ARCHITECTURES)
     # The test suite's tree (preset default): its programs run here or nowhere. Without a GPU the build only
     # checks that every .cu compiles, which one architecture does (no code depends on __CUDA_ARCH__): each
