@@ -227,6 +227,18 @@ struct HostBackend {
   static void accumulate(std::size_t n, const float* x, double scale, double* acc) {
     host::accumulate(n, x, scale, acc);
   }
+
+  // The two-level batched GEMM (host/buffer_ops.hpp): every (sequence, head) pair of an attention product
+  // in one call, one oneDNN matmul execution where oneDNN is the host GEMM.
+  template <class TIn, class TOut = TIn>
+    requires host_gemm_types<TIn, TOut>
+  static void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha,
+                                   const TIn* a, std::size_t lda, BatchStrides stride_a, const TIn* b, std::size_t ldb,
+                                   BatchStrides stride_b, TOut beta, TOut* c, std::size_t ldc, BatchStrides stride_c,
+                                   BatchExtents batch) {
+    host::gemm_strided_batched<TIn, TOut>(ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
+                                          stride_c, batch);
+  }
 };
 
 static_assert(backend<HostBackend>);
