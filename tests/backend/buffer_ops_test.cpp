@@ -2,6 +2,8 @@
 // on HostBackend and through CountingBackend, against naive loops and hand-worked roundings.
 #include <catch2/catch.hpp>
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <array>
 #include <bit>
@@ -177,6 +179,43 @@ TEST_CASE("backend gemm_strided_batched, two-level batch: one launch per call; e
       HostBackend::gemm_strided_batched<float>(Trans::no, Trans::no, 3, 4, 4, 1.0f, a.data(), 3, {16, 4}, b.data(), 4,
                                                {16, 4}, 0.0f, c.data(), 4, {16, 4}, BatchExtents{2, 2}),
       Catch::Contains("lda=3") && Catch::Contains("k=4"));
+}
+
+TEST_CASE("HostBackend::init_rank keeps freed memory mapped: a reallocated activation faults no pages again",
+          "[backend][memory]") {
+#if defined(__GLIBC__)
+  // On a rank thread, as in training; page faults counted for this thread only, asserted on the main thread.
+  long first = -1, again = -1;
+  std::thread([&] {
+    HostBackend::init_rank();
+    auto faults = [] {
+      rusage u{};
+      getrusage(RUSAGE_THREAD, &u);
+      return long(u.ru_minflt);
+    };
+    const std::size_t n = std::size_t(4) << 20;  // 16 MiB, an activation of the largest size kept mapped
+    long f0 = faults();
+    {
+      Buffer<float> x = uninitialized_buffer<float>(n);
+      std::fill(x.begin(), x.end(), 1.0f);
+    }
+    first = faults() - f0;  // fresh memory faults its pages in (unless an earlier rank of this process left it)
+    f0 = faults();
+    for (int step = 0; step < 3; ++step) {
+      Buffer<float> x = uninitialized_buffer<float>(n);
+      std::fill(x.begin(), x.end(), float(step));
+    }
+    again = faults() - f0;
+  }).join();
+  // Returned to the kernel on free, each reallocation would fault all its 4 KiB pages in again (3 x 4,096).
+  const long pages = long((std::size_t(4) << 20) * sizeof(float) / 4096);
+  INFO("page faults: first allocation " << first << ", three reallocations " << again);
+  CHECK(again <= first);
+  CHECK(again * 16 < 3 * pages);
+  CHECK(host::retain_freed_memory());
+#else
+  CHECK_FALSE(host::retain_freed_memory());
+#endif
 }
 
 TEST_CASE("CountingBackend counts one launch per call, by kind, on the calling thread", "[backend][buffer_ops]") {

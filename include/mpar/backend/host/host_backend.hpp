@@ -11,6 +11,7 @@
 #include "mpar/backend/host/buffer_ops.hpp"
 #include "mpar/backend/host/gemm.hpp"
 #include "mpar/backend/host/kernels.hpp"
+#include "mpar/backend/host/retained_memory.hpp"
 #include "mpar/core/memory_resource.hpp"
 
 #if defined(MPAR_HAVE_OPENBLAS)
@@ -39,12 +40,15 @@ struct HostBackend {
 
   /**
    * Called once per rank before compute: keeps BLAS single-threaded so ranks do not oversubscribe cores
-   * (oneDNN's GEMMs set one thread per call themselves, see onednn_gemm.hpp).
+   * (oneDNN's GEMMs set one thread per call themselves, see onednn_gemm.hpp), and has malloc keep freed
+   * memory mapped, so a step's activations do not fault their pages in again every step.
    */
   static void init_rank() {
 #if defined(MPAR_HAVE_OPENBLAS)
     openblas_set_num_threads(1);
 #endif
+    // Freed activations stay mapped for the next step's allocations (host/retained_memory.hpp).
+    (void)host::retain_freed_memory();
   }
   /** Host work is finished when the call returns: nothing to wait for. */
   static void synchronize() {}
