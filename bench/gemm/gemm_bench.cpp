@@ -2,14 +2,19 @@
 // argument checks around oneDNN's matmul) against a raw oneDNN matmul primitive created once and
 // executed on the same operands, in fp32 and bf16 x bf16 -> fp32; OpenBLAS's cblas_sgemm is printed for
 // reference. Goal: no abstraction cost (ratio >= 0.95). Everything runs on one thread, as a rank does.
-// Last line: ours / baseline = GFLOP/s over all shapes and both precisions (total flops / total median
-// time), ratio > 1: mpar is faster; loadavg says how busy the machine was (measure on an idle one).
+// Then attention's batched products (train_gpt's default micro-batch: 4 sequences x 4 heads, seq 64,
+// head 64): HostBackend::gemm_strided_batched with a two-level batch (sequences x heads, operands at
+// attention's strides inside the qkv matrix) against a raw oneDNN 4-D matmul on the same memory, with the
+// per-matrix loop (one 2-D GEMM per (sequence, head)) printed for reference.
+// Last line: ours / baseline = GFLOP/s over all shapes, batched products and both precisions (total flops /
+// total median time), ratio > 1: mpar is faster; loadavg says how busy the machine was (measure on an idle one).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
 #include <mpar/mpar.hpp>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include "bench_util.hpp"
@@ -49,6 +54,28 @@ struct RawMatmul {
     const auto M = dnnl::memory::dim(m), N = dnnl::memory::dim(n), K = dnnl::memory::dim(k);
     const dnnl::memory::desc a_md({M, K}, in, ta ? dims{1, M} : dims{K, 1}), b_md({K, N}, in, dims{N, 1}),
         c_md({M, N}, dnnl::memory::data_type::f32, dims{N, 1});
+    primitive = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), engine));
+    a = dnnl::memory(a_md, engine, pa);
+    b = dnnl::memory(b_md, engine, pb);
+    c = dnnl::memory(c_md, engine, pc);
+  }
+  void run() {
+    primitive.execute(stream, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
+    stream.wait();
+  }
+};
+
+/** A raw oneDNN batched matmul over [outer, inner, rows, cols] operands at arbitrary strides, made once. */
+struct RawBatchedMatmul {
+  dnnl::engine engine{dnnl::engine::kind::cpu, 0};
+  dnnl::stream stream{engine};
+  dnnl::matmul primitive;
+  dnnl::memory a, b, c;
+  using dims = dnnl::memory::dims;
+  RawBatchedMatmul(const dims& a_dims, const dims& a_str, const dims& b_dims, const dims& b_str, const dims& c_dims,
+                   const dims& c_str, dnnl::memory::data_type in, void* pa, void* pb, float* pc) {
+    const dnnl::memory::desc a_md(a_dims, in, a_str), b_md(b_dims, in, b_str),
+        c_md(c_dims, dnnl::memory::data_type::f32, c_str);
     primitive = dnnl::matmul(dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), engine));
     a = dnnl::memory(a_md, engine, pa);
     b = dnnl::memory(b_md, engine, pb);
@@ -145,8 +172,118 @@ int main(int argc, char** argv) {
       ++cases;
     }
   }
+
+  // Attention's products over a micro-batch: one two-level batched call each.
+  const std::size_t nb = smoke ? 2 : 4, heads = smoke ? 2 : 4, seq = smoke ? 16 : 64, hd = smoke ? 8 : 64;
+  const std::size_t hl = heads * hd, ld = 3 * hl, ss = seq * seq;
+  std::vector<float> qkv(nb * seq * ld), probs(nb * heads * ss), go(nb * seq * hl), out(nb * seq * ld),
+      out_raw(out.size());
+  for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = init_value(2, 0, i, InitSpec::uniform(1));
+  for (std::size_t i = 0; i < probs.size(); ++i) probs[i] = init_value(2, 1, i, InitSpec::uniform(1));
+  for (std::size_t i = 0; i < go.size(); ++i) go[i] = init_value(2, 2, i, InitSpec::uniform(1));
+  std::vector<bf16> qkv_h(qkv.size()), probs_h(probs.size()), go_h(go.size());
+  for (std::size_t i = 0; i < qkv.size(); ++i) qkv_h[i] = bf16(qkv[i]);
+  for (std::size_t i = 0; i < probs.size(); ++i) probs_h[i] = bf16(probs[i]);
+  for (std::size_t i = 0; i < go.size(); ++i) go_h[i] = bf16(go[i]);
+  /** One operand: which buffer, its leading dimension and where head h of sequence b starts. */
+  struct Operand {
+    int buffer;  // 0 qkv, 1 probs, 2 dO
+    std::size_t offset, ld, seq, head;
+  };
+  const Operand q{0, 0, ld, seq * ld, hd}, k{0, hl, ld, seq * ld, hd}, v{0, 2 * hl, ld, seq * ld, hd},
+      p{1, 0, seq, heads * ss, ss}, g{2, 0, hl, seq * hl, hd};
+  struct Product {
+    const char* name;
+    bool ta, tb;
+    std::size_t m, n, k;
+    Operand a, b;
+    std::size_t c_offset, ldc, c_seq, c_head;  // into `out`, a [tokens, 3 hl] gradient or [b, h, s, s] scores
+  };
+  const std::vector<Product> products = {
+      {"attn scores q k^T", false, true, seq, seq, hd, q, k, 0, seq, heads * ss, ss},
+      {"attn out P v", false, false, seq, hd, seq, p, v, 0, hl, seq * hl, hd},
+      {"attn dV = P^T dO", true, false, seq, hd, seq, p, g, 2 * hl, ld, seq * ld, hd},
+      {"attn dQ = dS k", false, false, seq, hd, seq, p, k, 0, ld, seq * ld, hd}};
+  std::printf("\nattention products, %zu sequences x %zu heads, seq %zu, head %zu: one batched call each\n", nb, heads,
+              seq, hd);
+  std::printf("%-32s %6s %12s %12s %8s %14s\n", "product", "type", "mpar GFLOP/s", "oneDNN GFLOP/s", "ratio",
+              "2-D loop");
+  double b_ours = 0, b_base = 0, b_log = 0;
+  int b_cases = 0;
+  for (const auto& pr : products)
+    for (const bool half : {false, true}) {
+      auto ptr = [&](const Operand& o) -> void* {
+        if (half) {
+          bf16* base = o.buffer == 0 ? qkv_h.data() : o.buffer == 1 ? probs_h.data() : go_h.data();
+          return base + o.offset;
+        }
+        float* base = o.buffer == 0 ? qkv.data() : o.buffer == 1 ? probs.data() : go.data();
+        return base + o.offset;
+      };
+      using dims = dnnl::memory::dims;
+      auto d = [](std::size_t x) { return dnnl::memory::dim(x); };
+      RawBatchedMatmul raw(dims{d(nb), d(heads), d(pr.m), d(pr.k)},
+                           dims{d(pr.a.seq), d(pr.a.head), pr.ta ? 1 : d(pr.a.ld), pr.ta ? d(pr.a.ld) : 1},
+                           dims{d(nb), d(heads), d(pr.k), d(pr.n)},
+                           dims{d(pr.b.seq), d(pr.b.head), pr.tb ? 1 : d(pr.b.ld), pr.tb ? d(pr.b.ld) : 1},
+                           dims{d(nb), d(heads), d(pr.m), d(pr.n)}, dims{d(pr.c_seq), d(pr.c_head), d(pr.ldc), 1},
+                           half ? dnnl::memory::data_type::bf16 : dnnl::memory::data_type::f32, ptr(pr.a), ptr(pr.b),
+                           out_raw.data() + pr.c_offset);
+      const Trans ta = pr.ta ? Trans::yes : Trans::no, tb = pr.tb ? Trans::yes : Trans::no;
+      auto call = [&](auto* a, auto* b) {
+        using T = std::remove_const_t<std::remove_pointer_t<decltype(a)>>;
+        HostBackend::gemm_strided_batched<T, float>(ta, tb, pr.m, pr.n, pr.k, 1.0f, a, pr.a.ld,
+                                                    BatchStrides{pr.a.seq, pr.a.head}, b, pr.b.ld,
+                                                    BatchStrides{pr.b.seq, pr.b.head}, 0.0f, out.data() + pr.c_offset,
+                                                    pr.ldc, BatchStrides{pr.c_seq, pr.c_head}, BatchExtents{nb, heads});
+      };
+      auto loop = [&](auto* a, auto* b) {
+        using T = std::remove_const_t<std::remove_pointer_t<decltype(a)>>;
+        for (std::size_t i = 0; i < nb; ++i)
+          for (std::size_t j = 0; j < heads; ++j)
+            HostBackend::gemm<T, float>(ta, tb, pr.m, pr.n, pr.k, 1.0f, a + i * pr.a.seq + j * pr.a.head, pr.a.ld,
+                                        b + i * pr.b.seq + j * pr.b.head, pr.b.ld, 0.0f,
+                                        out.data() + pr.c_offset + i * pr.c_seq + j * pr.c_head, pr.ldc);
+      };
+      auto ours = [&] {
+        if (half)
+          call(static_cast<const bf16*>(ptr(pr.a)), static_cast<const bf16*>(ptr(pr.b)));
+        else
+          call(static_cast<const float*>(ptr(pr.a)), static_cast<const float*>(ptr(pr.b)));
+      };
+      auto per_matrix = [&] {
+        if (half)
+          loop(static_cast<const bf16*>(ptr(pr.a)), static_cast<const bf16*>(ptr(pr.b)));
+        else
+          loop(static_cast<const float*>(ptr(pr.a)), static_cast<const float*>(ptr(pr.b)));
+      };
+      const auto [t_ours, t_base] = bench::paired_medians(reps, ours, [&] { raw.run(); });
+      std::vector<double> loop_times;
+      per_matrix();
+      for (int r = 0; r < reps; ++r) loop_times.push_back(bench::time_once(per_matrix));
+      const double diff = max_abs_diff(out, out_raw);
+      if (!(diff <= 1e-4 * double(pr.k))) {
+        std::fprintf(stderr, "gemm bench: mpar and raw oneDNN differ by %g for %s (%s)\n", diff, pr.name,
+                     half ? "bf16" : "f32");
+        return 1;
+      }
+      const double flops = 2.0 * double(nb * heads) * double(pr.m) * double(pr.n) * double(pr.k);
+      std::printf("%-32s %6s %12.1f %12.1f %8.3f %14.1f\n", pr.name, half ? "bf16" : "f32", flops / t_ours * 1e-9,
+                  flops / t_base * 1e-9, t_base / t_ours, flops / bench::median(loop_times) * 1e-9);
+      flops_total += flops;
+      ours_total += t_ours;
+      base_total += t_base;
+      sum_log_ratio += std::log(t_base / t_ours);
+      ++cases;
+      b_ours += t_ours;
+      b_base += t_base;
+      b_log += std::log(t_base / t_ours);
+      ++b_cases;
+    }
   bench::print_result_json("gemm", flops_total / ours_total * 1e-9, flops_total / base_total * 1e-9, "GFLOP/s", true,
                            "\"geomean_ratio\": " + std::to_string(std::exp(sum_log_ratio / cases)) +
+                               ", \"batched_ratio\": " + std::to_string(b_base / b_ours) +
+                               ", \"batched_geomean_ratio\": " + std::to_string(std::exp(b_log / b_cases)) +
                                ", \"baseline_name\": \"raw oneDNN matmul (1 thread)\", \"loadavg\": " + loadavg());
 }
 #endif

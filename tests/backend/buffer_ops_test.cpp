@@ -2,6 +2,9 @@
 // on HostBackend and through CountingBackend, against naive loops and hand-worked roundings.
 #include <catch2/catch.hpp>
 
+#include <sys/resource.h>
+
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cmath>
@@ -105,6 +108,114 @@ TEMPLATE_TEST_CASE(
   TestType::template gemm_strided_batched<bf16, float>(Trans::no, Trans::no, m, n, k, 1.0f, a.data(), k, m * k,
                                                        b.data(), n, k * n, 1.0f, c.data(), n, m * n, batch);
   for (std::size_t i = 0; i < c.size(); ++i) REQUIRE(c[i] == Approx(ref[i]).margin(1e-5));
+}
+
+namespace {
+/**
+ * One two-level batched GEMM of `TIn` operands against a naive loop per entry, in attention's arrangement but
+ * with odd sizes: A's entries interleaved by columns inside rows of a wider matrix (inner stride = its stored
+ * row length, outer stride = a block of rows plus a gap), B's stacked with gaps, C's interleaved like A's, so
+ * no stride is the packed one. Elements outside every entry of C must stay untouched.
+ */
+template <class B, class TIn>
+void check_two_level_batch(Trans ta, Trans tb, float alpha, float beta, BatchExtents batch) {
+  const std::size_t m = 5, n = 3, k = 7, pad = 3;
+  const std::size_t a_rows = ta == Trans::no ? m : k, a_cols = ta == Trans::no ? k : m;
+  const std::size_t b_rows = tb == Trans::no ? k : n, b_cols = tb == Trans::no ? n : k;
+  const std::size_t lda = batch.inner * a_cols + pad, ldb = b_cols + 1, ldc = batch.inner * n + 2;
+  const BatchStrides sa{a_rows * lda + 4, a_cols}, sb{batch.inner * b_rows * ldb + 5, b_rows * ldb}, sc{m * ldc + 1, n};
+  std::vector<TIn> a(batch.outer * sa.outer), b(batch.outer * sb.outer);
+  std::vector<float> c(batch.outer * sc.outer), ref;
+  for (std::size_t i = 0; i < a.size(); ++i) a[i] = TIn(value(i));
+  for (std::size_t i = 0; i < b.size(); ++i) b[i] = TIn(value(i + 5));
+  for (std::size_t i = 0; i < c.size(); ++i) c[i] = value(i + 11);
+  ref = c;
+  for (std::size_t i = 0; i < batch.outer; ++i)
+    for (std::size_t j = 0; j < batch.inner; ++j)
+      naive_gemm<TIn>(ta, tb, m, n, k, alpha, a.data() + i * sa.outer + j * sa.inner, lda,
+                      b.data() + i * sb.outer + j * sb.inner, ldb, beta, ref.data() + i * sc.outer + j * sc.inner, ldc);
+  B::template gemm_strided_batched<TIn, float>(ta, tb, m, n, k, alpha, a.data(), lda, sa, b.data(), ldb, sb, beta,
+                                               c.data(), ldc, sc, batch);
+  INFO("ta=" << (ta == Trans::yes) << " tb=" << (tb == Trans::yes) << " alpha=" << alpha << " beta=" << beta
+             << " batch=" << batch.outer << "x" << batch.inner);
+  for (std::size_t i = 0; i < c.size(); ++i) REQUIRE(c[i] == Approx(ref[i]).margin(1e-5));
+}
+}  // namespace
+
+TEMPLATE_TEST_CASE(
+    "backend gemm_strided_batched, two-level batch: every (outer, inner) entry equals a naive GEMM, fp32 and 16-bit",
+    "[backend][buffer_ops][batched]", HostBackend, observe::CountingBackend<HostBackend>) {
+  for (Trans ta : {Trans::no, Trans::yes})
+    for (Trans tb : {Trans::no, Trans::yes})
+      for (float beta : {0.0f, 0.5f}) {
+        check_two_level_batch<TestType, float>(ta, tb, 0.75f, beta, {3, 2});
+        check_two_level_batch<TestType, bf16>(ta, tb, 0.75f, beta, {2, 3});
+        check_two_level_batch<TestType, f16>(ta, tb, 1.0f, beta, {2, 2});
+      }
+  // Degenerate levels: one sequence, one head, a single entry.
+  for (BatchExtents e : {BatchExtents{1, 4}, BatchExtents{4, 1}, BatchExtents{1, 1}}) {
+    check_two_level_batch<TestType, float>(Trans::no, Trans::yes, 0.5f, 0.0f, e);
+    check_two_level_batch<TestType, bf16>(Trans::yes, Trans::no, 1.0f, 1.0f, e);
+  }
+}
+
+TEST_CASE("backend gemm_strided_batched, two-level batch: one launch per call; empty batches and k = 0",
+          "[backend][buffer_ops][batched]") {
+  using Cb = observe::CountingBackend<HostBackend>;
+  const auto before = Cb::counts();
+  check_two_level_batch<Cb, float>(Trans::no, Trans::no, 1.0f, 0.0f, {4, 3});
+  CHECK((Cb::counts() - before)[observe::Op::gemm_strided_batched] == 1);
+  // An empty level touches nothing; k = 0 makes every entry beta C.
+  std::vector<float> c(12, 2.0f);
+  HostBackend::gemm_strided_batched<float>(Trans::no, Trans::no, 2, 2, 3, 1.0f, nullptr, 3, {0, 0}, nullptr, 2, {0, 0},
+                                           0.0f, c.data(), 2, {6, 4}, BatchExtents{0, 3});
+  CHECK(c == std::vector<float>(12, 2.0f));
+  HostBackend::gemm_strided_batched<float>(Trans::no, Trans::no, 2, 2, 0, 1.0f, nullptr, 1, {0, 0}, nullptr, 2, {0, 0},
+                                           0.5f, c.data(), 2, {6, 4}, BatchExtents{2, 1});
+  CHECK(c == std::vector<float>{1, 1, 1, 1, 2, 2, 1, 1, 1, 1, 2, 2});
+  // Too small a leading dimension is named, batched or not.
+  std::vector<float> a(64), b(64);
+  CHECK_THROWS_WITH(
+      HostBackend::gemm_strided_batched<float>(Trans::no, Trans::no, 3, 4, 4, 1.0f, a.data(), 3, {16, 4}, b.data(), 4,
+                                               {16, 4}, 0.0f, c.data(), 4, {16, 4}, BatchExtents{2, 2}),
+      Catch::Contains("lda=3") && Catch::Contains("k=4"));
+}
+
+TEST_CASE("HostBackend::init_rank keeps freed memory mapped: a reallocated activation faults no pages again",
+          "[backend][memory]") {
+#if defined(__GLIBC__)
+  // On a rank thread, as in training; page faults counted for this thread only, asserted on the main thread.
+  long first = -1, again = -1;
+  std::thread([&] {
+    HostBackend::init_rank();
+    auto faults = [] {
+      rusage u{};
+      getrusage(RUSAGE_THREAD, &u);
+      return long(u.ru_minflt);
+    };
+    const std::size_t n = std::size_t(4) << 20;  // 16 MiB, an activation of the largest size kept mapped
+    long f0 = faults();
+    {
+      Buffer<float> x = uninitialized_buffer<float>(n);
+      std::fill(x.begin(), x.end(), 1.0f);
+    }
+    first = faults() - f0;  // fresh memory faults its pages in (unless an earlier rank of this process left it)
+    f0 = faults();
+    for (int step = 0; step < 3; ++step) {
+      Buffer<float> x = uninitialized_buffer<float>(n);
+      std::fill(x.begin(), x.end(), float(step));
+    }
+    again = faults() - f0;
+  }).join();
+  // Returned to the kernel on free, each reallocation would fault all its 4 KiB pages in again (3 x 4,096).
+  const long pages = long((std::size_t(4) << 20) * sizeof(float) / 4096);
+  INFO("page faults: first allocation " << first << ", three reallocations " << again);
+  CHECK(again <= first);
+  CHECK(again * 16 < 3 * pages);
+  CHECK(host::retain_freed_memory());
+#else
+  CHECK_FALSE(host::retain_freed_memory());
+#endif
 }
 
 TEST_CASE("CountingBackend counts one launch per call, by kind, on the calling thread", "[backend][buffer_ops]") {

@@ -189,6 +189,35 @@ TEST_CASE("oneDNN GEMM: one primitive per signature, created once per thread", "
   CHECK(in_thread == 0);
 }
 
+TEST_CASE("oneDNN GEMM: a two-level batch is one primitive, whatever the strides of a level of one entry",
+          "[backend][gemm][onednn][batched]") {
+  // Attention's scores for 3 sequences x 2 heads: q and k blocks of a [3 * 5, 3 * 2 * 4] qkv matrix.
+  const std::size_t nb = 3, heads = 2, s = 5, d = 4, hl = heads * d, ld = 3 * hl;
+  std::vector<float> qkv(nb * s * ld), p(nb * heads * s * s, -1.0f);
+  for (std::size_t i = 0; i < qkv.size(); ++i) qkv[i] = float(int(i % 13) - 6) / 4.0f;
+  const std::size_t before = host::onednn::cached_primitives();
+  for (int r = 0; r < 3; ++r)
+    host::gemm_strided_batched<float>(Trans::no, Trans::yes, s, s, d, 0.5f, qkv.data(), ld, {s * ld, d},
+                                      qkv.data() + hl, ld, {s * ld, d}, 0.0f, p.data(), s, {heads * s * s, s * s},
+                                      BatchExtents{nb, heads});
+  CHECK(host::onednn::cached_primitives() == before + 1);
+  for (std::size_t b = 0; b < nb; ++b)
+    for (std::size_t h = 0; h < heads; ++h)
+      for (std::size_t i = 0; i < s; ++i)
+        for (std::size_t j = 0; j < s; ++j) {
+          double want = 0;
+          for (std::size_t x = 0; x < d; ++x)
+            want += double(qkv[(b * s + i) * ld + h * d + x]) * double(qkv[(b * s + j) * ld + hl + h * d + x]);
+          REQUIRE(p[((b * heads + h) * s + i) * s + j] == Approx(0.5 * want).margin(1e-6));
+        }
+  // One sequence: the outer stride is irrelevant and selects no new primitive; the one-level form is the same.
+  host::gemm_strided_batched<float>(Trans::no, Trans::yes, s, s, d, 0.5f, qkv.data(), ld, {7, d}, qkv.data() + hl, ld,
+                                    {9, d}, 0.0f, p.data(), s, {11, s * s}, BatchExtents{1, heads});
+  host::gemm_strided_batched<float>(Trans::no, Trans::yes, s, s, d, 0.5f, qkv.data(), ld, d, qkv.data() + hl, ld, d,
+                                    0.0f, p.data(), s, s * s, heads);
+  CHECK(host::onednn::cached_primitives() == before + 2);
+}
+
 namespace {
 std::size_t threads_in_process() {
   std::size_t count = 0;

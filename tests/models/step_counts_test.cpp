@@ -80,8 +80,7 @@ void check_common(const std::vector<RankCounts>& rs) {
  * no dropout), with M micro-batches of nb sequences, L_r blocks and H_r = heads / tp heads on the rank:
  * - a block's forward: 4 projection GEMMs + 3 bias adds (the MLP's first projection adds its bias and applies
  *   GeLU in its GEMM operation, `gemm_bias_gelu`), 2 layer norms, 2 residual adds, one causal softmax and 2
- *   attention products, each A = min(nb, H_r) strided-batched GEMMs (batched over the larger of sequences and
- *   heads): 12 + 2 A;
+ *   attention products, each A = 1 strided-batched GEMM (a two-level batch over sequences and heads): 12 + 2 A;
  * - its backward (B + W): 3 GEMMs + 1 bias reduction per projection, 2 layer-norm backwards, 2 residual
  *   adds, GeLU and softmax backward and 4 attention products: 18 + 4 A;
  * - the first stage: the embedding lookup and the position embedding (one bias add over the micro-batch's
@@ -111,15 +110,16 @@ void check_common(const std::vector<RankCounts>& rs) {
  *   gradient arena, which holds every gradient of the rank (parallel/gradient_arena.hpp); under bf16 / f16 per parameter the passes read (`parameters()` on one stage) the
  *   mixed-precision swap on the stream: round the master into its 16-bit copy (`convert`), keep the master
  *   (`copy`), widen the copy into the weight (`convert`), restore the master after the passes (`copy`): 4.
- * (Before attention was batched this was 14 + 2 nb H_r and 18 + 4 nb H_r per block, one GEMM per (sequence,
+ * (With one-level batches this was A = min(nb, H_r) calls per product. Before attention was batched this was
+ * 14 + 2 nb H_r and 18 + 4 nb H_r per block, one GEMM per (sequence,
  * head) and product, and the position embedding one add per sequence: 2 (1 + nb) on the first stage.)
  */
 struct Expected {
   std::uint64_t forward = 0, backward = 0, per_step = 0;
 };
 Expected expected_launches(const models::GptTrainConfig& c, const RankCounts& r, std::size_t vocab) {
-  const std::uint64_t M = std::uint64_t(c.microbatches), nb = c.microbatch_size(), H = c.model.heads / c.tp;
-  const std::uint64_t A = std::min(nb, H);
+  const std::uint64_t M = std::uint64_t(c.microbatches);
+  const std::uint64_t A = 1;  // one two-level batched GEMM per attention product
   const std::size_t stages = c.pp * std::size_t(c.chunks);
   const std::uint64_t L = c.model.layers / stages;
   auto padded = c;

@@ -15,6 +15,21 @@ namespace mpar {
 /** @brief Whether a GEMM operand is used as stored or transposed. */
 enum class Trans { no, yes };
 
+/**
+ * @brief Where the entries of a two-level GEMM batch start in one operand: entry (i, j) at
+ * `i * outer + j * inner` elements. Attention's products batch over sequences (outer) and heads (inner),
+ * whose blocks sit in one matrix at two unrelated strides, so one stride cannot cover both.
+ */
+struct BatchStrides {
+  std::size_t outer = 0, inner = 0;
+  bool operator==(const BatchStrides&) const = default;
+};
+/** @brief The extents of a two-level GEMM batch: `outer x inner` products. */
+struct BatchExtents {
+  std::size_t outer = 1, inner = 1;
+  bool operator==(const BatchExtents&) const = default;
+};
+
 }  // namespace mpar
 
 namespace mpar::host {

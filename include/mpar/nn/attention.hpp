@@ -40,9 +40,8 @@ struct AttentionCore {
 
   /**
    * One product of every (sequence, head) pair: `C(b, h) = alpha op(A(b, h)) op(B(b, h)) + beta C(b, h)`, where
-   * operand X(b, h) starts `b * X.seq + h * X.head` elements into X. A strided-batched GEMM has one batch
-   * stride, so it covers one of the two indices: the larger one, in one call per value of the smaller
-   * (min(sequences, heads) calls instead of sequences x heads).
+   * operand X(b, h) starts `b * X.seq + h * X.head` elements into X: one two-level strided-batched GEMM
+   * (sequences outer, heads inner), so the backend sees the whole product in one call.
    */
   template <class T>
   struct OperandOf {
@@ -55,15 +54,9 @@ struct AttentionCore {
   void per_head_gemm(std::size_t nb, Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, float alpha,
                      OperandOf<T> a, OperandOf<T> b, float* c, std::size_t ldc, std::size_t c_seq,
                      std::size_t c_head) const {
-    const bool over_seqs = nb >= heads;
-    const std::size_t outer = over_seqs ? heads : nb, batch = over_seqs ? nb : heads;
-    for (std::size_t o = 0; o < outer; ++o) {
-      const std::size_t ao = o * (over_seqs ? a.head : a.seq), bo = o * (over_seqs ? b.head : b.seq),
-                        co = o * (over_seqs ? c_head : c_seq);
-      B::template gemm_strided_batched<T, float>(ta, tb, m, n, k, alpha, a.p + ao, a.ld, over_seqs ? a.seq : a.head,
-                                                 b.p + bo, b.ld, over_seqs ? b.seq : b.head, 0.0f, c + co, ldc,
-                                                 over_seqs ? c_seq : c_head, batch);
-    }
+    B::template gemm_strided_batched<T, float>(ta, tb, m, n, k, alpha, a.p, a.ld, BatchStrides{a.seq, a.head}, b.p,
+                                               b.ld, BatchStrides{b.seq, b.head}, 0.0f, c, ldc,
+                                               BatchStrides{c_seq, c_head}, BatchExtents{nb, heads});
   }
 
   /**

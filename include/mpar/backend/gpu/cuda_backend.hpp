@@ -232,6 +232,26 @@ struct CudaBackend {
     // No wait: the GEMM reads and writes only caller-owned memory (no temporary to free), so it is
     // stream-ordered like every other operation and returns at once.
   }
+  /**
+   * The two-level batch (attention's sequences x heads): cublasGemmStridedBatchedEx takes one batch stride, so
+   * it covers the larger level in one call per entry of the smaller (min(outer, inner) launches, stream-ordered).
+   */
+  template <class TIn, class TOut = TIn>
+    requires gpu::gemm_types<TIn, TOut>
+  static void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k,
+                                   gpu::gemm_scalar_t<TIn> alpha, const TIn* a, std::size_t lda, BatchStrides stride_a,
+                                   const TIn* b, std::size_t ldb, BatchStrides stride_b, gpu::gemm_scalar_t<TIn> beta,
+                                   TOut* c, std::size_t ldc, BatchStrides stride_c, BatchExtents batch) {
+    const bool over_inner = batch.inner >= batch.outer;
+    const std::size_t loops = over_inner ? batch.outer : batch.inner, count = over_inner ? batch.inner : batch.outer;
+    const BatchStrides sa = over_inner ? stride_a : BatchStrides{stride_a.inner, stride_a.outer},
+                       sb = over_inner ? stride_b : BatchStrides{stride_b.inner, stride_b.outer},
+                       sc = over_inner ? stride_c : BatchStrides{stride_c.inner, stride_c.outer};
+    for (std::size_t o = 0; o < loops; ++o)
+      gpu::gemm_strided_batched<TIn, TOut>(ta, tb, m, n, k, alpha, a + o * sa.outer, lda, std::int64_t(sa.inner),
+                                           b + o * sb.outer, ldb, std::int64_t(sb.inner), beta, c + o * sc.outer, ldc,
+                                           std::int64_t(sc.inner), count);
+  }
   template <class... A>
   static void vocab_parallel_loss(A&&... a) {
     then_wait([&] { gpu::vocab_parallel_loss(std::forward<A>(a)...); });

@@ -14,6 +14,7 @@
 #include <type_traits>
 
 #include "mpar/backend/host/gemm.hpp"
+#include "mpar/backend/types.hpp"  // Trans, BatchStrides, BatchExtents
 #include "mpar/core/dtype.hpp"
 
 namespace mpar::host {
@@ -41,18 +42,47 @@ void convert(std::size_t n, const From* src, To* dst) {
 }
 
 /**
+ * A two-level batch of row-major GEMMs, `C_ij = alpha op(A_ij) op(B_ij) + beta C_ij` for i < batch.outer,
+ * j < batch.inner, with `A_ij = a + i * stride_a.outer + j * stride_a.inner` (and so on for B, C; strides in
+ * elements): every (sequence, head) pair of an attention product in one call. With oneDNN the whole batch is
+ * one matmul execution (a 4-D primitive, created once per shape and strides); otherwise (CBLAS, double,
+ * 16-bit operands without a oneDNN kernel) the host runs the GEMMs one after another through `mpar::gemm`.
+ */
+template <class TIn, class TOut = TIn>
+  requires host_gemm_types<TIn, TOut>
+void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha, const TIn* a,
+                          std::size_t lda, BatchStrides stride_a, const TIn* b, std::size_t ldb, BatchStrides stride_b,
+                          TOut beta, TOut* c, std::size_t ldc, BatchStrides stride_c, BatchExtents batch) {
+  if (m == 0 || n == 0 || batch.outer == 0 || batch.inner == 0) return;
+#if defined(MPAR_HAVE_ONEDNN)
+  // One entry is a plain GEMM (whose 2-D primitive may pick a faster kernel); an empty k is C = beta C there.
+  if constexpr (std::is_same_v<TOut, float>)
+    if (k > 0 && batch.outer * batch.inner > 1) {
+      mpar::detail::require_leading_dims(ta, tb, m, n, k, lda, ldb, ldc);
+      if (onednn::gemm_batched<TIn>(ta == Trans::yes, tb == Trans::yes, m, n, k, alpha, a, lda, stride_a, b, ldb,
+                                    stride_b, beta, c, ldc, stride_c, batch))
+        return;
+    }
+#endif
+  for (std::size_t i = 0; i < batch.outer; ++i)
+    for (std::size_t j = 0; j < batch.inner; ++j)
+      mpar::gemm<TIn, TOut>(ta, tb, m, n, k, alpha, a + i * stride_a.outer + j * stride_a.inner, lda,
+                            b + i * stride_b.outer + j * stride_b.inner, ldb, beta,
+                            c + i * stride_c.outer + j * stride_c.inner, ldc);
+}
+
+/**
  * `batch` row-major GEMMs `C_i = alpha op(A_i) op(B_i) + beta C_i` with `A_i = a + i * stride_a` (and so on
- * for B, C; strides in elements): the per-(sequence, head) products of attention in one call. The host
- * runs them one after another through `mpar::gemm`.
+ * for B, C; strides in elements): the two-level batch above with one level.
  */
 template <class TIn, class TOut = TIn>
   requires host_gemm_types<TIn, TOut>
 void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha, const TIn* a,
                           std::size_t lda, std::size_t stride_a, const TIn* b, std::size_t ldb, std::size_t stride_b,
                           TOut beta, TOut* c, std::size_t ldc, std::size_t stride_c, std::size_t batch) {
-  for (std::size_t i = 0; i < batch; ++i)
-    mpar::gemm<TIn, TOut>(ta, tb, m, n, k, alpha, a + i * stride_a, lda, b + i * stride_b, ldb, beta, c + i * stride_c,
-                          ldc);
+  gemm_strided_batched<TIn, TOut>(ta, tb, m, n, k, alpha, a, lda, BatchStrides{0, stride_a}, b, ldb,
+                                  BatchStrides{0, stride_b}, beta, c, ldc, BatchStrides{0, stride_c},
+                                  BatchExtents{1, batch});
 }
 
 /**

@@ -64,6 +64,14 @@ void widen(std::size_t rows, std::size_t cols, const T* src, std::size_t ld, std
     for (std::size_t c = 0; c < cols; ++c) dst[r * cols + c] = float(src[r * ld + c]);
 }
 
+/** Throws naming the sizes unless every row-major operand's leading dimension holds its stored row. */
+inline void require_leading_dims(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, std::size_t lda,
+                                 std::size_t ldb, std::size_t ldc) {
+  const std::size_t a_cols = ta == Trans::no ? k : m, b_cols = tb == Trans::no ? n : k;
+  require(lda >= a_cols && ldb >= b_cols && ldc >= n, "host gemm: leading dimensions lda=", lda, " ldb=", ldb,
+          " ldc=", ldc, " are too small for m=", m, " n=", n, " k=", k, " (row-major: ld >= the stored row length)");
+}
+
 /** Same-type float/double GEMM on the configured library. */
 template <class T>
 void gemm_same_type(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a,
@@ -116,8 +124,7 @@ void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut 
           const TIn* b, std::size_t ldb, TOut beta, TOut* c, std::size_t ldc) {
   if (m == 0 || n == 0) return;
   const std::size_t a_cols = ta == Trans::no ? k : m, b_cols = tb == Trans::no ? n : k;
-  require(lda >= a_cols && ldb >= b_cols && ldc >= n, "host gemm: leading dimensions lda=", lda, " ldb=", ldb,
-          " ldc=", ldc, " are too small for m=", m, " n=", n, " k=", k, " (row-major: ld >= the stored row length)");
+  detail::require_leading_dims(ta, tb, m, n, k, lda, ldb, ldc);
   if (k == 0) {  // C = beta C; libraries differ on empty products, so this is done here
     for (std::size_t i = 0; i < m; ++i)
       for (std::size_t j = 0; j < n; ++j) c[i * ldc + j] = beta == TOut(0) ? TOut(0) : beta * c[i * ldc + j];

@@ -11,6 +11,7 @@
 #include "mpar/backend/host/buffer_ops.hpp"
 #include "mpar/backend/host/gemm.hpp"
 #include "mpar/backend/host/kernels.hpp"
+#include "mpar/backend/host/retained_memory.hpp"
 #include "mpar/core/memory_resource.hpp"
 
 #if defined(MPAR_HAVE_OPENBLAS)
@@ -39,12 +40,15 @@ struct HostBackend {
 
   /**
    * Called once per rank before compute: keeps BLAS single-threaded so ranks do not oversubscribe cores
-   * (oneDNN's GEMMs set one thread per call themselves, see onednn_gemm.hpp).
+   * (oneDNN's GEMMs set one thread per call themselves, see onednn_gemm.hpp), and has malloc keep freed
+   * memory mapped, so a step's activations do not fault their pages in again every step.
    */
   static void init_rank() {
 #if defined(MPAR_HAVE_OPENBLAS)
     openblas_set_num_threads(1);
 #endif
+    // Freed activations stay mapped for the next step's allocations (host/retained_memory.hpp).
+    (void)host::retain_freed_memory();
   }
   /** Host work is finished when the call returns: nothing to wait for. */
   static void synchronize() {}
@@ -226,6 +230,18 @@ struct HostBackend {
   // The per-step statistics in rank memory (host/accumulate.hpp): a micro-batch's loss added to the step's.
   static void accumulate(std::size_t n, const float* x, double scale, double* acc) {
     host::accumulate(n, x, scale, acc);
+  }
+
+  // The two-level batched GEMM (host/buffer_ops.hpp): every (sequence, head) pair of an attention product
+  // in one call, one oneDNN matmul execution where oneDNN is the host GEMM.
+  template <class TIn, class TOut = TIn>
+    requires host_gemm_types<TIn, TOut>
+  static void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha,
+                                   const TIn* a, std::size_t lda, BatchStrides stride_a, const TIn* b, std::size_t ldb,
+                                   BatchStrides stride_b, TOut beta, TOut* c, std::size_t ldc, BatchStrides stride_c,
+                                   BatchExtents batch) {
+    host::gemm_strided_batched<TIn, TOut>(ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
+                                          stride_c, batch);
   }
 };
 

@@ -260,6 +260,27 @@ void layernorm_backward(std::size_t rows, std::size_t cols, const T* x, const T*
     for (std::size_t r = 0; r < rows; ++r) {
       const T *xr = x + r * cols, *dyr = dy + r * cols;
       const T m = mean[r], rs = rstd[r];
+      if constexpr (std::is_same_v<T, float>) {
+        // Vectorized: the two row sums with partial sums (a running float sum cannot be vectorized without
+        // reassociation, so the loop below stays scalar), the parameter gradients and dx as blocked maps;
+        // every pass reads one row, which stays in L1. dx is written last, so it may alias dy.
+        const float sum_g = fast::sum_n(
+            cols, [](float d, float g) { return d * g; }, dyr, gamma);
+        const float sum_gx = fast::sum_n(
+            cols, [m, rs](float d, float g, float a) { return d * g * ((a - m) * rs); }, dyr, gamma, xr);
+        fast::map_n(
+            cols, dgamma, [m, rs](float acc, float d, float a) { return acc + d * ((a - m) * rs); }, dgamma, dyr, xr);
+        fast::map_n(
+            cols, dbeta, [](float acc, float d) { return acc + d; }, dbeta, dyr);
+        const float inv_n = 1.0f / float(cols);
+        fast::map_n(
+            cols, dx + r * cols,
+            [m, rs, inv_n, sum_g, sum_gx](float d, float g, float a) {
+              return rs * (d * g - inv_n * (sum_g + ((a - m) * rs) * sum_gx));
+            },
+            dyr, gamma, xr);
+        continue;
+      }
       T sum_g = 0, sum_gx = 0;
       for (std::size_t c = 0; c < cols; ++c) {
         const T xhat = (xr[c] - m) * rs;

@@ -34,6 +34,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "mpar/backend/types.hpp"  // BatchStrides, BatchExtents
 #include "mpar/core/dtype.hpp"
 #include "mpar/core/error.hpp"
 
@@ -121,6 +122,9 @@ struct MatmulKey {
   dnnl_data_type_t in;
   float alpha, beta;
   bool bias = false;  ///< an fp32 row vector added to every row of C by the kernel (the matmul's bias operand)
+  /// A two-level batch (gemm_batched): its extents and each operand's strides; a level of extent 1 has stride 0.
+  BatchExtents batch{};
+  BatchStrides sa{}, sb{}, sc{};
   bool operator==(const MatmulKey&) const = default;
 };
 struct MatmulKeyHash {
@@ -130,6 +134,9 @@ struct MatmulKeyHash {
       h ^= std::hash<std::uint64_t>{}(v) + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
     };
     for (std::size_t v : {key.m, key.n, key.k, key.lda, key.ldb, key.ldc}) mix(v);
+    for (std::size_t v : {key.batch.outer, key.batch.inner, key.sa.outer, key.sa.inner, key.sb.outer, key.sb.inner,
+                          key.sc.outer, key.sc.inner})
+      mix(v);
     mix((std::uint64_t(key.bias) << 2) | (std::uint64_t(key.ta) << 1) | std::uint64_t(key.tb));
     mix(std::uint64_t(key.in));
     mix((std::uint64_t(std::bit_cast<std::uint32_t>(key.alpha)) << 32) | std::bit_cast<std::uint32_t>(key.beta));
@@ -173,14 +180,35 @@ class ThreadMatmuls {
   CachedMatmul create(const MatmulKey& key) const {
     const auto m = dnnl_dim_t(key.m), n = dnnl_dim_t(key.n), k = dnnl_dim_t(key.k);
     const auto lda = dnnl_dim_t(key.lda), ldb = dnnl_dim_t(key.ldb), ldc = dnnl_dim_t(key.ldc);
-    // Row-major operands; a transposed operand is the same memory read with swapped strides.
+    // Row-major operands; a transposed operand is the same memory read with swapped strides. A batched
+    // product puts its batch levels of more than one entry in front (oneDNN's matmul takes up to 12
+    // dimensions with arbitrary strides), so the whole batch is one primitive execution.
     dnnl_memory_desc_t a_md, b_md, c_md;
-    const dnnl_dims_t a_dims = {m, k}, b_dims = {k, n}, c_dims = {m, n};
-    const dnnl_dims_t a_str = {key.ta ? 1 : lda, key.ta ? lda : 1}, b_str = {key.tb ? 1 : ldb, key.tb ? ldb : 1},
-                      c_str = {ldc, 1};
-    check(dnnl_memory_desc_init_by_strides(&a_md, 2, a_dims, key.in, a_str), "describing A");
-    check(dnnl_memory_desc_init_by_strides(&b_md, 2, b_dims, key.in, b_str), "describing B");
-    check(dnnl_memory_desc_init_by_strides(&c_md, 2, c_dims, dnnl_f32, c_str), "describing C");
+    dnnl_dims_t a_dims = {}, b_dims = {}, c_dims = {}, a_str = {}, b_str = {}, c_str = {};
+    int nd = 0;
+    auto level = [&](std::size_t extent, std::size_t sa, std::size_t sb, std::size_t sc) {
+      if (extent <= 1) return;
+      a_dims[nd] = b_dims[nd] = c_dims[nd] = dnnl_dim_t(extent);
+      a_str[nd] = dnnl_dim_t(sa);
+      b_str[nd] = dnnl_dim_t(sb);
+      c_str[nd] = dnnl_dim_t(sc);
+      ++nd;
+    };
+    level(key.batch.outer, key.sa.outer, key.sb.outer, key.sc.outer);
+    level(key.batch.inner, key.sa.inner, key.sb.inner, key.sc.inner);
+    auto matrix = [&](dnnl_dims_t dims, dnnl_dims_t str, dnnl_dim_t rows, dnnl_dim_t cols, bool t, dnnl_dim_t ld) {
+      dims[nd] = rows;
+      dims[nd + 1] = cols;
+      str[nd] = t ? 1 : ld;
+      str[nd + 1] = t ? ld : 1;
+    };
+    matrix(a_dims, a_str, m, k, key.ta, lda);
+    matrix(b_dims, b_str, k, n, key.tb, ldb);
+    matrix(c_dims, c_str, m, n, false, ldc);
+    nd += 2;
+    check(dnnl_memory_desc_init_by_strides(&a_md, nd, a_dims, key.in, a_str), "describing A");
+    check(dnnl_memory_desc_init_by_strides(&b_md, nd, b_dims, key.in, b_str), "describing B");
+    check(dnnl_memory_desc_init_by_strides(&c_md, nd, c_dims, dnnl_f32, c_str), "describing C");
     // The bias ([1, n], broadcast over the rows) is applied by the kernel to the fp32 accumulator before C is
     // written: one pass over C less than a separate bias addition, and the same fp32 sum acc + b.
     dnnl_memory_desc_t bias_md;
@@ -210,6 +238,7 @@ class ThreadMatmuls {
     if (st != dnnl_success)
       throw config_error(mpar::detail::cat("host gemm (oneDNN): creating the matmul m=", key.m, " n=", key.n,
                                            " k=", key.k, " lda=", key.lda, " ldb=", key.ldb, " ldc=", key.ldc,
+                                           " batch=", key.batch.outer, "x", key.batch.inner,
                                            " failed: ", dnnl_status2str(st)));
     Handle<dnnl_primitive_desc_t, dnnl_primitive_desc_destroy> pd(pd_raw);
     dnnl_primitive_t prim = nullptr;
@@ -280,6 +309,35 @@ template <class TIn>
 bool gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const TIn* a, std::size_t lda,
           const TIn* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
   return gemm_bias(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, static_cast<const float*>(nullptr), c, ldc);
+}
+
+/**
+ * @brief A two-level batch of row-major GEMMs in ONE matmul execution: for every (i, j) of `batch`,
+ * `C_ij = alpha op(A_ij) op(B_ij) + beta C_ij` with `X_ij = x + i * sx.outer + j * sx.inner` (fp32 C).
+ * Returns false, touching nothing, where oneDNN has no kernel for these types on this CPU.
+ */
+template <class TIn>
+  requires matmul_types<TIn, float>
+bool gemm_batched(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const TIn* a,
+                  std::size_t lda, BatchStrides sa, const TIn* b, std::size_t ldb, BatchStrides sb, float beta,
+                  float* c, std::size_t ldc, BatchStrides sc, BatchExtents batch) {
+  // A level of one entry has no stride: the same primitive serves whatever the caller passed there.
+  if (batch.outer <= 1) sa.outer = sb.outer = sc.outer = 0;
+  if (batch.inner <= 1) sa.inner = sb.inner = sc.inner = 0;
+  detail::OneThread one_thread;
+  auto& matmuls = detail::this_thread_matmuls();
+  auto& entry =
+      matmuls.get({m, n, k, lda, ldb, ldc, ta, tb, detail::data_type_v<TIn>, alpha, beta, false, batch, sa, sb, sc});
+  if (!entry.implemented) return false;
+  detail::check(dnnl_memory_set_data_handle(entry.a.get(), const_cast<TIn*>(a)), "setting A");
+  detail::check(dnnl_memory_set_data_handle(entry.b.get(), const_cast<TIn*>(b)), "setting B");
+  detail::check(dnnl_memory_set_data_handle(entry.c.get(), c), "setting C");
+  const dnnl_exec_arg_t args[] = {
+      {DNNL_ARG_SRC, entry.a.get()}, {DNNL_ARG_WEIGHTS, entry.b.get()}, {DNNL_ARG_DST, entry.c.get()}};
+  detail::check(dnnl_primitive_execute(entry.primitive.get(), matmuls.stream(), 3, args),
+                "executing the batched matmul");
+  detail::check(dnnl_stream_wait(matmuls.stream()), "waiting for the stream");
+  return true;
 }
 
 /** @brief How many matmul primitives the calling thread has created (each distinct GEMM signature once). */

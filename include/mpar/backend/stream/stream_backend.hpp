@@ -224,6 +224,17 @@ struct BasicStreamHostBackend {
         "gemm_strided_batched", [](auto... x) { HostBackend::template gemm_strided_batched<TIn, TOut>(x...); }, ta, tb,
         m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c, batch);
   }
+  /** The two-level batched GEMM (see HostBackend::gemm_strided_batched), issued to the rank's stream. */
+  template <class TIn, class TOut = TIn>
+    requires host_gemm_types<TIn, TOut>
+  static void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha,
+                                   const TIn* a, std::size_t lda, BatchStrides stride_a, const TIn* b, std::size_t ldb,
+                                   BatchStrides stride_b, TOut beta, TOut* c, std::size_t ldc, BatchStrides stride_c,
+                                   BatchExtents batch) {
+    submit(
+        "gemm_strided_batched", [](auto... x) { HostBackend::template gemm_strided_batched<TIn, TOut>(x...); }, ta, tb,
+        m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c, batch);
+  }
 
  private:
   template <class S>
