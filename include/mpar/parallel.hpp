@@ -9,4 +9,5 @@
 #include "mpar/parallel/gradient_arena.hpp"
 #include "mpar/parallel/mixed_precision.hpp"
 #include "mpar/parallel/moe.hpp"
+#include "mpar/parallel/parameter_arena.hpp"
 #include "mpar/parallel/zero.hpp"

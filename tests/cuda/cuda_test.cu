@@ -560,6 +560,23 @@ TEST_CASE("CudaBackend optimizer operations: AdamW, SGD, sum of squares and scal
     CHECK(worst(download(dm), m, 1e-12, 1e-6) <= 1.0);
     CHECK(worst(download(dv), v, 1e-12, 1e-6) <= 1.0);
   }
+  {
+    // One launch over a flat range with the weight decay per run (a rank's parameter arena): the host reference
+    // takes the same table.
+    const std::vector<DecayRun> runs{{1000, 1}, {1003, 0}, {2500, 1}, {n, 0}};
+    auto dw = upload(w0), dg = upload(g), dm = upload(m0), dv = upload(v0);
+    auto df = upload(std::vector<UpdateFactors>{half});
+    auto dr = upload(runs);
+    CudaBackend::adamw_update(n, dw.data(), static_cast<const float*>(dg.data()), dm.data(), dv.data(), 0.9f, 0.95f,
+                              1e-8f, 1e-2f, 0.1f, 0.271f, 0.142625f, static_cast<const UpdateFactors*>(df.data()),
+                              static_cast<const DecayRun*>(dr.data()), runs.size());
+    auto w = w0, m = m0, v = v0;
+    HostBackend::adamw_update(n, w.data(), g.data(), m.data(), v.data(), 0.9f, 0.95f, 1e-8f, 1e-2f, 0.1f, 0.271f,
+                              0.142625f, &half, runs.data(), runs.size());
+    CHECK(worst(download(dw), w, 1e-12, 1e-6) <= 1.0);
+    CHECK(worst(download(dm), m, 1e-12, 1e-6) <= 1.0);
+    CHECK(worst(download(dv), v, 1e-12, 1e-6) <= 1.0);
+  }
   for (const bool nesterov : {false, true})
     for (const bool first : {true, false}) {
       auto dw = upload(w0), dg = upload(g), db = upload(m0);

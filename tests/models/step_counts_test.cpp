@@ -105,8 +105,8 @@ void check_common(const std::vector<RankCounts>& rs) {
  *   in the backward (instead of the copy kept for W: + 0) and its weight once per step (+ 1);
  * - full recomputation reruns each stage's forward once more in its backward;
  * - the optimizer: per parameter in the global norm one `sum_squares`, one `update_factors` (the norm, the
- *   clipping and loss-scale factor and the skip flag, which the updates read from rank memory), per updated
- *   parameter one `adamw_update` (ZeRO-1: one per parameter piece of its shard), and one `zero` over the
+ *   clipping and loss-scale factor and the skip flag, which the updates read from rank memory), one
+ *   `adamw_update` over the rank's parameter arena (ZeRO-1: one per parameter piece of its shard), and one `zero` over the
  *   gradient arena, which holds every gradient of the rank (parallel/gradient_arena.hpp); under bf16 / f16 per parameter the passes read (`parameters()` on one stage) the
  *   mixed-precision swap on the stream: round the master into its 16-bit copy (`convert`), keep the master
  *   (`copy`), widen the copy into the weight (`convert`), restore the master after the passes (`copy`): 4.
@@ -167,7 +167,7 @@ void check_dense(const std::string& name, const models::GptTrainConfig& c) {
     CHECK(r.step[Op::gemm_bias_gelu] ==
           std::uint64_t(c.microbatches) * (c.model.layers / c.pp) * (c.recompute ? 2 : 1));
     if (!c.zero1) {
-      CHECK(r.step[Op::adamw_update] == r.updated);
+      CHECK(r.step[Op::adamw_update] == 1);  // values, gradients and moments in arenas: one flat update
       // Tensor rank 0 counts the replicated parameters in the norm; the others only their own shards.
       if (r.coord.tensor == 0)
         CHECK(r.step[Op::sum_squares] == r.updated);

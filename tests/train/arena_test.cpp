@@ -3,16 +3,21 @@
 // of it — checked against a hand formula and against the copying path, bit for bit.
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstddef>
 #include <cstring>
 #include <mutex>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <mpar/comm/threads.hpp>
 #include <mpar/observe/counting_backend.hpp>
+#include <mpar/optim/adamw.hpp>
+#include <mpar/optim/sgd.hpp>
 #include <mpar/parallel/data_parallel.hpp>
 #include <mpar/parallel/gradient_arena.hpp>
+#include <mpar/parallel/parameter_arena.hpp>
 
 #include "vector_parameter.hpp"
 
@@ -158,6 +163,185 @@ TEST_CASE(
       CHECK(r.arena_grads[k] == want);
       REQUIRE(r.plain_grads[k].size() == r.arena_grads[k].size());
       CHECK(std::memcmp(r.plain_grads[k].data(), r.arena_grads[k].data(), want.size() * sizeof(float)) == 0);
+    }
+  }
+}
+
+namespace {
+
+/** Parameters of the shapes a transformer block has: matrices decay, biases and layer-norm gains do not. */
+std::vector<nn::Parameter> block_parameters() {
+  auto matrix = [](std::string name, std::size_t rows, std::size_t cols, float base) {
+    auto p = testing::vector_parameter(std::move(name), values(rows * cols, base), values(rows * cols, 0));
+    p.global_shape = {rows, cols};
+    p.local_box = {Block{0, rows}, Block{0, cols}};
+    return p;
+  };
+  std::vector<nn::Parameter> ps;
+  ps.push_back(testing::vector_parameter("ln.weight", values(4, 1), values(4, 0)));
+  ps.push_back(testing::vector_parameter("ln.bias", values(4, -1), values(4, 0)));
+  ps.push_back(matrix("fc1.weight", 4, 3, 0.5f));
+  ps.push_back(testing::vector_parameter("fc1.bias", values(3, 0.25f), values(3, 0)));
+  ps.push_back(matrix("fc2.weight", 3, 4, -0.5f));
+  ps.push_back(matrix("head.weight", 2, 4, 0.75f));
+  return ps;
+}
+
+/** The gradient of parameter `k` at step `t`, a different wave each time. */
+std::vector<float> grad_at(std::size_t k, std::size_t n, int t) {
+  std::vector<float> g(n);
+  for (std::size_t i = 0; i < n; ++i) g[i] = 0.3f * float(std::sin(0.41 * double(i) + 1.7 * double(k) + 0.9 * t));
+  return g;
+}
+
+std::vector<nn::Parameter*> pointers(std::vector<nn::Parameter>& ps) {
+  std::vector<nn::Parameter*> out;
+  for (auto& p : ps) out.push_back(&p);
+  return out;
+}
+std::vector<nn::Parameter*> reversed(std::vector<nn::Parameter*> ps) { return {ps.rbegin(), ps.rend()}; }
+
+}  // namespace
+
+TEST_CASE("parameter arena: values become consecutive slices in the gradient arena's layout and keep their values",
+          "[train][arena]") {
+  auto ps = block_parameters();
+  const auto before = ps;
+  const auto order = reversed(pointers(ps));
+  parallel::GradientArena<HostBackend> grads(order);
+  parallel::ParameterArena<HostBackend> vals(order);
+  REQUIRE(vals.size() == grads.size());
+  std::size_t at = 0;
+  for (auto* p : order) {
+    INFO(p->name);
+    CHECK(p->value.data() == vals.data() + at);
+    CHECK(p->grad.data() == grads.data() + at);
+    at += p->value.size();
+  }
+  for (std::size_t k = 0; k < ps.size(); ++k) CHECK(copy_of(ps[k].value) == copy_of(before[k].value));
+  // A copied parameter (a checkpoint's) owns its values.
+  const nn::Parameter copy = ps[2];
+  CHECK(copy.value.data() != ps[2].value.data());
+  CHECK(copy_of(copy.value) == copy_of(ps[2].value));
+}
+
+TEST_CASE(
+    "AdamW over parameter and gradient arenas: one adamw_update per step, bit-equal to a naive per-parameter loop "
+    "with weight decay only on the matrices",
+    "[train][arena][optim]") {
+  const optim::AdamWConfig cfg{.lr = 0.02f,
+                               .beta1 = 0.85f,
+                               .beta2 = 0.97f,
+                               .eps = 1e-7f,
+                               .weight_decay = 0.2f,
+                               .decays = optim::decays_weight_matrices};
+  auto ps = block_parameters();
+  auto separate = ps;  // the same parameters in separate allocations: one call per parameter
+  const auto order = reversed(pointers(ps));
+  parallel::GradientArena<Counting> grads(order);
+  parallel::ParameterArena<Counting> vals(order);
+  optim::AdamW<Counting> adam(pointers(ps), cfg);
+  optim::AdamW<Counting> per_param(pointers(separate), cfg);
+  CHECK(adam.flat());
+  CHECK_FALSE(per_param.flat());
+
+  // The reference: the textbook update in float, one rounding per operation, parameter by parameter.
+  std::vector<std::vector<float>> w, m, v;
+  for (const auto& p : ps) {
+    w.push_back(copy_of(p.value));
+    m.emplace_back(p.value.size(), 0.0f);
+    v.emplace_back(p.value.size(), 0.0f);
+  }
+  for (int t = 1; t <= 5; ++t) {
+    for (std::size_t k = 0; k < ps.size(); ++k) {
+      const auto g = grad_at(k, ps[k].value.size(), t);
+      std::copy(g.begin(), g.end(), ps[k].grad.begin());
+      std::copy(g.begin(), g.end(), separate[k].grad.begin());
+    }
+    const float gs = t % 2 ? 1.0f : 0.5f, lr = 0.02f / float(t);
+    const auto c0 = Counting::counts();
+    adam.step(lr, gs);
+    const auto d = Counting::counts() - c0;
+    CHECK(d[observe::Op::adamw_update] == 1);
+    per_param.step(lr, gs);
+    const float c1 = float(1.0 - std::pow(double(0.85f), t)), c2 = float(1.0 - std::pow(double(0.97f), t));
+    for (std::size_t k = 0; k < ps.size(); ++k) {
+      const bool decays = ps[k].global_shape.size() == 2;  // the matrices, by hand
+      const float wd = decays ? 0.2f : 0.0f;
+      const auto g = grad_at(k, ps[k].value.size(), t);
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        const float gi = g[i] * gs;
+        m[k][i] = 0.85f * m[k][i] + (1.0f - 0.85f) * gi;
+        v[k][i] = 0.97f * v[k][i] + (1.0f - 0.97f) * gi * gi;
+        w[k][i] = w[k][i] * (1.0f - lr * wd) - lr * (m[k][i] / c1) / (std::sqrt(v[k][i] / c2) + 1e-7f);
+      }
+      INFO("step " << t << ", " << ps[k].name);
+      REQUIRE(copy_of(ps[k].value) == w[k]);
+      REQUIRE(std::vector<float>(adam.first_moment(k).begin(), adam.first_moment(k).end()) == m[k]);
+      REQUIRE(std::vector<float>(adam.second_moment(k).begin(), adam.second_moment(k).end()) == v[k]);
+      REQUIRE(copy_of(separate[k].value) == w[k]);
+    }
+  }
+
+  // A value replaced since binding leaves the arena: the optimizer falls back to one call per parameter, and the
+  // moments it restores from a checkpoint (the writable views) are the ones it updates.
+  auto& head = ps.back();
+  Buffer<float> moved = uninitialized_buffer<float>(head.value.size());
+  std::copy(head.value.begin(), head.value.end(), moved.begin());
+  head.value = std::move(moved);
+  for (std::size_t k = 0; k < ps.size(); ++k) {
+    const auto g = grad_at(k, ps[k].value.size(), 6);
+    std::copy(g.begin(), g.end(), ps[k].grad.begin());
+    std::copy(g.begin(), g.end(), separate[k].grad.begin());
+  }
+  const auto c0 = Counting::counts();
+  adam.step(0.01f);
+  CHECK((Counting::counts() - c0)[observe::Op::adamw_update] == ps.size());
+  per_param.step(0.01f);
+  for (std::size_t k = 0; k < ps.size(); ++k) CHECK(copy_of(ps[k].value) == copy_of(separate[k].value));
+}
+
+TEST_CASE("SGD over parameter and gradient arenas: one sgd_update per step, bit-equal to a naive per-parameter loop",
+          "[train][arena][optim]") {
+  for (const bool nesterov : {false, true}) {
+    INFO((nesterov ? "Nesterov" : "plain") << " momentum");
+    const optim::SgdConfig cfg{.lr = 0.05f,
+                               .momentum = 0.8f,
+                               .dampening = nesterov ? 0.0f : 0.25f,
+                               .weight_decay = 0.01f,
+                               .nesterov = nesterov};
+    auto ps = block_parameters();
+    const auto order = reversed(pointers(ps));
+    parallel::GradientArena<Counting> grads(order);
+    parallel::ParameterArena<Counting> vals(order);
+    optim::Sgd<Counting> sgd(pointers(ps), cfg);
+    CHECK(sgd.flat());
+    std::vector<std::vector<float>> w, buf;
+    for (const auto& p : ps) {
+      w.push_back(copy_of(p.value));
+      buf.emplace_back(p.value.size(), 0.0f);
+    }
+    for (int t = 1; t <= 4; ++t) {
+      for (std::size_t k = 0; k < ps.size(); ++k) {
+        const auto g = grad_at(k, ps[k].value.size(), t);
+        std::copy(g.begin(), g.end(), ps[k].grad.begin());
+      }
+      const float lr = 0.05f / float(t);
+      const auto c0 = Counting::counts();
+      sgd.step(lr);
+      CHECK((Counting::counts() - c0)[observe::Op::sgd_update] == 1);
+      for (std::size_t k = 0; k < ps.size(); ++k) {
+        const auto g = grad_at(k, ps[k].value.size(), t);
+        for (std::size_t i = 0; i < g.size(); ++i) {
+          float d = g[i] * 1.0f + 0.01f * w[k][i];
+          buf[k][i] = t == 1 ? d : 0.8f * buf[k][i] + (1.0f - cfg.dampening) * d;
+          d = nesterov ? d + 0.8f * buf[k][i] : buf[k][i];
+          w[k][i] -= lr * d;
+        }
+        INFO("step " << t << ", " << ps[k].name);
+        REQUIRE(copy_of(ps[k].value) == w[k]);
+        REQUIRE(std::vector<float>(sgd.momentum_buffer(k).begin(), sgd.momentum_buffer(k).end()) == buf[k]);
+      }
     }
   }
 }

@@ -19,6 +19,9 @@ namespace mpar {
  *   direct textbook form (bias corrections `1 - beta^t` given by the caller); the gradient scale
  *   and the skip flag are read from `factors` (an `UpdateFactors` in rank memory), so clipping
  *   and the f16 overflow skip need no host read;
+ * - `adamw_update(n, w, g, m, v, ..., factors, decay_runs, runs)`: the same update over a flat range (all the
+ *   parameters of a rank, see `optim::AdamW`) with the weight decay applied per `DecayRun` of a table in rank
+ *   memory: one call per step however many parameters;
  * - `sgd_update(n, w, g, buf, momentum, dampening, nesterov, lr, weight_decay, first, factors)`:
  *   one SGD step with L2 decay and momentum buffer `buf` (null when `momentum == 0`), `factors`
  *   as for `adamw_update`;
@@ -34,6 +37,8 @@ template <class B>
 concept optimizer_backend = requires(const float* a, float* c, std::size_t n, double* acc, UpdateFactors* factors) {
   B::adamw_update(n, c, a, c, c, 0.9f, 0.999f, 1e-8f, 1e-3f, 0.01f, 0.1f, 0.001f,
                   static_cast<const UpdateFactors*>(factors));
+  B::adamw_update(n, c, a, c, c, 0.9f, 0.999f, 1e-8f, 1e-3f, 0.01f, 0.1f, 0.001f,
+                  static_cast<const UpdateFactors*>(factors), static_cast<const DecayRun*>(nullptr), n);
   B::sgd_update(n, c, a, c, 0.9f, 0.0f, false, 1e-2f, 0.0f, true, static_cast<const UpdateFactors*>(factors));
   B::sum_squares(n, a, acc);
   B::update_factors(static_cast<const double*>(acc), 1.0, 1.0f, true, acc, factors);

@@ -17,6 +17,7 @@
 #include "mpar/core/error.hpp"
 #include "mpar/core/memory_resource.hpp"
 #include "mpar/nn/parameter.hpp"
+#include "mpar/optim/flat_layout.hpp"
 #include "mpar/optim/rank_scalars.hpp"
 
 namespace mpar::optim {
@@ -83,9 +84,17 @@ void adamw_update(std::span<float> w, std::span<const float> g, std::span<float>
 
 /**
  * @brief AdamW over a list of parameters. Each rank updates its local shard: the update is elementwise, so
- * any tensor/pipeline sharding gives the single-rank result. States are fp32, one pair per parameter, in
- * the memory resource current when the optimizer is constructed (construct it on the rank's thread after
- * `B::init_rank()`); each step runs on backend `B`.
+ * any tensor/pipeline sharding gives the single-rank result. States are fp32, each moment one allocation for
+ * all the parameters, in the memory resource current when the optimizer is constructed (construct it on the
+ * rank's thread after `B::init_rank()`); each step runs on backend `B`.
+ *
+ * When the parameters' values and gradients lie back to back in the same layout (parameter and gradient arenas,
+ * as `parallel::DistributedOptimizer` binds them), the moments take that layout too and a step is ONE
+ * `B::adamw_update` over the flat range. Weight decay then applies per run of a table in rank memory
+ * (`DecayRun`): a per-run table rather than two contiguous ranges (decaying parameters first), because the
+ * arenas keep the backward's order, which the gradient buckets need as contiguous ranges; the table has one
+ * entry per change of the decay rule along that order (a few per layer) and costs no memory per element.
+ * Otherwise (parameters in separate allocations, or one re-allocated since) a step is one call per parameter.
  */
 template <backend B = HostBackend>
 class AdamW {
@@ -96,16 +105,27 @@ class AdamW {
                 config_.beta2 < 1.0f && config_.eps > 0.0f,
             "AdamW: need lr >= 0, 0 <= beta1, beta2 < 1 and eps > 0 (got lr ", config_.lr, ", beta1 ", config_.beta1,
             ", beta2 ", config_.beta2, ", eps ", config_.eps, ")");
-    m_.reserve(params_.size());
-    v_.reserve(params_.size());
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      require(params_[i] != nullptr, "AdamW: parameter ", i, " is null");
-      // Zeroed by the backend: rank memory the host never writes.
-      const std::size_t n = params_[i]->local_size();
-      m_.push_back(B::template allocate<float>(n));
-      v_.push_back(B::template allocate<float>(n));
-      B::zero(n, m_.back().data());
-      B::zero(n, v_.back().data());
+    for (std::size_t i = 0; i < params_.size(); ++i) require(params_[i] != nullptr, "AdamW: parameter ", i, " is null");
+    layout_ = FlatLayout(params_);
+    // Zeroed by the backend: rank memory the host never writes.
+    m_ = B::template allocate<float>(layout_.size());
+    v_ = B::template allocate<float>(layout_.size());
+    if (layout_.size() != 0) {
+      B::zero(layout_.size(), m_.data());
+      B::zero(layout_.size(), v_.data());
+    }
+    if (layout_.flat()) {  // the decay rule along the flat range, consecutive parameters alike merged into one run
+      std::vector<DecayRun> runs;
+      for (std::size_t i : layout_.order()) {
+        const auto decays = std::uint32_t(config_.decays_param(*params_[i]) ? 1 : 0);
+        const std::size_t end = layout_.offset(i) + params_[i]->value.size();
+        if (!runs.empty() && runs.back().decays == decays)
+          runs.back().end = end;
+        else
+          runs.push_back({end, decays});
+      }
+      runs_ = B::template allocate<DecayRun>(runs.size());
+      copy_to_rank<B>(runs.data(), runs_.data(), runs.size());
     }
     factors_ = B::template allocate<UpdateFactors>(1);  // written by each step before its update reads it
   }
@@ -125,12 +145,22 @@ class AdamW {
   void step(float lr, const UpdateFactors* factors) {
     ++steps_;
     AdamWStep s = AdamWStep::at(config_, steps_, lr);
+    float* w = nullptr;
+    const float* g = nullptr;
+    if (layout_.holds(params_, w, g)) {  // one call over the flat range
+      B::adamw_update(layout_.size(), w, g, m_.data(), v_.data(), config_.beta1, config_.beta2, config_.eps, s.lr,
+                      config_.weight_decay, s.bias_correction1, s.bias_correction2, factors, runs_.data(),
+                      runs_.size());
+      return;
+    }
     for (std::size_t i = 0; i < params_.size(); ++i) {
       auto& p = *params_[i];
       require(p.grad.size() == p.value.size(), "AdamW::step: parameter ", p.name, " has ", p.value.size(),
               " values but ", p.grad.size(), " gradients");
+      require(p.value.size() == state_size(i), "AdamW::step: parameter ", p.name, " holds ", p.value.size(),
+              " values but its moments ", state_size(i), "; a parameter must keep its size");
       s.weight_decay = config_.decays_param(p) ? config_.weight_decay : 0.0f;
-      adamw_update<B>(p.value, p.grad, m_[i], v_[i], config_, s, factors);
+      adamw_update<B>(p.value, p.grad, first_moment_mut(i), second_moment_mut(i), config_, s, factors);
     }
   }
   /** Takes back the count of an update that its factors skipped. */
@@ -144,19 +174,28 @@ class AdamW {
 
   [[nodiscard]] std::size_t steps() const { return steps_; }
   [[nodiscard]] const AdamWConfig& config() const { return config_; }
-  [[nodiscard]] std::span<const float> first_moment(std::size_t i) const { return m_.at(i); }
-  [[nodiscard]] std::span<const float> second_moment(std::size_t i) const { return v_.at(i); }
+  [[nodiscard]] std::span<const float> first_moment(std::size_t i) const { return moment(m_, i); }
+  [[nodiscard]] std::span<const float> second_moment(std::size_t i) const { return moment(v_, i); }
+  /** Whether the moments lie in the parameters' flat layout, so that a step is one backend call while they do. */
+  [[nodiscard]] bool flat() const { return layout_.flat(); }
   [[nodiscard]] const std::vector<nn::Parameter*>& params() const { return params_; }
   /** Writable moments and step count, for restoring a checkpoint. */
-  [[nodiscard]] std::span<float> first_moment_mut(std::size_t i) { return m_.at(i); }
-  [[nodiscard]] std::span<float> second_moment_mut(std::size_t i) { return v_.at(i); }
+  [[nodiscard]] std::span<float> first_moment_mut(std::size_t i) { return moment(m_, i); }
+  [[nodiscard]] std::span<float> second_moment_mut(std::size_t i) { return moment(v_, i); }
   void set_steps(std::size_t steps) { steps_ = steps; }
 
  private:
+  [[nodiscard]] std::size_t state_size(std::size_t i) const { return layout_.size_of(i); }
+  [[nodiscard]] std::span<float> moment(const Buffer<float>& all, std::size_t i) const {
+    return std::span<float>(const_cast<float*>(all.data()) + layout_.offset(i), state_size(i));
+  }
+
   std::vector<nn::Parameter*> params_;
   AdamWConfig config_;
-  std::vector<Buffer<float>> m_, v_;  // rank memory: the backend's kernels read and write them
-  Buffer<UpdateFactors> factors_;     // the factors of `step(lr, grad_scale)`, in rank memory
+  FlatLayout layout_;
+  Buffer<float> m_, v_;            // rank memory, one allocation each: the backend's kernels read and write them
+  Buffer<DecayRun> runs_;          // rank memory: the decay rule along the flat range (flat layouts)
+  Buffer<UpdateFactors> factors_;  // the factors of `step(lr, grad_scale)`, in rank memory
   std::size_t steps_ = 0;
 };
 

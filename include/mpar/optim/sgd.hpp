@@ -13,6 +13,7 @@
 #include "mpar/core/error.hpp"
 #include "mpar/core/memory_resource.hpp"
 #include "mpar/nn/parameter.hpp"
+#include "mpar/optim/flat_layout.hpp"
 #include "mpar/optim/rank_scalars.hpp"
 
 namespace mpar::optim {
@@ -46,8 +47,11 @@ void sgd_update(std::span<float> w, std::span<const float> g, std::span<float> b
 
 /**
  * @brief SGD with momentum over a list of parameters (any sharding: the update is elementwise, so each
- * rank updates its local shard). Momentum buffers are fp32, one per parameter, in the memory resource
- * current when the optimizer is constructed (the rank's, after `B::init_rank()`); each step runs on `B`.
+ * rank updates its local shard). The momentum buffer is fp32, one allocation for all the parameters, in the
+ * memory resource current when the optimizer is constructed (the rank's, after `B::init_rank()`); each step
+ * runs on `B`. When values and gradients lie back to back in the same layout (parameter and gradient arenas)
+ * the buffer takes that layout and a step is ONE `B::sgd_update` over the flat range (SGD's L2 decay applies
+ * to every parameter alike); otherwise one call per parameter.
  */
 template <backend B = HostBackend>
 class Sgd {
@@ -57,13 +61,11 @@ class Sgd {
             config_.momentum, " must be non-negative");
     require(!config_.nesterov || (config_.momentum > 0.0f && config_.dampening == 0.0f),
             "Sgd: Nesterov momentum needs momentum > 0 and dampening 0");
-    buffers_.reserve(params_.size());
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      require(params_[i] != nullptr, "Sgd: parameter ", i, " is null");
-      const std::size_t n = config_.momentum != 0.0f ? params_[i]->local_size() : 0;
-      buffers_.push_back(B::template allocate<float>(n));  // zeroed by the backend: the host never writes rank memory
-      if (n > 0) B::zero(n, buffers_.back().data());
-    }
+    for (std::size_t i = 0; i < params_.size(); ++i) require(params_[i] != nullptr, "Sgd: parameter ", i, " is null");
+    layout_ = FlatLayout(params_);
+    const std::size_t n = config_.momentum != 0.0f ? layout_.size() : 0;
+    buffer_ = B::template allocate<float>(n);  // zeroed by the backend: the host never writes rank memory
+    if (n > 0) B::zero(n, buffer_.data());
     factors_ = B::template allocate<UpdateFactors>(1);  // written by each step before its update reads it
   }
 
@@ -80,11 +82,18 @@ class Sgd {
    * still counts here; `retract_step()` takes it back once the host has learnt of the skip.
    */
   void step(float lr, const UpdateFactors* factors) {
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      auto& p = *params_[i];
-      require(p.grad.size() == p.value.size(), "Sgd::step: parameter ", p.name, " has ", p.value.size(), " values but ",
-              p.grad.size(), " gradients");
-      sgd_update<B>(p.value, p.grad, buffers_[i], steps_ == 0, config_, lr, factors);
+    float* w = nullptr;
+    const float* g = nullptr;
+    if (layout_.holds(params_, w, g)) {  // one call over the flat range
+      B::sgd_update(layout_.size(), w, g, config_.momentum != 0.0f ? buffer_.data() : nullptr, config_.momentum,
+                    config_.dampening, config_.nesterov, lr, config_.weight_decay, steps_ == 0, factors);
+    } else {
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        auto& p = *params_[i];
+        require(p.grad.size() == p.value.size(), "Sgd::step: parameter ", p.name, " has ", p.value.size(),
+                " values but ", p.grad.size(), " gradients");
+        sgd_update<B>(p.value, p.grad, momentum_buffer_mut(i), steps_ == 0, config_, lr, factors);
+      }
     }
     ++steps_;
   }
@@ -101,16 +110,24 @@ class Sgd {
   /** Restores the step count with the momentum buffers from a checkpoint: step 0 starts a buffer, later ones add to it. */
   void set_steps(std::size_t n) { steps_ = n; }
   [[nodiscard]] const SgdConfig& config() const { return config_; }
-  [[nodiscard]] std::span<const float> momentum_buffer(std::size_t i) const { return buffers_.at(i); }
+  [[nodiscard]] std::span<const float> momentum_buffer(std::size_t i) const { return buffer(i); }
   /** Writable momentum buffer, for restoring a checkpoint (empty without momentum). */
-  [[nodiscard]] std::span<float> momentum_buffer_mut(std::size_t i) { return buffers_.at(i); }
+  [[nodiscard]] std::span<float> momentum_buffer_mut(std::size_t i) { return buffer(i); }
+  /** Whether the momentum buffer lies in the parameters' flat layout, so that a step is one backend call. */
+  [[nodiscard]] bool flat() const { return layout_.flat(); }
   [[nodiscard]] const std::vector<nn::Parameter*>& params() const { return params_; }
 
  private:
   std::vector<nn::Parameter*> params_;
   SgdConfig config_;
-  std::vector<Buffer<float>> buffers_;  // rank memory: the backend's kernels read and write them
-  Buffer<UpdateFactors> factors_;       // the factors of `step(lr, grad_scale)`, in rank memory
+  [[nodiscard]] std::span<float> buffer(std::size_t i) const {
+    if (config_.momentum == 0.0f) return {};
+    return std::span<float>(const_cast<float*>(buffer_.data()) + layout_.offset(i), layout_.size_of(i));
+  }
+
+  FlatLayout layout_;
+  Buffer<float> buffer_;           // rank memory, one allocation: the backend's kernels read and write it
+  Buffer<UpdateFactors> factors_;  // the factors of `step(lr, grad_scale)`, in rank memory
   std::size_t steps_ = 0;
 };
 

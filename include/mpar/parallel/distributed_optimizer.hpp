@@ -53,6 +53,7 @@
 #include "mpar/parallel/data_parallel.hpp"
 #include "mpar/parallel/gradient_arena.hpp"
 #include "mpar/parallel/mixed_precision.hpp"
+#include "mpar/parallel/parameter_arena.hpp"
 #include "mpar/parallel/zero.hpp"
 
 namespace mpar::parallel {
@@ -344,6 +345,8 @@ class DistributedOptimizer {
   [[nodiscard]] bool zeroes_gradient_of(const nn::Parameter& p) const { return arena_ && arena_->holds(p); }
   /** The gradient arena (no ZeRO and ZeRO-1; null under ZeRO-2/3, which release gradients). */
   [[nodiscard]] const GradientArena<B>* gradient_arena() const { return arena_ ? &*arena_ : nullptr; }
+  /** The parameter arena (without ZeRO; null otherwise). */
+  [[nodiscard]] const ParameterArena<B>* parameter_arena() const { return values_ ? &*values_ : nullptr; }
 
   [[nodiscard]] const OptimizerConfig& config() const { return cfg_; }
   [[nodiscard]] const std::vector<nn::Parameter*>& params() const { return params_; }
@@ -405,6 +408,10 @@ class DistributedOptimizer {
    * bucketed on its own, last first, so every bucket is a contiguous range and is reduced in place), then the
    * parameters the passes read but this optimizer does not update (a tied copy), so that `zero_grad` is one
    * operation. ZeRO-2/3 keep their own path: they release each gradient once its bucket has taken it.
+   * Without ZeRO the values of the updated parameters become a parameter arena in the same order, so that
+   * values, gradients and the optimizer's states (which take the values' layout, see optim::FlatLayout) lie
+   * at the same offsets and AdamW or SGD is one backend call per step. ZeRO-1 updates its shard per parameter
+   * piece (its moments are laid out by bucket blocks), so its values stay where they are.
    */
   void bind_gradient_arena(int stage) {
     if (stage > 1) return;
@@ -412,6 +419,7 @@ class DistributedOptimizer {
     for (auto it = params_.rbegin(); it != params_.rend(); ++it)
       (stage == 0 && ep_ > 1 && optim::sharded_over_expert(**it) ? experts : order).push_back(*it);
     order.insert(order.end(), experts.begin(), experts.end());
+    if (stage == 0) values_.emplace(order);
     for (auto* p : compute_params_)
       if (std::ranges::count(order, p) == 0) order.push_back(p);
     arena_.emplace(std::move(order));
@@ -437,7 +445,8 @@ class DistributedOptimizer {
   std::unordered_map<const nn::Parameter*, Route> route_;
   std::vector<nn::Parameter*> experts_;
   std::optional<DataParallel<Comm, B>> dp_, dp_experts_;
-  std::optional<GradientArena<B>> arena_;  // bound before the synchronisers are built: their buckets are ranges of it
+  std::optional<GradientArena<B>> arena_;    // bound before the synchronisers are built: their buckets are ranges of it
+  std::optional<ParameterArena<B>> values_;  // bound before the update rule: its states take the values' layout
   std::optional<ZeroAdamW<Comm, B>> zero_;
   std::optional<optim::AdamW<B>> adamw_;
   std::optional<optim::Sgd<B>> sgd_;

@@ -376,6 +376,40 @@ __global__ void adamw_kernel(std::size_t n, float* w, const G* grad, float* m, f
   }
 }
 
+/**
+ * AdamW over a flat range whose weight decay applies per run (host::adamw_update with `DecayRun`s): each element
+ * finds its run by a binary search of the run ends (a few hundred runs: the table stays in cache) and takes
+ * `decay` (1 - lr wd, rounded on the host) or 1; otherwise operation for operation adamw_kernel.
+ */
+template <class G>
+__global__ void adamw_runs_kernel(std::size_t n, float* w, const G* grad, float* m, float* v, float beta1, float beta2,
+                                  float eps, float lr, float decay, float bias1, float bias2,
+                                  const UpdateFactors* factors, const DecayRun* runs, std::size_t nruns) {
+  if (factors->skip != 0.0f) return;
+  const float grad_scale = factors->grad_scale;
+  const float one_b1 = 1.0f - beta1, one_b2 = 1.0f - beta2;
+  for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
+       i += std::size_t(gridDim.x) * blockDim.x) {
+    std::size_t lo = 0, hi = nruns;  // the first run whose end lies past i
+    while (lo < hi) {
+      const std::size_t mid = (lo + hi) / 2;
+      if (runs[mid].end <= i)
+        lo = mid + 1;
+      else
+        hi = mid;
+    }
+    if (lo == nruns) continue;  // past the last run: not part of the update (host::adamw_update does the same)
+    const float di = runs[lo].decays != 0 ? decay : 1.0f;
+    const float g = __fmul_rn(float(to_compute(grad[i])), grad_scale);
+    const float mi = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(one_b1, g));
+    const float vi = __fadd_rn(__fmul_rn(beta2, v[i]), __fmul_rn(__fmul_rn(one_b2, g), g));
+    m[i] = mi;
+    v[i] = vi;
+    const float mhat = __fdiv_rn(mi, bias1), vhat = __fdiv_rn(vi, bias2);
+    w[i] = __fsub_rn(__fmul_rn(w[i], di), __fdiv_rn(__fmul_rn(lr, mhat), __fadd_rn(__fsqrt_rn(vhat), eps)));
+  }
+}
+
 /** SGD in the form of host::sgd_update, rounded like the host (see adamw_kernel). `buf` is null without momentum. */
 template <class G>
 __global__ void sgd_kernel(std::size_t n, float* w, const G* grad, float* buf, float momentum, float dampening,
@@ -683,6 +717,21 @@ void adamw_update(std::size_t n, float* w, const G* grad, float* m, float* v, fl
   detail::adamw_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(
       n, w, grad, m, v, beta1, beta2, eps, lr, decay, bias_correction1, bias_correction2, 1.0f, factors);
   check_launch("gpu::adamw_update");
+}
+/**
+ * As above over a flat range whose weight decay applies per run of `decay_runs` (rank memory; see
+ * host::adamw_update with `DecayRun`s): one launch for all the parameters of a rank.
+ */
+template <class G>
+void adamw_update(std::size_t n, float* w, const G* grad, float* m, float* v, float beta1, float beta2, float eps,
+                  float lr, float weight_decay, float bias_correction1, float bias_correction2,
+                  const UpdateFactors* factors, const DecayRun* decay_runs, std::size_t runs,
+                  cudaStream_t s = nullptr) {
+  if (!n || !runs) return;
+  const float decay = 1.0f - lr * weight_decay;  // on the host, as host::adamw_update rounds it
+  detail::adamw_runs_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(
+      n, w, grad, m, v, beta1, beta2, eps, lr, decay, bias_correction1, bias_correction2, factors, decay_runs, runs);
+  check_launch("gpu::adamw_update (decay runs)");
 }
 /** As above for step `step` (counting from 1) of the hyper-parameters `cfg`. */
 template <class G>

@@ -14,6 +14,7 @@
  */
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 
 namespace mpar {
 
@@ -24,6 +25,16 @@ namespace mpar {
 struct UpdateFactors {
   float grad_scale = 1.0f;
   float skip = 0.0f;
+};
+
+/**
+ * @brief A run of a flat optimizer range whose elements all decay or all do not: the elements from the previous
+ * run's `end` (0 for the first run) up to `end`. A flat AdamW update takes its weight decay per run, from a
+ * table in rank memory, so one call covers parameters that decay and parameters that do not.
+ */
+struct DecayRun {
+  std::size_t end = 0;
+  std::uint32_t decays = 0;  ///< non-zero: these elements take the weight decay
 };
 
 }  // namespace mpar
@@ -51,6 +62,26 @@ inline void adamw_update(std::size_t n, float* w, const float* g, float* m, floa
     const float mhat = m[i] / bias_correction1;
     const float vhat = v[i] / bias_correction2;
     w[i] = w[i] * decay - lr * mhat / (std::sqrt(vhat) + eps);
+  }
+}
+
+/**
+ * @brief One AdamW update over a flat range of `n` elements (the parameters of a rank laid out one after another)
+ * whose weight decay applies per run: the `runs` consecutive `DecayRun`s of `decay_runs` (rank memory; the last
+ * ends at `n`) say which elements take `weight_decay` and which take none. Element for element exactly the
+ * update above, so it equals one call per parameter bit for bit.
+ */
+inline void adamw_update(std::size_t n, float* w, const float* g, float* m, float* v, float beta1, float beta2,
+                         float eps, float lr, float weight_decay, float bias_correction1, float bias_correction2,
+                         const UpdateFactors* factors, const DecayRun* decay_runs, std::size_t runs) {
+  if (factors->skip != 0.0f) return;
+  std::size_t begin = 0;
+  for (std::size_t r = 0; r < runs && begin < n; ++r) {
+    const std::size_t end = decay_runs[r].end < n ? decay_runs[r].end : n;
+    if (end > begin)
+      adamw_update(end - begin, w + begin, g + begin, m + begin, v + begin, beta1, beta2, eps, lr,
+                   decay_runs[r].decays != 0 ? weight_decay : 0.0f, bias_correction1, bias_correction2, factors);
+    begin = end;
   }
 }
 
