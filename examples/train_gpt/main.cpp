@@ -2,22 +2,19 @@
 //
 // Threads are the default transport (every rank a thread of this process); started under mpirun
 // (and built with MPI), every process is one rank. See docs/train_gpt.md for every option.
+//
+// This file parses the command line and calls the host part (train_host.cpp) or the CUDA part
+// (train_cuda.cu): it includes no training code, so it compiles in a few seconds.
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
-#include <optional>
-#include <regex>
 #include <string>
 #include <thread>
 
 #include <mpar/cli/parser.hpp>
-#include <mpar/mpar.hpp>
 #include <mpar/observe/track_allocations.hpp>
-#if defined(MPAR_HAVE_MPI)
-#include <mpar/comm/mpi.hpp>
-#endif
 
-#include "train.hpp"
+#include "options.hpp"
 
 using namespace mpar;
 using train_gpt::Options;
@@ -170,10 +167,7 @@ Options parse(int argc, char** argv) {
           " cores can run; use a smaller mesh, or start one process "
           "per rank with mpirun");
   // The mesh against the model (heads over tp, layers over stages, the schedule), before any data is read.
-  auto probe = t;
-  probe.model.vocab = 1;  // the vocabulary is known once the data is read; here it only needs to be positive
-  probe.pad_vocab_for_mesh();
-  probe.validate(probe.world_size());
+  train_gpt::check_mesh(t);
   return o;
 }
 
@@ -191,27 +185,9 @@ int main(int argc, char** argv) {
           "(configure with -DMPAR_ENABLE_CUDA=ON on a machine with the CUDA toolkit)");
 #endif
     }
-    if (train_gpt::under_mpirun()) {
-#if defined(MPAR_HAVE_MPI)
-      MpiEnvironment env(&argc, &argv);
-      run_mpi([&](MpiCommunicator& world) { train_gpt::train<HostBackend>(world, o, true); });
-      return 0;
-#else
-      throw config_error("train_gpt: started under mpirun, but this build has no MPI; rebuild with MPAR_ENABLE_MPI=ON");
-#endif
-    }
-    // The data and the whole configuration are checked before any thread rank starts; the --save
-    // directory is locked (and so known to be writable) for the whole run.
-    train_gpt::preflight(o);
-    std::optional<io::DirectoryLock> save_lock;
-    if (!o.save.empty()) save_lock.emplace(o.save);
-    run_threads(int(o.train.world_size()),
-                [&](ThreadsCommunicator& world) { train_gpt::train<HostBackend>(world, o, false); });
-    return 0;
+    return train_gpt::run_host(o, &argc, &argv);
   } catch (const std::exception& e) {
-    // One "train_gpt: " in front; a rank's failure keeps its "rank N: " ("train_gpt: rank 0: ran out of memory ...").
-    const std::string what = std::regex_replace(e.what(), std::regex("(^|\n)(rank [0-9]+: )train_gpt: "), "$1$2");
-    std::fprintf(stderr, "%s%s\n", what.starts_with("train_gpt") ? "" : "train_gpt: ", what.c_str());
+    std::fprintf(stderr, "%s\n", train_gpt::error_line(e).c_str());
     return 2;
   }
 }

@@ -273,6 +273,110 @@ TEST_CASE("activation recomputation reruns each forward once and holds one micro
   }
 }
 
+namespace {
+
+/** Every parameter value of `s`, in `parameters()` order. */
+std::vector<float> weights_of(TanhStack& s) {
+  std::vector<float> all;
+  for (auto* p : s.parameters()) all.insert(all.end(), p->value.begin(), p->value.end());
+  return all;
+}
+void load_weights(TanhStack& s, const std::vector<float>& all) {
+  std::size_t k = 0;
+  for (auto* p : s.parameters())
+    for (auto& v : p->value) v = all[k++];
+}
+/** Every parameter gradient of `s`, which is zeroed. */
+std::vector<float> take_grads(TanhStack& s) {
+  std::vector<float> all;
+  for (auto* p : s.parameters()) all.insert(all.end(), p->grad.begin(), p->grad.end()), p->zero_grad();
+  return all;
+}
+
+/** w[stage][v]: the weights of two one-layer stages at version v (v = 0 before the first update). */
+using WeightHistory = std::array<std::vector<std::vector<float>>, 2>;
+
+/**
+ * The reference for 2BW on P = 2 one-layer stages, by hand on one rank: `batches` batches of `M` micro-batches,
+ * micro-batch `mb` computing on stage s with the weight version `version(s, mb)`, SGD with `lr`, each batch's
+ * update applied to the newest version: W(b+1) = W(b) - lr g.
+ */
+template <class Version>
+WeightHistory replay_2bw(int batches, int M, float lr, Version version) {
+  TanhStack s0(width, 0, 1), s1(width, 1, 1);
+  WeightHistory w;
+  w[0].push_back(weights_of(s0));
+  w[1].push_back(weights_of(s1));
+  for (int b = 0; b < batches; ++b) {
+    std::vector<float> g0(w[0][0].size(), 0.0f), g1(w[1][0].size(), 0.0f);
+    for (int mb = b * M; mb < b * M + M; ++mb) {
+      load_weights(s0, w[0][std::size_t(version(0, mb))]);
+      load_weights(s1, w[1][std::size_t(version(1, mb))]);
+      Activation y = s1.forward(s0.forward(X(data(mb, 1)), 0), 0).tensor(), dy(y.shape());
+      (void)mpar_test::mse(y, data(mb, 2), dy);
+      for (auto& x : dy.values()) x /= float(M);
+      (void)s0.backward(s1.backward(X(dy), 0), 0);
+      const auto a = take_grads(s0), c = take_grads(s1);
+      for (std::size_t i = 0; i < a.size(); ++i) g0[i] += a[i];
+      for (std::size_t i = 0; i < c.size(); ++i) g1[i] += c[i];
+    }
+    auto n0 = w[0].back(), n1 = w[1].back();
+    for (std::size_t i = 0; i < n0.size(); ++i) n0[i] -= lr * g0[i];
+    for (std::size_t i = 0; i < n1.size(); ++i) n1[i] -= lr * g1[i];
+    w[0].push_back(std::move(n0));
+    w[1].push_back(std::move(n1));
+  }
+  return w;
+}
+
+/** What the executor leaves on each of two one-layer stages after running `prog` over `microbatches` with SGD. */
+struct Run2bw {
+  std::vector<float> weights[2];
+  int versions[2] = {0, 0};
+};
+Run2bw run_2bw(const Programs& prog, int microbatches, float lr, const ExecutorOptions& o = {}) {
+  Run2bw out;
+  std::mutex mu;
+  run_threads(2, [&](ThreadsCommunicator& comm) {
+    const int r = comm.rank();
+    TanhStack stage(width, std::size_t(r), 1);
+    Executor<TanhStack, ThreadsCommunicator> ex(comm, prog, {&stage}, o);
+    std::vector<X> inputs;
+    std::vector<Activation> targets;
+    for (int mb = 0; mb < microbatches; ++mb) inputs.emplace_back(data(mb, 1)), targets.push_back(data(mb, 2));
+    (void)ex.step(
+        inputs, [&](const X& y, int mb, X& dy) { return mpar_test::mse(y, targets[std::size_t(mb)], dy); },
+        [&](const std::vector<nn::Parameter*>& ps) {
+          for (auto* p : ps)
+            for (std::size_t i = 0; i < p->value.size(); ++i) p->value[i] -= lr * p->grad[i];
+        });
+    std::lock_guard l(mu);
+    out.weights[r] = weights_of(stage);
+    out.versions[r] = ex.weight_version();
+  });
+  return out;
+}
+
+/** The largest difference between the weights a run ended with and version `v` of a reference. */
+double distance(const Run2bw& run, const WeightHistory& w, int v) {
+  double d = 0;
+  for (int s = 0; s < 2; ++s)
+    for (std::size_t i = 0; i < run.weights[s].size(); ++i)
+      d = std::max(d, double(std::abs(run.weights[s][i] - w[std::size_t(s)][std::size_t(v)][i])));
+  return d;
+}
+
+/** Checks a run's weights element by element against version `v` of a reference. */
+void check_weights(const Run2bw& run, const WeightHistory& w, int v, const std::string& what) {
+  for (int s = 0; s < 2; ++s)
+    for (std::size_t i = 0; i < run.weights[s].size(); ++i) {
+      INFO(what << "stage " << s << " element " << i);
+      CHECK(run.weights[s][i] == Approx(w[std::size_t(s)][std::size_t(v)][i]).margin(1e-6).epsilon(1e-5));
+    }
+}
+
+}  // namespace
+
 TEST_CASE("PipeDream-2BW with per-batch versions: no flush, every batch on one version on all stages",
           "[pipeline][executor][2bw]") {
   // P = 2 (one layer per stage), M = 2, three batches in one program, SGD with lr 0.5. With
@@ -281,83 +385,18 @@ TEST_CASE("PipeDream-2BW with per-batch versions: no flush, every batch on one v
   // batch with a flush; the executor runs 1F1B over all six micro-batches without one.
   const float lr = 0.5f;
   const int M = 2, batches = 3, P = 2;
-  auto values = [](TanhStack& s) {
-    std::vector<float> all;
-    for (auto* p : s.parameters()) all.insert(all.end(), p->value.begin(), p->value.end());
-    return all;
-  };
-  auto load = [](TanhStack& s, const std::vector<float>& all) {
-    std::size_t k = 0;
-    for (auto* p : s.parameters())
-      for (auto& v : p->value) v = all[k++];
-  };
-  auto take_grads = [](TanhStack& s) {
-    std::vector<float> all;
-    for (auto* p : s.parameters()) all.insert(all.end(), p->grad.begin(), p->grad.end()), p->zero_grad();
-    return all;
-  };
-  // w[stage][v]: the weights of version v; batch b computes on version `lag ? max(b - 1, 0) : b`.
-  auto replay = [&](bool lag) {
-    TanhStack s0(width, 0, 1), s1(width, 1, 1);
-    std::array<std::vector<std::vector<float>>, 2> w;
-    w[0].push_back(values(s0));
-    w[1].push_back(values(s1));
-    for (int b = 0; b < batches; ++b) {
-      const std::size_t v = std::size_t(lag ? std::max(b - 1, 0) : b);
-      load(s0, w[0][v]);
-      load(s1, w[1][v]);
-      std::vector<float> g0(w[0][0].size(), 0.0f), g1(w[1][0].size(), 0.0f);
-      for (int mb = b * M; mb < b * M + M; ++mb) {
-        Activation y = s1.forward(s0.forward(X(data(mb, 1)), 0), 0).tensor(), dy(y.shape());
-        (void)mpar_test::mse(y, data(mb, 2), dy);
-        for (auto& x : dy.values()) x /= float(M);
-        (void)s0.backward(s1.backward(X(dy), 0), 0);
-        const auto a = take_grads(s0), c = take_grads(s1);
-        for (std::size_t i = 0; i < a.size(); ++i) g0[i] += a[i];
-        for (std::size_t i = 0; i < c.size(); ++i) g1[i] += c[i];
-      }
-      auto n0 = w[0].back(), n1 = w[1].back();
-      for (std::size_t i = 0; i < n0.size(); ++i) n0[i] -= lr * g0[i];
-      for (std::size_t i = 0; i < n1.size(); ++i) n1[i] -= lr * g1[i];
-      w[0].push_back(std::move(n0));
-      w[1].push_back(std::move(n1));
-    }
-    return w;
-  };
-  const auto want = replay(true), synchronous = replay(false);
+  const auto want = replay_2bw(batches, M, lr, [&](int, int mb) { return std::max(mb / M - 1, 0); });
+  const auto synchronous = replay_2bw(batches, M, lr, [&](int, int mb) { return mb / M; });
 
   const Programs prog = make_programs<PipeDream2BW>({P, M, 1, batches});
   REQUIRE(verify(prog).ok);
   for (bool recompute : {false, true}) {
-    std::vector<float> got[2];
-    std::mutex mu;
-    run_threads(P, [&](ThreadsCommunicator& comm) {
-      const int r = comm.rank();
-      TanhStack stage(width, std::size_t(r), 1);
-      ExecutorOptions o;
-      o.versions = WeightVersions::per_batch;
-      o.recompute = {recompute};
-      Executor<TanhStack, ThreadsCommunicator> ex(comm, prog, {&stage}, o);
-      std::vector<X> inputs;
-      std::vector<Activation> targets;
-      for (int mb = 0; mb < batches * M; ++mb) inputs.emplace_back(data(mb, 1)), targets.push_back(data(mb, 2));
-      (void)ex.step(
-          inputs, [&](const X& y, int mb, X& dy) { return mpar_test::mse(y, targets[std::size_t(mb)], dy); },
-          [&](const std::vector<nn::Parameter*>& ps) {
-            for (auto* p : ps)
-              for (std::size_t i = 0; i < p->value.size(); ++i) p->value[i] -= lr * p->grad[i];
-          });
-      std::lock_guard l(mu);
-      got[r] = values(stage);
-    });
-    double off_sync = 0;
-    for (int s = 0; s < P; ++s)
-      for (std::size_t i = 0; i < got[s].size(); ++i) {
-        INFO((recompute ? "recompute, " : "") << "stage " << s << " element " << i);
-        CHECK(got[s][i] == Approx(want[std::size_t(s)][batches][i]).margin(1e-6).epsilon(1e-5));
-        off_sync = std::max(off_sync, double(std::abs(got[s][i] - synchronous[std::size_t(s)][batches][i])));
-      }
-    CHECK(off_sync > 1e-3);  // the lag matters: the synchronous replay ends far from it
+    ExecutorOptions o;
+    o.versions = WeightVersions::per_batch;
+    o.recompute = {recompute};
+    const Run2bw run = run_2bw(prog, batches * M, lr, o);
+    check_weights(run, want, batches, recompute ? "recompute, " : "");
+    CHECK(distance(run, synchronous, batches) > 1e-3);  // the lag matters: the synchronous replay ends far from it
   }
   // The bubble as a count (a forward one slot, a backward two): 1F1B's flush costs 3 (P - 1) idle slots per rank
   // every step; the flush-free program pays its fill and drain once, 3 (P - 1) per rank over all three batches.
@@ -375,93 +414,21 @@ TEST_CASE("PipeDream-2BW: each backward uses its forward's weights; updates appl
   // By hand: version[stage][mb] is the weight version each micro-batch's forward (and backward) uses.
   using Versions = int[2][4];
   const Versions version = {{0, 0, 0, 1}, {0, 0, 1, 1}};
-  auto snapshot = [](TanhStack& s) {
-    std::vector<float> all;
-    for (auto* p : s.parameters()) all.insert(all.end(), p->value.begin(), p->value.end());
-    return all;
-  };
-  auto load = [](TanhStack& s, const std::vector<float>& all) {
-    std::size_t k = 0;
-    for (auto* p : s.parameters())
-      for (auto& v : p->value) v = all[k++];
-  };
-  auto grads = [](TanhStack& s) {
-    std::vector<float> all;
-    for (auto* p : s.parameters()) all.insert(all.end(), p->grad.begin(), p->grad.end()), p->zero_grad();
-    return all;
-  };
-  // Replays the two batches by hand with the weight versions `ver`; returns w[stage][v].
-  auto replay = [&](const Versions& ver) {
-    TanhStack s0(width, 0, 1), s1(width, 1, 1);
-    std::vector<std::vector<float>> w[2];  // w[stage][v]: the values of each parameter at version v
-    w[0].push_back(snapshot(s0));
-    w[1].push_back(snapshot(s1));
-    for (int batch = 0; batch < 2; ++batch) {
-      std::vector<float> g0(w[0][0].size(), 0.0f), g1(w[1][0].size(), 0.0f);
-      for (int mb = batch * M; mb < batch * M + M; ++mb) {
-        load(s0, w[0][std::size_t(ver[0][mb])]);
-        load(s1, w[1][std::size_t(ver[1][mb])]);
-        Activation y = s1.forward(s0.forward(X(data(mb, 1)), 0), 0).tensor(), dy(y.shape());
-        (void)mpar_test::mse(y, data(mb, 2), dy);
-        for (auto& v : dy.values()) v /= float(M);
-        (void)s0.backward(s1.backward(X(dy), 0), 0);
-        auto a = grads(s0), b = grads(s1);
-        for (std::size_t i = 0; i < a.size(); ++i) g0[i] += a[i];
-        for (std::size_t i = 0; i < b.size(); ++i) g1[i] += b[i];
-      }
-      // The update applies to the newest version.
-      auto n0 = w[0].back(), n1 = w[1].back();
-      for (std::size_t i = 0; i < n0.size(); ++i) n0[i] -= lr * g0[i];
-      for (std::size_t i = 0; i < n1.size(); ++i) n1[i] -= lr * g1[i];
-      w[0].push_back(n0);
-      w[1].push_back(n1);
-    }
-    return std::array<std::vector<std::vector<float>>, 2>{w[0], w[1]};
-  };
+  auto replay = [&](const Versions& ver) { return replay_2bw(2, M, lr, [&](int s, int mb) { return ver[s][mb]; }); };
   const auto w = replay(version);
   // What the executor would hold with a wrong version rule: micro-batch 2 on stage 0 with the newest
   // weights (no stashing), or on stage 1 with the stale ones (the update applied too late).
   const Versions newest = {{0, 0, 1, 1}, {0, 0, 1, 1}}, stale = {{0, 0, 0, 1}, {0, 0, 0, 1}};
   const auto w_newest = replay(newest), w_stale = replay(stale);
 
-  std::vector<float> got[2];
-  int versions[2] = {0, 0};
-  std::mutex mu;
-  run_threads(2, [&](ThreadsCommunicator& comm) {
-    const int r = comm.rank();
-    TanhStack stage(width, std::size_t(r), 1);
-    Executor<TanhStack, ThreadsCommunicator> ex(comm, make_programs<PipeDream2BW>({2, M, 1, 2}), {&stage});
-    std::vector<X> inputs;
-    std::vector<Activation> targets;
-    for (int mb = 0; mb < 2 * M; ++mb) inputs.emplace_back(data(mb, 1)), targets.push_back(data(mb, 2));
-    (void)ex.step(
-        inputs, [&](const X& y, int mb, X& dy) { return mpar_test::mse(y, targets[std::size_t(mb)], dy); },
-        [&](const std::vector<nn::Parameter*>& ps) {
-          for (auto* p : ps)
-            for (std::size_t i = 0; i < p->value.size(); ++i) p->value[i] -= lr * p->grad[i];
-        });
-    std::lock_guard l(mu);
-    got[r] = snapshot(stage);
-    versions[r] = ex.weight_version();
-  });
-  CHECK(versions[0] == 2);
-  CHECK(versions[1] == 2);
-  for (int s = 0; s < 2; ++s)
-    for (std::size_t i = 0; i < got[s].size(); ++i) {
-      INFO("stage " << s << " element " << i);
-      CHECK(got[s][i] == Approx(w[s][2][i]).margin(1e-6).epsilon(1e-5));
-    }
+  const Run2bw run = run_2bw(make_programs<PipeDream2BW>({2, M, 1, 2}), 2 * M, lr);
+  CHECK(run.versions[0] == 2);
+  CHECK(run.versions[1] == 2);
+  check_weights(run, w, 2, "");
   // The version rule matters: each wrong rule ends more than 100 times the tolerance away from the
   // weights the executor produced.
-  auto distance = [&](const std::array<std::vector<std::vector<float>>, 2>& other) {
-    double d = 0;
-    for (int s = 0; s < 2; ++s)
-      for (std::size_t i = 0; i < got[s].size(); ++i)
-        d = std::max(d, double(std::abs(got[s][i] - other[std::size_t(s)][2][i])));
-    return d;
-  };
-  CHECK(distance(w_newest) > 1e-3);
-  CHECK(distance(w_stale) > 1e-3);
+  CHECK(distance(run, w_newest, 2) > 1e-3);
+  CHECK(distance(run, w_stale, 2) > 1e-3);
 }
 
 TEST_CASE("a shape mismatch at a stage boundary is an error naming ranks, micro-batch and shapes",

@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <cstdio>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -85,106 +86,10 @@ void check_equal_to_host(const std::string& name, const models::GptTrainConfig& 
 
 }  // namespace
 
-TEST_CASE("GPT over StreamHostBackend: one rank equals HostBackend bit for bit", "[stream][gpt]") {
-  check_equal_to_host<StreamHostBackend>("1 rank", testing::small_gpt(1, 1, 1));
-}
-
-TEST_CASE("GPT over StreamHostBackend: tp2 equals HostBackend bit for bit", "[stream][gpt]") {
-  check_equal_to_host<StreamHostBackend>("tp2", testing::small_gpt(2, 1, 1));
-}
-
-TEST_CASE("GPT over StreamHostBackend: pp2 (1F1B, GPipe, recompute) and tp2 x pp2 equal HostBackend bit for bit",
-          "[stream][gpt]") {
-  check_equal_to_host<StreamHostBackend>("pp2 1f1b", testing::small_gpt(1, 2, 1));
-  check_equal_to_host<StreamHostBackend>("pp2 gpipe", testing::small_gpt(1, 2, 1, "gpipe"));
-  check_equal_to_host<StreamHostBackend>("tp2 x pp2", testing::small_gpt(2, 2, 1));
-  auto rc = testing::small_gpt(1, 2, 1);
-  rc.recompute = true;
-  check_equal_to_host<StreamHostBackend>("pp2 recompute", rc);
-}
-
-TEST_CASE("GPT over StreamHostBackend: dp2 and ZeRO-1 dp2 equal HostBackend bit for bit", "[stream][gpt][dp]") {
-  check_equal_to_host<StreamHostBackend>("dp2", testing::small_gpt(1, 1, 2));
-  auto z = testing::small_gpt(1, 1, 2);
-  z.zero = 1;
-  check_equal_to_host<StreamHostBackend>("ZeRO-1 dp2", z);
-}
-
-TEST_CASE("GPT over DiscreteHostBackend: the host never touches rank memory, and the result equals HostBackend",
-          "[stream][gpt][discrete]") {
-  check_equal_to_host<DiscreteHostBackend>("1 rank", testing::small_gpt(1, 1, 1));
-  check_equal_to_host<DiscreteHostBackend>("tp2", testing::small_gpt(2, 1, 1));
-  check_equal_to_host<DiscreteHostBackend>("pp2 1f1b", testing::small_gpt(1, 2, 1));
-  check_equal_to_host<DiscreteHostBackend>("pp2 gpipe", testing::small_gpt(1, 2, 1, "gpipe"));
-  check_equal_to_host<DiscreteHostBackend>("tp2 x pp2", testing::small_gpt(2, 2, 1));
-  auto rc = testing::small_gpt(1, 2, 1);
-  rc.recompute = true;
-  check_equal_to_host<DiscreteHostBackend>("pp2 recompute", rc);
-}
-
-TEST_CASE("GPT over DiscreteHostBackend: dp2 and ZeRO-1 dp2 equal HostBackend", "[stream][gpt][discrete][dp]") {
-  check_equal_to_host<DiscreteHostBackend>("dp2", testing::small_gpt(1, 1, 2));
-  auto z = testing::small_gpt(1, 1, 2);
-  z.zero = 1;
-  check_equal_to_host<DiscreteHostBackend>("ZeRO-1 dp2", z);
-}
-
-TEST_CASE("GPT over StreamHostBackend: interleaved and zero-bubble schedules equal HostBackend bit for bit",
-          "[stream][gpt][schedules]") {
-  auto il = testing::small_gpt(1, 2, 1, "interleaved_1f1b");
-  il.chunks = 2;
-  check_equal_to_host<StreamHostBackend>("pp2 interleaved", il, 2);
-  check_equal_to_host<StreamHostBackend>("pp2 zb_h1", testing::small_gpt(1, 2, 1, "zb_h1"), 2);
-  check_equal_to_host<StreamHostBackend>("pp2 zb_h2", testing::small_gpt(1, 2, 1, "zb_h2"), 2);
-}
-
-TEST_CASE("GPT over StreamHostBackend: bf16, f16 and dp2 x tp2 equal HostBackend bit for bit",
-          "[stream][gpt][precision]") {
-  auto b = testing::small_gpt(1, 1, 1);
-  b.precision = "bf16";
-  check_equal_to_host<StreamHostBackend>("bf16", b, 2);
-  auto f = testing::small_gpt(1, 1, 1);
-  f.precision = "f16";
-  check_equal_to_host<StreamHostBackend>("f16", f, 2);
-  check_equal_to_host<StreamHostBackend>("dp2 x tp2", testing::small_gpt(2, 1, 2), 2);
-}
-
-TEST_CASE("GPT over DiscreteHostBackend: interleaved, zero-bubble, bf16 and f16 never touch rank memory from the host",
-          "[stream][gpt][discrete][schedules][precision]") {
-  auto il = testing::small_gpt(1, 2, 1, "interleaved_1f1b");
-  il.chunks = 2;
-  check_equal_to_host<DiscreteHostBackend>("pp2 interleaved", il, 2);
-  check_equal_to_host<DiscreteHostBackend>("pp2 zb_h2", testing::small_gpt(1, 2, 1, "zb_h2"), 2);
-  auto b = testing::small_gpt(1, 1, 1);
-  b.precision = "bf16";
-  check_equal_to_host<DiscreteHostBackend>("bf16", b, 2);
-  auto f = testing::small_gpt(1, 2, 1);
-  f.precision = "f16";
-  check_equal_to_host<DiscreteHostBackend>("f16 pp2", f, 2);
-}
-
 namespace {
 
-/** What every rank asked of backend B (counted) in the third step: the first two build caches and staging. */
-template <class B>
-std::vector<observe::BackendCounts> step_counts(const models::GptTrainConfig& c) {
-  std::vector<observe::BackendCounts> out(c.world_size());
-  run_threads(int(c.world_size()), [&](ThreadsCommunicator& w) {
-    B::init_rank();
-    StreamOrderedCommunicator<ThreadsCommunicator, B> world(w);
-    models::GptTrainer<StreamOrderedCommunicator<ThreadsCommunicator, B>, B> t(world, c, testing::gpt_dataset());
-    (void)t.train_step();
-    (void)t.train_step();
-    const observe::BackendCounts a = B::counts();
-    (void)t.train_step();
-    out[std::size_t(w.rank())] = B::counts() - a;
-    B::synchronize();
-  });
-  return out;
-}
-
 /** Every layout the trainer takes over the stream backends, with a name. */
-std::vector<std::pair<std::string, models::GptTrainConfig>> budget_layouts() {
+std::vector<std::pair<std::string, models::GptTrainConfig>> layouts() {
   std::vector<std::pair<std::string, models::GptTrainConfig>> out{{"1 rank", testing::small_gpt(1, 1, 1)},
                                                                   {"tp2", testing::small_gpt(2, 1, 1)},
                                                                   {"dp2", testing::small_gpt(1, 1, 2)},
@@ -214,13 +119,90 @@ std::vector<std::pair<std::string, models::GptTrainConfig>> budget_layouts() {
   return out;
 }
 
+/** The configuration `layouts()` names `name`. */
+models::GptTrainConfig layout(const std::string& name) {
+  for (auto& [n, c] : layouts())
+    if (n == name) return c;
+  FAIL("no layout named " << name);
+  return {};
+}
+
+/** `check_equal_to_host` at each named layout of `layouts()`. */
+template <class B>
+void check_equal_to_host(std::initializer_list<const char*> names, int steps = 3) {
+  for (const char* name : names) check_equal_to_host<B>(name, layout(name), steps);
+}
+
+}  // namespace
+
+TEST_CASE("GPT over StreamHostBackend: one rank equals HostBackend bit for bit", "[stream][gpt]") {
+  check_equal_to_host<StreamHostBackend>({"1 rank"});
+}
+
+TEST_CASE("GPT over StreamHostBackend: tp2 equals HostBackend bit for bit", "[stream][gpt]") {
+  check_equal_to_host<StreamHostBackend>({"tp2"});
+}
+
+TEST_CASE("GPT over StreamHostBackend: pp2 (1F1B, GPipe, recompute) and tp2 x pp2 equal HostBackend bit for bit",
+          "[stream][gpt]") {
+  check_equal_to_host<StreamHostBackend>({"pp2 1f1b", "pp2 gpipe", "tp2 x pp2", "pp2 recompute"});
+}
+
+TEST_CASE("GPT over StreamHostBackend: dp2 and ZeRO-1 dp2 equal HostBackend bit for bit", "[stream][gpt][dp]") {
+  check_equal_to_host<StreamHostBackend>({"dp2", "ZeRO-1 dp2"});
+}
+
+TEST_CASE("GPT over DiscreteHostBackend: the host never touches rank memory, and the result equals HostBackend",
+          "[stream][gpt][discrete]") {
+  check_equal_to_host<DiscreteHostBackend>({"1 rank", "tp2", "pp2 1f1b", "pp2 gpipe", "tp2 x pp2", "pp2 recompute"});
+}
+
+TEST_CASE("GPT over DiscreteHostBackend: dp2 and ZeRO-1 dp2 equal HostBackend", "[stream][gpt][discrete][dp]") {
+  check_equal_to_host<DiscreteHostBackend>({"dp2", "ZeRO-1 dp2"});
+}
+
+TEST_CASE("GPT over StreamHostBackend: interleaved and zero-bubble schedules equal HostBackend bit for bit",
+          "[stream][gpt][schedules]") {
+  check_equal_to_host<StreamHostBackend>({"pp2 interleaved", "pp2 zb_h1", "pp2 zb_h2"}, 2);
+}
+
+TEST_CASE("GPT over StreamHostBackend: bf16, f16 and dp2 x tp2 equal HostBackend bit for bit",
+          "[stream][gpt][precision]") {
+  check_equal_to_host<StreamHostBackend>({"bf16", "f16", "dp2 x tp2"}, 2);
+}
+
+TEST_CASE("GPT over DiscreteHostBackend: interleaved, zero-bubble, bf16 and f16 never touch rank memory from the host",
+          "[stream][gpt][discrete][schedules][precision]") {
+  check_equal_to_host<DiscreteHostBackend>({"pp2 interleaved", "pp2 zb_h2", "bf16", "f16 pp2"}, 2);
+}
+
+namespace {
+
+/** What every rank asked of backend B (counted) in the third step: the first two build caches and staging. */
+template <class B>
+std::vector<observe::BackendCounts> step_counts(const models::GptTrainConfig& c) {
+  std::vector<observe::BackendCounts> out(c.world_size());
+  run_threads(int(c.world_size()), [&](ThreadsCommunicator& w) {
+    B::init_rank();
+    StreamOrderedCommunicator<ThreadsCommunicator, B> world(w);
+    models::GptTrainer<StreamOrderedCommunicator<ThreadsCommunicator, B>, B> t(world, c, testing::gpt_dataset());
+    (void)t.train_step();
+    (void)t.train_step();
+    const observe::BackendCounts a = B::counts();
+    (void)t.train_step();
+    out[std::size_t(w.rank())] = B::counts() - a;
+    B::synchronize();
+  });
+  return out;
+}
+
 }  // namespace
 
 TEST_CASE("GPT over CountingBackend<StreamHostBackend>: at most two host waits per training step at every layout",
           "[stream][gpt][counts]") {
   using Counting = observe::CountingBackend<StreamHostBackend>;
   STATIC_REQUIRE(!observe::operations_block_host<Counting>);
-  for (const auto& [name, c] : budget_layouts()) {
+  for (const auto& [name, c] : layouts()) {
     // Per step: the statistics (every micro-batch's loss accumulated in rank memory, aux loss, norm, found-inf)
     // read once by the optimizer; with more than one rank, the step report's host measurements (times, dropped
     // tokens) reduced over the world and read once more. Nothing waits per micro-batch or per message:

@@ -31,6 +31,7 @@
 #include <utility>
 #include <vector>
 
+#include "mpar/cli/option_value.hpp"
 #include "mpar/core/error.hpp"
 
 namespace mpar::cli {
@@ -40,11 +41,6 @@ class usage_error : public config_error {
  public:
   using config_error::config_error;
 };
-
-/** @brief Value types an option can bind to: integers, floating point and strings (flags bind `bool`). */
-template <class T>
-concept option_value =
-    (std::integral<T> && !std::same_as<T, bool>) || std::floating_point<T> || std::same_as<T, std::string>;
 
 namespace detail {
 

@@ -7,6 +7,9 @@
 #include <string_view>
 #include <type_traits>
 
+#include "mpar/core/element_type.hpp"
+#include "mpar/core/half_precision.hpp"
+
 namespace mpar {
 
 /**
@@ -98,18 +101,6 @@ struct f16 {
 
 inline std::ostream& operator<<(std::ostream& os, bf16 v) { return os << float(v); }
 inline std::ostream& operator<<(std::ostream& os, f16 v) { return os << float(v); }
-
-template <class T>
-inline constexpr bool is_element_type_v =
-    std::is_same_v<T, float> || std::is_same_v<T, double> || std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
-
-/** @brief The element types mpar stores: float, double, bf16, f16. */
-template <class T>
-concept element_type = is_element_type_v<std::remove_cv_t<T>>;
-
-/** @brief 16-bit storage types, which compute and accumulate in float. */
-template <class T>
-concept half_precision = std::is_same_v<T, bf16> || std::is_same_v<T, f16>;
 
 /** @brief The type arithmetic on `T` is carried out in: float for 16-bit types, `T` otherwise. */
 template <element_type T>

@@ -7,6 +7,7 @@
 #include <type_traits>
 
 #include "mpar/core/error.hpp"
+#include "mpar/core/extents_type.hpp"
 
 namespace mpar {
 
@@ -113,14 +114,5 @@ template <std::size_t Rank>
 using DynExtents = decltype([]<std::size_t... I>(std::index_sequence<I...>) {
   return Extents<((void)I, dyn)...>{std::size_t(I)...};
 }(std::make_index_sequence<Rank>{}));
-
-template <class T>
-inline constexpr bool is_extents_v = false;
-template <std::size_t... E>
-inline constexpr bool is_extents_v<Extents<E...>> = true;
-
-/** @brief Satisfied by `Extents<...>` specialisations. */
-template <class T>
-concept extents_type = is_extents_v<std::remove_cvref_t<T>>;
 
 }  // namespace mpar

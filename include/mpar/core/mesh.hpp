@@ -5,6 +5,7 @@
 #include <ostream>
 #include <string_view>
 
+#include "mpar/core/device_mesh.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/extents.hpp"
 
@@ -186,15 +187,6 @@ class DeviceMesh {
 
 /** @brief A mesh whose four sizes are chosen at run time. */
 using DynamicMesh = DeviceMesh<dyn, dyn, dyn, dyn>;
-
-template <class T>
-inline constexpr bool is_device_mesh_v = false;
-template <std::size_t A, std::size_t B, std::size_t C, std::size_t D>
-inline constexpr bool is_device_mesh_v<DeviceMesh<A, B, C, D>> = true;
-
-/** @brief Satisfied by `DeviceMesh<...>` specialisations. */
-template <class T>
-concept device_mesh = is_device_mesh_v<std::remove_cvref_t<T>>;
 
 /** @brief The static size of `axis` in mesh type `M`, or `dyn`. 2D grid factors are always dynamic. */
 template <device_mesh M>

@@ -12,19 +12,11 @@
 
 #include "mpar/core/error.hpp"
 #include "mpar/data/fingerprint.hpp"
+#include "mpar/data/random_access_tokens.hpp"
 #include "mpar/data/sampler.hpp"
 #include "mpar/data/token_batch.hpp"
 
 namespace mpar::data {
-
-/** @brief A stream whose token i is `s[i]`, with `size()`, `vocab_size()` and `describe()`. */
-template <class S>
-concept random_access_tokens = requires(const S& s, std::size_t i) {
-  { s[i] } -> std::convertible_to<std::int32_t>;
-  { s.size() } -> std::convertible_to<std::size_t>;
-  { s.vocab_size() } -> std::convertible_to<std::size_t>;
-  { s.describe() } -> std::convertible_to<std::string>;
-};
 
 /** @brief Tokens [begin, end) of `stream` (which must outlive it); samples never cross its ends. */
 template <random_access_tokens S>

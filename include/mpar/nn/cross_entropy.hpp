@@ -21,21 +21,12 @@
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/backend_copy.hpp"
+#include "mpar/nn/fused_classifier_backend.hpp"
 #include "mpar/nn/layer.hpp"
 #include "mpar/nn/upload.hpp"
 #include "mpar/optim/rank_scalars.hpp"
 
 namespace mpar::nn {
-
-/**
- * A backend with a one-pass softmax cross-entropy and gradient (CudaBackend's `fused_classifier`,
- * backend/gpu/classifier.hpp): without vocabulary parallelism the loss uses it instead of the
- * three-step vocabulary-parallel protocol.
- */
-template <class B>
-concept fused_classifier_backend = requires(std::size_t n, const float* x, const std::int32_t* t, float* y) {
-  B::fused_classifier(n, n, n, x, t, y, y, y, 1.0f);
-};
 
 /** @brief Cross-entropy over vocab-sharded logits on backend `B`; `vocab` is the global vocabulary size. */
 template <communicator C, backend B = HostBackend>

@@ -2,13 +2,15 @@
 /**
  * @file The one module concept: what nn layers, nn::Stage, transformer blocks, GPT pipeline stages and
  * a block's feed-forward half all are. Every narrower name (nn::layer, pipeline::pipeline_part,
- * nn::block_ffn, ...) is this concept with its activation type fixed or one requirement added; see
- * docs/concepts.md for the glossary.
+ * nn::block_ffn, ...) is this concept with its activation type fixed or one requirement added, each in its
+ * own header; `split_backward_module` and `droppable_module` are included here. See docs/concepts.md for the
+ * glossary.
  */
 #include <concepts>
 #include <vector>
 
 #include "mpar/nn/activation.hpp"
+#include "mpar/nn/droppable_module.hpp"
 #include "mpar/nn/parameter.hpp"
 
 namespace mpar::nn {
@@ -42,23 +44,8 @@ concept module = requires(M& m, const X& x, const grad_of_t<Y>& dy, int mb) {
   { m.parameters() } -> std::same_as<std::vector<Parameter*>>;
 };
 
-/**
- * @brief A module whose backward splits in two, for zero-bubble pipeline schedules:
- * `backward_input(dy, mb) -> dx` (B: the input gradient, with every tensor-parallel collective it
- * needs; it keeps what the weight gradient needs for micro-batch `mb`) and `backward_weight(mb)` (W:
- * the weight gradients, accumulated into Parameter::grad; frees what B kept). `backward(dy, mb)`
- * equals B followed by W. Several micro-batches may sit between their B and W.
- */
-template <class M, class X = Activation, class Y = X>
-concept split_backward_module = module<M, X, Y> && requires(M& m, const grad_of_t<Y>& dy, int mb) {
-  { m.backward_input(dy, mb) } -> std::same_as<grad_of_t<X>>;
-  m.backward_weight(mb);
-};
-
-/** @brief A module that can free a micro-batch's saved activations early (`drop(mb)`), which recomputation needs. */
-template <class M>
-concept droppable_module = requires(M& m, int mb) {
-  m.drop(mb);
-};
-
 }  // namespace mpar::nn
+
+// The refinement of `module` written against it, in its own header; included here so that code including
+// this header sees it as it always did.
+#include "mpar/nn/split_backward_module.hpp"  // IWYU pragma: export

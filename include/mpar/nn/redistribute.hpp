@@ -26,6 +26,7 @@
 
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/activation.hpp"
+#include "mpar/nn/redistribution.hpp"
 
 namespace mpar::nn {
 
@@ -83,22 +84,6 @@ template <communicator C>
   const std::size_t tl = x.extent(0) / p;
   return Activation(x.slice(0, rank * tl, (rank + 1) * tl));
 }
-
-/**
- * @brief A redistribution `R`: `R::from` -> `R::to` forward (`R::forward(comm, Act<from>)`) and the
- * dual map of gradients backward (`R::backward(comm, Act<grad_to>) -> Act<grad_from>`), with `name`,
- * `forward_collective` and `backward_collective` for messages and docs.
- */
-template <class R>
-concept redistribution = requires {
-  typename R::from;
-  typename R::to;
-  typename R::grad_to;
-  typename R::grad_from;
-  { R::name } -> std::convertible_to<std::string_view>;
-  { R::forward_collective } -> std::convertible_to<std::string_view>;
-  { R::backward_collective } -> std::convertible_to<std::string_view>;
-};
 
 /** @brief Partial -> Replicate: all-reduce forward; backward identity (Megatron's "g", reduce_from_tp_region). */
 struct ReduceToReplicate {

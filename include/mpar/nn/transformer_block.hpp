@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "mpar/nn/attention.hpp"
+#include "mpar/nn/block_ffn.hpp"
 #include "mpar/nn/dropout.hpp"
 #include "mpar/nn/layer_norm.hpp"
 #include "mpar/nn/mlp.hpp"
@@ -32,14 +33,6 @@ struct BlockConfig {
   /// The number of ids a block uses, so consecutive blocks can use id_base = i * ids_per_block.
   static constexpr std::uint64_t ids_per_block = 16;
 };
-
-/**
- * @brief The feed-forward half of a transformer block, between `LN2` and the second residual: a
- * `split_backward_module` over typed activations of the block's layout `L` that can `drop(mb)`. The
- * tensor-parallel MLP (`MlpStage`) is the default; the MoE block plugs in its experts.
- */
-template <class F, class L>
-concept block_ffn = split_backward_module<F, Act<L>> && droppable_module<F>;
 
 /**
  * @brief One transformer block on a tensor group `C`. Input and output layout: `Replicate`

@@ -57,6 +57,7 @@
 #include "mpar/nn/backend_copy.hpp"
 #include "mpar/optim/rank_scalars.hpp"
 #include "mpar/pipeline/action.hpp"
+#include "mpar/pipeline/detail/part_calls.hpp"
 #include "mpar/pipeline/pipeline_part.hpp"
 #include "mpar/pipeline/simulator.hpp"
 #include "mpar/pipeline/timeline.hpp"
@@ -432,9 +433,8 @@ class Executor {
       for (const auto& ch : checks) {
         std::array<float, detail::h_size> h{};
         std::copy_n(recv_staging_->data() + ch.slot * detail::h_size, detail::h_size, h.begin());
-        const Shape<2> got = check_header(std::span<const float, detail::h_size>(h), ch.action, comm_.rank(), ch.stage,
-                                          ch.gradient, ch.expected);
-        (void)got;
+        check_header(std::span<const float, detail::h_size>(h), ch.action, comm_.rank(), ch.stage, ch.gradient,
+                     ch.expected);  // throws on a mismatch; the shape it returns is `ch.expected`
       }
     }
   }

@@ -16,15 +16,11 @@
 
 #include "mpar/backend/gpu/context.hpp"
 #include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/gemm_types.hpp"
 #include "mpar/backend/gpu/types.hpp"
 #include "mpar/backend/host/gemm.hpp"  // mpar::Trans
 
 namespace mpar::gpu {
-
-/** @brief GEMM input/output types the device supports: same-type float/double, or 16-bit inputs with 16-bit or fp32 output. */
-template <class TIn, class TOut>
-concept gemm_types = (std::is_same_v<TIn, TOut> && element_type<TIn>) ||
-                     (half_precision<TIn> && std::is_same_v<TOut, float>);
 
 /** The scalar type of alpha and beta: double for double GEMMs, float otherwise. */
 template <class TIn>

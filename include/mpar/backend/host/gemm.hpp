@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "mpar/backend/host/host_gemm_types.hpp"
 #include "mpar/backend/types.hpp"  // Trans
 #include "mpar/core/dtype.hpp"
 #include "mpar/core/error.hpp"
@@ -94,11 +95,6 @@ void gemm_same_type(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_
 }
 
 }  // namespace detail
-
-/** @brief Operand types of the host GEMM: A, B, C all float or all double, or bf16/f16 A and B with a float C. */
-template <class TIn, class TOut>
-concept host_gemm_types = (std::is_same_v<TIn, TOut> && (std::is_same_v<TIn, float> || std::is_same_v<TIn, double>)) ||
-                          (half_precision<TIn> && std::is_same_v<TOut, float>);
 
 /** @brief Which library computes float and 16-bit host GEMMs in this build ("oneDNN", "CBLAS" or "portable"). */
 inline constexpr const char* host_gemm_library =

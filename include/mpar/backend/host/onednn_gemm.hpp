@@ -38,12 +38,9 @@
 #include "mpar/core/dtype.hpp"
 #include "mpar/core/error.hpp"
 
-namespace mpar::host::onednn {
+#include "mpar/backend/host/matmul_types.hpp"  // the operand types, a concept of its own
 
-/** @brief Operand types oneDNN's CPU matmul takes here: float x float -> float, bf16/f16 x same -> float. */
-template <class TIn, class TOut>
-concept matmul_types = std::is_same_v<TOut, float> &&
-    (std::is_same_v<TIn, float> || std::is_same_v<TIn, bf16> || std::is_same_v<TIn, f16>);
+namespace mpar::host::onednn {
 
 namespace detail {
 
