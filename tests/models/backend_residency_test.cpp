@@ -119,6 +119,12 @@ struct ResidencyCheckedBackend : HostBackend {
   MPAR_TEST_CHECKED(scatter_rows)
   MPAR_TEST_CHECKED(scatter_add_rows)
   MPAR_TEST_CHECKED(scatter_add_rows_backward)
+  // The MoE routing decisions and the operations around them: probabilities, decisions, statistics, slots.
+  MPAR_TEST_CHECKED(moe_route)
+  MPAR_TEST_CHECKED(moe_gate_stats)
+  MPAR_TEST_CHECKED(moe_aux_loss)
+  MPAR_TEST_CHECKED(moe_slots)
+  MPAR_TEST_CHECKED(moe_gate_backward)
   // The MLP's first projection with its bias and GeLU: input, weight, bias, pre-activation, output.
   MPAR_TEST_CHECKED(gemm_bias_gelu)
 #undef MPAR_TEST_CHECKED

@@ -14,9 +14,17 @@
 #include <string>
 #include <vector>
 
+#include <mpar/backend/stream/stream_backend.hpp>
+#include <mpar/comm/stream_ordered.hpp>
 #include <mpar/comm/threads.hpp>
 #include <mpar/models/gpt_trainer.hpp>
 #include <mpar/observe/counting_backend.hpp>
+#if defined(__linux__) && defined(__x86_64__)
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <mpar/backend/stream/host_access_trace.hpp>
+#endif
 
 #include "gpt_test_config.hpp"
 
@@ -252,7 +260,67 @@ TEST_CASE("step counts: expert parallel MoE (printed; counts repeat from step to
   CHECK(without_norm(rs[0].step) == without_norm(rs[1].step));
   CHECK(rs[0].step[Op::sum_squares] > rs[1].step[Op::sum_squares]);
   CHECK(rs[0].step[Op::gather_rows] > 0);
+  // The routing is backend operations with static sizes: per MoE block and micro-batch one decision, its
+  // statistics, loss and slots, one dispatch gather, the combine forward and backward and the input gradient's
+  // scatter, the gate gradient; the backward adds the load-balancing loss and the dropped count to the step's
+  // statistics (2 accumulates besides each micro-batch's loss). The same on every rank and every step.
+  const std::uint64_t m = std::uint64_t(e.microbatches), blocks = e.model.layers;  // moe_every = 1: all blocks
+  for (const auto& r : rs) {
+    for (Op op : {Op::moe_route, Op::moe_gate_stats, Op::moe_aux_loss, Op::moe_slots, Op::moe_gate_backward,
+                  Op::gather_rows, Op::scatter_add_rows_backward})
+      CHECK(r.step[op] == m * blocks);
+    CHECK(r.step[Op::scatter_add_rows] == 2 * m * blocks);
+    CHECK(r.step[Op::scatter_rows] == 0);  // the experts' rows are contiguous blocks of the exchange: copies
+    CHECK(r.step[Op::accumulate] == m + 2 * m * blocks);
+  }
 }
+
+#if defined(__linux__) && defined(__x86_64__)
+TEST_CASE("step counts: a steady MoE step at ep2 touches no rank memory from the host (HostAccessTrace)",
+          "[models][counts][moe][discrete]") {
+  // DiscreteHostBackend's rank memory faults on any host access; the trace records each one instead and lets
+  // the run go on. In a child process: the trace installs process-wide signal handlers. Exit status 0: the
+  // third step (steady: caches and staging built) recorded no access; 1: it did (printed to stderr).
+  using B = DiscreteHostBackend;
+  auto e = testing::small_gpt(1, 1, 1);
+  e.ep = 2;
+  e.model.experts = 4;
+  e.model.moe_top_k = 2;  // 4 experts, two per rank, top-2 at the default capacity factor (drops)
+  const pid_t pid = fork();
+  if (pid == 0) {
+    int code = 0;
+    {
+      stream::HostAccessTrace trace;
+      std::size_t before = 0, after = 0;
+      run_threads(2, [&](ThreadsCommunicator& w) {
+        B::init_rank();
+        StreamOrderedCommunicator<ThreadsCommunicator, B> world(w);
+        models::GptTrainer<StreamOrderedCommunicator<ThreadsCommunicator, B>, B> t(world, e, testing::gpt_dataset());
+        (void)t.train_step();
+        (void)t.train_step();
+        B::synchronize();
+        w.barrier();  // both ranks past their second step
+        if (w.rank() == 0) before = trace.accesses(false) + trace.accesses(true);
+        w.barrier();
+        (void)t.train_step();
+        B::synchronize();
+        w.barrier();
+        if (w.rank() == 0) after = trace.accesses(false) + trace.accesses(true);
+      });
+      if (after != before) {
+        trace.print(stderr);
+        code = 1;
+      }
+    }
+    _exit(code);
+  }
+  REQUIRE(pid > 0);
+  int status = 0;
+  REQUIRE(waitpid(pid, &status, 0) == pid);
+  REQUIRE(WIFEXITED(status));
+  CHECK(WEXITSTATUS(status) == 0);
+}
+#endif
 
 namespace {
 /** Host memory whose fresh allocations are all-ones bytes (a NaN in every float): storage the layers

@@ -26,6 +26,16 @@ struct RoutingOnly {
   static void scatter_add_rows(std::size_t, std::size_t, const std::int32_t*, const float*, const float*, float*) {}
   static void scatter_add_rows_backward(std::size_t, std::size_t, const std::int32_t*, const float*, const float*,
                                         const float*, float*, float*) {}
+  // the MoE routing decisions and the operations around them
+  static void moe_route(std::size_t, std::size_t, std::size_t, std::size_t, const float*, std::int32_t*, std::uint8_t*,
+                        std::int32_t*, std::int32_t*, float*, std::int32_t*, std::int32_t*) {}
+  static void moe_gate_stats(std::size_t, std::size_t, std::size_t, const float*, const std::int32_t*,
+                             const std::int32_t*, float*) {}
+  static void moe_aux_loss(std::size_t, std::size_t, float, const float*, float*) {}
+  static void moe_slots(std::size_t, std::size_t, const std::int32_t*, const std::int32_t*, const float*, std::int32_t*,
+                        float*) {}
+  static void moe_gate_backward(std::size_t, std::size_t, std::size_t, std::size_t, const std::int32_t*, const float*,
+                                float, float, const float*, float*) {}
 };
 static_assert(routing_backend<RoutingOnly>);
 static_assert(!gemm_backend<RoutingOnly> && !layer_kernel_backend<RoutingOnly> && !optimizer_backend<RoutingOnly> &&

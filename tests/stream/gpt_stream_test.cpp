@@ -25,7 +25,8 @@ using namespace mpar;
 namespace {
 
 struct RankRun {
-  std::vector<double> losses, norms;
+  std::vector<double> losses, norms, aux;
+  std::vector<std::size_t> dropped;
   std::vector<std::string> names;
   std::vector<std::vector<float>> values;  // every parameter this rank holds, after the steps
 };
@@ -43,6 +44,8 @@ std::vector<RankRun> train(const models::GptTrainConfig& c, int steps) {
         const models::StepReport rep = t.train_step();
         r.losses.push_back(rep.loss);
         r.norms.push_back(rep.grad_norm);
+        r.aux.push_back(rep.aux_loss);
+        r.dropped.push_back(rep.dropped);
       }
       for (const nn::Parameter* p : t.parameters()) {
         r.names.push_back(p->name);
@@ -66,9 +69,9 @@ std::vector<RankRun> train(const models::GptTrainConfig& c, int steps) {
   return out;
 }
 
-/** Bit-for-bit: the losses, the gradient norms and every parameter of every rank. */
+/** Bit-for-bit: the losses, the gradient norms and every parameter of every rank; returns HostBackend's run. */
 template <class B>
-void check_equal_to_host(const std::string& name, const models::GptTrainConfig& c, int steps = 3) {
+std::vector<RankRun> check_equal_to_host(const std::string& name, const models::GptTrainConfig& c, int steps = 3) {
   const auto want = train<HostBackend>(c, steps);
   const auto got = train<B>(c, steps);
   REQUIRE(got.size() == want.size());
@@ -76,12 +79,29 @@ void check_equal_to_host(const std::string& name, const models::GptTrainConfig& 
     INFO(name << " over " << B::name << ", rank " << r);
     CHECK(got[r].losses == want[r].losses);
     CHECK(got[r].norms == want[r].norms);
+    CHECK(got[r].aux == want[r].aux);
+    CHECK(got[r].dropped == want[r].dropped);
     REQUIRE(got[r].names == want[r].names);
     for (std::size_t i = 0; i < want[r].values.size(); ++i) {
       INFO("parameter " << want[r].names[i]);
       CHECK(got[r].values[i] == want[r].values[i]);
     }
   }
+  return want;
+}
+
+/**
+ * Expert parallelism: MoE in every other block at ep2, 4 experts (two per rank), top-2 at the default
+ * capacity factor 1.25, which drops assignments: the routing, the capacity-bounded all-to-all and the
+ * load-balancing loss as backend operations and stream-ordered collectives.
+ */
+models::GptTrainConfig moe_ep2() {
+  auto c = testing::small_gpt(1, 1, 1);
+  c.ep = 2;
+  c.model.experts = 4;
+  c.model.moe_top_k = 2;
+  c.model.moe_every = 2;
+  return c;
 }
 
 }  // namespace
@@ -230,4 +250,42 @@ TEST_CASE("GPT over CountingBackend<StreamHostBackend>: at most two host waits p
                   (unsigned long long)counts[r].host_bytes);
     }
   }
+}
+
+TEST_CASE("GPT with MoE at ep2 over CountingBackend<StreamHostBackend>: two host waits per training step",
+          "[stream][gpt][counts][moe]") {
+  using Counting = observe::CountingBackend<StreamHostBackend>;
+  using observe::Op;
+  const auto c = moe_ep2();
+  const std::uint64_t m = std::uint64_t(c.microbatches), moe_blocks = c.model.layers / c.model.moe_every;
+  const auto counts = step_counts<Counting>(c);
+  for (std::size_t r = 0; r < counts.size(); ++r) {
+    INFO("moe ep2, rank " << r << ": " << counts[r].by_kind());
+    // The same two waits as a dense step with two ranks: the routing, the all-to-all sizes (static: capacity x
+    // experts), the load-balancing loss and the dropped count never cross to the host on their own.
+    CHECK(counts[r].host_syncs() == 2);
+    CHECK(counts[r].event_waits == 2);
+    CHECK(counts[r].synchronize_calls == 0);
+    // Per MoE block and micro-batch: one routing decision, its statistics, loss and slots, one dispatch gather,
+    // the combine and its backward, the gate gradient; the backward adds the load-balancing loss and the dropped
+    // count into the step's statistics (accumulate), besides the micro-batch's loss.
+    for (Op op : {Op::moe_route, Op::moe_gate_stats, Op::moe_aux_loss, Op::moe_slots, Op::moe_gate_backward,
+                  Op::gather_rows, Op::scatter_add_rows_backward})
+      CHECK(counts[r][op] == m * moe_blocks);
+    CHECK(counts[r][Op::scatter_add_rows] == 2 * m * moe_blocks);
+    CHECK(counts[r][Op::accumulate] == m + 2 * m * moe_blocks);
+    // The host reads only the step's inputs (token ids and targets, stream-ordered copies).
+    const std::uint64_t inputs = m * c.microbatch_size() * c.model.seq * 4;
+    CHECK(counts[r].host_bytes == 2 * inputs);
+  }
+}
+
+TEST_CASE("GPT with MoE at ep2 over StreamHostBackend and DiscreteHostBackend equals HostBackend bit for bit",
+          "[stream][gpt][moe]") {
+  const auto want = check_equal_to_host<StreamHostBackend>("moe ep2", moe_ep2(), 2);
+  for (const RankRun& r : want) {
+    CHECK(r.aux.back() > 0.0);    // the load-balancing loss is part of what is compared
+    CHECK(r.dropped.back() > 0);  // and the capacity dropped assignments
+  }
+  check_equal_to_host<DiscreteHostBackend>("moe ep2", moe_ep2(), 2);
 }

@@ -163,8 +163,7 @@ struct GptBlock {
   virtual void drop(int mb) = 0;
   virtual void set_recompute(bool on) = 0;
   virtual void set_aux_gradient(float) {}
-  virtual double take_aux_loss() { return 0.0; }
-  virtual std::size_t take_dropped() { return 0; }
+  virtual void set_statistics(const parallel::MoeStatistics&) {}
 };
 template <class Block>
 struct GptBlockOf final : GptBlock {
@@ -181,17 +180,8 @@ struct GptBlockOf final : GptBlock {
   void set_aux_gradient(float g) override {
     if constexpr (requires { block.set_aux_gradient(g); }) block.set_aux_gradient(g);
   }
-  double take_aux_loss() override {
-    if constexpr (requires { block.take_aux_loss(); })
-      return block.take_aux_loss();
-    else
-      return 0.0;
-  }
-  std::size_t take_dropped() override {
-    if constexpr (requires { block.take_dropped(); })
-      return block.take_dropped();
-    else
-      return 0;
+  void set_statistics(const parallel::MoeStatistics& s) override {
+    if constexpr (requires { block.set_statistics(s); }) block.set_statistics(s);
   }
   Block block;
 };
@@ -527,17 +517,9 @@ class GptPipelinePart {
   void set_moe_aux_gradient(float g) {
     for (auto& b : blocks_) b->set_aux_gradient(g);
   }
-  /** This stage's load-balancing losses summed over blocks and forwards since the last call; resets. */
-  double take_moe_aux_loss() {
-    double s = 0.0;
-    for (auto& b : blocks_) s += b->take_aux_loss();
-    return s;
-  }
-  /** Token-to-expert assignments this rank dropped for capacity since the last call; resets. */
-  std::size_t take_moe_dropped() {
-    std::size_t n = 0;
-    for (auto& b : blocks_) n += b->take_dropped();
-    return n;
+  /** Where every MoE block's backward adds its load-balancing loss and dropped count (rank memory). */
+  void set_moe_statistics(const parallel::MoeStatistics& s) {
+    for (auto& b : blocks_) b->set_statistics(s);
   }
 
   [[nodiscard]] bool is_first() const { return first_; }

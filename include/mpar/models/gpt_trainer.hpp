@@ -326,6 +326,14 @@ class GptTrainer {
     // Each micro-batch's loss stays in rank memory: added into the step's statistics (no host read), scaled by
     // 1/M and by pp, since only the last stage's ranks add theirs and the statistics average over the world.
     optimizer_->zero_losses();
+    if (cfg_.model.has_moe()) {
+      // Each MoE backward adds its micro-batch's load-balancing loss (weighted pp / M, as the losses) and its
+      // dropped count (weighted as the report averages it: tensor ranks repeat the same routing) in rank memory.
+      B::zero(1, report_slot_dropped());
+      parallel::MoeStatistics sinks{optimizer_->losses() + 1, double(cfg_.pp) / double(cfg_.microbatches),
+                                    report_slot_dropped(), double(cfg_.world_size()) / double(cfg_.tp)};
+      for (auto& s : stages_) s->set_moe_statistics(sinks);
+    }
     pipeline::StepStats stats = executor_->step(
         inputs, [&](const nn::Act<nn::FeatureShard>& logits, int mb, nn::Act<nn::FeatureShard>& dlogits) {
           Stage& last = *stages_.back();
@@ -337,14 +345,6 @@ class GptTrainer {
     optimizer_->end_compute();
     keep_weight_version(lagged);  // 2bw: the current weights again, and a copy of them for the next step's passes
     if (after_passes_) after_passes_();
-    double aux = 0;
-    std::size_t dropped = 0;
-    for (auto& s : stages_) {
-      aux += s->take_moe_aux_loss();
-      dropped += s->take_moe_dropped();
-    }
-    // aux is the same on every tensor and token-group rank and differs between pipeline stages (other blocks).
-    optimizer_->record_aux_loss(aux * double(cfg_.pp) / double(cfg_.microbatches));
 
     // 3-6. Tied weights; the optimizer: data-parallel reduction, norm, clipping, loss scaling, the update.
     const auto t_opt = std::chrono::steady_clock::now();
@@ -360,11 +360,10 @@ class GptTrainer {
     const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double comm_s = stats.communication + tensor_.seconds() + expert_t_.seconds() + tokens_t_.seconds() +
                           context_t_.seconds() + (optimizer_->sync_seconds() - dp_comm_before);
-    // Host measurements (times, the dropped count; tensor ranks repeat the same routing, so their dropped
-    // counts are divided out); the losses came averaged with the optimizer's statistics.
+    // Host measurements (times) and the dropped count (accumulated in rank memory by the MoE backward passes);
+    // the losses came averaged with the optimizer's statistics.
     // [0, 3): averaged over the world; [3]: the slowest rank's wall time.
-    std::array<double, 4> avg{stats.bubble_ratio, std::min(1.0, comm_s / wall),
-                              double(dropped) * double(cfg_.world_size()) / double(cfg_.tp), wall};
+    std::array<double, 4> avg{stats.bubble_ratio, std::min(1.0, comm_s / wall), 0.0, wall};
     host_all_reduce(avg);
     const std::array<double, 1> slowest{avg[3]};
     StepReport r;
@@ -438,6 +437,7 @@ class GptTrainer {
         s->on_gradients_final({}, cfg_.microbatches);
         s->begin_step();
         s->set_moe_aux_gradient(float(cfg_.batch_ranks()));
+        s->set_moe_statistics({});  // an evaluation's passes count in no step's statistics
       }
       Buffer<double> l = B::template allocate<double>(1);  // rank memory: the batch's loss, as in a training step
       B::zero(1, l.data());
@@ -453,10 +453,6 @@ class GptTrainer {
       if (gradients_final_)
         for (auto& s : stages_) s->on_gradients_final(gradients_final_, cfg_.microbatches);
       zero_grad();
-      for (auto& s : stages_) {
-        (void)s->take_moe_aux_loss();
-        (void)s->take_moe_dropped();
-      }
       comms_.world.all_reduce(std::span<double>(l), ReduceOp::avg);  // data ranks saw different sequences
       sum += optim::read_from_rank<B>(l.data());
     }
@@ -1050,23 +1046,40 @@ class GptTrainer {
    * whose operations return at once they go through rank memory by the stream-ordered copies (the communicator
    * is ordered with the rank's stream), with one host wait: the staging buffer outlives the copy in.
    */
+  /** The report's dropped count in rank memory (slot 2 of the buffer host_all_reduce averages). */
+  double* report_slot_dropped() {
+    if (report_rank_.empty()) report_rank_ = B::template allocate<double>(4);
+    return report_rank_.data() + 2;
+  }
+  /**
+   * Averages the report over the world: v[0], v[1] (host measurements) and slot 2 (with MoE: the dropped count
+   * the passes accumulated in rank memory; v[2] is ignored) averaged, v[3] the maximum. One copy and one wait.
+   */
   void host_all_reduce(std::array<double, 4>& v) {
-    if (comms_.world.size() == 1) return;
-    Buffer<double> rank = B::template allocate<double>(v.size());
+    const bool moe = cfg_.model.has_moe();
+    if (comms_.world.size() == 1 && !moe) return;
+    double* rank = report_slot_dropped() - 2;
     if constexpr (optim::host_reads_rank_memory<B>) {
-      std::copy(v.begin(), v.end(), rank.begin());
+      for (std::size_t i = 0; i < v.size(); ++i)
+        if (i != 2 || !moe) rank[i] = v[i];
     } else {
       if (!report_staging_) report_staging_.emplace(v.size());  // after init_rank: pinned for this rank's device
       std::copy(v.begin(), v.end(), report_staging_->data());
-      B::template copy_from_host_async<double>(v.size(), report_staging_->data(), rank.data());
+      if (moe) {  // slot 2 holds what the passes accumulated
+        B::template copy_from_host_async<double>(2, report_staging_->data(), rank);
+        B::template copy_from_host_async<double>(1, report_staging_->data() + 3, rank + 3);
+      } else {
+        B::template copy_from_host_async<double>(v.size(), report_staging_->data(), rank);
+      }
     }
-    comms_.world.all_reduce(std::span<double>(rank.data(), 3), ReduceOp::avg);
-    comms_.world.all_reduce(std::span<double>(rank.data() + 3, 1), ReduceOp::max);
+    comms_.world.all_reduce(std::span<double>(rank, 3), ReduceOp::avg);
+    comms_.world.all_reduce(std::span<double>(rank + 3, 1), ReduceOp::max);
     if constexpr (optim::host_reads_rank_memory<B>)
-      std::copy(rank.begin(), rank.end(), v.begin());
+      std::copy(rank, rank + 4, v.begin());
     else
-      optim::copy_to_host<B>(rank.data(), v.data(), v.size());
+      optim::copy_to_host<B>(rank, v.data(), v.size());
   }
+  Buffer<double> report_rank_;  ///< host_all_reduce's rank memory, kept: the MoE passes accumulate into slot 2
   std::optional<typename B::template pinned_buffer<double>> report_staging_;
   GptTrainConfig cfg_;
   data::SourceRef data_;

@@ -15,7 +15,6 @@
  */
 #include <cstddef>
 #include <cstdint>
-#include <map>
 #include <span>
 #include <string>
 #include <utility>
@@ -41,10 +40,7 @@ class MoeFfn {
   /** Typed: whole rows in, whole rows out (the gate needs every feature of a token); MoeMlp refuses any other layout. */
   template <class L>
   nn::Act<Replicate> forward(const nn::Act<L>& x, int mb) {
-    nn::Act<Replicate> y = moe_.forward(x, mb);
-    // Keyed by micro-batch: a recomputation reruns this forward and must not count twice.
-    seen_[mb] = {double(moe_.aux_loss()), moe_.dropped()};
-    return y;
+    return moe_.forward(x, mb);  // the statistics are collected by the backward: once per micro-batch
   }
   /** The whole backward is B (W is empty), so backward and backward_input are the same. */
   nn::Act<Replicate> backward_input(const nn::Act<Replicate>& dy, int mb) { return moe_.backward(dy, aux_grad_, mb); }
@@ -55,28 +51,13 @@ class MoeFfn {
 
   /** d(objective)/d(aux loss) for this rank's backward (see the file comment). */
   void set_aux_gradient(float g) { aux_grad_ = g; }
-  /** Load-balancing loss summed over the micro-batches run since the last call (each counted once), and reset. */
-  double take_aux_loss() {
-    double s = 0.0;
-    for (auto& [mb, v] : seen_) s += std::exchange(v.aux, 0.0);
-    return s;
-  }
-  /** Assignments this rank dropped for capacity since the last call (each micro-batch once), and reset. */
-  std::size_t take_dropped() {
-    std::size_t n = 0;
-    for (auto& [mb, v] : seen_) n += std::exchange(v.dropped, std::size_t(0));
-    return n;
-  }
+  /** Where each backward adds its micro-batch's load-balancing loss and dropped count (rank memory). */
+  void set_statistics(const parallel::MoeStatistics& s) { moe_.set_statistics(s); }
   [[nodiscard]] parallel::MoeMlp<C, B>& moe() { return moe_; }
 
  private:
   parallel::MoeMlp<C, B> moe_;
   float aux_grad_ = 1.0f;
-  struct Seen {
-    double aux = 0.0;
-    std::size_t dropped = 0;
-  };
-  std::map<int, Seen> seen_;  ///< per micro-batch of the current step
 };
 
 /**
@@ -94,8 +75,7 @@ class MoeTransformerBlock : public nn::TransformerBlock<C, false, B, MoeFfn<C, B
       : Base(tp, c, MoeFfn<C, B>(parallel::MoeMlp<C, B>(with_ids(moe, c), expert, c.name + ".moe", &tokens))) {}
 
   void set_aux_gradient(float g) { this->ffn().set_aux_gradient(g); }
-  double take_aux_loss() { return this->ffn().take_aux_loss(); }
-  std::size_t take_dropped() { return this->ffn().take_dropped(); }
+  void set_statistics(const parallel::MoeStatistics& s) { this->ffn().set_statistics(s); }
   [[nodiscard]] parallel::MoeMlp<C, B>& moe() { return this->ffn().moe(); }
 
  private:

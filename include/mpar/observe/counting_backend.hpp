@@ -72,7 +72,13 @@ enum class Op : std::size_t {
   update_factors,
   gemm_bias_gelu,  ///< the MLP's first projection with its bias and GeLU (a GEMM)
   accumulate,      ///< a micro-batch's loss added to the step's statistics in rank memory
-  kinds_           ///< the number of kinds
+  // MoE routing (routing_backend)
+  moe_route,
+  moe_gate_stats,
+  moe_aux_loss,
+  moe_slots,
+  moe_gate_backward,
+  kinds_  ///< the number of kinds
 };
 inline constexpr std::size_t op_kinds = std::size_t(Op::kinds_);
 inline constexpr std::array<std::string_view, op_kinds> op_names{"gemm",
@@ -108,7 +114,12 @@ inline constexpr std::array<std::string_view, op_kinds> op_names{"gemm",
                                                                  "vocab_parallel_loss",
                                                                  "update_factors",
                                                                  "gemm_bias_gelu",
-                                                                 "accumulate"};
+                                                                 "accumulate",
+                                                                 "moe_route",
+                                                                 "moe_gate_stats",
+                                                                 "moe_aux_loss",
+                                                                 "moe_slots",
+                                                                 "moe_gate_backward"};
 
 /**
  * @brief Whether backend `B`'s operations return only after their work finished (each one a host
@@ -231,6 +242,11 @@ struct CountingBackend : B {
   MPAR_COUNTING_OP(update_factors)
   MPAR_COUNTING_OP(gemm_bias_gelu)
   MPAR_COUNTING_OP(accumulate)
+  MPAR_COUNTING_OP(moe_route)
+  MPAR_COUNTING_OP(moe_gate_stats)
+  MPAR_COUNTING_OP(moe_aux_loss)
+  MPAR_COUNTING_OP(moe_slots)
+  MPAR_COUNTING_OP(moe_gate_backward)
 #undef MPAR_COUNTING_OP
 
   template <class TIn, class TOut = TIn, class... A>

@@ -6,14 +6,20 @@
  * Per rank, for its local tokens x [T, d]:
  * 1. gate: probs = softmax(x Wg) [T, E]; each token picks its k most probable experts (ties: lower index);
  * 2. capacity: each expert accepts at most C = ceil(capacity_factor * k * T / E) assignments *from this rank*
- *    (capacity_factor <= 0: unlimited). First choices of all tokens are served before second choices, tokens
- *    in index order; a dropped assignment contributes nothing (the block's residual connection carries the
- *    token), and `dropped()` counts them;
- * 3. dispatch: accepted tokens travel to the rank holding their expert by `all_to_all_v` over the expert group
- *    (expert e lives on expert rank e / (E / EP));
- * 4. experts: out = gelu(x W1[e]) W2[e];
- * 5. combine: results travel back by `all_to_all_v`; y_t = sum_j probs[t, e_j] * out_{t,j} (the gate
+ *    (capacity_factor <= 0: unlimited, i.e. C = T). First choices of all tokens are served before second
+ *    choices, tokens in index order; a dropped assignment contributes nothing (the block's residual connection
+ *    carries the token), and `dropped()` counts them;
+ * 3. dispatch: every expert has C slots per source rank, filled with its accepted tokens (index order) and
+ *    zero rows after them; the E C rows travel to the experts' ranks by one `all_to_all` over the expert
+ *    group (expert e lives on expert rank e / (E / EP)). The sizes are static (GShard's and Megatron's
+ *    capacity-bounded dispatch), so no count crosses to the host; the price is the empty slots' rows;
+ * 4. experts: out = gelu(x W1[e]) W2[e] over all their slots (an empty slot's zero row gives zero);
+ * 5. combine: results travel back by `all_to_all`; y_t = sum_j probs[t, e_j] * out_{t,j} (the gate
  *    probability of each accepted choice, not renormalised over the k choices).
+ * Every step is a backend operation or a stream-ordered collective on rank memory (routing: `moe_route`,
+ * `moe_gate_stats`, `moe_aux_loss`, `moe_slots`, `moe_gate_backward`, see `routing_backend`); the forward and
+ * backward never wait for the stream. `aux_loss()` and `dropped()` are host reads, for callers that want them;
+ * a training step collects both in rank memory through `set_statistics`.
  * Load-balancing loss (Switch): aux = alpha * E * sum_e f_e P_e, f_e the fraction of the k*T assignments
  * (before capacity) that chose e, P_e the mean gate probability of e — both over the tokens of the *whole
  * token group* (one small all_reduce), so it does not depend on how tokens are spread over ranks; f is not
@@ -37,7 +43,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <numeric>
 #include <span>
 #include <string>
 #include <type_traits>
@@ -52,6 +57,7 @@
 #include "mpar/nn/half_weight.hpp"
 #include "mpar/nn/linear.hpp"  // detail::with_half
 #include "mpar/nn/parameter.hpp"
+#include "mpar/optim/rank_scalars.hpp"
 
 namespace mpar::parallel {
 
@@ -65,10 +71,18 @@ struct MoeConfig {
   double init_std = 0.02;
 };
 
+/** @brief Where `MoeMlp::backward` adds each micro-batch's statistics (rank memory; null: not collected). */
+struct MoeStatistics {
+  double* aux = nullptr;  ///< += aux_scale * the load-balancing loss
+  double aux_scale = 1.0;
+  double* dropped = nullptr;  ///< += dropped_scale * the assignments this rank dropped
+  double dropped_scale = 1.0;
+};
+
 /**
  * @brief The mixture-of-experts MLP over an expert group `Comm` (EP = group size, experts divisible by it),
- * computing on backend `B` (the gate and expert GEMMs, softmax and GeLU; routing and the row
- * permutations around the all-to-all are host loops over the rank's memory).
+ * computing on backend `B` (the GEMMs, softmax, GeLU, the routing decisions and the row moves around the
+ * all-to-all), stream-ordered: no host read of rank memory in forward or backward.
  * Parameters: `gate` [d, E] replicated, `w1` [E, d, f] and `w2` [E, f, d] sharded on dimension 0 over the
  * expert axis; all initialised sharding-independently, so EP = 1, 2, 4 start from the same weights.
  */
@@ -117,10 +131,31 @@ class MoeMlp {
   [[nodiscard]] const MoeConfig& config() const { return cfg_; }
   /** The per-expert capacity of the last forward (assignments accepted from this rank). */
   [[nodiscard]] std::size_t capacity() const { return last_capacity_; }
-  /** Assignments dropped by the capacity limit in the last forward, on this rank. */
-  [[nodiscard]] std::size_t dropped() const { return last_dropped_; }
-  /** The load-balancing loss of the last forward (identical on every rank of the token group). */
-  [[nodiscard]] float aux_loss() const { return last_aux_; }
+  /**
+   * The per-expert capacity for `tokens` tokens on this rank: `ceil(capacity_factor * k * tokens / E)`, or
+   * `tokens` without a limit (a token picks an expert at most once). Every expert exchanges exactly this many
+   * rows with every rank, empty slots included.
+   */
+  [[nodiscard]] std::size_t capacity_for(std::size_t tokens) const {
+    return cfg_.capacity_factor > 0
+               ? std::size_t(std::ceil(cfg_.capacity_factor * double(cfg_.top_k * tokens) / double(cfg_.experts)))
+               : tokens;
+  }
+  /**
+   * Assignments dropped by the capacity limit in the last forward, on this rank. A host read of rank memory
+   * (on a stream-ordered backend: a wait); a training step collects it through `set_statistics` instead.
+   */
+  [[nodiscard]] std::size_t dropped() const {
+    return last_.empty() ? 0 : std::size_t(optim::read_from_rank<B>(last_.data() + 1));
+  }
+  /** The load-balancing loss of the last forward (identical on every rank of the token group); a host read. */
+  [[nodiscard]] float aux_loss() const { return last_.empty() ? 0.0f : optim::read_from_rank<B>(last_.data()); }
+
+  /**
+   * Sets where each backward adds its micro-batch's load-balancing loss and dropped count (`B::accumulate`,
+   * no host read): a training step's statistics. The memory must outlive the backward passes.
+   */
+  void set_statistics(const MoeStatistics& sinks) { sinks_ = sinks; }
 
   /** Frees what the forward of micro-batch `mb` kept for its backward. */
   void drop(int mb) { saved_.drop(mb); }
@@ -144,7 +179,7 @@ class MoeMlp {
   template <class L>
   nn::Act<Replicate> forward(const nn::Act<L>& x, int mb = 0) {
     if constexpr (check_input<L>()) {
-      nn::Act<Replicate> y(nn::Activation({x.extent(0), x.extent(1)}));
+      nn::Act<Replicate> y(nn::Activation({x.extent(0), x.extent(1)}, uninitialized));  // forward writes it all
       forward(std::span<const float>(x.data(), x.size()), x.extent(0), std::span<float>(y.data(), y.size()), mb);
       return y;
     } else {
@@ -153,241 +188,176 @@ class MoeMlp {
   }
   /** Typed backward of micro-batch `mb`: the output gradient (Replicate) in, the input gradient out (see backward). */
   nn::Act<Replicate> backward(const nn::Act<Replicate>& dy, float aux_grad = 1.0f, int mb = 0) {
-    nn::Act<Replicate> dx(nn::Activation({dy.extent(0), dy.extent(1)}));
+    nn::Act<Replicate> dx(nn::Activation({dy.extent(0), dy.extent(1)}, uninitialized));  // backward writes it all
     backward(std::span<const float>(dy.data(), dy.size()), std::span<float>(dx.data(), dx.size()), aux_grad, mb);
     return dx;
   }
 
-  /** y [tokens, d] = MoE(x [tokens, d]) for micro-batch `mb`. Collective over the expert and token groups. */
+  /**
+   * y [tokens, d] = MoE(x [tokens, d]) for micro-batch `mb`. Collective over the expert and token groups; every
+   * rank of the expert group passes the same number of tokens (the exchange's sizes follow from it).
+   */
   void forward(std::span<const float> x, std::size_t tokens, std::span<float> y, int mb = 0) {
     State& st = saved_.put(mb);
-    auto& [tokens_, capacity_, dropped_, recv_rows_, global_tokens_, aux_, x_, probs_, out_, frac_, choice_, route_,
-           rows_from_, send_elems_, recv_elems_, accepted_, ex_in_, ex_h_, route_token_, route_weight_, type_] = st;
-    type_ = nn::autocast_type();  // read once: the backward uses what the forward used
-    const std::size_t d = cfg_.d_model, E = cfg_.experts, k = cfg_.top_k, ep = std::size_t(comm_->size());
+    st.type = nn::autocast_type();  // read once: the backward uses what the forward used
+    const std::size_t d = cfg_.d_model, E = cfg_.experts, k = cfg_.top_k;
     require(x.size() == tokens * d && y.size() == tokens * d, "MoeMlp::forward on expert rank ", comm_->rank(),
             ": x has ", x.size(), " and y ", y.size(), " elements; ", tokens, " tokens of width ", d, " need ",
             tokens * d);
-    tokens_ = tokens;
-    x_.assign(x.begin(), x.end());
-    // 1. gate
-    Buffer<float> logits(tokens * E);
-    B::template gemm<float>(Trans::no, Trans::no, tokens, E, d, 1.0f, x_.data(), d, gate_.value.data(), E, 0.0f,
+    const std::size_t C = capacity_for(tokens), slots = E * C;
+    st.tokens = tokens;
+    st.capacity = C;
+    st.x = uninitialized_buffer<float>(tokens * d);
+    B::copy(tokens * d, x.data(), st.x.data());
+    // 1. gate (fp32)
+    Buffer<float> logits = uninitialized_buffer<float>(tokens * E);
+    B::template gemm<float>(Trans::no, Trans::no, tokens, E, d, 1.0f, st.x.data(), d, gate_.value.data(), E, 0.0f,
                             logits.data(), E);
-    probs_.assign(tokens * E, 0.0f);
-    B::softmax_forward(tokens, E, logits.data(), probs_.data());
-    choice_.assign(tokens * k, 0);
-    std::vector<std::size_t> order(E);
-    for (std::size_t t = 0; t < tokens; ++t) {
-      std::iota(order.begin(), order.end(), std::size_t(0));
-      const float* pr = &probs_[t * E];
-      std::partial_sort(order.begin(), order.begin() + std::ptrdiff_t(k), order.end(),
-                        [&](std::size_t a, std::size_t b) { return pr[a] > pr[b] || (pr[a] == pr[b] && a < b); });
-      for (std::size_t j = 0; j < k; ++j) choice_[t * k + j] = order[j];
-    }
-    // load-balancing statistics over the whole group: assignment counts, probability sums, token count
-    Buffer<float> stats(2 * E + 1, 0.0f);
-    for (std::size_t t = 0; t < tokens; ++t) {
-      for (std::size_t j = 0; j < k; ++j) stats[choice_[t * k + j]] += 1.0f;
-      for (std::size_t e = 0; e < E; ++e) stats[E + e] += probs_[t * E + e];
-    }
-    stats[2 * E] = float(tokens);
-    tokens_comm_->all_reduce(std::span<float>(stats), ReduceOp::sum);
-    global_tokens_ = double(stats[2 * E]);
-    frac_.assign(E, 0.0f);
-    double aux = 0.0;
-    if (global_tokens_ > 0)
-      for (std::size_t e = 0; e < E; ++e) {
-        frac_[e] = float(double(stats[e]) / (global_tokens_ * double(k)));
-        aux += double(frac_[e]) * double(stats[E + e]) / global_tokens_;
-      }
-    aux_ = float(double(cfg_.aux_loss_weight) * double(E) * aux);
-    // 2. capacity, first choices first
-    capacity_ = cfg_.capacity_factor > 0 ? std::size_t(std::ceil(cfg_.capacity_factor * double(k * tokens) / double(E)))
-                                         : tokens * k;
-    std::vector<std::size_t> used(E, 0);
-    accepted_.assign(tokens * k, false);
-    dropped_ = 0;
-    for (std::size_t j = 0; j < k; ++j)
-      for (std::size_t t = 0; t < tokens; ++t) {
-        const std::size_t e = choice_[t * k + j];
-        if (used[e] < capacity_) {
-          ++used[e];
-          accepted_[t * k + j] = true;
-        } else {
-          ++dropped_;
-        }
-      }
-    // 3. dispatch: rows grouped by expert (hence by destination rank), tokens in index order within an expert
-    route_.clear();
-    for (std::size_t e = 0; e < E; ++e)
-      for (std::size_t t = 0; t < tokens; ++t)
-        for (std::size_t j = 0; j < k; ++j)
-          if (choice_[t * k + j] == e && accepted_[t * k + j]) route_.push_back(t * k + j);
-    // The routing decisions are small host loops; the rows (d wide) move through the backend.
-    route_token_.resize(route_.size());
-    route_weight_.resize(route_.size());
-    for (std::size_t i = 0; i < route_.size(); ++i) {
-      const std::size_t t = route_[i] / k;
-      route_token_[i] = std::int32_t(t);
-      route_weight_[i] = probs_[t * E + choice_[route_[i]]];
-    }
-    Buffer<float> send(route_.size() * d);
-    B::gather_rows(route_.size(), d, route_token_.data(), x_.data(), send.data());
-    exchange_counts(st, used, ep);
-    Buffer<float> expert_in(recv_rows_ * d);
-    comm_->all_to_all_v(std::span<const float>(send), send_elems_, std::span<float>(expert_in), recv_elems_);
+    st.probs = uninitialized_buffer<float>(tokens * E);
+    B::softmax_forward(tokens, E, logits.data(), st.probs.data());
+    // 2. the routing decisions (top-k, capacity, routing order), in rank memory
+    Buffer<std::int32_t> choice = uninitialized_buffer<std::int32_t>(tokens * k),
+                         route = uninitialized_buffer<std::int32_t>(tokens * k),
+                         route_token = uninitialized_buffer<std::int32_t>(tokens * k),
+                         used = uninitialized_buffer<std::int32_t>(E), routed = uninitialized_buffer<std::int32_t>(1);
+    Buffer<std::uint8_t> accepted = uninitialized_buffer<std::uint8_t>(tokens * k);
+    Buffer<float> route_weight = uninitialized_buffer<float>(tokens * k);
+    B::moe_route(tokens, E, k, C, st.probs.data(), choice.data(), accepted.data(), route.data(), route_token.data(),
+                 route_weight.data(), used.data(), routed.data());
+    // load-balancing statistics summed over the token group (the dropped count, last, stays this rank's)
+    st.stats = uninitialized_buffer<float>(2 * E + 2);
+    B::moe_gate_stats(tokens, E, k, st.probs.data(), choice.data(), routed.data(), st.stats.data());
+    tokens_comm_->all_reduce(std::span<float>(st.stats.data(), 2 * E + 1), ReduceOp::sum);
+    st.aux = uninitialized_buffer<float>(1);
+    B::moe_aux_loss(E, k, cfg_.aux_loss_weight, st.stats.data(), st.aux.data());
+    // 3. dispatch: C slots per expert, empty ones zero rows, so the exchange's sizes are static
+    st.slot_token = uninitialized_buffer<std::int32_t>(slots);
+    st.slot_weight = uninitialized_buffer<float>(slots);
+    B::moe_slots(E, C, used.data(), route_token.data(), route_weight.data(), st.slot_token.data(),
+                 st.slot_weight.data());
+    Buffer<float> send = uninitialized_buffer<float>(slots * d), expert_in = uninitialized_buffer<float>(slots * d);
+    B::gather_rows(slots, d, st.slot_token.data(), st.x.data(), send.data());
+    comm_->all_to_all(std::span<const float>(send), std::span<float>(expert_in));
     // 4. experts
-    Buffer<float> expert_out(recv_rows_ * d);
+    Buffer<float> expert_out = uninitialized_buffer<float>(slots * d);
     run_experts(st, expert_in, expert_out);
     // 5. combine
-    out_.assign(route_.size() * d, 0.0f);
-    comm_->all_to_all_v(std::span<const float>(expert_out), recv_elems_, std::span<float>(out_), send_elems_);
-    std::fill(y.begin(), y.end(), 0.0f);
-    B::scatter_add_rows(route_.size(), d, route_token_.data(), route_weight_.data(), out_.data(), y.data());
-    last_capacity_ = capacity_;
-    last_dropped_ = dropped_;
-    last_aux_ = aux_;
+    st.out = uninitialized_buffer<float>(slots * d);
+    comm_->all_to_all(std::span<const float>(expert_out), std::span<float>(st.out));
+    B::zero(tokens * d, y.data());
+    B::scatter_add_rows(slots, d, st.slot_token.data(), st.slot_weight.data(), st.out.data(), y.data());
+    // what aux_loss() and dropped() read, if asked
+    if (last_.empty()) last_ = uninitialized_buffer<float>(2);
+    B::copy(1, st.aux.data(), last_.data());
+    B::copy(1, st.stats.data() + 2 * E + 1, last_.data() + 1);
+    last_capacity_ = C;
   }
 
   /**
    * dx [tokens, d] from dy [tokens, d]; accumulates parameter gradients. `aux_grad` is the gradient of the
    * total loss with respect to `aux_loss()` (usually 1); this rank adds the share of its own tokens.
-   * Collective over the expert group; takes (frees) what forward kept for micro-batch `mb`.
+   * Collective over the expert group; takes (frees) what forward kept for micro-batch `mb`, and adds the
+   * micro-batch's load-balancing loss and dropped count to the statistics sinks, if set.
    */
   void backward(std::span<const float> dy, std::span<float> dx, float aux_grad = 1.0f, int mb = 0) {
     State st = saved_.take(mb, "MoeMlp '" + name_ + "'");
-    const auto& [tokens_, capacity_, dropped_, recv_rows_, global_tokens_, aux_, x_, probs_, out_, frac_, choice_,
-                 route_, rows_from_, send_elems_, recv_elems_, accepted_, ex_in_, ex_h_, route_token_, route_weight_,
-                 type_] = st;
-    const std::size_t d = cfg_.d_model, E = cfg_.experts, k = cfg_.top_k, T = tokens_;
+    const std::size_t d = cfg_.d_model, E = cfg_.experts, k = cfg_.top_k, T = st.tokens, C = st.capacity, slots = E * C;
     require(dy.size() == T * d && dx.size() == T * d, "MoeMlp::backward on expert rank ", comm_->rank(), ": dy has ",
             dy.size(), " and dx ", dx.size(), " elements; the forward had ", T, " tokens of width ", d);
-    // combine: d out_i = w dy_t;  d w = <dy_t, out_i>
-    Buffer<float> dprobs(T * E, 0.0f), dout(route_.size() * d), dweight(route_.size());
-    B::scatter_add_rows_backward(route_.size(), d, route_token_.data(), route_weight_.data(), dy.data(), out_.data(),
-                                 dout.data(), dweight.data());
-    for (std::size_t i = 0; i < route_.size(); ++i) dprobs[route_[i] / k * E + choice_[route_[i]]] += dweight[i];
-    Buffer<float> expert_dout(recv_rows_ * d), expert_dx(recv_rows_ * d);
-    comm_->all_to_all_v(std::span<const float>(dout), send_elems_, std::span<float>(expert_dout), recv_elems_);
+    // combine: d out_s = w_s dy_t;  d w_s = <dy_t, out_s> (empty slots: zero rows, zero dots)
+    Buffer<float> dout = uninitialized_buffer<float>(slots * d), dot = uninitialized_buffer<float>(slots);
+    B::scatter_add_rows_backward(slots, d, st.slot_token.data(), st.slot_weight.data(), dy.data(), st.out.data(),
+                                 dout.data(), dot.data());
+    Buffer<float> expert_dout = uninitialized_buffer<float>(slots * d),
+                  expert_dx = uninitialized_buffer<float>(slots * d);
+    comm_->all_to_all(std::span<const float>(dout), std::span<float>(expert_dout));
     backward_experts(st, expert_dout, expert_dx);
-    Buffer<float> dxin(route_.size() * d);
-    comm_->all_to_all_v(std::span<const float>(expert_dx), recv_elems_, std::span<float>(dxin), send_elems_);
-    std::fill(dx.begin(), dx.end(), 0.0f);
-    B::scatter_add_rows(route_.size(), d, route_token_.data(), nullptr, dxin.data(), dx.data());
-    // load-balancing loss: d aux / d probs[t, e] = alpha E f_e / T_global for this rank's tokens
-    if (global_tokens_ > 0 && aux_grad != 0.0f)
-      for (std::size_t t = 0; t < T; ++t)
-        for (std::size_t e = 0; e < E; ++e)
-          dprobs[t * E + e] +=
-              float(double(aux_grad) * cfg_.aux_loss_weight * double(E) * double(frac_[e]) / global_tokens_);
-    // gate
-    Buffer<float> dlogits(T * E);
-    B::softmax_backward(T, E, probs_.data(), dprobs.data(), dlogits.data());
-    B::template gemm<float>(Trans::yes, Trans::no, d, E, T, 1.0f, x_.data(), d, dlogits.data(), E, 1.0f,
+    Buffer<float> dxin = uninitialized_buffer<float>(slots * d);
+    comm_->all_to_all(std::span<const float>(expert_dx), std::span<float>(dxin));
+    B::zero(T * d, dx.data());
+    B::scatter_add_rows(slots, d, st.slot_token.data(), nullptr, dxin.data(), dx.data());
+    // gate: the combine weights' gradients and the load-balancing loss's, d aux / d probs[t, e] = alpha E f_e / G
+    Buffer<float> dprobs = uninitialized_buffer<float>(T * E), dlogits = uninitialized_buffer<float>(T * E);
+    B::moe_gate_backward(T, E, k, C, st.slot_token.data(), dot.data(), aux_grad, cfg_.aux_loss_weight, st.stats.data(),
+                         dprobs.data());
+    B::softmax_backward(T, E, st.probs.data(), dprobs.data(), dlogits.data());
+    B::template gemm<float>(Trans::yes, Trans::no, d, E, T, 1.0f, st.x.data(), d, dlogits.data(), E, 1.0f,
                             gate_.grad.data(), E);
     B::template gemm<float>(Trans::no, Trans::yes, T, d, E, 1.0f, dlogits.data(), E, gate_.value.data(), E, 1.0f,
                             dx.data(), d);
+    // statistics: once per micro-batch (here, not in the forward a recomputation repeats)
+    if (sinks_.aux) B::accumulate(1, st.aux.data(), sinks_.aux_scale, sinks_.aux);
+    if (sinks_.dropped) B::accumulate(1, st.stats.data() + 2 * E + 1, sinks_.dropped_scale, sinks_.dropped);
   }
 
  private:
-  /** What the forward of one micro-batch keeps for its backward (the routing and the expert inputs). */
+  /** What the forward of one micro-batch keeps for its backward (rank memory, but for the sizes). */
   struct State {
-    std::size_t tokens = 0, capacity = 0, dropped = 0, recv_rows = 0;
-    double global_tokens = 0.0;
-    float aux = 0.0f;
-    Buffer<float> x, probs, out, frac;
-    std::vector<std::size_t> choice, route, rows_from, send_elems, recv_elems;
-    std::vector<bool> accepted;
-    std::vector<Buffer<float>> ex_in, ex_h;
-    Buffer<std::int32_t> route_token;              ///< per routed row: its token (rank memory: the row kernels read it)
-    Buffer<float> route_weight;                    ///< per routed row: the gate probability it is combined with
+    std::size_t tokens = 0, capacity = 0;
+    Buffer<float> x, probs, out;
+    Buffer<float> stats;                           ///< moe_gate_stats, the first 2E + 1 summed over the token group
+    Buffer<float> aux;                             ///< the load-balancing loss [1]
+    Buffer<std::int32_t> slot_token;               ///< per slot (expert-major, C per expert): its token, -1 if empty
+    Buffer<float> slot_weight;                     ///< per slot: the gate probability it is combined with, 0 if empty
+    std::vector<Buffer<float>> ex_in, ex_h;        ///< per local expert: its rows [EP C, d] and pre-GeLU [EP C, f]
     nn::ComputeType type = nn::ComputeType::fp32;  ///< the experts' GEMM operand type of this forward
   };
 
-  /** Tells every expert rank how many rows of each of its experts it will receive from here. */
-  void exchange_counts(State& st, const std::vector<std::size_t>& used, std::size_t ep) {
-    auto& rows_from_ = st.rows_from;
-    auto& send_elems_ = st.send_elems;
-    auto& recv_elems_ = st.recv_elems;
-    auto& recv_rows_ = st.recv_rows;
-    const std::size_t El = local_experts_, d = cfg_.d_model;
-    Buffer<float> sent(cfg_.experts), got(cfg_.experts);
-    for (std::size_t e = 0; e < cfg_.experts; ++e) sent[e] = float(used[e]);
-    comm_->all_to_all(std::span<const float>(sent), std::span<float>(got));
-    rows_from_.assign(cfg_.experts, 0);  // [source][local expert]
-    for (std::size_t i = 0; i < cfg_.experts; ++i) rows_from_[i] = std::size_t(got[i]);
-    send_elems_.assign(ep, 0);
-    recv_elems_.assign(ep, 0);
-    recv_rows_ = 0;
-    for (std::size_t q = 0; q < ep; ++q)
-      for (std::size_t l = 0; l < El; ++l) {
-        send_elems_[q] += used[q * El + l] * d;
-        recv_elems_[q] += rows_from_[q * El + l] * d;
-        recv_rows_ += rows_from_[q * El + l];
-      }
-  }
-
   /**
-   * Rows of local expert `l` sit in the receive buffer at [source][expert] positions: calls
-   * `f(l, rows)` with their indices in that buffer, by source (rank memory: the row kernels read it).
+   * The received rows are [source][local expert][C]: `f(l, q, offset)` for each local expert l and source q,
+   * with the first row of that block (the expert's own rows are [q][C], copied contiguous by the callers).
    */
   template <class F>
-  void for_each_expert(const State& st, F&& f) const {
-    const auto& rows_from_ = st.rows_from;
+  void for_each_block(std::size_t C, F&& f) const {
     const std::size_t El = local_experts_, ep = std::size_t(comm_->size());
-    for (std::size_t l = 0; l < El; ++l) {
-      Buffer<std::int32_t> rows;
-      std::size_t row = 0;
-      for (std::size_t q = 0; q < ep; ++q)
-        for (std::size_t m = 0; m < El; ++m) {
-          if (m == l)
-            for (std::size_t r = 0; r < rows_from_[q * El + m]; ++r) rows.push_back(std::int32_t(row + r));
-          row += rows_from_[q * El + m];
-        }
-      f(l, rows);
-    }
+    for (std::size_t l = 0; l < El; ++l)
+      for (std::size_t q = 0; q < ep; ++q) f(l, q, (q * El + l) * C);
   }
 
   void run_experts(State& st, const Buffer<float>& in, Buffer<float>& out) {
-    const std::size_t d = cfg_.d_model, f = cfg_.d_ff;
-    auto& ex_in_ = st.ex_in;
-    auto& ex_h_ = st.ex_h;
-    ex_in_.assign(local_experts_, {});
-    ex_h_.assign(local_experts_, {});
-    for_each_expert(st, [&](std::size_t l, const Buffer<std::int32_t>& rows) {
-      const std::size_t n = rows.size();
-      auto& xi = ex_in_[l];
-      xi.resize(n * d);
-      B::gather_rows(n, d, rows.data(), in.data(), xi.data());
-      auto& h = ex_h_[l];
-      h.resize(n * f);
+    const std::size_t d = cfg_.d_model, f = cfg_.d_ff, C = st.capacity, n = std::size_t(comm_->size()) * C;
+    st.ex_in.assign(local_experts_, {});
+    st.ex_h.assign(local_experts_, {});
+    if (n == 0) return;
+    for (std::size_t l = 0; l < local_experts_; ++l) {
+      auto& xi = st.ex_in[l];
+      xi = uninitialized_buffer<float>(n * d);
+      for_each_block(C, [&](std::size_t m, std::size_t q, std::size_t row) {
+        if (m == l) B::copy(C * d, in.data() + row * d, xi.data() + q * C * d);
+      });
+      auto& h = st.ex_h[l];
+      h = uninitialized_buffer<float>(n * f);
       gemm_xw(st.type, Trans::no, Trans::no, n, f, d, xi, d, w1_, w1_16_, l * d * f, f, 0.0f, h.data(), f);
-      Buffer<float> a(n * f), o(n * d);
+      Buffer<float> a = uninitialized_buffer<float>(n * f), o = uninitialized_buffer<float>(n * d);
       B::gelu_forward(n * f, h.data(), a.data());
       gemm_xw(st.type, Trans::no, Trans::no, n, d, f, a, f, w2_, w2_16_, l * f * d, d, 0.0f, o.data(), d);
-      B::scatter_rows(n, d, rows.data(), o.data(), out.data());
-    });
+      for_each_block(C, [&](std::size_t m, std::size_t q, std::size_t row) {
+        if (m == l) B::copy(C * d, o.data() + q * C * d, out.data() + row * d);
+      });
+    }
   }
 
   void backward_experts(const State& st, const Buffer<float>& dout, Buffer<float>& dx) {
-    const std::size_t d = cfg_.d_model, f = cfg_.d_ff;
-    const auto& ex_in_ = st.ex_in;
-    const auto& ex_h_ = st.ex_h;
-    for_each_expert(st, [&](std::size_t l, const Buffer<std::int32_t>& rows) {
-      const std::size_t n = rows.size();
-      Buffer<float> dy(n * d);
-      B::gather_rows(n, d, rows.data(), dout.data(), dy.data());
-      const auto& h = ex_h_[l];
-      Buffer<float> a(n * f), da(n * f), dh(n * f), dxi(n * d);
+    const std::size_t d = cfg_.d_model, f = cfg_.d_ff, C = st.capacity, n = std::size_t(comm_->size()) * C;
+    if (n == 0) return;
+    for (std::size_t l = 0; l < local_experts_; ++l) {
+      Buffer<float> dy = uninitialized_buffer<float>(n * d);
+      for_each_block(C, [&](std::size_t m, std::size_t q, std::size_t row) {
+        if (m == l) B::copy(C * d, dout.data() + row * d, dy.data() + q * C * d);
+      });
+      const auto& h = st.ex_h[l];
+      Buffer<float> a = uninitialized_buffer<float>(n * f), da = uninitialized_buffer<float>(n * f),
+                    dh = uninitialized_buffer<float>(n * f), dxi = uninitialized_buffer<float>(n * d);
       B::gelu_forward(n * f, h.data(), a.data());  // recomputed: cheaper to keep h than both
       gemm_xy(st.type, Trans::yes, Trans::no, f, d, n, a, f, dy, d, &w2_.grad[l * f * d], d);
       gemm_xw(st.type, Trans::no, Trans::yes, n, f, d, dy, d, w2_, w2_16_, l * f * d, d, 0.0f, da.data(), f);
       B::gelu_backward(n * f, h.data(), da.data(), dh.data());
-      gemm_xy(st.type, Trans::yes, Trans::no, d, f, n, ex_in_[l], d, dh, f, &w1_.grad[l * d * f], f);
+      gemm_xy(st.type, Trans::yes, Trans::no, d, f, n, st.ex_in[l], d, dh, f, &w1_.grad[l * d * f], f);
       gemm_xw(st.type, Trans::no, Trans::yes, n, d, f, dh, f, w1_, w1_16_, l * d * f, f, 0.0f, dxi.data(), d);
-      B::scatter_rows(n, d, rows.data(), dxi.data(), dx.data());
-    });
+      for_each_block(C, [&](std::size_t m, std::size_t q, std::size_t row) {
+        if (m == l) B::copy(C * d, dxi.data() + q * C * d, dx.data() + row * d);
+      });
+    }
   }
 
   /**
@@ -429,8 +399,9 @@ class MoeMlp {
   nn::Parameter gate_, w1_, w2_;
   nn::HalfWeight w1_16_, w2_16_;  // the expert weights as 16-bit GEMM operands inside an Autocast scope
   nn::MicroBatchCache<State> saved_;
-  std::size_t last_capacity_ = 0, last_dropped_ = 0;
-  float last_aux_ = 0.0f;
+  std::size_t last_capacity_ = 0;
+  Buffer<float> last_;  ///< the last forward's aux loss and dropped count (rank memory)
+  MoeStatistics sinks_;
 };
 
 }  // namespace mpar::parallel

@@ -20,6 +20,8 @@
 #include "mpar/backend/gpu/gemm.hpp"
 #include "mpar/backend/gpu/kernels.hpp"
 #include "mpar/backend/gpu/memory.hpp"
+#include "mpar/backend/gpu/moe_ops.hpp"
+#include "mpar/backend/gpu/moe_routing.hpp"
 #include "mpar/backend/gpu/row_kernels.hpp"
 // Fused kernels (classifier, residual + layer norm): their operations are in the block below `gemm_bias_gelu`.
 #include "mpar/backend/gpu/classifier.hpp"
@@ -201,6 +203,32 @@ struct CudaBackend {
   template <class... A>
   static void scatter_add_rows_backward(A&&... a) {
     then_wait([&] { gpu::scatter_add_rows_backward(std::forward<A>(a)...); });
+  }
+  // The MoE routing decisions (see `routing_backend`): gpu::moe_route's sorts and scans, nothing read back.
+  static void moe_route(std::size_t tokens, std::size_t experts, std::size_t k, std::size_t capacity,
+                        const float* probs, std::int32_t* choice, std::uint8_t* accepted, std::int32_t* route,
+                        std::int32_t* route_token, float* route_weight, std::int32_t* used, std::int32_t* routed) {
+    then_wait([&] {
+      gpu::moe_route(tokens, experts, k, capacity, probs,
+                     gpu::MoeRouting{choice, accepted, route, route_token, route_weight, used, routed});
+    });
+  }
+  // The operations around it (gpu/moe_ops.hpp).
+  template <class... A>
+  static void moe_gate_stats(A&&... a) {
+    then_wait([&] { gpu::moe_gate_stats(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void moe_aux_loss(A&&... a) {
+    then_wait([&] { gpu::moe_aux_loss(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void moe_slots(A&&... a) {
+    then_wait([&] { gpu::moe_slots(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void moe_gate_backward(A&&... a) {
+    then_wait([&] { gpu::moe_gate_backward(std::forward<A>(a)...); });
   }
 
   // The buffer operations and the batched GEMM (see the `backend` concept), on the compute stream.

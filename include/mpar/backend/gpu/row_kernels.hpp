@@ -2,8 +2,8 @@
 /**
  * @file CUDA kernels that move rows by index (MoE dispatch and combine): the device side of
  * `host::gather_rows`, `scatter_rows`, `scatter_add_rows` and `scatter_add_rows_backward`
- * (backend/host/row_kernels.hpp, the reference), same arguments plus a trailing optional stream.
- * Compile with nvcc.
+ * (backend/host/row_kernels.hpp, the reference), same arguments plus a trailing optional stream; a
+ * negative index names no row, as there. Compile with nvcc.
  *
  * `scatter_add_rows` adds with atomics, so where several rows meet in one (a token routed to k
  * experts) the order of the k additions is not fixed: results agree with the host to float
@@ -27,14 +27,14 @@ __global__ void gather_rows_kernel(std::size_t rows, std::size_t d, const std::i
   const std::size_t n = rows * d;
   for (std::size_t k = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; k < n;
        k += std::size_t(gridDim.x) * blockDim.x)
-    dst[k] = src[std::size_t(index[k / d]) * d + k % d];
+    dst[k] = index[k / d] < 0 ? T(0) : src[std::size_t(index[k / d]) * d + k % d];  // -1: an empty slot
 }
 template <class T>
 __global__ void scatter_rows_kernel(std::size_t rows, std::size_t d, const std::int32_t* index, const T* src, T* dst) {
   const std::size_t n = rows * d;
   for (std::size_t k = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; k < n;
        k += std::size_t(gridDim.x) * blockDim.x)
-    dst[std::size_t(index[k / d]) * d + k % d] = src[k];
+    if (index[k / d] >= 0) dst[std::size_t(index[k / d]) * d + k % d] = src[k];
 }
 template <class T>
 __global__ void scatter_add_rows_kernel(std::size_t rows, std::size_t d, const std::int32_t* index, const T* weight,
@@ -43,6 +43,7 @@ __global__ void scatter_add_rows_kernel(std::size_t rows, std::size_t d, const s
   for (std::size_t k = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; k < n;
        k += std::size_t(gridDim.x) * blockDim.x) {
     const std::size_t i = k / d;
+    if (index[i] < 0) continue;
     atomicAdd(&dst[std::size_t(index[i]) * d + k % d], weight ? weight[i] * src[k] : src[k]);
   }
 }
@@ -51,6 +52,11 @@ template <class T>
 __global__ void scatter_add_rows_backward_kernel(std::size_t rows, std::size_t d, const std::int32_t* index,
                                                  const T* weight, const T* dy, const T* src, T* dsrc, T* dot) {
   for (std::size_t i = blockIdx.x; i < rows; i += gridDim.x) {
+    if (index[i] < 0) {  // an empty slot: uniform over the block, so the reduction below is skipped by all
+      for (std::size_t c = threadIdx.x; c < d; c += blockDim.x) dsrc[i * d + c] = T(0);
+      if (threadIdx.x == 0) dot[i] = T(0);
+      continue;
+    }
     const T* g = dy + std::size_t(index[i]) * d;
     const T w = weight[i];
     T s = 0;

@@ -11,6 +11,7 @@
 #include "mpar/backend/host/buffer_ops.hpp"
 #include "mpar/backend/host/gemm.hpp"
 #include "mpar/backend/host/kernels.hpp"
+#include "mpar/backend/host/moe_routing.hpp"
 #include "mpar/backend/host/retained_memory.hpp"
 #include "mpar/core/memory_resource.hpp"
 
@@ -185,6 +186,27 @@ struct HostBackend {
   template <class... A>
   static void scatter_add_rows_backward(A&&... a) {
     host::scatter_add_rows_backward(std::forward<A>(a)...);
+  }
+  // The MoE routing decisions (see `routing_backend`; host/moe_routing.hpp).
+  template <class... A>
+  static void moe_route(A&&... a) {
+    host::moe_route(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void moe_gate_stats(A&&... a) {
+    host::moe_gate_stats(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void moe_aux_loss(A&&... a) {
+    host::moe_aux_loss(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void moe_slots(A&&... a) {
+    host::moe_slots(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void moe_gate_backward(A&&... a) {
+    host::moe_gate_backward(std::forward<A>(a)...);
   }
 
   // The buffer operations and the batched GEMM (see the `backend` concept; host/buffer_ops.hpp).
