@@ -10,6 +10,7 @@
  */
 #include <algorithm>
 #include <cmath>
+#include <concepts>
 #include <cstddef>
 #include <cstdint>
 #include <limits>
@@ -25,6 +26,21 @@
 #include "mpar/nn/row_parallel.hpp"
 
 namespace mpar::nn {
+
+/**
+ * @brief A backend with fused attention over the QKV layout (CudaBackend: cuDNN's SDPA or mpar's flash
+ * kernel, never the s × s scores): `attention_supports(batch_heads, head_dim)` says which shapes it takes,
+ * `attention_forward<T>(nb, heads, s, d, scale, causal, qkv, o, o_heads, lse)` writes the fp32 output and
+ * keeps the per-head output and log-sum-exp, `attention_backward<T>(..., qkv, o_heads, lse, dout, dqkv)`
+ * writes every element of dqkv. The attention layers choose it at compile time; HostBackend has none, so
+ * its path is the batched GEMMs and the softmax, with no test at run time.
+ */
+template <class B>
+concept fused_attention_backend = requires(std::size_t n, float a, const float* x, float* y) {
+  { B::attention_supports(n, n) } -> std::convertible_to<bool>;
+  B::template attention_forward<float>(n, n, n, n, a, true, x, y, y, y);
+  B::template attention_backward<float>(n, n, n, n, a, true, x, x, x, x, y);
+};
 
 /** @brief Sizes of the causal attention core on one rank: its heads, head size and sequence length. */
 struct AttentionCore {
@@ -110,6 +126,43 @@ struct AttentionCore {
     per_head_gemm<B>(nb, Trans::yes, Trans::no, s, d, s, scale, ds, q, dq + hl, ld, s * ld, d);  // dK = dS^T Q
     return dqkv;
   }
+  /**
+   * The same attention through a backend's fused kernel (`fused_attention_backend`): `o` fp32 as `forward`
+   * returns it; `o_heads` (the per-head output, storage type T) and `lse` (`[b, h, s]`) are what `fused_backward`
+   * needs instead of the probabilities. Results equal `forward`'s to float rounding (fp32), or to 16-bit
+   * rounding of the probabilities (which the fused kernels keep in fp32) under `Autocast`.
+   */
+  template <fused_attention_backend B, class T>
+  Activation fused_forward(const Activation& qkv, const T* qkv_t, Buffer<T>& o_heads, Buffer<float>& lse,
+                           std::string_view who) const {
+    const std::size_t nb = batch(qkv, who), hl = heads * head_dim;
+    Activation o({qkv.extent(0), hl}, uninitialized);  // every element written by the kernel
+    o_heads = B::template allocate<T>(qkv.extent(0) * hl);
+    lse = B::template allocate<float>(nb * heads * seq);
+    B::template attention_forward<T>(nb, heads, seq, head_dim, 1.0f / std::sqrt(float(head_dim)), true, qkv_t, o.data(),
+                                     o_heads.data(), lse.data());
+    return o;
+  }
+  template <fused_attention_backend B, class T>
+  Activation fused_backward(std::size_t tokens, const T* qkv_t, const Buffer<T>& o_heads, const Buffer<float>& lse,
+                            const Activation& dout, std::string_view who) const {
+    const std::size_t hl = heads * head_dim;
+    require(dout.extent(0) == tokens && dout.extent(1) == hl, who, ": output gradient is ", dout.extent(0), "x",
+            dout.extent(1), ", expected ", tokens, "x", hl);
+    Activation dqkv({tokens, 3 * hl}, uninitialized);
+    B::template attention_backward<T>(tokens / seq, heads, seq, head_dim, 1.0f / std::sqrt(float(head_dim)), true,
+                                      qkv_t, o_heads.data(), lse.data(), dout.data(), dqkv.data());
+    return dqkv;
+  }
+  /** Whether `fused_forward` takes `tokens` tokens on backend B (false on a backend without fused attention). */
+  template <backend B>
+  [[nodiscard]] bool fused_applies(std::size_t tokens) const {
+    if constexpr (fused_attention_backend<B>)
+      return B::attention_supports(tokens / seq * heads, head_dim);
+    else
+      return false;
+  }
+
   /** The fp32 forms (the signatures other attention variants call). */
   template <backend B>
   Activation forward(const Activation& qkv, Buffer<float>& probs, std::string_view who) const {
@@ -179,17 +232,17 @@ class AttentionLayer : public TypedLayer<Derived> {
       auto& c = cache_.put(mb);
       const ComputeType t = autocast_type();  // read once: the backward follows what the forward did
       c.tokens = qkv.extent(0);
+      if constexpr (fused_attention_backend<B>) c.fused = core_.fused_applies<B>(c.tokens);
       if (t == ComputeType::fp32) {
-        decltype(qkv) o(core_.forward<B>(qkv.tensor(), qkv.tensor().data(), c.probs, Derived::layer_kind));
+        decltype(qkv) o(core_forward(qkv.tensor(), qkv.tensor().data(), c));
         c.qkv = make_operand<B>(std::move(qkv).tensor(), t);
         return proj_.forward(o, mb);
       }
       // Under Autocast the core's products take 16-bit q, k, v (converted once, kept for the backward instead
       // of the fp32 qkv) and 16-bit probabilities.
       c.qkv = make_operand<B>(qkv.tensor(), t);
-      decltype(qkv) o(with_half(t, [&]<class T>(T) {
-        return core_.forward<B>(qkv.tensor(), c.qkv.template half<T>(), c.probs, Derived::layer_kind);
-      }));
+      decltype(qkv) o(
+          with_half(t, [&]<class T>(T) { return core_forward(qkv.tensor(), c.qkv.template half<T>(), c); }));
       return proj_.forward(o, mb);
     } else {
       return Act<typename Derived::default_input>{};  // refused above, with the layer's message
@@ -201,13 +254,11 @@ class AttentionLayer : public TypedLayer<Derived> {
     auto dout = proj_.backward_input(dy, mb);
     auto c = cache_.take(mb, Derived::layer_kind);
     require(c.tokens % core_.seq == 0, Derived::layer_kind, ": ", c.tokens, " tokens are not whole sequences");
-    decltype(dout) dqkv =
-        c.qkv.type == ComputeType::fp32
-            ? decltype(dout)(core_.backward<B>(c.tokens, c.qkv.f32.data(), c.probs, dout.tensor(), Derived::layer_kind))
-            : decltype(dout)(with_half(c.qkv.type, [&]<class T>(T) {
-                return core_.backward<B>(c.tokens, c.qkv.template half<T>(), c.probs, dout.tensor(),
-                                         Derived::layer_kind);
-              }));
+    decltype(dout) dqkv = c.qkv.type == ComputeType::fp32
+                              ? decltype(dout)(core_backward(c.qkv.f32.data(), c, dout.tensor()))
+                              : decltype(dout)(with_half(c.qkv.type, [&]<class T>(T) {
+                                  return core_backward(c.qkv.template half<T>(), c, dout.tensor());
+                                }));
     return qkv_.backward_input(dqkv, mb);
   }
   /** W: the weight gradients of both projections for micro-batch `mb` (the core has no weights). */
@@ -239,9 +290,48 @@ class AttentionLayer : public TypedLayer<Derived> {
  private:
   struct Cache {
     std::size_t tokens = 0;
-    GemmOperand qkv;  ///< fp32, or 16-bit under Autocast
-    Buffer<float> probs;
+    GemmOperand qkv;      ///< fp32, or 16-bit under Autocast
+    Buffer<float> probs;  ///< the probabilities `[b, h, s, s]`; on the fused path the log-sum-exp `[b, h, s]`
+    bool fused = false;   ///< the backend's fused attention ran (`fused_attention_backend`)
+    /** On the fused path: the per-head output its backward reads, in the type of the core's qkv. */
+    struct {
+      Buffer<float> f32;
+      Buffer<bf16> b16;
+      Buffer<f16> h16;
+    } o_heads;
+    template <class T>
+    Buffer<T>& heads_output() {
+      if constexpr (std::is_same_v<T, float>)
+        return o_heads.f32;
+      else if constexpr (std::is_same_v<T, bf16>)
+        return o_heads.b16;
+      else
+        return o_heads.h16;
+    }
   };
+  /**
+   * The core on this backend: its fused attention where it has one and takes the shape (chosen at compile
+   * time; HostBackend compiles only the batched products), the batched GEMMs and the softmax otherwise.
+   */
+  template <class T>
+  Activation core_forward(const Activation& qkv, const T* qkv_t, Cache& c) {
+    if constexpr (fused_attention_backend<B>) {
+      if (c.fused) {
+        return core_.fused_forward<B, T>(qkv, qkv_t, c.template heads_output<T>(), c.probs, Derived::layer_kind);
+      }
+    }
+    return core_.forward<B, T>(qkv, qkv_t, c.probs, Derived::layer_kind);
+  }
+  template <class T>
+  Activation core_backward(const T* qkv_t, Cache& c, const Activation& dout) {
+    if constexpr (fused_attention_backend<B>) {
+      if (c.fused) {
+        return core_.fused_backward<B, T>(c.tokens, qkv_t, c.template heads_output<T>(), c.probs, dout,
+                                          Derived::layer_kind);
+      }
+    }
+    return core_.backward<B, T>(c.tokens, qkv_t, c.probs, dout, Derived::layer_kind);
+  }
   Qkv qkv_;
   Proj proj_;
   MicroBatchCache<Cache> cache_;

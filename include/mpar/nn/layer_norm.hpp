@@ -8,6 +8,7 @@
 #include <string>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "mpar/backend/host/host_backend.hpp"
@@ -16,6 +17,19 @@
 #include "mpar/nn/layer.hpp"
 
 namespace mpar::nn {
+
+/**
+ * @brief A backend with the residual add fused into the layer norm after it (CudaBackend:
+ * gpu::residual_layernorm_*): `residual_layernorm_forward(rows, cols, x, branch, gamma, beta, h, y, mean, rstd)`
+ * writes `h = x + branch` and `y = LN(h)`; `residual_layernorm_backward(rows, cols, h, mean, rstd, gamma, dy, dres,
+ * dh, dgamma, dbeta)` writes `dh = dres + LN'(dy)` and accumulates dgamma, dbeta. `LayerNorm::residual_forward`
+ * and `residual_backward` use it; a transformer block chooses them at compile time.
+ */
+template <class B>
+concept fused_residual_layernorm_backend = requires(std::size_t n, const float* x, float* y) {
+  B::residual_layernorm_forward(n, n, x, x, x, x, y, y, y, y);
+  B::residual_layernorm_backward(n, n, x, x, x, x, x, x, y, y, y);
+};
 
 /**
  * @brief LayerNorm with gain and bias (`[features]`, replicated). Layout `L` is `Replicate` or
@@ -92,6 +106,43 @@ class LayerNorm : public detail::TypedLayer<LayerNorm<L, C, B>> {
   }
 
  public:
+  /**
+   * The residual add before this norm and the norm in one kernel (a `fused_residual_layernorm_backend`, no
+   * sequence parallelism): returns `h = branch + x` (the residual stream) and `LN(h)`, keeping what
+   * `residual_backward` needs (h, mean, rstd), as `forward(add(branch, x))` would.
+   */
+  template <class Lx>
+    requires(!sequence_parallel && fused_residual_layernorm_backend<B>)
+  std::pair<Act<Lx>, Act<Lx>> residual_forward(const Act<Lx>& branch, const Act<Lx>& x, int mb) {
+    require(x.extent(1) == n_ && branch.shape() == x.shape(), "LayerNorm '", gamma_.name, "': residual operands are ",
+            branch.extent(0), "x", branch.extent(1), " and ", x.extent(0), "x", x.extent(1), ", expected ", n_,
+            " features each");
+    const std::size_t rows = x.extent(0);
+    Activation h(x.shape(), uninitialized), y(x.shape(), uninitialized);  // the kernel writes both whole
+    auto& c = cache_.put(mb);
+    c.mean = uninitialized_buffer<float>(rows);
+    c.rstd = uninitialized_buffer<float>(rows);
+    B::residual_layernorm_forward(rows, n_, branch.data(), x.data(), gamma_.value.data(), beta_.value.data(), h.data(),
+                                  y.data(), c.mean.data(), c.rstd.data());
+    c.x = backend_copy<B>(h);
+    return {Act<Lx>(std::move(h)), Act<Lx>(std::move(y))};
+  }
+  /**
+   * The backward of `residual_forward`: the gradient of both addends, `dres + LN'(dy)` (`dres` reaches h through
+   * the residual path), with the gain and bias gradients accumulated, as `add(backward(dy), dres)` would.
+   */
+  template <class Lx>
+    requires(!sequence_parallel && fused_residual_layernorm_backend<B>)
+  Act<Lx> residual_backward(const Act<Lx>& dy, const Act<Lx>& dres, int mb) {
+    auto c = cache_.take(mb, layer_kind);
+    require(dy.shape() == c.x.shape() && dres.shape() == c.x.shape(), "LayerNorm '", gamma_.name,
+            "': gradient shapes differ from the input's");
+    Activation dh(dy.shape(), uninitialized);
+    B::residual_layernorm_backward(dy.extent(0), n_, c.x.data(), c.mean.data(), c.rstd.data(), gamma_.value.data(),
+                                   dy.data(), dres.data(), dh.data(), gamma_.grad.data(), beta_.grad.data());
+    return Act<Lx>(std::move(dh));
+  }
+
   std::vector<Parameter*> parameters() { return detail::param_list(&gamma_, &beta_); }
   void drop(int mb) { cache_.drop(mb); }
   [[nodiscard]] std::size_t in_features() const { return 0; }

@@ -106,7 +106,12 @@ class TransformerBlock : public detail::TypedLayer<TransformerBlock<C, SP, B, Fe
                   "above). Fix: pass the gradient of the block's output (Replicate, or Shard<0, tensor> with SP)");
     if (recompute_) run_forward(Act<L>(inputs_.take(mb, "TransformerBlock (recompute)").x), mb);
     // y = h + drop2(mlp(ln2(h))): the residual passes dy straight through.
-    Act<L> dh = add<B>(detail::backward_input_of(ln2_, mlp_.backward_input(drop2_.backward(dy, mb), mb), mb), dy);
+    Act<L> dh = [&] {
+      if constexpr (fuse_ln2)  // h = x + drop1(...) and ln2 were one kernel: so is their backward
+        return ln2_.residual_backward(mlp_.backward_input(drop2_.backward(dy, mb), mb), dy, mb);
+      else
+        return add<B>(detail::backward_input_of(ln2_, mlp_.backward_input(drop2_.backward(dy, mb), mb), mb), dy);
+    }();
     return add<B>(detail::backward_input_of(ln1_, attn_.backward_input(drop1_.backward(dh, mb), mb), mb), dh);
   }
   /** W: the weight gradients of the attention and MLP projections for micro-batch `mb`; no communication. */
@@ -144,10 +149,22 @@ class TransformerBlock : public detail::TypedLayer<TransformerBlock<C, SP, B, Fe
     else
       return Ln(c.hidden, c.seed, c.id_base + off, c.name + suffix);
   }
+  /**
+   * The first residual and ln2 as one kernel where the backend has it and the layout allows (not under sequence
+   * parallelism, whose layer norm all-reduces its gradients): chosen at compile time, so HostBackend keeps
+   * `add` and `LayerNorm::forward` with no test at run time.
+   */
+  static constexpr bool fuse_ln2 = !SP && fused_residual_layernorm_backend<B>;
   /** h = x + drop1(attn(ln1(x))), y = h + drop2(mlp(ln2(h))): every link and both residuals are typed. */
   Act<L> run_forward(const Act<L>& x, int mb) {
-    Act<L> h = add<B>(drop1_.forward(attn_.forward(ln1_.forward(x, mb), mb), mb), x);
-    return add<B>(drop2_.forward(mlp_.forward(ln2_.forward(h, mb), mb), mb), h);
+    Act<L> a = drop1_.forward(attn_.forward(ln1_.forward(x, mb), mb), mb);
+    if constexpr (fuse_ln2) {
+      auto [h, n2] = ln2_.residual_forward(a, x, mb);
+      return add<B>(drop2_.forward(mlp_.forward(n2, mb), mb), h);
+    } else {
+      Act<L> h = add<B>(std::move(a), x);
+      return add<B>(drop2_.forward(mlp_.forward(ln2_.forward(h, mb), mb), mb), h);
+    }
   }
   void drop_sublayers(int mb) {
     ln1_.drop(mb);

@@ -26,6 +26,8 @@
 // Fused kernels (classifier, residual + layer norm): their operations are in the block below `gemm_bias_gelu`.
 #include "mpar/backend/gpu/classifier.hpp"
 #include "mpar/backend/gpu/residual_layernorm.hpp"
+// Fused attention over the layers' QKV layout (cuDNN SDPA or mpar's flash kernel): `attention_*` below.
+#include "mpar/backend/gpu/qkv_attention.hpp"
 
 namespace mpar {
 
@@ -321,6 +323,25 @@ struct CudaBackend {
   template <class... A>
   static void residual_layernorm_backward(A&&... a) {
     then_wait([&] { gpu::residual_layernorm_backward(std::forward<A>(a)...); });
+  }
+  /**
+   * Fused attention over nn's QKV layout (gpu::qkv_attention_forward/backward: cuDNN's SDPA where it takes
+   * the call, mpar's flash kernel otherwise): `nn`'s attention core uses them (`nn::fused_attention_backend`)
+   * for the shapes `attention_supports` accepts, and its batched GEMMs and softmax for the others.
+   */
+  [[nodiscard]] static bool attention_supports(std::size_t batch_heads, std::size_t head_dim) {
+    return gpu::qkv_attention_supports(batch_heads, head_dim);
+  }
+  template <class T>
+  static void attention_forward(std::size_t nb, std::size_t heads, std::size_t s, std::size_t d, float scale,
+                                bool causal, const T* qkv, float* o, T* o_heads, float* lse) {
+    (void)gpu::qkv_attention_forward<T>(nb, heads, s, d, scale, causal, qkv, o, o_heads, lse);
+  }
+  template <class T>
+  static void attention_backward(std::size_t nb, std::size_t heads, std::size_t s, std::size_t d, float scale,
+                                 bool causal, const T* qkv, const T* o_heads, const float* lse, const float* dout,
+                                 float* dqkv) {
+    (void)gpu::qkv_attention_backward<T>(nb, heads, s, d, scale, causal, qkv, o_heads, lse, dout, dqkv);
   }
   // ---- end of the fused kernels ----
 

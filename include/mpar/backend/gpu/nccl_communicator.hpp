@@ -4,27 +4,31 @@
  *
  * Include from code that links mpar::cuda. Buffers are device pointers. Every operation is ordered
  * after the work already queued on the calling thread's compute stream (an event hands it over to
- * the communicator's own stream) and runs on that stream. The compute stream does not wait for it:
- * as with MPI, a result is there, and a buffer may be reused, after `wait()` (or a `test()` that
- * returned true). So an `i*` operation — a data-parallel bucket's all-reduce, a pipeline send —
- * overlaps the compute issued until its wait.
+ * the communicator's own stream) and runs on that stream. The host never waits for it (only
+ * `barrier()` does): `wait()` makes the compute stream wait for the operation's completion event, so
+ * work queued afterwards sees the result, and an `i*` operation — a data-parallel bucket's
+ * all-reduce, a pipeline send — overlaps the compute issued until its wait. Blocking calls are their
+ * `i*` form and that wait. The host reads results as it reads any rank memory: a stream-ordered copy
+ * and an event (the `backend` contract).
  *
- * No rank hangs: the communicator is created non-blocking, and every wait polls the operation's
- * event together with ncclCommGetAsyncError; an error or a timeout aborts the communicator
- * (ncclCommAbort, which also releases the peers stuck in the same collective) and throws
- * comm_error naming the rank, the group, the operation, its sequence number and its size.
- *
- * Blocking calls return once the result is in device memory (the host waited); `i*` calls return
- * at once with a request whose wait()/test() do the polling.
+ * No rank hangs, and errors reach the host through a watchdog thread per communicator, not by
+ * polling in wait(): the communicator is created non-blocking; the watchdog polls
+ * ncclCommGetAsyncError and the age of the oldest operation in flight; on an error or a timeout it
+ * aborts the communicator (ncclCommAbort, which also releases the peers stuck in the same collective)
+ * and the rank's next call throws comm_error naming the rank, the group, the operation, its
+ * sequence number, its size and the fix (`check()` asks explicitly).
  */
 #include <cuda_runtime.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <span>
 #include <string>
 #include <thread>
@@ -84,7 +88,16 @@ inline ncclRedOp_t nccl_op(ReduceOp op) {
   return ncclSum;
 }
 
-/** The state one NcclCommunicator owns; shared with its outstanding requests so they outlive a move. */
+/**
+ * The state one NcclCommunicator owns; shared with its outstanding requests so they outlive a move.
+ *
+ * Errors reach the host through a watchdog thread, not through polling in wait(): it polls
+ * ncclCommGetAsyncError and the completion events of the operations in flight; on an asynchronous
+ * error, or an operation older than the timeout, it aborts the communicator (ncclCommAbort, which
+ * also ends the kernels of the peers stuck in the same collective, so no stream stays blocked) and
+ * records the report that the rank's next call on the communicator throws. `mu` serialises the calls
+ * on `comm` between the rank's thread and the watchdog (an NCCL communicator is not thread-safe).
+ */
 struct NcclState {
   ncclComm_t comm = nullptr;
   int rank = 0, size = 1, device = 0;
@@ -92,13 +105,36 @@ struct NcclState {
   gpu::Stream stream{-1};  // higher priority than compute: collectives should not queue behind GEMMs
   gpu::Event ready;
   std::uint64_t seq = 0;
-  bool aborted = false;
+  std::atomic<bool> aborted{false};
   std::unique_ptr<gpu::DeviceBuffer<float>> barrier_buf;
+
+  /** An operation in flight, as the watchdog sees it. */
+  struct Pending {
+    std::shared_ptr<gpu::Event> done;
+    const char* op;
+    std::size_t count;
+    std::uint64_t seq;
+    std::chrono::steady_clock::time_point since;
+  };
+  std::mutex mu;                 // guards comm's calls, pending, failure, stopping
+  std::vector<Pending> pending;  // oldest first
+  std::string failure;           // the watchdog's (or a failed call's) report
+  bool stopping = false;
+  std::condition_variable wake;
+  std::thread watchdog;
 
   NcclState() = default;
   NcclState(const NcclState&) = delete;
   NcclState& operator=(const NcclState&) = delete;
   ~NcclState() {
+    if (watchdog.joinable()) {
+      {
+        std::lock_guard lk(mu);
+        stopping = true;
+      }
+      wake.notify_all();
+      watchdog.join();
+    }
     if (!comm || aborted) return;
     // Non-blocking communicator: finalize may stay in progress; wait for it (bounded), else abort.
     ncclResult_t r = ncclCommFinalize(comm);
@@ -113,6 +149,11 @@ struct NcclState {
       (void)ncclCommAbort(comm);
   }
 
+  /** Starts the watchdog once `comm` exists. */
+  void start_watchdog() {
+    watchdog = std::thread([this] { watch(); });
+  }
+
   /** Point-to-point operations posted but not yet issued: NCCL needs matching sends and receives in one group. */
   struct P2pBatch {
     std::vector<std::function<ncclResult_t(ncclComm_t, cudaStream_t)>> ops;
@@ -121,48 +162,71 @@ struct NcclState {
   };
   std::shared_ptr<P2pBatch> open_batch;
 
-  [[nodiscard]] std::string where(const char* op, std::size_t count) const {
-    return mpar::detail::cat("rank ", rank, " of group '", opt.name, "' (size ", size, "), ", op, " #", seq, " of ",
+  [[nodiscard]] std::string where(const char* op, std::size_t count, std::uint64_t n) const {
+    return mpar::detail::cat("rank ", rank, " of group '", opt.name, "' (size ", size, "), ", op, " #", n, " of ",
                              count, " elements");
   }
-  [[noreturn]] void fail(const std::string& msg) {
-    if (comm && !aborted) {
-      aborted = true;
-      (void)ncclCommAbort(comm);  // wakes every peer blocked in the same collective with an error
-      comm = nullptr;
-    }
-    throw comm_error(msg);
+  [[nodiscard]] std::string where(const char* op, std::size_t count) const { return where(op, count, seq); }
+  /** Aborts the communicator (once) and keeps `msg` as the report; `mu` is held. */
+  void abort_locked(const std::string& msg) {
+    if (aborted) return;
+    failure = msg;
+    aborted = true;
+    if (comm) (void)ncclCommAbort(comm);  // wakes every peer blocked in the same collective with an error
+    comm = nullptr;
   }
-  /** Waits until an enqueue call on the non-blocking communicator has been accepted. */
+  /** Aborts and throws (a call of the rank's thread failed); `mu` is held. */
+  [[noreturn]] void fail_locked(const std::string& msg) {
+    abort_locked(msg);
+    throw comm_error(failure);
+  }
+  /** Throws the watchdog's report if the communicator was aborted. */
+  void check_alive(const char* op, std::size_t count) {
+    if (!aborted) return;
+    std::lock_guard lk(mu);
+    throw comm_error(where(op, count) + ": the communicator was aborted by an earlier error: " + failure);
+  }
+  /** Waits until an enqueue call on the non-blocking communicator has been accepted; `mu` is held. */
   void settle(ncclResult_t r, const char* op, std::size_t count) {
-    if (aborted) throw comm_error(where(op, count) + ": the communicator was aborted by an earlier error");
     const auto t0 = std::chrono::steady_clock::now();
     while (r == ncclInProgress) {
       if (std::chrono::steady_clock::now() - t0 > opt.timeout)
-        fail(where(op, count) + ": NCCL did not accept the operation within the timeout; communicator aborted");
+        fail_locked(where(op, count) +
+                    ": NCCL did not accept the operation within the timeout; communicator aborted. Fix: check that "
+                    "every rank of the group reached this call");
       std::this_thread::yield();
       (void)ncclCommGetAsyncError(comm, &r);
     }
-    if (r != ncclSuccess) fail(where(op, count) + ": " + ncclGetErrorString(r) + " (" + ncclGetLastError(comm) + ")");
+    if (r != ncclSuccess)
+      fail_locked(where(op, count) + ": " + ncclGetErrorString(r) + " (" + ncclGetLastError(comm) +
+                  "); communicator aborted");
   }
   /**
    * Hands the work queued so far on the calling thread's compute stream to the comm stream, enqueues
-   * `call` there and returns its completion event. The compute stream is not made to wait: work
-   * that needs the result comes after the caller's wait(), which blocks until the event fired.
-   * Posted point-to-point operations are issued first, so every rank issues operations in program order.
+   * `call` there and returns its completion event, which the watchdog tracks. The compute stream is
+   * not made to wait here: work that needs the result comes after the request's wait(), which makes the
+   * compute stream (not the host) wait for the event. Posted point-to-point operations are issued first,
+   * so every rank issues operations in program order.
    */
   template <class Call>
   std::shared_ptr<gpu::Event> enqueue(const char* op, std::size_t count, Call&& call, bool is_flush = false) {
-    if (aborted) throw comm_error(where(op, count) + ": the communicator was aborted by an earlier error");
+    check_alive(op, count);
     if (!is_flush) flush_p2p();
     ++seq;
     if (gpu::this_thread().device() != device) gpu::this_thread().bind(device);
     const cudaStream_t compute = gpu::current_stream();
-    ready.record(compute);
-    ready.wait_on(stream.get());
-    settle(call(comm, stream.get()), op, count);
     auto done = std::make_shared<gpu::Event>();
-    done->record(stream.get());
+    {
+      std::unique_lock lk(mu);
+      if (aborted)
+        throw comm_error(where(op, count) + ": the communicator was aborted by an earlier error: " + failure);
+      ready.record(compute);
+      ready.wait_on(stream.get());
+      settle(call(comm, stream.get()), op, count);
+      done->record(stream.get());
+      pending.push_back({done, op, count, seq, std::chrono::steady_clock::now()});
+    }
+    wake.notify_all();
     return done;
   }
   /** Issues the posted sends and receives as one NCCL group (so a ring of isend/irecv cannot deadlock). */
@@ -182,30 +246,63 @@ struct NcclState {
     b->ops.clear();
   }
 
-  /** Polls `done` and the communicator's async error until the operation finished, timed out or failed. */
+  /** The calling thread's compute stream waits for `done` (the host does not); a reported failure throws. */
   void wait(const gpu::Event& done, const char* op, std::size_t count) {
-    if (aborted) throw comm_error(where(op, count) + ": the communicator was aborted by an earlier error");
-    const auto t0 = std::chrono::steady_clock::now();
-    for (unsigned spins = 0;; ++spins) {
-      if (done.ready()) return;
-      ncclResult_t r = ncclSuccess;
-      (void)ncclCommGetAsyncError(comm, &r);
-      if (r != ncclSuccess && r != ncclInProgress)
-        fail(where(op, count) + ": " + ncclGetErrorString(r) + " (" + ncclGetLastError(comm) +
-             "); communicator aborted");
-      if (std::chrono::steady_clock::now() - t0 > opt.timeout)
-        fail(where(op, count) + ": not finished after " + std::to_string(opt.timeout.count()) +
-             " ms (a peer did not join or called a different collective); communicator aborted");
+    check_alive(op, count);
+    if (gpu::this_thread().device() != device) gpu::this_thread().bind(device);
+    done.wait_on(gpu::current_stream());
+  }
+  /** The host waits for `done` (the barrier only); the watchdog ends the wait with its report on a failure. */
+  void host_wait(const gpu::Event& done, const char* op, std::size_t count) {
+    for (unsigned spins = 0; !done.ready(); ++spins) {
+      check_alive(op, count);
       if (spins < 1000)
         std::this_thread::yield();
       else
         std::this_thread::sleep_for(std::chrono::microseconds(50));
     }
+    check_alive(op, count);
+  }
+
+ private:
+  /** The watchdog: every millisecond, the communicator's asynchronous error and the age of the oldest operation. */
+  void watch() {
+    (void)cudaSetDevice(device);  // the completion events live on the communicator's device
+    std::unique_lock lk(mu);
+    while (!stopping) {
+      wake.wait_for(lk, std::chrono::milliseconds(1));
+      if (stopping || aborted || !comm) continue;
+      const Pending* oldest = nullptr;
+      try {
+        std::erase_if(pending, [](const Pending& p) { return p.done->ready(); });
+        oldest = pending.empty() ? nullptr : &pending.front();
+      } catch (const std::exception& e) {  // an execution error on the device: the events cannot tell
+        abort_locked(where("an operation", 0) + ": the device reported " + e.what() + "; communicator aborted");
+        continue;
+      }
+      ncclResult_t r = ncclSuccess;
+      (void)ncclCommGetAsyncError(comm, &r);
+      if (r != ncclSuccess && r != ncclInProgress) {
+        const std::string at = oldest ? where(oldest->op, oldest->count, oldest->seq) : where("an operation", 0);
+        abort_locked(at + ": " + ncclGetErrorString(r) + " (" + ncclGetLastError(comm) +
+                     "); communicator aborted by the watchdog. Fix: see the NCCL log (NCCL_DEBUG=WARN) for the "
+                     "failed transport or peer");
+      } else if (oldest && std::chrono::steady_clock::now() - oldest->since > opt.timeout) {
+        abort_locked(where(oldest->op, oldest->count, oldest->seq) + ": not finished after " +
+                     std::to_string(opt.timeout.count()) +
+                     " ms; communicator aborted by the watchdog. Fix: every rank of the group must issue the same "
+                     "collectives in the same order with the same sizes (a peer did not join, or called another "
+                     "operation); raise NcclOptions::timeout if a step legitimately takes longer");
+      }
+    }
   }
 };
 }  // namespace detail
 
-/** @brief An outstanding NCCL operation: wait() polls it to completion (throwing comm_error on failure), test() peeks. */
+/**
+ * @brief An outstanding NCCL operation: wait() makes the caller's compute stream wait for it (the host does not),
+ * test() peeks; both throw comm_error once the watchdog reported a failure.
+ */
 class NcclRequest {
  public:
   NcclRequest(std::shared_ptr<detail::NcclState> st, std::shared_ptr<gpu::Event> done, const char* op,
@@ -224,6 +321,7 @@ class NcclRequest {
   bool test() {
     resolve();
     if (!done_) return true;
+    st_->check_alive(op_, count_);
     if (!done_->ready()) return false;
     done_.reset();
     return true;
@@ -252,7 +350,7 @@ class NcclRequest {
  * broadcast / reduce per block. send/recv match in issue order per peer, as NCCL's do (NCCL has no
  * tags). `isend`/`irecv` are posted and issued together as one NCCL group at the first wait()/test()
  * or collective, so exchanges such as a ring of isend/irecv cannot deadlock; a blocking `send`
- * returns only once the receiver has taken the data.
+ * is stream-ordered like every call: work queued after it runs once the receiver has taken the data.
  */
 class NcclCommunicator {
  public:
@@ -273,8 +371,12 @@ class NcclCommunicator {
     cfg.blocking = 0;  // init and collectives return at once; our polling enforces the timeout
     ncclComm_t c = nullptr;
     ncclResult_t r = ncclCommInitRankConfig(&c, size, id, rank, &cfg);
-    st_->comm = c;
-    st_->settle(r, "ncclCommInitRankConfig", 0);
+    {
+      std::lock_guard lk(st_->mu);
+      st_->comm = c;
+      st_->settle(r, "ncclCommInitRankConfig", 0);
+    }
+    st_->start_watchdog();
   }
 
 #if defined(MPAR_HAVE_MPI)
@@ -478,7 +580,7 @@ class NcclCommunicator {
   }
 
   // ---- point to point --------------------------------------------------------------------------
-  /** Blocks until the matching receive has taken the data (like MPI_Ssend): order blocking pairs to avoid cycles. */
+  /** Compute queued afterwards waits until the matching receive took the data: order blocking pairs to avoid cycles. */
   template <element_type T>
   void send(std::span<const T> data, int peer, int tag) {
     isend(data, peer, tag).wait();
@@ -505,10 +607,19 @@ class NcclCommunicator {
     });
   }
 
+  /** The one call that blocks the host: it returns once every rank's barrier all-reduce has finished. */
   void barrier() {
     if (!st_->barrier_buf) st_->barrier_buf = std::make_unique<gpu::DeviceBuffer<float>>(1, st_->stream.get());
-    all_reduce(st_->barrier_buf->span(), ReduceOp::sum);
+    const auto done = st_->enqueue("barrier", 1, [&](ncclComm_t c, cudaStream_t s) {
+      float* b = st_->barrier_buf->data();
+      return ncclAllReduce(b, b, 1, ncclFloat32, ncclSum, c, s);
+    });
+    st_->host_wait(*done, "barrier", 1);
   }
+  /** Throws the watchdog's report if it aborted the communicator (every call checks this first). */
+  void check() { st_->check_alive("check", 0); }
+  /** Whether the watchdog (or a failed call) aborted the communicator. */
+  [[nodiscard]] bool aborted() const { return st_->aborted; }
 
   /** A communicator over the ranks with equal `color`, ordered by `key` (ncclCommSplit; collective). */
   [[nodiscard]] NcclCommunicator split(int color, int key) {
@@ -517,6 +628,8 @@ class NcclCommunicator {
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
     cfg.blocking = 0;
     ncclComm_t nc = nullptr;
+    st_->check_alive("split", 0);
+    std::unique_lock lk(st_->mu);
     const ncclResult_t r = ncclCommSplit(st_->comm, color, key, &nc, &cfg);
     st_->settle(r, "split", 0);
     ++st_->seq;
@@ -526,18 +639,19 @@ class NcclCommunicator {
       while ((void)ncclCommGetAsyncError(nc, &a), a == ncclInProgress) {
         if (std::chrono::steady_clock::now() - t0 > st_->opt.timeout) {
           (void)ncclCommAbort(nc);
-          st_->fail(where("split", 0) + ": the new communicator did not initialise within the timeout");
+          st_->fail_locked(where("split", 0) + ": the new communicator did not initialise within the timeout");
         }
         std::this_thread::yield();
       }
       if (a != ncclSuccess) {
         (void)ncclCommAbort(nc);
-        st_->fail(where("split", 0) + ": " + ncclGetErrorString(a));
+        st_->fail_locked(where("split", 0) + ": " + ncclGetErrorString(a));
       }
     }
     int nr = 0, ns = 1;
     (void)ncclCommUserRank(nc, &nr);
     (void)ncclCommCount(nc, &ns);
+    lk.unlock();
     NcclOptions o = st_->opt;
     o.name = st_->opt.name + "/" + std::to_string(color);
     return NcclCommunicator(nc, nr, ns, st_->device, std::move(o));
@@ -547,6 +661,7 @@ class NcclCommunicator {
   NcclCommunicator(ncclComm_t c, int rank, int size, int device, NcclOptions opt) : st_(make_state(device)) {
     init_state(rank, size, device, std::move(opt));
     st_->comm = c;
+    st_->start_watchdog();
   }
   /** Binds the thread to `device` first, so the communicator's stream and events live on it. */
   static std::shared_ptr<detail::NcclState> make_state(int device) {
@@ -583,7 +698,7 @@ class NcclCommunicator {
   }
   template <class Call>
   NcclRequest post(const char* op, std::size_t count, Call&& call) {
-    if (st_->aborted) throw comm_error(where(op, count) + ": the communicator was aborted by an earlier error");
+    st_->check_alive(op, count);
     if (!st_->open_batch) st_->open_batch = std::make_shared<detail::NcclState::P2pBatch>();
     st_->open_batch->ops.emplace_back(std::forward<Call>(call));
     st_->open_batch->count += count;

@@ -1,0 +1,206 @@
+// The layers' fused-kernel paths, run on the CPU: a host backend that also has the fused operations
+// (`nn::fused_attention_backend`, `nn::fused_residual_layernorm_backend`), implemented here with naive loops and
+// the host kernels, so the layers' choice, arguments and caches are checked in every CI run; the device kernels
+// behind the same operations are checked against the host on a GPU (tests/cuda/layers_cuda_test.cu).
+//
+// - TransformerBlock with the fused residual + ln2 equals HostBackend's add and LayerNorm bit for bit (the fused
+//   operations here are the same host kernels in the same order), with two micro-batches in flight, dropout and
+//   recomputation; with fused attention as well, within attention's tolerance.
+// - Attention through `attention_forward/backward` (naive causal attention over the QKV layout, in double) equals
+//   HostBackend's batched products and softmax within 1e-5, norm-relative (only the summation order differs).
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <cstddef>
+#include <map>
+#include <string>
+#include <vector>
+
+#include <mpar/comm/threads.hpp>
+#include <mpar/nn/transformer_block.hpp>
+
+#include "nn_test_support.hpp"
+
+using namespace mpar;
+using mpar::testing::rel_err;
+
+namespace {
+
+/** HostBackend plus the fused residual + layer norm: the host kernels the unfused path calls, in its order. */
+struct ResidualLnHostBackend : HostBackend {
+  /** h = x + branch, then the host layer norm of h: HostBackend's add and layernorm_forward, in that order. */
+  static void residual_layernorm_forward(std::size_t rows, std::size_t cols, const float* x, const float* branch,
+                                         const float* gamma, const float* beta, float* h, float* y, float* mean,
+                                         float* rstd) {
+    host::add(rows * cols, x, branch, h);
+    host::layernorm_forward(rows, cols, h, gamma, beta, y, mean, rstd);
+  }
+  /** dh = LN'(dy) + dres, dgamma and dbeta accumulated: HostBackend's layernorm_backward and add. */
+  static void residual_layernorm_backward(std::size_t rows, std::size_t cols, const float* h, const float* mean,
+                                          const float* rstd, const float* gamma, const float* dy, const float* dres,
+                                          float* dh, float* dgamma, float* dbeta) {
+    host::layernorm_backward(rows, cols, h, mean, rstd, gamma, dy, dh, dgamma, dbeta);
+    host::add(rows * cols, static_cast<const float*>(dh), dres, dh);
+  }
+};
+/** And fused attention, written as the textbook formulas in double (not the device kernels). */
+struct FusedHostBackend : ResidualLnHostBackend {
+  static bool attention_supports(std::size_t, std::size_t) { return true; }
+  /** o = softmax(scale q kᵀ, causal) v per (sequence, head), read from and written to the layers' layouts. */
+  template <class T>
+  static void attention_forward(std::size_t nb, std::size_t heads, std::size_t s, std::size_t d, float scale,
+                                bool causal, const T* qkv, float* o, T* o_heads, float* lse) {
+    const std::size_t hl = heads * d, ld = 3 * hl;
+    std::vector<double> p(s);
+    for (std::size_t b = 0; b < nb; ++b)
+      for (std::size_t h = 0; h < heads; ++h)
+        for (std::size_t i = 0; i < s; ++i) {
+          const std::size_t n = causal ? i + 1 : s;
+          double mx = -INFINITY;
+          for (std::size_t j = 0; j < n; ++j) {
+            double sc = 0;
+            for (std::size_t c = 0; c < d; ++c)
+              sc += double(float(qkv[(b * s + i) * ld + h * d + c])) *
+                    double(float(qkv[(b * s + j) * ld + hl + h * d + c]));
+            p[j] = scale * sc;
+            mx = std::max(mx, p[j]);
+          }
+          double sum = 0;
+          for (std::size_t j = 0; j < n; ++j) sum += std::exp(p[j] - mx);
+          lse[(b * heads + h) * s + i] = float(mx + std::log(sum));
+          for (std::size_t c = 0; c < d; ++c) {
+            double acc = 0;
+            for (std::size_t j = 0; j < n; ++j)
+              acc += std::exp(p[j] - mx) / sum * double(float(qkv[(b * s + j) * ld + 2 * hl + h * d + c]));
+            o[(b * s + i) * hl + h * d + c] = float(acc);
+            o_heads[((b * heads + h) * s + i) * d + c] = mpar::convert<T>(acc);
+          }
+        }
+  }
+  /** dq, dk, dv from the probabilities recomputed with the saved log-sum-exp (dS = P ∘ (dP − rowsum(dO ∘ O))). */
+  template <class T>
+  static void attention_backward(std::size_t nb, std::size_t heads, std::size_t s, std::size_t d, float scale,
+                                 bool causal, const T* qkv, const T* o_heads, const float* lse, const float* dout,
+                                 float* dqkv) {
+    const std::size_t hl = heads * d, ld = 3 * hl;
+    for (std::size_t i = 0; i < nb * s * ld; ++i) dqkv[i] = 0.0f;
+    auto q = [&](std::size_t b, std::size_t h, std::size_t i, std::size_t c, std::size_t part) {
+      return double(float(qkv[(b * s + i) * ld + part * hl + h * d + c]));
+    };
+    for (std::size_t b = 0; b < nb; ++b)
+      for (std::size_t h = 0; h < heads; ++h)
+        for (std::size_t i = 0; i < s; ++i) {
+          const std::size_t n = causal ? i + 1 : s;
+          double delta = 0;
+          for (std::size_t c = 0; c < d; ++c)
+            delta +=
+                double(dout[(b * s + i) * hl + h * d + c]) * double(float(o_heads[((b * heads + h) * s + i) * d + c]));
+          for (std::size_t j = 0; j < n; ++j) {
+            double sc = 0, dp = 0;
+            for (std::size_t c = 0; c < d; ++c) {
+              sc += q(b, h, i, c, 0) * q(b, h, j, c, 1);
+              dp += double(dout[(b * s + i) * hl + h * d + c]) * q(b, h, j, c, 2);
+            }
+            const double pij = std::exp(scale * sc - double(lse[(b * heads + h) * s + i])), ds = pij * (dp - delta);
+            for (std::size_t c = 0; c < d; ++c) {
+              dqkv[(b * s + i) * ld + h * d + c] += float(scale * ds * q(b, h, j, c, 1));
+              dqkv[(b * s + j) * ld + hl + h * d + c] += float(scale * ds * q(b, h, i, c, 0));
+              dqkv[(b * s + j) * ld + 2 * hl + h * d + c] += float(pij * double(dout[(b * s + i) * hl + h * d + c]));
+            }
+          }
+        }
+  }
+};
+static_assert(backend<FusedHostBackend> && backend<ResidualLnHostBackend>);
+static_assert(!nn::fused_attention_backend<ResidualLnHostBackend>);
+static_assert(nn::fused_attention_backend<FusedHostBackend> && !nn::fused_attention_backend<HostBackend>);
+static_assert(nn::fused_residual_layernorm_backend<FusedHostBackend> &&
+              !nn::fused_residual_layernorm_backend<HostBackend>);
+
+struct Result {
+  std::vector<std::vector<float>> y, dx;
+  std::map<std::string, std::vector<float>> grads;
+};
+
+std::vector<float> values(std::size_t n, std::uint64_t seed) {
+  std::vector<float> v(n);
+  const CounterRng r{seed, 3};
+  for (std::size_t i = 0; i < n; ++i) v[i] = float(2 * r.uniform(i) - 1);
+  return v;
+}
+nn::Act<Replicate> act(const std::vector<float>& v, std::size_t rows, std::size_t cols) {
+  nn::Activation a({rows, cols}, uninitialized);
+  std::copy(v.begin(), v.end(), a.data());
+  return nn::Act<Replicate>(std::move(a));
+}
+
+/** Two micro-batches: both forwards, then both backwards (what a pipeline schedule keeps in flight). */
+template <class Layer>
+Result run(Layer& layer, std::size_t tokens, std::size_t hidden) {
+  Result r;
+  std::vector<nn::Act<Replicate>> ys;
+  for (int mb = 0; mb < 2; ++mb) ys.push_back(layer.forward(act(values(tokens * hidden, 10 + mb), tokens, hidden), mb));
+  for (int mb = 0; mb < 2; ++mb) {
+    const auto dx = layer.backward_input(act(values(tokens * hidden, 20 + mb), tokens, hidden), mb);
+    layer.backward_weight(mb);
+    r.y.emplace_back(ys[std::size_t(mb)].data(), ys[std::size_t(mb)].data() + tokens * hidden);
+    r.dx.emplace_back(dx.data(), dx.data() + tokens * hidden);
+  }
+  for (auto* p : layer.parameters()) r.grads[p->name].assign(p->grad.begin(), p->grad.end());
+  return r;
+}
+
+void compare(const Result& got, const Result& want, double tol) {
+  for (std::size_t mb = 0; mb < 2; ++mb) {
+    INFO("micro-batch " << mb);
+    if (tol == 0) {
+      CHECK(got.y[mb] == want.y[mb]);
+      CHECK(got.dx[mb] == want.dx[mb]);
+    } else {
+      CHECK(rel_err(got.y[mb], want.y[mb]) <= tol);
+      CHECK(rel_err(got.dx[mb], want.dx[mb]) <= tol);
+    }
+  }
+  REQUIRE(got.grads.size() == want.grads.size());
+  for (const auto& [name, g] : want.grads) {
+    INFO("gradient of " << name);
+    REQUIRE(got.grads.count(name) == 1);
+    if (tol == 0)
+      CHECK(got.grads.at(name) == g);
+    else
+      CHECK(rel_err(got.grads.at(name), g) <= tol);
+  }
+}
+
+}  // namespace
+
+TEST_CASE("Attention on a backend with fused attention takes it and equals the batched products and softmax",
+          "[nn][attention][fused]") {
+  const nn::AttentionConfig cfg{48, 3, 8, 4, 0, "attn"};
+  nn::Attention<HostBackend> unfused(cfg);
+  nn::Attention<FusedHostBackend> fused(cfg);
+  const Result want = run(unfused, 3 * cfg.seq, cfg.hidden);
+  compare(run(fused, 3 * cfg.seq, cfg.hidden), want, 1e-5);
+}
+
+template <class B>
+Result run_block(const nn::BlockConfig& cfg, bool recompute) {
+  Result r;
+  run_threads(1, [&](ThreadsCommunicator& tp) {
+    nn::TransformerBlock<ThreadsCommunicator, false, B> block(tp, cfg);
+    block.set_recompute(recompute);
+    r = run(block, 2 * cfg.seq, cfg.hidden);
+  });
+  return r;
+}
+
+TEST_CASE("TransformerBlock on a backend with fused residual + layer norm equals add and LayerNorm bit for bit",
+          "[nn][block][fused]") {
+  const nn::BlockConfig cfg{32, 4, 64, 8, 0.1, 5, 0, "block"};
+  for (bool recompute : {false, true}) {
+    INFO("recomputation " << recompute);
+    const Result want = run_block<HostBackend>(cfg, recompute);
+    compare(run_block<ResidualLnHostBackend>(cfg, recompute), want, 0);  // the same host kernels, the same order
+    compare(run_block<FusedHostBackend>(cfg, recompute), want, 1e-5);    // and with fused attention
+  }
+}
