@@ -183,7 +183,13 @@ TEST_CASE("backend gemm_strided_batched, two-level batch: one launch per call; e
 
 TEST_CASE("HostBackend::init_rank keeps freed memory mapped: a reallocated activation faults no pages again",
           "[backend][memory]") {
-#if defined(__GLIBC__)
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  // Under AddressSanitizer or ThreadSanitizer malloc is the sanitizer's allocator, which takes no mallopt
+  // settings and keeps its own shadow memory: the page counts below describe glibc's allocator, which the
+  // README's test suite (no sanitizer) checks.
+  (void)host::retain_freed_memory();
+  WARN("page-fault check skipped: malloc is the sanitizer's allocator in this build");
+#elif defined(__GLIBC__)
   // On a rank thread, as in training; page faults counted for this thread only, asserted on the main thread.
   long first = -1, again = -1;
   std::thread([&] {
