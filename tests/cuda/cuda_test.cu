@@ -17,35 +17,24 @@
 #include <utility>
 #include <vector>
 
+#include "cuda_test_support.hpp"
 #include "mpar/cuda.hpp"
 
 using namespace mpar;
+using namespace mpar::cuda_testing;
 
 namespace {
-
-cudaStream_t S() { return gpu::current_stream(); }
 
 /** Deterministic test data in [-scale, scale). */
 template <class T>
 std::vector<T> random_vec(std::size_t n, std::uint64_t seed, double scale = 1.0) {
-  std::vector<T> v(n);
-  const CounterRng rng{seed, 7};
-  for (std::size_t i = 0; i < n; ++i) v[i] = convert<T>(scale * (2.0 * rng.uniform(i) - 1.0));
-  return v;
+  return uniform_values<T>(n, CounterRng{seed, 7}, scale);
 }
 template <class T>
 std::vector<float> to_float(const std::vector<T>& v) {
   std::vector<float> f(v.size());
   for (std::size_t i = 0; i < v.size(); ++i) f[i] = float(v[i]);
   return f;
-}
-template <class T>
-gpu::DeviceBuffer<T> upload(const std::vector<T>& h) {
-  return gpu::to_device(std::span<const T>(h), S());
-}
-template <class T>
-std::vector<T> download(const gpu::DeviceBuffer<T>& d) {
-  return gpu::to_host(d.data(), d.size(), S());
 }
 /** Largest |a - b| / (atol + rtol |b|); <= 1 means within tolerance. */
 template <class A, class B>

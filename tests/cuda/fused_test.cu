@@ -10,33 +10,18 @@
 #include <span>
 #include <vector>
 
+#include "cuda_test_support.hpp"
 #include "mpar/cuda.hpp"
 
 using namespace mpar;
+using namespace mpar::cuda_testing;
 
 namespace {
-
-cudaStream_t S() { return gpu::current_stream(); }
 
 /** Deterministic values in [-scale, scale), already rounded to T. */
 template <class T>
 std::vector<T> values(std::size_t n, std::uint64_t seed, double scale) {
-  std::vector<T> v(n);
-  const CounterRng rng{seed, 11};
-  for (std::size_t i = 0; i < n; ++i) v[i] = convert<T>(scale * (2.0 * rng.uniform(i) - 1.0));
-  return v;
-}
-template <class T>
-double as_double(T v) {
-  return double(float(v));
-}
-template <class T>
-gpu::DeviceBuffer<T> upload(const std::vector<T>& h) {
-  return gpu::to_device(std::span<const T>(h), S());
-}
-template <class T>
-std::vector<T> download(const gpu::DeviceBuffer<T>& d) {
-  return gpu::to_host(d.data(), d.size(), S());
+  return uniform_values<T>(n, CounterRng{seed, 11}, scale);
 }
 /** Largest |got - want| / (atol + rtol |want|) over the elements; <= 1 is within tolerance. */
 template <class A>
@@ -321,62 +306,6 @@ TEST_CASE("MoE routing on the device: top-k, capacity and permutation equal the 
 // ---- flash attention ---------------------------------------------------------------------------
 
 namespace {
-
-/** Naive attention in double: the full score matrix, softmax, and the textbook backward. */
-struct AttentionReference {
-  std::vector<double> o, lse, dq, dk, dv;
-};
-template <class T>
-AttentionReference attention_reference(std::size_t bh, std::size_t s, std::size_t d, const std::vector<T>& q,
-                                       const std::vector<T>& k, const std::vector<T>& v, const std::vector<T>& dout,
-                                       double scale, bool causal) {
-  AttentionReference ref{std::vector<double>(bh * s * d, 0.0), std::vector<double>(bh * s, 0.0),
-                         std::vector<double>(bh * s * d, 0.0), std::vector<double>(bh * s * d, 0.0),
-                         std::vector<double>(bh * s * d, 0.0)};
-  std::vector<double> p(s * s), dp(s * s);
-  for (std::size_t h = 0; h < bh; ++h) {
-    const std::size_t b = h * s * d;
-    auto at = [&](const std::vector<T>& x, std::size_t r, std::size_t c) { return as_double(x[b + r * d + c]); };
-    for (std::size_t i = 0; i < s; ++i) {
-      double mx = -INFINITY;
-      for (std::size_t j = 0; j < s; ++j) {
-        double sc = -INFINITY;
-        if (!causal || j <= i) {
-          sc = 0;
-          for (std::size_t c = 0; c < d; ++c) sc += at(q, i, c) * at(k, j, c);
-          sc *= scale;
-        }
-        p[i * s + j] = sc;
-        mx = std::max(mx, sc);
-      }
-      double sum = 0;
-      for (std::size_t j = 0; j < s; ++j) sum += std::exp(p[i * s + j] - mx);
-      ref.lse[h * s + i] = mx + std::log(sum);
-      for (std::size_t j = 0; j < s; ++j) p[i * s + j] = std::exp(p[i * s + j] - ref.lse[h * s + i]);
-      for (std::size_t c = 0; c < d; ++c)
-        for (std::size_t j = 0; j < s; ++j) ref.o[b + i * d + c] += p[i * s + j] * at(v, j, c);
-    }
-    // dV = P^T dO; dP = dO V^T; dS = P * (dP - rowsum(dP * P)); dQ = scale dS K; dK = scale dS^T Q.
-    for (std::size_t i = 0; i < s; ++i) {
-      double rowsum = 0;
-      for (std::size_t j = 0; j < s; ++j) {
-        double x = 0;
-        for (std::size_t c = 0; c < d; ++c) x += at(dout, i, c) * at(v, j, c);
-        dp[i * s + j] = x;
-        rowsum += x * p[i * s + j];
-      }
-      for (std::size_t j = 0; j < s; ++j) {
-        const double ds = p[i * s + j] * (dp[i * s + j] - rowsum);
-        for (std::size_t c = 0; c < d; ++c) {
-          ref.dv[b + j * d + c] += p[i * s + j] * at(dout, i, c);
-          ref.dq[b + i * d + c] += scale * ds * at(k, j, c);
-          ref.dk[b + j * d + c] += scale * ds * at(q, i, c);
-        }
-      }
-    }
-  }
-  return ref;
-}
 
 template <class T>
 void check_flash_attention(std::size_t bh, std::size_t s, std::size_t d, bool causal, double tol) {

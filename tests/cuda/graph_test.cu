@@ -8,22 +8,17 @@
 #include <span>
 #include <vector>
 
+#include "cuda_test_support.hpp"
 #include "mpar/cuda.hpp"
 
 using namespace mpar;
+using namespace mpar::cuda_testing;
 
 namespace {
 
-cudaStream_t S() { return gpu::current_stream(); }
-
 std::vector<float> values(std::size_t n, std::uint64_t seed, double scale) {
-  std::vector<float> v(n);
-  const CounterRng rng{seed, 5};
-  for (std::size_t i = 0; i < n; ++i) v[i] = float(scale * (2.0 * rng.uniform(i) - 1.0));
-  return v;
+  return uniform_values<float>(n, CounterRng{seed, 5}, scale);
 }
-gpu::DeviceBuffer<float> upload(const std::vector<float>& h) { return gpu::to_device(std::span<const float>(h), S()); }
-std::vector<float> download(const gpu::DeviceBuffer<float>& d) { return gpu::to_host(d.data(), d.size(), S()); }
 
 /**
  * A two-layer MLP classifier trained with SGD, every buffer allocated once: the step's state lives at

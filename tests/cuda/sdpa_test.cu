@@ -10,32 +10,22 @@
 #include <span>
 #include <vector>
 
+#include "cuda_test_support.hpp"
 #include "mpar/cuda.hpp"
 
 using namespace mpar;
+using namespace mpar::cuda_testing;
 
 namespace {
 
-cudaStream_t S() { return gpu::current_stream(); }
-
 template <class T>
 std::vector<T> values(std::size_t n, std::uint64_t seed) {
-  std::vector<T> v(n);
-  const CounterRng rng{seed, 23};
-  for (std::size_t i = 0; i < n; ++i) v[i] = convert<T>(2.0 * rng.uniform(i) - 1.0);
-  return v;
+  return uniform_values<T>(n, CounterRng{seed, 23}, 1.0);
 }
+/** A device array in double, to compare with the reference. */
 template <class T>
-double as_double(T v) {
-  return double(float(v));
-}
-template <class T>
-gpu::DeviceBuffer<T> upload(const std::vector<T>& h) {
-  return gpu::to_device(std::span<const T>(h), S());
-}
-template <class T>
-std::vector<double> download(const gpu::DeviceBuffer<T>& d) {
-  const std::vector<T> h = gpu::to_host(d.data(), d.size(), S());
+std::vector<double> download_as_double(const gpu::DeviceBuffer<T>& d) {
+  const std::vector<T> h = download(d);
   std::vector<double> out(h.size());
   for (std::size_t i = 0; i < h.size(); ++i) out[i] = as_double(h[i]);
   return out;
@@ -49,59 +39,6 @@ double worst(const std::vector<double>& got, const std::vector<double>& want, do
   return w;
 }
 
-/** Naive attention in double over the T-rounded inputs: scores, softmax, the textbook backward. */
-struct Reference {
-  std::vector<double> o, lse, dq, dk, dv;
-};
-template <class T>
-Reference reference(std::size_t bh, std::size_t s, std::size_t d, const std::vector<T>& q, const std::vector<T>& k,
-                    const std::vector<T>& v, const std::vector<T>& dout, double scale, bool causal) {
-  const std::size_t n = bh * s * d;
-  Reference r{std::vector<double>(n), std::vector<double>(bh * s), std::vector<double>(n), std::vector<double>(n),
-              std::vector<double>(n)};
-  std::vector<double> p(s * s);
-  for (std::size_t h = 0; h < bh; ++h) {
-    const std::size_t b = h * s * d;
-    auto at = [&](const std::vector<T>& x, std::size_t row, std::size_t c) { return as_double(x[b + row * d + c]); };
-    for (std::size_t i = 0; i < s; ++i) {
-      double mx = -INFINITY;
-      for (std::size_t j = 0; j < s; ++j) {
-        double sc = -INFINITY;
-        if (!causal || j <= i) {
-          sc = 0;
-          for (std::size_t c = 0; c < d; ++c) sc += at(q, i, c) * at(k, j, c);
-          sc *= scale;
-        }
-        p[i * s + j] = sc;
-        mx = std::max(mx, sc);
-      }
-      double sum = 0;
-      for (std::size_t j = 0; j < s; ++j) sum += std::exp(p[i * s + j] - mx);
-      r.lse[h * s + i] = mx + std::log(sum);
-      for (std::size_t j = 0; j < s; ++j) p[i * s + j] = std::exp(p[i * s + j] - r.lse[h * s + i]);
-      for (std::size_t j = 0; j < s; ++j)
-        for (std::size_t c = 0; c < d; ++c) r.o[b + i * d + c] += p[i * s + j] * at(v, j, c);
-    }
-    for (std::size_t i = 0; i < s; ++i) {
-      std::vector<double> dp(s);
-      double rowsum = 0;
-      for (std::size_t j = 0; j < s; ++j) {
-        for (std::size_t c = 0; c < d; ++c) dp[j] += at(dout, i, c) * at(v, j, c);
-        rowsum += dp[j] * p[i * s + j];
-      }
-      for (std::size_t j = 0; j < s; ++j) {
-        const double ds = p[i * s + j] * (dp[j] - rowsum);
-        for (std::size_t c = 0; c < d; ++c) {
-          r.dv[b + j * d + c] += p[i * s + j] * at(dout, i, c);
-          r.dq[b + i * d + c] += scale * ds * at(k, j, c);
-          r.dk[b + j * d + c] += scale * ds * at(q, i, c);
-        }
-      }
-    }
-  }
-  return r;
-}
-
 struct Result {
   std::vector<double> o, lse, dq, dk, dv;
 };
@@ -113,7 +50,7 @@ void check_sdpa(std::size_t bh, std::size_t s, std::size_t d, bool causal, doubl
   const std::size_t n = bh * s * d;
   const auto q = values<T>(n, 41), k = values<T>(n, 42), v = values<T>(n, 43), dout = values<T>(n, 44);
   const double scale = 1.0 / std::sqrt(double(d));
-  const Reference ref = reference(bh, s, d, q, k, v, dout, scale, causal);
+  const AttentionReference ref = attention_reference(bh, s, d, q, k, v, dout, scale, causal);
   auto dq_ = upload(q), dk_ = upload(k), dv_ = upload(v), ddo = upload(dout);
 
   auto run = [&](bool fused, gpu::AttentionPath* fwd_path, gpu::AttentionPath* bwd_path) {
@@ -130,7 +67,8 @@ void check_sdpa(std::size_t bh, std::size_t s, std::size_t d, bool causal, doubl
       gpu::flash_attention_backward(bh, s, d, dq_.data(), dk_.data(), dv_.data(), o.data(), lse.data(), ddo.data(),
                                     gq.data(), gk.data(), gv.data(), float(scale), causal);
     }
-    return Result{download(o), download(lse), download(gq), download(gk), download(gv)};
+    return Result{download_as_double(o), download_as_double(lse), download_as_double(gq), download_as_double(gk),
+                  download_as_double(gv)};
   };
   gpu::AttentionPath fwd = gpu::AttentionPath::ours, bwd = gpu::AttentionPath::ours;
   const Result fused = run(true, &fwd, &bwd);

@@ -220,6 +220,27 @@ void train_single_rank_adamw(TinyMlp& ref, const optim::AdamWConfig& cfg, int st
     ref_opt.step(cfg.lr);
   }
 }
+
+/**
+ * Runs `on_rank(world, first, local, bucket_bytes, rc)` — one rank's part of a ZeRO test, on its `local` samples
+ * from `first` — on dp = 2, 3 and 4 thread ranks, with one bucket and with 80-byte buckets, each in a section of
+ * its own; every rank makes `checks_per_rank` checks.
+ */
+template <class OnRank>
+void for_each_zero_layout(std::size_t checks_per_rank, OnRank on_rank) {
+  for (int dp : {2, 3, 4}) {
+    for (std::size_t bucket_bytes : {std::size_t(0), std::size_t(80)}) {
+      DYNAMIC_SECTION("dp=" << dp << " bucket_bytes=" << bucket_bytes) {
+        RankChecks rc;
+        run_threads(dp, [&](ThreadsCommunicator& world) {
+          const std::size_t local = global_batch / std::size_t(dp);
+          on_rank(world, local * std::size_t(world.rank()), local, bucket_bytes, rc);
+        });
+        rc.assert_all(checks_per_rank * std::size_t(dp));
+      }
+    }
+  }
+}
 }  // namespace
 
 TEST_CASE("ZeRO-1 AdamW equals data parallelism with AdamW over several steps", "[train][zero]") {
@@ -227,38 +248,29 @@ TEST_CASE("ZeRO-1 AdamW equals data parallelism with AdamW over several steps", 
   const int steps = 4;
   TinyMlp ref;
   train_single_rank_adamw(ref, cfg, steps);
-  for (int dp : {2, 3, 4}) {
-    for (std::size_t bucket_bytes : {std::size_t(0), std::size_t(80)}) {
-      DYNAMIC_SECTION("dp=" << dp << " bucket_bytes=" << bucket_bytes) {
-        RankChecks rc;
-        run_threads(dp, [&](ThreadsCommunicator& world) {
-          const std::size_t local = global_batch / std::size_t(dp);
-          const std::size_t first = local * std::size_t(world.rank());
-          TinyMlp a, z;  // a: DataParallel + AdamW, z: ZeRO-1
-          parallel::DataParallel<ThreadsCommunicator> ddp(a.params(), world, {.bucket_bytes = bucket_bytes});
-          optim::AdamW opt(a.params(), cfg);
-          parallel::Zero1AdamW<ThreadsCommunicator> zero(z.params(), world, cfg, {.bucket_bytes = bucket_bytes});
-          for (int s = 0; s < steps; ++s) {
-            opt.zero_grad();
-            a.forward_backward(std::size_t(s) * global_batch + first, local, double(local),
-                               [&](nn::Parameter& p) { ddp.mark_ready(p); });
-            ddp.finish();
-            opt.step(cfg.lr);
-            zero.zero_grad();
-            z.forward_backward(std::size_t(s) * global_batch + first, local, double(local),
-                               [&](nn::Parameter& p) { zero.mark_ready(p); });
-            zero.step(cfg.lr);
-          }
-          check_same(rc, z.params(), a.params(), false, 1e-6);
-          check_same(rc, z.params(), ref.params(), false, 1e-5);
-          // states are sharded: about 2 * 66 / dp floats here, never the full 132
-          rc.expect(zero.state_elements() <= 2 * (66 / std::size_t(dp) + zero.bucket_count()),
-                    "optimizer state is not sharded");
-        });
-        rc.assert_all(2 * 66 * std::size_t(dp));
-      }
+  for_each_zero_layout(2 * 66, [&](ThreadsCommunicator& world, std::size_t first, std::size_t local,
+                                   std::size_t bucket_bytes, RankChecks& rc) {
+    TinyMlp a, z;  // a: DataParallel + AdamW, z: ZeRO-1
+    parallel::DataParallel<ThreadsCommunicator> ddp(a.params(), world, {.bucket_bytes = bucket_bytes});
+    optim::AdamW opt(a.params(), cfg);
+    parallel::Zero1AdamW<ThreadsCommunicator> zero(z.params(), world, cfg, {.bucket_bytes = bucket_bytes});
+    for (int s = 0; s < steps; ++s) {
+      opt.zero_grad();
+      a.forward_backward(std::size_t(s) * global_batch + first, local, double(local),
+                         [&](nn::Parameter& p) { ddp.mark_ready(p); });
+      ddp.finish();
+      opt.step(cfg.lr);
+      zero.zero_grad();
+      z.forward_backward(std::size_t(s) * global_batch + first, local, double(local),
+                         [&](nn::Parameter& p) { zero.mark_ready(p); });
+      zero.step(cfg.lr);
     }
-  }
+    check_same(rc, z.params(), a.params(), false, 1e-6);
+    check_same(rc, z.params(), ref.params(), false, 1e-5);
+    // states are sharded: about 2 * 66 / dp floats here, never the full 132
+    rc.expect(zero.state_elements() <= 2 * (66 / std::size_t(world.size()) + zero.bucket_count()),
+              "optimizer state is not sharded");
+  });
 }
 
 TEST_CASE("ZeRO-2 AdamW equals single-rank AdamW, releasing each gradient as its bucket takes it",
@@ -267,50 +279,40 @@ TEST_CASE("ZeRO-2 AdamW equals single-rank AdamW, releasing each gradient as its
   const int steps = 4;
   TinyMlp ref;
   train_single_rank_adamw(ref, cfg, steps);
-  for (int dp : {2, 3, 4}) {
-    for (std::size_t bucket_bytes : {std::size_t(0), std::size_t(80)}) {
-      DYNAMIC_SECTION("dp=" << dp << " bucket_bytes=" << bucket_bytes) {
-        RankChecks rc;
-        run_threads(dp, [&](ThreadsCommunicator& world) {
-          const std::size_t local = global_batch / std::size_t(dp);
-          const std::size_t first = local * std::size_t(world.rank());
-          TinyMlp z;
-          parallel::ZeroAdamW<ThreadsCommunicator> zero(z.params(), world, cfg,
-                                                        {.bucket_bytes = bucket_bytes, .stage = 2, .in_flight = 1});
-          std::size_t largest_bucket = 0;
-          const std::size_t shards = zero.gradient_buffer_elements();  // before any step: the shards alone
-          std::size_t total = 0;
-          for (auto* p : z.params())
-            total += p->value.size(), largest_bucket = std::max(largest_bucket, p->value.size());
-          if (bucket_bytes) largest_bucket += bucket_bytes / sizeof(float);  // a bucket closes past its bound
-          bool released = true, bounded = true;
-          std::size_t peak = 0;
-          for (int s = 0; s < steps; ++s) {
-            zero.zero_grad();
-            for (auto* p : z.params()) released = released && p->grad.empty();  // nothing full-size between steps
-            zero.prepare_gradients();
-            z.forward_backward(std::size_t(s) * global_batch + first, local, double(local), [&](nn::Parameter& p) {
-              zero.mark_ready(p);
-              released = released && p.grad.empty();
-              const std::size_t now = zero.gradient_buffer_elements() - shards;
-              peak = std::max(peak, now);
-              // in_flight = 1: the bucket being filled and the one in flight (an older one was waited for and freed)
-              bounded = bounded && now <= 2 * largest_bucket;
-            });
-            zero.step(cfg.lr);
-            released = released && zero.gradient_buffer_elements() == shards && zero.gather_buffer_elements() == 0;
-          }
-          check_same(rc, z.params(), ref.params(), false, 1e-5);
-          rc.expect(released, "a full-size gradient, bucket or gather buffer outlived its use");
-          rc.expect(bounded, "more full-size buckets were alive than the in-flight bound allows");
-          rc.expect(peak > 0, "no bucket memory was ever seen (the check above would be void)");
-          rc.expect(shards <= total / std::size_t(dp) + zero.bucket_count(), "the gradient shards are not 1/dp");
-          rc.expect(zero.stage() == 2, "not stage 2");
-        });
-        rc.assert_all((66 + 5) * std::size_t(dp));
-      }
+  for_each_zero_layout(66 + 5, [&](ThreadsCommunicator& world, std::size_t first, std::size_t local,
+                                   std::size_t bucket_bytes, RankChecks& rc) {
+    TinyMlp z;
+    parallel::ZeroAdamW<ThreadsCommunicator> zero(z.params(), world, cfg,
+                                                  {.bucket_bytes = bucket_bytes, .stage = 2, .in_flight = 1});
+    std::size_t largest_bucket = 0;
+    const std::size_t shards = zero.gradient_buffer_elements();  // before any step: the shards alone
+    std::size_t total = 0;
+    for (auto* p : z.params()) total += p->value.size(), largest_bucket = std::max(largest_bucket, p->value.size());
+    if (bucket_bytes) largest_bucket += bucket_bytes / sizeof(float);  // a bucket closes past its bound
+    bool released = true, bounded = true;
+    std::size_t peak = 0;
+    for (int s = 0; s < steps; ++s) {
+      zero.zero_grad();
+      for (auto* p : z.params()) released = released && p->grad.empty();  // nothing full-size between steps
+      zero.prepare_gradients();
+      z.forward_backward(std::size_t(s) * global_batch + first, local, double(local), [&](nn::Parameter& p) {
+        zero.mark_ready(p);
+        released = released && p.grad.empty();
+        const std::size_t now = zero.gradient_buffer_elements() - shards;
+        peak = std::max(peak, now);
+        // in_flight = 1: the bucket being filled and the one in flight (an older one was waited for and freed)
+        bounded = bounded && now <= 2 * largest_bucket;
+      });
+      zero.step(cfg.lr);
+      released = released && zero.gradient_buffer_elements() == shards && zero.gather_buffer_elements() == 0;
     }
-  }
+    check_same(rc, z.params(), ref.params(), false, 1e-5);
+    rc.expect(released, "a full-size gradient, bucket or gather buffer outlived its use");
+    rc.expect(bounded, "more full-size buckets were alive than the in-flight bound allows");
+    rc.expect(peak > 0, "no bucket memory was ever seen (the check above would be void)");
+    rc.expect(shards <= total / std::size_t(world.size()) + zero.bucket_count(), "the gradient shards are not 1/dp");
+    rc.expect(zero.stage() == 2, "not stage 2");
+  });
   RankChecks bad;
   run_threads(2, [&](ThreadsCommunicator& world) {
     TinyMlp z;

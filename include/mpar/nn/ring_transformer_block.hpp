@@ -26,6 +26,7 @@
 #include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/layer_norm.hpp"
 #include "mpar/nn/mlp.hpp"
+#include "mpar/nn/pre_ln_sublayers.hpp"
 #include "mpar/nn/residual.hpp"
 #include "mpar/nn/ring_self_attention.hpp"
 #include "mpar/nn/transformer_block.hpp"
@@ -41,16 +42,19 @@ template <communicator C, backend B = HostBackend>
 class RingTransformerBlock {
   using Mlp = MlpStage<C, dyn, dyn, dyn, false, B>;
   using Ln = LayerNorm<Replicate, NoComm, B>;
+  using Attention = RingSelfAttention<C, B>;
 
  public:
   static constexpr std::string_view layer_kind = "RingTransformerBlock";
 
   RingTransformerBlock(C& tp, C& context, const BlockConfig& c)
-      : hidden_(c.hidden), ln1_(c.hidden, c.seed, c.id_base, c.name + ".ln1"),
-        attn_(tp, context, AttentionConfig{c.hidden, c.heads, c.seq, c.seed, c.id_base + 2, c.name + ".attn"}),
-        ln2_(c.hidden, c.seed, c.id_base + 6, c.name + ".ln2"),
-        mlp_(make_mlp<C, dyn, dyn, dyn, false, B>(tp,
-                                                  MlpConfig{c.hidden, c.ffn, c.seed, c.id_base + 8, c.name + ".mlp"})) {
+      : hidden_(c.hidden), layers_{Ln(c.hidden, c.seed, c.id_base, c.name + ".ln1"),
+                                   Attention(tp, context,
+                                             AttentionConfig{c.hidden, c.heads, c.seq, c.seed, c.id_base + 2,
+                                                             c.name + ".attn"}),
+                                   Ln(c.hidden, c.seed, c.id_base + 6, c.name + ".ln2"),
+                                   make_mlp<C, dyn, dyn, dyn, false, B>(
+                                       tp, MlpConfig{c.hidden, c.ffn, c.seed, c.id_base + 8, c.name + ".mlp"})} {
     require(c.dropout == 0.0, "RingTransformerBlock '", c.name, "': dropout ", c.dropout,
             " under context parallelism is not supported (the mask streams are indexed by local token position); "
             "use dropout 0 with cp > 1");
@@ -59,43 +63,27 @@ class RingTransformerBlock {
   Act<ContextShard> forward(const Act<ContextShard>& x, int mb = 0) {
     require(x.extent(1) == hidden_, "RingTransformerBlock: input has ", x.extent(1), " features, expected ", hidden_);
     Act<ContextShard> y = run_forward(x, mb);
-    if (recompute_) {
-      drop_sublayers(mb);
-      inputs_.put(mb).x = backend_copy<B>(x.tensor());
-    }
+    layers_.keep_for_recompute(x.tensor(), mb);
     return y;
   }
 
   /** B: the input gradient (with recomputation, the forward is rerun first); the layer norms' own gradients too. */
   Act<ContextShard> backward_input(const Act<ContextShard>& dy, int mb = 0) {
-    if (recompute_) (void)run_forward(Act<ContextShard>(inputs_.take(mb, "RingTransformerBlock (recompute)").x), mb);
+    if (layers_.recompute)
+      (void)run_forward(Act<ContextShard>(layers_.take_input(mb, "RingTransformerBlock (recompute)")), mb);
     const Act<Replicate> dyr = token_wise(dy);
     // y = h + mlp(ln2(h)): the residual passes dy straight through.
-    Act<Replicate> dh = add<B>(detail::backward_input_of(ln2_, mlp_.backward_input(dyr, mb), mb), dyr);
+    Act<Replicate> dh = add<B>(detail::backward_input_of(layers_.ln2, layers_.ffn.backward_input(dyr, mb), mb), dyr);
     // h = x + attn(ln1(x)): dh reaches the attention output and, through the residual, x.
-    const Act<ContextShard> dattn = attn_.backward_input(Act<ContextShard>(backend_copy<B>(dh.tensor())), mb);
-    return context_shard(add<B>(detail::backward_input_of(ln1_, token_wise(dattn), mb), dh));
+    const Act<ContextShard> dattn = layers_.attn.backward_input(Act<ContextShard>(backend_copy<B>(dh.tensor())), mb);
+    return context_shard(add<B>(detail::backward_input_of(layers_.ln1, token_wise(dattn), mb), dh));
   }
   /** W: the projections' weight gradients of micro-batch `mb`; no communication. */
-  void backward_weight(int mb = 0) {
-    mlp_.backward_weight(mb);
-    detail::backward_weight_of(ln2_, mb);
-    attn_.backward_weight(mb);
-    detail::backward_weight_of(ln1_, mb);
-  }
+  void backward_weight(int mb = 0) { layers_.backward_weight(mb); }
 
-  std::vector<Parameter*> parameters() {
-    std::vector<Parameter*> ps = ln1_.parameters();
-    detail::append(ps, attn_.parameters());
-    detail::append(ps, ln2_.parameters());
-    detail::append(ps, mlp_.parameters());
-    return ps;
-  }
-  void drop(int mb) {
-    drop_sublayers(mb);
-    inputs_.drop(mb);
-  }
-  void set_recompute(bool on) { recompute_ = on; }
+  std::vector<Parameter*> parameters() { return layers_.parameters(); }
+  void drop(int mb) { layers_.drop(mb); }
+  void set_recompute(bool on) { layers_.recompute = on; }
   [[nodiscard]] std::size_t in_features() const { return hidden_; }
   [[nodiscard]] std::size_t out_features() const { return hidden_; }
 
@@ -106,27 +94,13 @@ class RingTransformerBlock {
 
   Act<ContextShard> run_forward(const Act<ContextShard>& x, int mb) {
     const Act<Replicate> xr = token_wise(x);
-    Act<Replicate> a = token_wise(attn_.forward(context_shard(ln1_.forward(xr, mb)), mb));
+    Act<Replicate> a = token_wise(layers_.attn.forward(context_shard(layers_.ln1.forward(xr, mb)), mb));
     Act<Replicate> h = add<B>(std::move(a), xr);
-    return context_shard(add<B>(mlp_.forward(ln2_.forward(h, mb), mb), h));
+    return context_shard(add<B>(layers_.ffn.forward(layers_.ln2.forward(h, mb), mb), h));
   }
-  void drop_sublayers(int mb) {
-    ln1_.drop(mb);
-    attn_.drop(mb);
-    ln2_.drop(mb);
-    mlp_.drop(mb);
-  }
-  struct Input {
-    Activation x;
-  };
 
   std::size_t hidden_;
-  Ln ln1_;
-  RingSelfAttention<C, B> attn_;
-  Ln ln2_;
-  Mlp mlp_;
-  MicroBatchCache<Input> inputs_;
-  bool recompute_ = false;
+  detail::PreLnSublayers<B, Ln, Attention, Mlp> layers_;
 };
 
 }  // namespace mpar::nn

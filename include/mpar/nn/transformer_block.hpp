@@ -18,6 +18,7 @@
 #include "mpar/nn/dropout.hpp"
 #include "mpar/nn/layer_norm.hpp"
 #include "mpar/nn/mlp.hpp"
+#include "mpar/nn/pre_ln_sublayers.hpp"
 #include "mpar/nn/residual.hpp"
 
 namespace mpar::nn {
@@ -73,10 +74,11 @@ class TransformerBlock : public detail::TypedLayer<TransformerBlock<C, SP, B, Fe
                                                                          c.name + ".mlp"})) {}
   /** The block with another feed-forward half (which takes the ids id_base+8..+11). */
   TransformerBlock(C& tp, const BlockConfig& c, FeedForward ffn)
-      : hidden_(c.hidden), ln1_(make_ln(tp, c, 0, ".ln1")),
-        attn_(tp, AttentionConfig{c.hidden, c.heads, c.seq, c.seed, c.id_base + 2, c.name + ".attn"}),
+      : hidden_(c.hidden), layers_{make_ln(tp, c, 0, ".ln1"),
+                                   Attention(tp, AttentionConfig{c.hidden, c.heads, c.seq, c.seed, c.id_base + 2,
+                                                                 c.name + ".attn"}),
+                                   make_ln(tp, c, 6, ".ln2"), std::move(ffn)},
         drop1_(c.dropout, c.seed, c.id_base + 12, std::size_t(tp.size()), std::size_t(tp.rank())),
-        ln2_(make_ln(tp, c, 6, ".ln2")), mlp_(std::move(ffn)),
         drop2_(c.dropout, c.seed, c.id_base + 13, std::size_t(tp.size()), std::size_t(tp.rank())) {}
 
   template <class In>
@@ -84,10 +86,7 @@ class TransformerBlock : public detail::TypedLayer<TransformerBlock<C, SP, B, Fe
     if constexpr (check_input<In>()) {
       require(x.extent(1) == hidden_, "TransformerBlock: input has ", x.extent(1), " features, expected ", hidden_);
       Act<L> y = run_forward(x, mb);
-      if (recompute_) {
-        drop_sublayers(mb);
-        inputs_.put(mb).x = backend_copy<B>(x.tensor());
-      }
+      layers_.keep_for_recompute(x.tensor(), mb);
       return y;
     } else {
       return Act<L>{};  // refused above, with the check's message
@@ -104,45 +103,34 @@ class TransformerBlock : public detail::TypedLayer<TransformerBlock<C, SP, B, Fe
     static_assert(std::is_same_v<G, L>,
                   "mpar::nn::TransformerBlock: the output gradient's layout differs from the block's layout (see G "
                   "above). Fix: pass the gradient of the block's output (Replicate, or Shard<0, tensor> with SP)");
-    if (recompute_) run_forward(Act<L>(inputs_.take(mb, "TransformerBlock (recompute)").x), mb);
+    if (layers_.recompute) run_forward(Act<L>(layers_.take_input(mb, "TransformerBlock (recompute)")), mb);
     // y = h + drop2(mlp(ln2(h))): the residual passes dy straight through.
     Act<L> dh = [&] {
       if constexpr (fuse_ln2)  // h = x + drop1(...) and ln2 were one kernel: so is their backward
-        return ln2_.residual_backward(mlp_.backward_input(drop2_.backward(dy, mb), mb), dy, mb);
+        return layers_.ln2.residual_backward(layers_.ffn.backward_input(drop2_.backward(dy, mb), mb), dy, mb);
       else
-        return add<B>(detail::backward_input_of(ln2_, mlp_.backward_input(drop2_.backward(dy, mb), mb), mb), dy);
+        return add<B>(
+            detail::backward_input_of(layers_.ln2, layers_.ffn.backward_input(drop2_.backward(dy, mb), mb), mb), dy);
     }();
-    return add<B>(detail::backward_input_of(ln1_, attn_.backward_input(drop1_.backward(dh, mb), mb), mb), dh);
+    return add<B>(detail::backward_input_of(layers_.ln1, layers_.attn.backward_input(drop1_.backward(dh, mb), mb), mb),
+                  dh);
   }
   /** W: the weight gradients of the attention and MLP projections for micro-batch `mb`; no communication. */
-  void backward_weight(int mb = 0) {
-    mlp_.backward_weight(mb);
-    detail::backward_weight_of(ln2_, mb);
-    attn_.backward_weight(mb);
-    detail::backward_weight_of(ln1_, mb);
-  }
+  void backward_weight(int mb = 0) { layers_.backward_weight(mb); }
 
-  std::vector<Parameter*> parameters() {
-    std::vector<Parameter*> ps = ln1_.parameters();
-    detail::append(ps, attn_.parameters());
-    detail::append(ps, ln2_.parameters());
-    detail::append(ps, mlp_.parameters());
-    return ps;
-  }
+  std::vector<Parameter*> parameters() { return layers_.parameters(); }
   /** Frees everything saved for micro-batch `mb` (after backward nothing is left anyway). */
-  void drop(int mb) {
-    drop_sublayers(mb);
-    inputs_.drop(mb);
-  }
+  void drop(int mb) { layers_.drop(mb); }
   /** Full recomputation: keep only the block input per micro-batch. */
-  void set_recompute(bool on) { recompute_ = on; }
+  void set_recompute(bool on) { layers_.recompute = on; }
   [[nodiscard]] std::size_t in_features() const { return hidden_; }
   [[nodiscard]] std::size_t out_features() const { return hidden_; }
   /** The feed-forward half. */
-  [[nodiscard]] FeedForward& ffn() { return mlp_; }
+  [[nodiscard]] FeedForward& ffn() { return layers_.ffn; }
 
  private:
   using Ln = std::conditional_t<SP, LayerNorm<TokenShard, C, B>, LayerNorm<Replicate, NoComm, B>>;
+  using Attention = SelfAttention<C, dyn, dyn, dyn, SP, B>;
   static Ln make_ln(C& tp, const BlockConfig& c, std::uint64_t off, const char* suffix) {
     if constexpr (SP)
       return Ln(tp, c.hidden, c.seed, c.id_base + off, c.name + suffix);
@@ -157,34 +145,19 @@ class TransformerBlock : public detail::TypedLayer<TransformerBlock<C, SP, B, Fe
   static constexpr bool fuse_ln2 = !SP && fused_residual_layernorm_backend<B>;
   /** h = x + drop1(attn(ln1(x))), y = h + drop2(mlp(ln2(h))): every link and both residuals are typed. */
   Act<L> run_forward(const Act<L>& x, int mb) {
-    Act<L> a = drop1_.forward(attn_.forward(ln1_.forward(x, mb), mb), mb);
+    Act<L> a = drop1_.forward(layers_.attn.forward(layers_.ln1.forward(x, mb), mb), mb);
     if constexpr (fuse_ln2) {
-      auto [h, n2] = ln2_.residual_forward(a, x, mb);
-      return add<B>(drop2_.forward(mlp_.forward(n2, mb), mb), h);
+      auto [h, n2] = layers_.ln2.residual_forward(a, x, mb);
+      return add<B>(drop2_.forward(layers_.ffn.forward(n2, mb), mb), h);
     } else {
       Act<L> h = add<B>(std::move(a), x);
-      return add<B>(drop2_.forward(mlp_.forward(ln2_.forward(h, mb), mb), mb), h);
+      return add<B>(drop2_.forward(layers_.ffn.forward(layers_.ln2.forward(h, mb), mb), mb), h);
     }
   }
-  void drop_sublayers(int mb) {
-    ln1_.drop(mb);
-    attn_.drop(mb);
-    ln2_.drop(mb);
-    mlp_.drop(mb);
-  }
-  struct Input {
-    Activation x;
-  };
 
   std::size_t hidden_;
-  Ln ln1_;
-  SelfAttention<C, dyn, dyn, dyn, SP, B> attn_;
-  Dropout<L, B> drop1_;
-  Ln ln2_;
-  FeedForward mlp_;
-  Dropout<L, B> drop2_;
-  MicroBatchCache<Input> inputs_;
-  bool recompute_ = false;
+  detail::PreLnSublayers<B, Ln, Attention, FeedForward> layers_;
+  Dropout<L, B> drop1_, drop2_;
 };
 
 }  // namespace mpar::nn

@@ -132,11 +132,7 @@ class AdamW {
 
   void step() { step(config_.lr); }
   /** One update with learning rate `lr`; gradients are multiplied by `grad_scale` (a host value) first. */
-  void step(float lr, float grad_scale = 1.0f) {
-    const UpdateFactors f{grad_scale, 0.0f};
-    copy_to_rank<B>(&f, factors_.data(), 1);
-    step(lr, factors_.data());
-  }
+  void step(float lr, float grad_scale = 1.0f) { step(lr, write_host_factors<B>(grad_scale, factors_.data())); }
   /**
    * One update with learning rate `lr`, the gradient scale and the skip flag read from `factors` (rank
    * memory, e.g. written by `B::update_factors`). A skipped update still counts here; `retract_step()`

@@ -16,6 +16,7 @@
 
 #include "mpar/backend/backend.hpp"
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/backend/host/optimizer_kernels.hpp"
 
 namespace mpar::optim {
 
@@ -60,6 +61,17 @@ void copy_to_rank(const T* src, T* dst, std::size_t n) {
   typename B::event_type copied;  // the staging buffer must outlive the copy
   B::record_event(copied);
   B::wait_event(copied);
+}
+
+/**
+ * @brief The factors of an update whose gradient scale the host chose (an optimizer's `step(lr, grad_scale)`):
+ * `{grad_scale, no skip}` written into `slot` (one element of rank memory) for the update to read; returns `slot`.
+ */
+template <backend B>
+const UpdateFactors* write_host_factors(float grad_scale, UpdateFactors* slot) {
+  const UpdateFactors f{grad_scale, 0.0f};
+  copy_to_rank<B>(&f, slot, 1);
+  return slot;
 }
 
 template <backend B, class T>

@@ -72,11 +72,7 @@ class Sgd {
   /** Applies one update with the configured learning rate. */
   void step() { step(config_.lr); }
   /** Applies one update with learning rate `lr` (from a schedule); gradients are multiplied by `grad_scale`. */
-  void step(float lr, float grad_scale = 1.0f) {
-    const UpdateFactors f{grad_scale, 0.0f};
-    copy_to_rank<B>(&f, factors_.data(), 1);
-    step(lr, factors_.data());
-  }
+  void step(float lr, float grad_scale = 1.0f) { step(lr, write_host_factors<B>(grad_scale, factors_.data())); }
   /**
    * One update with the gradient scale and the skip flag read from `factors` (rank memory). A skipped update
    * still counts here; `retract_step()` takes it back once the host has learnt of the skip.

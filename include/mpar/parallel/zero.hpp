@@ -162,11 +162,7 @@ class ZeroAdamW {
   /** One AdamW step on this rank's blocks, then the all-gather of the weights. */
   void step() { step(config_.lr); }
   /** As below, with a gradient scale known on the host. */
-  void step(float lr, float grad_scale = 1.0f) {
-    const UpdateFactors f{grad_scale, 0.0f};
-    optim::copy_to_rank<B>(&f, factors_.data(), 1);
-    step(lr, factors_.data());
-  }
+  void step(float lr, float grad_scale = 1.0f) { step(lr, optim::write_host_factors<B>(grad_scale, factors_.data())); }
   /**
    * One AdamW step on this rank's blocks with the gradient scale and skip flag read from `factors` (rank
    * memory), then the all-gather of the weights (unchanged ones when skipped). A skipped step still counts;
