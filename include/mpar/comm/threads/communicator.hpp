@@ -33,12 +33,13 @@ namespace mpar {
  * held by value in several layers. Obtain one from `run_threads` (or `single()`), and
  * sub-communicators from `split`.
  *
- * A class template over the `Group` of ranks (`ThreadsCommunicator` is the one the library uses): a
- * non-template class's inline bodies, and every standard template they use, are compiled by each file that
+ * A class template over the `Group` of ranks and the `Derived` communicator class it makes (split, single):
+ * a non-template class's inline bodies, and every standard template they use, are compiled by each file that
  * includes `mpar/mpar.hpp`; a template's only by the programs that run threads (docs/performance.md,
- * "Compile cost of the umbrella header").
+ * "Compile cost of the umbrella header"). `ThreadsCommunicator` below is the class the library uses; a class
+ * rather than an alias so that diagnostics keep naming it.
  */
-template <class Group>
+template <class Derived, class Group>
 class BasicThreadsCommunicator {
  public:
   using request_type = BasicThreadsRequest<Group>;
@@ -47,9 +48,9 @@ class BasicThreadsCommunicator {
       : st_(std::make_shared<State>(std::move(group), rank)) {}
 
   /** A one-rank world, for serial code paths and tests. */
-  [[nodiscard]] static BasicThreadsCommunicator single(const ThreadsOptions& opts = {}) {
+  [[nodiscard]] static Derived single(const ThreadsOptions& opts = {}) {
     auto world = std::make_shared<typename Group::world_type>(1, opts.timeout, opts.spin);
-    return BasicThreadsCommunicator(Group::create(world, opts.name, {0}), 0);
+    return Derived(Group::create(world, opts.name, {0}), 0);
   }
 
   [[nodiscard]] int rank() const { return st_->rank; }
@@ -305,9 +306,9 @@ class BasicThreadsCommunicator {
   // ---- groups ----------------------------------------------------------------------------------
 
   /** The ranks with equal `color` (>= 0), ordered by (key, rank); named "<parent>.<color>". */
-  [[nodiscard]] BasicThreadsCommunicator split(int color, int key) { return split(color, key, {}); }
+  [[nodiscard]] Derived split(int color, int key) { return split(color, key, {}); }
   /** As split(color, key), with the new group's name for error messages ("tensor", "data", ...). */
-  [[nodiscard]] BasicThreadsCommunicator split(int color, int key, std::string name) {
+  [[nodiscard]] Derived split(int color, int key, std::string name) {
     drain();
     auto& s = st_->begin(detail::Fingerprint{detail::CollKind::split});
     s.color = color;
@@ -329,7 +330,7 @@ class BasicThreadsCommunicator {
           g.world_ptr(), name.empty() ? detail::cat(g.name(), ".", color) : std::move(name), std::move(world_ranks));
     }
     g.arrive_and_wait(rank(), "split", st_->seq);
-    BasicThreadsCommunicator sub(std::static_pointer_cast<Group>(g.slot(leader).new_group), me());
+    Derived sub(std::static_pointer_cast<Group>(g.slot(leader).new_group), me());
     g.arrive_and_wait(rank(), "split", st_->seq);
     g.slot(rank()).new_group.reset();
     return sub;
@@ -530,7 +531,7 @@ class BasicThreadsCommunicator {
     st->progress.submit([st, f = std::forward<F>(f), task = req.task_]() mutable {
       // The task runs through a communicator sharing nothing but the raw state: holding st_
       // here would keep the state (and this thread) alive forever.
-      BasicThreadsCommunicator self{std::shared_ptr<State>(std::shared_ptr<State>{}, st)};
+      Derived self{std::shared_ptr<State>(std::shared_ptr<State>{}, st)};
       try {
         f(self);
         task->finish({});
@@ -546,7 +547,11 @@ class BasicThreadsCommunicator {
   std::shared_ptr<State> st_;
 };
 
-using ThreadsCommunicator = BasicThreadsCommunicator<detail::ThreadsGroup>;
+/** @brief The threads communicator (see BasicThreadsCommunicator). */
+class ThreadsCommunicator : public BasicThreadsCommunicator<ThreadsCommunicator, detail::ThreadsGroup> {
+ public:
+  using BasicThreadsCommunicator::BasicThreadsCommunicator;
+};
 
 static_assert(communicator<ThreadsCommunicator>);
 

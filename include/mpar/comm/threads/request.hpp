@@ -16,7 +16,7 @@
 
 namespace mpar {
 
-template <class Group>
+template <class Derived, class Group>
 class BasicThreadsCommunicator;
 
 /**
@@ -81,7 +81,8 @@ class BasicThreadsRequest {
   }
 
  private:
-  friend class BasicThreadsCommunicator<Group>;
+  template <class, class>
+  friend class BasicThreadsCommunicator;
   void swap(BasicThreadsRequest& o) noexcept {
     std::swap(task_, o.task_);
     std::swap(recv_, o.recv_);
