@@ -2,7 +2,8 @@
 /**
  * @file Pipeline parallelism: partitions, schedules, the verifier and the executor. The simulator
  * (`mpar/pipeline/simulator.hpp`: predicted timelines, `idle_slots`) and `summarise_measured`
- * (`mpar/pipeline/summarise_measured.hpp`) are tools, in `mpar/tools.hpp`: a training program does not compile them.
+ * (`mpar/pipeline/summarise_measured.hpp`) are tools, included where used (the simulator also by
+ * `mpar/tools.hpp`): a training program does not compile them.
  */
 #include "mpar/pipeline/action.hpp"
 #include "mpar/pipeline/executor.hpp"
