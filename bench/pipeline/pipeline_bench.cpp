@@ -20,6 +20,8 @@
 #include "mlp_stack_stage.hpp"
 #include "mpar/comm/threads.hpp"
 #include "mpar/pipeline.hpp"
+#include "mpar/pipeline/simulator.hpp"
+#include "mpar/pipeline/summarise_measured.hpp"
 #include "mpar/pipeline/timeline_trace.hpp"
 
 using namespace mpar;

@@ -14,6 +14,7 @@
 #include <mpar/cli/parser.hpp>
 #include <mpar/mpar.hpp>
 #include <mpar/pipeline/run_threads.hpp>
+#include <mpar/pipeline/simulator.hpp>
 
 using namespace mpar;
 using Part = nn::Stage<nn::Linear<>, nn::Gelu>;

@@ -9,6 +9,7 @@
 #include <string>
 
 #include "mpar/pipeline.hpp"
+#include "mpar/pipeline/simulator.hpp"
 #include "mpar/pipeline/timeline_trace.hpp"
 
 namespace {

@@ -16,6 +16,8 @@
 #include "mpar/nn.hpp"
 #include "mpar/pipeline.hpp"
 #include "mpar/pipeline/run_threads.hpp"
+#include "mpar/pipeline/simulator.hpp"
+#include "mpar/pipeline/summarise_measured.hpp"
 #include "pipeline/tanh_linear_stage.hpp"
 
 using namespace mpar;

@@ -6,6 +6,7 @@
 
 #include "mpar/observe.hpp"
 #include "mpar/pipeline.hpp"
+#include "mpar/pipeline/simulator.hpp"
 #include "mpar/pipeline/timeline_trace.hpp"
 
 using namespace mpar::pipeline;

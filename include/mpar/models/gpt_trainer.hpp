@@ -98,6 +98,7 @@
 #include "mpar/pipeline/executor.hpp"
 #include "mpar/pipeline/partition.hpp"
 #include "mpar/pipeline/schedules.hpp"
+#include "mpar/pipeline/simulator.hpp"
 
 namespace mpar::models {
 

@@ -59,7 +59,6 @@
 #include "mpar/pipeline/action.hpp"
 #include "mpar/pipeline/detail/part_calls.hpp"
 #include "mpar/pipeline/pipeline_part.hpp"
-#include "mpar/pipeline/simulator.hpp"
 #include "mpar/pipeline/timeline.hpp"
 #include "mpar/pipeline/verifier.hpp"
 
@@ -742,20 +741,5 @@ class Executor {
   typename B_::event_type staged_;  ///< after the step's header copies
   bool staged_pending_ = false;
 };
-
-/**
- * @brief Merges every rank's measured timeline into one (threads share one clock; across processes,
- * clocks are only roughly aligned by the step's barrier) and summarises it like a simulation:
- * measured makespan, idle per rank and bubble ratio.
- */
-[[nodiscard]] inline SimResult summarise_measured(const std::vector<StepStats>& ranks) {
-  SimResult res;
-  require(!ranks.empty(), "summarise_measured: no ranks");
-  res.timeline.config = ranks.front().timeline.config;
-  for (const auto& s : ranks)
-    res.timeline.events.insert(res.timeline.events.end(), s.timeline.events.begin(), s.timeline.events.end());
-  detail::summarise(res);
-  return res;
-}
 
 }  // namespace mpar::pipeline

@@ -7,6 +7,7 @@
  *     [](int rank, int chunk, int stage) { return MyStage(stage); },   // one object per (rank, chunk)
  *     inputs, loss, 3);                                                 // 3 steps
  * SimResult measured = summarise_measured(stats.back());                // the last step, all ranks
+ *                                                    // (mpar/pipeline/summarise_measured.hpp)
  * ```
  */
 #include <mutex>

@@ -22,6 +22,7 @@
 
 #include "mpar/core/error.hpp"
 #include "mpar/pipeline/action.hpp"
+#include "mpar/pipeline/text_timeline.hpp"
 #include "mpar/pipeline/timeline.hpp"
 #include "mpar/pipeline/verifier.hpp"
 

@@ -45,8 +45,14 @@ struct VerifyReport {
 
 namespace detail {
 
+/**
+ * The replay behind `verify`. A template over the programs' type (always `Programs`) only so that its
+ * constexpr bodies, and the vector and string code they instantiate, are compiled by the programs that
+ * verify a schedule rather than by every includer of `mpar/mpar.hpp`.
+ */
+template <class RankPrograms>
 struct Replay {
-  const Programs& p;
+  const RankPrograms& p;
   SendMode mode;
   int P, V, S, N;
   std::vector<std::size_t> pc;
@@ -63,7 +69,7 @@ struct Replay {
   std::vector<std::size_t> group_end;
   std::vector<int> unmatched;
 
-  constexpr Replay(const Programs& prog, SendMode m)
+  constexpr Replay(const RankPrograms& prog, SendMode m)
       : p(prog), mode(m), P(prog.config.stages), V(prog.config.chunks), S(prog.config.total_stages()),
         N(prog.config.total_microbatches()) {
     const auto sn = std::size_t(S) * std::size_t(N);
@@ -386,8 +392,12 @@ struct Replay {
 
 }  // namespace detail
 
-/** @brief Replays all ranks' programs together; see the file comment for what is checked. O(total actions). */
-[[nodiscard]] constexpr VerifyReport verify(const Programs& p, SendMode mode = SendMode::buffered) {
+/**
+ * @brief Replays all ranks' programs together; see the file comment for what is checked. O(total actions).
+ * `RankPrograms` is `Programs` (a template for the compile cost only, see detail::Replay).
+ */
+template <class RankPrograms = Programs>
+[[nodiscard]] constexpr VerifyReport verify(const RankPrograms& p, SendMode mode = SendMode::buffered) {
   VerifyReport rep;
   if (int(p.ranks.size()) != p.config.stages) {
     rep.ok = false;
@@ -395,7 +405,7 @@ struct Replay {
                 " ranks but P = " + detail::itos(p.config.stages);
     return rep;
   }
-  detail::Replay rp(p, mode);
+  detail::Replay<RankPrograms> rp(p, mode);
   rp.run();
   rep.error = rp.finish();
   rep.ok = rep.error.empty();
@@ -404,7 +414,8 @@ struct Replay {
 }
 
 /** @brief Verifies and throws config_error naming the schedule and the problem; returns the report when sound. */
-inline VerifyReport verify_or_throw(const Programs& p, SendMode mode = SendMode::buffered) {
+template <class RankPrograms = Programs>
+VerifyReport verify_or_throw(const RankPrograms& p, SendMode mode = SendMode::buffered) {
   VerifyReport rep = verify(p, mode);
   if (!rep.ok)
     throw config_error("pipeline schedule " + std::string(p.schedule) + " (P=" + std::to_string(p.config.stages) +

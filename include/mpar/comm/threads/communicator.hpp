@@ -32,18 +32,25 @@ namespace mpar {
  * Copies share the same rank state (sequence numbers, progress thread), so a communicator can be
  * held by value in several layers. Obtain one from `run_threads` (or `single()`), and
  * sub-communicators from `split`.
+ *
+ * A class template over the `Group` of ranks and the `Derived` communicator class it makes (split, single):
+ * a non-template class's inline bodies, and every standard template they use, are compiled by each file that
+ * includes `mpar/mpar.hpp`; a template's only by the programs that run threads (docs/performance.md,
+ * "Compile cost of the umbrella header"). `ThreadsCommunicator` below is the class the library uses; a class
+ * rather than an alias so that diagnostics keep naming it.
  */
-class ThreadsCommunicator {
+template <class Derived, class Group>
+class BasicThreadsCommunicator {
  public:
-  using request_type = ThreadsRequest;
+  using request_type = BasicThreadsRequest<Group>;
 
-  ThreadsCommunicator(std::shared_ptr<detail::ThreadsGroup> group, int rank)
+  BasicThreadsCommunicator(std::shared_ptr<Group> group, int rank)
       : st_(std::make_shared<State>(std::move(group), rank)) {}
 
   /** A one-rank world, for serial code paths and tests. */
-  [[nodiscard]] static ThreadsCommunicator single(const ThreadsOptions& opts = {}) {
-    auto world = std::make_shared<detail::ThreadsWorld>(1, opts.timeout, opts.spin);
-    return ThreadsCommunicator(detail::ThreadsGroup::create(world, opts.name, {0}), 0);
+  [[nodiscard]] static Derived single(const ThreadsOptions& opts = {}) {
+    auto world = std::make_shared<typename Group::world_type>(1, opts.timeout, opts.spin);
+    return Derived(Group::create(world, opts.name, {0}), 0);
   }
 
   [[nodiscard]] int rank() const { return st_->rank; }
@@ -247,18 +254,18 @@ class ThreadsCommunicator {
   }
   /** Completes at once (see send). */
   template <element_type T>
-  [[nodiscard]] ThreadsRequest isend(std::span<const T> data, int peer, int tag) {
+  [[nodiscard]] request_type isend(std::span<const T> data, int peer, int tag) {
     send(data, peer, tag);
     return {};
   }
   template <element_type T>
-  [[nodiscard]] ThreadsRequest isend(std::span<T> data, int peer, int tag) {
+  [[nodiscard]] request_type isend(std::span<T> data, int peer, int tag) {
     return isend(std::span<const T>(data), peer, tag);
   }
   template <element_type T>
-  [[nodiscard]] ThreadsRequest irecv(std::span<T> data, int peer, int tag) {
+  [[nodiscard]] request_type irecv(std::span<T> data, int peer, int tag) {
     check_peer("recv", peer);
-    ThreadsRequest req;
+    request_type req;
     auto& mb = st_->group->mailbox(rank());
     const std::uint64_t seq = ++st_->p2p_seq;
     std::lock_guard l(mb.m);
@@ -284,24 +291,24 @@ class ThreadsCommunicator {
   // ---- asynchronous collectives (run on this rank's progress thread, in issue order) ------------
 
   template <element_type T>
-  [[nodiscard]] ThreadsRequest iall_reduce(std::span<T> data, ReduceOp op) {
-    return submit([data, op](ThreadsCommunicator& c) { c.all_reduce_impl(data, op); });
+  [[nodiscard]] request_type iall_reduce(std::span<T> data, ReduceOp op) {
+    return submit([data, op](BasicThreadsCommunicator& c) { c.all_reduce_impl(data, op); });
   }
   template <element_type T>
-  [[nodiscard]] ThreadsRequest iall_gather(in_span<T> send, std::span<T> recv) {
-    return submit([send, recv](ThreadsCommunicator& c) { c.all_gather_impl(send, recv); });
+  [[nodiscard]] request_type iall_gather(in_span<T> send, std::span<T> recv) {
+    return submit([send, recv](BasicThreadsCommunicator& c) { c.all_gather_impl(send, recv); });
   }
   template <element_type T>
-  [[nodiscard]] ThreadsRequest ireduce_scatter(in_span<T> send, std::span<T> recv, ReduceOp op) {
-    return submit([send, recv, op](ThreadsCommunicator& c) { c.reduce_scatter_impl(send, recv, op); });
+  [[nodiscard]] request_type ireduce_scatter(in_span<T> send, std::span<T> recv, ReduceOp op) {
+    return submit([send, recv, op](BasicThreadsCommunicator& c) { c.reduce_scatter_impl(send, recv, op); });
   }
 
   // ---- groups ----------------------------------------------------------------------------------
 
   /** The ranks with equal `color` (>= 0), ordered by (key, rank); named "<parent>.<color>". */
-  [[nodiscard]] ThreadsCommunicator split(int color, int key) { return split(color, key, {}); }
+  [[nodiscard]] Derived split(int color, int key) { return split(color, key, {}); }
   /** As split(color, key), with the new group's name for error messages ("tensor", "data", ...). */
-  [[nodiscard]] ThreadsCommunicator split(int color, int key, std::string name) {
+  [[nodiscard]] Derived split(int color, int key, std::string name) {
     drain();
     auto& s = st_->begin(detail::Fingerprint{detail::CollKind::split});
     s.color = color;
@@ -319,11 +326,11 @@ class ThreadsCommunicator {
     if (leader == rank()) {
       std::vector<int> world_ranks;
       for (int q : members) world_ranks.push_back(g.world_rank(q));
-      g.slot(rank()).new_group = detail::ThreadsGroup::create(
+      g.slot(rank()).new_group = Group::create(
           g.world_ptr(), name.empty() ? detail::cat(g.name(), ".", color) : std::move(name), std::move(world_ranks));
     }
     g.arrive_and_wait(rank(), "split", st_->seq);
-    ThreadsCommunicator sub(g.slot(leader).new_group, me());
+    Derived sub(std::static_pointer_cast<Group>(g.slot(leader).new_group), me());
     g.arrive_and_wait(rank(), "split", st_->seq);
     g.slot(rank()).new_group.reset();
     return sub;
@@ -331,7 +338,7 @@ class ThreadsCommunicator {
 
  private:
   struct State {
-    State(std::shared_ptr<detail::ThreadsGroup> g, int r) : group(std::move(g)), rank(r) {}
+    State(std::shared_ptr<Group> g, int r) : group(std::move(g)), rank(r) {}
     /** Starts a collective: bumps the sequence number and publishes its fingerprint. */
     detail::Slot& begin(detail::Fingerprint f) {
       f.seq = ++seq;
@@ -340,14 +347,14 @@ class ThreadsCommunicator {
       s.fp = f;
       return s;
     }
-    std::shared_ptr<detail::ThreadsGroup> group;
+    std::shared_ptr<Group> group;
     int rank;
     std::uint64_t seq = 0;
     std::uint64_t p2p_seq = 0;
     detail::ProgressThread progress;  // last: joined before the rest is destroyed
   };
 
-  explicit ThreadsCommunicator(std::shared_ptr<State> st) : st_(std::move(st)) {}
+  explicit BasicThreadsCommunicator(std::shared_ptr<State> st) : st_(std::move(st)) {}
 
   template <class T>
   static detail::Fingerprint fp(detail::CollKind k, std::size_t count, int op, int root) {
@@ -406,14 +413,14 @@ class ThreadsCommunicator {
   /** Flags this rank as reading peers' buffers from the next barrier until `end()` (or unwinding). */
   class ReadingScope {
    public:
-    ReadingScope(detail::ThreadsGroup& g, int rank) : g_(g), rank_(rank) { g_.set_reading(rank_, true); }
+    ReadingScope(Group& g, int rank) : g_(g), rank_(rank) { g_.set_reading(rank_, true); }
     ~ReadingScope() { end(); }
     ReadingScope(const ReadingScope&) = delete;
     ReadingScope& operator=(const ReadingScope&) = delete;
     void end() { g_.set_reading(rank_, false); }
 
    private:
-    detail::ThreadsGroup& g_;
+    Group& g_;
     int rank_;
   };
 
@@ -517,14 +524,14 @@ class ThreadsCommunicator {
   }
 
   template <class F>
-  ThreadsRequest submit(F&& f) {
-    ThreadsRequest req;
+  request_type submit(F&& f) {
+    request_type req;
     req.task_ = std::make_shared<detail::TaskState>();
     State* st = st_.get();
     st->progress.submit([st, f = std::forward<F>(f), task = req.task_]() mutable {
       // The task runs through a communicator sharing nothing but the raw state: holding st_
       // here would keep the state (and this thread) alive forever.
-      ThreadsCommunicator self{std::shared_ptr<State>(std::shared_ptr<State>{}, st)};
+      Derived self{std::shared_ptr<State>(std::shared_ptr<State>{}, st)};
       try {
         f(self);
         task->finish({});
@@ -538,6 +545,12 @@ class ThreadsCommunicator {
   }
 
   std::shared_ptr<State> st_;
+};
+
+/** @brief The threads communicator (see BasicThreadsCommunicator). */
+class ThreadsCommunicator : public BasicThreadsCommunicator<ThreadsCommunicator, detail::ThreadsGroup> {
+ public:
+  using BasicThreadsCommunicator::BasicThreadsCommunicator;
 };
 
 static_assert(communicator<ThreadsCommunicator>);

@@ -31,10 +31,17 @@ inline void cpu_relax() {
 #endif
 }
 
-/** One group (world or a split): slots, a barrier with arrival tracking, and one mailbox per rank. */
-class ThreadsGroup {
+/**
+ * One group (world or a split) of the ranks of a `World`: slots, a barrier with arrival tracking, and one
+ * mailbox per rank. A class template (`ThreadsGroup` is the one the library uses) for the reason
+ * `BasicThreadsWorld` is one: its inline bodies are compiled only by the programs that run threads.
+ */
+template <class World>
+class BasicThreadsGroup {
  public:
-  ThreadsGroup(std::shared_ptr<ThreadsWorld> world, std::string name, std::vector<int> world_ranks)
+  using world_type = World;
+
+  BasicThreadsGroup(std::shared_ptr<World> world, std::string name, std::vector<int> world_ranks)
       : world_(std::move(world)), name_(std::move(name)), world_ranks_(std::move(world_ranks)),
         size_(int(world_ranks_.size())), slots_(world_ranks_.size()),
         arrived_(std::make_unique<std::atomic<std::uint64_t>[]>(world_ranks_.size())),
@@ -45,17 +52,17 @@ class ThreadsGroup {
     spin_time_ = world_->spin();
     if (spin_time_.count() <= 0) spin_ = false;
   }
-  static std::shared_ptr<ThreadsGroup> create(std::shared_ptr<ThreadsWorld> world, std::string name,
-                                              std::vector<int> world_ranks) {
-    auto g = std::make_shared<ThreadsGroup>(world, std::move(name), std::move(world_ranks));
+  static std::shared_ptr<BasicThreadsGroup> create(std::shared_ptr<World> world, std::string name,
+                                                   std::vector<int> world_ranks) {
+    auto g = std::make_shared<BasicThreadsGroup>(world, std::move(name), std::move(world_ranks));
     world->register_group(g);
     return g;
   }
 
   [[nodiscard]] int size() const { return size_; }
   [[nodiscard]] const std::string& name() const { return name_; }
-  [[nodiscard]] ThreadsWorld& world() const { return *world_; }
-  [[nodiscard]] const std::shared_ptr<ThreadsWorld>& world_ptr() const { return world_; }
+  [[nodiscard]] World& world() const { return *world_; }
+  [[nodiscard]] const std::shared_ptr<World>& world_ptr() const { return world_; }
   [[nodiscard]] int world_rank(int r) const { return world_ranks_[std::size_t(r)]; }
   [[nodiscard]] Slot& slot(int r) { return slots_[std::size_t(r)]; }
   [[nodiscard]] Mailbox& mailbox(int r) { return *mailboxes_[std::size_t(r)]; }
@@ -187,7 +194,7 @@ class ThreadsGroup {
   }
 
  private:
-  std::shared_ptr<ThreadsWorld> world_;
+  std::shared_ptr<World> world_;
   std::string name_;
   std::vector<int> world_ranks_;
   int size_;
@@ -202,5 +209,7 @@ class ThreadsGroup {
   std::condition_variable cv_;
   bool spin_ = true;
 };
+
+using ThreadsGroup = BasicThreadsGroup<ThreadsWorld>;
 
 }  // namespace mpar::detail

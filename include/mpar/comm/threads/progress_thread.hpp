@@ -34,15 +34,18 @@ struct TaskState {
 };
 
 /**
- * One rank's progress thread: runs asynchronous collectives in issue order, so they overlap
- * with whatever the rank computes meanwhile. Started on the first asynchronous call.
+ * One rank's progress thread: runs asynchronous collectives (each a `Task`, called with no arguments) in
+ * issue order, so they overlap with whatever the rank computes meanwhile. Started on the first asynchronous
+ * call. A class template (`ProgressThread` is the one the library uses) so that its inline bodies (a thread,
+ * a queue of std::function) are compiled only by the programs that run threads.
  */
-class ProgressThread {
+template <class Task = std::function<void()>>
+class BasicProgressThread {
  public:
-  ProgressThread() = default;
-  ProgressThread(const ProgressThread&) = delete;
-  ProgressThread& operator=(const ProgressThread&) = delete;
-  ~ProgressThread() {
+  BasicProgressThread() = default;
+  BasicProgressThread(const BasicProgressThread&) = delete;
+  BasicProgressThread& operator=(const BasicProgressThread&) = delete;
+  ~BasicProgressThread() {
     {
       std::lock_guard l(m_);
       stop_ = true;
@@ -50,7 +53,7 @@ class ProgressThread {
     cv_.notify_all();
     if (thread_.joinable()) thread_.join();
   }
-  void submit(std::function<void()> task) {
+  void submit(Task task) {
     {
       std::lock_guard l(m_);
       queue_.push_back(std::move(task));
@@ -81,10 +84,12 @@ class ProgressThread {
   }
   std::mutex m_;
   std::condition_variable cv_, idle_;
-  std::deque<std::function<void()>> queue_;
+  std::deque<Task> queue_;
   std::size_t pending_ = 0;
   bool stop_ = false;
   std::thread thread_;
 };
+
+using ProgressThread = BasicProgressThread<>;
 
 }  // namespace mpar::detail

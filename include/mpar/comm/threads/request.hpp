@@ -16,7 +16,8 @@
 
 namespace mpar {
 
-class ThreadsCommunicator;
+template <class Derived, class Group>
+class BasicThreadsCommunicator;
 
 /**
  * @brief The request of an asynchronous ThreadsCommunicator operation.
@@ -24,20 +25,22 @@ class ThreadsCommunicator;
  * Collectives run on the rank's progress thread and overlap with the caller; `isend` completes
  * on issue (eager copy); `irecv` completes when the matching send arrives. Destroying an
  * unfinished collective request waits for it (the progress thread still writes the buffer);
- * destroying an unfinished receive cancels it.
+ * destroying an unfinished receive cancels it. A class template over the communicator's `Group` (`ThreadsRequest`
+ * is the one the library uses) so that its inline bodies are compiled only by the programs that run threads.
  */
-class ThreadsRequest {
+template <class Group>
+class BasicThreadsRequest {
  public:
-  ThreadsRequest() = default;
-  ThreadsRequest(ThreadsRequest&& o) noexcept { swap(o); }
-  ThreadsRequest& operator=(ThreadsRequest&& o) noexcept {
-    ThreadsRequest tmp(std::move(o));
+  BasicThreadsRequest() = default;
+  BasicThreadsRequest(BasicThreadsRequest&& o) noexcept { swap(o); }
+  BasicThreadsRequest& operator=(BasicThreadsRequest&& o) noexcept {
+    BasicThreadsRequest tmp(std::move(o));
     swap(tmp);
     return *this;
   }
-  ThreadsRequest(const ThreadsRequest&) = delete;
-  ThreadsRequest& operator=(const ThreadsRequest&) = delete;
-  ~ThreadsRequest() {
+  BasicThreadsRequest(const BasicThreadsRequest&) = delete;
+  BasicThreadsRequest& operator=(const BasicThreadsRequest&) = delete;
+  ~BasicThreadsRequest() {
     if (task_) {
       std::unique_lock l(task_->m);
       task_->cv.wait(l, [&] { return task_->done; });
@@ -78,8 +81,9 @@ class ThreadsRequest {
   }
 
  private:
-  friend class ThreadsCommunicator;
-  void swap(ThreadsRequest& o) noexcept {
+  template <class, class>
+  friend class BasicThreadsCommunicator;
+  void swap(BasicThreadsRequest& o) noexcept {
     std::swap(task_, o.task_);
     std::swap(recv_, o.recv_);
     std::swap(group_, o.group_);
@@ -122,9 +126,11 @@ class ThreadsRequest {
 
   std::shared_ptr<detail::TaskState> task_;
   std::shared_ptr<detail::PostedRecv> recv_;
-  std::shared_ptr<detail::ThreadsGroup> group_;
+  std::shared_ptr<Group> group_;
   int rank_ = 0;
   std::string error_;  // an error found at issue time, reported by wait()
 };
+
+using ThreadsRequest = BasicThreadsRequest<detail::ThreadsGroup>;
 
 }  // namespace mpar

@@ -52,10 +52,12 @@ struct RankError {
  * timeout (its error is the abort message), else the rank whose exception poisoned the run; but a
  * report of other ranks' failures gives way to the earliest own error of a failing rank, since which
  * of the two threw first is a race and the report refers to it. Then the other ranks' own errors,
- * reports of peers' failures last; otherwise in the order the ranks failed.
+ * reports of peers' failures last; otherwise in the order the ranks failed. `RankErrors` is a sequence of
+ * RankError: a template only so that its body is compiled by the programs that call run_threads, not by every
+ * includer of `mpar/mpar.hpp`.
  */
-[[nodiscard]] inline std::vector<RankError> order_failures(std::vector<RankError> errors, int root_rank,
-                                                           const std::string& abort_message) {
+template <class RankErrors = std::vector<RankError>>
+[[nodiscard]] RankErrors order_failures(RankErrors errors, int root_rank, const std::string& abort_message) {
   if (errors.empty()) return errors;
   std::stable_partition(errors.begin(), errors.end(), [](const RankError& e) { return !e.reports_peers; });
   const auto echoes_abort = [&](const RankError& e) {
@@ -79,7 +81,8 @@ struct RankError {
  * then every other rank's own failure, one per line; a rank whose error merely reports the run's abort
  * is left out, and so is a message already listed (the same report from several ranks).
  */
-inline std::string run_failure_message(const std::vector<RankError>& ordered, const std::string& abort_message) {
+template <class RankErrors = std::vector<RankError>>
+std::string run_failure_message(const RankErrors& ordered, const std::string& abort_message) {
   if (ordered.empty()) return {};
   std::string msg = ordered.front().what;
   std::vector<const std::string*> listed{&ordered.front().what};

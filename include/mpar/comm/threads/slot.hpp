@@ -10,8 +10,6 @@
 
 namespace mpar::detail {
 
-class ThreadsGroup;
-
 /** What a rank publishes for the collective in flight; read by peers between two barriers. */
 struct Slot {
   Fingerprint fp;
@@ -21,8 +19,10 @@ struct Slot {
   const std::size_t* counts_a = nullptr;  // all_to_all_v send counts
   const std::size_t* counts_b = nullptr;  // all_to_all_v recv counts
   int color = 0, key = 0;
-  std::shared_ptr<ThreadsGroup> new_group;  // split: published by the lowest rank of each color
-  std::string error;                        // this rank's own argument error, reported by every rank
+  // split: the new group, published by the lowest rank of each color (a BasicThreadsGroup, which holds the
+  // slots and so is declared after them; its communicator casts it back)
+  std::shared_ptr<void> new_group;
+  std::string error;  // this rank's own argument error, reported by every rank
 };
 
 }  // namespace mpar::detail

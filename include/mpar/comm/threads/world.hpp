@@ -16,11 +16,17 @@
 
 namespace mpar::detail {
 
-/** State shared by every rank of one `run_threads`: the poison flag, departures, the timeout. */
-class ThreadsWorld {
+/**
+ * State shared by every rank of one `run_threads`: the poison flag, departures, the timeout, on `Clock`.
+ * A class template (`ThreadsWorld` is the one the library uses) so that its inline bodies, and the standard
+ * templates they instantiate, are compiled only by the programs that run threads, not by every includer of
+ * `mpar/mpar.hpp` (docs/performance.md, "Compile cost of the umbrella header").
+ */
+template <class Clock = std::chrono::steady_clock>
+class BasicThreadsWorld {
  public:
-  ThreadsWorld(int n, std::chrono::duration<double> timeout,
-               std::chrono::microseconds spin = std::chrono::microseconds(1000))
+  BasicThreadsWorld(int n, std::chrono::duration<double> timeout,
+                    std::chrono::microseconds spin = std::chrono::microseconds(1000))
       : timeout_(timeout), spin_(spin), n_(n), departed_(std::size_t(n)) {}
 
   [[nodiscard]] std::chrono::duration<double> timeout() const { return timeout_; }
@@ -36,7 +42,7 @@ class ThreadsWorld {
       std::lock_guard l(m_);
       if (aborted_.load(std::memory_order_relaxed)) return false;
       message_ = message;
-      aborted_at_ = std::chrono::steady_clock::now();
+      aborted_at_ = Clock::now();
       aborted_.store(true, std::memory_order_release);
     }
     returned_cv_.notify_all();
@@ -65,8 +71,8 @@ class ThreadsWorld {
         returned_cv_.wait(l);
         continue;
       }
-      const auto deadline = aborted_at_ + std::chrono::duration_cast<std::chrono::steady_clock::duration>(grace);
-      if (std::chrono::steady_clock::now() >= deadline) {
+      const auto deadline = aborted_at_ + std::chrono::duration_cast<typename Clock::duration>(grace);
+      if (Clock::now() >= deadline) {
         std::vector<int> stuck;
         for (int r = 0; r < n_; ++r)
           if (!departed_[std::size_t(r)].load()) stuck.push_back(r);
@@ -99,12 +105,14 @@ class ThreadsWorld {
   int n_;
   mutable std::mutex m_;
   std::condition_variable returned_cv_;
-  int returned_ = 0;                                  // guarded by m_
-  std::chrono::steady_clock::time_point aborted_at_;  // guarded by m_
+  int returned_ = 0;                       // guarded by m_
+  typename Clock::time_point aborted_at_;  // guarded by m_
   std::atomic<bool> aborted_{false};
   std::string message_;
   std::vector<std::atomic<bool>> departed_;
   std::vector<std::pair<std::weak_ptr<void>, void (*)(void*)>> groups_;  // each group and its wake()
 };
+
+using ThreadsWorld = BasicThreadsWorld<>;
 
 }  // namespace mpar::detail
