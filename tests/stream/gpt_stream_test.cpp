@@ -128,6 +128,19 @@ std::vector<std::pair<std::string, models::GptTrainConfig>> layouts() {
   auto z = testing::small_gpt(1, 1, 2);
   z.zero = 1;
   out.emplace_back("ZeRO-1 dp2", z);
+  for (int stage : {2, 3}) {
+    auto zs = testing::small_gpt(1, 1, 2);
+    zs.zero = stage;
+    zs.bucket_bytes = 4096;  // several buckets: reduce-scatters in flight while the backward goes on
+    out.emplace_back("ZeRO-" + std::to_string(stage) + " dp2", zs);
+  }
+  auto z3tp = testing::small_gpt(2, 1, 2);
+  z3tp.zero = 3;
+  out.emplace_back("ZeRO-3 dp2 x tp2", z3tp);
+  out.emplace_back("pp2 2bw", testing::small_gpt(1, 2, 1, "2bw"));
+  // Not here: context parallelism (cp > 1). Ring attention's online-softmax updates are host loops over each
+  // block's scores (nn/ring_attention.hpp), so GptPipelinePart refuses cp > 1 on any backend but HostBackend
+  // (docs/context-parallel.md says what operation it waits for).
   for (const char* p : {"bf16", "f16"}) {
     auto one = testing::small_gpt(1, 1, 1);
     one.precision = p;
@@ -184,6 +197,18 @@ TEST_CASE("GPT over DiscreteHostBackend: dp2 and ZeRO-1 dp2 equal HostBackend", 
 TEST_CASE("GPT over StreamHostBackend: interleaved and zero-bubble schedules equal HostBackend bit for bit",
           "[stream][gpt][schedules]") {
   check_equal_to_host<StreamHostBackend>({"pp2 interleaved", "pp2 zb_h1", "pp2 zb_h2"}, 2);
+}
+
+TEST_CASE("GPT over StreamHostBackend: ZeRO-2, ZeRO-3 and 2bw equal HostBackend bit for bit",
+          "[stream][gpt][zero][2bw]") {
+  // 2bw: the second weight version is copied on the rank's stream after the update; ZeRO-3: each unit's
+  // gathered weights are copied out of the all-gather's buffer on the stream, after the all-gather.
+  check_equal_to_host<StreamHostBackend>({"ZeRO-2 dp2", "ZeRO-3 dp2", "ZeRO-3 dp2 x tp2", "pp2 2bw"}, 2);
+}
+
+TEST_CASE("GPT over DiscreteHostBackend: ZeRO-2, ZeRO-3 and 2bw never touch rank memory from the host",
+          "[stream][gpt][discrete][zero][2bw]") {
+  check_equal_to_host<DiscreteHostBackend>({"ZeRO-2 dp2", "ZeRO-3 dp2", "ZeRO-3 dp2 x tp2", "pp2 2bw"}, 2);
 }
 
 TEST_CASE("GPT over StreamHostBackend: bf16, f16 and dp2 x tp2 equal HostBackend bit for bit",

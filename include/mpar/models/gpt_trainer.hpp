@@ -955,13 +955,22 @@ class GptTrainer {
     for (std::size_t k = 0; k < versioned_.size(); ++k) std::swap(versioned_[k]->value, previous_[k]);
     return true;
   }
-  /** After the passes: the current weights back in place, and a copy of them kept as the next step's W(t-1). */
+  /**
+   * After the passes: the current weights back in place, and a copy of them kept as the next step's W(t-1).
+   * The copy is a backend operation on the rank's stream, ordered after the update that wrote the weights: a
+   * host copy would read them before a stream-ordered backend has run that update (and fault on discrete
+   * memory). Each version buffer is allocated once and overwritten whole by the copy.
+   */
   void keep_weight_version(bool swapped) {
     if (!two_bw_) return;
     if (swapped)
       for (std::size_t k = 0; k < versioned_.size(); ++k) std::swap(versioned_[k]->value, previous_[k]);
     previous_.resize(versioned_.size());
-    for (std::size_t k = 0; k < versioned_.size(); ++k) previous_[k] = versioned_[k]->value;
+    for (std::size_t k = 0; k < versioned_.size(); ++k) {
+      const auto& now = versioned_[k]->value;
+      if (previous_[k].size() != now.size()) previous_[k] = uninitialized_buffer<float>(now.size());
+      B::copy(now.size(), now.data(), previous_[k].data());
+    }
   }
 
   /**

@@ -321,10 +321,12 @@ class ZeroAdamW {
     if (!gathering_[b]) return;
     gathering_[b]->wait();
     gathering_[b].reset();
+    // The copies out of the receive buffer are operations on the rank's stream, ordered after the all-gather
+    // (whose wait() orders the stream, not the host); freeing the receive buffer is stream-ordered too.
     for (const auto& s : buckets_.bucket(b).slots) {
       auto& v = buckets_.params()[s.param]->value;
       v = uninitialized_buffer<float>(s.size);
-      std::copy_n(full_[b].begin() + std::ptrdiff_t(s.offset), s.size, v.begin());
+      B::copy(s.size, full_[b].data() + s.offset, v.data());
       if (for_compute && rounding_) rounding_(std::span<float>(v));
     }
     full_[b] = Buffer<float>{};
@@ -354,8 +356,7 @@ class ZeroAdamW {
         const auto& prm = *buckets_.params()[pc.param];
         require(prm.value.size() > pc.param_offset, "ZeroAdamW::store_gathered: parameter ", prm.name,
                 " is not gathered");
-        std::copy_n(prm.value.begin() + std::ptrdiff_t(pc.param_offset), pc.size,
-                    w_[b].begin() + std::ptrdiff_t(pc.shard_offset));
+        B::copy(pc.size, prm.value.data() + pc.param_offset, w_[b].data() + pc.shard_offset);
       }
   }
   /** Stage 3: what each gathered value is passed through (the compute precision's rounding); empty: none. */
