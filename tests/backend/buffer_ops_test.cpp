@@ -22,8 +22,8 @@ using namespace mpar;
 namespace {
 /** Row-major C = alpha op(A) op(B) + beta C, summed in double: the reference for one batch entry. */
 template <class T>
-void naive_gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const T* a,
-                std::size_t lda, const T* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
+void naive_gemm_into_float(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const T* a,
+                           std::size_t lda, const T* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
   for (std::size_t i = 0; i < m; ++i)
     for (std::size_t j = 0; j < n; ++j) {
       double s = 0;
@@ -91,8 +91,8 @@ TEMPLATE_TEST_CASE(
         for (std::size_t i = 0; i < c.size(); ++i) c[i] = value(i + 11);
         ref = c;
         for (std::size_t e = 0; e < batch; ++e)
-          naive_gemm<float>(ta, tb, m, n, k, 0.75f, a.data() + e * sa, lda, b.data() + e * sb, ldb, beta,
-                            ref.data() + e * sc, ldc);
+          naive_gemm_into_float<float>(ta, tb, m, n, k, 0.75f, a.data() + e * sa, lda, b.data() + e * sb, ldb, beta,
+                                       ref.data() + e * sc, ldc);
         TestType::template gemm_strided_batched<float>(ta, tb, m, n, k, 0.75f, a.data(), lda, sa, b.data(), ldb, sb,
                                                        beta, c.data(), ldc, sc, batch);
         for (std::size_t i = 0; i < c.size(); ++i) REQUIRE(c[i] == Approx(ref[i]).margin(1e-5));
@@ -103,8 +103,8 @@ TEMPLATE_TEST_CASE(
   for (std::size_t i = 0; i < b.size(); ++i) b[i] = bf16(value(i + 3));
   std::vector<float> c(batch * m * n, 1.0f), ref = c;
   for (std::size_t e = 0; e < batch; ++e)
-    naive_gemm<bf16>(Trans::no, Trans::no, m, n, k, 1.0f, a.data() + e * m * k, k, b.data() + e * k * n, n, 1.0f,
-                     ref.data() + e * m * n, n);
+    naive_gemm_into_float<bf16>(Trans::no, Trans::no, m, n, k, 1.0f, a.data() + e * m * k, k, b.data() + e * k * n, n,
+                                1.0f, ref.data() + e * m * n, n);
   TestType::template gemm_strided_batched<bf16, float>(Trans::no, Trans::no, m, n, k, 1.0f, a.data(), k, m * k,
                                                        b.data(), n, k * n, 1.0f, c.data(), n, m * n, batch);
   for (std::size_t i = 0; i < c.size(); ++i) REQUIRE(c[i] == Approx(ref[i]).margin(1e-5));
@@ -132,8 +132,9 @@ void check_two_level_batch(Trans ta, Trans tb, float alpha, float beta, BatchExt
   ref = c;
   for (std::size_t i = 0; i < batch.outer; ++i)
     for (std::size_t j = 0; j < batch.inner; ++j)
-      naive_gemm<TIn>(ta, tb, m, n, k, alpha, a.data() + i * sa.outer + j * sa.inner, lda,
-                      b.data() + i * sb.outer + j * sb.inner, ldb, beta, ref.data() + i * sc.outer + j * sc.inner, ldc);
+      naive_gemm_into_float<TIn>(ta, tb, m, n, k, alpha, a.data() + i * sa.outer + j * sa.inner, lda,
+                                 b.data() + i * sb.outer + j * sb.inner, ldb, beta,
+                                 ref.data() + i * sc.outer + j * sc.inner, ldc);
   B::template gemm_strided_batched<TIn, float>(ta, tb, m, n, k, alpha, a.data(), lda, sa, b.data(), ldb, sb, beta,
                                                c.data(), ldc, sc, batch);
   INFO("ta=" << (ta == Trans::yes) << " tb=" << (tb == Trans::yes) << " alpha=" << alpha << " beta=" << beta

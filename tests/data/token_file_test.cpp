@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 
 namespace {
 
-fs::path scratch(const std::string& name) {
+fs::path token_file_scratch(const std::string& name) {
   const fs::path dir = fs::temp_directory_path() / "mpar-test-data";
   fs::create_directories(dir);
   return dir / name;
@@ -58,7 +58,7 @@ std::vector<unsigned char> npy_bytes(const std::vector<std::uint32_t>& ids, cons
 }
 
 fs::path write(const std::string& name, const std::vector<unsigned char>& bytes) {
-  const fs::path p = scratch(name);
+  const fs::path p = token_file_scratch(name);
   std::ofstream f(p, std::ios::binary | std::ios::trunc);
   f.write(reinterpret_cast<const char*>(bytes.data()), std::streamsize(bytes.size()));
   return p;
@@ -145,7 +145,7 @@ TEST_CASE("token files: each damaged file is refused naming the file and the byt
     b.resize(40);  // inside the header dictionary
     refuse(write("short_header.npy", b), 1000, "is short", "byte offset 40");
   }
-  CHECK_THROWS_WITH(data::TokenFile(scratch("missing.bin").string(), 1000, 8),
+  CHECK_THROWS_WITH(data::TokenFile(token_file_scratch("missing.bin").string(), 1000, 8),
                     Catch::Contains("missing.bin") && Catch::Contains("cannot open"));
   // Too few tokens for the sequence length.
   CHECK_THROWS_WITH(data::TokenFile(write("tiny.bin", llmc_bytes({1, 2, 3})).string(), 1000, 8),

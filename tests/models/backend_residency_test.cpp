@@ -193,8 +193,6 @@ class ResidencyCheckedCommunicator {
 };
 static_assert(communicator<ResidencyCheckedCommunicator<ThreadsCommunicator>>);
 
-const data::CharDataset& dataset() { return testing::gpt_dataset(); }
-
 /** The model tests' small GPT, with dropout, for 3 steps. */
 models::GptTrainConfig config(std::size_t tp, std::size_t pp, std::size_t dp, const std::string& schedule) {
   models::GptTrainConfig c = testing::small_gpt(tp, pp, dp, schedule);
@@ -214,7 +212,7 @@ std::vector<double> losses(const models::GptTrainConfig& c, const std::string& s
                                     ResidencyCheckedCommunicator<ThreadsCommunicator>>;
     B::init_rank();  // as a CUDA rank does before anything else: its memory first
     Comm world(threads);
-    models::GptTrainer<Comm, B> tr(world, c, dataset());
+    models::GptTrainer<Comm, B> tr(world, c, testing::gpt_dataset());
     std::vector<double> mine;
     for (std::size_t s = 0; s < c.steps; ++s) mine.push_back(tr.train_step().loss);
     if (!save_to.empty()) (void)tr.save(save_to);

@@ -107,7 +107,7 @@ struct Measured {
   double y = 0, y_vs_fp32 = 1e30, dx = 0, dw = 0, db = 0;
 };
 
-constexpr std::uint64_t seed = 11;
+constexpr std::uint64_t autocast_seed = 11;
 constexpr std::size_t T = 8, In = 16, Out = 24;
 
 void check(const std::vector<Measured>& ms) {
@@ -129,7 +129,7 @@ void check(const std::vector<Measured>& ms) {
 TEST_CASE("Autocast(bf16): Linear, ColumnParallel and RowParallel match a bf16-rounded naive reference",
           "[nn][autocast]") {
   const Activation x = random_activation(T, In, 71), dy = random_activation(T, Out, 72);
-  const LinearInit init{seed, 500, "lin", true};
+  const LinearInit init{autocast_seed, 500, "lin", true};
   Linear<> global(In, Out, init);  // its (sharding-independent) initial values are every layer's global weights
   const std::vector<float> w(global.weight().value.begin(), global.weight().value.end()),
       b(global.bias().value.begin(), global.bias().value.end());
@@ -242,7 +242,7 @@ TEST_CASE("Autocast: a backward uses the type its forward used, and scopes nest"
 
   // Forward in bf16, backward after the scope closed: the kept 16-bit input decides, so dW is the bf16 one.
   const Activation x = random_activation(T, In, 81), dy = random_activation(T, Out, 82);
-  const LinearInit init{seed, 510, "lin", true};
+  const LinearInit init{autocast_seed, 510, "lin", true};
   Linear<> layer(In, Out, init);
   const std::vector<float> w(layer.weight().value.begin(), layer.weight().value.end()),
       b(layer.bias().value.begin(), layer.bias().value.end());
@@ -357,7 +357,7 @@ TEST_CASE("ColumnParallelGelu: matches ColumnParallel then Gelu (fp32 and bf16) 
       std::vector<Errors> errs(static_cast<std::size_t>(p));
       run_threads(p, [&](Comm& tp) {
         const auto n = std::size_t(p), r = std::size_t(tp.rank());
-        const LinearInit init{seed, 40, "fc", true};
+        const LinearInit init{autocast_seed, 40, "fc", true};
         ColumnParallelGelu<Comm> fused(tp, In, Out, init);
         ColumnParallel<Comm> fc(tp, In, Out, init);
         Gelu gelu;
@@ -407,7 +407,7 @@ TEST_CASE("ColumnParallelGelu: a projection without a bias is refused, naming th
   std::string message = "(no exception)";
   run_threads(1, [&](Comm& tp) {
     try {
-      ColumnParallelGelu<Comm> layer(tp, In, Out, LinearInit{seed, 40, "fc1", false});
+      ColumnParallelGelu<Comm> layer(tp, In, Out, LinearInit{autocast_seed, 40, "fc1", false});
     } catch (const std::exception& e) {
       message = e.what();
     }

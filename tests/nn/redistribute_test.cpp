@@ -15,10 +15,12 @@ using Comm = ThreadsCommunicator;
 
 namespace {
 
-constexpr std::size_t T = 8, N = 12;
+constexpr std::size_t input_rows = 8, input_cols = 12;
 
-/** Rank r's input: a distinct [T, N] tensor per rank (for Partial and Replicate inputs alike). */
-Activation input_of(std::size_t r, std::uint64_t salt) { return random_activation(T, N, 100 * salt + r); }
+/** Rank r's input: a distinct [input_rows, input_cols] tensor per rank (for Partial and Replicate inputs alike). */
+Activation input_of(std::size_t r, std::uint64_t salt) {
+  return random_activation(input_rows, input_cols, 100 * salt + r);
+}
 
 /** Σ_r inputs[r], elementwise. */
 Activation sum_of(const std::vector<Activation>& xs) {

@@ -25,7 +25,7 @@ using Comm = ThreadsCommunicator;
 
 namespace {
 
-constexpr std::uint64_t seed = 17;
+constexpr std::uint64_t reference_seed = 17;
 constexpr double fwd_tol = 1e-5, grad_tol = 1e-4;
 
 /** What the ranks of one run produced; filled under the lock, checked on the main thread. */
@@ -116,7 +116,7 @@ TEST_CASE("Linear: forward and backward equal the hand formulas y = xW + b, dx =
     run_layer(
         1, x, dy, got,
         [](Comm&) {
-          return Linear<>(in, out, {seed, 10, "lin", true});
+          return Linear<>(in, out, {reference_seed, 10, "lin", true});
         },
         how);
     REQUIRE(got.ranks == 1);
@@ -147,7 +147,7 @@ TEST_CASE("Attention and SelfAttention (TP 1, 2) equal a naive causal attention 
           "[nn][reference][attention]") {
   // two sequences of 4 tokens: a query sees the keys j <= i of its own sequence only
   constexpr std::size_t hidden = 16, heads = 4, seq = 4, t = 8;
-  const AttentionConfig cfg{hidden, heads, seq, seed, 200, "attn"};
+  const AttentionConfig cfg{hidden, heads, seq, reference_seed, 200, "attn"};
   const Activation x = random_activation(t, hidden, 3), dy = random_activation(t, hidden, 4);
   const auto naive = [&](std::size_t future) {
     return [=](const ref::Vec& xv, const ref::Params& p) {
@@ -178,7 +178,7 @@ TEST_CASE("LayerNorm equals the naive normalisation and its finite differences",
   const Activation x = random_activation(t, n, 5, 2.0), dy = random_activation(t, n, 6);
   Observed got;
   run_layer(1, x, dy, got, [](Comm&) {
-    LayerNorm<> ln(n, seed, 30, "ln");
+    LayerNorm<> ln(n, reference_seed, 30, "ln");
     randomise(ln.parameters(), 1);
     return ln;
   });
@@ -190,7 +190,7 @@ TEST_CASE("LayerNorm equals the naive normalisation and its finite differences",
 TEST_CASE("TransformerBlock (TP 1, 2; with and without recomputation; fused and B then W) equals the naive block",
           "[nn][reference][block]") {
   constexpr std::size_t hidden = 16, heads = 4, ffn = 32, seq = 4, t = 8;
-  const BlockConfig cfg{hidden, heads, ffn, seq, 0.0, seed, 300, "block"};
+  const BlockConfig cfg{hidden, heads, ffn, seq, 0.0, reference_seed, 300, "block"};
   const Activation x = random_activation(t, hidden, 7), dy = random_activation(t, hidden, 8);
   const auto naive = [&](const ref::Vec& xv, const ref::Params& p) {
     return ref::block(xv, t, hidden, heads, ffn, seq, p, "block");
@@ -220,7 +220,7 @@ TEST_CASE("Embedding and VocabParallelEmbedding (TP 2) equal the table lookup an
   constexpr std::size_t vocab = 10, hidden = 6;
   const std::vector<std::int32_t> tokens{3, 0, 9, 3, 5, 4, 3, 9};  // repeated tokens add their gradients
   const Activation dy = random_activation(tokens.size(), hidden, 9);
-  const EmbeddingConfig cfg{vocab, hidden, seed, 40, "embed"};
+  const EmbeddingConfig cfg{vocab, hidden, reference_seed, 40, "embed"};
   for (int p : {1, 2}) {
     INFO("ranks: " << p);
     Observed got;
@@ -273,7 +273,7 @@ TEST_CASE(
   // Equal gradients alone would also hold if nothing were recomputed; here the feed-forward half is asked
   // for its saved activations right after the block's forward: they must be gone (and present without
   // recomputation), and the block's backward must still run, rebuilding them.
-  const BlockConfig cfg{16, 4, 32, 4, 0.0, seed, 300, "block"};
+  const BlockConfig cfg{16, 4, 32, 4, 0.0, reference_seed, 300, "block"};
   const Activation x = random_activation(8, 16, 10), dy = random_activation(8, 16, 11);
   std::string kept_error = "not run", dropped_error, backward_error = "not run";
   run_threads(1, [&](Comm& tp) {

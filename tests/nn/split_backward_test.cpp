@@ -17,7 +17,7 @@ using Comm = ThreadsCommunicator;
 
 namespace {
 
-constexpr std::uint64_t seed = 13;
+constexpr std::uint64_t split_seed = 13;
 
 /** What one rank observed, gathered under a lock and checked on the main thread (Catch2 is not thread-safe). */
 struct SplitReport {
@@ -203,53 +203,56 @@ void check_hand_backward(int p, std::size_t t, std::size_t in_f, std::size_t out
 TEST_CASE("Linear, ColumnParallel and RowParallel (TP 1, 2): B then W equals the hand-written fused backward",
           "[nn][split][reference]") {
   check_hand_backward<Replicate, Replicate>(1, 6, 8, 12, "lin", [](Comm&) {
-    return Linear<>(8, 12, {seed, 10, "lin", true});
+    return Linear<>(8, 12, {split_seed, 10, "lin", true});
   });
   for (int p : {1, 2}) {
     check_hand_backward<Replicate, FeatureShard>(p, 6, 8, 12, "col", [](Comm& tp) {
-      return ColumnParallel<Comm>(tp, 8, 12, {seed, 10, "col", true});
+      return ColumnParallel<Comm>(tp, 8, 12, {split_seed, 10, "col", true});
     });
     check_hand_backward<TokenShard, FeatureShard>(p, 6, 8, 12, "col_sp", [](Comm& tp) {
-      return ColumnParallel<Comm, dyn, dyn, dyn, ColumnOptions{true, false, 1}>(tp, 8, 12, {seed, 10, "col_sp", true});
+      return ColumnParallel<Comm, dyn, dyn, dyn, ColumnOptions{true, false, 1}>(tp, 8, 12,
+                                                                                {split_seed, 10, "col_sp", true});
     });
     check_hand_backward<Replicate, Replicate>(p, 6, 8, 12, "col_gather", [](Comm& tp) {
       return ColumnParallel<Comm, dyn, dyn, dyn, ColumnOptions{false, true, 1}>(tp, 8, 12,
-                                                                                {seed, 10, "col_gather", true});
+                                                                                {split_seed, 10, "col_gather", true});
     });
     check_hand_backward<FeatureShard, Replicate>(p, 6, 12, 8, "row", [](Comm& tp) {
-      return RowParallel<Comm>(tp, 12, 8, {seed, 20, "row", true});
+      return RowParallel<Comm>(tp, 12, 8, {split_seed, 20, "row", true});
     });
     check_hand_backward<FeatureShard, TokenShard>(p, 6, 12, 8, "row_rs", [](Comm& tp) {
-      return RowParallel<Comm, dyn, dyn, dyn, RowReduce::reduce_scatter>(tp, 12, 8, {seed, 20, "row_rs", true});
+      return RowParallel<Comm, dyn, dyn, dyn, RowReduce::reduce_scatter>(tp, 12, 8, {split_seed, 20, "row_rs", true});
     });
   }
 }
 
 TEST_CASE("Linear: B then W equals the fused backward; W may run micro-batches in any order", "[nn][split]") {
-  check_split<Replicate, Replicate>(1, 6, 8, 12, [](Comm&) { return Linear<>(8, 12, {seed, 10, "lin", true}); });
-  check_split<Replicate, Replicate>(1, 6, 8, 12, [](Comm&) { return Linear<>(8, 12, {seed, 10, "lin", false}); });
+  check_split<Replicate, Replicate>(1, 6, 8, 12, [](Comm&) { return Linear<>(8, 12, {split_seed, 10, "lin", true}); });
+  check_split<Replicate, Replicate>(1, 6, 8, 12, [](Comm&) { return Linear<>(8, 12, {split_seed, 10, "lin", false}); });
 }
 
 TEST_CASE("ColumnParallel and RowParallel: B then W equals the fused backward at TP 1 and 2", "[nn][split]") {
   for (int p : {1, 2}) {
     check_split<Replicate, FeatureShard>(p, 6, 8, 12, [](Comm& tp) {
-      return ColumnParallel<Comm>(tp, 8, 12, {seed, 10, "col", true});
+      return ColumnParallel<Comm>(tp, 8, 12, {split_seed, 10, "col", true});
     });
     check_split<TokenShard, FeatureShard>(p, 6, 8, 12, [](Comm& tp) {
-      return ColumnParallel<Comm, dyn, dyn, dyn, ColumnOptions{true, false, 1}>(tp, 8, 12, {seed, 10, "col_sp", true});
+      return ColumnParallel<Comm, dyn, dyn, dyn, ColumnOptions{true, false, 1}>(tp, 8, 12,
+                                                                                {split_seed, 10, "col_sp", true});
     });
     check_split<Replicate, Replicate>(p, 6, 8, 12, [](Comm& tp) {
       return ColumnParallel<Comm, dyn, dyn, dyn, ColumnOptions{false, true, 1}>(tp, 8, 12,
-                                                                                {seed, 10, "col_gather", true});
+                                                                                {split_seed, 10, "col_gather", true});
     });
     check_split<Replicate, FeatureShard>(p, 6, 8, 24, [](Comm& tp) {
-      return ColumnParallel<Comm, dyn, dyn, dyn, ColumnOptions{false, false, 3}>(tp, 8, 8, {seed, 10, "qkv", true});
+      return ColumnParallel<Comm, dyn, dyn, dyn, ColumnOptions{false, false, 3}>(tp, 8, 8,
+                                                                                 {split_seed, 10, "qkv", true});
     });
     check_split<FeatureShard, Replicate>(p, 6, 12, 8, [](Comm& tp) {
-      return RowParallel<Comm>(tp, 12, 8, {seed, 20, "row", true});
+      return RowParallel<Comm>(tp, 12, 8, {split_seed, 20, "row", true});
     });
     check_split<FeatureShard, TokenShard>(p, 6, 12, 8, [](Comm& tp) {
-      return RowParallel<Comm, dyn, dyn, dyn, RowReduce::reduce_scatter>(tp, 12, 8, {seed, 20, "row_rs", true});
+      return RowParallel<Comm, dyn, dyn, dyn, RowReduce::reduce_scatter>(tp, 12, 8, {split_seed, 20, "row_rs", true});
     });
   }
 }
@@ -261,15 +264,15 @@ TEMPLATE_TEST_CASE("MLP, attention and transformer block: B then W equals the fu
   for (int p : {1, 2}) {
     INFO((sp ? "sequence parallel" : "replicated"));
     check_split<L, L>(p, 8, 16, 16, [](Comm& tp) {
-      return make_mlp<Comm, dyn, dyn, dyn, sp>(tp, MlpConfig{16, 32, seed, 100, "mlp"});
+      return make_mlp<Comm, dyn, dyn, dyn, sp>(tp, MlpConfig{16, 32, split_seed, 100, "mlp"});
     });
     check_split<L, L>(p, 8, 16, 16, [](Comm& tp) {
-      return SelfAttention<Comm, dyn, dyn, dyn, sp>(tp, AttentionConfig{16, 4, 4, seed, 200, "attn"});
+      return SelfAttention<Comm, dyn, dyn, dyn, sp>(tp, AttentionConfig{16, 4, 4, split_seed, 200, "attn"});
     });
     for (bool recompute : {false, true}) {
       INFO("recompute " << recompute);
       check_split<L, L>(p, 8, 16, 16, [&](Comm& tp) {
-        TransformerBlock<Comm, sp> b(tp, BlockConfig{16, 4, 64, 4, 0.1, seed, 300, "block"});
+        TransformerBlock<Comm, sp> b(tp, BlockConfig{16, 4, 64, 4, 0.1, split_seed, 300, "block"});
         b.set_recompute(recompute);
         return b;
       });
@@ -279,19 +282,20 @@ TEMPLATE_TEST_CASE("MLP, attention and transformer block: B then W equals the fu
 
 TEST_CASE("Serial attention and a Stage with a separate bias: B then W equals the fused backward", "[nn][split]") {
   check_split<Replicate, Replicate>(1, 8, 16, 16, [](Comm&) {
-    return Attention<>(AttentionConfig{16, 4, 4, seed, 200, "attn"});
+    return Attention<>(AttentionConfig{16, 4, 4, split_seed, 200, "attn"});
   });
   for (int p : {1, 2})
     check_split<Replicate, Replicate>(p, 6, 8, 8, [](Comm& tp) {
       const auto n = std::size_t(tp.size()), r = std::size_t(tp.rank());
       return Stage<ColumnParallel<Comm>, Bias<FeatureShard>, Gelu, RowParallel<Comm>>(
-          ColumnParallel<Comm>(tp, 8, 16, {seed, 40, "fc1", false}), Bias<FeatureShard>(16, seed, 41, "fc1_bias", n, r),
-          Gelu{}, RowParallel<Comm>(tp, 16, 8, {seed, 42, "fc2", true}));
+          ColumnParallel<Comm>(tp, 8, 16, {split_seed, 40, "fc1", false}),
+          Bias<FeatureShard>(16, split_seed, 41, "fc1_bias", n, r), Gelu{},
+          RowParallel<Comm>(tp, 16, 8, {split_seed, 42, "fc2", true}));
     });
 }
 
 TEST_CASE("W without B names the layer and the micro-batch", "[nn][split][errors]") {
-  Linear<> l(4, 4, {seed, 1, "lin", true});
+  Linear<> l(4, 4, {split_seed, 1, "lin", true});
   (void)l.forward(Act<Replicate>(random_activation(2, 4, 1)), 3);
   REQUIRE_THROWS_WITH(l.backward_weight(3), Catch::Matchers::Contains("Linear") &&
                                                 Catch::Matchers::Contains("micro-batch 3") &&
@@ -304,7 +308,7 @@ TEST_CASE("W without B names the layer and the micro-batch", "[nn][split][errors
 TEST_CASE("Linear2D (2 x 2 grid): B then W equals the fused backward; W may run micro-batches in any order",
           "[nn][split][2d]") {
   constexpr std::size_t t = 8, in = 8, out = 12, q = 2;
-  const LinearInit init{seed, 500, "fc2d", true};
+  const LinearInit init{split_seed, 500, "fc2d", true};
   const Activation x0 = random_activation(t, in, 31), x1 = random_activation(t, in, 32);
   const Activation dy0 = random_activation(t, out, 33), dy1 = random_activation(t, out, 34);
   SplitReport rep;

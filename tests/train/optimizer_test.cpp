@@ -27,7 +27,7 @@ using mpar::testing::RankChecks;
 
 namespace {
 
-nn::Parameter make_param(std::string name, std::vector<float> value, bool sharded = false) {
+nn::Parameter param_with_zero_grad(std::string name, std::vector<float> value, bool sharded = false) {
   const std::vector<float> zeros(value.size(), 0.0f);
   return testing::vector_parameter(std::move(name), value, zeros, sharded);
 }
@@ -121,7 +121,7 @@ TEST_CASE("typed optimizer configuration: names are parsed once, unknown ones re
   CHECK_THROWS_WITH(
       [] {
         run_threads(1, [](ThreadsCommunicator& world) {
-          auto p = make_param("w", {1.0f});
+          auto p = param_with_zero_grad("w", {1.0f});
           parallel::GradBuckets<ThreadsCommunicator, parallel::BucketCollective::all_reduce> b({&p}, world, 64);
           b.mark_ready(std::size_t(3));
         });
@@ -140,7 +140,7 @@ TEST_CASE("DistributedOptimizer on one rank: the global norm, clipping and AdamW
   RankChecks rc;
   run_threads(1, [&](ThreadsCommunicator& world) {
     auto comms = make_mesh_comms(world, DynamicMesh(1, 1, 1, 1));
-    auto a = make_param("a", {0.5f, -1.0f, 2.0f}), b = make_param("b", {1.5f, 0.25f}, true);
+    auto a = param_with_zero_grad("a", {0.5f, -1.0f, 2.0f}), b = param_with_zero_grad("b", {1.5f, 0.25f}, true);
     parallel::OptimizerConfig oc;
     oc.adamw = cfg;
     oc.clip = 0.4;
@@ -188,7 +188,8 @@ TEST_CASE(
       run_threads(2, [&](ThreadsCommunicator& world) {
         auto comms = make_mesh_comms(world, DynamicMesh(1, 1, 2, 1));
         const int r = world.rank();
-        auto a16 = make_param("a", {0.5f, -1.0f, 2.0f, 0.1f}), b16 = make_param("b", {1.5f, 0.25f, -0.75f});
+        auto a16 = param_with_zero_grad("a", {0.5f, -1.0f, 2.0f, 0.1f}),
+             b16 = param_with_zero_grad("b", {1.5f, 0.25f, -0.75f});
         auto a32 = a16, b32 = b16;
         parallel::OptimizerConfig oc;
         oc.adamw = {.lr = 0.05f, .eps = 1e-3f, .weight_decay = 0.1f};  // a large eps: a wrong unscaling shows
@@ -250,7 +251,7 @@ TEST_CASE("DistributedOptimizer with SGD: a skipped first step leaves the moment
   RankChecks rc;
   run_threads(1, [&](ThreadsCommunicator& world) {
     auto comms = make_mesh_comms(world, DynamicMesh(1, 1, 1, 1));
-    auto p = make_param("w", {1.0f, -2.0f});
+    auto p = param_with_zero_grad("w", {1.0f, -2.0f});
     parallel::OptimizerConfig oc;
     oc.rule = parallel::UpdateRule::sgd;
     oc.sgd = {.lr = 0.1f, .momentum = 0.9f, .weight_decay = 0.01f};
@@ -280,7 +281,7 @@ TEST_CASE("DistributedOptimizer under bf16: the passes see rounded weights, the 
   run_threads(1, [&](ThreadsCommunicator& world) {
     auto comms = make_mesh_comms(world, DynamicMesh(1, 1, 1, 1));
     const float x = 1.0f + 1.0f / 1024.0f;  // not a bf16 value: rounds to 1
-    auto p = make_param("w", {x, -3.0f});
+    auto p = param_with_zero_grad("w", {x, -3.0f});
     parallel::OptimizerConfig oc;
     oc.precision = parallel::Precision::bf16;
     Opt opt({&p}, {&p}, oc, groups_of(comms));
@@ -369,7 +370,7 @@ TEST_CASE(
   run_threads(1, [&](ThreadsCommunicator& world) {
     auto comms = make_mesh_comms(world, DynamicMesh(1, 1, 1, 1));
     for (const auto precision : {parallel::Precision::fp32, parallel::Precision::f16}) {
-      auto p = make_param("w", {1.0f, -2.0f, 0.5f});
+      auto p = param_with_zero_grad("w", {1.0f, -2.0f, 0.5f});
       parallel::OptimizerConfig oc;
       oc.precision = precision;
       parallel::DistributedOptimizer<ThreadsCommunicator, SyncCountingBackend> opt(
