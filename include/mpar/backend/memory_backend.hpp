@@ -10,6 +10,7 @@
 #include "mpar/backend/host/buffer_ops.hpp"  // the host reference of zero, fill, copy, convert
 #include "mpar/backend/stream_ordered.hpp"
 #include "mpar/core/dtype.hpp"            // bf16
+#include "mpar/core/init.hpp"             // InitBlock
 #include "mpar/core/memory_resource.hpp"  // Buffer
 
 namespace mpar {
@@ -24,10 +25,13 @@ namespace mpar {
  *   memory, uninitialised allocation;
  * - the buffer operations, with the semantics of their `mpar::host` reference (backend/host/buffer_ops.hpp),
  *   so no host loop touches rank memory: `zero(n, x)`, `fill(n, value, x)`, `copy(n, src, dst)` (no
- *   overlap), `convert(n, src, dst)` (fp32 to bf16/f16 rounding to nearest even, and back exactly).
+ *   overlap), `convert(n, src, dst)` (fp32 to bf16/f16 rounding to nearest even, and back exactly),
+ *   `init_values(block, x)` (a parameter block's counter-based initial values, core/init.hpp, bit for bit
+ *   those of `init_value` on the host: a parameter is initialised where it lives, with no upload).
  */
 template <class B>
-concept memory_backend = requires(const float* a, float* c, const bf16* h, std::size_t n, bf16* hw) {
+concept memory_backend = requires(const float* a, float* c, const bf16* h, std::size_t n, bf16* hw,
+                                  const InitBlock& block) {
   typename B::memory_space;
   B::init_rank();
   B::synchronize();
@@ -39,6 +43,7 @@ concept memory_backend = requires(const float* a, float* c, const bf16* h, std::
   B::copy(n, a, c);
   B::convert(n, a, hw);
   B::convert(n, h, c);
+  B::init_values(block, c);
 };
 
 }  // namespace mpar

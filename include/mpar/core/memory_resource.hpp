@@ -45,9 +45,10 @@ class MemoryResource {
   [[nodiscard]] virtual const char* name() const noexcept = 0;
   /**
    * Copies `bytes` of host memory into `dst`, memory of this resource that no queued operation uses yet
-   * (a fresh allocation receiving its initial values, e.g. a parameter's), and returns when done. Host
-   * memory copies directly; a device resource uploads (and waits), the discrete-memory check writes through
-   * the mapping its operations use, so initial values need no backend and no host access of rank memory.
+   * (a fresh allocation receiving values only the host knows, e.g. the vocabulary mask; a parameter's are
+   * computed in place by the backend's `init_values`), and returns when done. Host memory copies directly; a
+   * device resource uploads (and waits), the discrete-memory check writes through the mapping its operations
+   * use, so initial values need no backend and no host access of rank memory.
    */
   virtual void write_initial(void* dst, const void* src, std::size_t bytes) { std::memcpy(dst, src, bytes); }
 };

@@ -242,9 +242,9 @@ class GptPipelinePart {
       embed_.emplace(tp, nn::EmbeddingConfig{cfg.padded_vocab(), cfg.hidden, cfg.seed, GptConfig::token_embedding_id,
                                              "embed.token"});
       const std::array<std::size_t, 2> ps{cfg.seq, cfg.hidden};
-      pos_ = nn::make_parameter<2>("embed.position", GptConfig::position_embedding_id, ps,
-                                   nn::detail::tensor_box<Replicate>(ps, 1, 0), Replicate::name(), false, cfg.seed,
-                                   InitSpec::normal(0.01));
+      pos_ = nn::make_parameter<B, 2>("embed.position", GptConfig::position_embedding_id, ps,
+                                      nn::detail::tensor_box<Replicate>(ps, 1, 0), Replicate::name(), false, cfg.seed,
+                                      InitSpec::normal(0.01));
     }
     for (std::size_t i = 0; i < block_count; ++i) {
       const std::size_t b = first_block + i;

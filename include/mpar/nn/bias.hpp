@@ -61,9 +61,9 @@ class Bias : public detail::TypedLayer<Bias<L, B>> {
             " features are not divisible by the tensor-parallel size ", tp_size);
     using PL = std::conditional_t<std::is_same_v<L, FeatureShard>, Shard<0, axis::tensor>, Replicate>;
     const std::array<std::size_t, 1> s{features};
-    bias_ = make_parameter<1>(std::move(name), id, s,
-                              detail::tensor_box<PL>(s, sharded ? tp_size : 1, sharded ? tp_rank : 0), PL::name(),
-                              sharded && tp_size > 1, seed, InitSpec::normal(0.02));
+    bias_ = make_parameter<B, 1>(std::move(name), id, s,
+                                 detail::tensor_box<PL>(s, sharded ? tp_size : 1, sharded ? tp_rank : 0), PL::name(),
+                                 sharded && tp_size > 1, seed, InitSpec::normal(0.02));
   }
 
  private:

@@ -106,24 +106,26 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
     const auto spec = detail::default_weight_init(in_);
     if constexpr (O.groups == 1) {
       const std::array<std::size_t, 2> ws{in_, out_};
-      weight_ = make_parameter<2>(name_ + ".weight", init.id_base, ws, detail::tensor_box<FeatureShard>(ws, p_, rank_),
-                                  FeatureShard::name(), p_ > 1, init.seed, spec);
+      weight_ =
+          make_parameter<B, 2>(name_ + ".weight", init.id_base, ws, detail::tensor_box<FeatureShard>(ws, p_, rank_),
+                               FeatureShard::name(), p_ > 1, init.seed, spec);
     } else {
       using L3 = Shard<2, axis::tensor>;
       const std::array<std::size_t, 3> ws{in_, O.groups, out_};
-      weight_ = make_parameter<3>(name_ + ".weight", init.id_base, ws, detail::tensor_box<L3>(ws, p_, rank_),
-                                  L3::name(), p_ > 1, init.seed, spec);
+      weight_ = make_parameter<B, 3>(name_ + ".weight", init.id_base, ws, detail::tensor_box<L3>(ws, p_, rank_),
+                                     L3::name(), p_ > 1, init.seed, spec);
     }
     if (init.bias) {
       if constexpr (O.groups == 1) {
         const std::array<std::size_t, 1> bs{out_};
-        bias_ = make_parameter<1>(name_ + ".bias", init.id_base + 1, bs, detail::tensor_box<TokenShard>(bs, p_, rank_),
-                                  TokenShard::name(), p_ > 1, init.seed, InitSpec::normal(0.02));
+        bias_ =
+            make_parameter<B, 1>(name_ + ".bias", init.id_base + 1, bs, detail::tensor_box<TokenShard>(bs, p_, rank_),
+                                 TokenShard::name(), p_ > 1, init.seed, InitSpec::normal(0.02));
       } else {
         const std::array<std::size_t, 2> bs{O.groups, out_};
         bias_ =
-            make_parameter<2>(name_ + ".bias", init.id_base + 1, bs, detail::tensor_box<FeatureShard>(bs, p_, rank_),
-                              FeatureShard::name(), p_ > 1, init.seed, InitSpec::normal(0.02));
+            make_parameter<B, 2>(name_ + ".bias", init.id_base + 1, bs, detail::tensor_box<FeatureShard>(bs, p_, rank_),
+                                 FeatureShard::name(), p_ > 1, init.seed, InitSpec::normal(0.02));
       }
     }
   }

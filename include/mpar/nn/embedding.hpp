@@ -56,8 +56,8 @@ class BasicEmbedding {
 
   explicit BasicEmbedding(const EmbeddingConfig& c) : vocab_(c.vocab), hidden_(c.hidden) {
     const std::array<std::size_t, 2> s{vocab_, hidden_};
-    weight_ = make_parameter<2>(c.name + ".weight", c.id_base, s, detail::tensor_box<Replicate>(s, 1, 0),
-                                Replicate::name(), false, c.seed, InitSpec::normal(0.02));
+    weight_ = make_parameter<B, 2>(c.name + ".weight", c.id_base, s, detail::tensor_box<Replicate>(s, 1, 0),
+                                   Replicate::name(), false, c.seed, InitSpec::normal(0.02));
   }
   /** Typed lookup: the tokens' rows, `Act<Replicate>`. */
   Act<output_layout> embed(std::span<const std::int32_t> tokens, int mb = 0) {
@@ -106,8 +106,8 @@ class VocabParallelEmbedding {
     const std::array<std::size_t, 2> s{vocab_, hidden_};
     const auto box = detail::tensor_box<TokenShard>(s, p_, rank_);
     slice_ = box[0];
-    weight_ = make_parameter<2>(c.name + ".weight", c.id_base, s, box, TokenShard::name(), p_ > 1, c.seed,
-                                InitSpec::normal(0.02));
+    weight_ = make_parameter<B, 2>(c.name + ".weight", c.id_base, s, box, TokenShard::name(), p_ > 1, c.seed,
+                                   InitSpec::normal(0.02));
   }
   /** Typed lookup: `Act<Replicate>` (SP: `Act<Shard<0, tensor>>`) of the tokens' rows. */
   Act<output_layout> embed(std::span<const std::int32_t> tokens, int mb = 0) {

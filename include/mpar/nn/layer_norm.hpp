@@ -144,10 +144,10 @@ class LayerNorm : public detail::TypedLayer<LayerNorm<L, C, B>> {
     require(n_ > 0, "LayerNorm '", name, "': features must be positive");
     const std::array<std::size_t, 1> s{n_};
     const auto box = detail::tensor_box<Replicate>(s, 1, 0);
-    gamma_ =
-        make_parameter<1>(name + ".weight", id_base, s, box, Replicate::name(), false, seed, InitSpec::constant(1.0));
-    beta_ =
-        make_parameter<1>(name + ".bias", id_base + 1, s, box, Replicate::name(), false, seed, InitSpec::constant(0.0));
+    gamma_ = make_parameter<B, 1>(name + ".weight", id_base, s, box, Replicate::name(), false, seed,
+                                  InitSpec::constant(1.0));
+    beta_ = make_parameter<B, 1>(name + ".bias", id_base + 1, s, box, Replicate::name(), false, seed,
+                                 InitSpec::constant(0.0));
   }
   struct Cache {
     Activation x;

@@ -312,12 +312,12 @@ class Linear : public detail::LinearState, public detail::TypedLayer<Linear<In, 
         out_(detail::reconcile(Out, out, layer_kind, "out_features")) {
     require(in_ > 0 && out_ > 0, "Linear '", init.name, "': sizes must be positive, got in=", in_, " out=", out_);
     const std::array<std::size_t, 2> ws{in_, out_};
-    weight_ = make_parameter<2>(init.name + ".weight", init.id_base, ws, detail::tensor_box<Replicate>(ws, 1, 0),
-                                Replicate::name(), false, init.seed, detail::default_weight_init(in_));
+    weight_ = make_parameter<B, 2>(init.name + ".weight", init.id_base, ws, detail::tensor_box<Replicate>(ws, 1, 0),
+                                   Replicate::name(), false, init.seed, detail::default_weight_init(in_));
     if (init.bias) {
       const std::array<std::size_t, 1> bs{out_};
-      bias_ = make_parameter<1>(init.name + ".bias", init.id_base + 1, bs, detail::tensor_box<Replicate>(bs, 1, 0),
-                                Replicate::name(), false, init.seed, InitSpec::normal(0.02));
+      bias_ = make_parameter<B, 1>(init.name + ".bias", init.id_base + 1, bs, detail::tensor_box<Replicate>(bs, 1, 0),
+                                   Replicate::name(), false, init.seed, InitSpec::normal(0.02));
     }
   }
 

@@ -87,13 +87,13 @@ class Linear2D : public detail::LinearState, public detail::TypedLayer<Linear2D<
     const DynamicMesh mesh = DynamicMesh(n, std::size_t(1), std::size_t(1), std::size_t(1)).with_tensor_grid(q_, q_);
     const MeshCoord coord = mesh.coord(grid.i() * q_ + grid.j());
     const std::array<std::size_t, 2> ws{in_, out_};
-    weight_ = make_parameter<2>(name_ + ".weight", init.id_base, ws, GridShard::local_box<2>(ws, mesh, coord),
-                                GridShard::name(), q_ > 1, init.seed, detail::default_weight_init(in_));
+    weight_ = make_parameter<B, 2>(name_ + ".weight", init.id_base, ws, GridShard::local_box<2>(ws, mesh, coord),
+                                   GridShard::name(), q_ > 1, init.seed, detail::default_weight_init(in_));
     if (init.bias) {
       using BL = Shard<0, axis::tensor_col>;
       const std::array<std::size_t, 1> bs{out_};
-      bias_ = make_parameter<1>(name_ + ".bias", init.id_base + 1, bs, BL::local_box<1>(bs, mesh, coord), BL::name(),
-                                q_ > 1, init.seed, InitSpec::normal(0.02));
+      bias_ = make_parameter<B, 1>(name_ + ".bias", init.id_base + 1, bs, BL::local_box<1>(bs, mesh, coord), BL::name(),
+                                   q_ > 1, init.seed, InitSpec::normal(0.02));
     }
   }
 

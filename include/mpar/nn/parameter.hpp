@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "mpar/backend/memory_backend.hpp"
 #include "mpar/core/host_access.hpp"
 #include "mpar/core/init.hpp"
 #include "mpar/core/layout.hpp"
@@ -42,21 +43,29 @@ struct Parameter {
     note_host_access(grad.size() * sizeof(float));
   }
 
-  /** Allocates the block and fills it with the sharding-independent initial values. */
+  /**
+   * Allocates the block in the rank's memory and fills it with the sharding-independent initial values by
+   * backend `B`'s `init_values` (a kernel where the block lives), the gradient with `B::zero`: the host
+   * computes and uploads nothing. Issued on the rank's stream like any operation.
+   */
+  template <memory_backend B>
   void initialise(std::uint64_t seed, const InitSpec& spec) {
-    std::size_t n = 1;
-    for (const auto& b : local_box) n *= b.extent;
-    std::string shape;  // names the block in the message of an allocation that fails
-    for (const auto& b : local_box) shape += (shape.empty() ? "[" : ", ") + std::to_string(b.extent);
-    const AllocationLabel label("parameter '" + name + "' (local block " + shape + "])");
-    // The rank's memory first, so that a block too large fails there, named by the label above.
-    value = uninitialized_buffer<float>(n);
-    grad = uninitialized_buffer<float>(n);
-    // Computed on the host, then written once into the rank's memory (a device upload where the rank has one).
-    std::vector<float> init(n);
-    for (std::size_t k = 0; k < n; ++k) init[k] = float(init_value(seed, id, global_index(k), spec));
+    const InitBlock block = allocate_block(seed, spec);
+    B::init_values(block, value.data());
+    B::zero(grad.size(), grad.data());
+  }
+
+  /**
+   * Without a backend: the same values computed on the host and written once into the rank's memory through
+   * its resource (`write_initial`; a device upload where the rank has one). For code that has no backend
+   * (host-only tests and tools); a layer over a backend calls `initialise<B>`.
+   */
+  void initialise(std::uint64_t seed, const InitSpec& spec) {
+    const InitBlock block = allocate_block(seed, spec);
+    std::vector<float> init(value.size());
+    host::init_values(block, init.data());
     write_initial(value, std::span<const float>(init));
-    write_initial(grad, std::span<const float>(std::vector<float>(n, 0.0f)));
+    write_initial(grad, std::span<const float>(std::vector<float>(value.size(), 0.0f)));
   }
 
   /** The row-major index, in the whole (global) tensor, of element `k` of this rank's block. */
@@ -68,6 +77,20 @@ struct Parameter {
       stride *= global_shape[d];
     }
     return g;
+  }
+
+ private:
+  /** Allocates `value` and `grad` uninitialised in the rank's memory; the block they hold and how it is drawn. */
+  InitBlock allocate_block(std::uint64_t seed, const InitSpec& spec) {
+    // Checked before allocating: a block outside the parameter or of too many dimensions is named here.
+    const InitBlock block = make_init_block(seed, id, global_shape, local_box, spec, name.c_str());
+    std::string shape;  // names the block in the message of an allocation that fails
+    for (const auto& b : local_box) shape += (shape.empty() ? "[" : ", ") + std::to_string(b.extent);
+    const AllocationLabel label("parameter '" + name + "' (local block " + shape + "])");
+    // The rank's memory first, so that a block too large fails there, named by the label above.
+    value = uninitialized_buffer<float>(std::size_t(block.size()));
+    grad = uninitialized_buffer<float>(std::size_t(block.size()));
+    return block;
   }
 };
 
@@ -81,6 +104,23 @@ void zero_grad(Parameter& p) {
   B::zero(p.grad.size(), p.grad.data());
 }
 
+namespace detail {
+/** A parameter's description without values: what `make_parameter` fills before initialising. */
+template <std::size_t R>
+[[nodiscard]] Parameter describe_parameter(std::string name, std::uint64_t id,
+                                           const std::array<std::size_t, R>& global_shape, const Box<R>& box,
+                                           std::string layout, bool sharded_over_tensor) {
+  Parameter p;
+  p.name = std::move(name);
+  p.id = id;
+  p.global_shape.assign(global_shape.begin(), global_shape.end());
+  p.local_box.assign(box.begin(), box.end());
+  p.layout = std::move(layout);
+  p.sharded_over_tensor = sharded_over_tensor;
+  return p;
+}
+}  // namespace detail
+
 /**
  * @brief Creates and initialises a parameter of `global_shape` whose local block is `box` (from a
  * layout's `local_box`), so its values are those the same elements have in the unsharded parameter.
@@ -90,14 +130,21 @@ template <std::size_t R>
                                        const std::array<std::size_t, R>& global_shape, const Box<R>& box,
                                        std::string layout, bool sharded_over_tensor, std::uint64_t seed,
                                        const InitSpec& spec) {
-  Parameter p;
-  p.name = std::move(name);
-  p.id = id;
-  p.global_shape.assign(global_shape.begin(), global_shape.end());
-  p.local_box.assign(box.begin(), box.end());
-  p.layout = std::move(layout);
-  p.sharded_over_tensor = sharded_over_tensor;
+  Parameter p =
+      detail::describe_parameter(std::move(name), id, global_shape, box, std::move(layout), sharded_over_tensor);
   p.initialise(seed, spec);
+  return p;
+}
+
+/** `make_parameter` whose values backend `B` writes in the rank's memory (`Parameter::initialise<B>`). */
+template <memory_backend B, std::size_t R>
+[[nodiscard]] Parameter make_parameter(std::string name, std::uint64_t id,
+                                       const std::array<std::size_t, R>& global_shape, const Box<R>& box,
+                                       std::string layout, bool sharded_over_tensor, std::uint64_t seed,
+                                       const InitSpec& spec) {
+  Parameter p =
+      detail::describe_parameter(std::move(name), id, global_shape, box, std::move(layout), sharded_over_tensor);
+  p.initialise<B>(seed, spec);
   return p;
 }
 

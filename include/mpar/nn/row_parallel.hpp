@@ -89,12 +89,12 @@ class RowParallel : public detail::LinearState, public detail::TypedLayer<RowPar
             in_, " is not divisible by the tensor-parallel size ", p_, " (output size ", out_, ")");
     local_in_ = in_ / p_;
     const std::array<std::size_t, 2> ws{in_, out_};
-    weight_ = make_parameter<2>(name_ + ".weight", init.id_base, ws, detail::tensor_box<TokenShard>(ws, p_, rank_),
-                                TokenShard::name(), p_ > 1, init.seed, detail::default_weight_init(in_));
+    weight_ = make_parameter<B, 2>(name_ + ".weight", init.id_base, ws, detail::tensor_box<TokenShard>(ws, p_, rank_),
+                                   TokenShard::name(), p_ > 1, init.seed, detail::default_weight_init(in_));
     if (init.bias) {
       const std::array<std::size_t, 1> bs{out_};
-      bias_ = make_parameter<1>(name_ + ".bias", init.id_base + 1, bs, detail::tensor_box<Replicate>(bs, p_, rank_),
-                                Replicate::name(), false, init.seed, InitSpec::normal(0.02));
+      bias_ = make_parameter<B, 1>(name_ + ".bias", init.id_base + 1, bs, detail::tensor_box<Replicate>(bs, p_, rank_),
+                                   Replicate::name(), false, init.seed, InitSpec::normal(0.02));
     }
   }
 

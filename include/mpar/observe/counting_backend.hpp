@@ -10,7 +10,7 @@
  *
  * What is counted, and how:
  * - launches: one per call of a backend operation (`gemm`, the layer, optimizer and row kernels, the
- *   zero/fill/copy/convert operations, `gemm_strided_batched`, `vocab_parallel_loss`), by `Op` kind;
+ *   zero/fill/copy/convert/init_values operations, `gemm_strided_batched`, `vocab_parallel_loss`), by `Op` kind;
  * - host synchronisations: calls of `synchronize()` and event waits, plus — for a backend whose
  *   operations return only when finished (`operations_block_host<B>`, true for the synchronous
  *   backends) — one per launch, since every such call blocks the host until the work is done;
@@ -68,6 +68,7 @@ enum class Op : std::size_t {
   fill,
   copy,
   convert,
+  init_values,  ///< a parameter block's initial values written in rank memory
   vocab_parallel_loss,
   update_factors,
   gemm_bias_gelu,  ///< the MLP's first projection with its bias and GeLU (a GEMM)
@@ -111,6 +112,7 @@ inline constexpr std::array<std::string_view, op_kinds> op_names{"gemm",
                                                                  "fill",
                                                                  "copy",
                                                                  "convert",
+                                                                 "init_values",
                                                                  "vocab_parallel_loss",
                                                                  "update_factors",
                                                                  "gemm_bias_gelu",
@@ -238,6 +240,7 @@ struct CountingBackend : B {
   MPAR_COUNTING_OP(fill)
   MPAR_COUNTING_OP(copy)
   MPAR_COUNTING_OP(convert)
+  MPAR_COUNTING_OP(init_values)
   MPAR_COUNTING_OP(vocab_parallel_loss)
   MPAR_COUNTING_OP(update_factors)
   MPAR_COUNTING_OP(gemm_bias_gelu)

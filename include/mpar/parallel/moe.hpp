@@ -116,7 +116,7 @@ class MoeMlp {
         p.local_box.push_back(sharded && k == 0 ? mine : Block{0, shape[k]});
       p.layout = sharded ? "Shard<0, expert>" : "Replicate";
       p.sharded_over_tensor = false;
-      p.initialise(cfg_.seed, InitSpec::normal(cfg_.init_std));
+      p.initialise<B>(cfg_.seed, InitSpec::normal(cfg_.init_std));
     };
     setup(gate_, "gate.weight", cfg_.first_id, {d, e}, false);
     setup(w1_, "experts.w1", cfg_.first_id + 1, {e, d, f}, true);

@@ -250,6 +250,11 @@ struct CudaBackend {
   static void convert(std::size_t n, const From* src, To* dst) {
     then_wait([&] { gpu::convert(n, src, dst); });
   }
+  /** A parameter block's initial values computed by a kernel in device memory (no host upload). */
+  template <class T>
+  static void init_values(const InitBlock& block, T* x) {
+    then_wait([&] { gpu::init_values(block, x); });
+  }
   /** cublasGemmStridedBatchedEx (see gpu::gemm_strided_batched): fp32, or bf16/f16 A and B with fp32 accumulation. */
   template <class TIn, class TOut = TIn>
     requires gpu::gemm_types<TIn, TOut>

@@ -351,10 +351,25 @@ __global__ void embedding_backward_kernel(std::size_t tokens, std::size_t dim, s
 }
 
 /**
- * AdamW in the direct form of host::adamw_update, operation for operation. The explicitly rounded
- * intrinsics keep nvcc from contracting a multiply and an add into one FMA (the host rounds each
- * product), so a device step equals the host step bit for bit.
+ * One element of AdamW in the direct form of host::adamw_update, operation for operation: `decay` is this
+ * element's weight factor (1 - lr wd, or 1). The explicitly rounded intrinsics keep nvcc from contracting a
+ * multiply and an add into one FMA (the host rounds each product), so a device step equals the host step bit
+ * for bit. Both AdamW kernels call it, so the update is written once.
  */
+template <class G>
+__device__ inline void adamw_element(std::size_t i, float* w, const G* grad, float* m, float* v, float beta1,
+                                     float beta2, float one_b1, float one_b2, float eps, float lr, float decay,
+                                     float bias1, float bias2, float grad_scale) {
+  const float g = __fmul_rn(float(to_compute(grad[i])), grad_scale);
+  const float mi = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(one_b1, g));
+  const float vi = __fadd_rn(__fmul_rn(beta2, v[i]), __fmul_rn(__fmul_rn(one_b2, g), g));
+  m[i] = mi;
+  v[i] = vi;
+  const float mhat = __fdiv_rn(mi, bias1), vhat = __fdiv_rn(vi, bias2);
+  w[i] = __fsub_rn(__fmul_rn(w[i], decay), __fdiv_rn(__fmul_rn(lr, mhat), __fadd_rn(__fsqrt_rn(vhat), eps)));
+}
+
+/** AdamW with one weight-decay factor for the whole range (adamw_element on every element). */
 template <class G>
 __global__ void adamw_kernel(std::size_t n, float* w, const G* grad, float* m, float* v, float beta1, float beta2,
                              float eps, float lr, float decay, float bias1, float bias2, float grad_scale,
@@ -365,21 +380,14 @@ __global__ void adamw_kernel(std::size_t n, float* w, const G* grad, float* m, f
   }
   const float one_b1 = 1.0f - beta1, one_b2 = 1.0f - beta2;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
-       i += std::size_t(gridDim.x) * blockDim.x) {
-    const float g = __fmul_rn(float(to_compute(grad[i])), grad_scale);
-    const float mi = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(one_b1, g));
-    const float vi = __fadd_rn(__fmul_rn(beta2, v[i]), __fmul_rn(__fmul_rn(one_b2, g), g));
-    m[i] = mi;
-    v[i] = vi;
-    const float mhat = __fdiv_rn(mi, bias1), vhat = __fdiv_rn(vi, bias2);
-    w[i] = __fsub_rn(__fmul_rn(w[i], decay), __fdiv_rn(__fmul_rn(lr, mhat), __fadd_rn(__fsqrt_rn(vhat), eps)));
-  }
+       i += std::size_t(gridDim.x) * blockDim.x)
+    adamw_element(i, w, grad, m, v, beta1, beta2, one_b1, one_b2, eps, lr, decay, bias1, bias2, grad_scale);
 }
 
 /**
  * AdamW over a flat range whose weight decay applies per run (host::adamw_update with `DecayRun`s): each element
  * finds its run by a binary search of the run ends (a few hundred runs: the table stays in cache) and takes
- * `decay` (1 - lr wd, rounded on the host) or 1; otherwise operation for operation adamw_kernel.
+ * `decay` (1 - lr wd, rounded on the host) or 1 into adamw_element, the update adamw_kernel makes.
  */
 template <class G>
 __global__ void adamw_runs_kernel(std::size_t n, float* w, const G* grad, float* m, float* v, float beta1, float beta2,
@@ -400,13 +408,7 @@ __global__ void adamw_runs_kernel(std::size_t n, float* w, const G* grad, float*
     }
     if (lo == nruns) continue;  // past the last run: not part of the update (host::adamw_update does the same)
     const float di = runs[lo].decays != 0 ? decay : 1.0f;
-    const float g = __fmul_rn(float(to_compute(grad[i])), grad_scale);
-    const float mi = __fadd_rn(__fmul_rn(beta1, m[i]), __fmul_rn(one_b1, g));
-    const float vi = __fadd_rn(__fmul_rn(beta2, v[i]), __fmul_rn(__fmul_rn(one_b2, g), g));
-    m[i] = mi;
-    v[i] = vi;
-    const float mhat = __fdiv_rn(mi, bias1), vhat = __fdiv_rn(vi, bias2);
-    w[i] = __fsub_rn(__fmul_rn(w[i], di), __fdiv_rn(__fmul_rn(lr, mhat), __fadd_rn(__fsqrt_rn(vhat), eps)));
+    adamw_element(i, w, grad, m, v, beta1, beta2, one_b1, one_b2, eps, lr, di, bias1, bias2, grad_scale);
   }
 }
 

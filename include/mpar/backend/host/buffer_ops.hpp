@@ -1,11 +1,13 @@
 #pragma once
 /**
  * @file Host reference of the buffer operations of the `backend` concept — `zero`, `fill`, `copy`,
- * `convert` — of the strided-batched GEMM, and of the cross-entropy's loss reduction.
+ * `convert`, `init_values` — of the strided-batched GEMM, and of the cross-entropy's loss reduction.
  *
  * Why they are backend operations: on a device backend the buffers live in device memory, so zeroing a
  * gradient, keeping a copy of an activation or rounding fp32 weights to bf16 must be kernels on the
- * rank's stream, not host loops over the same memory (each a page migration or a stall).
+ * rank's stream, not host loops over the same memory (each a page migration or a stall). A parameter's initial
+ * values likewise: the counter-based init is a pure function of (seed, parameter, element), so the rank's
+ * backend evaluates it where the block lives instead of the host computing and uploading it.
  */
 #include <algorithm>
 #include <cmath>
@@ -16,6 +18,7 @@
 #include "mpar/backend/host/gemm.hpp"
 #include "mpar/backend/types.hpp"  // Trans, BatchStrides, BatchExtents
 #include "mpar/core/dtype.hpp"
+#include "mpar/core/init.hpp"  // InitBlock
 
 namespace mpar::host {
 
@@ -39,6 +42,14 @@ void copy(std::size_t n, const T* src, T* dst) {
 template <class From, class To>
 void convert(std::size_t n, const From* src, To* dst) {
   for (std::size_t i = 0; i < n; ++i) dst[i] = mpar::convert<To>(src[i]);
+}
+
+/** x[k] = T(block.value(k)) for k < block.size(): a parameter block's initial values (core/init.hpp). */
+template <class T>
+  requires std::is_same_v<T, float> || std::is_same_v<T, double>
+void init_values(const InitBlock& block, T* x) {
+  const std::uint64_t n = block.size();
+  for (std::uint64_t k = 0; k < n; ++k) x[k] = T(block.value(k));
 }
 
 /**

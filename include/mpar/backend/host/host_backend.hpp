@@ -226,6 +226,10 @@ struct HostBackend {
   static void convert(std::size_t n, const From* src, To* dst) {
     host::convert(n, src, dst);
   }
+  template <class T>
+  static void init_values(const InitBlock& block, T* x) {
+    host::init_values(block, x);
+  }
   template <class TIn, class TOut = TIn>
     requires host_gemm_types<TIn, TOut>
   static void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha,

@@ -23,6 +23,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstddef>
 #include <cstdint>
@@ -51,7 +52,14 @@ class EmulatedRankMemory : public MemoryResource {
   /** Initial values of a fresh block: written through the operations' mapping, before any operation uses it. */
   void write_initial(void* dst, const void* src, std::size_t bytes) final {
     std::memcpy(operation_address(dst), src, bytes);
+    initial_bytes_.fetch_add(bytes, std::memory_order_relaxed);
   }
+  /**
+   * Bytes written from the host into this memory by `write_initial` so far, over all ranks: what a device
+   * would upload. Tests compare it before and after constructing a model (parameters are written by the
+   * backend's `init_values` instead).
+   */
+  [[nodiscard]] std::uint64_t initial_bytes_written() const { return initial_bytes_.load(std::memory_order_relaxed); }
   [[nodiscard]] void* allocate(std::size_t bytes) final {
     const std::size_t n = bytes ? bytes : 1;
     void* p = raw_allocate(n);
@@ -95,6 +103,7 @@ class EmulatedRankMemory : public MemoryResource {
  private:
   std::mutex m_;
   std::unordered_map<void*, std::weak_ptr<Stream>> owners_;
+  std::atomic<std::uint64_t> initial_bytes_{0};
 };
 
 /** @brief Ordinary host memory (one address for host and operations), NaN-filled and freed in stream order. */

@@ -211,6 +211,7 @@ struct BasicStreamHostBackend {
   MPAR_STREAM_OP(fill)
   MPAR_STREAM_OP(copy)
   MPAR_STREAM_OP(convert)
+  MPAR_STREAM_OP(init_values)
   MPAR_STREAM_OP(vocab_parallel_loss)
   // The fused GEMM epilogue of the MLP's first projection.
   MPAR_STREAM_OP(gemm_bias_gelu)
