@@ -123,15 +123,20 @@ struct BasicStreamHostBackend {
   static void wait_event(const event_type& e) { stream::wait(e); }
   static void stream_wait_event(const event_type& e) { stream::stream_wait(*stream(), e); }
   [[nodiscard]] static bool event_done(const event_type& e) { return stream::passed(e); }
+  // An empty copy may come with null pointers (an empty vector's data()), which memcpy must not be given.
   template <class T>
   static void copy_to_host_async(std::size_t n, const T* src, T* dst) {
     const T* from = View::address(src, "copy_to_host_async", 2);
-    stream()->enqueue("copy_to_host_async", [n, from, dst] { std::memcpy(dst, from, n * sizeof(T)); });
+    stream()->enqueue("copy_to_host_async", [n, from, dst] {
+      if (n != 0) std::memcpy(dst, from, n * sizeof(T));
+    });
   }
   template <class T>
   static void copy_from_host_async(std::size_t n, const T* src, T* dst) {
     T* to = View::address(dst, "copy_from_host_async", 3);
-    stream()->enqueue("copy_from_host_async", [n, src, to] { std::memcpy(to, src, n * sizeof(T)); });
+    stream()->enqueue("copy_from_host_async", [n, src, to] {
+      if (n != 0) std::memcpy(to, src, n * sizeof(T));
+    });
   }
   /** `n` elements of rank memory, NaN-filled (never written by the host). */
   template <class T>
