@@ -13,6 +13,8 @@
 
 #include <mpar/backend/graph_backend.hpp>
 #include <mpar/backend/stream/stream_backend.hpp>
+#include <mpar/nn/parameter.hpp>
+#include <mpar/optim/adamw.hpp>
 
 using namespace mpar;
 
@@ -241,6 +243,119 @@ TEMPLATE_TEST_CASE("graph_backend (emulated): memory freed during a capture stay
     g = {};  // the graph's frees are issued now, in stream order
     B::synchronize();
   });
+}
+
+namespace {
+
+/** The host values of AdamW step `t`: a learning rate of a schedule, gradients, and a skipped update at t = 2. */
+struct AdamWGraphTestInput {
+  float lr;
+  UpdateFactors factors;
+  std::vector<float> grads;  // the weight's, then the bias's
+};
+AdamWGraphTestInput adamw_graph_test_input(std::size_t t, std::size_t n) {
+  AdamWGraphTestInput in{0.01f / float(t + 1), {t == 3 ? 0.5f : 1.0f, t == 2 ? 1.0f : 0.0f}, std::vector<float>(n)};
+  for (std::size_t i = 0; i < n; ++i) in.grads[i] = float(int((i * 5 + t * 3) % 9) - 4) / 3.0f;
+  return in;
+}
+
+struct AdamWGraphTestRun {
+  std::vector<float> state;  // weights, first and second moments of both parameters
+  AdamWScalars scalars{};    // step_in_rank's, read back (zero for the eager run)
+  std::size_t host_steps = 0;
+};
+
+/**
+ * `steps` AdamW updates of a weight (decays) and a bias (does not): eagerly with host scalars (`step(lr, factors)`,
+ * a skipped update retracted by the host), or with `step_in_rank`, the first eager and the others replays of a
+ * captured second step whose learning rate, gradients and factors come in by asynchronous copies.
+ */
+template <class B>
+AdamWGraphTestRun adamw_graph_test_train(std::size_t steps, bool captured) {
+  AdamWGraphTestRun r;
+  on_graph_test_rank([&] {
+    B::init_rank();
+    constexpr std::size_t rows = 3, cols = 4;
+    nn::Parameter w{"w", 1, {rows, cols}}, b{"bias", 2, {cols}};
+    const std::size_t n = rows * cols + cols;
+    typename B::template pinned_buffer<float> staged(n);
+    for (std::size_t i = 0; i < n; ++i) staged[i] = float(int(i % 7) - 3) / 5.0f;
+    for (nn::Parameter* p : {&w, &b}) {
+      const std::size_t size = p->global_size(), at = p == &w ? 0 : rows * cols;
+      p->value = B::template allocate<float>(size);
+      p->grad = B::template allocate<float>(size);
+      B::template copy_from_host_async<float>(size, staged.data() + at, p->value.data());
+    }
+    B::synchronize();
+    optim::AdamW<B> opt({&w, &b}, optim::AdamWConfig{0.01f, 0.9f, 0.99f, 1e-6f, 0.1f, optim::decays_weight_matrices});
+    Buffer<float> lr = B::template allocate<float>(1);
+    Buffer<UpdateFactors> factors = B::template allocate<UpdateFactors>(1);
+    typename B::template pinned_buffer<float> lr_in(1), grads_in(n);
+    typename B::template pinned_buffer<UpdateFactors> factors_in(1);
+    auto issue_inputs = [&] {  // the step's host values into rank memory, by copies a graph replays
+      B::template copy_from_host_async<float>(1, lr_in.data(), lr.data());
+      B::template copy_from_host_async<UpdateFactors>(1, factors_in.data(), factors.data());
+      B::template copy_from_host_async<float>(rows * cols, grads_in.data(), w.grad.data());
+      B::template copy_from_host_async<float>(cols, grads_in.data() + rows * cols, b.grad.data());
+    };
+    typename B::graph_type graph;
+    for (std::size_t t = 0; t < steps; ++t) {
+      const AdamWGraphTestInput in = adamw_graph_test_input(t, n);
+      lr_in[0] = in.lr;
+      factors_in[0] = in.factors;
+      for (std::size_t i = 0; i < n; ++i) grads_in[i] = in.grads[i];
+      if (!captured) {
+        issue_inputs();
+        opt.step(in.lr, static_cast<const UpdateFactors*>(factors.data()));
+        if (in.factors.skip != 0.0f) opt.retract_step();  // what a trainer does once it reads the skip back
+      } else if (t == 0) {
+        issue_inputs();
+        opt.step_in_rank(lr.data(), factors.data());  // eager: carries the count into rank memory
+      } else {
+        if (t == 1) {
+          B::begin_capture();
+          issue_inputs();
+          opt.step_in_rank(lr.data(), factors.data());
+          graph = B::end_capture();
+        }
+        B::launch(graph);
+      }
+      B::synchronize();  // the pinned inputs are rewritten next
+    }
+    std::vector<const float*> parts;
+    std::vector<std::size_t> sizes;
+    for (std::size_t i = 0; i < 2; ++i) {
+      nn::Parameter& p = i == 0 ? w : b;
+      parts.insert(parts.end(), {p.value.data(), opt.first_moment(i).data(), opt.second_moment(i).data()});
+      sizes.insert(sizes.end(), 3, p.value.size());
+    }
+    for (std::size_t k = 0; k < parts.size(); ++k) {
+      std::vector<float> out(sizes[k]);
+      B::template copy_to_host_async<float>(sizes[k], parts[k], out.data());
+      B::synchronize();
+      r.state.insert(r.state.end(), out.begin(), out.end());
+    }
+    if (captured) {
+      B::template copy_to_host_async<AdamWScalars>(1, opt.rank_scalars(), &r.scalars);
+      B::synchronize();
+    }
+    r.host_steps = opt.steps();
+  });
+  return r;
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("AdamW::step_in_rank: replays of a captured update equal eager host-scalar updates bit for bit",
+                   "[stream][graph][adamw]", StreamHostBackend, DiscreteHostBackend) {
+  constexpr std::size_t steps = 6;  // a skipped update at t = 2, a gradient scale at t = 3, the rate decays
+  const AdamWGraphTestRun eager = adamw_graph_test_train<TestType>(steps, false);
+  const AdamWGraphTestRun replayed = adamw_graph_test_train<TestType>(steps, true);
+  REQUIRE(eager.state.size() == replayed.state.size());
+  CHECK(eager.state == replayed.state);
+  CHECK(replayed.scalars.steps == eager.host_steps);  // the skipped update not counted, in rank memory
+  CHECK(eager.host_steps == steps - 1);
+  CHECK(replayed.scalars.lr == adamw_graph_test_input(steps - 1, 1).lr);  // the last replay's rate, not the capture's
 }
 
 TEST_CASE("graph_backend: the stream backends and their graphs model the concept", "[stream][graph]") {

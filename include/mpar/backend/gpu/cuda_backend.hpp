@@ -191,6 +191,11 @@ struct CudaBackend {
   static void update_factors(A&&... a) {
     then_wait([&] { gpu::update_factors(std::forward<A>(a)...); });
   }
+  /** AdamW's learning rate and step count advanced in rank memory, on the device (host::adamw_advance). */
+  template <class... A>
+  static void adamw_advance(A&&... a) {
+    then_wait([&] { gpu::adamw_advance(std::forward<A>(a)...); });
+  }
   /** `x[i] *= factor` (the argument order of host::scale and gpu::scale). */
   template <class T>
   static void scale(std::size_t n, compute_type_t<T> factor, T* x) {

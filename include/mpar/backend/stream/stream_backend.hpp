@@ -222,6 +222,7 @@ struct BasicStreamHostBackend {
   MPAR_STREAM_OP(sgd_update)
   MPAR_STREAM_OP(sum_squares)
   MPAR_STREAM_OP(update_factors)
+  MPAR_STREAM_OP(adamw_advance)
   MPAR_STREAM_OP(scale)
   // The row kernels of token routing.
   MPAR_STREAM_OP(gather_rows)
