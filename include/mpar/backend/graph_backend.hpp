@@ -19,7 +19,10 @@ namespace mpar {
  *   at once, like any operation.
  * During a capture, a host wait (`synchronize`, `wait_event`, an operation that returns a value) and an
  * event recorded or waited for across streams throw, naming the call: a graph cannot wait on the host.
- * Memory freed during the capture stays reserved for the replays until the graph is dropped.
+ * Memory allocated and freed during the capture stays reserved for the replays until the graph is dropped
+ * (CUDA's graph memory nodes). A block allocated before the capture must not be freed during it: on CUDA its
+ * free becomes a node of the graph, which a second launch would repeat (the emulation keeps such a free with
+ * the graph instead, so it cannot show this).
  */
 template <class B>
 concept graph_backend = requires(const typename B::graph_type& g) {
