@@ -3,6 +3,7 @@
 // `gemm_backend` (say) accepts it where `backend` would not.
 #include <cstddef>
 #include <mpar/backend/backend.hpp>
+#include <mpar/backend/graph_backend.hpp>
 #include <mpar/backend/host/host_backend.hpp>
 #include <mpar/backend/stream/stream_backend.hpp>
 #include <mpar/observe/counting_backend.hpp>
@@ -41,4 +42,23 @@ static_assert(routing_backend<RoutingOnly>);
 static_assert(!gemm_backend<RoutingOnly> && !layer_kernel_backend<RoutingOnly> && !optimizer_backend<RoutingOnly> &&
               !memory_backend<RoutingOnly> && !backend<RoutingOnly>);
 static_assert(!backend<int> && !gemm_backend<int> && !memory_backend<int>);
+
+// Capture is a capability of its own: the stream backends (and a counting wrapper of one) have it, HostBackend,
+// whose operations have run when they return, does not; the capture members alone make no backend.
+static_assert(graph_backend<StreamHostBackend> && graph_backend<DiscreteHostBackend> &&
+              graph_backend<observe::CountingBackend<StreamHostBackend>>);
+static_assert(!graph_backend<HostBackend> && !graph_backend<observe::CountingBackend<HostBackend>>);
+struct CaptureOnly {
+  struct graph_type {};
+  static void begin_capture() {}
+  static graph_type end_capture() { return {}; }
+  static void launch(const graph_type&) {}
+};
+static_assert(graph_backend<CaptureOnly> && !backend<CaptureOnly>);
+struct CaptureWithoutLaunch {
+  struct graph_type {};
+  static void begin_capture() {}
+  static graph_type end_capture() { return {}; }
+};
+static_assert(!graph_backend<CaptureWithoutLaunch> && !graph_backend<int>);
 }  // namespace

@@ -301,6 +301,70 @@ TEST_CASE(
   for (std::size_t k = 0; k < ps.size(); ++k) CHECK(copy_of(ps[k].value) == copy_of(separate[k].value));
 }
 
+TEST_CASE(
+    "AdamW::step_in_rank over arenas: rate and step count read from rank memory, bit-equal to a naive loop, a skipped "
+    "update not counted",
+    "[train][arena][optim]") {
+  const optim::AdamWConfig cfg{.lr = 0.02f,
+                               .beta1 = 0.85f,
+                               .beta2 = 0.97f,
+                               .eps = 1e-7f,
+                               .weight_decay = 0.2f,
+                               .decays = optim::decays_weight_matrices};
+  auto ps = block_parameters();
+  const auto order = reversed(pointers(ps));
+  parallel::GradientArena<Counting> grads(order);
+  parallel::ParameterArena<Counting> vals(order);
+  optim::AdamW<Counting> adam(pointers(ps), cfg);
+  REQUIRE(adam.flat());
+  Buffer<float> lr_in_rank = Counting::allocate<float>(1);
+  Buffer<UpdateFactors> factors = Counting::allocate<UpdateFactors>(1);
+
+  std::vector<std::vector<float>> w, m, v;  // the textbook update, parameter by parameter (as the test above)
+  for (const auto& p : ps) {
+    w.push_back(copy_of(p.value));
+    m.emplace_back(p.value.size(), 0.0f);
+    v.emplace_back(p.value.size(), 0.0f);
+  }
+  int taken = 0;  // updates not skipped: the t of the bias corrections
+  for (int step = 1; step <= 5; ++step) {
+    for (std::size_t k = 0; k < ps.size(); ++k) {
+      const auto g = grad_at(k, ps[k].value.size(), step);
+      std::copy(g.begin(), g.end(), ps[k].grad.begin());
+    }
+    const bool skip = step == 3;
+    const float gs = step % 2 ? 1.0f : 0.5f, lr = 0.02f / float(step);
+    lr_in_rank[0] = lr;  // HostBackend: rank memory is the host's
+    factors[0] = UpdateFactors{gs, skip ? 1.0f : 0.0f};
+    const auto c0 = Counting::counts();
+    adam.step_in_rank(lr_in_rank.data(), factors.data());
+    const auto d = Counting::counts() - c0;
+    CHECK(d[observe::Op::adamw_update] == 1);
+    CHECK(d[observe::Op::adamw_advance] == 1);
+    if (skip) continue;  // the reference leaves everything as it was
+    ++taken;
+    const float c1 = float(1.0 - std::pow(double(0.85f), taken)), c2 = float(1.0 - std::pow(double(0.97f), taken));
+    for (std::size_t k = 0; k < ps.size(); ++k) {
+      const float wd = ps[k].global_shape.size() == 2 ? 0.2f : 0.0f;
+      const auto g = grad_at(k, ps[k].value.size(), step);
+      for (std::size_t i = 0; i < g.size(); ++i) {
+        const float gi = g[i] * gs;
+        m[k][i] = 0.85f * m[k][i] + (1.0f - 0.85f) * gi;
+        v[k][i] = 0.97f * v[k][i] + (1.0f - 0.97f) * gi * gi;
+        w[k][i] = w[k][i] * (1.0f - lr * wd) - lr * (m[k][i] / c1) / (std::sqrt(v[k][i] / c2) + 1e-7f);
+      }
+    }
+  }
+  for (std::size_t k = 0; k < ps.size(); ++k) {
+    INFO(ps[k].name);
+    CHECK(copy_of(ps[k].value) == w[k]);
+    CHECK(std::vector<float>(adam.first_moment(k).begin(), adam.first_moment(k).end()) == m[k]);
+    CHECK(std::vector<float>(adam.second_moment(k).begin(), adam.second_moment(k).end()) == v[k]);
+  }
+  CHECK(adam.rank_scalars()->steps == 4);  // five steps, one skipped
+  CHECK(adam.rank_scalars()->lr == 0.02f / 5.0f);
+}
+
 TEST_CASE("SGD over parameter and gradient arenas: one sgd_update per step, bit-equal to a naive per-parameter loop",
           "[train][arena][optim]") {
   for (const bool nesterov : {false, true}) {

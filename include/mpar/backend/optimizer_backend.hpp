@@ -31,7 +31,11 @@ namespace mpar {
  * - `update_factors(squares, max_norm, inv_loss_scale, skip_nonfinite, norm, factors)`: from the
  *   reduced sum of squares (rank memory), the gradient norm and the `UpdateFactors` of the step
  *   (clipping coefficient times the inverse loss scale; skip on a non-finite norm);
- * - `scale(n, factor, x)`: `x[i] *= factor` in place (argument order of `host::scale`).
+ * - `scale(n, factor, x)`: `x[i] *= factor` in place (argument order of `host::scale`);
+ * - `adamw_advance(beta1, beta2, lr, factors, scalars)` and `adamw_update(n, w, g, m, v, beta1, beta2, eps,
+ *   weight_decay, scalars, factors[, decay_runs, runs])`: the AdamW step with its learning rate and bias
+ *   corrections in rank memory (`AdamWScalars`, advanced by the first), so that a captured step replays with
+ *   the values of each step (see `graph_backend`).
  */
 template <class B>
 concept optimizer_backend = requires(const float* a, float* c, std::size_t n, double* acc, UpdateFactors* factors) {
@@ -43,6 +47,11 @@ concept optimizer_backend = requires(const float* a, float* c, std::size_t n, do
   B::sum_squares(n, a, acc);
   B::update_factors(static_cast<const double*>(acc), 1.0, 1.0f, true, acc, factors);
   B::scale(n, 1.0f, c);
+  B::adamw_advance(0.9f, 0.999f, a, static_cast<const UpdateFactors*>(factors), static_cast<AdamWScalars*>(nullptr));
+  B::adamw_update(n, c, a, c, c, 0.9f, 0.999f, 1e-8f, 0.01f, static_cast<const AdamWScalars*>(nullptr),
+                  static_cast<const UpdateFactors*>(factors));
+  B::adamw_update(n, c, a, c, c, 0.9f, 0.999f, 1e-8f, 0.01f, static_cast<const AdamWScalars*>(nullptr),
+                  static_cast<const UpdateFactors*>(factors), static_cast<const DecayRun*>(nullptr), n);
 };
 
 }  // namespace mpar

@@ -73,6 +73,7 @@ enum class Op : std::size_t {
   update_factors,
   gemm_bias_gelu,  ///< the MLP's first projection with its bias and GeLU (a GEMM)
   accumulate,      ///< a micro-batch's loss added to the step's statistics in rank memory
+  adamw_advance,   ///< AdamW's step count and learning rate advanced in rank memory
   // MoE routing (routing_backend)
   moe_route,
   moe_gate_stats,
@@ -117,6 +118,7 @@ inline constexpr std::array<std::string_view, op_kinds> op_names{"gemm",
                                                                  "update_factors",
                                                                  "gemm_bias_gelu",
                                                                  "accumulate",
+                                                                 "adamw_advance",
                                                                  "moe_route",
                                                                  "moe_gate_stats",
                                                                  "moe_aux_loss",
@@ -245,6 +247,7 @@ struct CountingBackend : B {
   MPAR_COUNTING_OP(update_factors)
   MPAR_COUNTING_OP(gemm_bias_gelu)
   MPAR_COUNTING_OP(accumulate)
+  MPAR_COUNTING_OP(adamw_advance)
   MPAR_COUNTING_OP(moe_route)
   MPAR_COUNTING_OP(moe_gate_stats)
   MPAR_COUNTING_OP(moe_aux_loss)

@@ -140,6 +140,7 @@ class AdamW {
    */
   void step(float lr, const UpdateFactors* factors) {
     ++steps_;
+    rank_count_stale_ = true;
     AdamWStep s = AdamWStep::at(config_, steps_, lr);
     float* w = nullptr;
     const float* g = nullptr;
@@ -159,10 +160,48 @@ class AdamW {
       adamw_update<B>(p.value, p.grad, first_moment_mut(i), second_moment_mut(i), config_, s, factors);
     }
   }
+  /**
+   * One update with every per-step value read from rank memory: the learning rate from `lr` (one float, e.g.
+   * written by the host with `copy_from_host_async` before the step), the gradient scale and the skip flag from
+   * `factors`; the update count and the bias corrections advance in rank memory (`rank_scalars()`; a skipped
+   * update is not counted, so there is nothing to retract). Nothing here waits on the host or passes a value
+   * that changes from step to step as an argument, so a captured step replays it with each step's values
+   * (`graph_backend`). Equals `step(*lr, factors)` bit for bit. The host's count `steps()` does not move.
+   *
+   * The first call after construction, `step()` or `set_steps()` copies the host's count into rank memory, which
+   * waits on the host: take it eagerly, before capturing (a capture would throw naming `record_event`).
+   */
+  void step_in_rank(const float* lr, const UpdateFactors* factors) {
+    if (rank_count_stale_) write_rank_scalars();
+    B::adamw_advance(config_.beta1, config_.beta2, lr, factors, scalars_.data());
+    float* w = nullptr;
+    const float* g = nullptr;
+    if (layout_.holds(params_, w, g)) {
+      B::adamw_update(layout_.size(), w, g, m_.data(), v_.data(), config_.beta1, config_.beta2, config_.eps,
+                      config_.weight_decay, static_cast<const AdamWScalars*>(scalars_.data()), factors, runs_.data(),
+                      runs_.size());
+      return;
+    }
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      auto& p = *params_[i];
+      require(p.grad.size() == p.value.size() && p.value.size() == state_size(i), "AdamW::step_in_rank: parameter ",
+              p.name, " has ", p.value.size(), " values, ", p.grad.size(), " gradients and moments of ", state_size(i),
+              "; they must agree");
+      if (p.value.empty()) continue;
+      B::adamw_update(p.value.size(), p.value.data(), p.grad.data(), first_moment_mut(i).data(),
+                      second_moment_mut(i).data(), config_.beta1, config_.beta2, config_.eps,
+                      config_.decays_param(p) ? config_.weight_decay : 0.0f,
+                      static_cast<const AdamWScalars*>(scalars_.data()), factors);
+    }
+  }
+  /** The per-step scalars `step_in_rank` keeps in rank memory (its update count included). */
+  [[nodiscard]] const AdamWScalars* rank_scalars() const { return scalars_.data(); }
+
   /** Takes back the count of an update that its factors skipped. */
   void retract_step() {
     require(steps_ > 0, "AdamW::retract_step: no step taken");
     --steps_;
+    rank_count_stale_ = true;
   }
   void zero_grad() {
     for (auto* p : params_) p->zero_grad();
@@ -178,9 +217,21 @@ class AdamW {
   /** Writable moments and step count, for restoring a checkpoint. */
   [[nodiscard]] std::span<float> first_moment_mut(std::size_t i) { return moment(m_, i); }
   [[nodiscard]] std::span<float> second_moment_mut(std::size_t i) { return moment(v_, i); }
-  void set_steps(std::size_t steps) { steps_ = steps; }
+  /** Sets the update count (the next step_in_rank carries it into rank memory). */
+  void set_steps(std::size_t steps) {
+    steps_ = steps;
+    rank_count_stale_ = true;
+  }
 
  private:
+  /** The count in rank memory from the host's (the learning rate is written by each step_in_rank). */
+  void write_rank_scalars() {
+    const AdamWStep s = AdamWStep::at(config_, steps_, 0.0f);
+    const AdamWScalars init{0.0f, s.bias_correction1, s.bias_correction2, std::uint32_t(steps_)};
+    if (scalars_.size() == 0) scalars_ = B::template allocate<AdamWScalars>(1);
+    copy_to_rank<B>(&init, scalars_.data(), 1);
+    rank_count_stale_ = false;
+  }
   [[nodiscard]] std::size_t state_size(std::size_t i) const { return layout_.size_of(i); }
   [[nodiscard]] std::span<float> moment(const Buffer<float>& all, std::size_t i) const {
     return std::span<float>(const_cast<float*>(all.data()) + layout_.offset(i), state_size(i));
@@ -192,7 +243,9 @@ class AdamW {
   Buffer<float> m_, v_;            // rank memory, one allocation each: the backend's kernels read and write them
   Buffer<DecayRun> runs_;          // rank memory: the decay rule along the flat range (flat layouts)
   Buffer<UpdateFactors> factors_;  // the factors of `step(lr, grad_scale)`, in rank memory
+  Buffer<AdamWScalars> scalars_;   // step_in_rank's learning rate, bias corrections and update count
   std::size_t steps_ = 0;
+  bool rank_count_stale_ = true;  // the count in rank memory is not the host's (none yet, or step() counted since)
 };
 
 }  // namespace mpar::optim

@@ -18,11 +18,13 @@
 #include "mpar/backend/gpu/device_resource.hpp"
 #include "mpar/backend/gpu/device_tensor.hpp"
 #include "mpar/backend/gpu/gemm.hpp"
+#include "mpar/backend/gpu/graph.hpp"
 #include "mpar/backend/gpu/kernels.hpp"
 #include "mpar/backend/gpu/memory.hpp"
 #include "mpar/backend/gpu/moe_ops.hpp"
 #include "mpar/backend/gpu/moe_routing.hpp"
 #include "mpar/backend/gpu/row_kernels.hpp"
+#include "mpar/backend/graph_backend.hpp"
 // Fused kernels (classifier, residual + layer norm): their operations are in the block below `gemm_bias_gelu`.
 #include "mpar/backend/gpu/classifier.hpp"
 #include "mpar/backend/gpu/residual_layernorm.hpp"
@@ -84,6 +86,12 @@ struct CudaBackend {
   static void copy_from_host_async(std::size_t n, const T* src, T* dst) {
     gpu::copy_to_device(src, dst, n, gpu::current_stream());
   }
+  // Capture (see `graph_backend`): CUDA stream capture of the rank's compute stream into a `gpu::Graph`.
+  using graph_type = gpu::Graph;
+  static void begin_capture() { gpu::Graph::begin_capture(gpu::current_stream()); }
+  [[nodiscard]] static graph_type end_capture() { return gpu::Graph::end_capture(gpu::current_stream()); }
+  static void launch(const graph_type& g) { g.launch(gpu::current_stream()); }
+
   /** `n` elements of device memory (the thread's resource), not initialised: the host never touches them. */
   template <class T>
   [[nodiscard]] static Buffer<T> allocate(std::size_t n) {
@@ -182,6 +190,11 @@ struct CudaBackend {
   template <class... A>
   static void update_factors(A&&... a) {
     then_wait([&] { gpu::update_factors(std::forward<A>(a)...); });
+  }
+  /** AdamW's learning rate and step count advanced in rank memory, on the device (host::adamw_advance). */
+  template <class... A>
+  static void adamw_advance(A&&... a) {
+    then_wait([&] { gpu::adamw_advance(std::forward<A>(a)...); });
   }
   /** `x[i] *= factor` (the argument order of host::scale and gpu::scale). */
   template <class T>
@@ -362,5 +375,6 @@ struct CudaBackend {
 };
 
 static_assert(backend<CudaBackend>);
+static_assert(graph_backend<CudaBackend>);
 
 }  // namespace mpar

@@ -46,22 +46,39 @@ class Graph {
    */
   template <class Record>
   [[nodiscard]] static Graph capture(cudaStream_t stream, Record&& record) {
-    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
-    Graph g;
+    begin_capture(stream);
     try {
       record();
     } catch (...) {
-      cudaGraph_t partial = nullptr;
-      (void)cudaStreamEndCapture(stream, &partial);
-      if (partial) (void)cudaGraphDestroy(partial);
-      (void)cudaGetLastError();
+      abandon_capture(stream);
       throw;
     }
+    return end_capture(stream);
+  }
+
+  /**
+   * The two halves of `capture`, for a caller whose recording spans several calls (a backend's
+   * `begin_capture` / `end_capture`, see `graph_backend`): from now on the calling thread's work on
+   * `stream` is recorded.
+   */
+  static void begin_capture(cudaStream_t stream) {
+    check(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal), "cudaStreamBeginCapture");
+  }
+  /** Ends the capture begun on `stream` and instantiates the graph. */
+  [[nodiscard]] static Graph end_capture(cudaStream_t stream) {
+    Graph g;
     check(cudaStreamEndCapture(stream, &g.graph_),
           "cudaStreamEndCapture (an operation in the captured step waits "
           "on the host or used another stream without an event)");
     check(cudaGraphInstantiate(&g.exec_, g.graph_, 0), "cudaGraphInstantiate");
     return g;
+  }
+  /** Ends a capture that failed half-way, dropping what it recorded and the error it left. */
+  static void abandon_capture(cudaStream_t stream) noexcept {
+    cudaGraph_t partial = nullptr;
+    (void)cudaStreamEndCapture(stream, &partial);
+    if (partial) (void)cudaGraphDestroy(partial);
+    (void)cudaGetLastError();
   }
 
   /** Enqueues one replay on `stream`; returns at once. */

@@ -373,10 +373,17 @@ __device__ inline void adamw_element(std::size_t i, float* w, const G* grad, flo
 template <class G>
 __global__ void adamw_kernel(std::size_t n, float* w, const G* grad, float* m, float* v, float beta1, float beta2,
                              float eps, float lr, float decay, float bias1, float bias2, float grad_scale,
-                             const UpdateFactors* factors) {
+                             const UpdateFactors* factors, const AdamWScalars* scalars = nullptr,
+                             float weight_decay = 0.0f) {
   if (factors) {  // the step's factors in rank memory (host::adamw_update): skip, or the scale to use
     if (factors->skip != 0.0f) return;
     grad_scale = factors->grad_scale;
+  }
+  if (scalars) {  // the step's scalars in rank memory (host::adamw_update with AdamWScalars)
+    lr = scalars->lr;
+    bias1 = scalars->bias_correction1;
+    bias2 = scalars->bias_correction2;
+    decay = __fsub_rn(1.0f, __fmul_rn(lr, weight_decay));  // rounded as the host rounds 1 - lr wd
   }
   const float one_b1 = 1.0f - beta1, one_b2 = 1.0f - beta2;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
@@ -392,9 +399,16 @@ __global__ void adamw_kernel(std::size_t n, float* w, const G* grad, float* m, f
 template <class G>
 __global__ void adamw_runs_kernel(std::size_t n, float* w, const G* grad, float* m, float* v, float beta1, float beta2,
                                   float eps, float lr, float decay, float bias1, float bias2,
-                                  const UpdateFactors* factors, const DecayRun* runs, std::size_t nruns) {
+                                  const UpdateFactors* factors, const DecayRun* runs, std::size_t nruns,
+                                  const AdamWScalars* scalars = nullptr, float weight_decay = 0.0f) {
   if (factors->skip != 0.0f) return;
   const float grad_scale = factors->grad_scale;
+  if (scalars) {  // as in adamw_kernel
+    lr = scalars->lr;
+    bias1 = scalars->bias_correction1;
+    bias2 = scalars->bias_correction2;
+    decay = __fsub_rn(1.0f, __fmul_rn(lr, weight_decay));
+  }
   const float one_b1 = 1.0f - beta1, one_b2 = 1.0f - beta2;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < n;
        i += std::size_t(gridDim.x) * blockDim.x) {
@@ -457,6 +471,18 @@ __global__ void sum_squares_double_kernel(std::size_t n, const T* x, double* acc
   }
   s = block_reduce(s, SumOp{});
   if (threadIdx.x == 0) atomicAdd(acc, double(s));
+}
+
+/** host::adamw_advance on one device thread (a template: a header's kernel; `Real` is double). */
+template <class Real>
+__global__ void adamw_advance_kernel(float beta1, float beta2, const float* lr, const UpdateFactors* factors,
+                                     AdamWScalars* s) {
+  s->lr = *lr;
+  if (factors->skip != 0.0f) return;
+  const std::uint32_t t = s->steps + 1;
+  s->steps = t;
+  s->bias_correction1 = float(Real(1) - pow(Real(beta1), Real(t)));
+  s->bias_correction2 = float(Real(1) - pow(Real(beta2), Real(t)));
 }
 
 /** host::update_factors on one device thread, operation for operation (a template: a header's kernel). */
@@ -735,6 +761,36 @@ void adamw_update(std::size_t n, float* w, const G* grad, float* m, float* v, fl
       n, w, grad, m, v, beta1, beta2, eps, lr, decay, bias_correction1, bias_correction2, factors, decay_runs, runs);
   check_launch("gpu::adamw_update (decay runs)");
 }
+/**
+ * As above with the learning rate and the bias corrections read from `scalars` (rank memory, advanced by
+ * adamw_advance): the update a captured graph replays with each step's values.
+ */
+template <class G>
+void adamw_update(std::size_t n, float* w, const G* grad, float* m, float* v, float beta1, float beta2, float eps,
+                  float weight_decay, const AdamWScalars* scalars, const UpdateFactors* factors,
+                  cudaStream_t s = nullptr) {
+  if (!n) return;
+  detail::adamw_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(
+      n, w, grad, m, v, beta1, beta2, eps, 0.0f, 1.0f, 1.0f, 1.0f, 1.0f, factors, scalars, weight_decay);
+  check_launch("gpu::adamw_update (scalars in rank memory)");
+}
+/** The flat-range update (`DecayRun`s) with its scalars read from `scalars` (rank memory). */
+template <class G>
+void adamw_update(std::size_t n, float* w, const G* grad, float* m, float* v, float beta1, float beta2, float eps,
+                  float weight_decay, const AdamWScalars* scalars, const UpdateFactors* factors,
+                  const DecayRun* decay_runs, std::size_t runs, cudaStream_t s = nullptr) {
+  if (!n || !runs) return;
+  detail::adamw_runs_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(
+      n, w, grad, m, v, beta1, beta2, eps, 0.0f, 1.0f, 1.0f, 1.0f, factors, decay_runs, runs, scalars, weight_decay);
+  check_launch("gpu::adamw_update (decay runs, scalars in rank memory)");
+}
+/** host::adamw_advance on the device: the next update's learning rate and bias corrections in rank memory. */
+inline void adamw_advance(float beta1, float beta2, const float* lr, const UpdateFactors* factors,
+                          AdamWScalars* scalars, cudaStream_t s = nullptr) {
+  detail::adamw_advance_kernel<double><<<1, 1, 0, detail::pick(s)>>>(beta1, beta2, lr, factors, scalars);
+  check_launch("gpu::adamw_advance");
+}
+
 /** As above for step `step` (counting from 1) of the hyper-parameters `cfg`. */
 template <class G>
 void adamw_update(std::size_t n, float* param, const G* grad, float* m, float* v, const AdamWConfig& cfg,

@@ -167,6 +167,10 @@ struct HostBackend {
     host::update_factors(std::forward<A>(a)...);
   }
   template <class... A>
+  static void adamw_advance(A&&... a) {
+    host::adamw_advance(std::forward<A>(a)...);
+  }
+  template <class... A>
   static void scale(A&&... a) {
     host::scale(std::forward<A>(a)...);
   }

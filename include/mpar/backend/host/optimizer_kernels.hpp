@@ -37,6 +37,18 @@ struct DecayRun {
   std::uint32_t decays = 0;  ///< non-zero: these elements take the weight decay
 };
 
+/**
+ * @brief The per-step scalars of an AdamW update kept in rank memory, so that an update issued once (a captured
+ * graph, replayed every step) reads the step's values: the learning rate (written by the host with an
+ * asynchronous copy before the step) and the bias corrections of the update count `steps`, advanced by an
+ * operation (`adamw_advance`) that leaves it unchanged when the step's factors skip the update.
+ */
+struct AdamWScalars {
+  float lr = 0.0f;
+  float bias_correction1 = 1.0f, bias_correction2 = 1.0f;  ///< 1 - beta^steps
+  std::uint32_t steps = 0;                                 ///< updates taken so far
+};
+
 }  // namespace mpar
 
 namespace mpar::host {
@@ -83,6 +95,33 @@ inline void adamw_update(std::size_t n, float* w, const float* g, float* m, floa
                    decay_runs[r].decays != 0 ? weight_decay : 0.0f, bias_correction1, bias_correction2, factors);
     begin = end;
   }
+}
+
+/**
+ * @brief The scalars of the next AdamW update, in rank memory: `s->lr = *lr`; unless `factors->skip`, one more
+ * update counted and its bias corrections `1 - beta^t` (computed in double and rounded to float, as
+ * optim::AdamWStep::at does on the host, so both give the same update bit for bit).
+ */
+inline void adamw_advance(float beta1, float beta2, const float* lr, const UpdateFactors* factors, AdamWScalars* s) {
+  s->lr = *lr;
+  if (factors->skip != 0.0f) return;  // a skipped update is not counted (AdamW::retract_step on the host)
+  ++s->steps;
+  s->bias_correction1 = float(1.0 - std::pow(double(beta1), double(s->steps)));
+  s->bias_correction2 = float(1.0 - std::pow(double(beta2), double(s->steps)));
+}
+
+/** @brief adamw_update with the learning rate and the bias corrections read from `s` (rank memory). */
+inline void adamw_update(std::size_t n, float* w, const float* g, float* m, float* v, float beta1, float beta2,
+                         float eps, float weight_decay, const AdamWScalars* s, const UpdateFactors* factors) {
+  adamw_update(n, w, g, m, v, beta1, beta2, eps, s->lr, weight_decay, s->bias_correction1, s->bias_correction2,
+               factors);
+}
+/** @brief The flat-range adamw_update (`DecayRun`s) with its per-step scalars read from `s` (rank memory). */
+inline void adamw_update(std::size_t n, float* w, const float* g, float* m, float* v, float beta1, float beta2,
+                         float eps, float weight_decay, const AdamWScalars* s, const UpdateFactors* factors,
+                         const DecayRun* decay_runs, std::size_t runs) {
+  adamw_update(n, w, g, m, v, beta1, beta2, eps, s->lr, weight_decay, s->bias_correction1, s->bias_correction2, factors,
+               decay_runs, runs);
 }
 
 /**

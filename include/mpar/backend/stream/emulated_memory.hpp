@@ -10,7 +10,8 @@
  * - **Stream-ordered free.** A host thread may drop a buffer right after issuing an operation on it
  *   (a temporary): the operation has not run yet. So a block goes back to the pool only when the
  *   stream of the rank that allocated it reaches the free (an `OnError::always` operation), like
- *   `cudaFreeAsync`; a block is never handed out while an issued operation may still use it. Freed
+ *   `cudaFreeAsync`; a block is never handed out while an issued operation may still use it (nor, freed
+ *   during a stream capture, while the captured graph may be replayed: backend/stream/stream_graph.hpp). Freed
  *   on a thread whose rank stream is gone, it is released at once (its stream ran everything).
  * - **Discrete memory** (`DiscreteMemoryResource`): rank memory is a `memfd` mapped twice. The
  *   address the host gets (in the `Buffer`, the tensor, every pointer the layers pass around) lies
@@ -83,8 +84,7 @@ class EmulatedRankMemory : public MemoryResource {
     }
     if (owner) {
       try {
-        owner->enqueue(
-            "free", [this, p, n] { raw_deallocate(p, n); }, OnError::always);
+        owner->enqueue_free([this, p, n] { raw_deallocate(p, n); });  // kept with a capture under way
         return;
       } catch (...) {
         // the stream is stopping: it has run everything, so the block is free now

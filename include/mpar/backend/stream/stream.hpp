@@ -23,6 +23,13 @@
  *   the error; operations issued after that run again.
  * - The destructor runs what is queued and joins the worker; an error nobody waited for is printed
  *   to stderr (a destructor cannot throw).
+ * - Capture (the host model of CUDA stream capture, see backend/stream/stream_graph.hpp): between
+ *   `begin_capture()` and `end_capture()` an enqueued operation is recorded instead of run (it gets no
+ *   ticket), and `launch(c)` enqueues the recorded operations again, as often as wanted. What CUDA
+ *   rejects during capture is rejected here with `capture_error` naming the operation: a host wait
+ *   (`wait`, `synchronize`, a progress query), an event recorded or waited for across streams. A free
+ *   issued during capture is kept with the capture and runs when its owner drops it, so memory the
+ *   captured operations use stays valid for every replay (CUDA's graph memory nodes).
  */
 #include <atomic>
 #include <condition_variable>
@@ -32,10 +39,12 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <utility>
+#include <vector>
 
 #include "mpar/core/error.hpp"
 
@@ -47,8 +56,25 @@ class stream_error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
+/** @brief What CUDA rejects during stream capture, done during an emulated capture (see the file comment). */
+class capture_error : public std::logic_error {
+ public:
+  using std::logic_error::logic_error;
+};
+
 /** @brief Whether an operation runs after an earlier one failed (see the file comment). */
 enum class OnError { skip, always };
+
+/** @brief The operations a capture recorded, and the frees it deferred (see the file comment). */
+struct Capture {
+  struct Op {
+    std::function<void()> op;
+    const char* what;
+    OnError mode;
+  };
+  std::vector<Op> ops;
+  std::vector<std::function<void()>> frees;  ///< issued during the capture: run when the capture is dropped
+};
 
 /** @brief An in-order queue of operations and the worker thread that runs them (see the file comment). */
 class Stream {
@@ -75,9 +101,69 @@ class Stream {
 
   [[nodiscard]] const std::string& name() const { return name_; }
 
-  /** Appends `op` (named `what`, a string literal) and returns its ticket; never blocks on the worker. */
+  /**
+   * Appends `op` (named `what`, a string literal) and returns its ticket; never blocks on the worker.
+   * During a capture the operation is recorded instead, and the ticket of the last operation issued returned.
+   */
   std::uint64_t enqueue(const char* what, std::function<void()> op, OnError mode = OnError::skip) {
+    {
+      std::lock_guard lock(push_m_);
+      if (capture_) {
+        capture_->ops.push_back({std::move(op), what, mode});
+        return issued_;
+      }
+    }
     return push(new Node{std::move(op), what, mode, 0, nullptr, false});
+  }
+  /**
+   * Appends `release` (the free of a block that operations issued so far may use) as an `always` operation;
+   * during a capture it is kept with the capture instead: replays still use the block.
+   */
+  void enqueue_free(std::function<void()> release) {
+    {
+      std::lock_guard lock(push_m_);
+      if (capture_) {
+        capture_->frees.push_back(std::move(release));
+        return;
+      }
+    }
+    push(new Node{std::move(release), "free", OnError::always, 0, nullptr, false});
+  }
+
+  /** Starts recording the operations enqueued from now on instead of running them (see the file comment). */
+  void begin_capture() {
+    std::lock_guard lock(push_m_);
+    if (capture_)
+      throw capture_error(mpar::detail::cat(name_,
+                                            ": begin_capture while a capture is under way (captures do not nest; "
+                                            "end the first with end_capture)"));
+    capture_.emplace();
+  }
+  /** Ends the capture and returns what it recorded. */
+  [[nodiscard]] Capture end_capture() {
+    std::lock_guard lock(push_m_);
+    if (!capture_) throw capture_error(mpar::detail::cat(name_, ": end_capture without begin_capture"));
+    Capture c = std::move(*capture_);
+    capture_.reset();
+    return c;
+  }
+  /** Whether a capture is under way. */
+  [[nodiscard]] bool capturing() const {
+    std::lock_guard lock(push_m_);
+    return capture_.has_value();
+  }
+  /** Throws capture_error naming `operation` (what the host tried: "synchronize", an operation's name) during a capture. */
+  void require_not_capturing(const char* operation) const {
+    if (capturing())
+      throw capture_error(mpar::detail::cat(
+          name_, ": '", operation,
+          "' during a capture: it would make the host wait for (or query) the stream, which a captured graph cannot "
+          "do (CUDA rejects it too). Fix: move it before begin_capture or after end_capture, and keep what the step "
+          "needs in rank memory"));
+  }
+  /** Enqueues every operation of `c` again, in the order they were recorded (a replay). */
+  void launch(const Capture& c) {
+    for (const Capture::Op& o : c.ops) enqueue(o.what, o.op, o.mode);
   }
 
   /** The ticket of the last operation issued (0: none yet). */
@@ -97,6 +183,7 @@ class Stream {
    * operations before the calling one have finished).
    */
   void wait(std::uint64_t ticket) {
+    if (std::this_thread::get_id() != worker_.get_id()) require_not_capturing("a host wait (wait_event, synchronize)");
     std::unique_lock lock(done_m_);
     if (std::this_thread::get_id() != worker_.get_id()) done_cv_.wait(lock, [&] { return completed_ >= ticket; });
     if (error_ && error_ticket_ <= ticket) {
@@ -233,9 +320,10 @@ class Stream {
   }
 
   std::string name_;
-  mutable std::mutex push_m_;  // producers only
-  std::uint64_t issued_ = 0;   // guarded by push_m_
-  bool stopped_ = false;       // guarded by push_m_
+  mutable std::mutex push_m_;       // producers only
+  std::uint64_t issued_ = 0;        // guarded by push_m_
+  bool stopped_ = false;            // guarded by push_m_
+  std::optional<Capture> capture_;  // guarded by push_m_: set while a capture records
   std::atomic<Node*> incoming_{nullptr};
   mutable std::mutex done_m_;  // the worker -> host direction
   mutable std::condition_variable done_cv_;
@@ -265,11 +353,16 @@ struct Event {
 
 /** Records `e` at the current end of `s`. */
 inline void record(Event& e, const std::shared_ptr<Stream>& s) {
+  // A captured operation has no ticket: an event after it could not say when a replay has passed it.
+  s->require_not_capturing("record_event");
   e.stream = s;
   e.ticket = s->issued();
 }
 /** Whether `e` is passed, without blocking. */
-[[nodiscard]] inline bool passed(const Event& e) { return !e.stream || e.stream->done(e.ticket); }
+[[nodiscard]] inline bool passed(const Event& e) {
+  if (e.stream) e.stream->require_not_capturing("event_done");
+  return !e.stream || e.stream->done(e.ticket);
+}
 /** Host wait for `e`; reports an error of its stream (see Stream::wait). */
 inline void wait(const Event& e) {
   if (e.stream) e.stream->wait(e.ticket);
@@ -277,6 +370,8 @@ inline void wait(const Event& e) {
 /** Makes `s` wait for `e` before its next operation, without blocking the caller. */
 inline void stream_wait(Stream& s, const Event& e) {
   if (!e.stream || e.stream.get() == &s || e.ticket == 0) return;  // own stream: already in order
+  // A recorded wait would name this ticket at every replay, long passed: it would order nothing.
+  s.require_not_capturing("stream_wait_event (on another stream's event)");
   s.enqueue("stream_wait_event", [other = e.stream, t = e.ticket] { other->wait_from_other_stream(t); });
 }
 

@@ -19,6 +19,10 @@
  *   pointer outside rank memory is an error naming the operation and the argument. The host then
  *   reaches rank memory only through `copy_to_host_async` / `copy_from_host_async`.
  *
+ * - Capture (`graph_backend`): between `begin_capture()` and `end_capture()` the rank's operations are
+ *   recorded into a `stream::Graph` instead of run, and `launch(g)` enqueues them again
+ *   (backend/stream/stream_graph.hpp); a host wait during the capture throws `stream::capture_error`.
+ *
  * Adding a backend operation: one `MPAR_STREAM_OP(name)` line below forwards it to `HostBackend`.
  */
 #include <atomic>
@@ -34,9 +38,11 @@
 #include <vector>
 
 #include "mpar/backend/backend.hpp"
+#include "mpar/backend/graph_backend.hpp"
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/backend/stream/emulated_memory.hpp"
 #include "mpar/backend/stream/stream.hpp"
+#include "mpar/backend/stream/stream_graph.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/tensor.hpp"
 
@@ -97,7 +103,10 @@ struct BasicStreamHostBackend {
   }
   /** Blocks until the calling rank's stream has run everything issued so far; reports a failure. */
   static void synchronize() {
-    if (const auto& s = stream::thread_stream_slot()) s->synchronize();
+    if (const auto& s = stream::thread_stream_slot()) {
+      s->require_not_capturing("synchronize");
+      s->synchronize();
+    }
   }
   /** The calling thread's stream, started on first use. */
   [[nodiscard]] static const std::shared_ptr<stream::Stream>& stream() {
@@ -120,9 +129,21 @@ struct BasicStreamHostBackend {
   template <class T>
   using pinned_buffer = std::vector<T>;
   static void record_event(event_type& e) { stream::record(e, stream()); }
-  static void wait_event(const event_type& e) { stream::wait(e); }
+  static void wait_event(const event_type& e) {
+    if (const auto& s = stream::thread_stream_slot()) s->require_not_capturing("wait_event");
+    stream::wait(e);
+  }
   static void stream_wait_event(const event_type& e) { stream::stream_wait(*stream(), e); }
-  [[nodiscard]] static bool event_done(const event_type& e) { return stream::passed(e); }
+  [[nodiscard]] static bool event_done(const event_type& e) {
+    if (const auto& s = stream::thread_stream_slot()) s->require_not_capturing("event_done");
+    return stream::passed(e);
+  }
+
+  // Capture (see `graph_backend`): the rank's operations recorded into a graph, replayed by `launch`.
+  using graph_type = stream::Graph;
+  static void begin_capture() { stream()->begin_capture(); }
+  [[nodiscard]] static graph_type end_capture() { return graph_type(stream(), stream()->end_capture()); }
+  static void launch(const graph_type& g) { g.launch(*stream()); }
   // An empty copy may come with null pointers (an empty vector's data()), which memcpy must not be given.
   template <class T>
   static void copy_to_host_async(std::size_t n, const T* src, T* dst) {
@@ -166,6 +187,7 @@ struct BasicStreamHostBackend {
     if constexpr (std::is_void_v<R>) {
       s->enqueue(what, [f, args]() mutable { std::apply(f, args); });
     } else {
+      s->require_not_capturing(what);  // the host would wait for the value
       auto out = std::make_shared<std::optional<R>>();
       const std::uint64_t ticket = s->enqueue(what, [f, args, out]() mutable { out->emplace(std::apply(f, args)); });
       s->wait(ticket);
@@ -200,6 +222,7 @@ struct BasicStreamHostBackend {
   MPAR_STREAM_OP(sgd_update)
   MPAR_STREAM_OP(sum_squares)
   MPAR_STREAM_OP(update_factors)
+  MPAR_STREAM_OP(adamw_advance)
   MPAR_STREAM_OP(scale)
   // The row kernels of token routing.
   MPAR_STREAM_OP(gather_rows)
@@ -278,5 +301,7 @@ using DiscreteHostBackend = BasicStreamHostBackend<stream::DiscreteView>;
 
 static_assert(backend<StreamHostBackend>);
 static_assert(backend<DiscreteHostBackend>);
+static_assert(graph_backend<StreamHostBackend>);
+static_assert(graph_backend<DiscreteHostBackend>);
 
 }  // namespace mpar
