@@ -155,7 +155,7 @@ OnlineSoftmaxResult run_online_softmax(const OnlineSoftmaxCase& c, const OnlineS
   return res;
 }
 
-std::vector<float> as_floats(const std::vector<double>& v) { return {v.begin(), v.end()}; }
+std::vector<float> online_softmax_floats(const std::vector<double>& v) { return {v.begin(), v.end()}; }
 
 template <class B>
 void check_online_softmax(const OnlineSoftmaxCase& c) {
@@ -163,10 +163,10 @@ void check_online_softmax(const OnlineSoftmaxCase& c) {
   const OnlineSoftmaxInputs in(c);
   const OnlineSoftmaxReference ref(c, in);
   const OnlineSoftmaxResult got = run_online_softmax<B>(c, in);
-  CHECK(rel_err(got.out, as_floats(ref.out)) <= rel_tol);
-  CHECK(rel_err(got.p, as_floats(ref.p)) <= rel_tol);
-  CHECK(rel_err(got.delta, as_floats(ref.delta)) <= rel_tol);
-  CHECK(rel_err(got.ds, as_floats(ref.ds)) <= rel_tol);
+  CHECK(rel_err(got.out, online_softmax_floats(ref.out)) <= rel_tol);
+  CHECK(rel_err(got.p, online_softmax_floats(ref.p)) <= rel_tol);
+  CHECK(rel_err(got.delta, online_softmax_floats(ref.delta)) <= rel_tol);
+  CHECK(rel_err(got.ds, online_softmax_floats(ref.ds)) <= rel_tol);
   // The log-sum-exp: finite where the row saw a key, -inf (and its output 0) where it saw none.
   std::vector<float> lse_got, lse_want;
   for (std::size_t e = 0; e < ref.lse.size(); ++e) {
