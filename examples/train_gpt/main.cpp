@@ -149,9 +149,10 @@ Options parse(int argc, char** argv) {
           "train_gpt: --comm mpi needs mpirun (thread ranks use the threads communicator)");
   require(o.val_split == 0 || o.val_data.empty(), "train_gpt: give --val-data or --val-split, not both");
   // Mesh and MoE checks that need no data file, before any rank starts.
-  require(t.cp == 1 || (o.backend == "host" && !o.check_against_host), "train_gpt: --cp ", t.cp,
-          " runs on the host backend only (ring attention's online softmax is host loops; docs/context-parallel.md); "
-          "use --backend host without --check-against-host, or --cp 1");
+  require(
+      t.cp == 1 || (o.backend == "host" && !o.check_against_host), "train_gpt: --cp ", t.cp,
+      " runs on the host backend only (ring attention's CUDA kernels are checked per operation but have not "
+      "trained on a GPU yet; docs/context-parallel.md); use --backend host without --check-against-host, or --cp 1");
   require(t.ep == 1 || t.model.experts > 0, "train_gpt: --ep ", t.ep,
           " spreads experts, but the model has none; add --experts N (a multiple of ", t.ep, ") or use --ep 1");
   require(t.model.experts == 0 || t.model.experts % t.ep == 0, "train_gpt: --experts ", t.model.experts,

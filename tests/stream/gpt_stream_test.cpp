@@ -138,9 +138,14 @@ std::vector<std::pair<std::string, models::GptTrainConfig>> layouts() {
   z3tp.zero = 3;
   out.emplace_back("ZeRO-3 dp2 x tp2", z3tp);
   out.emplace_back("pp2 2bw", testing::small_gpt(1, 2, 1, "2bw"));
-  // Not here: context parallelism (cp > 1). Ring attention's online-softmax updates are host loops over each
-  // block's scores (nn/ring_attention.hpp), so GptPipelinePart refuses cp > 1 on any backend but HostBackend
-  // (docs/context-parallel.md says what operation it waits for).
+  // Context parallelism: ring attention's K/V and dK/dV hops are isend/irecv requests ordered on the rank's
+  // stream, its per-block online softmax backend operations between the GEMMs (nn/ring_attention.hpp).
+  auto cp2 = testing::small_gpt(1, 1, 1);
+  cp2.cp = 2;
+  out.emplace_back("cp2", cp2);
+  auto cp2dp2 = testing::small_gpt(1, 1, 2);
+  cp2dp2.cp = 2;
+  out.emplace_back("cp2 x dp2", cp2dp2);
   for (const char* p : {"bf16", "f16"}) {
     auto one = testing::small_gpt(1, 1, 1);
     one.precision = p;
@@ -192,6 +197,14 @@ TEST_CASE("GPT over DiscreteHostBackend: the host never touches rank memory, and
 
 TEST_CASE("GPT over DiscreteHostBackend: dp2 and ZeRO-1 dp2 equal HostBackend", "[stream][gpt][discrete][dp]") {
   check_equal_to_host<DiscreteHostBackend>({"dp2", "ZeRO-1 dp2"});
+}
+
+TEST_CASE(
+    "GPT over StreamHostBackend and DiscreteHostBackend: context parallelism (ring attention) equals "
+    "HostBackend bit for bit",
+    "[stream][gpt][discrete][context]") {
+  check_equal_to_host<StreamHostBackend>({"cp2", "cp2 x dp2"}, 2);
+  check_equal_to_host<DiscreteHostBackend>({"cp2", "cp2 x dp2"}, 2);
 }
 
 TEST_CASE("GPT over StreamHostBackend: interleaved and zero-bubble schedules equal HostBackend bit for bit",
@@ -267,9 +280,19 @@ TEST_CASE("GPT over CountingBackend<StreamHostBackend>: at most two host waits p
       CHECK(counts[r][observe::Op::accumulate] == (last_stage ? std::uint64_t(c.microbatches) : 0));
       // The host touches no rank memory (DiscreteHostBackend above faults on any access); the bytes the host
       // reads are the step's inputs only, uploaded by stream-ordered copies: the first stage's token ids (once
-      // more when recomputation reruns its forward) and the last stage's targets, 4 bytes per token.
-      const std::uint64_t inputs = std::uint64_t(c.microbatches) * c.microbatch_size() * c.model.seq * 4;
+      // more when recomputation reruns its forward) and the last stage's targets, 4 bytes per token (a context
+      // rank holds seq / cp tokens of each sequence).
+      const std::uint64_t inputs = std::uint64_t(c.microbatches) * c.microbatch_size() * c.model.seq / c.cp * 4;
       CHECK(counts[r].host_bytes == (first_stage ? inputs * (c.recompute ? 2 : 1) : 0) + (last_stage ? inputs : 0));
+      // Ring attention: one online-softmax update per score block (per sequence, 2 cp - 1 full blocks and 2
+      // diagonal ones, docs/context-parallel.md) and one backward per block; one finish and one delta per block
+      // layer and micro-batch. No other layout issues them.
+      const std::uint64_t ring_layers = c.cp > 1 ? std::uint64_t(c.model.layers / c.pp) * c.microbatches : 0;
+      const std::uint64_t score_blocks = ring_layers * c.microbatch_size() * (2 * c.cp + 1);
+      CHECK(counts[r][observe::Op::online_softmax_update] == score_blocks);
+      CHECK(counts[r][observe::Op::online_softmax_backward] == score_blocks);
+      CHECK(counts[r][observe::Op::online_softmax_finish] == ring_layers);
+      CHECK(counts[r][observe::Op::online_softmax_delta] == ring_layers);
       std::printf("%-16s rank %zu: host syncs %llu, launches %llu, host bytes %llu\n", name.c_str(), r,
                   (unsigned long long)counts[r].host_syncs(), (unsigned long long)counts[r].total_launches(),
                   (unsigned long long)counts[r].host_bytes);

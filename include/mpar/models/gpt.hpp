@@ -257,13 +257,17 @@ class GptPipelinePart {
                                GptConfig::first_block_id + b * nn::BlockConfig::ids_per_block,
                                "block" + std::to_string(b)};
       if (cp_ > 1) {
-        if constexpr (std::is_same_v<B, HostBackend>)
+        if constexpr (online_softmax_backend<B>)
           blocks_.push_back(
               std::make_unique<detail::GptRingBlockOf<nn::RingTransformerBlock<C, B>, B>>(tp, *context, bc));
         else
           throw config_error(
-              "GptPipelinePart: context parallelism runs on HostBackend only (ring attention's online softmax "
-              "is host loops; docs/context-parallel.md); use cp 1 on this backend");
+              mpar::detail::cat("GptPipelinePart: context parallelism (cp ", cp_,
+                                ") needs ring attention's "
+                                "online-softmax operations, which backend '",
+                                B::name,
+                                "' lacks (backend/online_softmax_backend.hpp); use cp 1, or a backend that has them "
+                                "(host, stream-host, cuda)"));
       } else if (cfg.is_moe_block(b)) {
         if (moe_groups.expert == nullptr || moe_groups.tokens == nullptr) {
           // One rank holds every expert and the whole micro-batch: size-1 groups of this tensor rank.
@@ -643,7 +647,8 @@ class GptPipelinePart {
       B::bias_add_backward(dy.extent(0) / seq, block, dy.data(), pos_.grad.data());  // the sum over sequences
     } else {
       // The sum over sequences of the rank's two chunks, added into their rows of the table's gradient.
-      nn::Activation g({seq, cfg_.hidden});
+      nn::Activation g({seq, cfg_.hidden}, uninitialized);
+      B::zero(g.size(), g.data());
       B::bias_add_backward(dy.extent(0) / seq, block, dy.data(), g.data());
       const std::size_t half = block / 2;
       for (std::size_t a = 0; a < 2; ++a)

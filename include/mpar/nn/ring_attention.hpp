@@ -30,10 +30,12 @@
  * of the K/V's size per step. The K/V transfer is overlapped with the compute; the dK/dV of a step
  * depends on that step, so its transfer is not.
  *
- * Backend: the products are the backend's strided-batched GEMMs (one call per block over the local
- * heads); the online-softmax updates are host loops over the block's scores, so the layer needs a
- * backend whose memory the host reads after each operation returns (`HostBackend`). A device backend
- * needs a block-softmax operation (not written yet; see docs/context-parallel.md).
+ * Backend: every step is a backend operation on the rank's stream, so the layer runs on any
+ * `online_softmax_backend` (HostBackend, the stream-emulating backends, CudaBackend) with no host wait:
+ * per (query chunk, key chunk) block one strided-batched GEMM for the scores over the local heads, one
+ * `online_softmax_update` (running max, running sum, rescaled output, the block's probabilities), one GEMM
+ * adding `P V`; `online_softmax_finish` normalises at the end. The backward has one `online_softmax_backward`
+ * per block between its GEMMs. The running statistics live in rank memory, head-major `[heads, tokens]`.
  */
 #include <array>
 #include <cmath>
@@ -47,10 +49,11 @@
 #include <vector>
 
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/backend/online_softmax_backend.hpp"
 #include "mpar/comm/communicator.hpp"
-#include "mpar/core/host_access.hpp"
 #include "mpar/core/layout.hpp"
 #include "mpar/nn/activation.hpp"
+#include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/layer.hpp"
 
 namespace mpar::nn {
@@ -95,9 +98,11 @@ struct RingAttentionConfig {
  */
 template <communicator C, backend B = HostBackend>
 class RingAttention : public detail::NoParameters, public detail::TypedLayer<RingAttention<C, B>> {
-  static_assert(std::is_same_v<B, HostBackend>,
-                "mpar::nn::RingAttention: the online-softmax updates are host loops, so the backend must be "
-                "HostBackend; a device backend needs a block-softmax operation first (docs/context-parallel.md)");
+  static_assert(online_softmax_backend<B>,
+                "mpar::nn::RingAttention: the backend has no online-softmax operations (online_softmax_update, "
+                "online_softmax_finish, online_softmax_delta, online_softmax_backward). Fix: use HostBackend, "
+                "StreamHostBackend, DiscreteHostBackend or CudaBackend, or add them to this backend "
+                "(backend/online_softmax_backend.hpp; the host reference is backend/host/online_softmax.hpp)");
   using Typed = detail::TypedLayer<RingAttention<C, B>>;
 
  public:
@@ -144,10 +149,13 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
   Activation do_forward(const Activation& qkv, int mb) {
     const std::size_t nb = batches(qkv), hl = h_ * d_, t = qkv.extent(0);
     auto& s = cache_.put(mb);
-    s.qkv = qkv;
-    s.lse.assign(nb * h_ * 2 * c_, -std::numeric_limits<float>::infinity());
-    std::vector<float> l(s.lse.size(), 0.0f), scores(h_ * c_ * c_);
-    Activation acc({t, hl});  // unnormalised output, zero
+    s.qkv = backend_copy<B>(qkv);
+    // Running maximum (the log-sum-exp at the end), running sum and unnormalised output, in rank memory.
+    s.lse = Activation({h_, t}, uninitialized);
+    B::fill(s.lse.size(), -std::numeric_limits<float>::infinity(), s.lse.data());
+    Activation l({h_, t}, uninitialized), scores({h_ * c_, c_}, uninitialized), acc({t, hl}, uninitialized);
+    B::zero(l.size(), l.data());
+    B::zero(acc.size(), acc.data());
     blocks_ = {};
     Ring ring(*this, pack_kv(qkv), tag_);
     for (std::size_t j = 0; j < cp_; ++j) {
@@ -160,21 +168,13 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
             const std::size_t qc = chunk(r_, a), kc = chunk(src, e);
             if (!chunk_visible(qc, kc)) continue;
             ++(qc == kc ? blocks_.diagonal : blocks_.full);
-            block_forward(qkv, kv, b, a, e, qc == kc, scores, s.lse, l, acc);
+            block_forward(qkv, kv, b, a, e, qc, kc, t, scores, s.lse, l, acc);
           }
       if (j + 1 < cp_) ring.finish();
     }
     // o = acc / l; L = m + log l (every row saw its own diagonal at step 0, so l > 0).
-    note_host_access(acc.size() * sizeof(float) * 2);
-    for (std::size_t b = 0; b < nb; ++b)
-      for (std::size_t h = 0; h < h_; ++h)
-        for (std::size_t i = 0; i < 2 * c_; ++i) {
-          const std::size_t st = stat(b, h, i);
-          float* o = acc.data() + (b * 2 * c_ + i) * hl + h * d_;
-          for (std::size_t x = 0; x < d_; ++x) o[x] /= l[st];
-          s.lse[st] += std::log(l[st]);
-        }
-    s.out = acc;
+    B::online_softmax_finish(h_, t, d_, t, hl, s.lse.data(), static_cast<const float*>(l.data()), acc.data());
+    s.out = backend_copy<B>(acc);
     return acc;
   }
 
@@ -186,20 +186,15 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
     require(dout.extent(0) == t && dout.extent(1) == hl, who(), ": output gradient is ", dout.extent(0), "x",
             dout.extent(1), ", expected ", t, "x", hl);
     // delta = rowsum(dO * O) per (row, head): the softmax backward's correction term.
-    std::vector<float> delta(s.lse.size());
-    note_host_access(2 * dout.size() * sizeof(float));
-    for (std::size_t b = 0; b < nb; ++b)
-      for (std::size_t h = 0; h < h_; ++h)
-        for (std::size_t i = 0; i < 2 * c_; ++i) {
-          const std::size_t row = (b * 2 * c_ + i) * hl + h * d_;
-          float acc = 0;
-          for (std::size_t x = 0; x < d_; ++x) acc += dout.data()[row + x] * s.out.data()[row + x];
-          delta[stat(b, h, i)] = acc;
-        }
-    Activation dqkv({t, 3 * hl});                         // dQ accumulates in its first hl columns
-    Ring ring(*this, pack_kv(qkv), tag_);                 // K/V of the block being worked on
-    Ring grad(*this, Activation({t, 2 * hl}), tag_ + 2);  // its dK/dV, zero at its home rank
-    std::vector<float> p(h_ * c_ * c_), dp(h_ * c_ * c_);
+    Activation delta({h_, t}, uninitialized);
+    B::online_softmax_delta(h_, t, d_, t, hl, dout.data(), s.out.data(), delta.data());
+    Activation dqkv({t, 3 * hl}, uninitialized);  // dQ accumulates in its first hl columns; dK/dV copied in
+    B::zero(dqkv.size(), dqkv.data());
+    Activation dkv0({t, 2 * hl}, uninitialized);  // the rank's own block's dK/dV, zero at its home rank
+    B::zero(dkv0.size(), dkv0.data());
+    Ring ring(*this, pack_kv(qkv), tag_);         // K/V of the block being worked on
+    Ring grad(*this, std::move(dkv0), tag_ + 2);  // its dK/dV
+    Activation p({h_ * c_, c_}, uninitialized), dp({h_ * c_, c_}, uninitialized);
     for (std::size_t j = 0; j < cp_; ++j) {
       const std::size_t src = (r_ + cp_ - j) % cp_;
       if (j + 1 < cp_) ring.start();
@@ -209,7 +204,8 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
         for (std::size_t a = 0; a < 2; ++a)
           for (std::size_t e = 0; e < 2; ++e) {
             const std::size_t qc = chunk(r_, a), kc = chunk(src, e);
-            if (chunk_visible(qc, kc)) block_backward(qkv, kv, dout, b, a, e, qc == kc, s.lse, delta, p, dp, dqkv, dkv);
+            if (chunk_visible(qc, kc))
+              block_backward(qkv, kv, dout, b, a, e, qc, kc, t, s.lse, delta, p, dp, dqkv, dkv);
           }
       // This block's dK/dV moves on with it; after cp hops every block's gradient is home.
       grad.start();
@@ -217,15 +213,13 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
       grad.finish();
     }
     const float* dkv = grad.current().data();
-    note_host_access(2 * t * 2 * hl * sizeof(float));
-    for (std::size_t row = 0; row < t; ++row)
-      for (std::size_t x = 0; x < 2 * hl; ++x) dqkv.data()[row * 3 * hl + hl + x] = dkv[row * 2 * hl + x];
+    for (std::size_t row = 0; row < t; ++row) B::copy(2 * hl, dkv + row * 2 * hl, dqkv.data() + row * 3 * hl + hl);
     return dqkv;
   }
 
   struct Saved {
     Activation qkv, out;
-    std::vector<float> lse;  // [batch, heads, 2c] row log-sum-exp of the scaled, masked scores
+    Activation lse;  // [heads, tokens]: the row log-sum-exp of the scaled, masked scores
   };
   /**
    * A block travelling the ring: `start()` posts the send of the current block to the next rank and
@@ -234,7 +228,7 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
   class Ring {
    public:
     Ring(RingAttention& l, Activation first, int tag)
-        : l_(&l), cur_(std::move(first)), next_(cur_.shape()), tag_(tag) {}
+        : l_(&l), cur_(std::move(first)), next_(cur_.shape(), uninitialized), tag_(tag) {}
     void start() {
       if (l_->cp_ == 1) return;
       const int p = int(l_->cp_), r = int(l_->r_);
@@ -271,43 +265,36 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
   }
   /** Global chunk of local half `a` (0 or 1) on context rank `rank`. */
   [[nodiscard]] std::size_t chunk(std::size_t rank, std::size_t a) const { return a == 0 ? rank : 2 * cp_ - 1 - rank; }
-  [[nodiscard]] std::size_t stat(std::size_t b, std::size_t h, std::size_t i) const {
-    return (b * h_ + h) * 2 * c_ + i;
-  }
   /** The K and V columns of this rank's tokens, contiguous `[tokens, 2 hl]`: the block that travels. */
   Activation pack_kv(const Activation& qkv) const {
     const std::size_t hl = h_ * d_, t = qkv.extent(0);
     Activation kv({t, 2 * hl}, uninitialized);
-    for (std::size_t row = 0; row < t; ++row)
-      B::template copy<float>(2 * hl, qkv.data() + row * 3 * hl + hl, kv.data() + row * 2 * hl);
+    for (std::size_t row = 0; row < t; ++row) B::copy(2 * hl, qkv.data() + row * 3 * hl + hl, kv.data() + row * 2 * hl);
     return kv;
   }
 
   /**
-   * One (query half a, key half e) block of sequence b, every local head: S = scale Q K^T, then the
-   * online-softmax update of the running max (in `lse` until the end), the row sums `l` and `acc`.
+   * The shape of the (query chunk qc, key chunk kc) block for the online-softmax operations: scores
+   * `[heads, c, c]`, statistics `[heads, t]` (the block's rows start at its first query row), output rows
+   * `hl` apart; the causal mask by global position (a chunk before the queries' masks nothing).
    */
-  void block_forward(const Activation& qkv, const float* kv, std::size_t b, std::size_t a, std::size_t e, bool diag,
-                     std::vector<float>& sc, std::vector<float>& m, std::vector<float>& l, Activation& acc) const {
+  [[nodiscard]] SoftmaxBlock softmax_block(std::size_t qc, std::size_t kc, std::size_t t) const {
+    return {h_, c_, c_, d_, t, h_ * d_, (std::ptrdiff_t(qc) - std::ptrdiff_t(kc)) * std::ptrdiff_t(c_)};
+  }
+
+  /**
+   * One (query half a, key half e) block of sequence b, every local head: S = scale Q K^T, then the
+   * online-softmax update of the running max (in `m` until the end), the row sums `l` and `acc`, then acc += P V.
+   */
+  void block_forward(const Activation& qkv, const float* kv, std::size_t b, std::size_t a, std::size_t e,
+                     std::size_t qc, std::size_t kc, std::size_t t, Activation& sc, Activation& m, Activation& l,
+                     Activation& acc) const {
     const std::size_t hl = h_ * d_, ld = 3 * hl, c = c_, qrow = b * 2 * c + a * c, krow = b * 2 * c + e * c;
     const float scale = 1.0f / std::sqrt(float(d_));
     B::template gemm_strided_batched<float>(Trans::no, Trans::yes, c, c, d_, scale, qkv.data() + qrow * ld, ld, d_,
                                             kv + krow * 2 * hl, 2 * hl, d_, 0.0f, sc.data(), c, c * c, h_);
-    note_host_access(sc.size() * sizeof(float) + c * hl * sizeof(float));
-    for (std::size_t h = 0; h < h_; ++h)
-      for (std::size_t i = 0; i < c; ++i) {
-        float* srow = sc.data() + (h * c + i) * c;
-        const std::size_t n = diag ? i + 1 : c, st = stat(b, h, a * c + i);  // diagonal: keys up to the query
-        float mx = m[st];
-        for (std::size_t k = 0; k < n; ++k) mx = std::max(mx, srow[k]);
-        const float alpha = std::exp(m[st] - mx);  // 0 for the first block of the row (m = -inf)
-        float sum = 0;
-        for (std::size_t k = 0; k < n; ++k) sum += (srow[k] = std::exp(srow[k] - mx));
-        for (std::size_t k = n; k < c; ++k) srow[k] = 0.0f;
-        m[st] = mx, l[st] = alpha * l[st] + sum;
-        float* o = acc.data() + (qrow + i) * hl + h * d_;
-        for (std::size_t x = 0; x < d_; ++x) o[x] *= alpha;
-      }
+    B::online_softmax_update(softmax_block(qc, kc, t), sc.data(), m.data() + qrow, l.data() + qrow,
+                             acc.data() + qrow * hl);
     // acc += P V
     B::template gemm_strided_batched<float>(Trans::no, Trans::no, c, d_, c, 1.0f, sc.data(), c, c * c,
                                             kv + krow * 2 * hl + hl, 2 * hl, d_, 1.0f, acc.data() + qrow * hl, hl, d_,
@@ -316,8 +303,8 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
 
   /** The backward of one block: P = exp(S - L), dV += P^T dO, dS = P (dO V^T - delta), dQ += scale dS K, dK += scale dS^T Q. */
   void block_backward(const Activation& qkv, const float* kv, const Activation& dout, std::size_t b, std::size_t a,
-                      std::size_t e, bool diag, const std::vector<float>& lse, const std::vector<float>& delta,
-                      std::vector<float>& p, std::vector<float>& dp, Activation& dqkv, float* dkv) const {
+                      std::size_t e, std::size_t qc, std::size_t kc, std::size_t t, const Activation& lse,
+                      const Activation& delta, Activation& p, Activation& dp, Activation& dqkv, float* dkv) const {
     const std::size_t hl = h_ * d_, ld = 3 * hl, c = c_, qrow = b * 2 * c + a * c, krow = b * 2 * c + e * c;
     const float scale = 1.0f / std::sqrt(float(d_));
     const float *q = qkv.data() + qrow * ld, *k = kv + krow * 2 * hl, *v = k + hl, *go = dout.data() + qrow * hl;
@@ -325,23 +312,15 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
                                             p.data(), c, c * c, h_);
     B::template gemm_strided_batched<float>(Trans::no, Trans::yes, c, c, d_, 1.0f, go, hl, d_, v, 2 * hl, d_, 0.0f,
                                             dp.data(), c, c * c, h_);
-    note_host_access(2 * p.size() * sizeof(float));
-    for (std::size_t h = 0; h < h_; ++h)
-      for (std::size_t i = 0; i < c; ++i) {
-        const std::size_t n = diag ? i + 1 : c, st = stat(b, h, a * c + i);
-        float *prow = p.data() + (h * c + i) * c, *dprow = dp.data() + (h * c + i) * c;
-        for (std::size_t x = 0; x < c; ++x) {
-          prow[x] = x < n ? std::exp(prow[x] - lse[st]) : 0.0f;
-          dprow[x] = prow[x] * (dprow[x] - delta[st]);  // dS
-        }
-      }
+    B::online_softmax_backward(softmax_block(qc, kc, t), lse.data() + qrow, delta.data() + qrow, p.data(), dp.data());
     float *dq = dqkv.data() + qrow * ld, *dk = dkv + krow * 2 * hl, *dv = dk + hl;
-    B::template gemm_strided_batched<float>(Trans::yes, Trans::no, c, d_, c, 1.0f, p.data(), c, c * c, go, hl, d_, 1.0f,
-                                            dv, 2 * hl, d_, h_);
-    B::template gemm_strided_batched<float>(Trans::no, Trans::no, c, d_, c, scale, dp.data(), c, c * c, k, 2 * hl, d_,
-                                            1.0f, dq, ld, d_, h_);
-    B::template gemm_strided_batched<float>(Trans::yes, Trans::no, c, d_, c, scale, dp.data(), c, c * c, q, ld, d_,
-                                            1.0f, dk, 2 * hl, d_, h_);
+    const float *pp = p.data(), *ds = dp.data();
+    B::template gemm_strided_batched<float>(Trans::yes, Trans::no, c, d_, c, 1.0f, pp, c, c * c, go, hl, d_, 1.0f, dv,
+                                            2 * hl, d_, h_);
+    B::template gemm_strided_batched<float>(Trans::no, Trans::no, c, d_, c, scale, ds, c, c * c, k, 2 * hl, d_, 1.0f,
+                                            dq, ld, d_, h_);
+    B::template gemm_strided_batched<float>(Trans::yes, Trans::no, c, d_, c, scale, ds, c, c * c, q, ld, d_, 1.0f, dk,
+                                            2 * hl, d_, h_);
   }
 
   C* comm_;

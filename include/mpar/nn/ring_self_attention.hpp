@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "mpar/nn/attention.hpp"
+#include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/column_parallel.hpp"
 #include "mpar/nn/ring_attention.hpp"
 #include "mpar/nn/row_parallel.hpp"
@@ -81,14 +82,15 @@ class RingSelfAttention : public detail::TypedLayer<RingSelfAttention<C, B>> {
   friend Typed;  // its typed entries are the only public way in; these do the work on the storage
   // On the tensor axis a rank's context tokens are whole rows, so the projections take them as Replicate and
   // return the heads' columns as Shard<1, tensor>; the core sees those columns with the tokens' context placement
-  // (ContextHeads). Each restatement below names that step; only the input (a const reference) is copied.
+  // (ContextHeads). Each restatement below names that step; only the input (a const reference) is copied, by the
+  // backend (`backend_copy`: a host copy would read rank memory the host must not touch).
   Activation do_forward(const Activation& x, int mb) {
-    Act<FeatureShard> qkv = qkv_.forward(Act<Replicate>(x), mb);
+    Act<FeatureShard> qkv = qkv_.forward(Act<Replicate>(backend_copy<B>(x)), mb);
     Act<ContextHeads> o = core_.forward(Act<ContextHeads>(std::move(qkv).tensor()), mb);
     return proj_.forward(Act<FeatureShard>(std::move(o).tensor()), mb).tensor();
   }
   Activation do_backward_input(const Activation& dy, int mb) {
-    Act<FeatureShard> dout = proj_.backward_input(Act<Replicate>(dy), mb);
+    Act<FeatureShard> dout = proj_.backward_input(Act<Replicate>(backend_copy<B>(dy)), mb);
     Act<ContextHeads> dqkv = core_.backward(Act<ContextHeads>(std::move(dout).tensor()), mb);
     return qkv_.backward_input(Act<FeatureShard>(std::move(dqkv).tensor()), mb).tensor();
   }

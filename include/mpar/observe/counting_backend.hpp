@@ -10,7 +10,8 @@
  *
  * What is counted, and how:
  * - launches: one per call of a backend operation (`gemm`, the layer, optimizer and row kernels, the
- *   zero/fill/copy/convert/init_values operations, `gemm_strided_batched`, `vocab_parallel_loss`), by `Op` kind;
+ *   zero/fill/copy/convert/init_values operations, `gemm_strided_batched`, `vocab_parallel_loss`, the
+ *   online-softmax steps of `online_softmax_backend` where `B` has them), by `Op` kind;
  * - host synchronisations: calls of `synchronize()` and event waits, plus — for a backend whose
  *   operations return only when finished (`operations_block_host<B>`, true for the synchronous
  *   backends) — one per launch, since every such call blocks the host until the work is done;
@@ -80,6 +81,11 @@ enum class Op : std::size_t {
   moe_aux_loss,
   moe_slots,
   moe_gate_backward,
+  // The online-softmax steps of blockwise attention (online_softmax_backend: ring attention)
+  online_softmax_update,
+  online_softmax_finish,
+  online_softmax_delta,
+  online_softmax_backward,
   kinds_  ///< the number of kinds
 };
 inline constexpr std::size_t op_kinds = std::size_t(Op::kinds_);
@@ -123,7 +129,11 @@ inline constexpr std::array<std::string_view, op_kinds> op_names{"gemm",
                                                                  "moe_gate_stats",
                                                                  "moe_aux_loss",
                                                                  "moe_slots",
-                                                                 "moe_gate_backward"};
+                                                                 "moe_gate_backward",
+                                                                 "online_softmax_update",
+                                                                 "online_softmax_finish",
+                                                                 "online_softmax_delta",
+                                                                 "online_softmax_backward"};
 
 /**
  * @brief Whether backend `B`'s operations return only after their work finished (each one a host
@@ -253,6 +263,10 @@ struct CountingBackend : B {
   MPAR_COUNTING_OP(moe_aux_loss)
   MPAR_COUNTING_OP(moe_slots)
   MPAR_COUNTING_OP(moe_gate_backward)
+  MPAR_COUNTING_OP(online_softmax_update)
+  MPAR_COUNTING_OP(online_softmax_finish)
+  MPAR_COUNTING_OP(online_softmax_delta)
+  MPAR_COUNTING_OP(online_softmax_backward)
 #undef MPAR_COUNTING_OP
 
   template <class TIn, class TOut = TIn, class... A>

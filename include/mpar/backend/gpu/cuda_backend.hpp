@@ -23,6 +23,7 @@
 #include "mpar/backend/gpu/memory.hpp"
 #include "mpar/backend/gpu/moe_ops.hpp"
 #include "mpar/backend/gpu/moe_routing.hpp"
+#include "mpar/backend/gpu/online_softmax.hpp"
 #include "mpar/backend/gpu/row_kernels.hpp"
 #include "mpar/backend/graph_backend.hpp"
 // Fused kernels (classifier, residual + layer norm): their operations are in the block below `gemm_bias_gelu`.
@@ -246,6 +247,25 @@ struct CudaBackend {
     then_wait([&] { gpu::moe_gate_backward(std::forward<A>(a)...); });
   }
 
+  // The online-softmax steps of blockwise attention (see `online_softmax_backend`; gpu/online_softmax.hpp):
+  // ring attention's per-block work, on the compute stream between its GEMMs.
+  template <class... A>
+  static void online_softmax_update(A&&... a) {
+    then_wait([&] { gpu::online_softmax_update(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void online_softmax_finish(A&&... a) {
+    then_wait([&] { gpu::online_softmax_finish(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void online_softmax_delta(A&&... a) {
+    then_wait([&] { gpu::online_softmax_delta(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void online_softmax_backward(A&&... a) {
+    then_wait([&] { gpu::online_softmax_backward(std::forward<A>(a)...); });
+  }
+
   // The buffer operations and the batched GEMM (see the `backend` concept), on the compute stream.
   template <class T>
   static void zero(std::size_t n, T* x) {
@@ -376,5 +396,6 @@ struct CudaBackend {
 
 static_assert(backend<CudaBackend>);
 static_assert(graph_backend<CudaBackend>);
+static_assert(online_softmax_backend<CudaBackend>);
 
 }  // namespace mpar

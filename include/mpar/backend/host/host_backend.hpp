@@ -12,6 +12,7 @@
 #include "mpar/backend/host/gemm.hpp"
 #include "mpar/backend/host/kernels.hpp"
 #include "mpar/backend/host/moe_routing.hpp"
+#include "mpar/backend/host/online_softmax.hpp"
 #include "mpar/backend/host/retained_memory.hpp"
 #include "mpar/core/memory_resource.hpp"
 
@@ -213,6 +214,24 @@ struct HostBackend {
     host::moe_gate_backward(std::forward<A>(a)...);
   }
 
+  // The online-softmax steps of blockwise attention (see `online_softmax_backend`; host/online_softmax.hpp).
+  template <class... A>
+  static void online_softmax_update(A&&... a) {
+    host::online_softmax_update(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void online_softmax_finish(A&&... a) {
+    host::online_softmax_finish(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void online_softmax_delta(A&&... a) {
+    host::online_softmax_delta(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void online_softmax_backward(A&&... a) {
+    host::online_softmax_backward(std::forward<A>(a)...);
+  }
+
   // The buffer operations and the batched GEMM (see the `backend` concept; host/buffer_ops.hpp).
   template <class T>
   static void zero(std::size_t n, T* x) {
@@ -276,5 +295,6 @@ struct HostBackend {
 };
 
 static_assert(backend<HostBackend>);
+static_assert(online_softmax_backend<HostBackend>);
 
 }  // namespace mpar

@@ -40,6 +40,7 @@
 #include "mpar/backend/backend.hpp"
 #include "mpar/backend/graph_backend.hpp"
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/backend/online_softmax_backend.hpp"
 #include "mpar/backend/stream/emulated_memory.hpp"
 #include "mpar/backend/stream/stream.hpp"
 #include "mpar/backend/stream/stream_graph.hpp"
@@ -245,6 +246,11 @@ struct BasicStreamHostBackend {
   MPAR_STREAM_OP(gemm_bias_gelu)
   // The per-step statistics: a micro-batch's loss added to the step's, in rank memory.
   MPAR_STREAM_OP(accumulate)
+  // The online-softmax steps of blockwise attention (ring attention's per-block work).
+  MPAR_STREAM_OP(online_softmax_update)
+  MPAR_STREAM_OP(online_softmax_finish)
+  MPAR_STREAM_OP(online_softmax_delta)
+  MPAR_STREAM_OP(online_softmax_backward)
 #undef MPAR_STREAM_OP
 
   /** Strided-batched GEMM (see HostBackend::gemm_strided_batched), issued to the rank's stream. */
@@ -303,5 +309,6 @@ static_assert(backend<StreamHostBackend>);
 static_assert(backend<DiscreteHostBackend>);
 static_assert(graph_backend<StreamHostBackend>);
 static_assert(graph_backend<DiscreteHostBackend>);
+static_assert(online_softmax_backend<StreamHostBackend> && online_softmax_backend<DiscreteHostBackend>);
 
 }  // namespace mpar
