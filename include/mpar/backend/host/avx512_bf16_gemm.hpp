@@ -1,0 +1,361 @@
+#pragma once
+/**
+ * @file A packed bf16 x bf16 -> fp32 GEMM for CPUs with AVX-512-BF16 (`vdpbf16ps`) and no AMX.
+ *
+ * Why: on such CPUs (AMD Zen 4, Intel Cooper Lake) oneDNN 2.6's bf16 matmul runs slower than its fp32 one,
+ * although `vdpbf16ps` does 32 bf16 multiply-adds per instruction, twice an fp32 FMA's 16. With AMX
+ * (Sapphire Rapids and later) oneDNN's AMX kernels are far faster than this one and stay in use.
+ *
+ * Layout (BLIS-style): for each block of KC rows of op(B) and NC of its columns, B is packed into panels of
+ * 32 columns in which each 32-bit element holds a k pair `(B[2p][j], B[2p+1][j])`, the pairs of one k-pair
+ * row lying side by side (two 512-bit loads per k pair). For each block of MC rows of op(A) inside it, A is
+ * packed into panels of 8 rows whose k pairs `(A[i][2p], A[i][2p+1])` are 32-bit words, broadcast one row at
+ * a time. The micro-kernel keeps an 8 x 32 fp32 tile in 16 zmm registers and does 16 `vdpbf16ps` per k pair.
+ * An odd K pads its last pair with a zero (which adds exactly 0); edge tiles are packed with zero rows and
+ * columns and stored with masks, so any M, N, K, transpose and leading dimension goes through one kernel.
+ *
+ * Numerics: every product of two bf16 values is exact in fp32; `vdpbf16ps` adds the pair's two products to
+ * the accumulator (the sum of a pair is rounded as the instruction defines, with denormal inputs and outputs
+ * flushed to zero), so results agree with an fp32-accumulated reference up to summation order.
+ *
+ * Choice (`bf16_gemm_kernel()`): this kernel where the CPU has avx512_bf16 (and the AVX-512 the host kernels
+ * use, see isa.hpp) and no AMX, and the calling thread has not pinned a lower `Isa`; otherwise oneDNN (or the
+ * widening fallback). `MPAR_HOST_BF16_GEMM=avx512_bf16|onednn` in the environment, read once, or a
+ * `ScopedBf16GemmKernel` on the calling thread forces either (the tests and bench/gemm use it).
+ * Everything here is compiled with `target` attributes: the build sets no -march and the code only runs
+ * after the CPU was asked.
+ */
+#include <algorithm>
+#include <cstddef>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <string_view>
+
+#include "mpar/backend/host/isa.hpp"
+#include "mpar/core/dtype.hpp"
+#include "mpar/core/error.hpp"
+
+#if MPAR_HOST_MULTIVERSION
+#include <immintrin.h>
+#endif
+
+namespace mpar::host {
+
+/** @brief Which code computes the host's bf16 x bf16 -> fp32 GEMMs. */
+enum class Bf16GemmKernel {
+  library,      ///< oneDNN's matmul (its AMX or AVX-512 kernels), else fp32 after widening the operands
+  avx512_bf16,  ///< the packed `vdpbf16ps` kernel of this header
+};
+
+/** @brief The kernel's name: "library" or "avx512_bf16". */
+[[nodiscard]] inline const char* bf16_gemm_kernel_name(Bf16GemmKernel kernel) {
+  return kernel == Bf16GemmKernel::avx512_bf16 ? "avx512_bf16" : "library";
+}
+
+/** @brief Whether this CPU runs the avx512_bf16 kernel: avx512_bf16 besides the host's AVX-512 level. */
+[[nodiscard]] inline bool cpu_has_avx512_bf16() {
+#if MPAR_HOST_MULTIVERSION
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return detected_isa() == Isa::avx512 && __builtin_cpu_supports("avx512bf16") != 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+/** @brief Whether this CPU has AMX for bf16 (where oneDNN's AMX kernels beat the avx512_bf16 kernel). */
+[[nodiscard]] inline bool cpu_has_amx_bf16() {
+#if MPAR_HOST_MULTIVERSION
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("amx-bf16") != 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
+namespace detail {
+inline thread_local std::optional<Bf16GemmKernel> pinned_bf16_gemm_kernel;
+
+/**
+ * The kernel a value of MPAR_HOST_BF16_GEMM selects ("" and "auto": avx512_bf16 on a CPU with avx512_bf16
+ * and no AMX, else the library); throws naming the value and the choices for anything else, or for
+ * avx512_bf16 on a CPU without it.
+ */
+inline Bf16GemmKernel parse_bf16_gemm_kernel(std::string_view want) {
+  if (want == "onednn" || want == "library") return Bf16GemmKernel::library;
+  if (want == "avx512_bf16") {
+    require(cpu_has_avx512_bf16(),
+            "host bf16 GEMM: MPAR_HOST_BF16_GEMM=avx512_bf16, but this CPU lacks "
+            "avx512_bf16 (or AVX-512 F/BW/DQ/VL); unset it or set it to onednn");
+    return Bf16GemmKernel::avx512_bf16;
+  }
+  require(want.empty() || want == "auto", "host bf16 GEMM: MPAR_HOST_BF16_GEMM=", want,
+          " is not a kernel; use avx512_bf16, onednn (or library) or auto, or unset it");
+  return cpu_has_avx512_bf16() && !cpu_has_amx_bf16() ? Bf16GemmKernel::avx512_bf16 : Bf16GemmKernel::library;
+}
+
+/** The process-wide choice: MPAR_HOST_BF16_GEMM, read once. */
+inline Bf16GemmKernel default_bf16_gemm_kernel() {
+  static const Bf16GemmKernel choice = [] {
+    const char* env = std::getenv("MPAR_HOST_BF16_GEMM");
+    return parse_bf16_gemm_kernel(env ? env : "");
+  }();
+  return choice;
+}
+}  // namespace detail
+
+/**
+ * @brief The kernel the calling thread's bf16 GEMMs run on: the pinned one (ScopedBf16GemmKernel), else the
+ * process's choice; the library whenever the thread pinned an `Isa` below avx512 (ScopedIsa).
+ */
+[[nodiscard]] inline Bf16GemmKernel bf16_gemm_kernel() {
+  if (active_isa() != Isa::avx512) return Bf16GemmKernel::library;
+  return detail::pinned_bf16_gemm_kernel.value_or(detail::default_bf16_gemm_kernel());
+}
+
+/**
+ * @brief Pins the calling thread's bf16 GEMMs to `kernel` for the object's lifetime (then restores the
+ * previous choice). Throws, naming the kernel, when the CPU cannot run it.
+ */
+class ScopedBf16GemmKernel {
+ public:
+  explicit ScopedBf16GemmKernel(Bf16GemmKernel kernel) : previous_(detail::pinned_bf16_gemm_kernel) {
+    require(kernel != Bf16GemmKernel::avx512_bf16 || cpu_has_avx512_bf16(), "host bf16 GEMM: kernel ",
+            bf16_gemm_kernel_name(kernel), " needs avx512_bf16 and AVX-512 F/BW/DQ/VL, which this CPU lacks (best ",
+            isa_name(detected_isa()), "); pin Bf16GemmKernel::library");
+    detail::pinned_bf16_gemm_kernel = kernel;
+  }
+  ~ScopedBf16GemmKernel() { detail::pinned_bf16_gemm_kernel = previous_; }
+  ScopedBf16GemmKernel(const ScopedBf16GemmKernel&) = delete;
+  ScopedBf16GemmKernel& operator=(const ScopedBf16GemmKernel&) = delete;
+
+ private:
+  std::optional<Bf16GemmKernel> previous_;
+};
+
+namespace avx512_bf16 {
+
+/// Register tile: 8 rows x 32 fp32 columns, 16 zmm accumulators.
+inline constexpr std::size_t tile_rows = 8, tile_cols = 32;
+/// Cache blocks: a 256-deep B panel (16 KiB) stays in L1, an MC x KC block of A (96 KiB) in L2, a KC x NC
+/// block of B (1 MiB) in L2/L3. KC is even, so only the last block of an odd K has a half pair.
+inline constexpr std::size_t block_k = 256, block_m = 192, block_n = 2048;
+
+#if MPAR_HOST_MULTIVERSION
+namespace detail {
+
+/** A 64-byte aligned buffer of 32-bit words that only grows (per thread: packing allocates once per shape). */
+class PackBuffer {
+ public:
+  std::uint32_t* get(std::size_t words) {
+    if (words > capacity_) {
+      // 64-byte alignment keeps every packed 32-column row of B within one cache line.
+      storage_.reset(new std::uint32_t[words + 16]);
+      capacity_ = words;
+    }
+    auto addr = reinterpret_cast<std::uintptr_t>(storage_.get());
+    return reinterpret_cast<std::uint32_t*>((addr + 63) & ~std::uintptr_t(63));
+  }
+
+ private:
+  std::unique_ptr<std::uint32_t[]> storage_;
+  std::size_t capacity_ = 0;
+};
+
+/** The 32-bit word of a k pair: `lo` in the low half (the even k), as vdpbf16ps pairs its operands. */
+inline std::uint32_t pair_word(std::uint16_t lo, std::uint16_t hi) {
+  return std::uint32_t(lo) | std::uint32_t(hi) << 16;
+}
+
+/**
+ * Packs rows [i0, i0 + rows) and k [p0, p0 + kc) of op(A) into panels of `tile_rows` rows, k pairs as words:
+ * panel r holds `pairs * tile_rows` words, word (q, i) = (A[i][2q], A[i][2q+1]); missing rows and the odd
+ * K's half pair are zero.
+ */
+[[gnu::target("avx512f,avx512bw,avx512vl,avx512dq")]] inline void pack_a(bool ta, const bf16* a, std::size_t lda,
+                                                                         std::size_t i0, std::size_t rows,
+                                                                         std::size_t p0, std::size_t kc,
+                                                                         std::uint32_t* dst) {
+  const std::size_t pairs = (kc + 1) / 2, full = kc / 2;
+  for (std::size_t r0 = 0; r0 < rows; r0 += tile_rows, dst += pairs * tile_rows) {
+    const std::size_t nr = std::min(tile_rows, rows - r0);
+    if (ta) {
+      // op(A)[row][p] = a[p * lda + row]: the panel's 8 rows are 8 adjacent elements of stored rows 2q and
+      // 2q + 1, interleaved 16 bits at a time into 8 pair words.
+      const __mmask8 mask = __mmask8((1u << nr) - 1u);
+      for (std::size_t q = 0; q < pairs; ++q) {
+        const bf16* even = a + (p0 + 2 * q) * lda + i0 + r0;
+        const __m128i lo = _mm_maskz_loadu_epi16(mask, even);
+        const __m128i hi = 2 * q + 1 < kc ? _mm_maskz_loadu_epi16(mask, even + lda) : _mm_setzero_si128();
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + q * tile_rows), _mm_unpacklo_epi16(lo, hi));
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(dst + q * tile_rows + 4), _mm_unpackhi_epi16(lo, hi));
+      }
+      continue;
+    }
+    for (std::size_t i = 0; i < tile_rows; ++i) {
+      std::uint32_t* out = dst + i;
+      if (i >= nr) {
+        for (std::size_t q = 0; q < pairs; ++q) out[q * tile_rows] = 0;
+        continue;
+      }
+      // A pair is two adjacent elements of the row: one unaligned 32-bit load.
+      const bf16* src = a + (i0 + r0 + i) * lda + p0;
+      for (std::size_t q = 0; q < full; ++q) std::memcpy(out + q * tile_rows, src + 2 * q, 4);
+      if (pairs > full) out[full * tile_rows] = pair_word(src[2 * full].bits, 0);
+    }
+  }
+}
+
+/**
+ * Packs k [p0, p0 + kc) and columns [j0, j0 + cols) of op(B) into panels of `tile_cols` columns: panel c holds
+ * `pairs * tile_cols` words, word (q, j) = (B[2q][j], B[2q+1][j]); missing columns and the odd K's half pair
+ * are zero. The untransposed case interleaves two rows 16 columns at a time.
+ */
+[[gnu::target("avx512f,avx512bw,avx512vl,avx512dq")]] inline void pack_b(bool tb, const bf16* b, std::size_t ldb,
+                                                                         std::size_t p0, std::size_t kc, std::size_t j0,
+                                                                         std::size_t cols, std::uint32_t* dst) {
+  const std::size_t pairs = (kc + 1) / 2, full = kc / 2;
+  for (std::size_t c0 = 0; c0 < cols; c0 += tile_cols, dst += pairs * tile_cols) {
+    const std::size_t nc = std::min(tile_cols, cols - c0);
+    if (!tb) {
+      for (std::size_t q = 0; q < pairs; ++q) {
+        const bf16* even = b + (p0 + 2 * q) * ldb + j0 + c0;
+        const bf16* odd = 2 * q + 1 < kc ? even + ldb : nullptr;
+        for (std::size_t h = 0; h < tile_cols; h += 16) {
+          const std::size_t valid = nc > h ? std::min<std::size_t>(16, nc - h) : 0;
+          const __mmask16 mask = __mmask16((1u << valid) - 1u);
+          const __m512i lo = _mm512_maskz_cvtepu16_epi32(__mmask16(0xffff), _mm256_maskz_loadu_epi16(mask, even + h));
+          const __m512i hi =
+              odd ? _mm512_maskz_slli_epi32(
+                        __mmask16(0xffff),
+                        _mm512_maskz_cvtepu16_epi32(__mmask16(0xffff), _mm256_maskz_loadu_epi16(mask, odd + h)), 16)
+                  : _mm512_setzero_si512();
+          _mm512_store_si512(dst + q * tile_cols + h, _mm512_or_si512(lo, hi));
+        }
+      }
+    } else {
+      // op(B)[p][j] = b[j * ldb + p]: a pair is two adjacent elements of B's stored row j.
+      for (std::size_t j = 0; j < tile_cols; ++j) {
+        std::uint32_t* out = dst + j;
+        if (j >= nc) {
+          for (std::size_t q = 0; q < pairs; ++q) out[q * tile_cols] = 0;
+          continue;
+        }
+        const bf16* src = b + (j0 + c0 + j) * ldb + p0;
+        for (std::size_t q = 0; q < full; ++q) std::memcpy(out + q * tile_cols, src + 2 * q, 4);
+        if (pairs > full) out[full * tile_cols] = pair_word(src[2 * full].bits, 0);
+      }
+    }
+  }
+}
+
+/**
+ * The 8 x 32 micro-kernel over `pairs` k pairs of packed panels; stores rows < `rows`, columns < `cols` of
+ * `C = alpha * acc + (accumulate ? C : beta == 0 ? 0 : beta * C) + bias` (bias: fp32 per column, or null).
+ */
+[[gnu::target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")]] inline void micro_kernel(
+    std::size_t pairs, const std::uint32_t* ap, const std::uint32_t* bp, float* c, std::size_t ldc, std::size_t rows,
+    std::size_t cols, float alpha, float beta, const float* bias) {
+  __m512 acc[tile_rows][2];
+#pragma GCC unroll 8
+  for (std::size_t i = 0; i < tile_rows; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+  for (std::size_t q = 0; q < pairs; ++q, ap += tile_rows, bp += tile_cols) {
+    const __m512i b0 = _mm512_load_si512(bp), b1 = _mm512_load_si512(bp + 16);
+#pragma GCC unroll 8
+    for (std::size_t i = 0; i < tile_rows; ++i) {
+      const __m512i ai = _mm512_set1_epi32(int(ap[i]));
+      acc[i][0] = _mm512_dpbf16_ps(acc[i][0], (__m512bh)ai, (__m512bh)b0);
+      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], (__m512bh)ai, (__m512bh)b1);
+    }
+  }
+  const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
+  __mmask16 mask[2];
+  __m512 vbias[2];
+  for (std::size_t h = 0; h < 2; ++h) {
+    const std::size_t valid = cols > 16 * h ? std::min<std::size_t>(16, cols - 16 * h) : 0;
+    mask[h] = __mmask16((1u << valid) - 1u);
+    vbias[h] = bias ? _mm512_maskz_loadu_ps(mask[h], bias + 16 * h) : _mm512_setzero_ps();
+  }
+#pragma GCC unroll 8
+  for (std::size_t i = 0; i < tile_rows; ++i) {
+    if (i >= rows) break;
+    float* row = c + i * ldc;
+    for (std::size_t h = 0; h < 2; ++h) {
+      if (!mask[h]) continue;
+      __m512 v = _mm512_fmadd_ps(acc[i][h], va, vbias[h]);
+      // beta == 0 never reads C (it may hold NaN or be uninitialised).
+      if (beta != 0.0f) v = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mask[h], row + 16 * h), vb, v);
+      _mm512_mask_storeu_ps(row + 16 * h, mask[h], v);
+    }
+  }
+}
+
+/** Per-thread packing buffers (each rank's GEMMs run on its own thread). */
+struct PackBuffers {
+  PackBuffer a, b;
+};
+inline PackBuffers& this_thread_pack_buffers() {
+  thread_local PackBuffers buffers;
+  return buffers;
+}
+
+}  // namespace detail
+#endif
+
+/**
+ * @brief Row-major `C[m x n] = alpha op(A) op(B) + beta C (+ bias)` with bf16 A, B and fp32 C, on the calling
+ * thread. `bias` (n fp32 values added to every row, or null) lets the MLP's bias ride on the store.
+ * `beta == 0` never reads C. The caller checks leading dimensions and the CPU (`cpu_has_avx512_bf16()`);
+ * `k == 0` gives `C = beta C + bias`.
+ */
+inline void gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const bf16* a,
+                 std::size_t lda, const bf16* b, std::size_t ldb, float beta, float* c, std::size_t ldc,
+                 const float* bias = nullptr) {
+#if MPAR_HOST_MULTIVERSION
+  if (m == 0 || n == 0) return;
+  require(cpu_has_avx512_bf16(), "host bf16 GEMM (avx512_bf16): this CPU lacks avx512_bf16 (m=", m, " n=", n, " k=", k,
+          "); use the library kernel (Bf16GemmKernel::library)");
+  auto& buffers = detail::this_thread_pack_buffers();
+  const std::size_t kc_max = std::min(block_k, k + (k & 1)), nc_max = std::min(block_n, n),
+                    mc_max = std::min(block_m, m);
+  const std::size_t round_n = (nc_max + tile_cols - 1) / tile_cols * tile_cols;
+  const std::size_t round_m = (mc_max + tile_rows - 1) / tile_rows * tile_rows;
+  std::uint32_t* bpack = buffers.b.get(std::max<std::size_t>(kc_max / 2, 1) * round_n);
+  std::uint32_t* apack = buffers.a.get(std::max<std::size_t>(kc_max / 2, 1) * round_m);
+  for (std::size_t j0 = 0; j0 < n; j0 += block_n) {
+    const std::size_t nc = std::min(block_n, n - j0);
+    // k == 0 still makes one pass, of zero pairs, so that C = beta C + bias is stored.
+    for (std::size_t p0 = 0; p0 < std::max<std::size_t>(k, 1); p0 += block_k) {
+      const std::size_t kc = std::min(block_k, k - std::min(k, p0)), pairs = (kc + 1) / 2;
+      const bool first = p0 == 0;
+      if (pairs) detail::pack_b(tb, b, ldb, p0, kc, j0, nc, bpack);
+      for (std::size_t i0 = 0; i0 < m; i0 += block_m) {
+        const std::size_t mc = std::min(block_m, m - i0);
+        if (pairs) detail::pack_a(ta, a, lda, i0, mc, p0, kc, apack);
+        for (std::size_t jr = 0; jr < nc; jr += tile_cols)
+          for (std::size_t ir = 0; ir < mc; ir += tile_rows)
+            detail::micro_kernel(pairs, apack + ir * pairs, bpack + jr * pairs, c + (i0 + ir) * ldc + j0 + jr, ldc,
+                                 std::min(tile_rows, mc - ir), std::min(tile_cols, nc - jr), alpha, first ? beta : 1.0f,
+                                 first && bias ? bias + j0 + jr : nullptr);
+      }
+    }
+  }
+#else
+  (void)ta, (void)tb, (void)k, (void)alpha, (void)a, (void)lda, (void)b, (void)ldb, (void)beta, (void)c, (void)ldc,
+      (void)bias;
+  require(m == 0 || n == 0, "host bf16 GEMM (avx512_bf16): not built for this architecture (m=", m, " n=", n,
+          "); use the library kernel");
+#endif
+}
+
+}  // namespace avx512_bf16
+
+}  // namespace mpar::host
