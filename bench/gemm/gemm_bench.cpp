@@ -6,6 +6,9 @@
 // head 64): HostBackend::gemm_strided_batched with a two-level batch (sequences x heads, operands at
 // attention's strides inside the qkv matrix) against a raw oneDNN 4-D matmul on the same memory, with the
 // per-matrix loop (one 2-D GEMM per (sequence, head)) printed for reference.
+// bf16 rows: mpar's bf16 GEMM runs on the kernel host::bf16_gemm_kernel() names (the avx512_bf16 kernel on a
+// CPU with avx512_bf16 and no AMX, see host/avx512_bf16_gemm.hpp), so "ratio" is that kernel against oneDNN's
+// bf16 matmul, and the last column puts it beside oneDNN's fp32 matmul of the same shape.
 // Last line: ours / baseline = GFLOP/s over all shapes, batched products and both precisions (total flops /
 // total median time), ratio > 1: mpar is faster; loadavg says how busy the machine was (measure on an idle one).
 #include <algorithm>
@@ -113,12 +116,13 @@ int main(int argc, char** argv) {
   if (smoke) shapes = {{"64x64x64", 64, 64, 64, false}, {"64x48x32 ta", 64, 48, 32, true}};
   const int reps = smoke ? 1 : 21;
 
-  std::printf("host GEMM, one thread, median of %d alternating runs; isa of mpar's kernels: %s\n", reps,
-              host::isa_name(host::active_isa()));
-  std::printf("%-32s %6s %12s %12s %8s %14s\n", "shape MxNxK", "type", "mpar GFLOP/s", "oneDNN GFLOP/s", "ratio",
-              "OpenBLAS sgemm");
+  std::printf("host GEMM, one thread, median of %d alternating runs; isa of mpar's kernels: %s; bf16 kernel: %s\n",
+              reps, host::isa_name(host::active_isa()), host::bf16_gemm_kernel_name(host::bf16_gemm_kernel()));
+  std::printf("%-32s %6s %12s %12s %8s %14s %12s\n", "shape MxNxK", "type", "mpar GFLOP/s", "oneDNN GFLOP/s", "ratio",
+              "OpenBLAS sgemm", "x oneDNN f32");
   double flops_total = 0, ours_total = 0, base_total = 0, sum_log_ratio = 0;
-  int cases = 0;
+  double bf16_vs_f32_log = 0;  // mpar bf16 against oneDNN fp32 on the 2-D shapes
+  int cases = 0, shape_cases = 0;
   for (const auto& s : shapes) {
     const std::size_t a_cols = s.ta ? s.m : s.k;
     std::vector<float> a(s.m * s.k), b(s.k * s.n), c(s.m * s.n), c_raw(s.m * s.n), c_blas(s.m * s.n);
@@ -130,7 +134,7 @@ int main(int argc, char** argv) {
     const double flops = 2.0 * double(s.m) * double(s.n) * double(s.k);
     const Trans ta = s.ta ? Trans::yes : Trans::no;
 
-    double blas_gflops = 0;
+    double blas_gflops = 0, onednn_f32_time = 0;
 #if defined(MPAR_HAVE_CBLAS)
     {
       auto sgemm = [&] {
@@ -163,8 +167,13 @@ int main(int argc, char** argv) {
                      half ? "bf16" : "f32");
         return 1;
       }
-      std::printf("%-32s %6s %12.1f %12.1f %8.3f %14.1f\n", s.name, half ? "bf16" : "f32", flops / t_ours * 1e-9,
-                  flops / t_base * 1e-9, t_base / t_ours, blas_gflops);
+      if (!half) onednn_f32_time = t_base;
+      std::printf("%-32s %6s %12.1f %12.1f %8.3f %14.1f %12.3f\n", s.name, half ? "bf16" : "f32", flops / t_ours * 1e-9,
+                  flops / t_base * 1e-9, t_base / t_ours, blas_gflops, onednn_f32_time / t_ours);
+      if (half) {
+        bf16_vs_f32_log += std::log(onednn_f32_time / t_ours);
+        ++shape_cases;
+      }
       flops_total += flops;
       ours_total += t_ours;
       base_total += t_base;
@@ -284,6 +293,9 @@ int main(int argc, char** argv) {
                            "\"geomean_ratio\": " + std::to_string(std::exp(sum_log_ratio / cases)) +
                                ", \"batched_ratio\": " + std::to_string(b_base / b_ours) +
                                ", \"batched_geomean_ratio\": " + std::to_string(std::exp(b_log / b_cases)) +
+                               ", \"bf16_kernel\": \"" + host::bf16_gemm_kernel_name(host::bf16_gemm_kernel()) +
+                               "\", \"bf16_vs_onednn_f32_geomean\": " +
+                               std::to_string(std::exp(bf16_vs_f32_log / std::max(shape_cases, 1))) +
                                ", \"baseline_name\": \"raw oneDNN matmul (1 thread)\", \"loadavg\": " + loadavg());
 }
 #endif
