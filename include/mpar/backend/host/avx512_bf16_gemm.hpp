@@ -1,10 +1,12 @@
 #pragma once
 /**
- * @file A packed bf16 x bf16 -> fp32 GEMM for CPUs with AVX-512-BF16 (`vdpbf16ps`) and no AMX.
+ * @file A packed bf16 x bf16 -> fp32 GEMM for CPUs with AVX-512-BF16 (`vdpbf16ps`).
  *
- * Why: on such CPUs (AMD Zen 4, Intel Cooper Lake) oneDNN 2.6's bf16 matmul runs slower than its fp32 one,
- * although `vdpbf16ps` does 32 bf16 multiply-adds per instruction, twice an fp32 FMA's 16. With AMX
- * (Sapphire Rapids and later) oneDNN's AMX kernels are far faster than this one and stay in use.
+ * Why: `vdpbf16ps` does 32 bf16 multiply-adds per instruction, twice an fp32 FMA's 16, so a bf16 GEMM can
+ * run at twice the fp32 rate. Builds whose GEMM library has no bf16 kernels (CBLAS, portable) otherwise widen
+ * bf16 operands to fp32 and run at the fp32 rate or below. oneDNN 2.6 has such kernels (brgemm on
+ * `vdpbf16ps`, AMX tiles where present); measured on an AMD Zen 4 without AMX it runs at this kernel's speed
+ * or up to 10 % faster (docs/performance.md), so a oneDNN build keeps oneDNN by default.
  *
  * Layout (BLIS-style): for each block of KC rows of op(B) and NC of its columns, B is packed into panels of
  * 32 columns in which each 32-bit element holds a k pair `(B[2p][j], B[2p+1][j])`, the pairs of one k-pair
@@ -15,13 +17,15 @@
  * columns and stored with masks, so any M, N, K, transpose and leading dimension goes through one kernel.
  *
  * Numerics: every product of two bf16 values is exact in fp32; `vdpbf16ps` adds the pair's two products to
- * the accumulator (the sum of a pair is rounded as the instruction defines, with denormal inputs and outputs
- * flushed to zero), so results agree with an fp32-accumulated reference up to summation order.
+ * the accumulator one after the other, each addition rounded to nearest even, with denormal inputs and outputs
+ * flushed to zero; so results agree with an fp32-accumulated reference up to summation order, except that
+ * sums below 2^-126 in magnitude become 0.
  *
  * Choice (`bf16_gemm_kernel()`): this kernel where the CPU has avx512_bf16 (and the AVX-512 the host kernels
- * use, see isa.hpp) and no AMX, and the calling thread has not pinned a lower `Isa`; otherwise oneDNN (or the
- * widening fallback). `MPAR_HOST_BF16_GEMM=avx512_bf16|onednn` in the environment, read once, or a
- * `ScopedBf16GemmKernel` on the calling thread forces either (the tests and bench/gemm use it).
+ * use, see isa.hpp), the GEMM library has no bf16 kernels (`library_has_bf16_kernels`) and the calling
+ * thread has not pinned a lower `Isa`; otherwise the library (oneDNN, or fp32 after widening).
+ * `MPAR_HOST_BF16_GEMM=avx512_bf16|onednn|auto` in the environment, read once, or a `ScopedBf16GemmKernel`
+ * on the calling thread forces either (the tests and bench/gemm use them).
  * Everything here is compiled with `target` attributes: the build sets no -march and the code only runs
  * after the CPU was asked.
  */
@@ -68,26 +72,26 @@ enum class Bf16GemmKernel {
 #endif
 }
 
-/** @brief Whether this CPU has AMX for bf16 (where oneDNN's AMX kernels beat the avx512_bf16 kernel). */
-[[nodiscard]] inline bool cpu_has_amx_bf16() {
-#if MPAR_HOST_MULTIVERSION
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("amx-bf16") != 0;
-  }();
-  return has;
+/**
+ * @brief Whether the configured GEMM library has bf16 kernels of its own: oneDNN (MPAR_HOST_GEMM=onednn) runs
+ * bf16 on `vdpbf16ps` (AVX-512-BF16) or AMX tiles; CBLAS and the portable kernel widen bf16 to fp32.
+ */
+inline constexpr bool library_has_bf16_kernels =
+#if defined(MPAR_HAVE_ONEDNN)
+    true;
 #else
-  return false;
+    false;
 #endif
-}
 
 namespace detail {
 inline thread_local std::optional<Bf16GemmKernel> pinned_bf16_gemm_kernel;
 
 /**
- * The kernel a value of MPAR_HOST_BF16_GEMM selects ("" and "auto": avx512_bf16 on a CPU with avx512_bf16
- * and no AMX, else the library); throws naming the value and the choices for anything else, or for
- * avx512_bf16 on a CPU without it.
+ * The kernel a value of MPAR_HOST_BF16_GEMM selects. "" and "auto": avx512_bf16 where the CPU has it and the
+ * library has no bf16 kernels of its own (a CBLAS or portable build), else the library: oneDNN 2.6's bf16
+ * matmul (brgemm on `vdpbf16ps`, or AMX) runs at this kernel's speed or up to 10 % faster on a CPU without
+ * AMX (docs/performance.md) and far faster with AMX. Throws naming the value and the choices for anything
+ * else, or for avx512_bf16 on a CPU without it.
  */
 inline Bf16GemmKernel parse_bf16_gemm_kernel(std::string_view want) {
   if (want == "onednn" || want == "library") return Bf16GemmKernel::library;
@@ -99,7 +103,7 @@ inline Bf16GemmKernel parse_bf16_gemm_kernel(std::string_view want) {
   }
   require(want.empty() || want == "auto", "host bf16 GEMM: MPAR_HOST_BF16_GEMM=", want,
           " is not a kernel; use avx512_bf16, onednn (or library) or auto, or unset it");
-  return cpu_has_avx512_bf16() && !cpu_has_amx_bf16() ? Bf16GemmKernel::avx512_bf16 : Bf16GemmKernel::library;
+  return cpu_has_avx512_bf16() && !library_has_bf16_kernels ? Bf16GemmKernel::avx512_bf16 : Bf16GemmKernel::library;
 }
 
 /** The process-wide choice: MPAR_HOST_BF16_GEMM, read once. */
@@ -145,9 +149,11 @@ namespace avx512_bf16 {
 
 /// Register tile: 8 rows x 32 fp32 columns, 16 zmm accumulators.
 inline constexpr std::size_t tile_rows = 8, tile_cols = 32;
-/// Cache blocks: a 256-deep B panel (16 KiB) stays in L1, an MC x KC block of A (96 KiB) in L2, a KC x NC
-/// block of B (1 MiB) in L2/L3. KC is even, so only the last block of an odd K has a half pair.
-inline constexpr std::size_t block_k = 256, block_m = 192, block_n = 2048;
+/// Cache blocks: an MC x KC block of A (at most 384 KiB) stays in L2 while the KC x 32 panels of B (at most
+/// 64 KiB each) stream through L1; a deep KC keeps C from being re-read and re-written once per 256 k (with
+/// KC = 256 this kernel ran at 0.75-0.78 of oneDNN on 2048 x 256 x 1024 with a transposed B, at 1024 at 0.95). KC is even, so only
+/// the last block of an odd K has a half pair.
+inline constexpr std::size_t block_k = 1024, block_m = 192, block_n = 2048;
 
 #if MPAR_HOST_MULTIVERSION
 namespace detail {
@@ -242,16 +248,21 @@ inline std::uint32_t pair_word(std::uint16_t lo, std::uint16_t hi) {
         }
       }
     } else {
-      // op(B)[p][j] = b[j * ldb + p]: a pair is two adjacent elements of B's stored row j.
-      for (std::size_t j = 0; j < tile_cols; ++j) {
-        std::uint32_t* out = dst + j;
-        if (j >= nc) {
-          for (std::size_t q = 0; q < pairs; ++q) out[q * tile_cols] = 0;
-          continue;
+      // op(B)[p][j] = b[j * ldb + p]: a pair is two adjacent elements of B's stored row j. Blocks of 16 pairs
+      // (16 stored rows' 64 bytes into 16 packed rows' 128) keep what is written in L1 across the columns.
+      constexpr std::size_t pair_block = 16;
+      for (std::size_t q0 = 0; q0 < pairs; q0 += pair_block) {
+        const std::size_t q1 = std::min(pairs, q0 + pair_block), q1_full = std::min(full, q1);
+        for (std::size_t j = 0; j < tile_cols; ++j) {
+          std::uint32_t* out = dst + j;
+          if (j >= nc) {
+            for (std::size_t q = q0; q < q1; ++q) out[q * tile_cols] = 0;
+            continue;
+          }
+          const bf16* src = b + (j0 + c0 + j) * ldb + p0;
+          for (std::size_t q = q0; q < q1_full; ++q) std::memcpy(out + q * tile_cols, src + 2 * q, 4);
+          if (q1 > q1_full) out[full * tile_cols] = pair_word(src[2 * full].bits, 0);
         }
-        const bf16* src = b + (j0 + c0 + j) * ldb + p0;
-        for (std::size_t q = 0; q < full; ++q) std::memcpy(out + q * tile_cols, src + 2 * q, 4);
-        if (pairs > full) out[full * tile_cols] = pair_word(src[2 * full].bits, 0);
       }
     }
   }
@@ -261,6 +272,7 @@ inline std::uint32_t pair_word(std::uint16_t lo, std::uint16_t hi) {
  * The 8 x 32 micro-kernel over `pairs` k pairs of packed panels; stores rows < `rows`, columns < `cols` of
  * `C = alpha * acc + (accumulate ? C : beta == 0 ? 0 : beta * C) + bias` (bias: fp32 per column, or null).
  */
+template <std::size_t Halves>
 [[gnu::target("avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")]] inline void micro_kernel(
     std::size_t pairs, const std::uint32_t* ap, const std::uint32_t* bp, float* c, std::size_t ldc, std::size_t rows,
     std::size_t cols, float alpha, float beta, const float* bias) {
@@ -268,19 +280,19 @@ inline std::uint32_t pair_word(std::uint16_t lo, std::uint16_t hi) {
 #pragma GCC unroll 8
   for (std::size_t i = 0; i < tile_rows; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
   for (std::size_t q = 0; q < pairs; ++q, ap += tile_rows, bp += tile_cols) {
-    const __m512i b0 = _mm512_load_si512(bp), b1 = _mm512_load_si512(bp + 16);
+    const __m512i b0 = _mm512_load_si512(bp), b1 = Halves == 2 ? _mm512_load_si512(bp + 16) : b0;
 #pragma GCC unroll 8
     for (std::size_t i = 0; i < tile_rows; ++i) {
       const __m512i ai = _mm512_set1_epi32(int(ap[i]));
       acc[i][0] = _mm512_dpbf16_ps(acc[i][0], (__m512bh)ai, (__m512bh)b0);
-      acc[i][1] = _mm512_dpbf16_ps(acc[i][1], (__m512bh)ai, (__m512bh)b1);
+      if constexpr (Halves == 2) acc[i][1] = _mm512_dpbf16_ps(acc[i][1], (__m512bh)ai, (__m512bh)b1);
     }
   }
   const __m512 va = _mm512_set1_ps(alpha), vb = _mm512_set1_ps(beta);
   __mmask16 mask[2];
   __m512 vbias[2];
   for (std::size_t h = 0; h < 2; ++h) {
-    const std::size_t valid = cols > 16 * h ? std::min<std::size_t>(16, cols - 16 * h) : 0;
+    const std::size_t valid = h >= Halves ? 0 : cols > 16 * h ? std::min<std::size_t>(16, cols - 16 * h) : 0;
     mask[h] = __mmask16((1u << valid) - 1u);
     vbias[h] = bias ? _mm512_maskz_loadu_ps(mask[h], bias + 16 * h) : _mm512_setzero_ps();
   }
@@ -288,7 +300,7 @@ inline std::uint32_t pair_word(std::uint16_t lo, std::uint16_t hi) {
   for (std::size_t i = 0; i < tile_rows; ++i) {
     if (i >= rows) break;
     float* row = c + i * ldc;
-    for (std::size_t h = 0; h < 2; ++h) {
+    for (std::size_t h = 0; h < Halves; ++h) {
       if (!mask[h]) continue;
       __m512 v = _mm512_fmadd_ps(acc[i][h], va, vbias[h]);
       // beta == 0 never reads C (it may hold NaN or be uninitialised).
@@ -341,10 +353,14 @@ inline void gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, 
         const std::size_t mc = std::min(block_m, m - i0);
         if (pairs) detail::pack_a(ta, a, lda, i0, mc, p0, kc, apack);
         for (std::size_t jr = 0; jr < nc; jr += tile_cols)
-          for (std::size_t ir = 0; ir < mc; ir += tile_rows)
-            detail::micro_kernel(pairs, apack + ir * pairs, bpack + jr * pairs, c + (i0 + ir) * ldc + j0 + jr, ldc,
-                                 std::min(tile_rows, mc - ir), std::min(tile_cols, nc - jr), alpha, first ? beta : 1.0f,
-                                 first && bias ? bias + j0 + jr : nullptr);
+          for (std::size_t ir = 0; ir < mc; ir += tile_rows) {
+            // A last panel of at most 16 columns (N = 80: 2 x 32 + 16) runs the half-width tile, whose
+            // padding then costs no multiply-adds.
+            auto* kernel = nc - jr <= 16 ? detail::micro_kernel<1> : detail::micro_kernel<2>;
+            kernel(pairs, apack + ir * pairs, bpack + jr * pairs, c + (i0 + ir) * ldc + j0 + jr, ldc,
+                   std::min(tile_rows, mc - ir), std::min(tile_cols, nc - jr), alpha, first ? beta : 1.0f,
+                   first && bias ? bias + j0 + jr : nullptr);
+          }
       }
     }
   }

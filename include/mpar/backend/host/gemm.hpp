@@ -112,10 +112,10 @@ inline constexpr const char* host_gemm_library =
  * Leading dimensions are in elements; `beta == 0` overwrites C without reading it.
  *
  * 16-bit A and B (bf16, f16) with a float C multiply exactly and accumulate in fp32: bf16 through mpar's
- * own `vdpbf16ps` kernel on CPUs with avx512_bf16 and no AMX (`host::bf16_gemm_kernel()`, see
- * `avx512_bf16_gemm.hpp`), otherwise through oneDNN's 16-bit kernels where the CPU has them (AMX, AVX-512
- * bf16 / fp16), otherwise by widening the operands to fp32 (exact) and running the fp32 GEMM, which gives
- * the same numbers up to summation order.
+ * own `vdpbf16ps` kernel where `host::bf16_gemm_kernel()` picks it (a CPU with avx512_bf16 in a build whose
+ * library has no bf16 kernels, or when forced; see `avx512_bf16_gemm.hpp`), otherwise through oneDNN's
+ * 16-bit kernels where the CPU has them (AMX, AVX-512 bf16 / fp16), otherwise by widening the operands to
+ * fp32 (exact) and running the fp32 GEMM, which gives the same numbers up to summation order.
  */
 template <class TIn, class TOut = TIn>
   requires host_gemm_types<TIn, TOut>
