@@ -5,8 +5,8 @@
  * Why: `vdpbf16ps` does 32 bf16 multiply-adds per instruction, twice an fp32 FMA's 16, so a bf16 GEMM can
  * run at twice the fp32 rate. Builds whose GEMM library has no bf16 kernels (CBLAS, portable) otherwise widen
  * bf16 operands to fp32 and run at the fp32 rate or below. oneDNN 2.6 has such kernels (brgemm on
- * `vdpbf16ps`, AMX tiles where present); measured on an AMD Zen 4 without AMX it runs at this kernel's speed
- * or up to 10 % faster (docs/performance.md), so a oneDNN build keeps oneDNN by default.
+ * `vdpbf16ps`, AMX tiles where present); measured on an AMD Zen 4 without AMX it is slightly faster than this
+ * kernel (5 % over a training step's GEMM shapes, docs/performance.md), so a oneDNN build keeps oneDNN.
  *
  * Layout (BLIS-style): for each block of KC rows of op(B) and NC of its columns, B is packed into panels of
  * 32 columns in which each 32-bit element holds a k pair `(B[2p][j], B[2p+1][j])`, the pairs of one k-pair
@@ -89,9 +89,9 @@ inline thread_local std::optional<Bf16GemmKernel> pinned_bf16_gemm_kernel;
 /**
  * The kernel a value of MPAR_HOST_BF16_GEMM selects. "" and "auto": avx512_bf16 where the CPU has it and the
  * library has no bf16 kernels of its own (a CBLAS or portable build), else the library: oneDNN 2.6's bf16
- * matmul (brgemm on `vdpbf16ps`, or AMX) runs at this kernel's speed or up to 10 % faster on a CPU without
- * AMX (docs/performance.md) and far faster with AMX. Throws naming the value and the choices for anything
- * else, or for avx512_bf16 on a CPU without it.
+ * matmul (brgemm on `vdpbf16ps`, or AMX tiles where present) measured slightly faster than this kernel on a
+ * CPU without AMX (docs/performance.md). Throws naming the value and the choices for anything else, or for
+ * avx512_bf16 on a CPU without it.
  */
 inline Bf16GemmKernel parse_bf16_gemm_kernel(std::string_view want) {
   if (want == "onednn" || want == "library") return Bf16GemmKernel::library;
