@@ -16,6 +16,7 @@
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <mpar/backend/host/avx512_bf16_gemm.hpp>  // the kernel, also in a oneDNN build (bf16_gemm_kernel.hpp)
 #include <mpar/mpar.hpp>
 #include <string>
 #include <type_traits>

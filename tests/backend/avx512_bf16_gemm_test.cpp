@@ -6,8 +6,10 @@
 #include <cmath>
 #include <cstdlib>
 #include <limits>
+#include <mpar/backend/host/avx512_bf16_gemm.hpp>  // the kernel is in the program: a oneDNN build leaves it out
 #include <mpar/backend/host/host_backend.hpp>
 #include <mpar/core.hpp>
+#include <utility>
 #include <vector>
 
 using namespace mpar;
@@ -147,9 +149,20 @@ TEST_CASE("bf16 GEMM dispatch: avx512_bf16 where the CPU has it and the library 
     CHECK(host::bf16_gemm_kernel() == host::Bf16GemmKernel::library);
   }
   if (!bf16_kernel_runs_here()) {
+    CHECK_FALSE(host::avx512_bf16_gemm_available());
     CHECK_THROWS_WITH(host::ScopedBf16GemmKernel(host::Bf16GemmKernel::avx512_bf16), Catch::Contains("lacks"));
     CHECK_THROWS_WITH(host::detail::parse_bf16_gemm_kernel("avx512_bf16"), Catch::Contains("lacks avx512_bf16"));
     return;
+  }
+  CHECK(host::avx512_bf16_gemm_available());  // this file includes the kernel's header
+  {
+    // A program without the kernel's header cannot force it, and is told how to get it.
+    const auto entry = std::exchange(host::detail::avx512_bf16_gemm_entry, nullptr);
+    CHECK_FALSE(host::avx512_bf16_gemm_available());
+    CHECK_THROWS_WITH(host::ScopedBf16GemmKernel(host::Bf16GemmKernel::avx512_bf16),
+                      Catch::Contains("include <mpar/backend/host/avx512_bf16_gemm.hpp>"));
+    CHECK(host::detail::parse_bf16_gemm_kernel("") == host::Bf16GemmKernel::library);
+    host::detail::avx512_bf16_gemm_entry = entry;
   }
   host::ScopedBf16GemmKernel fast(host::Bf16GemmKernel::avx512_bf16);
   CHECK(host::bf16_gemm_kernel() == host::Bf16GemmKernel::avx512_bf16);

@@ -21,11 +21,8 @@
  * flushed to zero; so results agree with an fp32-accumulated reference up to summation order, except that
  * sums below 2^-126 in magnitude become 0.
  *
- * Choice (`bf16_gemm_kernel()`): this kernel where the CPU has avx512_bf16 (and the AVX-512 the host kernels
- * use, see isa.hpp), the GEMM library has no bf16 kernels (`library_has_bf16_kernels`) and the calling
- * thread has not pinned a lower `Isa`; otherwise the library (oneDNN, or fp32 after widening).
- * `MPAR_HOST_BF16_GEMM=avx512_bf16|onednn|auto` in the environment, read once, or a `ScopedBf16GemmKernel`
- * on the calling thread forces either (the tests and bench/gemm use them).
+ * Choice: `bf16_gemm_kernel()` (bf16_gemm_kernel.hpp). Including this header puts the kernel into the program
+ * (it registers its entry point); the umbrella header includes it only in builds without oneDNN.
  * Everything here is compiled with `target` attributes: the build sets no -march and the code only runs
  * after the CPU was asked.
  */
@@ -38,6 +35,7 @@
 #include <optional>
 #include <string_view>
 
+#include "mpar/backend/host/bf16_gemm_kernel.hpp"
 #include "mpar/backend/host/isa.hpp"
 #include "mpar/core/dtype.hpp"
 #include "mpar/core/error.hpp"
@@ -47,103 +45,6 @@
 #endif
 
 namespace mpar::host {
-
-/** @brief Which code computes the host's bf16 x bf16 -> fp32 GEMMs. */
-enum class Bf16GemmKernel {
-  library,      ///< oneDNN's matmul (its AMX or AVX-512 kernels), else fp32 after widening the operands
-  avx512_bf16,  ///< the packed `vdpbf16ps` kernel of this header
-};
-
-/** @brief The kernel's name: "library" or "avx512_bf16". */
-[[nodiscard]] inline const char* bf16_gemm_kernel_name(Bf16GemmKernel kernel) {
-  return kernel == Bf16GemmKernel::avx512_bf16 ? "avx512_bf16" : "library";
-}
-
-/** @brief Whether this CPU runs the avx512_bf16 kernel: avx512_bf16 besides the host's AVX-512 level. */
-[[nodiscard]] inline bool cpu_has_avx512_bf16() {
-#if MPAR_HOST_MULTIVERSION
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return detected_isa() == Isa::avx512 && __builtin_cpu_supports("avx512bf16") != 0;
-  }();
-  return has;
-#else
-  return false;
-#endif
-}
-
-/**
- * @brief Whether the configured GEMM library has bf16 kernels of its own: oneDNN (MPAR_HOST_GEMM=onednn) runs
- * bf16 on `vdpbf16ps` (AVX-512-BF16) or AMX tiles; CBLAS and the portable kernel widen bf16 to fp32.
- */
-inline constexpr bool library_has_bf16_kernels =
-#if defined(MPAR_HAVE_ONEDNN)
-    true;
-#else
-    false;
-#endif
-
-namespace detail {
-inline thread_local std::optional<Bf16GemmKernel> pinned_bf16_gemm_kernel;
-
-/**
- * The kernel a value of MPAR_HOST_BF16_GEMM selects. "" and "auto": avx512_bf16 where the CPU has it and the
- * library has no bf16 kernels of its own (a CBLAS or portable build), else the library: oneDNN 2.6's bf16
- * matmul (brgemm on `vdpbf16ps`, or AMX tiles where present) measured slightly faster than this kernel on a
- * CPU without AMX (docs/performance.md). Throws naming the value and the choices for anything else, or for
- * avx512_bf16 on a CPU without it.
- */
-inline Bf16GemmKernel parse_bf16_gemm_kernel(std::string_view want) {
-  if (want == "onednn" || want == "library") return Bf16GemmKernel::library;
-  if (want == "avx512_bf16") {
-    require(cpu_has_avx512_bf16(),
-            "host bf16 GEMM: MPAR_HOST_BF16_GEMM=avx512_bf16, but this CPU lacks "
-            "avx512_bf16 (or AVX-512 F/BW/DQ/VL); unset it or set it to onednn");
-    return Bf16GemmKernel::avx512_bf16;
-  }
-  require(want.empty() || want == "auto", "host bf16 GEMM: MPAR_HOST_BF16_GEMM=", want,
-          " is not a kernel; use avx512_bf16, onednn (or library) or auto, or unset it");
-  return cpu_has_avx512_bf16() && !library_has_bf16_kernels ? Bf16GemmKernel::avx512_bf16 : Bf16GemmKernel::library;
-}
-
-/** The process-wide choice: MPAR_HOST_BF16_GEMM, read once. */
-inline Bf16GemmKernel default_bf16_gemm_kernel() {
-  static const Bf16GemmKernel choice = [] {
-    const char* env = std::getenv("MPAR_HOST_BF16_GEMM");
-    return parse_bf16_gemm_kernel(env ? env : "");
-  }();
-  return choice;
-}
-}  // namespace detail
-
-/**
- * @brief The kernel the calling thread's bf16 GEMMs run on: the pinned one (ScopedBf16GemmKernel), else the
- * process's choice; the library whenever the thread pinned an `Isa` below avx512 (ScopedIsa).
- */
-[[nodiscard]] inline Bf16GemmKernel bf16_gemm_kernel() {
-  if (active_isa() != Isa::avx512) return Bf16GemmKernel::library;
-  return detail::pinned_bf16_gemm_kernel.value_or(detail::default_bf16_gemm_kernel());
-}
-
-/**
- * @brief Pins the calling thread's bf16 GEMMs to `kernel` for the object's lifetime (then restores the
- * previous choice). Throws, naming the kernel, when the CPU cannot run it.
- */
-class ScopedBf16GemmKernel {
- public:
-  explicit ScopedBf16GemmKernel(Bf16GemmKernel kernel) : previous_(detail::pinned_bf16_gemm_kernel) {
-    require(kernel != Bf16GemmKernel::avx512_bf16 || cpu_has_avx512_bf16(), "host bf16 GEMM: kernel ",
-            bf16_gemm_kernel_name(kernel), " needs avx512_bf16 and AVX-512 F/BW/DQ/VL, which this CPU lacks (best ",
-            isa_name(detected_isa()), "); pin Bf16GemmKernel::library");
-    detail::pinned_bf16_gemm_kernel = kernel;
-  }
-  ~ScopedBf16GemmKernel() { detail::pinned_bf16_gemm_kernel = previous_; }
-  ScopedBf16GemmKernel(const ScopedBf16GemmKernel&) = delete;
-  ScopedBf16GemmKernel& operator=(const ScopedBf16GemmKernel&) = delete;
-
- private:
-  std::optional<Bf16GemmKernel> previous_;
-};
 
 namespace avx512_bf16 {
 
@@ -373,5 +274,12 @@ inline void gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, 
 }
 
 }  // namespace avx512_bf16
+
+#if MPAR_HOST_MULTIVERSION
+namespace detail {
+/// Registers the kernel with the run-time choice when the program starts (bf16_gemm_kernel.hpp).
+inline const bool avx512_bf16_gemm_registered = (avx512_bf16_gemm_entry = &avx512_bf16::gemm, true);
+}  // namespace detail
+#endif
 
 }  // namespace mpar::host

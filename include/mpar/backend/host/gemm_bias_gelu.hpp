@@ -13,7 +13,7 @@
  * post-op that is `y`; the pre-activation the backward needs would then have to be recomputed by a second
  * GEMM of the same size in the backward pass, which costs far more than the pass it saves.
  *
- * With bf16 operands on a CPU where `bf16_gemm_kernel()` is avx512_bf16 (see `avx512_bf16_gemm.hpp`) the
+ * With bf16 operands on a CPU where `bf16_gemm_kernel()` is avx512_bf16 (see `bf16_gemm_kernel.hpp`) the
  * bias is likewise added by that kernel as it stores the fp32 tile.
  *
  * Numerics: the bias is added in fp32 to the fp32 accumulator, which is the same single rounding as adding
@@ -46,7 +46,7 @@ void gemm_bias_gelu(std::size_t m, std::size_t n, std::size_t k, const TIn* a, s
   bool fused = false;
   if constexpr (std::is_same_v<TIn, bf16>)
     if (bf16_gemm_kernel() == Bf16GemmKernel::avx512_bf16) {
-      avx512_bf16::gemm(false, false, m, n, k, 1.0f, a, lda, w, ldw, 0.0f, pre, n, bias);  // bias on the store
+      detail::avx512_bf16_gemm_entry(false, false, m, n, k, 1.0f, a, lda, w, ldw, 0.0f, pre, n, bias);  // on the store
       fused = true;
     }
 #if defined(MPAR_HAVE_ONEDNN)
