@@ -6,12 +6,17 @@
 // head 64): HostBackend::gemm_strided_batched with a two-level batch (sequences x heads, operands at
 // attention's strides inside the qkv matrix) against a raw oneDNN 4-D matmul on the same memory, with the
 // per-matrix loop (one 2-D GEMM per (sequence, head)) printed for reference.
+// bf16 rows also time mpar's avx512_bf16 kernel (host/avx512_bf16_gemm.hpp), pinned, where the CPU has it:
+// its GFLOP/s and its speed against oneDNN's bf16 matmul (paired runs) and oneDNN's fp32 one of the same
+// shape; the attention table adds the per-matrix loop on it. The JSON line adds the geometric means of
+// those two ratios over the 2-D shapes (null without avx512_bf16) and the kernel mpar's bf16 GEMM uses.
 // Last line: ours / baseline = GFLOP/s over all shapes, batched products and both precisions (total flops /
 // total median time), ratio > 1: mpar is faster; loadavg says how busy the machine was (measure on an idle one).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <fstream>
+#include <mpar/backend/host/avx512_bf16_gemm.hpp>  // the kernel, also in a oneDNN build (bf16_gemm_kernel.hpp)
 #include <mpar/mpar.hpp>
 #include <string>
 #include <type_traits>
@@ -113,12 +118,15 @@ int main(int argc, char** argv) {
   if (smoke) shapes = {{"64x64x64", 64, 64, 64, false}, {"64x48x32 ta", 64, 48, 32, true}};
   const int reps = smoke ? 1 : 21;
 
-  std::printf("host GEMM, one thread, median of %d alternating runs; isa of mpar's kernels: %s\n", reps,
-              host::isa_name(host::active_isa()));
-  std::printf("%-32s %6s %12s %12s %8s %14s\n", "shape MxNxK", "type", "mpar GFLOP/s", "oneDNN GFLOP/s", "ratio",
-              "OpenBLAS sgemm");
+  std::printf("host GEMM, one thread, median of %d alternating runs; isa of mpar's kernels: %s; bf16 kernel: %s\n",
+              reps, host::isa_name(host::active_isa()), host::bf16_gemm_kernel_name(host::bf16_gemm_kernel()));
+  // The avx512_bf16 kernel, pinned, beside oneDNN's bf16 (paired runs) and fp32 matmuls of the same shape.
+  const bool kernel_runs = host::cpu_has_avx512_bf16();
+  std::printf("%-32s %6s %12s %12s %8s %14s %12s %10s %10s\n", "shape MxNxK", "type", "mpar GFLOP/s", "oneDNN GFLOP/s",
+              "ratio", "OpenBLAS sgemm", "avx512_bf16", "x dnn bf16", "x dnn f32");
   double flops_total = 0, ours_total = 0, base_total = 0, sum_log_ratio = 0;
-  int cases = 0;
+  double kernel_vs_bf16_log = 0, kernel_vs_f32_log = 0;  // the avx512_bf16 kernel against oneDNN, 2-D shapes
+  int cases = 0, kernel_cases = 0;
   for (const auto& s : shapes) {
     const std::size_t a_cols = s.ta ? s.m : s.k;
     std::vector<float> a(s.m * s.k), b(s.k * s.n), c(s.m * s.n), c_raw(s.m * s.n), c_blas(s.m * s.n);
@@ -130,7 +138,7 @@ int main(int argc, char** argv) {
     const double flops = 2.0 * double(s.m) * double(s.n) * double(s.k);
     const Trans ta = s.ta ? Trans::yes : Trans::no;
 
-    double blas_gflops = 0;
+    double blas_gflops = 0, onednn_f32_time = 0;
 #if defined(MPAR_HAVE_CBLAS)
     {
       auto sgemm = [&] {
@@ -163,8 +171,22 @@ int main(int argc, char** argv) {
                      half ? "bf16" : "f32");
         return 1;
       }
-      std::printf("%-32s %6s %12.1f %12.1f %8.3f %14.1f\n", s.name, half ? "bf16" : "f32", flops / t_ours * 1e-9,
+      if (!half) onednn_f32_time = t_base;
+      std::printf("%-32s %6s %12.1f %12.1f %8.3f %14.1f", s.name, half ? "bf16" : "f32", flops / t_ours * 1e-9,
                   flops / t_base * 1e-9, t_base / t_ours, blas_gflops);
+      if (half && kernel_runs) {
+        host::ScopedBf16GemmKernel pin(host::Bf16GemmKernel::avx512_bf16);
+        const auto [t_kernel, t_bf16] = bench::paired_medians(reps, ours, [&] { raw.run(); });
+        if (!(max_abs_diff(c, c_raw) <= 1e-4 * double(s.k))) {
+          std::fprintf(stderr, "gemm bench: the avx512_bf16 kernel and raw oneDNN differ for %s\n", s.name);
+          return 1;
+        }
+        std::printf(" %12.1f %10.3f %10.3f", flops / t_kernel * 1e-9, t_bf16 / t_kernel, onednn_f32_time / t_kernel);
+        kernel_vs_bf16_log += std::log(t_bf16 / t_kernel);
+        kernel_vs_f32_log += std::log(onednn_f32_time / t_kernel);
+        ++kernel_cases;
+      }
+      std::printf("\n");
       flops_total += flops;
       ours_total += t_ours;
       base_total += t_base;
@@ -206,8 +228,8 @@ int main(int argc, char** argv) {
       {"attn dQ = dS k", false, false, seq, hd, seq, p, k, 0, ld, seq * ld, hd}};
   std::printf("\nattention products, %zu sequences x %zu heads, seq %zu, head %zu: one batched call each\n", nb, heads,
               seq, hd);
-  std::printf("%-32s %6s %12s %12s %8s %14s\n", "product", "type", "mpar GFLOP/s", "oneDNN GFLOP/s", "ratio",
-              "2-D loop");
+  std::printf("%-32s %6s %12s %12s %8s %14s %12s\n", "product", "type", "mpar GFLOP/s", "oneDNN GFLOP/s", "ratio",
+              "2-D loop", "avx512_bf16 loop");
   double b_ours = 0, b_base = 0, b_log = 0;
   int b_cases = 0;
   for (const auto& pr : products)
@@ -261,15 +283,25 @@ int main(int argc, char** argv) {
       std::vector<double> loop_times;
       per_matrix();
       for (int r = 0; r < reps; ++r) loop_times.push_back(bench::time_once(per_matrix));
+      double kernel_loop_gflops = 0;  // the per-matrix loop on the avx512_bf16 kernel, pinned
+      const double flops = 2.0 * double(nb * heads) * double(pr.m) * double(pr.n) * double(pr.k);
+      if (half && kernel_runs) {
+        host::ScopedBf16GemmKernel pin(host::Bf16GemmKernel::avx512_bf16);
+        std::vector<double> kernel_times;
+        per_matrix();
+        for (int r = 0; r < reps; ++r) kernel_times.push_back(bench::time_once(per_matrix));
+        kernel_loop_gflops = flops / bench::median(kernel_times) * 1e-9;
+      }
       const double diff = max_abs_diff(out, out_raw);
       if (!(diff <= 1e-4 * double(pr.k))) {
         std::fprintf(stderr, "gemm bench: mpar and raw oneDNN differ by %g for %s (%s)\n", diff, pr.name,
                      half ? "bf16" : "f32");
         return 1;
       }
-      const double flops = 2.0 * double(nb * heads) * double(pr.m) * double(pr.n) * double(pr.k);
-      std::printf("%-32s %6s %12.1f %12.1f %8.3f %14.1f\n", pr.name, half ? "bf16" : "f32", flops / t_ours * 1e-9,
+      std::printf("%-32s %6s %12.1f %12.1f %8.3f %14.1f", pr.name, half ? "bf16" : "f32", flops / t_ours * 1e-9,
                   flops / t_base * 1e-9, t_base / t_ours, flops / bench::median(loop_times) * 1e-9);
+      if (kernel_loop_gflops > 0) std::printf(" %12.1f", kernel_loop_gflops);
+      std::printf("\n");
       flops_total += flops;
       ours_total += t_ours;
       base_total += t_base;
@@ -284,6 +316,11 @@ int main(int argc, char** argv) {
                            "\"geomean_ratio\": " + std::to_string(std::exp(sum_log_ratio / cases)) +
                                ", \"batched_ratio\": " + std::to_string(b_base / b_ours) +
                                ", \"batched_geomean_ratio\": " + std::to_string(std::exp(b_log / b_cases)) +
+                               ", \"bf16_kernel\": \"" + host::bf16_gemm_kernel_name(host::bf16_gemm_kernel()) +
+                               "\", \"avx512_bf16_vs_onednn_bf16_geomean\": " +
+                               (kernel_cases ? std::to_string(std::exp(kernel_vs_bf16_log / kernel_cases)) : "null") +
+                               ", \"avx512_bf16_vs_onednn_f32_geomean\": " +
+                               (kernel_cases ? std::to_string(std::exp(kernel_vs_f32_log / kernel_cases)) : "null") +
                                ", \"baseline_name\": \"raw oneDNN matmul (1 thread)\", \"loadavg\": " + loadavg());
 }
 #endif

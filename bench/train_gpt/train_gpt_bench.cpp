@@ -7,7 +7,8 @@
 // time over all counted steps, tokens/s from it, and the median bubble and communication shares
 // that `GptTrainer::train_step` measures. Last line: ours = the best 2-rank layout's tokens/s,
 // baseline = the single-rank tokens/s (ratio > 1: the 2-rank layout trains faster). `--precision bf16`
-// trains with the GEMMs on bf16 operands (nn::Autocast), to compare with PyTorch's bf16 autocast.
+// trains with the GEMMs on bf16 operands (nn::Autocast), to compare with PyTorch's bf16 autocast;
+// MPAR_HOST_BF16_GEMM=avx512_bf16 runs them on mpar's own kernel (included below, also in a oneDNN build).
 #include <algorithm>
 #include <cstdio>
 #include <ctime>
@@ -19,6 +20,7 @@
 #include <vector>
 
 #include <bench_util.hpp>
+#include <mpar/backend/host/avx512_bf16_gemm.hpp>
 #include <mpar/cli/parser.hpp>
 #include <mpar/models/gpt_trainer.hpp>
 #include <mpar/mpar.hpp>

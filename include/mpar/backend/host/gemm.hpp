@@ -13,6 +13,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "mpar/backend/host/bf16_gemm_kernel.hpp"
 #include "mpar/backend/host/host_gemm_types.hpp"
 #include "mpar/backend/types.hpp"  // Trans
 #include "mpar/core/dtype.hpp"
@@ -24,6 +25,10 @@
 #endif
 #if defined(MPAR_HAVE_ONEDNN)
 #include "mpar/backend/host/onednn_gemm.hpp"
+#else
+// Without oneDNN the avx512_bf16 kernel is the bf16 default, so it is part of every program (with oneDNN, a
+// program that wants it includes this header itself: its intrinsics cost compile time, bf16_gemm_kernel.hpp).
+#include "mpar/backend/host/avx512_bf16_gemm.hpp"
 #endif
 
 namespace mpar {
@@ -110,9 +115,11 @@ inline constexpr const char* host_gemm_library =
  * @brief Row-major GEMM on raw pointers: `C[m x n] = alpha * op(A)[m x k] * op(B)[k x n] + beta * C`.
  * Leading dimensions are in elements; `beta == 0` overwrites C without reading it.
  *
- * 16-bit A and B (bf16, f16) with a float C multiply exactly and accumulate in fp32: through oneDNN's
- * 16-bit kernels where the CPU has them (AMX, AVX-512 bf16 / fp16), otherwise by widening the operands
- * to fp32 (exact) and running the fp32 GEMM, which gives the same numbers up to summation order.
+ * 16-bit A and B (bf16, f16) with a float C multiply exactly and accumulate in fp32: bf16 through mpar's
+ * own `vdpbf16ps` kernel where `host::bf16_gemm_kernel()` picks it (a CPU with avx512_bf16 in a build whose
+ * library has no bf16 kernels, or when forced; see `bf16_gemm_kernel.hpp`), otherwise through oneDNN's
+ * 16-bit kernels where the CPU has them (AMX, AVX-512 bf16 / fp16), otherwise by widening the operands to
+ * fp32 (exact) and running the fp32 GEMM, which gives the same numbers up to summation order.
  */
 template <class TIn, class TOut = TIn>
   requires host_gemm_types<TIn, TOut>
@@ -129,6 +136,12 @@ void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut 
   if constexpr (std::is_same_v<TIn, TOut>) {
     detail::gemm_same_type(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   } else {
+    if constexpr (std::is_same_v<TIn, bf16>)
+      if (host::bf16_gemm_kernel() == host::Bf16GemmKernel::avx512_bf16) {
+        host::detail::avx512_bf16_gemm_entry(ta == Trans::yes, tb == Trans::yes, m, n, k, alpha, a, lda, b, ldb, beta,
+                                             c, ldc, nullptr);
+        return;
+      }
 #if defined(MPAR_HAVE_ONEDNN)
     if (host::onednn::gemm<TIn>(ta == Trans::yes, tb == Trans::yes, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc))
       return;

@@ -13,6 +13,9 @@
  * post-op that is `y`; the pre-activation the backward needs would then have to be recomputed by a second
  * GEMM of the same size in the backward pass, which costs far more than the pass it saves.
  *
+ * With bf16 operands on a CPU where `bf16_gemm_kernel()` is avx512_bf16 (see `bf16_gemm_kernel.hpp`) the
+ * bias is likewise added by that kernel as it stores the fp32 tile.
+ *
  * Numerics: the bias is added in fp32 to the fp32 accumulator, which is the same single rounding as adding
  * it to the stored product, and GeLU is `host::gelu_forward`; without oneDNN (CBLAS, portable) or where
  * oneDNN has no kernel for the types, the operation is the unfused composition `gemm`, `bias_add_forward`,
@@ -41,8 +44,13 @@ void gemm_bias_gelu(std::size_t m, std::size_t n, std::size_t k, const TIn* a, s
   require(lda >= k && ldw >= n, "gemm_bias_gelu: leading dimensions lda=", lda, " ldw=", ldw,
           " are too small for m=", m, " n=", n, " k=", k);
   bool fused = false;
+  if constexpr (std::is_same_v<TIn, bf16>)
+    if (bf16_gemm_kernel() == Bf16GemmKernel::avx512_bf16) {
+      detail::avx512_bf16_gemm_entry(false, false, m, n, k, 1.0f, a, lda, w, ldw, 0.0f, pre, n, bias);  // on the store
+      fused = true;
+    }
 #if defined(MPAR_HAVE_ONEDNN)
-  if (k > 0) fused = onednn::gemm_bias<TIn>(false, false, m, n, k, 1.0f, a, lda, w, ldw, 0.0f, bias, pre, n);
+  if (k > 0 && !fused) fused = onednn::gemm_bias<TIn>(false, false, m, n, k, 1.0f, a, lda, w, ldw, 0.0f, bias, pre, n);
 #endif
   if (!fused) {
     mpar::gemm<TIn, float>(Trans::no, Trans::no, m, n, k, 1.0f, a, lda, w, ldw, 0.0f, pre, n);
