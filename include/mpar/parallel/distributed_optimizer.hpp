@@ -345,7 +345,7 @@ class DistributedOptimizer {
   [[nodiscard]] bool zeroes_gradient_of(const nn::Parameter& p) const { return arena_ && arena_->holds(p); }
   /** The gradient arena (no ZeRO and ZeRO-1; null under ZeRO-2/3, which release gradients). */
   [[nodiscard]] const GradientArena<B>* gradient_arena() const { return arena_ ? &*arena_ : nullptr; }
-  /** The parameter arena (without ZeRO; null otherwise). */
+  /** The parameter arena (without ZeRO and under ZeRO-1/2; null under ZeRO-3, which releases the values). */
   [[nodiscard]] const ParameterArena<B>* parameter_arena() const { return values_ ? &*values_ : nullptr; }
 
   [[nodiscard]] const OptimizerConfig& config() const { return cfg_; }
@@ -405,15 +405,18 @@ class DistributedOptimizer {
    * Without ZeRO the values of the updated parameters become a parameter arena in the same order, so that
    * values, gradients and the optimizer's states (which take the values' layout, see optim::FlatLayout) lie
    * at the same offsets and AdamW or SGD is one backend call per step. ZeRO updates its own contiguous shard
-   * (its blocks of every bucket, back to back; one backend call too), so the values stay where they are.
+   * (its blocks of every bucket, back to back; one backend call too); under ZeRO-1/2 the values are bound all
+   * the same, so that each bucket's weights are one range of the arena (one copy into the shard before the
+   * update, one out of the all-gather after it). ZeRO-3 releases the values, and ZeRO-2 the gradients.
    */
   void bind_gradient_arena(int stage) {
-    if (stage > 1) return;
+    if (stage > 2) return;
     std::vector<nn::Parameter*> order, experts;
     for (auto it = params_.rbegin(); it != params_.rend(); ++it)
       (stage == 0 && ep_ > 1 && optim::sharded_over_expert(**it) ? experts : order).push_back(*it);
     order.insert(order.end(), experts.begin(), experts.end());
-    if (stage == 0) values_.emplace(order);
+    values_.emplace(order);
+    if (stage == 2) return;
     for (auto* p : compute_params_)
       if (std::ranges::count(order, p) == 0) order.push_back(p);
     arena_.emplace(std::move(order));

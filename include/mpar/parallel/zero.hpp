@@ -88,10 +88,12 @@ class ZeroAdamW {
         stage_(options.stage) {
     const auto p = std::size_t(data_group.size()), r = std::size_t(data_group.rank());
     pieces_.resize(buckets_.bucket_count());
+    block_offset_.resize(buckets_.bucket_count());
     std::vector<DecayRun> runs;
     for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
       const Bucket& bk = buckets_.bucket(b);
       const Block mine = block_of(bk.size, p, r);
+      block_offset_[b] = mine.offset;
       // The parts of parameters that fall into this rank's block of the bucket: they tile the block in order.
       for (const auto& s : bk.slots) {
         const std::size_t lo = std::max(s.offset, mine.offset),
@@ -198,15 +200,16 @@ class ZeroAdamW {
     optim::AdamWStep st = optim::AdamWStep::at(config_, steps_, lr);
     auto& comm = buckets_.comm();
     if (stage_ != 3)  // stage 3: w_ is the master itself (the full weights exist only while gathered)
-      for (const auto& bucket_pieces : pieces_)
-        for (const auto& pc : bucket_pieces) {
-          const auto& prm = *buckets_.params()[pc.param];
-          if constexpr (optim::host_reads_rank_memory<B>)
-            std::copy_n(prm.value.begin() + std::ptrdiff_t(pc.param_offset), pc.size,
-                        w_.begin() + std::ptrdiff_t(pc.shard_offset));
-          else  // stream-ordered backends: a backend copy (the host must not touch rank memory)
-            B::copy(pc.size, prm.value.data() + pc.param_offset, w_.data() + pc.shard_offset);
+      for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
+        if (const float* values = contiguous_values(b)) {  // a parameter arena: the block is one range of it
+          const auto block = weight_block(b);
+          copy_weights(block.size(), values + block_offset_[b], block.data());
+          continue;
         }
+        for (const auto& pc : pieces_[b])
+          copy_weights(pc.size, buckets_.params()[pc.param]->value.data() + pc.param_offset,
+                       w_.data() + pc.shard_offset);
+      }
     // One update over the whole shard; each piece's weight decay comes from the run table (element for element
     // the update of one call per piece).
     if (!w_.empty())
@@ -227,12 +230,11 @@ class ZeroAdamW {
     }
     for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
       gathers[b].wait();
-      for (const auto& s : buckets_.bucket(b).slots) {
-        if constexpr (optim::host_reads_rank_memory<B>)
-          std::copy_n(full_[b].begin() + std::ptrdiff_t(s.offset), s.size, buckets_.params()[s.param]->value.begin());
-        else
-          B::copy(s.size, full_[b].data() + s.offset, buckets_.params()[s.param]->value.data());
-      }
+      if (float* values = contiguous_values(b))
+        copy_weights(full_[b].size(), full_[b].data(), values);
+      else
+        for (const auto& s : buckets_.bucket(b).slots)
+          copy_weights(s.size, full_[b].data() + s.offset, buckets_.params()[s.param]->value.data());
       if (stage_ == 2) full_[b] = Buffer<float>{};  // the weights are in place: drop the gathered copy
     }
     buckets_.reset();
@@ -408,6 +410,31 @@ class ZeroAdamW {
     std::size_t param, shard_offset, param_offset, size;
   };
 
+  /**
+   * The first value of bucket `b` when its parameters' values lie back to back in slot order (a
+   * `ParameterArena` in the backward's order, as `DistributedOptimizer` binds under ZeRO-1/2), else null: then
+   * the bucket's weights move in and out of the shard with one copy each, not one per parameter. Decided at each
+   * use, from host pointers only, so a value replaced since binding falls back to the copies per parameter.
+   */
+  [[nodiscard]] float* contiguous_values(std::size_t b) const {
+    const auto& slots = buckets_.bucket(b).slots;
+    if (slots.empty()) return nullptr;
+    float* base = buckets_.params()[slots.front().param]->value.data();
+    if (base == nullptr) return nullptr;
+    for (const auto& s : slots) {
+      const auto& v = buckets_.params()[s.param]->value;
+      if (v.size() != s.size || (s.size != 0 && v.data() != base + s.offset)) return nullptr;
+    }
+    return base;
+  }
+  /** Copies weights within rank memory: a host copy where the host may read it, else a stream-ordered backend copy. */
+  static void copy_weights(std::size_t n, const float* from, float* to) {
+    if constexpr (optim::host_reads_rank_memory<B>)
+      std::copy_n(from, n, to);
+    else
+      B::copy(n, from, to);
+  }
+
   /** This rank's weight block of bucket `b` (stage 3: its fp32 master), a range of `w_`. */
   [[nodiscard]] std::span<float> weight_block(std::size_t b) {
     return std::span<float>(w_).subspan(buckets_.shard_offset(b),
@@ -453,6 +480,7 @@ class ZeroAdamW {
   optim::AdamWConfig config_;
   double divisor_;
   std::vector<std::vector<Piece>> pieces_;  // per bucket, in shard order
+  std::vector<std::size_t> block_offset_;   // where this rank's block of bucket b starts in the bucket
   Buffer<float> m_, v_, w_;                 // rank memory at the offsets of the gradient shards; w_ is communicated
   Buffer<DecayRun> decay_runs_;             // rank memory: the weight decay along the shard, for the one update
   std::vector<Buffer<float>> full_;         // rank memory: the all-gathers' receive buffers
