@@ -112,9 +112,9 @@ void check_common(const std::vector<RankCounts>& rs) {
  *   and step; the tied LM head converts its input in the forward (+ 1 on the last stage), its logit gradient
  *   in the backward (instead of the copy kept for W: + 0) and its weight once per step (+ 1);
  * - full recomputation reruns each stage's forward once more in its backward;
- * - the optimizer: per parameter in the global norm one `sum_squares`, one `update_factors` (the norm, the
+ * - the optimizer: per parameter in the global norm one `sum_squares` (ZeRO: one over its shard), one `update_factors` (the norm, the
  *   clipping and loss-scale factor and the skip flag, which the updates read from rank memory), one
- *   `adamw_update` over the rank's parameter arena (ZeRO-1: one per parameter piece of its shard), and one `zero` over the
+ *   `adamw_update` over the rank's parameter arena (ZeRO: over its shard of every bucket, contiguous), and one `zero` over the
  *   gradient arena, which holds every gradient of the rank (parallel/gradient_arena.hpp); under bf16 / f16 per parameter the passes read (`parameters()` on one stage) the
  *   mixed-precision swap on the stream: round the master into its 16-bit copy (`convert`), keep the master
  *   (`copy`), widen the copy into the weight (`convert`), restore the master after the passes (`copy`): 4.
@@ -150,11 +150,11 @@ Expected expected_launches(const models::GptTrainConfig& c, const RankCounts& r,
 }
 
 /** Launches of the optimizer side: norms, the step's factors, updates, gradient zeroing, and ZeRO-1's scale of
- *  its reduce-scattered shard (the average over the data group), one per bucket: the test model's gradients fit one. */
+ *  its reduce-scattered shard (the average over the data group): one over the blocks of every bucket. */
 std::uint64_t optimizer_launches(const models::GptTrainConfig& c, const RankCounts& r) {
   const BackendCounts& s = r.step;
   return s[Op::sum_squares] + s[Op::update_factors] + s[Op::adamw_update] + s[Op::sgd_update] + s[Op::zero] +
-         (c.zero1 ? 1 : 0) + (c.precision != "fp32" ? 4 * r.held : 0);
+         (c.zero_stage() > 0 ? 1 : 0) + (c.precision != "fp32" ? 4 * r.held : 0);
 }
 
 void check_dense(const std::string& name, const models::GptTrainConfig& c) {
@@ -174,14 +174,16 @@ void check_dense(const std::string& name, const models::GptTrainConfig& c) {
     if (c.precision != "fp32") CHECK(r.step[Op::gemm_mixed] > 0);
     CHECK(r.step[Op::gemm_bias_gelu] ==
           std::uint64_t(c.microbatches) * (c.model.layers / c.pp) * (c.recompute ? 2 : 1));
-    if (!c.zero1) {
-      CHECK(r.step[Op::adamw_update] == 1);  // values, gradients and moments in arenas: one flat update
-      // Tensor rank 0 counts the replicated parameters in the norm; the others only their own shards.
-      if (r.coord.tensor == 0)
-        CHECK(r.step[Op::sum_squares] == r.updated);
-      else
-        CHECK(r.step[Op::sum_squares] < r.updated);
-    }
+    // Values, gradients and moments in arenas (ZeRO: the rank's blocks of every bucket back to back): one update.
+    CHECK(r.step[Op::adamw_update] == 1);
+    // Tensor rank 0 counts the replicated parameters in the norm; the others only their own shards. Without ZeRO
+    // one sum per parameter; ZeRO sums its contiguous shard at once.
+    if (c.zero_stage() > 0 && r.coord.tensor == 0)
+      CHECK(r.step[Op::sum_squares] == 1);
+    else if (r.coord.tensor == 0)
+      CHECK(r.step[Op::sum_squares] == r.updated);
+    else
+      CHECK(r.step[Op::sum_squares] < r.updated);
     // Every gradient the rank holds (the tied copy included) lies in one arena, zeroed by one operation; then
     // the norm's accumulator and the step's losses.
     CHECK(r.step[Op::zero] == 3);
@@ -241,6 +243,39 @@ TEST_CASE("step counts: recomputation, ZeRO-1, bf16 and f16", "[models][counts]"
   auto f = testing::small_gpt(1, 1, 1);
   f.precision = "f16";
   check_dense("f16", f);
+}
+
+TEST_CASE("step counts: ZeRO-1, -2 and -3 update the rank's shard of every bucket with one launch per step",
+          "[models][counts][zero]") {
+  // 4 KiB buckets: the model's gradients fill several, and this rank's block of each holds pieces of several
+  // parameters; the update, the average and the norm still run once over all the blocks.
+  for (int stage : {1, 2, 3})
+    for (const char* precision : {"fp32", "bf16"}) {
+      auto z = testing::small_gpt(1, 1, 2);
+      z.zero = stage;
+      z.precision = precision;
+      z.bucket_bytes = 4096;
+      const std::string name = "dp2 zero" + std::to_string(stage) + " " + precision;
+      const auto rs = count_steps(z);
+      print(name, rs);
+      check_common(rs);
+      for (const auto& r : rs) {
+        INFO(name);
+        CHECK(r.step[Op::adamw_update] == 1);
+        CHECK(r.step[Op::sum_squares] == 1);
+        CHECK(r.step[Op::update_factors] == 1);
+      }
+    }
+  auto tp = testing::small_gpt(2, 1, 2);  // tensor rank 1 sums only its shards' runs, still one update
+  tp.zero = 3;
+  tp.bucket_bytes = 4096;
+  const auto rs = count_steps(tp);
+  check_common(rs);
+  for (const auto& r : rs) {
+    INFO("tp2 dp2 zero3, rank " << r.coord.tensor);
+    CHECK(r.step[Op::adamw_update] == 1);
+    if (r.coord.tensor == 0) CHECK(r.step[Op::sum_squares] == 1);
+  }
 }
 
 TEST_CASE("step counts: expert parallel MoE (printed; counts repeat from step to step)", "[models][counts]") {

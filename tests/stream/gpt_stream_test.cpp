@@ -137,6 +137,18 @@ std::vector<std::pair<std::string, models::GptTrainConfig>> layouts() {
   auto z3tp = testing::small_gpt(2, 1, 2);
   z3tp.zero = 3;
   out.emplace_back("ZeRO-3 dp2 x tp2", z3tp);
+  auto z3pp = testing::small_gpt(1, 2, 2);  // the tied embedding gathered on the first stage for its broadcast
+  z3pp.zero = 3;
+  out.emplace_back("ZeRO-3 dp2 x pp2", z3pp);
+  // 16 bits under ZeRO: stage 3 rounds each gathered unit on the stream (B::convert), stages 1 and 2 keep the
+  // compute copies of the path without ZeRO. Several buckets, so the one update spans blocks of several.
+  for (const auto& [stage, p] : {std::pair<int, const char*>{1, "bf16"}, {2, "f16"}, {3, "bf16"}, {3, "f16"}}) {
+    auto zp = testing::small_gpt(1, 1, 2);
+    zp.zero = stage;
+    zp.precision = p;
+    zp.bucket_bytes = 4096;
+    out.emplace_back("ZeRO-" + std::to_string(stage) + " dp2 " + p, zp);
+  }
   out.emplace_back("pp2 2bw", testing::small_gpt(1, 2, 1, "2bw"));
   // Context parallelism: ring attention's K/V and dK/dV hops are isend/irecv requests ordered on the rank's
   // stream, its per-block online softmax backend operations between the GEMMs (nn/ring_attention.hpp).
@@ -224,6 +236,18 @@ TEST_CASE("GPT over DiscreteHostBackend: ZeRO-2, ZeRO-3 and 2bw never touch rank
   check_equal_to_host<DiscreteHostBackend>({"ZeRO-2 dp2", "ZeRO-3 dp2", "ZeRO-3 dp2 x tp2", "pp2 2bw"}, 2);
 }
 
+TEST_CASE("GPT over StreamHostBackend: ZeRO under bf16 and f16, and ZeRO-3 with pp2, equal HostBackend bit for bit",
+          "[stream][gpt][zero][precision]") {
+  check_equal_to_host<StreamHostBackend>(
+      {"ZeRO-1 dp2 bf16", "ZeRO-2 dp2 f16", "ZeRO-3 dp2 bf16", "ZeRO-3 dp2 f16", "ZeRO-3 dp2 x pp2"}, 2);
+}
+
+TEST_CASE(
+    "GPT over DiscreteHostBackend: ZeRO-3 under bf16 and f16 and with pp2 never touches rank memory from the host",
+    "[stream][gpt][discrete][zero][precision]") {
+  check_equal_to_host<DiscreteHostBackend>({"ZeRO-3 dp2 bf16", "ZeRO-3 dp2 f16", "ZeRO-3 dp2 x pp2"}, 2);
+}
+
 TEST_CASE("GPT over StreamHostBackend: bf16, f16 and dp2 x tp2 equal HostBackend bit for bit",
           "[stream][gpt][precision]") {
   check_equal_to_host<StreamHostBackend>({"bf16", "f16", "dp2 x tp2"}, 2);
@@ -278,6 +302,9 @@ TEST_CASE("GPT over CountingBackend<StreamHostBackend>: at most two host waits p
       const bool last_stage = r >= counts.size() - counts.size() / c.pp;  // pipeline is the outermost axis
       const bool first_stage = r < counts.size() / c.pp;
       CHECK(counts[r][observe::Op::accumulate] == (last_stage ? std::uint64_t(c.microbatches) : 0));
+      // One optimizer launch per step, with and without ZeRO: the rank's parameters (or its ZeRO shard of every
+      // bucket) lie contiguously with their gradients and moments.
+      CHECK(counts[r][observe::Op::adamw_update] == 1);
       // The host touches no rank memory (DiscreteHostBackend above faults on any access); the bytes the host
       // reads are the step's inputs only, uploaded by stream-ordered copies: the first stage's token ids (once
       // more when recomputation reruns its forward) and the last stage's targets, 4 bytes per token (a context

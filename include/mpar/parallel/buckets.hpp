@@ -95,7 +95,9 @@ enum class BucketMemory { kept, transient };
  * decided again at its first mark of every step, so a gradient replaced in between falls back to the copy.
  * `wait()` launches what is left (parameters never marked are taken as they are) and waits for all. After
  * `wait()`, `flat(b)` holds the summed bucket (all_reduce) or `shard(b)` this rank's summed block of it,
- * `block_of(size, p, rank)` (reduce_scatter). `reset()` starts the next step.
+ * `block_of(size, p, rank)` (reduce_scatter); the blocks of all buckets lie back to back in one allocation
+ * (`shards()`), so an update over this rank's share of every bucket is one operation. `reset()` starts the next
+ * step.
  */
 template <communicator Comm, BucketCollective Kind, backend B = HostBackend>
 class GradBuckets {
@@ -126,17 +128,22 @@ class GradBuckets {
         slot_of_[buckets_[b].slots[s].param] = s;
       }
     flat_.resize(buckets_.size());
-    shard_.resize(buckets_.size());
     view_.resize(buckets_.size());
     aliased_.assign(buckets_.size(), false);
+    shard_offset_.assign(buckets_.size() + 1, 0);
     for (std::size_t b = 0; b < buckets_.size(); ++b) {
       // Uninitialised: every slot is copied in before a collective reads it, and the collective writes the shard.
       // A bucket over contiguous gradients needs no buffer of its own.
       if (memory_ == BucketMemory::kept) select_storage(b);
-      if constexpr (Kind == BucketCollective::reduce_scatter)
-        shard_[b] = uninitialized_buffer<float>(
-            block_of(buckets_[b].size, std::size_t(comm_->size()), std::size_t(comm_->rank())).extent);
+      const std::size_t extent =
+          Kind == BucketCollective::reduce_scatter
+              ? block_of(buckets_[b].size, std::size_t(comm_->size()), std::size_t(comm_->rank())).extent
+              : 0;
+      shard_offset_[b + 1] = shard_offset_[b] + extent;
     }
+    // This rank's blocks of every bucket back to back in one allocation, in bucket order, so that an update over
+    // all of them (ZeRO's AdamW) is one operation over `shards()`.
+    shards_ = uninitialized_buffer<float>(shard_offset_.back());
     requests_.resize(buckets_.size());
     reset();
   }
@@ -183,7 +190,14 @@ class GradBuckets {
   [[nodiscard]] std::span<float> flat(std::size_t b) { return view_.at(b); }
   /** Whether bucket `b` runs in place on the gradients (no copy into a bucket buffer, none back). */
   [[nodiscard]] bool aliased(std::size_t b) const { return aliased_.at(b); }
-  [[nodiscard]] std::span<float> shard(std::size_t b) { return shard_.at(b); }
+  /** This rank's block of bucket `b` (reduce_scatter): elements `[shard_offset(b), shard_offset(b + 1))` of `shards()`. */
+  [[nodiscard]] std::span<float> shard(std::size_t b) {
+    return std::span<float>(shards_).subspan(shard_offset_.at(b), shard_offset_.at(b + 1) - shard_offset_[b]);
+  }
+  /** Every bucket's block of this rank, contiguous in bucket order (one allocation). */
+  [[nodiscard]] std::span<float> shards() { return shards_; }
+  /** Where bucket `b`'s block starts in `shards()`; `shard_offset(bucket_count())` is its size. */
+  [[nodiscard]] std::size_t shard_offset(std::size_t b) const { return shard_offset_.at(b); }
   [[nodiscard]] const std::vector<nn::Parameter*>& params() const { return params_; }
   [[nodiscard]] Comm& comm() const { return *comm_; }
   [[nodiscard]] BucketMemory memory() const { return memory_; }
@@ -194,11 +208,7 @@ class GradBuckets {
     return n;
   }
   /** Floats of this rank's gradient shards (reduce_scatter). */
-  [[nodiscard]] std::size_t shard_elements() const {
-    std::size_t n = 0;
-    for (const auto& s : shard_) n += s.size();
-    return n;
-  }
+  [[nodiscard]] std::size_t shard_elements() const { return shards_.size(); }
 
  private:
   void mark_index(std::size_t k) {
@@ -228,8 +238,7 @@ class GradBuckets {
       if constexpr (Kind == BucketCollective::all_reduce)
         requests_[b].emplace(comm_->iall_reduce(view_[b], ReduceOp::sum));
       else
-        requests_[b].emplace(
-            comm_->ireduce_scatter(std::span<const float>(view_[b]), std::span<float>(shard_[b]), ReduceOp::sum));
+        requests_[b].emplace(comm_->ireduce_scatter(std::span<const float>(view_[b]), shard(b), ReduceOp::sum));
       if (memory_ == BucketMemory::transient) release_finished();
     }
   }
@@ -291,9 +300,11 @@ class GradBuckets {
   std::unordered_map<const nn::Parameter*, std::size_t> index_;
   std::vector<Bucket> buckets_;
   std::vector<std::size_t> bucket_of_, slot_of_;
-  std::vector<Buffer<float>> flat_, shard_;  // rank memory, as every communicated buffer
-  std::vector<std::span<float>> view_;  // what each bucket's collective reads and writes: flat_[b] or the gradients
-  std::vector<bool> aliased_;           // bucket b runs in place on the gradients
+  std::vector<Buffer<float>> flat_;        // rank memory, as every communicated buffer
+  Buffer<float> shards_;                   // rank memory: every bucket's block of this rank (reduce_scatter)
+  std::vector<std::size_t> shard_offset_;  // bucket b's block: [shard_offset_[b], shard_offset_[b + 1]) of shards_
+  std::vector<std::span<float>> view_;     // what each bucket's collective reads and writes: flat_[b] or the gradients
+  std::vector<bool> aliased_;              // bucket b runs in place on the gradients
   std::vector<std::optional<request_type>> requests_;
   std::vector<bool> marked_;
   std::vector<std::size_t> ready_;

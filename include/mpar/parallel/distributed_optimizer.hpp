@@ -175,8 +175,8 @@ class DistributedOptimizer {
     if (stage > 0) {
       zero_.emplace(params_, *g_.data, cfg_.adamw,
                     ZeroOptions{cfg_.bucket_bytes, 0.0, stage, 2, cfg_.zero_unit_starts});
-      if (stage == 3 && cfg_.precision == Precision::bf16) zero_->set_gather_rounding(round_through<bf16>);
-      if (stage == 3 && cfg_.precision == Precision::f16) zero_->set_gather_rounding(round_through<f16>);
+      if (stage == 3 && cfg_.precision == Precision::bf16) zero_->template round_gathered_to<bf16>();
+      if (stage == 3 && cfg_.precision == Precision::f16) zero_->template round_gathered_to<f16>();
       for (std::size_t i = 0; i < params_.size(); ++i) route_.emplace(params_[i], Route{Route::zero, i});
     } else {
       // Replicated parameters average over every rank with other samples (data x expert); experts over the
@@ -345,7 +345,7 @@ class DistributedOptimizer {
   [[nodiscard]] bool zeroes_gradient_of(const nn::Parameter& p) const { return arena_ && arena_->holds(p); }
   /** The gradient arena (no ZeRO and ZeRO-1; null under ZeRO-2/3, which release gradients). */
   [[nodiscard]] const GradientArena<B>* gradient_arena() const { return arena_ ? &*arena_ : nullptr; }
-  /** The parameter arena (without ZeRO; null otherwise). */
+  /** The parameter arena (without ZeRO and under ZeRO-1/2; null under ZeRO-3, which releases the values). */
   [[nodiscard]] const ParameterArena<B>* parameter_arena() const { return values_ ? &*values_ : nullptr; }
 
   [[nodiscard]] const OptimizerConfig& config() const { return cfg_; }
@@ -391,12 +391,6 @@ class DistributedOptimizer {
   }
 
  private:
-  /** The values rounded to `T` and widened back (what `ComputeCopies::widen_into` gives the passes). */
-  template <class T>
-  static void round_through(std::span<float> v) {
-    for (auto& x : v) x = float(convert<T>(x));
-  }
-
   struct Route {
     enum Kind { replicated, expert, zero } kind;
     std::size_t index;  ///< in the list of the synchroniser that owns the parameter
@@ -410,16 +404,19 @@ class DistributedOptimizer {
    * operation. ZeRO-2/3 keep their own path: they release each gradient once its bucket has taken it.
    * Without ZeRO the values of the updated parameters become a parameter arena in the same order, so that
    * values, gradients and the optimizer's states (which take the values' layout, see optim::FlatLayout) lie
-   * at the same offsets and AdamW or SGD is one backend call per step. ZeRO-1 updates its shard per parameter
-   * piece (its moments are laid out by bucket blocks), so its values stay where they are.
+   * at the same offsets and AdamW or SGD is one backend call per step. ZeRO updates its own contiguous shard
+   * (its blocks of every bucket, back to back; one backend call too); under ZeRO-1/2 the values are bound all
+   * the same, so that each bucket's weights are one range of the arena (one copy into the shard before the
+   * update, one out of the all-gather after it). ZeRO-3 releases the values, and ZeRO-2 the gradients.
    */
   void bind_gradient_arena(int stage) {
-    if (stage > 1) return;
+    if (stage > 2) return;
     std::vector<nn::Parameter*> order, experts;
     for (auto it = params_.rbegin(); it != params_.rend(); ++it)
       (stage == 0 && ep_ > 1 && optim::sharded_over_expert(**it) ? experts : order).push_back(*it);
     order.insert(order.end(), experts.begin(), experts.end());
-    if (stage == 0) values_.emplace(order);
+    values_.emplace(order);
+    if (stage == 2) return;
     for (auto* p : compute_params_)
       if (std::ranges::count(order, p) == 0) order.push_back(p);
     arena_.emplace(std::move(order));

@@ -20,11 +20,18 @@
  *   `parallel::GatheredUnits`).
  * The averaging, the gradient norm's sums of squares and the update run on the compute backend `B` (the
  * moments and the flat buffers are rank memory).
+ *
+ * This rank's blocks of all buckets lie back to back (`GradBuckets::shards()`, bucket order), and so do its
+ * weight blocks and both moments, at the same offsets: the averaging is one `B::scale`, the norm one
+ * `B::sum_squares` per run of counted parameters (one in all where every parameter counts), and the update one
+ * `B::adamw_update` over the whole shard, its weight decay taken per `DecayRun` (as `optim::AdamW` does over a
+ * parameter arena). The parameter pieces still matter where weights move between the parameters and the shard
+ * (stages 1 and 2 copy each piece in before the update; stage 3 copies each gathered slot out).
  */
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
-#include <functional>
+#include <cstdint>
 #include <optional>
 #include <span>
 #include <utility>
@@ -33,6 +40,7 @@
 #include "mpar/backend/backend.hpp"
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
+#include "mpar/core/dtype.hpp"
 #include "mpar/core/memory_resource.hpp"
 #include "mpar/optim/adamw.hpp"
 #include "mpar/optim/clip.hpp"
@@ -80,25 +88,38 @@ class ZeroAdamW {
         stage_(options.stage) {
     const auto p = std::size_t(data_group.size()), r = std::size_t(data_group.rank());
     pieces_.resize(buckets_.bucket_count());
-    m_.resize(buckets_.bucket_count());
-    v_.resize(buckets_.bucket_count());
-    w_.resize(buckets_.bucket_count());
+    block_offset_.resize(buckets_.bucket_count());
+    std::vector<DecayRun> runs;
     for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
       const Bucket& bk = buckets_.bucket(b);
       const Block mine = block_of(bk.size, p, r);
-      // The parts of parameters that fall into this rank's block of the bucket.
+      block_offset_[b] = mine.offset;
+      // The parts of parameters that fall into this rank's block of the bucket: they tile the block in order.
       for (const auto& s : bk.slots) {
         const std::size_t lo = std::max(s.offset, mine.offset),
                           hi = std::min(s.offset + s.size, mine.offset + mine.extent);
-        if (lo < hi) pieces_[b].push_back({s.param, lo - mine.offset, lo - s.offset, hi - lo});
+        if (lo >= hi) continue;
+        const Piece pc{s.param, buckets_.shard_offset(b) + lo - mine.offset, lo - s.offset, hi - lo};
+        pieces_[b].push_back(pc);
+        const auto decays = std::uint32_t(config_.decays_param(*buckets_.params()[s.param]) ? 1 : 0);
+        if (!runs.empty() && runs.back().decays == decays)
+          runs.back().end = pc.shard_offset + pc.size;
+        else
+          runs.push_back({pc.shard_offset + pc.size, decays});
       }
-      // Rank memory the host never writes: moments zeroed by the backend, the weight shard copied in each step.
-      m_[b] = B::template allocate<float>(mine.extent);
-      v_[b] = B::template allocate<float>(mine.extent);
-      w_[b] = B::template allocate<float>(mine.extent);
-      B::zero(mine.extent, m_[b].data());
-      B::zero(mine.extent, v_[b].data());
     }
+    // Rank memory the host never writes: moments zeroed by the backend, the weight shard copied in each step
+    // (stage 3: at construction, then kept). All at the offsets of the gradient shards.
+    const std::size_t n = buckets_.shard_elements();
+    m_ = B::template allocate<float>(n);
+    v_ = B::template allocate<float>(n);
+    w_ = B::template allocate<float>(n);
+    if (n != 0) {
+      B::zero(n, m_.data());
+      B::zero(n, v_.data());
+    }
+    decay_runs_ = B::template allocate<DecayRun>(runs.size());
+    if (!runs.empty()) optim::copy_to_rank<B>(runs.data(), decay_runs_.data(), runs.size());
     full_.resize(buckets_.bucket_count());
     if (stage_ == 3) shard_parameters();
     if (stage_ == 1)  // written whole by each step's all-gather
@@ -120,11 +141,8 @@ class ZeroAdamW {
   void reduce_gradients() {
     if (reduced_) return;
     buckets_.wait();
-    const float inv = float(1.0 / divisor_);
-    for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
-      const auto g = buckets_.shard(b);
-      if (!g.empty()) B::scale(g.size(), inv, g.data());
-    }
+    const auto g = buckets_.shards();  // every bucket's block: one operation
+    if (!g.empty()) B::scale(g.size(), float(1.0 / divisor_), g.data());
     reduced_ = true;
   }
 
@@ -132,7 +150,9 @@ class ZeroAdamW {
    * @brief The global squared norm of the averaged gradient into `*acc` (rank memory; overwritten), without a
    * host read. The blocks are disjoint over the data group, so here — unlike plain data parallelism — the sums
    * of squares ARE added over the data group; then over `groups...` = none, the tensor group, the tensor and
-   * pipeline groups, or tensor, pipeline and expert groups, as in `optim::global_grad_squares`.
+   * pipeline groups, or tensor, pipeline and expert groups, as in `optim::global_grad_squares`. One
+   * `B::sum_squares` per run of consecutive counted pieces of the shard: one in all where every parameter counts
+   * (tensor rank 0); a double accumulated in shard order either way, so the sum is that of one call per piece.
    */
   template <communicator... Groups>
     requires(sizeof...(Groups) <= 3)
@@ -140,12 +160,18 @@ class ZeroAdamW {
     reduce_gradients();
     optim::zero_in_rank<B>(acc, 1);
     const optim::SquaresShare share = optim::squares_share(groups...);
-    for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
-      const auto g = buckets_.shard(b);
-      for (const auto& pc : pieces_[b])
-        if (pc.size && share.counts(*buckets_.params()[pc.param]))
-          B::sum_squares(pc.size, g.data() + pc.shard_offset, acc);
-    }
+    const float* g = buckets_.shards().data();
+    std::size_t begin = 0, end = 0;  // the run of counted pieces not yet summed
+    for (const auto& bucket_pieces : pieces_)
+      for (const auto& pc : bucket_pieces) {
+        if (!share.counts(*buckets_.params()[pc.param])) continue;
+        if (pc.shard_offset != end) {
+          if (end > begin) B::sum_squares(end - begin, g + begin, acc);
+          begin = pc.shard_offset;
+        }
+        end = pc.shard_offset + pc.size;
+      }
+    if (end > begin) B::sum_squares(end - begin, g + begin, acc);
     optim::sum_over(acc, buckets_.comm(), groups...);
   }
   /** @brief The global norm of the averaged gradient (see `global_grad_squares`), read back to the host. */
@@ -159,7 +185,7 @@ class ZeroAdamW {
     return std::sqrt(squares);
   }
 
-  /** One AdamW step on this rank's blocks, then the all-gather of the weights. */
+  /** One AdamW step on this rank's blocks (one `B::adamw_update`), then the all-gather of the weights. */
   void step() { step(config_.lr); }
   /** As below, with a gradient scale known on the host. */
   void step(float lr, float grad_scale = 1.0f) { step(lr, optim::write_host_factors<B>(grad_scale, factors_.data())); }
@@ -173,24 +199,23 @@ class ZeroAdamW {
     ++steps_;
     optim::AdamWStep st = optim::AdamWStep::at(config_, steps_, lr);
     auto& comm = buckets_.comm();
-    for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
-      const auto g = buckets_.shard(b);
-      for (const auto& pc : pieces_[b]) {
-        auto& prm = *buckets_.params()[pc.param];
-        if (stage_ == 3) {
-          // stage 3: w_ is the master itself (the full weights exist only while gathered)
-        } else if constexpr (optim::host_reads_rank_memory<B>) {
-          std::copy_n(prm.value.begin() + std::ptrdiff_t(pc.param_offset), pc.size,
-                      w_[b].begin() + std::ptrdiff_t(pc.shard_offset));
-        } else {  // stream-ordered backends: a backend copy (the host must not touch rank memory)
-          B::copy(pc.size, prm.value.data() + pc.param_offset, w_[b].data() + pc.shard_offset);
+    if (stage_ != 3)  // stage 3: w_ is the master itself (the full weights exist only while gathered)
+      for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
+        if (const float* values = contiguous_values(b)) {  // a parameter arena: the block is one range of it
+          const auto block = weight_block(b);
+          copy_weights(block.size(), values + block_offset_[b], block.data());
+          continue;
         }
-        st.weight_decay = config_.decays_param(prm) ? config_.weight_decay : 0.0f;
-        const auto sub = [&](auto& v) { return std::span<float>(v).subspan(pc.shard_offset, pc.size); };
-        optim::adamw_update<B>(sub(w_[b]), std::span<const float>(g).subspan(pc.shard_offset, pc.size), sub(m_[b]),
-                               sub(v_[b]), config_, st, factors);
+        for (const auto& pc : pieces_[b])
+          copy_weights(pc.size, buckets_.params()[pc.param]->value.data() + pc.param_offset,
+                       w_.data() + pc.shard_offset);
       }
-    }
+    // One update over the whole shard; each piece's weight decay comes from the run table (element for element
+    // the update of one call per piece).
+    if (!w_.empty())
+      B::adamw_update(w_.size(), w_.data(), buckets_.shards().data(), m_.data(), v_.data(), config_.beta1,
+                      config_.beta2, config_.eps, st.lr, config_.weight_decay, st.bias_correction1, st.bias_correction2,
+                      factors, decay_runs_.data(), decay_runs_.size());
     if (stage_ == 3) {  // the weights stay sharded: the passes gather each unit when they need it
       buckets_.reset();
       reduced_ = false;
@@ -201,16 +226,15 @@ class ZeroAdamW {
     gathers.reserve(buckets_.bucket_count());
     for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
       if (full_[b].size() != buckets_.bucket(b).size) full_[b] = uninitialized_buffer<float>(buckets_.bucket(b).size);
-      gathers.push_back(comm.iall_gather(std::span<const float>(w_[b]), std::span<float>(full_[b])));
+      gathers.push_back(comm.iall_gather(std::span<const float>(weight_block(b)), std::span<float>(full_[b])));
     }
     for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
       gathers[b].wait();
-      for (const auto& s : buckets_.bucket(b).slots) {
-        if constexpr (optim::host_reads_rank_memory<B>)
-          std::copy_n(full_[b].begin() + std::ptrdiff_t(s.offset), s.size, buckets_.params()[s.param]->value.begin());
-        else
-          B::copy(s.size, full_[b].data() + s.offset, buckets_.params()[s.param]->value.data());
-      }
+      if (float* values = contiguous_values(b))
+        copy_weights(full_[b].size(), full_[b].data(), values);
+      else
+        for (const auto& s : buckets_.bucket(b).slots)
+          copy_weights(s.size, full_[b].data() + s.offset, buckets_.params()[s.param]->value.data());
       if (stage_ == 2) full_[b] = Buffer<float>{};  // the weights are in place: drop the gathered copy
     }
     buckets_.reset();
@@ -255,11 +279,11 @@ class ZeroAdamW {
   /** This rank's moments as parameter pieces, for checkpoints (`io::flat_state_blocks` maps each to boxes). */
   [[nodiscard]] std::vector<StatePiece> state_pieces() {
     std::vector<StatePiece> out;
-    for (std::size_t b = 0; b < pieces_.size(); ++b)
-      for (const auto& pc : pieces_[b])
+    for (const auto& bucket_pieces : pieces_)
+      for (const auto& pc : bucket_pieces)
         out.push_back({buckets_.params()[pc.param], pc.param_offset,
-                       std::span<float>(m_[b]).subspan(pc.shard_offset, pc.size),
-                       std::span<float>(v_[b]).subspan(pc.shard_offset, pc.size)});
+                       std::span<float>(m_).subspan(pc.shard_offset, pc.size),
+                       std::span<float>(v_).subspan(pc.shard_offset, pc.size)});
     return out;
   }
   /** Sets the number of steps taken (AdamW's bias correction), when resuming from a checkpoint. */
@@ -277,18 +301,14 @@ class ZeroAdamW {
     return n;
   }
   /** Optimizer-state floats held on this rank (two moments of its blocks): about 2 N / p. */
-  [[nodiscard]] std::size_t state_elements() const {
-    std::size_t n = 0;
-    for (const auto& m : m_) n += 2 * m.size();
-    return n;
-  }
+  [[nodiscard]] std::size_t state_elements() const { return m_.size() + v_.size(); }
 
   // ---- Stage 3: parameters sharded at rest ------------------------------------------------------------
   // Between uses every parameter's `value` is released; this rank keeps its block of each bucket's weights
   // (w_, the fp32 master the update writes). A unit of the passes is gathered as whole buckets: `gather_begin`
   // launches a bucket's all-gather (asynchronous, so it overlaps the compute before `gather_end`),
   // `gather_end` waits, allocates the bucket's parameters and copies their values in (rounded to the compute
-  // precision when a rounding is set), `gather_release` frees them. Buckets are reference-counted, so two
+  // precision when one is set, by `B::convert` on the rank's stream), `gather_release` frees them. Buckets are reference-counted, so two
   // units sharing a parameter (the tied embedding and head) keep it until both are done.
 
   /** The buckets holding parameters `ps` (each once, in bucket order); parameters not managed here are skipped. */
@@ -307,7 +327,8 @@ class ZeroAdamW {
     require_stage3("gather_begin");
     if (users_[b]++ > 0) return;
     full_[b] = uninitialized_buffer<float>(buckets_.bucket(b).size);
-    gathering_[b].emplace(buckets_.comm().iall_gather(std::span<const float>(w_[b]), std::span<float>(full_[b])));
+    gathering_[b].emplace(
+        buckets_.comm().iall_gather(std::span<const float>(weight_block(b)), std::span<float>(full_[b])));
   }
   /**
    * Stage 3: waits for bucket `b`'s all-gather (if still in flight) and puts its parameters' full values in
@@ -323,12 +344,13 @@ class ZeroAdamW {
     gathering_[b].reset();
     // The copies out of the receive buffer are operations on the rank's stream, ordered after the all-gather
     // (whose wait() orders the stream, not the host); freeing the receive buffer is stream-ordered too.
-    for (const auto& s : buckets_.bucket(b).slots) {
-      auto& v = buckets_.params()[s.param]->value;
-      v = uninitialized_buffer<float>(s.size);
-      B::copy(s.size, full_[b].data() + s.offset, v.data());
-      if (for_compute && rounding_) rounding_(std::span<float>(v));
-    }
+    for (const auto& s : buckets_.bucket(b).slots)
+      buckets_.params()[s.param]->value = uninitialized_buffer<float>(s.size);
+    if (for_compute && round_gathered_)
+      (this->*round_gathered_)(b);
+    else
+      for (const auto& s : buckets_.bucket(b).slots)
+        B::copy(s.size, full_[b].data() + s.offset, buckets_.params()[s.param]->value.data());
     full_[b] = Buffer<float>{};
   }
   /** Stage 3: one user fewer of bucket `b`; the last frees its parameters' values. */
@@ -351,23 +373,26 @@ class ZeroAdamW {
   /** Stage 3, while gathered: takes this rank's blocks of the (e.g. loaded) full values as the new masters. */
   void store_gathered() {
     require_stage3("store_gathered");
-    for (std::size_t b = 0; b < pieces_.size(); ++b)
-      for (const auto& pc : pieces_[b]) {
+    for (const auto& bucket_pieces : pieces_)
+      for (const auto& pc : bucket_pieces) {
         const auto& prm = *buckets_.params()[pc.param];
         require(prm.value.size() > pc.param_offset, "ZeroAdamW::store_gathered: parameter ", prm.name,
                 " is not gathered");
-        B::copy(pc.size, prm.value.data() + pc.param_offset, w_[b].data() + pc.shard_offset);
+        B::copy(pc.size, prm.value.data() + pc.param_offset, w_.data() + pc.shard_offset);
       }
   }
-  /** Stage 3: what each gathered value is passed through (the compute precision's rounding); empty: none. */
-  void set_gather_rounding(std::function<void(std::span<float>)> f) { rounding_ = std::move(f); }
-  /** Floats of the fp32 weight blocks this rank keeps (stage 3: its masters, about N / p; else 0). */
-  [[nodiscard]] std::size_t master_elements() const {
-    if (stage_ != 3) return 0;
-    std::size_t n = 0;
-    for (const auto& w : w_) n += w.size();
-    return n;
+  /**
+   * Stage 3: the values `gather_end(b, true)` puts in place are rounded to `T` (the compute precision) and widened
+   * back, by `B::convert` on the rank's stream: what `ComputeCopies::widen_into` gives the passes elsewhere.
+   */
+  template <half_precision T>
+  void round_gathered_to() {
+    round_gathered_ = &ZeroAdamW::widen_rounded<T>;
   }
+  /** Stage 3: gathered values are put in place as they are (fp32 compute, the default). */
+  void keep_gathered_exact() { round_gathered_ = nullptr; }
+  /** Floats of the fp32 weight blocks this rank keeps (stage 3: its masters, about N / p; else 0). */
+  [[nodiscard]] std::size_t master_elements() const { return stage_ == 3 ? w_.size() : 0; }
   /** Floats of gathered full parameter values (and all-gather receive buffers) held now. */
   [[nodiscard]] std::size_t gathered_elements() const {
     std::size_t n = 0;
@@ -380,22 +405,67 @@ class ZeroAdamW {
   }
 
  private:
+  /** Elements `[param_offset, + size)` of a parameter at `[shard_offset, + size)` of this rank's shard (all buckets). */
   struct Piece {
     std::size_t param, shard_offset, param_offset, size;
   };
+
+  /**
+   * The first value of bucket `b` when its parameters' values lie back to back in slot order (a
+   * `ParameterArena` in the backward's order, as `DistributedOptimizer` binds under ZeRO-1/2), else null: then
+   * the bucket's weights move in and out of the shard with one copy each, not one per parameter. Decided at each
+   * use, from host pointers only, so a value replaced since binding falls back to the copies per parameter.
+   */
+  [[nodiscard]] float* contiguous_values(std::size_t b) const {
+    const auto& slots = buckets_.bucket(b).slots;
+    if (slots.empty()) return nullptr;
+    float* base = buckets_.params()[slots.front().param]->value.data();
+    if (base == nullptr) return nullptr;
+    for (const auto& s : slots) {
+      const auto& v = buckets_.params()[s.param]->value;
+      if (v.size() != s.size || (s.size != 0 && v.data() != base + s.offset)) return nullptr;
+    }
+    return base;
+  }
+  /** Copies weights within rank memory: a host copy where the host may read it, else a stream-ordered backend copy. */
+  static void copy_weights(std::size_t n, const float* from, float* to) {
+    if constexpr (optim::host_reads_rank_memory<B>)
+      std::copy_n(from, n, to);
+    else
+      B::copy(n, from, to);
+  }
+
+  /** This rank's weight block of bucket `b` (stage 3: its fp32 master), a range of `w_`. */
+  [[nodiscard]] std::span<float> weight_block(std::size_t b) {
+    return std::span<float>(w_).subspan(buckets_.shard_offset(b),
+                                        buckets_.shard_offset(b + 1) - buckets_.shard_offset(b));
+  }
+
+  /**
+   * Stage 3, `gather_end` for the passes: bucket `b`'s gathered fp32 values rounded to `T` in one 16-bit buffer
+   * (one `B::convert`), then widened into each parameter's value (one per slot): stream-ordered, no host pass.
+   */
+  template <half_precision T>
+  void widen_rounded(std::size_t b) {
+    const Bucket& bk = buckets_.bucket(b);
+    Buffer<T> rounded = B::template allocate<T>(bk.size);  // written whole by the conversion
+    if (bk.size != 0) B::convert(bk.size, full_[b].data(), rounded.data());
+    for (const auto& s : bk.slots)
+      if (s.size != 0) B::convert(s.size, rounded.data() + s.offset, buckets_.params()[s.param]->value.data());
+  }
 
   using gather_request = decltype(std::declval<Comm&>().iall_gather(std::span<const float>{}, std::span<float>{}));
 
   /** Stage 3 at construction: this rank's blocks of the (identical on every rank) initial weights, then released. */
   void shard_parameters() {
-    for (std::size_t b = 0; b < pieces_.size(); ++b)
-      for (const auto& pc : pieces_[b]) {
+    for (const auto& bucket_pieces : pieces_)
+      for (const auto& pc : bucket_pieces) {
         const auto& value = buckets_.params()[pc.param]->value;
         if constexpr (optim::host_reads_rank_memory<B>)
           std::copy_n(value.begin() + std::ptrdiff_t(pc.param_offset), pc.size,
-                      w_[b].begin() + std::ptrdiff_t(pc.shard_offset));
+                      w_.begin() + std::ptrdiff_t(pc.shard_offset));
         else
-          B::copy(pc.size, value.data() + pc.param_offset, w_[b].data() + pc.shard_offset);
+          B::copy(pc.size, value.data() + pc.param_offset, w_.data() + pc.shard_offset);
       }
     users_.assign(buckets_.bucket_count(), 0);
     gathering_.resize(buckets_.bucket_count());
@@ -409,15 +479,18 @@ class ZeroAdamW {
   GradBuckets<Comm, BucketCollective::reduce_scatter, B> buckets_;
   optim::AdamWConfig config_;
   double divisor_;
-  std::vector<std::vector<Piece>> pieces_;
-  std::vector<Buffer<float>> m_, v_, w_, full_;  // rank memory: w_ and full_ are communicated
-  Buffer<UpdateFactors> factors_;                // the factors of `step(lr, grad_scale)`
+  std::vector<std::vector<Piece>> pieces_;  // per bucket, in shard order
+  std::vector<std::size_t> block_offset_;   // where this rank's block of bucket b starts in the bucket
+  Buffer<float> m_, v_, w_;                 // rank memory at the offsets of the gradient shards; w_ is communicated
+  Buffer<DecayRun> decay_runs_;             // rank memory: the weight decay along the shard, for the one update
+  std::vector<Buffer<float>> full_;         // rank memory: the all-gathers' receive buffers
+  Buffer<UpdateFactors> factors_;           // the factors of `step(lr, grad_scale)`
   int stage_;
   std::size_t steps_ = 0;
   bool reduced_ = false;
-  std::vector<int> users_;                                // stage 3: units using each bucket's gathered values
-  std::vector<std::optional<gather_request>> gathering_;  // stage 3: all-gathers in flight
-  std::function<void(std::span<float>)> rounding_;        // stage 3: the compute precision of gathered values
+  std::vector<int> users_;                                    // stage 3: units using each bucket's gathered values
+  std::vector<std::optional<gather_request>> gathering_;      // stage 3: all-gathers in flight
+  void (ZeroAdamW::*round_gathered_)(std::size_t) = nullptr;  // stage 3: the compute precision of gathered values
 
   static BucketMemory stage_memory(int stage, const Comm& group) {
     require(stage >= 1 && stage <= 3, "ZeroAdamW on rank ", group.rank(), " of group '", group.name(), "': stage ",
