@@ -19,6 +19,7 @@
 #include <mpar/parallel/gradient_arena.hpp>
 #include <mpar/parallel/parameter_arena.hpp>
 
+#include "adamw_by_hand.hpp"
 #include "vector_parameter.hpp"
 
 using namespace mpar;
@@ -264,17 +265,9 @@ TEST_CASE(
     const auto d = Counting::counts() - c0;
     CHECK(d[observe::Op::adamw_update] == 1);
     per_param.step(lr, gs);
-    const float c1 = float(1.0 - std::pow(double(0.85f), t)), c2 = float(1.0 - std::pow(double(0.97f), t));
     for (std::size_t k = 0; k < ps.size(); ++k) {
       const bool decays = ps[k].global_shape.size() == 2;  // the matrices, by hand
-      const float wd = decays ? 0.2f : 0.0f;
-      const auto g = grad_at(k, ps[k].value.size(), t);
-      for (std::size_t i = 0; i < g.size(); ++i) {
-        const float gi = g[i] * gs;
-        m[k][i] = 0.85f * m[k][i] + (1.0f - 0.85f) * gi;
-        v[k][i] = 0.97f * v[k][i] + (1.0f - 0.97f) * gi * gi;
-        w[k][i] = w[k][i] * (1.0f - lr * wd) - lr * (m[k][i] / c1) / (std::sqrt(v[k][i] / c2) + 1e-7f);
-      }
+      testing::adamw_by_hand(w[k], grad_at(k, ps[k].value.size(), t), m[k], v[k], cfg, t, lr, gs, decays ? 0.2f : 0.0f);
       INFO("step " << t << ", " << ps[k].name);
       REQUIRE(copy_of(ps[k].value) == w[k]);
       REQUIRE(std::vector<float>(adam.first_moment(k).begin(), adam.first_moment(k).end()) == m[k]);
@@ -343,16 +336,9 @@ TEST_CASE(
     CHECK(d[observe::Op::adamw_advance] == 1);
     if (skip) continue;  // the reference leaves everything as it was
     ++taken;
-    const float c1 = float(1.0 - std::pow(double(0.85f), taken)), c2 = float(1.0 - std::pow(double(0.97f), taken));
     for (std::size_t k = 0; k < ps.size(); ++k) {
       const float wd = ps[k].global_shape.size() == 2 ? 0.2f : 0.0f;
-      const auto g = grad_at(k, ps[k].value.size(), step);
-      for (std::size_t i = 0; i < g.size(); ++i) {
-        const float gi = g[i] * gs;
-        m[k][i] = 0.85f * m[k][i] + (1.0f - 0.85f) * gi;
-        v[k][i] = 0.97f * v[k][i] + (1.0f - 0.97f) * gi * gi;
-        w[k][i] = w[k][i] * (1.0f - lr * wd) - lr * (m[k][i] / c1) / (std::sqrt(v[k][i] / c2) + 1e-7f);
-      }
+      testing::adamw_by_hand(w[k], grad_at(k, ps[k].value.size(), step), m[k], v[k], cfg, taken, lr, gs, wd);
     }
   }
   for (std::size_t k = 0; k < ps.size(); ++k) {

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "adamw_by_hand.hpp"
 #include "mpar/optim.hpp"
 #include "vector_parameter.hpp"
 
@@ -166,14 +167,7 @@ TEST_CASE("AdamW and SGD step through the backend's optimizer operations and equ
       std::copy(g.begin(), g.end(), p.grad.begin());
       const float gs = t % 2 ? 1.0f : 0.5f, lr = 0.02f / float(t);
       adam->step(lr, gs);
-      // The textbook update in float, one rounding per operation.
-      const float c1 = float(1.0 - std::pow(double(0.85f), t)), c2 = float(1.0 - std::pow(double(0.97f), t));
-      for (std::size_t i = 0; i < n; ++i) {
-        const float gi = g[i] * gs;
-        m[i] = 0.85f * m[i] + (1.0f - 0.85f) * gi;
-        v[i] = 0.97f * v[i] + (1.0f - 0.97f) * gi * gi;
-        w[i] = w[i] * (1.0f - lr * 0.2f) - lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + 1e-7f);
-      }
+      testing::adamw_by_hand(w, g, m, v, cfg, t, lr, gs, 0.2f);
       for (std::size_t i = 0; i < n; ++i) {
         INFO("step " << t << " element " << i);
         REQUIRE(p.value[i] == w[i]);

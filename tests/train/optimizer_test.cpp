@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "adamw_by_hand.hpp"
 #include "mpar/backend/stream/host_access_trace.hpp"
 #include "mpar/backend/stream/stream_backend.hpp"
 #include "mpar/comm/mesh_comms.hpp"
@@ -35,18 +36,6 @@ nn::Parameter param_with_zero_grad(std::string name, std::vector<float> value, b
 /** A deterministic gradient value: element i of parameter k at step t on data rank r. */
 float grad_value(std::size_t k, std::size_t i, int t, int r) {
   return float(0.3 * std::sin(0.7 * double(i) + 1.1 * double(k) + 0.5 * t + 2.3 * r) + 0.05 * double(r));
-}
-
-/** The textbook AdamW step in float on host vectors, one rounding per operation (the hand formula). */
-void adamw_by_hand(std::vector<float>& w, const std::vector<float>& g, std::vector<float>& m, std::vector<float>& v,
-                   const optim::AdamWConfig& c, int t, float lr, float gs, float wd) {
-  const float c1 = float(1.0 - std::pow(double(c.beta1), t)), c2 = float(1.0 - std::pow(double(c.beta2), t));
-  for (std::size_t i = 0; i < w.size(); ++i) {
-    const float gi = g[i] * gs;
-    m[i] = c.beta1 * m[i] + (1.0f - c.beta1) * gi;
-    v[i] = c.beta2 * v[i] + (1.0f - c.beta2) * gi * gi;
-    w[i] = w[i] * (1.0f - lr * wd) - lr * (m[i] / c1) / (std::sqrt(v[i] / c2) + c.eps);
-  }
 }
 
 using Opt = parallel::DistributedOptimizer<ThreadsCommunicator>;
@@ -166,7 +155,7 @@ TEST_CASE("DistributedOptimizer on one rank: the global norm, clipping and AdamW
       rc.expect(st.loss == 1.5 * t && st.aux_loss == 0.25, "the recorded losses come back");
       rc.expect(!st.found_inf && !st.skipped, "a finite step is taken");
       for (std::size_t k = 0; k < 2; ++k) {
-        adamw_by_hand(w[k], g[k], m[k], v[k], cfg, t, lr, coef, k == 0 ? 0.1f : 0.0f);
+        testing::adamw_by_hand(w[k], g[k], m[k], v[k], cfg, t, lr, coef, k == 0 ? 0.1f : 0.0f);
         const nn::Parameter& p = k == 0 ? a : b;
         for (std::size_t i = 0; i < w[k].size(); ++i)
           rc.expect(p.value[i] == w[k][i], "step " + std::to_string(t) + " " + p.name + "[" + std::to_string(i) + "]");
