@@ -44,6 +44,15 @@
 #include <immintrin.h>
 #endif
 
+// Full unrolling of the 8-row loops keeps the accumulators in registers. nvcc's front end, which sees this header
+// when a .cu file includes the host backend, does not know GCC's pragma (warning 1675), and its device passes never
+// compile these host-only functions, so it gets nothing.
+#if defined(__CUDACC__)
+#define MPAR_BF16_GEMM_UNROLL_8
+#else
+#define MPAR_BF16_GEMM_UNROLL_8 _Pragma("GCC unroll 8")
+#endif
+
 namespace mpar::host {
 
 namespace avx512_bf16 {
@@ -178,11 +187,11 @@ template <std::size_t Halves>
     std::size_t pairs, const std::uint32_t* ap, const std::uint32_t* bp, float* c, std::size_t ldc, std::size_t rows,
     std::size_t cols, float alpha, float beta, const float* bias) {
   __m512 acc[tile_rows][2];
-#pragma GCC unroll 8
+  MPAR_BF16_GEMM_UNROLL_8
   for (std::size_t i = 0; i < tile_rows; ++i) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
   for (std::size_t q = 0; q < pairs; ++q, ap += tile_rows, bp += tile_cols) {
     const __m512i b0 = _mm512_load_si512(bp), b1 = Halves == 2 ? _mm512_load_si512(bp + 16) : b0;
-#pragma GCC unroll 8
+    MPAR_BF16_GEMM_UNROLL_8
     for (std::size_t i = 0; i < tile_rows; ++i) {
       const __m512i ai = _mm512_set1_epi32(int(ap[i]));
       acc[i][0] = _mm512_dpbf16_ps(acc[i][0], (__m512bh)ai, (__m512bh)b0);
@@ -197,7 +206,7 @@ template <std::size_t Halves>
     mask[h] = __mmask16((1u << valid) - 1u);
     vbias[h] = bias ? _mm512_maskz_loadu_ps(mask[h], bias + 16 * h) : _mm512_setzero_ps();
   }
-#pragma GCC unroll 8
+  MPAR_BF16_GEMM_UNROLL_8
   for (std::size_t i = 0; i < tile_rows; ++i) {
     if (i >= rows) break;
     float* row = c + i * ldc;
@@ -283,3 +292,5 @@ inline const bool avx512_bf16_gemm_registered = (avx512_bf16_gemm_entry = &avx51
 #endif
 
 }  // namespace mpar::host
+
+#undef MPAR_BF16_GEMM_UNROLL_8
