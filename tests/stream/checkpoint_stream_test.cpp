@@ -21,6 +21,7 @@
 #include <mpar/comm/stream_ordered.hpp>
 #include <mpar/comm/threads.hpp>
 #include <mpar/models/gpt_trainer.hpp>
+#include <mpar/observe/counting_backend.hpp>
 #include <mpar/optim/rank_scalars.hpp>
 
 #include "models/gpt_test_config.hpp"
@@ -64,7 +65,7 @@ CkptRankState ckpt_step_and_read(Trainer& t) {
   return s;
 }
 
-/** Runs `body(trainer)` with a fresh trainer of `c` on every thread rank over backend B; each rank's result. */
+/** Runs `body(trainer, rank)` with a fresh trainer of `c` on every thread rank over backend B; each rank's result. */
 template <class B, class Body>
 std::vector<CkptRankState> ckpt_on_ranks(const models::GptTrainConfig& c, Body body) {
   std::vector<CkptRankState> out(c.world_size());
@@ -72,7 +73,7 @@ std::vector<CkptRankState> ckpt_on_ranks(const models::GptTrainConfig& c, Body b
     B::init_rank();
     auto run = [&](auto& world) {
       models::GptTrainer<std::decay_t<decltype(world)>, B> t(world, c, testing::gpt_dataset());
-      out[std::size_t(w.rank())] = body(t);
+      out[std::size_t(w.rank())] = body(t, std::size_t(w.rank()));
       B::synchronize();
     };
     if constexpr (std::is_same_v<B, HostBackend>) {
@@ -90,7 +91,7 @@ std::vector<CkptRankState> ckpt_on_ranks(const models::GptTrainConfig& c, Body b
 /** The uninterrupted run over B: two steps, a save under `dir`, a third step. */
 template <class B>
 std::vector<CkptRankState> ckpt_save_after_two(const models::GptTrainConfig& c, const std::filesystem::path& dir) {
-  return ckpt_on_ranks<B>(c, [&](auto& t) {
+  return ckpt_on_ranks<B>(c, [&](auto& t, std::size_t) {
     (void)t.train_step();
     (void)t.train_step();
     (void)t.save(dir);
@@ -101,7 +102,7 @@ std::vector<CkptRankState> ckpt_save_after_two(const models::GptTrainConfig& c, 
 /** A fresh trainer over B resumes from `dir` and takes one step. */
 template <class B>
 std::vector<CkptRankState> ckpt_resume_one(const models::GptTrainConfig& c, const std::filesystem::path& dir) {
-  return ckpt_on_ranks<B>(c, [&](auto& t) {
+  return ckpt_on_ranks<B>(c, [&](auto& t, std::size_t) {
     const io::LoadResult r = t.resume(dir);
     CkptRankState s = ckpt_step_and_read<B>(t);
     s.resumed_step = r.state.step;
@@ -180,7 +181,7 @@ TEST_CASE("export_safetensors over DiscreteHostBackend writes the bytes HostBack
     CkptScratch scratch("export");
     auto export_after_two = [&](auto backend_tag, const std::filesystem::path& out) {
       using B = typename decltype(backend_tag)::type;
-      (void)ckpt_on_ranks<B>(c, [&](auto& t) {
+      (void)ckpt_on_ranks<B>(c, [&](auto& t, std::size_t) {
         (void)t.train_step();
         (void)t.train_step();
         t.export_safetensors(out);
@@ -193,5 +194,40 @@ TEST_CASE("export_safetensors over DiscreteHostBackend writes the bytes HostBack
         export_after_two(std::type_identity<DiscreteHostBackend>{}, scratch.path / "discrete.safetensors");
     REQUIRE(host.size() > 1000);  // the header and every tensor
     CHECK(discrete == host);
+  }
+}
+
+TEST_CASE("Checkpoints over CountingBackend<StreamHostBackend>: one host wait per save, two per resume",
+          "[stream][checkpoint][counts]") {
+  using Counting = observe::CountingBackend<StreamHostBackend>;
+  for (const auto& [name, c] : ckpt_layouts()) {
+    if (name == "ZeRO-3 dp2") continue;  // its resume waits once more, after its gathers (docs/checkpoints.md)
+    CkptScratch scratch("counts");
+    std::vector<observe::BackendCounts> save(c.world_size()), resume(c.world_size());
+    std::vector<std::size_t> blocks(c.world_size());
+    (void)ckpt_on_ranks<Counting>(c, [&](auto& t, std::size_t r) {
+      (void)t.train_step();
+      const observe::BackendCounts before = Counting::counts();
+      const io::SaveResult saved = t.save(scratch.path);
+      save[r] = Counting::counts() - before;
+      blocks[r] = saved.blocks_written + saved.blocks_replicated;
+      return CkptRankState{};
+    });
+    (void)ckpt_on_ranks<Counting>(c, [&](auto& t, std::size_t r) {
+      const observe::BackendCounts before = Counting::counts();
+      (void)t.resume(scratch.path);
+      resume[r] = Counting::counts() - before;
+      return CkptRankState{};
+    });
+    for (std::size_t r = 0; r < save.size(); ++r) {
+      INFO(name << ", rank " << r << " (" << blocks[r] << " blocks)");
+      // Whatever the number of blocks: the copies are issued together and waited for once.
+      CHECK(save[r].event_waits == 1);
+      CHECK(save[r].synchronize_calls == 0);
+      // One wait that quiets the communicator for the checkpoint's host messages, one after the uploads.
+      CHECK(resume[r].synchronize_calls == 1);
+      CHECK(resume[r].event_waits == 1);
+    }
+    CHECK(blocks.front() > 2);
   }
 }
