@@ -85,6 +85,7 @@
 #include "mpar/io/blocks.hpp"
 #include "mpar/io/checkpoint.hpp"
 #include "mpar/io/safetensors_gpt2.hpp"
+#include "mpar/io/staged_blocks.hpp"
 #include "mpar/models/gpt.hpp"
 #include "mpar/nn/autocast.hpp"
 #include "mpar/observe/timed_communicator.hpp"
@@ -543,7 +544,8 @@ class GptTrainer {
   /**
    * @brief Saves parameters, optimizer moments (AdamW, or ZeRO-1's sharded moments as flat ranges) and
    * the training state under `root` (collective). Each rank writes only blocks no lower rank holds;
-   * any layout — with or without ZeRO-1 — can resume from the result.
+   * any layout — with or without ZeRO-1 — can resume from the result. Over a stream-ordered backend the
+   * blocks reach the writer through host staging (io/staged_blocks.hpp), with one host wait per save.
    */
   io::SaveResult save(const std::filesystem::path& root) {
     return with_gathered([&] { return save_gathered(root); });  // ZeRO-3 saves the full blocks, as ZeRO-1 does
@@ -553,6 +555,8 @@ class GptTrainer {
   io::SaveResult save_gathered(const std::filesystem::path& root) {
     std::vector<io::SaveBlock> blocks;
     state_blocks<const float>(blocks);
+    io::StagedBlocks<B> staging;  // the writer reads on the host: rank memory comes over first, one wait
+    staging.download(blocks);
     io::TrainingState st;
     st.step = step_;
     st.data_position = step_;  // batches are a pure function of the step
@@ -565,7 +569,29 @@ class GptTrainer {
     for (auto& [k, v] : run_identity()) st.user[k] = std::move(v);
     io::SaveOptions opts;
     opts.mesh = {cfg_.tp, cfg_.pp, cfg_.dp, cfg_.cp};
-    return io::save_checkpoint(root, std::span<const io::SaveBlock>(blocks), st, comms_.world, opts);
+    return with_host_world([&](auto& world) {  // the staging's wait left nothing queued
+      return io::save_checkpoint(root, std::span<const io::SaveBlock>(blocks), st, world, opts);
+    });
+  }
+  /**
+   * Runs `f(world)` with a world communicator whose calls on host memory have finished when they return, and
+   * host memory as the thread's resource: the checkpoint's own messages (failures agreed on, the names each
+   * rank holds, the manifest's parts) are host values the host writes and reads at once. Over a stream-ordered
+   * backend that is the stream-ordered communicator's wrapped one, usable only while no call is queued: the
+   * caller has synchronised the rank (a stream-ordered communicator's calls are waited for by the compute stream).
+   */
+  template <class F>
+  decltype(auto) with_host_world(F&& f) {
+    if constexpr (io::StagedBlocks<B>::staged) {
+      HostMemoryResource host;
+      ScopedMemoryResource use(host);
+      if constexpr (requires { comms_.world.inner(); })
+        return f(comms_.world.inner());
+      else
+        return f(comms_.world);
+    } else {
+      return f(comms_.world);
+    }
   }
 
  public:
@@ -586,7 +612,8 @@ class GptTrainer {
             {{"mpar.step", std::to_string(step_)}, {"mpar.vocab", std::to_string(cfg_.model.vocab)}});
         std::filesystem::remove_all(staging);
       });
-    io::detail::agree(comms_.world, err, "export_safetensors");
+    if constexpr (io::StagedBlocks<B>::staged) B::synchronize();  // ZeRO-3's release after the save, if any
+    with_host_world([&](auto& world) { io::detail::agree(world, err, "export_safetensors"); });
   }
 
   /**
@@ -594,7 +621,10 @@ class GptTrainer {
    * (collective). Refuses, before loading anything, a checkpoint of another run: other data (its
    * identity, see data_identity), other seeds, another model shape (layers, width, heads, sequence,
    * experts), or tensors this model lacks. A checkpoint of another optimizer loads the weights only:
-   * the optimizer starts afresh and `LoadResult::warnings` says so. See docs/checkpoints.md.
+   * the optimizer starts afresh and `LoadResult::warnings` says so. Over a stream-ordered backend the reader
+   * fills host staging, uploaded with one host wait (io/staged_blocks.hpp), after one wait at the start that
+   * quiets the communicator for the checkpoint's host messages (and one more under ZeRO-3, after its gathers).
+   * See docs/checkpoints.md.
    */
   io::LoadResult resume(const std::filesystem::path& path) {
     require(!path.empty(),
@@ -602,11 +632,16 @@ class GptTrainer {
             "directory holding 'latest'), or leave --resume out to train from scratch");
     io::Manifest saved;
     std::filesystem::path dir;
-    io::detail::agree(comms_.world, io::detail::capture([&] {
-                        dir = io::resolve_checkpoint(path);
-                        saved = io::read_manifest(dir);
-                      }),
-                      "resume (reading the manifest)");
+    // Over a stream-ordered backend the checkpoint's host messages need a quiet communicator: one wait here,
+    // one after the uploads.
+    if constexpr (io::StagedBlocks<B>::staged) B::synchronize();
+    with_host_world([&](auto& world) {
+      io::detail::agree(world, io::detail::capture([&] {
+                          dir = io::resolve_checkpoint(path);
+                          saved = io::read_manifest(dir);
+                        }),
+                        "resume (reading the manifest)");
+    });
     check_same_run(saved, dir);
     const std::string saved_optimizer = optimizer_of(saved);
     const bool with_states = saved_optimizer == cfg_.optimizer;
@@ -619,8 +654,14 @@ class GptTrainer {
     io::LoadResult res = with_gathered([&] {  // ZeRO-3: load into the full blocks, then keep this rank's shards
       std::vector<io::LoadBlock> blocks;
       state_blocks<float>(blocks, with_states);
+      if constexpr (io::StagedBlocks<B>::staged)  // ZeRO-3's gathers are queued: quiet the communicator again
+        if (auto* z = optimizer_->zero(); z && z->stage() == 3) B::synchronize();
       check_model_holds(saved, blocks, with_states, dir);
-      io::LoadResult r = io::load_checkpoint(dir, std::span<const io::LoadBlock>(blocks), comms_.world);
+      io::StagedBlocks<B> staging;  // the reader writes on the host: it fills staging, uploaded with one wait
+      staging.redirect(blocks);
+      io::LoadResult r = with_host_world(
+          [&](auto& world) { return io::load_checkpoint(dir, std::span<const io::LoadBlock>(blocks), world); });
+      staging.upload();
       store_gathered();
       return r;
     });
@@ -763,39 +804,41 @@ class GptTrainer {
     auto key_of = [](const std::string& name) { return io::detail::block_key(name, {}, {}); };
     std::set<std::uint64_t> mine;
     for (const auto& b : blocks) mine.insert(key_of(b.name));
-    const std::size_t p = std::size_t(comms_.world.size());
-    Buffer<float> count{float(mine.size())}, counts(p);
-    comms_.world.all_gather(std::span<const float>(count), std::span<float>(counts));
-    std::size_t most = 0;
-    for (float c : counts) most = std::max(most, std::size_t(c));
-    Buffer<float> keys(4 * most, 0.0f), all(4 * most * p);
-    std::size_t i = 0;
-    for (std::uint64_t k : mine) {  // 16 bits per float: exact
-      for (int w = 0; w < 4; ++w) keys[4 * i + std::size_t(w)] = float((k >> (16 * w)) & 0xFFFFu);
-      ++i;
-    }
-    if (most > 0) comms_.world.all_gather(std::span<const float>(keys), std::span<float>(all));
-    std::set<std::uint64_t> loaded;
-    for (std::size_t r = 0; r < p; ++r)
-      for (std::size_t j = 0; j < std::size_t(counts[r]); ++j) {
-        std::uint64_t k = 0;
-        for (int w = 0; w < 4; ++w) k |= std::uint64_t(all[(r * most + j) * 4 + std::size_t(w)]) << (16 * w);
-        loaded.insert(k);
+    with_host_world([&](auto& world) {  // host values: the caller left nothing queued
+      const std::size_t p = std::size_t(world.size());
+      Buffer<float> count{float(mine.size())}, counts(p);
+      world.all_gather(std::span<const float>(count), std::span<float>(counts));
+      std::size_t most = 0;
+      for (float c : counts) most = std::max(most, std::size_t(c));
+      Buffer<float> keys(4 * most, 0.0f), all(4 * most * p);
+      std::size_t i = 0;
+      for (std::uint64_t k : mine) {  // 16 bits per float: exact
+        for (int w = 0; w < 4; ++w) keys[4 * i + std::size_t(w)] = float((k >> (16 * w)) & 0xFFFFu);
+        ++i;
       }
-    std::vector<std::string> extra;
-    for (const auto& t : saved.tensors) {
-      const bool state = t.name.find('/') != std::string::npos;  // "<parameter>/<optimizer state>"
-      if (state && !with_states) continue;
-      if (!loaded.contains(key_of(t.name))) extra.push_back(t.name);
-    }
-    if (extra.empty()) return;
-    std::string names;
-    for (std::size_t k = 0; k < extra.size() && k < 4; ++k) names += (k ? ", " : "") + extra[k];
-    if (extra.size() > 4) names += mpar::detail::cat(" and ", extra.size() - 4, " more");
-    throw config_error(mpar::detail::cat(
-        "resume: checkpoint ", dir.string(), " holds ", extra.size(), " tensor(s) this model lacks (", names,
-        "): it was saved from a larger or different "
-        "model, and resuming would drop them; resume with the checkpoint's model settings"));
+      if (most > 0) world.all_gather(std::span<const float>(keys), std::span<float>(all));
+      std::set<std::uint64_t> loaded;
+      for (std::size_t r = 0; r < p; ++r)
+        for (std::size_t j = 0; j < std::size_t(counts[r]); ++j) {
+          std::uint64_t k = 0;
+          for (int w = 0; w < 4; ++w) k |= std::uint64_t(all[(r * most + j) * 4 + std::size_t(w)]) << (16 * w);
+          loaded.insert(k);
+        }
+      std::vector<std::string> extra;
+      for (const auto& t : saved.tensors) {
+        const bool state = t.name.find('/') != std::string::npos;  // "<parameter>/<optimizer state>"
+        if (state && !with_states) continue;
+        if (!loaded.contains(key_of(t.name))) extra.push_back(t.name);
+      }
+      if (extra.empty()) return;
+      std::string names;
+      for (std::size_t k = 0; k < extra.size() && k < 4; ++k) names += (k ? ", " : "") + extra[k];
+      if (extra.size() > 4) names += mpar::detail::cat(" and ", extra.size() - 4, " more");
+      throw config_error(mpar::detail::cat(
+          "resume: checkpoint ", dir.string(), " holds ", extra.size(), " tensor(s) this model lacks (", names,
+          "): it was saved from a larger or different "
+          "model, and resuming would drop them; resume with the checkpoint's model settings"));
+    });
   }
   [[nodiscard]] std::size_t opt_elements() const {
     std::size_t n = 0;
