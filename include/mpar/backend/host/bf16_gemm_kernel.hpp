@@ -6,9 +6,10 @@
  * Why a header of its own: the kernel's intrinsics (<immintrin.h>) cost about 0.4 s of compile time per
  * translation unit, a quarter of the umbrella header's. The GEMM entry points include only this choice; the
  * kernel registers itself (`detail::avx512_bf16_gemm_entry`) in a program that includes its header in some
- * source file. `gemm.hpp` includes it in builds whose library has no bf16 kernels (CBLAS, portable), where it
- * is the default; in a oneDNN build the library is the default, and a program that wants to force the
- * kernel (tests, benchmarks) includes `avx512_bf16_gemm.hpp` once.
+ * source file. `gemm.hpp` includes it in CBLAS builds, whose library has no bf16 kernels, where it is the
+ * default; in a oneDNN build the library is the default, and in a build with no BLAS (portable loops) the
+ * kernel is left out so that the bare umbrella header stays cheap: there a program that wants the kernel
+ * (tests, benchmarks, or a portable build on an AVX-512-BF16 CPU) includes `avx512_bf16_gemm.hpp` once.
  *
  * Choice (`bf16_gemm_kernel()`): the kernel where the CPU has avx512_bf16 (and the AVX-512 level of
  * isa.hpp), the library has no bf16 kernels (`library_has_bf16_kernels`), the kernel is in the program and
