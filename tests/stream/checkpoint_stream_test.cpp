@@ -25,6 +25,7 @@
 #include <mpar/optim/rank_scalars.hpp>
 
 #include "models/gpt_test_config.hpp"
+#include "rank_world.hpp"
 
 using namespace mpar;
 
@@ -76,14 +77,7 @@ std::vector<CkptRankState> ckpt_on_ranks(const models::GptTrainConfig& c, Body b
       out[std::size_t(w.rank())] = body(t, std::size_t(w.rank()));
       B::synchronize();
     };
-    if constexpr (std::is_same_v<B, HostBackend>) {
-      HostMemoryResource host;  // a stream backend's rank memory may still be installed on this thread
-      ScopedMemoryResource use(host);
-      run(w);
-    } else {
-      StreamOrderedCommunicator<ThreadsCommunicator, B> world(w);
-      run(world);
-    }
+    testing::on_rank_world<B>(w, run);
   });
   return out;
 }

@@ -19,6 +19,7 @@
 #include <mpar/optim/rank_scalars.hpp>
 
 #include "models/gpt_test_config.hpp"
+#include "rank_world.hpp"
 
 using namespace mpar;
 
@@ -55,16 +56,7 @@ std::vector<RankRun> train(const models::GptTrainConfig& c, int steps) {
       }
       B::synchronize();
     };
-    if constexpr (std::is_same_v<B, HostBackend>) {
-      // Ordinary host memory: a rank on the main thread may still have a stream backend's memory installed by
-      // an earlier test case (DiscreteHostBackend's faults on every host access).
-      HostMemoryResource host;
-      ScopedMemoryResource use(host);
-      run(w);
-    } else {
-      StreamOrderedCommunicator<ThreadsCommunicator, B> world(w);
-      run(world);
-    }
+    testing::on_rank_world<B>(w, run);
   });
   return out;
 }

@@ -19,6 +19,7 @@
 #include <mpar/optim/rank_scalars.hpp>
 
 #include "models/gpt_test_config.hpp"
+#include "rank_world.hpp"
 
 using namespace mpar;
 
@@ -78,15 +79,8 @@ std::vector<std::vector<std::vector<float>>> initial_values(const models::GptTra
       }
       B::synchronize();
     };
-    if constexpr (std::is_same_v<B, HostBackend>) {
-      HostMemoryResource host;  // not a stream backend's memory an earlier case left installed on this thread
-      ScopedMemoryResource use(host);
-      run(w);
-    } else {
-      B::init_rank();
-      StreamOrderedCommunicator<ThreadsCommunicator, B> world(w);
-      run(world);
-    }
+    if constexpr (!std::is_same_v<B, HostBackend>) B::init_rank();
+    testing::on_rank_world<B>(w, run);
   });
   return out;
 }
