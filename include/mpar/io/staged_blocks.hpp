@@ -48,7 +48,7 @@ class StagedBlocks {
         b.data = std::span<const float>(host, b.data.size());
         host += b.data.size();
       }
-      wait_for_stream();
+      optim::wait_for_rank_stream<B>();
     }
   }
 
@@ -72,7 +72,7 @@ class StagedBlocks {
   void upload() {
     if constexpr (staged) {
       for (const Upload& u : rank_) B::template copy_from_host_async<float>(u.rank.size(), u.host, u.rank.data());
-      wait_for_stream();
+      optim::wait_for_rank_stream<B>();
       rank_.clear();
     }
   }
@@ -85,11 +85,6 @@ class StagedBlocks {
     for (const auto& b : blocks) total += b.data.size();
     buffer_.emplace(total);
     return buffer_->data();
-  }
-  static void wait_for_stream() {
-    typename B::event_type done;
-    B::record_event(done);
-    B::wait_event(done);
   }
   struct Upload {
     std::span<float> rank;  ///< where the block lives on the rank

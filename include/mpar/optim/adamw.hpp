@@ -142,23 +142,17 @@ class AdamW {
     ++steps_;
     rank_count_stale_ = true;
     AdamWStep s = AdamWStep::at(config_, steps_, lr);
-    float* w = nullptr;
-    const float* g = nullptr;
-    if (layout_.holds(params_, w, g)) {  // one call over the flat range
-      B::adamw_update(layout_.size(), w, g, m_.data(), v_.data(), config_.beta1, config_.beta2, config_.eps, s.lr,
-                      config_.weight_decay, s.bias_correction1, s.bias_correction2, factors, runs_.data(),
-                      runs_.size());
-      return;
-    }
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      auto& p = *params_[i];
-      require(p.grad.size() == p.value.size(), "AdamW::step: parameter ", p.name, " has ", p.value.size(),
-              " values but ", p.grad.size(), " gradients");
-      require(p.value.size() == state_size(i), "AdamW::step: parameter ", p.name, " holds ", p.value.size(),
-              " values but its moments ", state_size(i), "; a parameter must keep its size");
-      s.weight_decay = config_.decays_param(p) ? config_.weight_decay : 0.0f;
-      adamw_update<B>(p.value, p.grad, first_moment_mut(i), second_moment_mut(i), config_, s, factors);
-    }
+    issue_update(
+        "AdamW::step",
+        [&](float* w, const float* g) {
+          B::adamw_update(layout_.size(), w, g, m_.data(), v_.data(), config_.beta1, config_.beta2, config_.eps, s.lr,
+                          config_.weight_decay, s.bias_correction1, s.bias_correction2, factors, runs_.data(),
+                          runs_.size());
+        },
+        [&](std::size_t i, nn::Parameter& p, float weight_decay) {
+          s.weight_decay = weight_decay;
+          adamw_update<B>(p.value, p.grad, first_moment_mut(i), second_moment_mut(i), config_, s, factors);
+        });
   }
   /**
    * One update with every per-step value read from rank memory: the learning rate from `lr` (one float, e.g.
@@ -174,25 +168,19 @@ class AdamW {
   void step_in_rank(const float* lr, const UpdateFactors* factors) {
     if (rank_count_stale_) write_rank_scalars();
     B::adamw_advance(config_.beta1, config_.beta2, lr, factors, scalars_.data());
-    float* w = nullptr;
-    const float* g = nullptr;
-    if (layout_.holds(params_, w, g)) {
-      B::adamw_update(layout_.size(), w, g, m_.data(), v_.data(), config_.beta1, config_.beta2, config_.eps,
-                      config_.weight_decay, static_cast<const AdamWScalars*>(scalars_.data()), factors, runs_.data(),
-                      runs_.size());
-      return;
-    }
-    for (std::size_t i = 0; i < params_.size(); ++i) {
-      auto& p = *params_[i];
-      require(p.grad.size() == p.value.size() && p.value.size() == state_size(i), "AdamW::step_in_rank: parameter ",
-              p.name, " has ", p.value.size(), " values, ", p.grad.size(), " gradients and moments of ", state_size(i),
-              "; they must agree");
-      if (p.value.empty()) continue;
-      B::adamw_update(p.value.size(), p.value.data(), p.grad.data(), first_moment_mut(i).data(),
-                      second_moment_mut(i).data(), config_.beta1, config_.beta2, config_.eps,
-                      config_.decays_param(p) ? config_.weight_decay : 0.0f,
-                      static_cast<const AdamWScalars*>(scalars_.data()), factors);
-    }
+    const auto* scalars = static_cast<const AdamWScalars*>(scalars_.data());
+    issue_update(
+        "AdamW::step_in_rank",
+        [&](float* w, const float* g) {
+          B::adamw_update(layout_.size(), w, g, m_.data(), v_.data(), config_.beta1, config_.beta2, config_.eps,
+                          config_.weight_decay, scalars, factors, runs_.data(), runs_.size());
+        },
+        [&](std::size_t i, nn::Parameter& p, float weight_decay) {
+          if (p.value.empty()) return;
+          B::adamw_update(p.value.size(), p.value.data(), p.grad.data(), first_moment_mut(i).data(),
+                          second_moment_mut(i).data(), config_.beta1, config_.beta2, config_.eps, weight_decay, scalars,
+                          factors);
+        });
   }
   /** The per-step scalars `step_in_rank` keeps in rank memory (its update count included). */
   [[nodiscard]] const AdamWScalars* rank_scalars() const { return scalars_.data(); }
@@ -224,6 +212,28 @@ class AdamW {
   }
 
  private:
+  /**
+   * Issues one update: `flat(w, g)` once over the flat range when the parameters sit in it, else
+   * `per_parameter(i, p, weight_decay)` for each parameter, after checking that its values, gradients and
+   * moments agree in size (`who` names the caller in the error).
+   */
+  template <class Flat, class PerParameter>
+  void issue_update(const char* who, Flat&& flat, PerParameter&& per_parameter) {
+    float* w = nullptr;
+    const float* g = nullptr;
+    if (layout_.holds(params_, w, g)) {  // one call over the flat range
+      flat(w, g);
+      return;
+    }
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      auto& p = *params_[i];
+      require(p.grad.size() == p.value.size(), who, ": parameter ", p.name, " has ", p.value.size(), " values but ",
+              p.grad.size(), " gradients");
+      require(p.value.size() == state_size(i), who, ": parameter ", p.name, " holds ", p.value.size(),
+              " values but its moments ", state_size(i), "; a parameter must keep its size");
+      per_parameter(i, p, config_.decays_param(p) ? config_.weight_decay : 0.0f);
+    }
+  }
   /** The count in rank memory from the host's (the learning rate is written by each step_in_rank). */
   void write_rank_scalars() {
     const AdamWStep s = AdamWStep::at(config_, steps_, 0.0f);

@@ -20,14 +20,20 @@
 
 namespace mpar::optim {
 
+/** @brief Blocks the host until `B`'s rank stream has passed everything issued on it so far (one event wait). */
+template <backend B>
+void wait_for_rank_stream() {
+  typename B::event_type passed;
+  B::record_event(passed);
+  B::wait_event(passed);
+}
+
 /** @brief Copies `n` values of rank memory `src` to host memory `dst`, after the work that produced them. */
 template <backend B, class T>
 void copy_to_host(const T* src, T* dst, std::size_t n) {
   typename B::template pinned_buffer<T> staged(n);
   B::template copy_to_host_async<T>(n, src, staged.data());
-  typename B::event_type copied;
-  B::record_event(copied);
-  B::wait_event(copied);
+  wait_for_rank_stream<B>();
   std::copy_n(staged.data(), n, dst);
 }
 
@@ -58,9 +64,7 @@ void copy_to_rank(const T* src, T* dst, std::size_t n) {
   typename B::template pinned_buffer<T> staged(n);
   std::copy_n(src, n, staged.data());
   B::template copy_from_host_async<T>(n, staged.data(), dst);
-  typename B::event_type copied;  // the staging buffer must outlive the copy
-  B::record_event(copied);
-  B::wait_event(copied);
+  wait_for_rank_stream<B>();  // the staging buffer must outlive the copy
 }
 
 /**
