@@ -127,6 +127,8 @@ struct ResidencyCheckedBackend : HostBackend {
   MPAR_TEST_CHECKED(moe_gate_backward)
   // The MLP's first projection with its bias and GeLU: input, weight, bias, pre-activation, output.
   MPAR_TEST_CHECKED(gemm_bias_gelu)
+  // The strided 2-D copy (ring attention's K/V packing, MoE's expert blocks): source and destination.
+  MPAR_TEST_CHECKED(copy_2d)
 #undef MPAR_TEST_CHECKED
 };
 static_assert(backend<ResidencyCheckedBackend>);

@@ -312,6 +312,12 @@ TEST_CASE("GPT over CountingBackend<StreamHostBackend>: at most two host waits p
       CHECK(counts[r][observe::Op::online_softmax_backward] == score_blocks);
       CHECK(counts[r][observe::Op::online_softmax_finish] == ring_layers);
       CHECK(counts[r][observe::Op::online_softmax_delta] == ring_layers);
+      // Strided copies, one launch each whatever the rows: ring attention packs the K/V columns of its QKV in
+      // the forward and again in the backward and puts dK/dV into dQKV's columns once per layer and micro-batch
+      // (not one copy per token row); under cp the first stage takes its two chunks' rows of the position table
+      // in one. (No layout here recomputes under cp, which would pack again.)
+      const std::uint64_t position_tables = c.cp > 1 && first_stage ? std::uint64_t(c.microbatches) : 0;
+      CHECK(counts[r][observe::Op::copy_2d] == 3 * ring_layers + position_tables);
       std::printf("%-16s rank %zu: host syncs %llu, launches %llu, host bytes %llu\n", name.c_str(), r,
                   (unsigned long long)counts[r].host_syncs(), (unsigned long long)counts[r].total_launches(),
                   (unsigned long long)counts[r].host_bytes);
@@ -341,6 +347,9 @@ TEST_CASE("GPT with MoE at ep2 over CountingBackend<StreamHostBackend>: two host
       CHECK(counts[r][op] == m * moe_blocks);
     CHECK(counts[r][Op::scatter_add_rows] == 2 * m * moe_blocks);
     CHECK(counts[r][Op::accumulate] == m + 2 * m * moe_blocks);
+    // Each local expert's rows from every source in one strided copy and back, in the forward and the backward.
+    const std::uint64_t local_experts = c.model.experts / std::uint64_t(c.ep);
+    CHECK(counts[r][Op::copy_2d] == 4 * local_experts * m * moe_blocks);
     // The host reads only the step's inputs (token ids and targets, stream-ordered copies).
     const std::uint64_t inputs = m * c.microbatch_size() * c.model.seq * 4;
     CHECK(counts[r].host_bytes == 2 * inputs);

@@ -25,7 +25,10 @@ namespace mpar {
  *   memory, uninitialised allocation;
  * - the buffer operations, with the semantics of their `mpar::host` reference (backend/host/buffer_ops.hpp),
  *   so no host loop touches rank memory: `zero(n, x)`, `fill(n, value, x)`, `copy(n, src, dst)` (no
- *   overlap), `convert(n, src, dst)` (fp32 to bf16/f16 rounding to nearest even, and back exactly),
+ *   overlap), `copy_2d(rows, cols, src, src_ld, dst, dst_ld)` (a `rows x cols` block of one row-major matrix
+ *   into another in one operation — `dst[r * dst_ld + c] = src[r * src_ld + c]` — with leading dimensions of
+ *   at least `cols`, else a config_error when the call is issued; the blocks must not overlap; no rows or
+ *   no columns copy nothing), `convert(n, src, dst)` (fp32 to bf16/f16 rounding to nearest even, and back exactly),
  *   `init_values(block, x)` (a parameter block's counter-based initial values, core/init.hpp, bit for bit
  *   those of `init_value` on the host: a parameter is initialised where it lives, with no upload).
  */
@@ -41,6 +44,7 @@ concept memory_backend = requires(const float* a, float* c, const bf16* h, std::
   B::zero(n, c);
   B::fill(n, 1.0f, c);
   B::copy(n, a, c);
+  B::copy_2d(n, n, a, n, c, n);
   B::convert(n, a, hw);
   B::convert(n, h, c);
   B::init_values(block, c);

@@ -632,9 +632,10 @@ class GptPipelinePart {
       B::bias_add_forward(tokens.size() / seq, block, pos_.value.data(), h.data());
     } else {
       nn::Activation table({seq, cfg_.hidden}, uninitialized);
+      // The two chunks' rows of the table in one strided copy (the second chunk lies after the first).
       const std::size_t half = block / 2;
-      for (std::size_t a = 0; a < 2; ++a)
-        B::copy(half, pos_.value.data() + position_chunk(a) * half, table.data() + a * half);
+      B::copy_2d(2, half, pos_.value.data() + position_chunk(0) * half, (position_chunk(1) - position_chunk(0)) * half,
+                 table.data(), half);
       B::bias_add_forward(tokens.size() / seq, block, table.data(), h.data());
     }
     return h;  // the position embedding is replicated: the sum stays Replicate

@@ -212,8 +212,8 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
       if (j + 1 < cp_) ring.finish();
       grad.finish();
     }
-    const float* dkv = grad.current().data();
-    for (std::size_t row = 0; row < t; ++row) B::copy(2 * hl, dkv + row * 2 * hl, dqkv.data() + row * 3 * hl + hl);
+    // The dK/dV rows into the K and V columns of dQKV: one strided copy, not one per token row.
+    B::copy_2d(t, 2 * hl, grad.current().data(), 2 * hl, dqkv.data() + hl, 3 * hl);
     return dqkv;
   }
 
@@ -265,11 +265,14 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
   }
   /** Global chunk of local half `a` (0 or 1) on context rank `rank`. */
   [[nodiscard]] std::size_t chunk(std::size_t rank, std::size_t a) const { return a == 0 ? rank : 2 * cp_ - 1 - rank; }
-  /** The K and V columns of this rank's tokens, contiguous `[tokens, 2 hl]`: the block that travels. */
+  /**
+   * The K and V columns of this rank's tokens, contiguous `[tokens, 2 hl]`: the block that travels. One
+   * strided copy (the columns `[hl, 3 hl)` of every row), not one per token row: on a device each is a launch.
+   */
   Activation pack_kv(const Activation& qkv) const {
     const std::size_t hl = h_ * d_, t = qkv.extent(0);
     Activation kv({t, 2 * hl}, uninitialized);
-    for (std::size_t row = 0; row < t; ++row) B::copy(2 * hl, qkv.data() + row * 3 * hl + hl, kv.data() + row * 2 * hl);
+    B::copy_2d(t, 2 * hl, qkv.data() + hl, 3 * hl, kv.data(), 2 * hl);
     return kv;
   }
 

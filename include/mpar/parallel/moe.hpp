@@ -304,14 +304,18 @@ class MoeMlp {
   };
 
   /**
-   * The received rows are [source][local expert][C]: `f(l, q, offset)` for each local expert l and source q,
-   * with the first row of that block (the expert's own rows are [q][C], copied contiguous by the callers).
+   * The received rows are [source q][local expert l][C] of `d` values; expert l works on its own rows
+   * contiguous, [q][C]. Its block from every source is one strided copy: ep blocks of C d values, El C d
+   * apart in the received rows (one operation per expert, not one per source).
    */
-  template <class F>
-  void for_each_block(std::size_t C, F&& f) const {
-    const std::size_t El = local_experts_, ep = std::size_t(comm_->size());
-    for (std::size_t l = 0; l < El; ++l)
-      for (std::size_t q = 0; q < ep; ++q) f(l, q, (q * El + l) * C);
+  void gather_expert_rows(std::size_t l, std::size_t C, const float* received, float* expert_rows) const {
+    const std::size_t d = cfg_.d_model, block = C * d;
+    B::copy_2d(std::size_t(comm_->size()), block, received + l * block, local_experts_ * block, expert_rows, block);
+  }
+  /** The inverse of `gather_expert_rows`: expert l's [q][C] rows back to their places among the received rows. */
+  void scatter_expert_rows(std::size_t l, std::size_t C, const float* expert_rows, float* received) const {
+    const std::size_t d = cfg_.d_model, block = C * d;
+    B::copy_2d(std::size_t(comm_->size()), block, expert_rows, block, received + l * block, local_experts_ * block);
   }
 
   void run_experts(State& st, const Buffer<float>& in, Buffer<float>& out) {
@@ -322,18 +326,14 @@ class MoeMlp {
     for (std::size_t l = 0; l < local_experts_; ++l) {
       auto& xi = st.ex_in[l];
       xi = uninitialized_buffer<float>(n * d);
-      for_each_block(C, [&](std::size_t m, std::size_t q, std::size_t row) {
-        if (m == l) B::copy(C * d, in.data() + row * d, xi.data() + q * C * d);
-      });
+      gather_expert_rows(l, C, in.data(), xi.data());
       auto& h = st.ex_h[l];
       h = uninitialized_buffer<float>(n * f);
       gemm_xw(st.type, Trans::no, Trans::no, n, f, d, xi, d, w1_, w1_16_, l * d * f, f, 0.0f, h.data(), f);
       Buffer<float> a = uninitialized_buffer<float>(n * f), o = uninitialized_buffer<float>(n * d);
       B::gelu_forward(n * f, h.data(), a.data());
       gemm_xw(st.type, Trans::no, Trans::no, n, d, f, a, f, w2_, w2_16_, l * f * d, d, 0.0f, o.data(), d);
-      for_each_block(C, [&](std::size_t m, std::size_t q, std::size_t row) {
-        if (m == l) B::copy(C * d, o.data() + q * C * d, out.data() + row * d);
-      });
+      scatter_expert_rows(l, C, o.data(), out.data());
     }
   }
 
@@ -342,9 +342,7 @@ class MoeMlp {
     if (n == 0) return;
     for (std::size_t l = 0; l < local_experts_; ++l) {
       Buffer<float> dy = uninitialized_buffer<float>(n * d);
-      for_each_block(C, [&](std::size_t m, std::size_t q, std::size_t row) {
-        if (m == l) B::copy(C * d, dout.data() + row * d, dy.data() + q * C * d);
-      });
+      gather_expert_rows(l, C, dout.data(), dy.data());
       const auto& h = st.ex_h[l];
       Buffer<float> a = uninitialized_buffer<float>(n * f), da = uninitialized_buffer<float>(n * f),
                     dh = uninitialized_buffer<float>(n * f), dxi = uninitialized_buffer<float>(n * d);
@@ -354,9 +352,7 @@ class MoeMlp {
       B::gelu_backward(n * f, h.data(), da.data(), dh.data());
       gemm_xy(st.type, Trans::yes, Trans::no, d, f, n, st.ex_in[l], d, dh, f, &w1_.grad[l * d * f], f);
       gemm_xw(st.type, Trans::no, Trans::yes, n, d, f, dh, f, w1_, w1_16_, l * d * f, f, 0.0f, dxi.data(), d);
-      for_each_block(C, [&](std::size_t m, std::size_t q, std::size_t row) {
-        if (m == l) B::copy(C * d, dxi.data() + q * C * d, dx.data() + row * d);
-      });
+      scatter_expert_rows(l, C, dxi.data(), dx.data());
     }
   }
 

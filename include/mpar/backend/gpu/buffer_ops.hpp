@@ -1,7 +1,8 @@
 #pragma once
 /**
  * @file Device buffer operations on a stream: `zero` (cudaMemsetAsync), `fill` and `init_values` (grid-stride
- * kernels). `copy` is `copy_on_device` (memory.hpp) and `convert` is in kernels.hpp.
+ * kernels). `copy` and `copy_2d` are `copy_on_device` and `copy_2d_on_device` (memory.hpp); `convert` is in
+ * kernels.hpp.
  */
 #include <cuda_runtime.h>
 

@@ -12,6 +12,7 @@
 #include <utility>
 
 #include "mpar/backend/backend.hpp"
+#include "mpar/backend/copy_2d_shape.hpp"
 #include "mpar/backend/gpu/accumulate.hpp"
 #include "mpar/backend/gpu/buffer_ops.hpp"
 #include "mpar/backend/gpu/context.hpp"
@@ -278,6 +279,13 @@ struct CudaBackend {
   template <class T>
   static void copy(std::size_t n, const T* src, T* dst) {
     then_wait([&] { gpu::copy_on_device(src, dst, n, gpu::current_stream()); });
+  }
+  /** The strided 2-D copy (see HostBackend::copy_2d): one cudaMemcpy2DAsync device to device on the rank's stream. */
+  template <class T>
+  static void copy_2d(std::size_t rows, std::size_t cols, const T* src, std::size_t src_ld, T* dst,
+                      std::size_t dst_ld) {
+    mpar::detail::require_copy_2d_shape("CudaBackend", rows, cols, src_ld, dst_ld);
+    then_wait([&] { gpu::copy_2d_on_device(rows, cols, src, src_ld, dst, dst_ld, gpu::current_stream()); });
   }
   template <class From, class To>
   static void convert(std::size_t n, const From* src, To* dst) {

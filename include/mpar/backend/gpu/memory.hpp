@@ -221,6 +221,21 @@ void copy_on_device(const T* src, T* dst, std::size_t n, cudaStream_t s) {
     check(cudaMemcpyAsync(dst, src, n * sizeof(T), cudaMemcpyDeviceToDevice, s), "cudaMemcpyAsync(D2D)");
 }
 
+/**
+ * Copies a `rows x cols` block device -> device on `s`: row r from `src + r * src_ld` to `dst + r * dst_ld`
+ * (leading dimensions in elements, at least `cols`; the caller checks them). One `cudaMemcpy2DAsync` whatever
+ * the number of rows; a packed block (both leading dimensions `cols`) is one plain `cudaMemcpyAsync`.
+ */
+template <class T>
+void copy_2d_on_device(std::size_t rows, std::size_t cols, const T* src, std::size_t src_ld, T* dst, std::size_t dst_ld,
+                       cudaStream_t s) {
+  if (rows == 0 || cols == 0) return;
+  if (src_ld == cols && dst_ld == cols) return copy_on_device(src, dst, rows * cols, s);
+  check(cudaMemcpy2DAsync(dst, dst_ld * sizeof(T), src, src_ld * sizeof(T), cols * sizeof(T), rows,
+                          cudaMemcpyDeviceToDevice, s),
+        "cudaMemcpy2DAsync(D2D)");
+}
+
 /** A device buffer holding a copy of `host` (uploaded on `s`). */
 template <class T>
 [[nodiscard]] DeviceBuffer<T> to_device(std::span<const T> host, cudaStream_t s) {

@@ -1,7 +1,7 @@
 #pragma once
 /**
  * @file Host reference of the buffer operations of the `backend` concept — `zero`, `fill`, `copy`,
- * `convert`, `init_values` — of the strided-batched GEMM, and of the cross-entropy's loss reduction.
+ * `copy_2d`, `convert`, `init_values` — of the strided-batched GEMM, and of the cross-entropy's loss reduction.
  *
  * Why they are backend operations: on a device backend the buffers live in device memory, so zeroing a
  * gradient, keeping a copy of an activation or rounding fp32 weights to bf16 must be kernels on the
@@ -15,6 +15,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "mpar/backend/copy_2d_shape.hpp"
 #include "mpar/backend/host/gemm.hpp"
 #include "mpar/backend/types.hpp"  // Trans, BatchStrides, BatchExtents
 #include "mpar/core/dtype.hpp"
@@ -37,6 +38,18 @@ void fill(std::size_t n, T value, T* x) {
 template <class T>
 void copy(std::size_t n, const T* src, T* dst) {
   if (n) std::memcpy(static_cast<void*>(dst), static_cast<const void*>(src), n * sizeof(T));
+}
+/**
+ * dst[r * dst_ld + c] = src[r * src_ld + c] for r < rows, c < cols: a `rows x cols` block of one row-major
+ * matrix into another (leading dimensions in elements, each at least `cols`: a config_error otherwise). The
+ * two blocks must not overlap; `rows == 0` or `cols == 0` copies nothing. Packed blocks are one memcpy.
+ */
+template <class T>
+void copy_2d(std::size_t rows, std::size_t cols, const T* src, std::size_t src_ld, T* dst, std::size_t dst_ld) {
+  mpar::detail::require_copy_2d_shape("HostBackend", rows, cols, src_ld, dst_ld);
+  if (rows == 0 || cols == 0) return;
+  if (src_ld == cols && dst_ld == cols) return copy(rows * cols, src, dst);
+  for (std::size_t r = 0; r < rows; ++r) copy(cols, src + r * src_ld, dst + r * dst_ld);
 }
 /** dst[i] = To(src[i]): fp32 to bf16/f16 rounds to nearest even, 16-bit to fp32 is exact. */
 template <class From, class To>

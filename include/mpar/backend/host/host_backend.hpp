@@ -245,6 +245,11 @@ struct HostBackend {
   static void copy(std::size_t n, const T* src, T* dst) {
     host::copy(n, src, dst);
   }
+  template <class T>
+  static void copy_2d(std::size_t rows, std::size_t cols, const T* src, std::size_t src_ld, T* dst,
+                      std::size_t dst_ld) {
+    host::copy_2d(rows, cols, src, src_ld, dst, dst_ld);
+  }
   template <class From, class To>
   static void convert(std::size_t n, const From* src, To* dst) {
     host::convert(n, src, dst);

@@ -38,6 +38,7 @@
 #include <vector>
 
 #include "mpar/backend/backend.hpp"
+#include "mpar/backend/copy_2d_shape.hpp"
 #include "mpar/backend/graph_backend.hpp"
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/backend/online_softmax_backend.hpp"
@@ -253,6 +254,17 @@ struct BasicStreamHostBackend {
   MPAR_STREAM_OP(online_softmax_backward)
 #undef MPAR_STREAM_OP
 
+  /**
+   * The strided 2-D copy (see HostBackend::copy_2d) as one operation on the rank's stream. The leading
+   * dimensions are checked here, when it is issued, so a bad call throws at the call and not at the next wait.
+   */
+  template <class T>
+  static void copy_2d(std::size_t rows, std::size_t cols, const T* src, std::size_t src_ld, T* dst,
+                      std::size_t dst_ld) {
+    mpar::detail::require_copy_2d_shape(View::backend_name, rows, cols, src_ld, dst_ld);
+    submit(
+        "copy_2d", [](auto... x) { HostBackend::copy_2d(x...); }, rows, cols, src, src_ld, dst, dst_ld);
+  }
   /** Strided-batched GEMM (see HostBackend::gemm_strided_batched), issued to the rank's stream. */
   template <class TIn, class TOut = TIn>
     requires host_gemm_types<TIn, TOut>

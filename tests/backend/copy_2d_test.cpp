@@ -1,0 +1,165 @@
+// The strided 2-D copy of the memory contract (`copy_2d`, backend/memory_backend.hpp) on every host backend:
+// the block against a naive element loop, the elements around it untouched, bad leading dimensions rejected
+// when the call is issued, and one counted launch whatever the number of rows.
+#include <catch2/catch.hpp>
+
+#include <cstddef>
+#include <cstdint>
+#include <cstring>
+#include <exception>
+#include <optional>
+#include <thread>
+#include <vector>
+
+#include <mpar/backend/host/host_backend.hpp>
+#include <mpar/backend/stream/stream_backend.hpp>
+#include <mpar/core.hpp>
+#include <mpar/observe/counting_backend.hpp>
+
+namespace {
+
+/** Runs `f` on a fresh thread (a rank: its own stream and rank memory after `init_rank`) and returns its result. */
+template <class B, class F>
+auto copy_2d_on_fresh_rank(F f) {
+  using R = decltype(f());
+  std::optional<R> out;
+  std::exception_ptr error;
+  std::thread t([&] {
+    try {
+      B::init_rank();
+      out.emplace(f());
+      B::synchronize();
+    } catch (...) {
+      error = std::current_exception();
+    }
+  });
+  t.join();
+  if (error) std::rethrow_exception(error);
+  return std::move(*out);
+}
+
+/** One strided copy: `rows x cols` from `src_offset` of a matrix with rows `src_ld` long, to `dst_offset` of one with `dst_ld`. */
+struct Copy2dCase {
+  std::size_t rows, cols, src_ld, dst_ld, src_offset, dst_offset, src_size, dst_size;
+};
+
+/** Distinct values for every index (exact in bf16 too), so a misplaced or missing element shows. */
+template <class T>
+std::vector<T> copy_2d_pattern(std::size_t n, int start) {
+  std::vector<T> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = T(float(start + int(i % 200)) * 0.5f);
+  return v;
+}
+
+/** The expected destination: `dst` with the block written element by element. */
+template <class T>
+std::vector<T> copy_2d_reference(const Copy2dCase& c, const std::vector<T>& src, std::vector<T> dst) {
+  for (std::size_t r = 0; r < c.rows; ++r)
+    for (std::size_t k = 0; k < c.cols; ++k)
+      dst[c.dst_offset + r * c.dst_ld + k] = src[c.src_offset + r * c.src_ld + k];
+  return dst;
+}
+
+/** The destination after `B::copy_2d` on rank memory (uploaded and read back by the stream-ordered copies). */
+template <class B, class T>
+std::vector<T> copy_2d_through_backend(const Copy2dCase& c, const std::vector<T>& src, const std::vector<T>& dst) {
+  return copy_2d_on_fresh_rank<B>([&] {
+    mpar::Buffer<T> s = B::template allocate<T>(src.size()), d = B::template allocate<T>(dst.size());
+    B::template copy_from_host_async<T>(src.size(), src.data(), s.data());
+    B::template copy_from_host_async<T>(dst.size(), dst.data(), d.data());
+    B::copy_2d(c.rows, c.cols, s.data() + c.src_offset, c.src_ld, d.data() + c.dst_offset, c.dst_ld);
+    std::vector<T> out(dst.size());
+    B::template copy_to_host_async<T>(out.size(), d.data(), out.data());
+    B::synchronize();
+    return out;
+  });
+}
+
+template <class T>
+bool copy_2d_same_bits(const std::vector<T>& a, const std::vector<T>& b) {
+  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(T)) == 0;
+}
+
+const std::vector<Copy2dCase>& copy_2d_cases() {
+  static const std::vector<Copy2dCase> cases{
+      {0, 5, 7, 5, 0, 0, 8, 8},                  // no rows: nothing written
+      {3, 0, 4, 4, 0, 0, 12, 12},                // no columns: nothing written
+      {1, 1, 1, 1, 0, 0, 1, 1},                  // one element
+      {7, 13, 13, 13, 0, 0, 91, 91},             // packed: both leading dimensions are the row
+      {7, 13, 17, 19, 0, 0, 119, 133},           // both strided, odd sizes
+      {5, 3, 11, 4, 2 * 11 + 5, 4 + 1, 88, 28},  // a sub-block of a larger matrix into a sub-block of another
+      {9, 6, 18, 12, 6, 6, 162, 108},            // ring attention's shape: the K/V columns of [t, 3 hl] into [t, 2 hl]
+      {2, 6, 6, 18, 0, 6, 12, 36},               // and back: [t, 2 hl] into the columns [hl, 3 hl) of [t, 3 hl]
+  };
+  return cases;
+}
+
+template <class B, class T>
+void check_copy_2d_cases() {
+  for (const Copy2dCase& c : copy_2d_cases()) {
+    INFO(B::name << ": " << c.rows << " x " << c.cols << ", src_ld " << c.src_ld << " at " << c.src_offset
+                 << ", dst_ld " << c.dst_ld << " at " << c.dst_offset);
+    const auto src = copy_2d_pattern<T>(c.src_size, 1), dst = copy_2d_pattern<T>(c.dst_size, -300);
+    CHECK(copy_2d_same_bits(copy_2d_through_backend<B, T>(c, src, dst), copy_2d_reference(c, src, dst)));
+  }
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("backend copy_2d: the block equals a naive element loop, every other element untouched",
+                   "[backend][buffer_ops][copy_2d]", mpar::HostBackend, mpar::StreamHostBackend,
+                   mpar::DiscreteHostBackend, mpar::observe::CountingBackend<mpar::HostBackend>) {
+  check_copy_2d_cases<TestType, float>();
+  check_copy_2d_cases<TestType, double>();
+  check_copy_2d_cases<TestType, mpar::bf16>();
+}
+
+TEMPLATE_TEST_CASE("backend copy_2d: no rows or no columns copies nothing, even with null pointers",
+                   "[backend][buffer_ops][copy_2d]", mpar::HostBackend, mpar::StreamHostBackend,
+                   mpar::DiscreteHostBackend) {
+  CHECK(copy_2d_on_fresh_rank<TestType>([] {
+    TestType::copy_2d(std::size_t(0), std::size_t(4), static_cast<const float*>(nullptr), std::size_t(4),
+                      static_cast<float*>(nullptr), std::size_t(4));
+    TestType::copy_2d(std::size_t(3), std::size_t(0), static_cast<const float*>(nullptr), std::size_t(0),
+                      static_cast<float*>(nullptr), std::size_t(0));
+    return true;
+  }));
+}
+
+TEMPLATE_TEST_CASE(
+    "backend copy_2d: a leading dimension shorter than a row is a config_error at the call, naming the sizes",
+    "[backend][buffer_ops][copy_2d]", mpar::HostBackend, mpar::StreamHostBackend, mpar::DiscreteHostBackend) {
+  using B = TestType;
+  // Thrown when issued (not at the next wait), and the rank's stream stays usable afterwards.
+  const bool stream_usable = copy_2d_on_fresh_rank<B>([] {
+    mpar::Buffer<float> s = B::template allocate<float>(32), d = B::template allocate<float>(32);
+    CHECK_THROWS_AS(B::copy_2d(std::size_t(4), std::size_t(5), s.data(), std::size_t(3), d.data(), std::size_t(5)),
+                    mpar::config_error);
+    CHECK_THROWS_WITH(
+        B::copy_2d(std::size_t(4), std::size_t(5), s.data(), std::size_t(3), d.data(), std::size_t(5)),
+        Catch::Contains("copy_2d of 4 x 5") && Catch::Contains("src_ld = 3") && Catch::Contains("at least cols = 5"));
+    CHECK_THROWS_WITH(B::copy_2d(std::size_t(2), std::size_t(6), s.data(), std::size_t(6), d.data(), std::size_t(4)),
+                      Catch::Contains("dst_ld = 4") && Catch::Contains("at least cols = 6"));
+    // No rows does not excuse a wrong leading dimension: the first call that makes it fails.
+    CHECK_THROWS_AS(B::copy_2d(std::size_t(0), std::size_t(5), s.data(), std::size_t(2), d.data(), std::size_t(5)),
+                    mpar::config_error);
+    B::synchronize();
+    return true;
+  });
+  CHECK(stream_usable);
+}
+
+TEMPLATE_TEST_CASE("CountingBackend: a copy_2d is one launch, whatever its number of rows",
+                   "[backend][buffer_ops][copy_2d][counts]", mpar::HostBackend, mpar::StreamHostBackend) {
+  using Counting = mpar::observe::CountingBackend<TestType>;
+  const mpar::observe::BackendCounts d = copy_2d_on_fresh_rank<Counting>([] {
+    mpar::Buffer<float> s = Counting::template allocate<float>(64 * 6), t = Counting::template allocate<float>(64 * 4);
+    const auto before = Counting::counts();
+    Counting::copy_2d(std::size_t(64), std::size_t(4), s.data() + 2, std::size_t(6), t.data(), std::size_t(4));
+    Counting::synchronize();
+    return Counting::counts() - before;
+  });
+  CHECK(d[mpar::observe::Op::copy_2d] == 1);
+  CHECK(d.total_launches() == 1);
+  CHECK(d.by_kind() == "copy_2d=1");
+}
