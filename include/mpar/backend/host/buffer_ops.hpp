@@ -15,6 +15,7 @@
 #include <cstring>
 #include <type_traits>
 
+#include "mpar/backend/host/bf16_convert.hpp"
 #include "mpar/backend/host/gemm.hpp"
 #include "mpar/backend/types.hpp"  // Trans, BatchStrides, BatchExtents
 #include "mpar/core/dtype.hpp"
@@ -38,10 +39,18 @@ template <class T>
 void copy(std::size_t n, const T* src, T* dst) {
   if (n) std::memcpy(static_cast<void*>(dst), static_cast<const void*>(src), n * sizeof(T));
 }
-/** dst[i] = To(src[i]): fp32 to bf16/f16 rounds to nearest even, 16-bit to fp32 is exact. */
+/**
+ * dst[i] = To(src[i]): fp32 to bf16/f16 rounds to nearest even, 16-bit to fp32 is exact. fp32 <-> bf16, the
+ * mixed-precision step's conversions, run vectorized (bf16_convert.hpp) with the same bits.
+ */
 template <class From, class To>
 void convert(std::size_t n, const From* src, To* dst) {
-  for (std::size_t i = 0; i < n; ++i) dst[i] = mpar::convert<To>(src[i]);
+  if constexpr (std::is_same_v<From, float> && std::is_same_v<To, bf16>)
+    convert_to_bf16(n, src, dst);
+  else if constexpr (std::is_same_v<From, bf16> && std::is_same_v<To, float>)
+    convert_from_bf16(n, src, dst);
+  else
+    for (std::size_t i = 0; i < n; ++i) dst[i] = mpar::convert<To>(src[i]);
 }
 
 /** x[k] = T(block.value(k)) for k < block.size(): a parameter block's initial values (core/init.hpp). */
