@@ -98,15 +98,17 @@ void check_common(const std::vector<RankCounts>& rs) {
  *   (row max, sums, loss, logit gradient), the loss added into the step's statistics in rank memory
  *   (`accumulate`, no host read) and the executor's 1/M scale of the logit gradient;
  * - the activations layers keep for backward while receiving them by const reference are copied by the
- *   backend (`nn::backend_copy`, one `copy` each): in a block's forward the inputs of both layer norms and of
- *   the four projections: 6 (GeLU's input is the pre-activation the fused projection wrote, kept without a
- *   copy; the two dropouts, identity at p = 0, receive their inputs as rvalues and return them moved, no
- *   copy); in its backward the output gradients of the four projections and the two dropouts (whose inputs
- *   the residuals still read): 6; a stage's input (not the first)
+ *   backend (`nn::backend_copy`, one `copy` each): in a block's forward the inputs of both layer norms and, in
+ *   fp32 only, of the four projections: 2 + 4 (GeLU's input is the pre-activation the fused projection wrote,
+ *   kept without a copy; the two dropouts, identity at p = 0, receive their inputs as rvalues and return them
+ *   moved, no copy); in its backward the two dropouts' (whose inputs the residuals still read) and, in fp32
+ *   only, the output gradients of the four projections: 2 + 4 (under bf16 / f16 a projection keeps only the
+ *   16-bit conversion of its input and output gradient, made from the tensor it received); a stage's input (not the first)
  *   and output gradient (not the last); the final layer norm's input, the logits kept by the loss and
  *   the logit gradient kept for the head's W on the last stage;
  * - under bf16 / f16 (`nn::Autocast`) each of a block's four projections converts its input to 16 bits in the
- *   forward (one `convert`) and its output gradient in the backward (one more), and its weight once per step
+ *   forward (one `convert`, instead of the copy) and its output gradient in the backward (one more, instead of
+ *   the copy), and its weight once per step
  *   (the first forward of the step), and attention converts q, k, v and the probabilities in the forward and
  *   the probabilities, dO and dS in the backward: + 6 per block forward, + 7 per block backward, + 4 per block
  *   and step; the tied LM head converts its input in the forward (+ 1 on the last stage), its logit gradient
@@ -141,8 +143,11 @@ Expected expected_launches(const models::GptTrainConfig& c, const RankCounts& r,
   // The rank's stages (model chunks): r, r + pp, ... of pp x chunks.
   for (std::size_t stage = r.coord.pipeline; stage < stages; stage += c.pp) {
     const bool first = stage == 0, last = stage == stages - 1;
-    e.forward += L * (12 + 2 * A + 6 + 6 * half) + (first ? 2 : 1) + (last ? 2 + mask + 1 + half : 0);
-    e.backward += L * (18 + 4 * A + 6 + 7 * half) + (first ? 2 : 0) + (last ? 7 + 2 + 1 + 1 : 1);  // + accumulate
+    const std::uint64_t projection_copies = 4 * (1 - half);  // fp32 keeps copies; 16-bit only the conversions
+    e.forward +=
+        L * (12 + 2 * A + 2 + projection_copies + 6 * half) + (first ? 2 : 1) + (last ? 2 + mask + 1 + half : 0);
+    e.backward += L * (18 + 4 * A + 2 + projection_copies + 7 * half) + (first ? 2 : 0) +
+                  (last ? 7 + 2 + 1 + 1 : 1);  // + accumulate
     weight_converts += L * 4 * half + (last ? half : 0);
   }
   e.per_step = M * (e.forward + e.backward + (c.recompute ? e.forward : 0)) + weight_converts;

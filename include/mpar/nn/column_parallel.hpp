@@ -11,7 +11,6 @@
 
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
-#include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/collectives.hpp"
 #include "mpar/nn/linear.hpp"
 
@@ -136,19 +135,26 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
   template <communicator C2, std::size_t In2, std::size_t Out2, std::size_t TP2, bool SP2, backend B2>
   friend class ColumnParallelGelu;
   Activation do_forward(const Activation& x_in, int mb) {
-    // The replicated operand of this rank's columns: SP all-gathers the tokens; otherwise f (identity).
-    Act<Replicate> xf = [&] {
-      if constexpr (O.sequence_parallel)
-        return GatherTokens::forward(*comm_, Act<TokenShard>(x_in));
-      else
-        return CopyToTensorRegion::forward(*comm_, Act<Replicate>(backend_copy<B>(x_in)));  // kept for W
-    }();
+    // The replicated operand of this rank's columns: SP all-gathers the tokens; otherwise f (CopyToTensorRegion,
+    // the identity forward), i.e. `x_in` itself.
+    if constexpr (O.sequence_parallel)
+      return forward_replicated(GatherTokens::forward(*comm_, Act<TokenShard>(x_in)).tensor(), mb);
+    else
+      return forward_replicated(x_in, mb);
+  }
+  /**
+   * The forward on the replicated input `xf`: an rvalue (the gathered tokens) is moved into what the weight
+   * gradient keeps; the caller's `x_in` is copied there by `gemm_forward` in fp32 and only converted under
+   * Autocast (a copy first would be thrown away after the conversion).
+   */
+  template <class X>
+  Activation forward_replicated(X&& xf, int mb) {
     require(xf.extent(1) == in_, "ColumnParallel '", name_, "' (tensor rank ", rank_, "): input has ", xf.extent(1),
             " features, expected ", in_);
     const std::size_t n = O.groups * local_out_;
     Act<FeatureShard> y(Activation({xf.extent(0), n}, uninitialized));  // the GEMM (beta = 0) writes all of it
     // The gathered input is kept for the weight gradient (16-bit under Autocast): one all-gather less in backward.
-    gemm_forward<B>(mb, std::move(xf).tensor(), n, y.tensor());
+    gemm_forward<B>(mb, std::forward<X>(xf), n, y.tensor());
     if (has_bias()) detail::add_row_vector<B>(y.tensor(), bias_.value);
     if constexpr (O.gather_output)
       return GatherFeaturesOf::forward(*comm_, y).tensor();
@@ -164,19 +170,21 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
    */
   Activation forward_bias_gelu(const Activation& x_in, Activation& pre,
                                int mb = 0) requires(O.groups == 1 && !O.gather_output) {
-    Act<Replicate> xf = [&] {
-      if constexpr (O.sequence_parallel)
-        return GatherTokens::forward(*comm_, Act<TokenShard>(x_in));
-      else
-        return CopyToTensorRegion::forward(*comm_, Act<Replicate>(backend_copy<B>(x_in)));  // kept for W
-    }();
+    // As in forward: the gathered tokens (SP), or `x_in` itself (f is the identity), copied or converted for W.
+    if constexpr (O.sequence_parallel)
+      return forward_bias_gelu_replicated(GatherTokens::forward(*comm_, Act<TokenShard>(x_in)).tensor(), pre, mb);
+    else
+      return forward_bias_gelu_replicated(x_in, pre, mb);
+  }
+  template <class X>
+  Activation forward_bias_gelu_replicated(X&& xf, Activation& pre, int mb) {
     require(xf.extent(1) == in_, "ColumnParallel '", name_, "' (tensor rank ", rank_, "): input has ", xf.extent(1),
             " features, expected ", in_);
     require(has_bias(), "ColumnParallel '", name_, "' (tensor rank ", rank_,
             "): the fused bias + GeLU forward needs a bias; build the layer with a bias or use forward and Gelu");
     pre = Activation({xf.extent(0), local_out_}, uninitialized);  // both written whole by the operation
     Activation y({xf.extent(0), local_out_}, uninitialized);
-    gemm_forward_bias_gelu<B>(mb, std::move(xf).tensor(), local_out_, pre, y);
+    gemm_forward_bias_gelu<B>(mb, std::forward<X>(xf), local_out_, pre, y);
     return y;
   }
 
@@ -185,19 +193,22 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
    * Keeps the gathered input and this rank's output-gradient columns for backward_weight.
    */
   Activation do_backward_input(const Activation& dy_in, int mb) {
+    // This rank's output-gradient columns: gathered (gather_output) or `dy_in` itself, which
+    // gemm_backward_input copies (fp32) or converts (Autocast) for W.
+    if constexpr (O.gather_output)
+      return backward_input_on(GatherFeaturesOf::backward(*comm_, Act<Replicate>(dy_in)).tensor(), mb);
+    else
+      return backward_input_on(dy_in, mb);
+  }
+  template <class Dy>
+  Activation backward_input_on(Dy&& dy, int mb) {
     detail::GemmOperand x = take_operand(mb, layer_kind);
-    Act<FeatureShard> dy = [&] {
-      if constexpr (O.gather_output)
-        return GatherFeaturesOf::backward(*comm_, Act<Replicate>(dy_in));
-      else
-        return Act<FeatureShard>(backend_copy<B>(dy_in));  // kept for W
-    }();
     require(dy.extent(0) == x.rows && dy.extent(1) == O.groups * local_out_, "ColumnParallel '", name_,
             "' (tensor rank ", rank_, "): output gradient is ", dy.extent(0), "x", dy.extent(1), ", expected ", x.rows,
             "x", O.groups * local_out_);
     // Each rank's dx is the contribution of its output columns only: a Partial sum over the ranks.
     Act<TensorPartial> dx(Activation({dy.extent(0), in_}, uninitialized));
-    gemm_backward_input<B>(mb, std::move(x), std::move(dy).tensor(), in_, dx.tensor());
+    gemm_backward_input<B>(mb, std::move(x), std::forward<Dy>(dy), in_, dx.tensor());
     // The backward dual of the forward entry sums it: f's all-reduce (SP: the reduce-scatter of GatherTokens).
     if constexpr (O.sequence_parallel)
       return GatherTokens::backward(*comm_, std::move(dx), "ColumnParallel").tensor();

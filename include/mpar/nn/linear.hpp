@@ -194,15 +194,17 @@ class LinearState {
   /**
    * B: `dx[T, k] = dy[T, n] Wᵀ` in the type the forward used (`x.type`: dy converted once), and keeps `x` and
    * dy for W. In 16-bit mode the bias gradient `db += Σ dy` is accumulated here, from the fp32 dy, so that only
-   * the 16-bit dy is kept (the bias gradient is final no later than in fp32, where W adds it).
+   * the 16-bit dy is kept (the bias gradient is final no later than in fp32, where W adds it). An rvalue `dy`
+   * is moved into what fp32 mode keeps; an lvalue is copied there (fp32) or only converted (16-bit), so a layer
+   * passes the gradient it received by reference as it is, with no copy of its own.
    */
-  template <backend B>
-  void gemm_backward_input(int mb, GemmOperand x, Activation&& dy, std::size_t k, Activation& dx) {
+  template <backend B, class Dy>
+  void gemm_backward_input(int mb, GemmOperand x, Dy&& dy, std::size_t k, Activation& dx) {
     const std::size_t rows = dy.extent(0), n = dy.extent(1);
     WeightGradOperands w;
     if (x.type == ComputeType::fp32) {
       linear_backward_input<B>(dy, weight_.value.data(), k, dx);
-      w.dy = make_operand<B>(std::move(dy), ComputeType::fp32);
+      w.dy = make_operand<B>(std::forward<Dy>(dy), ComputeType::fp32);
     } else {
       if (has_bias()) add_column_sums<B>(dy, bias_.grad);  // from the fp32 dy, which is not kept
       w.dy = make_operand<B>(dy, x.type);
@@ -336,7 +338,7 @@ class Linear : public detail::LinearState, public detail::TypedLayer<Linear<In, 
     require(dy.extent(1) == out_ && dy.extent(0) == x.rows, "Linear '", weight_.name, "': gradient is ", dy.extent(0),
             "x", dy.extent(1), ", expected ", x.rows, "x", out_);
     Activation dx({dy.extent(0), in_}, uninitialized);
-    gemm_backward_input<B>(mb, std::move(x), backend_copy<B>(dy), in_, dx);
+    gemm_backward_input<B>(mb, std::move(x), dy, in_, dx);  // kept for W: copied (fp32) or converted
     return dx;
   }
 

@@ -10,7 +10,6 @@
 
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
-#include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/collectives.hpp"
 #include "mpar/nn/linear.hpp"
 
@@ -101,12 +100,13 @@ class RowParallel : public detail::LinearState, public detail::TypedLayer<RowPar
  private:
   friend Typed;  // its typed entries are the only public way in; these do the work on the storage
   Activation do_forward(const Activation& x_in, int mb) {
-    Act<FeatureShard> x(backend_copy<B>(x_in));  // kept for W
-    require(x.extent(1) == local_in_, "RowParallel '", name_, "' (tensor rank ", rank_, "): input shard has ",
-            x.extent(1), " features, expected ", local_in_, " (= ", in_, " / ", p_, ")");
+    require(x_in.extent(1) == local_in_, "RowParallel '", name_, "' (tensor rank ", rank_, "): input shard has ",
+            x_in.extent(1), " features, expected ", local_in_, " (= ", in_, " / ", p_, ")");
     // This rank's rows of W times its feature block: a full-size addend of the product.
-    Act<TensorPartial> y(Activation({x.extent(0), out_}, uninitialized));  // the GEMM (beta = 0) writes all of it
-    gemm_forward<B>(mb, std::move(x).tensor(), out_, y.tensor());          // fp32, or 16-bit operands under Autocast
+    Act<TensorPartial> y(Activation({x_in.extent(0), out_}, uninitialized));  // the GEMM (beta = 0) writes all of it
+    // fp32, or 16-bit operands under Autocast; the input shard is kept for W (copied in fp32, converted under
+    // Autocast: a copy made here first would be thrown away after the conversion).
+    gemm_forward<B>(mb, x_in, out_, y.tensor());
     const bool with_bias = has_bias();
     if constexpr (R == RowReduce::all_reduce) {
       Act<Replicate> r = ReduceToReplicate::forward(*comm_, std::move(y));
@@ -128,19 +128,21 @@ class RowParallel : public detail::LinearState, public detail::TypedLayer<RowPar
    * layer's only backward collective). Keeps the input shard and the full dy for backward_weight.
    */
   Activation do_backward_input(const Activation& dy_in, int mb) {
+    // The backward dual of the forward reduction: identity (all-reduce: `dy_in` itself, which gemm_backward_input
+    // copies in fp32 or converts under Autocast for W) or all-gather (reduce-scatter); a Partial output's
+    // gradient is already replicated.
+    if constexpr (R == RowReduce::reduce_scatter)
+      return backward_input_on(ReduceScatterTokens::backward(*comm_, Act<TokenShard>(dy_in)).tensor(), mb);
+    else
+      return backward_input_on(dy_in, mb);
+  }
+  template <class Dy>
+  Activation backward_input_on(Dy&& dy, int mb) {
     detail::GemmOperand x = take_operand(mb, layer_kind);
-    // The backward dual of the forward reduction: identity (all-reduce) or all-gather (reduce-scatter);
-    // a Partial output's gradient is already replicated.
-    Act<Replicate> dy = [&] {
-      if constexpr (R == RowReduce::reduce_scatter)
-        return ReduceScatterTokens::backward(*comm_, Act<TokenShard>(dy_in));
-      else
-        return ReduceToReplicate::backward(*comm_, Act<Replicate>(backend_copy<B>(dy_in)));  // kept for W
-    }();
     require(dy.extent(0) == x.rows && dy.extent(1) == out_, "RowParallel '", name_, "' (tensor rank ", rank_,
             "): output gradient is ", dy.extent(0), "x", dy.extent(1), ", expected ", x.rows, "x", out_);
     Activation dx({dy.extent(0), local_in_}, uninitialized);
-    gemm_backward_input<B>(mb, std::move(x), std::move(dy).tensor(), local_in_, dx);
+    gemm_backward_input<B>(mb, std::move(x), std::forward<Dy>(dy), local_in_, dx);
     return dx;
   }
 

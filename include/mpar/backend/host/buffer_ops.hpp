@@ -16,6 +16,7 @@
 #include <type_traits>
 
 #include "mpar/backend/copy_2d_shape.hpp"
+#include "mpar/backend/host/bf16_convert.hpp"
 #include "mpar/backend/host/gemm.hpp"
 #include "mpar/backend/types.hpp"  // Trans, BatchStrides, BatchExtents
 #include "mpar/core/dtype.hpp"
@@ -51,10 +52,18 @@ void copy_2d(std::size_t rows, std::size_t cols, const T* src, std::size_t src_l
   if (src_ld == cols && dst_ld == cols) return copy(rows * cols, src, dst);
   for (std::size_t r = 0; r < rows; ++r) copy(cols, src + r * src_ld, dst + r * dst_ld);
 }
-/** dst[i] = To(src[i]): fp32 to bf16/f16 rounds to nearest even, 16-bit to fp32 is exact. */
+/**
+ * dst[i] = To(src[i]): fp32 to bf16/f16 rounds to nearest even, 16-bit to fp32 is exact. fp32 <-> bf16, the
+ * mixed-precision step's conversions, run vectorized (bf16_convert.hpp) with the same bits.
+ */
 template <class From, class To>
 void convert(std::size_t n, const From* src, To* dst) {
-  for (std::size_t i = 0; i < n; ++i) dst[i] = mpar::convert<To>(src[i]);
+  if constexpr (std::is_same_v<From, float> && std::is_same_v<To, bf16>)
+    convert_to_bf16(n, src, dst);
+  else if constexpr (std::is_same_v<From, bf16> && std::is_same_v<To, float>)
+    convert_from_bf16(n, src, dst);
+  else
+    for (std::size_t i = 0; i < n; ++i) dst[i] = mpar::convert<To>(src[i]);
 }
 
 /** x[k] = T(block.value(k)) for k < block.size(): a parameter block's initial values (core/init.hpp). */
