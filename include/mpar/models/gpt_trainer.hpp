@@ -487,6 +487,9 @@ class GptTrainer {
    * The fp32 master copies are updated too, so under bf16/f16 the loaded values are what the next steps
    * start from (writing into `Parameter::value` directly would be overwritten by the master copy after
    * one step), and the head's tied copy receives the embedding. Returns the number of tensors loaded here.
+   * Over a backend whose rank memory the host cannot touch the values are copied into pinned staging and the
+   * parameters the source gave are uploaded together, with one host wait (io/staged_blocks.hpp); a source that
+   * throws leaves every parameter as it was there (nothing is uploaded). HostBackend: written in place, no wait.
    */
   template <class Source>
   requires std::is_invocable_r_v<std::span<const float>, Source&, const std::string&, const std::vector<std::size_t>&>
@@ -514,15 +517,24 @@ class GptTrainer {
   }
   template <class Source>
   std::size_t load_full_weights(Source& source) {
+    // The host writes each block where `blocks` points: the parameter itself, or its host staging.
+    std::vector<io::LoadBlock> blocks;
+    for (auto* p : all_params_) blocks.push_back(io::load_block(*p));
+    io::StagedBlocks<B> staging;
+    staging.redirect(blocks);
+    std::vector<bool> filled(blocks.size(), false);
     std::size_t loaded = 0;
-    for (auto* p : all_params_) {
-      const std::span<const float> full = source(p->name, p->global_shape);
+    for (std::size_t i = 0; i < all_params_.size(); ++i) {
+      const nn::Parameter& p = *all_params_[i];
+      const std::span<const float> full = source(p.name, p.global_shape);
       if (full.empty()) continue;
-      require(full.size() == p->global_size(), "load_weights: '", p->name, "' has ", p->global_size(),
-              " elements (shape ", io::shape_string(p->global_shape), ") but the source gave ", full.size());
-      copy_block_from_full(*p, full);
-      if (p != head_copy_) ++loaded;
+      require(full.size() == p.global_size(), "load_weights: '", p.name, "' has ", p.global_size(), " elements (shape ",
+              io::shape_string(p.global_shape), ") but the source gave ", full.size());
+      copy_block_from_full(p, full, blocks[i].data);
+      filled[i] = true;
+      if (&p != head_copy_) ++loaded;
     }
+    staging.upload(filled);
     previous_.clear();  // 2bw: the next step's passes run on the loaded weights
     return loaded;
   }
@@ -708,11 +720,11 @@ class GptTrainer {
   }
 
  private:
-  /** Copies `p`'s local box out of the row-major whole tensor `full`, one innermost row at a time. */
-  static void copy_block_from_full(nn::Parameter& p, std::span<const float> full) {
+  /** Copies `p`'s local box out of the row-major whole tensor `full` into `block`, one innermost row at a time. */
+  static void copy_block_from_full(const nn::Parameter& p, std::span<const float> full, std::span<float> block) {
     const std::size_t rank = p.global_shape.size();
-    if (rank == 0 || p.value.empty()) return;
-    const std::size_t inner = p.local_box[rank - 1].extent, rows = p.value.size() / inner;
+    if (rank == 0 || block.empty()) return;
+    const std::size_t inner = p.local_box[rank - 1].extent, rows = block.size() / inner;
     std::vector<std::size_t> idx(rank, 0);
     for (std::size_t r = 0; r < rows; ++r) {
       std::size_t rem = r;
@@ -723,7 +735,7 @@ class GptTrainer {
       std::size_t g = 0;
       for (std::size_t d = 0; d + 1 < rank; ++d) g = g * p.global_shape[d] + p.local_box[d].offset + idx[d];
       g = g * p.global_shape[rank - 1] + p.local_box[rank - 1].offset;
-      std::copy_n(full.begin() + std::ptrdiff_t(g), inner, p.value.begin() + std::ptrdiff_t(r * inner));
+      std::copy_n(full.begin() + std::ptrdiff_t(g), inner, block.begin() + std::ptrdiff_t(r * inner));
     }
   }
   /** The blocks a checkpoint holds for this rank: every optimized parameter and its AdamW moments. */
