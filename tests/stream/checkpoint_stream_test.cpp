@@ -66,8 +66,11 @@ CkptRankState ckpt_step_and_read(Trainer& t) {
   return s;
 }
 
-/** Runs `body(trainer, rank)` with a fresh trainer of `c` on every thread rank over backend B; each rank's result. */
-template <class B, class Body>
+/**
+ * Runs `body(trainer, rank)` with a fresh trainer of `c` on every thread rank over backend B; each rank's result.
+ * Without `host_twin` the world is a `RankMemoryOnlyCommunicator`, as NCCL's is.
+ */
+template <class B, bool host_twin = true, class Body>
 std::vector<CkptRankState> ckpt_on_ranks(const models::GptTrainConfig& c, Body body) {
   std::vector<CkptRankState> out(c.world_size());
   run_threads(int(c.world_size()), [&](ThreadsCommunicator& w) {
@@ -77,15 +80,18 @@ std::vector<CkptRankState> ckpt_on_ranks(const models::GptTrainConfig& c, Body b
       out[std::size_t(w.rank())] = body(t, std::size_t(w.rank()));
       B::synchronize();
     };
-    testing::on_rank_world<B>(w, run);
+    if constexpr (host_twin)
+      testing::on_rank_world<B>(w, run);
+    else
+      testing::on_rank_memory_world<B>(w, run);
   });
   return out;
 }
 
 /** The uninterrupted run over B: two steps, a save under `dir`, a third step. */
-template <class B>
+template <class B, bool host_twin = true>
 std::vector<CkptRankState> ckpt_save_after_two(const models::GptTrainConfig& c, const std::filesystem::path& dir) {
-  return ckpt_on_ranks<B>(c, [&](auto& t, std::size_t) {
+  return ckpt_on_ranks<B, host_twin>(c, [&](auto& t, std::size_t) {
     (void)t.train_step();
     (void)t.train_step();
     (void)t.save(dir);
@@ -94,9 +100,9 @@ std::vector<CkptRankState> ckpt_save_after_two(const models::GptTrainConfig& c, 
 }
 
 /** A fresh trainer over B resumes from `dir` and takes one step. */
-template <class B>
+template <class B, bool host_twin = true>
 std::vector<CkptRankState> ckpt_resume_one(const models::GptTrainConfig& c, const std::filesystem::path& dir) {
-  return ckpt_on_ranks<B>(c, [&](auto& t, std::size_t) {
+  return ckpt_on_ranks<B, host_twin>(c, [&](auto& t, std::size_t) {
     const io::LoadResult r = t.resume(dir);
     CkptRankState s = ckpt_step_and_read<B>(t);
     s.resumed_step = r.state.step;
@@ -223,5 +229,60 @@ TEST_CASE("Checkpoints over CountingBackend<StreamHostBackend>: one host wait pe
       CHECK(resume[r].event_waits == 1);
     }
     CHECK(blocks.front() > 2);
+  }
+}
+
+TEST_CASE("Checkpoints over a world without host-memory twin (as NCCL): host messages through rank memory",
+          "[stream][checkpoint][discrete]") {
+  for (const auto& [name, c] : ckpt_layouts()) {
+    CkptScratch scratch("rank-memory-world");
+    const auto host_dir = scratch.path / "host", stream_dir = scratch.path / "stream",
+               discrete_dir = scratch.path / "discrete";
+    const auto want = ckpt_save_after_two<HostBackend>(c, host_dir);
+    // DiscreteHostBackend's communicator refuses host buffers: every agreement, fingerprint and the directory's
+    // name must reach it in rank memory.
+    ckpt_check_same(name + ": StreamHostBackend saving", ckpt_save_after_two<StreamHostBackend, false>(c, stream_dir),
+                    want);
+    ckpt_check_same(name + ": StreamHostBackend resumed", ckpt_resume_one<StreamHostBackend, false>(c, stream_dir),
+                    want);
+    ckpt_check_same(name + ": DiscreteHostBackend saving",
+                    ckpt_save_after_two<DiscreteHostBackend, false>(c, discrete_dir), want);
+    ckpt_check_same(name + ": DiscreteHostBackend resumed",
+                    ckpt_resume_one<DiscreteHostBackend, false>(c, discrete_dir), want);
+    ckpt_check_same(name + ": HostBackend's checkpoint resumed over DiscreteHostBackend",
+                    ckpt_resume_one<DiscreteHostBackend, false>(c, host_dir), want);
+  }
+}
+
+TEST_CASE("Checkpoints over a world without host-memory twin: one host wait per host message, no synchronize",
+          "[stream][checkpoint][counts]") {
+  using Counting = observe::CountingBackend<StreamHostBackend>;
+  for (const auto& [name, c] : ckpt_layouts()) {
+    CkptScratch scratch("counts-rank-memory-world");
+    std::vector<observe::BackendCounts> save(c.world_size()), resume(c.world_size());
+    (void)ckpt_on_ranks<Counting, false>(c, [&](auto& t, std::size_t r) {
+      (void)t.train_step();
+      const observe::BackendCounts before = Counting::counts();
+      (void)t.save(scratch.path);
+      save[r] = Counting::counts() - before;
+      return CkptRankState{};
+    });
+    (void)ckpt_on_ranks<Counting, false>(c, [&](auto& t, std::size_t r) {
+      const observe::BackendCounts before = Counting::counts();
+      (void)t.resume(scratch.path);
+      resume[r] = Counting::counts() - before;
+      return CkptRankState{};
+    });
+    for (std::size_t r = 0; r < save.size(); ++r) {
+      INFO(name << ", rank " << r);
+      // The blocks' download, then six messages: three agreements, the block counts and fingerprints, the
+      // published directory's name.
+      CHECK(save[r].event_waits == 7);
+      CHECK(save[r].synchronize_calls == 0);
+      // Four messages (the manifest read agreed, the counts and names of the blocks this model loads, the load
+      // agreed) and the upload.
+      CHECK(resume[r].event_waits == 5);
+      CHECK(resume[r].synchronize_calls == 0);
+    }
   }
 }

@@ -2,6 +2,7 @@
 // How the stream tests run a thread rank's trainer: over HostBackend on the plain threads communicator, over a
 // stream backend through the communicator that orders its collectives on the rank's stream.
 #include <type_traits>
+#include <utility>
 
 #include <mpar/backend/host/host_backend.hpp>
 #include <mpar/comm/stream_ordered.hpp>
@@ -25,6 +26,33 @@ void on_rank_world(ThreadsCommunicator& w, Run&& run) {
     StreamOrderedCommunicator<ThreadsCommunicator, B> world(w);
     run(world);
   }
+}
+
+/**
+ * A stream-ordered communicator without a host-memory twin, as NCCL is: `inner()` is hidden, so the trainer's own
+ * host messages (a checkpoint's agreement and fingerprints) must go through rank memory. Over DiscreteHostBackend a
+ * host buffer handed to it is refused, as a device communicator would refuse it.
+ */
+template <class B>
+class RankMemoryOnlyCommunicator : public StreamOrderedCommunicator<ThreadsCommunicator, B> {
+  using Base = StreamOrderedCommunicator<ThreadsCommunicator, B>;
+
+ public:
+  explicit RankMemoryOnlyCommunicator(Base c) : Base(std::move(c)) {}
+  template <class... Extra>
+  [[nodiscard]] RankMemoryOnlyCommunicator split(int color, int key, Extra... extra) {
+    return RankMemoryOnlyCommunicator(Base::split(color, key, extra...));
+  }
+
+ private:
+  using Base::inner;
+};
+
+/** As `on_rank_world`, for a stream backend, with a world that has no host-memory twin (`RankMemoryOnlyCommunicator`). */
+template <class B, class Run>
+void on_rank_memory_world(ThreadsCommunicator& w, Run&& run) {
+  RankMemoryOnlyCommunicator<B> world{StreamOrderedCommunicator<ThreadsCommunicator, B>(w)};
+  run(world);
 }
 
 }  // namespace mpar::testing

@@ -11,6 +11,9 @@
  * at the pinned buffer for the reader to fill, then every block's upload is issued and one event wait lets
  * the buffer go. One host synchronisation per save and per resume, whatever the number of blocks.
  *
+ * `GptTrainer::load_weights` stages the same way: its parameters are redirected, the weight source's tensors copied
+ * into the staging on the host, and the parameters the source gave uploaded with one wait.
+ *
  * Where `optim::host_reads_rank_memory<B>` (HostBackend: rank memory is host memory and every operation has
  * finished when it returns) the blocks stay as they are: zero-copy, no synchronisation.
  */
@@ -54,15 +57,17 @@ class StagedBlocks {
 
   /**
    * Loading: points `blocks` at host staging for the reader to fill; `upload()` then writes the staging into
-   * the rank memory the blocks named here. Every block must be filled whole (`load_checkpoint` does).
+   * the rank memory the blocks named here. Every block must be filled whole (`load_checkpoint` does), or left
+   * out of the upload (`upload(filled)`).
    */
   void redirect(std::vector<LoadBlock>& blocks) {
     if constexpr (staged) {
       float* host = allocate(blocks);
       rank_.clear();
-      for (auto& b : blocks) {
+      for (std::size_t i = 0; i < blocks.size(); ++i) {
+        auto& b = blocks[i];
         if (b.data.empty()) continue;
-        rank_.push_back(Upload{b.data, host});
+        rank_.push_back(Upload{b.data, host, i});
         b.data = std::span<float>(host, b.data.size());
         host += b.data.size();
       }
@@ -70,11 +75,14 @@ class StagedBlocks {
   }
   /** Loading: the filled staging into rank memory, on the rank's stream; one wait, after which it may go. */
   void upload() {
-    if constexpr (staged) {
-      for (const Upload& u : rank_) B::template copy_from_host_async<float>(u.rank.size(), u.host, u.rank.data());
-      optim::wait_for_rank_stream<B>();
-      rank_.clear();
-    }
+    upload_where([](std::size_t) { return true; });
+  }
+  /**
+   * Loading some blocks only (a weight source that has not every tensor): block `i` of `redirect`'s vector goes
+   * to rank memory where `filled[i]`; the others keep their values. One wait, as `upload()`.
+   */
+  void upload(const std::vector<bool>& filled) {
+    upload_where([&](std::size_t i) { return i < filled.size() && filled[i]; });
   }
 
  private:
@@ -86,9 +94,19 @@ class StagedBlocks {
     buffer_.emplace(total);
     return buffer_->data();
   }
+  template <class Filled>
+  void upload_where(Filled filled) {
+    if constexpr (staged) {
+      for (const Upload& u : rank_)
+        if (filled(u.block)) B::template copy_from_host_async<float>(u.rank.size(), u.host, u.rank.data());
+      optim::wait_for_rank_stream<B>();
+      rank_.clear();
+    }
+  }
   struct Upload {
     std::span<float> rank;  ///< where the block lives on the rank
     const float* host;      ///< its staged values
+    std::size_t block;      ///< its index in `redirect`'s vector
   };
   std::optional<typename B::template pinned_buffer<float>> buffer_;
   std::vector<Upload> rank_;

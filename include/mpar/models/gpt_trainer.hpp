@@ -78,6 +78,7 @@
 #include <vector>
 
 #include "mpar/comm/communicator.hpp"
+#include "mpar/comm/host_message_communicator.hpp"
 #include "mpar/comm/mesh_comms.hpp"
 #include "mpar/core/mesh.hpp"
 #include "mpar/data/char_dataset.hpp"
@@ -91,6 +92,7 @@
 #include "mpar/observe/timed_communicator.hpp"
 #include "mpar/optim/adamw.hpp"
 #include "mpar/optim/clip.hpp"
+#include "mpar/optim/host_staging.hpp"
 #include "mpar/optim/loss_scaler.hpp"
 #include "mpar/optim/lr_schedule.hpp"
 #include "mpar/optim/sgd.hpp"
@@ -485,6 +487,9 @@ class GptTrainer {
    * The fp32 master copies are updated too, so under bf16/f16 the loaded values are what the next steps
    * start from (writing into `Parameter::value` directly would be overwritten by the master copy after
    * one step), and the head's tied copy receives the embedding. Returns the number of tensors loaded here.
+   * Over a backend whose rank memory the host cannot touch the values are copied into pinned staging and the
+   * parameters the source gave are uploaded together, with one host wait (io/staged_blocks.hpp); a source that
+   * throws leaves every parameter as it was there (nothing is uploaded). HostBackend: written in place, no wait.
    */
   template <class Source>
   requires std::is_invocable_r_v<std::span<const float>, Source&, const std::string&, const std::vector<std::size_t>&>
@@ -512,15 +517,24 @@ class GptTrainer {
   }
   template <class Source>
   std::size_t load_full_weights(Source& source) {
+    // The host writes each block where `blocks` points: the parameter itself, or its host staging.
+    std::vector<io::LoadBlock> blocks;
+    for (auto* p : all_params_) blocks.push_back(io::load_block(*p));
+    io::StagedBlocks<B> staging;
+    staging.redirect(blocks);
+    std::vector<bool> filled(blocks.size(), false);
     std::size_t loaded = 0;
-    for (auto* p : all_params_) {
-      const std::span<const float> full = source(p->name, p->global_shape);
+    for (std::size_t i = 0; i < all_params_.size(); ++i) {
+      const nn::Parameter& p = *all_params_[i];
+      const std::span<const float> full = source(p.name, p.global_shape);
       if (full.empty()) continue;
-      require(full.size() == p->global_size(), "load_weights: '", p->name, "' has ", p->global_size(),
-              " elements (shape ", io::shape_string(p->global_shape), ") but the source gave ", full.size());
-      copy_block_from_full(*p, full);
-      if (p != head_copy_) ++loaded;
+      require(full.size() == p.global_size(), "load_weights: '", p.name, "' has ", p.global_size(), " elements (shape ",
+              io::shape_string(p.global_shape), ") but the source gave ", full.size());
+      copy_block_from_full(p, full, blocks[i].data);
+      filled[i] = true;
+      if (&p != head_copy_) ++loaded;
     }
+    staging.upload(filled);
     previous_.clear();  // 2bw: the next step's passes run on the loaded weights
     return loaded;
   }
@@ -574,21 +588,35 @@ class GptTrainer {
     });
   }
   /**
+   * Whether the checkpoint's host messages take the world communicator's host-memory twin: over a stream-ordered
+   * backend, a communicator that wraps one (`inner()`, as `StreamOrderedCommunicator` wraps the threads or MPI
+   * one). The twin is usable only while no call is queued, so each phase of host messages starts with
+   * `quiet_for_host_messages()`. Without a twin (NCCL) the messages go through rank memory instead
+   * (`HostMessageCommunicator`), ordered on the stream: no synchronisation needed.
+   */
+  static constexpr bool host_messages_by_twin = io::StagedBlocks<B>::staged && requires(Comm & c) { c.inner(); };
+  /** Before host messages over the twin: the communicator's queued calls (ZeRO-3's gathers, say) are done. */
+  static void quiet_for_host_messages() {
+    if constexpr (host_messages_by_twin) B::synchronize();
+  }
+  /**
    * Runs `f(world)` with a world communicator whose calls on host memory have finished when they return, and
    * host memory as the thread's resource: the checkpoint's own messages (failures agreed on, the names each
    * rank holds, the manifest's parts) are host values the host writes and reads at once. Over a stream-ordered
-   * backend that is the stream-ordered communicator's wrapped one, usable only while no call is queued: the
-   * caller has synchronised the rank (a stream-ordered communicator's calls are waited for by the compute stream).
+   * backend that is the world's host-memory twin (see host_messages_by_twin; the caller has quieted it), or,
+   * without one, a `HostMessageCommunicator` that carries each call through rank memory with one host wait.
    */
   template <class F>
   decltype(auto) with_host_world(F&& f) {
-    if constexpr (io::StagedBlocks<B>::staged) {
+    if constexpr (host_messages_by_twin) {
       HostMemoryResource host;
       ScopedMemoryResource use(host);
-      if constexpr (requires { comms_.world.inner(); })
-        return f(comms_.world.inner());
-      else
-        return f(comms_.world);
+      return f(comms_.world.inner());
+    } else if constexpr (io::StagedBlocks<B>::staged) {
+      HostMessageCommunicator<Comm, B> messages(comms_.world);  // before host memory is installed: rank buffers
+      HostMemoryResource host;
+      ScopedMemoryResource use(host);
+      return f(messages);
     } else {
       return f(comms_.world);
     }
@@ -612,7 +640,7 @@ class GptTrainer {
             {{"mpar.step", std::to_string(step_)}, {"mpar.vocab", std::to_string(cfg_.model.vocab)}});
         std::filesystem::remove_all(staging);
       });
-    if constexpr (io::StagedBlocks<B>::staged) B::synchronize();  // ZeRO-3's release after the save, if any
+    quiet_for_host_messages();  // ZeRO-3's release after the save, if any
     with_host_world([&](auto& world) { io::detail::agree(world, err, "export_safetensors"); });
   }
 
@@ -622,9 +650,9 @@ class GptTrainer {
    * identity, see data_identity), other seeds, another model shape (layers, width, heads, sequence,
    * experts), or tensors this model lacks. A checkpoint of another optimizer loads the weights only:
    * the optimizer starts afresh and `LoadResult::warnings` says so. Over a stream-ordered backend the reader
-   * fills host staging, uploaded with one host wait (io/staged_blocks.hpp), after one wait at the start that
-   * quiets the communicator for the checkpoint's host messages (and one more under ZeRO-3, after its gathers).
-   * See docs/checkpoints.md.
+   * fills host staging, uploaded with one host wait (io/staged_blocks.hpp); over the world's host-memory twin,
+   * after one wait at the start that quiets the communicator for the checkpoint's host messages (and one more
+   * under ZeRO-3, after its gathers), without a twin with one wait per host message instead. See docs/checkpoints.md.
    */
   io::LoadResult resume(const std::filesystem::path& path) {
     require(!path.empty(),
@@ -632,9 +660,9 @@ class GptTrainer {
             "directory holding 'latest'), or leave --resume out to train from scratch");
     io::Manifest saved;
     std::filesystem::path dir;
-    // Over a stream-ordered backend the checkpoint's host messages need a quiet communicator: one wait here,
+    // Over the world's host-memory twin the checkpoint's host messages need a quiet communicator: one wait here,
     // one after the uploads.
-    if constexpr (io::StagedBlocks<B>::staged) B::synchronize();
+    quiet_for_host_messages();
     with_host_world([&](auto& world) {
       io::detail::agree(world, io::detail::capture([&] {
                           dir = io::resolve_checkpoint(path);
@@ -654,8 +682,8 @@ class GptTrainer {
     io::LoadResult res = with_gathered([&] {  // ZeRO-3: load into the full blocks, then keep this rank's shards
       std::vector<io::LoadBlock> blocks;
       state_blocks<float>(blocks, with_states);
-      if constexpr (io::StagedBlocks<B>::staged)  // ZeRO-3's gathers are queued: quiet the communicator again
-        if (auto* z = optimizer_->zero(); z && z->stage() == 3) B::synchronize();
+      if (auto* z = optimizer_->zero(); z && z->stage() == 3)  // its gathers are queued: quiet the twin again
+        quiet_for_host_messages();
       check_model_holds(saved, blocks, with_states, dir);
       io::StagedBlocks<B> staging;  // the reader writes on the host: it fills staging, uploaded with one wait
       staging.redirect(blocks);
@@ -692,11 +720,11 @@ class GptTrainer {
   }
 
  private:
-  /** Copies `p`'s local box out of the row-major whole tensor `full`, one innermost row at a time. */
-  static void copy_block_from_full(nn::Parameter& p, std::span<const float> full) {
+  /** Copies `p`'s local box out of the row-major whole tensor `full` into `block`, one innermost row at a time. */
+  static void copy_block_from_full(const nn::Parameter& p, std::span<const float> full, std::span<float> block) {
     const std::size_t rank = p.global_shape.size();
-    if (rank == 0 || p.value.empty()) return;
-    const std::size_t inner = p.local_box[rank - 1].extent, rows = p.value.size() / inner;
+    if (rank == 0 || block.empty()) return;
+    const std::size_t inner = p.local_box[rank - 1].extent, rows = block.size() / inner;
     std::vector<std::size_t> idx(rank, 0);
     for (std::size_t r = 0; r < rows; ++r) {
       std::size_t rem = r;
@@ -707,7 +735,7 @@ class GptTrainer {
       std::size_t g = 0;
       for (std::size_t d = 0; d + 1 < rank; ++d) g = g * p.global_shape[d] + p.local_box[d].offset + idx[d];
       g = g * p.global_shape[rank - 1] + p.local_box[rank - 1].offset;
-      std::copy_n(full.begin() + std::ptrdiff_t(g), inner, p.value.begin() + std::ptrdiff_t(r * inner));
+      std::copy_n(full.begin() + std::ptrdiff_t(g), inner, block.begin() + std::ptrdiff_t(r * inner));
     }
   }
   /** The blocks a checkpoint holds for this rank: every optimized parameter and its AdamW moments. */
@@ -1112,17 +1140,17 @@ class GptTrainer {
     const bool moe = cfg_.model.has_moe();
     if (comms_.world.size() == 1 && !moe) return;
     double* rank = report_slot_dropped() - 2;
+    const std::span<const double> host(v);
     if constexpr (optim::host_reads_rank_memory<B>) {
       for (std::size_t i = 0; i < v.size(); ++i)
         if (i != 2 || !moe) rank[i] = v[i];
     } else {
       if (!report_staging_) report_staging_.emplace(v.size());  // after init_rank: pinned for this rank's device
-      std::copy(v.begin(), v.end(), report_staging_->data());
-      if (moe) {  // slot 2 holds what the passes accumulated
-        B::template copy_from_host_async<double>(2, report_staging_->data(), rank);
-        B::template copy_from_host_async<double>(1, report_staging_->data() + 3, rank + 3);
+      if (moe) {                                                // slot 2 holds what the passes accumulated
+        report_staging_->write(host.first(2), rank);
+        report_staging_->write(host.subspan(3), rank + 3);
       } else {
-        B::template copy_from_host_async<double>(v.size(), report_staging_->data(), rank);
+        report_staging_->write(host, rank);
       }
     }
     comms_.world.all_reduce(std::span<double>(rank, 3), ReduceOp::avg);
@@ -1130,10 +1158,10 @@ class GptTrainer {
     if constexpr (optim::host_reads_rank_memory<B>)
       std::copy(rank, rank + 4, v.begin());
     else
-      optim::copy_to_host<B>(rank, v.data(), v.size());
+      report_staging_->read(rank, std::span<double>(v));
   }
   Buffer<double> report_rank_;  ///< host_all_reduce's rank memory, kept: the MoE passes accumulate into slot 2
-  std::optional<typename B::template pinned_buffer<double>> report_staging_;
+  std::optional<optim::HostStaging<B, double>> report_staging_;
   GptTrainConfig cfg_;
   data::SourceRef data_;
   DynamicMesh mesh_;
