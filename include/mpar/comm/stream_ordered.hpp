@@ -29,6 +29,12 @@
  * - A failure of the wrapped call is reported by the compute stream's next synchronisation, naming the
  *   operation; the communication stream stays failed (every later call reports it), like a NCCL
  *   communicator after an error.
+ * - While the compute stream is being captured (`graph_backend`, backend/stream/stream_graph.hpp) a call is
+ *   recorded on the compute stream as an operation that issues it to the communication stream when it runs
+ *   (and, for a blocking call or a request's `wait()`, waits for it there), so every replay runs the call
+ *   again, in the order of the compute stream — as NCCL's kernels become nodes of a captured CUDA graph. An
+ *   event from a captured position could not say when a replay passed it, so `test()`, `barrier()` and
+ *   `split()` during a capture throw `stream::capture_error`.
  */
 #include <cstddef>
 #include <cstdint>
@@ -85,13 +91,26 @@ class StreamOrderedCommunicator {
   class Request {
    public:
     Request() = default;
-    void wait() { (void)order_compute(); }
-    [[nodiscard]] bool test() { return shared_->comm_stream->done(order_compute()); }
+    void wait() {
+      if (captured_) {  // recorded: at each replay the compute stream waits for this replay's operation
+        B::stream()->enqueue("wait for communication", [comm = shared_->comm_stream, inner = inner_] {
+          comm->wait_from_other_stream(comm->enqueue("wait", [inner] {
+            if (*inner) (*inner)->wait();
+          }));
+        });
+        return;
+      }
+      (void)order_compute();
+    }
+    [[nodiscard]] bool test() {
+      B::stream()->require_not_capturing("test (a communication request)");
+      return shared_->comm_stream->done(order_compute());
+    }
 
    private:
     friend class StreamOrderedCommunicator;
-    Request(std::shared_ptr<Shared> shared, std::shared_ptr<std::optional<InnerRequest>> inner)
-        : shared_(std::move(shared)), inner_(std::move(inner)) {}
+    Request(std::shared_ptr<Shared> shared, std::shared_ptr<std::optional<InnerRequest>> inner, bool captured)
+        : shared_(std::move(shared)), inner_(std::move(inner)), captured_(captured) {}
     std::uint64_t order_compute() {
       if (wait_ticket_ == 0) {
         const auto& comm = shared_->comm_stream;
@@ -105,6 +124,7 @@ class StreamOrderedCommunicator {
     std::shared_ptr<Shared> shared_;
     std::shared_ptr<std::optional<InnerRequest>> inner_;
     std::uint64_t wait_ticket_ = 0;
+    bool captured_ = false;  ///< issued during a capture of the compute stream: its wait is recorded too
   };
 
   template <element_type T>
@@ -199,12 +219,14 @@ class StreamOrderedCommunicator {
 
   /** Blocks the host until every rank of the group has issued it and the compute stream reached it. */
   void barrier() {
+    B::stream()->require_not_capturing("barrier");
     host_wait(issue("barrier", [](Comm& c) { c.barrier(); }));
   }
 
   /** Collective: a sub-communicator sharing this rank's communication stream; blocks until it exists. */
   template <class... Extra>
   [[nodiscard]] StreamOrderedCommunicator split(int color, int key, Extra... extra) {
+    B::stream()->require_not_capturing("split");
     auto out = std::make_shared<std::optional<Comm>>();
     host_wait(issue("split", [out, color, key, extra...](Comm& c) { out->emplace(c.split(color, key, extra...)); }));
     return StreamOrderedCommunicator(std::move(**out), shared_->comm_stream);
@@ -234,9 +256,26 @@ class StreamOrderedCommunicator {
       f(*inner);
     });
   }
+  /**
+   * During a capture of the compute stream: records an operation of the compute stream that issues `f(inner)`
+   * to the communication stream when it runs (the compute stream has then run everything before it) and, if
+   * `wait`, waits for it there. Returns false when no capture is under way.
+   */
+  template <class F>
+  bool record_in_capture(const char* what, F f, bool wait) {
+    const std::shared_ptr<stream::Stream>& compute = B::stream();
+    if (!compute->capturing()) return false;
+    Comm* inner = &shared_->inner;  // outlives the graph's replays (see Shared; the graph holds `shared`)
+    compute->enqueue(what, [shared = shared_, inner, f, what, wait]() mutable {
+      const std::uint64_t t = shared->comm_stream->enqueue(what, [inner, f]() mutable { f(*inner); });
+      if (wait) shared->comm_stream->wait_from_other_stream(t);
+    });
+    return true;
+  }
   /** A call whose result the compute stream's later operations read. */
   template <class F>
   void blocking(const char* what, F f) {
+    if (record_in_capture(what, f, true)) return;
     const std::uint64_t t = issue(what, std::move(f));
     B::stream()->enqueue("wait for communication",
                          [comm = shared_->comm_stream, t] { comm->wait_from_other_stream(t); });
@@ -245,8 +284,10 @@ class StreamOrderedCommunicator {
   auto immediate(const char* what, F f) {
     using InnerRequest = decltype(f(std::declval<Comm&>()));
     auto inner = std::make_shared<std::optional<InnerRequest>>();
-    (void)issue(what, [inner, f](Comm& c) mutable { inner->emplace(f(c)); });
-    return Request<InnerRequest>(shared_, inner);
+    auto start = [inner, f](Comm& c) mutable { inner->emplace(f(c)); };
+    if (record_in_capture(what, start, false)) return Request<InnerRequest>(shared_, inner, true);
+    (void)issue(what, std::move(start));
+    return Request<InnerRequest>(shared_, inner, false);
   }
   void host_wait(std::uint64_t t) { shared_->comm_stream->wait_from_other_stream(t); }
 
