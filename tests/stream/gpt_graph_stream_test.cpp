@@ -9,6 +9,7 @@
 #include <cstddef>
 #include <cstdio>
 #include <string>
+#include <tuple>
 #include <type_traits>
 #include <vector>
 
@@ -33,14 +34,15 @@ struct GraphGptRun {
   std::size_t operations = 0;  ///< of the captured step (0: none captured)
 };
 
-/** Trains `c` for `steps` steps on one thread rank over backend B (with a captured step if `c.graph`). */
+/** Trains `c` for `steps` steps on thread ranks over backend B (with a captured step if `c.graph`); every rank's run. */
 template <class B>
-GraphGptRun graph_gpt_train(const mpar::models::GptTrainConfig& c, int steps) {
-  GraphGptRun r;
-  mpar::run_threads(1, [&](mpar::ThreadsCommunicator& w) {
+std::vector<GraphGptRun> graph_gpt_train(const mpar::models::GptTrainConfig& c, int steps) {
+  std::vector<GraphGptRun> out(c.world_size());
+  mpar::run_threads(int(c.world_size()), [&](mpar::ThreadsCommunicator& w) {
     B::init_rank();
     mpar::testing::on_rank_world<B>(w, [&](auto& world) {
       mpar::models::GptTrainer<std::decay_t<decltype(world)>, B> t(world, c, mpar::testing::gpt_dataset());
+      GraphGptRun& r = out[std::size_t(w.rank())];
       for (int i = 0; i < steps; ++i) {
         const mpar::models::StepReport rep = t.train_step();
         r.losses.push_back(rep.loss);
@@ -57,12 +59,14 @@ GraphGptRun graph_gpt_train(const mpar::models::GptTrainConfig& c, int steps) {
       B::synchronize();
     });
   });
-  return r;
+  return out;
 }
 
-/** The one-rank GPT at `precision`, captured after `warmup` eager steps. */
-mpar::models::GptTrainConfig graph_gpt_config(const char* precision, std::size_t warmup) {
-  auto c = mpar::testing::small_gpt(1, 1, 1);
+/** The GPT at `precision` on tp x dp ranks, captured after `warmup` eager steps. */
+mpar::models::GptTrainConfig graph_gpt_config(const char* precision, std::size_t warmup, std::size_t tp = 1,
+                                              std::size_t dp = 1) {
+  auto c = mpar::testing::small_gpt(tp, 1, dp);
+  c.warmup = 4;  // the learning rate climbs over steps 0-3 and decays from step 4: every capture here is in the climb
   c.precision = precision;
   c.graph = true;
   c.graph_warmup = warmup;
@@ -71,47 +75,74 @@ mpar::models::GptTrainConfig graph_gpt_config(const char* precision, std::size_t
 
 }  // namespace
 
+namespace {
+
+/**
+ * `c` (with `graph`) for `steps` steps over B against the same configuration trained eagerly on HostBackend: every
+ * rank's losses, gradient norms, learning rates and parameters bit for bit; the steps from `c.graph_warmup` on
+ * replayed. Returns the operations a rank's captured step holds.
+ */
+template <class B>
+std::size_t check_graph_gpt_equals_host(const std::string& name, const mpar::models::GptTrainConfig& c, int steps) {
+  auto eager_config = c;
+  eager_config.graph = false;
+  const auto want = graph_gpt_train<mpar::HostBackend>(eager_config, steps);
+  const auto got = graph_gpt_train<B>(c, steps);
+  REQUIRE(got.size() == want.size());
+  for (std::size_t r = 0; r < want.size(); ++r) {
+    INFO(name << " over " << B::name << ", rank " << r);
+    std::vector<bool> replayed(std::size_t(steps), false);
+    for (std::size_t s = c.graph_warmup; s < replayed.size(); ++s) replayed[s] = true;
+    CHECK(got[r].replayed == replayed);
+    CHECK(want[r].replayed == std::vector<bool>(std::size_t(steps), false));
+    CHECK(got[r].losses == want[r].losses);
+    CHECK(got[r].norms == want[r].norms);
+    CHECK(got[r].lrs == want[r].lrs);
+    REQUIRE(got[r].values.size() == want[r].values.size());
+    for (std::size_t i = 0; i < want[r].values.size(); ++i) {
+      INFO("parameter " << i);
+      CHECK(got[r].values[i] == want[r].values[i]);
+    }
+    // What a frozen host value would repeat differs at every replay from the captured step's: the learning rate
+    // (the capture falls in the warm-up, the replays climb to the peak and decay), and the batch (so the loss).
+    const std::size_t captured = c.graph_warmup;
+    for (std::size_t s = captured + 1; s < std::size_t(steps); ++s) {
+      CHECK(want[r].lrs[s] != want[r].lrs[captured]);
+      CHECK(want[r].losses[s] != want[r].losses[s - 1]);
+    }
+    CHECK(want[r].lrs.back() < want[r].lrs[c.warmup - 1]);  // the last replay is past the peak, decaying
+    CHECK(got[r].operations > 0);
+  }
+  return got.front().operations;
+}
+
+}  // namespace
+
 TEMPLATE_TEST_CASE("GptTrainConfig::graph: replays of the captured step equal eager HostBackend steps bit for bit",
                    "[stream][gpt][graph]", mpar::StreamHostBackend, mpar::DiscreteHostBackend) {
-  constexpr int steps = 6;
   for (const char* precision : {"fp32", "bf16"}) {
-    INFO(precision << " over " << TestType::name);
-    const auto c = graph_gpt_config(precision, 2);  // steps 0, 1 eager; 2 captured and launched; 3 to 5 launches
-    auto eager_config = c;
-    eager_config.graph = false;
-    const GraphGptRun want = graph_gpt_train<mpar::HostBackend>(eager_config, steps);
-    const GraphGptRun got = graph_gpt_train<TestType>(c, steps);
-    CHECK(got.replayed == std::vector<bool>{false, false, true, true, true, true});
-    CHECK(want.replayed == std::vector<bool>(steps, false));
-    CHECK(got.losses == want.losses);
-    CHECK(got.norms == want.norms);
-    REQUIRE(got.values.size() == want.values.size());
-    for (std::size_t i = 0; i < want.values.size(); ++i) {
-      INFO("parameter " << i);
-      CHECK(got.values[i] == want.values[i]);
-    }
-    // What a frozen host value would repeat changes at every replayed step: the learning rate (warm-up, then
-    // cosine decay), and with it the update; the batch, and with it the loss.
-    for (int s = 3; s < steps; ++s) {
-      CHECK(want.lrs[std::size_t(s)] != want.lrs[std::size_t(s) - 1]);
-      CHECK(want.losses[std::size_t(s)] != want.losses[std::size_t(s) - 1]);
-    }
-    CHECK(got.lrs == want.lrs);
-    CHECK(got.operations > 0);
-    std::printf("graph step (%s, %s): %zu operations captured\n", precision, TestType::name, got.operations);
+    // Steps 0, 1 eager; 2 captured and launched; 3 to 5 launches.
+    const std::size_t ops = check_graph_gpt_equals_host<TestType>(precision, graph_gpt_config(precision, 2), 6);
+    std::printf("graph step (one rank, %s, %s): %zu operations captured\n", precision, TestType::name, ops);
   }
 }
 
 TEST_CASE("GptTrainConfig::graph with graph_warmup 1: the capture right after one eager step", "[stream][gpt][graph]") {
-  const auto c = graph_gpt_config("fp32", 1);
-  auto eager_config = c;
-  eager_config.graph = false;
-  const GraphGptRun want = graph_gpt_train<mpar::HostBackend>(eager_config, 4);
-  const GraphGptRun got = graph_gpt_train<mpar::StreamHostBackend>(c, 4);
-  CHECK(got.replayed == std::vector<bool>{false, true, true, true});
-  CHECK(got.losses == want.losses);
-  CHECK(got.norms == want.norms);
-  CHECK(got.values == want.values);
+  (void)check_graph_gpt_equals_host<mpar::StreamHostBackend>("warm-up 1", graph_gpt_config("fp32", 1), 6);
+}
+
+TEMPLATE_TEST_CASE(
+    "GptTrainConfig::graph at tp2 and dp2: the captured collectives replay with the step, bit for bit against "
+    "HostBackend",
+    "[stream][gpt][graph][dp]", mpar::StreamHostBackend, mpar::DiscreteHostBackend) {
+  // tp2: the layers' all-reduces and the loss's statistics over the tensor group; dp2: the gradient buckets'
+  // all-reduces started during the backward (requests) and waited for by the optimizer. Each is issued to the
+  // communication stream by every launch, after the operations before it, as the eager call is.
+  for (const auto& [name, tp, dp] : {std::tuple<const char*, std::size_t, std::size_t>{"tp2", 2, 1}, {"dp2", 1, 2}}) {
+    const std::size_t ops = check_graph_gpt_equals_host<TestType>(name, graph_gpt_config("fp32", 2, tp, dp), 6);
+    std::printf("graph step (%s, fp32, %s): %zu operations captured\n", name, TestType::name, ops);
+  }
+  (void)check_graph_gpt_equals_host<TestType>("dp2 x tp2 bf16", graph_gpt_config("bf16", 1, 2, 2), 6);
 }
 
 namespace {
@@ -218,14 +249,14 @@ TEST_CASE("GptTrainConfig::graph: a layout whose step cannot be captured is refu
     CHECK_THROWS_WITH(graph_gpt_construct<mpar::StreamHostBackend>(graph_gpt_config("f16", 1)),
                       Catch::Contains("--graph with --precision f16") && Catch::Contains("use --precision bf16"));
   }
-  SECTION("more than one rank") {
+  SECTION("pipeline and context parallelism") {
     auto c = graph_gpt_config("fp32", 1);
     c.pp = 2;
-    CHECK_THROWS_WITH(c.validate(2), Catch::Contains("--graph captures one rank's step") && Catch::Contains("--pp 2") &&
+    CHECK_THROWS_WITH(c.validate(2), Catch::Contains("--graph with --pp 2") && Catch::Contains("use --pp 1") &&
                                          Catch::Contains("drop --graph"));
     c.pp = 1;
-    c.dp = 2;
-    CHECK_THROWS_WITH(c.validate(2), Catch::Contains("--graph captures one rank's step"));
+    c.cp = 2;
+    CHECK_THROWS_WITH(c.validate(2), Catch::Contains("--graph with --cp 2") && Catch::Contains("use --cp 1"));
   }
   SECTION("SGD, ZeRO and MoE take host values") {
     auto sgd = graph_gpt_config("fp32", 1);

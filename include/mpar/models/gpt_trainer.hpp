@@ -138,8 +138,9 @@ struct GptTrainConfig {
   /// Capture the training step once and replay it (CUDA Graphs, `graph_backend`; --graph): the first
   /// `graph_warmup` steps run eagerly, the next one is captured and launched, and every later `train_step()`
   /// writes the step's token ids, targets and learning rate into pinned staging and launches the graph, whose
-  /// first operations copy them into fixed rank buffers (PyTorch's warm-up-then-capture pattern). One rank, fp32
-  /// or bf16, AdamW without ZeRO; `validate` refuses the layouts whose step cannot be captured yet (docs/cuda.md).
+  /// first operations copy them into fixed rank buffers (PyTorch's warm-up-then-capture pattern). fp32
+  /// or bf16, AdamW without ZeRO, over tensor and data parallelism; `validate` refuses the layouts whose step cannot
+  /// be captured yet (pipeline, context, experts, f16, SGD, ZeRO; docs/cuda.md).
   bool graph = false;
   /// Eager steps before the capture (--graph-warmup; at least 1: it allocates what the step keeps — staging,
   /// 16-bit copies — and carries AdamW's count into rank memory, waits a capture could not hold).
@@ -235,10 +236,11 @@ struct GptTrainConfig {
             "train: --graph-warmup 0: the first step must run eagerly (it allocates the staging "
             "and copies the step keeps, and carries AdamW's count into rank memory, waits a capture cannot hold); "
             "use --graph-warmup 1 or more");
-    require(world_size() == 1, "train: --graph captures one rank's step; with --tp ", tp, " --pp ", pp, " --dp ", dp,
-            " --ep ", ep, " --cp ", cp,
-            " the step's collectives, pipeline messages and their host-checked headers are not captured yet; use "
-            "--graph on one rank, or drop --graph");
+    require(pp == 1, "train: --graph with --pp ", pp,
+            ": the pipeline's messages between stages and their headers, checked on the host, are not captured yet; "
+            "use --pp 1 (tensor and data parallelism are captured), or drop --graph");
+    require(cp == 1, "train: --graph with --cp ", cp,
+            ": ring attention's exchanges are not captured yet; use --cp 1, or drop --graph");
     require(precision != "f16",
             "train: --graph with --precision f16: the dynamic loss scale is chosen on the host "
             "after each step and passed to the backward and the update as a host value, which a captured step would "
