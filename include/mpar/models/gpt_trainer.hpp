@@ -22,6 +22,10 @@
  * 5. copies the embedding to the head's tied copy. The norm, the factors and the update are operations of
  *    the backend `B`, like the layers', so a CUDA rank runs them on its device.
  *
+ * A captured step (`GptTrainConfig::graph`, docs/training.md): on a backend that models `graph_backend`, the steps
+ * after `graph_warmup` eager ones are launches of the step captured once; its inputs (token ids, targets, the learning
+ * rate) come in through pinned staging and fixed rank buffers, and the host reads the statistics after the launch.
+ *
  * Context parallelism (`cp > 1`, docs/context-parallel.md): ranks are ordered tensor, context, data, pipeline
  * (Megatron-LM's tp-cp-dp-pp); the mesh's data axis holds data x context ranks, context innermost. Each context
  * rank takes zig-zag chunks r and 2 cp - 1 - r of every sequence of its data rank's batch, its blocks attend by
