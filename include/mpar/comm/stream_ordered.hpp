@@ -277,7 +277,7 @@ class StreamOrderedCommunicator {
     const std::shared_ptr<stream::Stream>& compute = B::stream();
     if (!compute->capturing()) return false;
     compute->record_at_launch(what, [shared = shared_, what, f, wait]() -> std::function<void()> {
-      const std::uint64_t t = issue_to(shared, what, f);  // the graph holds `shared`: its calls outlive nothing
+      const std::uint64_t t = issue_to(shared, what, f);  // the graph holds `shared`: the communicator outlives it
       if (!wait) return {};
       return wait_for(shared->comm_stream, t);
     });
