@@ -85,6 +85,10 @@ Options parse(int argc, char** argv) {
            "(gathered per block around its forward and backward)")
       .range(0, 3);
   p.flag("zero1", t.zero1, "the same as --zero 1");
+  p.flag("graph", t.graph,
+         "capture the training step once and replay it (CUDA Graphs; --backend cuda): --graph-warmup eager steps, "
+         "then the capture, then one launch per step (one rank, tp or dp; fp32 or bf16 AdamW without ZeRO)");
+  p.option("graph-warmup", t.graph_warmup, "eager steps before --graph captures the step").range(1, 1 << 30);
   p.option("batch", t.global_batch, "sequences per step (global)").range(1, 1 << 24);
   p.option("steps", t.steps, "optimizer steps").range(1, 1 << 30);
   p.option("lr", t.lr, "peak learning rate").range(0, 10);
@@ -147,6 +151,14 @@ Options parse(int argc, char** argv) {
           "--check-against-host use the host transport)");
   require(o.comm != "mpi" || train_gpt::under_mpirun(),
           "train_gpt: --comm mpi needs mpirun (thread ranks use the threads communicator)");
+  require(!t.graph || (o.backend == "cuda" && !o.check_against_host),
+          "train_gpt: --graph captures the step on the GPU (CUDA Graphs); the host backend (and --check-against-host's "
+          "host run) issues each operation as it runs, so there is nothing to capture: use --backend cuda without "
+          "--check-against-host, or drop --graph");
+  require(!t.graph || t.world_size() == 1 || (train_gpt::under_mpirun() && o.comm != "mpi"), "train_gpt: --graph on ",
+          t.world_size(),
+          " ranks without NCCL: the thread ranks' device communicator meets at host barriers, which a captured step "
+          "cannot hold; run one process per GPU under mpirun (NCCL), or --graph on one rank");
   require(o.val_split == 0 || o.val_data.empty(), "train_gpt: give --val-data or --val-split, not both");
   // Mesh and MoE checks that need no data file, before any rank starts.
   require(

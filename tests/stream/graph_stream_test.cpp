@@ -7,12 +7,15 @@
 #include <cstddef>
 #include <cstdint>
 #include <exception>
+#include <span>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include <mpar/backend/graph_backend.hpp>
 #include <mpar/backend/stream/stream_backend.hpp>
+#include <mpar/comm/stream_ordered.hpp>
+#include <mpar/comm/threads.hpp>
 #include <mpar/nn/parameter.hpp>
 #include <mpar/optim/adamw.hpp>
 
@@ -362,4 +365,77 @@ TEST_CASE("graph_backend: the stream backends and their graphs model the concept
   STATIC_REQUIRE(graph_backend<StreamHostBackend>);
   STATIC_REQUIRE(graph_backend<DiscreteHostBackend>);
   STATIC_REQUIRE(!graph_backend<HostBackend>);  // its operations run before they return: nothing to record
+}
+
+TEMPLATE_TEST_CASE(
+    "graph_backend (emulated): a stream-ordered communicator's calls captured with the step replay with each launch",
+    "[stream][graph][comm]", StreamHostBackend, DiscreteHostBackend) {
+  using B = TestType;
+  constexpr std::size_t n = 5;
+  constexpr int launches = 3;
+  // Per rank (checked after the ranks joined: Catch's assertions are not for several threads): every launch's
+  // copies out, the eager call's result, and whether the host queries during the capture threw.
+  struct Seen {
+    std::vector<std::vector<float>> replayed, eager;
+    bool barrier_threw = false, test_threw = false;
+  };
+  std::vector<Seen> seen(2);
+  // Rank r's values at launch t, and the sum over both ranks that a naive loop expects.
+  auto value = [](int r, int t, std::size_t i) { return float(int(i) + 10 * t + 100 * r); };
+  run_threads(2, [&](ThreadsCommunicator& w) {
+    B::init_rank();
+    Seen& mine = seen[std::size_t(w.rank())];
+    StreamOrderedCommunicator<ThreadsCommunicator, B> comm(w);
+    Buffer<float> x = B::template allocate<float>(n), y = B::template allocate<float>(n),
+                  z = B::template allocate<float>(n);
+    typename B::template pinned_buffer<float> in(n), out(2 * n), eager_out(n);
+    typename B::graph_type g;
+    B::begin_capture();
+    B::template copy_from_host_async<float>(n, in.data(), x.data());
+    comm.all_reduce(std::span<float>(x), ReduceOp::sum);  // blocking: the copy below reads its result
+    B::copy(n, x.data(), y.data());
+    auto request = comm.iall_reduce(std::span<float>(y), ReduceOp::max);  // both ranks hold the sum: max is it
+    B::scale(n, 2.0f, x.data());                                          // overlaps the request
+    request.wait();
+    B::template copy_to_host_async<float>(n, x.data(), out.data());
+    B::template copy_to_host_async<float>(n, y.data(), out.data() + n);
+    try {
+      comm.barrier();  // answers the host, which a graph cannot
+    } catch (const stream::capture_error&) {
+      mine.barrier_threw = true;
+    }
+    try {
+      (void)request.test();
+    } catch (const stream::capture_error&) {
+      mine.test_threw = true;
+    }
+    g = B::end_capture();
+    for (int t = 0; t < launches; ++t) {
+      for (std::size_t i = 0; i < n; ++i) in[i] = value(w.rank(), t, i);
+      B::launch(g);
+      // An eager call issued right after the launch, before any wait: it runs after the replay's calls (a
+      // recorded call issued only when its operation ran would queue behind this one, which waits for the replay).
+      B::fill(n, float(t + w.rank()), z.data());
+      comm.all_reduce(std::span<float>(z), ReduceOp::sum);
+      B::template copy_to_host_async<float>(n, z.data(), eager_out.data());
+      B::synchronize();
+      mine.replayed.emplace_back(out.begin(), out.end());
+      mine.eager.emplace_back(eager_out.begin(), eager_out.end());
+    }
+  });
+  for (std::size_t r = 0; r < seen.size(); ++r) {
+    INFO("rank " << r);
+    CHECK(seen[r].barrier_threw);
+    CHECK(seen[r].test_threw);
+    REQUIRE(seen[r].replayed.size() == std::size_t(launches));
+    for (int t = 0; t < launches; ++t) {
+      std::vector<float> want(2 * n), want_eager(n, float(2 * t + 1));
+      for (std::size_t i = 0; i < n; ++i) {
+        want[i] = 2.0f * (value(0, t, i) + value(1, t, i));
+        want[n + i] = value(0, t, i) + value(1, t, i);
+      }
+      CHECK(seen[r].replayed[std::size_t(t)] == want);
+      CHECK(seen[r].eager[std::size_t(t)] == want_eager);
+    }
+  }
 }

@@ -29,9 +29,16 @@
  * - A failure of the wrapped call is reported by the compute stream's next synchronisation, naming the
  *   operation; the communication stream stays failed (every later call reports it), like a NCCL
  *   communicator after an error.
+ * - While the compute stream is being captured (`graph_backend`, backend/stream/stream_graph.hpp) a call is
+ *   recorded with the capture (`Stream::record_at_launch`): each launch of the graph issues it to the
+ *   communication stream when it reaches the call's place, after the operations before it, exactly as the
+ *   eager call (and, for a blocking call or a request's `wait()`, makes the compute stream wait for it) — as
+ *   NCCL's kernels become nodes of a captured CUDA graph, replayed with it. `test()`, `barrier()` and `split()`
+ *   during a capture throw `stream::capture_error`: they answer the host, which a graph cannot.
  */
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <span>
@@ -85,26 +92,42 @@ class StreamOrderedCommunicator {
   class Request {
    public:
     Request() = default;
-    void wait() { (void)order_compute(); }
-    [[nodiscard]] bool test() { return shared_->comm_stream->done(order_compute()); }
+    void wait() {
+      if (captured_) {  // recorded: each launch orders the compute stream after this launch's operation
+        B::stream()->record_at_launch("wait for communication", [comm = shared_->comm_stream, inner = inner_] {
+          return wait_for(comm, issue_wait(comm, inner));
+        });
+        return;
+      }
+      (void)order_compute();
+    }
+    [[nodiscard]] bool test() {
+      B::stream()->require_not_capturing("test (a communication request)");
+      return shared_->comm_stream->done(order_compute());
+    }
 
    private:
     friend class StreamOrderedCommunicator;
-    Request(std::shared_ptr<Shared> shared, std::shared_ptr<std::optional<InnerRequest>> inner)
-        : shared_(std::move(shared)), inner_(std::move(inner)) {}
+    Request(std::shared_ptr<Shared> shared, std::shared_ptr<std::optional<InnerRequest>> inner, bool captured)
+        : shared_(std::move(shared)), inner_(std::move(inner)), captured_(captured) {}
+    /** Issues the wait for the inner request to the communication stream; returns its ticket. */
+    static std::uint64_t issue_wait(const std::shared_ptr<stream::Stream>& comm,
+                                    const std::shared_ptr<std::optional<InnerRequest>>& inner) {
+      return comm->enqueue("wait", [inner] {
+        if (*inner) (*inner)->wait();
+      });
+    }
     std::uint64_t order_compute() {
       if (wait_ticket_ == 0) {
-        const auto& comm = shared_->comm_stream;
-        wait_ticket_ = comm->enqueue("wait", [inner = inner_] {
-          if (*inner) (*inner)->wait();
-        });
-        B::stream()->enqueue("wait for communication", [comm, t = wait_ticket_] { comm->wait_from_other_stream(t); });
+        wait_ticket_ = issue_wait(shared_->comm_stream, inner_);
+        B::stream()->enqueue("wait for communication", wait_for(shared_->comm_stream, wait_ticket_));
       }
       return wait_ticket_;
     }
     std::shared_ptr<Shared> shared_;
     std::shared_ptr<std::optional<InnerRequest>> inner_;
     std::uint64_t wait_ticket_ = 0;
+    bool captured_ = false;  ///< issued during a capture of the compute stream: its wait is recorded too
   };
 
   template <element_type T>
@@ -199,12 +222,14 @@ class StreamOrderedCommunicator {
 
   /** Blocks the host until every rank of the group has issued it and the compute stream reached it. */
   void barrier() {
+    B::stream()->require_not_capturing("barrier");
     host_wait(issue("barrier", [](Comm& c) { c.barrier(); }));
   }
 
   /** Collective: a sub-communicator sharing this rank's communication stream; blocks until it exists. */
   template <class... Extra>
   [[nodiscard]] StreamOrderedCommunicator split(int color, int key, Extra... extra) {
+    B::stream()->require_not_capturing("split");
     auto out = std::make_shared<std::optional<Comm>>();
     host_wait(issue("split", [out, color, key, extra...](Comm& c) { out->emplace(c.split(color, key, extra...)); }));
     return StreamOrderedCommunicator(std::move(**out), shared_->comm_stream);
@@ -226,27 +251,53 @@ class StreamOrderedCommunicator {
   /** Issues `f(inner)` to the communication stream after the compute stream's current end; returns its ticket. */
   template <class F>
   std::uint64_t issue(const char* what, F f) {
+    return issue_to(shared_, what, std::move(f));
+  }
+  template <class F>
+  static std::uint64_t issue_to(const std::shared_ptr<Shared>& shared, const char* what, F f) {
     const std::shared_ptr<stream::Stream>& compute = B::stream();
     const std::uint64_t produced = compute->issued();
-    Comm* inner = &shared_->inner;  // outlives the queued call (see Shared)
-    return shared_->comm_stream->enqueue(what, [compute, produced, inner, f]() mutable {
+    Comm* inner = &shared->inner;  // outlives the queued call (see Shared)
+    return shared->comm_stream->enqueue(what, [compute, produced, inner, f]() mutable {
       compute->wait_from_other_stream(produced);
       f(*inner);
     });
   }
+  /** The compute stream's operation that waits for ticket `t` of the communication stream `comm`. */
+  static std::function<void()> wait_for(std::shared_ptr<stream::Stream> comm, std::uint64_t t) {
+    return [comm = std::move(comm), t] { comm->wait_from_other_stream(t); };
+  }
+  /**
+   * During a capture of the compute stream: records `f(inner)` with it, so that each launch issues it to the
+   * communication stream at its place (after the operations before it) and, if `wait`, makes the compute stream
+   * wait for it. Returns false when no capture is under way.
+   */
+  template <class F>
+  bool record_in_capture(const char* what, F f, bool wait) {
+    const std::shared_ptr<stream::Stream>& compute = B::stream();
+    if (!compute->capturing()) return false;
+    compute->record_at_launch(what, [shared = shared_, what, f, wait]() -> std::function<void()> {
+      const std::uint64_t t = issue_to(shared, what, f);  // the graph holds `shared`: the communicator outlives it
+      if (!wait) return {};
+      return wait_for(shared->comm_stream, t);
+    });
+    return true;
+  }
   /** A call whose result the compute stream's later operations read. */
   template <class F>
   void blocking(const char* what, F f) {
+    if (record_in_capture(what, f, true)) return;
     const std::uint64_t t = issue(what, std::move(f));
-    B::stream()->enqueue("wait for communication",
-                         [comm = shared_->comm_stream, t] { comm->wait_from_other_stream(t); });
+    B::stream()->enqueue("wait for communication", wait_for(shared_->comm_stream, t));
   }
   template <class F>
   auto immediate(const char* what, F f) {
     using InnerRequest = decltype(f(std::declval<Comm&>()));
     auto inner = std::make_shared<std::optional<InnerRequest>>();
-    (void)issue(what, [inner, f](Comm& c) mutable { inner->emplace(f(c)); });
-    return Request<InnerRequest>(shared_, inner);
+    auto start = [inner, f](Comm& c) mutable { inner->emplace(f(c)); };
+    if (record_in_capture(what, start, false)) return Request<InnerRequest>(shared_, inner, true);
+    (void)issue(what, std::move(start));
+    return Request<InnerRequest>(shared_, inner, false);
   }
   void host_wait(std::uint64_t t) { shared_->comm_stream->wait_from_other_stream(t); }
 

@@ -46,6 +46,7 @@
 #include "mpar/nn/embedding.hpp"
 #include "mpar/nn/half_weight.hpp"
 #include "mpar/nn/layer_norm.hpp"
+#include "mpar/nn/rank_tokens.hpp"
 #include "mpar/nn/ring_transformer_block.hpp"
 #include "mpar/nn/transformer_block.hpp"
 
@@ -332,6 +333,18 @@ class GptPipelinePart {
   void set_tokens(int mb, std::span<const std::int32_t> tokens) {
     if (std::size_t(mb) >= host_tokens_.size()) host_tokens_.resize(std::size_t(mb) + 1);
     host_tokens_[std::size_t(mb)].assign(tokens.begin(), tokens.end());
+    if (std::size_t(mb) < rank_tokens_.size()) rank_tokens_[std::size_t(mb)] = {};
+  }
+  /**
+   * The token ids of micro-batch `mb` in rank memory (checked against the vocabulary by the caller, and kept by it
+   * while a step may read them): the first stage's embedding reads them there, with no upload and nothing the host
+   * decides per micro-batch, so a captured step replays with whatever ids the memory holds (`GptTrainConfig::graph`).
+   * Replaces what `set_tokens` gave for `mb`, and is replaced by its next call.
+   */
+  void set_tokens(int mb, nn::RankTokens ids) {
+    if (std::size_t(mb) >= rank_tokens_.size()) rank_tokens_.resize(std::size_t(mb) + 1);
+    rank_tokens_[std::size_t(mb)] = ids;
+    if (std::size_t(mb) < host_tokens_.size()) host_tokens_[std::size_t(mb)].clear();
   }
 
   /** Forward of micro-batch `mb` on a stage other than the last: tokens (first stage) or hidden states in, hidden states out. */
@@ -614,29 +627,34 @@ class GptPipelinePart {
   nn::Act<Replicate> embed(const nn::Act<Replicate>& x, int mb) {
     require(x.extent(1) == 1, "GptPipelinePart: the first stage takes token ids as a [tokens, 1] activation, got ",
             x.extent(0), "x", x.extent(1));
-    std::vector<std::int32_t> tokens(x.extent(0));
-    if (std::size_t(mb) < host_tokens_.size() && host_tokens_[std::size_t(mb)].size() == tokens.size()) {
-      tokens = host_tokens_[std::size_t(mb)];  // given by set_tokens: the activation's values are not read
-    } else {
-      for (std::size_t i = 0; i < tokens.size(); ++i) tokens[i] = std::int32_t(x.data()[i]);
-      note_host_access(x.tensor().bytes());
-    }
-    nn::Act<Replicate> h = embed_->embed(tokens, mb);
+    const std::size_t n = x.extent(0);
+    nn::Act<Replicate> h = [&] {
+      if (std::size_t(mb) < rank_tokens_.size() && rank_tokens_[std::size_t(mb)].size == n)
+        return embed_->embed(rank_tokens_[std::size_t(mb)], mb);  // in rank memory: the activation is not read
+      std::vector<std::int32_t> tokens(n);
+      if (std::size_t(mb) < host_tokens_.size() && host_tokens_[std::size_t(mb)].size() == n) {
+        tokens = host_tokens_[std::size_t(mb)];  // given by set_tokens: the activation's values are not read
+      } else {
+        for (std::size_t i = 0; i < n; ++i) tokens[i] = std::int32_t(x.data()[i]);
+        note_host_access(x.tensor().bytes());
+      }
+      return embed_->embed(std::span<const std::int32_t>(tokens), mb);
+    }();
     // h[b, s, :] += position[s, :]: with each sequence a row of seq x hidden values, the position table is
     // that row's bias, so one bias addition covers the micro-batch. Under cp the row is the rank's two
     // chunks, and the bias their rows of the table.
     const std::size_t seq = cfg_.seq / cp_, block = seq * cfg_.hidden;
-    require(tokens.size() % seq == 0, "GptPipelinePart: ", tokens.size(), " tokens are not whole sequences of ", seq,
+    require(n % seq == 0, "GptPipelinePart: ", n, " tokens are not whole sequences of ", seq,
             cp_ > 1 ? " (this context rank's share of each sequence)" : "");
     if (cp_ == 1) {
-      B::bias_add_forward(tokens.size() / seq, block, pos_.value.data(), h.data());
+      B::bias_add_forward(n / seq, block, pos_.value.data(), h.data());
     } else {
       nn::Activation table({seq, cfg_.hidden}, uninitialized);
       // The two chunks' rows of the table in one strided copy (the second chunk lies after the first).
       const std::size_t half = block / 2;
       B::copy_2d(2, half, pos_.value.data() + position_chunk(0) * half, (position_chunk(1) - position_chunk(0)) * half,
                  table.data(), half);
-      B::bias_add_forward(tokens.size() / seq, block, table.data(), h.data());
+      B::bias_add_forward(n / seq, block, table.data(), h.data());
     }
     return h;  // the position embedding is replicated: the sum stays Replicate
   }
@@ -673,6 +691,7 @@ class GptPipelinePart {
   nn::Parameter* head_ = nullptr;
   std::optional<nn::VocabParallelCrossEntropy<C, B>> ce_;
   std::vector<std::vector<std::int32_t>> host_tokens_;  ///< set_tokens: host ids per micro-batch (first stage)
+  std::vector<nn::RankTokens> rank_tokens_;             ///< set_tokens: ids in rank memory per micro-batch
   Buffer<float> vocab_mask_;  ///< 0 for real ids, -1e30 for this rank's padding columns; empty when it has none
   nn::MicroBatchCache<HeadInput> head_inputs_;
   nn::MicroBatchCache<nn::detail::WeightGradOperands> head_pending_;  // final-norm output and logit gradient

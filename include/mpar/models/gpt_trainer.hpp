@@ -22,6 +22,10 @@
  * 5. copies the embedding to the head's tied copy. The norm, the factors and the update are operations of
  *    the backend `B`, like the layers', so a CUDA rank runs them on its device.
  *
+ * A captured step (`GptTrainConfig::graph`, docs/training.md): on a backend that models `graph_backend`, the steps
+ * after `graph_warmup` eager ones are launches of the step captured once; its inputs (token ids, targets, the learning
+ * rate) come in through pinned staging and fixed rank buffers, and the host reads the statistics after the launch.
+ *
  * Context parallelism (`cp > 1`, docs/context-parallel.md): ranks are ordered tensor, context, data, pipeline
  * (Megatron-LM's tp-cp-dp-pp); the mesh's data axis holds data x context ranks, context innermost. Each context
  * rank takes zig-zag chunks r and 2 cp - 1 - r of every sequence of its data rank's batch, its blocks attend by
@@ -75,8 +79,10 @@
 #include <string_view>
 #include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
+#include "mpar/backend/graph_backend.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/comm/host_message_communicator.hpp"
 #include "mpar/comm/mesh_comms.hpp"
@@ -89,6 +95,7 @@
 #include "mpar/io/staged_blocks.hpp"
 #include "mpar/models/gpt.hpp"
 #include "mpar/nn/autocast.hpp"
+#include "mpar/nn/rank_tokens.hpp"
 #include "mpar/observe/timed_communicator.hpp"
 #include "mpar/optim/adamw.hpp"
 #include "mpar/optim/clip.hpp"
@@ -134,6 +141,16 @@ struct GptTrainConfig {
   double clip = 1.0;  ///< global-norm clipping threshold; 0 disables clipping
   std::size_t bucket_bytes = std::size_t(1) << 20;
   std::uint64_t data_seed = 1234;
+  /// Capture the training step once and replay it (CUDA Graphs, `graph_backend`; --graph): the first
+  /// `graph_warmup` steps run eagerly, the next one is captured and launched, and every later `train_step()`
+  /// writes the step's token ids, targets and learning rate into pinned staging and launches the graph, whose
+  /// first operations copy them into fixed rank buffers (PyTorch's warm-up-then-capture pattern). fp32
+  /// or bf16, AdamW without ZeRO, over tensor and data parallelism; `validate` refuses the layouts whose step cannot
+  /// be captured yet (pipeline, context, experts, f16, SGD, ZeRO; docs/cuda.md).
+  bool graph = false;
+  /// Eager steps before the capture (--graph-warmup; at least 1: it allocates what the step keeps — staging,
+  /// 16-bit copies — and carries AdamW's count into rank memory, waits a capture could not hold).
+  std::size_t graph_warmup = 3;
 
   [[nodiscard]] std::size_t world_size() const { return tp * cp * pp * dp * ep; }
   /** The ZeRO stage in effect: `zero`, or 1 when only `zero1` is set. */
@@ -211,9 +228,36 @@ struct GptTrainConfig {
             " needs --schedule interleaved_1f1b");
     require(steps >= 1 && warmup <= steps, "train: need --steps >= 1 and --warmup <= --steps");
     if (cp > 1) validate_context();
+    if (graph) validate_graph();
     model.validate(tp, pp * std::size_t(chunks), ep);
     // The schedule's own checks (e.g. interleaved needs M a multiple of P), with its sentence.
     (void)pipeline::make_programs(schedule, pipeline::ScheduleConfig{int(pp), microbatches, chunks, 1});
+  }
+  /**
+   * What a captured step (`graph`) needs of the rest of the configuration: a step with no host decision inside
+   * and no collective the capture cannot record. Each refusal names the option and the fix.
+   */
+  void validate_graph() const {
+    require(graph_warmup >= 1,
+            "train: --graph-warmup 0: the first step must run eagerly (it allocates the staging "
+            "and copies the step keeps, and carries AdamW's count into rank memory, waits a capture cannot hold); "
+            "use --graph-warmup 1 or more");
+    require(pp == 1, "train: --graph with --pp ", pp,
+            ": the pipeline's messages between stages and their headers, checked on the host, are not captured yet; "
+            "use --pp 1 (tensor and data parallelism are captured), or drop --graph");
+    require(cp == 1, "train: --graph with --cp ", cp,
+            ": ring attention's exchanges are not captured yet; use --cp 1, or drop --graph");
+    require(precision != "f16",
+            "train: --graph with --precision f16: the dynamic loss scale is chosen on the host "
+            "after each step and passed to the backward and the update as a host value, which a captured step would "
+            "freeze; use --precision bf16 or fp32 (no loss scaling), or drop --graph");
+    require(optimizer == "adamw", "train: --graph with --optimizer ", optimizer,
+            ": SGD takes the learning rate as a host value, which a captured step would freeze (AdamW reads it "
+            "from rank memory); use --optimizer adamw, or drop --graph");
+    require(zero_stage() == 0, "train: --graph with --zero ", zero_stage(),
+            ": ZeRO's update takes the learning rate as a host value; use --zero 0, or drop --graph");
+    require(model.experts == 0, "train: --graph with --experts ", model.experts,
+            ": the step report's dropped-token count is reduced on the host; use --experts 0, or drop --graph");
   }
   /** What context parallelism (cp > 1) needs of the rest of the configuration, each refusal naming the fix. */
   void validate_context() const {
@@ -263,7 +307,22 @@ struct StepReport {
   double communication = 0;  ///< share of the step spent in collectives and transfers (mean over ranks)
   double tokens_per_second = 0;
   pipeline::StepStats stats;  ///< this rank's executor measurements (timeline included)
+  /// `GptTrainConfig::graph`: this step was one launch of the captured step. Nothing ran on the host between its
+  /// operations, so there are no executor measurements: `stats`, `bubble` and `communication` are zero.
+  bool replayed = false;
 };
+
+namespace detail {
+/** `B::graph_type` for a backend that models `graph_backend`, else nothing (the trainer refuses `graph` there). */
+template <class B, bool = graph_backend<B>>
+struct trainer_graph {
+  using type = std::monostate;
+};
+template <class B>
+struct trainer_graph<B, true> {
+  using type = typename B::graph_type;
+};
+}  // namespace detail
 
 /** @brief Bytes this rank holds, by kind. */
 struct MemoryBreakdown {
@@ -301,10 +360,13 @@ class GptTrainer {
     build_stages();
     build_embedding_group();
     build_optimizer();
+    if (cfg_.graph) build_graph_inputs();
   }
 
   /** Runs the next step on every rank (collective over the world). */
   StepReport train_step() {
+    if constexpr (graph_backend<B>)
+      if (cfg_.graph) return graph_train_step();
     const auto t0 = std::chrono::steady_clock::now();
     const std::size_t step = step_;
     tensor_.reset();
@@ -360,36 +422,26 @@ class GptTrainer {
     stats.compute += std::chrono::duration<double>(std::chrono::steady_clock::now() - t_opt).count();
     ++step_;
 
-    // Report: averaged over the world so every rank prints the same numbers.
-    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const double comm_s = stats.communication + tensor_.seconds() + expert_t_.seconds() + tokens_t_.seconds() +
                           context_t_.seconds() + (optimizer_->sync_seconds() - dp_comm_before);
-    // Host measurements (times) and the dropped count (accumulated in rank memory by the MoE backward passes);
-    // the losses came averaged with the optimizer's statistics.
-    // [0, 3): averaged over the world; [3]: the slowest rank's wall time.
-    std::array<double, 4> avg{stats.bubble_ratio, std::min(1.0, comm_s / wall), 0.0, wall};
-    host_all_reduce(avg);
-    const std::array<double, 1> slowest{avg[3]};
-    StepReport r;
-    r.step = step;
-    r.loss = st.loss;  // of the unscaled forward, averaged over the world with the statistics
-    r.lr = lr;
-    r.grad_norm = st.skipped ? 0.0 : st.grad_norm;
-    r.aux_loss = st.aux_loss;
-    r.dropped = std::size_t(std::llround(avg[2]));
-    r.skipped = st.skipped;
+    StepReport r = report(step, lr, st, std::move(stats), t0, comm_s);
     r.weight_lag = lagged ? 1 : 0;
-    r.wall = slowest[0];
-    r.bubble = avg[0];
-    r.idle_slots = idle_slots_;
-    r.communication = avg[1];
-    r.tokens_per_second = double(cfg_.global_batch * cfg_.model.seq) / r.wall;
-    stats.loss = st.loss;
-    r.stats = std::move(stats);
     return r;
   }
 
   [[nodiscard]] std::size_t step() const { return step_; }
+  /** `GptTrainConfig::graph`: whether the step is captured (the steps from now on are launches of it). */
+  [[nodiscard]] bool graph_captured() const { return graph_captured_; }
+  /**
+   * `GptTrainConfig::graph`: the operations the captured step holds (the nodes of the graph, where the backend
+   * counts them; 0 before the capture).
+   */
+  [[nodiscard]] std::size_t graph_operations() const {
+    if constexpr (requires { graph_.nodes(); })
+      return graph_captured_ ? graph_.nodes() : 0;
+    else
+      return 0;
+  }
 
   /**
    * @brief Calls `before` just before each training step's forward and backward passes (the step's batch is
@@ -494,6 +546,7 @@ class GptTrainer {
   template <class Source>
   requires std::is_invocable_r_v<std::span<const float>, Source&, const std::string&, const std::vector<std::size_t>&>
       std::size_t load_weights(Source&& source) {
+    reset_graph();  // a captured step would keep AdamW's count of before the load
     return with_gathered([&] {
       const std::size_t n = load_full_weights(source);
       store_gathered();
@@ -716,6 +769,7 @@ class GptTrainer {
       scaler->restore(res.state.loss_scale->scale, std::size_t(res.state.loss_scale->good_steps),
                       std::size_t(res.state.loss_scale->skipped));
     copy_embedding_to_head();
+    reset_graph();  // the step count moved: warm up and capture again
     return res;
   }
 
@@ -949,6 +1003,163 @@ class GptTrainer {
     }
     return inputs;
   }
+  /**
+   * The step's report from its statistics and host measurements, averaged over the world so every rank prints
+   * the same numbers (`comm_s`: seconds in collectives and transfers; `t0`: the step's start).
+   */
+  StepReport report(std::size_t step, double lr, const parallel::StepStatistics& st, pipeline::StepStats stats,
+                    std::chrono::steady_clock::time_point t0, double comm_s) {
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    // Host measurements (times) and the dropped count (accumulated in rank memory by the MoE backward passes);
+    // the losses came averaged with the optimizer's statistics.
+    // [0, 3): averaged over the world; [3]: the slowest rank's wall time.
+    std::array<double, 4> avg{stats.bubble_ratio, std::min(1.0, comm_s / wall), 0.0, wall};
+    host_all_reduce(avg);
+    const std::array<double, 1> slowest{avg[3]};
+    StepReport r;
+    r.step = step;
+    r.loss = st.loss;  // of the unscaled forward, averaged over the world with the statistics
+    r.lr = lr;
+    r.grad_norm = st.skipped ? 0.0 : st.grad_norm;
+    r.aux_loss = st.aux_loss;
+    r.dropped = std::size_t(std::llround(avg[2]));
+    r.skipped = st.skipped;
+    r.wall = slowest[0];
+    r.bubble = avg[0];
+    r.idle_slots = idle_slots_;
+    r.communication = avg[1];
+    r.tokens_per_second = double(cfg_.global_batch * cfg_.model.seq) / r.wall;
+    stats.loss = st.loss;
+    r.stats = std::move(stats);
+    return r;
+  }
+
+  /**
+   * `GptTrainConfig::graph`: the rank buffers a captured step reads its inputs from (every micro-batch's token ids,
+   * then their targets; the learning rate) and the pinned staging the host writes them into. Refused on a backend
+   * that cannot capture.
+   */
+  void build_graph_inputs() {
+    if constexpr (!graph_backend<B>) {
+      throw config_error(mpar::detail::cat(
+          "train: --graph (GptTrainConfig::graph) needs a backend that captures and replays a step (graph_backend: "
+          "CudaBackend, StreamHostBackend, DiscreteHostBackend), but the ",
+          B::name,
+          " backend runs each operation as it is issued: there is nothing to capture. Fix: drop --graph, or train on "
+          "CUDA"));
+    } else {
+      const std::size_t n = cfg_.local_batch() * cfg_.model.seq;
+      graph_inputs_ = B::template allocate<std::int32_t>(2 * n);
+      graph_lr_ = B::template allocate<float>(1);
+      graph_inputs_staging_.emplace(2 * n);  // after init_rank: pinned for this rank's device
+      graph_lr_staging_.emplace(1);
+    }
+  }
+  /** The next steps warm up eagerly and capture again (after a load, a resume: host state the graph froze). */
+  void reset_graph() {
+    graph_ = {};
+    graph_captured_ = false;
+    graph_eager_steps_ = 0;
+  }
+
+  /**
+   * `GptTrainConfig::graph`'s step: the host writes the inputs into pinned staging (the previous step's statistics
+   * wait passed the copies that read it), then issues the step eagerly (the warm-up), captures and launches it
+   * (the first step after the warm-up), or launches the captured one; then reads the statistics (one wait) and
+   * reports. The same numbers as `train_step` without `graph`, bit for bit (tests/stream/gpt_graph_stream_test.cpp).
+   */
+  StepReport graph_train_step() {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::size_t step = step_;
+    tensor_.reset();
+    const double lr = schedule_(step);
+    stage_graph_inputs(local_batch(step), lr);
+    pipeline::StepStats stats;
+    const bool replayed = graph_eager_steps_ >= cfg_.graph_warmup;
+    if constexpr (graph_backend<B>) {
+      if (!replayed) {
+        stats = issue_graph_step();
+        ++graph_eager_steps_;
+      } else {
+        if (!graph_captured_) {
+          B::begin_capture();
+          try {
+            stats = issue_graph_step();
+          } catch (...) {
+            (void)B::end_capture();  // a failed capture is dropped; the error names what broke it
+            throw;
+          }
+          graph_ = B::end_capture();
+          graph_captured_ = true;
+        }
+        B::launch(graph_);
+      }
+    }
+    const parallel::StepStatistics st = optimizer_->read_statistics();
+    ++step_;
+    const double comm_s = replayed ? 0.0 : stats.communication + tensor_.seconds();
+    StepReport r = report(step, lr, st, std::move(stats), t0, comm_s);
+    r.replayed = replayed;
+    return r;
+  }
+  /** The step's token ids, targets and learning rate into pinned staging, the ids checked against the vocabulary. */
+  void stage_graph_inputs(const data::TokenBatch& batch, double lr) {
+    const std::size_t n = batch.tokens.size();
+    require(2 * n == graph_inputs_staging_->size() && batch.targets.size() == n, "GptTrainer (--graph): the batch of ",
+            n, " tokens and ", batch.targets.size(), " targets does not fill the step's input buffers of ",
+            graph_inputs_staging_->size() / 2);
+    auto* staged = graph_inputs_staging_->data();
+    for (std::size_t i = 0; i < n; ++i) {
+      // In rank memory the layers cannot check them: an id outside the vocabulary would read outside the tables.
+      require(batch.tokens[i] >= 0 && std::size_t(batch.tokens[i]) < cfg_.model.vocab && batch.targets[i] >= 0 &&
+                  std::size_t(batch.targets[i]) < cfg_.model.vocab,
+              "GptTrainer (--graph): token ", batch.tokens[i], " or target ", batch.targets[i], " at position ", i,
+              " of step ", step_, " is outside the vocabulary of ", cfg_.model.vocab);
+      staged[i] = batch.tokens[i];
+      staged[n + i] = batch.targets[i];
+    }
+    graph_lr_staging_->data()[0] = float(lr);        // what AdamW::step would take as its host value
+    note_host_access(2 * n * sizeof(std::int32_t));  // the step's inputs, written by the host
+  }
+  /**
+   * Issues one step that a capture can record: the inputs copied from the pinned staging into the fixed rank
+   * buffers, the passes on views of them, the optimizer's issue half with the learning rate in rank memory, the
+   * gradients zeroed. Nothing here waits on the host or passes a value that changes from step to step.
+   */
+  pipeline::StepStats issue_graph_step() {
+    const std::size_t n = graph_inputs_.size() / 2, mb_tokens = n / std::size_t(cfg_.microbatches);
+    const std::int32_t* ids = graph_inputs_.data();
+    B::template copy_from_host_async<std::int32_t>(2 * n, graph_inputs_staging_->data(), graph_inputs_.data());
+    B::template copy_from_host_async<float>(1, graph_lr_staging_->data(), graph_lr_.data());
+    std::vector<nn::Act<Replicate>> inputs;
+    if (holds_first_)
+      for (int mb = 0; mb < cfg_.microbatches; ++mb) {
+        stages_.front()->set_tokens(mb, nn::RankTokens{ids + std::size_t(mb) * mb_tokens, mb_tokens});
+        inputs.push_back(nn::Act<Replicate>(nn::Activation({mb_tokens, 1}, uninitialized)));  // shape only
+      }
+    if (before_passes_) before_passes_();
+    optimizer_->begin_compute();
+    std::optional<nn::Autocast> autocast(std::in_place, compute_type());
+    for (auto& s : stages_) s->begin_step();
+    optimizer_->zero_losses();
+    pipeline::StepStats stats = executor_->step(
+        inputs, [&](const nn::Act<nn::FeatureShard>& logits, int mb, nn::Act<nn::FeatureShard>& dlogits) {
+          Stage& last = *stages_.back();
+          const nn::RankTokens targets{ids + n + std::size_t(mb) * mb_tokens, mb_tokens};
+          last.loss().forward_into(logits, targets, mb, optimizer_->losses(), loss_weight());
+          dlogits = last.loss().logits_gradient(mb, 1.0f);  // no loss scaling: validate refuses f16
+          return 0.0;
+        });
+    autocast.reset();
+    optimizer_->end_compute();
+    if (after_passes_) after_passes_();
+    sum_tied_gradients();
+    optimizer_->issue_step_in_rank(graph_lr_.data());
+    copy_embedding_to_head();
+    zero_grad();
+    return stats;
+  }
+
   /** The ranks with this rank's pipeline and tensor coordinates: they split each micro-batch (data x expert). */
   Comm replica_group(Comm& world) {
     if (cfg_.ep == 1) return same_group(comms_.data);
@@ -1191,6 +1402,15 @@ class GptTrainer {
   std::vector<nn::Parameter*> versioned_;  ///< all_params_ without repeats: what the 2bw swap exchanges
   std::vector<decltype(nn::Parameter::value)> previous_;  ///< 2bw: W(t-1), empty before the first step
   std::function<void()> before_passes_, after_passes_;    ///< on_passes
+  // GptTrainConfig::graph: the step's inputs in rank memory and their pinned staging, the captured step, and
+  // how many eager steps preceded the capture.
+  Buffer<std::int32_t> graph_inputs_;  ///< every micro-batch's token ids, then their targets
+  Buffer<float> graph_lr_;             ///< the step's learning rate (AdamW::step_in_rank reads it)
+  std::optional<typename B::template pinned_buffer<std::int32_t>> graph_inputs_staging_;
+  std::optional<typename B::template pinned_buffer<float>> graph_lr_staging_;
+  typename detail::trainer_graph<B>::type graph_;
+  bool graph_captured_ = false;
+  std::size_t graph_eager_steps_ = 0;
 };
 
 }  // namespace mpar::models

@@ -23,6 +23,7 @@
 #include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/fused_classifier_backend.hpp"
 #include "mpar/nn/layer.hpp"
+#include "mpar/nn/rank_tokens.hpp"
 #include "mpar/nn/upload.hpp"
 #include "mpar/optim/rank_scalars.hpp"
 
@@ -76,6 +77,19 @@ class VocabParallelCrossEntropy {
     if constexpr (std::is_same_v<L, FeatureShard>)
       B::accumulate(1, loss_in_rank(logits.tensor(), targets, mb), scale, acc);
   }
+  /**
+   * As `forward_into`, with the targets already in rank memory (`RankTokens`: not checked here, the caller checked
+   * them before writing them and keeps them until the backward of `mb`): no upload, nothing the host decides per
+   * call, so a captured step replays it with whatever targets the memory holds then.
+   */
+  void forward_into(const Act<FeatureShard>& logits, RankTokens targets, int mb, double* acc, double scale) {
+    const std::size_t t = logits.extent(0);
+    require(targets.size == t, "VocabParallelCrossEntropy (tensor rank ", rank_, "): logits of ", t, " tokens with ",
+            targets.size, " targets in rank memory");
+    auto& c = cache_.put(mb);
+    c.target_ids = targets;
+    B::accumulate(1, loss_of(logits.tensor(), c), scale, acc);
+  }
   /** Typed gradient of `scale * loss` with respect to this rank's (vocab-sharded) logits. */
   Act<FeatureShard> logits_gradient(int mb = 0, float scale = 1.0f) {
     return Act<FeatureShard>(do_backward(mb, scale));
@@ -101,26 +115,35 @@ class VocabParallelCrossEntropy {
     auto& c = cache_.put(mb);
     c.targets = uninitialized_buffer<std::int32_t>(t);
     upload<B>(c.targets, targets);  // into the rank's memory (a stream-ordered upload on a device, no wait)
+    note_host_access(t * sizeof(std::int32_t));  // the targets copied in
+    c.target_ids = {c.targets.data(), t};
+    return loss_of(logits, c);
+  }
+  struct Cache;
+  /** The mean loss of `logits` against the targets of micro-batch cache `c`, into rank memory; returns where it is. */
+  const float* loss_of(const Activation& logits, Cache& c) {
+    const std::size_t t = logits.extent(0), vl = logits.extent(1);
+    require(vl * p_ == vocab_, "VocabParallelCrossEntropy (tensor rank ", rank_, "): logits ", t, "x", vl,
+            "; expected ", t, "x", vocab_ / p_);
+    const std::int32_t* targets = c.target_ids.data;
     if constexpr (fused_classifier_backend<B>) {
       if (p_ == 1) {  // the whole vocabulary here: loss and gradient in one pass, no statistics to all-reduce
-        note_host_access(t * sizeof(std::int32_t));  // the targets copied in
         c.fused = true;
         c.logits = Activation(logits.shape(), uninitialized);  // holds dlogits of the unscaled loss
         c.stats = uninitialized_buffer<float>(t + 1);          // [row loss | mean loss]
-        B::fused_classifier(t, vl, vl, logits.data(), c.targets.data(), c.logits.data(), c.stats.data(),
-                            c.stats.data() + t, 1.0f);
+        B::fused_classifier(t, vl, vl, logits.data(), targets, c.logits.data(), c.stats.data(), c.stats.data() + t,
+                            1.0f);
         return c.stats.data() + t;
       }
     }
     c.logits = backend_copy<B>(logits);
     // [row max | sum exp | target logit] per token, then the loss: all written by the kernels.
     c.stats = uninitialized_buffer<float>(3 * t + 1);
-    note_host_access(t * sizeof(std::int32_t));  // the targets copied in
     float* mx = c.stats.data();
     float* sums = mx + t;
     B::vocab_parallel_max(t, vl, logits.data(), mx);
     if (p_ > 1) comm_->all_reduce(std::span<float>(mx, t), ReduceOp::max);
-    B::vocab_parallel_sumexp(t, vl, offset_, logits.data(), c.targets.data(), mx, sums, sums + t);
+    B::vocab_parallel_sumexp(t, vl, offset_, logits.data(), targets, mx, sums, sums + t);
     if (p_ > 1) comm_->all_reduce(std::span<float>(sums, 2 * t), ReduceOp::sum);
     B::vocab_parallel_loss(t, mx, sums, sums + t, sums + 2 * t);
     return sums + 2 * t;
@@ -135,7 +158,7 @@ class VocabParallelCrossEntropy {
       return std::move(c.logits);
     }
     Activation d(c.logits.shape(), uninitialized);
-    B::vocab_parallel_backward(t, vl, offset_, c.logits.data(), c.targets.data(), c.stats.data(), c.stats.data() + t,
+    B::vocab_parallel_backward(t, vl, offset_, c.logits.data(), c.target_ids.data, c.stats.data(), c.stats.data() + t,
                                d.data(), scale);
     return d;
   }
@@ -146,7 +169,8 @@ class VocabParallelCrossEntropy {
    */
   struct Cache {
     Activation logits;
-    Buffer<std::int32_t> targets;
+    Buffer<std::int32_t> targets;  ///< host targets uploaded by `forward`; empty for targets in rank memory
+    RankTokens target_ids;         ///< where the kernels read the targets: `targets`, or the caller's rank memory
     Buffer<float> stats;
     bool fused = false;
   };

@@ -13,6 +13,7 @@
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/collectives.hpp"
 #include "mpar/nn/layer.hpp"
+#include "mpar/nn/rank_tokens.hpp"
 #include "mpar/nn/upload.hpp"
 
 namespace mpar::nn {
@@ -27,17 +28,21 @@ struct EmbeddingConfig {
 namespace detail {
 /** Rows `[offset, offset + n)` of the table: in-range tokens' rows, zeros for the others. */
 template <layer_kernel_backend B>
-Activation embed_rows(const Buffer<std::int32_t>& tokens, const Parameter& w, std::size_t offset, std::size_t n,
-                      std::size_t hidden) {
-  Activation y({tokens.size(), hidden}, uninitialized);  // the kernel writes every row (zeros outside the slice)
-  B::embedding_forward(tokens.size(), hidden, tokens.data(), w.value.data(), y.data(), offset, n);
+Activation embed_rows(RankTokens tokens, const Parameter& w, std::size_t offset, std::size_t n, std::size_t hidden) {
+  Activation y({tokens.size, hidden}, uninitialized);  // the kernel writes every row (zeros outside the slice)
+  B::embedding_forward(tokens.size, hidden, tokens.data, w.value.data(), y.data(), offset, n);
   return y;
 }
 template <layer_kernel_backend B>
-void embed_rows_backward(const Buffer<std::int32_t>& tokens, Parameter& w, std::size_t offset, std::size_t n,
-                         std::size_t hidden, const Activation& dy) {
-  B::embedding_backward(tokens.size(), hidden, tokens.data(), dy.data(), w.grad.data(), offset, n);
+void embed_rows_backward(RankTokens tokens, Parameter& w, std::size_t offset, std::size_t n, std::size_t hidden,
+                         const Activation& dy) {
+  B::embedding_backward(tokens.size, hidden, tokens.data, dy.data(), w.grad.data(), offset, n);
 }
+/** The ids of a cached micro-batch: uploaded into `tokens` (host ids), or a view of rank memory the caller keeps. */
+struct EmbeddingIds {
+  Buffer<std::int32_t> tokens;
+  RankTokens ids;
+};
 inline void check_tokens(std::span<const std::int32_t> tokens, std::size_t vocab, std::string_view who) {
   for (std::size_t t = 0; t < tokens.size(); ++t)
     require(tokens[t] >= 0 && std::size_t(tokens[t]) < vocab, who, ": token ", tokens[t], " at position ", t,
@@ -62,28 +67,26 @@ class BasicEmbedding {
   /** Typed lookup: the tokens' rows, `Act<Replicate>`. */
   Act<output_layout> embed(std::span<const std::int32_t> tokens, int mb = 0) {
     detail::check_tokens(tokens, vocab_, "Embedding");
-    auto& ids = cache_.put(mb).tokens;
-    ids = uninitialized_buffer<std::int32_t>(tokens.size());
-    upload<B>(ids,
+    auto& c = cache_.put(mb);
+    c.tokens = uninitialized_buffer<std::int32_t>(tokens.size());
+    upload<B>(c.tokens,
               tokens);  // into the rank's memory (a stream-ordered upload on a device), where the kernels read them
-    note_host_access(ids.size() * sizeof(std::int32_t));
-    return Act<output_layout>(detail::embed_rows<B>(ids, weight_, 0, vocab_, hidden_));
+    note_host_access(c.tokens.size() * sizeof(std::int32_t));
+    c.ids = {c.tokens.data(), c.tokens.size()};
+    return Act<output_layout>(detail::embed_rows<B>(c.ids, weight_, 0, vocab_, hidden_));
   }
   /** Typed backward: the gradient of the lookup's output (accumulated into the table's gradient). */
   void backward(const Act<output_layout>& dy, int mb = 0) {
     auto c = cache_.take(mb, "Embedding");
-    detail::embed_rows_backward<B>(c.tokens, weight_, 0, vocab_, hidden_, dy.tensor());
+    detail::embed_rows_backward<B>(c.ids, weight_, 0, vocab_, hidden_, dy.tensor());
   }
   std::vector<Parameter*> parameters() { return {&weight_}; }
   void drop(int mb) { cache_.drop(mb); }
 
  private:
-  struct Cache {
-    Buffer<std::int32_t> tokens;
-  };
   std::size_t vocab_, hidden_;
   Parameter weight_;
-  MicroBatchCache<Cache> cache_;
+  MicroBatchCache<detail::EmbeddingIds> cache_;
 };
 
 /** @brief The single-rank embedding on the host backend. */
@@ -112,17 +115,22 @@ class VocabParallelEmbedding {
   /** Typed lookup: `Act<Replicate>` (SP: `Act<Shard<0, tensor>>`) of the tokens' rows. */
   Act<output_layout> embed(std::span<const std::int32_t> tokens, int mb = 0) {
     detail::check_tokens(tokens, vocab_, "VocabParallelEmbedding");
-    auto& ids = cache_.put(mb).tokens;
-    ids = uninitialized_buffer<std::int32_t>(tokens.size());
-    upload<B>(ids,
+    auto& c = cache_.put(mb);
+    c.tokens = uninitialized_buffer<std::int32_t>(tokens.size());
+    upload<B>(c.tokens,
               tokens);  // into the rank's memory (a stream-ordered upload on a device), where the kernels read them
-    note_host_access(ids.size() * sizeof(std::int32_t));
-    // This rank's rows for the tokens in its vocabulary slice, zeros elsewhere: an addend of the lookup.
-    Act<TensorPartial> y(detail::embed_rows<B>(ids, weight_, slice_.offset, slice_.extent, hidden_));
-    if constexpr (SP)
-      return ReduceScatterTokens::forward(*comm_, std::move(y), "VocabParallelEmbedding");
-    else
-      return ReduceToReplicate::forward(*comm_, std::move(y));
+    note_host_access(c.tokens.size() * sizeof(std::int32_t));
+    c.ids = {c.tokens.data(), c.tokens.size()};
+    return lookup(c.ids);
+  }
+  /**
+   * As `embed`, with the ids already in rank memory (`RankTokens`: not checked here, the caller checked them
+   * before writing them, and keeps them until the backward of `mb`): no upload, nothing the host decides per
+   * call, so a captured step replays it with whatever ids the memory holds then.
+   */
+  Act<output_layout> embed(RankTokens ids, int mb = 0) {
+    cache_.put(mb).ids = ids;
+    return lookup(ids);
   }
   /** Typed backward: the gradient of the lookup's output (accumulated into the table's gradient). */
   void backward(Act<output_layout> dy_in, int mb = 0) {
@@ -134,21 +142,28 @@ class VocabParallelEmbedding {
       else
         return ReduceToReplicate::backward(*comm_, std::move(dy_in));
     }();
-    detail::embed_rows_backward<B>(c.tokens, weight_, slice_.offset, slice_.extent, hidden_, dy.tensor());
+    detail::embed_rows_backward<B>(c.ids, weight_, slice_.offset, slice_.extent, hidden_, dy.tensor());
   }
   std::vector<Parameter*> parameters() { return {&weight_}; }
   void drop(int mb) { cache_.drop(mb); }
   [[nodiscard]] Block vocab_slice() const { return slice_; }
 
  private:
-  struct Cache {
-    Buffer<std::int32_t> tokens;
-  };
+  /** The lookup of `ids`, reduced over the tensor group. */
+  Act<output_layout> lookup(RankTokens ids) {
+    // This rank's rows for the tokens in its vocabulary slice, zeros elsewhere: an addend of the lookup.
+    Act<TensorPartial> y(detail::embed_rows<B>(ids, weight_, slice_.offset, slice_.extent, hidden_));
+    if constexpr (SP)
+      return ReduceScatterTokens::forward(*comm_, std::move(y), "VocabParallelEmbedding");
+    else
+      return ReduceToReplicate::forward(*comm_, std::move(y));
+  }
+
   C* comm_;
   std::size_t vocab_, hidden_, p_, rank_;
   Block slice_{};
   Parameter weight_;
-  MicroBatchCache<Cache> cache_;
+  MicroBatchCache<detail::EmbeddingIds> cache_;
 };
 
 }  // namespace mpar::nn

@@ -16,6 +16,8 @@
  * - host synchronisations: calls of `synchronize()` and event waits, plus — for a backend whose
  *   operations return only when finished (`operations_block_host<B>`, true for the synchronous
  *   backends) — one per launch, since every such call blocks the host until the work is done;
+ * - graph launches: calls of `launch(g)` where `B` models `graph_backend` (one replay of a captured step,
+ *   however many operations it holds; the operations recorded during the capture were counted when issued);
  * - host bytes: `host_access_bytes()` (core/host_access.hpp): bytes of tensor memory written or read by
  *   host code on the paths that announce it — a value-initialising or filling `Tensor` constructor,
  *   `Tensor::fill`, `Tensor` copies (read + write), `Parameter::zero_grad`, the layers' host loops and
@@ -156,6 +158,7 @@ struct BackendCounts {
   std::array<std::uint64_t, op_kinds> launches{};
   std::uint64_t synchronize_calls = 0;  ///< explicit `synchronize()`
   std::uint64_t event_waits = 0;        ///< host waits on an event (stream-ordered backends)
+  std::uint64_t graph_launches = 0;     ///< replays of a captured graph (`graph_backend`'s `launch`)
   std::uint64_t host_bytes = 0;         ///< `host_access_bytes()` at the snapshot
   bool operations_block = true;         ///< whether every launch also blocked the host
 
@@ -177,6 +180,7 @@ struct BackendCounts {
     for (std::size_t i = 0; i < op_kinds; ++i) a.launches[i] -= b.launches[i];
     a.synchronize_calls -= b.synchronize_calls;
     a.event_waits -= b.event_waits;
+    a.graph_launches -= b.graph_launches;
     a.host_bytes -= b.host_bytes;
     return a;
   }
@@ -214,6 +218,14 @@ struct CountingBackend : B {
   static void wait_event(E& e) {
     ++state().event_waits;
     B::wait_event(e);
+  }
+
+  /** One replay of a captured graph (where `B` models `graph_backend`): one launch, whatever it holds. */
+  template <class G>
+    requires requires(const G& g) { B::launch(g); }
+  static void launch(const G& g) {
+    ++state().graph_launches;
+    B::launch(g);
   }
 
   template <class TIn, class TOut = TIn, class... A>

@@ -182,6 +182,12 @@ class AdamW {
                           factors);
         });
   }
+  /**
+   * The host learns that an update issued by `step_in_rank` (or replayed from a captured one) was taken, e.g.
+   * from the step's statistics: counts it in `steps()` too, for checkpoints. The count in rank memory has it
+   * already, so it stays current (no copy on the next `step_in_rank`).
+   */
+  void count_update_in_rank() { ++steps_; }
   /** The per-step scalars `step_in_rank` keeps in rank memory (its update count included). */
   [[nodiscard]] const AdamWScalars* rank_scalars() const { return scalars_.data(); }
 

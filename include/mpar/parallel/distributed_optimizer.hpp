@@ -21,8 +21,13 @@
  *    replica skips together);
  * 4. the update rule's kernels, which read the factors from rank memory;
  * 5. the per-step statistics (`RankStatistics`: loss, aux loss, norm, factors; the losses averaged over the
- *    world in rank memory) copied to the host once (`optim::copy_to_host`, the step's one synchronisation);
- *    then the host learns of a skip: the loss scaler is updated and a skipped update's count is taken back.
+ *    world in rank memory) copied to the host once (an asynchronous copy into pinned memory and one event
+ *    wait, the step's one synchronisation); then the host learns of a skip: the loss scaler is updated and a
+ *    skipped update's count is taken back.
+ *
+ * `step(lr)` is two halves, which a captured step (`graph_backend`) separates: `issue_step_in_rank(lr)` issues
+ * 1-4 and the statistics' copy with the learning rate read from rank memory and nothing that waits on the
+ * host (what a graph records), and `read_statistics()` waits and does the host's part (after the launch).
  */
 #include <algorithm>
 #include <chrono>
@@ -284,6 +289,57 @@ class DistributedOptimizer {
    * the recorded losses over the world, and reads the statistics back once. Collective over the world.
    */
   StepStatistics step(double lr) {
+    issue_step(float(lr), nullptr);
+    return read_statistics();
+  }
+  /**
+   * @brief The issue half of `step`, for a step that is captured once and replayed (`graph_backend`): the
+   * learning rate is read from rank memory `lr` (one float the caller writes by an asynchronous copy before each
+   * step), AdamW advances its count and bias corrections in rank memory (`optim::AdamW::step_in_rank`), and the
+   * statistics are copied into pinned memory this optimizer holds; nothing waits on the host. Call
+   * `read_statistics()` after the step has been issued (or launched). Needs the AdamW update rule without ZeRO
+   * and without f16 loss scaling (whose scale the host chooses each step); the first call waits once on the host
+   * (AdamW's count into rank memory), so make it eagerly, before a capture.
+   */
+  void issue_step_in_rank(const float* lr) {
+    require(adamw_.has_value() && !scaler_, "DistributedOptimizer::issue_step_in_rank: the learning rate in rank ",
+            "memory needs AdamW without ZeRO and without f16 loss scaling (this optimizer: ", name_of(cfg_.rule),
+            zero_ ? " with ZeRO" : "", scaler_ ? ", f16" : "", "); use step(lr)");
+    require(lr != nullptr, "DistributedOptimizer::issue_step_in_rank: the learning rate's address is null");
+    issue_step(0.0f, lr);
+  }
+  /**
+   * @brief The read half of a step (see `issue_step_in_rank`), after the step was issued or a captured one
+   * launched: waits until the rank's stream has passed the statistics' copy (the step's one host
+   * synchronisation), then updates the loss scaler and takes back a skipped update's count (or, for an update
+   * AdamW counted in rank memory, counts a taken one on the host too). Returns the statistics.
+   */
+  StepStatistics read_statistics() {
+    require(step_issued_,
+            "DistributedOptimizer::read_statistics: no step issued yet; call issue_step_in_rank (or "
+            "step) first");
+    optim::wait_for_rank_stream<B>();  // the step's one synchronisation: the copy into stats_staging_ has run
+    const RankStatistics& host = stats_staging_[0];
+    StepStatistics out{host.loss, host.aux_loss, host.grad_norm, !std::isfinite(host.grad_norm),
+                       host.factors.skip != 0.0f};
+    if (rank_lr_) {
+      if (!out.skipped) adamw_->count_update_in_rank();  // step_in_rank counted it in rank memory already
+    } else if (out.skipped) {
+      if (zero_)
+        zero_->retract_step();
+      else if (adamw_)
+        adamw_->retract_step();
+      else
+        sgd_->retract_step();
+    }
+    if (scaler_) scaler_->update(!out.skipped);
+    last_ = out;
+    return out;
+  }
+
+ private:
+  /** Issues a step (see `step`): the learning rate `host_lr`, or read from rank memory `rank_lr` when not null. */
+  void issue_step(float host_lr, const float* rank_lr) {
     finish_gradient_sync();
     RankStatistics* st = stats_.data();
     if (zero_)
@@ -297,30 +353,22 @@ class DistributedOptimizer {
     // The norm is already the same on every rank; agreeing the skip over the world keeps replicas together
     // even if a communicator's reduction rounded differently on some rank.
     if (scaler_) g_.world->all_reduce(std::span<float>(&st->factors.skip, 1), ReduceOp::max);
-    if (zero_)
-      zero_->step(float(lr), &st->factors);
+    if (rank_lr != nullptr)
+      adamw_->step_in_rank(rank_lr, &st->factors);
+    else if (zero_)
+      zero_->step(host_lr, &st->factors);
     else if (adamw_)
-      adamw_->step(float(lr), &st->factors);
+      adamw_->step(host_lr, &st->factors);
     else
-      sgd_->step(float(lr), &st->factors);
+      sgd_->step(host_lr, &st->factors);
     g_.world->all_reduce(std::span<double>(losses(), 2), ReduceOp::avg);
-
-    RankStatistics host;
-    optim::copy_to_host<B>(st, &host, 1);  // the step's one read of rank memory
-    StepStatistics out{host.loss, host.aux_loss, host.grad_norm, !std::isfinite(host.grad_norm),
-                       host.factors.skip != 0.0f};
-    if (out.skipped) {
-      if (zero_)
-        zero_->retract_step();
-      else if (adamw_)
-        adamw_->retract_step();
-      else
-        sgd_->retract_step();
-    }
-    if (scaler_) scaler_->update(!out.skipped);
-    last_ = out;
-    return out;
+    // The step's one read of rank memory, into pinned memory that stays: a captured step copies it at each replay.
+    B::template copy_to_host_async<RankStatistics>(1, st, stats_staging_.data());
+    rank_lr_ = rank_lr != nullptr;
+    step_issued_ = true;
   }
+
+ public:
   /** The statistics of the last step (for logging without another read). */
   [[nodiscard]] const StepStatistics& last_statistics() const { return last_; }
 
@@ -453,6 +501,11 @@ class DistributedOptimizer {
   typename B::template pinned_buffer<double> loss_staging_ =
       typename B::template pinned_buffer<double>(2);  // record_losses
   Buffer<RankStatistics> stats_;                      // rank memory: written by backend operations and communicators
+  typename B::template pinned_buffer<RankStatistics> stats_staging_ =
+      typename B::template pinned_buffer<RankStatistics>(1);  // the statistics' copy on the host
+  bool step_issued_ = false;  // a step was issued: its statistics' copy is what read_statistics waits for
+  bool rank_lr_ = false;      // the last step issued read its learning rate from rank memory (step_in_rank);
+                              // a replay of a captured step is that step again
   StepStatistics last_;
   double sync_seconds_ = 0;
 };

@@ -71,6 +71,8 @@ struct Capture {
     std::function<void()> op;
     const char* what;
     OnError mode;
+    /// Set instead of `op` by `record_at_launch`: called on the host at each launch, in this operation's place.
+    std::function<std::function<void()>()> at_launch;
   };
   std::vector<Op> ops;
   std::vector<std::function<void()>> frees;  ///< issued during the capture: run when the capture is dropped
@@ -109,7 +111,7 @@ class Stream {
     {
       std::lock_guard lock(push_m_);
       if (capture_) {
-        capture_->ops.push_back({std::move(op), what, mode});
+        capture_->ops.push_back({std::move(op), what, mode, {}});
         return issued_;
       }
     }
@@ -161,9 +163,27 @@ class Stream {
           "do (CUDA rejects it too). Fix: move it before begin_capture or after end_capture, and keep what the step "
           "needs in rank memory"));
   }
+  /**
+   * During a capture: records `issue`, which each launch calls on the host when it reaches this operation; what
+   * it returns (if anything) is enqueued in the operation's place. For work of another stream that a replay must
+   * order as the eager call did — a communicator's call issued to its own stream after the operations before it
+   * (comm/stream_ordered.hpp) — where a recorded operation could only issue it once it runs, behind whatever the
+   * other stream was given meanwhile. Throws capture_error when no capture is under way.
+   */
+  void record_at_launch(const char* what, std::function<std::function<void()>()> issue) {
+    std::lock_guard lock(push_m_);
+    if (!capture_) throw capture_error(mpar::detail::cat(name_, ": record_at_launch ('", what, "') without a capture"));
+    capture_->ops.push_back({{}, what, OnError::skip, std::move(issue)});
+  }
   /** Enqueues every operation of `c` again, in the order they were recorded (a replay). */
   void launch(const Capture& c) {
-    for (const Capture::Op& o : c.ops) enqueue(o.what, o.op, o.mode);
+    for (const Capture::Op& o : c.ops) {
+      if (!o.at_launch) {
+        enqueue(o.what, o.op, o.mode);
+      } else if (std::function<void()> op = o.at_launch()) {
+        enqueue(o.what, std::move(op), o.mode);
+      }
+    }
   }
 
   /** The ticket of the last operation issued (0: none yet). */
