@@ -135,12 +135,21 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
   template <communicator C2, std::size_t In2, std::size_t Out2, std::size_t TP2, bool SP2, backend B2>
   friend class ColumnParallelGelu;
   Activation do_forward(const Activation& x_in, int mb) {
-    // The replicated operand of this rank's columns: SP all-gathers the tokens; otherwise f (CopyToTensorRegion,
-    // the identity forward), i.e. `x_in` itself.
+    return on_replicated_input(x_in, [&](auto&& xf) { return forward_replicated(std::forward<decltype(xf)>(xf), mb); });
+  }
+  /**
+   * `f` on the replicated operand of this rank's columns, checked against the layer's input features: SP
+   * all-gathers the tokens (an rvalue `f` may move from); otherwise f (CopyToTensorRegion, the identity forward),
+   * i.e. `x_in` itself.
+   */
+  template <class F>
+  Activation on_replicated_input(const Activation& x_in, F&& f) {
+    require(x_in.extent(1) == in_, "ColumnParallel '", name_, "' (tensor rank ", rank_, "): input has ",
+            x_in.extent(1), " features, expected ", in_);
     if constexpr (O.sequence_parallel)
-      return forward_replicated(GatherTokens::forward(*comm_, Act<TokenShard>(x_in)).tensor(), mb);
+      return f(GatherTokens::forward(*comm_, Act<TokenShard>(x_in)).tensor());
     else
-      return forward_replicated(x_in, mb);
+      return f(x_in);
   }
   /**
    * The forward on the replicated input `xf`: an rvalue (the gathered tokens) is moved into what the weight
@@ -149,8 +158,6 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
    */
   template <class X>
   Activation forward_replicated(X&& xf, int mb) {
-    require(xf.extent(1) == in_, "ColumnParallel '", name_, "' (tensor rank ", rank_, "): input has ", xf.extent(1),
-            " features, expected ", in_);
     const std::size_t n = O.groups * local_out_;
     Act<FeatureShard> y(Activation({xf.extent(0), n}, uninitialized));  // the GEMM (beta = 0) writes all of it
     // The gathered input is kept for the weight gradient (16-bit under Autocast): one all-gather less in backward.
@@ -171,15 +178,11 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
   Activation forward_bias_gelu(const Activation& x_in, Activation& pre,
                                int mb = 0) requires(O.groups == 1 && !O.gather_output) {
     // As in forward: the gathered tokens (SP), or `x_in` itself (f is the identity), copied or converted for W.
-    if constexpr (O.sequence_parallel)
-      return forward_bias_gelu_replicated(GatherTokens::forward(*comm_, Act<TokenShard>(x_in)).tensor(), pre, mb);
-    else
-      return forward_bias_gelu_replicated(x_in, pre, mb);
+    return on_replicated_input(
+        x_in, [&](auto&& xf) { return forward_bias_gelu_replicated(std::forward<decltype(xf)>(xf), pre, mb); });
   }
   template <class X>
   Activation forward_bias_gelu_replicated(X&& xf, Activation& pre, int mb) {
-    require(xf.extent(1) == in_, "ColumnParallel '", name_, "' (tensor rank ", rank_, "): input has ", xf.extent(1),
-            " features, expected ", in_);
     require(has_bias(), "ColumnParallel '", name_, "' (tensor rank ", rank_,
             "): the fused bias + GeLU forward needs a bias; build the layer with a bias or use forward and Gelu");
     pre = Activation({xf.extent(0), local_out_}, uninitialized);  // both written whole by the operation
