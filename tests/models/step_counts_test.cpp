@@ -118,8 +118,9 @@ void check_common(const std::vector<RankCounts>& rs) {
  *   clipping and loss-scale factor and the skip flag, which the updates read from rank memory), one
  *   `adamw_update` over the rank's parameter arena (ZeRO: over its shard of every bucket, contiguous), and one `zero` over the
  *   gradient arena, which holds every gradient of the rank (parallel/gradient_arena.hpp); under bf16 / f16 per parameter the passes read (`parameters()` on one stage) the
- *   mixed-precision swap on the stream: round the master into its 16-bit copy (`convert`), keep the master
- *   (`copy`), widen the copy into the weight (`convert`), restore the master after the passes (`copy`): 4.
+ *   mixed-precision swap on the stream: round the master into its 16-bit copy (`convert`) and widen the copy
+ *   into the weight the passes read (`convert`), the master kept aside and restored by exchanging buffers
+ *   (no operation): 2.
  * (With one-level batches this was A = min(nb, H_r) calls per product. Before attention was batched this was
  * 14 + 2 nb H_r and 18 + 4 nb H_r per block, one GEMM per (sequence,
  * head) and product, and the position embedding one add per sequence: 2 (1 + nb) on the first stage.)
@@ -159,7 +160,7 @@ Expected expected_launches(const models::GptTrainConfig& c, const RankCounts& r,
 std::uint64_t optimizer_launches(const models::GptTrainConfig& c, const RankCounts& r) {
   const BackendCounts& s = r.step;
   return s[Op::sum_squares] + s[Op::update_factors] + s[Op::adamw_update] + s[Op::sgd_update] + s[Op::zero] +
-         (c.zero_stage() > 0 ? 1 : 0) + (c.precision != "fp32" ? 4 * r.held : 0);
+         (c.zero_stage() > 0 ? 1 : 0) + (c.precision != "fp32" ? 2 * r.held : 0);
 }
 
 void check_dense(const std::string& name, const models::GptTrainConfig& c) {

@@ -255,32 +255,42 @@ class DistributedOptimizer {
    * (fp32 masters kept aside; nothing in fp32).
    */
   void begin_compute() {
+    end_compute();  // a step abandoned by an exception after begin_compute: its masters back in place first
     if (zero_) zero_->prepare_gradients();
     std::visit(
         [&](auto& copies) {
           if constexpr (!std::is_same_v<std::decay_t<decltype(copies)>, std::monostate>) {
-            // All on the rank's stream: keep the master aside (B::copy), round it into the 16-bit copy and
-            // widen the copy back into the value the passes read (B::convert); no host pass over weights.
+            // Round each master into its 16-bit copy (B::convert, on the rank's stream), then exchange the
+            // master's buffer with a scratch buffer of the same size (the master aside without copying it)
+            // and widen the copy into the scratch, which the passes read as the value. The exchange is of
+            // handles on the host: the passes always read one buffer and the update always writes the
+            // other, so a captured step replays with the same addresses; no host pass over weights.
             copies.refresh();
             for (std::size_t i = 0; i < compute_params_.size(); ++i) {
               auto& value = compute_params_[i]->value;
               if (masters_[i].size() != value.size()) masters_[i] = B::template allocate<float>(value.size());
-              if (!value.empty()) B::copy(value.size(), value.data(), masters_[i].data());
+              std::swap(value, masters_[i]);
               copies.widen_into(i, value);
             }
+            computing_ = true;
           }
         },
         copies_);
   }
-  /** Puts the fp32 masters back after the passes (the optimizer updates them). */
+  /**
+   * Puts the fp32 masters back after the passes (the optimizer updates them): the buffers exchanged by
+   * `begin_compute` are exchanged again. Without a `begin_compute` before it, it changes nothing.
+   */
   void end_compute() {
+    if (!computing_) return;
     for (std::size_t i = 0; i < masters_.size(); ++i) {
       auto& value = compute_params_[i]->value;
       require(value.size() == masters_[i].size(), "DistributedOptimizer::end_compute: parameter ",
               compute_params_[i]->name, " holds ", value.size(), " values but its master ", masters_[i].size(),
               "; a parameter must not be resized between begin_compute and end_compute");
-      if (!value.empty()) B::copy(value.size(), masters_[i].data(), value.data());
     }
+    for (std::size_t i = 0; i < masters_.size(); ++i) std::swap(compute_params_[i]->value, masters_[i]);
+    computing_ = false;
   }
 
   /**
@@ -497,7 +507,10 @@ class DistributedOptimizer {
   std::optional<optim::Sgd<B>> sgd_;
   std::optional<optim::DynamicLossScaler> scaler_;
   std::variant<std::monostate, ComputeCopies<bf16, B>, ComputeCopies<f16, B>> copies_;
-  std::vector<Buffer<float>> masters_;  // rank memory: the fp32 weights while the passes see rounded ones
+  // Rank memory: the fp32 weights while the passes see rounded ones (`computing_`), else the scratch buffers
+  // the passes' rounded values are widened into.
+  std::vector<Buffer<float>> masters_;
+  bool computing_ = false;
   typename B::template pinned_buffer<double> loss_staging_ =
       typename B::template pinned_buffer<double>(2);  // record_losses
   Buffer<RankStatistics> stats_;                      // rank memory: written by backend operations and communicators
