@@ -6,8 +6,10 @@
 // a wrong causal mask, a missing bias gradient or a wrong scale is off by more than 1e-2.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -141,6 +143,57 @@ TEST_CASE("Linear: forward and backward equal the hand formulas y = xW + b, dx =
       return ref::linear(xv, t, in, out, p.at("lin.weight"), &p.at("lin.bias"));
     });
   }
+}
+
+TEST_CASE(
+    "Linear: the weight gradient adds up over backward passes; the first after zero_grad overwrites, a gradient "
+    "written by hand with grad_zeroed cleared is added to",
+    "[nn][reference][linear]") {
+  constexpr std::size_t t = 5, in = 7, out = 9;
+  const Activation x0 = random_activation(t, in, 3), x1 = random_activation(t, in, 4);
+  const Activation dy0 = random_activation(t, out, 5), dy1 = random_activation(t, out, 6);
+  auto layer = Linear<>(in, out, {reference_seed, 11, "lin", true});
+  Parameter& w = *layer.parameters().front();
+  REQUIRE(w.name == "lin.weight");
+  const std::vector<float> wv(w.value.begin(), w.value.end());
+  auto naive_dw = [&](const Activation& x, const Activation& dy) {  // xᵀ dy in double
+    ref::Vec dw(in * out, 0.0);
+    for (std::size_t r = 0; r < t; ++r)
+      for (std::size_t i = 0; i < in; ++i)
+        for (std::size_t j = 0; j < out; ++j) dw[i * out + j] += x(r, i) * dy(r, j);
+    return dw;
+  };
+  const ref::Vec dw0 = naive_dw(x0, dy0), dw1 = naive_dw(x1, dy1);
+  auto pass = [&](const Activation& x, const Activation& dy) {
+    (void)forward(layer, x);
+    (void)backward(layer, dy);
+  };
+  auto grad = [&] { return std::vector<float>(w.grad.begin(), w.grad.end()); };
+  auto plus = [](ref::Vec a, const ref::Vec& b, double c = 0.0) {
+    for (std::size_t i = 0; i < a.size(); ++i) a[i] += b[i] + c;
+    return a;
+  };
+
+  for (Parameter* p : layer.parameters()) p->zero_grad();
+  pass(x0, dy0);
+  CHECK(ref::rel_err(grad(), dw0) <= fwd_tol);
+  pass(x1, dy1);
+  CHECK(ref::rel_err(grad(), plus(dw0, dw1)) <= fwd_tol);
+
+  // A gradient the caller adds to after zero_grad (a regulariser's, say) is kept once grad_zeroed is cleared.
+  for (Parameter* p : layer.parameters()) p->zero_grad();
+  std::fill(w.grad.begin(), w.grad.end(), 1.0f);
+  w.grad_zeroed = false;
+  pass(x0, dy0);
+  CHECK(ref::rel_err(grad(), plus(dw0, ref::Vec(in * out, 0.0), 1.0)) <= fwd_tol);
+
+  // After zero_grad the first pass writes the gradient without reading it back: NaN put there by hand
+  // without clearing grad_zeroed does not reach the result (the read of C the overwrite saves).
+  for (Parameter* p : layer.parameters()) p->zero_grad();
+  std::fill(w.grad.begin(), w.grad.end(), std::numeric_limits<float>::quiet_NaN());
+  pass(x1, dy1);
+  CHECK(ref::rel_err(grad(), dw1) <= fwd_tol);
+  CHECK(std::vector<float>(w.value.begin(), w.value.end()) == wv);  // no pass changed the weight
 }
 
 TEST_CASE("Attention and SelfAttention (TP 1, 2) equal a naive causal attention loop and its finite differences",

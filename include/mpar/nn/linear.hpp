@@ -31,11 +31,11 @@ void linear_backward_input(const Activation& dy, const float* w, std::size_t k, 
   const std::size_t t = dy.extent(0), n = dy.extent(1);
   B::template gemm<float>(Trans::no, Trans::yes, t, k, n, 1.0f, dy.data(), n, w, n, 0.0f, dx.data(), k);
 }
-/** dw[k, n] += x[T, k]^T * dy[T, n] */
+/** dw[k, n] = x[T, k]^T * dy[T, n] + beta dw (beta 1: accumulate; 0: overwrite a zeroed gradient) */
 template <backend B>
-void linear_backward_weight(const Activation& x, const Activation& dy, float* dw) {
+void linear_backward_weight(const Activation& x, const Activation& dy, float* dw, float beta = 1.0f) {
   const std::size_t t = x.extent(0), k = x.extent(1), n = dy.extent(1);
-  B::template gemm<float>(Trans::yes, Trans::no, k, n, t, 1.0f, x.data(), k, dy.data(), n, 1.0f, dw, n);
+  B::template gemm<float>(Trans::yes, Trans::no, k, n, t, 1.0f, x.data(), k, dy.data(), n, beta, dw, n);
 }
 /**
  * What a linear layer's weight gradient needs from one micro-batch: the (gathered) input and the local
@@ -221,13 +221,16 @@ class LinearState {
   void local_backward_weight(int mb, std::string_view kind) {
     auto w = pending_operands_.take(mb, std::string(kind).append(no_backward_input_msg));
     const std::size_t rows = w.x.rows, k = w.x.cols, n = w.dy.cols;
+    // The first micro-batch after a zeroing overwrites the gradient: the GEMM then never reads C (as large as
+    // the weight, in fp32), a few percent of a training step on the host.
+    const float beta = weight_.accumulation_beta();
     if (w.x.type == ComputeType::fp32) {
-      linear_backward_weight<B>(w.x.f32, w.dy.f32, weight_.grad.data());
+      linear_backward_weight<B>(w.x.f32, w.dy.f32, weight_.grad.data(), beta);
       if (has_bias()) add_column_sums<B>(w.dy.f32, bias_.grad);
     } else {
       with_half(w.x.type, [&]<class T>(T) {
         B::template gemm<T, float>(Trans::yes, Trans::no, k, n, rows, 1.0f, w.x.template half<T>(), k,
-                                   w.dy.template half<T>(), n, 1.0f, weight_.grad.data(), n);
+                                   w.dy.template half<T>(), n, beta, weight_.grad.data(), n);
       });
     }
   }

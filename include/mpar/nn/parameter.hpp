@@ -30,8 +30,23 @@ struct Parameter {
   std::string layout;                     ///< layout name, e.g. "Shard<1, tensor>" or "Replicate"
   bool sharded_over_tensor = false;       ///< false: every tensor rank holds an identical copy (count it once in norms)
   Buffer<float> value, grad;              ///< local block, row-major, in the rank's memory resource
+  /**
+   * The gradient was zeroed (`zero_grad`, the optimizer's gradient arena, ZeRO's fresh gradients) and no
+   * layer has accumulated into it since, so the first accumulation may overwrite it instead of reading its
+   * zeros back (`accumulation_beta`): what PyTorch's `zero_grad(set_to_none=True)` gives its first backward,
+   * with the buffer kept. Code that writes `grad` directly after a zeroing, other than through a layer's
+   * backward, sets it to false first; false is always correct, only slower.
+   */
+  bool grad_zeroed = false;
 
   [[nodiscard]] std::size_t local_size() const { return value.size(); }
+  /**
+   * The β of the next accumulation into `grad` (`grad = contribution + β grad`): 0 for the first one after
+   * a zeroing (a GEMM then writes its product without reading C: a weight gradient of a micro-batch is a
+   * GEMM whose C, the fp32 gradient, is as large as its weight), 1 for every later one. Marks the gradient
+   * written.
+   */
+  [[nodiscard]] float accumulation_beta() { return std::exchange(grad_zeroed, false) ? 0.0f : 1.0f; }
   [[nodiscard]] std::size_t global_size() const {
     std::size_t n = 1;
     for (auto e : global_shape) n *= e;
@@ -41,6 +56,7 @@ struct Parameter {
   void zero_grad() {
     grad.assign(value.size(), 0.0f);
     note_host_access(grad.size() * sizeof(float));
+    grad_zeroed = true;
   }
 
   /**
@@ -53,6 +69,7 @@ struct Parameter {
     const InitBlock block = allocate_block(seed, spec);
     B::init_values(block, value.data());
     B::zero(grad.size(), grad.data());
+    grad_zeroed = true;
   }
 
   /**
@@ -66,6 +83,7 @@ struct Parameter {
     host::init_values(block, init.data());
     write_initial(value, std::span<const float>(init));
     write_initial(grad, std::span<const float>(std::vector<float>(value.size(), 0.0f)));
+    grad_zeroed = true;
   }
 
   /** The row-major index, in the whole (global) tensor, of element `k` of this rank's block. */
@@ -102,6 +120,7 @@ template <class B>
 void zero_grad(Parameter& p) {
   if (p.grad.size() != p.value.size()) p.grad = uninitialized_buffer<float>(p.value.size());
   B::zero(p.grad.size(), p.grad.data());
+  p.grad_zeroed = true;
 }
 
 namespace detail {

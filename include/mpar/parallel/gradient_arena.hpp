@@ -44,9 +44,11 @@ class GradientArena {
     });
   }
 
-  /** Zeroes every gradient of the arena with one backend operation. */
+  /** Zeroes every gradient of the arena with one backend operation (those still its slices: `holds`). */
   void zero() {
     if (size() != 0) B::zero(size(), data());
+    for (auto* p : params())
+      if (holds(*p)) p->grad_zeroed = true;
   }
   /** Whether `p`'s gradient is (still) its slice of the arena. */
   [[nodiscard]] bool holds(const nn::Parameter& p) const {

@@ -262,6 +262,7 @@ class ZeroAdamW {
         if (p.grad.size() == s.size) continue;
         p.grad = uninitialized_buffer<float>(s.size);
         B::zero(s.size, p.grad.data());
+        p.grad_zeroed = true;
       }
   }
 
