@@ -144,8 +144,8 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
    */
   template <class F>
   Activation on_replicated_input(const Activation& x_in, F&& f) {
-    require(x_in.extent(1) == in_, "ColumnParallel '", name_, "' (tensor rank ", rank_, "): input has ",
-            x_in.extent(1), " features, expected ", in_);
+    require(x_in.extent(1) == in_, "ColumnParallel '", name_, "' (tensor rank ", rank_, "): input has ", x_in.extent(1),
+            " features, expected ", in_);
     if constexpr (O.sequence_parallel)
       return f(GatherTokens::forward(*comm_, Act<TokenShard>(x_in)).tensor());
     else
