@@ -160,7 +160,7 @@ inline void sgd_update(std::size_t n, float* w, const float* g, float* buf, floa
  * accumulated in rank memory so it can be all-reduced without a host read.
  *
  * Why eight partial sums: one running sum is a chain of dependent additions (one element per add latency,
- * 2.5 % of a bf16 training step on the host); eight sums over `i mod 8`, combined pairwise, let the adds
+ * about 2 % of a bf16 training step on the host); eight sums over `i mod 8`, combined pairwise, let the adds
  * overlap and the compiler vectorize them. The order depends on the index only, never on the address, so
  * the result is the same on every run and rank; a square of a float is exact in double, and the pairwise
  * combination bounds the rounding error no worse than the single chain did.
