@@ -16,7 +16,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "mpar/backend/host/adamw_avx512.hpp"
+#include "mpar/backend/host/adamw_blocks.hpp"
 #include "mpar/backend/host/isa.hpp"
 
 namespace mpar {
@@ -72,10 +72,10 @@ inline void adamw_update(std::size_t n, float* w, const float* g, float* m, floa
   // rounding; the direct form keeps the update identical to the textbook formula the tests check.
   std::size_t i = 0;
 #if MPAR_HOST_MULTIVERSION
-  // The same operations in the same order, 16 at a time (adamw_avx512.hpp); the tail below.
-  if (active_isa() == Isa::avx512)
-    i = avx512::adamw_update_blocks(n, w, g, m, v, beta1, 1.0f - beta1, beta2, 1.0f - beta2, eps, lr, decay,
-                                    bias_correction1, bias_correction2, grad_scale);
+  // The same operations in the same order, a vector at a time at the thread's level (adamw_blocks.hpp); the
+  // tail below.
+  i = vectorized::adamw_update_blocks({n, w, g, m, v, beta1, 1.0f - beta1, beta2, 1.0f - beta2, eps, lr, decay,
+                                       bias_correction1, bias_correction2, grad_scale});
 #endif
   for (; i < n; ++i) {
     const float gi = g[i] * grad_scale;

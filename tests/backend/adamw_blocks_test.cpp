@@ -1,4 +1,4 @@
-// The host AdamW update (backend/host/optimizer_kernels.hpp, its AVX-512 blocks in adamw_avx512.hpp) at every
+// The host AdamW update (backend/host/optimizer_kernels.hpp, its vector blocks in adamw_blocks.hpp) at every
 // instruction-set level against the textbook float formula written out here, operation by operation, bit for
 // bit: lengths with every tail, gradients over many binades, a skipped step.
 #include <bit>
