@@ -1,6 +1,7 @@
 // mpar-plan's command line: parsing errors that say what to change, the table, and JSON lines.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -136,6 +137,29 @@ TEST_CASE("the table shows the ranking, the rejections and the cost of a broken 
   CHECK_THAT(s, Catch::Contains("rejected:"));
   CHECK_THAT(s, Catch::Contains("tensor-parallel groups spread over"));
   CHECK_THAT(s, Catch::Contains("% slower"));
+}
+
+TEST_CASE("the table's zero column shows the ZeRO stage of each row", "[plan][cli]") {
+  for (const char* stage : {"1", "2", "3"}) {
+    std::vector<std::string> args = base_args();
+    for (const char* s : {"1", "2", "3"})
+      args = with(args, {std::string("--zero") + s, std::string(s) <= std::string(stage) ? "on" : "off"});
+    std::ostringstream out, err;
+    INFO("ZeRO-" << stage << ": " << err.str());
+    REQUIRE(run_cli(args, out, err) == 0);
+    std::istringstream table(out.str());
+    std::string line;
+    while (std::getline(table, line) && line.find("recompute  zero") == std::string::npos) {}
+    std::vector<std::string> headers, first;
+    std::istringstream h(line);
+    for (std::string w; h >> w;) headers.push_back(w);
+    REQUIRE(std::getline(table, line));
+    std::istringstream r(line);
+    for (std::string w; r >> w;) first.push_back(w);
+    const auto column = std::find(headers.begin(), headers.end(), "zero") - headers.begin();
+    REQUIRE(std::size_t(column) < first.size());
+    CHECK(first[std::size_t(column)] == stage);
+  }
 }
 
 TEST_CASE("mpar-plan --cp fixes context parallelism: every configuration splits each sequence over cp GPUs",

@@ -271,16 +271,16 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
   if (plan.best.empty()) {
     out << "no configuration fits; the closest rejections are listed below\n";
   } else {
-    out << "  #  tp  pp    dp  mbs     m  schedule           v  recompute  zero1  sp   mem GiB   step s  TFLOP/s  "
+    out << "  #  tp  pp    dp  mbs     m  schedule           v  recompute  zero  sp   mem GiB   step s  TFLOP/s  "
            "bubble\n";
     std::size_t i = 0;
     for (const Candidate& c : plan.best) {
       const ParallelConfig& k = c.config;
       char line[256];
       std::snprintf(line, sizeof line,
-                    "%3zu %3zu %3zu %5zu %4zu %5zu  %-17s %2zu  %-9s  %-5s  %-3s %8.1f %8.3f %8.1f  %5.1f%%\n", ++i,
+                    "%3zu %3zu %3zu %5zu %4zu %5zu  %-17s %2zu  %-9s  %-4d  %-3s %8.1f %8.3f %8.1f  %5.1f%%\n", ++i,
                     k.tp, k.pp, k.dp, k.microbatch_size, k.microbatches, std::string(schedule_name(k.schedule)).c_str(),
-                    k.virtual_stages, std::string(recompute_name(k.recompute)).c_str(), k.zero1 ? "yes" : "no",
+                    k.virtual_stages, std::string(recompute_name(k.recompute)).c_str(), k.zero_stage(),
                     k.sequence_parallel ? "yes" : "no", c.memory.total() / gib, c.step_seconds, c.tflops_per_gpu,
                     100 * c.bubble_fraction);
       out << line;

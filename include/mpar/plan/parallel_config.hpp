@@ -90,18 +90,17 @@ struct ParallelConfig {
   /** The ranks that hold replicas of each parameter and reduce its gradient (and shard it under ZeRO): dp x cp. */
   [[nodiscard]] std::size_t data_group() const { return dp * cp; }
   [[nodiscard]] std::size_t stages() const { return pp * virtual_stages; }
+  /** The ZeRO stage: 0 (nothing sharded) to 3 (parameters too). */
+  [[nodiscard]] int zero_stage() const { return zero3 ? 3 : zero2 ? 2 : zero1 ? 1 : 0; }
 
   friend std::ostream& operator<<(std::ostream& os, const ParallelConfig& c) {
     os << "tp=" << c.tp << " pp=" << c.pp << " dp=" << c.dp;
     if (c.cp > 1) os << " cp=" << c.cp;
     os << " mbs=" << c.microbatch_size << " m=" << c.microbatches << " schedule=" << schedule_name(c.schedule);
     if (c.virtual_stages > 1) os << " v=" << c.virtual_stages;
-    os << " recompute=" << recompute_name(c.recompute)
-       << (c.zero3   ? " zero3"
-           : c.zero2 ? " zero2"
-           : c.zero1 ? " zero1"
-                     : "")
-       << (c.sequence_parallel ? " sp" : "");
+    os << " recompute=" << recompute_name(c.recompute);
+    if (c.zero_stage() > 0) os << " zero" << c.zero_stage();
+    os << (c.sequence_parallel ? " sp" : "");
     return os;
   }
 };
