@@ -108,11 +108,11 @@ void check_common(const std::vector<RankCounts>& rs) {
  *   the logit gradient kept for the head's W on the last stage;
  * - under bf16 / f16 (`nn::Autocast`) each of a block's four projections converts its input to 16 bits in the
  *   forward (one `convert`, instead of the copy) and its output gradient in the backward (one more, instead of
- *   the copy), and its weight once per step
- *   (the first forward of the step), and attention converts q, k, v and the probabilities in the forward and
- *   the probabilities, dO and dS in the backward: + 6 per block forward, + 7 per block backward, + 4 per block
- *   and step; the tied LM head converts its input in the forward (+ 1 on the last stage), its logit gradient
- *   in the backward (instead of the copy kept for W: + 0) and its weight once per step (+ 1);
+ *   the copy), but not its weight: it multiplies the optimizer's 16-bit copy (`Parameter::compute_copy`),
+ *   and attention converts q, k, v and the probabilities in the forward and
+ *   the probabilities, dO and dS in the backward: + 6 per block forward, + 7 per block backward; the tied LM
+ *   head converts its input in the forward (+ 1 on the last stage) and its logit gradient in the backward
+ *   (instead of the copy kept for W: + 0), and its weight, the optimizer's copy too, not at all;
  * - full recomputation reruns each stage's forward once more in its backward;
  * - the optimizer: per parameter in the global norm one `sum_squares` (ZeRO: one over its shard), one `update_factors` (the norm, the
  *   clipping and loss-scale factor and the skip flag, which the updates read from rank memory), one
@@ -140,7 +140,6 @@ Expected expected_launches(const models::GptTrainConfig& c, const RankCounts& r,
   const std::uint64_t mask = cols_end > vocab ? 1 : 0;
   const std::uint64_t half = c.precision == "fp32" ? 0 : 1;  // the projections' 16-bit conversions
   Expected e;
-  std::uint64_t weight_converts = 0;
   // The rank's stages (model chunks): r, r + pp, ... of pp x chunks.
   for (std::size_t stage = r.coord.pipeline; stage < stages; stage += c.pp) {
     const bool first = stage == 0, last = stage == stages - 1;
@@ -149,9 +148,8 @@ Expected expected_launches(const models::GptTrainConfig& c, const RankCounts& r,
         L * (12 + 2 * A + 2 + projection_copies + 6 * half) + (first ? 2 : 1) + (last ? 2 + mask + 1 + half : 0);
     e.backward += L * (18 + 4 * A + 2 + projection_copies + 7 * half) + (first ? 2 : 0) +
                   (last ? 7 + 2 + 1 + 1 : 1);  // + accumulate
-    weight_converts += L * 4 * half + (last ? half : 0);
   }
-  e.per_step = M * (e.forward + e.backward + (c.recompute ? e.forward : 0)) + weight_converts;
+  e.per_step = M * (e.forward + e.backward + (c.recompute ? e.forward : 0));
   return e;
 }
 

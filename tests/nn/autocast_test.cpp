@@ -257,6 +257,42 @@ TEST_CASE("Autocast: a backward uses the type its forward used, and scopes nest"
   CHECK(grad_excess(layer.weight(), ref.dw, &ref.dw_bound) <= 1.0);
 }
 
+// A mixed-precision optimizer hands the layers its 16-bit copy of each weight (`Parameter::compute_copy`, set
+// between begin_compute and end_compute); the layer must multiply that copy instead of rounding `value` again.
+// Here the copy deliberately holds other weights (2 W, exact in bf16 when W is) so the output says which was read.
+TEST_CASE("Autocast(bf16): a linear layer multiplies the parameter's 16-bit compute copy while one is set",
+          "[nn][autocast]") {
+  const Activation x = random_activation(T, In, 91), dy = random_activation(T, Out, 92);
+  const LinearInit init{autocast_seed, 520, "lin", false};
+  Linear<> layer(In, Out, init);
+  for (float& w : layer.weight().value) w = round_bf16(w);  // so that 2 W is exactly the bf16 copy below
+  const std::vector<float> w(layer.weight().value.begin(), layer.weight().value.end());
+  std::vector<float> doubled(w.size());
+  std::vector<bf16> copy(w.size());
+  for (std::size_t i = 0; i < w.size(); ++i) doubled[i] = 2.0f * w[i], copy[i] = bf16(doubled[i]);
+  const Reference plain = reference(x, dy, w, {}), twice = reference(x, dy, doubled, {});
+
+  layer.weight().set_compute_copy(std::span<const bf16>(copy));
+  {
+    Autocast scope(ComputeType::bf16);
+    const Activation y = testing::forward(layer, x, 0);
+    CHECK(excess(y, twice.y, twice.y_bound, Out, 0, 0) <= 1.0);
+    const Activation dx = testing::backward_input(layer, dy, 0);  // dx = dy (2 W)ᵀ: the same copy
+    CHECK(excess(dx, twice.dx, twice.dx_bound, In, 0, 0) <= 1.0);
+  }
+  layer.backward_weight(0);
+
+  // Cleared (end_compute): the next scope rounds `value` itself, W.
+  layer.weight().clear_compute_copy();
+  {
+    Autocast scope(ComputeType::bf16);
+    const Activation y = testing::forward(layer, x, 1);
+    CHECK(excess(y, plain.y, plain.y_bound, Out, 0, 0) <= 1.0);
+    CHECK(excess(y, twice.y, twice.y_bound, Out, 0, 0) > 10.0);
+  }
+  layer.drop(1);
+}
+
 // The attention core's six products under bf16 against naive loops: q, k, v, the probabilities, dO and dS
 // rounded to bf16 by the test, everything else in double (the softmax and its backward in fp32 in the layer).
 // Tolerance, norm-relative: 3e-4. The layer's fp32 probabilities and the reference's double ones can fall on

@@ -377,7 +377,7 @@ class GptPipelinePart {
     } else {
       nn::detail::with_half(ct, [&]<class T>(T) {
         B::template gemm<T, float>(Trans::no, Trans::yes, t, vl, hd, 1.0f, hop.template half<T>(), hd,
-                                   head16_.template get<B, T>(head_->value), hd, 0.0f, logits.data(), vl);
+                                   head16_.template get<B, T>(*head_), hd, 0.0f, logits.data(), vl);
       });
     }
     if (!vocab_mask_.empty())
@@ -617,7 +617,7 @@ class GptPipelinePart {
     } else {
       nn::detail::with_half(ct, [&]<class T>(T) {
         B::template gemm<T, float>(Trans::no, Trans::no, t, h, vl, 1.0f, dy_op.template half<T>(), vl,
-                                   head16_.template get<B, T>(head_->value), h, 0.0f, dh.data(), h);
+                                   head16_.template get<B, T>(*head_), h, 0.0f, dh.data(), h);
       });
     }
     head_pending_.put(mb) = {std::move(saved.x), std::move(dy_op)};  // kept for W

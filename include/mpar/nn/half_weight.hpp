@@ -1,10 +1,8 @@
 #pragma once
 /**
- * @file `HalfWeight`: the 16-bit copy of an fp32 weight that a GEMM outside the linear layers (the tied LM
- * head, `Linear2D`, the MoE experts) multiplies inside an `Autocast` scope, converted once per scope.
- *
- * The linear layers keep the same copy inside `detail::LinearState`; this is that logic for a weight the
- * caller owns elsewhere (a parameter of a model stage, an expert's block of a stacked weight).
+ * @file `HalfWeight`: the 16-bit copy of an fp32 weight that a GEMM multiplies inside an `Autocast` scope (the
+ * linear layers, the tied LM head, `Linear2D`, the MoE experts): the mixed-precision optimizer's compute copy
+ * where it has one, else converted once per scope.
  */
 #include <cstddef>
 #include <cstdint>
@@ -16,18 +14,24 @@
 #include "mpar/core/error.hpp"
 #include "mpar/core/memory_resource.hpp"
 #include "mpar/nn/autocast.hpp"
+#include "mpar/nn/parameter.hpp"
 
 namespace mpar::nn {
 
 /**
- * @brief A 16-bit copy of one fp32 weight: `get<B, T>(w)` converts `w` with `B::convert` the first time it
- * is asked for in an `Autocast` generation (or for another type), and returns the same copy until the next
- * scope. The weight must not change inside a scope (the trainer updates weights between scopes).
+ * @brief The 16-bit copy of one fp32 weight: `get<B, T>(p)` is the optimizer's compute copy of `p` where one is
+ * current (`Parameter::compute_copy`, between its `begin_compute` and `end_compute`); otherwise it converts
+ * `p.value` with `B::convert` the first time it is asked for in an `Autocast` generation (or for another type)
+ * and returns the same copy until the next scope. The weight must not change inside a scope (the trainer
+ * updates weights between scopes).
  */
 class HalfWeight {
  public:
   template <backend B, half_precision T>
-  const T* get(std::span<const float> w) {
+  const T* get(const Parameter& p) {
+    const std::span<const float> w = p.value;
+    const std::span<const T> rounded = p.template compute_copy<T>();
+    if (!rounded.empty() && rounded.size() == w.size()) return rounded.data();  // made this step from the master
     Buffer<T>& h = storage<T>();
     const std::uint64_t gen = autocast_generation();
     const ComputeType t = std::is_same_v<T, bf16> ? ComputeType::bf16 : ComputeType::f16;

@@ -13,6 +13,7 @@
 #include "mpar/core/dtype.hpp"
 #include "mpar/nn/autocast.hpp"
 #include "mpar/nn/backend_copy.hpp"
+#include "mpar/nn/half_weight.hpp"
 #include "mpar/nn/layer.hpp"
 
 namespace mpar::nn {
@@ -239,29 +240,19 @@ class LinearState {
 
  private:
   /**
-   * The weight as 16-bit `T`: one `B::convert` of the fp32 weight per `Autocast` generation (the trainer opens
-   * one per step, after the optimizer's update), reused by every micro-batch's forward and backward.
+   * The weight as 16-bit `T`: the optimizer's compute copy in a mixed-precision step, else one `B::convert` of
+   * the fp32 weight per `Autocast` generation, reused by every micro-batch's forward and backward (`HalfWeight`).
    */
   template <backend B, class T>
   const T* weight_half() {
-    Buffer<T>& h = weight16_.half_storage<T>();
-    const std::uint64_t gen = autocast_generation();
-    if (gen == 0 || gen != weight16_gen_ ||
-        weight16_.type != (std::is_same_v<T, bf16> ? ComputeType::bf16 : ComputeType::f16)) {
-      if (h.size() != weight_.value.size()) h = B::template allocate<T>(weight_.value.size());
-      B::convert(h.size(), weight_.value.data(), h.data());
-      weight16_.type = std::is_same_v<T, bf16> ? ComputeType::bf16 : ComputeType::f16;
-      weight16_gen_ = gen;
-    }
-    return h.data();
+    return weight16_.get<B, T>(weight_);
   }
 
   MicroBatchCache<Activation> inputs_;
   MicroBatchCache<WeightGradInputs> pending_;
   MicroBatchCache<GemmOperand> operands_;
   MicroBatchCache<WeightGradOperands> pending_operands_;
-  GemmOperand weight16_;  // the 16-bit weight of the current autocast generation
-  std::uint64_t weight16_gen_ = 0;
+  HalfWeight weight16_;  // the 16-bit weight inside an Autocast scope
 };
 }  // namespace detail
 

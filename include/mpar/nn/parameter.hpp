@@ -6,11 +6,14 @@
 #include <array>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
 #include "mpar/backend/memory_backend.hpp"
+#include "mpar/core/dtype.hpp"
 #include "mpar/core/host_access.hpp"
 #include "mpar/core/init.hpp"
 #include "mpar/core/layout.hpp"
@@ -38,6 +41,40 @@ struct Parameter {
    * backward, sets it to false first; false is always correct, only slower.
    */
   bool grad_zeroed = false;
+
+  /**
+   * Between a mixed-precision optimizer's `begin_compute` and `end_compute` (bf16 or f16): the 16-bit compute
+   * copy `value` was widened from (rank memory the optimizer owns). A GEMM takes it as its 16-bit weight
+   * instead of rounding `value` once more: the same bits, since every 16-bit value is a float, and one pass
+   * over the weight fewer per step. Empty otherwise; code that changes `value` while it is set clears it.
+   */
+  std::span<const bf16> bf16_copy;
+  std::span<const f16> f16_copy;  ///< as `bf16_copy`, for f16 compute copies
+
+  /** `bf16_copy` or `f16_copy`: the current 16-bit compute copy of type `T` (empty when there is none). */
+  template <class T>
+    requires std::is_same_v<T, bf16> || std::is_same_v<T, f16>
+  [[nodiscard]] std::span<const T> compute_copy() const {
+    if constexpr (std::is_same_v<T, bf16>)
+      return bf16_copy;
+    else
+      return f16_copy;
+  }
+
+  /** Sets the current 16-bit compute copy (`bf16_copy` or `f16_copy` by `T`). */
+  template <class T>
+    requires std::is_same_v<T, bf16> || std::is_same_v<T, f16>
+  void set_compute_copy(std::span<const T> copy) {
+    if constexpr (std::is_same_v<T, bf16>)
+      bf16_copy = copy;
+    else
+      f16_copy = copy;
+  }
+  /** No current 16-bit compute copy: a GEMM rounds `value` itself. */
+  void clear_compute_copy() {
+    bf16_copy = {};
+    f16_copy = {};
+  }
 
   [[nodiscard]] std::size_t local_size() const { return value.size(); }
   /**

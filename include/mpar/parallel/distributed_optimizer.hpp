@@ -202,6 +202,16 @@ class DistributedOptimizer {
         sgd_.emplace(params_, cfg_.sgd);
     }
   }
+  /**
+   * A step abandoned between `begin_compute` and `end_compute` leaves no parameter pointing at the compute
+   * copies this object owns (only then: the parameters may be gone after a finished step).
+   */
+  ~DistributedOptimizer() {
+    if (computing_)
+      for (nn::Parameter* p : compute_params_) p->clear_compute_copy();
+  }
+  DistributedOptimizer(DistributedOptimizer&&) = default;
+  DistributedOptimizer& operator=(DistributedOptimizer&&) = default;
 
   /**
    * The gradient of `p` is final for this step: its bucket may start reducing (overlap with the backward).
@@ -265,12 +275,15 @@ class DistributedOptimizer {
             // and widen the copy into the scratch, which the passes read as the value. The exchange is of
             // handles on the host: the passes always read one buffer and the update always writes the
             // other, so a captured step replays with the same addresses; no host pass over weights.
+            // The layers' GEMMs take the 16-bit copy itself as their weight (`Parameter::compute_copy`) instead
+            // of rounding the widened value once more.
             copies.refresh();
             for (std::size_t i = 0; i < compute_params_.size(); ++i) {
               auto& value = compute_params_[i]->value;
               if (masters_[i].size() != value.size()) masters_[i] = B::template allocate<float>(value.size());
               std::swap(value, masters_[i]);
               copies.widen_into(i, value);
+              compute_params_[i]->set_compute_copy(copies.weights(i));
             }
             computing_ = true;
           }
@@ -289,7 +302,10 @@ class DistributedOptimizer {
               compute_params_[i]->name, " holds ", value.size(), " values but its master ", masters_[i].size(),
               "; a parameter must not be resized between begin_compute and end_compute");
     }
-    for (std::size_t i = 0; i < masters_.size(); ++i) std::swap(compute_params_[i]->value, masters_[i]);
+    for (std::size_t i = 0; i < masters_.size(); ++i) {
+      std::swap(compute_params_[i]->value, masters_[i]);
+      compute_params_[i]->clear_compute_copy();
+    }
     computing_ = false;
   }
 

@@ -6,8 +6,9 @@
  * float's exponent range and normally does not.
  *
  * The arithmetic in 16 bits is `nn::Autocast` (nn/autocast.hpp): inside its scope the GEMM layers convert
- * their weight (once per scope) and their activations with `B::convert` and multiply 16-bit operands with
- * fp32 accumulation; these copies are what the other passes (layer norm gains, embeddings) read.
+ * their activations with `B::convert` and multiply 16-bit operands with fp32 accumulation, their weights
+ * being these copies (`nn::Parameter::compute_copy`, set by the optimizer's `begin_compute`); the copies
+ * widened are what the other passes (layer norm gains, embeddings) read.
  *
  * Rounding the copies and widening them back are backend operations (`B::convert`, `B::copy` on the rank's
  * stream): the masters and copies are rank memory, so on a device backend the refresh is kernels, never a
