@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "comm/collective_tests.hpp"
+#include "mpar/comm/same_on_every_rank.hpp"
 #include "mpar/comm/threads.hpp"
 
 using namespace mpar;
@@ -559,4 +560,39 @@ TEST_CASE("threads: exceptions of any type are reported with the rank", "[comm][
                     Contains("rank 1: an exception not derived from std::exception"));
   CHECK_THROWS_WITH(run_threads(0, [](ThreadsCommunicator&) {}),
                     Contains("run_threads: needs at least one rank, got 0"));
+}
+
+TEST_CASE("require_same_on_every_rank: equal settings pass; any difference is refused on every rank, named",
+          "[comm][threads][errors]") {
+  auto outcome = [](int ranks, auto&& settings_of) {
+    std::vector<std::string> what(std::size_t(ranks), "agreed");
+    run_threads(ranks, [&](ThreadsCommunicator& world) {
+      try {
+        require_same_on_every_rank(world, settings_of(world.rank()), "job");
+      } catch (const config_error& e) {
+        what[std::size_t(world.rank())] = e.what();
+      }
+    });
+    return what;
+  };
+  auto settings = [](std::string layers, std::string data) {
+    return std::vector<RankSetting>{{"--layers", layers}, {"--lr", "0.1"}, {"--data", data}};
+  };
+  CHECK(outcome(3, [&](int) { return settings("4", "a.txt"); }) == std::vector<std::string>(3, "agreed"));
+  // Rank 2 of 3 differs in two settings: every rank says which, with its own value.
+  const auto two = outcome(3, [&](int r) { return r == 2 ? settings("8", "b.txt") : settings("4", "a.txt"); });
+  for (int r = 0; r < 3; ++r) {
+    INFO(two[std::size_t(r)]);
+    CHECK_THAT(two[std::size_t(r)],
+               Contains("job: the ranks were started with different settings") &&
+                   Contains("--layers (" + std::string(r == 2 ? "8" : "4") + " on rank " + std::to_string(r) + ")") &&
+                   Contains("--data") && !Contains("--lr"));
+  }
+  // Lists of different lengths cannot be compared element by element: refused before that.
+  const auto lengths = outcome(2, [&](int r) {
+    auto s = settings("4", "a.txt");
+    if (r == 1) s.push_back({"--extra", "1"});
+    return s;
+  });
+  for (const auto& w : lengths) CHECK_THAT(w, Contains("every rank must run the same program"));
 }

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <filesystem>
 #include <map>
+#include <mpar/data/token_vector.hpp>
 #include <mpar/models/gpt_trainer.hpp>
 #include <mpar/mpar.hpp>
 
@@ -499,6 +500,52 @@ TEST_CASE("a 2bw run resumed from a checkpoint says that its first step computes
   REQUIRE(warnings.size() == 1);
   CHECK_THAT(warnings[0], Catch::Contains("2bw") && Catch::Contains("lag 0"));
   CHECK(lags == std::vector<std::size_t>{0, 1});
+}
+
+// Under mpirun every process parses its own command line and reads its own files; ranks given different
+// settings would otherwise run collectives of different sizes (a truncation error, heap corruption, or a hang
+// after the shorter run). The trainer compares first, on every rank, with collectives of one fixed size.
+TEST_CASE("ranks given different settings or data are all refused before training, each naming the difference",
+          "[models][gpt][errors]") {
+  const auto c = small(1, 1, 2);
+  auto refusals = [&](auto&& vary) {
+    std::vector<std::string> errors(2);
+    run_threads(2, [&](ThreadsCommunicator& world) {
+      auto mine = c;
+      std::vector<std::int32_t> ids = dataset().ids();
+      if (world.rank() == 1) vary(mine, ids);
+      const data::TokenVector text(std::move(ids), dataset().vocab_size(), c.model.seq, "text");
+      try {
+        models::GptTrainer<ThreadsCommunicator> t(world, mine, text);
+        (void)t.train_step();
+        errors[std::size_t(world.rank())] = "trained";
+      } catch (const config_error& e) {
+        errors[std::size_t(world.rank())] = e.what();
+      }
+    });
+    return errors;
+  };
+  const auto layers_lr = refusals([&](models::GptTrainConfig& m, std::vector<std::int32_t>&) {
+    m.model.layers += 2;
+    m.lr *= 2;
+    m.steps += 1;
+  });
+  for (const std::string& e : layers_lr) {
+    INFO(e);
+    CHECK_THAT(e, Catch::Contains("different settings") && Catch::Contains("--layers") && Catch::Contains("--lr") &&
+                      Catch::Contains("--steps") && !Catch::Contains("--hidden"));
+  }
+  CHECK_THAT(layers_lr[1], Catch::Contains("--layers (" + std::to_string(c.model.layers + 2) + " on rank 1)"));
+  // The same sizes, one token of the text changed on one rank.
+  const auto text =
+      refusals([](models::GptTrainConfig&, std::vector<std::int32_t>& ids) { ids[7] = (ids[7] + 1) % 5; });
+  for (const std::string& e : text) {
+    INFO(e);
+    CHECK_THAT(e, Catch::Contains("--data (data.hash)") && !Catch::Contains("--layers"));
+  }
+  // Equal settings: trains.
+  CHECK(refusals([](models::GptTrainConfig&, std::vector<std::int32_t>&) {}) ==
+        std::vector<std::string>{"trained", "trained"});
 }
 
 TEST_CASE("ZeRO-1 equals plain data parallelism", "[models][gpt][zero]") {

@@ -86,6 +86,7 @@
 #include "mpar/comm/communicator.hpp"
 #include "mpar/comm/host_message_communicator.hpp"
 #include "mpar/comm/mesh_comms.hpp"
+#include "mpar/comm/same_on_every_rank.hpp"
 #include "mpar/core/mesh.hpp"
 #include "mpar/data/char_dataset.hpp"
 #include "mpar/data/token_source.hpp"
@@ -226,7 +227,8 @@ struct GptTrainConfig {
             "use --zero 2 or another schedule");
     require(chunks == 1 || schedule == pipeline::Interleaved1F1B::name, "train: --chunks ", chunks,
             " needs --schedule interleaved_1f1b");
-    require(steps >= 1 && warmup <= steps, "train: need --steps >= 1 and --warmup <= --steps");
+    require(steps >= 1 && warmup <= steps, "train: need --steps >= 1 and --warmup <= --steps; got --steps ", steps,
+            " and --warmup ", warmup);
     if (cp > 1) validate_context();
     if (graph) validate_graph();
     model.validate(tp, pp * std::size_t(chunks), ep);
@@ -262,7 +264,7 @@ struct GptTrainConfig {
   /** What context parallelism (cp > 1) needs of the rest of the configuration, each refusal naming the fix. */
   void validate_context() const {
     require(model.seq % (2 * cp) == 0, "train: --seq ", model.seq, " is not divisible by 2 x --cp = ", 2 * cp,
-            " (each context rank holds two of the 2 cp equal chunks of every sequence); use --seq a multiple of ",
+            " (each sequence splits into 2 x --cp equal chunks, two per context rank); use --seq a multiple of ",
             2 * cp, " or a --cp dividing ", model.seq, " / 2");
     require(model.experts == 0 && ep == 1, "train: --cp ", cp,
             " with mixture of experts (--experts/--ep) is not "
@@ -285,6 +287,61 @@ struct GptTrainConfig {
   char hex[17];
   std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(fp.hash));
   return {{"data.vocab", std::to_string(fp.vocab)}, {"data.tokens", std::to_string(fp.tokens)}, {"data.hash", hex}};
+}
+
+/**
+ * @brief Every setting of a run that the ranks must agree on (the model, the layout, the schedule, precision,
+ * optimizer and its hyper-parameters, the step count, the data's identity), named by train_gpt's options.
+ */
+[[nodiscard]] inline std::vector<RankSetting> training_settings(const GptTrainConfig& c, const data::SourceRef& data) {
+  auto num = [](double v) {
+    char s[32];
+    std::snprintf(s, sizeof s, "%.17g", v);
+    return std::string(s);
+  };
+  auto count = [](std::size_t v) { return std::to_string(v); };
+  const GptConfig& m = c.model;
+  std::vector<RankSetting> s{{"--vocab", count(m.vocab)},
+                             {"--hidden", count(m.hidden)},
+                             {"--heads", count(m.heads)},
+                             {"--layers", count(m.layers)},
+                             {"--seq", count(m.seq)},
+                             {"the MLP width (GptConfig::ffn)", count(m.ffn)},
+                             {"--dropout", num(m.dropout)},
+                             {"--seed", std::to_string(m.seed)},
+                             {"--experts", count(m.experts)},
+                             {"--topk", count(m.moe_top_k)},
+                             {"--capacity", num(m.moe_capacity)},
+                             {"--aux-coef", num(m.moe_aux_weight)},
+                             {"--moe-every", count(m.moe_every)},
+                             {"--tp", count(c.tp)},
+                             {"--pp", count(c.pp)},
+                             {"--dp", count(c.dp)},
+                             {"--ep", count(c.ep)},
+                             {"--cp", count(c.cp)},
+                             {"--schedule", c.schedule},
+                             {"--microbatches", std::to_string(c.microbatches)},
+                             {"--chunks", std::to_string(c.chunks)},
+                             {"--recompute", c.recompute ? "on" : "off"},
+                             {"--precision", c.precision},
+                             {"--optimizer", c.optimizer},
+                             {"--zero", std::to_string(c.zero_stage())},
+                             {"--batch", count(c.global_batch)},
+                             {"--steps", count(c.steps)},
+                             {"--lr", num(c.lr)},
+                             {"--min-lr", num(c.min_lr)},
+                             {"--warmup", count(c.warmup)},
+                             {"--weight-decay", num(c.weight_decay)},
+                             {"--beta1", num(c.beta1)},
+                             {"--beta2", num(c.beta2)},
+                             {"--eps", num(c.eps)},
+                             {"--clip", num(c.clip)},
+                             {"--bucket-kib (in bytes)", count(c.bucket_bytes)},
+                             {"--data-seed", std::to_string(c.data_seed)},
+                             {"--graph", c.graph ? "on" : "off"},
+                             {"--graph-warmup", count(c.graph_warmup)}};
+  for (const auto& [key, value] : data_identity(data)) s.push_back({"--data (" + key + ")", value});
+  return s;
 }
 
 /** @brief What one step did, the same on every rank (losses and ratios are averaged over the world). */
@@ -357,10 +414,22 @@ class GptTrainer {
             data_.vocab_size(), " ids but the model only ", cfg_.model.vocab,
             "; set the model's vocab (--vocab) to at least ", data_.vocab_size());
     B::init_rank();  // before the stages allocate: the backend chooses where this rank's tensors live
+    // Before any collective whose sizes depend on the configuration (the splits above do not).
+    require_same_settings(training_settings(cfg_, data_), "train");
     build_stages();
     build_embedding_group();
     build_optimizer();
     if (cfg_.graph) build_graph_inputs();
+  }
+
+  /**
+   * Collective: throws `config_error` on every rank when the ranks were given different `settings` (the
+   * constructor checks `training_settings`; a program adds what its own loop depends on, e.g. checkpoint
+   * and validation options), naming each that differs (`require_same_on_every_rank`).
+   */
+  void require_same_settings(const std::vector<RankSetting>& settings, std::string_view who) {
+    quiet_for_host_messages();
+    with_host_world([&](auto& world) { require_same_on_every_rank(world, settings, who); });
   }
 
   /** Runs the next step on every rank (collective over the world). */
