@@ -141,11 +141,25 @@ Options parse(int argc, char** argv) {
           "; steps count from 0): nothing would be traced");
   require(!p.given("trace-step") || !o.trace.empty(),
           "train_gpt: --trace-step needs --trace FILE to say where the trace goes");
+  require(!o.hf_gpt2 || !o.export_path.empty(),
+          "train_gpt: --hf-gpt2 names the tensors of --export; give --export FILE.safetensors, or drop --hf-gpt2");
+  require(!p.given("check-steps") || o.check_against_host,
+          "train_gpt: --check-steps sets how many steps --check-against-host compares; add --check-against-host, or "
+          "drop --check-steps");
+  require(!p.given("graph-warmup") || t.graph,
+          "train_gpt: --graph-warmup sets the eager steps before --graph captures the step; add --graph, or drop "
+          "--graph-warmup");
+  require(o.val_every == 0 || o.val_every <= t.steps, "train_gpt: --val-every ", o.val_every, " is beyond --steps ",
+          t.steps, ": no validation would run; give --val-every at most ", t.steps);
+  require(!(t.zero1 && p.given("zero") && t.zero == 0),
+          "train_gpt: --zero1 and --zero 0 ask for ZeRO-1 and for none; give one");
   require(t.min_lr <= t.lr, "train_gpt: --min-lr ", t.min_lr, " exceeds --lr ", t.lr,
           " (the cosine schedule decays from --lr to --min-lr); give --min-lr at most --lr",
           t.lr == 0 ? " (--lr 0 needs --min-lr 0)" : "");
   t.bucket_bytes = o.bucket_kib * 1024;
   t.warmup = o.warmup >= 0 ? std::size_t(o.warmup) : t.steps / 10;
+  require(t.warmup <= t.steps, "train_gpt: --warmup ", t.warmup, " exceeds --steps ", t.steps,
+          " (the learning rate would never reach --lr); give --warmup at most ", t.steps);
   require(o.comm != "nccl" || (o.backend == "cuda" && !o.check_against_host && train_gpt::under_mpirun()),
           "train_gpt: --comm nccl runs one process per GPU: use it with --backend cuda under mpirun (thread ranks and "
           "--check-against-host use the host transport)");

@@ -64,6 +64,53 @@ inline void check_data_file(const Options& o) {
 }
 
 /**
+ * The files the run writes, checked before it trains: `--export` replaces the file at its path (a staging
+ * directory renamed into place), `--metrics` and `--trace` truncate theirs. None may be an input of the run
+ * (`--data`, `--val-data`) or a directory, `--export` not a device either (it would replace the device node),
+ * and each one's directory must exist; `--export` must be able to create its staging directory there.
+ */
+inline void check_output_paths(const Options& o) {
+  const std::pair<const char*, const std::string*> outputs[] = {
+      {"--export", &o.export_path}, {"--metrics", &o.metrics}, {"--trace", &o.trace}};
+  const std::pair<const char*, const std::string*> inputs[] = {{"--data", &o.data}, {"--val-data", &o.val_data}};
+  auto same_file = [](const std::string& a, const std::string& b) {
+    std::error_code ec;
+    return a == b || (fs::exists(a, ec) && fs::exists(b, ec) && fs::equivalent(a, b, ec));
+  };
+  for (std::size_t i = 0; i < std::size(outputs); ++i) {
+    const auto& [name, path] = outputs[i];
+    if (path->empty()) continue;
+    std::error_code ec;
+    const auto st = fs::status(*path, ec);
+    require(st.type() != fs::file_type::directory, "train_gpt: ", name, " '", *path,
+            "' is a directory; give a file name (inside it, say)");
+    require(std::string_view(name) != "--export" || st.type() == fs::file_type::not_found ||
+                st.type() == fs::file_type::regular,
+            "train_gpt: --export '", *path,
+            "' exists and is not a regular file (a device or a pipe), which the export ",
+            "would replace; give a file name");
+    for (const auto& [in_name, in_path] : inputs)
+      require(in_path->empty() || !same_file(*path, *in_path), "train_gpt: ", name, " '", *path, "' is the ", in_name,
+              " file; writing it would destroy the input: give another file name");
+    for (std::size_t j = i + 1; j < std::size(outputs); ++j)
+      require(outputs[j].second->empty() || !same_file(*path, *outputs[j].second), "train_gpt: ", name, " and ",
+              outputs[j].first, " both write '", *path, "'; give each its own file");
+    const fs::path dir = fs::path(*path).parent_path().empty() ? fs::path(".") : fs::path(*path).parent_path();
+    require(fs::is_directory(dir, ec), "train_gpt: ", name, " '", *path, "': its directory '", dir.string(),
+            "' does not exist; create it first");
+  }
+  if (!o.export_path.empty()) {
+    // What the export does at the end, tried now: its staging directory, created and removed.
+    const fs::path probe = o.export_path + ".staging";
+    std::error_code ec;
+    const bool made = fs::create_directory(probe, ec);
+    require(!ec, "train_gpt: --export '", o.export_path, "' cannot be written (creating '", probe.string(),
+            "' beside it failed: ", ec.message(), "); give a path in a writable directory");
+    if (made) fs::remove(probe, ec);
+  }
+}
+
+/**
  * Per-rank memory of the configuration from the planner's memory model (docs/planner.md), for the
  * fullest pipeline rank: parameters, gradients, optimizer states and fp32 masters, activations of
  * the schedule's peak in-flight micro-batches, communication buffers. Experts are not modelled: for
@@ -104,6 +151,7 @@ inline double rank_memory_limit(const Options& o) {
  */
 inline void preflight(const Options& o) {
   check_data_file(o);
+  check_output_paths(o);
   models::GptTrainConfig cfg = o.train;
   if (is_token_file(o.data)) {
     cfg.model.vocab = data::TokenFile(o.data, token_file_vocab(o), o.train.model.seq).vocab_size();
@@ -304,6 +352,21 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
   }
   auto& tr = *trainer;
   cfg = tr.config();  // with the vocabulary padding the mesh needs
+  // Under mpirun each process parsed its own command line: what the loop around the trainer does (validation,
+  // checkpoints, the export, the sample) must agree too; the trainer has checked the model, layout and data.
+  tr.require_same_settings({{"--val-data", o.val_data},
+                            {"--val-split", std::to_string(o.val_split)},
+                            {"--val-every", std::to_string(o.val_every)},
+                            {"--val-batches", std::to_string(o.val_batches)},
+                            {"--export", o.export_path},
+                            {"--hf-gpt2", o.hf_gpt2 ? "on" : "off"},
+                            {"--save", o.save},
+                            {"--save-every", std::to_string(o.save_every)},
+                            {"--resume", o.resume},
+                            {"--sample", std::to_string(o.sample)},
+                            {"--trace", o.trace},
+                            {"--trace-step", std::to_string(o.trace_step)}},
+                           "train_gpt");
   const bool held_out = !o.val_data.empty() || o.val_split > 0;
   const std::uint64_t val_seed = held_out ? cfg.data_seed : cfg.data_seed ^ 0x76616cull;
 
@@ -392,6 +455,9 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
       if (t) {
         std::ofstream f(o.trace);
         pipeline::to_chrome_trace(*t).write(f);
+        f.flush();
+        require(bool(f), "train_gpt: writing the trace of step ", r.step, " to --trace '", o.trace,
+                "' failed (the directory is not writable, or the disk is full)");
         std::printf("wrote the Chrome trace of step %zu to %s (open in https://ui.perfetto.dev)\n%s", r.step,
                     o.trace.c_str(), pipeline::text_timeline(*t, 0, 100).c_str());
       }
@@ -403,6 +469,9 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
               << ", \"bubble\": " << r.bubble << ", \"idle_slots\": " << r.idle_slots
               << ", \"communication\": " << r.communication << ", \"aux_loss\": " << r.aux_loss
               << ", \"dropped\": " << r.dropped << "}\n";
+    if (lead && metrics.is_open())
+      require(bool(metrics.flush()), "train_gpt: writing step ", r.step, " to --metrics '", o.metrics,
+              "' failed (is the disk full?)");
     if (lead && !o.quiet && (r.step % o.log_every == 0 || r.step + 1 == cfg.steps)) {
       const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
       const double done = double(r.step + 1 - first_step) / double(cfg.steps - first_step);
@@ -494,13 +563,19 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
                      "%: raise --microbatches (bubble ~ (P-1)/(M+P-1); M >= 4P keeps it under ~20%) or use "
                      "--schedule interleaved_1f1b --chunks 2");
   if (world.size() > 1 && avg_comm > 0.40)
-    advice.push_back("communication " + std::to_string(int(avg_comm * 100)) +
-                     "% of the step: use bigger --bucket-kib, a smaller --tp (keep tensor groups on fast links), or "
-                     "top-k gradient compression (TopKCompressor) for data parallelism");
+    advice.push_back("communication " + std::to_string(int(avg_comm * 100)) + "% of the step: " +
+                     (cfg.dp > 1 ? "use bigger --bucket-kib or fewer data-parallel ranks (--dp)" : std::string()) +
+                     (cfg.dp > 1 && cfg.tp > 1 ? ", or " : "") +
+                     (cfg.tp > 1 ? "a smaller --tp (keep tensor groups on fast links)" : std::string()) +
+                     (cfg.dp == 1 && cfg.tp == 1 ? "fewer ranks (--pp, --ep, --cp)" : std::string()) +
+                     "; on one machine the ranks share its cores");
   const double limit = rank_memory_limit(o);
   if (worst > 0.8 * limit)
     advice.push_back("peak memory " + mib(worst) + " is near the per-rank limit " + mib(limit) +
                      ": use --recompute, --zero 1, 2 or 3, more --pp, or fewer sequences per micro-batch");
+  if (!std::isfinite(last_loss))
+    advice.push_back(std::string("the loss is not finite: the run diverged; lower --lr, keep --clip at 1") +
+                     (cfg.precision == "f16" ? ", or use --precision bf16 (f16 overflows where bf16 does not)" : ""));
   if (!advice.empty()) {
     std::printf("\nadvice:\n");
     for (const auto& a : advice) std::printf("  - %s\n", a.c_str());

@@ -29,7 +29,8 @@ int visible_gpus() {
   int n = 0;
   const cudaError_t st = cudaGetDeviceCount(&n);
   require(st == cudaSuccess && n > 0, "train_gpt --backend cuda: no CUDA device (",
-          st == cudaSuccess ? "0 devices" : cudaGetErrorString(st), ")");
+          st == cudaSuccess ? "0 devices" : cudaGetErrorString(st),
+          "); this machine has no usable GPU (or driver): train on the CPU with --backend host");
   return n;
 }
 

@@ -42,8 +42,10 @@ class CharDataset {
     const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
     require(!text.empty(), "dataset: '", path, "' is empty; pass a text file with some content");
     require(text.size() > seq_len + 1, "dataset: '", path, "' has ", text.size(),
-            " characters, too short for sequence length ", seq_len, "; use --seq below ", text.size() - 1,
-            " or a longer file");
+            " characters, too short for sequence length ", seq_len,
+            text.size() > 3 ? mpar::detail::cat("; use --seq below ", text.size() - 1, " or a longer file")
+                            : std::string("; a sequence needs at least 3 characters (--seq 2 and its target): "
+                                          "give a longer file"));
     std::array<bool, 256> seen{};
     for (unsigned char c : text) seen[c] = true;
     for (int c = 0; c < 256; ++c)

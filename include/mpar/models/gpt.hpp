@@ -237,7 +237,8 @@ class GptPipelinePart {
               "or a dense model (--experts 0)");
       require(cfg.seq % (2 * cp_) == 0, "GptPipelinePart: sequence length ", cfg.seq,
               " is not divisible by 2 x cp = ", 2 * cp_,
-              " (each context rank holds two of the 2 cp equal chunks); use --seq a multiple of ", 2 * cp_);
+              " (each sequence splits into 2 x cp equal chunks, two per context rank); use --seq a multiple of ",
+              2 * cp_);
     }
     if (first_) {
       embed_.emplace(tp, nn::EmbeddingConfig{cfg.padded_vocab(), cfg.hidden, cfg.seed, GptConfig::token_embedding_id,

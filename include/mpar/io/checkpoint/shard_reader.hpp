@@ -83,7 +83,8 @@ class ShardReader {
         const std::size_t b = c * chunk - e0, len = std::min(chunk, n - c * chunk);
         const std::uint32_t got = crc32(bytes.subspan(4 * b, 4 * len));
         check(got == table_[c - c0], "checksum mismatch in ", f.path().string(), " (tensor '", t.name, "', shard ",
-              box_string(shard.box), ", elements ", c * chunk, "..", c * chunk + len, "): the file is corrupted");
+              box_string(shard.box), ", elements ", c * chunk, "..", c * chunk + len,
+              "): the file is corrupted; resume from another checkpoint (an earlier step-* directory)");
         whole_crc = crc32_combine(whole_crc, got, 4 * len);
       }
       // A shard read whole is also checked against the manifest (this catches a damaged table too).
