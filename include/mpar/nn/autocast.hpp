@@ -5,10 +5,11 @@
  *
  * Inside an `Autocast(ComputeType::bf16)` (or `f16`) scope, Linear, ColumnParallel and RowParallel take
  * 16-bit GEMM operands: a 16-bit copy of the weight (the mixed-precision optimizer's, made once per step,
- * else one `B::convert` per layer and scope: `HalfWeight`) and the input converted by `B::convert` right before the product; the products
- * accumulate in fp32 and the outputs are fp32. The backward runs `dx = dy Wᵀ` and `dW += xᵀ dy` the same
- * way (dy converted once, the 16-bit input kept from the forward, so the stash is half the size). Layer
- * norm, softmax, GeLU, the loss and the optimizer's master weights stay fp32.
+ * else one `B::convert` per layer and scope: `HalfWeight`) and the input converted by `B::convert` right
+ * before the product; the products accumulate in fp32 and the outputs are fp32. The backward runs
+ * `dx = dy Wᵀ` and `dW += xᵀ dy` the same way (dy converted once, the 16-bit input kept from the forward, so
+ * the stash is half the size). Layer norm, softmax, GeLU, the loss and the optimizer's master weights stay
+ * fp32.
  *
  * Why a thread-local scope rather than a layer template parameter: the precision is the trainer's policy
  * for a step (chosen at run time by `--precision`), not a property of a layer's type; a scope switches

@@ -31,9 +31,9 @@
  *
  * Mixed precision: inside an `nn::Autocast` scope the experts' six GEMMs per expert (two forward, four
  * backward) take 16-bit operands with fp32 accumulation — the activations converted right before each
- * product, the weights the optimizer's 16-bit copies (`nn::HalfWeight`) — as the dense layers do. The gate's product, its
- * softmax and the routing stay fp32: the top-k choice is a discrete decision that a rounded logit could
- * flip, and it must not depend on the layout.
+ * product, the weights the optimizer's 16-bit copies (`nn::HalfWeight`) — as the dense layers do. The gate's
+ * product, its softmax and the routing stay fp32: the top-k choice is a discrete decision that a rounded
+ * logit could flip, and it must not depend on the layout.
  *
  * Gradients: expert weights receive every token routed to them from every rank, so they are complete on
  * their owner. The gate weight is replicated: its gradient is this rank's share and must be summed (or
@@ -358,8 +358,8 @@ class MoeMlp {
 
   /**
    * `C = op(X) op(W_l) + beta C` for an activation X and expert l's block of weight `w` (at `offset`), in
-   * operand type `t`: fp32 as is; 16-bit with X converted here and the weight through `w16` (the optimizer's compute copy, else converted
-   * once per Autocast scope).
+   * operand type `t`: fp32 as is; 16-bit with X converted here and the weight through `w16` (the optimizer's
+   * compute copy, else converted once per Autocast scope).
    */
   void gemm_xw(nn::ComputeType t, Trans tx, Trans tw, std::size_t m, std::size_t n, std::size_t k,
                std::span<const float> x, std::size_t ldx, const nn::Parameter& w, nn::HalfWeight& w16,
