@@ -196,6 +196,27 @@ TEST_CASE("ZeRO-2 fits where ZeRO-1 does not: the search finds it between their 
   for (const Candidate& c : with.best) CHECK(c.config.zero2);
 }
 
+TEST_CASE("At equal modelled time the smaller peak, then the lower ZeRO stage ranks first, whatever the search order",
+          "[plan][search][zero2]") {
+  // The README's 1 T-parameter plan, whose best layout comes with ZeRO-1 and with ZeRO-2. Under pipeline
+  // micro-batching mpar's backward accumulates full-size gradients, so ZeRO-2 saves nothing at the peak (its bucket
+  // buffers in flight even add a little) and costs the same collectives: equal step times, and the simpler ZeRO-1
+  // must come first (the whole search: the order in which it meets the two is not what decides).
+  Problem p{GptModel{128, 25600, 160, 2048, 51200}, a100_selene(3072), 3072};
+  SearchOptions o;
+  o.top_k = 2;
+  const Plan plan = search(p, CostModel(p.model, p.cluster), SearchSpace{}, o);
+  REQUIRE(plan.best.size() == 2);
+  const Candidate& first = plan.best[0];
+  const Candidate& second = plan.best[1];
+  REQUIRE(first.step_seconds == second.step_seconds);  // the tie this case is about
+  CHECK(first.config.zero_stage() == 1);
+  CHECK(second.config.zero_stage() == 2);
+  CHECK(first.memory.total() <= second.memory.total());
+  CHECK(ranks_before(first, second));
+  CHECK(!ranks_before(second, first));
+}
+
 TEST_CASE("ZeRO-3 fits where ZeRO-2 does not: the search finds it between their memory needs",
           "[plan][search][zero3]") {
   Problem p{GptModel{24, 2048, 16, 1024, 32000}, a100_selene(8), 64};

@@ -16,6 +16,7 @@
 #include <optional>
 #include <sstream>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "mpar/core/error.hpp"
@@ -63,6 +64,19 @@ struct Candidate {
   GroupPlacement placement;
   Placement ordering = Placement::tensor_innermost;
 };
+
+/**
+ * @brief The order of the plan's table: the faster step first; at equal modelled time the smaller per-GPU peak
+ * (more headroom), then the lower ZeRO stage (fewer collectives per step and a simpler checkpoint for the same
+ * result: under pipeline micro-batching ZeRO-2 holds the accumulated gradients in full and saves nothing over
+ * ZeRO-1), then less recomputation before more.
+ */
+inline bool ranks_before(const Candidate& a, const Candidate& b) {
+  const auto key = [](const Candidate& c) {
+    return std::tuple(c.step_seconds, c.memory.total(), c.config.zero_stage(), int(c.config.recompute));
+  };
+  return key(a) < key(b);
+}
 
 /** @brief A configuration the search did not keep, and why. `kind` groups reasons for counting. */
 struct Rejection {
@@ -369,7 +383,8 @@ namespace detail {
     }
   }
 
-  std::sort(feasible.begin(), feasible.end(), [](const Feasible& a, const Feasible& b) { return a.bound < b.bound; });
+  std::stable_sort(feasible.begin(), feasible.end(),
+                   [](const Feasible& a, const Feasible& b) { return a.bound < b.bound; });
   for (const Feasible& f : feasible) {
     if (plan.best.size() >= o.top_k && f.bound >= plan.best.back().step_seconds) {
       reject({f.c, "bound",
@@ -385,8 +400,7 @@ namespace detail {
                                 std::round(budget / gib * 10) / 10, " GiB are usable")});
       continue;
     }
-    auto at = std::upper_bound(plan.best.begin(), plan.best.end(), cand.step_seconds,
-                               [](double s, const Candidate& x) { return s < x.step_seconds; });
+    auto at = std::upper_bound(plan.best.begin(), plan.best.end(), cand, ranks_before);
     plan.best.insert(at, std::move(cand));
     if (plan.best.size() > o.top_k) plan.best.pop_back();
   }
