@@ -74,6 +74,20 @@ TEST_CASE("cli: --help returns false and the help lists everything", "[io][cli]"
   CHECK_THAT(h, Catch::Contains("--single"));
 }
 
+TEST_CASE("cli: a fractional bound reads as it was written, in the help and in the error", "[io][cli]") {
+  double ratio = 0.5;
+  cli::Parser p{"t", "Tests bounds."};
+  p.option("ratio", ratio, "a share").range(0.1, 0.9);
+  CHECK_THAT(p.help(), Catch::Contains("in [0.1, 0.9]"));
+  std::string error = "no error";
+  try {
+    p.parse(std::vector<std::string_view>{"--ratio", "0.95"});
+  } catch (const cli::usage_error& e) {
+    error = e.what();
+  }
+  CHECK_THAT(error, Catch::Contains("option --ratio: 0.95 is out of range; give a value in [0.1, 0.9]"));
+}
+
 TEST_CASE("cli: errors name the option and what to change", "[io][cli]") {
   auto err = [](std::vector<std::string_view> args) {
     Args a;

@@ -372,11 +372,11 @@ class Parser {
     o.given_ = true;
   }
 
+  /** The shortest text that reads back as the same double: a bound of 0.9 prints as 0.9, not 0.90000000000000002. */
   static std::string num(long double v) {
-    std::ostringstream os;
-    os.precision(17);
-    os << double(v);
-    return os.str();
+    char buf[32];
+    const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, double(v));
+    return ec == std::errc() ? std::string(buf, end) : std::to_string(double(v));
   }
   static std::string pad(const std::string& s) {
     return s.size() >= 22 ? s + "  " : s + std::string(22 - s.size(), ' ');
