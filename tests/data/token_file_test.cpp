@@ -135,6 +135,8 @@ TEST_CASE("token files: each damaged file is refused naming the file and the byt
   refuse(write("float.npy", npy_bytes(ids, "<f4", 4)), 1000, "dtype '<f4'", "byte offset 10");
   refuse(write("big_endian.npy", npy_bytes(ids, ">u2", 2)), 1000, "dtype '>u2'", "byte offset 10");
   refuse(write("two_dim.npy", npy_bytes(ids, "<u2", 2, "(10, 10)")), 1000, "shape (10, 10)", "byte offset 10");
+  refuse(write("huge_shape.npy", npy_bytes(ids, "<u2", 2, "(123456789012345678901,)")), 1000, "a length of 21 digits",
+         "the header is damaged");
   {
     auto b = npy_bytes(ids, "<u2", 2);
     b.resize(b.size() - 1);

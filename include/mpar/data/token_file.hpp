@@ -174,8 +174,8 @@ class TokenFile {
     bool one_dim = shape.size() >= 3 && shape.front() == '(' && shape.back() == ')';
     for (std::size_t i = 1; one_dim && i + 1 < shape.size(); ++i) {
       const char c = shape[i];
-      if (c >= '0' && c <= '9' && digits < 19) {
-        count = count * 10 + std::size_t(c - '0');
+      if (c >= '0' && c <= '9') {
+        if (digits < 19) count = count * 10 + std::size_t(c - '0');  // 19 digits fit 64 bits; more is checked below
         ++digits;
       } else if (c == ',') {
         for (std::size_t j = i + 1; j + 1 < shape.size(); ++j) one_dim = one_dim && shape[j] == ' ';
@@ -186,6 +186,10 @@ class TokenFile {
     }
     require(one_dim && digits > 0, "token file '", path(), "': the .npy array at byte offset ", start, " has shape ",
             shape.empty() ? std::string_view("(none)") : shape, "; a token file is one-dimensional, e.g. (1000,)");
+    require(digits <= 19, "token file '", path(), "': the .npy array at byte offset ", start, " has shape ", shape,
+            ", a length of ", digits,
+            " digits, more tokens than any file holds: the header is damaged; write the "
+            "file again (numpy.save)");
     offset_ = start + hlen;
     check_size(count);
   }
