@@ -103,6 +103,7 @@ Options parse(int argc, char** argv) {
   p.option("trace-step", o.trace_step, "which step --trace records");
   p.option("save", o.save, "checkpoint directory");
   p.option("save-every", o.save_every, "save every N steps (0: only at the end)");
+  p.option("keep-last", o.keep_last, "keep only the newest N checkpoints in --save (0: every one)");
   p.option("resume", o.resume, "resume from this checkpoint (any tp/pp/dp layout)");
   p.option("sample", o.sample, "characters to generate at the end (0: none)").range(0, 1 << 20);
   p.option("sample-progress-s", o.sample_progress_s,
@@ -136,6 +137,8 @@ Options parse(int argc, char** argv) {
           "--save directory holding 'latest'), or leave --resume out to train from scratch");
   require(o.save_every == 0 || !o.save.empty(), "train_gpt: --save-every ", o.save_every,
           " needs --save DIR to say where the checkpoints go");
+  require(o.keep_last == 0 || !o.save.empty(), "train_gpt: --keep-last ", o.keep_last,
+          " needs --save DIR, whose old checkpoints it removes");
   require(o.trace.empty() || o.trace_step < t.steps, "train_gpt: --trace-step ", o.trace_step,
           " is beyond the last step (", t.steps - 1, " with --steps ", t.steps,
           "; steps count from 0): nothing would be traced");

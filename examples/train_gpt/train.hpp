@@ -12,6 +12,7 @@
 #include <cstring>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <optional>
 #include <string>
 #include <thread>
@@ -99,6 +100,24 @@ inline void check_output_paths(const Options& o) {
     require(fs::is_directory(dir, ec), "train_gpt: ", name, " '", *path, "': its directory '", dir.string(),
             "' does not exist; create it first");
   }
+  if (!o.save.empty()) {
+    // A new run into a directory that already holds another run's checkpoints would point its `latest` back at
+    // this run's earlier steps and leave the two runs' checkpoints side by side. Continuing that run (--resume from
+    // the directory or from one of its checkpoints) is what such a directory is for.
+    std::error_code ec;
+    const fs::path latest = fs::path(o.save) / io::latest_file_name;
+    if (fs::exists(latest, ec)) {
+      const fs::path resume(o.resume);
+      const bool continues =
+          !o.resume.empty() && (fs::equivalent(resume, o.save, ec) || fs::equivalent(resume.parent_path(), o.save, ec));
+      std::string newest;
+      std::getline(std::ifstream(latest), newest);
+      require(continues, "train_gpt: --save '", o.save, "' already holds the checkpoints of another run (latest: ",
+              newest.empty() ? std::string("unreadable") : newest,
+              "); this run would mix its own with them and move 'latest' back. Continue that run with --resume ",
+              o.save, ", or give an empty or new --save directory");
+    }
+  }
   if (!o.export_path.empty()) {
     // What the export does at the end, tried now: its staging directory, created and removed.
     const fs::path probe = o.export_path + ".staging";
@@ -168,10 +187,15 @@ inline void preflight(const Options& o) {
   cfg.validate(cfg.world_size());
   const plan::MemoryEstimate e = estimate_rank_memory(cfg);
   const double limit = rank_memory_limit(o);
-  const double gib = double(1ull << 30);
-  auto g = [&](double b) {
-    char buf[32];
-    std::snprintf(buf, sizeof buf, "%.2f GiB", b / gib);
+  // One unit for every number, the largest that still shows the smaller of the need and the budget:
+  // --mem-limit-gib 0.0001 reads 104.86 KiB, not 0.00 GiB.
+  const double smaller = std::min(e.total(), limit);
+  const auto [unit, unit_name] = smaller >= double(1ull << 30)   ? std::pair(double(1ull << 30), "GiB")
+                                 : smaller >= double(1ull << 20) ? std::pair(double(1ull << 20), "MiB")
+                                                                 : std::pair(1024.0, "KiB");
+  auto g = [unit, unit_name](double b) {
+    char buf[48];
+    std::snprintf(buf, sizeof buf, "%.2f %s", b / unit, unit_name);
     return std::string(buf);
   };
   require(e.total() <= limit, "train_gpt: each rank needs about ", g(e.total()), " (parameters ", g(e.parameters),
@@ -277,6 +301,36 @@ std::string generate(Comm& world, const models::GptConfig& mc, const data::CharD
 }
 
 /**
+ * Stops a run that can no longer train, before it writes a checkpoint or weights that are not numbers. The report
+ * is the same on every rank, so every rank throws. Two cases: an update was applied with a non-finite loss or
+ * gradient norm (the weights are now NaN or infinite: fp32 and bf16 apply every update), or f16's loss scaler
+ * skipped a step that ran with its smallest scale (`scale_before`: f16 overflows unscaled, and every later step
+ * would be skipped too).
+ */
+inline void stop_if_diverged(const models::StepReport& r, double scale_before, const models::GptTrainConfig& cfg,
+                             const Options& o) {
+  const std::string resume = o.save.empty() || o.save_every == 0
+                                 ? ""
+                                 : "; --resume " + o.save + " restarts from its last checkpoint (every " +
+                                       std::to_string(o.save_every) + " steps)";
+  if (!r.skipped && !(std::isfinite(r.loss) && std::isfinite(r.grad_norm)))
+    throw std::runtime_error(
+        mpar::detail::cat("train_gpt: the run diverged at step ", r.step + 1, ": loss ", r.loss, ", gradient norm ",
+                          r.grad_norm, ", and ", cfg.precision,
+                          " applies every update, so the weights are no longer finite; stopped before "
+                          "anything else is written. Lower --lr (now ",
+                          cfg.lr, "), keep --clip at 1 (now ", cfg.clip, ") or raise --warmup", resume));
+  if (r.skipped && scale_before <= optim::LossScalerConfig{}.min_scale)
+    throw std::runtime_error(mpar::detail::cat(
+        "train_gpt: the run diverged at step ", r.step + 1, ": f16 overflowed (loss ", r.loss,
+        ") with the loss scale already at its minimum (", scale_before,
+        "), so every further step would be skipped too; stopped. The weights are those of the last step applied, "
+        "and so are those of any checkpoint saved since. Start again with --precision bf16, whose range is fp32's, "
+        "or a lower --lr (now ",
+        cfg.lr, ")"));
+}
+
+/**
  * Trains on every rank of `world` with backend `B` (collective); rank 0 prints progress and the summary.
  * Thread ranks start after main() ran `preflight`; with one process per rank each process runs it here.
  */
@@ -362,6 +416,7 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
                             {"--hf-gpt2", o.hf_gpt2 ? "on" : "off"},
                             {"--save", o.save},
                             {"--save-every", std::to_string(o.save_every)},
+                            {"--keep-last", std::to_string(o.keep_last)},
                             {"--resume", o.resume},
                             {"--sample", std::to_string(o.sample)},
                             {"--trace", o.trace},
@@ -427,6 +482,7 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
   std::size_t measured = 0;
   std::int64_t peak_step_bytes = 0;
   const std::size_t first_step = tr.step();
+  double scale_before = std::numeric_limits<double>::infinity();  // the loss scale a step runs with (f16)
   const auto t_start = std::chrono::steady_clock::now();
   while (tr.step() < cfg.steps) {
     const std::int64_t live_before = mem.live.load();
@@ -465,10 +521,10 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
     if (lead && metrics.is_open())
       metrics << "{\"step\": " << r.step << ", \"loss\": " << r.loss << ", \"lr\": " << r.lr
               << ", \"grad_norm\": " << r.grad_norm << ", \"skipped\": " << (r.skipped ? "true" : "false")
-              << ", \"step_seconds\": " << r.wall << ", \"tokens_per_second\": " << r.tokens_per_second
-              << ", \"bubble\": " << r.bubble << ", \"idle_slots\": " << r.idle_slots
-              << ", \"communication\": " << r.communication << ", \"aux_loss\": " << r.aux_loss
-              << ", \"dropped\": " << r.dropped << "}\n";
+              << ", \"loss_scale\": " << r.loss_scale << ", \"step_seconds\": " << r.wall
+              << ", \"tokens_per_second\": " << r.tokens_per_second << ", \"bubble\": " << r.bubble
+              << ", \"idle_slots\": " << r.idle_slots << ", \"communication\": " << r.communication
+              << ", \"aux_loss\": " << r.aux_loss << ", \"dropped\": " << r.dropped << "}\n";
     if (lead && metrics.is_open())
       require(bool(metrics.flush()), "train_gpt: writing step ", r.step, " to --metrics '", o.metrics,
               "' failed (is the disk full?)");
@@ -485,20 +541,24 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
       // next to the measured share; the planner predicts the same count.
       char slots[32] = "";
       if (cfg.pp > 1) std::snprintf(slots, sizeof slots, " (%g slots)", r.idle_slots);
+      char skip[64] = "";
+      if (r.skipped) std::snprintf(skip, sizeof skip, "  (overflow: step skipped, loss scale now %g)", r.loss_scale);
       std::printf("step %5zu/%zu  loss %.4f%s  %s tok/s  %6.1f ms  bubble %4.1f%%%s  comm %4.1f%%  [%s%s] %s left%s\n",
                   r.step + 1, cfg.steps, r.loss, moe, human(r.tokens_per_second).c_str(), r.wall * 1e3, r.bubble * 100,
                   slots, r.communication * 100, std::string(std::size_t(filled), '#').c_str(),
                   std::string(std::size_t(width - filled), '.').c_str(), duration(elapsed / done - elapsed).c_str(),
-                  r.skipped ? "  (overflow: step skipped)" : "");
+                  skip);
       std::fflush(stdout);
     }
+    stop_if_diverged(r, scale_before, cfg, o);
+    scale_before = r.loss_scale;
     if (val && o.val_every > 0 && (tr.step() % o.val_every == 0 || tr.step() == cfg.steps)) {
       const double vl = tr.evaluate(*val, o.val_batches, val_seed);
       if (lead) std::printf("step %5zu/%zu  validation loss %.4f\n", tr.step(), cfg.steps, vl);
       if (lead && metrics.is_open()) metrics << "{\"step\": " << r.step << ", \"val_loss\": " << vl << "}\n";
     }
     if (!o.save.empty() && o.save_every > 0 && tr.step() % o.save_every == 0 && tr.step() < cfg.steps) {
-      auto s = tr.save(o.save);
+      auto s = tr.save(o.save, o.keep_last);
       if (lead) std::printf("saved %s\n", s.path.c_str());
     }
   }
@@ -512,7 +572,7 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
   fs::path ckpt;
   std::string tmp_dir;
   if (!o.save.empty()) {
-    ckpt = tr.save(o.save).path;
+    ckpt = tr.save(o.save, o.keep_last).path;
     if (lead) std::printf("saved %s\n", ckpt.c_str());
   } else if (o.sample > 0 && chars) {
     tmp_dir = (fs::temp_directory_path() / ("mpar-train-gpt-" + std::to_string(::getpid()))).string();
@@ -573,9 +633,11 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
   if (worst > 0.8 * limit)
     advice.push_back("peak memory " + mib(worst) + " is near the per-rank limit " + mib(limit) +
                      ": use --recompute, --zero 1, 2 or 3, more --pp, or fewer sequences per micro-batch");
+  // Reached only by an f16 run whose last step overflowed and was skipped (a diverged run stops in the loop).
   if (!std::isfinite(last_loss))
-    advice.push_back(std::string("the loss is not finite: the run diverged; lower --lr, keep --clip at 1") +
-                     (cfg.precision == "f16" ? ", or use --precision bf16 (f16 overflows where bf16 does not)" : ""));
+    advice.push_back(
+        "the last step's loss is not finite (f16 overflowed; the step was skipped and the weights kept): lower --lr, "
+        "keep --clip at 1, or use --precision bf16 (f16 overflows where bf16 does not)");
   if (!advice.empty()) {
     std::printf("\nadvice:\n");
     for (const auto& a : advice) std::printf("  - %s\n", a.c_str());

@@ -352,6 +352,9 @@ struct StepReport {
       0;  ///< MoE load-balancing loss (summed over MoE blocks, mean over micro-batches); in the objective, not in `loss`
   std::size_t dropped = 0;  ///< MoE token-to-expert assignments dropped by the capacity limit this step (all ranks)
   bool skipped = false;     ///< f16 overflow: weights unchanged
+  /// f16: the dynamic loss scale after this step (lowered after a skipped one; a skip at
+  /// `optim::LossScalerConfig::min_scale` means the gradients overflow unscaled). 1 at other precisions.
+  double loss_scale = 1;
   /// Optimizer steps between the weights this step's passes used and the ones it updated: 1 under 2bw from the
   /// second step on (the passes of step t use the weights before step t-1's update), else 0.
   std::size_t weight_lag = 0;
@@ -682,13 +685,15 @@ class GptTrainer {
    * the training state under `root` (collective). Each rank writes only blocks no lower rank holds;
    * any layout — with or without ZeRO-1 — can resume from the result. Over a stream-ordered backend the
    * blocks reach the writer through host staging (io/staged_blocks.hpp), with one host wait per save.
+   * `keep_last` > 0 then removes all but the newest `keep_last` checkpoints under `root` (`io::SaveOptions`).
    */
-  io::SaveResult save(const std::filesystem::path& root) {
-    return with_gathered([&] { return save_gathered(root); });  // ZeRO-3 saves the full blocks, as ZeRO-1 does
+  io::SaveResult save(const std::filesystem::path& root, std::size_t keep_last = 0) {
+    // ZeRO-3 saves the full blocks, as ZeRO-1 does
+    return with_gathered([&] { return save_gathered(root, keep_last); });
   }
 
  private:
-  io::SaveResult save_gathered(const std::filesystem::path& root) {
+  io::SaveResult save_gathered(const std::filesystem::path& root, std::size_t keep_last) {
     std::vector<io::SaveBlock> blocks;
     state_blocks<const float>(blocks);
     io::StagedBlocks<B> staging;  // the writer reads on the host: rank memory comes over first, one wait
@@ -705,6 +710,7 @@ class GptTrainer {
     for (auto& [k, v] : run_identity()) st.user[k] = std::move(v);
     io::SaveOptions opts;
     opts.mesh = {cfg_.tp, cfg_.pp, cfg_.dp, cfg_.cp};
+    opts.keep_last = keep_last;
     return with_host_world([&](auto& world) {  // the staging's wait left nothing queued
       return io::save_checkpoint(root, std::span<const io::SaveBlock>(blocks), st, world, opts);
     });
@@ -1093,6 +1099,7 @@ class GptTrainer {
     r.aux_loss = st.aux_loss;
     r.dropped = std::size_t(std::llround(avg[2]));
     r.skipped = st.skipped;
+    r.loss_scale = optimizer_->loss_scale();
     r.wall = slowest[0];
     r.bubble = avg[0];
     r.idle_slots = idle_slots_;
