@@ -6,13 +6,15 @@
 //            --heads 12 --seq 1024 --prompt-ids 464,2068 --tokens 20           (token model: ids out)
 // A checkpoint saved at a tensor-parallel size that 16 does not divide needs --vocab-multiple lcm(16, tp).
 #include <algorithm>
+#include <charconv>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <optional>
-#include <sstream>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <mpar/cli/parser.hpp>
@@ -36,9 +38,39 @@ struct Options {
   std::uint64_t seed = 1;
 };
 
+/** `--prompt-ids 464,2068`: each item a token id below `vocab`; an error names the item that is not one. */
+std::vector<std::int32_t> parse_prompt_ids(const std::string& text, std::size_t vocab) {
+  require(!text.empty(), "generate: a token model needs --prompt-ids 1,2,3 (ids from the tokenizer)");
+  std::vector<std::int32_t> ids;
+  std::size_t start = 0;
+  for (std::size_t item = 1;; ++item) {
+    const std::size_t comma = std::min(text.find(',', start), text.size());
+    std::string_view t(text.data() + start, comma - start);
+    while (!t.empty() && t.front() == ' ') t.remove_prefix(1);
+    while (!t.empty() && t.back() == ' ') t.remove_suffix(1);
+    std::uint64_t id = 0;
+    const auto [end, ec] = std::from_chars(t.data(), t.data() + t.size(), id);
+    require(!t.empty() && ec == std::errc() && end == t.data() + t.size(), "generate: --prompt-ids item ", item, " '",
+            t, "' is not a token id; give comma-separated ids from the tokenizer, e.g. --prompt-ids 464,2068");
+    require(id < vocab, "generate: --prompt-ids item ", item, " is ", id, ", outside the vocabulary of ", vocab,
+            " ids (--vocab)");
+    ids.push_back(std::int32_t(id));
+    if (comma == text.size()) return ids;
+    start = comma + 1;
+  }
+}
+
 int run(const Options& o) {
   require(o.checkpoint.empty() != o.safetensors.empty(),
           "generate: pass exactly one of --checkpoint DIR and --safetensors FILE");
+  // A character model (--data) reads --prompt; a token model (--vocab) reads --prompt-ids. The other one would be
+  // ignored, so it is refused.
+  require(o.data.empty() || o.prompt_ids.empty(),
+          "generate: --prompt-ids is for a token model (--vocab, no --data); a character model (--data) takes "
+          "--prompt TEXT");
+  require(!o.data.empty() || o.prompt.empty(),
+          "generate: --prompt is for a character model (--data TEXT gives its vocabulary); a token model takes "
+          "--prompt-ids 1,2,3");
   std::optional<data::CharDataset> chars;
   models::GptConfig mc = o.model;
   if (!o.data.empty()) {
@@ -47,6 +79,12 @@ int run(const Options& o) {
   }
   require(mc.vocab > 0, "generate: give --data TEXT (a character model's training text) or --vocab N (a token model)");
   mc.validate(1, 1);
+  // The prompt, checked before any weights are read: characters through the text's vocabulary, or ids.
+  std::vector<std::int32_t> ctx;
+  if (chars)
+    for (char c : o.prompt.empty() ? std::string("\n") : o.prompt) ctx.push_back(chars->encode(c));
+  else
+    ctx = parse_prompt_ids(o.prompt_ids, mc.vocab);
   int rc = 0;
   run_threads(1, [&](ThreadsCommunicator& world) {
     models::GptPipelinePart<ThreadsCommunicator> model(world, mc, true, true, 0, mc.layers);
@@ -67,18 +105,6 @@ int run(const Options& o) {
         std::copy(full.begin(), full.end(), p->value.begin());  // one rank: the local block is the whole tensor
         ++loaded;
       }
-    }
-    // The prompt: characters through the text's vocabulary, or ids.
-    std::vector<std::int32_t> ctx;
-    if (chars)
-      for (char c : o.prompt.empty() ? std::string("\n") : o.prompt) ctx.push_back(chars->encode(c));
-    else {
-      std::stringstream ss(o.prompt_ids);
-      for (std::string t; std::getline(ss, t, ',');) ctx.push_back(std::int32_t(std::stol(t)));
-      require(!ctx.empty(), "generate: a token model needs --prompt-ids 1,2,3 (ids from the tokenizer)");
-      for (auto id : ctx)
-        require(id >= 0 && std::size_t(id) < mc.vocab, "generate: prompt id ", id, " is outside the vocabulary ",
-                mc.vocab);
     }
     std::printf("generate: %zu tensors loaded, vocab %zu, temperature %g, top-k %zu\n", loaded, mc.vocab, o.temperature,
                 o.top_k);

@@ -219,6 +219,13 @@ inline std::string human(double v) {
     std::snprintf(buf, sizeof buf, "%.0f", v);
   return buf;
 }
+/** A number for the --metrics file: JSON has no NaN or infinity, so a diverged step's loss is written as null. */
+inline std::string json_number(double v) {
+  if (!std::isfinite(v)) return "null";
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", v);
+  return buf;
+}
 inline std::string mib(double bytes) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.2f MiB", bytes / (1024.0 * 1024.0));
@@ -519,12 +526,12 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
       }
     }
     if (lead && metrics.is_open())
-      metrics << "{\"step\": " << r.step << ", \"loss\": " << r.loss << ", \"lr\": " << r.lr
-              << ", \"grad_norm\": " << r.grad_norm << ", \"skipped\": " << (r.skipped ? "true" : "false")
+      metrics << "{\"step\": " << r.step << ", \"loss\": " << json_number(r.loss) << ", \"lr\": " << r.lr
+              << ", \"grad_norm\": " << json_number(r.grad_norm) << ", \"skipped\": " << (r.skipped ? "true" : "false")
               << ", \"loss_scale\": " << r.loss_scale << ", \"step_seconds\": " << r.wall
               << ", \"tokens_per_second\": " << r.tokens_per_second << ", \"bubble\": " << r.bubble
               << ", \"idle_slots\": " << r.idle_slots << ", \"communication\": " << r.communication
-              << ", \"aux_loss\": " << r.aux_loss << ", \"dropped\": " << r.dropped << "}\n";
+              << ", \"aux_loss\": " << json_number(r.aux_loss) << ", \"dropped\": " << r.dropped << "}\n";
     if (lead && metrics.is_open())
       require(bool(metrics.flush()), "train_gpt: writing step ", r.step, " to --metrics '", o.metrics,
               "' failed (is the disk full?)");
@@ -555,7 +562,8 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
     if (val && o.val_every > 0 && (tr.step() % o.val_every == 0 || tr.step() == cfg.steps)) {
       const double vl = tr.evaluate(*val, o.val_batches, val_seed);
       if (lead) std::printf("step %5zu/%zu  validation loss %.4f\n", tr.step(), cfg.steps, vl);
-      if (lead && metrics.is_open()) metrics << "{\"step\": " << r.step << ", \"val_loss\": " << vl << "}\n";
+      if (lead && metrics.is_open())
+        metrics << "{\"step\": " << r.step << ", \"val_loss\": " << json_number(vl) << "}\n";
     }
     if (!o.save.empty() && o.save_every > 0 && tr.step() % o.save_every == 0 && tr.step() < cfg.steps) {
       auto s = tr.save(o.save, o.keep_last);
