@@ -352,8 +352,9 @@ struct StepReport {
       0;  ///< MoE load-balancing loss (summed over MoE blocks, mean over micro-batches); in the objective, not in `loss`
   std::size_t dropped = 0;  ///< MoE token-to-expert assignments dropped by the capacity limit this step (all ranks)
   bool skipped = false;     ///< f16 overflow: weights unchanged
-  /// f16: the dynamic loss scale after this step (lowered after a skipped one; a skip at
-  /// `optim::LossScalerConfig::min_scale` means the gradients overflow unscaled). 1 at other precisions.
+  /// f16: the dynamic loss scale after this step (lowered after a skipped one). A step skipped while the scale it
+  /// ran with, the previous report's, was already `optim::LossScalerConfig::min_scale` overflowed unscaled. 1 at
+  /// other precisions.
   double loss_scale = 1;
   /// Optimizer steps between the weights this step's passes used and the ones it updated: 1 under 2bw from the
   /// second step on (the passes of step t use the weights before step t-1's update), else 0.
