@@ -2,7 +2,7 @@
 //
 //   mpar-ckpt info DIR                          contents, layout and training state
 //   mpar-ckpt verify DIR                        read every shard and check every checksum
-//   mpar-ckpt convert DIR OUT --tp N [--pp N] [--dp N]
+//   mpar-ckpt convert DIR OUT --tp N [--pp N] [--dp N] [--cp N]
 //   mpar-ckpt convert DIR OUT --single          one shard per tensor
 //
 // Conversion is generic: a tensor recorded as Shard<d, tensor> is split along d over the new tensor
@@ -50,7 +50,8 @@ int cmd_info(int argc, const char* const* argv) {
   const io::Manifest m = io::read_manifest(path);
   std::cout << "checkpoint " << path.string() << "\n";
   std::cout << "step " << m.state.step << ", data position " << m.state.data_position << "\n";
-  std::cout << "saved with mesh tp=" << m.mesh.tp << " pp=" << m.mesh.pp << " dp=" << m.mesh.dp << "\n";
+  std::cout << "saved with mesh tp=" << m.mesh.tp << " pp=" << m.mesh.pp << " dp=" << m.mesh.dp << " cp=" << m.mesh.cp
+            << "\n";
   std::cout << "rng state:";
   for (auto w : m.state.rng) std::cout << ' ' << w;
   std::cout << "\n";
@@ -93,28 +94,32 @@ int cmd_verify(int argc, const char* const* argv) {
 
 int cmd_convert(int argc, const char* const* argv) {
   std::string dir, out;
-  std::size_t tp = 1, pp = 1, dp = 1;
+  std::size_t tp = 1, pp = 1, dp = 1, cp = 1;
   bool single = false;
   cli::Parser p("mpar-ckpt convert",
                 "Writes a checkpoint with another layout. Shard<d, tensor> tensors are split along d over --tp;\n"
-                "others are written whole. --pp and --dp are recorded (they do not change how tensors are cut).");
+                "others are written whole. --pp, --dp and --cp are recorded (they do not change how tensors are cut).");
   p.positional("DIR", dir, "checkpoint to read (directory, or one with a `latest` file)");
   p.positional("OUT", out, "directory to write the converted checkpoint into (its `latest` is updated)");
   p.option("tp", tp, "tensor-parallel size of the output").range(1, 65536);
   p.option("pp", pp, "pipeline-parallel size of the output").range(1, 65536);
   p.option("dp", dp, "data-parallel size of the output").range(1, 65536);
+  p.option("cp", cp, "context-parallel size of the output").range(1, 65536);
   p.flag("single", single, "one shard per tensor, in one file");
   if (!p.parse(argc, argv)) return std::cout << p.help(), 0;
-  if (single && (p.given("tp") || p.given("pp") || p.given("dp")))
-    throw cli::usage_error("mpar-ckpt convert: --single writes one shard per tensor; drop --tp/--pp/--dp or --single");
-  if (!single && !p.given("tp") && !p.given("pp") && !p.given("dp"))
-    throw cli::usage_error("mpar-ckpt convert: give a target layout with --tp N [--pp N] [--dp N], or --single");
-  if (single) tp = pp = dp = 1;
+  const bool layout_given = p.given("tp") || p.given("pp") || p.given("dp") || p.given("cp");
+  if (single && layout_given)
+    throw cli::usage_error(
+        "mpar-ckpt convert: --single writes one shard per tensor; drop --tp/--pp/--dp/--cp or --single");
+  if (!single && !layout_given)
+    throw cli::usage_error(
+        "mpar-ckpt convert: give a target layout with --tp N [--pp N] [--dp N] [--cp N], or --single");
+  if (single) tp = pp = dp = cp = 1;
 
   io::CheckpointReader reader(dir);
   const io::Manifest& in = reader.manifest();
   io::Manifest outm;
-  outm.mesh = {tp, pp, dp};
+  outm.mesh = {tp, pp, dp, cp};
   outm.state = in.state;
   io::SaveOptions opts;
   opts.mesh = outm.mesh;
@@ -148,7 +153,7 @@ int cmd_convert(int argc, const char* const* argv) {
   (void)io::parse_manifest(io::format_manifest(outm), (staging / io::manifest_file_name).string());
   const fs::path done = io::publish_checkpoint(root, staging, outm, opts);
   std::cout << "wrote " << done.string() << " (" << outm.tensors.size() << " tensors, tp=" << tp << " pp=" << pp
-            << " dp=" << dp << ", " << writers.size() << " data file(s))\n";
+            << " dp=" << dp << " cp=" << cp << ", " << writers.size() << " data file(s))\n";
   return 0;
 }
 
@@ -157,7 +162,8 @@ const char* const usage =
     "commands:\n"
     "  info DIR [--shards]                    training state, mesh, tensors and layouts\n"
     "  verify DIR                             read every shard and check every checksum\n"
-    "  convert DIR OUT --tp N [--pp N] [--dp N]   write the checkpoint in another layout\n"
+    "  convert DIR OUT --tp N [--pp N] [--dp N] [--cp N]\n"
+    "                                         write the checkpoint in another layout\n"
     "  convert DIR OUT --single               write one shard per tensor\n\n"
     "Run `mpar-ckpt COMMAND --help` for a command's options.\n";
 

@@ -804,7 +804,7 @@ TEST_CASE("mpar-ckpt sample: a (2,2,1) checkpoint", "[.tool-sample]") {
 
 TEST_CASE("mpar-ckpt convert --tp 4 output", "[.tool-check-tp4]") {
   const auto m = io::read_manifest(tool_dir() / "tp4");
-  CHECK(m.mesh == io::MeshShape{4, 1, 2});
+  CHECK(m.mesh == io::MeshShape{4, 1, 2, 2});  // --pp, --dp and --cp recorded as given
   CHECK(m.find("block1.fc1.weight")->shards.size() == 4);
   CHECK(m.find("block1.fc2.weight/adamw.m")->shards.size() == 4);
   CHECK(m.find("block1.ln.gain")->shards.size() == 1);
