@@ -169,7 +169,10 @@ TEST_CASE("mpar-plan --cp fixes context parallelism: every configuration splits 
   CHECK_THAT(
       error_of(with(base_args(), {"--cp", "3"})),
       Catch::Contains("--cp 3 splits each sequence into 2 x cp = 6 zig-zag chunks, which --seq 1024 does not divide"));
-  CHECK_THAT(error_of(with(base_args(), {"--cp", "0"})), Catch::Contains("--cp expects a positive whole number"));
+  CHECK_THAT(error_of(with(base_args(), {"--cp", "0"})),
+             Catch::Contains("--cp (a size, or auto) expects a positive whole number, got '0'"));
+  CHECK_THAT(error_of(with(base_args(), {"--cp", "automatic"})),
+             Catch::Contains("--cp (a size, or auto) expects a positive whole number, got 'automatic'"));
   CHECK_THAT(error_of(with(base_args(), {"--tp", "2", "--pp", "4", "--dp", "8", "--cp", "2"})),
              Catch::Contains("--tp 2 x --pp 4 x --dp 8 x --cp 2 = 128 GPUs, but --gpus is 64"));
   std::ostringstream out, err;
@@ -184,4 +187,31 @@ TEST_CASE("mpar-plan --cp fixes context parallelism: every configuration splits 
     CHECK(j.number.at("tp") * j.number.at("pp") * j.number.at("dp") * j.number.at("cp") == 64);
   }
   CHECK(n == 4);
+}
+
+TEST_CASE("mpar-plan --cp auto searches context parallelism and shows each row's cp", "[plan][cli][context]") {
+  CHECK_FALSE(parse_cli(with(base_args(), {"--cp", "auto"})).space.cp.has_value());
+  // A long sequence, where splitting it pays: 32 k tokens.
+  std::vector<std::string> args = base_args();
+  *(std::find(args.begin(), args.end(), "--seq") + 1) = "32768";
+  std::ostringstream out, err;
+  REQUIRE(run_cli(with(args, {"--cp", "auto", "--top", "3"}), out, err) == 0);
+  const std::string table = out.str();
+  INFO(table);
+  CHECK_THAT(table, Catch::Contains("context parallelism searched over cp = 1, 2, 4, 8, 16, 32, 64"));
+  CHECK_THAT(table, Catch::Contains("  #  tp  cp  pp    dp  mbs"));
+  // The best row's cp column agrees with the "best:" line, which names cp when it is above 1.
+  std::istringstream lines(table);
+  std::string line;
+  while (std::getline(lines, line) && line.rfind("  1 ", 0) != 0) {}
+  std::istringstream row(line);
+  std::size_t rank = 0, tp = 0, cp = 0;
+  REQUIRE(row >> rank >> tp >> cp);
+  CHECK(cp > 1);
+  CHECK_THAT(table, Catch::Contains("best: tp=" + std::to_string(tp)) && Catch::Contains(" cp=" + std::to_string(cp)));
+  // Without --cp auto the table keeps its columns (no cp column) and every row keeps sequences whole.
+  std::ostringstream fixed_out;
+  REQUIRE(run_cli(args, fixed_out, err) == 0);
+  CHECK_THAT(fixed_out.str(), Catch::Contains("  #  tp  pp    dp  mbs"));
+  CHECK_THAT(fixed_out.str(), !Catch::Contains("context parallelism"));
 }

@@ -292,3 +292,67 @@ TEST_CASE("planning 3072 GPUs for a 1 T parameter model simulates few candidates
   CHECK(plan.considered > 10000);
   CHECK(plan.simulated < 2000);  // the bound keeps simulations few
 }
+
+namespace {
+/** A 7 B-parameter model at 32 k tokens per sequence on 64 A100s: long enough that splitting sequences pays. */
+Problem long_sequence_problem() { return Problem{GptModel{32, 4096, 32, 32768, 51200}, a100_selene(64), 32}; }
+SearchSpace cp_searched() {
+  SearchSpace s;
+  s.cp = std::nullopt;
+  return s;
+}
+}  // namespace
+
+TEST_CASE("a search over context-parallel sizes finds the fastest of each size searched on its own",
+          "[plan][search][context]") {
+  const Problem p = long_sequence_problem();
+  const CostModel cm(p.model, p.cluster);
+  const Plan plan = search(p, cm, cp_searched());
+  CHECK(plan.context_sizes == std::vector<std::size_t>{1, 2, 4, 8, 16, 32, 64});
+  REQUIRE(!plan.best.empty());
+  // The reference: one search per fixed size, the fastest of their winners.
+  double fastest = 0;
+  std::size_t fastest_cp = 0;
+  for (std::size_t cp : plan.context_sizes) {
+    SearchSpace fixed;
+    fixed.cp = cp;
+    const Plan one = search(p, cm, fixed);
+    REQUIRE(one.context_sizes == std::vector<std::size_t>{cp});
+    for (const Candidate& c : one.best) CHECK(c.config.cp == cp);
+    if (!one.best.empty() && (fastest_cp == 0 || one.best.front().step_seconds < fastest)) {
+      fastest = one.best.front().step_seconds;
+      fastest_cp = cp;
+    }
+  }
+  INFO("best " << plan.best.front().config << " in " << plan.best.front().step_seconds
+               << " s; fastest fixed cp=" << fastest_cp << " in " << fastest << " s");
+  CHECK(plan.best.front().step_seconds == fastest);
+  CHECK(plan.best.front().config.cp == fastest_cp);
+  CHECK(fastest_cp > 1);  // at 32 k tokens, a context-parallel plan beats every plan that keeps sequences whole
+  for (std::size_t i = 1; i < plan.best.size(); ++i) CHECK(!ranks_before(plan.best[i], plan.best[i - 1]));
+  for (const Candidate& c : plan.best) CHECK(c.config.gpus() == 64);
+}
+
+TEST_CASE("a search over context-parallel sizes tries only those that cut the sequence and fit the fixed sizes",
+          "[plan][search][context]") {
+  Problem p = long_sequence_problem();
+  p.model.seq = 1000;  // 2 x cp must divide 1000: cp = 1, 2 or 4 of the divisors of 64
+  const CostModel cm(p.model, p.cluster);
+  CHECK(search(p, cm, cp_searched()).context_sizes == std::vector<std::size_t>{1, 2, 4});
+
+  p = long_sequence_problem();
+  SearchSpace s = cp_searched();
+  s.tp = 8, s.pp = 2, s.dp = 2;  // 32 GPUs of 64: only cp = 2 completes the mesh
+  const Plan plan = search(p, cm, s);
+  CHECK(plan.context_sizes == std::vector<std::size_t>{2});
+  for (const Candidate& c : plan.best) CHECK(c.config.cp == 2);
+
+  s.pp = 8, s.dp = 2;  // 128 GPUs: no context-parallel size can make up 64
+  try {
+    (void)search(p, cm, s);
+    FAIL("a mesh larger than the cluster was searched");
+  } catch (const mpar::config_error& e) {
+    CHECK_THAT(e.what(), Catch::Contains("--tp 8 x --pp 8 x --dp 2 = 128 GPUs, but --gpus is 64") &&
+                             Catch::Contains("for every context-parallel size --cp auto tried"));
+  }
+}

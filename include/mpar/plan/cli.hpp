@@ -50,8 +50,9 @@ Optional (fix a dimension instead of searching it):
   --schedule gpipe|1f1b|interleaved_1f1b|zb_h1|zb_h2|2bw   (2bw, asynchronous, only when asked for)
   --recompute none|selective|full  --zero1 on|off  --zero2 on|off  --zero3 on|off
   --sequence-parallel on|off
-  --cp N                   context parallelism: each sequence split over N GPUs (ring attention; default 1,
-                           not searched); tp x pp x dp share --gpus / N, and gradients reduce over dp x cp
+  --cp N|auto              context parallelism: each sequence split over N GPUs (ring attention; default 1);
+                           tp x pp x dp share --gpus / N, and gradients reduce over dp x cp; auto searches
+                           every N dividing --gpus whose 2 x N zig-zag chunks divide --seq
 Optional (hardware and output):
   --hbm-gbps X             HBM bandwidth per GPU, GB/s (default 2039, A100 80 GB)
   --memory-fraction X      usable share of GPU memory (default 0.95)
@@ -154,7 +155,7 @@ namespace detail {
     else if (opt == "--dp")
       o.space.dp = detail::parse_count(opt, val);
     else if (opt == "--cp")
-      o.space.cp = detail::parse_count(opt, val);
+      o.space.cp = val == "auto" ? std::nullopt : std::optional(detail::parse_count("--cp (a size, or auto)", val));
     else if (opt == "--microbatch-size")
       o.space.microbatch_size = detail::parse_count(opt, val);
     else if (opt == "--virtual-stages")
@@ -210,11 +211,12 @@ namespace detail {
   c.gpus = *gpus, c.gpus_per_node = *per_node, c.memory_bytes = *mem * gib, c.peak_flops = *peak * 1e12;
   c.intra_node_bandwidth = *intra * 1e9, c.inter_node_bandwidth = *inter * 1e9;
   o.problem.validate();
-  require(*seq % (2 * o.space.cp) == 0, "--cp ", o.space.cp, " splits each sequence into 2 x cp = ", 2 * o.space.cp,
-          " zig-zag chunks, which --seq ", *seq, " does not divide; choose --seq a multiple of ", 2 * o.space.cp,
-          " or another --cp");
-  require(c.gpus % o.space.cp == 0, "--cp ", o.space.cp, " does not divide --gpus ", c.gpus,
-          "; choose a divisor of --gpus");
+  if (const auto cp = o.space.cp) {
+    require(*seq % (2 * *cp) == 0, "--cp ", *cp, " splits each sequence into 2 x cp = ", 2 * *cp,
+            " zig-zag chunks, which --seq ", *seq, " does not divide; choose --seq a multiple of ", 2 * *cp,
+            ", another --cp, or --cp auto");
+    require(c.gpus % *cp == 0, "--cp ", *cp, " does not divide --gpus ", c.gpus, "; choose a divisor of --gpus");
+  }
   if (o.space.tp)
     require(*o.space.tp <= c.gpus_per_node && c.gpus_per_node % *o.space.tp == 0, "--tp ", *o.space.tp,
             " would spread a tensor-parallel group over nodes of ", c.gpus_per_node,
@@ -262,27 +264,38 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
       << " layers, hidden " << p.model.hidden << ", " << p.model.heads << " heads, seq " << p.model.seq << ", vocab "
       << p.model.vocab << "); global batch " << p.global_batch << "; " << p.cluster.gpus << " GPUs, "
       << p.cluster.gpus_per_node << " per node\n";
-  if (!plan.best.empty() && plan.best.front().config.cp > 1)
+  const bool cp_searched = plan.context_sizes.size() > 1;
+  if (cp_searched) {
+    out << "context parallelism searched over cp =";
+    for (std::size_t i = 0; i < plan.context_sizes.size(); ++i) out << (i ? ", " : " ") << plan.context_sizes[i];
+    out << " (cp GPUs share each sequence; tp x cp x pp x dp GPUs)\n";
+  } else if (!plan.best.empty() && plan.best.front().config.cp > 1) {
     out << "context parallelism cp=" << plan.best.front().config.cp
         << ": every configuration below splits each sequence "
         << "over " << plan.best.front().config.cp << " GPUs (tp x pp x dp x cp GPUs)\n";
+  }
   out << "searched " << plan.considered << " configurations, simulated " << plan.simulated << " pipelines ("
       << plan.verified_shapes << " schedule shapes verified)\n\n";
   if (plan.best.empty()) {
     out << "no configuration fits; the closest rejections are listed below\n";
   } else {
-    out << "  #  tp  pp    dp  mbs     m  schedule           v  recompute  zero  sp   mem GiB   step s  TFLOP/s  "
-           "bubble\n";
+    out << "  #  tp" << (cp_searched ? "  cp" : "")
+        << "  pp    dp  mbs     m  schedule           v  recompute  zero  sp   mem GiB   step s  TFLOP/s  bubble\n";
     std::size_t i = 0;
     for (const Candidate& c : plan.best) {
       const ParallelConfig& k = c.config;
       char line[256];
-      std::snprintf(line, sizeof line,
-                    "%3zu %3zu %3zu %5zu %4zu %5zu  %-17s %2zu  %-9s  %-4d  %-3s %8.1f %8.3f %8.1f  %5.1f%%\n", ++i,
-                    k.tp, k.pp, k.dp, k.microbatch_size, k.microbatches, std::string(schedule_name(k.schedule)).c_str(),
-                    k.virtual_stages, std::string(recompute_name(k.recompute)).c_str(), k.zero_stage(),
-                    k.sequence_parallel ? "yes" : "no", c.memory.total() / gib, c.step_seconds, c.tflops_per_gpu,
-                    100 * c.bubble_fraction);
+      std::snprintf(line, sizeof line, "%3zu %3zu", ++i, k.tp);
+      out << line;
+      if (cp_searched) {
+        std::snprintf(line, sizeof line, " %3zu", k.cp);
+        out << line;
+      }
+      std::snprintf(
+          line, sizeof line, " %3zu %5zu %4zu %5zu  %-17s %2zu  %-9s  %-4d  %-3s %8.1f %8.3f %8.1f  %5.1f%%\n", k.pp,
+          k.dp, k.microbatch_size, k.microbatches, std::string(schedule_name(k.schedule)).c_str(), k.virtual_stages,
+          std::string(recompute_name(k.recompute)).c_str(), k.zero_stage(), k.sequence_parallel ? "yes" : "no",
+          c.memory.total() / gib, c.step_seconds, c.tflops_per_gpu, 100 * c.bubble_fraction);
       out << line;
     }
     const Candidate& b = plan.best.front();

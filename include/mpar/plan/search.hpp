@@ -1,8 +1,9 @@
 #pragma once
 /**
- * @file The strategy search: enumerate tensor x pipeline x data sizes, micro-batch size and count,
- * schedule (and V), recomputation, ZeRO-1 and sequence parallelism; reject what cannot run or does
- * not fit (saying why); time the rest with the pipeline simulator; rank by predicted step time.
+ * @file The strategy search: enumerate tensor x pipeline x data sizes (and, when asked, context-parallel
+ * sizes), micro-batch size and count, schedule (and V), recomputation, ZeRO-1/2/3 and sequence parallelism;
+ * reject what cannot run or does not fit (saying why); time the rest with the pipeline simulator; rank by
+ * predicted step time.
  *
  * Fast at scale because the pipeline is simulated for one pipeline's P ranks only (data-parallel
  * replicas are identical), the verifier's peak activations are cached per (schedule, P, M, V) and
@@ -34,7 +35,11 @@ inline constexpr double gib = 1024.0 * 1024.0 * 1024.0;
 /** @brief Dimensions of the search; a set field is fixed, an empty one searched. */
 struct SearchSpace {
   std::optional<std::size_t> tp, pp, dp, microbatch_size, virtual_stages;
-  std::size_t cp = 1;  ///< context-parallel size, fixed (not searched): the other axes share gpus / cp
+  /// Context-parallel size. Fixed by default, at 1 (sequences are not split); empty to search every divisor of
+  /// the GPU count that cuts the sequence into 2 x cp zig-zag chunks (`mpar-plan --cp auto`). Not searched
+  /// unless asked because it is a choice for long sequences: at a short one it ties with data parallelism in
+  /// time and would win the table on memory alone. The other axes share gpus / cp.
+  std::optional<std::size_t> cp = 1;
   std::optional<ScheduleKind> schedule;
   std::optional<Recompute> recompute;
   std::optional<bool> zero1, zero2, zero3, sequence_parallel;
@@ -91,6 +96,7 @@ struct Plan {
   std::vector<Rejection> rejected;  ///< the first few of each kind
   std::map<std::string, std::size_t> rejected_by_kind;
   std::size_t considered = 0, simulated = 0, verified_shapes = 0;
+  std::vector<std::size_t> context_sizes;  ///< the context-parallel sizes searched (one when fixed)
   /** The best configuration again with its tensor groups spread over nodes (data-innermost ordering), when that differs. */
   std::optional<Candidate> broken_topology;
 };
@@ -118,6 +124,55 @@ namespace detail {
     }
   std::sort(d.begin(), d.end());
   return d;
+}
+
+/**
+ * Empty when the fixed sizes of `space` fit `gpus / cp` GPUs per context rank, else why not (naming the option
+ * to change).
+ */
+[[nodiscard]] inline std::string fixed_sizes_problem(const SearchSpace& space, std::size_t gpus, std::size_t cp) {
+  const std::size_t N = gpus / cp;  // what tp x pp x dp share
+  if (space.tp && space.pp && space.dp && *space.tp * *space.pp * *space.dp != N)
+    return cp > 1 ? mpar::detail::cat("--tp ", *space.tp, " x --pp ", *space.pp, " x --dp ", *space.dp, " x --cp ", cp,
+                                      " = ", *space.tp * *space.pp * *space.dp * cp, " GPUs, but --gpus is ", gpus,
+                                      "; make the product equal --gpus or leave one free")
+                  : mpar::detail::cat("--tp ", *space.tp, " x --pp ", *space.pp, " x --dp ", *space.dp, " = ",
+                                      *space.tp * *space.pp * *space.dp, " GPUs, but --gpus is ", N,
+                                      "; make the product equal --gpus or leave one free");
+  for (auto [v, name] : {std::pair{space.tp, "--tp"}, std::pair{space.pp, "--pp"}, std::pair{space.dp, "--dp"}})
+    if (v && (*v < 1 || N % *v != 0))
+      return mpar::detail::cat(name, " ", *v, " does not divide --gpus ", N, "; choose a divisor of ", N);
+  if (space.tp && space.pp && N % (*space.tp * *space.pp) != 0)
+    return mpar::detail::cat("--tp ", *space.tp, " x --pp ", *space.pp, " does not divide --gpus ", N);
+  return {};
+}
+
+/**
+ * The context-parallel sizes to search: the fixed one (checked: it divides the GPUs and the fixed sizes fit the
+ * rest), or every divisor of the GPU count whose 2 x cp zig-zag chunks divide the sequence and leave room for
+ * the fixed sizes. Throws config_error when none is left, saying why.
+ */
+[[nodiscard]] inline std::vector<std::size_t> context_sizes(const Problem& p, const SearchSpace& space) {
+  const std::size_t gpus = p.cluster.gpus;
+  if (space.cp) {
+    const std::size_t cp = *space.cp;
+    require(cp >= 1 && gpus % cp == 0, "--cp ", cp, " does not divide --gpus ", gpus, "; choose a divisor of ", gpus);
+    const std::string why = fixed_sizes_problem(space, gpus, cp);
+    require(why.empty(), why);
+    return {cp};
+  }
+  std::vector<std::size_t> out;
+  std::string first_problem;
+  for (std::size_t cp : divisors(gpus)) {
+    if (p.model.seq % (2 * cp) != 0 && cp > 1) continue;  // zig-zag chunks: structural_problem says why per config
+    std::string why = fixed_sizes_problem(space, gpus, cp);
+    if (why.empty())
+      out.push_back(cp);
+    else if (first_problem.empty())
+      first_problem = std::move(why);
+  }
+  require(!out.empty(), first_problem, " (for every context-parallel size --cp auto tried)");
+  return out;
 }
 
 /** Parameters of local chunk `chunk` on pipeline rank `rank`: its layers plus the embedding pieces of the first and last stage. */
@@ -262,25 +317,12 @@ namespace detail {
 [[nodiscard]] inline Plan search(const Problem& p, const CostModel& cm, const SearchSpace& space = {},
                                  const SearchOptions& o = {}) {
   p.validate();
-  require(space.cp >= 1 && p.cluster.gpus % space.cp == 0, "--cp ", space.cp, " does not divide --gpus ",
-          p.cluster.gpus, "; choose a divisor of ", p.cluster.gpus);
-  const std::size_t N = p.cluster.gpus / space.cp;  // GPUs per context rank: what tp x pp x dp share
-  if (space.tp && space.pp && space.dp && space.cp > 1)
-    require(*space.tp * *space.pp * *space.dp == N, "--tp ", *space.tp, " x --pp ", *space.pp, " x --dp ", *space.dp,
-            " x --cp ", space.cp, " = ", *space.tp * *space.pp * *space.dp * space.cp, " GPUs, but --gpus is ",
-            p.cluster.gpus, "; make the product equal --gpus or leave one free");
-  else if (space.tp && space.pp && space.dp)
-    require(*space.tp * *space.pp * *space.dp == N, "--tp ", *space.tp, " x --pp ", *space.pp, " x --dp ", *space.dp,
-            " = ", *space.tp * *space.pp * *space.dp, " GPUs, but --gpus is ", N,
-            "; make the product equal --gpus or leave one free");
-  for (auto [v, name] : {std::pair{space.tp, "--tp"}, std::pair{space.pp, "--pp"}, std::pair{space.dp, "--dp"}})
-    if (v) require(*v >= 1 && N % *v == 0, name, " ", *v, " does not divide --gpus ", N, "; choose a divisor of ", N);
-  if (space.tp && space.pp)
-    require(N % (*space.tp * *space.pp) == 0, "--tp ", *space.tp, " x --pp ", *space.pp, " does not divide --gpus ", N);
+  const std::vector<std::size_t> context_sizes = detail::context_sizes(p, space);
   if (space.microbatch_size) require(*space.microbatch_size >= 1, "--microbatch-size must be at least 1");
   if (space.virtual_stages) require(*space.virtual_stages >= 1, "--virtual-stages must be at least 1");
 
   Plan plan;
+  plan.context_sizes = context_sizes;
   const double budget = p.cluster.memory_bytes * o.usable_memory_fraction;
   ActivationPeaks peaks;
   std::map<std::string, std::size_t> examples;
@@ -299,87 +341,92 @@ namespace detail {
     double bound;
   };
   std::vector<Feasible> feasible;
-  const std::vector<std::size_t> all = detail::divisors(N);
-  for (std::size_t tp : all) {
-    if (space.tp && tp != *space.tp) continue;
-    for (std::size_t pp : all) {
-      if (space.pp && pp != *space.pp) continue;
-      if (N % (tp * pp) != 0 || pp > p.model.layers) continue;
-      const std::size_t dp = N / (tp * pp);
-      if (space.dp && dp != *space.dp) continue;
-      std::vector<ScheduleKind> schedules;
-      if (space.schedule)
-        schedules = {*space.schedule};
-      else if (pp == 1)
-        schedules = {ScheduleKind::one_f_one_b};  // one stage: every synchronous schedule is the same
-      else
-        schedules = {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved, ScheduleKind::zb_h1,
-                     ScheduleKind::zb_h2};
-      std::vector<std::size_t> mbss =
-          space.microbatch_size ? std::vector<std::size_t>{*space.microbatch_size} : space.microbatch_sizes;
-      for (std::size_t mbs : mbss)
-        for (ScheduleKind s : schedules) {
-          std::vector<std::size_t> vs;
-          if (space.virtual_stages)
-            vs = {*space.virtual_stages};
-          else if (s == ScheduleKind::interleaved)
-            for (std::size_t v = 2; v <= space.max_virtual_stages; ++v) vs.push_back(v);
-          else
-            vs = {1};
-          for (std::size_t v : vs)
-            for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
-              if (space.recompute && rc != *space.recompute) continue;
-              for (int z = 0; z < 4; ++z) {  // ZeRO stage: 0, 1 (states sharded), 2 (gradients too), 3 (parameters too)
-                if (space.zero1 ? (bool(z) != *space.zero1) : (z >= 1 && dp * space.cp == 1)) continue;
-                if (space.zero2 ? ((z >= 2) != *space.zero2) : (z == 2 && dp * space.cp == 1))
-                  continue;  // ZeRO-3 shards gradients too
-                if (space.zero3 ? ((z == 3) != *space.zero3) : (z == 3 && dp * space.cp == 1)) continue;
-                for (int spi = 0; spi < 2; ++spi) {
-                  if (space.sequence_parallel ? (bool(spi) != *space.sequence_parallel)
-                                              : (spi == 1 && (tp == 1 || space.cp > 1)))
-                    continue;
-                  ParallelConfig c;
-                  c.tp = tp, c.pp = pp, c.dp = dp, c.cp = space.cp, c.microbatch_size = mbs, c.schedule = s,
-                  c.virtual_stages = v;
-                  c.recompute = rc, c.zero1 = z >= 1, c.zero2 = z >= 2, c.zero3 = z == 3,
-                  c.sequence_parallel = bool(spi);
-                  c.microbatches = std::max<std::size_t>(1, p.global_batch / (dp * mbs));
-                  ++plan.considered;
-                  if (auto why = structural_problem(p, c)) {
-                    reject(std::move(*why));
-                    continue;
-                  }
-                  // Memory: activations grow with the in-flight count, between 1 and M*V; the verifier decides only in between.
-                  std::vector<double> lo(pp, 1.0), hi(pp, double(c.microbatches * v));
-                  const double need_lo = peak_memory(p.model, c, cm.precision(), lo, o.memory).total();
-                  double need = need_lo;
-                  if (need_lo <= budget && peak_memory(p.model, c, cm.precision(), hi, o.memory).total() > budget)
-                    need = peak_memory(p.model, c, cm.precision(), peaks(c), o.memory).total();
-                  if (need > budget) {
-                    reject({c, "memory",
-                            mpar::detail::cat("needs at least ", std::round(need / gib * 10) / 10, " GiB per GPU but ",
-                                              std::round(budget / gib * 10) / 10, " GiB are usable (",
-                                              o.usable_memory_fraction * 100, " % of ", p.cluster.memory_bytes / gib,
-                                              " GiB); more recomputation, ZeRO-1, ZeRO-2 or ZeRO-3, larger tp/pp or a "
-                                              "smaller micro-batch would help")});
-                    continue;
-                  }
-                  // Lower bound: the busiest rank computes M micro-batches through all its chunks without a gap.
-                  const GroupPlacement g = place(c, p.cluster.gpus_per_node, o.placement);
-                  double bound = 0;
-                  for (std::size_t rk = 0; rk < pp; ++rk) {
-                    double work = 0;
-                    for (std::size_t ch = 0; ch < v; ++ch) {
-                      const ChunkCosts cc = cm.chunk_costs(c, rk, ch, g);
-                      work += cc.forward + cc.backward();
+  for (std::size_t cp : context_sizes) {
+    const std::size_t N = p.cluster.gpus / cp;  // GPUs per context rank: what tp x pp x dp share
+    const std::vector<std::size_t> all = detail::divisors(N);
+    for (std::size_t tp : all) {
+      if (space.tp && tp != *space.tp) continue;
+      for (std::size_t pp : all) {
+        if (space.pp && pp != *space.pp) continue;
+        if (N % (tp * pp) != 0 || pp > p.model.layers) continue;
+        const std::size_t dp = N / (tp * pp);
+        if (space.dp && dp != *space.dp) continue;
+        std::vector<ScheduleKind> schedules;
+        if (space.schedule)
+          schedules = {*space.schedule};
+        else if (pp == 1)
+          schedules = {ScheduleKind::one_f_one_b};  // one stage: every synchronous schedule is the same
+        else
+          schedules = {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved, ScheduleKind::zb_h1,
+                       ScheduleKind::zb_h2};
+        std::vector<std::size_t> mbss =
+            space.microbatch_size ? std::vector<std::size_t>{*space.microbatch_size} : space.microbatch_sizes;
+        for (std::size_t mbs : mbss)
+          for (ScheduleKind s : schedules) {
+            std::vector<std::size_t> vs;
+            if (space.virtual_stages)
+              vs = {*space.virtual_stages};
+            else if (s == ScheduleKind::interleaved)
+              for (std::size_t v = 2; v <= space.max_virtual_stages; ++v) vs.push_back(v);
+            else
+              vs = {1};
+            for (std::size_t v : vs)
+              for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
+                if (space.recompute && rc != *space.recompute) continue;
+                for (int z = 0; z < 4;
+                     ++z) {  // ZeRO stage: 0, 1 (states sharded), 2 (gradients too), 3 (parameters too)
+                  if (space.zero1 ? (bool(z) != *space.zero1) : (z >= 1 && dp * cp == 1)) continue;
+                  if (space.zero2 ? ((z >= 2) != *space.zero2) : (z == 2 && dp * cp == 1))
+                    continue;  // ZeRO-3 shards gradients too
+                  if (space.zero3 ? ((z == 3) != *space.zero3) : (z == 3 && dp * cp == 1)) continue;
+                  for (int spi = 0; spi < 2; ++spi) {
+                    if (space.sequence_parallel ? (bool(spi) != *space.sequence_parallel)
+                                                : (spi == 1 && (tp == 1 || cp > 1)))
+                      continue;
+                    ParallelConfig c;
+                    c.tp = tp, c.pp = pp, c.dp = dp, c.cp = cp, c.microbatch_size = mbs, c.schedule = s,
+                    c.virtual_stages = v;
+                    c.recompute = rc, c.zero1 = z >= 1, c.zero2 = z >= 2, c.zero3 = z == 3,
+                    c.sequence_parallel = bool(spi);
+                    c.microbatches = std::max<std::size_t>(1, p.global_batch / (dp * mbs));
+                    ++plan.considered;
+                    if (auto why = structural_problem(p, c)) {
+                      reject(std::move(*why));
+                      continue;
                     }
-                    bound = std::max(bound, work * double(c.microbatches));
+                    // Memory: activations grow with the in-flight count, between 1 and M*V; the verifier decides only in between.
+                    std::vector<double> lo(pp, 1.0), hi(pp, double(c.microbatches * v));
+                    const double need_lo = peak_memory(p.model, c, cm.precision(), lo, o.memory).total();
+                    double need = need_lo;
+                    if (need_lo <= budget && peak_memory(p.model, c, cm.precision(), hi, o.memory).total() > budget)
+                      need = peak_memory(p.model, c, cm.precision(), peaks(c), o.memory).total();
+                    if (need > budget) {
+                      reject(
+                          {c, "memory",
+                           mpar::detail::cat("needs at least ", std::round(need / gib * 10) / 10, " GiB per GPU but ",
+                                             std::round(budget / gib * 10) / 10, " GiB are usable (",
+                                             o.usable_memory_fraction * 100, " % of ", p.cluster.memory_bytes / gib,
+                                             " GiB); more recomputation, ZeRO-1, ZeRO-2 or ZeRO-3, larger tp/pp or a "
+                                             "smaller micro-batch would help")});
+                      continue;
+                    }
+                    // Lower bound: the busiest rank computes M micro-batches through all its chunks without a gap.
+                    const GroupPlacement g = place(c, p.cluster.gpus_per_node, o.placement);
+                    double bound = 0;
+                    for (std::size_t rk = 0; rk < pp; ++rk) {
+                      double work = 0;
+                      for (std::size_t ch = 0; ch < v; ++ch) {
+                        const ChunkCosts cc = cm.chunk_costs(c, rk, ch, g);
+                        work += cc.forward + cc.backward();
+                      }
+                      bound = std::max(bound, work * double(c.microbatches));
+                    }
+                    feasible.push_back({c, bound});
                   }
-                  feasible.push_back({c, bound});
                 }
               }
-            }
-        }
+          }
+      }
     }
   }
 
