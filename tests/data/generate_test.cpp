@@ -213,3 +213,23 @@ TEST_CASE("generate: a stage without the whole model or a prompt outside the voc
     CHECK_THROWS_WITH(models::generate(stage, bad, 1, {}), Catch::Contains("prompt id " + std::to_string(cfg.vocab)));
   });
 }
+
+TEST_CASE("generate: sampling runs without dropout and leaves the stage's training setting as it was",
+          "[data][generate][dropout]") {
+  const auto cfg = model_config();
+  auto dropped = cfg;
+  dropped.dropout = 0.3;  // no parameters of its own: the same checkpoint loads into both
+  run_threads(1, [&](ThreadsCommunicator& world) {
+    Stage plain(world, cfg, true, true, 0, cfg.layers), noisy(world, dropped, true, true, 0, dropped.layers);
+    load(plain, trained());
+    load(noisy, trained());
+    for (const auto& s : {models::SamplingConfig{0.0, 0, 1}, models::SamplingConfig{0.8, 3, 2}})
+      CHECK(models::generate(noisy, prompt, 12, s) == models::generate(plain, prompt, 12, s));
+    CHECK(noisy.training());
+    // In training the same forward draws masks: dropout is real there, and only switched off for sampling.
+    noisy.set_token_coordinates(0, {0});
+    CHECK(last_logits(noisy, prompt) != last_logits(plain, prompt));
+    noisy.set_training(false);
+    CHECK(last_logits(noisy, prompt) == last_logits(plain, prompt));
+  });
+}

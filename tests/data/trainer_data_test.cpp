@@ -91,6 +91,36 @@ TEST_CASE("validation loss: equal across tp/pp/dp layouts, and evaluating change
   }
 }
 
+TEST_CASE("validation loss is computed without dropout; evaluating leaves a dropout run's training unchanged",
+          "[data][train][dropout]") {
+  const std::size_t steps = 3;
+  auto dropped = testing::small_gpt(1, 1, 1);
+  dropped.model.dropout = 0.3;
+  std::vector<double> plain;
+  run_threads(1, [&](ThreadsCommunicator& world) {
+    models::GptTrainer<ThreadsCommunicator> t(world, dropped, testing::gpt_dataset());
+    for (std::size_t s = 0; s < steps; ++s) plain.push_back(t.train_step().loss);
+  });
+  const ValRun with = run_with_validation(dropped, steps),
+               without = run_with_validation(testing::small_gpt(1, 1, 1), 1);
+  // The same initial weights (dropout has none): evaluated without dropout, the same validation loss, bit for bit.
+  CHECK(with.val_losses[0] == without.val_losses[0]);
+  // Training does drop: its first loss is not the one without dropout.
+  CHECK(with.train_losses[0] != without.train_losses[0]);
+  // Evaluating in between (dropout off, then on again) leaves the training bit-for-bit unchanged.
+  CHECK(with.train_losses == plain);
+  // Data parallelism with dropout: the same validation and training losses.
+  auto dp2 = dropped;
+  dp2.dp = 2;
+  const ValRun got = run_with_validation(dp2, steps);
+  REQUIRE(got.val_losses.size() == with.val_losses.size());
+  for (std::size_t i = 0; i < with.val_losses.size(); ++i) {
+    INFO("evaluation " << i);
+    CHECK(got.val_losses[i] == Approx(with.val_losses[i]).epsilon(2e-5));
+    if (i > 0) CHECK(got.train_losses[i - 1] == Approx(with.train_losses[i - 1]).epsilon(2e-5));
+  }
+}
+
 TEST_CASE("loss convention: padded vocabulary columns never count (an independent value)", "[data][train]") {
   // The loss of a model whose logits are all zero is ln(vocab) exactly, on any data, when the softmax runs
   // over the real vocabulary only (it would be ln(padded vocabulary) if the padding columns counted):

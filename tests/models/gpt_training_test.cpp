@@ -355,6 +355,56 @@ TEST_CASE("context parallelism with ZeRO shards over data x context; its checkpo
   fs::remove_all(dir);
 }
 
+/** The largest norm-relative difference between two runs' trained parameters. */
+double largest_difference(const RunResult& a, const RunResult& b) {
+  double d = 0;
+  for (const auto& [name, values] : b.params) d = std::max(d, rel_diff(a.params.at(name), values));
+  return d;
+}
+
+/** `small_sgd` with dropout 0.1 on the attention and MLP outputs of every block. */
+models::GptTrainConfig small_dropout(std::size_t tp, std::size_t pp, std::size_t dp, std::string schedule = "1f1b") {
+  auto c = small_sgd(tp, pp, dp, std::move(schedule));
+  c.model.dropout = 0.1;
+  return c;
+}
+
+TEST_CASE("with dropout every layout reproduces the single-rank run: the masks follow the tokens, not the ranks",
+          "[models][gpt][dropout]") {
+  const RunResult ref = run(small_dropout(1, 1, 1), 20);
+  // Dropout is on: the trained parameters differ from the run without it by far more than the layouts below may
+  // differ from the reference.
+  REQUIRE(largest_difference(ref, reference_sgd()) > 10 * update_tol);
+  REQUIRE(ref.losses.back() < ref.losses.front());
+  // Data parallelism halves the micro-batches (4 sequences each at one rank, 2 at dp = 2), the pipeline and
+  // recomputation rerun them in other orders, context parallelism holds zig-zag chunks of every sequence.
+  for (auto [tp, pp, dp] :
+       {std::tuple<std::size_t, std::size_t, std::size_t>{2, 1, 1}, {1, 2, 1}, {1, 1, 2}, {2, 2, 2}})
+    require_equivalent(run(small_dropout(tp, pp, dp), 20), ref,
+                       "dropout tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp),
+                       true);
+  auto inter = small_dropout(1, 2, 1, "interleaved_1f1b");
+  inter.chunks = 2;
+  require_equivalent(run(inter, 20), ref, "dropout interleaved_1f1b, 2 chunks", true);
+  auto zb = small_dropout(1, 2, 2, "zb_h1");
+  zb.recompute = true;
+  require_equivalent(run(zb, 20), ref, "dropout zb_h1 with recomputation, dp=2", true);
+  for (auto [cp, tp, dp] : {std::tuple<std::size_t, std::size_t, std::size_t>{2, 1, 1}, {2, 2, 1}, {2, 1, 2}}) {
+    auto c = small_dropout(tp, 1, dp);
+    c.cp = cp;
+    require_equivalent(run(c, 20), ref,
+                       "dropout cp=" + std::to_string(cp) + " tp=" + std::to_string(tp) + " dp=" + std::to_string(dp),
+                       true);
+  }
+  auto cp4 = small_dropout(1, 1, 1);  // seq 16 = 8 chunks of 2 tokens
+  cp4.cp = 4;
+  cp4.recompute = true;
+  require_equivalent(run(cp4, 20), ref, "dropout cp=4 recompute", true);
+  auto cp_pp = small_dropout(1, 2, 1);
+  cp_pp.cp = 2;
+  require_equivalent(run(cp_pp, 20), ref, "dropout cp=2 pp=2", true);
+}
+
 TEST_CASE("context-parallel configurations that cannot run are refused, naming the fix",
           "[models][gpt][context][errors]") {
   auto expect = [](models::GptTrainConfig c, std::size_t world, const std::string& text) {
@@ -364,9 +414,6 @@ TEST_CASE("context-parallel configurations that cannot run are refused, naming t
   expect(small_cp(2, 2, 1, 1), 2, "tp x cp x pp x dp = 2 x 2 x 1 x 1 = 4 ranks, but the job has 2");
   auto seq = small_cp(3, 1, 1, 1);  // 16 is not a multiple of 6
   expect(seq, 3, "--seq 16 is not divisible by 2 x --cp = 6");
-  auto drop = small_cp(2, 1, 1, 1);
-  drop.model.dropout = 0.1;
-  expect(drop, 2, "use --dropout 0 or --cp 1");
   auto moe = small_cp(2, 1, 1, 1);
   moe.model.experts = 4;
   expect(moe, 2, "use --cp 1 or --experts 0");
@@ -932,6 +979,22 @@ TEST_CASE("GPT with MoE: expert parallelism with tp, pp, dp reproduces the singl
   const RunResult plain = run(no_aux, moe_steps);
   REQUIRE(plain.aux.front() == 0.0);
   REQUIRE(rel_diff(plain.params.at("block1.moe.gate.weight"), ref.params.at("block1.moe.gate.weight")) > 1e-4);
+}
+
+TEST_CASE("GPT with MoE and dropout: expert, data and pipeline layouts reproduce the single-rank run",
+          "[models][gpt][moe][dropout]") {
+  auto with_dropout = [](models::GptTrainConfig c) {
+    c.model.dropout = 0.1;
+    return c;
+  };
+  // Expert ranks take slices of every micro-batch: their sequences' masks are those of the single-rank run.
+  const RunResult ref = run(with_dropout(small_moe(1, 1, 1, 1)), moe_steps);
+  REQUIRE(largest_difference(ref, reference_moe()) > 10 * update_tol);
+  for (auto [tp, pp, dp, ep] :
+       {std::tuple<std::size_t, std::size_t, std::size_t, std::size_t>{1, 1, 1, 2}, {1, 1, 2, 2}, {2, 2, 1, 2}})
+    require_moe_equivalent(run(with_dropout(small_moe(tp, pp, dp, ep)), moe_steps), ref,
+                           "MoE with dropout tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) +
+                               " dp=" + std::to_string(dp) + " ep=" + std::to_string(ep));
 }
 
 TEST_CASE("GPT with MoE: clipping counts every expert once, AdamW and ZeRO-1 (ep = 1) agree",

@@ -258,6 +258,12 @@ TEST_CASE("GptTrainConfig::graph: a layout whose step cannot be captured is refu
     c.cp = 2;
     CHECK_THROWS_WITH(c.validate(2), Catch::Contains("--graph with --cp 2") && Catch::Contains("use --cp 1"));
   }
+  SECTION("dropout: each step's masks are keyed by its number, a host value") {
+    auto c = graph_gpt_config("fp32", 1);
+    c.model.dropout = 0.1;
+    CHECK_THROWS_WITH(c.validate(1), Catch::Contains("--graph with --dropout 0.1") &&
+                                         Catch::Contains("use --dropout 0, or drop --graph"));
+  }
   SECTION("SGD, ZeRO and MoE take host values") {
     auto sgd = graph_gpt_config("fp32", 1);
     sgd.optimizer = "sgd";

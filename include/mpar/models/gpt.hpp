@@ -231,6 +231,7 @@ class GptPipelinePart {
                   nn::Parameter* shared_embedding = nullptr, GptMoeGroups<C> moe_groups = {}, C* context = nullptr)
       : tp_(&tp), cfg_(cfg), first_(first), last_(last), cp_(context ? std::size_t(context->size()) : 1),
         cp_rank_(context ? std::size_t(context->rank()) : 0) {
+    tokens_.seq = cfg.seq, tokens_.cp = cp_, tokens_.cp_rank = cp_rank_;  // the rest per step
     if (cp_ > 1) {
       require(!cfg.has_moe(), "GptPipelinePart: context parallelism (cp ", cp_,
               ") with MoE blocks is not supported; use cp 1 "
@@ -257,7 +258,8 @@ class GptPipelinePart {
                                cfg.dropout,
                                cfg.seed,
                                GptConfig::first_block_id + b * nn::BlockConfig::ids_per_block,
-                               "block" + std::to_string(b)};
+                               "block" + std::to_string(b),
+                               &tokens_};
       if (cp_ > 1) {
         if constexpr (online_softmax_backend<B>)
           blocks_.push_back(
@@ -347,6 +349,24 @@ class GptPipelinePart {
     rank_tokens_[std::size_t(mb)] = ids;
     if (std::size_t(mb) < host_tokens_.size()) host_tokens_[std::size_t(mb)].clear();
   }
+
+  /**
+   * The step the next passes belong to and, by micro-batch id, the step-batch index of each micro-batch's first
+   * sequence: the blocks' dropout masks are keyed by them (nn/token_coordinates.hpp), so every layout drops what
+   * the single-rank run drops and each step draws new masks. Not set: the masks are keyed by micro-batch id, the
+   * same every step. Dropout under context parallelism needs them.
+   */
+  void set_token_coordinates(std::uint64_t step, std::vector<std::size_t> first_sequence) {
+    tokens_.step = step;
+    tokens_.first_sequence = std::move(first_sequence);
+    tokens_.training = true;
+  }
+  /**
+   * Whether the passes train (dropout draws its masks) or evaluate (dropout is the identity, as in PyTorch's
+   * `model.eval()`): `GptTrainer::evaluate` and `models::generate` switch it off; `set_token_coordinates` on.
+   */
+  void set_training(bool on) { tokens_.training = on; }
+  [[nodiscard]] bool training() const { return tokens_.training; }
 
   /** Forward of micro-batch `mb` on a stage other than the last: tokens (first stage) or hidden states in, hidden states out. */
   nn::Act<Replicate> forward(const nn::Act<Replicate>& x, int mb) {
@@ -683,6 +703,7 @@ class GptPipelinePart {
   GptConfig cfg_;
   bool first_, last_;
   std::size_t cp_ = 1, cp_rank_ = 0;  ///< context-parallel size and this rank's place in the ring
+  nn::TokenCoordinates tokens_;       ///< the blocks' dropout keys (set_token_coordinates)
   std::optional<nn::VocabParallelEmbedding<C, false, B>> embed_;
   nn::Parameter pos_;
   std::vector<std::unique_ptr<C>> own_groups_;  // size-1 MoE groups when none were given (declared before the blocks)

@@ -83,6 +83,13 @@ std::vector<std::int32_t> generate(GptPipelinePart<C, B>& model, std::span<const
   for (std::size_t i = 0; i < prompt.size(); ++i)
     require(prompt[i] >= 0 && std::size_t(prompt[i]) < cfg.vocab, "generate: prompt id ", prompt[i], " at position ", i,
             " is outside the vocabulary [0, ", cfg.vocab, ")");
+  // No dropout while sampling (PyTorch's `model.eval()`); the stage's setting is restored on return.
+  struct TrainingRestore {
+    GptPipelinePart<C, B>& model;
+    bool was = model.training();
+    ~TrainingRestore() { model.set_training(was); }
+  } restore{model};
+  model.set_training(false);
   C& tp = model.tensor_group();
   const std::size_t padded = cfg.padded_vocab(), local = padded / std::size_t(tp.size());
   const CounterRng rng{sampling.seed, sampling.stream};

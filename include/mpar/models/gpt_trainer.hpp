@@ -260,6 +260,9 @@ struct GptTrainConfig {
             ": ZeRO's update takes the learning rate as a host value; use --zero 0, or drop --graph");
     require(model.experts == 0, "train: --graph with --experts ", model.experts,
             ": the step report's dropped-token count is reduced on the host; use --experts 0, or drop --graph");
+    require(model.dropout == 0.0, "train: --graph with --dropout ", model.dropout,
+            ": each step's dropout masks are keyed by the step number, a host value which a captured step would "
+            "freeze (every replay would drop the same elements); use --dropout 0, or drop --graph");
   }
   /** What context parallelism (cp > 1) needs of the rest of the configuration, each refusal naming the fix. */
   void validate_context() const {
@@ -269,10 +272,6 @@ struct GptTrainConfig {
     require(model.experts == 0 && ep == 1, "train: --cp ", cp,
             " with mixture of experts (--experts/--ep) is not "
             "supported (the load-balancing statistics would need the context group); use --cp 1 or --experts 0");
-    require(
-        model.dropout == 0.0, "train: --cp ", cp, " with --dropout ", model.dropout,
-        " is not supported (dropout "
-        "masks are indexed by local token position, which the zig-zag placement changes); use --dropout 0 or --cp 1");
   }
 };
 
@@ -449,8 +448,9 @@ class GptTrainer {
     const double dp_comm_before = optimizer_->sync_seconds();
     const double lr = schedule_(step);
 
-    // 1. This data rank's samples as micro-batches.
+    // 1. This data rank's samples as micro-batches, and where they sit in the step's batch (dropout's keys).
     std::vector<nn::Act<Replicate>> inputs = split_microbatches(local_batch(step));
+    set_token_coordinates(step);
 
     // 2. The pipeline program: forwards, backwards (data-parallel buckets start as gradients finish).
     if (before_passes_) before_passes_();
@@ -549,8 +549,9 @@ class GptTrainer {
   /**
    * @brief Mean loss over `batches` global batches of `val` (collective): batch i is `val.batch(seed, i, ...)`,
    * so every layout evaluates the same sequences and reports the same value. Runs the step's pipeline
-   * program on the current weights (16-bit rounded under bf16/f16, as training sees them; dropout as in
-   * training) and discards the gradients unreduced: the weights, the optimizer and the step count are unchanged.
+   * program on the current weights (16-bit rounded under bf16/f16, as training sees them; without dropout, as
+   * PyTorch's `model.eval()`) and discards the gradients unreduced: the weights, the optimizer and the step count
+   * are unchanged.
    */
   double evaluate(data::SourceRef val, std::size_t batches, std::uint64_t seed = 0) {
     require(batches >= 1, "evaluate: need at least one batch (--val-batches)");
@@ -567,6 +568,7 @@ class GptTrainer {
         s->begin_step();
         s->set_moe_aux_gradient(float(cfg_.batch_ranks()));
         s->set_moe_statistics({});  // an evaluation's passes count in no step's statistics
+        s->set_training(false);     // no dropout: the next training step switches it back on
       }
       Buffer<double> l = B::template allocate<double>(1);  // rank memory: the batch's loss, as in a training step
       B::zero(1, l.data());
@@ -1029,6 +1031,20 @@ class GptTrainer {
                        full.targets.begin() + std::ptrdiff_t(first + mbs * seq));
     }
     return b;
+  }
+  /**
+   * Tells every stage the step and where this rank's micro-batches sit in the step's batch, micro-batch id by
+   * id, as `local_batch` takes them: the dropout masks are keyed by them, so every layout drops the elements the
+   * single-rank run drops. Dense: the data rank's contiguous block, micro-batch after micro-batch (a context
+   * rank's chunks belong to the same sequences). With MoE: token-group rank q's slice of each micro-batch.
+   */
+  void set_token_coordinates(std::uint64_t step) {
+    const std::size_t M = std::size_t(cfg_.microbatches), mbs = cfg_.microbatch_size();
+    std::vector<std::size_t> first(M);
+    for (std::size_t m = 0; m < M; ++m)
+      first[m] = cfg_.model.has_moe() ? (m * cfg_.batch_ranks() + coord_.data * cfg_.ep + coord_.expert) * mbs
+                                      : coord_.data * (cfg_.global_batch / cfg_.dp) + m * mbs;
+    for (auto& s : stages_) s->set_token_coordinates(step, first);
   }
   /**
    * This context rank's tokens of a data rank's batch: of every sequence, chunk r then chunk 2 cp - 1 - r of the

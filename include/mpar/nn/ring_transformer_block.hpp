@@ -1,7 +1,7 @@
 #pragma once
 /**
  * @file `RingTransformerBlock`: the pre-LN GPT block of `TransformerBlock` over a sequence split across a
- * context group, `h = x + Attn(LN1(x))`, `y = h + MLP(LN2(h))`, with ring self-attention
+ * context group, `h = x + Dropout(Attn(LN1(x)))`, `y = h + Dropout(MLP(LN2(h)))`, with ring self-attention
  * (nn/ring_self_attention.hpp) as its attention.
  *
  * Its input and output are the rank's tokens in zig-zag chunks over the context axis, whole rows on the
@@ -14,9 +14,9 @@
  * this context rank's tokens' share: the context ranks hold replicas, and the trainer reduces the
  * gradients over them as over data-parallel ranks.
  *
- * Dropout is not part of this block: its mask streams are indexed by local token position, which under
- * the zig-zag placement is not the global one (`BlockConfig::dropout` must be 0; the trainer refuses cp
- * with dropout).
+ * Dropout (`BlockConfig::dropout` > 0) needs `BlockConfig::tokens` with this context group's size and rank:
+ * a rank's rows are not consecutive tokens of a sequence, so its masks are drawn per zig-zag chunk at the
+ * chunk's global positions (nn/token_coordinates.hpp) — the elements the unsplit block drops.
  */
 #include <cstddef>
 #include <string>
@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "mpar/nn/backend_copy.hpp"
+#include "mpar/nn/dropout.hpp"
 #include "mpar/nn/layer_norm.hpp"
 #include "mpar/nn/mlp.hpp"
 #include "mpar/nn/pre_ln_sublayers.hpp"
@@ -54,10 +55,15 @@ class RingTransformerBlock {
                                                              c.name + ".attn"}),
                                    Ln(c.hidden, c.seed, c.id_base + 6, c.name + ".ln2"),
                                    make_mlp<C, dyn, dyn, dyn, false, B>(
-                                       tp, MlpConfig{c.hidden, c.ffn, c.seed, c.id_base + 8, c.name + ".mlp"})} {
-    require(c.dropout == 0.0, "RingTransformerBlock '", c.name, "': dropout ", c.dropout,
-            " under context parallelism is not supported (the mask streams are indexed by local token position); "
-            "use dropout 0 with cp > 1");
+                                       tp, MlpConfig{c.hidden, c.ffn, c.seed, c.id_base + 8, c.name + ".mlp"})},
+        drop1_(c.dropout, c.seed, c.id_base + 12, 1, 0, c.tokens),
+        drop2_(c.dropout, c.seed, c.id_base + 13, 1, 0, c.tokens) {
+    // Whole rows on the tensor axis (so Dropout<Replicate>); the context placement comes from the coordinates.
+    require(c.dropout == 0.0 || (c.tokens != nullptr && c.tokens->cp == std::size_t(context.size()) &&
+                                 c.tokens->cp_rank == std::size_t(context.rank())),
+            "RingTransformerBlock '", c.name, "': dropout ", c.dropout, " needs BlockConfig::tokens with cp ",
+            context.size(), " and cp_rank ", context.rank(),
+            " (the masks are drawn at each zig-zag chunk's global positions); give them, or use dropout 0");
   }
 
   Act<ContextShard> forward(const Act<ContextShard>& x, int mb = 0) {
@@ -72,10 +78,14 @@ class RingTransformerBlock {
     if (layers_.recompute)
       (void)run_forward(Act<ContextShard>(layers_.take_input(mb, "RingTransformerBlock (recompute)")), mb);
     const Act<Replicate> dyr = token_wise(dy);
-    // y = h + mlp(ln2(h)): the residual passes dy straight through.
-    Act<Replicate> dh = add<B>(detail::backward_input_of(layers_.ln2, layers_.ffn.backward_input(dyr, mb), mb), dyr);
-    // h = x + attn(ln1(x)): dh reaches the attention output and, through the residual, x.
-    const Act<ContextShard> dattn = layers_.attn.backward_input(Act<ContextShard>(backend_copy<B>(dh.tensor())), mb);
+    // y = h + dropout(mlp(ln2(h))): the residual passes dy straight through.
+    const bool dropout = drop2_.active();
+    const Act<Replicate> dffn = dropout ? drop2_.backward(dyr, mb) : Act<Replicate>{};
+    Act<Replicate> dh =
+        add<B>(detail::backward_input_of(layers_.ln2, layers_.ffn.backward_input(dropout ? dffn : dyr, mb), mb), dyr);
+    // h = x + dropout(attn(ln1(x))): dh reaches the attention output and, through the residual, x.
+    const Act<ContextShard> dattn = layers_.attn.backward_input(
+        dropout ? context_shard(drop1_.backward(dh, mb)) : Act<ContextShard>(backend_copy<B>(dh.tensor())), mb);
     return context_shard(add<B>(detail::backward_input_of(layers_.ln1, token_wise(dattn), mb), dh));
   }
   /** W: the projections' weight gradients of micro-batch `mb`; no communication. */
@@ -94,13 +104,15 @@ class RingTransformerBlock {
 
   Act<ContextShard> run_forward(const Act<ContextShard>& x, int mb) {
     const Act<Replicate> xr = token_wise(x);
-    Act<Replicate> a = token_wise(layers_.attn.forward(context_shard(layers_.ln1.forward(xr, mb)), mb));
+    Act<Replicate> a =
+        drop1_.forward(token_wise(layers_.attn.forward(context_shard(layers_.ln1.forward(xr, mb)), mb)), mb);
     Act<Replicate> h = add<B>(std::move(a), xr);
-    return context_shard(add<B>(layers_.ffn.forward(layers_.ln2.forward(h, mb), mb), h));
+    return context_shard(add<B>(drop2_.forward(layers_.ffn.forward(layers_.ln2.forward(h, mb), mb), mb), h));
   }
 
   std::size_t hidden_;
   detail::PreLnSublayers<B, Ln, Attention, Mlp> layers_;
+  Dropout<Replicate, B> drop1_, drop2_;
 };
 
 }  // namespace mpar::nn

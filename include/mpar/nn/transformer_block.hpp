@@ -31,6 +31,10 @@ struct BlockConfig {
   /// Parameter ids: ln1 id_base+0,1; attention +2..+5; ln2 +6,7; MLP +8..+11; dropout streams +12, +13.
   std::uint64_t id_base = 0;
   std::string name = "block";
+  /// What the dropout masks are keyed by (nn/token_coordinates.hpp): the step and each micro-batch's global
+  /// tokens, so that every layout drops what the single-rank run drops and each step draws anew. Null or not
+  /// filled in: keyed by micro-batch id. Read at every pass, so it must outlive the block's passes.
+  const TokenCoordinates* tokens = nullptr;
   /// The number of ids a block uses, so consecutive blocks can use id_base = i * ids_per_block.
   static constexpr std::uint64_t ids_per_block = 16;
 };
@@ -78,8 +82,8 @@ class TransformerBlock : public detail::TypedLayer<TransformerBlock<C, SP, B, Fe
                                    Attention(tp, AttentionConfig{c.hidden, c.heads, c.seq, c.seed, c.id_base + 2,
                                                                  c.name + ".attn"}),
                                    make_ln(tp, c, 6, ".ln2"), std::move(ffn)},
-        drop1_(c.dropout, c.seed, c.id_base + 12, std::size_t(tp.size()), std::size_t(tp.rank())),
-        drop2_(c.dropout, c.seed, c.id_base + 13, std::size_t(tp.size()), std::size_t(tp.rank())) {}
+        drop1_(c.dropout, c.seed, c.id_base + 12, std::size_t(tp.size()), std::size_t(tp.rank()), c.tokens),
+        drop2_(c.dropout, c.seed, c.id_base + 13, std::size_t(tp.size()), std::size_t(tp.rank()), c.tokens) {}
 
   template <class In>
   auto forward(const Act<In>& x, int mb = 0) {
