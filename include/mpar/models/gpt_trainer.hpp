@@ -1018,13 +1018,12 @@ class GptTrainer {
     if (cfg_.cp > 1) return context_chunks(src.batch(seed, step, cfg_.global_batch, cfg_.dp, coord_.data));
     if (!cfg_.model.has_moe()) return src.batch(seed, step, cfg_.global_batch, cfg_.dp, coord_.data);
     const auto full = src.batch(seed, step, cfg_.global_batch, 1, 0);
-    const std::size_t R = cfg_.batch_ranks(), q = coord_.data * cfg_.ep + coord_.expert, mbs = cfg_.microbatch_size();
-    const std::size_t seq = full.seq, M = std::size_t(cfg_.microbatches);
+    const std::size_t mbs = cfg_.microbatch_size(), seq = full.seq, M = std::size_t(cfg_.microbatches);
     data::TokenBatch b;
     b.batch = M * mbs;
     b.seq = seq;
     for (std::size_t m = 0; m < M; ++m) {
-      const std::size_t first = (m * R + q) * mbs * seq;
+      const std::size_t first = microbatch_first_sequence(m) * seq;
       b.tokens.insert(b.tokens.end(), full.tokens.begin() + std::ptrdiff_t(first),
                       full.tokens.begin() + std::ptrdiff_t(first + mbs * seq));
       b.targets.insert(b.targets.end(), full.targets.begin() + std::ptrdiff_t(first),
@@ -1039,12 +1038,19 @@ class GptTrainer {
    * rank's chunks belong to the same sequences). With MoE: token-group rank q's slice of each micro-batch.
    */
   void set_token_coordinates(std::uint64_t step) {
-    const std::size_t M = std::size_t(cfg_.microbatches), mbs = cfg_.microbatch_size();
-    std::vector<std::size_t> first(M);
-    for (std::size_t m = 0; m < M; ++m)
-      first[m] = cfg_.model.has_moe() ? (m * cfg_.batch_ranks() + coord_.data * cfg_.ep + coord_.expert) * mbs
-                                      : coord_.data * (cfg_.global_batch / cfg_.dp) + m * mbs;
+    std::vector<std::size_t> first(std::size_t(cfg_.microbatches));
+    for (std::size_t m = 0; m < first.size(); ++m) first[m] = microbatch_first_sequence(m);
     for (auto& s : stages_) s->set_token_coordinates(step, first);
+  }
+  /**
+   * The step-batch index of the first sequence of this rank's micro-batch `m` (see `local_batch`): dense, the data
+   * rank's block of the global batch (`block_of`, as the data sources cut it), micro-batch after micro-batch;
+   * with MoE, token-group rank q = data * ep + expert's slice of the step's micro-batch m.
+   */
+  [[nodiscard]] std::size_t microbatch_first_sequence(std::size_t m) const {
+    const std::size_t mbs = cfg_.microbatch_size();
+    if (cfg_.model.has_moe()) return (m * cfg_.batch_ranks() + coord_.data * cfg_.ep + coord_.expert) * mbs;
+    return block_of(cfg_.global_batch, cfg_.dp, coord_.data).offset + m * mbs;
   }
   /**
    * This context rank's tokens of a data rank's batch: of every sequence, chunk r then chunk 2 cp - 1 - r of the
