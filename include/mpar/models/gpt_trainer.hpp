@@ -219,9 +219,6 @@ struct GptTrainConfig {
     const int z = zero_stage();
     require(!(z > 0 && optimizer != "adamw"), "train: ZeRO-", z,
             " shards AdamW states; use --optimizer adamw with --zero ", z);
-    require(!(z > 0 && ep > 1), "train: ZeRO-", z, " shards optimizer states over the data axis only, while with --ep ",
-            ep, " the non-expert gradients average over data x expert ranks; drop --zero",
-            z == 1 ? "1" : " " + std::to_string(z), " or use --ep 1 (ZeRO with MoE on --ep 1 is supported)");
     require(!(z == 3 && schedule == pipeline::PipeDream2BW::name),
             "train: --schedule 2bw keeps a second full weight version, which ZeRO-3's sharded weights do not have; "
             "use --zero 2 or another schedule");
@@ -641,7 +638,8 @@ class GptTrainer {
  private:
   /** ZeRO-3, while gathered: the (loaded) full values become the sharded masters. */
   void store_gathered() {
-    if (auto* z = optimizer_->zero(); z && z->stage() == 3) z->store_gathered();
+    for (auto* z : optimizer_->zeros())
+      if (z->stage() == 3) z->store_gathered();
   }
   template <class Source>
   std::size_t load_full_weights(Source& source) {
@@ -887,14 +885,15 @@ class GptTrainer {
       if (auto* sgd = optimizer_->sgd(); sgd && !sgd->momentum_buffer_mut(i).empty())
         out.push_back(io::state_block(p, "sgd.momentum", Span(sgd->momentum_buffer_mut(i))));
     }
-    if (auto* zero = optimizer_->zero(); zero && with_states)
-      for (const auto& piece : zero->state_pieces()) {
-        auto add = [&](const char* state, auto data) {
-          for (auto& b : io::flat_state_blocks(*piece.param, state, piece.param_offset, Span(data))) out.push_back(b);
-        };
-        add("adamw.m", piece.m);
-        add("adamw.v", piece.v);
-      }
+    if (with_states)
+      for (auto* zero : optimizer_->zeros())  // with experts two: the replicated parameters' and the experts'
+        for (const auto& piece : zero->state_pieces()) {
+          auto add = [&](const char* state, auto data) {
+            for (auto& b : io::flat_state_blocks(*piece.param, state, piece.param_offset, Span(data))) out.push_back(b);
+          };
+          add("adamw.m", piece.m);
+          add("adamw.v", piece.v);
+        }
   }
   /** What a checkpoint records of this run and a resume must find unchanged (manifest `user` entries). */
   [[nodiscard]] std::map<std::string, std::string> run_identity() const {
@@ -1390,7 +1389,7 @@ class GptTrainer {
     optimizer_.emplace(opt_params_, all_params_, oc, groups);
     if (cfg_.zero_stage() == 3)  // ZeRO-3: each stage gathers a unit's weights around its use, prefetching the next
       for (auto& s : stages_) {
-        auto units = std::make_shared<parallel::GatheredUnits<Zero>>(*optimizer_->zero(), s->units());
+        auto units = std::make_shared<parallel::GatheredUnits<Zero>>(optimizer_->zeros(), s->units());
         s->on_unit_use([units](std::size_t u, std::size_t next, bool begin) { (*units)(u, next, begin); });
       }
     // Overlap: mark each layer's gradients ready as soon as the last micro-batch's backward is past it.
@@ -1425,11 +1424,16 @@ class GptTrainer {
   decltype(auto) with_gathered(F&& f) {
     auto* z = optimizer_->zero();
     if (!z || z->stage() != 3) return f();
-    z->gather_all();
     struct Release {
-      Zero* z;
-      ~Release() { z->release_all(); }
-    } release{z};
+      std::vector<Zero*> zeros;
+      ~Release() {
+        for (auto* z : zeros) z->release_all();
+      }
+    } release;
+    for (auto* z : optimizer_->zeros()) {  // released again by `release` if a later gather throws
+      z->gather_all();
+      release.zeros.push_back(z);
+    }
     return f();
   }
   /**

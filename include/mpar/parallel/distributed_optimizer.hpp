@@ -8,14 +8,17 @@
  *   with dynamic loss scaling for f16;
  * - gradient synchronisation (`GradSync`): bucketed data-parallel all-reduces that overlap the backward
  *   (`DataParallel`; with experts, the replicated parameters over data x expert ranks and the experts over the
- *   data group), or ZeRO-1 / ZeRO-2 (`ZeroAdamW`: reduce-scatter, sharded AdamW, all-gather; ZeRO-2 keeps only
- *   the gradient shards, ZeRO-3 the weight shards too, gathered per unit by the passes; see parallel/zero.hpp);
+ *   data group), or ZeRO-1 / ZeRO-2 / ZeRO-3 (`ZeroAdamW`: reduce-scatter, sharded AdamW, all-gather; ZeRO-2
+ *   keeps only the gradient shards, ZeRO-3 the weight shards too, gathered per unit by the passes; see
+ *   parallel/zero.hpp). With experts ZeRO shards along the same two groups, as DeepSpeed-MoE does: one
+ *   `ZeroAdamW` for the replicated parameters over data x expert ranks, one for the experts over the data group;
  * - the update rule (`UpdateRule`): AdamW or SGD with momentum.
  *
  * One step, without a host read until its statistics come back:
  * 1. finish the gradient synchronisation;
  * 2. the global squared gradient norm into rank memory (`optim::global_grad_squares`: each element counted
- *    once, all-reduced over the tensor, expert and pipeline groups — and the data group under ZeRO);
+ *    once, all-reduced over the tensor, expert and pipeline groups — and the data group under ZeRO, the data
+ *    x expert group under ZeRO with experts);
  * 3. `B::update_factors`: the norm, and the `UpdateFactors` of the kernels (clipping coefficient x inverse
  *    loss scale; under f16 a skip flag on a non-finite norm, all-reduced with max over the world so every
  *    replica skips together);
@@ -165,8 +168,6 @@ class DistributedOptimizer {
     const int stage = zero_stage(cfg_.sync);
     require(stage == 0 || cfg_.rule == UpdateRule::adamw, "DistributedOptimizer: ZeRO-", stage,
             " shards AdamW states; use the adamw update rule with ZeRO-", stage);
-    require(stage == 0 || ep_ == 1, "DistributedOptimizer: ZeRO-", stage,
-            " shards states over the data axis only, but the expert group has ", ep_, " ranks");
     if (cfg_.precision == Precision::f16) scaler_.emplace(cfg_.loss_scaler);
     // ZeRO-3: the updated parameters are rounded as they are gathered (their fp32 masters are the shards), so
     // the compute copies cover only what is not sharded (the head's tied copy on another pipeline stage).
@@ -177,22 +178,37 @@ class DistributedOptimizer {
     if (cfg_.precision != Precision::fp32) masters_.resize(compute_params_.size());
     stats_ = B::template allocate<RankStatistics>(1);  // every field written by operations or copies before it is read
     bind_gradient_arena(stage);
-    if (stage > 0) {
-      zero_.emplace(params_, *g_.data, cfg_.adamw,
-                    ZeroOptions{cfg_.bucket_bytes, 0.0, stage, 2, cfg_.zero_unit_starts});
-      if (stage == 3 && cfg_.precision == Precision::bf16) zero_->template round_gathered_to<bf16>();
-      if (stage == 3 && cfg_.precision == Precision::f16) zero_->template round_gathered_to<f16>();
-      for (std::size_t i = 0; i < params_.size(); ++i) route_.emplace(params_[i], Route{Route::zero, i});
-    } else {
-      // Replicated parameters average over every rank with other samples (data x expert); experts over the
-      // data group, divided by dp x ep: each already sums the tokens of its whole expert group.
-      std::vector<nn::Parameter*> replicated;
-      for (auto* p : params_) {
-        const bool expert = ep_ > 1 && optim::sharded_over_expert(*p);
-        auto& list = expert ? experts_ : replicated;
-        route_.emplace(p, Route{expert ? Route::expert : Route::replicated, list.size()});
-        list.push_back(p);
+    // Replicated parameters average over every rank with other samples (data x expert); experts over the
+    // data group, divided by dp x ep: each already sums the tokens of its whole expert group.
+    std::vector<nn::Parameter*> replicated;
+    std::vector<std::size_t> replicated_units, expert_units;  // ZeRO-3's unit starts, as indices into each list
+    for (std::size_t i = 0; i < params_.size(); ++i) {
+      nn::Parameter* p = params_[i];
+      const bool expert = ep_ > 1 && optim::sharded_over_expert(*p);
+      auto& list = expert ? experts_ : replicated;
+      if (std::ranges::count(cfg_.zero_unit_starts, i) > 0) {  // a unit starts here: in both lists, where it is next
+        add_unit_start(replicated_units, replicated.size());
+        add_unit_start(expert_units, experts_.size());
       }
+      route_.emplace(p, Route{stage > 0 ? (expert ? Route::zero_expert : Route::zero)
+                              : expert  ? Route::expert
+                                        : Route::replicated,
+                              list.size()});
+      list.push_back(p);
+    }
+    if (stage > 0) {
+      // Without experts one ZeroAdamW shards every parameter over the data group (which then also holds the
+      // context ranks of a context-parallel run).
+      zero_.emplace(std::move(replicated), ep_ > 1 ? *g_.replica : *g_.data, cfg_.adamw,
+                    ZeroOptions{cfg_.bucket_bytes, 0.0, stage, 2, std::move(replicated_units)});
+      if (!experts_.empty())
+        zero_experts_.emplace(experts_, *g_.data, cfg_.adamw,
+                              ZeroOptions{cfg_.bucket_bytes, double(replicas), stage, 2, std::move(expert_units)});
+      for (auto* z : zeros()) {
+        if (stage == 3 && cfg_.precision == Precision::bf16) z->template round_gathered_to<bf16>();
+        if (stage == 3 && cfg_.precision == Precision::f16) z->template round_gathered_to<f16>();
+      }
+    } else {
       if (replicas > 1) dp_.emplace(replicated, *g_.replica, DataParallelOptions{cfg_.bucket_bytes, 0.0});
       if (dp > 1 && !experts_.empty())
         dp_experts_.emplace(experts_, *g_.data, DataParallelOptions{cfg_.bucket_bytes, double(replicas)});
@@ -224,6 +240,8 @@ class DistributedOptimizer {
       const Route r = it->second;
       if (r.kind == Route::zero)
         zero_->mark_ready(r.index);
+      else if (r.kind == Route::zero_expert)
+        zero_experts_->mark_ready(r.index);
       else if (r.kind == Route::replicated && dp_)
         dp_->mark_ready(r.index);
       else if (r.kind == Route::expert && dp_experts_)
@@ -266,7 +284,7 @@ class DistributedOptimizer {
    */
   void begin_compute() {
     end_compute();  // a step abandoned by an exception after begin_compute: its masters back in place first
-    if (zero_) zero_->prepare_gradients();
+    for (auto* z : zeros()) z->prepare_gradients();
     std::visit(
         [&](auto& copies) {
           if constexpr (!std::is_same_v<std::decay_t<decltype(copies)>, std::monostate>) {
@@ -352,7 +370,7 @@ class DistributedOptimizer {
       if (!out.skipped) adamw_->count_update_in_rank();  // step_in_rank counted it in rank memory already
     } else if (out.skipped) {
       if (zero_)
-        zero_->retract_step();
+        for (auto* z : zeros()) z->retract_step();
       else if (adamw_)
         adamw_->retract_step();
       else
@@ -368,7 +386,14 @@ class DistributedOptimizer {
   void issue_step(float host_lr, const float* rank_lr) {
     finish_gradient_sync();
     RankStatistics* st = stats_.data();
-    if (zero_)
+    if (zero_experts_) {
+      // Both shards tile the data x expert group (the replicated blocks over all of it, each expert's blocks over
+      // the data ranks of its expert rank): one sum over it, then over the tensor and pipeline groups.
+      optim::zero_in_rank<B>(&st->grad_squares, 1);
+      const optim::SquaresShare share = optim::squares_share(*g_.tensor, *g_.pipeline);
+      for (auto* z : zeros()) z->accumulate_shard_squares(&st->grad_squares, share);
+      optim::sum_over(&st->grad_squares, *g_.replica, *g_.tensor, *g_.pipeline);
+    } else if (zero_)
       zero_->global_grad_squares(&st->grad_squares, *g_.tensor, *g_.pipeline);
     else if (ep_ > 1)
       optim::global_grad_squares<B>(params_, &st->grad_squares, *g_.tensor, *g_.pipeline, *g_.expert);
@@ -382,7 +407,7 @@ class DistributedOptimizer {
     if (rank_lr != nullptr)
       adamw_->step_in_rank(rank_lr, &st->factors);
     else if (zero_)
-      zero_->step(host_lr, &st->factors);
+      for (auto* z : zeros()) z->step(host_lr, &st->factors);
     else if (adamw_)
       adamw_->step(host_lr, &st->factors);
     else
@@ -410,7 +435,7 @@ class DistributedOptimizer {
         for (auto* p : arena_->params())
           if (!arena_->holds(*p)) nn::zero_grad<B>(*p);
     } else if (zero_) {
-      zero_->zero_grad();  // the same parameters, through ZeRO's own list
+      for (auto* z : zeros()) z->zero_grad();  // the same parameters, through ZeRO's own lists
     } else {
       for (auto* p : params_) nn::zero_grad<B>(*p);
     }
@@ -429,25 +454,42 @@ class DistributedOptimizer {
   /** The composed parts, for checkpoints and inspection (null when not part of this composition). */
   [[nodiscard]] optim::AdamW<B>* adamw() { return adamw_ ? &*adamw_ : nullptr; }
   [[nodiscard]] optim::Sgd<B>* sgd() { return sgd_ ? &*sgd_ : nullptr; }
+  /** ZeRO's optimizer of the replicated parameters (of all of them without experts); null without ZeRO. */
   [[nodiscard]] ZeroAdamW<Comm, B>* zero() { return zero_ ? &*zero_ : nullptr; }
+  /** ZeRO's optimizer of the experts (sharded over the data group) when `ep > 1` and this rank holds experts. */
+  [[nodiscard]] ZeroAdamW<Comm, B>* expert_zero() { return zero_experts_ ? &*zero_experts_ : nullptr; }
+  /**
+   * Every ZeRO optimizer of this rank (none, the one of all parameters, or that of the replicated parameters and
+   * that of the experts): what a caller iterates to gather, store or checkpoint every shard.
+   */
+  [[nodiscard]] std::vector<ZeroAdamW<Comm, B>*> zeros() {
+    std::vector<ZeroAdamW<Comm, B>*> out;
+    if (zero_) out.push_back(&*zero_);
+    if (zero_experts_) out.push_back(&*zero_experts_);
+    return out;
+  }
   [[nodiscard]] optim::DynamicLossScaler* scaler() { return scaler_ ? &*scaler_ : nullptr; }
   /** Updates taken (AdamW's bias-correction count, or SGD's), for checkpoints. */
   [[nodiscard]] std::size_t steps() const { return zero_ ? zero_->steps() : adamw_ ? adamw_->steps() : sgd_->steps(); }
   void set_steps(std::size_t n) {
     if (zero_)
-      zero_->set_steps(n);
+      for (auto* z : zeros()) z->set_steps(n);
     else if (adamw_)
       adamw_->set_steps(n);
     else
       sgd_->set_steps(n);
   }
   /** Floats of the synchroniser's own gradient buffers held now (ZeRO: shards and flat buckets; else 0). */
-  [[nodiscard]] std::size_t sync_gradient_elements() const { return zero_ ? zero_->gradient_buffer_elements() : 0; }
+  [[nodiscard]] std::size_t sync_gradient_elements() const {
+    return sum_over_zeros([](const auto& z) { return z.gradient_buffer_elements(); });
+  }
   /** Floats of the fp32 weight shards ZeRO-3 keeps at rest (0 otherwise: the weights are the parameters'). */
-  [[nodiscard]] std::size_t sharded_weight_elements() const { return zero_ ? zero_->master_elements() : 0; }
+  [[nodiscard]] std::size_t sharded_weight_elements() const {
+    return sum_over_zeros([](const auto& z) { return z.master_elements(); });
+  }
   /** Optimizer-state floats held on this rank. */
   [[nodiscard]] std::size_t state_elements() const {
-    if (zero_) return zero_->state_elements();
+    if (zero_) return sum_over_zeros([](const auto& z) { return z.state_elements(); });
     std::size_t n = 0;
     for (const auto* p : params_) n += p->value.size();
     return adamw_ ? 2 * n : sgd_->config().momentum != 0.0f ? n : 0;
@@ -466,9 +508,19 @@ class DistributedOptimizer {
 
  private:
   struct Route {
-    enum Kind { replicated, expert, zero } kind;
+    enum Kind { replicated, expert, zero, zero_expert } kind;
     std::size_t index;  ///< in the list of the synchroniser that owns the parameter
   };
+
+  /** `f(z)` summed over the ZeRO optimizers (0 without ZeRO). */
+  template <class F>
+  [[nodiscard]] std::size_t sum_over_zeros(F f) const {
+    return (zero_ ? f(*zero_) : 0) + (zero_experts_ ? f(*zero_experts_) : 0);
+  }
+  /** Appends `start` to ZeRO-3's unit starts of one list unless the list's last unit starts there already. */
+  static void add_unit_start(std::vector<std::size_t>& starts, std::size_t start) {
+    if (starts.empty() || starts.back() != start) starts.push_back(start);
+  }
 
   /**
    * Without ZeRO and under ZeRO-1 every gradient this rank holds becomes a slice of one arena, in the order the
@@ -487,7 +539,7 @@ class DistributedOptimizer {
     if (stage > 2) return;
     std::vector<nn::Parameter*> order, experts;
     for (auto it = params_.rbegin(); it != params_.rend(); ++it)
-      (stage == 0 && ep_ > 1 && optim::sharded_over_expert(**it) ? experts : order).push_back(*it);
+      (ep_ > 1 && optim::sharded_over_expert(**it) ? experts : order).push_back(*it);
     order.insert(order.end(), experts.begin(), experts.end());
     values_.emplace(order);
     if (stage == 2) return;
@@ -499,12 +551,12 @@ class DistributedOptimizer {
   void finish_gradient_sync() {
     const auto t = std::chrono::steady_clock::now();
     if (zero_)
-      zero_->reduce_gradients();
+      for (auto* z : zeros()) z->reduce_gradients();
     else if (dp_)
       dp_->finish();
     if (dp_experts_)
       dp_experts_->finish();
-    else if (ep_ > 1)
+    else if (ep_ > 1 && !zero_)
       optim::scale_grads<B>(experts_, 1.0f / float(ep_));
     sync_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
   }
@@ -518,7 +570,7 @@ class DistributedOptimizer {
   std::optional<DataParallel<Comm, B>> dp_, dp_experts_;
   std::optional<GradientArena<B>> arena_;    // bound before the synchronisers are built: their buckets are ranges of it
   std::optional<ParameterArena<B>> values_;  // bound before the update rule: its states take the values' layout
-  std::optional<ZeroAdamW<Comm, B>> zero_;
+  std::optional<ZeroAdamW<Comm, B>> zero_, zero_experts_;
   std::optional<optim::AdamW<B>> adamw_;
   std::optional<optim::Sgd<B>> sgd_;
   std::optional<optim::DynamicLossScaler> scaler_;

@@ -10,6 +10,7 @@
  * uses. Every data rank runs the same passes, so every rank launches the same all-gathers in the same order.
  */
 #include <cstddef>
+#include <utility>
 #include <vector>
 
 #include "mpar/nn/parameter.hpp"
@@ -17,14 +18,24 @@
 namespace mpar::parallel {
 
 /**
- * @brief Gathers and releases the parameter units of one stage through a ZeRO-3 optimizer `Zero`
- * (`ZeroAdamW` with stage 3: `buckets_of`, `gather_begin`, `gather_end`, `gather_release`).
+ * @brief Gathers and releases the parameter units of one stage through ZeRO-3 optimizers `Zero` (`ZeroAdamW`
+ * with stage 3: `buckets_of`, `gather_begin`, `gather_end`, `gather_release`): one, or with experts two (the
+ * replicated parameters over data x expert ranks, the experts over the data ranks), a unit's buckets taken from
+ * each in the same order on every rank.
  */
 template <class Zero>
 class GatheredUnits {
  public:
-  GatheredUnits(Zero& zero, const std::vector<std::vector<nn::Parameter*>>& units) : zero_(&zero) {
-    for (const auto& u : units) buckets_.push_back(zero.buckets_of(u));
+  GatheredUnits(Zero& zero, const std::vector<std::vector<nn::Parameter*>>& units)
+      : GatheredUnits(std::vector<Zero*>{&zero}, units) {}
+  GatheredUnits(std::vector<Zero*> zeros, const std::vector<std::vector<nn::Parameter*>>& units)
+      : zeros_(std::move(zeros)) {
+    for (const auto& u : units) {
+      std::vector<ZeroBucket> of_unit;
+      for (std::size_t z = 0; z < zeros_.size(); ++z)
+        for (std::size_t b : zeros_[z]->buckets_of(u)) of_unit.push_back({z, b});
+      buckets_.push_back(std::move(of_unit));
+    }
     issued_.assign(units.size(), false);
   }
 
@@ -36,7 +47,7 @@ class GatheredUnits {
     }
     issue(unit);
     if (next < buckets_.size()) issue(next);
-    for (std::size_t b : buckets_[unit]) zero_->gather_end(b, /*for_compute=*/true);
+    for (auto [z, b] : buckets_[unit]) zeros_[z]->gather_end(b, /*for_compute=*/true);
   }
 
   /** Units whose gathers are launched and not yet released (at most two while a pass runs, none between). */
@@ -47,18 +58,22 @@ class GatheredUnits {
   }
 
  private:
+  struct ZeroBucket {
+    std::size_t zero, bucket;  ///< which optimizer of `zeros_`, and its bucket
+  };
+
   void issue(std::size_t u) {
     if (issued_[u]) return;
     issued_[u] = true;
-    for (std::size_t b : buckets_[u]) zero_->gather_begin(b);
+    for (auto [z, b] : buckets_[u]) zeros_[z]->gather_begin(b);
   }
   void release(std::size_t u) {
-    for (std::size_t b : buckets_[u]) zero_->gather_release(b);
+    for (auto [z, b] : buckets_[u]) zeros_[z]->gather_release(b);
     issued_[u] = false;
   }
 
-  Zero* zero_;
-  std::vector<std::vector<std::size_t>> buckets_;  ///< per unit, the buckets holding its parameters
+  std::vector<Zero*> zeros_;
+  std::vector<std::vector<ZeroBucket>> buckets_;  ///< per unit, the buckets holding its parameters
   std::vector<bool> issued_;
 };
 

@@ -157,9 +157,18 @@ class ZeroAdamW {
   template <communicator... Groups>
     requires(sizeof...(Groups) <= 3)
   void global_grad_squares(double* acc, Groups&... groups) {
-    reduce_gradients();
     optim::zero_in_rank<B>(acc, 1);
-    const optim::SquaresShare share = optim::squares_share(groups...);
+    accumulate_shard_squares(acc, optim::squares_share(groups...));
+    optim::sum_over(acc, buckets_.comm(), groups...);
+  }
+  /**
+   * @brief Adds the squares of this rank's averaged gradient blocks that `share` counts into `*acc` (rank
+   * memory), communicating nothing: for a caller that sums the shards of two `ZeroAdamW` over one group (the
+   * replicated parameters sharded over data x expert ranks and the experts over the data ranks both tile the
+   * data x expert group, so one all-reduce over it counts every element once).
+   */
+  void accumulate_shard_squares(double* acc, optim::SquaresShare share) {
+    reduce_gradients();
     const float* g = buckets_.shards().data();
     std::size_t begin = 0, end = 0;  // the run of counted pieces not yet summed
     for (const auto& bucket_pieces : pieces_)
@@ -172,7 +181,6 @@ class ZeroAdamW {
         end = pc.shard_offset + pc.size;
       }
     if (end > begin) B::sum_squares(end - begin, g + begin, acc);
-    optim::sum_over(acc, buckets_.comm(), groups...);
   }
   /** @brief The global norm of the averaged gradient (see `global_grad_squares`), read back to the host. */
   template <communicator... Groups>
