@@ -132,14 +132,15 @@ inline void check_output_paths(const Options& o) {
 /**
  * Per-rank memory of the configuration from the planner's memory model (docs/planner.md), for the
  * fullest pipeline rank: parameters, gradients, optimizer states and fp32 masters, activations of
- * the schedule's peak in-flight micro-batches, communication buffers. Experts are not modelled: for
- * MoE models this is the dense part, a lower bound.
+ * the schedule's peak in-flight micro-batches, communication buffers; with experts, each rank's E / ep of
+ * every MoE layer (states sharded over the dp ranks holding them under ZeRO) and the MoE layers' state.
  */
 inline plan::MemoryEstimate estimate_rank_memory(const models::GptTrainConfig& cfg) {
-  const plan::GptModel model{cfg.model.layers, cfg.model.hidden, cfg.model.heads, cfg.model.seq,
-                             cfg.model.padded_vocab()};
+  plan::GptModel model{cfg.model.layers, cfg.model.hidden, cfg.model.heads, cfg.model.seq, cfg.model.padded_vocab()};
+  model.experts = cfg.model.experts, model.moe_every = cfg.model.moe_every, model.moe_top_k = cfg.model.moe_top_k;
+  model.moe_capacity = cfg.model.moe_capacity;
   plan::ParallelConfig c;
-  c.tp = cfg.tp, c.pp = cfg.pp, c.dp = cfg.batch_ranks(), c.cp = cfg.cp;
+  c.tp = cfg.tp, c.pp = cfg.pp, c.dp = cfg.batch_ranks(), c.cp = cfg.cp, c.ep = cfg.ep;
   c.microbatch_size = cfg.microbatch_size(), c.microbatches = std::size_t(cfg.microbatches);
   c.schedule = plan::parse_schedule(cfg.schedule).value_or(plan::ScheduleKind::one_f_one_b);
   c.virtual_stages = std::size_t(cfg.chunks);
@@ -204,9 +205,9 @@ inline void preflight(const Options& o) {
           g(limit), " per rank available (",
           o.mem_limit_gib > 0 ? std::string("--mem-limit-gib")
                               : "physical memory / " + std::to_string(local_ranks(o)) + " ranks",
-          "): use --recompute, --zero 1, 2 or 3, more --pp stages, fewer sequences per micro-batch (--batch, "
-          "--microbatches), a "
-          "smaller model, or set --mem-limit-gib");
+          "): use --recompute, --zero 1, 2 or 3, more --pp stages, ",
+          cfg.model.experts > 0 ? "the experts over more ranks (--ep), " : "",
+          "fewer sequences per micro-batch (--batch, --microbatches), a smaller model, or set --mem-limit-gib");
 }
 
 inline std::string human(double v) {

@@ -1,12 +1,14 @@
 #pragma once
 /**
- * @file Per-rank memory: model states (weights, gradients, optimizer states, optionally ZeRO-1 or
- * ZeRO-2 sharded), activations (Korthikanti et al., arXiv 2205.05198) times the schedule's peak number of
- * in-flight micro-batches, and communication buffers.
+ * @file Per-rank memory: model states (weights, gradients, optimizer states, optionally ZeRO-1, -2 or -3
+ * sharded; a mixture of experts' over the data ranks holding the same experts), activations (Korthikanti et
+ * al., arXiv 2205.05198) times the schedule's peak number of in-flight micro-batches, and communication buffers.
  */
 #include <algorithm>
+#include <cmath>
 #include <cstddef>
 #include <span>
+#include <vector>
 
 #include "mpar/core/error.hpp"
 #include "mpar/plan/model.hpp"
@@ -141,20 +143,62 @@ struct MemoryOptions {
   return m.layers / (c.pp * c.virtual_stages);
 }
 
+/** Calls `f(chunk, layer)` for every layer pipeline rank `rank` holds: chunk ch is stage ch pp + rank. */
+template <class F>
+void for_each_rank_layer(const GptModel& m, const ParallelConfig& c, std::size_t rank, F&& f) {
+  const std::size_t per_chunk = layers_per_chunk(m, c);
+  for (std::size_t ch = 0; ch < c.virtual_stages; ++ch)
+    for (std::size_t i = 0; i < per_chunk; ++i) f(ch, (ch * c.pp + rank) * per_chunk + i);
+}
+
 /**
- * Parameters held by one tensor rank of pipeline rank `rank`. Per layer, (12h^2 + 7h) are split over
- * tp (QKV, projection and fc1 weights and biases, fc2 weight) and 6h replicated (projection and fc2
- * biases, two layer norms). The word embedding is vocabulary-parallel; the first rank holds it and
+ * Parameters held by one tensor rank of pipeline rank `rank`, the experts not counted (`rank_expert_parameters`).
+ * Per dense layer, (12h^2 + 7h) are split over tp (QKV, projection and fc1 weights and biases, fc2 weight) and
+ * 6h replicated (projection and fc2 biases, two layer norms); an MoE layer splits the attention's 4h^2 + 3h and
+ * replicates 5h and the gate [h, E]. The word embedding is vocabulary-parallel; the first rank holds it and
  * the positions, the last rank the tied output copy and the final norm (one copy when pp = 1).
  */
 [[nodiscard]] inline double rank_parameters(const GptModel& m, const ParallelConfig& c, std::size_t rank) {
   const double h = double(m.hidden), t = double(c.tp);
-  const double per_layer = (12 * h * h + 7 * h) / t + 6 * h;
-  double n = double(layers_per_chunk(m, c) * c.virtual_stages) * per_layer;
+  const double dense = (12 * h * h + 7 * h) / t + 6 * h, moe = (4 * h * h + 3 * h) / t + 5 * h + h * double(m.experts);
+  double n = 0;
+  for_each_rank_layer(m, c, rank, [&](std::size_t, std::size_t layer) { n += m.is_moe_layer(layer) ? moe : dense; });
   const double word = double(m.vocab) * h / t;
   if (rank == 0) n += word + double(m.seq) * h;
   if (rank + 1 == c.pp) n += (c.pp > 1 ? word : 0.0) + m.final_norm_parameters();
   return n;
+}
+
+/**
+ * The experts pipeline rank `rank` holds: E / ep of each of its MoE layers, whole on every tensor rank (the
+ * experts are not split over tp). Their gradients reduce, and ZeRO shards them, over `expert_data_group()`.
+ */
+[[nodiscard]] inline double rank_expert_parameters(const GptModel& m, const ParallelConfig& c, std::size_t rank) {
+  double n = 0;
+  for_each_rank_layer(m, c, rank, [&](std::size_t, std::size_t layer) {
+    if (m.is_moe_layer(layer)) n += double(m.experts / c.ep) * m.expert_parameters();
+  });
+  return n;
+}
+
+/**
+ * @brief What one MoE layer keeps and briefly needs per micro-batch on one rank (`parallel::MoeMlp`), in bytes.
+ * T = s b tokens, C = ceil(capacity k T / E) slots per expert and source rank, E C slots in all, and ep C rows per
+ * local expert. Kept for the backward: the input and the gate probabilities [T, h + E], the combined expert
+ * outputs and every local expert's input rows and pre-GeLU values [E C, 2h + 4h], the slots' tokens and weights.
+ * The backward's peak: three [E C, h] exchange buffers, and per expert its output gradient and input gradient
+ * [ep C, 2h] with the GeLU output, its gradient and the pre-GeLU gradient [ep C, 3 4h].
+ */
+struct MoeLayerBytes {
+  double stored = 0, workspace = 0;
+};
+[[nodiscard]] inline MoeLayerBytes moe_layer_bytes(const GptModel& m, const ParallelConfig& c, const Precision& p) {
+  const double T = double(m.seq) / double(c.cp) * double(c.microbatch_size), h = double(m.hidden), f = 4 * h,
+               E = double(m.experts), e = p.activation_bytes;
+  const double C = m.moe_capacity > 0 ? std::ceil(m.moe_capacity * double(m.moe_top_k) * T / E) : T;
+  const double slots = E * C, rows = double(c.ep) * C;
+  return {e * (T * (h + E) + slots * (2 * h + f) + 2 * E + 2) + 8 * slots,
+          e * (3 * slots * h + rows * (2 * h + 3 * f))};
 }
 
 /** Bytes per parameter of PipeDream-2BW's second weight version: a copy of the weights the optimizer updates. */
@@ -169,27 +213,35 @@ struct MemoryOptions {
 [[nodiscard]] inline MemoryEstimate rank_memory(const GptModel& m, const ParallelConfig& c, const Precision& p,
                                                 std::size_t rank, double peak_inflight, const MemoryOptions& o = {}) {
   require(rank < c.pp, "plan::rank_memory: pipeline rank ", rank, " is outside pp = ", c.pp);
+  require(c.ep >= 1 && c.dp % c.ep == 0 && (m.experts == 0 || m.experts % c.ep == 0), "plan::rank_memory: ep = ", c.ep,
+          " must divide dp = ", c.dp, " (expert ranks are data ranks) and the ", m.experts, " experts");
   MemoryEstimate e;
   e.pipeline_rank = rank;
   const double psi = rank_parameters(m, c, rank);
-  const double zdp = double(c.data_group());  // ZeRO shards over the gradient-reduction group, data x context
-  e.parameters = psi * (p.weight_bytes + p.master_bytes / (c.zero1 ? zdp : 1.0));
-  // ZeRO-3 keeps only this rank's 1/dp of the weights at rest, in the precision the optimizer updates (the fp32
-  // master where there is one: the gathered 16-bit values are rounded from it); each unit's full weights exist
-  // only while the passes use it (counted with the communication buffers below).
-  if (c.zero3) e.parameters = psi * two_bw_version_bytes(p) / zdp;
-  // 2BW keeps a second weight version: the previous step's weights as the optimizer holds them (the fp32
-  // master when there is one, whole on every rank even under ZeRO-1), which the passes run on.
-  if (c.schedule == ScheduleKind::two_bw) e.parameters += psi * two_bw_version_bytes(p);
-  // ZeRO-2 keeps only this rank's 1/dp of the averaged gradient between steps. During the step mpar's layers
-  // accumulate the micro-batches' gradients in full-size per-parameter buffers, allocated (zeroed) when the
-  // passes begin and released bucket by bucket once the last micro-batch's backward has passed them: all of
-  // them are alive at the activation peak, next to the shards.
-  e.gradients = psi * p.grad_bytes / (c.zero2 || c.zero3 ? zdp : 1.0);
-  if ((c.zero2 || c.zero3) && o.zero_full_gradient_accumulation) e.accumulated_gradients = psi * p.grad_bytes;
-  // ZeRO-1 alone: this rank's shard of the averaged gradient stays allocated between steps.
-  if (c.zero1 && !c.zero2 && !c.zero3 && zdp > 1 && o.zero1_gradient_shard) e.gradients += psi * p.grad_bytes / zdp;
-  e.optimizer = psi * p.optimizer_bytes / (c.zero1 ? zdp : 1.0);
+  // The model states of `n` parameters whose gradients reduce (and ZeRO shards) over `zdp` ranks: the replicated
+  // parameters over the data x context group, the experts over the data ranks holding the same ones.
+  auto add_model_states = [&](double n, double zdp) {
+    // ZeRO-3 keeps only this rank's 1/dp of the weights at rest, in the precision the optimizer updates (the fp32
+    // master where there is one: the gathered 16-bit values are rounded from it); each unit's full weights exist
+    // only while the passes use it (counted with the communication buffers below).
+    e.parameters +=
+        c.zero3 ? n * two_bw_version_bytes(p) / zdp : n * (p.weight_bytes + p.master_bytes / (c.zero1 ? zdp : 1.0));
+    // 2BW keeps a second weight version: the previous step's weights as the optimizer holds them (the fp32
+    // master when there is one, whole on every rank even under ZeRO-1), which the passes run on.
+    if (c.schedule == ScheduleKind::two_bw) e.parameters += n * two_bw_version_bytes(p);
+    // ZeRO-2 keeps only this rank's 1/dp of the averaged gradient between steps. During the step mpar's layers
+    // accumulate the micro-batches' gradients in full-size per-parameter buffers, allocated (zeroed) when the
+    // passes begin and released bucket by bucket once the last micro-batch's backward has passed them: all of
+    // them are alive at the activation peak, next to the shards.
+    e.gradients += n * p.grad_bytes / (c.zero2 || c.zero3 ? zdp : 1.0);
+    if ((c.zero2 || c.zero3) && o.zero_full_gradient_accumulation) e.accumulated_gradients += n * p.grad_bytes;
+    // ZeRO-1 alone: this rank's shard of the averaged gradient stays allocated between steps.
+    if (c.zero1 && !c.zero2 && !c.zero3 && zdp > 1 && o.zero1_gradient_shard) e.gradients += n * p.grad_bytes / zdp;
+    e.optimizer += n * p.optimizer_bytes / (c.zero1 ? zdp : 1.0);
+  };
+  add_model_states(psi, double(c.data_group()));
+  const double experts = rank_expert_parameters(m, c, rank);
+  if (experts > 0) add_model_states(experts, double(c.expert_data_group()));
 
   // s: the tokens of one sequence this rank holds (all of them, or 1/cp under context parallelism).
   const double s = double(m.seq) / double(c.cp), b = double(c.microbatch_size), h = double(m.hidden), t = double(c.tp);
@@ -200,20 +252,37 @@ struct MemoryOptions {
   const double scores = c.cp > 1 ? double(m.heads) * (s / 2) * (s / 2) : double(m.heads) * s * s * b;
   const double per_layer = layer_activation_bytes(m, c.microbatch_size, c.tp, c.sequence_parallel, c.recompute, p,
                                                   o.attention_dropout, c.cp);
-  const double chunk_layers = double(layers_per_chunk(m, c));
   const double full_layer = layer_activation_bytes(m, c.microbatch_size, c.tp, c.sequence_parallel, Recompute::none, p,
                                                    o.attention_dropout, c.cp);
-  double act = peak_inflight * chunk_layers * per_layer;
+  // An MoE layer keeps the MoE's state instead of the dense MLP's inputs (fc1 input, replicated; GeLU and fc2
+  // inputs, split over tp), on every tensor rank alike (the experts are not split).
+  const double dense_mlp = p.activation_bytes * sbh * (c.sequence_parallel ? 9.0 / t : 1.0 + 8.0 / t);
+  const MoeLayerBytes moe = m.experts > 0 ? moe_layer_bytes(m, c, p) : MoeLayerBytes{};
+  // The fullest of the rank's chunks (they differ when only some layers are MoE): per in-flight micro-batch, and
+  // rebuilt whole by recomputation.
+  std::vector<double> chunk_stored(c.virtual_stages, 0.0), chunk_full(c.virtual_stages, 0.0);
+  bool holds_moe = false;
+  for_each_rank_layer(m, c, rank, [&](std::size_t ch, std::size_t layer) {
+    const bool is_moe = m.is_moe_layer(layer);
+    holds_moe = holds_moe || is_moe;
+    const double swap = is_moe ? moe.stored - dense_mlp : 0.0;
+    chunk_stored[ch] += per_layer + (c.recompute == Recompute::full ? 0.0 : swap);
+    chunk_full[ch] += full_layer + swap;
+  });
+  const double stored = *std::max_element(chunk_stored.begin(), chunk_stored.end()),
+               rebuilt = *std::max_element(chunk_full.begin(), chunk_full.end());
+  double act = peak_inflight * stored;
   // Recomputation rebuilds activations for the backward: a whole chunk at once, or one layer at a time.
   if (c.recompute == Recompute::full && o.recompute_whole_chunk)
-    act = peak_inflight * p.activation_bytes * sbh / shard + chunk_layers * full_layer;
+    act = peak_inflight * p.activation_bytes * sbh / shard + rebuilt;
   else if (c.recompute == Recompute::full)
-    act += full_layer;
+    act += holds_moe ? std::max(full_layer, full_layer - dense_mlp + moe.stored) : full_layer;
   else if (c.recompute == Recompute::selective)
     act += (2 * p.activation_bytes + p.mask_bytes) * scores / t;
   // Backward workspace: while a layer runs its backward, the gradients of its widest intermediates
-  // (the 4h-wide MLP activation and the attention scores) are alive next to everything stored.
-  act += p.activation_bytes * (4 * sbh + scores) / t;
+  // (the 4h-wide MLP activation and the attention scores, or an MoE layer's exchange and expert buffers) are
+  // alive next to everything stored.
+  act += std::max(p.activation_bytes * (4 * sbh + scores) / t, holds_moe ? moe.workspace : 0.0);
   // Context parallelism: a block's input and its token-wise view are copied (whole rows) while it runs.
   if (c.cp > 1) act += 2 * p.activation_bytes * sbh;
   if (rank == 0)
@@ -248,7 +317,11 @@ struct MemoryOptions {
   // ZeRO-3: the unit in use and the next one (prefetched) gathered at once; a unit is a layer, or the
   // embeddings / the head with the word embedding on the first and last pipeline rank.
   if (c.zero3) {
-    const double hh = double(m.hidden), layer = (12 * hh * hh + 7 * hh) / t + 6 * hh;
+    const double hh = double(m.hidden),
+                 layer = std::max((12 * hh * hh + 7 * hh) / t + 6 * hh,
+                                  m.experts > 0 ? (4 * hh * hh + 3 * hh) / t + 5 * hh + hh * double(m.experts) +
+                                                      double(m.experts / c.ep) * m.expert_parameters()
+                                                : 0.0);
     const double ends = rank == 0 || rank + 1 == c.pp ? double(m.vocab) * hh / t + double(m.seq) * hh : 0.0;
     comm += (std::max(layer, ends) + layer) * p.weight_bytes;
   }

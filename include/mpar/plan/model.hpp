@@ -11,9 +11,30 @@
 
 namespace mpar::plan {
 
-/** @brief A GPT-style decoder: `layers` transformer layers of width `hidden`, `heads` attention heads. */
+/**
+ * @brief A GPT-style decoder: `layers` transformer layers of width `hidden`, `heads` attention heads; with
+ * `experts` > 0 every `moe_every`-th layer's MLP is a mixture of that many experts of width 4h, each token
+ * routed to `moe_top_k` of them, `moe_capacity` the capacity factor (as `models::GptConfig`).
+ */
 struct GptModel {
   std::size_t layers = 0, hidden = 0, heads = 0, seq = 0, vocab = 0;
+  std::size_t experts = 0, moe_every = 1, moe_top_k = 2;
+  double moe_capacity = 1.25;  ///< <= 0: unlimited (every expert may take every token)
+
+  /** Whether layer `b` (0-based) holds a mixture of experts: layers moe_every - 1, 2 moe_every - 1, ... */
+  [[nodiscard]] constexpr bool is_moe_layer(std::size_t b) const {
+    return experts > 0 && moe_every > 0 && b % moe_every == moe_every - 1;
+  }
+  /** One expert: W1 [h, 4h] and W2 [4h, h], no biases (`parallel::MoeMlp`). */
+  [[nodiscard]] constexpr double expert_parameters() const { return 8.0 * double(hidden) * double(hidden); }
+  /**
+   * An MoE layer: the dense layer without its MLP (8h^2 + 5h), with the gate [h, E] and every expert. The
+   * pipeline-parallel count is `rank_parameters` and `rank_expert_parameters` (memory_model.hpp).
+   */
+  [[nodiscard]] constexpr double moe_layer_parameters() const {
+    const double h = double(hidden);
+    return 4.0 * h * h + 8.0 * h + h * double(experts) + double(experts) * expert_parameters();
+  }
 
   /** Parameters of one transformer layer: QKV 3h^2+3h, projection h^2+h, MLP 8h^2+5h, two layer norms 4h. */
   [[nodiscard]] constexpr double layer_parameters() const {
@@ -26,7 +47,9 @@ struct GptModel {
   [[nodiscard]] constexpr double final_norm_parameters() const { return 2.0 * double(hidden); }
   /** P = 12 l h^2 (1 + 13/(12h) + (V+s)/(12 l h)) plus the final layer norm. */
   [[nodiscard]] constexpr double parameters() const {
-    return double(layers) * layer_parameters() + embedding_parameters() + final_norm_parameters();
+    double blocks = 0;
+    for (std::size_t b = 0; b < layers; ++b) blocks += is_moe_layer(b) ? moe_layer_parameters() : layer_parameters();
+    return blocks + embedding_parameters() + final_norm_parameters();
   }
   /**
    * FLOPs of one iteration over `batch` sequences without recomputation, counted as Narayanan et al.
@@ -47,6 +70,8 @@ struct GptModel {
     require(vocab > 0, "model: --vocab must be at least 1");
     require(hidden % heads == 0, "model: --hidden ", hidden, " is not divisible by --heads ", heads,
             "; choose a head count that divides the hidden size");
+    require(experts == 0 || (moe_every >= 1 && moe_top_k >= 1 && moe_top_k <= experts), "model: ", experts,
+            " experts need --moe-every >= 1 and --topk between 1 and ", experts);
   }
 };
 

@@ -77,6 +77,9 @@ struct ParallelConfig {
   /// Context-parallel ranks per (tensor, data, pipeline) coordinate: each holds 1/cp of every sequence's tokens
   /// and a replica of every parameter, so its gradients are reduced with the data-parallel ones (over dp x cp).
   std::size_t cp = 1;
+  /// Expert-parallel ranks inside the data-parallel ones (a divisor of dp): each holds 1/ep of every MoE layer's
+  /// experts, which reduce (and shard under ZeRO) over the dp / ep ranks holding the same ones.
+  std::size_t ep = 1;
   std::size_t microbatch_size = 1, microbatches = 1;
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
   std::size_t virtual_stages = 1;  ///< V: model chunks per pipeline rank (interleaved only)
@@ -89,6 +92,8 @@ struct ParallelConfig {
   [[nodiscard]] std::size_t gpus() const { return tp * cp * pp * dp; }
   /** The ranks that hold replicas of each parameter and reduce its gradient (and shard it under ZeRO): dp x cp. */
   [[nodiscard]] std::size_t data_group() const { return dp * cp; }
+  /** The ranks that hold the same experts and reduce (shard) their gradients: dp / ep. */
+  [[nodiscard]] std::size_t expert_data_group() const { return dp / (ep ? ep : 1); }
   [[nodiscard]] std::size_t stages() const { return pp * virtual_stages; }
   /** The ZeRO stage: 0 (nothing sharded) to 3 (parameters too). */
   [[nodiscard]] int zero_stage() const { return zero3 ? 3 : zero2 ? 2 : zero1 ? 1 : 0; }
@@ -96,6 +101,7 @@ struct ParallelConfig {
   friend std::ostream& operator<<(std::ostream& os, const ParallelConfig& c) {
     os << "tp=" << c.tp << " pp=" << c.pp << " dp=" << c.dp;
     if (c.cp > 1) os << " cp=" << c.cp;
+    if (c.ep > 1) os << " ep=" << c.ep;
     os << " mbs=" << c.microbatch_size << " m=" << c.microbatches << " schedule=" << schedule_name(c.schedule);
     if (c.virtual_stages > 1) os << " v=" << c.virtual_stages;
     os << " recompute=" << recompute_name(c.recompute);
