@@ -406,6 +406,12 @@ TEST_CASE("threads: MPAR_THREADS_SPIN_US is a whole number of microseconds or re
   no_spin.spin = std::chrono::microseconds(0);
   on_threads(
       3, [](ThreadsCommunicator& c, test::Checker& ck) { test::check_everything(c, ck); }, no_spin);
+  // Spinning on, as a run whose ranks all have a core gets it by default (the test presets switch it off with
+  // MPAR_THREADS_SPIN_US=0, since ctest runs tests side by side): two ranks, each barrier spun on before it sleeps.
+  ThreadsOptions spin;
+  spin.spin = std::chrono::microseconds(1000);
+  on_threads(
+      2, [](ThreadsCommunicator& c, test::Checker& ck) { test::check_everything(c, ck); }, spin);
 }
 
 TEST_CASE("threads: the run's error carries every failing rank's own message", "[comm][fault]") {

@@ -31,6 +31,8 @@ class BasicThreadsWorld {
 
   [[nodiscard]] std::chrono::duration<double> timeout() const { return timeout_; }
   [[nodiscard]] std::chrono::microseconds spin() const { return spin_; }
+  /** The ranks (threads) of the run. */
+  [[nodiscard]] int size() const { return n_; }
   [[nodiscard]] bool aborted() const { return aborted_.load(std::memory_order_acquire); }
   [[nodiscard]] std::string abort_message() const {
     std::lock_guard l(m_);
