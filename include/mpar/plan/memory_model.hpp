@@ -152,17 +152,30 @@ void for_each_rank_layer(const GptModel& m, const ParallelConfig& c, std::size_t
 }
 
 /**
- * Parameters held by one tensor rank of pipeline rank `rank`, the experts not counted (`rank_expert_parameters`).
- * Per dense layer, (12h^2 + 7h) are split over tp (QKV, projection and fc1 weights and biases, fc2 weight) and
- * 6h replicated (projection and fc2 biases, two layer norms); an MoE layer splits the attention's 4h^2 + 3h and
- * replicates 5h and the gate [h, E]. The word embedding is vocabulary-parallel; the first rank holds it and
+ * Parameters one tensor rank holds of layer `layer`, its experts not counted (`layer_expert_parameters`). A dense
+ * layer splits (12h^2 + 7h) over tp (QKV, projection and fc1 weights and biases, fc2 weight) and replicates 6h
+ * (projection and fc2 biases, two layer norms); an MoE layer splits the attention's 4h^2 + 3h and replicates 5h
+ * and the gate [h, E].
+ */
+[[nodiscard]] inline double layer_rank_parameters(const GptModel& m, const ParallelConfig& c, std::size_t layer) {
+  const double h = double(m.hidden), t = double(c.tp);
+  return m.is_moe_layer(layer) ? (4 * h * h + 3 * h) / t + 5 * h + h * double(m.experts)
+                               : (12 * h * h + 7 * h) / t + 6 * h;
+}
+/** The experts one rank holds of layer `layer`: E / ep of an MoE layer, whole on every tensor rank; else none. */
+[[nodiscard]] inline double layer_expert_parameters(const GptModel& m, const ParallelConfig& c, std::size_t layer) {
+  return m.is_moe_layer(layer) ? double(m.experts / c.ep) * m.expert_parameters() : 0.0;
+}
+
+/**
+ * Parameters held by one tensor rank of pipeline rank `rank`, the experts not counted (`rank_expert_parameters`):
+ * its layers (`layer_rank_parameters`); the word embedding is vocabulary-parallel, the first rank holds it and
  * the positions, the last rank the tied output copy and the final norm (one copy when pp = 1).
  */
 [[nodiscard]] inline double rank_parameters(const GptModel& m, const ParallelConfig& c, std::size_t rank) {
   const double h = double(m.hidden), t = double(c.tp);
-  const double dense = (12 * h * h + 7 * h) / t + 6 * h, moe = (4 * h * h + 3 * h) / t + 5 * h + h * double(m.experts);
   double n = 0;
-  for_each_rank_layer(m, c, rank, [&](std::size_t, std::size_t layer) { n += m.is_moe_layer(layer) ? moe : dense; });
+  for_each_rank_layer(m, c, rank, [&](std::size_t, std::size_t layer) { n += layer_rank_parameters(m, c, layer); });
   const double word = double(m.vocab) * h / t;
   if (rank == 0) n += word + double(m.seq) * h;
   if (rank + 1 == c.pp) n += (c.pp > 1 ? word : 0.0) + m.final_norm_parameters();
@@ -175,9 +188,7 @@ void for_each_rank_layer(const GptModel& m, const ParallelConfig& c, std::size_t
  */
 [[nodiscard]] inline double rank_expert_parameters(const GptModel& m, const ParallelConfig& c, std::size_t rank) {
   double n = 0;
-  for_each_rank_layer(m, c, rank, [&](std::size_t, std::size_t layer) {
-    if (m.is_moe_layer(layer)) n += double(m.experts / c.ep) * m.expert_parameters();
-  });
+  for_each_rank_layer(m, c, rank, [&](std::size_t, std::size_t layer) { n += layer_expert_parameters(m, c, layer); });
   return n;
 }
 
@@ -317,11 +328,11 @@ struct MoeLayerBytes {
   // ZeRO-3: the unit in use and the next one (prefetched) gathered at once; a unit is a layer, or the
   // embeddings / the head with the word embedding on the first and last pipeline rank.
   if (c.zero3) {
-    const double hh = double(m.hidden),
-                 layer = std::max((12 * hh * hh + 7 * hh) / t + 6 * hh,
-                                  m.experts > 0 ? (4 * hh * hh + 3 * hh) / t + 5 * hh + hh * double(m.experts) +
-                                                      double(m.experts / c.ep) * m.expert_parameters()
-                                                : 0.0);
+    const double hh = double(m.hidden);
+    double layer = 0;  // the largest of the rank's layers, its experts included
+    for_each_rank_layer(m, c, rank, [&](std::size_t, std::size_t l) {
+      layer = std::max(layer, layer_rank_parameters(m, c, l) + layer_expert_parameters(m, c, l));
+    });
     const double ends = rank == 0 || rank + 1 == c.pp ? double(m.vocab) * hh / t + double(m.seq) * hh : 0.0;
     comm += (std::max(layer, ends) + layer) * p.weight_bytes;
   }

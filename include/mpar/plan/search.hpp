@@ -179,8 +179,9 @@ namespace detail {
 [[nodiscard]] inline double chunk_parameters(const GptModel& m, const ParallelConfig& c, std::size_t rank,
                                              std::size_t chunk) {
   const double h = double(m.hidden), t = double(c.tp);
-  double n = double(layers_per_chunk(m, c)) * ((12 * h * h + 7 * h) / t + 6 * h);
-  const std::size_t global = chunk * c.pp + rank;
+  const std::size_t global = chunk * c.pp + rank, per_chunk = layers_per_chunk(m, c);
+  double n = 0;
+  for (std::size_t l = global * per_chunk; l < (global + 1) * per_chunk; ++l) n += layer_rank_parameters(m, c, l);
   if (global == 0) n += double(m.vocab) * h / t + double(m.seq) * h;
   if (global + 1 == c.stages())
     n += (c.pp > 1 ? double(m.vocab) * h / t : 0.0) + 2 * h;  // tied output copy on another rank
