@@ -49,13 +49,25 @@ double process_cpu_seconds() {
   return double(t.tv_sec) + 1e-9 * double(t.tv_nsec);
 }
 
+/**
+ * Micro-batches per data rank and step for `l`: `requested`, or with 0 (the default) one without a pipeline
+ * and 2·pp with one. Without a pipeline, micro-batches are only gradient accumulation: the same products in
+ * smaller GEMMs, so one pass over the rank's whole batch is the fastest (it is also what the PyTorch baseline
+ * runs); a pipeline needs several to fill its stages (1F1B's bubble is (pp − 1) / (m + pp − 1)).
+ */
+int microbatches_for(const Layout& l, int requested) {
+  return requested > 0 ? requested : l.pp == 1 ? 1 : int(2 * l.pp);
+}
+
 /** One round of `layout`: a fresh trainer, `warm + counted` steps; appends the counted steps' measurements to `out`. */
-void run_round(const models::GptTrainConfig& base, const data::CharDataset& ds, const Layout& l, std::size_t warm,
-               std::size_t counted, Samples& out) {
+void run_round(const models::GptTrainConfig& base, int microbatches, const data::CharDataset& ds, const Layout& l,
+               std::size_t warm, std::size_t counted, Samples& out) {
   models::GptTrainConfig cfg = base;
+  cfg.microbatches = microbatches_for(l, microbatches);
   cfg.tp = l.tp;
   cfg.pp = l.pp;
   cfg.dp = l.dp;
+  if (l.dp == 1) cfg.zero = 0;  // ZeRO shards over the data axis: nothing to shard without one
   cfg.steps = warm + counted;
   cfg.warmup = 0;
   std::mutex mu;
@@ -93,7 +105,7 @@ int main(int argc, char** argv) {
     cfg.model.heads = 4;
     cfg.model.seq = 64;
     cfg.global_batch = 16;
-    cfg.microbatches = 4;
+    int microbatches = 0;  // per layout: microbatches_for
     cfg.schedule = "1f1b";
     std::size_t rounds = 3, warm = 1, counted = 3, max_ranks = 4;
     bool smoke = false;
@@ -104,12 +116,15 @@ int main(int argc, char** argv) {
     p.option("heads", cfg.model.heads, "attention heads").range(1, 4096);
     p.option("seq", cfg.model.seq, "sequence length").range(2, 1 << 20);
     p.option("batch", cfg.global_batch, "sequences per step (global)").range(1, 1 << 24);
-    p.option("microbatches", cfg.microbatches, "micro-batches per step and data-parallel rank").range(1, 1 << 16);
+    p.option("microbatches", microbatches,
+             "micro-batches per step and data-parallel rank (0: 1 without a pipeline, 2 x pp with one)")
+        .range(0, 1 << 16);
     p.choice("schedule", cfg.schedule, {{"gpipe", "gpipe"}, {"1f1b", "1f1b"}, {"zb_h1", "zb_h1"}}, "pipeline schedule");
     p.option("rounds", rounds, "rounds over all layouts").range(1, 1000);
     p.option("warm", warm, "uncounted steps at the start of every round").range(0, 1000);
     p.option("steps", counted, "counted steps per layout and round").range(1, 1000);
     p.option("max-ranks", max_ranks, "largest world measured (1, 2 or 4)").range(1, 4);
+    p.option("zero", cfg.zero, "ZeRO stage of the layouts with dp > 1 (0: none)").range(0, 3);
     p.choice("precision", cfg.precision, {{"fp32", "fp32"}, {"bf16", "bf16"}},
              "compute precision (bf16: the GEMMs on bf16 operands with fp32 accumulation, fp32 masters)");
     p.option("data", data, "training text");
@@ -123,7 +138,7 @@ int main(int argc, char** argv) {
       cfg.model.layers = 2;
       cfg.model.seq = 16;
       cfg.global_batch = 8;
-      cfg.microbatches = 2;
+      microbatches = 2;
       rounds = 1;
       warm = 1;
       counted = 1;
@@ -140,16 +155,19 @@ int main(int argc, char** argv) {
 
     std::printf(
         "bench_train_gpt: %zu parameters (hidden %zu, %zu layers, %zu heads, seq %zu, vocab %zu), global batch %zu, "
-        "%d micro-batches per data rank, schedule %s, AdamW, precision %s\n",
+        "micro-batches per data rank %s, schedule %s, AdamW, precision %s\n",
         cfg.model.parameter_count(), cfg.model.hidden, cfg.model.layers, cfg.model.heads, cfg.model.seq,
-        cfg.model.vocab, cfg.global_batch, cfg.microbatches, cfg.schedule.c_str(), cfg.precision.c_str());
+        cfg.model.vocab, cfg.global_batch,
+        microbatches > 0 ? std::to_string(microbatches).c_str() : "1 without a pipeline, 2 x pp with one",
+        cfg.schedule.c_str(), cfg.precision.c_str());
     std::printf("%zu rounds x (%zu warm-up + %zu counted steps) per layout; load average at start %s\n", rounds, warm,
                 counted, load_average().c_str());
     std::fflush(stdout);
 
     std::vector<Samples> samples(layouts.size());
     for (std::size_t round = 0; round < rounds; ++round)
-      for (std::size_t i = 0; i < layouts.size(); ++i) run_round(cfg, ds, layouts[i], warm, counted, samples[i]);
+      for (std::size_t i = 0; i < layouts.size(); ++i)
+        run_round(cfg, microbatches, ds, layouts[i], warm, counted, samples[i]);
 
     const double tokens = double(cfg.global_batch * cfg.model.seq);
     double single = 0, best2 = 0;
@@ -158,9 +176,9 @@ int main(int argc, char** argv) {
     // CPU seconds per step (all ranks together; waiting ranks spin briefly, so this is an upper bound
     // of the work): unlike wall time it does not depend on how much of the machine other jobs take.
     std::printf(
-        "\n| tp | pp | dp | ranks | median step (ms) | tokens/s | bubble | communication | vs 1 rank | CPU s/step | "
-        "loss |\n"
-        "|---|---|---|---|---|---|---|---|---|---|---|\n");
+        "\n| tp | pp | dp | ranks | micro-batches | median step (ms) | tokens/s | bubble | communication | vs 1 rank | "
+        "CPU s/step | loss |\n"
+        "|---|---|---|---|---|---|---|---|---|---|---|---|\n");
     std::vector<double> tps(layouts.size());
     for (std::size_t i = 0; i < layouts.size(); ++i) {
       tps[i] = tokens / bench::median(samples[i].wall);
@@ -174,12 +192,12 @@ int main(int argc, char** argv) {
       const Layout& l = layouts[i];
       const double b = bench::median(samples[i].bubble), c = bench::median(samples[i].comm);
       const double cpu = bench::median(samples[i].cpu);
-      std::printf("| %zu | %zu | %zu | %zu | %.1f | %.0f | %.1f%% | %.1f%% | %.2fx | %.3f | %.4f |\n", l.tp, l.pp, l.dp,
-                  l.ranks(), bench::median(samples[i].wall) * 1e3, tps[i], b * 100, c * 100, tps[i] / single, cpu,
-                  samples[i].last_loss);
+      std::printf("| %zu | %zu | %zu | %zu | %d | %.1f | %.0f | %.1f%% | %.1f%% | %.2fx | %.3f | %.4f |\n", l.tp, l.pp,
+                  l.dp, l.ranks(), microbatches_for(l, microbatches), bench::median(samples[i].wall) * 1e3, tps[i],
+                  b * 100, c * 100, tps[i] / single, cpu, samples[i].last_loss);
       table << (i ? ", " : "") << "{\"tp\": " << l.tp << ", \"pp\": " << l.pp << ", \"dp\": " << l.dp
-            << ", \"tokens_per_second\": " << tps[i] << ", \"bubble\": " << b << ", \"communication\": " << c
-            << ", \"cpu_seconds_per_step\": " << cpu << "}";
+            << ", \"microbatches\": " << microbatches_for(l, microbatches) << ", \"tokens_per_second\": " << tps[i]
+            << ", \"bubble\": " << b << ", \"communication\": " << c << ", \"cpu_seconds_per_step\": " << cpu << "}";
     }
     std::printf(
         "\nbest 2-rank layout: %s, %.0f tokens/s = %.2fx the single rank (%.0f tokens/s); load average at end %s\n",
