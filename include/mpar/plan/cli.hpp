@@ -45,6 +45,10 @@ Required:
   --peak-tflops X                                          dense 16-bit peak per GPU, TFLOP/s
   --intra-node-gbps X                                      NVLink bandwidth per GPU per direction, GB/s (gigabytes)
   --inter-node-gbps X                                      network bandwidth per node per direction, GB/s (all NICs)
+Optional (mixture of experts: every --moe-every-th layer's MLP becomes --experts experts of width 4h):
+  --experts N  --moe-every N (default 1)  --topk N (default 2)  --capacity X (default 1.25)
+  --ep N                   expert parallelism: each MoE layer's experts split over N of the data-parallel
+                           ranks (a divisor of dp and of --experts); searched when not given
 Optional (fix a dimension instead of searching it):
   --tp N  --pp N  --dp N  --microbatch-size N  --virtual-stages N
   --schedule gpipe|1f1b|interleaved_1f1b|zb_h1|zb_h2|2bw   (2bw, asynchronous, only when asked for)
@@ -103,6 +107,7 @@ namespace detail {
   o.problem.cluster.hbm_bandwidth = 2039e9;
   std::optional<std::size_t> layers, hidden, heads, seq, vocab, batch, gpus, per_node;
   std::optional<double> mem, peak, intra, inter;
+  GptModel moe;  // only the mixture-of-experts fields are read
   for (std::size_t i = 0; i < args.size(); ++i) {
     std::string opt = args[i], val;
     bool has_val = false;
@@ -156,6 +161,16 @@ namespace detail {
       o.space.dp = detail::parse_count(opt, val);
     else if (opt == "--cp")
       o.space.cp = val == "auto" ? std::nullopt : std::optional(detail::parse_count("--cp (a size, or auto)", val));
+    else if (opt == "--experts")
+      moe.experts = detail::parse_count(opt, val);
+    else if (opt == "--moe-every")
+      moe.moe_every = detail::parse_count(opt, val);
+    else if (opt == "--topk")
+      moe.moe_top_k = detail::parse_count(opt, val);
+    else if (opt == "--capacity")
+      moe.moe_capacity = detail::parse_positive(opt, val);
+    else if (opt == "--ep")
+      o.space.ep = detail::parse_count(opt, val);
     else if (opt == "--microbatch-size")
       o.space.microbatch_size = detail::parse_count(opt, val);
     else if (opt == "--virtual-stages")
@@ -206,6 +221,8 @@ namespace detail {
   require(missing.empty(), "missing ", missing,
           "; mpar-plan needs the model, the global batch and the cluster (see --help)");
   o.problem.model = GptModel{*layers, *hidden, *heads, *seq, *vocab};
+  o.problem.model.experts = moe.experts, o.problem.model.moe_every = moe.moe_every;
+  o.problem.model.moe_top_k = moe.moe_top_k, o.problem.model.moe_capacity = moe.moe_capacity;
   o.problem.global_batch = *batch;
   Cluster& c = o.problem.cluster;
   c.gpus = *gpus, c.gpus_per_node = *per_node, c.memory_bytes = *mem * gib, c.peak_flops = *peak * 1e12;
@@ -216,6 +233,12 @@ namespace detail {
             " zig-zag chunks, which --seq ", *seq, " does not divide; choose --seq a multiple of ", 2 * *cp,
             ", another --cp, or --cp auto");
     require(c.gpus % *cp == 0, "--cp ", *cp, " does not divide --gpus ", c.gpus, "; choose a divisor of --gpus");
+  }
+  if (o.space.ep) {
+    require(o.problem.model.experts > 0, "--ep ", *o.space.ep,
+            " spreads experts, but the model has none; add --experts N (a multiple of --ep)");
+    require(o.problem.model.experts % *o.space.ep == 0, "--ep ", *o.space.ep, " does not divide --experts ",
+            o.problem.model.experts, "; choose a divisor of --experts");
   }
   if (o.space.tp)
     require(*o.space.tp <= c.gpus_per_node && c.gpus_per_node % *o.space.tp == 0, "--tp ", *o.space.tp,
@@ -241,9 +264,9 @@ namespace detail {
   std::ostringstream os;
   os << std::setprecision(6);
   os << "{\"rank\":" << rank << ",\"tp\":" << k.tp << ",\"pp\":" << k.pp << ",\"dp\":" << k.dp << ",\"cp\":" << k.cp
-     << ",\"microbatch_size\":" << k.microbatch_size << ",\"microbatches\":" << k.microbatches << ",\"schedule\":\""
-     << schedule_name(k.schedule) << "\",\"virtual_stages\":" << k.virtual_stages << ",\"recompute\":\""
-     << recompute_name(k.recompute) << "\",\"zero1\":" << (k.zero1 ? "true" : "false")
+     << ",\"ep\":" << k.ep << ",\"microbatch_size\":" << k.microbatch_size << ",\"microbatches\":" << k.microbatches
+     << ",\"schedule\":\"" << schedule_name(k.schedule) << "\",\"virtual_stages\":" << k.virtual_stages
+     << ",\"recompute\":\"" << recompute_name(k.recompute) << "\",\"zero1\":" << (k.zero1 ? "true" : "false")
      << ",\"zero2\":" << (k.zero2 ? "true" : "false") << ",\"zero3\":" << (k.zero3 ? "true" : "false")
      << ",\"sequence_parallel\":" << (k.sequence_parallel ? "true" : "false")
      << ",\"memory_gib_per_gpu\":" << c.memory.total() / gib
@@ -262,8 +285,12 @@ namespace detail {
 inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
   out << "model: " << detail::fixed(p.model.parameters() / 1e9, 2) << " B parameters (" << p.model.layers
       << " layers, hidden " << p.model.hidden << ", " << p.model.heads << " heads, seq " << p.model.seq << ", vocab "
-      << p.model.vocab << "); global batch " << p.global_batch << "; " << p.cluster.gpus << " GPUs, "
-      << p.cluster.gpus_per_node << " per node\n";
+      << p.model.vocab
+      << (p.model.experts > 0 ? mpar::detail::cat(", ", p.model.experts, " experts every ", p.model.moe_every,
+                                                  " layer(s), top-", p.model.moe_top_k)
+                              : std::string())
+      << "); global batch " << p.global_batch << "; " << p.cluster.gpus << " GPUs, " << p.cluster.gpus_per_node
+      << " per node\n";
   const bool cp_searched = plan.context_sizes.size() > 1;
   if (cp_searched) {
     out << "context parallelism searched over cp =";
@@ -279,7 +306,8 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
   if (plan.best.empty()) {
     out << "no configuration fits; the closest rejections are listed below\n";
   } else {
-    out << "  #  tp" << (cp_searched ? "  cp" : "")
+    const bool ep_shown = p.model.experts > 0;
+    out << "  #  tp" << (cp_searched ? "  cp" : "") << (ep_shown ? "  ep" : "")
         << "  pp    dp  mbs     m  schedule           v  recompute  zero  sp   mem GiB   step s  TFLOP/s  bubble\n";
     std::size_t i = 0;
     for (const Candidate& c : plan.best) {
@@ -289,6 +317,10 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
       out << line;
       if (cp_searched) {
         std::snprintf(line, sizeof line, " %3zu", k.cp);
+        out << line;
+      }
+      if (ep_shown) {
+        std::snprintf(line, sizeof line, " %3zu", k.ep);
         out << line;
       }
       std::snprintf(

@@ -24,8 +24,11 @@ struct Network {
   Link intra, inter;
 };
 
-/** @brief Which collective. Volumes follow nccl-tests: all-reduce moves 2(n-1)/n of the buffer per rank, the others (n-1)/n. */
-enum class Collective { all_reduce, reduce_scatter, all_gather, broadcast };
+/**
+ * @brief Which collective. Volumes follow nccl-tests: all-reduce moves 2(n-1)/n of the buffer per rank, the others
+ * (n-1)/n. For all-to-all the buffer is what one rank sends in all (n blocks, one per rank, its own staying home).
+ */
+enum class Collective { all_reduce, reduce_scatter, all_gather, broadcast, all_to_all };
 /** @brief Collective algorithm: ring, (double binary) tree, or hierarchical (intra-node reduce-scatter, inter-node, intra-node all-gather). */
 enum class Algorithm { ring, tree, hierarchical };
 
@@ -50,6 +53,8 @@ enum class Algorithm { ring, tree, hierarchical };
       return "all_gather";
     case Collective::broadcast:
       return "broadcast";
+    case Collective::all_to_all:
+      return "all_to_all";
   }
   return "?";
 }
@@ -76,6 +81,21 @@ namespace detail {
   return {std::min(net.intra.bandwidth, double(g.per_node()) * net.inter.bandwidth),
           std::max(net.intra.latency, net.inter.latency)};
 }
+/**
+ * All-to-all as NCCL runs it (every pair exchanges its block at once, `ncclSend`/`ncclRecv` grouped): one
+ * latency per peer, and each rank's n - 1 outgoing blocks share its links. Inside a node they all go over the
+ * NVLink; across nodes the blocks for the other nodes' ranks go over the GPU's NIC share while the ones for its
+ * own node go over NVLink at the same time, so the slower of the two decides. There is no other algorithm.
+ */
+[[nodiscard]] constexpr double all_to_all(double bytes, const GroupShape& g, const Network& net) {
+  const std::size_t n = g.ranks, m = g.per_node();
+  if (n <= 1) return 0.0;
+  const double block = bytes / double(n);
+  const double intra = double(m - 1) * block / net.intra.bandwidth;
+  const double inter = g.nodes > 1 ? double(n - m) * block / net.inter.bandwidth : 0.0;
+  const double latency = g.nodes > 1 ? std::max(net.intra.latency, net.inter.latency) : net.intra.latency;
+  return double(n - 1) * latency + std::max(intra, inter);
+}
 /** Ring reduce-scatter or all-gather: n-1 steps of bytes/n. */
 [[nodiscard]] constexpr double ring_half(double bytes, std::size_t n, const Link& l) {
   if (n <= 1) return 0.0;
@@ -91,6 +111,7 @@ namespace detail {
   require(bytes >= 0, "plan::collective_seconds: negative size ", bytes, " bytes for ", collective_name(c));
   const std::size_t n = g.ranks;
   if (n <= 1) return 0.0;
+  if (c == Collective::all_to_all) return detail::all_to_all(bytes, g, net);  // the same for every algorithm
   const Link ring = detail::ring_link(g, net);
   const double passes = c == Collective::all_reduce ? 2.0 : 1.0;  // reduce-scatter + all-gather
   switch (a) {

@@ -57,8 +57,13 @@ struct LayerWork {
   double attention_flops = 0;    ///< Q K^T and scores x V: 4 b s^2 h / t
   double elementwise_bytes = 0;  ///< HBM traffic of layer norms, softmax, GeLU, dropout, residuals
   double softmax_bytes = 0;  ///< the part of elementwise_bytes in the attention core (selective recompute redoes it)
-  double tp_collective_bytes = 0;  ///< each of the two forward all-reduces (or reduce-scatter + all-gather pairs)
+  double tp_collective_bytes = 0;  ///< each of the forward all-reduces (or reduce-scatter + all-gather pairs)
+  std::size_t tp_collectives = 2;  ///< forward tensor-parallel collectives: attention's and the MLP's (MoE: one)
   double ring_block_bytes = 0;     ///< context parallelism: one K/V block sent around the ring (cp - 1 hops)
+  /// MoE: the gate and the experts' GEMMs over the rank's E C slots (2 T h E + 16 h^2 E C), on every tensor rank
+  /// (mpar does not split experts over tp).
+  double expert_flops = 0;
+  double all_to_all_bytes = 0;  ///< MoE: each of the forward's two all-to-alls (dispatch, combine), E C h elements
 };
 
 /**
@@ -98,8 +103,14 @@ class CostModel {
    * parallel) two layer norms (2 each) and two dropout+residual kernels (3 each + mask); inside it
    * the fused bias-GeLU (8 over the 4h-wide MLP); in the attention core the fused scale-mask-softmax
    * and the attention dropout (4 per score element + mask).
+   *
+   * `moe`: the layer's MLP is a mixture of experts (`parallel::MoeMlp`), which is not tensor-parallel: the
+   * attention keeps its split GEMMs and its one collective, and every tensor rank runs the gate and its E / ep
+   * experts over ep C rows each (E C slots: C per expert and source rank, empty ones included, as the
+   * capacity-bounded dispatch computes them), GeLU over [E C, 4h] (8 per slot element of width h), the
+   * dispatch and combine copies (2 + 2) and the gate's softmax over [T, E] (2), and sends two all-to-alls.
    */
-  [[nodiscard]] LayerWork layer_work(const ParallelConfig& c) const {
+  [[nodiscard]] LayerWork layer_work(const ParallelConfig& c, bool moe = false) const {
     // Under context parallelism (cp > 1) a rank works on s / cp tokens of each sequence and on 1/cp of its
     // attention scores (zig-zag chunks balance the causal work), and sends its K/V block around the ring.
     const double S = double(model_.seq), cp = double(c.cp), s = S / cp;
@@ -114,7 +125,22 @@ class CostModel {
     w.elementwise_bytes = outside + 8 * e * sbh / t + w.softmax_bytes;
     w.tp_collective_bytes = c.tp > 1 ? e * sbh : 0.0;
     w.ring_block_bytes = c.cp > 1 ? 2 * e * sbh / t : 0.0;
+    if (moe) {
+      const double T = s * b, E = double(model_.experts), slots = E * moe_expert_capacity(model_, c);
+      w.linear_flops = 8.0 * b * s * h * h / t;  // QKV and the projection
+      w.expert_flops = 2.0 * T * h * E + 16.0 * h * h * slots;
+      w.elementwise_bytes +=
+          (12 * e * slots * h + 2 * e * T * E) - 8 * e * sbh / t;  // the experts' MLP for the dense one
+      w.tp_collectives = 1;
+      w.all_to_all_bytes = e * slots * h;
+    }
     return w;
+  }
+
+  /** One all-to-all of `bytes` per rank over the expert group (an MoE layer's dispatch or combine). */
+  [[nodiscard]] double all_to_all_seconds(double bytes, const ParallelConfig& c, const GroupPlacement& g) const {
+    if (c.ep <= 1 || bytes <= 0) return 0.0;
+    return best_collective(Collective::all_to_all, bytes, g.expert, network()).seconds;
   }
 
   /** One tensor-parallel all-reduce of `bytes` (or its reduce-scatter + all-gather pair under sequence parallelism). */
@@ -126,20 +152,28 @@ class CostModel {
     return best_collective(Collective::all_reduce, bytes, g.tensor, network()).seconds;
   }
 
-  /** Per-layer costs of one micro-batch: from measurements when calibrated for (tp, mbs, recompute), else from the work model. */
-  [[nodiscard]] ChunkCosts layer_costs(const ParallelConfig& c, const GroupPlacement& g) const {
+  /**
+   * Per-layer costs of one micro-batch: from measurements when calibrated for (tp, mbs, recompute), else from the
+   * work model. `moe`: an MoE layer (`layer_work`), always from the work model (the measurements are of dense
+   * layers).
+   */
+  [[nodiscard]] ChunkCosts layer_costs(const ParallelConfig& c, const GroupPlacement& g, bool moe = false) const {
     // (Measurements are of whole sequences: a context-parallel layer uses the work model.)
     if (auto it = cal_.layer_costs.find({c.tp, c.microbatch_size, c.recompute});
-        c.cp == 1 && it != cal_.layer_costs.end())
+        !moe && c.cp == 1 && it != cal_.layer_costs.end())
       return {it->second.forward, it->second.backward_input, it->second.backward_weight};
-    const LayerWork w = layer_work(c);
+    const LayerWork w = layer_work(c, moe);
     const double gemm = gemm_rate(), ew = elementwise_rate();
-    const double ar = tp_collective_seconds(w.tp_collective_bytes, c, g);
+    const double ar = double(w.tp_collectives) * tp_collective_seconds(w.tp_collective_bytes, c, g);
+    // Dispatch and combine: two all-to-alls forward, their two transposes backward.
+    const double a2a = 2 * all_to_all_seconds(w.all_to_all_bytes, c, g);
     ChunkCosts l;
-    l.forward = (w.linear_flops + w.attention_flops) / gemm + w.elementwise_bytes / ew + 2 * ar;
+    l.forward = (w.linear_flops + w.attention_flops + w.expert_flops) / gemm + w.elementwise_bytes / ew + ar + a2a;
     // Backward for inputs: the linear layers' input gradients, both attention-core GEMMs' gradients
     // (no weights there), elementwise backward (reads saved inputs and incoming gradients, writes gradients).
-    l.backward_input = (w.linear_flops + 2 * w.attention_flops) / gemm + 2 * w.elementwise_bytes / ew + 2 * ar;
+    // The experts' input and weight gradients are one backward in mpar (`MoeMlp::backward`), counted here.
+    l.backward_input =
+        (w.linear_flops + 2 * w.attention_flops + 2 * w.expert_flops) / gemm + 2 * w.elementwise_bytes / ew + ar + a2a;
     l.backward_weight = w.linear_flops / gemm;
     if (c.cp > 1) {
       // The ring: cp - 1 K/V hops overlap the block compute (only what exceeds it shows); in backward the
@@ -160,9 +194,17 @@ class CostModel {
    */
   [[nodiscard]] ChunkCosts chunk_costs(const ParallelConfig& c, std::size_t rank, std::size_t chunk,
                                        const GroupPlacement& g) const {
-    const double n = double(layers_per_chunk(model_, c));
+    const std::size_t per_chunk = layers_per_chunk(model_, c), first = (chunk * c.pp + rank) * per_chunk;
+    double moe = 0;
+    for (std::size_t b = first; b < first + per_chunk; ++b) moe += model_.is_moe_layer(b) ? 1.0 : 0.0;
+    const double n = double(per_chunk) - moe;
     const ChunkCosts l = layer_costs(c, g);
     ChunkCosts r{n * l.forward, n * l.backward_input, n * l.backward_weight};
+    if (moe > 0) {
+      const ChunkCosts x = layer_costs(c, g, true);
+      r.forward += moe * x.forward, r.backward_input += moe * x.backward_input,
+          r.backward_weight += moe * x.backward_weight;
+    }
     const double s = double(model_.seq) / double(c.cp), b = double(c.microbatch_size), h = double(model_.hidden),
                  V = double(model_.vocab);
     const double t = double(c.tp), e = precision_.activation_bytes, sbh = s * b * h;
@@ -196,19 +238,28 @@ class CostModel {
     return t;
   }
 
-  /** Data-parallel gradient reduction of `params` parameters: all-reduce, or reduce-scatter + weight all-gather under ZeRO-1. */
-  [[nodiscard]] double dp_reduce_seconds(double params, const ParallelConfig& c, const GroupPlacement& g) const {
-    if (c.data_group() <= 1 || params <= 0) return 0.0;
+  /**
+   * Data-parallel gradient reduction of `params` parameters: all-reduce, or reduce-scatter + weight all-gather
+   * under ZeRO-1; over the data x context group, or with `experts` over the ranks holding the same experts.
+   */
+  [[nodiscard]] double dp_reduce_seconds(double params, const ParallelConfig& c, const GroupPlacement& g,
+                                         bool experts = false) const {
+    const GroupShape& group = experts ? g.expert_data : g.data;
+    if ((experts ? c.expert_data_group() : c.data_group()) <= 1 || params <= 0) return 0.0;
     const Network net = network();
     if (c.zero1)
-      return best_collective(Collective::reduce_scatter, params * precision_.grad_bytes, g.data, net).seconds +
-             best_collective(Collective::all_gather, params * precision_.weight_bytes, g.data, net).seconds;
-    return best_collective(Collective::all_reduce, params * precision_.grad_bytes, g.data, net).seconds;
+      return best_collective(Collective::reduce_scatter, params * precision_.grad_bytes, group, net).seconds +
+             best_collective(Collective::all_gather, params * precision_.weight_bytes, group, net).seconds;
+    return best_collective(Collective::all_reduce, params * precision_.grad_bytes, group, net).seconds;
   }
 
-  /** The optimizer step over this rank's (ZeRO-1: 1/dp of its) parameters: an elementwise pass over all model states. */
-  [[nodiscard]] double optimizer_seconds(double params, const ParallelConfig& c) const {
-    const double share = c.zero1 ? params / double(c.data_group()) : params;
+  /**
+   * The optimizer step over this rank's `params` replicated parameters and `expert_params` experts (ZeRO-1: its
+   * shards of them, 1/(dp cp) and 1/(dp / ep)): an elementwise pass over all model states.
+   */
+  [[nodiscard]] double optimizer_seconds(double params, const ParallelConfig& c, double expert_params = 0) const {
+    const double share = c.zero1 ? params / double(c.data_group()) + expert_params / double(c.expert_data_group())
+                                 : params + expert_params;
     return 2.0 * share * precision_.model_state_bytes() / elementwise_rate();
   }
 
@@ -231,7 +282,8 @@ namespace mpar::plan {
 [[nodiscard]] constexpr double iteration_flops(const GptModel& m, double batch, Recompute r) {
   const double s = double(m.seq), h = double(m.hidden), l = double(m.layers);
   double f = m.model_flops(batch);
-  if (r == Recompute::full) f += batch * l * (24.0 * s * h * h + 4.0 * s * s * h);
+  if (r == Recompute::full)
+    for (std::size_t b = 0; b < m.layers; ++b) f += m.layer_forward_flops(b, batch);
   if (r == Recompute::selective) f += batch * l * 4.0 * s * s * h;
   return f;
 }

@@ -203,10 +203,18 @@ void for_each_rank_layer(const GptModel& m, const ParallelConfig& c, std::size_t
 struct MoeLayerBytes {
   double stored = 0, workspace = 0;
 };
+/**
+ * C: the slots every expert keeps per source rank in one micro-batch, ceil(capacity k T / E) for the rank's
+ * T = s b tokens, or T without a capacity limit (`parallel::MoeMlp::capacity_for`).
+ */
+[[nodiscard]] inline double moe_expert_capacity(const GptModel& m, const ParallelConfig& c) {
+  const double T = double(m.seq) / double(c.cp) * double(c.microbatch_size);
+  return m.moe_capacity > 0 ? std::ceil(m.moe_capacity * double(m.moe_top_k) * T / double(m.experts)) : T;
+}
 [[nodiscard]] inline MoeLayerBytes moe_layer_bytes(const GptModel& m, const ParallelConfig& c, const Precision& p) {
   const double T = double(m.seq) / double(c.cp) * double(c.microbatch_size), h = double(m.hidden), f = 4 * h,
                E = double(m.experts), e = p.activation_bytes;
-  const double C = m.moe_capacity > 0 ? std::ceil(m.moe_capacity * double(m.moe_top_k) * T / E) : T;
+  const double C = moe_expert_capacity(m, c);
   const double slots = E * C, rows = double(c.ep) * C;
   return {e * (T * (h + E) + slots * (2 * h + f) + 2 * E + 2) + 8 * slots,
           e * (3 * slots * h + rows * (2 * h + 3 * f))};

@@ -52,13 +52,27 @@ struct GptModel {
     return blocks + embedding_parameters() + final_norm_parameters();
   }
   /**
+   * FLOPs of layer `b`'s forward over `batch` sequences: a dense layer 24 B s h^2 + 4 B s^2 h (QKV, projection,
+   * MLP; scores and their product with V); an MoE layer swaps the MLP's 16 B s h^2 for its routed work, each
+   * token through k experts (16 k B s h^2) and the gate (2 B s h E). The capacity's empty slots are not counted:
+   * they are work the hardware does, not work the model needs.
+   */
+  [[nodiscard]] constexpr double layer_forward_flops(std::size_t b, double batch) const {
+    const double s = double(seq), h = double(hidden);
+    const double attention = 8.0 * batch * s * h * h + 4.0 * batch * s * s * h;
+    if (!is_moe_layer(b)) return attention + 16.0 * batch * s * h * h;
+    return attention + 16.0 * double(moe_top_k) * batch * s * h * h + 2.0 * batch * s * h * double(experts);
+  }
+  /**
    * FLOPs of one iteration over `batch` sequences without recomputation, counted as Narayanan et al.
-   * do: 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) (their 96 with full recomputation adds one more forward
-   * of every layer; see `iteration_flops` in cost_model.hpp).
+   * do: 72 B s l h^2 (1 + s/(6h) + V/(12 l h)) for a dense model, i.e. three times every layer's forward plus
+   * the logits (their 96 with full recomputation adds one more forward of every layer; see `iteration_flops` in
+   * cost_model.hpp).
    */
   [[nodiscard]] constexpr double model_flops(double batch) const {
-    const double s = double(seq), h = double(hidden), l = double(layers), V = double(vocab);
-    return 72.0 * batch * s * l * h * h * (1.0 + s / (6.0 * h)) + 6.0 * batch * s * h * V;
+    double f = 6.0 * batch * double(seq) * double(hidden) * double(vocab);
+    for (std::size_t b = 0; b < layers; ++b) f += 3.0 * layer_forward_flops(b, batch);
+    return f;
   }
 
   /** Throws config_error naming the field to change when the model is malformed. */

@@ -40,6 +40,9 @@ struct SearchSpace {
   /// unless asked because it is a choice for long sequences: at a short one it ties with data parallelism in
   /// time and would win the table on memory alone. The other axes share gpus / cp.
   std::optional<std::size_t> cp = 1;
+  /// Expert-parallel size (a divisor of dp): fixed, or empty (the default) to search every divisor of dp that
+  /// divides the model's experts. A dense model has ep = 1 only.
+  std::optional<std::size_t> ep;
   std::optional<ScheduleKind> schedule;
   std::optional<Recompute> recompute;
   std::optional<bool> zero1, zero2, zero3, sequence_parallel;
@@ -175,7 +178,10 @@ namespace detail {
   return out;
 }
 
-/** Parameters of local chunk `chunk` on pipeline rank `rank`: its layers plus the embedding pieces of the first and last stage. */
+/**
+ * Parameters of local chunk `chunk` on pipeline rank `rank`, its experts not counted (`chunk_expert_parameters`):
+ * its layers plus the embedding pieces of the first and last stage.
+ */
 [[nodiscard]] inline double chunk_parameters(const GptModel& m, const ParallelConfig& c, std::size_t rank,
                                              std::size_t chunk) {
   const double h = double(m.hidden), t = double(c.tp);
@@ -186,6 +192,24 @@ namespace detail {
   if (global + 1 == c.stages())
     n += (c.pp > 1 ? double(m.vocab) * h / t : 0.0) + 2 * h;  // tied output copy on another rank
   return n;
+}
+/** The experts local chunk `chunk` on pipeline rank `rank` holds: E / ep of each of its MoE layers. */
+[[nodiscard]] inline double chunk_expert_parameters(const GptModel& m, const ParallelConfig& c, std::size_t rank,
+                                                    std::size_t chunk) {
+  const std::size_t global = chunk * c.pp + rank, per_chunk = layers_per_chunk(m, c);
+  double n = 0;
+  for (std::size_t l = global * per_chunk; l < (global + 1) * per_chunk; ++l) n += layer_expert_parameters(m, c, l);
+  return n;
+}
+
+/** The expert-parallel sizes to try for `dp` data ranks: the fixed one, else every divisor of dp dividing the experts. */
+[[nodiscard]] inline std::vector<std::size_t> expert_sizes(const GptModel& m, const SearchSpace& space,
+                                                           std::size_t dp) {
+  if (space.ep) return {*space.ep};
+  std::vector<std::size_t> out;
+  for (std::size_t ep : divisors(dp))
+    if (ep == 1 || (m.experts > 0 && m.experts % ep == 0)) out.push_back(ep);
+  return out;
 }
 
 }  // namespace detail
@@ -211,13 +235,17 @@ namespace detail {
 
   double opt = 0, gather = 0;
   for (std::size_t rk = 0; rk < c.pp; ++rk) {
-    double params = 0;
-    for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) params += detail::chunk_parameters(m, c, rk, ch);
-    opt = std::max(opt, cm.optimizer_seconds(params, c));
+    double params = 0, experts = 0;
+    for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) {
+      params += detail::chunk_parameters(m, c, rk, ch);
+      experts += detail::chunk_expert_parameters(m, c, rk, ch);
+    }
+    opt = std::max(opt, cm.optimizer_seconds(params, c, experts));
     if (c.zero1 && c.data_group() > 1) {
+      const double w = cm.precision().weight_bytes;
       const double once =
-          best_collective(Collective::all_gather, params * cm.precision().weight_bytes, r.placement.data, cm.network())
-              .seconds;
+          best_collective(Collective::all_gather, params * w, r.placement.data, cm.network()).seconds +
+          best_collective(Collective::all_gather, experts * w, r.placement.expert_data, cm.network()).seconds;
       // ZeRO-3 gathers every unit before each micro-batch's forward and again before its backward, instead of
       // once after the step; counted as not overlapped (the prefetch hides part of it), so it is an upper bound.
       gather = std::max(gather, c.zero3 ? 2.0 * double(c.microbatches) * once : once);
@@ -235,24 +263,28 @@ namespace detail {
     ParallelConfig rs = c;  // ZeRO-1 reduce-scatters here and all-gathers weights after the step
     for (std::size_t rk = 0; rk < c.pp; ++rk) {
       struct Bucket {
-        double ready, params;
+        double ready, params, experts;  // experts: reduced over the ranks holding the same ones
       };
       std::vector<Bucket> buckets;
       for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) {
         const double t0 = pt.grads_ready[rk][ch].first, t1 = pt.grads_ready[rk][ch].second;
-        const std::size_t L = layers_per_chunk(m, c);
+        const std::size_t L = layers_per_chunk(m, c), first = (ch * c.pp + rk) * L;
         const double total = detail::chunk_parameters(m, c, rk, ch), per_layer = total / double(L);
-        for (std::size_t l = 0; l < L; ++l) buckets.push_back({t0 + (t1 - t0) * double(l + 1) / double(L), per_layer});
+        for (std::size_t l = 0; l < L; ++l)
+          buckets.push_back(
+              {t0 + (t1 - t0) * double(l + 1) / double(L), per_layer, layer_expert_parameters(m, c, first + l)});
       }
       std::sort(buckets.begin(), buckets.end(), [](const Bucket& a, const Bucket& b) { return a.ready < b.ready; });
+      const auto reduce = [&](double params, bool experts) {
+        if (!c.zero1) return cm.dp_reduce_seconds(params, rs, r.placement, experts);
+        if ((experts ? c.expert_data_group() : c.data_group()) <= 1 || params <= 0) return 0.0;
+        return best_collective(Collective::reduce_scatter, params * cm.precision().grad_bytes,
+                               experts ? r.placement.expert_data : r.placement.data, cm.network())
+            .seconds;
+      };
       double lane = 0;
-      for (const Bucket& b : buckets) {
-        const double d = c.zero1 ? best_collective(Collective::reduce_scatter, b.params * cm.precision().grad_bytes,
-                                                   r.placement.data, cm.network())
-                                       .seconds
-                                 : cm.dp_reduce_seconds(b.params, rs, r.placement);
-        lane = std::max(lane, b.ready) + d;
-      }
+      for (const Bucket& b : buckets)
+        lane = std::max(lane, b.ready) + reduce(b.params, false) + reduce(b.experts, true);
       lane_end = std::max(lane_end, lane);
     }
   }
@@ -304,6 +336,15 @@ namespace detail {
   if (c.cp > 1 && m.seq % (2 * c.cp) != 0)
     return rej("context", mpar::detail::cat("sequence length ", m.seq, " is not divisible by 2 x cp = ", 2 * c.cp,
                                             " (zig-zag chunks)"));
+  if (c.ep > 1 && m.experts == 0)
+    return rej("experts", mpar::detail::cat("ep=", c.ep, " spreads experts, but the model has none"));
+  if (c.ep > 1 && (c.dp % c.ep != 0 || m.experts % c.ep != 0))
+    return rej("experts", mpar::detail::cat("ep=", c.ep, " must divide dp=", c.dp,
+                                            " (expert ranks are data ranks) and the ", m.experts, " experts"));
+  if (c.cp > 1 && m.experts > 0)
+    return rej("context",
+               "mpar does not combine context parallelism with experts (the load-balancing statistics "
+               "would need the context group); cp > 1 needs a dense model");
   if (c.cp > 1 && c.sequence_parallel)
     return rej("context",
                "sequence parallelism and context parallelism are not combined in mpar (cp > 1 needs sp off)");
@@ -321,6 +362,11 @@ namespace detail {
   const std::vector<std::size_t> context_sizes = detail::context_sizes(p, space);
   if (space.microbatch_size) require(*space.microbatch_size >= 1, "--microbatch-size must be at least 1");
   if (space.virtual_stages) require(*space.virtual_stages >= 1, "--virtual-stages must be at least 1");
+  if (space.ep)
+    require(*space.ep == 1 || (p.model.experts > 0 && p.model.experts % *space.ep == 0), "--ep ", *space.ep,
+            p.model.experts == 0 ? mpar::detail::cat(" spreads experts, but the model has none; add --experts N")
+                                 : mpar::detail::cat(" does not divide the ", p.model.experts,
+                                                     " experts; choose a divisor of --experts"));
 
   Plan plan;
   plan.context_sizes = context_sizes;
@@ -352,81 +398,84 @@ namespace detail {
         if (N % (tp * pp) != 0 || pp > p.model.layers) continue;
         const std::size_t dp = N / (tp * pp);
         if (space.dp && dp != *space.dp) continue;
-        std::vector<ScheduleKind> schedules;
-        if (space.schedule)
-          schedules = {*space.schedule};
-        else if (pp == 1)
-          schedules = {ScheduleKind::one_f_one_b};  // one stage: every synchronous schedule is the same
-        else
-          schedules = {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved, ScheduleKind::zb_h1,
-                       ScheduleKind::zb_h2};
-        std::vector<std::size_t> mbss =
-            space.microbatch_size ? std::vector<std::size_t>{*space.microbatch_size} : space.microbatch_sizes;
-        for (std::size_t mbs : mbss)
-          for (ScheduleKind s : schedules) {
-            std::vector<std::size_t> vs;
-            if (space.virtual_stages)
-              vs = {*space.virtual_stages};
-            else if (s == ScheduleKind::interleaved)
-              for (std::size_t v = 2; v <= space.max_virtual_stages; ++v) vs.push_back(v);
-            else
-              vs = {1};
-            for (std::size_t v : vs)
-              for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
-                if (space.recompute && rc != *space.recompute) continue;
-                for (int z = 0; z < 4;
-                     ++z) {  // ZeRO stage: 0, 1 (states sharded), 2 (gradients too), 3 (parameters too)
-                  if (space.zero1 ? (bool(z) != *space.zero1) : (z >= 1 && dp * cp == 1)) continue;
-                  if (space.zero2 ? ((z >= 2) != *space.zero2) : (z == 2 && dp * cp == 1))
-                    continue;  // ZeRO-3 shards gradients too
-                  if (space.zero3 ? ((z == 3) != *space.zero3) : (z == 3 && dp * cp == 1)) continue;
-                  for (int spi = 0; spi < 2; ++spi) {
-                    if (space.sequence_parallel ? (bool(spi) != *space.sequence_parallel)
-                                                : (spi == 1 && (tp == 1 || cp > 1)))
-                      continue;
-                    ParallelConfig c;
-                    c.tp = tp, c.pp = pp, c.dp = dp, c.cp = cp, c.microbatch_size = mbs, c.schedule = s,
-                    c.virtual_stages = v;
-                    c.recompute = rc, c.zero1 = z >= 1, c.zero2 = z >= 2, c.zero3 = z == 3,
-                    c.sequence_parallel = bool(spi);
-                    c.microbatches = std::max<std::size_t>(1, p.global_batch / (dp * mbs));
-                    ++plan.considered;
-                    if (auto why = structural_problem(p, c)) {
-                      reject(std::move(*why));
-                      continue;
-                    }
-                    // Memory: activations grow with the in-flight count, between 1 and M*V; the verifier decides only in between.
-                    std::vector<double> lo(pp, 1.0), hi(pp, double(c.microbatches * v));
-                    const double need_lo = peak_memory(p.model, c, cm.precision(), lo, o.memory).total();
-                    double need = need_lo;
-                    if (need_lo <= budget && peak_memory(p.model, c, cm.precision(), hi, o.memory).total() > budget)
-                      need = peak_memory(p.model, c, cm.precision(), peaks(c), o.memory).total();
-                    if (need > budget) {
-                      reject(
-                          {c, "memory",
-                           mpar::detail::cat("needs at least ", std::round(need / gib * 10) / 10, " GiB per GPU but ",
-                                             std::round(budget / gib * 10) / 10, " GiB are usable (",
-                                             o.usable_memory_fraction * 100, " % of ", p.cluster.memory_bytes / gib,
-                                             " GiB); more recomputation, ZeRO-1, ZeRO-2 or ZeRO-3, larger tp/pp or a "
-                                             "smaller micro-batch would help")});
-                      continue;
-                    }
-                    // Lower bound: the busiest rank computes M micro-batches through all its chunks without a gap.
-                    const GroupPlacement g = place(c, p.cluster.gpus_per_node, o.placement);
-                    double bound = 0;
-                    for (std::size_t rk = 0; rk < pp; ++rk) {
-                      double work = 0;
-                      for (std::size_t ch = 0; ch < v; ++ch) {
-                        const ChunkCosts cc = cm.chunk_costs(c, rk, ch, g);
-                        work += cc.forward + cc.backward();
+        for (std::size_t ep : detail::expert_sizes(p.model, space, dp)) {
+          std::vector<ScheduleKind> schedules;
+          if (space.schedule)
+            schedules = {*space.schedule};
+          else if (pp == 1)
+            schedules = {ScheduleKind::one_f_one_b};  // one stage: every synchronous schedule is the same
+          else
+            schedules = {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved, ScheduleKind::zb_h1,
+                         ScheduleKind::zb_h2};
+          std::vector<std::size_t> mbss =
+              space.microbatch_size ? std::vector<std::size_t>{*space.microbatch_size} : space.microbatch_sizes;
+          for (std::size_t mbs : mbss)
+            for (ScheduleKind s : schedules) {
+              std::vector<std::size_t> vs;
+              if (space.virtual_stages)
+                vs = {*space.virtual_stages};
+              else if (s == ScheduleKind::interleaved)
+                for (std::size_t v = 2; v <= space.max_virtual_stages; ++v) vs.push_back(v);
+              else
+                vs = {1};
+              for (std::size_t v : vs)
+                for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
+                  if (space.recompute && rc != *space.recompute) continue;
+                  for (int z = 0; z < 4;
+                       ++z) {  // ZeRO stage: 0, 1 (states sharded), 2 (gradients too), 3 (parameters too)
+                    if (space.zero1 ? (bool(z) != *space.zero1) : (z >= 1 && dp * cp == 1)) continue;
+                    if (space.zero2 ? ((z >= 2) != *space.zero2) : (z == 2 && dp * cp == 1))
+                      continue;  // ZeRO-3 shards gradients too
+                    if (space.zero3 ? ((z == 3) != *space.zero3) : (z == 3 && dp * cp == 1)) continue;
+                    for (int spi = 0; spi < 2; ++spi) {
+                      if (space.sequence_parallel ? (bool(spi) != *space.sequence_parallel)
+                                                  : (spi == 1 && (tp == 1 || cp > 1)))
+                        continue;
+                      ParallelConfig c;
+                      c.tp = tp, c.pp = pp, c.dp = dp, c.cp = cp, c.ep = ep, c.microbatch_size = mbs, c.schedule = s,
+                      c.virtual_stages = v;
+                      c.recompute = rc, c.zero1 = z >= 1, c.zero2 = z >= 2, c.zero3 = z == 3,
+                      c.sequence_parallel = bool(spi);
+                      c.microbatches = std::max<std::size_t>(1, p.global_batch / (dp * mbs));
+                      ++plan.considered;
+                      if (auto why = structural_problem(p, c)) {
+                        reject(std::move(*why));
+                        continue;
                       }
-                      bound = std::max(bound, work * double(c.microbatches));
+                      // Memory: activations grow with the in-flight count, between 1 and M*V; the verifier decides only in between.
+                      std::vector<double> lo(pp, 1.0), hi(pp, double(c.microbatches * v));
+                      const double need_lo = peak_memory(p.model, c, cm.precision(), lo, o.memory).total();
+                      double need = need_lo;
+                      if (need_lo <= budget && peak_memory(p.model, c, cm.precision(), hi, o.memory).total() > budget)
+                        need = peak_memory(p.model, c, cm.precision(), peaks(c), o.memory).total();
+                      if (need > budget) {
+                        reject(
+                            {c, "memory",
+                             mpar::detail::cat("needs at least ", std::round(need / gib * 10) / 10, " GiB per GPU but ",
+                                               std::round(budget / gib * 10) / 10, " GiB are usable (",
+                                               o.usable_memory_fraction * 100, " % of ", p.cluster.memory_bytes / gib,
+                                               " GiB); more recomputation, ZeRO-1, ZeRO-2 or ZeRO-3, larger tp/pp",
+                                               p.model.experts > 0 ? ", a larger ep" : "",
+                                               " or a smaller micro-batch would help")});
+                        continue;
+                      }
+                      // Lower bound: the busiest rank computes M micro-batches through all its chunks without a gap.
+                      const GroupPlacement g = place(c, p.cluster.gpus_per_node, o.placement);
+                      double bound = 0;
+                      for (std::size_t rk = 0; rk < pp; ++rk) {
+                        double work = 0;
+                        for (std::size_t ch = 0; ch < v; ++ch) {
+                          const ChunkCosts cc = cm.chunk_costs(c, rk, ch, g);
+                          work += cc.forward + cc.backward();
+                        }
+                        bound = std::max(bound, work * double(c.microbatches));
+                      }
+                      feasible.push_back({c, bound});
                     }
-                    feasible.push_back({c, bound});
                   }
                 }
-              }
-          }
+            }
+        }
       }
     }
   }

@@ -46,6 +46,8 @@ enum class Placement { tensor_innermost, data_innermost };
 struct GroupPlacement {
   GroupShape tensor, data;           ///< data: the gradient-reduction group, data x context ranks
   GroupShape context;                ///< the ring of context parallelism (size 1 without it)
+  GroupShape expert;                 ///< the ep ranks an MoE layer's all-to-all spans (size 1 without it)
+  GroupShape expert_data;            ///< the dp / ep ranks holding the same experts: their gradient reduction
   bool pipeline_cross_node = false;  ///< neighbouring pipeline stages sit on different nodes
   [[nodiscard]] constexpr bool tensor_inside_node() const { return tensor.nodes == 1; }
 };
@@ -59,6 +61,10 @@ struct GroupPlacement {
   g.tensor = group_shape(c.tp, tensor_first ? 1 : c.data_group(), gpus_per_node);
   g.data = group_shape(c.data_group(), tensor_first ? c.tp : 1, gpus_per_node);
   g.context = group_shape(c.cp, tensor_first ? c.tp : 1, gpus_per_node);
+  // The expert ranks are the innermost data ranks (DeviceMesh: tensor, expert, data, pipeline), so one expert
+  // group is ep neighbouring data ranks and the ranks holding the same experts are ep data ranks apart.
+  g.expert = group_shape(c.ep, tensor_first ? c.tp : 1, gpus_per_node);
+  g.expert_data = group_shape(c.expert_data_group(), (tensor_first ? c.tp : 1) * c.ep, gpus_per_node);
   g.pipeline_cross_node = c.tp * c.data_group() >= gpus_per_node;
   return g;
 }
