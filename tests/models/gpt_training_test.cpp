@@ -1202,7 +1202,7 @@ TEST_CASE("bf16 autocast: tp, pp, dp and ep layouts reproduce the single-rank bf
        {std::tuple<std::size_t, std::size_t, std::size_t>{2, 1, 1}, {1, 2, 1}, {1, 1, 2}, {2, 2, 1}})
     check(run(bf16(small_sgd(tp, pp, dp)), steps), ref,
           "bf16 tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp));
-  // Expert parallelism (the experts' own GEMMs stay fp32 on rounded weights; the dense layers are bf16).
+  // Expert parallelism: the experts' six GEMMs per expert take bf16 operands too (parallel::MoeMlp), the gate stays fp32.
   const RunResult moe_ref = run(bf16(small_moe(1, 1, 1, 1)), moe_steps);
   check(run(bf16(small_moe(1, 1, 1, 2)), moe_steps), moe_ref, "bf16 MoE ep=2");
 }
