@@ -266,4 +266,10 @@ TEST_CASE("mpar-plan --experts plans an MoE model and shows each row's ep", "[pl
   };
   CHECK_THAT(error_of(with_words(model, "--ep 3")), Catch::Contains("--ep 3 does not divide --experts 16"));
   CHECK_THAT(error_of(with_words(dense_model, "--ep 2")), Catch::Contains("spreads experts, but the model has none"));
+  CHECK_THAT(error_of(with_words(dense_model, "--topk 1")),
+             Catch::Contains("--topk describes the experts of MoE layers, but the model has none"));
+  CHECK_THAT(error_of(with_words(model, "--topk 17")), Catch::Contains("--topk between 1 and 16"));
+  CHECK_THAT(error_of(with_words(model, "--capacity -1")),
+             Catch::Contains("or 0: unlimited) expects a positive number, got '-1'"));
+  CHECK(parse_cli(with_words(model, "--capacity 0")).problem.model.moe_capacity == 0.0);  // unlimited, as train_gpt
 }

@@ -46,7 +46,7 @@ Required:
   --intra-node-gbps X                                      NVLink bandwidth per GPU per direction, GB/s (gigabytes)
   --inter-node-gbps X                                      network bandwidth per node per direction, GB/s (all NICs)
 Optional (mixture of experts: every --moe-every-th layer's MLP becomes --experts experts of width 4h):
-  --experts N  --moe-every N (default 1)  --topk N (default 2)  --capacity X (default 1.25)
+  --experts N  --moe-every N (default 1)  --topk N (default 2)  --capacity X (default 1.25; 0: unlimited)
   --ep N                   expert parallelism: each MoE layer's experts split over N of the data-parallel
                            ranks (a divisor of dp and of --experts); searched when not given
 Optional (fix a dimension instead of searching it):
@@ -107,7 +107,8 @@ namespace detail {
   o.problem.cluster.hbm_bandwidth = 2039e9;
   std::optional<std::size_t> layers, hidden, heads, seq, vocab, batch, gpus, per_node;
   std::optional<double> mem, peak, intra, inter;
-  GptModel moe;  // only the mixture-of-experts fields are read
+  GptModel moe;            // only the mixture-of-experts fields are read
+  std::string moe_option;  // the first of --moe-every, --topk, --capacity given (they need --experts)
   for (std::size_t i = 0; i < args.size(); ++i) {
     std::string opt = args[i], val;
     bool has_val = false;
@@ -163,13 +164,13 @@ namespace detail {
       o.space.cp = val == "auto" ? std::nullopt : std::optional(detail::parse_count("--cp (a size, or auto)", val));
     else if (opt == "--experts")
       moe.experts = detail::parse_count(opt, val);
-    else if (opt == "--moe-every")
-      moe.moe_every = detail::parse_count(opt, val);
-    else if (opt == "--topk")
-      moe.moe_top_k = detail::parse_count(opt, val);
-    else if (opt == "--capacity")
-      moe.moe_capacity = detail::parse_positive(opt, val);
-    else if (opt == "--ep")
+    else if (opt == "--moe-every" || opt == "--topk" || opt == "--capacity") {
+      if (moe_option.empty()) moe_option = opt;
+      if (opt == "--moe-every") moe.moe_every = detail::parse_count(opt, val);
+      if (opt == "--topk") moe.moe_top_k = detail::parse_count(opt, val);
+      if (opt == "--capacity")
+        moe.moe_capacity = val == "0" ? 0.0 : detail::parse_positive("--capacity (a factor, or 0: unlimited)", val);
+    } else if (opt == "--ep")
       o.space.ep = detail::parse_count(opt, val);
     else if (opt == "--microbatch-size")
       o.space.microbatch_size = detail::parse_count(opt, val);
@@ -234,6 +235,8 @@ namespace detail {
             ", another --cp, or --cp auto");
     require(c.gpus % *cp == 0, "--cp ", *cp, " does not divide --gpus ", c.gpus, "; choose a divisor of --gpus");
   }
+  require(moe_option.empty() || moe.experts > 0, moe_option,
+          " describes the experts of MoE layers, but the model has none; add --experts N or drop ", moe_option);
   if (o.space.ep) {
     require(o.problem.model.experts > 0, "--ep ", *o.space.ep,
             " spreads experts, but the model has none; add --experts N (a multiple of --ep)");
