@@ -194,7 +194,7 @@ class CostModel {
    */
   [[nodiscard]] ChunkCosts chunk_costs(const ParallelConfig& c, std::size_t rank, std::size_t chunk,
                                        const GroupPlacement& g) const {
-    const std::size_t per_chunk = layers_per_chunk(model_, c), first = (chunk * c.pp + rank) * per_chunk;
+    const std::size_t per_chunk = layers_per_chunk(model_, c), first = first_chunk_layer(model_, c, rank, chunk);
     double moe = 0;
     for (std::size_t b = first; b < first + per_chunk; ++b) moe += model_.is_moe_layer(b) ? 1.0 : 0.0;
     const double n = double(per_chunk) - moe;
@@ -244,13 +244,22 @@ class CostModel {
    */
   [[nodiscard]] double dp_reduce_seconds(double params, const ParallelConfig& c, const GroupPlacement& g,
                                          bool experts = false) const {
-    const GroupShape& group = experts ? g.expert_data : g.data;
+    const double reduce = bucket_reduce_seconds(params, c, g, experts);
+    if (!c.zero1 || reduce == 0) return reduce;
+    return reduce + best_collective(Collective::all_gather, params * precision_.weight_bytes,
+                                    experts ? g.expert_data : g.data, network())
+                        .seconds;
+  }
+  /**
+   * The part of `dp_reduce_seconds` a gradient bucket runs in the backward's overlap: the all-reduce, or under
+   * ZeRO the reduce-scatter (the weights' all-gather follows the optimizer step).
+   */
+  [[nodiscard]] double bucket_reduce_seconds(double params, const ParallelConfig& c, const GroupPlacement& g,
+                                             bool experts = false) const {
     if ((experts ? c.expert_data_group() : c.data_group()) <= 1 || params <= 0) return 0.0;
-    const Network net = network();
-    if (c.zero1)
-      return best_collective(Collective::reduce_scatter, params * precision_.grad_bytes, group, net).seconds +
-             best_collective(Collective::all_gather, params * precision_.weight_bytes, group, net).seconds;
-    return best_collective(Collective::all_reduce, params * precision_.grad_bytes, group, net).seconds;
+    return best_collective(c.zero1 ? Collective::reduce_scatter : Collective::all_reduce,
+                           params * precision_.grad_bytes, experts ? g.expert_data : g.data, network())
+        .seconds;
   }
 
   /**

@@ -143,12 +143,18 @@ struct MemoryOptions {
   return m.layers / (c.pp * c.virtual_stages);
 }
 
-/** Calls `f(chunk, layer)` for every layer pipeline rank `rank` holds: chunk ch is stage ch pp + rank. */
+/** The first layer of local chunk `chunk` on pipeline rank `rank`: that chunk is stage chunk pp + rank. */
+[[nodiscard]] inline std::size_t first_chunk_layer(const GptModel& m, const ParallelConfig& c, std::size_t rank,
+                                                   std::size_t chunk) {
+  return (chunk * c.pp + rank) * layers_per_chunk(m, c);
+}
+
+/** Calls `f(chunk, layer)` for every layer pipeline rank `rank` holds. */
 template <class F>
 void for_each_rank_layer(const GptModel& m, const ParallelConfig& c, std::size_t rank, F&& f) {
   const std::size_t per_chunk = layers_per_chunk(m, c);
   for (std::size_t ch = 0; ch < c.virtual_stages; ++ch)
-    for (std::size_t i = 0; i < per_chunk; ++i) f(ch, (ch * c.pp + rank) * per_chunk + i);
+    for (std::size_t i = 0; i < per_chunk; ++i) f(ch, first_chunk_layer(m, c, rank, ch) + i);
 }
 
 /**

@@ -196,9 +196,9 @@ namespace detail {
 /** The experts local chunk `chunk` on pipeline rank `rank` holds: E / ep of each of its MoE layers. */
 [[nodiscard]] inline double chunk_expert_parameters(const GptModel& m, const ParallelConfig& c, std::size_t rank,
                                                     std::size_t chunk) {
-  const std::size_t global = chunk * c.pp + rank, per_chunk = layers_per_chunk(m, c);
+  const std::size_t first = first_chunk_layer(m, c, rank, chunk), end = first + layers_per_chunk(m, c);
   double n = 0;
-  for (std::size_t l = global * per_chunk; l < (global + 1) * per_chunk; ++l) n += layer_expert_parameters(m, c, l);
+  for (std::size_t l = first; l < end; ++l) n += layer_expert_parameters(m, c, l);
   return n;
 }
 
@@ -260,7 +260,6 @@ namespace detail {
   // soon as the chunk's last backward produces it, one bucket after another on the rank's network lane.
   double lane_end = pt.grads_reference_end;
   if (c.data_group() > 1) {
-    ParallelConfig rs = c;  // ZeRO-1 reduce-scatters here and all-gathers weights after the step
     for (std::size_t rk = 0; rk < c.pp; ++rk) {
       struct Bucket {
         double ready, params, experts;  // experts: reduced over the ranks holding the same ones
@@ -268,23 +267,18 @@ namespace detail {
       std::vector<Bucket> buckets;
       for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) {
         const double t0 = pt.grads_ready[rk][ch].first, t1 = pt.grads_ready[rk][ch].second;
-        const std::size_t L = layers_per_chunk(m, c), first = (ch * c.pp + rk) * L;
+        const std::size_t L = layers_per_chunk(m, c), first = first_chunk_layer(m, c, rk, ch);
         const double total = detail::chunk_parameters(m, c, rk, ch), per_layer = total / double(L);
         for (std::size_t l = 0; l < L; ++l)
           buckets.push_back(
               {t0 + (t1 - t0) * double(l + 1) / double(L), per_layer, layer_expert_parameters(m, c, first + l)});
       }
       std::sort(buckets.begin(), buckets.end(), [](const Bucket& a, const Bucket& b) { return a.ready < b.ready; });
-      const auto reduce = [&](double params, bool experts) {
-        if (!c.zero1) return cm.dp_reduce_seconds(params, rs, r.placement, experts);
-        if ((experts ? c.expert_data_group() : c.data_group()) <= 1 || params <= 0) return 0.0;
-        return best_collective(Collective::reduce_scatter, params * cm.precision().grad_bytes,
-                               experts ? r.placement.expert_data : r.placement.data, cm.network())
-            .seconds;
-      };
+      // ZeRO reduce-scatters here and all-gathers the weights after the step (`gather` above).
       double lane = 0;
       for (const Bucket& b : buckets)
-        lane = std::max(lane, b.ready) + reduce(b.params, false) + reduce(b.experts, true);
+        lane = std::max(lane, b.ready) + cm.bucket_reduce_seconds(b.params, c, r.placement) +
+               cm.bucket_reduce_seconds(b.experts, c, r.placement, true);
       lane_end = std::max(lane_end, lane);
     }
   }
