@@ -264,7 +264,7 @@ TEST_CASE("mpar-plan --experts plans an MoE model and shows each row's ep", "[pl
     CHECK(run_cli(args, eout, eerr) == 1);
     return eerr.str();
   };
-  CHECK_THAT(error_of(with_words(model, "--ep 3")), Catch::Contains("--ep 3 does not divide --experts 16"));
+  CHECK_THAT(error_of(with_words(model, "--ep 3")), Catch::Contains("--ep 3 does not divide the 16 experts"));
   CHECK_THAT(error_of(with_words(dense_model, "--ep 2")), Catch::Contains("spreads experts, but the model has none"));
   CHECK_THAT(error_of(with_words(dense_model, "--topk 1")),
              Catch::Contains("--topk describes the experts of MoE layers, but the model has none"));

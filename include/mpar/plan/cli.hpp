@@ -237,12 +237,6 @@ namespace detail {
   }
   require(moe_option.empty() || moe.experts > 0, moe_option,
           " describes the experts of MoE layers, but the model has none; add --experts N or drop ", moe_option);
-  if (o.space.ep) {
-    require(o.problem.model.experts > 0, "--ep ", *o.space.ep,
-            " spreads experts, but the model has none; add --experts N (a multiple of --ep)");
-    require(o.problem.model.experts % *o.space.ep == 0, "--ep ", *o.space.ep, " does not divide --experts ",
-            o.problem.model.experts, "; choose a divisor of --experts");
-  }
   if (o.space.tp)
     require(*o.space.tp <= c.gpus_per_node && c.gpus_per_node % *o.space.tp == 0, "--tp ", *o.space.tp,
             " would spread a tensor-parallel group over nodes of ", c.gpus_per_node,
