@@ -320,12 +320,14 @@ TEST_CASE("Collectives per layer: the MLP does one all-reduce forward and one ba
     CHECK(bwd[r].total_calls() == 1);
     CHECK(bwd[r].count("all_reduce") == 1);
     CHECK(bwd[r].volume("all_reduce") == 8 * 16);
-    // Sequence parallelism: all-gather + reduce-scatter instead, the same volume each way.
+    // Sequence parallelism: all-gather + reduce-scatter instead, the same volume each way; the backward also
+    // all-gathers fc1's input again (the forward kept only this rank's tokens of it, as Megatron-LM does).
     CHECK(sp_fwd[r].total_calls() == 2);
     CHECK(sp_fwd[r].count("all_gather") == 1);
     CHECK(sp_fwd[r].count("reduce_scatter") == 1);
-    CHECK(sp_bwd[r].total_calls() == 2);
-    CHECK(sp_bwd[r].count("all_gather") == 1);
+    CHECK(sp_bwd[r].total_calls() == 3);
+    CHECK(sp_bwd[r].count("all_gather") == 2);
+    CHECK(sp_bwd[r].volume("all_gather") == 2 * 8 * 16);  // fc2's output gradient and fc1's input, whole
     CHECK(sp_bwd[r].count("reduce_scatter") == 1);
     // Block: attention and MLP each one all-reduce per direction.
     CHECK(blk_fwd[r].total_calls() == 2);

@@ -160,8 +160,8 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
   Activation forward_replicated(X&& xf, int mb) {
     const std::size_t n = O.groups * local_out_;
     Act<FeatureShard> y(Activation({xf.extent(0), n}, uninitialized));  // the GEMM (beta = 0) writes all of it
-    // The gathered input is kept for the weight gradient (16-bit under Autocast): one all-gather less in backward.
-    gemm_forward<B>(mb, std::forward<X>(xf), n, y.tensor());
+    gemm_forward<B>(mb, std::forward<X>(xf), n, y.tensor());            // keeps the input (16-bit under Autocast)
+    keep_own_tokens(mb);
     if (has_bias()) detail::add_row_vector<B>(y.tensor(), bias_.value);
     if constexpr (O.gather_output)
       return GatherFeaturesOf::forward(*comm_, y).tensor();
@@ -188,12 +188,27 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
     pre = Activation({xf.extent(0), local_out_}, uninitialized);  // both written whole by the operation
     Activation y({xf.extent(0), local_out_}, uninitialized);
     gemm_forward_bias_gelu<B>(mb, std::forward<X>(xf), local_out_, pre, y);
+    keep_own_tokens(mb);
     return y;
+  }
+  /**
+   * Sequence parallelism: of the gathered input the forward kept (in the GEMM's operand type), only this rank's
+   * block of tokens stays until the backward, which all-gathers it again (Megatron-LM does the same). Keeping the
+   * gathered input would hold tp times the rows, the activation memory sequence parallelism exists to save; the
+   * price is one all-gather per layer in the backward.
+   */
+  void keep_own_tokens(int mb) {
+    if constexpr (O.sequence_parallel) {
+      if (p_ == 1) return;
+      const detail::GemmOperand full = take_operand(mb, layer_kind);
+      const std::size_t rows = full.rows / p_;
+      keep_operand(mb, detail::operand_rows<B>(full, rank_ * rows, rows));
+    }
   }
 
   /**
-   * B: the input gradient, with the layer's only backward collective (all-reduce; SP: reduce-scatter).
-   * Keeps the gathered input and this rank's output-gradient columns for backward_weight.
+   * B: the input gradient, with the layer's backward collective (all-reduce; SP: the input's all-gather and the
+   * gradient's reduce-scatter). Keeps the gathered input and this rank's output-gradient columns for backward_weight.
    */
   Activation do_backward_input(const Activation& dy_in, int mb) {
     // This rank's output-gradient columns: gathered (gather_output) or `dy_in` itself, which
@@ -206,6 +221,8 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
   template <class Dy>
   Activation backward_input_on(Dy&& dy, int mb) {
     detail::GemmOperand x = take_operand(mb, layer_kind);
+    if constexpr (O.sequence_parallel)
+      if (p_ > 1) x = detail::gather_operand_rows<B>(*comm_, x);  // the input's tokens again (see keep_own_tokens)
     require(dy.extent(0) == x.rows && dy.extent(1) == O.groups * local_out_, "ColumnParallel '", name_,
             "' (tensor rank ", rank_, "): output gradient is ", dy.extent(0), "x", dy.extent(1), ", expected ", x.rows,
             "x", O.groups * local_out_);

@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <string_view>
 #include <type_traits>
@@ -10,6 +11,7 @@
 #include <vector>
 
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/comm/communicator.hpp"
 #include "mpar/core/dtype.hpp"
 #include "mpar/nn/autocast.hpp"
 #include "mpar/nn/backend_copy.hpp"
@@ -99,6 +101,40 @@ GemmOperand make_operand(X&& x, ComputeType t) {
     });
   }
   return op;
+}
+/** Rows `[begin, begin + count)` of a kept operand, copied by `B` (rows are contiguous) in the operand's type. */
+template <backend B>
+GemmOperand operand_rows(const GemmOperand& op, std::size_t begin, std::size_t count) {
+  GemmOperand out{op.type, count, op.cols, {}, {}, {}};
+  const std::size_t n = count * op.cols, offset = begin * op.cols;
+  if (op.type == ComputeType::fp32) {
+    out.f32 = Activation({count, op.cols}, uninitialized);
+    if (n != 0) B::copy(n, op.f32.data() + offset, out.f32.data());
+  } else {
+    with_half(op.type, [&]<class T>(T) {
+      auto& h = out.half_storage<T>();
+      h = B::template allocate<T>(n);
+      if (n != 0) B::copy(n, op.half<T>() + offset, h.data());
+    });
+  }
+  return out;
+}
+/** The operand whose consecutive row blocks the ranks of `comm` hold (this rank's is `shard`), all-gathered. */
+template <backend B, communicator C>
+GemmOperand gather_operand_rows(C& comm, const GemmOperand& shard) {
+  const std::size_t rows = shard.rows * std::size_t(comm.size()), n = rows * shard.cols;
+  GemmOperand out{shard.type, rows, shard.cols, {}, {}, {}};
+  if (shard.type == ComputeType::fp32) {
+    out.f32 = Activation({rows, shard.cols}, uninitialized);  // the all-gather writes every row
+    comm.all_gather(std::span<const float>(shard.f32.span()), out.f32.span());
+  } else {
+    with_half(shard.type, [&]<class T>(T) {
+      auto& h = out.half_storage<T>();
+      h = B::template allocate<T>(n);
+      comm.all_gather(std::span<const T>(shard.half<T>(), shard.rows * shard.cols), std::span<T>(h.data(), n));
+    });
+  }
+  return out;
 }
 /** What W needs from one micro-batch: the input and output-gradient operands. */
 struct WeightGradOperands {
@@ -192,6 +228,8 @@ class LinearState {
   }
   /** B: the input operand kept by `gemm_forward` for micro-batch `mb` (an error naming `kind` if there is none). */
   [[nodiscard]] GemmOperand take_operand(int mb, std::string_view kind) { return operands_.take(mb, kind); }
+  /** Replaces what the forward kept for micro-batch `mb` (e.g. by the part of it a sequence-parallel layer keeps). */
+  void keep_operand(int mb, GemmOperand op) { operands_.put(mb) = std::move(op); }
   /**
    * B: `dx[T, k] = dy[T, n] Wᵀ` in the type the forward used (`x.type`: dy converted once), and keeps `x` and
    * dy for W. In 16-bit mode the bias gradient `db += Σ dy` is accumulated here, from the fp32 dy, so that only

@@ -13,6 +13,8 @@
  * | `GatherFeaturesOf`    | Shard<1> -> Replicate        | all-gather     | Replicate -> Shard<1>            | slice          |
  * | `ReduceScatterTokens` | Partial -> Shard<0>          | reduce-scatter | Shard<0> -> Replicate            | all-gather     |
  * | `GatherTokens`        | Shard<0> -> Replicate        | all-gather     | Partial -> Shard<0>              | reduce-scatter |
+ * | `ScatterTokens`       | Replicate -> Shard<0>        | slice          | Shard<0> -> Replicate            | all-gather     |
+ * | `GatherTokensReplicatedGrad` | Shard<0> -> Replicate | all-gather     | Replicate -> Shard<0>            | slice          |
  *
  * (`Shard<d>` is `Shard<d, axis::tensor>`, `Partial` is `Partial<sum, tensor>`.) The gradient of a
  * Partial value is replicated (`grad_layout_t`); the gradient of a replicated value that fed
@@ -24,6 +26,7 @@
 #include <string_view>
 #include <utility>
 
+#include "mpar/backend/backend.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/activation.hpp"
 #include "mpar/nn/redistribution.hpp"
@@ -41,7 +44,7 @@ template <communicator C>
 [[nodiscard]] Activation gather_tokens(C& comm, const Activation& x) {
   const std::size_t p = std::size_t(comm.size());
   if (p == 1) return x;
-  Activation full({x.extent(0) * p, x.extent(1)});
+  Activation full({x.extent(0) * p, x.extent(1)}, uninitialized);  // the all-gather writes every row
   comm.all_gather(std::span<const float>(x.span()), full.span());
   return full;
 }
@@ -53,7 +56,7 @@ template <communicator C>
   if (p == 1) return x;
   require(x.extent(0) % p == 0, who, " (tensor rank ", comm.rank(), "): ", x.extent(0),
           " tokens cannot be split evenly over ", p, " tensor ranks for sequence parallelism");
-  Activation part({x.extent(0) / p, x.extent(1)});
+  Activation part({x.extent(0) / p, x.extent(1)}, uninitialized);  // the reduce-scatter writes it whole
   comm.reduce_scatter(std::span<const float>(x.span()), part.span(), ReduceOp::sum);
   return part;
 }
@@ -83,6 +86,22 @@ template <communicator C>
 [[nodiscard]] inline Activation local_tokens(const Activation& x, std::size_t p, std::size_t rank) {
   const std::size_t tl = x.extent(0) / p;
   return Activation(x.slice(0, rank * tl, (rank + 1) * tl));
+}
+
+/**
+ * @brief This rank's row block of a replicated `[T, n]`, copied by backend `B` (rows are contiguous: one copy on
+ * the rank's stream). `who` names the caller in the error when `T` does not split evenly.
+ */
+template <backend B, communicator C>
+[[nodiscard]] Activation local_token_rows(C& comm, const Activation& x, std::string_view who) {
+  const std::size_t p = std::size_t(comm.size()), t = x.extent(0);
+  require(t % p == 0, who, " (tensor rank ", comm.rank(), "): ", t, " tokens cannot be split evenly over ", p,
+          " tensor ranks for sequence parallelism; make the tokens per micro-batch (micro-batch size x seq) a "
+          "multiple of ",
+          p);
+  Activation part({t / p, x.extent(1)}, uninitialized);
+  if (part.size() != 0) B::copy(part.size(), x.data() + std::size_t(comm.rank()) * part.size(), part.data());
+  return part;
 }
 
 /** @brief Partial -> Replicate: all-reduce forward; backward identity (Megatron's "g", reduce_from_tp_region). */
@@ -204,8 +223,56 @@ struct GatherTokens {
   }
 };
 
+/**
+ * @brief Replicate -> Shard<0, tensor>: this rank's block of tokens forward; backward all-gathers the token-sharded
+ * gradient (Megatron's scatter_to_sequence_parallel_region). Where a replicated stream of hidden states enters
+ * sequence-parallel work: after the embeddings, at a pipeline stage's input.
+ */
+struct ScatterTokens {
+  using from = Replicate;
+  using to = TokenShard;
+  using grad_to = TokenShard;
+  using grad_from = Replicate;
+  static constexpr std::string_view name = "ScatterTokens", forward_collective = "slice",
+                                    backward_collective = "all-gather";
+  template <backend B, communicator C>
+  static Act<TokenShard> forward(C& comm, const Act<Replicate>& x, std::string_view who) {
+    return Act<TokenShard>(local_token_rows<B>(comm, x.tensor(), who));
+  }
+  template <communicator C>
+  static Act<Replicate> backward(C& comm, Act<TokenShard> dy) {
+    if (comm.size() == 1) return Act<Replicate>(std::move(dy).tensor());
+    return Act<Replicate>(gather_tokens(comm, dy.tensor()));
+  }
+};
+
+/**
+ * @brief Shard<0, tensor> -> Replicate where the gradient comes back replicated (the same on every tensor rank,
+ * as a pipeline stage's output gradient does): all-gather forward; backward keeps this rank's rows (Megatron's
+ * gather_from_sequence_parallel_region with tensor_parallel_output_grad = false). `GatherTokens` is the form for
+ * a consumer that splits its work over the ranks (a column-parallel matmul), whose gradient is Partial.
+ */
+struct GatherTokensReplicatedGrad {
+  using from = TokenShard;
+  using to = Replicate;
+  using grad_to = Replicate;
+  using grad_from = TokenShard;
+  static constexpr std::string_view name = "GatherTokensReplicatedGrad", forward_collective = "all-gather",
+                                    backward_collective = "slice";
+  template <communicator C>
+  static Act<Replicate> forward(C& comm, Act<TokenShard> x) {
+    if (comm.size() == 1) return Act<Replicate>(std::move(x).tensor());
+    return Act<Replicate>(gather_tokens(comm, x.tensor()));
+  }
+  template <backend B, communicator C>
+  static Act<TokenShard> backward(C& comm, const Act<Replicate>& dy, std::string_view who) {
+    return Act<TokenShard>(local_token_rows<B>(comm, dy.tensor(), who));
+  }
+};
+
 static_assert(redistribution<ReduceToReplicate> && redistribution<CopyToTensorRegion> &&
               redistribution<ScatterFeatures> && redistribution<GatherFeaturesOf> &&
-              redistribution<ReduceScatterTokens> && redistribution<GatherTokens>);
+              redistribution<ReduceScatterTokens> && redistribution<GatherTokens> && redistribution<ScatterTokens> &&
+              redistribution<GatherTokensReplicatedGrad>);
 
 }  // namespace mpar::nn
