@@ -146,8 +146,10 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
   Activation on_replicated_input(const Activation& x_in, F&& f) {
     require(x_in.extent(1) == in_, "ColumnParallel '", name_, "' (tensor rank ", rank_, "): input has ", x_in.extent(1),
             " features, expected ", in_);
+    // GatherTokens' forward, reading the caller's shard in place: wrapping `x_in` in an Act would copy it on the
+    // host (on a stream-ordered backend before the operation that writes it has run).
     if constexpr (O.sequence_parallel)
-      return f(GatherTokens::forward(*comm_, Act<TokenShard>(x_in)).tensor());
+      return p_ == 1 ? f(x_in) : f(gather_tokens(*comm_, x_in));
     else
       return f(x_in);
   }

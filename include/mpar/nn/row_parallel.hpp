@@ -132,7 +132,8 @@ class RowParallel : public detail::LinearState, public detail::TypedLayer<RowPar
     // copies in fp32 or converts under Autocast for W) or all-gather (reduce-scatter); a Partial output's
     // gradient is already replicated.
     if constexpr (R == RowReduce::reduce_scatter)
-      return backward_input_on(ReduceScatterTokens::backward(*comm_, Act<TokenShard>(dy_in)).tensor(), mb);
+      // ReduceScatterTokens' backward, reading the caller's gradient in place (as ColumnParallel's forward gathers).
+      return comm_->size() == 1 ? backward_input_on(dy_in, mb) : backward_input_on(gather_tokens(*comm_, dy_in), mb);
     else
       return backward_input_on(dy_in, mb);
   }
