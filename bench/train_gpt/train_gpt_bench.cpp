@@ -67,7 +67,8 @@ void run_round(const models::GptTrainConfig& base, int microbatches, const data:
   cfg.tp = l.tp;
   cfg.pp = l.pp;
   cfg.dp = l.dp;
-  if (l.dp == 1) cfg.zero = 0;  // ZeRO shards over the data axis: nothing to shard without one
+  if (l.dp == 1) cfg.zero = 0;                         // ZeRO shards over the data axis: nothing to shard without one
+  if (l.tp == 1) cfg.model.sequence_parallel = false;  // the same run: nothing to split tokens over
   cfg.steps = warm + counted;
   cfg.warmup = 0;
   std::mutex mu;
@@ -125,6 +126,7 @@ int main(int argc, char** argv) {
     p.option("steps", counted, "counted steps per layout and round").range(1, 1000);
     p.option("max-ranks", max_ranks, "largest world measured (1, 2 or 4)").range(1, 4);
     p.option("zero", cfg.zero, "ZeRO stage of the layouts with dp > 1 (0: none)").range(0, 3);
+    p.flag("sequence-parallel", cfg.model.sequence_parallel, "sequence parallelism in the layouts with tp > 1");
     p.choice("precision", cfg.precision, {{"fp32", "fp32"}, {"bf16", "bf16"}},
              "compute precision (bf16: the GEMMs on bf16 operands with fp32 accumulation, fp32 masters)");
     p.option("data", data, "training text");
@@ -155,11 +157,12 @@ int main(int argc, char** argv) {
 
     std::printf(
         "bench_train_gpt: %zu parameters (hidden %zu, %zu layers, %zu heads, seq %zu, vocab %zu), global batch %zu, "
-        "micro-batches per data rank %s, schedule %s, AdamW, precision %s\n",
+        "micro-batches per data rank %s, schedule %s, AdamW, precision %s%s\n",
         cfg.model.parameter_count(), cfg.model.hidden, cfg.model.layers, cfg.model.heads, cfg.model.seq,
         cfg.model.vocab, cfg.global_batch,
         microbatches > 0 ? std::to_string(microbatches).c_str() : "1 without a pipeline, 2 x pp with one",
-        cfg.schedule.c_str(), cfg.precision.c_str());
+        cfg.schedule.c_str(), cfg.precision.c_str(),
+        cfg.model.sequence_parallel ? ", sequence parallelism where tp > 1" : "");
     std::printf("%zu rounds x (%zu warm-up + %zu counted steps) per layout; load average at start %s\n", rounds, warm,
                 counted, load_average().c_str());
     std::fflush(stdout);
@@ -208,7 +211,8 @@ int main(int argc, char** argv) {
     }
     bench::print_result_json("train_gpt", best2, single, "tokens/s", true,
                              "\"best\": \"" + best2_name + "\", \"precision\": \"" + cfg.precision +
-                                 "\", \"load\": " + load_average() + ", \"layouts\": [" + table.str() + "]");
+                                 "\", \"sequence_parallel\": " + (cfg.model.sequence_parallel ? "true" : "false") +
+                                 ", \"load\": " + load_average() + ", \"layouts\": [" + table.str() + "]");
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_train_gpt: %s\n", e.what());

@@ -77,6 +77,9 @@ Options parse(int argc, char** argv) {
   p.option("microbatches", t.microbatches, "micro-batches per step and data-parallel rank").range(1, 1 << 16);
   p.option("chunks", t.chunks, "model chunks per pipeline rank (interleaved_1f1b)").range(1, 64);
   p.flag("recompute", t.recompute, "recompute activations in backward (keep only stage inputs)");
+  p.flag("sequence-parallel", t.model.sequence_parallel,
+         "sequence parallelism: layer norms, residuals and dropout on each tensor rank's block of the tokens; "
+         "all-gathers and reduce-scatters instead of all-reduces (dense models, --cp 1)");
   p.choice("precision", t.precision, {{"fp32", "fp32"}, {"bf16", "bf16"}, {"f16", "f16"}},
            "compute precision (fp32 masters)");
   p.choice("optimizer", t.optimizer, {{"adamw", "adamw"}, {"sgd", "sgd"}}, "optimizer");

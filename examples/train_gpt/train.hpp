@@ -145,6 +145,7 @@ inline plan::MemoryEstimate estimate_rank_memory(const models::GptTrainConfig& c
   c.schedule = plan::parse_schedule(cfg.schedule).value_or(plan::ScheduleKind::one_f_one_b);
   c.virtual_stages = std::size_t(cfg.chunks);
   c.recompute = cfg.recompute ? plan::Recompute::full : plan::Recompute::none;
+  c.sequence_parallel = cfg.model.sequence_parallel;
   c.zero1 = cfg.zero_stage() >= 1;
   c.zero2 = cfg.zero_stage() >= 2;
   c.zero3 = cfg.zero_stage() == 3;
@@ -206,6 +207,8 @@ inline void preflight(const Options& o) {
           o.mem_limit_gib > 0 ? std::string("--mem-limit-gib")
                               : "physical memory / " + std::to_string(local_ranks(o)) + " ranks",
           "): use --recompute, --zero 1, 2 or 3, more --pp stages, ",
+          cfg.tp > 1 && !cfg.model.sequence_parallel && cfg.cp == 1 && cfg.model.experts == 0 ? "--sequence-parallel, "
+                                                                                              : "",
           cfg.model.experts > 0 ? "the experts over more ranks (--ep), " : "",
           "fewer sequences per micro-batch (--batch, --microbatches), a smaller model, or set --mem-limit-gib");
 }
@@ -470,7 +473,8 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
           "attention); ranks ordered tensor, context, data, pipeline\n",
           cfg.model.seq, cfg.cp, cfg.model.seq / (2 * cfg.cp));
     std::printf(
-        "mesh tp=%zu pp=%zu dp=%zu ep=%zu on %d %s ranks | schedule %s, %d micro-batches of %zu sequences%s | %s%s%s\n",
+        "mesh tp=%zu pp=%zu dp=%zu ep=%zu on %d %s ranks | schedule %s, %d micro-batches of %zu sequences%s | "
+        "%s%s%s%s\n",
         cfg.tp, cfg.pp, cfg.dp, cfg.ep, world.size(), world.name().c_str(), cfg.schedule.c_str(), cfg.microbatches,
         cfg.microbatch_size(), cfg.chunks > 1 ? (", " + std::to_string(cfg.chunks) + " chunks").c_str() : "",
         cfg.precision.c_str(),
@@ -478,7 +482,7 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
         : cfg.zero_stage() == 2 ? ", ZeRO-2"
         : cfg.zero_stage() == 1 ? ", ZeRO-1"
                                 : "",
-        cfg.recompute ? ", recompute" : "");
+        cfg.recompute ? ", recompute" : "", cfg.model.sequence_parallel ? ", sequence parallel" : "");
   }
   std::ofstream metrics;
   if (lead && !o.metrics.empty()) {

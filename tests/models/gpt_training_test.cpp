@@ -405,6 +405,95 @@ TEST_CASE("with dropout every layout reproduces the single-rank run: the masks f
   require_equivalent(run(cp_pp, 20), ref, "dropout cp=2 pp=2", true);
 }
 
+/** `c` with sequence parallelism on. */
+models::GptTrainConfig sequence_parallel(models::GptTrainConfig c) {
+  c.model.sequence_parallel = true;
+  return c;
+}
+
+TEST_CASE("sequence parallelism reproduces the single-rank run: with pp, dp, every schedule, recomputation and ZeRO",
+          "[models][gpt][sequence]") {
+  const RunResult& ref = reference_sgd();
+  // tp = 4 splits each micro-batch's 4 x 16 tokens into blocks of 16; dp = 2 halves the micro-batches.
+  for (auto [tp, pp, dp] :
+       {std::tuple<std::size_t, std::size_t, std::size_t>{2, 1, 1}, {4, 1, 1}, {2, 2, 1}, {2, 1, 2}, {2, 2, 2}})
+    require_equivalent(run(sequence_parallel(small_sgd(tp, pp, dp)), 20), ref,
+                       "sp tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp), true);
+  // Split backward (the blocks' W deferred) with recomputation; the interleaved schedule's chunks; the stage
+  // boundaries' all-gathers over NCCL's in-order point-to-point semantics.
+  auto zb = sequence_parallel(small_sgd(2, 2, 1, "zb_h1"));
+  zb.recompute = true;
+  require_equivalent(run(zb, 20), ref, "sp zb_h1 with recomputation", true);
+  auto inter = sequence_parallel(small_sgd(2, 2, 1, "interleaved_1f1b"));
+  inter.chunks = 2;
+  require_equivalent(run(inter, 20), ref, "sp interleaved_1f1b, 2 chunks", true);
+  require_equivalent(run<NcclLike>(sequence_parallel(small_sgd(2, 2, 1, "gpipe")), 20), ref, "sp gpipe, NCCL semantics",
+                     true);
+  // AdamW with ZeRO-3 (each block's weights gathered around its token-sharded passes): losses and gradient norms.
+  auto z3 = sequence_parallel(small(2, 1, 2));
+  z3.zero = 3;
+  require_equivalent(run(z3, 20), reference(), "sp AdamW ZeRO-3 tp=2 dp=2", false);
+}
+
+TEST_CASE("sequence parallelism with dropout and under bf16 reproduces the single-rank run",
+          "[models][gpt][sequence][dropout][precision]") {
+  // Each tensor rank drops the elements of its block of rows that the single rank drops there.
+  const RunResult dropout_ref = run(small_dropout(1, 1, 1), 20);
+  for (auto [tp, pp] : {std::pair<std::size_t, std::size_t>{2, 1}, {4, 1}, {2, 2}})
+    require_equivalent(run(sequence_parallel(small_dropout(tp, pp, 1)), 20), dropout_ref,
+                       "sp dropout tp=" + std::to_string(tp) + " pp=" + std::to_string(pp), true);
+  auto bf16 = [](models::GptTrainConfig c) {
+    c.precision = "bf16";
+    return c;
+  };
+  const RunResult bf16_ref = run(bf16(small_sgd(1, 1, 1)), 10);
+  require_bf16_equivalent(run(sequence_parallel(bf16(small_sgd(2, 2, 1))), 10), bf16_ref, "sp bf16 tp=2 pp=2", true);
+}
+
+TEST_CASE("a checkpoint saved under sequence parallelism resumes without it, and the other way round",
+          "[models][gpt][sequence][checkpoint]") {
+  const fs::path dir = fs::temp_directory_path() / "mpar-test-gpt-resume-sp";
+  fs::remove_all(dir);
+  (void)run(sequence_parallel(small(2, 1, 1)), 10, "", dir.string());
+  require_continues(run(small(2, 1, 1), 20, dir.string()), reference(), 10);
+  require_continues(run(small(1, 1, 1), 20, dir.string()), reference(), 10);
+  fs::remove_all(dir);
+  (void)run(small(1, 2, 1), 10, "", dir.string());
+  require_continues(run(sequence_parallel(small(2, 2, 1)), 20, dir.string()), reference(), 10);
+  fs::remove_all(dir);
+}
+
+TEST_CASE("sequence-parallel configurations that cannot run are refused, naming the fix",
+          "[models][gpt][sequence][errors]") {
+  auto expect = [](models::GptTrainConfig c, std::size_t world, const std::string& text) {
+    INFO(text);
+    REQUIRE_THROWS_WITH(c.validate(world), Catch::Contains(text));
+  };
+  auto odd = sequence_parallel(small(2, 1, 1));
+  odd.model.seq = 15;
+  expect(odd, 2, "--sequence-parallel splits each sequence's 15 tokens over --tp 2 ranks");
+  auto cp = sequence_parallel(small_cp(2, 2, 1, 1));
+  expect(cp, 4, "--sequence-parallel with --cp 2");
+  auto moe = sequence_parallel(small(2, 1, 1));
+  moe.model.experts = 4;
+  expect(moe, 2, "the MoE blocks are not sequence-parallel; use --experts 0, or drop --sequence-parallel");
+  // A stage built by hand is refused too, not only the trainer's configuration.
+  models::GptConfig g = sequence_parallel(small(1, 1, 1)).model;
+  g.experts = 4;
+  run_threads(1, [&](ThreadsCommunicator& w) {
+    REQUIRE_THROWS_WITH((models::GptPipelinePart<ThreadsCommunicator>(w, g, true, true, 0, g.layers)),
+                        Catch::Contains("sequence parallelism with MoE blocks is not supported"));
+  });
+  // Hidden states whose rows do not split over the tensor ranks (a middle stage fed 15 rows) name the sizes and fix.
+  const models::GptConfig h = sequence_parallel(small(2, 1, 1)).model;
+  run_threads(2, [&](ThreadsCommunicator& w) {
+    models::GptPipelinePart<ThreadsCommunicator> middle(w, h, false, false, 0, 2);
+    const nn::Act<Replicate> x(nn::Activation({15, h.hidden}));
+    REQUIRE_THROWS_WITH(middle.forward(x, 0), Catch::Contains("15 tokens cannot be split evenly over 2 tensor ranks") &&
+                                                  Catch::Contains("multiple of 2"));
+  });
+}
+
 TEST_CASE("context-parallel configurations that cannot run are refused, naming the fix",
           "[models][gpt][context][errors]") {
   auto expect = [](models::GptTrainConfig c, std::size_t world, const std::string& text) {

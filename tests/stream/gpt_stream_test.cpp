@@ -150,6 +150,13 @@ std::vector<std::pair<std::string, models::GptTrainConfig>> layouts() {
   auto cp2dp2 = testing::small_gpt(1, 1, 2);
   cp2dp2.cp = 2;
   out.emplace_back("cp2 x dp2", cp2dp2);
+  // Sequence parallelism: the token shards' slices are backend copies, the gathers and reduce-scatters collectives
+  // on the rank's stream, and a column projection's kept shard is all-gathered again in its backward.
+  auto sp = testing::small_gpt(2, 2, 1);
+  sp.model.sequence_parallel = true;
+  out.emplace_back("sp tp2 x pp2", sp);
+  sp.precision = "bf16";
+  out.emplace_back("sp tp2 x pp2 bf16", sp);
   for (const char* p : {"bf16", "f16"}) {
     auto one = testing::small_gpt(1, 1, 1);
     one.precision = p;
@@ -209,6 +216,14 @@ TEST_CASE(
     "[stream][gpt][discrete][context]") {
   check_equal_to_host<StreamHostBackend>({"cp2", "cp2 x dp2"}, 2);
   check_equal_to_host<DiscreteHostBackend>({"cp2", "cp2 x dp2"}, 2);
+}
+
+TEST_CASE(
+    "GPT over StreamHostBackend and DiscreteHostBackend: sequence parallelism equals HostBackend bit for bit, "
+    "without the host touching rank memory",
+    "[stream][gpt][discrete][sequence]") {
+  check_equal_to_host<StreamHostBackend>({"sp tp2 x pp2", "sp tp2 x pp2 bf16"}, 2);
+  check_equal_to_host<DiscreteHostBackend>({"sp tp2 x pp2", "sp tp2 x pp2 bf16"}, 2);
 }
 
 TEST_CASE("GPT over StreamHostBackend: interleaved and zero-bubble schedules equal HostBackend bit for bit",

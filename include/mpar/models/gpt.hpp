@@ -35,7 +35,9 @@
 #include <memory>
 #include <optional>
 #include <span>
+#include <stdexcept>
 #include <string>
+#include <type_traits>
 #include <utility>
 #include <vector>
 
@@ -64,6 +66,10 @@ struct GptConfig {
   double moe_capacity = 1.25;    ///< capacity factor (<= 0: unlimited, nothing dropped)
   float moe_aux_weight = 0.01f;  ///< coefficient of the load-balancing loss
   std::size_t moe_every = 1;     ///< every n-th block is MoE: blocks n-1, 2n-1, ... (1: all, 2: every other)
+  /// Sequence parallelism (Korthikanti et al., 2022): inside each stage the layer norms, residual additions and
+  /// dropout work on this tensor rank's block of the tokens, and each block's tensor collectives are all-gathers
+  /// and reduce-scatters instead of all-reduces. The same parameters and results as without; dense models only.
+  bool sequence_parallel = false;
 
   /** Whether block `b` (0-based) holds a mixture of experts instead of a dense MLP. */
   [[nodiscard]] bool is_moe_block(std::size_t b) const {
@@ -124,6 +130,8 @@ struct GptConfig {
               "; use --experts as a multiple of --ep ", ep, " or an --ep dividing ", experts);
       require(moe_aux_weight >= 0.0f, "GPT: --aux-coef ", moe_aux_weight, " must not be negative");
     }
+    require(!sequence_parallel || experts == 0, "GPT: --sequence-parallel with --experts ", experts,
+            ": the MoE blocks are not sequence-parallel; use --experts 0, or drop --sequence-parallel");
     require(ep == 1 || experts > 0, "GPT: --ep ", ep, " spreads experts, but the model has none; add --experts N ",
             "(a multiple of ", ep, ") or use --ep 1");
   }
@@ -154,26 +162,40 @@ struct GptMoeGroups {
 };
 
 namespace detail {
-/** What a stage asks of one block, dense or MoE (a virtual call per block and micro-batch is noise). */
+/**
+ * What a stage asks of one block, dense or MoE (a virtual call per block and micro-batch is noise). A block's
+ * hidden states are `Act<Replicate>`, or `Act<TokenShard>` under sequence parallelism: it implements the passes of
+ * its own layout, and the stage, which built its blocks for one layout, only calls those.
+ */
 struct GptBlock {
   virtual ~GptBlock() = default;
-  virtual nn::Act<Replicate> forward(const nn::Act<Replicate>& x, int mb) = 0;
-  virtual nn::Act<Replicate> backward_input(const nn::Act<Replicate>& dy, int mb) = 0;
+  virtual nn::Act<Replicate> forward(const nn::Act<Replicate>&, int) { wrong_layout(); }
+  virtual nn::Act<Replicate> backward_input(const nn::Act<Replicate>&, int) { wrong_layout(); }
+  virtual nn::Act<nn::TokenShard> forward(const nn::Act<nn::TokenShard>&, int) { wrong_layout(); }
+  virtual nn::Act<nn::TokenShard> backward_input(const nn::Act<nn::TokenShard>&, int) { wrong_layout(); }
   virtual void backward_weight(int mb) = 0;
   virtual std::vector<nn::Parameter*> parameters() = 0;
   virtual void drop(int mb) = 0;
   virtual void set_recompute(bool on) = 0;
   virtual void set_aux_gradient(float) {}
   virtual void set_statistics(const parallel::MoeStatistics&) {}
+
+ private:
+  [[noreturn]] static void wrong_layout() {
+    throw std::logic_error(
+        "GptPipelinePart: a block was passed hidden states of a layout it was not built for (Replicate vs "
+        "TokenShard); the stage builds all its blocks for GptConfig::sequence_parallel and must pass that layout");
+  }
 };
 template <class Block>
 struct GptBlockOf final : GptBlock {
+  using L = typename Block::default_input;  ///< Replicate, or TokenShard for a sequence-parallel block
+  using GptBlock::backward_input;
+  using GptBlock::forward;
   template <class... A>
   explicit GptBlockOf(A&&... a) : block(std::forward<A>(a)...) {}
-  nn::Act<Replicate> forward(const nn::Act<Replicate>& x, int mb) override { return block.forward(x, mb); }
-  nn::Act<Replicate> backward_input(const nn::Act<Replicate>& dy, int mb) override {
-    return block.backward_input(dy, mb);
-  }
+  nn::Act<L> forward(const nn::Act<L>& x, int mb) override { return block.forward(x, mb); }
+  nn::Act<L> backward_input(const nn::Act<L>& dy, int mb) override { return block.backward_input(dy, mb); }
   void backward_weight(int mb) override { block.backward_weight(mb); }
   std::vector<nn::Parameter*> parameters() override { return block.parameters(); }
   void drop(int mb) override { block.drop(mb); }
@@ -193,6 +215,8 @@ struct GptBlockOf final : GptBlock {
  */
 template <class Block, backend B>
 struct GptRingBlockOf final : GptBlock {
+  using GptBlock::backward_input;
+  using GptBlock::forward;
   template <class... A>
   explicit GptRingBlockOf(A&&... a) : block(std::forward<A>(a)...) {}
   nn::Act<Replicate> forward(const nn::Act<Replicate>& x, int mb) override {
@@ -218,6 +242,7 @@ template <communicator C, backend B = HostBackend>
 class GptPipelinePart {
  public:
   using Block = nn::TransformerBlock<C, false, B>;
+  using SequenceParallelBlock = nn::TransformerBlock<C, true, B>;
   using MoeBlock = MoeTransformerBlock<C, B>;
   using GradientsFinalHook = std::function<void(const std::vector<nn::Parameter*>&)>;
   using backend_type = B;  ///< the executor scales the loss gradient with it
@@ -229,9 +254,13 @@ class GptPipelinePart {
    */
   GptPipelinePart(C& tp, const GptConfig& cfg, bool first, bool last, std::size_t first_block, std::size_t block_count,
                   nn::Parameter* shared_embedding = nullptr, GptMoeGroups<C> moe_groups = {}, C* context = nullptr)
-      : tp_(&tp), cfg_(cfg), first_(first), last_(last), cp_(context ? std::size_t(context->size()) : 1),
-        cp_rank_(context ? std::size_t(context->rank()) : 0) {
+      : tp_(&tp), cfg_(cfg), first_(first), last_(last), sp_(cfg.sequence_parallel),
+        cp_(context ? std::size_t(context->size()) : 1), cp_rank_(context ? std::size_t(context->rank()) : 0) {
     tokens_.seq = cfg.seq, tokens_.cp = cp_, tokens_.cp_rank = cp_rank_;  // the rest per step
+    require(!cfg.sequence_parallel || (cp_ == 1 && !cfg.has_moe()), "GptPipelinePart: sequence parallelism with ",
+            cp_ > 1 ? "context parallelism (cp " + std::to_string(cp_) + ")" : std::string("MoE blocks"),
+            " is not supported; set GptConfig::sequence_parallel = false (drop --sequence-parallel)",
+            cp_ > 1 ? " or use cp 1" : " or use a dense model (--experts 0)");
     if (cp_ > 1) {
       require(!cfg.has_moe(), "GptPipelinePart: context parallelism (cp ", cp_,
               ") with MoE blocks is not supported; use cp 1 "
@@ -281,12 +310,17 @@ class GptPipelinePart {
         }
         blocks_.push_back(std::make_unique<detail::GptBlockOf<MoeBlock>>(tp, *moe_groups.expert, *moe_groups.tokens, bc,
                                                                          cfg.moe_config()));
+      } else if (sp_) {
+        blocks_.push_back(std::make_unique<detail::GptBlockOf<SequenceParallelBlock>>(tp, bc));
       } else {
         blocks_.push_back(std::make_unique<detail::GptBlockOf<Block>>(tp, bc));
       }
     }
     if (last_) {
-      final_ln_.emplace(cfg.hidden, cfg.seed, GptConfig::final_norm_id, "final_norm");
+      if (sp_)
+        final_ln_sp_.emplace(tp, cfg.hidden, cfg.seed, GptConfig::final_norm_id, "final_norm");
+      else
+        final_ln_.emplace(cfg.hidden, cfg.seed, GptConfig::final_norm_id, "final_norm");
       if (first_) {
         head_ = embed_->parameters()[0];
       } else if (shared_embedding != nullptr) {
@@ -372,20 +406,35 @@ class GptPipelinePart {
   nn::Act<Replicate> forward(const nn::Act<Replicate>& x, int mb) {
     require(!last_,
             "GptPipelinePart: the last stage returns vocab-sharded logits, not hidden states; call forward_to_loss");
-    return hidden(x, mb);
+    // Under sequence parallelism the next stage receives whole rows, as every stage boundary carries them, and
+    // sends back a gradient that is the same on every tensor rank: each keeps its own rows of it.
+    if (sp_) return nn::GatherTokensReplicatedGrad::forward(*tp_, hidden<nn::TokenShard>(x, mb));
+    return hidden<Replicate>(x, mb);
   }
   /** Forward of micro-batch `mb` on the last stage: tokens or hidden states in, this rank's vocab-sharded logits out. */
   nn::Act<nn::FeatureShard> forward_to_loss(const nn::Act<Replicate>& x, int mb) {
     require(last_, "GptPipelinePart: only the last stage returns logits; call forward on the others");
-    nn::Act<Replicate> h = hidden(x, mb);
+    if (sp_) {
+      nn::Act<nn::TokenShard> h = hidden<nn::TokenShard>(x, mb);
+      return use_unit(head_unit(), no_unit, [&] { return head_forward(std::move(h), mb); });
+    }
+    nn::Act<Replicate> h = hidden<Replicate>(x, mb);
     return use_unit(head_unit(), no_unit, [&] { return head_forward(std::move(h), mb); });
   }
 
  private:
-  nn::Act<nn::FeatureShard> head_forward(nn::Act<Replicate> h, int mb) {
+  /** The final layer norm and the tied head: the last block's hidden states (`L`) in, vocab-sharded logits out. */
+  template <class L>
+  nn::Act<nn::FeatureShard> head_forward(nn::Act<L> h, int mb) {
     // The tied head is column-parallel over the vocabulary: f (identity forward), then this rank's
-    // vocabulary rows of E give vocab-sharded logits.
-    nn::Act<Replicate> hn = nn::CopyToTensorRegion::forward(*tp_, final_ln_->forward(h, mb));
+    // vocabulary rows of E give vocab-sharded logits. Under sequence parallelism the norm works on this rank's
+    // tokens and an all-gather replaces f (its backward reduce-scatters the head's Partial input gradient).
+    nn::Act<Replicate> hn = [&] {
+      if constexpr (std::is_same_v<L, nn::TokenShard>)
+        return nn::GatherTokens::forward(*tp_, final_ln_sp_->forward(h, mb));
+      else
+        return nn::CopyToTensorRegion::forward(*tp_, final_ln_->forward(h, mb));
+    }();
     nn::Act<nn::FeatureShard> logits(nn::Activation({hn.extent(0), head_->local_box[0].extent}, uninitialized));
     // Inside an Autocast scope the head's products take 16-bit operands (the input converted once, kept for
     // W; the weight once per scope) and accumulate in fp32: the logits and the loss stay fp32.
@@ -417,6 +466,7 @@ class GptPipelinePart {
     require(
         !last_,
         "GptPipelinePart: the last stage's output gradient is the vocab-sharded logit gradient (Act<FeatureShard>)");
+    if (sp_) return blocks_backward_input(nn::GatherTokensReplicatedGrad::backward<B>(*tp_, dy, "GptPipelinePart"), mb);
     return blocks_backward_input(nn::backend_copy<B>(dy), mb);
   }
   /** B of the last stage: from this rank's vocab-sharded logit gradient. */
@@ -424,7 +474,13 @@ class GptPipelinePart {
     require(
         last_,
         "GptPipelinePart: only the last stage takes a logit gradient; pass the hidden-state gradient (Act<Replicate>)");
-    nn::Act<Replicate> dh = use_unit(head_unit(), head_unit() - 1, [&] { return head_backward_input(dlogits, mb); });
+    if (sp_) {
+      nn::Act<nn::TokenShard> dh =
+          use_unit(head_unit(), head_unit() - 1, [&] { return head_backward_input<nn::TokenShard>(dlogits, mb); });
+      return blocks_backward_input(std::move(dh), mb);
+    }
+    nn::Act<Replicate> dh =
+        use_unit(head_unit(), head_unit() - 1, [&] { return head_backward_input<Replicate>(dlogits, mb); });
     return blocks_backward_input(std::move(dh), mb);
   }
 
@@ -434,48 +490,34 @@ class GptPipelinePart {
    * on_gradients_final) is the last one, so after it each layer's gradients are final.
    */
   void backward_weight(int mb) {
-    const bool final = hook_ && weights_done_ + 1 == microbatches_;
-    ++weights_done_;
-    if (last_) {
-      auto w =
-          head_pending_.take(mb, "GptPipelinePart head backward_weight (no backward_input ran for this micro-batch)");
-      const std::size_t t = w.dy.rows, vl = w.dy.cols, h = cfg_.hidden;
-      if (w.dy.type == nn::ComputeType::fp32) {
-        B::template gemm<float>(Trans::yes, Trans::no, vl, h, t, 1.0f, w.dy.f32.data(), vl, w.x.f32.data(), h, 1.0f,
-                                head_->grad.data(), h);
-      } else {
-        nn::detail::with_half(w.dy.type, [&]<class T>(T) {
-          B::template gemm<T, float>(Trans::yes, Trans::no, vl, h, t, 1.0f, w.dy.template half<T>(), vl,
-                                     w.x.template half<T>(), h, 1.0f, head_->grad.data(), h);
-        });
-      }
-      if (final) hook_(final_ln_->parameters());
-    }
-    for (std::size_t i = blocks_.size(); i-- > 0;) {
-      blocks_[i]->backward_weight(mb);
-      if (final) hook_(blocks_[i]->parameters());
-    }
-    if (first_) {
-      auto e = embed_pending_.take(
-          mb, "GptPipelinePart embedding backward_weight (no backward_input ran for this micro-batch)");
-      embed_backward(std::move(e.dy), mb, final);
-    }
+    const bool final = weights_final();
+    if (last_) head_backward_weight(mb, final);
+    for (std::size_t i = blocks_.size(); i-- > 0;) block_backward_weight(i, mb, final);
+    if (first_) embeddings_backward_weight(mb, final);
   }
 
-  /** Backward of micro-batch `mb` (hidden-state gradient, or the last stage's logit gradient): B then W. */
+  /**
+   * Backward of micro-batch `mb` (hidden-state gradient, or the last stage's logit gradient): B and W of the head,
+   * then of each block from the last, then of the embeddings, so that each projection's kept operands are freed
+   * as soon as its weight gradient is made (a stage's split B then W would hold every block's at once) and each
+   * group's gradients are final, for the data-parallel buckets, as early as they can be. The same arithmetic as
+   * `backward_input` followed by `backward_weight`.
+   */
   template <class G>
     requires std::same_as<G, Replicate> || std::same_as<G, nn::FeatureShard> nn::Act<Replicate> backward(
         const nn::Act<G>& dy, int mb) {
-      nn::Act<Replicate> dx = backward_input(dy, mb);
-      backward_weight(mb);
-      return dx;
+      if (sp_) return unit_by_unit_backward<nn::TokenShard>(dy, mb);
+      return unit_by_unit_backward<Replicate>(dy, mb);
     }
 
   void drop(int mb) {
     if (embed_) embed_->drop(mb);
     for (auto& b : blocks_) b->drop(mb);
     if (last_) {
-      final_ln_->drop(mb);
+      if (sp_)
+        final_ln_sp_->drop(mb);
+      else
+        final_ln_->drop(mb);
       head_inputs_.drop(mb);
       head_pending_.drop(mb);
     }
@@ -491,7 +533,7 @@ class GptPipelinePart {
     }
     for (auto& b : blocks_) nn::detail::append(ps, b->parameters());
     if (last_) {
-      nn::detail::append(ps, final_ln_->parameters());
+      nn::detail::append(ps, final_norm_parameters());
       if (head_ == &head_copy_) ps.push_back(&head_copy_);
     }
     return ps;
@@ -546,7 +588,7 @@ class GptPipelinePart {
     if (first_) out.push_back({embed_->parameters()[0], &pos_});
     for (auto& b : blocks_) out.push_back(b->parameters());
     if (last_) {
-      out.push_back(final_ln_->parameters());
+      out.push_back(final_norm_parameters());
       if (head_ != &head_copy_) out.back().push_back(head_);
     }
     return out;
@@ -595,20 +637,52 @@ class GptPipelinePart {
     return out;
   }
 
-  /** The embeddings (first stage) and the blocks: tokens or hidden states in, hidden states out. */
-  nn::Act<Replicate> hidden(const nn::Act<Replicate>& x, int mb) {
+  [[nodiscard]] std::vector<nn::Parameter*> final_norm_parameters() {
+    return sp_ ? final_ln_sp_->parameters() : final_ln_->parameters();
+  }
+
+  /**
+   * The embeddings (first stage) and the blocks: tokens or hidden states in, the last block's hidden states out, as
+   * `Act<L>` (`TokenShard` under sequence parallelism: the replicated input is split into the tensor ranks' blocks
+   * of tokens after the embeddings' sum, as Megatron-LM's embedding does).
+   */
+  template <class L>
+  nn::Act<L> hidden(const nn::Act<Replicate>& x, int mb) {
     const std::size_t after_blocks = last_ ? head_unit() : no_unit;
-    nn::Act<Replicate> h = first_ ? use_unit(0, block_unit(0), [&] { return embed(x, mb); }) : nn::backend_copy<B>(x);
+    nn::Act<L> h = [&] {
+      if constexpr (std::is_same_v<L, nn::TokenShard>) {
+        if (!first_) return nn::ScatterTokens::forward<B>(*tp_, x, "GptPipelinePart");
+        return nn::ScatterTokens::forward<B>(*tp_, use_unit(0, block_unit(0), [&] { return embed(x, mb); }),
+                                             "GptPipelinePart (embeddings)");
+      } else {
+        return first_ ? use_unit(0, block_unit(0), [&] { return embed(x, mb); }) : nn::backend_copy<B>(x);
+      }
+    }();
     for (std::size_t i = 0; i < blocks_.size(); ++i)
       h = use_unit(block_unit(i), i + 1 < blocks_.size() ? block_unit(i + 1) : after_blocks,
                    [&] { return blocks_[i]->forward(h, mb); });
     return h;
   }
   /** B of the blocks (and, first stage, the embeddings' pending gradient); the first stage returns a zero token gradient. */
-  nn::Act<Replicate> blocks_backward_input(nn::Act<Replicate> dy, int mb) {
+  template <class L>
+  nn::Act<Replicate> blocks_backward_input(nn::Act<L> dy_blocks, int mb) {
     for (std::size_t i = blocks_.size(); i-- > 0;)
-      dy = use_unit(block_unit(i), i > 0 ? block_unit(i - 1) : no_unit,
-                    [&] { return blocks_[i]->backward_input(dy, mb); });
+      dy_blocks = use_unit(block_unit(i), i > 0 ? block_unit(i - 1) : no_unit,
+                           [&] { return blocks_[i]->backward_input(dy_blocks, mb); });
+    return stage_input_gradient(std::move(dy_blocks), mb);
+  }
+  /**
+   * The gradient of the stage's input from its first block's (whole rows again under sequence parallelism); the
+   * first stage keeps it for the embeddings' W and returns a placeholder (token ids have no gradient).
+   */
+  template <class L>
+  nn::Act<Replicate> stage_input_gradient(nn::Act<L> dy_blocks, int mb) {
+    nn::Act<Replicate> dy = [&] {
+      if constexpr (std::is_same_v<L, nn::TokenShard>)
+        return nn::ScatterTokens::backward(*tp_, std::move(dy_blocks));  // whole rows for the stage's input
+      else
+        return std::move(dy_blocks);
+    }();
     if (first_) {
       const std::size_t t = dy.extent(0);
       embed_pending_.put(mb).dy = std::move(dy);
@@ -621,8 +695,9 @@ class GptPipelinePart {
     return dy;
   }
 
-  /** B of the head and the final layer norm: vocab-sharded logit gradient in, replicated hidden gradient out. */
-  nn::Act<Replicate> head_backward_input(const nn::Act<nn::FeatureShard>& dy, int mb) {
+  /** B of the head and the final layer norm: vocab-sharded logit gradient in, the last block's output gradient out. */
+  template <class L>
+  nn::Act<L> head_backward_input(const nn::Act<nn::FeatureShard>& dy, int mb) {
     auto saved = head_inputs_.take(mb, "GptPipelinePart head");
     const std::size_t t = dy.extent(0), vl = dy.extent(1), h = cfg_.hidden;
     require(saved.x.rows == t && vl == head_->local_box[0].extent, "GptPipelinePart head: logit gradient is ", t, "x",
@@ -642,7 +717,72 @@ class GptPipelinePart {
       });
     }
     head_pending_.put(mb) = {std::move(saved.x), std::move(dy_op)};  // kept for W
-    return final_ln_->backward(nn::CopyToTensorRegion::backward(*tp_, std::move(dh)), mb);
+    if constexpr (std::is_same_v<L, nn::TokenShard>)
+      return final_ln_sp_->backward(nn::GatherTokens::backward(*tp_, std::move(dh), "GptPipelinePart head"), mb);
+    else
+      return final_ln_->backward(nn::CopyToTensorRegion::backward(*tp_, std::move(dh)), mb);
+  }
+
+  /** Counts a micro-batch's W: whether it is the step's last, after which each group's gradients are final. */
+  bool weights_final() {
+    const bool final = hook_ && weights_done_ + 1 == microbatches_;
+    ++weights_done_;
+    return final;
+  }
+  /** W of the tied head: `dE_local += dlogitsᵀ · h`. */
+  void head_backward_weight(int mb, bool final) {
+    auto w =
+        head_pending_.take(mb, "GptPipelinePart head backward_weight (no backward_input ran for this micro-batch)");
+    const std::size_t t = w.dy.rows, vl = w.dy.cols, h = cfg_.hidden;
+    if (w.dy.type == nn::ComputeType::fp32) {
+      B::template gemm<float>(Trans::yes, Trans::no, vl, h, t, 1.0f, w.dy.f32.data(), vl, w.x.f32.data(), h, 1.0f,
+                              head_->grad.data(), h);
+    } else {
+      nn::detail::with_half(w.dy.type, [&]<class T>(T) {
+        B::template gemm<T, float>(Trans::yes, Trans::no, vl, h, t, 1.0f, w.dy.template half<T>(), vl,
+                                   w.x.template half<T>(), h, 1.0f, head_->grad.data(), h);
+      });
+    }
+    if (final) hook_(final_norm_parameters());
+  }
+  void block_backward_weight(std::size_t i, int mb, bool final) {
+    blocks_[i]->backward_weight(mb);
+    if (final) hook_(blocks_[i]->parameters());
+  }
+  void embeddings_backward_weight(int mb, bool final) {
+    auto e = embed_pending_.take(
+        mb, "GptPipelinePart embedding backward_weight (no backward_input ran for this micro-batch)");
+    embed_backward(std::move(e.dy), mb, final);
+  }
+  /** `backward` with the blocks' hidden states in layout `L`. */
+  template <class L, class G>
+  nn::Act<Replicate> unit_by_unit_backward(const nn::Act<G>& dy, int mb) {
+    nn::Act<L> d = [&] {
+      if constexpr (std::same_as<G, nn::FeatureShard>) {
+        require(last_,
+                "GptPipelinePart: only the last stage takes a logit gradient; pass the hidden-state gradient "
+                "(Act<Replicate>)");
+        return use_unit(head_unit(), head_unit() - 1, [&] { return head_backward_input<L>(dy, mb); });
+      } else {
+        require(!last_,
+                "GptPipelinePart: the last stage's output gradient is the vocab-sharded logit gradient "
+                "(Act<FeatureShard>)");
+        if constexpr (std::is_same_v<L, nn::TokenShard>)
+          return nn::GatherTokensReplicatedGrad::backward<B>(*tp_, dy, "GptPipelinePart");
+        else
+          return nn::backend_copy<B>(dy);
+      }
+    }();
+    const bool final = weights_final();
+    if (last_) head_backward_weight(mb, final);
+    for (std::size_t i = blocks_.size(); i-- > 0;) {
+      d = use_unit(block_unit(i), i > 0 ? block_unit(i - 1) : no_unit,
+                   [&] { return blocks_[i]->backward_input(d, mb); });
+      block_backward_weight(i, mb, final);
+    }
+    nn::Act<Replicate> dx = stage_input_gradient(std::move(d), mb);
+    if (first_) embeddings_backward_weight(mb, final);
+    return dx;
   }
 
   nn::Act<Replicate> embed(const nn::Act<Replicate>& x, int mb) {
@@ -702,13 +842,15 @@ class GptPipelinePart {
   C* tp_;
   GptConfig cfg_;
   bool first_, last_;
+  bool sp_ = false;  ///< GptConfig::sequence_parallel: the blocks and the final norm work on token shards
   std::size_t cp_ = 1, cp_rank_ = 0;  ///< context-parallel size and this rank's place in the ring
   nn::TokenCoordinates tokens_;       ///< the blocks' dropout keys (set_token_coordinates)
   std::optional<nn::VocabParallelEmbedding<C, false, B>> embed_;
   nn::Parameter pos_;
   std::vector<std::unique_ptr<C>> own_groups_;  // size-1 MoE groups when none were given (declared before the blocks)
   std::vector<std::unique_ptr<detail::GptBlock>> blocks_;
-  std::optional<nn::LayerNorm<Replicate, nn::NoComm, B>> final_ln_;
+  std::optional<nn::LayerNorm<Replicate, nn::NoComm, B>> final_ln_;  ///< without sequence parallelism
+  std::optional<nn::LayerNorm<nn::TokenShard, C, B>> final_ln_sp_;   ///< with it
   nn::Parameter head_copy_;
   nn::Parameter* head_ = nullptr;
   std::optional<nn::VocabParallelCrossEntropy<C, B>> ce_;

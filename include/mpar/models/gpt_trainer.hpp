@@ -227,6 +227,7 @@ struct GptTrainConfig {
     require(steps >= 1 && warmup <= steps, "train: need --steps >= 1 and --warmup <= --steps; got --steps ", steps,
             " and --warmup ", warmup);
     if (cp > 1) validate_context();
+    if (model.sequence_parallel) validate_sequence_parallel();
     if (graph) validate_graph();
     model.validate(tp, pp * std::size_t(chunks), ep);
     // The schedule's own checks (e.g. interleaved needs M a multiple of P), with its sentence.
@@ -260,6 +261,15 @@ struct GptTrainConfig {
     require(model.dropout == 0.0, "train: --graph with --dropout ", model.dropout,
             ": each step's dropout masks are keyed by the step number, a host value which a captured step would "
             "freeze (every replay would drop the same elements); use --dropout 0, or drop --graph");
+  }
+  /** What sequence parallelism needs of the rest of the configuration, each refusal naming the fix. */
+  void validate_sequence_parallel() const {
+    require(cp == 1, "train: --sequence-parallel with --cp ", cp,
+            ": ring attention's blocks hold whole rows of their zig-zag chunks and have no token-sharded form; use "
+            "--cp 1, or drop --sequence-parallel");
+    // As Megatron-LM asks: every pass (a micro-batch, a validation batch, generation's single window) then splits.
+    require(model.seq % tp == 0, "train: --sequence-parallel splits each sequence's ", model.seq, " tokens over --tp ",
+            tp, " ranks, which does not divide them; use --seq a multiple of ", tp, " or a --tp dividing ", model.seq);
   }
   /** What context parallelism (cp > 1) needs of the rest of the configuration, each refusal naming the fix. */
   void validate_context() const {
@@ -319,6 +329,7 @@ struct GptTrainConfig {
                              {"--microbatches", std::to_string(c.microbatches)},
                              {"--chunks", std::to_string(c.chunks)},
                              {"--recompute", c.recompute ? "on" : "off"},
+                             {"--sequence-parallel", m.sequence_parallel ? "on" : "off"},
                              {"--precision", c.precision},
                              {"--optimizer", c.optimizer},
                              {"--zero", std::to_string(c.zero_stage())},

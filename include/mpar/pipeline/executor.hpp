@@ -316,9 +316,13 @@ class Executor {
           }
           Boundary dx;
           with_version(a, [&] {
+            // A whole backward is the stage's own `backward` (B and W as it orders them, e.g. unit by unit so
+            // that each layer's kept operands are freed early); a split one only its B.
             if constexpr (split_backward_part<Stage>) {
-              dx = detail::backward_input(stage, std::move(dy), a.mb, s == S - 1);
-              if (a.op == Op::backward) stage.backward_weight(a.mb);
+              if (a.op == Op::backward_input)
+                dx = detail::backward_input(stage, std::move(dy), a.mb, s == S - 1);
+              else
+                dx = detail::backward(stage, std::move(dy), a.mb, s == S - 1);
             } else {
               dx = detail::backward(stage, std::move(dy), a.mb, s == S - 1);
             }
