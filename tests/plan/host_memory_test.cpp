@@ -82,19 +82,24 @@ TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measure
     bool recompute;
     const char* schedule;
     std::size_t cp = 1;
+    bool sequence_parallel = false;
   };
   // Few, small runs keep this under a few seconds; runs of more shapes by hand (GPipe, pp = 4,
   // recompute at pp = 4) agreed within 8 % as well (docs/planner.md).
   const Case cases[] = {
-      {1, 1, 4, false, "1f1b"},    {1, 2, 4, true, "1f1b"},   {2, 2, 4, false, "1f1b"},
-      {1, 2, 4, false, "zb_h1"},   {1, 2, 4, false, "2bw"},      // 2bw: the previous weight version the trainer keeps
-      {1, 1, 4, false, "1f1b", 2}, {2, 2, 4, true, "1f1b", 2}};  // context parallelism: ring attention
+      {1, 1, 4, false, "1f1b"},          {1, 2, 4, true, "1f1b"},           {2, 2, 4, false, "1f1b"},
+      {1, 2, 4, false, "zb_h1"},         {1, 2, 4, false, "2bw"},  // 2bw: the previous weight version the trainer keeps
+      {1, 1, 4, false, "1f1b", 2},       {2, 2, 4, true, "1f1b", 2},         // context parallelism: ring attention
+      {2, 1, 4, false, "1f1b"},          {2, 1, 4, false, "1f1b", 1, true},  // sequence parallelism: tp = 2 without, with
+      {2, 2, 4, false, "1f1b", 1, true}, {2, 2, 4, true, "1f1b", 1, true}};
+  std::vector<double> tp2_peaks;  // the step peaks of tp = 2 pp = 1 without and with sequence parallelism
   for (const Case& k : cases) {
     mpar::models::GptTrainConfig cfg;
     cfg.model.hidden = 128, cfg.model.heads = 4, cfg.model.layers = 4, cfg.model.seq = 64;
     cfg.tp = k.tp, cfg.pp = k.pp, cfg.dp = 1, cfg.cp = k.cp, cfg.microbatches = k.microbatches,
     cfg.global_batch = 4 * std::size_t(k.microbatches);
     cfg.recompute = k.recompute, cfg.schedule = k.schedule, cfg.steps = 3, cfg.warmup = 1;
+    cfg.model.sequence_parallel = k.sequence_parallel;
     const Measured got = run_trainer(cfg);
 
     using namespace mpar::plan;
@@ -103,6 +108,7 @@ TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measure
     c.tp = k.tp, c.pp = k.pp, c.cp = k.cp, c.microbatch_size = 4, c.microbatches = std::size_t(k.microbatches);
     c.recompute = k.recompute ? Recompute::full : Recompute::none;
     c.schedule = *parse_schedule(k.schedule);
+    c.sequence_parallel = k.sequence_parallel;
     MemoryOptions o;
     o.attention_dropout = false;  // the trainer's default dropout is 0
     ActivationPeaks peaks;
@@ -110,17 +116,23 @@ TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measure
       const MemoryEstimate e = rank_memory(model, c, Precision::fp32_host(8), r, peaks(c)[r], o);
       const double measured_step = got.step_peak[r * k.tp * k.cp],
                    measured_states = got.states[r * k.tp * k.cp];  // tensor and context rank 0 of stage r
-      INFO("tp=" << k.tp << " cp=" << k.cp << " pp=" << k.pp << " M=" << k.microbatches << " " << k.schedule
-                 << (k.recompute ? " recompute" : "") << ", pipeline rank " << r << ": step peak measured "
-                 << measured_step << " B, estimated " << e.activations + e.communication << " B; model states measured "
-                 << measured_states << " B, estimated " << e.parameters + e.gradients + e.optimizer << " B");
+      INFO("tp=" << k.tp << (k.sequence_parallel ? " sp" : "") << " cp=" << k.cp << " pp=" << k.pp
+                 << " M=" << k.microbatches << " " << k.schedule << (k.recompute ? " recompute" : "")
+                 << ", pipeline rank " << r << ": step peak measured " << measured_step << " B, estimated "
+                 << e.activations + e.communication << " B; model states measured " << measured_states
+                 << " B, estimated " << e.parameters + e.gradients + e.optimizer << " B");
       // With cp > 1 the gradients reduce over the data x context group, in place (ranges of the gradient
       // arena): no bucket buffers on either side.
       CHECK(std::abs((e.activations + e.communication) / measured_step - 1) < 0.10);
       CHECK(std::abs((e.parameters + e.gradients + e.optimizer) / measured_states - 1) < 0.10);
       CHECK(std::abs(e.total() / (measured_step + measured_states) - 1) < 0.10);
     }
+    if (k.tp == 2 && k.pp == 1 && k.cp == 1) tp2_peaks.push_back(got.step_peak[0]);
   }
+  // Sequence parallelism's point: the layer norms' inputs and what the column-parallel layers keep are token
+  // shards, so a tensor rank's activations shrink (the planner says by about as much).
+  REQUIRE(tp2_peaks.size() == 2);
+  CHECK(tp2_peaks[1] < 0.95 * tp2_peaks[0]);
 }
 
 TEST_CASE(
@@ -168,9 +180,10 @@ TEST_CASE(
                           << estimated_total[3] << " B");
   CHECK(measured_total[3] < measured_total[2]);
   // ZeRO-2 frees the full gradients between steps, but the backward accumulates into them while the activations
-  // peak, so at this size its peak total is ZeRO-1's (equal when measured: ZeRO-1's buckets hold no copies);
-  // the model adds only ZeRO-2's two bucket buffers in flight.
-  CHECK(measured_total[2] <= measured_total[1]);
+  // peak, so at this size its peak total is about ZeRO-1's: a block's bucket starts its reduce-scatter as soon as
+  // that block's weight gradients are made, so its buffers are in flight next to the activations the rest of the
+  // backward still holds (measured 2.5 % above ZeRO-1); the model adds ZeRO-2's two bucket buffers in flight.
+  CHECK(measured_total[2] <= 1.05 * measured_total[1]);
   CHECK(estimated_total[3] < estimated_total[2]);
   CHECK(std::abs(estimated_total[2] / estimated_total[1] - 1) < 0.05);
 }

@@ -88,6 +88,13 @@ struct MemoryOptions {
    * activation peak. `false`: each micro-batch's gradient is reduce-scattered into the shard as it is made.
    */
   bool zero_full_gradient_accumulation = true;
+  /**
+   * Under sequence parallelism mpar's pipeline stages exchange whole rows (a stage all-gathers its last block's
+   * output and the next keeps its own rows), so the send and receive buffers and the input a recomputed chunk
+   * keeps are not divided by tp, and the tied head keeps its all-gathered input. `false`: Megatron-LM's
+   * token-sharded boundaries, and an output layer that keeps its shard and all-gathers it again.
+   */
+  bool sequence_parallel_whole_boundaries = true;
 
   /** How mpar's pipeline executor behaves today (the default). */
   [[nodiscard]] static MemoryOptions mpar_executor() { return {}; }
@@ -98,6 +105,7 @@ struct MemoryOptions {
     o.sends_held_until_step_end = false;
     o.zero1_gradient_shard = false;
     o.zero_full_gradient_accumulation = false;
+    o.sequence_parallel_whole_boundaries = false;
     return o;
   }
 };
@@ -272,6 +280,7 @@ struct MoeLayerBytes {
   const double s = double(m.seq) / double(c.cp), b = double(c.microbatch_size), h = double(m.hidden), t = double(c.tp);
   const double sbh = s * b * h;
   const double shard = c.sequence_parallel ? t : 1.0;
+  const double boundary_shard = o.sequence_parallel_whole_boundaries ? 1.0 : shard;  // what crosses between stages
   // One layer's attention score elements alive at once: the whole [s, s] per head and sequence, or under
   // context parallelism one ring block of [s/2, s/2] (chunk by chunk) per head.
   const double scores = c.cp > 1 ? double(m.heads) * (s / 2) * (s / 2) : double(m.heads) * s * s * b;
@@ -299,7 +308,7 @@ struct MoeLayerBytes {
   double act = peak_inflight * stored;
   // Recomputation rebuilds activations for the backward: a whole chunk at once, or one layer at a time.
   if (c.recompute == Recompute::full && o.recompute_whole_chunk)
-    act = peak_inflight * p.activation_bytes * sbh / shard + rebuilt;
+    act = peak_inflight * p.activation_bytes * sbh / boundary_shard + rebuilt;
   else if (c.recompute == Recompute::full)
     act += holds_moe ? std::max(full_layer, full_layer - dense_mlp + moe.stored) : full_layer;
   else if (c.recompute == Recompute::selective)
@@ -308,17 +317,20 @@ struct MoeLayerBytes {
   // (the 4h-wide MLP activation and the attention scores, or an MoE layer's exchange and expert buffers) are
   // alive next to everything stored.
   act += std::max(p.activation_bytes * (4 * sbh + scores) / t, holds_moe ? moe.workspace : 0.0);
+  // Under sequence parallelism a column-parallel layer all-gathers its kept input again for its backward.
+  if (c.sequence_parallel) act += p.activation_bytes * sbh;
   // Context parallelism: a block's input and its token-wise view are copied (whole rows) while it runs.
   if (c.cp > 1) act += 2 * p.activation_bytes * sbh;
   if (rank == 0)
     act += peak_inflight / double(c.virtual_stages) * p.mask_bytes * sbh / shard;  // embedding dropout mask
   if (rank + 1 == c.pp)  // final norm input, output-layer input, fp32 logits for the cross-entropy (one micro-batch)
-    act += 2 * p.activation_bytes * sbh / shard + 4.0 * s * b * double(m.vocab) / t;
+    act += p.activation_bytes * sbh / shard + p.activation_bytes * sbh / boundary_shard +
+           4.0 * s * b * double(m.vocab) / t;
   e.activations = act;
 
   double comm = 0;
   if (c.pp > 1) {
-    const double boundary = p.activation_bytes * sbh / shard;  // one micro-batch's activation or gradient
+    const double boundary = p.activation_bytes * sbh / boundary_shard;  // one micro-batch's activation or gradient
     if (o.sends_held_until_step_end) {
       double sends = 0;  // over this rank's chunks: activations forward unless last stage, gradients back unless first
       for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) {
