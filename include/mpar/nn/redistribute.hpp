@@ -241,8 +241,7 @@ struct ScatterTokens {
   }
   template <communicator C>
   static Act<Replicate> backward(C& comm, Act<TokenShard> dy) {
-    if (comm.size() == 1) return Act<Replicate>(std::move(dy).tensor());
-    return Act<Replicate>(gather_tokens(comm, dy.tensor()));
+    return ReduceScatterTokens::backward(comm, std::move(dy));  // the same all-gather of the token blocks
   }
 };
 
@@ -261,8 +260,7 @@ struct GatherTokensReplicatedGrad {
                                     backward_collective = "slice";
   template <communicator C>
   static Act<Replicate> forward(C& comm, Act<TokenShard> x) {
-    if (comm.size() == 1) return Act<Replicate>(std::move(x).tensor());
-    return Act<Replicate>(gather_tokens(comm, x.tensor()));
+    return GatherTokens::forward(comm, std::move(x));  // the same all-gather; only the backward differs
   }
   template <backend B, communicator C>
   static Act<TokenShard> backward(C& comm, const Act<Replicate>& dy, std::string_view who) {
