@@ -463,25 +463,13 @@ class GptPipelinePart {
    * the layer norms' gains and biases get their (cheap) gradients here.
    */
   nn::Act<Replicate> backward_input(const nn::Act<Replicate>& dy, int mb) {
-    require(
-        !last_,
-        "GptPipelinePart: the last stage's output gradient is the vocab-sharded logit gradient (Act<FeatureShard>)");
-    if (sp_) return blocks_backward_input(nn::GatherTokensReplicatedGrad::backward<B>(*tp_, dy, "GptPipelinePart"), mb);
-    return blocks_backward_input(nn::backend_copy<B>(dy), mb);
+    if (sp_) return blocks_backward_input(blocks_output_gradient<nn::TokenShard>(dy, mb), mb);
+    return blocks_backward_input(blocks_output_gradient<Replicate>(dy, mb), mb);
   }
   /** B of the last stage: from this rank's vocab-sharded logit gradient. */
   nn::Act<Replicate> backward_input(const nn::Act<nn::FeatureShard>& dlogits, int mb) {
-    require(
-        last_,
-        "GptPipelinePart: only the last stage takes a logit gradient; pass the hidden-state gradient (Act<Replicate>)");
-    if (sp_) {
-      nn::Act<nn::TokenShard> dh =
-          use_unit(head_unit(), head_unit() - 1, [&] { return head_backward_input<nn::TokenShard>(dlogits, mb); });
-      return blocks_backward_input(std::move(dh), mb);
-    }
-    nn::Act<Replicate> dh =
-        use_unit(head_unit(), head_unit() - 1, [&] { return head_backward_input<Replicate>(dlogits, mb); });
-    return blocks_backward_input(std::move(dh), mb);
+    if (sp_) return blocks_backward_input(blocks_output_gradient<nn::TokenShard>(dlogits, mb), mb);
+    return blocks_backward_input(blocks_output_gradient<Replicate>(dlogits, mb), mb);
   }
 
   /**
@@ -723,6 +711,27 @@ class GptPipelinePart {
       return final_ln_->backward(nn::CopyToTensorRegion::backward(*tp_, std::move(dh)), mb);
   }
 
+  /**
+   * The gradient of the last block's output, in the blocks' layout `L`: the last stage's head and final norm B from
+   * the logit gradient; another stage's received gradient (under sequence parallelism this rank's rows of it).
+   */
+  template <class L, class G>
+  nn::Act<L> blocks_output_gradient(const nn::Act<G>& dy, int mb) {
+    if constexpr (std::same_as<G, nn::FeatureShard>) {
+      require(last_,
+              "GptPipelinePart: only the last stage takes a logit gradient; pass the hidden-state gradient "
+              "(Act<Replicate>)");
+      return use_unit(head_unit(), head_unit() - 1, [&] { return head_backward_input<L>(dy, mb); });
+    } else {
+      require(!last_,
+              "GptPipelinePart: the last stage's output gradient is the vocab-sharded logit gradient "
+              "(Act<FeatureShard>)");
+      if constexpr (std::is_same_v<L, nn::TokenShard>)
+        return nn::GatherTokensReplicatedGrad::backward<B>(*tp_, dy, "GptPipelinePart");
+      else
+        return nn::backend_copy<B>(dy);
+    }
+  }
   /** Counts a micro-batch's W: whether it is the step's last, after which each group's gradients are final. */
   bool weights_final() {
     const bool final = hook_ && weights_done_ + 1 == microbatches_;
@@ -757,22 +766,7 @@ class GptPipelinePart {
   /** `backward` with the blocks' hidden states in layout `L`. */
   template <class L, class G>
   nn::Act<Replicate> unit_by_unit_backward(const nn::Act<G>& dy, int mb) {
-    nn::Act<L> d = [&] {
-      if constexpr (std::same_as<G, nn::FeatureShard>) {
-        require(last_,
-                "GptPipelinePart: only the last stage takes a logit gradient; pass the hidden-state gradient "
-                "(Act<Replicate>)");
-        return use_unit(head_unit(), head_unit() - 1, [&] { return head_backward_input<L>(dy, mb); });
-      } else {
-        require(!last_,
-                "GptPipelinePart: the last stage's output gradient is the vocab-sharded logit gradient "
-                "(Act<FeatureShard>)");
-        if constexpr (std::is_same_v<L, nn::TokenShard>)
-          return nn::GatherTokensReplicatedGrad::backward<B>(*tp_, dy, "GptPipelinePart");
-        else
-          return nn::backend_copy<B>(dy);
-      }
-    }();
+    nn::Act<L> d = blocks_output_gradient<L>(dy, mb);
     const bool final = weights_final();
     if (last_) head_backward_weight(mb, final);
     for (std::size_t i = blocks_.size(); i-- > 0;) {

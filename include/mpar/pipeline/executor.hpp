@@ -316,16 +316,14 @@ class Executor {
           }
           Boundary dx;
           with_version(a, [&] {
-            // A whole backward is the stage's own `backward` (B and W as it orders them, e.g. unit by unit so
-            // that each layer's kept operands are freed early); a split one only its B.
-            if constexpr (split_backward_part<Stage>) {
-              if (a.op == Op::backward_input)
+            // A split action runs only B; a whole backward is the stage's own `backward` (B and W as it orders
+            // them, e.g. unit by unit so that each layer's kept operands are freed early).
+            if constexpr (split_backward_part<Stage>)
+              if (a.op == Op::backward_input) {
                 dx = detail::backward_input(stage, std::move(dy), a.mb, s == S - 1);
-              else
-                dx = detail::backward(stage, std::move(dy), a.mb, s == S - 1);
-            } else {
-              dx = detail::backward(stage, std::move(dy), a.mb, s == S - 1);
-            }
+                return;
+              }
+            dx = detail::backward(stage, std::move(dy), a.mb, s == S - 1);
           });
           if (s > 0) grad_[{s - 1, a.mb}] = std::move(dx);
           break;
