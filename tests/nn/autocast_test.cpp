@@ -165,7 +165,7 @@ TEST_CASE("Autocast(bf16): Linear, ColumnParallel and RowParallel match a bf16-r
           Autocast scope(ComputeType::bf16);
           const Activation y = testing::forward(layer, x, 0);  // this rank's output columns
           const Activation dx =
-              testing::backward_input(layer, local_features(dy, std::size_t(p), r), 0);  // all-reduced
+              testing::backward_input(layer, local_features<HostBackend>(dy, std::size_t(p), r), 0);  // all-reduced
           layer.backward_weight(0);
           m.y = excess(y, ref.y, ref.y_bound, Out, 0, r * cols);
           m.y_vs_fp32 = excess(y, ref.y_fp32, ref.y_bound, Out, 0, r * cols);
@@ -184,7 +184,8 @@ TEST_CASE("Autocast(bf16): Linear, ColumnParallel and RowParallel match a bf16-r
         Measured& m = ms[r];
         {
           Autocast scope(ComputeType::bf16);
-          const Activation y = testing::forward(layer, local_features(x, std::size_t(p), r), 0);  // all-reduced
+          const Activation y =
+              testing::forward(layer, local_features<HostBackend>(x, std::size_t(p), r), 0);  // all-reduced
           const Activation dx = testing::backward_input(layer, dy, 0);  // this rank's input columns
           layer.backward_weight(0);
           m.y = excess(y, ref.y, ref.y_bound, Out, 0, 0);
@@ -397,7 +398,7 @@ TEST_CASE("ColumnParallelGelu: matches ColumnParallel then Gelu (fp32 and bf16) 
         ColumnParallelGelu<Comm> fused(tp, In, Out, init);
         ColumnParallel<Comm> fc(tp, In, Out, init);
         Gelu gelu;
-        const Activation dy_local = local_features(dy, n, r);
+        const Activation dy_local = local_features<HostBackend>(dy, n, r);
         Errors e;
         {
           Autocast scope(type);

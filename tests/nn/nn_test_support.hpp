@@ -41,7 +41,7 @@ Activation local_block(const Activation& g, std::size_t p, std::size_t r) {
   if constexpr (std::is_same_v<L, nn::TokenShard>)
     return nn::local_tokens(g, p, r);
   else if constexpr (std::is_same_v<L, nn::FeatureShard>)
-    return nn::local_features(g, p, r);
+    return nn::local_features<HostBackend>(g, p, r);
   else
     return g;
 }

@@ -119,8 +119,8 @@ TEST_CASE("redistributions match naive references forward and their duals backwa
     }
     SECTION("ScatterFeatures: slice / all-gather") {
       auto out = run(p, [&](Comm& tp, std::size_t r) {
-        Act<FeatureShard> y = ScatterFeatures::forward(tp, Act<Replicate>(xr));
-        Act<Replicate> d = ScatterFeatures::backward(tp, Act<FeatureShard>(cols_of(g[r], p, r)));
+        Act<FeatureShard> y = ScatterFeatures::forward<HostBackend>(tp, Act<Replicate>(xr));
+        Act<Replicate> d = ScatterFeatures::backward<HostBackend>(tp, Act<FeatureShard>(cols_of(g[r], p, r)));
         return std::pair{std::move(y).tensor(), std::move(d).tensor()};
       });
       std::vector<Activation> gcols(p);
@@ -131,8 +131,8 @@ TEST_CASE("redistributions match naive references forward and their duals backwa
     }
     SECTION("GatherFeaturesOf: all-gather / slice") {
       auto out = run(p, [&](Comm& tp, std::size_t r) {
-        Act<Replicate> y = GatherFeaturesOf::forward(tp, Act<FeatureShard>(cols_of(x[r], p, r)));
-        Act<FeatureShard> d = GatherFeaturesOf::backward(tp, Act<Replicate>(gr));
+        Act<Replicate> y = GatherFeaturesOf::forward<HostBackend>(tp, Act<FeatureShard>(cols_of(x[r], p, r)));
+        Act<FeatureShard> d = GatherFeaturesOf::backward<HostBackend>(tp, Act<Replicate>(gr));
         return std::pair{std::move(y).tensor(), std::move(d).tensor()};
       });
       std::vector<Activation> xcols(p);

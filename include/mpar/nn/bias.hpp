@@ -10,6 +10,7 @@
 #include <type_traits>
 
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/layer.hpp"
 
 namespace mpar::nn {
@@ -71,13 +72,13 @@ class Bias : public detail::TypedLayer<Bias<L, B>> {
   Activation do_forward(const Activation& x, int) {
     require(x.extent(1) == bias_.value.size(), "Bias '", bias_.name, "': input has ", x.extent(1),
             " features, this rank's bias has ", bias_.value.size());
-    Activation y = x;
+    Activation y = backend_copy<B>(x);  // the caller keeps x; B copies it on the rank's stream
     detail::add_row_vector<B>(y, bias_.value);
     return y;
   }
   Activation do_backward(const Activation& dy, int) {
     detail::add_column_sums<B>(dy, bias_.grad);
-    return dy;
+    return backend_copy<B>(dy);  // the gradient passes through unchanged
   }
 
  public:

@@ -9,15 +9,16 @@
 #include <type_traits>
 
 #include "mpar/comm/communicator.hpp"
+#include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/layer.hpp"
 #include "mpar/nn/redistribute.hpp"
 
 namespace mpar::nn {
 
 /** @brief Layer: Partial<sum, tensor> -> Replicate (all-reduce forward; identity backward). */
-template <communicator C>
-class AllReduce : public detail::NoParameters, public detail::TypedLayer<AllReduce<C>> {
-  using Typed = detail::TypedLayer<AllReduce<C>>;
+template <communicator C, backend B = HostBackend>
+class AllReduce : public detail::NoParameters, public detail::TypedLayer<AllReduce<C, B>> {
+  using Typed = detail::TypedLayer<AllReduce<C, B>>;
 
  public:
   using Typed::backward;
@@ -42,19 +43,21 @@ class AllReduce : public detail::NoParameters, public detail::TypedLayer<AllRedu
 
  private:
   friend Typed;  // its typed entries are the only public way in; these do the work on the storage
+  // The caller keeps its tensor: the sum (and the identity backward) work on a copy made by B, on the rank's
+  // stream (`Act<L>(x)` would copy on the host, before a stream-ordered backend has written `x`).
   Activation do_forward(const Activation& x, int) {
-    return ReduceToReplicate::forward(*comm_, Act<TensorPartial>(x)).tensor();
+    return ReduceToReplicate::forward(*comm_, Act<TensorPartial>(backend_copy<B>(x))).tensor();
   }
   Activation do_backward(const Activation& dy, int) {
-    return ReduceToReplicate::backward(*comm_, Act<Replicate>(dy)).tensor();
+    return ReduceToReplicate::backward(*comm_, Act<Replicate>(backend_copy<B>(dy))).tensor();
   }
   C* comm_;
 };
 
 /** @brief Layer: Shard<1, tensor> -> Replicate (all-gather of features; backward keeps this rank's columns). */
-template <communicator C>
-class GatherFeatures : public detail::NoParameters, public detail::TypedLayer<GatherFeatures<C>> {
-  using Typed = detail::TypedLayer<GatherFeatures<C>>;
+template <communicator C, backend B = HostBackend>
+class GatherFeatures : public detail::NoParameters, public detail::TypedLayer<GatherFeatures<C, B>> {
+  using Typed = detail::TypedLayer<GatherFeatures<C, B>>;
 
  public:
   using Typed::backward;
@@ -79,11 +82,10 @@ class GatherFeatures : public detail::NoParameters, public detail::TypedLayer<Ga
 
  private:
   friend Typed;  // its typed entries are the only public way in; these do the work on the storage
-  Activation do_forward(const Activation& x, int) {
-    return GatherFeaturesOf::forward(*comm_, Act<FeatureShard>(x)).tensor();
-  }
+  // GatherFeaturesOf's two directions on the caller's tensor, read in place (wrapping it in an Act would copy it).
+  Activation do_forward(const Activation& x, int) { return gather_features<B>(*comm_, x); }
   Activation do_backward(const Activation& dy, int) {
-    return GatherFeaturesOf::backward(*comm_, Act<Replicate>(dy)).tensor();
+    return local_features<B>(dy, std::size_t(comm_->size()), std::size_t(comm_->rank()));
   }
   C* comm_;
 };

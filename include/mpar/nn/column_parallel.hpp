@@ -166,7 +166,7 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
     keep_own_tokens(mb);
     if (has_bias()) detail::add_row_vector<B>(y.tensor(), bias_.value);
     if constexpr (O.gather_output)
-      return GatherFeaturesOf::forward(*comm_, y).tensor();
+      return GatherFeaturesOf::forward<B>(*comm_, y).tensor();
     else
       return std::move(y).tensor();
   }
@@ -213,10 +213,11 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
    * gradient's reduce-scatter). Keeps the gathered input and this rank's output-gradient columns for backward_weight.
    */
   Activation do_backward_input(const Activation& dy_in, int mb) {
-    // This rank's output-gradient columns: gathered (gather_output) or `dy_in` itself, which
-    // gemm_backward_input copies (fp32) or converts (Autocast) for W.
+    // This rank's output-gradient columns: GatherFeaturesOf's backward slice of `dy_in`, read in place (an Act
+    // around it would be a host copy), or `dy_in` itself, which gemm_backward_input copies (fp32) or converts
+    // (Autocast) for W.
     if constexpr (O.gather_output)
-      return backward_input_on(GatherFeaturesOf::backward(*comm_, Act<Replicate>(dy_in)).tensor(), mb);
+      return backward_input_on(local_features<B>(dy_in, p_, rank_), mb);
     else
       return backward_input_on(dy_in, mb);
   }

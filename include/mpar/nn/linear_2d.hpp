@@ -18,6 +18,7 @@
 
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
+#include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/half_weight.hpp"
 #include "mpar/nn/linear.hpp"
 
@@ -104,15 +105,17 @@ class Linear2D : public detail::LinearState, public detail::TypedLayer<Linear2D<
     const std::size_t tl = x.extent(0), il = in_ / q_, ol = out_ / q_;
     require(x.extent(1) == il, "Linear2D '", name_, "': input block has ", x.extent(1), " features, expected ", il);
     const ComputeType t = autocast_type();  // read once: the backward uses what the forward used
-    Activation y({tl, ol});
-    Activation a({tl, il});
-    Buffer<float> w(il * ol);
+    // Every buffer is written whole by a copy, a broadcast or the first step's product (beta = 0), so none is
+    // zero-filled by the host: on a stream-ordered backend the passes are backend operations only.
+    Activation y({tl, ol}, uninitialized);
+    Activation a({tl, il}, uninitialized);
+    Buffer<float> w = B::template allocate<float>(il * ol);
     for (std::size_t k = 0; k < q_; ++k) {
       broadcast_blocks(k, x, a, w);
-      gemm_in(t, Trans::no, Trans::no, tl, ol, il, a.span(), il, w, ol, 1.0f, y.data(), ol);
+      gemm_in(t, Trans::no, Trans::no, tl, ol, il, a.span(), il, w, ol, k == 0 ? 0.0f : 1.0f, y.data(), ol);
     }
     if (has_bias()) detail::add_row_vector<B>(y, bias_.value);
-    keep_input(mb, x);
+    keep_input(mb, backend_copy<B>(x));
     types_.put(mb) = t;
     return y;
   }
@@ -127,15 +130,16 @@ class Linear2D : public detail::LinearState, public detail::TypedLayer<Linear2D<
     require(dy.extent(0) == tl && dy.extent(1) == ol, "Linear2D '", name_, "': gradient block is ", dy.extent(0), "x",
             dy.extent(1), ", expected ", tl, "x", ol);
     const ComputeType t = types_.peek(mb, layer_kind);
-    Activation dx({tl, il}), part_x({tl, il});
-    Buffer<float> w(il * ol);
+    // dx is written whole by the reduce rooted at this rank (k = j); part_x by each product (beta = 0).
+    Activation dx({tl, il}, uninitialized), part_x({tl, il}, uninitialized);
+    Buffer<float> w = B::template allocate<float>(il * ol);
     for (std::size_t k = 0; k < q_; ++k) {
       broadcast_weight(k, w);
       // dX_ik: this rank's share dY_ij W_kj^T, summed along the grid row onto column k.
       gemm_in(t, Trans::no, Trans::yes, tl, il, ol, dy.span(), ol, w, ol, 0.0f, part_x.data(), il);
       grid_->row.reduce(std::span<const float>(part_x.span()), dx.span(), ReduceOp::sum, int(k));
     }
-    keep_for_weight(mb, std::move(x), dy);
+    keep_for_weight(mb, std::move(x), backend_copy<B>(dy));
     return dx;
   }
 
@@ -149,25 +153,26 @@ class Linear2D : public detail::LinearState, public detail::TypedLayer<Linear2D<
     auto p = take_for_weight(mb, layer_kind);
     const ComputeType t = types_.take(mb, layer_kind);
     const std::size_t tl = p.x.extent(0), il = in_ / q_, ol = out_ / q_;
-    Activation a({tl, il});
-    Buffer<float> part_w(il * ol);
+    Activation a({tl, il}, uninitialized);
+    Buffer<float> part_w = B::template allocate<float>(il * ol);
     for (std::size_t k = 0; k < q_; ++k) {
       broadcast_input(k, p.x, a);
       // dW_kj: this rank's share X_ik^T dY_ij, summed along the grid column onto row k.
       gemm_in(t, Trans::yes, Trans::no, il, ol, tl, a.span(), il, p.dy.span(), ol, 0.0f, part_w.data(), ol);
       if (grid_->i() == k) {
-        Buffer<float> sum(il * ol);
+        Buffer<float> sum = B::template allocate<float>(il * ol);  // written whole by the reduce
         grid_->col.reduce(std::span<const float>(part_w), std::span<float>(sum), ReduceOp::sum, int(k));
-        for (std::size_t e = 0; e < sum.size(); ++e) weight_.grad[e] += sum[e];
+        B::add(sum.size(), weight_.grad.data(), sum.data(), weight_.grad.data());
       } else {
         grid_->col.reduce(std::span<const float>(part_w), std::span<float>(), ReduceOp::sum, int(k));
       }
     }
     if (has_bias()) {
-      Buffer<float> db(ol, 0.0f);
+      Buffer<float> db = B::template allocate<float>(ol);
+      B::zero(ol, db.data());
       detail::add_column_sums<B>(p.dy, db);
       grid_->col.all_reduce(std::span<float>(db), ReduceOp::sum);
-      for (std::size_t e = 0; e < ol; ++e) bias_.grad[e] += db[e];
+      B::add(ol, bias_.grad.data(), db.data(), bias_.grad.data());
     }
   }
 
@@ -203,11 +208,11 @@ class Linear2D : public detail::LinearState, public detail::TypedLayer<Linear2D<
     broadcast_weight(k, w);
   }
   void broadcast_input(std::size_t k, const Activation& x, Activation& a) {
-    if (grid_->j() == k) std::copy(x.data(), x.data() + x.size(), a.data());
+    if (grid_->j() == k) B::copy(x.size(), x.data(), a.data());
     grid_->row.broadcast(a.span(), int(k));
   }
   void broadcast_weight(std::size_t k, Buffer<float>& w) {
-    if (grid_->i() == k) std::copy(weight_.value.begin(), weight_.value.end(), w.begin());
+    if (grid_->i() == k) B::copy(w.size(), weight_.value.data(), w.data());
     grid_->col.broadcast(std::span<float>(w), int(k));
   }
   TensorGrid<C>* grid_;

@@ -29,6 +29,7 @@
 #include "mpar/backend/backend.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/activation.hpp"
+#include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/redistribution.hpp"
 
 namespace mpar::nn {
@@ -61,28 +62,34 @@ template <communicator C>
   return part;
 }
 
-/** @brief Feature-sharded `[T, n/p]` -> replicated `[T, n]` (all-gather, then interleave the column blocks). */
-template <communicator C>
+/**
+ * @brief Feature-sharded `[T, n/p]` -> replicated `[T, n]`: an all-gather of the ranks' blocks, then each block copied
+ * into its columns by backend `B` (one strided copy per rank, on the rank's stream: no host loop reads rank memory).
+ */
+template <backend B, communicator C>
 [[nodiscard]] Activation gather_features(C& comm, const Activation& x) {
   const std::size_t p = std::size_t(comm.size());
-  if (p == 1) return x;
+  if (p == 1) return backend_copy<B>(x);
   const std::size_t t = x.extent(0), nl = x.extent(1);
-  Activation stacked({p * t, nl});
+  Activation stacked({p * t, nl}, uninitialized);  // the all-gather writes every row
   comm.all_gather(std::span<const float>(x.span()), stacked.span());
-  Activation full({t, p * nl});
-  for (std::size_t r = 0; r < p; ++r)
-    for (std::size_t i = 0; i < t; ++i)
-      for (std::size_t j = 0; j < nl; ++j) full.data()[i * p * nl + r * nl + j] = stacked.data()[(r * t + i) * nl + j];
+  Activation full({t, p * nl}, uninitialized);  // the copies write every column block
+  for (std::size_t r = 0; r < p; ++r) B::copy_2d(t, nl, stacked.data() + r * t * nl, nl, full.data() + r * nl, p * nl);
   return full;
 }
 
-/** @brief This rank's column block of a replicated `[T, n]` (no communication). */
-[[nodiscard]] inline Activation local_features(const Activation& x, std::size_t p, std::size_t rank) {
-  const std::size_t n = x.extent(1), nl = n / p;
-  return Activation(x.slice(1, rank * nl, (rank + 1) * nl));
+/** @brief This rank's column block of a replicated `[T, n]`, copied by backend `B` (no communication). */
+template <backend B>
+[[nodiscard]] Activation local_features(const Activation& x, std::size_t p, std::size_t rank) {
+  const std::size_t t = x.extent(0), n = x.extent(1), nl = n / p;
+  require(n % p == 0, "local_features (tensor rank ", rank, "): ", n, " features cannot be split evenly over ", p,
+          " tensor ranks; make the layer's width a multiple of the tensor-parallel size");
+  Activation part({t, nl}, uninitialized);
+  B::copy_2d(t, nl, x.data() + rank * nl, n, part.data(), nl);
+  return part;
 }
 
-/** @brief This rank's row block of a replicated `[T, n]` (no communication). */
+/** @brief This rank's row block of a replicated `[T, n]` in host memory (no communication; a host copy). */
 [[nodiscard]] inline Activation local_tokens(const Activation& x, std::size_t p, std::size_t rank) {
   const std::size_t tl = x.extent(0) / p;
   return Activation(x.slice(0, rank * tl, (rank + 1) * tl));
@@ -154,13 +161,13 @@ struct ScatterFeatures {
   using grad_from = Replicate;
   static constexpr std::string_view name = "ScatterFeatures", forward_collective = "slice",
                                     backward_collective = "all-gather";
-  template <communicator C>
+  template <backend B, communicator C>
   static Act<FeatureShard> forward(C& comm, const Act<Replicate>& x) {
-    return Act<FeatureShard>(local_features(x.tensor(), std::size_t(comm.size()), std::size_t(comm.rank())));
+    return Act<FeatureShard>(local_features<B>(x.tensor(), std::size_t(comm.size()), std::size_t(comm.rank())));
   }
-  template <communicator C>
+  template <backend B, communicator C>
   static Act<Replicate> backward(C& comm, const Act<FeatureShard>& dy) {
-    return Act<Replicate>(gather_features(comm, dy.tensor()));
+    return Act<Replicate>(gather_features<B>(comm, dy.tensor()));
   }
 };
 
@@ -172,14 +179,14 @@ struct GatherFeaturesOf {
   using grad_from = FeatureShard;
   static constexpr std::string_view name = "GatherFeatures", forward_collective = "all-gather",
                                     backward_collective = "slice";
-  template <communicator C>
+  template <backend B, communicator C>
   static Act<Replicate> forward(C& comm, const Act<FeatureShard>& x) {
-    return Act<Replicate>(gather_features(comm, x.tensor()));
+    return Act<Replicate>(gather_features<B>(comm, x.tensor()));
   }
   // The replicated gradient is the same on every rank: each keeps the columns of its shard.
-  template <communicator C>
+  template <backend B, communicator C>
   static Act<FeatureShard> backward(C& comm, const Act<Replicate>& dy) {
-    return Act<FeatureShard>(local_features(dy.tensor(), std::size_t(comm.size()), std::size_t(comm.rank())));
+    return Act<FeatureShard>(local_features<B>(dy.tensor(), std::size_t(comm.size()), std::size_t(comm.rank())));
   }
 };
 
