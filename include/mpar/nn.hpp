@@ -17,6 +17,7 @@
 #include "mpar/nn/mlp.hpp"
 #include "mpar/nn/parameter.hpp"
 #include "mpar/nn/redistribute.hpp"
+#include "mpar/nn/reduce_gradients.hpp"
 #include "mpar/nn/residual.hpp"
 #include "mpar/nn/ring_attention.hpp"
 #include "mpar/nn/ring_self_attention.hpp"

@@ -10,6 +10,7 @@
 //   HostBackend's batched products and softmax within 1e-5, norm-relative (only the summation order differs).
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cmath>
 #include <cstddef>
 #include <map>
@@ -19,6 +20,7 @@
 #include <mpar/comm/threads.hpp>
 #include <mpar/nn/transformer_block.hpp>
 
+#include "counting_communicator.hpp"
 #include "nn_test_support.hpp"
 
 using namespace mpar;
@@ -28,10 +30,12 @@ namespace {
 
 /** HostBackend plus the fused residual + layer norm: the host kernels the unfused path calls, in its order. */
 struct ResidualLnHostBackend : HostBackend {
+  static inline std::atomic<int> fused_forwards{0};  ///< calls of the fused forward: whether a layer took it
   /** h = x + branch, then the host layer norm of h: HostBackend's add and layernorm_forward, in that order. */
   static void residual_layernorm_forward(std::size_t rows, std::size_t cols, const float* x, const float* branch,
                                          const float* gamma, const float* beta, float* h, float* y, float* mean,
                                          float* rstd) {
+    ++fused_forwards;
     host::add(rows * cols, x, branch, h);
     host::layernorm_forward(rows, cols, h, gamma, beta, y, mean, rstd);
   }
@@ -202,5 +206,90 @@ TEST_CASE("TransformerBlock on a backend with fused residual + layer norm equals
     const Result want = run_block<HostBackend>(cfg, recompute);
     compare(run_block<ResidualLnHostBackend>(cfg, recompute), want, 0);  // the same host kernels, the same order
     compare(run_block<FusedHostBackend>(cfg, recompute), want, 1e-5);    // and with fused attention
+  }
+}
+
+namespace {
+
+using mpar::testing::CollectiveCounts;
+using mpar::testing::CountingCommunicator;
+
+/** What each tensor rank's sequence-parallel block gave, and the collectives its backwards (and the reduction) issued. */
+struct SpRun {
+  std::vector<Result> ranks;
+  std::vector<CollectiveCounts> backward;
+};
+
+/**
+ * A sequence-parallel block on 2 tensor ranks, two micro-batches in flight over 2 sequences each (each rank holds
+ * its half of the token rows), with or without the norms' gradient reduction deferred to one `all_reduce_gradients`
+ * after the last backward.
+ */
+template <class B>
+SpRun run_sp_block(const nn::BlockConfig& cfg, bool defer) {
+  constexpr int p = 2;
+  const std::size_t tokens = 2 * cfg.seq, rows = tokens / p, h = cfg.hidden;
+  SpRun out{std::vector<Result>(p), std::vector<CollectiveCounts>(p)};
+  run_threads(p, [&](ThreadsCommunicator& raw) {
+    CountingCommunicator<ThreadsCommunicator> tp(raw);
+    nn::TransformerBlock<CountingCommunicator<ThreadsCommunicator>, true, B> block(tp, cfg);
+    std::vector<nn::Parameter*> norms;
+    if (defer) norms = block.defer_norm_gradient_reduction();
+    const std::size_t r = std::size_t(tp.rank());
+    auto own_rows = [&](std::uint64_t seed) {  // this rank's rows of a global [tokens, h] matrix
+      const std::vector<float> all = values(tokens * h, seed);
+      nn::Activation a({rows, h}, uninitialized);
+      std::copy(all.begin() + std::ptrdiff_t(r * rows * h), all.begin() + std::ptrdiff_t((r + 1) * rows * h), a.data());
+      return nn::Act<nn::TokenShard>(std::move(a));
+    };
+    Result& res = out.ranks[r];
+    std::vector<nn::Act<nn::TokenShard>> ys;
+    for (int mb = 0; mb < 2; ++mb) ys.push_back(block.forward(own_rows(10 + std::uint64_t(mb)), mb));
+    tp.counts().reset();
+    for (int mb = 0; mb < 2; ++mb) {
+      const auto dx = block.backward_input(own_rows(20 + std::uint64_t(mb)), mb);
+      block.backward_weight(mb);
+      res.y.emplace_back(ys[std::size_t(mb)].data(), ys[std::size_t(mb)].data() + rows * h);
+      res.dx.emplace_back(dx.data(), dx.data() + rows * h);
+    }
+    if (defer) nn::all_reduce_gradients<B>(tp, norms);  // once, after the step's last backward
+    out.backward[r] = tp.counts();
+    for (auto* q : block.parameters()) res.grads[q->name].assign(q->grad.begin(), q->grad.end());
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "Sequence-parallel block: the norms' gradients summed once per step equal the per-backward sums, with one "
+    "collective instead of one per norm and micro-batch, and the fused residual + ln2 is then taken",
+    "[nn][block][fused][sequence]") {
+  const nn::BlockConfig cfg{32, 4, 64, 8, 0.1, 5, 0, "block"};
+  const SpRun each = run_sp_block<HostBackend>(cfg, false), once = run_sp_block<HostBackend>(cfg, true);
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("tensor rank " << r);
+    // Outputs and input gradients do not depend on where the norms' gradients are summed; those are the same sums in
+    // another order (each rank's two micro-batches first).
+    compare(once.ranks[r], each.ranks[r], 1e-6);
+    for (std::size_t mb = 0; mb < 2; ++mb) CHECK(once.ranks[r].dx[mb] == each.ranks[r].dx[mb]);
+    // Per backward, each of the two norms all-reduced its 2 x 32 values; deferred, one all-reduce of all four.
+    CHECK(each.backward[r].count("all_reduce") == 2 * 2);
+    CHECK(each.backward[r].volume("all_reduce") == 2 * 2 * 2 * 32);
+    CHECK(once.backward[r].count("all_reduce") == 1);
+    CHECK(once.backward[r].volume("all_reduce") == 4 * 32);
+    CHECK(once.backward[r].count("all_gather") == each.backward[r].count("all_gather"));
+    CHECK(once.backward[r].count("reduce_scatter") == each.backward[r].count("reduce_scatter"));
+  }
+  // With the fused residual + ln2 (the same host kernels in the same order): bit for bit the unfused deferred run;
+  // not deferred, the backend's fused kernel is not taken (the norm all-reduces its own share) and nothing changes.
+  const int before = ResidualLnHostBackend::fused_forwards;
+  const SpRun unfused = run_sp_block<ResidualLnHostBackend>(cfg, false);
+  CHECK(ResidualLnHostBackend::fused_forwards == before);
+  const SpRun fused = run_sp_block<ResidualLnHostBackend>(cfg, true);
+  CHECK(ResidualLnHostBackend::fused_forwards == before + 2 * 2);  // per rank and micro-batch
+  for (std::size_t r = 0; r < 2; ++r) {
+    compare(fused.ranks[r], once.ranks[r], 0);
+    compare(unfused.ranks[r], each.ranks[r], 0);
   }
 }

@@ -49,6 +49,7 @@
 #include "mpar/nn/half_weight.hpp"
 #include "mpar/nn/layer_norm.hpp"
 #include "mpar/nn/rank_tokens.hpp"
+#include "mpar/nn/reduce_gradients.hpp"
 #include "mpar/nn/ring_transformer_block.hpp"
 #include "mpar/nn/transformer_block.hpp"
 
@@ -179,6 +180,8 @@ struct GptBlock {
   virtual void set_recompute(bool on) = 0;
   virtual void set_aux_gradient(float) {}
   virtual void set_statistics(const parallel::MoeStatistics&) {}
+  /** See nn::TransformerBlock::defer_norm_gradient_reduction; nothing for a block without sequence parallelism. */
+  virtual std::vector<nn::Parameter*> defer_norm_gradient_reduction() { return {}; }
 
  private:
   [[noreturn]] static void wrong_layout() {
@@ -205,6 +208,12 @@ struct GptBlockOf final : GptBlock {
   }
   void set_statistics(const parallel::MoeStatistics& s) override {
     if constexpr (requires { block.set_statistics(s); }) block.set_statistics(s);
+  }
+  std::vector<nn::Parameter*> defer_norm_gradient_reduction() override {
+    if constexpr (requires { block.defer_norm_gradient_reduction(); })
+      return block.defer_norm_gradient_reduction();
+    else
+      return {};
   }
   Block block;
 };
@@ -545,10 +554,21 @@ class GptPipelinePart {
    * micro-batch of a step, layer by layer — so data-parallel buckets can start reducing them while the
    * backward continues. Under zero-bubble schedules that is the step's last W on this stage, whatever
    * its micro-batch. Call `begin_step()` before each step.
+   *
+   * With the count known (`microbatches` > 0, even with an empty hook), a sequence-parallel stage's layer
+   * norms stop all-reducing their gain and bias gradients over the tensor group in every backward: each
+   * group's norms are summed in one all-reduce when its gradients become final, before `hook` sees them (once
+   * per step, as Megatron-LM finalises its sequence-parallel gradients). The gradients must start each step at
+   * zero, as the trainer's zeroing leaves them.
    */
   void on_gradients_final(GradientsFinalHook hook, int microbatches) {
     hook_ = std::move(hook);
     microbatches_ = microbatches;
+    if (sp_ && microbatches > 0 && !norms_deferred_) {
+      norms_deferred_ = true;
+      for (auto& b : blocks_) block_norms_.push_back(b->defer_norm_gradient_reduction());
+      if (last_) final_ln_sp_->defer_gradient_reduction(true);
+    }
   }
   void begin_step() { weights_done_ = 0; }
 
@@ -734,9 +754,17 @@ class GptPipelinePart {
   }
   /** Counts a micro-batch's W: whether it is the step's last, after which each group's gradients are final. */
   bool weights_final() {
-    const bool final = hook_ && weights_done_ + 1 == microbatches_;
+    const bool final = weights_done_ + 1 == microbatches_;
     ++weights_done_;
     return final;
+  }
+  /**
+   * A group's gradients are final: its sequence-parallel norms' shares (`norms`, empty unless deferred) are summed
+   * over the tensor group, then the hook sees the group.
+   */
+  void gradients_final(const std::vector<nn::Parameter*>& group, const std::vector<nn::Parameter*>& norms) {
+    if (norms_deferred_) nn::all_reduce_gradients<B>(*tp_, norms);
+    if (hook_) hook_(group);
   }
   /** W of the tied head: `dE_local += dlogitsᵀ · h`. */
   void head_backward_weight(int mb, bool final) {
@@ -752,11 +780,11 @@ class GptPipelinePart {
                                    w.x.template half<T>(), h, 1.0f, head_->grad.data(), h);
       });
     }
-    if (final) hook_(final_norm_parameters());
+    if (final) gradients_final(final_norm_parameters(), sp_ ? final_norm_parameters() : no_norms);
   }
   void block_backward_weight(std::size_t i, int mb, bool final) {
     blocks_[i]->backward_weight(mb);
-    if (final) hook_(blocks_[i]->parameters());
+    if (final) gradients_final(blocks_[i]->parameters(), norms_deferred_ ? block_norms_[i] : no_norms);
   }
   void embeddings_backward_weight(int mb, bool final) {
     auto e = embed_pending_.take(
@@ -830,7 +858,7 @@ class GptPipelinePart {
     }
     embed_->backward(std::move(dy), mb);  // moved: the typed backward takes it by value
     // The embedding of a single-stage model is also the head: its gradient is final only here.
-    if (final) hook_(std::vector<nn::Parameter*>{embed_->parameters()[0], &pos_});
+    if (final && hook_) hook_(std::vector<nn::Parameter*>{embed_->parameters()[0], &pos_});
   }
 
   C* tp_;
@@ -858,6 +886,9 @@ class GptPipelinePart {
   GradientsFinalHook hook_;
   UnitHook unit_hook_;  ///< ZeRO-3's gathers (see on_unit_use)
   int microbatches_ = 0, weights_done_ = 0;
+  bool norms_deferred_ = false;  ///< sequence parallelism: the norms' gradients are summed once per step
+  std::vector<std::vector<nn::Parameter*>> block_norms_;  ///< per block, the norm parameters summed then
+  inline static const std::vector<nn::Parameter*> no_norms;
 };
 
 }  // namespace mpar::models

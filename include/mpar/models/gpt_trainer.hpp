@@ -1411,6 +1411,8 @@ class GptTrainer {
           if (p != tied_) optimizer_->gradient_ready(*p);
       };
       for (auto& s : stages_) s->on_gradients_final(gradients_final_, cfg_.microbatches);
+    } else {  // no hook, but the count: a sequence-parallel stage then sums its norms' gradients once per step
+      for (auto& s : stages_) s->on_gradients_final({}, cfg_.microbatches);
     }
   }
 

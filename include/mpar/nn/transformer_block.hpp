@@ -110,11 +110,11 @@ class TransformerBlock : public detail::TypedLayer<TransformerBlock<C, SP, B, Fe
     if (layers_.recompute) run_forward(Act<L>(layers_.take_input(mb, "TransformerBlock (recompute)")), mb);
     // y = h + drop2(mlp(ln2(h))): the residual passes dy straight through.
     Act<L> dh = [&] {
-      if constexpr (fuse_ln2)  // h = x + drop1(...) and ln2 were one kernel: so is their backward
-        return layers_.ln2.residual_backward(layers_.ffn.backward_input(drop2_.backward(dy, mb), mb), dy, mb);
-      else
-        return add<B>(
-            detail::backward_input_of(layers_.ln2, layers_.ffn.backward_input(drop2_.backward(dy, mb), mb), mb), dy);
+      if constexpr (can_fuse_ln2)
+        if (fuse_ln2())  // h = x + drop1(...) and ln2 were one kernel: so is their backward
+          return layers_.ln2.residual_backward(layers_.ffn.backward_input(drop2_.backward(dy, mb), mb), dy, mb);
+      return add<B>(detail::backward_input_of(layers_.ln2, layers_.ffn.backward_input(drop2_.backward(dy, mb), mb), mb),
+                    dy);
     }();
     return add<B>(detail::backward_input_of(layers_.ln1, layers_.attn.backward_input(drop1_.backward(dh, mb), mb), mb),
                   dh);
@@ -131,6 +131,19 @@ class TransformerBlock : public detail::TypedLayer<TransformerBlock<C, SP, B, Fe
   [[nodiscard]] std::size_t out_features() const { return hidden_; }
   /** The feed-forward half. */
   [[nodiscard]] FeedForward& ffn() { return layers_.ffn; }
+  /**
+   * Sequence parallelism: both layer norms leave their gain and bias gradients as this rank's share
+   * (`LayerNorm::defer_gradient_reduction`), and the fused residual + ln2 is taken where the backend has it. Returns
+   * the four parameters whose gradients the caller sums over the tensor group once per step, after the step's last
+   * backward and before anything reads them (`all_reduce_gradients<B>(tp, params)`).
+   */
+  std::vector<Parameter*> defer_norm_gradient_reduction() requires SP {
+    layers_.ln1.defer_gradient_reduction(true);
+    layers_.ln2.defer_gradient_reduction(true);
+    std::vector<Parameter*> ps = layers_.ln1.parameters();
+    detail::append(ps, layers_.ln2.parameters());
+    return ps;
+  }
 
  private:
   using Ln = std::conditional_t<SP, LayerNorm<TokenShard, C, B>, LayerNorm<Replicate, NoComm, B>>;
@@ -142,21 +155,24 @@ class TransformerBlock : public detail::TypedLayer<TransformerBlock<C, SP, B, Fe
       return Ln(c.hidden, c.seed, c.id_base + off, c.name + suffix);
   }
   /**
-   * The first residual and ln2 as one kernel where the backend has it and the layout allows (not under sequence
-   * parallelism, whose layer norm all-reduces its gradients): chosen at compile time, so HostBackend keeps
-   * `add` and `LayerNorm::forward` with no test at run time.
+   * The first residual and ln2 as one kernel where the backend has it (chosen at compile time, so HostBackend keeps
+   * `add` and `LayerNorm::forward` with no test at run time) and the layout allows: under sequence parallelism only
+   * when the norms' gradient reduction is deferred (the kernel adds to the gradients; a norm that all-reduces them
+   * per backward has to see its share alone).
    */
-  static constexpr bool fuse_ln2 = !SP && fused_residual_layernorm_backend<B>;
+  static constexpr bool can_fuse_ln2 = fused_residual_layernorm_backend<B>;
+  [[nodiscard]] bool fuse_ln2() const { return can_fuse_ln2 && !layers_.ln2.reduces_gradients_in_backward(); }
   /** h = x + drop1(attn(ln1(x))), y = h + drop2(mlp(ln2(h))): every link and both residuals are typed. */
   Act<L> run_forward(const Act<L>& x, int mb) {
     Act<L> a = drop1_.forward(layers_.attn.forward(layers_.ln1.forward(x, mb), mb), mb);
-    if constexpr (fuse_ln2) {
-      auto [h, n2] = layers_.ln2.residual_forward(a, x, mb);
-      return add<B>(drop2_.forward(layers_.ffn.forward(n2, mb), mb), h);
-    } else {
-      Act<L> h = add<B>(std::move(a), x);
-      return add<B>(drop2_.forward(layers_.ffn.forward(layers_.ln2.forward(h, mb), mb), mb), h);
+    if constexpr (can_fuse_ln2) {
+      if (fuse_ln2()) {
+        auto [h, n2] = layers_.ln2.residual_forward(a, x, mb);
+        return add<B>(drop2_.forward(layers_.ffn.forward(n2, mb), mb), h);
+      }
     }
+    Act<L> h = add<B>(std::move(a), x);
+    return add<B>(drop2_.forward(layers_.ffn.forward(layers_.ln2.forward(h, mb), mb), mb), h);
   }
 
   std::size_t hidden_;
