@@ -132,8 +132,8 @@ TEST_CASE("GptTrainConfig::graph with graph_warmup 1: the capture right after on
 }
 
 TEMPLATE_TEST_CASE(
-    "GptTrainConfig::graph at tp2 and dp2: the captured collectives replay with the step, bit for bit against "
-    "HostBackend",
+    "GptTrainConfig::graph at tp2 (with and without sequence parallelism) and dp2: the captured collectives replay "
+    "with the step, bit for bit against HostBackend",
     "[stream][gpt][graph][dp]", mpar::StreamHostBackend, mpar::DiscreteHostBackend) {
   // tp2: the layers' all-reduces and the loss's statistics over the tensor group; dp2: the gradient buckets'
   // all-reduces started during the backward (requests) and waited for by the optimizer. Each is issued to the
@@ -143,6 +143,11 @@ TEMPLATE_TEST_CASE(
     std::printf("graph step (%s, fp32, %s): %zu operations captured\n", name, TestType::name, ops);
   }
   (void)check_graph_gpt_equals_host<TestType>("dp2 x tp2 bf16", graph_gpt_config("bf16", 1, 2, 2), 6);
+  // Sequence parallelism: the tokens' all-gathers and reduce-scatters in every pass, and the layer norms' gradients
+  // summed once per step (a packed all-reduce per block when its gradients become final) replay with the step.
+  auto sp = graph_gpt_config("bf16", 2, 2, 1);
+  sp.model.sequence_parallel = true;
+  (void)check_graph_gpt_equals_host<TestType>("sp tp2 bf16", sp, 6);
 }
 
 namespace {

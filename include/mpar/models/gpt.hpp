@@ -780,7 +780,7 @@ class GptPipelinePart {
                                    w.x.template half<T>(), h, 1.0f, head_->grad.data(), h);
       });
     }
-    if (final) gradients_final(final_norm_parameters(), sp_ ? final_norm_parameters() : no_norms);
+    if (final) gradients_final(final_norm_parameters(), norms_deferred_ ? final_norm_parameters() : no_norms);
   }
   void block_backward_weight(std::size_t i, int mb, bool final) {
     blocks_[i]->backward_weight(mb);
