@@ -759,8 +759,8 @@ class GptPipelinePart {
     return final;
   }
   /**
-   * A group's gradients are final: its sequence-parallel norms' shares (`norms`, empty unless deferred) are summed
-   * over the tensor group, then the hook sees the group.
+   * A group's gradients are final: its sequence-parallel norms' shares (`norms`) are summed over the tensor group when
+   * they were deferred, then the hook sees the group.
    */
   void gradients_final(const std::vector<nn::Parameter*>& group, const std::vector<nn::Parameter*>& norms) {
     if (norms_deferred_) nn::all_reduce_gradients<B>(*tp_, norms);
@@ -780,7 +780,7 @@ class GptPipelinePart {
                                    w.x.template half<T>(), h, 1.0f, head_->grad.data(), h);
       });
     }
-    if (final) gradients_final(final_norm_parameters(), norms_deferred_ ? final_norm_parameters() : no_norms);
+    if (final) gradients_final(final_norm_parameters(), final_norm_parameters());
   }
   void block_backward_weight(std::size_t i, int mb, bool final) {
     blocks_[i]->backward_weight(mb);

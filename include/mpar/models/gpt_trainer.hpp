@@ -1405,15 +1405,13 @@ class GptTrainer {
       }
     // Overlap: mark each layer's gradients ready as soon as the last micro-batch's backward is past it.
     // With the embedding split over two stages, its gradient is final only after the tied sum.
-    if (cfg_.batch_ranks() * cfg_.cp > 1) {  // the data-axis group: data x expert, or data x context
+    if (cfg_.batch_ranks() * cfg_.cp > 1)  // the data-axis group: data x expert, or data x context
       gradients_final_ = [this](const std::vector<nn::Parameter*>& ps) {
         for (auto* p : ps)
           if (p != tied_) optimizer_->gradient_ready(*p);
       };
-      for (auto& s : stages_) s->on_gradients_final(gradients_final_, cfg_.microbatches);
-    } else {  // no hook, but the count: a sequence-parallel stage then sums its norms' gradients once per step
-      for (auto& s : stages_) s->on_gradients_final({}, cfg_.microbatches);
-    }
+    // The count even without a hook: a sequence-parallel stage then sums its norms' gradients once per step.
+    for (auto& s : stages_) s->on_gradients_final(gradients_final_, cfg_.microbatches);
   }
 
   void sum_tied_gradients() {

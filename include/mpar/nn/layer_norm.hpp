@@ -79,19 +79,20 @@ class LayerNorm : public detail::TypedLayer<LayerNorm<L, C, B>> {
     auto c = cache_.take(mb, layer_kind);
     require(dy.shape() == c.x.shape(), "LayerNorm '", gamma_.name, "': gradient shape differs from the input's");
     Activation dx(dy.shape(), uninitialized);
-    if (reduces_gradients_in_backward()) {
-      Buffer<float> g = uninitialized_buffer<float>(2 * n_);
-      B::zero(g.size(), g.data());  // the kernel accumulates dgamma, dbeta
-      B::layernorm_backward(dy.extent(0), n_, c.x.data(), c.mean.data(), c.rstd.data(), gamma_.value.data(), dy.data(),
-                            dx.data(), g.data(), g.data() + n_);
-      if constexpr (sequence_parallel)
+    if constexpr (sequence_parallel) {
+      if (!defer_) {  // this rank's share, summed over the tensor group here
+        Buffer<float> g = uninitialized_buffer<float>(2 * n_);
+        B::zero(g.size(), g.data());  // the kernel accumulates dgamma, dbeta
+        B::layernorm_backward(dy.extent(0), n_, c.x.data(), c.mean.data(), c.rstd.data(), gamma_.value.data(),
+                              dy.data(), dx.data(), g.data(), g.data() + n_);
         if (comm_->size() > 1) comm_->all_reduce(std::span<float>(g), ReduceOp::sum);
-      B::add(n_, gamma_.grad.data(), g.data(), gamma_.grad.data());
-      B::add(n_, beta_.grad.data(), g.data() + n_, beta_.grad.data());
-    } else {
-      B::layernorm_backward(dy.extent(0), n_, c.x.data(), c.mean.data(), c.rstd.data(), gamma_.value.data(), dy.data(),
-                            dx.data(), gamma_.grad.data(), beta_.grad.data());
+        B::add(n_, gamma_.grad.data(), g.data(), gamma_.grad.data());
+        B::add(n_, beta_.grad.data(), g.data() + n_, beta_.grad.data());
+        return dx;
+      }
     }
+    B::layernorm_backward(dy.extent(0), n_, c.x.data(), c.mean.data(), c.rstd.data(), gamma_.value.data(), dy.data(),
+                          dx.data(), gamma_.grad.data(), beta_.grad.data());
     return dx;
   }
 
@@ -106,49 +107,49 @@ class LayerNorm : public detail::TypedLayer<LayerNorm<L, C, B>> {
    * each backward then gives the full gradients.
    */
   void defer_gradient_reduction(bool on) requires(sequence_parallel) { defer_ = on; }
-  /** Whether backward sums the gain and bias gradients over the tensor group itself (sequence parallelism, not deferred). */
+  /** Whether backward sums the gain and bias gradients over the tensor group itself (SP, not deferred). */
   [[nodiscard]] bool reduces_gradients_in_backward() const { return sequence_parallel && !defer_; }
 
   /**
    * The residual add before this norm and the norm in one kernel (a `fused_residual_layernorm_backend`; under
-   * sequence parallelism only with the gradient reduction deferred, since the kernel adds to the gradients): returns `h = branch + x` (the residual stream) and `LN(h)`, keeping what
-   * `residual_backward` needs (h, mean, rstd), as `forward(add(branch, x))` would.
+   * sequence parallelism only with the gradient reduction deferred, since the kernel adds to the gradients):
+   * returns `h = branch + x` (the residual stream) and `LN(h)`, keeping what `residual_backward` needs (h, mean,
+   * rstd), as `forward(add(branch, x))` would.
    */
   template <class Lx>
-    requires fused_residual_layernorm_backend<B> std::pair<Act<Lx>, Act<Lx>> residual_forward(const Act<Lx>& branch,
-                                                                                              const Act<Lx>& x,
-                                                                                              int mb) {
-      require(!reduces_gradients_in_backward(), "LayerNorm '", gamma_.name,
-              "': the fused residual + norm under sequence parallelism needs the gradient reduction deferred "
-              "(defer_gradient_reduction(true)); call forward on the sum instead");
-      require(x.extent(1) == n_ && branch.shape() == x.shape(), "LayerNorm '", gamma_.name, "': residual operands are ",
-              branch.extent(0), "x", branch.extent(1), " and ", x.extent(0), "x", x.extent(1), ", expected ", n_,
-              " features each");
-      const std::size_t rows = x.extent(0);
-      Activation h(x.shape(), uninitialized), y(x.shape(), uninitialized);  // the kernel writes both whole
-      auto& c = cache_.put(mb);
-      c.mean = uninitialized_buffer<float>(rows);
-      c.rstd = uninitialized_buffer<float>(rows);
-      B::residual_layernorm_forward(rows, n_, branch.data(), x.data(), gamma_.value.data(), beta_.value.data(),
-                                    h.data(), y.data(), c.mean.data(), c.rstd.data());
-      c.x = backend_copy<B>(h);
-      return {Act<Lx>(std::move(h)), Act<Lx>(std::move(y))};
-    }
+    requires(fused_residual_layernorm_backend<B>)
+  std::pair<Act<Lx>, Act<Lx>> residual_forward(const Act<Lx>& branch, const Act<Lx>& x, int mb) {
+    require(!reduces_gradients_in_backward(), "LayerNorm '", gamma_.name,
+            "': the fused residual + norm under sequence parallelism needs the gradient reduction deferred "
+            "(defer_gradient_reduction(true)); call forward on the sum instead");
+    require(x.extent(1) == n_ && branch.shape() == x.shape(), "LayerNorm '", gamma_.name, "': residual operands are ",
+            branch.extent(0), "x", branch.extent(1), " and ", x.extent(0), "x", x.extent(1), ", expected ", n_,
+            " features each");
+    const std::size_t rows = x.extent(0);
+    Activation h(x.shape(), uninitialized), y(x.shape(), uninitialized);  // the kernel writes both whole
+    auto& c = cache_.put(mb);
+    c.mean = uninitialized_buffer<float>(rows);
+    c.rstd = uninitialized_buffer<float>(rows);
+    B::residual_layernorm_forward(rows, n_, branch.data(), x.data(), gamma_.value.data(), beta_.value.data(), h.data(),
+                                  y.data(), c.mean.data(), c.rstd.data());
+    c.x = backend_copy<B>(h);
+    return {Act<Lx>(std::move(h)), Act<Lx>(std::move(y))};
+  }
   /**
    * The backward of `residual_forward`: the gradient of both addends, `dres + LN'(dy)` (`dres` reaches h through
    * the residual path), with the gain and bias gradients accumulated, as `add(backward(dy), dres)` would.
    */
   template <class Lx>
-    requires fused_residual_layernorm_backend<B> Act<Lx> residual_backward(const Act<Lx>& dy, const Act<Lx>& dres,
-                                                                           int mb) {
-      auto c = cache_.take(mb, layer_kind);
-      require(dy.shape() == c.x.shape() && dres.shape() == c.x.shape(), "LayerNorm '", gamma_.name,
-              "': gradient shapes differ from the input's");
-      Activation dh(dy.shape(), uninitialized);
-      B::residual_layernorm_backward(dy.extent(0), n_, c.x.data(), c.mean.data(), c.rstd.data(), gamma_.value.data(),
-                                     dy.data(), dres.data(), dh.data(), gamma_.grad.data(), beta_.grad.data());
-      return Act<Lx>(std::move(dh));
-    }
+    requires(fused_residual_layernorm_backend<B>)
+  Act<Lx> residual_backward(const Act<Lx>& dy, const Act<Lx>& dres, int mb) {
+    auto c = cache_.take(mb, layer_kind);
+    require(dy.shape() == c.x.shape() && dres.shape() == c.x.shape(), "LayerNorm '", gamma_.name,
+            "': gradient shapes differ from the input's");
+    Activation dh(dy.shape(), uninitialized);
+    B::residual_layernorm_backward(dy.extent(0), n_, c.x.data(), c.mean.data(), c.rstd.data(), gamma_.value.data(),
+                                   dy.data(), dres.data(), dh.data(), gamma_.grad.data(), beta_.grad.data());
+    return Act<Lx>(std::move(dh));
+  }
 
   std::vector<Parameter*> parameters() { return detail::param_list(&gamma_, &beta_); }
   void drop(int mb) { cache_.drop(mb); }
