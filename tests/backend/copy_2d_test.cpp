@@ -163,3 +163,82 @@ TEMPLATE_TEST_CASE("CountingBackend: a copy_2d is one launch, whatever its numbe
   CHECK(d.total_launches() == 1);
   CHECK(d.by_kind() == "copy_2d=1");
 }
+
+// ---- copy_2d_batched: a two-level batch of such blocks in one operation ----------------------------------
+
+namespace {
+
+/** The heads of a [tokens, parts * heads * d] matrix into dense [batch, heads, seq, d] blocks, per part. */
+struct HeadsCase {
+  std::size_t batch, heads, seq, d, parts;
+};
+
+template <class T>
+std::vector<T> heads_reference(const HeadsCase& c, const std::vector<T>& src, std::vector<T> dst) {
+  const std::size_t hl = c.heads * c.d, ld = c.parts * hl, tokens = c.batch * c.seq;
+  for (std::size_t p = 0; p < c.parts; ++p)
+    for (std::size_t b = 0; b < c.batch; ++b)
+      for (std::size_t h = 0; h < c.heads; ++h)
+        for (std::size_t s = 0; s < c.seq; ++s)
+          for (std::size_t k = 0; k < c.d; ++k)
+            dst[p * tokens * hl + ((b * c.heads + h) * c.seq + s) * c.d + k] =
+                src[(b * c.seq + s) * ld + p * hl + h * c.d + k];
+  return dst;
+}
+
+/** The same through `B::copy_2d_batched`, one call per part (as attention's rearrangement issues it). */
+template <class B, class T>
+std::vector<T> heads_through_backend(const HeadsCase& c, const std::vector<T>& src, const std::vector<T>& dst) {
+  return copy_2d_on_fresh_rank<B>([&] {
+    const std::size_t hl = c.heads * c.d, ld = c.parts * hl, tokens = c.batch * c.seq;
+    mpar::Buffer<T> s = B::template allocate<T>(src.size()), d = B::template allocate<T>(dst.size());
+    B::template copy_from_host_async<T>(src.size(), src.data(), s.data());
+    B::template copy_from_host_async<T>(dst.size(), dst.data(), d.data());
+    for (std::size_t p = 0; p < c.parts; ++p)
+      B::copy_2d_batched(c.seq, c.d, s.data() + p * hl, ld, mpar::BatchStrides{c.seq * ld, c.d},
+                         d.data() + p * tokens * hl, c.d, mpar::BatchStrides{c.heads * c.seq * c.d, c.seq * c.d},
+                         mpar::BatchExtents{c.batch, c.heads});
+    std::vector<T> out(dst.size());
+    B::template copy_to_host_async<T>(out.size(), d.data(), out.data());
+    B::synchronize();
+    return out;
+  });
+}
+
+}  // namespace
+
+TEMPLATE_TEST_CASE("backend copy_2d_batched: heads rearranged equal a naive element loop",
+                   "[backend][buffer_ops][copy_2d]", mpar::HostBackend, mpar::StreamHostBackend,
+                   mpar::DiscreteHostBackend, mpar::observe::CountingBackend<mpar::HostBackend>) {
+  using B = TestType;
+  for (const HeadsCase c : {HeadsCase{1, 1, 1, 1, 1}, HeadsCase{2, 3, 5, 4, 3}, HeadsCase{3, 2, 7, 6, 1},
+                            HeadsCase{1, 4, 3, 8, 3}, HeadsCase{4, 1, 2, 3, 2}}) {
+    INFO(B::name << ": batch " << c.batch << ", heads " << c.heads << ", seq " << c.seq << ", d " << c.d << ", parts "
+                 << c.parts);
+    const std::size_t n = c.batch * c.seq * c.parts * c.heads * c.d;
+    // One destination element more than the blocks fill: it must keep its value.
+    const auto src = copy_2d_pattern<mpar::bf16>(n, 1), dst = copy_2d_pattern<mpar::bf16>(n + 1, -300);
+    CHECK(copy_2d_same_bits(heads_through_backend<B>(c, src, dst), heads_reference(c, src, dst)));
+    const auto src32 = copy_2d_pattern<float>(n, 7), dst32 = copy_2d_pattern<float>(n + 1, -100);
+    CHECK(copy_2d_same_bits(heads_through_backend<B>(c, src32, dst32), heads_reference(c, src32, dst32)));
+  }
+}
+
+TEMPLATE_TEST_CASE("backend copy_2d_batched: a short leading dimension is a config_error at the call; one launch",
+                   "[backend][buffer_ops][copy_2d][counts]", mpar::HostBackend, mpar::StreamHostBackend) {
+  using Counting = mpar::observe::CountingBackend<TestType>;
+  const mpar::observe::BackendCounts d = copy_2d_on_fresh_rank<Counting>([] {
+    mpar::Buffer<float> s = Counting::template allocate<float>(256), t = Counting::template allocate<float>(256);
+    CHECK_THROWS_WITH(
+        Counting::copy_2d_batched(std::size_t(4), std::size_t(5), s.data(), std::size_t(3), mpar::BatchStrides{20, 5},
+                                  t.data(), std::size_t(5), mpar::BatchStrides{40, 20}, mpar::BatchExtents{2, 2}),
+        Catch::Contains("copy_2d of 4 x 5") && Catch::Contains("src_ld = 3"));
+    const auto before = Counting::counts();
+    Counting::copy_2d_batched(std::size_t(4), std::size_t(2), s.data(), std::size_t(8), mpar::BatchStrides{32, 2},
+                              t.data(), std::size_t(2), mpar::BatchStrides{32, 8}, mpar::BatchExtents{2, 4});
+    Counting::synchronize();
+    return Counting::counts() - before;
+  });
+  CHECK(d[mpar::observe::Op::copy_2d_batched] == 1);
+  CHECK(d.by_kind() == "copy_2d_batched=1");
+}

@@ -220,6 +220,42 @@ TEST_CASE("CudaBackend copy_2d (cudaMemcpy2DAsync) equals a naive element loop; 
   CudaBackend::synchronize();  // the rejected calls issued nothing: the stream has no error to report
 }
 
+TEST_CASE("CudaBackend copy_2d_batched: attention's heads rearranged equal the host reference bit for bit",
+          "[cuda][buffer_ops][copy_2d]") {
+  // The q, k, v columns of a [tokens, 3 * heads * d] matrix into dense [batch, heads, seq, d] blocks, as the
+  // unfused 16-bit attention issues it; then three dense blocks interleaved back (its dQ, dK, dV).
+  const std::size_t batch = 3, heads = 2, seq = 5, d = 4, hl = heads * d, ld = 3 * hl, tokens = batch * seq;
+  const auto src = random_vec<float>(tokens * ld, 33);
+  std::vector<bf16> src16(src.size());
+  host::convert(src.size(), src.data(), src16.data());
+  std::vector<bf16> want(3 * tokens * hl + 1, bf16(0.5f));
+  auto dst16 = upload(want);
+  const auto dsrc16 = upload(src16);
+  for (std::size_t part = 0; part < 3; ++part) {
+    host::copy_2d_batched(seq, d, src16.data() + part * hl, ld, BatchStrides{seq * ld, d},
+                          want.data() + part * tokens * hl, d, BatchStrides{heads * seq * d, seq * d},
+                          BatchExtents{batch, heads});
+    CudaBackend::copy_2d_batched(seq, d, dsrc16.data() + part * hl, ld, BatchStrides{seq * ld, d},
+                                 dst16.data() + part * tokens * hl, d, BatchStrides{heads * seq * d, seq * d},
+                                 BatchExtents{batch, heads});
+  }
+  const auto got16 = download(dst16);
+  for (std::size_t i = 0; i < want.size(); ++i) REQUIRE(got16[i].bits == want[i].bits);
+  const auto parts = random_vec<float>(3 * tokens * hl, 34);
+  std::vector<float> interleaved(tokens * ld, 0.0f);
+  host::copy_2d_batched(tokens, hl, parts.data(), hl, BatchStrides{0, tokens * hl}, interleaved.data(), ld,
+                        BatchStrides{0, hl}, BatchExtents{1, 3});
+  auto dparts = upload(parts), dout = upload(std::vector<float>(tokens * ld, 0.0f));
+  CudaBackend::copy_2d_batched(tokens, hl, dparts.data(), hl, BatchStrides{0, tokens * hl}, dout.data(), ld,
+                               BatchStrides{0, hl}, BatchExtents{1, 3});
+  CHECK(download(dout) == interleaved);
+  CHECK_THROWS_WITH(
+      CudaBackend::copy_2d_batched(std::size_t(2), std::size_t(6), dparts.data(), std::size_t(4), BatchStrides{0, 0},
+                                   dout.data(), std::size_t(6), BatchStrides{0, 0}, BatchExtents{1, 1}),
+      Catch::Contains("CudaBackend::copy_2d of 2 x 6") && Catch::Contains("src_ld = 4"));
+  CudaBackend::synchronize();
+}
+
 TEST_CASE("gemm_lt: bias and GeLU fused in the epilogue match GEMM + host bias + host GeLU", "[cuda][gemm]") {
   const std::size_t m = 64, n = 96, k = 128;  // multiples of 8/16 as cuBLASLt's 16-bit kernels prefer
   for (Trans ta : {Trans::no, Trans::yes})

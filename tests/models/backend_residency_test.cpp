@@ -129,6 +129,8 @@ struct ResidencyCheckedBackend : HostBackend {
   MPAR_TEST_CHECKED(gemm_bias_gelu)
   // The strided 2-D copy (ring attention's K/V packing, MoE's expert blocks): source and destination.
   MPAR_TEST_CHECKED(copy_2d)
+  // Its two-level batch (attention's 16-bit heads rearranged into dense blocks, and dQ, dK, dV interleaved).
+  MPAR_TEST_CHECKED(copy_2d_batched)
 #undef MPAR_TEST_CHECKED
 };
 static_assert(backend<ResidencyCheckedBackend>);

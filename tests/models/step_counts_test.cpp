@@ -110,7 +110,9 @@ void check_common(const std::vector<RankCounts>& rs) {
  *   forward (one `convert`, instead of the copy) and its output gradient in the backward (one more, instead of
  *   the copy), but not its weight: it multiplies the optimizer's 16-bit copy (`Parameter::compute_copy`),
  *   and attention converts q, k, v and the probabilities in the forward and
- *   the probabilities, dO and dS in the backward: + 6 per block forward, + 7 per block backward; the tied LM
+ *   the probabilities, dO and dS in the backward, rearranges the 16-bit q, k, v into dense per-head blocks (one
+ *   `copy_2d_batched` each) in the forward and dO in the backward, where it also interleaves dQ, dK, dV (written
+ *   dense) into dqkv (one more): + 9 per block forward, + 9 per block backward; the tied LM
  *   head converts its input in the forward (+ 1 on the last stage) and its logit gradient in the backward
  *   (instead of the copy kept for W: + 0), and its weight, the optimizer's copy too, not at all;
  * - full recomputation reruns each stage's forward once more in its backward;
@@ -145,8 +147,8 @@ Expected expected_launches(const models::GptTrainConfig& c, const RankCounts& r,
     const bool first = stage == 0, last = stage == stages - 1;
     const std::uint64_t projection_copies = 4 * (1 - half);  // fp32 keeps copies; 16-bit only the conversions
     e.forward +=
-        L * (12 + 2 * A + 2 + projection_copies + 6 * half) + (first ? 2 : 1) + (last ? 2 + mask + 1 + half : 0);
-    e.backward += L * (18 + 4 * A + 2 + projection_copies + 7 * half) + (first ? 2 : 0) +
+        L * (12 + 2 * A + 2 + projection_copies + 9 * half) + (first ? 2 : 1) + (last ? 2 + mask + 1 + half : 0);
+    e.backward += L * (18 + 4 * A + 2 + projection_copies + 9 * half) + (first ? 2 : 0) +
                   (last ? 7 + 2 + 1 + 1 : 1);  // + accumulate
   }
   e.per_step = M * (e.forward + e.backward + (c.recompute ? e.forward : 0));

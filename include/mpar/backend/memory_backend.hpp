@@ -28,7 +28,9 @@ namespace mpar {
  *   overlap), `copy_2d(rows, cols, src, src_ld, dst, dst_ld)` (a `rows x cols` block of one row-major matrix
  *   into another in one operation — `dst[r * dst_ld + c] = src[r * src_ld + c]` — with leading dimensions of
  *   at least `cols`, else a config_error when the call is issued; the blocks must not overlap; no rows or
- *   no columns copy nothing), `convert(n, src, dst)` (fp32 to bf16/f16 rounding to nearest even, and back exactly),
+ *   no columns copy nothing), `copy_2d_batched(rows, cols, src, src_ld, src_stride, dst, dst_ld, dst_stride, batch)`
+ *   (a two-level batch of such blocks, `BatchStrides` / `BatchExtents` as in `gemm_strided_batched`, in one
+ *   operation), `convert(n, src, dst)` (fp32 to bf16/f16 rounding to nearest even, and back exactly),
  *   `init_values(block, x)` (a parameter block's counter-based initial values, core/init.hpp, bit for bit
  *   those of `init_value` on the host: a parameter is initialised where it lives, with no upload).
  */
@@ -45,6 +47,7 @@ concept memory_backend = requires(const float* a, float* c, const bf16* h, std::
   B::fill(n, 1.0f, c);
   B::copy(n, a, c);
   B::copy_2d(n, n, a, n, c, n);
+  B::copy_2d_batched(n, n, a, n, BatchStrides{n, n}, c, n, BatchStrides{n, n}, BatchExtents{n, n});
   B::convert(n, a, hw);
   B::convert(n, h, c);
   B::init_values(block, c);

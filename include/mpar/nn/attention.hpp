@@ -5,8 +5,9 @@
  *
  * Representation: the input is `[tokens, hidden]` with token `t = b * seq + s`; the QKV projection
  * returns `[tokens, 3 * h_local]` whose columns are `(q | k | v)`, each `[heads_local, head_dim]`
- * head-major. The core reads head `h` of batch `b` as a `[seq, head_dim]` strided block of that
- * matrix, so no transposes or copies into `[batch, heads, seq, head_dim]` are needed.
+ * head-major. In fp32 the core reads head `h` of batch `b` as a `[seq, head_dim]` strided block of that
+ * matrix, with no copy into `[batch, heads, seq, head_dim]`; 16-bit operands are rearranged into that
+ * dense layout first (`AttentionCore::head_major_qkv` says why).
  */
 #include <algorithm>
 #include <cmath>
@@ -62,55 +63,67 @@ struct AttentionCore {
   }
 
   /**
+   * q, k and v (16-bit, under `Autocast`) as three dense `[batch, heads, seq, head_dim]` blocks, rearranged from
+   * the `[tokens, 3 * heads * head_dim]` layout of `qkv_t` by one `B::copy_2d_batched` each.
+   *
+   * Why: oneDNN's AMX bf16 matmul (`brg:avx512_core_amx_bf16`) takes a batched product only when its operands
+   * are dense in the batch's order; q, k, v read in place from the QKV matrix (leading dimension 3 x hidden)
+   * send oneDNN 2.6 to its `gemm:jit` kernels, ten to twenty times slower on these 64 x 64 products (the
+   * destination may stay strided). The rearranged copy replaces the token-major one the layer would keep.
+   */
+  template <backend B, class T>
+  [[nodiscard]] Buffer<T> head_major_qkv(std::size_t tokens, const T* qkv_t) const {
+    return rearrange_heads<B>(tokens, 3, qkv_t);
+  }
+  /** Where `head_major_qkv`'s result (or any q, k, v in that layout) is passed: the products read it as dense. */
+  template <class T>
+  struct HeadMajor {
+    const T* p;
+  };
+
+  /**
    * o = softmax(mask(q k^T / sqrt(d))) v per (batch, head); saves the probabilities `[b, h, s, s]` (fp32, for the
    * softmax backward). `qkv_t` is `qkv` itself (T = float) or its 16-bit conversion (under `Autocast`): the
    * products read it, and a 16-bit copy of the probabilities, and accumulate in fp32; the softmax is fp32.
+   * 16-bit q, k, v are first rearranged by `head_major_qkv` (a layer keeping them calls that once and passes
+   * `HeadMajor`, below).
    */
   template <backend B, class T = float>
   Activation forward(const Activation& qkv, const T* qkv_t, Buffer<float>& probs, std::string_view who) const {
-    const std::size_t nb = batch(qkv, who), hl = heads * head_dim, ld = 3 * hl, s = seq, d = head_dim;
-    const float scale = 1.0f / std::sqrt(float(d));
-    // Every element of both is written by the products and the softmax below: no initialisation.
-    probs = uninitialized_buffer<float>(nb * heads * s * s);
-    Activation o({qkv.extent(0), hl}, uninitialized);
-    // Head h of sequence b: q at b*s*ld + h*d (k, v hl and 2hl further), its probabilities at (b*heads + h)*s*s.
-    const OperandOf<T> q{qkv_t, ld, s * ld, d}, k{qkv_t + hl, ld, s * ld, d}, v{qkv_t + 2 * hl, ld, s * ld, d};
-    per_head_gemm<B>(nb, Trans::no, Trans::yes, s, s, d, scale, q, k, probs.data(), s, heads * s * s, s * s);
-    B::softmax_forward(nb * heads * s, s, probs.data(), probs.data(), true);  // one causal softmax over all rows
-    const Buffer<T> p_t = as_operand<B, T>(probs);
-    const OperandOf<T> p{operand_ptr(p_t, probs.data()), s, heads * s * s, s * s};
-    per_head_gemm<B>(nb, Trans::no, Trans::no, s, d, s, 1.0f, p, v, o.data(), hl, s * hl, d);
-    return o;
+    const std::size_t nb = batch(qkv, who);
+    if constexpr (std::is_same_v<T, float>) {
+      return forward_with<B, T>(qkv, token_major(qkv_t), probs);
+    } else {
+      const Buffer<T> heads_t = head_major_qkv<B>(qkv.extent(0), qkv_t);
+      return forward_with<B, T>(qkv, head_major(heads_t.data(), nb), probs);
+    }
+  }
+  /** The forward over q, k, v already rearranged by `head_major_qkv`. */
+  template <backend B, class T>
+  Activation forward(const Activation& qkv, HeadMajor<T> qkv_h, Buffer<float>& probs, std::string_view who) const {
+    return forward_with<B, T>(qkv, head_major(qkv_h.p, batch(qkv, who)), probs);
   }
 
   /**
    * dqkv from do, the saved qkv (`qkv_t`: as in `forward`) and probabilities; with 16-bit `T` every product takes
-   * 16-bit operands (dO and dS converted once each, P converted again from the fp32 probabilities).
+   * 16-bit operands (dO and dS converted once each, P converted again from the fp32 probabilities; q, k, v and
+   * dO rearranged as in `head_major_qkv`).
    */
   template <backend B, class T = float>
   Activation backward(std::size_t tokens, const T* qkv_t, const Buffer<float>& probs, const Activation& dout,
                       std::string_view who) const {
-    const std::size_t hl = heads * head_dim, ld = 3 * hl, s = seq, d = head_dim, nb = tokens / s;
-    require(dout.extent(0) == tokens && dout.extent(1) == hl, who, ": output gradient is ", dout.extent(0), "x",
-            dout.extent(1), ", expected ", tokens, "x", hl);
-    const float scale = 1.0f / std::sqrt(float(d));
-    // dQ, dK, dV cover every column of dqkv and dP every element of dp: no initialisation.
-    Activation dqkv({tokens, ld}, uninitialized);
-    Buffer<float> dp = uninitialized_buffer<float>(probs.size());
-    const OperandOf<T> q{qkv_t, ld, s * ld, d}, k{qkv_t + hl, ld, s * ld, d}, v{qkv_t + 2 * hl, ld, s * ld, d};
-    const Buffer<T> p_t = as_operand<B, T>(probs), do_t = as_operand<B, T>(dout);
-    const OperandOf<T> p{operand_ptr(p_t, probs.data()), s, heads * s * s, s * s},
-        go{operand_ptr(do_t, dout.data()), hl, s * hl, d};
-    float* dq = dqkv.data();
-    per_head_gemm<B>(nb, Trans::yes, Trans::no, s, d, s, 1.0f, p, go, dq + 2 * hl, ld, s * ld, d);  // dV = P^T dO
-    per_head_gemm<B>(nb, Trans::no, Trans::yes, s, s, d, 1.0f, go, v, dp.data(), s, heads * s * s,
-                     s * s);                                                     // dP = dO V^T
-    B::softmax_backward(nb * heads * s, s, probs.data(), dp.data(), dp.data());  // masked entries have p = 0, so dS = 0
-    const Buffer<T> ds_t = as_operand<B, T>(dp);
-    const OperandOf<T> ds{operand_ptr(ds_t, dp.data()), s, heads * s * s, s * s};
-    per_head_gemm<B>(nb, Trans::no, Trans::no, s, d, s, scale, ds, k, dq, ld, s * ld, d);        // dQ = dS K
-    per_head_gemm<B>(nb, Trans::yes, Trans::no, s, d, s, scale, ds, q, dq + hl, ld, s * ld, d);  // dK = dS^T Q
-    return dqkv;
+    if constexpr (std::is_same_v<T, float>) {
+      return backward_with<B, T>(tokens, token_major(qkv_t), probs, dout, who);
+    } else {
+      const Buffer<T> heads_t = head_major_qkv<B>(tokens, qkv_t);
+      return backward_with<B, T>(tokens, head_major(heads_t.data(), tokens / seq), probs, dout, who);
+    }
+  }
+  /** The backward over q, k, v already rearranged by `head_major_qkv`. */
+  template <backend B, class T>
+  Activation backward(std::size_t tokens, HeadMajor<T> qkv_h, const Buffer<float>& probs, const Activation& dout,
+                      std::string_view who) const {
+    return backward_with<B, T>(tokens, head_major(qkv_h.p, tokens / seq), probs, dout, who);
   }
   /**
    * The same attention through a backend's fused kernel (`fused_attention_backend`): `o` fp32 as `forward`
@@ -162,6 +175,99 @@ struct AttentionCore {
   }
 
  private:
+  /** q, k, v as the products read them: where (sequence b, head h) starts in each, and the leading dimension. */
+  template <class T>
+  struct QkvOperands {
+    OperandOf<T> q, k, v;
+  };
+  /** In place in the `[tokens, 3 * heads * head_dim]` matrix: head h of sequence b at b*s*ld + h*d. */
+  template <class T>
+  [[nodiscard]] QkvOperands<T> token_major(const T* p) const {
+    const std::size_t hl = heads * head_dim, ld = 3 * hl, s = seq, d = head_dim;
+    return {{p, ld, s * ld, d}, {p + hl, ld, s * ld, d}, {p + 2 * hl, ld, s * ld, d}};
+  }
+  /** Three dense `[nb, heads, seq, head_dim]` blocks (`head_major_qkv`). */
+  template <class T>
+  [[nodiscard]] QkvOperands<T> head_major(const T* p, std::size_t nb) const {
+    const std::size_t d = head_dim, matrix = seq * d, block = nb * heads * matrix;
+    return {{p, d, heads * matrix, matrix},
+            {p + block, d, heads * matrix, matrix},
+            {p + 2 * block, d, heads * matrix, matrix}};
+  }
+  /**
+   * `parts` column groups of `heads * head_dim` of a `[tokens, parts * heads * head_dim]` matrix as `parts` dense
+   * `[nb, heads, seq, head_dim]` blocks, one `B::copy_2d_batched` per group (every element written).
+   */
+  template <backend B, class T>
+  [[nodiscard]] Buffer<T> rearrange_heads(std::size_t tokens, std::size_t parts, const T* x) const {
+    const std::size_t nb = tokens / seq, hl = heads * head_dim, ld = parts * hl, d = head_dim, matrix = seq * d;
+    Buffer<T> out = B::template allocate<T>(parts * tokens * hl);
+    for (std::size_t part = 0; part < parts; ++part)
+      B::copy_2d_batched(seq, d, x + part * hl, ld, BatchStrides{seq * ld, d}, out.data() + part * tokens * hl, d,
+                         BatchStrides{heads * matrix, matrix}, BatchExtents{nb, heads});
+    return out;
+  }
+
+  template <backend B, class T>
+  Activation forward_with(const Activation& qkv, QkvOperands<T> in, Buffer<float>& probs) const {
+    const std::size_t nb = qkv.extent(0) / seq, hl = heads * head_dim, s = seq, d = head_dim;
+    const float scale = 1.0f / std::sqrt(float(d));
+    // Every element of both is written by the products and the softmax below: no initialisation.
+    probs = uninitialized_buffer<float>(nb * heads * s * s);
+    Activation o({qkv.extent(0), hl}, uninitialized);
+    // The probabilities of head h of sequence b at (b*heads + h)*s*s; its output at b*s*hl + h*d.
+    per_head_gemm<B>(nb, Trans::no, Trans::yes, s, s, d, scale, in.q, in.k, probs.data(), s, heads * s * s, s * s);
+    B::softmax_forward(nb * heads * s, s, probs.data(), probs.data(), true);  // one causal softmax over all rows
+    const Buffer<T> p_t = as_operand<B, T>(probs);
+    const OperandOf<T> p{operand_ptr(p_t, probs.data()), s, heads * s * s, s * s};
+    per_head_gemm<B>(nb, Trans::no, Trans::no, s, d, s, 1.0f, p, in.v, o.data(), hl, s * hl, d);
+    return o;
+  }
+
+  template <backend B, class T>
+  Activation backward_with(std::size_t tokens, QkvOperands<T> in, const Buffer<float>& probs, const Activation& dout,
+                           std::string_view who) const {
+    const std::size_t hl = heads * head_dim, ld = 3 * hl, s = seq, d = head_dim, nb = tokens / s;
+    require(dout.extent(0) == tokens && dout.extent(1) == hl, who, ": output gradient is ", dout.extent(0), "x",
+            dout.extent(1), ", expected ", tokens, "x", hl);
+    const float scale = 1.0f / std::sqrt(float(d));
+    // dQ, dK, dV cover every column of dqkv and dP every element of dp: no initialisation.
+    Activation dqkv({tokens, ld}, uninitialized);
+    Buffer<float> dp = uninitialized_buffer<float>(probs.size());
+    const Buffer<T> p_t = as_operand<B, T>(probs);
+    const OperandOf<T> p{operand_ptr(p_t, probs.data()), s, heads * s * s, s * s};
+    Buffer<T> do_t;  // 16-bit dO: converted, then rearranged dense like q, k, v
+    const OperandOf<T> go = [&]() -> OperandOf<T> {
+      if constexpr (std::is_same_v<T, float>) {
+        return {dout.data(), hl, s * hl, d};
+      } else {
+        do_t = rearrange_heads<B>(tokens, 1, as_operand<B, T>(dout).data());
+        return {do_t.data(), d, heads * s * d, s * d};
+      }
+    }();
+    // fp32: dQ, dK, dV written in place into dqkv. 16-bit: into three dense [tokens, hl] blocks first, then
+    // interleaved by one copy — oneDNN's AMX kernels take a strided destination only when it is a permutation
+    // of a dense tensor (leading dimension hl, not 3 hl).
+    constexpr bool in_place = std::is_same_v<T, float>;
+    Buffer<float> separate = in_place ? Buffer<float>{} : uninitialized_buffer<float>(3 * tokens * hl);
+    float* const dq = in_place ? dqkv.data() : separate.data();
+    const std::size_t g_ld = in_place ? ld : hl, g_part = in_place ? hl : tokens * hl;
+    per_head_gemm<B>(nb, Trans::yes, Trans::no, s, d, s, 1.0f, p, go, dq + 2 * g_part, g_ld, s * g_ld,
+                     d);  // dV = P^T dO
+    per_head_gemm<B>(nb, Trans::no, Trans::yes, s, s, d, 1.0f, go, in.v, dp.data(), s, heads * s * s,
+                     s * s);                                                     // dP = dO V^T
+    B::softmax_backward(nb * heads * s, s, probs.data(), dp.data(), dp.data());  // masked entries have p = 0, so dS = 0
+    const Buffer<T> ds_t = as_operand<B, T>(dp);
+    const OperandOf<T> ds{operand_ptr(ds_t, dp.data()), s, heads * s * s, s * s};
+    per_head_gemm<B>(nb, Trans::no, Trans::no, s, d, s, scale, ds, in.k, dq, g_ld, s * g_ld, d);  // dQ = dS K
+    per_head_gemm<B>(nb, Trans::yes, Trans::no, s, d, s, scale, ds, in.q, dq + g_part, g_ld, s * g_ld,
+                     d);  // dK = dS^T Q
+    if constexpr (!in_place)
+      B::copy_2d_batched(tokens, hl, separate.data(), hl, BatchStrides{0, tokens * hl}, dqkv.data(), ld,
+                         BatchStrides{0, hl}, BatchExtents{1, 3});
+    return dqkv;
+  }
+
   /** fp32 data as a product's operand: nothing to do for float (an empty buffer; the caller reads `x`), else one `B::convert`. */
   template <backend B, class T, class X>
   static Buffer<T> as_operand(const X& x) {
@@ -276,7 +382,7 @@ class AttentionLayer : public TypedLayer<Derived> {
  private:
   struct Cache {
     std::size_t tokens = 0;
-    GemmOperand qkv;      ///< fp32, or 16-bit under Autocast
+    GemmOperand qkv;      ///< fp32, or 16-bit under Autocast (head-major unless the fused kernel ran: core_forward)
     Buffer<float> probs;  ///< the probabilities `[b, h, s, s]`; on the fused path the log-sum-exp `[b, h, s]`
     bool fused = false;   ///< the backend's fused attention ran (`fused_attention_backend`)
     /** On the fused path: the per-head output its backward reads, in the type of the core's qkv. */
@@ -306,7 +412,14 @@ class AttentionLayer : public TypedLayer<Derived> {
         return core_.fused_forward<B, T>(qkv, qkv_t, c.template heads_output<T>(), c.probs, Derived::layer_kind);
       }
     }
-    return core_.forward<B, T>(qkv, qkv_t, c.probs, Derived::layer_kind);
+    if constexpr (std::is_same_v<T, float>) {
+      return core_.forward<B, T>(qkv, qkv_t, c.probs, Derived::layer_kind);
+    } else {
+      // The batched products' 16-bit q, k, v, rearranged once and kept for the backward in place of the
+      // token-major conversion (AttentionCore::head_major_qkv says why).
+      c.qkv.template half_storage<T>() = core_.head_major_qkv<B>(c.tokens, qkv_t);
+      return core_.forward<B, T>(qkv, Head<T>{c.qkv.template half<T>()}, c.probs, Derived::layer_kind);
+    }
   }
   template <class T>
   Activation core_backward(const T* qkv_t, Cache& c, const Activation& dout) {
@@ -316,8 +429,13 @@ class AttentionLayer : public TypedLayer<Derived> {
                                           Derived::layer_kind);
       }
     }
-    return core_.backward<B, T>(c.tokens, qkv_t, c.probs, dout, Derived::layer_kind);
+    if constexpr (std::is_same_v<T, float>)
+      return core_.backward<B, T>(c.tokens, qkv_t, c.probs, dout, Derived::layer_kind);
+    else
+      return core_.backward<B, T>(c.tokens, Head<T>{qkv_t}, c.probs, dout, Derived::layer_kind);
   }
+  template <class T>
+  using Head = AttentionCore::HeadMajor<T>;
   Qkv qkv_;
   Proj proj_;
   MicroBatchCache<Cache> cache_;

@@ -10,7 +10,7 @@
  *
  * What is counted, and how:
  * - launches: one per call of a backend operation (`gemm`, the layer, optimizer and row kernels, the
- *   zero/fill/copy/copy_2d/convert/init_values operations, `gemm_strided_batched`, `vocab_parallel_loss`, the
+ *   zero/fill/copy/copy_2d/copy_2d_batched/convert/init_values operations, `gemm_strided_batched`, `vocab_parallel_loss`, the
  *   online-softmax steps of `online_softmax_backend` where `B` has them), by `Op` kind — a `copy_2d` is one
  *   launch whatever its number of rows, as it is one `cudaMemcpy2DAsync` on CUDA;
  * - host synchronisations: calls of `synchronize()` and event waits, plus — for a backend whose
@@ -71,7 +71,8 @@ enum class Op : std::size_t {
   zero,
   fill,
   copy,
-  copy_2d,  ///< a strided block of rows copied in one operation
+  copy_2d,          ///< a strided block of rows copied in one operation
+  copy_2d_batched,  ///< a two-level batch of such blocks in one operation
   convert,
   init_values,  ///< a parameter block's initial values written in rank memory
   vocab_parallel_loss,
@@ -123,6 +124,7 @@ inline constexpr std::array<std::string_view, op_kinds> op_names{"gemm",
                                                                  "fill",
                                                                  "copy",
                                                                  "copy_2d",
+                                                                 "copy_2d_batched",
                                                                  "convert",
                                                                  "init_values",
                                                                  "vocab_parallel_loss",
@@ -267,6 +269,7 @@ struct CountingBackend : B {
   MPAR_COUNTING_OP(fill)
   MPAR_COUNTING_OP(copy)
   MPAR_COUNTING_OP(copy_2d)
+  MPAR_COUNTING_OP(copy_2d_batched)
   MPAR_COUNTING_OP(convert)
   MPAR_COUNTING_OP(init_values)
   MPAR_COUNTING_OP(vocab_parallel_loss)

@@ -287,6 +287,22 @@ struct CudaBackend {
     mpar::detail::require_copy_2d_shape("CudaBackend", rows, cols, src_ld, dst_ld);
     then_wait([&] { gpu::copy_2d_on_device(rows, cols, src, src_ld, dst, dst_ld, gpu::current_stream()); });
   }
+  /**
+   * The batch of strided 2-D copies (see HostBackend::copy_2d_batched): one cudaMemcpy2DAsync per block on the
+   * rank's stream. Only attention's unfused fallback calls it (the fused kernels read q, k, v in place).
+   */
+  template <class T>
+  static void copy_2d_batched(std::size_t rows, std::size_t cols, const T* src, std::size_t src_ld,
+                              BatchStrides src_stride, T* dst, std::size_t dst_ld, BatchStrides dst_stride,
+                              BatchExtents batch) {
+    mpar::detail::require_copy_2d_shape("CudaBackend", rows, cols, src_ld, dst_ld);
+    then_wait([&] {
+      for (std::size_t i = 0; i < batch.outer; ++i)
+        for (std::size_t j = 0; j < batch.inner; ++j)
+          gpu::copy_2d_on_device(rows, cols, src + i * src_stride.outer + j * src_stride.inner, src_ld,
+                                 dst + i * dst_stride.outer + j * dst_stride.inner, dst_ld, gpu::current_stream());
+    });
+  }
   template <class From, class To>
   static void convert(std::size_t n, const From* src, To* dst) {
     then_wait([&] { gpu::convert(n, src, dst); });

@@ -53,6 +53,23 @@ void copy_2d(std::size_t rows, std::size_t cols, const T* src, std::size_t src_l
   for (std::size_t r = 0; r < rows; ++r) copy(cols, src + r * src_ld, dst + r * dst_ld);
 }
 /**
+ * A two-level batch of `copy_2d` blocks in one operation: for i < batch.outer, j < batch.inner, the
+ * `rows x cols` block at `src + i * src_stride.outer + j * src_stride.inner` (leading dimension `src_ld`) into
+ * the one at `dst + i * dst_stride.outer + j * dst_stride.inner` (`dst_ld`). No two destination blocks may
+ * overlap, nor any with a source block. Rearranges a matrix's column blocks into separate dense blocks (or
+ * back) in one call: e.g. the heads of a `[tokens, heads * head_dim]` matrix into `[batch, heads, seq,
+ * head_dim]`.
+ */
+template <class T>
+void copy_2d_batched(std::size_t rows, std::size_t cols, const T* src, std::size_t src_ld, BatchStrides src_stride,
+                     T* dst, std::size_t dst_ld, BatchStrides dst_stride, BatchExtents batch) {
+  mpar::detail::require_copy_2d_shape("HostBackend", rows, cols, src_ld, dst_ld);
+  for (std::size_t i = 0; i < batch.outer; ++i)
+    for (std::size_t j = 0; j < batch.inner; ++j)
+      copy_2d(rows, cols, src + i * src_stride.outer + j * src_stride.inner, src_ld,
+              dst + i * dst_stride.outer + j * dst_stride.inner, dst_ld);
+}
+/**
  * dst[i] = To(src[i]): fp32 to bf16/f16 rounds to nearest even, 16-bit to fp32 is exact. fp32 <-> bf16, the
  * mixed-precision step's conversions, run vectorized (bf16_convert.hpp) with the same bits.
  */

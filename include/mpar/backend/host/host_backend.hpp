@@ -250,6 +250,12 @@ struct HostBackend {
                       std::size_t dst_ld) {
     host::copy_2d(rows, cols, src, src_ld, dst, dst_ld);
   }
+  template <class T>
+  static void copy_2d_batched(std::size_t rows, std::size_t cols, const T* src, std::size_t src_ld,
+                              BatchStrides src_stride, T* dst, std::size_t dst_ld, BatchStrides dst_stride,
+                              BatchExtents batch) {
+    host::copy_2d_batched(rows, cols, src, src_ld, src_stride, dst, dst_ld, dst_stride, batch);
+  }
   template <class From, class To>
   static void convert(std::size_t n, const From* src, To* dst) {
     host::convert(n, src, dst);

@@ -265,6 +265,16 @@ struct BasicStreamHostBackend {
     submit(
         "copy_2d", [](auto... x) { HostBackend::copy_2d(x...); }, rows, cols, src, src_ld, dst, dst_ld);
   }
+  /** The batch of strided 2-D copies (see HostBackend::copy_2d_batched) as one operation, checked when issued. */
+  template <class T>
+  static void copy_2d_batched(std::size_t rows, std::size_t cols, const T* src, std::size_t src_ld,
+                              BatchStrides src_stride, T* dst, std::size_t dst_ld, BatchStrides dst_stride,
+                              BatchExtents batch) {
+    mpar::detail::require_copy_2d_shape(View::backend_name, rows, cols, src_ld, dst_ld);
+    submit(
+        "copy_2d_batched", [](auto... x) { HostBackend::copy_2d_batched(x...); }, rows, cols, src, src_ld, src_stride,
+        dst, dst_ld, dst_stride, batch);
+  }
   /** Strided-batched GEMM (see HostBackend::gemm_strided_batched), issued to the rank's stream. */
   template <class TIn, class TOut = TIn>
     requires host_gemm_types<TIn, TOut>
