@@ -39,19 +39,6 @@ enum class Bf16GemmKernel {
   return kernel == Bf16GemmKernel::avx512_bf16 ? "avx512_bf16" : "library";
 }
 
-/** @brief Whether this CPU runs the avx512_bf16 kernel: avx512_bf16 besides the host's AVX-512 level. */
-[[nodiscard]] inline bool cpu_has_avx512_bf16() {
-#if MPAR_HOST_MULTIVERSION
-  static const bool has = [] {
-    __builtin_cpu_init();
-    return detected_isa() == Isa::avx512 && __builtin_cpu_supports("avx512bf16") != 0;
-  }();
-  return has;
-#else
-  return false;
-#endif
-}
-
 /**
  * @brief Whether the configured GEMM library has bf16 kernels of its own: oneDNN (MPAR_HOST_GEMM=onednn) runs
  * bf16 on `vdpbf16ps` (AVX-512-BF16) or AMX tiles; CBLAS and the portable kernel widen bf16 to fp32.

@@ -78,6 +78,20 @@ inline thread_local std::optional<Isa> pinned_isa;
 /** @brief The level the calling thread's kernels run with: the pinned one (ScopedIsa), else the detected one. */
 [[nodiscard]] inline Isa active_isa() { return detail::pinned_isa.value_or(detected_isa()); }
 
+/** @brief Whether this CPU has avx512_bf16 besides the host's AVX-512 level (the bf16 GEMM kernel and the
+ * conversions' `vcvtne2ps2bf16` need both). */
+[[nodiscard]] inline bool cpu_has_avx512_bf16() {
+#if MPAR_HOST_MULTIVERSION
+  static const bool has = [] {
+    __builtin_cpu_init();
+    return detected_isa() == Isa::avx512 && __builtin_cpu_supports("avx512bf16") != 0;
+  }();
+  return has;
+#else
+  return false;
+#endif
+}
+
 /**
  * @brief Pins the calling thread's kernels to `isa` for the object's lifetime (then restores the previous
  * choice). Throws, naming both levels, when the CPU does not support `isa`.
