@@ -21,6 +21,7 @@
  * oneDNN has no kernel for the types, the operation is the unfused composition `gemm`, `bias_add_forward`,
  * `gelu_forward`.
  */
+#include <algorithm>
 #include <cstddef>
 #include <type_traits>
 
@@ -43,20 +44,31 @@ void gemm_bias_gelu(std::size_t m, std::size_t n, std::size_t k, const TIn* a, s
           "); without one, use gemm and gelu_forward");
   require(lda >= k && ldw >= n, "gemm_bias_gelu: leading dimensions lda=", lda, " ldw=", ldw,
           " are too small for m=", m, " n=", n, " k=", k);
-  bool fused = false;
-  if constexpr (std::is_same_v<TIn, bf16>)
-    if (bf16_gemm_kernel() == Bf16GemmKernel::avx512_bf16) {
-      detail::avx512_bf16_gemm_entry(false, false, m, n, k, 1.0f, a, lda, w, ldw, 0.0f, pre, n, bias);  // on the store
-      fused = true;
-    }
+  // Row blocks whose `pre` and `y` together fit in a core's L2 cache (about 1 MiB, at least 64 rows): GeLU reads
+  // each block's `pre` right after the GEMM wrote it, from cache, instead of from memory after the whole
+  // product. The products are the same (each row's dot products do not depend on the rows around it).
+  const std::size_t block_rows = std::max<std::size_t>(64, (std::size_t(1) << 17) / n);
+  for (std::size_t r = 0; r < m; r += block_rows) {
+    const std::size_t rows = std::min(block_rows, m - r);
+    const TIn* a_r = a + r * lda;
+    float* pre_r = pre + r * n;
+    bool fused = false;
+    if constexpr (std::is_same_v<TIn, bf16>)
+      if (bf16_gemm_kernel() == Bf16GemmKernel::avx512_bf16) {
+        detail::avx512_bf16_gemm_entry(false, false, rows, n, k, 1.0f, a_r, lda, w, ldw, 0.0f, pre_r, n,
+                                       bias);  // on the store
+        fused = true;
+      }
 #if defined(MPAR_HAVE_ONEDNN)
-  if (k > 0 && !fused) fused = onednn::gemm_bias<TIn>(false, false, m, n, k, 1.0f, a, lda, w, ldw, 0.0f, bias, pre, n);
+    if (k > 0 && !fused)
+      fused = onednn::gemm_bias<TIn>(false, false, rows, n, k, 1.0f, a_r, lda, w, ldw, 0.0f, bias, pre_r, n);
 #endif
-  if (!fused) {
-    mpar::gemm<TIn, float>(Trans::no, Trans::no, m, n, k, 1.0f, a, lda, w, ldw, 0.0f, pre, n);
-    bias_add_forward(m, n, bias, pre);
+    if (!fused) {
+      mpar::gemm<TIn, float>(Trans::no, Trans::no, rows, n, k, 1.0f, a_r, lda, w, ldw, 0.0f, pre_r, n);
+      bias_add_forward(rows, n, bias, pre_r);
+    }
+    gelu_forward(rows * n, static_cast<const float*>(pre_r), y + r * n);
   }
-  gelu_forward(m * n, static_cast<const float*>(pre), y);
 }
 
 /** @brief Whether `gemm_bias_gelu` adds the bias inside the GEMM in this build (oneDNN) or after it. */
