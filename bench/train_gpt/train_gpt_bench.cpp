@@ -69,6 +69,12 @@ void run_round(const models::GptTrainConfig& base, int microbatches, const data:
   cfg.dp = l.dp;
   if (l.dp == 1) cfg.zero = 0;                         // ZeRO shards over the data axis: nothing to shard without one
   if (l.tp == 1) cfg.model.sequence_parallel = false;  // the same run: nothing to split tokens over
+  // The interleaved schedule splits a pipeline rank's layers into chunks; without a pipeline there is nothing to
+  // interleave, and those layouts run their one stage as 1F1B does.
+  if (l.pp == 1 && cfg.schedule == pipeline::Interleaved1F1B::name) {
+    cfg.schedule = std::string(pipeline::OneFOneB::name);
+    cfg.chunks = 1;
+  }
   cfg.steps = warm + counted;
   cfg.warmup = 0;
   std::mutex mu;
@@ -120,7 +126,10 @@ int main(int argc, char** argv) {
     p.option("microbatches", microbatches,
              "micro-batches per step and data-parallel rank (0: 1 without a pipeline, 2 x pp with one)")
         .range(0, 1 << 16);
-    p.choice("schedule", cfg.schedule, {{"gpipe", "gpipe"}, {"1f1b", "1f1b"}, {"zb_h1", "zb_h1"}}, "pipeline schedule");
+    p.choice("schedule", cfg.schedule,
+             {{"gpipe", "gpipe"}, {"1f1b", "1f1b"}, {"interleaved_1f1b", "interleaved_1f1b"}, {"zb_h1", "zb_h1"}},
+             "pipeline schedule");
+    p.option("chunks", cfg.chunks, "model chunks per pipeline rank (interleaved_1f1b; 1 for the others)").range(1, 64);
     p.option("rounds", rounds, "rounds over all layouts").range(1, 1000);
     p.option("warm", warm, "uncounted steps at the start of every round").range(0, 1000);
     p.option("steps", counted, "counted steps per layout and round").range(1, 1000);
@@ -157,11 +166,11 @@ int main(int argc, char** argv) {
 
     std::printf(
         "bench_train_gpt: %zu parameters (hidden %zu, %zu layers, %zu heads, seq %zu, vocab %zu), global batch %zu, "
-        "micro-batches per data rank %s, schedule %s, AdamW, precision %s%s\n",
+        "micro-batches per data rank %s, schedule %s (%d chunks per pipeline rank), AdamW, precision %s%s\n",
         cfg.model.parameter_count(), cfg.model.hidden, cfg.model.layers, cfg.model.heads, cfg.model.seq,
         cfg.model.vocab, cfg.global_batch,
         microbatches > 0 ? std::to_string(microbatches).c_str() : "1 without a pipeline, 2 x pp with one",
-        cfg.schedule.c_str(), cfg.precision.c_str(),
+        cfg.schedule.c_str(), cfg.chunks, cfg.precision.c_str(),
         cfg.model.sequence_parallel ? ", sequence parallelism where tp > 1" : "");
     std::printf("%zu rounds x (%zu warm-up + %zu counted steps) per layout; load average at start %s\n", rounds, warm,
                 counted, load_average().c_str());
