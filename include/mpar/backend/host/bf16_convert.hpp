@@ -11,9 +11,9 @@
  * The integer form below *is* `bf16::from_float` — round to nearest even by adding 0x7fff plus the kept
  * part's lowest bit, NaN made quiet by setting bit 6 of the kept part — so every level gives the same bits as
  * the scalar rule. On a CPU with AVX-512-BF16, `vcvtne2ps2bf16` rounds 32 floats in one instruction, about
- * twice the integer form's rate on data in cache; it treats subnormal inputs as
- * zero, so a block of 32 holding a subnormal (or a NaN, to keep the rule's NaN bits by construction) takes the
- * integer form instead: the same bits on every CPU, and the CUDA backend's.
+ * twice the integer form's rate on data in cache; it treats subnormal inputs as zero, so a block of 32 holding
+ * a subnormal (or a NaN, to keep the rule's NaN bits by construction) takes the integer form instead: the same
+ * bits on every CPU, and the CUDA backend's.
  */
 #include <bit>
 #include <cstddef>
