@@ -102,17 +102,22 @@ void check_common(const std::vector<RankCounts>& rs) {
  *   fp32 only, of the four projections: 2 + 4 (GeLU's input is the pre-activation the fused projection wrote,
  *   kept without a copy; the two dropouts, identity at p = 0, receive their inputs as rvalues and return them
  *   moved, no copy); in its backward the two dropouts' (whose inputs the residuals still read) and, in fp32
- *   only, the output gradients of the four projections: 2 + 4 (under bf16 / f16 a projection keeps only the
- *   16-bit conversion of its input and output gradient, made from the tensor it received); a stage's input (not the first)
+ *   only, the output gradients of three projections: 2 + 3 (the MLP's first projection receives GeLU's input
+ *   gradient, which the layer made itself, as an rvalue and keeps it without a copy; under bf16 / f16 a
+ *   projection keeps only the 16-bit conversion of its input and output gradient, made from the tensor it
+ *   received); a stage's input (not the first)
  *   and output gradient (not the last); the final layer norm's input, the logits kept by the loss and
  *   the logit gradient kept for the head's W on the last stage;
  * - under bf16 / f16 (`nn::Autocast`) each of a block's four projections converts its input to 16 bits in the
  *   forward (one `convert`, instead of the copy) and its output gradient in the backward (one more, instead of
- *   the copy), but not its weight: it multiplies the optimizer's 16-bit copy (`Parameter::compute_copy`),
+ *   the copy), but not its weight: it multiplies the optimizer's 16-bit copy (`Parameter::compute_copy`); the
+ *   MLP's first projection gets that 16-bit gradient from GeLU's backward, which writes it and adds the bias
+ *   gradient in the same operation on the host backends (`gelu_backward_bias`: one operation where GeLU's
+ *   backward, the bias reduction and the conversion were three, - 2 per block backward),
  *   and attention converts q, k, v and the probabilities in the forward and
  *   the probabilities, dO and dS in the backward, rearranges the 16-bit q, k, v into dense per-head blocks (one
  *   `copy_2d_batched` each) in the forward and dO in the backward, where it also interleaves dQ, dK, dV (written
- *   dense) into dqkv (one more): + 9 per block forward, + 9 per block backward; the tied LM
+ *   dense) into dqkv (one more): + 9 per block forward, + 9 - 2 per block backward; the tied LM
  *   head converts its input in the forward (+ 1 on the last stage) and its logit gradient in the backward
  *   (instead of the copy kept for W: + 0), and its weight, the optimizer's copy too, not at all;
  * - full recomputation reruns each stage's forward once more in its backward;
@@ -122,7 +127,8 @@ void check_common(const std::vector<RankCounts>& rs) {
  *   gradient arena, which holds every gradient of the rank (parallel/gradient_arena.hpp); under bf16 / f16 per parameter the passes read (`parameters()` on one stage) the
  *   mixed-precision swap on the stream: round the master into its 16-bit copy (`convert`) and widen the copy
  *   into the weight the passes read (`convert`), the master kept aside and restored by exchanging buffers
- *   (no operation): 2.
+ *   (no operation): 2, except for the four projection weights of each block, which only GEMMs read
+ *   (`Parameter::gemm_operand_only`): 1.
  * (With one-level batches this was A = min(nb, H_r) calls per product. Before attention was batched this was
  * 14 + 2 nb H_r and 18 + 4 nb H_r per block, one GEMM per (sequence,
  * head) and product, and the position embedding one add per sequence: 2 (1 + nb) on the first stage.)
@@ -145,10 +151,11 @@ Expected expected_launches(const models::GptTrainConfig& c, const RankCounts& r,
   // The rank's stages (model chunks): r, r + pp, ... of pp x chunks.
   for (std::size_t stage = r.coord.pipeline; stage < stages; stage += c.pp) {
     const bool first = stage == 0, last = stage == stages - 1;
-    const std::uint64_t projection_copies = 4 * (1 - half);  // fp32 keeps copies; 16-bit only the conversions
+    // fp32 keeps copies; 16-bit only the conversions. The backward copies three output gradients, not four.
+    const std::uint64_t projection_copies = 4 * (1 - half), gradient_copies = 3 * (1 - half);
     e.forward +=
         L * (12 + 2 * A + 2 + projection_copies + 9 * half) + (first ? 2 : 1) + (last ? 2 + mask + 1 + half : 0);
-    e.backward += L * (18 + 4 * A + 2 + projection_copies + 9 * half) + (first ? 2 : 0) +
+    e.backward += L * (18 + 4 * A + 2 + gradient_copies + (9 - 2) * half) + (first ? 2 : 0) +
                   (last ? 7 + 2 + 1 + 1 : 1);  // + accumulate
   }
   e.per_step = M * (e.forward + e.backward + (c.recompute ? e.forward : 0));
@@ -159,8 +166,9 @@ Expected expected_launches(const models::GptTrainConfig& c, const RankCounts& r,
  *  its reduce-scattered shard (the average over the data group): one over the blocks of every bucket. */
 std::uint64_t optimizer_launches(const models::GptTrainConfig& c, const RankCounts& r) {
   const BackendCounts& s = r.step;
+  const std::uint64_t projection_weights = 4 * (c.model.layers / c.pp);  // the rank's blocks, over all its chunks
   return s[Op::sum_squares] + s[Op::update_factors] + s[Op::adamw_update] + s[Op::sgd_update] + s[Op::zero] +
-         (c.zero_stage() > 0 ? 1 : 0) + (c.precision != "fp32" ? 2 * r.held : 0);
+         (c.zero_stage() > 0 ? 1 : 0) + (c.precision != "fp32" ? 2 * r.held - projection_weights : 0);
 }
 
 void check_dense(const std::string& name, const models::GptTrainConfig& c) {

@@ -259,7 +259,8 @@ TEST_CASE("Autocast: a backward uses the type its forward used, and scopes nest"
 }
 
 // A mixed-precision optimizer hands the layers its 16-bit copy of each weight (`Parameter::compute_copy`, set
-// between begin_compute and end_compute); the layer must multiply that copy instead of rounding `value` again.
+// between begin_compute and end_compute); the layer must multiply that copy instead of rounding `value` again,
+// and an fp32 pass in that window must multiply the copy widened.
 // Here the copy deliberately holds other weights (2 W, exact in bf16 when W is) so the output says which was read.
 TEST_CASE("Autocast(bf16): a linear layer multiplies the parameter's 16-bit compute copy while one is set",
           "[nn][autocast]") {
@@ -282,6 +283,17 @@ TEST_CASE("Autocast(bf16): a linear layer multiplies the parameter's 16-bit comp
     CHECK(excess(dx, twice.dx, twice.dx_bound, In, 0, 0) <= 1.0);
   }
   layer.backward_weight(0);
+
+  // Outside Autocast while the copy is set (an fp32 pass inside a mixed-precision step): a linear layer's weight
+  // is read by GEMMs alone (`gemm_operand_only`), so the optimizer leaves its unrounded master in `value`; the
+  // fp32 product multiplies the copy widened, 2 W, not `value`.
+  REQUIRE(layer.weight().gemm_operand_only);
+  {
+    const Activation y = testing::forward(layer, x, 2);
+    CHECK(excess(y, twice.y_fp32, twice.y_bound, Out, 0, 0) <= 1.0);
+    CHECK(excess(y, plain.y_fp32, plain.y_bound, Out, 0, 0) > 10.0);
+  }
+  layer.drop(2);
 
   // Cleared (end_compute): the next scope rounds `value` itself, W.
   layer.weight().clear_compute_copy();

@@ -294,6 +294,36 @@ TEST_CASE("DistributedOptimizer under bf16: the passes see rounded weights, the 
   rc.assert_all(5);
 }
 
+// A weight only GEMMs read (the linear layers' weights) needs no widened copy: begin_compute hands the layers
+// the 16-bit copy and leaves the master where it is, allocating no scratch for it; the others are as above.
+TEST_CASE("DistributedOptimizer under bf16: a GEMM-only weight keeps its master in place, with only the 16-bit copy",
+          "[train][optim][mixed]") {
+  RankChecks rc;
+  run_threads(1, [&](ThreadsCommunicator& world) {
+    auto comms = make_mesh_comms(world, DynamicMesh(1, 1, 1, 1));
+    const float x = 1.0f + 1.0f / 1024.0f;  // rounds to 1 in bf16
+    auto w = param_with_zero_grad("w", {x, -3.0f}), g = param_with_zero_grad("g", {x, 2.0f, 5.0f});
+    w.gemm_operand_only = true;
+    parallel::OptimizerConfig oc;
+    oc.precision = parallel::Precision::bf16;
+    Opt opt({&w, &g}, {&w, &g}, oc, groups_of(comms));
+    const float* master = w.value.data();
+    opt.begin_compute();
+    rc.expect(w.value.data() == master && w.value[0] == x, "the GEMM-only weight's value is its master, unrounded");
+    rc.expect(w.bf16_copy.size() == 2 && float(w.bf16_copy[0]) == 1.0f && float(w.bf16_copy[1]) == -3.0f,
+              "its compute copy is rounded");
+    rc.expect(g.value[0] == 1.0f && g.bf16_copy.size() == 3, "the other weight is widened as before");
+    rc.expect(opt.precision_bytes() == 3 * sizeof(float) + 5 * sizeof(bf16), "a scratch master for g alone");
+    opt.end_compute();
+    rc.expect(w.value.data() == master && w.value[0] == x && w.bf16_copy.empty(), "w after end_compute");
+    rc.expect(g.value[0] == x && g.bf16_copy.empty(), "g's master is back");
+    w.grad[0] = 1.0f;
+    opt.record_losses(0, 0);
+    rc.expect(!opt.step(0.1).skipped && w.value[0] != x, "the update reaches the GEMM-only master");
+  });
+  rc.assert_all(7);
+}
+
 TEST_CASE(
     "DistributedOptimizer under bf16: rounding the weights and restoring the masters are stream operations "
     "on rank memory, no host access",

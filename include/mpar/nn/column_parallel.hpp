@@ -12,6 +12,7 @@
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/collectives.hpp"
+#include "mpar/nn/fused_gelu_backward_backend.hpp"
 #include "mpar/nn/linear.hpp"
 
 namespace mpar::nn {
@@ -114,6 +115,7 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
       weight_ = make_parameter<B, 3>(name_ + ".weight", init.id_base, ws, detail::tensor_box<L3>(ws, p_, rank_),
                                      L3::name(), p_ > 1, init.seed, spec);
     }
+    weight_.gemm_operand_only = true;  // read by GEMMs alone (LinearState::weight_f32)
     if (init.bias) {
       if constexpr (O.groups == 1) {
         const std::array<std::size_t, 1> bs{out_};
@@ -223,15 +225,24 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
   }
   template <class Dy>
   Activation backward_input_on(Dy&& dy, int mb) {
+    return backward_input_with(mb, dy.extent(0), dy.extent(1), [&](detail::GemmOperand x, Activation& dx) {
+      gemm_backward_input<B>(mb, std::move(x), std::forward<Dy>(dy), in_, dx);
+    });
+  }
+  /**
+   * B around the product `gemm(x, dx)` on an output gradient of `rows x cols`: the kept input (SP: gathered
+   * again), the check of the gradient's shape, and the backward collective on `dx`.
+   */
+  template <class Gemm>
+  Activation backward_input_with(int mb, std::size_t rows, std::size_t cols, Gemm&& gemm) {
     detail::GemmOperand x = take_operand(mb, layer_kind);
     if constexpr (O.sequence_parallel)
       if (p_ > 1) x = detail::gather_operand_rows<B>(*comm_, x);  // the input's tokens again (see keep_own_tokens)
-    require(dy.extent(0) == x.rows && dy.extent(1) == O.groups * local_out_, "ColumnParallel '", name_,
-            "' (tensor rank ", rank_, "): output gradient is ", dy.extent(0), "x", dy.extent(1), ", expected ", x.rows,
-            "x", O.groups * local_out_);
+    require(rows == x.rows && cols == O.groups * local_out_, "ColumnParallel '", name_, "' (tensor rank ", rank_,
+            "): output gradient is ", rows, "x", cols, ", expected ", x.rows, "x", O.groups * local_out_);
     // Each rank's dx is the contribution of its output columns only: a Partial sum over the ranks.
-    Act<TensorPartial> dx(Activation({dy.extent(0), in_}, uninitialized));
-    gemm_backward_input<B>(mb, std::move(x), std::forward<Dy>(dy), in_, dx.tensor());
+    Act<TensorPartial> dx(Activation({rows, in_}, uninitialized));
+    gemm(std::move(x), dx.tensor());
     // The backward dual of the forward entry sums it: f's all-reduce (SP: the reduce-scatter of GatherTokens).
     if constexpr (O.sequence_parallel)
       return GatherTokens::backward(*comm_, std::move(dx), "ColumnParallel").tensor();
@@ -240,6 +251,40 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
   }
 
  public:
+  /**
+   * B of `forward_bias_gelu`, on the gradient `dy` of GeLU's output and the pre-activation `pre` the forward
+   * returned (released here before the product): GeLU's backward, then this layer's `backward_input`. In 16-bit
+   * mode on a `fused_gelu_backward_backend`, GeLU's backward, the bias gradient and the gradient's 16-bit
+   * operand are one operation (`gelu_backward_bias`), and no fp32 gradient of the pre-activation is written.
+   */
+  Activation backward_input_gelu(Activation pre, const Activation& dy,
+                                 int mb = 0) requires(O.groups == 1 && !O.gather_output) {
+    require(dy.shape() == pre.shape(), "ColumnParallel '", name_, "' (tensor rank ", rank_,
+            "): GeLU's output gradient is ", dy.extent(0), "x", dy.extent(1), ", the forward's output ", pre.extent(0),
+            "x", pre.extent(1));
+    if constexpr (fused_gelu_backward_backend<B>) {
+      const ComputeType t = operand_type(mb, layer_kind);
+      if (t != ComputeType::fp32) {
+        detail::GemmOperand g{t, dy.extent(0), dy.extent(1), {}, {}, {}};
+        detail::with_half(t, [&]<class T>(T) {
+          auto& h = g.template half_storage<T>();
+          h = B::template allocate<T>(dy.size());
+          B::gelu_backward_bias(dy.extent(0), dy.extent(1), static_cast<const float*>(pre.data()),
+                                static_cast<const float*>(dy.data()), bias_.grad.data(), h.data());
+        });
+        pre = Activation();  // freed before the product, as the unfused GeLU frees its input
+        return backward_input_with(mb, g.rows, g.cols, [&](detail::GemmOperand x, Activation& dx) {
+          gemm_backward_input_converted<B>(mb, std::move(x), std::move(g), in_, dx);
+        });
+      }
+    }
+    Activation dpre(dy.shape(), uninitialized);
+    B::gelu_backward(dy.size(), static_cast<const float*>(pre.data()), static_cast<const float*>(dy.data()),
+                     dpre.data());
+    pre = Activation();
+    return backward_input_on(std::move(dpre), mb);
+  }
+
   /** W: this rank's weight and bias columns, `dW += xᵀ dy`; no communication (every rank holds all tokens). */
   void backward_weight(int mb = 0) { local_backward_weight<B>(mb, layer_kind); }
 

@@ -75,20 +75,14 @@ class ColumnParallelGelu : public detail::TypedLayer<ColumnParallelGelu<C, In, O
     return y;
   }
   /**
-   * B: GeLU's backward on the kept pre-activation, then the projection's (its only collective). The
-   * pre-activation is released before the projection's backward runs, as the unfused GeLU releases its
-   * input: held through it, it would add a `[tokens, ffn]` buffer to the backward's activation peak.
+   * B: GeLU's backward on the kept pre-activation, then the projection's (its only collective), through
+   * `ColumnParallel::backward_input_gelu`: under Autocast on a `fused_gelu_backward_backend` GeLU's backward,
+   * the bias gradient and the 16-bit gradient operand are one pass. The pre-activation is released before the
+   * projection's product runs, as the unfused GeLU releases its input: held through it, it would add a
+   * `[tokens, ffn]` buffer to the backward's activation peak.
    */
   Activation do_backward_input(const Activation& dy, int mb) {
-    using G = grad_layout_t<output_layout<default_input>>;
-    Act<G> dpre(Activation(dy.shape(), uninitialized));
-    {
-      auto c = cache_.take(mb, layer_kind);
-      require(dy.shape() == c.pre.shape(), "ColumnParallelGelu: the output gradient is ", dy.extent(0), "x",
-              dy.extent(1), ", the forward's output ", c.pre.extent(0), "x", c.pre.extent(1));
-      B::gelu_backward(dy.size(), c.pre.data(), dy.data(), dpre.tensor().data());
-    }  // the pre-activation is freed here
-    return fc_.backward_input(dpre, mb).tensor();
+    return fc_.backward_input_gelu(std::move(cache_.take(mb, layer_kind).pre), dy, mb);
   }
 
   struct Cache {

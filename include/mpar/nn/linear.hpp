@@ -195,7 +195,7 @@ class LinearState {
     GemmOperand op = make_operand<B>(std::forward<X>(x), t);
     const std::size_t rows = op.rows, k = op.cols;
     if (t == ComputeType::fp32) {
-      linear_forward<B>(op.f32, weight_.value.data(), n, y);
+      linear_forward<B>(op.f32, weight_f32<B>(), n, y);
     } else {
       with_half(t, [&]<class T>(T) {
         B::template gemm<T, float>(Trans::no, Trans::no, rows, n, k, 1.0f, op.half<T>(), k, weight_half<B, T>(), n,
@@ -215,8 +215,7 @@ class LinearState {
     GemmOperand op = make_operand<B>(std::forward<X>(x), t);
     const std::size_t rows = op.rows, k = op.cols;
     if (t == ComputeType::fp32) {
-      B::gemm_bias_gelu(rows, n, k, static_cast<const float*>(op.f32.data()), k,
-                        static_cast<const float*>(weight_.value.data()), n,
+      B::gemm_bias_gelu(rows, n, k, static_cast<const float*>(op.f32.data()), k, weight_f32<B>(), n,
                         static_cast<const float*>(bias_.value.data()), pre.data(), y.data());
     } else {
       with_half(t, [&]<class T>(T) {
@@ -239,22 +238,35 @@ class LinearState {
    */
   template <backend B, class Dy>
   void gemm_backward_input(int mb, GemmOperand x, Dy&& dy, std::size_t k, Activation& dx) {
-    const std::size_t rows = dy.extent(0), n = dy.extent(1);
-    WeightGradOperands w;
     if (x.type == ComputeType::fp32) {
-      linear_backward_input<B>(dy, weight_.value.data(), k, dx);
-      w.dy = make_operand<B>(std::forward<Dy>(dy), ComputeType::fp32);
+      linear_backward_input<B>(dy, weight_f32<B>(), k, dx);
+      GemmOperand kept_dy = make_operand<B>(std::forward<Dy>(dy), ComputeType::fp32);
+      pending_operands_.put(mb) = WeightGradOperands{std::move(x), std::move(kept_dy)};
     } else {
       if (has_bias()) add_column_sums<B>(dy, bias_.grad);  // from the fp32 dy, which is not kept
-      w.dy = make_operand<B>(dy, x.type);
-      with_half(x.type, [&]<class T>(T) {
-        B::template gemm<T, float>(Trans::no, Trans::yes, rows, k, n, 1.0f, w.dy.template half<T>(), n,
-                                   weight_half<B, T>(), n, 0.0f, dx.data(), k);
-      });
+      const ComputeType t = x.type;
+      gemm_backward_input_converted<B>(mb, std::move(x), make_operand<B>(dy, t), k, dx);
     }
-    w.x = std::move(x);
-    pending_operands_.put(mb) = std::move(w);
   }
+  /**
+   * B in 16-bit mode on an output gradient that is already the 16-bit operand, its bias gradient already
+   * accumulated from the fp32 values (by the fused operation that produced it, `gelu_backward_bias`):
+   * `dx[T, k] = dy[T, n] Wᵀ`, keeping `x` and `dy` for W as `gemm_backward_input` does.
+   */
+  template <backend B>
+  void gemm_backward_input_converted(int mb, GemmOperand x, GemmOperand dy, std::size_t k, Activation& dx) {
+    require(x.type != ComputeType::fp32 && dy.type == x.type,
+            "gemm_backward_input_converted: the forward's operand "
+            "type and the gradient's must be the same 16-bit type");
+    const std::size_t rows = dy.rows, n = dy.cols;
+    with_half(x.type, [&]<class T>(T) {
+      B::template gemm<T, float>(Trans::no, Trans::yes, rows, k, n, 1.0f, dy.template half<T>(), n, weight_half<B, T>(),
+                                 n, 0.0f, dx.data(), k);
+    });
+    pending_operands_.put(mb) = WeightGradOperands{std::move(x), std::move(dy)};
+  }
+  /** The type of the operand the forward kept for micro-batch `mb` (the type its backward computes in). */
+  [[nodiscard]] ComputeType operand_type(int mb, std::string_view kind) const { return operands_.peek(mb, kind).type; }
   /** W of a layer whose weight and bias gradients need no communication: `dW += xᵀ dy`, `db += Σ dy`. */
   template <backend B>
   void local_backward_weight(int mb, std::string_view kind) {
@@ -286,11 +298,31 @@ class LinearState {
     return weight16_.get<B, T>(weight_);
   }
 
+  /**
+   * The weight as an fp32 GEMM operand: `value`, except between a mixed-precision optimizer's `begin_compute`
+   * and `end_compute`, where this weight's `value` is its unrounded master (`gemm_operand_only`, which the
+   * layers set): then the compute copy widened, so that a pass outside `Autocast` multiplies the rounded
+   * weight as every other pass of the step does.
+   */
+  template <backend B>
+  const float* weight_f32() {
+    const std::span<const bf16> b = weight_.bf16_copy;
+    const std::span<const f16> h = weight_.f16_copy;
+    if (!weight_.gemm_operand_only || (b.empty() && h.empty())) return weight_.value.data();
+    if (widened_.size() != weight_.value.size()) widened_ = B::template allocate<float>(weight_.value.size());
+    if (!b.empty())
+      B::convert(b.size(), b.data(), widened_.data());
+    else
+      B::convert(h.size(), h.data(), widened_.data());
+    return widened_.data();
+  }
+
   MicroBatchCache<Activation> inputs_;
   MicroBatchCache<WeightGradInputs> pending_;
   MicroBatchCache<GemmOperand> operands_;
   MicroBatchCache<WeightGradOperands> pending_operands_;
-  HalfWeight weight16_;  // the 16-bit weight inside an Autocast scope
+  HalfWeight weight16_;    // the 16-bit weight inside an Autocast scope
+  Buffer<float> widened_;  // the compute copy widened, for an fp32 pass during a mixed-precision step
 };
 }  // namespace detail
 
@@ -348,6 +380,7 @@ class Linear : public detail::LinearState, public detail::TypedLayer<Linear<In, 
     const std::array<std::size_t, 2> ws{in_, out_};
     weight_ = make_parameter<B, 2>(init.name + ".weight", init.id_base, ws, detail::tensor_box<Replicate>(ws, 1, 0),
                                    Replicate::name(), false, init.seed, detail::default_weight_init(in_));
+    weight_.gemm_operand_only = true;  // read by GEMMs alone (LinearState::weight_f32)
     if (init.bias) {
       const std::array<std::size_t, 1> bs{out_};
       bias_ = make_parameter<B, 1>(init.name + ".bias", init.id_base + 1, bs, detail::tensor_box<Replicate>(bs, 1, 0),

@@ -43,8 +43,17 @@ struct Parameter {
   bool grad_zeroed = false;
 
   /**
+   * The passes read this parameter only as a GEMM's 16-bit operand under `Autocast`, or through an fp32 path
+   * that widens the compute copy itself (the linear layers' weights set it). A mixed-precision optimizer's
+   * `begin_compute` then leaves the fp32 master in `value` instead of widening the 16-bit copy into it: one
+   * write and one read of every such weight fewer per step, and no scratch master. Code that reads `value`
+   * between `begin_compute` and `end_compute` and expects the rounded weight must not set it.
+   */
+  bool gemm_operand_only = false;
+  /**
    * Between a mixed-precision optimizer's `begin_compute` and `end_compute` (bf16 or f16): the 16-bit compute
-   * copy `value` was widened from (rank memory the optimizer owns). A GEMM takes it as its 16-bit weight
+   * copy, rounded from the master (rank memory the optimizer owns); `value` holds it widened, or the master
+   * itself where `gemm_operand_only` is set. A GEMM takes it as its 16-bit weight
    * instead of rounding `value` once more: the same bits, since every 16-bit value is a float, and one pass
    * over the weight fewer per step. Empty otherwise; code that changes `value` while it is set clears it.
    */

@@ -90,6 +90,7 @@ class RowParallel : public detail::LinearState, public detail::TypedLayer<RowPar
     const std::array<std::size_t, 2> ws{in_, out_};
     weight_ = make_parameter<B, 2>(name_ + ".weight", init.id_base, ws, detail::tensor_box<TokenShard>(ws, p_, rank_),
                                    TokenShard::name(), p_ > 1, init.seed, detail::default_weight_init(in_));
+    weight_.gemm_operand_only = true;  // read by GEMMs alone (LinearState::weight_f32)
     if (init.bias) {
       const std::array<std::size_t, 1> bs{out_};
       bias_ = make_parameter<B, 1>(name_ + ".bias", init.id_base + 1, bs, detail::tensor_box<Replicate>(bs, p_, rank_),

@@ -77,9 +77,10 @@ enum class Op : std::size_t {
   init_values,  ///< a parameter block's initial values written in rank memory
   vocab_parallel_loss,
   update_factors,
-  gemm_bias_gelu,  ///< the MLP's first projection with its bias and GeLU (a GEMM)
-  accumulate,      ///< a micro-batch's loss added to the step's statistics in rank memory
-  adamw_advance,   ///< AdamW's step count and learning rate advanced in rank memory
+  gemm_bias_gelu,      ///< the MLP's first projection with its bias and GeLU (a GEMM)
+  accumulate,          ///< a micro-batch's loss added to the step's statistics in rank memory
+  adamw_advance,       ///< AdamW's step count and learning rate advanced in rank memory
+  gelu_backward_bias,  ///< GeLU's backward with the bias gradient and the 16-bit operand (where B has it)
   // MoE routing (routing_backend)
   moe_route,
   moe_gate_stats,
@@ -132,6 +133,7 @@ inline constexpr std::array<std::string_view, op_kinds> op_names{"gemm",
                                                                  "gemm_bias_gelu",
                                                                  "accumulate",
                                                                  "adamw_advance",
+                                                                 "gelu_backward_bias",
                                                                  "moe_route",
                                                                  "moe_gate_stats",
                                                                  "moe_aux_loss",
@@ -292,6 +294,16 @@ struct CountingBackend : B {
   static void gemm_strided_batched(A&&... a) {
     note(Op::gemm_strided_batched);
     B::template gemm_strided_batched<TIn, TOut>(std::forward<A>(a)...);
+  }
+  /**
+   * A fused operation outside the `backend` concept (nn::fused_gelu_backward_backend), counted where `B` has
+   * it; constrained so that a `B` without it gives a counting backend without it, which the layers then see.
+   */
+  template <class... A>
+    requires requires(A&&... a) { B::gelu_backward_bias(std::forward<A>(a)...); }
+  static void gelu_backward_bias(A&&... a) {
+    note(Op::gelu_backward_bias);
+    B::gelu_backward_bias(std::forward<A>(a)...);
   }
 
  private:

@@ -294,14 +294,18 @@ class DistributedOptimizer {
             // handles on the host: the passes always read one buffer and the update always writes the
             // other, so a captured step replays with the same addresses; no host pass over weights.
             // The layers' GEMMs take the 16-bit copy itself as their weight (`Parameter::compute_copy`) instead
-            // of rounding the widened value once more.
+            // of rounding the widened value once more. A weight only GEMMs read (`gemm_operand_only`) keeps its
+            // master in place: nothing reads a widened copy of it.
             copies.refresh();
+            widened_.assign(compute_params_.size(), false);
             for (std::size_t i = 0; i < compute_params_.size(); ++i) {
-              auto& value = compute_params_[i]->value;
-              if (masters_[i].size() != value.size()) masters_[i] = B::template allocate<float>(value.size());
-              std::swap(value, masters_[i]);
-              copies.widen_into(i, value);
-              compute_params_[i]->set_compute_copy(copies.weights(i));
+              nn::Parameter& p = *compute_params_[i];
+              p.set_compute_copy(copies.weights(i));
+              if (p.gemm_operand_only) continue;
+              if (masters_[i].size() != p.value.size()) masters_[i] = B::template allocate<float>(p.value.size());
+              std::swap(p.value, masters_[i]);
+              copies.widen_into(i, p.value);
+              widened_[i] = true;
             }
             computing_ = true;
           }
@@ -316,12 +320,12 @@ class DistributedOptimizer {
     if (!computing_) return;
     for (std::size_t i = 0; i < masters_.size(); ++i) {
       auto& value = compute_params_[i]->value;
-      require(value.size() == masters_[i].size(), "DistributedOptimizer::end_compute: parameter ",
+      require(!widened_[i] || value.size() == masters_[i].size(), "DistributedOptimizer::end_compute: parameter ",
               compute_params_[i]->name, " holds ", value.size(), " values but its master ", masters_[i].size(),
               "; a parameter must not be resized between begin_compute and end_compute");
     }
     for (std::size_t i = 0; i < masters_.size(); ++i) {
-      std::swap(compute_params_[i]->value, masters_[i]);
+      if (widened_[i]) std::swap(compute_params_[i]->value, masters_[i]);
       compute_params_[i]->clear_compute_copy();
     }
     computing_ = false;
@@ -578,6 +582,7 @@ class DistributedOptimizer {
   // Rank memory: the fp32 weights while the passes see rounded ones (`computing_`), else the scratch buffers
   // the passes' rounded values are widened into.
   std::vector<Buffer<float>> masters_;
+  std::vector<bool> widened_;  // per compute parameter: its value is the widened copy, its master in masters_
   bool computing_ = false;
   typename B::template pinned_buffer<double> loss_staging_ =
       typename B::template pinned_buffer<double>(2);  // record_losses

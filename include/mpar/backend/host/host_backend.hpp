@@ -9,6 +9,7 @@
 #include "mpar/backend/backend.hpp"
 #include "mpar/backend/host/accumulate.hpp"
 #include "mpar/backend/host/buffer_ops.hpp"
+#include "mpar/backend/host/gelu_backward_bias.hpp"
 #include "mpar/backend/host/gemm.hpp"
 #include "mpar/backend/host/kernels.hpp"
 #include "mpar/backend/host/moe_routing.hpp"
@@ -285,6 +286,14 @@ struct HostBackend {
   static void gemm_bias_gelu(std::size_t m, std::size_t n, std::size_t k, const TIn* a, std::size_t lda, const TIn* w,
                              std::size_t ldw, const float* bias, float* pre, float* y) {
     host::gemm_bias_gelu<TIn>(m, n, k, a, lda, w, ldw, bias, pre, y);
+  }
+
+  // GeLU's backward with the bias gradient and the 16-bit operand in one pass (host/gelu_backward_bias.hpp;
+  // a fused operation outside the `backend` concept: nn::fused_gelu_backward_backend).
+  template <half_precision T>
+  static void gelu_backward_bias(std::size_t rows, std::size_t cols, const float* pre, const float* dy, float* dbias,
+                                 T* dpre) {
+    host::gelu_backward_bias<T>(rows, cols, pre, dy, dbias, dpre);
   }
 
   // The per-step statistics in rank memory (host/accumulate.hpp): a micro-batch's loss added to the step's.
