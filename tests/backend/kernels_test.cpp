@@ -2,7 +2,9 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <functional>
+#include <limits>
 #include <mpar/backend/host/kernels.hpp>
 #include <vector>
 
@@ -243,6 +245,33 @@ TEST_CASE("causal softmax: query i of every [s, s] block normalises over keys 0.
   for (std::size_t r = 0; r < rows; ++r)
     if (r % s < s - 1)
       for (std::size_t c = 0; c < s; ++c) CHECK(yf2[r * s + c] == yf[r * s + c]);
+}
+
+// Rows whose width is a multiple of the kernels' block (attention's s = 32, 48, 64...) are computed over the whole
+// width with the future keys masked: each must be, bit for bit, the plain softmax of its valid prefix alone, and
+// the masked entries exactly 0 even when their scores are NaN or huge.
+TEST_CASE(
+    "causal softmax over block-wide rows: each row is the softmax of its prefix bit for bit, NaN future keys "
+    "masked",
+    "[backend][kernels][causal]") {
+  for (std::size_t s : {std::size_t(16), std::size_t(48)}) {
+    const std::size_t rows = 2 * s;
+    const Vec x = random_vec(rows * s, 9, 3.0);
+    std::vector<float> xf(x.begin(), x.end());
+    for (std::size_t r = 0; r < rows; ++r)
+      if (r % s + 1 < s) xf[r * s + s - 1] = (r % 2) ? std::numeric_limits<float>::quiet_NaN() : 1e30f;
+    std::vector<float> y(rows * s, -1.0f);
+    const float scale = 0.35f;
+    host::softmax_forward(rows, s, xf.data(), y.data(), true, scale);
+    for (std::size_t r = 0; r < rows; ++r) {
+      const std::size_t valid = r % s + 1;
+      INFO("s = " << s << ", row " << r << " (" << valid << " keys)");
+      std::vector<float> prefix(valid);
+      host::softmax_forward(1, valid, xf.data() + r * s, prefix.data(), false, scale);
+      CHECK(std::memcmp(prefix.data(), y.data() + r * s, valid * sizeof(float)) == 0);
+      for (std::size_t c = valid; c < s; ++c) CHECK(y[r * s + c] == 0.0f);
+    }
+  }
 }
 
 TEST_CASE("embedding kernels: lookup within a vocabulary block, zeros outside, scatter-add of repeated ids",

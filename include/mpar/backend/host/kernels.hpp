@@ -157,6 +157,40 @@ void gelu_backward(std::size_t n, const T* x, const T* dy, T* dx) {
 
 // ---- softmax (row-wise, max-subtracted) --------------------------------------------------------
 
+namespace detail {
+/**
+ * One causal softmax row of `cols` (a multiple of fast::kBlock) entries of which the first `valid` count, for
+ * `scale >= 0`: the whole width in full blocks with the masked entries as exact zeros, instead of the valid
+ * prefix with a scalar tail and a fill (attention's rows are 1 to s long, so the tails were most of the work).
+ * The bits are those of the prefix alone: the maximum is over the valid entries, a masked entry adds +0 to its
+ * lane of the partial sums (which are formed and combined in `fast::map_sum_n`'s order), and the normalisation
+ * leaves the zeros zero. Masked scores are read but never reach the result, NaN included.
+ */
+inline void causal_softmax_row(std::size_t cols, std::size_t valid, const float* x, float* y, float scale) {
+  using fast::kBlock, fast::select;
+  float acc[kBlock];
+  for (std::size_t j = 0; j < kBlock; ++j) acc[j] = -std::numeric_limits<float>::infinity();
+  for (std::size_t i = 0; i < cols; i += kBlock)
+    for (std::size_t j = 0; j < kBlock; ++j) acc[j] = select((i + j < valid) & (acc[j] < x[i + j]), x[i + j], acc[j]);
+  for (std::size_t w = kBlock / 2; w > 0; w /= 2)
+    for (std::size_t j = 0; j < w; ++j) acc[j] = select(acc[j] < acc[j + w], acc[j + w], acc[j]);
+  const float mx = scale * acc[0];
+  float sum[kBlock] = {};
+  for (std::size_t i = 0; i < cols; i += kBlock) {
+    float in[kBlock], out[kBlock];
+    for (std::size_t j = 0; j < kBlock; ++j) in[j] = x[i + j];
+    for (std::size_t j = 0; j < kBlock; ++j) out[j] = select(i + j < valid, fast::fast_exp(scale * in[j] - mx), 0.0f);
+    for (std::size_t j = 0; j < kBlock; ++j) y[i + j] = out[j];
+    for (std::size_t j = 0; j < kBlock; ++j) sum[j] += out[j];
+  }
+  for (std::size_t w = kBlock / 2; w > 0; w /= 2)
+    for (std::size_t j = 0; j < w; ++j) sum[j] += sum[j + w];
+  const float inv = 1.0f / sum[0];
+  fast::map_n(
+      cols, y, [inv](float v) { return v * inv; }, y);
+}
+}  // namespace detail
+
 /**
  * Row-wise softmax of `scale * x`. With `causal`, rows are query positions of `[.., s, s]` attention
  * scores (cols = s): row r keeps columns c <= r % s and the others become 0 (as the CUDA kernel).
@@ -171,6 +205,10 @@ void softmax_forward(std::size_t rows, std::size_t cols, const T* x, T* y, bool 
       if constexpr (std::is_same_v<T, float>) {
         // Vectorized: partial maxima, then exp and the row sum in one blocked pass, then the normalisation.
         // For scale >= 0, max(scale * x) = scale * max(x) exactly (rounding is monotonic).
+        if (valid < cols && cols % fast::kBlock == 0 && scale >= 0.0f) {
+          detail::causal_softmax_row(cols, valid, xr, yr, scale);
+          continue;
+        }
         float mx;
         if (scale >= 0.0f) {
           mx = scale * fast::max_n(valid, xr);
