@@ -6,9 +6,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <exception>
-#include <optional>
-#include <thread>
 #include <vector>
 
 #include <mpar/backend/host/host_backend.hpp>
@@ -16,27 +13,9 @@
 #include <mpar/core.hpp>
 #include <mpar/observe/counting_backend.hpp>
 
-namespace {
+#include "support/on_fresh_rank.hpp"
 
-/** Runs `f` on a fresh thread (a rank: its own stream and rank memory after `init_rank`) and returns its result. */
-template <class B, class F>
-auto copy_2d_on_fresh_rank(F f) {
-  using R = decltype(f());
-  std::optional<R> out;
-  std::exception_ptr error;
-  std::thread t([&] {
-    try {
-      B::init_rank();
-      out.emplace(f());
-      B::synchronize();
-    } catch (...) {
-      error = std::current_exception();
-    }
-  });
-  t.join();
-  if (error) std::rethrow_exception(error);
-  return std::move(*out);
-}
+namespace {
 
 /** One strided copy: `rows x cols` from `src_offset` of a matrix with rows `src_ld` long, to `dst_offset` of one with `dst_ld`. */
 struct Copy2dCase {
@@ -63,7 +42,7 @@ std::vector<T> copy_2d_reference(const Copy2dCase& c, const std::vector<T>& src,
 /** The destination after `B::copy_2d` on rank memory (uploaded and read back by the stream-ordered copies). */
 template <class B, class T>
 std::vector<T> copy_2d_through_backend(const Copy2dCase& c, const std::vector<T>& src, const std::vector<T>& dst) {
-  return copy_2d_on_fresh_rank<B>([&] {
+  return mpar::testing::on_fresh_rank<B>([&] {
     mpar::Buffer<T> s = B::template allocate<T>(src.size()), d = B::template allocate<T>(dst.size());
     B::template copy_from_host_async<T>(src.size(), src.data(), s.data());
     B::template copy_from_host_async<T>(dst.size(), dst.data(), d.data());
@@ -117,7 +96,7 @@ TEMPLATE_TEST_CASE("backend copy_2d: the block equals a naive element loop, ever
 TEMPLATE_TEST_CASE("backend copy_2d: no rows or no columns copies nothing, even with null pointers",
                    "[backend][buffer_ops][copy_2d]", mpar::HostBackend, mpar::StreamHostBackend,
                    mpar::DiscreteHostBackend) {
-  CHECK(copy_2d_on_fresh_rank<TestType>([] {
+  CHECK(mpar::testing::on_fresh_rank<TestType>([] {
     TestType::copy_2d(std::size_t(0), std::size_t(4), static_cast<const float*>(nullptr), std::size_t(4),
                       static_cast<float*>(nullptr), std::size_t(4));
     TestType::copy_2d(std::size_t(3), std::size_t(0), static_cast<const float*>(nullptr), std::size_t(0),
@@ -131,7 +110,7 @@ TEMPLATE_TEST_CASE(
     "[backend][buffer_ops][copy_2d]", mpar::HostBackend, mpar::StreamHostBackend, mpar::DiscreteHostBackend) {
   using B = TestType;
   // Thrown when issued (not at the next wait), and the rank's stream stays usable afterwards.
-  const bool stream_usable = copy_2d_on_fresh_rank<B>([] {
+  const bool stream_usable = mpar::testing::on_fresh_rank<B>([] {
     mpar::Buffer<float> s = B::template allocate<float>(32), d = B::template allocate<float>(32);
     CHECK_THROWS_AS(B::copy_2d(std::size_t(4), std::size_t(5), s.data(), std::size_t(3), d.data(), std::size_t(5)),
                     mpar::config_error);
@@ -152,7 +131,7 @@ TEMPLATE_TEST_CASE(
 TEMPLATE_TEST_CASE("CountingBackend: a copy_2d is one launch, whatever its number of rows",
                    "[backend][buffer_ops][copy_2d][counts]", mpar::HostBackend, mpar::StreamHostBackend) {
   using Counting = mpar::observe::CountingBackend<TestType>;
-  const mpar::observe::BackendCounts d = copy_2d_on_fresh_rank<Counting>([] {
+  const mpar::observe::BackendCounts d = mpar::testing::on_fresh_rank<Counting>([] {
     mpar::Buffer<float> s = Counting::template allocate<float>(64 * 6), t = Counting::template allocate<float>(64 * 4);
     const auto before = Counting::counts();
     Counting::copy_2d(std::size_t(64), std::size_t(4), s.data() + 2, std::size_t(6), t.data(), std::size_t(4));
@@ -189,7 +168,7 @@ std::vector<T> heads_reference(const HeadsCase& c, const std::vector<T>& src, st
 /** The same through `B::copy_2d_batched`, one call per part (as attention's rearrangement issues it). */
 template <class B, class T>
 std::vector<T> heads_through_backend(const HeadsCase& c, const std::vector<T>& src, const std::vector<T>& dst) {
-  return copy_2d_on_fresh_rank<B>([&] {
+  return mpar::testing::on_fresh_rank<B>([&] {
     const std::size_t hl = c.heads * c.d, ld = c.parts * hl, tokens = c.batch * c.seq;
     mpar::Buffer<T> s = B::template allocate<T>(src.size()), d = B::template allocate<T>(dst.size());
     B::template copy_from_host_async<T>(src.size(), src.data(), s.data());
@@ -227,7 +206,7 @@ TEMPLATE_TEST_CASE("backend copy_2d_batched: heads rearranged equal a naive elem
 TEMPLATE_TEST_CASE("backend copy_2d_batched: a short leading dimension is a config_error at the call; one launch",
                    "[backend][buffer_ops][copy_2d][counts]", mpar::HostBackend, mpar::StreamHostBackend) {
   using Counting = mpar::observe::CountingBackend<TestType>;
-  const mpar::observe::BackendCounts d = copy_2d_on_fresh_rank<Counting>([] {
+  const mpar::observe::BackendCounts d = mpar::testing::on_fresh_rank<Counting>([] {
     mpar::Buffer<float> s = Counting::template allocate<float>(256), t = Counting::template allocate<float>(256);
     CHECK_THROWS_WITH(
         Counting::copy_2d_batched(std::size_t(4), std::size_t(5), s.data(), std::size_t(3), mpar::BatchStrides{20, 5},

@@ -12,9 +12,6 @@
 #include <cstddef>
 #include <cstdint>
 #include <cstring>
-#include <exception>
-#include <optional>
-#include <thread>
 #include <type_traits>
 #include <vector>
 
@@ -22,6 +19,8 @@
 #include <mpar/backend/stream/stream_backend.hpp>
 #include <mpar/core.hpp>
 #include <mpar/nn/fused_gelu_backward_backend.hpp>
+
+#include "support/on_fresh_rank.hpp"
 
 namespace {
 
@@ -44,24 +43,6 @@ double gelu_derivative(double x) {
   return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * k * (1.0 + 3.0 * c * x * x);
 }
 
-template <class B, class F>
-auto gelu_bias_on_rank(F f) {
-  std::optional<decltype(f())> out;
-  std::exception_ptr error;
-  std::thread t([&] {
-    try {
-      B::init_rank();
-      out.emplace(f());
-      B::synchronize();
-    } catch (...) {
-      error = std::current_exception();
-    }
-  });
-  t.join();
-  if (error) std::rethrow_exception(error);
-  return *out;
-}
-
 template <class T>
 struct GeluBiasResult {
   std::vector<T> dpre;
@@ -71,7 +52,7 @@ struct GeluBiasResult {
 template <class B, class T>
 GeluBiasResult<T> gelu_bias_through(const GeluBiasCase& c, const std::vector<float>& pre, const std::vector<float>& dy,
                                     const std::vector<float>& dbias0) {
-  return gelu_bias_on_rank<B>([&] {
+  return mpar::testing::on_fresh_rank<B>([&] {
     const std::size_t n = c.rows * c.cols;
     mpar::Buffer<float> p = B::template allocate<float>(n), g = B::template allocate<float>(n),
                         b = B::template allocate<float>(c.cols);
