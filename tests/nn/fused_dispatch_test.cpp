@@ -19,6 +19,7 @@
 
 #include <mpar/comm/threads.hpp>
 #include <mpar/nn/transformer_block.hpp>
+#include <mpar/observe/counting_backend.hpp>
 
 #include "counting_communicator.hpp"
 #include "nn_test_support.hpp"
@@ -207,6 +208,37 @@ TEST_CASE("TransformerBlock on a backend with fused residual + layer norm equals
     compare(run_block<ResidualLnHostBackend>(cfg, recompute), want, 0);  // the same host kernels, the same order
     compare(run_block<FusedHostBackend>(cfg, recompute), want, 1e-5);    // and with fused attention
   }
+}
+
+// CountingBackend has exactly the fused operations of the backend it wraps, and counts them: inherited, they
+// ran uncounted. The counted block gives the wrapped backend's results bit for bit (it forwards the arguments).
+static_assert(nn::fused_attention_backend<observe::CountingBackend<FusedHostBackend>> &&
+              nn::fused_residual_layernorm_backend<observe::CountingBackend<FusedHostBackend>>);
+static_assert(!nn::fused_attention_backend<observe::CountingBackend<HostBackend>> &&
+              !nn::fused_residual_layernorm_backend<observe::CountingBackend<HostBackend>>);
+
+TEST_CASE("CountingBackend counts the fused operations of the backend it wraps, one per layer and micro-batch",
+          "[nn][block][fused][counts]") {
+  using Counting = observe::CountingBackend<FusedHostBackend>;
+  using observe::Op;
+  const nn::BlockConfig cfg{32, 4, 64, 8, 0.1, 5, 0, "block"};
+  observe::BackendCounts counts;
+  const Result counted = [&] {
+    Result r;
+    run_threads(1, [&](ThreadsCommunicator& tp) {
+      nn::TransformerBlock<ThreadsCommunicator, false, Counting> block(tp, cfg);
+      const observe::BackendCounts before = Counting::counts();
+      r = run(block, 2 * cfg.seq, cfg.hidden);  // two micro-batches, forward and backward
+      counts = Counting::counts() - before;
+    });
+    return r;
+  }();
+  CHECK(counts[Op::attention_forward] == 2);
+  CHECK(counts[Op::attention_backward] == 2);
+  CHECK(counts[Op::residual_layernorm_forward] == 2);
+  CHECK(counts[Op::residual_layernorm_backward] == 2);
+  CHECK(counts[Op::gemm_strided_batched] == 0);  // the fused attention replaced the batched products
+  compare(counted, run_block<FusedHostBackend>(cfg, false), 0);
 }
 
 namespace {

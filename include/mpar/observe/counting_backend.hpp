@@ -77,10 +77,9 @@ enum class Op : std::size_t {
   init_values,  ///< a parameter block's initial values written in rank memory
   vocab_parallel_loss,
   update_factors,
-  gemm_bias_gelu,      ///< the MLP's first projection with its bias and GeLU (a GEMM)
-  accumulate,          ///< a micro-batch's loss added to the step's statistics in rank memory
-  adamw_advance,       ///< AdamW's step count and learning rate advanced in rank memory
-  gelu_backward_bias,  ///< GeLU's backward with the bias gradient and the 16-bit operand (where B has it)
+  gemm_bias_gelu,  ///< the MLP's first projection with its bias and GeLU (a GEMM)
+  accumulate,      ///< a micro-batch's loss added to the step's statistics in rank memory
+  adamw_advance,   ///< AdamW's step count and learning rate advanced in rank memory
   // MoE routing (routing_backend)
   moe_route,
   moe_gate_stats,
@@ -92,6 +91,13 @@ enum class Op : std::size_t {
   online_softmax_finish,
   online_softmax_delta,
   online_softmax_backward,
+  // The fused operations outside the `backend` concept (nn::fused_*_backend), counted where `B` has them
+  gelu_backward_bias,  ///< GeLU's backward with the bias gradient and the 16-bit operand
+  fused_classifier,    ///< softmax cross-entropy and its gradient in one pass
+  residual_layernorm_forward,
+  residual_layernorm_backward,
+  attention_forward,  ///< attention over the QKV layout without the s x s scores
+  attention_backward,
   kinds_  ///< the number of kinds
 };
 inline constexpr std::size_t op_kinds = std::size_t(Op::kinds_);
@@ -133,7 +139,6 @@ inline constexpr std::array<std::string_view, op_kinds> op_names{"gemm",
                                                                  "gemm_bias_gelu",
                                                                  "accumulate",
                                                                  "adamw_advance",
-                                                                 "gelu_backward_bias",
                                                                  "moe_route",
                                                                  "moe_gate_stats",
                                                                  "moe_aux_loss",
@@ -142,7 +147,13 @@ inline constexpr std::array<std::string_view, op_kinds> op_names{"gemm",
                                                                  "online_softmax_update",
                                                                  "online_softmax_finish",
                                                                  "online_softmax_delta",
-                                                                 "online_softmax_backward"};
+                                                                 "online_softmax_backward",
+                                                                 "gelu_backward_bias",
+                                                                 "fused_classifier",
+                                                                 "residual_layernorm_forward",
+                                                                 "residual_layernorm_backward",
+                                                                 "attention_forward",
+                                                                 "attention_backward"};
 
 /**
  * @brief Whether backend `B`'s operations return only after their work finished (each one a host
@@ -295,15 +306,32 @@ struct CountingBackend : B {
     note(Op::gemm_strided_batched);
     B::template gemm_strided_batched<TIn, TOut>(std::forward<A>(a)...);
   }
-  /**
-   * A fused operation outside the `backend` concept (nn::fused_gelu_backward_backend), counted where `B` has
-   * it; constrained so that a `B` without it gives a counting backend without it, which the layers then see.
-   */
-  template <class... A>
-    requires requires(A&&... a) { B::gelu_backward_bias(std::forward<A>(a)...); }
-  static void gelu_backward_bias(A&&... a) {
-    note(Op::gelu_backward_bias);
-    B::gelu_backward_bias(std::forward<A>(a)...);
+  // The fused operations outside the `backend` concept (nn::fused_*_backend). Declared here, they hide `B`'s,
+  // so each is counted; constrained on `B` having it, so that the counting backend has exactly the fused
+  // operations `B` has and the layers choose the same paths through it (inherited, they ran uncounted).
+#define MPAR_COUNTING_FUSED_OP(op)                                  \
+  template <class... A>                                             \
+    requires requires(A && ... a) { B::op(std::forward<A>(a)...); } \
+  static void op(A&&... a) {                                        \
+    note(Op::op);                                                   \
+    B::op(std::forward<A>(a)...);                                   \
+  }
+  MPAR_COUNTING_FUSED_OP(gelu_backward_bias)
+  MPAR_COUNTING_FUSED_OP(fused_classifier)
+  MPAR_COUNTING_FUSED_OP(residual_layernorm_forward)
+  MPAR_COUNTING_FUSED_OP(residual_layernorm_backward)
+#undef MPAR_COUNTING_FUSED_OP
+  template <class T, class... A>
+    requires requires(A&&... a) { B::template attention_forward<T>(std::forward<A>(a)...); }
+  static void attention_forward(A&&... a) {
+    note(Op::attention_forward);
+    B::template attention_forward<T>(std::forward<A>(a)...);
+  }
+  template <class T, class... A>
+    requires requires(A&&... a) { B::template attention_backward<T>(std::forward<A>(a)...); }
+  static void attention_backward(A&&... a) {
+    note(Op::attention_backward);
+    B::template attention_backward<T>(std::forward<A>(a)...);
   }
 
  private:
