@@ -264,7 +264,7 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
             "x", pre.extent(1));
     if constexpr (fused_gelu_backward_backend<B>) {
       const ComputeType t = operand_type(mb, layer_kind);
-      if (t != ComputeType::fp32) {
+      if (t != ComputeType::fp32 && has_bias()) {  // the fused operation accumulates into the bias gradient
         detail::GemmOperand g{t, dy.extent(0), dy.extent(1), {}, {}, {}};
         detail::with_half(t, [&]<class T>(T) {
           auto& h = g.template half_storage<T>();

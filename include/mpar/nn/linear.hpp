@@ -255,9 +255,9 @@ class LinearState {
    */
   template <backend B>
   void gemm_backward_input_converted(int mb, GemmOperand x, GemmOperand dy, std::size_t k, Activation& dx) {
-    require(x.type != ComputeType::fp32 && dy.type == x.type,
-            "gemm_backward_input_converted: the forward's operand "
-            "type and the gradient's must be the same 16-bit type");
+    require(
+        x.type != ComputeType::fp32 && dy.type == x.type,
+        "gemm_backward_input_converted: the forward's operand type and the gradient's must be the same 16-bit type");
     const std::size_t rows = dy.rows, n = dy.cols;
     with_half(x.type, [&]<class T>(T) {
       B::template gemm<T, float>(Trans::no, Trans::yes, rows, k, n, 1.0f, dy.template half<T>(), n, weight_half<B, T>(),
