@@ -17,7 +17,7 @@
 
 #include <mpar/backend/stream/stream_backend.hpp>
 #include <mpar/cli/parser.hpp>
-#include <mpar/comm/stream_ordered.hpp>
+#include <mpar/comm/stream_ordered_communicator.hpp>
 #include <mpar/comm/threads.hpp>
 #include <mpar/data/char_dataset.hpp>
 #include <mpar/models/gpt_trainer.hpp>

@@ -13,7 +13,7 @@
 
 #include <mpar/cli/parser.hpp>
 #include <mpar/mpar.hpp>
-#include <mpar/pipeline/run_threads.hpp>
+#include <mpar/pipeline/run_pipeline_threads.hpp>
 #include <mpar/pipeline/simulator.hpp>
 
 using namespace mpar;

@@ -26,7 +26,7 @@
 #include <mpar/models/gpt_trainer_instances.hpp>
 #include <mpar/mpar.hpp>
 #include <mpar/observe/allocations.hpp>
-#include <mpar/pipeline/text_timeline.hpp>
+#include <mpar/pipeline/timeline_lanes_text.hpp>
 #include <mpar/pipeline/timeline_trace.hpp>
 #include <mpar/plan/memory_model.hpp>
 #include <mpar/plan/pipeline_timing.hpp>

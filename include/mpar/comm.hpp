@@ -7,6 +7,6 @@
 #include "mpar/comm/communicator.hpp"
 #include "mpar/comm/hierarchical.hpp"
 #include "mpar/comm/mesh_comms.hpp"
-#include "mpar/comm/ordered_p2p.hpp"
+#include "mpar/comm/ordered_p2p_communicator.hpp"
 #include "mpar/comm/threads.hpp"
 #include "mpar/comm/topk.hpp"

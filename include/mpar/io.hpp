@@ -8,7 +8,7 @@
 #include "mpar/io/box.hpp"
 #include "mpar/io/checkpoint.hpp"
 #include "mpar/io/crc32.hpp"
-#include "mpar/io/error.hpp"
 #include "mpar/io/file.hpp"
+#include "mpar/io/io_error.hpp"
 #include "mpar/io/lock.hpp"
 #include "mpar/io/manifest.hpp"

@@ -9,7 +9,7 @@
  *   includes the parts it uses;
  * - `mpar/tools.hpp`: the planner, the command-line option parser, Chrome traces (`mpar/observe.hpp`,
  *   `mpar/pipeline/timeline_trace.hpp`), the pipeline simulator (`mpar/pipeline/simulator.hpp`) and a
- *   timeline's text picture (`mpar/pipeline/text_timeline.hpp`); a measured step summarised like a simulated
+ *   timeline's text picture (`mpar/pipeline/timeline_lanes_text.hpp`); a measured step summarised like a simulated
  *   one is `mpar/pipeline/summarise_measured.hpp`;
  * - `mpar/cuda.hpp` (with MPAR_ENABLE_CUDA): the CUDA backend and NCCL.
  * A budget keeps this header's cost near the standard library's (bench/compile_cost).

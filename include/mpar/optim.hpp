@@ -3,7 +3,7 @@
 #include "mpar/optim/adamw.hpp"
 #include "mpar/optim/clip.hpp"
 #include "mpar/optim/flat_layout.hpp"
+#include "mpar/optim/host_factors.hpp"
 #include "mpar/optim/loss_scaler.hpp"
 #include "mpar/optim/lr_schedule.hpp"
-#include "mpar/optim/rank_scalars.hpp"
 #include "mpar/optim/sgd.hpp"

@@ -9,7 +9,7 @@
 #include "mpar/pipeline/executor.hpp"
 #include "mpar/pipeline/partition.hpp"
 #include "mpar/pipeline/pipeline_part.hpp"
-#include "mpar/pipeline/run_threads.hpp"
+#include "mpar/pipeline/run_pipeline_threads.hpp"
 #include "mpar/pipeline/schedules.hpp"
 #include "mpar/pipeline/static_schedule.hpp"
 #include "mpar/pipeline/timeline.hpp"

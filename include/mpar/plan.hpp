@@ -5,7 +5,7 @@
  */
 #include "mpar/plan/calibration.hpp"
 #include "mpar/plan/cli.hpp"
-#include "mpar/plan/collectives.hpp"
+#include "mpar/plan/collective_cost.hpp"
 #include "mpar/plan/cost_model.hpp"
 #include "mpar/plan/memory_model.hpp"
 #include "mpar/plan/model.hpp"

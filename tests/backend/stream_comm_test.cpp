@@ -1,4 +1,4 @@
-// Communication ordered with the compute stream (comm/stream_ordered.hpp): tensor-parallel layers over
+// Communication ordered with the compute stream (comm/stream_ordered_communicator.hpp): tensor-parallel layers over
 // the stream-emulating backend, whose collectives run on a communication stream after the producing
 // operations and before the consuming ones, reproduce the host backend bit for bit — with no host
 // synchronisation between a layer's GEMM, its all-reduce and its bias addition.
@@ -10,7 +10,7 @@
 #include <vector>
 
 #include <mpar/backend/stream/stream_backend.hpp>
-#include <mpar/comm/stream_ordered.hpp>
+#include <mpar/comm/stream_ordered_communicator.hpp>
 #include <mpar/comm/threads.hpp>
 #include <mpar/core/init.hpp>
 #include <mpar/nn/column_parallel.hpp>

@@ -10,7 +10,7 @@
 
 #include "comm/collective_tests.hpp"
 #include "mpar/comm/hierarchical.hpp"
-#include "mpar/comm/ordered_p2p.hpp"
+#include "mpar/comm/ordered_p2p_communicator.hpp"
 #include "mpar/comm/threads.hpp"
 #include "mpar/comm/topk.hpp"
 

@@ -9,7 +9,7 @@
 #include "comm/collective_tests.hpp"
 #include "mpar/backend/stream/stream_backend.hpp"
 #include "mpar/comm/mpi.hpp"
-#include "mpar/comm/stream_ordered.hpp"
+#include "mpar/comm/stream_ordered_communicator.hpp"
 
 using namespace mpar;
 using Catch::Matchers::Contains;

@@ -10,7 +10,7 @@
 // GEMM and the NCCL communicator stay usable from plain C++ (g++), not only nvcc; the backend policy
 // (its layer kernels are templates) is checked in the nvcc translation unit.
 #include "mpar/backend/gpu/gemm.hpp"
-#include "mpar/backend/gpu/nccl_communicator.hpp"
+#include "mpar/comm/nccl/nccl_communicator.hpp"
 
 static_assert(mpar::communicator<mpar::NcclCommunicator>);
 static_assert(!mpar::gpu::gemm_types<double, float>, "only 16-bit inputs may widen to an fp32 output");

@@ -15,7 +15,7 @@
 #include <vector>
 
 #include <mpar/backend/stream/stream_backend.hpp>
-#include <mpar/comm/stream_ordered.hpp>
+#include <mpar/comm/stream_ordered_communicator.hpp>
 #include <mpar/comm/threads.hpp>
 #include <mpar/models/gpt_trainer.hpp>
 #include <mpar/observe/counting_backend.hpp>

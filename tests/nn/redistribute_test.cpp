@@ -1,4 +1,4 @@
-// Redistributions and typed compositions: each collective of nn/redistribute.hpp forward and backward
+// Redistributions and typed compositions: each collective of nn/redistributions.hpp forward and backward
 // against naive loops over the ranks' tensors (no collective in the reference), and a block written
 // by hand with typed activations (column, GeLU, row without reduction, a Partial + Partial residual,
 // then the reduction) against the same block computed serially.

@@ -11,11 +11,11 @@
 #include <string>
 
 #include "mpar/comm/mesh_comms.hpp"
-#include "mpar/comm/ordered_p2p.hpp"
+#include "mpar/comm/ordered_p2p_communicator.hpp"
 #include "mpar/comm/threads.hpp"
 #include "mpar/nn.hpp"
 #include "mpar/pipeline.hpp"
-#include "mpar/pipeline/run_threads.hpp"
+#include "mpar/pipeline/run_pipeline_threads.hpp"
 #include "mpar/pipeline/simulator.hpp"
 #include "mpar/pipeline/summarise_measured.hpp"
 #include "pipeline/tanh_linear_stage.hpp"

@@ -17,12 +17,12 @@
 #include <type_traits>
 #include <vector>
 
+#include <mpar/backend/rank_transfer.hpp>
 #include <mpar/backend/stream/stream_backend.hpp>
-#include <mpar/comm/stream_ordered.hpp>
+#include <mpar/comm/stream_ordered_communicator.hpp>
 #include <mpar/comm/threads.hpp>
 #include <mpar/models/gpt_trainer.hpp>
 #include <mpar/observe/counting_backend.hpp>
-#include <mpar/optim/rank_scalars.hpp>
 
 #include "models/gpt_test_config.hpp"
 #include "rank_world.hpp"
@@ -59,7 +59,7 @@ CkptRankState ckpt_step_and_read(Trainer& t) {
     for (const nn::Parameter* p : t.parameters()) {
       s.names.push_back(p->name);
       std::vector<float> v(p->value.size());
-      optim::copy_to_host<B>(p->value.data(), v.data(), v.size());
+      mpar::copy_to_host<B>(p->value.data(), v.data(), v.size());
       s.values.push_back(std::move(v));
     }
   });

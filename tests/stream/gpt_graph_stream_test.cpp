@@ -14,12 +14,12 @@
 #include <vector>
 
 #include <mpar/backend/graph_backend.hpp>
+#include <mpar/backend/rank_transfer.hpp>
 #include <mpar/backend/stream/stream_backend.hpp>
-#include <mpar/comm/stream_ordered.hpp>
+#include <mpar/comm/stream_ordered_communicator.hpp>
 #include <mpar/comm/threads.hpp>
 #include <mpar/models/gpt_trainer.hpp>
 #include <mpar/observe/counting_backend.hpp>
-#include <mpar/optim/rank_scalars.hpp>
 
 #include "models/gpt_test_config.hpp"
 #include "rank_world.hpp"
@@ -53,7 +53,7 @@ std::vector<GraphGptRun> graph_gpt_train(const mpar::models::GptTrainConfig& c, 
       r.operations = t.graph_operations();
       for (const mpar::nn::Parameter* p : t.parameters()) {
         std::vector<float> v(p->value.size());
-        mpar::optim::copy_to_host<B>(p->value.data(), v.data(), v.size());
+        mpar::copy_to_host<B>(p->value.data(), v.data(), v.size());
         r.values.push_back(std::move(v));
       }
       B::synchronize();

@@ -14,7 +14,7 @@
 
 #include <mpar/backend/graph_backend.hpp>
 #include <mpar/backend/stream/stream_backend.hpp>
-#include <mpar/comm/stream_ordered.hpp>
+#include <mpar/comm/stream_ordered_communicator.hpp>
 #include <mpar/comm/threads.hpp>
 #include <mpar/nn/parameter.hpp>
 #include <mpar/optim/adamw.hpp>

@@ -11,12 +11,12 @@
 #include <utility>
 #include <vector>
 
+#include <mpar/backend/rank_transfer.hpp>
 #include <mpar/backend/stream/stream_backend.hpp>
-#include <mpar/comm/stream_ordered.hpp>
+#include <mpar/comm/stream_ordered_communicator.hpp>
 #include <mpar/comm/threads.hpp>
 #include <mpar/models/gpt_trainer.hpp>
 #include <mpar/observe/counting_backend.hpp>
-#include <mpar/optim/rank_scalars.hpp>
 
 #include "models/gpt_test_config.hpp"
 #include "rank_world.hpp"
@@ -74,7 +74,7 @@ std::vector<std::vector<std::vector<float>>> initial_values(const models::GptTra
       models::GptTrainer<std::decay_t<decltype(world)>, B> t(world, c, testing::gpt_dataset());
       for (const nn::Parameter* p : t.parameters()) {
         std::vector<float> v(p->value.size());
-        optim::copy_to_host<B>(p->value.data(), v.data(), v.size());
+        mpar::copy_to_host<B>(p->value.data(), v.data(), v.size());
         out[std::size_t(w.rank())].push_back(std::move(v));
       }
       B::synchronize();

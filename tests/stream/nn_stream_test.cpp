@@ -21,11 +21,11 @@
 #include <type_traits>
 #include <vector>
 
+#include <mpar/backend/rank_transfer.hpp>
 #include <mpar/backend/stream/stream_backend.hpp>
-#include <mpar/comm/stream_ordered.hpp>
+#include <mpar/comm/stream_ordered_communicator.hpp>
 #include <mpar/comm/threads.hpp>
 #include <mpar/nn.hpp>
-#include <mpar/optim/rank_scalars.hpp>
 // The trace single-steps host code under its own signal handlers, which ThreadSanitizer's build does not take; the
 // StreamHostBackend cases run there (their races are what it looks for).
 #if defined(__linux__) && defined(__x86_64__) && !defined(__SANITIZE_THREAD__)

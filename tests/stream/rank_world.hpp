@@ -5,7 +5,7 @@
 #include <utility>
 
 #include <mpar/backend/host/host_backend.hpp>
-#include <mpar/comm/stream_ordered.hpp>
+#include <mpar/comm/stream_ordered_communicator.hpp>
 #include <mpar/comm/threads.hpp>
 #include <mpar/core/memory_resource.hpp>
 

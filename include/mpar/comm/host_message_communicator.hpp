@@ -6,7 +6,7 @@
  *
  * Each call goes through rank memory: the host buffer is staged in pinned memory and copied in by
  * `copy_from_host_async`, the wrapped communicator runs the collective on rank memory, ordered with the rank's
- * stream as its other calls are, and the result comes back by `copy_to_host_async` (`optim::HostStaging`):
+ * stream as its other calls are, and the result comes back by `copy_to_host_async` (`mpar::HostStaging`):
  * one host wait per call, and none of the calls needs the communicator to be quiet first. Meant for messages of a
  * few values: every call allocates its rank buffers and staging.
  *
@@ -19,11 +19,11 @@
 #include <string>
 
 #include "mpar/backend/backend.hpp"
+#include "mpar/backend/host_staging.hpp"
 #include "mpar/comm/collective_communicator.hpp"
 #include "mpar/comm/in_span.hpp"
 #include "mpar/core/element_type.hpp"
 #include "mpar/core/memory_resource.hpp"
-#include "mpar/optim/host_staging.hpp"
 
 namespace mpar {
 
@@ -89,7 +89,7 @@ class HostMessageCommunicator {
   template <class T, class Call>
   void in_place(std::span<T> data, Call call) {
     Buffer<T> rank = rank_buffer<T>(data.size());
-    optim::HostStaging<B, T> staging(data.size());
+    mpar::HostStaging<B, T> staging(data.size());
     staging.write(std::span<const T>(data), rank.data());
     call(std::span<T>(rank));
     staging.read(rank.data(), data);
@@ -98,7 +98,7 @@ class HostMessageCommunicator {
   template <class T, class Call>
   void through(std::span<const T> send, std::span<T> recv, bool read_back, Call call) {
     Buffer<T> rank_send = rank_buffer<T>(send.size()), rank_recv = rank_buffer<T>(recv.size());
-    optim::HostStaging<B, T> staging(std::max(send.size(), recv.size()));
+    mpar::HostStaging<B, T> staging(std::max(send.size(), recv.size()));
     staging.write(send, rank_send.data());
     call(std::span<const T>(rank_send), std::span<T>(rank_recv));
     staging.read(rank_recv.data(), read_back ? recv : recv.first(0));

@@ -14,19 +14,19 @@
  * the whole run, and every rank blocked in, or later entering, a collective gets a comm_error.
  *
  * The pieces, one per header under mpar/comm/threads/:
- *   options.hpp          ThreadsOptions
+ *   threads_options.hpp  ThreadsOptions
  *   world.hpp            ThreadsWorld: what every rank of one run shares
  *   slot.hpp             what a rank publishes for the collective in flight
  *   mailbox.hpp          a rank's point-to-point mailbox
  *   group.hpp            ThreadsGroup: slots, the barrier, mailboxes of one group
  *   progress_thread.hpp  the thread that runs a rank's asynchronous collectives
  *   request.hpp          ThreadsRequest
- *   communicator.hpp     ThreadsCommunicator
+ *   threads_communicator.hpp  ThreadsCommunicator
  *   run_failure.hpp      rank_failure and the report of a failed run
  *   run_threads.hpp      run_threads
  */
-#include "mpar/comm/threads/communicator.hpp"
-#include "mpar/comm/threads/options.hpp"
 #include "mpar/comm/threads/request.hpp"
 #include "mpar/comm/threads/run_failure.hpp"
 #include "mpar/comm/threads/run_threads.hpp"
+#include "mpar/comm/threads/threads_communicator.hpp"
+#include "mpar/comm/threads/threads_options.hpp"

@@ -19,7 +19,7 @@
 #include <string>
 #include <utility>
 
-#include "mpar/io/error.hpp"
+#include "mpar/io/io_error.hpp"
 
 namespace mpar::io {
 

@@ -26,7 +26,7 @@
 #include <string>
 #include <system_error>
 
-#include "mpar/io/error.hpp"
+#include "mpar/io/io_error.hpp"
 
 namespace mpar::io {
 

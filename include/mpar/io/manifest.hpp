@@ -35,7 +35,7 @@
 
 #include "mpar/io/box.hpp"
 #include "mpar/io/crc32.hpp"
-#include "mpar/io/error.hpp"
+#include "mpar/io/io_error.hpp"
 
 namespace mpar::io {
 

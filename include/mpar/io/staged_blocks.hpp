@@ -14,7 +14,7 @@
  * `GptTrainer::load_weights` stages the same way: its parameters are redirected, the weight source's tensors copied
  * into the staging on the host, and the parameters the source gave uploaded with one wait.
  *
- * Where `optim::host_reads_rank_memory<B>` (HostBackend: rank memory is host memory and every operation has
+ * Where `mpar::host_reads_rank_memory<B>` (HostBackend: rank memory is host memory and every operation has
  * finished when it returns) the blocks stay as they are: zero-copy, no synchronisation.
  */
 #include <cstddef>
@@ -23,8 +23,8 @@
 #include <vector>
 
 #include "mpar/backend/backend.hpp"
+#include "mpar/backend/rank_transfer.hpp"
 #include "mpar/io/checkpoint/block_view.hpp"
-#include "mpar/optim/rank_scalars.hpp"
 
 namespace mpar::io {
 
@@ -36,7 +36,7 @@ template <backend B>
 class StagedBlocks {
  public:
   /** Whether the blocks are staged at all (false where the host reads rank memory directly). */
-  static constexpr bool staged = !optim::host_reads_rank_memory<B>;
+  static constexpr bool staged = !mpar::host_reads_rank_memory<B>;
 
   /**
    * Saving: copies every block's rank memory to host staging on the rank's stream, waits once, and points
@@ -51,7 +51,7 @@ class StagedBlocks {
         b.data = std::span<const float>(host, b.data.size());
         host += b.data.size();
       }
-      optim::wait_for_rank_stream<B>();
+      mpar::wait_for_rank_stream<B>();
     }
   }
 
@@ -99,7 +99,7 @@ class StagedBlocks {
     if constexpr (staged) {
       for (const Upload& u : rank_)
         if (filled(u.block)) B::template copy_from_host_async<float>(u.rank.size(), u.host, u.rank.data());
-      optim::wait_for_rank_stream<B>();
+      mpar::wait_for_rank_stream<B>();
       rank_.clear();
     }
   }

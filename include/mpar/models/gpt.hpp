@@ -695,7 +695,7 @@ class GptPipelinePart {
       const std::size_t t = dy.extent(0);
       embed_pending_.put(mb).dy = std::move(dy);
       // A placeholder (token ids have no gradient); nobody reads it, so a stream-ordered backend leaves it unwritten.
-      if constexpr (optim::host_reads_rank_memory<B>)
+      if constexpr (mpar::host_reads_rank_memory<B>)
         return nn::Act<Replicate>(nn::Activation({t, 1}));
       else
         return nn::Act<Replicate>(nn::Activation({t, 1}, uninitialized));

@@ -83,6 +83,7 @@
 #include <vector>
 
 #include "mpar/backend/graph_backend.hpp"
+#include "mpar/backend/host_staging.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/comm/host_message_communicator.hpp"
 #include "mpar/comm/mesh_comms.hpp"
@@ -100,7 +101,6 @@
 #include "mpar/observe/timed_communicator.hpp"
 #include "mpar/optim/adamw.hpp"
 #include "mpar/optim/clip.hpp"
-#include "mpar/optim/host_staging.hpp"
 #include "mpar/optim/loss_scaler.hpp"
 #include "mpar/optim/lr_schedule.hpp"
 #include "mpar/optim/sgd.hpp"
@@ -593,7 +593,7 @@ class GptTrainer {
         for (auto& s : stages_) s->on_gradients_final(gradients_final_, cfg_.microbatches);
       zero_grad();
       comms_.world.all_reduce(std::span<double>(l), ReduceOp::avg);  // data ranks saw different sequences
-      sum += optim::read_from_rank<B>(l.data());
+      sum += mpar::read_from_rank<B>(l.data());
     }
     return sum / double(batches);
   }
@@ -1100,7 +1100,7 @@ class GptTrainer {
       const auto lo = std::ptrdiff_t(std::size_t(mb) * mb_tokens), hi = lo + std::ptrdiff_t(mb_tokens);
       if (holds_first_) {
         const auto ids = std::span(batch.tokens).subspan(std::size_t(lo), mb_tokens);
-        if constexpr (optim::host_reads_rank_memory<B>) {
+        if constexpr (mpar::host_reads_rank_memory<B>) {
           inputs.push_back(Stage::tokens_as_activation(ids));
         } else {  // the host must not write rank memory: the first stage takes the ids as host values
           stages_.front()->set_tokens(mb, ids);
@@ -1466,7 +1466,7 @@ class GptTrainer {
     if (comms_.world.size() == 1 && !moe) return;
     double* rank = report_slot_dropped() - 2;
     const std::span<const double> host(v);
-    if constexpr (optim::host_reads_rank_memory<B>) {
+    if constexpr (mpar::host_reads_rank_memory<B>) {
       for (std::size_t i = 0; i < v.size(); ++i)
         if (i != 2 || !moe) rank[i] = v[i];
     } else {
@@ -1480,13 +1480,13 @@ class GptTrainer {
     }
     comms_.world.all_reduce(std::span<double>(rank, 3), ReduceOp::avg);
     comms_.world.all_reduce(std::span<double>(rank + 3, 1), ReduceOp::max);
-    if constexpr (optim::host_reads_rank_memory<B>)
+    if constexpr (mpar::host_reads_rank_memory<B>)
       std::copy(rank, rank + 4, v.begin());
     else
       report_staging_->read(rank, std::span<double>(v));
   }
   Buffer<double> report_rank_;  ///< host_all_reduce's rank memory, kept: the MoE passes accumulate into slot 2
-  std::optional<optim::HostStaging<B, double>> report_staging_;
+  std::optional<mpar::HostStaging<B, double>> report_staging_;
   GptTrainConfig cfg_;
   data::SourceRef data_;
   DynamicMesh mesh_;

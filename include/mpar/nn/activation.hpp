@@ -49,7 +49,7 @@ using TensorPartial = Partial<ReduceOp::sum, axis::tensor>;
  * It owns the same `Activation` storage (no extra bytes, no extra work: the layout is an empty tag
  * that exists only at compile time). Construction from a tensor is explicit (the caller states the
  * layout once, at the edge); there is no conversion between layouts: a layout changes only through
- * a layer or a redistribution (nn/redistribute.hpp), so a mis-wired composition does not compile.
+ * a layer or a redistribution (nn/redistributions.hpp), so a mis-wired composition does not compile.
  */
 template <class L>
   requires is_layout_v<L>

@@ -11,7 +11,7 @@
 
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
-#include "mpar/nn/collectives.hpp"
+#include "mpar/nn/collective_layers.hpp"
 #include "mpar/nn/fused_gelu_backward_backend.hpp"
 #include "mpar/nn/linear.hpp"
 

@@ -19,13 +19,13 @@
 #include <vector>
 
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/backend/rank_transfer.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/fused_classifier_backend.hpp"
 #include "mpar/nn/layer.hpp"
 #include "mpar/nn/rank_tokens.hpp"
 #include "mpar/nn/upload.hpp"
-#include "mpar/optim/rank_scalars.hpp"
 
 namespace mpar::nn {
 
@@ -102,7 +102,7 @@ class VocabParallelCrossEntropy {
     const float* loss = loss_in_rank(logits, targets, mb);
     note_host_access(sizeof(float));  // the host reads the loss
     // On a backend whose operations return at once, through the stream-ordered copy and an event wait.
-    return optim::read_from_rank<B>(loss);
+    return mpar::read_from_rank<B>(loss);
   }
   /** The mean loss into rank memory (one float of the micro-batch's cached statistics); returns where it is. */
   const float* loss_in_rank(const Activation& logits, std::span<const std::int32_t> targets, int mb) {

@@ -1,7 +1,7 @@
 #pragma once
 /**
  * @file The `redistribution` concept: a change of an activation's layout with its collective forward and
- * the dual collective backward (the redistributions themselves are in nn/redistribute.hpp).
+ * the dual collective backward (the redistributions themselves are in nn/redistributions.hpp).
  */
 #include <concepts>
 #include <string_view>

@@ -25,10 +25,11 @@ constexpr bool check_residual() {
                   "ReduceToReplicate::forward)");
     return false;
   } else {
-    static_assert(std::is_same_v<A, B>,
-                  "mpar::nn::add: a residual adds two tensors of different layouts (see A and B above), so their local "
-                  "blocks are different parts of the global tensor. Fix: redistribute one of them to the other's "
-                  "layout first (nn/redistribute.hpp), e.g. the sequence-parallel block keeps both Shard<0, tensor>");
+    static_assert(
+        std::is_same_v<A, B>,
+        "mpar::nn::add: a residual adds two tensors of different layouts (see A and B above), so their local "
+        "blocks are different parts of the global tensor. Fix: redistribute one of them to the other's "
+        "layout first (nn/redistributions.hpp), e.g. the sequence-parallel block keeps both Shard<0, tensor>");
     return false;
   }
 }

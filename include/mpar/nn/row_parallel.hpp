@@ -10,7 +10,7 @@
 
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
-#include "mpar/nn/collectives.hpp"
+#include "mpar/nn/collective_layers.hpp"
 #include "mpar/nn/linear.hpp"
 
 namespace mpar::nn {

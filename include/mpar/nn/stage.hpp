@@ -131,7 +131,7 @@ class Stage : public detail::TypedLayer<Stage<First, Rest...>> {
       static_assert(detail::always_false_v<L>,
                     "mpar::nn::Stage: fed a layout its first layer takes, but not the first layer's default_input that "
                     "the stage's chain was checked for (see L above). Fix: declare the first layer for that layout "
-                    "(e.g. Dropout<L>), or redistribute the input first (nn/redistribute.hpp)");
+                    "(e.g. Dropout<L>), or redistribute the input first (nn/redistributions.hpp)");
       return false;
     }
   }

@@ -171,7 +171,7 @@ class TypedLayer {
     static_assert(ok,
                   "mpar::nn: backward is given a gradient whose layout is not the gradient layout of this layer's "
                   "output (see D and G above). Fix: pass the gradient the next layer's backward returned, or "
-                  "redistribute it first (nn/redistribute.hpp)");
+                  "redistribute it first (nn/redistributions.hpp)");
     return ok;
   }
 };

@@ -17,8 +17,8 @@
 #include <vector>
 
 #include "mpar/backend/backend.hpp"
+#include "mpar/backend/rank_transfer.hpp"
 #include "mpar/core/memory_resource.hpp"
-#include "mpar/optim/rank_scalars.hpp"
 
 namespace mpar::nn {
 
@@ -59,7 +59,7 @@ class UploadStaging {
 /** Writes `values` into `dst` (fresh rank memory of the same size) on the rank's stream; no host wait. */
 template <backend B, class T, class A>
 void upload(std::vector<T, A>& dst, std::span<const T> values) {
-  if constexpr (optim::host_reads_rank_memory<B>) {
+  if constexpr (mpar::host_reads_rank_memory<B>) {
     write_initial(dst, values);
   } else {
     if (dst.empty()) return;

@@ -14,7 +14,7 @@
 #include "mpar/core/memory_resource.hpp"
 #include "mpar/nn/parameter.hpp"
 #include "mpar/optim/flat_layout.hpp"
-#include "mpar/optim/rank_scalars.hpp"
+#include "mpar/optim/host_factors.hpp"
 
 namespace mpar::optim {
 

@@ -22,11 +22,11 @@
 
 #include "mpar/backend/backend.hpp"
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/backend/rank_transfer.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/memory_resource.hpp"
 #include "mpar/nn/parameter.hpp"
-#include "mpar/optim/rank_scalars.hpp"
 
 namespace mpar::parallel {
 
@@ -223,7 +223,7 @@ class GradBuckets {
     // A backend copy where operations run in stream order (the host must not touch rank memory there).
     if (aliased_[b]) {
       // In place: the collective reads the gradients themselves once the bucket is complete.
-    } else if constexpr (optim::host_reads_rank_memory<B>)
+    } else if constexpr (mpar::host_reads_rank_memory<B>)
       std::copy(p.grad.begin(), p.grad.end(), flat_[b].begin() + std::ptrdiff_t(s.offset));
     else
       B::copy(s.size, p.grad.data(), flat_[b].data() + s.offset);

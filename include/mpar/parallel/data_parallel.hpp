@@ -63,7 +63,7 @@ class DataParallel {
     for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
       const auto flat = buckets_.flat(b);
       if (buckets_.aliased(b)) {  // reduced in place: the bucket is the gradients, scaled where they are
-        if constexpr (optim::host_reads_rank_memory<B>) {
+        if constexpr (mpar::host_reads_rank_memory<B>) {
           for (float& x : flat) x *= inv;
         } else {
           B::scale(flat.size(), inv, flat.data());
@@ -72,7 +72,7 @@ class DataParallel {
       }
       for (const auto& s : buckets_.bucket(b).slots) {
         auto& g = buckets_.params()[s.param]->grad;
-        if constexpr (optim::host_reads_rank_memory<B>) {
+        if constexpr (mpar::host_reads_rank_memory<B>) {
           for (std::size_t i = 0; i < s.size; ++i) g[i] = flat[s.offset + i] * inv;
         } else {  // the same product, by backend operations ordered after the all-reduce
           B::copy(s.size, flat.data() + s.offset, g.data());

@@ -48,6 +48,7 @@
 
 #include "mpar/backend/backend.hpp"
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/backend/rank_transfer.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/dtype.hpp"
 #include "mpar/core/error.hpp"
@@ -56,7 +57,6 @@
 #include "mpar/optim/adamw.hpp"
 #include "mpar/optim/clip.hpp"
 #include "mpar/optim/loss_scaler.hpp"
-#include "mpar/optim/rank_scalars.hpp"
 #include "mpar/optim/sgd.hpp"
 #include "mpar/parallel/data_parallel.hpp"
 #include "mpar/parallel/gradient_arena.hpp"
@@ -366,7 +366,7 @@ class DistributedOptimizer {
     require(step_issued_,
             "DistributedOptimizer::read_statistics: no step issued yet; call issue_step_in_rank (or "
             "step) first");
-    optim::wait_for_rank_stream<B>();  // the step's one synchronisation: the copy into stats_staging_ has run
+    mpar::wait_for_rank_stream<B>();  // the step's one synchronisation: the copy into stats_staging_ has run
     const RankStatistics& host = stats_staging_[0];
     StepStatistics out{host.loss, host.aux_loss, host.grad_norm, !std::isfinite(host.grad_norm),
                        host.factors.skip != 0.0f};
@@ -393,7 +393,7 @@ class DistributedOptimizer {
     if (zero_experts_) {
       // Both shards tile the data x expert group (the replicated blocks over all of it, each expert's blocks over
       // the data ranks of its expert rank): one sum over it, then over the tensor and pipeline groups.
-      optim::zero_in_rank<B>(&st->grad_squares, 1);
+      mpar::zero_in_rank<B>(&st->grad_squares, 1);
       const optim::SquaresShare share = optim::squares_share(*g_.tensor, *g_.pipeline);
       for (auto* z : zeros()) z->accumulate_shard_squares(&st->grad_squares, share);
       optim::sum_over(&st->grad_squares, *g_.replica, *g_.tensor, *g_.pipeline);

@@ -50,6 +50,7 @@
 
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/backend/host/kernels.hpp"
+#include "mpar/backend/rank_transfer.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/nn/activation.hpp"
@@ -57,7 +58,6 @@
 #include "mpar/nn/half_weight.hpp"
 #include "mpar/nn/linear.hpp"  // detail::with_half
 #include "mpar/nn/parameter.hpp"
-#include "mpar/optim/rank_scalars.hpp"
 
 namespace mpar::parallel {
 
@@ -146,10 +146,10 @@ class MoeMlp {
    * (on a stream-ordered backend: a wait); a training step collects it through `set_statistics` instead.
    */
   [[nodiscard]] std::size_t dropped() const {
-    return last_.empty() ? 0 : std::size_t(optim::read_from_rank<B>(last_.data() + 1));
+    return last_.empty() ? 0 : std::size_t(mpar::read_from_rank<B>(last_.data() + 1));
   }
   /** The load-balancing loss of the last forward (identical on every rank of the token group); a host read. */
-  [[nodiscard]] float aux_loss() const { return last_.empty() ? 0.0f : optim::read_from_rank<B>(last_.data()); }
+  [[nodiscard]] float aux_loss() const { return last_.empty() ? 0.0f : mpar::read_from_rank<B>(last_.data()); }
 
   /**
    * Sets where each backward adds its micro-batch's load-balancing loss and dropped count (`B::accumulate`,

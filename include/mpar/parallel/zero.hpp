@@ -44,6 +44,7 @@
 #include "mpar/core/memory_resource.hpp"
 #include "mpar/optim/adamw.hpp"
 #include "mpar/optim/clip.hpp"
+#include "mpar/optim/host_factors.hpp"
 #include "mpar/parallel/buckets.hpp"
 
 namespace mpar::parallel {
@@ -119,7 +120,7 @@ class ZeroAdamW {
       B::zero(n, v_.data());
     }
     decay_runs_ = B::template allocate<DecayRun>(runs.size());
-    if (!runs.empty()) optim::copy_to_rank<B>(runs.data(), decay_runs_.data(), runs.size());
+    if (!runs.empty()) mpar::copy_to_rank<B>(runs.data(), decay_runs_.data(), runs.size());
     full_.resize(buckets_.bucket_count());
     if (stage_ == 3) shard_parameters();
     if (stage_ == 1)  // written whole by each step's all-gather
@@ -157,7 +158,7 @@ class ZeroAdamW {
   template <communicator... Groups>
     requires(sizeof...(Groups) <= 3)
   void global_grad_squares(double* acc, Groups&... groups) {
-    optim::zero_in_rank<B>(acc, 1);
+    mpar::zero_in_rank<B>(acc, 1);
     accumulate_shard_squares(acc, optim::squares_share(groups...));
     optim::sum_over(acc, buckets_.comm(), groups...);
   }
@@ -189,7 +190,7 @@ class ZeroAdamW {
     Buffer<double> acc(1);  // rank memory: accumulated by the backend and communicated
     global_grad_squares(acc.data(), groups...);
     double squares = 0;
-    optim::copy_to_host<B>(acc.data(), &squares, 1);
+    mpar::copy_to_host<B>(acc.data(), &squares, 1);
     return std::sqrt(squares);
   }
 
@@ -438,7 +439,7 @@ class ZeroAdamW {
   }
   /** Copies weights within rank memory: a host copy where the host may read it, else a stream-ordered backend copy. */
   static void copy_weights(std::size_t n, const float* from, float* to) {
-    if constexpr (optim::host_reads_rank_memory<B>)
+    if constexpr (mpar::host_reads_rank_memory<B>)
       std::copy_n(from, n, to);
     else
       B::copy(n, from, to);
@@ -470,7 +471,7 @@ class ZeroAdamW {
     for (const auto& bucket_pieces : pieces_)
       for (const auto& pc : bucket_pieces) {
         const auto& value = buckets_.params()[pc.param]->value;
-        if constexpr (optim::host_reads_rank_memory<B>)
+        if constexpr (mpar::host_reads_rank_memory<B>)
           std::copy_n(value.begin() + std::ptrdiff_t(pc.param_offset), pc.size,
                       w_.begin() + std::ptrdiff_t(pc.shard_offset));
         else

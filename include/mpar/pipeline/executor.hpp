@@ -50,12 +50,12 @@
 #include <utility>
 #include <vector>
 
+#include "mpar/backend/rank_transfer.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/host_access.hpp"
 #include "mpar/core/memory_resource.hpp"
 #include "mpar/nn/backend_copy.hpp"
-#include "mpar/optim/rank_scalars.hpp"
 #include "mpar/pipeline/action.hpp"
 #include "mpar/pipeline/detail/part_calls.hpp"
 #include "mpar/pipeline/pipeline_part.hpp"
@@ -401,7 +401,7 @@ class Executor {
   /** Whether the host reads and writes the message headers in rank memory directly (HostBackend, or a stage without a backend). */
   static constexpr bool host_headers = [] {
     if constexpr (requires { typename Stage::backend_type; })
-      return optim::host_reads_rank_memory<typename Stage::backend_type>;
+      return mpar::host_reads_rank_memory<typename Stage::backend_type>;
     else
       return true;
   }();
@@ -411,7 +411,7 @@ class Executor {
     if constexpr (host_headers)
       std::copy_n(p, detail::h_size, h.begin());
     else
-      optim::copy_to_host<typename Stage::backend_type>(p, h.data(), detail::h_size);
+      mpar::copy_to_host<typename Stage::backend_type>(p, h.data(), detail::h_size);
     return h;
   }
   /** The stage's backend, or HostBackend for a stage without one (whose headers the host reads directly). */
@@ -477,7 +477,7 @@ class Executor {
   /** The first stage's input, copied by the stage's backend where the host must not touch rank memory. */
   static Boundary input_copy(const Boundary& x) {
     if constexpr (requires { typename Stage::backend_type; })
-      if constexpr (!optim::host_reads_rank_memory<typename Stage::backend_type>)
+      if constexpr (!mpar::host_reads_rank_memory<typename Stage::backend_type>)
         return nn::backend_copy<typename Stage::backend_type>(x);
     return x;
   }
@@ -490,11 +490,11 @@ class Executor {
     if (comm_.size() == 1) return loss;  // one stage: nothing to send
     if constexpr (requires { typename Stage::backend_type; }) {
       using B = typename Stage::backend_type;
-      if constexpr (!optim::host_reads_rank_memory<B>) {
+      if constexpr (!mpar::host_reads_rank_memory<B>) {
         Buffer<double> l = B::template allocate<double>(1);
-        optim::copy_to_rank<B>(&loss, l.data(), 1);
+        mpar::copy_to_rank<B>(&loss, l.data(), 1);
         comm_.broadcast(std::span<double>(l), root);
-        optim::copy_to_host<B>(l.data(), &loss, 1);
+        mpar::copy_to_host<B>(l.data(), &loss, 1);
         return loss;
       }
     }

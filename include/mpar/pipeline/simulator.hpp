@@ -22,8 +22,8 @@
 
 #include "mpar/core/error.hpp"
 #include "mpar/pipeline/action.hpp"
-#include "mpar/pipeline/text_timeline.hpp"
 #include "mpar/pipeline/timeline.hpp"
+#include "mpar/pipeline/timeline_lanes_text.hpp"
 #include "mpar/pipeline/verifier.hpp"
 
 namespace mpar::pipeline {

@@ -1,7 +1,7 @@
 #pragma once
 /**
  * @file A pipeline timeline — what ran where and when — shared by the simulator (predicted) and the
- * executor (measured). Its text picture is `mpar/pipeline/text_timeline.hpp` and its Chrome trace
+ * executor (measured). Its text picture is `mpar/pipeline/timeline_lanes_text.hpp` and its Chrome trace
  * `mpar/pipeline/timeline_trace.hpp`, both kept apart (and in `mpar/tools.hpp`): the renderers are a compile
  * cost every training program would pay.
  */

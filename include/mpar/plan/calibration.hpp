@@ -26,7 +26,7 @@
 #include <vector>
 
 #include "mpar/core/error.hpp"
-#include "mpar/plan/collectives.hpp"
+#include "mpar/plan/collective_cost.hpp"
 #include "mpar/plan/cost_model.hpp"
 
 namespace mpar::plan {
@@ -194,7 +194,7 @@ struct LinkSample {
       else
         throw config_error(mpar::detail::cat("calibration line ", no, ": collective op '", op,
                                              "' is not one of all_reduce, reduce_scatter, all_gather"));
-      // Across nodes the ring's bottleneck is per_node NICs in parallel (see collectives.hpp): scale to one GPU's share.
+      // Across nodes the ring's bottleneck is per_node NICs in parallel (see collective_cost.hpp): scale to one GPU's share.
       if (k > 1)
         inter.push_back({hops, volume / (n / k), t});
       else

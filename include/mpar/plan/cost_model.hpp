@@ -1,7 +1,7 @@
 #pragma once
 /**
  * @file Seconds per pipeline action and per collective: compute from FLOPs and bytes at achievable
- * device rates (GEMM, elementwise), communication from the alpha-beta model in collectives.hpp.
+ * device rates (GEMM, elementwise), communication from the alpha-beta model in collective_cost.hpp.
  * Everything the search needs to hand the pipeline simulator its action costs.
  */
 #include <algorithm>
@@ -11,7 +11,7 @@
 #include <tuple>
 
 #include "mpar/core/error.hpp"
-#include "mpar/plan/collectives.hpp"
+#include "mpar/plan/collective_cost.hpp"
 #include "mpar/plan/memory_model.hpp"
 #include "mpar/plan/model.hpp"
 #include "mpar/plan/parallel_config.hpp"

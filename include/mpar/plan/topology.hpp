@@ -8,7 +8,7 @@
 #include <string_view>
 
 #include "mpar/core/error.hpp"
-#include "mpar/plan/collectives.hpp"
+#include "mpar/plan/collective_cost.hpp"
 #include "mpar/plan/parallel_config.hpp"
 
 namespace mpar::plan {

@@ -10,7 +10,7 @@
 
 #include <cstddef>
 
-#include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/cuda_error.hpp"
 #include "mpar/backend/gpu/kernels.hpp"
 
 namespace mpar::gpu {

@@ -10,7 +10,7 @@
 #include <cstdint>
 #include <type_traits>
 
-#include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/cuda_error.hpp"
 #include "mpar/backend/gpu/kernels.hpp"
 #include "mpar/core/init.hpp"
 

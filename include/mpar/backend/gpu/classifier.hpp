@@ -20,9 +20,9 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/cuda_error.hpp"
+#include "mpar/backend/gpu/element_types.hpp"
 #include "mpar/backend/gpu/kernels.hpp"
-#include "mpar/backend/gpu/types.hpp"
 #include "mpar/core/error.hpp"
 
 namespace mpar::gpu {

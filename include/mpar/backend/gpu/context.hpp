@@ -14,7 +14,7 @@
 #include <memory>
 #include <mutex>
 
-#include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/cuda_error.hpp"
 
 namespace mpar::gpu {
 

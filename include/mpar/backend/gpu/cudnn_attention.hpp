@@ -31,7 +31,7 @@
 #include <vector>
 
 #include "mpar/backend/gpu/context.hpp"
-#include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/cuda_error.hpp"
 #include "mpar/backend/gpu/memory.hpp"
 #include "mpar/core/dtype.hpp"
 

@@ -20,7 +20,7 @@
 #include <unordered_map>
 
 #include "mpar/backend/gpu/context.hpp"
-#include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/cuda_error.hpp"
 #include "mpar/core/memory_resource.hpp"
 
 namespace mpar::gpu {

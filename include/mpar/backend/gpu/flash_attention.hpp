@@ -24,10 +24,10 @@
 #include <cstddef>
 #include <type_traits>
 
-#include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/cuda_error.hpp"
+#include "mpar/backend/gpu/element_types.hpp"
 #include "mpar/backend/gpu/kernels.hpp"
 #include "mpar/backend/gpu/memory.hpp"
-#include "mpar/backend/gpu/types.hpp"
 #include "mpar/core/error.hpp"
 
 namespace mpar::gpu {

@@ -15,9 +15,9 @@
 #include <type_traits>
 
 #include "mpar/backend/gpu/context.hpp"
-#include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/cuda_error.hpp"
+#include "mpar/backend/gpu/element_types.hpp"
 #include "mpar/backend/gpu/gemm_types.hpp"
-#include "mpar/backend/gpu/types.hpp"
 #include "mpar/backend/host/gemm.hpp"  // mpar::Trans
 
 namespace mpar::gpu {

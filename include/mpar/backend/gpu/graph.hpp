@@ -17,7 +17,7 @@
 #include <exception>
 #include <utility>
 
-#include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/cuda_error.hpp"
 
 namespace mpar::gpu {
 

@@ -19,8 +19,8 @@
 #include <cstdint>
 
 #include "mpar/backend/gpu/context.hpp"
-#include "mpar/backend/gpu/error.hpp"
-#include "mpar/backend/gpu/types.hpp"
+#include "mpar/backend/gpu/cuda_error.hpp"
+#include "mpar/backend/gpu/element_types.hpp"
 #include "mpar/backend/host/kernels.hpp"  // host::DropoutMask: the device applies the same mask
 #include "mpar/core/init.hpp"
 

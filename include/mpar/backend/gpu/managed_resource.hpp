@@ -8,7 +8,7 @@
 
 #include <cstddef>
 
-#include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/cuda_error.hpp"
 #include "mpar/core/caching_memory_resource.hpp"
 #include "mpar/core/memory_resource.hpp"
 

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/cuda_error.hpp"
 #include "mpar/core/dtype.hpp"
 
 namespace mpar::gpu {

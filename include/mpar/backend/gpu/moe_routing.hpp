@@ -32,7 +32,7 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/cuda_error.hpp"
 #include "mpar/backend/gpu/kernels.hpp"
 #include "mpar/backend/gpu/memory.hpp"
 #include "mpar/core/error.hpp"

@@ -17,10 +17,10 @@
 
 #include <cstddef>
 
+#include "mpar/backend/gpu/element_types.hpp"
 #include "mpar/backend/gpu/kernels.hpp"
 #include "mpar/backend/gpu/memory.hpp"
 #include "mpar/backend/gpu/sdpa.hpp"
-#include "mpar/backend/gpu/types.hpp"
 
 namespace mpar::gpu {
 

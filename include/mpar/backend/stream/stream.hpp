@@ -167,7 +167,7 @@ class Stream {
    * During a capture: records `issue`, which each launch calls on the host when it reaches this operation; what
    * it returns (if anything) is enqueued in the operation's place. For work of another stream that a replay must
    * order as the eager call did — a communicator's call issued to its own stream after the operations before it
-   * (comm/stream_ordered.hpp) — where a recorded operation could only issue it once it runs, behind whatever the
+   * (comm/stream_ordered_communicator.hpp) — where a recorded operation could only issue it once it runs, behind whatever the
    * other stream was given meanwhile. Throws capture_error when no capture is under way.
    */
   void record_at_launch(const char* what, std::function<std::function<void()>()> issue) {

@@ -16,10 +16,10 @@
 #include <vector>
 
 #include "mpar/comm/detail/collective_check.hpp"
-#include "mpar/comm/threads/communicator.hpp"
 #include "mpar/comm/threads/group.hpp"
-#include "mpar/comm/threads/options.hpp"
 #include "mpar/comm/threads/run_failure.hpp"
+#include "mpar/comm/threads/threads_communicator.hpp"
+#include "mpar/comm/threads/threads_options.hpp"
 #include "mpar/comm/threads/world.hpp"
 #include "mpar/core/error.hpp"
 

@@ -10,7 +10,7 @@
 
 #include "mpar/core/memory_resource.hpp"
 #include "mpar/io/box.hpp"
-#include "mpar/io/error.hpp"
+#include "mpar/io/io_error.hpp"
 
 namespace mpar::io {
 

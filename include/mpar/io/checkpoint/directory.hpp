@@ -10,8 +10,8 @@
 #include <string>
 #include <string_view>
 
-#include "mpar/io/error.hpp"
 #include "mpar/io/file.hpp"
+#include "mpar/io/io_error.hpp"
 #include "mpar/io/manifest.hpp"
 
 namespace mpar::io {

@@ -22,8 +22,8 @@
 #include "mpar/io/checkpoint/directory.hpp"
 #include "mpar/io/checkpoint/options.hpp"
 #include "mpar/io/crc32.hpp"
-#include "mpar/io/error.hpp"
 #include "mpar/io/file.hpp"
+#include "mpar/io/io_error.hpp"
 #include "mpar/io/manifest.hpp"
 
 namespace mpar::io {

@@ -18,9 +18,9 @@
 #include "mpar/comm/detail/collective_check.hpp"
 #include "mpar/comm/detail/reduce.hpp"
 #include "mpar/comm/threads/group.hpp"
-#include "mpar/comm/threads/options.hpp"
 #include "mpar/comm/threads/progress_thread.hpp"
 #include "mpar/comm/threads/request.hpp"
+#include "mpar/comm/threads/threads_options.hpp"
 #include "mpar/comm/threads/world.hpp"
 #include "mpar/core/layout.hpp"
 

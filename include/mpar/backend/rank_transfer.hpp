@@ -1,9 +1,9 @@
 #pragma once
 /**
- * @file The few places where the optimizer side moves values between the host and rank memory: the
- * per-step statistics coming back, and the scalars that start a step (a zeroed accumulator, a loss
- * scale chosen on the host). Everything else the optimizers compute stays in rank memory and is
- * produced and consumed by backend operations and communicators.
+ * @file The sanctioned ways the host moves values to and from rank memory: the per-step statistics
+ * coming back, the scalars that start a step (a zeroed accumulator, a loss scale chosen on the
+ * host), a value a layer or the trainer must see on the host. Everything else stays in rank memory
+ * and is produced and consumed by backend operations and communicators.
  *
  * Each goes through the stream-ordered part of the backend contract: an asynchronous copy and one
  * event wait (the wait is what lets the host read the values, or reuse its source), or a backend
@@ -16,9 +16,8 @@
 
 #include "mpar/backend/backend.hpp"
 #include "mpar/backend/host/host_backend.hpp"
-#include "mpar/backend/host/optimizer_kernels.hpp"
 
-namespace mpar::optim {
+namespace mpar {
 
 /** @brief Blocks the host until `B`'s rank stream has passed everything issued on it so far (one event wait). */
 template <backend B>
@@ -67,20 +66,9 @@ void copy_to_rank(const T* src, T* dst, std::size_t n) {
   wait_for_rank_stream<B>();  // the staging buffer must outlive the copy
 }
 
-/**
- * @brief The factors of an update whose gradient scale the host chose (an optimizer's `step(lr, grad_scale)`):
- * `{grad_scale, no skip}` written into `slot` (one element of rank memory) for the update to read; returns `slot`.
- */
-template <backend B>
-const UpdateFactors* write_host_factors(float grad_scale, UpdateFactors* slot) {
-  const UpdateFactors f{grad_scale, 0.0f};
-  copy_to_rank<B>(&f, slot, 1);
-  return slot;
-}
-
 template <backend B, class T>
 void zero_in_rank(T* dst, std::size_t n) {
   B::zero(n, dst);  // a backend operation: ordered on the stream, no host wait
 }
 
-}  // namespace mpar::optim
+}  // namespace mpar

@@ -14,10 +14,10 @@
 #include <span>
 
 #include "mpar/backend/backend.hpp"
+#include "mpar/backend/rank_transfer.hpp"
 #include "mpar/core/error.hpp"
-#include "mpar/optim/rank_scalars.hpp"
 
-namespace mpar::optim {
+namespace mpar {
 
 /** @brief Pinned staging for host values of type `T` going to and from `B`'s rank memory (see the file comment). */
 template <backend B, class T>
@@ -64,4 +64,4 @@ class HostStaging {
   std::size_t written_ = 0;  ///< values written since the last read
 };
 
-}  // namespace mpar::optim
+}  // namespace mpar

@@ -40,9 +40,9 @@
 #include <vector>
 
 #include "mpar/backend/gpu/context.hpp"
-#include "mpar/backend/gpu/error.hpp"
+#include "mpar/backend/gpu/cuda_error.hpp"
+#include "mpar/backend/gpu/element_types.hpp"
 #include "mpar/backend/gpu/memory.hpp"
-#include "mpar/backend/gpu/types.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/layout.hpp"
 

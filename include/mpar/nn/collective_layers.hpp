@@ -1,17 +1,18 @@
 #pragma once
 /**
  * @file Redistributions as layers (`AllReduce`, `GatherFeatures`) for composing a Stage by hand; the
- * collectives themselves, with their backward duals, are in redistribute.hpp.
+ * collectives themselves, with their backward duals, are in redistributions.hpp.
  */
 #include <cstddef>
 #include <span>
 #include <string_view>
 #include <type_traits>
 
+#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/layer.hpp"
-#include "mpar/nn/redistribute.hpp"
+#include "mpar/nn/redistributions.hpp"
 
 namespace mpar::nn {
 
