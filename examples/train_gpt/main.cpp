@@ -119,14 +119,14 @@ Options parse(int argc, char** argv) {
       .range(0, 1 << 24);
   p.flag("quiet", o.quiet, "no per-step progress lines");
   p.choice("backend", o.backend, {{"host", "host"}, {"cuda", "cuda"}},
-           "compute backend: host (CPU) or cuda (one GPU per rank; thread ranks share GPUs round-robin)");
+           "compute backend: host (CPU) or cuda (thread ranks share GPU 0; under mpirun one GPU per process, NCCL)");
   p.flag("check-against-host", o.check_against_host,
          "run --check-steps steps on the CUDA backend and on the host from the same weights and data; compare the "
          "losses and gradient norms (exit 1 on a mismatch)");
   p.option("check-steps", o.check_steps, "steps of --check-against-host").range(1, 1 << 20);
   p.choice("comm", o.comm, {{"auto", "auto"}, {"nccl", "nccl"}, {"mpi", "mpi"}},
            "communicator: auto (NCCL for --backend cuda under mpirun, else threads or MPI), nccl (one GPU per "
-           "process, under mpirun), mpi (MPI over host or device memory, under mpirun)");
+           "process, under mpirun), mpi (MPI over host memory, under mpirun; --backend host)");
   if (!p.parse(argc, argv)) {
     std::cout << p.help();
     std::exit(0);
@@ -167,8 +167,14 @@ Options parse(int argc, char** argv) {
   require(t.warmup <= t.steps, "train_gpt: --warmup ", t.warmup, " exceeds --steps ", t.steps,
           " (the learning rate would never reach --lr); give --warmup at most ", t.steps);
   require(o.comm != "nccl" || (o.backend == "cuda" && !o.check_against_host && train_gpt::under_mpirun()),
-          "train_gpt: --comm nccl runs one process per GPU: use it with --backend cuda under mpirun (thread ranks and "
-          "--check-against-host use the host transport)");
+          "train_gpt: --comm nccl runs one process per GPU: use it with --backend cuda under mpirun (thread ranks, "
+          "--check-against-host's included, use the threads communicator on the host and the device communicator on "
+          "GPU 0)");
+  // MPI reads the buffers it is given on the host, unordered with a device's streams: device memory would fault or
+  // race. NCCL is the transport for device memory.
+  require(o.comm != "mpi" || o.backend != "cuda",
+          "train_gpt: --comm mpi takes host memory, and --backend cuda's buffers are device memory; use --comm nccl "
+          "(the default under mpirun with --backend cuda), or --backend host with --comm mpi");
   require(o.comm != "mpi" || train_gpt::under_mpirun(),
           "train_gpt: --comm mpi needs mpirun (thread ranks use the threads communicator)");
   require(!t.graph || (o.backend == "cuda" && !o.check_against_host),

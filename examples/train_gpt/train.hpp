@@ -246,21 +246,28 @@ inline std::string duration(double s) {
   return buf;
 }
 
-/** Every pipeline rank's events of one step, gathered to world rank 0 (serialised as doubles). */
-template <class Comm, class Trainer>
-std::optional<pipeline::Timeline> gather_timeline(Comm& world, const Trainer& tr, const pipeline::StepStats& st) {
+/**
+ * Every pipeline rank's events of one step, gathered to world rank 0 (collective; serialised as doubles). The
+ * events are host values, so they travel as the trainer's host messages, never as host buffers handed to the world.
+ */
+template <class Trainer>
+std::optional<pipeline::Timeline> gather_timeline(Trainer& tr, const pipeline::StepStats& st) {
   const bool contributes = tr.coord().tensor == 0 && tr.coord().data == 0 && tr.coord().context == 0;
-  Buffer<double> mine;  // communicated buffers live in rank memory (device memory on CUDA ranks)
+  std::vector<double> mine;
   if (contributes)
     for (const auto& e : st.timeline.events)
       mine.insert(mine.end(), {double(tr.coord().pipeline), double(int(e.lane)), double(int(e.action.op)),
                                double(e.action.mb), double(e.action.chunk), double(e.action.peer), e.start, e.end});
-  Buffer<double> n{double(mine.size())};
-  world.all_reduce(std::span<double>(n), ReduceOp::max);
-  mine.resize(static_cast<std::size_t>(n[0]), -1.0);  // padding rows have rank -1
-  Buffer<double> all(static_cast<std::size_t>(n[0]) * static_cast<std::size_t>(world.size()));
-  world.gather(std::span<const double>(mine), std::span<double>(all), 0);
-  if (world.rank() != 0) return std::nullopt;
+  std::vector<double> all;
+  const int lead = tr.host_messages([&](auto& world) {
+    std::vector<double> n{double(mine.size())};
+    world.all_reduce(std::span<double>(n), ReduceOp::max);
+    mine.resize(static_cast<std::size_t>(n[0]), -1.0);  // padding rows have rank -1
+    all.resize(static_cast<std::size_t>(n[0]) * static_cast<std::size_t>(world.size()));
+    world.gather(std::span<const double>(mine), std::span<double>(all), 0);
+    return world.rank();
+  });
+  if (lead != 0) return std::nullopt;
   pipeline::Timeline t = st.timeline;
   t.events.clear();
   for (std::size_t i = 0; i + 8 <= all.size(); i += 8) {
@@ -278,15 +285,18 @@ std::optional<pipeline::Timeline> gather_timeline(Comm& world, const Trainer& tr
 
 /**
  * Temperature-0.8 sampling (models::generate) from a single-rank copy of the trained model, loaded from
- * `ckpt`, starting from a full context of newlines. Long samples report their progress on stderr (the
- * sample itself goes to stdout) every `progress_s` seconds (0: after every character).
+ * `ckpt`, starting from a full context of newlines; called by one rank. The copy is a host model on a one-rank
+ * threads group in host memory, whatever the training ranks' backend and communicator. Long samples report
+ * their progress on stderr (the sample itself goes to stdout) every `progress_s` seconds (0: after every
+ * character).
  */
-template <class Comm>
-std::string generate(Comm& world, const models::GptConfig& mc, const data::CharDataset& ds, const fs::path& ckpt,
-                     std::size_t n, std::uint64_t seed, double progress_s) {
-  using TC = observe::TimedCommunicator<Comm>;
-  TC solo(world.split(world.rank(), 0));  // collective: every rank gets a one-rank group
-  if (world.rank() != 0 || n == 0) return {};
+inline std::string generate(const models::GptConfig& mc, const data::CharDataset& ds, const fs::path& ckpt,
+                            std::size_t n, std::uint64_t seed, double progress_s) {
+  if (n == 0) return {};
+  HostMemoryResource host;  // a device rank's thread has its device memory installed
+  ScopedMemoryResource use(host);
+  using TC = observe::TimedCommunicator<ThreadsCommunicator>;
+  TC solo(ThreadsCommunicator::single());
   models::GptPipelinePart<TC> model(solo, mc, true, true, 0, mc.layers);
   std::vector<io::LoadBlock> blocks;
   for (auto* p : model.parameters())
@@ -519,7 +529,7 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
       ++measured;
     }
     if (!o.trace.empty() && r.step == o.trace_step) {
-      auto t = gather_timeline(world, tr, r.stats);
+      auto t = gather_timeline(tr, r.stats);
       if (t) {
         std::ofstream f(o.trace);
         pipeline::to_chrome_trace(*t).write(f);
@@ -589,21 +599,21 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
     if (lead) std::printf("saved %s\n", ckpt.c_str());
   } else if (o.sample > 0 && chars) {
     tmp_dir = (fs::temp_directory_path() / ("mpar-train-gpt-" + std::to_string(::getpid()))).string();
-    Buffer<double> pid{double(::getpid())};
-    world.broadcast(std::span<double>(pid), 0);  // one directory for all processes of the job
+    std::vector<double> pid{double(::getpid())};
+    tr.host_messages([&](auto& w) { w.broadcast(std::span<double>(pid), 0); });  // one directory for the job
     tmp_dir = (fs::temp_directory_path() / ("mpar-train-gpt-" + std::to_string(long(pid[0])))).string();
     ckpt = tr.save(tmp_dir).path;
   }
 
   // Summary: per-rank memory, averages, advice, a sample.
   const auto m = tr.memory();
-  Buffer<double> mine{double(m.parameters), double(m.gradients), double(m.optimizer_states), double(m.compute_copies),
-                      double(peak_step_bytes)};
-  Buffer<double> all(5 * std::size_t(world.size()));
-  world.gather(std::span<const double>(mine), std::span<double>(all), 0);
-  const std::string sample =
-      o.sample > 0 && chars ? generate(world, cfg.model, *chars, ckpt, o.sample, cfg.model.seed, o.sample_progress_s)
-                            : "";
+  const std::vector<double> mine{double(m.parameters), double(m.gradients), double(m.optimizer_states),
+                                 double(m.compute_copies), double(peak_step_bytes)};
+  std::vector<double> all(5 * std::size_t(world.size()));
+  tr.host_messages([&](auto& w) { w.gather(std::span<const double>(mine), std::span<double>(all), 0); });
+  const std::string sample = lead && o.sample > 0 && chars
+                                 ? generate(cfg.model, *chars, ckpt, o.sample, cfg.model.seed, o.sample_progress_s)
+                                 : "";
   world.barrier();
   if (!tmp_dir.empty() && lead) fs::remove_all(tmp_dir);
   if (!lead) return;

@@ -2,10 +2,10 @@
 // as on the host, instantiated with CudaBackend, and --check-against-host, which runs the same steps
 // on both backends from the same weights and data and compares them.
 //
-// Ranks: threads of this process by default (rank r uses GPU r mod the visible GPUs, each rank its
-// own stream, the threads communicator over its device memory), or one process per rank under
-// mpirun (the node-local rank picks the GPU) with NCCL for every mesh axis, or MPI over device
-// memory with --comm mpi (see docs/cuda.md, "Training on CUDA").
+// Ranks: threads of this process by default, all on GPU 0, each rank its own stream, over the device
+// communicator (peer reads and reduction kernels in device memory: NCCL's contract for ranks that share a
+// GPU), or one process per GPU under mpirun (the node-local rank picks the GPU) with NCCL for every mesh
+// axis (see docs/cuda.md, "Training on CUDA"). The host never hands device memory to a host communicator.
 #include <cuda_runtime.h>
 
 #include <cmath>
@@ -34,11 +34,18 @@ int visible_gpus() {
   return n;
 }
 
-/** The GPU of a rank: its node-local rank (from the launcher, for mpirun) or its world rank, modulo the GPUs. */
-int device_of(int rank) {
-  for (const char* var : {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID", "SLURM_LOCALID"})
-    if (const char* v = std::getenv(var)) return std::atoi(v) % visible_gpus();
-  return rank % visible_gpus();
+/**
+ * Runs `f(world)` on `n` thread ranks sharing GPU 0, each bound to it with its own stream, over one device
+ * communicator group (collective; a rank that throws makes the others' next collective time out and throw).
+ */
+template <class F>
+void run_device_threads(int n, F f) {
+  (void)visible_gpus();  // throws, naming what to do, on a machine without a usable GPU
+  auto comms = gpu::DeviceCommunicator::create(n, 0, "world");
+  run_threads(n, [&](ThreadsCommunicator& w) {
+    CudaBackend::init_rank(0);
+    f(comms[std::size_t(w.rank())]);
+  });
 }
 
 /** Losses and gradient norms of the first `steps` steps, as every rank reports them. */
@@ -46,12 +53,12 @@ struct Trajectory {
   std::vector<double> loss, grad_norm;
 };
 
-template <backend B>
-Trajectory record(ThreadsCommunicator& world, const Options& o, std::size_t steps) {
+template <backend B, class Comm>
+Trajectory record(Comm& world, const Options& o, std::size_t steps) {
   data::CharDataset ds(o.data, o.train.model.seq);
   models::GptTrainConfig cfg = o.train;
   cfg.model.vocab = ds.vocab_size();
-  models::GptTrainer<ThreadsCommunicator, B> tr(world, cfg, ds);
+  models::GptTrainer<Comm, B> tr(world, cfg, ds);
   Trajectory t;
   for (std::size_t i = 0; i < steps; ++i) {
     const models::StepReport r = tr.train_step();
@@ -75,13 +82,12 @@ int check_against_host(const Options& o) {
     Trajectory t = record<HostBackend>(world, o, steps);
     if (world.rank() == 0) host = std::move(t);
   });
-  run_threads(n, [&](ThreadsCommunicator& world) {
-    CudaBackend::init_rank(device_of(world.rank()));
+  run_device_threads(n, [&](gpu::DeviceCommunicator& world) {
     Trajectory t = record<CudaBackend>(world, o, steps);
     if (world.rank() == 0) cuda = std::move(t);
   });
-  std::printf("check-against-host: tp=%zu pp=%zu dp=%zu ep=%zu, %zu steps, %d GPU(s)\n", o.train.tp, o.train.pp,
-              o.train.dp, o.train.ep, steps, visible_gpus());
+  std::printf("check-against-host: tp=%zu pp=%zu dp=%zu ep=%zu, %zu steps, %d thread ranks on GPU 0\n", o.train.tp,
+              o.train.pp, o.train.dp, o.train.ep, steps, n);
   std::printf("%5s  %12s  %12s  %9s  %12s  %12s  %9s\n", "step", "host loss", "cuda loss", "rel diff", "host |g|",
               "cuda |g|", "rel diff");
   double worst_loss = 0, worst_norm = 0;
@@ -111,11 +117,6 @@ int run_cuda(const Options& o, int* argc, char*** argv) {
     MpiEnvironment env(argc, argv);
     // run_mpi turns an exception on any rank into MPI_Abort, so no rank waits for a failed one.
     run_mpi([&](MpiCommunicator& mpi) {
-      if (o.comm == "mpi") {
-        CudaBackend::init_rank(device_of(mpi.rank()));
-        train<CudaBackend>(mpi, o, true);
-        return;
-      }
       // NCCL for every mesh axis: one GPU per process (two on one GPU would fail inside NCCL's setup).
       MPI_Comm node = MPI_COMM_NULL;
       MPI_Comm_split_type(MPI_COMM_WORLD, MPI_COMM_TYPE_SHARED, 0, MPI_INFO_NULL, &node);
@@ -144,10 +145,8 @@ int run_cuda(const Options& o, int* argc, char*** argv) {
   preflight(o);  // as for host thread ranks: checked before any rank starts, --save locked for the run
   std::optional<io::DirectoryLock> save_lock;
   if (!o.save.empty()) save_lock.emplace(o.save);
-  run_threads(int(o.train.world_size()), [&](ThreadsCommunicator& world) {
-    CudaBackend::init_rank(device_of(world.rank()));
-    train<CudaBackend>(world, o, false);
-  });
+  run_device_threads(int(o.train.world_size()),
+                     [&](gpu::DeviceCommunicator& world) { train<CudaBackend>(world, o, false); });
   return 0;
 }
 

@@ -10,6 +10,13 @@
 #include <mpar/comm/mpi.hpp>
 #endif
 
+#if defined(TRAIN_GPT_DISCRETE_RANK_MEMORY)
+#include <mpar/backend/stream/stream_backend.hpp>
+#include <mpar/comm/stream_ordered_communicator.hpp>
+
+#include "rank_world.hpp"  // tests/stream: a communicator that takes rank memory only
+#endif
+
 #include "options.hpp"
 #include "train.hpp"
 
@@ -39,7 +46,20 @@ int run_host(const Options& o, int* argc, char*** argv) {
   preflight(o);
   std::optional<io::DirectoryLock> save_lock;
   if (!o.save.empty()) save_lock.emplace(o.save);
+#if defined(TRAIN_GPT_DISCRETE_RANK_MEMORY)
+  // A test build of this program (train_gpt_discrete, never installed): every rank's memory is DiscreteHostBackend's,
+  // which the host cannot dereference (a GPU's memory), and the world takes rank memory only (NCCL's contract), so
+  // any host access to rank memory in the program faults on the CPU.
+  run_threads(int(o.train.world_size()), [&](ThreadsCommunicator& w) {
+    DiscreteHostBackend::init_rank();
+    testing::RankMemoryOnlyCommunicator<DiscreteHostBackend> world{
+        StreamOrderedCommunicator<ThreadsCommunicator, DiscreteHostBackend>(w)};
+    train<DiscreteHostBackend>(world, o, false);
+    DiscreteHostBackend::synchronize();
+  });
+#else
   run_threads(int(o.train.world_size()), [&](ThreadsCommunicator& world) { train<HostBackend>(world, o, false); });
+#endif
   return 0;
 }
 

@@ -6,15 +6,18 @@
 #include <catch2/catch.hpp>
 
 #include <cstddef>
+#include <cstdint>
 #include <cstdio>
 #include <initializer_list>
 #include <string>
+#include <type_traits>
 #include <vector>
 
 #include <mpar/backend/rank_transfer.hpp>
 #include <mpar/backend/stream/stream_backend.hpp>
 #include <mpar/comm/stream_ordered_communicator.hpp>
 #include <mpar/comm/threads.hpp>
+#include <mpar/models/gpt_generate.hpp>
 #include <mpar/models/gpt_trainer.hpp>
 #include <mpar/observe/counting_backend.hpp>
 
@@ -379,4 +382,44 @@ TEST_CASE("GPT with MoE at ep2 over StreamHostBackend and DiscreteHostBackend eq
     CHECK(r.dropped.back() > 0);  // and the capacity dropped assignments
   }
   check_equal_to_host<DiscreteHostBackend>("moe ep2", moe_ep2(), 2);
+}
+
+namespace {
+
+/** Greedy and sampled ids from a freshly initialised whole model on `tp` thread ranks over backend B (rank 0's). */
+template <class B>
+std::vector<std::int32_t> generated_ids(std::size_t tp) {
+  auto cfg = testing::small_gpt(tp, 1, 1).model;
+  cfg.layers = 2;
+  cfg.vocab_multiple = 16;
+  const std::vector<std::int32_t> prompt{3, 1, 4, 1, 5, 9, 2, 6};
+  std::vector<std::int32_t> out;
+  run_threads(int(tp), [&](ThreadsCommunicator& w) {
+    B::init_rank();
+    auto run = [&](auto& world) {
+      models::GptPipelinePart<std::decay_t<decltype(world)>, B> stage(world, cfg, true, true, 0, cfg.layers);
+      auto ids = models::generate(stage, prompt, 12, {0.0, 0, 1});
+      const auto sampled = models::generate(stage, prompt, 12, {0.8, 10, 7});
+      ids.insert(ids.end(), sampled.begin(), sampled.end());
+      B::synchronize();
+      if (w.rank() == 0) out = ids;
+    };
+    if constexpr (std::is_same_v<B, HostBackend>)
+      testing::on_rank_world<B>(w, run);
+    else
+      testing::on_rank_memory_world<B>(w, run);  // no host twin: as over NCCL
+  });
+  return out;
+}
+
+}  // namespace
+
+TEST_CASE("generate over DiscreteHostBackend: the host never touches rank memory, and the ids equal HostBackend's",
+          "[stream][gpt][discrete][generate]") {
+  const auto want = generated_ids<HostBackend>(1);
+  REQUIRE(want.size() == 24);
+  CHECK(generated_ids<DiscreteHostBackend>(1) == want);
+  CHECK(generated_ids<StreamHostBackend>(1) == want);
+  CHECK(generated_ids<HostBackend>(2) == want);
+  CHECK(generated_ids<DiscreteHostBackend>(2) == want);
 }

@@ -10,8 +10,10 @@
  * of a tensor-parallel model stay in step without a broadcast. The padded vocabulary columns are never
  * candidates: only the first `vocab` columns are read.
  *
- * The backend's results are read on the host after `B::synchronize()` (the CUDA backend keeps
- * tensors in memory the host can read once the stream has finished).
+ * The host never touches rank memory (a GPU's memory, or `DiscreteHostBackend`'s): the window's ids go to the
+ * first stage as host values (`set_tokens`) where the host cannot write rank memory, the last row's logits are
+ * copied and gathered in rank memory, and the gathered row comes back by the stream-ordered copy
+ * (backend/rank_transfer.hpp).
  */
 #include <algorithm>
 #include <cmath>
@@ -21,6 +23,7 @@
 #include <span>
 #include <vector>
 
+#include "mpar/backend/rank_transfer.hpp"
 #include "mpar/core/init.hpp"
 #include "mpar/models/gpt.hpp"
 
@@ -96,23 +99,33 @@ std::vector<std::int32_t> generate(GptPipelinePart<C, B>& model, std::span<const
   std::vector<std::int32_t> window(prompt.end() - std::ptrdiff_t(std::min(prompt.size(), cfg.seq)), prompt.end());
   std::vector<std::int32_t> out;
   out.reserve(count);
-  Buffer<float> mine(local), row(padded);
+  // Rank memory, uninitialised (a zero fill would be a host write): written by the copy and the gather.
+  Buffer<float> mine = B::template allocate<float>(tp.size() > 1 ? local : 0);
+  Buffer<float> row = B::template allocate<float>(tp.size() > 1 ? padded : 0);
+  std::vector<float> host_row(cfg.vocab);
   for (std::size_t i = 0; i < count; ++i) {
     std::vector<std::int32_t> seq(window);
     seq.resize(cfg.seq, window.back());
-    const nn::Act<nn::FeatureShard> logits = model.forward_to_loss(GptPipelinePart<C, B>::tokens_as_activation(seq), 0);
+    nn::Act<Replicate> input;
+    if constexpr (host_reads_rank_memory<B>) {
+      input = GptPipelinePart<C, B>::tokens_as_activation(seq);
+    } else {  // the host must not write rank memory: the first stage takes the ids as host values
+      model.set_tokens(0, seq);
+      input = nn::Act<Replicate>(nn::Activation({seq.size(), 1}, uninitialized));
+    }
+    const nn::Act<nn::FeatureShard> logits = model.forward_to_loss(std::move(input), 0);
     model.drop(0);
-    B::synchronize();
     require(logits.extent(1) == local, "generate: the stage's logits have ", logits.extent(1), " columns, expected ",
             local, " (padded vocabulary ", padded, " over ", tp.size(), " tensor ranks)");
     const float* last = logits.data() + (window.size() - 1) * local;
-    std::copy_n(last, local, mine.begin());
-    if (tp.size() > 1)
+    if (tp.size() > 1) {
+      B::copy(local, last, mine.data());
       tp.all_gather(std::span<const float>(mine), std::span<float>(row));
-    else
-      std::copy(mine.begin(), mine.end(), row.begin());
-    const auto pick = std::int32_t(sample_token(std::span<const float>(row.data(), cfg.vocab), sampling.temperature,
-                                                sampling.top_k, rng.uniform(i)));
+      last = row.data();
+    }
+    copy_to_host<B>(last, host_row.data(), cfg.vocab);  // waits for the forward and the gather
+    const auto pick = std::int32_t(
+        sample_token(std::span<const float>(host_row), sampling.temperature, sampling.top_k, rng.uniform(i)));
     out.push_back(pick);
     if (window.size() == cfg.seq) window.erase(window.begin());
     window.push_back(pick);

@@ -764,6 +764,19 @@ class GptTrainer {
 
  public:
   /**
+   * @brief Runs `f(world)` (collective) with a world communicator for the program's own host values — a summary's
+   * per-rank numbers, a trace's events, a directory name — and host memory as the thread's resource: the same path
+   * the checkpoint's messages take (the world's host-memory twin after the stream is quiet, or rank memory with
+   * one host wait, as over NCCL). A program never hands host buffers to the world itself: on a device they are
+   * not rank memory.
+   */
+  template <class F>
+  decltype(auto) host_messages(F&& f) {
+    quiet_for_host_messages();
+    return with_host_world(std::forward<F>(f));
+  }
+
+  /**
    * @brief Writes the whole model to the safetensors file `out` (collective), from any layout: saves a
    * checkpoint of this layout under `<out>.staging`, and world rank 0 reads it back as whole tensors
    * through the resharding loader and writes them (`io::export_safetensors`); the staging directory is
