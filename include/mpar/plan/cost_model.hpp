@@ -53,9 +53,14 @@ struct ChunkCosts {
 
 /** @brief The per-operation-class work of one layer's forward on one tensor rank, and its collectives. */
 struct LayerWork {
-  double linear_flops = 0;       ///< QKV, projection, MLP GEMMs: 24 b s h^2 / t
-  double attention_flops = 0;    ///< Q K^T and scores x V: 4 b s^2 h / t
-  double elementwise_bytes = 0;  ///< HBM traffic of layer norms, softmax, GeLU, dropout, residuals
+  double linear_flops = 0;     ///< QKV, projection, MLP GEMMs: 24 b s h^2 / t
+  double attention_flops = 0;  ///< Q K^T and scores x V: 4 b s^2 h / t
+  /// HBM traffic of those two batched GEMMs (the score matrices written and read back, Q, K, V and the output):
+  /// with a head dimension below the device's FLOP-per-byte ratio they are bandwidth-bound.
+  double attention_bytes = 0;
+  double attention_backward_bytes = 0;    ///< the same for their four gradient GEMMs
+  double elementwise_bytes = 0;           ///< HBM traffic of layer norms, softmax, GeLU, dropout, residuals (forward)
+  double elementwise_backward_bytes = 0;  ///< the same kernels' backward, counted kernel by kernel
   double softmax_bytes = 0;  ///< the part of elementwise_bytes in the attention core (selective recompute redoes it)
   double tp_collective_bytes = 0;  ///< each of the forward all-reduces (or reduce-scatter + all-gather pairs)
   std::size_t tp_collectives = 2;  ///< forward tensor-parallel collectives: attention's and the MLP's (MoE: one)
@@ -102,7 +107,10 @@ class CostModel {
    * writes in activation elements: outside the tensor-parallel region (replicated unless sequence
    * parallel) two layer norms (2 each) and two dropout+residual kernels (3 each + mask); inside it
    * the fused bias-GeLU (8 over the 4h-wide MLP); in the attention core the fused scale-mask-softmax
-   * and the attention dropout (4 per score element + mask).
+   * and the attention dropout (4 per score element + mask). Backward, kernel by kernel: the layer norms
+   * read input and gradient and write one (3 each), the dropouts read gradient and mask (2 + mask each),
+   * the two residual branches' gradients are summed (3 each); bias-GeLU reads input and gradient (12 over
+   * 4h); softmax reads output and gradient (3) and the attention dropout gradient and mask (2 + mask).
    *
    * `moe`: the layer's MLP is a mixture of experts (`parallel::MoeMlp`), which is not tensor-parallel: the
    * attention keeps its split GEMMs and its one collective, and every tensor rank runs the gate and its E / ep
@@ -120,17 +128,21 @@ class CostModel {
     LayerWork w;
     w.linear_flops = 24.0 * b * s * h * h / t;
     w.attention_flops = 4.0 * b * S * S * h / t / cp;
-    const double outside = (10 * e + 2 * k) * sbh / (c.sequence_parallel ? t : 1.0);
-    w.softmax_bytes = (4 * e + k) * a * S * S * b / t / cp;
-    w.elementwise_bytes = outside + 8 * e * sbh / t + w.softmax_bytes;
+    const double replicated = c.sequence_parallel ? t : 1.0, scores = a * S * S * b / t / cp;
+    w.attention_bytes = e * (2 * scores + 4 * sbh / t);           // scores out and back in; Q, K, V in, output out
+    w.attention_backward_bytes = e * (4 * scores + 7 * sbh / t);  // dP out, P and dS twice in; Q K V dO in, dQ dK dV
+    w.softmax_bytes = (4 * e + k) * scores;
+    w.elementwise_bytes = (10 * e + 2 * k) * sbh / replicated + 8 * e * sbh / t + w.softmax_bytes;
+    w.elementwise_backward_bytes = (16 * e + 2 * k) * sbh / replicated + 12 * e * sbh / t + (5 * e + k) * scores;
     w.tp_collective_bytes = c.tp > 1 ? e * sbh : 0.0;
     w.ring_block_bytes = c.cp > 1 ? 2 * e * sbh / t : 0.0;
     if (moe) {
       const double T = s * b, E = double(model_.experts), slots = E * moe_expert_capacity(model_, c);
       w.linear_flops = 8.0 * b * s * h * h / t;  // QKV and the projection
       w.expert_flops = 2.0 * T * h * E + 16.0 * h * h * slots;
-      w.elementwise_bytes +=
-          (12 * e * slots * h + 2 * e * T * E) - 8 * e * sbh / t;  // the experts' MLP for the dense one
+      const double experts_mlp = 12 * e * slots * h + 2 * e * T * E;  // the experts' MLP for the dense one
+      w.elementwise_bytes += experts_mlp - 8 * e * sbh / t;
+      w.elementwise_backward_bytes += 2 * experts_mlp - 12 * e * sbh / t;
       w.tp_collectives = 1;
       w.all_to_all_bytes = e * slots * h;
     }
@@ -167,13 +179,19 @@ class CostModel {
     const double ar = double(w.tp_collectives) * tp_collective_seconds(w.tp_collective_bytes, c, g);
     // Dispatch and combine: two all-to-alls forward, their two transposes backward.
     const double a2a = 2 * all_to_all_seconds(w.all_to_all_bytes, c, g);
+    const double core = attention_core_seconds(w);
     ChunkCosts l;
-    l.forward = (w.linear_flops + w.attention_flops + w.expert_flops) / gemm + w.elementwise_bytes / ew + ar + a2a;
+    l.forward = (w.linear_flops + w.expert_flops) / gemm + core + w.elementwise_bytes / ew + ar + a2a;
     // Backward for inputs: the linear layers' input gradients, both attention-core GEMMs' gradients
-    // (no weights there), elementwise backward (reads saved inputs and incoming gradients, writes gradients).
+    // (no weights there), the elementwise kernels' backward.
     // The experts' input and weight gradients are one backward in mpar (`MoeMlp::backward`), counted here.
-    l.backward_input =
-        (w.linear_flops + 2 * w.attention_flops + 2 * w.expert_flops) / gemm + 2 * w.elementwise_bytes / ew + ar + a2a;
+    l.backward_input = (w.linear_flops + 2 * w.expert_flops) / gemm + attention_core_seconds(w, true) +
+                       w.elementwise_backward_bytes / ew + ar + a2a;
+    // Sequence parallelism keeps each column-parallel layer's input as a token shard and all-gathers it
+    // again for the weight gradient: one more all-gather per tensor-parallel collective.
+    if (c.sequence_parallel && c.tp > 1)
+      l.backward_input += double(w.tp_collectives) *
+                          best_collective(Collective::all_gather, w.tp_collective_bytes, g.tensor, network()).seconds;
     l.backward_weight = w.linear_flops / gemm;
     if (c.cp > 1) {
       // The ring: cp - 1 K/V hops overlap the block compute (only what exceeds it shows); in backward the
@@ -184,8 +202,18 @@ class CostModel {
       l.backward_input += hops + std::max(0.0, hops - 2 * attn);
     }
     if (c.recompute == Recompute::full) l.backward_input += l.forward;
-    if (c.recompute == Recompute::selective) l.backward_input += w.attention_flops / gemm + w.softmax_bytes / ew;
+    // Selective: the attention core's forward again (Q K^T, softmax, dropout, scores x V; Korthikanti et al.).
+    if (c.recompute == Recompute::selective) l.backward_input += core + w.softmax_bytes / ew;
     return l;
+  }
+
+  /**
+   * The attention core's batched GEMMs (forward, or with `backward` their four gradient products) on the
+   * roofline: the slower of their FLOPs at the GEMM rate and their HBM traffic at the elementwise rate.
+   */
+  [[nodiscard]] double attention_core_seconds(const LayerWork& w, bool backward = false) const {
+    const double f = backward ? 2 * w.attention_flops : w.attention_flops;
+    return std::max(f / gemm_rate(), (backward ? w.attention_backward_bytes : w.attention_bytes) / elementwise_rate());
   }
 
   /**
