@@ -49,6 +49,9 @@ struct Calibration {
 struct ChunkCosts {
   double forward = 0, backward_input = 0, backward_weight = 0;
   [[nodiscard]] constexpr double backward() const { return backward_input + backward_weight; }
+  [[nodiscard]] friend constexpr ChunkCosts operator+(const ChunkCosts& a, const ChunkCosts& b) {
+    return {a.forward + b.forward, a.backward_input + b.backward_input, a.backward_weight + b.backward_weight};
+  }
 };
 
 /** @brief The per-operation-class work of one layer's forward on one tensor rank, and its collectives. */
@@ -207,6 +210,11 @@ class CostModel {
     return l;
   }
 
+  /** Tokens of one micro-batch on one rank: s / cp of each of its sequences. */
+  [[nodiscard]] double tokens(const ParallelConfig& c) const {
+    return double(model_.seq) / double(c.cp) * double(c.microbatch_size);
+  }
+
   /**
    * The attention core's batched GEMMs (forward, or with `backward` their four gradient products) on the
    * roofline: the slower of their FLOPs at the GEMM rate and their HBM traffic at the elementwise rate.
@@ -217,41 +225,49 @@ class CostModel {
   }
 
   /**
-   * Costs of local chunk `chunk` on pipeline rank `rank` for one micro-batch: its layers, plus the
-   * embedding on the first global stage and the final norm, logits and cross-entropy on the last.
+   * Costs of local chunk `chunk` on pipeline rank `rank` for one micro-batch: its layers (the even split, or
+   * `c.stage_layers`), plus the embedding on the first global stage and the final norm, logits and
+   * cross-entropy on the last.
    */
   [[nodiscard]] ChunkCosts chunk_costs(const ParallelConfig& c, std::size_t rank, std::size_t chunk,
                                        const GroupPlacement& g) const {
-    const std::size_t per_chunk = layers_per_chunk(model_, c), first = first_chunk_layer(model_, c, rank, chunk);
+    const std::size_t count = chunk_layer_count(model_, c, rank, chunk),
+                      first = first_chunk_layer(model_, c, rank, chunk);
     double moe = 0;
-    for (std::size_t b = first; b < first + per_chunk; ++b) moe += model_.is_moe_layer(b) ? 1.0 : 0.0;
-    const double n = double(per_chunk) - moe;
-    const ChunkCosts l = layer_costs(c, g);
-    ChunkCosts r{n * l.forward, n * l.backward_input, n * l.backward_weight};
+    for (std::size_t b = first; b < first + count; ++b) moe += model_.is_moe_layer(b) ? 1.0 : 0.0;
+    const double n = double(count) - moe;
+    ChunkCosts r;
+    if (n > 0) {
+      const ChunkCosts l = layer_costs(c, g);
+      r = {n * l.forward, n * l.backward_input, n * l.backward_weight};
+    }
     if (moe > 0) {
       const ChunkCosts x = layer_costs(c, g, true);
       r.forward += moe * x.forward, r.backward_input += moe * x.backward_input,
           r.backward_weight += moe * x.backward_weight;
     }
-    const double s = double(model_.seq) / double(c.cp), b = double(c.microbatch_size), h = double(model_.hidden),
-                 V = double(model_.vocab);
-    const double t = double(c.tp), e = precision_.activation_bytes, sbh = s * b * h;
-    const double gemm = gemm_rate(), ew = elementwise_rate();
     const std::size_t global = chunk * c.pp + rank;
-    if (global == 0) {  // lookup + positions + dropout; backward scatters into the embedding gradient
-      const double ar = tp_collective_seconds(e * sbh, c, g);  // vocabulary-parallel lookup sums over tp
-      r.forward += (4 * e + precision_.mask_bytes) * sbh / ew + ar;
-      r.backward_input += 3 * e * sbh / ew;
-    }
-    if (global + 1 == c.stages()) {
-      const double logits = 2.0 * b * s * h * V / t;
-      const double ce_bytes = 4.0 * s * b * V / t;                        // fp32 logits
-      const double ce_ar = tp_collective_seconds(3 * 4.0 * s * b, c, g);  // max, sum-exp and target logit over tp
-      r.forward += logits / gemm + (4 * e * sbh + 3 * ce_bytes) / ew + ce_ar;
-      r.backward_input += logits / gemm + (6 * e * sbh + 2 * ce_bytes) / ew;
-      r.backward_weight += logits / gemm;
-    }
+    if (global == 0) r = r + embedding_costs(c, g);
+    if (global + 1 == c.stages()) r = r + head_costs(c, g);
     return r;
+  }
+
+  /** The first stage's own work per micro-batch: lookup, positions and dropout; backward scatters into the table. */
+  [[nodiscard]] ChunkCosts embedding_costs(const ParallelConfig& c, const GroupPlacement& g) const {
+    const double e = precision_.activation_bytes, sbh = tokens(c) * double(model_.hidden);
+    const double ar = tp_collective_seconds(e * sbh, c, g);  // vocabulary-parallel lookup sums over tp
+    return {(4 * e + precision_.mask_bytes) * sbh / elementwise_rate() + ar, 3 * e * sbh / elementwise_rate(), 0.0};
+  }
+
+  /** The last stage's own work per micro-batch: final norm, logits (vocabulary-parallel) and the fp32 loss. */
+  [[nodiscard]] ChunkCosts head_costs(const ParallelConfig& c, const GroupPlacement& g) const {
+    const double sb = tokens(c), h = double(model_.hidden), V = double(model_.vocab), t = double(c.tp);
+    const double e = precision_.activation_bytes, sbh = sb * h, gemm = gemm_rate(), ew = elementwise_rate();
+    const double logits = 2.0 * sb * h * V / t;
+    const double ce_bytes = 4.0 * sb * V / t;                        // fp32 logits
+    const double ce_ar = tp_collective_seconds(3 * 4.0 * sb, c, g);  // max, sum-exp and target logit over tp
+    return {logits / gemm + (4 * e * sbh + 3 * ce_bytes) / ew + ce_ar,
+            logits / gemm + (6 * e * sbh + 2 * ce_bytes) / ew, logits / gemm};
   }
 
   /** Sending one micro-batch's activation (or gradient) to the next stage: each tensor rank sends its 1/t slice. */
