@@ -29,6 +29,8 @@ struct StageBalance {
   double first_stage_cost = 0;  ///< e.g. the embedding, on stage 0 whatever its layers
   double last_stage_cost = 0;   ///< e.g. the final norm, logits and loss, on the last stage
   EmptyStages empty_stages = EmptyStages::refused;
+  /// Per stage, the most layers it may hold (what fits its memory, say); empty: no limit.
+  std::vector<std::size_t> max_layers;
 };
 
 /** @brief A contiguous split of `layers()` layers into `stages()` stages; stage s holds [begin(s), end(s)). */
@@ -91,22 +93,31 @@ class Partition {
     std::vector<std::vector<double>> best(stages + 1, std::vector<double>(n + 1, inf));
     std::vector<std::vector<std::size_t>> cut(stages + 1, std::vector<std::size_t>(n + 1, 0));
     const double last_own = balance.last_stage_cost;
-    for (std::size_t i = least; i + (stages - 1) * least <= n; ++i)
+    const auto& caps = balance.max_layers;
+    require(caps.empty() || caps.size() == stages, "Partition::balanced: ", caps.size(), " per-stage layer limits for ",
+            stages, " stages");
+    const auto cap = [&](std::size_t s) { return caps.empty() ? n : caps[s]; };  // s: 0-based stage
+    for (std::size_t i = least; i + (stages - 1) * least <= n && i <= cap(0); ++i)
       best[1][i] = balance.first_stage_cost + pre[i] + (stages == 1 ? last_own : 0.0);
     for (std::size_t s = 2; s <= stages; ++s) {
       const double own = s == stages ? last_own : 0.0;
       const std::size_t j_lo = (s - 1) * least;
       std::size_t j = j_lo;  // the crossing: the first cut whose prefix is no cheaper than the stage after it
       for (std::size_t i = s * least; i + (stages - s) * least <= n; ++i) {
-        const std::size_t j_hi = i - least;
+        // Cuts from j_min on keep this stage within its limit; j_min, like the crossing, only moves right.
+        const std::size_t j_min = std::max(j_lo, i > cap(s - 1) ? i - cap(s - 1) : 0), j_hi = i - least;
+        if (j_min > j_hi) continue;
+        j = std::max(j, j_min);
         const auto stage = [&](std::size_t k) { return pre[i] - pre[k] + own; };
         while (j <= j_hi && best[s - 1][j] < stage(j)) ++j;
         // Candidates: the crossing itself (bounded by the prefix) and the cut before it (bounded by this stage).
         if (j <= j_hi) best[s][i] = best[s - 1][j], cut[s][i] = j;
-        if (j > j_lo && std::max(best[s - 1][j - 1], stage(j - 1)) <= best[s][i])
+        if (j > j_min && std::max(best[s - 1][j - 1], stage(j - 1)) <= best[s][i])
           best[s][i] = std::max(best[s - 1][j - 1], stage(j - 1)), cut[s][i] = j - 1;
       }
     }
+    require(best[stages][n] < inf, "Partition::balanced: no split of ", n, " layers over ", stages,
+            " stages keeps every stage within its layer limit; more stages or larger limits are needed");
     std::vector<std::size_t> sizes(stages);
     for (std::size_t s = stages, i = n; s > 0; --s) {
       const std::size_t from = s == 1 ? 0 : cut[s][i];
