@@ -30,20 +30,26 @@ double bottleneck(const std::vector<double>& costs, const std::vector<std::size_
   return worst;
 }
 
-/** The smallest bottleneck over every split of the layers into `stages` (each at least `least` layers). */
+/**
+ * The smallest bottleneck over every split of the layers into `stages` (each at least `least` layers, at most
+ * `b.max_layers`); 1e300 when none keeps within the limits.
+ */
 double best_by_enumeration(const std::vector<double>& costs, std::size_t stages, const StageBalance& b,
                            std::size_t least) {
   double best = 1e300;
   std::vector<std::size_t> sizes;
+  const auto within = [&](std::size_t stage, std::size_t n) {
+    return b.max_layers.empty() || n <= b.max_layers[stage];
+  };
   const std::function<void(std::size_t)> place = [&](std::size_t left) {
     if (sizes.size() + 1 == stages) {
-      if (left < least) return;
+      if (left < least || !within(sizes.size(), left)) return;
       sizes.push_back(left);
       best = std::min(best, bottleneck(costs, sizes, b));
       sizes.pop_back();
       return;
     }
-    for (std::size_t n = least; n <= left; ++n) {
+    for (std::size_t n = least; n <= left && within(sizes.size(), n); ++n) {
       sizes.push_back(n);
       place(left - n);
       sizes.pop_back();
@@ -63,21 +69,31 @@ Problem large_vocabulary(std::size_t vocab) {
 TEST_CASE("Partition::balanced with the ends weighted in finds the smallest bottleneck of every split",
           "[plan][partition]") {
   std::mt19937 rng(46);
-  for (int trial = 0; trial < 400; ++trial) {
+  for (int trial = 0; trial < 600; ++trial) {
     const std::size_t n = 1 + rng() % 8, stages = 1 + rng() % 4;
     const bool empty = trial % 2 == 0;
     if (!empty && stages > n) continue;
     std::vector<double> costs(n);
     for (double& c : costs) c = double(rng() % 5) * (rng() % 3 ? 1.0 : 0.5);
-    const StageBalance b{double(rng() % 4) * 0.7, double(rng() % 7) * 1.3,
-                         empty ? EmptyStages::allowed : EmptyStages::refused};
+    StageBalance b{double(rng() % 4) * 0.7, double(rng() % 7) * 1.3,
+                   empty ? EmptyStages::allowed : EmptyStages::refused};
+    if (trial % 3 == 0)  // per-stage limits (what fits each stage's memory)
+      for (std::size_t s = 0; s < stages; ++s) b.max_layers.push_back(rng() % 5);
+    INFO(n << " layers, " << stages << " stages, empty stages " << (empty ? "allowed" : "refused") << ", "
+           << b.max_layers.size() << " limits");
+    const double reference = best_by_enumeration(costs, stages, b, empty ? 0 : 1);
+    if (reference == 1e300) {
+      CHECK_THROWS_WITH(Partition::balanced(costs, stages, b), Catch::Contains("within its layer limit"));
+      continue;
+    }
     const Partition p = Partition::balanced(costs, stages, b);
-    INFO(n << " layers, " << stages << " stages, empty stages " << (empty ? "allowed" : "refused"));
     REQUIRE(p.stages() == stages);
     REQUIRE(p.layers() == n);
-    if (!empty)
-      for (std::size_t s : p.sizes()) CHECK(s >= 1);
-    CHECK(bottleneck(costs, p.sizes(), b) == Approx(best_by_enumeration(costs, stages, b, empty ? 0 : 1)));
+    for (std::size_t s = 0; s < stages; ++s) {
+      CHECK(p.size(s) >= (empty ? 0 : 1));
+      if (!b.max_layers.empty()) CHECK(p.size(s) <= b.max_layers[s]);
+    }
+    CHECK(bottleneck(costs, p.sizes(), b) == Approx(reference));
   }
   // A head worth more than a fair share of the layers gets a stage to itself.
   const Partition head = Partition::balanced(std::vector<double>(4, 1.0), 3, {0.1, 5.0, EmptyStages::allowed});
@@ -163,7 +179,7 @@ TEST_CASE("a uniform model with a tiny vocabulary keeps the even split", "[plan]
   s.pp = 8;
   const Plan plan = search(p, cm, s);
   REQUIRE(!plan.best.empty());
-  CHECK(plan.balanced == 0);
+  // (Configurations whose even split does not fit memory are still tried within each stage's memory limit.)
   for (const Candidate& c : plan.best) {
     CHECK(c.config.stage_layers.empty());
     CHECK(c.stage_layers == std::vector<std::size_t>(c.config.stages(), 32 / c.config.stages()));
@@ -228,4 +244,51 @@ TEST_CASE("mpar-plan prints the layers per stage and how many configurations it 
   even_args.back() = "uneven";
   CHECK(run_cli(even_args, bad_out, bad_err) == 1);
   CHECK_THAT(bad_err.str(), Catch::Contains("--partition 'uneven' is not known; use balanced or even"));
+}
+
+TEST_CASE("memory-bound: where no even or time-balanced split fits, each stage's memory limit shapes the layout",
+          "[plan][partition][search]") {
+  // 1F1B keeps P - r micro-batches in flight on rank r: the first rank is the fullest.
+  Problem p{GptModel{32, 4096, 32, 4096, 51200}, a100_selene(64), 256};
+  SearchSpace s;
+  s.tp = 2, s.pp = 8, s.microbatch_size = 1, s.schedule = ScheduleKind::one_f_one_b, s.recompute = Recompute::none;
+  s.zero1 = true, s.zero2 = false, s.zero3 = false, s.sequence_parallel = true;
+  const CostModel cm(p.model, p.cluster);
+  s.balance_stages = false;
+  const Plan roomy = search(p, cm, s);
+  REQUIRE(roomy.best.size() == 1);
+  const Candidate even = roomy.best.front();
+  REQUIRE(even.memory.pipeline_rank == 0);
+  // One GiB less than the even split needs.
+  p.cluster.memory_bytes = (even.memory.total() - gib) / SearchOptions{}.usable_memory_fraction;
+  const double budget = even.memory.total() - gib;
+  CHECK(search(p, cm, s).best.empty());
+  s.balance_stages = true;
+  const Plan plan = search(p, cm, s);
+  REQUIRE(plan.best.size() == 1);
+  const Candidate& best = plan.best.front();
+  INFO(best.config << ": " << best.memory.total() / gib << " GiB");
+  CHECK(best.stage_layers.front() < 4);  // the fullest rank gives up a block
+  CHECK(best.memory.total() <= budget * (1 + 1e-12));
+  CHECK(best.step_seconds > even.step_seconds);  // the price of fitting: a slower bottleneck
+  // The limits are the largest block counts whose rank memory fits.
+  ActivationPeaks peaks;
+  const std::vector<double>& inflight = peaks(best.config);
+  ParallelConfig c = best.config;
+  c.stage_layers.clear();
+  const std::vector<std::size_t> limits =
+      stage_layer_limits(p.model, c, cm.precision(), inflight, budget, SearchOptions{}.memory);
+  REQUIRE(limits.size() == 8);
+  for (std::size_t r = 0; r < 8; ++r) {
+    CHECK(best.stage_layers[r] <= limits[r]);
+    for (std::size_t k : {limits[r], limits[r] + 1}) {
+      ParallelConfig probe = c;
+      probe.stage_layers.assign(8, 0);
+      probe.stage_layers[r] = k;
+      probe.stage_layers[r == 0 ? 1 : 0] = 32 - k;
+      const double need = rank_memory(p.model, probe, cm.precision(), r, inflight[r]).total();
+      CHECK((need <= budget) == (k == limits[r]));
+    }
+  }
+  CHECK(limits[0] < limits[7]);
 }

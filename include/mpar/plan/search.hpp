@@ -417,7 +417,7 @@ namespace detail {
                                 " % of ", p.cluster.memory_bytes / gib,
                                 " GiB); more recomputation, ZeRO-1, ZeRO-2 or ZeRO-3, larger tp/pp",
                                 p.model.experts > 0 ? ", a larger ep" : "", " or a smaller micro-batch would help")});
-      return;
+      return false;
     }
     // Lower bound: the busiest rank computes M micro-batches through all its chunks without a gap.
     const GroupPlacement g = place(c, p.cluster.gpus_per_node, o.placement);
@@ -431,6 +431,7 @@ namespace detail {
       bound = std::max(bound, work * double(c.microbatches));
     }
     feasible.push_back({c, bound});
+    return true;
   };
 
   for (std::size_t cp : context_sizes) {
@@ -488,22 +489,47 @@ namespace detail {
                         continue;
                       }
                       // Besides the even split, the cost-balanced partition (the embedding and the head weighted
-                      // in), when it differs: the simulator decides which is faster.
-                      admit(c);
+                      // in), when it differs, and where that does not fit the balanced one within each stage's
+                      // memory: the simulator decides which is fastest.
+                      const bool even_fits = admit(c);
                       if (space.balance_stages && c.stages() > 1) {
+                        const GroupPlacement g = place(c, p.cluster.gpus_per_node, o.placement);
                         const auto key = std::make_tuple(tp, cp, ep, dp, mbs, rc, bool(spi), pp, v);
                         auto it = layouts.find(key);
-                        if (it == layouts.end())
-                          it = layouts
-                                   .emplace(key, balanced_stage_layers(cm, c,
-                                                                       place(c, p.cluster.gpus_per_node, o.placement)))
-                                   .first;
-                        if (it->second != stage_layout(p.model, c)) {
-                          ParallelConfig balanced = c;
+                        if (it == layouts.end()) it = layouts.emplace(key, balanced_stage_layers(cm, c, g)).first;
+                        const std::vector<std::size_t> even = stage_layout(p.model, c);
+                        bool tried = false, fits = even_fits;
+                        ParallelConfig balanced = c;
+                        if (it->second != even) {
                           balanced.stage_layers = it->second;
-                          ++plan.balanced;
-                          admit(balanced);
+                          tried = true;
+                          fits = admit(balanced);
                         }
+                        // With one set in flight per rank every block costs every rank the same memory, so the
+                        // ranks' total does not depend on the layout: above pp budgets no layout fits, and most
+                        // configurations that cannot fit are told without verifying their schedule.
+                        const auto room_for = [&](const std::vector<std::size_t>& limits) {
+                          std::size_t room = 0;
+                          for (std::size_t n : limits) room += n;
+                          return !limits.empty() && room >= p.model.layers;
+                        };
+                        double least_total = 0;
+                        if (!fits && v == 1 && p.model.experts == 0)
+                          for (std::size_t r = 0; r < pp; ++r)
+                            least_total += rank_memory(p.model, c, cm.precision(), r, 1.0, o.memory).total();
+                        if (!fits && v == 1 && p.model.experts == 0 && least_total <= double(pp) * budget) {
+                          std::vector<std::size_t> limits =
+                              stage_layer_limits(p.model, c, cm.precision(), peaks(c), budget, o.memory);
+                          if (room_for(limits)) {
+                            std::vector<std::size_t> capped = balanced_stage_layers(cm, c, g, std::move(limits));
+                            if (capped != even && capped != it->second) {
+                              balanced.stage_layers = std::move(capped);
+                              tried = true;
+                              admit(balanced);
+                            }
+                          }
+                        }
+                        if (tried) ++plan.balanced;
                       }
                     }
                   }
