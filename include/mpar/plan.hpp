@@ -12,4 +12,5 @@
 #include "mpar/plan/parallel_config.hpp"
 #include "mpar/plan/pipeline_timing.hpp"
 #include "mpar/plan/search.hpp"
+#include "mpar/plan/stage_partition.hpp"
 #include "mpar/plan/topology.hpp"

@@ -1,6 +1,7 @@
 // Alpha-beta collectives, per-action costs, the pipeline simulator wiring, and calibration.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <sstream>
 
@@ -68,11 +69,21 @@ TEST_CASE("action costs come from FLOPs at the GEMM rate, elementwise bytes at H
   CHECK(w.attention_flops == Approx(4.0 * 512 * 512 * 1024));
   const ChunkCosts l = cm.layer_costs(p, g);
   const double gemm = 312e12 * 0.5, ew = 2.039e12 * 0.8;
-  CHECK(l.forward == Approx((w.linear_flops + w.attention_flops) / gemm + w.elementwise_bytes / ew));
+  // The attention core's GEMMs on the roofline: with 64-wide heads they move more bytes than they compute.
+  const double core = std::max(w.attention_flops / gemm, w.attention_bytes / ew);
+  CHECK(core == Approx(w.attention_bytes / ew));
+  CHECK(cm.attention_core_seconds(w) == Approx(core));
+  CHECK(cm.attention_core_seconds(w, true) ==
+        Approx(std::max(2 * w.attention_flops / gemm, w.attention_backward_bytes / ew)));
+  CHECK(l.forward == Approx(w.linear_flops / gemm + core + w.elementwise_bytes / ew));
   CHECK(l.backward_weight == Approx(w.linear_flops / gemm));
-  // Forward + backward GEMMs are 3x the forward ones: 72 b s h^2 (1 + s/6h).
-  CHECK((l.forward + l.backward()) - 3 * w.elementwise_bytes / ew ==
-        Approx(72.0 * 512 * 1024 * 1024 * (1 + 512.0 / (6 * 1024)) / gemm));
+  // The linear layers' forward + backward GEMMs are 3x their forward: 72 b s h^2.
+  CHECK((l.forward + l.backward()) - (w.elementwise_bytes + w.elementwise_backward_bytes) / ew - core -
+            cm.attention_core_seconds(w, true) ==
+        Approx(72.0 * 512 * 1024 * 1024 / gemm));
+  // Elementwise backward, kernel by kernel (no dropout masks at k = 1 byte here; e = 2): (16e + 2k) s b h outside,
+  // 12e s b h in the MLP, (5e + k) a s^2 b in the attention core.
+  CHECK(w.elementwise_backward_bytes == Approx(34.0 * 512 * 1024 + 24.0 * 512 * 1024 + 11.0 * 16 * 512 * 512));
   // Full recomputation adds one forward to the backward-input half; selective only the attention core.
   p.recompute = Recompute::full;
   CHECK(cm.layer_costs(p, g).backward_input == Approx(l.backward_input + l.forward));

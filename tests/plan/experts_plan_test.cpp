@@ -114,8 +114,8 @@ TEST_CASE("an MoE layer's costs: its GEMMs at the GEMM rate, one tp collective, 
   const LayerWork w = cm.layer_work(c, true);
   const double gemm = 312e12 * 0.65, ew = 2.039e12 * 0.8;
   const double ar = best_collective(Collective::all_reduce, w.tp_collective_bytes, g1.tensor, cm.network()).seconds;
-  CHECK(one.forward ==
-        Approx((w.linear_flops + w.attention_flops + w.expert_flops) / gemm + w.elementwise_bytes / ew + ar));
+  CHECK(one.forward == Approx((w.linear_flops + w.expert_flops) / gemm + cm.attention_core_seconds(w) +
+                              w.elementwise_bytes / ew + ar));
   CHECK(one.backward_weight == Approx(w.linear_flops / gemm));
 
   // Expert parallelism moves the same slots, plus dispatch and combine over the expert group.

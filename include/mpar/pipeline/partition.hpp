@@ -2,8 +2,9 @@
 /**
  * @file Partitioning a model's N layers into pipeline stages: even, user-given (uneven) and
  * cost-balanced splits. Every layer is covered exactly once — by construction (a partition is a
- * list of stage sizes, each at least 1, summing to N) and checked: at compile time for
- * StaticPartition, at construction otherwise. A dropped or doubled layer cannot happen silently.
+ * list of stage sizes, each at least 1 unless empty stages are asked for, summing to N) and checked:
+ * at compile time for StaticPartition, at construction otherwise. A dropped or doubled layer cannot
+ * happen silently.
  */
 #include <algorithm>
 #include <array>
@@ -17,16 +18,35 @@
 
 namespace mpar::pipeline {
 
+/**
+ * @brief Whether a stage may hold no layer. A stage next to a heavy embedding or output head can be best
+ * left with none; mpar's pipeline executor and trainer run only partitions without empty stages.
+ */
+enum class EmptyStages { refused, allowed };
+
+/** @brief What `Partition::balanced` weighs besides the layers: work fixed to the first and last stage. */
+struct StageBalance {
+  double first_stage_cost = 0;  ///< e.g. the embedding, on stage 0 whatever its layers
+  double last_stage_cost = 0;   ///< e.g. the final norm, logits and loss, on the last stage
+  EmptyStages empty_stages = EmptyStages::refused;
+  /// Per stage, the most layers it may hold (what fits its memory, say); empty: no limit.
+  std::vector<std::size_t> max_layers;
+};
+
 /** @brief A contiguous split of `layers()` layers into `stages()` stages; stage s holds [begin(s), end(s)). */
 class Partition {
  public:
-  /** @brief From stage sizes; throws config_error unless every size is at least 1 and they sum to `layers`. */
-  Partition(std::size_t layers, std::vector<std::size_t> sizes) : layers_(layers), sizes_(std::move(sizes)) {
+  /**
+   * @brief From stage sizes; throws config_error unless they sum to `layers` and every size is at least 1
+   * (or 0 too, with `EmptyStages::allowed`).
+   */
+  Partition(std::size_t layers, std::vector<std::size_t> sizes, EmptyStages empty = EmptyStages::refused)
+      : layers_(layers), sizes_(std::move(sizes)) {
     require(!sizes_.empty(), "Partition: at least one stage is needed");
     std::size_t sum = 0;
     for (std::size_t s = 0; s < sizes_.size(); ++s) {
-      require(sizes_[s] >= 1, "Partition: stage ", s, " has no layer; every stage needs at least one (", sizes_.size(),
-              " stages for ", layers, " layers)");
+      require(sizes_[s] >= 1 || empty == EmptyStages::allowed, "Partition: stage ", s,
+              " has no layer; every stage needs at least one (", sizes_.size(), " stages for ", layers, " layers)");
       sum += sizes_[s];
     }
     require(sum == layers, "Partition: the stage sizes cover ", sum, " layers but the model has ", layers,
@@ -45,33 +65,66 @@ class Partition {
 
   /**
    * @brief The contiguous split into `stages` stages that minimises the most expensive stage
-   * (the pipeline's bottleneck), by dynamic programming over prefix sums: O(S · N²).
+   * (the pipeline's bottleneck), by dynamic programming over prefix sums. `balance` adds work fixed to the
+   * first and the last stage (the embedding, the output head) and may allow stages without layers.
+   *
+   * The best bottleneck of the first i layers over s stages is min over the last cut j of
+   * max(best[s-1][j], cost(j, i)): the first term grows with j, the second shrinks, so the best j is where
+   * they cross, and that crossing only moves right as i grows. One sweep per stage: O(S · N).
    */
-  [[nodiscard]] static Partition balanced(const std::vector<double>& layer_costs, std::size_t stages) {
+  [[nodiscard]] static Partition balanced(const std::vector<double>& layer_costs, std::size_t stages,
+                                          const StageBalance& balance = {}) {
     const std::size_t n = layer_costs.size();
-    check_counts(n, stages);
+    const bool empty = balance.empty_stages == EmptyStages::allowed;
+    if (empty)
+      require(stages >= 1, "Partition: at least one stage is needed");
+    else
+      check_counts(n, stages);
+    require(balance.first_stage_cost >= 0 && balance.last_stage_cost >= 0,
+            "Partition::balanced: the first and last stage's own costs must not be negative");
     std::vector<double> pre(n + 1, 0);
     for (std::size_t i = 0; i < n; ++i) {
       require(layer_costs[i] >= 0, "Partition::balanced: layer ", i, " has a negative cost");
       pre[i + 1] = pre[i] + layer_costs[i];
     }
+    const std::size_t least = empty ? 0 : 1;  // layers per stage at least
     const double inf = std::numeric_limits<double>::infinity();
     // best[s][i]: the smallest bottleneck splitting the first i layers into s stages; cut[s][i] its last cut.
     std::vector<std::vector<double>> best(stages + 1, std::vector<double>(n + 1, inf));
     std::vector<std::vector<std::size_t>> cut(stages + 1, std::vector<std::size_t>(n + 1, 0));
-    best[0][0] = 0;
-    for (std::size_t s = 1; s <= stages; ++s)
-      for (std::size_t i = s; i <= n - (stages - s); ++i)
-        for (std::size_t j = s - 1; j < i; ++j) {
-          const double v = std::max(best[s - 1][j], pre[i] - pre[j]);
-          if (v < best[s][i]) best[s][i] = v, cut[s][i] = j;
-        }
+    const double last_own = balance.last_stage_cost;
+    const auto& caps = balance.max_layers;
+    require(caps.empty() || caps.size() == stages, "Partition::balanced: ", caps.size(), " per-stage layer limits for ",
+            stages, " stages");
+    const auto cap = [&](std::size_t s) { return caps.empty() ? n : caps[s]; };  // s: 0-based stage
+    for (std::size_t i = least; i + (stages - 1) * least <= n && i <= cap(0); ++i)
+      best[1][i] = balance.first_stage_cost + pre[i] + (stages == 1 ? last_own : 0.0);
+    for (std::size_t s = 2; s <= stages; ++s) {
+      const double own = s == stages ? last_own : 0.0;
+      const std::size_t j_lo = (s - 1) * least;
+      std::size_t j = j_lo;  // the crossing: the first cut whose prefix is no cheaper than the stage after it
+      for (std::size_t i = s * least; i + (stages - s) * least <= n; ++i) {
+        // Cuts from j_min on keep this stage within its limit; j_min, like the crossing, only moves right.
+        const std::size_t j_min = std::max(j_lo, i > cap(s - 1) ? i - cap(s - 1) : 0), j_hi = i - least;
+        if (j_min > j_hi) continue;
+        j = std::max(j, j_min);
+        const auto stage = [&](std::size_t k) { return pre[i] - pre[k] + own; };
+        while (j <= j_hi && best[s - 1][j] < stage(j)) ++j;
+        // Candidates: the crossing itself (bounded by the prefix) and the cut before it (bounded by this stage).
+        if (j <= j_hi) best[s][i] = best[s - 1][j], cut[s][i] = j;
+        if (j > j_min && std::max(best[s - 1][j - 1], stage(j - 1)) <= best[s][i])
+          best[s][i] = std::max(best[s - 1][j - 1], stage(j - 1)), cut[s][i] = j - 1;
+      }
+    }
+    require(best[stages][n] < inf, "Partition::balanced: no split of ", n, " layers over ", stages,
+            " stages keeps every stage within its layer limit; more stages or larger limits are needed");
     std::vector<std::size_t> sizes(stages);
     for (std::size_t s = stages, i = n; s > 0; --s) {
-      sizes[s - 1] = i - cut[s][i];
-      i = cut[s][i];
+      const std::size_t from = s == 1 ? 0 : cut[s][i];
+      sizes[s - 1] = i - from;
+      i = from;
     }
-    return {n, sizes};
+    return {n, sizes, balance.empty_stages};
   }
 
   [[nodiscard]] std::size_t layers() const { return layers_; }

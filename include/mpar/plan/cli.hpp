@@ -54,6 +54,10 @@ Optional (fix a dimension instead of searching it):
   --schedule gpipe|1f1b|interleaved_1f1b|zb_h1|zb_h2|2bw   (2bw, asynchronous, only when asked for)
   --recompute none|selective|full  --zero1 on|off  --zero2 on|off  --zero3 on|off
   --sequence-parallel on|off
+  --partition balanced|even
+                           balanced (default): besides the even split of the layers over the pipeline
+                           stages, try the cost-balanced one (embedding and head weighted in; a stage may
+                           hold no layer); even: only even splits, the only ones mpar's trainer runs so far
   --cp N|auto              context parallelism: each sequence split over N GPUs (ring attention; default 1);
                            tp x pp x dp share --gpus / N, and gradients reduce over dp x cp; auto searches
                            every N dividing --gpus whose 2 x N zig-zag chunks divide --seq
@@ -186,7 +190,10 @@ namespace detail {
       o.space.zero3 = detail::parse_switch(opt, val);
     else if (opt == "--sequence-parallel")
       o.space.sequence_parallel = detail::parse_switch(opt, val);
-    else if (opt == "--calibration")
+    else if (opt == "--partition") {
+      require(val == "balanced" || val == "even", "--partition '", val, "' is not known; use balanced or even");
+      o.space.balance_stages = val == "balanced";
+    } else if (opt == "--calibration")
       o.calibration_file = val;
     else if (opt == "--memory-fraction") {
       o.search.usable_memory_fraction = detail::parse_positive(opt, val);
@@ -248,6 +255,21 @@ namespace detail {
 }
 
 namespace detail {
+/** Blocks per stage, `separator` between them; a run of three or more of one size as "4x16". */
+[[nodiscard]] inline std::string layout(const std::vector<std::size_t>& sizes, const char* separator) {
+  std::ostringstream os;
+  for (std::size_t i = 0; i < sizes.size();) {
+    std::size_t j = i;
+    while (j < sizes.size() && sizes[j] == sizes[i]) ++j;
+    os << (i ? separator : "") << sizes[i];
+    if (j - i > 2)
+      os << "x" << j - i;
+    else
+      for (std::size_t r = i + 1; r < j; ++r) os << separator << sizes[r];
+    i = j;
+  }
+  return os.str();
+}
 [[nodiscard]] inline std::string fixed(double x, int digits) {
   std::ostringstream os;
   os << std::fixed << std::setprecision(digits) << x;
@@ -274,7 +296,9 @@ namespace detail {
      << ",\"tflops_per_gpu\":" << c.tflops_per_gpu << ",\"bubble_fraction\":" << c.bubble_fraction
      << ",\"samples_per_second\":" << c.samples_per_second << ",\"pipeline_seconds\":" << c.pipeline_seconds
      << ",\"dp_exposed_seconds\":" << c.dp_exposed_seconds << ",\"optimizer_seconds\":" << c.optimizer_seconds
-     << ",\"placement\":\"" << placement_name(c.ordering) << "\"}";
+     << ",\"placement\":\"" << placement_name(c.ordering) << "\",\"stage_layers\":[";
+  for (std::size_t i = 0; i < c.stage_layers.size(); ++i) os << (i ? "," : "") << c.stage_layers[i];
+  os << "],\"partition\":\"" << (k.stage_layers.empty() ? "even" : "balanced") << "\"}";
   return os.str();
 }
 
@@ -298,14 +322,16 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
         << ": every configuration below splits each sequence "
         << "over " << plan.best.front().config.cp << " GPUs (tp x pp x dp x cp GPUs)\n";
   }
-  out << "searched " << plan.considered << " configurations, simulated " << plan.simulated << " pipelines ("
-      << plan.verified_shapes << " schedule shapes verified)\n\n";
+  out << "searched " << plan.considered << " configurations";
+  if (plan.balance_stages) out << " (" << plan.balanced << " of them also with a cost-balanced stage partition)";
+  out << ", simulated " << plan.simulated << " pipelines (" << plan.verified_shapes << " schedule shapes verified)\n\n";
   if (plan.best.empty()) {
     out << "no configuration fits; the closest rejections are listed below\n";
   } else {
     const bool ep_shown = p.model.experts > 0;
     out << "  #  tp" << (cp_searched ? "  cp" : "") << (ep_shown ? "  ep" : "")
-        << "  pp    dp  mbs     m  schedule           v  recompute  zero  sp   mem GiB   step s  TFLOP/s  bubble\n";
+        << "  pp    dp  mbs     m  schedule           v  recompute  zero  sp   mem GiB   step s  TFLOP/s  bubble  "
+           "layers per stage\n";
     std::size_t i = 0;
     for (const Candidate& c : plan.best) {
       const ParallelConfig& k = c.config;
@@ -320,12 +346,12 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
         std::snprintf(line, sizeof line, " %3zu", k.ep);
         out << line;
       }
-      std::snprintf(
-          line, sizeof line, " %3zu %5zu %4zu %5zu  %-17s %2zu  %-9s  %-4d  %-3s %8.1f %8.3f %8.1f  %5.1f%%\n", k.pp,
-          k.dp, k.microbatch_size, k.microbatches, std::string(schedule_name(k.schedule)).c_str(), k.virtual_stages,
-          std::string(recompute_name(k.recompute)).c_str(), k.zero_stage(), k.sequence_parallel ? "yes" : "no",
-          c.memory.total() / gib, c.step_seconds, c.tflops_per_gpu, 100 * c.bubble_fraction);
-      out << line;
+      std::snprintf(line, sizeof line, " %3zu %5zu %4zu %5zu  %-17s %2zu  %-9s  %-4d  %-3s %8.1f %8.3f %8.1f  %5.1f%%",
+                    k.pp, k.dp, k.microbatch_size, k.microbatches, std::string(schedule_name(k.schedule)).c_str(),
+                    k.virtual_stages, std::string(recompute_name(k.recompute)).c_str(), k.zero_stage(),
+                    k.sequence_parallel ? "yes" : "no", c.memory.total() / gib, c.step_seconds, c.tflops_per_gpu,
+                    100 * c.bubble_fraction);
+      out << line << "  " << (k.stage_layers.empty() ? "even" : detail::layout(c.stage_layers, "/")) << "\n";
     }
     const Candidate& b = plan.best.front();
     out << "\nbest: " << b.config << "\n  memory per GPU " << detail::fixed(b.memory.total() / gib, 1)
@@ -336,9 +362,19 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
         << (b.memory.accumulated_gradients > 0
                 ? " + accumulated gradients " + detail::fixed(b.memory.accumulated_gradients / gib, 1)
                 : std::string())
-        << " (pipeline rank " << b.memory.pipeline_rank << ")\n  step " << detail::fixed(b.step_seconds, 3)
-        << " s = pipeline " << detail::fixed(b.pipeline_seconds, 3) << " + exposed data-parallel reduction "
-        << detail::fixed(b.dp_exposed_seconds, 3) << " + optimizer " << detail::fixed(b.optimizer_seconds, 3) << "\n";
+        << " (pipeline rank " << b.memory.pipeline_rank << ")\n";
+    if (b.config.pp > 1) {
+      out << "  layers per stage " << detail::layout(b.stage_layers, " ") << " ("
+          << (b.config.stage_layers.empty() ? "even" : "cost-balanced")
+          << "; the embedding on stage 0, the head on stage " << b.stage_layers.size() - 1
+          << (b.config.virtual_stages > 1 ? ", stage chunk x pp + rank" : "") << ")\n";
+      if (!b.config.stage_layers.empty())
+        out << "  mpar's trainer runs even splits only so far: this layout is a plan to read, not one train_gpt runs "
+               "(--partition even plans the runnable splits)\n";
+    }
+    out << "  step " << detail::fixed(b.step_seconds, 3) << " s = pipeline " << detail::fixed(b.pipeline_seconds, 3)
+        << " + exposed data-parallel reduction " << detail::fixed(b.dp_exposed_seconds, 3) << " + optimizer "
+        << detail::fixed(b.optimizer_seconds, 3) << "\n";
     if (plan.broken_topology)
       out << "  with tensor-parallel groups spread over " << plan.broken_topology->placement.tensor.nodes
           << " nodes (data-parallel ranks innermost) the same configuration would take "

@@ -49,13 +49,21 @@ struct Calibration {
 struct ChunkCosts {
   double forward = 0, backward_input = 0, backward_weight = 0;
   [[nodiscard]] constexpr double backward() const { return backward_input + backward_weight; }
+  [[nodiscard]] friend constexpr ChunkCosts operator+(const ChunkCosts& a, const ChunkCosts& b) {
+    return {a.forward + b.forward, a.backward_input + b.backward_input, a.backward_weight + b.backward_weight};
+  }
 };
 
 /** @brief The per-operation-class work of one layer's forward on one tensor rank, and its collectives. */
 struct LayerWork {
-  double linear_flops = 0;       ///< QKV, projection, MLP GEMMs: 24 b s h^2 / t
-  double attention_flops = 0;    ///< Q K^T and scores x V: 4 b s^2 h / t
-  double elementwise_bytes = 0;  ///< HBM traffic of layer norms, softmax, GeLU, dropout, residuals
+  double linear_flops = 0;     ///< QKV, projection, MLP GEMMs: 24 b s h^2 / t
+  double attention_flops = 0;  ///< Q K^T and scores x V: 4 b s^2 h / t
+  /// HBM traffic of those two batched GEMMs (the score matrices written and read back, Q, K, V and the output):
+  /// with a head dimension below the device's FLOP-per-byte ratio they are bandwidth-bound.
+  double attention_bytes = 0;
+  double attention_backward_bytes = 0;    ///< the same for their four gradient GEMMs
+  double elementwise_bytes = 0;           ///< HBM traffic of layer norms, softmax, GeLU, dropout, residuals (forward)
+  double elementwise_backward_bytes = 0;  ///< the same kernels' backward, counted kernel by kernel
   double softmax_bytes = 0;  ///< the part of elementwise_bytes in the attention core (selective recompute redoes it)
   double tp_collective_bytes = 0;  ///< each of the forward all-reduces (or reduce-scatter + all-gather pairs)
   std::size_t tp_collectives = 2;  ///< forward tensor-parallel collectives: attention's and the MLP's (MoE: one)
@@ -102,7 +110,10 @@ class CostModel {
    * writes in activation elements: outside the tensor-parallel region (replicated unless sequence
    * parallel) two layer norms (2 each) and two dropout+residual kernels (3 each + mask); inside it
    * the fused bias-GeLU (8 over the 4h-wide MLP); in the attention core the fused scale-mask-softmax
-   * and the attention dropout (4 per score element + mask).
+   * and the attention dropout (4 per score element + mask). Backward, kernel by kernel: the layer norms
+   * read input and gradient and write one (3 each), the dropouts read gradient and mask (2 + mask each),
+   * the two residual branches' gradients are summed (3 each); bias-GeLU reads input and gradient (12 over
+   * 4h); softmax reads output and gradient (3) and the attention dropout gradient and mask (2 + mask).
    *
    * `moe`: the layer's MLP is a mixture of experts (`parallel::MoeMlp`), which is not tensor-parallel: the
    * attention keeps its split GEMMs and its one collective, and every tensor rank runs the gate and its E / ep
@@ -120,17 +131,21 @@ class CostModel {
     LayerWork w;
     w.linear_flops = 24.0 * b * s * h * h / t;
     w.attention_flops = 4.0 * b * S * S * h / t / cp;
-    const double outside = (10 * e + 2 * k) * sbh / (c.sequence_parallel ? t : 1.0);
-    w.softmax_bytes = (4 * e + k) * a * S * S * b / t / cp;
-    w.elementwise_bytes = outside + 8 * e * sbh / t + w.softmax_bytes;
+    const double replicated = c.sequence_parallel ? t : 1.0, scores = a * S * S * b / t / cp;
+    w.attention_bytes = e * (2 * scores + 4 * sbh / t);           // scores out and back in; Q, K, V in, output out
+    w.attention_backward_bytes = e * (4 * scores + 7 * sbh / t);  // dP out, P and dS twice in; Q K V dO in, dQ dK dV
+    w.softmax_bytes = (4 * e + k) * scores;
+    w.elementwise_bytes = (10 * e + 2 * k) * sbh / replicated + 8 * e * sbh / t + w.softmax_bytes;
+    w.elementwise_backward_bytes = (16 * e + 2 * k) * sbh / replicated + 12 * e * sbh / t + (5 * e + k) * scores;
     w.tp_collective_bytes = c.tp > 1 ? e * sbh : 0.0;
     w.ring_block_bytes = c.cp > 1 ? 2 * e * sbh / t : 0.0;
     if (moe) {
       const double T = s * b, E = double(model_.experts), slots = E * moe_expert_capacity(model_, c);
       w.linear_flops = 8.0 * b * s * h * h / t;  // QKV and the projection
       w.expert_flops = 2.0 * T * h * E + 16.0 * h * h * slots;
-      w.elementwise_bytes +=
-          (12 * e * slots * h + 2 * e * T * E) - 8 * e * sbh / t;  // the experts' MLP for the dense one
+      const double experts_mlp = 12 * e * slots * h + 2 * e * T * E;  // the experts' MLP for the dense one
+      w.elementwise_bytes += experts_mlp - 8 * e * sbh / t;
+      w.elementwise_backward_bytes += 2 * experts_mlp - 12 * e * sbh / t;
       w.tp_collectives = 1;
       w.all_to_all_bytes = e * slots * h;
     }
@@ -167,13 +182,19 @@ class CostModel {
     const double ar = double(w.tp_collectives) * tp_collective_seconds(w.tp_collective_bytes, c, g);
     // Dispatch and combine: two all-to-alls forward, their two transposes backward.
     const double a2a = 2 * all_to_all_seconds(w.all_to_all_bytes, c, g);
+    const double core = attention_core_seconds(w);
     ChunkCosts l;
-    l.forward = (w.linear_flops + w.attention_flops + w.expert_flops) / gemm + w.elementwise_bytes / ew + ar + a2a;
+    l.forward = (w.linear_flops + w.expert_flops) / gemm + core + w.elementwise_bytes / ew + ar + a2a;
     // Backward for inputs: the linear layers' input gradients, both attention-core GEMMs' gradients
-    // (no weights there), elementwise backward (reads saved inputs and incoming gradients, writes gradients).
+    // (no weights there), the elementwise kernels' backward.
     // The experts' input and weight gradients are one backward in mpar (`MoeMlp::backward`), counted here.
-    l.backward_input =
-        (w.linear_flops + 2 * w.attention_flops + 2 * w.expert_flops) / gemm + 2 * w.elementwise_bytes / ew + ar + a2a;
+    l.backward_input = (w.linear_flops + 2 * w.expert_flops) / gemm + attention_core_seconds(w, true) +
+                       w.elementwise_backward_bytes / ew + ar + a2a;
+    // Sequence parallelism keeps each column-parallel layer's input as a token shard and all-gathers it
+    // again for the weight gradient: one more all-gather per tensor-parallel collective.
+    if (c.sequence_parallel && c.tp > 1)
+      l.backward_input += double(w.tp_collectives) *
+                          best_collective(Collective::all_gather, w.tp_collective_bytes, g.tensor, network()).seconds;
     l.backward_weight = w.linear_flops / gemm;
     if (c.cp > 1) {
       // The ring: cp - 1 K/V hops overlap the block compute (only what exceeds it shows); in backward the
@@ -184,46 +205,69 @@ class CostModel {
       l.backward_input += hops + std::max(0.0, hops - 2 * attn);
     }
     if (c.recompute == Recompute::full) l.backward_input += l.forward;
-    if (c.recompute == Recompute::selective) l.backward_input += w.attention_flops / gemm + w.softmax_bytes / ew;
+    // Selective: the attention core's forward again (Q K^T, softmax, dropout, scores x V; Korthikanti et al.).
+    if (c.recompute == Recompute::selective) l.backward_input += core + w.softmax_bytes / ew;
     return l;
   }
 
+  /** Tokens of one micro-batch on one rank: s / cp of each of its sequences. */
+  [[nodiscard]] double tokens(const ParallelConfig& c) const {
+    return double(model_.seq) / double(c.cp) * double(c.microbatch_size);
+  }
+
   /**
-   * Costs of local chunk `chunk` on pipeline rank `rank` for one micro-batch: its layers, plus the
-   * embedding on the first global stage and the final norm, logits and cross-entropy on the last.
+   * The attention core's batched GEMMs (forward, or with `backward` their four gradient products) on the
+   * roofline: the slower of their FLOPs at the GEMM rate and their HBM traffic at the elementwise rate.
+   */
+  [[nodiscard]] double attention_core_seconds(const LayerWork& w, bool backward = false) const {
+    const double f = backward ? 2 * w.attention_flops : w.attention_flops;
+    return std::max(f / gemm_rate(), (backward ? w.attention_backward_bytes : w.attention_bytes) / elementwise_rate());
+  }
+
+  /**
+   * Costs of local chunk `chunk` on pipeline rank `rank` for one micro-batch: its layers (the even split, or
+   * `c.stage_layers`), plus the embedding on the first global stage and the final norm, logits and
+   * cross-entropy on the last.
    */
   [[nodiscard]] ChunkCosts chunk_costs(const ParallelConfig& c, std::size_t rank, std::size_t chunk,
                                        const GroupPlacement& g) const {
-    const std::size_t per_chunk = layers_per_chunk(model_, c), first = first_chunk_layer(model_, c, rank, chunk);
+    const std::size_t count = chunk_layer_count(model_, c, rank, chunk),
+                      first = first_chunk_layer(model_, c, rank, chunk);
     double moe = 0;
-    for (std::size_t b = first; b < first + per_chunk; ++b) moe += model_.is_moe_layer(b) ? 1.0 : 0.0;
-    const double n = double(per_chunk) - moe;
-    const ChunkCosts l = layer_costs(c, g);
-    ChunkCosts r{n * l.forward, n * l.backward_input, n * l.backward_weight};
+    for (std::size_t b = first; b < first + count; ++b) moe += model_.is_moe_layer(b) ? 1.0 : 0.0;
+    const double n = double(count) - moe;
+    ChunkCosts r;
+    if (n > 0) {
+      const ChunkCosts l = layer_costs(c, g);
+      r = {n * l.forward, n * l.backward_input, n * l.backward_weight};
+    }
     if (moe > 0) {
       const ChunkCosts x = layer_costs(c, g, true);
       r.forward += moe * x.forward, r.backward_input += moe * x.backward_input,
           r.backward_weight += moe * x.backward_weight;
     }
-    const double s = double(model_.seq) / double(c.cp), b = double(c.microbatch_size), h = double(model_.hidden),
-                 V = double(model_.vocab);
-    const double t = double(c.tp), e = precision_.activation_bytes, sbh = s * b * h;
-    const double gemm = gemm_rate(), ew = elementwise_rate();
     const std::size_t global = chunk * c.pp + rank;
-    if (global == 0) {  // lookup + positions + dropout; backward scatters into the embedding gradient
-      const double ar = tp_collective_seconds(e * sbh, c, g);  // vocabulary-parallel lookup sums over tp
-      r.forward += (4 * e + precision_.mask_bytes) * sbh / ew + ar;
-      r.backward_input += 3 * e * sbh / ew;
-    }
-    if (global + 1 == c.stages()) {
-      const double logits = 2.0 * b * s * h * V / t;
-      const double ce_bytes = 4.0 * s * b * V / t;                        // fp32 logits
-      const double ce_ar = tp_collective_seconds(3 * 4.0 * s * b, c, g);  // max, sum-exp and target logit over tp
-      r.forward += logits / gemm + (4 * e * sbh + 3 * ce_bytes) / ew + ce_ar;
-      r.backward_input += logits / gemm + (6 * e * sbh + 2 * ce_bytes) / ew;
-      r.backward_weight += logits / gemm;
-    }
+    if (global == 0) r = r + embedding_costs(c, g);
+    if (global + 1 == c.stages()) r = r + head_costs(c, g);
     return r;
+  }
+
+  /** The first stage's own work per micro-batch: lookup, positions and dropout; backward scatters into the table. */
+  [[nodiscard]] ChunkCosts embedding_costs(const ParallelConfig& c, const GroupPlacement& g) const {
+    const double e = precision_.activation_bytes, sbh = tokens(c) * double(model_.hidden);
+    const double ar = tp_collective_seconds(e * sbh, c, g);  // vocabulary-parallel lookup sums over tp
+    return {(4 * e + precision_.mask_bytes) * sbh / elementwise_rate() + ar, 3 * e * sbh / elementwise_rate(), 0.0};
+  }
+
+  /** The last stage's own work per micro-batch: final norm, logits (vocabulary-parallel) and the fp32 loss. */
+  [[nodiscard]] ChunkCosts head_costs(const ParallelConfig& c, const GroupPlacement& g) const {
+    const double sb = tokens(c), h = double(model_.hidden), V = double(model_.vocab), t = double(c.tp);
+    const double e = precision_.activation_bytes, sbh = sb * h, gemm = gemm_rate(), ew = elementwise_rate();
+    const double logits = 2.0 * sb * h * V / t;
+    const double ce_bytes = 4.0 * sb * V / t;                        // fp32 logits
+    const double ce_ar = tp_collective_seconds(3 * 4.0 * sb, c, g);  // max, sum-exp and target logit over tp
+    return {logits / gemm + (4 * e * sbh + 3 * ce_bytes) / ew + ce_ar,
+            logits / gemm + (6 * e * sbh + 2 * ce_bytes) / ew, logits / gemm};
   }
 
   /** Sending one micro-batch's activation (or gradient) to the next stage: each tensor rank sends its 1/t slice. */

@@ -143,7 +143,7 @@ struct MemoryOptions {
   return sbh_part + (r == Recompute::selective ? 0.0 : scores / t);
 }
 
-/** How many transformer layers a pipeline rank holds: layers / (pp * V) per chunk, V chunks. */
+/** How many transformer layers each chunk holds in the even split: layers / (pp * V). */
 [[nodiscard]] inline std::size_t layers_per_chunk(const GptModel& m, const ParallelConfig& c) {
   require(c.pp * c.virtual_stages > 0 && m.layers % (c.pp * c.virtual_stages) == 0, "plan: ", m.layers,
           " layers do not divide into pp*v = ", c.pp, "*", c.virtual_stages,
@@ -151,18 +151,42 @@ struct MemoryOptions {
   return m.layers / (c.pp * c.virtual_stages);
 }
 
+/** Throws config_error unless `c.stage_layers` is empty (the even split) or splits the model over its stages. */
+inline void check_stage_layers(const GptModel& m, const ParallelConfig& c) {
+  if (c.stage_layers.empty()) return;
+  std::size_t sum = 0;
+  for (std::size_t n : c.stage_layers) sum += n;
+  require(c.stage_layers.size() == c.stages() && sum == m.layers, "plan: the stage layout has ", c.stage_layers.size(),
+          " stages holding ", sum, " blocks, but pp*v = ", c.pp, "*", c.virtual_stages,
+          " stages must hold the model's ", m.layers);
+}
+
+/** The layers of local chunk `chunk` on pipeline rank `rank` (global stage chunk pp + rank). */
+[[nodiscard]] inline std::size_t chunk_layer_count(const GptModel& m, const ParallelConfig& c, std::size_t rank,
+                                                   std::size_t chunk) {
+  if (c.stage_layers.empty()) return layers_per_chunk(m, c);
+  check_stage_layers(m, c);
+  return c.stage_layers[chunk * c.pp + rank];
+}
+
 /** The first layer of local chunk `chunk` on pipeline rank `rank`: that chunk is stage chunk pp + rank. */
 [[nodiscard]] inline std::size_t first_chunk_layer(const GptModel& m, const ParallelConfig& c, std::size_t rank,
                                                    std::size_t chunk) {
-  return (chunk * c.pp + rank) * layers_per_chunk(m, c);
+  const std::size_t stage = chunk * c.pp + rank;
+  if (c.stage_layers.empty()) return stage * layers_per_chunk(m, c);
+  check_stage_layers(m, c);
+  std::size_t first = 0;
+  for (std::size_t s = 0; s < stage; ++s) first += c.stage_layers[s];
+  return first;
 }
 
 /** Calls `f(chunk, layer)` for every layer pipeline rank `rank` holds. */
 template <class F>
 void for_each_rank_layer(const GptModel& m, const ParallelConfig& c, std::size_t rank, F&& f) {
-  const std::size_t per_chunk = layers_per_chunk(m, c);
-  for (std::size_t ch = 0; ch < c.virtual_stages; ++ch)
-    for (std::size_t i = 0; i < per_chunk; ++i) f(ch, first_chunk_layer(m, c, rank, ch) + i);
+  for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) {
+    const std::size_t first = first_chunk_layer(m, c, rank, ch), n = chunk_layer_count(m, c, rank, ch);
+    for (std::size_t i = 0; i < n; ++i) f(ch, first + i);
+  }
 }
 
 /**

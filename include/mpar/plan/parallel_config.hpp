@@ -5,6 +5,7 @@
 #include <ostream>
 #include <string>
 #include <string_view>
+#include <vector>
 
 namespace mpar::plan {
 
@@ -88,6 +89,9 @@ struct ParallelConfig {
   bool zero2 = false;              ///< gradients sharded too (ZeRO-2; set together with zero1)
   bool zero3 = false;              ///< parameters sharded too (ZeRO-3; set together with zero1 and zero2)
   bool sequence_parallel = false;  ///< activations outside the tensor-parallel GEMMs sharded over tp
+  /// Transformer blocks per global pipeline stage (stage chunk * pp + rank, pp * V entries summing to the
+  /// model's layers); a stage may hold none, next to a heavy embedding or head. Empty: the even split.
+  std::vector<std::size_t> stage_layers;
 
   [[nodiscard]] std::size_t gpus() const { return tp * cp * pp * dp; }
   /** The ranks that hold replicas of each parameter and reduce its gradient (and shard it under ZeRO): dp x cp. */
@@ -107,6 +111,10 @@ struct ParallelConfig {
     os << " recompute=" << recompute_name(c.recompute);
     if (c.zero_stage() > 0) os << " zero" << c.zero_stage();
     os << (c.sequence_parallel ? " sp" : "");
+    if (!c.stage_layers.empty()) {
+      os << " stages=";
+      for (std::size_t i = 0; i < c.stage_layers.size(); ++i) os << (i ? "," : "") << c.stage_layers[i];
+    }
     return os;
   }
 };

@@ -26,6 +26,7 @@
 #include "mpar/plan/model.hpp"
 #include "mpar/plan/parallel_config.hpp"
 #include "mpar/plan/pipeline_timing.hpp"
+#include "mpar/plan/stage_partition.hpp"
 #include "mpar/plan/topology.hpp"
 
 namespace mpar::plan {
@@ -48,6 +49,10 @@ struct SearchSpace {
   std::optional<bool> zero1, zero2, zero3, sequence_parallel;
   std::vector<std::size_t> microbatch_sizes{1, 2, 4, 8};  ///< tried when microbatch_size is not fixed
   std::size_t max_virtual_stages = 8;                     ///< largest V tried for the interleaved schedule
+  /// Besides the even split of the blocks over the pp * V stages, try the cost-balanced one
+  /// (`balanced_stage_layers`: the embedding and the head weighted in, stages without blocks allowed) where it
+  /// differs; `mpar-plan --partition even` turns it off. mpar's trainer runs even splits only so far.
+  bool balance_stages = true;
 };
 
 /** @brief How the search judges and reports. */
@@ -71,17 +76,19 @@ struct Candidate {
   double samples_per_second = 0;
   GroupPlacement placement;
   Placement ordering = Placement::tensor_innermost;
+  std::vector<std::size_t> stage_layers;  ///< blocks per global stage: `config.stage_layers`, or the even split
 };
 
 /**
  * @brief The order of the plan's table: the faster step first; at equal modelled time the smaller per-GPU peak
- * (more headroom), then the lower ZeRO stage (fewer collectives per step and a simpler checkpoint for the same
+ * (more headroom), then the even stage partition (the trainer runs it), then the lower ZeRO stage (fewer collectives per step and a simpler checkpoint for the same
  * result: under pipeline micro-batching ZeRO-2 holds the accumulated gradients in full and saves nothing over
  * ZeRO-1), then less recomputation before more.
  */
 inline bool ranks_before(const Candidate& a, const Candidate& b) {
   const auto key = [](const Candidate& c) {
-    return std::tuple(c.step_seconds, c.memory.total(), c.config.zero_stage(), int(c.config.recompute));
+    return std::tuple(c.step_seconds, c.memory.total(), !c.config.stage_layers.empty(), c.config.zero_stage(),
+                      int(c.config.recompute));
   };
   return key(a) < key(b);
 }
@@ -99,6 +106,8 @@ struct Plan {
   std::vector<Rejection> rejected;  ///< the first few of each kind
   std::map<std::string, std::size_t> rejected_by_kind;
   std::size_t considered = 0, simulated = 0, verified_shapes = 0;
+  bool balance_stages = false;  ///< whether cost-balanced stage partitions were searched (`SearchSpace`)
+  std::size_t balanced = 0;     ///< configurations also tried with a cost-balanced stage partition (it differed)
   std::vector<std::size_t> context_sizes;  ///< the context-parallel sizes searched (one when fixed)
   /** The best configuration again with its tensor groups spread over nodes (data-innermost ordering), when that differs. */
   std::optional<Candidate> broken_topology;
@@ -185,9 +194,10 @@ namespace detail {
 [[nodiscard]] inline double chunk_parameters(const GptModel& m, const ParallelConfig& c, std::size_t rank,
                                              std::size_t chunk) {
   const double h = double(m.hidden), t = double(c.tp);
-  const std::size_t global = chunk * c.pp + rank, per_chunk = layers_per_chunk(m, c);
+  const std::size_t global = chunk * c.pp + rank, first = first_chunk_layer(m, c, rank, chunk);
   double n = 0;
-  for (std::size_t l = global * per_chunk; l < (global + 1) * per_chunk; ++l) n += layer_rank_parameters(m, c, l);
+  for (std::size_t l = first; l < first + chunk_layer_count(m, c, rank, chunk); ++l)
+    n += layer_rank_parameters(m, c, l);
   if (global == 0) n += double(m.vocab) * h / t + double(m.seq) * h;
   if (global + 1 == c.stages())
     n += (c.pp > 1 ? double(m.vocab) * h / t : 0.0) + 2 * h;  // tied output copy on another rank
@@ -196,7 +206,7 @@ namespace detail {
 /** The experts local chunk `chunk` on pipeline rank `rank` holds: E / ep of each of its MoE layers. */
 [[nodiscard]] inline double chunk_expert_parameters(const GptModel& m, const ParallelConfig& c, std::size_t rank,
                                                     std::size_t chunk) {
-  const std::size_t first = first_chunk_layer(m, c, rank, chunk), end = first + layers_per_chunk(m, c);
+  const std::size_t first = first_chunk_layer(m, c, rank, chunk), end = first + chunk_layer_count(m, c, rank, chunk);
   double n = 0;
   for (std::size_t l = first; l < end; ++l) n += layer_expert_parameters(m, c, l);
   return n;
@@ -226,6 +236,7 @@ namespace detail {
   r.ordering = ordering.value_or(o.placement);
   r.placement = place(c, cm.cluster().gpus_per_node, r.ordering);
   r.memory = peak_memory(m, c, cm.precision(), peaks(c), o.memory);
+  r.stage_layers = stage_layout(m, c);
 
   StageCosts sc;
   sc.chunk.assign(c.pp, std::vector<ChunkCosts>(c.virtual_stages));
@@ -267,11 +278,13 @@ namespace detail {
       std::vector<Bucket> buckets;
       for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) {
         const double t0 = pt.grads_ready[rk][ch].first, t1 = pt.grads_ready[rk][ch].second;
-        const std::size_t L = layers_per_chunk(m, c), first = first_chunk_layer(m, c, rk, ch);
-        const double total = detail::chunk_parameters(m, c, rk, ch), per_layer = total / double(L);
-        for (std::size_t l = 0; l < L; ++l)
-          buckets.push_back(
-              {t0 + (t1 - t0) * double(l + 1) / double(L), per_layer, layer_expert_parameters(m, c, first + l)});
+        // A chunk without blocks (next to the embedding or the head) still reduces its own parameters: one bucket.
+        const std::size_t L = chunk_layer_count(m, c, rk, ch), first = first_chunk_layer(m, c, rk, ch);
+        const std::size_t B = std::max<std::size_t>(L, 1);
+        const double total = detail::chunk_parameters(m, c, rk, ch), per_bucket = total / double(B);
+        for (std::size_t l = 0; l < B; ++l)
+          buckets.push_back({t0 + (t1 - t0) * double(l + 1) / double(B), per_bucket,
+                             l < L ? layer_expert_parameters(m, c, first + l) : 0.0});
       }
       std::sort(buckets.begin(), buckets.end(), [](const Bucket& a, const Bucket& b) { return a.ready < b.ready; });
       // ZeRO reduce-scatters here and all-gathers the weights after the step (`gather` above).
@@ -364,6 +377,7 @@ namespace detail {
 
   Plan plan;
   plan.context_sizes = context_sizes;
+  plan.balance_stages = space.balance_stages;
   const double budget = p.cluster.memory_bytes * o.usable_memory_fraction;
   ActivationPeaks peaks;
   std::map<std::string, std::size_t> examples;
@@ -382,6 +396,44 @@ namespace detail {
     double bound;
   };
   std::vector<Feasible> feasible;
+  // The balanced layout depends on the per-block costs only, not on the schedule, micro-batch count or ZeRO.
+  std::map<std::tuple<std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, Recompute, bool, std::size_t,
+                      std::size_t>,
+           std::vector<std::size_t>>
+      layouts;
+  // Memory, then a compute lower bound; what fits joins the candidates to simulate.
+  auto admit = [&](const ParallelConfig& c) {
+    const std::size_t pp = c.pp, v = c.virtual_stages;
+    // Memory: activations grow with the in-flight count, between 1 and M*V; the verifier decides only in between.
+    std::vector<double> lo(pp, 1.0), hi(pp, double(c.microbatches * v));
+    const double need_lo = peak_memory(p.model, c, cm.precision(), lo, o.memory).total();
+    double need = need_lo;
+    if (need_lo <= budget && peak_memory(p.model, c, cm.precision(), hi, o.memory).total() > budget)
+      need = peak_memory(p.model, c, cm.precision(), peaks(c), o.memory).total();
+    if (need > budget) {
+      reject({c, "memory",
+              mpar::detail::cat("needs at least ", std::round(need / gib * 10) / 10, " GiB per GPU but ",
+                                std::round(budget / gib * 10) / 10, " GiB are usable (", o.usable_memory_fraction * 100,
+                                " % of ", p.cluster.memory_bytes / gib,
+                                " GiB); more recomputation, ZeRO-1, ZeRO-2 or ZeRO-3, larger tp/pp",
+                                p.model.experts > 0 ? ", a larger ep" : "", " or a smaller micro-batch would help")});
+      return false;
+    }
+    // Lower bound: the busiest rank computes M micro-batches through all its chunks without a gap.
+    const GroupPlacement g = place(c, p.cluster.gpus_per_node, o.placement);
+    double bound = 0;
+    for (std::size_t rk = 0; rk < pp; ++rk) {
+      double work = 0;
+      for (std::size_t ch = 0; ch < v; ++ch) {
+        const ChunkCosts cc = cm.chunk_costs(c, rk, ch, g);
+        work += cc.forward + cc.backward();
+      }
+      bound = std::max(bound, work * double(c.microbatches));
+    }
+    feasible.push_back({c, bound});
+    return true;
+  };
+
   for (std::size_t cp : context_sizes) {
     const std::size_t N = p.cluster.gpus / cp;  // GPUs per context rank: what tp x pp x dp share
     const std::vector<std::size_t> all = detail::divisors(N);
@@ -436,35 +488,49 @@ namespace detail {
                         reject(std::move(*why));
                         continue;
                       }
-                      // Memory: activations grow with the in-flight count, between 1 and M*V; the verifier decides only in between.
-                      std::vector<double> lo(pp, 1.0), hi(pp, double(c.microbatches * v));
-                      const double need_lo = peak_memory(p.model, c, cm.precision(), lo, o.memory).total();
-                      double need = need_lo;
-                      if (need_lo <= budget && peak_memory(p.model, c, cm.precision(), hi, o.memory).total() > budget)
-                        need = peak_memory(p.model, c, cm.precision(), peaks(c), o.memory).total();
-                      if (need > budget) {
-                        reject(
-                            {c, "memory",
-                             mpar::detail::cat("needs at least ", std::round(need / gib * 10) / 10, " GiB per GPU but ",
-                                               std::round(budget / gib * 10) / 10, " GiB are usable (",
-                                               o.usable_memory_fraction * 100, " % of ", p.cluster.memory_bytes / gib,
-                                               " GiB); more recomputation, ZeRO-1, ZeRO-2 or ZeRO-3, larger tp/pp",
-                                               p.model.experts > 0 ? ", a larger ep" : "",
-                                               " or a smaller micro-batch would help")});
-                        continue;
-                      }
-                      // Lower bound: the busiest rank computes M micro-batches through all its chunks without a gap.
-                      const GroupPlacement g = place(c, p.cluster.gpus_per_node, o.placement);
-                      double bound = 0;
-                      for (std::size_t rk = 0; rk < pp; ++rk) {
-                        double work = 0;
-                        for (std::size_t ch = 0; ch < v; ++ch) {
-                          const ChunkCosts cc = cm.chunk_costs(c, rk, ch, g);
-                          work += cc.forward + cc.backward();
+                      // Besides the even split, the cost-balanced partition (the embedding and the head weighted
+                      // in), when it differs, and where that does not fit the balanced one within each stage's
+                      // memory: the simulator decides which is fastest.
+                      const bool even_fits = admit(c);
+                      if (space.balance_stages && c.stages() > 1) {
+                        const GroupPlacement g = place(c, p.cluster.gpus_per_node, o.placement);
+                        const auto key = std::make_tuple(tp, cp, ep, dp, mbs, rc, bool(spi), pp, v);
+                        auto it = layouts.find(key);
+                        if (it == layouts.end()) it = layouts.emplace(key, balanced_stage_layers(cm, c, g)).first;
+                        const std::vector<std::size_t> even = stage_layout(p.model, c);
+                        bool tried = false, fits = even_fits;
+                        ParallelConfig balanced = c;
+                        if (it->second != even) {
+                          balanced.stage_layers = it->second;
+                          tried = true;
+                          fits = admit(balanced);
                         }
-                        bound = std::max(bound, work * double(c.microbatches));
+                        // With one set in flight per rank every block costs every rank the same memory, so the
+                        // ranks' total does not depend on the layout: above pp budgets no layout fits, and most
+                        // configurations that cannot fit are told without verifying their schedule.
+                        const auto room_for = [&](const std::vector<std::size_t>& limits) {
+                          std::size_t room = 0;
+                          for (std::size_t n : limits) room += n;
+                          return !limits.empty() && room >= p.model.layers;
+                        };
+                        double least_total = 0;
+                        if (!fits && v == 1 && p.model.experts == 0)
+                          for (std::size_t r = 0; r < pp; ++r)
+                            least_total += rank_memory(p.model, c, cm.precision(), r, 1.0, o.memory).total();
+                        if (!fits && v == 1 && p.model.experts == 0 && least_total <= double(pp) * budget) {
+                          std::vector<std::size_t> limits =
+                              stage_layer_limits(p.model, c, cm.precision(), peaks(c), budget, o.memory);
+                          if (room_for(limits)) {
+                            std::vector<std::size_t> capped = balanced_stage_layers(cm, c, g, std::move(limits));
+                            if (capped != even && capped != it->second) {
+                              balanced.stage_layers = std::move(capped);
+                              tried = true;
+                              admit(balanced);
+                            }
+                          }
+                        }
+                        if (tried) ++plan.balanced;
                       }
-                      feasible.push_back({c, bound});
                     }
                   }
                 }
