@@ -190,6 +190,26 @@ TEST_CASE("verifier catches broken dependencies, unmatched sends and crossed blo
   CHECK(verify(make_programs<OneFOneB>({2, 4, 1, 1, CommPlacement::ordered}), SendMode::rendezvous).ok);
 }
 
+TEST_CASE("a send window: each rank's n-th send waits until its (n-w)-th was received", "[pipeline][verify]") {
+  // In the lazy interleaved programs (P = 2) both ranks send twice before receiving the other's first message, so
+  // with one send in flight each waits at its second send for a receive the other has not reached.
+  const Programs inter = make_programs<Interleaved1F1B>({2, 4, 2});
+  const VerifyReport one = verify(inter, SendMode::buffered, 1);
+  CHECK_THAT(one.error, Contains("deadlock"));
+  CHECK(verify(inter, SendMode::buffered, 2).ok);
+  CHECK(verify(inter, SendMode::buffered, 0).ok);  // 0: unbounded
+  for (auto name : {GPipe::name, OneFOneB::name, ZBH1::name, ZBH2::name})
+    for (int P : {2, 4})
+      for (int M : {P, 2 * P + 1}) {
+        INFO(name << " P=" << P << " M=" << M);
+        CHECK(verify(make_programs(name, {P, M}), SendMode::buffered, 1).ok);
+      }
+  // Rendezvous sends are window 0: crossed sends that pass with one in flight do not pass there.
+  CHECK_FALSE(verify(make_programs<OneFOneB>({2, 4}), SendMode::rendezvous).ok);
+  // The window is a property of buffered sends only; the other modes ignore it.
+  CHECK(verify(make_programs<OneFOneB>({2, 4, 1, 1, CommPlacement::ordered}), SendMode::grouped, 1).ok);
+}
+
 TEST_CASE("invalid configurations get a sentence saying what to change", "[pipeline][config]") {
   CHECK_THROWS_WITH(make_programs<Interleaved1F1B>({4, 6, 2}), Contains("multiple of P") && Contains("use M = 8"));
   CHECK_THROWS_WITH(make_programs<OneFOneB>({4, 8, 2}), Contains("V = 1"));

@@ -58,7 +58,7 @@ TEST_CASE("mpar-plan parses the model, cluster and fixed dimensions", "[plan][cl
   CHECK(o.search.memory.recompute_whole_chunk);  // mpar's executor by default
   const CliOptions m = parse_cli(with(base_args(), {"--memory-semantics", "megatron"}));
   CHECK(!m.search.memory.recompute_whole_chunk);
-  CHECK(!m.search.memory.sends_held_until_step_end);
+  CHECK(!m.search.memory.sequence_parallel_whole_boundaries);
 }
 
 TEST_CASE("bad options give errors that say what to change", "[plan][cli]") {

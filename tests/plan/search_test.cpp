@@ -161,6 +161,35 @@ TEST_CASE("memory rejections name the need and the budget; a tiny GPU fits nothi
   CHECK(!search(p, CostModel(p.model, p.cluster), none, per_layer).best.empty());
 }
 
+TEST_CASE("Korthikanti et al.'s 530 B setting fits 80 GB GPUs: the send buffers in flight do not grow with M",
+          "[plan][search][memory]") {
+  // arXiv 2205.05198: 105 layers of width 20480 (128 heads, sequence 2048) on 2240 A100s of 80 GB with tp 8,
+  // pp 35, dp 8 and a global batch of 2240 sequences (280 micro-batches of one per pipeline), selective
+  // recomputation and sequence parallelism, model states unsharded.
+  const Problem p{GptModel{105, 20480, 128, 2048, 51200}, a100_selene(2240), 2240};
+  REQUIRE(p.cluster.memory_bytes == 80.0 * gib);
+  SearchSpace s;
+  s.tp = 8, s.pp = 35, s.dp = 8, s.microbatch_size = 1, s.schedule = ScheduleKind::one_f_one_b;
+  s.recompute = Recompute::selective, s.sequence_parallel = true, s.zero1 = false, s.zero2 = false, s.zero3 = false;
+  const Plan plan = search(p, CostModel(p.model, p.cluster), s);
+  REQUIRE(plan.best.size() == 1);
+  const Candidate& c = plan.best.front();
+  CHECK(c.config.microbatches == 280);
+  // One micro-batch's boundary: whole rows of 16-bit activations under mpar's sequence parallelism (80 MiB).
+  const double boundary = 2.0 * 2048 * 20480;
+  INFO("per GPU: " << c.memory.total() / gib << " GiB, of which communication buffers " << c.memory.communication / gib
+                   << " GiB");
+  // Two sends in flight and two receives, and the tensor-parallel all-gather of one layer input.
+  CHECK(c.memory.communication == Approx(5 * boundary));
+  CHECK(c.memory.total() < 0.95 * p.cluster.memory_bytes);
+  // Holding every send to the end of the step (560 boundaries, 44 GiB) does not fit: the refusal this replaces.
+  SearchOptions held;
+  held.memory.sends_in_flight = 2.0 * 280;
+  const Plan refused = search(p, CostModel(p.model, p.cluster), s, held);
+  CHECK(refused.best.empty());
+  CHECK(refused.rejected_by_kind.count("memory") == 1);
+}
+
 TEST_CASE("ZeRO-2 fits where ZeRO-1 does not: the search finds it between their memory needs",
           "[plan][search][zero2]") {
   Problem p{GptModel{24, 2048, 16, 1024, 32000}, a100_selene(8), 64};

@@ -4,7 +4,12 @@
  *
  * One Executor per pipeline rank holds that rank's chunks (V stages) and replays its program:
  * forwards and backwards call the stages; sends are `isend` (they return at once, so the next
- * compute overlaps the transfer, and complete by the end of the step). How receives are posted
+ * compute overlaps the transfer). A send's buffers are freed once its transfer completes, and a
+ * rank's n-th send first waits for its (n-w)-th, w = `ExecutorOptions::sends_in_flight`, so sends
+ * hold a few boundary tensors, not one per micro-batch. A host stage tests the sends in flight at
+ * every action and frees those done; on a stream-ordered stage the window's wait (which orders the
+ * compute stream, not the host) releases them, and rank memory is freed in stream order after it.
+ * How receives are posted
  * depends on how the communicator matches messages (`PointToPoint`):
  * - `posted` (tag matching: threads, MPI): every receive header of the step is posted as `irecv`
  *   when the step starts, so by the time a stage needs its input the message is usually there.
@@ -40,6 +45,7 @@
 #include <array>
 #include <chrono>
 #include <cstdint>
+#include <deque>
 #include <functional>
 #include <limits>
 #include <map>
@@ -98,6 +104,15 @@ struct ExecutorOptions {
   PointToPoint p2p = PointToPoint::automatic;
   /** Asynchronous programs with an optimizer: which version each micro-batch uses (see WeightVersions). */
   WeightVersions versions = WeightVersions::at_forward;
+  /**
+   * Send buffers (activations and gradients, each with its header) a rank keeps in flight at most: its n-th send
+   * first waits for its (n-w)-th to complete (a host stage also frees each completed send at its next action).
+   * The executor widens w (doubling) until the verifier proves the programs deadlock-free with it — with each
+   * rank's n-th send waiting for its (n-w)-th to be received (lazy interleaved 1F1B needs 2); `sends_in_flight()`
+   * says the w in effect. With grouped point-to-point a group's sends are posted together, so up to max(w, its
+   * sends).
+   */
+  std::size_t sends_in_flight = 2;
   /**
    * Whether the loss function's return values are the losses: summed on the host and broadcast from the last
    * stage (StepStats::loss). False: the loss function keeps them in rank memory itself (e.g. `B::accumulate`
@@ -196,6 +211,19 @@ class Executor {
     } else {
       report_ = verify_or_throw(prog_);
     }
+    require(opt_.sends_in_flight >= 1,
+            "pipeline::Executor: ExecutorOptions::sends_in_flight is 0; a send needs its "
+            "buffer in flight until the transfer completes, so allow at least 1");
+    window_ = opt_.sends_in_flight;
+    if (!grouped_) {
+      // Grouped programs passed a stricter check (a rank waits for each group to complete), so any window is
+      // safe there; with tag matching a send's wait can block on a receive the peer reaches later.
+      std::size_t most = 0;  // sends of the longest-sending rank: a window this wide never binds
+      for (const auto& rp : prog_.ranks)
+        most = std::max<std::size_t>(
+            most, std::size_t(std::count_if(rp.begin(), rp.end(), [](const Action& a) { return is_send(a.op); })));
+      while (window_ < most && !verify(prog_, SendMode::buffered, window_).ok) window_ *= 2;
+    }
     opt_.recompute.resize(chunks_.size(), false);
     if constexpr (!droppable_part<Stage>)
       for (bool r : opt_.recompute)
@@ -209,6 +237,8 @@ class Executor {
   [[nodiscard]] const Programs& programs() const { return prog_; }
   [[nodiscard]] const VerifyReport& report() const { return report_; }
   [[nodiscard]] const std::vector<nn::Parameter*>& parameters() const { return params_; }
+  /** @brief The send window in effect (ExecutorOptions::sends_in_flight, widened where the programs need it). */
+  [[nodiscard]] std::size_t sends_in_flight() const { return window_; }
   /** @brief PipeDream-2BW: optimizer steps applied on this rank so far (the current weight version). */
   [[nodiscard]] int weight_version() const { return version_; }
 
@@ -235,6 +265,7 @@ class Executor {
     first_version_ = version_;
     out_shape_.clear();
     sends_.clear();
+    sends_posted_ = 0;
     StepStats st;
     st.rank = r;
     st.timeline.config = c;
@@ -269,6 +300,9 @@ class Executor {
       const int s = global_stage(c, r, a.chunk);
       Stage& stage = *chunks_[std::size_t(a.chunk)];
       const double t_start = detail::now_seconds();
+      // On a stream-ordered stage `test()` would order the compute stream after each send (and after whatever its
+      // communication stream runs first, a data-parallel bucket's reduction) at once; the window's wait does so later.
+      if constexpr (host_headers) release_completed_sends();
       if (grouped_ && (is_send(a.op) || is_recv(a.op))) {
         i = exchange_group(prog, i, st) - 1;
         continue;
@@ -348,6 +382,8 @@ class Executor {
         case Op::send_activation:
         case Op::send_gradient: {
           lane = Lane::communication;
+          wait_for_send_window(sends_posted_);
+          t_work = detail::now_seconds();  // before this: waiting for an earlier send (idle)
           post_send(a, r, s);
           break;
         }
@@ -504,19 +540,39 @@ class Executor {
   }
 
   struct PendingSend {
+    std::size_t index = 0;  ///< the how-many-th send of the step
     Buffer<float> header;
     Boundary payload;
     std::vector<request_type> reqs;
   };
+
+  /** Frees the sends whose transfers completed (a host stage: the host may free what the transfer has read). */
+  void release_completed_sends() {
+    std::erase_if(sends_, [](PendingSend& p) {
+      return std::all_of(p.reqs.begin(), p.reqs.end(), [](request_type& q) { return bool(q.test()); });
+    });
+  }
+  /**
+   * Before send number `next`: waits for, and frees, the sends the window no longer admits (those numbered
+   * `next - sends_in_flight()` and earlier). On a stream-ordered communicator the wait orders the compute stream,
+   * and with it the buffers' stream-ordered free, after the transfer, without blocking the host.
+   */
+  void wait_for_send_window(std::size_t next) {
+    while (!sends_.empty() && sends_.front().index + window_ <= next) {
+      for (auto& q : sends_.front().reqs) q.wait();
+      sends_.pop_front();
+    }
+  }
   using Key = std::pair<int, int>;  // (stage, micro-batch) or (chunk, micro-batch)
 
   [[nodiscard]] bool holds_stage(int s) const { return stage_rank(prog_.config, s) == comm_.rank(); }
 
-  /** Posts header and payload of a send action; both stay alive (and are waited for) until the step ends. */
+  /** Posts header and payload of a send action; both stay alive until the transfer completes (see the file comment). */
   void post_send(const Action& a, int r, int s) {
     const bool g = a.op == Op::send_gradient;
     const int dst = g ? s - 1 : s + 1;
     auto& pending = sends_.emplace_back();
+    pending.index = sends_posted_++;
     pending.payload = take(g ? grad_ : act_, dst, a.mb, g ? "gradient" : "activation", a);
     const std::array<float, detail::h_size> header{detail::header_magic,
                                                    g ? 1.0f : 0.0f,
@@ -576,6 +632,8 @@ class Executor {
     for (std::size_t i = first; i < end; ++i) nrecv += is_recv(prog[i].op) ? 1 : 0;
     incoming.reserve(nrecv);  // the posted receives point into these payloads
     Buffer<float> headers = uninitialized_buffer<float>(nrecv * detail::h_size);  // the receives write them
+    // The window admits the group's last send: its sends are issued together, so the waits come before it.
+    if (const std::size_t nsend = (end - first) - nrecv; nsend > 0) wait_for_send_window(sends_posted_ + nsend - 1);
     std::vector<request_type> reqs;
     for (std::size_t i = first; i < end; ++i) {
       const Action& a = prog[i];
@@ -716,7 +774,9 @@ class Executor {
   std::map<Key, Boundary> act_, grad_, saved_;
   std::map<Key, Shape<2>> out_shape_;
   std::map<Key, int> fwd_version_;
-  std::vector<PendingSend> sends_;
+  std::deque<PendingSend> sends_;  ///< the sends in flight, oldest first
+  std::size_t sends_posted_ = 0;   ///< sends posted this step
+  std::size_t window_ = 1;         ///< ExecutorOptions::sends_in_flight, widened where the programs need it
   std::vector<decltype(nn::Parameter::value)> stash_;
   int version_ = 0;
   int first_version_ = 0;  ///< version_ when the running program started (WeightVersions::per_batch counts from it)

@@ -23,7 +23,9 @@ namespace mpar::pipeline {
 /**
  * @brief Point-to-point semantics to verify against.
  * - `buffered`: a send returns at once and messages are matched by tag (isend/irecv over threads or
- *   MPI; what the executor does by default).
+ *   MPI; what the executor does by default). With a send window w > 0 (`verify`'s third argument) a
+ *   rank's n-th send first waits until its (n-w)-th has been received: the executor's bound on the send
+ *   buffers in flight (ExecutorOptions::sends_in_flight).
  * - `rendezvous`: a send blocks until its receiver reaches the matching receive (blocking
  *   MPI_Ssend), which also exposes crossed send/recv orders.
  * - `grouped`: NCCL's semantics, what the executor does over a communicator that matches in order
@@ -68,10 +70,13 @@ struct Replay {
   std::vector<std::size_t> matched;
   std::vector<std::size_t> group_end;
   std::vector<int> unmatched;
+  // SendMode::buffered with a send window: per rank, the slot of each message it sent, in program order.
+  std::size_t window = 0;
+  std::vector<std::vector<const char*>> sends_of;
 
-  constexpr Replay(const RankPrograms& prog, SendMode m)
+  constexpr Replay(const RankPrograms& prog, SendMode m, std::size_t send_window = 0)
       : p(prog), mode(m), P(prog.config.stages), V(prog.config.chunks), S(prog.config.total_stages()),
-        N(prog.config.total_microbatches()) {
+        N(prog.config.total_microbatches()), window(m == SendMode::buffered ? send_window : 0) {
     const auto sn = std::size_t(S) * std::size_t(N);
     pc.assign(std::size_t(P), 0);
     f.assign(sn, 0);
@@ -83,6 +88,7 @@ struct Replay {
     peak.assign(std::size_t(P), 0);
     opt_steps.assign(std::size_t(P), 0);
     queued.assign(std::size_t(P), 0);
+    if (window > 0) sends_of.resize(std::size_t(P));
     if (mode == SendMode::grouped) {
       const auto pairs = std::size_t(P) * std::size_t(P);
       sent.resize(pairs);
@@ -311,6 +317,12 @@ struct Replay {
           push(a.peer);
           return Step::done;
         }
+        if (window > 0) {
+          // The bounded send buffers: this send waits until the one `window` sends earlier was received.
+          auto& mine = sends_of[std::size_t(r)];
+          if (mine.size() >= window && *mine[mine.size() - window] != 2) return Step::blocked;
+          mine.push_back(&slot);
+        }
         slot = 1;
         push(a.peer);
         return Step::done;
@@ -339,6 +351,7 @@ struct Replay {
         }
         if (slot == 0) return Step::blocked;
         slot = 2;
+        if (window > 0) push(a.peer);  // the sender may wait for this message to free its send buffer
         return Step::done;
       }
     }
@@ -394,10 +407,12 @@ struct Replay {
 
 /**
  * @brief Replays all ranks' programs together; see the file comment for what is checked. O(total actions).
- * `RankPrograms` is `Programs` (a template for the compile cost only, see detail::Replay).
+ * `send_window` (SendMode::buffered only; 0: unbounded) bounds each rank's sends in flight as the executor
+ * does (see SendMode). `RankPrograms` is `Programs` (a template for the compile cost only, see detail::Replay).
  */
 template <class RankPrograms = Programs>
-[[nodiscard]] constexpr VerifyReport verify(const RankPrograms& p, SendMode mode = SendMode::buffered) {
+[[nodiscard]] constexpr VerifyReport verify(const RankPrograms& p, SendMode mode = SendMode::buffered,
+                                            std::size_t send_window = 0) {
   VerifyReport rep;
   if (int(p.ranks.size()) != p.config.stages) {
     rep.ok = false;
@@ -405,7 +420,7 @@ template <class RankPrograms = Programs>
                 " ranks but P = " + detail::itos(p.config.stages);
     return rep;
   }
-  detail::Replay<RankPrograms> rp(p, mode);
+  detail::Replay<RankPrograms> rp(p, mode, send_window);
   rp.run();
   rep.error = rp.finish();
   rep.ok = rep.error.empty();

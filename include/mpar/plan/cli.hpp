@@ -66,8 +66,8 @@ Optional (hardware and output):
   --memory-fraction X      usable share of GPU memory (default 0.95)
   --memory-semantics mpar|megatron
                            mpar (default): as mpar's executor runs today, whole-chunk recomputation and
-                           send buffers held to the end of the step; megatron: per-layer checkpoints,
-                           send buffers freed on delivery
+                           whole-row stage boundaries; megatron: per-layer checkpoints, token-sharded
+                           boundaries
   --calibration FILE       JSON-lines measurements replacing the cost model's defaults
   --top N                  configurations to show (default 10)
   --json                   one JSON object per configuration and line instead of the table

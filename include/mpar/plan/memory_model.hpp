@@ -64,11 +64,12 @@ struct MemoryOptions {
    */
   bool recompute_whole_chunk = true;
   /**
-   * mpar's executor completes its `isend`s at the end of the step, so every activation and gradient
-   * a rank sends stays allocated until then (M per chunk and direction). `false`: a send buffer is
-   * released as soon as it is delivered (two per direction in flight).
+   * Send buffers (activations or gradients, one micro-batch's each) a pipeline rank holds at once. mpar's
+   * executor frees each when its transfer completes and lets a send wait for the one this many sends earlier
+   * (pipeline::ExecutorOptions::sends_in_flight, 2 by default), so they do not grow with the micro-batches.
+   * Megatron-LM's count is the same: a send in flight each way.
    */
-  bool sends_held_until_step_end = true;
+  double sends_in_flight = 2;
   /**
    * Korthikanti's count assumes dropout on the attention probabilities (its output and mask are kept
    * next to the softmax output). Without attention dropout (p = 0, as mpar's host trainer defaults to)
@@ -98,11 +99,10 @@ struct MemoryOptions {
 
   /** How mpar's pipeline executor behaves today (the default). */
   [[nodiscard]] static MemoryOptions mpar_executor() { return {}; }
-  /** Megatron-LM's behaviour: per-layer activation checkpoints, send buffers freed on delivery. */
+  /** Megatron-LM's behaviour: per-layer activation checkpoints, token-sharded boundaries, textbook buckets. */
   [[nodiscard]] static MemoryOptions megatron() {
     MemoryOptions o;
     o.recompute_whole_chunk = false;
-    o.sends_held_until_step_end = false;
     o.zero1_gradient_shard = false;
     o.zero_full_gradient_accumulation = false;
     o.sequence_parallel_whole_boundaries = false;
@@ -355,16 +355,9 @@ struct MoeLayerBytes {
   double comm = 0;
   if (c.pp > 1) {
     const double boundary = p.activation_bytes * sbh / boundary_shard;  // one micro-batch's activation or gradient
-    if (o.sends_held_until_step_end) {
-      double sends = 0;  // over this rank's chunks: activations forward unless last stage, gradients back unless first
-      for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) {
-        const std::size_t global = ch * c.pp + rank;
-        sends += double(global + 1 < c.stages()) + double(global > 0);
-      }
-      comm += sends * double(c.microbatches) * boundary + 2 * boundary;  // + the receive buffers
-    } else {
-      comm += 4 * boundary;  // send and receive, activations and gradients
-    }
+    // The sends in flight (never more than the rank sends in a step) and two receive buffers.
+    const double sends = double(c.microbatches) * (c.virtual_stages > 1 || (rank > 0 && rank + 1 < c.pp) ? 2.0 : 1.0);
+    comm += (std::min(o.sends_in_flight, sends) + 2) * boundary;
   }
   // Tensor parallelism: the all-gathered layer input under sequence parallelism, otherwise the
   // all-reduce's scratch copy of one activation.
