@@ -1,7 +1,8 @@
 #pragma once
 /**
  * @file Checkpoints: save and load with resharding (io/checkpoint.hpp), the manifest format
- * (io/manifest.hpp), the lock one saving job holds on its directory (io/lock.hpp), blocks from parameters and optimizer states (io/blocks.hpp).
+ * (io/manifest.hpp), the lock one saving job holds on its directory (io/lock.hpp), blocks from parameters and optimizer states (io/blocks.hpp),
+ * a distributed optimizer's training checkpoint in one call (io/training_checkpoint.hpp).
  * See docs/checkpoints.md. The command-line option parser (cli/parser.hpp) is in `mpar/tools.hpp`.
  */
 #include "mpar/io/blocks.hpp"
@@ -12,3 +13,4 @@
 #include "mpar/io/io_error.hpp"
 #include "mpar/io/lock.hpp"
 #include "mpar/io/manifest.hpp"
+#include "mpar/io/training_checkpoint.hpp"

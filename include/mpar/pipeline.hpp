@@ -7,6 +7,7 @@
  */
 #include "mpar/pipeline/action.hpp"
 #include "mpar/pipeline/executor.hpp"
+#include "mpar/pipeline/mean_squared_error.hpp"
 #include "mpar/pipeline/partition.hpp"
 #include "mpar/pipeline/pipeline_part.hpp"
 #include "mpar/pipeline/run_pipeline_threads.hpp"

@@ -767,3 +767,67 @@ TEST_CASE("the send window is widened to what the programs need and still reprod
   CHECK_THROWS_WITH(pipelined(OneFOneB::name, 2, 4, 1, 1, false, CommPlacement::lazy, none),
                     Contains("sends_in_flight is 0"));
 }
+
+TEST_CASE(
+    "pipeline::mean_squared_error: the mean of squares and its gradient, against hand values and finite "
+    "differences",
+    "[pipeline][loss]") {
+  const std::vector<Activation> hand{Activation({1, 2}, std::vector<float>{0.0f, 4.0f})};
+  const LossFn<Replicate> hand_loss = mean_squared_error(hand);
+  X y(Activation({1, 2}, std::vector<float>{1.0f, 2.0f})), dy(Activation({1, 2}));
+  CHECK(hand_loss(y, 0, dy) == 2.5);  // ((1 - 0)^2 + (2 - 4)^2) / 2
+  CHECK(dy.tensor().values()[0] == 1.0f);
+  CHECK(dy.tensor().values()[1] == -2.0f);
+
+  const std::vector<Activation> targets{data(0, 2), data(1, 2)};
+  const LossFn<Replicate> loss = mean_squared_error(targets);
+  const Activation y0 = data(1, 1);
+  X g(Activation(y0.shape()));
+  (void)loss(X(y0), 1, g);
+  for (std::size_t i = 0; i < y0.size(); i += 5) {
+    const float h = 1e-2f;  // the loss is quadratic: the central difference is exact up to rounding
+    Activation up = y0, down = y0;
+    up.data()[i] += h, down.data()[i] -= h;
+    X scratch(Activation(y0.shape()));
+    const double fd = (loss(X(up), 1, scratch) - loss(X(down), 1, scratch)) / (double(up.data()[i]) - down.data()[i]);
+    INFO("element " << i);
+    CHECK(g.tensor().data()[i] == Approx(fd).epsilon(1e-4).margin(1e-6));
+  }
+  X scratch(Activation(y0.shape()));
+  CHECK_THROWS_WITH(loss(X(y0), 2, scratch), Contains("micro-batch 2 has no target (2 given)"));
+  X wide(Activation({tokens, width + 1})), dwide(Activation({tokens, width + 1}));
+  CHECK_THROWS_WITH(loss(wide, 0, dwide), Contains("micro-batch 0's output is 3x9 but its target 3x8"));
+}
+
+TEST_CASE(
+    "an Executor built from the rank's vector of stages, with mean_squared_error as its loss, equals the "
+    "single-rank model",
+    "[pipeline][executor][loss]") {
+  const int P = 2, M = 2, V = 2;
+  const Result ref = reference(std::size_t(P * V), M);
+  const Programs prog = make_programs<Interleaved1F1B>({P, M, V});
+  std::mutex mu;
+  double loss = 0;
+  std::map<std::string, std::vector<float>> grads;
+  run_threads(P, [&](ThreadsCommunicator& comm) {
+    std::vector<TanhStack> chunks;
+    for (int c = 0; c < V; ++c) chunks.emplace_back(width, std::size_t(global_stage(prog.config, comm.rank(), c)), 1);
+    Executor<TanhStack, ThreadsCommunicator> ex(comm, prog, chunks);  // chunk c is chunks[c]
+    std::vector<X> inputs;
+    std::vector<Activation> targets;
+    for (int mb = 0; mb < M; ++mb) inputs.emplace_back(data(mb, 1)), targets.push_back(data(mb, 2));
+    const StepStats st = ex.step(inputs, mean_squared_error(targets));
+    std::lock_guard l(mu);
+    loss = st.loss;
+    for (auto* p : ex.parameters()) grads[p->name].assign(p->grad.begin(), p->grad.end());
+  });
+  CHECK(loss == Approx(ref.loss).epsilon(1e-6));
+  REQUIRE(grads.size() == ref.grads.size());
+  for (const auto& [name, g] : ref.grads) {
+    REQUIRE(grads.at(name).size() == g.size());
+    for (std::size_t i = 0; i < g.size(); ++i) {
+      INFO(name << "[" << i << "]");
+      CHECK(grads.at(name)[i] == Approx(g[i]).epsilon(1e-5).margin(1e-7));
+    }
+  }
+}

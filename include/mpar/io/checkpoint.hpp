@@ -20,6 +20,7 @@
 #include "mpar/io/checkpoint/agree.hpp"
 #include "mpar/io/checkpoint/block_key.hpp"
 #include "mpar/io/checkpoint/block_view.hpp"
+#include "mpar/io/checkpoint/difference.hpp"
 #include "mpar/io/checkpoint/directory.hpp"
 #include "mpar/io/checkpoint/load.hpp"
 #include "mpar/io/checkpoint/options.hpp"

@@ -233,6 +233,12 @@ class Executor {
       params_.insert(params_.end(), ps.begin(), ps.end());
     }
   }
+  /**
+   * The same with the rank's chunks held in one range, chunk c at `chunks[c]` (a `std::vector<Stage>` the caller
+   * keeps, unmoved, while the executor lives).
+   */
+  Executor(Comm& comm, Programs programs, std::span<Stage> chunks, ExecutorOptions options = {})
+      : Executor(comm, std::move(programs), addresses(chunks), std::move(options)) {}
 
   [[nodiscard]] const Programs& programs() const { return prog_; }
   [[nodiscard]] const VerifyReport& report() const { return report_; }
@@ -441,6 +447,12 @@ class Executor {
     else
       return true;
   }();
+  /** The address of each chunk of a range, in order. */
+  static std::vector<Stage*> addresses(std::span<Stage> chunks) {
+    std::vector<Stage*> out;
+    for (Stage& c : chunks) out.push_back(&c);
+    return out;
+  }
   /** A received header as host values: read directly, or through the stream-ordered copy and a wait. */
   static std::array<float, detail::h_size> header_on_host(const float* p) {
     std::array<float, detail::h_size> h{};

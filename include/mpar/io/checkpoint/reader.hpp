@@ -5,8 +5,11 @@
  */
 #include <filesystem>
 #include <span>
+#include <string>
 #include <utility>
+#include <vector>
 
+#include "mpar/io/box.hpp"
 #include "mpar/io/checkpoint/agree.hpp"
 #include "mpar/io/checkpoint/block_view.hpp"
 #include "mpar/io/checkpoint/directory.hpp"
@@ -55,6 +58,19 @@ class CheckpointReader {
       for (const auto& s : t->shards)
         if (auto inter = intersect(s.box, b.box)) reader_.read(*t, s, b, *inter, opts_.verify_whole_shards);
     }
+  }
+
+  /**
+   * The whole tensor `name`, row-major, however many shards it was saved in: what compares two checkpoints of
+   * different layouts (a run against the single rank). Throws naming the tensor when the checkpoint lacks it.
+   */
+  [[nodiscard]] std::vector<float> read_whole(const std::string& name) {
+    const TensorRecord* t = manifest_.find(name);
+    detail::check(t != nullptr, "checkpoint ", (path_ / manifest_file_name).string(), " has no tensor '", name, "'");
+    std::vector<float> values(volume(t->shape));
+    const LoadBlock whole{t->name, t->shape, full_box(t->shape), t->layout, std::span<float>(values)};
+    read(std::span<const LoadBlock>(&whole, 1));
+    return values;
   }
 
  private:
