@@ -4,14 +4,13 @@
  * kernels). `copy` and `copy_2d` are `copy_on_device` and `copy_2d_on_device` (memory.hpp); `convert` is in
  * kernels.hpp.
  */
-#include <cuda_runtime.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
 
 #include "mpar/backend/gpu/cuda_error.hpp"
 #include "mpar/backend/gpu/kernels.hpp"
+#include "mpar/backend/gpu/runtime.hpp"
 #include "mpar/core/init.hpp"
 
 namespace mpar::gpu {
@@ -45,7 +44,7 @@ void zero(std::size_t n, T* x, cudaStream_t s = nullptr) {
 template <class T>
 void fill(std::size_t n, T value, T* x, cudaStream_t s = nullptr) {
   if (!n) return;
-  detail::fill_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(n, value, x);
+  MPAR_LAUNCH(detail::fill_kernel, detail::grid_for(n), detail::block_threads, 0, detail::pick(s), n, value, x);
   check_launch("gpu::fill");
 }
 /** x[k] = T(block.value(k)) for k < block.size(): a parameter block's initial values, ordered on `s`. */
@@ -54,8 +53,8 @@ template <class T>
 void init_values(const InitBlock& block, T* x, cudaStream_t s = nullptr) {
   const std::uint64_t n = block.size();
   if (!n) return;
-  detail::init_values_kernel<<<detail::grid_for(std::size_t(n)), detail::block_threads, 0, detail::pick(s)>>>(block, n,
-                                                                                                              x);
+  MPAR_LAUNCH(detail::init_values_kernel, detail::grid_for(std::size_t(n)), detail::block_threads, 0, detail::pick(s),
+              block, n, x);
   check_launch("gpu::init_values");
 }
 

@@ -6,12 +6,9 @@
  * __half, so device buffers of either are interchangeable; these helpers convert with the same
  * round-to-nearest-even rule as the host types, so host and device agree bit-for-bit.
  */
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
-#include <library_types.h>
-
 #include <type_traits>
 
+#include "mpar/backend/gpu/runtime.hpp"  // cuda_bf16.h, cuda_fp16.h, library_types.h (or their emulation)
 #include "mpar/core/dtype.hpp"
 
 namespace mpar::gpu {

@@ -3,17 +3,14 @@
  * @file CUDA kernels for the layers' forward and backward passes: the device twins of
  * mpar/backend/host/kernels.hpp, with the same argument order and the same semantics.
  *
- * Include from a translation unit compiled by nvcc. Activations are row-major `[rows, cols]` device
+ * Include from a translation unit compiled by nvcc, or by g++ with MPAR_CUDA_EMULATION (the kernels then run in
+ * the emulated runtime: backend/gpu/runtime.hpp). Activations are row-major `[rows, cols]` device
  * arrays of `T` (float, bf16, f16; double where noted) and arithmetic runs in `compute_type_t<T>`.
  * Per-row statistics (layer-norm mean/rstd, cross-entropy partials) and parameter gradients of
  * 16-bit activations are kept in float, because accumulating gradients in 16 bits loses updates.
  * Every launcher takes an optional stream (the thread's compute stream by default), never
  * synchronises, and checks the launch.
  */
-#include <cuda_runtime.h>
-
-#include <cub/block/block_reduce.cuh>
-
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -21,6 +18,7 @@
 #include "mpar/backend/gpu/context.hpp"
 #include "mpar/backend/gpu/cuda_error.hpp"
 #include "mpar/backend/gpu/element_types.hpp"
+#include "mpar/backend/gpu/runtime.hpp"
 #include "mpar/backend/host/kernels.hpp"  // host::DropoutMask: the device applies the same mask
 #include "mpar/core/init.hpp"
 
@@ -50,21 +48,31 @@ struct MaxOp {
   }
 };
 
+/** Reduces `v` over the 32 lanes of a full warp (butterfly shuffles): every lane returns the total. */
+template <class V, class Op>
+__device__ V warp_reduce(V v, Op op) {
+  for (int offset = 16; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, offset));
+  return v;
+}
+
 /**
- * Reduces `v` over the block and returns the result to every thread. Every launcher in this header
- * uses `block_threads` threads per block, so the block size is a compile-time constant and
- * `cub::BlockReduce` (warp shuffles, missing lanes never read) does the work; only the broadcast of
- * thread 0's result is ours. The trailing barrier lets callers reduce again at once.
+ * Reduces `v` over the block and returns the result to every thread. Every launcher in this header uses
+ * `block_threads` threads per block, so the warp count is a compile-time constant: each warp reduces its lanes,
+ * lane 0 writes the warp's partial, and after the barrier every warp reduces the partials itself (no broadcast
+ * step). The trailing barrier lets callers reduce again at once (no warp overwrites a partial still being read).
  */
 template <class V, class Op>
 __device__ V block_reduce(V v, Op op) {
-  using Reduce = cub::BlockReduce<V, block_threads>;
-  __shared__ typename Reduce::TempStorage storage;
-  __shared__ V result;
-  const V total = Reduce(storage).Reduce(v, op);
-  if (threadIdx.x == 0) result = total;
+  constexpr unsigned warps = block_threads / 32;
+  static_assert(block_threads % 32 == 0 && (warps & (warps - 1)) == 0 && warps <= 32,
+                "block_reduce needs whole warps, a power-of-two count of them");
+  __shared__ V partial[warps];
+  const unsigned lane = threadIdx.x % 32;
+  v = warp_reduce(v, op);
+  if (lane == 0) partial[threadIdx.x / 32] = v;
   __syncthreads();
-  v = result;
+  v = partial[lane % warps];  // each group of `warps` lanes holds every partial once
+  for (unsigned offset = warps / 2; offset > 0; offset /= 2) v = op(v, __shfl_xor_sync(0xffffffffu, v, int(offset)));
   __syncthreads();
   return v;
 }
@@ -509,43 +517,44 @@ __global__ void update_factors_kernel(const Real* squares, Real max_norm, float 
 template <class T>
 void gelu_forward(std::size_t n, const T* x, T* y, cudaStream_t s = nullptr) {
   if (!n) return;
-  detail::gelu_forward_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(n, x, y);
+  MPAR_LAUNCH(detail::gelu_forward_kernel, detail::grid_for(n), detail::block_threads, 0, detail::pick(s), n, x, y);
   check_launch("gpu::gelu_forward");
 }
 /** dx[i] = dy[i] * gelu'(x[i]); dx may alias dy. */
 template <class T>
 void gelu_backward(std::size_t n, const T* x, const T* dy, T* dx, cudaStream_t s = nullptr) {
   if (!n) return;
-  detail::gelu_backward_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(n, x, dy, dx);
+  MPAR_LAUNCH(detail::gelu_backward_kernel, detail::grid_for(n), detail::block_threads, 0, detail::pick(s), n, x, dy,
+              dx);
   check_launch("gpu::gelu_backward");
 }
 /** y[i] = x[i] + z[i]; y may alias x or z. */
 template <class T>
 void add(std::size_t n, const T* x, const T* z, T* y, cudaStream_t s = nullptr) {
   if (!n) return;
-  detail::add_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(n, x, z, y);
+  MPAR_LAUNCH(detail::add_kernel, detail::grid_for(n), detail::block_threads, 0, detail::pick(s), n, x, z, y);
   check_launch("gpu::add");
 }
 /** x[i] *= a */
 template <class T>
 void scale(std::size_t n, compute_type_t<T> a, T* x, cudaStream_t s = nullptr) {
   if (!n) return;
-  detail::scale_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(n, a, x);
+  MPAR_LAUNCH(detail::scale_kernel, detail::grid_for(n), detail::block_threads, 0, detail::pick(s), n, a, x);
   check_launch("gpu::scale");
 }
 /** y[i] = To(x[i]), rounding to nearest even into 16-bit types. */
 template <class From, class To>
 void convert(std::size_t n, const From* x, To* y, cudaStream_t s = nullptr) {
   if (!n) return;
-  detail::convert_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(n, x, y);
+  MPAR_LAUNCH(detail::convert_kernel, detail::grid_for(n), detail::block_threads, 0, detail::pick(s), n, x, y);
   check_launch("gpu::convert");
 }
 /** y[r, c] += bias[c] */
 template <class T>
 void bias_add_forward(std::size_t rows, std::size_t cols, const T* bias, T* y, cudaStream_t s = nullptr) {
   if (!rows || !cols) return;
-  detail::bias_add_forward_kernel<<<detail::grid_for(rows * cols), detail::block_threads, 0, detail::pick(s)>>>(
-      rows, cols, bias, y);
+  MPAR_LAUNCH(detail::bias_add_forward_kernel, detail::grid_for(rows * cols), detail::block_threads, 0, detail::pick(s),
+              rows, cols, bias, y);
   check_launch("gpu::bias_add_forward");
 }
 /** dbias[c] += sum_r dy[r, c] (dbias in the compute type: float for 16-bit dy). */
@@ -556,7 +565,7 @@ void bias_add_backward(std::size_t rows, std::size_t cols, const T* dy, compute_
   constexpr std::size_t chunk = 64;
   const dim3 grid(unsigned((cols + detail::block_threads - 1) / detail::block_threads),
                   unsigned((rows + chunk - 1) / chunk));
-  detail::column_sum_kernel<<<grid, detail::block_threads, 0, detail::pick(s)>>>(rows, cols, chunk, dy, dbias);
+  MPAR_LAUNCH(detail::column_sum_kernel, grid, detail::block_threads, 0, detail::pick(s), rows, cols, chunk, dy, dbias);
   check_launch("gpu::bias_add_backward");
 }
 
@@ -568,8 +577,8 @@ template <class T>
 void softmax_forward(std::size_t rows, std::size_t cols, const T* x, T* y, bool causal = false, float scale = 1.0f,
                      cudaStream_t s = nullptr) {
   if (!rows || !cols) return;
-  detail::softmax_forward_kernel<<<unsigned(rows), detail::block_threads, 0, detail::pick(s)>>>(cols, x, y, causal,
-                                                                                                scale);
+  MPAR_LAUNCH(detail::softmax_forward_kernel, unsigned(rows), detail::block_threads, 0, detail::pick(s), cols, x, y,
+              causal, scale);
   check_launch("gpu::softmax_forward");
 }
 /** dx = scale * y * (dy - sum(dy * y)); dx may alias dy. Causal masking needs nothing extra (y is 0 there). */
@@ -577,8 +586,8 @@ template <class T>
 void softmax_backward(std::size_t rows, std::size_t cols, const T* y, const T* dy, T* dx, float scale = 1.0f,
                       cudaStream_t s = nullptr) {
   if (!rows || !cols) return;
-  detail::softmax_backward_kernel<<<unsigned(rows), detail::block_threads, 0, detail::pick(s)>>>(cols, y, dy, dx,
-                                                                                                 scale);
+  MPAR_LAUNCH(detail::softmax_backward_kernel, unsigned(rows), detail::block_threads, 0, detail::pick(s), cols, y, dy,
+              dx, scale);
   check_launch("gpu::softmax_backward");
 }
 
@@ -587,8 +596,8 @@ template <class T>
 void layernorm_forward(std::size_t rows, std::size_t cols, const T* x, const T* gamma, const T* beta, T* y, float* mean,
                        float* rstd, float eps = 1e-5f, cudaStream_t s = nullptr) {
   if (!rows || !cols) return;
-  detail::layernorm_forward_kernel<<<unsigned(rows), detail::block_threads, 0, detail::pick(s)>>>(cols, x, gamma, beta,
-                                                                                                  y, mean, rstd, eps);
+  MPAR_LAUNCH(detail::layernorm_forward_kernel, unsigned(rows), detail::block_threads, 0, detail::pick(s), cols, x,
+              gamma, beta, y, mean, rstd, eps);
   check_launch("gpu::layernorm_forward");
 }
 /** dx is overwritten; dgamma and dbeta (float, length cols) accumulate, as on the host. */
@@ -597,14 +606,14 @@ void layernorm_backward(std::size_t rows, std::size_t cols, const T* x, const fl
                         const T* gamma, const T* dy, T* dx, float* dgamma, float* dbeta, cudaStream_t s = nullptr) {
   if (!rows || !cols) return;
   s = detail::pick(s);
-  detail::layernorm_backward_dx_kernel<<<unsigned(rows), detail::block_threads, 0, s>>>(cols, x, mean, rstd, gamma, dy,
-                                                                                        dx);
+  MPAR_LAUNCH(detail::layernorm_backward_dx_kernel, unsigned(rows), detail::block_threads, 0, s, cols, x, mean, rstd,
+              gamma, dy, dx);
   check_launch("gpu::layernorm_backward(dx)");
   constexpr std::size_t chunk = 64;
   const dim3 grid(unsigned((cols + detail::block_threads - 1) / detail::block_threads),
                   unsigned((rows + chunk - 1) / chunk));
-  detail::layernorm_backward_params_kernel<<<grid, detail::block_threads, 0, s>>>(rows, cols, chunk, x, mean, rstd, dy,
-                                                                                  dgamma, dbeta);
+  MPAR_LAUNCH(detail::layernorm_backward_params_kernel, grid, detail::block_threads, 0, s, rows, cols, chunk, x, mean,
+              rstd, dy, dgamma, dbeta);
   check_launch("gpu::layernorm_backward(dgamma, dbeta)");
 }
 
@@ -618,8 +627,8 @@ void cross_entropy_forward(std::size_t rows, std::size_t cols, const T* logits, 
   s = detail::pick(s);
   check(cudaMemsetAsync(loss, 0, sizeof(float), s), "cudaMemsetAsync(loss)");
   if (!rows || !cols) return;
-  detail::cross_entropy_forward_kernel<<<unsigned(rows), detail::block_threads, 0, s>>>(rows, cols, logits, targets,
-                                                                                        probs, loss);
+  MPAR_LAUNCH(detail::cross_entropy_forward_kernel, unsigned(rows), detail::block_threads, 0, s, rows, cols, logits,
+              targets, probs, loss);
   check_launch("gpu::cross_entropy_forward");
 }
 /** dlogits = scale * (probs - onehot(target)) / rows */
@@ -627,8 +636,8 @@ template <class T>
 void cross_entropy_backward(std::size_t rows, std::size_t cols, const T* probs, const std::int32_t* targets, T* dlogits,
                             float scale = 1.0f, cudaStream_t s = nullptr) {
   if (!rows || !cols) return;
-  detail::cross_entropy_backward_kernel<<<detail::grid_for(rows * cols), detail::block_threads, 0, detail::pick(s)>>>(
-      rows, cols, probs, targets, dlogits, scale);
+  MPAR_LAUNCH(detail::cross_entropy_backward_kernel, detail::grid_for(rows * cols), detail::block_threads, 0,
+              detail::pick(s), rows, cols, probs, targets, dlogits, scale);
   check_launch("gpu::cross_entropy_backward");
 }
 
@@ -642,7 +651,8 @@ void cross_entropy_backward(std::size_t rows, std::size_t cols, const T* probs, 
 template <class T>
 void vocab_parallel_max(std::size_t rows, std::size_t cols, const T* logits, float* row_max, cudaStream_t s = nullptr) {
   if (!rows) return;
-  detail::vocab_row_max_kernel<<<unsigned(rows), detail::block_threads, 0, detail::pick(s)>>>(cols, logits, row_max);
+  MPAR_LAUNCH(detail::vocab_row_max_kernel, unsigned(rows), detail::block_threads, 0, detail::pick(s), cols, logits,
+              row_max);
   check_launch("gpu::vocab_parallel_max");
 }
 /** Local sum of exp(logit - global row max) and the target's logit when this rank owns it (0 otherwise). */
@@ -651,8 +661,8 @@ void vocab_parallel_sumexp(std::size_t rows, std::size_t cols, std::size_t col_o
                            const std::int32_t* targets, const float* row_max, float* sumexp, float* target_logit,
                            cudaStream_t s = nullptr) {
   if (!rows) return;
-  detail::vocab_sumexp_kernel<<<unsigned(rows), detail::block_threads, 0, detail::pick(s)>>>(
-      cols, col_offset, logits, targets, row_max, sumexp, target_logit);
+  MPAR_LAUNCH(detail::vocab_sumexp_kernel, unsigned(rows), detail::block_threads, 0, detail::pick(s), cols, col_offset,
+              logits, targets, row_max, sumexp, target_logit);
   check_launch("gpu::vocab_parallel_sumexp");
 }
 /** `*loss` = mean over rows of log(sumexp) + max - target_logit, from the all-reduced statistics. */
@@ -661,8 +671,8 @@ inline void vocab_parallel_loss(std::size_t rows, const float* row_max, const fl
   s = detail::pick(s);
   check(cudaMemsetAsync(loss, 0, sizeof(float), s), "cudaMemsetAsync(loss)");
   if (!rows) return;
-  detail::vocab_loss_kernel<>
-      <<<detail::grid_for(rows), detail::block_threads, 0, s>>>(rows, row_max, sumexp, target_logit, loss);
+  MPAR_LAUNCH(detail::vocab_loss_kernel<>, detail::grid_for(rows), detail::block_threads, 0, s, rows, row_max, sumexp,
+              target_logit, loss);
   check_launch("gpu::vocab_parallel_loss");
 }
 /** dlogits of the local vocabulary block: scale * (softmax - onehot) / rows, softmax from the global statistics. */
@@ -671,8 +681,8 @@ void vocab_parallel_backward(std::size_t rows, std::size_t cols, std::size_t col
                              const std::int32_t* targets, const float* row_max, const float* sumexp, T* dlogits,
                              float scale = 1.0f, cudaStream_t s = nullptr) {
   if (!rows || !cols) return;
-  detail::vocab_backward_kernel<<<detail::grid_for(rows * cols), detail::block_threads, 0, detail::pick(s)>>>(
-      rows, cols, col_offset, logits, targets, row_max, sumexp, dlogits, scale);
+  MPAR_LAUNCH(detail::vocab_backward_kernel, detail::grid_for(rows * cols), detail::block_threads, 0, detail::pick(s),
+              rows, cols, col_offset, logits, targets, row_max, sumexp, dlogits, scale);
   check_launch("gpu::vocab_parallel_backward");
 }
 
@@ -686,9 +696,9 @@ void dropout_apply(const host::DropoutMask& mask, std::size_t rows, std::size_t 
   require(mask.p >= 0.0 && mask.p < 1.0, "gpu::dropout_apply: probability ", mask.p, " must be in [0, 1)");
   if (!rows || !cols) return;
   using C = compute_type_t<T>;
-  detail::dropout_kernel<<<detail::grid_for(rows * cols), detail::block_threads, 0, detail::pick(s)>>>(
-      rows, cols, mask.seed, mask.stream, mask.p, mask.global_cols, mask.row_offset, mask.col_offset,
-      C(1.0 / (1.0 - mask.p)), x, y);
+  MPAR_LAUNCH(detail::dropout_kernel, detail::grid_for(rows * cols), detail::block_threads, 0, detail::pick(s), rows,
+              cols, mask.seed, mask.stream, mask.p, mask.global_cols, mask.row_offset, mask.col_offset,
+              C(1.0 / (1.0 - mask.p)), x, y);
   check_launch("gpu::dropout_apply");
 }
 
@@ -700,8 +710,8 @@ template <class T>
 void embedding_forward(std::size_t tokens, std::size_t dim, const std::int32_t* ids, const T* table, T* out,
                        std::size_t vocab_offset, std::size_t vocab_local, cudaStream_t s = nullptr) {
   if (!tokens || !dim) return;
-  detail::embedding_forward_kernel<<<detail::grid_for(tokens * dim), detail::block_threads, 0, detail::pick(s)>>>(
-      tokens, dim, vocab_offset, vocab_local, ids, table, out);
+  MPAR_LAUNCH(detail::embedding_forward_kernel, detail::grid_for(tokens * dim), detail::block_threads, 0,
+              detail::pick(s), tokens, dim, vocab_offset, vocab_local, ids, table, out);
   check_launch("gpu::embedding_forward");
 }
 /** dtable[ids[t] - vocab_offset, :] += dout[t, :] (float accumulation; repeated ids add up). */
@@ -709,8 +719,8 @@ template <class T>
 void embedding_backward(std::size_t tokens, std::size_t dim, const std::int32_t* ids, const T* dout, float* dtable,
                         std::size_t vocab_offset, std::size_t vocab_local, cudaStream_t s = nullptr) {
   if (!tokens || !dim) return;
-  detail::embedding_backward_kernel<<<detail::grid_for(tokens * dim), detail::block_threads, 0, detail::pick(s)>>>(
-      tokens, dim, vocab_offset, vocab_local, ids, dout, dtable);
+  MPAR_LAUNCH(detail::embedding_backward_kernel, detail::grid_for(tokens * dim), detail::block_threads, 0,
+              detail::pick(s), tokens, dim, vocab_offset, vocab_local, ids, dout, dtable);
   check_launch("gpu::embedding_backward");
 }
 
@@ -731,8 +741,8 @@ void adamw_update(std::size_t n, float* w, const G* grad, float* m, float* v, fl
                   cudaStream_t s = nullptr) {
   if (!n) return;
   const float decay = 1.0f - lr * weight_decay;  // on the host, as host::adamw_update rounds it
-  detail::adamw_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(
-      n, w, grad, m, v, beta1, beta2, eps, lr, decay, bias_correction1, bias_correction2, grad_scale, nullptr);
+  MPAR_LAUNCH(detail::adamw_kernel, detail::grid_for(n), detail::block_threads, 0, detail::pick(s), n, w, grad, m, v,
+              beta1, beta2, eps, lr, decay, bias_correction1, bias_correction2, grad_scale, nullptr);
   check_launch("gpu::adamw_update");
 }
 /** As above with the gradient scale and the skip flag read from `factors` (rank memory): no host read. */
@@ -742,8 +752,8 @@ void adamw_update(std::size_t n, float* w, const G* grad, float* m, float* v, fl
                   const UpdateFactors* factors, cudaStream_t s = nullptr) {
   if (!n) return;
   const float decay = 1.0f - lr * weight_decay;
-  detail::adamw_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(
-      n, w, grad, m, v, beta1, beta2, eps, lr, decay, bias_correction1, bias_correction2, 1.0f, factors);
+  MPAR_LAUNCH(detail::adamw_kernel, detail::grid_for(n), detail::block_threads, 0, detail::pick(s), n, w, grad, m, v,
+              beta1, beta2, eps, lr, decay, bias_correction1, bias_correction2, 1.0f, factors);
   check_launch("gpu::adamw_update");
 }
 /**
@@ -757,8 +767,8 @@ void adamw_update(std::size_t n, float* w, const G* grad, float* m, float* v, fl
                   cudaStream_t s = nullptr) {
   if (!n || !runs) return;
   const float decay = 1.0f - lr * weight_decay;  // on the host, as host::adamw_update rounds it
-  detail::adamw_runs_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(
-      n, w, grad, m, v, beta1, beta2, eps, lr, decay, bias_correction1, bias_correction2, factors, decay_runs, runs);
+  MPAR_LAUNCH(detail::adamw_runs_kernel, detail::grid_for(n), detail::block_threads, 0, detail::pick(s), n, w, grad, m,
+              v, beta1, beta2, eps, lr, decay, bias_correction1, bias_correction2, factors, decay_runs, runs);
   check_launch("gpu::adamw_update (decay runs)");
 }
 /**
@@ -770,8 +780,8 @@ void adamw_update(std::size_t n, float* w, const G* grad, float* m, float* v, fl
                   float weight_decay, const AdamWScalars* scalars, const UpdateFactors* factors,
                   cudaStream_t s = nullptr) {
   if (!n) return;
-  detail::adamw_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(
-      n, w, grad, m, v, beta1, beta2, eps, 0.0f, 1.0f, 1.0f, 1.0f, 1.0f, factors, scalars, weight_decay);
+  MPAR_LAUNCH(detail::adamw_kernel, detail::grid_for(n), detail::block_threads, 0, detail::pick(s), n, w, grad, m, v,
+              beta1, beta2, eps, 0.0f, 1.0f, 1.0f, 1.0f, 1.0f, factors, scalars, weight_decay);
   check_launch("gpu::adamw_update (scalars in rank memory)");
 }
 /** The flat-range update (`DecayRun`s) with its scalars read from `scalars` (rank memory). */
@@ -780,14 +790,14 @@ void adamw_update(std::size_t n, float* w, const G* grad, float* m, float* v, fl
                   float weight_decay, const AdamWScalars* scalars, const UpdateFactors* factors,
                   const DecayRun* decay_runs, std::size_t runs, cudaStream_t s = nullptr) {
   if (!n || !runs) return;
-  detail::adamw_runs_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(
-      n, w, grad, m, v, beta1, beta2, eps, 0.0f, 1.0f, 1.0f, 1.0f, factors, decay_runs, runs, scalars, weight_decay);
+  MPAR_LAUNCH(detail::adamw_runs_kernel, detail::grid_for(n), detail::block_threads, 0, detail::pick(s), n, w, grad, m,
+              v, beta1, beta2, eps, 0.0f, 1.0f, 1.0f, 1.0f, factors, decay_runs, runs, scalars, weight_decay);
   check_launch("gpu::adamw_update (decay runs, scalars in rank memory)");
 }
 /** host::adamw_advance on the device: the next update's learning rate and bias corrections in rank memory. */
 inline void adamw_advance(float beta1, float beta2, const float* lr, const UpdateFactors* factors,
                           AdamWScalars* scalars, cudaStream_t s = nullptr) {
-  detail::adamw_advance_kernel<double><<<1, 1, 0, detail::pick(s)>>>(beta1, beta2, lr, factors, scalars);
+  MPAR_LAUNCH(detail::adamw_advance_kernel<double>, 1, 1, 0, detail::pick(s), beta1, beta2, lr, factors, scalars);
   check_launch("gpu::adamw_advance");
 }
 
@@ -811,8 +821,8 @@ void sgd_update(std::size_t n, float* w, const G* grad, float* buf, float moment
   require(momentum == 0.0f || buf != nullptr || n == 0, "gpu::sgd_update: momentum ", momentum,
           " needs a momentum buffer of ", n, " elements, got null");
   if (!n) return;
-  detail::sgd_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(
-      n, w, grad, buf, momentum, dampening, nesterov, lr, weight_decay, first, grad_scale, nullptr);
+  MPAR_LAUNCH(detail::sgd_kernel, detail::grid_for(n), detail::block_threads, 0, detail::pick(s), n, w, grad, buf,
+              momentum, dampening, nesterov, lr, weight_decay, first, grad_scale, nullptr);
   check_launch("gpu::sgd_update");
 }
 /** As above with the gradient scale and the skip flag read from `factors` (rank memory): no host read. */
@@ -822,8 +832,8 @@ void sgd_update(std::size_t n, float* w, const G* grad, float* buf, float moment
   require(momentum == 0.0f || buf != nullptr || n == 0, "gpu::sgd_update: momentum ", momentum,
           " needs a momentum buffer of ", n, " elements, got null");
   if (!n) return;
-  detail::sgd_kernel<<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(
-      n, w, grad, buf, momentum, dampening, nesterov, lr, weight_decay, first, 1.0f, factors);
+  MPAR_LAUNCH(detail::sgd_kernel, detail::grid_for(n), detail::block_threads, 0, detail::pick(s), n, w, grad, buf,
+              momentum, dampening, nesterov, lr, weight_decay, first, 1.0f, factors);
   check_launch("gpu::sgd_update");
 }
 
@@ -835,7 +845,7 @@ template <class T>
 void sum_squares_accumulate(std::size_t n, const T* x, float* acc, cudaStream_t s = nullptr) {
   if (!n) return;
   const unsigned grid = detail::grid_for(n) < 1024 ? detail::grid_for(n) : 1024;
-  detail::sum_squares_kernel<<<grid, detail::block_threads, 0, detail::pick(s)>>>(n, x, acc);
+  MPAR_LAUNCH(detail::sum_squares_kernel, grid, detail::block_threads, 0, detail::pick(s), n, x, acc);
   check_launch("gpu::sum_squares_accumulate");
 }
 /** `*acc += sum x[i]^2` into a double in rank memory (blocks sum in float): `CudaBackend::sum_squares`. */
@@ -843,14 +853,14 @@ template <class T>
 void sum_squares_accumulate(std::size_t n, const T* x, double* acc, cudaStream_t s = nullptr) {
   if (!n) return;
   const unsigned grid = detail::grid_for(n) < 1024 ? detail::grid_for(n) : 1024;
-  detail::sum_squares_double_kernel<<<grid, detail::block_threads, 0, detail::pick(s)>>>(n, x, acc);
+  MPAR_LAUNCH(detail::sum_squares_double_kernel, grid, detail::block_threads, 0, detail::pick(s), n, x, acc);
   check_launch("gpu::sum_squares_accumulate");
 }
 /** host::update_factors on the device: the step's norm and `UpdateFactors` from the reduced sum of squares. */
 inline void update_factors(const double* squares, double max_norm, float inv_loss_scale, bool skip_nonfinite,
                            double* norm, UpdateFactors* factors, cudaStream_t s = nullptr) {
-  detail::update_factors_kernel<double>
-      <<<1, 1, 0, detail::pick(s)>>>(squares, max_norm, inv_loss_scale, skip_nonfinite, norm, factors);
+  MPAR_LAUNCH(detail::update_factors_kernel<double>, 1, 1, 0, detail::pick(s), squares, max_norm, inv_loss_scale,
+              skip_nonfinite, norm, factors);
   check_launch("gpu::update_factors");
 }
 

@@ -3,17 +3,17 @@
  * @file CUDA kernels of the online-softmax steps of blockwise attention: the device side of
  * `host::online_softmax_update`, `online_softmax_finish`, `online_softmax_delta` and `online_softmax_backward`
  * (backend/host/online_softmax.hpp, the reference), same arguments plus a trailing optional stream. Compile
- * with nvcc (`SoftmaxBlock::visible` is constexpr, callable on the device under --expt-relaxed-constexpr).
+ * with nvcc (`SoftmaxBlock::visible` is constexpr, callable on the device under --expt-relaxed-constexpr), or g++
+ * with MPAR_CUDA_EMULATION (backend/gpu/runtime.hpp).
  *
  * The update reduces each row's maximum and sum over a thread block, so its sums are in another order than
  * the host's loop: results agree with the host to float rounding, not bit for bit.
  */
-#include <cuda_runtime.h>
-
 #include <cmath>
 #include <cstddef>
 
 #include "mpar/backend/gpu/kernels.hpp"  // grid_for, block_threads, pick, block_reduce, check_launch
+#include "mpar/backend/gpu/runtime.hpp"
 #include "mpar/backend/online_softmax_backend.hpp"
 
 namespace mpar::gpu {
@@ -100,9 +100,8 @@ inline void online_softmax_update(const SoftmaxBlock& b, float* scores, float* r
                                   cudaStream_t s = nullptr) {
   if (!b.heads || !b.rows || !b.cols) return;
   const std::size_t rows = b.heads * b.rows;
-  detail::online_softmax_update_kernel<float>
-      <<<unsigned(rows < 65536 ? rows : 65536), detail::block_threads, 0, detail::pick(s)>>>(b, scores, row_max,
-                                                                                             row_sum, out);
+  MPAR_LAUNCH(detail::online_softmax_update_kernel<float>, unsigned(rows < 65536 ? rows : 65536), detail::block_threads,
+              0, detail::pick(s), b, scores, row_max, row_sum, out);
   check_launch("gpu::online_softmax_update");
 }
 /** `out /= row_sum`, `row_max` becomes the log-sum-exp (see host::online_softmax_finish). */
@@ -110,9 +109,8 @@ inline void online_softmax_finish(std::size_t heads, std::size_t rows, std::size
                                   std::size_t out_ld, float* row_max, const float* row_sum, float* out,
                                   cudaStream_t s = nullptr) {
   if (!heads || !rows) return;
-  detail::online_softmax_finish_kernel<float>
-      <<<detail::grid_for(heads * rows), detail::block_threads, 0, detail::pick(s)>>>(
-          heads, rows, head_dim, stat_stride, out_ld, row_max, row_sum, out);
+  MPAR_LAUNCH(detail::online_softmax_finish_kernel<float>, detail::grid_for(heads * rows), detail::block_threads, 0,
+              detail::pick(s), heads, rows, head_dim, stat_stride, out_ld, row_max, row_sum, out);
   check_launch("gpu::online_softmax_finish");
 }
 /** `delta = rowsum(dout * out)` per row and head (see host::online_softmax_delta). */
@@ -120,9 +118,8 @@ inline void online_softmax_delta(std::size_t heads, std::size_t rows, std::size_
                                  std::size_t out_ld, const float* dout, const float* out, float* delta,
                                  cudaStream_t s = nullptr) {
   if (!heads || !rows) return;
-  detail::online_softmax_delta_kernel<float>
-      <<<detail::grid_for(heads * rows), detail::block_threads, 0, detail::pick(s)>>>(
-          heads, rows, head_dim, stat_stride, out_ld, dout, out, delta);
+  MPAR_LAUNCH(detail::online_softmax_delta_kernel<float>, detail::grid_for(heads * rows), detail::block_threads, 0,
+              detail::pick(s), heads, rows, head_dim, stat_stride, out_ld, dout, out, delta);
   check_launch("gpu::online_softmax_delta");
 }
 /** One block's backward: P from the scores and lse, dS from dP and delta (see host::online_softmax_backward). */
@@ -130,8 +127,8 @@ inline void online_softmax_backward(const SoftmaxBlock& b, const float* lse, con
                                     cudaStream_t s = nullptr) {
   const std::size_t n = b.heads * b.rows * b.cols;
   if (!n) return;
-  detail::online_softmax_backward_kernel<float>
-      <<<detail::grid_for(n), detail::block_threads, 0, detail::pick(s)>>>(b, lse, delta, p, dp);
+  MPAR_LAUNCH(detail::online_softmax_backward_kernel<float>, detail::grid_for(n), detail::block_threads, 0,
+              detail::pick(s), b, lse, delta, p, dp);
   check_launch("gpu::online_softmax_backward");
 }
 

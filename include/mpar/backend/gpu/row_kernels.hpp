@@ -3,18 +3,18 @@
  * @file CUDA kernels that move rows by index (MoE dispatch and combine): the device side of
  * `host::gather_rows`, `scatter_rows`, `scatter_add_rows` and `scatter_add_rows_backward`
  * (backend/host/row_kernels.hpp, the reference), same arguments plus a trailing optional stream; a
- * negative index names no row, as there. Compile with nvcc.
+ * negative index names no row, as there. Compile with nvcc, or g++ with
+ * MPAR_CUDA_EMULATION (backend/gpu/runtime.hpp).
  *
  * `scatter_add_rows` adds with atomics, so where several rows meet in one (a token routed to k
  * experts) the order of the k additions is not fixed: results agree with the host to float
  * rounding, not bit for bit.
  */
-#include <cuda_runtime.h>
-
 #include <cstddef>
 #include <cstdint>
 
 #include "mpar/backend/gpu/kernels.hpp"  // grid_for, block_threads, pick, block_reduce, check_launch
+#include "mpar/backend/gpu/runtime.hpp"
 
 namespace mpar::gpu {
 
@@ -75,24 +75,24 @@ __global__ void scatter_add_rows_backward_kernel(std::size_t rows, std::size_t d
 inline void gather_rows(std::size_t rows, std::size_t d, const std::int32_t* index, const float* src, float* dst,
                         cudaStream_t s = nullptr) {
   if (!rows || !d) return;
-  detail::gather_rows_kernel<float>
-      <<<detail::grid_for(rows * d), detail::block_threads, 0, detail::pick(s)>>>(rows, d, index, src, dst);
+  MPAR_LAUNCH(detail::gather_rows_kernel<float>, detail::grid_for(rows * d), detail::block_threads, 0, detail::pick(s),
+              rows, d, index, src, dst);
   check_launch("gpu::gather_rows");
 }
 /** `dst[index[i], :] = src[i, :]` for `i < rows` (distinct indices). */
 inline void scatter_rows(std::size_t rows, std::size_t d, const std::int32_t* index, const float* src, float* dst,
                          cudaStream_t s = nullptr) {
   if (!rows || !d) return;
-  detail::scatter_rows_kernel<float>
-      <<<detail::grid_for(rows * d), detail::block_threads, 0, detail::pick(s)>>>(rows, d, index, src, dst);
+  MPAR_LAUNCH(detail::scatter_rows_kernel<float>, detail::grid_for(rows * d), detail::block_threads, 0, detail::pick(s),
+              rows, d, index, src, dst);
   check_launch("gpu::scatter_rows");
 }
 /** `dst[index[i], :] += weight[i] * src[i, :]` (`weight` null: weight 1), atomically. */
 inline void scatter_add_rows(std::size_t rows, std::size_t d, const std::int32_t* index, const float* weight,
                              const float* src, float* dst, cudaStream_t s = nullptr) {
   if (!rows || !d) return;
-  detail::scatter_add_rows_kernel<float>
-      <<<detail::grid_for(rows * d), detail::block_threads, 0, detail::pick(s)>>>(rows, d, index, weight, src, dst);
+  MPAR_LAUNCH(detail::scatter_add_rows_kernel<float>, detail::grid_for(rows * d), detail::block_threads, 0,
+              detail::pick(s), rows, d, index, weight, src, dst);
   check_launch("gpu::scatter_add_rows");
 }
 /** `dsrc[i, :] = weight[i] dy[index[i], :]`, `dot[i] = <dy[index[i], :], src[i, :]>`. */
@@ -101,8 +101,8 @@ inline void scatter_add_rows_backward(std::size_t rows, std::size_t d, const std
                                       cudaStream_t s = nullptr) {
   if (!rows) return;
   const unsigned grid = rows < 65536 ? unsigned(rows) : 65536u;
-  detail::scatter_add_rows_backward_kernel<float>
-      <<<grid, detail::block_threads, 0, detail::pick(s)>>>(rows, d, index, weight, dy, src, dsrc, dot);
+  MPAR_LAUNCH(detail::scatter_add_rows_backward_kernel<float>, grid, detail::block_threads, 0, detail::pick(s), rows, d,
+              index, weight, dy, src, dsrc, dot);
   check_launch("gpu::scatter_add_rows_backward");
 }
 

@@ -1,0 +1,54 @@
+#pragma once
+/**
+ * @file The CUDA runtime's plain types for g++ (MPAR_CUDA_EMULATION): `dim3`, `uint3`, `cudaError_t`,
+ * `cudaMemcpyKind`, `cudaStream_t` and the library data-type tags, with the values the real headers give them.
+ */
+#include <cstdint>
+
+/** Thread and block indices (`threadIdx`, `blockIdx`). */
+struct uint3 {
+  unsigned x = 0, y = 0, z = 0;
+};
+
+/** Launch extents: a missing extent is 1, as in CUDA. */
+struct dim3 {
+  unsigned x = 1, y = 1, z = 1;
+  constexpr dim3(unsigned vx = 1, unsigned vy = 1, unsigned vz = 1) : x(vx), y(vy), z(vz) {}
+  constexpr dim3(uint3 v) : x(v.x), y(v.y), z(v.z) {}
+};
+
+/** The runtime's status codes that the emulation returns. */
+enum cudaError_t : int {
+  cudaSuccess = 0,
+  cudaErrorInvalidValue = 1,
+  cudaErrorMemoryAllocation = 2,
+  cudaErrorInvalidConfiguration = 9,
+  cudaErrorInvalidDevicePointer = 17,
+  cudaErrorInvalidMemcpyDirection = 21,
+  cudaErrorInvalidResourceHandle = 400,
+  cudaErrorLaunchFailure = 719,
+};
+
+enum cudaMemcpyKind : int {
+  cudaMemcpyHostToHost = 0,
+  cudaMemcpyHostToDevice = 1,
+  cudaMemcpyDeviceToHost = 2,
+  cudaMemcpyDeviceToDevice = 3,
+  cudaMemcpyDefault = 4,
+};
+
+/** An emulated stream: work runs at once on the calling thread, so a stream is only a handle. */
+struct CUstream_st {
+  unsigned flags = 0;
+};
+using cudaStream_t = CUstream_st*;
+inline constexpr unsigned cudaStreamDefault = 0x0;
+inline constexpr unsigned cudaStreamNonBlocking = 0x1;
+
+/** The element-type tags of cuBLAS and cuDNN descriptors (library_types.h). */
+enum cudaDataType_t : int {
+  CUDA_R_32F = 0,
+  CUDA_R_64F = 1,
+  CUDA_R_16F = 2,
+  CUDA_R_16BF = 14,
+};

@@ -1,0 +1,35 @@
+#pragma once
+/**
+ * @file The CUDA runtime that mpar's device code compiles against, and the one way it launches a kernel.
+ *
+ * Normally the real one (`cuda_runtime.h` and the 16-bit float and data-type headers). With
+ * `MPAR_CUDA_EMULATION` defined (the CMake option of the same name: a test build compiled by g++, never a
+ * backend for users) it is the emulated runtime of backend/gpu/emulation/: kernels run on the CPU in a SIMT
+ * emulator, device memory faults on any host access (docs/cuda.md, "The emulated runtime").
+ *
+ * - `MPAR_LAUNCH(kernel, grid, block, shared_bytes, stream, args...)`: `kernel<<<grid, block, shared_bytes,
+ *   stream>>>(args...)` under nvcc; under the emulation the grid runs at once on the calling thread. `kernel`
+ *   is named as in a call (template arguments deduced from `args`), without commas.
+ * - `MPAR_DYNAMIC_SHARED(type, name);` in a kernel: `extern __shared__ type name[]`, the block's dynamic shared
+ *   memory (`shared_bytes` of the launch).
+ */
+#if defined(MPAR_CUDA_EMULATION)
+#if defined(__CUDACC__)
+#error "MPAR_CUDA_EMULATION is a g++ build: nvcc compiles against the real CUDA runtime"
+#endif
+#include "mpar/backend/gpu/emulation/runtime.hpp"
+
+#define MPAR_LAUNCH(kernel, grid, block, shared_bytes, stream, ...)          \
+  ::mpar::gpu::emulation::Launch(#kernel, grid, block, shared_bytes, stream, \
+                                 [](auto... mpar_launch_args) { kernel(mpar_launch_args...); })(__VA_ARGS__)
+#define MPAR_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::mpar::gpu::emulation::dynamic_shared_memory())
+#else
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+#include <library_types.h>
+
+#define MPAR_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
+  kernel<<<grid, block, shared_bytes, stream>>>(__VA_ARGS__)
+#define MPAR_DYNAMIC_SHARED(type, name) extern __shared__ type name[]
+#endif
