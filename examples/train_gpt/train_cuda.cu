@@ -109,11 +109,12 @@ int run_cuda(const Options& o, int* argc, char*** argv) {
   if (under_mpirun()) {
 #if defined(MPAR_HAVE_MPI)
     MpiEnvironment env(argc, argv);
+    const auto exit_signal = hold_exit_signal(o);  // after MPI's start, which may install handlers of its own
     // run_mpi turns an exception on any rank into MPI_Abort, so no rank waits for a failed one.
     run_mpi([&](MpiCommunicator& mpi) {
       if (o.comm == "mpi") {
         CudaBackend::init_rank(device_of(mpi.rank()));
-        train<CudaBackend>(mpi, o, true);
+        train<CudaBackend>(mpi, o, true, exit_signal.get());
         return;
       }
       // NCCL for every mesh axis: one GPU per process (two on one GPU would fail inside NCCL's setup).
@@ -130,7 +131,7 @@ int run_cuda(const Options& o, int* argc, char*** argv) {
       nopt.name = "world";
       NcclCommunicator world = NcclCommunicator::from_mpi(MPI_COMM_WORLD, nopt);
       CudaBackend::init_rank(world.device());
-      train<CudaBackend>(world, o, true);
+      train<CudaBackend>(world, o, true, exit_signal.get());
     });
     return 0;
 #else
@@ -141,12 +142,13 @@ int run_cuda(const Options& o, int* argc, char*** argv) {
   }
   (void)argc;
   (void)argv;
+  const auto exit_signal = hold_exit_signal(o);
   preflight(o);  // as for host thread ranks: checked before any rank starts, --save locked for the run
   std::optional<io::DirectoryLock> save_lock;
   if (!o.save.empty()) save_lock.emplace(o.save);
   run_threads(int(o.train.world_size()), [&](ThreadsCommunicator& world) {
     CudaBackend::init_rank(device_of(world.rank()));
-    train<CudaBackend>(world, o, false);
+    train<CudaBackend>(world, o, false, exit_signal.get());
   });
   return 0;
 }
