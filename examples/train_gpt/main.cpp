@@ -31,7 +31,7 @@ Options parse(int argc, char** argv) {
   t.model.seq = 64;
   t.global_batch = 16;
   t.microbatches = 4;
-  t.steps = 200;
+  t.steps = 1200;  // about 30 s at tp 2 x pp 2 on two idle cores: long enough for the sample to show words
   o.command.assign(argv, argv + argc);
   cli::Parser p("train_gpt", "Trains a character-level GPT with tensor, pipeline and data parallelism.");
   p.option("data", o.data,

@@ -28,7 +28,7 @@ struct Options {
   std::string export_path;  ///< safetensors file written at the end
   bool hf_gpt2 = false;     ///< export under GPT-2's names
   std::string metrics, trace, save, resume;
-  std::size_t trace_step = 1, save_every = 0, sample = 200, log_every = 1;
+  std::size_t trace_step = 1, save_every = 0, sample = 200, log_every = 10;
   std::size_t keep_last = 0;        ///< checkpoints kept in --save, the newest (0: every one)
   std::size_t max_data_mib = 1024;  ///< --data larger than this is refused (it is read whole into memory)
   std::size_t bucket_kib = 1024;
