@@ -5,6 +5,7 @@
 //
 // This file parses the command line and calls the host part (train_host.cpp) or the CUDA part
 // (train_cuda.cu): it includes no training code, so it compiles in a few seconds.
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
@@ -30,7 +31,8 @@ Options parse(int argc, char** argv) {
   t.model.seq = 64;
   t.global_batch = 16;
   t.microbatches = 4;
-  t.steps = 200;
+  t.steps = 1200;  // about 30 s at tp 2 x pp 2 on two idle cores: long enough for the sample to show words
+  o.command.assign(argv, argv + argc);
   cli::Parser p("train_gpt", "Trains a character-level GPT with tensor, pipeline and data parallelism.");
   p.option("data", o.data,
            "training data: a text file (characters), or a token file X.bin (llm.c) or X.npy (uint16/uint32)");
@@ -108,6 +110,11 @@ Options parse(int argc, char** argv) {
   p.option("save-every", o.save_every, "save every N steps (0: only at the end)");
   p.option("keep-last", o.keep_last, "keep only the newest N checkpoints in --save (0: every one)");
   p.option("resume", o.resume, "resume from this checkpoint (any tp/pp/dp layout)");
+  p.choice("exit-signal", o.exit_signal,
+           {{"SIGTERM", SIGTERM}, {"SIGUSR1", SIGUSR1}, {"SIGUSR2", SIGUSR2}, {"SIGHUP", SIGHUP}, {"none", 0}},
+           "the signal (a scheduler's notice before it kills the job) that stops the run after the current step, "
+           "saves a checkpoint to --save and prints how to resume; exit status 0 (none: the signal ends the process "
+           "at once). Ctrl-C (SIGINT) always ends it at once");
   p.option("sample", o.sample, "characters to generate at the end (0: none)").range(0, 1 << 20);
   p.option("sample-progress-s", o.sample_progress_s,
            "seconds between the progress lines (stderr) of a long --sample (0: after every character)")

@@ -3,11 +3,13 @@
 // parser: the training loop (train.hpp) is compiled in train_host.cpp and train_cuda.cu, so the file that
 // parses the command line compiles in a few seconds (docs/performance.md, "Compile cost").
 #include <algorithm>
+#include <csignal>
 #include <cstddef>
 #include <cstdlib>
 #include <exception>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <mpar/data/char_dataset.hpp>
 #include <mpar/models/gpt_trainer.hpp>
@@ -26,7 +28,7 @@ struct Options {
   std::string export_path;  ///< safetensors file written at the end
   bool hf_gpt2 = false;     ///< export under GPT-2's names
   std::string metrics, trace, save, resume;
-  std::size_t trace_step = 1, save_every = 0, sample = 200, log_every = 1;
+  std::size_t trace_step = 1, save_every = 0, sample = 200, log_every = 10;
   std::size_t keep_last = 0;        ///< checkpoints kept in --save, the newest (0: every one)
   std::size_t max_data_mib = 1024;  ///< --data larger than this is refused (it is read whole into memory)
   std::size_t bucket_kib = 1024;
@@ -39,6 +41,9 @@ struct Options {
   std::size_t check_steps = 5;
   /** auto: NCCL for --backend cuda under mpirun, else the host transport (threads, or MPI under mpirun); nccl; mpi. */
   std::string comm = "auto";
+  /** The signal that stops the run after the current step, with a checkpoint in --save (0: none; docs/train_gpt.md). */
+  int exit_signal = SIGTERM;
+  std::vector<std::string> command;  ///< the command line as given, for the resume hint of a stopped run
 };
 
 /** True when the program was started by mpirun (every process is then one rank). */

@@ -13,6 +13,7 @@
 #include <filesystem>
 #include <fstream>
 #include <limits>
+#include <memory>
 #include <optional>
 #include <string>
 #include <thread>
@@ -21,6 +22,7 @@
 #include <mpar/data/token_file.hpp>
 #include <mpar/data/token_range.hpp>
 #include <mpar/data/token_vector.hpp>
+#include <mpar/io/exit_signal.hpp>
 #include <mpar/io/lock.hpp>
 #include <mpar/models/gpt_generate.hpp>
 #include <mpar/models/gpt_trainer_instances.hpp>
@@ -352,11 +354,50 @@ inline void stop_if_diverged(const models::StepReport& r, double scale_before, c
 }
 
 /**
+ * The process's hold on --exit-signal for the whole run (null with `--exit-signal none`): made before any rank
+ * starts, so that the signal never ends the process between the checks and the first step.
+ */
+inline std::unique_ptr<io::ExitSignal> hold_exit_signal(const Options& o) {
+  return o.exit_signal ? std::make_unique<io::ExitSignal>(o.exit_signal) : nullptr;
+}
+
+/** `arg` as a POSIX shell reads it back: unchanged when it is plain, else in single quotes. */
+inline std::string shell_quoted(const std::string& arg) {
+  const bool plain = !arg.empty() && arg.find_first_not_of(
+                                         "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+                                         "0123456789_./=:,@%+-") == std::string::npos;
+  if (plain) return arg;
+  std::string q = "'";
+  for (char c : arg) q += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return q + "'";
+}
+
+/**
+ * The command that continues a stopped run: the one given, with any --resume replaced by `--resume SAVE` (the
+ * directory whose `latest` names the checkpoint just saved), quoted for a shell.
+ */
+inline std::string resume_command(const Options& o) {
+  std::string cmd;
+  for (std::size_t i = 0; i < o.command.size(); ++i) {
+    const std::string& a = o.command[i];
+    if (i > 0 && a == "--resume") {
+      ++i;  // and its value
+      continue;
+    }
+    if (i > 0 && a.starts_with("--resume=")) continue;
+    cmd += (cmd.empty() ? "" : " ") + shell_quoted(a);
+  }
+  return cmd + " --resume " + shell_quoted(o.save);
+}
+
+/**
  * Trains on every rank of `world` with backend `B` (collective); rank 0 prints progress and the summary.
  * Thread ranks start after main() ran `preflight`; with one process per rank each process runs it here.
+ * `exit_signal` (null: none) stops the run after the step in which any rank received it: every rank saves the
+ * checkpoint (with --save) and returns, and rank 0 prints how to resume.
  */
 template <backend B, class Comm>
-void train(Comm& world, const Options& o, bool process_per_rank) {
+void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitSignal* exit_signal) {
   const bool lead = world.rank() == 0;
   // Thread ranks share the process's counters; an MPI process holds one rank.
   observe::AllocationCounter& mem = observe::rank_counter(process_per_rank ? 0 : std::size_t(world.rank()));
@@ -441,7 +482,8 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
                             {"--resume", o.resume},
                             {"--sample", std::to_string(o.sample)},
                             {"--trace", o.trace},
-                            {"--trace-step", std::to_string(o.trace_step)}},
+                            {"--trace-step", std::to_string(o.trace_step)},
+                            {"--exit-signal", o.exit_signal ? io::signal_name(o.exit_signal) : "none"}},
                            "train_gpt");
   const bool held_out = !o.val_data.empty() || o.val_split > 0;
   const std::uint64_t val_seed = held_out ? cfg.data_seed : cfg.data_seed ^ 0x76616cull;
@@ -580,9 +622,28 @@ void train(Comm& world, const Options& o, bool process_per_rank) {
       if (lead && metrics.is_open())
         metrics << "{\"step\": " << r.step << ", \"val_loss\": " << json_number(vl) << "}\n";
     }
+    fs::path saved;  // this step's checkpoint
     if (!o.save.empty() && o.save_every > 0 && tr.step() % o.save_every == 0 && tr.step() < cfg.steps) {
-      auto s = tr.save(o.save, o.keep_last);
-      if (lead) std::printf("saved %s\n", s.path.c_str());
+      saved = tr.save(o.save, o.keep_last).path;
+      if (lead) std::printf("saved %s\n", saved.c_str());
+    }
+    // A scheduler's notice: every rank stops after the same step (one all-reduce of the flag), saves, returns.
+    if (exit_signal && tr.step() < cfg.steps &&
+        tr.host_messages([&](auto& w) { return io::exit_requested(w, *exit_signal); })) {
+      if (!o.save.empty() && saved.empty()) saved = tr.save(o.save, o.keep_last).path;
+      if (!lead) return;
+      const std::string signal = io::signal_name(exit_signal->signal());
+      if (saved.empty()) {
+        std::printf(
+            "stopped by %s after step %zu of %zu; nothing saved (no --save): give --save DIR to be able "
+            "to resume a stopped run\n",
+            signal.c_str(), tr.step(), cfg.steps);
+      } else {
+        std::printf("stopped by %s after step %zu of %zu, checkpoint %s\nresume with: %s\n", signal.c_str(), tr.step(),
+                    cfg.steps, saved.c_str(), resume_command(o).c_str());
+      }
+      std::fflush(stdout);
+      return;
     }
   }
 

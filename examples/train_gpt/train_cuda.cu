@@ -115,6 +115,7 @@ int run_cuda(const Options& o, int* argc, char*** argv) {
   if (under_mpirun()) {
 #if defined(MPAR_HAVE_MPI)
     MpiEnvironment env(argc, argv);
+    const auto exit_signal = hold_exit_signal(o);  // after MPI's start, which may install handlers of its own
     // run_mpi turns an exception on any rank into MPI_Abort, so no rank waits for a failed one.
     run_mpi([&](MpiCommunicator& mpi) {
       // NCCL for every mesh axis: one GPU per process (two on one GPU would fail inside NCCL's setup).
@@ -131,7 +132,7 @@ int run_cuda(const Options& o, int* argc, char*** argv) {
       nopt.name = "world";
       NcclCommunicator world = NcclCommunicator::from_mpi(MPI_COMM_WORLD, nopt);
       CudaBackend::init_rank(world.device());
-      train<CudaBackend>(world, o, true);
+      train<CudaBackend>(world, o, true, exit_signal.get());
     });
     return 0;
 #else
@@ -142,11 +143,12 @@ int run_cuda(const Options& o, int* argc, char*** argv) {
   }
   (void)argc;
   (void)argv;
+  const auto exit_signal = hold_exit_signal(o);
   preflight(o);  // as for host thread ranks: checked before any rank starts, --save locked for the run
   std::optional<io::DirectoryLock> save_lock;
   if (!o.save.empty()) save_lock.emplace(o.save);
   run_device_threads(int(o.train.world_size()),
-                     [&](gpu::DeviceCommunicator& world) { train<CudaBackend>(world, o, false); });
+                     [&](gpu::DeviceCommunicator& world) { train<CudaBackend>(world, o, false, exit_signal.get()); });
   return 0;
 }
 

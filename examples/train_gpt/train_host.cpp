@@ -33,7 +33,8 @@ int run_host(const Options& o, int* argc, char*** argv) {
   if (under_mpirun()) {
 #if defined(MPAR_HAVE_MPI)
     MpiEnvironment env(argc, argv);
-    run_mpi([&](MpiCommunicator& world) { train<HostBackend>(world, o, true); });
+    const auto exit_signal = hold_exit_signal(o);  // after MPI's start, which may install handlers of its own
+    run_mpi([&](MpiCommunicator& world) { train<HostBackend>(world, o, true, exit_signal.get()); });
     return 0;
 #else
     (void)argc, (void)argv;
@@ -41,6 +42,7 @@ int run_host(const Options& o, int* argc, char*** argv) {
 #endif
   }
   (void)argc, (void)argv;
+  const auto exit_signal = hold_exit_signal(o);
   // The data and the whole configuration are checked before any thread rank starts; the --save
   // directory is locked (and so known to be writable) for the whole run.
   preflight(o);
@@ -54,11 +56,12 @@ int run_host(const Options& o, int* argc, char*** argv) {
     DiscreteHostBackend::init_rank();
     testing::RankMemoryOnlyCommunicator<DiscreteHostBackend> world{
         StreamOrderedCommunicator<ThreadsCommunicator, DiscreteHostBackend>(w)};
-    train<DiscreteHostBackend>(world, o, false);
+    train<DiscreteHostBackend>(world, o, false, exit_signal.get());
     DiscreteHostBackend::synchronize();
   });
 #else
-  run_threads(int(o.train.world_size()), [&](ThreadsCommunicator& world) { train<HostBackend>(world, o, false); });
+  run_threads(int(o.train.world_size()),
+              [&](ThreadsCommunicator& world) { train<HostBackend>(world, o, false, exit_signal.get()); });
 #endif
   return 0;
 }
