@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <mpar/cli/parser.hpp>
 #include <mpar/io.hpp>
+#include <mpar/io/training_checkpoint.hpp>
 #include <mpar/mpar.hpp>
 using namespace mpar;
 using C = ThreadsCommunicator;

@@ -2,7 +2,8 @@
 /**
  * @file Checkpoints: save and load with resharding (io/checkpoint.hpp), the manifest format
  * (io/manifest.hpp), the lock one saving job holds on its directory (io/lock.hpp), blocks from parameters and optimizer states (io/blocks.hpp),
- * a distributed optimizer's training checkpoint in one call (io/training_checkpoint.hpp);
+ * (a distributed optimizer's training checkpoint in one call is io/training_checkpoint.hpp: include it, it brings
+ * the optimizer);
  * the signal that stops a job at a step boundary to save before a scheduler kills it (io/exit_signal.hpp).
  * See docs/checkpoints.md. The command-line option parser (cli/parser.hpp) is in `mpar/tools.hpp`.
  */
@@ -15,4 +16,3 @@
 #include "mpar/io/io_error.hpp"
 #include "mpar/io/lock.hpp"
 #include "mpar/io/manifest.hpp"
-#include "mpar/io/training_checkpoint.hpp"

@@ -15,6 +15,7 @@
 #include "mpar/comm/threads.hpp"
 #include "mpar/core/mesh.hpp"
 #include "mpar/io.hpp"
+#include "mpar/io/training_checkpoint.hpp"
 #include "mpar/nn/mlp.hpp"
 #include "mpar/parallel.hpp"
 
