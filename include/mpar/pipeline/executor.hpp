@@ -234,10 +234,10 @@ class Executor {
     }
   }
   /**
-   * The same with the rank's chunks held in one range, chunk c at `chunks[c]` (a `std::vector<Stage>` the caller
-   * keeps, unmoved, while the executor lives).
+   * The same with the rank's chunks held in one vector, chunk c at `chunks[c]`, which the caller keeps, unmoved,
+   * while the executor lives. A vector, not a span: `{&a, &b}` would make a span of the range [&a, &b).
    */
-  Executor(Comm& comm, Programs programs, std::span<Stage> chunks, ExecutorOptions options = {})
+  Executor(Comm& comm, Programs programs, std::vector<Stage>& chunks, ExecutorOptions options = {})
       : Executor(comm, std::move(programs), addresses(chunks), std::move(options)) {}
 
   [[nodiscard]] const Programs& programs() const { return prog_; }
