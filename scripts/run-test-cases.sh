@@ -75,11 +75,17 @@ for i in "${!names[@]}"; do
   t=$((left < case_timeout ? left : case_timeout))
   t0=$(date +%s)
   rc=
+  spec=$(catch_spec "$name")
   if [ "$t" -lt 1 ]; then
     status="not run"
     echo "budget of $budget s spent before this case" > "$log"
+  elif [ "$(timeout 30 "$exe" --list-test-names-only "$spec" 2>&1 | sed '/^[[:space:]]*$/d')" != "$name" ]; then
+    # The spec must select this case and no other (a binary may stop before Catch2 reads it, e.g. on exit 77).
+    status="not found"
+    { echo "the test spec '$spec' does not select exactly this case; it lists:"
+      timeout 30 "$exe" --list-test-names-only "$spec" 2>&1; } > "$log"
   else
-    timeout -k 5 "$t" "$exe" "$(catch_spec "$name")" --reporter compact > "$log" 2>&1
+    timeout -k 5 "$t" "$exe" "$spec" --reporter compact > "$log" 2>&1
     rc=$?
     case $rc in
       0) status=passed ;;
