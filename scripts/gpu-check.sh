@@ -17,26 +17,27 @@
 #                                              their time limits, and exit without building or running.
 #
 # Paths may be relative to the directory it is started from. Parts of a run, in order, each in its own
-# process(es) with a time limit taken from what is left of the budget (--budget, default 480 s, the whole
-# run from start to summary): the CUDA tests, one process per test case (scripts/run-test-cases.sh; a
-# skipped case fails here: the GPU is supposed to be there); train_gpt --backend cuda --check-against-host
-# at one rank and at tp = 2 x pp = 2 thread ranks sharing the GPU; mpar's MFU from train_gpt --backend cuda
-# (bf16, hidden 2048, its own "throughput:" line); PyTorch on the same model, eager and torch.compile
-# (bench/train_gpt/torch_gpt_cuda.py); bench/cuda_block (kernel-level block MFU beside raw cuBLAS); in the
-# build mode, where mpirun exists, 20 steps under mpirun with NCCL on every axis. Each part writes
+# process(es) with a time limit taken from what is left of the budget (--budget, default 480 s, the whole run
+# from the start, or the end of the build, to the summary): the CUDA tests, one process per test case
+# (scripts/run-test-cases.sh; a skipped case fails here: the GPU is supposed to be there); train_gpt
+# --backend cuda --check-against-host at one rank and at tp = 2 x pp = 2 thread ranks sharing the GPU; mpar's
+# MFU from train_gpt --backend cuda (bf16, hidden 2048, its own "throughput:" line); PyTorch on the same model,
+# eager and torch.compile (bench/train_gpt/torch_gpt_cuda.py); bench/cuda_block (kernel-level block MFU beside
+# raw cuBLAS); in the build mode, where mpirun exists, 20 steps under mpirun with NCCL on every axis. Each part writes
 # LOGDIR/PART.log and LOGDIR/PART.json; LOGDIR/summary.json (also the last line printed) gathers them.
 # LOGDIR is $OUT when set, else DIR/logs (--run) or BUILD_DIR/gpu-check-logs.
 #
 # Environment: BUILD_DIR (default build/gpu-check, build/gpu-bundle-build for --bundle), JOBS (default:
 # all cores), CUDA_ARCH (CMake's CUDA architectures; default: what nvidia-smi reports, "80-real;90-real;100"
 # for --bundle), PEAK_TFLOPS (the GPU's dense bf16 peak for MFU; default from its name: H100/H200 SXM 989,
-# H100 PCIe 756, H100 NVL 835, A100 312, B200 2250), MFU_ARGS (train_gpt's model for MFU; default below).
+# H100 PCIe 756, H100 NVL 835, A100 312, B200 2250), MFU_ARGS (train_gpt's options for the MFU run; default:
+# --precision bf16 --hidden 2048 --heads 16 --layers 8 --seq 1024 --batch 8 --microbatches 1 --steps 6).
 # No managed memory is used by anything this script runs.
 set -uo pipefail
 start=$(date +%s)
 elapsed() { echo $(($(date +%s) - start)); }
 die() { echo "gpu-check: $*" >&2; exit 2; }
-usage() { sed -n '2,36p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed '$d; s/^# \{0,1\}//'; }
 absolute() { realpath -m -- "$1"; }
 repo=$(absolute "$(dirname "${BASH_SOURCE[0]}")/..")
 bundle_limit_mib=64
