@@ -137,10 +137,16 @@ inline void check_output_paths(const Options& o) {
  * the schedule's peak in-flight micro-batches, communication buffers; with experts, each rank's E / ep of
  * every MoE layer (states sharded over the dp ranks holding them under ZeRO) and the MoE layers' state.
  */
+/** The model as the planner counts it (parameters, FLOPs, memory): the padded vocabulary is what the layers compute. */
+inline plan::GptModel planner_model(const models::GptConfig& m) {
+  plan::GptModel model{m.layers, m.hidden, m.heads, m.seq, m.padded_vocab()};
+  model.experts = m.experts, model.moe_every = m.moe_every, model.moe_top_k = m.moe_top_k;
+  model.moe_capacity = m.moe_capacity;
+  return model;
+}
+
 inline plan::MemoryEstimate estimate_rank_memory(const models::GptTrainConfig& cfg) {
-  plan::GptModel model{cfg.model.layers, cfg.model.hidden, cfg.model.heads, cfg.model.seq, cfg.model.padded_vocab()};
-  model.experts = cfg.model.experts, model.moe_every = cfg.model.moe_every, model.moe_top_k = cfg.model.moe_top_k;
-  model.moe_capacity = cfg.model.moe_capacity;
+  const plan::GptModel model = planner_model(cfg.model);
   plan::ParallelConfig c;
   c.tp = cfg.tp, c.pp = cfg.pp, c.dp = cfg.batch_ranks(), c.cp = cfg.cp, c.ep = cfg.ep;
   c.microbatch_size = cfg.microbatch_size(), c.microbatches = std::size_t(cfg.microbatches);
@@ -685,6 +691,19 @@ void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitS
   if (chars) std::snprintf(entropy, sizeof entropy, " (unigram entropy %.3f)", chars->unigram_entropy());
   std::printf("\nsummary: loss %.4f -> %.4f%s | %s tok/s | %.1f ms/step | bubble %.1f%% | comm %.1f%%\n", first_loss,
               last_loss, entropy, human(sum_tps / n).c_str(), sum_time / n * 1e3, avg_bubble * 100, avg_comm * 100);
+  // The same numbers for scripts (scripts/gpu-check.sh takes MFU from it): the mean time of the measured steps (the
+  // first is warm-up), and the model's FLOPs per step as the planner counts them (plan::GptModel::model_flops:
+  // 72 B s l h^2 (1 + s/(6h)) + 6 B s h V, no recomputation), so that model_tflops / peak is the model FLOPs
+  // utilisation.
+  const double step_seconds = sum_time / n, step_flops = planner_model(cfg.model).model_flops(double(cfg.global_batch));
+  std::printf(
+      "throughput: {\"tokens_per_second\": %.6g, \"step_seconds\": %.6g, \"measured_steps\": %zu, "
+      "\"model_flops_per_step\": %.17g, \"model_tflops\": %.6g, \"ranks\": %d, \"precision\": \"%s\", "
+      "\"layers\": %zu, \"hidden\": %zu, \"heads\": %zu, \"seq\": %zu, \"padded_vocab\": %zu, \"batch\": %zu, "
+      "\"microbatch\": %zu}\n",
+      double(cfg.global_batch * cfg.model.seq) / step_seconds, step_seconds, measured, step_flops,
+      step_flops / step_seconds / 1e12, world.size(), cfg.precision.c_str(), cfg.model.layers, cfg.model.hidden,
+      cfg.model.heads, cfg.model.seq, cfg.model.padded_vocab(), cfg.global_batch, cfg.microbatch_size());
   std::printf("peak memory per rank (parameters + gradients + optimizer states + 16-bit copies + activations%s):\n",
               observe::allocation_tracking_enabled() ? ", measured" : ", not measured");
   double worst = 0;
