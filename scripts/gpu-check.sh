@@ -201,11 +201,12 @@ run_checks() {
   [ -n "$data" ] && data_args=(--data "$data")
   echo "== parts (budget $budget s from the start; $(elapsed) s gone) =="
 
-  # 1. The CUDA tests, one process per case (the runner keeps inside the part's limit itself).
+  # 1. The CUDA tests, one process per case (the runner keeps inside the part's limit itself, less the 5 s a killed
+  # case may take to go).
   local limit; limit=$(part_limit cuda_tests)
   if [ "$limit" -gt 0 ]; then
     local t0; t0=$(date +%s)
-    bash "$scripts/run-test-cases.sh" --budget "$limit" --case-timeout "$case_timeout" --part cuda_tests \
+    bash "$scripts/run-test-cases.sh" --budget "$((limit - 5))" --case-timeout "$case_timeout" --part cuda_tests \
       "$test_exe" "$log" 2>&1 | tee "$log/cuda_tests.log" | grep -v '^passed '
     local rc=${PIPESTATUS[0]}
     if [ ! -f "$log/cuda_tests.json" ]; then
