@@ -250,7 +250,7 @@ run_checks() {
   for mode_ in eager compile; do
     if [ -z "$tp_line" ]; then
       write_part "torch_$mode_" "not run (no model sizes: the mfu_train_gpt part gave no throughput line)" null 0 0
-      echo "torch_$mode_       not run (no sizes from mfu_train_gpt)"
+      printf '%-17s %s\n' "torch_$mode_" "not run (no sizes from mfu_train_gpt)"
       continue
     fi
     run_part "torch_$mode_" python3 "$scripts/torch_gpt_cuda.py" --mode "$mode_" "${torch_sizes[@]}" --peak-tflops "$peak"
@@ -268,6 +268,11 @@ run_checks() {
   # 5. The kernel-level number: one hand-assembled bf16 block beside raw cuBLAS.
   run_part bench_cuda_block "$bench_exe" --reps 5 --peak "$peak"
   local bench_json; bench_json=$(grep '^{' "$log/bench_cuda_block.log" | tail -1)
+  # Without a device the benchmark says so in its JSON and exits 0; here the GPU is supposed to be there.
+  if [[ $bench_json == *'"skipped": true'* ]]; then
+    part_status="failed (the benchmark skipped: no CUDA device)"
+    echo "    counted as failed: the benchmark skipped (no CUDA device)"
+  fi
   write_part bench_cuda_block "$part_status" "$part_rc" "$part_seconds" "$part_limit_s" "\"result\": ${bench_json:-null}"
 
   # 6. (build mode) NCCL on every axis under mpirun, one process per GPU.
@@ -356,7 +361,8 @@ case $mode in
     cp "$default_text" "$dir/data/train.txt" || die "cannot copy the training text $default_text"
     {
       echo "mpar gpu-check bundle: CUDA architectures $arch, built $(date -u +%FT%TZ) from $(git -C "$repo" rev-parse --short HEAD 2> /dev/null || echo '?')"
-      echo "device code: $(cuobjdump --list-elf "$dir/payload/bin/test_cuda" 2> /dev/null | grep -o 'sm_[0-9a-z]*' | sort -u | tr '\n' ' ')PTX: $(cuobjdump --list-ptx "$dir/payload/bin/test_cuda" 2> /dev/null | grep -o 'sm_[0-9a-z]*' | sort -u | tr '\n' ' ')"
+      # The device code nvcc was asked for (cuobjdump, which could list it from the binary, is not in every toolkit).
+      echo "device code: $(grep -rho -- '--generate-code=[^ ]*' "$build"/tests/cuda/CMakeFiles/test_cuda.dir/flags.make 2> /dev/null | sed 's/--generate-code=//' | sort -u | tr '\n' ' ')"
       echo "binaries: $(cd "$dir/payload/bin" && echo *)"
       echo "bundled libraries: $(cd "$dir/payload/lib" && echo *)"
       echo "scripts: $(cd "$dir" && echo *.sh *.py); training text: data/train.txt (from $default_text)"
