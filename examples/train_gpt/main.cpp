@@ -101,6 +101,11 @@ Options parse(int argc, char** argv) {
   p.option("warmup", o.warmup, "warm-up steps (-1: a tenth of --steps)").range(-1, 1 << 30);
   p.option("clip", t.clip, "global gradient-norm clip (0: off)").range(0, 1e9);
   p.option("bucket-kib", o.bucket_kib, "data-parallel bucket size in KiB").range(1, 1 << 22);
+  p.option("grad-topk", t.grad_topk_density,
+           "top-k gradient compression over the data-parallel ranks: each sends this share of every gradient (its "
+           "largest entries plus what it held back before; error feedback) instead of the dense all-reduce; 0: off "
+           "(--dp > 1, no --zero, --ep 1, fp32 or bf16, host backend)")
+      .range(0, 1);
   p.option("seed", t.model.seed, "initialisation seed");
   p.option("data-seed", t.data_seed, "batch sampling seed");
   p.option("metrics", o.metrics, "write one JSON object per step to this file");
@@ -130,7 +135,10 @@ Options parse(int argc, char** argv) {
   p.flag("check-against-host", o.check_against_host,
          "run --check-steps steps on the CUDA backend and on the host from the same weights and data; compare the "
          "losses and gradient norms (exit 1 on a mismatch)");
-  p.option("check-steps", o.check_steps, "steps of --check-against-host").range(1, 1 << 20);
+  p.flag("check-layout", o.check_layout,
+         "train --check-steps steps in the given layout and on one rank from the same seeds and data; compare every "
+         "step's loss and every parameter against the precision's tolerance (exit 1 when they differ)");
+  p.option("check-steps", o.check_steps, "steps of --check-against-host and --check-layout").range(1, 1 << 20);
   p.choice("comm", o.comm, {{"auto", "auto"}, {"nccl", "nccl"}, {"mpi", "mpi"}},
            "communicator: auto (NCCL for --backend cuda under mpirun, else threads or MPI), nccl (one GPU per "
            "process, under mpirun), mpi (MPI over host memory, under mpirun; --backend host)");
@@ -156,9 +164,24 @@ Options parse(int argc, char** argv) {
           "train_gpt: --trace-step needs --trace FILE to say where the trace goes");
   require(!o.hf_gpt2 || !o.export_path.empty(),
           "train_gpt: --hf-gpt2 names the tensors of --export; give --export FILE.safetensors, or drop --hf-gpt2");
-  require(!p.given("check-steps") || o.check_against_host,
-          "train_gpt: --check-steps sets how many steps --check-against-host compares; add --check-against-host, or "
-          "drop --check-steps");
+  require(!p.given("check-steps") || o.check_against_host || o.check_layout,
+          "train_gpt: --check-steps sets how many steps --check-against-host or --check-layout compares; add one of "
+          "them, or drop --check-steps");
+  if (o.check_layout) {
+    require(!o.check_against_host,
+            "train_gpt: --check-layout and --check-against-host are two checks; run them one at a time");
+    require(o.backend == "host" && !train_gpt::under_mpirun(),
+            "train_gpt: --check-layout runs the layout and the single rank as thread ranks of this process on the "
+            "host backend; run it without mpirun and without --backend cuda (the layout's mesh is the same)");
+    for (const char* given :
+         {"resume", "save", "save-every", "export", "metrics", "trace", "val-data", "val-split", "val-every"})
+      require(!p.given(given),
+              "train_gpt: --check-layout trains two runs of --check-steps steps from scratch and "
+              "writes nothing; drop --",
+              given, " (or drop --check-layout to train)");
+    require(o.check_steps <= t.steps, "train_gpt: --check-steps ", o.check_steps, " exceeds --steps ", t.steps,
+            " (the steps checked are the first of the run configured); give --check-steps at most ", t.steps);
+  }
   require(!p.given("graph-warmup") || t.graph,
           "train_gpt: --graph-warmup sets the eager steps before --graph captures the step; add --graph, or drop "
           "--graph-warmup");
@@ -193,6 +216,10 @@ Options parse(int argc, char** argv) {
           " ranks without NCCL: the thread ranks' device communicator meets at host barriers, which a captured step "
           "cannot hold; run one process per GPU under mpirun (NCCL), or --graph on one rank");
   require(o.val_split == 0 || o.val_data.empty(), "train_gpt: give --val-data or --val-split, not both");
+  require(t.grad_topk_density == 0 || (o.backend == "host" && !o.check_against_host), "train_gpt: --grad-topk ",
+          t.grad_topk_density,
+          " selects each gradient's largest entries on the host, and --backend cuda's gradients are device memory; "
+          "use --backend host, or drop --grad-topk");
   // Mesh and MoE checks that need no data file, before any rank starts.
   require(
       t.cp == 1 || (o.backend == "host" && !o.check_against_host), "train_gpt: --cp ", t.cp,
@@ -222,6 +249,7 @@ Options parse(int argc, char** argv) {
 int main(int argc, char** argv) {
   try {
     const Options o = parse(argc, argv);
+    if (o.check_layout) return train_gpt::run_layout_check(o);
     if (o.backend == "cuda" || o.check_against_host) {
 #if defined(MPAR_HAVE_CUDA)
       return train_gpt::run_cuda(o, &argc, &argv);

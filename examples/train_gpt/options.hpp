@@ -38,6 +38,7 @@ struct Options {
   bool quiet = false;
   std::string backend = "host";     ///< host, or cuda (a build with the CUDA backend)
   bool check_against_host = false;  ///< run --check-steps steps on the CUDA backend and on the host, compare
+  bool check_layout = false;        ///< run --check-steps steps in the layout and on one rank, compare
   std::size_t check_steps = 5;
   /** auto: NCCL for --backend cuda under mpirun, else the host transport (threads, or MPI under mpirun); nccl; mpi. */
   std::string comm = "auto";
@@ -76,6 +77,13 @@ void check_mesh(const models::GptTrainConfig& t);
  * exit status.
  */
 int run_host(const Options& o, int* argc, char*** argv);
+
+/**
+ * --check-layout (train_host.cpp): trains --check-steps steps in the configured layout on thread ranks and on one rank
+ * from the same seeds and data, prints every step's losses and the largest parameter difference against the
+ * precision's tolerance (`models::check_layout`). Returns 0 when they agree, 1 when not.
+ */
+int run_layout_check(const Options& o);
 
 /** The line main prints for a failure: one "train_gpt: " in front, a rank's "rank N: " kept (train_host.cpp). */
 std::string error_line(const std::exception& e);

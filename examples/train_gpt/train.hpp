@@ -532,7 +532,7 @@ void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitS
           cfg.model.seq, cfg.cp, cfg.model.seq / (2 * cfg.cp));
     std::printf(
         "mesh tp=%zu pp=%zu dp=%zu ep=%zu on %d %s ranks | schedule %s, %d micro-batches of %zu sequences%s | "
-        "%s%s%s%s\n",
+        "%s%s%s%s%s\n",
         cfg.tp, cfg.pp, cfg.dp, cfg.ep, world.size(), world.name().c_str(), cfg.schedule.c_str(), cfg.microbatches,
         cfg.microbatch_size(), cfg.chunks > 1 ? (", " + std::to_string(cfg.chunks) + " chunks").c_str() : "",
         cfg.precision.c_str(),
@@ -540,7 +540,8 @@ void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitS
         : cfg.zero_stage() == 2 ? ", ZeRO-2"
         : cfg.zero_stage() == 1 ? ", ZeRO-1"
                                 : "",
-        cfg.recompute ? ", recompute" : "", cfg.model.sequence_parallel ? ", sequence parallel" : "");
+        cfg.recompute ? ", recompute" : "", cfg.model.sequence_parallel ? ", sequence parallel" : "",
+        cfg.grad_topk_density > 0 ? (", gradients top-k " + json_number(cfg.grad_topk_density)).c_str() : "");
   }
   std::ofstream metrics;
   if (lead && !o.metrics.empty()) {
@@ -681,6 +682,14 @@ void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitS
   const std::string sample = lead && o.sample > 0 && chars
                                  ? generate(cfg.model, *chars, ckpt, o.sample, cfg.model.seed, o.sample_progress_s)
                                  : "";
+  // --grad-topk: the data-parallel bytes of a step over all ranks, sent and as a dense all-reduce would take them,
+  // and the residuals held back (squares summed over the ranks).
+  std::vector<double> compression{0, 0, 0};
+  if (cfg.grad_topk_density > 0) {
+    if (const auto& c = tr.gradient_compression())
+      compression = {double(c->sent_bytes), double(c->dense_bytes), c->residual_l2 * c->residual_l2};
+    tr.host_messages([&](auto& w) { w.all_reduce(std::span<double>(compression), ReduceOp::sum); });
+  }
   world.barrier();
   if (!tmp_dir.empty() && lead) fs::remove_all(tmp_dir);
   if (!lead) return;
@@ -704,6 +713,12 @@ void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitS
       double(cfg.global_batch * cfg.model.seq) / step_seconds, step_seconds, measured, step_flops,
       step_flops / step_seconds / 1e12, world.size(), cfg.precision.c_str(), cfg.model.layers, cfg.model.hidden,
       cfg.model.heads, cfg.model.seq, cfg.model.padded_vocab(), cfg.global_batch, cfg.microbatch_size());
+  if (cfg.grad_topk_density > 0 && compression[1] > 0)
+    std::printf(
+        "gradient compression: top-k %g with error feedback over dp=%zu: %s sent per step (all ranks) instead of the "
+        "dense all-reduce's %s, %.1fx less; residual held back %.3g (norm); final loss %.4f\n",
+        cfg.grad_topk_density, cfg.dp * cfg.cp, mib(compression[0]).c_str(), mib(compression[1]).c_str(),
+        compression[1] / compression[0], std::sqrt(compression[2]), last_loss);
   std::printf("peak memory per rank (parameters + gradients + optimizer states + 16-bit copies + activations%s):\n",
               observe::allocation_tracking_enabled() ? ", measured" : ", not measured");
   double worst = 0;
@@ -726,12 +741,17 @@ void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitS
                      "%: raise --microbatches (bubble ~ (P-1)/(M+P-1); M >= 4P keeps it under ~20%) or use "
                      "--schedule interleaved_1f1b --chunks 2");
   if (world.size() > 1 && avg_comm > 0.40)
-    advice.push_back("communication " + std::to_string(int(avg_comm * 100)) + "% of the step: " +
-                     (cfg.dp > 1 ? "use bigger --bucket-kib or fewer data-parallel ranks (--dp)" : std::string()) +
-                     (cfg.dp > 1 && cfg.tp > 1 ? ", or " : "") +
-                     (cfg.tp > 1 ? "a smaller --tp (keep tensor groups on fast links)" : std::string()) +
-                     (cfg.dp == 1 && cfg.tp == 1 ? "fewer ranks (--pp, --ep, --cp)" : std::string()) +
-                     "; on one machine the ranks share its cores");
+    advice.push_back(
+        "communication " + std::to_string(int(avg_comm * 100)) + "% of the step: " +
+        (cfg.dp > 1 ? std::string("use bigger --bucket-kib") +
+                          (cfg.grad_topk_density == 0 && cfg.zero_stage() == 0 && cfg.ep == 1 && cfg.precision != "f16"
+                               ? ", fewer data-parallel ranks (--dp) or top-k compression (--grad-topk 0.01)"
+                               : " or fewer data-parallel ranks (--dp)")
+                    : std::string()) +
+        (cfg.dp > 1 && cfg.tp > 1 ? ", or " : "") +
+        (cfg.tp > 1 ? "a smaller --tp (keep tensor groups on fast links)" : std::string()) +
+        (cfg.dp == 1 && cfg.tp == 1 ? "fewer ranks (--pp, --ep, --cp)" : std::string()) +
+        "; on one machine the ranks share its cores");
   const double limit = rank_memory_limit(o);
   if (worst > 0.8 * limit)
     advice.push_back("peak memory " + mib(worst) + " is near the per-rank limit " + mib(limit) +

@@ -152,6 +152,11 @@ struct GptTrainConfig {
   /// Eager steps before the capture (--graph-warmup; at least 1: it allocates what the step keeps — staging,
   /// 16-bit copies — and carries AdamW's count into rank memory, waits a capture could not hold).
   std::size_t graph_warmup = 3;
+  /// Top-k gradient compression with error feedback over the data group (--grad-topk; 0: the dense all-reduce):
+  /// each replica sends this share of every gradient tensor, its largest entries of gradient + residual, and carries
+  /// the rest into the next step (`parallel::GradSync::topk`, docs/training.md). dp (x cp) > 1, no ZeRO, no experts
+  /// over ranks (ep 1), fp32 or bf16, host backend; `validate` refuses the rest naming the fix.
+  double grad_topk_density = 0;
 
   [[nodiscard]] std::size_t world_size() const { return tp * cp * pp * dp * ep; }
   /** The ZeRO stage in effect: `zero`, or 1 when only `zero1` is set. */
@@ -184,6 +189,10 @@ struct GptTrainConfig {
     o.adamw.eps = eps;
     o.adamw.decays = decays ? decays : std::function<bool(const nn::Parameter&)>(optim::decays_weight_matrices);
     o.sgd = optim::SgdConfig{float(lr), 0.9f, 0.0f};
+    if (grad_topk_density > 0) {
+      o.sync = parallel::GradSync::topk;
+      o.topk_density = grad_topk_density;
+    }
     o.clip = clip;
     o.bucket_bytes = bucket_bytes;
     return o;
@@ -229,6 +238,7 @@ struct GptTrainConfig {
     if (cp > 1) validate_context();
     if (model.sequence_parallel) validate_sequence_parallel();
     if (graph) validate_graph();
+    if (grad_topk_density != 0) validate_grad_topk();
     model.validate(tp, pp * std::size_t(chunks), ep);
     // The schedule's own checks (e.g. interleaved needs M a multiple of P), with its sentence.
     (void)pipeline::make_programs(schedule, pipeline::ScheduleConfig{int(pp), microbatches, chunks, 1});
@@ -261,6 +271,26 @@ struct GptTrainConfig {
     require(model.dropout == 0.0, "train: --graph with --dropout ", model.dropout,
             ": each step's dropout masks are keyed by the step number, a host value which a captured step would "
             "freeze (every replay would drop the same elements); use --dropout 0, or drop --graph");
+  }
+  /** What top-k gradient compression (`grad_topk_density`) needs of the rest of the configuration, naming the fix. */
+  void validate_grad_topk() const {
+    require(grad_topk_density > 0 && grad_topk_density <= 1, "train: --grad-topk ", grad_topk_density,
+            " is not a share of the gradient; give a density in (0, 1], e.g. 0.01 (or 0 for the dense all-reduce)");
+    require(dp * cp > 1, "train: --grad-topk compresses the gradient reduction over the data-parallel ranks, and ",
+            "--dp is 1: there is nothing to compress; use --dp 2 or more, or drop --grad-topk");
+    require(ep == 1, "train: --grad-topk with --ep ", ep,
+            ": the experts' gradients reduce over the data group and the rest over data x expert ranks, and the "
+            "compression covers one group; use --ep 1, or drop --grad-topk");
+    require(zero_stage() == 0, "train: --grad-topk with --zero ", zero_stage(),
+            ": ZeRO reduce-scatters each gradient into shards, which the compressed exchange (every replica's top "
+            "entries, summed everywhere) does not produce; use --zero 0, or drop --grad-topk");
+    require(precision != "f16",
+            "train: --grad-topk with --precision f16: the residual carried to the next step would hold gradients "
+            "scaled by an older loss scale (and an overflowed step's infinities); use --precision bf16 or fp32, or "
+            "drop --grad-topk");
+    require(!graph,
+            "train: --grad-topk with --graph: the compression selects the entries on the host, between "
+            "operations a captured step cannot leave; drop --graph or --grad-topk");
   }
   /** What sequence parallelism needs of the rest of the configuration, each refusal naming the fix. */
   void validate_sequence_parallel() const {
@@ -346,7 +376,8 @@ struct GptTrainConfig {
                              {"--bucket-kib (in bytes)", count(c.bucket_bytes)},
                              {"--data-seed", std::to_string(c.data_seed)},
                              {"--graph", c.graph ? "on" : "off"},
-                             {"--graph-warmup", count(c.graph_warmup)}};
+                             {"--graph-warmup", count(c.graph_warmup)},
+                             {"--grad-topk", num(c.grad_topk_density)}};
   for (const auto& [key, value] : data_identity(data)) s.push_back({"--data (" + key + ")", value});
   return s;
 }
@@ -553,6 +584,21 @@ class GptTrainer {
   [[nodiscard]] MeshComms<Comm>& comms() { return comms_; }
   /** The training data's identity (vocabulary size, token count, content hash), e.g. for a checkpoint manifest. */
   [[nodiscard]] data::DataFingerprint data_fingerprint() const { return data_.fingerprint(); }
+  /** The optimizer side of the step (gradient synchronisation, norm, update), for inspection. */
+  [[nodiscard]] const parallel::DistributedOptimizer<Comm, B, TensorComm>& optimizer() const { return *optimizer_; }
+  /**
+   * `GptTrainConfig::grad_topk_density`: what the last step's top-k compression sent over the data group from this
+   * rank, against the dense all-reduce's bytes; empty before the first step or without compression.
+   */
+  [[nodiscard]] const std::optional<parallel::CompressionStatistics>& gradient_compression() const {
+    return optimizer_->compression();
+  }
+  /**
+   * @brief Calls `f` in every training step once the gradients are synchronised over the data group (and the tied
+   * embedding's summed) and before the norm and the update: each parameter's gradient is then what the update applies.
+   * For inspection (a test checks top-k's error feedback with it); not in a captured step's replays.
+   */
+  void on_gradients_synchronised(std::function<void()> f) { optimizer_->on_synchronised(std::move(f)); }
 
   /**
    * @brief Mean loss over `batches` global batches of `val` (collective): batch i is `val.batch(seed, i, ...)`,
@@ -687,6 +733,7 @@ class GptTrainer {
     m.gradients += optimizer_->sync_gradient_elements() * sizeof(float);       // ZeRO's shards (and kept buckets)
     m.parameters += optimizer_->sharded_weight_elements() * sizeof(float);     // ZeRO-3: the weight shards
     for (const auto& v : previous_) m.parameters += v.size() * sizeof(float);  // 2bw's second weight version
+    m.gradients += optimizer_->compression_bytes();  // top-k's residuals: gradient entries not yet sent
     m.optimizer_states = optimizer_->state_elements() * sizeof(float);
     m.compute_copies = optimizer_->precision_bytes();  // the fp32 masters and 16-bit copies beside the weights
     return m;
@@ -856,6 +903,10 @@ class GptTrainer {
           "step after the resume computes on the loaded weights (lag 0), so the run departs from "
           "an uninterrupted one there");
     }
+    if (cfg_.grad_topk_density > 0)
+      res.warnings.push_back(
+          "resume: --grad-topk's residuals (the gradient entries not yet sent) are not in checkpoints; they start "
+          "at zero, so the run departs from an uninterrupted one there");
     step_ = std::size_t(res.state.step);
     if (with_states) {
       auto steps_of = [&](const char* key) {

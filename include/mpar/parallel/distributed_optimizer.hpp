@@ -12,6 +12,8 @@
  *   keeps only the gradient shards, ZeRO-3 the weight shards too, gathered per unit by the passes; see
  *   parallel/zero.hpp). With experts ZeRO shards along the same two groups, as DeepSpeed-MoE does: one
  *   `ZeroAdamW` for the replicated parameters over data x expert ranks, one for the experts over the data group;
+ *   or top-k compression with error feedback (`GradSync::topk`, `TopKCompressor` per parameter over the data
+ *   group: each replica sends only the largest entries of its gradient plus what it held back before);
  * - the update rule (`UpdateRule`): AdamW or SGD with momentum.
  *
  * One step, without a host read until its statistics come back:
@@ -36,6 +38,7 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <functional>
 #include <optional>
 #include <span>
 #include <string>
@@ -50,6 +53,7 @@
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/backend/rank_transfer.hpp"
 #include "mpar/comm/communicator.hpp"
+#include "mpar/comm/topk.hpp"
 #include "mpar/core/dtype.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/memory_resource.hpp"
@@ -75,7 +79,11 @@ enum class GradSync {
   all_reduce,  ///< bucketed all-reduces (replicated parameters over data x expert ranks, experts over data ranks)
   zero1,       ///< ZeRO-1: reduce-scatter, AdamW on this rank's blocks, all-gather of the weights
   zero2,       ///< ZeRO-2: as ZeRO-1, holding only this rank's gradient shards (full gradients freed per bucket)
-  zero3        ///< ZeRO-3: as ZeRO-2, and the weights sharded at rest (gathered per unit by the passes)
+  zero3,       ///< ZeRO-3: as ZeRO-2, and the weights sharded at rest (gathered per unit by the passes)
+  /// Top-k with error feedback (`OptimizerConfig::topk_density`): each replica sends the largest-magnitude entries of
+  /// its gradient plus its residual and keeps the rest as the next step's residual (`TopKCompressor`, one per
+  /// parameter); the sum of the updates applied plus the residuals is the dense sum. No experts, no f16, host memory.
+  topk
 };
 
 /** @brief The ZeRO stage of a synchronisation: 0 (none), 1, 2 or 3. */
@@ -114,6 +122,20 @@ struct OptimizerConfig {
   /// ZeRO-3: where each unit the passes gather at once begins, as indices into the updated parameters
   /// (`ZeroOptions::unit_starts`); empty: buckets by size only.
   std::vector<std::size_t> zero_unit_starts;
+  /// `GradSync::topk`: the share of each parameter's gradient every replica sends per step, in (0, 1]
+  /// (k = ceil(density x elements) entries of each tensor).
+  double topk_density = 0;
+};
+
+/**
+ * @brief What `GradSync::topk` sent over the data group in the last step, this rank's part: bytes of the (index,
+ * value) pairs (two doubles each, `TopKCompressor`) against the bytes of the fp32 gradients a dense all-reduce
+ * would take, and the norm of the residuals it now holds back.
+ */
+struct CompressionStatistics {
+  double density = 0;
+  std::size_t sent_bytes = 0, dense_bytes = 0;
+  double residual_l2 = 0;
 };
 
 /**
@@ -168,6 +190,7 @@ class DistributedOptimizer {
     const int stage = zero_stage(cfg_.sync);
     require(stage == 0 || cfg_.rule == UpdateRule::adamw, "DistributedOptimizer: ZeRO-", stage,
             " shards AdamW states; use the adamw update rule with ZeRO-", stage);
+    if (cfg_.sync == GradSync::topk) require_topk_composition(replicas);
     if (cfg_.precision == Precision::f16) scaler_.emplace(cfg_.loss_scaler);
     // ZeRO-3: the updated parameters are rounded as they are gathered (their fp32 masters are the shards), so
     // the compute copies cover only what is not sharded (the head's tied copy on another pipeline stage).
@@ -209,7 +232,12 @@ class DistributedOptimizer {
         if (stage == 3 && cfg_.precision == Precision::f16) z->template round_gathered_to<f16>();
       }
     } else {
-      if (replicas > 1) dp_.emplace(replicated, *g_.replica, DataParallelOptions{cfg_.bucket_bytes, 0.0});
+      if (cfg_.sync == GradSync::topk) {
+        topk_.reserve(params_.size());  // every parameter is replicated (no experts): all in the replica group
+        for (auto* p : params_) topk_.emplace_back(*g_.replica, p->value.size(), cfg_.topk_density);
+      } else if (replicas > 1) {
+        dp_.emplace(replicated, *g_.replica, DataParallelOptions{cfg_.bucket_bytes, 0.0});
+      }
       if (dp > 1 && !experts_.empty())
         dp_experts_.emplace(experts_, *g_.data, DataParallelOptions{cfg_.bucket_bytes, double(replicas)});
       if (cfg_.rule == UpdateRule::adamw)
@@ -350,9 +378,10 @@ class DistributedOptimizer {
    * (AdamW's count into rank memory), so make it eagerly, before a capture.
    */
   void issue_step_in_rank(const float* lr) {
-    require(adamw_.has_value() && !scaler_, "DistributedOptimizer::issue_step_in_rank: the learning rate in rank ",
-            "memory needs AdamW without ZeRO and without f16 loss scaling (this optimizer: ", name_of(cfg_.rule),
-            zero_ ? " with ZeRO" : "", scaler_ ? ", f16" : "", "); use step(lr)");
+    require(adamw_.has_value() && !scaler_ && topk_.empty(), "DistributedOptimizer::issue_step_in_rank: the ",
+            "learning rate in rank memory needs AdamW without ZeRO, f16 loss scaling or top-k compression (this ",
+            "optimizer: ", name_of(cfg_.rule), zero_ ? " with ZeRO" : "", scaler_ ? ", f16" : "",
+            topk_.empty() ? "" : ", top-k", "); use step(lr)");
     require(lr != nullptr, "DistributedOptimizer::issue_step_in_rank: the learning rate's address is null");
     issue_step(0.0f, lr);
   }
@@ -389,6 +418,7 @@ class DistributedOptimizer {
   /** Issues a step (see `step`): the learning rate `host_lr`, or read from rank memory `rank_lr` when not null. */
   void issue_step(float host_lr, const float* rank_lr) {
     finish_gradient_sync();
+    if (on_synchronised_) on_synchronised_();
     RankStatistics* st = stats_.data();
     if (zero_experts_) {
       // Both shards tile the data x expert group (the replicated blocks over all of it, each expert's blocks over
@@ -455,6 +485,28 @@ class DistributedOptimizer {
   [[nodiscard]] const std::vector<nn::Parameter*>& params() const { return params_; }
   /** Seconds spent in the gradient synchronisation (marking buckets, finishing them), accumulated. */
   [[nodiscard]] double sync_seconds() const { return sync_seconds_; }
+  /** `GradSync::topk`: what the last step's compression sent (this rank); empty before the first step or without it. */
+  [[nodiscard]] const std::optional<CompressionStatistics>& compression() const { return compression_; }
+  /**
+   * `GradSync::topk`: the residual parameter `i` (of `params()`) holds back after the last step — its gradient's
+   * entries not yet sent, in double precision; empty without top-k.
+   */
+  [[nodiscard]] std::span<const double> compression_residual(std::size_t i) const {
+    return topk_.empty() ? std::span<const double>() : topk_.at(i).residual();
+  }
+  /** Bytes the top-k residuals hold (a double per gradient element; 0 without top-k). */
+  [[nodiscard]] std::size_t compression_bytes() const {
+    std::size_t n = 0;
+    for (const auto& c : topk_) n += c.residual().size() * sizeof(double);
+    return n;
+  }
+  /**
+   * @brief Calls `f` in every step once the gradient synchronisation has finished and before the norm and the
+   * update: the gradients are then what the update applies (averaged over the data group, decompressed under
+   * top-k). For inspection; a step captured once and replayed (`issue_step_in_rank` under a capture) runs it at the
+   * capture only.
+   */
+  void on_synchronised(std::function<void()> f) { on_synchronised_ = std::move(f); }
   /** The composed parts, for checkpoints and inspection (null when not part of this composition). */
   [[nodiscard]] optim::AdamW<B>* adamw() { return adamw_ ? &*adamw_ : nullptr; }
   [[nodiscard]] optim::Sgd<B>* sgd() { return sgd_ ? &*sgd_ : nullptr; }
@@ -558,11 +610,51 @@ class DistributedOptimizer {
       for (auto* z : zeros()) z->reduce_gradients();
     else if (dp_)
       dp_->finish();
+    else if (!topk_.empty())
+      compress_gradients();
     if (dp_experts_)
       dp_experts_->finish();
     else if (ep_ > 1 && !zero_)
       optim::scale_grads<B>(experts_, 1.0f / float(ep_));
     sync_seconds_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t).count();
+  }
+
+  /**
+   * What `GradSync::topk` needs of the composition, each refusal naming the fix; `replicas`: the size of the data group
+   * the gradients are averaged over.
+   */
+  void require_topk_composition(std::size_t replicas) const {
+    require(cfg_.topk_density > 0 && cfg_.topk_density <= 1, "DistributedOptimizer: top-k density ", cfg_.topk_density,
+            " is not in (0, 1]; give the share of each gradient a replica sends, e.g. 0.01");
+    require(replicas > 1, "DistributedOptimizer: top-k compression reduces over the data group, which has one rank ",
+            "here: there is nothing to compress; use two or more data-parallel ranks, or the dense all-reduce");
+    require(ep_ == 1, "DistributedOptimizer: top-k compression with expert parallelism (ep ", ep_,
+            "): the experts' gradients reduce over another group than the rest; use ep 1, or the dense all-reduce");
+    require(cfg_.precision != Precision::f16, "DistributedOptimizer: top-k compression with f16: the residual it ",
+            "carries over would hold gradients scaled by an old loss scale (and an overflowed step's infinities); ",
+            "use bf16 or fp32, or the dense all-reduce");
+    require(mpar::host_reads_rank_memory<B>, "DistributedOptimizer: top-k compression selects the entries on the ",
+            "host, and the ", B::name, " backend's gradients are not host memory; use the host backend, or the ",
+            "dense all-reduce");
+  }
+  /**
+   * `GradSync::topk`: each parameter's gradient replaced by the average over the data group of every replica's top k
+   * of gradient + residual (the rest kept as the residual), parameter after parameter in the same order on every
+   * replica; the step's bytes counted.
+   */
+  void compress_gradients() {
+    if constexpr (mpar::host_reads_rank_memory<B>) {
+      CompressionStatistics s{cfg_.topk_density, 0, 0, 0};
+      double squares = 0;
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        const TopKStats t = topk_[i].all_reduce(std::span<float>(params_[i]->grad), ReduceOp::avg);
+        s.sent_bytes += t.k * 2 * sizeof(double);
+        s.dense_bytes += t.n * sizeof(float);
+        squares += t.residual_l2 * t.residual_l2;
+      }
+      s.residual_l2 = std::sqrt(squares);
+      compression_ = s;
+    }
   }
 
   std::vector<nn::Parameter*> params_, compute_params_;
@@ -572,6 +664,8 @@ class DistributedOptimizer {
   std::unordered_map<const nn::Parameter*, Route> route_;
   std::vector<nn::Parameter*> experts_;
   std::optional<DataParallel<Comm, B>> dp_, dp_experts_;
+  std::vector<TopKCompressor<Comm>> topk_;  // GradSync::topk: one per updated parameter, over the data group
+  std::optional<CompressionStatistics> compression_;
   std::optional<GradientArena<B>> arena_;    // bound before the synchronisers are built: their buckets are ranges of it
   std::optional<ParameterArena<B>> values_;  // bound before the update rule: its states take the values' layout
   std::optional<ZeroAdamW<Comm, B>> zero_, zero_experts_;
@@ -594,6 +688,7 @@ class DistributedOptimizer {
                               // a replay of a captured step is that step again
   StepStatistics last_;
   double sync_seconds_ = 0;
+  std::function<void()> on_synchronised_;
 };
 
 }  // namespace mpar::parallel
