@@ -5,12 +5,14 @@
 //
 // This file parses the command line and calls the host part (train_host.cpp) or the CUDA part
 // (train_cuda.cu): it includes no training code, so it compiles in a few seconds.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include <mpar/cli/parser.hpp>
 #include <mpar/observe/track_allocations.hpp>
@@ -21,6 +23,22 @@ using namespace mpar;
 using train_gpt::Options;
 
 namespace {
+
+/** "1,3,2" as counts; throws naming the option and the fix on anything else (an empty entry, a sign, a letter). */
+std::vector<std::size_t> parse_count_list(const char* option, const std::string& text) {
+  std::vector<std::size_t> out;
+  std::size_t from = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', from);
+    const std::string item = text.substr(from, comma == std::string::npos ? std::string::npos : comma - from);
+    const bool digits = !item.empty() && item.size() < 10 && item.find_first_not_of("0123456789") == std::string::npos;
+    require(digits, "train_gpt: --", option, " '", text, "': '", item,
+            "' is not a whole number; give comma-separated counts, one per pipeline stage (e.g. 1,3)");
+    out.push_back(std::size_t(std::stoul(item)));
+    if (comma == std::string::npos) return out;
+    from = comma + 1;
+  }
+}
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -79,6 +97,13 @@ Options parse(int argc, char** argv) {
   p.option("microbatches", t.microbatches, "micro-batches per step and data-parallel rank").range(1, 1 << 16);
   p.option("chunks", t.chunks, "model chunks per pipeline rank (interleaved_1f1b)").range(1, 64);
   p.flag("recompute", t.recompute, "recompute activations in backward (keep only stage inputs)");
+  std::string stage_layers, recompute_stages;
+  p.option("stage-layers", stage_layers,
+           "blocks per pipeline stage, comma-separated (e.g. 1,3): pp x chunks counts, stage = chunk x pp + rank, "
+           "each at least 1, summing to --layers (default: the even split)");
+  p.option("recompute-stages", recompute_stages,
+           "which pipeline stages recompute their activations in backward, comma-separated 0/1 flags in the "
+           "order of --stage-layers (e.g. 1,0; instead of --recompute)");
   p.flag("sequence-parallel", t.model.sequence_parallel,
          "sequence parallelism: layer norms, residuals and dropout on each tensor rank's block of the tokens; "
          "all-gathers and reduce-scatters instead of all-reduces (dense models, --cp 1)");
@@ -169,6 +194,13 @@ Options parse(int argc, char** argv) {
   require(t.min_lr <= t.lr, "train_gpt: --min-lr ", t.min_lr, " exceeds --lr ", t.lr,
           " (the cosine schedule decays from --lr to --min-lr); give --min-lr at most --lr",
           t.lr == 0 ? " (--lr 0 needs --min-lr 0)" : "");
+  if (p.given("stage-layers")) t.stage_layers = parse_count_list("stage-layers", stage_layers);
+  if (p.given("recompute-stages"))
+    for (std::size_t f : parse_count_list("recompute-stages", recompute_stages)) {
+      require(f <= 1, "train_gpt: --recompute-stages '", recompute_stages, "' holds ", f,
+              "; give one 0 (keep activations) or 1 (recompute) per pipeline stage");
+      t.recompute_stages.push_back(f == 1);
+    }
   t.bucket_bytes = o.bucket_kib * 1024;
   t.warmup = o.warmup >= 0 ? std::size_t(o.warmup) : t.steps / 10;
   require(t.warmup <= t.steps, "train_gpt: --warmup ", t.warmup, " exceeds --steps ", t.steps,
