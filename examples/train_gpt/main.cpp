@@ -12,10 +12,12 @@
 #include <iostream>
 #include <string>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include <mpar/cli/parser.hpp>
 #include <mpar/observe/track_allocations.hpp>
+#include <mpar/plan/training_plan.hpp>
 
 #include "options.hpp"
 
@@ -38,6 +40,70 @@ std::vector<std::size_t> parse_count_list(const char* option, const std::string&
     if (comma == std::string::npos) return out;
     from = comma + 1;
   }
+}
+
+/**
+ * Sets the layout and the model sizes from the plan file `o.plan`. A flag given beside --plan must say what the
+ * plan says: a layout flag that differs contradicts it, a model flag that differs means the plan was made for
+ * another model; each error names the flag, both values and the fix.
+ */
+void apply_plan(const cli::Parser& p, Options& o) {
+  const plan::TrainingPlan plan = plan::read_training_plan(o.plan);
+  auto& t = o.train;
+  const auto take = [&](const char* flag, auto& target, auto planned) {
+    using T = std::decay_t<decltype(target)>;
+    require(!p.given(flag) || target == T(planned), "train_gpt: --", flag, " ", target, " contradicts the plan '",
+            o.plan, "', which has ", planned, "; drop --", flag, " (the plan sets it) or give ", planned);
+    target = T(planned);
+  };
+  const auto model = [&](const char* flag, std::size_t& target, std::size_t planned) {
+    require(!p.given(flag) || target == planned, "train_gpt: the plan '", o.plan, "' was made for --", flag, " ",
+            planned, ", but --", flag, " ", target, " is given; drop --", flag,
+            " (the plan sets it) or plan again for this model");
+    target = planned;
+  };
+  model("layers", t.model.layers, plan.layers);
+  model("hidden", t.model.hidden, plan.hidden);
+  model("heads", t.model.heads, plan.heads);
+  model("seq", t.model.seq, plan.seq);
+  model("experts", t.model.experts, plan.experts);
+  if (plan.experts > 0) {
+    model("moe-every", t.model.moe_every, plan.moe_every);
+    model("topk", t.model.moe_top_k, plan.topk);
+  }
+  take("batch", t.global_batch, plan.global_batch);
+  take("tp", t.tp, plan.tp);
+  take("pp", t.pp, plan.pp);
+  take("dp", t.dp, plan.dp);
+  take("cp", t.cp, plan.cp);
+  take("ep", t.ep, plan.ep);
+  take("chunks", t.chunks, plan.v);
+  take("schedule", t.schedule, plan.schedule);
+  take("microbatches", t.microbatches, plan.microbatches);
+  take("sequence-parallel", t.model.sequence_parallel, plan.sequence_parallel);
+  require(!t.zero1 || plan.zero == 1, "train_gpt: --zero1 contradicts the plan '", o.plan, "', which has ZeRO stage ",
+          plan.zero, "; drop --zero1 (the plan sets it)");
+  t.zero1 = false;
+  take("zero", t.zero, plan.zero);
+  const auto flags = [](const std::vector<bool>& f) {
+    std::string s;
+    for (bool b : f) s += (s.empty() ? "" : ",") + std::string(b ? "1" : "0");
+    return s;
+  };
+  const std::string planned_layers = models::GptTrainConfig::join_counts(plan.stage_layers);
+  require(!p.given("stage-layers") || t.stage_layers == plan.stage_layers, "train_gpt: --stage-layers ",
+          models::GptTrainConfig::join_counts(t.stage_layers), " contradicts the plan '", o.plan, "', which has ",
+          planned_layers, "; drop --stage-layers (the plan sets it) or give ", planned_layers);
+  t.stage_layers = plan.stage_layers;
+  const bool all = std::all_of(plan.recompute_stages.begin(), plan.recompute_stages.end(), [](bool b) { return b; });
+  require(!t.recompute || all, "train_gpt: --recompute contradicts the plan '", o.plan, "', which recomputes stages ",
+          flags(plan.recompute_stages), " only; drop --recompute (the plan sets it)");
+  require(!p.given("recompute-stages") || t.recompute_stages == plan.recompute_stages, "train_gpt: --recompute-stages ",
+          flags(t.recompute_stages), " contradicts the plan '", o.plan, "', which has ", flags(plan.recompute_stages),
+          "; drop --recompute-stages (the plan sets it) or give ", flags(plan.recompute_stages));
+  t.recompute = false;
+  t.recompute_stages = plan.recompute_stages;
+  o.plan_vocab = plan.vocab;
 }
 
 Options parse(int argc, char** argv) {
@@ -96,6 +162,9 @@ Options parse(int argc, char** argv) {
            "pipeline schedule");
   p.option("microbatches", t.microbatches, "micro-batches per step and data-parallel rank").range(1, 1 << 16);
   p.option("chunks", t.chunks, "model chunks per pipeline rank (interleaved_1f1b)").range(1, 64);
+  p.option("plan", o.plan,
+           "train the layout of this plan file (mpar-plan --write-plan): sizes, schedule, micro-batches, ZeRO, blocks "
+           "and recomputation per stage, and the model sizes; flags given beside it must agree with it");
   p.flag("recompute", t.recompute, "recompute activations in backward (keep only stage inputs)");
   std::string stage_layers, recompute_stages;
   p.option("stage-layers", stage_layers,
@@ -201,6 +270,10 @@ Options parse(int argc, char** argv) {
               "; give one 0 (keep activations) or 1 (recompute) per pipeline stage");
       t.recompute_stages.push_back(f == 1);
     }
+  if (p.given("plan")) {
+    require(!o.plan.empty(), "train_gpt: --plan is empty; give the file mpar-plan --write-plan wrote");
+    apply_plan(p, o);
+  }
   t.bucket_bytes = o.bucket_kib * 1024;
   t.warmup = o.warmup >= 0 ? std::size_t(o.warmup) : t.steps / 10;
   require(t.warmup <= t.steps, "train_gpt: --warmup ", t.warmup, " exceeds --steps ", t.steps,

@@ -193,6 +193,9 @@ inline void preflight(const Options& o) {
             "' has no newline, which --sample uses to start the generated text; give "
             "--sample 0 or a text with lines");
   }
+  require(o.plan_vocab == 0 || o.plan_vocab == cfg.model.vocab, "train_gpt: the plan '", o.plan,
+          "' was made for a vocabulary of ", o.plan_vocab, ", but --data '", o.data, "' has ", cfg.model.vocab,
+          " token ids; plan again with mpar-plan --vocab ", cfg.model.vocab);
   cfg.pad_vocab_for_mesh();
   cfg.validate(cfg.world_size());
   const plan::MemoryEstimate e = estimate_rank_memory(cfg);
