@@ -5,7 +5,8 @@
 
 Format (read by mpar::data::TokenFile): 256 little-endian int32 header words -- magic 20240520,
 version 1, token count, zeros -- then the tokens as little-endian uint16. Needs `pip install tiktoken`
-(an optional dependency: the C++ side needs nothing). Documents are not split: an end-of-text token
+(an optional dependency: the C++ side needs nothing), which downloads the BPE files on first use;
+`--bytes` writes one id per byte instead, with neither. Documents are not split: an end-of-text token
 (50256) starts the stream, as in llm.c's data scripts.
 """
 import argparse
@@ -29,7 +30,13 @@ def main():
     ap.add_argument("output")
     ap.add_argument("--val", help="also write the last --val-fraction of the tokens to this file")
     ap.add_argument("--val-fraction", type=float, default=0.1)
+    ap.add_argument("--bytes", action="store_true",
+                    help="one id per byte of the input instead of GPT-2's BPE (no tiktoken, no download: for trying the path)")
     a = ap.parse_args()
+    if a.bytes:
+        with open(a.input, "rb") as f:
+            split(a, list(f.read()))
+        return
     try:
         import tiktoken
     except ImportError:
@@ -37,7 +44,10 @@ def main():
     enc = tiktoken.get_encoding("gpt2")
     with open(a.input, encoding="utf-8") as f:
         text = f.read()
-    tokens = [enc.eot_token] + enc.encode_ordinary(text)
+    split(a, [enc.eot_token] + enc.encode_ordinary(text))
+
+
+def split(a, tokens):
     if a.val:
         cut = int(len(tokens) * (1.0 - a.val_fraction))
         write_bin(a.output, tokens[:cut])

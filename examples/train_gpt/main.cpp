@@ -5,15 +5,19 @@
 //
 // This file parses the command line and calls the host part (train_host.cpp) or the CUDA part
 // (train_cuda.cu): it includes no training code, so it compiles in a few seconds.
+#include <algorithm>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
 #include <string>
 #include <thread>
+#include <type_traits>
+#include <vector>
 
 #include <mpar/cli/parser.hpp>
 #include <mpar/observe/track_allocations.hpp>
+#include <mpar/plan/training_plan.hpp>
 
 #include "options.hpp"
 
@@ -21,6 +25,86 @@ using namespace mpar;
 using train_gpt::Options;
 
 namespace {
+
+/** "1,3,2" as counts; throws naming the option and the fix on anything else (an empty entry, a sign, a letter). */
+std::vector<std::size_t> parse_count_list(const char* option, const std::string& text) {
+  std::vector<std::size_t> out;
+  std::size_t from = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', from);
+    const std::string item = text.substr(from, comma == std::string::npos ? std::string::npos : comma - from);
+    const bool digits = !item.empty() && item.size() < 10 && item.find_first_not_of("0123456789") == std::string::npos;
+    require(digits, "train_gpt: --", option, " '", text, "': '", item,
+            "' is not a whole number; give comma-separated counts, one per pipeline stage (e.g. 1,3)");
+    out.push_back(std::size_t(std::stoul(item)));
+    if (comma == std::string::npos) return out;
+    from = comma + 1;
+  }
+}
+
+/**
+ * Sets the layout and the model sizes from the plan file `o.plan`. A flag given beside --plan must say what the
+ * plan says: a layout flag that differs contradicts it, a model flag that differs means the plan was made for
+ * another model; each error names the flag, both values and the fix.
+ */
+void apply_plan(const cli::Parser& p, Options& o) {
+  const plan::TrainingPlan plan = plan::read_training_plan(o.plan);
+  auto& t = o.train;
+  const auto take = [&](const char* flag, auto& target, auto planned) {
+    using T = std::decay_t<decltype(target)>;
+    require(!p.given(flag) || target == T(planned), "train_gpt: --", flag, " ", target, " contradicts the plan '",
+            o.plan, "', which has ", planned, "; drop --", flag, " (the plan sets it) or give ", planned);
+    target = T(planned);
+  };
+  const auto model = [&](const char* flag, std::size_t& target, std::size_t planned) {
+    require(!p.given(flag) || target == planned, "train_gpt: the plan '", o.plan, "' was made for --", flag, " ",
+            planned, ", but --", flag, " ", target, " is given; drop --", flag,
+            " (the plan sets it) or plan again for this model");
+    target = planned;
+  };
+  model("layers", t.model.layers, plan.layers);
+  model("hidden", t.model.hidden, plan.hidden);
+  model("heads", t.model.heads, plan.heads);
+  model("seq", t.model.seq, plan.seq);
+  model("experts", t.model.experts, plan.experts);
+  if (plan.experts > 0) {
+    model("moe-every", t.model.moe_every, plan.moe_every);
+    model("topk", t.model.moe_top_k, plan.topk);
+  }
+  take("batch", t.global_batch, plan.global_batch);
+  take("tp", t.tp, plan.tp);
+  take("pp", t.pp, plan.pp);
+  take("dp", t.dp, plan.dp);
+  take("cp", t.cp, plan.cp);
+  take("ep", t.ep, plan.ep);
+  take("chunks", t.chunks, plan.v);
+  take("schedule", t.schedule, plan.schedule);
+  take("microbatches", t.microbatches, plan.microbatches);
+  take("sequence-parallel", t.model.sequence_parallel, plan.sequence_parallel);
+  require(!t.zero1 || plan.zero == 1, "train_gpt: --zero1 contradicts the plan '", o.plan, "', which has ZeRO stage ",
+          plan.zero, "; drop --zero1 (the plan sets it)");
+  t.zero1 = false;
+  take("zero", t.zero, plan.zero);
+  const auto flags = [](const std::vector<bool>& f) {
+    std::string s;
+    for (bool b : f) s += (s.empty() ? "" : ",") + std::string(b ? "1" : "0");
+    return s;
+  };
+  const std::string planned_layers = models::GptTrainConfig::join_counts(plan.stage_layers);
+  require(!p.given("stage-layers") || t.stage_layers == plan.stage_layers, "train_gpt: --stage-layers ",
+          models::GptTrainConfig::join_counts(t.stage_layers), " contradicts the plan '", o.plan, "', which has ",
+          planned_layers, "; drop --stage-layers (the plan sets it) or give ", planned_layers);
+  t.stage_layers = plan.stage_layers;
+  const bool all = std::all_of(plan.recompute_stages.begin(), plan.recompute_stages.end(), [](bool b) { return b; });
+  require(!t.recompute || all, "train_gpt: --recompute contradicts the plan '", o.plan, "', which recomputes stages ",
+          flags(plan.recompute_stages), " only; drop --recompute (the plan sets it)");
+  require(!p.given("recompute-stages") || t.recompute_stages == plan.recompute_stages, "train_gpt: --recompute-stages ",
+          flags(t.recompute_stages), " contradicts the plan '", o.plan, "', which has ", flags(plan.recompute_stages),
+          "; drop --recompute-stages (the plan sets it) or give ", flags(plan.recompute_stages));
+  t.recompute = false;
+  t.recompute_stages = plan.recompute_stages;
+  o.plan_vocab = plan.vocab;
+}
 
 Options parse(int argc, char** argv) {
   Options o;
@@ -78,7 +162,17 @@ Options parse(int argc, char** argv) {
            "pipeline schedule");
   p.option("microbatches", t.microbatches, "micro-batches per step and data-parallel rank").range(1, 1 << 16);
   p.option("chunks", t.chunks, "model chunks per pipeline rank (interleaved_1f1b)").range(1, 64);
+  p.option("plan", o.plan,
+           "train the layout of this plan file (mpar-plan --write-plan): sizes, schedule, micro-batches, ZeRO, blocks "
+           "and recomputation per stage, and the model sizes; flags given beside it must agree with it");
   p.flag("recompute", t.recompute, "recompute activations in backward (keep only stage inputs)");
+  std::string stage_layers, recompute_stages;
+  p.option("stage-layers", stage_layers,
+           "blocks per pipeline stage, comma-separated (e.g. 1,3): pp x chunks counts, stage = chunk x pp + rank, "
+           "each at least 1, summing to --layers (default: the even split)");
+  p.option("recompute-stages", recompute_stages,
+           "which pipeline stages recompute their activations in backward, comma-separated 0/1 flags in the "
+           "order of --stage-layers (e.g. 1,0; instead of --recompute)");
   p.flag("sequence-parallel", t.model.sequence_parallel,
          "sequence parallelism: layer norms, residuals and dropout on each tensor rank's block of the tokens; "
          "all-gathers and reduce-scatters instead of all-reduces (dense models, --cp 1)");
@@ -192,6 +286,17 @@ Options parse(int argc, char** argv) {
   require(t.min_lr <= t.lr, "train_gpt: --min-lr ", t.min_lr, " exceeds --lr ", t.lr,
           " (the cosine schedule decays from --lr to --min-lr); give --min-lr at most --lr",
           t.lr == 0 ? " (--lr 0 needs --min-lr 0)" : "");
+  if (p.given("stage-layers")) t.stage_layers = parse_count_list("stage-layers", stage_layers);
+  if (p.given("recompute-stages"))
+    for (std::size_t f : parse_count_list("recompute-stages", recompute_stages)) {
+      require(f <= 1, "train_gpt: --recompute-stages '", recompute_stages, "' holds ", f,
+              "; give one 0 (keep activations) or 1 (recompute) per pipeline stage");
+      t.recompute_stages.push_back(f == 1);
+    }
+  if (p.given("plan")) {
+    require(!o.plan.empty(), "train_gpt: --plan is empty; give the file mpar-plan --write-plan wrote");
+    apply_plan(p, o);
+  }
   t.bucket_bytes = o.bucket_kib * 1024;
   t.warmup = o.warmup >= 0 ? std::size_t(o.warmup) : t.steps / 10;
   require(t.warmup <= t.steps, "train_gpt: --warmup ", t.warmup, " exceeds --steps ", t.steps,

@@ -45,6 +45,8 @@ struct Options {
   /** The signal that stops the run after the current step, with a checkpoint in --save (0: none; docs/train_gpt.md). */
   int exit_signal = SIGTERM;
   std::vector<std::string> command;  ///< the command line as given, for the resume hint of a stopped run
+  std::string plan;                  ///< --plan FILE: the layout mpar-plan --write-plan chose
+  std::size_t plan_vocab = 0;        ///< the vocabulary that plan was made for, checked against the data's
 };
 
 /** True when the program was started by mpirun (every process is then one rank). */

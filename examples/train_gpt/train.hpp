@@ -152,7 +152,13 @@ inline plan::MemoryEstimate estimate_rank_memory(const models::GptTrainConfig& c
   c.microbatch_size = cfg.microbatch_size(), c.microbatches = std::size_t(cfg.microbatches);
   c.schedule = plan::parse_schedule(cfg.schedule).value_or(plan::ScheduleKind::one_f_one_b);
   c.virtual_stages = std::size_t(cfg.chunks);
-  c.recompute = cfg.recompute ? plan::Recompute::full : plan::Recompute::none;
+  // The memory model has one recomputation setting for every stage: with per-stage flags it counts full
+  // recomputation only when every stage recomputes (an estimate that errs on the large side otherwise).
+  bool all_recompute = cfg.recompute;
+  if (!cfg.recompute_stages.empty())
+    all_recompute = std::all_of(cfg.recompute_stages.begin(), cfg.recompute_stages.end(), [](bool b) { return b; });
+  c.recompute = all_recompute ? plan::Recompute::full : plan::Recompute::none;
+  c.stage_layers = cfg.stage_layers;  // the fullest pipeline rank under an uneven partition
   c.sequence_parallel = cfg.model.sequence_parallel;
   c.zero1 = cfg.zero_stage() >= 1;
   c.zero2 = cfg.zero_stage() >= 2;
@@ -193,6 +199,9 @@ inline void preflight(const Options& o) {
             "' has no newline, which --sample uses to start the generated text; give "
             "--sample 0 or a text with lines");
   }
+  require(o.plan_vocab == 0 || o.plan_vocab == cfg.model.vocab, "train_gpt: the plan '", o.plan,
+          "' was made for a vocabulary of ", o.plan_vocab, ", but --data '", o.data, "' has ", cfg.model.vocab,
+          " token ids; plan again with mpar-plan --vocab ", cfg.model.vocab);
   cfg.pad_vocab_for_mesh();
   cfg.validate(cfg.world_size());
   const plan::MemoryEstimate e = estimate_rank_memory(cfg);
@@ -542,6 +551,13 @@ void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitS
                                 : "",
         cfg.recompute ? ", recompute" : "", cfg.model.sequence_parallel ? ", sequence parallel" : "",
         cfg.grad_topk_density > 0 ? (", gradients top-k " + json_number(cfg.grad_topk_density)).c_str() : "");
+    if (!cfg.stage_layers.empty() || !cfg.recompute_stages.empty()) {
+      std::string flags;
+      for (bool b : cfg.recompute_stages) flags += b ? '1' : '0';
+      std::printf("blocks per stage %s (stage = chunk x pp + rank)%s%s\n",
+                  models::GptTrainConfig::join_counts(cfg.partition().sizes()).c_str(),
+                  flags.empty() ? "" : ", recomputing stages ", flags.c_str());
+    }
   }
   std::ofstream metrics;
   if (lead && !o.metrics.empty()) {

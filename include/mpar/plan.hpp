@@ -7,6 +7,7 @@
 #include "mpar/plan/cli.hpp"
 #include "mpar/plan/collective_cost.hpp"
 #include "mpar/plan/cost_model.hpp"
+#include "mpar/plan/json_text.hpp"
 #include "mpar/plan/memory_model.hpp"
 #include "mpar/plan/model.hpp"
 #include "mpar/plan/parallel_config.hpp"
@@ -14,3 +15,4 @@
 #include "mpar/plan/search.hpp"
 #include "mpar/plan/stage_partition.hpp"
 #include "mpar/plan/topology.hpp"
+#include "mpar/plan/training_plan.hpp"

@@ -1,8 +1,11 @@
 #pragma once
 // The small GPT configuration the model tests train: 4 blocks of width 32 on the default text.
 #include <cstddef>
+#include <cstdint>
+#include <random>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include <mpar/models/gpt_trainer.hpp>
 
@@ -31,6 +34,55 @@ inline models::GptTrainConfig small_gpt(std::size_t tp, std::size_t pp, std::siz
   c.warmup = 2;
   c.lr = 3e-3;
   return c;
+}
+
+/**
+ * `count` training plans drawn from `seed` around `small_gpt`: tp in {1, 2}, pp in {2, 4}, every synchronous
+ * schedule (interleaved with 2 chunks), ZeRO 0, 1 or 3 (with dp 2 and AdamW; SGD without ZeRO, so every
+ * parameter's update can be compared), pp x chunks + 1 to + 3 blocks split at random into stages of at least
+ * one block (uneven but for chance), and a random recomputation flag per stage. At most 8 ranks each.
+ * Drawn from the generator's raw output, so every standard library draws the same plans.
+ */
+inline std::vector<std::pair<std::string, models::GptTrainConfig>> drawn_plans(std::size_t count, std::uint32_t seed) {
+  std::mt19937 rng(seed);
+  const auto pick = [&](std::size_t n) { return std::size_t(rng() % n); };
+  const char* const schedules[] = {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2"};
+  const int zeros[] = {0, 1, 3};
+  std::vector<std::pair<std::string, models::GptTrainConfig>> out;
+  for (std::size_t i = 0; i < count; ++i) {
+    std::size_t tp = 1 + pick(2);
+    const std::size_t pp = pick(2) ? 4 : 2;
+    const int zero = zeros[pick(3)];
+    const std::string schedule = schedules[pick(5)];
+    const std::size_t dp = zero > 0 ? 2 : 1;
+    if (tp * pp * dp > 8) tp = 1;  // at most 8 thread ranks: seconds on two cores
+    models::GptTrainConfig c = small_gpt(tp, pp, dp, schedule);
+    c.chunks = schedule == "interleaved_1f1b" ? 2 : 1;
+    c.microbatches = int(pp * (1 + pick(2)));  // at least one per stage; interleaved needs a multiple of pp
+    if (c.local_batch() % std::size_t(c.microbatches) != 0) c.microbatches = int(pp);
+    c.zero = zero;
+    if (zero > 0) {
+      c.bucket_bytes = 4096;  // several buckets per stage: reductions overlap the backward
+    } else {
+      c.optimizer = "sgd";
+      c.lr = 0.05;
+    }
+    const std::size_t stages = c.stages();
+    c.model.layers = stages + 1 + pick(3);
+    c.stage_layers.assign(stages, 1);
+    for (std::size_t extra = stages; extra < c.model.layers; ++extra) ++c.stage_layers[pick(stages)];
+    std::string flags;
+    for (std::size_t s = 0; s < stages; ++s) {
+      c.recompute_stages.push_back(pick(2) == 1);
+      flags += c.recompute_stages.back() ? '1' : '0';
+    }
+    out.emplace_back("plan " + std::to_string(i) + ": tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) +
+                         " dp=" + std::to_string(dp) + " " + schedule + " v=" + std::to_string(c.chunks) +
+                         " M=" + std::to_string(c.microbatches) + " zero" + std::to_string(zero) + " layers " +
+                         models::GptTrainConfig::join_counts(c.stage_layers) + " recompute " + flags,
+                     c);
+  }
+  return out;
 }
 
 }  // namespace mpar::testing

@@ -10,6 +10,7 @@
 #include <mpar/mpar.hpp>
 
 #include <mutex>
+#include <set>
 #include <string>
 #include <vector>
 #include "gpt_test_config.hpp"
@@ -306,6 +307,89 @@ TEST_CASE("every synchronous pipeline schedule reproduces the single-rank run", 
   auto zb_recompute = small_sgd(1, 2, 2, "zb_h2");
   zb_recompute.recompute = true;
   require_equivalent(run(zb_recompute, 20), ref, "zb_h2 with recomputation, dp=2", true);
+}
+
+/**
+ * The single-rank run a drawn plan must reproduce: the same model, optimizer and micro-batch size (M x dp
+ * micro-batches of the step's batch on one rank), even split, no recomputation.
+ */
+RunResult single_rank_of(const models::GptTrainConfig& plan, std::size_t steps) {
+  models::GptTrainConfig one = plan;
+  one.tp = one.pp = one.dp = 1;
+  one.zero = 0;
+  one.schedule = "1f1b";
+  one.chunks = 1;
+  one.microbatches = plan.microbatches * int(plan.dp);
+  one.stage_layers.clear();
+  one.recompute_stages.clear();
+  static std::map<std::string, RunResult> cache;
+  const std::string key = std::to_string(one.model.layers) + one.optimizer + std::to_string(one.microbatches);
+  auto it = cache.find(key);
+  if (it == cache.end()) it = cache.emplace(key, run(one, steps)).first;
+  return it->second;
+}
+
+/** Drawn plans `first` to `last` (of 24, seed 46) each train 3 steps equal to the single rank. */
+void require_drawn_plans_equal_single_rank(std::size_t first, std::size_t last) {
+  const auto plans = testing::drawn_plans(24, 46);
+  std::size_t uneven = 0;
+  for (std::size_t i = first; i < last; ++i) {
+    const auto& [name, c] = plans[i];
+    if (c.partition().sizes() != pipeline::Partition::even(c.model.layers, c.stages()).sizes()) ++uneven;
+    // SGD plans (no ZeRO): every parameter's update too; AdamW (ZeRO-1, -3): losses and gradient norms.
+    require_equivalent(run(c, 3), single_rank_of(c, 3), name, c.zero_stage() == 0);
+  }
+  CHECK(uneven * 2 > last - first);  // most drawn partitions differ from the even split
+}
+
+TEST_CASE("drawn plans (uneven stages, per-stage recomputation, tp, pp, ZeRO, schedules) equal the single rank, I",
+          "[models][gpt][pipeline][plans]") {
+  require_drawn_plans_equal_single_rank(0, 12);
+}
+
+TEST_CASE("drawn plans (uneven stages, per-stage recomputation, tp, pp, ZeRO, schedules) equal the single rank, II",
+          "[models][gpt][pipeline][plans]") {
+  require_drawn_plans_equal_single_rank(12, 24);
+}
+
+TEST_CASE("stage partitions and per-stage recomputation that cannot run are refused, naming the sizes and the fix",
+          "[models][gpt][pipeline][errors]") {
+  auto expect = [](models::GptTrainConfig c, const std::string& text) {
+    INFO(text);
+    REQUIRE_THROWS_WITH(c.validate(c.world_size()), Catch::Contains(text));
+  };
+  auto c = small(1, 2, 1);  // 4 blocks over 2 stages
+  c.stage_layers = {1, 2, 1};
+  expect(c, "--stage-layers 1,2,1 gives 3 stage(s), but pp x chunks = 2 x 1 = 2 stages");
+  c.stage_layers = {1, 2};
+  expect(c, "--stage-layers 1,2 covers 3 block(s), but the model has --layers 4 (blocks would be dropped)");
+  c.stage_layers = {3, 3};
+  expect(c, "covers 6 block(s), but the model has --layers 4 (blocks would be doubled)");
+  c.stage_layers = {0, 4};
+  expect(c, "--stage-layers 0,4 gives stage 0 no block");
+  c.stage_layers = {1, 3};
+  REQUIRE_NOTHROW(c.validate(2));
+  c.recompute_stages = {true};
+  expect(c, "--recompute-stages gives 1 flag(s), but pp x chunks = 2 x 1 = 2 stages");
+  c.recompute_stages = {true, false};
+  REQUIRE_NOTHROW(c.validate(2));
+  c.recompute = true;
+  expect(c, "--recompute and --recompute-stages both say which stages recompute; give one");
+  // The trainer builds the given partition: the last stage holds blocks 1-3.
+  auto u = small(1, 2, 1);
+  u.stage_layers = {1, 3};
+  u.recompute_stages = {false, true};
+  std::mutex m;
+  std::vector<std::size_t> blocks(2);
+  run_threads(2, [&](ThreadsCommunicator& w) {
+    models::GptTrainer<ThreadsCommunicator> t(w, u, dataset());
+    std::set<std::string> held;  // "block2", ...: the blocks whose parameters this rank holds
+    for (const auto* p : t.parameters())
+      if (p->name.rfind("block", 0) == 0) held.insert(p->name.substr(0, p->name.find('.')));
+    std::lock_guard lock(m);
+    blocks[std::size_t(w.rank())] = held.size();
+  });
+  CHECK(blocks == std::vector<std::size_t>{1, 3});
 }
 
 /** `small_sgd` with the sequence split over `cp` context ranks (ring attention, zig-zag chunks). */

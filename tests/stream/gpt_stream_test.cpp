@@ -423,3 +423,40 @@ TEST_CASE("generate over DiscreteHostBackend: the host never touches rank memory
   CHECK(generated_ids<HostBackend>(2) == want);
   CHECK(generated_ids<DiscreteHostBackend>(2) == want);
 }
+
+TEST_CASE(
+    "GPT over StreamHostBackend and DiscreteHostBackend: drawn plans (uneven stages, per-stage recomputation) "
+    "equal HostBackend bit for bit",
+    "[stream][gpt][discrete][plans]") {
+  // Four of the plans tests/models trains against the single rank (seed 46), each over both stream backends.
+  const auto plans = testing::drawn_plans(24, 46);
+  for (std::size_t i : {0, 5, 10, 15}) {
+    check_equal_to_host<StreamHostBackend>(plans[i].first, plans[i].second, 2);
+    check_equal_to_host<DiscreteHostBackend>(plans[i].first, plans[i].second, 2);
+  }
+}
+
+TEST_CASE(
+    "GPT over CountingBackend<StreamHostBackend>: each stage runs the blocks and the recomputation its plan gives "
+    "it",
+    "[stream][gpt][counts][plans]") {
+  using Counting = observe::CountingBackend<StreamHostBackend>;
+  const auto with = [](std::vector<std::size_t> layers, std::vector<bool> recompute) {
+    auto c = testing::small_gpt(1, 2, 1);
+    c.stage_layers = std::move(layers);
+    c.recompute_stages = std::move(recompute);
+    return step_counts<Counting>(c);
+  };
+  // Stage 0 recomputes, stage 1 does not: each rank issues what the same stage issues when every stage, or none,
+  // recomputes; and recomputation adds GEMMs (the forward again), so the comparison can tell them apart.
+  const auto mixed = with({1, 3}, {true, false}), all = with({1, 3}, {true, true}), none = with({1, 3}, {false, false});
+  CHECK(mixed[0].gemms() == all[0].gemms());
+  CHECK(mixed[1].gemms() == none[1].gemms());
+  CHECK(all[0].gemms() > none[0].gemms());
+  CHECK(all[1].gemms() > none[1].gemms());
+  // The blocks follow the partition: 1 + 3 against 3 + 1 moves two blocks' GEMMs from the last rank to the first.
+  const auto swapped = with({3, 1}, {false, false});
+  CHECK(swapped[0].gemms() > none[0].gemms());
+  CHECK(swapped[1].gemms() < none[1].gemms());
+  CHECK(swapped[0].gemms() + swapped[1].gemms() == none[0].gemms() + none[1].gemms());
+}

@@ -125,7 +125,13 @@ struct GptTrainConfig {
       "1f1b";            ///< gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2, or 2bw (weights lag one step; see GptTrainer)
   int microbatches = 2;  ///< per data-parallel rank and step
   int chunks = 1;        ///< model chunks per pipeline rank (interleaved_1f1b)
-  bool recompute = false;           ///< full activation recomputation on every stage
+  bool recompute = false;  ///< full activation recomputation on every stage
+  /// Transformer blocks per global pipeline stage (--stage-layers): pp x chunks entries, stage s = chunk x pp + rank
+  /// as `pipeline::global_stage` numbers them, each at least 1, summing to `model.layers`. Empty: the even split.
+  std::vector<std::size_t> stage_layers;
+  /// Per global stage (same order), whether it recomputes its activations in backward (--recompute-stages); empty:
+  /// `recompute` on every stage. Giving both is refused.
+  std::vector<bool> recompute_stages;
   std::string precision = "fp32";   ///< fp32, bf16 or f16 (f16 adds dynamic loss scaling)
   std::string optimizer = "adamw";  ///< adamw or sgd (momentum 0.9)
   bool zero1 = false;               ///< shard AdamW states over the data axis (the same as zero = 1)
@@ -159,6 +165,18 @@ struct GptTrainConfig {
   double grad_topk_density = 0;
 
   [[nodiscard]] std::size_t world_size() const { return tp * cp * pp * dp * ep; }
+  /** Global pipeline stages: pp x chunks. */
+  [[nodiscard]] std::size_t stages() const { return pp * std::size_t(std::max(chunks, 1)); }
+  /** The blocks of each global stage: `stage_layers`, or the even split. Throws as `validate` does. */
+  [[nodiscard]] pipeline::Partition partition() const {
+    if (stage_layers.empty()) return pipeline::Partition::even(model.layers, stages());
+    validate_stage_layers();
+    return {model.layers, stage_layers};
+  }
+  /** Whether global stage `s` recomputes its activations in backward. */
+  [[nodiscard]] bool recomputes(std::size_t s) const {
+    return recompute_stages.empty() ? recompute : recompute_stages.at(s);
+  }
   /** The ZeRO stage in effect: `zero`, or 1 when only `zero1` is set. */
   [[nodiscard]] int zero_stage() const { return zero != 0 ? zero : zero1 ? 1 : 0; }
   /** Ranks that take different samples: data x expert. */
@@ -236,6 +254,8 @@ struct GptTrainConfig {
     require(steps >= 1 && warmup <= steps, "train: need --steps >= 1 and --warmup <= --steps; got --steps ", steps,
             " and --warmup ", warmup);
     if (cp > 1) validate_context();
+    if (!stage_layers.empty()) validate_stage_layers();
+    validate_recompute_stages();
     if (model.sequence_parallel) validate_sequence_parallel();
     if (graph) validate_graph();
     if (grad_topk_density != 0) validate_grad_topk();
@@ -292,6 +312,43 @@ struct GptTrainConfig {
             "train: --grad-topk with --graph: the compression selects the entries on the host, between "
             "operations a captured step cannot leave; drop --graph or --grad-topk");
   }
+
+  /**
+   * A user-given stage partition: one block count per global stage, each at least 1, covering the model's blocks
+   * once. A stage holding only the embedding or the head (no block) is refused: the trainer's stages are not
+   * tested without blocks yet.
+   */
+  void validate_stage_layers() const {
+    const std::size_t S = stages();
+    std::size_t sum = 0;
+    for (std::size_t n : stage_layers) sum += n;
+    const std::string given = "--stage-layers " + join_counts(stage_layers);
+    require(stage_layers.size() == S, "train: ", given, " gives ", stage_layers.size(),
+            " stage(s), but pp x chunks = ", pp, " x ", chunks, " = ", S,
+            " stages (stage s = chunk x pp + rank); give ", S, " comma-separated block counts summing to --layers ",
+            model.layers);
+    require(sum == model.layers, "train: ", given, " covers ", sum, " block(s), but the model has --layers ",
+            model.layers, sum < model.layers ? " (blocks would be dropped)" : " (blocks would be doubled)",
+            "; give block counts summing to ", model.layers);
+    for (std::size_t s = 0; s < S; ++s)
+      require(stage_layers[s] >= 1, "train: ", given, " gives stage ", s,
+              " no block; every stage needs at least one (stages holding only the embedding or the head do not run "
+              "yet); move a block to it, or use fewer --pp/--chunks");
+  }
+  /** Per-stage recomputation: one flag per global stage, and not beside `recompute`. */
+  void validate_recompute_stages() const {
+    if (recompute_stages.empty()) return;
+    require(!recompute, "train: --recompute and --recompute-stages both say which stages recompute; give one");
+    require(recompute_stages.size() == stages(), "train: --recompute-stages gives ", recompute_stages.size(),
+            " flag(s), but pp x chunks = ", pp, " x ", chunks, " = ", stages(),
+            " stages (stage s = chunk x pp + rank); give ", stages(), " comma-separated 0/1 flags");
+  }
+  /** "1,3,2": counts as --stage-layers takes them. */
+  [[nodiscard]] static std::string join_counts(const std::vector<std::size_t>& v) {
+    std::string out;
+    for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::to_string(v[i]);
+    return out;
+  }
   /** What sequence parallelism needs of the rest of the configuration, each refusal naming the fix. */
   void validate_sequence_parallel() const {
     require(cp == 1, "train: --sequence-parallel with --cp ", cp,
@@ -337,47 +394,55 @@ struct GptTrainConfig {
   };
   auto count = [](std::size_t v) { return std::to_string(v); };
   const GptConfig& m = c.model;
-  std::vector<RankSetting> s{{"--vocab", count(m.vocab)},
-                             {"--hidden", count(m.hidden)},
-                             {"--heads", count(m.heads)},
-                             {"--layers", count(m.layers)},
-                             {"--seq", count(m.seq)},
-                             {"the MLP width (GptConfig::ffn)", count(m.ffn)},
-                             {"--dropout", num(m.dropout)},
-                             {"--seed", std::to_string(m.seed)},
-                             {"--experts", count(m.experts)},
-                             {"--topk", count(m.moe_top_k)},
-                             {"--capacity", num(m.moe_capacity)},
-                             {"--aux-coef", num(m.moe_aux_weight)},
-                             {"--moe-every", count(m.moe_every)},
-                             {"--tp", count(c.tp)},
-                             {"--pp", count(c.pp)},
-                             {"--dp", count(c.dp)},
-                             {"--ep", count(c.ep)},
-                             {"--cp", count(c.cp)},
-                             {"--schedule", c.schedule},
-                             {"--microbatches", std::to_string(c.microbatches)},
-                             {"--chunks", std::to_string(c.chunks)},
-                             {"--recompute", c.recompute ? "on" : "off"},
-                             {"--sequence-parallel", m.sequence_parallel ? "on" : "off"},
-                             {"--precision", c.precision},
-                             {"--optimizer", c.optimizer},
-                             {"--zero", std::to_string(c.zero_stage())},
-                             {"--batch", count(c.global_batch)},
-                             {"--steps", count(c.steps)},
-                             {"--lr", num(c.lr)},
-                             {"--min-lr", num(c.min_lr)},
-                             {"--warmup", count(c.warmup)},
-                             {"--weight-decay", num(c.weight_decay)},
-                             {"--beta1", num(c.beta1)},
-                             {"--beta2", num(c.beta2)},
-                             {"--eps", num(c.eps)},
-                             {"--clip", num(c.clip)},
-                             {"--bucket-kib (in bytes)", count(c.bucket_bytes)},
-                             {"--data-seed", std::to_string(c.data_seed)},
-                             {"--graph", c.graph ? "on" : "off"},
-                             {"--graph-warmup", count(c.graph_warmup)},
-                             {"--grad-topk", num(c.grad_topk_density)}};
+  std::vector<RankSetting> s{
+      {"--vocab", count(m.vocab)},
+      {"--hidden", count(m.hidden)},
+      {"--heads", count(m.heads)},
+      {"--layers", count(m.layers)},
+      {"--seq", count(m.seq)},
+      {"the MLP width (GptConfig::ffn)", count(m.ffn)},
+      {"--dropout", num(m.dropout)},
+      {"--seed", std::to_string(m.seed)},
+      {"--experts", count(m.experts)},
+      {"--topk", count(m.moe_top_k)},
+      {"--capacity", num(m.moe_capacity)},
+      {"--aux-coef", num(m.moe_aux_weight)},
+      {"--moe-every", count(m.moe_every)},
+      {"--tp", count(c.tp)},
+      {"--pp", count(c.pp)},
+      {"--dp", count(c.dp)},
+      {"--ep", count(c.ep)},
+      {"--cp", count(c.cp)},
+      {"--schedule", c.schedule},
+      {"--microbatches", std::to_string(c.microbatches)},
+      {"--chunks", std::to_string(c.chunks)},
+      {"--recompute", c.recompute ? "on" : "off"},
+      {"--stage-layers", c.stage_layers.empty() ? "even" : GptTrainConfig::join_counts(c.stage_layers)},
+      {"--recompute-stages",
+       [&] {
+         std::string f;
+         for (bool b : c.recompute_stages) f += b ? '1' : '0';
+         return f.empty() ? std::string("all or none") : f;
+       }()},
+      {"--sequence-parallel", m.sequence_parallel ? "on" : "off"},
+      {"--precision", c.precision},
+      {"--optimizer", c.optimizer},
+      {"--zero", std::to_string(c.zero_stage())},
+      {"--batch", count(c.global_batch)},
+      {"--steps", count(c.steps)},
+      {"--lr", num(c.lr)},
+      {"--min-lr", num(c.min_lr)},
+      {"--warmup", count(c.warmup)},
+      {"--weight-decay", num(c.weight_decay)},
+      {"--beta1", num(c.beta1)},
+      {"--beta2", num(c.beta2)},
+      {"--eps", num(c.eps)},
+      {"--clip", num(c.clip)},
+      {"--bucket-kib (in bytes)", count(c.bucket_bytes)},
+      {"--data-seed", std::to_string(c.data_seed)},
+      {"--graph", c.graph ? "on" : "off"},
+      {"--graph-warmup", count(c.graph_warmup)},
+      {"--grad-topk", num(c.grad_topk_density)}};
   for (const auto& [key, value] : data_identity(data)) s.push_back({"--data (" + key + ")", value});
   return s;
 }
@@ -1353,7 +1418,7 @@ class GptTrainer {
 
   void build_stages() {
     const int P = int(cfg_.pp), V = cfg_.chunks, S = P * V;
-    const auto part = pipeline::Partition::even(cfg_.model.layers, std::size_t(S));
+    const pipeline::Partition part = cfg_.partition();  // validated: sizes, sum, no empty stage
     const int r = int(coord_.pipeline);
     for (int c = 0; c < V; ++c) {
       const int s = pipeline::global_stage(pipeline::ScheduleConfig{P, cfg_.microbatches, V, 1}, r, c);
@@ -1371,7 +1436,9 @@ class GptTrainer {
     std::vector<Stage*> chunks;
     for (auto& s : stages_) chunks.push_back(s.get());
     pipeline::ExecutorOptions eo;
-    eo.recompute.assign(chunks.size(), cfg_.recompute);
+    for (int c = 0; c < V; ++c)  // the executor's flags are per local chunk; the configuration's per global stage
+      eo.recompute.push_back(cfg_.recomputes(
+          std::size_t(pipeline::global_stage(pipeline::ScheduleConfig{P, cfg_.microbatches, V, 1}, r, c))));
     eo.microbatch_tokens = cfg_.microbatch_size() * cfg_.model.seq / cfg_.cp;  // this context rank's tokens
     eo.boundary_cols = cfg_.model.hidden;  // every stage boundary is [tokens, hidden]
     eo.loss_on_host = false;               // the loss accumulates into the optimizer's statistics in rank memory

@@ -38,6 +38,8 @@ namespace mpar::models {
   c.zero = 0;
   c.zero1 = false;
   c.chunks = 1;
+  c.stage_layers.clear();      // one stage holds every block
+  c.recompute_stages.clear();  // recomputation repeats the forward's arithmetic: the reference needs none
   c.model.sequence_parallel = false;
   c.grad_topk_density = 0;  // compression changes the update by design: the reference is the dense run
   c.graph = false;

@@ -3,6 +3,7 @@
  * @file The `mpar-plan` command line: option parsing with errors that say what to change, the
  * ranked table, and JSON lines (one object per configuration). Kept in a header so tests drive it.
  */
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <filesystem>
@@ -18,6 +19,7 @@
 #include "mpar/core/error.hpp"
 #include "mpar/plan/calibration.hpp"
 #include "mpar/plan/search.hpp"
+#include "mpar/plan/training_plan.hpp"
 
 namespace mpar::plan {
 
@@ -28,6 +30,7 @@ struct CliOptions {
   SearchOptions search;
   Calibration calibration;
   std::optional<std::string> calibration_file;
+  std::optional<std::string> write_plan;  ///< --write-plan FILE: the best configuration as a training plan
   bool json = false;
   bool help = false;
 };
@@ -57,7 +60,7 @@ Optional (fix a dimension instead of searching it):
   --partition balanced|even
                            balanced (default): besides the even split of the layers over the pipeline
                            stages, try the cost-balanced one (embedding and head weighted in; a stage may
-                           hold no layer); even: only even splits, the only ones mpar's trainer runs so far
+                           hold no layer, which mpar's trainer does not run yet); even: only even splits
   --cp N|auto              context parallelism: each sequence split over N GPUs (ring attention; default 1);
                            tp x pp x dp share --gpus / N, and gradients reduce over dp x cp; auto searches
                            every N dividing --gpus whose 2 x N zig-zag chunks divide --seq
@@ -71,6 +74,8 @@ Optional (hardware and output):
   --calibration FILE       JSON-lines measurements replacing the cost model's defaults
   --top N                  configurations to show (default 10)
   --json                   one JSON object per configuration and line instead of the table
+  --write-plan FILE        write the best configuration (its layers per stage as printed, and its
+                           recomputation per stage) as a training plan: train_gpt --plan FILE runs it
   --help
 )";
 }
@@ -195,7 +200,10 @@ namespace detail {
       o.space.balance_stages = val == "balanced";
     } else if (opt == "--calibration")
       o.calibration_file = val;
-    else if (opt == "--memory-fraction") {
+    else if (opt == "--write-plan") {
+      require(!val.empty(), "--write-plan needs a file name");
+      o.write_plan = val;
+    } else if (opt == "--memory-fraction") {
       o.search.usable_memory_fraction = detail::parse_positive(opt, val);
       require(o.search.usable_memory_fraction <= 1,
               "--memory-fraction is a share of GPU memory; give a value in (0, 1], got ", val);
@@ -368,9 +376,9 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
           << (b.config.stage_layers.empty() ? "even" : "cost-balanced")
           << "; the embedding on stage 0, the head on stage " << b.stage_layers.size() - 1
           << (b.config.virtual_stages > 1 ? ", stage chunk x pp + rank" : "") << ")\n";
-      if (!b.config.stage_layers.empty())
-        out << "  mpar's trainer runs even splits only so far: this layout is a plan to read, not one train_gpt runs "
-               "(--partition even plans the runnable splits)\n";
+      if (std::find(b.stage_layers.begin(), b.stage_layers.end(), std::size_t(0)) != b.stage_layers.end())
+        out << "  mpar's trainer does not run stages without blocks yet: this layout is a plan to read, not one "
+               "train_gpt runs (--partition even plans the runnable splits)\n";
     }
     out << "  step " << detail::fixed(b.step_seconds, 3) << " s = pipeline " << detail::fixed(b.pipeline_seconds, 3)
         << " + exposed data-parallel reduction " << detail::fixed(b.dp_exposed_seconds, 3) << " + optimizer "
@@ -393,6 +401,38 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
       out << "\n";
     }
   }
+}
+
+/**
+ * The plan of candidate `c` for `problem`, in train_gpt's terms. Throws config_error for what mpar's trainer
+ * does not run: selective recomputation (the attention core alone) and stages without blocks.
+ */
+[[nodiscard]] inline TrainingPlan training_plan_of(const Candidate& c, const Problem& problem) {
+  const ParallelConfig& k = c.config;
+  require(k.recompute != Recompute::selective,
+          "the chosen configuration recomputes selectively (the attention core alone), which mpar's trainer does "
+          "not run yet; plan with --recompute none or --recompute full to write a plan train_gpt runs");
+  std::string sizes;
+  for (std::size_t n : c.stage_layers) sizes += (sizes.empty() ? "" : ",") + std::to_string(n);
+  for (std::size_t s = 0; s < c.stage_layers.size(); ++s)
+    require(c.stage_layers[s] >= 1, "the chosen stage partition ", sizes, " leaves stage ", s,
+            " without blocks, which mpar's trainer does not run yet; plan with --partition even, or fewer "
+            "pipeline stages");
+  TrainingPlan p;
+  const GptModel& m = problem.model;
+  p.layers = m.layers, p.hidden = m.hidden, p.heads = m.heads, p.seq = m.seq, p.vocab = m.vocab;
+  p.experts = m.experts, p.moe_every = m.moe_every, p.topk = m.moe_top_k;
+  p.global_batch = problem.global_batch;
+  p.tp = k.tp, p.pp = k.pp, p.v = k.virtual_stages, p.cp = k.cp, p.ep = k.ep;
+  p.dp = k.dp / (k.ep ? k.ep : 1);  // train_gpt's --dp: the replicas besides the expert ranks
+  p.schedule = std::string(schedule_name(k.schedule));
+  p.microbatches = k.microbatches;
+  p.zero = std::size_t(k.zero_stage());
+  p.sequence_parallel = k.sequence_parallel;
+  p.stage_layers = c.stage_layers;
+  p.recompute_stages.assign(c.stage_layers.size(), k.recompute == Recompute::full);
+  p.validate();
+  return p;
 }
 
 /** Runs `mpar-plan` on `args`; returns the process exit code. Errors go to `err` with a hint. */
@@ -426,7 +466,18 @@ inline int run_cli(const std::vector<std::string>& args, std::ostream& out, std:
     } else {
       print_table(out, plan, o.problem);
     }
-    return plan.best.empty() ? 2 : 0;
+    if (plan.best.empty()) return 2;
+    if (o.write_plan) {
+      try {
+        write_training_plan(training_plan_of(plan.best.front(), o.problem), *o.write_plan);
+      } catch (const config_error& e) {
+        throw config_error(mpar::detail::cat("--write-plan ", *o.write_plan, ": ", e.what()));
+      }
+      if (!o.json)
+        out << "\nwrote the best configuration's plan to " << *o.write_plan << "; train it with: train_gpt --plan "
+            << *o.write_plan << "\n";
+    }
+    return 0;
   } catch (const config_error& e) {
     err << "mpar-plan: " << e.what() << "\n";
     return 1;

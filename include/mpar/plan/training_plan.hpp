@@ -1,0 +1,225 @@
+#pragma once
+/**
+ * @file A training plan: the layout `mpar-plan` chose (sizes, schedule, micro-batching, ZeRO, the blocks and the
+ * recomputation flag of every pipeline stage) with the model and batch it was planned for, as a value and as a
+ * JSON file that `mpar-plan --write-plan` writes and `train_gpt --plan` reads (docs/planner.md, "Plan files").
+ * Reading is strict: a missing or unknown key, a wrong type, a negative or fractional size, or stage lists that
+ * do not match the layout and the model are refused by a `config_error` naming the key and the fix.
+ */
+#include <cmath>
+#include <cstddef>
+#include <fstream>
+#include <initializer_list>
+#include <sstream>
+#include <string>
+#include <string_view>
+#include <type_traits>
+#include <utility>
+#include <vector>
+
+#include "mpar/core/error.hpp"
+#include "mpar/plan/json_text.hpp"
+#include "mpar/plan/parallel_config.hpp"
+
+namespace mpar::plan {
+
+/**
+ * @brief A layout for `train_gpt`, in its options' terms: `dp` is train_gpt's --dp (data-parallel replicas
+ * besides the expert ranks: the planner's dp / ep), `microbatches` per data-parallel rank and step, stage s of
+ * `stage_layers` and `recompute_stages` is chunk x pp + rank (`pipeline::global_stage`).
+ */
+struct TrainingPlan {
+  static constexpr std::string_view format_name = "mpar-training-plan";
+  static constexpr std::size_t format_version = 1;
+
+  // The model and batch the plan was made for: train_gpt refuses to run it on another.
+  std::size_t layers = 0, hidden = 0, heads = 0, seq = 0, vocab = 0;
+  std::size_t experts = 0, moe_every = 1, topk = 2;
+  std::size_t global_batch = 0;
+  // The layout.
+  std::size_t tp = 1, pp = 1, v = 1, dp = 1, cp = 1, ep = 1;
+  std::string schedule = "1f1b";
+  std::size_t microbatches = 1;
+  std::size_t zero = 0;
+  bool sequence_parallel = false;
+  std::vector<std::size_t> stage_layers;  ///< blocks per global stage, pp x v entries summing to `layers`
+  std::vector<bool> recompute_stages;     ///< per global stage: recompute its activations in backward
+
+  [[nodiscard]] std::size_t stages() const { return pp * v; }
+  [[nodiscard]] std::size_t gpus() const { return tp * cp * pp * dp * ep; }
+
+  /** Throws config_error unless the plan is whole: sizes positive, schedule known, stage lists matching. */
+  void validate() const {
+    for (const auto& [name, n] : {std::pair<const char*, std::size_t>{"layers", layers},
+                                  {"hidden", hidden},
+                                  {"heads", heads},
+                                  {"seq", seq},
+                                  {"vocab", vocab},
+                                  {"moe_every", moe_every},
+                                  {"topk", topk},
+                                  {"global_batch", global_batch},
+                                  {"tp", tp},
+                                  {"pp", pp},
+                                  {"v", v},
+                                  {"dp", dp},
+                                  {"cp", cp},
+                                  {"ep", ep},
+                                  {"microbatches", microbatches}})
+      require(n >= 1, "plan: \"", name, "\" is 0; it must be at least 1");
+    require(zero <= 3, "plan: \"zero\" is ", zero, "; a ZeRO stage is 0, 1, 2 or 3");
+    const auto s = parse_schedule(schedule);
+    require(s.has_value() && schedule != "interleaved", "plan: \"schedule\" '", schedule,
+            "' is not known; use gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2 or 2bw");
+    require(v == 1 || *s == ScheduleKind::interleaved, "plan: \"v\" is ", v,
+            " model chunks per pipeline rank, which needs \"schedule\": \"interleaved_1f1b\"");
+    require(stage_layers.size() == stages(), "plan: \"stage_layers\" has ", stage_layers.size(),
+            " entries, but pp x v = ", pp, " x ", v, " = ", stages(), " stages; give one block count per stage");
+    std::size_t sum = 0;
+    for (std::size_t n : stage_layers) sum += n;
+    require(sum == layers, "plan: \"stage_layers\" covers ", sum, " blocks, but the model has \"layers\" ", layers,
+            "; the counts must sum to the model's layers");
+    require(recompute_stages.size() == stages(), "plan: \"recompute_stages\" has ", recompute_stages.size(),
+            " entries, but pp x v = ", stages(), " stages; give one flag per stage");
+  }
+
+  /** The plan as a JSON document, one key per line. */
+  [[nodiscard]] std::string to_json() const {
+    std::ostringstream os;
+    const auto list = [&](const auto& values) {
+      os << "[";
+      for (std::size_t i = 0; i < values.size(); ++i) {
+        if constexpr (std::is_same_v<std::decay_t<decltype(values)>, std::vector<bool>>)
+          os << (i ? ", " : "") << (values[i] ? "true" : "false");
+        else
+          os << (i ? ", " : "") << values[i];
+      }
+      os << "]";
+    };
+    os << "{\n  \"format\": " << json_quoted(format_name) << ",\n  \"version\": " << format_version
+       << ",\n  \"model\": {\"layers\": " << layers << ", \"hidden\": " << hidden << ", \"heads\": " << heads
+       << ", \"seq\": " << seq << ", \"vocab\": " << vocab << ", \"experts\": " << experts
+       << ", \"moe_every\": " << moe_every << ", \"topk\": " << topk << "},\n  \"global_batch\": " << global_batch
+       << ",\n  \"tp\": " << tp << ",\n  \"pp\": " << pp << ",\n  \"v\": " << v << ",\n  \"dp\": " << dp
+       << ",\n  \"cp\": " << cp << ",\n  \"ep\": " << ep << ",\n  \"schedule\": " << json_quoted(schedule)
+       << ",\n  \"microbatches\": " << microbatches << ",\n  \"zero\": " << zero
+       << ",\n  \"sequence_parallel\": " << (sequence_parallel ? "true" : "false") << ",\n  \"stage_layers\": ";
+    list(stage_layers);
+    os << ",\n  \"recompute_stages\": ";
+    list(recompute_stages);
+    os << "\n}\n";
+    return os.str();
+  }
+
+  /** Reads a plan from its JSON text; throws config_error naming the key and what is wrong with it. */
+  [[nodiscard]] static TrainingPlan from_json(std::string_view text) {
+    const JsonValue doc = parse_json(text);
+    const JsonValue::Object* top = doc.object();
+    require(top != nullptr, "plan: the document is ", doc.kind(), "; a training plan is a JSON object");
+    TrainingPlan p;
+    Fields f(*top, "");
+    const std::string* format = f.string("format");
+    require(*format == format_name, "plan: \"format\" is '", *format, "', not '", format_name,
+            "'; this is not a training plan written by mpar-plan --write-plan");
+    const std::size_t version = f.count("version");
+    require(version == format_version, "plan: \"version\" ", version, " is not one this build reads (", format_version,
+            "); write the plan again with this build's mpar-plan");
+    {
+      Fields m(f.object("model"), "model.");
+      p.layers = m.count("layers"), p.hidden = m.count("hidden"), p.heads = m.count("heads");
+      p.seq = m.count("seq"), p.vocab = m.count("vocab"), p.experts = m.count("experts");
+      p.moe_every = m.count("moe_every"), p.topk = m.count("topk");
+      m.no_others();
+    }
+    p.global_batch = f.count("global_batch");
+    p.tp = f.count("tp"), p.pp = f.count("pp"), p.v = f.count("v"), p.dp = f.count("dp");
+    p.cp = f.count("cp"), p.ep = f.count("ep");
+    p.schedule = *f.string("schedule");
+    p.microbatches = f.count("microbatches");
+    p.zero = f.count("zero");
+    p.sequence_parallel = f.boolean("sequence_parallel");
+    for (const JsonValue& e : f.array("stage_layers")) p.stage_layers.push_back(Fields::count_of(e, "stage_layers"));
+    for (const JsonValue& e : f.array("recompute_stages")) {
+      const bool* b = e.boolean();
+      require(b != nullptr, "plan: \"recompute_stages\" holds ", e.kind(), "; its entries are true or false");
+      p.recompute_stages.push_back(*b);
+    }
+    f.no_others();
+    p.validate();
+    return p;
+  }
+
+ private:
+  /** The keys of one JSON object, each taken once by type; `no_others` refuses what no one took. */
+  class Fields {
+   public:
+    Fields(const JsonValue::Object& o, std::string prefix) : o_(o), prefix_(std::move(prefix)), taken_(o.size()) {}
+    const JsonValue& get(const char* key) {
+      for (std::size_t i = 0; i < o_.size(); ++i)
+        if (o_[i].first == key) return taken_[i] = true, o_[i].second;
+      throw config_error(mpar::detail::cat("plan: the key \"", prefix_, key, "\" is missing"));
+    }
+    static std::size_t count_of(const JsonValue& v, std::string_view key) {
+      const double* x = v.number();
+      require(x != nullptr, "plan: \"", key, "\" is ", v.kind(), "; it must be a whole number");
+      require(*x >= 0, "plan: \"", key, "\" is ", *x, "; it must not be negative");
+      require(*x == std::floor(*x) && *x < 9.0e15, "plan: \"", key, "\" is ", *x, "; it must be a whole number");
+      return std::size_t(*x);
+    }
+    std::size_t count(const char* key) { return count_of(get(key), prefix_ + key); }
+    const std::string* string(const char* key) {
+      const JsonValue& v = get(key);
+      require(v.string() != nullptr, "plan: \"", prefix_, key, "\" is ", v.kind(), "; it must be a string");
+      return v.string();
+    }
+    bool boolean(const char* key) {
+      const JsonValue& v = get(key);
+      require(v.boolean() != nullptr, "plan: \"", prefix_, key, "\" is ", v.kind(), "; it must be true or false");
+      return *v.boolean();
+    }
+    const JsonValue::Array& array(const char* key) {
+      const JsonValue& v = get(key);
+      require(v.array() != nullptr, "plan: \"", prefix_, key, "\" is ", v.kind(), "; it must be an array");
+      return *v.array();
+    }
+    const JsonValue::Object& object(const char* key) {
+      const JsonValue& v = get(key);
+      require(v.object() != nullptr, "plan: \"", prefix_, key, "\" is ", v.kind(), "; it must be an object");
+      return *v.object();
+    }
+    void no_others() const {
+      for (std::size_t i = 0; i < o_.size(); ++i)
+        require(taken_[i], "plan: the key \"", prefix_, o_[i].first,
+                "\" is not part of a training plan (a misspelling, or a newer format?)");
+    }
+
+   private:
+    const JsonValue::Object& o_;
+    std::string prefix_;
+    std::vector<bool> taken_;
+  };
+};
+
+/** Reads the plan file `path`; errors name the file. */
+[[nodiscard]] inline TrainingPlan read_training_plan(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  require(bool(in), "cannot open the plan file '", path, "'; give the file mpar-plan --write-plan wrote");
+  std::ostringstream text;
+  text << in.rdbuf();
+  try {
+    return TrainingPlan::from_json(text.str());
+  } catch (const config_error& e) {
+    throw config_error(mpar::detail::cat("the plan file '", path, "': ", e.what()));
+  }
+}
+
+/** Writes `p` to `path` (replacing it); throws config_error when it cannot. */
+inline void write_training_plan(const TrainingPlan& p, const std::string& path) {
+  p.validate();
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  require(bool(out), "cannot write the plan file '", path, "'");
+  out << p.to_json();
+  out.flush();
+  require(bool(out), "cannot write the plan file '", path, "'");
+}
+
+}  // namespace mpar::plan
