@@ -28,6 +28,7 @@
 
 #include "mpar/core/dtype.hpp"
 #include "mpar/core/error.hpp"
+#include "mpar/core/json_escapes.hpp"
 
 namespace mpar::io {
 
@@ -207,57 +208,20 @@ class Parser {
       }
       if (p_ >= s_.size()) fail(where_, ": bad JSON header: a string ends in an escape");
       const char e = s_[p_++];
-      switch (e) {
-        case '"':
-          out += '"';
-          break;
-        case '\\':
-          out += '\\';
-          break;
-        case '/':
-          out += '/';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'u': {
-          if (p_ + 4 > s_.size()) fail(where_, ": bad JSON header: a short \\u escape");
-          unsigned cp = 0;
-          for (int i = 0; i < 4; ++i) {
-            const char h = s_[p_++];
-            cp = cp * 16 + unsigned(h >= '0' && h <= '9'   ? h - '0'
-                                    : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                                    : h >= 'A' && h <= 'F' ? h - 'A' + 10
-                                                           : (fail(where_, ": bad JSON header: a bad \\u escape"), 0));
-          }
-          if (cp >= 0xd800 && cp < 0xe000) fail(where_, ": a surrogate \\u escape in the JSON header is not supported");
-          if (cp < 0x80)
-            out += char(cp);
-          else if (cp < 0x800) {
-            out += char(0xc0 | (cp >> 6));
-            out += char(0x80 | (cp & 0x3f));
-          } else {
-            out += char(0xe0 | (cp >> 12));
-            out += char(0x80 | ((cp >> 6) & 0x3f));
-            out += char(0x80 | (cp & 0x3f));
-          }
-          break;
-        }
-        default:
-          fail(where_, ": bad JSON header: unknown escape \\", e, " at header byte ", p_ - 1);
+      if (const auto unescaped = mpar::detail::json_simple_escape(e)) {
+        out += *unescaped;
+        continue;
       }
+      if (e != 'u') fail(where_, ": bad JSON header: unknown escape \\", e, " at header byte ", p_ - 1);
+      if (p_ + 4 > s_.size()) fail(where_, ": bad JSON header: a short \\u escape");
+      unsigned cp = 0;
+      for (int i = 0; i < 4; ++i) {
+        const int digit = mpar::detail::json_hex_digit(s_[p_++]);
+        if (digit < 0) fail(where_, ": bad JSON header: a bad \\u escape");
+        cp = cp * 16 + unsigned(digit);
+      }
+      if (cp >= 0xd800 && cp < 0xe000) fail(where_, ": a surrogate \\u escape in the JSON header is not supported");
+      mpar::detail::append_utf8(out, cp);
     }
   }
   std::string_view s_;

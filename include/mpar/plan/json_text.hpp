@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "mpar/core/error.hpp"
+#include "mpar/core/json_escapes.hpp"
 
 namespace mpar::plan {
 
@@ -147,56 +148,23 @@ class JsonReader {
       }
       if (at_end()) fail("a string without its closing '\"'");
       const char e = s_[i_++];
-      switch (e) {
-        case '"':
-          out += '"';
-          break;
-        case '\\':
-          out += '\\';
-          break;
-        case '/':
-          out += '/';
-          break;
-        case 'b':
-          out += '\b';
-          break;
-        case 'f':
-          out += '\f';
-          break;
-        case 'n':
-          out += '\n';
-          break;
-        case 'r':
-          out += '\r';
-          break;
-        case 't':
-          out += '\t';
-          break;
-        case 'u': {
-          unsigned code = 0;
-          for (int k = 0; k < 4; ++k, ++i_) {
-            if (at_end()) fail("a \\u escape cut short");
-            const char h = s_[i_];
-            code = code * 16 + unsigned(h >= '0' && h <= '9'   ? h - '0'
-                                        : h >= 'a' && h <= 'f' ? h - 'a' + 10
-                                        : h >= 'A' && h <= 'F' ? h - 'A' + 10
-                                                               : (fail("a \\u escape needs four hex digits"), 0));
-          }
-          // UTF-8 of the code unit (surrogate pairs are kept as two units: plan files hold ASCII names).
-          if (code < 0x80) {
-            out += char(code);
-          } else if (code < 0x800) {
-            out += char(0xC0 | (code >> 6)), out += char(0x80 | (code & 0x3F));
-          } else {
-            out += char(0xE0 | (code >> 12)), out += char(0x80 | ((code >> 6) & 0x3F)),
-                out += char(0x80 | (code & 0x3F));
-          }
-          break;
-        }
-        default:
-          --i_;
-          fail(mpar::detail::cat("an unknown escape '\\", e, "' inside a string"));
+      if (const auto unescaped = mpar::detail::json_simple_escape(e)) {
+        out += *unescaped;
+        continue;
       }
+      if (e != 'u') {
+        --i_;
+        fail(mpar::detail::cat("an unknown escape '\\", e, "' inside a string"));
+      }
+      unsigned code = 0;
+      for (int k = 0; k < 4; ++k, ++i_) {
+        if (at_end()) fail("a \\u escape cut short");
+        const int digit = mpar::detail::json_hex_digit(s_[i_]);
+        if (digit < 0) fail("a \\u escape needs four hex digits");
+        code = code * 16 + unsigned(digit);
+      }
+      // Surrogate pairs are kept as two units: plan files hold ASCII names.
+      mpar::detail::append_utf8(out, code);
     }
   }
 
