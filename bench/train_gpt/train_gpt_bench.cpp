@@ -67,12 +67,12 @@ void run_round(const models::GptTrainConfig& base, int microbatches, const data:
   cfg.tp = l.tp;
   cfg.pp = l.pp;
   cfg.dp = l.dp;
-  if (l.dp == 1) cfg.zero = 0;                         // ZeRO shards over the data axis: nothing to shard without one
-  if (l.tp == 1) cfg.model.sequence_parallel = false;  // the same run: nothing to split tokens over
+  if (l.dp == 1) cfg.zero = parallel::ZeroStage::none;  // ZeRO shards over the data axis: nothing to shard without one
+  if (l.tp == 1) cfg.model.sequence_parallel = false;   // the same run: nothing to split tokens over
   // The interleaved schedule splits a pipeline rank's layers into chunks; without a pipeline there is nothing to
   // interleave, and those layouts run their one stage as 1F1B does.
-  if (l.pp == 1 && cfg.schedule == pipeline::Interleaved1F1B::name) {
-    cfg.schedule = std::string(pipeline::OneFOneB::name);
+  if (l.pp == 1 && cfg.schedule == pipeline::ScheduleKind::interleaved) {
+    cfg.schedule = pipeline::ScheduleKind::one_f_one_b;
     cfg.chunks = 1;
   }
   cfg.steps = warm + counted;
@@ -113,7 +113,7 @@ int main(int argc, char** argv) {
     cfg.model.seq = 64;
     cfg.global_batch = 16;
     int microbatches = 0;  // per layout: microbatches_for
-    cfg.schedule = "1f1b";
+    cfg.schedule = pipeline::ScheduleKind::one_f_one_b;
     std::size_t rounds = 3, warm = 1, counted = 3, max_ranks = 4;
     bool smoke = false;
     std::string data = data::default_text_path;
@@ -127,16 +127,20 @@ int main(int argc, char** argv) {
              "micro-batches per step and data-parallel rank (0: 1 without a pipeline, 2 x pp with one)")
         .range(0, 1 << 16);
     p.choice("schedule", cfg.schedule,
-             {{"gpipe", "gpipe"}, {"1f1b", "1f1b"}, {"interleaved_1f1b", "interleaved_1f1b"}, {"zb_h1", "zb_h1"}},
+             {{"gpipe", pipeline::ScheduleKind::gpipe},
+              {"1f1b", pipeline::ScheduleKind::one_f_one_b},
+              {"interleaved_1f1b", pipeline::ScheduleKind::interleaved},
+              {"zb_h1", pipeline::ScheduleKind::zb_h1}},
              "pipeline schedule");
     p.option("chunks", cfg.chunks, "model chunks per pipeline rank (interleaved_1f1b; 1 for the others)").range(1, 64);
     p.option("rounds", rounds, "rounds over all layouts").range(1, 1000);
     p.option("warm", warm, "uncounted steps at the start of every round").range(0, 1000);
     p.option("steps", counted, "counted steps per layout and round").range(1, 1000);
     p.option("max-ranks", max_ranks, "largest world measured (1, 2 or 4)").range(1, 4);
-    p.option("zero", cfg.zero, "ZeRO stage of the layouts with dp > 1 (0: none)").range(0, 3);
+    int zero = 0;
+    p.option("zero", zero, "ZeRO stage of the layouts with dp > 1 (0: none)").range(0, 3);
     p.flag("sequence-parallel", cfg.model.sequence_parallel, "sequence parallelism in the layouts with tp > 1");
-    p.choice("precision", cfg.precision, {{"fp32", "fp32"}, {"bf16", "bf16"}},
+    p.choice("precision", cfg.precision, {{"fp32", parallel::Precision::fp32}, {"bf16", parallel::Precision::bf16}},
              "compute precision (bf16: the GEMMs on bf16 operands with fp32 accumulation, fp32 masters)");
     p.option("data", data, "training text");
     p.flag("smoke", smoke, "a tiny model and one short round (for ctest)");
@@ -144,6 +148,7 @@ int main(int argc, char** argv) {
       std::cout << p.help();
       return 0;
     }
+    cfg.zero = parallel::zero_stage_from_number(zero);
     if (smoke) {
       cfg.model.hidden = 32;
       cfg.model.layers = 2;
@@ -170,7 +175,8 @@ int main(int argc, char** argv) {
         cfg.model.parameter_count(), cfg.model.hidden, cfg.model.layers, cfg.model.heads, cfg.model.seq,
         cfg.model.vocab, cfg.global_batch,
         microbatches > 0 ? std::to_string(microbatches).c_str() : "1 without a pipeline, 2 x pp with one",
-        cfg.schedule.c_str(), cfg.chunks, cfg.precision.c_str(),
+        std::string(pipeline::schedule_name(cfg.schedule)).c_str(), cfg.chunks,
+        std::string(parallel::name_of(cfg.precision)).c_str(),
         cfg.model.sequence_parallel ? ", sequence parallelism where tp > 1" : "");
     std::printf("%zu rounds x (%zu warm-up + %zu counted steps) per layout; load average at start %s\n", rounds, warm,
                 counted, load_average().c_str());
@@ -219,7 +225,8 @@ int main(int argc, char** argv) {
       best2_name = "tp=1 pp=1 dp=1";
     }
     bench::print_result_json("train_gpt", best2, single, "tokens/s", true,
-                             "\"best\": \"" + best2_name + "\", \"precision\": \"" + cfg.precision +
+                             "\"best\": \"" + best2_name + "\", \"precision\": \"" +
+                                 std::string(parallel::name_of(cfg.precision)) +
                                  "\", \"sequence_parallel\": " + (cfg.model.sequence_parallel ? "true" : "false") +
                                  ", \"load\": " + load_average() + ", \"layouts\": [" + table.str() + "]");
     return 0;

@@ -52,8 +52,17 @@ void apply_plan(const cli::Parser& p, Options& o) {
   auto& t = o.train;
   const auto take = [&](const char* flag, auto& target, auto planned) {
     using T = std::decay_t<decltype(target)>;
-    require(!p.given(flag) || target == T(planned), "train_gpt: --", flag, " ", target, " contradicts the plan '",
-            o.plan, "', which has ", planned, "; drop --", flag, " (the plan sets it) or give ", planned);
+    const auto shown = [](auto v) {  // as the flag is written
+      if constexpr (std::is_same_v<decltype(v), pipeline::ScheduleKind>)
+        return std::string(pipeline::schedule_name(v));
+      else if constexpr (std::is_same_v<decltype(v), parallel::ZeroStage>)
+        return std::to_string(parallel::stage_number(v));
+      else
+        return v;
+    };
+    require(!p.given(flag) || target == T(planned), "train_gpt: --", flag, " ", shown(target),
+            " contradicts the plan '", o.plan, "', which has ", shown(planned), "; drop --", flag,
+            " (the plan sets it) or give ", shown(planned));
     target = T(planned);
   };
   const auto model = [&](const char* flag, std::size_t& target, std::size_t planned) {
@@ -81,9 +90,9 @@ void apply_plan(const cli::Parser& p, Options& o) {
   take("schedule", t.schedule, plan.schedule);
   take("microbatches", t.microbatches, plan.microbatches);
   take("sequence-parallel", t.model.sequence_parallel, plan.sequence_parallel);
-  require(!t.zero1 || plan.zero == 1, "train_gpt: --zero1 contradicts the plan '", o.plan, "', which has ZeRO stage ",
-          plan.zero, "; drop --zero1 (the plan sets it)");
-  t.zero1 = false;
+  require(!p.given("zero1") || plan.zero == parallel::ZeroStage::optimizer_states,
+          "train_gpt: --zero1 contradicts the plan '", o.plan, "', which has ZeRO stage ",
+          parallel::stage_number(plan.zero), "; drop --zero1 (the plan sets it)");
   take("zero", t.zero, plan.zero);
   const auto flags = [](const std::vector<bool>& f) {
     std::string s;
@@ -152,14 +161,9 @@ Options parse(int argc, char** argv) {
   p.option("capacity", t.model.moe_capacity, "MoE capacity factor (<= 0: unlimited, no token dropped)").range(-1, 1e6);
   p.option("moe-every", t.model.moe_every, "every n-th block is MoE (1: all, 2: every other)").range(1, 4096);
   p.option("aux-coef", t.model.moe_aux_weight, "coefficient of the MoE load-balancing loss").range(0, 1e3);
-  p.choice("schedule", t.schedule,
-           {{"gpipe", "gpipe"},
-            {"1f1b", "1f1b"},
-            {"interleaved_1f1b", "interleaved_1f1b"},
-            {"zb_h1", "zb_h1"},
-            {"zb_h2", "zb_h2"},
-            {"2bw", "2bw"}},
-           "pipeline schedule");
+  std::vector<std::pair<std::string, pipeline::ScheduleKind>> schedules;
+  for (auto k : pipeline::all_schedules) schedules.emplace_back(pipeline::schedule_name(k), k);
+  p.choice("schedule", t.schedule, std::move(schedules), "pipeline schedule");
   p.option("microbatches", t.microbatches, "micro-batches per step and data-parallel rank").range(1, 1 << 16);
   p.option("chunks", t.chunks, "model chunks per pipeline rank (interleaved_1f1b)").range(1, 64);
   p.option("plan", o.plan,
@@ -176,14 +180,17 @@ Options parse(int argc, char** argv) {
   p.flag("sequence-parallel", t.model.sequence_parallel,
          "sequence parallelism: layer norms, residuals and dropout on each tensor rank's block of the tokens; "
          "all-gathers and reduce-scatters instead of all-reduces (dense models, --cp 1)");
-  p.choice("precision", t.precision, {{"fp32", "fp32"}, {"bf16", "bf16"}, {"f16", "f16"}},
+  using parallel::Precision, parallel::UpdateRule;
+  p.choice("precision", t.precision, {{"fp32", Precision::fp32}, {"bf16", Precision::bf16}, {"f16", Precision::f16}},
            "compute precision (fp32 masters)");
-  p.choice("optimizer", t.optimizer, {{"adamw", "adamw"}, {"sgd", "sgd"}}, "optimizer");
-  p.option("zero", t.zero,
+  p.choice("optimizer", t.optimizer, {{"adamw", UpdateRule::adamw}, {"sgd", UpdateRule::sgd}}, "optimizer");
+  int zero = 0;
+  bool zero1 = false;
+  p.option("zero", zero,
            "ZeRO stage over the data axis: 0 off, 1 optimizer states sharded, 2 gradients too, 3 parameters too "
            "(gathered per block around its forward and backward)")
       .range(0, 3);
-  p.flag("zero1", t.zero1, "the same as --zero 1");
+  p.flag("zero1", zero1, "the same as --zero 1");
   p.flag("graph", t.graph,
          "capture the training step once and replay it (CUDA Graphs; --backend cuda): --graph-warmup eager steps, "
          "then the capture, then one launch per step (one rank, tp or dp; fp32 or bf16 AdamW without ZeRO)");
@@ -281,8 +288,9 @@ Options parse(int argc, char** argv) {
           "--graph-warmup");
   require(o.val_every == 0 || o.val_every <= t.steps, "train_gpt: --val-every ", o.val_every, " is beyond --steps ",
           t.steps, ": no validation would run; give --val-every at most ", t.steps);
-  require(!(t.zero1 && p.given("zero") && t.zero == 0),
-          "train_gpt: --zero1 and --zero 0 ask for ZeRO-1 and for none; give one");
+  require(!(zero1 && p.given("zero") && zero != 1), "train_gpt: --zero1 and --zero ", zero, " ask for ",
+          zero == 0 ? "ZeRO-1 and for none" : "two ZeRO stages", "; give one");
+  t.zero = parallel::zero_stage_from_number(zero1 ? 1 : zero);
   require(t.min_lr <= t.lr, "train_gpt: --min-lr ", t.min_lr, " exceeds --lr ", t.lr,
           " (the cosine schedule decays from --lr to --min-lr); give --min-lr at most --lr",
           t.lr == 0 ? " (--lr 0 needs --min-lr 0)" : "");

@@ -150,7 +150,7 @@ inline plan::MemoryEstimate estimate_rank_memory(const models::GptTrainConfig& c
   plan::ParallelConfig c;
   c.tp = cfg.tp, c.pp = cfg.pp, c.dp = cfg.batch_ranks(), c.cp = cfg.cp, c.ep = cfg.ep;
   c.microbatch_size = cfg.microbatch_size(), c.microbatches = std::size_t(cfg.microbatches);
-  c.schedule = plan::parse_schedule(cfg.schedule).value_or(plan::ScheduleKind::one_f_one_b);
+  c.schedule = cfg.schedule;
   c.virtual_stages = std::size_t(cfg.chunks);
   // The memory model has one recomputation setting for every stage: with per-stage flags it counts full
   // recomputation only when every stage recomputes (an estimate that errs on the large side otherwise).
@@ -160,11 +160,10 @@ inline plan::MemoryEstimate estimate_rank_memory(const models::GptTrainConfig& c
   c.recompute = all_recompute ? plan::Recompute::full : plan::Recompute::none;
   c.stage_layers = cfg.stage_layers;  // the fullest pipeline rank under an uneven partition
   c.sequence_parallel = cfg.model.sequence_parallel;
-  c.zero1 = cfg.zero_stage() >= 1;
-  c.zero2 = cfg.zero_stage() >= 2;
-  c.zero3 = cfg.zero_stage() == 3;
-  plan::Precision p = plan::Precision::fp32_host(cfg.optimizer == "adamw" ? 8 : 4);
-  if (cfg.precision != "fp32") p.master_bytes = 4;  // the fp32 masters beside the 16-bit-rounded weights
+  c.zero = cfg.zero;
+  plan::Precision p = plan::Precision::fp32_host(cfg.optimizer == parallel::UpdateRule::adamw ? 8 : 4);
+  if (cfg.precision != parallel::Precision::fp32)
+    p.master_bytes = 4;  // the fp32 masters beside the 16-bit-rounded weights
   plan::MemoryOptions mo;
   mo.attention_dropout = cfg.model.dropout > 0;
   mo.dp_bucket_bytes = double(cfg.bucket_bytes);
@@ -354,7 +353,7 @@ inline void stop_if_diverged(const models::StepReport& r, double scale_before, c
   if (!r.skipped && !(std::isfinite(r.loss) && std::isfinite(r.grad_norm)))
     throw std::runtime_error(
         mpar::detail::cat("train_gpt: the run diverged at step ", r.step + 1, ": loss ", r.loss, ", gradient norm ",
-                          r.grad_norm, ", and ", cfg.precision,
+                          r.grad_norm, ", and ", parallel::name_of(cfg.precision),
                           " applies every update, so the weights are no longer finite; stopped before "
                           "anything else is written. Lower --lr (now ",
                           cfg.lr, "), keep --clip at 1 (now ", cfg.clip, ") or raise --warmup", resume));
@@ -542,13 +541,11 @@ void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitS
     std::printf(
         "mesh tp=%zu pp=%zu dp=%zu ep=%zu on %d %s ranks | schedule %s, %d micro-batches of %zu sequences%s | "
         "%s%s%s%s%s\n",
-        cfg.tp, cfg.pp, cfg.dp, cfg.ep, world.size(), world.name().c_str(), cfg.schedule.c_str(), cfg.microbatches,
-        cfg.microbatch_size(), cfg.chunks > 1 ? (", " + std::to_string(cfg.chunks) + " chunks").c_str() : "",
-        cfg.precision.c_str(),
-        cfg.zero_stage() == 3   ? ", ZeRO-3"
-        : cfg.zero_stage() == 2 ? ", ZeRO-2"
-        : cfg.zero_stage() == 1 ? ", ZeRO-1"
-                                : "",
+        cfg.tp, cfg.pp, cfg.dp, cfg.ep, world.size(), world.name().c_str(),
+        std::string(pipeline::schedule_name(cfg.schedule)).c_str(), cfg.microbatches, cfg.microbatch_size(),
+        cfg.chunks > 1 ? (", " + std::to_string(cfg.chunks) + " chunks").c_str() : "",
+        std::string(parallel::name_of(cfg.precision)).c_str(),
+        cfg.zero != parallel::ZeroStage::none ? (", " + std::string(parallel::name_of(cfg.zero))).c_str() : "",
         cfg.recompute ? ", recompute" : "", cfg.model.sequence_parallel ? ", sequence parallel" : "",
         cfg.grad_topk_density > 0 ? (", gradients top-k " + json_number(cfg.grad_topk_density)).c_str() : "");
     if (!cfg.stage_layers.empty() || !cfg.recompute_stages.empty()) {
@@ -622,7 +619,7 @@ void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitS
       char moe[64] = "";
       if (cfg.model.experts > 0) std::snprintf(moe, sizeof moe, "  aux %.4f  dropped %zu", r.aux_loss, r.dropped);
       // 2bw: how many updates behind the weights this step's passes used were (0 at the first step, then 1).
-      if (cfg.schedule == "2bw")
+      if (cfg.schedule == pipeline::ScheduleKind::two_bw)
         std::snprintf(moe + std::strlen(moe), sizeof moe - std::strlen(moe), "  lag %zu", r.weight_lag);
       // With a pipeline: the bubble as a count from the programs (idle slots over the ranks, F one slot, B two),
       // next to the measured share; the planner predicts the same count.
@@ -727,8 +724,9 @@ void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitS
       "\"layers\": %zu, \"hidden\": %zu, \"heads\": %zu, \"seq\": %zu, \"padded_vocab\": %zu, \"batch\": %zu, "
       "\"microbatch\": %zu}\n",
       double(cfg.global_batch * cfg.model.seq) / step_seconds, step_seconds, measured, step_flops,
-      step_flops / step_seconds / 1e12, world.size(), cfg.precision.c_str(), cfg.model.layers, cfg.model.hidden,
-      cfg.model.heads, cfg.model.seq, cfg.model.padded_vocab(), cfg.global_batch, cfg.microbatch_size());
+      step_flops / step_seconds / 1e12, world.size(), std::string(parallel::name_of(cfg.precision)).c_str(),
+      cfg.model.layers, cfg.model.hidden, cfg.model.heads, cfg.model.seq, cfg.model.padded_vocab(), cfg.global_batch,
+      cfg.microbatch_size());
   if (cfg.grad_topk_density > 0 && compression[1] > 0)
     std::printf(
         "gradient compression: top-k %g with error feedback over dp=%zu: %s sent per step (all ranks) instead of the "
@@ -757,17 +755,18 @@ void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitS
                      "%: raise --microbatches (bubble ~ (P-1)/(M+P-1); M >= 4P keeps it under ~20%) or use "
                      "--schedule interleaved_1f1b --chunks 2");
   if (world.size() > 1 && avg_comm > 0.40)
-    advice.push_back(
-        "communication " + std::to_string(int(avg_comm * 100)) + "% of the step: " +
-        (cfg.dp > 1 ? std::string("use bigger --bucket-kib") +
-                          (cfg.grad_topk_density == 0 && cfg.zero_stage() == 0 && cfg.ep == 1 && cfg.precision != "f16"
-                               ? ", fewer data-parallel ranks (--dp) or top-k compression (--grad-topk 0.01)"
-                               : " or fewer data-parallel ranks (--dp)")
-                    : std::string()) +
-        (cfg.dp > 1 && cfg.tp > 1 ? ", or " : "") +
-        (cfg.tp > 1 ? "a smaller --tp (keep tensor groups on fast links)" : std::string()) +
-        (cfg.dp == 1 && cfg.tp == 1 ? "fewer ranks (--pp, --ep, --cp)" : std::string()) +
-        "; on one machine the ranks share its cores");
+    advice.push_back("communication " + std::to_string(int(avg_comm * 100)) + "% of the step: " +
+                     (cfg.dp > 1
+                          ? std::string("use bigger --bucket-kib") +
+                                (cfg.grad_topk_density == 0 && cfg.zero == parallel::ZeroStage::none && cfg.ep == 1 &&
+                                         cfg.precision != parallel::Precision::f16
+                                     ? ", fewer data-parallel ranks (--dp) or top-k compression (--grad-topk 0.01)"
+                                     : " or fewer data-parallel ranks (--dp)")
+                          : std::string()) +
+                     (cfg.dp > 1 && cfg.tp > 1 ? ", or " : "") +
+                     (cfg.tp > 1 ? "a smaller --tp (keep tensor groups on fast links)" : std::string()) +
+                     (cfg.dp == 1 && cfg.tp == 1 ? "fewer ranks (--pp, --ep, --cp)" : std::string()) +
+                     "; on one machine the ranks share its cores");
   const double limit = rank_memory_limit(o);
   if (worst > 0.8 * limit)
     advice.push_back("peak memory " + mib(worst) + " is near the per-rank limit " + mib(limit) +

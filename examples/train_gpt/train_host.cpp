@@ -87,13 +87,14 @@ int run_layout_check(const Options& o) {
           " GiB, more than the ", budget / double(1ull << 30),
           " GiB available; check the layout on a smaller model of the same shape (fewer --layers, a smaller --hidden "
           "or --batch), or raise --mem-limit-gib");
-  const auto zero = cfg.zero_stage();
+  const int zero = parallel::stage_number(cfg.zero);
   std::printf(
       "check-layout: tp=%zu pp=%zu dp=%zu cp=%zu ep=%zu (%zu thread ranks), schedule %s%s%s%s, %s, against "
       "one rank; %zu steps from the same seeds and data\n",
-      cfg.tp, cfg.pp, cfg.dp, cfg.cp, cfg.ep, cfg.world_size(), cfg.schedule.c_str(),
+      cfg.tp, cfg.pp, cfg.dp, cfg.cp, cfg.ep, cfg.world_size(),
+      std::string(pipeline::schedule_name(cfg.schedule)).c_str(),
       zero ? (", ZeRO-" + std::to_string(zero)).c_str() : "", cfg.model.sequence_parallel ? ", sequence parallel" : "",
-      cfg.recompute ? ", recompute" : "", cfg.precision.c_str(), o.check_steps);
+      cfg.recompute ? ", recompute" : "", std::string(parallel::name_of(cfg.precision)).c_str(), o.check_steps);
   std::fflush(stdout);
   const fs::path scratch = fs::temp_directory_path() / ("mpar-check-layout-" + std::to_string(::getpid()));
   struct Remove {

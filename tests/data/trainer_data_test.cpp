@@ -80,7 +80,7 @@ TEST_CASE("validation loss: equal across tp/pp/dp layouts, and evaluating change
        {L{2, 2, 1, "1f1b"}, L{1, 2, 2, "gpipe"}, L{2, 1, 2, "1f1b"}, L{1, 1, 2, "1f1b", true}, L{1, 2, 1, "zb_h1"}}) {
     INFO("tp " << l.tp << " pp " << l.pp << " dp " << l.dp << " " << l.schedule << (l.zero1 ? " zero1" : ""));
     auto c = testing::small_gpt(l.tp, l.pp, l.dp, l.schedule);
-    c.zero1 = l.zero1;
+    if (l.zero1) c.zero = parallel::ZeroStage::optimizer_states;
     const ValRun got = run_with_validation(c, steps);
     REQUIRE(got.val_losses.size() == ref.val_losses.size());
     for (std::size_t i = 0; i < ref.val_losses.size(); ++i) {
@@ -230,7 +230,7 @@ TEST_CASE("load_weights: loaded values survive bf16 training steps (the fp32 mas
   for (const char* precision : {"bf16", "f16", "fp32"}) {
     INFO(precision);
     auto c = testing::small_gpt(2, 2, 1);
-    c.precision = precision;
+    c.precision = parallel::parse_precision(precision);
     c.lr = 0.0;  // the update leaves every weight as it is...
     c.min_lr = 0.0;
     c.weight_decay = 0.0f;

@@ -33,7 +33,7 @@ fs::path fresh_dir(const std::string& what) {
 struct RunConfig {
   int tp = 1, dp = 1;
   parallel::UpdateRule rule = parallel::UpdateRule::adamw;
-  parallel::GradSync sync = parallel::GradSync::all_reduce;
+  parallel::ZeroStage zero = parallel::ZeroStage::none;
 };
 
 /** Element i of sample `r` of step `s` (`stream` 1: input, 2: output gradient). */
@@ -63,7 +63,7 @@ void on_ranks(const RunConfig& c, Body&& body) {
   run_threads(c.tp * c.dp, [&](ThreadsCommunicator& world) {
     auto g = make_mesh_comms(world, DynamicMesh(std::size_t(c.tp), std::size_t(1), std::size_t(c.dp), std::size_t(1)));
     parallel::OptimizerConfig oc;
-    oc.rule = c.rule, oc.sync = c.sync, oc.sgd.momentum = 0.9f;
+    oc.rule = c.rule, oc.zero = c.zero, oc.sgd.momentum = 0.9f;
     auto make = [&] { return std::make_unique<Model>(g, oc); };
     auto step = [&](Model& m, int s) {
       const int per = 2 / c.dp;
@@ -85,12 +85,13 @@ void on_ranks(const RunConfig& c, Body&& body) {
 TEST_CASE("a training checkpoint resumes the run bit for bit: parameters, states and the update count",
           "[io][training_checkpoint]") {
   const std::vector<RunConfig> runs{
-      {2, 2, parallel::UpdateRule::adamw, parallel::GradSync::all_reduce},
-      {1, 2, parallel::UpdateRule::adamw, parallel::GradSync::zero1},
-      {2, 1, parallel::UpdateRule::sgd, parallel::GradSync::all_reduce},
+      {2, 2, parallel::UpdateRule::adamw, parallel::ZeroStage::none},
+      {1, 2, parallel::UpdateRule::adamw, parallel::ZeroStage::optimizer_states},
+      {2, 1, parallel::UpdateRule::sgd, parallel::ZeroStage::none},
   };
   for (const auto& c : runs) {
-    INFO("tp " << c.tp << " dp " << c.dp << " " << parallel::name_of(c.rule) << " ZeRO-" << zero_stage(c.sync));
+    INFO("tp " << c.tp << " dp " << c.dp << " " << parallel::name_of(c.rule) << " ZeRO-"
+               << parallel::stage_number(c.zero));
     const fs::path dir = fresh_dir("resume");
     io::LoadResult loaded;
     on_ranks(c, [&](ThreadsCommunicator& world, auto& make, auto& step) {
@@ -120,7 +121,7 @@ TEST_CASE("a training checkpoint resumes the run bit for bit: parameters, states
 TEST_CASE("a training checkpoint of tp 2 x dp 2 under ZeRO-1 resumes at one rank without ZeRO",
           "[io][training_checkpoint]") {
   const fs::path dir = fresh_dir("reshard");
-  on_ranks({2, 2, parallel::UpdateRule::adamw, parallel::GradSync::zero1},
+  on_ranks({2, 2, parallel::UpdateRule::adamw, parallel::ZeroStage::optimizer_states},
            [&](ThreadsCommunicator& world, auto& make, auto& step) {
              auto run = make();
              for (int s = 0; s < 3; ++s) step(*run, s);
@@ -155,7 +156,7 @@ TEST_CASE("load_training_checkpoint refuses another update rule, and both refuse
                                (void)io::load_training_checkpoint(dir, other->opt, world);
                              }),
                     Catch::Contains("optimizer 'adamw'") && Catch::Contains("update rule is 'sgd'"));
-  CHECK_THROWS_WITH(on_ranks({1, 2, parallel::UpdateRule::adamw, parallel::GradSync::zero3},
+  CHECK_THROWS_WITH(on_ranks({1, 2, parallel::UpdateRule::adamw, parallel::ZeroStage::parameters},
                              [&](ThreadsCommunicator& world, auto& make, auto&) {
                                auto z3 = make();
                                (void)io::save_training_checkpoint(dir / "z3", z3->opt, world);

@@ -253,11 +253,11 @@ TEST_CASE(
       c.model.moe_capacity = 0;  // unlimited: no token dropped
     }
     if (l.zero1_f16_save) {  // ZeRO-1, dynamic loss scaling, and a checkpoint written at the end
-      c.zero1 = true;
-      c.precision = "f16";
+      c.zero = parallel::ZeroStage::optimizer_states;
+      c.precision = parallel::Precision::f16;
       c.clip = 1.0;
     }
-    if (l.sgd) c.optimizer = "sgd";  // momentum buffers instead of AdamW moments
+    if (l.sgd) c.optimizer = parallel::UpdateRule::sgd;  // momentum buffers instead of AdamW moments
     if (std::string(l.schedule) == "interleaved_1f1b") c.chunks = 2;
     INFO("tp=" << l.tp << " pp=" << l.pp << " dp=" << l.dp << " " << l.schedule << (l.recompute ? " recompute" : "")
                << (l.moe ? " moe ep=2" : "") << (l.zero1_f16_save ? " zero1 f16 save" : "") << (l.sgd ? " sgd" : ""));

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <random>
 #include <string>
+#include <string_view>
 #include <utility>
 #include <vector>
 
@@ -17,7 +18,9 @@ inline const data::CharDataset& gpt_dataset() {
 }
 
 /** 4 blocks, width 32, 4 heads, sequences of 16, 8 sequences per step in 2 micro-batches, 20 AdamW steps. */
-inline models::GptTrainConfig small_gpt(std::size_t tp, std::size_t pp, std::size_t dp, std::string schedule = "1f1b") {
+/** `schedule`: a name as `--schedule` takes it, so that test cases read and print as users write them. */
+inline models::GptTrainConfig small_gpt(std::size_t tp, std::size_t pp, std::size_t dp,
+                                        std::string_view schedule = "1f1b") {
   models::GptTrainConfig c;
   c.model.vocab = gpt_dataset().vocab_size();
   c.model.hidden = 32;
@@ -27,7 +30,7 @@ inline models::GptTrainConfig small_gpt(std::size_t tp, std::size_t pp, std::siz
   c.tp = tp;
   c.pp = pp;
   c.dp = dp;
-  c.schedule = std::move(schedule);
+  c.schedule = pipeline::schedule_kind(schedule);
   c.microbatches = 2;
   c.global_batch = 8;
   c.steps = 20;
@@ -60,11 +63,11 @@ inline std::vector<std::pair<std::string, models::GptTrainConfig>> drawn_plans(s
     c.chunks = schedule == "interleaved_1f1b" ? 2 : 1;
     c.microbatches = int(pp * (1 + pick(2)));  // at least one per stage; interleaved needs a multiple of pp
     if (c.local_batch() % std::size_t(c.microbatches) != 0) c.microbatches = int(pp);
-    c.zero = zero;
+    c.zero = parallel::zero_stage_from_number(zero);
     if (zero > 0) {
       c.bucket_bytes = 4096;  // several buckets per stage: reductions overlap the backward
     } else {
-      c.optimizer = "sgd";
+      c.optimizer = parallel::UpdateRule::sgd;
       c.lr = 0.05;
     }
     const std::size_t stages = c.stages();

@@ -29,7 +29,7 @@ models::GptTrainConfig small(std::size_t tp, std::size_t pp, std::size_t dp, std
 /** The same, trained with SGD: every parameter is then a linear function of its gradients (see below). */
 models::GptTrainConfig small_sgd(std::size_t tp, std::size_t pp, std::size_t dp, std::string schedule = "1f1b") {
   auto c = small(tp, pp, dp, std::move(schedule));
-  c.optimizer = "sgd";
+  c.optimizer = parallel::UpdateRule::sgd;
   c.lr = 0.05;
   return c;
 }
@@ -37,7 +37,7 @@ models::GptTrainConfig small_sgd(std::size_t tp, std::size_t pp, std::size_t dp,
 /** `small` under ZeRO stage `stage`, with 4 KiB buckets: several per step, so collectives overlap the backward. */
 models::GptTrainConfig small_zero(std::size_t tp, std::size_t pp, std::size_t dp, int stage) {
   auto c = small(tp, pp, dp);
-  c.zero = stage;
+  c.zero = parallel::zero_stage_from_number(stage);
   c.bucket_bytes = 4096;
   return c;
 }
@@ -257,7 +257,7 @@ void require_zero_checkpoint_resumes(int stage, const fs::path& dir, const model
   const RunResult zero_full = run(zero, 20);
   (void)run(zero, 10, "", dir.string());
   auto z1 = small(2, 1, 2);
-  z1.zero = 1;
+  z1.zero = parallel::ZeroStage::optimizer_states;
   for (const auto& [what, c] :
        {std::pair<std::string, models::GptTrainConfig>{"ZeRO-1 tp=2 dp=2", z1}, {"one rank", small(1, 1, 1)}}) {
     INFO("resumed at " << what);
@@ -265,7 +265,7 @@ void require_zero_checkpoint_resumes(int stage, const fs::path& dir, const model
   }
   fs::remove_all(dir);
   (void)run(saver, 10, "", dir.string());
-  resumer.zero = stage;
+  resumer.zero = parallel::zero_stage_from_number(stage);
   require_continues(run(resumer, 20, dir.string()), reference(), 10);
   fs::remove_all(dir);
 }
@@ -316,14 +316,15 @@ TEST_CASE("every synchronous pipeline schedule reproduces the single-rank run", 
 RunResult single_rank_of(const models::GptTrainConfig& plan, std::size_t steps) {
   models::GptTrainConfig one = plan;
   one.tp = one.pp = one.dp = 1;
-  one.zero = 0;
-  one.schedule = "1f1b";
+  one.zero = parallel::ZeroStage::none;
+  one.schedule = pipeline::ScheduleKind::one_f_one_b;
   one.chunks = 1;
   one.microbatches = plan.microbatches * int(plan.dp);
   one.stage_layers.clear();
   one.recompute_stages.clear();
   static std::map<std::string, RunResult> cache;
-  const std::string key = std::to_string(one.model.layers) + one.optimizer + std::to_string(one.microbatches);
+  const std::string key = std::to_string(one.model.layers) + std::string(parallel::name_of(one.optimizer)) +
+                          std::to_string(one.microbatches);
   auto it = cache.find(key);
   if (it == cache.end()) it = cache.emplace(key, run(one, steps)).first;
   return it->second;
@@ -337,7 +338,7 @@ void require_drawn_plans_equal_single_rank(std::size_t first, std::size_t last) 
     const auto& [name, c] = plans[i];
     if (c.partition().sizes() != pipeline::Partition::even(c.model.layers, c.stages()).sizes()) ++uneven;
     // SGD plans (no ZeRO): every parameter's update too; AdamW (ZeRO-1, -3): losses and gradient norms.
-    require_equivalent(run(c, 3), single_rank_of(c, 3), name, c.zero_stage() == 0);
+    require_equivalent(run(c, 3), single_rank_of(c, 3), name, parallel::stage_number(c.zero) == 0);
   }
   CHECK(uneven * 2 > last - first);  // most drawn partitions differ from the even split
 }
@@ -424,7 +425,7 @@ TEST_CASE("context parallelism with ZeRO shards over data x context; its checkpo
   for (int stage : {1, 2, 3}) {
     auto z = small(1, 1, 2);
     z.cp = 2;
-    z.zero = stage;
+    z.zero = parallel::zero_stage_from_number(stage);
     require_equivalent(run(z, 20), reference(), "ZeRO-" + std::to_string(stage) + " cp=2 dp=2", false);
   }
   // A checkpoint of cp = 2 x tp = 2 (replicas on the context ranks saved once) resumes at one rank and at cp = 2.
@@ -515,7 +516,7 @@ TEST_CASE("sequence parallelism reproduces the single-rank run: with pp, dp, eve
                      true);
   // AdamW with ZeRO-3 (each block's weights gathered around its token-sharded passes): losses and gradient norms.
   auto z3 = sequence_parallel(small(2, 1, 2));
-  z3.zero = 3;
+  z3.zero = parallel::ZeroStage::parameters;
   require_equivalent(run(z3, 20), reference(), "sp AdamW ZeRO-3 tp=2 dp=2", false);
 }
 
@@ -527,7 +528,7 @@ TEST_CASE("sequence parallelism with dropout and under bf16 reproduces the singl
     require_equivalent(run(sequence_parallel(small_dropout(tp, pp, 1)), 20), dropout_ref,
                        "sp dropout tp=" + std::to_string(tp) + " pp=" + std::to_string(pp), true);
   auto bf16 = [](models::GptTrainConfig c) {
-    c.precision = "bf16";
+    c.precision = parallel::Precision::bf16;
     return c;
   };
   const RunResult bf16_ref = run(bf16(small_sgd(1, 1, 1)), 10);
@@ -614,7 +615,7 @@ TEST_CASE("over NCCL's point-to-point semantics on every axis, the layouts and s
  */
 RunResult run_delayed_reference(models::GptTrainConfig c, std::size_t steps) {
   REQUIRE(c.world_size() == 1);
-  c.schedule = "1f1b";
+  c.schedule = pipeline::ScheduleKind::one_f_one_b;
   RunResult res;
   std::mutex m;
   run_threads(1, [&](ThreadsCommunicator& world) {
@@ -682,7 +683,8 @@ TEST_CASE("2bw trains to the delayed-update single-rank reference", "[models][gp
   const RunResult ref_adamw = run_delayed_reference(small(1, 1, 1), 20);
   require_equivalent(run(small(2, 2, 1, "2bw"), 20), ref_adamw, "AdamW 2bw tp=2 pp=2", false);
   auto zero = small(1, 2, 2, "2bw");
-  zero.zero1 = true;  // the update all-gathers W(t+1) into the weights; W(t-1) was copied before it
+  zero.zero = parallel::ZeroStage::
+      optimizer_states;  // the update all-gathers W(t+1) into the weights; W(t-1) was copied before it
   zero.recompute = true;
   require_equivalent(run(zero, 20), ref_adamw, "AdamW 2bw pp=2 dp=2, ZeRO-1, recomputation", false);
   require_equivalent(run<NcclLike>(small_sgd(2, 2, 1, "2bw"), 20), ref, "2bw tp=2 pp=2, NCCL semantics", true);
@@ -693,10 +695,10 @@ TEST_CASE("2bw trains to the delayed-update single-rank reference", "[models][gp
 TEST_CASE("2bw under bf16: the passes round the previous version, the update applies to the fp32 masters",
           "[models][gpt][pipeline][2bw][precision]") {
   auto one = small(1, 1, 1);
-  one.precision = "bf16";
+  one.precision = parallel::Precision::bf16;
   const RunResult ref = run_delayed_reference(one, 10);
   auto par = small(2, 2, 1, "2bw");
-  par.precision = "bf16";
+  par.precision = parallel::Precision::bf16;
   require_bf16_equivalent(run(par, 10), ref, "bf16 2bw tp=2 pp=2", false);
 }
 
@@ -770,11 +772,11 @@ TEST_CASE("ranks given different settings or data are all refused before trainin
 
 TEST_CASE("ZeRO-1 equals plain data parallelism", "[models][gpt][zero]") {
   auto zero = small(1, 2, 2);
-  zero.zero1 = true;
+  zero.zero = parallel::ZeroStage::optimizer_states;
   zero.bucket_bytes = 4096;  // several buckets
   require_equivalent(run(zero, 20), run(small(1, 2, 2), 20), "ZeRO-1 vs DP (tp=1 pp=2 dp=2)", false);
   auto zero_tp = small(2, 1, 2);
-  zero_tp.zero1 = true;
+  zero_tp.zero = parallel::ZeroStage::optimizer_states;
   require_equivalent(run(zero_tp, 20), reference(), "ZeRO-1 tp=2 dp=2 vs single rank", false);
 }
 
@@ -790,7 +792,7 @@ TEST_CASE("ZeRO-2 reproduces the single-rank run and ZeRO-1's parameters, with t
     // ZeRO-2 changes only how long gradient memory lives, not the arithmetic: every parameter is the one
     // ZeRO-1 computes in the same layout (itself checked against plain data parallelism above).
     auto z1 = z2;
-    z1.zero = 1;
+    z1.zero = parallel::ZeroStage::optimizer_states;
     require_same_parameters(got, run(z1, 20), what + " vs ZeRO-1", 1e-7);
   }
 }
@@ -799,10 +801,10 @@ TEST_CASE("ZeRO-2 under bf16 and f16 and with every step clipped agrees with the
           "[models][gpt][zero2][precision]") {
   for (const char* prec : {"bf16", "f16"}) {
     auto one = small(1, 1, 1);
-    one.precision = prec;
+    one.precision = parallel::parse_precision(prec);
     const RunResult ref = run(one, 10);
     auto z2 = small_zero(1, 1, 2, 2);
-    z2.precision = prec;
+    z2.precision = parallel::parse_precision(prec);
     INFO(prec);
     require_16bit_losses_close(run(z2, 10), ref);
   }
@@ -812,7 +814,7 @@ TEST_CASE("ZeRO-2 under bf16 and f16 and with every step clipped agrees with the
   for (double n : ref.norms) REQUIRE(n > 0.05);
   auto z2 = small(2, 1, 2);
   z2.clip = 0.05;
-  z2.zero = 2;
+  z2.zero = parallel::ZeroStage::gradients;
   require_equivalent(run(z2, 10), ref, "clipped ZeRO-2 tp=2 dp=2", false);
 }
 
@@ -886,7 +888,7 @@ TEST_CASE("ZeRO-3 reproduces the single-rank run and ZeRO-2's parameters, with t
     // against ZeRO-1 and plain data parallelism above); only the gradient norm's partial sums are grouped by
     // other buckets, which moves the clipping factor by rounding.
     auto z2 = z3;
-    z2.zero = 2;
+    z2.zero = parallel::ZeroStage::gradients;
     require_same_parameters(got, run(z2, 20), what + " vs ZeRO-2", 1e-6);
   }
 }
@@ -895,10 +897,10 @@ TEST_CASE("ZeRO-3 under bf16 and f16 agrees with the single-rank run", "[models]
   // The gathered weights are rounded to the 16-bit type as they arrive (the fp32 masters are the shards).
   for (const char* prec : {"bf16", "f16"}) {
     auto one = small(1, 1, 1);
-    one.precision = prec;
+    one.precision = parallel::parse_precision(prec);
     const RunResult ref = run(one, 10);
     auto z3 = small_zero(1, 2, 2, 3);
-    z3.precision = prec;
+    z3.precision = parallel::parse_precision(prec);
     const RunResult got = run(z3, 10);
     INFO(prec);
     require_16bit_losses_close(got, ref);
@@ -907,7 +909,7 @@ TEST_CASE("ZeRO-3 under bf16 and f16 agrees with the single-rank run", "[models]
     // a unit), so the norm's partial sums and hence the clipping factor differ by rounding, which a 16-bit
     // rounding of the weights can amplify to a flipped ulp of the GEMM operands: 1.6e-3 is the largest seen.
     auto z2 = z3;
-    z2.zero = 2;
+    z2.zero = parallel::ZeroStage::gradients;
     require_same_parameters(got, run(z2, 10), std::string(prec) + " ZeRO-3 vs ZeRO-2", 1e-2);
   }
 }
@@ -948,13 +950,13 @@ TEST_CASE("gradient clipping equals single-rank clipping", "[models][gpt][clip]"
 TEST_CASE("mixed precision: bf16 and f16 layouts agree with their single-rank runs", "[models][gpt][precision]") {
   for (const char* prec : {"bf16", "f16"}) {
     auto one = small(1, 1, 1);
-    one.precision = prec;
+    one.precision = parallel::parse_precision(prec);
     const RunResult ref = run(one, 10);
     // 16-bit weights change the numbers, not the learning: the loss still falls.
     REQUIRE(ref.losses.back() < ref.losses.front());
     REQUIRE(std::fabs(ref.losses[3] - reference(10).losses[3]) > 0.0);
     auto par = small(2, 2, 1);
-    par.precision = prec;
+    par.precision = parallel::parse_precision(prec);
     require_16bit_losses_close(run(par, 10), ref);
   }
 }
@@ -970,14 +972,14 @@ TEST_CASE("a run resumed from a checkpoint of another layout continues exactly",
   fs::remove_all(dir);
   // ZeRO-1 moments are saved as flat ranges of each parameter: a ZeRO-1 run resumes without ZeRO and back.
   auto zero = small(1, 2, 2);
-  zero.zero1 = true;
+  zero.zero = parallel::ZeroStage::optimizer_states;
   const RunResult zero_full = run(zero, 20);
   (void)run(zero, 10, "", dir.string());
   require_continues(run(small(2, 1, 1), 20, dir.string()), zero_full, 10);
   fs::remove_all(dir);
   (void)run(small(2, 2, 1), 10, "", dir.string());
   auto zero_again = small(1, 1, 2);
-  zero_again.zero1 = true;
+  zero_again.zero = parallel::ZeroStage::optimizer_states;
   require_continues(run(zero_again, 20, dir.string()), full, 10);
   fs::remove_all(dir);
 }
@@ -1183,14 +1185,14 @@ TEST_CASE("GPT with MoE: clipping counts every expert once, AdamW and ZeRO-1 (ep
   }
   auto adam = [](std::size_t tp, std::size_t dp, std::size_t ep) {
     auto c = small_moe(tp, 1, dp, ep);
-    c.optimizer = "adamw";
+    c.optimizer = parallel::UpdateRule::adamw;
     c.lr = 3e-3;
     return c;
   };
   const RunResult adam_ref = run(adam(1, 1, 1), 5);
   require_moe_equivalent(run(adam(2, 1, 2), 5), adam_ref, "AdamW MoE tp=2 ep=2", false);
   auto zero = adam(1, 2, 1);
-  zero.zero1 = true;
+  zero.zero = parallel::ZeroStage::optimizer_states;
   require_moe_equivalent(run(zero, 5), adam_ref, "ZeRO-1 MoE dp=2 ep=1", false);
 }
 
@@ -1198,9 +1200,9 @@ namespace {
 /** `small_moe` trained with AdamW (what ZeRO shards), at ZeRO stage `stage` with several buckets per step. */
 models::GptTrainConfig moe_adamw(std::size_t tp, std::size_t pp, std::size_t dp, std::size_t ep, int stage = 0) {
   auto c = small_moe(tp, pp, dp, ep);
-  c.optimizer = "adamw";
+  c.optimizer = parallel::UpdateRule::adamw;
   c.lr = 3e-3;
-  c.zero = stage;
+  c.zero = parallel::zero_stage_from_number(stage);
   c.bucket_bytes = 4096;
   return c;
 }
@@ -1286,7 +1288,7 @@ TEST_CASE("GPT with MoE under f16 loss scaling: the load-balancing gradient is s
   // under f16 (gradients scaled by 65536, then unscaled) as in fp32; an unscaled aux gradient would vanish.
   auto with = [](const char* prec, float aux, std::size_t ep) {
     auto c = small_moe(1, 1, 1, ep);
-    c.precision = prec;
+    c.precision = parallel::parse_precision(prec);
     c.model.moe_aux_weight = aux;
     return run(c, moe_steps).params.at("block1.moe.gate.weight");
   };
@@ -1306,7 +1308,7 @@ TEST_CASE("GPT with MoE: a checkpoint saved with ep = 2 resumes on another exper
   fs::remove_all(dir);
   auto adam = [](std::size_t dp, std::size_t ep) {
     auto c = small_moe(1, 1, dp, ep);
-    c.optimizer = "adamw";
+    c.optimizer = parallel::UpdateRule::adamw;
     c.lr = 3e-3;
     return c;
   };
@@ -1345,7 +1347,7 @@ TEST_CASE("GPT with MoE: invalid expert layouts are refused, saying what to chan
   dense.ep = 2;
   expect(dense, 2, "--ep 2 spreads experts, but the model has none");
   auto zero = small_moe(1, 1, 1, 2);
-  zero.zero = 2;  // ZeRO runs with experts (below), but shards AdamW's states only
+  zero.zero = parallel::ZeroStage::gradients;  // ZeRO runs with experts (below), but shards AdamW's states only
   expect(zero, 2, "use --optimizer adamw with --zero 2");
   auto batch = small_moe(1, 1, 2, 2);
   batch.global_batch = 12;
@@ -1363,7 +1365,7 @@ TEST_CASE("bf16 autocast: tp, pp, dp and ep layouts reproduce the single-rank bf
     require_bf16_equivalent(got, ref, what, true);
   };
   auto bf16 = [](models::GptTrainConfig c) {
-    c.precision = "bf16";
+    c.precision = parallel::Precision::bf16;
     return c;
   };
   const RunResult ref = run(bf16(small_sgd(1, 1, 1)), steps);
@@ -1385,7 +1387,7 @@ TEST_CASE("bf16 autocast: tp, pp, dp and ep layouts reproduce the single-rank bf
 TEST_CASE("bf16 autocast: training follows the fp32 loss curve within 2 %", "[models][gpt][precision][autocast]") {
   const RunResult& fp32 = reference(20);
   auto c = small(1, 1, 1);
-  c.precision = "bf16";
+  c.precision = parallel::Precision::bf16;
   const RunResult half = run(c, 20);
   INFO("fp32 final loss " << fp32.losses.back() << ", bf16 " << half.losses.back());
   REQUIRE(half.losses.back() < half.losses.front());

@@ -153,12 +153,12 @@ TEST_CASE("top-k compression refuses the layouts it does not support, naming the
   auto dp2 = testing::small_gpt(1, 1, 2);
   for (int stage : {1, 2, 3}) {
     auto z = dp2;
-    z.zero = stage;
+    z.zero = parallel::zero_stage_from_number(stage);
     refused(z, "--grad-topk with --zero " + std::to_string(stage) + ": ZeRO reduce-scatters");
   }
   refused(testing::small_gpt(2, 1, 1), "--dp is 1: there is nothing to compress; use --dp 2 or more");
   auto f16 = dp2;
-  f16.precision = "f16";
+  f16.precision = parallel::Precision::f16;
   refused(f16, "--grad-topk with --precision f16");
   auto moe = dp2;
   moe.model.experts = 2;

@@ -32,7 +32,7 @@ TEST_CASE("check_layout passes layouts that train the single-rank model: tp 2 x 
           "[models][gpt][layout_check]") {
   using layout_check_test::check;
   auto zero3 = testing::small_gpt(1, 1, 2);
-  zero3.zero = 3;
+  zero3.zero = parallel::ZeroStage::parameters;
   auto two_bw = testing::small_gpt(1, 2, 1, "2bw");  // checked against one rank whose weights lag alike
   for (const auto& [what, c] : {std::pair<std::string, models::GptTrainConfig>{"tp2 pp2", testing::small_gpt(2, 2, 1)},
                                 {"dp2 ZeRO-3", zero3},
@@ -57,7 +57,7 @@ TEST_CASE("check_layout passes layouts that train the single-rank model: tp 2 x 
   auto padded = tp3;
   padded.pad_vocab_for_mesh();  // as the tp = 3 trainer pads it: the tensors its checkpoint holds
   REQUIRE(one.world_size() == 1);
-  REQUIRE(one.zero_stage() == 0);
+  REQUIRE(parallel::stage_number(one.zero) == 0);
   REQUIRE(one.model.vocab_multiple == padded.model.vocab_multiple);
   REQUIRE(one.model.padded_vocab() == padded.model.padded_vocab());
 }
@@ -95,7 +95,7 @@ TEST_CASE("check_layout's tolerance: fp32 judges losses and parameters, bf16 and
   auto c = testing::small_gpt(1, 1, 1);
   CHECK(models::layout_tolerance(c).parameter == 1e-4);
   for (const char* p : {"bf16", "f16"}) {
-    c.precision = p;
+    c.precision = parallel::parse_precision(p);
     const auto t = models::layout_tolerance(c);
     CHECK(t.loss == 2e-3);
     CHECK(std::isinf(t.parameter));
@@ -103,6 +103,6 @@ TEST_CASE("check_layout's tolerance: fp32 judges losses and parameters, bf16 and
   }
   // A bf16 layout passes against its one-rank bf16 run.
   auto bf16 = testing::small_gpt(2, 2, 1);
-  bf16.precision = "bf16";
+  bf16.precision = parallel::Precision::bf16;
   REQUIRE(layout_check_test::check(bf16, models::single_rank_of(bf16)).passed());
 }

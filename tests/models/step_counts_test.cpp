@@ -146,7 +146,7 @@ Expected expected_launches(const models::GptTrainConfig& c, const RankCounts& r,
   padded.model.vocab = vocab;
   const std::size_t pv = padded.model.padded_vocab(), cols_end = (r.coord.tensor + 1) * (pv / c.tp);
   const std::uint64_t mask = cols_end > vocab ? 1 : 0;
-  const std::uint64_t half = c.precision == "fp32" ? 0 : 1;  // the projections' 16-bit conversions
+  const std::uint64_t half = c.precision == parallel::Precision::fp32 ? 0 : 1;  // the projections' 16-bit conversions
   Expected e;
   // The rank's stages (model chunks): r, r + pp, ... of pp x chunks.
   for (std::size_t stage = r.coord.pipeline; stage < stages; stage += c.pp) {
@@ -168,7 +168,8 @@ std::uint64_t optimizer_launches(const models::GptTrainConfig& c, const RankCoun
   const BackendCounts& s = r.step;
   const std::uint64_t projection_weights = 4 * (c.model.layers / c.pp);  // the rank's blocks, over all its chunks
   return s[Op::sum_squares] + s[Op::update_factors] + s[Op::adamw_update] + s[Op::sgd_update] + s[Op::zero] +
-         (c.zero_stage() > 0 ? 1 : 0) + (c.precision != "fp32" ? 2 * r.held - projection_weights : 0);
+         (parallel::stage_number(c.zero) > 0 ? 1 : 0) +
+         (c.precision != parallel::Precision::fp32 ? 2 * r.held - projection_weights : 0);
 }
 
 void check_dense(const std::string& name, const models::GptTrainConfig& c) {
@@ -184,15 +185,15 @@ void check_dense(const std::string& name, const models::GptTrainConfig& c) {
     CHECK(r.step[Op::update_factors] == 1);
     // Under bf16 / f16 every GEMM of the dense model takes 16-bit operands (the projections, the tied head):
     // none is left in fp32.
-    if (c.precision != "fp32") CHECK(r.step[Op::gemm] == 0);
-    if (c.precision != "fp32") CHECK(r.step[Op::gemm_mixed] > 0);
+    if (c.precision != parallel::Precision::fp32) CHECK(r.step[Op::gemm] == 0);
+    if (c.precision != parallel::Precision::fp32) CHECK(r.step[Op::gemm_mixed] > 0);
     CHECK(r.step[Op::gemm_bias_gelu] ==
           std::uint64_t(c.microbatches) * (c.model.layers / c.pp) * (c.recompute ? 2 : 1));
     // Values, gradients and moments in arenas (ZeRO: the rank's blocks of every bucket back to back): one update.
     CHECK(r.step[Op::adamw_update] == 1);
     // Tensor rank 0 counts the replicated parameters in the norm; the others only their own shards. Without ZeRO
     // one sum per parameter; ZeRO sums its contiguous shard at once.
-    if (c.zero_stage() > 0 && r.coord.tensor == 0)
+    if (parallel::stage_number(c.zero) > 0 && r.coord.tensor == 0)
       CHECK(r.step[Op::sum_squares] == 1);
     else if (r.coord.tensor == 0)
       CHECK(r.step[Op::sum_squares] == r.updated);
@@ -249,13 +250,13 @@ TEST_CASE("step counts: recomputation, ZeRO-1, bf16 and f16", "[models][counts]"
   rc.recompute = true;
   check_dense("pp2 recompute", rc);
   auto z = testing::small_gpt(1, 1, 2);
-  z.zero1 = true;
+  z.zero = parallel::ZeroStage::optimizer_states;
   check_dense("dp2 zero1", z);
   auto b = testing::small_gpt(1, 1, 1);
-  b.precision = "bf16";
+  b.precision = parallel::Precision::bf16;
   check_dense("bf16", b);
   auto f = testing::small_gpt(1, 1, 1);
-  f.precision = "f16";
+  f.precision = parallel::Precision::f16;
   check_dense("f16", f);
 }
 
@@ -266,8 +267,8 @@ TEST_CASE("step counts: ZeRO-1, -2 and -3 update the rank's shard of every bucke
   for (int stage : {1, 2, 3})
     for (const char* precision : {"fp32", "bf16"}) {
       auto z = testing::small_gpt(1, 1, 2);
-      z.zero = stage;
-      z.precision = precision;
+      z.zero = parallel::zero_stage_from_number(stage);
+      z.precision = parallel::parse_precision(precision);
       z.bucket_bytes = 4096;
       const std::string name = "dp2 zero" + std::to_string(stage) + " " + precision;
       const auto rs = count_steps(z);
@@ -281,7 +282,7 @@ TEST_CASE("step counts: ZeRO-1, -2 and -3 update the rank's shard of every bucke
       }
     }
   auto tp = testing::small_gpt(2, 1, 2);  // tensor rank 1 sums only its shards' runs, still one update
-  tp.zero = 3;
+  tp.zero = parallel::ZeroStage::parameters;
   tp.bucket_bytes = 4096;
   const auto rs = count_steps(tp);
   check_common(rs);
@@ -415,7 +416,7 @@ TEST_CASE("uninitialised layer storage: training on memory pre-filled with NaN g
   il.chunks = 2;
   for (const auto& c :
        {testing::small_gpt(1, 1, 1), testing::small_gpt(2, 1, 1), testing::small_gpt(1, 1, 2), rc, il}) {
-    INFO("tp " << c.tp << " pp " << c.pp << " dp " << c.dp << " " << c.schedule);
+    INFO("tp " << c.tp << " pp " << c.pp << " dp " << c.dp << " " << pipeline::schedule_name(c.schedule));
     const auto clean = losses(c, false), nan = losses(c, true);
     REQUIRE(clean.size() == 3);
     CHECK(std::isfinite(clean.back()));

@@ -166,10 +166,10 @@ TEST_CASE("expert groups: ep neighbouring data ranks; the ranks holding the same
   CHECK(cm.dp_reduce_seconds(X, c, place(c, 8, Placement::tensor_innermost), true) == 0);
 
   // ZeRO-1 shards the replicated states over dp and the experts' over dp / ep.
-  c.ep = 2, c.zero1 = true;
+  c.ep = 2, c.zero = ZeroStage::optimizer_states;
   const double P = 3e8, bytes = cm.precision().model_state_bytes(), ew = 2.039e12 * 0.8;
   CHECK(cm.optimizer_seconds(P, c, X) == Approx(2 * (P / 8 + X / 4) * bytes / ew));
-  c.zero1 = false;
+  c.zero = ZeroStage::none;
   CHECK(cm.optimizer_seconds(P, c, X) == Approx(2 * (P + X) * bytes / ew));
 }
 

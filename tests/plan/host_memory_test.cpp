@@ -98,7 +98,7 @@ TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measure
     cfg.model.hidden = 128, cfg.model.heads = 4, cfg.model.layers = 4, cfg.model.seq = 64;
     cfg.tp = k.tp, cfg.pp = k.pp, cfg.dp = 1, cfg.cp = k.cp, cfg.microbatches = k.microbatches,
     cfg.global_batch = 4 * std::size_t(k.microbatches);
-    cfg.recompute = k.recompute, cfg.schedule = k.schedule, cfg.steps = 3, cfg.warmup = 1;
+    cfg.recompute = k.recompute, cfg.schedule = mpar::pipeline::schedule_kind(k.schedule), cfg.steps = 3, cfg.warmup = 1;
     cfg.model.sequence_parallel = k.sequence_parallel;
     const Measured got = run_trainer(cfg);
 
@@ -148,7 +148,7 @@ TEST_CASE(
   for (int stage : {1, 2, 3}) {
     mpar::models::GptTrainConfig cfg;
     cfg.model.hidden = 128, cfg.model.heads = 4, cfg.model.layers = 8, cfg.model.seq = 64;
-    cfg.dp = 2, cfg.microbatches = 2, cfg.global_batch = 16, cfg.zero = stage;
+    cfg.dp = 2, cfg.microbatches = 2, cfg.global_batch = 16, cfg.zero = mpar::parallel::zero_stage_from_number(stage);
     cfg.steps = 3, cfg.warmup = 1;
     const Measured got = run_trainer(cfg);
 
@@ -156,7 +156,7 @@ TEST_CASE(
     const GptModel model{cfg.model.layers, cfg.model.hidden, cfg.model.heads, cfg.model.seq, got.padded_vocab};
     ParallelConfig c;
     c.dp = 2, c.microbatch_size = 4, c.microbatches = 2;
-    c.zero1 = true, c.zero2 = stage >= 2, c.zero3 = stage == 3;
+    c.zero = mpar::parallel::zero_stage_from_number(stage);
     MemoryOptions o;
     o.attention_dropout = false;
     o.dp_bucket_bytes = double(cfg.bucket_bytes);
@@ -202,7 +202,8 @@ TEST_CASE("with experts: the memory estimate is within 10 % of the GPT trainer's
     mpar::models::GptTrainConfig cfg;
     cfg.model.hidden = 128, cfg.model.heads = 4, cfg.model.layers = 4, cfg.model.seq = 64;
     cfg.model.experts = 8, cfg.model.moe_top_k = 2, cfg.model.moe_every = 2;
-    cfg.tp = 1, cfg.pp = k.pp, cfg.dp = k.dp, cfg.ep = k.ep, cfg.zero = k.zero, cfg.microbatches = 4;
+    cfg.tp = 1, cfg.pp = k.pp, cfg.dp = k.dp, cfg.ep = k.ep, cfg.zero = mpar::parallel::zero_stage_from_number(k.zero),
+    cfg.microbatches = 4;
     cfg.global_batch = 4 * 4 * k.dp * k.ep;  // micro-batches of 4 sequences on every rank
     cfg.steps = 3, cfg.warmup = 1;
     const Measured got = run_trainer(cfg);
@@ -213,7 +214,7 @@ TEST_CASE("with experts: the memory estimate is within 10 % of the GPT trainer's
     model.moe_capacity = cfg.model.moe_capacity;
     ParallelConfig c;
     c.pp = k.pp, c.dp = k.dp * k.ep, c.ep = k.ep, c.microbatch_size = 4, c.microbatches = 4;
-    c.zero1 = k.zero >= 1, c.zero2 = k.zero >= 2;
+    c.zero = mpar::parallel::zero_stage_from_number(k.zero);
     MemoryOptions o;
     o.attention_dropout = false;
     o.dp_bucket_bytes = double(cfg.bucket_bytes);

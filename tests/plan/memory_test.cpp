@@ -43,7 +43,7 @@ TEST_CASE(
   const MemoryOptions in_place = MemoryOptions::megatron();
   const MemoryEstimate plain = rank_memory(gpt7b, c, Precision::mixed_adam(), 0, 1, in_place);
   CHECK(plain.parameters + plain.gradients + plain.optimizer == Approx(16 * psi));
-  c.zero1 = true;
+  c.zero = ZeroStage::optimizer_states;
   const MemoryEstimate z = rank_memory(gpt7b, c, Precision::mixed_adam(), 0, 1, in_place);
   CHECK(z.parameters + z.gradients + z.optimizer == Approx(4 * psi + 12 * psi / 8));
   // mpar's ZeRO-1 keeps its shard of the 2-byte gradients between steps, next to the full ones.
@@ -51,7 +51,7 @@ TEST_CASE(
   CHECK(zm.gradients - z.gradients == Approx(2 * psi / 8));
   CHECK(zm.accumulated_gradients == 0);
   // ZeRO-2 shards the 2-byte gradients too: 2 (16-bit weights) + 14 / N_d.
-  c.zero2 = true;
+  c.zero = ZeroStage::gradients;
   const MemoryEstimate z2 = rank_memory(gpt7b, c, Precision::mixed_adam(), 0, 1, in_place);
   CHECK(z2.accumulated_gradients == 0);
   // mpar's backward accumulates the micro-batches into full-size 2-byte gradients during the step, above the
@@ -71,7 +71,7 @@ TEST_CASE(
   // 2-byte values are rounded from it as they are gathered), so (4 + 2 + 8) / N_d; plus two gathered units (a
   // layer and the prefetched next one, here the embedding on the first rank) of 2-byte weights, counted with
   // the communication buffers.
-  c.zero3 = true;
+  c.zero = ZeroStage::parameters;
   const MemoryEstimate z3 = rank_memory(gpt7b, c, Precision::mixed_adam(), 0, 1, in_place);
   CHECK(z3.parameters == Approx(4 * psi / 8));
   CHECK(z3.parameters + z3.gradients + z3.optimizer == Approx(14 * psi / 8));
@@ -100,10 +100,10 @@ TEST_CASE("PipeDream-2BW keeps a second copy of the weights the optimizer update
   CHECK(two.parameters + two.gradients + two.optimizer == Approx(20 * psi1));
   CHECK(two.parameters - one.parameters == Approx(4 * psi1));
   CHECK(two.activations == Approx(one.activations));
-  bw.zero1 = true;
+  bw.zero = ZeroStage::optimizer_states;
   const MemoryEstimate z = rank_memory(gpt7b, bw, Precision::mixed_adam(), 1, 4, MemoryOptions::megatron());
   CHECK(z.parameters + z.gradients + z.optimizer == Approx(4 * psi1 + 12 * psi1 / 8 + 4 * psi1));
-  bw.zero1 = false;
+  bw.zero = ZeroStage::none;
   const MemoryEstimate host = rank_memory(gpt7b, bw, Precision::fp32_host(8), 1, 4);
   CHECK(host.parameters + host.gradients + host.optimizer == Approx((16 + 4) * psi1));
 }
@@ -231,7 +231,7 @@ TEST_CASE("context parallelism: a rank keeps 1/cp of each sequence's activations
   // ZeRO-1/2 shard over the gradient-reduction group: dp x cp = 8 ranks, as dp = 8 would.
   ParallelConfig z = cfg(8, 1, 4), z8 = cfg(8, 1, 8);
   z.cp = 2;
-  z.zero1 = z.zero2 = z8.zero1 = z8.zero2 = true;
+  z.zero = z8.zero = ZeroStage::gradients;
   const MemoryEstimate ez = rank_memory(m, z, p, 0, 1), ez8 = rank_memory(m, z8, p, 0, 1);
   CHECK(ez.optimizer == Approx(ez8.optimizer));
   CHECK(ez.gradients == Approx(ez8.gradients));

@@ -205,7 +205,7 @@ TEST_CASE("ZeRO-2 fits where ZeRO-1 does not: the search finds it between their 
     one.zero2 = zero2;
     const Plan plan = search(p, CostModel(p.model, p.cluster), one, textbook);
     REQUIRE(!plan.best.empty());
-    REQUIRE(plan.best.front().config.zero2 == zero2);
+    REQUIRE(shards(plan.best.front().config.zero, ZeroStage::gradients) == zero2);
     return plan.best.front().memory.total();
   };
   const double z1 = need(false), z2 = need(true);
@@ -222,7 +222,7 @@ TEST_CASE("ZeRO-2 fits where ZeRO-1 does not: the search finds it between their 
   CHECK(named);  // the rejection suggests it
   const Plan with = search(p, CostModel(p.model, p.cluster), s, textbook);
   REQUIRE(!with.best.empty());
-  for (const Candidate& c : with.best) CHECK(c.config.zero2);
+  for (const Candidate& c : with.best) CHECK(shards(c.config.zero, ZeroStage::gradients));
 }
 
 TEST_CASE("At equal modelled time the smaller peak, then the lower ZeRO stage ranks first, whatever the search order",
@@ -239,8 +239,8 @@ TEST_CASE("At equal modelled time the smaller peak, then the lower ZeRO stage ra
   const Candidate& first = plan.best[0];
   const Candidate& second = plan.best[1];
   REQUIRE(first.step_seconds == second.step_seconds);  // the tie this case is about
-  CHECK(first.config.zero_stage() == 1);
-  CHECK(second.config.zero_stage() == 2);
+  CHECK(first.config.zero == ZeroStage::optimizer_states);
+  CHECK(second.config.zero == ZeroStage::gradients);
   CHECK(first.memory.total() <= second.memory.total());
   CHECK(ranks_before(first, second));
   CHECK(!ranks_before(second, first));
@@ -257,7 +257,7 @@ TEST_CASE("ZeRO-3 fits where ZeRO-2 does not: the search finds it between their 
     one.zero3 = zero3;
     const Plan plan = search(p, CostModel(p.model, p.cluster), one);
     REQUIRE(!plan.best.empty());
-    REQUIRE(plan.best.front().config.zero3 == zero3);
+    REQUIRE((plan.best.front().config.zero == ZeroStage::parameters) == zero3);
     return plan.best.front();
   };
   const Candidate z2 = need(false), z3 = need(true);
@@ -270,7 +270,7 @@ TEST_CASE("ZeRO-3 fits where ZeRO-2 does not: the search finds it between their 
   CHECK(search(p, CostModel(p.model, p.cluster), only_zero2).best.empty());
   const Plan with = search(p, CostModel(p.model, p.cluster), s);
   REQUIRE(!with.best.empty());
-  for (const Candidate& c : with.best) CHECK(c.config.zero3);
+  for (const Candidate& c : with.best) CHECK(c.config.zero == ZeroStage::parameters);
 }
 
 TEST_CASE("topology: tensor groups stay inside a node; breaking that is predicted slower", "[plan][topology]") {

@@ -128,9 +128,9 @@ void ckpt_check_same(const std::string& what, const std::vector<CkptRankState>& 
 /** The layouts resumed: one rank, ZeRO-1's sharded moments, tensor parallelism, ZeRO-3's gathered weights. */
 std::vector<std::pair<std::string, models::GptTrainConfig>> ckpt_layouts() {
   auto zero1 = testing::small_gpt(1, 1, 2);
-  zero1.zero = 1;
+  zero1.zero = parallel::ZeroStage::optimizer_states;
   auto zero3 = testing::small_gpt(1, 1, 2);
-  zero3.zero = 3;
+  zero3.zero = parallel::ZeroStage::parameters;
   zero3.bucket_bytes = 4096;  // several buckets
   return {{"1 rank", testing::small_gpt(1, 1, 1)},
           {"ZeRO-1 dp2", zero1},

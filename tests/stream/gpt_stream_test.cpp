@@ -121,26 +121,26 @@ std::vector<std::pair<std::string, models::GptTrainConfig>> layouts() {
   rc.recompute = true;
   out.emplace_back("pp2 recompute", rc);
   auto z = testing::small_gpt(1, 1, 2);
-  z.zero = 1;
+  z.zero = parallel::ZeroStage::optimizer_states;
   out.emplace_back("ZeRO-1 dp2", z);
   for (int stage : {2, 3}) {
     auto zs = testing::small_gpt(1, 1, 2);
-    zs.zero = stage;
+    zs.zero = parallel::zero_stage_from_number(stage);
     zs.bucket_bytes = 4096;  // several buckets: reduce-scatters in flight while the backward goes on
     out.emplace_back("ZeRO-" + std::to_string(stage) + " dp2", zs);
   }
   auto z3tp = testing::small_gpt(2, 1, 2);
-  z3tp.zero = 3;
+  z3tp.zero = parallel::ZeroStage::parameters;
   out.emplace_back("ZeRO-3 dp2 x tp2", z3tp);
   auto z3pp = testing::small_gpt(1, 2, 2);  // the tied embedding gathered on the first stage for its broadcast
-  z3pp.zero = 3;
+  z3pp.zero = parallel::ZeroStage::parameters;
   out.emplace_back("ZeRO-3 dp2 x pp2", z3pp);
   // 16 bits under ZeRO: stage 3 rounds each gathered unit on the stream (B::convert), stages 1 and 2 keep the
   // compute copies of the path without ZeRO. Several buckets, so the one update spans blocks of several.
   for (const auto& [stage, p] : {std::pair<int, const char*>{1, "bf16"}, {2, "f16"}, {3, "bf16"}, {3, "f16"}}) {
     auto zp = testing::small_gpt(1, 1, 2);
-    zp.zero = stage;
-    zp.precision = p;
+    zp.zero = parallel::zero_stage_from_number(stage);
+    zp.precision = parallel::parse_precision(p);
     zp.bucket_bytes = 4096;
     out.emplace_back("ZeRO-" + std::to_string(stage) + " dp2 " + p, zp);
   }
@@ -158,14 +158,14 @@ std::vector<std::pair<std::string, models::GptTrainConfig>> layouts() {
   auto sp = testing::small_gpt(2, 2, 1);
   sp.model.sequence_parallel = true;
   out.emplace_back("sp tp2 x pp2", sp);
-  sp.precision = "bf16";
+  sp.precision = parallel::Precision::bf16;
   out.emplace_back("sp tp2 x pp2 bf16", sp);
   for (const char* p : {"bf16", "f16"}) {
     auto one = testing::small_gpt(1, 1, 1);
-    one.precision = p;
+    one.precision = parallel::parse_precision(p);
     out.emplace_back(std::string(p), one);
     auto pp = testing::small_gpt(1, 2, 1);
-    pp.precision = p;
+    pp.precision = parallel::parse_precision(p);
     out.emplace_back(std::string(p) + " pp2", pp);
   }
   return out;

@@ -92,9 +92,9 @@ std::vector<std::pair<std::string, models::GptTrainConfig>> construction_layouts
   moe.model.moe_top_k = 2;
   moe.model.moe_every = 2;
   auto zero = testing::small_gpt(1, 1, 2);
-  zero.zero = 1;
+  zero.zero = parallel::ZeroStage::optimizer_states;
   auto bf16 = testing::small_gpt(1, 2, 1);
-  bf16.precision = "bf16";
+  bf16.precision = parallel::Precision::bf16;
   return {{"1 rank", testing::small_gpt(1, 1, 1)},
           {"tp2 x pp2", testing::small_gpt(2, 2, 1)},
           {"ZeRO-1 dp2", zero},

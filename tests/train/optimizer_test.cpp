@@ -185,7 +185,7 @@ TEST_CASE(
         oc.adamw = {.lr = 0.05f, .eps = 1e-3f, .weight_decay = 0.1f};  // a large eps: a wrong unscaling shows
         oc.clip = 0.1;
         oc.bucket_bytes = 8;
-        oc.sync = zero1 ? parallel::GradSync::zero1 : parallel::GradSync::all_reduce;
+        oc.zero = zero1 ? parallel::ZeroStage::optimizer_states : parallel::ZeroStage::none;
         parallel::OptimizerConfig oc16 = oc;
         oc16.precision = parallel::Precision::f16;
         oc16.loss_scaler.initial_scale = 1024.0f;

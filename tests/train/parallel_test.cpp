@@ -280,8 +280,9 @@ TEST_CASE("ZeRO-1, -2 and -3 on one rank update their shard as AdamW updates eac
   // matrices but not of the biases, alternating along the shard, comes from the run table) must give
   // optim::AdamW's update of each parameter on its own exactly.
   const optim::AdamWConfig cfg = zero_test_adamw();
-  for (int stage : {1, 2, 3}) {
-    DYNAMIC_SECTION("stage " << stage) {
+  using parallel::ZeroStage;
+  for (ZeroStage stage : {ZeroStage::optimizer_states, ZeroStage::gradients, ZeroStage::parameters}) {
+    DYNAMIC_SECTION("stage " << parallel::stage_number(stage)) {
       RankChecks rc;
       run_threads(1, [&](ThreadsCommunicator& world) {
         TinyMlp ref, z;
@@ -294,20 +295,20 @@ TEST_CASE("ZeRO-1, -2 and -3 on one rank update their shard as AdamW updates eac
           ref_opt.step(cfg.lr);
           zero.zero_grad();
           zero.prepare_gradients();
-          if (stage == 3) zero.gather_all();
+          if (stage == ZeroStage::parameters) zero.gather_all();
           z.forward_backward(std::size_t(s) * global_batch, global_batch, double(global_batch),
                              [&](nn::Parameter& p) { zero.mark_ready(p); });
-          if (stage == 3) zero.release_all();
+          if (stage == ZeroStage::parameters) zero.release_all();
           zero.step(cfg.lr);
         }
-        if (stage == 3) zero.gather_all();
+        if (stage == ZeroStage::parameters) zero.gather_all();
         for (std::size_t k = 0; k < ref.params().size(); ++k) {
           const auto &got = z.params()[k]->value, &want = ref.params()[k]->value;
           if (!rc.expect(got.size() == want.size(), z.params()[k]->name + ": sizes differ")) continue;
           for (std::size_t i = 0; i < want.size(); ++i)
             rc.expect(got[i] == want[i], z.params()[k]->name + "[" + std::to_string(i) + "] differs");
         }
-        if (stage == 3) zero.release_all();
+        if (stage == ZeroStage::parameters) zero.release_all();
       });
       rc.assert_all(1 + 66);
     }
@@ -323,8 +324,9 @@ TEST_CASE("ZeRO-2 AdamW equals single-rank AdamW, releasing each gradient as its
   for_each_zero_layout(66 + 5, [&](ThreadsCommunicator& world, std::size_t first, std::size_t local,
                                    std::size_t bucket_bytes, RankChecks& rc) {
     TinyMlp z;
-    parallel::ZeroAdamW<ThreadsCommunicator> zero(z.params(), world, cfg,
-                                                  {.bucket_bytes = bucket_bytes, .stage = 2, .in_flight = 1});
+    parallel::ZeroAdamW<ThreadsCommunicator> zero(
+        z.params(), world, cfg,
+        {.bucket_bytes = bucket_bytes, .stage = parallel::ZeroStage::gradients, .in_flight = 1});
     std::size_t largest_bucket = 0;
     const std::size_t shards = zero.gradient_buffer_elements();  // before any step: the shards alone
     std::size_t total = 0;
@@ -352,19 +354,19 @@ TEST_CASE("ZeRO-2 AdamW equals single-rank AdamW, releasing each gradient as its
     rc.expect(bounded, "more full-size buckets were alive than the in-flight bound allows");
     rc.expect(peak > 0, "no bucket memory was ever seen (the check above would be void)");
     rc.expect(shards <= total / std::size_t(world.size()) + zero.bucket_count(), "the gradient shards are not 1/dp");
-    rc.expect(zero.stage() == 2, "not stage 2");
+    rc.expect(zero.stage() == parallel::ZeroStage::gradients, "not stage 2");
   });
   RankChecks bad;
   run_threads(2, [&](ThreadsCommunicator& world) {
     TinyMlp z;
     std::string what;
     try {
-      parallel::ZeroAdamW<ThreadsCommunicator> zero(z.params(), world, cfg, {.stage = 4});
+      parallel::ZeroAdamW<ThreadsCommunicator> zero(z.params(), world, cfg, {.stage = parallel::ZeroStage::none});
     } catch (const std::exception& e) {
       what = e.what();
     }
-    bad.expect(what.find("stage 4 is not 1, 2 or 3") != std::string::npos && what.find("rank") != std::string::npos,
-               "stage 4 was not refused naming the stage and the rank: " + what);
+    bad.expect(what.find("stage 0 is not 1, 2 or 3") != std::string::npos && what.find("rank") != std::string::npos,
+               "ZeRO without a sharded state was not refused naming the stage and the rank: " + what);
   });
   bad.assert_all(1);
 }

@@ -28,7 +28,7 @@ namespace detail {
 template <class Optimizer>
 void check_training_checkpoint(Optimizer& opt, const char* op) {
   for (auto* z : opt.zeros())
-    check(z->stage() < 3, op,
+    check(z->stage() != parallel::ZeroStage::parameters, op,
           ": ZeRO-3 holds only weight shards between steps; gather them first (as "
           "models::GptTrainer::save does) or checkpoint with ZeRO-1/2, whose checkpoints load into ZeRO-3");
 }

@@ -46,7 +46,7 @@
  * input-gradient backward and releases it right after, with the next unit's gather in flight meanwhile
  * (`GptPipelinePart::on_unit_use`, `parallel::GatheredUnits`). Saving, loading and `with_full_parameters` gather all.
  *
- * PipeDream-2BW (`schedule = "2bw"`): the weights lag one step by design. The passes of step t run on
+ * PipeDream-2BW (`schedule = ScheduleKind::two_bw`): the weights lag one step by design. The passes of step t run on
  * W(t-1), the weights before step t-1's update (at step 0, with no older version, on W(0)), and step t's
  * update applies their gradient to the current W(t): W(t+1) = update(W(t), g(W(t-1))). Each rank keeps
  * W(t-1) beside W(t) (one more fp32 copy of its parameters) and swaps it in for the passes. The reference
@@ -121,10 +121,10 @@ struct GptTrainConfig {
   /// Context-parallel size: each sequence split over cp ranks in zig-zag chunks, attention by a ring over them
   /// (docs/context-parallel.md). Rank order tensor, context, data, pipeline (Megatron-LM's tp-cp-dp-pp).
   std::size_t cp = 1;
-  std::string schedule =
-      "1f1b";            ///< gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2, or 2bw (weights lag one step; see GptTrainer)
-  int microbatches = 2;  ///< per data-parallel rank and step
-  int chunks = 1;        ///< model chunks per pipeline rank (interleaved_1f1b)
+  /// The pipeline schedule (`--schedule`): 2BW's weights lag one step (see GptTrainer).
+  pipeline::ScheduleKind schedule = pipeline::ScheduleKind::one_f_one_b;
+  int microbatches = 2;    ///< per data-parallel rank and step
+  int chunks = 1;          ///< model chunks per pipeline rank (interleaved_1f1b)
   bool recompute = false;  ///< full activation recomputation on every stage
   /// Transformer blocks per global pipeline stage (--stage-layers): pp x chunks entries, stage s = chunk x pp + rank
   /// as `pipeline::global_stage` numbers them, each at least 1, summing to `model.layers`. Empty: the even split.
@@ -132,10 +132,9 @@ struct GptTrainConfig {
   /// Per global stage (same order), whether it recomputes its activations in backward (--recompute-stages); empty:
   /// `recompute` on every stage. Giving both is refused.
   std::vector<bool> recompute_stages;
-  std::string precision = "fp32";   ///< fp32, bf16 or f16 (f16 adds dynamic loss scaling)
-  std::string optimizer = "adamw";  ///< adamw or sgd (momentum 0.9)
-  bool zero1 = false;               ///< shard AdamW states over the data axis (the same as zero = 1)
-  int zero = 0;  ///< ZeRO stage: 0 none, 1 AdamW states sharded, 2 gradients too, 3 parameters too (--zero N)
+  parallel::Precision precision = parallel::Precision::fp32;     ///< f16 adds dynamic loss scaling
+  parallel::UpdateRule optimizer = parallel::UpdateRule::adamw;  ///< SGD with momentum 0.9, or AdamW
+  parallel::ZeroStage zero = parallel::ZeroStage::none;          ///< what is sharded over the data axis (--zero N)
   std::size_t global_batch = 8;  ///< sequences per optimizer step, over all data-parallel ranks
   std::size_t steps = 100;
   double lr = 3e-3, min_lr = 3e-4;
@@ -177,8 +176,6 @@ struct GptTrainConfig {
   [[nodiscard]] bool recomputes(std::size_t s) const {
     return recompute_stages.empty() ? recompute : recompute_stages.at(s);
   }
-  /** The ZeRO stage in effect: `zero`, or 1 when only `zero1` is set. */
-  [[nodiscard]] int zero_stage() const { return zero != 0 ? zero : zero1 ? 1 : 0; }
   /** Ranks that take different samples: data x expert. */
   [[nodiscard]] std::size_t batch_ranks() const { return dp * ep; }
   [[nodiscard]] std::size_t local_batch() const { return global_batch / batch_ranks(); }
@@ -188,18 +185,12 @@ struct GptTrainConfig {
     if (tp >= 1) model.vocab_multiple = std::lcm(model.vocab_multiple ? model.vocab_multiple : 1, tp);
   }
 
-  /**
-   * The optimizer's typed configuration, parsed once from the strings the command line gives (the precision
-   * and optimizer names), with the AdamW / SGD hyper-parameters, clipping and bucket size.
-   */
+  /** The optimizer's configuration: precision, update rule, ZeRO stage, hyper-parameters, clipping, buckets. */
   [[nodiscard]] parallel::OptimizerConfig optimizer_config() const {
     parallel::OptimizerConfig o;
-    o.precision = parallel::parse_precision(precision);
-    o.rule = parallel::parse_update_rule(optimizer);
-    o.sync = zero_stage() == 3   ? parallel::GradSync::zero3
-             : zero_stage() == 2 ? parallel::GradSync::zero2
-             : zero_stage() == 1 ? parallel::GradSync::zero1
-                                 : parallel::GradSync::all_reduce;
+    o.precision = precision;
+    o.rule = optimizer;
+    o.zero = zero;
     o.adamw.lr = float(lr);
     o.adamw.weight_decay = weight_decay;
     o.adamw.beta1 = beta1;
@@ -239,17 +230,14 @@ struct GptTrainConfig {
               " must split evenly into dp (", dp, ") x ep (", ep, ") x microbatches (", microbatches,
               ") equal micro-batches (expert ranks take different samples); use --batch as a multiple of ",
               batch_ranks() * std::size_t(microbatches));
-    (void)parallel::parse_precision(precision);  // each throws naming the choices
-    (void)parallel::parse_update_rule(optimizer);
-    require(zero >= 0 && zero <= 3, "train: --zero ", zero, " is not a ZeRO stage mpar runs; use 0, 1, 2 or 3");
-    require(!(zero1 && zero > 1), "train: --zero1 and --zero ", zero, " ask for two ZeRO stages; give one");
-    const int z = zero_stage();
-    require(!(z > 0 && optimizer != "adamw"), "train: ZeRO-", z,
+    const int z = parallel::stage_number(zero);
+    require(z >= 0 && z <= 3, "train: ZeRO stage ", z, " is not one mpar runs; use 0, 1, 2 or 3");
+    require(!(z > 0 && optimizer != parallel::UpdateRule::adamw), "train: ZeRO-", z,
             " shards AdamW states; use --optimizer adamw with --zero ", z);
-    require(!(z == 3 && schedule == pipeline::PipeDream2BW::name),
+    require(!(zero == parallel::ZeroStage::parameters && schedule == pipeline::ScheduleKind::two_bw),
             "train: --schedule 2bw keeps a second full weight version, which ZeRO-3's sharded weights do not have; "
             "use --zero 2 or another schedule");
-    require(chunks == 1 || schedule == pipeline::Interleaved1F1B::name, "train: --chunks ", chunks,
+    require(chunks == 1 || schedule == pipeline::ScheduleKind::interleaved, "train: --chunks ", chunks,
             " needs --schedule interleaved_1f1b");
     require(steps >= 1 && warmup <= steps, "train: need --steps >= 1 and --warmup <= --steps; got --steps ", steps,
             " and --warmup ", warmup);
@@ -277,14 +265,14 @@ struct GptTrainConfig {
             "use --pp 1 (tensor and data parallelism are captured), or drop --graph");
     require(cp == 1, "train: --graph with --cp ", cp,
             ": ring attention's exchanges are not captured yet; use --cp 1, or drop --graph");
-    require(precision != "f16",
+    require(precision != parallel::Precision::f16,
             "train: --graph with --precision f16: the dynamic loss scale is chosen on the host "
             "after each step and passed to the backward and the update as a host value, which a captured step would "
             "freeze; use --precision bf16 or fp32 (no loss scaling), or drop --graph");
-    require(optimizer == "adamw", "train: --graph with --optimizer ", optimizer,
+    require(optimizer == parallel::UpdateRule::adamw, "train: --graph with --optimizer ", parallel::name_of(optimizer),
             ": SGD takes the learning rate as a host value, which a captured step would freeze (AdamW reads it "
             "from rank memory); use --optimizer adamw, or drop --graph");
-    require(zero_stage() == 0, "train: --graph with --zero ", zero_stage(),
+    require(zero == parallel::ZeroStage::none, "train: --graph with --zero ", parallel::stage_number(zero),
             ": ZeRO's update takes the learning rate as a host value; use --zero 0, or drop --graph");
     require(model.experts == 0, "train: --graph with --experts ", model.experts,
             ": the step report's dropped-token count is reduced on the host; use --experts 0, or drop --graph");
@@ -301,10 +289,10 @@ struct GptTrainConfig {
     require(ep == 1, "train: --grad-topk with --ep ", ep,
             ": the experts' gradients reduce over the data group and the rest over data x expert ranks, and the "
             "compression covers one group; use --ep 1, or drop --grad-topk");
-    require(zero_stage() == 0, "train: --grad-topk with --zero ", zero_stage(),
+    require(zero == parallel::ZeroStage::none, "train: --grad-topk with --zero ", parallel::stage_number(zero),
             ": ZeRO reduce-scatters each gradient into shards, which the compressed exchange (every replica's top "
             "entries, summed everywhere) does not produce; use --zero 0, or drop --grad-topk");
-    require(precision != "f16",
+    require(precision != parallel::Precision::f16,
             "train: --grad-topk with --precision f16: the residual carried to the next step would hold gradients "
             "scaled by an older loss scale (and an overflowed step's infinities); use --precision bf16 or fp32, or "
             "drop --grad-topk");
@@ -413,7 +401,7 @@ struct GptTrainConfig {
       {"--dp", count(c.dp)},
       {"--ep", count(c.ep)},
       {"--cp", count(c.cp)},
-      {"--schedule", c.schedule},
+      {"--schedule", std::string(pipeline::schedule_name(c.schedule))},
       {"--microbatches", std::to_string(c.microbatches)},
       {"--chunks", std::to_string(c.chunks)},
       {"--recompute", c.recompute ? "on" : "off"},
@@ -425,9 +413,9 @@ struct GptTrainConfig {
          return f.empty() ? std::string("all or none") : f;
        }()},
       {"--sequence-parallel", m.sequence_parallel ? "on" : "off"},
-      {"--precision", c.precision},
-      {"--optimizer", c.optimizer},
-      {"--zero", std::to_string(c.zero_stage())},
+      {"--precision", std::string(parallel::name_of(c.precision))},
+      {"--optimizer", std::string(parallel::name_of(c.optimizer))},
+      {"--zero", std::to_string(parallel::stage_number(c.zero))},
       {"--batch", count(c.global_batch)},
       {"--steps", count(c.steps)},
       {"--lr", num(c.lr)},
@@ -761,7 +749,7 @@ class GptTrainer {
   /** ZeRO-3, while gathered: the (loaded) full values become the sharded masters. */
   void store_gathered() {
     for (auto* z : optimizer_->zeros())
-      if (z->stage() == 3) z->store_gathered();
+      if (z->stage() == parallel::ZeroStage::parameters) z->store_gathered();
   }
   template <class Source>
   std::size_t load_full_weights(Source& source) {
@@ -830,7 +818,7 @@ class GptTrainer {
       st.loss_scale = io::LossScaleState{scaler->scale(), std::uint64_t(scaler->good_steps_in_a_row()),
                                          std::uint64_t(scaler->skipped_steps())};
     st.user[optimizer_->sgd() ? "sgd.steps" : "adamw.steps"] = std::to_string(optimizer_->steps());
-    st.user["optimizer"] = cfg_.optimizer;
+    st.user["optimizer"] = std::string(parallel::name_of(cfg_.optimizer));
     for (auto& [k, v] : run_identity()) st.user[k] = std::move(v);
     io::SaveOptions opts;
     opts.mesh = {cfg_.tp, cfg_.pp, cfg_.dp, cfg_.cp};
@@ -937,17 +925,19 @@ class GptTrainer {
     });
     check_same_run(saved, dir);
     const std::string saved_optimizer = optimizer_of(saved);
-    const bool with_states = saved_optimizer == cfg_.optimizer;
+    const std::string optimizer(parallel::name_of(cfg_.optimizer));
+    const bool with_states = saved_optimizer == optimizer;
     std::vector<std::string> warnings;
     if (!with_states)
       warnings.push_back("resume: checkpoint " + dir.string() + " was saved with --optimizer " + saved_optimizer +
-                         (saved_optimizer == "sgd" && cfg_.optimizer == "sgd" ? " before momentum was saved" : "") +
-                         "; its optimizer states are not used and --optimizer " + cfg_.optimizer +
+                         (saved_optimizer == "sgd" && optimizer == "sgd" ? " before momentum was saved" : "") +
+                         "; its optimizer states are not used and --optimizer " + optimizer +
                          " starts afresh from the loaded weights");
     io::LoadResult res = with_gathered([&] {  // ZeRO-3: load into the full blocks, then keep this rank's shards
       std::vector<io::LoadBlock> blocks;
       state_blocks<float>(blocks, with_states);
-      if (auto* z = optimizer_->zero(); z && z->stage() == 3)  // its gathers are queued: quiet the twin again
+      if (auto* z = optimizer_->zero();
+          z && z->stage() == parallel::ZeroStage::parameters)  // its gathers are queued: quiet the twin again
         quiet_for_host_messages();
       check_model_holds(saved, blocks, with_states, dir);
       io::StagedBlocks<B> staging;  // the reader writes on the host: it fills staging, uploaded with one wait
@@ -1432,7 +1422,7 @@ class GptTrainer {
     }
     holds_first_ = stages_.front()->is_first();
     holds_last_ = stages_.back()->is_last();
-    two_bw_ = cfg_.schedule == pipeline::PipeDream2BW::name;
+    two_bw_ = cfg_.schedule == pipeline::ScheduleKind::two_bw;
     std::vector<Stage*> chunks;
     for (auto& s : stages_) chunks.push_back(s.get());
     pipeline::ExecutorOptions eo;
@@ -1521,7 +1511,8 @@ class GptTrainer {
     parallel::OptimizerGroups<Comm, TensorComm> groups{
         &comms_.world, &tensor_, &pipe_, &data_comm_, &replica_comm_, cfg_.ep > 1 ? &comms_.expert : nullptr};
     parallel::OptimizerConfig oc = cfg_.optimizer_config();
-    if (cfg_.zero_stage() == 3)  // no bucket holds parameters of two units: each unit is gathered as whole buckets
+    if (cfg_.zero == parallel::ZeroStage::
+                         parameters)  // no bucket holds parameters of two units: each unit is gathered as whole buckets
       for (auto& s : stages_)
         for (const auto& u : s->units()) {
           if (u.empty()) continue;
@@ -1529,7 +1520,9 @@ class GptTrainer {
           if (it != opt_params_.end()) oc.zero_unit_starts.push_back(std::size_t(it - opt_params_.begin()));
         }
     optimizer_.emplace(opt_params_, all_params_, oc, groups);
-    if (cfg_.zero_stage() == 3)  // ZeRO-3: each stage gathers a unit's weights around its use, prefetching the next
+    if (cfg_.zero ==
+        parallel::ZeroStage::
+            parameters)  // ZeRO-3: each stage gathers a unit's weights around its use, prefetching the next
       for (auto& s : stages_) {
         auto units = std::make_shared<parallel::GatheredUnits<Zero>>(optimizer_->zeros(), s->units());
         s->on_unit_use([units](std::size_t u, std::size_t next, bool begin) { (*units)(u, next, begin); });
@@ -1553,7 +1546,7 @@ class GptTrainer {
     if (tied_ == nullptr) return;
     // ZeRO-3: the first stage's embedding is sharded at rest; gather it for the broadcast.
     std::vector<std::size_t> gathered;
-    if (auto* z = optimizer_->zero(); z && z->stage() == 3 && holds_first_) {
+    if (auto* z = optimizer_->zero(); z && z->stage() == parallel::ZeroStage::parameters && holds_first_) {
       gathered = z->buckets_of(std::span<nn::Parameter* const>(&tied_, 1));
       for (std::size_t b : gathered) z->gather_begin(b);
       for (std::size_t b : gathered) z->gather_end(b);
@@ -1565,7 +1558,7 @@ class GptTrainer {
   template <class F>
   decltype(auto) with_gathered(F&& f) {
     auto* z = optimizer_->zero();
-    if (!z || z->stage() != 3) return f();
+    if (!z || z->stage() != parallel::ZeroStage::parameters) return f();
     struct Release {
       std::vector<Zero*> zeros;
       ~Release() {

@@ -35,15 +35,14 @@ namespace mpar::models {
 [[nodiscard]] inline GptTrainConfig single_rank_of(GptTrainConfig c) {
   c.pad_vocab_for_mesh();  // the layout's padded vocabulary: the same tensors, the padding never in the loss
   c.tp = c.pp = c.dp = c.cp = c.ep = 1;
-  c.zero = 0;
-  c.zero1 = false;
+  c.zero = parallel::ZeroStage::none;
   c.chunks = 1;
   c.stage_layers.clear();      // one stage holds every block
   c.recompute_stages.clear();  // recomputation repeats the forward's arithmetic: the reference needs none
   c.model.sequence_parallel = false;
   c.grad_topk_density = 0;  // compression changes the update by design: the reference is the dense run
   c.graph = false;
-  if (c.schedule != pipeline::PipeDream2BW::name) c.schedule = "1f1b";
+  if (c.schedule != pipeline::ScheduleKind::two_bw) c.schedule = pipeline::ScheduleKind::one_f_one_b;
   return c;
 }
 
@@ -68,13 +67,14 @@ struct LayoutTolerance {
  * samples, a missed gradient sum, weights a step old — moves the losses by 1e-3 and more.
  */
 [[nodiscard]] inline LayoutTolerance layout_tolerance(const GptTrainConfig& c) {
-  if (c.precision == "fp32")
+  if (c.precision == parallel::Precision::fp32)
     return {1e-5, 1e-4,
             "fp32, not bit for bit in general: a layout may sum in another order, and AdamW's per-element scaling "
             "raises the rounding of a tiny gradient to a visible update"};
   return {2e-3, INFINITY,
-          c.precision + ": a summation order that flips a 16-bit rounding moves a GEMM operand by " +
-              (c.precision == "bf16" ? "2^-8" : "2^-11") +
+          std::string(parallel::name_of(c.precision)) +
+              ": a summation order that flips a 16-bit rounding moves a GEMM operand by " +
+              (c.precision == parallel::Precision::bf16 ? "2^-8" : "2^-11") +
               " relative, and AdamW turns that into element updates as large as an error's: the losses are judged, "
               "the parameters reported"};
 }

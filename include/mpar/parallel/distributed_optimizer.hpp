@@ -67,6 +67,7 @@
 #include "mpar/parallel/mixed_precision.hpp"
 #include "mpar/parallel/parameter_arena.hpp"
 #include "mpar/parallel/zero.hpp"
+#include "mpar/parallel/zero_stage.hpp"
 
 namespace mpar::parallel {
 
@@ -74,22 +75,15 @@ namespace mpar::parallel {
 enum class Precision { fp32, bf16, f16 };
 /** @brief The update rule. */
 enum class UpdateRule { adamw, sgd };
-/** @brief How gradients are synchronised over data replicas. */
+/** @brief How the replicated gradients travel over the data replicas when no ZeRO stage shards them. */
 enum class GradSync {
   all_reduce,  ///< bucketed all-reduces (replicated parameters over data x expert ranks, experts over data ranks)
-  zero1,       ///< ZeRO-1: reduce-scatter, AdamW on this rank's blocks, all-gather of the weights
-  zero2,       ///< ZeRO-2: as ZeRO-1, holding only this rank's gradient shards (full gradients freed per bucket)
-  zero3,       ///< ZeRO-3: as ZeRO-2, and the weights sharded at rest (gathered per unit by the passes)
   /// Top-k with error feedback (`OptimizerConfig::topk_density`): each replica sends the largest-magnitude entries of
   /// its gradient plus its residual and keeps the rest as the next step's residual (`TopKCompressor`, one per
-  /// parameter); the sum of the updates applied plus the residuals is the dense sum. No experts, no f16, host memory.
+  /// parameter); the sum of the updates applied plus the residuals is the dense sum. No ZeRO, no experts, no f16,
+  /// host memory.
   topk
 };
-
-/** @brief The ZeRO stage of a synchronisation: 0 (none), 1, 2 or 3. */
-[[nodiscard]] constexpr int zero_stage(GradSync s) {
-  return s == GradSync::zero1 ? 1 : s == GradSync::zero2 ? 2 : s == GradSync::zero3 ? 3 : 0;
-}
 
 [[nodiscard]] constexpr std::string_view name_of(Precision p) {
   return p == Precision::fp32 ? "fp32" : p == Precision::bf16 ? "bf16" : "f16";
@@ -113,10 +107,13 @@ enum class GradSync {
 struct OptimizerConfig {
   Precision precision = Precision::fp32;
   UpdateRule rule = UpdateRule::adamw;
-  GradSync sync = GradSync::all_reduce;
-  optim::AdamWConfig adamw;  ///< AdamW's (and ZeRO-1's) hyper-parameters
-  optim::SgdConfig sgd;      ///< SGD's
-  double clip = 1.0;         ///< global-norm clipping threshold; 0 disables clipping
+  /// ZeRO-1 reduce-scatters the gradients, updates this rank's blocks and all-gathers the weights; ZeRO-2 holds
+  /// only its gradient shards; ZeRO-3 the weights too (`ZeroAdamW`).
+  ZeroStage zero = ZeroStage::none;
+  GradSync sync = GradSync::all_reduce;  ///< without ZeRO
+  optim::AdamWConfig adamw;              ///< AdamW's (and ZeRO-1's) hyper-parameters
+  optim::SgdConfig sgd;                  ///< SGD's
+  double clip = 1.0;                     ///< global-norm clipping threshold; 0 disables clipping
   std::size_t bucket_bytes = std::size_t(1) << 20;
   optim::LossScalerConfig loss_scaler;  ///< f16 only
   /// ZeRO-3: where each unit the passes gather at once begins, as indices into the updated parameters
@@ -187,14 +184,16 @@ class DistributedOptimizer {
             "DistributedOptimizer: the world, tensor, pipeline, data and replica groups are required");
     ep_ = g_.expert ? std::size_t(g_.expert->size()) : 1;
     const std::size_t dp = std::size_t(g_.data->size()), replicas = std::size_t(g_.replica->size());
-    const int stage = zero_stage(cfg_.sync);
-    require(stage == 0 || cfg_.rule == UpdateRule::adamw, "DistributedOptimizer: ZeRO-", stage,
-            " shards AdamW states; use the adamw update rule with ZeRO-", stage);
+    const ZeroStage stage = cfg_.zero;
+    require(stage == ZeroStage::none || cfg_.rule == UpdateRule::adamw, "DistributedOptimizer: ", name_of(stage),
+            " shards AdamW states; use the adamw update rule with ", name_of(stage));
+    require(stage == ZeroStage::none || cfg_.sync != GradSync::topk, "DistributedOptimizer: top-k compression with ",
+            name_of(stage), ": ZeRO reduce-scatters the dense gradients; use one of the two");
     if (cfg_.sync == GradSync::topk) require_topk_composition(replicas);
     if (cfg_.precision == Precision::f16) scaler_.emplace(cfg_.loss_scaler);
     // ZeRO-3: the updated parameters are rounded as they are gathered (their fp32 masters are the shards), so
     // the compute copies cover only what is not sharded (the head's tied copy on another pipeline stage).
-    if (stage == 3)
+    if (stage == ZeroStage::parameters)
       std::erase_if(compute_params_, [&](const nn::Parameter* p) { return std::ranges::count(params_, p) > 0; });
     if (cfg_.precision == Precision::bf16) copies_.template emplace<ComputeCopies<bf16, B>>(compute_params_);
     if (cfg_.precision == Precision::f16) copies_.template emplace<ComputeCopies<f16, B>>(compute_params_);
@@ -213,13 +212,13 @@ class DistributedOptimizer {
         add_unit_start(replicated_units, replicated.size());
         add_unit_start(expert_units, experts_.size());
       }
-      route_.emplace(p, Route{stage > 0 ? (expert ? Route::zero_expert : Route::zero)
-                              : expert  ? Route::expert
-                                        : Route::replicated,
+      route_.emplace(p, Route{stage != ZeroStage::none ? (expert ? Route::zero_expert : Route::zero)
+                              : expert                 ? Route::expert
+                                                       : Route::replicated,
                               list.size()});
       list.push_back(p);
     }
-    if (stage > 0) {
+    if (stage != ZeroStage::none) {
       // Without experts one ZeroAdamW shards every parameter over the data group (which then also holds the
       // context ranks of a context-parallel run).
       zero_.emplace(std::move(replicated), ep_ > 1 ? *g_.replica : *g_.data, cfg_.adamw,
@@ -228,8 +227,8 @@ class DistributedOptimizer {
         zero_experts_.emplace(experts_, *g_.data, cfg_.adamw,
                               ZeroOptions{cfg_.bucket_bytes, double(replicas), stage, 2, std::move(expert_units)});
       for (auto* z : zeros()) {
-        if (stage == 3 && cfg_.precision == Precision::bf16) z->template round_gathered_to<bf16>();
-        if (stage == 3 && cfg_.precision == Precision::f16) z->template round_gathered_to<f16>();
+        if (stage == ZeroStage::parameters && cfg_.precision == Precision::bf16) z->template round_gathered_to<bf16>();
+        if (stage == ZeroStage::parameters && cfg_.precision == Precision::f16) z->template round_gathered_to<f16>();
       }
     } else {
       if (cfg_.sync == GradSync::topk) {
@@ -591,14 +590,14 @@ class DistributedOptimizer {
    * the same, so that each bucket's weights are one range of the arena (one copy into the shard before the
    * update, one out of the all-gather after it). ZeRO-3 releases the values, and ZeRO-2 the gradients.
    */
-  void bind_gradient_arena(int stage) {
-    if (stage > 2) return;
+  void bind_gradient_arena(ZeroStage stage) {
+    if (stage == ZeroStage::parameters) return;
     std::vector<nn::Parameter*> order, experts;
     for (auto it = params_.rbegin(); it != params_.rend(); ++it)
       (ep_ > 1 && optim::sharded_over_expert(**it) ? experts : order).push_back(*it);
     order.insert(order.end(), experts.begin(), experts.end());
     values_.emplace(order);
-    if (stage == 2) return;
+    if (stage == ZeroStage::gradients) return;
     for (auto* p : compute_params_)
       if (std::ranges::count(order, p) == 0) order.push_back(p);
     arena_.emplace(std::move(order));

@@ -46,14 +46,15 @@
 #include "mpar/optim/clip.hpp"
 #include "mpar/optim/host_factors.hpp"
 #include "mpar/parallel/buckets.hpp"
+#include "mpar/parallel/zero_stage.hpp"
 
 namespace mpar::parallel {
 
 /** @brief ZeRO settings; `bucket_bytes` and `divisor` mean what they mean in `DataParallelOptions`. */
 struct ZeroOptions {
   std::size_t bucket_bytes = std::size_t(25) << 20;
-  double divisor = 0.0;  ///< 0: the data group size
-  int stage = 1;         ///< 1: optimizer states sharded; 2: gradients too; 3: parameters too (see the file comment)
+  double divisor = 0.0;                           ///< 0: the data group size
+  ZeroStage stage = ZeroStage::optimizer_states;  ///< ZeRO-1, 2 or 3 (see the file comment); `none` is refused
   std::size_t in_flight = 2;  ///< stages 2 and 3: reduce-scatters in flight before the oldest is waited for
   /// Stage 3: indices (into the parameter list) where a unit the passes gather at once begins; no bucket
   /// crosses one, so a unit is gathered as whole buckets (`plan_buckets`).
@@ -122,14 +123,14 @@ class ZeroAdamW {
     decay_runs_ = B::template allocate<DecayRun>(runs.size());
     if (!runs.empty()) mpar::copy_to_rank<B>(runs.data(), decay_runs_.data(), runs.size());
     full_.resize(buckets_.bucket_count());
-    if (stage_ == 3) shard_parameters();
-    if (stage_ == 1)  // written whole by each step's all-gather
+    if (stage_ == ZeroStage::parameters) shard_parameters();
+    if (stage_ == ZeroStage::optimizer_states)  // written whole by each step's all-gather
       for (std::size_t b = 0; b < buckets_.bucket_count(); ++b)
         full_[b] = B::template allocate<float>(buckets_.bucket(b).size);
     factors_ = B::template allocate<UpdateFactors>(1);
   }
 
-  [[nodiscard]] int stage() const { return stage_; }
+  [[nodiscard]] ZeroStage stage() const { return stage_; }
 
   void mark_ready(const nn::Parameter& p) { buckets_.mark_ready(p); }
   /** Marks parameter `index` (of the list given to the constructor) ready. */
@@ -208,7 +209,8 @@ class ZeroAdamW {
     ++steps_;
     optim::AdamWStep st = optim::AdamWStep::at(config_, steps_, lr);
     auto& comm = buckets_.comm();
-    if (stage_ != 3)  // stage 3: w_ is the master itself (the full weights exist only while gathered)
+    if (stage_ !=
+        ZeroStage::parameters)  // stage 3: w_ is the master itself (the full weights exist only while gathered)
       for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
         if (const float* values = contiguous_values(b)) {  // a parameter arena: the block is one range of it
           const auto block = weight_block(b);
@@ -225,7 +227,7 @@ class ZeroAdamW {
       B::adamw_update(w_.size(), w_.data(), buckets_.shards().data(), m_.data(), v_.data(), config_.beta1,
                       config_.beta2, config_.eps, st.lr, config_.weight_decay, st.bias_correction1, st.bias_correction2,
                       factors, decay_runs_.data(), decay_runs_.size());
-    if (stage_ == 3) {  // the weights stay sharded: the passes gather each unit when they need it
+    if (stage_ == ZeroStage::parameters) {  // the weights stay sharded: the passes gather each unit when they need it
       buckets_.reset();
       reduced_ = false;
       return;
@@ -244,7 +246,8 @@ class ZeroAdamW {
       else
         for (const auto& s : buckets_.bucket(b).slots)
           copy_weights(s.size, full_[b].data() + s.offset, buckets_.params()[s.param]->value.data());
-      if (stage_ == 2) full_[b] = Buffer<float>{};  // the weights are in place: drop the gathered copy
+      if (stage_ == ZeroStage::gradients)
+        full_[b] = Buffer<float>{};  // the weights are in place: drop the gathered copy
     }
     buckets_.reset();
     reduced_ = false;
@@ -258,7 +261,7 @@ class ZeroAdamW {
   /** Stage 1: zeroes every gradient. Stage 2: releases them (a parameter not marked this step still holds one). */
   void zero_grad() {
     for (auto* p : buckets_.params())
-      if (stage_ == 1)
+      if (stage_ == ZeroStage::optimizer_states)
         nn::zero_grad<B>(*p);
       else
         p->grad = Buffer<float>{};
@@ -402,13 +405,13 @@ class ZeroAdamW {
   /** Stage 3: gathered values are put in place as they are (fp32 compute, the default). */
   void keep_gathered_exact() { round_gathered_ = nullptr; }
   /** Floats of the fp32 weight blocks this rank keeps (stage 3: its masters, about N / p; else 0). */
-  [[nodiscard]] std::size_t master_elements() const { return stage_ == 3 ? w_.size() : 0; }
+  [[nodiscard]] std::size_t master_elements() const { return stage_ == ZeroStage::parameters ? w_.size() : 0; }
   /** Floats of gathered full parameter values (and all-gather receive buffers) held now. */
   [[nodiscard]] std::size_t gathered_elements() const {
     std::size_t n = 0;
     for (std::size_t b = 0; b < buckets_.bucket_count(); ++b) {
       n += full_[b].size();
-      if (stage_ == 3 && users_[b] > 0)
+      if (stage_ == ZeroStage::parameters && users_[b] > 0)
         for (const auto& s : buckets_.bucket(b).slots) n += buckets_.params()[s.param]->value.size();
     }
     return n;
@@ -482,8 +485,8 @@ class ZeroAdamW {
     for (auto* p : buckets_.params()) p->value = Buffer<float>{};
   }
   void require_stage3(const char* what) const {
-    require(stage_ == 3, "ZeroAdamW::", what, " on rank ", buckets_.comm().rank(), ": parameters are gathered under ",
-            "ZeRO-3 only, this is stage ", stage_);
+    require(stage_ == ZeroStage::parameters, "ZeroAdamW::", what, " on rank ", buckets_.comm().rank(),
+            ": parameters are gathered under ", "ZeRO-3 only, this is ", name_of(stage_));
   }
 
   GradBuckets<Comm, BucketCollective::reduce_scatter, B> buckets_;
@@ -495,21 +498,22 @@ class ZeroAdamW {
   Buffer<DecayRun> decay_runs_;             // rank memory: the weight decay along the shard, for the one update
   std::vector<Buffer<float>> full_;         // rank memory: the all-gathers' receive buffers
   Buffer<UpdateFactors> factors_;           // the factors of `step(lr, grad_scale)`
-  int stage_;
+  ZeroStage stage_;
   std::size_t steps_ = 0;
   bool reduced_ = false;
   std::vector<int> users_;                                    // stage 3: units using each bucket's gathered values
   std::vector<std::optional<gather_request>> gathering_;      // stage 3: all-gathers in flight
   void (ZeroAdamW::*round_gathered_)(std::size_t) = nullptr;  // stage 3: the compute precision of gathered values
 
-  static BucketMemory stage_memory(int stage, const Comm& group) {
-    require(stage >= 1 && stage <= 3, "ZeroAdamW on rank ", group.rank(), " of group '", group.name(), "': stage ",
-            stage, " is not 1, 2 or 3 (ZeRO-1 shards optimizer states, ZeRO-2 gradients too, ZeRO-3 parameters too)");
-    return stage >= 2 ? BucketMemory::transient : BucketMemory::kept;
+  static BucketMemory stage_memory(ZeroStage stage, const Comm& group) {
+    require(shards(stage, ZeroStage::optimizer_states) && stage_number(stage) <= 3, "ZeroAdamW on rank ", group.rank(),
+            " of group '", group.name(), "': stage ", stage_number(stage),
+            " is not 1, 2 or 3 (ZeRO-1 shards optimizer states, ZeRO-2 gradients too, ZeRO-3 parameters too)");
+    return shards(stage, ZeroStage::gradients) ? BucketMemory::transient : BucketMemory::kept;
   }
 };
 
-/** ZeRO-1 by its historical name: `ZeroAdamW` with `ZeroOptions::stage` = 1 (the default). */
+/** ZeRO-1 by its historical name: `ZeroAdamW` with `ZeroOptions::stage` = `ZeroStage::optimizer_states` (the default). */
 template <communicator Comm, backend B = HostBackend>
 using Zero1AdamW = ZeroAdamW<Comm, B>;
 

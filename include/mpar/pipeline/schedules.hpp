@@ -22,6 +22,7 @@
 #include "mpar/core/error.hpp"
 #include "mpar/pipeline/action.hpp"
 #include "mpar/pipeline/pipeline_schedule.hpp"
+#include "mpar/pipeline/schedule_kind.hpp"
 
 namespace mpar::pipeline {
 
@@ -388,18 +389,44 @@ template <pipeline_schedule S>
 /** @brief The names `make_programs(name, c)` accepts. */
 inline constexpr std::string_view schedule_names[] = {GPipe::name, OneFOneB::name, Interleaved1F1B::name,
                                                       ZBH1::name,  ZBH2::name,     PipeDream2BW::name};
+static_assert(schedule_name(ScheduleKind::gpipe) == GPipe::name &&
+                  schedule_name(ScheduleKind::one_f_one_b) == OneFOneB::name &&
+                  schedule_name(ScheduleKind::interleaved) == Interleaved1F1B::name &&
+                  schedule_name(ScheduleKind::zb_h1) == ZBH1::name &&
+                  schedule_name(ScheduleKind::zb_h2) == ZBH2::name &&
+                  schedule_name(ScheduleKind::two_bw) == PipeDream2BW::name,
+              "ScheduleKind's names are the schedule types' names");
 
-/** @brief Builds programs for a schedule chosen at run time by name (gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2, 2bw). */
-[[nodiscard]] inline Programs make_programs(std::string_view name, const ScheduleConfig& c) {
-  if (name == GPipe::name) return make_programs<GPipe>(c);
-  if (name == OneFOneB::name) return make_programs<OneFOneB>(c);
-  if (name == Interleaved1F1B::name) return make_programs<Interleaved1F1B>(c);
-  if (name == ZBH1::name) return make_programs<ZBH1>(c);
-  if (name == ZBH2::name) return make_programs<ZBH2>(c);
-  if (name == PipeDream2BW::name) return make_programs<PipeDream2BW>(c);
+/** @brief Builds programs for a schedule chosen at run time. */
+[[nodiscard]] inline Programs make_programs(ScheduleKind kind, const ScheduleConfig& c) {
+  switch (kind) {
+    case ScheduleKind::gpipe:
+      return make_programs<GPipe>(c);
+    case ScheduleKind::one_f_one_b:
+      return make_programs<OneFOneB>(c);
+    case ScheduleKind::interleaved:
+      return make_programs<Interleaved1F1B>(c);
+    case ScheduleKind::zb_h1:
+      return make_programs<ZBH1>(c);
+    case ScheduleKind::zb_h2:
+      return make_programs<ZBH2>(c);
+    case ScheduleKind::two_bw:
+      return make_programs<PipeDream2BW>(c);
+  }
+  throw config_error("make_programs: not a ScheduleKind");
+}
+
+/** @brief The schedule named `name` (gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2, 2bw); throws naming the choices. */
+[[nodiscard]] inline ScheduleKind schedule_kind(std::string_view name) {
+  if (auto k = parse_schedule(name)) return *k;
   std::string known;
   for (auto n : schedule_names) known += std::string(known.empty() ? "" : ", ") + std::string(n);
   throw config_error("unknown pipeline schedule '" + std::string(name) + "'; known: " + known);
+}
+
+/** @brief Builds programs for a schedule chosen at run time by name (gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2, 2bw). */
+[[nodiscard]] inline Programs make_programs(std::string_view name, const ScheduleConfig& c) {
+  return make_programs(schedule_kind(name), c);
 }
 
 }  // namespace mpar::pipeline

@@ -293,8 +293,7 @@ namespace detail {
   os << "{\"rank\":" << rank << ",\"tp\":" << k.tp << ",\"pp\":" << k.pp << ",\"dp\":" << k.dp << ",\"cp\":" << k.cp
      << ",\"ep\":" << k.ep << ",\"microbatch_size\":" << k.microbatch_size << ",\"microbatches\":" << k.microbatches
      << ",\"schedule\":\"" << schedule_name(k.schedule) << "\",\"virtual_stages\":" << k.virtual_stages
-     << ",\"recompute\":\"" << recompute_name(k.recompute) << "\",\"zero1\":" << (k.zero1 ? "true" : "false")
-     << ",\"zero2\":" << (k.zero2 ? "true" : "false") << ",\"zero3\":" << (k.zero3 ? "true" : "false")
+     << ",\"recompute\":\"" << recompute_name(k.recompute) << "\",\"zero\":" << parallel::stage_number(k.zero)
      << ",\"sequence_parallel\":" << (k.sequence_parallel ? "true" : "false")
      << ",\"memory_gib_per_gpu\":" << c.memory.total() / gib
      << ",\"memory_gib\":{\"parameters\":" << c.memory.parameters / gib << ",\"gradients\":" << c.memory.gradients / gib
@@ -356,7 +355,7 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
       }
       std::snprintf(line, sizeof line, " %3zu %5zu %4zu %5zu  %-17s %2zu  %-9s  %-4d  %-3s %8.1f %8.3f %8.1f  %5.1f%%",
                     k.pp, k.dp, k.microbatch_size, k.microbatches, std::string(schedule_name(k.schedule)).c_str(),
-                    k.virtual_stages, std::string(recompute_name(k.recompute)).c_str(), k.zero_stage(),
+                    k.virtual_stages, std::string(recompute_name(k.recompute)).c_str(), parallel::stage_number(k.zero),
                     k.sequence_parallel ? "yes" : "no", c.memory.total() / gib, c.step_seconds, c.tflops_per_gpu,
                     100 * c.bubble_fraction);
       out << line << "  " << (k.stage_layers.empty() ? "even" : detail::layout(c.stage_layers, "/")) << "\n";
@@ -425,9 +424,9 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
   p.global_batch = problem.global_batch;
   p.tp = k.tp, p.pp = k.pp, p.v = k.virtual_stages, p.cp = k.cp, p.ep = k.ep;
   p.dp = k.dp / (k.ep ? k.ep : 1);  // train_gpt's --dp: the replicas besides the expert ranks
-  p.schedule = std::string(schedule_name(k.schedule));
+  p.schedule = k.schedule;
   p.microbatches = k.microbatches;
-  p.zero = std::size_t(k.zero_stage());
+  p.zero = k.zero;
   p.sequence_parallel = k.sequence_parallel;
   p.stage_layers = c.stage_layers;
   p.recompute_stages.assign(c.stage_layers.size(), k.recompute == Recompute::full);

@@ -289,7 +289,7 @@ class CostModel {
   [[nodiscard]] double dp_reduce_seconds(double params, const ParallelConfig& c, const GroupPlacement& g,
                                          bool experts = false) const {
     const double reduce = bucket_reduce_seconds(params, c, g, experts);
-    if (!c.zero1 || reduce == 0) return reduce;
+    if (c.zero == parallel::ZeroStage::none || reduce == 0) return reduce;
     return reduce + best_collective(Collective::all_gather, params * precision_.weight_bytes,
                                     experts ? g.expert_data : g.data, network())
                         .seconds;
@@ -301,7 +301,7 @@ class CostModel {
   [[nodiscard]] double bucket_reduce_seconds(double params, const ParallelConfig& c, const GroupPlacement& g,
                                              bool experts = false) const {
     if ((experts ? c.expert_data_group() : c.data_group()) <= 1 || params <= 0) return 0.0;
-    return best_collective(c.zero1 ? Collective::reduce_scatter : Collective::all_reduce,
+    return best_collective(c.zero != parallel::ZeroStage::none ? Collective::reduce_scatter : Collective::all_reduce,
                            params * precision_.grad_bytes, experts ? g.expert_data : g.data, network())
         .seconds;
   }
@@ -311,8 +311,9 @@ class CostModel {
    * shards of them, 1/(dp cp) and 1/(dp / ep)): an elementwise pass over all model states.
    */
   [[nodiscard]] double optimizer_seconds(double params, const ParallelConfig& c, double expert_params = 0) const {
-    const double share = c.zero1 ? params / double(c.data_group()) + expert_params / double(c.expert_data_group())
-                                 : params + expert_params;
+    const double share = c.zero != parallel::ZeroStage::none
+                             ? params / double(c.data_group()) + expert_params / double(c.expert_data_group())
+                             : params + expert_params;
     return 2.0 * share * precision_.model_state_bytes() / elementwise_rate();
   }
 

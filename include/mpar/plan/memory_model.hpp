@@ -277,12 +277,13 @@ struct MoeLayerBytes {
   const double psi = rank_parameters(m, c, rank);
   // The model states of `n` parameters whose gradients reduce (and ZeRO shards) over `zdp` ranks: the replicated
   // parameters over the data x context group, the experts over the data ranks holding the same ones.
+  const bool zero_any = c.zero != ZeroStage::none, zero_grads = shards(c.zero, ZeroStage::gradients);
   auto add_model_states = [&](double n, double zdp) {
     // ZeRO-3 keeps only this rank's 1/dp of the weights at rest, in the precision the optimizer updates (the fp32
     // master where there is one: the gathered 16-bit values are rounded from it); each unit's full weights exist
     // only while the passes use it (counted with the communication buffers below).
-    e.parameters +=
-        c.zero3 ? n * two_bw_version_bytes(p) / zdp : n * (p.weight_bytes + p.master_bytes / (c.zero1 ? zdp : 1.0));
+    e.parameters += c.zero == ZeroStage::parameters ? n * two_bw_version_bytes(p) / zdp
+                                                    : n * (p.weight_bytes + p.master_bytes / (zero_any ? zdp : 1.0));
     // 2BW keeps a second weight version: the previous step's weights as the optimizer holds them (the fp32
     // master when there is one, whole on every rank even under ZeRO-1), which the passes run on.
     if (c.schedule == ScheduleKind::two_bw) e.parameters += n * two_bw_version_bytes(p);
@@ -290,11 +291,12 @@ struct MoeLayerBytes {
     // accumulate the micro-batches' gradients in full-size per-parameter buffers, allocated (zeroed) when the
     // passes begin and released bucket by bucket once the last micro-batch's backward has passed them: all of
     // them are alive at the activation peak, next to the shards.
-    e.gradients += n * p.grad_bytes / (c.zero2 || c.zero3 ? zdp : 1.0);
-    if ((c.zero2 || c.zero3) && o.zero_full_gradient_accumulation) e.accumulated_gradients += n * p.grad_bytes;
+    e.gradients += n * p.grad_bytes / (zero_grads ? zdp : 1.0);
+    if (zero_grads && o.zero_full_gradient_accumulation) e.accumulated_gradients += n * p.grad_bytes;
     // ZeRO-1 alone: this rank's shard of the averaged gradient stays allocated between steps.
-    if (c.zero1 && !c.zero2 && !c.zero3 && zdp > 1 && o.zero1_gradient_shard) e.gradients += n * p.grad_bytes / zdp;
-    e.optimizer += n * p.optimizer_bytes / (c.zero1 ? zdp : 1.0);
+    if (c.zero == ZeroStage::optimizer_states && zdp > 1 && o.zero1_gradient_shard)
+      e.gradients += n * p.grad_bytes / zdp;
+    e.optimizer += n * p.optimizer_bytes / (zero_any ? zdp : 1.0);
   };
   add_model_states(psi, double(c.data_group()));
   const double experts = rank_expert_parameters(m, c, rank);
@@ -366,11 +368,11 @@ struct MoeLayerBytes {
   if (c.cp > 1) comm += 8 * p.activation_bytes * sbh / t;
   // Two gradient buckets in flight: ZeRO-2/3's flat buckets; without them mpar reduces its buckets in place,
   // as ranges of the gradient arena (the textbook count keeps two buffers either way).
-  const bool in_place_buckets = !c.zero2 && !c.zero3 && o.zero1_gradient_shard;
+  const bool in_place_buckets = !shards(c.zero, ZeroStage::gradients) && o.zero1_gradient_shard;
   if (c.data_group() > 1 && !in_place_buckets) comm += 2 * std::min(o.dp_bucket_bytes, psi * p.grad_bytes);
   // ZeRO-3: the unit in use and the next one (prefetched) gathered at once; a unit is a layer, or the
   // embeddings / the head with the word embedding on the first and last pipeline rank.
-  if (c.zero3) {
+  if (c.zero == ZeroStage::parameters) {
     const double hh = double(m.hidden);
     double layer = 0;  // the largest of the rank's layers, its experts included
     for_each_rank_layer(m, c, rank, [&](std::size_t, std::size_t l) {

@@ -7,6 +7,9 @@
 #include <string_view>
 #include <vector>
 
+#include "mpar/parallel/zero_stage.hpp"
+#include "mpar/pipeline/schedule_kind.hpp"
+
 namespace mpar::plan {
 
 /** @brief Activation recomputation: keep everything, recompute attention's core (Korthikanti), or keep only layer inputs. */
@@ -30,43 +33,13 @@ enum class Recompute { none, selective, full };
   return std::nullopt;
 }
 
-/**
- * @brief Pipeline schedules the planner can choose; each is one schedule type of mpar/pipeline and
- * `schedule_name` is that type's `name` (what `pipeline::make_programs(name, ...)` accepts).
- */
-enum class ScheduleKind { gpipe, one_f_one_b, interleaved, zb_h1, zb_h2, two_bw };
-
-inline constexpr ScheduleKind all_schedules[] = {ScheduleKind::gpipe,       ScheduleKind::one_f_one_b,
-                                                 ScheduleKind::interleaved, ScheduleKind::zb_h1,
-                                                 ScheduleKind::zb_h2,       ScheduleKind::two_bw};
-
-[[nodiscard]] constexpr std::string_view schedule_name(ScheduleKind s) {
-  switch (s) {
-    case ScheduleKind::gpipe:
-      return "gpipe";
-    case ScheduleKind::one_f_one_b:
-      return "1f1b";
-    case ScheduleKind::interleaved:
-      return "interleaved_1f1b";
-    case ScheduleKind::zb_h1:
-      return "zb_h1";
-    case ScheduleKind::zb_h2:
-      return "zb_h2";
-    case ScheduleKind::two_bw:
-      return "2bw";
-  }
-  return "?";
-}
-[[nodiscard]] inline std::optional<ScheduleKind> parse_schedule(std::string_view s) {
-  if (s == "interleaved") return ScheduleKind::interleaved;  // the common short spelling
-  for (auto k : all_schedules)
-    if (schedule_name(k) == s) return k;
-  return std::nullopt;
-}
-/** Zero-bubble schedules run the weight-gradient half of backward as its own action. */
-[[nodiscard]] constexpr bool splits_backward(ScheduleKind s) {
-  return s == ScheduleKind::zb_h1 || s == ScheduleKind::zb_h2;
-}
+/** The pipeline schedules the planner chooses among: every schedule type of mpar/pipeline. */
+using parallel::ZeroStage;
+using pipeline::all_schedules;
+using pipeline::parse_schedule;
+using pipeline::schedule_name;
+using pipeline::ScheduleKind;
+using pipeline::splits_backward;
 
 /**
  * @brief A parallel configuration: tp x cp x pp x dp ranks (cp: context parallelism, each sequence split
@@ -85,10 +58,8 @@ struct ParallelConfig {
   ScheduleKind schedule = ScheduleKind::one_f_one_b;
   std::size_t virtual_stages = 1;  ///< V: model chunks per pipeline rank (interleaved only)
   Recompute recompute = Recompute::none;
-  bool zero1 = false;              ///< optimizer states sharded over the data-parallel group
-  bool zero2 = false;              ///< gradients sharded too (ZeRO-2; set together with zero1)
-  bool zero3 = false;              ///< parameters sharded too (ZeRO-3; set together with zero1 and zero2)
-  bool sequence_parallel = false;  ///< activations outside the tensor-parallel GEMMs sharded over tp
+  ZeroStage zero = ZeroStage::none;  ///< what is sharded over the data-parallel group
+  bool sequence_parallel = false;    ///< activations outside the tensor-parallel GEMMs sharded over tp
   /// Transformer blocks per global pipeline stage (stage chunk * pp + rank, pp * V entries summing to the
   /// model's layers); a stage may hold none, next to a heavy embedding or head. Empty: the even split.
   std::vector<std::size_t> stage_layers;
@@ -99,8 +70,6 @@ struct ParallelConfig {
   /** The ranks that hold the same experts and reduce (shard) their gradients: dp / ep. */
   [[nodiscard]] std::size_t expert_data_group() const { return dp / (ep ? ep : 1); }
   [[nodiscard]] std::size_t stages() const { return pp * virtual_stages; }
-  /** The ZeRO stage: 0 (nothing sharded) to 3 (parameters too). */
-  [[nodiscard]] int zero_stage() const { return zero3 ? 3 : zero2 ? 2 : zero1 ? 1 : 0; }
 
   friend std::ostream& operator<<(std::ostream& os, const ParallelConfig& c) {
     os << "tp=" << c.tp << " pp=" << c.pp << " dp=" << c.dp;
@@ -109,7 +78,7 @@ struct ParallelConfig {
     os << " mbs=" << c.microbatch_size << " m=" << c.microbatches << " schedule=" << schedule_name(c.schedule);
     if (c.virtual_stages > 1) os << " v=" << c.virtual_stages;
     os << " recompute=" << recompute_name(c.recompute);
-    if (c.zero_stage() > 0) os << " zero" << c.zero_stage();
+    if (c.zero != parallel::ZeroStage::none) os << " zero" << parallel::stage_number(c.zero);
     os << (c.sequence_parallel ? " sp" : "");
     if (!c.stage_layers.empty()) {
       os << " stages=";

@@ -46,12 +46,14 @@ struct SearchSpace {
   std::optional<std::size_t> ep;
   std::optional<ScheduleKind> schedule;
   std::optional<Recompute> recompute;
+  /// Constraints on the ZeRO stage (`mpar-plan --zero1/--zero2/--zero3 on|off`): whether it shards at least the
+  /// optimizer states, the gradients, the parameters; unset: searched.
   std::optional<bool> zero1, zero2, zero3, sequence_parallel;
   std::vector<std::size_t> microbatch_sizes{1, 2, 4, 8};  ///< tried when microbatch_size is not fixed
   std::size_t max_virtual_stages = 8;                     ///< largest V tried for the interleaved schedule
   /// Besides the even split of the blocks over the pp * V stages, try the cost-balanced one
   /// (`balanced_stage_layers`: the embedding and the head weighted in, stages without blocks allowed) where it
-  /// differs; `mpar-plan --partition even` turns it off. mpar's trainer runs even splits only so far.
+  /// differs; `mpar-plan --partition even` turns it off. The trainer runs either (`train_gpt --plan`).
   bool balance_stages = true;
 };
 
@@ -87,8 +89,8 @@ struct Candidate {
  */
 inline bool ranks_before(const Candidate& a, const Candidate& b) {
   const auto key = [](const Candidate& c) {
-    return std::tuple(c.step_seconds, c.memory.total(), !c.config.stage_layers.empty(), c.config.zero_stage(),
-                      int(c.config.recompute));
+    return std::tuple(c.step_seconds, c.memory.total(), !c.config.stage_layers.empty(),
+                      parallel::stage_number(c.config.zero), int(c.config.recompute));
   };
   return key(a) < key(b);
 }
@@ -252,14 +254,14 @@ namespace detail {
       experts += detail::chunk_expert_parameters(m, c, rk, ch);
     }
     opt = std::max(opt, cm.optimizer_seconds(params, c, experts));
-    if (c.zero1 && c.data_group() > 1) {
+    if (c.zero != parallel::ZeroStage::none && c.data_group() > 1) {
       const double w = cm.precision().weight_bytes;
       const double once =
           best_collective(Collective::all_gather, params * w, r.placement.data, cm.network()).seconds +
           best_collective(Collective::all_gather, experts * w, r.placement.expert_data, cm.network()).seconds;
       // ZeRO-3 gathers every unit before each micro-batch's forward and again before its backward, instead of
       // once after the step; counted as not overlapped (the prefetch hides part of it), so it is an upper bound.
-      gather = std::max(gather, c.zero3 ? 2.0 * double(c.microbatches) * once : once);
+      gather = std::max(gather, c.zero == parallel::ZeroStage::parameters ? 2.0 * double(c.microbatches) * once : once);
     }
   }
   sc.optimizer = opt;
@@ -480,8 +482,7 @@ namespace detail {
                       ParallelConfig c;
                       c.tp = tp, c.pp = pp, c.dp = dp, c.cp = cp, c.ep = ep, c.microbatch_size = mbs, c.schedule = s,
                       c.virtual_stages = v;
-                      c.recompute = rc, c.zero1 = z >= 1, c.zero2 = z >= 2, c.zero3 = z == 3,
-                      c.sequence_parallel = bool(spi);
+                      c.recompute = rc, c.zero = parallel::zero_stage_from_number(z), c.sequence_parallel = bool(spi);
                       c.microbatches = std::max<std::size_t>(1, p.global_batch / (dp * mbs));
                       ++plan.considered;
                       if (auto why = structural_problem(p, c)) {

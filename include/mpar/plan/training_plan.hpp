@@ -38,9 +38,9 @@ struct TrainingPlan {
   std::size_t global_batch = 0;
   // The layout.
   std::size_t tp = 1, pp = 1, v = 1, dp = 1, cp = 1, ep = 1;
-  std::string schedule = "1f1b";
+  ScheduleKind schedule = ScheduleKind::one_f_one_b;
   std::size_t microbatches = 1;
-  std::size_t zero = 0;
+  ZeroStage zero = ZeroStage::none;
   bool sequence_parallel = false;
   std::vector<std::size_t> stage_layers;  ///< blocks per global stage, pp x v entries summing to `layers`
   std::vector<bool> recompute_stages;     ///< per global stage: recompute its activations in backward
@@ -66,11 +66,7 @@ struct TrainingPlan {
                                   {"ep", ep},
                                   {"microbatches", microbatches}})
       require(n >= 1, "plan: \"", name, "\" is 0; it must be at least 1");
-    require(zero <= 3, "plan: \"zero\" is ", zero, "; a ZeRO stage is 0, 1, 2 or 3");
-    const auto s = parse_schedule(schedule);
-    require(s.has_value() && schedule != "interleaved", "plan: \"schedule\" '", schedule,
-            "' is not known; use gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2 or 2bw");
-    require(v == 1 || *s == ScheduleKind::interleaved, "plan: \"v\" is ", v,
+    require(v == 1 || schedule == ScheduleKind::interleaved, "plan: \"v\" is ", v,
             " model chunks per pipeline rank, which needs \"schedule\": \"interleaved_1f1b\"");
     require(stage_layers.size() == stages(), "plan: \"stage_layers\" has ", stage_layers.size(),
             " entries, but pp x v = ", pp, " x ", v, " = ", stages(), " stages; give one block count per stage");
@@ -100,8 +96,9 @@ struct TrainingPlan {
        << ", \"seq\": " << seq << ", \"vocab\": " << vocab << ", \"experts\": " << experts
        << ", \"moe_every\": " << moe_every << ", \"topk\": " << topk << "},\n  \"global_batch\": " << global_batch
        << ",\n  \"tp\": " << tp << ",\n  \"pp\": " << pp << ",\n  \"v\": " << v << ",\n  \"dp\": " << dp
-       << ",\n  \"cp\": " << cp << ",\n  \"ep\": " << ep << ",\n  \"schedule\": " << json_quoted(schedule)
-       << ",\n  \"microbatches\": " << microbatches << ",\n  \"zero\": " << zero
+       << ",\n  \"cp\": " << cp << ",\n  \"ep\": " << ep
+       << ",\n  \"schedule\": " << json_quoted(schedule_name(schedule)) << ",\n  \"microbatches\": " << microbatches
+       << ",\n  \"zero\": " << parallel::stage_number(zero)
        << ",\n  \"sequence_parallel\": " << (sequence_parallel ? "true" : "false") << ",\n  \"stage_layers\": ";
     list(stage_layers);
     os << ",\n  \"recompute_stages\": ";
@@ -133,9 +130,15 @@ struct TrainingPlan {
     p.global_batch = f.count("global_batch");
     p.tp = f.count("tp"), p.pp = f.count("pp"), p.v = f.count("v"), p.dp = f.count("dp");
     p.cp = f.count("cp"), p.ep = f.count("ep");
-    p.schedule = *f.string("schedule");
+    const std::string& schedule = *f.string("schedule");
+    const auto kind = parse_schedule(schedule);
+    require(kind.has_value() && schedule_name(*kind) == schedule, "plan: \"schedule\" '", schedule,
+            "' is not known; use gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2 or 2bw");
+    p.schedule = *kind;
     p.microbatches = f.count("microbatches");
-    p.zero = f.count("zero");
+    const std::size_t zero = f.count("zero");
+    require(zero <= 3, "plan: \"zero\" is ", zero, "; a ZeRO stage is 0, 1, 2 or 3");
+    p.zero = parallel::zero_stage_from_number(static_cast<long long>(zero));
     p.sequence_parallel = f.boolean("sequence_parallel");
     for (const JsonValue& e : f.array("stage_layers")) p.stage_layers.push_back(Fields::count_of(e, "stage_layers"));
     for (const JsonValue& e : f.array("recompute_stages")) {
