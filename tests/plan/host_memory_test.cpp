@@ -98,7 +98,8 @@ TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measure
     cfg.model.hidden = 128, cfg.model.heads = 4, cfg.model.layers = 4, cfg.model.seq = 64;
     cfg.tp = k.tp, cfg.pp = k.pp, cfg.dp = 1, cfg.cp = k.cp, cfg.microbatches = k.microbatches,
     cfg.global_batch = 4 * std::size_t(k.microbatches);
-    cfg.recompute = k.recompute, cfg.schedule = mpar::pipeline::schedule_kind(k.schedule), cfg.steps = 3, cfg.warmup = 1;
+    cfg.recompute = k.recompute, cfg.schedule = mpar::pipeline::schedule_kind(k.schedule), cfg.steps = 3,
+    cfg.warmup = 1;
     cfg.model.sequence_parallel = k.sequence_parallel;
     const Measured got = run_trainer(cfg);
 
