@@ -11,7 +11,8 @@
  *
  * - `MPAR_LAUNCH(kernel, grid, block, shared_bytes, stream, args...)`: `kernel<<<grid, block, shared_bytes,
  *   stream>>>(args...)` under nvcc; under the emulation the grid runs at once on the calling thread. `kernel`
- *   is named as in a call (template arguments deduced from `args`), without commas.
+ *   is named as in a call (template arguments deduced from `args`), without commas; a kernel whose template
+ *   arguments need a comma is first bound to a local (`const auto kernel = f<T, D>;`), as nvcc launches too.
  * - `MPAR_DYNAMIC_SHARED(type, name);` in a kernel: `extern __shared__ type name[]`, the block's dynamic shared
  *   memory (`shared_bytes` of the launch).
  */
@@ -23,7 +24,7 @@
 
 #define MPAR_LAUNCH(kernel, grid, block, shared_bytes, stream, ...)          \
   ::mpar::gpu::emulation::Launch(#kernel, grid, block, shared_bytes, stream, \
-                                 [](auto... mpar_launch_args) { kernel(mpar_launch_args...); })(__VA_ARGS__)
+                                 [&](auto... mpar_launch_args) { kernel(mpar_launch_args...); })(__VA_ARGS__)
 #define MPAR_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::mpar::gpu::emulation::dynamic_shared_memory())
 #else
 #include <cublasLt.h>
