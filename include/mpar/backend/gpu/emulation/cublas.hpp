@@ -542,8 +542,9 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d,
   for (auto [name, l] : {std::pair{"A", al}, std::pair{"B", bl}, std::pair{"C", cl}, std::pair{"D", dl}})
     require_arg(l->ld >= std::int64_t(l->rows > 1 ? l->rows : 1), call, name, "'s leading dimension ", l->ld,
                 " is below its ", l->rows, " rows");
-  require_arg(workspace_bytes == 0 || blas::operand(call, "workspace", workspace, CUDA_R_32F, 1, 1, 1) != nullptr, call,
-              "bad workspace");
+  require_arg(
+      workspace_bytes == 0 || ::mpar::gpu::emulation::DeviceAllocations::instance().covers(workspace, workspace_bytes),
+      call, "the workspace of ", workspace_bytes, " bytes is not inside one device allocation");
   if (m == 0 || n == 0) return CUBLAS_STATUS_SUCCESS;
   const double alpha_v = *static_cast<const float*>(alpha), beta_v = *static_cast<const float*>(beta);
 

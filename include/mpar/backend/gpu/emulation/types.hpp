@@ -1,7 +1,8 @@
 #pragma once
 /**
  * @file The CUDA runtime's plain types for g++ (MPAR_CUDA_EMULATION): `dim3`, `uint3`, `cudaError_t`,
- * `cudaMemcpyKind`, `cudaStream_t` and the library data-type tags, with the values the real headers give them.
+ * `cudaMemcpyKind`, `cudaStream_t`, `cudaEvent_t`, the device and kernel attributes mpar uses and the library
+ * data-type tags, with the values the real headers give them.
  */
 #include <cstdint>
 
