@@ -6,12 +6,11 @@
  * It adds a handful of values (a micro-batch's loss), so one thread sums them in index order in double,
  * operation for operation as the host does: the result equals the host's bit for bit.
  */
-#include <cuda_runtime.h>
-
 #include <cstddef>
 
 #include "mpar/backend/gpu/cuda_error.hpp"
 #include "mpar/backend/gpu/kernels.hpp"
+#include "mpar/backend/gpu/runtime.hpp"  // the CUDA runtime, or its emulation
 
 namespace mpar::gpu {
 
@@ -26,7 +25,7 @@ __global__ void accumulate_kernel(std::size_t n, const T* x, double scale, doubl
 
 /** `*acc += scale * (x[0] + ... + x[n-1])` in double, ordered on `s`. */
 inline void accumulate(std::size_t n, const float* x, double scale, double* acc, cudaStream_t s = nullptr) {
-  detail::accumulate_kernel<float><<<1, 1, 0, detail::pick(s)>>>(n, x, scale, acc);
+  MPAR_LAUNCH(detail::accumulate_kernel<float>, 1, 1, 0, detail::pick(s), n, x, scale, acc);
   check_launch("gpu::accumulate");
 }
 

@@ -6,11 +6,7 @@
  * once, and each rank needs its own stream so that ranks sharing a GPU run concurrently; keeping all
  * of it thread-local lets the CudaBackend policy stay a stateless type, like HostBackend.
  */
-#include "mpar/backend/gpu/runtime.hpp"
-#if !defined(MPAR_CUDA_EMULATION)  // cuBLAS has no emulation yet: the emulated context has its stream only
-#include <cublasLt.h>
-#include <cublas_v2.h>
-#endif
+#include "mpar/backend/gpu/runtime.hpp"  // with cuBLAS and cuBLASLt (or their emulation)
 
 #include <cstddef>
 #include <memory>
@@ -44,10 +40,8 @@ class ThreadContext {
   ~ThreadContext() {
     // Destruction may run after the CUDA runtime shut down at exit: errors are ignored on purpose.
     if (workspace_) (void)cudaFree(workspace_);
-#if !defined(MPAR_CUDA_EMULATION)
     if (lt_) (void)cublasLtDestroy(lt_);
     if (blas_) (void)cublasDestroy(blas_);
-#endif
     if (own_stream_) {
       {
         std::lock_guard lock(own_token_->m);
@@ -90,7 +84,6 @@ class ThreadContext {
     return token_;
   }
 
-#if !defined(MPAR_CUDA_EMULATION)
   /** The cuBLAS handle, set to run on `s` (the compute stream when null). */
   [[nodiscard]] cublasHandle_t blas(cudaStream_t s = nullptr) {
     if (!blas_) {
@@ -105,7 +98,6 @@ class ThreadContext {
     if (!lt_) check(cublasLtCreate(&lt_), "cublasLtCreate");
     return lt_;
   }
-#endif
   [[nodiscard]] void* lt_workspace() {
     if (!workspace_) check(cudaMalloc(&workspace_, lt_workspace_bytes), "cudaMalloc(cuBLASLt workspace)");
     return workspace_;
@@ -116,10 +108,8 @@ class ThreadContext {
   cudaStream_t own_stream_ = nullptr;
   cudaStream_t stream_ = nullptr;
   std::shared_ptr<StreamToken> own_token_, token_;
-#if !defined(MPAR_CUDA_EMULATION)
   cublasHandle_t blas_ = nullptr;
   cublasLtHandle_t lt_ = nullptr;
-#endif
   void* workspace_ = nullptr;
 };
 

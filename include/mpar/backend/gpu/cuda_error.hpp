@@ -5,11 +5,7 @@
  * Every CUDA, cuBLAS and NCCL status goes through `check`, so a failure surfaces at the call that
  * caused it (with the library's own message) instead of as a corrupted result later on.
  */
-#include "mpar/backend/gpu/runtime.hpp"
-#if !defined(MPAR_CUDA_EMULATION)  // cuBLAS has no emulation yet: the emulated build checks runtime calls only
-#include <cublasLt.h>
-#include <cublas_v2.h>
-#endif
+#include "mpar/backend/gpu/runtime.hpp"  // with cuBLAS and cuBLASLt (or their emulation)
 
 #include <stdexcept>
 #include <string>
@@ -32,14 +28,12 @@ inline void check(cudaError_t st, const char* what) {
     throw cuda_error(
         mpar::detail::cat("CUDA error in ", what, ": ", cudaGetErrorName(st), " (", cudaGetErrorString(st), ")"));
 }
-#if !defined(MPAR_CUDA_EMULATION)
 /** Throws cuda_error naming `what` unless `st` is CUBLAS_STATUS_SUCCESS. */
 inline void check(cublasStatus_t st, const char* what) {
   if (st != CUBLAS_STATUS_SUCCESS)
     throw cuda_error(mpar::detail::cat("cuBLAS error in ", what, ": ", cublasGetStatusName(st), " (",
                                        cublasGetStatusString(st), ")"));
 }
-#endif
 
 /** Number of visible CUDA devices; 0 (not an exception) when there is no driver or no device. */
 [[nodiscard]] inline int device_count() noexcept {

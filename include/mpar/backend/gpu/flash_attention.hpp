@@ -16,10 +16,8 @@
  * key rows (no atomics: deterministic), after `delta_i = dO_i · O_i`. Written for correctness and
  * memory (O(s · d) per head), not for peak tensor-core throughput: the scores are fp32 FMAs, not MMA.
  *
- * Include from a translation unit compiled by nvcc.
+ * Include from a translation unit compiled by nvcc (or by g++ against the emulated runtime).
  */
-#include <cuda_runtime.h>
-
 #include <cmath>
 #include <cstddef>
 #include <type_traits>
@@ -28,6 +26,7 @@
 #include "mpar/backend/gpu/element_types.hpp"
 #include "mpar/backend/gpu/kernels.hpp"
 #include "mpar/backend/gpu/memory.hpp"
+#include "mpar/backend/gpu/runtime.hpp"  // the CUDA runtime, or its emulation
 #include "mpar/core/error.hpp"
 
 namespace mpar::gpu {
@@ -266,8 +265,8 @@ void flash_attention_forward(std::size_t batch_heads, std::size_t s, std::size_t
   const dim3 grid = detail::attention_grid(batch_heads, s, "gpu::flash_attention_forward");
   st = detail::pick(st);
   detail::with_head_dim(d, "gpu::flash_attention_forward", [&](auto D) {
-    detail::flash_forward_kernel<T, decltype(D)::value>
-        <<<grid, detail::attn_warps * 32, 0, st>>>(s, q, k, v, o, lse, scale, causal);
+    const auto kernel = detail::flash_forward_kernel<T, decltype(D)::value>;
+    MPAR_LAUNCH(kernel, grid, detail::attn_warps * 32, 0, st, s, q, k, v, o, lse, scale, causal);
   });
   check_launch("gpu::flash_attention_forward");
 }
@@ -287,15 +286,17 @@ void flash_attention_backward(std::size_t batch_heads, std::size_t s, std::size_
   detail::with_head_dim(d, "gpu::flash_attention_backward", [&](auto D) {
     constexpr int Dv = decltype(D)::value;
     const std::size_t rows = batch_heads * s;
-    detail::flash_delta_kernel<T, Dv>
-        <<<unsigned((rows + detail::attn_warps - 1) / detail::attn_warps), detail::attn_warps * 32, 0, st>>>(
-            rows, o, dout, delta.data());
+    const auto delta_kernel = detail::flash_delta_kernel<T, Dv>;
+    const auto dq_kernel = detail::flash_backward_dq_kernel<T, Dv>;
+    const auto dkdv_kernel = detail::flash_backward_dkdv_kernel<T, Dv>;
+    MPAR_LAUNCH(delta_kernel, unsigned((rows + detail::attn_warps - 1) / detail::attn_warps), detail::attn_warps * 32,
+                0, st, rows, o, dout, delta.data());
     check_launch("gpu::flash_attention_backward(delta)");
-    detail::flash_backward_dq_kernel<T, Dv>
-        <<<grid, detail::attn_warps * 32, 0, st>>>(s, q, k, v, dout, lse, delta.data(), dq, scale, causal);
+    MPAR_LAUNCH(dq_kernel, grid, detail::attn_warps * 32, 0, st, s, q, k, v, dout, lse, delta.data(), dq, scale,
+                causal);
     check_launch("gpu::flash_attention_backward(dq)");
-    detail::flash_backward_dkdv_kernel<T, Dv>
-        <<<grid, detail::attn_warps * 32, 0, st>>>(s, q, k, v, dout, lse, delta.data(), dk, dv, scale, causal);
+    MPAR_LAUNCH(dkdv_kernel, grid, detail::attn_warps * 32, 0, st, s, q, k, v, dout, lse, delta.data(), dk, dv, scale,
+                causal);
   });
   check_launch("gpu::flash_attention_backward(dk, dv)");
 }

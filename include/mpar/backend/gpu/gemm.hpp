@@ -7,9 +7,6 @@
  * 16-bit inputs (bf16, f16) run on tensor cores with fp32 accumulation; C may be 16-bit or fp32
  * (fp32 C is how gradients are accumulated in full precision). fp32 inputs stay true fp32.
  */
-#include <cublasLt.h>
-#include <cublas_v2.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <type_traits>
@@ -18,7 +15,8 @@
 #include "mpar/backend/gpu/cuda_error.hpp"
 #include "mpar/backend/gpu/element_types.hpp"
 #include "mpar/backend/gpu/gemm_types.hpp"
-#include "mpar/backend/host/gemm.hpp"  // mpar::Trans
+#include "mpar/backend/gpu/runtime.hpp"  // cuBLAS and cuBLASLt, or their emulation
+#include "mpar/backend/host/gemm.hpp"    // mpar::Trans
 
 namespace mpar::gpu {
 

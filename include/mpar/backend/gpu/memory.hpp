@@ -6,8 +6,6 @@
  * in the order of its stream, so freeing a temporary right after the kernel that uses it is safe
  * and returns memory to the pool without a device-wide synchronisation.
  */
-#include <cuda_runtime.h>
-
 #include <cstddef>
 #include <span>
 #include <type_traits>
@@ -15,6 +13,7 @@
 #include <vector>
 
 #include "mpar/backend/gpu/cuda_error.hpp"
+#include "mpar/backend/gpu/runtime.hpp"  // the CUDA runtime, or its emulation
 #include "mpar/core/dtype.hpp"
 
 namespace mpar::gpu {

@@ -8,12 +8,11 @@
  *
  * Include from a translation unit compiled by nvcc.
  */
-#include <cuda_runtime.h>
-
 #include <cstddef>
 #include <cstdint>
 
 #include "mpar/backend/gpu/kernels.hpp"  // grid_for, block_threads, pick, check_launch
+#include "mpar/backend/gpu/runtime.hpp"  // the CUDA runtime, or its emulation
 
 namespace mpar::gpu {
 
@@ -96,14 +95,14 @@ __global__ void moe_gate_aux_kernel(std::size_t tokens, std::size_t experts, std
 inline void moe_gate_stats(std::size_t tokens, std::size_t experts, std::size_t k, const float* probs,
                            const std::int32_t* choice, const std::int32_t* routed, float* stats,
                            cudaStream_t s = nullptr) {
-  detail::moe_gate_stats_kernel<>
-      <<<1, detail::block_threads, 0, detail::pick(s)>>>(tokens, experts, k, probs, choice, routed, stats);
+  MPAR_LAUNCH(detail::moe_gate_stats_kernel<>, 1, detail::block_threads, 0, detail::pick(s), tokens, experts, k, probs,
+              choice, routed, stats);
   check_launch("gpu::moe_gate_stats");
 }
 /** host::moe_aux_loss on the device (one thread: E terms). */
 inline void moe_aux_loss(std::size_t experts, std::size_t k, float alpha, const float* stats, float* aux,
                          cudaStream_t s = nullptr) {
-  detail::moe_aux_loss_kernel<><<<1, 1, 0, detail::pick(s)>>>(experts, k, alpha, stats, aux);
+  MPAR_LAUNCH(detail::moe_aux_loss_kernel<>, 1, 1, 0, detail::pick(s), experts, k, alpha, stats, aux);
   check_launch("gpu::moe_aux_loss");
 }
 /** host::moe_slots on the device. */
@@ -111,8 +110,8 @@ inline void moe_slots(std::size_t experts, std::size_t capacity, const std::int3
                       const std::int32_t* route_token, const float* route_weight, std::int32_t* slot_token,
                       float* slot_weight, cudaStream_t s = nullptr) {
   if (!experts || !capacity) return;
-  detail::moe_slots_kernel<><<<detail::grid_for(experts * capacity), detail::block_threads, 0, detail::pick(s)>>>(
-      experts, capacity, used, route_token, route_weight, slot_token, slot_weight);
+  MPAR_LAUNCH(detail::moe_slots_kernel<>, detail::grid_for(experts * capacity), detail::block_threads, 0,
+              detail::pick(s), experts, capacity, used, route_token, route_weight, slot_token, slot_weight);
   check_launch("gpu::moe_slots");
 }
 /** host::moe_gate_backward on the device. */
@@ -123,12 +122,12 @@ inline void moe_gate_backward(std::size_t tokens, std::size_t experts, std::size
   if (!tokens || !experts) return;
   check(cudaMemsetAsync(dprobs, 0, tokens * experts * sizeof(float), s), "cudaMemsetAsync(dprobs)");
   if (capacity) {
-    detail::moe_gate_fold_kernel<><<<detail::grid_for(experts * capacity), detail::block_threads, 0, s>>>(
-        experts, capacity, slot_token, dot, dprobs);
+    MPAR_LAUNCH(detail::moe_gate_fold_kernel<>, detail::grid_for(experts * capacity), detail::block_threads, 0, s,
+                experts, capacity, slot_token, dot, dprobs);
     check_launch("gpu::moe_gate_backward(fold)");
   }
-  detail::moe_gate_aux_kernel<><<<detail::grid_for(tokens * experts), detail::block_threads, 0, s>>>(
-      tokens, experts, k, aux_grad, alpha, stats, dprobs);
+  MPAR_LAUNCH(detail::moe_gate_aux_kernel<>, detail::grid_for(tokens * experts), detail::block_threads, 0, s, tokens,
+              experts, k, aux_grad, alpha, stats, dprobs);
   check_launch("gpu::moe_gate_backward(aux)");
 }
 

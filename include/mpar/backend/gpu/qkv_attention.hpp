@@ -11,15 +11,14 @@
  * keeping the layers' projections unchanged, and small next to attention itself (4 · tokens · hl
  * elements against O(tokens · s · hl) work).
  *
- * Include from a translation unit compiled by nvcc.
+ * Include from a translation unit compiled by nvcc (or by g++ against the emulated runtime).
  */
-#include <cuda_runtime.h>
-
 #include <cstddef>
 
 #include "mpar/backend/gpu/element_types.hpp"
 #include "mpar/backend/gpu/kernels.hpp"
 #include "mpar/backend/gpu/memory.hpp"
+#include "mpar/backend/gpu/runtime.hpp"  // the CUDA runtime, or its emulation
 #include "mpar/backend/gpu/sdpa.hpp"
 
 namespace mpar::gpu {
@@ -56,7 +55,7 @@ void heads_layout(std::size_t nb, std::size_t heads, std::size_t s, std::size_t 
                   const From* src, To* dst, cudaStream_t st, const char* what) {
   const std::size_t n = nb * heads * s * d;
   if (!n) return;
-  heads_layout_kernel<ToHeads><<<grid_for(n), block_threads, 0, st>>>(nb, heads, s, d, ld, offset, src, dst);
+  MPAR_LAUNCH(heads_layout_kernel<ToHeads>, grid_for(n), block_threads, 0, st, nb, heads, s, d, ld, offset, src, dst);
   check_launch(what);
 }
 

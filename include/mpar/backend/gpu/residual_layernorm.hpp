@@ -10,10 +10,8 @@
  * sweeps, and the parameter gradients are summed per block in shared memory (fp32) and added to the
  * global ones once per block and column.
  *
- * Include from a translation unit compiled by nvcc.
+ * Include from a translation unit compiled by nvcc (or by g++ against the emulated runtime).
  */
-#include <cuda_runtime.h>
-
 #include <cmath>
 #include <cstddef>
 
@@ -21,6 +19,7 @@
 #include "mpar/backend/gpu/cuda_error.hpp"
 #include "mpar/backend/gpu/element_types.hpp"
 #include "mpar/backend/gpu/kernels.hpp"
+#include "mpar/backend/gpu/runtime.hpp"  // the CUDA runtime, or its emulation
 #include "mpar/core/error.hpp"
 
 namespace mpar::gpu {
@@ -70,7 +69,7 @@ template <class T>
 __global__ void residual_layernorm_backward_kernel(std::size_t rows, std::size_t cols, const T* h, const float* mean,
                                                    const float* rstd, const T* gamma, const T* dy, const T* dres, T* dh,
                                                    float* dgamma, float* dbeta) {
-  extern __shared__ float partial[];  // [dgamma | dbeta] of this block, cols each
+  MPAR_DYNAMIC_SHARED(float, partial);  // [dgamma | dbeta] of this block, cols each
   float* pg = partial;
   float* pb = partial + cols;
   for (std::size_t c = threadIdx.x; c < cols; c += blockDim.x) pg[c] = pb[c] = 0.0f;
@@ -114,8 +113,8 @@ void residual_layernorm_forward(std::size_t rows, std::size_t cols, const T* x, 
                                 cudaStream_t s = nullptr) {
   if (!rows || !cols) return;
   require(rows <= 0x7fffffffu, "gpu::residual_layernorm_forward: ", rows, " rows exceed one grid dimension");
-  detail::residual_layernorm_forward_kernel<<<unsigned(rows), detail::block_threads, 0, detail::pick(s)>>>(
-      cols, x, branch, gamma, beta, h, y, mean, rstd, eps);
+  MPAR_LAUNCH(detail::residual_layernorm_forward_kernel, unsigned(rows), detail::block_threads, 0, detail::pick(s),
+              cols, x, branch, gamma, beta, h, y, mean, rstd, eps);
   check_launch("gpu::residual_layernorm_forward");
 }
 
@@ -147,7 +146,8 @@ void residual_layernorm_backward(std::size_t rows, std::size_t cols, const T* h,
   // Two blocks per SM: enough to fill the device, few enough that the per-block atomics stay cheap.
   const std::size_t want = 2 * std::size_t(sms > 0 ? sms : 1);
   const unsigned grid = unsigned(rows < want ? rows : want);
-  kernel<<<grid, detail::block_threads, smem, s>>>(rows, cols, h, mean, rstd, gamma, dy, dres, dh, dgamma, dbeta);
+  MPAR_LAUNCH(kernel, grid, detail::block_threads, smem, s, rows, cols, h, mean, rstd, gamma, dy, dres, dh, dgamma,
+              dbeta);
   check_launch("gpu::residual_layernorm_backward");
 }
 

@@ -1,15 +1,18 @@
 #pragma once
 /**
- * @file The CUDA runtime that mpar's device code compiles against, and the one way it launches a kernel.
+ * @file The CUDA runtime (and cuBLAS, cuBLASLt) that mpar's device code compiles against, and the one way it
+ * launches a kernel.
  *
- * Normally the real one (`cuda_runtime.h` and the 16-bit float and data-type headers). With
- * `MPAR_CUDA_EMULATION` defined (the CMake option of the same name: a test build compiled by g++, never a
+ * Normally the real ones (`cuda_runtime.h`, the 16-bit float and data-type headers, `cublas_v2.h`, `cublasLt.h`).
+ * With `MPAR_CUDA_EMULATION` defined (the CMake option of the same name: a test build compiled by g++, never a
  * backend for users) it is the emulated runtime of backend/gpu/emulation/: kernels run on the CPU in a SIMT
- * emulator, device memory faults on any host access (docs/cuda.md, "The emulated runtime").
+ * emulator, device memory faults on any host access, and cuBLAS(Lt) calls run a naive reference that honours
+ * every argument (docs/cuda.md, "The emulated runtime").
  *
  * - `MPAR_LAUNCH(kernel, grid, block, shared_bytes, stream, args...)`: `kernel<<<grid, block, shared_bytes,
  *   stream>>>(args...)` under nvcc; under the emulation the grid runs at once on the calling thread. `kernel`
- *   is named as in a call (template arguments deduced from `args`), without commas.
+ *   is named as in a call (template arguments deduced from `args`), without commas; a kernel whose template
+ *   arguments need a comma is first bound to a local (`const auto kernel = f<T, D>;`), as nvcc launches too.
  * - `MPAR_DYNAMIC_SHARED(type, name);` in a kernel: `extern __shared__ type name[]`, the block's dynamic shared
  *   memory (`shared_bytes` of the launch).
  */
@@ -21,9 +24,11 @@
 
 #define MPAR_LAUNCH(kernel, grid, block, shared_bytes, stream, ...)          \
   ::mpar::gpu::emulation::Launch(#kernel, grid, block, shared_bytes, stream, \
-                                 [](auto... mpar_launch_args) { kernel(mpar_launch_args...); })(__VA_ARGS__)
+                                 [&](auto... mpar_launch_args) { kernel(mpar_launch_args...); })(__VA_ARGS__)
 #define MPAR_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::mpar::gpu::emulation::dynamic_shared_memory())
 #else
+#include <cublasLt.h>
+#include <cublas_v2.h>
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>

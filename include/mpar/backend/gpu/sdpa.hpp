@@ -9,13 +9,12 @@
  *
  * Include from a translation unit compiled by nvcc.
  */
-#include <cuda_runtime.h>
-
 #include <atomic>
 #include <cstddef>
 #include <cstdio>
 
 #include "mpar/backend/gpu/flash_attention.hpp"
+#include "mpar/backend/gpu/runtime.hpp"  // the CUDA runtime, or its emulation
 #if defined(MPAR_HAVE_CUDNN)
 #include "mpar/backend/gpu/cudnn_attention.hpp"
 #endif

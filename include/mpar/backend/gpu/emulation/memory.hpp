@@ -20,6 +20,7 @@
 #include <iterator>
 #include <map>
 #include <mutex>
+#include <new>
 
 #include "mpar/backend/gpu/emulation/error.hpp"
 #include "mpar/backend/gpu/emulation/types.hpp"
@@ -150,6 +151,37 @@ inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes
                                    cudaStream_t = nullptr) {
   return cudaMemcpy(dst, src, bytes, kind);
 }
+/** Copies `height` rows of `width` bytes, `spitch` and `dpitch` bytes apart, checked row by row as cudaMemcpy. */
+inline cudaError_t cudaMemcpy2D(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+                                std::size_t height, cudaMemcpyKind kind) {
+  if (width > dpitch || width > spitch) return cudaErrorInvalidValue;
+  for (std::size_t r = 0; r < height; ++r)
+    if (const cudaError_t e =
+            cudaMemcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width, kind);
+        e != cudaSuccess)
+      return e;
+  return cudaSuccess;
+}
+inline cudaError_t cudaMemcpy2DAsync(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
+                                     std::size_t width, std::size_t height, cudaMemcpyKind kind,
+                                     cudaStream_t = nullptr) {
+  return cudaMemcpy2D(dst, dpitch, src, spitch, width, height, kind);
+}
+/** Page-locked host memory is plain host memory here: the host reads and writes it, kernels may not. */
+inline cudaError_t cudaMallocHost(void** p, std::size_t bytes) {
+  if (p == nullptr) return cudaErrorInvalidValue;
+  *p = ::operator new(bytes == 0 ? 1 : bytes);
+  return cudaSuccess;
+}
+template <class T>
+cudaError_t cudaMallocHost(T** p, std::size_t bytes) {
+  return cudaMallocHost(reinterpret_cast<void**>(p), bytes);
+}
+inline cudaError_t cudaFreeHost(void* p) {
+  ::operator delete(p);
+  return cudaSuccess;
+}
+
 inline cudaError_t cudaMemset(void* p, int value, std::size_t bytes) {
   if (bytes == 0) return cudaSuccess;
   void* to = ::mpar::gpu::emulation::detail::copy_address(p, bytes, true);

@@ -4,8 +4,14 @@
  * the calling thread (launches, copies and sets are synchronous), so synchronising returns at once.
  *
  * Stream order is therefore trivially kept, and concurrency between streams is not modelled here: the stream
- * emulation of backend/stream/ is where ordering bugs between streams show.
+ * emulation of backend/stream/ is where ordering bugs between streams show. An event is complete once recorded
+ * (its work has run); querying or timing one never recorded is an error, as in CUDA.
+ *
+ * The one emulated device reports 4 multiprocessors (so that launchers sizing grids by it stride over rows) and
+ * the 227 KiB of opt-in shared memory per block of a Hopper GPU, the limit the SIMT emulator enforces.
  */
+#include <chrono>
+
 #include "mpar/backend/gpu/emulation/types.hpp"
 
 namespace mpar::gpu::emulation::detail {
@@ -35,11 +41,36 @@ inline cudaError_t cudaGetDevice(int* device) {
   return cudaSuccess;
 }
 inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
+  if (value == nullptr || device != 0) return cudaErrorInvalidValue;
+  switch (attr) {
+    case cudaDevAttrMaxSharedMemoryPerBlock:
+      *value = 48 << 10;
+      return cudaSuccess;
+    case cudaDevAttrMultiProcessorCount:
+      *value = 4;
+      return cudaSuccess;
+    case cudaDevAttrMaxSharedMemoryPerBlockOptin:
+      *value = 227 << 10;
+      return cudaSuccess;
+  }
+  return cudaErrorInvalidValue;
+}
+/** Accepted for any kernel; the emulator enforces the device's opt-in limit (227 KiB) on every launch. */
+template <class Kernel>
+cudaError_t cudaFuncSetAttribute(Kernel*, cudaFuncAttribute attr, int value) {
+  if (attr != cudaFuncAttributeMaxDynamicSharedMemorySize || value < 0 || value > (227 << 10))
+    return cudaErrorInvalidValue;
+  return cudaSuccess;
+}
 
 inline cudaError_t cudaStreamCreateWithFlags(cudaStream_t* s, unsigned flags) {
   if (s == nullptr) return cudaErrorInvalidValue;
   *s = new CUstream_st{flags};
   return cudaSuccess;
+}
+inline cudaError_t cudaStreamCreateWithPriority(cudaStream_t* s, unsigned flags, int) {
+  return cudaStreamCreateWithFlags(s, flags);
 }
 inline cudaError_t cudaStreamCreate(cudaStream_t* s) { return cudaStreamCreateWithFlags(s, cudaStreamDefault); }
 inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
@@ -48,6 +79,36 @@ inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
   return cudaSuccess;
 }
 inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+
+inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
+  if (e == nullptr) return cudaErrorInvalidValue;
+  *e = new CUevent_st{flags};
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventCreate(cudaEvent_t* e) { return cudaEventCreateWithFlags(e, cudaEventDefault); }
+inline cudaError_t cudaEventDestroy(cudaEvent_t e) {
+  if (e == nullptr) return cudaErrorInvalidResourceHandle;
+  delete e;
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t = nullptr) {
+  if (e == nullptr) return cudaErrorInvalidResourceHandle;
+  e->recorded = true;
+  e->recorded_ms =
+      std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  return cudaSuccess;
+}
+inline cudaError_t cudaEventQuery(cudaEvent_t e) { return e ? cudaSuccess : cudaErrorInvalidResourceHandle; }
+inline cudaError_t cudaEventSynchronize(cudaEvent_t e) { return cudaEventQuery(e); }
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned = 0) { return cudaEventQuery(e); }
+/** Host milliseconds between the two records (the work between them ran in between, on the calling thread). */
+inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t stop) {
+  if (ms == nullptr || start == nullptr || stop == nullptr) return cudaErrorInvalidResourceHandle;
+  if ((start->flags | stop->flags) & cudaEventDisableTiming) return cudaErrorInvalidResourceHandle;
+  if (!start->recorded || !stop->recorded) return cudaErrorInvalidResourceHandle;
+  *ms = float(stop->recorded_ms - start->recorded_ms);
+  return cudaSuccess;
+}
 
 /** The error a failed launch left (the emulation throws instead, so this stays cudaSuccess), cleared on read. */
 inline cudaError_t cudaGetLastError() {
@@ -73,6 +134,8 @@ inline const char* cudaGetErrorName(cudaError_t e) {
       return "cudaErrorInvalidMemcpyDirection";
     case cudaErrorInvalidResourceHandle:
       return "cudaErrorInvalidResourceHandle";
+    case cudaErrorNotReady:
+      return "cudaErrorNotReady";
     case cudaErrorLaunchFailure:
       return "cudaErrorLaunchFailure";
   }
@@ -95,6 +158,8 @@ inline const char* cudaGetErrorString(cudaError_t e) {
       return "invalid copy direction for memcpy";
     case cudaErrorInvalidResourceHandle:
       return "invalid resource handle";
+    case cudaErrorNotReady:
+      return "device not ready";
     case cudaErrorLaunchFailure:
       return "unspecified launch failure";
   }

@@ -1,7 +1,8 @@
 #pragma once
 /**
  * @file The CUDA runtime's plain types for g++ (MPAR_CUDA_EMULATION): `dim3`, `uint3`, `cudaError_t`,
- * `cudaMemcpyKind`, `cudaStream_t` and the library data-type tags, with the values the real headers give them.
+ * `cudaMemcpyKind`, `cudaStream_t`, `cudaEvent_t`, the device and kernel attributes mpar uses and the library
+ * data-type tags, with the values the real headers give them.
  */
 #include <cstdint>
 
@@ -26,6 +27,7 @@ enum cudaError_t : int {
   cudaErrorInvalidDevicePointer = 17,
   cudaErrorInvalidMemcpyDirection = 21,
   cudaErrorInvalidResourceHandle = 400,
+  cudaErrorNotReady = 600,
   cudaErrorLaunchFailure = 719,
 };
 
@@ -44,6 +46,28 @@ struct CUstream_st {
 using cudaStream_t = CUstream_st*;
 inline constexpr unsigned cudaStreamDefault = 0x0;
 inline constexpr unsigned cudaStreamNonBlocking = 0x1;
+
+/** An emulated event: whether it was recorded, and when (host time, as the work before it has run by then). */
+struct CUevent_st {
+  unsigned flags = 0;
+  bool recorded = false;
+  double recorded_ms = 0;
+};
+using cudaEvent_t = CUevent_st*;
+inline constexpr unsigned cudaEventDefault = 0x0;
+inline constexpr unsigned cudaEventBlockingSync = 0x1;
+inline constexpr unsigned cudaEventDisableTiming = 0x2;
+
+/** The device attributes mpar queries. */
+enum cudaDeviceAttr : int {
+  cudaDevAttrMaxSharedMemoryPerBlock = 8,
+  cudaDevAttrMultiProcessorCount = 16,
+  cudaDevAttrMaxSharedMemoryPerBlockOptin = 97,
+};
+/** The kernel attributes mpar sets. */
+enum cudaFuncAttribute : int {
+  cudaFuncAttributeMaxDynamicSharedMemorySize = 8,
+};
 
 /** The element-type tags of cuBLAS and cuDNN descriptors (library_types.h). */
 enum cudaDataType_t : int {
