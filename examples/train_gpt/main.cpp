@@ -173,7 +173,7 @@ Options parse(int argc, char** argv) {
   std::string stage_layers, recompute_stages;
   p.option("stage-layers", stage_layers,
            "blocks per pipeline stage, comma-separated (e.g. 1,3): pp x chunks counts, stage = chunk x pp + rank, "
-           "each at least 1, summing to --layers (default: the even split)");
+           "summing to --layers; a stage may hold none, beside the embedding or the head (default: the even split)");
   p.option("recompute-stages", recompute_stages,
            "which pipeline stages recompute their activations in backward, comma-separated 0/1 flags in the "
            "order of --stage-layers (e.g. 1,0; instead of --recompute)");

@@ -170,7 +170,7 @@ struct GptTrainConfig {
   [[nodiscard]] pipeline::Partition partition() const {
     if (stage_layers.empty()) return pipeline::Partition::even(model.layers, stages());
     validate_stage_layers();
-    return {model.layers, stage_layers};
+    return {model.layers, stage_layers, pipeline::EmptyStages::allowed};
   }
   /** Whether global stage `s` recomputes its activations in backward. */
   [[nodiscard]] bool recomputes(std::size_t s) const {
@@ -247,7 +247,8 @@ struct GptTrainConfig {
     if (model.sequence_parallel) validate_sequence_parallel();
     if (graph) validate_graph();
     if (grad_topk_density != 0) validate_grad_topk();
-    model.validate(tp, pp * std::size_t(chunks), ep);
+    // The even split needs a block per stage; a given partition may leave stages empty (validate_stage_layers).
+    model.validate(tp, stage_layers.empty() ? pp * std::size_t(chunks) : 1, ep);
     // The schedule's own checks (e.g. interleaved needs M a multiple of P), with its sentence.
     (void)pipeline::make_programs(schedule, pipeline::ScheduleConfig{int(pp), microbatches, chunks, 1});
   }
@@ -318,10 +319,6 @@ struct GptTrainConfig {
     require(sum == model.layers, "train: ", given, " covers ", sum, " block(s), but the model has --layers ",
             model.layers, sum < model.layers ? " (blocks would be dropped)" : " (blocks would be doubled)",
             "; give block counts summing to ", model.layers);
-    for (std::size_t s = 0; s < S; ++s)
-      require(stage_layers[s] >= 1, "train: ", given, " gives stage ", s,
-              " no block; every stage needs at least one (stages holding only the embedding or the head do not run "
-              "yet); move a block to it, or use fewer --pp/--chunks");
   }
   /** Per-stage recomputation: one flag per global stage, and not beside `recompute`. */
   void validate_recompute_stages() const {

@@ -375,9 +375,6 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
           << (b.config.stage_layers.empty() ? "even" : "cost-balanced")
           << "; the embedding on stage 0, the head on stage " << b.stage_layers.size() - 1
           << (b.config.virtual_stages > 1 ? ", stage chunk x pp + rank" : "") << ")\n";
-      if (std::find(b.stage_layers.begin(), b.stage_layers.end(), std::size_t(0)) != b.stage_layers.end())
-        out << "  mpar's trainer does not run stages without blocks yet: this layout is a plan to read, not one "
-               "train_gpt runs (--partition even plans the runnable splits)\n";
     }
     out << "  step " << detail::fixed(b.step_seconds, 3) << " s = pipeline " << detail::fixed(b.pipeline_seconds, 3)
         << " + exposed data-parallel reduction " << detail::fixed(b.dp_exposed_seconds, 3) << " + optimizer "
@@ -404,19 +401,13 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
 
 /**
  * The plan of candidate `c` for `problem`, in train_gpt's terms. Throws config_error for what mpar's trainer
- * does not run: selective recomputation (the attention core alone) and stages without blocks.
+ * does not run: selective recomputation (the attention core alone).
  */
 [[nodiscard]] inline TrainingPlan training_plan_of(const Candidate& c, const Problem& problem) {
   const ParallelConfig& k = c.config;
   require(k.recompute != Recompute::selective,
           "the chosen configuration recomputes selectively (the attention core alone), which mpar's trainer does "
           "not run yet; plan with --recompute none or --recompute full to write a plan train_gpt runs");
-  std::string sizes;
-  for (std::size_t n : c.stage_layers) sizes += (sizes.empty() ? "" : ",") + std::to_string(n);
-  for (std::size_t s = 0; s < c.stage_layers.size(); ++s)
-    require(c.stage_layers[s] >= 1, "the chosen stage partition ", sizes, " leaves stage ", s,
-            " without blocks, which mpar's trainer does not run yet; plan with --partition even, or fewer "
-            "pipeline stages");
   TrainingPlan p;
   const GptModel& m = problem.model;
   p.layers = m.layers, p.hidden = m.hidden, p.heads = m.heads, p.seq = m.seq, p.vocab = m.vocab;
