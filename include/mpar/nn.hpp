@@ -21,6 +21,7 @@
 #include "mpar/nn/residual.hpp"
 #include "mpar/nn/ring_attention.hpp"
 #include "mpar/nn/ring_self_attention.hpp"
+#include "mpar/nn/rms_norm.hpp"
 #include "mpar/nn/row_parallel.hpp"
 #include "mpar/nn/stage.hpp"
 #include "mpar/nn/transformer_block.hpp"
