@@ -22,6 +22,7 @@
 #include "mpar/nn/ring_attention.hpp"
 #include "mpar/nn/ring_self_attention.hpp"
 #include "mpar/nn/rms_norm.hpp"
+#include "mpar/nn/rotary.hpp"
 #include "mpar/nn/row_parallel.hpp"
 #include "mpar/nn/stage.hpp"
 #include "mpar/nn/transformer_block.hpp"
