@@ -25,4 +25,5 @@
 #include "mpar/nn/rotary.hpp"
 #include "mpar/nn/row_parallel.hpp"
 #include "mpar/nn/stage.hpp"
+#include "mpar/nn/swiglu_mlp.hpp"
 #include "mpar/nn/transformer_block.hpp"
