@@ -5,7 +5,8 @@
 // gradients, bit for bit, against HostBackend show that the layer's passes are stream-ordered, as the CUDA backend
 // needs them to be. The GPT's own layers are covered by its stream tests; these are the others: the redistribution
 // layers, a gathered column output, a deferred row reduction, the sequence-parallel pieces, bias and dropout on a
-// feature shard, 2D tensor parallelism, and the single-rank attention.
+// feature shard, 2D tensor parallelism, the single-rank attention, and the Llama-class pieces (RMSNorm, the SwiGLU
+// MLP under sequence parallelism, the rotary embedding).
 #include <catch2/catch.hpp>
 
 #include <sys/wait.h>
@@ -191,6 +192,46 @@ struct SummaGrid {
   }
 };
 
+/**
+ * The Llama-class pieces under sequence parallelism (tp = 2): RMSNorm on this rank's tokens, then the SwiGLU MLP (the
+ * fused gate-and-up projection all-gathers the tokens, the down projection reduce-scatters its sum).
+ */
+struct LlamaSequenceParallel {
+  static constexpr int ranks = 2;
+  template <class C, class B>
+  static void run(C& tp, LayerPass& out) {
+    using Norm = RMSNorm<TokenShard, C, B>;
+    using GateUp = ColumnParallel<C, dyn, dyn, dyn, ColumnOptions{true, false, 2}, B>;
+    using Down = RowParallel<C, dyn, dyn, dyn, RowReduce::reduce_scatter, B>;
+    Stage<Norm, GateUp, SiluGate<B>, Down> s(Norm(tp, 16, layer_seed, 900, "norm"),
+                                             GateUp(tp, 16, 24, linear_init(902, "gate_up", false)), SiluGate<B>(24),
+                                             Down(tp, 24, 16, linear_init(904, "down", false)));
+    const auto rows = tokens / std::size_t(tp.size()), first = std::size_t(tp.rank()) * rows;
+    stream_pass<TokenShard, B>(s, host_block(pass_values(tokens, 16, 13), 16, first, rows, 0, 16), 16,
+                               host_block(pass_values(tokens, 16, 14), 16, first, rows, 0, 16), 16, out);
+  }
+};
+
+/** RMSNorm then the rotary embedding at the rows' positions (uploaded host values), on one rank. */
+template <class B>
+struct NormThenRotary {
+  RMSNorm<Replicate, NoComm, B> norm;
+  Rotary<B> rope;
+  std::vector<std::int32_t> positions;
+  Act<Replicate> forward(const Act<Replicate>& x, int mb) { return rope.forward(norm.forward(x, mb), positions, mb); }
+  Act<Replicate> backward(const Act<Replicate>& dy, int mb) { return norm.backward(rope.backward(dy, mb), mb); }
+  std::vector<Parameter*> parameters() { return norm.parameters(); }
+};
+struct SingleRankRotary {
+  static constexpr int ranks = 1;
+  template <class C, class B>
+  static void run(C&, LayerPass& out) {
+    NormThenRotary<B> s{RMSNorm<Replicate, NoComm, B>(16, layer_seed, 910, "norm"), Rotary<B>(4),
+                        sequence_positions(tokens, 4)};
+    stream_pass<Replicate, B>(s, pass_values(tokens, 16, 15), 16, pass_values(tokens, 16, 16), 16, out);
+  }
+};
+
 /** How many elements differ bit for bit (a size mismatch counts every element of the longer one). */
 std::size_t differing(const std::vector<float>& a, const std::vector<float>& b) {
   if (a.size() != b.size()) return std::max(a.size(), b.size());
@@ -271,14 +312,16 @@ void check_discrete_untouched() {
 
 TEMPLATE_TEST_CASE("nn layers composed by hand run stream-ordered: StreamHostBackend equals HostBackend bit for bit",
                    "[stream][nn]", GatheredColumnThenAllReduce, GatherFeaturesThenLinear, BiasAndDropoutOnFeatureShard,
-                   SequenceParallelProjections, SummaGrid, SingleRankAttention) {
+                   SequenceParallelProjections, SummaGrid, SingleRankAttention, LlamaSequenceParallel,
+                   SingleRankRotary) {
   check_stream_equals_host<TestType>();
 }
 
 #ifdef MPAR_NN_STREAM_TRACE
 TEMPLATE_TEST_CASE("nn layers composed by hand touch no rank memory from the host (DiscreteHostBackend)",
                    "[stream][nn][discrete]", GatheredColumnThenAllReduce, GatherFeaturesThenLinear,
-                   BiasAndDropoutOnFeatureShard, SequenceParallelProjections, SummaGrid, SingleRankAttention) {
+                   BiasAndDropoutOnFeatureShard, SequenceParallelProjections, SummaGrid, SingleRankAttention,
+                   LlamaSequenceParallel, SingleRankRotary) {
   check_discrete_untouched<TestType>();
 }
 #endif

@@ -91,6 +91,13 @@ enum class Op : std::size_t {
   online_softmax_finish,
   online_softmax_delta,
   online_softmax_backward,
+  // The Llama-class layers' kernels (llama_kernel_backend), counted where `B` has them
+  rmsnorm_forward,
+  rmsnorm_backward,
+  rope_forward,
+  rope_backward,
+  silu_gate_forward,
+  silu_gate_backward,
   // The fused operations outside the `backend` concept (nn::fused_*_backend), counted where `B` has them
   gelu_backward_bias,  ///< GeLU's backward with the bias gradient and the 16-bit operand
   fused_classifier,    ///< softmax cross-entropy and its gradient in one pass
@@ -148,6 +155,12 @@ inline constexpr std::array<std::string_view, op_kinds> op_names{"gemm",
                                                                  "online_softmax_finish",
                                                                  "online_softmax_delta",
                                                                  "online_softmax_backward",
+                                                                 "rmsnorm_forward",
+                                                                 "rmsnorm_backward",
+                                                                 "rope_forward",
+                                                                 "rope_backward",
+                                                                 "silu_gate_forward",
+                                                                 "silu_gate_backward",
                                                                  "gelu_backward_bias",
                                                                  "fused_classifier",
                                                                  "residual_layernorm_forward",
@@ -306,9 +319,10 @@ struct CountingBackend : B {
     note(Op::gemm_strided_batched);
     B::template gemm_strided_batched<TIn, TOut>(std::forward<A>(a)...);
   }
-  // The fused operations outside the `backend` concept (nn::fused_*_backend). Declared here, they hide `B`'s,
-  // so each is counted; constrained on `B` having it, so that the counting backend has exactly the fused
-  // operations `B` has and the layers choose the same paths through it (inherited, they ran uncounted).
+  // The fused operations outside the `backend` concept (nn::fused_*_backend) and the optional Llama-class kernels
+  // (llama_kernel_backend). Declared here, they hide `B`'s, so each is counted; constrained on `B` having it, so
+  // that the counting backend has exactly the optional operations `B` has and the layers choose the same paths
+  // through it (inherited, they ran uncounted).
 #define MPAR_COUNTING_FUSED_OP(op)                                  \
   template <class... A>                                             \
     requires requires(A && ... a) { B::op(std::forward<A>(a)...); } \
@@ -317,6 +331,13 @@ struct CountingBackend : B {
     B::op(std::forward<A>(a)...);                                   \
   }
   MPAR_COUNTING_FUSED_OP(gelu_backward_bias)
+  // The Llama-class layers' kernels.
+  MPAR_COUNTING_FUSED_OP(rmsnorm_forward)
+  MPAR_COUNTING_FUSED_OP(rmsnorm_backward)
+  MPAR_COUNTING_FUSED_OP(rope_forward)
+  MPAR_COUNTING_FUSED_OP(rope_backward)
+  MPAR_COUNTING_FUSED_OP(silu_gate_forward)
+  MPAR_COUNTING_FUSED_OP(silu_gate_backward)
   MPAR_COUNTING_FUSED_OP(fused_classifier)
   MPAR_COUNTING_FUSED_OP(residual_layernorm_forward)
   MPAR_COUNTING_FUSED_OP(residual_layernorm_backward)

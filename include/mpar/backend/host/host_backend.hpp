@@ -12,9 +12,11 @@
 #include "mpar/backend/host/gelu_backward_bias.hpp"
 #include "mpar/backend/host/gemm.hpp"
 #include "mpar/backend/host/kernels.hpp"
+#include "mpar/backend/host/llama_kernels.hpp"
 #include "mpar/backend/host/moe_routing.hpp"
 #include "mpar/backend/host/online_softmax.hpp"
 #include "mpar/backend/host/retained_memory.hpp"
+#include "mpar/backend/llama_kernel_backend.hpp"
 #include "mpar/core/memory_resource.hpp"
 
 #if defined(MPAR_HAVE_OPENBLAS)
@@ -233,6 +235,32 @@ struct HostBackend {
     host::online_softmax_backward(std::forward<A>(a)...);
   }
 
+  // The Llama-class layers' kernels (see `llama_kernel_backend`; host/llama_kernels.hpp).
+  template <class... A>
+  static void rmsnorm_forward(A&&... a) {
+    host::rmsnorm_forward(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void rmsnorm_backward(A&&... a) {
+    host::rmsnorm_backward(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void rope_forward(A&&... a) {
+    host::rope_forward(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void rope_backward(A&&... a) {
+    host::rope_backward(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void silu_gate_forward(A&&... a) {
+    host::silu_gate_forward(std::forward<A>(a)...);
+  }
+  template <class... A>
+  static void silu_gate_backward(A&&... a) {
+    host::silu_gate_backward(std::forward<A>(a)...);
+  }
+
   // The buffer operations and the batched GEMM (see the `backend` concept; host/buffer_ops.hpp).
   template <class T>
   static void zero(std::size_t n, T* x) {
@@ -316,5 +344,6 @@ struct HostBackend {
 
 static_assert(backend<HostBackend>);
 static_assert(online_softmax_backend<HostBackend>);
+static_assert(llama_kernel_backend<HostBackend>);
 
 }  // namespace mpar

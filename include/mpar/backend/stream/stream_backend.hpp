@@ -41,6 +41,7 @@
 #include "mpar/backend/copy_2d_shape.hpp"
 #include "mpar/backend/graph_backend.hpp"
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/backend/llama_kernel_backend.hpp"
 #include "mpar/backend/online_softmax_backend.hpp"
 #include "mpar/backend/stream/emulated_memory.hpp"
 #include "mpar/backend/stream/stream.hpp"
@@ -254,6 +255,13 @@ struct BasicStreamHostBackend {
   MPAR_STREAM_OP(online_softmax_finish)
   MPAR_STREAM_OP(online_softmax_delta)
   MPAR_STREAM_OP(online_softmax_backward)
+  // The Llama-class layers' kernels (llama_kernel_backend).
+  MPAR_STREAM_OP(rmsnorm_forward)
+  MPAR_STREAM_OP(rmsnorm_backward)
+  MPAR_STREAM_OP(rope_forward)
+  MPAR_STREAM_OP(rope_backward)
+  MPAR_STREAM_OP(silu_gate_forward)
+  MPAR_STREAM_OP(silu_gate_backward)
 #undef MPAR_STREAM_OP
 
   /**
@@ -334,5 +342,6 @@ static_assert(backend<DiscreteHostBackend>);
 static_assert(graph_backend<StreamHostBackend>);
 static_assert(graph_backend<DiscreteHostBackend>);
 static_assert(online_softmax_backend<StreamHostBackend> && online_softmax_backend<DiscreteHostBackend>);
+static_assert(llama_kernel_backend<StreamHostBackend> && llama_kernel_backend<DiscreteHostBackend>);
 
 }  // namespace mpar
