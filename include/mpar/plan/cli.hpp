@@ -405,13 +405,10 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
 
 /**
  * The plan of candidate `c` for `problem`, in train_gpt's terms. Throws config_error for what mpar's trainer
- * does not run: selective recomputation (the attention core alone) and stages without blocks.
+ * does not run: stages without blocks.
  */
 [[nodiscard]] inline TrainingPlan training_plan_of(const Candidate& c, const Problem& problem) {
   const ParallelConfig& k = c.config;
-  require(k.recompute != Recompute::selective,
-          "the chosen configuration recomputes selectively (the attention core alone), which mpar's trainer does "
-          "not run yet; plan with --recompute none or --recompute full to write a plan train_gpt runs");
   std::string sizes;
   for (std::size_t n : c.stage_layers) sizes += (sizes.empty() ? "" : ",") + std::to_string(n);
   for (std::size_t s = 0; s < c.stage_layers.size(); ++s)
@@ -430,7 +427,7 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
   p.zero = std::size_t(k.zero_stage());
   p.sequence_parallel = k.sequence_parallel;
   p.stage_layers = c.stage_layers;
-  p.recompute_stages.assign(c.stage_layers.size(), k.recompute == Recompute::full);
+  p.recompute_stages.assign(c.stage_layers.size(), k.recompute);
   p.validate();
   return p;
 }
