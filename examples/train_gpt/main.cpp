@@ -10,12 +10,14 @@
 #include <cstdio>
 #include <cstdlib>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <type_traits>
 #include <vector>
 
 #include <mpar/cli/parser.hpp>
+#include <mpar/nn/recompute.hpp>
 #include <mpar/observe/track_allocations.hpp>
 #include <mpar/plan/training_plan.hpp>
 
@@ -37,6 +39,25 @@ std::vector<std::size_t> parse_count_list(const char* option, const std::string&
     require(digits, "train_gpt: --", option, " '", text, "': '", item,
             "' is not a whole number; give comma-separated counts, one per pipeline stage (e.g. 1,3)");
     out.push_back(std::size_t(std::stoul(item)));
+    if (comma == std::string::npos) return out;
+    from = comma + 1;
+  }
+}
+
+/** --recompute-stages: one mode per stage, none, selective or full (0 and 1: none and full, as before). */
+std::vector<nn::Recompute> parse_recompute_list(const std::string& text) {
+  std::vector<nn::Recompute> out;
+  std::size_t from = 0;
+  while (true) {
+    const std::size_t comma = text.find(',', from);
+    const std::string item = text.substr(from, comma == std::string::npos ? std::string::npos : comma - from);
+    const std::optional<nn::Recompute> r = item == "0"   ? nn::Recompute::none
+                                           : item == "1" ? nn::Recompute::full
+                                                         : nn::parse_recompute(item);
+    require(r.has_value(), "train_gpt: --recompute-stages '", text, "': '", item,
+            "' is not a recomputation mode; give one of none, selective or full (or 0, 1) per pipeline stage, "
+            "comma-separated (e.g. selective,none)");
+    out.push_back(*r);
     if (comma == std::string::npos) return out;
     from = comma + 1;
   }
@@ -94,17 +115,14 @@ void apply_plan(const cli::Parser& p, Options& o) {
           "train_gpt: --zero1 contradicts the plan '", o.plan, "', which has ZeRO stage ",
           parallel::stage_number(plan.zero), "; drop --zero1 (the plan sets it)");
   take("zero", t.zero, plan.zero);
-  const auto flags = [](const std::vector<bool>& f) {
-    std::string s;
-    for (bool b : f) s += (s.empty() ? "" : ",") + std::string(b ? "1" : "0");
-    return s;
-  };
+  const auto flags = [](const std::vector<nn::Recompute>& f) { return models::GptTrainConfig::join_recompute(f); };
   const std::string planned_layers = models::GptTrainConfig::join_counts(plan.stage_layers);
   require(!p.given("stage-layers") || t.stage_layers == plan.stage_layers, "train_gpt: --stage-layers ",
           models::GptTrainConfig::join_counts(t.stage_layers), " contradicts the plan '", o.plan, "', which has ",
           planned_layers, "; drop --stage-layers (the plan sets it) or give ", planned_layers);
   t.stage_layers = plan.stage_layers;
-  const bool all = std::all_of(plan.recompute_stages.begin(), plan.recompute_stages.end(), [](bool b) { return b; });
+  const bool all = std::all_of(plan.recompute_stages.begin(), plan.recompute_stages.end(),
+                               [](nn::Recompute r) { return r == nn::Recompute::full; });
   require(!t.recompute || all, "train_gpt: --recompute contradicts the plan '", o.plan, "', which recomputes stages ",
           flags(plan.recompute_stages), " only; drop --recompute (the plan sets it)");
   require(!p.given("recompute-stages") || t.recompute_stages == plan.recompute_stages, "train_gpt: --recompute-stages ",
@@ -175,8 +193,9 @@ Options parse(int argc, char** argv) {
            "blocks per pipeline stage, comma-separated (e.g. 1,3): pp x chunks counts, stage = chunk x pp + rank, "
            "summing to --layers; a stage may hold none, beside the embedding or the head (default: the even split)");
   p.option("recompute-stages", recompute_stages,
-           "which pipeline stages recompute their activations in backward, comma-separated 0/1 flags in the "
-           "order of --stage-layers (e.g. 1,0; instead of --recompute)");
+           "what each pipeline stage recomputes in backward, comma-separated in the order of --stage-layers: none, "
+           "selective (the attention core's probabilities) or full (the stage's forward); 0 and 1 mean none and "
+           "full (e.g. full,selective; instead of --recompute)");
   p.flag("sequence-parallel", t.model.sequence_parallel,
          "sequence parallelism: layer norms, residuals and dropout on each tensor rank's block of the tokens; "
          "all-gathers and reduce-scatters instead of all-reduces (dense models, --cp 1)");
@@ -295,12 +314,7 @@ Options parse(int argc, char** argv) {
           " (the cosine schedule decays from --lr to --min-lr); give --min-lr at most --lr",
           t.lr == 0 ? " (--lr 0 needs --min-lr 0)" : "");
   if (p.given("stage-layers")) t.stage_layers = parse_count_list("stage-layers", stage_layers);
-  if (p.given("recompute-stages"))
-    for (std::size_t f : parse_count_list("recompute-stages", recompute_stages)) {
-      require(f <= 1, "train_gpt: --recompute-stages '", recompute_stages, "' holds ", f,
-              "; give one 0 (keep activations) or 1 (recompute) per pipeline stage");
-      t.recompute_stages.push_back(f == 1);
-    }
+  if (p.given("recompute-stages")) t.recompute_stages = parse_recompute_list(recompute_stages);
   if (p.given("plan")) {
     require(!o.plan.empty(), "train_gpt: --plan is empty; give the file mpar-plan --write-plan wrote");
     apply_plan(p, o);

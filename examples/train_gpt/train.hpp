@@ -152,12 +152,10 @@ inline plan::MemoryEstimate estimate_rank_memory(const models::GptTrainConfig& c
   c.microbatch_size = cfg.microbatch_size(), c.microbatches = std::size_t(cfg.microbatches);
   c.schedule = cfg.schedule;
   c.virtual_stages = std::size_t(cfg.chunks);
-  // The memory model has one recomputation setting for every stage: with per-stage flags it counts full
-  // recomputation only when every stage recomputes (an estimate that errs on the large side otherwise).
-  bool all_recompute = cfg.recompute;
-  if (!cfg.recompute_stages.empty())
-    all_recompute = std::all_of(cfg.recompute_stages.begin(), cfg.recompute_stages.end(), [](bool b) { return b; });
-  c.recompute = all_recompute ? plan::Recompute::full : plan::Recompute::none;
+  // The memory model has one recomputation setting for every stage: with per-stage modes it counts the one that
+  // keeps the most (none before selective before full), an estimate that errs on the large side.
+  c.recompute = cfg.recompute_of(0);
+  for (nn::Recompute r : cfg.recompute_stages) c.recompute = std::min(c.recompute, r);
   c.stage_layers = cfg.stage_layers;  // the fullest pipeline rank under an uneven partition
   c.sequence_parallel = cfg.model.sequence_parallel;
   c.zero = cfg.zero;
@@ -549,11 +547,10 @@ void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitS
         cfg.recompute ? ", recompute" : "", cfg.model.sequence_parallel ? ", sequence parallel" : "",
         cfg.grad_topk_density > 0 ? (", gradients top-k " + json_number(cfg.grad_topk_density)).c_str() : "");
     if (!cfg.stage_layers.empty() || !cfg.recompute_stages.empty()) {
-      std::string flags;
-      for (bool b : cfg.recompute_stages) flags += b ? '1' : '0';
+      const std::string flags = models::GptTrainConfig::join_recompute(cfg.recompute_stages);
       std::printf("blocks per stage %s (stage = chunk x pp + rank)%s%s\n",
                   models::GptTrainConfig::join_counts(cfg.partition().sizes()).c_str(),
-                  flags.empty() ? "" : ", recomputing stages ", flags.c_str());
+                  flags.empty() ? "" : ", recompute per stage ", flags.c_str());
     }
   }
   std::ofstream metrics;

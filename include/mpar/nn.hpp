@@ -16,6 +16,7 @@
 #include "mpar/nn/linear_2d.hpp"
 #include "mpar/nn/mlp.hpp"
 #include "mpar/nn/parameter.hpp"
+#include "mpar/nn/recompute.hpp"
 #include "mpar/nn/redistributions.hpp"
 #include "mpar/nn/reduce_gradients.hpp"
 #include "mpar/nn/residual.hpp"

@@ -43,11 +43,13 @@ inline models::GptTrainConfig small_gpt(std::size_t tp, std::size_t pp, std::siz
  * `count` training plans drawn from `seed` around `small_gpt`: tp in {1, 2}, pp in {2, 4}, every synchronous
  * schedule (interleaved with 2 chunks), ZeRO 0, 1 or 3 (with dp 2 and AdamW; SGD without ZeRO, so every
  * parameter's update can be compared), pp x chunks + 1 to + 3 blocks split at random into stages of at least
- * one block (uneven but for chance), and a random recomputation flag per stage. At most 8 ranks each.
- * Drawn from the generator's raw output, so every standard library draws the same plans.
+ * one block (uneven but for chance), and a random recomputation per stage (none, selective or full). About one
+ * plan in three then empties a stage, its blocks moved to a neighbour (a stage with the embedding or the head
+ * alone, or a pass-through stage; drawn from a second generator, so the other draws stay as they were). At most 8
+ * ranks each. Drawn from the generators' raw output, so every standard library draws the same plans.
  */
 inline std::vector<std::pair<std::string, models::GptTrainConfig>> drawn_plans(std::size_t count, std::uint32_t seed) {
-  std::mt19937 rng(seed);
+  std::mt19937 rng(seed), empties(seed + 1);
   const auto pick = [&](std::size_t n) { return std::size_t(rng() % n); };
   const char* const schedules[] = {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2"};
   const int zeros[] = {0, 1, 3};
@@ -74,11 +76,14 @@ inline std::vector<std::pair<std::string, models::GptTrainConfig>> drawn_plans(s
     c.model.layers = stages + 1 + pick(3);
     c.stage_layers.assign(stages, 1);
     for (std::size_t extra = stages; extra < c.model.layers; ++extra) ++c.stage_layers[pick(stages)];
-    std::string flags;
-    for (std::size_t s = 0; s < stages; ++s) {
-      c.recompute_stages.push_back(pick(2) == 1);
-      flags += c.recompute_stages.back() ? '1' : '0';
+    if (empties() % 3 == 0) {
+      const std::size_t s = empties() % stages, to = s + 1 < stages ? s + 1 : s - 1;
+      c.stage_layers[to] += c.stage_layers[s];
+      c.stage_layers[s] = 0;
     }
+    const nn::Recompute modes[] = {nn::Recompute::none, nn::Recompute::selective, nn::Recompute::full};
+    for (std::size_t s = 0; s < stages; ++s) c.recompute_stages.push_back(modes[pick(3)]);
+    const std::string flags = models::GptTrainConfig::join_recompute(c.recompute_stages);
     out.emplace_back("plan " + std::to_string(i) + ": tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) +
                          " dp=" + std::to_string(dp) + " " + schedule + " v=" + std::to_string(c.chunks) +
                          " M=" + std::to_string(c.microbatches) + " zero" + std::to_string(zero) + " layers " +

@@ -333,14 +333,42 @@ RunResult single_rank_of(const models::GptTrainConfig& plan, std::size_t steps) 
 /** Drawn plans `first` to `last` (of 24, seed 46) each train 3 steps equal to the single rank. */
 void require_drawn_plans_equal_single_rank(std::size_t first, std::size_t last) {
   const auto plans = testing::drawn_plans(24, 46);
-  std::size_t uneven = 0;
+  std::size_t uneven = 0, all_modes = 0, empty = 0;
   for (std::size_t i = first; i < last; ++i) {
     const auto& [name, c] = plans[i];
     if (c.partition().sizes() != pipeline::Partition::even(c.model.layers, c.stages()).sizes()) ++uneven;
+    if (std::ranges::count(c.stage_layers, std::size_t(0)) > 0) ++empty;
+    const std::set<nn::Recompute> modes(c.recompute_stages.begin(), c.recompute_stages.end());
+    if (modes.size() == 3) ++all_modes;
     // SGD plans (no ZeRO): every parameter's update too; AdamW (ZeRO-1, -3): losses and gradient norms.
     require_equivalent(run(c, 3), single_rank_of(c, 3), name, parallel::stage_number(c.zero) == 0);
   }
   CHECK(uneven * 2 > last - first);  // most drawn partitions differ from the even split
+  CHECK(all_modes >= 2);             // and some stages of one plan keep all, recompute selectively and fully
+  CHECK(empty >= 2);                 // and some leave a stage without blocks
+}
+
+TEST_CASE(
+    "a pp = 2 plan whose stages recompute none, selectively and fully trains bit for bit as without recomputation, "
+    "and equal to the single rank",
+    "[models][gpt][pipeline][plans][selective]") {
+  // 4 stages (2 chunks per pipeline rank) of 1, 2, 1 and 1 blocks, each rank holding a selective stage. What a
+  // stage recomputes repeats the forward's arithmetic in the same order, so the same layout without any
+  // recomputation gives the same bits; the single rank agrees within the layouts' tolerance.
+  auto c = small_sgd(1, 2, 1, "interleaved_1f1b");
+  c.chunks = 2, c.microbatches = 2, c.model.layers = 5, c.model.dropout = 0.1;
+  c.stage_layers = {1, 2, 1, 1};
+  c.recompute_stages = {nn::Recompute::selective, nn::Recompute::full, nn::Recompute::none, nn::Recompute::selective};
+  auto kept = c;
+  kept.recompute_stages.assign(4, nn::Recompute::none);
+  const RunResult got = run(c, 3), want = run(kept, 3);
+  CHECK(got.losses == want.losses);
+  CHECK(got.norms == want.norms);
+  CHECK(got.params == want.params);
+  auto one = c;
+  one.pp = 1, one.chunks = 1, one.schedule = pipeline::ScheduleKind::one_f_one_b;
+  one.stage_layers.clear(), one.recompute_stages.clear();
+  require_equivalent(got, run(one, 3), "pp=2 v=2 recompute selective,full,none,selective", true);
 }
 
 TEST_CASE("drawn plans (uneven stages, per-stage recomputation, tp, pp, ZeRO, schedules) equal the single rank, I",
@@ -370,16 +398,16 @@ TEST_CASE("stage partitions and per-stage recomputation that cannot run are refu
   REQUIRE_NOTHROW(c.validate(2));
   c.stage_layers = {1, 3};
   REQUIRE_NOTHROW(c.validate(2));
-  c.recompute_stages = {true};
+  c.recompute_stages = {nn::Recompute::full};
   expect(c, "--recompute-stages gives 1 flag(s), but pp x chunks = 2 x 1 = 2 stages");
-  c.recompute_stages = {true, false};
+  c.recompute_stages = {nn::Recompute::full, nn::Recompute::selective};
   REQUIRE_NOTHROW(c.validate(2));
   c.recompute = true;
   expect(c, "--recompute and --recompute-stages both say which stages recompute; give one");
   // The trainer builds the given partition: the last stage holds blocks 1-3.
   auto u = small(1, 2, 1);
   u.stage_layers = {1, 3};
-  u.recompute_stages = {false, true};
+  u.recompute_stages = {nn::Recompute::none, nn::Recompute::full};
   std::mutex m;
   std::vector<std::size_t> blocks(2);
   run_threads(2, [&](ThreadsCommunicator& w) {

@@ -5,7 +5,7 @@
 //
 // - TransformerBlock with the fused residual + ln2 equals HostBackend's add and LayerNorm bit for bit (the fused
 //   operations here are the same host kernels in the same order), with two micro-batches in flight, dropout and
-//   recomputation; with fused attention as well, within attention's tolerance.
+//   each recomputation mode; with fused attention as well, within attention's tolerance.
 // - Attention through `attention_forward/backward` (naive causal attention over the QKV layout, in double) equals
 //   HostBackend's batched products and softmax within 1e-5, norm-relative (only the summation order differs).
 #include <catch2/catch.hpp>
@@ -189,7 +189,7 @@ TEST_CASE("Attention on a backend with fused attention takes it and equals the b
 }
 
 template <class B>
-Result run_block(const nn::BlockConfig& cfg, bool recompute) {
+Result run_block(const nn::BlockConfig& cfg, nn::Recompute recompute) {
   Result r;
   run_threads(1, [&](ThreadsCommunicator& tp) {
     nn::TransformerBlock<ThreadsCommunicator, false, B> block(tp, cfg);
@@ -202,8 +202,9 @@ Result run_block(const nn::BlockConfig& cfg, bool recompute) {
 TEST_CASE("TransformerBlock on a backend with fused residual + layer norm equals add and LayerNorm bit for bit",
           "[nn][block][fused]") {
   const nn::BlockConfig cfg{32, 4, 64, 8, 0.1, 5, 0, "block"};
-  for (bool recompute : {false, true}) {
-    INFO("recomputation " << recompute);
+  // Selective recomputation changes nothing on the fused path (it keeps no probabilities to drop).
+  for (nn::Recompute recompute : {nn::Recompute::none, nn::Recompute::selective, nn::Recompute::full}) {
+    INFO("recomputation " << nn::recompute_name(recompute));
     const Result want = run_block<HostBackend>(cfg, recompute);
     compare(run_block<ResidualLnHostBackend>(cfg, recompute), want, 0);  // the same host kernels, the same order
     compare(run_block<FusedHostBackend>(cfg, recompute), want, 1e-5);    // and with fused attention
@@ -238,7 +239,7 @@ TEST_CASE("CountingBackend counts the fused operations of the backend it wraps, 
   CHECK(counts[Op::residual_layernorm_forward] == 2);
   CHECK(counts[Op::residual_layernorm_backward] == 2);
   CHECK(counts[Op::gemm_strided_batched] == 0);  // the fused attention replaced the batched products
-  compare(counted, run_block<FusedHostBackend>(cfg, false), 0);
+  compare(counted, run_block<FusedHostBackend>(cfg, nn::Recompute::none), 0);
 }
 
 namespace {

@@ -83,15 +83,23 @@ TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measure
     const char* schedule;
     std::size_t cp = 1;
     bool sequence_parallel = false;
+    bool selective = false;  // every stage recomputes its attention probabilities (instead of `recompute`)
   };
   // Few, small runs keep this under a few seconds; runs of more shapes by hand (GPipe, pp = 4,
   // recompute at pp = 4) agreed within 8 % as well (docs/planner.md).
   const Case cases[] = {
-      {1, 1, 4, false, "1f1b"},          {1, 2, 4, true, "1f1b"},           {2, 2, 4, false, "1f1b"},
-      {1, 2, 4, false, "zb_h1"},         {1, 2, 4, false, "2bw"},  // 2bw: the previous weight version the trainer keeps
-      {1, 1, 4, false, "1f1b", 2},       {2, 2, 4, true, "1f1b", 2},         // context parallelism: ring attention
-      {2, 1, 4, false, "1f1b"},          {2, 1, 4, false, "1f1b", 1, true},  // sequence parallelism: tp = 2 without, with
-      {2, 2, 4, false, "1f1b", 1, true}, {2, 2, 4, true, "1f1b", 1, true}};
+      {1, 1, 4, false, "1f1b"},
+      {1, 2, 4, true, "1f1b"},
+      {2, 2, 4, false, "1f1b"},
+      {1, 2, 4, false, "zb_h1"},
+      {1, 2, 4, false, "2bw"},  // 2bw: the previous weight version the trainer keeps
+      {1, 1, 4, false, "1f1b", 2},
+      {2, 2, 4, true, "1f1b", 2},  // context parallelism: ring attention
+      {2, 1, 4, false, "1f1b"},
+      {2, 1, 4, false, "1f1b", 1, true},  // sequence parallelism: tp = 2 without, with
+      {2, 2, 4, false, "1f1b", 1, true},
+      {2, 2, 4, true, "1f1b", 1, true},
+      {1, 2, 4, false, "1f1b", 1, false, true}};  // selective: the probabilities are 1/9 of a layer's activations
   std::vector<double> tp2_peaks;  // the step peaks of tp = 2 pp = 1 without and with sequence parallelism
   for (const Case& k : cases) {
     mpar::models::GptTrainConfig cfg;
@@ -101,13 +109,14 @@ TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measure
     cfg.recompute = k.recompute, cfg.schedule = mpar::pipeline::schedule_kind(k.schedule), cfg.steps = 3,
     cfg.warmup = 1;
     cfg.model.sequence_parallel = k.sequence_parallel;
+    if (k.selective) cfg.recompute_stages.assign(k.pp, mpar::nn::Recompute::selective);
     const Measured got = run_trainer(cfg);
 
     using namespace mpar::plan;
     const GptModel model{cfg.model.layers, cfg.model.hidden, cfg.model.heads, cfg.model.seq, got.padded_vocab};
     ParallelConfig c;
     c.tp = k.tp, c.pp = k.pp, c.cp = k.cp, c.microbatch_size = 4, c.microbatches = std::size_t(k.microbatches);
-    c.recompute = k.recompute ? Recompute::full : Recompute::none;
+    c.recompute = k.selective ? Recompute::selective : k.recompute ? Recompute::full : Recompute::none;
     c.schedule = *parse_schedule(k.schedule);
     c.sequence_parallel = k.sequence_parallel;
     MemoryOptions o;
@@ -119,9 +128,9 @@ TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measure
                    measured_states = got.states[r * k.tp * k.cp];  // tensor and context rank 0 of stage r
       INFO("tp=" << k.tp << (k.sequence_parallel ? " sp" : "") << " cp=" << k.cp << " pp=" << k.pp
                  << " M=" << k.microbatches << " " << k.schedule << (k.recompute ? " recompute" : "")
-                 << ", pipeline rank " << r << ": step peak measured " << measured_step << " B, estimated "
-                 << e.activations + e.communication << " B; model states measured " << measured_states
-                 << " B, estimated " << e.parameters + e.gradients + e.optimizer << " B");
+                 << (k.selective ? " selective" : "") << ", pipeline rank " << r << ": step peak measured "
+                 << measured_step << " B, estimated " << e.activations + e.communication << " B; model states measured "
+                 << measured_states << " B, estimated " << e.parameters + e.gradients + e.optimizer << " B");
       // With cp > 1 the gradients reduce over the data x context group, in place (ranges of the gradient
       // arena): no bucket buffers on either side.
       CHECK(std::abs((e.activations + e.communication) / measured_step - 1) < 0.10);

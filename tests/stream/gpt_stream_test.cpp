@@ -441,7 +441,8 @@ TEST_CASE(
     "it",
     "[stream][gpt][counts][plans]") {
   using Counting = observe::CountingBackend<StreamHostBackend>;
-  const auto with = [](std::vector<std::size_t> layers, std::vector<bool> recompute) {
+  constexpr nn::Recompute none = nn::Recompute::none, full = nn::Recompute::full;
+  const auto with = [](std::vector<std::size_t> layers, std::vector<nn::Recompute> recompute) {
     auto c = testing::small_gpt(1, 2, 1);
     c.stage_layers = std::move(layers);
     c.recompute_stages = std::move(recompute);
@@ -449,14 +450,20 @@ TEST_CASE(
   };
   // Stage 0 recomputes, stage 1 does not: each rank issues what the same stage issues when every stage, or none,
   // recomputes; and recomputation adds GEMMs (the forward again), so the comparison can tell them apart.
-  const auto mixed = with({1, 3}, {true, false}), all = with({1, 3}, {true, true}), none = with({1, 3}, {false, false});
+  const auto mixed = with({1, 3}, {full, none}), all = with({1, 3}, {full, full}), kept = with({1, 3}, {none, none});
   CHECK(mixed[0].gemms() == all[0].gemms());
-  CHECK(mixed[1].gemms() == none[1].gemms());
-  CHECK(all[0].gemms() > none[0].gemms());
-  CHECK(all[1].gemms() > none[1].gemms());
+  CHECK(mixed[1].gemms() == kept[1].gemms());
+  CHECK(all[0].gemms() > kept[0].gemms());
+  CHECK(all[1].gemms() > kept[1].gemms());
   // The blocks follow the partition: 1 + 3 against 3 + 1 moves two blocks' GEMMs from the last rank to the first.
-  const auto swapped = with({3, 1}, {false, false});
-  CHECK(swapped[0].gemms() > none[0].gemms());
-  CHECK(swapped[1].gemms() < none[1].gemms());
-  CHECK(swapped[0].gemms() + swapped[1].gemms() == none[0].gemms() + none[1].gemms());
+  const auto swapped = with({3, 1}, {none, none});
+  CHECK(swapped[0].gemms() > kept[0].gemms());
+  CHECK(swapped[1].gemms() < kept[1].gemms());
+  CHECK(swapped[0].gemms() + swapped[1].gemms() == kept[0].gemms() + kept[1].gemms());
+  // Selective recomputation on stage 0 repeats its attention scores' product in backward: more GEMMs than keeping
+  // everything, fewer than rerunning the stage's forward; stage 1 is untouched.
+  const auto selective = with({1, 3}, {nn::Recompute::selective, none});
+  CHECK(selective[0].gemms() > kept[0].gemms());
+  CHECK(selective[0].gemms() < all[0].gemms());
+  CHECK(selective[1].gemms() == kept[1].gemms());
 }

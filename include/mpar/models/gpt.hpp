@@ -49,6 +49,7 @@
 #include "mpar/nn/half_weight.hpp"
 #include "mpar/nn/layer_norm.hpp"
 #include "mpar/nn/rank_tokens.hpp"
+#include "mpar/nn/recompute.hpp"
 #include "mpar/nn/reduce_gradients.hpp"
 #include "mpar/nn/ring_transformer_block.hpp"
 #include "mpar/nn/transformer_block.hpp"
@@ -177,7 +178,7 @@ struct GptBlock {
   virtual void backward_weight(int mb) = 0;
   virtual std::vector<nn::Parameter*> parameters() = 0;
   virtual void drop(int mb) = 0;
-  virtual void set_recompute(bool on) = 0;
+  virtual void set_recompute(nn::Recompute r) = 0;
   virtual void set_aux_gradient(float) {}
   virtual void set_statistics(const parallel::MoeStatistics&) {}
   /** See nn::TransformerBlock::defer_norm_gradient_reduction; nothing for a block without sequence parallelism. */
@@ -202,7 +203,7 @@ struct GptBlockOf final : GptBlock {
   void backward_weight(int mb) override { block.backward_weight(mb); }
   std::vector<nn::Parameter*> parameters() override { return block.parameters(); }
   void drop(int mb) override { block.drop(mb); }
-  void set_recompute(bool on) override { block.set_recompute(on); }
+  void set_recompute(nn::Recompute r) override { block.set_recompute(r); }
   void set_aux_gradient(float g) override {
     if constexpr (requires { block.set_aux_gradient(g); }) block.set_aux_gradient(g);
   }
@@ -238,7 +239,7 @@ struct GptRingBlockOf final : GptBlock {
   void backward_weight(int mb) override { block.backward_weight(mb); }
   std::vector<nn::Parameter*> parameters() override { return block.parameters(); }
   void drop(int mb) override { block.drop(mb); }
-  void set_recompute(bool on) override { block.set_recompute(on); }
+  void set_recompute(nn::Recompute r) override { block.set_recompute(r); }
   Block block;
 };
 }  // namespace detail
@@ -572,8 +573,13 @@ class GptPipelinePart {
   }
   void begin_step() { weights_done_ = 0; }
 
-  void set_recompute(bool on) {
-    for (auto& b : blocks_) b->set_recompute(on);
+  /**
+   * Every block's recomputation: `selective` drops the attention core's probabilities; `full` makes each block keep
+   * only its input (the trainer's full recomputation is the pipeline executor's instead, per stage: it keeps the
+   * stage input and reruns the stage's forward).
+   */
+  void set_recompute(nn::Recompute r) {
+    for (auto& b : blocks_) b->set_recompute(r);
   }
 
   /**

@@ -98,6 +98,7 @@
 #include "mpar/models/gpt.hpp"
 #include "mpar/nn/autocast.hpp"
 #include "mpar/nn/rank_tokens.hpp"
+#include "mpar/nn/recompute.hpp"
 #include "mpar/observe/timed_communicator.hpp"
 #include "mpar/optim/adamw.hpp"
 #include "mpar/optim/clip.hpp"
@@ -125,13 +126,15 @@ struct GptTrainConfig {
   pipeline::ScheduleKind schedule = pipeline::ScheduleKind::one_f_one_b;
   int microbatches = 2;    ///< per data-parallel rank and step
   int chunks = 1;          ///< model chunks per pipeline rank (interleaved_1f1b)
-  bool recompute = false;  ///< full activation recomputation on every stage
+  bool recompute = false;  ///< full activation recomputation on every stage (--recompute)
   /// Transformer blocks per global pipeline stage (--stage-layers): pp x chunks entries, stage s = chunk x pp + rank
-  /// as `pipeline::global_stage` numbers them, each at least 1, summing to `model.layers`. Empty: the even split.
+  /// as `pipeline::global_stage` numbers them, summing to `model.layers` (a stage may hold none). Empty: the even
+  /// split.
   std::vector<std::size_t> stage_layers;
-  /// Per global stage (same order), whether it recomputes its activations in backward (--recompute-stages); empty:
-  /// `recompute` on every stage. Giving both is refused.
-  std::vector<bool> recompute_stages;
+  /// Per global stage (same order), what it recomputes in backward (--recompute-stages): nothing, the attention
+  /// core's probabilities (selective) or the whole stage (full). Empty: `recompute` on every stage. Giving both is
+  /// refused.
+  std::vector<nn::Recompute> recompute_stages;
   parallel::Precision precision = parallel::Precision::fp32;     ///< f16 adds dynamic loss scaling
   parallel::UpdateRule optimizer = parallel::UpdateRule::adamw;  ///< SGD with momentum 0.9, or AdamW
   parallel::ZeroStage zero = parallel::ZeroStage::none;          ///< what is sharded over the data axis (--zero N)
@@ -172,9 +175,16 @@ struct GptTrainConfig {
     validate_stage_layers();
     return {model.layers, stage_layers, pipeline::EmptyStages::allowed};
   }
-  /** Whether global stage `s` recomputes its activations in backward. */
-  [[nodiscard]] bool recomputes(std::size_t s) const {
-    return recompute_stages.empty() ? recompute : recompute_stages.at(s);
+  /** What global stage `s` recomputes in backward. */
+  [[nodiscard]] nn::Recompute recompute_of(std::size_t s) const {
+    if (!recompute_stages.empty()) return recompute_stages.at(s);
+    return recompute ? nn::Recompute::full : nn::Recompute::none;
+  }
+  /** "none,selective,full": per-stage modes as --recompute-stages takes them. */
+  [[nodiscard]] static std::string join_recompute(const std::vector<nn::Recompute>& v) {
+    std::string out;
+    for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::string(nn::recompute_name(v[i]));
+    return out;
   }
   /** Ranks that take different samples: data x expert. */
   [[nodiscard]] std::size_t batch_ranks() const { return dp * ep; }
@@ -326,7 +336,8 @@ struct GptTrainConfig {
     require(!recompute, "train: --recompute and --recompute-stages both say which stages recompute; give one");
     require(recompute_stages.size() == stages(), "train: --recompute-stages gives ", recompute_stages.size(),
             " flag(s), but pp x chunks = ", pp, " x ", chunks, " = ", stages(),
-            " stages (stage s = chunk x pp + rank); give ", stages(), " comma-separated 0/1 flags");
+            " stages (stage s = chunk x pp + rank); give ", stages(),
+            " comma-separated modes (none, selective or full; 0 and 1 for none and full)");
   }
   /** "1,3,2": counts as --stage-layers takes them. */
   [[nodiscard]] static std::string join_counts(const std::vector<std::size_t>& v) {
@@ -404,11 +415,7 @@ struct GptTrainConfig {
       {"--recompute", c.recompute ? "on" : "off"},
       {"--stage-layers", c.stage_layers.empty() ? "even" : GptTrainConfig::join_counts(c.stage_layers)},
       {"--recompute-stages",
-       [&] {
-         std::string f;
-         for (bool b : c.recompute_stages) f += b ? '1' : '0';
-         return f.empty() ? std::string("all or none") : f;
-       }()},
+       c.recompute_stages.empty() ? std::string("all or none") : GptTrainConfig::join_recompute(c.recompute_stages)},
       {"--sequence-parallel", m.sequence_parallel ? "on" : "off"},
       {"--precision", std::string(parallel::name_of(c.precision))},
       {"--optimizer", std::string(parallel::name_of(c.optimizer))},
@@ -1423,9 +1430,14 @@ class GptTrainer {
     std::vector<Stage*> chunks;
     for (auto& s : stages_) chunks.push_back(s.get());
     pipeline::ExecutorOptions eo;
-    for (int c = 0; c < V; ++c)  // the executor's flags are per local chunk; the configuration's per global stage
-      eo.recompute.push_back(cfg_.recomputes(
-          std::size_t(pipeline::global_stage(pipeline::ScheduleConfig{P, cfg_.microbatches, V, 1}, r, c))));
+    // The configuration's modes are per global stage. Full recomputation is the executor's, per local chunk (it
+    // keeps the chunk's input and reruns its forward); selective is each block's attention.
+    for (int c = 0; c < V; ++c) {
+      const nn::Recompute mode = cfg_.recompute_of(
+          std::size_t(pipeline::global_stage(pipeline::ScheduleConfig{P, cfg_.microbatches, V, 1}, r, c)));
+      eo.recompute.push_back(mode == nn::Recompute::full);
+      if (mode == nn::Recompute::selective) stages_[std::size_t(c)]->set_recompute(mode);
+    }
     eo.microbatch_tokens = cfg_.microbatch_size() * cfg_.model.seq / cfg_.cp;  // this context rank's tokens
     eo.boundary_cols = cfg_.model.hidden;  // every stage boundary is [tokens, hidden]
     eo.loss_on_host = false;               // the loss accumulates into the optimizer's statistics in rank memory

@@ -126,6 +126,28 @@ struct AttentionCore {
     return backward_with<B, T>(tokens, head_major(qkv_h.p, tokens / seq), probs, dout, who);
   }
   /**
+   * The probabilities `forward` saves, `[b, h, s, s]`, computed again from q and k (`qkv_t` as in `forward`):
+   * selective recomputation. The same products and softmax as `forward`'s, so the result is bit-identical.
+   */
+  template <backend B, class T = float>
+  [[nodiscard]] Buffer<float> probabilities(std::size_t tokens, const T* qkv_t) const {
+    Buffer<float> probs;
+    if constexpr (std::is_same_v<T, float>) {
+      probabilities_with<B, T>(tokens / seq, token_major(qkv_t), probs);
+    } else {
+      const Buffer<T> heads_t = head_major_qkv<B>(tokens, qkv_t);
+      probabilities_with<B, T>(tokens / seq, head_major(heads_t.data(), tokens / seq), probs);
+    }
+    return probs;
+  }
+  /** The probabilities from q, k, v already rearranged by `head_major_qkv`. */
+  template <backend B, class T>
+  [[nodiscard]] Buffer<float> probabilities(std::size_t tokens, HeadMajor<T> qkv_h) const {
+    Buffer<float> probs;
+    probabilities_with<B, T>(tokens / seq, head_major(qkv_h.p, tokens / seq), probs);
+    return probs;
+  }
+  /**
    * The same attention through a backend's fused kernel (`fused_attention_backend`): `o` fp32 as `forward`
    * returns it; `o_heads` (the per-head output, storage type T) and `lse` (`[b, h, s]`) are what `fused_backward`
    * needs instead of the probabilities. Results equal `forward`'s to float rounding (fp32), or to 16-bit
@@ -208,16 +230,23 @@ struct AttentionCore {
     return out;
   }
 
+  /** softmax(mask(q k^T / sqrt(d))) of `nb` sequences into `probs`: head h of sequence b at (b*heads + h)*s*s. */
+  template <backend B, class T>
+  void probabilities_with(std::size_t nb, QkvOperands<T> in, Buffer<float>& probs) const {
+    const std::size_t s = seq;
+    // Every element is written by the product and the softmax: no initialisation.
+    probs = uninitialized_buffer<float>(nb * heads * s * s);
+    per_head_gemm<B>(nb, Trans::no, Trans::yes, s, s, head_dim, 1.0f / std::sqrt(float(head_dim)), in.q, in.k,
+                     probs.data(), s, heads * s * s, s * s);
+    B::softmax_forward(nb * heads * s, s, probs.data(), probs.data(), true);  // one causal softmax over all rows
+  }
+
   template <backend B, class T>
   Activation forward_with(const Activation& qkv, QkvOperands<T> in, Buffer<float>& probs) const {
     const std::size_t nb = qkv.extent(0) / seq, hl = heads * head_dim, s = seq, d = head_dim;
-    const float scale = 1.0f / std::sqrt(float(d));
-    // Every element of both is written by the products and the softmax below: no initialisation.
-    probs = uninitialized_buffer<float>(nb * heads * s * s);
+    probabilities_with<B, T>(nb, in, probs);
+    // Every element is written by the product below: no initialisation. Head h of sequence b at b*s*hl + h*d.
     Activation o({qkv.extent(0), hl}, uninitialized);
-    // The probabilities of head h of sequence b at (b*heads + h)*s*s; its output at b*s*hl + h*d.
-    per_head_gemm<B>(nb, Trans::no, Trans::yes, s, s, d, scale, in.q, in.k, probs.data(), s, heads * s * s, s * s);
-    B::softmax_forward(nb * heads * s, s, probs.data(), probs.data(), true);  // one causal softmax over all rows
     const Buffer<T> p_t = as_operand<B, T>(probs);
     const OperandOf<T> p{operand_ptr(p_t, probs.data()), s, heads * s * s, s * s};
     per_head_gemm<B>(nb, Trans::no, Trans::no, s, d, s, 1.0f, p, in.v, o.data(), hl, s * hl, d);
@@ -370,6 +399,15 @@ class AttentionLayer : public TypedLayer<Derived> {
   }
   [[nodiscard]] std::size_t in_features() const { return qkv_.in_features(); }
   [[nodiscard]] std::size_t out_features() const { return proj_.out_features(); }
+  /**
+   * Selective recomputation (Korthikanti et al. 2022; `Recompute::selective`): forward keeps q, k, v and the
+   * projections' inputs but not the core's probabilities `[b, heads, s, s]`, and backward computes them again
+   * from q and k with the same kernels, so every output and gradient is bit-identical to the layer without it.
+   * It changes nothing where the backend's fused attention runs: that keeps no probabilities (only the rows'
+   * log-sum-exp, from which its backward rebuilds them anyway). Read at each forward.
+   */
+  void set_selective_recompute(bool on) { selective_ = on; }
+  [[nodiscard]] bool selective_recompute() const { return selective_; }
 
  protected:
   /** The projections are built by `make_qkv()` and `make_proj()` after the core's sizes were checked. */
@@ -385,6 +423,7 @@ class AttentionLayer : public TypedLayer<Derived> {
     GemmOperand qkv;      ///< fp32, or 16-bit under Autocast (head-major unless the fused kernel ran: core_forward)
     Buffer<float> probs;  ///< the probabilities `[b, h, s, s]`; on the fused path the log-sum-exp `[b, h, s]`
     bool fused = false;   ///< the backend's fused attention ran (`fused_attention_backend`)
+    bool recompute_probs = false;  ///< selective recomputation dropped `probs`: the backward computes them again
     /** On the fused path: the per-head output its backward reads, in the type of the core's qkv. */
     struct {
       Buffer<float> f32;
@@ -412,14 +451,21 @@ class AttentionLayer : public TypedLayer<Derived> {
         return core_.fused_forward<B, T>(qkv, qkv_t, c.template heads_output<T>(), c.probs, Derived::layer_kind);
       }
     }
-    if constexpr (std::is_same_v<T, float>) {
-      return core_.forward<B, T>(qkv, qkv_t, c.probs, Derived::layer_kind);
-    } else {
-      // The batched products' 16-bit q, k, v, rearranged once and kept for the backward in place of the
-      // token-major conversion (AttentionCore::head_major_qkv says why).
-      c.qkv.template half_storage<T>() = core_.head_major_qkv<B>(c.tokens, qkv_t);
-      return core_.forward<B, T>(qkv, Head<T>{c.qkv.template half<T>()}, c.probs, Derived::layer_kind);
+    Activation o = [&] {
+      if constexpr (std::is_same_v<T, float>) {
+        return core_.forward<B, T>(qkv, qkv_t, c.probs, Derived::layer_kind);
+      } else {
+        // The batched products' 16-bit q, k, v, rearranged once and kept for the backward in place of the
+        // token-major conversion (AttentionCore::head_major_qkv says why).
+        c.qkv.template half_storage<T>() = core_.head_major_qkv<B>(c.tokens, qkv_t);
+        return core_.forward<B, T>(qkv, Head<T>{c.qkv.template half<T>()}, c.probs, Derived::layer_kind);
+      }
+    }();
+    if (selective_) {  // freed now: the backward computes them again from q and k
+      c.probs = Buffer<float>{};
+      c.recompute_probs = true;
     }
+    return o;
   }
   template <class T>
   Activation core_backward(const T* qkv_t, Cache& c, const Activation& dout) {
@@ -429,16 +475,20 @@ class AttentionLayer : public TypedLayer<Derived> {
                                           Derived::layer_kind);
       }
     }
-    if constexpr (std::is_same_v<T, float>)
+    if constexpr (std::is_same_v<T, float>) {
+      if (c.recompute_probs) c.probs = core_.probabilities<B, T>(c.tokens, qkv_t);
       return core_.backward<B, T>(c.tokens, qkv_t, c.probs, dout, Derived::layer_kind);
-    else
+    } else {
+      if (c.recompute_probs) c.probs = core_.probabilities<B, T>(c.tokens, Head<T>{qkv_t});
       return core_.backward<B, T>(c.tokens, Head<T>{qkv_t}, c.probs, dout, Derived::layer_kind);
+    }
   }
   template <class T>
   using Head = AttentionCore::HeadMajor<T>;
   Qkv qkv_;
   Proj proj_;
   MicroBatchCache<Cache> cache_;
+  bool selective_ = false;
 };
 }  // namespace detail
 

@@ -28,6 +28,7 @@
 #include "mpar/nn/layer_norm.hpp"
 #include "mpar/nn/mlp.hpp"
 #include "mpar/nn/pre_ln_sublayers.hpp"
+#include "mpar/nn/recompute.hpp"
 #include "mpar/nn/residual.hpp"
 #include "mpar/nn/ring_self_attention.hpp"
 #include "mpar/nn/transformer_block.hpp"
@@ -94,6 +95,12 @@ class RingTransformerBlock {
   std::vector<Parameter*> parameters() { return layers_.parameters(); }
   void drop(int mb) { layers_.drop(mb); }
   void set_recompute(bool on) { layers_.recompute = on; }
+  /**
+   * Full recomputation as `set_recompute(true)`. Selective recomputation keeps everything: ring attention keeps
+   * no probabilities (the rows' log-sum-exp and its output instead, from which its backward rebuilds them
+   * block by block), so there is nothing of the attention core left to drop.
+   */
+  void set_recompute(Recompute r) { layers_.recompute = r == Recompute::full; }
   [[nodiscard]] std::size_t in_features() const { return hidden_; }
   [[nodiscard]] std::size_t out_features() const { return hidden_; }
 

@@ -19,6 +19,7 @@
 #include "mpar/nn/layer_norm.hpp"
 #include "mpar/nn/mlp.hpp"
 #include "mpar/nn/pre_ln_sublayers.hpp"
+#include "mpar/nn/recompute.hpp"
 #include "mpar/nn/residual.hpp"
 
 namespace mpar::nn {
@@ -45,8 +46,9 @@ struct BlockConfig {
  * backward 2 all-reduces (SP: 2 all-gathers + 2 reduce-scatters each way, plus the layer norms'
  * gradient all-reduces in backward).
  *
- * With `set_recompute(true)` forward keeps only the block input; backward first recomputes the
- * forward (dropout masks are pure functions of indices, so it reproduces the same activations).
+ * With `set_recompute(Recompute::full)` forward keeps only the block input; backward first recomputes the
+ * forward (dropout masks are pure functions of indices, so it reproduces the same activations). With
+ * `Recompute::selective` only the attention core's probabilities are dropped and recomputed.
  *
  * The backward splits for zero-bubble schedules: `backward_input` (B, with both backward
  * all-reduces) and `backward_weight` (W, the four projection weight GEMMs, no communication).
@@ -125,8 +127,13 @@ class TransformerBlock : public detail::TypedLayer<TransformerBlock<C, SP, B, Fe
   std::vector<Parameter*> parameters() { return layers_.parameters(); }
   /** Frees everything saved for micro-batch `mb` (after backward nothing is left anyway). */
   void drop(int mb) { layers_.drop(mb); }
-  /** Full recomputation: keep only the block input per micro-batch. */
-  void set_recompute(bool on) { layers_.recompute = on; }
+  /** Full recomputation (`true`): keep only the block input per micro-batch; `false`: none. */
+  void set_recompute(bool on) { set_recompute(on ? Recompute::full : Recompute::none); }
+  /** none, selective (the attention core's probabilities: `SelfAttention::set_selective_recompute`) or full. */
+  void set_recompute(Recompute r) {
+    layers_.recompute = r == Recompute::full;
+    layers_.attn.set_selective_recompute(r == Recompute::selective);
+  }
   [[nodiscard]] std::size_t in_features() const { return hidden_; }
   [[nodiscard]] std::size_t out_features() const { return hidden_; }
   /** The feed-forward half. */

@@ -118,7 +118,9 @@ struct MemoryOptions {
  * activations and 1-byte masks that is sbh (34 + 5as/h). Under tensor parallelism the layer-norm
  * inputs, the QKV and MLP inputs and the two dropout masks after the blocks (4 elements + 2 masks)
  * stay replicated unless sequence parallelism shards them; the rest divides by t. Selective
- * recomputation drops the as^2 b terms; full recomputation keeps only the layer input.
+ * recomputation drops the as^2 b terms (in mpar: the probabilities `[b, a/t, s, s]` the attention core keeps,
+ * its only as^2 b term, since mpar's attention has no dropout of its own); full recomputation keeps only the
+ * layer input.
  */
 [[nodiscard]] constexpr double layer_activation_bytes(const GptModel& m, std::size_t microbatch, std::size_t tp,
                                                       bool sequence_parallel, Recompute r, const Precision& p,
@@ -337,8 +339,10 @@ struct MoeLayerBytes {
     act = peak_inflight * p.activation_bytes * sbh / boundary_shard + rebuilt;
   else if (c.recompute == Recompute::full)
     act += holds_moe ? std::max(full_layer, full_layer - dense_mlp + moe.stored) : full_layer;
-  else if (c.recompute == Recompute::selective)
-    act += (2 * p.activation_bytes + p.mask_bytes) * scores / t;
+  else if (c.recompute == Recompute::selective && c.cp == 1)
+    // One layer's probabilities, recomputed for its backward (nn::SelfAttention::set_selective_recompute), with
+    // their dropout output and mask where the attention drops them out. Ring attention (cp > 1) keeps none to drop.
+    act += (o.attention_dropout ? 2 * p.activation_bytes + p.mask_bytes : p.activation_bytes) * scores / t;
   // Backward workspace: while a layer runs its backward, the gradients of its widest intermediates
   // (the 4h-wide MLP activation and the attention scores, or an MoE layer's exchange and expert buffers) are
   // alive next to everything stored.

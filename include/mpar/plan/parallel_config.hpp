@@ -7,31 +7,17 @@
 #include <string_view>
 #include <vector>
 
+#include "mpar/nn/recompute.hpp"
 #include "mpar/parallel/zero_stage.hpp"
 #include "mpar/pipeline/schedule_kind.hpp"
 
 namespace mpar::plan {
 
-/** @brief Activation recomputation: keep everything, recompute attention's core (Korthikanti), or keep only layer inputs. */
-enum class Recompute { none, selective, full };
-
-[[nodiscard]] constexpr std::string_view recompute_name(Recompute r) {
-  switch (r) {
-    case Recompute::none:
-      return "none";
-    case Recompute::selective:
-      return "selective";
-    case Recompute::full:
-      return "full";
-  }
-  return "?";
-}
-[[nodiscard]] inline std::optional<Recompute> parse_recompute(std::string_view s) {
-  if (s == "none") return Recompute::none;
-  if (s == "selective") return Recompute::selective;
-  if (s == "full") return Recompute::full;
-  return std::nullopt;
-}
+/// Activation recomputation (keep everything, recompute attention's core, keep only layer inputs): the type the
+/// layers and the trainer take, so a plan's choice is the one that runs.
+using nn::parse_recompute;
+using nn::Recompute;
+using nn::recompute_name;
 
 /** The pipeline schedules the planner chooses among: every schedule type of mpar/pipeline. */
 using parallel::ZeroStage;

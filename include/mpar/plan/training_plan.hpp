@@ -1,7 +1,7 @@
 #pragma once
 /**
  * @file A training plan: the layout `mpar-plan` chose (sizes, schedule, micro-batching, ZeRO, the blocks and the
- * recomputation flag of every pipeline stage) with the model and batch it was planned for, as a value and as a
+ * recomputation of every pipeline stage: none, selective or full) with the model and batch it was planned for, as a value and as a
  * JSON file that `mpar-plan --write-plan` writes and `train_gpt --plan` reads (docs/planner.md, "Plan files").
  * Reading is strict: a missing or unknown key, a wrong type, a negative or fractional size, or stage lists that
  * do not match the layout and the model are refused by a `config_error` naming the key and the fix.
@@ -10,6 +10,7 @@
 #include <cstddef>
 #include <fstream>
 #include <initializer_list>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <string_view>
@@ -30,7 +31,8 @@ namespace mpar::plan {
  */
 struct TrainingPlan {
   static constexpr std::string_view format_name = "mpar-training-plan";
-  static constexpr std::size_t format_version = 1;
+  /// 2: "recompute_stages" holds "none", "selective" or "full" per stage (version 1 held true / false).
+  static constexpr std::size_t format_version = 2;
 
   // The model and batch the plan was made for: train_gpt refuses to run it on another.
   std::size_t layers = 0, hidden = 0, heads = 0, seq = 0, vocab = 0;
@@ -42,8 +44,8 @@ struct TrainingPlan {
   std::size_t microbatches = 1;
   ZeroStage zero = ZeroStage::none;
   bool sequence_parallel = false;
-  std::vector<std::size_t> stage_layers;  ///< blocks per global stage, pp x v entries summing to `layers`
-  std::vector<bool> recompute_stages;     ///< per global stage: recompute its activations in backward
+  std::vector<std::size_t> stage_layers;    ///< blocks per global stage, pp x v entries summing to `layers`
+  std::vector<Recompute> recompute_stages;  ///< per global stage: what its backward recomputes
 
   [[nodiscard]] std::size_t stages() const { return pp * v; }
   [[nodiscard]] std::size_t gpus() const { return tp * cp * pp * dp * ep; }
@@ -75,7 +77,7 @@ struct TrainingPlan {
     require(sum == layers, "plan: \"stage_layers\" covers ", sum, " blocks, but the model has \"layers\" ", layers,
             "; the counts must sum to the model's layers");
     require(recompute_stages.size() == stages(), "plan: \"recompute_stages\" has ", recompute_stages.size(),
-            " entries, but pp x v = ", stages(), " stages; give one flag per stage");
+            " entries, but pp x v = ", stages(), " stages; give one mode per stage");
   }
 
   /** The plan as a JSON document, one key per line. */
@@ -84,8 +86,8 @@ struct TrainingPlan {
     const auto list = [&](const auto& values) {
       os << "[";
       for (std::size_t i = 0; i < values.size(); ++i) {
-        if constexpr (std::is_same_v<std::decay_t<decltype(values)>, std::vector<bool>>)
-          os << (i ? ", " : "") << (values[i] ? "true" : "false");
+        if constexpr (std::is_same_v<std::decay_t<decltype(values)>, std::vector<Recompute>>)
+          os << (i ? ", " : "") << json_quoted(recompute_name(values[i]));
         else
           os << (i ? ", " : "") << values[i];
       }
@@ -142,9 +144,13 @@ struct TrainingPlan {
     p.sequence_parallel = f.boolean("sequence_parallel");
     for (const JsonValue& e : f.array("stage_layers")) p.stage_layers.push_back(Fields::count_of(e, "stage_layers"));
     for (const JsonValue& e : f.array("recompute_stages")) {
-      const bool* b = e.boolean();
-      require(b != nullptr, "plan: \"recompute_stages\" holds ", e.kind(), "; its entries are true or false");
-      p.recompute_stages.push_back(*b);
+      const std::string* name = e.string();
+      require(name != nullptr, "plan: \"recompute_stages\" holds ", e.kind(),
+              "; its entries are \"none\", \"selective\" or \"full\"");
+      const std::optional<Recompute> r = parse_recompute(*name);
+      require(r.has_value(), "plan: \"recompute_stages\" holds '", *name,
+              "'; its entries are \"none\", \"selective\" or \"full\"");
+      p.recompute_stages.push_back(*r);
     }
     f.no_others();
     p.validate();
