@@ -28,29 +28,32 @@ using train_gpt::Options;
 
 namespace {
 
+/** The comma-separated entries of `text`, empty ones kept (each list's parser refuses them, naming the entry). */
+std::vector<std::string> split_commas(const std::string& text) {
+  std::vector<std::string> out;
+  std::size_t from = 0;
+  for (std::size_t comma; (comma = text.find(',', from)) != std::string::npos; from = comma + 1)
+    out.push_back(text.substr(from, comma - from));
+  out.push_back(text.substr(from));
+  return out;
+}
+
 /** "1,3,2" as counts; throws naming the option and the fix on anything else (an empty entry, a sign, a letter). */
 std::vector<std::size_t> parse_count_list(const char* option, const std::string& text) {
   std::vector<std::size_t> out;
-  std::size_t from = 0;
-  while (true) {
-    const std::size_t comma = text.find(',', from);
-    const std::string item = text.substr(from, comma == std::string::npos ? std::string::npos : comma - from);
+  for (const std::string& item : split_commas(text)) {
     const bool digits = !item.empty() && item.size() < 10 && item.find_first_not_of("0123456789") == std::string::npos;
     require(digits, "train_gpt: --", option, " '", text, "': '", item,
             "' is not a whole number; give comma-separated counts, one per pipeline stage (e.g. 1,3)");
     out.push_back(std::size_t(std::stoul(item)));
-    if (comma == std::string::npos) return out;
-    from = comma + 1;
   }
+  return out;
 }
 
 /** --recompute-stages: one mode per stage, none, selective or full (0 and 1: none and full, as before). */
 std::vector<nn::Recompute> parse_recompute_list(const std::string& text) {
   std::vector<nn::Recompute> out;
-  std::size_t from = 0;
-  while (true) {
-    const std::size_t comma = text.find(',', from);
-    const std::string item = text.substr(from, comma == std::string::npos ? std::string::npos : comma - from);
+  for (const std::string& item : split_commas(text)) {
     const std::optional<nn::Recompute> r = item == "0"   ? nn::Recompute::none
                                            : item == "1" ? nn::Recompute::full
                                                          : nn::parse_recompute(item);
@@ -58,9 +61,8 @@ std::vector<nn::Recompute> parse_recompute_list(const std::string& text) {
             "' is not a recomputation mode; give one of none, selective or full (or 0, 1) per pipeline stage, "
             "comma-separated (e.g. selective,none)");
     out.push_back(*r);
-    if (comma == std::string::npos) return out;
-    from = comma + 1;
   }
+  return out;
 }
 
 /**

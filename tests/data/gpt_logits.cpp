@@ -84,7 +84,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     mc.vocab_multiple = std::lcm(std::size_t(16), tp);  // as GptTrainConfig::pad_vocab_for_mesh
-    mc.validate(tp, pp);
+    mc.validate(tp);
     require(mc.layers % pp == 0, "gpt_logits: --layers ", mc.layers, " does not split evenly over --pp ", pp);
     const auto ids = parse_ids(ids_s), targets = parse_ids(targets_s);
     require(ids.size() == mc.seq, "gpt_logits: give exactly --seq ", mc.seq, " ids, got ", ids.size());

@@ -399,7 +399,7 @@ TEST_CASE("stage partitions and per-stage recomputation that cannot run are refu
   c.stage_layers = {1, 3};
   REQUIRE_NOTHROW(c.validate(2));
   c.recompute_stages = {nn::Recompute::full};
-  expect(c, "--recompute-stages gives 1 flag(s), but pp x chunks = 2 x 1 = 2 stages");
+  expect(c, "--recompute-stages gives 1 mode(s), but pp x chunks = 2 x 1 = 2 stages");
   c.recompute_stages = {nn::Recompute::full, nn::Recompute::selective};
   REQUIRE_NOTHROW(c.validate(2));
   c.recompute = true;

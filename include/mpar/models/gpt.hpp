@@ -108,8 +108,8 @@ struct GptConfig {
   }
   [[nodiscard]] std::size_t ffn_size() const { return ffn ? ffn : 4 * hidden; }
 
-  /** Throws with what to change when the sizes do not fit tensor size `tp` and `stages` pipeline stages in total. */
-  void validate(std::size_t tp, std::size_t stages, std::size_t ep = 1) const {
+  /** Throws with what to change when the sizes do not fit tensor size `tp` (and `ep` expert ranks). */
+  void validate(std::size_t tp, std::size_t ep = 1) const {
     require(vocab > 0 && hidden > 0 && heads > 0 && layers > 0 && seq > 0,
             "GPT: vocab, hidden, heads, layers and seq must be positive");
     require(hidden % heads == 0, "GPT: hidden ", hidden, " is not divisible by heads ", heads,
@@ -121,8 +121,6 @@ struct GptConfig {
     require(padded_vocab() % tp == 0, "GPT: the padded vocabulary ", padded_vocab(), " is not divisible by --tp ", tp,
             "; use a tensor-parallel size dividing ", vocab_multiple,
             " or set vocab_multiple to a multiple of it (GptTrainer does)");
-    require(stages <= layers, "GPT: ", stages, " pipeline stages (pp x chunks) for only ", layers,
-            " layers; every stage needs at least one block: lower --pp/--chunks or raise --layers");
     if (experts > 0) {
       require(moe_every >= 1 && moe_every <= layers, "GPT: --moe-every ", moe_every, " must be between 1 and --layers ",
               layers, " (1: every block is MoE, 2: every other block)");

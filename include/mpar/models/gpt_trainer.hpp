@@ -241,7 +241,6 @@ struct GptTrainConfig {
               ") equal micro-batches (expert ranks take different samples); use --batch as a multiple of ",
               batch_ranks() * std::size_t(microbatches));
     const int z = parallel::stage_number(zero);
-    require(z >= 0 && z <= 3, "train: ZeRO stage ", z, " is not one mpar runs; use 0, 1, 2 or 3");
     require(!(z > 0 && optimizer != parallel::UpdateRule::adamw), "train: ZeRO-", z,
             " shards AdamW states; use --optimizer adamw with --zero ", z);
     require(!(zero == parallel::ZeroStage::parameters && schedule == pipeline::ScheduleKind::two_bw),
@@ -257,8 +256,12 @@ struct GptTrainConfig {
     if (model.sequence_parallel) validate_sequence_parallel();
     if (graph) validate_graph();
     if (grad_topk_density != 0) validate_grad_topk();
-    // The even split needs a block per stage; a given partition may leave stages empty (validate_stage_layers).
-    model.validate(tp, stage_layers.empty() ? pp * std::size_t(chunks) : 1, ep);
+    model.validate(tp, ep);
+    // The even split gives every stage a block; a given partition may leave stages empty (validate_stage_layers).
+    require(!stage_layers.empty() || stages() <= model.layers, "train: ", stages(),
+            " pipeline stages (pp x chunks) for only ", model.layers,
+            " layers; the even split gives every stage at least one block: lower --pp/--chunks, raise --layers, or "
+            "give --stage-layers with stages that hold none");
     // The schedule's own checks (e.g. interleaved needs M a multiple of P), with its sentence.
     (void)pipeline::make_programs(schedule, pipeline::ScheduleConfig{int(pp), microbatches, chunks, 1});
   }
@@ -335,7 +338,7 @@ struct GptTrainConfig {
     if (recompute_stages.empty()) return;
     require(!recompute, "train: --recompute and --recompute-stages both say which stages recompute; give one");
     require(recompute_stages.size() == stages(), "train: --recompute-stages gives ", recompute_stages.size(),
-            " flag(s), but pp x chunks = ", pp, " x ", chunks, " = ", stages(),
+            " mode(s), but pp x chunks = ", pp, " x ", chunks, " = ", stages(),
             " stages (stage s = chunk x pp + rank); give ", stages(),
             " comma-separated modes (none, selective or full; 0 and 1 for none and full)");
   }

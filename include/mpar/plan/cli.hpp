@@ -399,10 +399,7 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
   }
 }
 
-/**
- * The plan of candidate `c` for `problem`, in train_gpt's terms. Throws config_error for what mpar's trainer
- * does not run (nothing at present: every plan it prints is one train_gpt runs).
- */
+/** The plan of candidate `c` for `problem`, in train_gpt's terms (every plan the search prints is one it runs). */
 [[nodiscard]] inline TrainingPlan training_plan_of(const Candidate& c, const Problem& problem) {
   const ParallelConfig& k = c.config;
   TrainingPlan p;
