@@ -10,6 +10,7 @@
 #include "mpar/nn/dropout.hpp"
 #include "mpar/nn/embedding.hpp"
 #include "mpar/nn/gelu.hpp"
+#include "mpar/nn/grouped_query_attention.hpp"
 #include "mpar/nn/layer.hpp"
 #include "mpar/nn/layer_norm.hpp"
 #include "mpar/nn/linear.hpp"

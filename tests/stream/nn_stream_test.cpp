@@ -6,7 +6,7 @@
 // needs them to be. The GPT's own layers are covered by its stream tests; these are the others: the redistribution
 // layers, a gathered column output, a deferred row reduction, the sequence-parallel pieces, bias and dropout on a
 // feature shard, 2D tensor parallelism, the single-rank attention, and the Llama-class pieces (RMSNorm, the SwiGLU
-// MLP under sequence parallelism, the rotary embedding).
+// MLP under sequence parallelism, the rotary embedding, grouped-query attention).
 #include <catch2/catch.hpp>
 
 #include <sys/wait.h>
@@ -212,6 +212,21 @@ struct LlamaSequenceParallel {
   }
 };
 
+/**
+ * Grouped-query attention (8 query heads, 4 KV heads) over two tensor ranks with sequence parallelism: the KV heads'
+ * repetition and the rotary positions (uploaded once into rank memory) on the stream.
+ */
+struct GqaSequenceParallel {
+  static constexpr int ranks = 2;
+  template <class C, class B>
+  static void run(C& tp, LayerPass& out) {
+    GroupedQueryAttention<C, true, B> attn(tp, GqaConfig{16, 8, 4, 4, 10000.0, layer_seed, 920, "attn"});
+    const auto rows = tokens / std::size_t(tp.size()), first = std::size_t(tp.rank()) * rows;
+    stream_pass<TokenShard, B>(attn, host_block(pass_values(tokens, 16, 17), 16, first, rows, 0, 16), 16,
+                               host_block(pass_values(tokens, 16, 18), 16, first, rows, 0, 16), 16, out);
+  }
+};
+
 /** RMSNorm then the rotary embedding at the rows' positions (uploaded host values), on one rank. */
 template <class B>
 struct NormThenRotary {
@@ -312,8 +327,8 @@ void check_discrete_untouched() {
 
 TEMPLATE_TEST_CASE("nn layers composed by hand run stream-ordered: StreamHostBackend equals HostBackend bit for bit",
                    "[stream][nn]", GatheredColumnThenAllReduce, GatherFeaturesThenLinear, BiasAndDropoutOnFeatureShard,
-                   SequenceParallelProjections, SummaGrid, SingleRankAttention, LlamaSequenceParallel,
-                   SingleRankRotary) {
+                   SequenceParallelProjections, SummaGrid, SingleRankAttention, LlamaSequenceParallel, SingleRankRotary,
+                   GqaSequenceParallel) {
   check_stream_equals_host<TestType>();
 }
 
@@ -321,7 +336,7 @@ TEMPLATE_TEST_CASE("nn layers composed by hand run stream-ordered: StreamHostBac
 TEMPLATE_TEST_CASE("nn layers composed by hand touch no rank memory from the host (DiscreteHostBackend)",
                    "[stream][nn][discrete]", GatheredColumnThenAllReduce, GatherFeaturesThenLinear,
                    BiasAndDropoutOnFeatureShard, SequenceParallelProjections, SummaGrid, SingleRankAttention,
-                   LlamaSequenceParallel, SingleRankRotary) {
+                   LlamaSequenceParallel, SingleRankRotary, GqaSequenceParallel) {
   check_discrete_untouched<TestType>();
 }
 #endif

@@ -349,7 +349,8 @@ class AttentionLayer : public TypedLayer<Derived> {
   template <class In>
   auto forward(const Act<In>& x, int mb = 0) {
     if constexpr (Derived::template check_input<In>()) {
-      auto qkv = qkv_.forward(x, mb);
+      auto projected = qkv_.forward(x, mb);
+      decltype(projected) qkv(self().qkv_for_core(std::move(projected).tensor()));
       auto& c = cache_.put(mb);
       const ComputeType t = autocast_type();  // read once: the backward follows what the forward did
       c.tokens = qkv.extent(0);
@@ -380,7 +381,7 @@ class AttentionLayer : public TypedLayer<Derived> {
                               : decltype(dout)(with_half(c.qkv.type, [&]<class T>(T) {
                                   return core_backward(c.qkv.template half<T>(), c, dout.tensor());
                                 }));
-    return qkv_.backward_input(dqkv, mb);
+    return qkv_.backward_input(decltype(dout)(self().projection_gradient(std::move(dqkv).tensor())), mb);
   }
   /** W: the weight gradients of both projections for micro-batch `mb` (the core has no weights). */
   void backward_weight(int mb = 0) {
@@ -417,7 +418,17 @@ class AttentionLayer : public TypedLayer<Derived> {
 
   AttentionCore core_;
 
+  /**
+   * The QKV projection's output as the core reads it, `[tokens, 3 * heads * head_dim]`: the projection's own output
+   * here. A layer whose projection has another column order (grouped-query attention) or that transforms q and k
+   * (rotary positions) hides these two with its own.
+   */
+  Activation qkv_for_core(Activation projected) { return projected; }
+  /** The inverse map on the gradient: the core's dqkv as the projection's output gradient. */
+  Activation projection_gradient(Activation dqkv) { return dqkv; }
+
  private:
+  Derived& self() { return static_cast<Derived&>(*this); }
   struct Cache {
     std::size_t tokens = 0;
     GemmOperand qkv;      ///< fp32, or 16-bit under Autocast (head-major unless the fused kernel ran: core_forward)
