@@ -15,6 +15,7 @@
 #include "mpar/nn/layer_norm.hpp"
 #include "mpar/nn/linear.hpp"
 #include "mpar/nn/linear_2d.hpp"
+#include "mpar/nn/llama_block.hpp"
 #include "mpar/nn/mlp.hpp"
 #include "mpar/nn/parameter.hpp"
 #include "mpar/nn/recompute.hpp"

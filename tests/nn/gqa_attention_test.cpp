@@ -6,10 +6,8 @@
 // fp32 reassociation (1e-5): the output projection's sum over heads is split over the ranks.
 #include <catch2/catch.hpp>
 
-#include <cmath>
 #include <cstdint>
 #include <type_traits>
-#include <vector>
 
 #include <mpar/comm/threads.hpp>
 
@@ -22,54 +20,6 @@ using namespace mpar::testing::llama;
 
 static_assert(layer<GroupedQueryAttention<ThreadsCommunicator>> &&
               layer<GroupedQueryAttention<ThreadsCommunicator, true>>);
-
-namespace {
-
-/**
- * Llama's attention in double. The fused weight `[hidden, (heads + 2 kv) d]` holds, for KV head j, its g query heads,
- * then k_j, then v_j; query head h uses KV head h / g. Row r of the batch is at position r % seq of its sequence.
- */
-ref::Vec gqa_ref(const ref::Vec& x, const GqaConfig& c, const ref::Params& p) {
-  const std::size_t hidden = c.hidden, heads = c.heads, kv = c.kv_heads, d = hidden / heads, g = heads / kv,
-                    t = x.size() / hidden, cols = (heads + 2 * kv) * d, seq = c.seq;
-  const ref::Vec fused = ref::linear(x, t, hidden, cols, p.at(c.name + ".qkv.weight"), nullptr);
-  ref::Vec q(t * heads * d), k(t * kv * d), v(t * kv * d);
-  for (std::size_t r = 0; r < t; ++r)
-    for (std::size_t j = 0; j < kv; ++j) {
-      const double* row = fused.data() + r * cols + j * (g + 2) * d;
-      for (std::size_t e = 0; e < g * d; ++e) q[r * heads * d + j * g * d + e] = row[e];
-      for (std::size_t e = 0; e < d; ++e) {
-        k[(r * kv + j) * d + e] = row[g * d + e];
-        v[(r * kv + j) * d + e] = row[(g + 1) * d + e];
-      }
-    }
-  std::vector<std::int32_t> pos(t);
-  for (std::size_t r = 0; r < t; ++r) pos[r] = std::int32_t(r % seq);
-  q = rotary_ref(q, heads * d, d, pos, c.rope_theta);
-  k = rotary_ref(k, kv * d, d, pos, c.rope_theta);
-  ref::Vec o(t * heads * d, 0.0);
-  for (std::size_t b = 0; b < t / seq; ++b)
-    for (std::size_t h = 0; h < heads; ++h)
-      for (std::size_t i = 0; i < seq; ++i) {
-        const std::size_t qi = b * seq + i;
-        ref::Vec s(i + 1);
-        double mx = -1e300, z = 0;
-        for (std::size_t j = 0; j <= i; ++j) {
-          double dot = 0;
-          for (std::size_t e = 0; e < d; ++e)
-            dot += q[(qi * heads + h) * d + e] * k[((b * seq + j) * kv + h / g) * d + e];
-          s[j] = dot / std::sqrt(double(d));
-          mx = std::max(mx, s[j]);
-        }
-        for (double& w : s) z += (w = std::exp(w - mx));
-        for (std::size_t e = 0; e < d; ++e)
-          for (std::size_t j = 0; j <= i; ++j)
-            o[(qi * heads + h) * d + e] += s[j] / z * v[((b * seq + j) * kv + h / g) * d + e];
-      }
-  return ref::linear(o, t, heads * d, hidden, p.at(c.name + ".proj.weight"), nullptr);
-}
-
-}  // namespace
 
 TEST_CASE("GroupedQueryAttention: forward equals Llama's attention in double, backward equals finite differences",
           "[nn][llama][gqa]") {
