@@ -166,6 +166,14 @@ Options parse(int argc, char** argv) {
   p.option("layers", t.model.layers, "transformer blocks").range(1, 4096);
   p.option("hidden", t.model.hidden, "model width").range(1, 1 << 20);
   p.option("heads", t.model.heads, "attention heads").range(1, 4096);
+  p.choice("model", t.model.family, {{"gpt2", models::ModelFamily::gpt2}, {"llama", models::ModelFamily::llama}},
+           "decoder family: GPT-2's blocks, or Llama's (RMSNorm, rotary positions, grouped-query attention, SwiGLU, "
+           "no biases, an untied head)");
+  p.option("kv-heads", t.model.kv_heads,
+           "--model llama: key/value heads of grouped-query attention, dividing --heads (0: as many as --heads)")
+      .range(0, 4096);
+  p.option("ffn", t.model.ffn, "MLP width (0: 4 x --hidden)").range(0, 1 << 24);
+  p.option("rope-theta", t.model.rope_theta, "--model llama: the rotary embedding's frequency base").range(1, 1e12);
   p.option("seq", t.model.seq, "sequence length (characters)").range(2, 1 << 20);
   p.option("dropout", t.model.dropout, "dropout probability").range(0, 0.9);
   p.option("tp", t.tp, "tensor-parallel size").range(1, 1024);
@@ -284,6 +292,11 @@ Options parse(int argc, char** argv) {
           "; steps count from 0): nothing would be traced");
   require(!p.given("trace-step") || !o.trace.empty(),
           "train_gpt: --trace-step needs --trace FILE to say where the trace goes");
+  require(t.model.is_llama() || (!p.given("kv-heads") && !p.given("rope-theta")),
+          "train_gpt: --kv-heads and --rope-theta are Llama's; add --model llama, or drop them");
+  require(!o.hf_gpt2 || !t.model.is_llama(),
+          "train_gpt: --hf-gpt2 writes GPT-2's tensor names, which a --model llama run does not have; drop --hf-gpt2 "
+          "(--export then writes mpar's names)");
   require(!o.hf_gpt2 || !o.export_path.empty(),
           "train_gpt: --hf-gpt2 names the tensors of --export; give --export FILE.safetensors, or drop --hf-gpt2");
   require(!p.given("check-steps") || o.check_against_host || o.check_layout,

@@ -1153,6 +1153,78 @@ void require_moe_equivalent(const RunResult& got, const RunResult& ref, const st
 
 // Tolerances as above: losses and load-balancing losses 2e-5 relative, gradient norms 1e-3, every parameter
 // (gates and every expert included, gathered over the expert axis) 1e-4 norm-relative after 8 SGD steps.
+/**
+ * The Llama family on the same small shape: 4 heads sharing 2 key/value heads, a SwiGLU width of 64, trained with
+ * SGD so that parameters compare as well as losses.
+ */
+models::GptTrainConfig small_llama(std::size_t tp, std::size_t pp, std::size_t dp, std::string schedule = "1f1b") {
+  auto c = small_sgd(tp, pp, dp, std::move(schedule));
+  c.model.family = models::ModelFamily::llama;
+  c.model.kv_heads = 2;
+  c.model.ffn = 64;
+  return c;
+}
+
+TEST_CASE("Llama: tp, pp, dp with ZeRO-3, sequence parallelism and bf16 reproduce the single-rank run",
+          "[models][llama]") {
+  const RunResult ref = run(small_llama(1, 1, 1), 20);
+  REQUIRE(ref.losses.back() < ref.losses.front() - 0.5);  // it learns
+  // Llama's parameters: rotary positions (no position table), RMSNorm gains only, an untied head.
+  CHECK(ref.params.contains("head.weight"));
+  CHECK(ref.params.contains("embed.token.weight"));
+  CHECK(!ref.params.contains("embed.position.weight"));
+  CHECK(ref.params.contains("block0.attn.qkv.weight"));
+  CHECK(!ref.params.contains("block0.attn.qkv.bias"));
+  CHECK(ref.params.at("block0.attn.qkv.weight").size() == 32 * (4 + 2 * 2) * 8);
+  for (auto [tp, pp, dp] : {std::tuple<std::size_t, std::size_t, std::size_t>{2, 1, 1}, {1, 2, 1}, {1, 1, 2}, {2, 2, 2}})
+    require_equivalent(run(small_llama(tp, pp, dp), 20), ref,
+                       "llama tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp),
+                       true);
+  // ZeRO-3 shards AdamW's states: against the single rank under AdamW, losses and gradient norms.
+  const auto adamw = [](models::GptTrainConfig c) {
+    c.optimizer = parallel::UpdateRule::adamw;
+    c.lr = 3e-3;
+    return c;
+  };
+  auto z3 = adamw(small_llama(2, 1, 2));
+  z3.zero = parallel::ZeroStage::parameters;
+  require_equivalent(run(z3, 20), run(adamw(small_llama(1, 1, 1)), 20), "llama AdamW ZeRO-3 tp=2 dp=2", false);
+  require_equivalent(run(sequence_parallel(small_llama(2, 2, 1, "zb_h1")), 20), ref, "llama sp tp=2 pp=2 zb_h1", true);
+  auto selective = small_llama(1, 2, 1);
+  selective.recompute_stages = {nn::Recompute::selective, nn::Recompute::full};
+  require_equivalent(run(selective, 20), ref, "llama pp=2, selective and full recomputation", true);
+  auto bf16 = [](models::GptTrainConfig c) {
+    c.precision = parallel::Precision::bf16;
+    return c;
+  };
+  const RunResult bf16_ref = run(bf16(small_llama(1, 1, 1)), 10);
+  REQUIRE(std::fabs(bf16_ref.losses[3] - ref.losses[3]) > 0.0);  // 16-bit arithmetic ran
+  require_bf16_equivalent(run(bf16(small_llama(2, 2, 1)), 10), bf16_ref, "llama bf16 tp=2 pp=2", true);
+}
+
+TEST_CASE("Llama: a checkpoint resumes in another layout; a GPT-2 run refuses it; what cannot run is refused",
+          "[models][llama][checkpoint][errors]") {
+  const fs::path dir = fs::temp_directory_path() / "mpar-test-llama-resume";
+  fs::remove_all(dir);
+  const RunResult full = run(small_llama(1, 1, 1), 20);
+  (void)run(small_llama(2, 2, 1), 10, "", dir.string());
+  require_continues(run(small_llama(1, 2, 2), 20, dir.string()), full, 10);
+  auto gpt2 = small_sgd(1, 1, 1);
+  CHECK_THROWS_WITH(run(gpt2, 20, dir.string()), Catch::Contains("model.family"));
+  fs::remove_all(dir);
+  auto kv = small_llama(4, 1, 1);  // 2 key/value heads over 4 tensor ranks
+  CHECK_THROWS_WITH(run(kv, 1), Catch::Contains("--kv-heads 2 is not divisible by the tensor-parallel size 4"));
+  auto groups = small_llama(1, 1, 1);
+  groups.model.kv_heads = 3;
+  CHECK_THROWS_WITH(run(groups, 1), Catch::Contains("not divisible by --kv-heads 3"));
+  auto cp = small_llama(1, 1, 1);
+  cp.cp = 2;
+  CHECK_THROWS_WITH(run(cp, 1), Catch::Contains("Llama") && Catch::Contains("cp 1"));
+  auto dropout = small_llama(1, 1, 1);
+  dropout.model.dropout = 0.1;
+  CHECK_THROWS_WITH(run(dropout, 1), Catch::Contains("no dropout"));
+}
+
 TEST_CASE("GPT with MoE: expert parallelism with tp, pp, dp reproduces the single-rank run", "[models][gpt][moe]") {
   const RunResult& ref = reference_moe();
   REQUIRE(ref.dropped == 0);

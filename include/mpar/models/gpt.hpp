@@ -22,6 +22,10 @@
  * and `GptTiedEmbedding` adds the two gradients over the first-and-last-stage group before the step,
  * keeping both copies identical — the copy is excluded from gradient norms so it is not counted twice.
  *
+ * Llama (`GptConfig::family = ModelFamily::llama`): the same stages with `nn::LlamaBlock`s (rotary positions, so no
+ * position embedding), a final RMSNorm and an untied vocab-parallel head `head.weight` of the embedding's shape and
+ * split; nothing is tied across the pipeline.
+ *
  * Mixture of experts (`GptConfig::experts > 0`): the blocks `GptConfig::is_moe_block` selects replace
  * their MLP by a top-k gated MoE (`MoeTransformerBlock`) whose experts are spread over an expert group
  * and whose load-balancing statistics are taken over a token group (`GptMoeGroups`); the load-balancing
@@ -39,15 +43,18 @@
 #include <string>
 #include <type_traits>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
+#include "mpar/models/model_family.hpp"
 #include "mpar/models/moe_block.hpp"
 #include "mpar/nn/cross_entropy.hpp"
 #include "mpar/nn/embedding.hpp"
 #include "mpar/nn/half_weight.hpp"
 #include "mpar/nn/layer_norm.hpp"
+#include "mpar/nn/llama_block.hpp"
 #include "mpar/nn/rank_tokens.hpp"
 #include "mpar/nn/recompute.hpp"
 #include "mpar/nn/reduce_gradients.hpp"
@@ -61,6 +68,11 @@ struct GptConfig {
   std::size_t vocab = 0, hidden = 64, heads = 4, layers = 2, seq = 32, ffn = 0;
   double dropout = 0.0;
   std::uint64_t seed = 1;
+  /// GPT-2's blocks or Llama's (`ModelFamily`); the fields below are Llama's.
+  ModelFamily family = ModelFamily::gpt2;
+  std::size_t kv_heads = 0;     ///< Llama: key/value heads of grouped-query attention, dividing heads (0: heads)
+  double rope_theta = 10000.0;  ///< Llama: the rotary frequency base
+  float norm_eps = 1e-5f;       ///< Llama: RMSNorm's epsilon
   /// Mixture of experts: 0 keeps every MLP dense; otherwise the MoE blocks hold this many experts of
   /// width `ffn_size()` each.
   std::size_t experts = 0;
@@ -107,6 +119,11 @@ struct GptConfig {
     return (vocab + m - 1) / m * m;
   }
   [[nodiscard]] std::size_t ffn_size() const { return ffn ? ffn : 4 * hidden; }
+  [[nodiscard]] bool is_llama() const { return family == ModelFamily::llama; }
+  /** Key/value heads: `kv_heads`, or `heads` when 0 (GPT-2's attention has as many as query heads). */
+  [[nodiscard]] std::size_t kv_head_count() const { return is_llama() && kv_heads > 0 ? kv_heads : heads; }
+  /** Whether the output head is the token embedding (GPT-2) or a parameter of its own (Llama). */
+  [[nodiscard]] bool tied_head() const { return !is_llama(); }
 
   /** Throws with what to change when the sizes do not fit tensor size `tp` (and `ep` expert ranks). */
   void validate(std::size_t tp, std::size_t ep = 1) const {
@@ -130,19 +147,37 @@ struct GptConfig {
               "; use --experts as a multiple of --ep ", ep, " or an --ep dividing ", experts);
       require(moe_aux_weight >= 0.0f, "GPT: --aux-coef ", moe_aux_weight, " must not be negative");
     }
+    if (is_llama()) {
+      const std::size_t kv = kv_head_count();
+      require(heads % kv == 0, "Llama: ", heads, " heads are not divisible by --kv-heads ", kv,
+              "; choose --kv-heads dividing --heads");
+      require(kv % tp == 0, "Llama: --kv-heads ", kv, " is not divisible by the tensor-parallel size ", tp,
+              "; attention is split by whole key/value heads, so use --tp dividing ", kv, " or more --kv-heads");
+      require((hidden / heads) % 2 == 0, "Llama: the head size hidden / heads = ", hidden / heads,
+              " is odd; the rotary embedding rotates pairs, so choose an even head size");
+      require(experts == 0, "Llama: --experts ", experts, " (mixture of experts) is built for GPT-2's blocks only; use --experts 0");
+      require(dropout == 0.0, "Llama: --dropout ", dropout, ": Llama's blocks have no dropout; use --dropout 0");
+      require(rope_theta > 0.0 && norm_eps > 0.0f, "Llama: --rope-theta and the RMSNorm epsilon must be positive");
+    }
     require(!sequence_parallel || experts == 0, "GPT: --sequence-parallel with --experts ", experts,
             ": the MoE blocks are not sequence-parallel; use --experts 0, or drop --sequence-parallel");
     require(ep == 1 || experts > 0, "GPT: --ep ", ep, " spreads experts, but the model has none; add --experts N ",
             "(a multiple of ", ep, ") or use --ep 1");
   }
 
-  /** Parameter ids: embeddings and final norm first, then `BlockConfig::ids_per_block` per block. */
+  /** Parameter ids: embeddings, final norm and (Llama) head first, then `BlockConfig::ids_per_block` per block. */
   static constexpr std::uint64_t token_embedding_id = 1, position_embedding_id = 2, final_norm_id = 3,
-                                 first_block_id = 16;
+                                 output_head_id = 5, first_block_id = 16;
+  static_assert(nn::LlamaBlockConfig::ids_per_block == nn::BlockConfig::ids_per_block);
 
   /** Parameters of the unsharded model (with the padded vocabulary). */
   [[nodiscard]] std::size_t parameter_count() const {
     const std::size_t h = hidden, f = ffn_size();
+    if (is_llama()) {
+      const std::size_t d = hidden / heads, qkv = h * (heads + 2 * kv_head_count()) * d;
+      const std::size_t block = 2 * h + qkv + heads * d * h + h * 2 * f + f * h;
+      return 2 * padded_vocab() * h + layers * block + h;  // embedding, blocks, final norm, untied head
+    }
     const std::size_t attn = 2 * h + (3 * h * h + 3 * h) + (h * h + h) + 2 * h;
     const std::size_t dense = h * f + f + f * h + h, moe = h * experts + experts * 2 * h * f;
     std::size_t blocks = 0;
@@ -269,6 +304,8 @@ class GptPipelinePart {
             cp_ > 1 ? "context parallelism (cp " + std::to_string(cp_) + ")" : std::string("MoE blocks"),
             " is not supported; set GptConfig::sequence_parallel = false (drop --sequence-parallel)",
             cp_ > 1 ? " or use cp 1" : " or use a dense model (--experts 0)");
+    require(!cfg.is_llama() || cp_ == 1, "GptPipelinePart: context parallelism (cp ", cp_,
+            ") with Llama blocks is not built (they have no ring-attention form); use cp 1 or the GPT-2 family");
     if (cp_ > 1) {
       require(!cfg.has_moe(), "GptPipelinePart: context parallelism (cp ", cp_,
               ") with MoE blocks is not supported; use cp 1 "
@@ -282,7 +319,8 @@ class GptPipelinePart {
       embed_.emplace(tp, nn::EmbeddingConfig{cfg.padded_vocab(), cfg.hidden, cfg.seed, GptConfig::token_embedding_id,
                                              "embed.token"});
       const std::array<std::size_t, 2> ps{cfg.seq, cfg.hidden};
-      pos_ = nn::make_parameter<B, 2>("embed.position", GptConfig::position_embedding_id, ps,
+      if (!cfg.is_llama())  // Llama's positions are rotary, inside the attention
+        pos_ = nn::make_parameter<B, 2>("embed.position", GptConfig::position_embedding_id, ps,
                                       nn::detail::tensor_box<Replicate>(ps, 1, 0), Replicate::name(), false, cfg.seed,
                                       InitSpec::normal(0.01));
     }
@@ -297,7 +335,21 @@ class GptPipelinePart {
                                GptConfig::first_block_id + b * nn::BlockConfig::ids_per_block,
                                "block" + std::to_string(b),
                                &tokens_};
-      if (cp_ > 1) {
+      if (cfg.is_llama()) {
+        const nn::LlamaBlockConfig lc{cfg.hidden,     cfg.heads,    cfg.kv_heads,  cfg.ffn_size(), cfg.seq,
+                                      cfg.rope_theta, cfg.norm_eps, cfg.seed,      bc.id_base,     bc.name};
+        if constexpr (llama_kernel_backend<B>) {
+          if (sp_)
+            blocks_.push_back(std::make_unique<detail::GptBlockOf<nn::LlamaBlock<C, true, B>>>(tp, lc));
+          else
+            blocks_.push_back(std::make_unique<detail::GptBlockOf<nn::LlamaBlock<C, false, B>>>(tp, lc));
+        } else {
+          throw config_error(mpar::detail::cat(
+              "GptPipelinePart: the Llama family needs the Llama-class kernels (backend/llama_kernel_backend.hpp), "
+              "which backend '",
+              B::name, "' lacks; use the GPT-2 family on it, or a backend that has them (host, stream-host)"));
+        }
+      } else if (cp_ > 1) {
         if constexpr (online_softmax_backend<B>)
           blocks_.push_back(
               std::make_unique<detail::GptRingBlockOf<nn::RingTransformerBlock<C, B>, B>>(tp, *context, bc));
@@ -325,11 +377,23 @@ class GptPipelinePart {
       }
     }
     if (last_) {
-      if (sp_)
+      if constexpr (llama_kernel_backend<B>) {  // a Llama model on another backend was refused with its blocks
+        if (cfg.is_llama() && sp_)
+          final_rms_sp_.emplace(tp, cfg.hidden, cfg.seed, GptConfig::final_norm_id, "final_norm", cfg.norm_eps);
+        else if (cfg.is_llama())
+          final_rms_.emplace(cfg.hidden, cfg.seed, GptConfig::final_norm_id, "final_norm", cfg.norm_eps);
+      }
+      if (!cfg.is_llama() && sp_)
         final_ln_sp_.emplace(tp, cfg.hidden, cfg.seed, GptConfig::final_norm_id, "final_norm");
-      else
+      else if (!cfg.is_llama())
         final_ln_.emplace(cfg.hidden, cfg.seed, GptConfig::final_norm_id, "final_norm");
-      if (first_) {
+      if (cfg.is_llama()) {
+        // Untied: a vocab-parallel weight of the embedding's shape and split, with its own id and values.
+        nn::VocabParallelEmbedding<C, false, B> head(
+            tp, nn::EmbeddingConfig{cfg.padded_vocab(), cfg.hidden, cfg.seed, GptConfig::output_head_id, "head"});
+        head_own_ = std::move(*head.parameters()[0]);
+        head_ = &head_own_;
+      } else if (first_) {
         head_ = embed_->parameters()[0];
       } else if (shared_embedding != nullptr) {
         head_ = shared_embedding;  // the same stage object holds both ends (interleaved chunks on one rank)
@@ -438,10 +502,11 @@ class GptPipelinePart {
     // vocabulary rows of E give vocab-sharded logits. Under sequence parallelism the norm works on this rank's
     // tokens and an all-gather replaces f (its backward reduce-scatters the head's Partial input gradient).
     nn::Act<Replicate> hn = [&] {
+      nn::Act<L> hn = with_final_norm<L>([&](auto& norm) { return norm.forward(h, mb); });
       if constexpr (std::is_same_v<L, nn::TokenShard>)
-        return nn::GatherTokens::forward(*tp_, final_ln_sp_->forward(h, mb));
+        return nn::GatherTokens::forward(*tp_, std::move(hn));
       else
-        return nn::CopyToTensorRegion::forward(*tp_, final_ln_->forward(h, mb));
+        return nn::CopyToTensorRegion::forward(*tp_, std::move(hn));
     }();
     nn::Act<nn::FeatureShard> logits(nn::Activation({hn.extent(0), head_->local_box[0].extent}, uninitialized));
     // Inside an Autocast scope the head's products take 16-bit operands (the input converted once, kept for
@@ -510,10 +575,7 @@ class GptPipelinePart {
     if (embed_) embed_->drop(mb);
     for (auto& b : blocks_) b->drop(mb);
     if (last_) {
-      if (sp_)
-        final_ln_sp_->drop(mb);
-      else
-        final_ln_->drop(mb);
+      with_final_norm([&](auto& norm) { norm.drop(mb); });
       head_inputs_.drop(mb);
       head_pending_.drop(mb);
     }
@@ -523,14 +585,11 @@ class GptPipelinePart {
   /** Every parameter this stage updates (the tied copy included, once). */
   std::vector<nn::Parameter*> parameters() {
     std::vector<nn::Parameter*> ps;
-    if (first_) {
-      nn::detail::append(ps, embed_->parameters());
-      ps.push_back(&pos_);
-    }
+    if (first_) nn::detail::append(ps, embedding_parameters());
     for (auto& b : blocks_) nn::detail::append(ps, b->parameters());
     if (last_) {
       nn::detail::append(ps, final_norm_parameters());
-      if (head_ == &head_copy_) ps.push_back(&head_copy_);
+      if (head_ == &head_copy_ || head_ == &head_own_) ps.push_back(head_);
     }
     return ps;
   }
@@ -566,7 +625,7 @@ class GptPipelinePart {
     if (sp_ && microbatches > 0 && !norms_deferred_) {
       norms_deferred_ = true;
       for (auto& b : blocks_) block_norms_.push_back(b->defer_norm_gradient_reduction());
-      if (last_) final_ln_sp_->defer_gradient_reduction(true);
+      if (last_) with_final_norm<nn::TokenShard>([](auto& norm) { norm.defer_gradient_reduction(true); });
     }
   }
   void begin_step() { weights_done_ = 0; }
@@ -597,7 +656,7 @@ class GptPipelinePart {
    */
   std::vector<std::vector<nn::Parameter*>> units() {
     std::vector<std::vector<nn::Parameter*>> out;
-    if (first_) out.push_back({embed_->parameters()[0], &pos_});
+    if (first_) out.push_back(embedding_parameters());
     for (auto& b : blocks_) out.push_back(b->parameters());
     if (last_) {
       out.push_back(final_norm_parameters());
@@ -650,7 +709,34 @@ class GptPipelinePart {
   }
 
   [[nodiscard]] std::vector<nn::Parameter*> final_norm_parameters() {
-    return sp_ ? final_ln_sp_->parameters() : final_ln_->parameters();
+    return with_final_norm([](auto& norm) { return norm.parameters(); });
+  }
+  /** The token table, and GPT-2's position table (Llama has none). */
+  [[nodiscard]] std::vector<nn::Parameter*> embedding_parameters() {
+    std::vector<nn::Parameter*> ps{embed_->parameters()[0]};
+    if (!cfg_.is_llama()) ps.push_back(&pos_);
+    return ps;
+  }
+  /** `f(norm)` on the final norm of the blocks' layout `L`: LayerNorm (GPT-2) or RMSNorm (Llama). */
+  template <class L, class F>
+  decltype(auto) with_final_norm(F&& f) {
+    if constexpr (llama_kernel_backend<B>) {
+      if (cfg_.is_llama()) {
+        if constexpr (std::is_same_v<L, nn::TokenShard>)
+          return f(*final_rms_sp_);
+        else
+          return f(*final_rms_);
+      }
+    }
+    if constexpr (std::is_same_v<L, nn::TokenShard>)
+      return f(*final_ln_sp_);
+    else
+      return f(*final_ln_);
+  }
+  /** `with_final_norm` in this stage's layout, for what does not depend on it (parameters, freeing a micro-batch). */
+  template <class F>
+  decltype(auto) with_final_norm(F&& f) {
+    return sp_ ? with_final_norm<nn::TokenShard>(f) : with_final_norm<Replicate>(f);
   }
 
   /**
@@ -729,10 +815,13 @@ class GptPipelinePart {
       });
     }
     head_pending_.put(mb) = {std::move(saved.x), std::move(dy_op)};  // kept for W
-    if constexpr (std::is_same_v<L, nn::TokenShard>)
-      return final_ln_sp_->backward(nn::GatherTokens::backward(*tp_, std::move(dh), "GptPipelinePart head"), mb);
-    else
-      return final_ln_->backward(nn::CopyToTensorRegion::backward(*tp_, std::move(dh)), mb);
+    nn::Act<L> dn = [&] {
+      if constexpr (std::is_same_v<L, nn::TokenShard>)
+        return nn::GatherTokens::backward(*tp_, std::move(dh), "GptPipelinePart head");
+      else
+        return nn::CopyToTensorRegion::backward(*tp_, std::move(dh));
+    }();
+    return with_final_norm<L>([&](auto& norm) { return norm.backward(dn, mb); });
   }
 
   /**
@@ -784,7 +873,11 @@ class GptPipelinePart {
                                    w.x.template half<T>(), h, 1.0f, head_->grad.data(), h);
       });
     }
-    if (final) gradients_final(final_norm_parameters(), final_norm_parameters());
+    if (final) {
+      std::vector<nn::Parameter*> group = final_norm_parameters();
+      if (head_ == &head_own_) group.push_back(head_);  // untied: final here, not with the embedding
+      gradients_final(group, final_norm_parameters());
+    }
   }
   void block_backward_weight(std::size_t i, int mb, bool final) {
     blocks_[i]->backward_weight(mb);
@@ -827,6 +920,7 @@ class GptPipelinePart {
       }
       return embed_->embed(std::span<const std::int32_t>(tokens), mb);
     }();
+    if (cfg_.is_llama()) return h;  // rotary positions, applied to q and k inside each block's attention
     // h[b, s, :] += position[s, :]: with each sequence a row of seq x hidden values, the position table is
     // that row's bias, so one bias addition covers the micro-batch. Under cp the row is the rank's two
     // chunks, and the bias their rows of the table.
@@ -849,7 +943,9 @@ class GptPipelinePart {
   [[nodiscard]] std::size_t position_chunk(std::size_t a) const { return a == 0 ? cp_rank_ : 2 * cp_ - 1 - cp_rank_; }
   void embed_backward(nn::Act<Replicate> dy, int mb, bool final) {
     const std::size_t seq = cfg_.seq / cp_, block = seq * cfg_.hidden;
-    if (cp_ == 1) {
+    if (cfg_.is_llama()) {
+      // no position table
+    } else if (cp_ == 1) {
       B::bias_add_backward(dy.extent(0) / seq, block, dy.data(), pos_.grad.data());  // the sum over sequences
     } else {
       // The sum over sequences of the rank's two chunks, added into their rows of the table's gradient.
@@ -862,7 +958,7 @@ class GptPipelinePart {
     }
     embed_->backward(std::move(dy), mb);  // moved: the typed backward takes it by value
     // The embedding of a single-stage model is also the head: its gradient is final only here.
-    if (final && hook_) hook_(std::vector<nn::Parameter*>{embed_->parameters()[0], &pos_});
+    if (final && hook_) hook_(embedding_parameters());
   }
 
   C* tp_;
@@ -877,6 +973,12 @@ class GptPipelinePart {
   std::vector<std::unique_ptr<detail::GptBlock>> blocks_;
   std::optional<nn::LayerNorm<Replicate, nn::NoComm, B>> final_ln_;  ///< without sequence parallelism
   std::optional<nn::LayerNorm<nn::TokenShard, C, B>> final_ln_sp_;   ///< with it
+  /// Llama's final norm, without and with sequence parallelism (nothing on a backend without its kernels).
+  template <class Norm>
+  using IfLlamaKernels = std::conditional_t<llama_kernel_backend<B>, Norm, std::monostate>;
+  std::optional<IfLlamaKernels<nn::RMSNorm<Replicate, nn::NoComm, B>>> final_rms_;
+  std::optional<IfLlamaKernels<nn::RMSNorm<nn::TokenShard, C, B>>> final_rms_sp_;
+  nn::Parameter head_own_;  ///< Llama's untied head
   nn::Parameter head_copy_;
   nn::Parameter* head_ = nullptr;
   std::optional<nn::VocabParallelCrossEntropy<C, B>> ce_;

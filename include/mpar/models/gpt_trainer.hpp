@@ -394,6 +394,9 @@ struct GptTrainConfig {
   auto count = [](std::size_t v) { return std::to_string(v); };
   const GptConfig& m = c.model;
   std::vector<RankSetting> s{
+      {"--model", std::string(name_of(m.family))},
+      {"--kv-heads", count(m.kv_heads)},
+      {"--rope-theta", num(m.rope_theta)},
       {"--vocab", count(m.vocab)},
       {"--hidden", count(m.hidden)},
       {"--heads", count(m.heads)},
@@ -1043,6 +1046,11 @@ class GptTrainer {
     id["model.heads"] = std::to_string(m.heads);
     id["model.seq"] = std::to_string(m.seq);
     id["model.experts"] = std::to_string(m.experts);
+    if (m.is_llama()) {  // absent for GPT-2, so its earlier checkpoints keep their identity
+      id["model.family"] = std::string(name_of(m.family));
+      id["model.kv_heads"] = std::to_string(m.kv_head_count());
+      id["model.ffn"] = std::to_string(m.ffn_size());
+    }
     if (m.experts > 0) {
       id["model.moe_every"] = std::to_string(m.moe_every);
       id["model.moe_top_k"] = std::to_string(m.moe_top_k);
@@ -1063,7 +1071,8 @@ class GptTrainer {
     static const std::map<std::string, std::string> option{
         {"data.seed", "--data-seed"},   {"model.seed", "--seed"},           {"model.layers", "--layers"},
         {"model.hidden", "--hidden"},   {"model.heads", "--heads"},         {"model.seq", "--seq"},
-        {"model.experts", "--experts"}, {"model.moe_every", "--moe-every"}, {"model.moe_top_k", "--topk"}};
+        {"model.experts", "--experts"}, {"model.moe_every", "--moe-every"}, {"model.moe_top_k", "--topk"},
+        {"model.kv_heads", "--kv-heads"}, {"model.ffn", "--ffn"}};
     const auto& u = saved.state.user;
     auto saved_of = [&](const std::string& k) -> const std::string* {
       auto it = u.find(k);
@@ -1080,6 +1089,11 @@ class GptTrainer {
                                         " tokens with hash ", *h, " in the checkpoint, ", now.at("data.tokens"),
                                         " with hash ", now.at("data.hash"),
                                         " now; a text's hash covers which character each id means)"));
+    // The family is recorded for Llama only (a GPT-2 checkpoint, older ones included, has no entry).
+    const std::string saved_family = saved_of("model.family") ? *saved_of("model.family") : "gpt2";
+    const std::string family = now.contains("model.family") ? now.at("model.family") : "gpt2";
+    if (saved_family != family)
+      diffs.push_back(mpar::detail::cat("--model ", saved_family, " in the checkpoint (model.family), ", family, " now"));
     for (const auto& [key, flag] : option)
       if (const auto* v = saved_of(key); v && now.contains(key) && *v != now.at(key))
         diffs.push_back(mpar::detail::cat(flag, " ", *v, " in the checkpoint, ", now.at(key), " now"));
@@ -1513,7 +1527,7 @@ class GptTrainer {
     const int color = end ? int((data_context * cfg_.ep + coord_.expert) * cfg_.tp + coord_.tensor)
                           : int(cfg_.tp * cfg_.cp * cfg_.dp * cfg_.ep + std::size_t(comms_.world.rank()));
     embed_group_.emplace(comms_.world.split(color, int(coord_.pipeline)));
-    if (cfg_.pp > 1) {  // with one pipeline stage the head uses the embedding itself: nothing to tie
+    if (cfg_.pp > 1 && cfg_.model.tied_head()) {  // one stage: the head is the embedding itself; Llama's is untied
       if (holds_first_) tied_ = stages_.front()->token_embedding();
       if (holds_last_) tied_ = stages_.back()->head_weight();
     }
