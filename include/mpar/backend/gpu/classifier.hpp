@@ -10,19 +10,16 @@
  * Padded vocabulary columns (`[vocab, ld)`, the rounding of the LM head's width to a multiple of 64 or
  * 128 for tensor cores) take no part in the softmax and get a zero gradient.
  *
- * Include from a translation unit compiled by nvcc.
+ * Include from a translation unit compiled by nvcc, or by g++ with MPAR_CUDA_EMULATION (backend/gpu/runtime.hpp).
  */
-#include <cuda_runtime.h>
-
-#include <cub/block/block_reduce.cuh>
-
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
 
 #include "mpar/backend/gpu/cuda_error.hpp"
 #include "mpar/backend/gpu/element_types.hpp"
-#include "mpar/backend/gpu/kernels.hpp"
+#include "mpar/backend/gpu/kernels.hpp"  // block_threads, pick, check_launch
+#include "mpar/backend/gpu/runtime.hpp"  // the CUDA runtime and CUB, or their emulation
 #include "mpar/core/error.hpp"
 
 namespace mpar::gpu {
@@ -133,10 +130,10 @@ void fused_classifier(std::size_t rows, std::size_t vocab, std::size_t ld, const
     check(cudaMemsetAsync(loss, 0, sizeof(float), s), "cudaMemsetAsync(loss)");
     return;
   }
-  detail::fused_classifier_kernel<<<unsigned(rows), detail::block_threads, 0, s>>>(
-      rows, vocab, ld, logits, targets, dlogits, row_loss, row_lse, grad_scale);
+  MPAR_LAUNCH(detail::fused_classifier_kernel, unsigned(rows), detail::block_threads, 0, s, rows, vocab, ld, logits,
+              targets, dlogits, row_loss, row_lse, grad_scale);
   check_launch("gpu::fused_classifier");
-  detail::mean_rows_kernel<><<<1, detail::block_threads, 0, s>>>(rows, row_loss, loss);
+  MPAR_LAUNCH(detail::mean_rows_kernel<>, 1, detail::block_threads, 0, s, rows, row_loss, loss);
   check_launch("gpu::fused_classifier(mean)");
 }
 

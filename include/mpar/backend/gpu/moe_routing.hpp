@@ -20,21 +20,15 @@
  *   routed count is `cub::DeviceReduce::Sum` of the per-expert accepted counts.
  * Everything stays in device memory (no host read): the counts feed the all-to-all's size exchange.
  *
- * Include from a translation unit compiled by nvcc.
+ * Include from a translation unit compiled by nvcc, or by g++ with MPAR_CUDA_EMULATION (backend/gpu/runtime.hpp).
  */
-#include <cuda_runtime.h>
-
-#include <cub/device/device_histogram.cuh>
-#include <cub/device/device_radix_sort.cuh>
-#include <cub/device/device_reduce.cuh>
-#include <cub/device/device_scan.cuh>
-
 #include <cstddef>
 #include <cstdint>
 
 #include "mpar/backend/gpu/cuda_error.hpp"
-#include "mpar/backend/gpu/kernels.hpp"
+#include "mpar/backend/gpu/kernels.hpp"  // grid_for, block_threads, pick, check_launch
 #include "mpar/backend/gpu/memory.hpp"
+#include "mpar/backend/gpu/runtime.hpp"  // the CUDA runtime and CUB, or their emulation
 #include "mpar/core/error.hpp"
 
 namespace mpar::gpu {
@@ -156,8 +150,8 @@ inline void moe_route(std::size_t tokens, std::size_t experts, std::size_t k, st
       start(experts, s), identity(n, s);
   DeviceBuffer<std::uint32_t> key(n, s), sorted_key(n, s);
   const unsigned blocks = unsigned((tokens + detail::block_threads - 1) / detail::block_threads);
-  detail::moe_topk_kernel<>
-      <<<blocks, detail::block_threads, 0, s>>>(tokens, experts, k, probs, out.choice, prio_e.data(), prio_i.data());
+  MPAR_LAUNCH(detail::moe_topk_kernel<>, blocks, detail::block_threads, 0, s, tokens, experts, k, probs, out.choice,
+              prio_e.data(), prio_i.data());
   check_launch("gpu::moe_route(top-k)");
 
   // One temporary-storage block, sized for the largest of the CUB calls.
@@ -191,14 +185,14 @@ inline void moe_route(std::size_t tokens, std::size_t experts, std::size_t k, st
   b = bytes;
   check(cub::DeviceScan::ExclusiveSum(temp.data(), b, count.data(), start.data(), ei, s),
         "cub::DeviceScan::ExclusiveSum");
-  detail::moe_capacity_kernel<><<<detail::grid_for(n), detail::block_threads, 0, s>>>(
-      n, tokens, experts, capacity, sorted_e.data(), sorted_i.data(), start.data(), out.accepted, key.data());
+  MPAR_LAUNCH(detail::moe_capacity_kernel<>, detail::grid_for(n), detail::block_threads, 0, s, n, tokens, experts,
+              capacity, sorted_e.data(), sorted_i.data(), start.data(), out.accepted, key.data());
   check_launch("gpu::moe_route(capacity)");
-  detail::moe_used_kernel<><<<1, detail::block_threads, 0, s>>>(experts, capacity, count.data(), out.used);
+  MPAR_LAUNCH(detail::moe_used_kernel<>, 1, detail::block_threads, 0, s, experts, capacity, count.data(), out.used);
   check_launch("gpu::moe_route(used)");
 
   // Permutation: routed rows first, grouped by expert, tokens ascending.
-  detail::iota_kernel<><<<detail::grid_for(n), detail::block_threads, 0, s>>>(n, identity.data());
+  MPAR_LAUNCH(detail::iota_kernel<>, detail::grid_for(n), detail::block_threads, 0, s, n, identity.data());
   check_launch("gpu::moe_route(iota)");
   b = bytes;
   check(cub::DeviceRadixSort::SortPairs(temp.data(), b, key.data(), sorted_key.data(), identity.data(), out.route, ni,
@@ -206,8 +200,8 @@ inline void moe_route(std::size_t tokens, std::size_t experts, std::size_t k, st
         "cub::DeviceRadixSort::SortPairs(routing order)");
   b = bytes;
   check(cub::DeviceReduce::Sum(temp.data(), b, out.used, out.routed, ei, s), "cub::DeviceReduce::Sum(routed)");
-  detail::moe_route_rows_kernel<><<<detail::grid_for(n), detail::block_threads, 0, s>>>(
-      n, k, experts, out.route, out.choice, probs, out.routed, out.route_token, out.route_weight);
+  MPAR_LAUNCH(detail::moe_route_rows_kernel<>, detail::grid_for(n), detail::block_threads, 0, s, n, k, experts,
+              out.route, out.choice, probs, out.routed, out.route_token, out.route_weight);
   check_launch("gpu::moe_route(rows)");
 }
 

@@ -1,13 +1,15 @@
 #pragma once
 /**
- * @file The CUDA runtime (and cuBLAS, cuBLASLt) that mpar's device code compiles against, and the one way it
+ * @file The CUDA runtime (and cuBLAS, cuBLASLt, CUB) that mpar's device code compiles against, and the one way it
  * launches a kernel.
  *
- * Normally the real ones (`cuda_runtime.h`, the 16-bit float and data-type headers, `cublas_v2.h`, `cublasLt.h`).
+ * Normally the real ones (`cuda_runtime.h`, the 16-bit float and data-type headers, `cublas_v2.h`, `cublasLt.h`,
+ * and under nvcc the CUB algorithms mpar uses: CUB's headers are device code, which a host compiler cannot read).
  * With `MPAR_CUDA_EMULATION` defined (the CMake option of the same name: a test build compiled by g++, never a
  * backend for users) it is the emulated runtime of backend/gpu/emulation/: kernels run on the CPU in a SIMT
- * emulator, device memory faults on any host access, and cuBLAS(Lt) calls run a naive reference that honours
- * every argument (docs/cuda.md, "The emulated runtime").
+ * emulator, device memory faults on any host access, cuBLAS(Lt) calls run a naive reference that honours every
+ * argument, and CUB's block reduction and device sort, histogram, scan and sum run with CUB's semantics
+ * (docs/cuda.md, "The emulated runtime").
  *
  * - `MPAR_LAUNCH(kernel, grid, block, shared_bytes, stream, args...)`: `kernel<<<grid, block, shared_bytes,
  *   stream>>>(args...)` under nvcc; under the emulation the grid runs at once on the calling thread. `kernel`
@@ -33,6 +35,13 @@
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <library_types.h>
+#if defined(__CUDACC__)
+#include <cub/block/block_reduce.cuh>
+#include <cub/device/device_histogram.cuh>
+#include <cub/device/device_radix_sort.cuh>
+#include <cub/device/device_reduce.cuh>
+#include <cub/device/device_scan.cuh>
+#endif
 
 #define MPAR_LAUNCH(kernel, grid, block, shared_bytes, stream, ...) \
   kernel<<<grid, block, shared_bytes, stream>>>(__VA_ARGS__)

@@ -5,6 +5,7 @@
  * only a GPU can.
  */
 #include "mpar/backend/gpu/emulation/atomics.hpp"
+#include "mpar/backend/gpu/emulation/cub.hpp"
 #include "mpar/backend/gpu/emulation/cublas.hpp"
 #include "mpar/backend/gpu/emulation/error.hpp"
 #include "mpar/backend/gpu/emulation/fp16.hpp"
