@@ -17,6 +17,7 @@
 #include "mpar/nn/linear_2d.hpp"
 #include "mpar/nn/llama_block.hpp"
 #include "mpar/nn/mlp.hpp"
+#include "mpar/nn/model_family.hpp"
 #include "mpar/nn/parameter.hpp"
 #include "mpar/nn/recompute.hpp"
 #include "mpar/nn/redistributions.hpp"

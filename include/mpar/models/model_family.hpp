@@ -1,25 +1,14 @@
 #pragma once
 /**
- * @file `ModelFamily`: which decoder a `GptConfig` builds — GPT-2's blocks or Llama's — with its command-line names.
+ * @file `models::ModelFamily`: the decoder family a `GptConfig` builds (defined in nn/model_family.hpp, where the
+ * planner reaches it too).
  */
-#include <optional>
-#include <string_view>
+#include "mpar/nn/model_family.hpp"
 
 namespace mpar::models {
 
-/**
- * @brief The decoder family. `gpt2`: learned position embedding, LayerNorm, multi-head attention and a GELU MLP with
- * biases, dropout, the head tied to the token embedding. `llama`: rotary positions, RMSNorm, grouped-query attention,
- * a SwiGLU MLP, no biases and no dropout, an untied output head.
- */
-enum class ModelFamily { gpt2, llama };
-
-[[nodiscard]] constexpr std::string_view name_of(ModelFamily f) { return f == ModelFamily::llama ? "llama" : "gpt2"; }
-/** The family named `s` (`gpt2`, `llama`), or nothing. */
-[[nodiscard]] constexpr std::optional<ModelFamily> model_family(std::string_view s) {
-  if (s == "gpt2") return ModelFamily::gpt2;
-  if (s == "llama") return ModelFamily::llama;
-  return std::nullopt;
-}
+using nn::model_family;
+using nn::ModelFamily;
+using nn::name_of;
 
 }  // namespace mpar::models
