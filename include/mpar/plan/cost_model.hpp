@@ -115,6 +115,8 @@ class CostModel {
    * the two residual branches' gradients are summed (3 each); bias-GeLU reads input and gradient (12 over
    * 4h); softmax reads output and gradient (3) and the attention dropout gradient and mask (2 + mask).
    *
+   * A Llama layer (`GptModel::family`) counts its own kernels instead (see the body).
+   *
    * `moe`: the layer's MLP is a mixture of experts (`parallel::MoeMlp`), which is not tensor-parallel: the
    * attention keeps its split GEMMs and its one collective, and every tensor rank runs the gate and its E / ep
    * experts over ep C rows each (E C slots: C per expert and source rank, empty ones included, as the
@@ -139,6 +141,21 @@ class CostModel {
     w.elementwise_backward_bytes = (16 * e + 2 * k) * sbh / replicated + 12 * e * sbh / t + (5 * e + k) * scores;
     w.tp_collective_bytes = c.tp > 1 ? e * sbh : 0.0;
     w.ring_block_bytes = c.cp > 1 ? 2 * e * sbh / t : 0.0;
+    if (model_.is_llama()) {
+      // Llama (nn/llama_block.hpp): QKV h (h + 2 kv d), projection h^2 and SwiGLU 3 h f per token; no dropout.
+      // Outside the tensor-parallel region two RMSNorms (2 each) and two residual additions (3 each); inside it the
+      // KV heads repeated into q, k, v (read the fused h + 2 kv d, write 3h), the rotation of q and k (read and
+      // write 2h) and SiluGate (read 2f, write f); the softmax reads and writes each score. Backward: the norms
+      // (3 each) and the residual gradients' sums (3 each); the rotation back, the KV copies summed (as forward),
+      // SiluGate reading its input and gradient and writing one (5 f); softmax 3 per score.
+      const double f = double(model_.ffn_size()), sb = s * b, qkv = model_.qkv_width();
+      w.linear_flops = 2.0 * sb * h * (qkv + h + 3 * f) / t;
+      const double core_copies = e * sb * (qkv + 3 * h + 4 * h) / t;
+      w.softmax_bytes = 2 * e * scores;
+      w.elementwise_bytes = 10 * e * sbh / replicated + core_copies + 3 * e * sb * f / t + w.softmax_bytes;
+      w.elementwise_backward_bytes = 12 * e * sbh / replicated + core_copies + 5 * e * sb * f / t + 3 * e * scores;
+      return w;
+    }
     if (moe) {
       const double T = s * b, E = double(model_.experts), slots = E * moe_expert_capacity(model_, c);
       w.linear_flops = 8.0 * b * s * h * h / t;  // QKV and the projection
@@ -252,11 +269,15 @@ class CostModel {
     return r;
   }
 
-  /** The first stage's own work per micro-batch: lookup, positions and dropout; backward scatters into the table. */
+  /**
+   * The first stage's own work per micro-batch: lookup, positions and dropout (Llama: the lookup alone); backward
+   * scatters into the table.
+   */
   [[nodiscard]] ChunkCosts embedding_costs(const ParallelConfig& c, const GroupPlacement& g) const {
     const double e = precision_.activation_bytes, sbh = tokens(c) * double(model_.hidden);
     const double ar = tp_collective_seconds(e * sbh, c, g);  // vocabulary-parallel lookup sums over tp
-    return {(4 * e + precision_.mask_bytes) * sbh / elementwise_rate() + ar, 3 * e * sbh / elementwise_rate(), 0.0};
+    const double forward = model_.is_llama() ? 2 * e : 4 * e + precision_.mask_bytes;
+    return {forward * sbh / elementwise_rate() + ar, 3 * e * sbh / elementwise_rate(), 0.0};
   }
 
   /** The last stage's own work per micro-batch: final norm, logits (vocabulary-parallel) and the fp32 loss. */

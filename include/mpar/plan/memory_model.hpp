@@ -122,9 +122,9 @@ struct MemoryOptions {
  * its only as^2 b term, since mpar's attention has no dropout of its own); full recomputation keeps only the
  * layer input.
  */
-[[nodiscard]] constexpr double layer_activation_bytes(const GptModel& m, std::size_t microbatch, std::size_t tp,
-                                                      bool sequence_parallel, Recompute r, const Precision& p,
-                                                      bool attention_dropout = true, std::size_t cp = 1) {
+[[nodiscard]] inline double layer_activation_bytes(const GptModel& m, std::size_t microbatch, std::size_t tp,
+                                                   bool sequence_parallel, Recompute r, const Precision& p,
+                                                   bool attention_dropout = true, std::size_t cp = 1) {
   // Under context parallelism a rank holds s/cp tokens of each sequence, and ring attention keeps, instead of
   // the probabilities, the row log-sum-exp (a values per token, fp32) and its own copy of its output (the
   // backward's rowsum(dO * O) reads it; the projection keeps its input too) (nn/ring_attention.hpp).
@@ -133,6 +133,17 @@ struct MemoryOptions {
   const double sbh = s * b * h, as2b = a * s * s * b;
   const double e = p.activation_bytes, k = p.mask_bytes;
   if (r == Recompute::full) return e * sbh / (sequence_parallel ? t : 1.0);
+  if (m.is_llama()) {
+    // mpar's Llama block (nn/llama_block.hpp): no dropout. Replicated unless sequence parallel: both RMSNorms'
+    // inputs and their per-row fp32 rstd, the QKV and gate-and-up projections' inputs. Split over tp: q, k, v
+    // after each KV head is repeated for its group (3 h wide), the output projection's input, SiluGate's gate and
+    // up [s b, 2f] and the down projection's input [s b, f]; the probabilities unless selectively recomputed.
+    require(cp == 1, "plan::layer_activation_bytes: cp = ", cp, ": mpar runs Llama without context parallelism");
+    const double f = double(m.ffn_size());
+    const double replicated = 4 * e * sbh + 2 * 4.0 * s * b, sharded = e * (4 * sbh + 3 * s * b * f);
+    const double part = sequence_parallel ? (replicated + sharded) / t : replicated + sharded / t;
+    return part + (r == Recompute::selective ? 0.0 : e * as2b / t);
+  }
   const double replicated = 4 * e * sbh + 2 * k * sbh;  // LN1/LN2 inputs, QKV and fc1 inputs; two block-output masks
   const double sharded = 12 * e * sbh;                  // Q, K, V, projection input, GeLU input, fc2 input
   if (cp > 1) {
@@ -195,10 +206,12 @@ void for_each_rank_layer(const GptModel& m, const ParallelConfig& c, std::size_t
  * Parameters one tensor rank holds of layer `layer`, its experts not counted (`layer_expert_parameters`). A dense
  * layer splits (12h^2 + 7h) over tp (QKV, projection and fc1 weights and biases, fc2 weight) and replicates 6h
  * (projection and fc2 biases, two layer norms); an MoE layer splits the attention's 4h^2 + 3h and replicates 5h
- * and the gate [h, E].
+ * and the gate [h, E]. A Llama layer splits its four weight matrices and replicates its two RMSNorm gains 2h.
  */
 [[nodiscard]] inline double layer_rank_parameters(const GptModel& m, const ParallelConfig& c, std::size_t layer) {
   const double h = double(m.hidden), t = double(c.tp);
+  // Llama: the QKV, projection and SwiGLU weights split, the two RMSNorm gains replicated.
+  if (m.is_llama()) return (m.layer_parameters() - 2 * h) / t + 2 * h;
   return m.is_moe_layer(layer) ? (4 * h * h + 3 * h) / t + 5 * h + h * double(m.experts)
                                : (12 * h * h + 7 * h) / t + 6 * h;
 }
@@ -210,13 +223,16 @@ void for_each_rank_layer(const GptModel& m, const ParallelConfig& c, std::size_t
 /**
  * Parameters held by one tensor rank of pipeline rank `rank`, the experts not counted (`rank_expert_parameters`):
  * its layers (`layer_rank_parameters`); the word embedding is vocabulary-parallel, the first rank holds it and
- * the positions, the last rank the tied output copy and the final norm (one copy when pp = 1).
+ * the positions, the last rank the tied output copy and the final norm (one copy when pp = 1). Llama: the first
+ * rank holds the word embedding (no positions), the last the final RMSNorm and the untied vocabulary-parallel head,
+ * both on the one rank when pp = 1.
  */
 [[nodiscard]] inline double rank_parameters(const GptModel& m, const ParallelConfig& c, std::size_t rank) {
   const double h = double(m.hidden), t = double(c.tp);
   double n = 0;
   for_each_rank_layer(m, c, rank, [&](std::size_t, std::size_t layer) { n += layer_rank_parameters(m, c, layer); });
   const double word = double(m.vocab) * h / t;
+  if (m.is_llama()) return n + (rank == 0 ? word : 0.0) + (rank + 1 == c.pp ? word + m.final_norm_parameters() : 0.0);
   if (rank == 0) n += word + double(m.seq) * h;
   if (rank + 1 == c.pp) n += (c.pp > 1 ? word : 0.0) + m.final_norm_parameters();
   return n;
@@ -346,12 +362,14 @@ struct MoeLayerBytes {
   // Backward workspace: while a layer runs its backward, the gradients of its widest intermediates
   // (the 4h-wide MLP activation and the attention scores, or an MoE layer's exchange and expert buffers) are
   // alive next to everything stored.
-  act += std::max(p.activation_bytes * (4 * sbh + scores) / t, holds_moe ? moe.workspace : 0.0);
+  // (Llama: SwiGLU's gradient of its gate and up, [s b, 2f].)
+  const double widest = m.is_llama() ? 2 * s * b * double(m.ffn_size()) : 4 * sbh;
+  act += std::max(p.activation_bytes * (widest + scores) / t, holds_moe ? moe.workspace : 0.0);
   // Under sequence parallelism a column-parallel layer all-gathers its kept input again for its backward.
   if (c.sequence_parallel) act += p.activation_bytes * sbh;
   // Context parallelism: a block's input and its token-wise view are copied (whole rows) while it runs.
   if (c.cp > 1) act += 2 * p.activation_bytes * sbh;
-  if (rank == 0)
+  if (rank == 0 && !m.is_llama())                                                  // (Llama has no dropout)
     act += peak_inflight / double(c.virtual_stages) * p.mask_bytes * sbh / shard;  // embedding dropout mask
   if (rank + 1 == c.pp)  // final norm input, output-layer input, fp32 logits for the cross-entropy (one micro-batch)
     act += p.activation_bytes * sbh / shard + p.activation_bytes * sbh / boundary_shard +
@@ -375,14 +393,18 @@ struct MoeLayerBytes {
   const bool in_place_buckets = !shards(c.zero, ZeroStage::gradients) && o.zero1_gradient_shard;
   if (c.data_group() > 1 && !in_place_buckets) comm += 2 * std::min(o.dp_bucket_bytes, psi * p.grad_bytes);
   // ZeRO-3: the unit in use and the next one (prefetched) gathered at once; a unit is a layer, or the
-  // embeddings / the head with the word embedding on the first and last pipeline rank.
+  // embeddings / the head with the word embedding on the first and last pipeline rank (Llama: the word embedding
+  // on the first, the final norm with the untied head on the last).
   if (c.zero == ZeroStage::parameters) {
     const double hh = double(m.hidden);
     double layer = 0;  // the largest of the rank's layers, its experts included
     for_each_rank_layer(m, c, rank, [&](std::size_t, std::size_t l) {
       layer = std::max(layer, layer_rank_parameters(m, c, l) + layer_expert_parameters(m, c, l));
     });
-    const double ends = rank == 0 || rank + 1 == c.pp ? double(m.vocab) * hh / t + double(m.seq) * hh : 0.0;
+    const double word = double(m.vocab) * hh / t;
+    const double ends = m.is_llama() ? std::max(rank == 0 ? word : 0.0, rank + 1 == c.pp ? word + hh : 0.0)
+                        : rank == 0 || rank + 1 == c.pp ? word + double(m.seq) * hh
+                                                        : 0.0;
     comm += (std::max(layer, ends) + layer) * p.weight_bytes;
   }
   e.communication = comm;

@@ -200,6 +200,11 @@ namespace detail {
   double n = 0;
   for (std::size_t l = first; l < first + chunk_layer_count(m, c, rank, chunk); ++l)
     n += layer_rank_parameters(m, c, l);
+  if (m.is_llama()) {  // the word embedding first, the final RMSNorm and the untied head last
+    if (global == 0) n += double(m.vocab) * h / t;
+    if (global + 1 == c.stages()) n += double(m.vocab) * h / t + h;
+    return n;
+  }
   if (global == 0) n += double(m.vocab) * h / t + double(m.seq) * h;
   if (global + 1 == c.stages())
     n += (c.pp > 1 ? double(m.vocab) * h / t : 0.0) + 2 * h;  // tied output copy on another rank
@@ -324,6 +329,15 @@ namespace detail {
   const GptModel& m = p.model;
   if (m.heads % c.tp != 0)
     return rej("heads", mpar::detail::cat("tp=", c.tp, " does not divide the ", m.heads, " attention heads"));
+  if (m.is_llama() && m.kv_head_count() % c.tp != 0)
+    return rej("heads", mpar::detail::cat("tp=", c.tp, " does not divide the ", m.kv_head_count(),
+                                          " key/value heads (Llama's attention is split by whole KV heads)"));
+  if (m.ffn_size() % c.tp != 0)
+    return rej("heads", mpar::detail::cat("tp=", c.tp, " does not divide the MLP width ", m.ffn_size()));
+  if (m.is_llama() && c.cp > 1)
+    return rej("context",
+               "mpar runs Llama without context parallelism (its blocks have no ring attention); cp > 1 "
+               "needs --model gpt2");
   if (c.tp > p.cluster.gpus_per_node || p.cluster.gpus_per_node % c.tp != 0)
     return rej(
         "topology",
