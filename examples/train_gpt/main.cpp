@@ -103,6 +103,13 @@ void apply_plan(const cli::Parser& p, Options& o) {
     model("moe-every", t.model.moe_every, plan.moe_every);
     model("topk", t.model.moe_top_k, plan.topk);
   }
+  const auto family = [](models::ModelFamily f) { return std::string(models::name_of(f)); };
+  require(!p.given("model") || t.model.family == plan.family, "train_gpt: the plan '", o.plan,
+          "' was made for --model ", family(plan.family), ", but --model ", family(t.model.family),
+          " is given; drop --model (the plan sets it) or plan again for this model");
+  t.model.family = plan.family;
+  model("kv-heads", t.model.kv_heads, plan.kv_heads);
+  model("ffn", t.model.ffn, plan.ffn);
   take("batch", t.global_batch, plan.global_batch);
   take("tp", t.tp, plan.tp);
   take("pp", t.pp, plan.pp);
@@ -292,14 +299,6 @@ Options parse(int argc, char** argv) {
           "; steps count from 0): nothing would be traced");
   require(!p.given("trace-step") || !o.trace.empty(),
           "train_gpt: --trace-step needs --trace FILE to say where the trace goes");
-  require(t.model.is_llama() || (!p.given("kv-heads") && !p.given("rope-theta")),
-          "train_gpt: --kv-heads and --rope-theta are Llama's; add --model llama, or drop them");
-  require(!t.model.is_llama() || o.backend != "cuda",
-          "train_gpt: --model llama runs on --backend host only (the CUDA backend has no RMSNorm, rotary or SwiGLU "
-          "kernels yet); drop --backend cuda, or use --model gpt2");
-  require(!o.hf_gpt2 || !t.model.is_llama(),
-          "train_gpt: --hf-gpt2 writes GPT-2's tensor names, which a --model llama run does not have; drop --hf-gpt2 "
-          "(--export then writes mpar's names)");
   require(!o.hf_gpt2 || !o.export_path.empty(),
           "train_gpt: --hf-gpt2 names the tensors of --export; give --export FILE.safetensors, or drop --hf-gpt2");
   require(!p.given("check-steps") || o.check_against_host || o.check_layout,
@@ -337,6 +336,15 @@ Options parse(int argc, char** argv) {
     require(!o.plan.empty(), "train_gpt: --plan is empty; give the file mpar-plan --write-plan wrote");
     apply_plan(p, o);
   }
+  // (After the plan, which may set the family.)
+  require(t.model.is_llama() || (!p.given("kv-heads") && !p.given("rope-theta")),
+          "train_gpt: --kv-heads and --rope-theta are Llama's; add --model llama, or drop them");
+  require(!t.model.is_llama() || o.backend != "cuda",
+          "train_gpt: --model llama runs on --backend host only (the CUDA backend has no RMSNorm, rotary or SwiGLU "
+          "kernels yet); drop --backend cuda, or use --model gpt2");
+  require(!o.hf_gpt2 || !t.model.is_llama(),
+          "train_gpt: --hf-gpt2 writes GPT-2's tensor names, which a --model llama run does not have; drop --hf-gpt2 "
+          "(--export then writes mpar's names)");
   t.bucket_bytes = o.bucket_kib * 1024;
   t.warmup = o.warmup >= 0 ? std::size_t(o.warmup) : t.steps / 10;
   require(t.warmup <= t.steps, "train_gpt: --warmup ", t.warmup, " exceeds --steps ", t.steps,

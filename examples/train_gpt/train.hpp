@@ -142,6 +142,8 @@ inline plan::GptModel planner_model(const models::GptConfig& m) {
   plan::GptModel model{m.layers, m.hidden, m.heads, m.seq, m.padded_vocab()};
   model.experts = m.experts, model.moe_every = m.moe_every, model.moe_top_k = m.moe_top_k;
   model.moe_capacity = m.moe_capacity;
+  // Llama's blocks as the planner counts them (GPT-2's MLP is counted 4h wide whatever --ffn says).
+  if (m.is_llama()) model.family = m.family, model.kv_heads = m.kv_heads, model.ffn = m.ffn;
   return model;
 }
 
@@ -523,6 +525,9 @@ void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitS
     if (val)
       std::printf("validation: %zu batches of %s every %zu steps\n", o.val_batches, val->describe().c_str(),
                   o.val_every);
+    if (cfg.model.is_llama())
+      std::printf("model: llama, %zu key/value heads, SwiGLU width %zu, rotary theta %g\n", cfg.model.kv_head_count(),
+                  cfg.model.ffn_size(), cfg.model.rope_theta);
     if (cfg.model.experts > 0)
       std::printf(
           "mixture of experts: %zu experts (top-%zu, capacity factor %g, aux coefficient %g) in %s, "

@@ -226,3 +226,95 @@ TEST_CASE("mpar-plan --write-plan writes selective recomputation and stages with
   CHECK(p.recompute_stages == std::vector<Recompute>(4, Recompute::none));
   CHECK(p.dp == 8);
 }
+
+TEST_CASE("a Llama plan records the family, the key/value heads and the SwiGLU width; a plan without them is GPT-2's",
+          "[plan][plan_file][llama]") {
+  TrainingPlan p = sample_plan();
+  p.family = nn::ModelFamily::llama, p.kv_heads = 2, p.ffn = 88;
+  const std::string text = p.to_json();
+  CHECK(text.find("\"family\": \"llama\", \"kv_heads\": 2, \"ffn\": 88") != std::string::npos);
+  const TrainingPlan q = TrainingPlan::from_json(text);
+  CHECK(q.family == nn::ModelFamily::llama);
+  CHECK(q.kv_heads == 2);
+  CHECK(q.ffn == 88);
+  CHECK(q.to_json() == text);
+  // GPT-2's plan is written as before (readable by builds that know no family) and reads back as GPT-2 with 0, 0.
+  const std::string gpt2 = sample_plan().to_json();
+  CHECK(gpt2.find("family") == std::string::npos);
+  const TrainingPlan g = TrainingPlan::from_json(gpt2);
+  CHECK(g.family == nn::ModelFamily::gpt2);
+  CHECK(g.kv_heads == 0);
+  CHECK(g.ffn == 0);
+  // Damaged: an unknown family, a wrong type, key/value heads that do not divide, Llama's sizes on GPT-2.
+  CHECK_THROWS_WITH(TrainingPlan::from_json(edited(text, "\"llama\"", "\"llama2\"")),
+                    Catch::Contains("\"model.family\" is 'llama2'; it is \"gpt2\" or \"llama\""));
+  CHECK_THROWS_WITH(TrainingPlan::from_json(edited(text, "\"llama\"", "1")),
+                    Catch::Contains("\"model.family\" is a number; it must be a string"));
+  CHECK_THROWS_WITH(TrainingPlan::from_json(edited(text, "\"kv_heads\": 2", "\"kv_heads\": 3")),
+                    Catch::Contains("\"model.kv_heads\" 3 must divide \"model.heads\" 4"));
+  CHECK_THROWS_WITH(TrainingPlan::from_json(edited(text, "\"kv_heads\": 2", "\"kv_heads\": 1")),
+                    Catch::Contains("be divisible by \"tp\" 2"));
+  CHECK_THROWS_WITH(TrainingPlan::from_json(edited(text, "\"llama\"", "\"gpt2\"")),
+                    Catch::Contains("\"model.kv_heads\" and \"model.ffn\" are Llama's"));
+  CHECK_THROWS_WITH(TrainingPlan::from_json(edited(text, "\"ffn\": 88", "\"ffn\": -88")),
+                    Catch::Contains("\"model.ffn\" is -88; it must not be negative"));
+}
+
+TEST_CASE("mpar-plan --model llama writes a Llama plan and prints the family", "[plan][plan_file][cli][llama]") {
+  const std::string f = temp_path("llama.json");
+  std::vector<std::string> args = {"--model",
+                                   "llama",
+                                   "--kv-heads",
+                                   "2",
+                                   "--ffn",
+                                   "88",
+                                   "--layers",
+                                   "4",
+                                   "--hidden",
+                                   "32",
+                                   "--heads",
+                                   "4",
+                                   "--seq",
+                                   "16",
+                                   "--vocab",
+                                   "76",
+                                   "--global-batch",
+                                   "4",
+                                   "--gpus",
+                                   "2",
+                                   "--gpus-per-node",
+                                   "2",
+                                   "--gpu-mem-gib",
+                                   "1",
+                                   "--peak-tflops",
+                                   "1",
+                                   "--intra-node-gbps",
+                                   "10",
+                                   "--inter-node-gbps",
+                                   "10",
+                                   "--write-plan",
+                                   f};
+  std::ostringstream out, err;
+  REQUIRE(run_cli(args, out, err) == 0);
+  CHECK(out.str().find("llama: 2 key/value heads, SwiGLU width 88") != std::string::npos);
+  const TrainingPlan p = read_training_plan(f);
+  std::filesystem::remove(f);
+  CHECK(p.family == nn::ModelFamily::llama);
+  CHECK(p.kv_heads == 2);
+  CHECK(p.ffn == 88);
+  CHECK(p.tp <= 2);
+  // Llama's flags on GPT-2, and tp fixed against the key/value heads.
+  args[1] = "gpt2";
+  std::ostringstream out2, err2;
+  CHECK(run_cli(args, out2, err2) == 1);
+  CHECK(err2.str().find("--kv-heads 2 is Llama's (grouped-query attention); add --model llama") != std::string::npos);
+  args[1] = "llama", args[3] = "1";
+  args.insert(args.end(), {"--tp", "2"});
+  std::ostringstream out3, err3;
+  CHECK(run_cli(args, out3, err3) == 2);
+  CHECK(out3.str().find("tp=2 does not divide the 1 key/value heads") != std::string::npos);
+  args[1] = "mistral";
+  std::ostringstream out4, err4;
+  CHECK(run_cli(args, out4, err4) == 1);
+  CHECK(err4.str().find("--model 'mistral' is not known; use gpt2 or llama") != std::string::npos);
+}

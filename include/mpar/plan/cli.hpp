@@ -38,7 +38,7 @@ struct CliOptions {
 /** The `--help` text. */
 [[nodiscard]] inline std::string cli_usage() {
   return R"(mpar-plan: choose tensor/pipeline/data parallel sizes, micro-batching, schedule and recomputation
-for a GPT-style model on a GPU cluster; prints the fastest configurations that fit in memory.
+for a GPT-style model (GPT-2 or Llama) on a GPU cluster; prints the fastest configurations that fit in memory.
 
 Required:
   --layers N  --hidden N  --heads N  --seq N  --vocab N    the model
@@ -48,6 +48,11 @@ Required:
   --peak-tflops X                                          dense 16-bit peak per GPU, TFLOP/s
   --intra-node-gbps X                                      NVLink bandwidth per GPU per direction, GB/s (gigabytes)
   --inter-node-gbps X                                      network bandwidth per node per direction, GB/s (all NICs)
+Optional (the decoder family, as train_gpt's flags):
+  --model gpt2|llama       GPT-2's blocks (default) or Llama's: RMSNorm, rotary positions, grouped-query
+                           attention, a SwiGLU MLP, no biases, an untied head
+  --kv-heads N             Llama: key/value heads, dividing --heads (default: --heads); tp must divide it
+  --ffn N                  Llama: the SwiGLU width (default 4 x --hidden)
 Optional (mixture of experts: every --moe-every-th layer's MLP becomes --experts experts of width 4h):
   --experts N  --moe-every N (default 1)  --topk N (default 2)  --capacity X (default 1.25; 0: unlimited)
   --ep N                   expert parallelism: each MoE layer's experts split over N of the data-parallel
@@ -116,7 +121,7 @@ namespace detail {
   o.problem.cluster.hbm_bandwidth = 2039e9;
   std::optional<std::size_t> layers, hidden, heads, seq, vocab, batch, gpus, per_node;
   std::optional<double> mem, peak, intra, inter;
-  GptModel moe;            // only the mixture-of-experts fields are read
+  GptModel moe;            // only the mixture-of-experts and family fields are read
   std::string moe_option;  // the first of --moe-every, --topk, --capacity given (they need --experts)
   for (std::size_t i = 0; i < args.size(); ++i) {
     std::string opt = args[i], val;
@@ -173,6 +178,14 @@ namespace detail {
       o.space.cp = val == "auto" ? std::nullopt : std::optional(detail::parse_count("--cp (a size, or auto)", val));
     else if (opt == "--experts")
       moe.experts = detail::parse_count(opt, val);
+    else if (opt == "--model") {
+      const auto f = nn::model_family(val);
+      require(f.has_value(), "--model '", val, "' is not known; use gpt2 or llama");
+      moe.family = *f;
+    } else if (opt == "--kv-heads")
+      moe.kv_heads = detail::parse_count(opt, val);
+    else if (opt == "--ffn")
+      moe.ffn = detail::parse_count(opt, val);
     else if (opt == "--moe-every" || opt == "--topk" || opt == "--capacity") {
       if (moe_option.empty()) moe_option = opt;
       if (opt == "--moe-every") moe.moe_every = detail::parse_count(opt, val);
@@ -239,6 +252,7 @@ namespace detail {
   o.problem.model = GptModel{*layers, *hidden, *heads, *seq, *vocab};
   o.problem.model.experts = moe.experts, o.problem.model.moe_every = moe.moe_every;
   o.problem.model.moe_top_k = moe.moe_top_k, o.problem.model.moe_capacity = moe.moe_capacity;
+  o.problem.model.family = moe.family, o.problem.model.kv_heads = moe.kv_heads, o.problem.model.ffn = moe.ffn;
   o.problem.global_batch = *batch;
   Cluster& c = o.problem.cluster;
   c.gpus = *gpus, c.gpus_per_node = *per_node, c.memory_bytes = *mem * gib, c.peak_flops = *peak * 1e12;
@@ -317,6 +331,9 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
       << (p.model.experts > 0 ? mpar::detail::cat(", ", p.model.experts, " experts every ", p.model.moe_every,
                                                   " layer(s), top-", p.model.moe_top_k)
                               : std::string())
+      << (p.model.is_llama() ? mpar::detail::cat(", llama: ", p.model.kv_head_count(),
+                                                 " key/value heads, SwiGLU width ", p.model.ffn_size())
+                             : std::string())
       << "); global batch " << p.global_batch << "; " << p.cluster.gpus << " GPUs, " << p.cluster.gpus_per_node
       << " per node\n";
   const bool cp_searched = plan.context_sizes.size() > 1;
@@ -406,6 +423,7 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
   const GptModel& m = problem.model;
   p.layers = m.layers, p.hidden = m.hidden, p.heads = m.heads, p.seq = m.seq, p.vocab = m.vocab;
   p.experts = m.experts, p.moe_every = m.moe_every, p.topk = m.moe_top_k;
+  if (m.is_llama()) p.family = m.family, p.kv_heads = m.kv_heads, p.ffn = m.ffn;
   p.global_batch = problem.global_batch;
   p.tp = k.tp, p.pp = k.pp, p.v = k.virtual_stages, p.cp = k.cp, p.ep = k.ep;
   p.dp = k.dp / (k.ep ? k.ep : 1);  // train_gpt's --dp: the replicas besides the expert ranks

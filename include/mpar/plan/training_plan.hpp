@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "mpar/core/error.hpp"
+#include "mpar/nn/model_family.hpp"
 #include "mpar/plan/json_text.hpp"
 #include "mpar/plan/parallel_config.hpp"
 
@@ -37,6 +38,9 @@ struct TrainingPlan {
   // The model and batch the plan was made for: train_gpt refuses to run it on another.
   std::size_t layers = 0, hidden = 0, heads = 0, seq = 0, vocab = 0;
   std::size_t experts = 0, moe_every = 1, topk = 2;
+  /// Written for Llama only ("family", "kv_heads", "ffn" in "model"); a plan without them is GPT-2's with 0 and 0.
+  nn::ModelFamily family = nn::ModelFamily::gpt2;
+  std::size_t kv_heads = 0, ffn = 0;  ///< as train_gpt's --kv-heads and --ffn (0: heads, 4 x hidden)
   std::size_t global_batch = 0;
   // The layout.
   std::size_t tp = 1, pp = 1, v = 1, dp = 1, cp = 1, ep = 1;
@@ -78,6 +82,15 @@ struct TrainingPlan {
             "; the counts must sum to the model's layers");
     require(recompute_stages.size() == stages(), "plan: \"recompute_stages\" has ", recompute_stages.size(),
             " entries, but pp x v = ", stages(), " stages; give one mode per stage");
+    if (family != nn::ModelFamily::llama) {
+      require(kv_heads == 0 && ffn == 0,
+              "plan: \"model.kv_heads\" and \"model.ffn\" are Llama's; with them, "
+              "\"model.family\" must be \"llama\"");
+      return;
+    }
+    const std::size_t kv = kv_heads ? kv_heads : heads;
+    require(heads % kv == 0 && kv % tp == 0, "plan: \"model.kv_heads\" ", kv, " must divide \"model.heads\" ", heads,
+            " and be divisible by \"tp\" ", tp);
   }
 
   /** The plan as a JSON document, one key per line. */
@@ -96,9 +109,12 @@ struct TrainingPlan {
     os << "{\n  \"format\": " << json_quoted(format_name) << ",\n  \"version\": " << format_version
        << ",\n  \"model\": {\"layers\": " << layers << ", \"hidden\": " << hidden << ", \"heads\": " << heads
        << ", \"seq\": " << seq << ", \"vocab\": " << vocab << ", \"experts\": " << experts
-       << ", \"moe_every\": " << moe_every << ", \"topk\": " << topk << "},\n  \"global_batch\": " << global_batch
-       << ",\n  \"tp\": " << tp << ",\n  \"pp\": " << pp << ",\n  \"v\": " << v << ",\n  \"dp\": " << dp
-       << ",\n  \"cp\": " << cp << ",\n  \"ep\": " << ep
+       << ", \"moe_every\": " << moe_every << ", \"topk\": " << topk;
+    if (family == nn::ModelFamily::llama)
+      os << ", \"family\": " << json_quoted(nn::name_of(family)) << ", \"kv_heads\": " << kv_heads
+         << ", \"ffn\": " << ffn;
+    os << "},\n  \"global_batch\": " << global_batch << ",\n  \"tp\": " << tp << ",\n  \"pp\": " << pp
+       << ",\n  \"v\": " << v << ",\n  \"dp\": " << dp << ",\n  \"cp\": " << cp << ",\n  \"ep\": " << ep
        << ",\n  \"schedule\": " << json_quoted(schedule_name(schedule)) << ",\n  \"microbatches\": " << microbatches
        << ",\n  \"zero\": " << parallel::stage_number(zero)
        << ",\n  \"sequence_parallel\": " << (sequence_parallel ? "true" : "false") << ",\n  \"stage_layers\": ";
@@ -127,6 +143,14 @@ struct TrainingPlan {
       p.layers = m.count("layers"), p.hidden = m.count("hidden"), p.heads = m.count("heads");
       p.seq = m.count("seq"), p.vocab = m.count("vocab"), p.experts = m.count("experts");
       p.moe_every = m.count("moe_every"), p.topk = m.count("topk");
+      if (m.has("family")) {  // absent: a GPT-2 plan (as every plan written before Llama)
+        const std::string& family = *m.string("family");
+        const std::optional<nn::ModelFamily> known = nn::model_family(family);
+        require(known.has_value(), "plan: \"model.family\" is '", family, "'; it is \"gpt2\" or \"llama\"");
+        p.family = *known;
+      }
+      if (m.has("kv_heads")) p.kv_heads = m.count("kv_heads");
+      if (m.has("ffn")) p.ffn = m.count("ffn");
       m.no_others();
     }
     p.global_batch = f.count("global_batch");
@@ -175,6 +199,11 @@ struct TrainingPlan {
       return std::size_t(*x);
     }
     std::size_t count(const char* key) { return count_of(get(key), prefix_ + key); }
+    [[nodiscard]] bool has(const char* key) const {
+      for (const auto& kv : o_)
+        if (kv.first == key) return true;
+      return false;
+    }
     const std::string* string(const char* key) {
       const JsonValue& v = get(key);
       require(v.string() != nullptr, "plan: \"", prefix_, key, "\" is ", v.kind(), "; it must be a string");
