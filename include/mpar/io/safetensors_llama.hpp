@@ -22,6 +22,7 @@
  * of q and k rows is needed (the permutation of Meta's original checkpoints does not apply).
  */
 #include <charconv>
+#include <cmath>
 #include <cstdint>
 #include <filesystem>
 #include <fstream>
@@ -83,11 +84,13 @@ inline void untranspose_columns(const float* in, std::size_t rows, std::size_t c
     for (std::size_t r = 0; r < rows; ++r) out[r * cols + c0 + c] = in[c * rows + r];
 }
 
-/** Shortest text that reads back as `v` (a JSON number). */
+/** Shortest text that reads back as `v` (a JSON number); whole numbers without an exponent (500000, not 5e+05). */
 template <class T>
 std::string number(T v) {
   char buf[64];
-  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  const bool whole = v == std::floor(v) && std::fabs(v) < T(1e15);
+  const auto [end, ec] = whole ? std::to_chars(buf, buf + sizeof buf, v, std::chars_format::fixed)
+                               : std::to_chars(buf, buf + sizeof buf, v);
   require(ec == std::errc(), "config.json: cannot format a number");
   return std::string(buf, end);
 }
