@@ -4,7 +4,8 @@
 (a) train_gpt --model llama trains a few steps (tp 2 x pp 2) on a token file and exports with --hf-llama, which
     writes model.safetensors and config.json; LlamaForCausalLM.from_pretrained(dir) loads that directory as it is
     (mpar's config.json, rotary base 50000, not transformers' default) and its logits equal those gpt_logits (an
-    mpar program) computes from the same file.
+    mpar program) computes from the same file, and those it computes from the same run exported under mpar's own
+    names (the run repeated: training is deterministic), which no conversion touches.
 (b) transformers creates a LlamaForCausalLM with random weights (grouped-query attention: 4 heads, 2 key/value
     heads; MLP 64; every parameter perturbed, norms included) and saves it with save_pretrained; gpt_logits loads
     it on one rank and at tp 2 x pp 2, and the logits equal transformers'; with --generate, mpar's generate program
@@ -44,9 +45,9 @@ def model_args(rope_theta):
             str(rope_theta)]
 
 
-def mpar_logits(exe, weights, ids, targets, out, rope_theta, tp=1, pp=1):
+def mpar_logits(exe, weights, ids, targets, out, rope_theta, tp=1, pp=1, hf=True):
     import numpy as np
-    stdout = run([exe, "--safetensors", weights, "--hf-llama", *model_args(rope_theta), "--tp", str(tp), "--pp",
+    stdout = run([exe, "--safetensors", weights, *(["--hf-llama"] if hf else []), *model_args(rope_theta), "--tp", str(tp), "--pp",
                   str(pp), "--ids", ",".join(map(str, ids)), "--targets", ",".join(map(str, targets)), "--out", out])
     loss = float(stdout.split("loss")[-1])
     return np.load(out), loss
@@ -141,6 +142,11 @@ def main():
     logits, loss = mpar_logits(a.gpt_logits, exported, ids, targets, os.path.join(a.work, "a.npy"), theta_a)
     failures += compare("(a) train_gpt --model llama tp2 pp2 --export --hf-llama -> LlamaForCausalLM.from_pretrained",
                         hf_logits, hf_loss, logits, loss)
+    own = os.path.join(a.work, "mpar_names.safetensors")
+    run([a.train_gpt, "--data", train, *model_args(theta_a), "--tp", "2", "--pp", "2", "--batch", "8",
+         "--microbatches", "2", "--steps", "5", "--lr", "1e-2", "--export", own, "--quiet"])
+    logits, loss = mpar_logits(a.gpt_logits, own, ids, targets, os.path.join(a.work, "a_own.npy"), theta_a, hf=False)
+    failures += compare("(a) the same run under mpar's names -> mpar", hf_logits, hf_loss, logits, loss)
 
     # (b) transformers -> mpar: random weights, every parameter perturbed (the norms' gains included).
     theta_b = 10000.0
