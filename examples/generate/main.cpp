@@ -1,9 +1,11 @@
 // generate: samples text (or token ids) from a trained GPT, loaded from an mpar checkpoint (any
-// layout) or a safetensors file (mpar or GPT-2 names), with temperature and top-k, on one host rank.
+// layout) or a safetensors file (mpar, GPT-2 or LlamaForCausalLM names), with temperature and top-k, on one host
+// rank. A Llama model (train_gpt --model llama) takes the same --model, --kv-heads, --ffn and --rope-theta.
 //
 //   generate --checkpoint ckpt/ --data text.txt --prompt "To be" --tokens 200   (character model)
 //   generate --safetensors gpt2.safetensors --hf-gpt2 --vocab 50257 --layers 12 --hidden 768
 //            --heads 12 --seq 1024 --prompt-ids 464,2068 --tokens 20           (token model: ids out)
+//   generate --safetensors llama/model.safetensors --hf-llama --model llama --kv-heads 2 --ffn 64 --vocab 80 ...
 // A checkpoint saved at a tensor-parallel size that 16 does not divide needs --vocab-multiple lcm(16, tp).
 #include <algorithm>
 #include <charconv>
@@ -32,7 +34,7 @@ namespace {
 struct Options {
   models::GptConfig model;
   std::string checkpoint, safetensors, data, prompt, prompt_ids;
-  bool hf_gpt2 = false;
+  bool hf_gpt2 = false, hf_llama = false;
   double temperature = 0.8;
   std::size_t top_k = 0, tokens = 200;
   std::uint64_t seed = 1;
@@ -79,6 +81,8 @@ int run(const Options& o) {
   }
   require(mc.vocab > 0, "generate: give --data TEXT (a character model's training text) or --vocab N (a token model)");
   mc.validate(1, 1);
+  require(!o.hf_gpt2 || !mc.is_llama(), "generate: --hf-gpt2 is GPT-2's names; a --model llama file takes --hf-llama");
+  require(!o.hf_llama || mc.is_llama(), "generate: --hf-llama (LlamaForCausalLM names) needs --model llama");
   // The prompt, checked before any weights are read: characters through the text's vocabulary, or ids.
   std::vector<std::int32_t> ctx;
   if (chars)
@@ -97,11 +101,19 @@ int run(const Options& o) {
       (void)io::load_checkpoint(o.checkpoint, std::span<const io::LoadBlock>(blocks));
       loaded = blocks.size();
     } else {
-      io::SafetensorsWeights w(o.safetensors, o.hf_gpt2 ? io::WeightNaming::hf_gpt2 : io::WeightNaming::mpar);
+      std::optional<io::HfLlamaConfig> llama;
+      if (o.hf_llama)
+        llama = io::HfLlamaConfig{mc.vocab,  mc.hidden, mc.ffn_size(), mc.heads,   mc.kv_head_count(),
+                                  mc.layers, mc.seq,    mc.rope_theta, mc.norm_eps};
+      io::SafetensorsWeights w(o.safetensors,
+                               o.hf_gpt2    ? io::WeightNaming::hf_gpt2
+                               : o.hf_llama ? io::WeightNaming::hf_llama
+                                            : io::WeightNaming::mpar,
+                               llama);
       for (auto& [name, p] : model.named_parameters()) {
         const auto full = w(name, p->global_shape);
         require(!full.empty(), "generate: ", o.safetensors, " has no tensor for '", name,
-                "'; pass the model sizes it was exported with (and --hf-gpt2 for GPT-2 names)");
+                "'; pass the model sizes it was exported with (and --hf-gpt2 or --hf-llama for Hugging Face names)");
         std::copy(full.begin(), full.end(), p->value.begin());  // one rank: the local block is the whole tensor
         ++loaded;
       }
@@ -137,6 +149,12 @@ int main(int argc, char** argv) {
     p.option("checkpoint", o.checkpoint, "an mpar checkpoint directory (saved with any layout)");
     p.option("safetensors", o.safetensors, "a safetensors file (train_gpt --export)");
     p.flag("hf-gpt2", o.hf_gpt2, "the safetensors file uses Hugging Face GPT-2 names");
+    p.flag("hf-llama", o.hf_llama, "the safetensors file uses Hugging Face LlamaForCausalLM names (--model llama)");
+    p.choice("model", o.model.family, {{"gpt2", models::ModelFamily::gpt2}, {"llama", models::ModelFamily::llama}},
+             "decoder family the weights were trained with");
+    p.option("kv-heads", o.model.kv_heads, "--model llama: key/value heads (0: as many as --heads)").range(0, 4096);
+    p.option("ffn", o.model.ffn, "MLP width (0: 4 x --hidden)").range(0, 1 << 24);
+    p.option("rope-theta", o.model.rope_theta, "--model llama: the rotary frequency base").range(1, 1e12);
     p.option("data", o.data, "the training text of a character model (its vocabulary)");
     p.option("vocab", o.model.vocab, "vocabulary of a token model (e.g. 50257)").range(0, 1 << 30);
     p.option("layers", o.model.layers, "transformer blocks").range(1, 4096);

@@ -164,6 +164,9 @@ Options parse(int argc, char** argv) {
   p.option("val-batches", o.val_batches, "global batches per validation").range(1, 1 << 20);
   p.option("export", o.export_path, "write the trained weights to this safetensors file at the end");
   p.flag("hf-gpt2", o.hf_gpt2, "--export under Hugging Face GPT-2 names and shapes (transformer.wte.weight, ...)");
+  p.flag("hf-llama", o.hf_llama,
+         "--export (a --model llama run) under Hugging Face LlamaForCausalLM names and shapes, with a config.json "
+         "beside the file");
   p.option("beta1", t.beta1, "AdamW beta1").range(0, 0.999999);
   p.option("beta2", t.beta2, "AdamW beta2").range(0, 0.999999);
   p.option("eps", t.eps, "AdamW epsilon").range(1e-30, 1);
@@ -301,6 +304,12 @@ Options parse(int argc, char** argv) {
           "train_gpt: --trace-step needs --trace FILE to say where the trace goes");
   require(!o.hf_gpt2 || !o.export_path.empty(),
           "train_gpt: --hf-gpt2 names the tensors of --export; give --export FILE.safetensors, or drop --hf-gpt2");
+  require(!o.hf_llama || t.model.is_llama(),
+          "train_gpt: --hf-llama writes LlamaForCausalLM's tensor names, which a --model gpt2 run does not have; add "
+          "--model llama, or use --hf-gpt2 for GPT-2's names");
+  require(!o.hf_llama || !o.export_path.empty(),
+          "train_gpt: --hf-llama names the tensors of --export; give --export DIR/model.safetensors, or drop "
+          "--hf-llama");
   require(!p.given("check-steps") || o.check_against_host || o.check_layout,
           "train_gpt: --check-steps sets how many steps --check-against-host or --check-layout compares; add one of "
           "them, or drop --check-steps");
@@ -343,8 +352,8 @@ Options parse(int argc, char** argv) {
           "train_gpt: --model llama runs on --backend host only (the CUDA backend has no RMSNorm, rotary or SwiGLU "
           "kernels yet); drop --backend cuda, or use --model gpt2");
   require(!o.hf_gpt2 || !t.model.is_llama(),
-          "train_gpt: --hf-gpt2 writes GPT-2's tensor names, which a --model llama run does not have; drop --hf-gpt2 "
-          "(--export then writes mpar's names)");
+          "train_gpt: --hf-gpt2 writes GPT-2's tensor names, which a --model llama run does not have; use --hf-llama "
+          "(LlamaForCausalLM's names), or drop --hf-gpt2 (--export then writes mpar's names)");
   t.bucket_bytes = o.bucket_kib * 1024;
   t.warmup = o.warmup >= 0 ? std::size_t(o.warmup) : t.steps / 10;
   require(t.warmup <= t.steps, "train_gpt: --warmup ", t.warmup, " exceeds --steps ", t.steps,

@@ -490,6 +490,7 @@ void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitS
                             {"--val-batches", std::to_string(o.val_batches)},
                             {"--export", o.export_path},
                             {"--hf-gpt2", o.hf_gpt2 ? "on" : "off"},
+                            {"--hf-llama", o.hf_llama ? "on" : "off"},
                             {"--save", o.save},
                             {"--save-every", std::to_string(o.save_every)},
                             {"--keep-last", std::to_string(o.keep_last)},
@@ -670,8 +671,15 @@ void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitS
   }
 
   if (!o.export_path.empty()) {
-    tr.export_safetensors(o.export_path, o.hf_gpt2 ? io::WeightNaming::hf_gpt2 : io::WeightNaming::mpar);
-    if (lead) std::printf("exported the weights to %s%s\n", o.export_path.c_str(), o.hf_gpt2 ? " (GPT-2 names)" : "");
+    const io::WeightNaming naming = o.hf_gpt2    ? io::WeightNaming::hf_gpt2
+                                    : o.hf_llama ? io::WeightNaming::hf_llama
+                                                 : io::WeightNaming::mpar;
+    tr.export_safetensors(o.export_path, naming);
+    if (lead)
+      std::printf("exported the weights to %s%s\n", o.export_path.c_str(),
+                  o.hf_gpt2    ? " (GPT-2 names)"
+                  : o.hf_llama ? " (LlamaForCausalLM names; config.json beside it)"
+                               : "");
   }
 
   // Checkpoint (also the source of the single-rank copy that generates the sample).

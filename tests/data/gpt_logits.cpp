@@ -1,4 +1,4 @@
-// gpt_logits: loads a safetensors file (mpar or Hugging Face GPT-2 names) into a GPT laid out over
+// gpt_logits: loads a safetensors file (mpar, Hugging Face GPT-2 or LlamaForCausalLM names) into a GPT laid out over
 // --tp x --pp thread ranks, runs one sequence through the stages and writes the logits of every
 // position — all padded-vocabulary columns included — as a float32 .npy array [seq, padded vocab];
 // prints the mean cross-entropy over --targets as computed by the model's own loss layer.
@@ -6,13 +6,17 @@
 //   gpt_logits --safetensors model.safetensors --hf-gpt2 --vocab 100 --layers 2 --hidden 32 --heads 4
 //              --seq 16 --tp 2 --pp 2 --ids 1,2,...(seq ids) --targets 2,3,... --out logits.npy
 //
-// The test tests/data/check_transformers.py compares its output with transformers' GPT2LMHeadModel.
+//   gpt_logits --safetensors dir/model.safetensors --hf-llama --model llama --kv-heads 2 --ffn 64 ... (Llama)
+//
+// The tests tests/data/check_transformers.py and check_transformers_llama.py compare its output with
+// transformers' GPT2LMHeadModel and LlamaForCausalLM.
 #include <cstdint>
 #include <cstdio>
 #include <fstream>
 #include <iostream>
 #include <mutex>
 #include <numeric>
+#include <optional>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -64,11 +68,18 @@ int main(int argc, char** argv) {
   try {
     models::GptConfig mc;
     std::string file, ids_s, targets_s, out;
-    bool hf = false;
+    bool hf = false, hf_llama = false;
     std::size_t tp = 1, pp = 1;
     cli::Parser p("gpt_logits", "Logits of one sequence from a safetensors GPT in a (tp, pp) layout of thread ranks.");
     p.option("safetensors", file, "the weights").required();
     p.flag("hf-gpt2", hf, "Hugging Face GPT-2 names");
+    p.flag("hf-llama", hf_llama, "Hugging Face LlamaForCausalLM names (with --model llama)");
+    p.choice("model", mc.family, {{"gpt2", models::ModelFamily::gpt2}, {"llama", models::ModelFamily::llama}},
+             "decoder family");
+    p.option("kv-heads", mc.kv_heads, "Llama: key/value heads (0: --heads)").range(0, 4096);
+    p.option("ffn", mc.ffn, "MLP width (0: 4 x --hidden)").range(0, 1 << 24);
+    p.option("rope-theta", mc.rope_theta, "Llama: the rotary frequency base").range(1, 1e12);
+    p.option("norm-eps", mc.norm_eps, "Llama: RMSNorm's epsilon").range(1e-12, 1);
     p.option("vocab", mc.vocab, "vocabulary").range(1, 1 << 30).required();
     p.option("layers", mc.layers, "blocks").range(1, 4096);
     p.option("hidden", mc.hidden, "width").range(1, 1 << 20);
@@ -85,6 +96,15 @@ int main(int argc, char** argv) {
     }
     mc.vocab_multiple = std::lcm(std::size_t(16), tp);  // as GptTrainConfig::pad_vocab_for_mesh
     mc.validate(tp);
+    require(!hf || !hf_llama, "gpt_logits: give one of --hf-gpt2 and --hf-llama");
+    require(!hf_llama || mc.is_llama(), "gpt_logits: --hf-llama needs --model llama");
+    const io::WeightNaming naming = hf         ? io::WeightNaming::hf_gpt2
+                                    : hf_llama ? io::WeightNaming::hf_llama
+                                               : io::WeightNaming::mpar;
+    std::optional<io::HfLlamaConfig> llama;
+    if (hf_llama)
+      llama = io::HfLlamaConfig{mc.vocab,  mc.hidden, mc.ffn_size(), mc.heads,   mc.kv_head_count(),
+                                mc.layers, mc.seq,    mc.rope_theta, mc.norm_eps};
     require(mc.layers % pp == 0, "gpt_logits: --layers ", mc.layers, " does not split evenly over --pp ", pp);
     const auto ids = parse_ids(ids_s), targets = parse_ids(targets_s);
     require(ids.size() == mc.seq, "gpt_logits: give exactly --seq ", mc.seq, " ids, got ", ids.size());
@@ -100,7 +120,7 @@ int main(int argc, char** argv) {
       const std::size_t per = mc.layers / pp;
       const bool first = stage_of == 0, last = stage_of + 1 == pp;
       models::GptPipelinePart<ThreadsCommunicator> stage(group, mc, first, last, stage_of * per, per);
-      io::SafetensorsWeights w(file, hf ? io::WeightNaming::hf_gpt2 : io::WeightNaming::mpar);
+      io::SafetensorsWeights w(file, naming, llama);
       auto named = stage.named_parameters();
       if (stage.head_is_copy()) named.emplace_back("embed.token.weight", stage.head_weight());  // the tied head
       for (auto& [name, param] : named) {

@@ -1,7 +1,8 @@
 #pragma once
 /**
  * @file Model weights in safetensors files: export of a checkpoint (any layout), import into a trainer
- * (any layout), under mpar's own parameter names or Hugging Face GPT-2's.
+ * (any layout), under mpar's own parameter names, Hugging Face GPT-2's, or `LlamaForCausalLM`'s for the Llama family
+ * (their conversion: io/safetensors_llama.hpp).
  *
  * `WeightNaming::hf_gpt2` maps mpar's GPT (docs/train_gpt.md, "Parameter names") onto
  * `transformers.GPT2LMHeadModel`'s state dict:
@@ -34,11 +35,12 @@
 
 #include "mpar/io/checkpoint.hpp"
 #include "mpar/io/safetensors.hpp"
+#include "mpar/io/safetensors_llama.hpp"
 
 namespace mpar::io {
 
-/** @brief Whose tensor names a safetensors file uses. */
-enum class WeightNaming { mpar, hf_gpt2 };
+/** @brief Whose tensor names a safetensors file uses: mpar's, GPT2LMHeadModel's, or LlamaForCausalLM's. */
+enum class WeightNaming { mpar, hf_gpt2, hf_llama };
 
 /** @brief `embed.token.weight` etc.: the name of one tensor in the other convention; nullopt when it has none. */
 [[nodiscard]] inline std::optional<std::string> hf_gpt2_name(std::string_view n) {
@@ -99,13 +101,18 @@ enum class WeightNaming { mpar, hf_gpt2 };
  * @brief Writes every parameter of the checkpoint `ckpt` (a checkpoint directory or a root with `latest`,
  * saved from any layout) to the safetensors file `out`, whole tensors in fp32; optimizer states are left
  * out. Under `hf_gpt2`, `vocab` (the tokenizer's vocabulary, e.g. 50257) drops the embedding's padding rows.
- * Rank-local: one process reads the checkpoint. Returns the number of tensors written.
+ * Under `hf_llama`, `llama` gives the sizes (its vocabulary is the one kept), and `config.json` is written beside
+ * `out`. Rank-local: one process reads the checkpoint. Returns the number of tensors written.
  */
 inline std::size_t export_safetensors(const std::filesystem::path& ckpt, const std::filesystem::path& out,
                                       WeightNaming naming, std::size_t vocab = 0,
-                                      std::map<std::string, std::string> metadata = {}) {
+                                      std::map<std::string, std::string> metadata = {},
+                                      const std::optional<HfLlamaConfig>& llama = std::nullopt) {
+  require(naming != WeightNaming::hf_llama || llama.has_value(),
+          "safetensors export: LlamaForCausalLM names need the model's sizes (HfLlamaConfig)");
   CheckpointReader reader(ckpt);
   std::vector<std::vector<float>> values;
+  std::vector<OwnedTensor> converted;  // hf_llama: the split and transposed tensors
   std::vector<NamedTensor> tensors;
   std::vector<const TensorRecord*> params;
   for (const auto& t : reader.manifest().tensors)
@@ -117,6 +124,11 @@ inline std::size_t export_safetensors(const std::filesystem::path& ckpt, const s
     values.emplace_back(n);
     const LoadBlock b{t->name, t->shape, full_box(t->shape), t->layout, std::span<float>(values.back())};
     reader.read(std::span<const LoadBlock>(&b, 1));
+    if (naming == WeightNaming::hf_llama) {
+      for (auto& c : to_hf_llama(t->name, t->shape, values.back(), *llama)) converted.push_back(std::move(c));
+      values.back() = {};
+      continue;
+    }
     auto shape = file_shape(t->name, t->shape, naming, vocab);
     std::size_t keep = 1;
     for (auto e : shape) keep *= e;
@@ -126,8 +138,10 @@ inline std::size_t export_safetensors(const std::filesystem::path& ckpt, const s
     values.back().resize(keep);  // the embedding's padding rows are its last rows
     tensors.push_back(NamedTensor{file_name(t->name, naming), std::move(shape), std::span<const float>(values.back())});
   }
+  for (const auto& c : converted) tensors.push_back(NamedTensor{c.name, c.shape, std::span<const float>(c.values)});
   metadata.emplace("format", "pt");
   write_safetensors(out, std::span<const NamedTensor>(tensors), metadata);
+  if (naming == WeightNaming::hf_llama) write_hf_llama_config(out.parent_path() / "config.json", *llama);
   return tensors.size();
 }
 
@@ -136,14 +150,28 @@ inline std::size_t export_safetensors(const std::filesystem::path& ckpt, const s
  * whole tensors by mpar name and shape): reads each tensor and checks its shape. The token embedding
  * may have another number of rows than the model's (GPT-2's unpadded vocabulary, or an mpar export
  * from a layout padded differently, whose `mpar.vocab` metadata says how many rows are real): its real
- * rows are loaded and the model's padding rows are zero.
+ * rows are loaded and the model's padding rows are zero. Under `hf_llama` (which needs the head counts in `llama`)
+ * the fused QKV and gate/up are assembled from their `LlamaForCausalLM` tensors, and the matrices transposed.
  */
 class SafetensorsWeights {
  public:
-  SafetensorsWeights(const std::filesystem::path& path, WeightNaming naming) : file_(path), naming_(naming) {}
+  SafetensorsWeights(const std::filesystem::path& path, WeightNaming naming,
+                     const std::optional<HfLlamaConfig>& llama = std::nullopt)
+      : file_(path), naming_(naming), llama_(llama.value_or(HfLlamaConfig{})) {
+    if (naming == WeightNaming::hf_llama) llama_.validate("safetensors " + path.string());
+  }
 
   /** The tensor for mpar parameter `name` of global `shape`; empty when the file has none under that name. */
   std::span<const float> operator()(const std::string& name, const std::vector<std::size_t>& shape) {
+    if (naming_ == WeightNaming::hf_llama) {
+      auto v = read_hf_llama(file_, name, shape, llama_);
+      if (!v) {
+        missing_.push_back(name);
+        return {};
+      }
+      buf_ = std::move(*v);
+      return buf_;
+    }
     const std::string fname = naming_ == WeightNaming::mpar ? name : hf_gpt2_name(name).value_or("");
     const SafetensorsEntry* e = fname.empty() ? nullptr : file_.find(fname);
     if (e == nullptr) {
@@ -186,6 +214,7 @@ class SafetensorsWeights {
  private:
   SafetensorsFile file_;
   WeightNaming naming_;
+  HfLlamaConfig llama_;
   std::vector<float> buf_;
   std::vector<std::string> missing_;
 };

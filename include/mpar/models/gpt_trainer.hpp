@@ -890,9 +890,19 @@ class GptTrainer {
    * @brief Writes the whole model to the safetensors file `out` (collective), from any layout: saves a
    * checkpoint of this layout under `<out>.staging`, and world rank 0 reads it back as whole tensors
    * through the resharding loader and writes them (`io::export_safetensors`); the staging directory is
-   * then removed. `hf_gpt2` writes GPT-2's names and shapes with the unpadded vocabulary `model.vocab`.
+   * then removed. `hf_gpt2` writes GPT-2's names and shapes with the unpadded vocabulary `model.vocab`;
+   * `hf_llama` (the Llama family) `LlamaForCausalLM`'s, and its `config.json` beside `out`.
    */
   void export_safetensors(const std::filesystem::path& out, io::WeightNaming naming = io::WeightNaming::mpar) {
+    const auto& m = cfg_.model;
+    require(naming != io::WeightNaming::hf_gpt2 || !m.is_llama(),
+            "export_safetensors: a Llama model has no GPT-2 names; export it with LlamaForCausalLM's (hf_llama)");
+    require(naming != io::WeightNaming::hf_llama || m.is_llama(),
+            "export_safetensors: a GPT-2 model has no LlamaForCausalLM names; export it with GPT-2's (hf_gpt2)");
+    std::optional<io::HfLlamaConfig> llama;
+    if (naming == io::WeightNaming::hf_llama)
+      llama = io::HfLlamaConfig{m.vocab,  m.hidden, m.ffn_size(), m.heads,   m.kv_head_count(),
+                                m.layers, m.seq,    m.rope_theta, m.norm_eps};
     const std::filesystem::path staging = out.string() + ".staging";
     (void)save(staging);
     std::exception_ptr err;
@@ -900,7 +910,7 @@ class GptTrainer {
       err = io::detail::capture([&] {
         (void)io::export_safetensors(
             staging, out, naming, cfg_.model.vocab,
-            {{"mpar.step", std::to_string(step_)}, {"mpar.vocab", std::to_string(cfg_.model.vocab)}});
+            {{"mpar.step", std::to_string(step_)}, {"mpar.vocab", std::to_string(cfg_.model.vocab)}}, llama);
         std::filesystem::remove_all(staging);
       });
     quiet_for_host_messages();  // ZeRO-3's release after the save, if any
