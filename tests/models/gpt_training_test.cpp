@@ -1176,7 +1176,8 @@ TEST_CASE("Llama: tp, pp, dp with ZeRO-3, sequence parallelism and bf16 reproduc
   CHECK(ref.params.contains("block0.attn.qkv.weight"));
   CHECK(!ref.params.contains("block0.attn.qkv.bias"));
   CHECK(ref.params.at("block0.attn.qkv.weight").size() == 32 * (4 + 2 * 2) * 8);
-  for (auto [tp, pp, dp] : {std::tuple<std::size_t, std::size_t, std::size_t>{2, 1, 1}, {1, 2, 1}, {1, 1, 2}, {2, 2, 2}})
+  for (auto [tp, pp, dp] :
+       {std::tuple<std::size_t, std::size_t, std::size_t>{2, 1, 1}, {1, 2, 1}, {1, 1, 2}, {2, 2, 2}})
     require_equivalent(run(small_llama(tp, pp, dp), 20), ref,
                        "llama tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp),
                        true);

@@ -155,7 +155,8 @@ struct GptConfig {
               "; attention is split by whole key/value heads, so use --tp dividing ", kv, " or more --kv-heads");
       require((hidden / heads) % 2 == 0, "Llama: the head size hidden / heads = ", hidden / heads,
               " is odd; the rotary embedding rotates pairs, so choose an even head size");
-      require(experts == 0, "Llama: --experts ", experts, " (mixture of experts) is built for GPT-2's blocks only; use --experts 0");
+      require(experts == 0, "Llama: --experts ", experts,
+              " (mixture of experts) is built for GPT-2's blocks only; use --experts 0");
       require(dropout == 0.0, "Llama: --dropout ", dropout, ": Llama's blocks have no dropout; use --dropout 0");
       require(rope_theta > 0.0 && norm_eps > 0.0f, "Llama: --rope-theta and the RMSNorm epsilon must be positive");
     }
@@ -321,8 +322,8 @@ class GptPipelinePart {
       const std::array<std::size_t, 2> ps{cfg.seq, cfg.hidden};
       if (!cfg.is_llama())  // Llama's positions are rotary, inside the attention
         pos_ = nn::make_parameter<B, 2>("embed.position", GptConfig::position_embedding_id, ps,
-                                      nn::detail::tensor_box<Replicate>(ps, 1, 0), Replicate::name(), false, cfg.seed,
-                                      InitSpec::normal(0.01));
+                                        nn::detail::tensor_box<Replicate>(ps, 1, 0), Replicate::name(), false, cfg.seed,
+                                        InitSpec::normal(0.01));
     }
     for (std::size_t i = 0; i < block_count; ++i) {
       const std::size_t b = first_block + i;
@@ -336,8 +337,8 @@ class GptPipelinePart {
                                "block" + std::to_string(b),
                                &tokens_};
       if (cfg.is_llama()) {
-        const nn::LlamaBlockConfig lc{cfg.hidden,     cfg.heads,    cfg.kv_heads,  cfg.ffn_size(), cfg.seq,
-                                      cfg.rope_theta, cfg.norm_eps, cfg.seed,      bc.id_base,     bc.name};
+        const nn::LlamaBlockConfig lc{cfg.hidden,     cfg.heads,    cfg.kv_heads, cfg.ffn_size(), cfg.seq,
+                                      cfg.rope_theta, cfg.norm_eps, cfg.seed,     bc.id_base,     bc.name};
         if constexpr (llama_kernel_backend<B>) {
           if (sp_)
             blocks_.push_back(std::make_unique<detail::GptBlockOf<nn::LlamaBlock<C, true, B>>>(tp, lc));

@@ -1079,10 +1079,12 @@ class GptTrainer {
   /** Refuses a checkpoint whose recorded run identity differs from this run's, naming every difference. */
   void check_same_run(const io::Manifest& saved, const std::filesystem::path& dir) const {
     static const std::map<std::string, std::string> option{
-        {"data.seed", "--data-seed"},   {"model.seed", "--seed"},           {"model.layers", "--layers"},
-        {"model.hidden", "--hidden"},   {"model.heads", "--heads"},         {"model.seq", "--seq"},
-        {"model.experts", "--experts"}, {"model.moe_every", "--moe-every"}, {"model.moe_top_k", "--topk"},
-        {"model.kv_heads", "--kv-heads"}, {"model.ffn", "--ffn"}};
+        {"data.seed", "--data-seed"},   {"model.seed", "--seed"},
+        {"model.layers", "--layers"},   {"model.hidden", "--hidden"},
+        {"model.heads", "--heads"},     {"model.seq", "--seq"},
+        {"model.experts", "--experts"}, {"model.moe_every", "--moe-every"},
+        {"model.moe_top_k", "--topk"},  {"model.kv_heads", "--kv-heads"},
+        {"model.ffn", "--ffn"}};
     const auto& u = saved.state.user;
     auto saved_of = [&](const std::string& k) -> const std::string* {
       auto it = u.find(k);
@@ -1103,7 +1105,8 @@ class GptTrainer {
     const std::string saved_family = saved_of("model.family") ? *saved_of("model.family") : "gpt2";
     const std::string family = now.contains("model.family") ? now.at("model.family") : "gpt2";
     if (saved_family != family)
-      diffs.push_back(mpar::detail::cat("--model ", saved_family, " in the checkpoint (model.family), ", family, " now"));
+      diffs.push_back(
+          mpar::detail::cat("--model ", saved_family, " in the checkpoint (model.family), ", family, " now"));
     for (const auto& [key, flag] : option)
       if (const auto* v = saved_of(key); v && now.contains(key) && *v != now.at(key))
         diffs.push_back(mpar::detail::cat(flag, " ", *v, " in the checkpoint, ", now.at(key), " now"));
