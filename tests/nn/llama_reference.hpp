@@ -105,6 +105,24 @@ struct LlamaRun {
   ComputeType compute = ComputeType::fp32;  ///< the ranks' passes run under `Autocast` of this type
 };
 
+/** Adds N(0, 0.3^2) to every weight, drawn by global index: every layout of a layer gets the same values. */
+inline void perturb_by_global_index(const std::vector<Parameter*>& ps) {
+  for (Parameter* q : ps) {
+    const CounterRng rng{77, 5};
+    const std::size_t rank = q->global_shape.size();
+    std::vector<std::size_t> idx(rank);
+    for (std::size_t k = 0; k < q->local_size(); ++k) {
+      std::size_t rem = k, gi = 0;
+      for (std::size_t d = rank; d-- > 0;) {
+        idx[d] = rem % q->local_box[d].extent;
+        rem /= q->local_box[d].extent;
+      }
+      for (std::size_t d = 0; d < rank; ++d) gi = gi * q->global_shape[d] + q->local_box[d].offset + idx[d];
+      q->value[k] += float(0.3 * rng.normal(gi + 1000 * q->id));
+    }
+  }
+}
+
 /**
  * Runs `make(tp)` on `p` thread ranks: forward on this rank's block of `x` in layout L, `perturb` the parameters
  * first (the same values on every layout: they are drawn by global index), backward on its block of `dy`, then
@@ -118,20 +136,7 @@ void run_llama_layer(int p, const Activation& x, const Activation& dy, LlamaRun&
   out.dx = Activation(x.shape());
   run_threads(p, [&](ThreadsCommunicator& tp) {
     auto layer = make(tp);
-    for (Parameter* q : layer.parameters()) {  // perturbed by global index, so every layout gets the same values
-      const CounterRng rng{77, 5};
-      const std::size_t rank = q->global_shape.size();
-      std::vector<std::size_t> idx(rank);
-      for (std::size_t k = 0; k < q->local_size(); ++k) {
-        std::size_t rem = k, gi = 0;
-        for (std::size_t d = rank; d-- > 0;) {
-          idx[d] = rem % q->local_box[d].extent;
-          rem /= q->local_box[d].extent;
-        }
-        for (std::size_t d = 0; d < rank; ++d) gi = gi * q->global_shape[d] + q->local_box[d].offset + idx[d];
-        q->value[k] += float(0.3 * rng.normal(gi + 1000 * q->id));
-      }
-    }
+    perturb_by_global_index(layer.parameters());
     const auto n = std::size_t(p), r = std::size_t(tp.rank());
     const Autocast scope(out.compute);
     const Act<L> y = layer.forward(Act<L>(local_block<L>(x, n, r)), 0);

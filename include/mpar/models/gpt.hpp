@@ -24,7 +24,8 @@
  *
  * Llama (`GptConfig::family = ModelFamily::llama`): the same stages with `nn::LlamaBlock`s (rotary positions, so no
  * position embedding), a final RMSNorm and an untied vocab-parallel head `head.weight` of the embedding's shape and
- * split; nothing is tied across the pipeline.
+ * split; nothing is tied across the pipeline. Under context parallelism its blocks are `nn::RingLlamaBlock`s (ring
+ * grouped-query attention, rotary positions of the zig-zag chunks).
  *
  * Mixture of experts (`GptConfig::experts > 0`): the blocks `GptConfig::is_moe_block` selects replace
  * their MLP by a top-k gated MoE (`MoeTransformerBlock`) whose experts are spread over an expert group
@@ -58,6 +59,7 @@
 #include "mpar/nn/rank_tokens.hpp"
 #include "mpar/nn/recompute.hpp"
 #include "mpar/nn/reduce_gradients.hpp"
+#include "mpar/nn/ring_llama_block.hpp"
 #include "mpar/nn/ring_transformer_block.hpp"
 #include "mpar/nn/transformer_block.hpp"
 
@@ -305,8 +307,6 @@ class GptPipelinePart {
             cp_ > 1 ? "context parallelism (cp " + std::to_string(cp_) + ")" : std::string("MoE blocks"),
             " is not supported; set GptConfig::sequence_parallel = false (drop --sequence-parallel)",
             cp_ > 1 ? " or use cp 1" : " or use a dense model (--experts 0)");
-    require(!cfg.is_llama() || cp_ == 1, "GptPipelinePart: context parallelism (cp ", cp_,
-            ") with Llama blocks is not built (they have no ring-attention form); use cp 1 or the GPT-2 family");
     if (cp_ > 1) {
       require(!cfg.has_moe(), "GptPipelinePart: context parallelism (cp ", cp_,
               ") with MoE blocks is not supported; use cp 1 "
@@ -340,7 +340,16 @@ class GptPipelinePart {
         const nn::LlamaBlockConfig lc{cfg.hidden,     cfg.heads,    cfg.kv_heads, cfg.ffn_size(), cfg.seq,
                                       cfg.rope_theta, cfg.norm_eps, cfg.seed,     bc.id_base,     bc.name};
         if constexpr (llama_kernel_backend<B>) {
-          if (sp_)
+          if (cp_ > 1) {
+            if constexpr (online_softmax_backend<B>)
+              blocks_.push_back(
+                  std::make_unique<detail::GptRingBlockOf<nn::RingLlamaBlock<C, B>, B>>(tp, *context, lc));
+            else
+              throw config_error(mpar::detail::cat("GptPipelinePart: context parallelism (cp ", cp_,
+                                                   ") needs ring attention's online-softmax operations, which "
+                                                   "backend '",
+                                                   B::name, "' lacks; use cp 1"));
+          } else if (sp_)
             blocks_.push_back(std::make_unique<detail::GptBlockOf<nn::LlamaBlock<C, true, B>>>(tp, lc));
           else
             blocks_.push_back(std::make_unique<detail::GptBlockOf<nn::LlamaBlock<C, false, B>>>(tp, lc));

@@ -34,6 +34,30 @@ struct GqaConfig {
   std::string name = "attn";
 };
 
+namespace detail {
+/** Key/value heads of `c`: `kv_heads`, or `heads` when 0 (multi-head attention). */
+[[nodiscard]] inline std::size_t gqa_kv_heads(const GqaConfig& c) { return c.kv_heads == 0 ? c.heads : c.kv_heads; }
+/**
+ * The sizes of a grouped-query attention layer's core on tensor rank `rank` of `tp` (its query heads), after checking
+ * `c` for every way it can fail to split; `kind` names the layer in the errors.
+ */
+[[nodiscard]] inline AttentionCore checked_gqa_core(std::string_view kind, const GqaConfig& c, std::size_t tp,
+                                                    std::size_t rank) {
+  const std::string who = std::string(kind) + " '" + c.name + "' (tensor rank " + std::to_string(rank) + ")";
+  const std::size_t kv = gqa_kv_heads(c);
+  require(c.hidden > 0 && c.heads > 0 && c.seq > 0, who, ": hidden, heads and seq must be positive");
+  require(c.hidden % c.heads == 0, who, ": hidden size ", c.hidden, " is not divisible by ", c.heads, " heads");
+  require((c.hidden / c.heads) % 2 == 0, who, ": head_dim ", c.hidden / c.heads,
+          " is odd; the rotary embedding rotates its two halves as pairs");
+  require(c.heads % kv == 0, who, ": ", c.heads, " query heads are not divisible by ", kv,
+          " key/value heads; each KV head serves a whole group of query heads");
+  require(kv % tp == 0, who, ": ", kv, " key/value heads are not divisible by the tensor-parallel size ", tp,
+          "; attention is split by whole KV heads. Fix: a tensor group dividing kv_heads");
+  require(c.rope_theta > 0, who, ": rope_theta must be positive, got ", c.rope_theta);
+  return AttentionCore{c.heads / tp, c.hidden / c.heads, c.seq};
+}
+}  // namespace detail
+
 /**
  * @brief Grouped-query causal self-attention on tensor group `C` (a one-rank group for the single rank).
  * Parameters `<name>.qkv.weight` `[hidden, (heads + 2 kv_heads) head_dim]` (columns ordered by KV head, see the
@@ -87,20 +111,9 @@ class GroupedQueryAttention
   [[nodiscard]] double rope_theta() const { return theta_; }
 
  private:
-  static std::size_t kv_heads_of(const GqaConfig& c) { return c.kv_heads == 0 ? c.heads : c.kv_heads; }
+  static std::size_t kv_heads_of(const GqaConfig& c) { return detail::gqa_kv_heads(c); }
   static AttentionCore checked_core(const GqaConfig& c, std::size_t tp, std::size_t rank) {
-    const std::string who = "GroupedQueryAttention '" + c.name + "' (tensor rank " + std::to_string(rank) + ")";
-    const std::size_t kv = kv_heads_of(c);
-    require(c.hidden > 0 && c.heads > 0 && c.seq > 0, who, ": hidden, heads and seq must be positive");
-    require(c.hidden % c.heads == 0, who, ": hidden size ", c.hidden, " is not divisible by ", c.heads, " heads");
-    require((c.hidden / c.heads) % 2 == 0, who, ": head_dim ", c.hidden / c.heads,
-            " is odd; the rotary embedding rotates its two halves as pairs");
-    require(c.heads % kv == 0, who, ": ", c.heads, " query heads are not divisible by ", kv,
-            " key/value heads; each KV head serves a whole group of query heads");
-    require(kv % tp == 0, who, ": ", kv, " key/value heads are not divisible by the tensor-parallel size ", tp,
-            "; attention is split by whole KV heads. Fix: a tensor group dividing kv_heads");
-    require(c.rope_theta > 0, who, ": rope_theta must be positive, got ", c.rope_theta);
-    return AttentionCore{c.heads / tp, c.hidden / c.heads, c.seq};
+    return detail::checked_gqa_core(layer_kind, c, tp, rank);
   }
 
   /**

@@ -102,10 +102,7 @@ class LlamaBlock : public detail::TypedLayer<LlamaBlock<C, SP, B>> {
   std::vector<Parameter*> parameters() { return layers_.parameters(); }
   void drop(int mb) { layers_.drop(mb); }
   /** none, selective (the attention core's probabilities) or full (keep only the block input). */
-  void set_recompute(Recompute r) {
-    layers_.recompute = r == Recompute::full;
-    layers_.attn.set_selective_recompute(r == Recompute::selective);
-  }
+  void set_recompute(Recompute r) { layers_.set_recompute(r); }
   [[nodiscard]] std::size_t in_features() const { return hidden_; }
   [[nodiscard]] std::size_t out_features() const { return hidden_; }
   [[nodiscard]] Attention& attention() { return layers_.attn; }
@@ -114,11 +111,7 @@ class LlamaBlock : public detail::TypedLayer<LlamaBlock<C, SP, B>> {
    * whose gradients the caller sums over the tensor group once per step (`all_reduce_gradients<B>(tp, params)`).
    */
   std::vector<Parameter*> defer_norm_gradient_reduction() requires SP {
-    layers_.ln1.defer_gradient_reduction(true);
-    layers_.ln2.defer_gradient_reduction(true);
-    std::vector<Parameter*> ps = layers_.ln1.parameters();
-    detail::append(ps, layers_.ln2.parameters());
-    return ps;
+    return layers_.defer_norm_gradient_reduction();
   }
 
  private:

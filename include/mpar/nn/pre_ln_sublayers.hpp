@@ -15,6 +15,7 @@
 #include "mpar/nn/activation.hpp"
 #include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/parameter.hpp"
+#include "mpar/nn/recompute.hpp"
 #include "mpar/nn/typed_layer.hpp"
 
 namespace mpar::nn::detail {
@@ -32,6 +33,26 @@ struct PreLnSublayers {
   /** Full recomputation: forward keeps only the block input per micro-batch, backward reruns the forward. */
   bool recompute = false;
 
+  /**
+   * none; selective (the attention core's probabilities, where the attention keeps any: `set_selective_recompute`);
+   * full (keep only the block input, rerun the forward before the backward).
+   */
+  void set_recompute(Recompute r) {
+    recompute = r == Recompute::full;
+    if constexpr (requires { attn.set_selective_recompute(true); })
+      attn.set_selective_recompute(r == Recompute::selective);
+  }
+  /**
+   * Sequence parallelism: both norms leave their gain (and bias) gradients as this rank's share; returns their
+   * parameters, whose gradients the block's owner sums over the tensor group once per step.
+   */
+  std::vector<Parameter*> defer_norm_gradient_reduction() {
+    ln1.defer_gradient_reduction(true);
+    ln2.defer_gradient_reduction(true);
+    std::vector<Parameter*> ps = ln1.parameters();
+    append(ps, ln2.parameters());
+    return ps;
+  }
   /** ln1, attention, ln2, feed-forward: the block's parameters in model order. */
   std::vector<Parameter*> parameters() {
     std::vector<Parameter*> ps = ln1.parameters();

@@ -14,6 +14,9 @@
  * `[heads_local, head_dim]` head-major, as in nn/attention.hpp) and returns the attention output of
  * those heads, `[tokens_local, heads_local * head_dim]`. Heads are independent, so tensor
  * parallelism composes without communication: the tensor ranks run independent rings.
+ * Grouped-query attention (`RingAttentionConfig::kv_heads` < heads) takes `(q | k | v)` with fewer K and V
+ * columns (`[tokens, (heads + 2 kv_heads) head_dim]`, query heads `j g .. j g + g - 1` reading KV head `j`):
+ * only the key/value heads travel the ring, a g-th of what repeating them first would send.
  *
  * Forward: step `j = 0 .. cp-1` computes on the K/V of context rank `r - j` while that block's
  * successor is already on its way (`isend` to `r + 1`, `irecv` from `r - 1`, waited after the
@@ -85,11 +88,16 @@ struct BlockCount {
   return n;
 }
 
-/** @brief Sizes of a ring-attention layer: the heads this rank owns, head size, global sequence length. */
+/**
+ * @brief Sizes of a ring-attention layer: the query heads this rank owns, head size, global sequence length, and
+ * the key/value heads this rank owns (grouped-query attention; 0: as many as query heads).
+ */
 struct RingAttentionConfig {
   std::size_t heads = 0, head_dim = 0, seq = 0;
   int tag_base = 21000;  ///< point-to-point tags `tag_base`, `+ 2` (K/V, dK/dV); below MPI's least tag bound 32767
   std::string name = "ring_attn";
+  /// Key/value heads, dividing `heads`: query heads `j g .. j g + g - 1` (g = heads / kv_heads) read KV head `j`.
+  std::size_t kv_heads = 0;
 };
 
 /**
@@ -127,9 +135,12 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
 
   /** `context` is the ring (its rank order is the chunk order). Refuses a sequence not divisible by 2 cp. */
   RingAttention(C& context, const RingAttentionConfig& c)
-      : comm_(&context), cp_(std::size_t(context.size())), r_(std::size_t(context.rank())), h_(c.heads), d_(c.head_dim),
-        seq_(c.seq), tag_(c.tag_base), name_(c.name) {
+      : comm_(&context), cp_(std::size_t(context.size())), r_(std::size_t(context.rank())), h_(c.heads),
+        kv_(c.kv_heads == 0 ? c.heads : c.kv_heads), d_(c.head_dim), seq_(c.seq), tag_(c.tag_base), name_(c.name) {
     require(h_ > 0 && d_ > 0 && seq_ > 0, who(), ": heads, head_dim and seq must be positive");
+    require(h_ % kv_ == 0, who(), ": ", h_, " query heads are not divisible by ", kv_,
+            " key/value heads; each KV head serves a whole group of query heads");
+    g_ = h_ / kv_;
     require(seq_ % (2 * cp_) == 0, who(), ": sequence length ", seq_, " is not divisible by 2 x cp = 2 x ", cp_, " = ",
             2 * cp_,
             " (zig-zag placement cuts each sequence into 2 cp equal chunks). Fix: choose a sequence length "
@@ -188,9 +199,9 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
     // delta = rowsum(dO * O) per (row, head): the softmax backward's correction term.
     Activation delta({h_, t}, uninitialized);
     B::online_softmax_delta(h_, t, d_, t, hl, dout.data(), s.out.data(), delta.data());
-    Activation dqkv({t, 3 * hl}, uninitialized);  // dQ accumulates in its first hl columns; dK/dV copied in
+    Activation dqkv({t, hl + 2 * kv_cols()}, uninitialized);  // dQ accumulates in its first hl columns; dK/dV copied in
     B::zero(dqkv.size(), dqkv.data());
-    Activation dkv0({t, 2 * hl}, uninitialized);  // the rank's own block's dK/dV, zero at its home rank
+    Activation dkv0({t, 2 * kv_cols()}, uninitialized);  // the rank's own block's dK/dV, zero at its home rank
     B::zero(dkv0.size(), dkv0.data());
     Ring ring(*this, pack_kv(qkv), tag_);         // K/V of the block being worked on
     Ring grad(*this, std::move(dkv0), tag_ + 2);  // its dK/dV
@@ -213,7 +224,7 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
       grad.finish();
     }
     // The dK/dV rows into the K and V columns of dQKV: one strided copy, not one per token row.
-    B::copy_2d(t, 2 * hl, grad.current().data(), 2 * hl, dqkv.data() + hl, 3 * hl);
+    B::copy_2d(t, 2 * kv_cols(), grad.current().data(), 2 * kv_cols(), dqkv.data() + hl, hl + 2 * kv_cols());
     return dqkv;
   }
 
@@ -257,8 +268,8 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
            std::to_string(cp_) + ")";
   }
   [[nodiscard]] std::size_t batches(const Activation& qkv) const {
-    require(qkv.extent(1) == 3 * h_ * d_, who(), ": QKV has ", qkv.extent(1), " columns, expected 3 x ", h_,
-            " heads x ", d_);
+    require(qkv.extent(1) == h_ * d_ + 2 * kv_cols(), who(), ": QKV has ", qkv.extent(1), " columns, expected (", h_,
+            " query + 2 x ", kv_, " key/value heads) x ", d_);
     require(qkv.extent(0) % (2 * c_) == 0, who(), ": ", qkv.extent(0), " local tokens are not a whole number of ",
             "local sequences of 2 chunks x ", c_, " tokens (sequence ", seq_, " over cp = ", cp_, ")");
     return qkv.extent(0) / (2 * c_);
@@ -270,9 +281,9 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
    * strided copy (the columns `[hl, 3 hl)` of every row), not one per token row: on a device each is a launch.
    */
   Activation pack_kv(const Activation& qkv) const {
-    const std::size_t hl = h_ * d_, t = qkv.extent(0);
-    Activation kv({t, 2 * hl}, uninitialized);
-    B::copy_2d(t, 2 * hl, qkv.data() + hl, 3 * hl, kv.data(), 2 * hl);
+    const std::size_t hl = h_ * d_, kw = kv_cols(), t = qkv.extent(0);
+    Activation kv({t, 2 * kw}, uninitialized);
+    B::copy_2d(t, 2 * kw, qkv.data() + hl, hl + 2 * kw, kv.data(), 2 * kw);
     return kv;
   }
 
@@ -288,46 +299,61 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
   /**
    * One (query half a, key half e) block of sequence b, every local head: S = scale Q K^T, then the
    * online-softmax update of the running max (in `m` until the end), the row sums `l` and `acc`, then acc += P V.
+   * Under grouped-query attention each product runs once per place `i` in a group: query heads `j g + i` against
+   * KV heads `j` (strides g apart on the query side), so K and V travel the ring unrepeated.
    */
   void block_forward(const Activation& qkv, const float* kv, std::size_t b, std::size_t a, std::size_t e,
                      std::size_t qc, std::size_t kc, std::size_t t, Activation& sc, Activation& m, Activation& l,
                      Activation& acc) const {
-    const std::size_t hl = h_ * d_, ld = 3 * hl, c = c_, qrow = b * 2 * c + a * c, krow = b * 2 * c + e * c;
+    const std::size_t hl = h_ * d_, kw = kv_cols(), ld = hl + 2 * kw, c = c_, qrow = b * 2 * c + a * c,
+                      krow = b * 2 * c + e * c, gd = g_ * d_, gcc = g_ * c * c;
     const float scale = 1.0f / std::sqrt(float(d_));
-    B::template gemm_strided_batched<float>(Trans::no, Trans::yes, c, c, d_, scale, qkv.data() + qrow * ld, ld, d_,
-                                            kv + krow * 2 * hl, 2 * hl, d_, 0.0f, sc.data(), c, c * c, h_);
+    const float *q = qkv.data() + qrow * ld, *k = kv + krow * 2 * kw, *v = k + kw;
+    for (std::size_t i = 0; i < g_; ++i)
+      B::template gemm_strided_batched<float>(Trans::no, Trans::yes, c, c, d_, scale, q + i * d_, ld, gd, k, 2 * kw, d_,
+                                              0.0f, sc.data() + i * c * c, c, gcc, kv_);
     B::online_softmax_update(softmax_block(qc, kc, t), sc.data(), m.data() + qrow, l.data() + qrow,
                              acc.data() + qrow * hl);
-    // acc += P V
-    B::template gemm_strided_batched<float>(Trans::no, Trans::no, c, d_, c, 1.0f, sc.data(), c, c * c,
-                                            kv + krow * 2 * hl + hl, 2 * hl, d_, 1.0f, acc.data() + qrow * hl, hl, d_,
-                                            h_);
+    for (std::size_t i = 0; i < g_; ++i)  // acc += P V
+      B::template gemm_strided_batched<float>(Trans::no, Trans::no, c, d_, c, 1.0f, sc.data() + i * c * c, c, gcc, v,
+                                              2 * kw, d_, 1.0f, acc.data() + qrow * hl + i * d_, hl, gd, kv_);
   }
 
-  /** The backward of one block: P = exp(S - L), dV += P^T dO, dS = P (dO V^T - delta), dQ += scale dS K, dK += scale dS^T Q. */
+  /**
+   * The backward of one block: P = exp(S - L), dV += P^T dO, dS = P (dO V^T - delta), dQ += scale dS K, dK += scale
+   * dS^T Q; per place in a group as in `block_forward` (a KV head's dK and dV sum its query heads in group order).
+   */
   void block_backward(const Activation& qkv, const float* kv, const Activation& dout, std::size_t b, std::size_t a,
                       std::size_t e, std::size_t qc, std::size_t kc, std::size_t t, const Activation& lse,
                       const Activation& delta, Activation& p, Activation& dp, Activation& dqkv, float* dkv) const {
-    const std::size_t hl = h_ * d_, ld = 3 * hl, c = c_, qrow = b * 2 * c + a * c, krow = b * 2 * c + e * c;
+    const std::size_t hl = h_ * d_, kw = kv_cols(), ld = hl + 2 * kw, c = c_, qrow = b * 2 * c + a * c,
+                      krow = b * 2 * c + e * c, gd = g_ * d_, cc = c * c, gcc = g_ * cc;
     const float scale = 1.0f / std::sqrt(float(d_));
-    const float *q = qkv.data() + qrow * ld, *k = kv + krow * 2 * hl, *v = k + hl, *go = dout.data() + qrow * hl;
-    B::template gemm_strided_batched<float>(Trans::no, Trans::yes, c, c, d_, scale, q, ld, d_, k, 2 * hl, d_, 0.0f,
-                                            p.data(), c, c * c, h_);
-    B::template gemm_strided_batched<float>(Trans::no, Trans::yes, c, c, d_, 1.0f, go, hl, d_, v, 2 * hl, d_, 0.0f,
-                                            dp.data(), c, c * c, h_);
+    const float *q = qkv.data() + qrow * ld, *k = kv + krow * 2 * kw, *v = k + kw, *go = dout.data() + qrow * hl;
+    for (std::size_t i = 0; i < g_; ++i) {
+      B::template gemm_strided_batched<float>(Trans::no, Trans::yes, c, c, d_, scale, q + i * d_, ld, gd, k, 2 * kw, d_,
+                                              0.0f, p.data() + i * cc, c, gcc, kv_);
+      B::template gemm_strided_batched<float>(Trans::no, Trans::yes, c, c, d_, 1.0f, go + i * d_, hl, gd, v, 2 * kw, d_,
+                                              0.0f, dp.data() + i * cc, c, gcc, kv_);
+    }
     B::online_softmax_backward(softmax_block(qc, kc, t), lse.data() + qrow, delta.data() + qrow, p.data(), dp.data());
-    float *dq = dqkv.data() + qrow * ld, *dk = dkv + krow * 2 * hl, *dv = dk + hl;
+    float *dq = dqkv.data() + qrow * ld, *dk = dkv + krow * 2 * kw, *dv = dk + kw;
     const float *pp = p.data(), *ds = dp.data();
-    B::template gemm_strided_batched<float>(Trans::yes, Trans::no, c, d_, c, 1.0f, pp, c, c * c, go, hl, d_, 1.0f, dv,
-                                            2 * hl, d_, h_);
-    B::template gemm_strided_batched<float>(Trans::no, Trans::no, c, d_, c, scale, ds, c, c * c, k, 2 * hl, d_, 1.0f,
-                                            dq, ld, d_, h_);
-    B::template gemm_strided_batched<float>(Trans::yes, Trans::no, c, d_, c, scale, ds, c, c * c, q, ld, d_, 1.0f, dk,
-                                            2 * hl, d_, h_);
+    for (std::size_t i = 0; i < g_; ++i)
+      B::template gemm_strided_batched<float>(Trans::yes, Trans::no, c, d_, c, 1.0f, pp + i * cc, c, gcc, go + i * d_,
+                                              hl, gd, 1.0f, dv, 2 * kw, d_, kv_);
+    for (std::size_t i = 0; i < g_; ++i)
+      B::template gemm_strided_batched<float>(Trans::no, Trans::no, c, d_, c, scale, ds + i * cc, c, gcc, k, 2 * kw, d_,
+                                              1.0f, dq + i * d_, ld, gd, kv_);
+    for (std::size_t i = 0; i < g_; ++i)
+      B::template gemm_strided_batched<float>(Trans::yes, Trans::no, c, d_, c, scale, ds + i * cc, c, gcc, q + i * d_,
+                                              ld, gd, 1.0f, dk, 2 * kw, d_, kv_);
   }
+  /** The columns of K (and of V) in this rank's QKV: its key/value heads times the head size. */
+  [[nodiscard]] std::size_t kv_cols() const { return kv_ * d_; }
 
   C* comm_;
-  std::size_t cp_, r_, h_, d_, seq_, c_ = 1;
+  std::size_t cp_, r_, h_, kv_, d_, seq_, c_ = 1, g_ = 1;
   int tag_;
   std::string name_;
   BlockCount blocks_;

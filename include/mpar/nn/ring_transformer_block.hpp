@@ -100,7 +100,7 @@ class RingTransformerBlock {
    * no probabilities (the rows' log-sum-exp and its output instead, from which its backward rebuilds them
    * block by block), so there is nothing of the attention core left to drop.
    */
-  void set_recompute(Recompute r) { layers_.recompute = r == Recompute::full; }
+  void set_recompute(Recompute r) { layers_.set_recompute(r); }
   [[nodiscard]] std::size_t in_features() const { return hidden_; }
   [[nodiscard]] std::size_t out_features() const { return hidden_; }
 

@@ -124,4 +124,24 @@ class Rotary {
   return p;
 }
 
+/**
+ * @brief The positions of a context rank's rows: of each whole `seq`-token sequence it holds chunk `cp_rank` and then
+ * chunk `2 cp - 1 - cp_rank` of the sequence's `2 cp` equal chunks (the zig-zag placement of nn::ContextShard), so
+ * local row `s 2c + i` (c = seq / 2 cp) is at `cp_rank c + i` for `i < c`, at `(2 cp - 1 - cp_rank) c + i - c` after.
+ */
+[[nodiscard]] inline std::vector<std::int32_t> zigzag_positions(std::size_t rows, std::size_t seq, std::size_t cp,
+                                                                std::size_t cp_rank) {
+  require(cp > 0 && cp_rank < cp && seq % (2 * cp) == 0, "zigzag_positions: sequence ", seq,
+          " does not split into 2 x cp = ", 2 * cp, " chunks, or context rank ", cp_rank, " is not below cp");
+  const std::size_t c = seq / (2 * cp);
+  require(rows % (2 * c) == 0, "zigzag_positions: ", rows, " rows are not whole sequences of ", 2 * c,
+          " local tokens (seq ", seq, ", cp ", cp, ")");
+  std::vector<std::int32_t> p(rows);
+  for (std::size_t r = 0; r < rows; ++r) {
+    const std::size_t i = r % (2 * c);
+    p[r] = std::int32_t(i < c ? cp_rank * c + i : (2 * cp - 1 - cp_rank) * c + i - c);
+  }
+  return p;
+}
+
 }  // namespace mpar::nn

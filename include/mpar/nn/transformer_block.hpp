@@ -130,10 +130,7 @@ class TransformerBlock : public detail::TypedLayer<TransformerBlock<C, SP, B, Fe
   /** Full recomputation (`true`): keep only the block input per micro-batch; `false`: none. */
   void set_recompute(bool on) { set_recompute(on ? Recompute::full : Recompute::none); }
   /** none, selective (the attention core's probabilities: `SelfAttention::set_selective_recompute`) or full. */
-  void set_recompute(Recompute r) {
-    layers_.recompute = r == Recompute::full;
-    layers_.attn.set_selective_recompute(r == Recompute::selective);
-  }
+  void set_recompute(Recompute r) { layers_.set_recompute(r); }
   [[nodiscard]] std::size_t in_features() const { return hidden_; }
   [[nodiscard]] std::size_t out_features() const { return hidden_; }
   /** The feed-forward half. */
@@ -145,11 +142,7 @@ class TransformerBlock : public detail::TypedLayer<TransformerBlock<C, SP, B, Fe
    * backward and before anything reads them (`all_reduce_gradients<B>(tp, params)`).
    */
   std::vector<Parameter*> defer_norm_gradient_reduction() requires SP {
-    layers_.ln1.defer_gradient_reduction(true);
-    layers_.ln2.defer_gradient_reduction(true);
-    std::vector<Parameter*> ps = layers_.ln1.parameters();
-    detail::append(ps, layers_.ln2.parameters());
-    return ps;
+    return layers_.defer_norm_gradient_reduction();
   }
 
  private:

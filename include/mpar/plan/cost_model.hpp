@@ -154,6 +154,7 @@ class CostModel {
       w.softmax_bytes = 2 * e * scores;
       w.elementwise_bytes = 10 * e * sbh / replicated + core_copies + 3 * e * sb * f / t + w.softmax_bytes;
       w.elementwise_backward_bytes = 12 * e * sbh / replicated + core_copies + 5 * e * sb * f / t + 3 * e * scores;
+      w.ring_block_bytes = c.cp > 1 ? e * sb * (qkv - h) / t : 0.0;  // only the KV heads travel the ring
       return w;
     }
     if (moe) {

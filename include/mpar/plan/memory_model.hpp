@@ -138,10 +138,14 @@ struct MemoryOptions {
     // inputs and their per-row fp32 rstd, the QKV and gate-and-up projections' inputs. Split over tp: q, k, v
     // after each KV head is repeated for its group (3 h wide), the output projection's input, SiluGate's gate and
     // up [s b, 2f] and the down projection's input [s b, f]; the probabilities unless selectively recomputed.
-    require(cp == 1, "plan::layer_activation_bytes: cp = ", cp, ": mpar runs Llama without context parallelism");
+    // Under context parallelism (nn/ring_grouped_query_attention.hpp) the ring core keeps q, k, v unrepeated (the
+    // QKV width), its output and the fp32 log-sum-exp instead of the probabilities, next to the projection's input.
     const double f = double(m.ffn_size());
-    const double replicated = 4 * e * sbh + 2 * 4.0 * s * b, sharded = e * (4 * sbh + 3 * s * b * f);
+    const double replicated = 4 * e * sbh + 2 * 4.0 * s * b;
+    const double sharded =
+        cp > 1 ? e * (s * b * (m.qkv_width() + 2 * h) + 3 * s * b * f) : e * (4 * sbh + 3 * s * b * f);
     const double part = sequence_parallel ? (replicated + sharded) / t : replicated + sharded / t;
+    if (cp > 1) return part + 4.0 * a * s * b / t;
     return part + (r == Recompute::selective ? 0.0 : e * as2b / t);
   }
   const double replicated = 4 * e * sbh + 2 * k * sbh;  // LN1/LN2 inputs, QKV and fc1 inputs; two block-output masks

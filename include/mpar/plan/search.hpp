@@ -334,10 +334,6 @@ namespace detail {
                                           " key/value heads (Llama's attention is split by whole KV heads)"));
   if (m.ffn_size() % c.tp != 0)
     return rej("heads", mpar::detail::cat("tp=", c.tp, " does not divide the MLP width ", m.ffn_size()));
-  if (m.is_llama() && c.cp > 1)
-    return rej("context",
-               "mpar runs Llama without context parallelism (its blocks have no ring attention); cp > 1 "
-               "needs --model gpt2");
   if (c.tp > p.cluster.gpus_per_node || p.cluster.gpus_per_node % c.tp != 0)
     return rej(
         "topology",

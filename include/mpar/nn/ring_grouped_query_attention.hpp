@@ -1,0 +1,180 @@
+#pragma once
+/**
+ * @file `RingGroupedQueryAttention`: Llama's grouped-query attention over a sequence split across a context group
+ * (zig-zag chunks, nn/ring_attention.hpp), its heads split across a tensor group by whole key/value heads.
+ *
+ * The weights are `GroupedQueryAttention`'s with the same `GqaConfig` (ids, names, initial values, and the fused
+ * projection's column order by KV head), so a context-parallel model starts from the single-rank one. Before the ring
+ * each rank rearranges its block of the fused projection into `(q | k | v)` — without repeating k and v: the ring
+ * core pairs each query head with its KV head, so only the KV heads travel — and rotates q and k by their global
+ * positions (`zigzag_positions`). The projections are token-wise and run on the rank's tokens unchanged.
+ *
+ * Parameter gradients are this context rank's tokens' share: the context ranks hold replicas, and the trainer sums
+ * the gradients over them as over data-parallel ranks.
+ */
+#include <cstddef>
+#include <cstdint>
+#include <string_view>
+#include <type_traits>
+#include <vector>
+
+#include "mpar/backend/llama_kernel_backend.hpp"
+#include "mpar/backend/online_softmax_backend.hpp"
+#include "mpar/nn/backend_copy.hpp"
+#include "mpar/nn/column_parallel.hpp"
+#include "mpar/nn/grouped_query_attention.hpp"
+#include "mpar/nn/ring_attention.hpp"
+#include "mpar/nn/rotary.hpp"
+#include "mpar/nn/row_parallel.hpp"
+#include "mpar/nn/upload.hpp"
+
+namespace mpar::nn {
+
+/**
+ * @brief Grouped-query causal self-attention over a sequence split across `context` (zig-zag), heads split across
+ * `tp` (which must divide kv_heads). Input and output `Act<ContextShard>`; `c.seq` is the global sequence length.
+ */
+template <communicator C, backend B = HostBackend>
+class RingGroupedQueryAttention : public detail::TypedLayer<RingGroupedQueryAttention<C, B>> {
+  static_assert(llama_kernel_backend<B>,
+                "mpar::nn::RingGroupedQueryAttention<C, B>: backend B lacks the Llama-class kernels (rope_forward, "
+                "rope_backward: backend/llama_kernel_backend.hpp). Fix: use HostBackend, StreamHostBackend or "
+                "DiscreteHostBackend, or give B those operations");
+  using Typed = detail::TypedLayer<RingGroupedQueryAttention<C, B>>;
+  using Qkv = ColumnParallel<C, dyn, dyn, dyn, ColumnOptions{false, false, 1}, B>;
+  using Proj = RowParallel<C, dyn, dyn, dyn, RowReduce::all_reduce, B>;
+
+ public:
+  static constexpr std::string_view layer_kind = "RingGroupedQueryAttention";
+  using default_input = ContextShard;
+  static constexpr bool preserves_features = false;
+  static constexpr std::size_t static_in_features = dyn, static_out_features = dyn;
+  template <class L>
+  static constexpr bool check_input() {
+    constexpr bool ok = std::is_same_v<L, ContextShard>;
+    static_assert(ok || detail::always_false_v<L>,
+                  "mpar::nn::RingGroupedQueryAttention takes the rank's tokens as zig-zag chunks over the context "
+                  "axis, whole rows on the tensor axis (Act<ContextShard>). Fix: state the layout where the sequence "
+                  "is split (Act<ContextShard>(local_tokens)), or use GroupedQueryAttention for an unsplit sequence");
+    return ok;
+  }
+  template <class L>
+  using output_layout = ContextShard;
+  using Typed::backward;
+  using Typed::backward_input;
+  using Typed::forward;
+
+  /** `tp`: the tensor group (KV heads); `context`: the ring (sequence), whose rank order is the chunk order. */
+  RingGroupedQueryAttention(C& tp, C& context, const GqaConfig& c, int tag_base = RingAttentionConfig{}.tag_base)
+      : sizes_(detail::checked_gqa_core(layer_kind, c, std::size_t(tp.size()), std::size_t(tp.rank()))),
+        group_(c.heads / detail::gqa_kv_heads(c)), theta_(c.rope_theta), cp_(std::size_t(context.size())),
+        cp_rank_(std::size_t(context.rank())),
+        core_(context, {sizes_.heads, sizes_.head_dim, c.seq, tag_base, c.name, sizes_.heads / group_}),
+        qkv_(tp, c.hidden, (c.heads + 2 * detail::gqa_kv_heads(c)) * sizes_.head_dim,
+             {c.seed, c.id_base, c.name + ".qkv", false}),
+        proj_(tp, c.hidden, c.hidden, {c.seed, c.id_base + 2, c.name + ".proj", false}) {}
+
+  void backward_weight(int mb = 0) {
+    proj_.backward_weight(mb);
+    qkv_.backward_weight(mb);
+  }
+  std::vector<Parameter*> parameters() {
+    auto ps = qkv_.parameters();
+    detail::append(ps, proj_.parameters());
+    return ps;
+  }
+  void drop(int mb) {
+    qkv_.drop(mb);
+    core_.drop(mb);
+    proj_.drop(mb);
+  }
+  [[nodiscard]] std::size_t in_features() const { return qkv_.in_features(); }
+  [[nodiscard]] std::size_t out_features() const { return proj_.out_features(); }
+  /** Query heads on this rank (heads / tp). */
+  [[nodiscard]] std::size_t local_heads() const { return sizes_.heads; }
+  /** Key/value heads on this rank (kv_heads / tp): what travels the ring. */
+  [[nodiscard]] std::size_t local_kv_heads() const { return sizes_.heads / group_; }
+
+ private:
+  friend Typed;  // its typed entries are the only public way in; these do the work on the storage
+  // As in RingSelfAttention: the projections see the rank's tokens as Replicate rows; the core sees the heads'
+  // columns with the tokens' context placement (ContextHeads).
+  Activation do_forward(const Activation& x, int mb) {
+    Act<FeatureShard> fused = qkv_.forward(Act<Replicate>(backend_copy<B>(x)), mb);
+    Act<ContextHeads> o = core_.forward(Act<ContextHeads>(for_core(std::move(fused).tensor())), mb);
+    return proj_.forward(Act<FeatureShard>(std::move(o).tensor()), mb).tensor();
+  }
+  Activation do_backward_input(const Activation& dy, int mb) {
+    Act<FeatureShard> dout = proj_.backward_input(Act<Replicate>(backend_copy<B>(dy)), mb);
+    Act<ContextHeads> dqkv = core_.backward(Act<ContextHeads>(std::move(dout).tensor()), mb);
+    return qkv_.backward_input(Act<FeatureShard>(projection_gradient(std::move(dqkv).tensor())), mb).tensor();
+  }
+
+  struct Sizes {
+    std::size_t tokens, d, kvl, w, fused_ld, hl, ld;
+  };
+  /** Column sizes: fused block per KV head `w = (g + 2) d`, query columns `hl`, the core's row `ld = hl + 2 kvl d`. */
+  [[nodiscard]] Sizes sizes(std::size_t tokens) const {
+    const std::size_t d = sizes_.head_dim, kvl = local_kv_heads(), w = (group_ + 2) * d, hl = sizes_.heads * d;
+    return {tokens, d, kvl, w, kvl * w, hl, hl + 2 * kvl * d};
+  }
+  /**
+   * The fused projection's `[tokens, kvl (g + 2) d]` (by KV head: g query heads, k, v) as the core's `[tokens, (q | k
+   * | v)]` with kvl K and V heads, q and k rotated by their global positions.
+   */
+  Activation for_core(Activation fused) {
+    const Sizes z = sizes(fused.extent(0));
+    require(fused.extent(1) == z.fused_ld, layer_kind, ": QKV projection has ", fused.extent(1), " columns, expected ",
+            z.fused_ld);
+    Activation qkv({z.tokens, z.ld}, uninitialized);  // the three copies write every element
+    rearrange(fused.data(), qkv.data(), z, false);
+    const std::int32_t* pos = positions(z.tokens);
+    B::rope_forward(z.tokens, sizes_.heads, z.d, z.ld, pos, theta_, qkv.data(), qkv.data());
+    B::rope_forward(z.tokens, z.kvl, z.d, z.ld, pos, theta_, qkv.data() + z.hl, qkv.data() + z.hl);
+    return qkv;
+  }
+  /** The core's dqkv as the fused projection's gradient: dq and dk rotated back, the columns returned to KV-head order. */
+  Activation projection_gradient(Activation dqkv) {
+    const Sizes z = sizes(dqkv.extent(0));
+    const std::int32_t* pos = positions(z.tokens);
+    B::rope_backward(z.tokens, sizes_.heads, z.d, z.ld, pos, theta_, dqkv.data(), dqkv.data());
+    B::rope_backward(z.tokens, z.kvl, z.d, z.ld, pos, theta_, dqkv.data() + z.hl, dqkv.data() + z.hl);
+    Activation dfused({z.tokens, z.fused_ld}, uninitialized);
+    rearrange(dqkv.data(), dfused.data(), z, true);
+    return dfused;
+  }
+  /** Copies between the fused order (per KV head: g query heads, k, v) and `(q | k | v)`, either way. */
+  void rearrange(const float* src, float* dst, const Sizes& z, bool to_fused) const {
+    // (width, fused column of KV head 0, core column of KV head 0, core stride between KV heads) for q, k, v
+    const std::size_t gd = group_ * z.d, kw = z.kvl * z.d;
+    const std::size_t parts[3][4] = {{gd, 0, 0, gd}, {z.d, gd, z.hl, z.d}, {z.d, gd + z.d, z.hl + kw, z.d}};
+    for (const auto& [width, fused_col, core_col, core_stride] : parts) {
+      if (to_fused)
+        B::copy_2d_batched(z.tokens, width, src + core_col, z.ld, BatchStrides{0, core_stride}, dst + fused_col,
+                           z.fused_ld, BatchStrides{0, z.w}, BatchExtents{1, z.kvl});
+      else
+        B::copy_2d_batched(z.tokens, width, src + fused_col, z.fused_ld, BatchStrides{0, z.w}, dst + core_col, z.ld,
+                           BatchStrides{0, core_stride}, BatchExtents{1, z.kvl});
+    }
+  }
+  /** Each local row's global position in its sequence (zig-zag chunks), in rank memory; uploaded once per token count. */
+  const std::int32_t* positions(std::size_t tokens) {
+    if (positions_.size() != tokens) {
+      const std::vector<std::int32_t> host = zigzag_positions(tokens, sizes_.seq, cp_, cp_rank_);
+      positions_ = uninitialized_buffer<std::int32_t>(tokens);
+      upload<B>(positions_, std::span<const std::int32_t>(host));
+    }
+    return positions_.data();
+  }
+
+  AttentionCore sizes_;
+  std::size_t group_;
+  double theta_;
+  std::size_t cp_, cp_rank_;
+  RingAttention<C, B> core_;
+  Qkv qkv_;
+  Proj proj_;
+  Buffer<std::int32_t> positions_;
+};
+
+}  // namespace mpar::nn
