@@ -348,9 +348,6 @@ Options parse(int argc, char** argv) {
   // (After the plan, which may set the family.)
   require(t.model.is_llama() || (!p.given("kv-heads") && !p.given("rope-theta")),
           "train_gpt: --kv-heads and --rope-theta are Llama's; add --model llama, or drop them");
-  require(!t.model.is_llama() || o.backend != "cuda",
-          "train_gpt: --model llama runs on --backend host only (the CUDA backend has no RMSNorm, rotary or SwiGLU "
-          "kernels yet); drop --backend cuda, or use --model gpt2");
   require(!o.hf_gpt2 || !t.model.is_llama(),
           "train_gpt: --hf-gpt2 writes GPT-2's tensor names, which a --model llama run does not have; use --hf-llama "
           "(LlamaForCausalLM's names), or drop --hf-gpt2 (--export then writes mpar's names)");

@@ -158,6 +158,18 @@ std::vector<std::pair<std::string, models::GptTrainConfig>> layouts() {
   auto sp = testing::small_gpt(2, 2, 1);
   sp.model.sequence_parallel = true;
   out.emplace_back("sp tp2 x pp2", sp);
+  // The Llama family: grouped-query attention's KV rearrangement and the rotary positions (uploaded into rank
+  // memory once), RMSNorm and SwiGLU on the stream; under cp the ring carries the unrepeated KV heads.
+  const auto llama = [](models::GptTrainConfig c) {
+    c.model.family = models::ModelFamily::llama;
+    c.model.kv_heads = 2;
+    c.model.ffn = 64;
+    return c;
+  };
+  out.emplace_back("llama tp2 x pp2", llama(testing::small_gpt(2, 2, 1)));
+  auto llama_cp = llama(testing::small_gpt(2, 1, 1));
+  llama_cp.cp = 2;
+  out.emplace_back("llama cp2 x tp2", llama_cp);
   sp.precision = parallel::Precision::bf16;
   out.emplace_back("sp tp2 x pp2 bf16", sp);
   for (const char* p : {"bf16", "f16"}) {
@@ -227,6 +239,14 @@ TEST_CASE(
     "[stream][gpt][discrete][sequence]") {
   check_equal_to_host<StreamHostBackend>({"sp tp2 x pp2", "sp tp2 x pp2 bf16"}, 2);
   check_equal_to_host<DiscreteHostBackend>({"sp tp2 x pp2", "sp tp2 x pp2 bf16"}, 2);
+}
+
+TEST_CASE(
+    "GPT over StreamHostBackend and DiscreteHostBackend: the Llama family (tp2 x pp2, cp2 x tp2) equals HostBackend "
+    "bit for bit",
+    "[stream][gpt][discrete][llama]") {
+  check_equal_to_host<StreamHostBackend>({"llama tp2 x pp2", "llama cp2 x tp2"}, 2);
+  check_equal_to_host<DiscreteHostBackend>({"llama tp2 x pp2", "llama cp2 x tp2"}, 2);
 }
 
 TEST_CASE("GPT over StreamHostBackend: interleaved and zero-bubble schedules equal HostBackend bit for bit",

@@ -21,12 +21,14 @@
 #include "mpar/backend/gpu/gemm.hpp"
 #include "mpar/backend/gpu/graph.hpp"
 #include "mpar/backend/gpu/kernels.hpp"
+#include "mpar/backend/gpu/llama_kernels.hpp"
 #include "mpar/backend/gpu/memory.hpp"
 #include "mpar/backend/gpu/moe_ops.hpp"
 #include "mpar/backend/gpu/moe_routing.hpp"
 #include "mpar/backend/gpu/online_softmax.hpp"
 #include "mpar/backend/gpu/row_kernels.hpp"
 #include "mpar/backend/graph_backend.hpp"
+#include "mpar/backend/llama_kernel_backend.hpp"
 // Fused kernels (classifier, residual + layer norm): their operations are in the block below `gemm_bias_gelu`.
 #include "mpar/backend/gpu/classifier.hpp"
 #include "mpar/backend/gpu/residual_layernorm.hpp"
@@ -148,6 +150,31 @@ struct CudaBackend {
   template <class... A>
   static void layernorm_backward(A&&... a) {
     then_wait([&] { gpu::layernorm_backward(std::forward<A>(a)...); });
+  }
+  // The Llama-class layers' kernels (llama_kernel_backend; gpu/llama_kernels.hpp).
+  template <class... A>
+  static void rmsnorm_forward(A&&... a) {
+    then_wait([&] { gpu::rmsnorm_forward(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void rmsnorm_backward(A&&... a) {
+    then_wait([&] { gpu::rmsnorm_backward(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void rope_forward(A&&... a) {
+    then_wait([&] { gpu::rope_forward(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void rope_backward(A&&... a) {
+    then_wait([&] { gpu::rope_backward(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void silu_gate_forward(A&&... a) {
+    then_wait([&] { gpu::silu_gate_forward(std::forward<A>(a)...); });
+  }
+  template <class... A>
+  static void silu_gate_backward(A&&... a) {
+    then_wait([&] { gpu::silu_gate_backward(std::forward<A>(a)...); });
   }
   template <class... A>
   static void dropout_apply(A&&... a) {
@@ -421,5 +448,6 @@ struct CudaBackend {
 static_assert(backend<CudaBackend>);
 static_assert(graph_backend<CudaBackend>);
 static_assert(online_softmax_backend<CudaBackend>);
+static_assert(llama_kernel_backend<CudaBackend>);
 
 }  // namespace mpar
