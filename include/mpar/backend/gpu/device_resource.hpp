@@ -11,7 +11,7 @@
  * pool's release threshold raised (`keep_pool_memory`) a training step reuses the previous step's
  * memory without calling the driver — no caching layer of our own is needed.
  */
-#include <cuda_runtime.h>
+#include "mpar/backend/gpu/runtime.hpp"
 
 #include <cstddef>
 #include <cstdint>

@@ -11,7 +11,7 @@
  * (`cuda_error` naming the call). The replay reads and writes the same device addresses as the
  * capture: buffers the step uses must stay allocated, and their contents are the step's state.
  */
-#include <cuda_runtime.h>
+#include "mpar/backend/gpu/runtime.hpp"
 
 #include <cstddef>
 #include <exception>

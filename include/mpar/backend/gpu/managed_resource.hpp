@@ -4,7 +4,7 @@
  * parameters live, so that device kernels and the host-side training code (communicators over host
  * memory, optimizers, checkpoints) read the same buffers without explicit copies.
  */
-#include <cuda_runtime.h>
+#include "mpar/backend/gpu/runtime.hpp"
 
 #include <cstddef>
 

@@ -26,7 +26,7 @@
 
 #define MPAR_LAUNCH(kernel, grid, block, shared_bytes, stream, ...)          \
   ::mpar::gpu::emulation::Launch(#kernel, grid, block, shared_bytes, stream, \
-                                 [&](auto... mpar_launch_args) { kernel(mpar_launch_args...); })(__VA_ARGS__)
+                                 [=](auto... mpar_launch_args) { kernel(mpar_launch_args...); })(__VA_ARGS__)
 #define MPAR_DYNAMIC_SHARED(type, name) type* name = static_cast<type*>(::mpar::gpu::emulation::dynamic_shared_memory())
 #else
 #include <cublasLt.h>

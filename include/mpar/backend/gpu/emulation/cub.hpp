@@ -21,7 +21,7 @@
  * What CUB leaves undefined or would fault on throws `emulation_error` naming the call: an operand that is null,
  * host memory or shorter than the items it covers, operands that overlap where CUB forbids it, temporary storage
  * below the size its query returned (as passed or as allocated), a bit range outside the key, fewer than two
- * histogram levels or an empty level range. The stream is accepted and unused, as for launches.
+ * histogram levels or an empty level range.
  */
 #include <cstddef>
 #include <cstdint>
@@ -33,6 +33,7 @@
 #include <vector>
 
 #include "mpar/backend/gpu/emulation/error.hpp"
+#include "mpar/backend/gpu/emulation/graphs.hpp"
 #include "mpar/backend/gpu/emulation/memory.hpp"
 #include "mpar/backend/gpu/emulation/simt.hpp"
 #include "mpar/backend/gpu/emulation/thread_builtins.hpp"
@@ -219,7 +220,7 @@ struct DeviceRadixSort {
   template <class KeyT, class ValueT, class NumItemsT>
   static cudaError_t SortPairs(void* d_temp_storage, std::size_t& temp_storage_bytes, const KeyT* d_keys_in,
                                KeyT* d_keys_out, const ValueT* d_values_in, ValueT* d_values_out, NumItemsT num_items,
-                               int begin_bit = 0, int end_bit = int(sizeof(KeyT) * 8), cudaStream_t = nullptr) {
+                               int begin_bit = 0, int end_bit = int(sizeof(KeyT) * 8), cudaStream_t stream = nullptr) {
     static_assert(std::is_integral_v<KeyT> && !std::is_same_v<KeyT, bool>,
                   "the emulated DeviceRadixSort sorts integer keys (mpar sorts no others)");
     namespace d = ::mpar::gpu::emulation::cub_detail;
@@ -250,30 +251,31 @@ struct DeviceRadixSort {
         d::require_disjoint(call, ranges[i].first, ranges[i].second, bytes[i], ranges[j].first, ranges[j].second,
                             bytes[j]);
     if (n == 0) return cudaSuccess;
-
-    // Least significant digit first, alternating between the outputs and the temporary buffers so that the last
-    // pass writes the outputs.
-    auto* keys_alt = reinterpret_cast<KeyT*>(temp);
-    auto* values_alt = reinterpret_cast<ValueT*>(temp + d::aligned(key_bytes));
-    const int passes = (end_bit - begin_bit + d::radix_digit_bits - 1) / d::radix_digit_bits;
-    if (passes == 0) {
-      std::memcpy(keys_out, keys_in, key_bytes);
-      std::memcpy(values_out, values_in, value_bytes);
-      return cudaSuccess;
-    }
-    const KeyT* from_keys = keys_in;
-    const ValueT* from_values = values_in;
-    for (int p = 0; p < passes; ++p) {
-      const bool to_out = (passes - 1 - p) % 2 == 0;
-      KeyT* to_keys = to_out ? keys_out : keys_alt;
-      ValueT* to_values = to_out ? values_out : values_alt;
-      const int shift = begin_bit + p * d::radix_digit_bits;
-      const int digit_bits = end_bit - shift < d::radix_digit_bits ? end_bit - shift : d::radix_digit_bits;
-      d::radix_pass(n, from_keys, from_values, to_keys, to_values, shift, digit_bits);
-      from_keys = to_keys;
-      from_values = to_values;
-    }
-    return cudaSuccess;
+    // Checked above; sorted now, or on replay when the stream captures (emulation/graphs.hpp).
+    return ::mpar::gpu::emulation::run_or_record(stream, [=] {
+      // Least significant digit first, alternating between the outputs and the temporary buffers so that the last
+      // pass writes the outputs.
+      auto* keys_alt = reinterpret_cast<KeyT*>(temp);
+      auto* values_alt = reinterpret_cast<ValueT*>(temp + d::aligned(key_bytes));
+      const int passes = (end_bit - begin_bit + d::radix_digit_bits - 1) / d::radix_digit_bits;
+      if (passes == 0) {
+        std::memcpy(keys_out, keys_in, key_bytes);
+        std::memcpy(values_out, values_in, value_bytes);
+        return;
+      }
+      const KeyT* from_keys = keys_in;
+      const ValueT* from_values = values_in;
+      for (int p = 0; p < passes; ++p) {
+        const bool to_out = (passes - 1 - p) % 2 == 0;
+        KeyT* to_keys = to_out ? keys_out : keys_alt;
+        ValueT* to_values = to_out ? values_out : values_alt;
+        const int shift = begin_bit + p * d::radix_digit_bits;
+        const int digit_bits = end_bit - shift < d::radix_digit_bits ? end_bit - shift : d::radix_digit_bits;
+        d::radix_pass(n, from_keys, from_values, to_keys, to_values, shift, digit_bits);
+        from_keys = to_keys;
+        from_values = to_values;
+      }
+    });
   }
 };
 
@@ -289,7 +291,7 @@ struct DeviceHistogram {
   template <class SampleIteratorT, class CounterT, class LevelT, class OffsetT>
   static cudaError_t HistogramEven(void* d_temp_storage, std::size_t& temp_storage_bytes, SampleIteratorT d_samples,
                                    CounterT* d_histogram, int num_levels, LevelT lower_level, LevelT upper_level,
-                                   OffsetT num_samples, cudaStream_t = nullptr) {
+                                   OffsetT num_samples, cudaStream_t stream = nullptr) {
     static_assert(std::is_pointer_v<SampleIteratorT>, "the emulated DeviceHistogram reads samples through a pointer");
     namespace d = ::mpar::gpu::emulation::cub_detail;
     using SampleT = d::pointee_t<SampleIteratorT>;
@@ -321,15 +323,16 @@ struct DeviceHistogram {
                         bins * sizeof(CounterT));
     d::require_disjoint(call, "d_temp_storage", d_temp_storage, required, "d_histogram", d_histogram,
                         bins * sizeof(CounterT));
-    for (std::size_t b = 0; b < bins; ++b) counters[b] = CounterT(0);
-    for (std::size_t i = 0; i < n; ++i) {
-      const CommonT s = CommonT(samples[i]);
-      if (!(s >= lower && s < upper)) continue;
-      const auto bin = std::size_t(Arith(s - lower) * Arith(bins) / Arith(upper - lower));
-      counters[bin] = CounterT(counters[bin] + CounterT(1));
-    }
-    std::memcpy(histogram, counters, bins * sizeof(CounterT));
-    return cudaSuccess;
+    return ::mpar::gpu::emulation::run_or_record(stream, [=] {
+      for (std::size_t b = 0; b < bins; ++b) counters[b] = CounterT(0);
+      for (std::size_t i = 0; i < n; ++i) {
+        const CommonT s = CommonT(samples[i]);
+        if (!(s >= lower && s < upper)) continue;
+        const auto bin = std::size_t(Arith(s - lower) * Arith(bins) / Arith(upper - lower));
+        counters[bin] = CounterT(counters[bin] + CounterT(1));
+      }
+      std::memcpy(histogram, counters, bins * sizeof(CounterT));
+    });
   }
 };
 
@@ -342,7 +345,7 @@ struct DeviceScan {
    */
   template <class InputIteratorT, class OutputIteratorT, class NumItemsT>
   static cudaError_t ExclusiveSum(void* d_temp_storage, std::size_t& temp_storage_bytes, InputIteratorT d_in,
-                                  OutputIteratorT d_out, NumItemsT num_items, cudaStream_t = nullptr) {
+                                  OutputIteratorT d_out, NumItemsT num_items, cudaStream_t stream = nullptr) {
     static_assert(std::is_pointer_v<InputIteratorT> && std::is_pointer_v<OutputIteratorT>,
                   "the emulated DeviceScan reads and writes through pointers");
     namespace d = ::mpar::gpu::emulation::cub_detail;
@@ -364,22 +367,23 @@ struct DeviceScan {
       d::require_disjoint(call, "d_in", d_in, n * sizeof(InputT), "d_out", d_out, n * sizeof(OutputT));
     d::require_disjoint(call, "d_temp_storage", d_temp_storage, required, "d_out", d_out, n * sizeof(OutputT));
     if (n == 0) return cudaSuccess;
-    for (std::size_t t = 0; t < tiles; ++t) {  // each tile's total
-      Acc s = Acc(0);
-      for (std::size_t i = t * d::tile_items; i < n && i < (t + 1) * d::tile_items; ++i) s = d::add(s, Acc(in[i]));
-      partial[t] = s;
-    }
-    Acc prefix = Acc(0);
-    for (std::size_t t = 0; t < tiles; ++t) {  // then each tile from the sum of the tiles before it
-      Acc run = prefix;
-      prefix = d::add(prefix, partial[t]);
-      for (std::size_t i = t * d::tile_items; i < n && i < (t + 1) * d::tile_items; ++i) {
-        const Acc x = Acc(in[i]);  // read before the write: in place, in[i] is out[i]
-        out[i] = OutputT(run);
-        run = d::add(run, x);
+    return ::mpar::gpu::emulation::run_or_record(stream, [=] {
+      for (std::size_t t = 0; t < tiles; ++t) {  // each tile's total
+        Acc s = Acc(0);
+        for (std::size_t i = t * d::tile_items; i < n && i < (t + 1) * d::tile_items; ++i) s = d::add(s, Acc(in[i]));
+        partial[t] = s;
       }
-    }
-    return cudaSuccess;
+      Acc prefix = Acc(0);
+      for (std::size_t t = 0; t < tiles; ++t) {  // then each tile from the sum of the tiles before it
+        Acc run = prefix;
+        prefix = d::add(prefix, partial[t]);
+        for (std::size_t i = t * d::tile_items; i < n && i < (t + 1) * d::tile_items; ++i) {
+          const Acc x = Acc(in[i]);  // read before the write: in place, in[i] is out[i]
+          out[i] = OutputT(run);
+          run = d::add(run, x);
+        }
+      }
+    });
   }
 };
 
@@ -389,7 +393,7 @@ struct DeviceReduce {
   /** `*d_out = 0 + d_in[0] + ... + d_in[num_items - 1]`, summed per tile and then across tiles (0 when empty). */
   template <class InputIteratorT, class OutputIteratorT, class NumItemsT>
   static cudaError_t Sum(void* d_temp_storage, std::size_t& temp_storage_bytes, InputIteratorT d_in,
-                         OutputIteratorT d_out, NumItemsT num_items, cudaStream_t = nullptr) {
+                         OutputIteratorT d_out, NumItemsT num_items, cudaStream_t stream = nullptr) {
     static_assert(std::is_pointer_v<InputIteratorT> && std::is_pointer_v<OutputIteratorT>,
                   "the emulated DeviceReduce reads and writes through pointers");
     namespace d = ::mpar::gpu::emulation::cub_detail;
@@ -409,15 +413,16 @@ struct DeviceReduce {
     OutputT* out = d::operand(call, "d_out", d_out, 1);
     d::require_disjoint(call, "d_in", d_in, n * sizeof(InputT), "d_out", d_out, sizeof(OutputT));
     d::require_disjoint(call, "d_temp_storage", d_temp_storage, required, "d_out", d_out, sizeof(OutputT));
-    for (std::size_t t = 0; t < tiles; ++t) {
-      Acc s = Acc(0);
-      for (std::size_t i = t * d::tile_items; i < n && i < (t + 1) * d::tile_items; ++i) s = d::add(s, Acc(in[i]));
-      partial[t] = s;
-    }
-    Acc total = Acc(0);
-    for (std::size_t t = 0; t < tiles; ++t) total = d::add(total, partial[t]);
-    *out = OutputT(total);
-    return cudaSuccess;
+    return ::mpar::gpu::emulation::run_or_record(stream, [=] {
+      for (std::size_t t = 0; t < tiles; ++t) {
+        Acc s = Acc(0);
+        for (std::size_t i = t * d::tile_items; i < n && i < (t + 1) * d::tile_items; ++i) s = d::add(s, Acc(in[i]));
+        partial[t] = s;
+      }
+      Acc total = Acc(0);
+      for (std::size_t t = 0; t < tiles; ++t) total = d::add(total, partial[t]);
+      *out = OutputT(total);
+    });
   }
 };
 

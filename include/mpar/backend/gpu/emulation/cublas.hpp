@@ -12,7 +12,7 @@
  * the call, instead of returning a status that a caller could ignore or computing from the wrong memory. The
  * operands are read and written through the readable view of device memory (`device_view`), as kernels are.
  * Like cuBLAS, C is not read when beta is zero (it may hold NaN). The work runs at once on the calling thread;
- * the stream set on a handle is kept and otherwise unused, as for launches.
+ * the stream set on a handle orders the call: a capturing stream records it (emulation/graphs.hpp), as for launches.
  *
  * The arithmetic is the one the compute type names: fp32 compute accumulates in float in index order, fp64 in
  * double; 16-bit results are rounded to nearest even. A GPU's tensor cores sum in another order (and cuBLASLt's
@@ -24,6 +24,7 @@
 #include <cstring>
 
 #include "mpar/backend/gpu/emulation/error.hpp"
+#include "mpar/backend/gpu/emulation/graphs.hpp"
 #include "mpar/backend/gpu/emulation/memory.hpp"
 #include "mpar/backend/gpu/emulation/types.hpp"
 #include "mpar/core/dtype.hpp"
@@ -303,7 +304,11 @@ inline cublasStatus_t gemm_ex(const char* call, cublasHandle_t h, cublasOperatio
   const Matrix mb{reads_ab ? operand(call, "B", b, bt, b_rows, b_cols, ldb, stride_b, batch) : nullptr, bt, ldb,
                   stride_b};
   const Matrix mc{operand(call, "C", c, ct, m, n, ldc, stride_c, batch), ct, ldc, stride_c};
-  reference_gemm(ta, tb, m, n, reads_ab ? k : 0, al, ma, mb, be, mc, batch, compute);
+  // Checked above; run now, or recorded on a capturing stream (emulation/graphs.hpp).
+  const int kk = reads_ab ? k : 0;
+  if (run_or_record(h->stream, [=] { reference_gemm(ta, tb, m, n, kk, al, ma, mb, be, mc, batch, compute); }) !=
+      cudaSuccess)
+    return CUBLAS_STATUS_EXECUTION_FAILED;
   return CUBLAS_STATUS_SUCCESS;
 }
 
@@ -516,7 +521,7 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d,
                                      cublasLtMatrixLayout_t al, const void* b, cublasLtMatrixLayout_t bl,
                                      const void* beta, const void* c, cublasLtMatrixLayout_t cl, void* dp,
                                      cublasLtMatrixLayout_t dl, const cublasLtMatmulAlgo_t* algo, void* workspace,
-                                     std::size_t workspace_bytes, cudaStream_t) {
+                                     std::size_t workspace_bytes, cudaStream_t stream) {
   namespace blas = ::mpar::gpu::emulation::blas;
   using blas::require_arg;
   const char* call = "cublasLtMatmul";
@@ -575,7 +580,13 @@ inline cublasStatus_t cublasLtMatmul(cublasLtHandle_t h, cublasLtMatmulDesc_t d,
                 "C and D must be one buffer with one layout when beta != 0 "
                 "(the emulation computes in place)");
   }
-  blas::reference_gemm(d->transa, d->transb, m, n, reads_ab ? k : 0, alpha_v, ma, mb, beta_v,
-                       blas::Matrix{dv, dl->type, dl->ld, 0}, 1, d->compute, ep);
+  const blas::Matrix md{dv, dl->type, dl->ld, 0};
+  const cublasOperation_t ta = d->transa, tb = d->transb;
+  const cublasComputeType_t compute = d->compute;
+  const std::int64_t kk = reads_ab ? k : 0;
+  if (::mpar::gpu::emulation::run_or_record(stream, [=] {
+        blas::reference_gemm(ta, tb, m, n, kk, alpha_v, ma, mb, beta_v, md, 1, compute, ep);
+      }) != cudaSuccess)
+    return CUBLAS_STATUS_EXECUTION_FAILED;
   return CUBLAS_STATUS_SUCCESS;
 }

@@ -14,6 +14,7 @@
 #include <type_traits>
 #include <utility>
 
+#include "mpar/backend/gpu/emulation/graphs.hpp"
 #include "mpar/backend/gpu/emulation/memory.hpp"
 #include "mpar/backend/gpu/emulation/simt.hpp"
 #include "mpar/backend/gpu/emulation/types.hpp"
@@ -38,23 +39,31 @@ A device_argument(const char* kernel, std::size_t index, A a) {
 
 /**
  * @brief One launch: the kernel (as a callable that forwards its arguments to it) and its configuration;
- * calling it with the kernel's arguments runs the grid. The stream is accepted and the launch runs at once.
+ * calling it with the kernel's arguments runs the grid at once, or, on a capturing stream, checks the arguments and
+ * records the launch (emulation/graphs.hpp).
  */
 template <class Kernel>
 class Launch {
  public:
-  Launch(const char* name, dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t, Kernel kernel)
-      : name_(name), grid_(grid), block_(block), shared_bytes_(shared_bytes), kernel_(kernel) {}
+  Launch(const char* name, dim3 grid, dim3 block, std::size_t shared_bytes, cudaStream_t stream, Kernel kernel)
+      : name_(name), grid_(grid), block_(block), shared_bytes_(shared_bytes), stream_(stream), kernel_(kernel) {}
 
   template <class... Args>
   void operator()(Args... args) const {
-    run(std::index_sequence_for<Args...>{}, args...);
+    auto device_args = translate(std::index_sequence_for<Args...>{}, args...);
+    const cudaError_t e = run_or_record(stream_, [launch = *this, device_args] { launch.run(device_args); });
+    if (e != cudaSuccess)
+      throw emulation_error(mpar::detail::cat("launch of ", name_, " on the legacy default stream during a capture"));
   }
 
  private:
+  /** The arguments as the kernel reaches them: device pointers as their readable view, host pointers refused. */
   template <std::size_t... I, class... Args>
-  void run(std::index_sequence<I...>, Args... args) const {
-    const std::tuple<Args...> device_args{detail::device_argument(name_, I, args)...};
+  std::tuple<Args...> translate(std::index_sequence<I...>, Args... args) const {
+    return std::tuple<Args...>{detail::device_argument(name_, I, args)...};
+  }
+  template <class... Args>
+  void run(const std::tuple<Args...>& device_args) const {
     struct Call {
       const Kernel* kernel;
       const std::tuple<Args...>* args;
@@ -72,6 +81,7 @@ class Launch {
   const char* name_;
   dim3 grid_, block_;
   std::size_t shared_bytes_;
+  cudaStream_t stream_;
   Kernel kernel_;
 };
 

@@ -22,6 +22,7 @@
 #include <mutex>
 #include <new>
 
+#include "mpar/backend/gpu/emulation/capture_state.hpp"
 #include "mpar/backend/gpu/emulation/error.hpp"
 #include "mpar/backend/gpu/emulation/types.hpp"
 #include "mpar/backend/stream/emulated_memory.hpp"
@@ -112,8 +113,50 @@ inline void* copy_address(const void* p, std::size_t bytes, bool device) {
 
 }  // namespace mpar::gpu::emulation
 
+namespace mpar::gpu::emulation::detail {
+/**
+ * Checks a copy of `bytes` (each side what `kind` says: device memory inside one allocation, or host memory) and,
+ * with `perform`, makes it. A capture checks when it records and copies when it replays.
+ */
+inline cudaError_t copy_bytes(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind, bool perform) {
+  if (bytes == 0) return cudaSuccess;
+  if (kind == cudaMemcpyDefault) kind = cudaMemcpyKind((device_view(src) ? 2 : 0) + (device_view(dst) ? 1 : 0));
+  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDeviceToDevice) return cudaErrorInvalidMemcpyDirection;
+  const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
+  const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
+  void* to = copy_address(dst, bytes, dst_device);
+  const void* from = copy_address(src, bytes, src_device);
+  if (to == nullptr || from == nullptr) return cudaErrorInvalidValue;
+  if (perform) std::memmove(to, from, bytes);
+  return cudaSuccess;
+}
+/** `height` rows of `width` bytes, `spitch` and `dpitch` bytes apart, each row as `copy_bytes`. */
+inline cudaError_t copy_rows(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
+                             std::size_t height, cudaMemcpyKind kind, bool perform) {
+  if (width > dpitch || width > spitch) return cudaErrorInvalidValue;
+  for (std::size_t r = 0; r < height; ++r)
+    if (const cudaError_t e = copy_bytes(static_cast<char*>(dst) + r * dpitch,
+                                         static_cast<const char*>(src) + r * spitch, width, kind, perform);
+        e != cudaSuccess)
+      return e;
+  return cudaSuccess;
+}
+/** Checks a set of `bytes` of device memory and, with `perform`, makes it. */
+inline cudaError_t set_bytes(void* p, int value, std::size_t bytes, bool perform) {
+  if (bytes == 0) return cudaSuccess;
+  void* to = copy_address(p, bytes, true);
+  if (to == nullptr) return cudaErrorInvalidValue;
+  if (perform) std::memset(to, value, bytes);
+  return cudaSuccess;
+}
+}  // namespace mpar::gpu::emulation::detail
+
+// The synchronous calls: CUDA refuses them on a capturing thread (they wait on the device), so does the emulation.
+// Their stream-ordered forms, which a capture records, are in emulation/graphs.hpp.
 inline cudaError_t cudaMalloc(void** p, std::size_t bytes) {
   if (p == nullptr) return cudaErrorInvalidValue;
+  if (::mpar::gpu::emulation::capturing())
+    return ::mpar::gpu::emulation::fail_capture(cudaErrorStreamCaptureUnsupported);
   *p = ::mpar::gpu::emulation::DeviceAllocations::instance().allocate(bytes);
   return cudaSuccess;
 }
@@ -123,49 +166,23 @@ cudaError_t cudaMalloc(T** p, std::size_t bytes) {
 }
 inline cudaError_t cudaFree(void* p) {
   if (p == nullptr) return cudaSuccess;
+  if (::mpar::gpu::emulation::capturing())
+    return ::mpar::gpu::emulation::fail_capture(cudaErrorStreamCaptureUnsupported);
   return ::mpar::gpu::emulation::DeviceAllocations::instance().free(p) ? cudaSuccess : cudaErrorInvalidDevicePointer;
 }
-inline cudaError_t cudaMallocAsync(void** p, std::size_t bytes, cudaStream_t) { return cudaMalloc(p, bytes); }
-template <class T>
-cudaError_t cudaMallocAsync(T** p, std::size_t bytes, cudaStream_t s) {
-  return cudaMallocAsync(reinterpret_cast<void**>(p), bytes, s);
-}
-inline cudaError_t cudaFreeAsync(void* p, cudaStream_t) { return cudaFree(p); }
 
 /** Copies `bytes`; each side must be what `kind` says (device memory inside one allocation, or host memory). */
 inline cudaError_t cudaMemcpy(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind) {
-  namespace e = ::mpar::gpu::emulation;
-  if (bytes == 0) return cudaSuccess;
-  if (kind == cudaMemcpyDefault) kind = cudaMemcpyKind((e::device_view(src) ? 2 : 0) + (e::device_view(dst) ? 1 : 0));
-  if (kind < cudaMemcpyHostToHost || kind > cudaMemcpyDeviceToDevice) return cudaErrorInvalidMemcpyDirection;
-  const bool src_device = kind == cudaMemcpyDeviceToHost || kind == cudaMemcpyDeviceToDevice;
-  const bool dst_device = kind == cudaMemcpyHostToDevice || kind == cudaMemcpyDeviceToDevice;
-  void* to = e::detail::copy_address(dst, bytes, dst_device);
-  const void* from = e::detail::copy_address(src, bytes, src_device);
-  if (to == nullptr || from == nullptr) return cudaErrorInvalidValue;
-  std::memmove(to, from, bytes);
-  return cudaSuccess;
-}
-/** Runs at once (the emulated streams are synchronous). */
-inline cudaError_t cudaMemcpyAsync(void* dst, const void* src, std::size_t bytes, cudaMemcpyKind kind,
-                                   cudaStream_t = nullptr) {
-  return cudaMemcpy(dst, src, bytes, kind);
+  if (::mpar::gpu::emulation::capturing())
+    return ::mpar::gpu::emulation::fail_capture(cudaErrorStreamCaptureUnsupported);
+  return ::mpar::gpu::emulation::detail::copy_bytes(dst, src, bytes, kind, true);
 }
 /** Copies `height` rows of `width` bytes, `spitch` and `dpitch` bytes apart, checked row by row as cudaMemcpy. */
 inline cudaError_t cudaMemcpy2D(void* dst, std::size_t dpitch, const void* src, std::size_t spitch, std::size_t width,
                                 std::size_t height, cudaMemcpyKind kind) {
-  if (width > dpitch || width > spitch) return cudaErrorInvalidValue;
-  for (std::size_t r = 0; r < height; ++r)
-    if (const cudaError_t e =
-            cudaMemcpy(static_cast<char*>(dst) + r * dpitch, static_cast<const char*>(src) + r * spitch, width, kind);
-        e != cudaSuccess)
-      return e;
-  return cudaSuccess;
-}
-inline cudaError_t cudaMemcpy2DAsync(void* dst, std::size_t dpitch, const void* src, std::size_t spitch,
-                                     std::size_t width, std::size_t height, cudaMemcpyKind kind,
-                                     cudaStream_t = nullptr) {
-  return cudaMemcpy2D(dst, dpitch, src, spitch, width, height, kind);
+  if (::mpar::gpu::emulation::capturing())
+    return ::mpar::gpu::emulation::fail_capture(cudaErrorStreamCaptureUnsupported);
+  return ::mpar::gpu::emulation::detail::copy_rows(dst, dpitch, src, spitch, width, height, kind, true);
 }
 /** Page-locked host memory is plain host memory here: the host reads and writes it, kernels may not. */
 inline cudaError_t cudaMallocHost(void** p, std::size_t bytes) {
@@ -183,12 +200,7 @@ inline cudaError_t cudaFreeHost(void* p) {
 }
 
 inline cudaError_t cudaMemset(void* p, int value, std::size_t bytes) {
-  if (bytes == 0) return cudaSuccess;
-  void* to = ::mpar::gpu::emulation::detail::copy_address(p, bytes, true);
-  if (to == nullptr) return cudaErrorInvalidValue;
-  std::memset(to, value, bytes);
-  return cudaSuccess;
-}
-inline cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaStream_t = nullptr) {
-  return cudaMemset(p, value, bytes);
+  if (::mpar::gpu::emulation::capturing())
+    return ::mpar::gpu::emulation::fail_capture(cudaErrorStreamCaptureUnsupported);
+  return ::mpar::gpu::emulation::detail::set_bytes(p, value, bytes, true);
 }

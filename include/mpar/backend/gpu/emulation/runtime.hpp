@@ -9,6 +9,7 @@
 #include "mpar/backend/gpu/emulation/cublas.hpp"
 #include "mpar/backend/gpu/emulation/error.hpp"
 #include "mpar/backend/gpu/emulation/fp16.hpp"
+#include "mpar/backend/gpu/emulation/graphs.hpp"
 #include "mpar/backend/gpu/emulation/launch.hpp"
 #include "mpar/backend/gpu/emulation/math.hpp"
 #include "mpar/backend/gpu/emulation/memory.hpp"

@@ -12,6 +12,7 @@
  */
 #include <chrono>
 
+#include "mpar/backend/gpu/emulation/capture_state.hpp"
 #include "mpar/backend/gpu/emulation/types.hpp"
 
 namespace mpar::gpu::emulation::detail {
@@ -40,7 +41,11 @@ inline cudaError_t cudaGetDevice(int* device) {
   *device = ::mpar::gpu::emulation::detail::current_device();
   return cudaSuccess;
 }
-inline cudaError_t cudaDeviceSynchronize() { return cudaSuccess; }
+// A wait on the device fails a capture on this thread (CUDA's thread-local mode), as on a GPU.
+inline cudaError_t cudaDeviceSynchronize() {
+  return ::mpar::gpu::emulation::capturing() ? ::mpar::gpu::emulation::fail_capture(cudaErrorStreamCaptureUnsupported)
+                                             : cudaSuccess;
+}
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
   if (value == nullptr || device != 0) return cudaErrorInvalidValue;
   switch (attr) {
@@ -78,7 +83,7 @@ inline cudaError_t cudaStreamDestroy(cudaStream_t s) {
   delete s;
   return cudaSuccess;
 }
-inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaSuccess; }
+inline cudaError_t cudaStreamSynchronize(cudaStream_t) { return cudaDeviceSynchronize(); }
 
 inline cudaError_t cudaEventCreateWithFlags(cudaEvent_t* e, unsigned flags) {
   if (e == nullptr) return cudaErrorInvalidValue;
@@ -98,9 +103,16 @@ inline cudaError_t cudaEventRecord(cudaEvent_t e, cudaStream_t = nullptr) {
       std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now().time_since_epoch()).count();
   return cudaSuccess;
 }
-inline cudaError_t cudaEventQuery(cudaEvent_t e) { return e ? cudaSuccess : cudaErrorInvalidResourceHandle; }
+inline cudaError_t cudaEventQuery(cudaEvent_t e) {
+  if (e == nullptr) return cudaErrorInvalidResourceHandle;
+  return ::mpar::gpu::emulation::capturing() ? ::mpar::gpu::emulation::fail_capture(cudaErrorStreamCaptureUnsupported)
+                                             : cudaSuccess;
+}
 inline cudaError_t cudaEventSynchronize(cudaEvent_t e) { return cudaEventQuery(e); }
-inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned = 0) { return cudaEventQuery(e); }
+/** An ordering between streams (allowed in a capture: it orders the recorded work, which runs in order anyway). */
+inline cudaError_t cudaStreamWaitEvent(cudaStream_t, cudaEvent_t e, unsigned = 0) {
+  return e ? cudaSuccess : cudaErrorInvalidResourceHandle;
+}
 /** Host milliseconds between the two records (the work between them ran in between, on the calling thread). */
 inline cudaError_t cudaEventElapsedTime(float* ms, cudaEvent_t start, cudaEvent_t stop) {
   if (ms == nullptr || start == nullptr || stop == nullptr) return cudaErrorInvalidResourceHandle;
@@ -138,6 +150,14 @@ inline const char* cudaGetErrorName(cudaError_t e) {
       return "cudaErrorNotReady";
     case cudaErrorLaunchFailure:
       return "cudaErrorLaunchFailure";
+    case cudaErrorIllegalState:
+      return "cudaErrorIllegalState";
+    case cudaErrorStreamCaptureUnsupported:
+      return "cudaErrorStreamCaptureUnsupported";
+    case cudaErrorStreamCaptureInvalidated:
+      return "cudaErrorStreamCaptureInvalidated";
+    case cudaErrorStreamCaptureImplicit:
+      return "cudaErrorStreamCaptureImplicit";
   }
   return "cudaErrorUnknown";
 }
@@ -162,6 +182,14 @@ inline const char* cudaGetErrorString(cudaError_t e) {
       return "device not ready";
     case cudaErrorLaunchFailure:
       return "unspecified launch failure";
+    case cudaErrorIllegalState:
+      return "the operation is not permitted in the current state (a capture already under way, or none to end)";
+    case cudaErrorStreamCaptureUnsupported:
+      return "operation not permitted when stream is capturing";
+    case cudaErrorStreamCaptureInvalidated:
+      return "operation failed due to a previous error during capture";
+    case cudaErrorStreamCaptureImplicit:
+      return "operation would make the legacy stream depend on a capturing blocking stream";
   }
   return "unknown error";
 }

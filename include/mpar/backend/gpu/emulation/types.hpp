@@ -27,8 +27,12 @@ enum cudaError_t : int {
   cudaErrorInvalidDevicePointer = 17,
   cudaErrorInvalidMemcpyDirection = 21,
   cudaErrorInvalidResourceHandle = 400,
+  cudaErrorIllegalState = 401,
   cudaErrorNotReady = 600,
   cudaErrorLaunchFailure = 719,
+  cudaErrorStreamCaptureUnsupported = 900,
+  cudaErrorStreamCaptureInvalidated = 901,
+  cudaErrorStreamCaptureImplicit = 906,
 };
 
 enum cudaMemcpyKind : int {
@@ -39,9 +43,14 @@ enum cudaMemcpyKind : int {
   cudaMemcpyDefault = 4,
 };
 
-/** An emulated stream: work runs at once on the calling thread, so a stream is only a handle. */
+struct CUgraph_st;
+/**
+ * An emulated stream: work runs at once on the calling thread, so a stream is only a handle, and the graph its
+ * work is recorded into while a capture is under way (emulation/graphs.hpp).
+ */
 struct CUstream_st {
   unsigned flags = 0;
+  CUgraph_st* capture = nullptr;
 };
 using cudaStream_t = CUstream_st*;
 inline constexpr unsigned cudaStreamDefault = 0x0;
@@ -57,6 +66,26 @@ using cudaEvent_t = CUevent_st*;
 inline constexpr unsigned cudaEventDefault = 0x0;
 inline constexpr unsigned cudaEventBlockingSync = 0x1;
 inline constexpr unsigned cudaEventDisableTiming = 0x2;
+
+/** CUDA graphs (emulation/graphs.hpp): a recorded graph, its executable form, a node (only counted). */
+struct CUgraphExec_st;
+using cudaGraph_t = CUgraph_st*;
+using cudaGraphExec_t = CUgraphExec_st*;
+using cudaGraphNode_t = void*;
+enum cudaStreamCaptureMode : int {
+  cudaStreamCaptureModeGlobal = 0,
+  cudaStreamCaptureModeThreadLocal = 1,
+  cudaStreamCaptureModeRelaxed = 2,
+};
+
+/** The device's memory pool (`cudaMallocAsync`): a handle whose attributes are accepted. */
+struct CUmemPoolHandle_st {
+  unsigned long long release_threshold = 0;
+};
+using cudaMemPool_t = CUmemPoolHandle_st*;
+enum cudaMemPoolAttr : int {
+  cudaMemPoolAttrReleaseThreshold = 4,
+};
 
 /** The device attributes mpar queries. */
 enum cudaDeviceAttr : int {
