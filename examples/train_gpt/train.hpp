@@ -154,10 +154,9 @@ inline plan::MemoryEstimate estimate_rank_memory(const models::GptTrainConfig& c
   c.microbatch_size = cfg.microbatch_size(), c.microbatches = std::size_t(cfg.microbatches);
   c.schedule = cfg.schedule;
   c.virtual_stages = std::size_t(cfg.chunks);
-  // The memory model has one recomputation setting for every stage: with per-stage modes it counts the one that
-  // keeps the most (none before selective before full), an estimate that errs on the large side.
+  // Each stage in its own mode (none, selective or full), as the memory model counts them per rank.
   c.recompute = cfg.recompute_of(0);
-  for (nn::Recompute r : cfg.recompute_stages) c.recompute = std::min(c.recompute, r);
+  c.recompute_stages = cfg.recompute_stages;
   c.stage_layers = cfg.stage_layers;  // the fullest pipeline rank under an uneven partition
   c.sequence_parallel = cfg.model.sequence_parallel;
   c.zero = cfg.zero;

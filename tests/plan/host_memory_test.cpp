@@ -84,7 +84,9 @@ TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measure
     std::size_t cp = 1;
     bool sequence_parallel = false;
     bool selective = false;  // every stage recomputes its attention probabilities (instead of `recompute`)
+    std::vector<mpar::nn::Recompute> per_stage = {};  // each stage its own mode (instead of both above)
   };
+  using mpar::nn::Recompute;
   // Few, small runs keep this under a few seconds; runs of more shapes by hand (GPipe, pp = 4,
   // recompute at pp = 4) agreed within 8 % as well (docs/planner.md).
   const Case cases[] = {
@@ -99,7 +101,11 @@ TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measure
       {2, 1, 4, false, "1f1b", 1, true},  // sequence parallelism: tp = 2 without, with
       {2, 2, 4, false, "1f1b", 1, true},
       {2, 2, 4, true, "1f1b", 1, true},
-      {1, 2, 4, false, "1f1b", 1, false, true}};  // selective: the probabilities are 1/9 of a layer's activations
+      {1, 2, 4, false, "1f1b", 1, false, true},  // selective: the probabilities are 1/9 of a layer's activations
+      // Recomputation per stage: the first rank (two micro-batches in flight) recomputing, as the planner mixes
+      // it, and the other way round, where counting the first stage in the second's mode would miss by far.
+      {1, 2, 4, false, "1f1b", 1, false, false, {Recompute::full, Recompute::none}},
+      {1, 2, 4, false, "1f1b", 1, false, false, {Recompute::none, Recompute::full}}};
   std::vector<double> tp2_peaks;  // the step peaks of tp = 2 pp = 1 without and with sequence parallelism
   for (const Case& k : cases) {
     mpar::models::GptTrainConfig cfg;
@@ -110,6 +116,7 @@ TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measure
     cfg.warmup = 1;
     cfg.model.sequence_parallel = k.sequence_parallel;
     if (k.selective) cfg.recompute_stages.assign(k.pp, mpar::nn::Recompute::selective);
+    if (!k.per_stage.empty()) cfg.recompute_stages = k.per_stage;
     const Measured got = run_trainer(cfg);
 
     using namespace mpar::plan;
@@ -117,6 +124,8 @@ TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measure
     ParallelConfig c;
     c.tp = k.tp, c.pp = k.pp, c.cp = k.cp, c.microbatch_size = 4, c.microbatches = std::size_t(k.microbatches);
     c.recompute = k.selective ? Recompute::selective : k.recompute ? Recompute::full : Recompute::none;
+    if (!k.per_stage.empty())  // `recompute` names the most any stage recomputes, as the planner sets it
+      c.recompute = std::max(k.per_stage[0], k.per_stage[1]), c.recompute_stages = k.per_stage;
     c.schedule = *parse_schedule(k.schedule);
     c.sequence_parallel = k.sequence_parallel;
     MemoryOptions o;
@@ -128,9 +137,11 @@ TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measure
                    measured_states = got.states[r * k.tp * k.cp];  // tensor and context rank 0 of stage r
       INFO("tp=" << k.tp << (k.sequence_parallel ? " sp" : "") << " cp=" << k.cp << " pp=" << k.pp
                  << " M=" << k.microbatches << " " << k.schedule << (k.recompute ? " recompute" : "")
-                 << (k.selective ? " selective" : "") << ", pipeline rank " << r << ": step peak measured "
-                 << measured_step << " B, estimated " << e.activations + e.communication << " B; model states measured "
-                 << measured_states << " B, estimated " << e.parameters + e.gradients + e.optimizer << " B");
+                 << (k.selective ? " selective" : "")
+                 << (k.per_stage.empty() ? "" : " recompute per stage " + c.recompute_layout()) << ", pipeline rank "
+                 << r << ": step peak measured " << measured_step << " B, estimated " << e.activations + e.communication
+                 << " B; model states measured " << measured_states << " B, estimated "
+                 << e.parameters + e.gradients + e.optimizer << " B");
       // With cp > 1 the gradients reduce over the data x context group, in place (ranges of the gradient
       // arena): no bucket buffers on either side.
       CHECK(std::abs((e.activations + e.communication) / measured_step - 1) < 0.10);

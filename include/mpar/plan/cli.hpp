@@ -62,6 +62,9 @@ Optional (fix a dimension instead of searching it):
   --schedule gpipe|1f1b|interleaved_1f1b|zb_h1|zb_h2|2bw   (2bw, asynchronous, only when asked for)
   --recompute none|selective|full  --zero1 on|off  --zero2 on|off  --zero3 on|off
   --sequence-parallel on|off
+                           unfixed, recomputation is also chosen per pipeline rank: where some rank does not
+                           fit without it, each takes the least that fits (the table says "mixed", the best
+                           "recompute per stage"); --recompute MODE fixes MODE for every stage
   --partition balanced|even
                            balanced (default): besides the even split of the layers over the pipeline
                            stages, try the cost-balanced one (embedding and head weighted in; a stage may
@@ -307,7 +310,10 @@ namespace detail {
   os << "{\"rank\":" << rank << ",\"tp\":" << k.tp << ",\"pp\":" << k.pp << ",\"dp\":" << k.dp << ",\"cp\":" << k.cp
      << ",\"ep\":" << k.ep << ",\"microbatch_size\":" << k.microbatch_size << ",\"microbatches\":" << k.microbatches
      << ",\"schedule\":\"" << schedule_name(k.schedule) << "\",\"virtual_stages\":" << k.virtual_stages
-     << ",\"recompute\":\"" << recompute_name(k.recompute) << "\",\"zero\":" << parallel::stage_number(k.zero)
+     << ",\"recompute\":\"" << (k.mixed_recompute() ? "mixed" : recompute_name(k.recompute_of(0)))
+     << "\",\"recompute_stages\":[";
+  for (std::size_t i = 0; i < k.stages(); ++i) os << (i ? "," : "") << '"' << recompute_name(k.recompute_of(i)) << '"';
+  os << "],\"zero\":" << parallel::stage_number(k.zero)
      << ",\"sequence_parallel\":" << (k.sequence_parallel ? "true" : "false")
      << ",\"memory_gib_per_gpu\":" << c.memory.total() / gib
      << ",\"memory_gib\":{\"parameters\":" << c.memory.parameters / gib << ",\"gradients\":" << c.memory.gradients / gib
@@ -348,7 +354,9 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
   }
   out << "searched " << plan.considered << " configurations";
   if (plan.balance_stages) out << " (" << plan.balanced << " of them also with a cost-balanced stage partition)";
-  out << ", simulated " << plan.simulated << " pipelines (" << plan.verified_shapes << " schedule shapes verified)\n\n";
+  out << ", simulated " << plan.simulated << " pipelines (" << plan.verified_shapes << " schedule shapes verified)";
+  if (plan.mixed > 0) out << "; " << plan.mixed << " of the configurations recompute per pipeline rank";
+  out << "\n\n";
   if (plan.best.empty()) {
     out << "no configuration fits; the closest rejections are listed below\n";
   } else {
@@ -372,9 +380,10 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
       }
       std::snprintf(line, sizeof line, " %3zu %5zu %4zu %5zu  %-17s %2zu  %-9s  %-4d  %-3s %8.1f %8.3f %8.1f  %5.1f%%",
                     k.pp, k.dp, k.microbatch_size, k.microbatches, std::string(schedule_name(k.schedule)).c_str(),
-                    k.virtual_stages, std::string(recompute_name(k.recompute)).c_str(), parallel::stage_number(k.zero),
-                    k.sequence_parallel ? "yes" : "no", c.memory.total() / gib, c.step_seconds, c.tflops_per_gpu,
-                    100 * c.bubble_fraction);
+                    k.virtual_stages,
+                    k.mixed_recompute() ? "mixed" : std::string(recompute_name(k.recompute_of(0))).c_str(),
+                    parallel::stage_number(k.zero), k.sequence_parallel ? "yes" : "no", c.memory.total() / gib,
+                    c.step_seconds, c.tflops_per_gpu, 100 * c.bubble_fraction);
       out << line << "  " << (k.stage_layers.empty() ? "even" : detail::layout(c.stage_layers, "/")) << "\n";
     }
     const Candidate& b = plan.best.front();
@@ -393,6 +402,10 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
           << "; the embedding on stage 0, the head on stage " << b.stage_layers.size() - 1
           << (b.config.virtual_stages > 1 ? ", stage chunk x pp + rank" : "") << ")\n";
     }
+    if (b.config.mixed_recompute())
+      out << "  recompute per stage " << b.config.recompute_layout()
+          << " (each pipeline rank the least that fits its memory"
+          << (b.config.virtual_stages > 1 ? ", stage chunk x pp + rank" : "") << ")\n";
     out << "  step " << detail::fixed(b.step_seconds, 3) << " s = pipeline " << detail::fixed(b.pipeline_seconds, 3)
         << " + exposed data-parallel reduction " << detail::fixed(b.dp_exposed_seconds, 3) << " + optimizer "
         << detail::fixed(b.optimizer_seconds, 3) << "\n";
@@ -432,7 +445,8 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
   p.zero = k.zero;
   p.sequence_parallel = k.sequence_parallel;
   p.stage_layers = c.stage_layers;
-  p.recompute_stages.assign(c.stage_layers.size(), k.recompute);
+  p.recompute_stages.resize(c.stage_layers.size());
+  for (std::size_t s = 0; s < p.recompute_stages.size(); ++s) p.recompute_stages[s] = k.recompute_of(s);
   p.validate();
   return p;
 }

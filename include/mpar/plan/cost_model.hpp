@@ -186,13 +186,18 @@ class CostModel {
   }
 
   /**
-   * Per-layer costs of one micro-batch: from measurements when calibrated for (tp, mbs, recompute), else from the
-   * work model. `moe`: an MoE layer (`layer_work`), always from the work model (the measurements are of dense
-   * layers).
+   * Per-layer costs of one micro-batch under `c.recompute`: from measurements when calibrated for (tp, mbs,
+   * recompute), else from the work model. `moe`: an MoE layer (`layer_work`), always from the work model (the
+   * measurements are of dense layers).
    */
   [[nodiscard]] ChunkCosts layer_costs(const ParallelConfig& c, const GroupPlacement& g, bool moe = false) const {
+    return layer_costs(c, g, moe, c.recompute);
+  }
+  /** The same for a layer that recomputes `mode` (a stage's own choice: `ParallelConfig::recompute_of`). */
+  [[nodiscard]] ChunkCosts layer_costs(const ParallelConfig& c, const GroupPlacement& g, bool moe,
+                                       Recompute mode) const {
     // (Measurements are of whole sequences: a context-parallel layer uses the work model.)
-    if (auto it = cal_.layer_costs.find({c.tp, c.microbatch_size, c.recompute});
+    if (auto it = cal_.layer_costs.find({c.tp, c.microbatch_size, mode});
         !moe && c.cp == 1 && it != cal_.layer_costs.end())
       return {it->second.forward, it->second.backward_input, it->second.backward_weight};
     const LayerWork w = layer_work(c, moe);
@@ -222,9 +227,9 @@ class CostModel {
       l.forward += std::max(0.0, hops - attn);
       l.backward_input += hops + std::max(0.0, hops - 2 * attn);
     }
-    if (c.recompute == Recompute::full) l.backward_input += l.forward;
+    if (mode == Recompute::full) l.backward_input += l.forward;
     // Selective: the attention core's forward again (Q K^T, softmax, dropout, scores x V; Korthikanti et al.).
-    if (c.recompute == Recompute::selective) l.backward_input += core + w.softmax_bytes / ew;
+    if (mode == Recompute::selective) l.backward_input += core + w.softmax_bytes / ew;
     return l;
   }
 
@@ -244,23 +249,25 @@ class CostModel {
 
   /**
    * Costs of local chunk `chunk` on pipeline rank `rank` for one micro-batch: its layers (the even split, or
-   * `c.stage_layers`), plus the embedding on the first global stage and the final norm, logits and
-   * cross-entropy on the last.
+   * `c.stage_layers`), each recomputing what the stage does (`c.recompute_of`), plus the embedding on the first
+   * global stage and the final norm, logits and cross-entropy on the last.
    */
   [[nodiscard]] ChunkCosts chunk_costs(const ParallelConfig& c, std::size_t rank, std::size_t chunk,
                                        const GroupPlacement& g) const {
+    check_recompute_stages(c);
     const std::size_t count = chunk_layer_count(model_, c, rank, chunk),
                       first = first_chunk_layer(model_, c, rank, chunk);
+    const Recompute mode = c.recompute_of(chunk * c.pp + rank);
     double moe = 0;
     for (std::size_t b = first; b < first + count; ++b) moe += model_.is_moe_layer(b) ? 1.0 : 0.0;
     const double n = double(count) - moe;
     ChunkCosts r;
     if (n > 0) {
-      const ChunkCosts l = layer_costs(c, g);
+      const ChunkCosts l = layer_costs(c, g, false, mode);
       r = {n * l.forward, n * l.backward_input, n * l.backward_weight};
     }
     if (moe > 0) {
-      const ChunkCosts x = layer_costs(c, g, true);
+      const ChunkCosts x = layer_costs(c, g, true, mode);
       r.forward += moe * x.forward, r.backward_input += moe * x.backward_input,
           r.backward_weight += moe * x.backward_weight;
     }
@@ -361,6 +368,20 @@ namespace mpar::plan {
   if (r == Recompute::full)
     for (std::size_t b = 0; b < m.layers; ++b) f += m.layer_forward_flops(b, batch);
   if (r == Recompute::selective) f += batch * l * 4.0 * s * s * h;
+  return f;
+}
+
+/** The same for `c`'s recomputation, stage by stage where the stages differ (`ParallelConfig::recompute_stages`). */
+[[nodiscard]] inline double iteration_flops(const GptModel& m, const ParallelConfig& c, double batch) {
+  if (!c.mixed_recompute()) return iteration_flops(m, batch, c.recompute_of(0));
+  const double s = double(m.seq), h = double(m.hidden);
+  double f = m.model_flops(batch);
+  for (std::size_t rank = 0; rank < c.pp; ++rank)
+    for_each_rank_layer(m, c, rank, [&](std::size_t chunk, std::size_t layer) {
+      const Recompute r = c.recompute_of(chunk * c.pp + rank);
+      if (r == Recompute::full) f += m.layer_forward_flops(layer, batch);
+      if (r == Recompute::selective) f += batch * 4.0 * s * s * h;
+    });
   return f;
 }
 

@@ -178,6 +178,13 @@ inline void check_stage_layers(const GptModel& m, const ParallelConfig& c) {
           " stages must hold the model's ", m.layers);
 }
 
+/** Throws config_error unless `c.recompute_stages` is empty (`c.recompute` everywhere) or names every stage. */
+inline void check_recompute_stages(const ParallelConfig& c) {
+  require(c.recompute_stages.empty() || c.recompute_stages.size() == c.stages(),
+          "plan: the recomputation per stage has ", c.recompute_stages.size(), " entries, but pp*v = ", c.pp, "*",
+          c.virtual_stages, " stages; give one mode per stage (or none: the one setting for every stage)");
+}
+
 /** The layers of local chunk `chunk` on pipeline rank `rank` (global stage chunk pp + rank). */
 [[nodiscard]] inline std::size_t chunk_layer_count(const GptModel& m, const ParallelConfig& c, std::size_t rank,
                                                    std::size_t chunk) {
@@ -292,6 +299,7 @@ struct MoeLayerBytes {
 [[nodiscard]] inline MemoryEstimate rank_memory(const GptModel& m, const ParallelConfig& c, const Precision& p,
                                                 std::size_t rank, double peak_inflight, const MemoryOptions& o = {}) {
   require(rank < c.pp, "plan::rank_memory: pipeline rank ", rank, " is outside pp = ", c.pp);
+  check_recompute_stages(c);
   require(c.ep >= 1 && c.dp % c.ep == 0 && (m.experts == 0 || m.experts % c.ep == 0), "plan::rank_memory: ep = ", c.ep,
           " must divide dp = ", c.dp, " (expert ranks are data ranks) and the ", m.experts, " experts");
   MemoryEstimate e;
@@ -332,37 +340,50 @@ struct MoeLayerBytes {
   // One layer's attention score elements alive at once: the whole [s, s] per head and sequence, or under
   // context parallelism one ring block of [s/2, s/2] (chunk by chunk) per head.
   const double scores = c.cp > 1 ? double(m.heads) * (s / 2) * (s / 2) : double(m.heads) * s * s * b;
-  const double per_layer = layer_activation_bytes(m, c.microbatch_size, c.tp, c.sequence_parallel, c.recompute, p,
-                                                  o.attention_dropout, c.cp);
   const double full_layer = layer_activation_bytes(m, c.microbatch_size, c.tp, c.sequence_parallel, Recompute::none, p,
                                                    o.attention_dropout, c.cp);
   // An MoE layer keeps the MoE's state instead of the dense MLP's inputs (fc1 input, replicated; GeLU and fc2
   // inputs, split over tp), on every tensor rank alike (the experts are not split).
   const double dense_mlp = p.activation_bytes * sbh * (c.sequence_parallel ? 9.0 / t : 1.0 + 8.0 / t);
   const MoeLayerBytes moe = m.experts > 0 ? moe_layer_bytes(m, c, p) : MoeLayerBytes{};
-  // The fullest of the rank's chunks (they differ when only some layers are MoE): per in-flight micro-batch, and
-  // rebuilt whole by recomputation.
+  // Per chunk, in its own recomputation mode (`ParallelConfig::recompute_of`): what one in-flight micro-batch
+  // keeps, and what its backward rebuilds on top for a moment. The rank holds its in-flight sets at the fullest
+  // chunk's size, and one backward (one chunk's rebuild) at a time.
   std::vector<double> chunk_stored(c.virtual_stages, 0.0), chunk_full(c.virtual_stages, 0.0);
-  bool holds_moe = false;
+  std::vector<bool> chunk_moe(c.virtual_stages, false);
   for_each_rank_layer(m, c, rank, [&](std::size_t ch, std::size_t layer) {
+    const Recompute mode = c.recompute_of(ch * c.pp + rank);
     const bool is_moe = m.is_moe_layer(layer);
-    holds_moe = holds_moe || is_moe;
+    chunk_moe[ch] = chunk_moe[ch] || is_moe;
     const double swap = is_moe ? moe.stored - dense_mlp : 0.0;
-    chunk_stored[ch] += per_layer + (c.recompute == Recompute::full ? 0.0 : swap);
+    chunk_stored[ch] +=
+        layer_activation_bytes(m, c.microbatch_size, c.tp, c.sequence_parallel, mode, p, o.attention_dropout, c.cp) +
+        (mode == Recompute::full ? 0.0 : swap);
     chunk_full[ch] += full_layer + swap;
   });
-  const double stored = *std::max_element(chunk_stored.begin(), chunk_stored.end()),
-               rebuilt = *std::max_element(chunk_full.begin(), chunk_full.end());
-  double act = peak_inflight * stored;
-  // Recomputation rebuilds activations for the backward: a whole chunk at once, or one layer at a time.
-  if (c.recompute == Recompute::full && o.recompute_whole_chunk)
-    act = peak_inflight * p.activation_bytes * sbh / boundary_shard + rebuilt;
-  else if (c.recompute == Recompute::full)
-    act += holds_moe ? std::max(full_layer, full_layer - dense_mlp + moe.stored) : full_layer;
-  else if (c.recompute == Recompute::selective && c.cp == 1)
-    // One layer's probabilities, recomputed for its backward (nn::SelfAttention::set_selective_recompute), with
-    // their dropout output and mask where the attention drops them out. Ring attention (cp > 1) keeps none to drop.
-    act += (o.attention_dropout ? 2 * p.activation_bytes + p.mask_bytes : p.activation_bytes) * scores / t;
+  double held = 0, rebuilt = 0;  // the in-flight sets, and the largest rebuild on top of them
+  for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) {
+    const Recompute mode = c.recompute_of(ch * c.pp + rank);
+    // Recomputation rebuilds activations for the backward: a whole chunk at once (keeping only its input per
+    // in-flight micro-batch), or one layer at a time.
+    if (mode == Recompute::full && o.recompute_whole_chunk) {
+      held = std::max(held, peak_inflight * p.activation_bytes * sbh / boundary_shard);
+      rebuilt = std::max(rebuilt, chunk_full[ch]);
+      continue;
+    }
+    held = std::max(held, peak_inflight * chunk_stored[ch]);
+    if (mode == Recompute::full)
+      rebuilt =
+          std::max(rebuilt, chunk_moe[ch] ? std::max(full_layer, full_layer - dense_mlp + moe.stored) : full_layer);
+    else if (mode == Recompute::selective && c.cp == 1)
+      // One layer's probabilities, recomputed for its backward (nn::SelfAttention::set_selective_recompute), with
+      // their dropout output and mask where the attention drops them out. Ring attention (cp > 1) keeps none to
+      // drop.
+      rebuilt = std::max(
+          rebuilt, (o.attention_dropout ? 2 * p.activation_bytes + p.mask_bytes : p.activation_bytes) * scores / t);
+  }
+  const bool holds_moe = std::find(chunk_moe.begin(), chunk_moe.end(), true) != chunk_moe.end();
+  double act = held + rebuilt;
   // Backward workspace: while a layer runs its backward, the gradients of its widest intermediates
   // (the 4h-wide MLP activation and the attention scores, or an MoE layer's exchange and expert buffers) are
   // alive next to everything stored.

@@ -49,6 +49,39 @@ struct ParallelConfig {
   /// Transformer blocks per global pipeline stage (stage chunk * pp + rank, pp * V entries summing to the
   /// model's layers); a stage may hold none, next to a heavy embedding or head. Empty: the even split.
   std::vector<std::size_t> stage_layers;
+  /// What each global stage recomputes in backward (same order as `stage_layers`, pp * V entries): a per-stage
+  /// mix, e.g. the first ranks of a 1F1B pipeline, which hold the most micro-batches in flight, recomputing while
+  /// the last ones do not. `recompute` then names the most any stage recomputes. Empty: `recompute` everywhere.
+  std::vector<Recompute> recompute_stages;
+
+  /** What global stage `stage` (chunk * pp + rank) recomputes. */
+  [[nodiscard]] Recompute recompute_of(std::size_t stage) const {
+    return recompute_stages.empty() ? recompute : recompute_stages.at(stage);
+  }
+  /** Whether the stages recompute differently (`recompute_stages` set and not all alike). */
+  [[nodiscard]] bool mixed_recompute() const {
+    for (Recompute r : recompute_stages)
+      if (r != recompute_stages.front()) return true;
+    return false;
+  }
+
+  /**
+   * The recomputation as the plan prints it: one mode, or the stages' modes in order with a run of three or more
+   * written once with its length ("full,selective,none*6").
+   */
+  [[nodiscard]] std::string recompute_layout() const {
+    if (!mixed_recompute()) return std::string(recompute_name(recompute_of(0)));
+    std::string out;
+    for (std::size_t i = 0; i < recompute_stages.size();) {
+      std::size_t j = i;
+      while (j < recompute_stages.size() && recompute_stages[j] == recompute_stages[i]) ++j;
+      const std::string name(recompute_name(recompute_stages[i]));
+      out += (i ? "," : "") + (j - i > 2 ? name + "*" + std::to_string(j - i) : name);
+      for (std::size_t k = i + 1; k < j && j - i <= 2; ++k) out += "," + name;
+      i = j;
+    }
+    return out;
+  }
 
   [[nodiscard]] std::size_t gpus() const { return tp * cp * pp * dp; }
   /** The ranks that hold replicas of each parameter and reduce its gradient (and shard it under ZeRO): dp x cp. */
@@ -63,7 +96,7 @@ struct ParallelConfig {
     if (c.ep > 1) os << " ep=" << c.ep;
     os << " mbs=" << c.microbatch_size << " m=" << c.microbatches << " schedule=" << schedule_name(c.schedule);
     if (c.virtual_stages > 1) os << " v=" << c.virtual_stages;
-    os << " recompute=" << recompute_name(c.recompute);
+    os << " recompute=" << c.recompute_layout();
     if (c.zero != parallel::ZeroStage::none) os << " zero" << parallel::stage_number(c.zero);
     os << (c.sequence_parallel ? " sp" : "");
     if (!c.stage_layers.empty()) {

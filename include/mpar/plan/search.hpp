@@ -1,9 +1,9 @@
 #pragma once
 /**
  * @file The strategy search: enumerate tensor x pipeline x data sizes (and, when asked, context-parallel
- * sizes), micro-batch size and count, schedule (and V), recomputation, ZeRO-1/2/3 and sequence parallelism;
- * reject what cannot run or does not fit (saying why); time the rest with the pipeline simulator; rank by
- * predicted step time.
+ * sizes), micro-batch size and count, schedule (and V), recomputation (one setting for every stage, or the least
+ * each pipeline rank's memory allows), ZeRO-1/2/3 and sequence parallelism; reject what cannot run or does not
+ * fit (saying why); time the rest with the pipeline simulator; rank by predicted step time.
  *
  * Fast at scale because the pipeline is simulated for one pipeline's P ranks only (data-parallel
  * replicas are identical), the verifier's peak activations are cached per (schedule, P, M, V) and
@@ -55,6 +55,11 @@ struct SearchSpace {
   /// (`balanced_stage_layers`: the embedding and the head weighted in, stages without blocks allowed) where it
   /// differs; `mpar-plan --partition even` turns it off. The trainer runs either (`train_gpt --plan`).
   bool balance_stages = true;
+  /// Besides one recomputation setting for every stage, try the per-rank mix where no one setting is the least
+  /// every rank fits with: each pipeline rank (all its chunks) takes the least recomputation (none, selective, full)
+  /// within the memory budget, as under 1F1B, where rank r holds about pp - r micro-batches in flight, the first
+  /// ranks recompute and the last do not. Only when the recomputation is searched (`recompute` unset).
+  bool mix_recompute = true;
 };
 
 /** @brief How the search judges and reports. */
@@ -110,6 +115,9 @@ struct Plan {
   std::size_t considered = 0, simulated = 0, verified_shapes = 0;
   bool balance_stages = false;  ///< whether cost-balanced stage partitions were searched (`SearchSpace`)
   std::size_t balanced = 0;     ///< configurations also tried with a cost-balanced stage partition (it differed)
+  /// Configurations with recomputation chosen per pipeline rank (`SearchSpace::mix_recompute`), counted in
+  /// `considered` too.
+  std::size_t mixed = 0;
   std::vector<std::size_t> context_sizes;  ///< the context-parallel sizes searched (one when fixed)
   /** The best configuration again with its tensor groups spread over nodes (data-innermost ordering), when that differs. */
   std::optional<Candidate> broken_topology;
@@ -308,7 +316,7 @@ namespace detail {
   r.step_seconds = finish + r.optimizer_seconds;
   const double batch = double(c.microbatches * c.microbatch_size * c.dp);
   r.samples_per_second = batch / r.step_seconds;
-  r.tflops_per_gpu = iteration_flops(m, batch, c.recompute) / r.step_seconds / double(c.gpus()) / 1e12;
+  r.tflops_per_gpu = iteration_flops(m, c, batch) / r.step_seconds / double(c.gpus()) / 1e12;
   return r;
 }
 
@@ -372,6 +380,46 @@ namespace detail {
                                           c.microbatch_size));
   if (std::string why = schedule_problem(c); !why.empty()) return rej("schedule", why);
   return std::nullopt;
+}
+
+/**
+ * @brief The per-rank recomputation mix of `c` (its stage layout kept): every pipeline rank, all its chunks,
+ * recomputes the least (none before selective before full) whose memory fits `budget` with the rank's in-flight
+ * activation sets. Empty when some rank fits none of them, or when every rank takes the same (that is a uniform
+ * configuration). The mix's `recompute` names the most any rank recomputes.
+ */
+[[nodiscard]] inline std::optional<ParallelConfig> per_rank_recompute(const GptModel& m, const ParallelConfig& c,
+                                                                      const Precision& p, ActivationPeaks& peaks,
+                                                                      double budget, const MemoryOptions& o = {}) {
+  ParallelConfig probe = c;
+  probe.recompute_stages.clear();
+  std::vector<Recompute> per_rank(c.pp);
+  const std::vector<double>* verified = nullptr;  // asked for only where the bounds 1 and M*V disagree
+  for (std::size_t r = 0; r < c.pp; ++r) {
+    bool found = false;
+    for (Recompute mode : {Recompute::none, Recompute::selective, Recompute::full}) {
+      probe.recompute = mode;
+      // A rank's memory depends on its own chunks' modes only: the uniform setting stands for the rank's choice.
+      const auto need = [&](double inflight) { return rank_memory(m, probe, p, r, inflight, o).total(); };
+      bool fits = need(double(c.microbatches * c.virtual_stages)) <= budget;
+      if (!fits && need(1.0) <= budget) {
+        if (!verified) verified = &peaks(c);
+        fits = need((*verified)[r]) <= budget;
+      }
+      if (fits) {
+        per_rank[r] = mode, found = true;
+        break;
+      }
+    }
+    if (!found) return std::nullopt;
+  }
+  if (std::all_of(per_rank.begin(), per_rank.end(), [&](Recompute x) { return x == per_rank.front(); }))
+    return std::nullopt;
+  ParallelConfig mixed = c;
+  mixed.recompute = *std::max_element(per_rank.begin(), per_rank.end());
+  mixed.recompute_stages.resize(c.stages());
+  for (std::size_t s = 0; s < c.stages(); ++s) mixed.recompute_stages[s] = per_rank[s % c.pp];
+  return mixed;
 }
 
 /** Searches `space` for `p`; see the file comment. Throws config_error when fixed sizes contradict the cluster. */
@@ -476,7 +524,10 @@ namespace detail {
                 for (std::size_t v = 2; v <= space.max_virtual_stages; ++v) vs.push_back(v);
               else
                 vs = {1};
-              for (std::size_t v : vs)
+              for (std::size_t v : vs) {
+                // Whether the even split fits with no recomputation, per ZeRO stage and SP: where it does not and
+                // full recomputation does, the per-rank mix of the two is tried.
+                bool none_fits[4][2] = {};
                 for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
                   if (space.recompute && rc != *space.recompute) continue;
                   for (int z = 0; z < 4;
@@ -503,6 +554,13 @@ namespace detail {
                       // in), when it differs, and where that does not fit the balanced one within each stage's
                       // memory: the simulator decides which is fastest.
                       const bool even_fits = admit(c);
+                      if (rc == Recompute::none) none_fits[z][spi] = even_fits;
+                      if (rc == Recompute::full && even_fits && !none_fits[z][spi] && space.mix_recompute &&
+                          !space.recompute && pp > 1)
+                        if (auto mixed = per_rank_recompute(p.model, c, cm.precision(), peaks, budget, o.memory)) {
+                          ++plan.considered, ++plan.mixed;
+                          admit(*mixed);
+                        }
                       if (space.balance_stages && c.stages() > 1) {
                         const GroupPlacement g = place(c, p.cluster.gpus_per_node, o.placement);
                         const auto key = std::make_tuple(tp, cp, ep, dp, mbs, rc, bool(spi), pp, v);
@@ -545,6 +603,7 @@ namespace detail {
                     }
                   }
                 }
+              }
             }
         }
       }
