@@ -557,13 +557,6 @@ class GptTrainer {
     // 2. The pipeline program: forwards, backwards (data-parallel buckets start as gradients finish).
     if (before_passes_) before_passes_();
     const bool lagged = use_previous_weights();  // 2bw: the passes run on the version before the last update
-    optimizer_->begin_compute();
-    std::optional<nn::Autocast> autocast(std::in_place, compute_type());  // the GEMMs' operand type, this step
-    for (auto& s : stages_) s->begin_step();
-    const float loss_scale = optimizer_->loss_scale();
-    // Each rank's backward adds its own tokens' share of d aux; the average over the token group divides it by
-    // the group's size again, so the share enters scaled by that size (and the loss scale, like the logits').
-    for (auto& s : stages_) s->set_moe_aux_gradient(float(cfg_.batch_ranks()) * loss_scale);
     // Each micro-batch's loss stays in rank memory: added into the step's statistics (no host read), scaled by
     // 1/M and by pp, since only the last stage's ranks add theirs and the statistics average over the world.
     optimizer_->zero_losses();
@@ -575,15 +568,9 @@ class GptTrainer {
                                     report_slot_dropped(), double(cfg_.world_size()) / double(cfg_.tp)};
       for (auto& s : stages_) s->set_moe_statistics(sinks);
     }
-    pipeline::StepStats stats = executor_->step(
-        inputs, [&](const nn::Act<nn::FeatureShard>& logits, int mb, nn::Act<nn::FeatureShard>& dlogits) {
-          Stage& last = *stages_.back();
-          last.loss().forward_into(logits, targets_[std::size_t(mb)], mb, optimizer_->losses(), loss_weight());
-          dlogits = last.loss().logits_gradient(mb, loss_scale);
-          return 0.0;  // ignored: the executor runs with loss_on_host = false
-        });
-    autocast.reset();
-    optimizer_->end_compute();
+    pipeline::StepStats stats = run_passes(
+        inputs, PassKind::train, optimizer_->losses(),
+        optimizer_->loss_scale(), [&](int mb) -> const auto& { return targets_[std::size_t(mb)]; });
     keep_weight_version(lagged);  // 2bw: the current weights again, and a copy of them for the next step's passes
     if (after_passes_) after_passes_();
 
@@ -677,29 +664,10 @@ class GptTrainer {
     double sum = 0;
     for (std::size_t i = 0; i < batches; ++i) {
       std::vector<nn::Act<Replicate>> inputs = split_microbatches(local_batch(val, seed, i));
-      optimizer_->begin_compute();
-      std::optional<nn::Autocast> autocast(std::in_place, compute_type());
-      // No gradient reduction: the hooks that would start the data-parallel buckets are off for this pass.
-      for (auto& s : stages_) {
-        s->on_gradients_final({}, cfg_.microbatches);
-        s->begin_step();
-        s->set_moe_aux_gradient(float(cfg_.batch_ranks()));
-        s->set_moe_statistics({});  // an evaluation's passes count in no step's statistics
-        s->set_training(false);     // no dropout: the next training step switches it back on
-      }
       Buffer<double> l = B::template allocate<double>(1);  // rank memory: the batch's loss, as in a training step
       B::zero(1, l.data());
-      (void)executor_->step(inputs,
-                            [&](const nn::Act<nn::FeatureShard>& logits, int mb, nn::Act<nn::FeatureShard>& dlogits) {
-                              Stage& last = *stages_.back();
-                              last.loss().forward_into(logits, targets_[std::size_t(mb)], mb, l.data(), loss_weight());
-                              dlogits = last.loss().logits_gradient(mb, 1.0f);
-                              return 0.0;
-                            });
-      autocast.reset();
-      optimizer_->end_compute();
-      if (gradients_final_)
-        for (auto& s : stages_) s->on_gradients_final(gradients_final_, cfg_.microbatches);
+      (void)run_passes(
+          inputs, PassKind::evaluate, l.data(), 1.0f, [&](int mb) -> const auto& { return targets_[std::size_t(mb)]; });
       zero_grad();
       comms_.world.all_reduce(std::span<double>(l), ReduceOp::avg);  // data ranks saw different sequences
       sum += mpar::read_from_rank<B>(l.data());
@@ -1330,6 +1298,47 @@ class GptTrainer {
    * (the first step after the warm-up), or launches the captured one; then reads the statistics (one wait) and
    * reports. The same numbers as `train_step` without `graph`, bit for bit (tests/stream/gpt_graph_stream_test.cpp).
    */
+  /** What a run of the passes is for: a training step (eager or captured), or an evaluation. */
+  enum class PassKind { train, evaluate };
+  /**
+   * The forward and backward passes of one batch, the one routine of training, evaluation and the captured step:
+   * the 16-bit weights and `Autocast` around the executor's program, each micro-batch's loss added into `loss_sink`
+   * (rank memory) against `targets(mb)` (host ids or a view of rank memory) and its gradient scaled by `loss_scale`.
+   * An evaluation runs without dropout, without the hooks that start the data-parallel reduction (the caller
+   * discards its gradients) and counts in no step's MoE statistics; the caller zeroes the loss sink and, for
+   * training, points the MoE statistics at the step's.
+   */
+  template <class Targets>
+  pipeline::StepStats run_passes(std::vector<nn::Act<Replicate>>& inputs, PassKind kind, double* loss_sink,
+                                 float loss_scale, Targets&& targets) {
+    const bool evaluation = kind == PassKind::evaluate;
+    optimizer_->begin_compute();
+    std::optional<nn::Autocast> autocast(std::in_place, compute_type());  // the GEMMs' operand type, this batch
+    for (auto& s : stages_) {
+      if (evaluation) s->on_gradients_final({}, cfg_.microbatches);  // no data-parallel buckets start
+      s->begin_step();
+      // Each rank's backward adds its own tokens' share of d aux; the average over the token group divides it by
+      // the group's size again, so the share enters scaled by that size (and the loss scale, like the logits').
+      s->set_moe_aux_gradient(float(cfg_.batch_ranks()) * loss_scale);
+      if (evaluation) {
+        s->set_moe_statistics({});  // an evaluation's passes count in no step's statistics
+        s->set_training(false);     // no dropout: the next training step switches it back on
+      }
+    }
+    pipeline::StepStats stats = executor_->step(
+        inputs, [&](const nn::Act<nn::FeatureShard>& logits, int mb, nn::Act<nn::FeatureShard>& dlogits) {
+          Stage& last = *stages_.back();
+          last.loss().forward_into(logits, targets(mb), mb, loss_sink, loss_weight());
+          dlogits = last.loss().logits_gradient(mb, loss_scale);
+          return 0.0;  // ignored: the executor runs with loss_on_host = false
+        });
+    autocast.reset();
+    optimizer_->end_compute();
+    if (evaluation && gradients_final_)
+      for (auto& s : stages_) s->on_gradients_final(gradients_final_, cfg_.microbatches);
+    return stats;
+  }
+
   StepReport graph_train_step() {
     const auto t0 = std::chrono::steady_clock::now();
     const std::size_t step = step_;
@@ -1400,20 +1409,11 @@ class GptTrainer {
         inputs.push_back(nn::Act<Replicate>(nn::Activation({mb_tokens, 1}, uninitialized)));  // shape only
       }
     if (before_passes_) before_passes_();
-    optimizer_->begin_compute();
-    std::optional<nn::Autocast> autocast(std::in_place, compute_type());
-    for (auto& s : stages_) s->begin_step();
     optimizer_->zero_losses();
-    pipeline::StepStats stats = executor_->step(
-        inputs, [&](const nn::Act<nn::FeatureShard>& logits, int mb, nn::Act<nn::FeatureShard>& dlogits) {
-          Stage& last = *stages_.back();
-          const nn::RankTokens targets{ids + n + std::size_t(mb) * mb_tokens, mb_tokens};
-          last.loss().forward_into(logits, targets, mb, optimizer_->losses(), loss_weight());
-          dlogits = last.loss().logits_gradient(mb, 1.0f);  // no loss scaling: validate refuses f16
-          return 0.0;
-        });
-    autocast.reset();
-    optimizer_->end_compute();
+    // The targets are views of the fixed rank buffer; no loss scaling: validate refuses f16 with --graph.
+    pipeline::StepStats stats = run_passes(inputs, PassKind::train, optimizer_->losses(), 1.0f, [&](int mb) {
+      return nn::RankTokens{ids + n + std::size_t(mb) * mb_tokens, mb_tokens};
+    });
     if (after_passes_) after_passes_();
     sum_tied_gradients();
     optimizer_->issue_step_in_rank(graph_lr_.data());
