@@ -19,8 +19,6 @@
  * A rank that does not arrive within the timeout makes the group broken: every waiting and later
  * call throws comm_error naming the operation, its sequence number and the missing ranks.
  */
-#include <cuda_runtime.h>
-
 #include <algorithm>
 #include <array>
 #include <chrono>
@@ -43,6 +41,7 @@
 #include "mpar/backend/gpu/cuda_error.hpp"
 #include "mpar/backend/gpu/element_types.hpp"
 #include "mpar/backend/gpu/memory.hpp"
+#include "mpar/backend/gpu/runtime.hpp"  // the CUDA runtime, or its emulation
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/layout.hpp"
 
@@ -56,6 +55,11 @@ namespace detail {
 template <class T>
 struct PeerPointers {
   const T* p[max_device_group];
+  /** Each pointer, for a launch that must translate pointers inside a struct (the emulated one, emulation/launch.hpp). */
+  template <class F>
+  void for_each_device_pointer(F&& f) {
+    for (const T*& q : p) f(q);
+  }
 };
 
 /** out[i] = op over ranks q of src_q[offset + i], in rank order (so every rank gets identical bits). */
@@ -506,7 +510,7 @@ class DeviceCommunicator {
     detail::PeerPointers<T> src{};
     for (int q = 0; q < size(); ++q) src.p[q] = static_cast<const T*>(g_->slots[std::size_t(q)].send);
     const std::size_t blocks = std::min<std::size_t>((count + 255) / 256, 4096);
-    detail::reduce_peers_kernel<<<unsigned(blocks), 256, 0, stream()>>>(src, size(), offset, count, op, out);
+    MPAR_LAUNCH(detail::reduce_peers_kernel, unsigned(blocks), 256, 0, stream(), src, size(), offset, count, op, out);
     check_launch("gpu::DeviceCommunicator reduction");
   }
   template <class T>

@@ -6,8 +6,9 @@
  *
  * A non-null pointer argument that is not device memory is a host pointer handed to a kernel, which faults on a
  * GPU: the launch throws emulation_error naming the kernel and the argument. After the grid ran, a write past the
- * end of any allocation throws too (memory.hpp, red zones). Pointers inside structs passed by
- * value are not translated (mpar's kernels pass none).
+ * end of any allocation throws too (memory.hpp, red zones). Pointers inside a struct passed by value are
+ * translated when the struct says where they are (`for_each_device_pointer(f)`, as gpu::DeviceCommunicator's peer
+ * pointers do); no other struct argument may hold one.
  */
 #include <cstddef>
 #include <tuple>
@@ -31,6 +32,9 @@ A device_argument(const char* kernel, std::size_t index, A a) {
       throw emulation_error(mpar::detail::cat("launch of ", kernel, ": argument ", index + 1, " (", (const void*)a,
                                               ") is host memory; a kernel can only reach device memory (cudaMalloc)"));
     return static_cast<A>(view);
+  } else if constexpr (requires(A & s) { s.for_each_device_pointer([](auto*&) {}); }) {
+    a.for_each_device_pointer([&](auto*& p) { p = device_argument(kernel, index, p); });
+    return a;
   } else {
     return a;
   }
