@@ -6,14 +6,13 @@
 // communicator (peer reads and reduction kernels in device memory: NCCL's contract for ranks that share a
 // GPU), or one process per GPU under mpirun (the node-local rank picks the GPU) with NCCL for every mesh
 // axis (see docs/cuda.md, "Training on CUDA"). The host never hands device memory to a host communicator.
-#include <cuda_runtime.h>
-
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <vector>
 
+#include <mpar/backend/gpu/runtime.hpp>  // the CUDA runtime, or its emulation (a test build)
 #include <mpar/cuda.hpp>
 #if defined(MPAR_HAVE_MPI)
 #include <mpar/comm/mpi.hpp>
