@@ -24,6 +24,7 @@
 #include "mpar/nn/column_parallel.hpp"
 #include "mpar/nn/grouped_query_attention.hpp"
 #include "mpar/nn/ring_attention.hpp"
+#include "mpar/nn/ring_attention_layer.hpp"
 #include "mpar/nn/rotary.hpp"
 #include "mpar/nn/row_parallel.hpp"
 #include "mpar/nn/upload.hpp"
@@ -35,79 +36,47 @@ namespace mpar::nn {
  * `tp` (which must divide kv_heads). Input and output `Act<ContextShard>`; `c.seq` is the global sequence length.
  */
 template <communicator C, backend B = HostBackend>
-class RingGroupedQueryAttention : public detail::TypedLayer<RingGroupedQueryAttention<C, B>> {
+class RingGroupedQueryAttention
+    : public detail::RingAttentionLayer<RingGroupedQueryAttention<C, B>, C,
+                                        ColumnParallel<C, dyn, dyn, dyn, ColumnOptions{false, false, 1}, B>,
+                                        RowParallel<C, dyn, dyn, dyn, RowReduce::all_reduce, B>, B> {
   static_assert(llama_kernel_backend<B>,
                 "mpar::nn::RingGroupedQueryAttention<C, B>: backend B lacks the Llama-class kernels (rope_forward, "
-                "rope_backward: backend/llama_kernel_backend.hpp). Fix: use HostBackend, StreamHostBackend or "
-                "DiscreteHostBackend, or give B those operations");
-  using Typed = detail::TypedLayer<RingGroupedQueryAttention<C, B>>;
+                "rope_backward: backend/llama_kernel_backend.hpp). Fix: use HostBackend, StreamHostBackend, "
+                "DiscreteHostBackend or CudaBackend, or give B those operations");
   using Qkv = ColumnParallel<C, dyn, dyn, dyn, ColumnOptions{false, false, 1}, B>;
   using Proj = RowParallel<C, dyn, dyn, dyn, RowReduce::all_reduce, B>;
+  using Base = detail::RingAttentionLayer<RingGroupedQueryAttention, C, Qkv, Proj, B>;
+  friend Base;                                           // calls for_core and projection_gradient
+  friend detail::TypedLayer<RingGroupedQueryAttention>;  // its typed entries are the only public way in
 
  public:
   static constexpr std::string_view layer_kind = "RingGroupedQueryAttention";
-  using default_input = ContextShard;
-  static constexpr bool preserves_features = false;
-  static constexpr std::size_t static_in_features = dyn, static_out_features = dyn;
-  template <class L>
-  static constexpr bool check_input() {
-    constexpr bool ok = std::is_same_v<L, ContextShard>;
-    static_assert(ok || detail::always_false_v<L>,
-                  "mpar::nn::RingGroupedQueryAttention takes the rank's tokens as zig-zag chunks over the context "
-                  "axis, whole rows on the tensor axis (Act<ContextShard>). Fix: state the layout where the sequence "
-                  "is split (Act<ContextShard>(local_tokens)), or use GroupedQueryAttention for an unsplit sequence");
-    return ok;
-  }
-  template <class L>
-  using output_layout = ContextShard;
-  using Typed::backward;
-  using Typed::backward_input;
-  using Typed::forward;
 
   /** `tp`: the tensor group (KV heads); `context`: the ring (sequence), whose rank order is the chunk order. */
   RingGroupedQueryAttention(C& tp, C& context, const GqaConfig& c, int tag_base = RingAttentionConfig{}.tag_base)
-      : sizes_(detail::checked_gqa_core(layer_kind, c, std::size_t(tp.size()), std::size_t(tp.rank()))),
+      : Base(
+            context, ring_config(tp, c, tag_base),
+            [&] {
+              return Qkv(tp, c.hidden, (c.heads + 2 * detail::gqa_kv_heads(c)) * (c.hidden / c.heads),
+                         {c.seed, c.id_base, c.name + ".qkv", false});
+            },
+            [&] {
+              return Proj(tp, c.hidden, c.hidden, {c.seed, c.id_base + 2, c.name + ".proj", false});
+            }),
+        sizes_(detail::checked_gqa_core(layer_kind, c, std::size_t(tp.size()), std::size_t(tp.rank()))),
         group_(c.heads / detail::gqa_kv_heads(c)), theta_(c.rope_theta), cp_(std::size_t(context.size())),
-        cp_rank_(std::size_t(context.rank())),
-        core_(context, {sizes_.heads, sizes_.head_dim, c.seq, tag_base, c.name, sizes_.heads / group_}),
-        qkv_(tp, c.hidden, (c.heads + 2 * detail::gqa_kv_heads(c)) * sizes_.head_dim,
-             {c.seed, c.id_base, c.name + ".qkv", false}),
-        proj_(tp, c.hidden, c.hidden, {c.seed, c.id_base + 2, c.name + ".proj", false}) {}
+        cp_rank_(std::size_t(context.rank())) {}
 
-  void backward_weight(int mb = 0) {
-    proj_.backward_weight(mb);
-    qkv_.backward_weight(mb);
-  }
-  std::vector<Parameter*> parameters() {
-    auto ps = qkv_.parameters();
-    detail::append(ps, proj_.parameters());
-    return ps;
-  }
-  void drop(int mb) {
-    qkv_.drop(mb);
-    core_.drop(mb);
-    proj_.drop(mb);
-  }
-  [[nodiscard]] std::size_t in_features() const { return qkv_.in_features(); }
-  [[nodiscard]] std::size_t out_features() const { return proj_.out_features(); }
   /** Query heads on this rank (heads / tp). */
   [[nodiscard]] std::size_t local_heads() const { return sizes_.heads; }
   /** Key/value heads on this rank (kv_heads / tp): what travels the ring. */
   [[nodiscard]] std::size_t local_kv_heads() const { return sizes_.heads / group_; }
 
  private:
-  friend Typed;  // its typed entries are the only public way in; these do the work on the storage
-  // As in RingSelfAttention: the projections see the rank's tokens as Replicate rows; the core sees the heads'
-  // columns with the tokens' context placement (ContextHeads).
-  Activation do_forward(const Activation& x, int mb) {
-    Act<FeatureShard> fused = qkv_.forward(Act<Replicate>(backend_copy<B>(x)), mb);
-    Act<ContextHeads> o = core_.forward(Act<ContextHeads>(for_core(std::move(fused).tensor())), mb);
-    return proj_.forward(Act<FeatureShard>(std::move(o).tensor()), mb).tensor();
-  }
-  Activation do_backward_input(const Activation& dy, int mb) {
-    Act<FeatureShard> dout = proj_.backward_input(Act<Replicate>(backend_copy<B>(dy)), mb);
-    Act<ContextHeads> dqkv = core_.backward(Act<ContextHeads>(std::move(dout).tensor()), mb);
-    return qkv_.backward_input(Act<FeatureShard>(projection_gradient(std::move(dqkv).tensor())), mb).tensor();
+  static RingAttentionConfig ring_config(C& tp, const GqaConfig& c, int tag_base) {
+    const AttentionCore z = detail::checked_gqa_core(layer_kind, c, std::size_t(tp.size()), std::size_t(tp.rank()));
+    return {z.heads, z.head_dim, c.seq, tag_base, c.name, z.heads / (c.heads / detail::gqa_kv_heads(c))};
   }
 
   struct Sizes {
@@ -171,9 +140,6 @@ class RingGroupedQueryAttention : public detail::TypedLayer<RingGroupedQueryAtte
   std::size_t group_;
   double theta_;
   std::size_t cp_, cp_rank_;
-  RingAttention<C, B> core_;
-  Qkv qkv_;
-  Proj proj_;
   Buffer<std::int32_t> positions_;
 };
 
