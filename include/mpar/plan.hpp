@@ -7,7 +7,6 @@
 #include "mpar/plan/cli.hpp"
 #include "mpar/plan/collective_cost.hpp"
 #include "mpar/plan/cost_model.hpp"
-#include "mpar/plan/json_text.hpp"
 #include "mpar/plan/memory_model.hpp"
 #include "mpar/plan/model.hpp"
 #include "mpar/plan/parallel_config.hpp"

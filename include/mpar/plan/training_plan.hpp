@@ -19,8 +19,8 @@
 #include <vector>
 
 #include "mpar/core/error.hpp"
+#include "mpar/core/json.hpp"
 #include "mpar/nn/model_family.hpp"
-#include "mpar/plan/json_text.hpp"
 #include "mpar/plan/parallel_config.hpp"
 
 namespace mpar::plan {

@@ -1,7 +1,7 @@
 #pragma once
 /**
- * @file A JSON value and a strict reader for it: enough for mpar's own small files (training plans), with
- * errors that say where the text went wrong (line and column) instead of a guess. Objects keep their keys'
+ * @file A JSON value and a strict reader for it: enough for mpar's own small files (training plans) and for
+ * Hugging Face's `config.json`, with errors that say where the text went wrong (line and column) instead of a guess. Objects keep their keys'
  * order and refuse a key given twice; numbers are doubles; nesting is bounded, so damaged or hostile input
  * ends in a `config_error`, never a crash.
  */
@@ -16,7 +16,7 @@
 #include "mpar/core/error.hpp"
 #include "mpar/core/json_escapes.hpp"
 
-namespace mpar::plan {
+namespace mpar {
 
 /** @brief One JSON value: null, true/false, a number, a string, an array or an object (keys in text order). */
 struct JsonValue {
@@ -215,4 +215,4 @@ class JsonReader {
   return out + "\"";
 }
 
-}  // namespace mpar::plan
+}  // namespace mpar
