@@ -5,13 +5,15 @@
 //   generate --checkpoint ckpt/ --data text.txt --prompt "To be" --tokens 200   (character model)
 //   generate --safetensors gpt2.safetensors --hf-gpt2 --vocab 50257 --layers 12 --hidden 768
 //            --heads 12 --seq 1024 --prompt-ids 464,2068 --tokens 20           (token model: ids out)
-//   generate --safetensors llama/model.safetensors --hf-llama --model llama --kv-heads 2 --ffn 64 --vocab 80 ...
+//   generate --safetensors llama/model.safetensors --hf-llama --prompt-ids 1,2 --tokens 20
+//            (Hugging Face names: the family and sizes come from the config.json beside the file, when it has one)
 // A checkpoint saved at a tensor-parallel size that 16 does not divide needs --vocab-multiple lcm(16, tp).
 #include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -22,8 +24,10 @@
 #include <mpar/cli/parser.hpp>
 #include <mpar/data/char_dataset.hpp>
 #include <mpar/io/checkpoint.hpp>
+#include <mpar/io/hf_config.hpp>
 #include <mpar/io/safetensors_gpt2.hpp>
 #include <mpar/models/gpt.hpp>
+#include <mpar/models/gpt_config_from_hf.hpp>
 #include <mpar/models/gpt_generate.hpp>
 #include <mpar/mpar.hpp>
 
@@ -148,13 +152,17 @@ int main(int argc, char** argv) {
     cli::Parser p("generate", "Samples from a GPT trained by train_gpt (checkpoint) or exported to safetensors.");
     p.option("checkpoint", o.checkpoint, "an mpar checkpoint directory (saved with any layout)");
     p.option("safetensors", o.safetensors, "a safetensors file (train_gpt --export)");
-    p.flag("hf-gpt2", o.hf_gpt2, "the safetensors file uses Hugging Face GPT-2 names");
-    p.flag("hf-llama", o.hf_llama, "the safetensors file uses Hugging Face LlamaForCausalLM names (--model llama)");
+    p.flag("hf-gpt2", o.hf_gpt2,
+           "the safetensors file uses Hugging Face GPT-2 names (sizes from the config.json beside it, if any)");
+    p.flag("hf-llama", o.hf_llama,
+           "the safetensors file uses Hugging Face LlamaForCausalLM names (--model llama; sizes from the config.json "
+           "beside it, if any)");
     p.choice("model", o.model.family, {{"gpt2", models::ModelFamily::gpt2}, {"llama", models::ModelFamily::llama}},
              "decoder family the weights were trained with");
     p.option("kv-heads", o.model.kv_heads, "--model llama: key/value heads (0: as many as --heads)").range(0, 4096);
     p.option("ffn", o.model.ffn, "MLP width (0: 4 x --hidden)").range(0, 1 << 24);
     p.option("rope-theta", o.model.rope_theta, "--model llama: the rotary frequency base").range(1, 1e12);
+    p.option("norm-eps", o.model.norm_eps, "--model llama: RMSNorm's epsilon").range(1e-12, 1);
     p.option("data", o.data, "the training text of a character model (its vocabulary)");
     p.option("vocab", o.model.vocab, "vocabulary of a token model (e.g. 50257)").range(0, 1 << 30);
     p.option("layers", o.model.layers, "transformer blocks").range(1, 4096);
@@ -174,6 +182,13 @@ int main(int argc, char** argv) {
     if (!p.parse(argc, argv)) {
       std::cout << p.help();
       return 0;
+    }
+    // A Hugging Face export (train_gpt --export --hf-llama, or a model downloaded from the Hub) keeps its sizes in
+    // the config.json beside the weights: they are taken from there, and sizes also given must agree.
+    if (!o.safetensors.empty() && (o.hf_gpt2 || o.hf_llama)) {
+      const auto config = std::filesystem::path(o.safetensors).parent_path() / "config.json";
+      if (std::filesystem::exists(config))
+        models::apply_hf_config(o.model, io::read_hf_config(config), config.string(), p, "generate");
     }
     return run(o);
   } catch (const std::exception& e) {

@@ -7,9 +7,10 @@
     mpar program) computes from the same file, and those it computes from the same run exported under mpar's own
     names (the run repeated: training is deterministic), which no conversion touches.
 (b) transformers creates a LlamaForCausalLM with random weights (grouped-query attention: 4 heads, 2 key/value
-    heads; MLP 64; every parameter perturbed, norms included) and saves it with save_pretrained; gpt_logits loads
-    it on one rank and at tp 2 x pp 2, and the logits equal transformers'; with --generate, mpar's generate program
-    loads the same file and its greedy ids equal transformers' generate(do_sample=False).
+    heads; MLP 64; RMSNorm epsilon 1e-6; every parameter perturbed, norms included) and saves it with
+    save_pretrained; gpt_logits loads it on one rank (sizes given, checked against config.json) and at tp 2 x pp 2
+    (sizes from config.json alone), and the logits equal transformers'; with --generate, mpar's generate program
+    loads the same directory (sizes from config.json) and its greedy ids equal transformers' generate(do_sample=False).
 
 Both check the padded vocabulary: mpar pads 100 ids to 112; those columns of mpar's logits must be masked (below
 -1e29), and mpar's loss (its own cross-entropy layer) must equal transformers' cross-entropy over the 100 real ids.
@@ -45,10 +46,12 @@ def model_args(rope_theta):
             str(rope_theta)]
 
 
-def mpar_logits(exe, weights, ids, targets, out, rope_theta, tp=1, pp=1, hf=True):
+def mpar_logits(exe, weights, ids, targets, out, rope_theta, tp=1, pp=1, hf=True, sizes=True):
+    """sizes=False gives no model sizes: gpt_logits reads them from the config.json beside the weights."""
     import numpy as np
-    stdout = run([exe, "--safetensors", weights, *(["--hf-llama"] if hf else []), *model_args(rope_theta), "--tp", str(tp), "--pp",
-                  str(pp), "--ids", ",".join(map(str, ids)), "--targets", ",".join(map(str, targets)), "--out", out])
+    stdout = run([exe, "--safetensors", weights, *(["--hf-llama"] if hf else []), *(model_args(rope_theta) if sizes else []),
+                  "--tp", str(tp), "--pp", str(pp), "--ids", ",".join(map(str, ids)), "--targets",
+                  ",".join(map(str, targets)), "--out", out])
     loss = float(stdout.split("loss")[-1])
     return np.load(out), loss
 
@@ -152,7 +155,7 @@ def main():
     theta_b = 10000.0
     cfg = LlamaConfig(vocab_size=V, hidden_size=HIDDEN, intermediate_size=FFN, num_hidden_layers=LAYERS,
                       num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=SEQ,
-                      rms_norm_eps=1e-5, rope_theta=theta_b, tie_word_embeddings=False, attention_bias=False,
+                      rms_norm_eps=1e-6, rope_theta=theta_b, tie_word_embeddings=False, attention_bias=False,
                       mlp_bias=False, hidden_act="silu", bos_token_id=0, eos_token_id=1)
     torch.manual_seed(5)
     model = LlamaForCausalLM(cfg).float()
@@ -169,9 +172,11 @@ def main():
         print("(b) FAILED: save_pretrained wrote no model.safetensors:", os.listdir(hf_dir))
         return 1
     hf_logits, hf_loss = hf_forward(model, ids, targets)
+    # At tp 1 the sizes are given and must agree with config.json; at tp 2 x pp 2 they come from it alone. The
+    # RMSNorm epsilon (1e-6, not mpar's default) is never given: only config.json tells it.
     for tp, pp in ((1, 1), (2, 2)):
         logits, loss = mpar_logits(a.gpt_logits, weights, ids, targets, os.path.join(a.work, f"b{tp}{pp}.npy"),
-                                   theta_b, tp, pp)
+                                   theta_b, tp, pp, sizes=tp == 1)
         failures += compare(f"(b) save_pretrained -> mpar tp{tp} pp{pp}", hf_logits, hf_loss, logits, loss)
 
     if a.generate:
@@ -179,7 +184,7 @@ def main():
         with torch.no_grad():
             hf_ids = model.generate(torch.tensor([prompt]), max_new_tokens=count, do_sample=False,
                                     pad_token_id=0)[0].tolist()[len(prompt):]
-        out = run([a.generate, "--safetensors", weights, "--hf-llama", *model_args(theta_b), "--prompt-ids",
+        out = run([a.generate, "--safetensors", weights, "--hf-llama", "--prompt-ids",
                    ",".join(map(str, prompt)), "--tokens", str(count), "--temperature", "0"])
         ours = [int(x) for x in out.strip().splitlines()[-1].split(",")]
         print(f"(b) greedy ids: mpar generate {ours}, transformers {hf_ids}")

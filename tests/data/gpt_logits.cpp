@@ -6,12 +6,14 @@
 //   gpt_logits --safetensors model.safetensors --hf-gpt2 --vocab 100 --layers 2 --hidden 32 --heads 4
 //              --seq 16 --tp 2 --pp 2 --ids 1,2,...(seq ids) --targets 2,3,... --out logits.npy
 //
-//   gpt_logits --safetensors dir/model.safetensors --hf-llama --model llama --kv-heads 2 --ffn 64 ... (Llama)
+//   gpt_logits --safetensors dir/model.safetensors --hf-llama --tp 2 --ids ... --out logits.npy   (Llama; with
+//              Hugging Face names the sizes come from the config.json beside the file when it has one)
 //
 // The tests tests/data/check_transformers.py and check_transformers_llama.py compare its output with
 // transformers' GPT2LMHeadModel and LlamaForCausalLM.
 #include <cstdint>
 #include <cstdio>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <mutex>
@@ -22,8 +24,10 @@
 #include <vector>
 
 #include <mpar/cli/parser.hpp>
+#include <mpar/io/hf_config.hpp>
 #include <mpar/io/safetensors_gpt2.hpp>
 #include <mpar/models/gpt.hpp>
+#include <mpar/models/gpt_config_from_hf.hpp>
 #include <mpar/mpar.hpp>
 
 using namespace mpar;
@@ -80,7 +84,8 @@ int main(int argc, char** argv) {
     p.option("ffn", mc.ffn, "MLP width (0: 4 x --hidden)").range(0, 1 << 24);
     p.option("rope-theta", mc.rope_theta, "Llama: the rotary frequency base").range(1, 1e12);
     p.option("norm-eps", mc.norm_eps, "Llama: RMSNorm's epsilon").range(1e-12, 1);
-    p.option("vocab", mc.vocab, "vocabulary").range(1, 1 << 30).required();
+    p.option("vocab", mc.vocab, "vocabulary (Hugging Face names: from config.json when beside the file)")
+        .range(1, 1 << 30);
     p.option("layers", mc.layers, "blocks").range(1, 4096);
     p.option("hidden", mc.hidden, "width").range(1, 1 << 20);
     p.option("heads", mc.heads, "heads").range(1, 4096);
@@ -94,6 +99,12 @@ int main(int argc, char** argv) {
       std::cout << p.help();
       return 0;
     }
+    if (hf || hf_llama) {  // the sizes of a Hugging Face directory, as generate takes them
+      const auto config = std::filesystem::path(file).parent_path() / "config.json";
+      if (std::filesystem::exists(config))
+        models::apply_hf_config(mc, io::read_hf_config(config), config.string(), p, "gpt_logits");
+    }
+    require(mc.vocab > 0, "gpt_logits: give --vocab N (no config.json beside ", file, ")");
     mc.vocab_multiple = std::lcm(std::size_t(16), tp);  // as GptTrainConfig::pad_vocab_for_mesh
     mc.validate(tp);
     require(!hf || !hf_llama, "gpt_logits: give one of --hf-gpt2 and --hf-llama");
