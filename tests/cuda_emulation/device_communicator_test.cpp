@@ -239,7 +239,10 @@ TEST_CASE(
     "DeviceCommunicator on the emulation: an int64 call against a float one, and avg of integers, throw on "
     "every rank",
     "[cuda][comm][device_communicator][errors]") {
+  // One group per failing call: a rank leaves a failed call at once, so the group's next call could overwrite
+  // its arguments while a peer still reads them to name the failure.
   auto comms = Device::create(2, 0, "data", std::chrono::milliseconds(2000));
+  auto others = Device::create(2, 0, "data", std::chrono::milliseconds(2000));
   std::vector<std::string> mismatch(2), avg(2);
   on_cuda_ranks(2, [&](int r) {
     Device& c = comms[std::size_t(r)];
@@ -255,7 +258,7 @@ TEST_CASE(
       mismatch[std::size_t(r)] = e.what();
     }
     try {
-      c.all_reduce(std::span<std::int64_t>(i64.data(), 4), ReduceOp::avg);
+      others[std::size_t(r)].all_reduce(std::span<std::int64_t>(i64.data(), 4), ReduceOp::avg);
     } catch (const comm_error& e) {
       avg[std::size_t(r)] = e.what();
     }
