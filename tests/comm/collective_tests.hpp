@@ -6,11 +6,13 @@
 #include <chrono>
 #include <cmath>
 #include <cstddef>
+#include <cstdint>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "mpar/comm/communicator.hpp"
+#include "mpar/comm/detail/comm_element.hpp"
 #include "mpar/comm/mesh_comms.hpp"
 #include "mpar/core/error.hpp"
 
@@ -291,6 +293,132 @@ void check_mesh_comms(Comm& world, Checker& ck, std::size_t tp, std::size_t pp, 
   }
 }
 
+/**
+ * Integer elements whose floating-point round trip is lossy: int64 beyond 2^53 with odd low bits and both
+ * signs, int32 beyond 2^24 and negative, uint32 and uint64 near the top of their range (sums wrap). Values stay
+ * small enough that a signed sum over 8 ranks does not overflow.
+ */
+template <class T>
+T int_value(int rank, std::size_t i, int salt) {
+  const auto k = std::uint64_t(rank) * 1000003u + std::uint64_t(i) * 7919u + std::uint64_t(salt) * 131u;
+  const bool negative = (i + std::size_t(rank)) % 3 == 1;
+  if constexpr (std::is_same_v<T, std::int64_t>) {
+    const std::int64_t m = (std::int64_t(1) << 58) + std::int64_t(2 * (k % 100000) + 1);
+    return negative ? -m : m;
+  } else if constexpr (std::is_same_v<T, std::int32_t>) {
+    const std::int32_t m = (std::int32_t(1) << 26) + std::int32_t(2 * (k % 100000) + 1);
+    return negative ? -m : m;
+  } else if constexpr (std::is_same_v<T, std::uint64_t>) {
+    return ~std::uint64_t(0) - 2 * k;
+  } else {
+    return ~std::uint32_t(0) - std::uint32_t(2 * (k % 1000000));
+  }
+}
+
+/** The plain loop: op over ranks 0..p-1 in the integer type itself (unsigned sums wrap). */
+template <class T>
+T int_reference(int p, std::size_t i, ReduceOp op, int salt) {
+  T acc = int_value<T>(0, i, salt);
+  for (int q = 1; q < p; ++q) {
+    const T v = int_value<T>(q, i, salt);
+    acc = op == ReduceOp::max ? std::max(acc, v) : op == ReduceOp::min ? std::min(acc, v) : T(acc + v);
+  }
+  return acc;
+}
+
+template <class T, class Comm>
+void check_integer_type(Comm& c, Checker& ck) {
+  const int p = c.size(), r = c.rank();
+  const auto P = std::size_t(p);
+  const auto name = detail::comm_dtype_name_v<T>;
+  auto at = [&](const char* op, std::size_t n, std::size_t i) {
+    return detail::cat(op, "<", name, ">: rank ", r, " of ", p, ", n=", n, ", element ", i);
+  };
+  auto owner = [&](std::size_t n, std::size_t i) {  // the rank whose block of n elements holds element i
+    int q = 0;
+    while (block_of(n, P, std::size_t(q)).offset + block_of(n, P, std::size_t(q)).extent <= i) ++q;
+    return q;
+  };
+  int salt = 300;
+  for (std::size_t n : {std::size_t(0), std::size_t(1), P + 1, std::size_t(1031)})
+    for (ReduceOp op : {ReduceOp::sum, ReduceOp::max, ReduceOp::min}) {
+      ++salt;
+      std::vector<T> buf(n), send(n);
+      for (std::size_t i = 0; i < n; ++i) buf[i] = send[i] = int_value<T>(r, i, salt);
+      c.all_reduce(std::span<T>(buf), op);
+      for (std::size_t i = 0; i < n; ++i)
+        ck.expect(buf[i] == int_reference<T>(p, i, op, salt), at("all_reduce", n, i), " op ", reduce_op_name(op),
+                  ": got ", buf[i], ", want ", int_reference<T>(p, i, op, salt));
+      const Block b = block_of(n, P, std::size_t(r));
+      std::vector<T> part(b.extent, T(7));
+      c.reduce_scatter(std::span<const T>(send), std::span<T>(part), op);
+      for (std::size_t i = 0; i < b.extent; ++i)
+        ck.expect(part[i] == int_reference<T>(p, b.offset + i, op, salt), at("reduce_scatter", n, b.offset + i), " op ",
+                  reduce_op_name(op), ": got ", part[i]);
+      const int root = int(n % P);
+      std::vector<T> out(r == root ? n : 0, T(7));
+      c.reduce(std::span<const T>(send), std::span<T>(out), op, root);
+      for (std::size_t i = 0; i < out.size(); ++i)
+        ck.expect(out[i] == int_reference<T>(p, i, op, salt), at("reduce", n, i), " op ", reduce_op_name(op));
+      // Data movement of the same values: every bit must arrive.
+      std::vector<T> all(n, T(7));
+      c.all_gather(std::span<const T>(send).subspan(b.offset, b.extent), std::span<T>(all));
+      for (std::size_t i = 0; i < n; ++i)
+        ck.expect(all[i] == int_value<T>(owner(n, i), i, salt), at("all_gather", n, i), ": got ", all[i]);
+      std::vector<T> bc(n);
+      for (std::size_t i = 0; i < n; ++i) bc[i] = int_value<T>(r, i, salt + 1);
+      c.broadcast(std::span<T>(bc), p - 1);
+      for (std::size_t i = 0; i < n; ++i)
+        ck.expect(bc[i] == int_value<T>(p - 1, i, salt + 1), at("broadcast", n, i), ": got ", bc[i]);
+      std::vector<T> gathered(r == 0 ? n : 0, T(7)), scattered(b.extent, T(7));
+      c.gather(std::span<const T>(send).subspan(b.offset, b.extent), std::span<T>(gathered), 0);
+      for (std::size_t i = 0; i < gathered.size(); ++i)
+        ck.expect(gathered[i] == int_value<T>(owner(n, i), i, salt), at("gather", n, i), ": got ", gathered[i]);
+      c.scatter(std::span<const T>(r == 0 ? bc : std::vector<T>{}), std::span<T>(scattered), 0);
+      for (std::size_t i = 0; i < b.extent; ++i)
+        ck.expect(scattered[i] == int_value<T>(p - 1, b.offset + i, salt + 1), at("scatter", n, b.offset + i));
+      const std::size_t blk = n / P;
+      std::vector<T> a2a(blk * P), a2a_out(blk * P, T(7));
+      for (std::size_t i = 0; i < a2a.size(); ++i) a2a[i] = int_value<T>(r, i, salt);
+      c.all_to_all(std::span<const T>(a2a), std::span<T>(a2a_out));
+      for (std::size_t q = 0; q < P; ++q)
+        for (std::size_t j = 0; j < blk; ++j)
+          ck.expect(a2a_out[q * blk + j] == int_value<T>(int(q), std::size_t(r) * blk + j, salt),
+                    at("all_to_all", n, q * blk + j));
+    }
+  // Point to point, every rank sending first, and the asynchronous collectives.
+  if (p > 1) {
+    const int next = (r + 1) % p, prev = (r + p - 1) % p;
+    std::vector<T> out(70), in(70, T(7));
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] = int_value<T>(r, i, 9);
+    c.send(std::span<const T>(out), next, 21);
+    c.recv(std::span<T>(in), prev, 21);
+    for (std::size_t i = 0; i < in.size(); ++i)
+      ck.expect(in[i] == int_value<T>(prev, i, 9), at("send/recv", in.size(), i), ": got ", in[i]);
+  }
+  std::vector<T> x(257), src(257), part(block_of(257, P, std::size_t(r)).extent);
+  for (std::size_t i = 0; i < x.size(); ++i) x[i] = src[i] = int_value<T>(r, i, 10);
+  auto a = c.iall_reduce(std::span<T>(x), ReduceOp::sum);
+  auto rs = c.ireduce_scatter(std::span<const T>(src), std::span<T>(part), ReduceOp::min);
+  a.wait();
+  rs.wait();
+  for (std::size_t i = 0; i < x.size(); ++i)
+    ck.expect(x[i] == int_reference<T>(p, i, ReduceOp::sum, 10), at("iall_reduce", x.size(), i));
+  const Block pb = block_of(257, P, std::size_t(r));
+  for (std::size_t i = 0; i < pb.extent; ++i)
+    ck.expect(part[i] == int_reference<T>(p, pb.offset + i, ReduceOp::min, 10),
+              at("ireduce_scatter", 257, pb.offset + i));
+}
+
+/** Every collective and point-to-point call on std::int32_t, std::int64_t, std::uint32_t and std::uint64_t. */
+template <class Comm>
+void check_integers(Comm& c, Checker& ck) {
+  check_integer_type<std::int64_t>(c, ck);
+  check_integer_type<std::int32_t>(c, ck);
+  check_integer_type<std::uint64_t>(c, ck);
+  check_integer_type<std::uint32_t>(c, ck);
+}
+
 template <class Comm>
 void check_everything(Comm& c, Checker& ck) {
   check_all_reduce<float>(c, ck);
@@ -309,6 +437,7 @@ void check_everything(Comm& c, Checker& ck) {
   check_point_to_point<bf16>(c, ck);
   check_async<float>(c, ck);
   check_async<f16>(c, ck);
+  check_integers(c, ck);
   check_split(c, ck);
   c.barrier();
 }

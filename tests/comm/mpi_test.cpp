@@ -3,6 +3,7 @@
 #define CATCH_CONFIG_RUNNER
 #include <catch2/catch.hpp>
 
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -75,6 +76,40 @@ TEST_CASE("mpi: with checking on, mismatched calls fail on every rank and the gr
   std::vector<float> w(3, 1.0f);
   c.all_reduce(std::span<float>(w), ReduceOp::sum);
   CHECK(w[0] == float(c.size()));
+}
+
+TEST_CASE("mpi: integer types are told apart on every rank with checking on, and avg of integers is refused",
+          "[comm][mpi]") {
+  auto c = world().split(0, world().rank(), "typed");
+  c.set_checking(true);
+  std::string msg;
+  try {
+    if (c.rank() == 0) {
+      std::vector<std::int64_t> v(4, (std::int64_t(1) << 60) + 1);
+      c.all_reduce(std::span<std::int64_t>(v), ReduceOp::sum);
+    } else {
+      std::vector<float> v(4, 1.0f);
+      c.all_reduce(std::span<float>(v), ReduceOp::sum);
+    }
+  } catch (const comm_error& e) {
+    msg = e.what();
+  }
+  if (c.size() > 1)
+    CHECK_THAT(msg, Contains("all_reduce #1 on group typed: ranks called different collectives: rank 0 "
+                             "all_reduce(i64, count=4, op=sum) #1; rank 1 all_reduce(f32, count=4, op=sum) #1"));
+  msg.clear();
+  try {
+    std::vector<std::uint32_t> v(3, 7u);
+    c.all_reduce(std::span<std::uint32_t>(v), ReduceOp::avg);
+  } catch (const comm_error& e) {
+    msg = e.what();
+  }
+  CHECK_THAT(msg, Contains("all_reduce #2 on group typed: rank " + std::to_string(c.rank()) +
+                           " passed op=avg over u32 elements"));
+  // Still usable, and exact above 2^53.
+  std::vector<std::int64_t> w(2, (std::int64_t(1) << 55) + 1);
+  c.all_reduce(std::span<std::int64_t>(w), ReduceOp::sum);
+  CHECK(w[1] == std::int64_t(c.size()) * ((std::int64_t(1) << 55) + 1));
 }
 
 TEST_CASE(

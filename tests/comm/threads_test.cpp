@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <latch>
 #include <stdexcept>
@@ -220,6 +221,72 @@ TEST_CASE("threads: mismatched counts, types, ops and roots fail on every rank",
     c.all_to_all_v(send, std::span<const std::size_t>(sc), std::span<float>(recv), std::span<const std::size_t>(rc));
   });
   for (auto& m : a2av) CHECK_THAT(m, Contains("rank 1 sends 1 elements to rank 0 but rank 0 expects 2"));
+}
+
+TEST_CASE("threads: integer elements move and reduce exactly on 2 and 3 ranks", "[comm]") {
+  for (int n : {2, 3}) {
+    INFO("ranks " << n);
+    on_threads(n, [](ThreadsCommunicator& c, test::Checker& ck) { test::check_integers(c, ck); });
+  }
+}
+
+TEST_CASE("threads: integer element types are told apart from each other and from floats, on every rank",
+          "[comm][fault]") {
+  // An int64 all_reduce on rank 0 against a float one: the same 4 elements, never reinterpreted.
+  auto int_float = errors_on_every_rank(2, [](ThreadsCommunicator& c) {
+    if (c.rank() == 0) {
+      std::vector<std::int64_t> v(4, std::int64_t(1) << 60);
+      c.all_reduce(std::span<std::int64_t>(v), ReduceOp::sum);
+    } else {
+      std::vector<float> v(4, 1.0f);
+      c.all_reduce(std::span<float>(v), ReduceOp::sum);
+    }
+  });
+  for (auto& m : int_float)
+    CHECK_THAT(m, Contains("all_reduce #1 on group world: ranks called different collectives: rank 0 "
+                           "all_reduce(i64, count=4, op=sum) #1; rank 1 all_reduce(f32, count=4, op=sum) #1"));
+  // Same width, other signedness: int32 against uint32 in an all_gather of 3 ranks.
+  auto sign = errors_on_every_rank(3, [](ThreadsCommunicator& c) {
+    std::vector<std::int32_t> s(2, -1), r(6);
+    std::vector<std::uint32_t> us(2), ur(6);
+    if (c.rank() == 2)
+      c.all_gather(std::span<const std::uint32_t>(us), std::span<std::uint32_t>(ur));
+    else
+      c.all_gather(std::span<const std::int32_t>(s), std::span<std::int32_t>(r));
+  });
+  for (auto& m : sign) CHECK_THAT(m, Contains("rank 2 all_gather(u32, count=6) #1"));
+  // Point to point: the receiver names both types.
+  auto p2p = errors_on_every_rank(2, [](ThreadsCommunicator& c) {
+    if (c.rank() == 0) {
+      std::vector<std::int64_t> v(3, -5);
+      c.send(std::span<const std::int64_t>(v), 1, 4);
+    } else {
+      std::vector<std::uint64_t> v(3);
+      c.recv(std::span<std::uint64_t>(v), 0, 4);
+    }
+  });
+  CHECK(p2p[0].empty());
+  CHECK_THAT(p2p[1], Contains("rank 1 expected 3 u64 from rank 0 with tag 4, but rank 0 sent 3 i64"));
+}
+
+TEST_CASE("threads: avg of integers is refused on every rank, naming the type and the fix", "[comm][fault]") {
+  auto all_reduce = errors_on_every_rank(3, [](ThreadsCommunicator& c) {
+    std::vector<std::int32_t> v(5, -3);
+    c.all_reduce(std::span<std::int32_t>(v), ReduceOp::avg);
+  });
+  for (auto& m : all_reduce)
+    CHECK_THAT(m, Contains("all_reduce #1 on group world: rank 0 passed op=avg over i32 elements") &&
+                      Contains("reduce by sum and divide"));
+  auto scatter = errors_on_every_rank(2, [](ThreadsCommunicator& c) {
+    std::vector<std::uint64_t> s(4), r(2);
+    c.reduce_scatter(std::span<const std::uint64_t>(s), std::span<std::uint64_t>(r), ReduceOp::avg);
+  });
+  for (auto& m : scatter) CHECK_THAT(m, Contains("reduce_scatter #1 on group world: rank 0 passed op=avg over u64"));
+  auto reduce = errors_on_every_rank(2, [](ThreadsCommunicator& c) {
+    std::vector<std::int64_t> s(4), r(c.rank() == 0 ? 4 : 0);
+    c.reduce(std::span<const std::int64_t>(s), std::span<std::int64_t>(r), ReduceOp::avg, 0);
+  });
+  for (auto& m : reduce) CHECK_THAT(m, Contains("reduce #1 on group world: rank 0 passed op=avg over i64"));
 }
 
 TEST_CASE("threads: a group stays usable after a mismatch is reported", "[comm][fault]") {
@@ -601,4 +668,22 @@ TEST_CASE("require_same_on_every_rank: equal settings pass; any difference is re
     return s;
   });
   for (const auto& w : lengths) CHECK_THAT(w, Contains("every rank must run the same program"));
+}
+
+TEST_CASE("require_same_on_every_rank: full 64-bit FNV-1a hashes, compared exactly by maximum and minimum",
+          "[comm][threads][errors]") {
+  // The published FNV-1a 64 test vectors: no bit of the hash is dropped.
+  CHECK(detail::setting_hash("") == 0xcbf29ce484222325ull);
+  CHECK(detail::setting_hash("a") == 0xaf63dc4c8601ec8cull);
+  CHECK(detail::setting_hash("foobar") == 0x85944171f73967e8ull);
+  // Hashes that differ only in the lowest bit, far above 2^53, are told apart on every rank.
+  std::vector<std::uint64_t> hi(3), lo(3);
+  run_threads(3, [&](ThreadsCommunicator& world) {
+    const std::uint64_t top = 0xfedcba9876543210ull;
+    const auto [h, l] = detail::max_and_min(world, Buffer<std::uint64_t>{top + (world.rank() == 1 ? 1u : 0u)});
+    hi[std::size_t(world.rank())] = h[0];
+    lo[std::size_t(world.rank())] = l[0];
+  });
+  CHECK(hi == std::vector<std::uint64_t>(3, 0xfedcba9876543211ull));
+  CHECK(lo == std::vector<std::uint64_t>(3, 0xfedcba9876543210ull));
 }

@@ -2,9 +2,11 @@
 // as device copies and a reduction kernel over the peers' buffers) and the tensor-parallel blocks over CudaBackend
 // with it. The collectives equal what each rank contributed, summed in rank order; a GPT-2 block and a Llama block
 // at tp = 2 over CudaBackend equal the single rank over HostBackend (output, input gradient, every weight gradient
-// assembled from the shards); a mismatched call throws on every rank instead of hanging.
+// assembled from the shards); integers reduce exactly; a mismatched call throws on every rank instead of hanging.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
@@ -144,6 +146,127 @@ TEST_CASE("DeviceCommunicator on the emulation: ranks that disagree on a count t
   });
   for (const auto& m : messages)
     CHECK_THAT(m, Catch::Contains("all_reduce") && Catch::Contains("'tensor'") && Catch::Contains("count 5"));
+}
+
+template <class T>
+Buffer<T> rank_values(const std::vector<T>& host) {
+  Buffer<T> b = CudaBackend::allocate<T>(host.size());
+  CudaBackend::copy_from_host_async<T>(host.size(), host.data(), b.data());
+  return b;
+}
+template <class T>
+std::vector<T> host_values(const Buffer<T>& b) {
+  std::vector<T> h(b.size());
+  CudaBackend::copy_to_host_async<T>(b.size(), b.data(), h.data());
+  CudaBackend::synchronize();
+  return h;
+}
+
+TEST_CASE("DeviceCommunicator on the emulation: integers reduce exactly in the reduction kernel, and move bit for bit",
+          "[cuda][comm][device_communicator]") {
+  for (int p : {2, 3}) {
+    INFO(p << " ranks");
+    auto comms = Device::create(p, 0, "data");
+    const std::size_t n = 7;
+    const auto np = std::size_t(p);
+    // int64 beyond 2^53 with odd low bits and both signs: a float or double accumulator rounds them.
+    const auto big = [](int r, std::size_t i) {
+      const std::int64_t m = (std::int64_t(1) << 58) + std::int64_t(1000003 * r + 2 * i + 1);
+      return (i + std::size_t(r)) % 3 == 1 ? -m : m;
+    };
+    // uint32 near the top: the sum wraps modulo 2^32, as in a plain loop.
+    const auto top = [](int r, std::size_t i) { return ~std::uint32_t(0) - std::uint32_t(2 * r + 5 * i); };
+    std::vector<std::vector<std::int64_t>> sum(np), mx(np), mn(np), ring(np);
+    std::vector<std::vector<std::uint32_t>> part(np);
+    std::vector<std::vector<std::int32_t>> all(np);
+    on_cuda_ranks(p, [&](int r) {
+      Device& c = comms[std::size_t(r)];
+      std::vector<std::int64_t> v(n);
+      for (std::size_t i = 0; i < n; ++i) v[i] = big(r, i);
+      Buffer<std::int64_t> s = rank_values(v), hi = rank_values(v), lo = rank_values(v);
+      c.all_reduce(std::span<std::int64_t>(s.data(), n), ReduceOp::sum);
+      c.all_reduce(std::span<std::int64_t>(hi.data(), n), ReduceOp::max);
+      c.all_reduce(std::span<std::int64_t>(lo.data(), n), ReduceOp::min);
+      sum[std::size_t(r)] = host_values(s);
+      mx[std::size_t(r)] = host_values(hi);
+      mn[std::size_t(r)] = host_values(lo);
+      std::vector<std::uint32_t> u(n * std::size_t(p));
+      for (std::size_t i = 0; i < u.size(); ++i) u[i] = top(r, i);
+      Buffer<std::uint32_t> full = rank_values(u), mine = CudaBackend::allocate<std::uint32_t>(n);
+      c.reduce_scatter(std::span<const std::uint32_t>(full.data(), full.size()),
+                       std::span<std::uint32_t>(mine.data(), n), ReduceOp::sum);
+      part[std::size_t(r)] = host_values(mine);
+      Buffer<std::int32_t> neg = rank_values(std::vector<std::int32_t>(n, -(1 << 25) - 2 * r - 1)),
+                           gathered = CudaBackend::allocate<std::int32_t>(n * std::size_t(p));
+      c.all_gather(std::span<const std::int32_t>(neg.data(), n),
+                   std::span<std::int32_t>(gathered.data(), gathered.size()));
+      all[std::size_t(r)] = host_values(gathered);
+      Buffer<std::int64_t> in = CudaBackend::allocate<std::int64_t>(n);
+      c.send(std::span<const std::int64_t>(s.data(), n), (r + 1) % p, 3);
+      c.recv(std::span<std::int64_t>(in.data(), n), (r + p - 1) % p, 3);
+      ring[std::size_t(r)] = host_values(in);
+    });
+    std::vector<std::int64_t> want_sum(n), want_max(n), want_min(n);
+    std::vector<std::int32_t> want_all;
+    for (std::size_t i = 0; i < n; ++i) {
+      want_sum[i] = want_max[i] = want_min[i] = big(0, i);
+      for (int q = 1; q < p; ++q) {
+        want_sum[i] += big(q, i);
+        want_max[i] = std::max(want_max[i], big(q, i));
+        want_min[i] = std::min(want_min[i], big(q, i));
+      }
+    }
+    for (int q = 0; q < p; ++q) want_all.insert(want_all.end(), n, -(1 << 25) - 2 * q - 1);
+    for (int r = 0; r < p; ++r) {
+      INFO("rank " << r);
+      CHECK(sum[std::size_t(r)] == want_sum);
+      CHECK(mx[std::size_t(r)] == want_max);
+      CHECK(mn[std::size_t(r)] == want_min);
+      CHECK(ring[std::size_t(r)] == want_sum);
+      CHECK(all[std::size_t(r)] == want_all);
+      std::vector<std::uint32_t> want_part(n);
+      for (std::size_t i = 0; i < n; ++i) {
+        std::uint32_t acc = 0;
+        for (int q = 0; q < p; ++q) acc += top(q, std::size_t(r) * n + i);
+        want_part[i] = acc;
+      }
+      CHECK(part[std::size_t(r)] == want_part);
+    }
+  }
+}
+
+TEST_CASE(
+    "DeviceCommunicator on the emulation: an int64 call against a float one, and avg of integers, throw on "
+    "every rank",
+    "[cuda][comm][device_communicator][errors]") {
+  // One group per failing call: a rank leaves a failed call at once, so the group's next call could overwrite
+  // its arguments while a peer still reads them to name the failure.
+  auto comms = Device::create(2, 0, "data", std::chrono::milliseconds(2000));
+  auto others = Device::create(2, 0, "data", std::chrono::milliseconds(2000));
+  std::vector<std::string> mismatch(2), avg(2);
+  on_cuda_ranks(2, [&](int r) {
+    Device& c = comms[std::size_t(r)];
+    Buffer<std::int64_t> i64 = CudaBackend::allocate<std::int64_t>(4);
+    Buffer<float> f32 = CudaBackend::allocate<float>(4);
+    CudaBackend::zero(f32.size(), f32.data());
+    try {
+      if (r == 0)
+        c.all_reduce(std::span<std::int64_t>(i64.data(), 4), ReduceOp::sum);
+      else
+        c.all_reduce(std::span<float>(f32.data(), 4), ReduceOp::sum);
+    } catch (const comm_error& e) {
+      mismatch[std::size_t(r)] = e.what();
+    }
+    try {
+      others[std::size_t(r)].all_reduce(std::span<std::int64_t>(i64.data(), 4), ReduceOp::avg);
+    } catch (const comm_error& e) {
+      avg[std::size_t(r)] = e.what();
+    }
+  });
+  for (const auto& m : mismatch)
+    CHECK_THAT(m, Catch::Contains("ranks disagree: rank 0 called all_reduce<i64>") &&
+                      Catch::Contains("rank 1 called all_reduce<f32>"));
+  for (const auto& m : avg) CHECK_THAT(m, Catch::Contains("'data'") && Catch::Contains("op=avg over i64 elements"));
 }
 
 /** A block's pass, on the host: output, input gradient, and every weight gradient assembled by global index. */

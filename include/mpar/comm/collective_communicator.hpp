@@ -12,7 +12,11 @@
 namespace mpar {
 
 /**
- * @brief The blocking collectives over a group. Requirements, for every element type `T`:
+ * @brief The blocking collectives over a group. Requirements, for every element type `T` of
+ * `detail::comm_element` — float, double, bf16, f16, std::int32_t, std::int64_t, std::uint32_t and
+ * std::uint64_t (the concept checks float; the generic tests check them all). Integers reduce exactly (sums
+ * wrap modulo 2^bits); `avg` of integers throws comm_error on every rank that asks, since an integer
+ * average must round (comm/detail/comm_element.hpp):
  *
  * | call | semantics |
  * |---|---|

@@ -7,8 +7,9 @@
  * always did.
  *
  * Semantics shared by every implementation (threads, MPI, NCCL, adaptors) — see docs/communicators.md:
- * - Buffers are `std::span`s of one element type `T` (float, double, bf16, f16); 16-bit types are
- *   reduced in float. Every rank of the group must call the same collectives in the same order with
+ * - Buffers are `std::span`s of one element type `T`: float, double, bf16, f16 (16-bit types are
+ *   reduced in float) or std::int32_t, std::int64_t, std::uint32_t, std::uint64_t (moved and reduced
+ *   exactly; no `avg`), every one in every operation (`detail::comm_element`). Every rank of the group must call the same collectives in the same order with
  *   matching counts, element types, ops and roots; a mismatch is an error (comm_error) on every rank,
  *   never a hang.
  * - Uneven splits follow mpar's block rule (`block_of` in core/layout.hpp): for `n` elements over

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "mpar/comm/communicator.hpp"
+#include "mpar/comm/detail/comm_element.hpp"
 #include "mpar/core/error.hpp"
 
 namespace mpar {
@@ -44,7 +45,7 @@ class HierarchicalAllReduce {
   [[nodiscard]] Comm& cross() { return cross_; }
 
   /** In place, like `communicator::all_reduce`. */
-  template <element_type T>
+  template <detail::comm_element T>
   void all_reduce(std::span<T> data, ReduceOp op) {
     const auto L = std::size_t(local_.size());
     const Block b = block_of(data.size(), L, std::size_t(local_.rank()));

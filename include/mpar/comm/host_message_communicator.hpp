@@ -21,8 +21,8 @@
 #include "mpar/backend/backend.hpp"
 #include "mpar/backend/host_staging.hpp"
 #include "mpar/comm/collective_communicator.hpp"
+#include "mpar/comm/detail/comm_element.hpp"
 #include "mpar/comm/in_span.hpp"
-#include "mpar/core/element_type.hpp"
 #include "mpar/core/memory_resource.hpp"
 
 namespace mpar {
@@ -38,40 +38,40 @@ class HostMessageCommunicator {
   [[nodiscard]] int size() const { return comm_->size(); }
   [[nodiscard]] std::string name() const { return comm_->name(); }
 
-  template <element_type T>
+  template <detail::comm_element T>
   void all_reduce(std::span<T> data, ReduceOp op) {
     in_place(data, [&](std::span<T> d) { comm_->all_reduce(d, op); });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void broadcast(std::span<T> data, int root) {
     in_place(data, [&](std::span<T> d) { comm_->broadcast(d, root); });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void reduce(in_span<T> send, std::span<T> recv, ReduceOp op, int root) {
     through(send, recv, rank() == root, [&](std::span<const T> s, std::span<T> r) { comm_->reduce(s, r, op, root); });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void all_gather(in_span<T> send, std::span<T> recv) {
     through(send, recv, true, [&](std::span<const T> s, std::span<T> r) { comm_->all_gather(s, r); });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void reduce_scatter(in_span<T> send, std::span<T> recv, ReduceOp op) {
     through(send, recv, true, [&](std::span<const T> s, std::span<T> r) { comm_->reduce_scatter(s, r, op); });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void gather(in_span<T> send, std::span<T> recv, int root) {
     through(send, recv, rank() == root, [&](std::span<const T> s, std::span<T> r) { comm_->gather(s, r, root); });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void scatter(in_span<T> send, std::span<T> recv, int root) {
     through(send, recv, true, [&](std::span<const T> s, std::span<T> r) { comm_->scatter(s, r, root); });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void all_to_all(in_span<T> send, std::span<T> recv) {
     through(send, recv, true, [&](std::span<const T> s, std::span<T> r) { comm_->all_to_all(s, r); });
   }
   /** The counts are host values on every communicator: they are passed as they are. */
-  template <element_type T>
+  template <detail::comm_element T>
   void all_to_all_v(in_span<T> send, std::span<const std::size_t> send_counts, std::span<T> recv,
                     std::span<const std::size_t> recv_counts) {
     through(send, recv, true,

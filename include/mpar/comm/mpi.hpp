@@ -10,6 +10,8 @@
  * - bf16/f16 reductions convert into a float buffer, reduce with MPI_FLOAT and convert back once:
  *   the result is a float accumulation rounded once, as on threads. Data movement of 16-bit types
  *   needs no conversion (MPI_UINT16_T).
+ * - Integers (std::int32_t, std::int64_t, std::uint32_t, std::uint64_t) move and reduce as MPI_INT32_T,
+ *   MPI_INT64_T, MPI_UINT32_T and MPI_UINT64_T, exactly; `avg` of integers is refused (comm/detail/comm_element.hpp).
  * - Errors: the communicator's MPI error handler is MPI_ERRORS_RETURN; a failing call throws a
  *   comm_error naming the operation, group, sequence number and rank. `run_mpi` turns any exception
  *   escaping a rank into MPI_Abort, so the other ranks die instead of hanging.
@@ -51,20 +53,34 @@
 
 #include "mpar/comm/communicator.hpp"
 #include "mpar/comm/detail/collective_check.hpp"
+#include "mpar/comm/detail/comm_element.hpp"
 #include "mpar/core/error.hpp"
 
 namespace mpar {
 
 namespace detail {
 
+/** The MPI datatype of an element type; a type without one fails to compile instead of moving as other words. */
 template <class T>
 MPI_Datatype mpi_type() {
   if constexpr (std::is_same_v<T, float>)
     return MPI_FLOAT;
   else if constexpr (std::is_same_v<T, double>)
     return MPI_DOUBLE;
-  else
+  else if constexpr (half_precision<T>)
     return MPI_UINT16_T;  // bf16/f16 move as raw 16-bit words; reductions go through float
+  else if constexpr (std::is_same_v<T, std::int32_t>)
+    return MPI_INT32_T;
+  else if constexpr (std::is_same_v<T, std::int64_t>)
+    return MPI_INT64_T;
+  else if constexpr (std::is_same_v<T, std::uint32_t>)
+    return MPI_UINT32_T;
+  else if constexpr (std::is_same_v<T, std::uint64_t>)
+    return MPI_UINT64_T;
+  else
+    static_assert(sizeof(T) == 0,
+                  "MpiCommunicator: this element type has no MPI datatype (use float, double, bf16, f16, "
+                  "std::int32_t, std::int64_t, std::uint32_t or std::uint64_t)");
 }
 
 inline MPI_Op mpi_op(ReduceOp op) {
@@ -263,9 +279,10 @@ class MpiCommunicator {
   [[nodiscard]] bool checking() const { return st_->check; }
   void set_timeout(std::chrono::duration<double> t) { st_->timeout = t; }
 
-  template <element_type T>
+  template <detail::comm_element T>
   void all_reduce(std::span<T> data, ReduceOp op) {
     const auto pre = begin<T>(detail::CollKind::all_reduce, data.size(), op, -1, 0, 0);
+    refuse_op<T>(pre, op);
     if constexpr (half_precision<T>) {
       std::vector<float> tmp(data.begin(), data.end());
       call(pre, [&] {
@@ -282,15 +299,16 @@ class MpiCommunicator {
       finish_avg(data, op);
     }
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void broadcast(std::span<T> data, int root) {
     const auto pre = begin<T>(detail::CollKind::broadcast, data.size(), std::nullopt, root, 0, 0);
     call(pre, [&] { return MPI_Bcast(data.data(), icount(data.size(), pre), detail::mpi_type<T>(), root, st_->comm); });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void reduce(in_span<T> send, std::span<T> recv, ReduceOp op, int root) {
     const auto pre =
         begin<T>(detail::CollKind::reduce, send.size(), op, root, rank() == root ? recv.size() : send.size(), 0);
+    refuse_op<T>(pre, op);
     const bool is_root = rank() == root;
     if (is_root && recv.size() != send.size())
       throw comm_error(detail::cat(pre, ": root's recv has ", recv.size(), " elements, expected ", send.size()));
@@ -309,7 +327,7 @@ class MpiCommunicator {
       if (is_root) finish_avg(recv, op);
     }
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void all_gather(in_span<T> send, std::span<T> recv) {
     const auto pre = begin<T>(detail::CollKind::all_gather, recv.size(), std::nullopt, -1, send.size(), 0);
     auto [counts, displs] = blocks(recv.size(), pre);
@@ -320,9 +338,10 @@ class MpiCommunicator {
                             counts.data(), displs.data(), detail::mpi_type<T>(), st_->comm);
     });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void reduce_scatter(in_span<T> send, std::span<T> recv, ReduceOp op) {
     const auto pre = begin<T>(detail::CollKind::reduce_scatter, send.size(), op, -1, recv.size(), 0);
+    refuse_op<T>(pre, op);
     auto [counts, displs] = blocks(send.size(), pre);
     check_own_block(pre, "recv", recv.size(), send.size());
     if constexpr (half_precision<T>) {
@@ -340,7 +359,7 @@ class MpiCommunicator {
       finish_avg(recv, op);
     }
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void gather(in_span<T> send, std::span<T> recv, int root) {
     const auto pre = begin<T>(detail::CollKind::gather, 0, std::nullopt, root, send.size(), recv.size());
     const bool is_root = rank() == root;
@@ -352,7 +371,7 @@ class MpiCommunicator {
                          displs.data(), detail::mpi_type<T>(), root, st_->comm);
     });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void scatter(in_span<T> send, std::span<T> recv, int root) {
     const auto pre = begin<T>(detail::CollKind::scatter, 0, std::nullopt, root, recv.size(), send.size());
     const bool is_root = rank() == root;
@@ -364,7 +383,7 @@ class MpiCommunicator {
                           int(recv.size()), detail::mpi_type<T>(), root, st_->comm);
     });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void all_to_all(in_span<T> send, std::span<T> recv) {
     const auto pre = begin<T>(detail::CollKind::all_to_all, send.size(), std::nullopt, -1, recv.size(), 0);
     const auto p = std::size_t(size());
@@ -376,7 +395,7 @@ class MpiCommunicator {
       return MPI_Alltoall(send.data(), b, detail::mpi_type<T>(), recv.data(), b, detail::mpi_type<T>(), st_->comm);
     });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void all_to_all_v(in_span<T> send, std::span<const std::size_t> send_counts, std::span<T> recv,
                     std::span<const std::size_t> recv_counts) {
     const auto pre = begin<T>(detail::CollKind::all_to_all_v, 0, std::nullopt, -1, 0, 0);
@@ -429,7 +448,7 @@ class MpiCommunicator {
    * Eager: copies `data` and starts an MPI_Isend of the copy, then returns; two ranks sending to
    * each other first never deadlock. The copy is freed when MPI completes it.
    */
-  template <element_type T>
+  template <detail::comm_element T>
   void send(std::span<const T> data, int peer, int tag) {
     const auto pre = detail::op_prefix("send", ++st_->p2p_seq, st_->name);
     reap_eager();
@@ -439,16 +458,16 @@ class MpiCommunicator {
       return MPI_Isend(buf.data(), icount(data.size(), pre), detail::mpi_type<T>(), peer, tag, st_->comm, &req);
     });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void send(std::span<T> data, int peer, int tag) {
     send(std::span<const T>(data), peer, tag);
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void recv(std::span<T> data, int peer, int tag) {
     irecv(data, peer, tag).wait();
   }
   /** Zero-copy MPI_Isend: keep `data` unchanged until wait(), which may block until the receive is posted. */
-  template <element_type T>
+  template <detail::comm_element T>
   [[nodiscard]] MpiRequest isend(std::span<const T> data, int peer, int tag) {
     MpiRequest r;
     r.what_ = detail::op_prefix("isend", ++st_->p2p_seq, st_->name);
@@ -458,12 +477,12 @@ class MpiCommunicator {
     });
     return r;
   }
-  template <element_type T>
+  template <detail::comm_element T>
   [[nodiscard]] MpiRequest isend(std::span<T> data, int peer, int tag) {
     return isend(std::span<const T>(data), peer, tag);
   }
   /** The message's element count must equal data.size(). */
-  template <element_type T>
+  template <detail::comm_element T>
   [[nodiscard]] MpiRequest irecv(std::span<T> data, int peer, int tag) {
     MpiRequest r;
     r.what_ = detail::op_prefix("recv", ++st_->p2p_seq, st_->name);
@@ -475,16 +494,17 @@ class MpiCommunicator {
       int got = 0;
       MPI_Get_count(&st, detail::mpi_type<T>(), &got);
       if (std::size_t(got) != n)
-        throw comm_error(detail::cat(what, ": rank ", me, " expected ", n, " ", dtype_name_v<T>, " from rank ", peer,
-                                     " with tag ", tag, ", but rank ", peer, " sent ", got));
+        throw comm_error(detail::cat(what, ": rank ", me, " expected ", n, " ", detail::comm_dtype_name_v<T>,
+                                     " from rank ", peer, " with tag ", tag, ", but rank ", peer, " sent ", got));
     };
     return r;
   }
 
-  template <element_type T>
+  template <detail::comm_element T>
   [[nodiscard]] MpiRequest iall_reduce(std::span<T> data, ReduceOp op) {
     MpiRequest r;
     r.what_ = begin<T>(detail::CollKind::all_reduce, data.size(), op, -1, 0, 0);
+    refuse_op<T>(r.what_, op);
     r.timeout_ = st_->timeout;
     const int p = size();
     if constexpr (half_precision<T>) {
@@ -509,7 +529,7 @@ class MpiCommunicator {
     }
     return r;
   }
-  template <element_type T>
+  template <detail::comm_element T>
   [[nodiscard]] MpiRequest iall_gather(in_span<T> send, std::span<T> recv) {
     MpiRequest r;
     r.what_ = begin<T>(detail::CollKind::all_gather, recv.size(), std::nullopt, -1, send.size(), 0);
@@ -525,10 +545,11 @@ class MpiCommunicator {
     r.finish_ = [cd](const MPI_Status&) {};  // keeps the counts alive until completion
     return r;
   }
-  template <element_type T>
+  template <detail::comm_element T>
   [[nodiscard]] MpiRequest ireduce_scatter(in_span<T> send, std::span<T> recv, ReduceOp op) {
     MpiRequest r;
     r.what_ = begin<T>(detail::CollKind::reduce_scatter, send.size(), op, -1, recv.size(), 0);
+    refuse_op<T>(r.what_, op);
     r.timeout_ = st_->timeout;
     auto counts = std::make_shared<std::vector<int>>(blocks(send.size(), r.what_).first);
     check_own_block(r.what_, "recv", recv.size(), send.size());
@@ -608,6 +629,12 @@ class MpiCommunicator {
     if (got != b.extent)
       throw comm_error(detail::cat(pre, ": rank ", rank(), " passed ", what, " of ", got,
                                    " elements, expected block_of(", n, ", ", size(), ", ", rank(), ") = ", b.extent));
+  }
+  /** After `begin` (whose check, when on, meets every rank first): an op `T` cannot reduce (avg of integers). */
+  template <class T>
+  void refuse_op(const std::string& pre, ReduceOp op) const {
+    if (std::string why = detail::reduce_op_error<T>(op); !why.empty())
+      throw comm_error(detail::cat(pre, ": rank ", rank(), " passed ", why));
   }
   /** MPI has no average: sum, then divide by the group size. */
   template <class T>

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "mpar/comm/communicator.hpp"
+#include "mpar/comm/detail/comm_element.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/memory_resource.hpp"
 
@@ -172,7 +173,7 @@ class OrderedP2pCommunicator {
    * with the receive of the same sequence number on the peer. Rendezvous: the send completes when
    * the receiver issues that receive, which sends back a token.
    */
-  template <element_type T>
+  template <detail::comm_element T>
   Request isend(std::span<const T> data, int peer, int /*tag*/) {
     check_peer("send", peer);
     const int tag = sequence_tag(st_->sent[std::size_t(peer)]++);
@@ -181,7 +182,7 @@ class OrderedP2pCommunicator {
       g.requests.push_back(c.irecv(std::span<float>(g.tokens.data() + op, 1), peer, tag + 1));
     });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   Request irecv(std::span<T> data, int peer, int /*tag*/) {
     check_peer("recv", peer);
     const int tag = sequence_tag(st_->received[std::size_t(peer)]++);
@@ -190,11 +191,11 @@ class OrderedP2pCommunicator {
       g.requests.push_back(c.isend(std::span<const float>(g.tokens.data() + op, 1), peer, tag + 1));
     });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void send(std::span<const T> data, int peer, int tag) {
     isend(data, peer, tag).wait();
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void recv(std::span<T> data, int peer, int tag) {
     irecv(data, peer, tag).wait();
   }

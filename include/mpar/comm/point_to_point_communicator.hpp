@@ -12,7 +12,8 @@ namespace mpar {
 /**
  * @brief Tagged point-to-point messages: `send(std::span<const T> data, int peer, int tag)` and
  * `recv(std::span<T> data, int peer, int tag)` block; `isend` and `irecv` take the same arguments and
- * return a `comm_request`.
+ * return a `comm_request`. `T` is any `detail::comm_element` (as for `collective_communicator`),
+ * the same on both sides.
  */
 template <class C>
 concept point_to_point_communicator = comm_group<C> &&

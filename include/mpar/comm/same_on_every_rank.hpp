@@ -10,6 +10,7 @@
  * models. Comparing is cheap and its own collectives have one fixed size, so ranks that disagree cannot
  * desynchronise the check itself.
  */
+#include <algorithm>
 #include <concepts>
 #include <cstddef>
 #include <cstdint>
@@ -31,24 +32,36 @@ struct RankSetting {
 };
 
 namespace detail {
-/** A 52-bit FNV-1a hash of `s`: exact as a double, so a max-reduction over doubles compares it. */
-[[nodiscard]] inline double setting_hash(std::string_view s) {
+/** The 64-bit FNV-1a hash of `s`: communicated as std::uint64_t, exactly. */
+[[nodiscard]] inline std::uint64_t setting_hash(std::string_view s) {
   std::uint64_t h = 14695981039346656037ull;
   for (unsigned char c : s) h = (h ^ c) * 1099511628211ull;
-  return double(h >> 12);
+  return h;
+}
+
+/** `v` reduced over `world` by maximum and by minimum: they are equal exactly when every rank holds the same. */
+template <class Comm>
+std::pair<Buffer<std::uint64_t>, Buffer<std::uint64_t>> max_and_min(Comm& world, const Buffer<std::uint64_t>& v) {
+  Buffer<std::uint64_t> hi(v.size()), lo(v.size());
+  std::copy(v.begin(), v.end(), hi.begin());
+  std::copy(v.begin(), v.end(), lo.begin());
+  world.all_reduce(std::span<std::uint64_t>(hi), ReduceOp::max);
+  world.all_reduce(std::span<std::uint64_t>(lo), ReduceOp::min);
+  return {std::move(hi), std::move(lo)};
 }
 }  // namespace detail
 
 /**
  * @brief Collective over `world`: throws `config_error` on every rank when the ranks were given different
  * `settings` (the same list of names on every rank, built by the same code), naming each setting that differs
- * and this rank's value of it; `who` starts the message. Two all-reduces of fixed size (the number of settings,
- * then the settings' hashes with their negations, by maximum): `Comm` needs only `rank()`, `size()` and
- * `all_reduce` of doubles in the thread's memory resource, which the host reads (any `communicator` over host
- * memory, or a `HostMessageCommunicator` with host memory installed, as `GptTrainer` does).
+ * and this rank's value of it; `who` starts the message. The number of settings, then the settings' 64-bit
+ * hashes, each reduced by maximum and by minimum over std::uint64_t (all-reduces of fixed size): `Comm` needs
+ * only `rank()`, `size()` and `all_reduce` of std::uint64_t in the thread's memory resource, which the host reads
+ * (any `communicator` over host memory, or a `HostMessageCommunicator` with host memory installed, as
+ * `GptTrainer` does).
  */
 template <class Comm>
-  requires requires(Comm& c, std::span<double> d) {
+  requires requires(Comm& c, std::span<std::uint64_t> d) {
     c.all_reduce(d, ReduceOp::max);
     { c.rank() } -> std::convertible_to<int>;
     { c.size() } -> std::convertible_to<int>;
@@ -57,20 +70,16 @@ void require_same_on_every_rank(Comm& world, const std::vector<RankSetting>& set
   if (world.size() == 1) return;
   // The list's length first: a program whose ranks build different lists cannot reduce them element by element.
   // In the thread's memory resource, as every communicated buffer (host-readable here: see `Comm` above).
-  Buffer<double> count{double(settings.size()), -double(settings.size())};
-  world.all_reduce(std::span<double>(count), ReduceOp::max);
-  require(count[0] == -count[1], who, ": rank ", world.rank(), " checks ", settings.size(),
-          " settings but another rank a different number: every rank must run the same program");
   const std::size_t n = settings.size();
-  Buffer<double> h(2 * n);
-  for (std::size_t i = 0; i < n; ++i) {
-    h[i] = detail::setting_hash(settings[i].name + '\0' + settings[i].value);
-    h[n + i] = -h[i];
-  }
-  world.all_reduce(std::span<double>(h), ReduceOp::max);  // h[i] the largest, -h[n + i] the smallest
+  const auto [count_hi, count_lo] = detail::max_and_min(world, Buffer<std::uint64_t>{std::uint64_t(n)});
+  require(count_hi[0] == count_lo[0], who, ": rank ", world.rank(), " checks ", n,
+          " settings but another rank a different number: every rank must run the same program");
+  Buffer<std::uint64_t> h(n);
+  for (std::size_t i = 0; i < n; ++i) h[i] = detail::setting_hash(settings[i].name + '\0' + settings[i].value);
+  const auto [hi, lo] = detail::max_and_min(world, h);
   std::string differ;
   for (std::size_t i = 0; i < n; ++i)
-    if (h[i] != -h[n + i])
+    if (hi[i] != lo[i])
       differ += mpar::detail::cat(differ.empty() ? "" : ", ", settings[i].name, " (", settings[i].value, " on rank ",
                                   world.rank(), ")");
   if (!differ.empty())

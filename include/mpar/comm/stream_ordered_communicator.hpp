@@ -48,6 +48,7 @@
 
 #include "mpar/backend/stream/stream.hpp"
 #include "mpar/comm/communicator.hpp"
+#include "mpar/comm/detail/comm_element.hpp"
 #include "mpar/core/error.hpp"
 
 namespace mpar {
@@ -130,47 +131,50 @@ class StreamOrderedCommunicator {
     bool captured_ = false;  ///< issued during a capture of the compute stream: its wait is recorded too
   };
 
-  template <element_type T>
+  template <detail::comm_element T>
   void all_reduce(std::span<T> data, ReduceOp op) {
+    refuse_op<T>("all_reduce", op);
     blocking("all_reduce", [d = rank_span(data, "all_reduce"), op](Comm& c) { c.all_reduce(d, op); });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void broadcast(std::span<T> data, int root) {
     blocking("broadcast", [d = rank_span(data, "broadcast"), root](Comm& c) { c.broadcast(d, root); });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void reduce(in_span<T> send, std::span<T> recv, ReduceOp op, int root) {
+    refuse_op<T>("reduce", op);
     blocking("reduce", [s = rank_span(send, "reduce"), r = rank_span(recv, "reduce"), op, root](Comm& c) {
       c.reduce(s, r, op, root);
     });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void all_gather(in_span<T> send, std::span<T> recv) {
     blocking("all_gather",
              [s = rank_span(send, "all_gather"), r = rank_span(recv, "all_gather")](Comm& c) { c.all_gather(s, r); });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void reduce_scatter(in_span<T> send, std::span<T> recv, ReduceOp op) {
+    refuse_op<T>("reduce_scatter", op);
     blocking("reduce_scatter", [s = rank_span(send, "reduce_scatter"), r = rank_span(recv, "reduce_scatter"),
                                 op](Comm& c) { c.reduce_scatter(s, r, op); });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void gather(in_span<T> send, std::span<T> recv, int root) {
     blocking("gather",
              [s = rank_span(send, "gather"), r = rank_span(recv, "gather"), root](Comm& c) { c.gather(s, r, root); });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void scatter(in_span<T> send, std::span<T> recv, int root) {
     blocking("scatter", [s = rank_span(send, "scatter"), r = rank_span(recv, "scatter"), root](Comm& c) {
       c.scatter(s, r, root);
     });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void all_to_all(in_span<T> send, std::span<T> recv) {
     blocking("all_to_all",
              [s = rank_span(send, "all_to_all"), r = rank_span(recv, "all_to_all")](Comm& c) { c.all_to_all(s, r); });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void all_to_all_v(in_span<T> send, std::span<const std::size_t> send_counts, std::span<T> recv,
                     std::span<const std::size_t> recv_counts) {
     blocking("all_to_all_v", [s = rank_span(send, "all_to_all_v"), r = rank_span(recv, "all_to_all_v"),
@@ -179,43 +183,45 @@ class StreamOrderedCommunicator {
       c.all_to_all_v(s, std::span<const std::size_t>(sc), r, std::span<const std::size_t>(rc));
     });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void send(std::span<const T> data, int peer, int tag) {
     blocking("send", [d = rank_span(data, "send"), peer, tag](Comm& c) { c.send(d, peer, tag); });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void send(std::span<T> data, int peer, int tag) {
     send(std::span<const T>(data), peer, tag);
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void recv(std::span<T> data, int peer, int tag) {
     blocking("recv", [d = rank_span(data, "recv"), peer, tag](Comm& c) { c.recv(d, peer, tag); });
   }
 
-  template <element_type T>
+  template <detail::comm_element T>
   [[nodiscard]] auto isend(std::span<const T> data, int peer, int tag) {
     return immediate("isend", [d = rank_span(data, "isend"), peer, tag](Comm& c) { return c.isend(d, peer, tag); });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   [[nodiscard]] auto isend(std::span<T> data, int peer, int tag) {
     return isend(std::span<const T>(data), peer, tag);
   }
-  template <element_type T>
+  template <detail::comm_element T>
   [[nodiscard]] auto irecv(std::span<T> data, int peer, int tag) {
     return immediate("irecv", [d = rank_span(data, "irecv"), peer, tag](Comm& c) { return c.irecv(d, peer, tag); });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   [[nodiscard]] auto iall_reduce(std::span<T> data, ReduceOp op) {
+    refuse_op<T>("iall_reduce", op);
     return immediate("iall_reduce", [d = rank_span(data, "iall_reduce"), op](Comm& c) { return c.iall_reduce(d, op); });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   [[nodiscard]] auto iall_gather(in_span<T> send, std::span<T> recv) {
     return immediate("iall_gather", [s = rank_span(send, "iall_gather"), r = rank_span(recv, "iall_gather")](Comm& c) {
       return c.iall_gather(s, r);
     });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   [[nodiscard]] auto ireduce_scatter(in_span<T> send, std::span<T> recv, ReduceOp op) {
+    refuse_op<T>("ireduce_scatter", op);
     return immediate("ireduce_scatter", [s = rank_span(send, "ireduce_scatter"), r = rank_span(recv, "ireduce_scatter"),
                                          op](Comm& c) { return c.ireduce_scatter(s, r, op); });
   }
@@ -243,6 +249,13 @@ class StreamOrderedCommunicator {
       : rank_(inner.rank()), size_(inner.size()), name_(inner.name()),
         shared_(std::make_shared<Shared>(std::move(inner), std::move(comm_stream))) {}
 
+  /** On the host, before the call is queued: an op `T` cannot reduce (avg of integers) fails at the call. */
+  template <class T>
+  void refuse_op(const char* op, ReduceOp r) const {
+    if (std::string why = detail::reduce_op_error<T>(r); !why.empty())
+      throw comm_error(
+          detail::cat("StreamOrderedCommunicator ", op, " on group ", name(), ": rank ", rank(), " passed ", why));
+  }
   template <class T>
   static std::span<T> rank_span(std::span<T> s, const char* op) {
     return B::operation_span(s, op);

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <cerrno>
 #include <csignal>
+#include <cstdint>
 #include <cstring>
 #include <span>
 #include <string>
@@ -94,16 +95,16 @@ class ExitSignal {
 };
 
 /**
- * Whether any rank of `comm` has received `signal` (collective: one max all-reduce of a flag). Every rank
+ * Whether any rank of `comm` has received `signal` (collective: one max all-reduce of a std::int32_t flag). Every rank
  * returns the same answer, so called at the end of each step it stops every rank after the same step, whichever
  * process or thread the signal reached and when. The flag is a host value: `comm` must take host buffers (a
  * host communicator, or a trainer's `host_messages` world over a device).
  */
 template <collective_communicator C>
 bool exit_requested(C& comm, const ExitSignal& signal) {
-  float flag[1] = {signal.received() ? 1.0f : 0.0f};
-  comm.all_reduce(std::span<float>(flag), ReduceOp::max);
-  return flag[0] != 0.0f;
+  std::int32_t flag[1] = {signal.received() ? 1 : 0};
+  comm.all_reduce(std::span<std::int32_t>(flag), ReduceOp::max);
+  return flag[0] != 0;
 }
 
 }  // namespace mpar::io

@@ -1097,24 +1097,16 @@ class GptTrainer {
     for (const auto& b : blocks) mine.insert(key_of(b.name));
     with_host_world([&](auto& world) {  // host values: the caller left nothing queued
       const std::size_t p = std::size_t(world.size());
-      Buffer<float> count{float(mine.size())}, counts(p);
-      world.all_gather(std::span<const float>(count), std::span<float>(counts));
+      Buffer<std::uint64_t> count{std::uint64_t(mine.size())}, counts(p);
+      world.all_gather(std::span<const std::uint64_t>(count), std::span<std::uint64_t>(counts));
       std::size_t most = 0;
-      for (float c : counts) most = std::max(most, std::size_t(c));
-      Buffer<float> keys(4 * most, 0.0f), all(4 * most * p);
-      std::size_t i = 0;
-      for (std::uint64_t k : mine) {  // 16 bits per float: exact
-        for (int w = 0; w < 4; ++w) keys[4 * i + std::size_t(w)] = float((k >> (16 * w)) & 0xFFFFu);
-        ++i;
-      }
-      if (most > 0) world.all_gather(std::span<const float>(keys), std::span<float>(all));
+      for (std::uint64_t c : counts) most = std::max(most, std::size_t(c));
+      Buffer<std::uint64_t> keys(most, 0), all(most * p);
+      std::copy(mine.begin(), mine.end(), keys.begin());
+      if (most > 0) world.all_gather(std::span<const std::uint64_t>(keys), std::span<std::uint64_t>(all));
       std::set<std::uint64_t> loaded;
       for (std::size_t r = 0; r < p; ++r)
-        for (std::size_t j = 0; j < std::size_t(counts[r]); ++j) {
-          std::uint64_t k = 0;
-          for (int w = 0; w < 4; ++w) k |= std::uint64_t(all[(r * most + j) * 4 + std::size_t(w)]) << (16 * w);
-          loaded.insert(k);
-        }
+        for (std::size_t j = 0; j < std::size_t(counts[r]); ++j) loaded.insert(all[r * most + j]);
       std::vector<std::string> extra;
       for (const auto& t : saved.tensors) {
         const bool state = t.name.find('/') != std::string::npos;  // "<parameter>/<optimizer state>"

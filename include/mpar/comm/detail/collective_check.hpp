@@ -14,6 +14,7 @@
 #include <string_view>
 
 #include "mpar/comm/communicator.hpp"
+#include "mpar/comm/detail/comm_element.hpp"
 #include "mpar/core/error.hpp"
 
 namespace mpar::detail {
@@ -64,7 +65,7 @@ inline constexpr std::string_view coll_name(CollKind k) {
 /** The part of a collective call that must be identical on every rank of the group. */
 struct Fingerprint {
   CollKind kind = CollKind::barrier;
-  std::uint8_t dtype = 0;   ///< index into dtype_names (0: none)
+  std::uint8_t dtype = 0;   ///< dtype_code_v of the element type (0: none)
   std::int8_t op = -1;      ///< ReduceOp, or -1 when the collective does not reduce
   std::int32_t root = -1;   ///< root rank, or -1
   std::uint64_t count = 0;  ///< the global element count (see each collective)
@@ -72,18 +73,9 @@ struct Fingerprint {
   friend constexpr bool operator==(const Fingerprint&, const Fingerprint&) = default;
 };
 
-inline constexpr std::string_view dtype_names[] = {"-", "f32", "f64", "bf16", "f16"};
-
-template <class T>
-inline constexpr std::uint8_t dtype_code_v = std::is_same_v<T, float>    ? 1
-                                             : std::is_same_v<T, double> ? 2
-                                             : std::is_same_v<T, bf16>   ? 3
-                                             : std::is_same_v<T, f16>    ? 4
-                                                                         : 0;
-
 /** "all_reduce(f32, count=16, op=sum)" */
 inline std::string describe(const Fingerprint& f) {
-  std::string s = cat(coll_name(f.kind), "(", dtype_names[f.dtype < 5 ? f.dtype : 0]);
+  std::string s = cat(coll_name(f.kind), "(", dtype_name_of(f.dtype));
   if (f.kind != CollKind::barrier && f.kind != CollKind::split && f.kind != CollKind::all_to_all_v)
     s += cat(", count=", f.count);
   if (f.op >= 0) s += cat(", op=", reduce_op_name(static_cast<ReduceOp>(f.op)));

@@ -1,9 +1,13 @@
 #pragma once
-/** @file The element-wise reduction kernel shared by the shared-memory collectives and adaptors. */
+/**
+ * @file The element-wise reduction kernel shared by the shared-memory collectives and adaptors: floating-point
+ * types accumulate in `comm_compute_t` (float for 16-bit types); integers in their own type, exactly.
+ */
 #include <algorithm>
 #include <cstddef>
 #include <type_traits>
 
+#include "mpar/comm/detail/comm_element.hpp"
 #include "mpar/core/dtype.hpp"
 #include "mpar/core/layout.hpp"
 
@@ -11,15 +15,16 @@ namespace mpar::detail {
 
 /**
  * `dst[i] = op(srcs[0][i], srcs[1][i], ..., srcs[k-1][i])`, folded left to right in
- * `compute_type_t<T>` (float for 16-bit types) and rounded once; `avg` divides the sum by
+ * `comm_compute_t<T>` (float for 16-bit types, integers exactly) and rounded once; `avg` (never of integers:
+ * communicators refuse it) divides the sum by
  * `divisor`. `dst` may alias any source: each chunk is read completely before it is written.
  * The fixed left-to-right order makes the result independent of which rank computes it.
  */
 /** One chunk of `m` elements; a compile-time `m` lets -O2 vectorise without an epilogue. */
-template <element_type T, class M>
+template <comm_element T, class M>
 inline void reduce_chunk(T* out, const T* const* srcs, std::size_t base, std::size_t k, M m, ReduceOp op,
-                         compute_type_t<T> divisor, compute_type_t<T>* acc) {
-  using A = compute_type_t<T>;
+                         comm_compute_t<T> divisor, comm_compute_t<T>* acc) {
+  using A = comm_compute_t<T>;
   const T* s0 = srcs[0] + base;
   for (std::size_t j = 0; j < std::size_t(m); ++j) acc[j] = A(s0[j]);
   for (std::size_t q = 1; q < k; ++q) {
@@ -27,7 +32,7 @@ inline void reduce_chunk(T* out, const T* const* srcs, std::size_t base, std::si
     switch (op) {
       case ReduceOp::sum:
       case ReduceOp::avg:
-        for (std::size_t j = 0; j < std::size_t(m); ++j) acc[j] += A(s[j]);
+        for (std::size_t j = 0; j < std::size_t(m); ++j) acc[j] = comm_add(acc[j], A(s[j]));
         break;
       case ReduceOp::max:
         for (std::size_t j = 0; j < std::size_t(m); ++j) acc[j] = acc[j] < A(s[j]) ? A(s[j]) : acc[j];
@@ -45,13 +50,14 @@ inline void reduce_chunk(T* out, const T* const* srcs, std::size_t base, std::si
 
 /**
  * `dst[i] = op(srcs[0][i], srcs[1][i], ..., srcs[k-1][i])`, folded left to right in
- * `compute_type_t<T>` (float for 16-bit types) and rounded once; `avg` divides the sum by
+ * `comm_compute_t<T>` (float for 16-bit types, integers exactly) and rounded once; `avg` (never of integers:
+ * communicators refuse it) divides the sum by
  * `divisor`. `dst` may alias any source: each chunk is read completely before it is written.
  * The fixed left-to-right order makes the result independent of which rank computes it.
  */
-template <element_type T>
+template <comm_element T>
 void reduce_into(T* dst, const T* const* srcs, std::size_t k, std::size_t n, ReduceOp op, std::size_t divisor) {
-  using A = compute_type_t<T>;
+  using A = comm_compute_t<T>;
   constexpr std::size_t chunk = 1024;  // 4-8 KiB of accumulators: stays in L1 while sources stream
   if constexpr (!half_precision<T>) {
     if (k == 2 && op == ReduceOp::sum) {
@@ -62,9 +68,9 @@ void reduce_into(T* dst, const T* const* srcs, std::size_t k, std::size_t n, Red
       std::size_t base = 0;
       for (; base + chunk <= n; base += chunk) {
 #pragma GCC ivdep
-        for (std::size_t j = 0; j < chunk; ++j) dst[base + j] = a[base + j] + b[base + j];
+        for (std::size_t j = 0; j < chunk; ++j) dst[base + j] = comm_add(a[base + j], b[base + j]);
       }
-      for (; base < n; ++base) dst[base] = a[base] + b[base];
+      for (; base < n; ++base) dst[base] = comm_add(a[base], b[base]);
       return;
     }
   }

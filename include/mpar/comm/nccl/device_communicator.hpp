@@ -43,6 +43,7 @@
 #include "mpar/backend/gpu/memory.hpp"
 #include "mpar/backend/gpu/runtime.hpp"  // the CUDA runtime, or its emulation
 #include "mpar/comm/communicator.hpp"
+#include "mpar/comm/detail/comm_element.hpp"
 #include "mpar/core/layout.hpp"
 
 namespace mpar::gpu {
@@ -62,16 +63,28 @@ struct PeerPointers {
   }
 };
 
-/** out[i] = op over ranks q of src_q[offset + i], in rank order (so every rank gets identical bits). */
+/** An element widened to the type a reduction accumulates in: integers stay themselves, exactly. */
+template <class T>
+__host__ __device__ inline auto to_accumulator(T v) {
+  if constexpr (mpar::detail::comm_integer<T>)
+    return v;
+  else
+    return to_compute(v);
+}
+
+/**
+ * out[i] = op over ranks q of src_q[offset + i], in rank order (so every rank gets identical bits). Integers
+ * accumulate in their own type, sums wrapping modulo 2^bits; they never see `avg` (the caller refuses it).
+ */
 template <class T>
 __global__ void reduce_peers_kernel(PeerPointers<T> src, int npeers, std::size_t offset, std::size_t count, int op,
                                     T* out) {
-  using C = compute_type_t<T>;
+  using C = mpar::detail::comm_compute_t<T>;
   for (std::size_t i = blockIdx.x * std::size_t(blockDim.x) + threadIdx.x; i < count;
        i += std::size_t(gridDim.x) * blockDim.x) {
-    C acc = to_compute(src.p[0][offset + i]);
+    C acc = to_accumulator(src.p[0][offset + i]);
     for (int q = 1; q < npeers; ++q) {
-      const C v = to_compute(src.p[q][offset + i]);
+      const C v = to_accumulator(src.p[q][offset + i]);
       switch (op) {
         case int(ReduceOp::max):
           acc = v > acc ? v : acc;
@@ -80,11 +93,15 @@ __global__ void reduce_peers_kernel(PeerPointers<T> src, int npeers, std::size_t
           acc = v < acc ? v : acc;
           break;
         default:
-          acc += v;
+          acc = mpar::detail::comm_add(acc, v);
       }
     }
-    if (op == int(ReduceOp::avg)) acc /= C(npeers);
-    out[i] = from_compute<T>(acc);
+    if constexpr (mpar::detail::comm_integer<T>) {
+      out[i] = acc;
+    } else {
+      if (op == int(ReduceOp::avg)) acc /= C(npeers);
+      out[i] = from_compute<T>(acc);
+    }
   }
 }
 
@@ -235,10 +252,11 @@ class DeviceCommunicator {
   [[nodiscard]] std::string name() const { return g_->name; }
   [[nodiscard]] int device() const { return g_->device; }
 
-  template <element_type T>
+  template <mpar::detail::comm_element T>
   void all_reduce(std::span<T> data, ReduceOp op) {
     auto& me = publish<T>("all_reduce", data.size(), 0, int(op), data.data(), data.data());
     phase(true);
+    refuse_op<T>("all_reduce", op);
     const std::size_t p = std::size_t(size());
     const Block mine = block_of(data.size(), p, std::size_t(rank_));
     // Reduce-scatter into a private scratch block, then every rank gathers all blocks.
@@ -253,7 +271,7 @@ class DeviceCommunicator {
     phase(false);  // nobody frees its scratch while a peer still copies from it
     me.handoff.reset();
   }
-  template <element_type T>
+  template <mpar::detail::comm_element T>
   void broadcast(std::span<T> data, int root) {
     publish<T>("broadcast", data.size(), root, 0, data.data(), data.data());
     phase(true);
@@ -261,18 +279,19 @@ class DeviceCommunicator {
       copy_on_device(static_cast<const T*>(g_->slots[std::size_t(root)].send), data.data(), data.size(), stream());
     phase(false);
   }
-  template <element_type T>
+  template <mpar::detail::comm_element T>
   void reduce(std::span<const T> send, std::span<T> recv, ReduceOp op, int root) {
     publish<T>("reduce", send.size(), root, int(op), send.data(), recv.data(),
                rank_ == root ? recv.size() : send.size());
     phase(true);
+    refuse_op<T>("reduce", op);
     if (g_->slots[std::size_t(root)].count2 != send.size())
       fail(where("reduce") + mpar::detail::cat(": the root's recv holds ", g_->slots[std::size_t(root)].count2,
                                                " elements, send ", send.size()));
     if (rank_ == root) reduce_into<T>(0, send.size(), int(op), recv.data());
     phase(false);
   }
-  template <element_type T>
+  template <mpar::detail::comm_element T>
   void all_gather(std::span<const T> send, std::span<T> recv) {
     publish<T>("all_gather", recv.size(), 0, 0, send.data(), recv.data(), send.size());
     phase(true);
@@ -283,16 +302,17 @@ class DeviceCommunicator {
     }
     phase(false);
   }
-  template <element_type T>
+  template <mpar::detail::comm_element T>
   void reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op) {
     publish<T>("reduce_scatter", send.size(), 0, int(op), send.data(), recv.data(), recv.size());
     phase(true);
+    refuse_op<T>("reduce_scatter", op);
     check_blocks("reduce_scatter", send.size(), [&](std::size_t q) { return g_->slots[q].count2; });
     const Block mine = block_of(send.size(), std::size_t(size()), std::size_t(rank_));
     reduce_into<T>(mine.offset, mine.extent, int(op), recv.data());
     phase(false);
   }
-  template <element_type T>
+  template <mpar::detail::comm_element T>
   void gather(std::span<const T> send, std::span<T> recv, int root) {
     // extra = the root's recv size, known to all ranks after publishing; count2 = each rank's block.
     publish<T>("gather", 0, root, 0, send.data(), recv.data(), send.size(), /*count_matters=*/false);
@@ -307,7 +327,7 @@ class DeviceCommunicator {
       }
     phase(false);
   }
-  template <element_type T>
+  template <mpar::detail::comm_element T>
   void scatter(std::span<const T> send, std::span<T> recv, int root) {
     publish<T>("scatter", 0, root, 0, send.data(), recv.data(), recv.size(), false);
     g_->slots[std::size_t(rank_)].extra = send.size();
@@ -319,7 +339,7 @@ class DeviceCommunicator {
                    stream());
     phase(false);
   }
-  template <element_type T>
+  template <mpar::detail::comm_element T>
   void all_to_all(std::span<const T> send, std::span<T> recv) {
     const std::size_t p = std::size_t(size());
     require(send.size() == recv.size() && send.size() % p == 0, where("all_to_all"), ": send (", send.size(),
@@ -327,7 +347,7 @@ class DeviceCommunicator {
     const std::vector<std::size_t> counts(p, send.size() / p);
     all_to_all_v(send, std::span<const std::size_t>(counts), recv, std::span<const std::size_t>(counts));
   }
-  template <element_type T>
+  template <mpar::detail::comm_element T>
   void all_to_all_v(std::span<const T> send, std::span<const std::size_t> send_counts, std::span<T> recv,
                     std::span<const std::size_t> recv_counts) {
     const std::size_t p = std::size_t(size());
@@ -354,12 +374,12 @@ class DeviceCommunicator {
   }
 
   /** Eager send: the data is copied to a device staging buffer, so it returns at once. */
-  template <element_type T>
+  template <mpar::detail::comm_element T>
   void send(std::span<const T> data, int peer, int tag) {
     check_peer("send", peer);
     detail::Posted m;
     m.count = data.size();
-    m.dtype = dtype_name_v<T>;
+    m.dtype = mpar::detail::comm_dtype_name_v<T>;
     if (m.count) {
       check(cudaMallocAsync(&m.data, m.count * sizeof(T), stream()), "cudaMallocAsync(send staging)");
       copy_on_device(data.data(), static_cast<T*>(m.data), m.count, stream());
@@ -372,32 +392,32 @@ class DeviceCommunicator {
     }
     g_->cv.notify_all();
   }
-  template <element_type T>
+  template <mpar::detail::comm_element T>
   void recv(std::span<T> data, int peer, int tag) {
     check_peer("recv", peer);
     (void)try_recv(data, peer, tag, true);
   }
-  template <element_type T>
+  template <mpar::detail::comm_element T>
   DeviceRequest isend(std::span<const T> data, int peer, int tag) {
     send(data, peer, tag);
     return {};
   }
-  template <element_type T>
+  template <mpar::detail::comm_element T>
   DeviceRequest irecv(std::span<T> data, int peer, int tag) {
     check_peer("recv", peer);
     return DeviceRequest([this, data, peer, tag](bool block) { return try_recv(data, peer, tag, block); });
   }
-  template <element_type T>
+  template <mpar::detail::comm_element T>
   DeviceRequest iall_reduce(std::span<T> data, ReduceOp op) {
     all_reduce(data, op);
     return {};
   }
-  template <element_type T>
+  template <mpar::detail::comm_element T>
   DeviceRequest iall_gather(std::span<const T> send, std::span<T> recv) {
     all_gather(send, recv);
     return {};
   }
-  template <element_type T>
+  template <mpar::detail::comm_element T>
   DeviceRequest ireduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op) {
     reduce_scatter(send, recv, op);
     return {};
@@ -444,6 +464,15 @@ class DeviceCommunicator {
                              op, " #", seq_);
   }
   [[noreturn]] void fail(const std::string& msg) const { throw comm_error(msg); }
+  /**
+   * After the verifying phase, where every rank saw the same op and type: an op `T` cannot reduce (avg of
+   * integers) fails on every rank.
+   */
+  template <class T>
+  void refuse_op(const char* op, ReduceOp r) const {
+    if (std::string why = mpar::detail::reduce_op_error<T>(r); !why.empty())
+      fail(where(op) + mpar::detail::cat(": ", why));
+  }
   void check_peer(const char* op, int peer) const {
     require(peer >= 0 && peer < size(), where(op), ": peer ", peer, " is outside the group");
   }
@@ -457,7 +486,7 @@ class DeviceCommunicator {
     detail::Slot& s = g_->slots[std::size_t(rank_)];
     s.op = op;
     s.seq = seq_;
-    s.dtype = dtype_name_v<T>;
+    s.dtype = mpar::detail::comm_dtype_name_v<T>;
     s.count = count_matters ? count : 0;
     s.count2 = count2;
     s.root = root;
@@ -534,10 +563,11 @@ class DeviceCommunicator {
     }
     check(cudaStreamWaitEvent(stream(), m.ready, 0), "cudaStreamWaitEvent");
     (void)cudaEventDestroy(m.ready);  // released once the wait above has been satisfied
-    if (m.count != data.size() || m.dtype != dtype_name_v<T>) {
+    if (m.count != data.size() || m.dtype != mpar::detail::comm_dtype_name_v<T>) {
       if (m.data) (void)cudaFreeAsync(m.data, stream());
       fail(where("recv") + mpar::detail::cat(": rank ", peer, " sent ", m.count, " ", m.dtype, " elements with tag ",
-                                             tag, ", this rank expects ", data.size(), " ", dtype_name_v<T>));
+                                             tag, ", this rank expects ", data.size(), " ",
+                                             mpar::detail::comm_dtype_name_v<T>));
     }
     if (m.count) {
       copy_on_device(static_cast<const T*>(m.data), data.data(), m.count, stream());

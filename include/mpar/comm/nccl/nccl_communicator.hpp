@@ -40,6 +40,7 @@
 #include "mpar/backend/gpu/cuda_error.hpp"
 #include "mpar/backend/gpu/memory.hpp"
 #include "mpar/comm/communicator.hpp"
+#include "mpar/comm/detail/comm_element.hpp"
 #include "mpar/core/dtype.hpp"
 #include "mpar/core/layout.hpp"
 
@@ -70,9 +71,14 @@ inline ncclDataType_t nccl_type() {
     return ncclInt32;
   else if constexpr (std::is_same_v<T, std::int64_t>)
     return ncclInt64;
+  else if constexpr (std::is_same_v<T, std::uint32_t>)
+    return ncclUint32;
+  else if constexpr (std::is_same_v<T, std::uint64_t>)
+    return ncclUint64;
   else
     static_assert(sizeof(T) == 0,
-                  "NcclCommunicator: element type has no NCCL data type (use float, double, bf16, f16)");
+                  "NcclCommunicator: element type has no NCCL data type (use float, double, bf16, f16, std::int32_t, "
+                  "std::int64_t, std::uint32_t or std::uint64_t)");
 }
 inline ncclRedOp_t nccl_op(ReduceOp op) {
   switch (op) {
@@ -422,26 +428,28 @@ class NcclCommunicator {
   [[nodiscard]] ncclComm_t native() const { return st_->comm; }
 
   // ---- collectives -----------------------------------------------------------------------------
-  template <element_type T>
+  template <detail::comm_element T>
   void all_reduce(std::span<T> data, ReduceOp op) {
     iall_reduce(data, op).wait();
   }
-  template <element_type T>
+  template <detail::comm_element T>
   NcclRequest iall_reduce(std::span<T> data, ReduceOp op) {
+    refuse_op<T>("all_reduce", data.size(), op);
     return run("all_reduce", data.size(), [&](ncclComm_t c, cudaStream_t s) {
       return ncclAllReduce(data.data(), data.data(), data.size(), detail::nccl_type<T>(), detail::nccl_op(op), c, s);
     });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void broadcast(std::span<T> data, int root) {
     check_root("broadcast", root);
     run("broadcast", data.size(), [&](ncclComm_t c, cudaStream_t s) {
       return ncclBroadcast(data.data(), data.data(), data.size(), detail::nccl_type<T>(), root, c, s);
     }).wait();
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void reduce(std::span<const T> send, std::span<T> recv, ReduceOp op, int root) {
     check_root("reduce", root);
+    refuse_op<T>("reduce", send.size(), op);
     require(rank() != root || recv.size() == send.size(), where("reduce", send.size()), ": root's recv holds ",
             recv.size(), " elements, send ", send.size());
     run("reduce", send.size(), [&](ncclComm_t c, cudaStream_t s) {
@@ -449,11 +457,11 @@ class NcclCommunicator {
                         detail::nccl_op(op), root, c, s);
     }).wait();
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void all_gather(std::span<const T> send, std::span<T> recv) {
     iall_gather(send, recv).wait();
   }
-  template <element_type T>
+  template <detail::comm_element T>
   NcclRequest iall_gather(std::span<const T> send, std::span<T> recv) {
     const std::size_t n = recv.size(), p = std::size_t(size());
     check_block("all_gather", n, send.size());
@@ -470,14 +478,15 @@ class NcclCommunicator {
       return r != ncclSuccess ? r : e;
     });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void reduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op) {
     ireduce_scatter(send, recv, op).wait();
   }
-  template <element_type T>
+  template <detail::comm_element T>
   NcclRequest ireduce_scatter(std::span<const T> send, std::span<T> recv, ReduceOp op) {
     const std::size_t n = send.size(), p = std::size_t(size());
     check_block("reduce_scatter", n, recv.size());
+    refuse_op<T>("reduce_scatter", n, op);
     return run("reduce_scatter", n, [&](ncclComm_t c, cudaStream_t s) {
       if (n % p == 0)
         return ncclReduceScatter(send.data(), recv.data(), n / p, detail::nccl_type<T>(), detail::nccl_op(op), c, s);
@@ -493,7 +502,7 @@ class NcclCommunicator {
     });
   }
   /** Root receives block q of recv from rank q (block_of(recv.size(), p, q)); others need no recv. */
-  template <element_type T>
+  template <detail::comm_element T>
   void gather(std::span<const T> send, std::span<T> recv, int root) {
     check_root("gather", root);
     const std::size_t p = std::size_t(size());
@@ -517,7 +526,7 @@ class NcclCommunicator {
     }).wait();
   }
   /** Rank q receives block q of root's send (block_of(send.size(), p, q)). */
-  template <element_type T>
+  template <detail::comm_element T>
   void scatter(std::span<const T> send, std::span<T> recv, int root) {
     check_root("scatter", root);
     const std::size_t p = std::size_t(size());
@@ -540,7 +549,7 @@ class NcclCommunicator {
       return r != ncclSuccess ? r : e;
     }).wait();
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void all_to_all(std::span<const T> send, std::span<T> recv) {
     const std::size_t p = std::size_t(size());
     require(send.size() == recv.size() && send.size() % p == 0, where("all_to_all", send.size()), ": send (",
@@ -548,7 +557,7 @@ class NcclCommunicator {
     const std::vector<std::size_t> counts(p, send.size() / p);
     all_to_all_v(send, std::span<const std::size_t>(counts), recv, std::span<const std::size_t>(counts));
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void all_to_all_v(std::span<const T> send, std::span<const std::size_t> send_counts, std::span<T> recv,
                     std::span<const std::size_t> recv_counts) {
     const std::size_t p = std::size_t(size());
@@ -581,16 +590,16 @@ class NcclCommunicator {
 
   // ---- point to point --------------------------------------------------------------------------
   /** Compute queued afterwards waits until the matching receive took the data: order blocking pairs to avoid cycles. */
-  template <element_type T>
+  template <detail::comm_element T>
   void send(std::span<const T> data, int peer, int tag) {
     isend(data, peer, tag).wait();
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void recv(std::span<T> data, int peer, int tag) {
     irecv(data, peer, tag).wait();
   }
   /** Posts a send; posted sends and receives are issued together as one NCCL group at the first wait/test. */
-  template <element_type T>
+  template <detail::comm_element T>
   NcclRequest isend(std::span<const T> data, int peer, int tag) {
     check_root("send", peer);
     (void)tag;  // NCCL matches point-to-point messages in issue order per peer; it has no tags
@@ -598,7 +607,7 @@ class NcclCommunicator {
       return ncclSend(data.data(), data.size(), detail::nccl_type<T>(), peer, c, s);
     });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   NcclRequest irecv(std::span<T> data, int peer, int tag) {
     check_root("recv", peer);
     (void)tag;
@@ -685,6 +694,12 @@ class NcclCommunicator {
   [[nodiscard]] std::string where(const char* op, std::size_t count) const { return st_->where(op, count); }
   void check_root(const char* op, int r) const {
     require(r >= 0 && r < size(), where(op, 0), ": rank argument ", r, " is outside the group");
+  }
+  /** Before enqueueing: an op `T` cannot reduce (NCCL would average integers by truncating). */
+  template <class T>
+  void refuse_op(const char* op, std::size_t count, ReduceOp r) const {
+    if (std::string why = detail::reduce_op_error<T>(r); !why.empty())
+      throw comm_error(mpar::detail::cat(where(op, count), ": rank ", rank(), " passed ", why));
   }
   void check_block(const char* op, std::size_t n, std::size_t local) const {
     const Block b = block_of(n, std::size_t(size()), std::size_t(rank()));

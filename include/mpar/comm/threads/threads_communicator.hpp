@@ -64,13 +64,13 @@ class BasicThreadsCommunicator {
   // ---- blocking collectives ------------------------------------------------------------------
 
   /** In place: every rank ends with op over all ranks' `data`. */
-  template <element_type T>
+  template <detail::comm_element T>
   void all_reduce(std::span<T> data, ReduceOp op) {
     drain();
     all_reduce_impl(data, op);
   }
   /** In place: every rank ends with root's `data`. */
-  template <element_type T>
+  template <detail::comm_element T>
   void broadcast(std::span<T> data, int root) {
     drain();
     auto& s = st_->begin(fp<T>(detail::CollKind::broadcast, data.size(), -1, root));
@@ -81,7 +81,7 @@ class BasicThreadsCommunicator {
     });
   }
   /** `recv` (root only, size = send.size()) receives op over all ranks' `send`. */
-  template <element_type T>
+  template <detail::comm_element T>
   void reduce(in_span<T> send, std::span<T> recv, ReduceOp op, int root) {
     drain();
     auto& s = st_->begin(fp<T>(detail::CollKind::reduce, send.size(), int(op), root));
@@ -90,6 +90,7 @@ class BasicThreadsCommunicator {
     if (rank() == root && recv.size() != send.size())
       s.error =
           detail::cat("rank ", rank(), " (root) passed recv of ", recv.size(), " elements, expected ", send.size());
+    refuse_op<T>(s, op);
     auto& g = *st_->group;
     collective([&] {
       // Every rank reduces its own block into root's recv: the work is spread as in all_reduce.
@@ -101,19 +102,19 @@ class BasicThreadsCommunicator {
     });
   }
   /** recv.size() = n; rank r contributes block_of(n, p, r). `send` may be that block of `recv`. */
-  template <element_type T>
+  template <detail::comm_element T>
   void all_gather(in_span<T> send, std::span<T> recv) {
     drain();
     all_gather_impl(send, recv);
   }
   /** send.size() = n; rank r receives block_of(n, p, r), reduced with op. */
-  template <element_type T>
+  template <detail::comm_element T>
   void reduce_scatter(in_span<T> send, std::span<T> recv, ReduceOp op) {
     drain();
     reduce_scatter_impl(send, recv, op);
   }
   /** recv (root only) has n elements; rank r contributes block_of(n, p, r). */
-  template <element_type T>
+  template <detail::comm_element T>
   void gather(in_span<T> send, std::span<T> recv, int root) {
     drain();
     auto& s = st_->begin(fp<T>(detail::CollKind::gather, 0, -1, root));
@@ -130,7 +131,7 @@ class BasicThreadsCommunicator {
         [&]() -> std::string { return check_blocks("send", root, [&](int q) { return g.slot(q).src_count; }); });
   }
   /** send (root only) has n elements; rank r receives block_of(n, p, r). */
-  template <element_type T>
+  template <detail::comm_element T>
   void scatter(in_span<T> send, std::span<T> recv, int root) {
     drain();
     auto& s = st_->begin(fp<T>(detail::CollKind::scatter, 0, -1, root));
@@ -147,7 +148,7 @@ class BasicThreadsCommunicator {
         [&]() -> std::string { return check_blocks("recv", root, [&](int q) { return g.slot(q).dst_count; }); });
   }
   /** Equal blocks: send.size() = recv.size() = p*b; recv block q on rank r = send block r of rank q. */
-  template <element_type T>
+  template <detail::comm_element T>
   void all_to_all(in_span<T> send, std::span<T> recv) {
     drain();
     auto& s = st_->begin(fp<T>(detail::CollKind::all_to_all, send.size(), -1, -1));
@@ -169,7 +170,7 @@ class BasicThreadsCommunicator {
    * Variable blocks: rank r sends send_counts[q] elements to q and receives recv_counts[q] from q,
    * packed in rank order.
    */
-  template <element_type T>
+  template <detail::comm_element T>
   void all_to_all_v(in_span<T> send, std::span<const std::size_t> send_counts, std::span<T> recv,
                     std::span<const std::size_t> recv_counts) {
     drain();
@@ -219,7 +220,7 @@ class BasicThreadsCommunicator {
    * otherwise into the receiver's mailbox, and returns; two ranks sending to each other first
    * never deadlock.
    */
-  template <element_type T>
+  template <detail::comm_element T>
   void send(std::span<const T> data, int peer, int tag) {
     check_peer("send", peer);
     auto& mb = st_->group->mailbox(peer);
@@ -243,26 +244,26 @@ class BasicThreadsCommunicator {
     }
     mb.cv.notify_all();
   }
-  template <element_type T>
+  template <detail::comm_element T>
   void send(std::span<T> data, int peer, int tag) {
     send(std::span<const T>(data), peer, tag);
   }
   /** Blocks until the message with `tag` from `peer` arrived; its element type and count must match. */
-  template <element_type T>
+  template <detail::comm_element T>
   void recv(std::span<T> data, int peer, int tag) {
     irecv(data, peer, tag).wait();
   }
   /** Completes at once (see send). */
-  template <element_type T>
+  template <detail::comm_element T>
   [[nodiscard]] request_type isend(std::span<const T> data, int peer, int tag) {
     send(data, peer, tag);
     return {};
   }
-  template <element_type T>
+  template <detail::comm_element T>
   [[nodiscard]] request_type isend(std::span<T> data, int peer, int tag) {
     return isend(std::span<const T>(data), peer, tag);
   }
-  template <element_type T>
+  template <detail::comm_element T>
   [[nodiscard]] request_type irecv(std::span<T> data, int peer, int tag) {
     check_peer("recv", peer);
     request_type req;
@@ -290,15 +291,15 @@ class BasicThreadsCommunicator {
 
   // ---- asynchronous collectives (run on this rank's progress thread, in issue order) ------------
 
-  template <element_type T>
+  template <detail::comm_element T>
   [[nodiscard]] request_type iall_reduce(std::span<T> data, ReduceOp op) {
     return submit([data, op](BasicThreadsCommunicator& c) { c.all_reduce_impl(data, op); });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   [[nodiscard]] request_type iall_gather(in_span<T> send, std::span<T> recv) {
     return submit([send, recv](BasicThreadsCommunicator& c) { c.all_gather_impl(send, recv); });
   }
-  template <element_type T>
+  template <detail::comm_element T>
   [[nodiscard]] request_type ireduce_scatter(in_span<T> send, std::span<T> recv, ReduceOp op) {
     return submit([send, recv, op](BasicThreadsCommunicator& c) { c.reduce_scatter_impl(send, recv, op); });
   }
@@ -363,6 +364,13 @@ class BasicThreadsCommunicator {
 
   void drain() { st_->progress.drain(); }
 
+  /** An op the element type cannot reduce (avg of integers) fails the collective on every rank, as bad arguments do. */
+  template <class T>
+  void refuse_op(detail::Slot& s, ReduceOp op) const {
+    if (std::string why = detail::reduce_op_error<T>(op); !why.empty() && s.error.empty())
+      s.error = detail::cat("rank ", rank(), " passed ", why);
+  }
+
   void check_peer(std::string_view op, int peer) const {
     if (peer < 0 || peer >= size())
       throw comm_error(detail::cat(op, " on group ", name(), ": rank ", rank(), " named peer ", peer,
@@ -373,8 +381,8 @@ class BasicThreadsCommunicator {
   std::string mismatch_message(const detail::PostedRecv& pr, int receiver, std::uint8_t sent_dtype,
                                std::size_t sent_count) const {
     return detail::cat(detail::op_prefix("recv", pr.seq, name()), ": rank ", receiver, " expected ", pr.count, " ",
-                       detail::dtype_names[pr.dtype], " from rank ", pr.src, " with tag ", pr.tag, ", but rank ",
-                       pr.src, " sent ", sent_count, " ", detail::dtype_names[sent_dtype]);
+                       detail::dtype_name_of(pr.dtype), " from rank ", pr.src, " with tag ", pr.tag, ", but rank ",
+                       pr.src, " sent ", sent_count, " ", detail::dtype_name_of(sent_dtype));
   }
 
   /**
@@ -460,10 +468,11 @@ class BasicThreadsCommunicator {
     return v;
   }
 
-  template <element_type T>
+  template <detail::comm_element T>
   void all_reduce_impl(std::span<T> data, ReduceOp op) {
     auto& s = st_->begin(fp<T>(detail::CollKind::all_reduce, data.size(), int(op), -1));
     s.dst = data.data();
+    refuse_op<T>(s, op);
     auto& g = *st_->group;
     const auto p = std::size_t(size());
     ReadingScope reading(g, rank());
@@ -487,7 +496,7 @@ class BasicThreadsCommunicator {
     g.arrive_and_wait(rank(), "all_reduce", st_->seq);  // peers may still read our buffer until here
   }
 
-  template <element_type T>
+  template <detail::comm_element T>
   void all_gather_impl(std::span<const T> send, std::span<T> recv) {
     auto& s = st_->begin(fp<T>(detail::CollKind::all_gather, recv.size(), -1, -1));
     s.src = send.data();
@@ -506,7 +515,7 @@ class BasicThreadsCommunicator {
     });
   }
 
-  template <element_type T>
+  template <detail::comm_element T>
   void reduce_scatter_impl(std::span<const T> send, std::span<T> recv, ReduceOp op) {
     auto& s = st_->begin(fp<T>(detail::CollKind::reduce_scatter, send.size(), int(op), -1));
     s.src = send.data();
@@ -515,6 +524,7 @@ class BasicThreadsCommunicator {
     if (recv.size() != mine.extent)
       s.error = detail::cat("rank ", rank(), " passed recv of ", recv.size(), " elements, expected block_of(",
                             send.size(), ", ", p, ", ", rank(), ") = ", mine.extent);
+    refuse_op<T>(s, op);
     auto& g = *st_->group;
     collective([&] {
       if (!mine.extent) return;

@@ -4,6 +4,7 @@
  * `detail::capture` and the check of a block's shape and size.
  * Part of `mpar/io/checkpoint.hpp` (docs/checkpoints.md).
  */
+#include <cstdint>
 #include <exception>
 #include <span>
 #include <string>
@@ -25,12 +26,12 @@ template <class C>
 void agree(C& comm, std::exception_ptr local, const std::string& what) {
   const int p = comm.size();
   // Communicated buffers live in rank memory (a device communicator reads only that).
-  Buffer<float> mine(1, local ? 1.0f : 0.0f), all(static_cast<std::size_t>(p), 0.0f);
-  comm.all_gather(std::span<const float>(mine), std::span<float>(all));
+  Buffer<std::int32_t> mine(1, local ? 1 : 0), all(static_cast<std::size_t>(p), 0);
+  comm.all_gather(std::span<const std::int32_t>(mine), std::span<std::int32_t>(all));
   if (local) std::rethrow_exception(local);
   std::string failed;
   for (int r = 0; r < p; ++r)
-    if (all[std::size_t(r)] != 0.0f) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
+    if (all[std::size_t(r)] != 0) failed += (failed.empty() ? "" : ", ") + std::to_string(r);
   if (!failed.empty())
     throw peer_checkpoint_error(
         mpar::detail::cat(what, " failed on rank(s) ", failed, " of group '", comm.name(), "'; see their errors"));

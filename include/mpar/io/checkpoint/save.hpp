@@ -36,8 +36,12 @@ struct SoloGroup {
   [[nodiscard]] int rank() const { return 0; }
   [[nodiscard]] int size() const { return 1; }
   [[nodiscard]] std::string name() const { return "self"; }
-  void all_gather(std::span<const float> s, std::span<float> r) { std::copy(s.begin(), s.end(), r.begin()); }
-  void broadcast(std::span<float>, int) {}
+  template <class T>
+  void all_gather(std::span<const T> s, std::span<T> r) {
+    std::copy(s.begin(), s.end(), r.begin());
+  }
+  template <class T>
+  void broadcast(std::span<T>, int) {}
 };
 
 template <class C>
@@ -62,23 +66,18 @@ SaveResult save_impl(const std::filesystem::path& root, std::span<const SaveBloc
         }),
         "save_checkpoint (preparing " + staging.string() + ")");
 
-  // Phase 2: find replicas. Every rank publishes the identity keys of its blocks (16 bits per float,
-  // exact); the lowest rank holding a key writes it.
-  Buffer<float> count{float(blocks.size())}, counts(static_cast<std::size_t>(p));
-  comm.all_gather(std::span<const float>(count), std::span<float>(counts));
+  // Phase 2: find replicas. Every rank publishes the identity keys of its blocks (std::uint64_t, exact); the
+  // lowest rank holding a key writes it.
+  Buffer<std::uint64_t> count{std::uint64_t(blocks.size())}, counts(static_cast<std::size_t>(p));
+  comm.all_gather(std::span<const std::uint64_t>(count), std::span<std::uint64_t>(counts));
   std::size_t most = 0;
-  for (float c : counts) most = std::max(most, std::size_t(c));
+  for (std::uint64_t c : counts) most = std::max(most, std::size_t(c));
   std::vector<std::uint64_t> keys;
   for (const auto& b : blocks) keys.push_back(block_key(b.name, b.global_shape, b.box));
-  Buffer<float> mine(4 * most, -1.0f), all(4 * most * std::size_t(p));
-  for (std::size_t i = 0; i < keys.size(); ++i)
-    for (int k = 0; k < 4; ++k) mine[4 * i + std::size_t(k)] = float((keys[i] >> (16 * k)) & 0xFFFFu);
-  if (most > 0) comm.all_gather(std::span<const float>(mine), std::span<float>(all));
-  auto key_at = [&](int r, std::size_t i) {
-    std::uint64_t key = 0;
-    for (int k = 0; k < 4; ++k) key |= std::uint64_t(all[(std::size_t(r) * most + i) * 4 + std::size_t(k)]) << (16 * k);
-    return key;
-  };
+  Buffer<std::uint64_t> mine(most, 0), all(most * std::size_t(p));
+  std::copy(keys.begin(), keys.end(), mine.begin());
+  if (most > 0) comm.all_gather(std::span<const std::uint64_t>(mine), std::span<std::uint64_t>(all));
+  auto key_at = [&](int r, std::size_t i) { return all[std::size_t(r) * most + i]; };
   std::vector<bool> writes(blocks.size(), true);
   for (std::size_t i = 0; i < blocks.size(); ++i)
     for (int r = 0; r < rank && writes[i]; ++r)
@@ -118,7 +117,7 @@ SaveResult save_impl(const std::filesystem::path& root, std::span<const SaveBloc
         "save_checkpoint (writing shards)");
 
   // Phase 4: rank 0 merges the indexes into the manifest and publishes the checkpoint.
-  Buffer<float> suffix{0.0f};
+  Buffer<std::uint64_t> suffix{0};
   agree(comm, capture([&] {
           if (rank != 0) return;
           Manifest m;
@@ -150,11 +149,11 @@ SaveResult save_impl(const std::filesystem::path& root, std::span<const SaveBloc
   // Everyone learns the final directory name (it differs from step-N only when re-saving the same step).
   if (rank == 0) {
     const std::string n = result.path.filename().string(), base = step_dir_name(state.step);
-    suffix[0] = n.size() > base.size() ? float(std::stoi(n.substr(base.size() + 1))) : 0.0f;
+    suffix[0] = n.size() > base.size() ? std::stoull(n.substr(base.size() + 1)) : 0;
   }
-  comm.broadcast(std::span<float>(suffix), 0);
+  comm.broadcast(std::span<std::uint64_t>(suffix), 0);
   if (rank != 0)
-    result.path = root / (step_dir_name(state.step) + (suffix[0] > 0 ? "." + std::to_string(int(suffix[0])) : ""));
+    result.path = root / (step_dir_name(state.step) + (suffix[0] > 0 ? "." + std::to_string(suffix[0]) : ""));
   return result;
 }
 
