@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -17,6 +18,8 @@
 #include <vector>
 
 #include <mpar/cli/parser.hpp>
+#include <mpar/io/hf_config.hpp>
+#include <mpar/models/gpt_config_from_hf.hpp>
 #include <mpar/nn/recompute.hpp>
 #include <mpar/observe/track_allocations.hpp>
 #include <mpar/plan/training_plan.hpp>
@@ -163,10 +166,14 @@ Options parse(int argc, char** argv) {
   p.option("val-every", o.val_every, "report the validation loss every N steps (0: never)").range(0, 1 << 30);
   p.option("val-batches", o.val_batches, "global batches per validation").range(1, 1 << 20);
   p.option("export", o.export_path, "write the trained weights to this safetensors file at the end");
-  p.flag("hf-gpt2", o.hf_gpt2, "--export under Hugging Face GPT-2 names and shapes (transformer.wte.weight, ...)");
+  p.option("init-from", o.init_from,
+           "start from the weights of this safetensors file: an --export of another run (any layout), or a Hugging "
+           "Face model with --hf-gpt2 or --hf-llama, whose config.json beside it gives the model's sizes");
+  p.flag("hf-gpt2", o.hf_gpt2,
+         "--export and --init-from under Hugging Face GPT-2 names and shapes (transformer.wte.weight, ...)");
   p.flag("hf-llama", o.hf_llama,
-         "--export (a --model llama run) under Hugging Face LlamaForCausalLM names and shapes, with a config.json "
-         "beside the file");
+         "--export and --init-from (a --model llama run) under Hugging Face LlamaForCausalLM names and shapes, with a "
+         "config.json beside the file");
   p.option("beta1", t.beta1, "AdamW beta1").range(0, 0.999999);
   p.option("beta2", t.beta2, "AdamW beta2").range(0, 0.999999);
   p.option("eps", t.eps, "AdamW epsilon").range(1e-30, 1);
@@ -302,14 +309,23 @@ Options parse(int argc, char** argv) {
           "; steps count from 0): nothing would be traced");
   require(!p.given("trace-step") || !o.trace.empty(),
           "train_gpt: --trace-step needs --trace FILE to say where the trace goes");
-  require(!o.hf_gpt2 || !o.export_path.empty(),
-          "train_gpt: --hf-gpt2 names the tensors of --export; give --export FILE.safetensors, or drop --hf-gpt2");
+  require(!o.hf_gpt2 || !o.export_path.empty() || !o.init_from.empty(),
+          "train_gpt: --hf-gpt2 names the tensors of --export and --init-from; give --export FILE.safetensors or "
+          "--init-from FILE.safetensors, or drop --hf-gpt2");
+  require(!o.hf_gpt2 || !o.hf_llama, "train_gpt: give one of --hf-gpt2 and --hf-llama");
+  // A Hugging Face model to start from keeps its sizes in the config.json beside it (as save_pretrained and
+  // --export --hf-llama write it): the model is built to them, and sizes also given must agree.
+  if (!o.init_from.empty() && (o.hf_gpt2 || o.hf_llama)) {
+    const auto config = std::filesystem::path(o.init_from).parent_path() / "config.json";
+    if (std::filesystem::exists(config))
+      models::apply_hf_config(t.model, io::read_hf_config(config), config.string(), p, "train_gpt");
+  }
   require(!o.hf_llama || t.model.is_llama(),
           "train_gpt: --hf-llama writes LlamaForCausalLM's tensor names, which a --model gpt2 run does not have; add "
           "--model llama, or use --hf-gpt2 for GPT-2's names");
-  require(!o.hf_llama || !o.export_path.empty(),
-          "train_gpt: --hf-llama names the tensors of --export; give --export DIR/model.safetensors, or drop "
-          "--hf-llama");
+  require(!o.hf_llama || !o.export_path.empty() || !o.init_from.empty(),
+          "train_gpt: --hf-llama names the tensors of --export and --init-from; give --export DIR/model.safetensors "
+          "or --init-from DIR/model.safetensors, or drop --hf-llama");
   require(!p.given("check-steps") || o.check_against_host || o.check_layout,
           "train_gpt: --check-steps sets how many steps --check-against-host or --check-layout compares; add one of "
           "them, or drop --check-steps");

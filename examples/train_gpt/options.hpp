@@ -26,8 +26,9 @@ struct Options {
   std::size_t val_every = 0, val_batches = 4;
   double val_split = 0;     ///< hold out this last fraction of --data for validation
   std::string export_path;  ///< safetensors file written at the end
-  bool hf_gpt2 = false;     ///< export under GPT-2's names
-  bool hf_llama = false;    ///< export under LlamaForCausalLM's names, with its config.json
+  std::string init_from;    ///< safetensors weights the run starts from (its own export, or a Hugging Face model)
+  bool hf_gpt2 = false;     ///< --export and --init-from under GPT-2's names
+  bool hf_llama = false;    ///< --export and --init-from under LlamaForCausalLM's names (with a config.json)
   std::string metrics, trace, save, resume;
   std::size_t trace_step = 1, save_every = 0, sample = 200, log_every = 10;
   std::size_t keep_last = 0;        ///< checkpoints kept in --save, the newest (0: every one)

@@ -185,6 +185,8 @@ inline double rank_memory_limit(const Options& o) {
 inline void preflight(const Options& o) {
   check_data_file(o);
   check_output_paths(o);
+  require(o.init_from.empty() || fs::is_regular_file(o.init_from), "train_gpt: --init-from '", o.init_from,
+          "' is not a file; give a safetensors file (train_gpt --export, or a Hugging Face model.safetensors)");
   models::GptTrainConfig cfg = o.train;
   if (is_token_file(o.data)) {
     cfg.model.vocab = data::TokenFile(o.data, token_file_vocab(o), o.train.model.seq).vocab_size();
@@ -197,6 +199,11 @@ inline void preflight(const Options& o) {
             "' has no newline, which --sample uses to start the generated text; give "
             "--sample 0 or a text with lines");
   }
+  // A Hugging Face model to start from (main.cpp took its sizes from config.json) predicts its tokenizer's ids.
+  require(o.init_from.empty() || o.train.model.vocab == 0 || o.train.model.vocab == cfg.model.vocab,
+          "train_gpt: --init-from '", o.init_from, "' is a model of ", o.train.model.vocab,
+          " token ids (its config.json), but --data '", o.data, "' has ", cfg.model.vocab,
+          "; train on data tokenized for that model (a token file, with --vocab ", o.train.model.vocab, ")");
   require(o.plan_vocab == 0 || o.plan_vocab == cfg.model.vocab, "train_gpt: the plan '", o.plan,
           "' was made for a vocabulary of ", o.plan_vocab, ", but --data '", o.data, "' has ", cfg.model.vocab,
           " token ids; plan again with mpar-plan --vocab ", cfg.model.vocab);
@@ -494,6 +501,7 @@ void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitS
                             {"--save-every", std::to_string(o.save_every)},
                             {"--keep-last", std::to_string(o.keep_last)},
                             {"--resume", o.resume},
+                            {"--init-from", o.init_from},
                             {"--sample", std::to_string(o.sample)},
                             {"--trace", o.trace},
                             {"--trace-step", std::to_string(o.trace_step)},
@@ -512,6 +520,27 @@ void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitS
       std::printf("resumed from %s at step %zu (saved with tp=%zu pp=%zu dp=%zu cp=%zu)\n", res.path.c_str(), tr.step(),
                   res.saved_mesh.tp, res.saved_mesh.pp, res.saved_mesh.dp, res.saved_mesh.cp);
     }
+  }
+  // With --resume the checkpoint holds the weights (and the optimizer and data position): --init-from then only
+  // gave the sizes (so that the command a stopped run prints, the original plus --resume, continues it).
+  if (!o.init_from.empty() && o.resume.empty()) {
+    // Every rank reads its own blocks of the whole tensors (any layout, precision and ZeRO stage).
+    const auto& m = cfg.model;
+    std::optional<io::HfLlamaConfig> llama;
+    if (o.hf_llama)
+      llama = io::HfLlamaConfig{m.vocab,  m.hidden, m.ffn_size(), m.heads,   m.kv_head_count(),
+                                m.layers, m.seq,    m.rope_theta, m.norm_eps};
+    io::SafetensorsWeights weights(o.init_from,
+                                   o.hf_gpt2    ? io::WeightNaming::hf_gpt2
+                                   : o.hf_llama ? io::WeightNaming::hf_llama
+                                                : io::WeightNaming::mpar,
+                                   llama);
+    (void)tr.load_weights(weights);
+    require(weights.missing().empty(), "train_gpt: --init-from '", o.init_from, "' has no tensor for '",
+            weights.missing().front(), "' (", weights.missing().size(),
+            " missing); it holds another model: give the sizes it was saved with",
+            o.hf_gpt2 || o.hf_llama ? "" : ", or --hf-gpt2 / --hf-llama for Hugging Face names");
+    if (lead) std::printf("initialised every weight from %s\n", o.init_from.c_str());
   }
   if (lead) {
     if (chars)
