@@ -106,9 +106,7 @@ int run(const Options& o) {
       loaded = blocks.size();
     } else {
       std::optional<io::HfLlamaConfig> llama;
-      if (o.hf_llama)
-        llama = io::HfLlamaConfig{mc.vocab,  mc.hidden, mc.ffn_size(), mc.heads,   mc.kv_head_count(),
-                                  mc.layers, mc.seq,    mc.rope_theta, mc.norm_eps};
+      if (o.hf_llama) llama = models::hf_llama_config(mc);
       io::SafetensorsWeights w(o.safetensors,
                                o.hf_gpt2    ? io::WeightNaming::hf_gpt2
                                : o.hf_llama ? io::WeightNaming::hf_llama

@@ -24,6 +24,7 @@
 #include <mpar/data/token_vector.hpp>
 #include <mpar/io/exit_signal.hpp>
 #include <mpar/io/lock.hpp>
+#include <mpar/models/gpt_config_from_hf.hpp>
 #include <mpar/models/gpt_generate.hpp>
 #include <mpar/models/gpt_trainer_instances.hpp>
 #include <mpar/mpar.hpp>
@@ -525,11 +526,8 @@ void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitS
   // gave the sizes (so that the command a stopped run prints, the original plus --resume, continues it).
   if (!o.init_from.empty() && o.resume.empty()) {
     // Every rank reads its own blocks of the whole tensors (any layout, precision and ZeRO stage).
-    const auto& m = cfg.model;
     std::optional<io::HfLlamaConfig> llama;
-    if (o.hf_llama)
-      llama = io::HfLlamaConfig{m.vocab,  m.hidden, m.ffn_size(), m.heads,   m.kv_head_count(),
-                                m.layers, m.seq,    m.rope_theta, m.norm_eps};
+    if (o.hf_llama) llama = models::hf_llama_config(cfg.model);
     io::SafetensorsWeights weights(o.init_from,
                                    o.hf_gpt2    ? io::WeightNaming::hf_gpt2
                                    : o.hf_llama ? io::WeightNaming::hf_llama

@@ -113,9 +113,7 @@ int main(int argc, char** argv) {
                                     : hf_llama ? io::WeightNaming::hf_llama
                                                : io::WeightNaming::mpar;
     std::optional<io::HfLlamaConfig> llama;
-    if (hf_llama)
-      llama = io::HfLlamaConfig{mc.vocab,  mc.hidden, mc.ffn_size(), mc.heads,   mc.kv_head_count(),
-                                mc.layers, mc.seq,    mc.rope_theta, mc.norm_eps};
+    if (hf_llama) llama = models::hf_llama_config(mc);
     require(mc.layers % pp == 0, "gpt_logits: --layers ", mc.layers, " does not split evenly over --pp ", pp);
     const auto ids = parse_ids(ids_s), targets = parse_ids(targets_s);
     require(ids.size() == mc.seq, "gpt_logits: give exactly --seq ", mc.seq, " ids, got ", ids.size());

@@ -2,7 +2,8 @@
 /**
  * @file `apply_hf_config`: a `GptConfig` takes the family and sizes of a Hugging Face `config.json`, and a size the
  * user also gave on the command line must agree with the file — a program that silently preferred either would
- * load the weights into a model of other shapes or train one the user did not ask for.
+ * load the weights into a model of other shapes or train one the user did not ask for. `hf_llama_config` is the
+ * other direction: the sizes a Llama conversion needs, from a `GptConfig`.
  */
 #include <string>
 #include <string_view>
@@ -10,6 +11,7 @@
 #include "mpar/cli/parser.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/io/hf_config.hpp"
+#include "mpar/io/safetensors_llama.hpp"
 #include "mpar/models/gpt.hpp"
 
 namespace mpar::models {
@@ -61,6 +63,12 @@ inline void apply_hf_config(GptConfig& mc, const io::HfModelConfig& hf, std::str
                             std::string_view who) {
   apply_hf_config(
       mc, hf, where, [&](std::string_view flag) { return p.given(flag); }, who);
+}
+
+/** @brief The sizes `LlamaForCausalLM`'s names need (`io::SafetensorsWeights`, `config.json`) of the model `mc`. */
+[[nodiscard]] inline io::HfLlamaConfig hf_llama_config(const GptConfig& mc) {
+  return {mc.vocab,  mc.hidden, mc.ffn_size(), mc.heads,   mc.kv_head_count(),
+          mc.layers, mc.seq,    mc.rope_theta, mc.norm_eps};
 }
 
 }  // namespace mpar::models
