@@ -371,6 +371,58 @@ TEST_CASE(
   require_equivalent(got, run(one, 3), "pp=2 v=2 recompute selective,full,none,selective", true);
 }
 
+TEST_CASE(
+    "a pp = 2 plan whose blocks recompute none, selectively and fully inside a stage trains bit for bit as without "
+    "recomputation, and equal to the single rank",
+    "[models][gpt][pipeline][plans][recompute_blocks]") {
+  // Each stage mixes its blocks' modes (a full block keeps only its input and reruns its own forward, beside
+  // blocks that keep everything or drop their probabilities): the recomputation repeats the forward's arithmetic
+  // in the same order, so the same layout without recomputation gives the same bits, at tp 1 and tp 2, with and
+  // without sequence parallelism.
+  using enum nn::Recompute;
+  struct Case {
+    std::size_t tp;
+    bool sp;
+    std::vector<std::vector<nn::Recompute>> blocks;
+  };
+  const Case cases[] = {{1, false, {{full, none}, {selective, full}}},
+                        {2, false, {{none, full}, {full, selective}}},
+                        {2, true, {{full, selective}, {none, full}}}};
+  for (const Case& k : cases) {
+    auto c = small_sgd(k.tp, 2, 1);
+    c.model.dropout = 0.1, c.model.sequence_parallel = k.sp;
+    c.recompute_stages = {full, full};
+    c.recompute_blocks = k.blocks;
+    const std::string what = "tp=" + std::to_string(k.tp) + (k.sp ? " sp" : "") + " pp=2 recompute " +
+                             models::GptTrainConfig::join_recompute(c.recompute_stages, c.recompute_blocks);
+    INFO(what);
+    REQUIRE(c.mixed_blocks(0));
+    auto kept = c;
+    kept.recompute_stages.clear(), kept.recompute_blocks.clear();
+    const RunResult got = run(c, 3), want = run(kept, 3);
+    CHECK(got.losses == want.losses);
+    CHECK(got.norms == want.norms);
+    CHECK(got.params == want.params);
+    auto one = kept;
+    one.tp = 1, one.pp = 1, one.model.sequence_parallel = false;
+    require_equivalent(got, run(one, 3), what, true);
+  }
+  // A list that does not match its stage is refused, naming the counts and the fix.
+  auto bad = small_sgd(1, 2, 1);
+  bad.recompute_stages = {full, none};
+  bad.recompute_blocks = {{full, none, none}, {}};
+  REQUIRE_THROWS_WITH(bad.validate(bad.world_size()),
+                      Catch::Contains("--recompute-stages gives stage 0 3 per-block mode(s) (full:none:none), but the "
+                                      "stage holds 2 block(s); give one mode per block joined by ':'"));
+  bad.recompute_blocks = {{selective, none}, {}};
+  REQUIRE_THROWS_WITH(
+      bad.validate(bad.world_size()),
+      Catch::Contains("the blocks of stage 0 recompute at most selective, but the stage's mode is full"));
+  bad.recompute_blocks = {{full, none}};
+  REQUIRE_THROWS_WITH(bad.validate(bad.world_size()),
+                      Catch::Contains("the per-block recomputation names 1 stage(s), but pp x chunks = 2 stages"));
+}
+
 TEST_CASE("drawn plans (uneven stages, per-stage recomputation, tp, pp, ZeRO, schedules) equal the single rank, I",
           "[models][gpt][pipeline][plans]") {
   require_drawn_plans_equal_single_rank(0, 12);
