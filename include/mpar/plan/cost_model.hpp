@@ -249,8 +249,8 @@ class CostModel {
 
   /**
    * Costs of local chunk `chunk` on pipeline rank `rank` for one micro-batch: its layers (the even split, or
-   * `c.stage_layers`), each recomputing what the stage, or the block itself, does (`c.block_recompute_of`), plus the embedding on the first
-   * global stage and the final norm, logits and cross-entropy on the last.
+   * `c.stage_layers`), each recomputing what the stage, or the block itself, does (`c.block_recompute_of`), plus
+   * the embedding on the first global stage and the final norm, logits and cross-entropy on the last.
    */
   [[nodiscard]] ChunkCosts chunk_costs(const ParallelConfig& c, std::size_t rank, std::size_t chunk,
                                        const GroupPlacement& g) const {
