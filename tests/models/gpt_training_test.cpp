@@ -321,7 +321,7 @@ RunResult single_rank_of(const models::GptTrainConfig& plan, std::size_t steps) 
   one.chunks = 1;
   one.microbatches = plan.microbatches * int(plan.dp);
   one.stage_layers.clear();
-  one.recompute_stages.clear();
+  one.recompute_stages.clear(), one.recompute_blocks.clear();
   static std::map<std::string, RunResult> cache;
   const std::string key = std::to_string(one.model.layers) + std::string(parallel::name_of(one.optimizer)) +
                           std::to_string(one.microbatches);
@@ -333,19 +333,21 @@ RunResult single_rank_of(const models::GptTrainConfig& plan, std::size_t steps) 
 /** Drawn plans `first` to `last` (of 24, seed 46) each train 3 steps equal to the single rank. */
 void require_drawn_plans_equal_single_rank(std::size_t first, std::size_t last) {
   const auto plans = testing::drawn_plans(24, 46);
-  std::size_t uneven = 0, all_modes = 0, empty = 0;
+  std::size_t uneven = 0, all_modes = 0, empty = 0, by_block = 0;
   for (std::size_t i = first; i < last; ++i) {
     const auto& [name, c] = plans[i];
     if (c.partition().sizes() != pipeline::Partition::even(c.model.layers, c.stages()).sizes()) ++uneven;
     if (std::ranges::count(c.stage_layers, std::size_t(0)) > 0) ++empty;
     const std::set<nn::Recompute> modes(c.recompute_stages.begin(), c.recompute_stages.end());
     if (modes.size() == 3) ++all_modes;
+    for (std::size_t s = 0; s < c.stages(); ++s) by_block += c.mixed_blocks(s) ? 1 : 0;
     // SGD plans (no ZeRO): every parameter's update too; AdamW (ZeRO-1, -3): losses and gradient norms.
     require_equivalent(run(c, 3), single_rank_of(c, 3), name, parallel::stage_number(c.zero) == 0);
   }
   CHECK(uneven * 2 > last - first);  // most drawn partitions differ from the even split
   CHECK(all_modes >= 2);             // and some stages of one plan keep all, recompute selectively and fully
   CHECK(empty >= 2);                 // and some leave a stage without blocks
+  CHECK(by_block >= 2);              // and some stages recompute block by block
 }
 
 TEST_CASE(
