@@ -53,19 +53,54 @@ std::vector<std::size_t> parse_count_list(const char* option, const std::string&
   return out;
 }
 
-/** --recompute-stages: one mode per stage, none, selective or full (0 and 1: none and full, as before). */
-std::vector<nn::Recompute> parse_recompute_list(const std::string& text) {
-  std::vector<nn::Recompute> out;
-  for (const std::string& item : split_commas(text)) {
-    const std::optional<nn::Recompute> r = item == "0"   ? nn::Recompute::none
-                                           : item == "1" ? nn::Recompute::full
-                                                         : nn::parse_recompute(item);
+/**
+ * --recompute-stages: one mode per stage, none, selective or full (0 and 1: none and full, as before), or a stage's
+ * blocks' modes joined by ':' ("full:none,selective"; "none*3" repeats a mode): into `stages` (per stage, the most
+ * its blocks recompute) and `blocks` (per stage its blocks' modes, empty for a stage given one mode; all empty when
+ * no stage is given per block).
+ */
+void parse_recompute_list(const std::string& text, std::vector<nn::Recompute>& stages,
+                          std::vector<std::vector<nn::Recompute>>& blocks) {
+  stages.clear(), blocks.clear();
+  const auto mode = [&](const std::string& item, bool in_block_list) {
+    const std::optional<nn::Recompute> r = item == "0" && !in_block_list   ? nn::Recompute::none
+                                           : item == "1" && !in_block_list ? nn::Recompute::full
+                                                                           : nn::parse_recompute(item);
     require(r.has_value(), "train_gpt: --recompute-stages '", text, "': '", item,
             "' is not a recomputation mode; give one of none, selective or full (or 0, 1) per pipeline stage, "
-            "comma-separated (e.g. selective,none)");
-    out.push_back(*r);
+            "comma-separated (e.g. selective,none), or a stage's blocks' modes joined by ':' (e.g. full:none,none)");
+    return *r;
+  };
+  bool per_block = false;
+  for (const std::string& item : split_commas(text)) {
+    blocks.emplace_back();
+    if (item.find(':') == std::string::npos && item.find('*') == std::string::npos) {
+      stages.push_back(mode(item, false));
+      continue;
+    }
+    per_block = true;
+    std::size_t from = 0;
+    while (true) {
+      const std::size_t to = item.find(':', from);
+      std::string one = item.substr(from, to == std::string::npos ? std::string::npos : to - from);
+      std::size_t times = 1;
+      if (const std::size_t star = one.find('*'); star != std::string::npos) {
+        const std::string n = one.substr(star + 1);
+        require(
+            !n.empty() && n.size() < 6 && n.find_first_not_of("0123456789") == std::string::npos && std::stoul(n) >= 1,
+            "train_gpt: --recompute-stages '", text, "': '", one,
+            "' repeats a mode by a count that is not a whole number of at least 1 (e.g. none*3)");
+        times = std::stoul(n);
+        one.resize(star);
+      }
+      const nn::Recompute r = mode(one, true);
+      blocks.back().insert(blocks.back().end(), times, r);
+      if (to == std::string::npos) break;
+      from = to + 1;
+    }
+    stages.push_back(*std::max_element(blocks.back().begin(), blocks.back().end()));
   }
-  return out;
+  if (!per_block) blocks.clear();
 }
 
 /**
@@ -127,7 +162,9 @@ void apply_plan(const cli::Parser& p, Options& o) {
           "train_gpt: --zero1 contradicts the plan '", o.plan, "', which has ZeRO stage ",
           parallel::stage_number(plan.zero), "; drop --zero1 (the plan sets it)");
   take("zero", t.zero, plan.zero);
-  const auto flags = [](const std::vector<nn::Recompute>& f) { return models::GptTrainConfig::join_recompute(f); };
+  const auto flags = [](const std::vector<nn::Recompute>& f, const std::vector<std::vector<nn::Recompute>>& b) {
+    return models::GptTrainConfig::join_recompute(f, b);
+  };
   const std::string planned_layers = models::GptTrainConfig::join_counts(plan.stage_layers);
   require(!p.given("stage-layers") || t.stage_layers == plan.stage_layers, "train_gpt: --stage-layers ",
           models::GptTrainConfig::join_counts(t.stage_layers), " contradicts the plan '", o.plan, "', which has ",
@@ -135,13 +172,29 @@ void apply_plan(const cli::Parser& p, Options& o) {
   t.stage_layers = plan.stage_layers;
   const bool all = std::all_of(plan.recompute_stages.begin(), plan.recompute_stages.end(),
                                [](nn::Recompute r) { return r == nn::Recompute::full; });
-  require(!t.recompute || all, "train_gpt: --recompute contradicts the plan '", o.plan, "', which recomputes stages ",
-          flags(plan.recompute_stages), " only; drop --recompute (the plan sets it)");
-  require(!p.given("recompute-stages") || t.recompute_stages == plan.recompute_stages, "train_gpt: --recompute-stages ",
-          flags(t.recompute_stages), " contradicts the plan '", o.plan, "', which has ", flags(plan.recompute_stages),
-          "; drop --recompute-stages (the plan sets it) or give ", flags(plan.recompute_stages));
+  const bool all_blocks = std::all_of(plan.recompute_blocks.begin(), plan.recompute_blocks.end(), [](const auto& b) {
+    return std::all_of(b.begin(), b.end(), [](nn::Recompute r) { return r == nn::Recompute::full; });
+  });
+  const std::string planned = flags(plan.recompute_stages, plan.recompute_blocks);
+  require(!t.recompute || (all && all_blocks), "train_gpt: --recompute contradicts the plan '", o.plan,
+          "', which recomputes ", planned, " only; drop --recompute (the plan sets it)");
+  // The same modes, whether a stage's blocks are spelled out alike or the stage is given one mode.
+  const auto per_block = [](const std::vector<nn::Recompute>& stages,
+                            const std::vector<std::vector<nn::Recompute>>& blocks, const std::vector<std::size_t>& n) {
+    std::vector<std::vector<nn::Recompute>> out(stages.size());
+    for (std::size_t s = 0; s < stages.size(); ++s)
+      out[s] = s < blocks.size() && !blocks[s].empty() ? blocks[s] : std::vector<nn::Recompute>(n[s], stages[s]);
+    return out;
+  };
+  require(
+      !p.given("recompute-stages") || (t.recompute_stages.size() == plan.recompute_stages.size() &&
+                                       per_block(t.recompute_stages, t.recompute_blocks, plan.stage_layers) ==
+                                           per_block(plan.recompute_stages, plan.recompute_blocks, plan.stage_layers)),
+      "train_gpt: --recompute-stages ", flags(t.recompute_stages, t.recompute_blocks), " contradicts the plan '",
+      o.plan, "', which has ", planned, "; drop --recompute-stages (the plan sets it) or give ", planned);
   t.recompute = false;
   t.recompute_stages = plan.recompute_stages;
+  t.recompute_blocks = plan.recompute_blocks;
   o.plan_vocab = plan.vocab;
 }
 
@@ -222,7 +275,8 @@ Options parse(int argc, char** argv) {
   p.option("recompute-stages", recompute_stages,
            "what each pipeline stage recomputes in backward, comma-separated in the order of --stage-layers: none, "
            "selective (the attention core's probabilities) or full (the stage's forward); 0 and 1 mean none and "
-           "full (e.g. full,selective; instead of --recompute)");
+           "full (e.g. full,selective; instead of --recompute); a stage may list its blocks' modes joined by ':' "
+           "(e.g. full:none,none*2 for 2 + 2 blocks; mode*N repeats a mode)");
   p.flag("sequence-parallel", t.model.sequence_parallel,
          "sequence parallelism: layer norms, residuals and dropout on each tensor rank's block of the tokens; "
          "all-gathers and reduce-scatters instead of all-reduces (dense models, --cp 1)");
@@ -356,7 +410,7 @@ Options parse(int argc, char** argv) {
           " (the cosine schedule decays from --lr to --min-lr); give --min-lr at most --lr",
           t.lr == 0 ? " (--lr 0 needs --min-lr 0)" : "");
   if (p.given("stage-layers")) t.stage_layers = parse_count_list("stage-layers", stage_layers);
-  if (p.given("recompute-stages")) t.recompute_stages = parse_recompute_list(recompute_stages);
+  if (p.given("recompute-stages")) parse_recompute_list(recompute_stages, t.recompute_stages, t.recompute_blocks);
   if (p.given("plan")) {
     require(!o.plan.empty(), "train_gpt: --plan is empty; give the file mpar-plan --write-plan wrote");
     apply_plan(p, o);

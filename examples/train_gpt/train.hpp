@@ -158,7 +158,8 @@ inline plan::MemoryEstimate estimate_rank_memory(const models::GptTrainConfig& c
   // Each stage in its own mode (none, selective or full), as the memory model counts them per rank.
   c.recompute = cfg.recompute_of(0);
   c.recompute_stages = cfg.recompute_stages;
-  c.stage_layers = cfg.stage_layers;  // the fullest pipeline rank under an uneven partition
+  c.recompute_blocks = cfg.recompute_blocks;  // and each block in its own, where a stage's blocks differ
+  c.stage_layers = cfg.stage_layers;          // the fullest pipeline rank under an uneven partition
   c.sequence_parallel = cfg.model.sequence_parallel;
   c.zero = cfg.zero;
   plan::Precision p = plan::Precision::fp32_host(cfg.optimizer == parallel::UpdateRule::adamw ? 8 : 4);
@@ -579,7 +580,7 @@ void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitS
         cfg.recompute ? ", recompute" : "", cfg.model.sequence_parallel ? ", sequence parallel" : "",
         cfg.grad_topk_density > 0 ? (", gradients top-k " + json_number(cfg.grad_topk_density)).c_str() : "");
     if (!cfg.stage_layers.empty() || !cfg.recompute_stages.empty()) {
-      const std::string flags = models::GptTrainConfig::join_recompute(cfg.recompute_stages);
+      const std::string flags = models::GptTrainConfig::join_recompute(cfg.recompute_stages, cfg.recompute_blocks);
       std::printf("blocks per stage %s (stage = chunk x pp + rank)%s%s\n",
                   models::GptTrainConfig::join_counts(cfg.partition().sizes()).c_str(),
                   flags.empty() ? "" : ", recompute per stage ", flags.c_str());

@@ -1,5 +1,6 @@
 #pragma once
 // The small GPT configuration the model tests train: 4 blocks of width 32 on the default text.
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <random>
@@ -45,11 +46,11 @@ inline models::GptTrainConfig small_gpt(std::size_t tp, std::size_t pp, std::siz
  * parameter's update can be compared), pp x chunks + 1 to + 3 blocks split at random into stages of at least
  * one block (uneven but for chance), and a random recomputation per stage (none, selective or full). About one
  * plan in three then empties a stage, its blocks moved to a neighbour (a stage with the embedding or the head
- * alone, or a pass-through stage; drawn from a second generator, so the other draws stay as they were). At most 8
- * ranks each. Drawn from the generators' raw output, so every standard library draws the same plans.
+ * alone, or a pass-through stage; drawn from a second generator, so the other draws stay as they were), and about
+ * one in two gives some stages of two or more blocks a mode per block (a third generator). At most 8 ranks each. Drawn from the generators' raw output, so every standard library draws the same plans.
  */
 inline std::vector<std::pair<std::string, models::GptTrainConfig>> drawn_plans(std::size_t count, std::uint32_t seed) {
-  std::mt19937 rng(seed), empties(seed + 1);
+  std::mt19937 rng(seed), empties(seed + 1), masks(seed + 2);
   const auto pick = [&](std::size_t n) { return std::size_t(rng() % n); };
   const char* const schedules[] = {"gpipe", "1f1b", "interleaved_1f1b", "zb_h1", "zb_h2"};
   const int zeros[] = {0, 1, 3};
@@ -83,7 +84,17 @@ inline std::vector<std::pair<std::string, models::GptTrainConfig>> drawn_plans(s
     }
     const nn::Recompute modes[] = {nn::Recompute::none, nn::Recompute::selective, nn::Recompute::full};
     for (std::size_t s = 0; s < stages; ++s) c.recompute_stages.push_back(modes[pick(3)]);
-    const std::string flags = models::GptTrainConfig::join_recompute(c.recompute_stages);
+    // About one plan in two gives some stages of two or more blocks a mode per block, the stage's mode the most
+    // of them (drawn from a third generator, so the other draws stay as they were).
+    if (masks() % 2 == 0) {
+      c.recompute_blocks.assign(stages, {});
+      for (std::size_t s = 0; s < stages; ++s) {
+        if (c.stage_layers[s] < 2 || masks() % 2 == 0) continue;
+        for (std::size_t b = 0; b < c.stage_layers[s]; ++b) c.recompute_blocks[s].push_back(modes[masks() % 3]);
+        c.recompute_stages[s] = *std::max_element(c.recompute_blocks[s].begin(), c.recompute_blocks[s].end());
+      }
+    }
+    const std::string flags = models::GptTrainConfig::join_recompute(c.recompute_stages, c.recompute_blocks);
     out.emplace_back("plan " + std::to_string(i) + ": tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) +
                          " dp=" + std::to_string(dp) + " " + schedule + " v=" + std::to_string(c.chunks) +
                          " M=" + std::to_string(c.microbatches) + " zero" + std::to_string(zero) + " layers " +

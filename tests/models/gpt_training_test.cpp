@@ -321,7 +321,7 @@ RunResult single_rank_of(const models::GptTrainConfig& plan, std::size_t steps) 
   one.chunks = 1;
   one.microbatches = plan.microbatches * int(plan.dp);
   one.stage_layers.clear();
-  one.recompute_stages.clear();
+  one.recompute_stages.clear(), one.recompute_blocks.clear();
   static std::map<std::string, RunResult> cache;
   const std::string key = std::to_string(one.model.layers) + std::string(parallel::name_of(one.optimizer)) +
                           std::to_string(one.microbatches);
@@ -333,19 +333,21 @@ RunResult single_rank_of(const models::GptTrainConfig& plan, std::size_t steps) 
 /** Drawn plans `first` to `last` (of 24, seed 46) each train 3 steps equal to the single rank. */
 void require_drawn_plans_equal_single_rank(std::size_t first, std::size_t last) {
   const auto plans = testing::drawn_plans(24, 46);
-  std::size_t uneven = 0, all_modes = 0, empty = 0;
+  std::size_t uneven = 0, all_modes = 0, empty = 0, by_block = 0;
   for (std::size_t i = first; i < last; ++i) {
     const auto& [name, c] = plans[i];
     if (c.partition().sizes() != pipeline::Partition::even(c.model.layers, c.stages()).sizes()) ++uneven;
     if (std::ranges::count(c.stage_layers, std::size_t(0)) > 0) ++empty;
     const std::set<nn::Recompute> modes(c.recompute_stages.begin(), c.recompute_stages.end());
     if (modes.size() == 3) ++all_modes;
+    for (std::size_t s = 0; s < c.stages(); ++s) by_block += c.mixed_blocks(s) ? 1 : 0;
     // SGD plans (no ZeRO): every parameter's update too; AdamW (ZeRO-1, -3): losses and gradient norms.
     require_equivalent(run(c, 3), single_rank_of(c, 3), name, parallel::stage_number(c.zero) == 0);
   }
   CHECK(uneven * 2 > last - first);  // most drawn partitions differ from the even split
   CHECK(all_modes >= 2);             // and some stages of one plan keep all, recompute selectively and fully
   CHECK(empty >= 2);                 // and some leave a stage without blocks
+  CHECK(by_block >= 2);              // and some stages recompute block by block
 }
 
 TEST_CASE(
@@ -369,6 +371,58 @@ TEST_CASE(
   one.pp = 1, one.chunks = 1, one.schedule = pipeline::ScheduleKind::one_f_one_b;
   one.stage_layers.clear(), one.recompute_stages.clear();
   require_equivalent(got, run(one, 3), "pp=2 v=2 recompute selective,full,none,selective", true);
+}
+
+TEST_CASE(
+    "a pp = 2 plan whose blocks recompute none, selectively and fully inside a stage trains bit for bit as without "
+    "recomputation, and equal to the single rank",
+    "[models][gpt][pipeline][plans][recompute_blocks]") {
+  // Each stage mixes its blocks' modes (a full block keeps only its input and reruns its own forward, beside
+  // blocks that keep everything or drop their probabilities): the recomputation repeats the forward's arithmetic
+  // in the same order, so the same layout without recomputation gives the same bits, at tp 1 and tp 2, with and
+  // without sequence parallelism.
+  using enum nn::Recompute;
+  struct Case {
+    std::size_t tp;
+    bool sp;
+    std::vector<std::vector<nn::Recompute>> blocks;
+  };
+  const Case cases[] = {{1, false, {{full, none}, {selective, full}}},
+                        {2, false, {{none, full}, {full, selective}}},
+                        {2, true, {{full, selective}, {none, full}}}};
+  for (const Case& k : cases) {
+    auto c = small_sgd(k.tp, 2, 1);
+    c.model.dropout = 0.1, c.model.sequence_parallel = k.sp;
+    c.recompute_stages = {full, full};
+    c.recompute_blocks = k.blocks;
+    const std::string what = "tp=" + std::to_string(k.tp) + (k.sp ? " sp" : "") + " pp=2 recompute " +
+                             models::GptTrainConfig::join_recompute(c.recompute_stages, c.recompute_blocks);
+    INFO(what);
+    REQUIRE(c.mixed_blocks(0));
+    auto kept = c;
+    kept.recompute_stages.clear(), kept.recompute_blocks.clear();
+    const RunResult got = run(c, 3), want = run(kept, 3);
+    CHECK(got.losses == want.losses);
+    CHECK(got.norms == want.norms);
+    CHECK(got.params == want.params);
+    auto one = kept;
+    one.tp = 1, one.pp = 1, one.model.sequence_parallel = false;
+    require_equivalent(got, run(one, 3), what, true);
+  }
+  // A list that does not match its stage is refused, naming the counts and the fix.
+  auto bad = small_sgd(1, 2, 1);
+  bad.recompute_stages = {full, none};
+  bad.recompute_blocks = {{full, none, none}, {}};
+  REQUIRE_THROWS_WITH(bad.validate(bad.world_size()),
+                      Catch::Contains("--recompute-stages gives stage 0 3 per-block mode(s) (full:none:none), but the "
+                                      "stage holds 2 block(s); give one mode per block joined by ':'"));
+  bad.recompute_blocks = {{selective, none}, {}};
+  REQUIRE_THROWS_WITH(
+      bad.validate(bad.world_size()),
+      Catch::Contains("the blocks of stage 0 recompute at most selective, but the stage's mode is full"));
+  bad.recompute_blocks = {{full, none}};
+  REQUIRE_THROWS_WITH(bad.validate(bad.world_size()),
+                      Catch::Contains("the per-block recomputation names 1 stage(s), but pp x chunks = 2 stages"));
 }
 
 TEST_CASE("drawn plans (uneven stages, per-stage recomputation, tp, pp, ZeRO, schedules) equal the single rank, I",

@@ -260,6 +260,30 @@ TEST_CASE("step counts: recomputation, ZeRO-1, bf16 and f16", "[models][counts]"
   check_dense("f16", f);
 }
 
+TEST_CASE("step counts: each block recomputes what its own mode says, the stage is not rerun whole",
+          "[models][counts][recompute_blocks]") {
+  // The fused GEMM + bias + GeLU runs once per block and micro-batch in the forward, and again for every block
+  // that recomputes fully (selective recomputation redoes the attention core only): with blocks full, none on
+  // the first stage and selective, full on the second, each rank runs three per micro-batch; the whole-stage
+  // recomputation four.
+  using enum nn::Recompute;
+  auto c = testing::small_gpt(1, 2, 1);
+  c.recompute_stages = {full, full};
+  c.recompute_blocks = {{full, none}, {selective, full}};
+  const auto M = std::uint64_t(c.microbatches);
+  const auto mixed = count_steps(c);
+  c.recompute_blocks = {{full, full}, {full, full}};  // alike: the executor reruns each stage
+  const auto whole = count_steps(c);
+  c.recompute_stages.clear(), c.recompute_blocks.clear();
+  const auto kept = count_steps(c);
+  for (std::size_t r = 0; r < 2; ++r) {
+    INFO("pipeline rank " << r);
+    CHECK(kept[r].step[Op::gemm_bias_gelu] == 2 * M);
+    CHECK(mixed[r].step[Op::gemm_bias_gelu] == 3 * M);
+    CHECK(whole[r].step[Op::gemm_bias_gelu] == 4 * M);
+  }
+}
+
 TEST_CASE("step counts: ZeRO-1, -2 and -3 update the rank's shard of every bucket with one launch per step",
           "[models][counts][zero]") {
   // 4 KiB buckets: the model's gradients fill several, and this rank's block of each holds pieces of several

@@ -31,6 +31,7 @@ SearchSpace bound_space() {
   SearchSpace s;
   s.tp = 2, s.pp = 8, s.microbatch_size = 1, s.schedule = ScheduleKind::one_f_one_b;
   s.zero1 = true, s.zero2 = false, s.zero3 = false, s.sequence_parallel = true;
+  s.mix_block_recompute = false;  // the per-rank mix alone (per block: tests/plan/recompute_blocks_test.cpp)
   return s;
 }
 ParallelConfig bound_config() {
@@ -95,7 +96,9 @@ std::vector<std::string> bound_args(double gpu_mem_gib) {
           "--sequence-parallel",
           "on",
           "--top",
-          "3"};
+          "3",
+          "--recompute-mix",
+          "stages"};
 }
 
 std::string mix_temp_path(const std::string& name) {

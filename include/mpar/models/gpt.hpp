@@ -648,6 +648,15 @@ class GptPipelinePart {
   void set_recompute(nn::Recompute r) {
     for (auto& b : blocks_) b->set_recompute(r);
   }
+  /**
+   * Each block's own recomputation, in block order (a per-block mix: a `full` block keeps only its input and reruns
+   * its forward before its backward, while the stage's other blocks keep theirs).
+   */
+  void set_block_recompute(const std::vector<nn::Recompute>& modes) {
+    require(modes.size() == blocks_.size(), "GptPipelinePart: ", modes.size(),
+            " per-block recomputation modes for a stage of ", blocks_.size(), " blocks; give one mode per block");
+    for (std::size_t i = 0; i < modes.size(); ++i) blocks_[i]->set_recompute(modes[i]);
+  }
 
   /**
    * @brief ZeRO-3's hook point: `hook(unit, next, begin)` is called with `begin` = true just before a unit of

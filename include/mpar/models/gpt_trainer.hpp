@@ -135,6 +135,12 @@ struct GptTrainConfig {
   /// core's probabilities (selective) or the whole stage (full). Empty: `recompute` on every stage. Giving both is
   /// refused.
   std::vector<nn::Recompute> recompute_stages;
+  /// Optionally, per global stage, what each of its blocks recomputes (--recompute-stages with a stage written as
+  /// its blocks' modes joined by ':', e.g. full:none,none): empty, or one entry per stage, each empty (every block
+  /// as the stage) or one mode per block of the stage, the most of them being the stage's `recompute_stages` entry.
+  /// A stage whose blocks differ recomputes block by block: a full block keeps only its input and reruns its own
+  /// forward, instead of the executor rerunning the whole stage.
+  std::vector<std::vector<nn::Recompute>> recompute_blocks;
   parallel::Precision precision = parallel::Precision::fp32;     ///< f16 adds dynamic loss scaling
   parallel::UpdateRule optimizer = parallel::UpdateRule::adamw;  ///< SGD with momentum 0.9, or AdamW
   parallel::ZeroStage zero = parallel::ZeroStage::none;          ///< what is sharded over the data axis (--zero N)
@@ -180,10 +186,32 @@ struct GptTrainConfig {
     if (!recompute_stages.empty()) return recompute_stages.at(s);
     return recompute ? nn::Recompute::full : nn::Recompute::none;
   }
-  /** "none,selective,full": per-stage modes as --recompute-stages takes them. */
-  [[nodiscard]] static std::string join_recompute(const std::vector<nn::Recompute>& v) {
+  /** What block `b` (counted from the stage's first) of global stage `s` recomputes. */
+  [[nodiscard]] nn::Recompute block_recompute_of(std::size_t s, std::size_t b) const {
+    if (recompute_blocks.empty() || recompute_blocks.at(s).empty()) return recompute_of(s);
+    return recompute_blocks[s].at(b);
+  }
+  /** Whether the blocks of global stage `s` recompute differently (the stage then recomputes block by block). */
+  [[nodiscard]] bool mixed_blocks(std::size_t s) const {
+    if (recompute_blocks.empty()) return false;
+    const auto& b = recompute_blocks.at(s);
+    return std::any_of(b.begin(), b.end(), [&](nn::Recompute r) { return r != b.front(); });
+  }
+  /**
+   * "none,selective,full": per-stage modes as --recompute-stages takes them; a stage with per-block modes
+   * (`blocks`, empty or one list per stage) as its blocks' modes joined by ':' ("full:none,selective").
+   */
+  [[nodiscard]] static std::string join_recompute(const std::vector<nn::Recompute>& v,
+                                                  const std::vector<std::vector<nn::Recompute>>& blocks = {}) {
     std::string out;
-    for (std::size_t i = 0; i < v.size(); ++i) out += (i ? "," : "") + std::string(nn::recompute_name(v[i]));
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      out += i ? "," : "";
+      if (i < blocks.size() && !blocks[i].empty())
+        for (std::size_t b = 0; b < blocks[i].size(); ++b)
+          out += (b ? ":" : "") + std::string(nn::recompute_name(blocks[i][b]));
+      else
+        out += nn::recompute_name(v[i]);
+    }
     return out;
   }
   /** Ranks that take different samples: data x expert. */
@@ -335,12 +363,30 @@ struct GptTrainConfig {
   }
   /** Per-stage recomputation: one flag per global stage, and not beside `recompute`. */
   void validate_recompute_stages() const {
+    require(recompute_blocks.empty() || !recompute_stages.empty(),
+            "train: per-block recomputation needs the per-stage modes beside it (--recompute-stages sets both)");
     if (recompute_stages.empty()) return;
     require(!recompute, "train: --recompute and --recompute-stages both say which stages recompute; give one");
     require(recompute_stages.size() == stages(), "train: --recompute-stages gives ", recompute_stages.size(),
             " mode(s), but pp x chunks = ", pp, " x ", chunks, " = ", stages(),
             " stages (stage s = chunk x pp + rank); give ", stages(),
             " comma-separated modes (none, selective or full; 0 and 1 for none and full)");
+    if (recompute_blocks.empty()) return;
+    require(recompute_blocks.size() == stages(), "train: the per-block recomputation names ", recompute_blocks.size(),
+            " stage(s), but pp x chunks = ", stages(), " stages; give one list per stage");
+    const pipeline::Partition part = partition();
+    for (std::size_t s = 0; s < stages(); ++s) {
+      const auto& b = recompute_blocks[s];
+      if (b.empty()) continue;
+      const std::size_t n = part.end(s) - part.begin(s);
+      require(b.size() == n, "train: --recompute-stages gives stage ", s, " ", b.size(), " per-block mode(s) (",
+              join_recompute({recompute_stages[s]}, {b}), "), but the stage holds ", n,
+              " block(s); give one mode per block joined by ':', or one mode for the whole stage");
+      const nn::Recompute most = *std::max_element(b.begin(), b.end());
+      require(most == recompute_stages[s], "train: the blocks of stage ", s, " recompute at most ",
+              nn::recompute_name(most), ", but the stage's mode is ", nn::recompute_name(recompute_stages[s]),
+              "; a stage's mode is the most its blocks recompute");
+    }
   }
   /** "1,3,2": counts as --stage-layers takes them. */
   [[nodiscard]] static std::string join_counts(const std::vector<std::size_t>& v) {
@@ -420,8 +466,9 @@ struct GptTrainConfig {
       {"--chunks", std::to_string(c.chunks)},
       {"--recompute", c.recompute ? "on" : "off"},
       {"--stage-layers", c.stage_layers.empty() ? "even" : GptTrainConfig::join_counts(c.stage_layers)},
-      {"--recompute-stages",
-       c.recompute_stages.empty() ? std::string("all or none") : GptTrainConfig::join_recompute(c.recompute_stages)},
+      {"--recompute-stages", c.recompute_stages.empty()
+                                 ? std::string("all or none")
+                                 : GptTrainConfig::join_recompute(c.recompute_stages, c.recompute_blocks)},
       {"--sequence-parallel", m.sequence_parallel ? "on" : "off"},
       {"--precision", std::string(parallel::name_of(c.precision))},
       {"--optimizer", std::string(parallel::name_of(c.optimizer))},
@@ -1453,12 +1500,17 @@ class GptTrainer {
     for (auto& s : stages_) chunks.push_back(s.get());
     pipeline::ExecutorOptions eo;
     // The configuration's modes are per global stage. Full recomputation is the executor's, per local chunk (it
-    // keeps the chunk's input and reruns its forward); selective is each block's attention.
+    // keeps the chunk's input and reruns its forward); selective is each block's attention. A stage whose blocks
+    // differ recomputes block by block, each full block keeping its own input.
     for (int c = 0; c < V; ++c) {
-      const nn::Recompute mode = cfg_.recompute_of(
-          std::size_t(pipeline::global_stage(pipeline::ScheduleConfig{P, cfg_.microbatches, V, 1}, r, c)));
-      eo.recompute.push_back(mode == nn::Recompute::full);
-      if (mode == nn::Recompute::selective) stages_[std::size_t(c)]->set_recompute(mode);
+      const auto s = std::size_t(pipeline::global_stage(pipeline::ScheduleConfig{P, cfg_.microbatches, V, 1}, r, c));
+      const nn::Recompute mode = cfg_.recompute_of(s);
+      const bool by_block = cfg_.mixed_blocks(s);
+      eo.recompute.push_back(mode == nn::Recompute::full && !by_block);
+      if (by_block)
+        stages_[std::size_t(c)]->set_block_recompute(cfg_.recompute_blocks[s]);
+      else if (mode == nn::Recompute::selective)
+        stages_[std::size_t(c)]->set_recompute(mode);
     }
     eo.microbatch_tokens = cfg_.microbatch_size() * cfg_.model.seq / cfg_.cp;  // this context rank's tokens
     eo.boundary_cols = cfg_.model.hidden;  // every stage boundary is [tokens, hidden]

@@ -39,6 +39,7 @@ namespace mpar::models {
   c.chunks = 1;
   c.stage_layers.clear();      // one stage holds every block
   c.recompute_stages.clear();  // recomputation repeats the forward's arithmetic: the reference needs none
+  c.recompute_blocks.clear();
   c.model.sequence_parallel = false;
   c.grad_topk_density = 0;  // compression changes the update by design: the reference is the dense run
   c.graph = false;

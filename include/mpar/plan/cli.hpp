@@ -65,6 +65,11 @@ Optional (fix a dimension instead of searching it):
                            unfixed, recomputation is also chosen per pipeline rank: where some rank does not
                            fit without it, each takes the least that fits (the table says "mixed", the best
                            "recompute per stage"); --recompute MODE fixes MODE for every stage
+  --recompute-mix blocks|stages|off
+                           blocks (default): the per-rank mix, and per block inside each rank's stages the
+                           fastest numbers of fully, selectively and not recomputed blocks that fit
+                           ("full:none*3" in "recompute per stage"); stages: the per-rank mix only; off:
+                           one setting for every stage
   --partition balanced|even
                            balanced (default): besides the even split of the layers over the pipeline
                            stages, try the cost-balanced one (embedding and head weighted in; a stage may
@@ -231,6 +236,11 @@ namespace detail {
       require(s.has_value(), "--schedule '", val,
               "' is not known; use gpipe, 1f1b, interleaved_1f1b, zb_h1, zb_h2 or 2bw");
       o.space.schedule = *s;
+    } else if (opt == "--recompute-mix") {
+      require(val == "blocks" || val == "stages" || val == "off", "--recompute-mix '", val,
+              "' is not known; use blocks, stages or off");
+      o.space.mix_recompute = val != "off";
+      o.space.mix_block_recompute = val == "blocks";
     } else if (opt == "--recompute") {
       const auto r = parse_recompute(val);
       require(r.has_value(), "--recompute '", val, "' is not known; use none, selective or full");
@@ -313,7 +323,19 @@ namespace detail {
      << ",\"recompute\":\"" << (k.mixed_recompute() ? "mixed" : recompute_name(k.recompute_of(0)))
      << "\",\"recompute_stages\":[";
   for (std::size_t i = 0; i < k.stages(); ++i) os << (i ? "," : "") << '"' << recompute_name(k.recompute_of(i)) << '"';
-  os << "],\"zero\":" << parallel::stage_number(k.zero)
+  os << "]";
+  if (k.mixed_block_recompute()) {
+    os << ",\"recompute_blocks\":[";
+    for (std::size_t i = 0; i < k.stages(); ++i) {
+      os << (i ? ",[" : "[");
+      if (k.mixed_blocks(i))
+        for (std::size_t b = 0; b < k.recompute_blocks[i].size(); ++b)
+          os << (b ? "," : "") << '"' << recompute_name(k.recompute_blocks[i][b]) << '"';
+      os << "]";
+    }
+    os << "]";
+  }
+  os << ",\"zero\":" << parallel::stage_number(k.zero)
      << ",\"sequence_parallel\":" << (k.sequence_parallel ? "true" : "false")
      << ",\"memory_gib_per_gpu\":" << c.memory.total() / gib
      << ",\"memory_gib\":{\"parameters\":" << c.memory.parameters / gib << ",\"gradients\":" << c.memory.gradients / gib
@@ -355,7 +377,10 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
   out << "searched " << plan.considered << " configurations";
   if (plan.balance_stages) out << " (" << plan.balanced << " of them also with a cost-balanced stage partition)";
   out << ", simulated " << plan.simulated << " pipelines (" << plan.verified_shapes << " schedule shapes verified)";
-  if (plan.mixed > 0) out << "; " << plan.mixed << " of the configurations recompute per pipeline rank";
+  if (plan.mixed > 0) {
+    out << "; " << plan.mixed << " of the configurations recompute per pipeline rank";
+    if (plan.mixed_blocks > 0) out << " (" << plan.mixed_blocks << " per block inside the stages)";
+  }
   out << "\n\n";
   if (plan.best.empty()) {
     out << "no configuration fits; the closest rejections are listed below\n";
@@ -404,7 +429,10 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
     }
     if (b.config.mixed_recompute())
       out << "  recompute per stage " << b.config.recompute_layout()
-          << " (each pipeline rank the least that fits its memory"
+          << (b.config.mixed_block_recompute()
+                  ? " (per block inside a stage, blocks joined by ':'; each pipeline rank the fastest that fits its "
+                    "memory"
+                  : " (each pipeline rank the least that fits its memory")
           << (b.config.virtual_stages > 1 ? ", stage chunk x pp + rank" : "") << ")\n";
     out << "  step " << detail::fixed(b.step_seconds, 3) << " s = pipeline " << detail::fixed(b.pipeline_seconds, 3)
         << " + exposed data-parallel reduction " << detail::fixed(b.dp_exposed_seconds, 3) << " + optimizer "
@@ -447,6 +475,11 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
   p.stage_layers = c.stage_layers;
   p.recompute_stages.resize(c.stage_layers.size());
   for (std::size_t s = 0; s < p.recompute_stages.size(); ++s) p.recompute_stages[s] = k.recompute_of(s);
+  if (k.mixed_block_recompute()) {
+    p.recompute_blocks.assign(p.recompute_stages.size(), {});
+    for (std::size_t s = 0; s < p.recompute_stages.size(); ++s)
+      if (k.mixed_blocks(s)) p.recompute_blocks[s] = k.recompute_blocks[s];
+  }
   p.validate();
   return p;
 }

@@ -249,29 +249,34 @@ class CostModel {
 
   /**
    * Costs of local chunk `chunk` on pipeline rank `rank` for one micro-batch: its layers (the even split, or
-   * `c.stage_layers`), each recomputing what the stage does (`c.recompute_of`), plus the embedding on the first
-   * global stage and the final norm, logits and cross-entropy on the last.
+   * `c.stage_layers`), each recomputing what the stage, or the block itself, does (`c.block_recompute_of`), plus
+   * the embedding on the first global stage and the final norm, logits and cross-entropy on the last.
    */
   [[nodiscard]] ChunkCosts chunk_costs(const ParallelConfig& c, std::size_t rank, std::size_t chunk,
                                        const GroupPlacement& g) const {
     check_recompute_stages(c);
+    check_recompute_blocks(model_, c);
     const std::size_t count = chunk_layer_count(model_, c, rank, chunk),
                       first = first_chunk_layer(model_, c, rank, chunk);
-    const Recompute mode = c.recompute_of(chunk * c.pp + rank);
-    double moe = 0;
-    for (std::size_t b = first; b < first + count; ++b) moe += model_.is_moe_layer(b) ? 1.0 : 0.0;
-    const double n = double(count) - moe;
-    ChunkCosts r;
-    if (n > 0) {
-      const ChunkCosts l = layer_costs(c, g, false, mode);
-      r = {n * l.forward, n * l.backward_input, n * l.backward_weight};
-    }
-    if (moe > 0) {
-      const ChunkCosts x = layer_costs(c, g, true, mode);
-      r.forward += moe * x.forward, r.backward_input += moe * x.backward_input,
-          r.backward_weight += moe * x.backward_weight;
-    }
     const std::size_t global = chunk * c.pp + rank;
+    ChunkCosts r;
+    // The blocks by mode (one group unless the stage's blocks differ: `ParallelConfig::mixed_blocks`), dense and MoE.
+    for (Recompute mode : {Recompute::none, Recompute::selective, Recompute::full}) {
+      if (!c.mixed_blocks(global) && mode != c.recompute_of(global)) continue;
+      double moe = 0, n = 0;
+      for (std::size_t b = first; b < first + count; ++b)
+        if (c.block_recompute_of(global, b - first) == mode) (model_.is_moe_layer(b) ? moe : n) += 1.0;
+      if (n > 0) {
+        const ChunkCosts l = layer_costs(c, g, false, mode);
+        r.forward += n * l.forward, r.backward_input += n * l.backward_input,
+            r.backward_weight += n * l.backward_weight;
+      }
+      if (moe > 0) {
+        const ChunkCosts x = layer_costs(c, g, true, mode);
+        r.forward += moe * x.forward, r.backward_input += moe * x.backward_input,
+            r.backward_weight += moe * x.backward_weight;
+      }
+    }
     if (global == 0) r = r + embedding_costs(c, g);
     if (global + 1 == c.stages()) r = r + head_costs(c, g);
     return r;
@@ -371,14 +376,17 @@ namespace mpar::plan {
   return f;
 }
 
-/** The same for `c`'s recomputation, stage by stage where the stages differ (`ParallelConfig::recompute_stages`). */
+/**
+ * The same for `c`'s recomputation, stage by stage (block by block) where the stages (their blocks) differ
+ * (`ParallelConfig::recompute_stages`, `recompute_blocks`).
+ */
 [[nodiscard]] inline double iteration_flops(const GptModel& m, const ParallelConfig& c, double batch) {
   if (!c.mixed_recompute()) return iteration_flops(m, batch, c.recompute_of(0));
   const double s = double(m.seq), h = double(m.hidden);
   double f = m.model_flops(batch);
   for (std::size_t rank = 0; rank < c.pp; ++rank)
     for_each_rank_layer(m, c, rank, [&](std::size_t chunk, std::size_t layer) {
-      const Recompute r = c.recompute_of(chunk * c.pp + rank);
+      const Recompute r = c.block_recompute_of(chunk * c.pp + rank, layer - first_chunk_layer(m, c, rank, chunk));
       if (r == Recompute::full) f += m.layer_forward_flops(layer, batch);
       if (r == Recompute::selective) f += batch * 4.0 * s * s * h;
     });

@@ -185,6 +185,12 @@ inline void check_recompute_stages(const ParallelConfig& c) {
           c.virtual_stages, " stages; give one mode per stage (or none: the one setting for every stage)");
 }
 
+/**
+ * Throws config_error unless `c.recompute_blocks` is empty or gives, per stage, nothing or one mode per block of
+ * the stage, the most of them being what the stage recomputes (`recompute_of`).
+ */
+inline void check_recompute_blocks(const GptModel& m, const ParallelConfig& c);
+
 /** The layers of local chunk `chunk` on pipeline rank `rank` (global stage chunk pp + rank). */
 [[nodiscard]] inline std::size_t chunk_layer_count(const GptModel& m, const ParallelConfig& c, std::size_t rank,
                                                    std::size_t chunk) {
@@ -202,6 +208,24 @@ inline void check_recompute_stages(const ParallelConfig& c) {
   std::size_t first = 0;
   for (std::size_t s = 0; s < stage; ++s) first += c.stage_layers[s];
   return first;
+}
+
+inline void check_recompute_blocks(const GptModel& m, const ParallelConfig& c) {
+  if (c.recompute_blocks.empty()) return;
+  require(c.recompute_blocks.size() == c.stages(), "plan: the recomputation per block names ",
+          c.recompute_blocks.size(), " stages, but pp*v = ", c.pp, "*", c.virtual_stages,
+          " stages; give one list per stage (an empty one: every block as the stage)");
+  for (std::size_t s = 0; s < c.stages(); ++s) {
+    const std::vector<Recompute>& b = c.recompute_blocks[s];
+    if (b.empty()) continue;
+    const std::size_t n = chunk_layer_count(m, c, s % c.pp, s / c.pp);
+    require(b.size() == n, "plan: the recomputation per block of stage ", s, " has ", b.size(),
+            " modes, but the stage holds ", n, " blocks; give one mode per block");
+    const Recompute most = *std::max_element(b.begin(), b.end());
+    require(most == c.recompute_of(s), "plan: the blocks of stage ", s, " recompute at most ", recompute_name(most),
+            ", but the stage is set to ", recompute_name(c.recompute_of(s)),
+            "; a stage's mode is the most its blocks recompute");
+  }
 }
 
 /** Calls `f(chunk, layer)` for every layer pipeline rank `rank` holds. */
@@ -300,6 +324,7 @@ struct MoeLayerBytes {
                                                 std::size_t rank, double peak_inflight, const MemoryOptions& o = {}) {
   require(rank < c.pp, "plan::rank_memory: pipeline rank ", rank, " is outside pp = ", c.pp);
   check_recompute_stages(c);
+  check_recompute_blocks(m, c);
   require(c.ep >= 1 && c.dp % c.ep == 0 && (m.experts == 0 || m.experts % c.ep == 0), "plan::rank_memory: ep = ", c.ep,
           " must divide dp = ", c.dp, " (expert ranks are data ranks) and the ", m.experts, " experts");
   MemoryEstimate e;
@@ -346,13 +371,18 @@ struct MoeLayerBytes {
   // inputs, split over tp), on every tensor rank alike (the experts are not split).
   const double dense_mlp = p.activation_bytes * sbh * (c.sequence_parallel ? 9.0 / t : 1.0 + 8.0 / t);
   const MoeLayerBytes moe = m.experts > 0 ? moe_layer_bytes(m, c, p) : MoeLayerBytes{};
-  // Per chunk, in its own recomputation mode (`ParallelConfig::recompute_of`): what one in-flight micro-batch
-  // keeps, and what its backward rebuilds on top for a moment. The rank holds its in-flight sets at the fullest
-  // chunk's size, and one backward (one chunk's rebuild) at a time.
+  // Per chunk, each block in its own recomputation mode (`ParallelConfig::block_recompute_of`): what one in-flight
+  // micro-batch keeps, and what its backward rebuilds on top for a moment. The rank holds its in-flight sets at the
+  // fullest chunk's size, and one backward (one chunk's rebuild) at a time.
   std::vector<double> chunk_stored(c.virtual_stages, 0.0), chunk_full(c.virtual_stages, 0.0);
   std::vector<bool> chunk_moe(c.virtual_stages, false);
+  // A chunk whose blocks differ: the backward runs its blocks last first, so while block i rebuilds what it
+  // recomputes, the micro-batch still holds what blocks 0..i keep (the later ones are freed). The most that reaches.
+  std::vector<double> chunk_backward_peak(c.virtual_stages, 0.0);
+  const double probabilities =
+      c.cp == 1 ? (o.attention_dropout ? 2 * p.activation_bytes + p.mask_bytes : p.activation_bytes) * scores / t : 0.0;
   for_each_rank_layer(m, c, rank, [&](std::size_t ch, std::size_t layer) {
-    const Recompute mode = c.recompute_of(ch * c.pp + rank);
+    const Recompute mode = c.block_recompute_of(ch * c.pp + rank, layer - first_chunk_layer(m, c, rank, ch));
     const bool is_moe = m.is_moe_layer(layer);
     chunk_moe[ch] = chunk_moe[ch] || is_moe;
     const double swap = is_moe ? moe.stored - dense_mlp : 0.0;
@@ -360,18 +390,29 @@ struct MoeLayerBytes {
         layer_activation_bytes(m, c.microbatch_size, c.tp, c.sequence_parallel, mode, p, o.attention_dropout, c.cp) +
         (mode == Recompute::full ? 0.0 : swap);
     chunk_full[ch] += full_layer + swap;
+    const double rebuild = mode == Recompute::full        ? std::max(full_layer, full_layer + swap)
+                           : mode == Recompute::selective ? probabilities
+                                                          : 0.0;
+    chunk_backward_peak[ch] = std::max(chunk_backward_peak[ch], chunk_stored[ch] + rebuild);
   });
   double held = 0, rebuilt = 0;  // the in-flight sets, and the largest rebuild on top of them
   for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) {
     const Recompute mode = c.recompute_of(ch * c.pp + rank);
     // Recomputation rebuilds activations for the backward: a whole chunk at once (keeping only its input per
-    // in-flight micro-batch), or one layer at a time.
-    if (mode == Recompute::full && o.recompute_whole_chunk) {
+    // in-flight micro-batch), or one layer at a time. A chunk whose blocks differ recomputes block by block: each
+    // full block keeps its input and is rebuilt alone, a selective one rebuilds its probabilities, each while the
+    // blocks before it still hold theirs (`chunk_backward_peak`).
+    const bool by_block = c.mixed_blocks(ch * c.pp + rank);
+    if (mode == Recompute::full && o.recompute_whole_chunk && !by_block) {
       held = std::max(held, peak_inflight * p.activation_bytes * sbh / boundary_shard);
       rebuilt = std::max(rebuilt, chunk_full[ch]);
       continue;
     }
     held = std::max(held, peak_inflight * chunk_stored[ch]);
+    if (by_block) {
+      rebuilt = std::max(rebuilt, chunk_backward_peak[ch] - chunk_stored[ch]);
+      continue;
+    }
     if (mode == Recompute::full)
       rebuilt =
           std::max(rebuilt, chunk_moe[ch] ? std::max(full_layer, full_layer - dense_mlp + moe.stored) : full_layer);

@@ -1,5 +1,6 @@
 #pragma once
 /** @file One point of the planner's search space: how a model is split over a cluster. */
+#include <algorithm>
 #include <cstddef>
 #include <optional>
 #include <ostream>
@@ -53,34 +54,58 @@ struct ParallelConfig {
   /// mix, e.g. the first ranks of a 1F1B pipeline, which hold the most micro-batches in flight, recomputing while
   /// the last ones do not. `recompute` then names the most any stage recomputes. Empty: `recompute` everywhere.
   std::vector<Recompute> recompute_stages;
+  /// Optionally, what each block of a stage recomputes (Galvatron's inner level): empty, or pp * V entries (stage
+  /// order), each empty (every block as the stage: `recompute_of`) or one mode per block of the stage. A stage whose
+  /// blocks differ recomputes block by block: a full block keeps only its input and reruns its own forward, instead
+  /// of the whole chunk being rerun. `recompute_of(stage)` then names the most its blocks recompute.
+  std::vector<std::vector<Recompute>> recompute_blocks;
 
-  /** What global stage `stage` (chunk * pp + rank) recomputes. */
+  /** What global stage `stage` (chunk * pp + rank) recomputes (with per-block modes: the most any block does). */
   [[nodiscard]] Recompute recompute_of(std::size_t stage) const {
     return recompute_stages.empty() ? recompute : recompute_stages.at(stage);
   }
-  /** Whether the stages recompute differently (`recompute_stages` set and not all alike). */
+  /** What block `block` (counted from the stage's first) of global stage `stage` recomputes. */
+  [[nodiscard]] Recompute block_recompute_of(std::size_t stage, std::size_t block) const {
+    if (recompute_blocks.empty() || recompute_blocks.at(stage).empty()) return recompute_of(stage);
+    return recompute_blocks[stage].at(block);
+  }
+  /** Whether the blocks of global stage `stage` recompute differently (it then recomputes block by block). */
+  [[nodiscard]] bool mixed_blocks(std::size_t stage) const {
+    if (recompute_blocks.empty()) return false;
+    const std::vector<Recompute>& b = recompute_blocks.at(stage);
+    return std::any_of(b.begin(), b.end(), [&](Recompute r) { return r != b.front(); });
+  }
+  /** Whether some stage's blocks recompute differently. */
+  [[nodiscard]] bool mixed_block_recompute() const {
+    for (std::size_t s = 0; s < recompute_blocks.size(); ++s)
+      if (mixed_blocks(s)) return true;
+    return false;
+  }
+  /** Whether the stages, or the blocks of some stage, recompute differently. */
   [[nodiscard]] bool mixed_recompute() const {
     for (Recompute r : recompute_stages)
       if (r != recompute_stages.front()) return true;
-    return false;
+    return mixed_block_recompute();
   }
 
   /**
    * The recomputation as the plan prints it: one mode, or the stages' modes in order with a run of three or more
-   * written once with its length ("full,selective,none*6").
+   * written once with its length ("full,selective,none*6"); a stage whose blocks differ as its blocks' modes joined
+   * by ':', runs shortened alike ("full:none*3,none*7").
    */
   [[nodiscard]] std::string recompute_layout() const {
     if (!mixed_recompute()) return std::string(recompute_name(recompute_of(0)));
-    std::string out;
-    for (std::size_t i = 0; i < recompute_stages.size();) {
-      std::size_t j = i;
-      while (j < recompute_stages.size() && recompute_stages[j] == recompute_stages[i]) ++j;
-      const std::string name(recompute_name(recompute_stages[i]));
-      out += (i ? "," : "") + (j - i > 2 ? name + "*" + std::to_string(j - i) : name);
-      for (std::size_t k = i + 1; k < j && j - i <= 2; ++k) out += "," + name;
-      i = j;
+    std::vector<std::string> tokens(stages());
+    for (std::size_t s = 0; s < tokens.size(); ++s) {
+      if (!mixed_blocks(s)) {
+        tokens[s] = recompute_name(recompute_of(s));
+        continue;
+      }
+      std::vector<std::string> names;
+      for (Recompute r : recompute_blocks[s]) names.emplace_back(recompute_name(r));
+      tokens[s] = runs(names, ":");
     }
-    return out;
+    return runs(tokens, ",");
   }
 
   [[nodiscard]] std::size_t gpus() const { return tp * cp * pp * dp; }
@@ -89,6 +114,19 @@ struct ParallelConfig {
   /** The ranks that hold the same experts and reduce (shard) their gradients: dp / ep. */
   [[nodiscard]] std::size_t expert_data_group() const { return dp / (ep ? ep : 1); }
   [[nodiscard]] std::size_t stages() const { return pp * virtual_stages; }
+
+  /** `items` joined by `sep`, a run of three or more written once with its length ("none*6"). */
+  [[nodiscard]] static std::string runs(const std::vector<std::string>& items, const char* sep) {
+    std::string out;
+    for (std::size_t i = 0; i < items.size();) {
+      std::size_t j = i;
+      while (j < items.size() && items[j] == items[i]) ++j;
+      out += (i ? sep : "") + (j - i > 2 ? items[i] + "*" + std::to_string(j - i) : items[i]);
+      for (std::size_t k = i + 1; k < j && j - i <= 2; ++k) out += sep + items[i];
+      i = j;
+    }
+    return out;
+  }
 
   friend std::ostream& operator<<(std::ostream& os, const ParallelConfig& c) {
     os << "tp=" << c.tp << " pp=" << c.pp << " dp=" << c.dp;

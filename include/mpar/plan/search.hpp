@@ -1,8 +1,9 @@
 #pragma once
 /**
  * @file The strategy search: enumerate tensor x pipeline x data sizes (and, when asked, context-parallel
- * sizes), micro-batch size and count, schedule (and V), recomputation (one setting for every stage, or the least
- * each pipeline rank's memory allows), ZeRO-1/2/3 and sequence parallelism; reject what cannot run or does not
+ * sizes), micro-batch size and count, schedule (and V), recomputation (one setting for every stage, the least
+ * each pipeline rank's memory allows, or per block inside each rank's stages the fastest counts of full, selective
+ * and no recomputation that fit), ZeRO-1/2/3 and sequence parallelism; reject what cannot run or does not
  * fit (saying why); time the rest with the pipeline simulator; rank by predicted step time.
  *
  * Fast at scale because the pipeline is simulated for one pipeline's P ranks only (data-parallel
@@ -60,6 +61,9 @@ struct SearchSpace {
   /// within the memory budget, as under 1F1B, where rank r holds about pp - r micro-batches in flight, the first
   /// ranks recompute and the last do not. Only when the recomputation is searched (`recompute` unset).
   bool mix_recompute = true;
+  /// Besides, where it is tried, the per-block mix (`per_block_recompute`): inside each pipeline rank's chunks some
+  /// blocks recompute fully, some selectively, the rest nothing, the fastest counts that fit. Also when pp = 1.
+  bool mix_block_recompute = true;
 };
 
 /** @brief How the search judges and reports. */
@@ -118,6 +122,7 @@ struct Plan {
   /// Configurations with recomputation chosen per pipeline rank (`SearchSpace::mix_recompute`), counted in
   /// `considered` too.
   std::size_t mixed = 0;
+  std::size_t mixed_blocks = 0;            ///< of `mixed`, those with recomputation chosen per block inside the stages
   std::vector<std::size_t> context_sizes;  ///< the context-parallel sizes searched (one when fixed)
   /** The best configuration again with its tensor groups spread over nodes (data-innermost ordering), when that differs. */
   std::optional<Candidate> broken_topology;
@@ -422,6 +427,91 @@ namespace detail {
   return mixed;
 }
 
+/**
+ * @brief The per-block recomputation of `c` (its stage layout kept), Galvatron's inner level: on every pipeline
+ * rank, of the n blocks each of its chunks holds, f recompute fully, s selectively and the rest nothing, (f, s)
+ * the pair of least modelled time, f T_full + s T_selective + (n - f - s) T_none per micro-batch (T: a block's
+ * forward and backward), whose memory fits `budget`; among equally fast pairs the one recomputing the fewest
+ * blocks, then the fewest fully. The blocks of a dense model's stage cost alike, so the knapsack over blocks is one
+ * over counts, and exact: for each f the least fitting s is the fastest, and since the memory falls as s grows
+ * (once one selective block's rebuild is counted) it is found by bisection. A stage lists its full blocks first,
+ * then the selective ones. Empty when some rank fits no pair, when the model has experts (its blocks differ), when
+ * a rank's chunks hold different block counts, or when no stage mixes its blocks (that is a uniform or per-rank
+ * configuration).
+ */
+[[nodiscard]] inline std::optional<ParallelConfig> per_block_recompute(const GptModel& m, const ParallelConfig& c,
+                                                                       const CostModel& cm, const GroupPlacement& g,
+                                                                       ActivationPeaks& peaks, double budget,
+                                                                       const MemoryOptions& o = {}) {
+  if (m.experts > 0) return std::nullopt;
+  using enum Recompute;
+  const auto seconds = [&](Recompute mode) {
+    const ChunkCosts l = cm.layer_costs(c, g, false, mode);
+    return l.forward + l.backward_input + l.backward_weight;
+  };
+  const double t_none = seconds(none), t_selective = seconds(selective), t_full = seconds(full);
+  ParallelConfig mixed = c;
+  mixed.recompute_stages.assign(c.stages(), c.recompute);
+  mixed.recompute_blocks.assign(c.stages(), {});
+  const std::vector<double>* verified = nullptr;  // asked for only where the bounds 1 and M*V disagree
+  bool any_mixed = false;
+  for (std::size_t r = 0; r < c.pp; ++r) {
+    const std::size_t n = chunk_layer_count(m, c, r, 0);
+    for (std::size_t ch = 1; ch < c.virtual_stages; ++ch)
+      if (chunk_layer_count(m, c, r, ch) != n) return std::nullopt;
+    // The rank's chunks with f full and s selective blocks each; the other ranks' lists do not change its memory.
+    const auto set = [&](std::size_t f, std::size_t s) {
+      for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) {
+        std::vector<Recompute>& b = mixed.recompute_blocks[ch * c.pp + r];
+        b.assign(n, none);
+        std::fill(b.begin(), b.begin() + std::ptrdiff_t(f), full);
+        std::fill(b.begin() + std::ptrdiff_t(f), b.begin() + std::ptrdiff_t(f + s), selective);
+        mixed.recompute_stages[ch * c.pp + r] = f > 0 ? full : s > 0 ? selective : none;
+      }
+    };
+    const auto fits = [&](std::size_t f, std::size_t s) {
+      set(f, s);
+      const auto need = [&](double inflight) { return rank_memory(m, mixed, cm.precision(), r, inflight, o).total(); };
+      if (need(double(c.microbatches * c.virtual_stages)) <= budget) return true;
+      if (need(1.0) > budget) return false;
+      if (!verified) verified = &peaks(c);
+      return need((*verified)[r]) <= budget;
+    };
+    std::optional<std::tuple<double, std::size_t, std::size_t>> best;  // (time, recomputed blocks, full blocks)
+    for (std::size_t f = 0; f <= n; ++f) {
+      std::optional<std::size_t> least;
+      if (fits(f, 0)) {
+        least = 0;
+      } else if (f < n && fits(f, n - f)) {
+        std::size_t lo = 1, hi = n - f;  // fits(f, hi); find the least s in [lo, hi] that fits
+        while (lo < hi) {
+          const std::size_t mid = lo + (hi - lo) / 2;
+          if (fits(f, mid))
+            hi = mid;
+          else
+            lo = mid + 1;
+        }
+        least = hi;
+      }
+      if (!least) continue;
+      const std::size_t s = *least;
+      const auto key =
+          std::make_tuple(double(f) * t_full + double(s) * t_selective + double(n - f - s) * t_none, f + s, f);
+      if (!best || key < *best) best = key;
+    }
+    if (!best) return std::nullopt;
+    const std::size_t f = std::get<2>(*best), s = std::get<1>(*best) - f;
+    set(f, s);
+    const bool mixes = (f > 0) + (s > 0) + (f + s < n) > 1;
+    any_mixed = any_mixed || mixes;
+    if (!mixes)  // every block alike: the stage's mode says it
+      for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) mixed.recompute_blocks[ch * c.pp + r].clear();
+  }
+  if (!any_mixed) return std::nullopt;
+  mixed.recompute = *std::max_element(mixed.recompute_stages.begin(), mixed.recompute_stages.end());
+  return mixed;
+}
+
 /** Searches `space` for `p`; see the file comment. Throws config_error when fixed sizes contradict the cluster. */
 [[nodiscard]] inline Plan search(const Problem& p, const CostModel& cm, const SearchSpace& space = {},
                                  const SearchOptions& o = {}) {
@@ -560,6 +650,14 @@ namespace detail {
                         if (auto mixed = per_rank_recompute(p.model, c, cm.precision(), peaks, budget, o.memory)) {
                           ++plan.considered, ++plan.mixed;
                           admit(*mixed);
+                        }
+                      if (rc == Recompute::full && even_fits && !none_fits[z][spi] && space.mix_recompute &&
+                          space.mix_block_recompute && !space.recompute)
+                        if (auto blocks =
+                                per_block_recompute(p.model, c, cm, place(c, p.cluster.gpus_per_node, o.placement),
+                                                    peaks, budget, o.memory)) {
+                          ++plan.considered, ++plan.mixed, ++plan.mixed_blocks;
+                          admit(*blocks);
                         }
                       if (space.balance_stages && c.stages() > 1) {
                         const GroupPlacement g = place(c, p.cluster.gpus_per_node, o.placement);

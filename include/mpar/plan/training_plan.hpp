@@ -6,6 +6,7 @@
  * Reading is strict: a missing or unknown key, a wrong type, a negative or fractional size, or stage lists that
  * do not match the layout and the model are refused by a `config_error` naming the key and the fix.
  */
+#include <algorithm>
 #include <cmath>
 #include <cstddef>
 #include <fstream>
@@ -33,7 +34,10 @@ namespace mpar::plan {
 struct TrainingPlan {
   static constexpr std::string_view format_name = "mpar-training-plan";
   /// 2: "recompute_stages" holds "none", "selective" or "full" per stage (version 1 held true / false).
-  static constexpr std::size_t format_version = 2;
+  /// 3: besides, "recompute_blocks" holds per stage a list of its blocks' modes (an empty list: every block as the
+  /// stage). A plan without per-block modes is written as version 2, as before; both are read.
+  static constexpr std::size_t format_version = 3;
+  static constexpr std::size_t per_stage_format_version = 2;
 
   // The model and batch the plan was made for: train_gpt refuses to run it on another.
   std::size_t layers = 0, hidden = 0, heads = 0, seq = 0, vocab = 0;
@@ -50,6 +54,9 @@ struct TrainingPlan {
   bool sequence_parallel = false;
   std::vector<std::size_t> stage_layers;    ///< blocks per global stage, pp x v entries summing to `layers`
   std::vector<Recompute> recompute_stages;  ///< per global stage: what its backward recomputes
+  /// Empty, or per global stage nothing (every block as `recompute_stages`) or one mode per block of the stage, the
+  /// most of them being the stage's mode (`ParallelConfig::recompute_blocks`).
+  std::vector<std::vector<Recompute>> recompute_blocks;
 
   [[nodiscard]] std::size_t stages() const { return pp * v; }
   [[nodiscard]] std::size_t gpus() const { return tp * cp * pp * dp * ep; }
@@ -82,6 +89,19 @@ struct TrainingPlan {
             "; the counts must sum to the model's layers");
     require(recompute_stages.size() == stages(), "plan: \"recompute_stages\" has ", recompute_stages.size(),
             " entries, but pp x v = ", stages(), " stages; give one mode per stage");
+    require(recompute_blocks.empty() || recompute_blocks.size() == stages(), "plan: \"recompute_blocks\" has ",
+            recompute_blocks.size(), " entries, but pp x v = ", stages(),
+            " stages; give one list per stage (an empty one: every block as the stage)");
+    for (std::size_t s = 0; s < recompute_blocks.size(); ++s) {
+      const std::vector<Recompute>& b = recompute_blocks[s];
+      if (b.empty()) continue;
+      require(b.size() == stage_layers[s], "plan: \"recompute_blocks\" of stage ", s, " has ", b.size(),
+              " modes, but the stage holds ", stage_layers[s], " blocks (\"stage_layers\"); give one mode per block");
+      const Recompute most = *std::max_element(b.begin(), b.end());
+      require(most == recompute_stages[s], "plan: the blocks of stage ", s, " recompute at most ", recompute_name(most),
+              " (\"recompute_blocks\"), but \"recompute_stages\" says ", recompute_name(recompute_stages[s]),
+              "; a stage's mode is the most its blocks recompute");
+    }
     if (family != nn::ModelFamily::llama) {
       require(kv_heads == 0 && ffn == 0,
               "plan: \"model.kv_heads\" and \"model.ffn\" are Llama's; with them, "
@@ -106,7 +126,8 @@ struct TrainingPlan {
       }
       os << "]";
     };
-    os << "{\n  \"format\": " << json_quoted(format_name) << ",\n  \"version\": " << format_version
+    os << "{\n  \"format\": " << json_quoted(format_name)
+       << ",\n  \"version\": " << (recompute_blocks.empty() ? per_stage_format_version : format_version)
        << ",\n  \"model\": {\"layers\": " << layers << ", \"hidden\": " << hidden << ", \"heads\": " << heads
        << ", \"seq\": " << seq << ", \"vocab\": " << vocab << ", \"experts\": " << experts
        << ", \"moe_every\": " << moe_every << ", \"topk\": " << topk;
@@ -121,6 +142,14 @@ struct TrainingPlan {
     list(stage_layers);
     os << ",\n  \"recompute_stages\": ";
     list(recompute_stages);
+    if (!recompute_blocks.empty()) {
+      os << ",\n  \"recompute_blocks\": [";
+      for (std::size_t i = 0; i < recompute_blocks.size(); ++i) {
+        os << (i ? ", " : "");
+        list(recompute_blocks[i]);
+      }
+      os << "]";
+    }
     os << "\n}\n";
     return os.str();
   }
@@ -136,7 +165,8 @@ struct TrainingPlan {
     require(*format == format_name, "plan: \"format\" is '", *format, "', not '", format_name,
             "'; this is not a training plan written by mpar-plan --write-plan");
     const std::size_t version = f.count("version");
-    require(version == format_version, "plan: \"version\" ", version, " is not one this build reads (", format_version,
+    require(version == format_version || version == per_stage_format_version, "plan: \"version\" ", version,
+            " is not one this build reads (", per_stage_format_version, " or ", format_version,
             "); write the plan again with this build's mpar-plan");
     {
       Fields m(f.object("model"), "model.");
@@ -167,14 +197,24 @@ struct TrainingPlan {
     p.zero = parallel::zero_stage_from_number(static_cast<long long>(zero));
     p.sequence_parallel = f.boolean("sequence_parallel");
     for (const JsonValue& e : f.array("stage_layers")) p.stage_layers.push_back(Fields::count_of(e, "stage_layers"));
-    for (const JsonValue& e : f.array("recompute_stages")) {
+    const auto mode_of = [](const JsonValue& e, const char* key) {
       const std::string* name = e.string();
-      require(name != nullptr, "plan: \"recompute_stages\" holds ", e.kind(),
+      require(name != nullptr, "plan: \"", key, "\" holds ", e.kind(),
               "; its entries are \"none\", \"selective\" or \"full\"");
       const std::optional<Recompute> r = parse_recompute(*name);
-      require(r.has_value(), "plan: \"recompute_stages\" holds '", *name,
+      require(r.has_value(), "plan: \"", key, "\" holds '", *name,
               "'; its entries are \"none\", \"selective\" or \"full\"");
-      p.recompute_stages.push_back(*r);
+      return *r;
+    };
+    for (const JsonValue& e : f.array("recompute_stages")) p.recompute_stages.push_back(mode_of(e, "recompute_stages"));
+    if (version >= format_version) {
+      for (const JsonValue& stage : f.array("recompute_blocks")) {
+        const JsonValue::Array* blocks = stage.array();
+        require(blocks != nullptr, "plan: \"recompute_blocks\" holds ", stage.kind(),
+                "; it holds one list of modes per stage (an empty one: every block as the stage)");
+        p.recompute_blocks.emplace_back();
+        for (const JsonValue& e : *blocks) p.recompute_blocks.back().push_back(mode_of(e, "recompute_blocks"));
+      }
     }
     f.no_others();
     p.validate();
