@@ -5,7 +5,6 @@
 #include "mpar/core/error.hpp"
 #include "mpar/core/extents.hpp"
 #include "mpar/core/init.hpp"
-#include "mpar/core/json.hpp"
 #include "mpar/core/layout.hpp"
 #include "mpar/core/memory_resource.hpp"
 #include "mpar/core/mesh.hpp"
