@@ -14,6 +14,8 @@
 
 #include "mpar/plan.hpp"
 
+#include "memory_bound_case.hpp"
+
 using namespace mpar;
 using namespace mpar::plan;
 
@@ -25,80 +27,17 @@ ParallelConfig uniform_recompute(ParallelConfig c, Recompute r) {
   return c;
 }
 
-/** Blocks of hidden 4096 at sequence 4096 over 64 A100s, tp 2 x pp 8 x dp 4, 1F1B, ZeRO-1 and SP fixed. */
-Problem bound_problem() { return Problem{GptModel{32, 4096, 32, 4096, 51200}, a100_selene(64), 256}; }
+Problem bound_problem() { return memory_bound_case::problem(); }
 SearchSpace bound_space() {
-  SearchSpace s;
-  s.tp = 2, s.pp = 8, s.microbatch_size = 1, s.schedule = ScheduleKind::one_f_one_b;
-  s.zero1 = true, s.zero2 = false, s.zero3 = false, s.sequence_parallel = true;
+  SearchSpace s = memory_bound_case::space();
   s.mix_block_recompute = false;  // the per-rank mix alone (per block: tests/plan/recompute_blocks_test.cpp)
   return s;
 }
-ParallelConfig bound_config() {
-  ParallelConfig c;
-  c.tp = 2, c.pp = 8, c.dp = 4, c.microbatch_size = 1, c.microbatches = 64;
-  c.schedule = ScheduleKind::one_f_one_b, c.zero = ZeroStage::optimizer_states, c.sequence_parallel = true;
-  return c;
-}
-
-/**
- * Usable bytes one GiB short of what the first rank (8 micro-batches in flight) needs without recomputation, and
- * the GPU memory that leaves usable: the last rank (one in flight) still fits without it.
- */
-double bound_budget() {
-  const Problem p = bound_problem();
-  const ParallelConfig c = bound_config();
-  ActivationPeaks peaks;
-  return rank_memory(p.model, c, Precision::mixed_adam(), 0, peaks(c)[0]).total() - gib;
-}
-
+double bound_budget() { return memory_bound_case::budget(); }
 std::vector<std::string> bound_args(double gpu_mem_gib) {
-  std::ostringstream mem;
-  mem << std::setprecision(17) << gpu_mem_gib;
-  return {"--layers",
-          "32",
-          "--hidden",
-          "4096",
-          "--heads",
-          "32",
-          "--seq",
-          "4096",
-          "--vocab",
-          "51200",
-          "--global-batch",
-          "256",
-          "--gpus",
-          "64",
-          "--gpus-per-node",
-          "8",
-          "--gpu-mem-gib",
-          mem.str(),
-          "--peak-tflops",
-          "312",
-          "--intra-node-gbps",
-          "300",
-          "--inter-node-gbps",
-          "200",
-          "--tp",
-          "2",
-          "--pp",
-          "8",
-          "--microbatch-size",
-          "1",
-          "--schedule",
-          "1f1b",
-          "--zero1",
-          "on",
-          "--zero2",
-          "off",
-          "--zero3",
-          "off",
-          "--sequence-parallel",
-          "on",
-          "--top",
-          "3",
-          "--recompute-mix",
-          "stages"};
+  std::vector<std::string> a = memory_bound_case::args(gpu_mem_gib);
+  a.insert(a.end(), {"--recompute-mix", "stages"});
+  return a;
 }
 
 std::string mix_temp_path(const std::string& name) {
