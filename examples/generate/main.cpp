@@ -13,7 +13,6 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <optional>
@@ -184,9 +183,7 @@ int main(int argc, char** argv) {
     // A Hugging Face export (train_gpt --export --hf-llama, or a model downloaded from the Hub) keeps its sizes in
     // the config.json beside the weights: they are taken from there, and sizes also given must agree.
     if (!o.safetensors.empty() && (o.hf_gpt2 || o.hf_llama)) {
-      const auto config = std::filesystem::path(o.safetensors).parent_path() / "config.json";
-      if (std::filesystem::exists(config))
-        models::apply_hf_config(o.model, io::read_hf_config(config), config.string(), p, "generate");
+      models::apply_hf_config_beside(o.model, o.safetensors, p, "generate");
     }
     return run(o);
   } catch (const std::exception& e) {

@@ -9,7 +9,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
-#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -370,9 +369,7 @@ Options parse(int argc, char** argv) {
   // A Hugging Face model to start from keeps its sizes in the config.json beside it (as save_pretrained and
   // --export --hf-llama write it): the model is built to them, and sizes also given must agree.
   if (!o.init_from.empty() && (o.hf_gpt2 || o.hf_llama)) {
-    const auto config = std::filesystem::path(o.init_from).parent_path() / "config.json";
-    if (std::filesystem::exists(config))
-      models::apply_hf_config(t.model, io::read_hf_config(config), config.string(), p, "train_gpt");
+    models::apply_hf_config_beside(t.model, o.init_from, p, "train_gpt");
   }
   require(!o.hf_llama || t.model.is_llama(),
           "train_gpt: --hf-llama writes LlamaForCausalLM's tensor names, which a --model gpt2 run does not have; add "

@@ -13,7 +13,6 @@
 // transformers' GPT2LMHeadModel and LlamaForCausalLM.
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <mutex>
@@ -100,9 +99,7 @@ int main(int argc, char** argv) {
       return 0;
     }
     if (hf || hf_llama) {  // the sizes of a Hugging Face directory, as generate takes them
-      const auto config = std::filesystem::path(file).parent_path() / "config.json";
-      if (std::filesystem::exists(config))
-        models::apply_hf_config(mc, io::read_hf_config(config), config.string(), p, "gpt_logits");
+      models::apply_hf_config_beside(mc, file, p, "gpt_logits");
     }
     require(mc.vocab > 0, "gpt_logits: give --vocab N (no config.json beside ", file, ")");
     mc.vocab_multiple = std::lcm(std::size_t(16), tp);  // as GptTrainConfig::pad_vocab_for_mesh

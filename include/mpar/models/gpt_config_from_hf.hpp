@@ -5,6 +5,7 @@
  * load the weights into a model of other shapes or train one the user did not ask for. `hf_llama_config` is the
  * other direction: the sizes a Llama conversion needs, from a `GptConfig`.
  */
+#include <filesystem>
 #include <string>
 #include <string_view>
 
@@ -63,6 +64,16 @@ inline void apply_hf_config(GptConfig& mc, const io::HfModelConfig& hf, std::str
                             std::string_view who) {
   apply_hf_config(
       mc, hf, where, [&](std::string_view flag) { return p.given(flag); }, who);
+}
+
+/**
+ * @brief `apply_hf_config` with the `config.json` beside the weights file `weights` (a Hugging Face directory), when
+ * there is one: what a program loading Hugging Face names does before it builds the model.
+ */
+inline void apply_hf_config_beside(GptConfig& mc, const std::filesystem::path& weights, const cli::Parser& p,
+                                   std::string_view who) {
+  const std::filesystem::path config = weights.parent_path() / "config.json";
+  if (std::filesystem::exists(config)) apply_hf_config(mc, io::read_hf_config(config), config.string(), p, who);
 }
 
 /** @brief The sizes `LlamaForCausalLM`'s names need (`io::SafetensorsWeights`, `config.json`) of the model `mc`. */
