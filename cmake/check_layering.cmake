@@ -8,7 +8,7 @@
 # violation is listed; the script fails if there is any, if a folder is missing from LAYERS, or if it finds no
 # include at all (a wrong INCLUDE would otherwise pass). docs/concepts.md ("Folders and namespaces") explains
 # the order.
-set(LAYERS core cli data backend comm observe nn optim parallel pipeline plan io models)
+set(LAYERS core cli data backend comm observe nn optim parallel pipeline plan io train models)
 if(NOT INCLUDE)
   message(FATAL_ERROR "check_layering: pass -DINCLUDE=<dir holding mpar/>")
 endif()

@@ -111,6 +111,9 @@
 #include "mpar/pipeline/partition.hpp"
 #include "mpar/pipeline/schedules.hpp"
 #include "mpar/pipeline/simulator.hpp"
+#include "mpar/train/batch_slicing.hpp"
+#include "mpar/train/resume_checks.hpp"
+#include "mpar/train/weight_lag.hpp"
 
 namespace mpar::models {
 
@@ -560,7 +563,7 @@ class GptTrainer {
         comms_(make_mesh_comms(world, mesh_)), tensor_(same_group(comms_.tensor)), pipe_(same_group(comms_.pipeline)),
         data_comm_(same_group(comms_.data)), coord_(split_context(mesh_.coord(std::size_t(world.rank())), cfg_.cp)),
         replica_comm_(replica_group(world)), expert_t_(same_group(comms_.expert)), tokens_t_(same_group(replica_comm_)),
-        context_t_(comms_.data.split(int(coord_.data), int(coord_.context))),
+        context_t_(comms_.data.split(int(coord_.data), int(coord_.context))), slicing_(batch_slicing()),
         schedule_(cfg_.lr, cfg_.min_lr, cfg_.warmup, cfg_.steps) {
     require(data_.vocab_size() <= cfg_.model.vocab, "train: the data ", data_.describe(), " has a vocabulary of ",
             data_.vocab_size(), " ids but the model only ", cfg_.model.vocab,
@@ -603,7 +606,7 @@ class GptTrainer {
 
     // 2. The pipeline program: forwards, backwards (data-parallel buckets start as gradients finish).
     if (before_passes_) before_passes_();
-    const bool lagged = use_previous_weights();  // 2bw: the passes run on the version before the last update
+    const bool lagged = lag_ && lag_->swap_in_previous();  // 2bw: the passes run on the version before the last update
     // Each micro-batch's loss stays in rank memory: added into the step's statistics (no host read), scaled by
     // 1/M and by pp, since only the last stage's ranks add theirs and the statistics average over the world.
     optimizer_->zero_losses();
@@ -618,7 +621,7 @@ class GptTrainer {
     pipeline::StepStats stats = run_passes(
         inputs, PassKind::train, optimizer_->losses(),
         optimizer_->loss_scale(), [&](int mb) -> const auto& { return targets_[std::size_t(mb)]; });
-    keep_weight_version(lagged);  // 2bw: the current weights again, and a copy of them for the next step's passes
+    if (lag_) lag_->restore_and_keep(lagged);  // 2bw: the current weights again, and a copy for the next step's passes
     if (after_passes_) after_passes_();
 
     // 3-6. Tied weights; the optimizer: data-parallel reduction, norm, clipping, loss scaling, the update.
@@ -710,7 +713,7 @@ class GptTrainer {
             val.vocab_size(), " ids, more than the model's vocabulary ", cfg_.model.vocab);
     double sum = 0;
     for (std::size_t i = 0; i < batches; ++i) {
-      std::vector<nn::Act<Replicate>> inputs = split_microbatches(local_batch(val, seed, i));
+      std::vector<nn::Act<Replicate>> inputs = split_microbatches(slicing_.local_batch(val, seed, i));
       Buffer<double> l = B::template allocate<double>(1);  // rank memory: the batch's loss, as in a training step
       B::zero(1, l.data());
       (void)run_passes(
@@ -796,7 +799,7 @@ class GptTrainer {
       if (&p != head_copy_) ++loaded;
     }
     staging.upload(filled);
-    previous_.clear();  // 2bw: the next step's passes run on the loaded weights
+    if (lag_) lag_->forget();  // 2bw: the next step's passes run on the loaded weights
     return loaded;
   }
 
@@ -808,9 +811,9 @@ class GptTrainer {
       m.parameters += p->value.size() * sizeof(float);
       m.gradients += p->grad.size() * sizeof(float);
     }
-    m.gradients += optimizer_->sync_gradient_elements() * sizeof(float);       // ZeRO's shards (and kept buckets)
-    m.parameters += optimizer_->sharded_weight_elements() * sizeof(float);     // ZeRO-3: the weight shards
-    for (const auto& v : previous_) m.parameters += v.size() * sizeof(float);  // 2bw's second weight version
+    m.gradients += optimizer_->sync_gradient_elements() * sizeof(float);    // ZeRO's shards (and kept buckets)
+    m.parameters += optimizer_->sharded_weight_elements() * sizeof(float);  // ZeRO-3: the weight shards
+    if (lag_) m.parameters += lag_->bytes();                                // 2bw's second weight version
     m.gradients += optimizer_->compression_bytes();  // top-k's residuals: gradient entries not yet sent
     m.optimizer_states = optimizer_->state_elements() * sizeof(float);
     m.compute_copies = optimizer_->precision_bytes();  // the fp32 masters and 16-bit copies beside the weights
@@ -844,7 +847,7 @@ class GptTrainer {
                                          std::uint64_t(scaler->skipped_steps())};
     st.user[optimizer_->sgd() ? "sgd.steps" : "adamw.steps"] = std::to_string(optimizer_->steps());
     st.user["optimizer"] = std::string(parallel::name_of(cfg_.optimizer));
-    for (auto& [k, v] : run_identity()) st.user[k] = std::move(v);
+    for (auto& [k, v] : run_identity().entries) st.user[k] = std::move(v);
     io::SaveOptions opts;
     opts.mesh = {cfg_.tp, cfg_.pp, cfg_.dp, cfg_.cp};
     opts.keep_last = keep_last;
@@ -958,8 +961,8 @@ class GptTrainer {
                         }),
                         "resume (reading the manifest)");
     });
-    check_same_run(saved, dir);
-    const std::string saved_optimizer = optimizer_of(saved);
+    run_identity().check_same_run(saved, dir);
+    const std::string saved_optimizer = train::saved_optimizer(saved);
     const std::string optimizer(parallel::name_of(cfg_.optimizer));
     const bool with_states = saved_optimizer == optimizer;
     std::vector<std::string> warnings;
@@ -984,10 +987,10 @@ class GptTrainer {
       return r;
     });
     res.warnings = std::move(warnings);
-    if (two_bw_) {
+    if (lag_) {
       // A checkpoint holds one weight version: the first step after the resume runs on the loaded weights (lag 0),
       // where the uninterrupted run would have used the version before them.
-      previous_.clear();
+      lag_->forget();
       res.warnings.push_back(
           "resume: --schedule 2bw keeps the previous weight version in memory only; the first "
           "step after the resume computes on the loaded weights (lag 0), so the run departs from "
@@ -1061,184 +1064,63 @@ class GptTrainer {
         }
   }
   /** What a checkpoint records of this run and a resume must find unchanged (manifest `user` entries). */
-  [[nodiscard]] std::map<std::string, std::string> run_identity() const {
-    auto id = data_identity(data_);
+  [[nodiscard]] train::RunIdentity run_identity() const {
+    train::RunIdentity id;
+    id.entries = data_identity(data_);
     const auto& m = cfg_.model;
-    id["data.seed"] = std::to_string(cfg_.data_seed);
-    id["model.seed"] = std::to_string(m.seed);
-    id["model.layers"] = std::to_string(m.layers);
-    id["model.hidden"] = std::to_string(m.hidden);
-    id["model.heads"] = std::to_string(m.heads);
-    id["model.seq"] = std::to_string(m.seq);
-    id["model.experts"] = std::to_string(m.experts);
-    if (m.is_llama()) {  // absent for GPT-2, so its earlier checkpoints keep their identity
-      id["model.family"] = std::string(name_of(m.family));
-      id["model.kv_heads"] = std::to_string(m.kv_head_count());
-      id["model.ffn"] = std::to_string(m.ffn_size());
+    auto add = [&](const char* key, const char* option, auto value) {
+      id.entries[key] = std::to_string(value);
+      id.options[key] = option;
+    };
+    add("data.seed", "--data-seed", cfg_.data_seed);
+    add("model.seed", "--seed", m.seed);
+    add("model.layers", "--layers", m.layers);
+    add("model.hidden", "--hidden", m.hidden);
+    add("model.heads", "--heads", m.heads);
+    add("model.seq", "--seq", m.seq);
+    add("model.experts", "--experts", m.experts);
+    // The family is recorded for Llama only, so GPT-2's checkpoints (older ones included) keep their identity.
+    id.options["model.family"] = "--model";
+    id.defaults["model.family"] = std::string(name_of(ModelFamily::gpt2));
+    if (m.is_llama()) {
+      id.entries["model.family"] = std::string(name_of(m.family));
+      add("model.kv_heads", "--kv-heads", m.kv_head_count());
+      add("model.ffn", "--ffn", m.ffn_size());
     }
     if (m.experts > 0) {
-      id["model.moe_every"] = std::to_string(m.moe_every);
-      id["model.moe_top_k"] = std::to_string(m.moe_top_k);
+      add("model.moe_every", "--moe-every", m.moe_every);
+      add("model.moe_top_k", "--topk", m.moe_top_k);
     }
     return id;
   }
-  /** The optimizer a checkpoint was saved with (older checkpoints: AdamW if they hold its step count). */
-  static std::string optimizer_of(const io::Manifest& saved) {
-    const auto& u = saved.state.user;
-    if (auto it = u.find("optimizer"); it != u.end()) {
-      if (it->second == "sgd" && !u.contains("sgd.steps")) return "sgd (an older checkpoint without momentum)";
-      return it->second;
-    }
-    return u.contains("adamw.steps") ? "adamw" : "sgd (an older checkpoint without momentum)";
-  }
-  /** Refuses a checkpoint whose recorded run identity differs from this run's, naming every difference. */
-  void check_same_run(const io::Manifest& saved, const std::filesystem::path& dir) const {
-    static const std::map<std::string, std::string> option{
-        {"data.seed", "--data-seed"},   {"model.seed", "--seed"},
-        {"model.layers", "--layers"},   {"model.hidden", "--hidden"},
-        {"model.heads", "--heads"},     {"model.seq", "--seq"},
-        {"model.experts", "--experts"}, {"model.moe_every", "--moe-every"},
-        {"model.moe_top_k", "--topk"},  {"model.kv_heads", "--kv-heads"},
-        {"model.ffn", "--ffn"}};
-    const auto& u = saved.state.user;
-    auto saved_of = [&](const std::string& k) -> const std::string* {
-      auto it = u.find(k);
-      return it == u.end() ? nullptr : &it->second;  // older checkpoints lack some entries: nothing to compare
-    };
-    const auto now = run_identity();
-    std::vector<std::string> diffs;
-    if (const auto* v = saved_of("data.vocab"); v && *v != now.at("data.vocab"))
-      diffs.push_back(mpar::detail::cat("the data has another vocabulary (", *v, " token ids in the checkpoint, ",
-                                        now.at("data.vocab"),
-                                        " now), so token ids would mean other characters or tokens"));
-    else if (const auto* h = saved_of("data.hash"); h && *h != now.at("data.hash"))
-      diffs.push_back(mpar::detail::cat("the data differs (", saved_of("data.tokens") ? *saved_of("data.tokens") : "?",
-                                        " tokens with hash ", *h, " in the checkpoint, ", now.at("data.tokens"),
-                                        " with hash ", now.at("data.hash"),
-                                        " now; a text's hash covers which character each id means)"));
-    // The family is recorded for Llama only (a GPT-2 checkpoint, older ones included, has no entry).
-    const std::string saved_family = saved_of("model.family") ? *saved_of("model.family") : "gpt2";
-    const std::string family = now.contains("model.family") ? now.at("model.family") : "gpt2";
-    if (saved_family != family)
-      diffs.push_back(
-          mpar::detail::cat("--model ", saved_family, " in the checkpoint (model.family), ", family, " now"));
-    for (const auto& [key, flag] : option)
-      if (const auto* v = saved_of(key); v && now.contains(key) && *v != now.at(key))
-        diffs.push_back(mpar::detail::cat(flag, " ", *v, " in the checkpoint, ", now.at(key), " now"));
-    if (diffs.empty()) return;
-    std::string list;
-    for (const auto& d : diffs) list += (list.empty() ? "" : "; ") + d;
-    throw config_error(mpar::detail::cat("resume: checkpoint ", dir.string(),
-                                         " is of another run and cannot continue this one: ", list,
-                                         ". Resume with the checkpoint's settings and data, or train from scratch "
-                                         "without --resume"));
-  }
-  /**
-   * Refuses a checkpoint holding tensors that no rank of this model loads (a deeper model's blocks, for
-   * example): they would be dropped silently. Collective: every rank contributes the names it loads.
-   */
+  /** Refuses a checkpoint holding tensors no rank of this model loads (collective; the caller left nothing queued). */
   void check_model_holds(const io::Manifest& saved, const std::vector<io::LoadBlock>& blocks, bool with_states,
                          const std::filesystem::path& dir) {
-    auto key_of = [](const std::string& name) { return io::detail::block_key(name, {}, {}); };
-    std::set<std::uint64_t> mine;
-    for (const auto& b : blocks) mine.insert(key_of(b.name));
-    with_host_world([&](auto& world) {  // host values: the caller left nothing queued
-      const std::size_t p = std::size_t(world.size());
-      Buffer<std::uint64_t> count{std::uint64_t(mine.size())}, counts(p);
-      world.all_gather(std::span<const std::uint64_t>(count), std::span<std::uint64_t>(counts));
-      std::size_t most = 0;
-      for (std::uint64_t c : counts) most = std::max(most, std::size_t(c));
-      Buffer<std::uint64_t> keys(most, 0), all(most * p);
-      std::copy(mine.begin(), mine.end(), keys.begin());
-      if (most > 0) world.all_gather(std::span<const std::uint64_t>(keys), std::span<std::uint64_t>(all));
-      std::set<std::uint64_t> loaded;
-      for (std::size_t r = 0; r < p; ++r)
-        for (std::size_t j = 0; j < std::size_t(counts[r]); ++j) loaded.insert(all[r * most + j]);
-      std::vector<std::string> extra;
-      for (const auto& t : saved.tensors) {
-        const bool state = t.name.find('/') != std::string::npos;  // "<parameter>/<optimizer state>"
-        if (state && !with_states) continue;
-        if (!loaded.contains(key_of(t.name))) extra.push_back(t.name);
-      }
-      if (extra.empty()) return;
-      std::string names;
-      for (std::size_t k = 0; k < extra.size() && k < 4; ++k) names += (k ? ", " : "") + extra[k];
-      if (extra.size() > 4) names += mpar::detail::cat(" and ", extra.size() - 4, " more");
-      throw config_error(mpar::detail::cat(
-          "resume: checkpoint ", dir.string(), " holds ", extra.size(), " tensor(s) this model lacks (", names,
-          "): it was saved from a larger or different "
-          "model, and resuming would drop them; resume with the checkpoint's model settings"));
-    });
+    std::vector<std::string> names;
+    for (const auto& b : blocks) names.push_back(b.name);
+    with_host_world([&](auto& world) { train::check_loads_every_tensor(world, saved, names, with_states, dir); });
   }
   [[nodiscard]] std::size_t opt_elements() const {
     std::size_t n = 0;
     for (const auto* p : opt_params_) n += p->value.size();
     return n;
   }
-  /**
-   * This rank's samples of step `step`, micro-batch after micro-batch. Dense: the data rank's contiguous block
-   * of the global batch. With MoE, micro-batch m of the step is the same sequences under every layout —
-   * global rows [m G/M, (m+1) G/M), of which token-group rank q = data * ep + expert takes the q-th
-   * micro-batch-size slice — so the load-balancing statistics of each micro-batch cover the same tokens.
-   */
+  /** This rank's samples of step `step` of the training data, micro-batch after micro-batch (`train::BatchSlicing`). */
   [[nodiscard]] data::TokenBatch local_batch(std::size_t step) const {
-    return local_batch(data_, cfg_.data_seed, step);
-  }
-  [[nodiscard]] data::TokenBatch local_batch(const data::SourceRef& src, std::uint64_t seed, std::size_t step) const {
-    if (cfg_.cp > 1) return context_chunks(src.batch(seed, step, cfg_.global_batch, cfg_.dp, coord_.data));
-    if (!cfg_.model.has_moe()) return src.batch(seed, step, cfg_.global_batch, cfg_.dp, coord_.data);
-    const auto full = src.batch(seed, step, cfg_.global_batch, 1, 0);
-    const std::size_t mbs = cfg_.microbatch_size(), seq = full.seq, M = std::size_t(cfg_.microbatches);
-    data::TokenBatch b;
-    b.batch = M * mbs;
-    b.seq = seq;
-    for (std::size_t m = 0; m < M; ++m) {
-      const std::size_t first = microbatch_first_sequence(m) * seq;
-      b.tokens.insert(b.tokens.end(), full.tokens.begin() + std::ptrdiff_t(first),
-                      full.tokens.begin() + std::ptrdiff_t(first + mbs * seq));
-      b.targets.insert(b.targets.end(), full.targets.begin() + std::ptrdiff_t(first),
-                       full.targets.begin() + std::ptrdiff_t(first + mbs * seq));
-    }
-    return b;
+    return slicing_.local_batch(data_, cfg_.data_seed, step);
   }
   /**
-   * Tells every stage the step and where this rank's micro-batches sit in the step's batch, micro-batch id by
-   * id, as `local_batch` takes them: the dropout masks are keyed by them, so every layout drops the elements the
-   * single-rank run drops. Dense: the data rank's contiguous block, micro-batch after micro-batch (a context
-   * rank's chunks belong to the same sequences). With MoE: token-group rank q's slice of each micro-batch.
+   * Tells every stage the step and where this rank's micro-batches sit in the step's batch, micro-batch id by id:
+   * the dropout masks are keyed by them, so every layout drops the elements the single-rank run drops.
    */
   void set_token_coordinates(std::uint64_t step) {
-    std::vector<std::size_t> first(std::size_t(cfg_.microbatches));
-    for (std::size_t m = 0; m < first.size(); ++m) first[m] = microbatch_first_sequence(m);
+    const std::vector<std::size_t> first = slicing_.first_sequences();
     for (auto& s : stages_) s->set_token_coordinates(step, first);
   }
-  /**
-   * The step-batch index of the first sequence of this rank's micro-batch `m` (see `local_batch`): dense, the data
-   * rank's block of the global batch (`block_of`, as the data sources cut it), micro-batch after micro-batch;
-   * with MoE, token-group rank q = data * ep + expert's slice of the step's micro-batch m.
-   */
-  [[nodiscard]] std::size_t microbatch_first_sequence(std::size_t m) const {
-    const std::size_t mbs = cfg_.microbatch_size();
-    if (cfg_.model.has_moe()) return (m * cfg_.batch_ranks() + coord_.data * cfg_.ep + coord_.expert) * mbs;
-    return block_of(cfg_.global_batch, cfg_.dp, coord_.data).offset + m * mbs;
-  }
-  /**
-   * This context rank's tokens of a data rank's batch: of every sequence, chunk r then chunk 2 cp - 1 - r of the
-   * 2 cp equal chunks (the zig-zag placement of nn::ContextShard); tokens and targets alike, `seq` kept global.
-   */
-  [[nodiscard]] data::TokenBatch context_chunks(const data::TokenBatch& full) const {
-    const std::size_t seq = full.seq, c = seq / (2 * cfg_.cp), r = coord_.context;
-    data::TokenBatch b;
-    b.batch = full.batch;
-    b.seq = seq;
-    for (std::size_t s = 0; s < full.batch; ++s)
-      for (std::size_t chunk : {r, 2 * cfg_.cp - 1 - r}) {
-        const auto first = std::ptrdiff_t(s * seq + chunk * c);
-        b.tokens.insert(b.tokens.end(), full.tokens.begin() + first, full.tokens.begin() + first + std::ptrdiff_t(c));
-        b.targets.insert(b.targets.end(), full.targets.begin() + first,
-                         full.targets.begin() + first + std::ptrdiff_t(c));
-      }
-    return b;
+  [[nodiscard]] train::BatchSlicing batch_slicing() const {
+    return {cfg_.global_batch, std::size_t(cfg_.microbatches), cfg_.dp,     cfg_.cp,
+            cfg_.ep,           cfg_.model.has_moe(),           coord_.data, coord_.context,
+            coord_.expert};
   }
   /**
    * The mesh's data axis is data x context with context innermost (tensor, context, data, pipeline from the
@@ -1495,7 +1377,6 @@ class GptTrainer {
     }
     holds_first_ = stages_.front()->is_first();
     holds_last_ = stages_.back()->is_last();
-    two_bw_ = cfg_.schedule == pipeline::ScheduleKind::two_bw;
     std::vector<Stage*> chunks;
     for (auto& s : stages_) chunks.push_back(s.get());
     pipeline::ExecutorOptions eo;
@@ -1533,39 +1414,7 @@ class GptTrainer {
                 comms_.world.rank(), " (", head_copy_ ? head_copy_->name : "", ", ", p->name, ")");
         head_copy_ = p;
       }
-    // Each parameter once (a stage may list a shared one twice): swapping it twice would undo the swap.
-    std::set<const nn::Parameter*> seen;
-    for (auto* p : all_params_)
-      if (seen.insert(p).second) versioned_.push_back(p);
-  }
-
-  /**
-   * PipeDream-2BW's double-buffered weights, one step per executor run: the passes of step t use W(t-1), the
-   * weights before step t-1's update, while the update of step t applies to the current W(t). `previous_` holds
-   * W(t-1) (all of this rank's parameters, the head's tied copy included, fp32 as the optimizer keeps them); at
-   * step 0 there is no older version and the passes use W(0). Swaps it in and returns whether it did.
-   */
-  bool use_previous_weights() {
-    if (!two_bw_ || previous_.empty()) return false;
-    for (std::size_t k = 0; k < versioned_.size(); ++k) std::swap(versioned_[k]->value, previous_[k]);
-    return true;
-  }
-  /**
-   * After the passes: the current weights back in place, and a copy of them kept as the next step's W(t-1).
-   * The copy is a backend operation on the rank's stream, ordered after the update that wrote the weights: a
-   * host copy would read them before a stream-ordered backend has run that update (and fault on discrete
-   * memory). Each version buffer is allocated once and overwritten whole by the copy.
-   */
-  void keep_weight_version(bool swapped) {
-    if (!two_bw_) return;
-    if (swapped)
-      for (std::size_t k = 0; k < versioned_.size(); ++k) std::swap(versioned_[k]->value, previous_[k]);
-    previous_.resize(versioned_.size());
-    for (std::size_t k = 0; k < versioned_.size(); ++k) {
-      const auto& now = versioned_[k]->value;
-      if (previous_[k].size() != now.size()) previous_[k] = uninitialized_buffer<float>(now.size());
-      B::copy(now.size(), now.data(), previous_[k].data());
-    }
+    if (cfg_.schedule == pipeline::ScheduleKind::two_bw) lag_.emplace(all_params_);
   }
 
   /**
@@ -1704,6 +1553,7 @@ class GptTrainer {
   Comm replica_comm_;               ///< data x expert ranks of this (pipeline, tensor) position
   TensorComm expert_t_, tokens_t_;  ///< the MoE blocks' expert and token groups, timed
   TensorComm context_t_;            ///< the ring: the cp ranks of this (tensor, data, pipeline) position, timed
+  train::BatchSlicing slicing_;     ///< which samples of each step's batch this rank trains on
   optim::WarmupCosine schedule_;
   std::vector<std::unique_ptr<Stage>> stages_;
   std::optional<pipeline::Executor<Stage, Comm>> executor_;
@@ -1718,11 +1568,9 @@ class GptTrainer {
   /// norm, scaling and update run on B, like the layers.
   std::optional<parallel::DistributedOptimizer<Comm, B, TensorComm>> optimizer_;
   std::size_t step_ = 0;
-  double idle_slots_ = 0;                  ///< StepReport::idle_slots of the programs executor_ runs
-  bool two_bw_ = false;                    ///< --schedule 2bw: the passes use the previous weight version
-  std::vector<nn::Parameter*> versioned_;  ///< all_params_ without repeats: what the 2bw swap exchanges
-  std::vector<decltype(nn::Parameter::value)> previous_;  ///< 2bw: W(t-1), empty before the first step
-  std::function<void()> before_passes_, after_passes_;    ///< on_passes
+  double idle_slots_ = 0;                               ///< StepReport::idle_slots of the programs executor_ runs
+  std::optional<train::WeightLag<B>> lag_;              ///< --schedule 2bw: the passes use the previous weight version
+  std::function<void()> before_passes_, after_passes_;  ///< on_passes
   // GptTrainConfig::graph: the step's inputs in rank memory and their pinned staging, the captured step, and
   // how many eager steps preceded the capture.
   Buffer<std::int32_t> graph_inputs_;  ///< every micro-batch's token ids, then their targets

@@ -21,6 +21,7 @@
 #include "mpar/io/checkpoint/block_key.hpp"
 #include "mpar/io/checkpoint/block_view.hpp"
 #include "mpar/io/checkpoint/directory.hpp"
+#include "mpar/io/checkpoint/gather_keys.hpp"
 #include "mpar/io/checkpoint/options.hpp"
 #include "mpar/io/checkpoint/publish.hpp"
 #include "mpar/io/checkpoint/shard_file_writer.hpp"
@@ -68,24 +69,14 @@ SaveResult save_impl(const std::filesystem::path& root, std::span<const SaveBloc
 
   // Phase 2: find replicas. Every rank publishes the identity keys of its blocks (std::uint64_t, exact); the
   // lowest rank holding a key writes it.
-  Buffer<std::uint64_t> count{std::uint64_t(blocks.size())}, counts(static_cast<std::size_t>(p));
-  comm.all_gather(std::span<const std::uint64_t>(count), std::span<std::uint64_t>(counts));
-  std::size_t most = 0;
-  for (std::uint64_t c : counts) most = std::max(most, std::size_t(c));
   std::vector<std::uint64_t> keys;
   for (const auto& b : blocks) keys.push_back(block_key(b.name, b.global_shape, b.box));
-  Buffer<std::uint64_t> mine(most, 0), all(most * std::size_t(p));
-  std::copy(keys.begin(), keys.end(), mine.begin());
-  if (most > 0) comm.all_gather(std::span<const std::uint64_t>(mine), std::span<std::uint64_t>(all));
-  auto key_at = [&](int r, std::size_t i) { return all[std::size_t(r) * most + i]; };
+  const auto others = all_gather_keys(comm, std::span<const std::uint64_t>(keys));
   std::vector<bool> writes(blocks.size(), true);
   for (std::size_t i = 0; i < blocks.size(); ++i)
     for (int r = 0; r < rank && writes[i]; ++r)
-      for (std::size_t j = 0; j < std::size_t(counts[std::size_t(r)]); ++j)
-        if (key_at(r, j) == keys[i]) {
-          writes[i] = false;
-          break;
-        }
+      writes[i] = std::find(others[std::size_t(r)].begin(), others[std::size_t(r)].end(), keys[i]) ==
+                  others[std::size_t(r)].end();
 
   // Phase 3: every rank writes its data file and its part of the manifest (an index).
   agree(comm, capture([&] {
