@@ -67,7 +67,7 @@ mpar::models::GptTrainConfig graph_gpt_config(const char* precision, std::size_t
                                               std::size_t dp = 1) {
   auto c = mpar::testing::small_gpt(tp, 1, dp);
   c.warmup = 4;  // the learning rate climbs over steps 0-3 and decays from step 4: every capture here is in the climb
-  c.precision = parallel::parse_precision(precision);
+  c.precision = mpar::parallel::parse_precision(precision);
   c.graph = true;
   c.graph_warmup = warmup;
   return c;
@@ -271,7 +271,7 @@ TEST_CASE("GptTrainConfig::graph: a layout whose step cannot be captured is refu
   }
   SECTION("SGD, ZeRO and MoE take host values") {
     auto sgd = graph_gpt_config("fp32", 1);
-    sgd.optimizer = parallel::UpdateRule::sgd;
+    sgd.optimizer = mpar::parallel::UpdateRule::sgd;
     CHECK_THROWS_WITH(sgd.validate(1),
                       Catch::Contains("--graph with --optimizer sgd") && Catch::Contains("use --optimizer adamw"));
     auto moe = graph_gpt_config("fp32", 1);

@@ -143,7 +143,7 @@ void weights_check_same(const std::string& what, const std::vector<WeightsRankSt
 /** The layouts imported into: one rank, tensor parallelism, two pipeline stages (tied head), ZeRO-3's shards. */
 std::vector<std::pair<std::string, mpar::models::GptTrainConfig>> weights_layouts() {
   auto zero3 = mpar::testing::small_gpt(1, 1, 2);
-  zero3.zero = parallel::ZeroStage::parameters;
+  zero3.zero = mpar::parallel::ZeroStage::parameters;
   zero3.bucket_bytes = 4096;
   return {{"1 rank", mpar::testing::small_gpt(1, 1, 1)},
           {"tp2", mpar::testing::small_gpt(2, 1, 1)},

@@ -1,5 +1,6 @@
 // The trainer's components, each on its own: the batch split every layout shares (train/batch_slicing.hpp),
-// PipeDream-2BW's weight lag (train/weight_lag.hpp) and the checks a resume makes (train/resume_checks.hpp). Each
+// PipeDream-2BW's weight lag (train/weight_lag.hpp), the checks a resume makes (train/resume_checks.hpp) and the
+// embedding tied across the first and last stage (train/tied_across_stages.hpp). Each
 // is checked against what it promises, written out by hand here.
 #include <catch2/catch.hpp>
 
@@ -9,6 +10,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include <mpar/backend/host/host_backend.hpp>
@@ -19,6 +21,7 @@
 #include <mpar/nn/parameter.hpp>
 #include <mpar/train/batch_slicing.hpp>
 #include <mpar/train/resume_checks.hpp>
+#include <mpar/train/tied_across_stages.hpp>
 #include <mpar/train/weight_lag.hpp>
 
 using namespace mpar;
@@ -242,4 +245,59 @@ TEST_CASE("resume checks: a checkpoint holding a tensor no rank loads is refused
   for (const auto& e : run(2, false)) CHECK(e.empty());
   for (const auto& e : run(1, false)) CHECK_THAT(e, Catch::Contains("holds 1 tensor(s) this model lacks (block.1.w)"));
   for (const auto& e : run(2, true)) CHECK_THAT(e, Catch::Contains("(block.1.w/adamw.m)"));
+}
+
+TEST_CASE("tied across stages: each pair of ends sums its gradients and copies the first end's values to the last",
+          "[trainer_components]") {
+  // Six ranks as three pipeline stages x two tensor ranks: stage 0 and stage 2 of each tensor rank form a pair, the
+  // middle stage holds no end. Rank r = stage * 2 + tensor starts with values {r, r} and gradient {r + 1, 10 r}.
+  constexpr int stages = 3, tensor = 2;
+  std::vector<std::vector<float>> values(stages * tensor), grads(stages * tensor);
+  run_threads(stages * tensor, [&](ThreadsCommunicator& world) {
+    const int r = world.rank(), stage = r / tensor;
+    const bool end = stage == 0 || stage == stages - 1;
+    nn::Parameter p = parameter_of({float(r), float(r)});
+    p.grad = Buffer<float>{float(r + 1), float(10 * r)};
+    ThreadsCommunicator pair = world.split(end ? r % tensor : tensor + r, stage);
+    train::TiedAcrossStages<ThreadsCommunicator> tie;
+    if (end) tie = train::TiedAcrossStages<ThreadsCommunicator>(std::move(pair), p);
+    CHECK(tie.holds() == end);
+    CHECK(tie.parameter() == (end ? &p : nullptr));
+    tie.sum_gradients();
+    p.value[0] += 0.5f;  // the two ends' updates may differ in the last bit: the copy undoes that
+    tie.copy_first_to_last();
+    values[std::size_t(r)] = values_of(p);
+    grads[std::size_t(r)] = {p.grad.begin(), p.grad.end()};
+  });
+  for (int t = 0; t < tensor; ++t) {
+    INFO("tensor rank " << t);
+    const auto first = std::size_t(t), last = std::size_t(2 * tensor + t), middle = std::size_t(tensor + t);
+    const std::vector<float> sum{float(first + 1 + last + 1), float(10 * (first + last))};
+    CHECK(grads[first] == sum);
+    CHECK(grads[last] == sum);
+    CHECK(values[first] == std::vector<float>{float(first) + 0.5f, float(first)});
+    CHECK(values[last] == values[first]);
+    CHECK(grads[middle] == std::vector<float>{float(middle + 1), float(10 * middle)});  // untouched
+    CHECK(values[middle] == std::vector<float>{float(middle) + 0.5f, float(middle)});
+  }
+}
+
+TEST_CASE("tied across stages: the copy runs inside the caller's gather of the first end", "[trainer_components]") {
+  std::vector<int> gathered(2, 0);
+  std::vector<std::vector<float>> values(2);
+  run_threads(2, [&](ThreadsCommunicator& world) {
+    const int r = world.rank();
+    nn::Parameter p = parameter_of({r == 0 ? 0.0f : 7.0f});  // the first end's full value appears only in the gather
+    train::TiedAcrossStages<ThreadsCommunicator> tie(world.split(0, r), p);
+    tie.copy_first_to_last([&](nn::Parameter& end, auto&& copy) {
+      CHECK(&end == &p);
+      if (r == 0) end.value[0] = 3.0f;  // gathered
+      copy();
+      ++gathered[std::size_t(r)];
+      if (r == 0) end.value[0] = 0.0f;  // released
+    });
+    values[std::size_t(r)] = values_of(p);
+  });
+  CHECK(gathered == std::vector<int>{1, 1});
+  CHECK(values[1] == std::vector<float>{3.0f});
 }

@@ -112,7 +112,9 @@
 #include "mpar/pipeline/schedules.hpp"
 #include "mpar/pipeline/simulator.hpp"
 #include "mpar/train/batch_slicing.hpp"
+#include "mpar/train/captured_step.hpp"
 #include "mpar/train/resume_checks.hpp"
+#include "mpar/train/tied_across_stages.hpp"
 #include "mpar/train/weight_lag.hpp"
 
 namespace mpar::models {
@@ -524,18 +526,6 @@ struct StepReport {
   bool replayed = false;
 };
 
-namespace detail {
-/** `B::graph_type` for a backend that models `graph_backend`, else nothing (the trainer refuses `graph` there). */
-template <class B, bool = graph_backend<B>>
-struct trainer_graph {
-  using type = std::monostate;
-};
-template <class B>
-struct trainer_graph<B, true> {
-  using type = typename B::graph_type;
-};
-}  // namespace detail
-
 /** @brief Bytes this rank holds, by kind. */
 struct MemoryBreakdown {
   std::size_t parameters = 0, gradients = 0, optimizer_states = 0, compute_copies = 0;
@@ -643,14 +633,19 @@ class GptTrainer {
 
   [[nodiscard]] std::size_t step() const { return step_; }
   /** `GptTrainConfig::graph`: whether the step is captured (the steps from now on are launches of it). */
-  [[nodiscard]] bool graph_captured() const { return graph_captured_; }
+  [[nodiscard]] bool graph_captured() const {
+    if constexpr (graph_backend<B>)
+      return graph_.captured();
+    else
+      return false;
+  }
   /**
    * `GptTrainConfig::graph`: the operations the captured step holds (the nodes of the graph, where the backend
    * counts them; 0 before the capture).
    */
   [[nodiscard]] std::size_t graph_operations() const {
-    if constexpr (requires { graph_.nodes(); })
-      return graph_captured_ ? graph_.nodes() : 0;
+    if constexpr (graph_backend<B>)
+      return graph_.operations();
     else
       return 0;
   }
@@ -1204,13 +1199,12 @@ class GptTrainer {
       graph_lr_ = B::template allocate<float>(1);
       graph_inputs_staging_.emplace(2 * n);  // after init_rank: pinned for this rank's device
       graph_lr_staging_.emplace(1);
+      graph_ = train::CapturedStep<B>(cfg_.graph_warmup);
     }
   }
   /** The next steps warm up eagerly and capture again (after a load, a resume: host state the graph froze). */
   void reset_graph() {
-    graph_ = {};
-    graph_captured_ = false;
-    graph_eager_steps_ = 0;
+    if constexpr (graph_backend<B>) graph_.reset();
   }
 
   /**
@@ -1267,26 +1261,8 @@ class GptTrainer {
     const double lr = schedule_(step);
     stage_graph_inputs(local_batch(step), lr);
     pipeline::StepStats stats;
-    const bool replayed = graph_eager_steps_ >= cfg_.graph_warmup;
-    if constexpr (graph_backend<B>) {
-      if (!replayed) {
-        stats = issue_graph_step();
-        ++graph_eager_steps_;
-      } else {
-        if (!graph_captured_) {
-          B::begin_capture();
-          try {
-            stats = issue_graph_step();
-          } catch (...) {
-            (void)B::end_capture();  // a failed capture is dropped; the error names what broke it
-            throw;
-          }
-          graph_ = B::end_capture();
-          graph_captured_ = true;
-        }
-        B::launch(graph_);
-      }
-    }
+    bool replayed = false;
+    if constexpr (graph_backend<B>) replayed = graph_.run([&] { stats = issue_graph_step(); });
     const parallel::StepStatistics st = optimizer_->read_statistics();
     ++step_;
     const double comm_s = replayed ? 0.0 : stats.communication + tensor_.seconds();
@@ -1432,10 +1408,12 @@ class GptTrainer {
     const std::size_t data_context = coord_.data * cfg_.cp + coord_.context;
     const int color = end ? int((data_context * cfg_.ep + coord_.expert) * cfg_.tp + coord_.tensor)
                           : int(cfg_.tp * cfg_.cp * cfg_.dp * cfg_.ep + std::size_t(comms_.world.rank()));
-    embed_group_.emplace(comms_.world.split(color, int(coord_.pipeline)));
+    Comm pair = comms_.world.split(color, int(coord_.pipeline));  // collective: every rank splits
     if (cfg_.pp > 1 && cfg_.model.tied_head()) {  // one stage: the head is the embedding itself; Llama's is untied
-      if (holds_first_) tied_ = stages_.front()->token_embedding();
-      if (holds_last_) tied_ = stages_.back()->head_weight();
+      if (holds_first_)
+        tied_ = train::TiedAcrossStages<Comm>(std::move(pair), *stages_.front()->token_embedding());
+      else if (holds_last_)
+        tied_ = train::TiedAcrossStages<Comm>(std::move(pair), *stages_.back()->head_weight());
     }
   }
 
@@ -1464,27 +1442,25 @@ class GptTrainer {
     if (cfg_.batch_ranks() * cfg_.cp > 1)  // the data-axis group: data x expert, or data x context
       gradients_final_ = [this](const std::vector<nn::Parameter*>& ps) {
         for (auto* p : ps)
-          if (p != tied_) optimizer_->gradient_ready(*p);
+          if (p != tied_.parameter()) optimizer_->gradient_ready(*p);
       };
     // The count even without a hook: a sequence-parallel stage then sums its norms' gradients once per step.
     for (auto& s : stages_) s->on_gradients_final(gradients_final_, cfg_.microbatches);
   }
 
-  void sum_tied_gradients() {
-    if (tied_ == nullptr) return;
-    embed_group_->all_reduce(std::span<float>(tied_->grad), ReduceOp::sum);
-  }
+  void sum_tied_gradients() { tied_.sum_gradients(); }
   void copy_embedding_to_head() {
-    if (tied_ == nullptr) return;
-    // ZeRO-3: the first stage's embedding is sharded at rest; gather it for the broadcast.
-    std::vector<std::size_t> gathered;
-    if (auto* z = optimizer_->zero(); z && z->stage() == parallel::ZeroStage::parameters && holds_first_) {
-      gathered = z->buckets_of(std::span<nn::Parameter* const>(&tied_, 1));
+    tied_.copy_first_to_last([this](nn::Parameter& end, auto&& copy) {
+      // ZeRO-3: the first stage's embedding is sharded at rest; gather it for the broadcast.
+      auto* z = optimizer_->zero();
+      if (!z || z->stage() != parallel::ZeroStage::parameters || !holds_first_) return copy();
+      nn::Parameter* const ends[] = {&end};
+      const std::vector<std::size_t> gathered = z->buckets_of(std::span<nn::Parameter* const>(ends));
       for (std::size_t b : gathered) z->gather_begin(b);
       for (std::size_t b : gathered) z->gather_end(b);
-    }
-    embed_group_->broadcast(std::span<float>(tied_->value), 0);
-    for (std::size_t b : gathered) optimizer_->zero()->gather_release(b);
+      copy();
+      for (std::size_t b : gathered) z->gather_release(b);
+    });
   }
   /** Runs `f` with every parameter's full values in place (ZeRO-3 gathers them first and releases them after). */
   template <class F>
@@ -1560,8 +1536,7 @@ class GptTrainer {
   std::vector<nn::Parameter*> all_params_, opt_params_;
   std::vector<std::vector<std::int32_t>> targets_;
   bool holds_first_ = false, holds_last_ = false;
-  nn::Parameter* tied_ = nullptr;  ///< this rank's end of an embedding split over two stages, if any
-  std::optional<Comm> embed_group_;
+  train::TiedAcrossStages<Comm> tied_;  ///< this rank's end of an embedding split over two stages, if any
   nn::Parameter* head_copy_ = nullptr;  ///< the head's tied copy of the embedding on this rank (not optimized), if any
   typename Stage::GradientsFinalHook gradients_final_;  ///< starts the data-parallel buckets (empty: dp x ep = 1)
   /// Gradient synchronisation, norm, clipping, loss scaling, the update and the mixed-precision weights; its
@@ -1577,9 +1552,7 @@ class GptTrainer {
   Buffer<float> graph_lr_;             ///< the step's learning rate (AdamW::step_in_rank reads it)
   std::optional<typename B::template pinned_buffer<std::int32_t>> graph_inputs_staging_;
   std::optional<typename B::template pinned_buffer<float>> graph_lr_staging_;
-  typename detail::trainer_graph<B>::type graph_;
-  bool graph_captured_ = false;
-  std::size_t graph_eager_steps_ = 0;
+  train::captured_step_for<B> graph_;
 };
 
 }  // namespace mpar::models
