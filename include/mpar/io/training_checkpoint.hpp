@@ -41,34 +41,46 @@ std::string steps_key(const Optimizer& opt) {
 
 /**
  * @brief This rank's blocks of a training checkpoint of `opt`: every parameter it updates, as its block of the
- * global tensor, and the states of its update rule laid out like it (`<name>/adamw.m`, `<name>/adamw.v`,
- * `<name>/sgd.momentum`; ZeRO-1/2's flat moment ranges as boxes), so the checkpoint loads into any layout.
+ * global tensor, and with `with_states` the states of its update rule laid out like it (`<name>/adamw.m`,
+ * `<name>/adamw.v`, `<name>/sgd.momentum`; ZeRO-1/2's flat moment ranges as boxes), so the checkpoint loads into any
+ * layout. The views are of rank memory: over a backend whose memory the host cannot read, stage them through
+ * `io::StagedBlocks` before the writer or reader touches them (`training_blocks` refuses such a backend).
  * `T` is `const float` to save, `float` to load.
  */
 template <class T, communicator Comm, backend B, communicator TensorComm>
-[[nodiscard]] std::vector<BlockView<T>> training_blocks(parallel::DistributedOptimizer<Comm, B, TensorComm>& opt) {
-  static_assert(mpar::host_reads_rank_memory<B>,
-                "io::training_blocks: the checkpoint writer reads the blocks on the host; over a backend whose "
-                "memory the host cannot read, stage them through io::StagedBlocks (models::GptTrainer::save does)");
+[[nodiscard]] std::vector<BlockView<T>> optimizer_blocks(parallel::DistributedOptimizer<Comm, B, TensorComm>& opt,
+                                                         bool with_states = true) {
   using Span = std::span<T>;
   std::vector<BlockView<T>> out;
   const auto& params = opt.params();
   for (std::size_t i = 0; i < params.size(); ++i) {
     nn::Parameter& p = *params[i];
     out.push_back(block_like(p, p.name, Span(p.value)));
+    if (!with_states) continue;
     if (auto* adamw = opt.adamw()) {
       out.push_back(state_block(p, "adamw.m", Span(adamw->first_moment_mut(i))));
       out.push_back(state_block(p, "adamw.v", Span(adamw->second_moment_mut(i))));
     }
+    // Without the momentum the first step after a resume would differ from the uninterrupted run's.
     if (auto* sgd = opt.sgd(); sgd && !sgd->momentum_buffer_mut(i).empty())
       out.push_back(state_block(p, "sgd.momentum", Span(sgd->momentum_buffer_mut(i))));
   }
-  for (auto* zero : opt.zeros())
-    for (const auto& piece : zero->state_pieces()) {
-      for (auto& b : flat_state_blocks(*piece.param, "adamw.m", piece.param_offset, Span(piece.m))) out.push_back(b);
-      for (auto& b : flat_state_blocks(*piece.param, "adamw.v", piece.param_offset, Span(piece.v))) out.push_back(b);
-    }
+  if (with_states)
+    for (auto* zero : opt.zeros())  // with experts two: the replicated parameters' and the experts'
+      for (const auto& piece : zero->state_pieces()) {
+        for (auto& b : flat_state_blocks(*piece.param, "adamw.m", piece.param_offset, Span(piece.m))) out.push_back(b);
+        for (auto& b : flat_state_blocks(*piece.param, "adamw.v", piece.param_offset, Span(piece.v))) out.push_back(b);
+      }
   return out;
+}
+
+/** @brief `optimizer_blocks` with every state, for the host-readable memory the writer and reader use directly. */
+template <class T, communicator Comm, backend B, communicator TensorComm>
+[[nodiscard]] std::vector<BlockView<T>> training_blocks(parallel::DistributedOptimizer<Comm, B, TensorComm>& opt) {
+  static_assert(mpar::host_reads_rank_memory<B>,
+                "io::training_blocks: the checkpoint writer reads the blocks on the host; over a backend whose "
+                "memory the host cannot read, stage them through io::StagedBlocks (models::GptTrainer::save does)");
+  return optimizer_blocks<T>(opt);
 }
 
 /**

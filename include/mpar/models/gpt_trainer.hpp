@@ -95,6 +95,7 @@
 #include "mpar/io/checkpoint.hpp"
 #include "mpar/io/safetensors_gpt2.hpp"
 #include "mpar/io/staged_blocks.hpp"
+#include "mpar/io/training_checkpoint.hpp"
 #include "mpar/models/gpt.hpp"
 #include "mpar/nn/autocast.hpp"
 #include "mpar/nn/rank_tokens.hpp"
@@ -829,8 +830,7 @@ class GptTrainer {
 
  private:
   io::SaveResult save_gathered(const std::filesystem::path& root, std::size_t keep_last) {
-    std::vector<io::SaveBlock> blocks;
-    state_blocks<const float>(blocks);
+    std::vector<io::SaveBlock> blocks = io::optimizer_blocks<const float>(*optimizer_);
     io::StagedBlocks<B> staging;  // the writer reads on the host: rank memory comes over first, one wait
     staging.download(blocks);
     io::TrainingState st;
@@ -967,8 +967,7 @@ class GptTrainer {
                          "; its optimizer states are not used and --optimizer " + optimizer +
                          " starts afresh from the loaded weights");
     io::LoadResult res = with_gathered([&] {  // ZeRO-3: load into the full blocks, then keep this rank's shards
-      std::vector<io::LoadBlock> blocks;
-      state_blocks<float>(blocks, with_states);
+      std::vector<io::LoadBlock> blocks = io::optimizer_blocks<float>(*optimizer_, with_states);
       if (auto* z = optimizer_->zero();
           z && z->stage() == parallel::ZeroStage::parameters)  // its gathers are queued: quiet the twin again
         quiet_for_host_messages();
@@ -1030,33 +1029,6 @@ class GptTrainer {
       g = g * p.global_shape[rank - 1] + p.local_box[rank - 1].offset;
       std::copy_n(full.begin() + std::ptrdiff_t(g), inner, block.begin() + std::ptrdiff_t(r * inner));
     }
-  }
-  /** The blocks a checkpoint holds for this rank: every optimized parameter and its AdamW moments. */
-  template <class T>
-  void state_blocks(std::vector<io::BlockView<T>>& out, bool with_states = true) {
-    using Span = std::span<T>;
-    for (std::size_t i = 0; i < opt_params_.size(); ++i) {
-      nn::Parameter& p = *opt_params_[i];
-      out.push_back(io::BlockView<T>{p.name, p.global_shape, io::BoxN(p.local_box.begin(), p.local_box.end()), p.layout,
-                                     Span(p.value)});
-      if (!with_states) continue;
-      if (auto* adamw = optimizer_->adamw()) {
-        out.push_back(io::state_block(p, "adamw.m", Span(adamw->first_moment_mut(i))));
-        out.push_back(io::state_block(p, "adamw.v", Span(adamw->second_moment_mut(i))));
-      }
-      // Without the momentum the first step after a resume would differ from the uninterrupted run's.
-      if (auto* sgd = optimizer_->sgd(); sgd && !sgd->momentum_buffer_mut(i).empty())
-        out.push_back(io::state_block(p, "sgd.momentum", Span(sgd->momentum_buffer_mut(i))));
-    }
-    if (with_states)
-      for (auto* zero : optimizer_->zeros())  // with experts two: the replicated parameters' and the experts'
-        for (const auto& piece : zero->state_pieces()) {
-          auto add = [&](const char* state, auto data) {
-            for (auto& b : io::flat_state_blocks(*piece.param, state, piece.param_offset, Span(data))) out.push_back(b);
-          };
-          add("adamw.m", piece.m);
-          add("adamw.v", piece.v);
-        }
   }
   /** What a checkpoint records of this run and a resume must find unchanged (manifest `user` entries). */
   [[nodiscard]] train::RunIdentity run_identity() const {
