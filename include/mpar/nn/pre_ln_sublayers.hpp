@@ -85,7 +85,7 @@ struct PreLnSublayers {
   struct Input {
     Activation x;
   };
-  MicroBatchCache<Input> kept_inputs;  // public only to keep this an aggregate: use keep_for_recompute, take_input
+  MicroBatchCache<Input> kept_inputs{};  // public only to keep this an aggregate: use keep_for_recompute, take_input
 
  private:
   void drop_sublayers(int mb) {

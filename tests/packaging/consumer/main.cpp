@@ -1,5 +1,6 @@
 // Uses mpar through the umbrella header: a sharded initialisation checked against the full tensor,
-// and the threads communicator's collectives, point-to-point and asynchronous calls on two ranks.
+// the threads communicator's collectives, point-to-point and asynchronous calls on two ranks, and a GPT-2 and a
+// Llama block forward and backward (the blocks a user composes, their templates instantiated here).
 // It is compiled with -Wall -Wextra -Wpedantic -Werror: a warning in an mpar header fails the build.
 #include <cstdio>
 #include <mpar/mpar.hpp>
@@ -35,6 +36,23 @@ bool threads_ok() {
   return ok[0] && ok[1];
 }
 
+/** A GPT-2 block after a Llama block on one rank, forward and backward; returns whether the shapes are right. */
+bool blocks_ok() {
+  using namespace mpar;
+  bool ok = false;
+  run_threads(1, [&](ThreadsCommunicator& tp) {
+    nn::LlamaBlock<ThreadsCommunicator> llama(
+        tp, nn::LlamaBlockConfig{.hidden = 8, .heads = 2, .kv_heads = 1, .ffn = 16, .seq = 4, .name = "llama"});
+    nn::TransformerBlock<ThreadsCommunicator> gpt(tp, nn::BlockConfig{.hidden = 8, .heads = 2, .ffn = 16, .seq = 4});
+    nn::Activation x({8, 8});
+    for (std::size_t i = 0; i < 8; ++i) x(i, i) = 1.0f;
+    const nn::Act<Replicate> y = gpt.forward(llama.forward(nn::Act<Replicate>(x), 0), 0);
+    const nn::Act<Replicate> dx = llama.backward(gpt.backward(y, 0), 0);
+    ok = y.tensor().extent(0) == 8 && dx.tensor().extent(1) == 8;
+  });
+  return ok;
+}
+
 }  // namespace
 
 int main() {
@@ -52,6 +70,7 @@ int main() {
   Tensor<float, 2> c({4, 4});
   matmul<float>(full.slice(1, 0, 4), Trans::no, full.slice(1, 2, 6), Trans::yes, c.view());
   if (!threads_ok()) return 2;
+  if (!blocks_ok()) return 4;
   if (plan::parse_schedule("1f1b") != plan::ScheduleKind::one_f_one_b) return 3;
   std::printf("mpar %s consumer ok\n", MPAR_VERSION_STRING);
   return 0;
