@@ -1,9 +1,10 @@
 // The trainer's components, each on its own: the batch split every layout shares (train/batch_slicing.hpp),
-// PipeDream-2BW's weight lag (train/weight_lag.hpp), the checks a resume makes (train/resume_checks.hpp) and the
-// embedding tied across the first and last stage (train/tied_across_stages.hpp). Each
-// is checked against what it promises, written out by hand here.
+// PipeDream-2BW's weight lag (train/weight_lag.hpp), the checks a resume makes (train/resume_checks.hpp), the
+// embedding tied across the first and last stage (train/tied_across_stages.hpp) and the step's metrics over the world
+// (train/step_metrics.hpp). Each is checked against what it promises, written out by hand here.
 #include <catch2/catch.hpp>
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <map>
@@ -21,6 +22,7 @@
 #include <mpar/nn/parameter.hpp>
 #include <mpar/train/batch_slicing.hpp>
 #include <mpar/train/resume_checks.hpp>
+#include <mpar/train/step_metrics.hpp>
 #include <mpar/train/tied_across_stages.hpp>
 #include <mpar/train/weight_lag.hpp>
 
@@ -300,4 +302,35 @@ TEST_CASE("tied across stages: the copy runs inside the caller's gather of the f
   });
   CHECK(gathered == std::vector<int>{1, 1});
   CHECK(values[1] == std::vector<float>{3.0f});
+}
+
+TEST_CASE("step metrics: host slots averaged or maximised over the world, an accumulated slot read from rank memory",
+          "[trainer_components]") {
+  // Three ranks; slots 0 and 1 averaged, slot 2 maximised. Slot 1 is accumulated in rank memory (rank r adds r + 1
+  // twice, as two micro-batches would); the host's value there is ignored.
+  std::vector<std::array<double, 3>> got(3);
+  run_threads(3, [&](ThreadsCommunicator& world) {
+    const double r = world.rank();
+    train::StepMetrics<HostBackend, 2, 1> metrics;
+    std::array<double, 3> first{r, -1.0, 10.0 * r};
+    metrics.reduce(world, first);
+    CHECK(first == std::array<double, 3>{1.0, -1.0, 20.0});
+    double* dropped = metrics.accumulator(1);
+    for (int step = 0; step < 2; ++step) {
+      HostBackend::zero(1, dropped);
+      for (int mb = 0; mb < 2; ++mb) *dropped += r + 1;
+      std::array<double, 3> v{2.0 * r + step, 99.0, r == 1 ? 5.0 : 1.0};
+      metrics.reduce(world, v);
+      got[std::size_t(r)] = v;
+    }
+  });
+  // The last step: slot 0 (1 + 3 + 5) / 3, slot 1 (2 + 4 + 6) / 3, slot 2 the largest.
+  for (const auto& v : got) CHECK(v == std::array<double, 3>{3.0, 4.0, 5.0});
+  run_threads(1, [](ThreadsCommunicator& world) {
+    train::StepMetrics<HostBackend, 1, 1> metrics;
+    std::array<double, 2> v{0.25, 2.0};
+    metrics.reduce(world, v);  // one rank, nothing accumulated: unchanged
+    CHECK(v == std::array<double, 2>{0.25, 2.0});
+    CHECK_THROWS_WITH(metrics.accumulator(2), Catch::Contains("slot 2 of 2"));
+  });
 }

@@ -115,6 +115,7 @@
 #include "mpar/train/batch_slicing.hpp"
 #include "mpar/train/captured_step.hpp"
 #include "mpar/train/resume_checks.hpp"
+#include "mpar/train/step_metrics.hpp"
 #include "mpar/train/tied_across_stages.hpp"
 #include "mpar/train/weight_lag.hpp"
 
@@ -1131,7 +1132,7 @@ class GptTrainer {
     // the losses came averaged with the optimizer's statistics.
     // [0, 3): averaged over the world; [3]: the slowest rank's wall time.
     std::array<double, 4> avg{stats.bubble_ratio, std::min(1.0, comm_s / wall), 0.0, wall};
-    host_all_reduce(avg);
+    metrics_.reduce(comms_.world, avg);
     const std::array<double, 1> slowest{avg[3]};
     StepReport r;
     r.step = step;
@@ -1451,46 +1452,8 @@ class GptTrainer {
     }
     return f();
   }
-  /**
-   * Reduces the step's host measurements over the world: `v[0..3)` averaged, `v[3]` the maximum. On a backend
-   * whose operations return at once they go through rank memory by the stream-ordered copies (the communicator
-   * is ordered with the rank's stream), with one host wait: the staging buffer outlives the copy in.
-   */
-  /** The report's dropped count in rank memory (slot 2 of the buffer host_all_reduce averages). */
-  double* report_slot_dropped() {
-    if (report_rank_.empty()) report_rank_ = B::template allocate<double>(4);
-    return report_rank_.data() + 2;
-  }
-  /**
-   * Averages the report over the world: v[0], v[1] (host measurements) and slot 2 (with MoE: the dropped count
-   * the passes accumulated in rank memory; v[2] is ignored) averaged, v[3] the maximum. One copy and one wait.
-   */
-  void host_all_reduce(std::array<double, 4>& v) {
-    const bool moe = cfg_.model.has_moe();
-    if (comms_.world.size() == 1 && !moe) return;
-    double* rank = report_slot_dropped() - 2;
-    const std::span<const double> host(v);
-    if constexpr (mpar::host_reads_rank_memory<B>) {
-      for (std::size_t i = 0; i < v.size(); ++i)
-        if (i != 2 || !moe) rank[i] = v[i];
-    } else {
-      if (!report_staging_) report_staging_.emplace(v.size());  // after init_rank: pinned for this rank's device
-      if (moe) {                                                // slot 2 holds what the passes accumulated
-        report_staging_->write(host.first(2), rank);
-        report_staging_->write(host.subspan(3), rank + 3);
-      } else {
-        report_staging_->write(host, rank);
-      }
-    }
-    comms_.world.all_reduce(std::span<double>(rank, 3), ReduceOp::avg);
-    comms_.world.all_reduce(std::span<double>(rank + 3, 1), ReduceOp::max);
-    if constexpr (mpar::host_reads_rank_memory<B>)
-      std::copy(rank, rank + 4, v.begin());
-    else
-      report_staging_->read(rank, std::span<double>(v));
-  }
-  Buffer<double> report_rank_;  ///< host_all_reduce's rank memory, kept: the MoE passes accumulate into slot 2
-  std::optional<mpar::HostStaging<B, double>> report_staging_;
+  /** The report's dropped count, accumulated in rank memory by the MoE backward passes (metrics slot 2). */
+  double* report_slot_dropped() { return metrics_.accumulator(2); }
   GptTrainConfig cfg_;
   data::SourceRef data_;
   DynamicMesh mesh_;
@@ -1509,6 +1472,8 @@ class GptTrainer {
   std::vector<std::vector<std::int32_t>> targets_;
   bool holds_first_ = false, holds_last_ = false;
   train::TiedAcrossStages<Comm> tied_;  ///< this rank's end of an embedding split over two stages, if any
+  /// The report over the world: bubble, communication share and dropped tokens averaged, the wall time maximised.
+  train::StepMetrics<B, 3, 1> metrics_;
   nn::Parameter* head_copy_ = nullptr;  ///< the head's tied copy of the embedding on this rank (not optimized), if any
   typename Stage::GradientsFinalHook gradients_final_;  ///< starts the data-parallel buckets (empty: dp x ep = 1)
   /// Gradient synchronisation, norm, clipping, loss scaling, the update and the mixed-precision weights; its
