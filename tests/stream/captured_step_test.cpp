@@ -6,30 +6,16 @@
 #include <cstddef>
 #include <exception>
 #include <stdexcept>
-#include <thread>
 #include <vector>
 
 #include <mpar/backend/stream/stream_backend.hpp>
 #include <mpar/train/captured_step.hpp>
 
+#include "rank_world.hpp"
+
 using namespace mpar;
 
 namespace {
-
-/** Runs `f` on a thread of its own (a rank with a fresh stream) and rethrows what it threw. */
-template <class F>
-void on_captured_step_rank(F f) {
-  std::exception_ptr failure;
-  std::thread t([&] {
-    try {
-      f();
-    } catch (...) {
-      failure = std::current_exception();
-    }
-  });
-  t.join();
-  if (failure) std::rethrow_exception(failure);
-}
 
 /** A step that adds the sum of its input (copied in from pinned staging) into a running total in rank memory. */
 struct SummingStep {
@@ -67,7 +53,7 @@ struct SummingStep {
 
 TEST_CASE("captured step: warm-up steps eager, one capture, then launches that read each step's input",
           "[captured_step]") {
-  on_captured_step_rank([] {
+  testing::on_own_thread([] {
     SummingStep s;
     train::CapturedStep<StreamHostBackend> step(2);
     std::vector<bool> launched;
@@ -92,7 +78,7 @@ TEST_CASE("captured step: warm-up steps eager, one capture, then launches that r
 }
 
 TEST_CASE("captured step: a capture that fails is dropped and the next step captures again", "[captured_step]") {
-  on_captured_step_rank([] {
+  testing::on_own_thread([] {
     SummingStep s;
     train::CapturedStep<StreamHostBackend> step(1);
     s.stage(0);

@@ -6,10 +6,8 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <exception>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include <mpar/backend/graph_backend.hpp>
@@ -19,24 +17,11 @@
 #include <mpar/nn/parameter.hpp>
 #include <mpar/optim/adamw.hpp>
 
+#include "rank_world.hpp"
+
 using namespace mpar;
 
 namespace {
-
-/** Runs `f` on a thread of its own (a rank with a fresh stream) and rethrows what it threw. */
-template <class F>
-void on_graph_test_rank(F f) {
-  std::exception_ptr failure;
-  std::thread t([&] {
-    try {
-      f();
-    } catch (...) {
-      failure = std::current_exception();
-    }
-  });
-  t.join();
-  if (failure) std::rethrow_exception(failure);
-}
 
 /** Sizes of the least-squares model the step trains: a batch of `m` rows X [m, k], targets Y [m, n], W [k, n]. */
 constexpr std::size_t graph_m = 6, graph_k = 5, graph_n = 3;
@@ -130,7 +115,7 @@ struct GraphTestRun {
 template <class B>
 GraphTestRun graph_test_train(std::size_t steps, bool captured) {
   GraphTestRun r;
-  on_graph_test_rank([&] {
+  testing::on_own_thread([&] {
     B::init_rank();
     GraphTestModel<B> model;
     typename B::graph_type graph;
@@ -172,7 +157,7 @@ TEMPLATE_TEST_CASE("graph_backend (emulated): replays of a captured step equal e
 TEMPLATE_TEST_CASE("graph_backend (emulated): recording does not run, and host scalars are frozen at capture",
                    "[stream][graph]", StreamHostBackend, DiscreteHostBackend) {
   using B = TestType;
-  on_graph_test_rank([] {
+  testing::on_own_thread([] {
     B::init_rank();
     Buffer<float> x = B::template allocate<float>(4);
     B::fill(x.size(), 1.0f, x.data());
@@ -197,7 +182,7 @@ TEMPLATE_TEST_CASE("graph_backend (emulated): recording does not run, and host s
 TEMPLATE_TEST_CASE("graph_backend (emulated): a host wait during a capture throws naming the call", "[stream][graph]",
                    StreamHostBackend, DiscreteHostBackend) {
   using B = TestType;
-  on_graph_test_rank([] {
+  testing::on_own_thread([] {
     B::init_rank();
     Buffer<double> acc = B::template allocate<double>(1);
     typename B::event_type before;
@@ -220,7 +205,7 @@ TEMPLATE_TEST_CASE("graph_backend (emulated): a host wait during a capture throw
 TEMPLATE_TEST_CASE("graph_backend (emulated): memory freed during a capture stays the graph's until it is dropped",
                    "[stream][graph]", StreamHostBackend, DiscreteHostBackend) {
   using B = TestType;
-  on_graph_test_rank([] {
+  testing::on_own_thread([] {
     B::init_rank();
     Buffer<float> out = B::template allocate<float>(64);
     typename B::graph_type g;
@@ -276,7 +261,7 @@ struct AdamWGraphTestRun {
 template <class B>
 AdamWGraphTestRun adamw_graph_test_train(std::size_t steps, bool captured) {
   AdamWGraphTestRun r;
-  on_graph_test_rank([&] {
+  testing::on_own_thread([&] {
     B::init_rank();
     constexpr std::size_t rows = 3, cols = 4;
     nn::Parameter w{"w", 1, {rows, cols}}, b{"bias", 2, {cols}};

@@ -1,6 +1,8 @@
 #pragma once
 // How the stream tests run a thread rank's trainer: over HostBackend on the plain threads communicator, over a
 // stream backend through the communicator that orders its collectives on the rank's stream.
+#include <exception>
+#include <thread>
 #include <type_traits>
 #include <utility>
 
@@ -10,6 +12,21 @@
 #include <mpar/core/memory_resource.hpp>
 
 namespace mpar::testing {
+
+/** Runs `f` on a thread of its own (a rank with a fresh stream) and rethrows what it threw. */
+template <class F>
+void on_own_thread(F f) {
+  std::exception_ptr failure;
+  std::thread t([&] {
+    try {
+      f();
+    } catch (...) {
+      failure = std::current_exception();
+    }
+  });
+  t.join();
+  if (failure) std::rethrow_exception(failure);
+}
 
 /**
  * Calls `run(world)` on thread rank `w`. HostBackend runs with ordinary host memory installed: a rank on the
