@@ -22,7 +22,7 @@ struct SummingStep {
   static constexpr std::size_t n = 4;
   Buffer<float> in = StreamHostBackend::allocate<float>(n);
   Buffer<double> sum = StreamHostBackend::allocate<double>(1);
-  StreamHostBackend::pinned_buffer<float> staging{n};
+  StreamHostBackend::pinned_buffer<float> staging = StreamHostBackend::pinned_buffer<float>(n);  // n elements
   int issued = 0;  // how often the host ran the issuing code
 
   SummingStep() { StreamHostBackend::zero(1, sum.data()); }
