@@ -22,10 +22,9 @@
 #include "mpar/backend/gpu/residual_layernorm.hpp"
 #include "mpar/backend/gpu/sdpa.hpp"
 #include "mpar/comm/nccl/device_communicator.hpp"
-// Not emulated: NCCL (the emulated runtime's ranks use DeviceCommunicator) and managed memory (never used in
-// training; the emulation hands out only memory the host cannot touch).
+#include "mpar/comm/nccl/nccl_communicator.hpp"
+// Not emulated: managed memory (never used in training; the emulation hands out only memory the host cannot touch).
 #if !defined(MPAR_CUDA_EMULATION)
 #include "mpar/backend/gpu/managed_resource.hpp"  // tests and user code only: not in the training path
-#include "mpar/comm/nccl/nccl_communicator.hpp"
 #endif
 #include "mpar/mpar.hpp"

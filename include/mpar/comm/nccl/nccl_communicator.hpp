@@ -18,9 +18,6 @@
  * and the rank's next call throws comm_error naming the rank, the group, the operation, its
  * sequence number, its size and the fix (`check()` asks explicitly).
  */
-#include <cuda_runtime.h>
-#include <nccl.h>
-
 #include <atomic>
 #include <chrono>
 #include <condition_variable>
@@ -39,6 +36,7 @@
 #include "mpar/backend/gpu/context.hpp"
 #include "mpar/backend/gpu/cuda_error.hpp"
 #include "mpar/backend/gpu/memory.hpp"
+#include "mpar/backend/gpu/runtime.hpp"  // the CUDA runtime and NCCL, or their emulation
 #include "mpar/comm/communicator.hpp"
 #include "mpar/comm/detail/comm_element.hpp"
 #include "mpar/core/dtype.hpp"
@@ -683,14 +681,6 @@ class NcclCommunicator {
     st_->device = device;
     st_->opt = std::move(opt);
   }
-  /** Point-to-point operations posted but not yet issued: NCCL needs matching sends and receives in one group. */
-  struct P2pBatch {
-    std::vector<std::function<ncclResult_t(ncclComm_t, cudaStream_t)>> ops;
-    std::size_t count = 0;
-    std::shared_ptr<gpu::Event> done;  // set when the batch is issued
-  };
-  std::shared_ptr<P2pBatch> open_batch;
-
   [[nodiscard]] std::string where(const char* op, std::size_t count) const { return st_->where(op, count); }
   void check_root(const char* op, int r) const {
     require(r >= 0 && r < size(), where(op, 0), ": rank argument ", r, " is outside the group");

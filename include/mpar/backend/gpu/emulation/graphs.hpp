@@ -23,6 +23,7 @@
 
 #include "mpar/backend/gpu/emulation/capture_state.hpp"
 #include "mpar/backend/gpu/emulation/memory.hpp"
+#include "mpar/backend/gpu/emulation/streams.hpp"
 #include "mpar/backend/gpu/emulation/types.hpp"
 
 namespace mpar::gpu::emulation {
@@ -108,9 +109,9 @@ inline cudaError_t cudaMemsetAsync(void* p, int value, std::size_t bytes, cudaSt
 
 /** The device's default pool; the release threshold mpar raises is accepted (the emulation never trims). */
 inline cudaError_t cudaDeviceGetDefaultMemPool(cudaMemPool_t* pool, int device) {
-  if (pool == nullptr || device != 0) return cudaErrorInvalidValue;
-  static CUmemPoolHandle_st the_pool;
-  *pool = &the_pool;
+  if (pool == nullptr || device < 0 || device >= ::mpar::gpu::emulation::emulated_devices) return cudaErrorInvalidValue;
+  static CUmemPoolHandle_st pools[::mpar::gpu::emulation::emulated_devices];
+  *pool = &pools[device];
   return cudaSuccess;
 }
 inline cudaError_t cudaMemPoolSetAttribute(cudaMemPool_t pool, cudaMemPoolAttr attr, void* value) {

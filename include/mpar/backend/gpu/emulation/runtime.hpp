@@ -13,6 +13,7 @@
 #include "mpar/backend/gpu/emulation/launch.hpp"
 #include "mpar/backend/gpu/emulation/math.hpp"
 #include "mpar/backend/gpu/emulation/memory.hpp"
+#include "mpar/backend/gpu/emulation/nccl.hpp"
 #include "mpar/backend/gpu/emulation/qualifiers.hpp"
 #include "mpar/backend/gpu/emulation/simt.hpp"
 #include "mpar/backend/gpu/emulation/streams.hpp"

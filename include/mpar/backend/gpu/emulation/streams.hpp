@@ -1,19 +1,25 @@
 #pragma once
 /**
- * @file Devices, streams and errors under the emulation: one device; streams are handles and work runs at once on
+ * @file Devices, streams and errors under the emulation: streams are handles and work runs at once on
  * the calling thread (launches, copies and sets are synchronous), so synchronising returns at once.
  *
  * Stream order is therefore trivially kept, and concurrency between streams is not modelled here: the stream
  * emulation of backend/stream/ is where ordering bugs between streams show. An event is complete once recorded
  * (its work has run); querying or timing one never recorded is an error, as in CUDA.
  *
- * The one emulated device reports 4 multiprocessors (so that launchers sizing grids by it stride over rows) and
- * the 227 KiB of opt-in shared memory per block of a Hopper GPU, the limit the SIMT emulator enforces.
+ * There are `emulated_devices` devices (thread ranks of an emulated NCCL communicator each take one); they share one
+ * memory, as GPUs with peer access share an address space. Each reports 4 multiprocessors (so that launchers sizing
+ * grids by it stride over rows) and the 227 KiB of opt-in shared memory per block of a Hopper GPU, the limit the SIMT emulator enforces.
  */
 #include <chrono>
 
 #include "mpar/backend/gpu/emulation/capture_state.hpp"
 #include "mpar/backend/gpu/emulation/types.hpp"
+
+namespace mpar::gpu::emulation {
+/** How many devices the emulation has. */
+inline constexpr int emulated_devices = 8;
+}  // namespace mpar::gpu::emulation
 
 namespace mpar::gpu::emulation::detail {
 inline cudaError_t& last_error() {
@@ -28,11 +34,12 @@ inline int& current_device() {
 
 inline cudaError_t cudaGetDeviceCount(int* n) {
   if (n == nullptr) return cudaErrorInvalidValue;
-  *n = 1;
+  *n = ::mpar::gpu::emulation::emulated_devices;
   return cudaSuccess;
 }
 inline cudaError_t cudaSetDevice(int device) {
-  if (device != 0) return cudaErrorInvalidValue;  // cudaErrorInvalidDevice in CUDA: one emulated device
+  if (device < 0 || device >= ::mpar::gpu::emulation::emulated_devices)
+    return cudaErrorInvalidValue;  // cudaErrorInvalidDevice in CUDA
   ::mpar::gpu::emulation::detail::current_device() = device;
   return cudaSuccess;
 }
@@ -47,7 +54,8 @@ inline cudaError_t cudaDeviceSynchronize() {
                                              : cudaSuccess;
 }
 inline cudaError_t cudaDeviceGetAttribute(int* value, cudaDeviceAttr attr, int device) {
-  if (value == nullptr || device != 0) return cudaErrorInvalidValue;
+  if (value == nullptr || device < 0 || device >= ::mpar::gpu::emulation::emulated_devices)
+    return cudaErrorInvalidValue;
   switch (attr) {
     case cudaDevAttrMaxSharedMemoryPerBlock:
       *value = 48 << 10;
