@@ -340,8 +340,9 @@ Options parse(int argc, char** argv) {
          "step's loss and every parameter against the precision's tolerance (exit 1 when they differ)");
   p.option("check-steps", o.check_steps, "steps of --check-against-host and --check-layout").range(1, 1 << 20);
   p.choice("comm", o.comm, {{"auto", "auto"}, {"nccl", "nccl"}, {"mpi", "mpi"}},
-           "communicator: auto (NCCL for --backend cuda under mpirun, else threads or MPI), nccl (one GPU per "
-           "process, under mpirun), mpi (MPI over host memory, under mpirun; --backend host)");
+           "communicator: auto (NCCL for --backend cuda under mpirun, else threads or MPI), nccl (--backend cuda: "
+           "one GPU per rank, thread ranks or mpirun's processes), mpi (MPI over host memory, under mpirun; "
+           "--backend host)");
   if (!p.parse(argc, argv)) {
     std::cout << p.help();
     std::exit(0);
@@ -422,10 +423,9 @@ Options parse(int argc, char** argv) {
   t.warmup = o.warmup >= 0 ? std::size_t(o.warmup) : t.steps / 10;
   require(t.warmup <= t.steps, "train_gpt: --warmup ", t.warmup, " exceeds --steps ", t.steps,
           " (the learning rate would never reach --lr); give --warmup at most ", t.steps);
-  require(o.comm != "nccl" || (o.backend == "cuda" && !o.check_against_host && train_gpt::under_mpirun()),
-          "train_gpt: --comm nccl runs one process per GPU: use it with --backend cuda under mpirun (thread ranks, "
-          "--check-against-host's included, use the threads communicator on the host and the device communicator on "
-          "GPU 0)");
+  require(o.comm != "nccl" || o.backend == "cuda",
+          "train_gpt: --comm nccl carries device memory, one GPU per rank: use it with --backend cuda (the host "
+          "backend's thread ranks use the threads communicator, its processes --comm mpi)");
   // MPI reads the buffers it is given on the host, unordered with a device's streams: device memory would fault or
   // race. NCCL is the transport for device memory.
   require(o.comm != "mpi" || o.backend != "cuda",
@@ -439,8 +439,9 @@ Options parse(int argc, char** argv) {
           "--check-against-host, or drop --graph");
   require(!t.graph || t.world_size() == 1 || (train_gpt::under_mpirun() && o.comm != "mpi"), "train_gpt: --graph on ",
           t.world_size(),
-          " ranks without NCCL: the thread ranks' device communicator meets at host barriers, which a captured step "
-          "cannot hold; run one process per GPU under mpirun (NCCL), or --graph on one rank");
+          " thread ranks: the device communicator meets at host barriers, which a captured step cannot hold, and NCCL "
+          "over thread ranks (--comm nccl) has not been proven under capture; run one process per GPU under mpirun "
+          "(NCCL), or --graph on one rank");
   require(o.val_split == 0 || o.val_data.empty(), "train_gpt: give --val-data or --val-split, not both");
   require(t.grad_topk_density == 0 || (o.backend == "host" && !o.check_against_host), "train_gpt: --grad-topk ",
           t.grad_topk_density,

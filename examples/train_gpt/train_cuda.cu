@@ -4,8 +4,9 @@
 //
 // Ranks: threads of this process by default, all on GPU 0, each rank its own stream, over the device
 // communicator (peer reads and reduction kernels in device memory: NCCL's contract for ranks that share a
-// GPU), or one process per GPU under mpirun (the node-local rank picks the GPU) with NCCL for every mesh
-// axis (see docs/cuda.md, "Training on CUDA"). The host never hands device memory to a host communicator.
+// GPU); with --comm nccl, threads of this process, rank r on GPU r, over NCCL; or one process per GPU under
+// mpirun (the node-local rank picks the GPU) with NCCL for every mesh axis (see docs/cuda.md, "Training on
+// CUDA"). The host never hands device memory to a host communicator.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -47,6 +48,35 @@ void run_device_threads(int n, F f) {
   });
 }
 
+/**
+ * Runs `f(world)` on `n` thread ranks, rank r on GPU r, joined to one NCCL communicator (NCCL's single-process,
+ * several-GPU mode). A rank that throws destroys its communicator; its peers' next collective fails (after
+ * NcclOptions::timeout on a GPU, at once on the emulated runtime).
+ */
+template <class F>
+void run_nccl_threads(int n, F f) {
+  const int gpus = visible_gpus();
+  require(n <= gpus, "train_gpt --comm nccl: ", n, " ranks take ", n, " GPUs (one each), this machine has ", gpus,
+          "; use fewer ranks, or drop --comm nccl to run the ranks as threads sharing GPU 0");
+  const ncclUniqueId id = NcclCommunicator::make_unique_id();
+  run_threads(n, [&](ThreadsCommunicator& w) {
+    CudaBackend::init_rank(w.rank());
+    NcclOptions opt;
+    opt.name = "world";
+    NcclCommunicator world(id, w.rank(), n, w.rank(), opt);
+    f(world);
+  });
+}
+
+/** Runs `f(world)` on `n` thread ranks over NCCL (`--comm nccl`) or the device communicator on GPU 0. */
+template <class F>
+void run_cuda_threads(const Options& o, int n, F f) {
+  if (o.comm == "nccl")
+    run_nccl_threads(n, f);
+  else
+    run_device_threads(n, f);
+}
+
 /** Losses and gradient norms of the first `steps` steps, as every rank reports them. */
 struct Trajectory {
   std::vector<double> loss, grad_norm;
@@ -81,12 +111,13 @@ int check_against_host(const Options& o) {
     Trajectory t = record<HostBackend>(world, o, steps);
     if (world.rank() == 0) host = std::move(t);
   });
-  run_device_threads(n, [&](gpu::DeviceCommunicator& world) {
+  run_cuda_threads(o, n, [&](auto& world) {
     Trajectory t = record<CudaBackend>(world, o, steps);
     if (world.rank() == 0) cuda = std::move(t);
   });
-  std::printf("check-against-host: tp=%zu pp=%zu dp=%zu ep=%zu, %zu steps, %d thread ranks on GPU 0\n", o.train.tp,
-              o.train.pp, o.train.dp, o.train.ep, steps, n);
+  std::printf("check-against-host: tp=%zu pp=%zu dp=%zu ep=%zu, %zu steps, %d thread ranks %s\n", o.train.tp,
+              o.train.pp, o.train.dp, o.train.ep, steps, n,
+              o.comm == "nccl" ? "over NCCL, one GPU each" : "on GPU 0 (device communicator)");
   std::printf("%5s  %12s  %12s  %9s  %12s  %12s  %9s\n", "step", "host loss", "cuda loss", "rel diff", "host |g|",
               "cuda |g|", "rel diff");
   double worst_loss = 0, worst_norm = 0;
@@ -146,8 +177,8 @@ int run_cuda(const Options& o, int* argc, char*** argv) {
   preflight(o);  // as for host thread ranks: checked before any rank starts, --save locked for the run
   std::optional<io::DirectoryLock> save_lock;
   if (!o.save.empty()) save_lock.emplace(o.save);
-  run_device_threads(int(o.train.world_size()),
-                     [&](gpu::DeviceCommunicator& world) { train<CudaBackend>(world, o, false, exit_signal.get()); });
+  run_cuda_threads(o, int(o.train.world_size()),
+                   [&](auto& world) { train<CudaBackend>(world, o, false, exit_signal.get()); });
   return 0;
 }
 
