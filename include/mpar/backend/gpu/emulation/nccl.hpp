@@ -139,9 +139,39 @@ inline std::size_t type_size(ncclDataType_t t) {
   return 0;
 }
 
-/** `out[i] = out[i] op in[i]` for `n` elements of type `t` (16-bit floats computed in float and rounded, as NCCL). */
+/**
+ * Calls `f((T*)nullptr, (C*)nullptr)` for the element type `T` that `t` names and the type `C` its arithmetic runs
+ * in (float for the 16-bit floats, as NCCL computes them; int for 8-bit integers).
+ */
+template <class F>
+void with_type(ncclDataType_t t, F&& f) {
+  switch (t) {
+    case ncclInt8:
+      return f((std::int8_t*)nullptr, (int*)nullptr);
+    case ncclUint8:
+      return f((std::uint8_t*)nullptr, (int*)nullptr);
+    case ncclInt32:
+      return f((std::int32_t*)nullptr, (std::int32_t*)nullptr);
+    case ncclUint32:
+      return f((std::uint32_t*)nullptr, (std::uint32_t*)nullptr);
+    case ncclInt64:
+      return f((std::int64_t*)nullptr, (std::int64_t*)nullptr);
+    case ncclUint64:
+      return f((std::uint64_t*)nullptr, (std::uint64_t*)nullptr);
+    case ncclFloat16:
+      return f((f16*)nullptr, (float*)nullptr);
+    case ncclBfloat16:
+      return f((bf16*)nullptr, (float*)nullptr);
+    case ncclFloat32:
+      return f((float*)nullptr, (float*)nullptr);
+    case ncclFloat64:
+      return f((double*)nullptr, (double*)nullptr);
+  }
+}
+
+/** `out[i] = out[i] op in[i]` for `n` elements of type `t`, each result rounded to `t`. */
 inline void combine(ncclDataType_t t, ncclRedOp_t op, void* out, const void* in, std::size_t n) {
-  auto apply = [&]<class T, class C>(T*, C*) {
+  with_type(t, [&]<class T, class C>(T*, C*) {
     auto* o = static_cast<T*>(out);
     const auto* x = static_cast<const T*>(in);
     for (std::size_t i = 0; i < n; ++i) {
@@ -164,58 +194,14 @@ inline void combine(ncclDataType_t t, ncclRedOp_t op, void* out, const void* in,
       }
       o[i] = T(r);
     }
-  };
-  switch (t) {
-    case ncclInt8:
-      return apply((std::int8_t*)nullptr, (std::int8_t*)nullptr);
-    case ncclUint8:
-      return apply((std::uint8_t*)nullptr, (std::uint8_t*)nullptr);
-    case ncclInt32:
-      return apply((std::int32_t*)nullptr, (std::int32_t*)nullptr);
-    case ncclUint32:
-      return apply((std::uint32_t*)nullptr, (std::uint32_t*)nullptr);
-    case ncclInt64:
-      return apply((std::int64_t*)nullptr, (std::int64_t*)nullptr);
-    case ncclUint64:
-      return apply((std::uint64_t*)nullptr, (std::uint64_t*)nullptr);
-    case ncclFloat16:
-      return apply((f16*)nullptr, (float*)nullptr);
-    case ncclBfloat16:
-      return apply((bf16*)nullptr, (float*)nullptr);
-    case ncclFloat32:
-      return apply((float*)nullptr, (float*)nullptr);
-    case ncclFloat64:
-      return apply((double*)nullptr, (double*)nullptr);
-  }
+  });
 }
 /** ncclAvg's last step: the sum divided by the number of ranks (integers truncate, as NCCL's). */
 inline void divide(ncclDataType_t t, void* out, std::size_t n, int ranks) {
-  auto apply = [&]<class T, class C>(T*, C*) {
+  with_type(t, [&]<class T, class C>(T*, C*) {
     auto* o = static_cast<T*>(out);
     for (std::size_t i = 0; i < n; ++i) o[i] = T(C(o[i]) / C(ranks));
-  };
-  switch (t) {
-    case ncclInt8:
-      return apply((std::int8_t*)nullptr, (int*)nullptr);
-    case ncclUint8:
-      return apply((std::uint8_t*)nullptr, (int*)nullptr);
-    case ncclInt32:
-      return apply((std::int32_t*)nullptr, (std::int32_t*)nullptr);
-    case ncclUint32:
-      return apply((std::uint32_t*)nullptr, (std::uint32_t*)nullptr);
-    case ncclInt64:
-      return apply((std::int64_t*)nullptr, (std::int64_t*)nullptr);
-    case ncclUint64:
-      return apply((std::uint64_t*)nullptr, (std::uint64_t*)nullptr);
-    case ncclFloat16:
-      return apply((f16*)nullptr, (float*)nullptr);
-    case ncclBfloat16:
-      return apply((bf16*)nullptr, (float*)nullptr);
-    case ncclFloat32:
-      return apply((float*)nullptr, (float*)nullptr);
-    case ncclFloat64:
-      return apply((double*)nullptr, (double*)nullptr);
-  }
+  });
 }
 
 /** One rank's call in a collective: what it asked for, and where its buffers are readable. */
