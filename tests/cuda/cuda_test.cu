@@ -706,15 +706,16 @@ TEST_CASE("CudaBackend optimizer operations: AdamW, SGD, sum of squares and scal
     CHECK(download(dg) == h);
   }
 
-  // The optimizers on a CUDA rank (parameters and states in managed memory) against the host optimizers.
-  const auto make = [&](std::string name) {
+  // The optimizers on a CUDA rank (parameters and states in device memory, filled and read by staged copies) against
+  // the host optimizers.
+  const auto make = [&]<class B>(std::string name) {
     nn::Parameter p;
     p.name = std::move(name);
     p.global_shape = {n};
     p.local_box = {Block{0, n}};
     p.layout = "Replicate";
-    p.value.assign(w0.begin(), w0.end());
-    p.grad.assign(g.begin(), g.end());
+    p.value = rank_buffer<B>(w0);
+    p.grad = rank_buffer<B>(g);
     return p;
   };
   const optim::AdamWConfig acfg{.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f};
@@ -722,7 +723,7 @@ TEST_CASE("CudaBackend optimizer operations: AdamW, SGD, sum of squares and scal
   std::vector<float> adam_w, adam_m, adam_v, sgd_w, sgd_buf, scaled;
   double norm = 0;
   run_ranks(1, [&](int) {
-    auto pa = make("a"), ps = make("s");
+    auto pa = make.operator()<CudaBackend>("a"), ps = make.operator()<CudaBackend>("s");
     optim::AdamW<CudaBackend> adam({&pa}, acfg);
     optim::Sgd<CudaBackend> sgd({&ps}, scfg);
     for (int t = 0; t < 3; ++t) {
@@ -732,14 +733,14 @@ TEST_CASE("CudaBackend optimizer operations: AdamW, SGD, sum of squares and scal
     std::vector<nn::Parameter*> both{&pa, &ps};
     norm = optim::grad_norm<CudaBackend>(both);
     optim::scale_grads<CudaBackend>(both, 0.25f);
-    adam_w.assign(pa.value.begin(), pa.value.end());
-    adam_m.assign(adam.first_moment(0).begin(), adam.first_moment(0).end());
-    adam_v.assign(adam.second_moment(0).begin(), adam.second_moment(0).end());
-    sgd_w.assign(ps.value.begin(), ps.value.end());
-    sgd_buf.assign(sgd.momentum_buffer(0).begin(), sgd.momentum_buffer(0).end());
-    scaled.assign(ps.grad.begin(), ps.grad.end());
+    adam_w = rank_values<CudaBackend>(std::span<const float>(pa.value));
+    adam_m = rank_values<CudaBackend>(adam.first_moment(0));
+    adam_v = rank_values<CudaBackend>(adam.second_moment(0));
+    sgd_w = rank_values<CudaBackend>(std::span<const float>(ps.value));
+    sgd_buf = rank_values<CudaBackend>(sgd.momentum_buffer(0));
+    scaled = rank_values<CudaBackend>(std::span<const float>(ps.grad));
   });
-  auto ha = make("a"), hs = make("s");
+  auto ha = make.operator()<HostBackend>("a"), hs = make.operator()<HostBackend>("s");
   optim::AdamW adam({&ha}, acfg);
   optim::Sgd sgd({&hs}, scfg);
   for (int t = 0; t < 3; ++t) {

@@ -16,11 +16,13 @@
 #include <vector>
 
 #include "../nn/nn_test_support.hpp"
+#include "cuda_test_support.hpp"
 #include "mpar/cuda.hpp"
 #include "mpar/models/gpt_generate.hpp"
 #include "mpar/models/gpt_trainer.hpp"
 
 using namespace mpar;
+using mpar::cuda_testing::rank_values;
 
 namespace {
 
@@ -32,18 +34,28 @@ struct StageResult {
 
 using mpar::testing::rel_err;  // ||a - b|| / ||b||
 
-/** One forward, loss and backward of a single-stage GPT on backend B over tensor group `tp`. */
-template <class B>
-StageResult run_stage(ThreadsCommunicator& tp, const models::GptConfig& cfg, std::span<const std::int32_t> tokens,
+/**
+ * One forward, loss and backward of a single-stage GPT on backend B over tensor group `tp` (a communicator of B's
+ * memory: the device communicator for CudaBackend). The host hands the tokens over as the trainer does and reads
+ * the results by staged copies: it never touches device memory.
+ */
+template <class B, class C>
+StageResult run_stage(C& tp, const models::GptConfig& cfg, std::span<const std::int32_t> tokens,
                       std::span<const std::int32_t> targets) {
-  models::GptPipelinePart<ThreadsCommunicator, B> stage(tp, cfg, true, true, 0, cfg.layers);
-  const nn::Act<nn::FeatureShard> logits = stage.forward_to_loss(decltype(stage)::tokens_as_activation(tokens), 0);
+  models::GptPipelinePart<C, B> stage(tp, cfg, true, true, 0, cfg.layers);
+  nn::Act<Replicate> input;
+  if constexpr (host_reads_rank_memory<B>) {
+    input = decltype(stage)::tokens_as_activation(tokens);
+  } else {
+    stage.set_tokens(0, tokens);
+    input = nn::Act<Replicate>(nn::Activation({tokens.size(), 1}, uninitialized));
+  }
+  const nn::Act<nn::FeatureShard> logits = stage.forward_to_loss(std::move(input), 0);
   StageResult r;
   r.loss = stage.loss().forward(logits, targets, 0);
   (void)stage.backward(stage.loss().logits_gradient(0), 0);
-  B::synchronize();
-  r.logits.assign(logits.tensor().values().begin(), logits.tensor().values().end());
-  for (auto* p : stage.parameters()) r.grads[p->name].assign(p->grad.begin(), p->grad.end());
+  r.logits = rank_values<B>(std::span<const float>(logits.tensor().values()));
+  for (auto* p : stage.parameters()) r.grads[p->name] = rank_values<B>(std::span<const float>(p->grad));
   return r;
 }
 
@@ -74,10 +86,11 @@ void check_gpt_on_cuda(int tp_size, double dropout) {
     tokens[i] = std::int32_t((i * 7 + 3) % cfg.vocab);
     targets[i] = std::int32_t((i * 5 + 1) % cfg.vocab);
   }
+  auto device_tp = gpu::DeviceCommunicator::create(tp_size, 0, "tensor");
   run_threads(tp_size, [&](ThreadsCommunicator& tp) {
     const StageResult host = run_stage<HostBackend>(tp, cfg, tokens, targets);
     CudaBackend::init_rank(0);
-    const StageResult cuda = run_stage<CudaBackend>(tp, cfg, tokens, targets);
+    const StageResult cuda = run_stage<CudaBackend>(device_tp[std::size_t(tp.rank())], cfg, tokens, targets);
     set_current_memory_resource(detail::host_memory_resource());
     static std::mutex m;  // Catch2 assertions are not thread-safe
     std::lock_guard lock(m);
@@ -143,6 +156,7 @@ TEST_CASE("generate on CudaBackend: greedy ids equal the host backend's (two ten
   const std::vector<std::int32_t> prompt{3, 14, 15, 9, 2};
   std::mutex m;
   std::map<int, std::vector<std::int32_t>> host, cuda;
+  auto device_tp = gpu::DeviceCommunicator::create(2, 0, "tensor");
   run_threads(2, [&](ThreadsCommunicator& tp) {
     std::vector<std::int32_t> h, c;
     {
@@ -151,7 +165,8 @@ TEST_CASE("generate on CudaBackend: greedy ids equal the host backend's (two ten
     }
     CudaBackend::init_rank(0);
     {
-      models::GptPipelinePart<ThreadsCommunicator, CudaBackend> stage(tp, cfg, true, true, 0, cfg.layers);
+      models::GptPipelinePart<gpu::DeviceCommunicator, CudaBackend> stage(device_tp[std::size_t(tp.rank())], cfg, true,
+                                                                          true, 0, cfg.layers);
       c = models::generate(stage, prompt, 24, {0.0, 0, 1});
     }
     set_current_memory_resource(detail::host_memory_resource());

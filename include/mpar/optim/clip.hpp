@@ -100,7 +100,8 @@ void global_grad_squares(std::span<nn::Parameter* const> params, double* acc, Gr
 template <backend B = HostBackend, communicator... Groups>
   requires(sizeof...(Groups) <= 3)
 [[nodiscard]] double grad_norm(std::span<nn::Parameter* const> params, Groups&... groups) {
-  Buffer<double> acc(1);  // rank memory: it is accumulated by the backend and communicated
+  // Rank memory, uninitialised (a zero fill would be a host write): zeroed, accumulated and communicated by `B`.
+  Buffer<double> acc = B::template allocate<double>(1);
   global_grad_squares<B>(params, acc.data(), groups...);
   double squares = 0;
   copy_to_host<B>(acc.data(), &squares, 1);

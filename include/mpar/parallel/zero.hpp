@@ -188,7 +188,8 @@ class ZeroAdamW {
   template <communicator... Groups>
     requires(sizeof...(Groups) <= 3)
   [[nodiscard]] double grad_norm(Groups&... groups) {
-    Buffer<double> acc(1);  // rank memory: accumulated by the backend and communicated
+    // Rank memory, uninitialised (a zero fill would be a host write): zeroed, accumulated and communicated by `B`.
+    Buffer<double> acc = B::template allocate<double>(1);
     global_grad_squares(acc.data(), groups...);
     double squares = 0;
     mpar::copy_to_host<B>(acc.data(), &squares, 1);

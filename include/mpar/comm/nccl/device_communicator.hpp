@@ -426,6 +426,8 @@ class DeviceCommunicator {
   void barrier() {
     publish<float>("barrier", 0, 0, 0, nullptr, nullptr);
     phase(true);
+    // A rank past the verifying phase may publish its next call: hold every rank until all have read the slots.
+    host_barrier();
   }
 
   /** Ranks with equal `color` form a new group, ordered by (key, rank); collective over this group. */
@@ -433,7 +435,7 @@ class DeviceCommunicator {
     auto& me = publish<float>("split", 0, 0, 0, nullptr, nullptr, 0, false);
     me.color = color;
     me.key = key;
-    host_barrier();
+    phase(true);  // every rank called split (a rank in another call makes every rank throw, naming both)
     std::vector<std::pair<int, int>> members;  // (key, rank) of my color
     for (int r = 0; r < size(); ++r)
       if (g_->slots[std::size_t(r)].color == color) members.emplace_back(g_->slots[std::size_t(r)].key, r);

@@ -184,6 +184,31 @@ inline cudaError_t cudaMemcpy2D(void* dst, std::size_t dpitch, const void* src, 
     return ::mpar::gpu::emulation::fail_capture(cudaErrorStreamCaptureUnsupported);
   return ::mpar::gpu::emulation::detail::copy_rows(dst, dpitch, src, spitch, width, height, kind, true);
 }
+enum cudaMemoryType : int {
+  cudaMemoryTypeUnregistered = 0,
+  cudaMemoryTypeHost = 1,
+  cudaMemoryTypeDevice = 2,
+  cudaMemoryTypeManaged = 3,
+};
+struct cudaPointerAttributes {
+  cudaMemoryType type = cudaMemoryTypeUnregistered;
+  int device = 0;
+  void* devicePointer = nullptr;
+  void* hostPointer = nullptr;
+};
+/** Device memory (from `cudaMalloc` and friends) or not; page-locked host memory reads as unregistered here. */
+inline cudaError_t cudaPointerGetAttributes(cudaPointerAttributes* a, const void* p) {
+  if (a == nullptr) return cudaErrorInvalidValue;
+  *a = {};
+  if (::mpar::gpu::emulation::DeviceAllocations::instance().covers(p, 1)) {
+    a->type = cudaMemoryTypeDevice;
+    a->devicePointer = const_cast<void*>(p);
+  } else {
+    a->hostPointer = const_cast<void*>(p);
+  }
+  return cudaSuccess;
+}
+
 /** Page-locked host memory is plain host memory here: the host reads and writes it, kernels may not. */
 inline cudaError_t cudaMallocHost(void** p, std::size_t bytes) {
   if (p == nullptr) return cudaErrorInvalidValue;
