@@ -4,6 +4,7 @@
  * `cudaMemcpyKind`, `cudaStream_t`, `cudaEvent_t`, the device and kernel attributes mpar uses and the library
  * data-type tags, with the values the real headers give them.
  */
+#include <atomic>
 #include <cstdint>
 
 /** Thread and block indices (`threadIdx`, `blockIdx`). */
@@ -78,9 +79,9 @@ enum cudaStreamCaptureMode : int {
   cudaStreamCaptureModeRelaxed = 2,
 };
 
-/** The device's memory pool (`cudaMallocAsync`): a handle whose attributes are accepted. */
+/** The device's memory pool (`cudaMallocAsync`): a handle whose attributes are accepted (by every rank thread). */
 struct CUmemPoolHandle_st {
-  unsigned long long release_threshold = 0;
+  std::atomic<unsigned long long> release_threshold{0};
 };
 using cudaMemPool_t = CUmemPoolHandle_st*;
 enum cudaMemPoolAttr : int {
