@@ -16,9 +16,6 @@
  * Host code only (cudnn.h, the CUDA runtime): plain C++ may include it. Compiled when MPAR_HAVE_CUDNN
  * is defined (cmake/mparCuda.cmake finds cudnn.h and libcudnn).
  */
-#include <cuda_runtime.h>
-#include <cudnn.h>
-
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -33,6 +30,7 @@
 #include "mpar/backend/gpu/context.hpp"
 #include "mpar/backend/gpu/cuda_error.hpp"
 #include "mpar/backend/gpu/memory.hpp"
+#include "mpar/backend/gpu/runtime.hpp"  // the CUDA runtime and cuDNN, or their emulation
 #include "mpar/core/dtype.hpp"
 
 #if CUDNN_VERSION < 91300

@@ -1,6 +1,6 @@
 #pragma once
 /**
- * @file The CUDA runtime (and cuBLAS, cuBLASLt, CUB, NCCL) that mpar's device code compiles against, and the one way it
+ * @file The CUDA runtime (and cuBLAS, cuBLASLt, cuDNN, CUB, NCCL) that mpar's device code compiles against, and the one way it
  * launches a kernel.
  *
  * Normally the real ones (`cuda_runtime.h`, the 16-bit float and data-type headers, `cublas_v2.h`, `cublasLt.h`,
@@ -8,7 +8,7 @@
  * With `MPAR_CUDA_EMULATION` defined (the CMake option of the same name: a test build compiled by g++, never a
  * backend for users) it is the emulated runtime of backend/gpu/emulation/: kernels run on the CPU in a SIMT
  * emulator, device memory faults on any host access, cuBLAS(Lt) calls run a naive reference that honours every
- * argument, NCCL's calls run between thread ranks on emulated devices, and CUB's block reduction and device sort, histogram, scan and sum run with CUB's semantics
+ * argument, NCCL's calls run between thread ranks on emulated devices, cuDNN's SDPA graphs run as naive attention, and CUB's block reduction and device sort, histogram, scan and sum run with CUB's semantics
  * (docs/cuda.md, "The emulated runtime").
  *
  * - `MPAR_LAUNCH(kernel, grid, block, shared_bytes, stream, args...)`: `kernel<<<grid, block, shared_bytes,
@@ -36,6 +36,9 @@
 #include <cuda_runtime.h>
 #include <library_types.h>
 #include <nccl.h>
+#if defined(MPAR_HAVE_CUDNN)
+#include <cudnn.h>
+#endif
 #if defined(__CUDACC__)
 #include <cub/block/block_reduce.cuh>
 #include <cub/device/device_histogram.cuh>

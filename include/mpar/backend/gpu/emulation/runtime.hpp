@@ -7,6 +7,7 @@
 #include "mpar/backend/gpu/emulation/atomics.hpp"
 #include "mpar/backend/gpu/emulation/cub.hpp"
 #include "mpar/backend/gpu/emulation/cublas.hpp"
+#include "mpar/backend/gpu/emulation/cudnn.hpp"
 #include "mpar/backend/gpu/emulation/error.hpp"
 #include "mpar/backend/gpu/emulation/fp16.hpp"
 #include "mpar/backend/gpu/emulation/graphs.hpp"
