@@ -365,4 +365,47 @@ TEST_CASE("GPT-2 and Llama blocks at tp = 2 over CudaBackend and DeviceCommunica
   SECTION("Llama block (grouped-query attention, rotary, RMSNorm, SwiGLU)") { check_block_at_tp2<Llama2Block>(); }
 }
 
+TEST_CASE("A host communicator over CudaBackend ranks is refused where the layer is built, naming the fix",
+          "[cuda][comm][device_communicator]") {
+  using Fc = ColumnParallel<ThreadsCommunicator, dyn, dyn, dyn, ColumnOptions{}, CudaBackend>;
+  using Proj = RowParallel<ThreadsCommunicator, dyn, dyn, dyn, RowReduce::all_reduce, CudaBackend>;
+  std::vector<std::string> column(2), row(2);
+  std::vector<int> alone_built(1, 0);
+  std::mutex m;
+  // Two thread ranks over the threads communicator: its first collective would read device memory on the host.
+  run_threads(2, [&](ThreadsCommunicator& tp) {
+    CudaBackend::init_rank(0);
+    std::string c, w;
+    try {
+      Fc fc(tp, 8, 16, {.seed = 1, .name = "fc1"});
+    } catch (const std::exception& e) {
+      c = e.what();
+    }
+    try {
+      Proj proj(tp, 16, 8, {.seed = 1, .id_base = 2, .name = "fc2"});
+    } catch (const std::exception& e) {
+      w = e.what();
+    }
+    set_current_memory_resource(mpar::detail::host_memory_resource());
+    std::lock_guard lock(m);
+    column[std::size_t(tp.rank())] = c;
+    row[std::size_t(tp.rank())] = w;
+  });
+  // One rank moves nothing: the same layer over a one-rank threads communicator is fine.
+  run_threads(1, [&](ThreadsCommunicator& tp) {
+    CudaBackend::init_rank(0);
+    { Fc fc(tp, 8, 16, {.seed = 1, .name = "fc1"}); }
+    alone_built[0] = 1;
+    set_current_memory_resource(mpar::detail::host_memory_resource());
+  });
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r);
+    CHECK_THAT(column[std::size_t(r)], Catch::Contains("ColumnParallel 'fc1' (rank " + std::to_string(r) + " of 2") &&
+                                           Catch::Contains("moves host memory") &&
+                                           Catch::Contains("Fix: use gpu::DeviceCommunicator"));
+    CHECK_THAT(row[std::size_t(r)], Catch::Contains("RowParallel 'fc2'") && Catch::Contains("NcclCommunicator"));
+  }
+  CHECK(alone_built[0] == 1);
+}
+
 }  // namespace mpar::device_communicator_emulation_test

@@ -24,6 +24,7 @@
 #include "nn_test_support.hpp"
 
 using namespace mpar;
+using namespace mpar::nn;
 using mpar::testing::random_activation;
 
 namespace {

@@ -44,6 +44,15 @@ template <backend B>
 inline constexpr bool host_reads_rank_memory = std::is_same_v<typename B::memory_space, HostMemory>;
 
 /**
+ * @brief Whether `B`'s rank memory is a device's (`B::memory_space::device_memory`, CudaBackend's): outside the
+ * host's reach, so only communicators that carry device memory can move it.
+ */
+template <backend B>
+inline constexpr bool device_rank_memory = requires {
+  requires B::memory_space::device_memory;
+};
+
+/**
  * @brief One value of rank memory on the host, after the operations that produced it: a plain read where
  * `host_reads_rank_memory<B>` (no synchronisation to count), else the stream-ordered copy and one event wait.
  */

@@ -258,6 +258,8 @@ class MpiRequest {
 class MpiCommunicator {
  public:
   using request_type = MpiRequest;
+  /** MPI reads and writes the buffers on the host (comm/host_memory_communicator.hpp). */
+  static constexpr bool moves_host_memory = true;
 
   explicit MpiCommunicator(MPI_Comm comm = MPI_COMM_WORLD, std::string name = "world")
       : st_(std::make_shared<detail::MpiState>()) {

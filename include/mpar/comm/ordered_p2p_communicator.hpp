@@ -25,6 +25,7 @@
 
 #include "mpar/comm/communicator.hpp"
 #include "mpar/comm/detail/comm_element.hpp"
+#include "mpar/comm/host_memory_communicator.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/memory_resource.hpp"
 
@@ -51,6 +52,11 @@ struct P2pGroup {
 template <communicator Comm>
 class OrderedP2pCommunicator {
   using InnerRequest = decltype(std::declval<Comm&>().irecv(std::span<float>{}, 0, 0));
+
+ public:
+  static constexpr bool moves_host_memory = host_memory_communicator<Comm>;
+
+ private:
   using Group = detail::P2pGroup<InnerRequest>;
 
   struct State {

@@ -11,6 +11,7 @@
 
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
+#include "mpar/comm/host_memory_communicator.hpp"
 #include "mpar/nn/collective_layers.hpp"
 #include "mpar/nn/fused_gelu_backward_backend.hpp"
 #include "mpar/nn/linear.hpp"
@@ -102,6 +103,7 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
         p_(detail::checked_tp_size<TP>(tp, layer_kind, init.name)), rank_(std::size_t(tp.rank())), name_(init.name) {
     require(in_ > 0 && out_ > 0 && out_ % p_ == 0, "ColumnParallel '", name_, "' (tensor rank ", rank_,
             "): output size ", out_, " is not divisible by the tensor-parallel size ", p_, " (input size ", in_, ")");
+    require_reaches_rank_memory<B>(tp, "ColumnParallel '" + name_ + "'");
     local_out_ = out_ / p_;
     const auto spec = detail::default_weight_init(in_);
     if constexpr (O.groups == 1) {

@@ -11,6 +11,7 @@
 
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
+#include "mpar/comm/host_memory_communicator.hpp"
 #include "mpar/nn/collective_layers.hpp"
 #include "mpar/nn/layer.hpp"
 #include "mpar/nn/rank_tokens.hpp"
@@ -106,6 +107,7 @@ class VocabParallelEmbedding {
   VocabParallelEmbedding(C& tp, const EmbeddingConfig& c)
       : comm_(&tp), vocab_(c.vocab), hidden_(c.hidden), p_(std::size_t(tp.size())), rank_(std::size_t(tp.rank())) {
     require(vocab_ > 0 && hidden_ > 0, "VocabParallelEmbedding '", c.name, "': sizes must be positive");
+    require_reaches_rank_memory<B>(tp, "VocabParallelEmbedding '" + c.name + "'");
     const std::array<std::size_t, 2> s{vocab_, hidden_};
     const auto box = detail::tensor_box<TokenShard>(s, p_, rank_);
     slice_ = box[0];

@@ -10,6 +10,7 @@
 
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
+#include "mpar/comm/host_memory_communicator.hpp"
 #include "mpar/nn/collective_layers.hpp"
 #include "mpar/nn/linear.hpp"
 
@@ -86,6 +87,7 @@ class RowParallel : public detail::LinearState, public detail::TypedLayer<RowPar
         p_(detail::checked_tp_size<TP>(tp, layer_kind, init.name)), rank_(std::size_t(tp.rank())), name_(init.name) {
     require(in_ > 0 && out_ > 0 && in_ % p_ == 0, "RowParallel '", name_, "' (tensor rank ", rank_, "): input size ",
             in_, " is not divisible by the tensor-parallel size ", p_, " (output size ", out_, ")");
+    require_reaches_rank_memory<B>(tp, "RowParallel '" + name_ + "'");
     local_in_ = in_ / p_;
     const std::array<std::size_t, 2> ws{in_, out_};
     weight_ = make_parameter<B, 2>(name_ + ".weight", init.id_base, ws, detail::tensor_box<TokenShard>(ws, p_, rank_),

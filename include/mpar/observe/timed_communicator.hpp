@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "mpar/comm/communicator.hpp"
+#include "mpar/comm/host_memory_communicator.hpp"
 
 namespace mpar::observe {
 
@@ -21,6 +22,7 @@ template <communicator Comm>
 class TimedCommunicator {
  public:
   explicit TimedCommunicator(Comm inner) : inner_(std::move(inner)), seconds_(std::make_shared<double>(0.0)) {}
+  static constexpr bool moves_host_memory = host_memory_communicator<Comm>;
 
   [[nodiscard]] int rank() const { return inner_.rank(); }
   [[nodiscard]] int size() const { return inner_.size(); }

@@ -58,6 +58,7 @@
 
 #include "mpar/backend/rank_transfer.hpp"
 #include "mpar/comm/communicator.hpp"
+#include "mpar/comm/host_memory_communicator.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/host_access.hpp"
 #include "mpar/core/memory_resource.hpp"
@@ -183,6 +184,7 @@ class Executor {
     const auto& c = prog_.config;
     require(comm_.size() == c.stages, "pipeline::Executor: communicator '", comm_.name(), "' has ", comm_.size(),
             " ranks but the schedule has P = ", c.stages);
+    require_reaches_rank_memory<typename detail::stage_backend<Stage>::type>(comm_, "pipeline::Executor");
     require(int(chunks_.size()) == c.chunks, "pipeline::Executor: rank ", comm_.rank(), " got ", chunks_.size(),
             " stage objects but the schedule has V = ", c.chunks, " chunks per rank");
     for (std::size_t i = 0; i < chunks_.size(); ++i)

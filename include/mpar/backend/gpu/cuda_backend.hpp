@@ -40,6 +40,7 @@ namespace mpar {
 /** @brief Memory-space tag: device memory of the calling thread's GPU, allocated in stream order. */
 struct CudaMemory {
   static constexpr const char* name = "cuda";
+  static constexpr bool device_memory = true;  ///< the host cannot dereference it (`device_rank_memory`)
 };
 
 /**

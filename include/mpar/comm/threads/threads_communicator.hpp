@@ -561,6 +561,8 @@ class BasicThreadsCommunicator {
 class ThreadsCommunicator : public BasicThreadsCommunicator<ThreadsCommunicator, detail::ThreadsGroup> {
  public:
   using BasicThreadsCommunicator::BasicThreadsCommunicator;
+  /** Its collectives read and write the buffers on the host (comm/host_memory_communicator.hpp). */
+  static constexpr bool moves_host_memory = true;
 };
 
 static_assert(communicator<ThreadsCommunicator>);
