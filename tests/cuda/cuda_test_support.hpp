@@ -37,19 +37,18 @@ std::vector<T> download(const gpu::DeviceBuffer<T>& d) {
   return gpu::to_host(d.data(), d.size(), S());
 }
 
-/** Rank memory of backend `B` read as a program reads it: a stream-ordered copy to the host and a wait. */
+/** Rank memory of backend `B` read as a program reads it: the staged copy and one wait (`mpar::copy_to_host`). */
 template <class B, class T>
 std::vector<T> rank_values(std::span<const T> rank) {
   std::vector<T> h(rank.size());
-  B::template copy_to_host_async<T>(rank.size(), rank.data(), h.data());
-  B::synchronize();
+  copy_to_host<B>(rank.data(), h.data(), rank.size());
   return h;
 }
-/** A rank buffer of backend `B` holding `host`, filled by a stream-ordered copy (the host never writes rank memory). */
+/** A rank buffer of backend `B` holding `host`, filled by the staged copy (`mpar::copy_to_rank`). */
 template <class B, class T>
 Buffer<T> rank_buffer(const std::vector<T>& host) {
   Buffer<T> b = B::template allocate<T>(host.size());
-  B::template copy_from_host_async<T>(host.size(), host.data(), b.data());
+  copy_to_rank<B>(host.data(), b.data(), host.size());
   return b;
 }
 

@@ -18,6 +18,7 @@
 #include <thread>
 #include <vector>
 
+#include "../cuda/cuda_test_support.hpp"
 #include "mpar/backend/gpu/cuda_backend.hpp"
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/nccl/device_communicator.hpp"
@@ -51,24 +52,18 @@ void on_cuda_ranks(int n, const std::function<void(int)>& body) {
     if (e) std::rethrow_exception(e);
 }
 
-template <class B>
-Buffer<float> rank_copy(const std::vector<float>& host) {
-  Buffer<float> b = B::template allocate<float>(host.size());
-  B::template copy_from_host_async<float>(host.size(), host.data(), b.data());
-  return b;
-}
+using cuda_testing::rank_buffer;
+using cuda_testing::rank_values;
+
 template <class B>
 Activation rank_rows(const std::vector<float>& host, std::size_t cols) {
   Activation a({host.size() / cols, cols}, uninitialized);
-  B::template copy_from_host_async<float>(host.size(), host.data(), a.data());
+  copy_to_rank<B>(host.data(), a.data(), host.size());
   return a;
 }
 template <class B>
 std::vector<float> host_copy(const float* p, std::size_t n) {
-  std::vector<float> h(n);
-  B::template copy_to_host_async<float>(n, p, h.data());
-  B::synchronize();
-  return h;
+  return rank_values<B>(std::span<const float>(p, n));
 }
 
 TEST_CASE("DeviceCommunicator on the emulation: all-reduce, all-gather, reduce-scatter, broadcast, send and recv",
@@ -89,25 +84,25 @@ TEST_CASE("DeviceCommunicator on the emulation: all-reduce, all-gather, reduce-s
     on_cuda_ranks(p, [&](int r) {
       Device& c = comms[std::size_t(r)];
       const auto ur = std::size_t(r);
-      Buffer<float> sum = rank_copy<B>(contribution(r));
+      Buffer<float> sum = rank_buffer<B>(contribution(r));
       c.all_reduce(std::span<float>(sum.data(), n), ReduceOp::sum);
       reduced[ur] = host_copy<B>(sum.data(), n);
 
-      Buffer<float> mine = rank_copy<B>(contribution(r)), all = B::allocate<float>(n * std::size_t(p));
+      Buffer<float> mine = rank_buffer<B>(contribution(r)), all = B::allocate<float>(n * std::size_t(p));
       c.all_gather(std::span<const float>(mine.data(), n), std::span<float>(all.data(), n * std::size_t(p)));
       gathered[ur] = host_copy<B>(all.data(), n * std::size_t(p));
 
-      Buffer<float> full = rank_copy<B>(std::vector<float>(n * std::size_t(p), float(r + 1))),
+      Buffer<float> full = rank_buffer<B>(std::vector<float>(n * std::size_t(p), float(r + 1))),
                     part = B::allocate<float>(n);
       c.reduce_scatter(std::span<const float>(full.data(), full.size()), std::span<float>(part.data(), n),
                        ReduceOp::sum);
       scattered[ur] = host_copy<B>(part.data(), n);
 
-      Buffer<float> root_values = rank_copy<B>(contribution(r == 1 ? 7 : r));
+      Buffer<float> root_values = rank_buffer<B>(contribution(r == 1 ? 7 : r));
       c.broadcast(std::span<float>(root_values.data(), n), 1);
       broadcast[ur] = host_copy<B>(root_values.data(), n);
 
-      Buffer<float> out = rank_copy<B>(contribution(10 + r)), in = B::allocate<float>(n);
+      Buffer<float> out = rank_buffer<B>(contribution(10 + r)), in = B::allocate<float>(n);
       const int next = (r + 1) % p, prev = (r + p - 1) % p;
       c.send(std::span<const float>(out.data(), n), next, 5);  // eager: never blocks
       c.recv(std::span<float>(in.data(), n), prev, 5);
