@@ -23,6 +23,7 @@
 #include <mpar/data/token_range.hpp>
 #include <mpar/data/token_vector.hpp>
 #include <mpar/io/exit_signal.hpp>
+#include <mpar/io/file.hpp>
 #include <mpar/io/lock.hpp>
 #include <mpar/models/gpt_config_from_hf.hpp>
 #include <mpar/models/gpt_generate.hpp>
@@ -122,13 +123,11 @@ inline void check_output_paths(const Options& o) {
     }
   }
   if (!o.export_path.empty()) {
-    // What the export does at the end, tried now: its staging directory, created and removed.
-    const fs::path probe = o.export_path + ".staging";
-    std::error_code ec;
-    const bool made = fs::create_directory(probe, ec);
-    require(!ec, "train_gpt: --export '", o.export_path, "' cannot be written (creating '", probe.string(),
-            "' beside it failed: ", ec.message(), "); give a path in a writable directory");
-    if (made) fs::remove(probe, ec);
+    // What the export does at the end, tried now: a directory created beside the file, and removed.
+    const std::string why = io::cannot_create_beside(o.export_path);
+    require(why.empty(), "train_gpt: --export '", o.export_path,
+            "' cannot be written (creating a directory beside it failed: ", why,
+            "); give a path in a writable directory");
   }
 }
 

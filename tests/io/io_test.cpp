@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include <sys/wait.h>
@@ -785,6 +786,23 @@ TEST_CASE("a checkpoint directory that cannot be written is refused when locked,
   CHECK_THROWS_WITH(io::DirectoryLock(file / "ckpt"),
                     Catch::Contains("cannot create checkpoint directory") && Catch::Contains("a-file/ckpt"));
   CHECK_THROWS_WITH(io::DirectoryLock(file), Catch::Contains("is not a directory"));
+}
+
+TEST_CASE("probing that a directory can be created beside a file holds when every rank probes at once", "[io]") {
+  TempDir dir("probe");
+  const auto out = dir.path / "model.safetensors";
+  // Eight ranks probing the same export path 200 times each, as the ranks of one job do before they train: a probe
+  // under one shared name would see another rank's directory come and go and report it as an error.
+  std::vector<std::string> first_failure(8);
+  std::vector<std::thread> ranks;
+  for (int r = 0; r < 8; ++r)
+    ranks.emplace_back([&, r] {
+      for (int i = 0; i < 200 && first_failure[r].empty(); ++i) first_failure[r] = io::cannot_create_beside(out);
+    });
+  for (auto& t : ranks) t.join();
+  for (int r = 0; r < 8; ++r) CHECK(first_failure[r] == "");
+  CHECK(fs::is_empty(dir.path));  // every probe removed its directory
+  CHECK(io::cannot_create_beside(dir.path / "missing" / "model.safetensors") != "");
 }
 
 // ---- fixtures for the mpar-ckpt tests registered in examples/mpar_ckpt (hidden: run by tag only) ----

@@ -5,6 +5,7 @@
  * operation that changes the disk.
  */
 #include <fcntl.h>
+#include <stdlib.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -189,6 +190,19 @@ class ReadFile {
   detail::Fd fd_;
   std::size_t size_ = 0, bytes_read_ = 0, reads_ = 0;
 };
+
+/**
+ * @brief Whether a directory can be created beside `path` (in its parent directory): creates one under a unique
+ * name (`mkdtemp`) and removes it. The message says why not; empty when it can. A unique name keeps the probe
+ * true when several processes (the ranks of one job) probe the same place at once.
+ */
+[[nodiscard]] inline std::string cannot_create_beside(const std::filesystem::path& path) {
+  std::string pattern = path.string() + ".probe-XXXXXX";
+  if (::mkdtemp(pattern.data()) == nullptr) return detail::errno_text();
+  std::error_code ec;
+  std::filesystem::remove(pattern, ec);
+  return {};
+}
 
 /** @brief The whole content of a (small) file, e.g. a manifest; a missing file is an error naming it. */
 [[nodiscard]] inline std::string read_small_file(const std::filesystem::path& path) {
