@@ -57,7 +57,8 @@ double gelu_grad_ref(double v) {
 }
 }  // namespace
 
-TEST_CASE("fast_exp: <= 2 ulp over the normal range, exact limits at underflow and overflow", "[backend][fast_math]") {
+TEST_CASE("fast_exp: <= 2 ulp over the normal range, exact limits at underflow and overflow",
+          "[backend][fast_math][sweep]") {
   // Every instruction-set level this CPU runs, each pinned explicitly (not only the one dispatched).
   for (const host::Isa isa : host::supported_isas()) {
     host::ScopedIsa pin(isa);
@@ -90,7 +91,7 @@ TEST_CASE("fast_exp: <= 2 ulp over the normal range, exact limits at underflow a
   }
 }
 
-TEST_CASE("fast_tanh: <= 3 ulp over all floats, odd, saturates to exactly +-1", "[backend][fast_math]") {
+TEST_CASE("fast_tanh: <= 3 ulp over all floats, odd, saturates to exactly +-1", "[backend][fast_math][sweep]") {
   // Every instruction-set level this CPU runs, each pinned explicitly (not only the one dispatched).
   for (const host::Isa isa : host::supported_isas()) {
     host::ScopedIsa pin(isa);

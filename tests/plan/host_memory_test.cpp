@@ -75,7 +75,8 @@ Measured run_trainer(const mpar::models::GptTrainConfig& base) {
 
 }  // namespace
 
-TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measured peak", "[plan][memory][host]") {
+TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measured peak",
+          "[plan][memory][host][sweep]") {
   struct Case {
     std::size_t tp, pp;
     int microbatches;
@@ -159,7 +160,7 @@ TEST_CASE("fp32 host memory estimate is within 10 % of the GPT trainer's measure
 TEST_CASE(
     "ZeRO-2 and ZeRO-3 model states and totals at dp = 2 are within 10 % of the estimate; the totals fall with each "
     "stage",
-    "[plan][memory][host][zero3]") {
+    "[plan][memory][host][zero3][sweep]") {
   // What train_gpt prints per rank: the model states held between steps plus the step's peak above them
   // (the same allocation tracking). ZeRO-3 holds 1/dp of the weights, gradients and AdamW states between steps
   // and gathers a unit (and the next, prefetched) around its use.
@@ -210,7 +211,7 @@ TEST_CASE(
 }
 
 TEST_CASE("with experts: the memory estimate is within 10 % of the GPT trainer's measured peak",
-          "[plan][memory][host][moe]") {
+          "[plan][memory][host][moe][sweep]") {
   struct Case {
     std::size_t pp, dp, ep;
     int zero;
@@ -280,7 +281,7 @@ TEST_CASE("with experts: the planner's parameter count is the GPT's, and the exp
 }
 
 TEST_CASE("Llama: the memory estimate is within 10 % of the GPT trainer's measured peak",
-          "[plan][memory][host][llama]") {
+          "[plan][memory][host][llama][sweep]") {
   struct Case {
     std::size_t tp, pp;
     mpar::nn::Recompute recompute;
@@ -336,7 +337,7 @@ TEST_CASE("Llama: the memory estimate is within 10 % of the GPT trainer's measur
 }
 
 TEST_CASE("recomputation per block: the memory estimate is within 10 % of the GPT trainer's measured peak",
-          "[plan][memory][host][recompute_blocks]") {
+          "[plan][memory][host][recompute_blocks][sweep]") {
   using mpar::nn::Recompute;
   using enum mpar::nn::Recompute;
   // pp = 2, four blocks a stage, the first rank with two micro-batches in flight: each block keeps what its own

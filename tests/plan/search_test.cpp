@@ -226,7 +226,7 @@ TEST_CASE("ZeRO-2 fits where ZeRO-1 does not: the search finds it between their 
 }
 
 TEST_CASE("At equal modelled time the smaller peak, then the lower ZeRO stage ranks first, whatever the search order",
-          "[plan][search][zero2]") {
+          "[plan][search][zero2][sweep]") {
   // The README's 1 T-parameter plan, whose best layout comes with ZeRO-1 and with ZeRO-2. Under pipeline
   // micro-batching mpar's backward accumulates full-size gradients, so ZeRO-2 saves nothing at the peak (its bucket
   // buffers in flight even add a little) and costs the same collectives: equal step times, and the simpler ZeRO-1
@@ -308,7 +308,7 @@ TEST_CASE("topology: tensor groups stay inside a node; breaking that is predicte
   CHECK(p16.rejected.front().reason.find("inside a node of 8 GPUs") != std::string::npos);
 }
 
-TEST_CASE("planning 3072 GPUs for a 1 T parameter model simulates few candidates", "[plan][scale]") {
+TEST_CASE("planning 3072 GPUs for a 1 T parameter model simulates few candidates", "[plan][scale][sweep]") {
   const Problem p{GptModel{128, 25600, 160, 2048, 51200}, a100_selene(3072), 3072};
   CHECK(p.model.parameters() > 1e12);
   // How long the search takes is bounded by CTest's timeout; what is asserted is the work it does.
