@@ -100,8 +100,8 @@ TEST_CASE("redistributions match naive references forward and their duals backwa
 
     SECTION("ReduceToReplicate: all-reduce / identity") {
       auto out = run(p, [&](Comm& tp, std::size_t r) {
-        Act<Replicate> y = ReduceToReplicate::forward(tp, Act<TensorPartial>(x[r]));
-        Act<Replicate> d = ReduceToReplicate::backward(tp, Act<Replicate>(gr));
+        Act<Replicate> y = ReduceToReplicate::forward<HostBackend>(tp, Act<TensorPartial>(x[r]));
+        Act<Replicate> d = ReduceToReplicate::backward<HostBackend>(tp, Act<Replicate>(gr));
         return std::pair{std::move(y).tensor(), std::move(d).tensor()};
       });
       for (std::size_t r = 0; r < p; ++r) require_equal(out.fwd[r], sum_of(x), "forward: the sum of the addends");
@@ -109,8 +109,8 @@ TEST_CASE("redistributions match naive references forward and their duals backwa
     }
     SECTION("CopyToTensorRegion: identity / all-reduce") {
       auto out = run(p, [&](Comm& tp, std::size_t r) {
-        Act<Replicate> y = CopyToTensorRegion::forward(tp, Act<Replicate>(xr));
-        Act<Replicate> d = CopyToTensorRegion::backward(tp, Act<TensorPartial>(g[r]));
+        Act<Replicate> y = CopyToTensorRegion::forward<HostBackend>(tp, Act<Replicate>(xr));
+        Act<Replicate> d = CopyToTensorRegion::backward<HostBackend>(tp, Act<TensorPartial>(g[r]));
         return std::pair{std::move(y).tensor(), std::move(d).tensor()};
       });
       for (std::size_t r = 0; r < p; ++r) require_equal(out.fwd[r], xr, "forward: the input unchanged");
@@ -142,8 +142,8 @@ TEST_CASE("redistributions match naive references forward and their duals backwa
     }
     SECTION("ReduceScatterTokens: reduce-scatter / all-gather") {
       auto out = run(p, [&](Comm& tp, std::size_t r) {
-        Act<TokenShard> y = ReduceScatterTokens::forward(tp, Act<TensorPartial>(x[r]), "test");
-        Act<Replicate> d = ReduceScatterTokens::backward(tp, Act<TokenShard>(rows_of(g[r], p, r)));
+        Act<TokenShard> y = ReduceScatterTokens::forward<HostBackend>(tp, Act<TensorPartial>(x[r]), "test");
+        Act<Replicate> d = ReduceScatterTokens::backward<HostBackend>(tp, Act<TokenShard>(rows_of(g[r], p, r)));
         return std::pair{std::move(y).tensor(), std::move(d).tensor()};
       });
       std::vector<Activation> grows(p);
@@ -154,8 +154,8 @@ TEST_CASE("redistributions match naive references forward and their duals backwa
     }
     SECTION("GatherTokens: all-gather / reduce-scatter") {
       auto out = run(p, [&](Comm& tp, std::size_t r) {
-        Act<Replicate> y = GatherTokens::forward(tp, Act<TokenShard>(rows_of(x[r], p, r)));
-        Act<TokenShard> d = GatherTokens::backward(tp, Act<TensorPartial>(g[r]), "test");
+        Act<Replicate> y = GatherTokens::forward<HostBackend>(tp, Act<TokenShard>(rows_of(x[r], p, r)));
+        Act<TokenShard> d = GatherTokens::backward<HostBackend>(tp, Act<TensorPartial>(g[r]), "test");
         return std::pair{std::move(y).tensor(), std::move(d).tensor()};
       });
       std::vector<Activation> xrows(p);
@@ -164,6 +164,73 @@ TEST_CASE("redistributions match naive references forward and their duals backwa
       for (std::size_t r = 0; r < p; ++r)
         require_equal(out.bwd[r], rows_of(sum_of(g), p, r), "backward: this rank's rows of the sum");
     }
+  }
+}
+
+namespace {
+/** A user's redistribution in the shared signature: Replicate -> Replicate both ways (the identity). */
+struct Identity {
+  using from = Replicate;
+  using to = Replicate;
+  using grad_to = Replicate;
+  using grad_from = Replicate;
+  static constexpr std::string_view name = "Identity", forward_collective = "identity",
+                                    backward_collective = "identity";
+  template <backend B, communicator C, class X>
+  static Act<Replicate> forward(C&, X&& x, std::string_view = name) {
+    return Act<Replicate>(std::forward<X>(x));
+  }
+  template <backend B, communicator C, class X>
+  static Act<Replicate> backward(C&, X&& dy, std::string_view = name) {
+    return Act<Replicate>(std::forward<X>(dy));
+  }
+};
+/** The same map written without the backend and `who` (the signature the concept refuses). */
+struct IdentityWithoutBackend : Identity {
+  template <communicator C>
+  static Act<Replicate> forward(C&, Act<Replicate> x) {
+    return x;
+  }
+  template <communicator C>
+  static Act<Replicate> backward(C&, Act<Replicate> dy) {
+    return dy;
+  }
+};
+/** Forward returning the wrong layout. */
+struct IdentityToPartial : Identity {
+  template <backend B, communicator C, class X>
+  static Act<TensorPartial> forward(C&, X&& x, std::string_view = name) {
+    return Act<TensorPartial>(Activation(x.tensor()));
+  }
+};
+}  // namespace
+
+TEST_CASE("every redistribution has the one signature the concept checks; a user's is checked the same way",
+          "[nn][redistribute]") {
+  STATIC_REQUIRE(redistribution<ReduceToReplicate, HostBackend, Comm>);
+  STATIC_REQUIRE(redistribution<CopyToTensorRegion, HostBackend, Comm>);
+  STATIC_REQUIRE(redistribution<ScatterFeatures, HostBackend, Comm>);
+  STATIC_REQUIRE(redistribution<GatherFeaturesOf, HostBackend, Comm>);
+  STATIC_REQUIRE(redistribution<ReduceScatterTokens, HostBackend, Comm>);
+  STATIC_REQUIRE(redistribution<GatherTokens, HostBackend, Comm>);
+  STATIC_REQUIRE(redistribution<ScatterTokens, HostBackend, Comm>);
+  STATIC_REQUIRE(redistribution<GatherTokensReplicatedGrad, HostBackend, Comm>);
+  STATIC_REQUIRE(redistribution<Identity, HostBackend, Comm>);
+  STATIC_REQUIRE_FALSE(redistribution<IdentityWithoutBackend, HostBackend, Comm>);
+  STATIC_REQUIRE_FALSE(redistribution<IdentityToPartial, HostBackend, Comm>);
+  STATIC_REQUIRE_FALSE(redistribution<Activation, HostBackend, Comm>);
+  // A kept input is read, not consumed: the caller's tensor is whole after the forward and the backward.
+  std::vector<Activation> kept(2), gathered(2);
+  run_threads(2, [&](Comm& tp) {
+    const Act<Replicate> x(input_of(0, 3));
+    const Act<FeatureShard> mine = ScatterFeatures::forward<HostBackend>(tp, x);
+    const Act<Replicate> back = ScatterFeatures::backward<HostBackend>(tp, mine);
+    kept[std::size_t(tp.rank())] = x.tensor();  // each rank writes its own slot
+    gathered[std::size_t(tp.rank())] = back.tensor();
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    require_equal(kept[r], input_of(0, 3), "the kept input");
+    require_equal(gathered[r], input_of(0, 3), "slice, then all-gather");
   }
 }
 
@@ -198,9 +265,9 @@ TEST_CASE("a hand-written typed block with a Partial + Partial residual matches 
       const Act<Replicate> xl(x);
       const Act<TensorPartial> both =
           add(r1.forward(g1.forward(c1.forward(xl))), r2.forward(g2.forward(c2.forward(xl))));
-      const Act<Replicate> y = add(ReduceToReplicate::forward(tp, both), xl);
+      const Act<Replicate> y = add(ReduceToReplicate::forward<HostBackend>(tp, both), xl);
       // Backward: the gradient of a Partial value is replicated, so both branches take dy as it is.
-      const Act<Replicate> d = ReduceToReplicate::backward(tp, Act<Replicate>(dy));
+      const Act<Replicate> d = ReduceToReplicate::backward<HostBackend>(tp, Act<Replicate>(dy));
       const Act<Replicate> dx =
           add(add(c1.backward(g1.backward(r1.backward(d))), c2.backward(g2.backward(r2.backward(d)))), d);
       ys_par[std::size_t(tp.rank())] = y.tensor();

@@ -16,7 +16,7 @@ int main() {
     const Act<Replicate> x(Activation({8, 16}));
 #ifdef MPAR_VERIFY_CONTROL
     Act<TensorPartial> both = add(fc2.forward(fc1.forward(x)), fc4.forward(fc3.forward(x)));
-    Act<Replicate> h = ReduceToReplicate::forward(tp, std::move(both));
+    Act<Replicate> h = ReduceToReplicate::forward<HostBackend>(tp, std::move(both));
 #else
     auto h = add(fc2.forward(fc1.forward(x)), x);
 #endif

@@ -490,7 +490,7 @@ class GptPipelinePart {
             "GptPipelinePart: the last stage returns vocab-sharded logits, not hidden states; call forward_to_loss");
     // Under sequence parallelism the next stage receives whole rows, as every stage boundary carries them, and
     // sends back a gradient that is the same on every tensor rank: each keeps its own rows of it.
-    if (sp_) return nn::GatherTokensReplicatedGrad::forward(*tp_, hidden<nn::TokenShard>(x, mb));
+    if (sp_) return nn::GatherTokensReplicatedGrad::forward<B>(*tp_, hidden<nn::TokenShard>(x, mb));
     return hidden<Replicate>(x, mb);
   }
   /** Forward of micro-batch `mb` on the last stage: tokens or hidden states in, this rank's vocab-sharded logits out. */
@@ -514,9 +514,9 @@ class GptPipelinePart {
     nn::Act<Replicate> hn = [&] {
       nn::Act<L> hn = with_final_norm<L>([&](auto& norm) { return norm.forward(h, mb); });
       if constexpr (std::is_same_v<L, nn::TokenShard>)
-        return nn::GatherTokens::forward(*tp_, std::move(hn));
+        return nn::GatherTokens::forward<B>(*tp_, std::move(hn));
       else
-        return nn::CopyToTensorRegion::forward(*tp_, std::move(hn));
+        return nn::CopyToTensorRegion::forward<B>(*tp_, std::move(hn));
     }();
     nn::Act<nn::FeatureShard> logits(nn::Activation({hn.extent(0), head_->local_box[0].extent}, uninitialized));
     // Inside an Autocast scope the head's products take 16-bit operands (the input converted once, kept for
@@ -796,7 +796,7 @@ class GptPipelinePart {
   nn::Act<Replicate> stage_input_gradient(nn::Act<L> dy_blocks, int mb) {
     nn::Act<Replicate> dy = [&] {
       if constexpr (std::is_same_v<L, nn::TokenShard>)
-        return nn::ScatterTokens::backward(*tp_, std::move(dy_blocks));  // whole rows for the stage's input
+        return nn::ScatterTokens::backward<B>(*tp_, std::move(dy_blocks));  // whole rows for the stage's input
       else
         return std::move(dy_blocks);
     }();
@@ -836,9 +836,9 @@ class GptPipelinePart {
     head_pending_.put(mb) = {std::move(saved.x), std::move(dy_op)};  // kept for W
     nn::Act<L> dn = [&] {
       if constexpr (std::is_same_v<L, nn::TokenShard>)
-        return nn::GatherTokens::backward(*tp_, std::move(dh), "GptPipelinePart head");
+        return nn::GatherTokens::backward<B>(*tp_, std::move(dh), "GptPipelinePart head");
       else
-        return nn::CopyToTensorRegion::backward(*tp_, std::move(dh));
+        return nn::CopyToTensorRegion::backward<B>(*tp_, std::move(dh));
     }();
     return with_final_norm<L>([&](auto& norm) { return norm.backward(dn, mb); });
   }

@@ -47,10 +47,10 @@ class AllReduce : public detail::NoParameters, public detail::TypedLayer<AllRedu
   // The caller keeps its tensor: the sum (and the identity backward) work on a copy made by B, on the rank's
   // stream (`Act<L>(x)` would copy on the host, before a stream-ordered backend has written `x`).
   Activation do_forward(const Activation& x, int) {
-    return ReduceToReplicate::forward(*comm_, Act<TensorPartial>(backend_copy<B>(x))).tensor();
+    return ReduceToReplicate::forward<B>(*comm_, Act<TensorPartial>(backend_copy<B>(x))).tensor();
   }
   Activation do_backward(const Activation& dy, int) {
-    return ReduceToReplicate::backward(*comm_, Act<Replicate>(backend_copy<B>(dy))).tensor();
+    return ReduceToReplicate::backward<B>(*comm_, Act<Replicate>(backend_copy<B>(dy))).tensor();
   }
   C* comm_;
 };

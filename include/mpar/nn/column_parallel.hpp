@@ -247,9 +247,9 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
     gemm(std::move(x), dx.tensor());
     // The backward dual of the forward entry sums it: f's all-reduce (SP: the reduce-scatter of GatherTokens).
     if constexpr (O.sequence_parallel)
-      return GatherTokens::backward(*comm_, std::move(dx), "ColumnParallel").tensor();
+      return GatherTokens::backward<B>(*comm_, std::move(dx), "ColumnParallel").tensor();
     else
-      return CopyToTensorRegion::backward(*comm_, std::move(dx)).tensor();
+      return CopyToTensorRegion::backward<B>(*comm_, std::move(dx)).tensor();
   }
 
  public:

@@ -140,9 +140,9 @@ class VocabParallelEmbedding {
     // The backward dual of the forward reduction: all-gather (SP) or identity.
     const Act<Replicate> dy = [&] {
       if constexpr (SP)
-        return ReduceScatterTokens::backward(*comm_, std::move(dy_in));
+        return ReduceScatterTokens::backward<B>(*comm_, std::move(dy_in));
       else
-        return ReduceToReplicate::backward(*comm_, std::move(dy_in));
+        return ReduceToReplicate::backward<B>(*comm_, std::move(dy_in));
     }();
     detail::embed_rows_backward<B>(c.ids, weight_, slice_.offset, slice_.extent, hidden_, dy.tensor());
   }
@@ -156,9 +156,9 @@ class VocabParallelEmbedding {
     // This rank's rows for the tokens in its vocabulary slice, zeros elsewhere: an addend of the lookup.
     Act<TensorPartial> y(detail::embed_rows<B>(ids, weight_, slice_.offset, slice_.extent, hidden_));
     if constexpr (SP)
-      return ReduceScatterTokens::forward(*comm_, std::move(y), "VocabParallelEmbedding");
+      return ReduceScatterTokens::forward<B>(*comm_, std::move(y), "VocabParallelEmbedding");
     else
-      return ReduceToReplicate::forward(*comm_, std::move(y));
+      return ReduceToReplicate::forward<B>(*comm_, std::move(y));
   }
 
   C* comm_;

@@ -30,6 +30,7 @@
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/activation.hpp"
 #include "mpar/nn/backend_copy.hpp"
+#include "mpar/nn/detail/act_of.hpp"
 #include "mpar/nn/redistribution.hpp"
 
 namespace mpar::nn {
@@ -111,6 +112,17 @@ template <backend B, communicator C>
   return part;
 }
 
+/**
+ * Every redistribution below has the one signature the `redistribution` concept checks:
+ *
+ *     template <backend B, communicator C, class X> static Act<to> forward(C&, X&& x, std::string_view who = name);
+ *     template <backend B, communicator C, class X> static Act<grad_from> backward(C&, X&& dy, std::string_view who);
+ *
+ * `X` is `Act<from>` (backward: `Act<grad_to>`), as an rvalue when the caller gives its tensor up (an in-place
+ * collective then reuses it) or as an lvalue it keeps (read, or copied where the collective works in place). `B`
+ * is the backend of the rank-side copies (a slice, the interleave of gathered columns); `who` names the caller in
+ * the errors of a split that does not divide.
+ */
 /** @brief Partial -> Replicate: all-reduce forward; backward identity (Megatron's "g", reduce_from_tp_region). */
 struct ReduceToReplicate {
   using from = TensorPartial;
@@ -119,15 +131,16 @@ struct ReduceToReplicate {
   using grad_from = grad_layout_t<TensorPartial>;
   static constexpr std::string_view name = "ReduceToReplicate", forward_collective = "all-reduce",
                                     backward_collective = "identity";
-  template <communicator C>
-  static Act<Replicate> forward(C& comm, Act<TensorPartial> x) {
-    all_reduce_sum(comm, x.tensor());
-    return Act<Replicate>(std::move(x).tensor());
+  template <backend B, communicator C, detail::act_of<from> X>
+  static Act<Replicate> forward(C& comm, X&& x, std::string_view = name) {
+    Act<TensorPartial> sum(std::forward<X>(x));
+    all_reduce_sum(comm, sum.tensor());
+    return Act<Replicate>(std::move(sum).tensor());
   }
   // d(Σ_r x_r)/dx_r = I: each rank's addend receives the replicated gradient unchanged.
-  template <communicator C>
-  static Act<Replicate> backward(C&, Act<Replicate> dy) {
-    return dy;
+  template <backend B, communicator C, detail::act_of<grad_to> X>
+  static Act<Replicate> backward(C&, X&& dy, std::string_view = name) {
+    return Act<Replicate>(std::forward<X>(dy));
   }
 };
 
@@ -142,14 +155,15 @@ struct CopyToTensorRegion {
   using grad_from = Replicate;
   static constexpr std::string_view name = "CopyToTensorRegion", forward_collective = "identity",
                                     backward_collective = "all-reduce";
-  template <communicator C>
-  static Act<Replicate> forward(C&, Act<Replicate> x) {
-    return x;
+  template <backend B, communicator C, detail::act_of<from> X>
+  static Act<Replicate> forward(C&, X&& x, std::string_view = name) {
+    return Act<Replicate>(std::forward<X>(x));
   }
-  template <communicator C>
-  static Act<Replicate> backward(C& comm, Act<TensorPartial> dx) {
-    all_reduce_sum(comm, dx.tensor());
-    return Act<Replicate>(std::move(dx).tensor());
+  template <backend B, communicator C, detail::act_of<grad_to> X>
+  static Act<Replicate> backward(C& comm, X&& dx, std::string_view = name) {
+    Act<TensorPartial> sum(std::forward<X>(dx));
+    all_reduce_sum(comm, sum.tensor());
+    return Act<Replicate>(std::move(sum).tensor());
   }
 };
 
@@ -161,12 +175,12 @@ struct ScatterFeatures {
   using grad_from = Replicate;
   static constexpr std::string_view name = "ScatterFeatures", forward_collective = "slice",
                                     backward_collective = "all-gather";
-  template <backend B, communicator C>
-  static Act<FeatureShard> forward(C& comm, const Act<Replicate>& x) {
+  template <backend B, communicator C, detail::act_of<from> X>
+  static Act<FeatureShard> forward(C& comm, X&& x, std::string_view = name) {
     return Act<FeatureShard>(local_features<B>(x.tensor(), std::size_t(comm.size()), std::size_t(comm.rank())));
   }
-  template <backend B, communicator C>
-  static Act<Replicate> backward(C& comm, const Act<FeatureShard>& dy) {
+  template <backend B, communicator C, detail::act_of<grad_to> X>
+  static Act<Replicate> backward(C& comm, X&& dy, std::string_view = name) {
     return Act<Replicate>(gather_features<B>(comm, dy.tensor()));
   }
 };
@@ -179,13 +193,13 @@ struct GatherFeaturesOf {
   using grad_from = FeatureShard;
   static constexpr std::string_view name = "GatherFeatures", forward_collective = "all-gather",
                                     backward_collective = "slice";
-  template <backend B, communicator C>
-  static Act<Replicate> forward(C& comm, const Act<FeatureShard>& x) {
+  template <backend B, communicator C, detail::act_of<from> X>
+  static Act<Replicate> forward(C& comm, X&& x, std::string_view = name) {
     return Act<Replicate>(gather_features<B>(comm, x.tensor()));
   }
   // The replicated gradient is the same on every rank: each keeps the columns of its shard.
-  template <backend B, communicator C>
-  static Act<FeatureShard> backward(C& comm, const Act<Replicate>& dy) {
+  template <backend B, communicator C, detail::act_of<grad_to> X>
+  static Act<FeatureShard> backward(C& comm, X&& dy, std::string_view = name) {
     return Act<FeatureShard>(local_features<B>(dy.tensor(), std::size_t(comm.size()), std::size_t(comm.rank())));
   }
 };
@@ -198,14 +212,14 @@ struct ReduceScatterTokens {
   using grad_from = grad_layout_t<TensorPartial>;
   static constexpr std::string_view name = "ReduceScatterTokens", forward_collective = "reduce-scatter",
                                     backward_collective = "all-gather";
-  template <communicator C>
-  static Act<TokenShard> forward(C& comm, Act<TensorPartial> x, std::string_view who) {
-    if (comm.size() == 1) return Act<TokenShard>(std::move(x).tensor());
+  template <backend B, communicator C, detail::act_of<from> X>
+  static Act<TokenShard> forward(C& comm, X&& x, std::string_view who = name) {
+    if (comm.size() == 1) return Act<TokenShard>(Act<TensorPartial>(std::forward<X>(x)).tensor());
     return Act<TokenShard>(reduce_scatter_tokens(comm, x.tensor(), who));
   }
-  template <communicator C>
-  static Act<Replicate> backward(C& comm, Act<TokenShard> dy) {
-    if (comm.size() == 1) return Act<Replicate>(std::move(dy).tensor());
+  template <backend B, communicator C, detail::act_of<grad_to> X>
+  static Act<Replicate> backward(C& comm, X&& dy, std::string_view = name) {
+    if (comm.size() == 1) return Act<Replicate>(Act<TokenShard>(std::forward<X>(dy)).tensor());
     return Act<Replicate>(gather_tokens(comm, dy.tensor()));
   }
 };
@@ -218,14 +232,14 @@ struct GatherTokens {
   using grad_from = TokenShard;
   static constexpr std::string_view name = "GatherTokens", forward_collective = "all-gather",
                                     backward_collective = "reduce-scatter";
-  template <communicator C>
-  static Act<Replicate> forward(C& comm, Act<TokenShard> x) {
-    if (comm.size() == 1) return Act<Replicate>(std::move(x).tensor());
+  template <backend B, communicator C, detail::act_of<from> X>
+  static Act<Replicate> forward(C& comm, X&& x, std::string_view = name) {
+    if (comm.size() == 1) return Act<Replicate>(Act<TokenShard>(std::forward<X>(x)).tensor());
     return Act<Replicate>(gather_tokens(comm, x.tensor()));
   }
-  template <communicator C>
-  static Act<TokenShard> backward(C& comm, Act<TensorPartial> dx, std::string_view who) {
-    if (comm.size() == 1) return Act<TokenShard>(std::move(dx).tensor());
+  template <backend B, communicator C, detail::act_of<grad_to> X>
+  static Act<TokenShard> backward(C& comm, X&& dx, std::string_view who = name) {
+    if (comm.size() == 1) return Act<TokenShard>(Act<TensorPartial>(std::forward<X>(dx)).tensor());
     return Act<TokenShard>(reduce_scatter_tokens(comm, dx.tensor(), who));
   }
 };
@@ -242,13 +256,14 @@ struct ScatterTokens {
   using grad_from = Replicate;
   static constexpr std::string_view name = "ScatterTokens", forward_collective = "slice",
                                     backward_collective = "all-gather";
-  template <backend B, communicator C>
-  static Act<TokenShard> forward(C& comm, const Act<Replicate>& x, std::string_view who) {
+  template <backend B, communicator C, detail::act_of<from> X>
+  static Act<TokenShard> forward(C& comm, X&& x, std::string_view who = name) {
     return Act<TokenShard>(local_token_rows<B>(comm, x.tensor(), who));
   }
-  template <communicator C>
-  static Act<Replicate> backward(C& comm, Act<TokenShard> dy) {
-    return ReduceScatterTokens::backward(comm, std::move(dy));  // the same all-gather of the token blocks
+  template <backend B, communicator C, detail::act_of<grad_to> X>
+  static Act<Replicate> backward(C& comm, X&& dy, std::string_view who = name) {
+    // the same all-gather of the token blocks
+    return ReduceScatterTokens::backward<B>(comm, std::forward<X>(dy), who);
   }
 };
 
@@ -265,19 +280,15 @@ struct GatherTokensReplicatedGrad {
   using grad_from = TokenShard;
   static constexpr std::string_view name = "GatherTokensReplicatedGrad", forward_collective = "all-gather",
                                     backward_collective = "slice";
-  template <communicator C>
-  static Act<Replicate> forward(C& comm, Act<TokenShard> x) {
-    return GatherTokens::forward(comm, std::move(x));  // the same all-gather; only the backward differs
+  template <backend B, communicator C, detail::act_of<from> X>
+  static Act<Replicate> forward(C& comm, X&& x, std::string_view who = name) {
+    // the same all-gather; only the backward differs
+    return GatherTokens::forward<B>(comm, std::forward<X>(x), who);
   }
-  template <backend B, communicator C>
-  static Act<TokenShard> backward(C& comm, const Act<Replicate>& dy, std::string_view who) {
+  template <backend B, communicator C, detail::act_of<grad_to> X>
+  static Act<TokenShard> backward(C& comm, X&& dy, std::string_view who = name) {
     return Act<TokenShard>(local_token_rows<B>(comm, dy.tensor(), who));
   }
 };
-
-static_assert(redistribution<ReduceToReplicate> && redistribution<CopyToTensorRegion> &&
-              redistribution<ScatterFeatures> && redistribution<GatherFeaturesOf> &&
-              redistribution<ReduceScatterTokens> && redistribution<GatherTokens> && redistribution<ScatterTokens> &&
-              redistribution<GatherTokensReplicatedGrad>);
 
 }  // namespace mpar::nn

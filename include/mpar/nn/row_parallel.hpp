@@ -112,11 +112,11 @@ class RowParallel : public detail::LinearState, public detail::TypedLayer<RowPar
     gemm_forward<B>(mb, x_in, out_, y.tensor());
     const bool with_bias = has_bias();
     if constexpr (R == RowReduce::all_reduce) {
-      Act<Replicate> r = ReduceToReplicate::forward(*comm_, std::move(y));
+      Act<Replicate> r = ReduceToReplicate::forward<B>(*comm_, std::move(y));
       if (with_bias) detail::add_row_vector<B>(r.tensor(), bias_.value);
       return std::move(r).tensor();
     } else if constexpr (R == RowReduce::reduce_scatter) {
-      Act<TokenShard> part = ReduceScatterTokens::forward(*comm_, std::move(y), "RowParallel");
+      Act<TokenShard> part = ReduceScatterTokens::forward<B>(*comm_, std::move(y), "RowParallel");
       if (with_bias) detail::add_row_vector<B>(part.tensor(), bias_.value);
       return std::move(part).tensor();
     } else {
