@@ -1,7 +1,9 @@
-# Every public concept mpar defines lives in a header named after it and has its row in docs/concepts.md. A concept
-# in a `detail/` folder (namespace `mpar::detail`) is an internal constraint of the code around it, not a contract
-# users program against: it is documented in its header and not counted here (docs/concepts.md, "Internal
-# constraints").
+# Every public concept mpar defines lives in a header named after it and has its row in docs/concepts.md, and there
+# are at most ten of them: the contracts users program against (tensor, layout, backend, communicator, module,
+# layer, redistribution, pipeline part, pipeline schedule, token source). A concept in a `detail/` folder (its
+# area's `detail` namespace) is an internal refinement or capability trait: documented in its header and in
+# docs/concepts.md's second tier, not counted here. A new public concept is a decision: raise the bound below and
+# say why in docs/concepts.md.
 #
 #   cmake -DINCLUDE=<dir holding mpar/> -DDOCS=<docs/concepts.md> -P check_concepts.cmake
 #
@@ -47,6 +49,12 @@ foreach(rel IN LISTS headers)
 endforeach()
 if(found EQUAL 0)
   message(FATAL_ERROR "check_concepts: no concept found under ${INCLUDE}/mpar")
+endif()
+set(max_public 10)
+if(found GREATER max_public)
+  string(APPEND problems "\n  ${found} public concepts, more than ${max_public}: make the new one an internal "
+                         "refinement or capability trait (a `detail/` header, docs/concepts.md's second tier), or "
+                         "raise the bound in cmake/check_concepts.cmake and say why in docs/concepts.md")
 endif()
 if(problems)
   message(FATAL_ERROR "check_concepts: ${found} concepts, these break the rule:${problems}")

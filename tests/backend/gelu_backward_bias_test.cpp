@@ -18,7 +18,7 @@
 #include <mpar/backend/host/host_backend.hpp>
 #include <mpar/backend/stream/stream_backend.hpp>
 #include <mpar/core.hpp>
-#include <mpar/nn/fused_gelu_backward_backend.hpp>
+#include <mpar/nn/detail/fused_gelu_backward_backend.hpp>
 
 #include "support/on_fresh_rank.hpp"
 
@@ -78,7 +78,7 @@ GeluBiasResult<T> gelu_bias_through(const GeluBiasCase& c, const std::vector<flo
 
 template <class B, class T>
 void check_gelu_bias_cases() {
-  static_assert(mpar::nn::fused_gelu_backward_backend<B>);
+  static_assert(mpar::nn::detail::fused_gelu_backward_backend<B>);
   constexpr bool is_bf16 = std::is_same_v<T, mpar::bf16>;
   const double ulp = is_bf16 ? 0x1p-7 : 0x1p-10, floor = is_bf16 ? 1e-30 : 0x1p-24;
   for (const auto& c : gelu_bias_cases) {

@@ -13,7 +13,7 @@
 #include "mpar/comm/nccl/nccl_communicator.hpp"
 
 static_assert(mpar::communicator<mpar::NcclCommunicator>);
-static_assert(!mpar::gpu::gemm_types<double, float>, "only 16-bit inputs may widen to an fp32 output");
+static_assert(!mpar::gpu::detail::gemm_types<double, float>, "only 16-bit inputs may widen to an fp32 output");
 
 int main(int argc, char** argv) {
   bool listing = false;

@@ -27,8 +27,8 @@ using namespace mpar;
 using nn::Activation;
 using nn::ComputeType;
 
-static_assert(nn::fused_attention_backend<CudaBackend>, "CudaBackend's attention runs the fused kernels");
-static_assert(!nn::fused_attention_backend<HostBackend>, "HostBackend's attention stays the batched products");
+static_assert(mpar::nn::detail::fused_attention_backend<CudaBackend>, "CudaBackend's attention runs the fused kernels");
+static_assert(!mpar::nn::detail::fused_attention_backend<HostBackend>, "HostBackend's attention stays the batched products");
 
 namespace {
 
@@ -113,8 +113,8 @@ void compare(const LayerResult& cuda, const LayerResult& host, double tol) {
 
 /** A transformer block (fused residual + ln2, and fused attention for head sizes 32..128) against the host's. */
 void check_block_on_cuda(std::size_t hidden, std::size_t heads, std::size_t seq, double dropout) {
-  static_assert(nn::fused_residual_layernorm_backend<CudaBackend> &&
-                !nn::fused_residual_layernorm_backend<HostBackend>);
+  static_assert(mpar::nn::detail::fused_residual_layernorm_backend<CudaBackend> &&
+                !mpar::nn::detail::fused_residual_layernorm_backend<HostBackend>);
   const nn::BlockConfig cfg{hidden, heads, 4 * hidden, seq, dropout, 9, 0, "block"};
   const std::size_t tokens = 2 * seq;
   run_threads(1, [&](ThreadsCommunicator& tp) {

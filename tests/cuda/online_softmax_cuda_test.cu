@@ -43,7 +43,7 @@ void check_same_lse(const std::vector<float>& got, const std::vector<float>& wan
 
 TEST_CASE("online softmax on CudaBackend equals the host reference", "[cuda][online_softmax]") {
   CudaBackend::init_rank(0);
-  static_assert(online_softmax_backend<CudaBackend>);
+  static_assert(mpar::detail::online_softmax_backend<CudaBackend>);
   // 3 heads, 5 query rows at positions 6..10 (padded: statistics 8 apart, output rows 3 x 3 + 2 wide); key blocks
   // at positions 0..3 (all visible) and 4..10 (the causal diagonal); then rows at -2..2, of which two see nothing.
   const std::size_t heads = 3, rows = 5, dim = 3, ss = rows + 3, ld = heads * dim + 2;

@@ -302,7 +302,7 @@ TEST_CASE("every synchronous pipeline schedule reproduces the single-rank run", 
   require_equivalent(run(recompute, 20), ref, "1f1b with recomputation", true);
   // Split backward: W deferred past later micro-batches' B, with data-parallel buckets started by the last W
   // (on_gradients_final), and with recomputation before B.
-  static_assert(pipeline::split_backward_part<models::GptPipelinePart<ThreadsCommunicator>>);
+  static_assert(mpar::pipeline::detail::split_backward_part<models::GptPipelinePart<ThreadsCommunicator>>);
   require_equivalent(run(small_sgd(2, 2, 2, "zb_h1"), 20), ref, "zb_h1, tp=2 pp=2 dp=2", true);
   auto zb_recompute = small_sgd(1, 2, 2, "zb_h2");
   zb_recompute.recompute = true;

@@ -117,10 +117,10 @@ struct FusedHostBackend : ResidualLnHostBackend {
   }
 };
 static_assert(backend<FusedHostBackend> && backend<ResidualLnHostBackend>);
-static_assert(!nn::fused_attention_backend<ResidualLnHostBackend>);
-static_assert(nn::fused_attention_backend<FusedHostBackend> && !nn::fused_attention_backend<HostBackend>);
-static_assert(nn::fused_residual_layernorm_backend<FusedHostBackend> &&
-              !nn::fused_residual_layernorm_backend<HostBackend>);
+static_assert(!mpar::nn::detail::fused_attention_backend<ResidualLnHostBackend>);
+static_assert(mpar::nn::detail::fused_attention_backend<FusedHostBackend> && !mpar::nn::detail::fused_attention_backend<HostBackend>);
+static_assert(mpar::nn::detail::fused_residual_layernorm_backend<FusedHostBackend> &&
+              !mpar::nn::detail::fused_residual_layernorm_backend<HostBackend>);
 
 struct Result {
   std::vector<std::vector<float>> y, dx;
@@ -213,10 +213,10 @@ TEST_CASE("TransformerBlock on a backend with fused residual + layer norm equals
 
 // CountingBackend has exactly the fused operations of the backend it wraps, and counts them: inherited, they
 // ran uncounted. The counted block gives the wrapped backend's results bit for bit (it forwards the arguments).
-static_assert(nn::fused_attention_backend<observe::CountingBackend<FusedHostBackend>> &&
-              nn::fused_residual_layernorm_backend<observe::CountingBackend<FusedHostBackend>>);
-static_assert(!nn::fused_attention_backend<observe::CountingBackend<HostBackend>> &&
-              !nn::fused_residual_layernorm_backend<observe::CountingBackend<HostBackend>>);
+static_assert(mpar::nn::detail::fused_attention_backend<observe::CountingBackend<FusedHostBackend>> &&
+              mpar::nn::detail::fused_residual_layernorm_backend<observe::CountingBackend<FusedHostBackend>>);
+static_assert(!mpar::nn::detail::fused_attention_backend<observe::CountingBackend<HostBackend>> &&
+              !mpar::nn::detail::fused_residual_layernorm_backend<observe::CountingBackend<HostBackend>>);
 
 TEST_CASE("CountingBackend counts the fused operations of the backend it wraps, one per layer and micro-batch",
           "[nn][block][fused][counts]") {

@@ -18,7 +18,7 @@ using namespace mpar::testing;
 using namespace mpar::testing::llama;
 
 static_assert(layer<LlamaBlock<ThreadsCommunicator>> && layer<LlamaBlock<ThreadsCommunicator, true>>);
-static_assert(split_backward_layer<LlamaBlock<ThreadsCommunicator>>);
+static_assert(mpar::nn::detail::split_backward_layer<LlamaBlock<ThreadsCommunicator>>);
 
 namespace {
 

@@ -25,11 +25,11 @@ using namespace mpar::testing;
 using namespace mpar::testing::llama;
 
 // The optional family: the host reference, both stream backends and a counting wrapper of each have it.
-static_assert(llama_kernel_backend<HostBackend> && llama_kernel_backend<StreamHostBackend> &&
-              llama_kernel_backend<DiscreteHostBackend>);
-static_assert(llama_kernel_backend<observe::CountingBackend<HostBackend>> &&
-              llama_kernel_backend<observe::CountingBackend<StreamHostBackend>>);
-static_assert(!llama_kernel_backend<int>);
+static_assert(mpar::detail::llama_kernel_backend<HostBackend> && mpar::detail::llama_kernel_backend<StreamHostBackend> &&
+              mpar::detail::llama_kernel_backend<DiscreteHostBackend>);
+static_assert(mpar::detail::llama_kernel_backend<observe::CountingBackend<HostBackend>> &&
+              mpar::detail::llama_kernel_backend<observe::CountingBackend<StreamHostBackend>>);
+static_assert(!mpar::detail::llama_kernel_backend<int>);
 static_assert(layer<RMSNorm<>> && layer<RMSNorm<TokenShard, ThreadsCommunicator>> && layer<SiluGate<>>);
 
 TEST_CASE("RMSNorm: forward equals a double loop, backward equals finite differences (input and gain)",

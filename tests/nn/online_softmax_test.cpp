@@ -11,7 +11,7 @@
 #include <vector>
 
 #include <mpar/backend/host/host_backend.hpp>
-#include <mpar/backend/online_softmax_backend.hpp>
+#include <mpar/backend/detail/online_softmax_backend.hpp>
 
 #include "nn_test_support.hpp"
 
@@ -182,7 +182,7 @@ void check_online_softmax(const OnlineSoftmaxCase& c) {
 }  // namespace
 
 TEST_CASE("online softmax over key blocks equals softmax over their concatenation", "[online_softmax]") {
-  static_assert(online_softmax_backend<HostBackend>);
+  static_assert(mpar::detail::online_softmax_backend<HostBackend>);
   // Queries at positions 6..10: keys 0..3 all visible, 4..10 the causal diagonal, 11..13 hidden from every row.
   check_online_softmax<HostBackend>({"odd blocks, a diagonal, a fully masked block", 3, 5, 3, 6, {4, 7, 3}});
   check_online_softmax<HostBackend>({"every key visible", 2, 4, 5, 100, {5, 1, 6}});

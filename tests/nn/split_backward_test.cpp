@@ -77,7 +77,7 @@ void check_split(int p, std::size_t tokens, std::size_t in_f, std::size_t out_f,
     using G = grad_layout_t<Out>;  // the layout of the output gradient
     auto fused = make(tp);
     auto split = make(tp);
-    static_assert(split_backward_layer<decltype(split)>);
+    static_assert(mpar::nn::detail::split_backward_layer<decltype(split)>);
 
     // One micro-batch: fused backward vs B then W.
     (void)fused.forward(Act<In>(a0), 0);

@@ -589,7 +589,7 @@ TEST_CASE(
     "nn stages under ZB-H1: W actions run the weight GEMMs and the measured costs predict a smaller bubble than 1F1B",
     "[pipeline][executor][zb]") {
   using Mlp = nn::MlpStage<ThreadsCommunicator>;
-  static_assert(split_backward_part<Mlp>, "an nn::Stage of tensor-parallel layers splits its backward");
+  static_assert(mpar::pipeline::detail::split_backward_part<Mlp>, "an nn::Stage of tensor-parallel layers splits its backward");
   // Big enough that every GEMM takes measurable time.
   constexpr std::size_t hidden = 128, ffn = 512, rows = 128;
   const int P = 2, M = 4;
@@ -703,7 +703,7 @@ std::vector<std::size_t> step_peaks(std::string_view name, int P, int M, int V,
       const std::size_t before = mem.held();
       mem.reset_peak();
       (void)ex.step(inputs, [&](const X& y, int mb, X& dy) { return mpar_test::mse(y, targets[std::size_t(mb)], dy); });
-      const bool posted_headers = !ordered_point_to_point<Wrap>;
+      const bool posted_headers = !mpar::detail::ordered_point_to_point<Wrap>;
       const auto& mine = prog.ranks[std::size_t(r)];
       const auto receives =
           std::size_t(std::count_if(mine.begin(), mine.end(), [](const Action& a) { return is_recv(a.op); }));

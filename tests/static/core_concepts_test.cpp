@@ -16,11 +16,11 @@ static_assert(sizeof(Extents<dyn, 8>) == sizeof(std::size_t), "only dynamic size
 static_assert(Extents<4, 8>{}.size() == 32);
 static_assert(Extents<dyn, 8>(3).extent(0) == 3 && Extents<dyn, 8>(3).extent(1) == 8);
 static_assert(Extents<dyn, 8, dyn>::rank_dynamic() == 2);
-static_assert(extents_type<Extents<1>> && !extents_type<int>);
+static_assert(mpar::detail::extents_type<Extents<1>> && !mpar::detail::extents_type<int>);
 
 // ---- element types ----
-static_assert(element_type<float> && element_type<double> && element_type<bf16> && element_type<f16>);
-static_assert(!element_type<int> && !element_type<std::vector<float>>);
+static_assert(mpar::detail::element_type<float> && mpar::detail::element_type<double> && mpar::detail::element_type<bf16> && mpar::detail::element_type<f16>);
+static_assert(!mpar::detail::element_type<int> && !mpar::detail::element_type<std::vector<float>>);
 static_assert(std::is_same_v<compute_type_t<bf16>, float> && std::is_same_v<compute_type_t<double>, double>);
 static_assert(sizeof(bf16) == 2 && sizeof(f16) == 2);
 static_assert(bf16(1.0f).bits == 0x3f80 && f16(1.0f).bits == 0x3c00, "conversions are constexpr");
@@ -41,7 +41,7 @@ static_assert(std::is_empty_v<Shard<0, axis::tensor>> && std::is_final_v<Shard<0
               "layouts are final empty tags");
 
 // ---- mesh and divisibility ----
-static_assert(device_mesh<DeviceMesh<2, 2, 2>> && device_mesh<DynamicMesh> && !device_mesh<int>);
+static_assert(mpar::detail::device_mesh<DeviceMesh<2, 2, 2>> && mpar::detail::device_mesh<DynamicMesh> && !mpar::detail::device_mesh<int>);
 static_assert(sizeof(DeviceMesh<2, 2, 2, 1>) == 2 * sizeof(std::size_t),
               "a static mesh stores only the tensor-grid and context factors");
 static_assert(DeviceMesh<2, 2, 2>{}.world_size() == 8);

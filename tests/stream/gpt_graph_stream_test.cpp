@@ -13,7 +13,7 @@
 #include <type_traits>
 #include <vector>
 
-#include <mpar/backend/graph_backend.hpp>
+#include <mpar/backend/detail/graph_backend.hpp>
 #include <mpar/backend/rank_transfer.hpp>
 #include <mpar/backend/stream/stream_backend.hpp>
 #include <mpar/comm/stream_ordered_communicator.hpp>
@@ -186,7 +186,7 @@ GraphGptCounts graph_gpt_counts(const mpar::models::GptTrainConfig& c, int steps
 
 TEST_CASE("GptTrainConfig::graph over CountingBackend: a replayed step is one launch and one host wait",
           "[stream][gpt][graph][counts]") {
-  STATIC_REQUIRE(mpar::graph_backend<mpar::observe::CountingBackend<mpar::StreamHostBackend>>);
+  STATIC_REQUIRE(mpar::detail::graph_backend<mpar::observe::CountingBackend<mpar::StreamHostBackend>>);
   const auto c = graph_gpt_config("fp32", 2);
   const GraphGptCounts g = graph_gpt_counts(c, 5);
   auto eager_config = c;

@@ -51,7 +51,7 @@ struct CollectivesOnly {
   }
 };
 
-template <mpar::collective_communicator C>
+template <mpar::detail::collective_communicator C>
 float average(C& c, float x) {
   c.all_reduce(std::span<float>(&x, 1), mpar::ReduceOp::sum);
   return x / float(c.size());

@@ -12,14 +12,14 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "mpar/backend/gemm_backend.hpp"
+#include "mpar/backend/detail/gemm_backend.hpp"
 #include "mpar/backend/host/accumulate.hpp"      // the host reference of accumulate
 #include "mpar/backend/host/gemm_bias_gelu.hpp"  // the host reference of gemm_bias_gelu
-#include "mpar/backend/layer_kernel_backend.hpp"
-#include "mpar/backend/memory_backend.hpp"
-#include "mpar/backend/optimizer_backend.hpp"
-#include "mpar/backend/routing_backend.hpp"
-#include "mpar/backend/stream_ordered.hpp"
+#include "mpar/backend/detail/layer_kernel_backend.hpp"
+#include "mpar/backend/detail/memory_backend.hpp"
+#include "mpar/backend/detail/optimizer_backend.hpp"
+#include "mpar/backend/detail/routing_backend.hpp"
+#include "mpar/backend/detail/stream_ordered.hpp"
 #include "mpar/backend/types.hpp"  // Trans, host::DropoutMask (the same on every backend)
 #include "mpar/core/dtype.hpp"     // bf16
 
@@ -28,12 +28,12 @@ namespace mpar {
 /**
  * @brief A compute backend: every family (pointers are row-major `[rows, cols]` arrays in memory of the
  * rank's memory resource, which the backend installs in `init_rank()`):
- * - `memory_backend<B>` (backend/memory_backend.hpp): memory space, `init_rank()`, `synchronize()`, the
- *   stream-ordered part (`stream_ordered<B>`, backend/stream_ordered.hpp), the buffer operations;
- * - `gemm_backend<B>` (backend/gemm_backend.hpp): `gemm` in fp32 and mixed precision, `gemm_strided_batched`;
- * - `layer_kernel_backend<B>` (backend/layer_kernel_backend.hpp): the layers' elementwise and row kernels;
- * - `optimizer_backend<B>` (backend/optimizer_backend.hpp): AdamW, SGD, the gradient norm and step factors;
- * - `routing_backend<B>` (backend/routing_backend.hpp): the MoE's token routing rows;
+ * - `detail::memory_backend<B>` (backend/memory_backend.hpp): memory space, `init_rank()`, `synchronize()`, the
+ *   stream-ordered part (`detail::stream_ordered<B>`, backend/stream_ordered.hpp), the buffer operations;
+ * - `detail::gemm_backend<B>` (backend/gemm_backend.hpp): `gemm` in fp32 and mixed precision, `gemm_strided_batched`;
+ * - `detail::layer_kernel_backend<B>` (backend/layer_kernel_backend.hpp): the layers' elementwise and row kernels;
+ * - `detail::optimizer_backend<B>` (backend/optimizer_backend.hpp): AdamW, SGD, the gradient norm and step factors;
+ * - `detail::routing_backend<B>` (backend/routing_backend.hpp): the MoE's token routing rows;
  * - and, spanning the GEMM and layer families, the fused GEMM epilogue `gemm_bias_gelu(m, n, k, a, lda, w,
  *   ldw, bias, pre, y)` (fp32, or bf16/f16 `a` and `w` with fp32 accumulation): `pre = a w + bias`,
  *   `y = gelu(pre)`, with the semantics of `mpar::host::gemm_bias_gelu` (backend/host/gemm_bias_gelu.hpp):
@@ -57,8 +57,8 @@ namespace mpar {
  * keeps it, and `DiscreteHostBackend` also makes every host access to rank memory fault.
  */
 template <class B>
-concept backend = memory_backend<B> && gemm_backend<B> && layer_kernel_backend<B> && optimizer_backend<B> &&
-    routing_backend<B> && requires(const float* a, float* c, const bf16* h, std::size_t n, double* acc) {
+concept backend = detail::memory_backend<B> && detail::gemm_backend<B> && detail::layer_kernel_backend<B> && detail::optimizer_backend<B> &&
+    detail::routing_backend<B> && requires(const float* a, float* c, const bf16* h, std::size_t n, double* acc) {
   // The fused GEMM epilogue of the MLP's first projection (backend/host/gemm_bias_gelu.hpp).
   B::gemm_bias_gelu(n, n, n, a, n, a, n, a, c, c);
   B::gemm_bias_gelu(n, n, n, h, n, h, n, a, c, c);

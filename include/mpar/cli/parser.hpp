@@ -31,7 +31,7 @@
 #include <utility>
 #include <vector>
 
-#include "mpar/cli/option_value.hpp"
+#include "mpar/cli/detail/option_value.hpp"
 #include "mpar/core/error.hpp"
 
 namespace mpar::cli {
@@ -68,7 +68,7 @@ std::string show(const T& v) {
 }
 
 /** Parses the whole of `s` as a T; nullopt with `why` set otherwise. */
-template <option_value T>
+template <mpar::cli::detail::option_value T>
 std::optional<T> parse_value(std::string_view s, std::string& why) {
   if constexpr (std::same_as<T, std::string>) {
     return std::string(s);
@@ -152,7 +152,7 @@ class Parser {
       : program_(std::move(program)), description_(std::move(description)) {}
 
   /** `--name VALUE` bound to `target` (an integer, floating point or string). */
-  template <option_value T>
+  template <mpar::cli::detail::option_value T>
   Option& option(std::string name, T& target, std::string help) {
     Option& o = add(std::move(name), std::move(help));
     o.kind_ = detail::kind_name<T>();
@@ -210,7 +210,7 @@ class Parser {
   }
 
   /** A required positional argument, in declaration order. */
-  template <option_value T>
+  template <mpar::cli::detail::option_value T>
   Option& positional(std::string name, T& target, std::string help) {
     Option& o = option(std::move(name), target, std::move(help));
     o.positional_ = true;

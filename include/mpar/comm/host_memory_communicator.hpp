@@ -12,7 +12,7 @@
 #include <string_view>
 
 #include "mpar/backend/rank_transfer.hpp"
-#include "mpar/comm/comm_group.hpp"
+#include "mpar/comm/detail/comm_group.hpp"
 #include "mpar/core/error.hpp"
 
 namespace mpar {
@@ -27,7 +27,7 @@ inline constexpr bool host_memory_communicator = requires {
  * @brief Throws (naming `who`, the rank, the group and the fix) when `comm` moves host memory, `B`'s rank memory is
  * a device's and the group has more than one rank; a one-rank group moves nothing, so it may stay.
  */
-template <backend B, comm_group C>
+template <backend B, detail::comm_group C>
 void require_reaches_rank_memory(const C& comm, std::string_view who) {
   if constexpr (host_memory_communicator<C> && device_rank_memory<B>)
     require(comm.size() == 1, who, " (rank ", comm.rank(), " of ", comm.size(), " in group '", comm.name(),

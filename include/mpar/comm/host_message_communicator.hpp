@@ -20,7 +20,7 @@
 
 #include "mpar/backend/backend.hpp"
 #include "mpar/backend/host_staging.hpp"
-#include "mpar/comm/collective_communicator.hpp"
+#include "mpar/comm/detail/collective_communicator.hpp"
 #include "mpar/comm/detail/comm_element.hpp"
 #include "mpar/comm/in_span.hpp"
 #include "mpar/core/memory_resource.hpp"
@@ -28,7 +28,7 @@
 namespace mpar {
 
 /** @brief Host-buffer collectives through the rank memory of backend `B` over `Comm` (see the file comment). */
-template <collective_communicator Comm, backend B>
+template <detail::collective_communicator Comm, backend B>
 class HostMessageCommunicator {
  public:
   explicit HostMessageCommunicator(Comm& rank_memory_comm)

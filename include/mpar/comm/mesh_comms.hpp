@@ -55,7 +55,7 @@ Comm split_named(Comm& c, int color, int key, const std::string& name) {
  * @brief Builds every axis communicator of `mesh` from `world` (collective over `world`; every rank
  * must call it with the same mesh). `world.size()` must equal `mesh.world_size()`.
  */
-template <communicator Comm, device_mesh Mesh>
+template <communicator Comm, detail::device_mesh Mesh>
 [[nodiscard]] MeshComms<Comm> make_mesh_comms(Comm& world, const Mesh& mesh) {
   require(std::size_t(world.size()) == mesh.world_size(), "make_mesh_comms: the world communicator '", world.name(),
           "' has ", world.size(), " ranks but ", mesh, " needs ", mesh.world_size());

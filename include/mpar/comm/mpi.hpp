@@ -67,7 +67,7 @@ MPI_Datatype mpi_type() {
     return MPI_FLOAT;
   else if constexpr (std::is_same_v<T, double>)
     return MPI_DOUBLE;
-  else if constexpr (half_precision<T>)
+  else if constexpr (detail::half_precision<T>)
     return MPI_UINT16_T;  // bf16/f16 move as raw 16-bit words; reductions go through float
   else if constexpr (std::is_same_v<T, std::int32_t>)
     return MPI_INT32_T;
@@ -285,7 +285,7 @@ class MpiCommunicator {
   void all_reduce(std::span<T> data, ReduceOp op) {
     const auto pre = begin<T>(detail::CollKind::all_reduce, data.size(), op, -1, 0, 0);
     refuse_op<T>(pre, op);
-    if constexpr (half_precision<T>) {
+    if constexpr (detail::half_precision<T>) {
       std::vector<float> tmp(data.begin(), data.end());
       call(pre, [&] {
         return MPI_Allreduce(MPI_IN_PLACE, tmp.data(), icount(tmp.size(), pre), MPI_FLOAT, detail::mpi_op(op),
@@ -314,7 +314,7 @@ class MpiCommunicator {
     const bool is_root = rank() == root;
     if (is_root && recv.size() != send.size())
       throw comm_error(detail::cat(pre, ": root's recv has ", recv.size(), " elements, expected ", send.size()));
-    if constexpr (half_precision<T>) {
+    if constexpr (detail::half_precision<T>) {
       std::vector<float> s(send.begin(), send.end()), r(is_root ? send.size() : 0);
       call(pre, [&] {
         return MPI_Reduce(s.data(), r.data(), icount(s.size(), pre), MPI_FLOAT, detail::mpi_op(op), root, st_->comm);
@@ -346,7 +346,7 @@ class MpiCommunicator {
     refuse_op<T>(pre, op);
     auto [counts, displs] = blocks(send.size(), pre);
     check_own_block(pre, "recv", recv.size(), send.size());
-    if constexpr (half_precision<T>) {
+    if constexpr (detail::half_precision<T>) {
       std::vector<float> s(send.begin(), send.end()), r(recv.size());
       call(pre, [&] {
         return MPI_Reduce_scatter(s.data(), r.data(), counts.data(), MPI_FLOAT, detail::mpi_op(op), st_->comm);
@@ -509,7 +509,7 @@ class MpiCommunicator {
     refuse_op<T>(r.what_, op);
     r.timeout_ = st_->timeout;
     const int p = size();
-    if constexpr (half_precision<T>) {
+    if constexpr (detail::half_precision<T>) {
       auto tmp = std::make_shared<std::vector<float>>(data.begin(), data.end());
       call(r.what_, [&] {
         return MPI_Iallreduce(MPI_IN_PLACE, tmp->data(), icount(tmp->size(), r.what_), MPI_FLOAT, detail::mpi_op(op),
@@ -556,7 +556,7 @@ class MpiCommunicator {
     auto counts = std::make_shared<std::vector<int>>(blocks(send.size(), r.what_).first);
     check_own_block(r.what_, "recv", recv.size(), send.size());
     const int p = size();
-    if constexpr (half_precision<T>) {
+    if constexpr (detail::half_precision<T>) {
       auto s = std::make_shared<std::vector<float>>(send.begin(), send.end());
       auto d = std::make_shared<std::vector<float>>(recv.size());
       call(r.what_, [&] {

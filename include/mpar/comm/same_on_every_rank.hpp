@@ -80,10 +80,10 @@ void require_same_on_every_rank(Comm& world, const std::vector<RankSetting>& set
   std::string differ;
   for (std::size_t i = 0; i < n; ++i)
     if (hi[i] != lo[i])
-      differ += mpar::detail::cat(differ.empty() ? "" : ", ", settings[i].name, " (", settings[i].value, " on rank ",
+      differ += detail::cat(differ.empty() ? "" : ", ", settings[i].name, " (", settings[i].value, " on rank ",
                                   world.rank(), ")");
   if (!differ.empty())
-    throw config_error(mpar::detail::cat(
+    throw config_error(detail::cat(
         who, ": the ranks were started with different settings: ", differ,
         "; every rank must get the same options and the same data (under mpirun: one command line for all "
         "ranks, and identical data files on every node)"));

@@ -81,7 +81,7 @@ class StreamOrderedCommunicator {
   /** Wraps `inner`; its calls run on a new communication stream of the calling rank. */
   explicit StreamOrderedCommunicator(Comm inner)
       : rank_(inner.rank()), size_(inner.size()), name_(inner.name()),
-        shared_(std::make_shared<Shared>(std::move(inner), std::make_shared<stream::Stream>(mpar::detail::cat(
+        shared_(std::make_shared<Shared>(std::move(inner), std::make_shared<stream::Stream>(detail::cat(
                                                                "communication stream of ", name_, " rank ", rank_)))) {}
 
   [[nodiscard]] int rank() const { return rank_; }

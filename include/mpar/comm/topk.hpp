@@ -48,7 +48,7 @@ class TopKCompressor {
    * Replaces `grad` (this rank's gradient, n elements) by the sum (or average) over ranks of every
    * rank's top-k of grad + residual; collective over the communicator.
    */
-  template <element_type T>
+  template <detail::element_type T>
   TopKStats all_reduce(std::span<T> grad, ReduceOp op = ReduceOp::sum) {
     require(grad.size() == n_, "TopKCompressor::all_reduce: the gradient has ", grad.size(),
             " elements, the compressor ", n_);

@@ -7,8 +7,8 @@
 #include <string_view>
 #include <type_traits>
 
-#include "mpar/core/element_type.hpp"
-#include "mpar/core/half_precision.hpp"
+#include "mpar/core/detail/element_type.hpp"
+#include "mpar/core/detail/half_precision.hpp"
 
 namespace mpar {
 
@@ -103,22 +103,22 @@ inline std::ostream& operator<<(std::ostream& os, bf16 v) { return os << float(v
 inline std::ostream& operator<<(std::ostream& os, f16 v) { return os << float(v); }
 
 /** @brief The type arithmetic on `T` is carried out in: float for 16-bit types, `T` otherwise. */
-template <element_type T>
-using compute_type_t = std::conditional_t<half_precision<T>, float, T>;
+template <detail::element_type T>
+using compute_type_t = std::conditional_t<detail::half_precision<T>, float, T>;
 
 /** @brief A short, stable name used in error messages and checkpoint manifests. */
-template <element_type T>
+template <detail::element_type T>
 inline constexpr std::string_view dtype_name_v = std::is_same_v<T, float>    ? "f32"
                                                  : std::is_same_v<T, double> ? "f64"
                                                  : std::is_same_v<T, bf16>   ? "bf16"
                                                                              : "f16";
 
 /** @brief Converts between element types through float/double (round-to-nearest-even into 16 bits). */
-template <element_type To, element_type From>
+template <detail::element_type To, detail::element_type From>
 [[nodiscard]] constexpr To convert(From v) {
   if constexpr (std::is_same_v<To, From>)
     return v;
-  else if constexpr (half_precision<To>)
+  else if constexpr (detail::half_precision<To>)
     return To(float(v));
   else
     return static_cast<To>(static_cast<compute_type_t<From>>(v));

@@ -7,7 +7,7 @@
 #include <type_traits>
 
 #include "mpar/core/error.hpp"
-#include "mpar/core/extents_type.hpp"
+#include "mpar/core/detail/extents_type.hpp"
 
 namespace mpar {
 

@@ -60,7 +60,7 @@ class JsonReader {
       else
         ++column;
     }
-    throw config_error(mpar::detail::cat("JSON: line ", line, ", column ", column, ": ", what,
+    throw config_error(detail::cat("JSON: line ", line, ", column ", column, ": ", what,
                                          i_ >= s_.size() ? " (the text ends here: truncated?)" : ""));
   }
   void skip_space() {
@@ -69,7 +69,7 @@ class JsonReader {
   [[nodiscard]] bool at_end() const { return i_ >= s_.size(); }
   void expect(char c, std::string_view where) {
     skip_space();
-    if (at_end() || s_[i_] != c) fail(mpar::detail::cat("expected '", c, "' ", where));
+    if (at_end() || s_[i_] != c) fail(detail::cat("expected '", c, "' ", where));
     ++i_;
   }
   bool literal(std::string_view word) {
@@ -90,7 +90,7 @@ class JsonReader {
     if (literal("false")) return JsonValue{false};
     if (literal("null")) return JsonValue{nullptr};
     if (c == '-' || (c >= '0' && c <= '9')) return JsonValue{number()};
-    fail(mpar::detail::cat("expected a value, found '", c, "'"));
+    fail(detail::cat("expected a value, found '", c, "'"));
   }
 
   JsonValue object(std::size_t depth) {
@@ -103,8 +103,8 @@ class JsonReader {
       if (at_end() || s_[i_] != '"') fail("expected a key in double quotes");
       std::string key = string();
       for (const auto& kv : out)
-        if (kv.first == key) fail(mpar::detail::cat("the key \"", key, "\" is given twice"));
-      expect(':', mpar::detail::cat("after the key \"", key, "\""));
+        if (kv.first == key) fail(detail::cat("the key \"", key, "\" is given twice"));
+      expect(':', detail::cat("after the key \"", key, "\""));
       JsonValue v = value(depth + 1);
       out.emplace_back(std::move(key), std::move(v));
       skip_space();
@@ -148,23 +148,23 @@ class JsonReader {
       }
       if (at_end()) fail("a string without its closing '\"'");
       const char e = s_[i_++];
-      if (const auto unescaped = mpar::detail::json_simple_escape(e)) {
+      if (const auto unescaped = detail::json_simple_escape(e)) {
         out += *unescaped;
         continue;
       }
       if (e != 'u') {
         --i_;
-        fail(mpar::detail::cat("an unknown escape '\\", e, "' inside a string"));
+        fail(detail::cat("an unknown escape '\\", e, "' inside a string"));
       }
       unsigned code = 0;
       for (int k = 0; k < 4; ++k, ++i_) {
         if (at_end()) fail("a \\u escape cut short");
-        const int digit = mpar::detail::json_hex_digit(s_[i_]);
+        const int digit = detail::json_hex_digit(s_[i_]);
         if (digit < 0) fail("a \\u escape needs four hex digits");
         code = code * 16 + unsigned(digit);
       }
       // Surrogate pairs are kept as two units: plan files hold ASCII names.
-      mpar::detail::append_utf8(out, code);
+      detail::append_utf8(out, code);
     }
   }
 

@@ -63,7 +63,7 @@ struct Replicate final : layout_tag {
   static constexpr bool is_sharded = false;
   static constexpr int sharded_dim = -1;
   static std::string name() { return "Replicate"; }
-  template <std::size_t R, device_mesh M>
+  template <std::size_t R, detail::device_mesh M>
   static constexpr Box<R> local_box(const std::array<std::size_t, R>& global, const M&, const MeshCoord&) {
     Box<R> b{};
     for (std::size_t d = 0; d < R; ++d) b[d] = {0, global[d]};
@@ -80,7 +80,7 @@ struct Shard final : layout_tag {
   static constexpr int sharded_dim = int(Dim);
   static constexpr MeshAxis axis = Axis;
   static std::string name() { return "Shard<" + std::to_string(Dim) + ", " + std::string(axis_name(Axis)) + ">"; }
-  template <std::size_t R, device_mesh M>
+  template <std::size_t R, detail::device_mesh M>
   static constexpr Box<R> local_box(const std::array<std::size_t, R>& global, const M& mesh, const MeshCoord& c) {
     static_assert(Dim < R,
                   "mpar::Shard<Dim, Axis>: Dim is not a dimension of the tensor; shard a dimension below its rank");
@@ -102,7 +102,7 @@ struct Partial final : layout_tag {
   static std::string name() {
     return std::string("Partial<") + reduce_op_name(Op) + ", " + std::string(axis_name(Axis)) + ">";
   }
-  template <std::size_t R, device_mesh M>
+  template <std::size_t R, detail::device_mesh M>
   static constexpr Box<R> local_box(const std::array<std::size_t, R>& global, const M& mesh, const MeshCoord& c) {
     return Replicate::local_box<R>(global, mesh, c);
   }
@@ -147,7 +147,7 @@ struct Layout2D final : layout_tag {
   using first = A;
   using second = B;
   static std::string name() { return "Layout2D<" + A::name() + ", " + B::name() + ">"; }
-  template <std::size_t R, device_mesh M>
+  template <std::size_t R, detail::device_mesh M>
   static constexpr Box<R> local_box(const std::array<std::size_t, R>& global, const M& mesh, const MeshCoord& c) {
     Box<R> a = A::template local_box<R>(global, mesh, c);
     // B splits what A left on this rank; for different dimensions the order does not matter.
@@ -164,7 +164,7 @@ template <class L>
 concept layout = is_layout_v<L>;
 
 /** @brief The local extents of `global` on the rank at `coord`. */
-template <layout L, std::size_t R, device_mesh M>
+template <layout L, std::size_t R, detail::device_mesh M>
 [[nodiscard]] constexpr std::array<std::size_t, R> local_extents(const std::array<std::size_t, R>& global,
                                                                  const M& mesh, const MeshCoord& coord) {
   auto box = L::template local_box<R>(global, mesh, coord);
@@ -188,7 +188,7 @@ constexpr void check_one_divisible(const std::array<std::size_t, R>& global, con
  * @brief Run-time check that `L` splits `global` evenly on `mesh`; throws naming the dimension, the
  * size and the axis. Layers whose math needs equal shards call this at construction.
  */
-template <layout L, std::size_t R, device_mesh M>
+template <layout L, std::size_t R, detail::device_mesh M>
 void require_even_split(const std::array<std::size_t, R>& global, const M& mesh, const char* what = "layout") {
   if constexpr (requires { typename L::first; }) {
     detail::check_one_divisible<typename L::first, R>(global, mesh, what);
@@ -209,7 +209,7 @@ inline constexpr bool statically_divisible_v = N == dyn || AxisSize == dyn || N 
  * @brief Checks at compile time that static extent `N` splits evenly over the static size of `Axis` in
  * mesh type `M`. Use in layer types whose sizes are template arguments.
  */
-template <std::size_t N, MeshAxis Axis, device_mesh M>
+template <std::size_t N, MeshAxis Axis, detail::device_mesh M>
 constexpr void static_require_divisible() {
   static_assert(statically_divisible_v<N, static_axis_size<M>(Axis)>,
                 "mpar: a static extent is not divisible by the static size of the mesh axis it is sharded over; "

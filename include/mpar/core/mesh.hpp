@@ -5,7 +5,7 @@
 #include <ostream>
 #include <string_view>
 
-#include "mpar/core/device_mesh.hpp"
+#include "mpar/core/detail/device_mesh.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/extents.hpp"
 
@@ -189,7 +189,7 @@ class DeviceMesh {
 using DynamicMesh = DeviceMesh<dyn, dyn, dyn, dyn>;
 
 /** @brief The static size of `axis` in mesh type `M`, or `dyn`. 2D grid factors are always dynamic. */
-template <device_mesh M>
+template <mpar::detail::device_mesh M>
 constexpr std::size_t static_axis_size(MeshAxis axis) {
   switch (axis) {
     case MeshAxis::tensor:

@@ -31,7 +31,7 @@ using Shape = std::array<std::size_t, Rank>;
 template <class T>
 concept tensor = requires(const T& t, std::size_t d) {
   typename T::value_type;
-  requires element_type<typename T::value_type>;
+  requires detail::element_type<typename T::value_type>;
   { T::rank() } -> std::convertible_to<std::size_t>;
   requires(T::rank() >= 1 && T::rank() <= 4);
   { t.extent(d) } -> std::convertible_to<std::size_t>;
@@ -61,7 +61,7 @@ constexpr std::size_t product(const Shape<R>& s) {
 
 /** @brief A non-owning strided view of `Rank` dimensions over elements of type `T` (may be const). */
 template <class T, std::size_t Rank>
-  requires(Rank >= 1 && Rank <= 4 && element_type<std::remove_const_t<T>>)
+  requires(Rank >= 1 && Rank <= 4 && detail::element_type<std::remove_const_t<T>>)
 class TensorView {
  public:
   using value_type = std::remove_const_t<T>;
@@ -120,7 +120,7 @@ class TensorView {
  * @brief An owning, contiguous, row-major tensor in the creating thread's memory resource (host
  * memory unless the rank's backend installed another, see core/memory_resource.hpp).
  */
-template <element_type T, std::size_t Rank>
+template <detail::element_type T, std::size_t Rank>
   requires(Rank >= 1 && Rank <= 4)
 class Tensor {
  public:

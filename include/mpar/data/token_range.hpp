@@ -12,14 +12,14 @@
 
 #include "mpar/core/error.hpp"
 #include "mpar/data/fingerprint.hpp"
-#include "mpar/data/random_access_tokens.hpp"
+#include "mpar/data/detail/random_access_tokens.hpp"
 #include "mpar/data/sampler.hpp"
 #include "mpar/data/token_batch.hpp"
 
 namespace mpar::data {
 
 /** @brief Tokens [begin, end) of `stream` (which must outlive it); samples never cross its ends. */
-template <random_access_tokens S>
+template <mpar::data::detail::random_access_tokens S>
 class TokenRange {
  public:
   TokenRange(const S& stream, std::size_t begin, std::size_t end, std::size_t seq)
@@ -55,7 +55,7 @@ class TokenRange {
  * @brief {training, validation}: the first 1 - `fraction` of `stream` and the rest. Throws when the
  * fraction is outside (0, 1) or a part is too short for `seq`.
  */
-template <random_access_tokens S>
+template <mpar::data::detail::random_access_tokens S>
 [[nodiscard]] std::pair<TokenRange<S>, TokenRange<S>> split_tail(const S& stream, double fraction, std::size_t seq) {
   require(fraction > 0.0 && fraction < 1.0, "data: the validation fraction ", fraction,
           " must be between 0 and 1 (--val-split)");

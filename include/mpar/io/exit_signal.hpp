@@ -17,7 +17,7 @@
 #include <span>
 #include <string>
 
-#include "mpar/comm/collective_communicator.hpp"
+#include "mpar/comm/detail/collective_communicator.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/layout.hpp"
 
@@ -100,7 +100,7 @@ class ExitSignal {
  * process or thread the signal reached and when. The flag is a host value: `comm` must take host buffers (a
  * host communicator, or a trainer's `host_messages` world over a device).
  */
-template <collective_communicator C>
+template <mpar::detail::collective_communicator C>
 bool exit_requested(C& comm, const ExitSignal& signal) {
   std::int32_t flag[1] = {signal.received() ? 1 : 0};
   comm.all_reduce(std::span<std::int32_t>(flag), ReduceOp::max);

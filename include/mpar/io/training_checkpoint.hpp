@@ -16,7 +16,7 @@
 #include <vector>
 
 #include "mpar/backend/rank_transfer.hpp"
-#include "mpar/comm/collective_communicator.hpp"
+#include "mpar/comm/detail/collective_communicator.hpp"
 #include "mpar/io/blocks.hpp"
 #include "mpar/io/checkpoint.hpp"
 #include "mpar/parallel/distributed_optimizer.hpp"
@@ -89,7 +89,7 @@ template <class T, communicator Comm, backend B, communicator TensorComm>
  * "sgd.steps") and the f16 loss scale added, and `state.step` set to the update count when left 0. Each block is
  * written once, by the lowest rank holding it. ZeRO-3 is refused (its weights are released between steps).
  */
-template <collective_communicator World, communicator Comm, backend B, communicator TensorComm>
+template <mpar::detail::collective_communicator World, communicator Comm, backend B, communicator TensorComm>
 SaveResult save_training_checkpoint(const std::filesystem::path& root,
                                     parallel::DistributedOptimizer<Comm, B, TensorComm>& opt, World& world,
                                     TrainingState state = {}, const SaveOptions& options = {}) {
@@ -110,7 +110,7 @@ SaveResult save_training_checkpoint(const std::filesystem::path& root,
  * the saved run would have taken. `path` is a checkpoint directory or a root holding `latest`. A checkpoint of
  * another update rule is refused, naming both, before anything is read.
  */
-template <collective_communicator World, communicator Comm, backend B, communicator TensorComm>
+template <mpar::detail::collective_communicator World, communicator Comm, backend B, communicator TensorComm>
 LoadResult load_training_checkpoint(const std::filesystem::path& path,
                                     parallel::DistributedOptimizer<Comm, B, TensorComm>& opt, World& world) {
   detail::check_training_checkpoint(opt, "load_training_checkpoint");

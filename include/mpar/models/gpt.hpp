@@ -339,9 +339,9 @@ class GptPipelinePart {
       if (cfg.is_llama()) {
         const nn::LlamaBlockConfig lc{cfg.hidden,     cfg.heads,    cfg.kv_heads, cfg.ffn_size(), cfg.seq,
                                       cfg.rope_theta, cfg.norm_eps, cfg.seed,     bc.id_base,     bc.name};
-        if constexpr (llama_kernel_backend<B>) {
+        if constexpr (mpar::detail::llama_kernel_backend<B>) {
           if (cp_ > 1) {
-            if constexpr (online_softmax_backend<B>)
+            if constexpr (mpar::detail::online_softmax_backend<B>)
               blocks_.push_back(
                   std::make_unique<detail::GptRingBlockOf<nn::RingLlamaBlock<C, B>, B>>(tp, *context, lc));
             else
@@ -360,17 +360,17 @@ class GptPipelinePart {
               B::name, "' lacks; use the GPT-2 family on it, or a backend that has them (host, stream-host)"));
         }
       } else if (cp_ > 1) {
-        if constexpr (online_softmax_backend<B>)
+        if constexpr (mpar::detail::online_softmax_backend<B>)
           blocks_.push_back(
               std::make_unique<detail::GptRingBlockOf<nn::RingTransformerBlock<C, B>, B>>(tp, *context, bc));
         else
-          throw config_error(
-              mpar::detail::cat("GptPipelinePart: context parallelism (cp ", cp_,
-                                ") needs ring attention's "
-                                "online-softmax operations, which backend '",
-                                B::name,
-                                "' lacks (backend/online_softmax_backend.hpp); use cp 1, or a backend that has them "
-                                "(host, stream-host, cuda)"));
+          throw config_error(mpar::detail::cat(
+              "GptPipelinePart: context parallelism (cp ", cp_,
+              ") needs ring attention's "
+              "online-softmax operations, which backend '",
+              B::name,
+              "' lacks (backend/detail/online_softmax_backend.hpp); use cp 1, or a backend that has them "
+              "(host, stream-host, cuda)"));
       } else if (cfg.is_moe_block(b)) {
         if (moe_groups.expert == nullptr || moe_groups.tokens == nullptr) {
           // One rank holds every expert and the whole micro-batch: size-1 groups of this tensor rank.
@@ -387,7 +387,8 @@ class GptPipelinePart {
       }
     }
     if (last_) {
-      if constexpr (llama_kernel_backend<B>) {  // a Llama model on another backend was refused with its blocks
+      if constexpr (mpar::detail::llama_kernel_backend<
+                        B>) {  // a Llama model on another backend was refused with its blocks
         if (cfg.is_llama() && sp_)
           final_rms_sp_.emplace(tp, cfg.hidden, cfg.seed, GptConfig::final_norm_id, "final_norm", cfg.norm_eps);
         else if (cfg.is_llama())
@@ -739,7 +740,7 @@ class GptPipelinePart {
   /** `f(norm)` on the final norm of the blocks' layout `L`: LayerNorm (GPT-2) or RMSNorm (Llama). */
   template <class L, class F>
   decltype(auto) with_final_norm(F&& f) {
-    if constexpr (llama_kernel_backend<B>) {
+    if constexpr (mpar::detail::llama_kernel_backend<B>) {
       if (cfg_.is_llama()) {
         if constexpr (std::is_same_v<L, nn::TokenShard>)
           return f(*final_rms_sp_);
@@ -994,7 +995,7 @@ class GptPipelinePart {
   std::optional<nn::LayerNorm<nn::TokenShard, C, B>> final_ln_sp_;   ///< with it
   /// Llama's final norm, without and with sequence parallelism (nothing on a backend without its kernels).
   template <class Norm>
-  using IfLlamaKernels = std::conditional_t<llama_kernel_backend<B>, Norm, std::monostate>;
+  using IfLlamaKernels = std::conditional_t<mpar::detail::llama_kernel_backend<B>, Norm, std::monostate>;
   std::optional<IfLlamaKernels<nn::RMSNorm<Replicate, nn::NoComm, B>>> final_rms_;
   std::optional<IfLlamaKernels<nn::RMSNorm<nn::TokenShard, C, B>>> final_rms_sp_;
   nn::Parameter head_own_;  ///< Llama's untied head

@@ -82,7 +82,7 @@
 #include <variant>
 #include <vector>
 
-#include "mpar/backend/graph_backend.hpp"
+#include "mpar/backend/detail/graph_backend.hpp"
 #include "mpar/backend/host_staging.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/comm/host_message_communicator.hpp"
@@ -581,7 +581,7 @@ class GptTrainer {
 
   /** Runs the next step on every rank (collective over the world). */
   StepReport train_step() {
-    if constexpr (graph_backend<B>)
+    if constexpr (mpar::detail::graph_backend<B>)
       if (cfg_.graph) return graph_train_step();
     const auto t0 = std::chrono::steady_clock::now();
     const std::size_t step = step_;
@@ -636,7 +636,7 @@ class GptTrainer {
   [[nodiscard]] std::size_t step() const { return step_; }
   /** `GptTrainConfig::graph`: whether the step is captured (the steps from now on are launches of it). */
   [[nodiscard]] bool graph_captured() const {
-    if constexpr (graph_backend<B>)
+    if constexpr (mpar::detail::graph_backend<B>)
       return graph_.captured();
     else
       return false;
@@ -646,7 +646,7 @@ class GptTrainer {
    * counts them; 0 before the capture).
    */
   [[nodiscard]] std::size_t graph_operations() const {
-    if constexpr (graph_backend<B>)
+    if constexpr (mpar::detail::graph_backend<B>)
       return graph_.operations();
     else
       return 0;
@@ -1159,7 +1159,7 @@ class GptTrainer {
    * that cannot capture.
    */
   void build_graph_inputs() {
-    if constexpr (!graph_backend<B>) {
+    if constexpr (!mpar::detail::graph_backend<B>) {
       throw config_error(mpar::detail::cat(
           "train: --graph (GptTrainConfig::graph) needs a backend that captures and replays a step (graph_backend: "
           "CudaBackend, StreamHostBackend, DiscreteHostBackend), but the ",
@@ -1177,7 +1177,7 @@ class GptTrainer {
   }
   /** The next steps warm up eagerly and capture again (after a load, a resume: host state the graph froze). */
   void reset_graph() {
-    if constexpr (graph_backend<B>) graph_.reset();
+    if constexpr (mpar::detail::graph_backend<B>) graph_.reset();
   }
 
   /**
@@ -1235,7 +1235,7 @@ class GptTrainer {
     stage_graph_inputs(local_batch(step), lr);
     pipeline::StepStats stats;
     bool replayed = false;
-    if constexpr (graph_backend<B>) replayed = graph_.run([&] { stats = issue_graph_step(); });
+    if constexpr (mpar::detail::graph_backend<B>) replayed = graph_.run([&] { stats = issue_graph_step(); });
     const parallel::StepStatistics st = optimizer_->read_statistics();
     ++step_;
     const double comm_s = replayed ? 0.0 : stats.communication + tensor_.seconds();
@@ -1348,7 +1348,7 @@ class GptTrainer {
     pipeline::ScheduleConfig sc{P, cfg_.microbatches, V, 1};
     // A communicator that pairs messages in issue order (NCCL) exchanges them in groups; the ordered
     // placement is verified deadlock-free for that (the lazy one is not, for some schedules).
-    if constexpr (ordered_point_to_point<Comm>) sc.placement = pipeline::CommPlacement::ordered;
+    if constexpr (mpar::detail::ordered_point_to_point<Comm>) sc.placement = pipeline::CommPlacement::ordered;
     executor_.emplace(pipe_, pipeline::make_programs(cfg_.schedule, sc), chunks, eo);
     idle_slots_ = pipeline::idle_slots(executor_->programs());
     // The optimizer updates everything but the head's tied copy, which receives the embedding's values.

@@ -27,7 +27,7 @@
 namespace mpar::models {
 
 /**
- * @brief The MoE MLP as a block's feed-forward half (`nn::block_ffn<MoeFfn, Replicate>`): replicated
+ * @brief The MoE MLP as a block's feed-forward half (`mpar::nn::detail::block_ffn<MoeFfn, Replicate>`): replicated
  * activations in and out over the tensor group (every tensor rank routes the same tokens). Its whole
  * backward runs in B (the experts' weight gradients come back through the same all-to-all as
  * the input gradient), so W has nothing left to do.

@@ -23,7 +23,7 @@
 
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/nn/column_parallel.hpp"
-#include "mpar/nn/fused_attention_backend.hpp"
+#include "mpar/nn/detail/fused_attention_backend.hpp"
 #include "mpar/nn/linear.hpp"
 #include "mpar/nn/row_parallel.hpp"
 
@@ -153,7 +153,7 @@ struct AttentionCore {
    * needs instead of the probabilities. Results equal `forward`'s to float rounding (fp32), or to 16-bit
    * rounding of the probabilities (which the fused kernels keep in fp32) under `Autocast`.
    */
-  template <fused_attention_backend B, class T>
+  template <detail::fused_attention_backend B, class T>
   Activation fused_forward(const Activation& qkv, const T* qkv_t, Buffer<T>& o_heads, Buffer<float>& lse,
                            std::string_view who) const {
     const std::size_t nb = batch(qkv, who), hl = heads * head_dim;
@@ -164,7 +164,7 @@ struct AttentionCore {
                                      o_heads.data(), lse.data());
     return o;
   }
-  template <fused_attention_backend B, class T>
+  template <detail::fused_attention_backend B, class T>
   Activation fused_backward(std::size_t tokens, const T* qkv_t, const Buffer<T>& o_heads, const Buffer<float>& lse,
                             const Activation& dout, std::string_view who) const {
     const std::size_t hl = heads * head_dim;
@@ -178,7 +178,7 @@ struct AttentionCore {
   /** Whether `fused_forward` takes `tokens` tokens on backend B (false on a backend without fused attention). */
   template <backend B>
   [[nodiscard]] bool fused_applies(std::size_t tokens) const {
-    if constexpr (fused_attention_backend<B>)
+    if constexpr (detail::fused_attention_backend<B>)
       return B::attention_supports(tokens / seq * heads, head_dim);
     else
       return false;
@@ -354,7 +354,7 @@ class AttentionLayer : public TypedLayer<Derived> {
       auto& c = cache_.put(mb);
       const ComputeType t = autocast_type();  // read once: the backward follows what the forward did
       c.tokens = qkv.extent(0);
-      if constexpr (fused_attention_backend<B>) c.fused = core_.fused_applies<B>(c.tokens);
+      if constexpr (detail::fused_attention_backend<B>) c.fused = core_.fused_applies<B>(c.tokens);
       if (t == ComputeType::fp32) {
         decltype(qkv) o(core_forward(qkv.tensor(), qkv.tensor().data(), c));
         c.qkv = make_operand<B>(std::move(qkv).tensor(), t);
@@ -457,7 +457,7 @@ class AttentionLayer : public TypedLayer<Derived> {
    */
   template <class T>
   Activation core_forward(const Activation& qkv, const T* qkv_t, Cache& c) {
-    if constexpr (fused_attention_backend<B>) {
+    if constexpr (detail::fused_attention_backend<B>) {
       if (c.fused) {
         return core_.fused_forward<B, T>(qkv, qkv_t, c.template heads_output<T>(), c.probs, Derived::layer_kind);
       }
@@ -480,7 +480,7 @@ class AttentionLayer : public TypedLayer<Derived> {
   }
   template <class T>
   Activation core_backward(const T* qkv_t, Cache& c, const Activation& dout) {
-    if constexpr (fused_attention_backend<B>) {
+    if constexpr (detail::fused_attention_backend<B>) {
       if (c.fused) {
         return core_.fused_backward<B, T>(c.tokens, qkv_t, c.template heads_output<T>(), c.probs, dout,
                                           Derived::layer_kind);

@@ -13,7 +13,7 @@
 #include "mpar/comm/communicator.hpp"
 #include "mpar/comm/host_memory_communicator.hpp"
 #include "mpar/nn/collective_layers.hpp"
-#include "mpar/nn/fused_gelu_backward_backend.hpp"
+#include "mpar/nn/detail/fused_gelu_backward_backend.hpp"
 #include "mpar/nn/linear.hpp"
 
 namespace mpar::nn {
@@ -264,7 +264,7 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
     require(dy.shape() == pre.shape(), "ColumnParallel '", name_, "' (tensor rank ", rank_,
             "): GeLU's output gradient is ", dy.extent(0), "x", dy.extent(1), ", the forward's output ", pre.extent(0),
             "x", pre.extent(1));
-    if constexpr (fused_gelu_backward_backend<B>) {
+    if constexpr (detail::fused_gelu_backward_backend<B>) {
       const ComputeType t = operand_type(mb, layer_kind);
       if (t != ComputeType::fp32 && has_bias()) {  // the fused operation accumulates into the bias gradient
         detail::GemmOperand g{t, dy.extent(0), dy.extent(1), {}, {}, {}};

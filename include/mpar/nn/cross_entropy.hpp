@@ -22,7 +22,7 @@
 #include "mpar/backend/rank_transfer.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/backend_copy.hpp"
-#include "mpar/nn/fused_classifier_backend.hpp"
+#include "mpar/nn/detail/fused_classifier_backend.hpp"
 #include "mpar/nn/layer.hpp"
 #include "mpar/nn/rank_tokens.hpp"
 #include "mpar/nn/upload.hpp"
@@ -126,7 +126,7 @@ class VocabParallelCrossEntropy {
     require(vl * p_ == vocab_, "VocabParallelCrossEntropy (tensor rank ", rank_, "): logits ", t, "x", vl,
             "; expected ", t, "x", vocab_ / p_);
     const std::int32_t* targets = c.target_ids.data;
-    if constexpr (fused_classifier_backend<B>) {
+    if constexpr (detail::fused_classifier_backend<B>) {
       if (p_ == 1) {  // the whole vocabulary here: loss and gradient in one pass, no statistics to all-reduce
         c.fused = true;
         c.logits = Activation(logits.shape(), uninitialized);  // holds dlogits of the unscaled loss

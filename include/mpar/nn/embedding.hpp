@@ -28,13 +28,13 @@ struct EmbeddingConfig {
 
 namespace detail {
 /** Rows `[offset, offset + n)` of the table: in-range tokens' rows, zeros for the others. */
-template <layer_kernel_backend B>
+template <mpar::detail::layer_kernel_backend B>
 Activation embed_rows(RankTokens tokens, const Parameter& w, std::size_t offset, std::size_t n, std::size_t hidden) {
   Activation y({tokens.size, hidden}, uninitialized);  // the kernel writes every row (zeros outside the slice)
   B::embedding_forward(tokens.size, hidden, tokens.data, w.value.data(), y.data(), offset, n);
   return y;
 }
-template <layer_kernel_backend B>
+template <mpar::detail::layer_kernel_backend B>
 void embed_rows_backward(RankTokens tokens, Parameter& w, std::size_t offset, std::size_t n, std::size_t hidden,
                          const Activation& dy) {
   B::embedding_backward(tokens.size, hidden, tokens.data, dy.data(), w.grad.data(), offset, n);

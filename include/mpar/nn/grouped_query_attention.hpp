@@ -17,7 +17,7 @@
 #include <string_view>
 #include <vector>
 
-#include "mpar/backend/llama_kernel_backend.hpp"
+#include "mpar/backend/detail/llama_kernel_backend.hpp"
 #include "mpar/nn/attention.hpp"
 #include "mpar/nn/rotary.hpp"
 #include "mpar/nn/upload.hpp"
@@ -70,9 +70,9 @@ class GroupedQueryAttention
     : public detail::AttentionLayer<
           GroupedQueryAttention<C, SP, B>, ColumnParallel<C, dyn, dyn, dyn, ColumnOptions{SP, false, 1}, B>,
           RowParallel<C, dyn, dyn, dyn, SP ? RowReduce::reduce_scatter : RowReduce::all_reduce, B>, B> {
-  static_assert(llama_kernel_backend<B>,
+  static_assert(mpar::detail::llama_kernel_backend<B>,
                 "mpar::nn::GroupedQueryAttention<C, SP, B>: backend B lacks the Llama-class kernels (rope_forward, "
-                "rope_backward: the llama_kernel_backend concept, backend/llama_kernel_backend.hpp). Fix: use "
+                "rope_backward: the llama_kernel_backend concept, backend/detail/llama_kernel_backend.hpp). Fix: use "
                 "HostBackend, StreamHostBackend or DiscreteHostBackend, or give B those operations");
   using In = std::conditional_t<SP, TokenShard, Replicate>;
   using Qkv = ColumnParallel<C, dyn, dyn, dyn, ColumnOptions{SP, false, 1}, B>;

@@ -27,7 +27,7 @@ namespace mpar::nn {
  */
 class HalfWeight {
  public:
-  template <backend B, half_precision T>
+  template <backend B, mpar::detail::half_precision T>
   const T* get(const Parameter& p) {
     const std::span<const float> w = p.value;
     const std::span<const T> rounded = p.template compute_copy<T>();
@@ -59,7 +59,7 @@ class HalfWeight {
 };
 
 /** @brief `x` converted to 16-bit `T` into fresh rank memory (one `B::convert`): a GEMM operand under Autocast. */
-template <backend B, half_precision T>
+template <backend B, mpar::detail::half_precision T>
 [[nodiscard]] Buffer<T> to_half(std::span<const float> x) {
   Buffer<T> h = B::template allocate<T>(x.size());
   if (!x.empty()) B::convert(x.size(), x.data(), h.data());

@@ -14,7 +14,7 @@
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/backend_copy.hpp"
-#include "mpar/nn/fused_residual_layernorm_backend.hpp"
+#include "mpar/nn/detail/fused_residual_layernorm_backend.hpp"
 #include "mpar/nn/layer.hpp"
 
 namespace mpar::nn {
@@ -117,7 +117,7 @@ class LayerNorm : public detail::TypedLayer<LayerNorm<L, C, B>> {
    * rstd), as `forward(add(branch, x))` would.
    */
   template <class Lx>
-    requires(fused_residual_layernorm_backend<B>)
+    requires(detail::fused_residual_layernorm_backend<B>)
   std::pair<Act<Lx>, Act<Lx>> residual_forward(const Act<Lx>& branch, const Act<Lx>& x, int mb) {
     require(!reduces_gradients_in_backward(), "LayerNorm '", gamma_.name,
             "': the fused residual + norm under sequence parallelism needs the gradient reduction deferred "
@@ -140,7 +140,7 @@ class LayerNorm : public detail::TypedLayer<LayerNorm<L, C, B>> {
    * the residual path), with the gain and bias gradients accumulated, as `add(backward(dy), dres)` would.
    */
   template <class Lx>
-    requires(fused_residual_layernorm_backend<B>)
+    requires(detail::fused_residual_layernorm_backend<B>)
   Act<Lx> residual_backward(const Act<Lx>& dy, const Act<Lx>& dres, int mb) {
     auto c = cache_.take(mb, layer_kind);
     require(dy.shape() == c.x.shape() && dres.shape() == c.x.shape(), "LayerNorm '", gamma_.name,

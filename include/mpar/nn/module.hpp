@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "mpar/nn/activation.hpp"
-#include "mpar/nn/droppable_module.hpp"
+#include "mpar/nn/detail/droppable_module.hpp"
 #include "mpar/nn/parameter.hpp"
 
 namespace mpar::nn {
@@ -48,4 +48,4 @@ concept module = requires(M& m, const X& x, const grad_of_t<Y>& dy, int mb) {
 
 // The refinement of `module` written against it, in its own header; included here so that code including
 // this header sees it as it always did.
-#include "mpar/nn/split_backward_module.hpp"  // IWYU pragma: export
+#include "mpar/nn/detail/split_backward_module.hpp"  // IWYU pragma: export

@@ -12,7 +12,7 @@
 #include <utility>
 #include <vector>
 
-#include "mpar/backend/memory_backend.hpp"
+#include "mpar/backend/detail/memory_backend.hpp"
 #include "mpar/core/dtype.hpp"
 #include "mpar/core/host_access.hpp"
 #include "mpar/core/init.hpp"
@@ -110,7 +110,7 @@ struct Parameter {
    * backend `B`'s `init_values` (a kernel where the block lives), the gradient with `B::zero`: the host
    * computes and uploads nothing. Issued on the rank's stream like any operation.
    */
-  template <memory_backend B>
+  template <mpar::detail::memory_backend B>
   void initialise(std::uint64_t seed, const InitSpec& spec) {
     const InitBlock block = allocate_block(seed, spec);
     B::init_values(block, value.data());
@@ -202,7 +202,7 @@ template <std::size_t R>
 }
 
 /** `make_parameter` whose values backend `B` writes in the rank's memory (`Parameter::initialise<B>`). */
-template <memory_backend B, std::size_t R>
+template <mpar::detail::memory_backend B, std::size_t R>
 [[nodiscard]] Parameter make_parameter(std::string name, std::uint64_t id,
                                        const std::array<std::size_t, R>& global_shape, const Box<R>& box,
                                        std::string layout, bool sharded_over_tensor, std::uint64_t seed,

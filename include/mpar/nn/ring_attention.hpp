@@ -52,7 +52,7 @@
 #include <vector>
 
 #include "mpar/backend/host/host_backend.hpp"
-#include "mpar/backend/online_softmax_backend.hpp"
+#include "mpar/backend/detail/online_softmax_backend.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/layout.hpp"
 #include "mpar/nn/activation.hpp"
@@ -106,7 +106,7 @@ struct RingAttentionConfig {
  */
 template <communicator C, backend B = HostBackend>
 class RingAttention : public detail::NoParameters, public detail::TypedLayer<RingAttention<C, B>> {
-  static_assert(online_softmax_backend<B>,
+  static_assert(mpar::detail::online_softmax_backend<B>,
                 "mpar::nn::RingAttention: the backend has no online-softmax operations (online_softmax_update, "
                 "online_softmax_finish, online_softmax_delta, online_softmax_backward). Fix: use HostBackend, "
                 "StreamHostBackend, DiscreteHostBackend or CudaBackend, or add them to this backend "

@@ -18,8 +18,8 @@
 #include <type_traits>
 #include <vector>
 
-#include "mpar/backend/llama_kernel_backend.hpp"
-#include "mpar/backend/online_softmax_backend.hpp"
+#include "mpar/backend/detail/llama_kernel_backend.hpp"
+#include "mpar/backend/detail/online_softmax_backend.hpp"
 #include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/column_parallel.hpp"
 #include "mpar/nn/grouped_query_attention.hpp"
@@ -40,7 +40,7 @@ class RingGroupedQueryAttention
     : public detail::RingAttentionLayer<RingGroupedQueryAttention<C, B>, C,
                                         ColumnParallel<C, dyn, dyn, dyn, ColumnOptions{false, false, 1}, B>,
                                         RowParallel<C, dyn, dyn, dyn, RowReduce::all_reduce, B>, B> {
-  static_assert(llama_kernel_backend<B>,
+  static_assert(mpar::detail::llama_kernel_backend<B>,
                 "mpar::nn::RingGroupedQueryAttention<C, B>: backend B lacks the Llama-class kernels (rope_forward, "
                 "rope_backward: backend/llama_kernel_backend.hpp). Fix: use HostBackend, StreamHostBackend, "
                 "DiscreteHostBackend or CudaBackend, or give B those operations");

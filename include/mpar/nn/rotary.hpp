@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "mpar/backend/host/host_backend.hpp"
-#include "mpar/backend/llama_kernel_backend.hpp"
+#include "mpar/backend/detail/llama_kernel_backend.hpp"
 #include "mpar/core/host_access.hpp"
 #include "mpar/nn/activation.hpp"
 #include "mpar/nn/parameter.hpp"
@@ -33,9 +33,9 @@ namespace mpar::nn {
  */
 template <backend B = HostBackend>
 class Rotary {
-  static_assert(llama_kernel_backend<B>,
+  static_assert(mpar::detail::llama_kernel_backend<B>,
                 "mpar::nn::Rotary<B>: backend B lacks the Llama-class kernels (rope_forward, rope_backward: the "
-                "llama_kernel_backend concept, backend/llama_kernel_backend.hpp). Fix: use HostBackend, "
+                "llama_kernel_backend concept, backend/detail/llama_kernel_backend.hpp). Fix: use HostBackend, "
                 "StreamHostBackend or DiscreteHostBackend, or give B those operations");
 
  public:

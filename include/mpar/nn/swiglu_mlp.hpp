@@ -16,7 +16,7 @@
 #include <type_traits>
 
 #include "mpar/backend/host/host_backend.hpp"
-#include "mpar/backend/llama_kernel_backend.hpp"
+#include "mpar/backend/detail/llama_kernel_backend.hpp"
 #include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/column_parallel.hpp"
 #include "mpar/nn/layer.hpp"
@@ -35,9 +35,9 @@ template <backend B = HostBackend>
 class SiluGate : public detail::TypedLayer<SiluGate<B>> {
   using Typed = detail::TypedLayer<SiluGate<B>>;
   static_assert(
-      llama_kernel_backend<B>,
+      mpar::detail::llama_kernel_backend<B>,
       "mpar::nn::SiluGate<B>: backend B lacks the Llama-class kernels (silu_gate_forward, silu_gate_backward: "
-      "the llama_kernel_backend concept, backend/llama_kernel_backend.hpp). Fix: use HostBackend, "
+      "the llama_kernel_backend concept, backend/detail/llama_kernel_backend.hpp). Fix: use HostBackend, "
       "StreamHostBackend or DiscreteHostBackend, or give B those operations");
 
  public:

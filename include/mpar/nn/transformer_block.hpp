@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "mpar/nn/attention.hpp"
-#include "mpar/nn/block_ffn.hpp"
+#include "mpar/nn/detail/block_ffn.hpp"
 #include "mpar/nn/dropout.hpp"
 #include "mpar/nn/layer_norm.hpp"
 #include "mpar/nn/mlp.hpp"
@@ -55,7 +55,7 @@ struct BlockConfig {
  */
 template <communicator C, bool SP = false, backend B = HostBackend,
           class FeedForward = MlpStage<C, dyn, dyn, dyn, SP, B>>
-  requires block_ffn<FeedForward, std::conditional_t<SP, TokenShard, Replicate>>
+  requires detail::block_ffn<FeedForward, std::conditional_t<SP, TokenShard, Replicate>>
 class TransformerBlock : public detail::TypedLayer<TransformerBlock<C, SP, B, FeedForward>> {
   using L = std::conditional_t<SP, TokenShard, Replicate>;
   using Typed = detail::TypedLayer<TransformerBlock<C, SP, B, FeedForward>>;
@@ -160,7 +160,7 @@ class TransformerBlock : public detail::TypedLayer<TransformerBlock<C, SP, B, Fe
    * when the norms' gradient reduction is deferred (the kernel adds to the gradients; a norm that all-reduces them
    * per backward has to see its share alone).
    */
-  static constexpr bool can_fuse_ln2 = fused_residual_layernorm_backend<B>;
+  static constexpr bool can_fuse_ln2 = detail::fused_residual_layernorm_backend<B>;
   [[nodiscard]] bool fuse_ln2() const { return can_fuse_ln2 && !layers_.ln2.reduces_gradients_in_backward(); }
   /** h = x + drop1(attn(ln1(x))), y = h + drop2(mlp(ln2(h))): every link and both residuals are typed. */
   Act<L> run_forward(const Act<L>& x, int mb) {

@@ -14,10 +14,10 @@
 #include "mpar/core/extents.hpp"
 #include "mpar/core/mesh.hpp"
 #include "mpar/nn/activation.hpp"
-#include "mpar/nn/droppable_module.hpp"
+#include "mpar/nn/detail/droppable_module.hpp"
 #include "mpar/nn/module.hpp"
 #include "mpar/nn/parameter.hpp"
-#include "mpar/nn/split_backward_module.hpp"
+#include "mpar/nn/detail/split_backward_module.hpp"
 
 namespace mpar::nn {
 

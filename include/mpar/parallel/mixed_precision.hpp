@@ -30,14 +30,14 @@
 namespace mpar::parallel {
 
 /** @brief Rounds fp32 values to `T` (nearest even), elementwise. */
-template <half_precision T>
+template <mpar::detail::half_precision T>
 void round_to(std::span<const float> from, std::span<T> to) {
   require(from.size() == to.size(), "round_to<", dtype_name_v<T>, ">: ", from.size(), " values into ", to.size());
   for (std::size_t i = 0; i < from.size(); ++i) to[i] = convert<T>(from[i]);
 }
 
 /** @brief Adds 16-bit gradients into fp32 accumulators (the accumulation itself is in fp32). */
-template <half_precision T>
+template <mpar::detail::half_precision T>
 void accumulate_into(std::span<const T> grad, std::span<float> acc) {
   require(grad.size() == acc.size(), "accumulate_into<", dtype_name_v<T>, ">: ", grad.size(), " gradients into ",
           acc.size(), " accumulators");
@@ -49,7 +49,7 @@ void accumulate_into(std::span<const T> grad, std::span<float> acc) {
  * accumulates a 16-bit gradient into the master's fp32 `grad`, and `refresh()` re-rounds the copies from the
  * masters after an optimizer step (one `B::convert` per parameter, on the rank's stream: no host pass).
  */
-template <half_precision T, backend B = HostBackend>
+template <mpar::detail::half_precision T, backend B = HostBackend>
 class ComputeCopies {
  public:
   explicit ComputeCopies(std::vector<nn::Parameter*> params) : params_(std::move(params)) {

@@ -399,7 +399,7 @@ class ZeroAdamW {
    * Stage 3: the values `gather_end(b, true)` puts in place are rounded to `T` (the compute precision) and widened
    * back, by `B::convert` on the rank's stream: what `ComputeCopies::widen_into` gives the passes elsewhere.
    */
-  template <half_precision T>
+  template <mpar::detail::half_precision T>
   void round_gathered_to() {
     round_gathered_ = &ZeroAdamW::widen_rounded<T>;
   }
@@ -459,7 +459,7 @@ class ZeroAdamW {
    * Stage 3, `gather_end` for the passes: bucket `b`'s gathered fp32 values rounded to `T` in one 16-bit buffer
    * (one `B::convert`), then widened into each parameter's value (one per slot): stream-ordered, no host pass.
    */
-  template <half_precision T>
+  template <mpar::detail::half_precision T>
   void widen_rounded(std::size_t b) {
     const Bucket& bk = buckets_.bucket(b);
     Buffer<T> rounded = B::template allocate<T>(bk.size);  // written whole by the conversion

@@ -190,8 +190,8 @@ class Executor {
     for (std::size_t i = 0; i < chunks_.size(); ++i)
       require(chunks_[i] != nullptr, "pipeline::Executor: chunk ", i, " on rank ", comm_.rank(), " is null");
     grouped_ =
-        opt_.p2p == PointToPoint::grouped || (opt_.p2p == PointToPoint::automatic && ordered_point_to_point<Comm>);
-    if constexpr (ordered_point_to_point<Comm>)
+        opt_.p2p == PointToPoint::grouped || (opt_.p2p == PointToPoint::automatic && mpar::detail::ordered_point_to_point<Comm>);
+    if constexpr (mpar::detail::ordered_point_to_point<Comm>)
       require(grouped_, "pipeline::Executor: communicator '", comm_.name(),
               "' matches point-to-point messages in issue order without tags, so receives cannot be posted at step "
               "start; use PointToPoint::grouped (the default for it)");
@@ -227,7 +227,7 @@ class Executor {
       while (window_ < most && !verify(prog_, SendMode::buffered, window_).ok) window_ *= 2;
     }
     opt_.recompute.resize(chunks_.size(), false);
-    if constexpr (!droppable_part<Stage>)
+    if constexpr (!detail::droppable_part<Stage>)
       for (bool r : opt_.recompute)
         require(!r, "pipeline::Executor: recomputation needs a stage with drop(mb) to free its saved activations");
     for (auto* ch : chunks_) {
@@ -324,7 +324,7 @@ class Executor {
           Boundary y;
           with_version(a, [&] { y = detail::forward(stage, x, a.mb, s == S - 1); });
           if (opt_.recompute[std::size_t(a.chunk)]) {
-            if constexpr (droppable_part<Stage>) stage.drop(a.mb);
+            if constexpr (detail::droppable_part<Stage>) stage.drop(a.mb);
             saved_[{s, a.mb}] = std::move(x);
           }
           if (s == S - 1) {
@@ -360,7 +360,7 @@ class Executor {
           with_version(a, [&] {
             // A split action runs only B; a whole backward is the stage's own `backward` (B and W as it orders
             // them, e.g. unit by unit so that each layer's kept operands are freed early).
-            if constexpr (split_backward_part<Stage>)
+            if constexpr (detail::split_backward_part<Stage>)
               if (a.op == Op::backward_input) {
                 dx = detail::backward_input(stage, std::move(dy), a.mb, s == S - 1);
                 return;
@@ -371,7 +371,7 @@ class Executor {
           break;
         }
         case Op::backward_weight:
-          if constexpr (split_backward_part<Stage>) with_version(a, [&] { stage.backward_weight(a.mb); });
+          if constexpr (detail::split_backward_part<Stage>) with_version(a, [&] { stage.backward_weight(a.mb); });
           break;
         case Op::optimizer_step:
           if (prog_.asynchronous && optimizer) {

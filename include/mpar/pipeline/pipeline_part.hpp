@@ -16,7 +16,7 @@
 #include "mpar/nn/activation.hpp"
 #include "mpar/nn/module.hpp"
 #include "mpar/nn/parameter.hpp"
-#include "mpar/pipeline/has_loss_layout.hpp"
+#include "mpar/pipeline/detail/has_loss_layout.hpp"
 
 namespace mpar::pipeline {
 
@@ -67,7 +67,7 @@ concept pipeline_part = requires {
   typename output_layout_t<S>;
 }
 &&nn::module<S, nn::Act<input_layout_t<S>>, nn::Act<output_layout_t<S>>> &&
-    (!has_loss_layout<S> || requires(S & s, const nn::Act<input_layout_t<S>>& x,
+    (!detail::has_loss_layout<S> || requires(S & s, const nn::Act<input_layout_t<S>>& x,
                                      const nn::Act<nn::grad_layout_t<loss_layout_t<S>>>& dy, int mb) {
       { s.forward_to_loss(x, mb) } -> std::same_as<nn::Act<loss_layout_t<S>>>;
       { s.backward(dy, mb) } -> std::same_as<nn::Act<nn::grad_layout_t<input_layout_t<S>>>>;
@@ -77,7 +77,7 @@ concept pipeline_part = requires {
 
 // What is written against `pipeline_part`, each in its own header; included here so that code including this
 // header sees it as it always did.
-#include "mpar/pipeline/droppable_part.hpp"       // IWYU pragma: export
+#include "mpar/pipeline/detail/droppable_part.hpp"       // IWYU pragma: export
 #include "mpar/pipeline/loss_fn.hpp"              // IWYU pragma: export
 #include "mpar/pipeline/part_chain.hpp"           // IWYU pragma: export
-#include "mpar/pipeline/split_backward_part.hpp"  // IWYU pragma: export
+#include "mpar/pipeline/detail/split_backward_part.hpp"  // IWYU pragma: export

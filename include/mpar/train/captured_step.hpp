@@ -9,7 +9,7 @@
 #include <utility>
 #include <variant>
 
-#include "mpar/backend/graph_backend.hpp"
+#include "mpar/backend/detail/graph_backend.hpp"
 
 namespace mpar::train {
 
@@ -19,7 +19,7 @@ namespace mpar::train {
  * launches the capture, and every later one only launches it. What changes between steps must reach the step through
  * rank memory (`graph_backend`'s rule): `issue` runs on the host during the warm-up and the capture only.
  */
-template <graph_backend B>
+template <mpar::detail::graph_backend B>
 class CapturedStep {
  public:
   explicit CapturedStep(std::size_t warmup = 1) : warmup_(warmup) {}
@@ -69,7 +69,7 @@ class CapturedStep {
 };
 
 namespace detail {
-template <class B, bool = graph_backend<B>>
+template <class B, bool = mpar::detail::graph_backend<B>>
 struct captured_step_of {
   using type = std::monostate;
 };

@@ -14,7 +14,7 @@
 #include "mpar/backend/backend.hpp"
 #include "mpar/backend/host_staging.hpp"
 #include "mpar/backend/rank_transfer.hpp"
-#include "mpar/comm/collective_communicator.hpp"
+#include "mpar/comm/detail/collective_communicator.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/layout.hpp"
 #include "mpar/core/memory_resource.hpp"
@@ -42,7 +42,7 @@ class StepMetrics {
   }
 
   /** `values` reduced over `world` (collective): host slots from `values`, accumulated slots from rank memory. */
-  template <collective_communicator C>
+  template <mpar::detail::collective_communicator C>
   void reduce(C& world, Values& values) {
     if (world.size() == 1 && in_rank_.none()) return;  // nothing to average, nothing to read
     double* const r = rank().data();

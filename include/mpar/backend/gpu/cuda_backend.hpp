@@ -27,8 +27,8 @@
 #include "mpar/backend/gpu/moe_routing.hpp"
 #include "mpar/backend/gpu/online_softmax.hpp"
 #include "mpar/backend/gpu/row_kernels.hpp"
-#include "mpar/backend/graph_backend.hpp"
-#include "mpar/backend/llama_kernel_backend.hpp"
+#include "mpar/backend/detail/graph_backend.hpp"
+#include "mpar/backend/detail/llama_kernel_backend.hpp"
 // Fused kernels (classifier, residual + layer norm): their operations are in the block below `gemm_bias_gelu`.
 #include "mpar/backend/gpu/classifier.hpp"
 #include "mpar/backend/gpu/residual_layernorm.hpp"
@@ -108,7 +108,7 @@ struct CudaBackend {
    * a C of the input type or (`gemm<bf16, float>`) an fp32 C.
    */
   template <class TIn, class TOut = TIn>
-    requires gpu::gemm_types<TIn, TOut>
+    requires mpar::gpu::detail::gemm_types<TIn, TOut>
   static void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, gpu::gemm_scalar_t<TIn> alpha,
                    const TIn* a, std::size_t lda, const TIn* b, std::size_t ldb, gpu::gemm_scalar_t<TIn> beta, TOut* c,
                    std::size_t ldc) {
@@ -312,7 +312,7 @@ struct CudaBackend {
   template <class T>
   static void copy_2d(std::size_t rows, std::size_t cols, const T* src, std::size_t src_ld, T* dst,
                       std::size_t dst_ld) {
-    mpar::detail::require_copy_2d_shape("CudaBackend", rows, cols, src_ld, dst_ld);
+    detail::require_copy_2d_shape("CudaBackend", rows, cols, src_ld, dst_ld);
     then_wait([&] { gpu::copy_2d_on_device(rows, cols, src, src_ld, dst, dst_ld, gpu::current_stream()); });
   }
   /**
@@ -323,7 +323,7 @@ struct CudaBackend {
   static void copy_2d_batched(std::size_t rows, std::size_t cols, const T* src, std::size_t src_ld,
                               BatchStrides src_stride, T* dst, std::size_t dst_ld, BatchStrides dst_stride,
                               BatchExtents batch) {
-    mpar::detail::require_copy_2d_shape("CudaBackend", rows, cols, src_ld, dst_ld);
+    detail::require_copy_2d_shape("CudaBackend", rows, cols, src_ld, dst_ld);
     then_wait([&] {
       for (std::size_t i = 0; i < batch.outer; ++i)
         for (std::size_t j = 0; j < batch.inner; ++j)
@@ -342,7 +342,7 @@ struct CudaBackend {
   }
   /** cublasGemmStridedBatchedEx (see gpu::gemm_strided_batched): fp32, or bf16/f16 A and B with fp32 accumulation. */
   template <class TIn, class TOut = TIn>
-    requires gpu::gemm_types<TIn, TOut>
+    requires mpar::gpu::detail::gemm_types<TIn, TOut>
   static void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k,
                                    gpu::gemm_scalar_t<TIn> alpha, const TIn* a, std::size_t lda, std::size_t stride_a,
                                    const TIn* b, std::size_t ldb, std::size_t stride_b, gpu::gemm_scalar_t<TIn> beta,
@@ -357,7 +357,7 @@ struct CudaBackend {
    * it covers the larger level in one call per entry of the smaller (min(outer, inner) launches, stream-ordered).
    */
   template <class TIn, class TOut = TIn>
-    requires gpu::gemm_types<TIn, TOut>
+    requires mpar::gpu::detail::gemm_types<TIn, TOut>
   static void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k,
                                    gpu::gemm_scalar_t<TIn> alpha, const TIn* a, std::size_t lda, BatchStrides stride_a,
                                    const TIn* b, std::size_t ldb, BatchStrides stride_b, gpu::gemm_scalar_t<TIn> beta,
@@ -386,7 +386,7 @@ struct CudaBackend {
    * compute stream: cuBLAS's GEMM into `pre`, the bias kernel, the GeLU kernel (no host step between them).
    */
   template <class TIn>
-    requires gpu::gemm_types<TIn, float>
+    requires mpar::gpu::detail::gemm_types<TIn, float>
   static void gemm_bias_gelu(std::size_t m, std::size_t n, std::size_t k, const TIn* a, std::size_t lda, const TIn* w,
                              std::size_t ldw, const float* bias, float* pre, float* y) {
     if (m == 0 || n == 0) return;
@@ -447,8 +447,8 @@ struct CudaBackend {
 };
 
 static_assert(backend<CudaBackend>);
-static_assert(graph_backend<CudaBackend>);
-static_assert(online_softmax_backend<CudaBackend>);
-static_assert(llama_kernel_backend<CudaBackend>);
+static_assert(detail::graph_backend<CudaBackend>);
+static_assert(detail::online_softmax_backend<CudaBackend>);
+static_assert(detail::llama_kernel_backend<CudaBackend>);
 
 }  // namespace mpar

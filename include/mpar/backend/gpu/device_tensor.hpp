@@ -18,7 +18,7 @@ namespace mpar::gpu {
  * access from the host goes through `to_host()` / `from_host()`, never through the view.
  */
 template <class T, std::size_t R>
-  requires(R >= 1 && R <= 4 && element_type<T>)
+  requires(R >= 1 && R <= 4 && mpar::detail::element_type<T>)
 class DeviceTensor {
  public:
   using value_type = T;

@@ -14,7 +14,7 @@
 #include "mpar/backend/gpu/context.hpp"
 #include "mpar/backend/gpu/cuda_error.hpp"
 #include "mpar/backend/gpu/element_types.hpp"
-#include "mpar/backend/gpu/gemm_types.hpp"
+#include "mpar/backend/gpu/detail/gemm_types.hpp"
 #include "mpar/backend/gpu/runtime.hpp"  // cuBLAS and cuBLASLt, or their emulation
 #include "mpar/backend/host/gemm.hpp"    // mpar::Trans
 
@@ -48,7 +48,7 @@ template <class TIn, class TOut = TIn>
 void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, gemm_scalar_t<TIn> alpha, const TIn* a,
           std::size_t lda, const TIn* b, std::size_t ldb, gemm_scalar_t<TIn> beta, TOut* c, std::size_t ldc,
           cudaStream_t stream = nullptr) {
-  static_assert(gemm_types<TIn, TOut>,
+  static_assert(detail::gemm_types<TIn, TOut>,
                 "gpu::gemm: supported are A, B, C of one type (float, double, bf16, f16), or bf16/f16 A and B "
                 "with a float C (fp32 accumulation); convert other operands first with gpu::convert");
   if (m == 0 || n == 0) return;
@@ -70,7 +70,7 @@ void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std:
                           std::int64_t stride_b, gemm_scalar_t<TIn> beta, TOut* c, std::size_t ldc,
                           std::int64_t stride_c, std::size_t batch, cudaStream_t stream = nullptr) {
   static_assert(
-      gemm_types<TIn, TOut>,
+      detail::gemm_types<TIn, TOut>,
       "gpu::gemm_strided_batched: supported are A, B, C of one type (float, double, bf16, f16), or bf16/f16 A and B "
       "with a float C (fp32 accumulation); convert other operands first with gpu::convert");
   if (m == 0 || n == 0 || batch == 0) return;
@@ -132,7 +132,7 @@ void gemm_lt(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, fl
              std::size_t lda, const TIn* b, std::size_t ldb, float beta, TOut* c, std::size_t ldc,
              Epilogue epilogue = Epilogue::none, const TOut* bias = nullptr, TOut* aux = nullptr, std::size_t ldaux = 0,
              cudaStream_t stream = nullptr) {
-  static_assert(gemm_types<TIn, TOut> && !std::is_same_v<TIn, double>,
+  static_assert(detail::gemm_types<TIn, TOut> && !std::is_same_v<TIn, double>,
                 "gpu::gemm_lt: cuBLASLt epilogues take float, bf16 or f16 A and B with C of the same type, or "
                 "bf16/f16 A and B with a float C; use gpu::gemm for double");
   if (m == 0 || n == 0) return;

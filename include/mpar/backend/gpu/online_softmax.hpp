@@ -14,7 +14,7 @@
 
 #include "mpar/backend/gpu/kernels.hpp"  // grid_for, block_threads, pick, block_reduce, check_launch
 #include "mpar/backend/gpu/runtime.hpp"
-#include "mpar/backend/online_softmax_backend.hpp"
+#include "mpar/backend/detail/online_softmax_backend.hpp"
 
 namespace mpar::gpu {
 

@@ -99,7 +99,7 @@ void init_values(const InitBlock& block, T* x) {
  * 16-bit operands without a oneDNN kernel) the host runs the GEMMs one after another through `mpar::gemm`.
  */
 template <class TIn, class TOut = TIn>
-  requires host_gemm_types<TIn, TOut>
+  requires mpar::detail::host_gemm_types<TIn, TOut>
 void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha, const TIn* a,
                           std::size_t lda, BatchStrides stride_a, const TIn* b, std::size_t ldb, BatchStrides stride_b,
                           TOut beta, TOut* c, std::size_t ldc, BatchStrides stride_c, BatchExtents batch) {
@@ -126,7 +126,7 @@ void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std:
  * for B, C; strides in elements): the two-level batch above with one level.
  */
 template <class TIn, class TOut = TIn>
-  requires host_gemm_types<TIn, TOut>
+  requires mpar::detail::host_gemm_types<TIn, TOut>
 void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha, const TIn* a,
                           std::size_t lda, std::size_t stride_a, const TIn* b, std::size_t ldb, std::size_t stride_b,
                           TOut beta, TOut* c, std::size_t ldc, std::size_t stride_c, std::size_t batch) {

@@ -19,7 +19,7 @@
 
 #include "mpar/backend/host/buffer_ops.hpp"
 #include "mpar/backend/host/kernels.hpp"
-#include "mpar/core/half_precision.hpp"
+#include "mpar/core/detail/half_precision.hpp"
 
 namespace mpar::host {
 
@@ -27,7 +27,7 @@ namespace mpar::host {
  * @brief `g = dy * gelu'(pre)` over row-major `[rows, cols]` arrays: `dbias[c] += sum over rows of g[r, c]`
  * (accumulates), `dpre = g` rounded to the 16-bit `T`.
  */
-template <half_precision T>
+template <mpar::detail::half_precision T>
 void gelu_backward_bias(std::size_t rows, std::size_t cols, const float* pre, const float* dy, float* dbias, T* dpre) {
   if (rows == 0 || cols == 0) return;
   constexpr std::size_t block_floats = 4096;  // 16 KiB of fp32 gradient per block: it stays in L1

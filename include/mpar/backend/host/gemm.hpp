@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "mpar/backend/host/bf16_gemm_kernel.hpp"
-#include "mpar/backend/host/host_gemm_types.hpp"
+#include "mpar/backend/host/detail/host_gemm_types.hpp"
 #include "mpar/backend/types.hpp"  // Trans
 #include "mpar/core/dtype.hpp"
 #include "mpar/core/error.hpp"
@@ -124,7 +124,7 @@ inline constexpr const char* host_gemm_library =
  * fp32 (exact) and running the fp32 GEMM, which gives the same numbers up to summation order.
  */
 template <class TIn, class TOut = TIn>
-  requires host_gemm_types<TIn, TOut>
+  requires detail::host_gemm_types<TIn, TOut>
 void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha, const TIn* a, std::size_t lda,
           const TIn* b, std::size_t ldb, TOut beta, TOut* c, std::size_t ldc) {
   if (m == 0 || n == 0) return;

@@ -36,7 +36,7 @@ namespace mpar::host {
  * `a` and `w` fp32, or both bf16/f16 (products accumulated in fp32); `pre` and `y` dense (`ld = n`).
  */
 template <class TIn>
-  requires host_gemm_types<TIn, float>
+  requires mpar::detail::host_gemm_types<TIn, float>
 void gemm_bias_gelu(std::size_t m, std::size_t n, std::size_t k, const TIn* a, std::size_t lda, const TIn* w,
                     std::size_t ldw, const float* bias, float* pre, float* y) {
   if (m == 0 || n == 0) return;

@@ -16,7 +16,7 @@
 #include "mpar/backend/host/moe_routing.hpp"
 #include "mpar/backend/host/online_softmax.hpp"
 #include "mpar/backend/host/retained_memory.hpp"
-#include "mpar/backend/llama_kernel_backend.hpp"
+#include "mpar/backend/detail/llama_kernel_backend.hpp"
 #include "mpar/core/memory_resource.hpp"
 
 #if defined(MPAR_HAVE_OPENBLAS)
@@ -85,7 +85,7 @@ struct HostBackend {
 
   /** Row-major GEMM (see mpar::gemm): float or double as is, bf16/f16 A and B with fp32 accumulation into a float C. */
   template <class TIn, class TOut = TIn>
-    requires host_gemm_types<TIn, TOut>
+    requires detail::host_gemm_types<TIn, TOut>
   static void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha, const TIn* a,
                    std::size_t lda, const TIn* b, std::size_t ldb, TOut beta, TOut* c, std::size_t ldc) {
     mpar::gemm<TIn, TOut>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
@@ -294,7 +294,7 @@ struct HostBackend {
     host::init_values(block, x);
   }
   template <class TIn, class TOut = TIn>
-    requires host_gemm_types<TIn, TOut>
+    requires detail::host_gemm_types<TIn, TOut>
   static void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha,
                                    const TIn* a, std::size_t lda, std::size_t stride_a, const TIn* b, std::size_t ldb,
                                    std::size_t stride_b, TOut beta, TOut* c, std::size_t ldc, std::size_t stride_c,
@@ -310,7 +310,7 @@ struct HostBackend {
   // The fused GEMM epilogue of the MLP's first projection (host/gemm_bias_gelu.hpp: the bias inside
   // oneDNN's matmul, GeLU in the same operation).
   template <class TIn>
-    requires host_gemm_types<TIn, float>
+    requires detail::host_gemm_types<TIn, float>
   static void gemm_bias_gelu(std::size_t m, std::size_t n, std::size_t k, const TIn* a, std::size_t lda, const TIn* w,
                              std::size_t ldw, const float* bias, float* pre, float* y) {
     host::gemm_bias_gelu<TIn>(m, n, k, a, lda, w, ldw, bias, pre, y);
@@ -318,7 +318,7 @@ struct HostBackend {
 
   // GeLU's backward with the bias gradient and the 16-bit operand in one pass (host/gelu_backward_bias.hpp;
   // a fused operation outside the `backend` concept: nn::fused_gelu_backward_backend).
-  template <half_precision T>
+  template <detail::half_precision T>
   static void gelu_backward_bias(std::size_t rows, std::size_t cols, const float* pre, const float* dy, float* dbias,
                                  T* dpre) {
     host::gelu_backward_bias<T>(rows, cols, pre, dy, dbias, dpre);
@@ -332,7 +332,7 @@ struct HostBackend {
   // The two-level batched GEMM (host/buffer_ops.hpp): every (sequence, head) pair of an attention product
   // in one call, one oneDNN matmul execution where oneDNN is the host GEMM.
   template <class TIn, class TOut = TIn>
-    requires host_gemm_types<TIn, TOut>
+    requires detail::host_gemm_types<TIn, TOut>
   static void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha,
                                    const TIn* a, std::size_t lda, BatchStrides stride_a, const TIn* b, std::size_t ldb,
                                    BatchStrides stride_b, TOut beta, TOut* c, std::size_t ldc, BatchStrides stride_c,
@@ -343,7 +343,7 @@ struct HostBackend {
 };
 
 static_assert(backend<HostBackend>);
-static_assert(online_softmax_backend<HostBackend>);
-static_assert(llama_kernel_backend<HostBackend>);
+static_assert(detail::online_softmax_backend<HostBackend>);
+static_assert(detail::llama_kernel_backend<HostBackend>);
 
 }  // namespace mpar

@@ -38,7 +38,7 @@
 #include "mpar/core/dtype.hpp"
 #include "mpar/core/error.hpp"
 
-#include "mpar/backend/host/matmul_types.hpp"  // the operand types, a concept of its own
+#include "mpar/backend/host/detail/matmul_types.hpp"  // the operand types, a concept of its own
 
 namespace mpar::host::onednn {
 
@@ -273,7 +273,7 @@ inline ThreadMatmuls& this_thread_matmuls() {
  * touching nothing, where oneDNN has no kernel for these types on this CPU.
  */
 template <class TIn>
-  requires matmul_types<TIn, float>
+  requires mpar::host::onednn::detail::matmul_types<TIn, float>
 bool gemm_bias(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const TIn* a,
                std::size_t lda, const TIn* b, std::size_t ldb, float beta, const float* bias, float* c,
                std::size_t ldc) {
@@ -302,7 +302,7 @@ bool gemm_bias(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, fl
  * types on this CPU (the caller then computes in fp32); `beta == 0` overwrites C without reading it.
  */
 template <class TIn>
-  requires matmul_types<TIn, float>
+  requires mpar::host::onednn::detail::matmul_types<TIn, float>
 bool gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const TIn* a, std::size_t lda,
           const TIn* b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
   return gemm_bias(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, static_cast<const float*>(nullptr), c, ldc);
@@ -314,7 +314,7 @@ bool gemm(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float a
  * Returns false, touching nothing, where oneDNN has no kernel for these types on this CPU.
  */
 template <class TIn>
-  requires matmul_types<TIn, float>
+  requires mpar::host::onednn::detail::matmul_types<TIn, float>
 bool gemm_batched(bool ta, bool tb, std::size_t m, std::size_t n, std::size_t k, float alpha, const TIn* a,
                   std::size_t lda, BatchStrides sa, const TIn* b, std::size_t ldb, BatchStrides sb, float beta,
                   float* c, std::size_t ldc, BatchStrides sc, BatchExtents batch) {

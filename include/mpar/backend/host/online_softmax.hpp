@@ -11,7 +11,7 @@
 #include <cstddef>
 #include <limits>
 
-#include "mpar/backend/online_softmax_backend.hpp"
+#include "mpar/backend/detail/online_softmax_backend.hpp"
 
 namespace mpar::host {
 

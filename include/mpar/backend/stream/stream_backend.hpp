@@ -39,10 +39,10 @@
 
 #include "mpar/backend/backend.hpp"
 #include "mpar/backend/copy_2d_shape.hpp"
-#include "mpar/backend/graph_backend.hpp"
+#include "mpar/backend/detail/graph_backend.hpp"
 #include "mpar/backend/host/host_backend.hpp"
-#include "mpar/backend/llama_kernel_backend.hpp"
-#include "mpar/backend/online_softmax_backend.hpp"
+#include "mpar/backend/detail/llama_kernel_backend.hpp"
+#include "mpar/backend/detail/online_softmax_backend.hpp"
 #include "mpar/backend/stream/emulated_memory.hpp"
 #include "mpar/backend/stream/stream.hpp"
 #include "mpar/backend/stream/stream_graph.hpp"
@@ -170,7 +170,7 @@ struct BasicStreamHostBackend {
 
   /** Row-major GEMM (see HostBackend::gemm), issued to the rank's stream. */
   template <class TIn, class TOut = TIn>
-    requires host_gemm_types<TIn, TOut>
+    requires mpar::detail::host_gemm_types<TIn, TOut>
   static void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha, const TIn* a,
                    std::size_t lda, const TIn* b, std::size_t ldb, TOut beta, TOut* c, std::size_t ldc) {
     submit(
@@ -287,7 +287,7 @@ struct BasicStreamHostBackend {
   }
   /** Strided-batched GEMM (see HostBackend::gemm_strided_batched), issued to the rank's stream. */
   template <class TIn, class TOut = TIn>
-    requires host_gemm_types<TIn, TOut>
+    requires mpar::detail::host_gemm_types<TIn, TOut>
   static void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha,
                                    const TIn* a, std::size_t lda, std::size_t stride_a, const TIn* b, std::size_t ldb,
                                    std::size_t stride_b, TOut beta, TOut* c, std::size_t ldc, std::size_t stride_c,
@@ -298,7 +298,7 @@ struct BasicStreamHostBackend {
   }
   /** The two-level batched GEMM (see HostBackend::gemm_strided_batched), issued to the rank's stream. */
   template <class TIn, class TOut = TIn>
-    requires host_gemm_types<TIn, TOut>
+    requires mpar::detail::host_gemm_types<TIn, TOut>
   static void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha,
                                    const TIn* a, std::size_t lda, BatchStrides stride_a, const TIn* b, std::size_t ldb,
                                    BatchStrides stride_b, TOut beta, TOut* c, std::size_t ldc, BatchStrides stride_c,
@@ -339,9 +339,9 @@ using DiscreteHostBackend = BasicStreamHostBackend<stream::DiscreteView>;
 
 static_assert(backend<StreamHostBackend>);
 static_assert(backend<DiscreteHostBackend>);
-static_assert(graph_backend<StreamHostBackend>);
-static_assert(graph_backend<DiscreteHostBackend>);
-static_assert(online_softmax_backend<StreamHostBackend> && online_softmax_backend<DiscreteHostBackend>);
-static_assert(llama_kernel_backend<StreamHostBackend> && llama_kernel_backend<DiscreteHostBackend>);
+static_assert(mpar::detail::graph_backend<StreamHostBackend>);
+static_assert(mpar::detail::graph_backend<DiscreteHostBackend>);
+static_assert(mpar::detail::online_softmax_backend<StreamHostBackend> && mpar::detail::online_softmax_backend<DiscreteHostBackend>);
+static_assert(mpar::detail::llama_kernel_backend<StreamHostBackend> && mpar::detail::llama_kernel_backend<DiscreteHostBackend>);
 
 }  // namespace mpar

@@ -30,14 +30,14 @@ concept comm_integer = is_comm_integer_v<std::remove_cv_t<T>>;
 
 /** What a communicator's buffers may hold (docs/communicators.md, "Element types"). */
 template <class T>
-concept comm_element = element_type<T> || comm_integer<T>;
+concept comm_element = detail::element_type<T> || comm_integer<T>;
 
 /** The type a reduction of `T` accumulates in: float for 16-bit types, `T` itself otherwise (integers too). */
 template <class T>
 struct comm_compute {
   using type = std::remove_cv_t<T>;
 };
-template <half_precision T>
+template <detail::half_precision T>
 struct comm_compute<T> {
   using type = float;
 };

@@ -59,7 +59,7 @@ template <comm_element T>
 void reduce_into(T* dst, const T* const* srcs, std::size_t k, std::size_t n, ReduceOp op, std::size_t divisor) {
   using A = comm_compute_t<T>;
   constexpr std::size_t chunk = 1024;  // 4-8 KiB of accumulators: stays in L1 while sources stream
-  if constexpr (!half_precision<T>) {
+  if constexpr (!detail::half_precision<T>) {
     if (k == 2 && op == ReduceOp::sum) {
       // The common case (two ranks, sum) without the accumulator round trip. Element-wise, so an
       // output equal to either source is fine (ivdep); a + b == b + a exactly in IEEE arithmetic.

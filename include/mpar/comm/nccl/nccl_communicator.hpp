@@ -167,7 +167,7 @@ struct NcclState {
   std::shared_ptr<P2pBatch> open_batch;
 
   [[nodiscard]] std::string where(const char* op, std::size_t count, std::uint64_t n) const {
-    return mpar::detail::cat("rank ", rank, " of group '", opt.name, "' (size ", size, "), ", op, " #", n, " of ",
+    return detail::cat("rank ", rank, " of group '", opt.name, "' (size ", size, "), ", op, " #", n, " of ",
                              count, " elements");
   }
   [[nodiscard]] std::string where(const char* op, std::size_t count) const { return where(op, count, seq); }
@@ -403,7 +403,7 @@ class NcclCommunicator {
     MPI_Comm_size(comm, &size);
     const int ndev = gpu::device_count();
     if (ndev == 0)
-      throw comm_error(mpar::detail::cat("NcclCommunicator::from_mpi: MPI rank ", rank, " sees no CUDA device"));
+      throw comm_error(detail::cat("NcclCommunicator::from_mpi: MPI rank ", rank, " sees no CUDA device"));
     ncclUniqueId id{};
     if (rank == 0) id = make_unique_id();
     MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, comm);
@@ -689,7 +689,7 @@ class NcclCommunicator {
   template <class T>
   void refuse_op(const char* op, std::size_t count, ReduceOp r) const {
     if (std::string why = detail::reduce_op_error<T>(r); !why.empty())
-      throw comm_error(mpar::detail::cat(where(op, count), ": rank ", rank(), " passed ", why));
+      throw comm_error(detail::cat(where(op, count), ": rank ", rank(), " passed ", why));
   }
   void check_block(const char* op, std::size_t n, std::size_t local) const {
     const Block b = block_of(n, std::size_t(size()), std::size_t(rank()));
@@ -713,6 +713,6 @@ class NcclCommunicator {
   std::shared_ptr<detail::NcclState> st_;
 };
 
-static_assert(communicator<NcclCommunicator> && ordered_point_to_point<NcclCommunicator>);
+static_assert(communicator<NcclCommunicator> && detail::ordered_point_to_point<NcclCommunicator>);
 
 }  // namespace mpar

@@ -31,7 +31,7 @@ inline LoadResult load_local(const std::filesystem::path& path, std::span<const 
  * designates (a checkpoint directory, or a root with `latest`), reading only the overlapping byte
  * ranges. Returns the training state. Every rank throws if any rank fails.
  */
-template <collective_communicator C>
+template <mpar::detail::collective_communicator C>
 LoadResult load_checkpoint(const std::filesystem::path& path, std::span<const LoadBlock> blocks, C& comm,
                            const LoadOptions& opts = {}) {
   LoadResult res;

@@ -158,7 +158,7 @@ SaveResult save_impl(const std::filesystem::path& root, std::span<const SaveBloc
  * `root/step-<step>` and then points `root/latest` at it; a failure or crash at any point leaves
  * the previous checkpoint as `latest`. Every rank throws if any rank fails.
  */
-template <collective_communicator C>
+template <mpar::detail::collective_communicator C>
 SaveResult save_checkpoint(const std::filesystem::path& root, std::span<const SaveBlock> blocks,
                            const TrainingState& state, C& comm, const SaveOptions& opts = {}) {
   return detail::save_impl(root, blocks, state, comm, opts);

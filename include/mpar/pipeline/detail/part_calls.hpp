@@ -5,10 +5,10 @@
 #include <utility>
 
 #include "mpar/nn/activation.hpp"
-#include "mpar/pipeline/has_loss_layout.hpp"
+#include "mpar/pipeline/detail/has_loss_layout.hpp"
 #include "mpar/pipeline/loss_fn.hpp"
 #include "mpar/pipeline/pipeline_part.hpp"
-#include "mpar/pipeline/split_backward_part.hpp"
+#include "mpar/pipeline/detail/split_backward_part.hpp"
 
 namespace mpar::pipeline {
 
@@ -23,7 +23,7 @@ Boundary forward(S& s, Boundary& x, int mb, bool last) {
   // The storage moves into the typed input and back into `x` after the call: no copy.
   nn::Act<input_layout_t<S>> in(std::move(x));
   Boundary y = [&] {
-    if constexpr (has_loss_layout<S>) {
+    if constexpr (detail::has_loss_layout<S>) {
       if (last) return s.forward_to_loss(in, mb).tensor();
     }
     return s.forward(in, mb).tensor();
@@ -34,7 +34,7 @@ Boundary forward(S& s, Boundary& x, int mb, bool last) {
 /** Calls `f` with the output gradient `dy` in the layout the stage's output has at this boundary. */
 template <pipeline_part S, class F>
 Boundary with_output_gradient(Boundary dy, bool last, F&& f) {
-  if constexpr (has_loss_layout<S>) {
+  if constexpr (detail::has_loss_layout<S>) {
     if (last) return std::forward<F>(f)(nn::Act<nn::grad_layout_t<loss_layout_t<S>>>(std::move(dy))).tensor();
   }
   return std::forward<F>(f)(nn::Act<nn::grad_layout_t<output_layout_t<S>>>(std::move(dy))).tensor();
@@ -43,7 +43,7 @@ template <pipeline_part S>
 Boundary backward(S& s, Boundary dy, int mb, bool last) {
   return with_output_gradient<S>(std::move(dy), last, [&](const auto& g) { return s.backward(g, mb); });
 }
-template <split_backward_part S>
+template <detail::split_backward_part S>
 Boundary backward_input(S& s, Boundary dy, int mb, bool last) {
   return with_output_gradient<S>(std::move(dy), last, [&](const auto& g) { return s.backward_input(g, mb); });
 }
