@@ -157,6 +157,7 @@ void apply_plan(const cli::Parser& p, Options& o) {
   take("schedule", t.schedule, plan.schedule);
   take("microbatches", t.microbatches, plan.microbatches);
   take("sequence-parallel", t.model.sequence_parallel, plan.sequence_parallel);
+  take("etp", t.model.expert_tp, plan.etp);
   require(!p.given("zero1") || plan.zero == parallel::ZeroStage::optimizer_states,
           "train_gpt: --zero1 contradicts the plan '", o.plan, "', which has ZeRO stage ",
           parallel::stage_number(plan.zero), "; drop --zero1 (the plan sets it)");
@@ -258,6 +259,10 @@ Options parse(int argc, char** argv) {
   p.option("capacity", t.model.moe_capacity, "MoE capacity factor (<= 0: unlimited, no token dropped)").range(-1, 1e6);
   p.option("moe-every", t.model.moe_every, "every n-th block is MoE (1: all, 2: every other)").range(1, 4096);
   p.option("aux-coef", t.model.moe_aux_weight, "coefficient of the MoE load-balancing loss").range(0, 1e3);
+  p.option("etp", t.model.expert_tp,
+           "the experts' tensor-parallel size: 1 keeps whole experts on every tensor rank, --tp splits each "
+           "expert's width over the tensor group")
+      .range(1, 1024);
   std::vector<std::pair<std::string, pipeline::ScheduleKind>> schedules;
   for (auto k : pipeline::all_schedules) schedules.emplace_back(pipeline::schedule_name(k), k);
   p.choice("schedule", t.schedule, std::move(schedules), "pipeline schedule");

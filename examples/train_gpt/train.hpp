@@ -160,6 +160,7 @@ inline plan::MemoryEstimate estimate_rank_memory(const models::GptTrainConfig& c
   c.recompute_blocks = cfg.recompute_blocks;  // and each block in its own, where a stage's blocks differ
   c.stage_layers = cfg.stage_layers;          // the fullest pipeline rank under an uneven partition
   c.sequence_parallel = cfg.model.sequence_parallel;
+  c.etp = cfg.model.expert_tp;
   c.zero = cfg.zero;
   plan::Precision p = plan::Precision::fp32_host(cfg.optimizer == parallel::UpdateRule::adamw ? 8 : 4);
   if (cfg.precision != parallel::Precision::fp32)
@@ -233,6 +234,9 @@ inline void preflight(const Options& o) {
           cfg.tp > 1 && !cfg.model.sequence_parallel && cfg.cp == 1 && cfg.model.experts == 0 ? "--sequence-parallel, "
                                                                                               : "",
           cfg.model.experts > 0 ? "the experts over more ranks (--ep), " : "",
+          cfg.model.experts > 0 && cfg.tp > 1 && cfg.model.expert_tp == 1
+              ? "each expert split over the tensor ranks (--etp " + std::to_string(cfg.tp) + "), "
+              : std::string(),
           "fewer sequences per micro-batch (--batch, --microbatches), a smaller model, or set --mem-limit-gib");
 }
 
@@ -558,11 +562,11 @@ void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitS
     if (cfg.model.experts > 0)
       std::printf(
           "mixture of experts: %zu experts (top-%zu, capacity factor %g, aux coefficient %g) in %s, "
-          "spread over ep=%zu\n",
+          "spread over ep=%zu%s\n",
           cfg.model.experts, cfg.model.moe_top_k, cfg.model.moe_capacity, double(cfg.model.moe_aux_weight),
           cfg.model.moe_every == 1 ? "every block"
                                    : ("every " + std::to_string(cfg.model.moe_every) + "-th block").c_str(),
-          cfg.ep);
+          cfg.ep, cfg.model.expert_tp > 1 ? (", each expert split over tp=" + std::to_string(cfg.tp)).c_str() : "");
     if (cfg.cp > 1)
       std::printf(
           "context parallelism: each sequence of %zu split over cp=%zu ranks (zig-zag chunks of %zu, ring "

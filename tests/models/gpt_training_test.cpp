@@ -1416,6 +1416,61 @@ TEST_CASE("GPT with MoE: ZeRO-1, -2 and -3 with expert parallelism reproduce the
                          "ZeRO-3 MoE pp=2 ep=2, experts on the last stage only", false);
 }
 
+TEST_CASE("GPT with MoE: experts split over the tensor ranks (--etp) reproduce the single rank and resume across etp",
+          "[models][gpt][moe][etp]") {
+  const auto split = [](models::GptTrainConfig c) {
+    c.model.expert_tp = c.tp;
+    return c;
+  };
+  const RunResult& ref = reference_moe();
+  for (auto [pp, ep] : {std::pair<std::size_t, std::size_t>{1, 1}, {1, 2}, {2, 2}})
+    require_moe_equivalent(run(split(small_moe(2, pp, 1, ep)), moe_steps), ref,
+                           "MoE tp=2 etp=2 pp=" + std::to_string(pp) + " ep=" + std::to_string(ep));
+  require_moe_equivalent(run(split(small_moe(2, 2, 1, 1, "zb_h1")), moe_steps), ref, "MoE zb_h1 tp=2 etp=2 pp=2");
+  // Each tensor rank holds half of every expert: the experts' floats per rank halve, the gate's do not.
+  std::vector<double> expert_floats(2), gate_floats(2);
+  run_threads(2, [&](ThreadsCommunicator& w) {
+    models::GptTrainer<ThreadsCommunicator> whole(w, small_moe(2, 1, 1, 1), dataset()),
+        halves(w, split(small_moe(2, 1, 1, 1)), dataset());
+    double e = 0, g = 0, e_whole = 0;
+    for (const auto& [name, p] : halves.named_parameters()) {
+      if (name.find(".moe.experts.") != std::string::npos) e += double(p->value.size());
+      if (name.find(".moe.gate.") != std::string::npos) g += double(p->value.size());
+    }
+    for (const auto& [name, p] : whole.named_parameters())
+      if (name.find(".moe.experts.") != std::string::npos) e_whole += double(p->value.size());
+    expert_floats[std::size_t(w.rank())] = e / e_whole;  // each rank writes its own slot
+    gate_floats[std::size_t(w.rank())] = g;
+  });
+  for (std::size_t r = 0; r < 2; ++r) {
+    CHECK(expert_floats[r] == 0.5);
+    CHECK(gate_floats[r] == 2 * 32 * 4);  // two MoE blocks' gates [32, 4], whole on every rank
+  }
+  // AdamW under ZeRO-1 and ZeRO-3 with the experts split: losses, aux losses and norms of the single rank.
+  const RunResult adamw_ref = run(moe_adamw(1, 1, 1, 1), 5);
+  for (int stage : {1, 3})
+    require_moe_equivalent(run(split(moe_adamw(2, 1, 2, 2, stage)), 5), adamw_ref,
+                           "ZeRO-" + std::to_string(stage) + " MoE tp=2 etp=2 dp=2 ep=2", false);
+  // A checkpoint of tp = 2 x ep = 2 with split experts resumes with whole experts (one rank, tp = 2) and back.
+  const fs::path dir = fs::temp_directory_path() / "mpar-test-gpt-moe-etp-resume";
+  fs::remove_all(dir);
+  (void)run(split(small_moe(2, 1, 1, 2)), 4, "", dir.string());
+  require_continues(run(small_moe(1, 1, 1, 1), moe_steps, dir.string()), ref, 4);
+  require_continues(run(small_moe(2, 1, 1, 1), moe_steps, dir.string()), ref, 4);
+  fs::remove_all(dir);
+  (void)run(small_moe(1, 1, 1, 2), 4, "", dir.string());
+  require_continues(run(split(small_moe(2, 1, 1, 1)), moe_steps, dir.string()), ref, 4);
+  fs::remove_all(dir);
+  // What cannot run is refused, naming the fix.
+  auto partial = small_moe(4, 1, 1, 1);
+  partial.model.heads = 4;
+  partial.model.expert_tp = 2;
+  CHECK_THROWS_WITH(run(partial, 1), Catch::Contains("use --etp 1 or --etp 4"));
+  auto dense = small_sgd(2, 1, 1);
+  dense.model.expert_tp = 2;
+  CHECK_THROWS_WITH(run(dense, 1), Catch::Contains("but the model has none; add --experts N or use --etp 1"));
+}
+
 TEST_CASE("GPT with MoE under ZeRO: states held per rank, and checkpoints that resume on other layouts",
           "[models][gpt][moe][zero][checkpoint]") {
   // dp = 2 x ep = 2: the replicated parameters' moments in quarters, each expert's in halves (its data ranks).

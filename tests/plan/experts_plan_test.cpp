@@ -248,7 +248,7 @@ TEST_CASE("mpar-plan --experts plans an MoE model and shows each row's ep", "[pl
   std::ostringstream out, err;
   REQUIRE(run_cli(model, out, err) == 0);
   CHECK(out.str().find("16 experts every 2 layer(s), top-2") != std::string::npos);
-  CHECK(out.str().find("  #  tp  ep  pp") != std::string::npos);
+  CHECK(out.str().find("  #  tp  ep etp  pp") != std::string::npos);
   CHECK(out.str().find("best: tp=1 pp=1 dp=8 ep=") != std::string::npos);
 
   const std::vector<std::string> json = with_words(model, "--json --ep 8 --topk 1 --capacity 2");
@@ -272,4 +272,84 @@ TEST_CASE("mpar-plan --experts plans an MoE model and shows each row's ep", "[pl
   CHECK_THAT(error_of(with_words(model, "--capacity -1")),
              Catch::Contains("or 0: unlimited) expects a positive number, got '-1'"));
   CHECK(parse_cli(with_words(model, "--capacity 0")).problem.model.moe_capacity == 0.0);  // unlimited, as train_gpt
+}
+
+TEST_CASE("expert tensor parallelism: each rank computes 1/tp of every expert and all-reduces the slots each way",
+          "[plan][cost][experts][etp]") {
+  const GptModel m = moe_model();
+  const CostModel cm(m, a100_selene(16));
+  ParallelConfig c;
+  c.tp = 2, c.dp = 8;
+  const double s = 512, h = 1024, E = 8, C = 128, e = 2;  // bf16 activations
+  const LayerWork whole = cm.layer_work(c, true);
+  ParallelConfig split = c;
+  split.etp = 2;
+  const LayerWork halves = cm.layer_work(split, true);
+  CHECK(halves.expert_flops == Approx(2 * s * h * E + 16 * h * h * E * C / 2));  // the gate stays whole
+  CHECK(halves.expert_reduce_bytes == Approx(e * E * C * h));
+  CHECK(whole.expert_reduce_bytes == 0);
+  CHECK(halves.linear_flops == whole.linear_flops);
+  // GeLU over [E C, 4h] splits with the experts (8 per slot element of width h, halved); the copies do not.
+  CHECK(whole.elementwise_bytes - halves.elementwise_bytes == Approx(4 * e * E * C * h));
+  const GroupPlacement g = place(c, 8, Placement::tensor_innermost);
+  const double ar = best_collective(Collective::all_reduce, e * E * C * h, g.tensor, cm.network()).seconds;
+  const double gemm = 312e12 * 0.65, ew = 2.039e12 * 0.8;
+  const ChunkCosts one = cm.layer_costs(c, g, true), two = cm.layer_costs(split, g, true);
+  CHECK(two.forward == Approx(one.forward - (whole.expert_flops - halves.expert_flops) / gemm -
+                              (whole.elementwise_bytes - halves.elementwise_bytes) / ew + ar));
+
+  // The memory model: the experts' parameters and their activations' expert-internal widths halve.
+  for (std::size_t layer : {std::size_t(1), std::size_t(3)})
+    CHECK(layer_expert_parameters(m, split, layer) == Approx(layer_expert_parameters(m, c, layer) / 2));
+  CHECK(layer_expert_parameters(m, split, 0) == 0);
+  const Precision prec = cm.precision();
+  const MoeLayerBytes b1 = moe_layer_bytes(m, c, prec), b2 = moe_layer_bytes(m, split, prec);
+  CHECK(b1.stored - b2.stored == Approx(e * E * C * 2 * h));            // pre-GeLU [E C, 4h] -> [E C, 2h]
+  CHECK(b1.workspace - b2.workspace == Approx(e * 1 * C * 3 * 2 * h));  // ep C rows of 3 x 4h -> 3 x 2h
+}
+
+TEST_CASE("the search splits each expert over the tensor ranks where whole experts do not fit",
+          "[plan][search][experts][etp]") {
+  Problem p = crowded_problem();
+  const CostModel cm(p.model, p.cluster);
+  SearchSpace s;
+  s.tp = 2, s.pp = 1, s.ep = 2, s.microbatch_size = 1;
+  s.recompute = Recompute::none;
+  s.zero1 = false, s.zero2 = false, s.zero3 = false;
+  // A memory between the two layouts' needs: whole experts do not fit, experts split over tp = 2 do.
+  ParallelConfig whole;
+  whole.tp = 2, whole.dp = 4, whole.ep = 2, whole.microbatches = 64 / 4;
+  ParallelConfig split = whole;
+  split.etp = 2;
+  ActivationPeaks peaks;
+  const double need_whole = peak_memory(p.model, whole, cm.precision(), peaks(whole)).total(),
+               need_split = peak_memory(p.model, split, cm.precision(), peaks(split)).total();
+  REQUIRE(need_split < need_whole);
+  p.cluster.memory_bytes = (need_split + need_whole) / 2 / 0.95;
+  const Plan plan = search(p, CostModel(p.model, p.cluster), s);
+  REQUIRE(!plan.best.empty());
+  for (const Candidate& c : plan.best) {
+    INFO(c.config);
+    CHECK(c.config.etp == 2);
+  }
+  CHECK(plan.rejected_by_kind.count("memory"));
+  // The plan file carries it, and train_gpt reads it back.
+  const TrainingPlan tp = training_plan_of(plan.best.front(), p);
+  CHECK(tp.etp == 2);
+  CHECK(tp.to_json().find("\"etp\": 2") != std::string::npos);
+  CHECK(TrainingPlan::from_json(tp.to_json()).etp == 2);
+  // Fixed off, nothing fits; a dense model never gets it.
+  SearchSpace off = s;
+  off.expert_tensor_parallel = false;
+  CHECK(search(p, CostModel(p.model, p.cluster), off).best.empty());
+  Problem dense = p;
+  dense.model.experts = 0;
+  SearchSpace dense_space = s;
+  dense_space.ep = 1;
+  for (const Candidate& c : search(dense, CostModel(dense.model, dense.cluster), dense_space).best)
+    CHECK(c.config.etp == 1);
+  // A plan file with "etp" other than 1 or tp is refused.
+  TrainingPlan bad = tp;
+  bad.etp = 4;
+  CHECK_THROWS_WITH(bad.validate(), Catch::Contains("\"etp\" 4 must be 1 or, with experts, \"tp\" 2"));
 }

@@ -215,17 +215,21 @@ TEST_CASE("with experts: the memory estimate is within 10 % of the GPT trainer's
   struct Case {
     std::size_t pp, dp, ep;
     int zero;
+    std::size_t tp = 1, etp = 1;
   };
   // 8 experts of width 4h (top-2) in blocks 1 and 3: at hidden 128 they are most of the parameters, so an estimate
   // without them is far off (checked last). Expert-parallel, pipelined, and ZeRO-1/2 over two groups (the
-  // replicated parameters over dp x ep ranks, the experts over dp).
-  const Case cases[] = {{1, 1, 1, 0}, {1, 1, 2, 0}, {2, 1, 2, 0}, {1, 2, 2, 1}, {1, 1, 2, 2}};
+  // replicated parameters over dp x ep ranks, the experts over dp); at tp = 2 whole experts and experts split over
+  // the tensor ranks (etp = 2).
+  const Case cases[] = {{1, 1, 1, 0}, {1, 1, 2, 0},       {2, 1, 2, 0},      {1, 2, 2, 1},
+                        {1, 1, 2, 2}, {1, 1, 2, 0, 2, 1}, {1, 1, 2, 0, 2, 2}};
   for (const Case& k : cases) {
     mpar::models::GptTrainConfig cfg;
     cfg.model.hidden = 128, cfg.model.heads = 4, cfg.model.layers = 4, cfg.model.seq = 64;
     cfg.model.experts = 8, cfg.model.moe_top_k = 2, cfg.model.moe_every = 2;
-    cfg.tp = 1, cfg.pp = k.pp, cfg.dp = k.dp, cfg.ep = k.ep, cfg.zero = mpar::parallel::zero_stage_from_number(k.zero),
-    cfg.microbatches = 4;
+    cfg.model.expert_tp = k.etp;
+    cfg.tp = k.tp, cfg.pp = k.pp, cfg.dp = k.dp, cfg.ep = k.ep,
+    cfg.zero = mpar::parallel::zero_stage_from_number(k.zero), cfg.microbatches = 4;
     cfg.global_batch = 4 * 4 * k.dp * k.ep;  // micro-batches of 4 sequences on every rank
     cfg.steps = 3, cfg.warmup = 1;
     const Measured got = run_trainer(cfg);
@@ -235,7 +239,7 @@ TEST_CASE("with experts: the memory estimate is within 10 % of the GPT trainer's
     model.experts = cfg.model.experts, model.moe_top_k = cfg.model.moe_top_k, model.moe_every = cfg.model.moe_every;
     model.moe_capacity = cfg.model.moe_capacity;
     ParallelConfig c;
-    c.pp = k.pp, c.dp = k.dp * k.ep, c.ep = k.ep, c.microbatch_size = 4, c.microbatches = 4;
+    c.tp = k.tp, c.etp = k.etp, c.pp = k.pp, c.dp = k.dp * k.ep, c.ep = k.ep, c.microbatch_size = 4, c.microbatches = 4;
     c.zero = mpar::parallel::zero_stage_from_number(k.zero);
     MemoryOptions o;
     o.attention_dropout = false;
@@ -245,13 +249,14 @@ TEST_CASE("with experts: the memory estimate is within 10 % of the GPT trainer's
     dense.experts = 0;
     for (std::size_t r = 0; r < k.pp; ++r) {
       const MemoryEstimate e = rank_memory(model, c, Precision::fp32_host(8), r, peaks(c)[r], o);
-      const std::size_t first = r * k.dp * k.ep;  // data and expert rank 0 of stage r
+      const std::size_t first = r * k.tp * k.dp * k.ep;  // tensor, data and expert rank 0 of stage r
       const double measured_step = got.step_peak[first], measured_states = got.states[first];
       // The step's peak above the states: activations, buffers and (ZeRO-2) the full gradients accumulated into.
       const double step = e.activations + e.communication + e.accumulated_gradients;
-      INFO("pp=" << k.pp << " dp=" << k.dp << " ep=" << k.ep << " ZeRO-" << k.zero << ", pipeline rank " << r
-                 << ": step peak measured " << measured_step << " B, estimated " << step << " B; model states measured "
-                 << measured_states << " B, estimated " << e.parameters + e.gradients + e.optimizer << " B");
+      INFO("tp=" << k.tp << " etp=" << k.etp << " pp=" << k.pp << " dp=" << k.dp << " ep=" << k.ep << " ZeRO-" << k.zero
+                 << ", pipeline rank " << r << ": step peak measured " << measured_step << " B, estimated " << step
+                 << " B; model states measured " << measured_states << " B, estimated "
+                 << e.parameters + e.gradients + e.optimizer << " B");
       CHECK(std::abs(step / measured_step - 1) < 0.10);
       CHECK(std::abs((e.parameters + e.gradients + e.optimizer) / measured_states - 1) < 0.10);
       CHECK(std::abs(e.total() / (measured_step + measured_states) - 1) < 0.10);

@@ -346,3 +346,109 @@ TEST_CASE("MoE under Autocast(bf16): the experts' GEMMs take bf16 operands; EP =
     }
   }
 }
+
+namespace {
+/**
+ * One run on an ep x etp mesh: the experts over the expert axis, each expert's d_ff split over the etp tensor ranks
+ * (which route the same tokens: an expert rank's tokens are the same on all its tensor ranks). Results in global
+ * coordinates, each weight gradient put together from the ranks' boxes; `norm` is the gradient norm every rank
+ * computed (the largest difference between ranks in `norm_spread`).
+ */
+struct MeshResult {
+  Result r;
+  double norm = 0, norm_spread = 0;
+  std::size_t local_ff = 0;
+};
+MeshResult run_mesh(int ep, int etp, const parallel::MoeConfig& cfg, nn::ComputeType type = nn::ComputeType::fp32) {
+  MeshResult out;
+  Result& res = out.r;
+  res.y.resize(kTokens * kD);
+  res.dx.resize(kTokens * kD);
+  res.gate_grad.resize(kD * cfg.experts);
+  res.w1_grad.resize(cfg.experts * kD * kF);
+  res.w2_grad.resize(cfg.experts * kF * kD);
+  std::vector<double> norms;
+  std::mutex mu;
+  const DynamicMesh mesh(std::size_t(etp), std::size_t(1), std::size_t(1), std::size_t(ep));
+  run_threads(ep * etp, [&](ThreadsCommunicator& world) {
+    auto comms = make_mesh_comms(world, mesh);
+    parallel::MoeMlp<ThreadsCommunicator> moe(cfg, comms.expert, "moe", nullptr, &comms.tensor);
+    const std::size_t local = kTokens / std::size_t(ep), first = local * std::size_t(comms.expert.rank());
+    nn::Act<Replicate> xt(nn::Activation({local, kD})), dyt(nn::Activation({local, kD}));
+    for (std::size_t i = 0; i < local * kD; ++i) {
+      xt.data()[i] = x_at(first * kD + i);
+      dyt.data()[i] = dy_at(first * kD + i);
+    }
+    nn::Autocast scope(type);
+    const nn::Act<Replicate> yt = moe.forward(xt);
+    const nn::Act<Replicate> dxt = moe.backward(dyt, 1.0f);
+    comms.expert.all_reduce(std::span<float>(moe.gate().grad), ReduceOp::sum);  // as data parallelism would
+    auto ps = moe.parameters();
+    const double n = optim::grad_norm(ps, comms.tensor, comms.pipeline, comms.expert);
+    std::lock_guard l(mu);
+    norms.push_back(n);
+    out.local_ff = moe.local_ff();
+    if (comms.tensor.rank() == 0) {
+      std::copy(yt.data(), yt.data() + yt.size(), res.y.begin() + std::ptrdiff_t(first * kD));
+      std::copy(dxt.data(), dxt.data() + dxt.size(), res.dx.begin() + std::ptrdiff_t(first * kD));
+      res.gate_grad.assign(moe.gate().grad.begin(), moe.gate().grad.end());
+    }
+    // w1 [E, d, f] holds box (experts, all d, f slice); w2 [E, f, d] holds (experts, f slice, all d).
+    const auto& b1 = moe.w1().local_box;
+    for (std::size_t e = 0; e < b1[0].extent; ++e)
+      for (std::size_t c = 0; c < kD; ++c)
+        for (std::size_t j = 0; j < b1[2].extent; ++j)
+          res.w1_grad[((b1[0].offset + e) * kD + c) * kF + b1[2].offset + j] =
+              moe.w1().grad[(e * kD + c) * b1[2].extent + j];
+    const auto& b2 = moe.w2().local_box;
+    for (std::size_t e = 0; e < b2[0].extent; ++e)
+      for (std::size_t j = 0; j < b2[1].extent; ++j)
+        for (std::size_t c = 0; c < kD; ++c)
+          res.w2_grad[((b2[0].offset + e) * kF + b2[1].offset + j) * kD + c] =
+              moe.w2().grad[(e * b2[1].extent + j) * kD + c];
+  });
+  out.norm = norms[0];
+  for (const double n : norms) out.norm_spread = std::max(out.norm_spread, std::abs(n - norms[0]));
+  return out;
+}
+}  // namespace
+
+TEST_CASE("MoE with each expert split over the tensor ranks (expert tensor parallelism) equals one rank",
+          "[train][moe][etp]") {
+  const auto cfg = config(4, 2, 0.0);
+  for (const auto type : {nn::ComputeType::fp32, nn::ComputeType::bf16}) {
+    const MeshResult ref = run_mesh(1, 1, cfg, type);
+    REQUIRE(ref.local_ff == kF);
+    for (const auto& [ep, etp] : {std::pair{1, 2}, std::pair{2, 2}, std::pair{1, 5}, std::pair{2, 5}}) {
+      DYNAMIC_SECTION((type == nn::ComputeType::fp32 ? "fp32" : "bf16") << " EP=" << ep << " etp=" << etp) {
+        const MeshResult got = run_mesh(ep, etp, cfg, type);
+        CHECK(got.local_ff == kF / std::size_t(etp));  // each rank keeps its slice of every expert
+        check_close(got.r.y, ref.r.y, "y");
+        check_close(got.r.dx, ref.r.dx, "dx");
+        check_close(got.r.gate_grad, ref.r.gate_grad, "gate.grad");
+        check_close(got.r.w1_grad, ref.r.w1_grad, "w1.grad");
+        check_close(got.r.w2_grad, ref.r.w2_grad, "w2.grad");
+        CHECK(got.norm == Approx(ref.norm).epsilon(1e-5));  // each slice counted once, on its own tensor rank
+        CHECK(got.norm_spread <= 1e-9 * ref.norm);
+      }
+    }
+  }
+}
+
+TEST_CASE("MoE: an expert width that does not split over the expert tensor group is refused, naming the fix",
+          "[train][moe][etp]") {
+  const auto cfg = config(4, 2, 0.0);  // d_ff = 10
+  std::vector<std::string> errors(3);
+  run_threads(3, [&](ThreadsCommunicator& tp) {
+    auto solo = tp.split(tp.rank(), 0);
+    try {
+      parallel::MoeMlp<ThreadsCommunicator> moe(cfg, solo, "moe", nullptr, &tp);
+    } catch (const std::exception& e) {
+      errors[std::size_t(tp.rank())] = e.what();  // each rank writes its own slot
+    }
+  });
+  for (const auto& e : errors) {
+    CHECK_THAT(e, Catch::Contains("d_ff = 10") && Catch::Contains("does not split over the 3 ranks") &&
+                      Catch::Contains("multiple of 3"));
+  }
+}

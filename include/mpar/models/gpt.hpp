@@ -82,6 +82,10 @@ struct GptConfig {
   double moe_capacity = 1.25;    ///< capacity factor (<= 0: unlimited, nothing dropped)
   float moe_aux_weight = 0.01f;  ///< coefficient of the load-balancing loss
   std::size_t moe_every = 1;     ///< every n-th block is MoE: blocks n-1, 2n-1, ... (1: all, 2: every other)
+  /// The experts' own tensor-parallel size (--etp): 1 keeps whole experts on every tensor rank (each computes them
+  /// all); the tensor-parallel size splits each expert's width over the tensor group, as the dense MLP is
+  /// (parallel::MoeMlp, "Tensor parallelism inside the experts").
+  std::size_t expert_tp = 1;
   /// Sequence parallelism (Korthikanti et al., 2022): inside each stage the layer norms, residual additions and
   /// dropout work on this tensor rank's block of the tokens, and each block's tensor collectives are all-gathers
   /// and reduce-scatters instead of all-reduces. The same parameters and results as without; dense models only.
@@ -148,7 +152,12 @@ struct GptConfig {
       require(experts % ep == 0, "GPT: ", experts, " experts do not divide over the expert-parallel size ", ep,
               "; use --experts as a multiple of --ep ", ep, " or an --ep dividing ", experts);
       require(moe_aux_weight >= 0.0f, "GPT: --aux-coef ", moe_aux_weight, " must not be negative");
+      require(expert_tp == 1 || expert_tp == tp, "GPT: --etp ", expert_tp,
+              " splits each expert over that many tensor ranks, but the tensor group has ", tp,
+              "; the experts split over the whole tensor group or not at all: use --etp 1 or --etp ", tp);
     }
+    require(expert_tp == 1 || experts > 0, "GPT: --etp ", expert_tp,
+            " splits experts over the tensor ranks, but the model has none; add --experts N or use --etp 1");
     if (is_llama()) {
       const std::size_t kv = kv_head_count();
       require(heads % kv == 0, "Llama: ", heads, " heads are not divisible by --kv-heads ", kv,
@@ -378,8 +387,8 @@ class GptPipelinePart {
           if (moe_groups.expert == nullptr) moe_groups.expert = own_groups_.back().get();
           if (moe_groups.tokens == nullptr) moe_groups.tokens = own_groups_.back().get();
         }
-        blocks_.push_back(std::make_unique<detail::GptBlockOf<MoeBlock>>(tp, *moe_groups.expert, *moe_groups.tokens, bc,
-                                                                         cfg.moe_config()));
+        blocks_.push_back(std::make_unique<detail::GptBlockOf<MoeBlock>>(
+            tp, *moe_groups.expert, *moe_groups.tokens, bc, cfg.moe_config(), cfg.expert_tp > 1 ? &tp : nullptr));
       } else if (sp_) {
         blocks_.push_back(std::make_unique<detail::GptBlockOf<SequenceParallelBlock>>(tp, bc));
       } else {

@@ -41,6 +41,7 @@ namespace mpar::models {
   c.recompute_stages.clear();  // recomputation repeats the forward's arithmetic: the reference needs none
   c.recompute_blocks.clear();
   c.model.sequence_parallel = false;
+  c.model.expert_tp = 1;    // one rank keeps whole experts
   c.grad_topk_density = 0;  // compression changes the update by design: the reference is the dense run
   c.graph = false;
   if (c.schedule != pipeline::ScheduleKind::two_bw) c.schedule = pipeline::ScheduleKind::one_f_one_b;

@@ -4,9 +4,10 @@
  * experts, `h = x + Dropout(Attn(LN1(x)))`, `y = h + Dropout(MoE(LN2(h)))` (GShard, Switch Transformer).
  *
  * Attention is tensor-parallel as in `nn::TransformerBlock`; the MoE MLP (`parallel::MoeMlp`) runs on the
- * attention's replicated output, its experts spread over the expert group (every tensor rank of an expert
- * group computes the same experts on the same tokens, so expert and gate weights are replicated over the
- * tensor axis and counted once in gradient norms). The load-balancing statistics are taken over the token
+ * attention's replicated output, its experts spread over the expert group. Every tensor rank of an expert group
+ * routes the same tokens: without expert tensor parallelism each computes the same whole experts (expert and gate
+ * weights replicated over the tensor axis, counted once in gradient norms); with it each computes its slice of
+ * every expert's width (the expert weights sharded over the tensor axis, the gate still replicated). The load-balancing statistics are taken over the token
  * group: all ranks holding a part of the same micro-batch.
  *
  * The load-balancing loss enters the training objective of every micro-batch; `set_aux_gradient(g)` sets
@@ -70,9 +71,15 @@ class MoeTransformerBlock : public nn::TransformerBlock<C, false, B, MoeFfn<C, B
   using Base = nn::TransformerBlock<C, false, B, MoeFfn<C, B>>;
 
  public:
-  /** `moe.d_model`, `moe.first_id` and `moe.seed` are taken from `c` (the MoE uses the block's MLP ids +8..+10). */
-  MoeTransformerBlock(C& tp, C& expert, C& tokens, const nn::BlockConfig& c, parallel::MoeConfig moe)
-      : Base(tp, c, MoeFfn<C, B>(parallel::MoeMlp<C, B>(with_ids(moe, c), expert, c.name + ".moe", &tokens))) {}
+  /**
+   * `moe.d_model`, `moe.first_id` and `moe.seed` are taken from `c` (the MoE uses the block's MLP ids +8..+10).
+   * `expert_tensor`: `&tp` splits each expert's width over the tensor group (expert tensor parallelism); null keeps
+   * whole experts, computed alike by every tensor rank.
+   */
+  MoeTransformerBlock(C& tp, C& expert, C& tokens, const nn::BlockConfig& c, parallel::MoeConfig moe,
+                      C* expert_tensor = nullptr)
+      : Base(tp, c,
+             MoeFfn<C, B>(parallel::MoeMlp<C, B>(with_ids(moe, c), expert, c.name + ".moe", &tokens, expert_tensor))) {}
 
   void set_aux_gradient(float g) { this->ffn().set_aux_gradient(g); }
   void set_statistics(const parallel::MoeStatistics& s) { this->ffn().set_statistics(s); }

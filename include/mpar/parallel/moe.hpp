@@ -38,6 +38,14 @@
  * Gradients: expert weights receive every token routed to them from every rank, so they are complete on
  * their owner. The gate weight is replicated: its gradient is this rank's share and must be summed (or
  * averaged, as data parallelism does) over the ranks that hold different tokens.
+ *
+ * Tensor parallelism inside the experts (an `expert_tensor` group of size etp > 1; Megatron-Core's expert tensor
+ * parallelism): the ranks of that group route the same tokens (they are the tensor ranks of one attention, whose
+ * output is replicated over them), so each keeps a `d_ff / etp` slice of every expert — W1's columns and W2's rows,
+ * as a dense MLP's column- and row-parallel pair — and computes its part of every slot's output. One all-reduce of
+ * the slots' partial outputs over the group (before the combine's exchange) and one of the slots' partial input
+ * gradients (before the backward's) complete them; the gate and the routing stay replicated. Expert weights and
+ * their optimizer states shrink by etp, and the expert GEMMs are split instead of repeated on every tensor rank.
  */
 #include <algorithm>
 #include <cmath>
@@ -84,7 +92,8 @@ struct MoeStatistics {
  * computing on backend `B` (the GEMMs, softmax, GeLU, the routing decisions and the row moves around the
  * all-to-all), stream-ordered: no host read of rank memory in forward or backward.
  * Parameters: `gate` [d, E] replicated, `w1` [E, d, f] and `w2` [E, f, d] sharded on dimension 0 over the
- * expert axis; all initialised sharding-independently, so EP = 1, 2, 4 start from the same weights.
+ * expert axis, and with an expert tensor group of etp ranks also on f (W1's dimension 2, W2's dimension 1); all
+ * initialised sharding-independently, so every EP and etp starts from the same weights.
  */
 template <communicator Comm, backend B = HostBackend>
 class MoeMlp {
@@ -92,10 +101,17 @@ class MoeMlp {
   /**
    * `token_group` (optional): the ranks whose tokens together make up the batch the load-balancing
    * statistics are taken over; it must contain this rank's expert group. Default: the expert group.
+   * `expert_tensor` (optional): the group each expert's `d_ff` is split over — the whole tensor group of the
+   * attention before the MoE, whose ranks route the same tokens (a gradient norm counts a weight sharded over it
+   * once per tensor rank). Default: none, every rank keeps whole experts.
    */
-  MoeMlp(const MoeConfig& config, Comm& expert_group, const std::string& name = "moe", Comm* token_group = nullptr)
-      : cfg_(config), comm_(&expert_group), tokens_comm_(token_group ? token_group : &expert_group), name_(name) {
+  MoeMlp(const MoeConfig& config, Comm& expert_group, const std::string& name = "moe", Comm* token_group = nullptr,
+         Comm* expert_tensor = nullptr)
+      : cfg_(config), comm_(&expert_group), tokens_comm_(token_group ? token_group : &expert_group),
+        expert_tensor_(expert_tensor && expert_tensor->size() > 1 ? expert_tensor : nullptr), name_(name) {
     const auto ep = std::size_t(comm_->size()), r = std::size_t(comm_->rank());
+    const std::size_t etp = expert_tensor_ ? std::size_t(expert_tensor_->size()) : 1,
+                      et_rank = expert_tensor_ ? std::size_t(expert_tensor_->rank()) : 0;
     require(cfg_.d_model > 0 && cfg_.d_ff > 0 && cfg_.experts > 0, "MoeMlp '", name,
             "': d_model, d_ff and experts must be positive");
     require(cfg_.top_k >= 1 && cfg_.top_k <= cfg_.experts, "MoeMlp '", name, "': top_k = ", cfg_.top_k,
@@ -104,23 +120,31 @@ class MoeMlp {
             "' has ", tokens_comm_->size(), " ranks, which cannot contain the expert group of ", comm_->size());
     require(cfg_.experts % ep == 0, "MoeMlp '", name, "': ", cfg_.experts, " experts do not divide over the ", ep,
             " ranks of expert group '", comm_->name(), "'; choose a multiple of the expert axis size");
+    require(cfg_.d_ff % etp == 0, "MoeMlp '", name, "': the experts' width d_ff = ", cfg_.d_ff,
+            " does not split over the ", etp, " ranks of expert tensor group '",
+            expert_tensor_ ? expert_tensor_->name() : std::string(), "'; choose an --ffn that is a multiple of ", etp,
+            ", or keep whole experts (expert tensor size 1)");
     local_experts_ = cfg_.experts / ep;
+    local_ff_ = cfg_.d_ff / etp;
     const std::size_t d = cfg_.d_model, f = cfg_.d_ff, e = cfg_.experts;
-    const Block mine{r * local_experts_, local_experts_};
+    const Block mine{r * local_experts_, local_experts_}, my_ff{et_rank * local_ff_, local_ff_};
+    // `ff_dim`: the dimension split over the expert tensor group (none for the gate).
     auto setup = [&](nn::Parameter& p, const std::string& n, std::uint64_t id, std::vector<std::size_t> shape,
-                     bool sharded) {
+                     bool sharded, std::size_t ff_dim) {
       p.name = name + "." + n;
       p.id = id;
       p.global_shape = shape;
       for (std::size_t k = 0; k < shape.size(); ++k)
-        p.local_box.push_back(sharded && k == 0 ? mine : Block{0, shape[k]});
-      p.layout = sharded ? "Shard<0, expert>" : "Replicate";
-      p.sharded_over_tensor = false;
+        p.local_box.push_back(sharded && k == 0 ? mine : sharded && k == ff_dim ? my_ff : Block{0, shape[k]});
+      p.layout = !sharded  ? "Replicate"
+                 : etp > 1 ? "Shard<0, expert> Shard<" + std::to_string(ff_dim) + ", tensor>"
+                           : "Shard<0, expert>";
+      p.sharded_over_tensor = sharded && etp > 1;
       p.initialise<B>(cfg_.seed, InitSpec::normal(cfg_.init_std));
     };
-    setup(gate_, "gate.weight", cfg_.first_id, {d, e}, false);
-    setup(w1_, "experts.w1", cfg_.first_id + 1, {e, d, f}, true);
-    setup(w2_, "experts.w2", cfg_.first_id + 2, {e, f, d}, true);
+    setup(gate_, "gate.weight", cfg_.first_id, {d, e}, false, 0);
+    setup(w1_, "experts.w1", cfg_.first_id + 1, {e, d, f}, true, 2);
+    setup(w2_, "experts.w2", cfg_.first_id + 2, {e, f, d}, true, 1);
   }
 
   [[nodiscard]] std::vector<nn::Parameter*> parameters() { return {&gate_, &w1_, &w2_}; }
@@ -128,6 +152,8 @@ class MoeMlp {
   [[nodiscard]] nn::Parameter& w1() { return w1_; }
   [[nodiscard]] nn::Parameter& w2() { return w2_; }
   [[nodiscard]] std::size_t local_experts() const { return local_experts_; }
+  /** The width of this rank's slice of each expert: d_ff / etp. */
+  [[nodiscard]] std::size_t local_ff() const { return local_ff_; }
   [[nodiscard]] const MoeConfig& config() const { return cfg_; }
   /** The per-expert capacity of the last forward (assignments accepted from this rank). */
   [[nodiscard]] std::size_t capacity() const { return last_capacity_; }
@@ -238,9 +264,10 @@ class MoeMlp {
     Buffer<float> send = uninitialized_buffer<float>(slots * d), expert_in = uninitialized_buffer<float>(slots * d);
     B::gather_rows(slots, d, st.slot_token.data(), st.x.data(), send.data());
     comm_->all_to_all(std::span<const float>(send), std::span<float>(expert_in));
-    // 4. experts
+    // 4. experts (with an expert tensor group: this rank's d_ff slice, then the slots' outputs summed over it)
     Buffer<float> expert_out = uninitialized_buffer<float>(slots * d);
     run_experts(st, expert_in, expert_out);
+    if (expert_tensor_) expert_tensor_->all_reduce(std::span<float>(expert_out), ReduceOp::sum);
     // 5. combine
     st.out = uninitialized_buffer<float>(slots * d);
     comm_->all_to_all(std::span<const float>(expert_out), std::span<float>(st.out));
@@ -272,6 +299,7 @@ class MoeMlp {
                   expert_dx = uninitialized_buffer<float>(slots * d);
     comm_->all_to_all(std::span<const float>(dout), std::span<float>(expert_dout));
     backward_experts(st, expert_dout, expert_dx);
+    if (expert_tensor_) expert_tensor_->all_reduce(std::span<float>(expert_dx), ReduceOp::sum);
     Buffer<float> dxin = uninitialized_buffer<float>(slots * d);
     comm_->all_to_all(std::span<const float>(expert_dx), std::span<float>(dxin));
     B::zero(T * d, dx.data());
@@ -299,7 +327,7 @@ class MoeMlp {
     Buffer<float> aux;                             ///< the load-balancing loss [1]
     Buffer<std::int32_t> slot_token;               ///< per slot (expert-major, C per expert): its token, -1 if empty
     Buffer<float> slot_weight;                     ///< per slot: the gate probability it is combined with, 0 if empty
-    std::vector<Buffer<float>> ex_in, ex_h;        ///< per local expert: its rows [EP C, d] and pre-GeLU [EP C, f]
+    std::vector<Buffer<float>> ex_in, ex_h;        ///< per local expert: its rows [EP C, d], pre-GeLU [EP C, f/etp]
     nn::ComputeType type = nn::ComputeType::fp32;  ///< the experts' GEMM operand type of this forward
   };
 
@@ -318,8 +346,9 @@ class MoeMlp {
     B::copy_2d(std::size_t(comm_->size()), block, expert_rows, block, received + l * block, local_experts_ * block);
   }
 
+  /** Expert l's rows through its d_ff slice: `out` holds the slots' outputs (partial sums with etp > 1). */
   void run_experts(State& st, const Buffer<float>& in, Buffer<float>& out) {
-    const std::size_t d = cfg_.d_model, f = cfg_.d_ff, C = st.capacity, n = std::size_t(comm_->size()) * C;
+    const std::size_t d = cfg_.d_model, f = local_ff_, C = st.capacity, n = std::size_t(comm_->size()) * C;
     st.ex_in.assign(local_experts_, {});
     st.ex_h.assign(local_experts_, {});
     if (n == 0) return;
@@ -337,8 +366,9 @@ class MoeMlp {
     }
   }
 
+  /** The experts' backward through this rank's d_ff slices: `dx` holds partial sums with etp > 1. */
   void backward_experts(const State& st, const Buffer<float>& dout, Buffer<float>& dx) {
-    const std::size_t d = cfg_.d_model, f = cfg_.d_ff, C = st.capacity, n = std::size_t(comm_->size()) * C;
+    const std::size_t d = cfg_.d_model, f = local_ff_, C = st.capacity, n = std::size_t(comm_->size()) * C;
     if (n == 0) return;
     for (std::size_t l = 0; l < local_experts_; ++l) {
       Buffer<float> dy = uninitialized_buffer<float>(n * d);
@@ -391,8 +421,9 @@ class MoeMlp {
   MoeConfig cfg_;
   Comm* comm_;
   Comm* tokens_comm_;
+  Comm* expert_tensor_;  ///< the group each expert's d_ff is split over; null: whole experts
   std::string name_;
-  std::size_t local_experts_ = 0;
+  std::size_t local_experts_ = 0, local_ff_ = 0;
   nn::Parameter gate_, w1_, w2_;
   nn::HalfWeight w1_16_, w2_16_;  // the expert weights as 16-bit GEMM operands inside an Autocast scope
   nn::MicroBatchCache<State> saved_;

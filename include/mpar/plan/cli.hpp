@@ -57,6 +57,8 @@ Optional (mixture of experts: every --moe-every-th layer's MLP becomes --experts
   --experts N  --moe-every N (default 1)  --topk N (default 2)  --capacity X (default 1.25; 0: unlimited)
   --ep N                   expert parallelism: each MoE layer's experts split over N of the data-parallel
                            ranks (a divisor of dp and of --experts); searched when not given
+  --expert-tp on|off       tensor parallelism inside the experts: each expert's width split over the tp
+                           ranks (train_gpt --etp); both tried when not given
 Optional (fix a dimension instead of searching it):
   --tp N  --pp N  --dp N  --microbatch-size N  --virtual-stages N
   --schedule gpipe|1f1b|interleaved_1f1b|zb_h1|zb_h2|2bw   (2bw, asynchronous, only when asked for)
@@ -216,6 +218,8 @@ namespace detail {
       o.space.zero3 = detail::parse_switch(opt, val);
     else if (opt == "--sequence-parallel")
       o.space.sequence_parallel = detail::parse_switch(opt, val);
+    else if (opt == "--expert-tp")
+      o.space.expert_tensor_parallel = detail::parse_switch(opt, val);
     else if (opt == "--partition") {
       require(val == "balanced" || val == "even", "--partition '", val, "' is not known; use balanced or even");
       o.space.balance_stages = val == "balanced";
@@ -336,7 +340,7 @@ namespace detail {
     os << "]";
   }
   os << ",\"zero\":" << parallel::stage_number(k.zero)
-     << ",\"sequence_parallel\":" << (k.sequence_parallel ? "true" : "false")
+     << ",\"sequence_parallel\":" << (k.sequence_parallel ? "true" : "false") << ",\"etp\":" << k.etp
      << ",\"memory_gib_per_gpu\":" << c.memory.total() / gib
      << ",\"memory_gib\":{\"parameters\":" << c.memory.parameters / gib << ",\"gradients\":" << c.memory.gradients / gib
      << ",\"optimizer\":" << c.memory.optimizer / gib << ",\"activations\":" << c.memory.activations / gib
@@ -386,7 +390,7 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
     out << "no configuration fits; the closest rejections are listed below\n";
   } else {
     const bool ep_shown = p.model.experts > 0;
-    out << "  #  tp" << (cp_searched ? "  cp" : "") << (ep_shown ? "  ep" : "")
+    out << "  #  tp" << (cp_searched ? "  cp" : "") << (ep_shown ? "  ep etp" : "")
         << "  pp    dp  mbs     m  schedule           v  recompute  zero  sp   mem GiB   step s  TFLOP/s  bubble  "
            "layers per stage\n";
     std::size_t i = 0;
@@ -400,7 +404,7 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
         out << line;
       }
       if (ep_shown) {
-        std::snprintf(line, sizeof line, " %3zu", k.ep);
+        std::snprintf(line, sizeof line, " %3zu %3zu", k.ep, k.etp);
         out << line;
       }
       std::snprintf(line, sizeof line, " %3zu %5zu %4zu %5zu  %-17s %2zu  %-9s  %-4d  %-3s %8.1f %8.3f %8.1f  %5.1f%%",
@@ -472,6 +476,7 @@ inline void print_table(std::ostream& out, const Plan& plan, const Problem& p) {
   p.microbatches = k.microbatches;
   p.zero = k.zero;
   p.sequence_parallel = k.sequence_parallel;
+  p.etp = k.etp;
   p.stage_layers = c.stage_layers;
   p.recompute_stages.resize(c.stage_layers.size());
   for (std::size_t s = 0; s < p.recompute_stages.size(); ++s) p.recompute_stages[s] = k.recompute_of(s);

@@ -68,10 +68,13 @@ struct LayerWork {
   double tp_collective_bytes = 0;  ///< each of the forward all-reduces (or reduce-scatter + all-gather pairs)
   std::size_t tp_collectives = 2;  ///< forward tensor-parallel collectives: attention's and the MLP's (MoE: one)
   double ring_block_bytes = 0;     ///< context parallelism: one K/V block sent around the ring (cp - 1 hops)
-  /// MoE: the gate and the experts' GEMMs over the rank's E C slots (2 T h E + 16 h^2 E C), on every tensor rank
-  /// (mpar does not split experts over tp).
+  /// MoE: the gate and the experts' GEMMs over the rank's E C slots (2 T h E + 16 h^2 E C), on every tensor rank,
+  /// the experts' part divided by etp when each expert is split over the tensor ranks.
   double expert_flops = 0;
   double all_to_all_bytes = 0;  ///< MoE: each of the forward's two all-to-alls (dispatch, combine), E C h elements
+  /// MoE with expert tensor parallelism: the all-reduce over the tensor ranks of the slots' partial outputs (forward)
+  /// and of their partial input gradients (backward), E C h elements each.
+  double expert_reduce_bytes = 0;
 };
 
 /**
@@ -117,11 +120,12 @@ class CostModel {
    *
    * A Llama layer (`GptModel::family`) counts its own kernels instead (see the body).
    *
-   * `moe`: the layer's MLP is a mixture of experts (`parallel::MoeMlp`), which is not tensor-parallel: the
-   * attention keeps its split GEMMs and its one collective, and every tensor rank runs the gate and its E / ep
-   * experts over ep C rows each (E C slots: C per expert and source rank, empty ones included, as the
-   * capacity-bounded dispatch computes them), GeLU over [E C, 4h] (8 per slot element of width h), the
-   * dispatch and combine copies (2 + 2) and the gate's softmax over [T, E] (2), and sends two all-to-alls.
+   * `moe`: the layer's MLP is a mixture of experts (`parallel::MoeMlp`): the attention keeps its split GEMMs and
+   * its one collective, and every tensor rank runs the gate and its E / ep experts over ep C rows each (E C slots:
+   * C per expert and source rank, empty ones included, as the capacity-bounded dispatch computes them), GeLU over
+   * [E C, 4h] (8 per slot element of width h), the dispatch and combine copies (2 + 2) and the gate's softmax over
+   * [T, E] (2), and sends two all-to-alls. With expert tensor parallelism (etp = tp) each rank runs 1/etp of every
+   * expert's GEMMs and GeLU and all-reduces the slots' outputs over the tensor ranks (and their input gradients).
    */
   [[nodiscard]] LayerWork layer_work(const ParallelConfig& c, bool moe = false) const {
     // Under context parallelism (cp > 1) a rank works on s / cp tokens of each sequence and on 1/cp of its
@@ -160,8 +164,11 @@ class CostModel {
     if (moe) {
       const double T = s * b, E = double(model_.experts), slots = E * moe_expert_capacity(model_, c);
       w.linear_flops = 8.0 * b * s * h * h / t;  // QKV and the projection
-      w.expert_flops = 2.0 * T * h * E + 16.0 * h * h * slots;
-      const double experts_mlp = 12 * e * slots * h + 2 * e * T * E;  // the experts' MLP for the dense one
+      const double etp = double(c.etp);
+      w.expert_flops = 2.0 * T * h * E + 16.0 * h * h * slots / etp;
+      // the experts' MLP for the dense one: GeLU (split with the experts), the copies, the gate's softmax
+      const double experts_mlp = (4 + 8 / etp) * e * slots * h + 2 * e * T * E;
+      w.expert_reduce_bytes = c.etp > 1 ? e * slots * h : 0.0;
       w.elementwise_bytes += experts_mlp - 8 * e * sbh / t;
       w.elementwise_backward_bytes += 2 * experts_mlp - 12 * e * sbh / t;
       w.tp_collectives = 1;
@@ -203,8 +210,13 @@ class CostModel {
     const LayerWork w = layer_work(c, moe);
     const double gemm = gemm_rate(), ew = elementwise_rate();
     const double ar = double(w.tp_collectives) * tp_collective_seconds(w.tp_collective_bytes, c, g);
-    // Dispatch and combine: two all-to-alls forward, their two transposes backward.
-    const double a2a = 2 * all_to_all_seconds(w.all_to_all_bytes, c, g);
+    // Dispatch and combine: two all-to-alls forward, their two transposes backward; with expert tensor parallelism
+    // one all-reduce of the slots over the tensor ranks in each direction.
+    const double a2a =
+        2 * all_to_all_seconds(w.all_to_all_bytes, c, g) +
+        (w.expert_reduce_bytes > 0
+             ? best_collective(Collective::all_reduce, w.expert_reduce_bytes, g.tensor, network()).seconds
+             : 0.0);
     const double core = attention_core_seconds(w);
     ChunkCosts l;
     l.forward = (w.linear_flops + w.expert_flops) / gemm + core + w.elementwise_bytes / ew + ar + a2a;

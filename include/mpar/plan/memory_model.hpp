@@ -250,9 +250,12 @@ void for_each_rank_layer(const GptModel& m, const ParallelConfig& c, std::size_t
   return m.is_moe_layer(layer) ? (4 * h * h + 3 * h) / t + 5 * h + h * double(m.experts)
                                : (12 * h * h + 7 * h) / t + 6 * h;
 }
-/** The experts one rank holds of layer `layer`: E / ep of an MoE layer, whole on every tensor rank; else none. */
+/**
+ * The experts one rank holds of layer `layer`: E / ep of an MoE layer, whole on every tensor rank, or each split over
+ * the etp tensor ranks (`ParallelConfig::etp`); else none.
+ */
 [[nodiscard]] inline double layer_expert_parameters(const GptModel& m, const ParallelConfig& c, std::size_t layer) {
-  return m.is_moe_layer(layer) ? double(m.experts / c.ep) * m.expert_parameters() : 0.0;
+  return m.is_moe_layer(layer) ? double(m.experts / c.ep) * m.expert_parameters() / double(c.etp) : 0.0;
 }
 
 /**
@@ -274,8 +277,8 @@ void for_each_rank_layer(const GptModel& m, const ParallelConfig& c, std::size_t
 }
 
 /**
- * The experts pipeline rank `rank` holds: E / ep of each of its MoE layers, whole on every tensor rank (the
- * experts are not split over tp). Their gradients reduce, and ZeRO shards them, over `expert_data_group()`.
+ * The experts pipeline rank `rank` holds: E / ep of each of its MoE layers, whole on every tensor rank (or 1/etp of
+ * each with expert tensor parallelism). Their gradients reduce, and ZeRO shards them, over `expert_data_group()`.
  */
 [[nodiscard]] inline double rank_expert_parameters(const GptModel& m, const ParallelConfig& c, std::size_t rank) {
   double n = 0;
@@ -287,9 +290,9 @@ void for_each_rank_layer(const GptModel& m, const ParallelConfig& c, std::size_t
  * @brief What one MoE layer keeps and briefly needs per micro-batch on one rank (`parallel::MoeMlp`), in bytes.
  * T = s b tokens, C = ceil(capacity k T / E) slots per expert and source rank, E C slots in all, and ep C rows per
  * local expert. Kept for the backward: the input and the gate probabilities [T, h + E], the combined expert
- * outputs and every local expert's input rows and pre-GeLU values [E C, 2h + 4h], the slots' tokens and weights.
- * The backward's peak: three [E C, h] exchange buffers, and per expert its output gradient and input gradient
- * [ep C, 2h] with the GeLU output, its gradient and the pre-GeLU gradient [ep C, 3 4h].
+ * outputs and every local expert's input rows and pre-GeLU values [E C, 2h + 4h / etp], the slots' tokens and
+ * weights. The backward's peak: three [E C, h] exchange buffers, and per expert its output gradient and input
+ * gradient [ep C, 2h] with the GeLU output, its gradient and the pre-GeLU gradient [ep C, 3 4h / etp].
  */
 struct MoeLayerBytes {
   double stored = 0, workspace = 0;
@@ -303,8 +306,8 @@ struct MoeLayerBytes {
   return m.moe_capacity > 0 ? std::ceil(m.moe_capacity * double(m.moe_top_k) * T / double(m.experts)) : T;
 }
 [[nodiscard]] inline MoeLayerBytes moe_layer_bytes(const GptModel& m, const ParallelConfig& c, const Precision& p) {
-  const double T = double(m.seq) / double(c.cp) * double(c.microbatch_size), h = double(m.hidden), f = 4 * h,
-               E = double(m.experts), e = p.activation_bytes;
+  const double T = double(m.seq) / double(c.cp) * double(c.microbatch_size), h = double(m.hidden),
+               f = 4 * h / double(c.etp), E = double(m.experts), e = p.activation_bytes;
   const double C = moe_expert_capacity(m, c);
   const double slots = E * C, rows = double(c.ep) * C;
   return {e * (T * (h + E) + slots * (2 * h + f) + 2 * E + 2) + 8 * slots,
@@ -368,7 +371,7 @@ struct MoeLayerBytes {
   const double full_layer = layer_activation_bytes(m, c.microbatch_size, c.tp, c.sequence_parallel, Recompute::none, p,
                                                    o.attention_dropout, c.cp);
   // An MoE layer keeps the MoE's state instead of the dense MLP's inputs (fc1 input, replicated; GeLU and fc2
-  // inputs, split over tp), on every tensor rank alike (the experts are not split).
+  // inputs, split over tp), on every tensor rank (the expert slices 1/etp of the widths: `moe_layer_bytes`).
   const double dense_mlp = p.activation_bytes * sbh * (c.sequence_parallel ? 9.0 / t : 1.0 + 8.0 / t);
   const MoeLayerBytes moe = m.experts > 0 ? moe_layer_bytes(m, c, p) : MoeLayerBytes{};
   // Per chunk, each block in its own recomputation mode (`ParallelConfig::block_recompute_of`): what one in-flight

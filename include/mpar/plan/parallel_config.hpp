@@ -47,6 +47,9 @@ struct ParallelConfig {
   Recompute recompute = Recompute::none;
   ZeroStage zero = ZeroStage::none;  ///< what is sharded over the data-parallel group
   bool sequence_parallel = false;    ///< activations outside the tensor-parallel GEMMs sharded over tp
+  /// The experts' tensor-parallel size: 1 (every tensor rank computes whole experts) or tp (each expert's width
+  /// split over the tensor group, its outputs and input gradients all-reduced over it; parallel::MoeMlp).
+  std::size_t etp = 1;
   /// Transformer blocks per global pipeline stage (stage chunk * pp + rank, pp * V entries summing to the
   /// model's layers); a stage may hold none, next to a heavy embedding or head. Empty: the even split.
   std::vector<std::size_t> stage_layers;
@@ -132,6 +135,7 @@ struct ParallelConfig {
     os << "tp=" << c.tp << " pp=" << c.pp << " dp=" << c.dp;
     if (c.cp > 1) os << " cp=" << c.cp;
     if (c.ep > 1) os << " ep=" << c.ep;
+    if (c.etp > 1) os << " etp=" << c.etp;
     os << " mbs=" << c.microbatch_size << " m=" << c.microbatches << " schedule=" << schedule_name(c.schedule);
     if (c.virtual_stages > 1) os << " v=" << c.virtual_stages;
     os << " recompute=" << c.recompute_layout();

@@ -45,6 +45,9 @@ struct SearchSpace {
   /// Expert-parallel size (a divisor of dp): fixed, or empty (the default) to search every divisor of dp that
   /// divides the model's experts. A dense model has ep = 1 only.
   std::optional<std::size_t> ep;
+  /// Tensor parallelism inside the experts (`ParallelConfig::etp` = tp): fixed on or off, or empty (the default) to
+  /// try both where the model has experts and tp > 1.
+  std::optional<bool> expert_tensor_parallel;
   std::optional<ScheduleKind> schedule;
   std::optional<Recompute> recompute;
   /// Constraints on the ZeRO stage (`mpar-plan --zero1/--zero2/--zero3 on|off`): whether it shards at least the
@@ -373,6 +376,10 @@ namespace detail {
   if (c.ep > 1 && (c.dp % c.ep != 0 || m.experts % c.ep != 0))
     return rej("experts", mpar::detail::cat("ep=", c.ep, " must divide dp=", c.dp,
                                             " (expert ranks are data ranks) and the ", m.experts, " experts"));
+  if (c.etp != 1 && (m.experts == 0 || c.etp != c.tp))
+    return rej("experts",
+               mpar::detail::cat("etp=", c.etp, " splits experts over the tensor ranks: it needs experts and ",
+                                 "etp = tp (", c.tp, ")"));
   if (c.cp > 1 && m.experts > 0)
     return rej("context",
                "mpar does not combine context parallelism with experts (the load-balancing statistics "
@@ -547,7 +554,7 @@ namespace detail {
   };
   std::vector<Feasible> feasible;
   // The balanced layout depends on the per-block costs only, not on the schedule, micro-batch count or ZeRO.
-  std::map<std::tuple<std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, Recompute, bool, std::size_t,
+  std::map<std::tuple<std::size_t, std::size_t, std::size_t, std::size_t, std::size_t, Recompute, int, std::size_t,
                       std::size_t>,
            std::vector<std::size_t>>
       layouts;
@@ -615,9 +622,9 @@ namespace detail {
               else
                 vs = {1};
               for (std::size_t v : vs) {
-                // Whether the even split fits with no recomputation, per ZeRO stage and SP: where it does not and
-                // full recomputation does, the per-rank mix of the two is tried.
-                bool none_fits[4][2] = {};
+                // Whether the even split fits with no recomputation, per ZeRO stage, SP and expert tensor parallelism:
+                // where it does not and full recomputation does, the per-rank mix of the two is tried.
+                bool none_fits[4][4] = {};
                 for (Recompute rc : {Recompute::none, Recompute::selective, Recompute::full}) {
                   if (space.recompute && rc != *space.recompute) continue;
                   for (int z = 0; z < 4;
@@ -626,14 +633,20 @@ namespace detail {
                     if (space.zero2 ? ((z >= 2) != *space.zero2) : (z == 2 && dp * cp == 1))
                       continue;  // ZeRO-3 shards gradients too
                     if (space.zero3 ? ((z == 3) != *space.zero3) : (z == 3 && dp * cp == 1)) continue;
-                    for (int spi = 0; spi < 2; ++spi) {
+                    for (int mode = 0; mode < 4; ++mode) {  // sequence parallelism (bit 0), expert tp (bit 1)
+                      const int spi = mode & 1;
+                      const bool etp = (mode & 2) != 0;
                       if (space.sequence_parallel ? (bool(spi) != *space.sequence_parallel)
                                                   : (spi == 1 && (tp == 1 || cp > 1)))
+                        continue;
+                      if (space.expert_tensor_parallel ? (etp != *space.expert_tensor_parallel)
+                                                       : (etp && (tp == 1 || p.model.experts == 0)))
                         continue;
                       ParallelConfig c;
                       c.tp = tp, c.pp = pp, c.dp = dp, c.cp = cp, c.ep = ep, c.microbatch_size = mbs, c.schedule = s,
                       c.virtual_stages = v;
                       c.recompute = rc, c.zero = parallel::zero_stage_from_number(z), c.sequence_parallel = bool(spi);
+                      c.etp = etp ? tp : 1;
                       c.microbatches = std::max<std::size_t>(1, p.global_batch / (dp * mbs));
                       ++plan.considered;
                       if (auto why = structural_problem(p, c)) {
@@ -644,14 +657,14 @@ namespace detail {
                       // in), when it differs, and where that does not fit the balanced one within each stage's
                       // memory: the simulator decides which is fastest.
                       const bool even_fits = admit(c);
-                      if (rc == Recompute::none) none_fits[z][spi] = even_fits;
-                      if (rc == Recompute::full && even_fits && !none_fits[z][spi] && space.mix_recompute &&
+                      if (rc == Recompute::none) none_fits[z][mode] = even_fits;
+                      if (rc == Recompute::full && even_fits && !none_fits[z][mode] && space.mix_recompute &&
                           !space.recompute && pp > 1)
                         if (auto mixed = per_rank_recompute(p.model, c, cm.precision(), peaks, budget, o.memory)) {
                           ++plan.considered, ++plan.mixed;
                           admit(*mixed);
                         }
-                      if (rc == Recompute::full && even_fits && !none_fits[z][spi] && space.mix_recompute &&
+                      if (rc == Recompute::full && even_fits && !none_fits[z][mode] && space.mix_recompute &&
                           space.mix_block_recompute && !space.recompute)
                         if (auto blocks =
                                 per_block_recompute(p.model, c, cm, place(c, p.cluster.gpus_per_node, o.placement),
@@ -661,7 +674,7 @@ namespace detail {
                         }
                       if (space.balance_stages && c.stages() > 1) {
                         const GroupPlacement g = place(c, p.cluster.gpus_per_node, o.placement);
-                        const auto key = std::make_tuple(tp, cp, ep, dp, mbs, rc, bool(spi), pp, v);
+                        const auto key = std::make_tuple(tp, cp, ep, dp, mbs, rc, mode, pp, v);
                         auto it = layouts.find(key);
                         if (it == layouts.end()) it = layouts.emplace(key, balanced_stage_layers(cm, c, g)).first;
                         const std::vector<std::size_t> even = stage_layout(p.model, c);

@@ -52,6 +52,9 @@ struct TrainingPlan {
   std::size_t microbatches = 1;
   ZeroStage zero = ZeroStage::none;
   bool sequence_parallel = false;
+  /// The experts' tensor-parallel size (train_gpt's --etp): 1, or tp (each expert split over the tensor group).
+  /// Written when it is not 1; a plan without it keeps whole experts.
+  std::size_t etp = 1;
   std::vector<std::size_t> stage_layers;    ///< blocks per global stage, pp x v entries summing to `layers`
   std::vector<Recompute> recompute_stages;  ///< per global stage: what its backward recomputes
   /// Empty, or per global stage nothing (every block as `recompute_stages`) or one mode per block of the stage, the
@@ -102,6 +105,9 @@ struct TrainingPlan {
               " (\"recompute_blocks\"), but \"recompute_stages\" says ", recompute_name(recompute_stages[s]),
               "; a stage's mode is the most its blocks recompute");
     }
+    require(etp >= 1 && (etp == 1 || (etp == tp && experts > 0)), "plan: \"etp\" ", etp,
+            " must be 1 or, with experts, \"tp\" ", tp,
+            ": the experts split over the whole tensor group or not at all");
     if (family != nn::ModelFamily::llama) {
       require(kv_heads == 0 && ffn == 0,
               "plan: \"model.kv_heads\" and \"model.ffn\" are Llama's; with them, "
@@ -138,7 +144,9 @@ struct TrainingPlan {
        << ",\n  \"v\": " << v << ",\n  \"dp\": " << dp << ",\n  \"cp\": " << cp << ",\n  \"ep\": " << ep
        << ",\n  \"schedule\": " << json_quoted(schedule_name(schedule)) << ",\n  \"microbatches\": " << microbatches
        << ",\n  \"zero\": " << parallel::stage_number(zero)
-       << ",\n  \"sequence_parallel\": " << (sequence_parallel ? "true" : "false") << ",\n  \"stage_layers\": ";
+       << ",\n  \"sequence_parallel\": " << (sequence_parallel ? "true" : "false");
+    if (etp != 1) os << ",\n  \"etp\": " << etp;
+    os << ",\n  \"stage_layers\": ";
     list(stage_layers);
     os << ",\n  \"recompute_stages\": ";
     list(recompute_stages);
@@ -196,6 +204,7 @@ struct TrainingPlan {
     require(zero <= 3, "plan: \"zero\" is ", zero, "; a ZeRO stage is 0, 1, 2 or 3");
     p.zero = parallel::zero_stage_from_number(static_cast<long long>(zero));
     p.sequence_parallel = f.boolean("sequence_parallel");
+    if (f.has("etp")) p.etp = f.count("etp");
     for (const JsonValue& e : f.array("stage_layers")) p.stage_layers.push_back(Fields::count_of(e, "stage_layers"));
     const auto mode_of = [](const JsonValue& e, const char* key) {
       const std::string* name = e.string();
