@@ -116,7 +116,8 @@ TEST_CASE("TopKCompressor: with error feedback the applied updates converge to t
 TEST_CASE("OrderedP2pCommunicator: messages pair in issue order, tags ignored, a group completes as a whole",
           "[comm][adaptors][nccl-semantics]") {
   using Nccl = OrderedP2pCommunicator<ThreadsCommunicator>;
-  static_assert(mpar::detail::ordered_point_to_point<Nccl> && !mpar::detail::ordered_point_to_point<ThreadsCommunicator>);
+  static_assert(mpar::detail::ordered_point_to_point<Nccl> &&
+                !mpar::detail::ordered_point_to_point<ThreadsCommunicator>);
   // Catch's assertions are not thread-safe: each rank records, the main thread checks.
   std::vector<std::vector<float>> got(2);
   std::vector<std::vector<bool>> done(2);

@@ -28,7 +28,8 @@ using nn::Activation;
 using nn::ComputeType;
 
 static_assert(mpar::nn::detail::fused_attention_backend<CudaBackend>, "CudaBackend's attention runs the fused kernels");
-static_assert(!mpar::nn::detail::fused_attention_backend<HostBackend>, "HostBackend's attention stays the batched products");
+static_assert(!mpar::nn::detail::fused_attention_backend<HostBackend>,
+              "HostBackend's attention stays the batched products");
 
 namespace {
 

@@ -118,7 +118,8 @@ struct FusedHostBackend : ResidualLnHostBackend {
 };
 static_assert(backend<FusedHostBackend> && backend<ResidualLnHostBackend>);
 static_assert(!mpar::nn::detail::fused_attention_backend<ResidualLnHostBackend>);
-static_assert(mpar::nn::detail::fused_attention_backend<FusedHostBackend> && !mpar::nn::detail::fused_attention_backend<HostBackend>);
+static_assert(mpar::nn::detail::fused_attention_backend<FusedHostBackend> &&
+              !mpar::nn::detail::fused_attention_backend<HostBackend>);
 static_assert(mpar::nn::detail::fused_residual_layernorm_backend<FusedHostBackend> &&
               !mpar::nn::detail::fused_residual_layernorm_backend<HostBackend>);
 

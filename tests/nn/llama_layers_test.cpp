@@ -25,7 +25,8 @@ using namespace mpar::testing;
 using namespace mpar::testing::llama;
 
 // The optional family: the host reference, both stream backends and a counting wrapper of each have it.
-static_assert(mpar::detail::llama_kernel_backend<HostBackend> && mpar::detail::llama_kernel_backend<StreamHostBackend> &&
+static_assert(mpar::detail::llama_kernel_backend<HostBackend> &&
+              mpar::detail::llama_kernel_backend<StreamHostBackend> &&
               mpar::detail::llama_kernel_backend<DiscreteHostBackend>);
 static_assert(mpar::detail::llama_kernel_backend<observe::CountingBackend<HostBackend>> &&
               mpar::detail::llama_kernel_backend<observe::CountingBackend<StreamHostBackend>>);

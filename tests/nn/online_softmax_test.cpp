@@ -10,8 +10,8 @@
 #include <string>
 #include <vector>
 
-#include <mpar/backend/host/host_backend.hpp>
 #include <mpar/backend/detail/online_softmax_backend.hpp>
+#include <mpar/backend/host/host_backend.hpp>
 
 #include "nn_test_support.hpp"
 

@@ -589,7 +589,8 @@ TEST_CASE(
     "nn stages under ZB-H1: W actions run the weight GEMMs and the measured costs predict a smaller bubble than 1F1B",
     "[pipeline][executor][zb]") {
   using Mlp = nn::MlpStage<ThreadsCommunicator>;
-  static_assert(mpar::pipeline::detail::split_backward_part<Mlp>, "an nn::Stage of tensor-parallel layers splits its backward");
+  static_assert(mpar::pipeline::detail::split_backward_part<Mlp>,
+                "an nn::Stage of tensor-parallel layers splits its backward");
   // Big enough that every GEMM takes measurable time.
   constexpr std::size_t hidden = 128, ffn = 512, rows = 128;
   const int P = 2, M = 4;

@@ -12,8 +12,8 @@ namespace {
 using namespace mpar;
 
 template <class B>
-constexpr bool every_family =
-    mpar::detail::memory_backend<B>&& mpar::detail::gemm_backend<B>&& mpar::detail::layer_kernel_backend<B>&& mpar::detail::optimizer_backend<B>&& mpar::detail::routing_backend<B>;
+constexpr bool every_family = mpar::detail::memory_backend<B>&& mpar::detail::gemm_backend<B>&&
+    mpar::detail::layer_kernel_backend<B>&& mpar::detail::optimizer_backend<B>&& mpar::detail::routing_backend<B>;
 
 static_assert(backend<HostBackend> && every_family<HostBackend>);
 static_assert(backend<StreamHostBackend> && every_family<StreamHostBackend>);
@@ -39,15 +39,17 @@ struct RoutingOnly {
                                 float, float, const float*, float*) {}
 };
 static_assert(mpar::detail::routing_backend<RoutingOnly>);
-static_assert(!mpar::detail::gemm_backend<RoutingOnly> && !mpar::detail::layer_kernel_backend<RoutingOnly> && !mpar::detail::optimizer_backend<RoutingOnly> &&
-              !mpar::detail::memory_backend<RoutingOnly> && !backend<RoutingOnly>);
+static_assert(!mpar::detail::gemm_backend<RoutingOnly> && !mpar::detail::layer_kernel_backend<RoutingOnly> &&
+              !mpar::detail::optimizer_backend<RoutingOnly> && !mpar::detail::memory_backend<RoutingOnly> &&
+              !backend<RoutingOnly>);
 static_assert(!backend<int> && !mpar::detail::gemm_backend<int> && !mpar::detail::memory_backend<int>);
 
 // Capture is a capability of its own: the stream backends (and a counting wrapper of one) have it, HostBackend,
 // whose operations have run when they return, does not; the capture members alone make no backend.
 static_assert(mpar::detail::graph_backend<StreamHostBackend> && mpar::detail::graph_backend<DiscreteHostBackend> &&
               mpar::detail::graph_backend<observe::CountingBackend<StreamHostBackend>>);
-static_assert(!mpar::detail::graph_backend<HostBackend> && !mpar::detail::graph_backend<observe::CountingBackend<HostBackend>>);
+static_assert(!mpar::detail::graph_backend<HostBackend> &&
+              !mpar::detail::graph_backend<observe::CountingBackend<HostBackend>>);
 struct CaptureOnly {
   struct graph_type {};
   static void begin_capture() {}

@@ -19,7 +19,8 @@ static_assert(Extents<dyn, 8, dyn>::rank_dynamic() == 2);
 static_assert(mpar::detail::extents_type<Extents<1>> && !mpar::detail::extents_type<int>);
 
 // ---- element types ----
-static_assert(mpar::detail::element_type<float> && mpar::detail::element_type<double> && mpar::detail::element_type<bf16> && mpar::detail::element_type<f16>);
+static_assert(mpar::detail::element_type<float> && mpar::detail::element_type<double> &&
+              mpar::detail::element_type<bf16> && mpar::detail::element_type<f16>);
 static_assert(!mpar::detail::element_type<int> && !mpar::detail::element_type<std::vector<float>>);
 static_assert(std::is_same_v<compute_type_t<bf16>, float> && std::is_same_v<compute_type_t<double>, double>);
 static_assert(sizeof(bf16) == 2 && sizeof(f16) == 2);
@@ -41,7 +42,8 @@ static_assert(std::is_empty_v<Shard<0, axis::tensor>> && std::is_final_v<Shard<0
               "layouts are final empty tags");
 
 // ---- mesh and divisibility ----
-static_assert(mpar::detail::device_mesh<DeviceMesh<2, 2, 2>> && mpar::detail::device_mesh<DynamicMesh> && !mpar::detail::device_mesh<int>);
+static_assert(mpar::detail::device_mesh<DeviceMesh<2, 2, 2>> && mpar::detail::device_mesh<DynamicMesh> &&
+              !mpar::detail::device_mesh<int>);
 static_assert(sizeof(DeviceMesh<2, 2, 2, 1>) == 2 * sizeof(std::size_t),
               "a static mesh stores only the tensor-grid and context factors");
 static_assert(DeviceMesh<2, 2, 2>{}.world_size() == 8);

@@ -103,8 +103,11 @@ using namespace mpar::nn;
 static_assert(layer<Gelu> && layer<Megatron> && layer<TransformerBlock<C>>, "typed modules");
 static_assert(!module<Megatron> && !module<TransformerBlock<C>> && !module<SelfAttention<C>>,
               "compositions are typed only: no forward(const Activation&) on a Stage, a block or attention");
-static_assert(module<Megatron, Act<Replicate>> && mpar::nn::detail::split_backward_module<Megatron, Act<Replicate>>, "typed");
+static_assert(module<Megatron, Act<Replicate>> && mpar::nn::detail::split_backward_module<Megatron, Act<Replicate>>,
+              "typed");
 static_assert(mpar::nn::detail::split_backward_module<TransformerBlock<C, true>, Act<TokenShard>>);
-static_assert(mpar::nn::detail::block_ffn<MlpStage<C>, Replicate> && mpar::nn::detail::block_ffn<MlpStage<C, dyn, dyn, dyn, true>, TokenShard>);
-static_assert(mpar::nn::detail::split_backward_layer<Col> && mpar::nn::detail::split_backward_layer<Row> && !mpar::nn::detail::split_backward_layer<Gelu>);
+static_assert(mpar::nn::detail::block_ffn<MlpStage<C>, Replicate> &&
+              mpar::nn::detail::block_ffn<MlpStage<C, dyn, dyn, dyn, true>, TokenShard>);
+static_assert(mpar::nn::detail::split_backward_layer<Col> && mpar::nn::detail::split_backward_layer<Row> &&
+              !mpar::nn::detail::split_backward_layer<Gelu>);
 }  // namespace

@@ -349,7 +349,8 @@ TEMPLATE_TEST_CASE("AdamW::step_in_rank: replays of a captured update equal eage
 TEST_CASE("graph_backend: the stream backends and their graphs model the concept", "[stream][graph]") {
   STATIC_REQUIRE(mpar::detail::graph_backend<StreamHostBackend>);
   STATIC_REQUIRE(mpar::detail::graph_backend<DiscreteHostBackend>);
-  STATIC_REQUIRE(!mpar::detail::graph_backend<HostBackend>);  // its operations run before they return: nothing to record
+  STATIC_REQUIRE(
+      !mpar::detail::graph_backend<HostBackend>);  // its operations run before they return: nothing to record
 }
 
 TEMPLATE_TEST_CASE(

@@ -13,15 +13,15 @@
 #include <cstdint>
 
 #include "mpar/backend/detail/gemm_backend.hpp"
-#include "mpar/backend/host/accumulate.hpp"      // the host reference of accumulate
-#include "mpar/backend/host/gemm_bias_gelu.hpp"  // the host reference of gemm_bias_gelu
 #include "mpar/backend/detail/layer_kernel_backend.hpp"
 #include "mpar/backend/detail/memory_backend.hpp"
 #include "mpar/backend/detail/optimizer_backend.hpp"
 #include "mpar/backend/detail/routing_backend.hpp"
 #include "mpar/backend/detail/stream_ordered.hpp"
-#include "mpar/backend/types.hpp"  // Trans, host::DropoutMask (the same on every backend)
-#include "mpar/core/dtype.hpp"     // bf16
+#include "mpar/backend/host/accumulate.hpp"      // the host reference of accumulate
+#include "mpar/backend/host/gemm_bias_gelu.hpp"  // the host reference of gemm_bias_gelu
+#include "mpar/backend/types.hpp"                // Trans, host::DropoutMask (the same on every backend)
+#include "mpar/core/dtype.hpp"                   // bf16
 
 namespace mpar {
 
@@ -57,8 +57,9 @@ namespace mpar {
  * keeps it, and `DiscreteHostBackend` also makes every host access to rank memory fault.
  */
 template <class B>
-concept backend = detail::memory_backend<B> && detail::gemm_backend<B> && detail::layer_kernel_backend<B> && detail::optimizer_backend<B> &&
-    detail::routing_backend<B> && requires(const float* a, float* c, const bf16* h, std::size_t n, double* acc) {
+concept backend = detail::memory_backend<B> && detail::gemm_backend<B> && detail::layer_kernel_backend<B> &&
+    detail::optimizer_backend<B> && detail::routing_backend<B> &&
+    requires(const float* a, float* c, const bf16* h, std::size_t n, double* acc) {
   // The fused GEMM epilogue of the MLP's first projection (backend/host/gemm_bias_gelu.hpp).
   B::gemm_bias_gelu(n, n, n, a, n, a, n, a, c, c);
   B::gemm_bias_gelu(n, n, n, h, n, h, n, a, c, c);

@@ -17,14 +17,14 @@
  * - In place: `all_reduce` and `broadcast` work in place; for the others send and receive buffers
  *   must not overlap unless stated.
  */
+#include "mpar/comm/comm_error.hpp"
 #include "mpar/comm/detail/asynchronous_communicator.hpp"
 #include "mpar/comm/detail/collective_communicator.hpp"
-#include "mpar/comm/comm_error.hpp"
 #include "mpar/comm/detail/comm_group.hpp"
 #include "mpar/comm/detail/comm_request.hpp"
-#include "mpar/comm/in_span.hpp"
 #include "mpar/comm/detail/point_to_point_communicator.hpp"
 #include "mpar/comm/detail/splittable_communicator.hpp"
+#include "mpar/comm/in_span.hpp"
 #include "mpar/core/dtype.hpp"
 #include "mpar/core/layout.hpp"
 
@@ -37,11 +37,11 @@ namespace mpar {
  * (a layer that only all-reduces) can require only those parts.
  */
 template <class C>
-concept communicator = detail::collective_communicator<C> && detail::point_to_point_communicator<C> && detail::asynchronous_communicator<C> &&
-    detail::splittable_communicator<C>;
+concept communicator = detail::collective_communicator<C> && detail::point_to_point_communicator<C> &&
+    detail::asynchronous_communicator<C> && detail::splittable_communicator<C>;
 
 }  // namespace mpar
 
 // The pieces that are written against `communicator` itself.
 #include "mpar/comm/detail/ordered_point_to_point.hpp"  // IWYU pragma: export
-#include "mpar/comm/same_group.hpp"              // IWYU pragma: export
+#include "mpar/comm/same_group.hpp"                     // IWYU pragma: export

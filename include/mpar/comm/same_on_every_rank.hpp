@@ -81,12 +81,12 @@ void require_same_on_every_rank(Comm& world, const std::vector<RankSetting>& set
   for (std::size_t i = 0; i < n; ++i)
     if (hi[i] != lo[i])
       differ += detail::cat(differ.empty() ? "" : ", ", settings[i].name, " (", settings[i].value, " on rank ",
-                                  world.rank(), ")");
+                            world.rank(), ")");
   if (!differ.empty())
-    throw config_error(detail::cat(
-        who, ": the ranks were started with different settings: ", differ,
-        "; every rank must get the same options and the same data (under mpirun: one command line for all "
-        "ranks, and identical data files on every node)"));
+    throw config_error(
+        detail::cat(who, ": the ranks were started with different settings: ", differ,
+                    "; every rank must get the same options and the same data (under mpirun: one command line for all "
+                    "ranks, and identical data files on every node)"));
 }
 
 }  // namespace mpar

@@ -6,8 +6,8 @@
 #include <ostream>
 #include <type_traits>
 
-#include "mpar/core/error.hpp"
 #include "mpar/core/detail/extents_type.hpp"
+#include "mpar/core/error.hpp"
 
 namespace mpar {
 

@@ -61,7 +61,7 @@ class JsonReader {
         ++column;
     }
     throw config_error(detail::cat("JSON: line ", line, ", column ", column, ": ", what,
-                                         i_ >= s_.size() ? " (the text ends here: truncated?)" : ""));
+                                   i_ >= s_.size() ? " (the text ends here: truncated?)" : ""));
   }
   void skip_space() {
     while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) ++i_;

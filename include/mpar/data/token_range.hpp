@@ -11,8 +11,8 @@
 #include <utility>
 
 #include "mpar/core/error.hpp"
-#include "mpar/data/fingerprint.hpp"
 #include "mpar/data/detail/random_access_tokens.hpp"
+#include "mpar/data/fingerprint.hpp"
 #include "mpar/data/sampler.hpp"
 #include "mpar/data/token_batch.hpp"
 

@@ -17,9 +17,9 @@
 #include "mpar/nn/activation.hpp"
 #include "mpar/nn/detail/droppable_module.hpp"
 #include "mpar/nn/detail/layer_contract.hpp"
+#include "mpar/nn/detail/split_backward_module.hpp"
 #include "mpar/nn/module.hpp"
 #include "mpar/nn/parameter.hpp"
-#include "mpar/nn/detail/split_backward_module.hpp"
 #include "mpar/nn/typed_layer.hpp"
 
 namespace mpar::nn {
@@ -37,8 +37,8 @@ using layer_output_t = Act<typename L::template output_layout<typename L::defaul
  * and run-time `in_features()` / `out_features()` (0 for layers that preserve their input's features).
  */
 template <class L>
-concept layer = detail::layer_contract<L> && module<L, layer_input_t<L>, layer_output_t<L>> && detail::droppable_module<L> &&
-    requires(const L& l) {
+concept layer = detail::layer_contract<L> && module<L, layer_input_t<L>, layer_output_t<L>> &&
+    detail::droppable_module<L> && requires(const L& l) {
   { l.in_features() } -> std::convertible_to<std::size_t>;
   { l.out_features() } -> std::convertible_to<std::size_t>;
 };

@@ -51,8 +51,8 @@
 #include <utility>
 #include <vector>
 
-#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/backend/detail/online_softmax_backend.hpp"
+#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/layout.hpp"
 #include "mpar/nn/activation.hpp"

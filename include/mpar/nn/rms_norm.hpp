@@ -13,8 +13,8 @@
 #include <utility>
 #include <vector>
 
-#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/backend/detail/llama_kernel_backend.hpp"
+#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/layer.hpp"
@@ -39,10 +39,11 @@ class RMSNorm : public detail::TypedLayer<RMSNorm<L, C, B>> {
   static_assert(std::is_same_v<L, Replicate> || communicator<C>,
                 "mpar::nn::RMSNorm<Shard<0, tensor>, C>: sequence-parallel RMSNorm needs the tensor communicator type "
                 "C to all-reduce its gain gradient");
-  static_assert(mpar::detail::llama_kernel_backend<B>,
-                "mpar::nn::RMSNorm<L, C, B>: backend B lacks the Llama-class kernels (rmsnorm_forward, "
-                "rmsnorm_backward: the llama_kernel_backend concept, backend/detail/llama_kernel_backend.hpp). Fix: use "
-                "HostBackend, StreamHostBackend or DiscreteHostBackend, or give B those operations");
+  static_assert(
+      mpar::detail::llama_kernel_backend<B>,
+      "mpar::nn::RMSNorm<L, C, B>: backend B lacks the Llama-class kernels (rmsnorm_forward, "
+      "rmsnorm_backward: the llama_kernel_backend concept, backend/detail/llama_kernel_backend.hpp). Fix: use "
+      "HostBackend, StreamHostBackend or DiscreteHostBackend, or give B those operations");
   static constexpr bool sequence_parallel = std::is_same_v<L, TokenShard>;
 
  public:

@@ -10,8 +10,8 @@
 #include <string_view>
 #include <vector>
 
-#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/backend/detail/llama_kernel_backend.hpp"
+#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/core/host_access.hpp"
 #include "mpar/nn/activation.hpp"
 #include "mpar/nn/parameter.hpp"

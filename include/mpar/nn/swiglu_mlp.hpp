@@ -15,8 +15,8 @@
 #include <string_view>
 #include <type_traits>
 
-#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/backend/detail/llama_kernel_backend.hpp"
+#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/column_parallel.hpp"
 #include "mpar/nn/layer.hpp"

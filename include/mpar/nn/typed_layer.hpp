@@ -15,9 +15,9 @@
 #include "mpar/core/mesh.hpp"
 #include "mpar/nn/activation.hpp"
 #include "mpar/nn/detail/droppable_module.hpp"
+#include "mpar/nn/detail/split_backward_module.hpp"
 #include "mpar/nn/module.hpp"
 #include "mpar/nn/parameter.hpp"
-#include "mpar/nn/detail/split_backward_module.hpp"
 
 namespace mpar::nn {
 

@@ -189,8 +189,8 @@ class Executor {
             " stage objects but the schedule has V = ", c.chunks, " chunks per rank");
     for (std::size_t i = 0; i < chunks_.size(); ++i)
       require(chunks_[i] != nullptr, "pipeline::Executor: chunk ", i, " on rank ", comm_.rank(), " is null");
-    grouped_ =
-        opt_.p2p == PointToPoint::grouped || (opt_.p2p == PointToPoint::automatic && mpar::detail::ordered_point_to_point<Comm>);
+    grouped_ = opt_.p2p == PointToPoint::grouped ||
+               (opt_.p2p == PointToPoint::automatic && mpar::detail::ordered_point_to_point<Comm>);
     if constexpr (mpar::detail::ordered_point_to_point<Comm>)
       require(grouped_, "pipeline::Executor: communicator '", comm_.name(),
               "' matches point-to-point messages in issue order without tags, so receives cannot be posted at step "

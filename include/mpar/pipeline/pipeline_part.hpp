@@ -68,7 +68,7 @@ concept pipeline_part = requires {
 }
 &&nn::module<S, nn::Act<input_layout_t<S>>, nn::Act<output_layout_t<S>>> &&
     (!detail::has_loss_layout<S> || requires(S & s, const nn::Act<input_layout_t<S>>& x,
-                                     const nn::Act<nn::grad_layout_t<loss_layout_t<S>>>& dy, int mb) {
+                                             const nn::Act<nn::grad_layout_t<loss_layout_t<S>>>& dy, int mb) {
       { s.forward_to_loss(x, mb) } -> std::same_as<nn::Act<loss_layout_t<S>>>;
       { s.backward(dy, mb) } -> std::same_as<nn::Act<nn::grad_layout_t<input_layout_t<S>>>>;
     });
@@ -78,6 +78,6 @@ concept pipeline_part = requires {
 // What is written against `pipeline_part`, each in its own header; included here so that code including this
 // header sees it as it always did.
 #include "mpar/pipeline/detail/droppable_part.hpp"       // IWYU pragma: export
-#include "mpar/pipeline/loss_fn.hpp"              // IWYU pragma: export
-#include "mpar/pipeline/part_chain.hpp"           // IWYU pragma: export
 #include "mpar/pipeline/detail/split_backward_part.hpp"  // IWYU pragma: export
+#include "mpar/pipeline/loss_fn.hpp"                     // IWYU pragma: export
+#include "mpar/pipeline/part_chain.hpp"                  // IWYU pragma: export

@@ -7,11 +7,11 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "mpar/backend/host/buffer_ops.hpp"  // the host reference of zero, fill, copy, convert
 #include "mpar/backend/detail/stream_ordered.hpp"
-#include "mpar/core/dtype.hpp"            // bf16
-#include "mpar/core/init.hpp"             // InitBlock
-#include "mpar/core/memory_resource.hpp"  // Buffer
+#include "mpar/backend/host/buffer_ops.hpp"  // the host reference of zero, fill, copy, convert
+#include "mpar/core/dtype.hpp"               // bf16
+#include "mpar/core/init.hpp"                // InitBlock
+#include "mpar/core/memory_resource.hpp"     // Buffer
 
 namespace mpar::detail {
 

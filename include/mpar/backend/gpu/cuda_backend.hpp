@@ -13,6 +13,8 @@
 
 #include "mpar/backend/backend.hpp"
 #include "mpar/backend/copy_2d_shape.hpp"
+#include "mpar/backend/detail/graph_backend.hpp"
+#include "mpar/backend/detail/llama_kernel_backend.hpp"
 #include "mpar/backend/gpu/accumulate.hpp"
 #include "mpar/backend/gpu/buffer_ops.hpp"
 #include "mpar/backend/gpu/context.hpp"
@@ -27,8 +29,6 @@
 #include "mpar/backend/gpu/moe_routing.hpp"
 #include "mpar/backend/gpu/online_softmax.hpp"
 #include "mpar/backend/gpu/row_kernels.hpp"
-#include "mpar/backend/detail/graph_backend.hpp"
-#include "mpar/backend/detail/llama_kernel_backend.hpp"
 // Fused kernels (classifier, residual + layer norm): their operations are in the block below `gemm_bias_gelu`.
 #include "mpar/backend/gpu/classifier.hpp"
 #include "mpar/backend/gpu/residual_layernorm.hpp"

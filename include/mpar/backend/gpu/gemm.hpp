@@ -13,8 +13,8 @@
 
 #include "mpar/backend/gpu/context.hpp"
 #include "mpar/backend/gpu/cuda_error.hpp"
-#include "mpar/backend/gpu/element_types.hpp"
 #include "mpar/backend/gpu/detail/gemm_types.hpp"
+#include "mpar/backend/gpu/element_types.hpp"
 #include "mpar/backend/gpu/runtime.hpp"  // cuBLAS and cuBLASLt, or their emulation
 #include "mpar/backend/host/gemm.hpp"    // mpar::Trans
 

@@ -12,9 +12,9 @@
 #include <cmath>
 #include <cstddef>
 
+#include "mpar/backend/detail/online_softmax_backend.hpp"
 #include "mpar/backend/gpu/kernels.hpp"  // grid_for, block_threads, pick, block_reduce, check_launch
 #include "mpar/backend/gpu/runtime.hpp"
-#include "mpar/backend/detail/online_softmax_backend.hpp"
 
 namespace mpar::gpu {
 

@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "mpar/backend/backend.hpp"
+#include "mpar/backend/detail/llama_kernel_backend.hpp"
 #include "mpar/backend/host/accumulate.hpp"
 #include "mpar/backend/host/buffer_ops.hpp"
 #include "mpar/backend/host/gelu_backward_bias.hpp"
@@ -16,7 +17,6 @@
 #include "mpar/backend/host/moe_routing.hpp"
 #include "mpar/backend/host/online_softmax.hpp"
 #include "mpar/backend/host/retained_memory.hpp"
-#include "mpar/backend/detail/llama_kernel_backend.hpp"
 #include "mpar/core/memory_resource.hpp"
 
 #if defined(MPAR_HAVE_OPENBLAS)

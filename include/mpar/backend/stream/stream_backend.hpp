@@ -40,9 +40,9 @@
 #include "mpar/backend/backend.hpp"
 #include "mpar/backend/copy_2d_shape.hpp"
 #include "mpar/backend/detail/graph_backend.hpp"
-#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/backend/detail/llama_kernel_backend.hpp"
 #include "mpar/backend/detail/online_softmax_backend.hpp"
+#include "mpar/backend/host/host_backend.hpp"
 #include "mpar/backend/stream/emulated_memory.hpp"
 #include "mpar/backend/stream/stream.hpp"
 #include "mpar/backend/stream/stream_graph.hpp"
@@ -341,7 +341,9 @@ static_assert(backend<StreamHostBackend>);
 static_assert(backend<DiscreteHostBackend>);
 static_assert(mpar::detail::graph_backend<StreamHostBackend>);
 static_assert(mpar::detail::graph_backend<DiscreteHostBackend>);
-static_assert(mpar::detail::online_softmax_backend<StreamHostBackend> && mpar::detail::online_softmax_backend<DiscreteHostBackend>);
-static_assert(mpar::detail::llama_kernel_backend<StreamHostBackend> && mpar::detail::llama_kernel_backend<DiscreteHostBackend>);
+static_assert(mpar::detail::online_softmax_backend<StreamHostBackend> &&
+              mpar::detail::online_softmax_backend<DiscreteHostBackend>);
+static_assert(mpar::detail::llama_kernel_backend<StreamHostBackend> &&
+              mpar::detail::llama_kernel_backend<DiscreteHostBackend>);
 
 }  // namespace mpar

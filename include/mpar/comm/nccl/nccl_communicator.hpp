@@ -167,8 +167,8 @@ struct NcclState {
   std::shared_ptr<P2pBatch> open_batch;
 
   [[nodiscard]] std::string where(const char* op, std::size_t count, std::uint64_t n) const {
-    return detail::cat("rank ", rank, " of group '", opt.name, "' (size ", size, "), ", op, " #", n, " of ",
-                             count, " elements");
+    return detail::cat("rank ", rank, " of group '", opt.name, "' (size ", size, "), ", op, " #", n, " of ", count,
+                       " elements");
   }
   [[nodiscard]] std::string where(const char* op, std::size_t count) const { return where(op, count, seq); }
   /** Aborts the communicator (once) and keeps `msg` as the report; `mu` is held. */
@@ -402,8 +402,7 @@ class NcclCommunicator {
     MPI_Comm_rank(comm, &rank);
     MPI_Comm_size(comm, &size);
     const int ndev = gpu::device_count();
-    if (ndev == 0)
-      throw comm_error(detail::cat("NcclCommunicator::from_mpi: MPI rank ", rank, " sees no CUDA device"));
+    if (ndev == 0) throw comm_error(detail::cat("NcclCommunicator::from_mpi: MPI rank ", rank, " sees no CUDA device"));
     ncclUniqueId id{};
     if (rank == 0) id = make_unique_id();
     MPI_Bcast(&id, int(sizeof id), MPI_BYTE, 0, comm);

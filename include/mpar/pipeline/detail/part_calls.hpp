@@ -6,9 +6,9 @@
 
 #include "mpar/nn/activation.hpp"
 #include "mpar/pipeline/detail/has_loss_layout.hpp"
+#include "mpar/pipeline/detail/split_backward_part.hpp"
 #include "mpar/pipeline/loss_fn.hpp"
 #include "mpar/pipeline/pipeline_part.hpp"
-#include "mpar/pipeline/detail/split_backward_part.hpp"
 
 namespace mpar::pipeline {
 

@@ -13,7 +13,7 @@ namespace mpar::pipeline::detail {
  * schedules exploit the split, and on a stage without it B runs the whole backward and W is empty.
  */
 template <class S>
-concept split_backward_part =
-    pipeline_part<S> && mpar::nn::detail::split_backward_module<S, nn::Act<input_layout_t<S>>, nn::Act<output_layout_t<S>>>;
+concept split_backward_part = pipeline_part<S> &&
+    mpar::nn::detail::split_backward_module<S, nn::Act<input_layout_t<S>>, nn::Act<output_layout_t<S>>>;
 
 }  // namespace mpar::pipeline::detail
