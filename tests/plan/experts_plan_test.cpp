@@ -228,6 +228,16 @@ TEST_CASE("configurations the trainer refuses with experts are rejected with the
   for (const Rejection& r : plan.rejected)
     if (r.kind == "context") CHECK_THAT(r.reason, Catch::Contains("cp > 1 needs a dense model"));
   CHECK_THROWS_WITH(search(p, cm, SearchSpace{.ep = 3}), Catch::Contains("does not divide the 16 experts"));
+  // Sequence parallelism with experts (train_gpt refuses it): never a plan, always the reason.
+  SearchSpace sp;
+  sp.tp = 2, sp.sequence_parallel = true;
+  const Plan with_sp = search(p, cm, sp);
+  CHECK(with_sp.best.empty());
+  REQUIRE(with_sp.rejected_by_kind.count("experts"));
+  bool said = false;
+  for (const Rejection& r : with_sp.rejected)
+    said = said || r.reason.find("not sequence-parallel") != std::string::npos;
+  CHECK(said);
   p.model.experts = 0;
   CHECK_THROWS_WITH(search(p, CostModel(p.model, p.cluster), SearchSpace{.ep = 2}),
                     Catch::Contains("the model has none"));

@@ -213,10 +213,7 @@ class CostModel {
     // Dispatch and combine: two all-to-alls forward, their two transposes backward; with expert tensor parallelism
     // one all-reduce of the slots over the tensor ranks in each direction.
     const double a2a =
-        2 * all_to_all_seconds(w.all_to_all_bytes, c, g) +
-        (w.expert_reduce_bytes > 0
-             ? best_collective(Collective::all_reduce, w.expert_reduce_bytes, g.tensor, network()).seconds
-             : 0.0);
+        2 * all_to_all_seconds(w.all_to_all_bytes, c, g) + tp_collective_seconds(w.expert_reduce_bytes, c, g);
     const double core = attention_core_seconds(w);
     ChunkCosts l;
     l.forward = (w.linear_flops + w.expert_flops) / gemm + core + w.elementwise_bytes / ew + ar + a2a;

@@ -380,6 +380,10 @@ namespace detail {
     return rej("experts",
                mpar::detail::cat("etp=", c.etp, " splits experts over the tensor ranks: it needs experts and ",
                                  "etp = tp (", c.tp, ")"));
+  if (c.sequence_parallel && m.experts > 0)
+    return rej("experts",
+               "the MoE blocks are not sequence-parallel in mpar (train_gpt refuses it); sp needs a dense "
+               "model");
   if (c.cp > 1 && m.experts > 0)
     return rej("context",
                "mpar does not combine context parallelism with experts (the load-balancing statistics "
