@@ -348,6 +348,27 @@ inline std::string generate(const models::GptConfig& mc, const data::CharDataset
   return out;
 }
 
+/** The most steps one 2bw program runs without a flush: the flush's bubble is paid once per program. */
+inline constexpr std::size_t max_steps_per_2bw_program = 16;
+
+/**
+ * How many steps the next `train_steps` call runs. Under 2bw they are one program without a flush (the trainer runs
+ * them so in fp32; otherwise step by step), ending where the loop acts between steps: validation, a checkpoint, the
+ * traced step, the last step. A stop signal is honoured after the program. Other schedules: one step.
+ */
+inline std::size_t steps_in_one_program(std::size_t step, const models::GptTrainConfig& cfg, const Options& o,
+                                        bool validates) {
+  if (cfg.schedule != pipeline::ScheduleKind::two_bw) return 1;
+  std::size_t end = std::min(cfg.steps, step + max_steps_per_2bw_program);
+  auto stop_at_multiple = [&](std::size_t every) {
+    if (every > 0) end = std::min(end, (step / every + 1) * every);
+  };
+  if (validates) stop_at_multiple(o.val_every);
+  if (!o.save.empty()) stop_at_multiple(o.save_every);
+  if (!o.trace.empty() && o.trace_step >= step) end = std::min(end, o.trace_step + 1);
+  return std::max<std::size_t>(1, end - step);
+}
+
 /**
  * Stops a run that can no longer train, before it writes a checkpoint or weights that are not numbers. The report
  * is the same on every rank, so every rank throws. Two cases: an update was applied with a non-finite loss or
@@ -604,9 +625,9 @@ void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitS
   while (tr.step() < cfg.steps) {
     const std::int64_t live_before = mem.live.load();
     mem.reset_peak();
-    models::StepReport r;
+    std::vector<models::StepReport> reports;
     try {
-      r = tr.train_step();
+      reports = tr.train_steps(steps_in_one_program(tr.step(), cfg, o, bool(val)));
     } catch (const std::bad_alloc& e) {
       throw std::runtime_error(
           mpar::detail::cat("train_gpt: ran out of memory in step ", tr.step(), " (", e.what(),
@@ -614,61 +635,65 @@ void train(Comm& world, const Options& o, bool process_per_rank, const io::ExitS
                             "sequences per micro-batch, or lower --mem-limit-gib to what is really free"));
     }
     peak_step_bytes = std::max(peak_step_bytes, mem.peak.load() - live_before);
-    if (r.step == first_step) first_loss = r.loss;
-    last_loss = r.loss;
-    if (r.step > first_step || cfg.steps - first_step == 1) {  // the first step warms caches up
-      sum_time += r.wall;
-      sum_bubble += r.bubble;
-      sum_comm += r.communication;
-      sum_tps += r.tokens_per_second;
-      ++measured;
-    }
-    if (!o.trace.empty() && r.step == o.trace_step) {
-      auto t = gather_timeline(tr, r.stats);
-      if (t) {
-        std::ofstream f(o.trace);
-        pipeline::to_chrome_trace(*t).write(f);
-        f.flush();
-        require(bool(f), "train_gpt: writing the trace of step ", r.step, " to --trace '", o.trace,
-                "' failed (the directory is not writable, or the disk is full)");
-        std::printf("wrote the Chrome trace of step %zu to %s (open in https://ui.perfetto.dev)\n%s", r.step,
-                    o.trace.c_str(), pipeline::text_timeline(*t, 0, 100).c_str());
+    for (const models::StepReport& r : reports) {
+      if (r.step == first_step) first_loss = r.loss;
+      last_loss = r.loss;
+      if (r.step > first_step || cfg.steps - first_step == 1) {  // the first step warms caches up
+        sum_time += r.wall;
+        sum_bubble += r.bubble;
+        sum_comm += r.communication;
+        sum_tps += r.tokens_per_second;
+        ++measured;
       }
+      if (!o.trace.empty() && r.step == o.trace_step) {
+        auto t = gather_timeline(tr, r.stats);
+        if (t) {
+          std::ofstream f(o.trace);
+          pipeline::to_chrome_trace(*t).write(f);
+          f.flush();
+          require(bool(f), "train_gpt: writing the trace of step ", r.step, " to --trace '", o.trace,
+                  "' failed (the directory is not writable, or the disk is full)");
+          std::printf("wrote the Chrome trace of step %zu to %s (open in https://ui.perfetto.dev)\n%s", r.step,
+                      o.trace.c_str(), pipeline::text_timeline(*t, 0, 100).c_str());
+        }
+      }
+      if (lead && metrics.is_open())
+        metrics << "{\"step\": " << r.step << ", \"loss\": " << json_number(r.loss) << ", \"lr\": " << r.lr
+                << ", \"grad_norm\": " << json_number(r.grad_norm)
+                << ", \"skipped\": " << (r.skipped ? "true" : "false") << ", \"loss_scale\": " << r.loss_scale
+                << ", \"step_seconds\": " << r.wall << ", \"tokens_per_second\": " << r.tokens_per_second
+                << ", \"bubble\": " << r.bubble << ", \"idle_slots\": " << r.idle_slots
+                << ", \"communication\": " << r.communication << ", \"aux_loss\": " << json_number(r.aux_loss)
+                << ", \"dropped\": " << r.dropped << "}\n";
+      if (lead && metrics.is_open())
+        require(bool(metrics.flush()), "train_gpt: writing step ", r.step, " to --metrics '", o.metrics,
+                "' failed (is the disk full?)");
+      if (lead && !o.quiet && (r.step % o.log_every == 0 || r.step + 1 == cfg.steps)) {
+        const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
+        const double done = double(r.step + 1 - first_step) / double(cfg.steps - first_step);
+        const int width = 20, filled = int(done * width + 0.5);
+        char moe[64] = "";
+        if (cfg.model.experts > 0) std::snprintf(moe, sizeof moe, "  aux %.4f  dropped %zu", r.aux_loss, r.dropped);
+        // 2bw: how many updates behind the weights this step's passes used were (0 at the first step, then 1).
+        if (cfg.schedule == pipeline::ScheduleKind::two_bw)
+          std::snprintf(moe + std::strlen(moe), sizeof moe - std::strlen(moe), "  lag %zu", r.weight_lag);
+        // With a pipeline: the bubble as a count from the programs (idle slots over the ranks, F one slot, B two),
+        // next to the measured share; the planner predicts the same count.
+        char slots[32] = "";
+        if (cfg.pp > 1) std::snprintf(slots, sizeof slots, " (%g slots)", r.idle_slots);
+        char skip[64] = "";
+        if (r.skipped) std::snprintf(skip, sizeof skip, "  (overflow: step skipped, loss scale now %g)", r.loss_scale);
+        std::printf(
+            "step %5zu/%zu  loss %.4f%s  %s tok/s  %6.1f ms  bubble %4.1f%%%s  comm %4.1f%%  [%s%s] %s left%s\n",
+            r.step + 1, cfg.steps, r.loss, moe, human(r.tokens_per_second).c_str(), r.wall * 1e3, r.bubble * 100, slots,
+            r.communication * 100, std::string(std::size_t(filled), '#').c_str(),
+            std::string(std::size_t(width - filled), '.').c_str(), duration(elapsed / done - elapsed).c_str(), skip);
+        std::fflush(stdout);
+      }
+      stop_if_diverged(r, scale_before, cfg, o);
+      scale_before = r.loss_scale;
     }
-    if (lead && metrics.is_open())
-      metrics << "{\"step\": " << r.step << ", \"loss\": " << json_number(r.loss) << ", \"lr\": " << r.lr
-              << ", \"grad_norm\": " << json_number(r.grad_norm) << ", \"skipped\": " << (r.skipped ? "true" : "false")
-              << ", \"loss_scale\": " << r.loss_scale << ", \"step_seconds\": " << r.wall
-              << ", \"tokens_per_second\": " << r.tokens_per_second << ", \"bubble\": " << r.bubble
-              << ", \"idle_slots\": " << r.idle_slots << ", \"communication\": " << r.communication
-              << ", \"aux_loss\": " << json_number(r.aux_loss) << ", \"dropped\": " << r.dropped << "}\n";
-    if (lead && metrics.is_open())
-      require(bool(metrics.flush()), "train_gpt: writing step ", r.step, " to --metrics '", o.metrics,
-              "' failed (is the disk full?)");
-    if (lead && !o.quiet && (r.step % o.log_every == 0 || r.step + 1 == cfg.steps)) {
-      const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_start).count();
-      const double done = double(r.step + 1 - first_step) / double(cfg.steps - first_step);
-      const int width = 20, filled = int(done * width + 0.5);
-      char moe[64] = "";
-      if (cfg.model.experts > 0) std::snprintf(moe, sizeof moe, "  aux %.4f  dropped %zu", r.aux_loss, r.dropped);
-      // 2bw: how many updates behind the weights this step's passes used were (0 at the first step, then 1).
-      if (cfg.schedule == pipeline::ScheduleKind::two_bw)
-        std::snprintf(moe + std::strlen(moe), sizeof moe - std::strlen(moe), "  lag %zu", r.weight_lag);
-      // With a pipeline: the bubble as a count from the programs (idle slots over the ranks, F one slot, B two),
-      // next to the measured share; the planner predicts the same count.
-      char slots[32] = "";
-      if (cfg.pp > 1) std::snprintf(slots, sizeof slots, " (%g slots)", r.idle_slots);
-      char skip[64] = "";
-      if (r.skipped) std::snprintf(skip, sizeof skip, "  (overflow: step skipped, loss scale now %g)", r.loss_scale);
-      std::printf("step %5zu/%zu  loss %.4f%s  %s tok/s  %6.1f ms  bubble %4.1f%%%s  comm %4.1f%%  [%s%s] %s left%s\n",
-                  r.step + 1, cfg.steps, r.loss, moe, human(r.tokens_per_second).c_str(), r.wall * 1e3, r.bubble * 100,
-                  slots, r.communication * 100, std::string(std::size_t(filled), '#').c_str(),
-                  std::string(std::size_t(width - filled), '.').c_str(), duration(elapsed / done - elapsed).c_str(),
-                  skip);
-      std::fflush(stdout);
-    }
-    stop_if_diverged(r, scale_before, cfg, o);
-    scale_before = r.loss_scale;
+    const models::StepReport& r = reports.back();
     if (val && o.val_every > 0 && (tr.step() % o.val_every == 0 || tr.step() == cfg.steps)) {
       const double vl = tr.evaluate(*val, o.val_batches, val_seed);
       if (lead) std::printf("step %5zu/%zu  validation loss %.4f\n", tr.step(), cfg.steps, vl);

@@ -81,10 +81,13 @@ void gather_into(RunResult& res, std::map<std::string, std::vector<float>>& full
   }
 }
 
-/** Trains `c` on thread ranks over the threads communicator or, with `Comm = NcclLike`, over NCCL's point-to-point semantics. */
+/**
+ * Trains `c` on thread ranks over the threads communicator or, with `Comm = NcclLike`, over NCCL's point-to-point
+ * semantics; `window` steps at a time through `train_steps` (2bw: one program without a flush).
+ */
 template <class Comm = ThreadsCommunicator>
 RunResult run(const models::GptTrainConfig& c, std::size_t steps, const std::string& resume = "",
-              const std::string& save_at_end = "") {
+              const std::string& save_at_end = "", std::size_t window = 1) {
   RunResult res;
   std::mutex m;
   run_threads(int(c.world_size()), [&](ThreadsCommunicator& world) {
@@ -95,17 +98,16 @@ RunResult run(const models::GptTrainConfig& c, std::size_t steps, const std::str
     t.with_full_parameters([&] {
       for (auto* p : t.parameters()) gather_into(res, res.initial, *p, m);
     });
-    while (t.step() < steps) {
-      const auto r = t.train_step();
-      if (w.rank() == 0) {
-        res.losses.push_back(r.loss);
-        res.norms.push_back(r.grad_norm);
-        res.aux.push_back(r.aux_loss);
-        res.lags.push_back(r.weight_lag);
-        res.idle_slots.push_back(r.idle_slots);
-        res.dropped += r.dropped;
-      }
-    }
+    while (t.step() < steps)
+      for (const auto& r : t.train_steps(std::min(window, steps - t.step())))
+        if (w.rank() == 0) {
+          res.losses.push_back(r.loss);
+          res.norms.push_back(r.grad_norm);
+          res.aux.push_back(r.aux_loss);
+          res.lags.push_back(r.weight_lag);
+          res.idle_slots.push_back(r.idle_slots);
+          res.dropped += r.dropped;
+        }
     if (!save_at_end.empty()) t.save(save_at_end);
     t.with_full_parameters([&] {
       for (auto* p : t.parameters()) gather_into(res, res.params, *p, m);
@@ -774,6 +776,56 @@ TEST_CASE("2bw trains to the delayed-update single-rank reference", "[models][gp
   CHECK(sync.lags == std::vector<std::size_t>(20, 0));
 }
 
+/** Idle slots per step, summed over the pp ranks, of a flush-free 2bw program of `steps` steps (see below). */
+double flush_free_idle_slots(std::size_t pp, std::size_t steps) {
+  return double(3 * (pp - 1) * pp + 2 * (pp - 1) * pp * (steps - 1)) / double(steps);
+}
+
+TEST_CASE("2bw without a flush: several steps in one program train to the delayed-update reference",
+          "[models][gpt][pipeline][2bw]") {
+  // Windows of 4 steps (and a last one of 2): each a program in which every stage updates right after its last
+  // backward of a step while the first stages run the next step's forwards, a micro-batch's backward on its
+  // forward's version. Step 4, the first of the second window, continues the lag across the programs.
+  const RunResult ref = run_delayed_reference(small_sgd(1, 1, 1), 10);
+  std::vector<std::size_t> lags(10, 1);
+  lags[0] = 0;
+  for (auto [tp, pp, dp] : {std::tuple<std::size_t, std::size_t, std::size_t>{1, 2, 1}, {2, 2, 1}, {1, 2, 2}}) {
+    const std::string what =
+        "flush-free 2bw tp=" + std::to_string(tp) + " pp=" + std::to_string(pp) + " dp=" + std::to_string(dp);
+    const RunResult got = run(small_sgd(tp, pp, dp, "2bw"), 10, "", "", 4);
+    require_equivalent(got, ref, what, true);
+    CHECK(got.lags == lags);
+    // 1F1B's flush costs 3 (pp - 1) idle slots per rank every step (a forward one slot, a backward two). Here the
+    // first step of a program pays that, and each later one 2 (pp - 1): the next step's warm-up forwards fill the
+    // cool-down, but every update waits for the first stage's last backward (the norm, the tied embedding).
+    REQUIRE(got.idle_slots.size() == 10);
+    CHECK(got.idle_slots[0] == flush_free_idle_slots(pp, 4));
+    CHECK(got.idle_slots[9] == flush_free_idle_slots(pp, 2));
+  }
+  // Four stages (M = 4 >= P), NCCL's point-to-point semantics (grouped exchanges, ordered placement) and ZeRO-1
+  // with recomputation under AdamW.
+  auto four = small_sgd(1, 4, 1, "2bw");
+  four.microbatches = 4;
+  auto four_ref = small_sgd(1, 1, 1);
+  four_ref.microbatches = 4;
+  const RunResult got_four = run(four, 10, "", "", 5);
+  require_equivalent(got_four, run_delayed_reference(four_ref, 10), "flush-free 2bw pp=4", true);
+  CHECK(got_four.idle_slots == std::vector<double>(10, flush_free_idle_slots(4, 5)));
+  require_equivalent(run<NcclLike>(small_sgd(2, 2, 1, "2bw"), 10, "", "", 4), ref,
+                     "flush-free 2bw tp=2 pp=2, NCCL semantics", true);
+  auto zero = small(1, 2, 2, "2bw");
+  zero.zero = parallel::ZeroStage::optimizer_states;
+  zero.recompute = true;
+  require_equivalent(run(zero, 10, "", "", 4), run_delayed_reference(small(1, 1, 1), 10),
+                     "flush-free AdamW 2bw pp=2 dp=2, ZeRO-1, recomputation", false);
+}
+
+TEST_CASE("2bw without a flush keys dropout by each micro-batch's own step", "[models][gpt][pipeline][2bw][dropout]") {
+  // Micro-batch ids run on across the program's steps; the masks must still be those of the step each belongs to.
+  require_equivalent(run(small_dropout(1, 2, 1, "2bw"), 8, "", "", 4), run_delayed_reference(small_dropout(1, 1, 1), 8),
+                     "flush-free 2bw pp=2 with dropout", true);
+}
+
 TEST_CASE("2bw under bf16: the passes round the previous version, the update applies to the fp32 masters",
           "[models][gpt][pipeline][2bw][precision]") {
   auto one = small(1, 1, 1);
@@ -784,26 +836,46 @@ TEST_CASE("2bw under bf16: the passes round the previous version, the update app
   require_bf16_equivalent(run(par, 10), ref, "bf16 2bw tp=2 pp=2", false);
 }
 
-TEST_CASE("a 2bw run resumed from a checkpoint says that its first step computes on the loaded weights",
+TEST_CASE("a 2bw run resumes from its checkpoint where it stopped, the previous weight version included",
           "[models][gpt][2bw][checkpoint]") {
   const fs::path dir = fs::temp_directory_path() / "mpar-test-gpt-2bw-resume";
   fs::remove_all(dir);
-  auto c = small(1, 2, 1, "2bw");
-  (void)run(c, 3, "", dir.string());
+  const RunResult ref = run_delayed_reference(small_sgd(1, 1, 1), 10);
+  // Saved after 4 steps run as one program without a flush, resumed at another layout: the resumed run's first
+  // step computes on the saved W(3), as the uninterrupted one does (lag 1), and steps 4-9 continue it.
+  (void)run(small_sgd(1, 2, 1, "2bw"), 4, "", dir.string(), 4);
+  const RunResult rest = run(small_sgd(2, 2, 1, "2bw"), 10, dir.string(), "", 3);
+  require_continues(rest, ref, 4);
+  CHECK(rest.lags == std::vector<std::size_t>(6, 1));
+  const RunResult one = run(small_sgd(1, 1, 1, "2bw"), 10, dir.string());
+  require_continues(one, ref, 4);
+  // A checkpoint of a synchronous run holds no older version: the first step after the resume computes on the
+  // loaded weights, and the resume says so. The other way round the older version is dropped, with a warning.
+  fs::remove_all(dir);
+  (void)run(small_sgd(1, 2, 1), 3, "", dir.string());
   std::vector<std::string> warnings;
   std::vector<std::size_t> lags;
   std::mutex m;
   run_threads(2, [&](ThreadsCommunicator& world) {
-    models::GptTrainer<ThreadsCommunicator> t(world, c, dataset());
+    models::GptTrainer<ThreadsCommunicator> t(world, small_sgd(1, 2, 1, "2bw"), dataset());
     const auto res = t.resume(dir);
     const std::size_t first = t.train_step().weight_lag, second = t.train_step().weight_lag;
     std::lock_guard lock(m);
     if (world.rank() == 0) warnings = res.warnings, lags = {first, second};
   });
-  fs::remove_all(dir);
   REQUIRE(warnings.size() == 1);
-  CHECK_THAT(warnings[0], Catch::Contains("2bw") && Catch::Contains("lag 0"));
+  CHECK_THAT(warnings[0], Catch::Contains("no previous weight version") && Catch::Contains("lag 0"));
   CHECK(lags == std::vector<std::size_t>{0, 1});
+  fs::remove_all(dir);
+  (void)run(small_sgd(1, 2, 1, "2bw"), 3, "", dir.string());
+  warnings.clear();
+  run_threads(1, [&](ThreadsCommunicator& world) {
+    models::GptTrainer<ThreadsCommunicator> t(world, small_sgd(1, 1, 1), dataset());
+    warnings = t.resume(dir).warnings;
+  });
+  REQUIRE(warnings.size() == 1);
+  CHECK_THAT(warnings[0], Catch::Contains("previous weight version") && Catch::Contains("not used"));
+  fs::remove_all(dir);
 }
 
 // Under mpirun every process parses its own command line and reads its own files; ranks given different

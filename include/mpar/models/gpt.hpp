@@ -480,11 +480,14 @@ class GptPipelinePart {
    * The step the next passes belong to and, by micro-batch id, the step-batch index of each micro-batch's first
    * sequence: the blocks' dropout masks are keyed by them (nn/token_coordinates.hpp), so every layout drops what
    * the single-rank run drops and each step draws new masks. Not set: the masks are keyed by micro-batch id, the
-   * same every step. Dropout under context parallelism needs them.
+   * same every step. Dropout under context parallelism needs them. `microbatches_per_step` > 0: the passes run
+   * several steps, micro-batch id `mb` belonging to step `step + mb / microbatches_per_step`.
    */
-  void set_token_coordinates(std::uint64_t step, std::vector<std::size_t> first_sequence) {
+  void set_token_coordinates(std::uint64_t step, std::vector<std::size_t> first_sequence,
+                             std::size_t microbatches_per_step = 0) {
     tokens_.step = step;
     tokens_.first_sequence = std::move(first_sequence);
+    tokens_.microbatches_per_step = microbatches_per_step;
     tokens_.training = true;
   }
   /**

@@ -633,6 +633,96 @@ class GptTrainer {
     return r;
   }
 
+  /**
+   * @brief Runs the next `steps` steps (collective over the world), one report each. Under 2bw in fp32 they are one
+   * program without a flush: every stage updates right after its last backward of a step, while the first stages
+   * already run the next step's forwards, and each micro-batch's backward uses its forward's weight version (two
+   * versions kept, `WeightVersions::per_batch`: step t's passes on W(t-1), as `train_step`'s). The numbers equal
+   * `steps` calls of `train_step`; the bubble per step is lower (`StepReport::idle_slots`). Otherwise, or for one
+   * step, it is `steps` calls of `train_step`. Each report's `stats` is the program's (timeline included) on the
+   * last step of the program, empty on the others; `bubble` and `communication` are the program's shares.
+   */
+  std::vector<StepReport> train_steps(std::size_t steps) {
+    std::vector<StepReport> out;
+    if (!runs_without_flush(steps)) {
+      for (std::size_t i = 0; i < steps; ++i) out.push_back(train_step());
+      return out;
+    }
+    const auto t_program = std::chrono::steady_clock::now();
+    tensor_.reset();
+    expert_t_.reset();
+    tokens_t_.reset();
+    context_t_.reset();
+    const std::size_t first = step_, M = std::size_t(cfg_.microbatches);
+    std::vector<nn::Act<Replicate>> inputs;
+    for (std::size_t i = 0; i < steps; ++i) {
+      auto step_inputs = split_microbatches(local_batch(first + i), int(i * M));
+      for (auto& x : step_inputs) inputs.push_back(std::move(x));
+    }
+    set_token_coordinates(first, M);
+    optimizer_->zero_losses();
+    if (cfg_.model.has_moe()) {
+      B::zero(1, report_slot_dropped());
+      parallel::MoeStatistics sinks{optimizer_->losses() + 1, double(cfg_.pp) / double(cfg_.microbatches),
+                                    report_slot_dropped(), double(cfg_.world_size()) / double(cfg_.tp)};
+      for (auto& s : stages_) s->set_moe_statistics(sinks);
+    }
+    const bool lagged_start = lag_->has_previous();
+    auto comm_seconds = [&] {
+      return tensor_.seconds() + expert_t_.seconds() + tokens_t_.seconds() + context_t_.seconds() +
+             optimizer_->sync_seconds();
+    };
+    auto t_step = t_program;
+    double comm_before = comm_seconds();
+    // Each stage's update of step t, inside the program right after its last backward of t: the same collectives
+    // in the same order on every rank as `train_step`'s, then the next step's losses, statistics and buckets reset.
+    auto update = [&](const std::vector<nn::Parameter*>&) {
+      optimizer_->end_compute();
+      const std::size_t step = step_;
+      const double lr = schedule_(step);
+      const auto t_opt = std::chrono::steady_clock::now();
+      sum_tied_gradients();
+      const parallel::StepStatistics st = optimizer_->step(lr);
+      copy_embedding_to_head();
+      zero_grad();
+      pipeline::StepStats none;
+      none.compute = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_opt).count();
+      const double comm = comm_seconds();
+      StepReport r = report(step, lr, st, std::move(none), t_step, comm - comm_before);
+      r.weight_lag = lagged_start || step > first ? 1 : 0;
+      out.push_back(std::move(r));
+      comm_before = comm;
+      t_step = std::chrono::steady_clock::now();
+      ++step_;
+      optimizer_->zero_losses();
+      if (cfg_.model.has_moe()) B::zero(1, report_slot_dropped());
+      optimizer_->begin_compute();  // ZeRO-2's fresh gradient shards for the next step
+      for (auto& s : stages_) s->begin_step();
+    };
+    auto& exec = flush_free_executor(steps);
+    pipeline::StepStats stats = run_passes(
+        inputs, PassKind::train, optimizer_->losses(),
+        optimizer_->loss_scale(), [&](int mb) -> const auto& { return targets_[std::size_t(mb)]; }, update, &exec);
+    exec.check_received_headers();
+    require(out.size() == steps, "GptTrainer::train_steps: rank ", comms_.world.rank(), " ran ", out.size(),
+            " updates in a program of ", steps, " steps");
+    // The program's shares, averaged over the world, on every step it ran.
+    const double wall = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_program).count();
+    std::array<double, 4> avg{stats.bubble_ratio, std::min(1.0, stats.communication / wall), 0.0, wall};
+    metrics_.reduce(comms_.world, avg);
+    // Every rank's update waits for the others' (the norm, the tied embedding): a barrier in the count.
+    const double idle = pipeline::idle_slots(exec.programs(), true);
+    for (auto& r : out) {
+      r.bubble = avg[0];
+      r.communication = std::min(1.0, r.communication + avg[1]);
+      r.idle_slots = idle;
+      r.stats.bubble_ratio = stats.bubble_ratio;
+    }
+    stats.loss = out.back().loss;
+    out.back().stats = std::move(stats);
+    return out;
+  }
+
   [[nodiscard]] std::size_t step() const { return step_; }
   /** `GptTrainConfig::graph`: whether the step is captured (the steps from now on are launches of it). */
   [[nodiscard]] bool graph_captured() const {
@@ -832,6 +922,13 @@ class GptTrainer {
  private:
   io::SaveResult save_gathered(const std::filesystem::path& root, std::size_t keep_last) {
     std::vector<io::SaveBlock> blocks = io::optimizer_blocks<const float>(*optimizer_);
+    // 2bw: the older weight version, so that a resumed run's first step computes on it as this run's next would.
+    // The head's tied copy is not saved: it mirrors the embedding, whose older version a resume loads into it.
+    if (lag_ && lag_->has_previous())
+      for (std::size_t k = 0; k < lag_->versioned().size(); ++k)
+        if (lag_->versioned()[k] != head_copy_)
+          blocks.push_back(io::state_block(*lag_->versioned()[k], previous_version_state,
+                                           std::span<const float>(lag_->previous(k))));
     io::StagedBlocks<B> staging;  // the writer reads on the host: rank memory comes over first, one wait
     staging.download(blocks);
     io::TrainingState st;
@@ -967,12 +1064,23 @@ class GptTrainer {
                          (saved_optimizer == "sgd" && optimizer == "sgd" ? " before momentum was saved" : "") +
                          "; its optimizer states are not used and --optimizer " + optimizer +
                          " starts afresh from the loaded weights");
+    // 2bw's older weight version, saved by a 2bw run after its first step: loaded where this run is 2bw too (its
+    // first step then computes on it), else acknowledged and dropped.
+    std::vector<std::string> saved_previous;
+    for (const auto& t : saved.tensors)
+      if (t.name.ends_with(std::string("/") + previous_version_state)) saved_previous.push_back(t.name);
+    const bool load_previous = lag_ && with_states && !saved_previous.empty();
     io::LoadResult res = with_gathered([&] {  // ZeRO-3: load into the full blocks, then keep this rank's shards
       std::vector<io::LoadBlock> blocks = io::optimizer_blocks<float>(*optimizer_, with_states);
+      if (load_previous) {
+        lag_->allocate_previous();
+        for (std::size_t k = 0; k < lag_->versioned().size(); ++k)
+          blocks.push_back(io::state_block(*lag_->versioned()[k], previous_version_state, lag_->previous(k)));
+      }
       if (auto* z = optimizer_->zero();
           z && z->stage() == parallel::ZeroStage::parameters)  // its gathers are queued: quiet the twin again
         quiet_for_host_messages();
-      check_model_holds(saved, blocks, with_states, dir);
+      check_model_holds(saved, blocks, with_states, dir, load_previous ? std::vector<std::string>{} : saved_previous);
       io::StagedBlocks<B> staging;  // the reader writes on the host: it fills staging, uploaded with one wait
       staging.redirect(blocks);
       io::LoadResult r = with_host_world(
@@ -982,15 +1090,23 @@ class GptTrainer {
       return r;
     });
     res.warnings = std::move(warnings);
-    if (lag_) {
-      // A checkpoint holds one weight version: the first step after the resume runs on the loaded weights (lag 0),
-      // where the uninterrupted run would have used the version before them.
+    if (lag_ && !load_previous && res.state.step > 0) {
+      // A checkpoint without the older version (saved by another schedule): the first step after the resume runs
+      // on the loaded weights (lag 0), where an uninterrupted 2bw run would have used the version before them.
       lag_->forget();
       res.warnings.push_back(
-          "resume: --schedule 2bw keeps the previous weight version in memory only; the first "
-          "step after the resume computes on the loaded weights (lag 0), so the run departs from "
-          "an uninterrupted one there");
+          "resume: checkpoint " + dir.string() +
+          " holds no previous weight version this run can use (saved by another schedule, or with another "
+          "--optimizer); the "
+          "first step after the resume computes on the loaded weights (lag 0), so the run departs "
+          "from an uninterrupted 2bw one there");
+    } else if (lag_ && !load_previous) {
+      lag_->forget();
     }
+    if (!lag_ && !saved_previous.empty() && with_states)
+      res.warnings.push_back("resume: checkpoint " + dir.string() +
+                             " holds --schedule 2bw's previous weight version; this run's schedule does not lag, so "
+                             "it is not used");
     if (cfg_.grad_topk_density > 0)
       res.warnings.push_back(
           "resume: --grad-topk's residuals (the gradient entries not yet sent) are not in checkpoints; they start "
@@ -1063,8 +1179,8 @@ class GptTrainer {
   }
   /** Refuses a checkpoint holding tensors no rank of this model loads (collective; the caller left nothing queued). */
   void check_model_holds(const io::Manifest& saved, const std::vector<io::LoadBlock>& blocks, bool with_states,
-                         const std::filesystem::path& dir) {
-    std::vector<std::string> names;
+                         const std::filesystem::path& dir, std::vector<std::string> unused = {}) {
+    std::vector<std::string> names = std::move(unused);  // saved tensors this run drops on purpose
     for (const auto& b : blocks) names.push_back(b.name);
     with_host_world([&](auto& world) { train::check_loads_every_tensor(world, saved, names, with_states, dir); });
   }
@@ -1081,9 +1197,9 @@ class GptTrainer {
    * Tells every stage the step and where this rank's micro-batches sit in the step's batch, micro-batch id by id:
    * the dropout masks are keyed by them, so every layout drops the elements the single-rank run drops.
    */
-  void set_token_coordinates(std::uint64_t step) {
+  void set_token_coordinates(std::uint64_t step, std::size_t microbatches_per_step = 0) {
     const std::vector<std::size_t> first = slicing_.first_sequences();
-    for (auto& s : stages_) s->set_token_coordinates(step, first);
+    for (auto& s : stages_) s->set_token_coordinates(step, first, microbatches_per_step);
   }
   [[nodiscard]] train::BatchSlicing batch_slicing() const {
     return {cfg_.global_batch, std::size_t(cfg_.microbatches), cfg_.dp,     cfg_.cp,
@@ -1102,10 +1218,11 @@ class GptTrainer {
    * Splits this rank's batch into micro-batches: the first stage's token inputs are returned, and every
    * micro-batch's targets are kept in `targets_` for the last stage's loss.
    */
-  std::vector<nn::Act<Replicate>> split_microbatches(const data::TokenBatch& batch) {
+  std::vector<nn::Act<Replicate>> split_microbatches(const data::TokenBatch& batch, int first_id = 0) {
     const std::size_t mb_tokens = cfg_.microbatch_size() * cfg_.model.seq / cfg_.cp;
     std::vector<nn::Act<Replicate>> inputs;
-    targets_.assign(std::size_t(cfg_.microbatches), {});
+    if (first_id == 0) targets_.clear();
+    targets_.resize(std::size_t(first_id + cfg_.microbatches));
     for (int mb = 0; mb < cfg_.microbatches; ++mb) {
       const auto lo = std::ptrdiff_t(std::size_t(mb) * mb_tokens), hi = lo + std::ptrdiff_t(mb_tokens);
       if (holds_first_) {
@@ -1113,11 +1230,11 @@ class GptTrainer {
         if constexpr (mpar::host_reads_rank_memory<B>) {
           inputs.push_back(Stage::tokens_as_activation(ids));
         } else {  // the host must not write rank memory: the first stage takes the ids as host values
-          stages_.front()->set_tokens(mb, ids);
+          stages_.front()->set_tokens(first_id + mb, ids);
           inputs.push_back(nn::Act<Replicate>(nn::Activation({mb_tokens, 1}, uninitialized)));
         }
       }
-      targets_[std::size_t(mb)].assign(batch.targets.begin() + lo, batch.targets.begin() + hi);
+      targets_[std::size_t(first_id + mb)].assign(batch.targets.begin() + lo, batch.targets.begin() + hi);
     }
     return inputs;
   }
@@ -1198,7 +1315,8 @@ class GptTrainer {
    */
   template <class Targets>
   pipeline::StepStats run_passes(std::vector<nn::Act<Replicate>>& inputs, PassKind kind, double* loss_sink,
-                                 float loss_scale, Targets&& targets) {
+                                 float loss_scale, Targets&& targets, const pipeline::OptimizerFn& update = {},
+                                 pipeline::Executor<Stage, Comm>* executor = nullptr) {
     const bool evaluation = kind == PassKind::evaluate;
     optimizer_->begin_compute();
     std::optional<nn::Autocast> autocast(std::in_place, compute_type());  // the GEMMs' operand type, this batch
@@ -1213,13 +1331,17 @@ class GptTrainer {
         s->set_training(false);     // no dropout: the next training step switches it back on
       }
     }
-    pipeline::StepStats stats = executor_->step(
-        inputs, [&](const nn::Act<nn::FeatureShard>& logits, int mb, nn::Act<nn::FeatureShard>& dlogits) {
-          Stage& last = *stages_.back();
-          last.loss().forward_into(logits, targets(mb), mb, loss_sink, loss_weight());
-          dlogits = last.loss().logits_gradient(mb, loss_scale);
-          return 0.0;  // ignored: the executor runs with loss_on_host = false
-        });
+    pipeline::StepStats stats =
+        (executor ? *executor : *executor_)
+            .step(
+                inputs,
+                [&](const nn::Act<nn::FeatureShard>& logits, int mb, nn::Act<nn::FeatureShard>& dlogits) {
+                  Stage& last = *stages_.back();
+                  last.loss().forward_into(logits, targets(mb), mb, loss_sink, loss_weight());
+                  dlogits = last.loss().logits_gradient(mb, loss_scale);
+                  return 0.0;  // ignored: the executor runs with loss_on_host = false
+                },
+                update);
     autocast.reset();
     optimizer_->end_compute();
     if (evaluation && gradients_final_)
@@ -1350,6 +1472,7 @@ class GptTrainer {
     // placement is verified deadlock-free for that (the lazy one is not, for some schedules).
     if constexpr (mpar::detail::ordered_point_to_point<Comm>) sc.placement = pipeline::CommPlacement::ordered;
     executor_.emplace(pipe_, pipeline::make_programs(cfg_.schedule, sc), chunks, eo);
+    executor_options_ = eo;
     idle_slots_ = pipeline::idle_slots(executor_->programs());
     // The optimizer updates everything but the head's tied copy, which receives the embedding's values.
     for (auto& s : stages_) {
@@ -1373,6 +1496,33 @@ class GptTrainer {
   void zero_grad() {
     optimizer_->zero_grad();
     if (head_copy_ && !optimizer_->zeroes_gradient_of(*head_copy_)) nn::zero_grad<B>(*head_copy_);
+  }
+
+  /**
+   * Whether `train_steps(steps)` runs them as one program without a flush: 2bw in fp32 (under bf16/f16 each
+   * version would need its own 16-bit copies), not captured, and no `on_passes` hooks (they run around each
+   * step's passes, which overlap here).
+   */
+  [[nodiscard]] bool runs_without_flush(std::size_t steps) const {
+    return steps > 1 && lag_ && cfg_.precision == parallel::Precision::fp32 && !cfg_.graph && !before_passes_ &&
+           !after_passes_;
+  }
+  /** The executor of a 2bw program of `steps` steps with the update inside (built once per number of steps). */
+  pipeline::Executor<Stage, Comm>& flush_free_executor(std::size_t steps) {
+    if (!flush_free_ || flush_free_steps_ != steps) {
+      pipeline::ScheduleConfig sc{int(cfg_.pp), cfg_.microbatches, 1, int(steps)};
+      if constexpr (mpar::detail::ordered_point_to_point<Comm>) sc.placement = pipeline::CommPlacement::ordered;
+      pipeline::ExecutorOptions eo = executor_options_;
+      eo.versions = pipeline::WeightVersions::per_batch;
+      eo.caller_versions = {[this] { return lag_->has_previous(); }, [this] { lag_->keep_current(); },
+                            [this] { lag_->swap(); }};
+      std::vector<Stage*> chunks;
+      for (auto& s : stages_) chunks.push_back(s.get());
+      flush_free_.reset();
+      flush_free_.emplace(pipe_, pipeline::make_programs(pipeline::ScheduleKind::two_bw, sc), chunks, eo);
+      flush_free_steps_ = steps;
+    }
+    return *flush_free_;
   }
 
   /** First and last pipeline stage of each (tensor, data, expert) position share the tied embedding. */
@@ -1454,6 +1604,8 @@ class GptTrainer {
   }
   /** The report's dropped count, accumulated in rank memory by the MoE backward passes (metrics slot 2). */
   double* report_slot_dropped() { return metrics_.accumulator(2); }
+  /** The checkpoint state holding 2bw's older weight version beside each parameter ("<name>/2bw.previous"). */
+  static constexpr const char* previous_version_state = "2bw.previous";
   GptTrainConfig cfg_;
   data::SourceRef data_;
   DynamicMesh mesh_;
@@ -1468,6 +1620,9 @@ class GptTrainer {
   optim::WarmupCosine schedule_;
   std::vector<std::unique_ptr<Stage>> stages_;
   std::optional<pipeline::Executor<Stage, Comm>> executor_;
+  pipeline::ExecutorOptions executor_options_;                 ///< executor_'s, for the flush-free 2bw executor
+  std::optional<pipeline::Executor<Stage, Comm>> flush_free_;  ///< train_steps' 2bw program of several steps
+  std::size_t flush_free_steps_ = 0;                           ///< the steps flush_free_'s program covers
   std::vector<nn::Parameter*> all_params_, opt_params_;
   std::vector<std::vector<std::int32_t>> targets_;
   bool holds_first_ = false, holds_last_ = false;

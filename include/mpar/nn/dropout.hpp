@@ -121,7 +121,7 @@ class Dropout : public detail::NoParameters, public detail::TypedLayer<Dropout<L
       return;
     }
     // Each step draws its own mask over the step's batch; rows are named by their global token.
-    m.stream = CounterRng::mix(CounterRng::mix(stream_) ^ tokens_->step);
+    m.stream = CounterRng::mix(CounterRng::mix(stream_) ^ tokens_->step_of(mb));
     if (tokens_->cp <= 1) {  // one run: the micro-batch's rows, under sequence parallelism this rank's block of them
       m.row_offset = tokens_->first_row(mb) + token_shard_offset;
       B::dropout_apply(m, rows, cols, in.data(), out.data());

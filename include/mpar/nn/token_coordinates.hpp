@@ -27,17 +27,25 @@ struct TokenCoordinates {
   std::size_t seq = 0;                      ///< tokens of one whole sequence
   std::size_t cp = 1, cp_rank = 0;          ///< context-parallel size and this rank's place in the ring
   std::vector<std::size_t> first_sequence;  ///< by micro-batch id: the step-batch index of its first sequence
-  bool training = true;                     ///< false: evaluation or generation, where dropout is the identity
+  /// A program of several steps (PipeDream-2BW without a flush): micro-batch id `mb` belongs to step
+  /// `step + mb / microbatches_per_step` and sits where id `mb % microbatches_per_step` does. 0: one step.
+  std::size_t microbatches_per_step = 0;
+  bool training = true;  ///< false: evaluation or generation, where dropout is the identity
 
   /** Whether the trainer filled them in (else a layer falls back to keying by micro-batch id). */
   [[nodiscard]] bool known() const { return !first_sequence.empty(); }
 
   /** The global row of micro-batch `mb`'s first token: its first sequence times `seq`. */
   [[nodiscard]] std::size_t first_row(int mb) const {
-    require(mb >= 0 && std::size_t(mb) < first_sequence.size(), "token coordinates: micro-batch ", mb,
-            " has no entry (", first_sequence.size(), " micro-batches set for step ", step,
+    const auto id = microbatches_per_step ? std::size_t(mb) % microbatches_per_step : std::size_t(mb);
+    require(mb >= 0 && id < first_sequence.size(), "token coordinates: micro-batch ", mb, " has no entry (",
+            first_sequence.size(), " micro-batches set for step ", step,
             "); set them for every micro-batch of the step before the passes");
-    return first_sequence[std::size_t(mb)] * seq;
+    return first_sequence[id] * seq;
+  }
+  /** The step micro-batch `mb` belongs to. */
+  [[nodiscard]] std::uint64_t step_of(int mb) const {
+    return microbatches_per_step ? step + std::uint64_t(mb) / microbatches_per_step : step;
   }
 
   /**

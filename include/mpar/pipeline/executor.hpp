@@ -94,6 +94,19 @@ enum class WeightVersions {
   per_batch,
 };
 
+/**
+ * @brief PipeDream-2BW's older weight version kept by the caller instead of by the executor (whose own copy is a
+ * host copy of `Parameter::value`): e.g. `train::WeightLag`, whose copies are operations on the rank's stream.
+ * With it the optimizer callback zeroes the gradients itself, and under per-batch versions a program may start
+ * with an older version in place: its first batch then runs on that version, continuing a previous program's lag.
+ */
+struct CallerWeightVersions {
+  std::function<bool()> has_older;     ///< an older version exists (checked when a program starts)
+  std::function<void()> keep_current;  ///< at an optimizer step, before it: the current weights become the older
+  std::function<void()> swap;          ///< exchanges the current and the older version in place
+  [[nodiscard]] bool given() const { return bool(has_older) && bool(keep_current) && bool(swap); }
+};
+
 /** @brief Executor options. */
 struct ExecutorOptions {
   /** Activation recomputation per local chunk (missing entries: false): keep only the stage input, rerun the forward before the backward. */
@@ -105,6 +118,8 @@ struct ExecutorOptions {
   PointToPoint p2p = PointToPoint::automatic;
   /** Asynchronous programs with an optimizer: which version each micro-batch uses (see WeightVersions). */
   WeightVersions versions = WeightVersions::at_forward;
+  /** Asynchronous programs with an optimizer: the older version kept by the caller (empty: by the executor). */
+  CallerWeightVersions caller_versions;
   /**
    * Send buffers (activations and gradients, each with its header) a rank keeps in flight at most: its n-th send
    * first waits for its (n-w)-th to complete (a host stage also frees each completed send at its next action).
@@ -271,6 +286,8 @@ class Executor {
     stash_.clear();
     weights_change_ = bool(optimizer);
     first_version_ = version_;
+    starts_lagged_ = weights_change_ && prog_.asynchronous && opt_.versions == WeightVersions::per_batch &&
+                     opt_.caller_versions.given() && opt_.caller_versions.has_older();
     out_shape_.clear();
     sends_.clear();
     sends_posted_ = 0;
@@ -378,12 +395,17 @@ class Executor {
             // 2BW: keep the version in-flight micro-batches still need for their backward. Without an
             // optimizer the weights do not change inside the program (the caller steps after it, as
             // GptTrainer does), so there is nothing to keep and no copy is made.
-            stash_.clear();
-            for (auto* p : params_) stash_.push_back(p->value);
+            if (opt_.caller_versions.given()) {
+              opt_.caller_versions.keep_current();
+            } else {
+              stash_.clear();
+              for (auto* p : params_) stash_.push_back(p->value);
+            }
           }
           if (optimizer) {
             optimizer(params_);
-            for (auto* p : params_) p->zero_grad();
+            if (!opt_.caller_versions.given())
+              for (auto* p : params_) p->zero_grad();
           }
           ++version_;
           break;
@@ -751,7 +773,7 @@ class Executor {
   [[nodiscard]] int forward_version(const Action& a) const {
     if (!prog_.asynchronous || opt_.versions == WeightVersions::at_forward) return version_;
     const int batch = a.mb / prog_.config.microbatches;
-    const int v = first_version_ + std::max(batch - 1, 0);
+    const int v = first_version_ + std::max(batch - 1, starts_lagged_ ? -1 : 0);
     require(v <= version_, "pipeline::Executor: rank ", comm_.rank(), " runs the forward of micro-batch ", a.mb,
             " (batch ", batch, ") on weight version ", v, ", which its update has not produced yet (version ", version_,
             "); per-batch versions need M >= P");
@@ -766,17 +788,25 @@ class Executor {
       f();
       return;
     }
-    require(v == version_ - 1 && stash_.size() == params_.size(), "pipeline::Executor: rank ", comm_.rank(),
-            " micro-batch ", a.mb, " needs weight version ", v, " but only versions ", version_ - 1, " and ", version_,
-            " are kept (2BW needs M >= P)");
-    for (std::size_t k = 0; k < params_.size(); ++k) std::swap(params_[k]->value, stash_[k]);
+    const bool caller = opt_.caller_versions.given();
+    require(
+        v == version_ - 1 && (caller ? starts_lagged_ || version_ > first_version_ : stash_.size() == params_.size()),
+        "pipeline::Executor: rank ", comm_.rank(), " micro-batch ", a.mb, " needs weight version ", v,
+        " but only versions ", version_ - 1, " and ", version_, " are kept (2BW needs M >= P)");
+    const auto swap = [&] {
+      if (caller)
+        opt_.caller_versions.swap();
+      else
+        for (std::size_t k = 0; k < params_.size(); ++k) std::swap(params_[k]->value, stash_[k]);
+    };
+    swap();
     try {
       f();
     } catch (...) {
-      for (std::size_t k = 0; k < params_.size(); ++k) std::swap(params_[k]->value, stash_[k]);
+      swap();
       throw;
     }
-    for (std::size_t k = 0; k < params_.size(); ++k) std::swap(params_[k]->value, stash_[k]);
+    swap();
   }
 
   Comm& comm_;
@@ -794,6 +824,7 @@ class Executor {
   std::vector<decltype(nn::Parameter::value)> stash_;
   int version_ = 0;
   int first_version_ = 0;  ///< version_ when the running program started (WeightVersions::per_batch counts from it)
+  bool starts_lagged_ = false;   ///< the running program's first batch runs on the caller's older version
   bool weights_change_ = false;  ///< this step runs an optimizer inside the program (2BW keeps the older version then)
   bool grouped_ = false;         ///< PointToPoint::grouped in effect
   // A stream-ordered stage's headers (see the file comment): pinned staging, one slot per message of the program.

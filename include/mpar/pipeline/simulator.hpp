@@ -40,6 +40,10 @@ struct CostModel {
   double send_overhead = 0.0;  ///< time a send occupies its rank (issuing it; an eager copy)
   double recv_overhead = 0.0;  ///< time a receive of an already-arrived message occupies its rank
   double optimizer = 0.0;      ///< one optimizer step on one rank
+  /// Each optimizer step is a barrier over the pipeline ranks: its collectives span them (a global gradient norm, a
+  /// tied weight's sum between the first and last stage), as a trainer's update does. Matters only where the
+  /// update sits inside a program (PipeDream-2BW without a flush); at a program's end every rank has finished.
+  bool synchronous_optimizer = false;
 
   /** @brief The same F, B, W on every stage. */
   [[nodiscard]] static CostModel uniform(double f, double b, double w, double latency = 0.0) {
@@ -229,6 +233,9 @@ inline void summarise(SimResult& r) {
   std::vector<char> queued(std::size_t(P), 1);
   for (int r = 0; r < P; ++r) queue.push_back(r);
   auto at = [N](int s, int mb) { return std::size_t(s) * std::size_t(N) + std::size_t(mb); };
+  // CostModel::synchronous_optimizer: per optimizer step (batch), the ranks arrived and the latest arrival.
+  std::vector<int> arrived(std::size_t(std::max(1, c.steps)), 0), arrived_at(std::size_t(P), -1);
+  std::vector<double> latest(arrived.size(), 0.0);
   for (std::size_t head = 0; head < queue.size(); ++head) {
     const int r = queue[head];
     const auto ur = std::size_t(r);
@@ -258,6 +265,22 @@ inline void summarise(SimResult& r) {
           queued[q] = 1;
           queue.push_back(int(q));
         }
+      } else if (a.op == Op::optimizer_step && costs.synchronous_optimizer) {
+        const auto b = std::size_t(std::clamp(a.mb, 0, int(arrived.size()) - 1));
+        if (arrived_at[ur] != int(b)) {  // first visit: arrive, and release everyone when the last one does
+          arrived_at[ur] = int(b);
+          latest[b] = arrived[b]++ == 0 ? clock[ur] : std::max(latest[b], clock[ur]);
+          if (arrived[b] == P)
+            for (int q = 0; q < P; ++q)
+              if (!queued[std::size_t(q)] && q != r) {
+                queued[std::size_t(q)] = 1;
+                queue.push_back(q);
+              }
+        }
+        if (arrived[b] < P) break;  // parked until the last rank arrives
+        const double d = costs.cost(a.op, s);
+        res.timeline.events.push_back({r, Lane::compute, a, latest[b], latest[b] + d});
+        clock[ur] = latest[b] + d;
       } else {
         const double d = costs.cost(a.op, s);
         res.timeline.events.push_back({r, Lane::compute, a, clock[ur], clock[ur] + d});
@@ -286,10 +309,12 @@ inline void summarise(SimResult& r) {
  * slot, a whole backward two (a split one B and W one each), the optimizer and messages none; divided by the
  * optimizer steps the program covers. It depends on the order of the programs only, so a trainer reports it
  * for the programs it runs and a planner predicts it from the same programs: 1F1B has 3 (P-1) per rank.
+ * `synchronous_optimizer`: each optimizer step is a barrier over the ranks (CostModel::synchronous_optimizer).
  */
-[[nodiscard]] inline double idle_slots(const Programs& p) {
+[[nodiscard]] inline double idle_slots(const Programs& p, bool synchronous_optimizer = false) {
   CostModel unit = CostModel::uniform(1, 1, 1);
   unit.optimizer = 0;
+  unit.synchronous_optimizer = synchronous_optimizer;
   const SimResult r = simulate(p, unit);
   double idle = 0;
   for (double x : r.idle) idle += x;

@@ -5,6 +5,7 @@
  */
 #include <cstddef>
 #include <set>
+#include <span>
 #include <utility>
 #include <vector>
 
@@ -44,6 +45,14 @@ class WeightLag {
   /** After the passes: the current weights back in place (if `swapped`), and a copy of them kept as W(t-1). */
   void restore_and_keep(bool swapped) {
     if (swapped) swap_all();
+    keep_current();
+  }
+  /** Whether an older version is kept (false before the first step and after `forget()`). */
+  [[nodiscard]] bool has_previous() const { return !previous_.empty(); }
+  /** Exchanges the current weights and the older version in place (a program that updates between passes). */
+  void swap() { swap_all(); }
+  /** A copy of the current weights becomes the older version (before an update inside a program). */
+  void keep_current() {
     previous_.resize(versioned_.size());
     for (std::size_t k = 0; k < versioned_.size(); ++k) {
       const auto& now = versioned_[k]->value;
@@ -53,6 +62,19 @@ class WeightLag {
   }
   /** Drops the older version (after loading weights: the next step's passes run on them, lag 0). */
   void forget() { previous_.clear(); }
+  /** The versioned parameters, each once. */
+  [[nodiscard]] const std::vector<nn::Parameter*>& versioned() const { return versioned_; }
+  /** The older version of `versioned()[k]` (empty without one): a checkpoint saves it and a resume loads it. */
+  [[nodiscard]] std::span<float> previous(std::size_t k) {
+    return previous_.empty() ? std::span<float>() : std::span<float>(previous_[k].data(), previous_[k].size());
+  }
+  /** Buffers for an older version, shaped like the current one, for a resume to load into (values unset). */
+  void allocate_previous() {
+    previous_.resize(versioned_.size());
+    for (std::size_t k = 0; k < versioned_.size(); ++k)
+      if (previous_[k].size() != versioned_[k]->value.size())
+        previous_[k] = uninitialized_buffer<float>(versioned_[k]->value.size());
+  }
   /** Bytes of the older version held now (one more fp32 copy of the parameters after the first step). */
   [[nodiscard]] std::size_t bytes() const {
     std::size_t n = 0;
