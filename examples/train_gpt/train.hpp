@@ -348,9 +348,6 @@ inline std::string generate(const models::GptConfig& mc, const data::CharDataset
   return out;
 }
 
-/** The most steps one 2bw program runs without a flush: the flush's bubble is paid once per program. */
-inline constexpr std::size_t max_steps_per_2bw_program = 16;
-
 /**
  * How many steps the next `train_steps` call runs. Under 2bw they are one program without a flush (the trainer runs
  * them so in fp32; otherwise step by step), ending where the loop acts between steps: validation, a checkpoint, the
@@ -359,7 +356,7 @@ inline constexpr std::size_t max_steps_per_2bw_program = 16;
 inline std::size_t steps_in_one_program(std::size_t step, const models::GptTrainConfig& cfg, const Options& o,
                                         bool validates) {
   if (cfg.schedule != pipeline::ScheduleKind::two_bw) return 1;
-  std::size_t end = std::min(cfg.steps, step + max_steps_per_2bw_program);
+  std::size_t end = std::min(cfg.steps, step + std::size_t(pipeline::PipeDream2BW::steps_per_program));
   auto stop_at_multiple = [&](std::size_t every) {
     if (every > 0) end = std::min(end, (step / every + 1) * every);
   };

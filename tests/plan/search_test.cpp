@@ -385,3 +385,37 @@ TEST_CASE("a search over context-parallel sizes tries only those that cut the se
                              Catch::Contains("for every context-parallel size --cp auto tried"));
   }
 }
+
+TEST_CASE("allowed asynchronous schedules, the search takes PipeDream-2BW where it is faster and its weights fit",
+          "[plan][search][2bw]") {
+  Problem p{GptModel{24, 2048, 16, 1024, 32000}, a100_selene(8), 64};
+  SearchSpace s;
+  s.tp = 1, s.pp = 4, s.dp = 2, s.microbatch_size = 1, s.recompute = Recompute::none;
+  SearchOptions all;
+  all.top_k = 1000;
+  auto find = [](const Plan& plan, ScheduleKind k, ZeroStage z) -> const Candidate* {  // the even split's
+    for (const Candidate& c : plan.best)
+      if (c.config.schedule == k && c.config.zero == z && c.config.stage_layers.empty()) return &c;
+    return nullptr;
+  };
+  const CostModel cm(p.model, p.cluster);
+  const Plan sync = search(p, cm, s, all);
+  for (const Candidate& c : sync.best) CHECK(c.config.schedule != ScheduleKind::two_bw);  // not unless allowed
+  s.asynchronous = true;
+  const Plan async = search(p, cm, s, all);
+  const Candidate* bw = find(async, ScheduleKind::two_bw, ZeroStage::none);
+  const Candidate* flush = find(async, ScheduleKind::one_f_one_b, ZeroStage::none);
+  REQUIRE(bw != nullptr);
+  REQUIRE(flush != nullptr);
+  // Same layout: 2bw is faster (no flush between steps) and holds one more fp32 copy of the weights.
+  CHECK(bw->step_seconds < flush->step_seconds);
+  CHECK(bw->memory.parameters > flush->memory.parameters);
+  CHECK(async.best.front().step_seconds <= sync.best.front().step_seconds);
+  for (const Candidate& c : async.best)  // the trainer refuses 2bw with ZeRO-3, so the planner never offers it
+    CHECK(!(c.config.schedule == ScheduleKind::two_bw && c.config.zero == ZeroStage::parameters));
+  // A budget between the two: 2bw without ZeRO no longer fits, 1F1B without ZeRO still does.
+  p.cluster.memory_bytes = (bw->memory.total() + flush->memory.total()) / 2 / all.usable_memory_fraction;
+  const Plan tight = search(p, CostModel(p.model, p.cluster), s, all);
+  CHECK(find(tight, ScheduleKind::two_bw, ZeroStage::none) == nullptr);
+  CHECK(find(tight, ScheduleKind::one_f_one_b, ZeroStage::none) != nullptr);
+}

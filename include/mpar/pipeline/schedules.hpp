@@ -351,6 +351,9 @@ struct ZBH2 {
 struct PipeDream2BW {
   static constexpr std::string_view name = "2bw";
   static constexpr bool split_backward = false, asynchronous = true, supports_chunks = false;
+  /// The most optimizer steps `train_gpt` runs as one program (`GptTrainer::train_steps`), and what the planner
+  /// times: the flush between programs is paid once in this many steps.
+  static constexpr int steps_per_program = 16;
   static constexpr std::string check(const ScheduleConfig& c) {
     if (auto e = detail::check_common(name, c, supports_chunks); !e.empty()) return e;
     if (c.microbatches < c.stages)

@@ -61,7 +61,9 @@ Optional (mixture of experts: every --moe-every-th layer's MLP becomes --experts
                            ranks (train_gpt --etp); both tried when not given
 Optional (fix a dimension instead of searching it):
   --tp N  --pp N  --dp N  --microbatch-size N  --virtual-stages N
-  --schedule gpipe|1f1b|interleaved_1f1b|zb_h1|zb_h2|2bw   (2bw, asynchronous, only when asked for)
+  --schedule gpipe|1f1b|interleaved_1f1b|zb_h1|zb_h2|2bw
+  --asynchronous on|off    also try PipeDream-2BW (weights lag one step; off by default): taken where it is
+                           faster and its second weight version fits (train_gpt runs it without a flush)
   --recompute none|selective|full  --zero1 on|off  --zero2 on|off  --zero3 on|off
   --sequence-parallel on|off
                            unfixed, recomputation is also chosen per pipeline rank: where some rank does not
@@ -220,6 +222,8 @@ namespace detail {
       o.space.sequence_parallel = detail::parse_switch(opt, val);
     else if (opt == "--expert-tp")
       o.space.expert_tensor_parallel = detail::parse_switch(opt, val);
+    else if (opt == "--asynchronous")
+      o.space.asynchronous = detail::parse_switch(opt, val);
     else if (opt == "--partition") {
       require(val == "balanced" || val == "even", "--partition '", val, "' is not known; use balanced or even");
       o.space.balance_stages = val == "balanced";

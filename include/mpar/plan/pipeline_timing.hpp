@@ -101,7 +101,7 @@ struct StageCosts {
 
 /** @brief What the simulator predicts for one step of one pipeline. */
 struct PipelineTiming {
-  double makespan = 0;         ///< seconds per optimizer step, as GptTrainer runs it (one program per step)
+  double makespan = 0;         ///< seconds per optimizer step, as GptTrainer runs it (2bw: several steps per program)
   double bubble_fraction = 0;  ///< idle share of the compute lanes (the simulator's bubble ratio)
   /// Idle slots per step summed over the ranks (`pipeline::idle_slots`: F one slot, B two): the count
   /// `models::StepReport::idle_slots` reports for the same programs.
@@ -132,19 +132,28 @@ struct PipelineTiming {
 }
 
 /**
- * Replays `c`'s programs in the pipeline simulator with costs `sc`: the one-step program, which is what
- * GptTrainer runs per step. For PipeDream-2BW that is 1F1B's order with the update at the end, so steps are
- * separated by a pipeline flush and its time and bubble are 1F1B's (the steady state without the flush, which
- * a multi-step program would reach, is not what the trainer runs; docs/planner.md).
+ * Replays `c`'s programs in the pipeline simulator with costs `sc` as the trainer runs them: the one-step program
+ * per step for the synchronous schedules; for PipeDream-2BW a program of `PipeDream2BW::steps_per_program` steps
+ * without a flush (what `train_gpt` runs), each update a barrier over the pipeline ranks (its norm and tied-weight
+ * collectives), per step. The gradients' readiness (for the data-parallel overlap) comes from one step's program.
  */
 [[nodiscard]] inline PipelineTiming time_pipeline(const ParallelConfig& c, const StageCosts& sc) {
-  const pipeline::CostModel costs = simulator_costs(c, sc);
+  pipeline::CostModel costs = simulator_costs(c, sc);
   const pipeline::Programs prog = programs_for(c, 1);
   const pipeline::SimResult one = pipeline::simulate(prog, costs);
   PipelineTiming t;
   t.makespan = one.makespan;
   t.bubble_fraction = one.bubble_ratio;
   t.idle_slots = pipeline::idle_slots(prog);
+  if (c.schedule == ScheduleKind::two_bw) {
+    constexpr int steps = pipeline::PipeDream2BW::steps_per_program;
+    const pipeline::Programs many = programs_for(c, steps);
+    costs.synchronous_optimizer = true;
+    const pipeline::SimResult run = pipeline::simulate(many, costs);
+    t.makespan = run.makespan / steps;
+    t.bubble_fraction = run.bubble_ratio;
+    t.idle_slots = pipeline::idle_slots(many, true);
+  }
   t.peak_activations = one.peak_activations;
   t.grads_reference_end = one.makespan;
   t.grads_ready.assign(c.pp, std::vector<std::pair<double, double>>(c.virtual_stages, {0.0, 0.0}));

@@ -49,6 +49,10 @@ struct SearchSpace {
   /// try both where the model has experts and tp > 1.
   std::optional<bool> expert_tensor_parallel;
   std::optional<ScheduleKind> schedule;
+  /// Also try PipeDream-2BW where pp > 1 and no schedule is fixed (`mpar-plan --asynchronous on`). Off by default:
+  /// its weights lag one step, which changes what training computes, so it is the user's choice to allow, and the
+  /// search then takes it where it is faster and its second weight version fits.
+  bool asynchronous = false;
   std::optional<Recompute> recompute;
   /// Constraints on the ZeRO stage (`mpar-plan --zero1/--zero2/--zero3 on|off`): whether it shards at least the
   /// optimizer states, the gradients, the parameters; unset: searched.
@@ -395,6 +399,10 @@ namespace detail {
     return rej("batch", mpar::detail::cat("global batch ", p.global_batch, " is not a multiple of dp*mbs = ", c.dp, "*",
                                           c.microbatch_size));
   if (std::string why = schedule_problem(c); !why.empty()) return rej("schedule", why);
+  if (c.schedule == ScheduleKind::two_bw && c.zero == parallel::ZeroStage::parameters)
+    return rej("schedule",
+               "2bw keeps a second full weight version, which ZeRO-3's sharded weights do not have (train_gpt "
+               "refuses it)");
   return std::nullopt;
 }
 
@@ -614,6 +622,7 @@ namespace detail {
           else
             schedules = {ScheduleKind::gpipe, ScheduleKind::one_f_one_b, ScheduleKind::interleaved, ScheduleKind::zb_h1,
                          ScheduleKind::zb_h2};
+          if (space.asynchronous && !space.schedule && pp > 1) schedules.push_back(ScheduleKind::two_bw);
           std::vector<std::size_t> mbss =
               space.microbatch_size ? std::vector<std::size_t>{*space.microbatch_size} : space.microbatch_sizes;
           for (std::size_t mbs : mbss)
