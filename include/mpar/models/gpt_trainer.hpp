@@ -51,9 +51,12 @@
  * update applies their gradient to the current W(t): W(t+1) = update(W(t), g(W(t-1))). Each rank keeps
  * W(t-1) beside W(t) (one more fp32 copy of its parameters) and swaps it in for the passes. The reference
  * it trains to is the synchronous single-rank run with that stash done by hand (tests/models, docs/pipeline.md).
- * Each step is one run of the schedule's program (1F1B order), so steps are separated by a flush and the
- * bubble is 1F1B's (`StepReport::idle_slots`); the planner times 2bw the same way (docs/training.md says what
- * a flush-free steady state would need).
+ * `train_step` runs each step as one program (1F1B order), so steps are separated by a flush and the bubble is
+ * 1F1B's; `train_steps(k)` runs k steps as one program without a flush (fp32): each stage updates right after its
+ * last backward of a step while the first stages already run the next step's forwards, a micro-batch's backward
+ * on its forward's version, with the same numbers (`StepReport::idle_slots` per step: 1F1B's 3 (pp - 1) per rank
+ * for the program's first step, 2 (pp - 1) for each later one). A checkpoint holds W(t-1) too, so a resumed run
+ * continues with lag 1.
  *
  * Mixed precision (`bf16`, `f16`), with the numerics of GPU AMP: the passes run inside an
  * `nn::Autocast` scope of the 16-bit type, so the linear layers' GEMMs take 16-bit weights and
@@ -517,8 +520,9 @@ struct StepReport {
   double wall = 0;    ///< seconds, slowest rank
   double bubble = 0;  ///< measured pipeline idle share of the step (mean over ranks)
   /// The bubble as a count from the programs this step ran (`pipeline::idle_slots`: idle slots summed over the
-  /// pipeline ranks, a forward one slot, a backward two): 3 (pp - 1) per rank for 1F1B, and the same for 2bw,
-  /// whose steps are separated by a flush. The planner predicts the same count (plan::PipelineTiming).
+  /// pipeline ranks, a forward one slot, a backward two, per step): 3 (pp - 1) per rank for 1F1B and for 2bw by
+  /// `train_step`; for 2bw by `train_steps(k)`, (3 + 2 (k - 1)) (pp - 1) / k, each update a barrier. The planner
+  /// predicts the same count (plan::PipelineTiming).
   double idle_slots = 0;
   double communication = 0;  ///< share of the step spent in collectives and transfers (mean over ranks)
   double tokens_per_second = 0;
