@@ -278,6 +278,12 @@ TEST_CASE(
   check_equal_to_host<HostBackend>("pp2 2bw, 4 steps per program against 1", c, 4, 4, 1);
   check_equal_to_host<StreamHostBackend>("pp2 2bw, 4 steps per program", c, 4, 4, 4);
   check_equal_to_host<DiscreteHostBackend>("pp2 2bw, 2 + 2 steps per program", c, 4, 2, 4);
+  // bf16: each version's compute copies too; the first program's last version is rounded again at the second's start.
+  auto bf16 = c;
+  bf16.precision = parallel::Precision::bf16;
+  check_equal_to_host<HostBackend>("bf16 pp2 2bw, 2 + 2 steps per program against 1", bf16, 4, 2, 1);
+  check_equal_to_host<StreamHostBackend>("bf16 pp2 2bw, 4 steps per program", bf16, 4, 4, 4);
+  check_equal_to_host<DiscreteHostBackend>("bf16 pp2 2bw, 2 + 2 steps per program", bf16, 4, 2, 2);
 }
 
 TEST_CASE("GPT over DiscreteHostBackend: ZeRO-2, ZeRO-3 and 2bw never touch rank memory from the host",

@@ -52,7 +52,7 @@
  * W(t-1) beside W(t) (one more fp32 copy of its parameters) and swaps it in for the passes. The reference
  * it trains to is the synchronous single-rank run with that stash done by hand (tests/models, docs/pipeline.md).
  * `train_step` runs each step as one program (1F1B order), so steps are separated by a flush and the bubble is
- * 1F1B's; `train_steps(k)` runs k steps as one program without a flush (fp32): each stage updates right after its
+ * 1F1B's; `train_steps(k)` runs k steps as one program without a flush (fp32, bf16): each stage updates right after its
  * last backward of a step while the first stages already run the next step's forwards, a micro-batch's backward
  * on its forward's version, with the same numbers (`StepReport::idle_slots` per step: 1F1B's 3 (pp - 1) per rank
  * for the program's first step, 2 (pp - 1) for each later one). A checkpoint holds W(t-1) too, so a resumed run
@@ -638,7 +638,7 @@ class GptTrainer {
   }
 
   /**
-   * @brief Runs the next `steps` steps (collective over the world), one report each. Under 2bw in fp32 they are one
+   * @brief Runs the next `steps` steps (collective over the world), one report each. Under 2bw in fp32 or bf16 they are one
    * program without a flush: every stage updates right after its last backward of a step, while the first stages
    * already run the next step's forwards, and each micro-batch's backward uses its forward's weight version (two
    * versions kept, `WeightVersions::per_batch`: step t's passes on W(t-1), as `train_step`'s). The numbers equal
@@ -1503,12 +1503,12 @@ class GptTrainer {
   }
 
   /**
-   * Whether `train_steps(steps)` runs them as one program without a flush: 2bw in fp32 (under bf16/f16 each
-   * version would need its own 16-bit copies), not captured, and no `on_passes` hooks (they run around each
-   * step's passes, which overlap here).
+   * Whether `train_steps(steps)` runs them as one program without a flush: 2bw in fp32 or bf16 (each version with
+   * its own compute copies, `WeightLag`), not f16 (the loss scale an update may change is fixed for a program's
+   * passes), not captured, and no `on_passes` hooks (they run around each step's passes, which overlap here).
    */
   [[nodiscard]] bool runs_without_flush(std::size_t steps) const {
-    return steps > 1 && lag_ && cfg_.precision == parallel::Precision::fp32 && !cfg_.graph && !before_passes_ &&
+    return steps > 1 && lag_ && cfg_.precision != parallel::Precision::f16 && !cfg_.graph && !before_passes_ &&
            !after_passes_;
   }
   /** The executor of a 2bw program of `steps` steps with the update inside (built once per number of steps). */

@@ -343,8 +343,11 @@ struct MoeLayerBytes {
     e.parameters += c.zero == ZeroStage::parameters ? n * two_bw_version_bytes(p) / zdp
                                                     : n * (p.weight_bytes + p.master_bytes / (zero_any ? zdp : 1.0));
     // 2BW keeps a second weight version: the previous step's weights as the optimizer holds them (the fp32
-    // master when there is one, whole on every rank even under ZeRO-1), which the passes run on.
-    if (c.schedule == ScheduleKind::two_bw) e.parameters += n * two_bw_version_bytes(p);
+    // master when there is one, whole on every rank even under ZeRO-1), which the passes run on, and under mixed
+    // precision its 16-bit compute copy (train_gpt's bf16 programs without a flush keep it; f16, flushed, does
+    // not, and is counted with it, on the safe side).
+    if (c.schedule == ScheduleKind::two_bw)
+      e.parameters += n * (two_bw_version_bytes(p) + (p.master_bytes > 0 ? p.weight_bytes : 0.0));
     // ZeRO-2 keeps only this rank's 1/dp of the averaged gradient between steps. During the step mpar's layers
     // accumulate the micro-batches' gradients in full-size per-parameter buffers, allocated (zeroed) when the
     // passes begin and released bucket by bucket once the last micro-batch's backward has passed them: all of
