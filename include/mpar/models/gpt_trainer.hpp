@@ -603,17 +603,7 @@ class GptTrainer {
     // 2. The pipeline program: forwards, backwards (data-parallel buckets start as gradients finish).
     if (before_passes_) before_passes_();
     const bool lagged = lag_ && lag_->swap_in_previous();  // 2bw: the passes run on the version before the last update
-    // Each micro-batch's loss stays in rank memory: added into the step's statistics (no host read), scaled by
-    // 1/M and by pp, since only the last stage's ranks add theirs and the statistics average over the world.
-    optimizer_->zero_losses();
-    if (cfg_.model.has_moe()) {
-      // Each MoE backward adds its micro-batch's load-balancing loss (weighted pp / M, as the losses) and its
-      // dropped count (weighted as the report averages it: tensor ranks repeat the same routing) in rank memory.
-      B::zero(1, report_slot_dropped());
-      parallel::MoeStatistics sinks{optimizer_->losses() + 1, double(cfg_.pp) / double(cfg_.microbatches),
-                                    report_slot_dropped(), double(cfg_.world_size()) / double(cfg_.tp)};
-      for (auto& s : stages_) s->set_moe_statistics(sinks);
-    }
+    start_step_statistics();
     pipeline::StepStats stats = run_passes(
         inputs, PassKind::train, optimizer_->losses(),
         optimizer_->loss_scale(), [&](int mb) -> const auto& { return targets_[std::size_t(mb)]; });
@@ -664,13 +654,7 @@ class GptTrainer {
       for (auto& x : step_inputs) inputs.push_back(std::move(x));
     }
     set_token_coordinates(first, M);
-    optimizer_->zero_losses();
-    if (cfg_.model.has_moe()) {
-      B::zero(1, report_slot_dropped());
-      parallel::MoeStatistics sinks{optimizer_->losses() + 1, double(cfg_.pp) / double(cfg_.microbatches),
-                                    report_slot_dropped(), double(cfg_.world_size()) / double(cfg_.tp)};
-      for (auto& s : stages_) s->set_moe_statistics(sinks);
-    }
+    start_step_statistics();
     const bool lagged_start = lag_->has_previous();
     auto comm_seconds = [&] {
       return tensor_.seconds() + expert_t_.seconds() + tokens_t_.seconds() + context_t_.seconds() +
@@ -698,8 +682,7 @@ class GptTrainer {
       comm_before = comm;
       t_step = std::chrono::steady_clock::now();
       ++step_;
-      optimizer_->zero_losses();
-      if (cfg_.model.has_moe()) B::zero(1, report_slot_dropped());
+      start_step_statistics();
       optimizer_->begin_compute();  // ZeRO-2's fresh gradient shards for the next step
       for (auto& s : stages_) s->begin_step();
     };
@@ -1608,6 +1591,20 @@ class GptTrainer {
   }
   /** The report's dropped count, accumulated in rank memory by the MoE backward passes (metrics slot 2). */
   double* report_slot_dropped() { return metrics_.accumulator(2); }
+  /**
+   * Before a step's passes: each micro-batch's loss stays in rank memory, added into the step's statistics (no host
+   * read), scaled by 1/M and by pp, since only the last stage's ranks add theirs and the statistics average over the
+   * world. Each MoE backward adds its micro-batch's load-balancing loss (weighted pp / M, as the losses) and its
+   * dropped count (weighted as the report averages it: tensor ranks repeat the same routing) in rank memory.
+   */
+  void start_step_statistics() {
+    optimizer_->zero_losses();
+    if (!cfg_.model.has_moe()) return;
+    B::zero(1, report_slot_dropped());
+    parallel::MoeStatistics sinks{optimizer_->losses() + 1, double(cfg_.pp) / double(cfg_.microbatches),
+                                  report_slot_dropped(), double(cfg_.world_size()) / double(cfg_.tp)};
+    for (auto& s : stages_) s->set_moe_statistics(sinks);
+  }
   /** The checkpoint state holding 2bw's older weight version beside each parameter ("<name>/2bw.previous"). */
   static constexpr const char* previous_version_state = "2bw.previous";
   GptTrainConfig cfg_;
