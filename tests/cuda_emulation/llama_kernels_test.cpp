@@ -1,5 +1,5 @@
-// The Llama-class layers' CUDA kernels (backend/gpu/llama_kernels.hpp) on the emulated runtime against the host
-// reference (backend/host/llama_kernels.hpp): RMSNorm forward and backward (the gain gradient accumulating), the
+// The Llama-class layers' CUDA kernels (backend/gpu/llama_kernels.hpp), launched by operation object as CudaBackend
+// runs them, on the emulated runtime against the operations' host references (backend/ops/): RMSNorm forward and backward (the gain gradient accumulating), the
 // rotary embedding forward and backward at large positions and in place, the SwiGLU gate forward and backward in
 // place; shapes around the block, over several column-sum chunks, and empty.
 #include <catch2/catch.hpp>
@@ -10,7 +10,9 @@
 
 #include "device_array.hpp"
 #include "mpar/backend/gpu/llama_kernels.hpp"
-#include "mpar/backend/host/llama_kernels.hpp"
+#include "mpar/backend/ops/rmsnorm.hpp"
+#include "mpar/backend/ops/rope.hpp"
+#include "mpar/backend/ops/silu_gate.hpp"
 #include "mpar/core/init.hpp"
 
 namespace mpar::llama_kernels_emulation_test {
@@ -35,18 +37,23 @@ TEST_CASE("cuda kernels on the emulation: RMSNorm forward and backward equal the
                              dy = uniform_values(rows * cols, 33), dgain0 = uniform_values(cols, 34);
     DeviceArray<float> dx_in(x), dgain_w(gain), y(rows * cols), rstd(rows), ddy(dy), grad(rows * cols), dgain(dgain0);
     std::vector<float> want(rows * cols), wrstd(rows), wgrad(rows * cols), wdgain = dgain0;
-    gpu::rmsnorm_forward(rows, cols, 1e-6f, dx_in.get(), dgain_w.get(), y.get(), rstd.get());
-    host::rmsnorm_forward(rows, cols, 1e-6f, x.data(), gain.data(), want.data(), wrstd.data());
+    gpu::launch(ops::rmsnorm_forward{rows, cols, 1e-6f, dx_in.get(), dgain_w.get(), y.get(), rstd.get()}, nullptr);
+    ops::host_reference(ops::rmsnorm_forward{rows, cols, 1e-6f, x.data(), gain.data(), want.data(), wrstd.data()});
     require_close(y.host(), want, 1e-5, 1e-6);
     require_close(rstd.host(), wrstd, 1e-5);
     // The gain gradient adds to what is there, as every parameter gradient does.
-    gpu::rmsnorm_backward(rows, cols, dx_in.get(), rstd.get(), dgain_w.get(), ddy.get(), grad.get(), dgain.get());
-    host::rmsnorm_backward(rows, cols, x.data(), wrstd.data(), gain.data(), dy.data(), wgrad.data(), wdgain.data());
+    gpu::launch(
+        ops::rmsnorm_backward{rows, cols, dx_in.get(), rstd.get(), dgain_w.get(), ddy.get(), grad.get(), dgain.get()},
+        nullptr);
+    ops::host_reference(
+        ops::rmsnorm_backward{rows, cols, x.data(), wrstd.data(), gain.data(), dy.data(), wgrad.data(), wdgain.data()});
     require_close(grad.host(), wgrad, 1e-4, 1e-5);
     require_close(dgain.host(), wdgain, 1e-4, 1e-5);
     // In place (dx = dy): the gain's sums read dy before the input gradient overwrites it.
     dgain.upload(dgain0);
-    gpu::rmsnorm_backward(rows, cols, dx_in.get(), rstd.get(), dgain_w.get(), ddy.get(), ddy.get(), dgain.get());
+    gpu::launch(
+        ops::rmsnorm_backward{rows, cols, dx_in.get(), rstd.get(), dgain_w.get(), ddy.get(), ddy.get(), dgain.get()},
+        nullptr);
     require_close(ddy.host(), wgrad, 1e-4, 1e-5);
     require_close(dgain.host(), wdgain, 1e-4, 1e-5);
   }
@@ -66,11 +73,15 @@ TEST_CASE("cuda kernels on the emulation: the rotary embedding and its transpose
       DeviceArray<float> dx_in(x), y(x);  // y starts as x: the columns outside the heads keep their values
       DeviceArray<std::int32_t> dpos(pos);
       std::vector<float> want = x, back = x;
-      gpu::rope_forward(z.rows, z.heads, z.head_dim, z.ld, dpos.get(), theta, dx_in.get(), y.get());
-      host::rope_forward(z.rows, z.heads, z.head_dim, z.ld, pos.data(), theta, x.data(), want.data());
+      gpu::launch(ops::rope_forward{z.rows, z.heads, z.head_dim, z.ld, dpos.get(), theta, dx_in.get(), y.get()},
+                  nullptr);
+      ops::host_reference(
+          ops::rope_forward{z.rows, z.heads, z.head_dim, z.ld, pos.data(), theta, x.data(), want.data()});
       require_close(y.host(), want, 1e-5, 1e-5);
-      gpu::rope_backward(z.rows, z.heads, z.head_dim, z.ld, dpos.get(), theta, y.get(), y.get());  // in place
-      host::rope_backward(z.rows, z.heads, z.head_dim, z.ld, pos.data(), theta, want.data(), back.data());
+      gpu::launch(ops::rope_backward{z.rows, z.heads, z.head_dim, z.ld, dpos.get(), theta, y.get(), y.get()},
+                  nullptr);  // in place
+      ops::host_reference(
+          ops::rope_backward{z.rows, z.heads, z.head_dim, z.ld, pos.data(), theta, want.data(), back.data()});
       require_close(y.host(), back, 1e-5, 1e-5);
       require_close(y.host(), x, 1e-5, 1e-5);  // the transpose undoes the rotation
     }
@@ -84,13 +95,13 @@ TEST_CASE("cuda kernels on the emulation: the SwiGLU gate forward and backward e
                              dy = uniform_values(rows * cols, 52);
     DeviceArray<float> dgu(gate_up), y(rows * cols), ddy(dy), grad(rows * 2 * cols);
     std::vector<float> want(rows * cols), wgrad(rows * 2 * cols);
-    gpu::silu_gate_forward(rows, cols, dgu.get(), y.get());
-    host::silu_gate_forward(rows, cols, gate_up.data(), want.data());
+    gpu::launch(ops::silu_gate_forward{rows, cols, dgu.get(), y.get()}, nullptr);
+    ops::host_reference(ops::silu_gate_forward{rows, cols, gate_up.data(), want.data()});
     require_close(y.host(), want, 1e-5, 1e-6);
-    gpu::silu_gate_backward(rows, cols, dgu.get(), ddy.get(), grad.get());
-    host::silu_gate_backward(rows, cols, gate_up.data(), dy.data(), wgrad.data());
+    gpu::launch(ops::silu_gate_backward{rows, cols, dgu.get(), ddy.get(), grad.get()}, nullptr);
+    ops::host_reference(ops::silu_gate_backward{rows, cols, gate_up.data(), dy.data(), wgrad.data()});
     require_close(grad.host(), wgrad, 1e-5, 1e-6);
-    gpu::silu_gate_backward(rows, cols, dgu.get(), ddy.get(), dgu.get());  // dgate_up = gate_up
+    gpu::launch(ops::silu_gate_backward{rows, cols, dgu.get(), ddy.get(), dgu.get()}, nullptr);  // dgate_up = gate_up
     require_close(dgu.host(), wgrad, 1e-5, 1e-6);
   }
 }

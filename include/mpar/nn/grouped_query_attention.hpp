@@ -17,7 +17,8 @@
 #include <string_view>
 #include <vector>
 
-#include "mpar/backend/detail/llama_kernel_backend.hpp"
+#include "mpar/backend/ops/operation.hpp"
+#include "mpar/backend/ops/rope.hpp"
 #include "mpar/nn/attention.hpp"
 #include "mpar/nn/rotary.hpp"
 #include "mpar/nn/upload.hpp"
@@ -70,10 +71,10 @@ class GroupedQueryAttention
     : public detail::AttentionLayer<
           GroupedQueryAttention<C, SP, B>, ColumnParallel<C, dyn, dyn, dyn, ColumnOptions{SP, false, 1}, B>,
           RowParallel<C, dyn, dyn, dyn, SP ? RowReduce::reduce_scatter : RowReduce::all_reduce, B>, B> {
-  static_assert(mpar::detail::llama_kernel_backend<B>,
-                "mpar::nn::GroupedQueryAttention<C, SP, B>: backend B lacks the Llama-class kernels (rope_forward, "
-                "rope_backward: the llama_kernel_backend concept, backend/detail/llama_kernel_backend.hpp). Fix: use "
-                "HostBackend, StreamHostBackend or DiscreteHostBackend, or give B those operations");
+  static_assert(supports<B, ops::rope_forward> && supports<B, ops::rope_backward>,
+                "mpar::nn::GroupedQueryAttention<C, SP, B>: backend B does not run ops::rope_forward and "
+                "ops::rope_backward (backend/ops/rope.hpp). Fix: use HostBackend, StreamHostBackend, "
+                "DiscreteHostBackend or CudaBackend, or give B a run(op) for them");
   using In = std::conditional_t<SP, TokenShard, Replicate>;
   using Qkv = ColumnParallel<C, dyn, dyn, dyn, ColumnOptions{SP, false, 1}, B>;
   using Proj = RowParallel<C, dyn, dyn, dyn, SP ? RowReduce::reduce_scatter : RowReduce::all_reduce, B>;
@@ -133,8 +134,14 @@ class GroupedQueryAttention
                          BatchExtents{z.kvl, group_});
     const std::int32_t* pos = positions(z.tokens);
     for (std::size_t part = 0; part < 2; ++part)  // q, k in place
-      B::rope_forward(z.tokens, this->core_.heads, z.d, 3 * z.hl, pos, theta_, qkv.data() + part * z.hl,
-                      qkv.data() + part * z.hl);
+      B::run(ops::rope_forward{.rows = z.tokens,
+                               .heads = this->core_.heads,
+                               .head_dim = z.d,
+                               .ld = 3 * z.hl,
+                               .positions = pos,
+                               .theta = theta_,
+                               .x = qkv.data() + part * z.hl,
+                               .y = qkv.data() + part * z.hl});
     return qkv;
   }
   /** The core's dqkv as the fused projection's gradient: dq and dk rotated back, the g copies of dk, dv summed. */
@@ -142,8 +149,14 @@ class GroupedQueryAttention
     const Sizes z = sizes(dqkv.extent(0));
     const std::int32_t* pos = positions(z.tokens);
     for (std::size_t part = 0; part < 2; ++part)
-      B::rope_backward(z.tokens, this->core_.heads, z.d, 3 * z.hl, pos, theta_, dqkv.data() + part * z.hl,
-                       dqkv.data() + part * z.hl);
+      B::run(ops::rope_backward{.rows = z.tokens,
+                                .heads = this->core_.heads,
+                                .head_dim = z.d,
+                                .ld = 3 * z.hl,
+                                .positions = pos,
+                                .theta = theta_,
+                                .dy = dqkv.data() + part * z.hl,
+                                .dx = dqkv.data() + part * z.hl});
     Activation dfused({z.tokens, z.fused_ld}, uninitialized);  // dq, dk and dv columns cover it
     B::copy_2d_batched(z.tokens, group_ * z.d, dqkv.data(), 3 * z.hl, BatchStrides{0, group_ * z.d}, dfused.data(),
                        z.fused_ld, BatchStrides{0, z.w}, BatchExtents{1, z.kvl});

@@ -16,10 +16,12 @@
 #include <cstdint>
 #include <string_view>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
-#include "mpar/backend/detail/llama_kernel_backend.hpp"
 #include "mpar/backend/detail/online_softmax_backend.hpp"
+#include "mpar/backend/ops/operation.hpp"
+#include "mpar/backend/ops/rope.hpp"
 #include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/column_parallel.hpp"
 #include "mpar/nn/grouped_query_attention.hpp"
@@ -40,10 +42,10 @@ class RingGroupedQueryAttention
     : public detail::RingAttentionLayer<RingGroupedQueryAttention<C, B>, C,
                                         ColumnParallel<C, dyn, dyn, dyn, ColumnOptions{false, false, 1}, B>,
                                         RowParallel<C, dyn, dyn, dyn, RowReduce::all_reduce, B>, B> {
-  static_assert(mpar::detail::llama_kernel_backend<B>,
-                "mpar::nn::RingGroupedQueryAttention<C, B>: backend B lacks the Llama-class kernels (rope_forward, "
-                "rope_backward: backend/llama_kernel_backend.hpp). Fix: use HostBackend, StreamHostBackend, "
-                "DiscreteHostBackend or CudaBackend, or give B those operations");
+  static_assert(supports<B, ops::rope_forward> && supports<B, ops::rope_backward>,
+                "mpar::nn::RingGroupedQueryAttention<C, B>: backend B does not run ops::rope_forward and "
+                "ops::rope_backward (backend/ops/rope.hpp). Fix: use HostBackend, StreamHostBackend, "
+                "DiscreteHostBackend or CudaBackend, or give B a run(op) for them");
   using Qkv = ColumnParallel<C, dyn, dyn, dyn, ColumnOptions{false, false, 1}, B>;
   using Proj = RowParallel<C, dyn, dyn, dyn, RowReduce::all_reduce, B>;
   using Base = detail::RingAttentionLayer<RingGroupedQueryAttention, C, Qkv, Proj, B>;
@@ -98,16 +100,31 @@ class RingGroupedQueryAttention
     Activation qkv({z.tokens, z.ld}, uninitialized);  // the three copies write every element
     rearrange(fused.data(), qkv.data(), z, false);
     const std::int32_t* pos = positions(z.tokens);
-    B::rope_forward(z.tokens, sizes_.heads, z.d, z.ld, pos, theta_, qkv.data(), qkv.data());
-    B::rope_forward(z.tokens, z.kvl, z.d, z.ld, pos, theta_, qkv.data() + z.hl, qkv.data() + z.hl);
+    // The query heads, then the KV heads' keys, each rotated in place.
+    for (const auto& [first, heads] : {std::pair{std::size_t(0), sizes_.heads}, std::pair{z.hl, z.kvl}})
+      B::run(ops::rope_forward{.rows = z.tokens,
+                               .heads = heads,
+                               .head_dim = z.d,
+                               .ld = z.ld,
+                               .positions = pos,
+                               .theta = theta_,
+                               .x = qkv.data() + first,
+                               .y = qkv.data() + first});
     return qkv;
   }
   /** The core's dqkv as the fused projection's gradient: dq and dk rotated back, the columns returned to KV-head order. */
   Activation projection_gradient(Activation dqkv) {
     const Sizes z = sizes(dqkv.extent(0));
     const std::int32_t* pos = positions(z.tokens);
-    B::rope_backward(z.tokens, sizes_.heads, z.d, z.ld, pos, theta_, dqkv.data(), dqkv.data());
-    B::rope_backward(z.tokens, z.kvl, z.d, z.ld, pos, theta_, dqkv.data() + z.hl, dqkv.data() + z.hl);
+    for (const auto& [first, heads] : {std::pair{std::size_t(0), sizes_.heads}, std::pair{z.hl, z.kvl}})
+      B::run(ops::rope_backward{.rows = z.tokens,
+                                .heads = heads,
+                                .head_dim = z.d,
+                                .ld = z.ld,
+                                .positions = pos,
+                                .theta = theta_,
+                                .dy = dqkv.data() + first,
+                                .dx = dqkv.data() + first});
     Activation dfused({z.tokens, z.fused_ld}, uninitialized);
     rearrange(dqkv.data(), dfused.data(), z, true);
     return dfused;

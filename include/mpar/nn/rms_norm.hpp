@@ -13,8 +13,9 @@
 #include <utility>
 #include <vector>
 
-#include "mpar/backend/detail/llama_kernel_backend.hpp"
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/backend/ops/operation.hpp"
+#include "mpar/backend/ops/rmsnorm.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/layer.hpp"
@@ -24,7 +25,7 @@ namespace mpar::nn {
 /**
  * @brief `y = x / sqrt(mean(x^2) + eps) * gain` per row, with a gain (`[features]`, replicated, initialised to 1)
  * and no bias. Layout `L` is `Replicate` or `Shard<0, tensor>`; feature-sharded input is refused (a row's mean
- * square needs all its features). Runs on a backend with the Llama-class kernels (`llama_kernel_backend`).
+ * square needs all its features). Runs on a backend that supports `ops::rmsnorm_forward` and `ops::rmsnorm_backward`.
  *
  * Under sequence parallelism (`L = Shard<0, tensor>`) each rank sees only its tokens, so the gain gradient is a
  * partial sum: backward all-reduces it over the tensor group `C` so every rank holds the full gradient, as in the
@@ -39,11 +40,10 @@ class RMSNorm : public detail::TypedLayer<RMSNorm<L, C, B>> {
   static_assert(std::is_same_v<L, Replicate> || communicator<C>,
                 "mpar::nn::RMSNorm<Shard<0, tensor>, C>: sequence-parallel RMSNorm needs the tensor communicator type "
                 "C to all-reduce its gain gradient");
-  static_assert(
-      mpar::detail::llama_kernel_backend<B>,
-      "mpar::nn::RMSNorm<L, C, B>: backend B lacks the Llama-class kernels (rmsnorm_forward, "
-      "rmsnorm_backward: the llama_kernel_backend concept, backend/detail/llama_kernel_backend.hpp). Fix: use "
-      "HostBackend, StreamHostBackend or DiscreteHostBackend, or give B those operations");
+  static_assert(supports<B, ops::rmsnorm_forward> && supports<B, ops::rmsnorm_backward>,
+                "mpar::nn::RMSNorm<L, C, B>: backend B does not run ops::rmsnorm_forward and ops::rmsnorm_backward "
+                "(backend/ops/rmsnorm.hpp). Fix: use HostBackend, StreamHostBackend, DiscreteHostBackend or "
+                "CudaBackend, or give B a run(op) for them");
   static constexpr bool sequence_parallel = std::is_same_v<L, TokenShard>;
 
  public:
@@ -77,7 +77,13 @@ class RMSNorm : public detail::TypedLayer<RMSNorm<L, C, B>> {
     Activation y(x.shape(), uninitialized);  // the kernel writes y and rstd whole
     auto& c = cache_.put(mb);
     c.rstd = uninitialized_buffer<float>(rows);
-    B::rmsnorm_forward(rows, n_, eps_, x.data(), gain_.value.data(), y.data(), c.rstd.data());
+    B::run(ops::rmsnorm_forward{.rows = rows,
+                                .cols = n_,
+                                .eps = eps_,
+                                .x = x.data(),
+                                .gain = gain_.value.data(),
+                                .y = y.data(),
+                                .rstd = c.rstd.data()});
     c.x = backend_copy<B>(x);
     return y;
   }
@@ -89,15 +95,13 @@ class RMSNorm : public detail::TypedLayer<RMSNorm<L, C, B>> {
       if (!defer_) {  // this rank's share, summed over the tensor group here
         Buffer<float> g = uninitialized_buffer<float>(n_);
         B::zero(g.size(), g.data());  // the kernel accumulates dgain
-        B::rmsnorm_backward(dy.extent(0), n_, c.x.data(), c.rstd.data(), gain_.value.data(), dy.data(), dx.data(),
-                            g.data());
+        B::run(gradient(c, dy, dx, g.data()));
         if (comm_->size() > 1) comm_->all_reduce(std::span<float>(g), ReduceOp::sum);
         B::add(n_, gain_.grad.data(), g.data(), gain_.grad.data());
         return dx;
       }
     }
-    B::rmsnorm_backward(dy.extent(0), n_, c.x.data(), c.rstd.data(), gain_.value.data(), dy.data(), dx.data(),
-                        gain_.grad.data());
+    B::run(gradient(c, dy, dx, gain_.grad.data()));
     return dx;
   }
 
@@ -132,6 +136,17 @@ class RMSNorm : public detail::TypedLayer<RMSNorm<L, C, B>> {
     Activation x;
     Buffer<float> rstd;
   };
+  /** The backward operation: `dx` overwritten, the gain gradient accumulated into `dgain`. */
+  ops::rmsnorm_backward gradient(const Cache& c, const Activation& dy, Activation& dx, float* dgain) const {
+    return {.rows = dy.extent(0),
+            .cols = n_,
+            .x = c.x.data(),
+            .rstd = c.rstd.data(),
+            .gain = gain_.value.data(),
+            .dy = dy.data(),
+            .dx = dx.data(),
+            .dgain = dgain};
+  }
   [[no_unique_address]] comm_ptr comm_;
   bool defer_ = false;  ///< see defer_gradient_reduction
   std::size_t n_;

@@ -10,8 +10,9 @@
 #include <string_view>
 #include <vector>
 
-#include "mpar/backend/detail/llama_kernel_backend.hpp"
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/backend/ops/operation.hpp"
+#include "mpar/backend/ops/rope.hpp"
 #include "mpar/core/host_access.hpp"
 #include "mpar/nn/activation.hpp"
 #include "mpar/nn/parameter.hpp"
@@ -24,7 +25,7 @@ namespace mpar::nn {
  * @brief Rotates each head's `head_dim` values by its token's position: with `a_i = position * theta^(-2i /
  * head_dim)` for `i < head_dim / 2`, the first half `x_i` and the second half `x_{i + head_dim/2}` of a head are
  * rotated as the pair `(x_i cos a_i - x_{i+d/2} sin a_i, x_{i+d/2} cos a_i + x_i sin a_i)`. The backward is the
- * transpose rotation (by `-a_i`). No parameters; runs on a `llama_kernel_backend`.
+ * transpose rotation (by `-a_i`). No parameters; runs on a backend that supports `ops::rope_forward` and `ops::rope_backward`.
  *
  * Positions are an input, one per row, so that whoever holds the rows says where they are in their sequence: on
  * one rank `sequence_positions(rows, seq)`; a sequence-parallel rank holding rows `[first, first + rows)` of the
@@ -33,10 +34,10 @@ namespace mpar::nn {
  */
 template <backend B = HostBackend>
 class Rotary {
-  static_assert(mpar::detail::llama_kernel_backend<B>,
-                "mpar::nn::Rotary<B>: backend B lacks the Llama-class kernels (rope_forward, rope_backward: the "
-                "llama_kernel_backend concept, backend/detail/llama_kernel_backend.hpp). Fix: use HostBackend, "
-                "StreamHostBackend or DiscreteHostBackend, or give B those operations");
+  static_assert(supports<B, ops::rope_forward> && supports<B, ops::rope_backward>,
+                "mpar::nn::Rotary<B>: backend B does not run ops::rope_forward and ops::rope_backward "
+                "(backend/ops/rope.hpp). Fix: use HostBackend, StreamHostBackend, DiscreteHostBackend or "
+                "CudaBackend, or give B a run(op) for them");
 
  public:
   static constexpr std::string_view layer_kind = "Rotary";
@@ -77,8 +78,14 @@ class Rotary {
     const Cache c = cache_.take(mb, layer_kind);
     check(dy.tensor(), c.positions.size);
     Act<G> dx(Activation(dy.shape(), uninitialized));  // the kernel writes it whole
-    B::rope_backward(dy.extent(0), dy.extent(1) / head_dim_, head_dim_, dy.extent(1), c.positions.data, theta_,
-                     dy.data(), dx.data());
+    B::run(ops::rope_backward{.rows = dy.extent(0),
+                              .heads = dy.extent(1) / head_dim_,
+                              .head_dim = head_dim_,
+                              .ld = dy.extent(1),
+                              .positions = c.positions.data,
+                              .theta = theta_,
+                              .dy = dy.data(),
+                              .dx = dx.data()});
     return dx;
   }
 
@@ -97,8 +104,14 @@ class Rotary {
   template <class L>
   Act<L> rotate(const Act<L>& x, RankTokens positions) {
     Act<L> y(Activation(x.shape(), uninitialized));  // the kernel writes it whole
-    B::rope_forward(x.extent(0), x.extent(1) / head_dim_, head_dim_, x.extent(1), positions.data, theta_, x.data(),
-                    y.data());
+    B::run(ops::rope_forward{.rows = x.extent(0),
+                             .heads = x.extent(1) / head_dim_,
+                             .head_dim = head_dim_,
+                             .ld = x.extent(1),
+                             .positions = positions.data,
+                             .theta = theta_,
+                             .x = x.data(),
+                             .y = y.data()});
     return y;
   }
 

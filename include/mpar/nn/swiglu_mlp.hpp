@@ -15,8 +15,9 @@
 #include <string_view>
 #include <type_traits>
 
-#include "mpar/backend/detail/llama_kernel_backend.hpp"
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/backend/ops/operation.hpp"
+#include "mpar/backend/ops/silu_gate.hpp"
 #include "mpar/nn/backend_copy.hpp"
 #include "mpar/nn/column_parallel.hpp"
 #include "mpar/nn/layer.hpp"
@@ -34,11 +35,10 @@ namespace mpar::nn {
 template <backend B = HostBackend>
 class SiluGate : public detail::TypedLayer<SiluGate<B>> {
   using Typed = detail::TypedLayer<SiluGate<B>>;
-  static_assert(
-      mpar::detail::llama_kernel_backend<B>,
-      "mpar::nn::SiluGate<B>: backend B lacks the Llama-class kernels (silu_gate_forward, silu_gate_backward: "
-      "the llama_kernel_backend concept, backend/detail/llama_kernel_backend.hpp). Fix: use HostBackend, "
-      "StreamHostBackend or DiscreteHostBackend, or give B those operations");
+  static_assert(supports<B, ops::silu_gate_forward> && supports<B, ops::silu_gate_backward>,
+                "mpar::nn::SiluGate<B>: backend B does not run ops::silu_gate_forward and ops::silu_gate_backward "
+                "(backend/ops/silu_gate.hpp). Fix: use HostBackend, StreamHostBackend, DiscreteHostBackend or "
+                "CudaBackend, or give B a run(op) for them");
 
  public:
   using Typed::backward;
@@ -76,7 +76,7 @@ class SiluGate : public detail::TypedLayer<SiluGate<B>> {
             " features, expected gate and up halves of equal size");
     const std::size_t cols = x.extent(1) / 2;
     Activation y({x.extent(0), cols}, uninitialized);  // the kernel writes it whole
-    B::silu_gate_forward(x.extent(0), cols, x.data(), y.data());
+    B::run(ops::silu_gate_forward{.rows = x.extent(0), .cols = cols, .gate_up = x.data(), .y = y.data()});
     cache_.put(mb).x = backend_copy<B>(x);
     return y;
   }
@@ -85,7 +85,8 @@ class SiluGate : public detail::TypedLayer<SiluGate<B>> {
     require(dy.extent(0) == c.x.extent(0) && 2 * dy.extent(1) == c.x.extent(1), "SiluGate: gradient is ", dy.extent(0),
             "x", dy.extent(1), ", expected ", c.x.extent(0), "x", c.x.extent(1) / 2);
     Activation dx(c.x.shape(), uninitialized);
-    B::silu_gate_backward(dy.extent(0), dy.extent(1), c.x.data(), dy.data(), dx.data());
+    B::run(ops::silu_gate_backward{
+        .rows = dy.extent(0), .cols = dy.extent(1), .gate_up = c.x.data(), .dy = dy.data(), .dgate_up = dx.data()});
     return dx;
   }
 

@@ -24,7 +24,8 @@
  *   value-initialised `Buffer`s (each site calls `note_host_access`). Not counted: the communicators'
  *   own copies, and host code that does not announce its accesses (see docs/performance.md for the list).
  *
- * Operations not overridden here are inherited from `B` unchanged (and uncounted), so a backend that
+ * Operation objects (backend/ops/operation.hpp) are counted by one entry, `run`, under the kind of their name.
+ * Positional operations not overridden here are inherited from `B` unchanged (and uncounted), so a backend that
  * gains operations stays usable through the wrapper; counting a new one is one forwarding line.
  */
 #include <array>
@@ -36,6 +37,7 @@
 #include <utility>
 
 #include "mpar/backend/backend.hpp"
+#include "mpar/backend/ops/operation.hpp"
 #include "mpar/core/host_access.hpp"
 
 namespace mpar::observe {
@@ -105,6 +107,7 @@ enum class Op : std::size_t {
   residual_layernorm_backward,
   attention_forward,  ///< attention over the QKV layout without the s x s scores
   attention_backward,
+  other,  ///< an operation object (backend/ops/) whose name is none of the kinds above, e.g. a user's own
   kinds_  ///< the number of kinds
 };
 inline constexpr std::size_t op_kinds = std::size_t(Op::kinds_);
@@ -166,7 +169,8 @@ inline constexpr std::array<std::string_view, op_kinds> op_names{"gemm",
                                                                  "residual_layernorm_forward",
                                                                  "residual_layernorm_backward",
                                                                  "attention_forward",
-                                                                 "attention_backward"};
+                                                                 "attention_backward",
+                                                                 "other"};
 
 /**
  * @brief Whether backend `B`'s operations return only after their work finished (each one a host
@@ -319,8 +323,7 @@ struct CountingBackend : B {
     note(Op::gemm_strided_batched);
     B::template gemm_strided_batched<TIn, TOut>(std::forward<A>(a)...);
   }
-  // The fused operations outside the `backend` concept (nn::fused_*_backend) and the optional Llama-class kernels
-  // (llama_kernel_backend). Declared here, they hide `B`'s, so each is counted; constrained on `B` having it, so
+  // The fused operations outside the `backend` concept (nn::fused_*_backend). Declared here, they hide `B`'s, so each is counted; constrained on `B` having it, so
   // that the counting backend has exactly the optional operations `B` has and the layers choose the same paths
   // through it (inherited, they ran uncounted).
 #define MPAR_COUNTING_FUSED_OP(op)                                  \
@@ -331,17 +334,20 @@ struct CountingBackend : B {
     B::op(std::forward<A>(a)...);                                   \
   }
   MPAR_COUNTING_FUSED_OP(gelu_backward_bias)
-  // The Llama-class layers' kernels.
-  MPAR_COUNTING_FUSED_OP(rmsnorm_forward)
-  MPAR_COUNTING_FUSED_OP(rmsnorm_backward)
-  MPAR_COUNTING_FUSED_OP(rope_forward)
-  MPAR_COUNTING_FUSED_OP(rope_backward)
-  MPAR_COUNTING_FUSED_OP(silu_gate_forward)
-  MPAR_COUNTING_FUSED_OP(silu_gate_backward)
   MPAR_COUNTING_FUSED_OP(fused_classifier)
   MPAR_COUNTING_FUSED_OP(residual_layernorm_forward)
   MPAR_COUNTING_FUSED_OP(residual_layernorm_backward)
 #undef MPAR_COUNTING_FUSED_OP
+  /**
+   * An operation object (backend/ops/operation.hpp), counted under the kind of its name (`Op::other` where it has
+   * none) and run by `B`. Constrained on `B` running it, so that the counting backend supports exactly what `B` does.
+   */
+  template <class O>
+    requires supports<B, O>
+  static void run(const O& op) {
+    note(kind_of(O::name));
+    B::run(op);
+  }
   template <class T, class... A>
     requires requires(A&&... a) { B::template attention_forward<T>(std::forward<A>(a)...); }
   static void attention_forward(A&&... a) {
@@ -361,6 +367,11 @@ struct CountingBackend : B {
     return c;
   }
   static void note(Op k) { ++state().launches[std::size_t(k)]; }
+  static constexpr Op kind_of(std::string_view name) {
+    for (std::size_t k = 0; k < op_kinds; ++k)
+      if (op_names[k] == name) return Op(k);
+    return Op::other;
+  }
 };
 
 }  // namespace mpar::observe

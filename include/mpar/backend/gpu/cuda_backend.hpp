@@ -152,30 +152,14 @@ struct CudaBackend {
   static void layernorm_backward(A&&... a) {
     then_wait([&] { gpu::layernorm_backward(std::forward<A>(a)...); });
   }
-  // The Llama-class layers' kernels (llama_kernel_backend; gpu/llama_kernels.hpp).
-  template <class... A>
-  static void rmsnorm_forward(A&&... a) {
-    then_wait([&] { gpu::rmsnorm_forward(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void rmsnorm_backward(A&&... a) {
-    then_wait([&] { gpu::rmsnorm_backward(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void rope_forward(A&&... a) {
-    then_wait([&] { gpu::rope_forward(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void rope_backward(A&&... a) {
-    then_wait([&] { gpu::rope_backward(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void silu_gate_forward(A&&... a) {
-    then_wait([&] { gpu::silu_gate_forward(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void silu_gate_backward(A&&... a) {
-    then_wait([&] { gpu::silu_gate_backward(std::forward<A>(a)...); });
+  /**
+   * An operation object (backend/ops/operation.hpp) that has CUDA kernels: a `gpu::launch(op, stream)` overload
+   * declared before this header, e.g. the Llama-class layers' (gpu/llama_kernels.hpp).
+   */
+  template <class Op>
+    requires requires(const Op& op) { gpu::launch(op, cudaStream_t{}); }
+  static void run(const Op& op) {
+    then_wait([&] { gpu::launch(op, cudaStream_t{}); });
   }
   template <class... A>
   static void dropout_apply(A&&... a) {

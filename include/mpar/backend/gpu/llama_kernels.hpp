@@ -1,8 +1,10 @@
 #pragma once
 /**
  * @file CUDA kernels of the Llama-class layers (`llama_kernel_backend`): RMSNorm, the rotate-half rotary embedding and
- * the SwiGLU gate, the device twins of backend/host/llama_kernels.hpp with the same arguments plus a trailing optional
- * stream. Compile with nvcc, or g++ with MPAR_CUDA_EMULATION (backend/gpu/runtime.hpp).
+ * the SwiGLU gate, the device twins of the host references in backend/ops/ (rmsnorm.hpp, rope.hpp, silu_gate.hpp),
+ * each a function with the operation's arguments plus a trailing optional stream, and a `launch(op, stream)` overload
+ * per operation object, which is how CudaBackend runs them. Compile with nvcc, or g++ with MPAR_CUDA_EMULATION
+ * (backend/gpu/runtime.hpp).
  *
  * A row's sums run as a block reduction, and the gain gradient adds per-chunk column sums with atomics, so results
  * agree with the host to float rounding, not bit for bit. The rotary angles are computed in double and rounded once,
@@ -14,6 +16,9 @@
 
 #include "mpar/backend/gpu/kernels.hpp"  // grid_for, block_threads, pick, block_reduce, check_launch
 #include "mpar/backend/gpu/runtime.hpp"
+#include "mpar/backend/ops/rmsnorm.hpp"
+#include "mpar/backend/ops/rope.hpp"
+#include "mpar/backend/ops/silu_gate.hpp"
 
 namespace mpar::gpu {
 
@@ -159,6 +164,26 @@ inline void silu_gate_backward(std::size_t rows, std::size_t cols, const float* 
   MPAR_LAUNCH(detail::silu_gate_backward_kernel<float>, detail::grid_for(rows * cols), detail::block_threads, 0,
               detail::pick(s), rows, cols, gate_up, dy, dgate_up);
   check_launch("gpu::silu_gate_backward");
+}
+
+// The operation objects (backend/ops/), as CudaBackend::run launches them.
+inline void launch(const ops::rmsnorm_forward& op, cudaStream_t s) {
+  rmsnorm_forward(op.rows, op.cols, op.eps, op.x, op.gain, op.y, op.rstd, s);
+}
+inline void launch(const ops::rmsnorm_backward& op, cudaStream_t s) {
+  rmsnorm_backward(op.rows, op.cols, op.x, op.rstd, op.gain, op.dy, op.dx, op.dgain, s);
+}
+inline void launch(const ops::rope_forward& op, cudaStream_t s) {
+  rope_forward(op.rows, op.heads, op.head_dim, op.ld, op.positions, op.theta, op.x, op.y, s);
+}
+inline void launch(const ops::rope_backward& op, cudaStream_t s) {
+  rope_backward(op.rows, op.heads, op.head_dim, op.ld, op.positions, op.theta, op.dy, op.dx, s);
+}
+inline void launch(const ops::silu_gate_forward& op, cudaStream_t s) {
+  silu_gate_forward(op.rows, op.cols, op.gate_up, op.y, s);
+}
+inline void launch(const ops::silu_gate_backward& op, cudaStream_t s) {
+  silu_gate_backward(op.rows, op.cols, op.gate_up, op.dy, op.dgate_up, s);
 }
 
 }  // namespace mpar::gpu

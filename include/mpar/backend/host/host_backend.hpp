@@ -13,7 +13,6 @@
 #include "mpar/backend/host/gelu_backward_bias.hpp"
 #include "mpar/backend/host/gemm.hpp"
 #include "mpar/backend/host/kernels.hpp"
-#include "mpar/backend/host/llama_kernels.hpp"
 #include "mpar/backend/host/moe_routing.hpp"
 #include "mpar/backend/host/online_softmax.hpp"
 #include "mpar/backend/host/retained_memory.hpp"
@@ -235,31 +234,13 @@ struct HostBackend {
     host::online_softmax_backward(std::forward<A>(a)...);
   }
 
-  // The Llama-class layers' kernels (see `llama_kernel_backend`; host/llama_kernels.hpp).
-  template <class... A>
-  static void rmsnorm_forward(A&&... a) {
-    host::rmsnorm_forward(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void rmsnorm_backward(A&&... a) {
-    host::rmsnorm_backward(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void rope_forward(A&&... a) {
-    host::rope_forward(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void rope_backward(A&&... a) {
-    host::rope_backward(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void silu_gate_forward(A&&... a) {
-    host::silu_gate_forward(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void silu_gate_backward(A&&... a) {
-    host::silu_gate_backward(std::forward<A>(a)...);
-  }
+  /**
+   * An operation object (backend/ops/operation.hpp) run by its plain-loop host reference: every operation that has
+   * one, e.g. the Llama-class layers' (`llama_kernel_backend`).
+   */
+  template <class Op>
+    requires ops::has_host_reference<Op>
+  static void run(const Op& op) { host_reference(op); }
 
   // The buffer operations and the batched GEMM (see the `backend` concept; host/buffer_ops.hpp).
   template <class T>

@@ -23,7 +23,8 @@
  *   recorded into a `stream::Graph` instead of run, and `launch(g)` enqueues them again
  *   (backend/stream/stream_graph.hpp); a host wait during the capture throws `stream::capture_error`.
  *
- * Adding a backend operation: one `MPAR_STREAM_OP(name)` line below forwards it to `HostBackend`.
+ * Adding a backend operation: an operation object (backend/ops/operation.hpp) needs nothing here (`run` forwards
+ * every one); a positional operation needs one `MPAR_STREAM_OP(name)` line below.
  */
 #include <atomic>
 #include <cstddef>
@@ -43,6 +44,7 @@
 #include "mpar/backend/detail/llama_kernel_backend.hpp"
 #include "mpar/backend/detail/online_softmax_backend.hpp"
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/backend/ops/operation.hpp"
 #include "mpar/backend/stream/emulated_memory.hpp"
 #include "mpar/backend/stream/stream.hpp"
 #include "mpar/backend/stream/stream_graph.hpp"
@@ -255,14 +257,21 @@ struct BasicStreamHostBackend {
   MPAR_STREAM_OP(online_softmax_finish)
   MPAR_STREAM_OP(online_softmax_delta)
   MPAR_STREAM_OP(online_softmax_backward)
-  // The Llama-class layers' kernels (llama_kernel_backend).
-  MPAR_STREAM_OP(rmsnorm_forward)
-  MPAR_STREAM_OP(rmsnorm_backward)
-  MPAR_STREAM_OP(rope_forward)
-  MPAR_STREAM_OP(rope_backward)
-  MPAR_STREAM_OP(silu_gate_forward)
-  MPAR_STREAM_OP(silu_gate_backward)
 #undef MPAR_STREAM_OP
+
+  /**
+   * An operation object (backend/ops/operation.hpp), issued to the rank's stream as one operation that HostBackend
+   * runs: its rank-memory operands (`op.operands()`) are translated when it is issued, as every pointer argument
+   * is, so every operation object is forwarded by this one entry.
+   */
+  template <class Op>
+    requires supports<HostBackend, Op>
+  static void run(const Op& op) {
+    Op issued = op;
+    std::size_t position = 0;
+    std::apply([&](auto&... p) { ((p = View::address(p, Op::name, ++position)), ...); }, issued.operands());
+    stream()->enqueue(Op::name, [issued] { HostBackend::run(issued); });
+  }
 
   /**
    * The strided 2-D copy (see HostBackend::copy_2d) as one operation on the rank's stream. The leading
