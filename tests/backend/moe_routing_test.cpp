@@ -72,8 +72,8 @@ Routing run(std::size_t T, std::size_t E, std::size_t k, std::size_t cap, const 
   r.route_weight.assign(T * k, -7.0f);
   r.accepted.assign(T * k, 7);
   r.used.assign(E, -7);
-  B::moe_route(T, E, k, cap, probs.data(), r.choice.data(), r.accepted.data(), r.route.data(), r.route_token.data(),
-               r.route_weight.data(), r.used.data(), &r.routed);
+  B::run(mpar::ops::moe_route{T, E, k, cap, probs.data(), r.choice.data(), r.accepted.data(), r.route.data(),
+                              r.route_token.data(), r.route_weight.data(), r.used.data(), &r.routed});
   return r;
 }
 
@@ -150,7 +150,7 @@ TEST_CASE("moe_gate_stats, moe_aux_loss: the load-balancing statistics and the S
   const std::vector<float> p = tied_probs(T, E, 4, 8);
   const Routing r = run<mpar::HostBackend>(T, E, k, cap, p);
   std::vector<float> stats(2 * E + 2, -1.0f);
-  mpar::HostBackend::moe_gate_stats(T, E, k, p.data(), r.choice.data(), &r.routed, stats.data());
+  mpar::HostBackend::run(mpar::ops::moe_gate_stats{T, E, k, p.data(), r.choice.data(), &r.routed, stats.data()});
   for (std::size_t e = 0; e < E; ++e) {
     INFO("expert " << e);
     CHECK(stats[e] == float(std::count(r.choice.begin(), r.choice.end(), std::int32_t(e))));
@@ -166,10 +166,10 @@ TEST_CASE("moe_gate_stats, moe_aux_loss: the load-balancing statistics and the S
   // aux = 0.1 * 2 * (15/32 + 3/32) = 0.1125.
   const std::vector<float> hand{3.0f, 1.0f, 2.5f, 1.5f, 4.0f, 0.0f};
   float aux = -1.0f;
-  mpar::HostBackend::moe_aux_loss(2, 1, 0.1f, hand.data(), &aux);
+  mpar::HostBackend::run(mpar::ops::moe_aux_loss{2, 1, 0.1f, hand.data(), &aux});
   CHECK(aux == Approx(0.1125f).epsilon(1e-6));
   const std::vector<float> none(6, 0.0f);  // no tokens in the group: no loss
-  mpar::HostBackend::moe_aux_loss(2, 1, 0.1f, none.data(), &aux);
+  mpar::HostBackend::run(mpar::ops::moe_aux_loss{2, 1, 0.1f, none.data(), &aux});
   CHECK(aux == 0.0f);
 }
 
@@ -180,8 +180,8 @@ TEST_CASE("moe_slots and moe_gate_backward: the capacity-bounded exchange's slot
   const Routing r = run<mpar::HostBackend>(T, E, k, cap, p);
   std::vector<std::int32_t> slot_token(E * cap, -7);
   std::vector<float> slot_weight(E * cap, -7.0f);
-  mpar::HostBackend::moe_slots(E, cap, r.used.data(), r.route_token.data(), r.route_weight.data(), slot_token.data(),
-                               slot_weight.data());
+  mpar::HostBackend::run(mpar::ops::moe_slots{E, cap, r.used.data(), r.route_token.data(), r.route_weight.data(),
+                                              slot_token.data(), slot_weight.data()});
   // naive: expert e's slots list the tokens whose accepted assignment chose e, ascending, then empty ones
   for (std::size_t e = 0; e < E; ++e) {
     std::vector<std::int32_t> want_t;
@@ -204,13 +204,13 @@ TEST_CASE("moe_slots and moe_gate_backward: the capacity-bounded exchange's slot
 
   // gate gradient: each filled slot's dot at (token, its expert), plus alpha E f_e aux_grad / G everywhere
   std::vector<float> stats(2 * E + 2);
-  mpar::HostBackend::moe_gate_stats(T, E, k, p.data(), r.choice.data(), &r.routed, stats.data());
+  mpar::HostBackend::run(mpar::ops::moe_gate_stats{T, E, k, p.data(), r.choice.data(), &r.routed, stats.data()});
   std::vector<float> dot(E * cap);
   for (std::size_t s = 0; s < dot.size(); ++s) dot[s] = 0.25f * float(s % 7) - 0.5f;
   const float aux_grad = 2.0f, alpha = 0.3f;
   std::vector<float> dprobs(T * E, -7.0f);
-  mpar::HostBackend::moe_gate_backward(T, E, k, cap, slot_token.data(), dot.data(), aux_grad, alpha, stats.data(),
-                                       dprobs.data());
+  mpar::HostBackend::run(mpar::ops::moe_gate_backward{T, E, k, cap, slot_token.data(), dot.data(), aux_grad, alpha,
+                                                      stats.data(), dprobs.data()});
   for (std::size_t t = 0; t < T; ++t)
     for (std::size_t e = 0; e < E; ++e) {
       float want = 0.0f;
@@ -227,18 +227,18 @@ TEST_CASE("Row kernels: a negative index is an empty slot", "[backend][moe]") {
   const std::vector<float> src{1, 2, 3, 4, 5, 6};  // two rows
   const std::vector<std::int32_t> index{1, -1, 0};
   std::vector<float> dst(3 * d, -7.0f);
-  mpar::HostBackend::gather_rows(3, d, index.data(), src.data(), dst.data());
+  mpar::HostBackend::run(mpar::ops::gather_rows{3, d, index.data(), src.data(), dst.data()});
   CHECK(dst == std::vector<float>{4, 5, 6, 0, 0, 0, 1, 2, 3});
   std::vector<float> acc(2 * d, 1.0f);
   const std::vector<float> w{2.0f, 100.0f, 0.5f};
-  mpar::HostBackend::scatter_add_rows(3, d, index.data(), w.data(), dst.data(), acc.data());
+  mpar::HostBackend::run(mpar::ops::scatter_add_rows{3, d, index.data(), w.data(), dst.data(), acc.data()});
   CHECK(acc == std::vector<float>{1.5f, 2.0f, 2.5f, 9.0f, 11.0f, 13.0f});
   std::vector<float> rows(2 * d, -7.0f);
-  mpar::HostBackend::scatter_rows(3, d, index.data(), dst.data(), rows.data());
+  mpar::HostBackend::run(mpar::ops::scatter_rows{3, d, index.data(), dst.data(), rows.data()});
   CHECK(rows == std::vector<float>{1, 2, 3, 4, 5, 6});
   std::vector<float> dsrc(3 * d, -7.0f), dots(3, -7.0f);
-  mpar::HostBackend::scatter_add_rows_backward(3, d, index.data(), w.data(), src.data(), dst.data(), dsrc.data(),
-                                               dots.data());
+  mpar::HostBackend::run(mpar::ops::scatter_add_rows_backward{3, d, index.data(), w.data(), src.data(), dst.data(),
+                                                              dsrc.data(), dots.data()});
   CHECK(dsrc == std::vector<float>{8, 10, 12, 0, 0, 0, 0.5f, 1.0f, 1.5f});
   CHECK(dots == std::vector<float>{4 * 4 + 5 * 5 + 6 * 6, 0.0f, 1 + 4 + 9});
 }

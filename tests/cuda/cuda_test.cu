@@ -571,38 +571,35 @@ TEST_CASE("CudaBackend row kernels (MoE dispatch and combine) equal the host bac
   auto dx = upload(x), drows = upload(rows), dw = upload(w), ddy = upload(dy);
   {
     gpu::DeviceBuffer<float> out(routed * d, S());
-    CudaBackend::gather_rows(routed, d, static_cast<const std::int32_t*>(di.data()),
-                             static_cast<const float*>(dx.data()), out.data());
+    CudaBackend::run(ops::gather_rows{routed, d, di.data(), dx.data(), out.data()});
     std::vector<float> h(routed * d);
-    HostBackend::gather_rows(routed, d, index.data(), x.data(), h.data());
+    HostBackend::run(ops::gather_rows{routed, d, index.data(), x.data(), h.data()});
     CHECK(download(out) == h);
   }
   {
     gpu::DeviceBuffer<float> out(tokens * d, S());
-    CudaBackend::scatter_rows(tokens, d, static_cast<const std::int32_t*>(dp.data()),
-                              static_cast<const float*>(dx.data()), out.data());
+    CudaBackend::run(ops::scatter_rows{tokens, d, dp.data(), dx.data(), out.data()});
     std::vector<float> h(tokens * d);
-    HostBackend::scatter_rows(tokens, d, perm.data(), x.data(), h.data());
+    HostBackend::run(ops::scatter_rows{tokens, d, perm.data(), x.data(), h.data()});
     CHECK(download(out) == h);
   }
   for (const bool weighted : {true, false}) {
     auto out = upload(x);  // accumulates onto x
-    CudaBackend::scatter_add_rows(routed, d, static_cast<const std::int32_t*>(di.data()),
-                                  weighted ? static_cast<const float*>(dw.data()) : nullptr,
-                                  static_cast<const float*>(drows.data()), out.data());
+    CudaBackend::run(
+        ops::scatter_add_rows{routed, d, di.data(), weighted ? dw.data() : nullptr, drows.data(), out.data()});
     auto h = x;
-    HostBackend::scatter_add_rows(routed, d, index.data(), weighted ? w.data() : nullptr, rows.data(), h.data());
+    HostBackend::run(
+        ops::scatter_add_rows{routed, d, index.data(), weighted ? w.data() : nullptr, rows.data(), h.data()});
     INFO("weighted " << weighted);
     CHECK(worst(download(out), h, 1e-6, 1e-6) <= 1.0);  // atomics add the two rows of a token in either order
   }
   {
     gpu::DeviceBuffer<float> dsrc(routed * d, S()), dot(routed, S());
-    CudaBackend::scatter_add_rows_backward(routed, d, static_cast<const std::int32_t*>(di.data()),
-                                           static_cast<const float*>(dw.data()), static_cast<const float*>(ddy.data()),
-                                           static_cast<const float*>(drows.data()), dsrc.data(), dot.data());
+    CudaBackend::run(ops::scatter_add_rows_backward{routed, d, di.data(), dw.data(), ddy.data(), drows.data(),
+                                                    dsrc.data(), dot.data()});
     std::vector<float> hs(routed * d), hd(routed);
-    HostBackend::scatter_add_rows_backward(routed, d, index.data(), w.data(), dy.data(), rows.data(), hs.data(),
-                                           hd.data());
+    HostBackend::run(ops::scatter_add_rows_backward{routed, d, index.data(), w.data(), dy.data(), rows.data(),
+                                                    hs.data(), hd.data()});
     CHECK(download(dsrc) == hs);
     CHECK(worst(download(dot), hd, 1e-5, 1e-5) <= 1.0);  // a tree over the block, not column order
   }

@@ -4,9 +4,10 @@
  * CudaBackend). Layers, stages and trainers are templates over a backend type and call these static
  * functions directly, so the choice of backend costs no run-time dispatch. The operations come in
  * families, each a concept in its own header, so that code can require only the family it calls:
- * `memory_backend` (rank memory, stream, buffer operations), `gemm_backend`, `layer_kernel_backend`,
- * `optimizer_backend` and `routing_backend` (MoE token routing); `backend` is their conjunction plus
- * the operations that span families (the fused GEMM epilogue).
+ * `memory_backend` (rank memory, stream, buffer operations), `gemm_backend`, `layer_kernel_backend` and
+ * `optimizer_backend`; `backend` is their conjunction plus the operations that span families (the fused GEMM
+ * epilogue). Optional families that only some layers use (MoE token routing, the Llama-class kernels) are operation
+ * objects (backend/ops/) that those layers require by themselves.
  */
 #include <concepts>
 #include <cstddef>
@@ -16,7 +17,6 @@
 #include "mpar/backend/detail/layer_kernel_backend.hpp"
 #include "mpar/backend/detail/memory_backend.hpp"
 #include "mpar/backend/detail/optimizer_backend.hpp"
-#include "mpar/backend/detail/routing_backend.hpp"
 #include "mpar/backend/detail/stream_ordered.hpp"
 #include "mpar/backend/host/accumulate.hpp"      // the host reference of accumulate
 #include "mpar/backend/host/gemm_bias_gelu.hpp"  // the host reference of gemm_bias_gelu
@@ -33,7 +33,6 @@ namespace mpar {
  * - `detail::gemm_backend<B>` (backend/gemm_backend.hpp): `gemm` in fp32 and mixed precision, `gemm_strided_batched`;
  * - `detail::layer_kernel_backend<B>` (backend/layer_kernel_backend.hpp): the layers' elementwise and row kernels;
  * - `detail::optimizer_backend<B>` (backend/optimizer_backend.hpp): AdamW, SGD, the gradient norm and step factors;
- * - `detail::routing_backend<B>` (backend/routing_backend.hpp): the MoE's token routing rows;
  * - and, spanning the GEMM and layer families, the fused GEMM epilogue `gemm_bias_gelu(m, n, k, a, lda, w,
  *   ldw, bias, pre, y)` (fp32, or bf16/f16 `a` and `w` with fp32 accumulation): `pre = a w + bias`,
  *   `y = gelu(pre)`, with the semantics of `mpar::host::gemm_bias_gelu` (backend/host/gemm_bias_gelu.hpp):
@@ -58,8 +57,7 @@ namespace mpar {
  */
 template <class B>
 concept backend = detail::memory_backend<B> && detail::gemm_backend<B> && detail::layer_kernel_backend<B> &&
-    detail::optimizer_backend<B> && detail::routing_backend<B> &&
-    requires(const float* a, float* c, const bf16* h, std::size_t n, double* acc) {
+    detail::optimizer_backend<B> && requires(const float* a, float* c, const bf16* h, std::size_t n, double* acc) {
   // The fused GEMM epilogue of the MLP's first projection (backend/host/gemm_bias_gelu.hpp).
   B::gemm_bias_gelu(n, n, n, a, n, a, n, a, c, c);
   B::gemm_bias_gelu(n, n, n, h, n, h, n, a, c, c);

@@ -82,7 +82,7 @@ enum class Op : std::size_t {
   gemm_bias_gelu,  ///< the MLP's first projection with its bias and GeLU (a GEMM)
   accumulate,      ///< a micro-batch's loss added to the step's statistics in rank memory
   adamw_advance,   ///< AdamW's step count and learning rate advanced in rank memory
-  // MoE routing (routing_backend)
+  // MoE token routing (operation objects, backend/ops/token_routing.hpp)
   moe_route,
   moe_gate_stats,
   moe_aux_loss,
@@ -291,10 +291,6 @@ struct CountingBackend : B {
   MPAR_COUNTING_OP(sgd_update)
   MPAR_COUNTING_OP(sum_squares)
   MPAR_COUNTING_OP(scale)
-  MPAR_COUNTING_OP(gather_rows)
-  MPAR_COUNTING_OP(scatter_rows)
-  MPAR_COUNTING_OP(scatter_add_rows)
-  MPAR_COUNTING_OP(scatter_add_rows_backward)
   MPAR_COUNTING_OP(zero)
   MPAR_COUNTING_OP(fill)
   MPAR_COUNTING_OP(copy)
@@ -307,11 +303,6 @@ struct CountingBackend : B {
   MPAR_COUNTING_OP(gemm_bias_gelu)
   MPAR_COUNTING_OP(accumulate)
   MPAR_COUNTING_OP(adamw_advance)
-  MPAR_COUNTING_OP(moe_route)
-  MPAR_COUNTING_OP(moe_gate_stats)
-  MPAR_COUNTING_OP(moe_aux_loss)
-  MPAR_COUNTING_OP(moe_slots)
-  MPAR_COUNTING_OP(moe_gate_backward)
   MPAR_COUNTING_OP(online_softmax_update)
   MPAR_COUNTING_OP(online_softmax_finish)
   MPAR_COUNTING_OP(online_softmax_delta)

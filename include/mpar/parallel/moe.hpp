@@ -17,7 +17,7 @@
  * 5. combine: results travel back by `all_to_all`; y_t = sum_j probs[t, e_j] * out_{t,j} (the gate
  *    probability of each accepted choice, not renormalised over the k choices).
  * Every step is a backend operation or a stream-ordered collective on rank memory (routing: `moe_route`,
- * `moe_gate_stats`, `moe_aux_loss`, `moe_slots`, `moe_gate_backward`, see `routing_backend`); the forward and
+ * `moe_gate_stats`, `moe_aux_loss`, `moe_slots`, `moe_gate_backward`: backend/ops/token_routing.hpp); the forward and
  * backward never wait for the stream. `aux_loss()` and `dropped()` are host reads, for callers that want them;
  * a training step collects both in rank memory through `set_statistics`.
  * Load-balancing loss (Switch): aux = alpha * E * sum_e f_e P_e, f_e the fraction of the k*T assignments
@@ -56,6 +56,7 @@
 #include <type_traits>
 #include <vector>
 
+#include "mpar/backend/detail/routing_backend.hpp"
 #include "mpar/backend/host/host_backend.hpp"
 #include "mpar/backend/host/kernels.hpp"
 #include "mpar/backend/rank_transfer.hpp"
@@ -97,6 +98,11 @@ struct MoeStatistics {
  */
 template <communicator Comm, backend B = HostBackend>
 class MoeMlp {
+  static_assert(mpar::detail::routing_backend<B>,
+                "mpar::parallel::MoeMlp<Comm, B>: backend B does not run the token-routing operations "
+                "(ops::gather_rows, ops::moe_route, ...: backend/ops/token_routing.hpp). Fix: use HostBackend, "
+                "StreamHostBackend, DiscreteHostBackend or CudaBackend, or give B a run(op) for them");
+
  public:
   /**
    * `token_group` (optional): the ranks whose tokens together make up the batch the load-balancing
@@ -248,21 +254,44 @@ class MoeMlp {
                          used = uninitialized_buffer<std::int32_t>(E), routed = uninitialized_buffer<std::int32_t>(1);
     Buffer<std::uint8_t> accepted = uninitialized_buffer<std::uint8_t>(tokens * k);
     Buffer<float> route_weight = uninitialized_buffer<float>(tokens * k);
-    B::moe_route(tokens, E, k, C, st.probs.data(), choice.data(), accepted.data(), route.data(), route_token.data(),
-                 route_weight.data(), used.data(), routed.data());
+    B::run(ops::moe_route{.tokens = tokens,
+                          .experts = E,
+                          .k = k,
+                          .capacity = C,
+                          .probs = st.probs.data(),
+                          .choice = choice.data(),
+                          .accepted = accepted.data(),
+                          .route = route.data(),
+                          .route_token = route_token.data(),
+                          .route_weight = route_weight.data(),
+                          .used = used.data(),
+                          .routed = routed.data()});
     // load-balancing statistics summed over the token group (the dropped count, last, stays this rank's)
     st.stats = uninitialized_buffer<float>(2 * E + 2);
-    B::moe_gate_stats(tokens, E, k, st.probs.data(), choice.data(), routed.data(), st.stats.data());
+    B::run(ops::moe_gate_stats{.tokens = tokens,
+                               .experts = E,
+                               .k = k,
+                               .probs = st.probs.data(),
+                               .choice = choice.data(),
+                               .routed = routed.data(),
+                               .stats = st.stats.data()});
     tokens_comm_->all_reduce(std::span<float>(st.stats.data(), 2 * E + 1), ReduceOp::sum);
     st.aux = uninitialized_buffer<float>(1);
-    B::moe_aux_loss(E, k, cfg_.aux_loss_weight, st.stats.data(), st.aux.data());
+    B::run(ops::moe_aux_loss{
+        .experts = E, .k = k, .alpha = cfg_.aux_loss_weight, .stats = st.stats.data(), .aux = st.aux.data()});
     // 3. dispatch: C slots per expert, empty ones zero rows, so the exchange's sizes are static
     st.slot_token = uninitialized_buffer<std::int32_t>(slots);
     st.slot_weight = uninitialized_buffer<float>(slots);
-    B::moe_slots(E, C, used.data(), route_token.data(), route_weight.data(), st.slot_token.data(),
-                 st.slot_weight.data());
+    B::run(ops::moe_slots{.experts = E,
+                          .capacity = C,
+                          .used = used.data(),
+                          .route_token = route_token.data(),
+                          .route_weight = route_weight.data(),
+                          .slot_token = st.slot_token.data(),
+                          .slot_weight = st.slot_weight.data()});
     Buffer<float> send = uninitialized_buffer<float>(slots * d), expert_in = uninitialized_buffer<float>(slots * d);
-    B::gather_rows(slots, d, st.slot_token.data(), st.x.data(), send.data());
+    B::run(
+        ops::gather_rows{.rows = slots, .d = d, .index = st.slot_token.data(), .src = st.x.data(), .dst = send.data()});
     comm_->all_to_all(std::span<const float>(send), std::span<float>(expert_in));
     // 4. experts (with an expert tensor group: this rank's d_ff slice, then the slots' outputs summed over it)
     Buffer<float> expert_out = uninitialized_buffer<float>(slots * d);
@@ -272,7 +301,12 @@ class MoeMlp {
     st.out = uninitialized_buffer<float>(slots * d);
     comm_->all_to_all(std::span<const float>(expert_out), std::span<float>(st.out));
     B::zero(tokens * d, y.data());
-    B::scatter_add_rows(slots, d, st.slot_token.data(), st.slot_weight.data(), st.out.data(), y.data());
+    B::run(ops::scatter_add_rows{.rows = slots,
+                                 .d = d,
+                                 .index = st.slot_token.data(),
+                                 .weight = st.slot_weight.data(),
+                                 .src = st.out.data(),
+                                 .dst = y.data()});
     // what aux_loss() and dropped() read, if asked
     if (last_.empty()) last_ = uninitialized_buffer<float>(2);
     B::copy(1, st.aux.data(), last_.data());
@@ -293,8 +327,14 @@ class MoeMlp {
             dy.size(), " and dx ", dx.size(), " elements; the forward had ", T, " tokens of width ", d);
     // combine: d out_s = w_s dy_t;  d w_s = <dy_t, out_s> (empty slots: zero rows, zero dots)
     Buffer<float> dout = uninitialized_buffer<float>(slots * d), dot = uninitialized_buffer<float>(slots);
-    B::scatter_add_rows_backward(slots, d, st.slot_token.data(), st.slot_weight.data(), dy.data(), st.out.data(),
-                                 dout.data(), dot.data());
+    B::run(ops::scatter_add_rows_backward{.rows = slots,
+                                          .d = d,
+                                          .index = st.slot_token.data(),
+                                          .weight = st.slot_weight.data(),
+                                          .dy = dy.data(),
+                                          .src = st.out.data(),
+                                          .dsrc = dout.data(),
+                                          .dot = dot.data()});
     Buffer<float> expert_dout = uninitialized_buffer<float>(slots * d),
                   expert_dx = uninitialized_buffer<float>(slots * d);
     comm_->all_to_all(std::span<const float>(dout), std::span<float>(expert_dout));
@@ -303,11 +343,20 @@ class MoeMlp {
     Buffer<float> dxin = uninitialized_buffer<float>(slots * d);
     comm_->all_to_all(std::span<const float>(expert_dx), std::span<float>(dxin));
     B::zero(T * d, dx.data());
-    B::scatter_add_rows(slots, d, st.slot_token.data(), nullptr, dxin.data(), dx.data());
+    B::run(ops::scatter_add_rows{
+        .rows = slots, .d = d, .index = st.slot_token.data(), .src = dxin.data(), .dst = dx.data()});  // weight 1
     // gate: the combine weights' gradients and the load-balancing loss's, d aux / d probs[t, e] = alpha E f_e / G
     Buffer<float> dprobs = uninitialized_buffer<float>(T * E), dlogits = uninitialized_buffer<float>(T * E);
-    B::moe_gate_backward(T, E, k, C, st.slot_token.data(), dot.data(), aux_grad, cfg_.aux_loss_weight, st.stats.data(),
-                         dprobs.data());
+    B::run(ops::moe_gate_backward{.tokens = T,
+                                  .experts = E,
+                                  .k = k,
+                                  .capacity = C,
+                                  .slot_token = st.slot_token.data(),
+                                  .dot = dot.data(),
+                                  .aux_grad = aux_grad,
+                                  .alpha = cfg_.aux_loss_weight,
+                                  .stats = st.stats.data(),
+                                  .dprobs = dprobs.data()});
     B::softmax_backward(T, E, st.probs.data(), dprobs.data(), dlogits.data());
     B::template gemm<float>(Trans::yes, Trans::no, d, E, T, 1.0f, st.x.data(), d, dlogits.data(), E, 1.0f,
                             gate_.grad.data(), E);

@@ -15,6 +15,7 @@
 #include "mpar/backend/copy_2d_shape.hpp"
 #include "mpar/backend/detail/graph_backend.hpp"
 #include "mpar/backend/detail/llama_kernel_backend.hpp"
+#include "mpar/backend/detail/routing_backend.hpp"
 #include "mpar/backend/gpu/accumulate.hpp"
 #include "mpar/backend/gpu/buffer_ops.hpp"
 #include "mpar/backend/gpu/context.hpp"
@@ -154,7 +155,8 @@ struct CudaBackend {
   }
   /**
    * An operation object (backend/ops/operation.hpp) that has CUDA kernels: a `gpu::launch(op, stream)` overload
-   * declared before this header, e.g. the Llama-class layers' (gpu/llama_kernels.hpp).
+   * declared before this header, e.g. the MoE's token routing (gpu/row_kernels.hpp, moe_routing.hpp, moe_ops.hpp)
+   * and the Llama-class layers' (gpu/llama_kernels.hpp).
    */
   template <class Op>
     requires requires(const Op& op) { gpu::launch(op, cudaStream_t{}); }
@@ -214,50 +216,6 @@ struct CudaBackend {
   template <class T>
   static void scale(std::size_t n, compute_type_t<T> factor, T* x) {
     then_wait([&] { gpu::scale(n, factor, x); });
-  }
-
-  // The row kernels of token routing (see the `backend` concept; gpu:: versions in row_kernels.hpp).
-  template <class... A>
-  static void gather_rows(A&&... a) {
-    then_wait([&] { gpu::gather_rows(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void scatter_rows(A&&... a) {
-    then_wait([&] { gpu::scatter_rows(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void scatter_add_rows(A&&... a) {
-    then_wait([&] { gpu::scatter_add_rows(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void scatter_add_rows_backward(A&&... a) {
-    then_wait([&] { gpu::scatter_add_rows_backward(std::forward<A>(a)...); });
-  }
-  // The MoE routing decisions (see `routing_backend`): gpu::moe_route's sorts and scans, nothing read back.
-  static void moe_route(std::size_t tokens, std::size_t experts, std::size_t k, std::size_t capacity,
-                        const float* probs, std::int32_t* choice, std::uint8_t* accepted, std::int32_t* route,
-                        std::int32_t* route_token, float* route_weight, std::int32_t* used, std::int32_t* routed) {
-    then_wait([&] {
-      gpu::moe_route(tokens, experts, k, capacity, probs,
-                     gpu::MoeRouting{choice, accepted, route, route_token, route_weight, used, routed});
-    });
-  }
-  // The operations around it (gpu/moe_ops.hpp).
-  template <class... A>
-  static void moe_gate_stats(A&&... a) {
-    then_wait([&] { gpu::moe_gate_stats(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void moe_aux_loss(A&&... a) {
-    then_wait([&] { gpu::moe_aux_loss(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void moe_slots(A&&... a) {
-    then_wait([&] { gpu::moe_slots(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void moe_gate_backward(A&&... a) {
-    then_wait([&] { gpu::moe_gate_backward(std::forward<A>(a)...); });
   }
 
   // The online-softmax steps of blockwise attention (see `online_softmax_backend`; gpu/online_softmax.hpp):
@@ -434,5 +392,6 @@ static_assert(backend<CudaBackend>);
 static_assert(detail::graph_backend<CudaBackend>);
 static_assert(detail::online_softmax_backend<CudaBackend>);
 static_assert(detail::llama_kernel_backend<CudaBackend>);
+static_assert(detail::routing_backend<CudaBackend>);
 
 }  // namespace mpar

@@ -13,6 +13,7 @@
 
 #include "mpar/backend/gpu/kernels.hpp"  // grid_for, block_threads, pick, check_launch
 #include "mpar/backend/gpu/runtime.hpp"  // the CUDA runtime, or its emulation
+#include "mpar/backend/ops/token_routing.hpp"
 
 namespace mpar::gpu {
 
@@ -129,6 +130,21 @@ inline void moe_gate_backward(std::size_t tokens, std::size_t experts, std::size
   MPAR_LAUNCH(detail::moe_gate_aux_kernel<>, detail::grid_for(tokens * experts), detail::block_threads, 0, s, tokens,
               experts, k, aux_grad, alpha, stats, dprobs);
   check_launch("gpu::moe_gate_backward(aux)");
+}
+
+// The operation objects (backend/ops/token_routing.hpp), as CudaBackend::run launches them.
+inline void launch(const ops::moe_gate_stats& op, cudaStream_t s) {
+  moe_gate_stats(op.tokens, op.experts, op.k, op.probs, op.choice, op.routed, op.stats, s);
+}
+inline void launch(const ops::moe_aux_loss& op, cudaStream_t s) {
+  moe_aux_loss(op.experts, op.k, op.alpha, op.stats, op.aux, s);
+}
+inline void launch(const ops::moe_slots& op, cudaStream_t s) {
+  moe_slots(op.experts, op.capacity, op.used, op.route_token, op.route_weight, op.slot_token, op.slot_weight, s);
+}
+inline void launch(const ops::moe_gate_backward& op, cudaStream_t s) {
+  moe_gate_backward(op.tokens, op.experts, op.k, op.capacity, op.slot_token, op.dot, op.aux_grad, op.alpha, op.stats,
+                    op.dprobs, s);
 }
 
 }  // namespace mpar::gpu

@@ -29,6 +29,7 @@
 #include "mpar/backend/gpu/kernels.hpp"  // grid_for, block_threads, pick, check_launch
 #include "mpar/backend/gpu/memory.hpp"
 #include "mpar/backend/gpu/runtime.hpp"  // the CUDA runtime and CUB, or their emulation
+#include "mpar/backend/ops/token_routing.hpp"
 #include "mpar/core/error.hpp"
 
 namespace mpar::gpu {
@@ -203,6 +204,12 @@ inline void moe_route(std::size_t tokens, std::size_t experts, std::size_t k, st
   MPAR_LAUNCH(detail::moe_route_rows_kernel<>, detail::grid_for(n), detail::block_threads, 0, s, n, k, experts,
               out.route, out.choice, probs, out.routed, out.route_token, out.route_weight);
   check_launch("gpu::moe_route(rows)");
+}
+
+/** `ops::moe_route` as CudaBackend::run launches it: the sorts and scans above, nothing read back. */
+inline void launch(const ops::moe_route& op, cudaStream_t s) {
+  moe_route(op.tokens, op.experts, op.k, op.capacity, op.probs,
+            MoeRouting{op.choice, op.accepted, op.route, op.route_token, op.route_weight, op.used, op.routed}, s);
 }
 
 }  // namespace mpar::gpu

@@ -15,6 +15,7 @@
 
 #include "mpar/backend/gpu/kernels.hpp"  // grid_for, block_threads, pick, block_reduce, check_launch
 #include "mpar/backend/gpu/runtime.hpp"
+#include "mpar/backend/ops/token_routing.hpp"
 
 namespace mpar::gpu {
 
@@ -104,6 +105,20 @@ inline void scatter_add_rows_backward(std::size_t rows, std::size_t d, const std
   MPAR_LAUNCH(detail::scatter_add_rows_backward_kernel<float>, grid, detail::block_threads, 0, detail::pick(s), rows, d,
               index, weight, dy, src, dsrc, dot);
   check_launch("gpu::scatter_add_rows_backward");
+}
+
+// The operation objects (backend/ops/token_routing.hpp), as CudaBackend::run launches them.
+inline void launch(const ops::gather_rows& op, cudaStream_t s) {
+  gather_rows(op.rows, op.d, op.index, op.src, op.dst, s);
+}
+inline void launch(const ops::scatter_rows& op, cudaStream_t s) {
+  scatter_rows(op.rows, op.d, op.index, op.src, op.dst, s);
+}
+inline void launch(const ops::scatter_add_rows& op, cudaStream_t s) {
+  scatter_add_rows(op.rows, op.d, op.index, op.weight, op.src, op.dst, s);
+}
+inline void launch(const ops::scatter_add_rows_backward& op, cudaStream_t s) {
+  scatter_add_rows_backward(op.rows, op.d, op.index, op.weight, op.dy, op.src, op.dsrc, op.dot, s);
 }
 
 }  // namespace mpar::gpu

@@ -8,12 +8,12 @@
 
 #include "mpar/backend/backend.hpp"
 #include "mpar/backend/detail/llama_kernel_backend.hpp"
+#include "mpar/backend/detail/routing_backend.hpp"
 #include "mpar/backend/host/accumulate.hpp"
 #include "mpar/backend/host/buffer_ops.hpp"
 #include "mpar/backend/host/gelu_backward_bias.hpp"
 #include "mpar/backend/host/gemm.hpp"
 #include "mpar/backend/host/kernels.hpp"
-#include "mpar/backend/host/moe_routing.hpp"
 #include "mpar/backend/host/online_softmax.hpp"
 #include "mpar/backend/host/retained_memory.hpp"
 #include "mpar/core/memory_resource.hpp"
@@ -177,44 +177,6 @@ struct HostBackend {
   static void scale(A&&... a) {
     host::scale(std::forward<A>(a)...);
   }
-  // The row kernels of token routing (see the `backend` concept).
-  template <class... A>
-  static void gather_rows(A&&... a) {
-    host::gather_rows(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void scatter_rows(A&&... a) {
-    host::scatter_rows(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void scatter_add_rows(A&&... a) {
-    host::scatter_add_rows(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void scatter_add_rows_backward(A&&... a) {
-    host::scatter_add_rows_backward(std::forward<A>(a)...);
-  }
-  // The MoE routing decisions (see `routing_backend`; host/moe_routing.hpp).
-  template <class... A>
-  static void moe_route(A&&... a) {
-    host::moe_route(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void moe_gate_stats(A&&... a) {
-    host::moe_gate_stats(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void moe_aux_loss(A&&... a) {
-    host::moe_aux_loss(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void moe_slots(A&&... a) {
-    host::moe_slots(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void moe_gate_backward(A&&... a) {
-    host::moe_gate_backward(std::forward<A>(a)...);
-  }
 
   // The online-softmax steps of blockwise attention (see `online_softmax_backend`; host/online_softmax.hpp).
   template <class... A>
@@ -236,7 +198,7 @@ struct HostBackend {
 
   /**
    * An operation object (backend/ops/operation.hpp) run by its plain-loop host reference: every operation that has
-   * one, e.g. the Llama-class layers' (`llama_kernel_backend`).
+   * one, e.g. the MoE's token routing (`routing_backend`) and the Llama-class layers' (`llama_kernel_backend`).
    */
   template <class Op>
     requires ops::has_host_reference<Op>
@@ -326,5 +288,6 @@ struct HostBackend {
 static_assert(backend<HostBackend>);
 static_assert(detail::online_softmax_backend<HostBackend>);
 static_assert(detail::llama_kernel_backend<HostBackend>);
+static_assert(detail::routing_backend<HostBackend>);
 
 }  // namespace mpar

@@ -229,16 +229,6 @@ struct BasicStreamHostBackend {
   MPAR_STREAM_OP(update_factors)
   MPAR_STREAM_OP(adamw_advance)
   MPAR_STREAM_OP(scale)
-  // The row kernels of token routing.
-  MPAR_STREAM_OP(gather_rows)
-  MPAR_STREAM_OP(scatter_rows)
-  MPAR_STREAM_OP(scatter_add_rows)
-  MPAR_STREAM_OP(scatter_add_rows_backward)
-  MPAR_STREAM_OP(moe_route)
-  MPAR_STREAM_OP(moe_gate_stats)
-  MPAR_STREAM_OP(moe_aux_loss)
-  MPAR_STREAM_OP(moe_slots)
-  MPAR_STREAM_OP(moe_gate_backward)
   // The buffer operations and the loss reduction.
   MPAR_STREAM_OP(zero)
   MPAR_STREAM_OP(fill)
