@@ -6,7 +6,6 @@
 #include <catch2/catch.hpp>
 
 #include <cstddef>
-#include <tuple>
 #include <vector>
 
 #include <mpar/backend/host/host_backend.hpp>
@@ -26,7 +25,10 @@ struct scale_rows {
   std::size_t rows = 0, cols = 0;
   const float* factor = nullptr;
   float* x = nullptr;
-  [[nodiscard]] auto operands() { return std::tie(factor, x); }
+  template <class F>
+  void each_operand(F&& f) {
+    f(factor), f(x);
+  }
 };
 inline void host_reference(const scale_rows& op) {
   for (std::size_t r = 0; r < op.rows; ++r)
@@ -37,7 +39,10 @@ inline void host_reference(const scale_rows& op) {
 struct no_reference {
   static constexpr const char* name = "no_reference";
   float* x = nullptr;
-  [[nodiscard]] auto operands() { return std::tie(x); }
+  template <class F>
+  void each_operand(F&& f) {
+    f(x);
+  }
 };
 
 }  // namespace user_ops

@@ -114,17 +114,6 @@ struct ResidencyCheckedBackend : HostBackend {
   MPAR_TEST_CHECKED(sum_squares)
   MPAR_TEST_CHECKED(update_factors)
   MPAR_TEST_CHECKED(scale)
-  // The row kernels of MoE routing: the rows and their index and weight arrays.
-  MPAR_TEST_CHECKED(gather_rows)
-  MPAR_TEST_CHECKED(scatter_rows)
-  MPAR_TEST_CHECKED(scatter_add_rows)
-  MPAR_TEST_CHECKED(scatter_add_rows_backward)
-  // The MoE routing decisions and the operations around them: probabilities, decisions, statistics, slots.
-  MPAR_TEST_CHECKED(moe_route)
-  MPAR_TEST_CHECKED(moe_gate_stats)
-  MPAR_TEST_CHECKED(moe_aux_loss)
-  MPAR_TEST_CHECKED(moe_slots)
-  MPAR_TEST_CHECKED(moe_gate_backward)
   // The MLP's first projection with its bias and GeLU: input, weight, bias, pre-activation, output.
   MPAR_TEST_CHECKED(gemm_bias_gelu)
   // GeLU's backward with the bias gradient and the 16-bit operand: pre-activation, gradient, bias gradient, output.
@@ -134,6 +123,14 @@ struct ResidencyCheckedBackend : HostBackend {
   // Its two-level batch (attention's 16-bit heads rearranged into dense blocks, and dQ, dK, dV interleaved).
   MPAR_TEST_CHECKED(copy_2d_batched)
 #undef MPAR_TEST_CHECKED
+  // Every operation object (backend/ops/: MoE routing, the Llama-class kernels): its rank-memory operands.
+  template <class Op>
+    requires supports<HostBackend, Op>
+  static void run(const Op& op) {
+    Op operands = op;
+    operands.each_operand([](auto* p) { check_pointers(Op::name, p); });
+    HostBackend::run(op);
+  }
 };
 static_assert(backend<ResidencyCheckedBackend>);
 

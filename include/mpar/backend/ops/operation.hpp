@@ -8,9 +8,10 @@
  * passes instead of listing ten pointers in order. Its header (one per operation family, backend/ops/) holds:
  * - `static constexpr const char* name`: the operation's name in errors, traces and counts;
  * - its arguments as public members, pointers into rank memory among them;
- * - `operands()`: a `std::tie` of the pointer members that point into rank memory, so that a decorator which moves
- *   rank memory (DiscreteHostBackend's second mapping, an emulated device) translates them without knowing the
- *   operation;
+ * - `each_operand(f)`: calls `f` on (a reference to) each pointer member that points into rank memory, in a fixed
+ *   order, so that a decorator which moves rank memory (DiscreteHostBackend's second mapping, an emulated device)
+ *   translates them without knowing the operation; a template, not a tuple, so that an operation costs nothing to
+ *   compile until a decorator visits it;
  * - its contract (what it reads, writes or accumulates, and which arguments may alias), in the comment;
  * - `host_reference(const Op&)`: the plain-loop reference found by argument-dependent lookup, which HostBackend
  *   runs and every other backend is tested against.

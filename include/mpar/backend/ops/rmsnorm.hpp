@@ -6,7 +6,6 @@
  */
 #include <cmath>
 #include <cstddef>
-#include <tuple>
 
 namespace mpar::ops {
 
@@ -19,7 +18,10 @@ struct rmsnorm_forward {
   const float* gain = nullptr;
   float* y = nullptr;
   float* rstd = nullptr;  ///< one per row, kept for the backward
-  [[nodiscard]] auto operands() { return std::tie(x, gain, y, rstd); }
+  template <class F>
+  void each_operand(F&& f) {
+    f(x), f(gain), f(y), f(rstd);
+  }
 };
 
 /**
@@ -35,7 +37,10 @@ struct rmsnorm_backward {
   const float* dy = nullptr;
   float* dx = nullptr;
   float* dgain = nullptr;
-  [[nodiscard]] auto operands() { return std::tie(x, rstd, gain, dy, dx, dgain); }
+  template <class F>
+  void each_operand(F&& f) {
+    f(x), f(rstd), f(gain), f(dy), f(dx), f(dgain);
+  }
 };
 
 inline void host_reference(const rmsnorm_forward& op) {

@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <tuple>
 #include <vector>
 
 namespace mpar::ops {
@@ -24,7 +23,10 @@ struct rope_forward {
   double theta = 10000.0;
   const float* x = nullptr;
   float* y = nullptr;
-  [[nodiscard]] auto operands() { return std::tie(positions, x, y); }
+  template <class F>
+  void each_operand(F&& f) {
+    f(positions), f(x), f(y);
+  }
 };
 
 /** The transpose of `rope_forward` (the rotation by minus each angle), its backward; `dy` may be `dx`. */
@@ -35,7 +37,10 @@ struct rope_backward {
   double theta = 10000.0;
   const float* dy = nullptr;
   float* dx = nullptr;
-  [[nodiscard]] auto operands() { return std::tie(positions, dy, dx); }
+  template <class F>
+  void each_operand(F&& f) {
+    f(positions), f(dy), f(dx);
+  }
 };
 
 namespace detail {

@@ -5,7 +5,6 @@
  */
 #include <cmath>
 #include <cstddef>
-#include <tuple>
 
 namespace mpar::ops {
 
@@ -15,7 +14,10 @@ struct silu_gate_forward {
   std::size_t rows = 0, cols = 0;
   const float* gate_up = nullptr;
   float* y = nullptr;
-  [[nodiscard]] auto operands() { return std::tie(gate_up, y); }
+  template <class F>
+  void each_operand(F&& f) {
+    f(gate_up), f(y);
+  }
 };
 
 /** The gradient of both halves, `dgate = dy up silu'(gate)` and `dup = dy silu(gate)` (overwritten; may be `gate_up`). */
@@ -25,7 +27,10 @@ struct silu_gate_backward {
   const float* gate_up = nullptr;
   const float* dy = nullptr;
   float* dgate_up = nullptr;
-  [[nodiscard]] auto operands() { return std::tie(gate_up, dy, dgate_up); }
+  template <class F>
+  void each_operand(F&& f) {
+    f(gate_up), f(dy), f(dgate_up);
+  }
 };
 
 inline void host_reference(const silu_gate_forward& op) {

@@ -12,7 +12,6 @@
  */
 #include <cstddef>
 #include <cstdint>
-#include <tuple>
 
 #include "mpar/backend/host/moe_routing.hpp"
 #include "mpar/backend/host/row_kernels.hpp"
@@ -26,7 +25,10 @@ struct gather_rows {
   const std::int32_t* index = nullptr;
   const float* src = nullptr;
   float* dst = nullptr;
-  [[nodiscard]] auto operands() { return std::tie(index, src, dst); }
+  template <class F>
+  void each_operand(F&& f) {
+    f(index), f(src), f(dst);
+  }
 };
 
 /** `dst[index[i], :] = src[i, :]` for `i < rows` (distinct indices; negative ones skipped). */
@@ -36,7 +38,10 @@ struct scatter_rows {
   const std::int32_t* index = nullptr;
   const float* src = nullptr;
   float* dst = nullptr;
-  [[nodiscard]] auto operands() { return std::tie(index, src, dst); }
+  template <class F>
+  void each_operand(F&& f) {
+    f(index), f(src), f(dst);
+  }
 };
 
 /** `dst[index[i], :] += weight[i] * src[i, :]` in `i` order (accumulates; `weight` null: weight 1). */
@@ -47,7 +52,10 @@ struct scatter_add_rows {
   const float* weight = nullptr;
   const float* src = nullptr;
   float* dst = nullptr;
-  [[nodiscard]] auto operands() { return std::tie(index, weight, src, dst); }
+  template <class F>
+  void each_operand(F&& f) {
+    f(index), f(weight), f(src), f(dst);
+  }
 };
 
 /**
@@ -63,7 +71,10 @@ struct scatter_add_rows_backward {
   const float* src = nullptr;
   float* dsrc = nullptr;
   float* dot = nullptr;
-  [[nodiscard]] auto operands() { return std::tie(index, weight, dy, src, dsrc, dot); }
+  template <class F>
+  void each_operand(F&& f) {
+    f(index), f(weight), f(dy), f(src), f(dsrc), f(dot);
+  }
 };
 
 /**
@@ -84,8 +95,9 @@ struct moe_route {
   float* route_weight = nullptr;
   std::int32_t* used = nullptr;
   std::int32_t* routed = nullptr;
-  [[nodiscard]] auto operands() {
-    return std::tie(probs, choice, accepted, route, route_token, route_weight, used, routed);
+  template <class F>
+  void each_operand(F&& f) {
+    f(probs), f(choice), f(accepted), f(route), f(route_token), f(route_weight), f(used), f(routed);
   }
 };
 
@@ -100,7 +112,10 @@ struct moe_gate_stats {
   const std::int32_t* choice = nullptr;
   const std::int32_t* routed = nullptr;
   float* stats = nullptr;
-  [[nodiscard]] auto operands() { return std::tie(probs, choice, routed, stats); }
+  template <class F>
+  void each_operand(F&& f) {
+    f(probs), f(choice), f(routed), f(stats);
+  }
 };
 
 /** The Switch load-balancing loss `*aux = alpha E sum_e f_e P_e` from group-summed `stats`. */
@@ -110,7 +125,10 @@ struct moe_aux_loss {
   float alpha = 0;
   const float* stats = nullptr;
   float* aux = nullptr;
-  [[nodiscard]] auto operands() { return std::tie(stats, aux); }
+  template <class F>
+  void each_operand(F&& f) {
+    f(stats), f(aux);
+  }
 };
 
 /**
@@ -125,7 +143,10 @@ struct moe_slots {
   const float* route_weight = nullptr;
   std::int32_t* slot_token = nullptr;
   float* slot_weight = nullptr;
-  [[nodiscard]] auto operands() { return std::tie(used, route_token, route_weight, slot_token, slot_weight); }
+  template <class F>
+  void each_operand(F&& f) {
+    f(used), f(route_token), f(route_weight), f(slot_token), f(slot_weight);
+  }
 };
 
 /**
@@ -140,7 +161,10 @@ struct moe_gate_backward {
   float aux_grad = 0, alpha = 0;
   const float* stats = nullptr;
   float* dprobs = nullptr;
-  [[nodiscard]] auto operands() { return std::tie(slot_token, dot, stats, dprobs); }
+  template <class F>
+  void each_operand(F&& f) {
+    f(slot_token), f(dot), f(stats), f(dprobs);
+  }
 };
 
 inline void host_reference(const gather_rows& op) { host::gather_rows(op.rows, op.d, op.index, op.src, op.dst); }

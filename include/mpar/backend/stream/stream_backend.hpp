@@ -251,7 +251,7 @@ struct BasicStreamHostBackend {
 
   /**
    * An operation object (backend/ops/operation.hpp), issued to the rank's stream as one operation that HostBackend
-   * runs: its rank-memory operands (`op.operands()`) are translated when it is issued, as every pointer argument
+   * runs: its rank-memory operands (`op.each_operand`) are translated when it is issued, as every pointer argument
    * is, so every operation object is forwarded by this one entry.
    */
   template <class Op>
@@ -259,7 +259,7 @@ struct BasicStreamHostBackend {
   static void run(const Op& op) {
     Op issued = op;
     std::size_t position = 0;
-    std::apply([&](auto&... p) { ((p = View::address(p, Op::name, ++position)), ...); }, issued.operands());
+    issued.each_operand([&](auto& p) { p = View::address(p, Op::name, ++position); });
     stream()->enqueue(Op::name, [issued] { HostBackend::run(issued); });
   }
 
