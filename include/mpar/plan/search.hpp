@@ -570,15 +570,19 @@ namespace detail {
                       std::size_t>,
            std::vector<std::size_t>>
       layouts;
+  // The fullest rank's memory as far as the budget needs it told: activations grow with the in-flight count,
+  // between 1 and M*V; the verifier decides only in between.
+  auto memory_need = [&](const ParallelConfig& c) {
+    std::vector<double> lo(c.pp, 1.0), hi(c.pp, double(c.microbatches * c.virtual_stages));
+    const double need_lo = peak_memory(p.model, c, cm.precision(), lo, o.memory).total();
+    if (need_lo <= budget && peak_memory(p.model, c, cm.precision(), hi, o.memory).total() > budget)
+      return peak_memory(p.model, c, cm.precision(), peaks(c), o.memory).total();
+    return need_lo;
+  };
   // Memory, then a compute lower bound; what fits joins the candidates to simulate.
   auto admit = [&](const ParallelConfig& c) {
     const std::size_t pp = c.pp, v = c.virtual_stages;
-    // Memory: activations grow with the in-flight count, between 1 and M*V; the verifier decides only in between.
-    std::vector<double> lo(pp, 1.0), hi(pp, double(c.microbatches * v));
-    const double need_lo = peak_memory(p.model, c, cm.precision(), lo, o.memory).total();
-    double need = need_lo;
-    if (need_lo <= budget && peak_memory(p.model, c, cm.precision(), hi, o.memory).total() > budget)
-      need = peak_memory(p.model, c, cm.precision(), peaks(c), o.memory).total();
+    const double need = memory_need(c);
     if (need > budget) {
       reject({c, "memory",
               mpar::detail::cat("needs at least ", std::round(need / gib * 10) / 10, " GiB per GPU but ",
@@ -601,6 +605,29 @@ namespace detail {
     }
     feasible.push_back({c, bound});
     return true;
+  };
+
+  // Whether `c`'s stage layout fits with no recomputation at all: where it does, no mix can recompute less.
+  auto fits_without_recompute = [&](const ParallelConfig& c) {
+    ParallelConfig none = c;
+    none.recompute = Recompute::none;
+    return memory_need(none) <= budget;
+  };
+  // The recomputation mixes of a configuration that fits with full recomputation (its stage layout kept, even or
+  // balanced): the least each pipeline rank fits with, and per block inside each rank's stages.
+  auto try_recompute_mixes = [&](const ParallelConfig& c) {
+    if (!space.mix_recompute || space.recompute) return;
+    if (c.pp > 1)
+      if (auto mixed = per_rank_recompute(p.model, c, cm.precision(), peaks, budget, o.memory)) {
+        ++plan.considered, ++plan.mixed;
+        admit(*mixed);
+      }
+    if (space.mix_block_recompute)
+      if (auto blocks = per_block_recompute(p.model, c, cm, place(c, p.cluster.gpus_per_node, o.placement), peaks,
+                                            budget, o.memory)) {
+        ++plan.considered, ++plan.mixed, ++plan.mixed_blocks;
+        admit(*blocks);
+      }
   };
 
   for (std::size_t cp : context_sizes) {
@@ -671,20 +698,7 @@ namespace detail {
                       // memory: the simulator decides which is fastest.
                       const bool even_fits = admit(c);
                       if (rc == Recompute::none) none_fits[z][mode] = even_fits;
-                      if (rc == Recompute::full && even_fits && !none_fits[z][mode] && space.mix_recompute &&
-                          !space.recompute && pp > 1)
-                        if (auto mixed = per_rank_recompute(p.model, c, cm.precision(), peaks, budget, o.memory)) {
-                          ++plan.considered, ++plan.mixed;
-                          admit(*mixed);
-                        }
-                      if (rc == Recompute::full && even_fits && !none_fits[z][mode] && space.mix_recompute &&
-                          space.mix_block_recompute && !space.recompute)
-                        if (auto blocks =
-                                per_block_recompute(p.model, c, cm, place(c, p.cluster.gpus_per_node, o.placement),
-                                                    peaks, budget, o.memory)) {
-                          ++plan.considered, ++plan.mixed, ++plan.mixed_blocks;
-                          admit(*blocks);
-                        }
+                      if (rc == Recompute::full && even_fits && !none_fits[z][mode]) try_recompute_mixes(c);
                       if (space.balance_stages && c.stages() > 1) {
                         const GroupPlacement g = place(c, p.cluster.gpus_per_node, o.placement);
                         const auto key = std::make_tuple(tp, cp, ep, dp, mbs, rc, mode, pp, v);
@@ -697,6 +711,8 @@ namespace detail {
                           balanced.stage_layers = it->second;
                           tried = true;
                           fits = admit(balanced);
+                          if (rc == Recompute::full && fits && !fits_without_recompute(balanced))
+                            try_recompute_mixes(balanced);
                         }
                         // With one set in flight per rank every block costs every rank the same memory, so the
                         // ranks' total does not depend on the layout: above pp budgets no layout fits, and most
@@ -718,7 +734,8 @@ namespace detail {
                             if (capped != even && capped != it->second) {
                               balanced.stage_layers = std::move(capped);
                               tried = true;
-                              admit(balanced);
+                              if (admit(balanced) && rc == Recompute::full && !fits_without_recompute(balanced))
+                                try_recompute_mixes(balanced);
                             }
                           }
                         }
