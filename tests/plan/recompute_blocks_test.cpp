@@ -357,3 +357,135 @@ TEST_CASE("plan files: per-block lists round-trip, per-stage files stay version 
           "the key \"recompute_blocks\" is not part of a training plan");
   refused(edited_text("\"version\": 2", "\"version\": 3", &per_stage), "the key \"recompute_blocks\" is missing");
 }
+
+namespace {
+
+/**
+ * The shared memory-bound case with a 128 K vocabulary on 28 GiB GPUs: the head makes the last stage the slowest,
+ * so the cost-balanced partition differs from the even one, and no layout fits without recomputation.
+ */
+Problem large_vocabulary_bound_problem() {
+  Problem p = blocks_bound_problem();
+  p.model.vocab = 131072;
+  p.cluster.memory_bytes = 28 * gib;
+  return p;
+}
+std::vector<std::string> large_vocabulary_bound_args() {
+  std::vector<std::string> a = memory_bound_case::args(28);
+  *(std::find(a.begin(), a.end(), "--vocab") + 1) = "131072";
+  return a;
+}
+
+}  // namespace
+
+TEST_CASE(
+    "memory-bound, large vocabulary: the cost-balanced partition recomputes per block, no slower than the "
+    "even split or one mode per stage",
+    "[plan][recompute_blocks][partition][search]") {
+  const Problem p = large_vocabulary_bound_problem();
+  const CostModel cm(p.model, p.cluster);
+  const SearchSpace space = memory_bound_case::space();
+  SearchSpace none = space, even = space, per_stage = space;
+  none.recompute = Recompute::none;
+  even.balance_stages = false;
+  per_stage.mix_block_recompute = false;
+  CHECK(search(p, cm, none).best.empty());  // only recomputation fits
+  const Plan plan = search(p, cm, space), even_plan = search(p, cm, even), per_stage_plan = search(p, cm, per_stage);
+  REQUIRE(!plan.best.empty());
+  REQUIRE(!even_plan.best.empty());
+  REQUIRE(!per_stage_plan.best.empty());
+  const Candidate& best = plan.best.front();
+  INFO(best.config << ": " << best.step_seconds << " s; even split " << even_plan.best.front().config << ": "
+                   << even_plan.best.front().step_seconds << " s; one mode per stage "
+                   << per_stage_plan.best.front().config << ": " << per_stage_plan.best.front().step_seconds << " s");
+  CHECK(!best.config.stage_layers.empty());
+  CHECK(best.stage_layers != std::vector<std::size_t>(8, 4));
+  CHECK(best.config.mixed_block_recompute());
+  CHECK(best.step_seconds <= even_plan.best.front().step_seconds);
+  CHECK(best.step_seconds <= per_stage_plan.best.front().step_seconds);
+  // The balanced partitions' mixes are formed besides the even split's, and counted as considered.
+  CHECK(plan.mixed_blocks > even_plan.mixed_blocks);
+  CHECK(plan.mixed > even_plan.mixed);
+  CHECK(plan.considered == per_stage_plan.considered + plan.mixed_blocks);
+}
+
+TEST_CASE(
+    "per-block recomputation on an uneven partition: one mode per block of each stage, the fastest counts "
+    "that fit, a stage without blocks included",
+    "[plan][recompute_blocks][partition]") {
+  using enum nn::Recompute;
+  const Problem p = large_vocabulary_bound_problem();
+  const CostModel cm(p.model, p.cluster);
+  const ParallelConfig c = blocks_uniform(blocks_bound_config(), full);
+  const GroupPlacement g = place(c, p.cluster.gpus_per_node, Placement::tensor_innermost);
+  ActivationPeaks peaks;
+  const std::vector<double>& inflight = peaks(c);
+  ParallelConfig balanced = c, headless = c;
+  balanced.stage_layers = balanced_stage_layers(cm, c, g);
+  REQUIRE(balanced.stage_layers != std::vector<std::size_t>(8, 4));
+  headless.stage_layers = {5, 5, 5, 5, 4, 4, 4, 0};  // the head's stage holds no block: nothing to choose there
+  // 28 GiB GPUs, and 15 GiB ones, where the first rank also recomputes some blocks fully.
+  for (const double budget : {28 * gib * 0.95, 15 * gib * 0.95})
+    for (const ParallelConfig& layout : {balanced, headless}) {
+      INFO("blocks per stage " << mpar::plan::detail::layout(layout.stage_layers, ",") << ", " << budget / gib
+                               << " GiB");
+      const auto mix = per_block_recompute(p.model, layout, cm, g, peaks, budget);
+      REQUIRE(mix.has_value());
+      CHECK(mix->stage_layers == layout.stage_layers);
+      REQUIRE(mix->recompute_blocks.size() == 8);
+      CHECK(evaluate(cm, *mix, peaks).memory.total() <= budget);
+      for (std::size_t r = 0; r < c.pp; ++r) {
+        const std::size_t n = layout.stage_layers[r];
+        const std::vector<Recompute>& list = mix->recompute_blocks[r];
+        CHECK((list.empty() || list.size() == n));  // empty: every block as the stage
+        const std::size_t f = count_mode(*mix, r, n, full), s = count_mode(*mix, r, n, selective);
+        INFO("rank " << r << ": " << f << " full, " << s << " selective of " << n);
+        if (n == 0) CHECK(mix->recompute_of(r) == none);
+        // The rank with (nf, ns) blocks recomputing fully and selectively; the other ranks' lists do not matter.
+        const auto need = [&](std::size_t nf, std::size_t ns) {
+          ParallelConfig k = *mix;
+          std::vector<Recompute> b(n, none);
+          for (std::size_t i = 0; i < nf + ns; ++i) b[i] = i < nf ? full : selective;
+          k.recompute_blocks[r] = b;
+          k.recompute_stages[r] = b.empty() ? none : *std::max_element(b.begin(), b.end());
+          return rank_memory(p.model, k, cm.precision(), r, inflight[r]).total();
+        };
+        CHECK(need(f, s) <= budget);
+        // Minimal: one block less recomputed no longer fits (and would be faster).
+        if (s > 0) CHECK(need(f, s - 1) > budget);
+        if (f > 0) CHECK(need(f - 1, s) > budget);
+        if (f > 0) CHECK(need(f - 1, s + 1) > budget);
+      }
+    }
+}
+
+TEST_CASE("mpar-plan writes a cost-balanced partition with per-block lists, one mode per block of each stage",
+          "[plan][recompute_blocks][partition][cli][plan_file]") {
+  const std::vector<std::string> args = large_vocabulary_bound_args();
+  const CliOptions o = parse_cli(args);
+  const Plan plan = search(o.problem, CostModel(o.problem.model, o.problem.cluster), o.space, o.search);
+  REQUIRE(!plan.best.empty());
+  const ParallelConfig& best = plan.best.front().config;
+  REQUIRE(!best.stage_layers.empty());
+  REQUIRE(best.mixed_block_recompute());
+
+  const std::string f = blocks_temp_path("balanced_blocks.json");
+  std::vector<std::string> write = args;
+  write.insert(write.end(), {"--write-plan", f});
+  std::ostringstream out, err;
+  REQUIRE(run_cli(write, out, err) == 0);
+  INFO(out.str());
+  CHECK_THAT(out.str(), Catch::Contains("layers per stage " + mpar::plan::detail::layout(best.stage_layers, " ") +
+                                        " (cost-balanced") &&
+                            Catch::Contains("  recompute per stage " + best.recompute_layout() + " (per block"));
+  const TrainingPlan written = read_training_plan(f);
+  std::filesystem::remove(f);
+  CHECK(written.stage_layers == best.stage_layers);
+  REQUIRE(written.recompute_blocks.size() == 8);
+  for (std::size_t s = 0; s < 8; ++s) {
+    const std::vector<Recompute>& list = written.recompute_blocks[s];
+    CHECK((list.empty() || list.size() == written.stage_layers[s]));
+    CHECK(written.recompute_stages[s] == best.recompute_of(s));
+    for (std::size_t b = 0; b < list.size(); ++b) CHECK(list[b] == best.block_recompute_of(s, b));
+  }
+}
