@@ -387,8 +387,11 @@ struct MoeLayerBytes {
   std::vector<double> chunk_backward_peak(c.virtual_stages, 0.0);
   const double probabilities =
       c.cp == 1 ? (o.attention_dropout ? 2 * p.activation_bytes + p.mask_bytes : p.activation_bytes) * scores / t : 0.0;
+  // Each chunk's first layer once: under an uneven layout it is a sum over the stages before it.
+  std::vector<std::size_t> chunk_first(c.virtual_stages);
+  for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) chunk_first[ch] = first_chunk_layer(m, c, rank, ch);
   for_each_rank_layer(m, c, rank, [&](std::size_t ch, std::size_t layer) {
-    const Recompute mode = c.block_recompute_of(ch * c.pp + rank, layer - first_chunk_layer(m, c, rank, ch));
+    const Recompute mode = c.block_recompute_of(ch * c.pp + rank, layer - chunk_first[ch]);
     const bool is_moe = m.is_moe_layer(layer);
     chunk_moe[ch] = chunk_moe[ch] || is_moe;
     const double swap = is_moe ? moe.stored - dense_mlp : 0.0;
