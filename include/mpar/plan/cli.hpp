@@ -77,7 +77,7 @@ Optional (fix a dimension instead of searching it):
   --partition balanced|even
                            balanced (default): besides the even split of the layers over the pipeline
                            stages, try the cost-balanced one (embedding and head weighted in; a stage may
-                           hold no layer, which mpar's trainer does not run yet); even: only even splits
+                           hold no layer), with the recomputation mixes above; even: only even splits
   --cp N|auto              context parallelism: each sequence split over N GPUs (ring attention; default 1);
                            tp x pp x dp share --gpus / N, and gradients reduce over dp x cp; auto searches
                            every N dividing --gpus whose 2 x N zig-zag chunks divide --seq
