@@ -268,7 +268,12 @@ void for_each_rank_layer(const GptModel& m, const ParallelConfig& c, std::size_t
 [[nodiscard]] inline double rank_parameters(const GptModel& m, const ParallelConfig& c, std::size_t rank) {
   const double h = double(m.hidden), t = double(c.tp);
   double n = 0;
-  for_each_rank_layer(m, c, rank, [&](std::size_t, std::size_t layer) { n += layer_rank_parameters(m, c, layer); });
+  if (m.experts == 0) {  // every block alike: count them (the search asks this many times per configuration)
+    for (std::size_t ch = 0; ch < c.virtual_stages; ++ch) n += double(chunk_layer_count(m, c, rank, ch));
+    n *= layer_rank_parameters(m, c, 0);
+  } else {
+    for_each_rank_layer(m, c, rank, [&](std::size_t, std::size_t layer) { n += layer_rank_parameters(m, c, layer); });
+  }
   const double word = double(m.vocab) * h / t;
   if (m.is_llama()) return n + (rank == 0 ? word : 0.0) + (rank + 1 == c.pp ? word + m.final_norm_parameters() : 0.0);
   if (rank == 0) n += word + double(m.seq) * h;
@@ -281,6 +286,7 @@ void for_each_rank_layer(const GptModel& m, const ParallelConfig& c, std::size_t
  * each with expert tensor parallelism). Their gradients reduce, and ZeRO shards them, over `expert_data_group()`.
  */
 [[nodiscard]] inline double rank_expert_parameters(const GptModel& m, const ParallelConfig& c, std::size_t rank) {
+  if (m.experts == 0) return 0.0;
   double n = 0;
   for_each_rank_layer(m, c, rank, [&](std::size_t, std::size_t layer) { n += layer_expert_parameters(m, c, layer); });
   return n;

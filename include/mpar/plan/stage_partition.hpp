@@ -5,6 +5,7 @@
  * in (`pipeline::Partition::balanced`), stages without blocks allowed, and where that does not fit, the same
  * within each stage's memory (`stage_layer_limits`). Which is faster the pipeline simulator decides (search.hpp).
  */
+#include <algorithm>
 #include <cstddef>
 #include <span>
 #include <utility>
@@ -67,8 +68,33 @@ namespace mpar::plan {
         if (i != r) probe.stage_layers[i] = (m.layers - k) / (c.pp - 1) + (other++ < (m.layers - k) % (c.pp - 1));
       return rank_memory(m, probe, p, r, peaks[r], o).total() <= budget;
     };
-    std::size_t lo = 0, hi = m.layers;  // the largest k that fits lies in [lo, hi] once fits(lo) holds
     if (!fits(0)) return std::vector<std::size_t>(c.pp, 0);
+    // The largest k that fits, bracketed by galloping from the previous rank's limit (neighbouring ranks' limits
+    // differ by a block or two, so this takes a few probes where a bisection over all blocks takes log2 of them),
+    // then bisected in [lo, hi]; `fits` is monotone in k, so any start is correct.
+    std::size_t lo = 0, hi = m.layers;
+    const std::size_t guess = r > 0 ? std::min(limits[r - 1], m.layers) : 0;
+    if (fits(guess)) {
+      lo = guess;
+      for (std::size_t step = 1; lo < hi; step *= 2) {
+        const std::size_t next = std::min(hi, lo + step);
+        if (!fits(next)) {
+          hi = next - 1;
+          break;
+        }
+        lo = next;
+      }
+    } else {
+      hi = guess - 1;  // guess > 0: fits(0) holds
+      for (std::size_t step = 1; lo < hi; step *= 2) {
+        const std::size_t next = hi >= step ? hi - step : 0;
+        if (fits(next)) {
+          lo = next;
+          break;
+        }
+        hi = next - 1;  // next > 0: fits(0) holds
+      }
+    }
     while (lo < hi) {
       const std::size_t mid = (lo + hi + 1) / 2;
       if (fits(mid))
