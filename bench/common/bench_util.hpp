@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <fstream>
 #include <string>
 #include <vector>
 
@@ -39,11 +40,22 @@ std::pair<double, double> paired_medians(int reps, A&& ours, B&& baseline) {
 }
 
 /** The closing line every benchmark prints: ratio > 1 means mpar is better. `extra` is raw JSON members. */
+/** The 1-minute load average (/proc/loadavg) as a JSON number, or null: timings on a busy machine are noise. */
+inline std::string load_average() {
+  std::ifstream f("/proc/loadavg");
+  std::string first;
+  f >> first;
+  return first.empty() ? "null" : first;
+}
+
+/** The closing JSON line; the load average is added unless `extra` already reports it. */
 inline void print_result_json(const std::string& bench, double ours, double baseline, const std::string& unit,
-                              bool higher_is_better, const std::string& extra = "") {
+                              bool higher_is_better, std::string extra = "") {
   const double ratio = higher_is_better ? ours / baseline : baseline / ours;
-  std::printf("{\"bench\": \"%s\", \"ours\": %.6g, \"baseline\": %.6g, \"unit\": \"%s\", \"ratio\": %.4f%s%s}\n",
-              bench.c_str(), ours, baseline, unit.c_str(), ratio, extra.empty() ? "" : ", ", extra.c_str());
+  if (extra.find("\"loadavg\"") == std::string::npos)
+    extra += (extra.empty() ? "" : ", ") + std::string("\"loadavg\": ") + load_average();
+  std::printf("{\"bench\": \"%s\", \"ours\": %.6g, \"baseline\": %.6g, \"unit\": \"%s\", \"ratio\": %.4f, %s}\n",
+              bench.c_str(), ours, baseline, unit.c_str(), ratio, extra.c_str());
 }
 
 inline bool has_flag(int argc, char** argv, const std::string& flag) {

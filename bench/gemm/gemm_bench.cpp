@@ -40,13 +40,6 @@ int main() {
 #endif
 
 namespace {
-std::string loadavg() {
-  std::ifstream f("/proc/loadavg");
-  std::string first;
-  f >> first;
-  return first.empty() ? "null" : first;
-}
-
 /** A raw oneDNN matmul, set up the way a direct user of oneDNN would: primitive and memories made once. */
 struct RawMatmul {
   dnnl::engine engine{dnnl::engine::kind::cpu, 0};
@@ -312,15 +305,15 @@ int main(int argc, char** argv) {
       b_log += std::log(t_base / t_ours);
       ++b_cases;
     }
-  bench::print_result_json("gemm", flops_total / ours_total * 1e-9, flops_total / base_total * 1e-9, "GFLOP/s", true,
-                           "\"geomean_ratio\": " + std::to_string(std::exp(sum_log_ratio / cases)) +
-                               ", \"batched_ratio\": " + std::to_string(b_base / b_ours) +
-                               ", \"batched_geomean_ratio\": " + std::to_string(std::exp(b_log / b_cases)) +
-                               ", \"bf16_kernel\": \"" + host::bf16_gemm_kernel_name(host::bf16_gemm_kernel()) +
-                               "\", \"avx512_bf16_vs_onednn_bf16_geomean\": " +
-                               (kernel_cases ? std::to_string(std::exp(kernel_vs_bf16_log / kernel_cases)) : "null") +
-                               ", \"avx512_bf16_vs_onednn_f32_geomean\": " +
-                               (kernel_cases ? std::to_string(std::exp(kernel_vs_f32_log / kernel_cases)) : "null") +
-                               ", \"baseline_name\": \"raw oneDNN matmul (1 thread)\", \"loadavg\": " + loadavg());
+  bench::print_result_json(
+      "gemm", flops_total / ours_total * 1e-9, flops_total / base_total * 1e-9, "GFLOP/s", true,
+      "\"geomean_ratio\": " + std::to_string(std::exp(sum_log_ratio / cases)) +
+          ", \"batched_ratio\": " + std::to_string(b_base / b_ours) +
+          ", \"batched_geomean_ratio\": " + std::to_string(std::exp(b_log / b_cases)) + ", \"bf16_kernel\": \"" +
+          host::bf16_gemm_kernel_name(host::bf16_gemm_kernel()) + "\", \"avx512_bf16_vs_onednn_bf16_geomean\": " +
+          (kernel_cases ? std::to_string(std::exp(kernel_vs_bf16_log / kernel_cases)) : "null") +
+          ", \"avx512_bf16_vs_onednn_f32_geomean\": " +
+          (kernel_cases ? std::to_string(std::exp(kernel_vs_f32_log / kernel_cases)) : "null") +
+          ", \"baseline_name\": \"raw oneDNN matmul (1 thread)\", \"loadavg\": " + mpar::bench::load_average());
 }
 #endif

@@ -101,12 +101,6 @@ std::vector<float> filled(std::size_t n, std::uint64_t stream, double scale) {
   for (std::size_t i = 0; i < n; ++i) v[i] = float(mpar::init_value(5, stream, i, mpar::InitSpec::uniform(scale)));
   return v;
 }
-std::string loadavg() {
-  std::ifstream f("/proc/loadavg");
-  std::string first;
-  f >> first;
-  return first.empty() ? "null" : first;
-}
 double max_rel_diff(const std::vector<float>& a, const std::vector<float>& b) {
   double w = 0, m = 0;
   for (std::size_t i = 0; i < a.size(); ++i)
@@ -217,6 +211,7 @@ int main(int argc, char** argv) {
   }
   bench::print_result_json("host_kernels", total / t_ours, total / t_base, "elements/s", true,
                            "\"reps\": " + std::to_string(reps) + ", \"isa\": \"" +
-                               host::isa_name(host::detected_isa()) + "\", \"loadavg\": " + loadavg());
+                               host::isa_name(host::detected_isa()) +
+                               "\", \"loadavg\": " + mpar::bench::load_average());
   return 0;
 }

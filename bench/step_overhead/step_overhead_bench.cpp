@@ -66,13 +66,6 @@ double stream_syncs(const models::GptTrainConfig& c, const data::CharDataset& ds
   return double(out.host_syncs());
 }
 
-std::string load_average() {
-  std::ifstream f("/proc/loadavg");
-  std::string a;
-  f >> a;
-  return a.empty() ? "null" : a;
-}
-
 struct Scaled {
   double launches = 0, gemms = 0, syncs = 0, host_bytes = 0;
   double stream_syncs = 0;  ///< host synchronisations over StreamHostBackend
@@ -154,7 +147,7 @@ int main(int argc, char** argv) {
                               ", \"stream_syncs_per_step\": " + std::to_string(std::llround(large.stream_syncs)) + "}" +
                               ", \"baseline_is\": \"host synchronisations per step of the default model measured "
                               "before the layers' host work was cut\"" +
-                              ", \"loadavg\": " + load_average();
+                              ", \"loadavg\": " + mpar::bench::load_average();
     bench::print_result_json("step_overhead", small.syncs, baseline_syncs_default, "host syncs per step", false, extra);
     return 0;
   } catch (const std::exception& e) {

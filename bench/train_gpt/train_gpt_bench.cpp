@@ -95,13 +95,6 @@ void run_round(const models::GptTrainConfig& base, int microbatches, const data:
   });
 }
 
-std::string load_average() {
-  std::ifstream f("/proc/loadavg");
-  std::string a;
-  f >> a;
-  return a.empty() ? "null" : a;
-}
-
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -179,7 +172,7 @@ int main(int argc, char** argv) {
         std::string(parallel::name_of(cfg.precision)).c_str(),
         cfg.model.sequence_parallel ? ", sequence parallelism where tp > 1" : "");
     std::printf("%zu rounds x (%zu warm-up + %zu counted steps) per layout; load average at start %s\n", rounds, warm,
-                counted, load_average().c_str());
+                counted, mpar::bench::load_average().c_str());
     std::fflush(stdout);
 
     std::vector<Samples> samples(layouts.size());
@@ -219,16 +212,16 @@ int main(int argc, char** argv) {
     }
     std::printf(
         "\nbest 2-rank layout: %s, %.0f tokens/s = %.2fx the single rank (%.0f tokens/s); load average at end %s\n",
-        best2_name.c_str(), best2, best2 / single, single, load_average().c_str());
+        best2_name.c_str(), best2, best2 / single, single, mpar::bench::load_average().c_str());
     if (best2 == 0) {  // --max-ranks 1: nothing parallel to compare
       best2 = single;
       best2_name = "tp=1 pp=1 dp=1";
     }
-    bench::print_result_json("train_gpt", best2, single, "tokens/s", true,
-                             "\"best\": \"" + best2_name + "\", \"precision\": \"" +
-                                 std::string(parallel::name_of(cfg.precision)) +
-                                 "\", \"sequence_parallel\": " + (cfg.model.sequence_parallel ? "true" : "false") +
-                                 ", \"load\": " + load_average() + ", \"layouts\": [" + table.str() + "]");
+    bench::print_result_json(
+        "train_gpt", best2, single, "tokens/s", true,
+        "\"best\": \"" + best2_name + "\", \"precision\": \"" + std::string(parallel::name_of(cfg.precision)) +
+            "\", \"sequence_parallel\": " + (cfg.model.sequence_parallel ? "true" : "false") +
+            ", \"loadavg\": " + mpar::bench::load_average() + ", \"layouts\": [" + table.str() + "]");
     return 0;
   } catch (const std::exception& e) {
     std::fprintf(stderr, "bench_train_gpt: %s\n", e.what());
