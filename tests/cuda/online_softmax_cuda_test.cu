@@ -1,5 +1,5 @@
 // The online-softmax operations on CudaBackend (gpu/online_softmax.hpp) against their host reference
-// (host/online_softmax.hpp, itself checked against softmax over the concatenated blocks in tests/nn): the same
+// (backend/ops/online_softmax.hpp, itself checked against softmax over the concatenated blocks in tests/nn): the same
 // inputs through both, two blocks in a row (the second rescales what the first left), odd sizes, a causal
 // diagonal, rows that see no key, padded strides. Float rounding apart (the device reduces in another order):
 // norm-relative 1e-5. Skipped without a GPU.
@@ -12,7 +12,7 @@
 
 #include "../nn/nn_test_support.hpp"
 #include "cuda_test_support.hpp"
-#include "mpar/backend/host/online_softmax.hpp"
+#include "mpar/backend/ops/online_softmax.hpp"
 #include "mpar/cuda.hpp"
 
 using namespace mpar;
@@ -57,16 +57,18 @@ TEST_CASE("online softmax on CudaBackend equals the host reference", "[cuda][onl
       const SoftmaxBlock b{heads, rows, cols, dim, ss, ld, query_pos - std::ptrdiff_t(k0)};
       std::vector<float> sc = osm_values(heads * rows * cols, 10 + k0);
       auto dsc = upload(sc);
-      host::online_softmax_update(b, sc.data(), m.data(), l.data(), out.data());
-      CudaBackend::online_softmax_update(b, dsc.data(), dm.data(), dl.data(), dout_acc.data());
+      host_reference(ops::online_softmax_update{
+          .block = b, .scores = sc.data(), .row_max = m.data(), .row_sum = l.data(), .out = out.data()});
+      CudaBackend::run(ops::online_softmax_update{
+          .block = b, .scores = dsc.data(), .row_max = dm.data(), .row_sum = dl.data(), .out = dout_acc.data()});
       CHECK(rel_err(download(dsc), sc) <= 1e-5);
       CHECK(rel_err(download(dl), l) <= 1e-5);
       CHECK(rel_err(download(dout_acc), out) <= 1e-5);
       check_same_lse(download(dm), m);
       k0 += cols;
     }
-    host::online_softmax_finish(heads, rows, dim, ss, ld, m.data(), l.data(), out.data());
-    CudaBackend::online_softmax_finish(heads, rows, dim, ss, ld, dm.data(), dl.data(), dout_acc.data());
+    host_reference(ops::online_softmax_finish{heads, rows, dim, ss, ld, m.data(), l.data(), out.data()});
+    CudaBackend::run(ops::online_softmax_finish{heads, rows, dim, ss, ld, dm.data(), dl.data(), dout_acc.data()});
     CHECK(rel_err(download(dout_acc), out) <= 1e-5);
     check_same_lse(download(dm), m);
 
@@ -74,8 +76,8 @@ TEST_CASE("online softmax on CudaBackend equals the host reference", "[cuda][onl
     const std::vector<float> go = osm_values(rows * ld, 2);
     std::vector<float> delta(heads * ss, 0.0f);
     auto dgo = upload(go), dres = upload(out), ddelta = upload(delta), dlse = upload(m);
-    host::online_softmax_delta(heads, rows, dim, ss, ld, go.data(), out.data(), delta.data());
-    CudaBackend::online_softmax_delta(heads, rows, dim, ss, ld, dgo.data(), dres.data(), ddelta.data());
+    host_reference(ops::online_softmax_delta{heads, rows, dim, ss, ld, go.data(), out.data(), delta.data()});
+    CudaBackend::run(ops::online_softmax_delta{heads, rows, dim, ss, ld, dgo.data(), dres.data(), ddelta.data()});
     CHECK(rel_err(download(ddelta), delta) <= 1e-5);
     ddelta = upload(delta);
     k0 = 0;
@@ -83,8 +85,10 @@ TEST_CASE("online softmax on CudaBackend equals the host reference", "[cuda][onl
       const SoftmaxBlock b{heads, rows, cols, dim, ss, ld, query_pos - std::ptrdiff_t(k0)};
       std::vector<float> p = osm_values(heads * rows * cols, 20 + k0), dp = osm_values(heads * rows * cols, 30 + k0);
       auto dpp = upload(p), ddp = upload(dp);
-      host::online_softmax_backward(b, m.data(), delta.data(), p.data(), dp.data());
-      CudaBackend::online_softmax_backward(b, dlse.data(), ddelta.data(), dpp.data(), ddp.data());
+      host_reference(ops::online_softmax_backward{
+          .block = b, .lse = m.data(), .delta = delta.data(), .p = p.data(), .dp = dp.data()});
+      CudaBackend::run(ops::online_softmax_backward{
+          .block = b, .lse = dlse.data(), .delta = ddelta.data(), .p = dpp.data(), .dp = ddp.data()});
       CHECK(rel_err(download(dpp), p) <= 1e-5);
       CHECK(rel_err(download(ddp), dp) <= 1e-5);
       k0 += cols;

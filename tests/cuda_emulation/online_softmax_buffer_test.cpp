@@ -1,5 +1,6 @@
-// The online-softmax kernels (backend/gpu/online_softmax.hpp) and the buffer kernels (buffer_ops.hpp) on the
-// emulated runtime against their host references: two key blocks in a row (the second rescales what the first
+// The online-softmax kernels (backend/gpu/online_softmax.hpp, launched as the operation objects of
+// backend/ops/online_softmax.hpp) and the buffer kernels (buffer_ops.hpp) on the emulated runtime against their host
+// references: two key blocks in a row (the second rescales what the first
 // left), a causal diagonal, rows that see no key, padded strides; fill and init_values over a sharded block.
 #include <catch2/catch.hpp>
 
@@ -12,7 +13,7 @@
 #include "mpar/backend/gpu/buffer_ops.hpp"
 #include "mpar/backend/gpu/online_softmax.hpp"
 #include "mpar/backend/host/buffer_ops.hpp"
-#include "mpar/backend/host/online_softmax.hpp"
+#include "mpar/backend/ops/online_softmax.hpp"
 #include "mpar/core/init.hpp"
 
 namespace mpar::online_softmax_emulation_test {
@@ -53,24 +54,26 @@ TEST_CASE("cuda kernels on the emulation: the online-softmax steps equal the hos
       const SoftmaxBlock b{heads, rows, cols, dim, ss, ld, query_pos - std::ptrdiff_t(k0)};
       std::vector<float> sc = scores(heads * rows * cols, 10 + k0);
       DeviceArray<float> dsc(sc);
-      host::online_softmax_update(b, sc.data(), m.data(), l.data(), out.data());
-      gpu::online_softmax_update(b, dsc.get(), dm.get(), dl.get(), dout.get());
+      host_reference(ops::online_softmax_update{
+          .block = b, .scores = sc.data(), .row_max = m.data(), .row_sum = l.data(), .out = out.data()});
+      gpu::launch(ops::online_softmax_update{
+          .block = b, .scores = dsc.get(), .row_max = dm.get(), .row_sum = dl.get(), .out = dout.get()});
       require_same(dsc.host(), sc);
       require_same(dl.host(), l);
       require_same(dout.host(), out);
       require_same(dm.host(), m);
       k0 += cols;
     }
-    host::online_softmax_finish(heads, rows, dim, ss, ld, m.data(), l.data(), out.data());
-    gpu::online_softmax_finish(heads, rows, dim, ss, ld, dm.get(), dl.get(), dout.get());
+    host_reference(ops::online_softmax_finish{heads, rows, dim, ss, ld, m.data(), l.data(), out.data()});
+    gpu::launch(ops::online_softmax_finish{heads, rows, dim, ss, ld, dm.get(), dl.get(), dout.get()});
     require_same(dout.host(), out);
     require_same(dm.host(), m);
 
     const std::vector<float> go = scores(rows * ld, 2);
     std::vector<float> delta(heads * ss, 0.0f);
     DeviceArray<float> dgo(go), dres(out), ddelta(delta), dlse(m);
-    host::online_softmax_delta(heads, rows, dim, ss, ld, go.data(), out.data(), delta.data());
-    gpu::online_softmax_delta(heads, rows, dim, ss, ld, dgo.get(), dres.get(), ddelta.get());
+    host_reference(ops::online_softmax_delta{heads, rows, dim, ss, ld, go.data(), out.data(), delta.data()});
+    gpu::launch(ops::online_softmax_delta{heads, rows, dim, ss, ld, dgo.get(), dres.get(), ddelta.get()});
     require_same(ddelta.host(), delta);
     ddelta.upload(delta);
     k0 = 0;
@@ -78,8 +81,10 @@ TEST_CASE("cuda kernels on the emulation: the online-softmax steps equal the hos
       const SoftmaxBlock b{heads, rows, cols, dim, ss, ld, query_pos - std::ptrdiff_t(k0)};
       std::vector<float> p = scores(heads * rows * cols, 20 + k0), dp = scores(heads * rows * cols, 30 + k0);
       DeviceArray<float> dpp(p), ddp(dp);
-      host::online_softmax_backward(b, m.data(), delta.data(), p.data(), dp.data());
-      gpu::online_softmax_backward(b, dlse.get(), ddelta.get(), dpp.get(), ddp.get());
+      host_reference(ops::online_softmax_backward{
+          .block = b, .lse = m.data(), .delta = delta.data(), .p = p.data(), .dp = dp.data()});
+      gpu::launch(ops::online_softmax_backward{
+          .block = b, .lse = dlse.get(), .delta = ddelta.get(), .p = dpp.get(), .dp = ddp.get()});
       require_same(dpp.host(), p);
       require_same(ddp.host(), dp);
       k0 += cols;

@@ -1,4 +1,4 @@
-// The online-softmax operations (backend/online_softmax_backend.hpp) against softmax over the concatenation of
+// The online-softmax operations (backend/ops/online_softmax.hpp) against softmax over the concatenation of
 // the key blocks computed at once by naive loops in double: blocks of odd sizes, a causal diagonal inside a
 // block, a block the causal mask hides entirely, rows that see no key at all, padded strides.
 // Tolerance as everywhere in the nn tests: ||ops - reference||_2 <= 1e-5 ||reference||_2.
@@ -121,7 +121,11 @@ OnlineSoftmaxResult run_online_softmax(const OnlineSoftmaxCase& c, const OnlineS
   std::size_t k0 = 0;
   for (std::size_t cols : c.block_cols) {
     std::vector<float> sc = slice(in.scores, k0, cols);
-    B::online_softmax_update(block_of(k0, cols), sc.data(), row_max.data(), row_sum.data(), acc.data());
+    B::run(ops::online_softmax_update{.block = block_of(k0, cols),
+                                      .scores = sc.data(),
+                                      .row_max = row_max.data(),
+                                      .row_sum = row_sum.data(),
+                                      .out = acc.data()});
     for (std::size_t h = 0; h < c.heads; ++h)  // acc += P V, the caller's GEMM
       for (std::size_t i = 0; i < c.rows; ++i)
         for (std::size_t x = 0; x < c.head_dim; ++x) {
@@ -132,14 +136,29 @@ OnlineSoftmaxResult run_online_softmax(const OnlineSoftmaxCase& c, const OnlineS
         }
     k0 += cols;
   }
-  B::online_softmax_finish(c.heads, c.rows, c.head_dim, ss, ld, row_max.data(), row_sum.data(), acc.data());
-  B::online_softmax_delta(c.heads, c.rows, c.head_dim, ss, ld, in.dout.data(), acc.data(), delta.data());
+  B::run(ops::online_softmax_finish{.heads = c.heads,
+                                    .rows = c.rows,
+                                    .head_dim = c.head_dim,
+                                    .stat_stride = ss,
+                                    .out_ld = ld,
+                                    .row_max = row_max.data(),
+                                    .row_sum = row_sum.data(),
+                                    .out = acc.data()});
+  B::run(ops::online_softmax_delta{.heads = c.heads,
+                                   .rows = c.rows,
+                                   .head_dim = c.head_dim,
+                                   .stat_stride = ss,
+                                   .out_ld = ld,
+                                   .dout = in.dout.data(),
+                                   .out = acc.data(),
+                                   .delta = delta.data()});
   OnlineSoftmaxResult res;
   res.p.assign(c.heads * c.rows * k, 0.0f), res.ds = res.p;
   k0 = 0;
   for (std::size_t cols : c.block_cols) {
     std::vector<float> p = slice(in.scores, k0, cols), dp = slice(in.dp, k0, cols);
-    B::online_softmax_backward(block_of(k0, cols), row_max.data(), delta.data(), p.data(), dp.data());
+    B::run(ops::online_softmax_backward{
+        .block = block_of(k0, cols), .lse = row_max.data(), .delta = delta.data(), .p = p.data(), .dp = dp.data()});
     for (std::size_t r = 0; r < c.heads * c.rows; ++r)
       for (std::size_t j = 0; j < cols; ++j)
         res.p[r * k + k0 + j] = p[r * cols + j], res.ds[r * k + k0 + j] = dp[r * cols + j];

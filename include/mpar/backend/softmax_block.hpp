@@ -1,7 +1,7 @@
 #pragma once
 /**
  * @file `SoftmaxBlock`: where one block of attention scores and the rows it updates lie in rank memory, the
- * argument of the online-softmax backend operations (backend/detail/online_softmax_backend.hpp).
+ * argument of the online-softmax operations (backend/ops/online_softmax.hpp).
  */
 #include <cstddef>
 

@@ -107,10 +107,10 @@ struct RingAttentionConfig {
 template <communicator C, backend B = HostBackend>
 class RingAttention : public detail::NoParameters, public detail::TypedLayer<RingAttention<C, B>> {
   static_assert(mpar::detail::online_softmax_backend<B>,
-                "mpar::nn::RingAttention: the backend has no online-softmax operations (online_softmax_update, "
-                "online_softmax_finish, online_softmax_delta, online_softmax_backward). Fix: use HostBackend, "
-                "StreamHostBackend, DiscreteHostBackend or CudaBackend, or add them to this backend "
-                "(backend/online_softmax_backend.hpp; the host reference is backend/host/online_softmax.hpp)");
+                "mpar::nn::RingAttention: the backend does not run the online-softmax operations "
+                "(ops::online_softmax_update, _finish, _delta, _backward). Fix: use HostBackend, StreamHostBackend, "
+                "DiscreteHostBackend or CudaBackend, or give this backend a run(op) for them "
+                "(backend/ops/online_softmax.hpp, which holds their host reference)");
   using Typed = detail::TypedLayer<RingAttention<C, B>>;
 
  public:
@@ -184,7 +184,14 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
       if (j + 1 < cp_) ring.finish();
     }
     // o = acc / l; L = m + log l (every row saw its own diagonal at step 0, so l > 0).
-    B::online_softmax_finish(h_, t, d_, t, hl, s.lse.data(), static_cast<const float*>(l.data()), acc.data());
+    B::run(ops::online_softmax_finish{.heads = h_,
+                                      .rows = t,
+                                      .head_dim = d_,
+                                      .stat_stride = t,
+                                      .out_ld = hl,
+                                      .row_max = s.lse.data(),
+                                      .row_sum = l.data(),
+                                      .out = acc.data()});
     s.out = backend_copy<B>(acc);
     return acc;
   }
@@ -198,7 +205,14 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
             dout.extent(1), ", expected ", t, "x", hl);
     // delta = rowsum(dO * O) per (row, head): the softmax backward's correction term.
     Activation delta({h_, t}, uninitialized);
-    B::online_softmax_delta(h_, t, d_, t, hl, dout.data(), s.out.data(), delta.data());
+    B::run(ops::online_softmax_delta{.heads = h_,
+                                     .rows = t,
+                                     .head_dim = d_,
+                                     .stat_stride = t,
+                                     .out_ld = hl,
+                                     .dout = dout.data(),
+                                     .out = s.out.data(),
+                                     .delta = delta.data()});
     Activation dqkv({t, hl + 2 * kv_cols()}, uninitialized);  // dQ accumulates in its first hl columns; dK/dV copied in
     B::zero(dqkv.size(), dqkv.data());
     Activation dkv0({t, 2 * kv_cols()}, uninitialized);  // the rank's own block's dK/dV, zero at its home rank
@@ -312,8 +326,11 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
     for (std::size_t i = 0; i < g_; ++i)
       B::template gemm_strided_batched<float>(Trans::no, Trans::yes, c, c, d_, scale, q + i * d_, ld, gd, k, 2 * kw, d_,
                                               0.0f, sc.data() + i * c * c, c, gcc, kv_);
-    B::online_softmax_update(softmax_block(qc, kc, t), sc.data(), m.data() + qrow, l.data() + qrow,
-                             acc.data() + qrow * hl);
+    B::run(ops::online_softmax_update{.block = softmax_block(qc, kc, t),
+                                      .scores = sc.data(),
+                                      .row_max = m.data() + qrow,
+                                      .row_sum = l.data() + qrow,
+                                      .out = acc.data() + qrow * hl});
     for (std::size_t i = 0; i < g_; ++i)  // acc += P V
       B::template gemm_strided_batched<float>(Trans::no, Trans::no, c, d_, c, 1.0f, sc.data() + i * c * c, c, gcc, v,
                                               2 * kw, d_, 1.0f, acc.data() + qrow * hl + i * d_, hl, gd, kv_);
@@ -336,7 +353,11 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
       B::template gemm_strided_batched<float>(Trans::no, Trans::yes, c, c, d_, 1.0f, go + i * d_, hl, gd, v, 2 * kw, d_,
                                               0.0f, dp.data() + i * cc, c, gcc, kv_);
     }
-    B::online_softmax_backward(softmax_block(qc, kc, t), lse.data() + qrow, delta.data() + qrow, p.data(), dp.data());
+    B::run(ops::online_softmax_backward{.block = softmax_block(qc, kc, t),
+                                        .lse = lse.data() + qrow,
+                                        .delta = delta.data() + qrow,
+                                        .p = p.data(),
+                                        .dp = dp.data()});
     float *dq = dqkv.data() + qrow * ld, *dk = dkv + krow * 2 * kw, *dv = dk + kw;
     const float *pp = p.data(), *ds = dp.data();
     for (std::size_t i = 0; i < g_; ++i)

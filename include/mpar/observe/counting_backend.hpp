@@ -11,7 +11,7 @@
  * What is counted, and how:
  * - launches: one per call of a backend operation (`gemm`, the layer, optimizer and row kernels, the
  *   zero/fill/copy/copy_2d/copy_2d_batched/convert/init_values operations, `gemm_strided_batched`, `vocab_parallel_loss`, the
- *   online-softmax steps of `online_softmax_backend` where `B` has them), by `Op` kind — a `copy_2d` is one
+ *   operation objects of backend/ops/ where `B` runs them), by `Op` kind — a `copy_2d` is one
  *   launch whatever its number of rows, as it is one `cudaMemcpy2DAsync` on CUDA;
  * - host synchronisations: calls of `synchronize()` and event waits, plus — for a backend whose
  *   operations return only when finished (`operations_block_host<B>`, true for the synchronous
@@ -303,10 +303,6 @@ struct CountingBackend : B {
   MPAR_COUNTING_OP(gemm_bias_gelu)
   MPAR_COUNTING_OP(accumulate)
   MPAR_COUNTING_OP(adamw_advance)
-  MPAR_COUNTING_OP(online_softmax_update)
-  MPAR_COUNTING_OP(online_softmax_finish)
-  MPAR_COUNTING_OP(online_softmax_delta)
-  MPAR_COUNTING_OP(online_softmax_backward)
 #undef MPAR_COUNTING_OP
 
   template <class TIn, class TOut = TIn, class... A>
@@ -314,9 +310,9 @@ struct CountingBackend : B {
     note(Op::gemm_strided_batched);
     B::template gemm_strided_batched<TIn, TOut>(std::forward<A>(a)...);
   }
-  // The fused operations outside the `backend` concept (nn::fused_*_backend). Declared here, they hide `B`'s, so each is counted; constrained on `B` having it, so
-  // that the counting backend has exactly the optional operations `B` has and the layers choose the same paths
-  // through it (inherited, they ran uncounted).
+  // The fused operations outside the `backend` concept (nn::fused_*_backend). Declared here, they hide `B`'s, so
+  // each is counted; constrained on `B` having it, so that the counting backend has exactly the optional operations
+  // `B` has and the layers choose the same paths through it (inherited, they ran uncounted).
 #define MPAR_COUNTING_FUSED_OP(op)                                  \
   template <class... A>                                             \
     requires requires(A && ... a) { B::op(std::forward<A>(a)...); } \
@@ -336,7 +332,8 @@ struct CountingBackend : B {
   template <class O>
     requires supports<B, O>
   static void run(const O& op) {
-    note(kind_of(O::name));
+    static constexpr Op kind = kind_of(O::name);  // found once per operation type, at compile time
+    note(kind);
     B::run(op);
   }
   template <class T, class... A>

@@ -15,6 +15,7 @@
 #include "mpar/backend/copy_2d_shape.hpp"
 #include "mpar/backend/detail/graph_backend.hpp"
 #include "mpar/backend/detail/llama_kernel_backend.hpp"
+#include "mpar/backend/detail/online_softmax_backend.hpp"
 #include "mpar/backend/detail/routing_backend.hpp"
 #include "mpar/backend/gpu/accumulate.hpp"
 #include "mpar/backend/gpu/buffer_ops.hpp"
@@ -156,7 +157,7 @@ struct CudaBackend {
   /**
    * An operation object (backend/ops/operation.hpp) that has CUDA kernels: a `gpu::launch(op, stream)` overload
    * declared before this header, e.g. the MoE's token routing (gpu/row_kernels.hpp, moe_routing.hpp, moe_ops.hpp)
-   * and the Llama-class layers' (gpu/llama_kernels.hpp).
+   * the Llama-class layers' (gpu/llama_kernels.hpp) and ring attention's online softmax (gpu/online_softmax.hpp).
    */
   template <class Op>
     requires requires(const Op& op) { gpu::launch(op, cudaStream_t{}); }
@@ -216,25 +217,6 @@ struct CudaBackend {
   template <class T>
   static void scale(std::size_t n, compute_type_t<T> factor, T* x) {
     then_wait([&] { gpu::scale(n, factor, x); });
-  }
-
-  // The online-softmax steps of blockwise attention (see `online_softmax_backend`; gpu/online_softmax.hpp):
-  // ring attention's per-block work, on the compute stream between its GEMMs.
-  template <class... A>
-  static void online_softmax_update(A&&... a) {
-    then_wait([&] { gpu::online_softmax_update(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void online_softmax_finish(A&&... a) {
-    then_wait([&] { gpu::online_softmax_finish(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void online_softmax_delta(A&&... a) {
-    then_wait([&] { gpu::online_softmax_delta(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void online_softmax_backward(A&&... a) {
-    then_wait([&] { gpu::online_softmax_backward(std::forward<A>(a)...); });
   }
 
   // The buffer operations and the batched GEMM (see the `backend` concept), on the compute stream.

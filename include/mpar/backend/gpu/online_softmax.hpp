@@ -1,8 +1,8 @@
 #pragma once
 /**
- * @file CUDA kernels of the online-softmax steps of blockwise attention: the device side of
- * `host::online_softmax_update`, `online_softmax_finish`, `online_softmax_delta` and `online_softmax_backward`
- * (backend/host/online_softmax.hpp, the reference), same arguments plus a trailing optional stream. Compile
+ * @file CUDA kernels of the online-softmax steps of blockwise attention: a `launch(op, stream)` overload for each of
+ * `ops::online_softmax_update`, `_finish`, `_delta` and `_backward` (backend/ops/online_softmax.hpp, whose host
+ * reference they are tested against), which is how CudaBackend runs them. Compile
  * with nvcc (`SoftmaxBlock::visible` is constexpr, callable on the device under --expt-relaxed-constexpr), or g++
  * with MPAR_CUDA_EMULATION (backend/gpu/runtime.hpp).
  *
@@ -12,9 +12,9 @@
 #include <cmath>
 #include <cstddef>
 
-#include "mpar/backend/detail/online_softmax_backend.hpp"
 #include "mpar/backend/gpu/kernels.hpp"  // grid_for, block_threads, pick, block_reduce, check_launch
 #include "mpar/backend/gpu/runtime.hpp"
+#include "mpar/backend/ops/online_softmax.hpp"
 
 namespace mpar::gpu {
 
@@ -95,40 +95,38 @@ __global__ void online_softmax_backward_kernel(SoftmaxBlock b, const T* lse, con
 
 }  // namespace detail
 
-/** One key block's update of the running statistics and output rows (see host::online_softmax_update). */
-inline void online_softmax_update(const SoftmaxBlock& b, float* scores, float* row_max, float* row_sum, float* out,
-                                  cudaStream_t s = nullptr) {
+// The operation objects (backend/ops/online_softmax.hpp), as CudaBackend::run launches them.
+/** One key block's update of the running statistics and output rows. */
+inline void launch(const ops::online_softmax_update& op, cudaStream_t s = nullptr) {
+  const SoftmaxBlock& b = op.block;
   if (!b.heads || !b.rows || !b.cols) return;
   const std::size_t rows = b.heads * b.rows;
   MPAR_LAUNCH(detail::online_softmax_update_kernel<float>, unsigned(rows < 65536 ? rows : 65536), detail::block_threads,
-              0, detail::pick(s), b, scores, row_max, row_sum, out);
+              0, detail::pick(s), b, op.scores, op.row_max, op.row_sum, op.out);
   check_launch("gpu::online_softmax_update");
 }
-/** `out /= row_sum`, `row_max` becomes the log-sum-exp (see host::online_softmax_finish). */
-inline void online_softmax_finish(std::size_t heads, std::size_t rows, std::size_t head_dim, std::size_t stat_stride,
-                                  std::size_t out_ld, float* row_max, const float* row_sum, float* out,
-                                  cudaStream_t s = nullptr) {
-  if (!heads || !rows) return;
-  MPAR_LAUNCH(detail::online_softmax_finish_kernel<float>, detail::grid_for(heads * rows), detail::block_threads, 0,
-              detail::pick(s), heads, rows, head_dim, stat_stride, out_ld, row_max, row_sum, out);
+/** `out /= row_sum`, `row_max` becomes the log-sum-exp. */
+inline void launch(const ops::online_softmax_finish& op, cudaStream_t s = nullptr) {
+  if (!op.heads || !op.rows) return;
+  MPAR_LAUNCH(detail::online_softmax_finish_kernel<float>, detail::grid_for(op.heads * op.rows), detail::block_threads,
+              0, detail::pick(s), op.heads, op.rows, op.head_dim, op.stat_stride, op.out_ld, op.row_max, op.row_sum,
+              op.out);
   check_launch("gpu::online_softmax_finish");
 }
-/** `delta = rowsum(dout * out)` per row and head (see host::online_softmax_delta). */
-inline void online_softmax_delta(std::size_t heads, std::size_t rows, std::size_t head_dim, std::size_t stat_stride,
-                                 std::size_t out_ld, const float* dout, const float* out, float* delta,
-                                 cudaStream_t s = nullptr) {
-  if (!heads || !rows) return;
-  MPAR_LAUNCH(detail::online_softmax_delta_kernel<float>, detail::grid_for(heads * rows), detail::block_threads, 0,
-              detail::pick(s), heads, rows, head_dim, stat_stride, out_ld, dout, out, delta);
+/** `delta = rowsum(dout * out)` per row and head. */
+inline void launch(const ops::online_softmax_delta& op, cudaStream_t s = nullptr) {
+  if (!op.heads || !op.rows) return;
+  MPAR_LAUNCH(detail::online_softmax_delta_kernel<float>, detail::grid_for(op.heads * op.rows), detail::block_threads,
+              0, detail::pick(s), op.heads, op.rows, op.head_dim, op.stat_stride, op.out_ld, op.dout, op.out, op.delta);
   check_launch("gpu::online_softmax_delta");
 }
-/** One block's backward: P from the scores and lse, dS from dP and delta (see host::online_softmax_backward). */
-inline void online_softmax_backward(const SoftmaxBlock& b, const float* lse, const float* delta, float* p, float* dp,
-                                    cudaStream_t s = nullptr) {
+/** One block's backward: P from the scores and lse, dS from dP and delta. */
+inline void launch(const ops::online_softmax_backward& op, cudaStream_t s = nullptr) {
+  const SoftmaxBlock& b = op.block;
   const std::size_t n = b.heads * b.rows * b.cols;
   if (!n) return;
   MPAR_LAUNCH(detail::online_softmax_backward_kernel<float>, detail::grid_for(n), detail::block_threads, 0,
-              detail::pick(s), b, lse, delta, p, dp);
+              detail::pick(s), b, op.lse, op.delta, op.p, op.dp);
   check_launch("gpu::online_softmax_backward");
 }
 

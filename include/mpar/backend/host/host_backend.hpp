@@ -8,13 +8,13 @@
 
 #include "mpar/backend/backend.hpp"
 #include "mpar/backend/detail/llama_kernel_backend.hpp"
+#include "mpar/backend/detail/online_softmax_backend.hpp"
 #include "mpar/backend/detail/routing_backend.hpp"
 #include "mpar/backend/host/accumulate.hpp"
 #include "mpar/backend/host/buffer_ops.hpp"
 #include "mpar/backend/host/gelu_backward_bias.hpp"
 #include "mpar/backend/host/gemm.hpp"
 #include "mpar/backend/host/kernels.hpp"
-#include "mpar/backend/host/online_softmax.hpp"
 #include "mpar/backend/host/retained_memory.hpp"
 #include "mpar/core/memory_resource.hpp"
 
@@ -178,27 +178,10 @@ struct HostBackend {
     host::scale(std::forward<A>(a)...);
   }
 
-  // The online-softmax steps of blockwise attention (see `online_softmax_backend`; host/online_softmax.hpp).
-  template <class... A>
-  static void online_softmax_update(A&&... a) {
-    host::online_softmax_update(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void online_softmax_finish(A&&... a) {
-    host::online_softmax_finish(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void online_softmax_delta(A&&... a) {
-    host::online_softmax_delta(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void online_softmax_backward(A&&... a) {
-    host::online_softmax_backward(std::forward<A>(a)...);
-  }
-
   /**
    * An operation object (backend/ops/operation.hpp) run by its plain-loop host reference: every operation that has
-   * one, e.g. the MoE's token routing (`routing_backend`) and the Llama-class layers' (`llama_kernel_backend`).
+   * one, e.g. the MoE's token routing (`routing_backend`), the Llama-class layers' (`llama_kernel_backend`) and ring
+   * attention's online softmax (`online_softmax_backend`).
    */
   template <class Op>
     requires ops::has_host_reference<Op>

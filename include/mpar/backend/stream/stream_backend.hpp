@@ -242,11 +242,6 @@ struct BasicStreamHostBackend {
   MPAR_STREAM_OP(gelu_backward_bias)
   // The per-step statistics: a micro-batch's loss added to the step's, in rank memory.
   MPAR_STREAM_OP(accumulate)
-  // The online-softmax steps of blockwise attention (ring attention's per-block work).
-  MPAR_STREAM_OP(online_softmax_update)
-  MPAR_STREAM_OP(online_softmax_finish)
-  MPAR_STREAM_OP(online_softmax_delta)
-  MPAR_STREAM_OP(online_softmax_backward)
 #undef MPAR_STREAM_OP
 
   /**
