@@ -135,8 +135,8 @@ TEMPLATE_TEST_CASE("backend contract: accumulate adds a scaled sum into a double
     Buffer<double> acc = B::template allocate<double>(1);
     B::template copy_from_host_async<float>(v.size(), v.data(), x.data());
     B::template copy_from_host_async<double>(1, &start, acc.data());
-    B::accumulate(3, x.data(), 2.0, acc.data());
-    B::accumulate(1, x.data() + 3, 0.5, acc.data());  // ordered after the first: the two adds accumulate
+    B::run(ops::accumulate{.n = 3, .x = x.data(), .scale = 2.0, .acc = acc.data()});
+    B::run(ops::accumulate{.n = 1, .x = x.data() + 3, .scale = 0.5, .acc = acc.data()});  // after the first: both add
     typename B::template pinned_buffer<double> host(1);
     B::template copy_to_host_async<double>(1, acc.data(), host.data());
     typename B::event_type done;

@@ -1,6 +1,6 @@
 // mpar's fused CUDA kernels (backend/gpu/accumulate.hpp, residual_layernorm.hpp, moe_ops.hpp, flash_attention.hpp,
 // qkv_attention.hpp) run on the emulated runtime against the host: the host kernels the fused ones replace
-// (host::accumulate, host::add then host::layernorm_*, host::moe_*), and for attention, which the host backend
+// (ops::accumulate's, host::add then host::layernorm_*, host::moe_*), and for attention, which the host backend
 // computes as separate GEMMs and softmaxes, naive loops in double.
 #include <catch2/catch.hpp>
 
@@ -15,9 +15,9 @@
 #include "mpar/backend/gpu/moe_ops.hpp"
 #include "mpar/backend/gpu/qkv_attention.hpp"
 #include "mpar/backend/gpu/residual_layernorm.hpp"
-#include "mpar/backend/host/accumulate.hpp"
 #include "mpar/backend/host/kernels.hpp"
 #include "mpar/backend/host/moe_routing.hpp"
+#include "mpar/backend/ops/accumulate.hpp"
 #include "mpar/core/init.hpp"
 
 namespace mpar::fused_emulation_test {
@@ -45,8 +45,8 @@ TEST_CASE("fused kernels on the emulation: accumulate equals the host bit for bi
     DeviceArray<float> dx(x);
     DeviceArray<double> acc(std::vector<double>{0.25});
     double want = 0.25;
-    gpu::accumulate(n, dx.get(), 0.125, acc.get());
-    host::accumulate(n, x.data(), 0.125, &want);
+    gpu::launch(ops::accumulate{.n = n, .x = dx.get(), .scale = 0.125, .acc = acc.get()});
+    host_reference(ops::accumulate{.n = n, .x = x.data(), .scale = 0.125, .acc = &want});
     REQUIRE(acc.host()[0] == want);
   }
 }

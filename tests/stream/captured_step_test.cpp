@@ -34,7 +34,7 @@ struct SummingStep {
   void issue() {
     ++issued;
     StreamHostBackend::copy_from_host_async<float>(n, staging.data(), in.data());
-    StreamHostBackend::accumulate(n, in.data(), 1.0, sum.data());
+    StreamHostBackend::run(ops::accumulate{.n = n, .x = in.data(), .scale = 1.0, .acc = sum.data()});
   }
   /** The total the steps 0 .. steps-1 give, by hand. */
   static double expected(int steps) {

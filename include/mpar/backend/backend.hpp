@@ -18,10 +18,11 @@
 #include "mpar/backend/detail/memory_backend.hpp"
 #include "mpar/backend/detail/optimizer_backend.hpp"
 #include "mpar/backend/detail/stream_ordered.hpp"
-#include "mpar/backend/host/accumulate.hpp"      // the host reference of accumulate
 #include "mpar/backend/host/gemm_bias_gelu.hpp"  // the host reference of gemm_bias_gelu
-#include "mpar/backend/types.hpp"                // Trans, host::DropoutMask (the same on every backend)
-#include "mpar/core/dtype.hpp"                   // bf16
+#include "mpar/backend/ops/accumulate.hpp"
+#include "mpar/backend/ops/operation.hpp"
+#include "mpar/backend/types.hpp"  // Trans, host::DropoutMask (the same on every backend)
+#include "mpar/core/dtype.hpp"     // bf16
 
 namespace mpar {
 
@@ -37,9 +38,9 @@ namespace mpar {
  *   ldw, bias, pre, y)` (fp32, or bf16/f16 `a` and `w` with fp32 accumulation): `pre = a w + bias`,
  *   `y = gelu(pre)`, with the semantics of `mpar::host::gemm_bias_gelu` (backend/host/gemm_bias_gelu.hpp):
  *   the MLP's first projection, keeping the pre-activation for GeLU's backward;
- * - `accumulate(n, x, scale, acc)`: `*acc += scale * sum x[i]` into a double of rank memory, with the
- *   semantics of `mpar::host::accumulate` (backend/host/accumulate.hpp): each micro-batch's loss added to
- *   the step's statistics, which reach the host once per step.
+ * - `run(ops::accumulate{n, x, scale, acc})` (`supports<B, ops::accumulate>`; backend/ops/accumulate.hpp):
+ *   `*acc += scale * sum x[i]` into a double of rank memory, each micro-batch's loss added to the step's
+ *   statistics, which reach the host once per step.
  * Operations are ordered on the calling rank's stream and return at once: an operation runs after
  * every operation the rank issued before it and before every one issued after it, but not
  * necessarily before the call returns. Host code reads or writes rank memory only after an explicit
@@ -57,12 +58,11 @@ namespace mpar {
  */
 template <class B>
 concept backend = detail::memory_backend<B> && detail::gemm_backend<B> && detail::layer_kernel_backend<B> &&
-    detail::optimizer_backend<B> && requires(const float* a, float* c, const bf16* h, std::size_t n, double* acc) {
+    detail::optimizer_backend<B> && supports<B, ops::accumulate> &&
+    requires(const float* a, float* c, const bf16* h, std::size_t n) {
   // The fused GEMM epilogue of the MLP's first projection (backend/host/gemm_bias_gelu.hpp).
   B::gemm_bias_gelu(n, n, n, a, n, a, n, a, c, c);
   B::gemm_bias_gelu(n, n, n, h, n, h, n, a, c, c);
-  // The per-step statistics in rank memory (backend/host/accumulate.hpp).
-  B::accumulate(n, a, 1.0, acc);
 };
 
 }  // namespace mpar

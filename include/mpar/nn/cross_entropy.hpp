@@ -75,7 +75,7 @@ class VocabParallelCrossEntropy {
                   "another layout (see L above). Fix: feed it the output of a ColumnParallel LM head without "
                   "gather_output (or the tied head of GptPipelinePart)");
     if constexpr (std::is_same_v<L, FeatureShard>)
-      B::accumulate(1, loss_in_rank(logits.tensor(), targets, mb), scale, acc);
+      B::run(ops::accumulate{.n = 1, .x = loss_in_rank(logits.tensor(), targets, mb), .scale = scale, .acc = acc});
   }
   /**
    * As `forward_into`, with the targets already in rank memory (`RankTokens`: not checked here, the caller checked
@@ -88,7 +88,7 @@ class VocabParallelCrossEntropy {
             targets.size, " targets in rank memory");
     auto& c = cache_.put(mb);
     c.target_ids = targets;
-    B::accumulate(1, loss_of(logits.tensor(), c), scale, acc);
+    B::run(ops::accumulate{.n = 1, .x = loss_of(logits.tensor(), c), .scale = scale, .acc = acc});
   }
   /** Typed gradient of `scale * loss` with respect to this rank's (vocab-sharded) logits. */
   Act<FeatureShard> logits_gradient(int mb = 0, float scale = 1.0f) {

@@ -301,7 +301,6 @@ struct CountingBackend : B {
   MPAR_COUNTING_OP(vocab_parallel_loss)
   MPAR_COUNTING_OP(update_factors)
   MPAR_COUNTING_OP(gemm_bias_gelu)
-  MPAR_COUNTING_OP(accumulate)
   MPAR_COUNTING_OP(adamw_advance)
 #undef MPAR_COUNTING_OP
 

@@ -363,8 +363,10 @@ class MoeMlp {
     B::template gemm<float>(Trans::no, Trans::yes, T, d, E, 1.0f, dlogits.data(), E, gate_.value.data(), E, 1.0f,
                             dx.data(), d);
     // statistics: once per micro-batch (here, not in the forward a recomputation repeats)
-    if (sinks_.aux) B::accumulate(1, st.aux.data(), sinks_.aux_scale, sinks_.aux);
-    if (sinks_.dropped) B::accumulate(1, st.stats.data() + 2 * E + 1, sinks_.dropped_scale, sinks_.dropped);
+    if (sinks_.aux) B::run(ops::accumulate{.n = 1, .x = st.aux.data(), .scale = sinks_.aux_scale, .acc = sinks_.aux});
+    if (sinks_.dropped)
+      B::run(ops::accumulate{
+          .n = 1, .x = st.stats.data() + 2 * E + 1, .scale = sinks_.dropped_scale, .acc = sinks_.dropped});
   }
 
  private:

@@ -300,10 +300,6 @@ struct CudaBackend {
   static void vocab_parallel_loss(A&&... a) {
     then_wait([&] { gpu::vocab_parallel_loss(std::forward<A>(a)...); });
   }
-  /** The per-step statistics in device memory: `*acc += scale * sum x[i]` (gpu::accumulate, host::accumulate's twin). */
-  static void accumulate(std::size_t n, const float* x, double scale, double* acc) {
-    then_wait([&] { gpu::accumulate(n, x, scale, acc); });
-  }
 
   /**
    * The fused GEMM epilogue of the MLP's first projection (see host::gemm_bias_gelu), composed on the

@@ -10,7 +10,6 @@
 #include "mpar/backend/detail/llama_kernel_backend.hpp"
 #include "mpar/backend/detail/online_softmax_backend.hpp"
 #include "mpar/backend/detail/routing_backend.hpp"
-#include "mpar/backend/host/accumulate.hpp"
 #include "mpar/backend/host/buffer_ops.hpp"
 #include "mpar/backend/host/gelu_backward_bias.hpp"
 #include "mpar/backend/host/gemm.hpp"
@@ -248,11 +247,6 @@ struct HostBackend {
   static void gelu_backward_bias(std::size_t rows, std::size_t cols, const float* pre, const float* dy, float* dbias,
                                  T* dpre) {
     host::gelu_backward_bias<T>(rows, cols, pre, dy, dbias, dpre);
-  }
-
-  // The per-step statistics in rank memory (host/accumulate.hpp): a micro-batch's loss added to the step's.
-  static void accumulate(std::size_t n, const float* x, double scale, double* acc) {
-    host::accumulate(n, x, scale, acc);
   }
 
   // The two-level batched GEMM (host/buffer_ops.hpp): every (sequence, head) pair of an attention product

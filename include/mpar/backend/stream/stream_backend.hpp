@@ -240,8 +240,6 @@ struct BasicStreamHostBackend {
   MPAR_STREAM_OP(gemm_bias_gelu)
   // GeLU's backward with the bias gradient and the 16-bit operand (nn::fused_gelu_backward_backend).
   MPAR_STREAM_OP(gelu_backward_bias)
-  // The per-step statistics: a micro-batch's loss added to the step's, in rank memory.
-  MPAR_STREAM_OP(accumulate)
 #undef MPAR_STREAM_OP
 
   /**
