@@ -106,12 +106,12 @@ TEST_CASE(
     for (std::size_t i = 0; i < n; ++i) v[i] = float(r + 1) * (0.5f + float(i));
     Buffer<float> x = B::allocate<float>(n), g = B::allocate<float>(2 * n);
     B::copy_from_host_async<float>(n, v.data(), x.data());
-    B::scale(n, 2.0f, x.data());                          // producer: the all-reduce must see 2v
-    comm.all_reduce(std::span<float>(x), ReduceOp::sum);  // returns at once
-    B::scale(n, 0.5f, x.data());                          // consumer: runs after the all-reduce
+    B::run(ops::scale{.n = n, .factor = 2.0f, .x = x.data()});  // producer: the all-reduce must see 2v
+    comm.all_reduce(std::span<float>(x), ReduceOp::sum);        // returns at once
+    B::run(ops::scale{.n = n, .factor = 0.5f, .x = x.data()});  // consumer: runs after the all-reduce
     auto req = comm.iall_gather(std::span<const float>(x), std::span<float>(g));
     req.wait();  // orders the compute stream, does not block the host
-    B::scale(2 * n, 2.0f, g.data());
+    B::run(ops::scale{.n = 2 * n, .factor = 2.0f, .x = g.data()});
     summed[std::size_t(r)].resize(n);
     gathered[std::size_t(r)].resize(2 * n);
     B::copy_to_host_async<float>(n, x.data(), summed[std::size_t(r)].data());

@@ -70,9 +70,9 @@ TEMPLATE_TEST_CASE("backend contract: operations in issue order, results on the 
     Buffer<float> x = B::template allocate<float>(n), y = B::template allocate<float>(n);
     typename B::template pinned_buffer<float> h1(n), h2(n), h3(n);
     B::template copy_from_host_async<float>(n, v.data(), x.data());
-    B::scale(n, 2.0f, x.data());
+    B::run(ops::scale{.n = n, .factor = 2.0f, .x = x.data()});
     B::template copy_to_host_async<float>(n, x.data(), h1.data());  // must see 2v, not 6v
-    B::scale(n, 3.0f, x.data());
+    B::run(ops::scale{.n = n, .factor = 3.0f, .x = x.data()});
     B::template copy_to_host_async<float>(n, x.data(), h2.data());
     B::add(n, x.data(), x.data(), y.data());
     B::template copy_to_host_async<float>(n, y.data(), h3.data());
@@ -110,9 +110,10 @@ TEMPLATE_TEST_CASE("backend contract: a reduction (sum_squares) accumulates into
     Buffer<double> acc = B::template allocate<double>(1);
     B::template copy_from_host_async<float>(n, v.data(), x.data());
     B::template copy_from_host_async<double>(1, &start, acc.data());
-    B::scale(n, -1.0f, x.data());  // ordered before the sums: the sign does not change them, NaN would
-    B::sum_squares(n, x.data(), acc.data());
-    B::sum_squares(n, x.data(), acc.data());
+    B::run(ops::scale{
+        .n = n, .factor = -1.0f, .x = x.data()});  // ordered before the sums: the sign does not change them, NaN would
+    B::run(ops::sum_squares{.n = n, .x = x.data(), .acc = acc.data()});
+    B::run(ops::sum_squares{.n = n, .x = x.data(), .acc = acc.data()});
     typename B::template pinned_buffer<double> host(1);
     B::template copy_to_host_async<double>(1, acc.data(), host.data());
     typename B::event_type done;
@@ -213,7 +214,7 @@ TEMPLATE_TEST_CASE("stream backends: an operation returns before it runs; an eve
     Out o;
     o.h.assign(n, -7.0f);
     B::template copy_from_host_async<float>(n, v.data(), x.data());
-    B::scale(n, 0.5f, x.data());
+    B::run(ops::scale{.n = n, .factor = 0.5f, .x = x.data()});
     B::template copy_to_host_async<float>(n, x.data(), o.h.data());
     typename B::event_type e;
     B::record_event(e);
@@ -314,7 +315,7 @@ TEST_CASE("stream backends: a rank's stream waits for another rank's event witho
       Buffer<float> x = B::allocate<float>(n);
       B::stream()->enqueue("blocked", [&gate] { gate.wait(); });
       B::copy_from_host_async<float>(n, v.data(), x.data());
-      B::scale(n, 4.0f, x.data());
+      B::run(ops::scale{.n = n, .factor = 4.0f, .x = x.data()});
       B::event_type e;
       B::record_event(e);
       produced.set_value({x.data(), e});
@@ -401,7 +402,7 @@ TEST_CASE("DiscreteHostBackend: a host read or write of rank memory faults; the 
     Out o;
     Buffer<float> x = B::allocate<float>(n);
     B::copy_from_host_async<float>(n, v.data(), x.data());
-    B::scale(n, -2.0f, x.data());
+    B::run(ops::scale{.n = n, .factor = -2.0f, .x = x.data()});
     o.back.resize(n);
     B::copy_to_host_async<float>(n, x.data(), o.back.data());
     B::synchronize();
@@ -439,7 +440,7 @@ TEST_CASE("HostAccessTrace: with DiscreteHostBackend, every host access of rank 
     B::init_rank();
     Buffer<float> x = B::allocate<float>(n);
     B::copy_from_host_async<float>(n, v.data(), x.data());
-    B::scale(n, 3.0f, x.data());
+    B::run(ops::scale{.n = n, .factor = 3.0f, .x = x.data()});
     B::synchronize();
     float* p = x.data();
     // In a child: the trace installs process-wide signal handlers. Exit status: 0 when the two reads

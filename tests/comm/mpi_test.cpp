@@ -127,9 +127,9 @@ TEST_CASE(
     for (std::size_t i = 0; i < n; ++i) v[i] = float(r + 1) * float(i + 1);
     Buffer<float> x = B::allocate<float>(n);
     B::copy_from_host_async<float>(n, v.data(), x.data());
-    B::scale(n, 2.0f, x.data());
+    B::run(ops::scale{.n = n, .factor = 2.0f, .x = x.data()});
     comm.all_reduce(std::span<float>(x), ReduceOp::sum);
-    B::scale(n, 0.5f, x.data());
+    B::run(ops::scale{.n = n, .factor = 0.5f, .x = x.data()});
     B::copy_to_host_async<float>(n, x.data(), out.data());
     B::synchronize();
     const float ranks_sum = float(p * (p + 1) / 2);

@@ -617,11 +617,33 @@ TEST_CASE("CudaBackend optimizer operations: AdamW, SGD, sum of squares and scal
   {
     auto dw = upload(w0), dg = upload(g), dm = upload(m0), dv = upload(v0);
     auto df = upload(std::vector<UpdateFactors>{half});
-    CudaBackend::adamw_update(n, dw.data(), static_cast<const float*>(dg.data()), dm.data(), dv.data(), 0.9f, 0.95f,
-                              1e-8f, 1e-2f, 0.1f, 0.271f, 0.142625f, static_cast<const UpdateFactors*>(df.data()));
+    CudaBackend::run(ops::adamw_update{.n = n,
+                                       .w = dw.data(),
+                                       .g = static_cast<const float*>(dg.data()),
+                                       .m = dm.data(),
+                                       .v = dv.data(),
+                                       .beta1 = 0.9f,
+                                       .beta2 = 0.95f,
+                                       .eps = 1e-8f,
+                                       .weight_decay = 0.1f,
+                                       .lr = 1e-2f,
+                                       .bias_correction1 = 0.271f,
+                                       .bias_correction2 = 0.142625f,
+                                       .factors = static_cast<const UpdateFactors*>(df.data())});
     auto w = w0, m = m0, v = v0;
-    HostBackend::adamw_update(n, w.data(), g.data(), m.data(), v.data(), 0.9f, 0.95f, 1e-8f, 1e-2f, 0.1f, 0.271f,
-                              0.142625f, &half);
+    HostBackend::run(ops::adamw_update{.n = n,
+                                       .w = w.data(),
+                                       .g = g.data(),
+                                       .m = m.data(),
+                                       .v = v.data(),
+                                       .beta1 = 0.9f,
+                                       .beta2 = 0.95f,
+                                       .eps = 1e-8f,
+                                       .weight_decay = 0.1f,
+                                       .lr = 1e-2f,
+                                       .bias_correction1 = 0.271f,
+                                       .bias_correction2 = 0.142625f,
+                                       .factors = &half});
     CHECK(worst(download(dw), w, 1e-12, 1e-6) <= 1.0);
     CHECK(worst(download(dm), m, 1e-12, 1e-6) <= 1.0);
     CHECK(worst(download(dv), v, 1e-12, 1e-6) <= 1.0);
@@ -633,12 +655,37 @@ TEST_CASE("CudaBackend optimizer operations: AdamW, SGD, sum of squares and scal
     auto dw = upload(w0), dg = upload(g), dm = upload(m0), dv = upload(v0);
     auto df = upload(std::vector<UpdateFactors>{half});
     auto dr = upload(runs);
-    CudaBackend::adamw_update(n, dw.data(), static_cast<const float*>(dg.data()), dm.data(), dv.data(), 0.9f, 0.95f,
-                              1e-8f, 1e-2f, 0.1f, 0.271f, 0.142625f, static_cast<const UpdateFactors*>(df.data()),
-                              static_cast<const DecayRun*>(dr.data()), runs.size());
+    CudaBackend::run(ops::adamw_update{.n = n,
+                                       .w = dw.data(),
+                                       .g = static_cast<const float*>(dg.data()),
+                                       .m = dm.data(),
+                                       .v = dv.data(),
+                                       .beta1 = 0.9f,
+                                       .beta2 = 0.95f,
+                                       .eps = 1e-8f,
+                                       .weight_decay = 0.1f,
+                                       .lr = 1e-2f,
+                                       .bias_correction1 = 0.271f,
+                                       .bias_correction2 = 0.142625f,
+                                       .factors = static_cast<const UpdateFactors*>(df.data()),
+                                       .decay_runs = static_cast<const DecayRun*>(dr.data()),
+                                       .runs = runs.size()});
     auto w = w0, m = m0, v = v0;
-    HostBackend::adamw_update(n, w.data(), g.data(), m.data(), v.data(), 0.9f, 0.95f, 1e-8f, 1e-2f, 0.1f, 0.271f,
-                              0.142625f, &half, runs.data(), runs.size());
+    HostBackend::run(ops::adamw_update{.n = n,
+                                       .w = w.data(),
+                                       .g = g.data(),
+                                       .m = m.data(),
+                                       .v = v.data(),
+                                       .beta1 = 0.9f,
+                                       .beta2 = 0.95f,
+                                       .eps = 1e-8f,
+                                       .weight_decay = 0.1f,
+                                       .lr = 1e-2f,
+                                       .bias_correction1 = 0.271f,
+                                       .bias_correction2 = 0.142625f,
+                                       .factors = &half,
+                                       .decay_runs = runs.data(),
+                                       .runs = runs.size()});
     CHECK(worst(download(dw), w, 1e-12, 1e-6) <= 1.0);
     CHECK(worst(download(dm), m, 1e-12, 1e-6) <= 1.0);
     CHECK(worst(download(dv), v, 1e-12, 1e-6) <= 1.0);
@@ -647,12 +694,29 @@ TEST_CASE("CudaBackend optimizer operations: AdamW, SGD, sum of squares and scal
     for (const bool first : {true, false}) {
       auto dw = upload(w0), dg = upload(g), db = upload(m0);
       auto df = upload(std::vector<UpdateFactors>{three_quarters});
-      CudaBackend::sgd_update(n, dw.data(), static_cast<const float*>(dg.data()), db.data(), 0.9f,
-                              nesterov ? 0.0f : 0.1f, nesterov, 0.05f, 0.01f, first,
-                              static_cast<const UpdateFactors*>(df.data()));
+      CudaBackend::run(ops::sgd_update{.n = n,
+                                       .w = dw.data(),
+                                       .g = static_cast<const float*>(dg.data()),
+                                       .buf = db.data(),
+                                       .momentum = 0.9f,
+                                       .dampening = nesterov ? 0.0f : 0.1f,
+                                       .nesterov = nesterov,
+                                       .lr = 0.05f,
+                                       .weight_decay = 0.01f,
+                                       .first = first,
+                                       .factors = static_cast<const UpdateFactors*>(df.data())});
       auto w = w0, b = m0;
-      HostBackend::sgd_update(n, w.data(), g.data(), b.data(), 0.9f, nesterov ? 0.0f : 0.1f, nesterov, 0.05f, 0.01f,
-                              first, &three_quarters);
+      HostBackend::run(ops::sgd_update{.n = n,
+                                       .w = w.data(),
+                                       .g = g.data(),
+                                       .buf = b.data(),
+                                       .momentum = 0.9f,
+                                       .dampening = nesterov ? 0.0f : 0.1f,
+                                       .nesterov = nesterov,
+                                       .lr = 0.05f,
+                                       .weight_decay = 0.01f,
+                                       .first = first,
+                                       .factors = &three_quarters});
       INFO("nesterov " << nesterov << " first " << first);
       CHECK(worst(download(dw), w, 1e-12, 1e-6) <= 1.0);
       CHECK(worst(download(db), b, 1e-12, 1e-6) <= 1.0);
@@ -660,17 +724,46 @@ TEST_CASE("CudaBackend optimizer operations: AdamW, SGD, sum of squares and scal
   {
     auto dw = upload(w0), dg = upload(g);
     auto df = upload(std::vector<UpdateFactors>{one});
-    CudaBackend::sgd_update(n, dw.data(), static_cast<const float*>(dg.data()), static_cast<float*>(nullptr), 0.0f,
-                            0.0f, false, 0.05f, 0.01f, true,
-                            static_cast<const UpdateFactors*>(df.data()));  // no buffer
+    CudaBackend::run(ops::sgd_update{.n = n,
+                                     .w = dw.data(),
+                                     .g = static_cast<const float*>(dg.data()),
+                                     .buf = static_cast<float*>(nullptr),
+                                     .momentum = 0.0f,
+                                     .dampening = 0.0f,
+                                     .nesterov = false,
+                                     .lr = 0.05f,
+                                     .weight_decay = 0.01f,
+                                     .first = true,
+                                     .factors = static_cast<const UpdateFactors*>(df.data())});  // no buffer
     auto w = w0;
-    HostBackend::sgd_update(n, w.data(), g.data(), nullptr, 0.0f, 0.0f, false, 0.05f, 0.01f, true, &one);
+    HostBackend::run(ops::sgd_update{.n = n,
+                                     .w = w.data(),
+                                     .g = g.data(),
+                                     .buf = nullptr,
+                                     .momentum = 0.0f,
+                                     .dampening = 0.0f,
+                                     .nesterov = false,
+                                     .lr = 0.05f,
+                                     .weight_decay = 0.01f,
+                                     .first = true,
+                                     .factors = &one});
     CHECK(worst(download(dw), w, 1e-12, 1e-6) <= 1.0);
     // A skip flag in rank memory: nothing changes on the device either.
     auto skip = upload(std::vector<UpdateFactors>{UpdateFactors{1.0f, 1.0f}});
     auto dw2 = upload(w0), dm = upload(m0), dv = upload(v0);
-    CudaBackend::adamw_update(n, dw2.data(), static_cast<const float*>(dg.data()), dm.data(), dv.data(), 0.9f, 0.95f,
-                              1e-8f, 1e-2f, 0.1f, 0.271f, 0.142625f, static_cast<const UpdateFactors*>(skip.data()));
+    CudaBackend::run(ops::adamw_update{.n = n,
+                                       .w = dw2.data(),
+                                       .g = static_cast<const float*>(dg.data()),
+                                       .m = dm.data(),
+                                       .v = dv.data(),
+                                       .beta1 = 0.9f,
+                                       .beta2 = 0.95f,
+                                       .eps = 1e-8f,
+                                       .weight_decay = 0.1f,
+                                       .lr = 1e-2f,
+                                       .bias_correction1 = 0.271f,
+                                       .bias_correction2 = 0.142625f,
+                                       .factors = static_cast<const UpdateFactors*>(skip.data())});
     CHECK(download(dw2) == w0);
     CHECK(download(dm) == m0);
   }
@@ -678,28 +771,37 @@ TEST_CASE("CudaBackend optimizer operations: AdamW, SGD, sum of squares and scal
     auto dg = upload(g);
     // The device accumulates in float per block into a double in rank memory, the host in double.
     auto dacc = upload(std::vector<double>{0.25});
-    CudaBackend::sum_squares(n, dg.data(), dacc.data());
-    CudaBackend::sum_squares(0, dg.data(), dacc.data());
+    CudaBackend::run(ops::sum_squares{.n = n, .x = dg.data(), .acc = dacc.data()});
+    CudaBackend::run(ops::sum_squares{.n = 0, .x = dg.data(), .acc = dacc.data()});
     double hacc = 0.25;
-    HostBackend::sum_squares(n, g.data(), &hacc);
+    HostBackend::run(ops::sum_squares{.n = n, .x = g.data(), .acc = &hacc});
     CHECK(download(dacc)[0] == Approx(hacc).epsilon(1e-5));
     // The step's factors from the reduced sum of squares: the device computes host::update_factors.
     for (const double squares : {hacc, 1e-4, std::numeric_limits<double>::infinity()}) {
       auto dsq = upload(std::vector<double>{squares}), dnorm = upload(std::vector<double>{0.0});
       auto df = upload(std::vector<UpdateFactors>{one});
-      CudaBackend::update_factors(static_cast<const double*>(dsq.data()), 1.0, 1.0f / 1024.0f, true, dnorm.data(),
-                                  df.data());
+      CudaBackend::run(ops::update_factors{.squares = static_cast<const double*>(dsq.data()),
+                                           .max_norm = 1.0,
+                                           .inv_loss_scale = 1.0f / 1024.0f,
+                                           .skip_nonfinite = true,
+                                           .norm = dnorm.data(),
+                                           .factors = df.data()});
       double hnorm = 0;
       UpdateFactors hf;
-      HostBackend::update_factors(&squares, 1.0, 1.0f / 1024.0f, true, &hnorm, &hf);
+      HostBackend::run(ops::update_factors{.squares = &squares,
+                                           .max_norm = 1.0,
+                                           .inv_loss_scale = 1.0f / 1024.0f,
+                                           .skip_nonfinite = true,
+                                           .norm = &hnorm,
+                                           .factors = &hf});
       INFO("squares " << squares);
       CHECK((download(dnorm)[0] == hnorm || (std::isinf(hnorm) && std::isinf(download(dnorm)[0]))));
       CHECK(download(df)[0].grad_scale == hf.grad_scale);
       CHECK(download(df)[0].skip == hf.skip);
     }
-    CudaBackend::scale(n, 0.375f, dg.data());
+    CudaBackend::run(ops::scale{.n = n, .factor = 0.375f, .x = dg.data()});
     auto h = g;
-    HostBackend::scale(n, 0.375f, h.data());
+    HostBackend::run(ops::scale{.n = n, .factor = 0.375f, .x = h.data()});
     CHECK(download(dg) == h);
   }
 

@@ -126,9 +126,9 @@ TEST_CASE("CudaBackend: rank memory is device memory; values reach the host by a
     memory_type = int(attr.type);
     CudaBackend::pinned_buffer<float> h1(n), h2(n);
     CudaBackend::copy_from_host_async<float>(n, v.data(), x.data());
-    CudaBackend::scale(n, 2.0f, x.data());
+    CudaBackend::run(ops::scale{.n = n, .factor = 2.0f, .x = x.data()});
     CudaBackend::copy_to_host_async<float>(n, x.data(), h1.data());  // ordered: must see 2v, not 6v
-    CudaBackend::scale(n, 3.0f, x.data());
+    CudaBackend::run(ops::scale{.n = n, .factor = 3.0f, .x = x.data()});
     CudaBackend::copy_to_host_async<float>(n, x.data(), h2.data());
     CudaBackend::event_type e;
     CudaBackend::record_event(e);

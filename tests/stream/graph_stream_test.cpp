@@ -72,18 +72,32 @@ struct GraphTestModel {
     B::template gemm<float>(Trans::no, Trans::no, graph_m, graph_n, graph_k, 1.0f, x, graph_k, w.data(), graph_n, 0.0f,
                             prediction.data(), graph_n);
     B::copy(residual.size(), y, residual.data());
-    B::scale(residual.size(), -1.0f, residual.data());
+    B::run(ops::scale{.n = residual.size(), .factor = -1.0f, .x = residual.data()});
     B::add(residual.size(), prediction.data(), residual.data(), residual.data());  // X W - Y
     B::zero(1, loss.data());
-    B::sum_squares(residual.size(), residual.data(), loss.data());
+    B::run(ops::sum_squares{.n = residual.size(), .x = residual.data(), .acc = loss.data()});
     B::template copy_to_host_async<double>(1, loss.data(), loss_out.data());
     B::template gemm<float>(Trans::yes, Trans::no, graph_k, graph_n, graph_m, 1.0f / float(graph_m), x, graph_k,
                             residual.data(), graph_n, 0.0f, grad.data(), graph_n);  // X^T (X W - Y) / m
     B::zero(1, squares.data());
-    B::sum_squares(grad.size(), grad.data(), squares.data());
-    B::update_factors(squares.data(), 0.5, 1.0f, true, norm.data(), factors.data());
-    B::sgd_update(w.size(), w.data(), grad.data(), momentum.data(), 0.9f, 0.0f, false, 0.05f, 0.01f, first,
-                  factors.data());
+    B::run(ops::sum_squares{.n = grad.size(), .x = grad.data(), .acc = squares.data()});
+    B::run(ops::update_factors{.squares = squares.data(),
+                               .max_norm = 0.5,
+                               .inv_loss_scale = 1.0f,
+                               .skip_nonfinite = true,
+                               .norm = norm.data(),
+                               .factors = factors.data()});
+    B::run(ops::sgd_update{.n = w.size(),
+                           .w = w.data(),
+                           .g = grad.data(),
+                           .buf = momentum.data(),
+                           .momentum = 0.9f,
+                           .dampening = 0.0f,
+                           .nesterov = false,
+                           .lr = 0.05f,
+                           .weight_decay = 0.01f,
+                           .first = first,
+                           .factors = factors.data()});
   }
   /** The host's part before step `t`: the batch into the pinned buffer (the previous step's copy has run). */
   void stage_batch(std::size_t t) {
@@ -381,7 +395,7 @@ TEMPLATE_TEST_CASE(
     comm.all_reduce(std::span<float>(x), ReduceOp::sum);  // blocking: the copy below reads its result
     B::copy(n, x.data(), y.data());
     auto request = comm.iall_reduce(std::span<float>(y), ReduceOp::max);  // both ranks hold the sum: max is it
-    B::scale(n, 2.0f, x.data());                                          // overlaps the request
+    B::run(ops::scale{.n = n, .factor = 2.0f, .x = x.data()});            // overlaps the request
     request.wait();
     B::template copy_to_host_async<float>(n, x.data(), out.data());
     B::template copy_to_host_async<float>(n, y.data(), out.data() + n);

@@ -50,30 +50,55 @@ TEST_CASE("optimizer kernels: factors, skip and the accumulated sum of squares e
   SECTION("sum_squares adds onto the accumulator in rank memory") {
     Buffer<double> acc{2.0};
     const std::vector<float> x{1.0f, -2.0f, 3.0f};
-    HostBackend::sum_squares(x.size(), x.data(), acc.data());
+    HostBackend::run(ops::sum_squares{.n = x.size(), .x = x.data(), .acc = acc.data()});
     CHECK(acc[0] == 16.0);
-    HostBackend::sum_squares(0, x.data(), acc.data());
+    HostBackend::run(ops::sum_squares{.n = 0, .x = x.data(), .acc = acc.data()});
     CHECK(acc[0] == 16.0);
   }
   SECTION("update_factors: norm of the unscaled gradient, clipping times the inverse loss scale, skip on inf/NaN") {
     const float inv = 1.0f / 65536.0f;
     Buffer<double> sq{25.0 * 65536.0 * 65536.0}, norm{0.0};
     Buffer<UpdateFactors> f(1);
-    HostBackend::update_factors(sq.data(), 1.0, inv, true, norm.data(), f.data());
+    HostBackend::run(ops::update_factors{.squares = sq.data(),
+                                         .max_norm = 1.0,
+                                         .inv_loss_scale = inv,
+                                         .skip_nonfinite = true,
+                                         .norm = norm.data(),
+                                         .factors = f.data()});
     CHECK(norm[0] == 5.0);
     CHECK(f[0].grad_scale == float(1.0 / (5.0 + 1e-6)) * inv);
     CHECK(f[0].skip == 0.0f);
-    HostBackend::update_factors(sq.data(), 10.0, inv, true, norm.data(), f.data());  // below the bound
+    HostBackend::run(ops::update_factors{.squares = sq.data(),
+                                         .max_norm = 10.0,
+                                         .inv_loss_scale = inv,
+                                         .skip_nonfinite = true,
+                                         .norm = norm.data(),
+                                         .factors = f.data()});  // below the bound
     CHECK(f[0].grad_scale == inv);
-    HostBackend::update_factors(sq.data(), 0.0, inv, true, norm.data(), f.data());  // clipping off
+    HostBackend::run(ops::update_factors{.squares = sq.data(),
+                                         .max_norm = 0.0,
+                                         .inv_loss_scale = inv,
+                                         .skip_nonfinite = true,
+                                         .norm = norm.data(),
+                                         .factors = f.data()});  // clipping off
     CHECK(f[0].grad_scale == inv);
     for (const double bad : {std::numeric_limits<double>::infinity(), std::numeric_limits<double>::quiet_NaN()}) {
       sq[0] = bad;
-      HostBackend::update_factors(sq.data(), 1.0, inv, true, norm.data(), f.data());
+      HostBackend::run(ops::update_factors{.squares = sq.data(),
+                                           .max_norm = 1.0,
+                                           .inv_loss_scale = inv,
+                                           .skip_nonfinite = true,
+                                           .norm = norm.data(),
+                                           .factors = f.data()});
       CHECK_FALSE(std::isfinite(norm[0]));
       CHECK(f[0].skip == 1.0f);
       CHECK(f[0].grad_scale == inv);
-      HostBackend::update_factors(sq.data(), 1.0, 1.0f, false, norm.data(), f.data());  // fp32: no skip
+      HostBackend::run(ops::update_factors{.squares = sq.data(),
+                                           .max_norm = 1.0,
+                                           .inv_loss_scale = 1.0f,
+                                           .skip_nonfinite = false,
+                                           .norm = norm.data(),
+                                           .factors = f.data()});  // fp32: no skip
       CHECK(f[0].skip == 0.0f);
       CHECK(f[0].grad_scale == 1.0f);
     }
@@ -82,15 +107,46 @@ TEST_CASE("optimizer kernels: factors, skip and the accumulated sum of squares e
     std::vector<float> w{1.0f, -0.5f}, g{0.25f, 2.0f}, m{0.1f, 0.2f}, v{0.3f, 0.4f}, buf{0.5f, 0.6f};
     const auto w0 = w, m0 = m, v0 = v, b0 = buf;
     Buffer<UpdateFactors> f{UpdateFactors{0.5f, 1.0f}};
-    HostBackend::adamw_update(2, w.data(), g.data(), m.data(), v.data(), 0.9f, 0.99f, 1e-8f, 0.1f, 0.01f, 0.1f, 0.01f,
-                              f.data());
-    HostBackend::sgd_update(2, w.data(), g.data(), buf.data(), 0.9f, 0.0f, false, 0.1f, 0.01f, false, f.data());
+    HostBackend::run(ops::adamw_update{.n = 2,
+                                       .w = w.data(),
+                                       .g = g.data(),
+                                       .m = m.data(),
+                                       .v = v.data(),
+                                       .beta1 = 0.9f,
+                                       .beta2 = 0.99f,
+                                       .eps = 1e-8f,
+                                       .weight_decay = 0.01f,
+                                       .lr = 0.1f,
+                                       .bias_correction1 = 0.1f,
+                                       .bias_correction2 = 0.01f,
+                                       .factors = f.data()});
+    HostBackend::run(ops::sgd_update{.n = 2,
+                                     .w = w.data(),
+                                     .g = g.data(),
+                                     .buf = buf.data(),
+                                     .momentum = 0.9f,
+                                     .dampening = 0.0f,
+                                     .nesterov = false,
+                                     .lr = 0.1f,
+                                     .weight_decay = 0.01f,
+                                     .first = false,
+                                     .factors = f.data()});
     CHECK(w == w0);
     CHECK(m == m0);
     CHECK(v == v0);
     CHECK(buf == b0);
     f[0].skip = 0.0f;
-    HostBackend::sgd_update(2, w.data(), g.data(), buf.data(), 0.9f, 0.0f, false, 0.1f, 0.01f, false, f.data());
+    HostBackend::run(ops::sgd_update{.n = 2,
+                                     .w = w.data(),
+                                     .g = g.data(),
+                                     .buf = buf.data(),
+                                     .momentum = 0.9f,
+                                     .dampening = 0.0f,
+                                     .nesterov = false,
+                                     .lr = 0.1f,
+                                     .weight_decay = 0.01f,
+                                     .first = false,
+                                     .factors = f.data()});
     for (std::size_t i = 0; i < 2; ++i) {
       const float d = g[i] * 0.5f + 0.01f * w0[i];
       const float b = 0.9f * b0[i] + 1.0f * d;

@@ -154,7 +154,7 @@ class VocabParallelCrossEntropy {
     auto c = cache_.take(mb, "VocabParallelCrossEntropy");
     const std::size_t t = c.logits.extent(0), vl = c.logits.extent(1);
     if (c.fused) {  // the forward computed the gradient of the loss itself: only the scale is left
-      if (scale != 1.0f) B::scale(c.logits.size(), scale, c.logits.data());
+      if (scale != 1.0f) B::run(ops::scale{.n = c.logits.size(), .factor = scale, .x = c.logits.data()});
       return std::move(c.logits);
     }
     Activation d(c.logits.shape(), uninitialized);

@@ -9,7 +9,7 @@
  * thread that issues them, so nothing is shared between ranks and the numbers are exact and reproducible.
  *
  * What is counted, and how:
- * - launches: one per call of a backend operation (`gemm`, the layer, optimizer and row kernels, the
+ * - launches: one per call of a backend operation (`gemm`, the layer and row kernels, the
  *   zero/fill/copy/copy_2d/copy_2d_batched/convert/init_values operations, `gemm_strided_batched`, `vocab_parallel_loss`, the
  *   operation objects of backend/ops/ where `B` runs them), by `Op` kind — a `copy_2d` is one
  *   launch whatever its number of rows, as it is one `cudaMemcpy2DAsync` on CUDA;
@@ -287,10 +287,6 @@ struct CountingBackend : B {
   MPAR_COUNTING_OP(vocab_parallel_max)
   MPAR_COUNTING_OP(vocab_parallel_sumexp)
   MPAR_COUNTING_OP(vocab_parallel_backward)
-  MPAR_COUNTING_OP(adamw_update)
-  MPAR_COUNTING_OP(sgd_update)
-  MPAR_COUNTING_OP(sum_squares)
-  MPAR_COUNTING_OP(scale)
   MPAR_COUNTING_OP(zero)
   MPAR_COUNTING_OP(fill)
   MPAR_COUNTING_OP(copy)
@@ -299,9 +295,7 @@ struct CountingBackend : B {
   MPAR_COUNTING_OP(convert)
   MPAR_COUNTING_OP(init_values)
   MPAR_COUNTING_OP(vocab_parallel_loss)
-  MPAR_COUNTING_OP(update_factors)
   MPAR_COUNTING_OP(gemm_bias_gelu)
-  MPAR_COUNTING_OP(adamw_advance)
 #undef MPAR_COUNTING_OP
 
   template <class TIn, class TOut = TIn, class... A>

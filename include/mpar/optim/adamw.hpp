@@ -2,7 +2,7 @@
 /**
  * @file AdamW (Loshchilov & Hutter, arXiv 1711.05101): Adam with bias correction and decoupled weight
  * decay, fp32 first and second moments in the rank's memory, updated through the compute backend
- * (`B::adamw_update`), so a CUDA rank steps on the device.
+ * (`ops::adamw_update`), so a CUDA rank steps on the device.
  */
 #include <cmath>
 #include <cstddef>
@@ -14,6 +14,7 @@
 
 #include "mpar/backend/backend.hpp"
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/backend/ops/optimizer.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/memory_resource.hpp"
 #include "mpar/nn/parameter.hpp"
@@ -65,7 +66,7 @@ struct AdamWStep {
 
 /**
  * @brief One AdamW update, elementwise over equal-sized spans (so it applies unchanged to a local
- * shard, a ZeRO block or a whole tensor), computed by backend `B` (`B::adamw_update`; the host
+ * shard, a ZeRO block or a whole tensor), computed by backend `B` (`ops::adamw_update`; the host
  * reference is host::adamw_update):
  * `w *= 1 - lr wd; m = b1 m + (1-b1) g; v = b2 v + (1-b2) g^2; w -= lr (m / c1) / (sqrt(v / c2) + eps)`.
  * The gradient is multiplied by `factors->grad_scale` first and nothing changes when `factors->skip` is
@@ -78,8 +79,19 @@ void adamw_update(std::span<float> w, std::span<const float> g, std::span<float>
   require(w.size() == g.size() && m.size() == w.size() && v.size() == w.size(), "adamw_update: weights (", w.size(),
           "), gradient (", g.size(), "), first (", m.size(), ") and second moments (", v.size(), ") differ in size");
   if (w.empty()) return;
-  B::adamw_update(w.size(), w.data(), g.data(), m.data(), v.data(), c.beta1, c.beta2, c.eps, s.lr, s.weight_decay,
-                  s.bias_correction1, s.bias_correction2, factors);
+  B::run(ops::adamw_update{.n = w.size(),
+                           .w = w.data(),
+                           .g = g.data(),
+                           .m = m.data(),
+                           .v = v.data(),
+                           .beta1 = c.beta1,
+                           .beta2 = c.beta2,
+                           .eps = c.eps,
+                           .weight_decay = s.weight_decay,
+                           .lr = s.lr,
+                           .bias_correction1 = s.bias_correction1,
+                           .bias_correction2 = s.bias_correction2,
+                           .factors = factors});
 }
 
 /**
@@ -90,7 +102,7 @@ void adamw_update(std::span<float> w, std::span<const float> g, std::span<float>
  *
  * When the parameters' values and gradients lie back to back in the same layout (parameter and gradient arenas,
  * as `parallel::DistributedOptimizer` binds them), the moments take that layout too and a step is ONE
- * `B::adamw_update` over the flat range. Weight decay then applies per run of a table in rank memory
+ * `ops::adamw_update` over the flat range. Weight decay then applies per run of a table in rank memory
  * (`DecayRun`): a per-run table rather than two contiguous ranges (decaying parameters first), because the
  * arenas keep the backward's order, which the gradient buckets need as contiguous ranges; the table has one
  * entry per change of the decay rule along that order (a few per layer) and costs no memory per element.
@@ -135,7 +147,7 @@ class AdamW {
   void step(float lr, float grad_scale = 1.0f) { step(lr, write_host_factors<B>(grad_scale, factors_.data())); }
   /**
    * One update with learning rate `lr`, the gradient scale and the skip flag read from `factors` (rank
-   * memory, e.g. written by `B::update_factors`). A skipped update still counts here; `retract_step()`
+   * memory, e.g. written by `ops::update_factors`). A skipped update still counts here; `retract_step()`
    * takes it back once the host has learnt of the skip (AdamW's bias correction counts updates taken).
    */
   void step(float lr, const UpdateFactors* factors) {
@@ -145,9 +157,21 @@ class AdamW {
     issue_update(
         "AdamW::step",
         [&](float* w, const float* g) {
-          B::adamw_update(layout_.size(), w, g, m_.data(), v_.data(), config_.beta1, config_.beta2, config_.eps, s.lr,
-                          config_.weight_decay, s.bias_correction1, s.bias_correction2, factors, runs_.data(),
-                          runs_.size());
+          B::run(ops::adamw_update{.n = layout_.size(),
+                                   .w = w,
+                                   .g = g,
+                                   .m = m_.data(),
+                                   .v = v_.data(),
+                                   .beta1 = config_.beta1,
+                                   .beta2 = config_.beta2,
+                                   .eps = config_.eps,
+                                   .weight_decay = config_.weight_decay,
+                                   .lr = s.lr,
+                                   .bias_correction1 = s.bias_correction1,
+                                   .bias_correction2 = s.bias_correction2,
+                                   .factors = factors,
+                                   .decay_runs = runs_.data(),
+                                   .runs = runs_.size()});
         },
         [&](std::size_t i, nn::Parameter& p, float weight_decay) {
           s.weight_decay = weight_decay;
@@ -167,19 +191,39 @@ class AdamW {
    */
   void step_in_rank(const float* lr, const UpdateFactors* factors) {
     if (rank_count_stale_) write_rank_scalars();
-    B::adamw_advance(config_.beta1, config_.beta2, lr, factors, scalars_.data());
+    B::run(ops::adamw_advance{
+        .beta1 = config_.beta1, .beta2 = config_.beta2, .lr = lr, .factors = factors, .scalars = scalars_.data()});
     const auto* scalars = static_cast<const AdamWScalars*>(scalars_.data());
     issue_update(
         "AdamW::step_in_rank",
         [&](float* w, const float* g) {
-          B::adamw_update(layout_.size(), w, g, m_.data(), v_.data(), config_.beta1, config_.beta2, config_.eps,
-                          config_.weight_decay, scalars, factors, runs_.data(), runs_.size());
+          B::run(ops::adamw_update{.n = layout_.size(),
+                                   .w = w,
+                                   .g = g,
+                                   .m = m_.data(),
+                                   .v = v_.data(),
+                                   .beta1 = config_.beta1,
+                                   .beta2 = config_.beta2,
+                                   .eps = config_.eps,
+                                   .weight_decay = config_.weight_decay,
+                                   .scalars = scalars,
+                                   .factors = factors,
+                                   .decay_runs = runs_.data(),
+                                   .runs = runs_.size()});
         },
         [&](std::size_t i, nn::Parameter& p, float weight_decay) {
           if (p.value.empty()) return;
-          B::adamw_update(p.value.size(), p.value.data(), p.grad.data(), first_moment_mut(i).data(),
-                          second_moment_mut(i).data(), config_.beta1, config_.beta2, config_.eps, weight_decay, scalars,
-                          factors);
+          B::run(ops::adamw_update{.n = p.value.size(),
+                                   .w = p.value.data(),
+                                   .g = p.grad.data(),
+                                   .m = first_moment_mut(i).data(),
+                                   .v = second_moment_mut(i).data(),
+                                   .beta1 = config_.beta1,
+                                   .beta2 = config_.beta2,
+                                   .eps = config_.eps,
+                                   .weight_decay = weight_decay,
+                                   .scalars = scalars,
+                                   .factors = factors});
         });
   }
   /**

@@ -14,7 +14,7 @@
  *   ranks and are summed over the expert group; every other parameter is replicated over it and counted by
  *   expert rank 0.
  * Because each rank leaves out what another rank of its group counts, one scalar per rank suffices: the
- * local sums accumulate into a double in rank memory (`B::sum_squares`) and are all-reduced there over the
+ * local sums accumulate into a double in rank memory (`ops::sum_squares`) and are all-reduced there over the
  * groups, so the whole norm is computed without a host read (`global_grad_squares`); `grad_norm` reads the
  * result once for callers that want a number.
  */
@@ -25,6 +25,7 @@
 
 #include "mpar/backend/backend.hpp"
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/backend/ops/optimizer.hpp"
 #include "mpar/backend/rank_transfer.hpp"
 #include "mpar/comm/communicator.hpp"
 #include "mpar/core/memory_resource.hpp"
@@ -67,11 +68,12 @@ template <communicator TC, communicator PC, communicator EC>
   return {tensor.rank() == 0, expert.rank() == 0};
 }
 
-/** @brief Adds the squares of the gradients this rank counts (`share`) into `*acc` (rank memory), by `B::sum_squares`. */
+/** @brief Adds the squares of the gradients this rank counts (`share`) into `*acc` (rank memory), by `ops::sum_squares`. */
 template <backend B = HostBackend>
 void accumulate_grad_squares(std::span<nn::Parameter* const> params, SquaresShare share, double* acc) {
   for (const auto* p : params)
-    if (!p->grad.empty() && share.counts(*p)) B::sum_squares(p->grad.size(), p->grad.data(), acc);
+    if (!p->grad.empty() && share.counts(*p))
+      B::run(ops::sum_squares{.n = p->grad.size(), .x = p->grad.data(), .acc = acc});
 }
 
 /** @brief All-reduces (sum) the scalar `acc` (rank memory) over each of `groups...`. */
@@ -95,7 +97,7 @@ void global_grad_squares(std::span<nn::Parameter* const> params, double* acc, Gr
 
 /**
  * @brief The global gradient norm (see `global_grad_squares` for `groups...`), read back to the host: one
- * synchronisation; a training step uses `global_grad_squares` and `B::update_factors` instead.
+ * synchronisation; a training step uses `global_grad_squares` and `ops::update_factors` instead.
  */
 template <backend B = HostBackend, communicator... Groups>
   requires(sizeof...(Groups) <= 3)
@@ -119,12 +121,12 @@ template <backend B = HostBackend, communicator... Groups>
   return c < 1.0 ? float(c) : 1.0f;
 }
 
-/** @brief Multiplies every gradient by `factor` (`B::scale`). */
+/** @brief Multiplies every gradient by `factor` (`ops::scale`). */
 template <backend B = HostBackend>
 void scale_grads(std::span<nn::Parameter* const> params, float factor) {
   if (factor == 1.0f) return;
   for (auto* p : params)
-    if (!p->grad.empty()) B::scale(p->grad.size(), factor, p->grad.data());
+    if (!p->grad.empty()) B::run(ops::scale{.n = p->grad.size(), .factor = factor, .x = p->grad.data()});
 }
 
 /**

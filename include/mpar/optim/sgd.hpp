@@ -1,7 +1,7 @@
 #pragma once
 /**
  * @file SGD with momentum (and optional Nesterov momentum and L2 weight decay) over fp32 master weights,
- * updated through the compute backend (`B::sgd_update`), momentum buffers in the rank's memory.
+ * updated through the compute backend (`ops::sgd_update`), momentum buffers in the rank's memory.
  */
 #include <cstddef>
 #include <span>
@@ -10,6 +10,7 @@
 
 #include "mpar/backend/backend.hpp"
 #include "mpar/backend/host/host_backend.hpp"
+#include "mpar/backend/ops/optimizer.hpp"
 #include "mpar/core/error.hpp"
 #include "mpar/core/memory_resource.hpp"
 #include "mpar/nn/parameter.hpp"
@@ -29,7 +30,7 @@ struct SgdConfig {
 
 /**
  * @brief One SGD update of `w` from `g` with momentum buffer `buf` (`first` says the buffer is empty),
- * computed by backend `B` (`B::sgd_update`; the host reference is host::sgd_update):
+ * computed by backend `B` (`ops::sgd_update`; the host reference is host::sgd_update):
  * `g' = g + wd w; buf = first ? g' : mu buf + (1 - dampening) g'; w -= lr (nesterov ? g' + mu buf : buf)`.
  * `factors->grad_scale` multiplies `g` first (1 / loss scale, a clipping coefficient) and `factors->skip`
  * leaves everything unchanged (see `UpdateFactors`; rank memory). Without momentum `buf` is unused and may be
@@ -41,8 +42,17 @@ void sgd_update(std::span<float> w, std::span<const float> g, std::span<float> b
   require(w.size() == g.size() && (c.momentum == 0.0f || buf.size() == w.size()), "sgd_update: weights (", w.size(),
           "), gradient (", g.size(), ") and momentum buffer (", buf.size(), ") differ in size");
   if (w.empty()) return;
-  B::sgd_update(w.size(), w.data(), g.data(), c.momentum != 0.0f ? buf.data() : nullptr, c.momentum, c.dampening,
-                c.nesterov, lr, c.weight_decay, first, factors);
+  B::run(ops::sgd_update{.n = w.size(),
+                         .w = w.data(),
+                         .g = g.data(),
+                         .buf = c.momentum != 0.0f ? buf.data() : nullptr,
+                         .momentum = c.momentum,
+                         .dampening = c.dampening,
+                         .nesterov = c.nesterov,
+                         .lr = lr,
+                         .weight_decay = c.weight_decay,
+                         .first = first,
+                         .factors = factors});
 }
 
 /**
@@ -50,7 +60,7 @@ void sgd_update(std::span<float> w, std::span<const float> g, std::span<float> b
  * rank updates its local shard). The momentum buffer is fp32, one allocation for all the parameters, in the
  * memory resource current when the optimizer is constructed (the rank's, after `B::init_rank()`); each step
  * runs on `B`. When values and gradients lie back to back in the same layout (parameter and gradient arenas)
- * the buffer takes that layout and a step is ONE `B::sgd_update` over the flat range (SGD's L2 decay applies
+ * the buffer takes that layout and a step is ONE `ops::sgd_update` over the flat range (SGD's L2 decay applies
  * to every parameter alike); otherwise one call per parameter.
  */
 template <backend B = HostBackend>
@@ -81,8 +91,17 @@ class Sgd {
     float* w = nullptr;
     const float* g = nullptr;
     if (layout_.holds(params_, w, g)) {  // one call over the flat range
-      B::sgd_update(layout_.size(), w, g, config_.momentum != 0.0f ? buffer_.data() : nullptr, config_.momentum,
-                    config_.dampening, config_.nesterov, lr, config_.weight_decay, steps_ == 0, factors);
+      B::run(ops::sgd_update{.n = layout_.size(),
+                             .w = w,
+                             .g = g,
+                             .buf = config_.momentum != 0.0f ? buffer_.data() : nullptr,
+                             .momentum = config_.momentum,
+                             .dampening = config_.dampening,
+                             .nesterov = config_.nesterov,
+                             .lr = lr,
+                             .weight_decay = config_.weight_decay,
+                             .first = steps_ == 0,
+                             .factors = factors});
     } else {
       for (std::size_t i = 0; i < params_.size(); ++i) {
         auto& p = *params_[i];

@@ -66,7 +66,7 @@ class DataParallel {
         if constexpr (mpar::host_reads_rank_memory<B>) {
           for (float& x : flat) x *= inv;
         } else {
-          B::scale(flat.size(), inv, flat.data());
+          B::run(ops::scale{.n = flat.size(), .factor = inv, .x = flat.data()});
         }
         continue;
       }
@@ -76,7 +76,7 @@ class DataParallel {
           for (std::size_t i = 0; i < s.size; ++i) g[i] = flat[s.offset + i] * inv;
         } else {  // the same product, by backend operations ordered after the all-reduce
           B::copy(s.size, flat.data() + s.offset, g.data());
-          B::scale(s.size, inv, g.data());
+          B::run(ops::scale{.n = s.size, .factor = inv, .x = g.data()});
         }
       }
     }

@@ -21,7 +21,7 @@
  * 2. the global squared gradient norm into rank memory (`optim::global_grad_squares`: each element counted
  *    once, all-reduced over the tensor, expert and pipeline groups — and the data group under ZeRO, the data
  *    x expert group under ZeRO with experts);
- * 3. `B::update_factors`: the norm, and the `UpdateFactors` of the kernels (clipping coefficient x inverse
+ * 3. `ops::update_factors`: the norm, and the `UpdateFactors` of the kernels (clipping coefficient x inverse
  *    loss scale; under f16 a skip flag on a non-finite norm, all-reduced with max over the world so every
  *    replica skips together);
  * 4. the update rule's kernels, which read the factors from rank memory;
@@ -432,8 +432,12 @@ class DistributedOptimizer {
       optim::global_grad_squares<B>(params_, &st->grad_squares, *g_.tensor, *g_.pipeline, *g_.expert);
     else
       optim::global_grad_squares<B>(params_, &st->grad_squares, *g_.tensor, *g_.pipeline);
-    B::update_factors(&st->grad_squares, cfg_.clip, 1.0f / loss_scale(), scaler_.has_value(), &st->grad_norm,
-                      &st->factors);
+    B::run(ops::update_factors{.squares = &st->grad_squares,
+                               .max_norm = cfg_.clip,
+                               .inv_loss_scale = 1.0f / loss_scale(),
+                               .skip_nonfinite = scaler_.has_value(),
+                               .norm = &st->grad_norm,
+                               .factors = &st->factors});
     // The norm is already the same on every rank; agreeing the skip over the world keeps replicas together
     // even if a communicator's reduction rounded differently on some rank.
     if (scaler_) g_.world->all_reduce(std::span<float>(&st->factors.skip, 1), ReduceOp::max);

@@ -22,9 +22,9 @@
  * moments and the flat buffers are rank memory).
  *
  * This rank's blocks of all buckets lie back to back (`GradBuckets::shards()`, bucket order), and so do its
- * weight blocks and both moments, at the same offsets: the averaging is one `B::scale`, the norm one
- * `B::sum_squares` per run of counted parameters (one in all where every parameter counts), and the update one
- * `B::adamw_update` over the whole shard, its weight decay taken per `DecayRun` (as `optim::AdamW` does over a
+ * weight blocks and both moments, at the same offsets: the averaging is one `ops::scale`, the norm one
+ * `ops::sum_squares` per run of counted parameters (one in all where every parameter counts), and the update one
+ * `ops::adamw_update` over the whole shard, its weight decay taken per `DecayRun` (as `optim::AdamW` does over a
  * parameter arena). The parameter pieces still matter where weights move between the parameters and the shard
  * (stages 1 and 2 copy each piece in before the update; stage 3 copies each gathered slot out).
  */
@@ -73,7 +73,7 @@ struct ZeroOptions {
  * or, without a host read (what `parallel::DistributedOptimizer` does):
  * ```
  * zero.global_grad_squares(squares, tensor_group, pipeline_group);   // rank memory
- * B::update_factors(squares, 1.0, 1.0f, false, norm, factors);       // rank memory
+ * B::run(ops::update_factors{.squares = squares, .max_norm = 1.0, .norm = norm, .factors = factors});  // rank memory
  * zero.step(lr, factors);
  * ```
  * Stage 1: `p.grad` keeps this rank's un-averaged gradient (zero it for the next step as usual); the averaged
@@ -144,7 +144,7 @@ class ZeroAdamW {
     if (reduced_) return;
     buckets_.wait();
     const auto g = buckets_.shards();  // every bucket's block: one operation
-    if (!g.empty()) B::scale(g.size(), float(1.0 / divisor_), g.data());
+    if (!g.empty()) B::run(ops::scale{.n = g.size(), .factor = float(1.0 / divisor_), .x = g.data()});
     reduced_ = true;
   }
 
@@ -153,7 +153,7 @@ class ZeroAdamW {
    * host read. The blocks are disjoint over the data group, so here — unlike plain data parallelism — the sums
    * of squares ARE added over the data group; then over `groups...` = none, the tensor group, the tensor and
    * pipeline groups, or tensor, pipeline and expert groups, as in `optim::global_grad_squares`. One
-   * `B::sum_squares` per run of consecutive counted pieces of the shard: one in all where every parameter counts
+   * `ops::sum_squares` per run of consecutive counted pieces of the shard: one in all where every parameter counts
    * (tensor rank 0); a double accumulated in shard order either way, so the sum is that of one call per piece.
    */
   template <communicator... Groups>
@@ -177,12 +177,12 @@ class ZeroAdamW {
       for (const auto& pc : bucket_pieces) {
         if (!share.counts(*buckets_.params()[pc.param])) continue;
         if (pc.shard_offset != end) {
-          if (end > begin) B::sum_squares(end - begin, g + begin, acc);
+          if (end > begin) B::run(ops::sum_squares{.n = end - begin, .x = g + begin, .acc = acc});
           begin = pc.shard_offset;
         }
         end = pc.shard_offset + pc.size;
       }
-    if (end > begin) B::sum_squares(end - begin, g + begin, acc);
+    if (end > begin) B::run(ops::sum_squares{.n = end - begin, .x = g + begin, .acc = acc});
   }
   /** @brief The global norm of the averaged gradient (see `global_grad_squares`), read back to the host. */
   template <communicator... Groups>
@@ -196,7 +196,7 @@ class ZeroAdamW {
     return std::sqrt(squares);
   }
 
-  /** One AdamW step on this rank's blocks (one `B::adamw_update`), then the all-gather of the weights. */
+  /** One AdamW step on this rank's blocks (one `ops::adamw_update`), then the all-gather of the weights. */
   void step() { step(config_.lr); }
   /** As below, with a gradient scale known on the host. */
   void step(float lr, float grad_scale = 1.0f) { step(lr, optim::write_host_factors<B>(grad_scale, factors_.data())); }
@@ -225,9 +225,21 @@ class ZeroAdamW {
     // One update over the whole shard; each piece's weight decay comes from the run table (element for element
     // the update of one call per piece).
     if (!w_.empty())
-      B::adamw_update(w_.size(), w_.data(), buckets_.shards().data(), m_.data(), v_.data(), config_.beta1,
-                      config_.beta2, config_.eps, st.lr, config_.weight_decay, st.bias_correction1, st.bias_correction2,
-                      factors, decay_runs_.data(), decay_runs_.size());
+      B::run(ops::adamw_update{.n = w_.size(),
+                               .w = w_.data(),
+                               .g = buckets_.shards().data(),
+                               .m = m_.data(),
+                               .v = v_.data(),
+                               .beta1 = config_.beta1,
+                               .beta2 = config_.beta2,
+                               .eps = config_.eps,
+                               .weight_decay = config_.weight_decay,
+                               .lr = st.lr,
+                               .bias_correction1 = st.bias_correction1,
+                               .bias_correction2 = st.bias_correction2,
+                               .factors = factors,
+                               .decay_runs = decay_runs_.data(),
+                               .runs = decay_runs_.size()});
     if (stage_ == ZeroStage::parameters) {  // the weights stay sharded: the passes gather each unit when they need it
       buckets_.reset();
       reduced_ = false;

@@ -354,7 +354,7 @@ class Executor {
             const float scale = 1.0f / float(c.microbatches);
             if constexpr (requires { typename Stage::backend_type; }) {
               // The stage's backend scales its gradient where it lives (no host pass over the logits).
-              Stage::backend_type::scale(dy.size(), scale, dy.data());
+              Stage::backend_type::run(ops::scale{.n = dy.size(), .factor = scale, .x = dy.data()});
             } else {
               for (auto& v : dy.values()) v *= scale;
               note_host_access(2 * dy.bytes());

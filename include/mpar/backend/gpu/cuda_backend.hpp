@@ -30,6 +30,7 @@
 #include "mpar/backend/gpu/moe_ops.hpp"
 #include "mpar/backend/gpu/moe_routing.hpp"
 #include "mpar/backend/gpu/online_softmax.hpp"
+#include "mpar/backend/gpu/optimizer_ops.hpp"
 #include "mpar/backend/gpu/row_kernels.hpp"
 // Fused kernels (classifier, residual + layer norm): their operations are in the block below `gemm_bias_gelu`.
 #include "mpar/backend/gpu/classifier.hpp"
@@ -54,7 +55,7 @@ struct CudaMemory {
  * rank creates afterwards lives on its GPU; the host cannot dereference it. Every operation is
  * enqueued on the rank's compute stream and returns at once (the `backend` contract): host code
  * reads results only through `copy_to_host_async` into a `pinned_buffer` and a wait for an event
- * recorded after it, or after `synchronize()`. `sum_squares` returns a value and so waits.
+ * recorded after it, or after `synchronize()`.
  *
  * Stateless like HostBackend: the per-rank state (device, stream, cuBLAS handles) is thread-local
  * (`gpu::this_thread()`), so N ranks as N threads, on one GPU or several, each get their own.
@@ -156,7 +157,7 @@ struct CudaBackend {
   }
   /**
    * An operation object (backend/ops/operation.hpp) that has CUDA kernels: a `gpu::launch(op, stream)` overload
-   * declared before this header, e.g. the MoE's token routing (gpu/row_kernels.hpp, moe_routing.hpp, moe_ops.hpp)
+   * declared before this header, e.g. the optimizer's (gpu/optimizer_ops.hpp), the MoE's token routing (gpu/row_kernels.hpp, moe_routing.hpp, moe_ops.hpp)
    * the Llama-class layers' (gpu/llama_kernels.hpp) and ring attention's online softmax (gpu/online_softmax.hpp).
    */
   template <class Op>
@@ -187,36 +188,6 @@ struct CudaBackend {
   template <class... A>
   static void vocab_parallel_backward(A&&... a) {
     then_wait([&] { gpu::vocab_parallel_backward(std::forward<A>(a)...); });
-  }
-
-  // The optimizer kernels (see the `backend` concept): the step, norm and scaling run on the device
-  // next to the weights, gradients and moments (all device memory of the rank).
-  template <class... A>
-  static void adamw_update(A&&... a) {
-    then_wait([&] { gpu::adamw_update(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void sgd_update(A&&... a) {
-    then_wait([&] { gpu::sgd_update(std::forward<A>(a)...); });
-  }
-  /** `*acc += sum x[i]^2` into a double in rank memory (each block sums in float). */
-  static void sum_squares(std::size_t n, const float* x, double* acc) {
-    then_wait([&] { gpu::sum_squares_accumulate(n, x, acc); });
-  }
-  /** The step's norm and `UpdateFactors` from the reduced sum of squares, on the device (host::update_factors). */
-  template <class... A>
-  static void update_factors(A&&... a) {
-    then_wait([&] { gpu::update_factors(std::forward<A>(a)...); });
-  }
-  /** AdamW's learning rate and step count advanced in rank memory, on the device (host::adamw_advance). */
-  template <class... A>
-  static void adamw_advance(A&&... a) {
-    then_wait([&] { gpu::adamw_advance(std::forward<A>(a)...); });
-  }
-  /** `x[i] *= factor` (the argument order of host::scale and gpu::scale). */
-  template <class T>
-  static void scale(std::size_t n, compute_type_t<T> factor, T* x) {
-    then_wait([&] { gpu::scale(n, factor, x); });
   }
 
   // The buffer operations and the batched GEMM (see the `backend` concept), on the compute stream.

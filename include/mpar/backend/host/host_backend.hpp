@@ -151,36 +151,10 @@ struct HostBackend {
     host::vocab_parallel_backward(std::forward<A>(a)...);
   }
 
-  // The optimizer kernels (see the `backend` concept): mpar::host's, in backend/host/optimizer_kernels.hpp.
-  template <class... A>
-  static void adamw_update(A&&... a) {
-    host::adamw_update(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void sgd_update(A&&... a) {
-    host::sgd_update(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void sum_squares(A&&... a) {
-    host::sum_squares(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void update_factors(A&&... a) {
-    host::update_factors(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void adamw_advance(A&&... a) {
-    host::adamw_advance(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void scale(A&&... a) {
-    host::scale(std::forward<A>(a)...);
-  }
-
   /**
    * An operation object (backend/ops/operation.hpp) run by its plain-loop host reference: every operation that has
-   * one, e.g. the MoE's token routing (`routing_backend`), the Llama-class layers' (`llama_kernel_backend`) and ring
-   * attention's online softmax (`online_softmax_backend`).
+   * one, e.g. the optimizer's (`optimizer_backend`), the MoE's token routing (`routing_backend`), the Llama-class
+   * layers' (`llama_kernel_backend`) and ring attention's online softmax (`online_softmax_backend`).
    */
   template <class Op>
     requires ops::has_host_reference<Op>

@@ -222,13 +222,6 @@ struct BasicStreamHostBackend {
   MPAR_STREAM_OP(vocab_parallel_max)
   MPAR_STREAM_OP(vocab_parallel_sumexp)
   MPAR_STREAM_OP(vocab_parallel_backward)
-  // The optimizer kernels.
-  MPAR_STREAM_OP(adamw_update)
-  MPAR_STREAM_OP(sgd_update)
-  MPAR_STREAM_OP(sum_squares)
-  MPAR_STREAM_OP(update_factors)
-  MPAR_STREAM_OP(adamw_advance)
-  MPAR_STREAM_OP(scale)
   // The buffer operations and the loss reduction.
   MPAR_STREAM_OP(zero)
   MPAR_STREAM_OP(fill)
