@@ -264,12 +264,12 @@ TEST_CASE("backend vocab_parallel_loss: the mean of log(sumexp) + max - target l
   // By hand: (0 + 1 - 0.25) + (ln 2 - 2 + 3) + (ln 3 + 0.5 - 1.5), over 3 rows.
   const double want = (0.75 + (std::log(2.0) + 1.0) + (std::log(3.0) - 1.0)) / 3.0;
   float loss = -1.0f;
-  HostBackend::vocab_parallel_loss(mx.size(), mx.data(), se.data(), tl.data(), &loss);
+  HostBackend::run(ops::vocab_parallel_loss{mx.size(), mx.data(), se.data(), tl.data(), &loss});
   CHECK(loss == Approx(want).epsilon(1e-6));
   using Cb = observe::CountingBackend<HostBackend>;
   const auto before = Cb::counts();
   float again = 0.0f;
-  Cb::vocab_parallel_loss(mx.size(), mx.data(), se.data(), tl.data(), &again);
+  Cb::run(ops::vocab_parallel_loss{mx.size(), mx.data(), se.data(), tl.data(), &again});
   CHECK(again == loss);
   CHECK((Cb::counts() - before)[observe::Op::vocab_parallel_loss] == 1);
 }

@@ -103,11 +103,6 @@ struct ResidencyCheckedBackend : HostBackend {
   MPAR_TEST_CHECKED(layernorm_forward)
   MPAR_TEST_CHECKED(layernorm_backward)
   MPAR_TEST_CHECKED(dropout_apply)
-  MPAR_TEST_CHECKED(embedding_forward)
-  MPAR_TEST_CHECKED(embedding_backward)
-  MPAR_TEST_CHECKED(vocab_parallel_max)
-  MPAR_TEST_CHECKED(vocab_parallel_sumexp)
-  MPAR_TEST_CHECKED(vocab_parallel_backward)
   // The MLP's first projection with its bias and GeLU: input, weight, bias, pre-activation, output.
   MPAR_TEST_CHECKED(gemm_bias_gelu)
   // GeLU's backward with the bias gradient and the 16-bit operand: pre-activation, gradient, bias gradient, output.
@@ -118,7 +113,7 @@ struct ResidencyCheckedBackend : HostBackend {
   MPAR_TEST_CHECKED(copy_2d_batched)
 #undef MPAR_TEST_CHECKED
   // Every operation object (backend/ops/: the optimizer's weights, gradients, AdamW moments, SGD momentum and ZeRO
-  // blocks, MoE routing, the Llama-class kernels): its rank-memory operands, numbered in each_operand's order.
+  // blocks, the embedding and the vocabulary-parallel loss, MoE routing, the Llama-class kernels): its rank-memory operands, numbered in each_operand's order.
   template <class Op>
     requires supports<HostBackend, Op>
   static void run(const Op& op) {

@@ -141,11 +141,19 @@ class VocabParallelCrossEntropy {
     c.stats = uninitialized_buffer<float>(3 * t + 1);
     float* mx = c.stats.data();
     float* sums = mx + t;
-    B::vocab_parallel_max(t, vl, logits.data(), mx);
+    B::run(ops::vocab_parallel_max{.rows = t, .cols = vl, .logits = logits.data(), .row_max = mx});
     if (p_ > 1) comm_->all_reduce(std::span<float>(mx, t), ReduceOp::max);
-    B::vocab_parallel_sumexp(t, vl, offset_, logits.data(), targets, mx, sums, sums + t);
+    B::run(ops::vocab_parallel_sumexp{.rows = t,
+                                      .cols = vl,
+                                      .col_offset = offset_,
+                                      .logits = logits.data(),
+                                      .targets = targets,
+                                      .row_max = mx,
+                                      .sumexp = sums,
+                                      .target_logit = sums + t});
     if (p_ > 1) comm_->all_reduce(std::span<float>(sums, 2 * t), ReduceOp::sum);
-    B::vocab_parallel_loss(t, mx, sums, sums + t, sums + 2 * t);
+    B::run(ops::vocab_parallel_loss{
+        .rows = t, .row_max = mx, .sumexp = sums, .target_logit = sums + t, .loss = sums + 2 * t});
     return sums + 2 * t;
   }
 
@@ -158,8 +166,15 @@ class VocabParallelCrossEntropy {
       return std::move(c.logits);
     }
     Activation d(c.logits.shape(), uninitialized);
-    B::vocab_parallel_backward(t, vl, offset_, c.logits.data(), c.target_ids.data, c.stats.data(), c.stats.data() + t,
-                               d.data(), scale);
+    B::run(ops::vocab_parallel_backward{.rows = t,
+                                        .cols = vl,
+                                        .col_offset = offset_,
+                                        .logits = c.logits.data(),
+                                        .targets = c.target_ids.data,
+                                        .row_max = c.stats.data(),
+                                        .sumexp = c.stats.data() + t,
+                                        .dlogits = d.data(),
+                                        .scale = scale});
     return d;
   }
 

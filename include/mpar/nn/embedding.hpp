@@ -31,13 +31,25 @@ namespace detail {
 template <mpar::detail::layer_kernel_backend B>
 Activation embed_rows(RankTokens tokens, const Parameter& w, std::size_t offset, std::size_t n, std::size_t hidden) {
   Activation y({tokens.size, hidden}, uninitialized);  // the kernel writes every row (zeros outside the slice)
-  B::embedding_forward(tokens.size, hidden, tokens.data, w.value.data(), y.data(), offset, n);
+  B::run(ops::embedding_forward{.tokens = tokens.size,
+                                .dim = hidden,
+                                .ids = tokens.data,
+                                .table = w.value.data(),
+                                .out = y.data(),
+                                .vocab_offset = offset,
+                                .vocab_local = n});
   return y;
 }
 template <mpar::detail::layer_kernel_backend B>
 void embed_rows_backward(RankTokens tokens, Parameter& w, std::size_t offset, std::size_t n, std::size_t hidden,
                          const Activation& dy) {
-  B::embedding_backward(tokens.size, hidden, tokens.data, dy.data(), w.grad.data(), offset, n);
+  B::run(ops::embedding_backward{.tokens = tokens.size,
+                                 .dim = hidden,
+                                 .ids = tokens.data,
+                                 .dout = dy.data(),
+                                 .dtable = w.grad.data(),
+                                 .vocab_offset = offset,
+                                 .vocab_local = n});
 }
 /** The ids of a cached micro-batch: uploaded into `tokens` (host ids), or a view of rank memory the caller keeps. */
 struct EmbeddingIds {

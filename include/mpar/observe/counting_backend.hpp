@@ -10,7 +10,7 @@
  *
  * What is counted, and how:
  * - launches: one per call of a backend operation (`gemm`, the layer and row kernels, the
- *   zero/fill/copy/copy_2d/copy_2d_batched/convert/init_values operations, `gemm_strided_batched`, `vocab_parallel_loss`, the
+ *   zero/fill/copy/copy_2d/copy_2d_batched/convert/init_values operations, `gemm_strided_batched`, the
  *   operation objects of backend/ops/ where `B` runs them), by `Op` kind — a `copy_2d` is one
  *   launch whatever its number of rows, as it is one `cudaMemcpy2DAsync` on CUDA;
  * - host synchronisations: calls of `synchronize()` and event waits, plus — for a backend whose
@@ -282,11 +282,6 @@ struct CountingBackend : B {
   MPAR_COUNTING_OP(layernorm_forward)
   MPAR_COUNTING_OP(layernorm_backward)
   MPAR_COUNTING_OP(dropout_apply)
-  MPAR_COUNTING_OP(embedding_forward)
-  MPAR_COUNTING_OP(embedding_backward)
-  MPAR_COUNTING_OP(vocab_parallel_max)
-  MPAR_COUNTING_OP(vocab_parallel_sumexp)
-  MPAR_COUNTING_OP(vocab_parallel_backward)
   MPAR_COUNTING_OP(zero)
   MPAR_COUNTING_OP(fill)
   MPAR_COUNTING_OP(copy)
@@ -294,7 +289,6 @@ struct CountingBackend : B {
   MPAR_COUNTING_OP(copy_2d_batched)
   MPAR_COUNTING_OP(convert)
   MPAR_COUNTING_OP(init_values)
-  MPAR_COUNTING_OP(vocab_parallel_loss)
   MPAR_COUNTING_OP(gemm_bias_gelu)
 #undef MPAR_COUNTING_OP
 

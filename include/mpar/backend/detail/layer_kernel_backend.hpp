@@ -5,8 +5,9 @@
  */
 #include <concepts>
 #include <cstddef>
-#include <cstdint>
 
+#include "mpar/backend/ops/operation.hpp"
+#include "mpar/backend/ops/vocab_parallel.hpp"
 #include "mpar/backend/types.hpp"  // host::DropoutMask
 
 namespace mpar::detail {
@@ -15,14 +16,14 @@ namespace mpar::detail {
  * @brief The layer-kernel family of `backend`, with the semantics of `mpar::host` (backend/host/kernels.hpp),
  * which is their reference: `add`, `bias_add_forward`, `bias_add_backward` (accumulates), `gelu_forward`,
  * `gelu_backward`, `softmax_forward` (optionally causal), `softmax_backward`, `layernorm_forward`,
- * `layernorm_backward` (accumulates dgamma/dbeta), `dropout_apply`, `embedding_forward`,
- * `embedding_backward` (accumulates), `vocab_parallel_max`, `vocab_parallel_sumexp`,
- * `vocab_parallel_backward`, and `vocab_parallel_loss(rows, row_max, sumexp, target_logit, loss)`: the mean
- * cross-entropy from the statistics, into one float of rank memory.
+ * `layernorm_backward` (accumulates dgamma/dbeta), `dropout_apply`; and the operation objects of the
+ * vocabulary-parallel embedding and cross-entropy (backend/ops/vocab_parallel.hpp): `ops::embedding_forward`,
+ * `ops::embedding_backward` (accumulates), `ops::vocab_parallel_max`, `ops::vocab_parallel_sumexp`,
+ * `ops::vocab_parallel_loss` (the mean cross-entropy from the statistics, into one float of rank memory) and
+ * `ops::vocab_parallel_backward`.
  */
 template <class B>
-concept layer_kernel_backend = requires(const float* a, float* c, const std::int32_t* ids,
-                                        const host::DropoutMask& mask, std::size_t n) {
+concept layer_kernel_backend = requires(const float* a, float* c, const host::DropoutMask& mask, std::size_t n) {
   B::add(n, a, a, c);
   B::bias_add_forward(n, n, a, c);
   B::bias_add_backward(n, n, a, c);
@@ -33,12 +34,9 @@ concept layer_kernel_backend = requires(const float* a, float* c, const std::int
   B::layernorm_forward(n, n, a, a, a, c, c, c);
   B::layernorm_backward(n, n, a, a, a, a, a, c, c, c);
   B::dropout_apply(mask, n, n, a, c);
-  B::embedding_forward(n, n, ids, a, c, n, n);
-  B::embedding_backward(n, n, ids, a, c, n, n);
-  B::vocab_parallel_max(n, n, a, c);
-  B::vocab_parallel_sumexp(n, n, n, a, ids, a, c, c);
-  B::vocab_parallel_backward(n, n, n, a, ids, a, a, c, 1.0f);
-  B::vocab_parallel_loss(n, a, a, a, c);
-};
+}
+&&supports<B, ops::embedding_forward>&& supports<B, ops::embedding_backward>&& supports<B, ops::vocab_parallel_max>&&
+    supports<B, ops::vocab_parallel_sumexp>&& supports<B, ops::vocab_parallel_loss>&&
+        supports<B, ops::vocab_parallel_backward>;
 
 }  // namespace mpar::detail

@@ -32,6 +32,7 @@
 #include "mpar/backend/gpu/online_softmax.hpp"
 #include "mpar/backend/gpu/optimizer_ops.hpp"
 #include "mpar/backend/gpu/row_kernels.hpp"
+#include "mpar/backend/gpu/vocab_parallel_ops.hpp"
 // Fused kernels (classifier, residual + layer norm): their operations are in the block below `gemm_bias_gelu`.
 #include "mpar/backend/gpu/classifier.hpp"
 #include "mpar/backend/gpu/residual_layernorm.hpp"
@@ -157,7 +158,8 @@ struct CudaBackend {
   }
   /**
    * An operation object (backend/ops/operation.hpp) that has CUDA kernels: a `gpu::launch(op, stream)` overload
-   * declared before this header, e.g. the optimizer's (gpu/optimizer_ops.hpp), the MoE's token routing (gpu/row_kernels.hpp, moe_routing.hpp, moe_ops.hpp)
+   * declared before this header, e.g. the optimizer's (gpu/optimizer_ops.hpp), the vocabulary-parallel embedding and loss
+   * (gpu/vocab_parallel_ops.hpp), the MoE's token routing (gpu/row_kernels.hpp, moe_routing.hpp, moe_ops.hpp)
    * the Llama-class layers' (gpu/llama_kernels.hpp) and ring attention's online softmax (gpu/online_softmax.hpp).
    */
   template <class Op>
@@ -168,26 +170,6 @@ struct CudaBackend {
   template <class... A>
   static void dropout_apply(A&&... a) {
     then_wait([&] { gpu::dropout_apply(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void embedding_forward(A&&... a) {
-    then_wait([&] { gpu::embedding_forward(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void embedding_backward(A&&... a) {
-    then_wait([&] { gpu::embedding_backward(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void vocab_parallel_max(A&&... a) {
-    then_wait([&] { gpu::vocab_parallel_max(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void vocab_parallel_sumexp(A&&... a) {
-    then_wait([&] { gpu::vocab_parallel_sumexp(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void vocab_parallel_backward(A&&... a) {
-    then_wait([&] { gpu::vocab_parallel_backward(std::forward<A>(a)...); });
   }
 
   // The buffer operations and the batched GEMM (see the `backend` concept), on the compute stream.
@@ -266,10 +248,6 @@ struct CudaBackend {
       gpu::gemm_strided_batched<TIn, TOut>(ta, tb, m, n, k, alpha, a + o * sa.outer, lda, std::int64_t(sa.inner),
                                            b + o * sb.outer, ldb, std::int64_t(sb.inner), beta, c + o * sc.outer, ldc,
                                            std::int64_t(sc.inner), count);
-  }
-  template <class... A>
-  static void vocab_parallel_loss(A&&... a) {
-    then_wait([&] { gpu::vocab_parallel_loss(std::forward<A>(a)...); });
   }
 
   /**

@@ -130,26 +130,6 @@ struct HostBackend {
   static void dropout_apply(A&&... a) {
     host::dropout_apply(std::forward<A>(a)...);
   }
-  template <class... A>
-  static void embedding_forward(A&&... a) {
-    host::embedding_forward(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void embedding_backward(A&&... a) {
-    host::embedding_backward(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void vocab_parallel_max(A&&... a) {
-    host::vocab_parallel_max(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void vocab_parallel_sumexp(A&&... a) {
-    host::vocab_parallel_sumexp(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void vocab_parallel_backward(A&&... a) {
-    host::vocab_parallel_backward(std::forward<A>(a)...);
-  }
 
   /**
    * An operation object (backend/ops/operation.hpp) run by its plain-loop host reference: every operation that has
@@ -200,10 +180,6 @@ struct HostBackend {
                                    std::size_t batch) {
     host::gemm_strided_batched<TIn, TOut>(ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
                                           stride_c, batch);
-  }
-  template <class... A>
-  static void vocab_parallel_loss(A&&... a) {
-    host::vocab_parallel_loss(std::forward<A>(a)...);
   }
 
   // The fused GEMM epilogue of the MLP's first projection (host/gemm_bias_gelu.hpp: the bias inside

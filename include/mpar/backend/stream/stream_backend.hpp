@@ -217,18 +217,12 @@ struct BasicStreamHostBackend {
   MPAR_STREAM_OP(layernorm_forward)
   MPAR_STREAM_OP(layernorm_backward)
   MPAR_STREAM_OP(dropout_apply)
-  MPAR_STREAM_OP(embedding_forward)
-  MPAR_STREAM_OP(embedding_backward)
-  MPAR_STREAM_OP(vocab_parallel_max)
-  MPAR_STREAM_OP(vocab_parallel_sumexp)
-  MPAR_STREAM_OP(vocab_parallel_backward)
-  // The buffer operations and the loss reduction.
+  // The buffer operations.
   MPAR_STREAM_OP(zero)
   MPAR_STREAM_OP(fill)
   MPAR_STREAM_OP(copy)
   MPAR_STREAM_OP(convert)
   MPAR_STREAM_OP(init_values)
-  MPAR_STREAM_OP(vocab_parallel_loss)
   // The fused GEMM epilogue of the MLP's first projection.
   MPAR_STREAM_OP(gemm_bias_gelu)
   // GeLU's backward with the bias gradient and the 16-bit operand (nn::fused_gelu_backward_backend).
