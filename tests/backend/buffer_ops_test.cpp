@@ -300,8 +300,9 @@ void check_gemm_bias_gelu(std::size_t m, std::size_t n, std::size_t k, std::size
                     static_cast<const float*>(bias.data()), pre.data(), y.data());
   B::template gemm<TIn, float>(Trans::no, Trans::no, m, n, k, 1.0f, a.data(), lda, w.data(), ldw, 0.0f,
                                pre_unfused.data(), n);
-  B::bias_add_forward(m, n, static_cast<const float*>(bias.data()), pre_unfused.data());
-  B::gelu_forward(m * n, static_cast<const float*>(pre_unfused.data()), y_unfused.data());
+  B::run(ops::bias_add_forward{
+      .rows = m, .cols = n, .bias = static_cast<const float*>(bias.data()), .y = pre_unfused.data()});
+  B::run(ops::gelu_forward{.n = m * n, .x = static_cast<const float*>(pre_unfused.data()), .y = y_unfused.data()});
   for (std::size_t i = 0; i < m; ++i)
     for (std::size_t j = 0; j < n; ++j) {
       double ref = bias[j], s = std::fabs(double(bias[j]));

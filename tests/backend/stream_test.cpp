@@ -74,7 +74,7 @@ TEMPLATE_TEST_CASE("backend contract: operations in issue order, results on the 
     B::template copy_to_host_async<float>(n, x.data(), h1.data());  // must see 2v, not 6v
     B::run(ops::scale{.n = n, .factor = 3.0f, .x = x.data()});
     B::template copy_to_host_async<float>(n, x.data(), h2.data());
-    B::add(n, x.data(), x.data(), y.data());
+    B::run(ops::add{.n = n, .x = x.data(), .z = x.data(), .y = y.data()});
     B::template copy_to_host_async<float>(n, y.data(), h3.data());
     typename B::event_type e;
     B::record_event(e);
@@ -176,8 +176,8 @@ TEMPLATE_TEST_CASE("stream backends: fresh rank memory is NaN, so a missing zero
                   acc0 = B::template allocate<float>(cols);
     B::template copy_from_host_async<float>(rows * cols, ones.data(), dy.data());
     B::template copy_from_host_async<float>(cols, zeros.data(), acc0.data());
-    B::bias_add_backward(rows, cols, dy.data(), acc.data());
-    B::bias_add_backward(rows, cols, dy.data(), acc0.data());
+    B::run(ops::bias_add_backward{.rows = rows, .cols = cols, .dy = dy.data(), .dbias = acc.data()});
+    B::run(ops::bias_add_backward{.rows = rows, .cols = cols, .dy = dy.data(), .dbias = acc0.data()});
     o.bias_grad_unzeroed.resize(cols);
     o.bias_grad_zeroed.resize(cols);
     B::template copy_to_host_async<float>(cols, acc.data(), o.bias_grad_unzeroed.data());
@@ -271,7 +271,11 @@ TEMPLATE_TEST_CASE("backend contract: a failing operation is reported at the nex
     Out o;
     const host::DropoutMask bad{.seed = 1, .stream = 2, .p = 1.5, .global_cols = n};
     try {
-      B::dropout_apply(bad, 1, n, x.data(), y.data());  // HostBackend throws here, the stream backends later
+      B::run(ops::dropout_apply{.mask = bad,
+                                .rows = 1,
+                                .cols = n,
+                                .x = x.data(),
+                                .y = y.data()});  // HostBackend throws here, the stream backends later
       B::template copy_to_host_async<float>(n, x.data(), first.data());  // skipped after the failure
       B::synchronize();
     } catch (const std::exception& e) {
@@ -351,14 +355,14 @@ TEST_CASE("DiscreteHostBackend: an operation given memory outside rank memory is
     Buffer<float> y = DiscreteHostBackend::allocate<float>(4);
     std::vector<float> scratch(4, 1.0f);  // ordinary host memory: a device could not read it
     try {
-      DiscreteHostBackend::add(4, scratch.data(), scratch.data(), y.data());
+      DiscreteHostBackend::run(ops::add{.n = 4, .x = scratch.data(), .z = scratch.data(), .y = y.data()});
     } catch (const std::exception& e) {
       DiscreteHostBackend::synchronize();
       return std::string(e.what());
     }
     return std::string("no error");
   });
-  CHECK_THAT(message, Catch::Contains("argument 2 of add") && Catch::Contains("rank memory"));
+  CHECK_THAT(message, Catch::Contains("argument 1 of add") && Catch::Contains("rank memory"));
 }
 
 namespace {

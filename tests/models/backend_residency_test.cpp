@@ -93,16 +93,6 @@ struct ResidencyCheckedBackend : HostBackend {
     check_pointers(#op, a...);                     \
     return HostBackend::op(std::forward<A>(a)...); \
   }
-  MPAR_TEST_CHECKED(add)
-  MPAR_TEST_CHECKED(bias_add_forward)
-  MPAR_TEST_CHECKED(bias_add_backward)
-  MPAR_TEST_CHECKED(gelu_forward)
-  MPAR_TEST_CHECKED(gelu_backward)
-  MPAR_TEST_CHECKED(softmax_forward)
-  MPAR_TEST_CHECKED(softmax_backward)
-  MPAR_TEST_CHECKED(layernorm_forward)
-  MPAR_TEST_CHECKED(layernorm_backward)
-  MPAR_TEST_CHECKED(dropout_apply)
   // The MLP's first projection with its bias and GeLU: input, weight, bias, pre-activation, output.
   MPAR_TEST_CHECKED(gemm_bias_gelu)
   // GeLU's backward with the bias gradient and the 16-bit operand: pre-activation, gradient, bias gradient, output.
@@ -113,7 +103,7 @@ struct ResidencyCheckedBackend : HostBackend {
   MPAR_TEST_CHECKED(copy_2d_batched)
 #undef MPAR_TEST_CHECKED
   // Every operation object (backend/ops/: the optimizer's weights, gradients, AdamW moments, SGD momentum and ZeRO
-  // blocks, the embedding and the vocabulary-parallel loss, MoE routing, the Llama-class kernels): its rank-memory operands, numbered in each_operand's order.
+  // blocks, the layers' elementwise and row kernels, the embedding and the vocabulary-parallel loss, MoE routing, the Llama-class kernels): its rank-memory operands, numbered in each_operand's order.
   template <class Op>
     requires supports<HostBackend, Op>
   static void run(const Op& op) {
@@ -279,12 +269,15 @@ TEST_CASE("backend residency: a scratch std::vector handed to a backend operatio
     ResidencyCheckedBackend::init_rank();
     nn::Activation x({2, 4}, 1.0f);
     std::vector<float> host_only(8);
-    fine = error_of([&] { ResidencyCheckedBackend::gelu_forward(x.size(), x.data(), x.data()); });  // rank memory
-    caught = error_of([&] { ResidencyCheckedBackend::gelu_forward(x.size(), x.data(), host_only.data()); });
+    fine = error_of([&] {
+      ResidencyCheckedBackend::run(ops::gelu_forward{.n = x.size(), .x = x.data(), .y = x.data()});
+    });  // rank memory
+    caught = error_of(
+        [&] { ResidencyCheckedBackend::run(ops::gelu_forward{.n = x.size(), .x = x.data(), .y = host_only.data()}); });
     set_current_memory_resource(detail::host_memory_resource());
   });
   CHECK(fine.empty());
-  CHECK_THAT(caught, Catch::Contains("argument 3 of gelu_forward points outside the rank's memory resource"));
+  CHECK_THAT(caught, Catch::Contains("operand 2 of gelu_forward points outside the rank's memory resource"));
 }
 
 TEST_CASE("backend residency: optimizer states allocated outside the rank's memory are caught", "[models][backend]") {

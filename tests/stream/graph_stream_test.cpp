@@ -73,7 +73,8 @@ struct GraphTestModel {
                             prediction.data(), graph_n);
     B::copy(residual.size(), y, residual.data());
     B::run(ops::scale{.n = residual.size(), .factor = -1.0f, .x = residual.data()});
-    B::add(residual.size(), prediction.data(), residual.data(), residual.data());  // X W - Y
+    B::run(
+        ops::add{.n = residual.size(), .x = prediction.data(), .z = residual.data(), .y = residual.data()});  // X W - Y
     B::zero(1, loss.data());
     B::run(ops::sum_squares{.n = residual.size(), .x = residual.data(), .acc = loss.data()});
     B::template copy_to_host_async<double>(1, loss.data(), loss_out.data());
@@ -178,7 +179,7 @@ TEMPLATE_TEST_CASE("graph_backend (emulated): recording does not run, and host s
     float value = 2.0f;
     B::begin_capture();
     B::fill(x.size(), value, x.data());  // the value is an argument: the graph keeps 2
-    B::add(x.size(), x.data(), x.data(), x.data());
+    B::run(ops::add{.n = x.size(), .x = x.data(), .z = x.data(), .y = x.data()});
     typename B::graph_type g = B::end_capture();
     value = 100.0f;  // too late for the graph, as for a CUDA kernel's arguments
     std::vector<float> out(4);

@@ -547,7 +547,8 @@ class GptPipelinePart {
       });
     }
     if (!vocab_mask_.empty())
-      B::bias_add_forward(logits.extent(0), logits.extent(1), vocab_mask_.data(), logits.data());
+      B::run(ops::bias_add_forward{
+          .rows = logits.extent(0), .cols = logits.extent(1), .bias = vocab_mask_.data(), .y = logits.data()});
     head_inputs_.put(mb).x = std::move(hop);
     return logits;
   }
@@ -960,14 +961,14 @@ class GptPipelinePart {
     require(n % seq == 0, "GptPipelinePart: ", n, " tokens are not whole sequences of ", seq,
             cp_ > 1 ? " (this context rank's share of each sequence)" : "");
     if (cp_ == 1) {
-      B::bias_add_forward(n / seq, block, pos_.value.data(), h.data());
+      B::run(ops::bias_add_forward{.rows = n / seq, .cols = block, .bias = pos_.value.data(), .y = h.data()});
     } else {
       nn::Activation table({seq, cfg_.hidden}, uninitialized);
       // The two chunks' rows of the table in one strided copy (the second chunk lies after the first).
       const std::size_t half = block / 2;
       B::copy_2d(2, half, pos_.value.data() + position_chunk(0) * half, (position_chunk(1) - position_chunk(0)) * half,
                  table.data(), half);
-      B::bias_add_forward(n / seq, block, table.data(), h.data());
+      B::run(ops::bias_add_forward{.rows = n / seq, .cols = block, .bias = table.data(), .y = h.data()});
     }
     return h;  // the position embedding is replicated: the sum stays Replicate
   }
@@ -978,15 +979,19 @@ class GptPipelinePart {
     if (cfg_.is_llama()) {
       // no position table
     } else if (cp_ == 1) {
-      B::bias_add_backward(dy.extent(0) / seq, block, dy.data(), pos_.grad.data());  // the sum over sequences
+      B::run(ops::bias_add_backward{.rows = dy.extent(0) / seq,
+                                    .cols = block,
+                                    .dy = dy.data(),
+                                    .dbias = pos_.grad.data()});  // the sum over sequences
     } else {
       // The sum over sequences of the rank's two chunks, added into their rows of the table's gradient.
       nn::Activation g({seq, cfg_.hidden}, uninitialized);
       B::zero(g.size(), g.data());
-      B::bias_add_backward(dy.extent(0) / seq, block, dy.data(), g.data());
+      B::run(ops::bias_add_backward{.rows = dy.extent(0) / seq, .cols = block, .dy = dy.data(), .dbias = g.data()});
       const std::size_t half = block / 2;
       for (std::size_t a = 0; a < 2; ++a)
-        B::bias_add_forward(1, half, g.data() + a * half, pos_.grad.data() + position_chunk(a) * half);
+        B::run(ops::bias_add_forward{
+            .rows = 1, .cols = half, .bias = g.data() + a * half, .y = pos_.grad.data() + position_chunk(a) * half});
     }
     embed_->backward(std::move(dy), mb);  // moved: the typed backward takes it by value
     // The embedding of a single-stage model is also the head: its gradient is final only here.

@@ -120,13 +120,13 @@ namespace detail {
 template <backend B>
 void add_column_sums(const Activation& dy, std::span<float> acc) {
   require(acc.size() == dy.extent(1), "bias gradient: ", acc.size(), " entries for ", dy.extent(1), " columns");
-  B::bias_add_backward(dy.extent(0), dy.extent(1), dy.data(), acc.data());
+  B::run(ops::bias_add_backward{.rows = dy.extent(0), .cols = dy.extent(1), .dy = dy.data(), .dbias = acc.data()});
 }
 /** `y[r, :] += v` for every row (bias addition), on backend `B`. */
 template <backend B>
 void add_row_vector(Activation& y, std::span<const float> v) {
   require(v.size() == y.extent(1), "bias: ", v.size(), " entries for ", y.extent(1), " columns");
-  B::bias_add_forward(y.extent(0), y.extent(1), v.data(), y.data());
+  B::run(ops::bias_add_forward{.rows = y.extent(0), .cols = y.extent(1), .bias = v.data(), .y = y.data()});
 }
 }  // namespace detail
 

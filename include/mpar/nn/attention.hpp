@@ -238,7 +238,11 @@ struct AttentionCore {
     probs = uninitialized_buffer<float>(nb * heads * s * s);
     per_head_gemm<B>(nb, Trans::no, Trans::yes, s, s, head_dim, 1.0f / std::sqrt(float(head_dim)), in.q, in.k,
                      probs.data(), s, heads * s * s, s * s);
-    B::softmax_forward(nb * heads * s, s, probs.data(), probs.data(), true);  // one causal softmax over all rows
+    B::run(ops::softmax_forward{.rows = nb * heads * s,
+                                .cols = s,
+                                .x = probs.data(),
+                                .y = probs.data(),
+                                .causal = true});  // one causal softmax over all rows
   }
 
   template <backend B, class T>
@@ -284,8 +288,12 @@ struct AttentionCore {
     per_head_gemm<B>(nb, Trans::yes, Trans::no, s, d, s, 1.0f, p, go, dq + 2 * g_part, g_ld, s * g_ld,
                      d);  // dV = P^T dO
     per_head_gemm<B>(nb, Trans::no, Trans::yes, s, s, d, 1.0f, go, in.v, dp.data(), s, heads * s * s,
-                     s * s);                                                     // dP = dO V^T
-    B::softmax_backward(nb * heads * s, s, probs.data(), dp.data(), dp.data());  // masked entries have p = 0, so dS = 0
+                     s * s);  // dP = dO V^T
+    B::run(ops::softmax_backward{.rows = nb * heads * s,
+                                 .cols = s,
+                                 .y = probs.data(),
+                                 .dy = dp.data(),
+                                 .dx = dp.data()});  // masked entries have p = 0, so dS = 0
     const Buffer<T> ds_t = as_operand<B, T>(dp);
     const OperandOf<T> ds{operand_ptr(ds_t, dp.data()), s, heads * s * s, s * s};
     per_head_gemm<B>(nb, Trans::no, Trans::no, s, d, s, scale, ds, in.k, dq, g_ld, s * g_ld, d);  // dQ = dS K

@@ -281,8 +281,10 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
       }
     }
     Activation dpre(dy.shape(), uninitialized);
-    B::gelu_backward(dy.size(), static_cast<const float*>(pre.data()), static_cast<const float*>(dy.data()),
-                     dpre.data());
+    B::run(ops::gelu_backward{.n = dy.size(),
+                              .x = static_cast<const float*>(pre.data()),
+                              .dy = static_cast<const float*>(dy.data()),
+                              .dx = dpre.data()});
     pre = Activation();
     return backward_input_on(std::move(dpre), mb);
   }

@@ -117,21 +117,22 @@ class Dropout : public detail::NoParameters, public detail::TypedLayer<Dropout<L
       // Each micro-batch draws its own mask; the stream mixes in the micro-batch id.
       m.stream = CounterRng::mix(stream_ ^ (std::uint64_t(std::uint32_t(mb)) << 32));
       m.row_offset = token_shard_offset;
-      B::dropout_apply(m, rows, cols, in.data(), out.data());
+      B::run(ops::dropout_apply{.mask = m, .rows = rows, .cols = cols, .x = in.data(), .y = out.data()});
       return;
     }
     // Each step draws its own mask over the step's batch; rows are named by their global token.
     m.stream = CounterRng::mix(CounterRng::mix(stream_) ^ tokens_->step_of(mb));
     if (tokens_->cp <= 1) {  // one run: the micro-batch's rows, under sequence parallelism this rank's block of them
       m.row_offset = tokens_->first_row(mb) + token_shard_offset;
-      B::dropout_apply(m, rows, cols, in.data(), out.data());
+      B::run(ops::dropout_apply{.mask = m, .rows = rows, .cols = cols, .x = in.data(), .y = out.data()});
       return;
     }
     require(token_shard_offset == 0, "Dropout: a token-sharded (sequence-parallel) activation under context ",
             "parallelism (cp ", tokens_->cp, ") has no global row mapping; use one or the other");
     tokens_->for_each_run(mb, rows, [&](std::size_t local, std::size_t global, std::size_t n) {
       m.row_offset = global;
-      B::dropout_apply(m, n, cols, in.data() + local * cols, out.data() + local * cols);
+      B::run(ops::dropout_apply{
+          .mask = m, .rows = n, .cols = cols, .x = in.data() + local * cols, .y = out.data() + local * cols});
     });
   }
   double p_;

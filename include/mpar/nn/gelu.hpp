@@ -43,7 +43,7 @@ class BasicGelu : public detail::NoParameters, public detail::TypedLayer<BasicGe
   friend Typed;  // its typed entries are the only public way in; these do the work on the storage
   Activation do_forward(const Activation& x, int mb) {
     Activation y(x.shape(), uninitialized);
-    B::gelu_forward(x.size(), x.data(), y.data());
+    B::run(ops::gelu_forward{.n = x.size(), .x = x.data(), .y = y.data()});
     cache_.put(mb).x = backend_copy<B>(x);
     return y;
   }
@@ -51,7 +51,7 @@ class BasicGelu : public detail::NoParameters, public detail::TypedLayer<BasicGe
     auto c = cache_.take(mb, layer_kind);
     require(dy.shape() == c.x.shape(), "Gelu: gradient shape differs from the input's");
     Activation dx(dy.shape(), uninitialized);
-    B::gelu_backward(dy.size(), c.x.data(), dy.data(), dx.data());
+    B::run(ops::gelu_backward{.n = dy.size(), .x = c.x.data(), .dy = dy.data(), .dx = dx.data()});
     return dx;
   }
 

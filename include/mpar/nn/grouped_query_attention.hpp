@@ -178,7 +178,7 @@ class GroupedQueryAttention
       gather(0, sum);
       for (std::size_t copy = 1; copy < group_; ++copy) {
         gather(copy, term);
-        B::add(sum.size(), sum.data(), term.data(), sum.data());
+        B::run(ops::add{.n = sum.size(), .x = sum.data(), .z = term.data(), .y = sum.data()});
       }
       B::copy_2d_batched(z.tokens, z.d, sum.data(), kv_cols, BatchStrides{0, z.d}, dst, z.fused_ld,
                          BatchStrides{0, z.w}, BatchExtents{1, z.kvl});

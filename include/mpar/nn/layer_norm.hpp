@@ -70,8 +70,14 @@ class LayerNorm : public detail::TypedLayer<LayerNorm<L, C, B>> {
     auto& c = cache_.put(mb);
     c.mean = uninitialized_buffer<float>(rows);
     c.rstd = uninitialized_buffer<float>(rows);
-    B::layernorm_forward(rows, n_, x.data(), gamma_.value.data(), beta_.value.data(), y.data(), c.mean.data(),
-                         c.rstd.data());
+    B::run(ops::layernorm_forward{.rows = rows,
+                                  .cols = n_,
+                                  .x = x.data(),
+                                  .gamma = gamma_.value.data(),
+                                  .beta = beta_.value.data(),
+                                  .y = y.data(),
+                                  .mean = c.mean.data(),
+                                  .rstd = c.rstd.data()});
     c.x = backend_copy<B>(x);
     return y;
   }
@@ -83,16 +89,32 @@ class LayerNorm : public detail::TypedLayer<LayerNorm<L, C, B>> {
       if (!defer_) {  // this rank's share, summed over the tensor group here
         Buffer<float> g = uninitialized_buffer<float>(2 * n_);
         B::zero(g.size(), g.data());  // the kernel accumulates dgamma, dbeta
-        B::layernorm_backward(dy.extent(0), n_, c.x.data(), c.mean.data(), c.rstd.data(), gamma_.value.data(),
-                              dy.data(), dx.data(), g.data(), g.data() + n_);
+        B::run(ops::layernorm_backward{.rows = dy.extent(0),
+                                       .cols = n_,
+                                       .x = c.x.data(),
+                                       .mean = c.mean.data(),
+                                       .rstd = c.rstd.data(),
+                                       .gamma = gamma_.value.data(),
+                                       .dy = dy.data(),
+                                       .dx = dx.data(),
+                                       .dgamma = g.data(),
+                                       .dbeta = g.data() + n_});
         if (comm_->size() > 1) comm_->all_reduce(std::span<float>(g), ReduceOp::sum);
-        B::add(n_, gamma_.grad.data(), g.data(), gamma_.grad.data());
-        B::add(n_, beta_.grad.data(), g.data() + n_, beta_.grad.data());
+        B::run(ops::add{.n = n_, .x = gamma_.grad.data(), .z = g.data(), .y = gamma_.grad.data()});
+        B::run(ops::add{.n = n_, .x = beta_.grad.data(), .z = g.data() + n_, .y = beta_.grad.data()});
         return dx;
       }
     }
-    B::layernorm_backward(dy.extent(0), n_, c.x.data(), c.mean.data(), c.rstd.data(), gamma_.value.data(), dy.data(),
-                          dx.data(), gamma_.grad.data(), beta_.grad.data());
+    B::run(ops::layernorm_backward{.rows = dy.extent(0),
+                                   .cols = n_,
+                                   .x = c.x.data(),
+                                   .mean = c.mean.data(),
+                                   .rstd = c.rstd.data(),
+                                   .gamma = gamma_.value.data(),
+                                   .dy = dy.data(),
+                                   .dx = dx.data(),
+                                   .dgamma = gamma_.grad.data(),
+                                   .dbeta = beta_.grad.data()});
     return dx;
   }
 

@@ -162,7 +162,7 @@ class Linear2D : public detail::LinearState, public detail::TypedLayer<Linear2D<
       if (grid_->i() == k) {
         Buffer<float> sum = B::template allocate<float>(il * ol);  // written whole by the reduce
         grid_->col.reduce(std::span<const float>(part_w), std::span<float>(sum), ReduceOp::sum, int(k));
-        B::add(sum.size(), weight_.grad.data(), sum.data(), weight_.grad.data());
+        B::run(ops::add{.n = sum.size(), .x = weight_.grad.data(), .z = sum.data(), .y = weight_.grad.data()});
       } else {
         grid_->col.reduce(std::span<const float>(part_w), std::span<float>(), ReduceOp::sum, int(k));
       }
@@ -172,7 +172,7 @@ class Linear2D : public detail::LinearState, public detail::TypedLayer<Linear2D<
       B::zero(ol, db.data());
       detail::add_column_sums<B>(p.dy, db);
       grid_->col.all_reduce(std::span<float>(db), ReduceOp::sum);
-      B::add(ol, bias_.grad.data(), db.data(), bias_.grad.data());
+      B::run(ops::add{.n = ol, .x = bias_.grad.data(), .z = db.data(), .y = bias_.grad.data()});
     }
   }
 

@@ -40,7 +40,7 @@ template <backend Bk = HostBackend, class A, class B>
 [[nodiscard]] auto add(Act<A> a, const Act<B>& b) {
   if constexpr (detail::check_residual<A, B>()) {
     require(a.shape() == b.shape(), "nn::add: the residual's operands have different shapes");
-    Bk::add(a.size(), a.data(), b.data(), a.data());
+    Bk::run(ops::add{.n = a.size(), .x = a.data(), .z = b.data(), .y = a.data()});
     return a;
   } else {
     return a;  // the refusal above is the one message; this keeps the caller's code free of a second

@@ -97,7 +97,7 @@ class RMSNorm : public detail::TypedLayer<RMSNorm<L, C, B>> {
         B::zero(g.size(), g.data());  // the kernel accumulates dgain
         B::run(gradient(c, dy, dx, g.data()));
         if (comm_->size() > 1) comm_->all_reduce(std::span<float>(g), ReduceOp::sum);
-        B::add(n_, gain_.grad.data(), g.data(), gain_.grad.data());
+        B::run(ops::add{.n = n_, .x = gain_.grad.data(), .z = g.data(), .y = gain_.grad.data()});
         return dx;
       }
     }

@@ -9,7 +9,7 @@
  * thread that issues them, so nothing is shared between ranks and the numbers are exact and reproducible.
  *
  * What is counted, and how:
- * - launches: one per call of a backend operation (`gemm`, the layer and row kernels, the
+ * - launches: one per call of a backend operation (`gemm`, the
  *   zero/fill/copy/copy_2d/copy_2d_batched/convert/init_values operations, `gemm_strided_batched`, the
  *   operation objects of backend/ops/ where `B` runs them), by `Op` kind — a `copy_2d` is one
  *   launch whatever its number of rows, as it is one `cudaMemcpy2DAsync` on CUDA;
@@ -272,16 +272,6 @@ struct CountingBackend : B {
     note(Op::op);                        \
     return B::op(std::forward<A>(a)...); \
   }
-  MPAR_COUNTING_OP(add)
-  MPAR_COUNTING_OP(bias_add_forward)
-  MPAR_COUNTING_OP(bias_add_backward)
-  MPAR_COUNTING_OP(gelu_forward)
-  MPAR_COUNTING_OP(gelu_backward)
-  MPAR_COUNTING_OP(softmax_forward)
-  MPAR_COUNTING_OP(softmax_backward)
-  MPAR_COUNTING_OP(layernorm_forward)
-  MPAR_COUNTING_OP(layernorm_backward)
-  MPAR_COUNTING_OP(dropout_apply)
   MPAR_COUNTING_OP(zero)
   MPAR_COUNTING_OP(fill)
   MPAR_COUNTING_OP(copy)

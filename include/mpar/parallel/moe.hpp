@@ -246,7 +246,7 @@ class MoeMlp {
     B::template gemm<float>(Trans::no, Trans::no, tokens, E, d, 1.0f, st.x.data(), d, gate_.value.data(), E, 0.0f,
                             logits.data(), E);
     st.probs = uninitialized_buffer<float>(tokens * E);
-    B::softmax_forward(tokens, E, logits.data(), st.probs.data());
+    B::run(ops::softmax_forward{.rows = tokens, .cols = E, .x = logits.data(), .y = st.probs.data()});
     // 2. the routing decisions (top-k, capacity, routing order), in rank memory
     Buffer<std::int32_t> choice = uninitialized_buffer<std::int32_t>(tokens * k),
                          route = uninitialized_buffer<std::int32_t>(tokens * k),
@@ -357,7 +357,8 @@ class MoeMlp {
                                   .alpha = cfg_.aux_loss_weight,
                                   .stats = st.stats.data(),
                                   .dprobs = dprobs.data()});
-    B::softmax_backward(T, E, st.probs.data(), dprobs.data(), dlogits.data());
+    B::run(
+        ops::softmax_backward{.rows = T, .cols = E, .y = st.probs.data(), .dy = dprobs.data(), .dx = dlogits.data()});
     B::template gemm<float>(Trans::yes, Trans::no, d, E, T, 1.0f, st.x.data(), d, dlogits.data(), E, 1.0f,
                             gate_.grad.data(), E);
     B::template gemm<float>(Trans::no, Trans::yes, T, d, E, 1.0f, dlogits.data(), E, gate_.value.data(), E, 1.0f,
@@ -411,7 +412,7 @@ class MoeMlp {
       h = uninitialized_buffer<float>(n * f);
       gemm_xw(st.type, Trans::no, Trans::no, n, f, d, xi, d, w1_, w1_16_, l * d * f, f, 0.0f, h.data(), f);
       Buffer<float> a = uninitialized_buffer<float>(n * f), o = uninitialized_buffer<float>(n * d);
-      B::gelu_forward(n * f, h.data(), a.data());
+      B::run(ops::gelu_forward{.n = n * f, .x = h.data(), .y = a.data()});
       gemm_xw(st.type, Trans::no, Trans::no, n, d, f, a, f, w2_, w2_16_, l * f * d, d, 0.0f, o.data(), d);
       scatter_expert_rows(l, C, o.data(), out.data());
     }
@@ -427,10 +428,10 @@ class MoeMlp {
       const auto& h = st.ex_h[l];
       Buffer<float> a = uninitialized_buffer<float>(n * f), da = uninitialized_buffer<float>(n * f),
                     dh = uninitialized_buffer<float>(n * f), dxi = uninitialized_buffer<float>(n * d);
-      B::gelu_forward(n * f, h.data(), a.data());  // recomputed: cheaper to keep h than both
+      B::run(ops::gelu_forward{.n = n * f, .x = h.data(), .y = a.data()});  // recomputed: cheaper to keep h than both
       gemm_xy(st.type, Trans::yes, Trans::no, f, d, n, a, f, dy, d, &w2_.grad[l * f * d], d);
       gemm_xw(st.type, Trans::no, Trans::yes, n, f, d, dy, d, w2_, w2_16_, l * f * d, d, 0.0f, da.data(), f);
-      B::gelu_backward(n * f, h.data(), da.data(), dh.data());
+      B::run(ops::gelu_backward{.n = n * f, .x = h.data(), .dy = da.data(), .dx = dh.data()});
       gemm_xy(st.type, Trans::yes, Trans::no, d, f, n, st.ex_in[l], d, dh, f, &w1_.grad[l * d * f], f);
       gemm_xw(st.type, Trans::no, Trans::yes, n, d, f, dh, f, w1_, w1_16_, l * d * f, f, 0.0f, dxi.data(), d);
       scatter_expert_rows(l, C, dxi.data(), dx.data());

@@ -25,6 +25,7 @@
 #include "mpar/backend/gpu/gemm.hpp"
 #include "mpar/backend/gpu/graph.hpp"
 #include "mpar/backend/gpu/kernels.hpp"
+#include "mpar/backend/gpu/layer_kernel_ops.hpp"
 #include "mpar/backend/gpu/llama_kernels.hpp"
 #include "mpar/backend/gpu/memory.hpp"
 #include "mpar/backend/gpu/moe_ops.hpp"
@@ -119,46 +120,10 @@ struct CudaBackend {
     gpu::gemm<TIn, TOut>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
 
-  // The layer kernels (see the `backend` concept), enqueued on the rank's stream.
-  template <class... A>
-  static void add(A&&... a) {
-    then_wait([&] { gpu::add(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void bias_add_forward(A&&... a) {
-    then_wait([&] { gpu::bias_add_forward(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void bias_add_backward(A&&... a) {
-    then_wait([&] { gpu::bias_add_backward(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void gelu_forward(A&&... a) {
-    then_wait([&] { gpu::gelu_forward(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void gelu_backward(A&&... a) {
-    then_wait([&] { gpu::gelu_backward(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void softmax_forward(A&&... a) {
-    then_wait([&] { gpu::softmax_forward(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void softmax_backward(A&&... a) {
-    then_wait([&] { gpu::softmax_backward(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void layernorm_forward(A&&... a) {
-    then_wait([&] { gpu::layernorm_forward(std::forward<A>(a)...); });
-  }
-  template <class... A>
-  static void layernorm_backward(A&&... a) {
-    then_wait([&] { gpu::layernorm_backward(std::forward<A>(a)...); });
-  }
   /**
    * An operation object (backend/ops/operation.hpp) that has CUDA kernels: a `gpu::launch(op, stream)` overload
-   * declared before this header, e.g. the optimizer's (gpu/optimizer_ops.hpp), the vocabulary-parallel embedding and loss
+   * declared before this header, e.g. the layers' elementwise and row kernels (gpu/layer_kernel_ops.hpp), the optimizer's
+   * (gpu/optimizer_ops.hpp), the vocabulary-parallel embedding and loss
    * (gpu/vocab_parallel_ops.hpp), the MoE's token routing (gpu/row_kernels.hpp, moe_routing.hpp, moe_ops.hpp)
    * the Llama-class layers' (gpu/llama_kernels.hpp) and ring attention's online softmax (gpu/online_softmax.hpp).
    */
@@ -166,10 +131,6 @@ struct CudaBackend {
     requires requires(const Op& op) { gpu::launch(op, cudaStream_t{}); }
   static void run(const Op& op) {
     then_wait([&] { gpu::launch(op, cudaStream_t{}); });
-  }
-  template <class... A>
-  static void dropout_apply(A&&... a) {
-    then_wait([&] { gpu::dropout_apply(std::forward<A>(a)...); });
   }
 
   // The buffer operations and the batched GEMM (see the `backend` concept), on the compute stream.
@@ -260,8 +221,8 @@ struct CudaBackend {
                              std::size_t ldw, const float* bias, float* pre, float* y) {
     if (m == 0 || n == 0) return;
     gemm<TIn, float>(Trans::no, Trans::no, m, n, k, 1.0f, a, lda, w, ldw, 0.0f, pre, n);
-    bias_add_forward(m, n, bias, pre);
-    gelu_forward(m * n, static_cast<const float*>(pre), y);
+    run(ops::bias_add_forward{.rows = m, .cols = n, .bias = bias, .y = pre});
+    run(ops::gelu_forward{.n = m * n, .x = pre, .y = y});
   }
 
   // ---- Fused kernels (not in the `backend` concept; layers use them where a backend has them) ----

@@ -89,48 +89,6 @@ struct HostBackend {
     mpar::gemm<TIn, TOut>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
   }
 
-  // The layer kernels (see the `backend` concept): the mpar::host reference implementations.
-  template <class... A>
-  static void add(A&&... a) {
-    host::add(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void bias_add_forward(A&&... a) {
-    host::bias_add_forward(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void bias_add_backward(A&&... a) {
-    host::bias_add_backward(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void gelu_forward(A&&... a) {
-    host::gelu_forward(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void gelu_backward(A&&... a) {
-    host::gelu_backward(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void softmax_forward(A&&... a) {
-    host::softmax_forward(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void softmax_backward(A&&... a) {
-    host::softmax_backward(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void layernorm_forward(A&&... a) {
-    host::layernorm_forward(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void layernorm_backward(A&&... a) {
-    host::layernorm_backward(std::forward<A>(a)...);
-  }
-  template <class... A>
-  static void dropout_apply(A&&... a) {
-    host::dropout_apply(std::forward<A>(a)...);
-  }
-
   /**
    * An operation object (backend/ops/operation.hpp) run by its plain-loop host reference: every operation that has
    * one, e.g. the optimizer's (`optimizer_backend`), the MoE's token routing (`routing_backend`), the Llama-class

@@ -206,17 +206,6 @@ struct BasicStreamHostBackend {
     return submit(                                                                                       \
         #op, [](auto&... x) -> decltype(auto) { return HostBackend::op(x...); }, std::forward<A>(a)...); \
   }
-  // The layer kernels.
-  MPAR_STREAM_OP(add)
-  MPAR_STREAM_OP(bias_add_forward)
-  MPAR_STREAM_OP(bias_add_backward)
-  MPAR_STREAM_OP(gelu_forward)
-  MPAR_STREAM_OP(gelu_backward)
-  MPAR_STREAM_OP(softmax_forward)
-  MPAR_STREAM_OP(softmax_backward)
-  MPAR_STREAM_OP(layernorm_forward)
-  MPAR_STREAM_OP(layernorm_backward)
-  MPAR_STREAM_OP(dropout_apply)
   // The buffer operations.
   MPAR_STREAM_OP(zero)
   MPAR_STREAM_OP(fill)
