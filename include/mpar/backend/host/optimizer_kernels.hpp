@@ -120,20 +120,6 @@ inline void adamw_advance(float beta1, float beta2, const float* lr, const Updat
   s->bias_correction2 = float(1.0 - std::pow(double(beta2), double(s->steps)));
 }
 
-/** @brief adamw_update with the learning rate and the bias corrections read from `s` (rank memory). */
-inline void adamw_update(std::size_t n, float* w, const float* g, float* m, float* v, float beta1, float beta2,
-                         float eps, float weight_decay, const AdamWScalars* s, const UpdateFactors* factors) {
-  adamw_update(n, w, g, m, v, beta1, beta2, eps, s->lr, weight_decay, s->bias_correction1, s->bias_correction2,
-               factors);
-}
-/** @brief The flat-range adamw_update (`DecayRun`s) with its per-step scalars read from `s` (rank memory). */
-inline void adamw_update(std::size_t n, float* w, const float* g, float* m, float* v, float beta1, float beta2,
-                         float eps, float weight_decay, const AdamWScalars* s, const UpdateFactors* factors,
-                         const DecayRun* decay_runs, std::size_t runs) {
-  adamw_update(n, w, g, m, v, beta1, beta2, eps, s->lr, weight_decay, s->bias_correction1, s->bias_correction2, factors,
-               decay_runs, runs);
-}
-
 /**
  * @brief One SGD update with L2 weight decay and (optionally Nesterov) momentum:
  * `d = s g + wd w; buf = first ? d : mu buf + (1 - dampening) d;
