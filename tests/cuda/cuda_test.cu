@@ -614,36 +614,33 @@ TEST_CASE("CudaBackend optimizer operations: AdamW, SGD, sum of squares and scal
   // Direct calls: the device kernels compute host::adamw_update / host::sgd_update operation for operation.
   // The per-step factors live in rank memory (device) for the device, in host memory for the host reference.
   const UpdateFactors half{0.5f, 0.0f}, three_quarters{0.75f, 0.0f}, one{1.0f, 0.0f};
+  // One AdamW update with this test's hyper-parameters and step constants, over the operands given.
+  const auto adamw = [n](float* w, const float* grad, float* m, float* v, const UpdateFactors* factors) {
+    return ops::adamw_update{.n = n,
+                             .w = w,
+                             .g = grad,
+                             .m = m,
+                             .v = v,
+                             .beta1 = 0.9f,
+                             .beta2 = 0.95f,
+                             .eps = 1e-8f,
+                             .weight_decay = 0.1f,
+                             .lr = 1e-2f,
+                             .bias_correction1 = 0.271f,
+                             .bias_correction2 = 0.142625f,
+                             .factors = factors};
+  };
+  const auto with_runs = [](ops::adamw_update op, const DecayRun* runs, std::size_t count) {
+    op.decay_runs = runs;
+    op.runs = count;
+    return op;
+  };
   {
     auto dw = upload(w0), dg = upload(g), dm = upload(m0), dv = upload(v0);
     auto df = upload(std::vector<UpdateFactors>{half});
-    CudaBackend::run(ops::adamw_update{.n = n,
-                                       .w = dw.data(),
-                                       .g = static_cast<const float*>(dg.data()),
-                                       .m = dm.data(),
-                                       .v = dv.data(),
-                                       .beta1 = 0.9f,
-                                       .beta2 = 0.95f,
-                                       .eps = 1e-8f,
-                                       .weight_decay = 0.1f,
-                                       .lr = 1e-2f,
-                                       .bias_correction1 = 0.271f,
-                                       .bias_correction2 = 0.142625f,
-                                       .factors = static_cast<const UpdateFactors*>(df.data())});
+    CudaBackend::run(adamw(dw.data(), dg.data(), dm.data(), dv.data(), df.data()));
     auto w = w0, m = m0, v = v0;
-    HostBackend::run(ops::adamw_update{.n = n,
-                                       .w = w.data(),
-                                       .g = g.data(),
-                                       .m = m.data(),
-                                       .v = v.data(),
-                                       .beta1 = 0.9f,
-                                       .beta2 = 0.95f,
-                                       .eps = 1e-8f,
-                                       .weight_decay = 0.1f,
-                                       .lr = 1e-2f,
-                                       .bias_correction1 = 0.271f,
-                                       .bias_correction2 = 0.142625f,
-                                       .factors = &half});
+    HostBackend::run(adamw(w.data(), g.data(), m.data(), v.data(), &half));
     CHECK(worst(download(dw), w, 1e-12, 1e-6) <= 1.0);
     CHECK(worst(download(dm), m, 1e-12, 1e-6) <= 1.0);
     CHECK(worst(download(dv), v, 1e-12, 1e-6) <= 1.0);
@@ -655,37 +652,9 @@ TEST_CASE("CudaBackend optimizer operations: AdamW, SGD, sum of squares and scal
     auto dw = upload(w0), dg = upload(g), dm = upload(m0), dv = upload(v0);
     auto df = upload(std::vector<UpdateFactors>{half});
     auto dr = upload(runs);
-    CudaBackend::run(ops::adamw_update{.n = n,
-                                       .w = dw.data(),
-                                       .g = static_cast<const float*>(dg.data()),
-                                       .m = dm.data(),
-                                       .v = dv.data(),
-                                       .beta1 = 0.9f,
-                                       .beta2 = 0.95f,
-                                       .eps = 1e-8f,
-                                       .weight_decay = 0.1f,
-                                       .lr = 1e-2f,
-                                       .bias_correction1 = 0.271f,
-                                       .bias_correction2 = 0.142625f,
-                                       .factors = static_cast<const UpdateFactors*>(df.data()),
-                                       .decay_runs = static_cast<const DecayRun*>(dr.data()),
-                                       .runs = runs.size()});
+    CudaBackend::run(with_runs(adamw(dw.data(), dg.data(), dm.data(), dv.data(), df.data()), dr.data(), runs.size()));
     auto w = w0, m = m0, v = v0;
-    HostBackend::run(ops::adamw_update{.n = n,
-                                       .w = w.data(),
-                                       .g = g.data(),
-                                       .m = m.data(),
-                                       .v = v.data(),
-                                       .beta1 = 0.9f,
-                                       .beta2 = 0.95f,
-                                       .eps = 1e-8f,
-                                       .weight_decay = 0.1f,
-                                       .lr = 1e-2f,
-                                       .bias_correction1 = 0.271f,
-                                       .bias_correction2 = 0.142625f,
-                                       .factors = &half,
-                                       .decay_runs = runs.data(),
-                                       .runs = runs.size()});
+    HostBackend::run(with_runs(adamw(w.data(), g.data(), m.data(), v.data(), &half), runs.data(), runs.size()));
     CHECK(worst(download(dw), w, 1e-12, 1e-6) <= 1.0);
     CHECK(worst(download(dm), m, 1e-12, 1e-6) <= 1.0);
     CHECK(worst(download(dv), v, 1e-12, 1e-6) <= 1.0);
@@ -751,19 +720,7 @@ TEST_CASE("CudaBackend optimizer operations: AdamW, SGD, sum of squares and scal
     // A skip flag in rank memory: nothing changes on the device either.
     auto skip = upload(std::vector<UpdateFactors>{UpdateFactors{1.0f, 1.0f}});
     auto dw2 = upload(w0), dm = upload(m0), dv = upload(v0);
-    CudaBackend::run(ops::adamw_update{.n = n,
-                                       .w = dw2.data(),
-                                       .g = static_cast<const float*>(dg.data()),
-                                       .m = dm.data(),
-                                       .v = dv.data(),
-                                       .beta1 = 0.9f,
-                                       .beta2 = 0.95f,
-                                       .eps = 1e-8f,
-                                       .weight_decay = 0.1f,
-                                       .lr = 1e-2f,
-                                       .bias_correction1 = 0.271f,
-                                       .bias_correction2 = 0.142625f,
-                                       .factors = static_cast<const UpdateFactors*>(skip.data())});
+    CudaBackend::run(adamw(dw2.data(), dg.data(), dm.data(), dv.data(), skip.data()));
     CHECK(download(dw2) == w0);
     CHECK(download(dm) == m0);
   }

@@ -85,36 +85,30 @@ class LayerNorm : public detail::TypedLayer<LayerNorm<L, C, B>> {
     auto c = cache_.take(mb, layer_kind);
     require(dy.shape() == c.x.shape(), "LayerNorm '", gamma_.name, "': gradient shape differs from the input's");
     Activation dx(dy.shape(), uninitialized);
+    ops::layernorm_backward op{.rows = dy.extent(0),
+                               .cols = n_,
+                               .x = c.x.data(),
+                               .mean = c.mean.data(),
+                               .rstd = c.rstd.data(),
+                               .gamma = gamma_.value.data(),
+                               .dy = dy.data(),
+                               .dx = dx.data(),
+                               .dgamma = gamma_.grad.data(),
+                               .dbeta = beta_.grad.data()};
     if constexpr (sequence_parallel) {
       if (!defer_) {  // this rank's share, summed over the tensor group here
         Buffer<float> g = uninitialized_buffer<float>(2 * n_);
         B::zero(g.size(), g.data());  // the kernel accumulates dgamma, dbeta
-        B::run(ops::layernorm_backward{.rows = dy.extent(0),
-                                       .cols = n_,
-                                       .x = c.x.data(),
-                                       .mean = c.mean.data(),
-                                       .rstd = c.rstd.data(),
-                                       .gamma = gamma_.value.data(),
-                                       .dy = dy.data(),
-                                       .dx = dx.data(),
-                                       .dgamma = g.data(),
-                                       .dbeta = g.data() + n_});
+        op.dgamma = g.data();
+        op.dbeta = g.data() + n_;
+        B::run(op);
         if (comm_->size() > 1) comm_->all_reduce(std::span<float>(g), ReduceOp::sum);
         B::run(ops::add{.n = n_, .x = gamma_.grad.data(), .z = g.data(), .y = gamma_.grad.data()});
         B::run(ops::add{.n = n_, .x = beta_.grad.data(), .z = g.data() + n_, .y = beta_.grad.data()});
         return dx;
       }
     }
-    B::run(ops::layernorm_backward{.rows = dy.extent(0),
-                                   .cols = n_,
-                                   .x = c.x.data(),
-                                   .mean = c.mean.data(),
-                                   .rstd = c.rstd.data(),
-                                   .gamma = gamma_.value.data(),
-                                   .dy = dy.data(),
-                                   .dx = dx.data(),
-                                   .dgamma = gamma_.grad.data(),
-                                   .dbeta = beta_.grad.data()});
+    B::run(op);
     return dx;
   }
 

@@ -157,21 +157,11 @@ class AdamW {
     issue_update(
         "AdamW::step",
         [&](float* w, const float* g) {
-          B::run(ops::adamw_update{.n = layout_.size(),
-                                   .w = w,
-                                   .g = g,
-                                   .m = m_.data(),
-                                   .v = v_.data(),
-                                   .beta1 = config_.beta1,
-                                   .beta2 = config_.beta2,
-                                   .eps = config_.eps,
-                                   .weight_decay = config_.weight_decay,
-                                   .lr = s.lr,
-                                   .bias_correction1 = s.bias_correction1,
-                                   .bias_correction2 = s.bias_correction2,
-                                   .factors = factors,
-                                   .decay_runs = runs_.data(),
-                                   .runs = runs_.size()});
+          ops::adamw_update op = flat_update(w, g, factors);
+          op.lr = s.lr;
+          op.bias_correction1 = s.bias_correction1;
+          op.bias_correction2 = s.bias_correction2;
+          B::run(op);
         },
         [&](std::size_t i, nn::Parameter& p, float weight_decay) {
           s.weight_decay = weight_decay;
@@ -197,19 +187,9 @@ class AdamW {
     issue_update(
         "AdamW::step_in_rank",
         [&](float* w, const float* g) {
-          B::run(ops::adamw_update{.n = layout_.size(),
-                                   .w = w,
-                                   .g = g,
-                                   .m = m_.data(),
-                                   .v = v_.data(),
-                                   .beta1 = config_.beta1,
-                                   .beta2 = config_.beta2,
-                                   .eps = config_.eps,
-                                   .weight_decay = config_.weight_decay,
-                                   .scalars = scalars,
-                                   .factors = factors,
-                                   .decay_runs = runs_.data(),
-                                   .runs = runs_.size()});
+          ops::adamw_update op = flat_update(w, g, factors);
+          op.scalars = scalars;
+          B::run(op);
         },
         [&](std::size_t i, nn::Parameter& p, float weight_decay) {
           if (p.value.empty()) return;
@@ -262,6 +242,24 @@ class AdamW {
   }
 
  private:
+  /**
+   * The update over the flat range (values `w` and gradients `g` bound in the layout, the moments, the decay runs)
+   * without its step's learning rate and bias corrections, which the caller gives or points to in rank memory.
+   */
+  [[nodiscard]] ops::adamw_update flat_update(float* w, const float* g, const UpdateFactors* factors) {
+    return {.n = layout_.size(),
+            .w = w,
+            .g = g,
+            .m = m_.data(),
+            .v = v_.data(),
+            .beta1 = config_.beta1,
+            .beta2 = config_.beta2,
+            .eps = config_.eps,
+            .weight_decay = config_.weight_decay,
+            .factors = factors,
+            .decay_runs = runs_.data(),
+            .runs = runs_.size()};
+  }
   /**
    * Issues one update: `flat(w, g)` once over the flat range when the parameters sit in it, else
    * `per_parameter(i, p, weight_decay)` for each parameter, after checking that its values, gradients and
