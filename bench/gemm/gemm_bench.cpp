@@ -1,9 +1,9 @@
-// mpar's host GEMM (HostBackend::gemm: the per-thread primitive cache, the one-thread guard and the
+// mpar's host GEMM (HostBackend's ops::gemm: the per-thread primitive cache, the one-thread guard and the
 // argument checks around oneDNN's matmul) against a raw oneDNN matmul primitive created once and
 // executed on the same operands, in fp32 and bf16 x bf16 -> fp32; OpenBLAS's cblas_sgemm is printed for
 // reference. Goal: no abstraction cost (ratio >= 0.95). Everything runs on one thread, as a rank does.
 // Then attention's batched products (train_gpt's default micro-batch: 4 sequences x 4 heads, seq 64,
-// head 64): HostBackend::gemm_strided_batched with a two-level batch (sequences x heads, operands at
+// head 64): ops::gemm_strided_batched with a two-level batch (sequences x heads, operands at
 // attention's strides inside the qkv matrix) against a raw oneDNN 4-D matmul on the same memory, with the
 // per-matrix loop (one 2-D GEMM per (sequence, head)) printed for reference.
 // bf16 rows also time mpar's avx512_bf16 kernel (host/avx512_bf16_gemm.hpp), pinned, where the CPU has it:
@@ -150,11 +150,33 @@ int main(int argc, char** argv) {
                     half ? static_cast<void*>(bh.data()) : static_cast<void*>(b.data()), c_raw.data());
       auto ours = [&] {
         if (half)
-          HostBackend::gemm<bf16, float>(ta, Trans::no, s.m, s.n, s.k, 1.0f, ah.data(), a_cols, bh.data(), s.n, 0.0f,
-                                         c.data(), s.n);
+          HostBackend::run(ops::gemm<bf16, float>{.ta = ta,
+                                                  .tb = Trans::no,
+                                                  .m = s.m,
+                                                  .n = s.n,
+                                                  .k = s.k,
+                                                  .alpha = 1.0f,
+                                                  .a = ah.data(),
+                                                  .lda = a_cols,
+                                                  .b = bh.data(),
+                                                  .ldb = s.n,
+                                                  .beta = 0.0f,
+                                                  .c = c.data(),
+                                                  .ldc = s.n});
         else
-          HostBackend::gemm<float>(ta, Trans::no, s.m, s.n, s.k, 1.0f, a.data(), a_cols, b.data(), s.n, 0.0f, c.data(),
-                                   s.n);
+          HostBackend::run(ops::gemm<float>{.ta = ta,
+                                            .tb = Trans::no,
+                                            .m = s.m,
+                                            .n = s.n,
+                                            .k = s.k,
+                                            .alpha = 1.0f,
+                                            .a = a.data(),
+                                            .lda = a_cols,
+                                            .b = b.data(),
+                                            .ldb = s.n,
+                                            .beta = 0.0f,
+                                            .c = c.data(),
+                                            .ldc = s.n});
       };
       const auto [t_ours, t_base] = bench::paired_medians(reps, ours, [&] { raw.run(); });
       // Same library, same problem: the results must agree to fp32 rounding (summation order may differ).
@@ -247,18 +269,41 @@ int main(int argc, char** argv) {
       const Trans ta = pr.ta ? Trans::yes : Trans::no, tb = pr.tb ? Trans::yes : Trans::no;
       auto call = [&](auto* a, auto* b) {
         using T = std::remove_const_t<std::remove_pointer_t<decltype(a)>>;
-        HostBackend::gemm_strided_batched<T, float>(ta, tb, pr.m, pr.n, pr.k, 1.0f, a, pr.a.ld,
-                                                    BatchStrides{pr.a.seq, pr.a.head}, b, pr.b.ld,
-                                                    BatchStrides{pr.b.seq, pr.b.head}, 0.0f, out.data() + pr.c_offset,
-                                                    pr.ldc, BatchStrides{pr.c_seq, pr.c_head}, BatchExtents{nb, heads});
+        HostBackend::run(ops::gemm_strided_batched<T, float>{.ta = ta,
+                                                             .tb = tb,
+                                                             .m = pr.m,
+                                                             .n = pr.n,
+                                                             .k = pr.k,
+                                                             .alpha = 1.0f,
+                                                             .a = a,
+                                                             .lda = pr.a.ld,
+                                                             .stride_a = BatchStrides{pr.a.seq, pr.a.head},
+                                                             .b = b,
+                                                             .ldb = pr.b.ld,
+                                                             .stride_b = BatchStrides{pr.b.seq, pr.b.head},
+                                                             .beta = 0.0f,
+                                                             .c = out.data() + pr.c_offset,
+                                                             .ldc = pr.ldc,
+                                                             .stride_c = BatchStrides{pr.c_seq, pr.c_head},
+                                                             .batch = BatchExtents{nb, heads}});
       };
       auto loop = [&](auto* a, auto* b) {
         using T = std::remove_const_t<std::remove_pointer_t<decltype(a)>>;
         for (std::size_t i = 0; i < nb; ++i)
           for (std::size_t j = 0; j < heads; ++j)
-            HostBackend::gemm<T, float>(ta, tb, pr.m, pr.n, pr.k, 1.0f, a + i * pr.a.seq + j * pr.a.head, pr.a.ld,
-                                        b + i * pr.b.seq + j * pr.b.head, pr.b.ld, 0.0f,
-                                        out.data() + pr.c_offset + i * pr.c_seq + j * pr.c_head, pr.ldc);
+            HostBackend::run(ops::gemm<T, float>{.ta = ta,
+                                                 .tb = tb,
+                                                 .m = pr.m,
+                                                 .n = pr.n,
+                                                 .k = pr.k,
+                                                 .alpha = 1.0f,
+                                                 .a = a + i * pr.a.seq + j * pr.a.head,
+                                                 .lda = pr.a.ld,
+                                                 .b = b + i * pr.b.seq + j * pr.b.head,
+                                                 .ldb = pr.b.ld,
+                                                 .beta = 0.0f,
+                                                 .c = out.data() + pr.c_offset + i * pr.c_seq + j * pr.c_head,
+                                                 .ldc = pr.ldc});
       };
       auto ours = [&] {
         if (half)

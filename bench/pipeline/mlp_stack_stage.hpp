@@ -43,8 +43,19 @@ class MlpStackStage {
     for (auto& w : w_) {
       s.in.push_back(h);
       nn::Activation y({h.extent(0), h_});
-      HostBackend::gemm<float>(Trans::no, Trans::no, h.extent(0), h_, h_, 1.0f, h.data(), h_, w.value.data(), h_, 0.0f,
-                               y.data(), h_);
+      HostBackend::run(ops::gemm<float>{.ta = Trans::no,
+                                        .tb = Trans::no,
+                                        .m = h.extent(0),
+                                        .n = h_,
+                                        .k = h_,
+                                        .alpha = 1.0f,
+                                        .a = h.data(),
+                                        .lda = h_,
+                                        .b = w.value.data(),
+                                        .ldb = h_,
+                                        .beta = 0.0f,
+                                        .c = y.data(),
+                                        .ldc = h_});
       for (auto& v : y.values()) v = v > 0 ? v : 0.0f;
       h = std::move(y);
     }
@@ -58,8 +69,19 @@ class MlpStackStage {
       const nn::Activation& y = i + 1 < w_.size() ? s.in[i + 1] : s.out;
       for (std::size_t k = 0; k < g.size(); ++k) g.data()[k] = y.data()[k] > 0 ? g.data()[k] : 0.0f;
       nn::Activation dx({g.extent(0), h_});
-      HostBackend::gemm<float>(Trans::no, Trans::yes, g.extent(0), h_, h_, 1.0f, g.data(), h_, w_[i].value.data(), h_,
-                               0.0f, dx.data(), h_);
+      HostBackend::run(ops::gemm<float>{.ta = Trans::no,
+                                        .tb = Trans::yes,
+                                        .m = g.extent(0),
+                                        .n = h_,
+                                        .k = h_,
+                                        .alpha = 1.0f,
+                                        .a = g.data(),
+                                        .lda = h_,
+                                        .b = w_[i].value.data(),
+                                        .ldb = h_,
+                                        .beta = 0.0f,
+                                        .c = dx.data(),
+                                        .ldc = h_});
       s.dz[i] = std::move(g);
       g = std::move(dx);
     }
@@ -69,8 +91,19 @@ class MlpStackStage {
     auto it = saved_.find(mb);
     auto& s = it->second;
     for (std::size_t i = 0; i < w_.size(); ++i)
-      HostBackend::gemm<float>(Trans::yes, Trans::no, h_, h_, s.in[i].extent(0), 1.0f, s.in[i].data(), h_,
-                               s.dz[i].data(), h_, 1.0f, w_[i].grad.data(), h_);
+      HostBackend::run(ops::gemm<float>{.ta = Trans::yes,
+                                        .tb = Trans::no,
+                                        .m = h_,
+                                        .n = h_,
+                                        .k = s.in[i].extent(0),
+                                        .alpha = 1.0f,
+                                        .a = s.in[i].data(),
+                                        .lda = h_,
+                                        .b = s.dz[i].data(),
+                                        .ldb = h_,
+                                        .beta = 1.0f,
+                                        .c = w_[i].grad.data(),
+                                        .ldc = h_});
     saved_.erase(it);
   }
   X backward(const X& dy, int mb) {

@@ -108,7 +108,19 @@ TEST_CASE("HostBackend's bf16 GEMM matches a naive double loop with either kerne
   const Bf16Gemm through_backend = [](Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, float alpha,
                                       const bf16* a, std::size_t lda, const bf16* b, std::size_t ldb, float beta,
                                       float* c, std::size_t ldc) {
-    HostBackend::gemm<bf16, float>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
+    HostBackend::run(ops::gemm<bf16, float>{.ta = ta,
+                                            .tb = tb,
+                                            .m = m,
+                                            .n = n,
+                                            .k = k,
+                                            .alpha = alpha,
+                                            .a = a,
+                                            .lda = lda,
+                                            .b = b,
+                                            .ldb = ldb,
+                                            .beta = beta,
+                                            .c = c,
+                                            .ldc = ldc});
   };
   {
     host::ScopedBf16GemmKernel library(host::Bf16GemmKernel::library);
@@ -177,26 +189,92 @@ TEST_CASE("bf16 GEMM dispatch: avx512_bf16 where the CPU has it and the library 
   // The pinned kernel is really what runs: a bf16 GEMM of a shape this thread never ran creates no oneDNN
   // primitive, while the same call with the library pinned creates one.
   const std::size_t before = host::onednn::cached_primitives();
-  HostBackend::gemm<bf16, float>(Trans::no, Trans::no, 13, 7, 11, 1.0f, a.data(), 11, b.data(), 7, 0.0f, c.data(), 7);
+  HostBackend::run(ops::gemm<bf16, float>{.ta = Trans::no,
+                                          .tb = Trans::no,
+                                          .m = 13,
+                                          .n = 7,
+                                          .k = 11,
+                                          .alpha = 1.0f,
+                                          .a = a.data(),
+                                          .lda = 11,
+                                          .b = b.data(),
+                                          .ldb = 7,
+                                          .beta = 0.0f,
+                                          .c = c.data(),
+                                          .ldc = 7});
   CHECK(host::onednn::cached_primitives() == before);
   CHECK(c == std::vector<float>(c.size(), 11 * 0.125f));
-  HostBackend::gemm_bias_gelu<bf16>(13, 7, 11, a.data(), 11, b.data(), 7, bias.data(), pre.data(), y.data());
+  HostBackend::run(ops::gemm_bias_gelu<bf16>{.m = 13,
+                                             .n = 7,
+                                             .k = 11,
+                                             .a = a.data(),
+                                             .lda = 11,
+                                             .w = b.data(),
+                                             .ldw = 7,
+                                             .bias = bias.data(),
+                                             .pre = pre.data(),
+                                             .y = y.data()});
   CHECK(host::onednn::cached_primitives() == before);
   CHECK(pre == std::vector<float>(pre.size(), 1 + 11 * 0.125f));
   host::ScopedBf16GemmKernel library(host::Bf16GemmKernel::library);
-  HostBackend::gemm<bf16, float>(Trans::no, Trans::no, 13, 7, 11, 1.0f, a.data(), 11, b.data(), 7, 0.0f, c.data(), 7);
+  HostBackend::run(ops::gemm<bf16, float>{.ta = Trans::no,
+                                          .tb = Trans::no,
+                                          .m = 13,
+                                          .n = 7,
+                                          .k = 11,
+                                          .alpha = 1.0f,
+                                          .a = a.data(),
+                                          .lda = 11,
+                                          .b = b.data(),
+                                          .ldb = 7,
+                                          .beta = 0.0f,
+                                          .c = c.data(),
+                                          .ldc = 7});
   CHECK(host::onednn::cached_primitives() == before + 1);
 #else
   // The pinned kernel is really what runs: vdpbf16ps flushes a denormal sum to zero, the widened fp32 GEMM
   // of the library path keeps it (2^-70 * 2^-70 = 2^-140, below fp32's smallest normal 2^-126).
   const bf16 tiny(std::ldexp(1.0f, -70));
   float product = -1;
-  HostBackend::gemm<bf16, float>(Trans::no, Trans::no, 1, 1, 1, 1.0f, &tiny, 1, &tiny, 1, 0.0f, &product, 1);
+  HostBackend::run(ops::gemm<bf16, float>{.ta = Trans::no,
+                                          .tb = Trans::no,
+                                          .m = 1,
+                                          .n = 1,
+                                          .k = 1,
+                                          .alpha = 1.0f,
+                                          .a = &tiny,
+                                          .lda = 1,
+                                          .b = &tiny,
+                                          .ldb = 1,
+                                          .beta = 0.0f,
+                                          .c = &product,
+                                          .ldc = 1});
   CHECK(product == 0.0f);
-  HostBackend::gemm_bias_gelu<bf16>(13, 7, 11, a.data(), 11, b.data(), 7, bias.data(), pre.data(), y.data());
+  HostBackend::run(ops::gemm_bias_gelu<bf16>{.m = 13,
+                                             .n = 7,
+                                             .k = 11,
+                                             .a = a.data(),
+                                             .lda = 11,
+                                             .w = b.data(),
+                                             .ldw = 7,
+                                             .bias = bias.data(),
+                                             .pre = pre.data(),
+                                             .y = y.data()});
   CHECK(pre == std::vector<float>(pre.size(), 1 + 11 * 0.125f));
   host::ScopedBf16GemmKernel library(host::Bf16GemmKernel::library);
-  HostBackend::gemm<bf16, float>(Trans::no, Trans::no, 1, 1, 1, 1.0f, &tiny, 1, &tiny, 1, 0.0f, &product, 1);
+  HostBackend::run(ops::gemm<bf16, float>{.ta = Trans::no,
+                                          .tb = Trans::no,
+                                          .m = 1,
+                                          .n = 1,
+                                          .k = 1,
+                                          .alpha = 1.0f,
+                                          .a = &tiny,
+                                          .lda = 1,
+                                          .b = &tiny,
+                                          .ldb = 1,
+                                          .beta = 0.0f,
+                                          .c = &product,
+                                          .ldc = 1});
   CHECK(product == std::ldexp(1.0f, -140));
 #endif
 }

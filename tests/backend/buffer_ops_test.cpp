@@ -93,8 +93,23 @@ TEMPLATE_TEST_CASE(
         for (std::size_t e = 0; e < batch; ++e)
           naive_gemm_into_float<float>(ta, tb, m, n, k, 0.75f, a.data() + e * sa, lda, b.data() + e * sb, ldb, beta,
                                        ref.data() + e * sc, ldc);
-        TestType::template gemm_strided_batched<float>(ta, tb, m, n, k, 0.75f, a.data(), lda, sa, b.data(), ldb, sb,
-                                                       beta, c.data(), ldc, sc, batch);
+        TestType::run(ops::gemm_strided_batched<float>{.ta = ta,
+                                                       .tb = tb,
+                                                       .m = m,
+                                                       .n = n,
+                                                       .k = k,
+                                                       .alpha = 0.75f,
+                                                       .a = a.data(),
+                                                       .lda = lda,
+                                                       .stride_a = BatchStrides{0, sa},
+                                                       .b = b.data(),
+                                                       .ldb = ldb,
+                                                       .stride_b = BatchStrides{0, sb},
+                                                       .beta = beta,
+                                                       .c = c.data(),
+                                                       .ldc = ldc,
+                                                       .stride_c = BatchStrides{0, sc},
+                                                       .batch = BatchExtents{1, batch}});
         for (std::size_t i = 0; i < c.size(); ++i) REQUIRE(c[i] == Approx(ref[i]).margin(1e-5));
       }
   // bf16 A and B into an fp32 C (the mixed-precision form).
@@ -105,8 +120,23 @@ TEMPLATE_TEST_CASE(
   for (std::size_t e = 0; e < batch; ++e)
     naive_gemm_into_float<bf16>(Trans::no, Trans::no, m, n, k, 1.0f, a.data() + e * m * k, k, b.data() + e * k * n, n,
                                 1.0f, ref.data() + e * m * n, n);
-  TestType::template gemm_strided_batched<bf16, float>(Trans::no, Trans::no, m, n, k, 1.0f, a.data(), k, m * k,
-                                                       b.data(), n, k * n, 1.0f, c.data(), n, m * n, batch);
+  TestType::run(ops::gemm_strided_batched<bf16, float>{.ta = Trans::no,
+                                                       .tb = Trans::no,
+                                                       .m = m,
+                                                       .n = n,
+                                                       .k = k,
+                                                       .alpha = 1.0f,
+                                                       .a = a.data(),
+                                                       .lda = k,
+                                                       .stride_a = BatchStrides{0, m * k},
+                                                       .b = b.data(),
+                                                       .ldb = n,
+                                                       .stride_b = BatchStrides{0, k * n},
+                                                       .beta = 1.0f,
+                                                       .c = c.data(),
+                                                       .ldc = n,
+                                                       .stride_c = BatchStrides{0, m * n},
+                                                       .batch = BatchExtents{1, batch}});
   for (std::size_t i = 0; i < c.size(); ++i) REQUIRE(c[i] == Approx(ref[i]).margin(1e-5));
 }
 
@@ -135,8 +165,23 @@ void check_two_level_batch(Trans ta, Trans tb, float alpha, float beta, BatchExt
       naive_gemm_into_float<TIn>(ta, tb, m, n, k, alpha, a.data() + i * sa.outer + j * sa.inner, lda,
                                  b.data() + i * sb.outer + j * sb.inner, ldb, beta,
                                  ref.data() + i * sc.outer + j * sc.inner, ldc);
-  B::template gemm_strided_batched<TIn, float>(ta, tb, m, n, k, alpha, a.data(), lda, sa, b.data(), ldb, sb, beta,
-                                               c.data(), ldc, sc, batch);
+  B::run(ops::gemm_strided_batched<TIn, float>{.ta = ta,
+                                               .tb = tb,
+                                               .m = m,
+                                               .n = n,
+                                               .k = k,
+                                               .alpha = alpha,
+                                               .a = a.data(),
+                                               .lda = lda,
+                                               .stride_a = sa,
+                                               .b = b.data(),
+                                               .ldb = ldb,
+                                               .stride_b = sb,
+                                               .beta = beta,
+                                               .c = c.data(),
+                                               .ldc = ldc,
+                                               .stride_c = sc,
+                                               .batch = batch});
   INFO("ta=" << (ta == Trans::yes) << " tb=" << (tb == Trans::yes) << " alpha=" << alpha << " beta=" << beta
              << " batch=" << batch.outer << "x" << batch.inner);
   for (std::size_t i = 0; i < c.size(); ++i) REQUIRE(c[i] == Approx(ref[i]).margin(1e-5));
@@ -168,18 +213,62 @@ TEST_CASE("backend gemm_strided_batched, two-level batch: one launch per call; e
   CHECK((Cb::counts() - before)[observe::Op::gemm_strided_batched] == 1);
   // An empty level touches nothing; k = 0 makes every entry beta C.
   std::vector<float> c(12, 2.0f);
-  HostBackend::gemm_strided_batched<float>(Trans::no, Trans::no, 2, 2, 3, 1.0f, nullptr, 3, {0, 0}, nullptr, 2, {0, 0},
-                                           0.0f, c.data(), 2, {6, 4}, BatchExtents{0, 3});
+  HostBackend::run(ops::gemm_strided_batched<float>{.ta = Trans::no,
+                                                    .tb = Trans::no,
+                                                    .m = 2,
+                                                    .n = 2,
+                                                    .k = 3,
+                                                    .alpha = 1.0f,
+                                                    .a = nullptr,
+                                                    .lda = 3,
+                                                    .stride_a = {0, 0},
+                                                    .b = nullptr,
+                                                    .ldb = 2,
+                                                    .stride_b = {0, 0},
+                                                    .beta = 0.0f,
+                                                    .c = c.data(),
+                                                    .ldc = 2,
+                                                    .stride_c = {6, 4},
+                                                    .batch = BatchExtents{0, 3}});
   CHECK(c == std::vector<float>(12, 2.0f));
-  HostBackend::gemm_strided_batched<float>(Trans::no, Trans::no, 2, 2, 0, 1.0f, nullptr, 1, {0, 0}, nullptr, 2, {0, 0},
-                                           0.5f, c.data(), 2, {6, 4}, BatchExtents{2, 1});
+  HostBackend::run(ops::gemm_strided_batched<float>{.ta = Trans::no,
+                                                    .tb = Trans::no,
+                                                    .m = 2,
+                                                    .n = 2,
+                                                    .k = 0,
+                                                    .alpha = 1.0f,
+                                                    .a = nullptr,
+                                                    .lda = 1,
+                                                    .stride_a = {0, 0},
+                                                    .b = nullptr,
+                                                    .ldb = 2,
+                                                    .stride_b = {0, 0},
+                                                    .beta = 0.5f,
+                                                    .c = c.data(),
+                                                    .ldc = 2,
+                                                    .stride_c = {6, 4},
+                                                    .batch = BatchExtents{2, 1}});
   CHECK(c == std::vector<float>{1, 1, 1, 1, 2, 2, 1, 1, 1, 1, 2, 2});
   // Too small a leading dimension is named, batched or not.
   std::vector<float> a(64), b(64);
-  CHECK_THROWS_WITH(
-      HostBackend::gemm_strided_batched<float>(Trans::no, Trans::no, 3, 4, 4, 1.0f, a.data(), 3, {16, 4}, b.data(), 4,
-                                               {16, 4}, 0.0f, c.data(), 4, {16, 4}, BatchExtents{2, 2}),
-      Catch::Contains("lda=3") && Catch::Contains("k=4"));
+  CHECK_THROWS_WITH(HostBackend::run(ops::gemm_strided_batched<float>{.ta = Trans::no,
+                                                                      .tb = Trans::no,
+                                                                      .m = 3,
+                                                                      .n = 4,
+                                                                      .k = 4,
+                                                                      .alpha = 1.0f,
+                                                                      .a = a.data(),
+                                                                      .lda = 3,
+                                                                      .stride_a = {16, 4},
+                                                                      .b = b.data(),
+                                                                      .ldb = 4,
+                                                                      .stride_b = {16, 4},
+                                                                      .beta = 0.0f,
+                                                                      .c = c.data(),
+                                                                      .ldc = 4,
+                                                                      .stride_c = {16, 4},
+                                                                      .batch = BatchExtents{2, 2}}),
+                    Catch::Contains("lda=3") && Catch::Contains("k=4"));
 }
 
 TEST_CASE("HostBackend::init_rank keeps freed memory mapped: a reallocated activation faults no pages again",
@@ -232,7 +321,19 @@ TEST_CASE("CountingBackend counts one launch per call, by kind, on the calling t
   Cb::zero(x.size(), x.data());
   Cb::copy(x.size(), x.data(), y.data());
   Cb::copy(x.size(), y.data(), x.data());
-  Cb::template gemm<float>(Trans::no, Trans::no, 2, 2, 2, 1.0f, x.data(), 2, x.data(), 2, 0.0f, y.data(), 2);
+  Cb::run(ops::gemm<float>{.ta = Trans::no,
+                           .tb = Trans::no,
+                           .m = 2,
+                           .n = 2,
+                           .k = 2,
+                           .alpha = 1.0f,
+                           .a = x.data(),
+                           .lda = 2,
+                           .b = x.data(),
+                           .ldb = 2,
+                           .beta = 0.0f,
+                           .c = y.data(),
+                           .ldc = 2});
   Cb::synchronize();
   const auto d = Cb::counts() - before;
   CHECK(d[observe::Op::zero] == 1);
@@ -296,10 +397,29 @@ void check_gemm_bias_gelu(std::size_t m, std::size_t n, std::size_t k, std::size
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = TIn(value(i + 7) * 0.2f);
   for (std::size_t j = 0; j < n; ++j) bias[j] = value(j + 3) * 0.5f;
   std::vector<float> pre(m * n, -7.0f), y(m * n, -7.0f), pre_unfused(m * n), y_unfused(m * n);
-  B::gemm_bias_gelu(m, n, k, static_cast<const TIn*>(a.data()), lda, static_cast<const TIn*>(w.data()), ldw,
-                    static_cast<const float*>(bias.data()), pre.data(), y.data());
-  B::template gemm<TIn, float>(Trans::no, Trans::no, m, n, k, 1.0f, a.data(), lda, w.data(), ldw, 0.0f,
-                               pre_unfused.data(), n);
+  B::run(ops::gemm_bias_gelu{.m = m,
+                             .n = n,
+                             .k = k,
+                             .a = static_cast<const TIn*>(a.data()),
+                             .lda = lda,
+                             .w = static_cast<const TIn*>(w.data()),
+                             .ldw = ldw,
+                             .bias = static_cast<const float*>(bias.data()),
+                             .pre = pre.data(),
+                             .y = y.data()});
+  B::run(ops::gemm<TIn, float>{.ta = Trans::no,
+                               .tb = Trans::no,
+                               .m = m,
+                               .n = n,
+                               .k = k,
+                               .alpha = 1.0f,
+                               .a = a.data(),
+                               .lda = lda,
+                               .b = w.data(),
+                               .ldb = ldw,
+                               .beta = 0.0f,
+                               .c = pre_unfused.data(),
+                               .ldc = n});
   B::run(ops::bias_add_forward{
       .rows = m, .cols = n, .bias = static_cast<const float*>(bias.data()), .y = pre_unfused.data()});
   B::run(ops::gelu_forward{.n = m * n, .x = static_cast<const float*>(pre_unfused.data()), .y = y_unfused.data()});
@@ -331,9 +451,16 @@ TEMPLATE_TEST_CASE("backend gemm_bias_gelu: the pre-activation and GeLU match a 
   if constexpr (!std::is_same_v<TestType, HostBackend>) {
     const auto before = TestType::counts();
     std::vector<float> a(4, 1.0f), b(2, 0.5f), pre(4), y(4);
-    TestType::gemm_bias_gelu(std::size_t(2), std::size_t(2), std::size_t(2), static_cast<const float*>(a.data()),
-                             std::size_t(2), static_cast<const float*>(a.data()), std::size_t(2),
-                             static_cast<const float*>(b.data()), pre.data(), y.data());
+    TestType::run(ops::gemm_bias_gelu{.m = std::size_t(2),
+                                      .n = std::size_t(2),
+                                      .k = std::size_t(2),
+                                      .a = static_cast<const float*>(a.data()),
+                                      .lda = std::size_t(2),
+                                      .w = static_cast<const float*>(a.data()),
+                                      .ldw = std::size_t(2),
+                                      .bias = static_cast<const float*>(b.data()),
+                                      .pre = pre.data(),
+                                      .y = y.data()});
     const auto d = TestType::counts() - before;
     CHECK(d[observe::Op::gemm_bias_gelu] == 1);
     CHECK(d.gemms() == 1);
@@ -343,9 +470,15 @@ TEMPLATE_TEST_CASE("backend gemm_bias_gelu: the pre-activation and GeLU match a 
 
 TEST_CASE("backend gemm_bias_gelu: a missing bias is refused, naming the sizes", "[backend][buffer_ops][fused]") {
   std::vector<float> a(6, 1.0f), pre(4), y(4);
-  CHECK_THROWS_WITH(
-      HostBackend::gemm_bias_gelu(std::size_t(2), std::size_t(2), std::size_t(3), static_cast<const float*>(a.data()),
-                                  std::size_t(3), static_cast<const float*>(a.data()), std::size_t(2),
-                                  static_cast<const float*>(nullptr), pre.data(), y.data()),
-      Catch::Contains("bias is required") && Catch::Contains("2x2x3"));
+  CHECK_THROWS_WITH(HostBackend::run(ops::gemm_bias_gelu{.m = std::size_t(2),
+                                                         .n = std::size_t(2),
+                                                         .k = std::size_t(3),
+                                                         .a = static_cast<const float*>(a.data()),
+                                                         .lda = std::size_t(3),
+                                                         .w = static_cast<const float*>(a.data()),
+                                                         .ldw = std::size_t(2),
+                                                         .bias = static_cast<const float*>(nullptr),
+                                                         .pre = pre.data(),
+                                                         .y = y.data()}),
+                    Catch::Contains("bias is required") && Catch::Contains("2x2x3"));
 }

@@ -94,7 +94,19 @@ void check_half_gemm() {
               ref[i * ldc + j] = alpha * s + (beta == 0.0f ? 0.0f : beta * c[i * ldc + j]);
             }
           if (beta == 0.0f) std::fill(c.begin(), c.end(), std::numeric_limits<float>::quiet_NaN());
-          HostBackend::gemm<H, float>(ta, tb, m, n, k, alpha, a.data(), lda, b.data(), ldb, beta, c.data(), ldc);
+          HostBackend::run(ops::gemm<H, float>{.ta = ta,
+                                               .tb = tb,
+                                               .m = m,
+                                               .n = n,
+                                               .k = k,
+                                               .alpha = alpha,
+                                               .a = a.data(),
+                                               .lda = lda,
+                                               .b = b.data(),
+                                               .ldb = ldb,
+                                               .beta = beta,
+                                               .c = c.data(),
+                                               .ldc = ldc});
           const double unit = std::ldexp(1.0, -24);
           for (std::size_t i = 0; i < m; ++i)
             for (std::size_t j = 0; j < n; ++j) {
@@ -108,10 +120,29 @@ void check_half_gemm() {
 }
 }  // namespace
 
+/** HostBackend's GEMM operation over gemm's positional arguments, so it shares the checks with the fallback. */
+template <class T>
+void host_backend_gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, T alpha, const T* a,
+                       std::size_t lda, const T* b, std::size_t ldb, T beta, T* c, std::size_t ldc) {
+  HostBackend::run(ops::gemm<T>{.ta = ta,
+                                .tb = tb,
+                                .m = m,
+                                .n = n,
+                                .k = k,
+                                .alpha = alpha,
+                                .a = a,
+                                .lda = lda,
+                                .b = b,
+                                .ldb = ldb,
+                                .beta = beta,
+                                .c = c,
+                                .ldc = ldc});
+}
+
 TEST_CASE("host GEMM matches a naive reference for every transpose, alpha/beta and stride", "[backend][gemm]") {
   INFO("host GEMM library: " << host_gemm_library);
-  check_all_transposes<float>([](auto... args) { HostBackend::gemm<float>(args...); }, 1e-5);
-  check_all_transposes<double>([](auto... args) { HostBackend::gemm<double>(args...); }, 1e-12);
+  check_all_transposes<float>([](auto... args) { host_backend_gemm<float>(args...); }, 1e-5);
+  check_all_transposes<double>([](auto... args) { host_backend_gemm<double>(args...); }, 1e-12);
 }
 
 TEST_CASE("the portable fallback GEMM matches the reference", "[backend][gemm]") {
@@ -135,7 +166,19 @@ TEST_CASE("a bf16 GEMM of fp32 data is within the documented bf16 tolerance of t
   std::vector<bf16> ah(a.size()), bh(b.size());
   for (std::size_t i = 0; i < a.size(); ++i) ah[i] = bf16(a[i] = init_value(5, 0, i, InitSpec::uniform(1)));
   for (std::size_t i = 0; i < b.size(); ++i) bh[i] = bf16(b[i] = init_value(5, 1, i, InitSpec::uniform(1)));
-  HostBackend::gemm<bf16, float>(Trans::no, Trans::no, m, n, k, 1.0f, ah.data(), k, bh.data(), n, 0.0f, c.data(), n);
+  HostBackend::run(ops::gemm<bf16, float>{.ta = Trans::no,
+                                          .tb = Trans::no,
+                                          .m = m,
+                                          .n = n,
+                                          .k = k,
+                                          .alpha = 1.0f,
+                                          .a = ah.data(),
+                                          .lda = k,
+                                          .b = bh.data(),
+                                          .ldb = n,
+                                          .beta = 0.0f,
+                                          .c = c.data(),
+                                          .ldc = n});
   double worst = 0;
   for (std::size_t i = 0; i < m; ++i)
     for (std::size_t j = 0; j < n; ++j) {
@@ -155,16 +198,51 @@ TEST_CASE("a bf16 GEMM of fp32 data is within the documented bf16 tolerance of t
 
 TEST_CASE("host GEMM names the sizes when leading dimensions are too small", "[backend][gemm]") {
   std::vector<float> a(12), b(12), c(12);
-  CHECK_THROWS_WITH(
-      HostBackend::gemm<float>(Trans::no, Trans::no, 3, 4, 4, 1.0f, a.data(), 3, b.data(), 4, 0.0f, c.data(), 4),
-      Catch::Contains("lda=3") && Catch::Contains("m=3 n=4 k=4"));
+  CHECK_THROWS_WITH(HostBackend::run(ops::gemm<float>{.ta = Trans::no,
+                                                      .tb = Trans::no,
+                                                      .m = 3,
+                                                      .n = 4,
+                                                      .k = 4,
+                                                      .alpha = 1.0f,
+                                                      .a = a.data(),
+                                                      .lda = 3,
+                                                      .b = b.data(),
+                                                      .ldb = 4,
+                                                      .beta = 0.0f,
+                                                      .c = c.data(),
+                                                      .ldc = 4}),
+                    Catch::Contains("lda=3") && Catch::Contains("m=3 n=4 k=4"));
 }
 
 TEST_CASE("an empty inner dimension gives C = beta C", "[backend][gemm]") {
   std::vector<float> c = {1, 2, 3, 4}, nan(4, std::numeric_limits<float>::quiet_NaN());
-  HostBackend::gemm<float>(Trans::no, Trans::no, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.5f, c.data(), 2);
+  HostBackend::run(ops::gemm<float>{.ta = Trans::no,
+                                    .tb = Trans::no,
+                                    .m = 2,
+                                    .n = 2,
+                                    .k = 0,
+                                    .alpha = 1.0f,
+                                    .a = nullptr,
+                                    .lda = 1,
+                                    .b = nullptr,
+                                    .ldb = 2,
+                                    .beta = 0.5f,
+                                    .c = c.data(),
+                                    .ldc = 2});
   CHECK(c == std::vector<float>{0.5f, 1.0f, 1.5f, 2.0f});
-  HostBackend::gemm<bf16, float>(Trans::no, Trans::no, 2, 2, 0, 1.0f, nullptr, 1, nullptr, 2, 0.0f, nan.data(), 2);
+  HostBackend::run(ops::gemm<bf16, float>{.ta = Trans::no,
+                                          .tb = Trans::no,
+                                          .m = 2,
+                                          .n = 2,
+                                          .k = 0,
+                                          .alpha = 1.0f,
+                                          .a = nullptr,
+                                          .lda = 1,
+                                          .b = nullptr,
+                                          .ldb = 2,
+                                          .beta = 0.0f,
+                                          .c = nan.data(),
+                                          .ldc = 2});
   CHECK(nan == std::vector<float>(4, 0.0f));
 }
 

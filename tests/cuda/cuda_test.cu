@@ -109,7 +109,19 @@ TEST_CASE("gemm: CudaBackend satisfies the backend concept and forwards to cuBLA
   const auto a = random_vec<double>(6, 4), b = random_vec<double>(6, 5);
   auto da = upload(a), db = upload(b);
   gpu::DeviceBuffer<double> dc(4, S());
-  CudaBackend::gemm<double>(Trans::no, Trans::no, 2, 2, 3, 1.0, da.data(), 3, db.data(), 2, 0.0, dc.data(), 2);
+  CudaBackend::run(ops::gemm<double>{.ta = Trans::no,
+                                     .tb = Trans::no,
+                                     .m = 2,
+                                     .n = 2,
+                                     .k = 3,
+                                     .alpha = 1.0,
+                                     .a = da.data(),
+                                     .lda = 3,
+                                     .b = db.data(),
+                                     .ldb = 2,
+                                     .beta = 0.0,
+                                     .c = dc.data(),
+                                     .ldc = 2});
   std::vector<double> ref(4);
   gemm<double>(Trans::no, Trans::no, 2, 2, 3, 1.0, a.data(), 3, b.data(), 2, 0.0, ref.data(), 2);
   CHECK(worst(download(dc), ref, 1e-12, 1e-12) <= 1.0);
@@ -157,9 +169,23 @@ TEST_CASE("CudaBackend buffer ops and batched GEMM match their host references",
   gpu::DeviceBuffer<float> dp(nb * heads * s * s, S());
   std::vector<float> ref(nb * heads * s * s);
   for (std::size_t hh = 0; hh < heads; ++hh) {
-    CudaBackend::gemm_strided_batched<float>(Trans::no, Trans::yes, s, s, d, 0.5f, dq.data() + hh * d, ld, s * ld,
-                                             dq.data() + heads * d + hh * d, ld, s * ld, 0.0f, dp.data() + hh * s * s,
-                                             s, heads * s * s, nb);
+    CudaBackend::run(ops::gemm_strided_batched<float>{.ta = Trans::no,
+                                                      .tb = Trans::yes,
+                                                      .m = s,
+                                                      .n = s,
+                                                      .k = d,
+                                                      .alpha = 0.5f,
+                                                      .a = dq.data() + hh * d,
+                                                      .lda = ld,
+                                                      .stride_a = BatchStrides{0, s * ld},
+                                                      .b = dq.data() + heads * d + hh * d,
+                                                      .ldb = ld,
+                                                      .stride_b = BatchStrides{0, s * ld},
+                                                      .beta = 0.0f,
+                                                      .c = dp.data() + hh * s * s,
+                                                      .ldc = s,
+                                                      .stride_c = BatchStrides{0, heads * s * s},
+                                                      .batch = BatchExtents{1, nb}});
     host::gemm_strided_batched<float>(Trans::no, Trans::yes, s, s, d, 0.5f, qkv.data() + hh * d, ld, s * ld,
                                       qkv.data() + heads * d + hh * d, ld, s * ld, 0.0f, ref.data() + hh * s * s, s,
                                       heads * s * s, nb);

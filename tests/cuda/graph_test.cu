@@ -109,7 +109,7 @@ TEST_CASE("CUDA graph: a host wait inside the captured step is refused, naming t
   CHECK_THROWS_WITH(gpu::Graph{}.launch(S()), Catch::Contains("Graph::capture"));
 }
 
-TEST_CASE("CUDA graph: CudaBackend::gemm_strided_batched is stream-ordered (capturable) and equals host loops",
+TEST_CASE("CUDA graph: CudaBackend's ops::gemm_strided_batched is stream-ordered (capturable) and equals host loops",
           "[cuda][graph][gemm]") {
   // A capture refuses any host wait (previous test), so capturing the batched GEMM proves it no longer
   // synchronises; the replay's result is checked against naive loops over the heads.
@@ -125,8 +125,23 @@ TEST_CASE("CUDA graph: CudaBackend::gemm_strided_batched is stream-ordered (capt
       for (std::size_t j = 0; j < n; ++j) hbt[i * n * k + j * k + p] = hb[i * k * n + p * n + j];
   auto bt = upload(hbt);
   auto run = [&] {
-    CudaBackend::gemm_strided_batched<float>(Trans::no, Trans::yes, m, n, k, 1.0f, a.data(), k, m * k, bt.data(), k,
-                                             n * k, 0.0f, c.data(), n, m * n, batch);
+    CudaBackend::run(ops::gemm_strided_batched<float>{.ta = Trans::no,
+                                                      .tb = Trans::yes,
+                                                      .m = m,
+                                                      .n = n,
+                                                      .k = k,
+                                                      .alpha = 1.0f,
+                                                      .a = a.data(),
+                                                      .lda = k,
+                                                      .stride_a = BatchStrides{0, m * k},
+                                                      .b = bt.data(),
+                                                      .ldb = k,
+                                                      .stride_b = BatchStrides{0, n * k},
+                                                      .beta = 0.0f,
+                                                      .c = c.data(),
+                                                      .ldc = n,
+                                                      .stride_c = BatchStrides{0, m * n},
+                                                      .batch = BatchExtents{1, batch}});
   };
   run();  // the cuBLAS handle exists before the capture
   CudaBackend::fill(batch * m * n, -7.0f, c.data());

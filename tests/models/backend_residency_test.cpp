@@ -81,20 +81,12 @@ struct ResidencyCheckedBackend : HostBackend {
     HostBackend::init_rank();
     set_current_memory_resource(tracking());
   }
-  template <class TIn, class TOut = TIn>
-  static void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha, const TIn* a,
-                   std::size_t lda, const TIn* b, std::size_t ldb, TOut beta, TOut* c, std::size_t ldc) {
-    check_pointers("gemm", a, b, c);
-    HostBackend::gemm<TIn, TOut>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  }
 #define MPAR_TEST_CHECKED(op)                      \
   template <class... A>                            \
   static decltype(auto) op(A&&... a) {             \
     check_pointers(#op, a...);                     \
     return HostBackend::op(std::forward<A>(a)...); \
   }
-  // The MLP's first projection with its bias and GeLU: input, weight, bias, pre-activation, output.
-  MPAR_TEST_CHECKED(gemm_bias_gelu)
   // GeLU's backward with the bias gradient and the 16-bit operand: pre-activation, gradient, bias gradient, output.
   MPAR_TEST_CHECKED(gelu_backward_bias)
   // The strided 2-D copy (ring attention's K/V packing, MoE's expert blocks): source and destination.
@@ -103,7 +95,7 @@ struct ResidencyCheckedBackend : HostBackend {
   MPAR_TEST_CHECKED(copy_2d_batched)
 #undef MPAR_TEST_CHECKED
   // Every operation object (backend/ops/: the optimizer's weights, gradients, AdamW moments, SGD momentum and ZeRO
-  // blocks, the layers' elementwise and row kernels, the embedding and the vocabulary-parallel loss, MoE routing, the Llama-class kernels): its rank-memory operands, numbered in each_operand's order.
+  // blocks, the GEMMs, the layers' elementwise and row kernels, the embedding and the vocabulary-parallel loss, MoE routing, the Llama-class kernels): its rank-memory operands, numbered in each_operand's order.
   template <class Op>
     requires supports<HostBackend, Op>
   static void run(const Op& op) {

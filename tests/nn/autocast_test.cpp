@@ -389,7 +389,7 @@ TEST_CASE("Autocast(bf16): the attention core's products match a bf16-rounded na
   CHECK(rel(dqkv, g_32) > 1e-3);
 }
 
-// The MLP's first half fused (bias and GeLU as the GEMM's epilogue, `B::gemm_bias_gelu`) against the unfused
+// The MLP's first half fused (bias and GeLU as the GEMM's epilogue, `ops::gemm_bias_gelu`) against the unfused
 // chain ColumnParallel -> Gelu on the same rank, in fp32 and inside Autocast(bf16), and against gelu(x W + b)
 // by a naive loop in double (fp32). Tolerance: the equivalence tests' norm-relative 1e-5 (rel_tol) for the
 // output, the input gradient and both parameter gradients: the two paths differ only in where the bias enters

@@ -34,8 +34,19 @@ class TanhLinear {
   Activation forward(const Activation& x, int mb) {
     const std::size_t t = x.extent(0);
     Activation y({t, out_});
-    mpar::HostBackend::gemm<float>(mpar::Trans::no, mpar::Trans::no, t, out_, in_, 1.0f, x.data(), in_, w_.value.data(),
-                                   out_, 0.0f, y.data(), out_);
+    mpar::HostBackend::run(mpar::ops::gemm<float>{.ta = mpar::Trans::no,
+                                                  .tb = mpar::Trans::no,
+                                                  .m = t,
+                                                  .n = out_,
+                                                  .k = in_,
+                                                  .alpha = 1.0f,
+                                                  .a = x.data(),
+                                                  .lda = in_,
+                                                  .b = w_.value.data(),
+                                                  .ldb = out_,
+                                                  .beta = 0.0f,
+                                                  .c = y.data(),
+                                                  .ldc = out_});
     for (std::size_t r = 0; r < t; ++r)
       for (std::size_t c = 0; c < out_; ++c) y(r, c) = std::tanh(y(r, c) + b_.value[c]);
     saved_[mb] = {x, y, {}};
@@ -47,8 +58,19 @@ class TanhLinear {
     Activation dz({t, out_});
     for (std::size_t i = 0; i < dz.size(); ++i) dz.data()[i] = dy.data()[i] * (1.0f - s.y.data()[i] * s.y.data()[i]);
     Activation dx({t, in_});
-    mpar::HostBackend::gemm<float>(mpar::Trans::no, mpar::Trans::yes, t, in_, out_, 1.0f, dz.data(), out_,
-                                   w_.value.data(), out_, 0.0f, dx.data(), in_);
+    mpar::HostBackend::run(mpar::ops::gemm<float>{.ta = mpar::Trans::no,
+                                                  .tb = mpar::Trans::yes,
+                                                  .m = t,
+                                                  .n = in_,
+                                                  .k = out_,
+                                                  .alpha = 1.0f,
+                                                  .a = dz.data(),
+                                                  .lda = out_,
+                                                  .b = w_.value.data(),
+                                                  .ldb = out_,
+                                                  .beta = 0.0f,
+                                                  .c = dx.data(),
+                                                  .ldc = in_});
     s.dz = std::move(dz);
     return dx;
   }
@@ -56,8 +78,19 @@ class TanhLinear {
     auto it = saved_.find(mb);
     auto& s = it->second;
     const std::size_t t = s.x.extent(0);
-    mpar::HostBackend::gemm<float>(mpar::Trans::yes, mpar::Trans::no, in_, out_, t, 1.0f, s.x.data(), in_, s.dz.data(),
-                                   out_, 1.0f, w_.grad.data(), out_);
+    mpar::HostBackend::run(mpar::ops::gemm<float>{.ta = mpar::Trans::yes,
+                                                  .tb = mpar::Trans::no,
+                                                  .m = in_,
+                                                  .n = out_,
+                                                  .k = t,
+                                                  .alpha = 1.0f,
+                                                  .a = s.x.data(),
+                                                  .lda = in_,
+                                                  .b = s.dz.data(),
+                                                  .ldb = out_,
+                                                  .beta = 1.0f,
+                                                  .c = w_.grad.data(),
+                                                  .ldc = out_});
     for (std::size_t r = 0; r < t; ++r)
       for (std::size_t c = 0; c < out_; ++c) b_.grad[c] += s.dz(r, c);
     saved_.erase(it);

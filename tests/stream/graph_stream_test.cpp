@@ -69,8 +69,19 @@ struct GraphTestModel {
     // A temporary of the step: freed at its end, so during a capture its memory must stay the graph's.
     Buffer<float> residual = B::template allocate<float>(graph_m * graph_n);
     Buffer<float> prediction = B::template allocate<float>(graph_m * graph_n);
-    B::template gemm<float>(Trans::no, Trans::no, graph_m, graph_n, graph_k, 1.0f, x, graph_k, w.data(), graph_n, 0.0f,
-                            prediction.data(), graph_n);
+    B::run(ops::gemm<float>{.ta = Trans::no,
+                            .tb = Trans::no,
+                            .m = graph_m,
+                            .n = graph_n,
+                            .k = graph_k,
+                            .alpha = 1.0f,
+                            .a = x,
+                            .lda = graph_k,
+                            .b = w.data(),
+                            .ldb = graph_n,
+                            .beta = 0.0f,
+                            .c = prediction.data(),
+                            .ldc = graph_n});
     B::copy(residual.size(), y, residual.data());
     B::run(ops::scale{.n = residual.size(), .factor = -1.0f, .x = residual.data()});
     B::run(
@@ -78,8 +89,19 @@ struct GraphTestModel {
     B::zero(1, loss.data());
     B::run(ops::sum_squares{.n = residual.size(), .x = residual.data(), .acc = loss.data()});
     B::template copy_to_host_async<double>(1, loss.data(), loss_out.data());
-    B::template gemm<float>(Trans::yes, Trans::no, graph_k, graph_n, graph_m, 1.0f / float(graph_m), x, graph_k,
-                            residual.data(), graph_n, 0.0f, grad.data(), graph_n);  // X^T (X W - Y) / m
+    B::run(ops::gemm<float>{.ta = Trans::yes,
+                            .tb = Trans::no,
+                            .m = graph_k,
+                            .n = graph_n,
+                            .k = graph_m,
+                            .alpha = 1.0f / float(graph_m),
+                            .a = x,
+                            .lda = graph_k,
+                            .b = residual.data(),
+                            .ldb = graph_n,
+                            .beta = 0.0f,
+                            .c = grad.data(),
+                            .ldc = graph_n});  // X^T (X W - Y) / m
     B::zero(1, squares.data());
     B::run(ops::sum_squares{.n = grad.size(), .x = grad.data(), .acc = squares.data()});
     B::run(ops::update_factors{.squares = squares.data(),

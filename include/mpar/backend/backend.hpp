@@ -18,8 +18,8 @@
 #include "mpar/backend/detail/memory_backend.hpp"
 #include "mpar/backend/detail/optimizer_backend.hpp"
 #include "mpar/backend/detail/stream_ordered.hpp"
-#include "mpar/backend/host/gemm_bias_gelu.hpp"  // the host reference of gemm_bias_gelu
 #include "mpar/backend/ops/accumulate.hpp"
+#include "mpar/backend/ops/gemm.hpp"
 #include "mpar/backend/ops/operation.hpp"
 #include "mpar/backend/types.hpp"  // Trans, host::DropoutMask (the same on every backend)
 #include "mpar/core/dtype.hpp"     // bf16
@@ -31,13 +31,13 @@ namespace mpar {
  * rank's memory resource, which the backend installs in `init_rank()`):
  * - `detail::memory_backend<B>` (backend/memory_backend.hpp): memory space, `init_rank()`, `synchronize()`, the
  *   stream-ordered part (`detail::stream_ordered<B>`, backend/stream_ordered.hpp), the buffer operations;
- * - `detail::gemm_backend<B>` (backend/gemm_backend.hpp): `gemm` in fp32 and mixed precision, `gemm_strided_batched`;
+ * - `detail::gemm_backend<B>` (backend/gemm_backend.hpp): `ops::gemm` in fp32 and mixed precision,
+ *   `ops::gemm_strided_batched`;
  * - `detail::layer_kernel_backend<B>` (backend/layer_kernel_backend.hpp): the layers' elementwise and row kernels;
  * - `detail::optimizer_backend<B>` (backend/optimizer_backend.hpp): AdamW, SGD, the gradient norm and step factors;
- * - and, spanning the GEMM and layer families, the fused GEMM epilogue `gemm_bias_gelu(m, n, k, a, lda, w,
- *   ldw, bias, pre, y)` (fp32, or bf16/f16 `a` and `w` with fp32 accumulation): `pre = a w + bias`,
- *   `y = gelu(pre)`, with the semantics of `mpar::host::gemm_bias_gelu` (backend/host/gemm_bias_gelu.hpp):
- *   the MLP's first projection, keeping the pre-activation for GeLU's backward;
+ * - and, spanning the GEMM and layer families, the fused GEMM epilogue `ops::gemm_bias_gelu<float>` and `<bf16>`
+ *   (backend/ops/gemm.hpp): `pre = a w + bias`, `y = gelu(pre)`, the MLP's first projection, keeping the
+ *   pre-activation for GeLU's backward;
  * - `run(ops::accumulate{n, x, scale, acc})` (`supports<B, ops::accumulate>`; backend/ops/accumulate.hpp):
  *   `*acc += scale * sum x[i]` into a double of rank memory, each micro-batch's loss added to the step's
  *   statistics, which reach the host once per step.
@@ -58,11 +58,7 @@ namespace mpar {
  */
 template <class B>
 concept backend = detail::memory_backend<B> && detail::gemm_backend<B> && detail::layer_kernel_backend<B> &&
-    detail::optimizer_backend<B> && supports<B, ops::accumulate> &&
-    requires(const float* a, float* c, const bf16* h, std::size_t n) {
-  // The fused GEMM epilogue of the MLP's first projection (backend/host/gemm_bias_gelu.hpp).
-  B::gemm_bias_gelu(n, n, n, a, n, a, n, a, c, c);
-  B::gemm_bias_gelu(n, n, n, h, n, h, n, a, c, c);
-};
+    detail::optimizer_backend<B> && supports<B, ops::accumulate> && supports<B, ops::gemm_bias_gelu<float>> &&
+    supports<B, ops::gemm_bias_gelu<bf16>>;
 
 }  // namespace mpar

@@ -538,12 +538,34 @@ class GptPipelinePart {
     nn::detail::GemmOperand hop = nn::detail::make_operand<B>(std::move(hn).tensor(), ct);
     const std::size_t t = hop.rows, vl = logits.extent(1), hd = cfg_.hidden;
     if (ct == nn::ComputeType::fp32) {
-      B::template gemm<float>(Trans::no, Trans::yes, t, vl, hd, 1.0f, hop.f32.data(), hd, head_->value.data(), hd, 0.0f,
-                              logits.data(), vl);
+      B::run(ops::gemm<float>{.ta = Trans::no,
+                              .tb = Trans::yes,
+                              .m = t,
+                              .n = vl,
+                              .k = hd,
+                              .alpha = 1.0f,
+                              .a = hop.f32.data(),
+                              .lda = hd,
+                              .b = head_->value.data(),
+                              .ldb = hd,
+                              .beta = 0.0f,
+                              .c = logits.data(),
+                              .ldc = vl});
     } else {
       nn::detail::with_half(ct, [&]<class T>(T) {
-        B::template gemm<T, float>(Trans::no, Trans::yes, t, vl, hd, 1.0f, hop.template half<T>(), hd,
-                                   head16_.template get<B, T>(*head_), hd, 0.0f, logits.data(), vl);
+        B::run(ops::gemm<T, float>{.ta = Trans::no,
+                                   .tb = Trans::yes,
+                                   .m = t,
+                                   .n = vl,
+                                   .k = hd,
+                                   .alpha = 1.0f,
+                                   .a = hop.template half<T>(),
+                                   .lda = hd,
+                                   .b = head16_.template get<B, T>(*head_),
+                                   .ldb = hd,
+                                   .beta = 0.0f,
+                                   .c = logits.data(),
+                                   .ldc = vl});
       });
     }
     if (!vocab_mask_.empty())
@@ -839,12 +861,34 @@ class GptPipelinePart {
     const nn::ComputeType ct = saved.x.type;
     nn::detail::GemmOperand dy_op = nn::detail::make_operand<B>(dy.tensor(), ct);  // fp32: a copy, kept for W
     if (ct == nn::ComputeType::fp32) {
-      B::template gemm<float>(Trans::no, Trans::no, t, h, vl, 1.0f, dy.data(), vl, head_->value.data(), h, 0.0f,
-                              dh.data(), h);
+      B::run(ops::gemm<float>{.ta = Trans::no,
+                              .tb = Trans::no,
+                              .m = t,
+                              .n = h,
+                              .k = vl,
+                              .alpha = 1.0f,
+                              .a = dy.data(),
+                              .lda = vl,
+                              .b = head_->value.data(),
+                              .ldb = h,
+                              .beta = 0.0f,
+                              .c = dh.data(),
+                              .ldc = h});
     } else {
       nn::detail::with_half(ct, [&]<class T>(T) {
-        B::template gemm<T, float>(Trans::no, Trans::no, t, h, vl, 1.0f, dy_op.template half<T>(), vl,
-                                   head16_.template get<B, T>(*head_), h, 0.0f, dh.data(), h);
+        B::run(ops::gemm<T, float>{.ta = Trans::no,
+                                   .tb = Trans::no,
+                                   .m = t,
+                                   .n = h,
+                                   .k = vl,
+                                   .alpha = 1.0f,
+                                   .a = dy_op.template half<T>(),
+                                   .lda = vl,
+                                   .b = head16_.template get<B, T>(*head_),
+                                   .ldb = h,
+                                   .beta = 0.0f,
+                                   .c = dh.data(),
+                                   .ldc = h});
       });
     }
     head_pending_.put(mb) = {std::move(saved.x), std::move(dy_op)};  // kept for W
@@ -898,12 +942,34 @@ class GptPipelinePart {
         head_pending_.take(mb, "GptPipelinePart head backward_weight (no backward_input ran for this micro-batch)");
     const std::size_t t = w.dy.rows, vl = w.dy.cols, h = cfg_.hidden;
     if (w.dy.type == nn::ComputeType::fp32) {
-      B::template gemm<float>(Trans::yes, Trans::no, vl, h, t, 1.0f, w.dy.f32.data(), vl, w.x.f32.data(), h, 1.0f,
-                              head_->grad.data(), h);
+      B::run(ops::gemm<float>{.ta = Trans::yes,
+                              .tb = Trans::no,
+                              .m = vl,
+                              .n = h,
+                              .k = t,
+                              .alpha = 1.0f,
+                              .a = w.dy.f32.data(),
+                              .lda = vl,
+                              .b = w.x.f32.data(),
+                              .ldb = h,
+                              .beta = 1.0f,
+                              .c = head_->grad.data(),
+                              .ldc = h});
     } else {
       nn::detail::with_half(w.dy.type, [&]<class T>(T) {
-        B::template gemm<T, float>(Trans::yes, Trans::no, vl, h, t, 1.0f, w.dy.template half<T>(), vl,
-                                   w.x.template half<T>(), h, 1.0f, head_->grad.data(), h);
+        B::run(ops::gemm<T, float>{.ta = Trans::yes,
+                                   .tb = Trans::no,
+                                   .m = vl,
+                                   .n = h,
+                                   .k = t,
+                                   .alpha = 1.0f,
+                                   .a = w.dy.template half<T>(),
+                                   .lda = vl,
+                                   .b = w.x.template half<T>(),
+                                   .ldb = h,
+                                   .beta = 1.0f,
+                                   .c = head_->grad.data(),
+                                   .ldc = h});
       });
     }
     if (final) {

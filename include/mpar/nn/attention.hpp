@@ -57,9 +57,23 @@ struct AttentionCore {
   void per_head_gemm(std::size_t nb, Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, float alpha,
                      OperandOf<T> a, OperandOf<T> b, float* c, std::size_t ldc, std::size_t c_seq,
                      std::size_t c_head) const {
-    B::template gemm_strided_batched<T, float>(ta, tb, m, n, k, alpha, a.p, a.ld, BatchStrides{a.seq, a.head}, b.p,
-                                               b.ld, BatchStrides{b.seq, b.head}, 0.0f, c, ldc,
-                                               BatchStrides{c_seq, c_head}, BatchExtents{nb, heads});
+    B::run(ops::gemm_strided_batched<T, float>{.ta = ta,
+                                               .tb = tb,
+                                               .m = m,
+                                               .n = n,
+                                               .k = k,
+                                               .alpha = alpha,
+                                               .a = a.p,
+                                               .lda = a.ld,
+                                               .stride_a = BatchStrides{a.seq, a.head},
+                                               .b = b.p,
+                                               .ldb = b.ld,
+                                               .stride_b = BatchStrides{b.seq, b.head},
+                                               .beta = 0.0f,
+                                               .c = c,
+                                               .ldc = ldc,
+                                               .stride_c = BatchStrides{c_seq, c_head},
+                                               .batch = BatchExtents{nb, heads}});
   }
 
   /**

@@ -176,7 +176,7 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
   }
 
   /**
-   * This layer's forward followed by GeLU, fused (`B::gemm_bias_gelu`: the bias inside the GEMM, GeLU in the
+   * This layer's forward followed by GeLU, fused (`ops::gemm_bias_gelu`: the bias inside the GEMM, GeLU in the
    * same operation): returns `gelu(x W + b)` and the pre-activation `x W + b` in `pre`, which GeLU's backward
    * needs. Keeps what `forward` keeps, so `backward_input` (on GeLU's input gradient) and `backward_weight`
    * are this layer's own. For the plain form only: one group, a sharded output, and a bias.

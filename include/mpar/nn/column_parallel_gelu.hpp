@@ -1,7 +1,7 @@
 #pragma once
 /**
  * @file `ColumnParallelGelu`: a `ColumnParallel` projection followed by GeLU as one layer, so that the bias
- * and GeLU run as the GEMM's epilogue (`B::gemm_bias_gelu`) — the MLP's first half. Same parameters, layouts,
+ * and GeLU run as the GEMM's epilogue (`ops::gemm_bias_gelu`) — the MLP's first half. Same parameters, layouts,
  * collectives and results as `Stage<ColumnParallel, Gelu>`, with fewer passes over the `[tokens, ffn]`
  * activation: no separate bias addition and no copy of GeLU's input (the pre-activation the layer writes
  * is kept for the backward as is).

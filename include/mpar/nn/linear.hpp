@@ -25,20 +25,55 @@ namespace detail {
 template <backend B>
 void linear_forward(const Activation& x, const float* w, std::size_t n, Activation& y, bool accumulate = false) {
   const std::size_t t = x.extent(0), k = x.extent(1);
-  B::template gemm<float>(Trans::no, Trans::no, t, n, k, 1.0f, x.data(), k, w, n, accumulate ? 1.0f : 0.0f, y.data(),
-                          n);
+  B::run(ops::gemm<float>{.ta = Trans::no,
+                          .tb = Trans::no,
+                          .m = t,
+                          .n = n,
+                          .k = k,
+                          .alpha = 1.0f,
+                          .a = x.data(),
+                          .lda = k,
+                          .b = w,
+                          .ldb = n,
+                          .beta = accumulate ? 1.0f : 0.0f,
+                          .c = y.data(),
+                          .ldc = n});
 }
 /** dx[T, k] = dy[T, n] * w[k, n]^T */
 template <backend B>
 void linear_backward_input(const Activation& dy, const float* w, std::size_t k, Activation& dx) {
   const std::size_t t = dy.extent(0), n = dy.extent(1);
-  B::template gemm<float>(Trans::no, Trans::yes, t, k, n, 1.0f, dy.data(), n, w, n, 0.0f, dx.data(), k);
+  B::run(ops::gemm<float>{.ta = Trans::no,
+                          .tb = Trans::yes,
+                          .m = t,
+                          .n = k,
+                          .k = n,
+                          .alpha = 1.0f,
+                          .a = dy.data(),
+                          .lda = n,
+                          .b = w,
+                          .ldb = n,
+                          .beta = 0.0f,
+                          .c = dx.data(),
+                          .ldc = k});
 }
 /** dw[k, n] = x[T, k]^T * dy[T, n] + beta dw (beta 1: accumulate; 0: overwrite a zeroed gradient) */
 template <backend B>
 void linear_backward_weight(const Activation& x, const Activation& dy, float* dw, float beta = 1.0f) {
   const std::size_t t = x.extent(0), k = x.extent(1), n = dy.extent(1);
-  B::template gemm<float>(Trans::yes, Trans::no, k, n, t, 1.0f, x.data(), k, dy.data(), n, beta, dw, n);
+  B::run(ops::gemm<float>{.ta = Trans::yes,
+                          .tb = Trans::no,
+                          .m = k,
+                          .n = n,
+                          .k = t,
+                          .alpha = 1.0f,
+                          .a = x.data(),
+                          .lda = k,
+                          .b = dy.data(),
+                          .ldb = n,
+                          .beta = beta,
+                          .c = dw,
+                          .ldc = n});
 }
 /**
  * What a linear layer's weight gradient needs from one micro-batch: the (gathered) input and the local
@@ -198,15 +233,26 @@ class LinearState {
       linear_forward<B>(op.f32, weight_f32<B>(), n, y);
     } else {
       with_half(t, [&]<class T>(T) {
-        B::template gemm<T, float>(Trans::no, Trans::no, rows, n, k, 1.0f, op.half<T>(), k, weight_half<B, T>(), n,
-                                   0.0f, y.data(), n);
+        B::run(ops::gemm<T, float>{.ta = Trans::no,
+                                   .tb = Trans::no,
+                                   .m = rows,
+                                   .n = n,
+                                   .k = k,
+                                   .alpha = 1.0f,
+                                   .a = op.half<T>(),
+                                   .lda = k,
+                                   .b = weight_half<B, T>(),
+                                   .ldb = n,
+                                   .beta = 0.0f,
+                                   .c = y.data(),
+                                   .ldc = n});
       });
     }
     operands_.put(mb) = std::move(op);
   }
   /**
    * Forward of a projection whose output feeds GeLU, fused: `pre[T, n] = x W + b` and `y = gelu(pre)` in one
-   * `B::gemm_bias_gelu` (the bias inside the GEMM), in the compute type of the current `Autocast` scope, keeping
+   * `ops::gemm_bias_gelu` (the bias inside the GEMM), in the compute type of the current `Autocast` scope, keeping
    * `x` exactly as `gemm_forward` does. The caller keeps `pre` for GeLU's backward. Needs the bias.
    */
   template <backend B, class X>
@@ -215,12 +261,28 @@ class LinearState {
     GemmOperand op = make_operand<B>(std::forward<X>(x), t);
     const std::size_t rows = op.rows, k = op.cols;
     if (t == ComputeType::fp32) {
-      B::gemm_bias_gelu(rows, n, k, static_cast<const float*>(op.f32.data()), k, weight_f32<B>(), n,
-                        static_cast<const float*>(bias_.value.data()), pre.data(), y.data());
+      B::run(ops::gemm_bias_gelu{.m = rows,
+                                 .n = n,
+                                 .k = k,
+                                 .a = static_cast<const float*>(op.f32.data()),
+                                 .lda = k,
+                                 .w = weight_f32<B>(),
+                                 .ldw = n,
+                                 .bias = static_cast<const float*>(bias_.value.data()),
+                                 .pre = pre.data(),
+                                 .y = y.data()});
     } else {
       with_half(t, [&]<class T>(T) {
-        B::gemm_bias_gelu(rows, n, k, op.half<T>(), k, weight_half<B, T>(), n,
-                          static_cast<const float*>(bias_.value.data()), pre.data(), y.data());
+        B::run(ops::gemm_bias_gelu{.m = rows,
+                                   .n = n,
+                                   .k = k,
+                                   .a = op.half<T>(),
+                                   .lda = k,
+                                   .w = weight_half<B, T>(),
+                                   .ldw = n,
+                                   .bias = static_cast<const float*>(bias_.value.data()),
+                                   .pre = pre.data(),
+                                   .y = y.data()});
       });
     }
     operands_.put(mb) = std::move(op);
@@ -260,8 +322,19 @@ class LinearState {
         "gemm_backward_input_converted: the forward's operand type and the gradient's must be the same 16-bit type");
     const std::size_t rows = dy.rows, n = dy.cols;
     with_half(x.type, [&]<class T>(T) {
-      B::template gemm<T, float>(Trans::no, Trans::yes, rows, k, n, 1.0f, dy.template half<T>(), n, weight_half<B, T>(),
-                                 n, 0.0f, dx.data(), k);
+      B::run(ops::gemm<T, float>{.ta = Trans::no,
+                                 .tb = Trans::yes,
+                                 .m = rows,
+                                 .n = k,
+                                 .k = n,
+                                 .alpha = 1.0f,
+                                 .a = dy.template half<T>(),
+                                 .lda = n,
+                                 .b = weight_half<B, T>(),
+                                 .ldb = n,
+                                 .beta = 0.0f,
+                                 .c = dx.data(),
+                                 .ldc = k});
     });
     pending_operands_.put(mb) = WeightGradOperands{std::move(x), std::move(dy)};
   }
@@ -280,8 +353,19 @@ class LinearState {
       if (has_bias()) add_column_sums<B>(w.dy.f32, bias_.grad);
     } else {
       with_half(w.x.type, [&]<class T>(T) {
-        B::template gemm<T, float>(Trans::yes, Trans::no, k, n, rows, 1.0f, w.x.template half<T>(), k,
-                                   w.dy.template half<T>(), n, beta, weight_.grad.data(), n);
+        B::run(ops::gemm<T, float>{.ta = Trans::yes,
+                                   .tb = Trans::no,
+                                   .m = k,
+                                   .n = n,
+                                   .k = rows,
+                                   .alpha = 1.0f,
+                                   .a = w.x.template half<T>(),
+                                   .lda = k,
+                                   .b = w.dy.template half<T>(),
+                                   .ldb = n,
+                                   .beta = beta,
+                                   .c = weight_.grad.data(),
+                                   .ldc = n});
       });
     }
   }

@@ -193,12 +193,36 @@ class Linear2D : public detail::LinearState, public detail::TypedLayer<Linear2D<
   void gemm_in(ComputeType t, Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, std::span<const float> a,
                std::size_t lda, std::span<const float> b, std::size_t ldb, float beta, float* c, std::size_t ldc) {
     if (t == ComputeType::fp32) {
-      B::template gemm<float>(ta, tb, m, n, k, 1.0f, a.data(), lda, b.data(), ldb, beta, c, ldc);
+      B::run(ops::gemm<float>{.ta = ta,
+                              .tb = tb,
+                              .m = m,
+                              .n = n,
+                              .k = k,
+                              .alpha = 1.0f,
+                              .a = a.data(),
+                              .lda = lda,
+                              .b = b.data(),
+                              .ldb = ldb,
+                              .beta = beta,
+                              .c = c,
+                              .ldc = ldc});
       return;
     }
     detail::with_half(t, [&]<class T>(T) {
       const Buffer<T> a16 = to_half<B, T>(a), b16 = to_half<B, T>(b);
-      B::template gemm<T, float>(ta, tb, m, n, k, 1.0f, a16.data(), lda, b16.data(), ldb, beta, c, ldc);
+      B::run(ops::gemm<T, float>{.ta = ta,
+                                 .tb = tb,
+                                 .m = m,
+                                 .n = n,
+                                 .k = k,
+                                 .alpha = 1.0f,
+                                 .a = a16.data(),
+                                 .lda = lda,
+                                 .b = b16.data(),
+                                 .ldb = ldb,
+                                 .beta = beta,
+                                 .c = c,
+                                 .ldc = ldc});
     });
   }
 

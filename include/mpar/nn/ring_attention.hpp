@@ -324,16 +324,46 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
     const float scale = 1.0f / std::sqrt(float(d_));
     const float *q = qkv.data() + qrow * ld, *k = kv + krow * 2 * kw, *v = k + kw;
     for (std::size_t i = 0; i < g_; ++i)
-      B::template gemm_strided_batched<float>(Trans::no, Trans::yes, c, c, d_, scale, q + i * d_, ld, gd, k, 2 * kw, d_,
-                                              0.0f, sc.data() + i * c * c, c, gcc, kv_);
+      B::run(ops::gemm_strided_batched<float>{.ta = Trans::no,
+                                              .tb = Trans::yes,
+                                              .m = c,
+                                              .n = c,
+                                              .k = d_,
+                                              .alpha = scale,
+                                              .a = q + i * d_,
+                                              .lda = ld,
+                                              .stride_a = BatchStrides{0, gd},
+                                              .b = k,
+                                              .ldb = 2 * kw,
+                                              .stride_b = BatchStrides{0, d_},
+                                              .beta = 0.0f,
+                                              .c = sc.data() + i * c * c,
+                                              .ldc = c,
+                                              .stride_c = BatchStrides{0, gcc},
+                                              .batch = BatchExtents{1, kv_}});
     B::run(ops::online_softmax_update{.block = softmax_block(qc, kc, t),
                                       .scores = sc.data(),
                                       .row_max = m.data() + qrow,
                                       .row_sum = l.data() + qrow,
                                       .out = acc.data() + qrow * hl});
     for (std::size_t i = 0; i < g_; ++i)  // acc += P V
-      B::template gemm_strided_batched<float>(Trans::no, Trans::no, c, d_, c, 1.0f, sc.data() + i * c * c, c, gcc, v,
-                                              2 * kw, d_, 1.0f, acc.data() + qrow * hl + i * d_, hl, gd, kv_);
+      B::run(ops::gemm_strided_batched<float>{.ta = Trans::no,
+                                              .tb = Trans::no,
+                                              .m = c,
+                                              .n = d_,
+                                              .k = c,
+                                              .alpha = 1.0f,
+                                              .a = sc.data() + i * c * c,
+                                              .lda = c,
+                                              .stride_a = BatchStrides{0, gcc},
+                                              .b = v,
+                                              .ldb = 2 * kw,
+                                              .stride_b = BatchStrides{0, d_},
+                                              .beta = 1.0f,
+                                              .c = acc.data() + qrow * hl + i * d_,
+                                              .ldc = hl,
+                                              .stride_c = BatchStrides{0, gd},
+                                              .batch = BatchExtents{1, kv_}});
   }
 
   /**
@@ -348,10 +378,40 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
     const float scale = 1.0f / std::sqrt(float(d_));
     const float *q = qkv.data() + qrow * ld, *k = kv + krow * 2 * kw, *v = k + kw, *go = dout.data() + qrow * hl;
     for (std::size_t i = 0; i < g_; ++i) {
-      B::template gemm_strided_batched<float>(Trans::no, Trans::yes, c, c, d_, scale, q + i * d_, ld, gd, k, 2 * kw, d_,
-                                              0.0f, p.data() + i * cc, c, gcc, kv_);
-      B::template gemm_strided_batched<float>(Trans::no, Trans::yes, c, c, d_, 1.0f, go + i * d_, hl, gd, v, 2 * kw, d_,
-                                              0.0f, dp.data() + i * cc, c, gcc, kv_);
+      B::run(ops::gemm_strided_batched<float>{.ta = Trans::no,
+                                              .tb = Trans::yes,
+                                              .m = c,
+                                              .n = c,
+                                              .k = d_,
+                                              .alpha = scale,
+                                              .a = q + i * d_,
+                                              .lda = ld,
+                                              .stride_a = BatchStrides{0, gd},
+                                              .b = k,
+                                              .ldb = 2 * kw,
+                                              .stride_b = BatchStrides{0, d_},
+                                              .beta = 0.0f,
+                                              .c = p.data() + i * cc,
+                                              .ldc = c,
+                                              .stride_c = BatchStrides{0, gcc},
+                                              .batch = BatchExtents{1, kv_}});
+      B::run(ops::gemm_strided_batched<float>{.ta = Trans::no,
+                                              .tb = Trans::yes,
+                                              .m = c,
+                                              .n = c,
+                                              .k = d_,
+                                              .alpha = 1.0f,
+                                              .a = go + i * d_,
+                                              .lda = hl,
+                                              .stride_a = BatchStrides{0, gd},
+                                              .b = v,
+                                              .ldb = 2 * kw,
+                                              .stride_b = BatchStrides{0, d_},
+                                              .beta = 0.0f,
+                                              .c = dp.data() + i * cc,
+                                              .ldc = c,
+                                              .stride_c = BatchStrides{0, gcc},
+                                              .batch = BatchExtents{1, kv_}});
     }
     B::run(ops::online_softmax_backward{.block = softmax_block(qc, kc, t),
                                         .lse = lse.data() + qrow,
@@ -361,14 +421,59 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
     float *dq = dqkv.data() + qrow * ld, *dk = dkv + krow * 2 * kw, *dv = dk + kw;
     const float *pp = p.data(), *ds = dp.data();
     for (std::size_t i = 0; i < g_; ++i)
-      B::template gemm_strided_batched<float>(Trans::yes, Trans::no, c, d_, c, 1.0f, pp + i * cc, c, gcc, go + i * d_,
-                                              hl, gd, 1.0f, dv, 2 * kw, d_, kv_);
+      B::run(ops::gemm_strided_batched<float>{.ta = Trans::yes,
+                                              .tb = Trans::no,
+                                              .m = c,
+                                              .n = d_,
+                                              .k = c,
+                                              .alpha = 1.0f,
+                                              .a = pp + i * cc,
+                                              .lda = c,
+                                              .stride_a = BatchStrides{0, gcc},
+                                              .b = go + i * d_,
+                                              .ldb = hl,
+                                              .stride_b = BatchStrides{0, gd},
+                                              .beta = 1.0f,
+                                              .c = dv,
+                                              .ldc = 2 * kw,
+                                              .stride_c = BatchStrides{0, d_},
+                                              .batch = BatchExtents{1, kv_}});
     for (std::size_t i = 0; i < g_; ++i)
-      B::template gemm_strided_batched<float>(Trans::no, Trans::no, c, d_, c, scale, ds + i * cc, c, gcc, k, 2 * kw, d_,
-                                              1.0f, dq + i * d_, ld, gd, kv_);
+      B::run(ops::gemm_strided_batched<float>{.ta = Trans::no,
+                                              .tb = Trans::no,
+                                              .m = c,
+                                              .n = d_,
+                                              .k = c,
+                                              .alpha = scale,
+                                              .a = ds + i * cc,
+                                              .lda = c,
+                                              .stride_a = BatchStrides{0, gcc},
+                                              .b = k,
+                                              .ldb = 2 * kw,
+                                              .stride_b = BatchStrides{0, d_},
+                                              .beta = 1.0f,
+                                              .c = dq + i * d_,
+                                              .ldc = ld,
+                                              .stride_c = BatchStrides{0, gd},
+                                              .batch = BatchExtents{1, kv_}});
     for (std::size_t i = 0; i < g_; ++i)
-      B::template gemm_strided_batched<float>(Trans::yes, Trans::no, c, d_, c, scale, ds + i * cc, c, gcc, q + i * d_,
-                                              ld, gd, 1.0f, dk, 2 * kw, d_, kv_);
+      B::run(ops::gemm_strided_batched<float>{.ta = Trans::yes,
+                                              .tb = Trans::no,
+                                              .m = c,
+                                              .n = d_,
+                                              .k = c,
+                                              .alpha = scale,
+                                              .a = ds + i * cc,
+                                              .lda = c,
+                                              .stride_a = BatchStrides{0, gcc},
+                                              .b = q + i * d_,
+                                              .ldb = ld,
+                                              .stride_b = BatchStrides{0, gd},
+                                              .beta = 1.0f,
+                                              .c = dk,
+                                              .ldc = 2 * kw,
+                                              .stride_c = BatchStrides{0, d_},
+                                              .batch = BatchExtents{1, kv_}});
   }
   /** The columns of K (and of V) in this rank's QKV: its key/value heads times the head size. */
   [[nodiscard]] std::size_t kv_cols() const { return kv_ * d_; }

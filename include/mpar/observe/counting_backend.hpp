@@ -9,9 +9,8 @@
  * thread that issues them, so nothing is shared between ranks and the numbers are exact and reproducible.
  *
  * What is counted, and how:
- * - launches: one per call of a backend operation (`gemm`, the
- *   zero/fill/copy/copy_2d/copy_2d_batched/convert/init_values operations, `gemm_strided_batched`, the
- *   operation objects of backend/ops/ where `B` runs them), by `Op` kind — a `copy_2d` is one
+ * - launches: one per call of a backend operation (the zero/fill/copy/copy_2d/copy_2d_batched/convert/init_values
+ *   operations, the operation objects of backend/ops/ where `B` runs them: the GEMMs among them), by `Op` kind — a `copy_2d` is one
  *   launch whatever its number of rows, as it is one `cudaMemcpy2DAsync` on CUDA;
  * - host synchronisations: calls of `synchronize()` and event waits, plus — for a backend whose
  *   operations return only when finished (`operations_block_host<B>`, true for the synchronous
@@ -260,12 +259,6 @@ struct CountingBackend : B {
     B::launch(g);
   }
 
-  template <class TIn, class TOut = TIn, class... A>
-  static void gemm(A&&... a) {
-    note(std::is_same_v<TIn, TOut> ? Op::gemm : Op::gemm_mixed);
-    B::template gemm<TIn, TOut>(std::forward<A>(a)...);
-  }
-
 #define MPAR_COUNTING_OP(op)             \
   template <class... A>                  \
   static decltype(auto) op(A&&... a) {   \
@@ -279,14 +272,8 @@ struct CountingBackend : B {
   MPAR_COUNTING_OP(copy_2d_batched)
   MPAR_COUNTING_OP(convert)
   MPAR_COUNTING_OP(init_values)
-  MPAR_COUNTING_OP(gemm_bias_gelu)
 #undef MPAR_COUNTING_OP
 
-  template <class TIn, class TOut = TIn, class... A>
-  static void gemm_strided_batched(A&&... a) {
-    note(Op::gemm_strided_batched);
-    B::template gemm_strided_batched<TIn, TOut>(std::forward<A>(a)...);
-  }
   // The fused operations outside the `backend` concept (nn::fused_*_backend). Declared here, they hide `B`'s, so
   // each is counted; constrained on `B` having it, so that the counting backend has exactly the optional operations
   // `B` has and the layers choose the same paths through it (inherited, they ran uncounted).

@@ -243,8 +243,19 @@ class MoeMlp {
     B::copy(tokens * d, x.data(), st.x.data());
     // 1. gate (fp32)
     Buffer<float> logits = uninitialized_buffer<float>(tokens * E);
-    B::template gemm<float>(Trans::no, Trans::no, tokens, E, d, 1.0f, st.x.data(), d, gate_.value.data(), E, 0.0f,
-                            logits.data(), E);
+    B::run(ops::gemm<float>{.ta = Trans::no,
+                            .tb = Trans::no,
+                            .m = tokens,
+                            .n = E,
+                            .k = d,
+                            .alpha = 1.0f,
+                            .a = st.x.data(),
+                            .lda = d,
+                            .b = gate_.value.data(),
+                            .ldb = E,
+                            .beta = 0.0f,
+                            .c = logits.data(),
+                            .ldc = E});
     st.probs = uninitialized_buffer<float>(tokens * E);
     B::run(ops::softmax_forward{.rows = tokens, .cols = E, .x = logits.data(), .y = st.probs.data()});
     // 2. the routing decisions (top-k, capacity, routing order), in rank memory
@@ -359,10 +370,32 @@ class MoeMlp {
                                   .dprobs = dprobs.data()});
     B::run(
         ops::softmax_backward{.rows = T, .cols = E, .y = st.probs.data(), .dy = dprobs.data(), .dx = dlogits.data()});
-    B::template gemm<float>(Trans::yes, Trans::no, d, E, T, 1.0f, st.x.data(), d, dlogits.data(), E, 1.0f,
-                            gate_.grad.data(), E);
-    B::template gemm<float>(Trans::no, Trans::yes, T, d, E, 1.0f, dlogits.data(), E, gate_.value.data(), E, 1.0f,
-                            dx.data(), d);
+    B::run(ops::gemm<float>{.ta = Trans::yes,
+                            .tb = Trans::no,
+                            .m = d,
+                            .n = E,
+                            .k = T,
+                            .alpha = 1.0f,
+                            .a = st.x.data(),
+                            .lda = d,
+                            .b = dlogits.data(),
+                            .ldb = E,
+                            .beta = 1.0f,
+                            .c = gate_.grad.data(),
+                            .ldc = E});
+    B::run(ops::gemm<float>{.ta = Trans::no,
+                            .tb = Trans::yes,
+                            .m = T,
+                            .n = d,
+                            .k = E,
+                            .alpha = 1.0f,
+                            .a = dlogits.data(),
+                            .lda = E,
+                            .b = gate_.value.data(),
+                            .ldb = E,
+                            .beta = 1.0f,
+                            .c = dx.data(),
+                            .ldc = d});
     // statistics: once per micro-batch (here, not in the forward a recomputation repeats)
     if (sinks_.aux) B::run(ops::accumulate{.n = 1, .x = st.aux.data(), .scale = sinks_.aux_scale, .acc = sinks_.aux});
     if (sinks_.dropped)
@@ -447,13 +480,36 @@ class MoeMlp {
                std::span<const float> x, std::size_t ldx, const nn::Parameter& w, nn::HalfWeight& w16,
                std::size_t offset, std::size_t ldw, float beta, float* c, std::size_t ldc) {
     if (t == nn::ComputeType::fp32) {
-      B::template gemm<float>(tx, tw, m, n, k, 1.0f, x.data(), ldx, w.value.data() + offset, ldw, beta, c, ldc);
+      B::run(ops::gemm<float>{.ta = tx,
+                              .tb = tw,
+                              .m = m,
+                              .n = n,
+                              .k = k,
+                              .alpha = 1.0f,
+                              .a = x.data(),
+                              .lda = ldx,
+                              .b = w.value.data() + offset,
+                              .ldb = ldw,
+                              .beta = beta,
+                              .c = c,
+                              .ldc = ldc});
       return;
     }
     nn::detail::with_half(t, [&]<class T>(T) {
       const Buffer<T> x16 = nn::to_half<B, T>(x);
-      B::template gemm<T, float>(tx, tw, m, n, k, 1.0f, x16.data(), ldx, w16.template get<B, T>(w) + offset, ldw, beta,
-                                 c, ldc);
+      B::run(ops::gemm<T, float>{.ta = tx,
+                                 .tb = tw,
+                                 .m = m,
+                                 .n = n,
+                                 .k = k,
+                                 .alpha = 1.0f,
+                                 .a = x16.data(),
+                                 .lda = ldx,
+                                 .b = w16.template get<B, T>(w) + offset,
+                                 .ldb = ldw,
+                                 .beta = beta,
+                                 .c = c,
+                                 .ldc = ldc});
     });
   }
   /** `C += op(X) op(Y)` for two activations (a weight gradient), in operand type `t` (16-bit: both converted). */
@@ -461,12 +517,36 @@ class MoeMlp {
                std::span<const float> x, std::size_t ldx, std::span<const float> y, std::size_t ldy, float* c,
                std::size_t ldc) {
     if (t == nn::ComputeType::fp32) {
-      B::template gemm<float>(tx, ty, m, n, k, 1.0f, x.data(), ldx, y.data(), ldy, 1.0f, c, ldc);
+      B::run(ops::gemm<float>{.ta = tx,
+                              .tb = ty,
+                              .m = m,
+                              .n = n,
+                              .k = k,
+                              .alpha = 1.0f,
+                              .a = x.data(),
+                              .lda = ldx,
+                              .b = y.data(),
+                              .ldb = ldy,
+                              .beta = 1.0f,
+                              .c = c,
+                              .ldc = ldc});
       return;
     }
     nn::detail::with_half(t, [&]<class T>(T) {
       const Buffer<T> x16 = nn::to_half<B, T>(x), y16 = nn::to_half<B, T>(y);
-      B::template gemm<T, float>(tx, ty, m, n, k, 1.0f, x16.data(), ldx, y16.data(), ldy, 1.0f, c, ldc);
+      B::run(ops::gemm<T, float>{.ta = tx,
+                                 .tb = ty,
+                                 .m = m,
+                                 .n = n,
+                                 .k = k,
+                                 .alpha = 1.0f,
+                                 .a = x16.data(),
+                                 .lda = ldx,
+                                 .b = y16.data(),
+                                 .ldb = ldy,
+                                 .beta = 1.0f,
+                                 .c = c,
+                                 .ldc = ldc});
     });
   }
 

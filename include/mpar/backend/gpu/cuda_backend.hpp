@@ -23,6 +23,7 @@
 #include "mpar/backend/gpu/device_resource.hpp"
 #include "mpar/backend/gpu/device_tensor.hpp"
 #include "mpar/backend/gpu/gemm.hpp"
+#include "mpar/backend/gpu/gemm_ops.hpp"
 #include "mpar/backend/gpu/graph.hpp"
 #include "mpar/backend/gpu/kernels.hpp"
 #include "mpar/backend/gpu/layer_kernel_ops.hpp"
@@ -34,7 +35,7 @@
 #include "mpar/backend/gpu/optimizer_ops.hpp"
 #include "mpar/backend/gpu/row_kernels.hpp"
 #include "mpar/backend/gpu/vocab_parallel_ops.hpp"
-// Fused kernels (classifier, residual + layer norm): their operations are in the block below `gemm_bias_gelu`.
+// Fused kernels (classifier, residual + layer norm): their operations are in the block after the buffer operations.
 #include "mpar/backend/gpu/classifier.hpp"
 #include "mpar/backend/gpu/residual_layernorm.hpp"
 // Fused attention over the layers' QKV layout (cuDNN SDPA or mpar's flash kernel): `attention_*` below.
@@ -109,21 +110,9 @@ struct CudaBackend {
   }
 
   /**
-   * Row-major GEMM (see gpu::gemm): fp32/fp64 as is, bf16/f16 on tensor cores with fp32 accumulation, into
-   * a C of the input type or (`gemm<bf16, float>`) an fp32 C.
-   */
-  template <class TIn, class TOut = TIn>
-    requires mpar::gpu::detail::gemm_types<TIn, TOut>
-  static void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, gpu::gemm_scalar_t<TIn> alpha,
-                   const TIn* a, std::size_t lda, const TIn* b, std::size_t ldb, gpu::gemm_scalar_t<TIn> beta, TOut* c,
-                   std::size_t ldc) {
-    gpu::gemm<TIn, TOut>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  }
-
-  /**
    * An operation object (backend/ops/operation.hpp) that has CUDA kernels: a `gpu::launch(op, stream)` overload
-   * declared before this header, e.g. the layers' elementwise and row kernels (gpu/layer_kernel_ops.hpp), the optimizer's
-   * (gpu/optimizer_ops.hpp), the vocabulary-parallel embedding and loss
+   * declared before this header, e.g. the GEMMs (gpu/gemm_ops.hpp), the layers' elementwise and row kernels
+   * (gpu/layer_kernel_ops.hpp), the optimizer's (gpu/optimizer_ops.hpp), the vocabulary-parallel embedding and loss
    * (gpu/vocab_parallel_ops.hpp), the MoE's token routing (gpu/row_kernels.hpp, moe_routing.hpp, moe_ops.hpp)
    * the Llama-class layers' (gpu/llama_kernels.hpp) and ring attention's online softmax (gpu/online_softmax.hpp).
    */
@@ -133,7 +122,7 @@ struct CudaBackend {
     then_wait([&] { gpu::launch(op, cudaStream_t{}); });
   }
 
-  // The buffer operations and the batched GEMM (see the `backend` concept), on the compute stream.
+  // The buffer operations (see the `backend` concept), on the compute stream.
   template <class T>
   static void zero(std::size_t n, T* x) {
     then_wait([&] { gpu::zero(n, x); });
@@ -178,53 +167,6 @@ struct CudaBackend {
   static void init_values(const InitBlock& block, T* x) {
     then_wait([&] { gpu::init_values(block, x); });
   }
-  /** cublasGemmStridedBatchedEx (see gpu::gemm_strided_batched): fp32, or bf16/f16 A and B with fp32 accumulation. */
-  template <class TIn, class TOut = TIn>
-    requires mpar::gpu::detail::gemm_types<TIn, TOut>
-  static void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k,
-                                   gpu::gemm_scalar_t<TIn> alpha, const TIn* a, std::size_t lda, std::size_t stride_a,
-                                   const TIn* b, std::size_t ldb, std::size_t stride_b, gpu::gemm_scalar_t<TIn> beta,
-                                   TOut* c, std::size_t ldc, std::size_t stride_c, std::size_t batch) {
-    gpu::gemm_strided_batched<TIn, TOut>(ta, tb, m, n, k, alpha, a, lda, std::int64_t(stride_a), b, ldb,
-                                         std::int64_t(stride_b), beta, c, ldc, std::int64_t(stride_c), batch);
-    // No wait: the GEMM reads and writes only caller-owned memory (no temporary to free), so it is
-    // stream-ordered like every other operation and returns at once.
-  }
-  /**
-   * The two-level batch (attention's sequences x heads): cublasGemmStridedBatchedEx takes one batch stride, so
-   * it covers the larger level in one call per entry of the smaller (min(outer, inner) launches, stream-ordered).
-   */
-  template <class TIn, class TOut = TIn>
-    requires mpar::gpu::detail::gemm_types<TIn, TOut>
-  static void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k,
-                                   gpu::gemm_scalar_t<TIn> alpha, const TIn* a, std::size_t lda, BatchStrides stride_a,
-                                   const TIn* b, std::size_t ldb, BatchStrides stride_b, gpu::gemm_scalar_t<TIn> beta,
-                                   TOut* c, std::size_t ldc, BatchStrides stride_c, BatchExtents batch) {
-    const bool over_inner = batch.inner >= batch.outer;
-    const std::size_t loops = over_inner ? batch.outer : batch.inner, count = over_inner ? batch.inner : batch.outer;
-    const BatchStrides sa = over_inner ? stride_a : BatchStrides{stride_a.inner, stride_a.outer},
-                       sb = over_inner ? stride_b : BatchStrides{stride_b.inner, stride_b.outer},
-                       sc = over_inner ? stride_c : BatchStrides{stride_c.inner, stride_c.outer};
-    for (std::size_t o = 0; o < loops; ++o)
-      gpu::gemm_strided_batched<TIn, TOut>(ta, tb, m, n, k, alpha, a + o * sa.outer, lda, std::int64_t(sa.inner),
-                                           b + o * sb.outer, ldb, std::int64_t(sb.inner), beta, c + o * sc.outer, ldc,
-                                           std::int64_t(sc.inner), count);
-  }
-
-  /**
-   * The fused GEMM epilogue of the MLP's first projection (see host::gemm_bias_gelu), composed on the
-   * compute stream: cuBLAS's GEMM into `pre`, the bias kernel, the GeLU kernel (no host step between them).
-   */
-  template <class TIn>
-    requires mpar::gpu::detail::gemm_types<TIn, float>
-  static void gemm_bias_gelu(std::size_t m, std::size_t n, std::size_t k, const TIn* a, std::size_t lda, const TIn* w,
-                             std::size_t ldw, const float* bias, float* pre, float* y) {
-    if (m == 0 || n == 0) return;
-    gemm<TIn, float>(Trans::no, Trans::no, m, n, k, 1.0f, a, lda, w, ldw, 0.0f, pre, n);
-    run(ops::bias_add_forward{.rows = m, .cols = n, .bias = bias, .y = pre});
-    run(ops::gelu_forward{.n = m * n, .x = pre, .y = y});
-  }
-
   // ---- Fused kernels (not in the `backend` concept; layers use them where a backend has them) ----
   /**
    * Softmax cross-entropy, its mean and its gradient in one pass over the logits (gpu::fused_classifier):

@@ -81,14 +81,6 @@ struct HostBackend {
     return uninitialized_buffer<T>(n);
   }
 
-  /** Row-major GEMM (see mpar::gemm): float or double as is, bf16/f16 A and B with fp32 accumulation into a float C. */
-  template <class TIn, class TOut = TIn>
-    requires detail::host_gemm_types<TIn, TOut>
-  static void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha, const TIn* a,
-                   std::size_t lda, const TIn* b, std::size_t ldb, TOut beta, TOut* c, std::size_t ldc) {
-    mpar::gemm<TIn, TOut>(ta, tb, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc);
-  }
-
   /**
    * An operation object (backend/ops/operation.hpp) run by its plain-loop host reference: every operation that has
    * one, e.g. the optimizer's (`optimizer_backend`), the MoE's token routing (`routing_backend`), the Llama-class
@@ -98,7 +90,7 @@ struct HostBackend {
     requires ops::has_host_reference<Op>
   static void run(const Op& op) { host_reference(op); }
 
-  // The buffer operations and the batched GEMM (see the `backend` concept; host/buffer_ops.hpp).
+  // The buffer operations (see the `backend` concept; host/buffer_ops.hpp).
   template <class T>
   static void zero(std::size_t n, T* x) {
     host::zero(n, x);
@@ -130,43 +122,12 @@ struct HostBackend {
   static void init_values(const InitBlock& block, T* x) {
     host::init_values(block, x);
   }
-  template <class TIn, class TOut = TIn>
-    requires detail::host_gemm_types<TIn, TOut>
-  static void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha,
-                                   const TIn* a, std::size_t lda, std::size_t stride_a, const TIn* b, std::size_t ldb,
-                                   std::size_t stride_b, TOut beta, TOut* c, std::size_t ldc, std::size_t stride_c,
-                                   std::size_t batch) {
-    host::gemm_strided_batched<TIn, TOut>(ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
-                                          stride_c, batch);
-  }
-
-  // The fused GEMM epilogue of the MLP's first projection (host/gemm_bias_gelu.hpp: the bias inside
-  // oneDNN's matmul, GeLU in the same operation).
-  template <class TIn>
-    requires detail::host_gemm_types<TIn, float>
-  static void gemm_bias_gelu(std::size_t m, std::size_t n, std::size_t k, const TIn* a, std::size_t lda, const TIn* w,
-                             std::size_t ldw, const float* bias, float* pre, float* y) {
-    host::gemm_bias_gelu<TIn>(m, n, k, a, lda, w, ldw, bias, pre, y);
-  }
-
   // GeLU's backward with the bias gradient and the 16-bit operand in one pass (host/gelu_backward_bias.hpp;
   // a fused operation outside the `backend` concept: nn::fused_gelu_backward_backend).
   template <detail::half_precision T>
   static void gelu_backward_bias(std::size_t rows, std::size_t cols, const float* pre, const float* dy, float* dbias,
                                  T* dpre) {
     host::gelu_backward_bias<T>(rows, cols, pre, dy, dbias, dpre);
-  }
-
-  // The two-level batched GEMM (host/buffer_ops.hpp): every (sequence, head) pair of an attention product
-  // in one call, one oneDNN matmul execution where oneDNN is the host GEMM.
-  template <class TIn, class TOut = TIn>
-    requires detail::host_gemm_types<TIn, TOut>
-  static void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha,
-                                   const TIn* a, std::size_t lda, BatchStrides stride_a, const TIn* b, std::size_t ldb,
-                                   BatchStrides stride_b, TOut beta, TOut* c, std::size_t ldc, BatchStrides stride_c,
-                                   BatchExtents batch) {
-    host::gemm_strided_batched<TIn, TOut>(ta, tb, m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc,
-                                          stride_c, batch);
   }
 };
 

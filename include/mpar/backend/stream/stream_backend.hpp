@@ -170,16 +170,6 @@ struct BasicStreamHostBackend {
     return uninitialized_buffer<T>(n, View::resource());
   }
 
-  /** Row-major GEMM (see HostBackend::gemm), issued to the rank's stream. */
-  template <class TIn, class TOut = TIn>
-    requires mpar::detail::host_gemm_types<TIn, TOut>
-  static void gemm(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha, const TIn* a,
-                   std::size_t lda, const TIn* b, std::size_t ldb, TOut beta, TOut* c, std::size_t ldc) {
-    submit(
-        "gemm", [](auto... x) { HostBackend::template gemm<TIn, TOut>(x...); }, ta, tb, m, n, k, alpha, a, lda, b, ldb,
-        beta, c, ldc);
-  }
-
   /**
    * Issues `f(args...)` to the rank's stream, `args` captured by value with every pointer (and span)
    * translated to where operations reach it. Returns at once for `void`; otherwise waits for the value.
@@ -212,8 +202,6 @@ struct BasicStreamHostBackend {
   MPAR_STREAM_OP(copy)
   MPAR_STREAM_OP(convert)
   MPAR_STREAM_OP(init_values)
-  // The fused GEMM epilogue of the MLP's first projection.
-  MPAR_STREAM_OP(gemm_bias_gelu)
   // GeLU's backward with the bias gradient and the 16-bit operand (nn::fused_gelu_backward_backend).
   MPAR_STREAM_OP(gelu_backward_bias)
 #undef MPAR_STREAM_OP
@@ -252,28 +240,6 @@ struct BasicStreamHostBackend {
     submit(
         "copy_2d_batched", [](auto... x) { HostBackend::copy_2d_batched(x...); }, rows, cols, src, src_ld, src_stride,
         dst, dst_ld, dst_stride, batch);
-  }
-  /** Strided-batched GEMM (see HostBackend::gemm_strided_batched), issued to the rank's stream. */
-  template <class TIn, class TOut = TIn>
-    requires mpar::detail::host_gemm_types<TIn, TOut>
-  static void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha,
-                                   const TIn* a, std::size_t lda, std::size_t stride_a, const TIn* b, std::size_t ldb,
-                                   std::size_t stride_b, TOut beta, TOut* c, std::size_t ldc, std::size_t stride_c,
-                                   std::size_t batch) {
-    submit(
-        "gemm_strided_batched", [](auto... x) { HostBackend::template gemm_strided_batched<TIn, TOut>(x...); }, ta, tb,
-        m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c, batch);
-  }
-  /** The two-level batched GEMM (see HostBackend::gemm_strided_batched), issued to the rank's stream. */
-  template <class TIn, class TOut = TIn>
-    requires mpar::detail::host_gemm_types<TIn, TOut>
-  static void gemm_strided_batched(Trans ta, Trans tb, std::size_t m, std::size_t n, std::size_t k, TOut alpha,
-                                   const TIn* a, std::size_t lda, BatchStrides stride_a, const TIn* b, std::size_t ldb,
-                                   BatchStrides stride_b, TOut beta, TOut* c, std::size_t ldc, BatchStrides stride_c,
-                                   BatchExtents batch) {
-    submit(
-        "gemm_strided_batched", [](auto... x) { HostBackend::template gemm_strided_batched<TIn, TOut>(x...); }, ta, tb,
-        m, n, k, alpha, a, lda, stride_a, b, ldb, stride_b, beta, c, ldc, stride_c, batch);
   }
 
  private:
