@@ -87,8 +87,6 @@ struct ResidencyCheckedBackend : HostBackend {
     check_pointers(#op, a...);                     \
     return HostBackend::op(std::forward<A>(a)...); \
   }
-  // GeLU's backward with the bias gradient and the 16-bit operand: pre-activation, gradient, bias gradient, output.
-  MPAR_TEST_CHECKED(gelu_backward_bias)
   // The strided 2-D copy (ring attention's K/V packing, MoE's expert blocks): source and destination.
   MPAR_TEST_CHECKED(copy_2d)
   // Its two-level batch (attention's 16-bit heads rearranged into dense blocks, and dQ, dK, dV interleaved).

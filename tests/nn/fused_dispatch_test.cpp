@@ -1,5 +1,5 @@
 // The layers' fused-kernel paths, run on the CPU: a host backend that also has the fused operations
-// (`nn::fused_attention_backend`, `nn::fused_residual_layernorm_backend`), implemented here with naive loops and
+// (`ops::attention_forward/backward`, `ops::residual_layernorm_forward/backward`), implemented here with naive loops and
 // the host kernels, so the layers' choice, arguments and caches are checked in every CI run; the device kernels
 // behind the same operations are checked against the host on a GPU (tests/cuda/layers_cuda_test.cu).
 //
@@ -33,24 +33,33 @@ namespace {
 struct ResidualLnHostBackend : HostBackend {
   static inline std::atomic<int> fused_forwards{0};  ///< calls of the fused forward: whether a layer took it
   /** h = x + branch, then the host layer norm of h: HostBackend's add and layernorm_forward, in that order. */
-  static void residual_layernorm_forward(std::size_t rows, std::size_t cols, const float* x, const float* branch,
-                                         const float* gamma, const float* beta, float* h, float* y, float* mean,
-                                         float* rstd) {
+  using HostBackend::run;
+  static void run(const ops::residual_layernorm_forward& op) {
     ++fused_forwards;
-    host::add(rows * cols, x, branch, h);
-    host::layernorm_forward(rows, cols, h, gamma, beta, y, mean, rstd);
+    host::add(op.rows * op.cols, op.x, op.branch, op.h);
+    host::layernorm_forward(op.rows, op.cols, op.h, op.gamma, op.beta, op.y, op.mean, op.rstd);
   }
   /** dh = LN'(dy) + dres, dgamma and dbeta accumulated: HostBackend's layernorm_backward and add. */
-  static void residual_layernorm_backward(std::size_t rows, std::size_t cols, const float* h, const float* mean,
-                                          const float* rstd, const float* gamma, const float* dy, const float* dres,
-                                          float* dh, float* dgamma, float* dbeta) {
-    host::layernorm_backward(rows, cols, h, mean, rstd, gamma, dy, dh, dgamma, dbeta);
-    host::add(rows * cols, static_cast<const float*>(dh), dres, dh);
+  static void run(const ops::residual_layernorm_backward& op) {
+    host::layernorm_backward(op.rows, op.cols, op.h, op.mean, op.rstd, op.gamma, op.dy, op.dh, op.dgamma, op.dbeta);
+    host::add(op.rows * op.cols, static_cast<const float*>(op.dh), op.dres, op.dh);
   }
 };
 /** And fused attention, written as the textbook formulas in double (not the device kernels). */
 struct FusedHostBackend : ResidualLnHostBackend {
   static bool attention_supports(std::size_t, std::size_t) { return true; }
+  using ResidualLnHostBackend::run;
+  template <class T>
+  static void run(const ops::attention_forward<T>& op) {
+    attention_forward(op.nb, op.heads, op.seq, op.head_dim, op.scale, op.causal, op.qkv, op.o, op.o_heads, op.lse);
+  }
+  template <class T>
+  static void run(const ops::attention_backward<T>& op) {
+    attention_backward(op.nb, op.heads, op.seq, op.head_dim, op.scale, op.causal, op.qkv, op.o_heads, op.lse, op.dout,
+                       op.dqkv);
+  }
+
+ private:
   /** o = softmax(scale q kᵀ, causal) v per (sequence, head), read from and written to the layers' layouts. */
   template <class T>
   static void attention_forward(std::size_t nb, std::size_t heads, std::size_t s, std::size_t d, float scale,

@@ -174,8 +174,16 @@ struct AttentionCore {
     Activation o({qkv.extent(0), hl}, uninitialized);  // every element written by the kernel
     o_heads = B::template allocate<T>(qkv.extent(0) * hl);
     lse = B::template allocate<float>(nb * heads * seq);
-    B::template attention_forward<T>(nb, heads, seq, head_dim, 1.0f / std::sqrt(float(head_dim)), true, qkv_t, o.data(),
-                                     o_heads.data(), lse.data());
+    B::run(ops::attention_forward<T>{.nb = nb,
+                                     .heads = heads,
+                                     .seq = seq,
+                                     .head_dim = head_dim,
+                                     .scale = 1.0f / std::sqrt(float(head_dim)),
+                                     .causal = true,
+                                     .qkv = qkv_t,
+                                     .o = o.data(),
+                                     .o_heads = o_heads.data(),
+                                     .lse = lse.data()});
     return o;
   }
   template <detail::fused_attention_backend B, class T>
@@ -185,8 +193,17 @@ struct AttentionCore {
     require(dout.extent(0) == tokens && dout.extent(1) == hl, who, ": output gradient is ", dout.extent(0), "x",
             dout.extent(1), ", expected ", tokens, "x", hl);
     Activation dqkv({tokens, 3 * hl}, uninitialized);
-    B::template attention_backward<T>(tokens / seq, heads, seq, head_dim, 1.0f / std::sqrt(float(head_dim)), true,
-                                      qkv_t, o_heads.data(), lse.data(), dout.data(), dqkv.data());
+    B::run(ops::attention_backward<T>{.nb = tokens / seq,
+                                      .heads = heads,
+                                      .seq = seq,
+                                      .head_dim = head_dim,
+                                      .scale = 1.0f / std::sqrt(float(head_dim)),
+                                      .causal = true,
+                                      .qkv = qkv_t,
+                                      .o_heads = o_heads.data(),
+                                      .lse = lse.data(),
+                                      .dout = dout.data(),
+                                      .dqkv = dqkv.data()});
     return dqkv;
   }
   /** Whether `fused_forward` takes `tokens` tokens on backend B (false on a backend without fused attention). */

@@ -131,8 +131,15 @@ class VocabParallelCrossEntropy {
         c.fused = true;
         c.logits = Activation(logits.shape(), uninitialized);  // holds dlogits of the unscaled loss
         c.stats = uninitialized_buffer<float>(t + 1);          // [row loss | mean loss]
-        B::fused_classifier(t, vl, vl, logits.data(), targets, c.logits.data(), c.stats.data(), c.stats.data() + t,
-                            1.0f);
+        B::run(ops::fused_classifier{.rows = t,
+                                     .vocab = vl,
+                                     .ld = vl,
+                                     .logits = logits.data(),
+                                     .targets = targets,
+                                     .dlogits = c.logits.data(),
+                                     .row_loss = c.stats.data(),
+                                     .loss = c.stats.data() + t,
+                                     .grad_scale = 1.0f});
         return c.stats.data() + t;
       }
     }

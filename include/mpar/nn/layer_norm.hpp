@@ -146,8 +146,16 @@ class LayerNorm : public detail::TypedLayer<LayerNorm<L, C, B>> {
     auto& c = cache_.put(mb);
     c.mean = uninitialized_buffer<float>(rows);
     c.rstd = uninitialized_buffer<float>(rows);
-    B::residual_layernorm_forward(rows, n_, branch.data(), x.data(), gamma_.value.data(), beta_.value.data(), h.data(),
-                                  y.data(), c.mean.data(), c.rstd.data());
+    B::run(ops::residual_layernorm_forward{.rows = rows,
+                                           .cols = n_,
+                                           .x = x.data(),
+                                           .branch = branch.data(),
+                                           .gamma = gamma_.value.data(),
+                                           .beta = beta_.value.data(),
+                                           .h = h.data(),
+                                           .y = y.data(),
+                                           .mean = c.mean.data(),
+                                           .rstd = c.rstd.data()});
     c.x = backend_copy<B>(h);
     return {Act<Lx>(std::move(h)), Act<Lx>(std::move(y))};
   }
@@ -162,8 +170,17 @@ class LayerNorm : public detail::TypedLayer<LayerNorm<L, C, B>> {
     require(dy.shape() == c.x.shape() && dres.shape() == c.x.shape(), "LayerNorm '", gamma_.name,
             "': gradient shapes differ from the input's");
     Activation dh(dy.shape(), uninitialized);
-    B::residual_layernorm_backward(dy.extent(0), n_, c.x.data(), c.mean.data(), c.rstd.data(), gamma_.value.data(),
-                                   dy.data(), dres.data(), dh.data(), gamma_.grad.data(), beta_.grad.data());
+    B::run(ops::residual_layernorm_backward{.rows = dy.extent(0),
+                                            .cols = n_,
+                                            .h = c.x.data(),
+                                            .mean = c.mean.data(),
+                                            .rstd = c.rstd.data(),
+                                            .gamma = gamma_.value.data(),
+                                            .dy = dy.data(),
+                                            .dres = dres.data(),
+                                            .dh = dh.data(),
+                                            .dgamma = gamma_.grad.data(),
+                                            .dbeta = beta_.grad.data()});
     return Act<Lx>(std::move(dh));
   }
 

@@ -274,21 +274,6 @@ struct CountingBackend : B {
   MPAR_COUNTING_OP(init_values)
 #undef MPAR_COUNTING_OP
 
-  // The fused operations outside the `backend` concept (nn::fused_*_backend). Declared here, they hide `B`'s, so
-  // each is counted; constrained on `B` having it, so that the counting backend has exactly the optional operations
-  // `B` has and the layers choose the same paths through it (inherited, they ran uncounted).
-#define MPAR_COUNTING_FUSED_OP(op)                                  \
-  template <class... A>                                             \
-    requires requires(A && ... a) { B::op(std::forward<A>(a)...); } \
-  static void op(A&&... a) {                                        \
-    note(Op::op);                                                   \
-    B::op(std::forward<A>(a)...);                                   \
-  }
-  MPAR_COUNTING_FUSED_OP(gelu_backward_bias)
-  MPAR_COUNTING_FUSED_OP(fused_classifier)
-  MPAR_COUNTING_FUSED_OP(residual_layernorm_forward)
-  MPAR_COUNTING_FUSED_OP(residual_layernorm_backward)
-#undef MPAR_COUNTING_FUSED_OP
   /**
    * An operation object (backend/ops/operation.hpp), counted under the kind of its name (`Op::other` where it has
    * none) and run by `B`. Constrained on `B` running it, so that the counting backend supports exactly what `B` does.
@@ -299,18 +284,6 @@ struct CountingBackend : B {
     static constexpr Op kind = kind_of(O::name);  // found once per operation type, at compile time
     note(kind);
     B::run(op);
-  }
-  template <class T, class... A>
-    requires requires(A&&... a) { B::template attention_forward<T>(std::forward<A>(a)...); }
-  static void attention_forward(A&&... a) {
-    note(Op::attention_forward);
-    B::template attention_forward<T>(std::forward<A>(a)...);
-  }
-  template <class T, class... A>
-    requires requires(A&&... a) { B::template attention_backward<T>(std::forward<A>(a)...); }
-  static void attention_backward(A&&... a) {
-    note(Op::attention_backward);
-    B::template attention_backward<T>(std::forward<A>(a)...);
   }
 
  private:

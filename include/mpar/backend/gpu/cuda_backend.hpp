@@ -35,11 +35,8 @@
 #include "mpar/backend/gpu/optimizer_ops.hpp"
 #include "mpar/backend/gpu/row_kernels.hpp"
 #include "mpar/backend/gpu/vocab_parallel_ops.hpp"
-// Fused kernels (classifier, residual + layer norm): their operations are in the block after the buffer operations.
-#include "mpar/backend/gpu/classifier.hpp"
-#include "mpar/backend/gpu/residual_layernorm.hpp"
-// Fused attention over the layers' QKV layout (cuDNN SDPA or mpar's flash kernel): `attention_*` below.
-#include "mpar/backend/gpu/qkv_attention.hpp"
+// The optional fused operations: classifier, residual + layer norm, attention over the QKV layout.
+#include "mpar/backend/gpu/fused_ops.hpp"
 
 namespace mpar {
 
@@ -167,45 +164,14 @@ struct CudaBackend {
   static void init_values(const InitBlock& block, T* x) {
     then_wait([&] { gpu::init_values(block, x); });
   }
-  // ---- Fused kernels (not in the `backend` concept; layers use them where a backend has them) ----
   /**
-   * Softmax cross-entropy, its mean and its gradient in one pass over the logits (gpu::fused_classifier):
-   * `nn::VocabParallelCrossEntropy` uses it without vocabulary parallelism (`nn::fused_classifier_backend`).
-   */
-  template <class... A>
-  static void fused_classifier(A&&... a) {
-    then_wait([&] { gpu::fused_classifier(std::forward<A>(a)...); });
-  }
-  /** `h = x + branch; y = LN(h)` in one kernel (gpu::residual_layernorm_forward). */
-  template <class... A>
-  static void residual_layernorm_forward(A&&... a) {
-    then_wait([&] { gpu::residual_layernorm_forward(std::forward<A>(a)...); });
-  }
-  /** `dh = dres + LN'(dy)`, dgamma and dbeta accumulated in fp32 (gpu::residual_layernorm_backward). */
-  template <class... A>
-  static void residual_layernorm_backward(A&&... a) {
-    then_wait([&] { gpu::residual_layernorm_backward(std::forward<A>(a)...); });
-  }
-  /**
-   * Fused attention over nn's QKV layout (gpu::qkv_attention_forward/backward: cuDNN's SDPA where it takes
-   * the call, mpar's flash kernel otherwise): `nn`'s attention core uses them (`nn::fused_attention_backend`)
-   * for the shapes `attention_supports` accepts, and its batched GEMMs and softmax for the others.
+   * Which shapes the fused attention operations take (ops::attention_forward/backward, gpu/fused_ops.hpp: cuDNN's
+   * SDPA where it takes the call, mpar's flash kernel otherwise): `nn`'s attention core uses them
+   * (`nn::fused_attention_backend`) for these shapes, and its batched GEMMs and softmax for the others.
    */
   [[nodiscard]] static bool attention_supports(std::size_t batch_heads, std::size_t head_dim) {
     return gpu::qkv_attention_supports(batch_heads, head_dim);
   }
-  template <class T>
-  static void attention_forward(std::size_t nb, std::size_t heads, std::size_t s, std::size_t d, float scale,
-                                bool causal, const T* qkv, float* o, T* o_heads, float* lse) {
-    (void)gpu::qkv_attention_forward<T>(nb, heads, s, d, scale, causal, qkv, o, o_heads, lse);
-  }
-  template <class T>
-  static void attention_backward(std::size_t nb, std::size_t heads, std::size_t s, std::size_t d, float scale,
-                                 bool causal, const T* qkv, const T* o_heads, const float* lse, const float* dout,
-                                 float* dqkv) {
-    (void)gpu::qkv_attention_backward<T>(nb, heads, s, d, scale, causal, qkv, o_heads, lse, dout, dqkv);
-  }
-  // ---- end of the fused kernels ----
 
  private:
   /**

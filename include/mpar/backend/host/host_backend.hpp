@@ -11,10 +11,10 @@
 #include "mpar/backend/detail/online_softmax_backend.hpp"
 #include "mpar/backend/detail/routing_backend.hpp"
 #include "mpar/backend/host/buffer_ops.hpp"
-#include "mpar/backend/host/gelu_backward_bias.hpp"
 #include "mpar/backend/host/gemm.hpp"
 #include "mpar/backend/host/kernels.hpp"
 #include "mpar/backend/host/retained_memory.hpp"
+#include "mpar/backend/ops/fused.hpp"  // gelu_backward_bias, the one fused operation with a host reference
 #include "mpar/core/memory_resource.hpp"
 
 #if defined(MPAR_HAVE_OPENBLAS)
@@ -121,13 +121,6 @@ struct HostBackend {
   template <class T>
   static void init_values(const InitBlock& block, T* x) {
     host::init_values(block, x);
-  }
-  // GeLU's backward with the bias gradient and the 16-bit operand in one pass (host/gelu_backward_bias.hpp;
-  // a fused operation outside the `backend` concept: nn::fused_gelu_backward_backend).
-  template <detail::half_precision T>
-  static void gelu_backward_bias(std::size_t rows, std::size_t cols, const float* pre, const float* dy, float* dbias,
-                                 T* dpre) {
-    host::gelu_backward_bias<T>(rows, cols, pre, dy, dbias, dpre);
   }
 };
 

@@ -202,8 +202,6 @@ struct BasicStreamHostBackend {
   MPAR_STREAM_OP(copy)
   MPAR_STREAM_OP(convert)
   MPAR_STREAM_OP(init_values)
-  // GeLU's backward with the bias gradient and the 16-bit operand (nn::fused_gelu_backward_backend).
-  MPAR_STREAM_OP(gelu_backward_bias)
 #undef MPAR_STREAM_OP
 
   /**

@@ -2,19 +2,17 @@
 /**
  * @file The `fused_classifier_backend` concept: a backend with a one-pass softmax cross-entropy.
  */
-#include <cstddef>
-#include <cstdint>
+#include "mpar/backend/ops/fused.hpp"
+#include "mpar/backend/ops/operation.hpp"
 
 namespace mpar::nn::detail {
 
 /**
- * @brief A backend with a one-pass softmax cross-entropy and gradient (CudaBackend's `fused_classifier`,
- * backend/gpu/classifier.hpp): without vocabulary parallelism the loss uses it instead of the
- * three-step vocabulary-parallel protocol.
+ * @brief A backend that runs `ops::fused_classifier`, a one-pass softmax cross-entropy and gradient (CudaBackend,
+ * backend/gpu/classifier.hpp): without vocabulary parallelism the loss uses it instead of the three-step
+ * vocabulary-parallel protocol.
  */
 template <class B>
-concept fused_classifier_backend = requires(std::size_t n, const float* x, const std::int32_t* t, float* y) {
-  B::fused_classifier(n, n, n, x, t, y, y, y, 1.0f);
-};
+concept fused_classifier_backend = supports<B, ops::fused_classifier>;
 
 }  // namespace mpar::nn::detail
