@@ -397,16 +397,16 @@ void check_gemm_bias_gelu(std::size_t m, std::size_t n, std::size_t k, std::size
   for (std::size_t i = 0; i < w.size(); ++i) w[i] = TIn(value(i + 7) * 0.2f);
   for (std::size_t j = 0; j < n; ++j) bias[j] = value(j + 3) * 0.5f;
   std::vector<float> pre(m * n, -7.0f), y(m * n, -7.0f), pre_unfused(m * n), y_unfused(m * n);
-  B::run(ops::gemm_bias_gelu{.m = m,
-                             .n = n,
-                             .k = k,
-                             .a = static_cast<const TIn*>(a.data()),
-                             .lda = lda,
-                             .w = static_cast<const TIn*>(w.data()),
-                             .ldw = ldw,
-                             .bias = static_cast<const float*>(bias.data()),
-                             .pre = pre.data(),
-                             .y = y.data()});
+  B::run(ops::gemm_bias_gelu<TIn>{.m = m,
+                                  .n = n,
+                                  .k = k,
+                                  .a = static_cast<const TIn*>(a.data()),
+                                  .lda = lda,
+                                  .w = static_cast<const TIn*>(w.data()),
+                                  .ldw = ldw,
+                                  .bias = static_cast<const float*>(bias.data()),
+                                  .pre = pre.data(),
+                                  .y = y.data()});
   B::run(ops::gemm<TIn, float>{.ta = Trans::no,
                                .tb = Trans::no,
                                .m = m,
@@ -451,16 +451,16 @@ TEMPLATE_TEST_CASE("backend gemm_bias_gelu: the pre-activation and GeLU match a 
   if constexpr (!std::is_same_v<TestType, HostBackend>) {
     const auto before = TestType::counts();
     std::vector<float> a(4, 1.0f), b(2, 0.5f), pre(4), y(4);
-    TestType::run(ops::gemm_bias_gelu{.m = std::size_t(2),
-                                      .n = std::size_t(2),
-                                      .k = std::size_t(2),
-                                      .a = static_cast<const float*>(a.data()),
-                                      .lda = std::size_t(2),
-                                      .w = static_cast<const float*>(a.data()),
-                                      .ldw = std::size_t(2),
-                                      .bias = static_cast<const float*>(b.data()),
-                                      .pre = pre.data(),
-                                      .y = y.data()});
+    TestType::run(ops::gemm_bias_gelu<float>{.m = std::size_t(2),
+                                             .n = std::size_t(2),
+                                             .k = std::size_t(2),
+                                             .a = static_cast<const float*>(a.data()),
+                                             .lda = std::size_t(2),
+                                             .w = static_cast<const float*>(a.data()),
+                                             .ldw = std::size_t(2),
+                                             .bias = static_cast<const float*>(b.data()),
+                                             .pre = pre.data(),
+                                             .y = y.data()});
     const auto d = TestType::counts() - before;
     CHECK(d[observe::Op::gemm_bias_gelu] == 1);
     CHECK(d.gemms() == 1);
@@ -470,15 +470,15 @@ TEMPLATE_TEST_CASE("backend gemm_bias_gelu: the pre-activation and GeLU match a 
 
 TEST_CASE("backend gemm_bias_gelu: a missing bias is refused, naming the sizes", "[backend][buffer_ops][fused]") {
   std::vector<float> a(6, 1.0f), pre(4), y(4);
-  CHECK_THROWS_WITH(HostBackend::run(ops::gemm_bias_gelu{.m = std::size_t(2),
-                                                         .n = std::size_t(2),
-                                                         .k = std::size_t(3),
-                                                         .a = static_cast<const float*>(a.data()),
-                                                         .lda = std::size_t(3),
-                                                         .w = static_cast<const float*>(a.data()),
-                                                         .ldw = std::size_t(2),
-                                                         .bias = static_cast<const float*>(nullptr),
-                                                         .pre = pre.data(),
-                                                         .y = y.data()}),
+  CHECK_THROWS_WITH(HostBackend::run(ops::gemm_bias_gelu<float>{.m = std::size_t(2),
+                                                                .n = std::size_t(2),
+                                                                .k = std::size_t(3),
+                                                                .a = static_cast<const float*>(a.data()),
+                                                                .lda = std::size_t(3),
+                                                                .w = static_cast<const float*>(a.data()),
+                                                                .ldw = std::size_t(2),
+                                                                .bias = static_cast<const float*>(nullptr),
+                                                                .pre = pre.data(),
+                                                                .y = y.data()}),
                     Catch::Contains("bias is required") && Catch::Contains("2x2x3"));
 }

@@ -66,7 +66,7 @@ GeluBiasResult<T> gelu_bias_through(const GeluBiasCase& c, const std::vector<flo
     B::template copy_from_host_async<float>(n, pre.data(), p.data());
     B::template copy_from_host_async<float>(n, dy.data(), g.data());
     B::template copy_from_host_async<float>(c.cols, dbias0.data(), b.data());
-    B::run(mpar::ops::gelu_backward_bias{
+    B::run(mpar::ops::gelu_backward_bias<T>{
         .rows = c.rows, .cols = c.cols, .pre = p.data(), .dy = g.data(), .dbias = b.data(), .dpre = d.data()});
     GeluBiasResult<T> r{std::vector<T>(n), std::vector<float>(c.cols)};
     B::template copy_to_host_async<T>(n, d.data(), r.dpre.data());

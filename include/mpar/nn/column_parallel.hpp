@@ -271,12 +271,12 @@ class ColumnParallel : public detail::LinearState, public detail::TypedLayer<Col
         detail::with_half(t, [&]<class T>(T) {
           auto& h = g.template half_storage<T>();
           h = B::template allocate<T>(dy.size());
-          B::run(ops::gelu_backward_bias{.rows = dy.extent(0),
-                                         .cols = dy.extent(1),
-                                         .pre = pre.data(),
-                                         .dy = dy.data(),
-                                         .dbias = bias_.grad.data(),
-                                         .dpre = h.data()});
+          B::run(ops::gelu_backward_bias<T>{.rows = dy.extent(0),
+                                            .cols = dy.extent(1),
+                                            .pre = pre.data(),
+                                            .dy = dy.data(),
+                                            .dbias = bias_.grad.data(),
+                                            .dpre = h.data()});
         });
         pre = Activation();  // freed before the product, as the unfused GeLU frees its input
         return backward_input_with(mb, g.rows, g.cols, [&](detail::GemmOperand x, Activation& dx) {

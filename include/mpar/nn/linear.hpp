@@ -261,28 +261,28 @@ class LinearState {
     GemmOperand op = make_operand<B>(std::forward<X>(x), t);
     const std::size_t rows = op.rows, k = op.cols;
     if (t == ComputeType::fp32) {
-      B::run(ops::gemm_bias_gelu{.m = rows,
-                                 .n = n,
-                                 .k = k,
-                                 .a = static_cast<const float*>(op.f32.data()),
-                                 .lda = k,
-                                 .w = weight_f32<B>(),
-                                 .ldw = n,
-                                 .bias = static_cast<const float*>(bias_.value.data()),
-                                 .pre = pre.data(),
-                                 .y = y.data()});
+      B::run(ops::gemm_bias_gelu<float>{.m = rows,
+                                        .n = n,
+                                        .k = k,
+                                        .a = static_cast<const float*>(op.f32.data()),
+                                        .lda = k,
+                                        .w = weight_f32<B>(),
+                                        .ldw = n,
+                                        .bias = static_cast<const float*>(bias_.value.data()),
+                                        .pre = pre.data(),
+                                        .y = y.data()});
     } else {
       with_half(t, [&]<class T>(T) {
-        B::run(ops::gemm_bias_gelu{.m = rows,
-                                   .n = n,
-                                   .k = k,
-                                   .a = op.half<T>(),
-                                   .lda = k,
-                                   .w = weight_half<B, T>(),
-                                   .ldw = n,
-                                   .bias = static_cast<const float*>(bias_.value.data()),
-                                   .pre = pre.data(),
-                                   .y = y.data()});
+        B::run(ops::gemm_bias_gelu<T>{.m = rows,
+                                      .n = n,
+                                      .k = k,
+                                      .a = op.half<T>(),
+                                      .lda = k,
+                                      .w = weight_half<B, T>(),
+                                      .ldw = n,
+                                      .bias = static_cast<const float*>(bias_.value.data()),
+                                      .pre = pre.data(),
+                                      .y = y.data()});
       });
     }
     operands_.put(mb) = std::move(op);

@@ -4,8 +4,9 @@
  * their element types, with their host reference (oneDNN, CBLAS or the portable loops, as the build chose). See
  * backend/ops/operation.hpp.
  *
- * The element types are deduced from the operands at the call, so a call reads
- * `B::run(ops::gemm{.ta = Trans::no, .tb = Trans::yes, .m = m, .n = n, .k = k, .a = x, .lda = k, .b = w, ...})`;
+ * A call names its element types and arguments:
+ * `B::run(ops::gemm<bf16, float>{.ta = Trans::no, .tb = Trans::yes, .m = m, .n = n, .k = k, .a = x, .lda = k, ...})`
+ * (explicitly: deducing them from designated initialisers needs aggregate deduction, which Clang lacks before 17);
  * `alpha` and `beta` default to BLAS's 1 and 0.
  */
 #include <cstddef>
