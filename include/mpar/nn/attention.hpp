@@ -256,8 +256,15 @@ struct AttentionCore {
     const std::size_t nb = tokens / seq, hl = heads * head_dim, ld = parts * hl, d = head_dim, matrix = seq * d;
     Buffer<T> out = B::template allocate<T>(parts * tokens * hl);
     for (std::size_t part = 0; part < parts; ++part)
-      B::copy_2d_batched(seq, d, x + part * hl, ld, BatchStrides{seq * ld, d}, out.data() + part * tokens * hl, d,
-                         BatchStrides{heads * matrix, matrix}, BatchExtents{nb, heads});
+      B::run(ops::copy_2d_batched{.rows = seq,
+                                  .cols = d,
+                                  .src = x + part * hl,
+                                  .src_ld = ld,
+                                  .src_stride = BatchStrides{seq * ld, d},
+                                  .dst = out.data() + part * tokens * hl,
+                                  .dst_ld = d,
+                                  .dst_stride = BatchStrides{heads * matrix, matrix},
+                                  .batch = BatchExtents{nb, heads}});
     return out;
   }
 
@@ -331,8 +338,15 @@ struct AttentionCore {
     per_head_gemm<B>(nb, Trans::yes, Trans::no, s, d, s, scale, ds, in.q, dq + g_part, g_ld, s * g_ld,
                      d);  // dK = dS^T Q
     if constexpr (!in_place)
-      B::copy_2d_batched(tokens, hl, separate.data(), hl, BatchStrides{0, tokens * hl}, dqkv.data(), ld,
-                         BatchStrides{0, hl}, BatchExtents{1, 3});
+      B::run(ops::copy_2d_batched{.rows = tokens,
+                                  .cols = hl,
+                                  .src = separate.data(),
+                                  .src_ld = hl,
+                                  .src_stride = BatchStrides{0, tokens * hl},
+                                  .dst = dqkv.data(),
+                                  .dst_ld = ld,
+                                  .dst_stride = BatchStrides{0, hl},
+                                  .batch = BatchExtents{1, 3}});
     return dqkv;
   }
 
@@ -343,7 +357,7 @@ struct AttentionCore {
       return {};
     } else {
       Buffer<T> h = B::template allocate<T>(x.size());
-      B::convert(x.size(), x.data(), h.data());
+      B::run(ops::convert{.n = x.size(), .src = x.data(), .dst = h.data()});
       return h;
     }
   }

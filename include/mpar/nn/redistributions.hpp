@@ -75,7 +75,13 @@ template <backend B, communicator C>
   Activation stacked({p * t, nl}, uninitialized);  // the all-gather writes every row
   comm.all_gather(std::span<const float>(x.span()), stacked.span());
   Activation full({t, p * nl}, uninitialized);  // the copies write every column block
-  for (std::size_t r = 0; r < p; ++r) B::copy_2d(t, nl, stacked.data() + r * t * nl, nl, full.data() + r * nl, p * nl);
+  for (std::size_t r = 0; r < p; ++r)
+    B::run(ops::copy_2d{.rows = t,
+                        .cols = nl,
+                        .src = stacked.data() + r * t * nl,
+                        .src_ld = nl,
+                        .dst = full.data() + r * nl,
+                        .dst_ld = p * nl});
   return full;
 }
 
@@ -86,7 +92,8 @@ template <backend B>
   require(n % p == 0, "local_features (tensor rank ", rank, "): ", n, " features cannot be split evenly over ", p,
           " tensor ranks; make the layer's width a multiple of the tensor-parallel size");
   Activation part({t, nl}, uninitialized);
-  B::copy_2d(t, nl, x.data() + rank * nl, n, part.data(), nl);
+  B::run(
+      ops::copy_2d{.rows = t, .cols = nl, .src = x.data() + rank * nl, .src_ld = n, .dst = part.data(), .dst_ld = nl});
   return part;
 }
 
@@ -108,7 +115,8 @@ template <backend B, communicator C>
           "multiple of ",
           p);
   Activation part({t / p, x.extent(1)}, uninitialized);
-  if (part.size() != 0) B::copy(part.size(), x.data() + std::size_t(comm.rank()) * part.size(), part.data());
+  if (part.size() != 0)
+    B::run(ops::copy{.n = part.size(), .src = x.data() + std::size_t(comm.rank()) * part.size(), .dst = part.data()});
   return part;
 }
 

@@ -9,8 +9,7 @@
  * thread that issues them, so nothing is shared between ranks and the numbers are exact and reproducible.
  *
  * What is counted, and how:
- * - launches: one per call of a backend operation (the zero/fill/copy/copy_2d/copy_2d_batched/convert/init_values
- *   operations, the operation objects of backend/ops/ where `B` runs them: the GEMMs among them), by `Op` kind — a `copy_2d` is one
+ * - launches: one per backend operation (the operation objects of backend/ops/ where `B` runs them), by `Op` kind — a `copy_2d` is one
  *   launch whatever its number of rows, as it is one `cudaMemcpy2DAsync` on CUDA;
  * - host synchronisations: calls of `synchronize()` and event waits, plus — for a backend whose
  *   operations return only when finished (`operations_block_host<B>`, true for the synchronous
@@ -23,9 +22,8 @@
  *   value-initialised `Buffer`s (each site calls `note_host_access`). Not counted: the communicators'
  *   own copies, and host code that does not announce its accesses (see docs/performance.md for the list).
  *
- * Operation objects (backend/ops/operation.hpp) are counted by one entry, `run`, under the kind of their name.
- * Positional operations not overridden here are inherited from `B` unchanged (and uncounted), so a backend that
- * gains operations stays usable through the wrapper; counting a new one is one forwarding line.
+ * Operation objects (backend/ops/operation.hpp) are counted by one entry, `run`, under the kind of their name, so a
+ * new operation is counted with no line here.
  */
 #include <array>
 #include <cstddef>
@@ -258,21 +256,6 @@ struct CountingBackend : B {
     ++state().graph_launches;
     B::launch(g);
   }
-
-#define MPAR_COUNTING_OP(op)             \
-  template <class... A>                  \
-  static decltype(auto) op(A&&... a) {   \
-    note(Op::op);                        \
-    return B::op(std::forward<A>(a)...); \
-  }
-  MPAR_COUNTING_OP(zero)
-  MPAR_COUNTING_OP(fill)
-  MPAR_COUNTING_OP(copy)
-  MPAR_COUNTING_OP(copy_2d)
-  MPAR_COUNTING_OP(copy_2d_batched)
-  MPAR_COUNTING_OP(convert)
-  MPAR_COUNTING_OP(init_values)
-#undef MPAR_COUNTING_OP
 
   /**
    * An operation object (backend/ops/operation.hpp), counted under the kind of its name (`Op::other` where it has

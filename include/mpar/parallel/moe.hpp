@@ -240,7 +240,7 @@ class MoeMlp {
     st.tokens = tokens;
     st.capacity = C;
     st.x = uninitialized_buffer<float>(tokens * d);
-    B::copy(tokens * d, x.data(), st.x.data());
+    B::run(ops::copy{.n = tokens * d, .src = x.data(), .dst = st.x.data()});
     // 1. gate (fp32)
     Buffer<float> logits = uninitialized_buffer<float>(tokens * E);
     B::run(ops::gemm<float>{.ta = Trans::no,
@@ -311,7 +311,7 @@ class MoeMlp {
     // 5. combine
     st.out = uninitialized_buffer<float>(slots * d);
     comm_->all_to_all(std::span<const float>(expert_out), std::span<float>(st.out));
-    B::zero(tokens * d, y.data());
+    B::run(ops::zero{.n = tokens * d, .x = y.data()});
     B::run(ops::scatter_add_rows{.rows = slots,
                                  .d = d,
                                  .index = st.slot_token.data(),
@@ -320,8 +320,8 @@ class MoeMlp {
                                  .dst = y.data()});
     // what aux_loss() and dropped() read, if asked
     if (last_.empty()) last_ = uninitialized_buffer<float>(2);
-    B::copy(1, st.aux.data(), last_.data());
-    B::copy(1, st.stats.data() + 2 * E + 1, last_.data() + 1);
+    B::run(ops::copy{.n = 1, .src = st.aux.data(), .dst = last_.data()});
+    B::run(ops::copy{.n = 1, .src = st.stats.data() + 2 * E + 1, .dst = last_.data() + 1});
     last_capacity_ = C;
   }
 
@@ -353,7 +353,7 @@ class MoeMlp {
     if (expert_tensor_) expert_tensor_->all_reduce(std::span<float>(expert_dx), ReduceOp::sum);
     Buffer<float> dxin = uninitialized_buffer<float>(slots * d);
     comm_->all_to_all(std::span<const float>(expert_dx), std::span<float>(dxin));
-    B::zero(T * d, dx.data());
+    B::run(ops::zero{.n = T * d, .x = dx.data()});
     B::run(ops::scatter_add_rows{
         .rows = slots, .d = d, .index = st.slot_token.data(), .src = dxin.data(), .dst = dx.data()});  // weight 1
     // gate: the combine weights' gradients and the load-balancing loss's, d aux / d probs[t, e] = alpha E f_e / G
@@ -423,12 +423,22 @@ class MoeMlp {
    */
   void gather_expert_rows(std::size_t l, std::size_t C, const float* received, float* expert_rows) const {
     const std::size_t d = cfg_.d_model, block = C * d;
-    B::copy_2d(std::size_t(comm_->size()), block, received + l * block, local_experts_ * block, expert_rows, block);
+    B::run(ops::copy_2d{.rows = std::size_t(comm_->size()),
+                        .cols = block,
+                        .src = received + l * block,
+                        .src_ld = local_experts_ * block,
+                        .dst = expert_rows,
+                        .dst_ld = block});
   }
   /** The inverse of `gather_expert_rows`: expert l's [q][C] rows back to their places among the received rows. */
   void scatter_expert_rows(std::size_t l, std::size_t C, const float* expert_rows, float* received) const {
     const std::size_t d = cfg_.d_model, block = C * d;
-    B::copy_2d(std::size_t(comm_->size()), block, expert_rows, block, received + l * block, local_experts_ * block);
+    B::run(ops::copy_2d{.rows = std::size_t(comm_->size()),
+                        .cols = block,
+                        .src = expert_rows,
+                        .src_ld = block,
+                        .dst = received + l * block,
+                        .dst_ld = local_experts_ * block});
   }
 
   /** Expert l's rows through its d_ff slice: `out` holds the slots' outputs (partial sums with etp > 1). */

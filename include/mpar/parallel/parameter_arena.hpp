@@ -32,8 +32,9 @@ class ParameterArena {
   ParameterArena() = default;
   explicit ParameterArena(std::vector<nn::Parameter*> order, MemoryResource& upstream = current_memory_resource())
       : slab_(std::move(order), upstream, "ParameterArena", "parameter arena") {
-    slab_.bind(&nn::Parameter::value,
-               [](const nn::Parameter& p, float* slice) { B::copy(p.value.size(), p.value.data(), slice); });
+    slab_.bind(&nn::Parameter::value, [](const nn::Parameter& p, float* slice) {
+      B::run(ops::copy{.n = p.value.size(), .src = p.value.data(), .dst = slice});
+    });
   }
 
   [[nodiscard]] float* data() const { return slab_.data(); }

@@ -18,6 +18,7 @@
 #include "mpar/backend/detail/online_softmax_backend.hpp"
 #include "mpar/backend/detail/routing_backend.hpp"
 #include "mpar/backend/gpu/accumulate.hpp"
+#include "mpar/backend/gpu/buffer_launch.hpp"
 #include "mpar/backend/gpu/buffer_ops.hpp"
 #include "mpar/backend/gpu/context.hpp"
 #include "mpar/backend/gpu/device_resource.hpp"
@@ -108,7 +109,7 @@ struct CudaBackend {
 
   /**
    * An operation object (backend/ops/operation.hpp) that has CUDA kernels: a `gpu::launch(op, stream)` overload
-   * declared before this header, e.g. the GEMMs (gpu/gemm_ops.hpp), the layers' elementwise and row kernels
+   * declared before this header, e.g. the buffer operations (gpu/buffer_launch.hpp), the GEMMs (gpu/gemm_ops.hpp), the layers' elementwise and row kernels
    * (gpu/layer_kernel_ops.hpp), the optimizer's (gpu/optimizer_ops.hpp), the vocabulary-parallel embedding and loss
    * (gpu/vocab_parallel_ops.hpp), the MoE's token routing (gpu/row_kernels.hpp, moe_routing.hpp, moe_ops.hpp)
    * the Llama-class layers' (gpu/llama_kernels.hpp) and ring attention's online softmax (gpu/online_softmax.hpp).
@@ -119,51 +120,6 @@ struct CudaBackend {
     then_wait([&] { gpu::launch(op, cudaStream_t{}); });
   }
 
-  // The buffer operations (see the `backend` concept), on the compute stream.
-  template <class T>
-  static void zero(std::size_t n, T* x) {
-    then_wait([&] { gpu::zero(n, x); });
-  }
-  template <class T>
-  static void fill(std::size_t n, T value, T* x) {
-    then_wait([&] { gpu::fill(n, value, x); });
-  }
-  template <class T>
-  static void copy(std::size_t n, const T* src, T* dst) {
-    then_wait([&] { gpu::copy_on_device(src, dst, n, gpu::current_stream()); });
-  }
-  /** The strided 2-D copy (see HostBackend::copy_2d): one cudaMemcpy2DAsync device to device on the rank's stream. */
-  template <class T>
-  static void copy_2d(std::size_t rows, std::size_t cols, const T* src, std::size_t src_ld, T* dst,
-                      std::size_t dst_ld) {
-    detail::require_copy_2d_shape("CudaBackend", rows, cols, src_ld, dst_ld);
-    then_wait([&] { gpu::copy_2d_on_device(rows, cols, src, src_ld, dst, dst_ld, gpu::current_stream()); });
-  }
-  /**
-   * The batch of strided 2-D copies (see HostBackend::copy_2d_batched): one cudaMemcpy2DAsync per block on the
-   * rank's stream. Only attention's unfused fallback calls it (the fused kernels read q, k, v in place).
-   */
-  template <class T>
-  static void copy_2d_batched(std::size_t rows, std::size_t cols, const T* src, std::size_t src_ld,
-                              BatchStrides src_stride, T* dst, std::size_t dst_ld, BatchStrides dst_stride,
-                              BatchExtents batch) {
-    detail::require_copy_2d_shape("CudaBackend", rows, cols, src_ld, dst_ld);
-    then_wait([&] {
-      for (std::size_t i = 0; i < batch.outer; ++i)
-        for (std::size_t j = 0; j < batch.inner; ++j)
-          gpu::copy_2d_on_device(rows, cols, src + i * src_stride.outer + j * src_stride.inner, src_ld,
-                                 dst + i * dst_stride.outer + j * dst_stride.inner, dst_ld, gpu::current_stream());
-    });
-  }
-  template <class From, class To>
-  static void convert(std::size_t n, const From* src, To* dst) {
-    then_wait([&] { gpu::convert(n, src, dst); });
-  }
-  /** A parameter block's initial values computed by a kernel in device memory (no host upload). */
-  template <class T>
-  static void init_values(const InitBlock& block, T* x) {
-    then_wait([&] { gpu::init_values(block, x); });
-  }
   /**
    * Which shapes the fused attention operations take (ops::attention_forward/backward, gpu/fused_ops.hpp: cuDNN's
    * SDPA where it takes the call, mpar's flash kernel otherwise): `nn`'s attention core uses them

@@ -89,39 +89,6 @@ struct HostBackend {
   template <class Op>
     requires ops::has_host_reference<Op>
   static void run(const Op& op) { host_reference(op); }
-
-  // The buffer operations (see the `backend` concept; host/buffer_ops.hpp).
-  template <class T>
-  static void zero(std::size_t n, T* x) {
-    host::zero(n, x);
-  }
-  template <class T>
-  static void fill(std::size_t n, T value, T* x) {
-    host::fill(n, value, x);
-  }
-  template <class T>
-  static void copy(std::size_t n, const T* src, T* dst) {
-    host::copy(n, src, dst);
-  }
-  template <class T>
-  static void copy_2d(std::size_t rows, std::size_t cols, const T* src, std::size_t src_ld, T* dst,
-                      std::size_t dst_ld) {
-    host::copy_2d(rows, cols, src, src_ld, dst, dst_ld);
-  }
-  template <class T>
-  static void copy_2d_batched(std::size_t rows, std::size_t cols, const T* src, std::size_t src_ld,
-                              BatchStrides src_stride, T* dst, std::size_t dst_ld, BatchStrides dst_stride,
-                              BatchExtents batch) {
-    host::copy_2d_batched(rows, cols, src, src_ld, src_stride, dst, dst_ld, dst_stride, batch);
-  }
-  template <class From, class To>
-  static void convert(std::size_t n, const From* src, To* dst) {
-    host::convert(n, src, dst);
-  }
-  template <class T>
-  static void init_values(const InitBlock& block, T* x) {
-    host::init_values(block, x);
-  }
 };
 
 static_assert(backend<HostBackend>);

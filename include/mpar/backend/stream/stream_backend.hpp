@@ -24,7 +24,7 @@
  *   (backend/stream/stream_graph.hpp); a host wait during the capture throws `stream::capture_error`.
  *
  * Adding a backend operation: an operation object (backend/ops/operation.hpp) needs nothing here (`run` forwards
- * every one); a positional operation needs one `MPAR_STREAM_OP(name)` line below.
+ * every one).
  */
 #include <atomic>
 #include <cstddef>
@@ -171,40 +171,6 @@ struct BasicStreamHostBackend {
   }
 
   /**
-   * Issues `f(args...)` to the rank's stream, `args` captured by value with every pointer (and span)
-   * translated to where operations reach it. Returns at once for `void`; otherwise waits for the value.
-   */
-  template <class F, class... A>
-  static decltype(auto) submit(const char* what, F f, A&&... a) {
-    auto args = captured(what, std::index_sequence_for<A...>{}, std::forward<A>(a)...);
-    using R = decltype(std::apply(f, args));
-    const std::shared_ptr<stream::Stream>& s = stream();
-    if constexpr (std::is_void_v<R>) {
-      s->enqueue(what, [f, args]() mutable { std::apply(f, args); });
-    } else {
-      s->require_not_capturing(what);  // the host would wait for the value
-      auto out = std::make_shared<std::optional<R>>();
-      const std::uint64_t ticket = s->enqueue(what, [f, args, out]() mutable { out->emplace(std::apply(f, args)); });
-      s->wait(ticket);
-      return R(std::move(**out));
-    }
-  }
-
-#define MPAR_STREAM_OP(op)                                                                               \
-  template <class... A>                                                                                  \
-  static decltype(auto) op(A&&... a) {                                                                   \
-    return submit(                                                                                       \
-        #op, [](auto&... x) -> decltype(auto) { return HostBackend::op(x...); }, std::forward<A>(a)...); \
-  }
-  // The buffer operations.
-  MPAR_STREAM_OP(zero)
-  MPAR_STREAM_OP(fill)
-  MPAR_STREAM_OP(copy)
-  MPAR_STREAM_OP(convert)
-  MPAR_STREAM_OP(init_values)
-#undef MPAR_STREAM_OP
-
-  /**
    * An operation object (backend/ops/operation.hpp), issued to the rank's stream as one operation that HostBackend
    * runs: its rank-memory operands (`op.each_operand`) are translated when it is issued, as every pointer argument
    * is, so every operation object is forwarded by this one entry.
@@ -212,55 +178,11 @@ struct BasicStreamHostBackend {
   template <class Op>
     requires supports<HostBackend, Op>
   static void run(const Op& op) {
+    ops::check_when_issued(op, View::backend_name);  // a bad call throws here, not at the next wait
     Op issued = op;
     std::size_t position = 0;
     issued.each_operand([&](auto& p) { p = View::address(p, Op::name, ++position); });
     stream()->enqueue(Op::name, [issued] { HostBackend::run(issued); });
-  }
-
-  /**
-   * The strided 2-D copy (see HostBackend::copy_2d) as one operation on the rank's stream. The leading
-   * dimensions are checked here, when it is issued, so a bad call throws at the call and not at the next wait.
-   */
-  template <class T>
-  static void copy_2d(std::size_t rows, std::size_t cols, const T* src, std::size_t src_ld, T* dst,
-                      std::size_t dst_ld) {
-    mpar::detail::require_copy_2d_shape(View::backend_name, rows, cols, src_ld, dst_ld);
-    submit(
-        "copy_2d", [](auto... x) { HostBackend::copy_2d(x...); }, rows, cols, src, src_ld, dst, dst_ld);
-  }
-  /** The batch of strided 2-D copies (see HostBackend::copy_2d_batched) as one operation, checked when issued. */
-  template <class T>
-  static void copy_2d_batched(std::size_t rows, std::size_t cols, const T* src, std::size_t src_ld,
-                              BatchStrides src_stride, T* dst, std::size_t dst_ld, BatchStrides dst_stride,
-                              BatchExtents batch) {
-    mpar::detail::require_copy_2d_shape(View::backend_name, rows, cols, src_ld, dst_ld);
-    submit(
-        "copy_2d_batched", [](auto... x) { HostBackend::copy_2d_batched(x...); }, rows, cols, src, src_ld, src_stride,
-        dst, dst_ld, dst_stride, batch);
-  }
-
- private:
-  template <class S>
-  struct is_span : std::false_type {};
-  template <class T, std::size_t E>
-  struct is_span<std::span<T, E>> : std::true_type {};
-
-  template <class X>
-  static auto captured_one(const char* what, std::size_t position, X&& x) {
-    using D = std::decay_t<X>;
-    if constexpr (std::is_pointer_v<D>) {
-      return View::address(x, what, position);
-    } else if constexpr (is_span<D>::value) {
-      return operation_span(x, what, position);
-    } else {
-      return D(std::forward<X>(x));
-    }
-  }
-  template <std::size_t... I, class... A>
-  static auto captured(const char* what, std::index_sequence<I...>, A&&... a) {
-    return std::tuple<decltype(captured_one(what, I + 1, std::forward<A>(a)))...>{
-        captured_one(what, I + 1, std::forward<A>(a))...};
   }
 };
 
