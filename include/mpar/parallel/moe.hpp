@@ -489,74 +489,49 @@ class MoeMlp {
   void gemm_xw(nn::ComputeType t, Trans tx, Trans tw, std::size_t m, std::size_t n, std::size_t k,
                std::span<const float> x, std::size_t ldx, const nn::Parameter& w, nn::HalfWeight& w16,
                std::size_t offset, std::size_t ldw, float beta, float* c, std::size_t ldc) {
-    if (t == nn::ComputeType::fp32) {
-      B::run(ops::gemm<float>{.ta = tx,
-                              .tb = tw,
-                              .m = m,
-                              .n = n,
-                              .k = k,
-                              .alpha = 1.0f,
-                              .a = x.data(),
-                              .lda = ldx,
-                              .b = w.value.data() + offset,
-                              .ldb = ldw,
-                              .beta = beta,
-                              .c = c,
-                              .ldc = ldc});
-      return;
-    }
+    // The same product over fp32 operands or their 16-bit copies (element types deduced from a and b).
+    const auto product = [&](const auto* a, const auto* b) {
+      B::run(ops::gemm{.ta = tx,
+                       .tb = tw,
+                       .m = m,
+                       .n = n,
+                       .k = k,
+                       .a = a,
+                       .lda = ldx,
+                       .b = b,
+                       .ldb = ldw,
+                       .beta = beta,
+                       .c = c,
+                       .ldc = ldc});
+    };
+    if (t == nn::ComputeType::fp32) return product(x.data(), w.value.data() + offset);
     nn::detail::with_half(t, [&]<class T>(T) {
       const Buffer<T> x16 = nn::to_half<B, T>(x);
-      B::run(ops::gemm<T, float>{.ta = tx,
-                                 .tb = tw,
-                                 .m = m,
-                                 .n = n,
-                                 .k = k,
-                                 .alpha = 1.0f,
-                                 .a = x16.data(),
-                                 .lda = ldx,
-                                 .b = w16.template get<B, T>(w) + offset,
-                                 .ldb = ldw,
-                                 .beta = beta,
-                                 .c = c,
-                                 .ldc = ldc});
+      product(x16.data(), w16.template get<B, T>(w) + offset);
     });
   }
   /** `C += op(X) op(Y)` for two activations (a weight gradient), in operand type `t` (16-bit: both converted). */
   void gemm_xy(nn::ComputeType t, Trans tx, Trans ty, std::size_t m, std::size_t n, std::size_t k,
                std::span<const float> x, std::size_t ldx, std::span<const float> y, std::size_t ldy, float* c,
                std::size_t ldc) {
-    if (t == nn::ComputeType::fp32) {
-      B::run(ops::gemm<float>{.ta = tx,
-                              .tb = ty,
-                              .m = m,
-                              .n = n,
-                              .k = k,
-                              .alpha = 1.0f,
-                              .a = x.data(),
-                              .lda = ldx,
-                              .b = y.data(),
-                              .ldb = ldy,
-                              .beta = 1.0f,
-                              .c = c,
-                              .ldc = ldc});
-      return;
-    }
+    const auto product = [&](const auto* a, const auto* b) {
+      B::run(ops::gemm{.ta = tx,
+                       .tb = ty,
+                       .m = m,
+                       .n = n,
+                       .k = k,
+                       .a = a,
+                       .lda = ldx,
+                       .b = b,
+                       .ldb = ldy,
+                       .beta = 1.0f,
+                       .c = c,
+                       .ldc = ldc});
+    };
+    if (t == nn::ComputeType::fp32) return product(x.data(), y.data());
     nn::detail::with_half(t, [&]<class T>(T) {
       const Buffer<T> x16 = nn::to_half<B, T>(x), y16 = nn::to_half<B, T>(y);
-      B::run(ops::gemm<T, float>{.ta = tx,
-                                 .tb = ty,
-                                 .m = m,
-                                 .n = n,
-                                 .k = k,
-                                 .alpha = 1.0f,
-                                 .a = x16.data(),
-                                 .lda = ldx,
-                                 .b = y16.data(),
-                                 .ldb = ldy,
-                                 .beta = 1.0f,
-                                 .c = c,
-                                 .ldc = ldc});
+      product(x16.data(), y16.data());
     });
   }
 
