@@ -128,12 +128,12 @@ TEST_CASE("host bf16 conversion: HostBackend::convert between fp32 and bf16 is t
   const std::vector<float> src = bf16_convert_probe_values();
   const std::size_t n = 1000003 < src.size() ? 1000003 : src.size() - 5;
   std::vector<mpar::bf16> h(n);
-  mpar::HostBackend::run(mpar::ops::convert{.n = n, .src = src.data(), .dst = h.data()});
+  mpar::HostBackend::run(mpar::ops::convert<float, mpar::bf16>{.n = n, .src = src.data(), .dst = h.data()});
   std::size_t wrong = 0;
   for (std::size_t i = 0; i < n; ++i) wrong += h[i].bits != bf16_convert_reference_bits(src[i]);
   CHECK(wrong == 0);
   std::vector<float> back(n);
-  mpar::HostBackend::run(mpar::ops::convert{.n = n, .src = h.data(), .dst = back.data()});
+  mpar::HostBackend::run(mpar::ops::convert<mpar::bf16, float>{.n = n, .src = h.data(), .dst = back.data()});
   wrong = 0;
   for (std::size_t i = 0; i < n; ++i)
     wrong += std::bit_cast<std::uint32_t>(back[i]) != (std::uint32_t(h[i].bits) << 16);

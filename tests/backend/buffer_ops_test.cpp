@@ -39,14 +39,14 @@ float value(std::size_t i) { return float(int(i * 37 % 23) - 11) / 8.0f; }
 TEMPLATE_TEST_CASE("backend buffer ops: zero, fill and copy write exactly their n elements", "[backend][buffer_ops]",
                    HostBackend, observe::CountingBackend<HostBackend>) {
   std::vector<float> x(10, 7.0f), y(10, -1.0f);
-  TestType::run(ops::zero{.n = std::size_t(4), .x = x.data() + 3});
+  TestType::run(ops::zero<float>{.n = std::size_t(4), .x = x.data() + 3});
   CHECK(x == std::vector<float>{7, 7, 7, 0, 0, 0, 0, 7, 7, 7});
-  TestType::run(ops::fill{.n = std::size_t(3), .value = 2.5f, .x = x.data() + 1});
+  TestType::run(ops::fill<float>{.n = std::size_t(3), .value = 2.5f, .x = x.data() + 1});
   CHECK(x == std::vector<float>{7, 2.5f, 2.5f, 2.5f, 0, 0, 0, 7, 7, 7});
-  TestType::run(ops::copy{.n = std::size_t(5), .src = x.data(), .dst = y.data() + 2});
+  TestType::run(ops::copy<float>{.n = std::size_t(5), .src = x.data(), .dst = y.data() + 2});
   CHECK(y == std::vector<float>{-1, -1, 7, 2.5f, 2.5f, 2.5f, 0, -1, -1, -1});
   std::vector<std::int32_t> ids(4, 9);
-  TestType::run(ops::zero{.n = std::size_t(4), .x = ids.data()});
+  TestType::run(ops::zero<std::int32_t>{.n = std::size_t(4), .x = ids.data()});
   CHECK(ids == std::vector<std::int32_t>(4, 0));
 }
 
@@ -56,20 +56,20 @@ TEMPLATE_TEST_CASE("backend buffer ops: convert rounds fp32 to bf16 and f16 to n
   // 1 + 3 * 2^-8 is halfway between 1 + 2^-7 (odd) and 1 + 2^-6 (even): gives 1 + 2^-6.
   const std::vector<float> src{1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, -2.0f, 0x1p-20f};
   std::vector<bf16> h(4);
-  TestType::run(ops::convert{.n = src.size(), .src = src.data(), .dst = h.data()});
+  TestType::run(ops::convert<float, bf16>{.n = src.size(), .src = src.data(), .dst = h.data()});
   CHECK(h[0].bits == 0x3f80);
   CHECK(h[1].bits == 0x3f82);
   CHECK(h[2].bits == 0xc000);
   CHECK(h[3].bits == std::uint16_t(std::bit_cast<std::uint32_t>(0x1p-20f) >> 16));
   std::vector<float> back(4, 0.0f);
-  TestType::run(ops::convert{.n = h.size(), .src = h.data(), .dst = back.data()});
+  TestType::run(ops::convert<bf16, float>{.n = h.size(), .src = h.data(), .dst = back.data()});
   CHECK(back == std::vector<float>{1.0f, 1.0f + 0x1p-6f, -2.0f, 0x1p-20f});
   // f16: 1 + 2^-11 is halfway between 1 and 1 + 2^-10: ties to even gives 1.
   const std::vector<float> s16{1.0f + 0x1p-11f, 65504.0f};
   std::vector<f16> g(2);
-  TestType::run(ops::convert{.n = s16.size(), .src = s16.data(), .dst = g.data()});
+  TestType::run(ops::convert<float, f16>{.n = s16.size(), .src = s16.data(), .dst = g.data()});
   std::vector<float> g_back(2);
-  TestType::run(ops::convert{.n = g.size(), .src = g.data(), .dst = g_back.data()});
+  TestType::run(ops::convert<f16, float>{.n = g.size(), .src = g.data(), .dst = g_back.data()});
   CHECK(g_back == std::vector<float>{1.0f, 65504.0f});
 }
 
@@ -318,9 +318,9 @@ TEST_CASE("CountingBackend counts one launch per call, by kind, on the calling t
   using Cb = observe::CountingBackend<HostBackend>;
   const auto before = Cb::counts();
   std::vector<float> x(8, 1.0f), y(8);
-  Cb::run(ops::zero{.n = x.size(), .x = x.data()});
-  Cb::run(ops::copy{.n = x.size(), .src = x.data(), .dst = y.data()});
-  Cb::run(ops::copy{.n = x.size(), .src = y.data(), .dst = x.data()});
+  Cb::run(ops::zero<float>{.n = x.size(), .x = x.data()});
+  Cb::run(ops::copy<float>{.n = x.size(), .src = x.data(), .dst = y.data()});
+  Cb::run(ops::copy<float>{.n = x.size(), .src = y.data(), .dst = x.data()});
   Cb::run(ops::gemm<float>{.ta = Trans::no,
                            .tb = Trans::no,
                            .m = 2,
@@ -345,7 +345,7 @@ TEST_CASE("CountingBackend counts one launch per call, by kind, on the calling t
         5);  // HostBackend returns when done: every launch is a synchronisation, plus the explicit one
   CHECK(d.by_kind() == "gemm=1 zero=1 copy=2");
   // Another thread's work is its own.
-  std::thread([] { Cb::run(ops::zero{.n = std::size_t(0), .x = static_cast<float*>(nullptr)}); }).join();
+  std::thread([] { Cb::run(ops::zero<float>{.n = std::size_t(0), .x = static_cast<float*>(nullptr)}); }).join();
   CHECK((Cb::counts() - before).total_launches() == 4);
   // Host bytes: a value-initialised tensor is written by the host, an uninitialised one is not.
   const auto h0 = Cb::counts().host_bytes;

@@ -46,12 +46,12 @@ std::vector<T> copy_2d_through_backend(const Copy2dCase& c, const std::vector<T>
     mpar::Buffer<T> s = B::template allocate<T>(src.size()), d = B::template allocate<T>(dst.size());
     B::template copy_from_host_async<T>(src.size(), src.data(), s.data());
     B::template copy_from_host_async<T>(dst.size(), dst.data(), d.data());
-    B::run(mpar::ops::copy_2d{.rows = c.rows,
-                              .cols = c.cols,
-                              .src = s.data() + c.src_offset,
-                              .src_ld = c.src_ld,
-                              .dst = d.data() + c.dst_offset,
-                              .dst_ld = c.dst_ld});
+    B::run(mpar::ops::copy_2d<T>{.rows = c.rows,
+                                 .cols = c.cols,
+                                 .src = s.data() + c.src_offset,
+                                 .src_ld = c.src_ld,
+                                 .dst = d.data() + c.dst_offset,
+                                 .dst_ld = c.dst_ld});
     std::vector<T> out(dst.size());
     B::template copy_to_host_async<T>(out.size(), d.data(), out.data());
     B::synchronize();
@@ -102,18 +102,18 @@ TEMPLATE_TEST_CASE("backend copy_2d: no rows or no columns copies nothing, even 
                    "[backend][buffer_ops][copy_2d]", mpar::HostBackend, mpar::StreamHostBackend,
                    mpar::DiscreteHostBackend) {
   CHECK(mpar::testing::on_fresh_rank<TestType>([] {
-    TestType::run(mpar::ops::copy_2d{.rows = std::size_t(0),
-                                     .cols = std::size_t(4),
-                                     .src = static_cast<const float*>(nullptr),
-                                     .src_ld = std::size_t(4),
-                                     .dst = static_cast<float*>(nullptr),
-                                     .dst_ld = std::size_t(4)});
-    TestType::run(mpar::ops::copy_2d{.rows = std::size_t(3),
-                                     .cols = std::size_t(0),
-                                     .src = static_cast<const float*>(nullptr),
-                                     .src_ld = std::size_t(0),
-                                     .dst = static_cast<float*>(nullptr),
-                                     .dst_ld = std::size_t(0)});
+    TestType::run(mpar::ops::copy_2d<float>{.rows = std::size_t(0),
+                                            .cols = std::size_t(4),
+                                            .src = static_cast<const float*>(nullptr),
+                                            .src_ld = std::size_t(4),
+                                            .dst = static_cast<float*>(nullptr),
+                                            .dst_ld = std::size_t(4)});
+    TestType::run(mpar::ops::copy_2d<float>{.rows = std::size_t(3),
+                                            .cols = std::size_t(0),
+                                            .src = static_cast<const float*>(nullptr),
+                                            .src_ld = std::size_t(0),
+                                            .dst = static_cast<float*>(nullptr),
+                                            .dst_ld = std::size_t(0)});
     return true;
   }));
 }
@@ -125,35 +125,35 @@ TEMPLATE_TEST_CASE(
   // Thrown when issued (not at the next wait), and the rank's stream stays usable afterwards.
   const bool stream_usable = mpar::testing::on_fresh_rank<B>([] {
     mpar::Buffer<float> s = B::template allocate<float>(32), d = B::template allocate<float>(32);
-    CHECK_THROWS_AS(B::run(mpar::ops::copy_2d{.rows = std::size_t(4),
-                                              .cols = std::size_t(5),
-                                              .src = s.data(),
-                                              .src_ld = std::size_t(3),
-                                              .dst = d.data(),
-                                              .dst_ld = std::size_t(5)}),
+    CHECK_THROWS_AS(B::run(mpar::ops::copy_2d<float>{.rows = std::size_t(4),
+                                                     .cols = std::size_t(5),
+                                                     .src = s.data(),
+                                                     .src_ld = std::size_t(3),
+                                                     .dst = d.data(),
+                                                     .dst_ld = std::size_t(5)}),
                     mpar::config_error);
     CHECK_THROWS_WITH(
-        B::run(mpar::ops::copy_2d{.rows = std::size_t(4),
-                                  .cols = std::size_t(5),
-                                  .src = s.data(),
-                                  .src_ld = std::size_t(3),
-                                  .dst = d.data(),
-                                  .dst_ld = std::size_t(5)}),
+        B::run(mpar::ops::copy_2d<float>{.rows = std::size_t(4),
+                                         .cols = std::size_t(5),
+                                         .src = s.data(),
+                                         .src_ld = std::size_t(3),
+                                         .dst = d.data(),
+                                         .dst_ld = std::size_t(5)}),
         Catch::Contains("copy_2d of 4 x 5") && Catch::Contains("src_ld = 3") && Catch::Contains("at least cols = 5"));
-    CHECK_THROWS_WITH(B::run(mpar::ops::copy_2d{.rows = std::size_t(2),
-                                                .cols = std::size_t(6),
-                                                .src = s.data(),
-                                                .src_ld = std::size_t(6),
-                                                .dst = d.data(),
-                                                .dst_ld = std::size_t(4)}),
+    CHECK_THROWS_WITH(B::run(mpar::ops::copy_2d<float>{.rows = std::size_t(2),
+                                                       .cols = std::size_t(6),
+                                                       .src = s.data(),
+                                                       .src_ld = std::size_t(6),
+                                                       .dst = d.data(),
+                                                       .dst_ld = std::size_t(4)}),
                       Catch::Contains("dst_ld = 4") && Catch::Contains("at least cols = 6"));
     // No rows does not excuse a wrong leading dimension: the first call that makes it fails.
-    CHECK_THROWS_AS(B::run(mpar::ops::copy_2d{.rows = std::size_t(0),
-                                              .cols = std::size_t(5),
-                                              .src = s.data(),
-                                              .src_ld = std::size_t(2),
-                                              .dst = d.data(),
-                                              .dst_ld = std::size_t(5)}),
+    CHECK_THROWS_AS(B::run(mpar::ops::copy_2d<float>{.rows = std::size_t(0),
+                                                     .cols = std::size_t(5),
+                                                     .src = s.data(),
+                                                     .src_ld = std::size_t(2),
+                                                     .dst = d.data(),
+                                                     .dst_ld = std::size_t(5)}),
                     mpar::config_error);
     B::synchronize();
     return true;
@@ -167,12 +167,12 @@ TEMPLATE_TEST_CASE("CountingBackend: a copy_2d is one launch, whatever its numbe
   const mpar::observe::BackendCounts d = mpar::testing::on_fresh_rank<Counting>([] {
     mpar::Buffer<float> s = Counting::template allocate<float>(64 * 6), t = Counting::template allocate<float>(64 * 4);
     const auto before = Counting::counts();
-    Counting::run(mpar::ops::copy_2d{.rows = std::size_t(64),
-                                     .cols = std::size_t(4),
-                                     .src = s.data() + 2,
-                                     .src_ld = std::size_t(6),
-                                     .dst = t.data(),
-                                     .dst_ld = std::size_t(4)});
+    Counting::run(mpar::ops::copy_2d<float>{.rows = std::size_t(64),
+                                            .cols = std::size_t(4),
+                                            .src = s.data() + 2,
+                                            .src_ld = std::size_t(6),
+                                            .dst = t.data(),
+                                            .dst_ld = std::size_t(4)});
     Counting::synchronize();
     return Counting::counts() - before;
   });
@@ -212,15 +212,15 @@ std::vector<T> heads_through_backend(const HeadsCase& c, const std::vector<T>& s
     B::template copy_from_host_async<T>(src.size(), src.data(), s.data());
     B::template copy_from_host_async<T>(dst.size(), dst.data(), d.data());
     for (std::size_t p = 0; p < c.parts; ++p)
-      B::run(mpar::ops::copy_2d_batched{.rows = c.seq,
-                                        .cols = c.d,
-                                        .src = s.data() + p * hl,
-                                        .src_ld = ld,
-                                        .src_stride = mpar::BatchStrides{c.seq * ld, c.d},
-                                        .dst = d.data() + p * tokens * hl,
-                                        .dst_ld = c.d,
-                                        .dst_stride = mpar::BatchStrides{c.heads * c.seq * c.d, c.seq * c.d},
-                                        .batch = mpar::BatchExtents{c.batch, c.heads}});
+      B::run(mpar::ops::copy_2d_batched<T>{.rows = c.seq,
+                                           .cols = c.d,
+                                           .src = s.data() + p * hl,
+                                           .src_ld = ld,
+                                           .src_stride = mpar::BatchStrides{c.seq * ld, c.d},
+                                           .dst = d.data() + p * tokens * hl,
+                                           .dst_ld = c.d,
+                                           .dst_stride = mpar::BatchStrides{c.heads * c.seq * c.d, c.seq * c.d},
+                                           .batch = mpar::BatchExtents{c.batch, c.heads}});
     std::vector<T> out(dst.size());
     B::template copy_to_host_async<T>(out.size(), d.data(), out.data());
     B::synchronize();
@@ -252,26 +252,26 @@ TEMPLATE_TEST_CASE("backend copy_2d_batched: a short leading dimension is a conf
   using Counting = mpar::observe::CountingBackend<TestType>;
   const mpar::observe::BackendCounts d = mpar::testing::on_fresh_rank<Counting>([] {
     mpar::Buffer<float> s = Counting::template allocate<float>(256), t = Counting::template allocate<float>(256);
-    CHECK_THROWS_WITH(Counting::run(mpar::ops::copy_2d_batched{.rows = std::size_t(4),
-                                                               .cols = std::size_t(5),
-                                                               .src = s.data(),
-                                                               .src_ld = std::size_t(3),
-                                                               .src_stride = mpar::BatchStrides{20, 5},
-                                                               .dst = t.data(),
-                                                               .dst_ld = std::size_t(5),
-                                                               .dst_stride = mpar::BatchStrides{40, 20},
-                                                               .batch = mpar::BatchExtents{2, 2}}),
+    CHECK_THROWS_WITH(Counting::run(mpar::ops::copy_2d_batched<float>{.rows = std::size_t(4),
+                                                                      .cols = std::size_t(5),
+                                                                      .src = s.data(),
+                                                                      .src_ld = std::size_t(3),
+                                                                      .src_stride = mpar::BatchStrides{20, 5},
+                                                                      .dst = t.data(),
+                                                                      .dst_ld = std::size_t(5),
+                                                                      .dst_stride = mpar::BatchStrides{40, 20},
+                                                                      .batch = mpar::BatchExtents{2, 2}}),
                       Catch::Contains("copy_2d of 4 x 5") && Catch::Contains("src_ld = 3"));
     const auto before = Counting::counts();
-    Counting::run(mpar::ops::copy_2d_batched{.rows = std::size_t(4),
-                                             .cols = std::size_t(2),
-                                             .src = s.data(),
-                                             .src_ld = std::size_t(8),
-                                             .src_stride = mpar::BatchStrides{32, 2},
-                                             .dst = t.data(),
-                                             .dst_ld = std::size_t(2),
-                                             .dst_stride = mpar::BatchStrides{32, 8},
-                                             .batch = mpar::BatchExtents{2, 4}});
+    Counting::run(mpar::ops::copy_2d_batched<float>{.rows = std::size_t(4),
+                                                    .cols = std::size_t(2),
+                                                    .src = s.data(),
+                                                    .src_ld = std::size_t(8),
+                                                    .src_stride = mpar::BatchStrides{32, 2},
+                                                    .dst = t.data(),
+                                                    .dst_ld = std::size_t(2),
+                                                    .dst_stride = mpar::BatchStrides{32, 8},
+                                                    .batch = mpar::BatchExtents{2, 4}});
     Counting::synchronize();
     return Counting::counts() - before;
   });

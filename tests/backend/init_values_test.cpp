@@ -84,7 +84,7 @@ std::vector<T> backend_block(const InitBlock& block) {
       const std::size_t n = std::size_t(block.size());
       Buffer<T> x = B::template allocate<T>(n);
       typename B::template pinned_buffer<T> h(n);
-      B::run(ops::init_values{.block = block, .x = x.data()});
+      B::run(ops::init_values<T>{.block = block, .x = x.data()});
       B::template copy_to_host_async<T>(n, x.data(), h.data());
       B::synchronize();
       out.assign(h.data(), h.data() + n);

@@ -144,21 +144,21 @@ TEST_CASE("CudaBackend buffer ops and batched GEMM match their host references",
   const auto x = random_vec<float>(n, 21);
   auto dx = upload(x);
   gpu::DeviceBuffer<float> dy(n, S());
-  CudaBackend::run(ops::fill{.n = n, .value = 2.5f, .x = dy.data()});
+  CudaBackend::run(ops::fill<float>{.n = n, .value = 2.5f, .x = dy.data()});
   CHECK(download(dy) == std::vector<float>(n, 2.5f));
-  CudaBackend::run(ops::zero{.n = n / 2, .x = dy.data() + 1});
+  CudaBackend::run(ops::zero<float>{.n = n / 2, .x = dy.data() + 1});
   std::vector<float> zf(n, 2.5f);
   std::fill(zf.begin() + 1, zf.begin() + 1 + n / 2, 0.0f);
   CHECK(download(dy) == zf);
-  CudaBackend::run(ops::copy{.n = n, .src = dx.data(), .dst = dy.data()});
+  CudaBackend::run(ops::copy<float>{.n = n, .src = dx.data(), .dst = dy.data()});
   CHECK(download(dy) == x);
   gpu::DeviceBuffer<bf16> dh(n, S());
-  CudaBackend::run(ops::convert{.n = n, .src = dx.data(), .dst = dh.data()});
+  CudaBackend::run(ops::convert<float, bf16>{.n = n, .src = dx.data(), .dst = dh.data()});
   std::vector<bf16> href(n);
   host::convert(n, x.data(), href.data());
   const auto h = download(dh);
   for (std::size_t i = 0; i < n; ++i) REQUIRE(h[i].bits == href[i].bits);
-  CudaBackend::run(ops::convert{.n = n, .src = dh.data(), .dst = dy.data()});
+  CudaBackend::run(ops::convert<bf16, float>{.n = n, .src = dh.data(), .dst = dy.data()});
   std::vector<float> back(n);
   host::convert(n, href.data(), back.data());
   CHECK(download(dy) == back);
@@ -220,12 +220,12 @@ TEST_CASE("CudaBackend copy_2d (cudaMemcpy2DAsync) equals a naive element loop; 
       for (std::size_t k = 0; k < c.cols; ++k)
         want[c.dst_offset + r * c.dst_ld + k] = src[c.src_offset + r * c.src_ld + k];
     auto dsrc = upload(src), ddst = upload(dst);
-    CudaBackend::run(ops::copy_2d{.rows = c.rows,
-                                  .cols = c.cols,
-                                  .src = dsrc.data() + c.src_offset,
-                                  .src_ld = c.src_ld,
-                                  .dst = ddst.data() + c.dst_offset,
-                                  .dst_ld = c.dst_ld});
+    CudaBackend::run(ops::copy_2d<float>{.rows = c.rows,
+                                         .cols = c.cols,
+                                         .src = dsrc.data() + c.src_offset,
+                                         .src_ld = c.src_ld,
+                                         .dst = ddst.data() + c.dst_offset,
+                                         .dst_ld = c.dst_ld});
     CHECK(download(ddst) == want);
     // 16-bit elements: the pitch is in bytes, two per element.
     std::vector<bf16> src16(src_n), dst16(dst_n);
@@ -236,29 +236,29 @@ TEST_CASE("CudaBackend copy_2d (cudaMemcpy2DAsync) equals a naive element loop; 
       for (std::size_t k = 0; k < c.cols; ++k)
         want16[c.dst_offset + r * c.dst_ld + k] = src16[c.src_offset + r * c.src_ld + k];
     auto dsrc16 = upload(src16), ddst16 = upload(dst16);
-    CudaBackend::run(ops::copy_2d{.rows = c.rows,
-                                  .cols = c.cols,
-                                  .src = dsrc16.data() + c.src_offset,
-                                  .src_ld = c.src_ld,
-                                  .dst = ddst16.data() + c.dst_offset,
-                                  .dst_ld = c.dst_ld});
+    CudaBackend::run(ops::copy_2d<bf16>{.rows = c.rows,
+                                        .cols = c.cols,
+                                        .src = dsrc16.data() + c.src_offset,
+                                        .src_ld = c.src_ld,
+                                        .dst = ddst16.data() + c.dst_offset,
+                                        .dst_ld = c.dst_ld});
     const auto got16 = download(ddst16);
     for (std::size_t i = 0; i < dst_n; ++i) REQUIRE(got16[i].bits == want16[i].bits);
   }
   gpu::DeviceBuffer<float> a(64, S()), b(64, S());
-  CHECK_THROWS_WITH(CudaBackend::run(ops::copy_2d{.rows = std::size_t(4),
-                                                  .cols = std::size_t(5),
-                                                  .src = a.data(),
-                                                  .src_ld = std::size_t(3),
-                                                  .dst = b.data(),
-                                                  .dst_ld = std::size_t(5)}),
+  CHECK_THROWS_WITH(CudaBackend::run(ops::copy_2d<float>{.rows = std::size_t(4),
+                                                         .cols = std::size_t(5),
+                                                         .src = a.data(),
+                                                         .src_ld = std::size_t(3),
+                                                         .dst = b.data(),
+                                                         .dst_ld = std::size_t(5)}),
                     Catch::Contains("CudaBackend::copy_2d of 4 x 5") && Catch::Contains("src_ld = 3"));
-  CHECK_THROWS_AS(CudaBackend::run(ops::copy_2d{.rows = std::size_t(2),
-                                                .cols = std::size_t(6),
-                                                .src = a.data(),
-                                                .src_ld = std::size_t(6),
-                                                .dst = b.data(),
-                                                .dst_ld = std::size_t(4)}),
+  CHECK_THROWS_AS(CudaBackend::run(ops::copy_2d<float>{.rows = std::size_t(2),
+                                                       .cols = std::size_t(6),
+                                                       .src = a.data(),
+                                                       .src_ld = std::size_t(6),
+                                                       .dst = b.data(),
+                                                       .dst_ld = std::size_t(4)}),
                   config_error);
   CudaBackend::synchronize();  // the rejected calls issued nothing: the stream has no error to report
 }
@@ -278,15 +278,15 @@ TEST_CASE("CudaBackend copy_2d_batched: attention's heads rearranged equal the h
     host::copy_2d_batched(seq, d, src16.data() + part * hl, ld, BatchStrides{seq * ld, d},
                           want.data() + part * tokens * hl, d, BatchStrides{heads * seq * d, seq * d},
                           BatchExtents{batch, heads});
-    CudaBackend::run(ops::copy_2d_batched{.rows = seq,
-                                          .cols = d,
-                                          .src = dsrc16.data() + part * hl,
-                                          .src_ld = ld,
-                                          .src_stride = BatchStrides{seq * ld, d},
-                                          .dst = dst16.data() + part * tokens * hl,
-                                          .dst_ld = d,
-                                          .dst_stride = BatchStrides{heads * seq * d, seq * d},
-                                          .batch = BatchExtents{batch, heads}});
+    CudaBackend::run(ops::copy_2d_batched<bf16>{.rows = seq,
+                                                .cols = d,
+                                                .src = dsrc16.data() + part * hl,
+                                                .src_ld = ld,
+                                                .src_stride = BatchStrides{seq * ld, d},
+                                                .dst = dst16.data() + part * tokens * hl,
+                                                .dst_ld = d,
+                                                .dst_stride = BatchStrides{heads * seq * d, seq * d},
+                                                .batch = BatchExtents{batch, heads}});
   }
   const auto got16 = download(dst16);
   for (std::size_t i = 0; i < want.size(); ++i) REQUIRE(got16[i].bits == want[i].bits);
@@ -295,25 +295,25 @@ TEST_CASE("CudaBackend copy_2d_batched: attention's heads rearranged equal the h
   host::copy_2d_batched(tokens, hl, parts.data(), hl, BatchStrides{0, tokens * hl}, interleaved.data(), ld,
                         BatchStrides{0, hl}, BatchExtents{1, 3});
   auto dparts = upload(parts), dout = upload(std::vector<float>(tokens * ld, 0.0f));
-  CudaBackend::run(ops::copy_2d_batched{.rows = tokens,
-                                        .cols = hl,
-                                        .src = dparts.data(),
-                                        .src_ld = hl,
-                                        .src_stride = BatchStrides{0, tokens * hl},
-                                        .dst = dout.data(),
-                                        .dst_ld = ld,
-                                        .dst_stride = BatchStrides{0, hl},
-                                        .batch = BatchExtents{1, 3}});
+  CudaBackend::run(ops::copy_2d_batched<float>{.rows = tokens,
+                                               .cols = hl,
+                                               .src = dparts.data(),
+                                               .src_ld = hl,
+                                               .src_stride = BatchStrides{0, tokens * hl},
+                                               .dst = dout.data(),
+                                               .dst_ld = ld,
+                                               .dst_stride = BatchStrides{0, hl},
+                                               .batch = BatchExtents{1, 3}});
   CHECK(download(dout) == interleaved);
-  CHECK_THROWS_WITH(CudaBackend::run(ops::copy_2d_batched{.rows = std::size_t(2),
-                                                          .cols = std::size_t(6),
-                                                          .src = dparts.data(),
-                                                          .src_ld = std::size_t(4),
-                                                          .src_stride = BatchStrides{0, 0},
-                                                          .dst = dout.data(),
-                                                          .dst_ld = std::size_t(6),
-                                                          .dst_stride = BatchStrides{0, 0},
-                                                          .batch = BatchExtents{1, 1}}),
+  CHECK_THROWS_WITH(CudaBackend::run(ops::copy_2d_batched<float>{.rows = std::size_t(2),
+                                                                 .cols = std::size_t(6),
+                                                                 .src = dparts.data(),
+                                                                 .src_ld = std::size_t(4),
+                                                                 .src_stride = BatchStrides{0, 0},
+                                                                 .dst = dout.data(),
+                                                                 .dst_ld = std::size_t(6),
+                                                                 .dst_stride = BatchStrides{0, 0},
+                                                                 .batch = BatchExtents{1, 1}}),
                     Catch::Contains("CudaBackend::copy_2d of 2 x 6") && Catch::Contains("src_ld = 4"));
   CudaBackend::synchronize();
 }

@@ -144,7 +144,7 @@ TEST_CASE("CUDA graph: CudaBackend's ops::gemm_strided_batched is stream-ordered
                                                       .batch = BatchExtents{1, batch}});
   };
   run();  // the cuBLAS handle exists before the capture
-  CudaBackend::run(ops::fill{.n = batch * m * n, .value = -7.0f, .x = c.data()});
+  CudaBackend::run(ops::fill<float>{.n = batch * m * n, .value = -7.0f, .x = c.data()});
   const gpu::Graph g = gpu::Graph::capture(S(), run);
   CHECK(g.nodes() >= 1);
   g.launch(S());

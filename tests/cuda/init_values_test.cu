@@ -25,7 +25,7 @@ template <class T>
 std::vector<T> on_device(const InitBlock& block) {
   const std::size_t n = std::size_t(block.size());
   gpu::DeviceBuffer<T> d(n, gpu::current_stream());
-  CudaBackend::run(ops::init_values{.block = block, .x = d.data()});
+  CudaBackend::run(ops::init_values<T>{.block = block, .x = d.data()});
   return gpu::to_host(d.data(), n, gpu::current_stream());
 }
 

@@ -172,8 +172,8 @@ TEST_CASE("CudaBackend on the emulation: a captured forward and backward replays
       const auto pass = [&] {  // its temporaries are allocated and freed inside: the graph's own memory
         const auto ya = layer.forward(Act<Replicate>(backend_copy<B>(xa)), 0);
         const auto dxa = layer.backward(Act<Replicate>(backend_copy<B>(dya)), 0);
-        B::run(ops::copy{.n = ya.size(), .src = ya.data(), .dst = y.data()});
-        B::run(ops::copy{.n = dxa.size(), .src = dxa.data(), .dst = dx.data()});
+        B::run(ops::copy<float>{.n = ya.size(), .src = ya.data(), .dst = y.data()});
+        B::run(ops::copy<float>{.n = dxa.size(), .src = dxa.data(), .dst = dx.data()});
       };
       pass();
       if (capture) {
@@ -210,7 +210,7 @@ TEST_CASE("CudaBackend on the emulation: a host wait inside a capture is refused
     B::init_rank();
     Buffer<float> b = B::allocate<float>(4);
     B::begin_capture();
-    B::run(ops::fill{.n = 4, .value = 1.0f, .x = b.data()});  // recorded, not run
+    B::run(ops::fill<float>{.n = 4, .value = 1.0f, .x = b.data()});  // recorded, not run
     try {
       B::synchronize();
     } catch (const std::exception& e) {

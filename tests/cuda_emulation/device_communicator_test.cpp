@@ -132,7 +132,7 @@ TEST_CASE("DeviceCommunicator on the emulation: ranks that disagree on a count t
   std::vector<std::string> messages(2);
   on_cuda_ranks(2, [&](int r) {
     Buffer<float> b = CudaBackend::allocate<float>(r == 1 ? 5 : 4);
-    CudaBackend::run(ops::zero{.n = b.size(), .x = b.data()});
+    CudaBackend::run(ops::zero<float>{.n = b.size(), .x = b.data()});
     try {
       comms[std::size_t(r)].all_reduce(std::span<float>(b.data(), b.size()), ReduceOp::sum);
     } catch (const comm_error& e) {
@@ -243,7 +243,7 @@ TEST_CASE(
     Device& c = comms[std::size_t(r)];
     Buffer<std::int64_t> i64 = CudaBackend::allocate<std::int64_t>(4);
     Buffer<float> f32 = CudaBackend::allocate<float>(4);
-    CudaBackend::run(ops::zero{.n = f32.size(), .x = f32.data()});
+    CudaBackend::run(ops::zero<float>{.n = f32.size(), .x = f32.data()});
     try {
       if (r == 0)
         c.all_reduce(std::span<std::int64_t>(i64.data(), 4), ReduceOp::sum);

@@ -319,7 +319,7 @@ TEST_CASE("Autocast(bf16): the attention core's products match a bf16-rounded na
   const Activation qkv = random_activation(tokens, ld, 91), dout = random_activation(tokens, hl, 92);
   // The layer: q, k, v converted to bf16 as AttentionLayer does, then the core in bf16.
   Buffer<bf16> qkv16(qkv.size());
-  HostBackend::run(ops::convert{.n = qkv.size(), .src = qkv.data(), .dst = qkv16.data()});
+  HostBackend::run(ops::convert<float, bf16>{.n = qkv.size(), .src = qkv.data(), .dst = qkv16.data()});
   Buffer<float> probs;
   const Activation o = core.forward<HostBackend, bf16>(qkv, qkv16.data(), probs, "test");
   const Activation dqkv = core.backward<HostBackend, bf16>(tokens, qkv16.data(), probs, dout, "test");

@@ -25,7 +25,7 @@ struct SummingStep {
   StreamHostBackend::pinned_buffer<float> staging = StreamHostBackend::pinned_buffer<float>(n);  // n elements
   int issued = 0;  // how often the host ran the issuing code
 
-  SummingStep() { StreamHostBackend::run(ops::zero{.n = 1, .x = sum.data()}); }
+  SummingStep() { StreamHostBackend::run(ops::zero<double>{.n = 1, .x = sum.data()}); }
   /** The host's part of step t: its input into staging (after the previous step's copy read it). */
   void stage(int t) {
     StreamHostBackend::synchronize();

@@ -57,7 +57,7 @@ struct GraphTestModel {
     typename B::template pinned_buffer<float> staged(w0.size());
     for (std::size_t i = 0; i < w0.size(); ++i) staged[i] = w0[i];
     B::template copy_from_host_async<float>(w0.size(), staged.data(), w.data());
-    B::run(ops::zero{.n = momentum.size(), .x = momentum.data()});
+    B::run(ops::zero<float>{.n = momentum.size(), .x = momentum.data()});
     B::synchronize();  // the staging buffer must outlive the copy
   }
 
@@ -82,11 +82,11 @@ struct GraphTestModel {
                             .beta = 0.0f,
                             .c = prediction.data(),
                             .ldc = graph_n});
-    B::run(ops::copy{.n = residual.size(), .src = y, .dst = residual.data()});
+    B::run(ops::copy<float>{.n = residual.size(), .src = y, .dst = residual.data()});
     B::run(ops::scale{.n = residual.size(), .factor = -1.0f, .x = residual.data()});
     B::run(
         ops::add{.n = residual.size(), .x = prediction.data(), .z = residual.data(), .y = residual.data()});  // X W - Y
-    B::run(ops::zero{.n = 1, .x = loss.data()});
+    B::run(ops::zero<double>{.n = 1, .x = loss.data()});
     B::run(ops::sum_squares{.n = residual.size(), .x = residual.data(), .acc = loss.data()});
     B::template copy_to_host_async<double>(1, loss.data(), loss_out.data());
     B::run(ops::gemm<float>{.ta = Trans::yes,
@@ -102,7 +102,7 @@ struct GraphTestModel {
                             .beta = 0.0f,
                             .c = grad.data(),
                             .ldc = graph_n});  // X^T (X W - Y) / m
-    B::run(ops::zero{.n = 1, .x = squares.data()});
+    B::run(ops::zero<double>{.n = 1, .x = squares.data()});
     B::run(ops::sum_squares{.n = grad.size(), .x = grad.data(), .acc = squares.data()});
     B::run(ops::update_factors{.squares = squares.data(),
                                .max_norm = 0.5,
@@ -197,10 +197,11 @@ TEMPLATE_TEST_CASE("graph_backend (emulated): recording does not run, and host s
   testing::on_own_thread([] {
     B::init_rank();
     Buffer<float> x = B::template allocate<float>(4);
-    B::run(ops::fill{.n = x.size(), .value = 1.0f, .x = x.data()});
+    B::run(ops::fill<float>{.n = x.size(), .value = 1.0f, .x = x.data()});
     float value = 2.0f;
     B::begin_capture();
-    B::run(ops::fill{.n = x.size(), .value = value, .x = x.data()});  // the value is an argument: the graph keeps 2
+    B::run(
+        ops::fill<float>{.n = x.size(), .value = value, .x = x.data()});  // the value is an argument: the graph keeps 2
     B::run(ops::add{.n = x.size(), .x = x.data(), .z = x.data(), .y = x.data()});
     typename B::graph_type g = B::end_capture();
     value = 100.0f;  // too late for the graph, as for a CUDA kernel's arguments
@@ -225,7 +226,7 @@ TEMPLATE_TEST_CASE("graph_backend (emulated): a host wait during a capture throw
     typename B::event_type before;
     B::record_event(before);
     B::begin_capture();
-    B::run(ops::zero{.n = 1, .x = acc.data()});
+    B::run(ops::zero<double>{.n = 1, .x = acc.data()});
     CHECK_THROWS_WITH(B::synchronize(), Catch::Contains("'synchronize' during a capture"));
     CHECK_THROWS_WITH(B::wait_event(before), Catch::Contains("'wait_event' during a capture"));
     CHECK_THROWS_WITH((void)B::event_done(before), Catch::Contains("'event_done' during a capture"));
@@ -249,14 +250,14 @@ TEMPLATE_TEST_CASE("graph_backend (emulated): memory freed during a capture stay
     B::begin_capture();
     {
       Buffer<float> scratch = B::template allocate<float>(64);  // freed at the end of the scope, inside the capture
-      B::run(ops::fill{.n = scratch.size(), .value = 3.0f, .x = scratch.data()});
-      B::run(ops::copy{.n = scratch.size(), .src = scratch.data(), .dst = out.data()});
+      B::run(ops::fill<float>{.n = scratch.size(), .value = 3.0f, .x = scratch.data()});
+      B::run(ops::copy<float>{.n = scratch.size(), .src = scratch.data(), .dst = out.data()});
     }
     g = B::end_capture();
     // Were the scratch block free, a buffer of its size class could be handed it now, and the replays would
     // overwrite this one's 5s with 3s.
     Buffer<float> kept = B::template allocate<float>(64);
-    B::run(ops::fill{.n = kept.size(), .value = 5.0f, .x = kept.data()});
+    B::run(ops::fill<float>{.n = kept.size(), .value = 5.0f, .x = kept.data()});
     B::launch(g);
     B::launch(g);
     std::vector<float> got(64), was(64);
@@ -416,7 +417,7 @@ TEMPLATE_TEST_CASE(
     B::begin_capture();
     B::template copy_from_host_async<float>(n, in.data(), x.data());
     comm.all_reduce(std::span<float>(x), ReduceOp::sum);  // blocking: the copy below reads its result
-    B::run(ops::copy{.n = n, .src = x.data(), .dst = y.data()});
+    B::run(ops::copy<float>{.n = n, .src = x.data(), .dst = y.data()});
     auto request = comm.iall_reduce(std::span<float>(y), ReduceOp::max);  // both ranks hold the sum: max is it
     B::run(ops::scale{.n = n, .factor = 2.0f, .x = x.data()});            // overlaps the request
     request.wait();
@@ -438,7 +439,7 @@ TEMPLATE_TEST_CASE(
       B::launch(g);
       // An eager call issued right after the launch, before any wait: it runs after the replay's calls (a
       // recorded call issued only when its operation ran would queue behind this one, which waits for the replay).
-      B::run(ops::fill{.n = n, .value = float(t + w.rank()), .x = z.data()});
+      B::run(ops::fill<float>{.n = n, .value = float(t + w.rank()), .x = z.data()});
       comm.all_reduce(std::span<float>(z), ReduceOp::sum);
       B::template copy_to_host_async<float>(n, z.data(), eager_out.data());
       B::synchronize();

@@ -406,7 +406,7 @@ TEST_CASE(
       p.value = B::allocate<float>(w.size());
       p.grad = B::allocate<float>(w.size());
       B::copy_from_host_async<float>(w.size(), w.data(), p.value.data());
-      B::run(ops::zero{.n = w.size(), .x = p.grad.data()});
+      B::run(ops::zero<float>{.n = w.size(), .x = p.grad.data()});
       parallel::OptimizerConfig oc;
       oc.precision = parallel::Precision::bf16;
       parallel::DistributedOptimizer<ThreadsCommunicator, B> opt({&p}, {&p}, oc, groups_of(comms));

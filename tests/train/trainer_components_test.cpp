@@ -317,7 +317,7 @@ TEST_CASE("step metrics: host slots averaged or maximised over the world, an acc
     CHECK(first == std::array<double, 3>{1.0, -1.0, 20.0});
     double* dropped = metrics.accumulator(1);
     for (int step = 0; step < 2; ++step) {
-      HostBackend::run(ops::zero{.n = 1, .x = dropped});
+      HostBackend::run(ops::zero<double>{.n = 1, .x = dropped});
       for (int mb = 0; mb < 2; ++mb) *dropped += r + 1;
       std::array<double, 3> v{2.0 * r + step, 99.0, r == 1 ? 5.0 : 1.0};
       metrics.reduce(world, v);

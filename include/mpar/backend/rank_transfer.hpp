@@ -77,7 +77,7 @@ void copy_to_rank(const T* src, T* dst, std::size_t n) {
 
 template <backend B, class T>
 void zero_in_rank(T* dst, std::size_t n) {
-  B::run(ops::zero{.n = n, .x = dst});  // a backend operation: ordered on the stream, no host wait
+  B::run(ops::zero<T>{.n = n, .x = dst});  // a backend operation: ordered on the stream, no host wait
 }
 
 }  // namespace mpar

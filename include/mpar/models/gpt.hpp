@@ -1032,12 +1032,12 @@ class GptPipelinePart {
       nn::Activation table({seq, cfg_.hidden}, uninitialized);
       // The two chunks' rows of the table in one strided copy (the second chunk lies after the first).
       const std::size_t half = block / 2;
-      B::run(ops::copy_2d{.rows = 2,
-                          .cols = half,
-                          .src = pos_.value.data() + position_chunk(0) * half,
-                          .src_ld = (position_chunk(1) - position_chunk(0)) * half,
-                          .dst = table.data(),
-                          .dst_ld = half});
+      B::run(ops::copy_2d<float>{.rows = 2,
+                                 .cols = half,
+                                 .src = pos_.value.data() + position_chunk(0) * half,
+                                 .src_ld = (position_chunk(1) - position_chunk(0)) * half,
+                                 .dst = table.data(),
+                                 .dst_ld = half});
       B::run(ops::bias_add_forward{.rows = n / seq, .cols = block, .bias = table.data(), .y = h.data()});
     }
     return h;  // the position embedding is replicated: the sum stays Replicate
@@ -1056,7 +1056,7 @@ class GptPipelinePart {
     } else {
       // The sum over sequences of the rank's two chunks, added into their rows of the table's gradient.
       nn::Activation g({seq, cfg_.hidden}, uninitialized);
-      B::run(ops::zero{.n = g.size(), .x = g.data()});
+      B::run(ops::zero<float>{.n = g.size(), .x = g.data()});
       B::run(ops::bias_add_backward{.rows = dy.extent(0) / seq, .cols = block, .dy = dy.data(), .dbias = g.data()});
       const std::size_t half = block / 2;
       for (std::size_t a = 0; a < 2; ++a)

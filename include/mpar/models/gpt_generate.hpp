@@ -119,7 +119,7 @@ std::vector<std::int32_t> generate(GptPipelinePart<C, B>& model, std::span<const
             local, " (padded vocabulary ", padded, " over ", tp.size(), " tensor ranks)");
     const float* last = logits.data() + (window.size() - 1) * local;
     if (tp.size() > 1) {
-      B::run(ops::copy{.n = local, .src = last, .dst = mine.data()});
+      B::run(ops::copy<float>{.n = local, .src = last, .dst = mine.data()});
       tp.all_gather(std::span<const float>(mine), std::span<float>(row));
       last = row.data();
     }

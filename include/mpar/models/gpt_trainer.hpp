@@ -789,7 +789,7 @@ class GptTrainer {
     for (std::size_t i = 0; i < batches; ++i) {
       std::vector<nn::Act<Replicate>> inputs = split_microbatches(slicing_.local_batch(val, seed, i));
       Buffer<double> l = B::template allocate<double>(1);  // rank memory: the batch's loss, as in a training step
-      B::run(ops::zero{.n = 1, .x = l.data()});
+      B::run(ops::zero<double>{.n = 1, .x = l.data()});
       (void)run_passes(
           inputs, PassKind::evaluate, l.data(), 1.0f, [&](int mb) -> const auto& { return targets_[std::size_t(mb)]; });
       zero_grad();
@@ -1600,7 +1600,7 @@ class GptTrainer {
   void start_step_statistics() {
     optimizer_->zero_losses();
     if (!cfg_.model.has_moe()) return;
-    B::run(ops::zero{.n = 1, .x = report_slot_dropped()});
+    B::run(ops::zero<double>{.n = 1, .x = report_slot_dropped()});
     parallel::MoeStatistics sinks{optimizer_->losses() + 1, double(cfg_.pp) / double(cfg_.microbatches),
                                   report_slot_dropped(), double(cfg_.world_size()) / double(cfg_.tp)};
     for (auto& s : stages_) s->set_moe_statistics(sinks);

@@ -256,15 +256,15 @@ struct AttentionCore {
     const std::size_t nb = tokens / seq, hl = heads * head_dim, ld = parts * hl, d = head_dim, matrix = seq * d;
     Buffer<T> out = B::template allocate<T>(parts * tokens * hl);
     for (std::size_t part = 0; part < parts; ++part)
-      B::run(ops::copy_2d_batched{.rows = seq,
-                                  .cols = d,
-                                  .src = x + part * hl,
-                                  .src_ld = ld,
-                                  .src_stride = BatchStrides{seq * ld, d},
-                                  .dst = out.data() + part * tokens * hl,
-                                  .dst_ld = d,
-                                  .dst_stride = BatchStrides{heads * matrix, matrix},
-                                  .batch = BatchExtents{nb, heads}});
+      B::run(ops::copy_2d_batched<T>{.rows = seq,
+                                     .cols = d,
+                                     .src = x + part * hl,
+                                     .src_ld = ld,
+                                     .src_stride = BatchStrides{seq * ld, d},
+                                     .dst = out.data() + part * tokens * hl,
+                                     .dst_ld = d,
+                                     .dst_stride = BatchStrides{heads * matrix, matrix},
+                                     .batch = BatchExtents{nb, heads}});
     return out;
   }
 
@@ -338,15 +338,15 @@ struct AttentionCore {
     per_head_gemm<B>(nb, Trans::yes, Trans::no, s, d, s, scale, ds, in.q, dq + g_part, g_ld, s * g_ld,
                      d);  // dK = dS^T Q
     if constexpr (!in_place)
-      B::run(ops::copy_2d_batched{.rows = tokens,
-                                  .cols = hl,
-                                  .src = separate.data(),
-                                  .src_ld = hl,
-                                  .src_stride = BatchStrides{0, tokens * hl},
-                                  .dst = dqkv.data(),
-                                  .dst_ld = ld,
-                                  .dst_stride = BatchStrides{0, hl},
-                                  .batch = BatchExtents{1, 3}});
+      B::run(ops::copy_2d_batched<float>{.rows = tokens,
+                                         .cols = hl,
+                                         .src = separate.data(),
+                                         .src_ld = hl,
+                                         .src_stride = BatchStrides{0, tokens * hl},
+                                         .dst = dqkv.data(),
+                                         .dst_ld = ld,
+                                         .dst_stride = BatchStrides{0, hl},
+                                         .batch = BatchExtents{1, 3}});
     return dqkv;
   }
 
@@ -357,7 +357,7 @@ struct AttentionCore {
       return {};
     } else {
       Buffer<T> h = B::template allocate<T>(x.size());
-      B::run(ops::convert{.n = x.size(), .src = x.data(), .dst = h.data()});
+      B::run(ops::convert<float, T>{.n = x.size(), .src = x.data(), .dst = h.data()});
       return h;
     }
   }

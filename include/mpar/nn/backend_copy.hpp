@@ -16,7 +16,7 @@ namespace mpar::nn {
 template <backend B, class T, std::size_t R>
 [[nodiscard]] Tensor<T, R> backend_copy(const Tensor<T, R>& x) {
   Tensor<T, R> y(x.shape(), uninitialized);
-  B::run(ops::copy{.n = x.size(), .src = x.data(), .dst = y.data()});
+  B::run(ops::copy<T>{.n = x.size(), .src = x.data(), .dst = y.data()});
   return y;
 }
 

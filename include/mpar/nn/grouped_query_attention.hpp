@@ -126,25 +126,25 @@ class GroupedQueryAttention
     require(fused.extent(1) == z.fused_ld, layer_kind, ": QKV projection has ", fused.extent(1), " columns, expected ",
             z.fused_ld);
     Activation qkv({z.tokens, 3 * z.hl}, uninitialized);  // q, k and v copies write every element
-    B::run(ops::copy_2d_batched{.rows = z.tokens,
-                                .cols = group_ * z.d,
-                                .src = fused.data(),
-                                .src_ld = z.fused_ld,
-                                .src_stride = BatchStrides{0, z.w},
-                                .dst = qkv.data(),
-                                .dst_ld = 3 * z.hl,
-                                .dst_stride = BatchStrides{0, group_ * z.d},
-                                .batch = BatchExtents{1, z.kvl}});
+    B::run(ops::copy_2d_batched<float>{.rows = z.tokens,
+                                       .cols = group_ * z.d,
+                                       .src = fused.data(),
+                                       .src_ld = z.fused_ld,
+                                       .src_stride = BatchStrides{0, z.w},
+                                       .dst = qkv.data(),
+                                       .dst_ld = 3 * z.hl,
+                                       .dst_stride = BatchStrides{0, group_ * z.d},
+                                       .batch = BatchExtents{1, z.kvl}});
     for (std::size_t part = 1; part <= 2; ++part)  // k, v: KV head j to query heads j g .. j g + g - 1
-      B::run(ops::copy_2d_batched{.rows = z.tokens,
-                                  .cols = z.d,
-                                  .src = fused.data() + (group_ + part - 1) * z.d,
-                                  .src_ld = z.fused_ld,
-                                  .src_stride = BatchStrides{z.w, 0},
-                                  .dst = qkv.data() + part * z.hl,
-                                  .dst_ld = 3 * z.hl,
-                                  .dst_stride = BatchStrides{group_ * z.d, z.d},
-                                  .batch = BatchExtents{z.kvl, group_}});
+      B::run(ops::copy_2d_batched<float>{.rows = z.tokens,
+                                         .cols = z.d,
+                                         .src = fused.data() + (group_ + part - 1) * z.d,
+                                         .src_ld = z.fused_ld,
+                                         .src_stride = BatchStrides{z.w, 0},
+                                         .dst = qkv.data() + part * z.hl,
+                                         .dst_ld = 3 * z.hl,
+                                         .dst_stride = BatchStrides{group_ * z.d, z.d},
+                                         .batch = BatchExtents{z.kvl, group_}});
     const std::int32_t* pos = positions(z.tokens);
     for (std::size_t part = 0; part < 2; ++part)  // q, k in place
       B::run(ops::rope_forward{.rows = z.tokens,
@@ -171,58 +171,58 @@ class GroupedQueryAttention
                                 .dy = dqkv.data() + part * z.hl,
                                 .dx = dqkv.data() + part * z.hl});
     Activation dfused({z.tokens, z.fused_ld}, uninitialized);  // dq, dk and dv columns cover it
-    B::run(ops::copy_2d_batched{.rows = z.tokens,
-                                .cols = group_ * z.d,
-                                .src = dqkv.data(),
-                                .src_ld = 3 * z.hl,
-                                .src_stride = BatchStrides{0, group_ * z.d},
-                                .dst = dfused.data(),
-                                .dst_ld = z.fused_ld,
-                                .dst_stride = BatchStrides{0, z.w},
-                                .batch = BatchExtents{1, z.kvl}});
+    B::run(ops::copy_2d_batched<float>{.rows = z.tokens,
+                                       .cols = group_ * z.d,
+                                       .src = dqkv.data(),
+                                       .src_ld = 3 * z.hl,
+                                       .src_stride = BatchStrides{0, group_ * z.d},
+                                       .dst = dfused.data(),
+                                       .dst_ld = z.fused_ld,
+                                       .dst_stride = BatchStrides{0, z.w},
+                                       .batch = BatchExtents{1, z.kvl}});
     const std::size_t kv_cols = z.kvl * z.d;
     for (std::size_t part = 1; part <= 2; ++part) {
       float* const dst = dfused.data() + (group_ + part - 1) * z.d;
       const float* const src = dqkv.data() + part * z.hl;
       if (group_ == 1) {
-        B::run(ops::copy_2d_batched{.rows = z.tokens,
-                                    .cols = z.d,
-                                    .src = src,
-                                    .src_ld = 3 * z.hl,
-                                    .src_stride = BatchStrides{0, z.d},
-                                    .dst = dst,
-                                    .dst_ld = z.fused_ld,
-                                    .dst_stride = BatchStrides{0, z.w},
-                                    .batch = BatchExtents{1, z.kvl}});
+        B::run(ops::copy_2d_batched<float>{.rows = z.tokens,
+                                           .cols = z.d,
+                                           .src = src,
+                                           .src_ld = 3 * z.hl,
+                                           .src_stride = BatchStrides{0, z.d},
+                                           .dst = dst,
+                                           .dst_ld = z.fused_ld,
+                                           .dst_stride = BatchStrides{0, z.w},
+                                           .batch = BatchExtents{1, z.kvl}});
         continue;
       }
       // sum = copy 0 + copy 1 + ... + copy g-1 of each KV head, gathered densely: the same order on every layout.
       Activation sum({z.tokens, kv_cols}, uninitialized), term({z.tokens, kv_cols}, uninitialized);
       const auto gather = [&](std::size_t copy, Activation& out) {
-        B::run(ops::copy_2d_batched{.rows = z.tokens,
-                                    .cols = z.d,
-                                    .src = src + copy * z.d,
-                                    .src_ld = 3 * z.hl,
-                                    .src_stride = BatchStrides{0, group_ * z.d},
-                                    .dst = out.data(),
-                                    .dst_ld = kv_cols,
-                                    .dst_stride = BatchStrides{0, z.d},
-                                    .batch = BatchExtents{1, z.kvl}});
+        B::run(ops::copy_2d_batched<float>{.rows = z.tokens,
+                                           .cols = z.d,
+                                           .src = src + copy * z.d,
+                                           .src_ld = 3 * z.hl,
+                                           .src_stride = BatchStrides{0, group_ * z.d},
+                                           .dst = out.data(),
+                                           .dst_ld = kv_cols,
+                                           .dst_stride = BatchStrides{0, z.d},
+                                           .batch = BatchExtents{1, z.kvl}});
       };
       gather(0, sum);
       for (std::size_t copy = 1; copy < group_; ++copy) {
         gather(copy, term);
         B::run(ops::add{.n = sum.size(), .x = sum.data(), .z = term.data(), .y = sum.data()});
       }
-      B::run(ops::copy_2d_batched{.rows = z.tokens,
-                                  .cols = z.d,
-                                  .src = sum.data(),
-                                  .src_ld = kv_cols,
-                                  .src_stride = BatchStrides{0, z.d},
-                                  .dst = dst,
-                                  .dst_ld = z.fused_ld,
-                                  .dst_stride = BatchStrides{0, z.w},
-                                  .batch = BatchExtents{1, z.kvl}});
+      B::run(ops::copy_2d_batched<float>{.rows = z.tokens,
+                                         .cols = z.d,
+                                         .src = sum.data(),
+                                         .src_ld = kv_cols,
+                                         .src_stride = BatchStrides{0, z.d},
+                                         .dst = dst,
+                                         .dst_ld = z.fused_ld,
+                                         .dst_stride = BatchStrides{0, z.w},
+                                         .batch = BatchExtents{1, z.kvl}});
     }
     return dfused;
   }

@@ -37,7 +37,7 @@ class HalfWeight {
     const ComputeType t = std::is_same_v<T, bf16> ? ComputeType::bf16 : ComputeType::f16;
     if (gen == 0 || gen != gen_ || type_ != t || h.size() != w.size()) {
       if (h.size() != w.size()) h = B::template allocate<T>(w.size());
-      if (!w.empty()) B::run(ops::convert{.n = w.size(), .src = w.data(), .dst = h.data()});
+      if (!w.empty()) B::run(ops::convert<float, T>{.n = w.size(), .src = w.data(), .dst = h.data()});
       type_ = t;
       gen_ = gen;
     }
@@ -62,7 +62,7 @@ class HalfWeight {
 template <backend B, mpar::detail::half_precision T>
 [[nodiscard]] Buffer<T> to_half(std::span<const float> x) {
   Buffer<T> h = B::template allocate<T>(x.size());
-  if (!x.empty()) B::run(ops::convert{.n = x.size(), .src = x.data(), .dst = h.data()});
+  if (!x.empty()) B::run(ops::convert<float, T>{.n = x.size(), .src = x.data(), .dst = h.data()});
   return h;
 }
 

@@ -98,7 +98,7 @@ class LayerNorm : public detail::TypedLayer<LayerNorm<L, C, B>> {
     if constexpr (sequence_parallel) {
       if (!defer_) {  // this rank's share, summed over the tensor group here
         Buffer<float> g = uninitialized_buffer<float>(2 * n_);
-        B::run(ops::zero{.n = g.size(), .x = g.data()});  // the kernel accumulates dgamma, dbeta
+        B::run(ops::zero<float>{.n = g.size(), .x = g.data()});  // the kernel accumulates dgamma, dbeta
         op.dgamma = g.data();
         op.dbeta = g.data() + n_;
         B::run(op);

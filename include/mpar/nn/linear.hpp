@@ -132,7 +132,7 @@ GemmOperand make_operand(X&& x, ComputeType t) {
     with_half(t, [&]<class T>(T) {
       auto& h = op.half_storage<T>();
       h = B::template allocate<T>(x.size());
-      B::run(ops::convert{.n = x.size(), .src = x.data(), .dst = h.data()});
+      B::run(ops::convert<float, T>{.n = x.size(), .src = x.data(), .dst = h.data()});
     });
   }
   return op;
@@ -144,12 +144,12 @@ GemmOperand operand_rows(const GemmOperand& op, std::size_t begin, std::size_t c
   const std::size_t n = count * op.cols, offset = begin * op.cols;
   if (op.type == ComputeType::fp32) {
     out.f32 = Activation({count, op.cols}, uninitialized);
-    if (n != 0) B::run(ops::copy{.n = n, .src = op.f32.data() + offset, .dst = out.f32.data()});
+    if (n != 0) B::run(ops::copy<float>{.n = n, .src = op.f32.data() + offset, .dst = out.f32.data()});
   } else {
     with_half(op.type, [&]<class T>(T) {
       auto& h = out.half_storage<T>();
       h = B::template allocate<T>(n);
-      if (n != 0) B::run(ops::copy{.n = n, .src = op.half<T>() + offset, .dst = h.data()});
+      if (n != 0) B::run(ops::copy<T>{.n = n, .src = op.half<T>() + offset, .dst = h.data()});
     });
   }
   return out;
@@ -395,9 +395,9 @@ class LinearState {
     if (!weight_.gemm_operand_only || (b.empty() && h.empty())) return weight_.value.data();
     if (widened_.size() != weight_.value.size()) widened_ = B::template allocate<float>(weight_.value.size());
     if (!b.empty())
-      B::run(ops::convert{.n = b.size(), .src = b.data(), .dst = widened_.data()});
+      B::run(ops::convert<bf16, float>{.n = b.size(), .src = b.data(), .dst = widened_.data()});
     else
-      B::run(ops::convert{.n = h.size(), .src = h.data(), .dst = widened_.data()});
+      B::run(ops::convert<f16, float>{.n = h.size(), .src = h.data(), .dst = widened_.data()});
     return widened_.data();
   }
 

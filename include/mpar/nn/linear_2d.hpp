@@ -169,7 +169,7 @@ class Linear2D : public detail::LinearState, public detail::TypedLayer<Linear2D<
     }
     if (has_bias()) {
       Buffer<float> db = B::template allocate<float>(ol);
-      B::run(ops::zero{.n = ol, .x = db.data()});
+      B::run(ops::zero<float>{.n = ol, .x = db.data()});
       detail::add_column_sums<B>(p.dy, db);
       grid_->col.all_reduce(std::span<float>(db), ReduceOp::sum);
       B::run(ops::add{.n = ol, .x = bias_.grad.data(), .z = db.data(), .y = bias_.grad.data()});
@@ -232,11 +232,11 @@ class Linear2D : public detail::LinearState, public detail::TypedLayer<Linear2D<
     broadcast_weight(k, w);
   }
   void broadcast_input(std::size_t k, const Activation& x, Activation& a) {
-    if (grid_->j() == k) B::run(ops::copy{.n = x.size(), .src = x.data(), .dst = a.data()});
+    if (grid_->j() == k) B::run(ops::copy<float>{.n = x.size(), .src = x.data(), .dst = a.data()});
     grid_->row.broadcast(a.span(), int(k));
   }
   void broadcast_weight(std::size_t k, Buffer<float>& w) {
-    if (grid_->i() == k) B::run(ops::copy{.n = w.size(), .src = weight_.value.data(), .dst = w.data()});
+    if (grid_->i() == k) B::run(ops::copy<float>{.n = w.size(), .src = weight_.value.data(), .dst = w.data()});
     grid_->col.broadcast(std::span<float>(w), int(k));
   }
   TensorGrid<C>* grid_;

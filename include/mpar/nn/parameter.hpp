@@ -113,8 +113,8 @@ struct Parameter {
   template <mpar::detail::memory_backend B>
   void initialise(std::uint64_t seed, const InitSpec& spec) {
     const InitBlock block = allocate_block(seed, spec);
-    B::run(ops::init_values{.block = block, .x = value.data()});
-    B::run(ops::zero{.n = grad.size(), .x = grad.data()});
+    B::run(ops::init_values<float>{.block = block, .x = value.data()});
+    B::run(ops::zero<float>{.n = grad.size(), .x = grad.data()});
     grad_zeroed = true;
   }
 
@@ -165,7 +165,7 @@ struct Parameter {
 template <class B>
 void zero_grad(Parameter& p) {
   if (p.grad.size() != p.value.size()) p.grad = uninitialized_buffer<float>(p.value.size());
-  B::run(ops::zero{.n = p.grad.size(), .x = p.grad.data()});
+  B::run(ops::zero<float>{.n = p.grad.size(), .x = p.grad.data()});
   p.grad_zeroed = true;
 }
 

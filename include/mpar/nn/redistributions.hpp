@@ -76,12 +76,12 @@ template <backend B, communicator C>
   comm.all_gather(std::span<const float>(x.span()), stacked.span());
   Activation full({t, p * nl}, uninitialized);  // the copies write every column block
   for (std::size_t r = 0; r < p; ++r)
-    B::run(ops::copy_2d{.rows = t,
-                        .cols = nl,
-                        .src = stacked.data() + r * t * nl,
-                        .src_ld = nl,
-                        .dst = full.data() + r * nl,
-                        .dst_ld = p * nl});
+    B::run(ops::copy_2d<float>{.rows = t,
+                               .cols = nl,
+                               .src = stacked.data() + r * t * nl,
+                               .src_ld = nl,
+                               .dst = full.data() + r * nl,
+                               .dst_ld = p * nl});
   return full;
 }
 
@@ -92,8 +92,8 @@ template <backend B>
   require(n % p == 0, "local_features (tensor rank ", rank, "): ", n, " features cannot be split evenly over ", p,
           " tensor ranks; make the layer's width a multiple of the tensor-parallel size");
   Activation part({t, nl}, uninitialized);
-  B::run(
-      ops::copy_2d{.rows = t, .cols = nl, .src = x.data() + rank * nl, .src_ld = n, .dst = part.data(), .dst_ld = nl});
+  B::run(ops::copy_2d<float>{
+      .rows = t, .cols = nl, .src = x.data() + rank * nl, .src_ld = n, .dst = part.data(), .dst_ld = nl});
   return part;
 }
 
@@ -116,7 +116,8 @@ template <backend B, communicator C>
           p);
   Activation part({t / p, x.extent(1)}, uninitialized);
   if (part.size() != 0)
-    B::run(ops::copy{.n = part.size(), .src = x.data() + std::size_t(comm.rank()) * part.size(), .dst = part.data()});
+    B::run(ops::copy<float>{
+        .n = part.size(), .src = x.data() + std::size_t(comm.rank()) * part.size(), .dst = part.data()});
   return part;
 }
 

@@ -27,13 +27,13 @@ void all_reduce_gradients(C& comm, std::span<Parameter* const> params) {
   Buffer<float> packed = uninitialized_buffer<float>(n);  // the copies write it whole
   std::size_t at = 0;
   for (const Parameter* p : params) {
-    B::run(ops::copy{.n = p->grad.size(), .src = p->grad.data(), .dst = packed.data() + at});
+    B::run(ops::copy<float>{.n = p->grad.size(), .src = p->grad.data(), .dst = packed.data() + at});
     at += p->grad.size();
   }
   comm.all_reduce(std::span<float>(packed), ReduceOp::sum);
   at = 0;
   for (Parameter* p : params) {
-    B::run(ops::copy{.n = p->grad.size(), .src = packed.data() + at, .dst = p->grad.data()});
+    B::run(ops::copy<float>{.n = p->grad.size(), .src = packed.data() + at, .dst = p->grad.data()});
     at += p->grad.size();
   }
 }

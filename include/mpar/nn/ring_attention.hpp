@@ -163,10 +163,10 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
     s.qkv = backend_copy<B>(qkv);
     // Running maximum (the log-sum-exp at the end), running sum and unnormalised output, in rank memory.
     s.lse = Activation({h_, t}, uninitialized);
-    B::run(ops::fill{.n = s.lse.size(), .value = -std::numeric_limits<float>::infinity(), .x = s.lse.data()});
+    B::run(ops::fill<float>{.n = s.lse.size(), .value = -std::numeric_limits<float>::infinity(), .x = s.lse.data()});
     Activation l({h_, t}, uninitialized), scores({h_ * c_, c_}, uninitialized), acc({t, hl}, uninitialized);
-    B::run(ops::zero{.n = l.size(), .x = l.data()});
-    B::run(ops::zero{.n = acc.size(), .x = acc.data()});
+    B::run(ops::zero<float>{.n = l.size(), .x = l.data()});
+    B::run(ops::zero<float>{.n = acc.size(), .x = acc.data()});
     blocks_ = {};
     Ring ring(*this, pack_kv(qkv), tag_);
     for (std::size_t j = 0; j < cp_; ++j) {
@@ -214,9 +214,9 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
                                      .out = s.out.data(),
                                      .delta = delta.data()});
     Activation dqkv({t, hl + 2 * kv_cols()}, uninitialized);  // dQ accumulates in its first hl columns; dK/dV copied in
-    B::run(ops::zero{.n = dqkv.size(), .x = dqkv.data()});
+    B::run(ops::zero<float>{.n = dqkv.size(), .x = dqkv.data()});
     Activation dkv0({t, 2 * kv_cols()}, uninitialized);  // the rank's own block's dK/dV, zero at its home rank
-    B::run(ops::zero{.n = dkv0.size(), .x = dkv0.data()});
+    B::run(ops::zero<float>{.n = dkv0.size(), .x = dkv0.data()});
     Ring ring(*this, pack_kv(qkv), tag_);         // K/V of the block being worked on
     Ring grad(*this, std::move(dkv0), tag_ + 2);  // its dK/dV
     Activation p({h_ * c_, c_}, uninitialized), dp({h_ * c_, c_}, uninitialized);
@@ -238,12 +238,12 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
       grad.finish();
     }
     // The dK/dV rows into the K and V columns of dQKV: one strided copy, not one per token row.
-    B::run(ops::copy_2d{.rows = t,
-                        .cols = 2 * kv_cols(),
-                        .src = grad.current().data(),
-                        .src_ld = 2 * kv_cols(),
-                        .dst = dqkv.data() + hl,
-                        .dst_ld = hl + 2 * kv_cols()});
+    B::run(ops::copy_2d<float>{.rows = t,
+                               .cols = 2 * kv_cols(),
+                               .src = grad.current().data(),
+                               .src_ld = 2 * kv_cols(),
+                               .dst = dqkv.data() + hl,
+                               .dst_ld = hl + 2 * kv_cols()});
     return dqkv;
   }
 
@@ -302,7 +302,7 @@ class RingAttention : public detail::NoParameters, public detail::TypedLayer<Rin
   Activation pack_kv(const Activation& qkv) const {
     const std::size_t hl = h_ * d_, kw = kv_cols(), t = qkv.extent(0);
     Activation kv({t, 2 * kw}, uninitialized);
-    B::run(ops::copy_2d{
+    B::run(ops::copy_2d<float>{
         .rows = t, .cols = 2 * kw, .src = qkv.data() + hl, .src_ld = hl + 2 * kw, .dst = kv.data(), .dst_ld = 2 * kw});
     return kv;
   }

@@ -136,25 +136,25 @@ class RingGroupedQueryAttention
     const std::size_t parts[3][4] = {{gd, 0, 0, gd}, {z.d, gd, z.hl, z.d}, {z.d, gd + z.d, z.hl + kw, z.d}};
     for (const auto& [width, fused_col, core_col, core_stride] : parts) {
       if (to_fused)
-        B::run(ops::copy_2d_batched{.rows = z.tokens,
-                                    .cols = width,
-                                    .src = src + core_col,
-                                    .src_ld = z.ld,
-                                    .src_stride = BatchStrides{0, core_stride},
-                                    .dst = dst + fused_col,
-                                    .dst_ld = z.fused_ld,
-                                    .dst_stride = BatchStrides{0, z.w},
-                                    .batch = BatchExtents{1, z.kvl}});
+        B::run(ops::copy_2d_batched<float>{.rows = z.tokens,
+                                           .cols = width,
+                                           .src = src + core_col,
+                                           .src_ld = z.ld,
+                                           .src_stride = BatchStrides{0, core_stride},
+                                           .dst = dst + fused_col,
+                                           .dst_ld = z.fused_ld,
+                                           .dst_stride = BatchStrides{0, z.w},
+                                           .batch = BatchExtents{1, z.kvl}});
       else
-        B::run(ops::copy_2d_batched{.rows = z.tokens,
-                                    .cols = width,
-                                    .src = src + fused_col,
-                                    .src_ld = z.fused_ld,
-                                    .src_stride = BatchStrides{0, z.w},
-                                    .dst = dst + core_col,
-                                    .dst_ld = z.ld,
-                                    .dst_stride = BatchStrides{0, core_stride},
-                                    .batch = BatchExtents{1, z.kvl}});
+        B::run(ops::copy_2d_batched<float>{.rows = z.tokens,
+                                           .cols = width,
+                                           .src = src + fused_col,
+                                           .src_ld = z.fused_ld,
+                                           .src_stride = BatchStrides{0, z.w},
+                                           .dst = dst + core_col,
+                                           .dst_ld = z.ld,
+                                           .dst_stride = BatchStrides{0, core_stride},
+                                           .batch = BatchExtents{1, z.kvl}});
     }
   }
   /** Each local row's global position in its sequence (zig-zag chunks), in rank memory; uploaded once per token count. */

@@ -94,7 +94,7 @@ class RMSNorm : public detail::TypedLayer<RMSNorm<L, C, B>> {
     if constexpr (sequence_parallel) {
       if (!defer_) {  // this rank's share, summed over the tensor group here
         Buffer<float> g = uninitialized_buffer<float>(n_);
-        B::run(ops::zero{.n = g.size(), .x = g.data()});  // the kernel accumulates dgain
+        B::run(ops::zero<float>{.n = g.size(), .x = g.data()});  // the kernel accumulates dgain
         B::run(gradient(c, dy, dx, g.data()));
         if (comm_->size() > 1) comm_->all_reduce(std::span<float>(g), ReduceOp::sum);
         B::run(ops::add{.n = n_, .x = gain_.grad.data(), .z = g.data(), .y = gain_.grad.data()});

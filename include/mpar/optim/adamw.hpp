@@ -123,8 +123,8 @@ class AdamW {
     m_ = B::template allocate<float>(layout_.size());
     v_ = B::template allocate<float>(layout_.size());
     if (layout_.size() != 0) {
-      B::run(ops::zero{.n = layout_.size(), .x = m_.data()});
-      B::run(ops::zero{.n = layout_.size(), .x = v_.data()});
+      B::run(ops::zero<float>{.n = layout_.size(), .x = m_.data()});
+      B::run(ops::zero<float>{.n = layout_.size(), .x = v_.data()});
     }
     if (layout_.flat()) {  // the decay rule along the flat range, consecutive parameters alike merged into one run
       std::vector<DecayRun> runs;

@@ -75,7 +75,7 @@ class Sgd {
     layout_ = FlatLayout(params_);
     const std::size_t n = config_.momentum != 0.0f ? layout_.size() : 0;
     buffer_ = B::template allocate<float>(n);  // zeroed by the backend: the host never writes rank memory
-    if (n > 0) B::run(ops::zero{.n = n, .x = buffer_.data()});
+    if (n > 0) B::run(ops::zero<float>{.n = n, .x = buffer_.data()});
     factors_ = B::template allocate<UpdateFactors>(1);  // written by each step before its update reads it
   }
 

@@ -226,7 +226,7 @@ class GradBuckets {
     } else if constexpr (mpar::host_reads_rank_memory<B>)
       std::copy(p.grad.begin(), p.grad.end(), flat_[b].begin() + std::ptrdiff_t(s.offset));
     else
-      B::run(ops::copy{.n = s.size, .src = p.grad.data(), .dst = flat_[b].data() + s.offset});
+      B::run(ops::copy<float>{.n = s.size, .src = p.grad.data(), .dst = flat_[b].data() + s.offset});
     if (memory_ == BucketMemory::transient) params_[k]->grad = Buffer<float>{};  // the bucket holds it now
     marked_[k] = true;
     ++ready_[b];

@@ -75,7 +75,7 @@ class DataParallel {
         if constexpr (mpar::host_reads_rank_memory<B>) {
           for (std::size_t i = 0; i < s.size; ++i) g[i] = flat[s.offset + i] * inv;
         } else {  // the same product, by backend operations ordered after the all-reduce
-          B::run(ops::copy{.n = s.size, .src = flat.data() + s.offset, .dst = g.data()});
+          B::run(ops::copy<float>{.n = s.size, .src = flat.data() + s.offset, .dst = g.data()});
           B::run(ops::scale{.n = s.size, .factor = inv, .x = g.data()});
         }
       }

@@ -290,7 +290,7 @@ class DistributedOptimizer {
    * Starts a step whose losses the passes accumulate in rank memory (`B::accumulate` into `losses()`): both
    * zeroed by an operation, no host wait; the auxiliary loss follows with `record_aux_loss`.
    */
-  void zero_losses() { B::run(ops::zero{.n = 2, .x = losses()}); }
+  void zero_losses() { B::run(ops::zero<double>{.n = 2, .x = losses()}); }
   /** The auxiliary loss as a host value (the MoE blocks' load-balancing loss), after the passes; no host wait. */
   void record_aux_loss(double aux_loss) {
     loss_staging_[1] = aux_loss;  // rewritten only after this step's statistics read, as in record_losses

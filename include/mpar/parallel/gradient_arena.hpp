@@ -38,15 +38,15 @@ class GradientArena {
     slab_.bind(&nn::Parameter::grad, [](const nn::Parameter& p, float* slice) {
       const std::size_t n = p.value.size();
       if (p.grad.size() == n)
-        B::run(ops::copy{.n = n, .src = p.grad.data(), .dst = slice});
+        B::run(ops::copy<float>{.n = n, .src = p.grad.data(), .dst = slice});
       else
-        B::run(ops::zero{.n = n, .x = slice});
+        B::run(ops::zero<float>{.n = n, .x = slice});
     });
   }
 
   /** Zeroes every gradient of the arena with one backend operation (those still its slices: `holds`). */
   void zero() {
-    if (size() != 0) B::run(ops::zero{.n = size(), .x = data()});
+    if (size() != 0) B::run(ops::zero<float>{.n = size(), .x = data()});
     for (auto* p : params())
       if (holds(*p)) p->grad_zeroed = true;
   }

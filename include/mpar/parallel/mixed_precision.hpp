@@ -62,7 +62,7 @@ class ComputeCopies {
       const std::size_t n = params_[i]->local_size();
       // rank memory the conversion overwrites whole: allocated without a host fill
       if (copies_[i].size() != n) copies_[i] = B::template allocate<T>(n);
-      if (n) B::run(ops::convert{.n = n, .src = params_[i]->value.data(), .dst = copies_[i].data()});
+      if (n) B::run(ops::convert<float, T>{.n = n, .src = params_[i]->value.data(), .dst = copies_[i].data()});
     }
   }
 
@@ -76,7 +76,8 @@ class ComputeCopies {
     require(out.size() == c.size(), "ComputeCopies::widen_into: copy ", i, " has ", c.size(), " values, the target ",
             out.size());
     if (!c.empty())
-      B::run(ops::convert{.n = c.size(), .src = c.data(), .dst = out.data()});  // exact: every 16-bit value is a float
+      B::run(ops::convert<T, float>{
+          .n = c.size(), .src = c.data(), .dst = out.data()});  // exact: every 16-bit value is a float
   }
   void add_grad(std::size_t i, std::span<const T> g) { accumulate_into<T>(g, params_.at(i)->grad); }
   [[nodiscard]] std::size_t size() const { return params_.size(); }

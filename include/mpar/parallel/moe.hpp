@@ -240,7 +240,7 @@ class MoeMlp {
     st.tokens = tokens;
     st.capacity = C;
     st.x = uninitialized_buffer<float>(tokens * d);
-    B::run(ops::copy{.n = tokens * d, .src = x.data(), .dst = st.x.data()});
+    B::run(ops::copy<float>{.n = tokens * d, .src = x.data(), .dst = st.x.data()});
     // 1. gate (fp32)
     Buffer<float> logits = uninitialized_buffer<float>(tokens * E);
     B::run(ops::gemm<float>{.ta = Trans::no,
@@ -311,7 +311,7 @@ class MoeMlp {
     // 5. combine
     st.out = uninitialized_buffer<float>(slots * d);
     comm_->all_to_all(std::span<const float>(expert_out), std::span<float>(st.out));
-    B::run(ops::zero{.n = tokens * d, .x = y.data()});
+    B::run(ops::zero<float>{.n = tokens * d, .x = y.data()});
     B::run(ops::scatter_add_rows{.rows = slots,
                                  .d = d,
                                  .index = st.slot_token.data(),
@@ -320,8 +320,8 @@ class MoeMlp {
                                  .dst = y.data()});
     // what aux_loss() and dropped() read, if asked
     if (last_.empty()) last_ = uninitialized_buffer<float>(2);
-    B::run(ops::copy{.n = 1, .src = st.aux.data(), .dst = last_.data()});
-    B::run(ops::copy{.n = 1, .src = st.stats.data() + 2 * E + 1, .dst = last_.data() + 1});
+    B::run(ops::copy<float>{.n = 1, .src = st.aux.data(), .dst = last_.data()});
+    B::run(ops::copy<float>{.n = 1, .src = st.stats.data() + 2 * E + 1, .dst = last_.data() + 1});
     last_capacity_ = C;
   }
 
@@ -353,7 +353,7 @@ class MoeMlp {
     if (expert_tensor_) expert_tensor_->all_reduce(std::span<float>(expert_dx), ReduceOp::sum);
     Buffer<float> dxin = uninitialized_buffer<float>(slots * d);
     comm_->all_to_all(std::span<const float>(expert_dx), std::span<float>(dxin));
-    B::run(ops::zero{.n = T * d, .x = dx.data()});
+    B::run(ops::zero<float>{.n = T * d, .x = dx.data()});
     B::run(ops::scatter_add_rows{
         .rows = slots, .d = d, .index = st.slot_token.data(), .src = dxin.data(), .dst = dx.data()});  // weight 1
     // gate: the combine weights' gradients and the load-balancing loss's, d aux / d probs[t, e] = alpha E f_e / G
@@ -423,22 +423,22 @@ class MoeMlp {
    */
   void gather_expert_rows(std::size_t l, std::size_t C, const float* received, float* expert_rows) const {
     const std::size_t d = cfg_.d_model, block = C * d;
-    B::run(ops::copy_2d{.rows = std::size_t(comm_->size()),
-                        .cols = block,
-                        .src = received + l * block,
-                        .src_ld = local_experts_ * block,
-                        .dst = expert_rows,
-                        .dst_ld = block});
+    B::run(ops::copy_2d<float>{.rows = std::size_t(comm_->size()),
+                               .cols = block,
+                               .src = received + l * block,
+                               .src_ld = local_experts_ * block,
+                               .dst = expert_rows,
+                               .dst_ld = block});
   }
   /** The inverse of `gather_expert_rows`: expert l's [q][C] rows back to their places among the received rows. */
   void scatter_expert_rows(std::size_t l, std::size_t C, const float* expert_rows, float* received) const {
     const std::size_t d = cfg_.d_model, block = C * d;
-    B::run(ops::copy_2d{.rows = std::size_t(comm_->size()),
-                        .cols = block,
-                        .src = expert_rows,
-                        .src_ld = block,
-                        .dst = received + l * block,
-                        .dst_ld = local_experts_ * block});
+    B::run(ops::copy_2d<float>{.rows = std::size_t(comm_->size()),
+                               .cols = block,
+                               .src = expert_rows,
+                               .src_ld = block,
+                               .dst = received + l * block,
+                               .dst_ld = local_experts_ * block});
   }
 
   /** Expert l's rows through its d_ff slice: `out` holds the slots' outputs (partial sums with etp > 1). */
@@ -489,20 +489,20 @@ class MoeMlp {
   void gemm_xw(nn::ComputeType t, Trans tx, Trans tw, std::size_t m, std::size_t n, std::size_t k,
                std::span<const float> x, std::size_t ldx, const nn::Parameter& w, nn::HalfWeight& w16,
                std::size_t offset, std::size_t ldw, float beta, float* c, std::size_t ldc) {
-    // The same product over fp32 operands or their 16-bit copies (element types deduced from a and b).
-    const auto product = [&](const auto* a, const auto* b) {
-      B::run(ops::gemm{.ta = tx,
-                       .tb = tw,
-                       .m = m,
-                       .n = n,
-                       .k = k,
-                       .a = a,
-                       .lda = ldx,
-                       .b = b,
-                       .ldb = ldw,
-                       .beta = beta,
-                       .c = c,
-                       .ldc = ldc});
+    // The same product over fp32 operands or their 16-bit copies (element type In).
+    const auto product = [&]<class In>(const In* a, const In* b) {
+      B::run(ops::gemm<In, float>{.ta = tx,
+                                  .tb = tw,
+                                  .m = m,
+                                  .n = n,
+                                  .k = k,
+                                  .a = a,
+                                  .lda = ldx,
+                                  .b = b,
+                                  .ldb = ldw,
+                                  .beta = beta,
+                                  .c = c,
+                                  .ldc = ldc});
     };
     if (t == nn::ComputeType::fp32) return product(x.data(), w.value.data() + offset);
     nn::detail::with_half(t, [&]<class T>(T) {
@@ -514,19 +514,19 @@ class MoeMlp {
   void gemm_xy(nn::ComputeType t, Trans tx, Trans ty, std::size_t m, std::size_t n, std::size_t k,
                std::span<const float> x, std::size_t ldx, std::span<const float> y, std::size_t ldy, float* c,
                std::size_t ldc) {
-    const auto product = [&](const auto* a, const auto* b) {
-      B::run(ops::gemm{.ta = tx,
-                       .tb = ty,
-                       .m = m,
-                       .n = n,
-                       .k = k,
-                       .a = a,
-                       .lda = ldx,
-                       .b = b,
-                       .ldb = ldy,
-                       .beta = 1.0f,
-                       .c = c,
-                       .ldc = ldc});
+    const auto product = [&]<class In>(const In* a, const In* b) {
+      B::run(ops::gemm<In, float>{.ta = tx,
+                                  .tb = ty,
+                                  .m = m,
+                                  .n = n,
+                                  .k = k,
+                                  .a = a,
+                                  .lda = ldx,
+                                  .b = b,
+                                  .ldb = ldy,
+                                  .beta = 1.0f,
+                                  .c = c,
+                                  .ldc = ldc});
     };
     if (t == nn::ComputeType::fp32) return product(x.data(), y.data());
     nn::detail::with_half(t, [&]<class T>(T) {

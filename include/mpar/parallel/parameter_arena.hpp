@@ -33,7 +33,7 @@ class ParameterArena {
   explicit ParameterArena(std::vector<nn::Parameter*> order, MemoryResource& upstream = current_memory_resource())
       : slab_(std::move(order), upstream, "ParameterArena", "parameter arena") {
     slab_.bind(&nn::Parameter::value, [](const nn::Parameter& p, float* slice) {
-      B::run(ops::copy{.n = p.value.size(), .src = p.value.data(), .dst = slice});
+      B::run(ops::copy<float>{.n = p.value.size(), .src = p.value.data(), .dst = slice});
     });
   }
 

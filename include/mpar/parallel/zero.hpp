@@ -117,8 +117,8 @@ class ZeroAdamW {
     v_ = B::template allocate<float>(n);
     w_ = B::template allocate<float>(n);
     if (n != 0) {
-      B::run(ops::zero{.n = n, .x = m_.data()});
-      B::run(ops::zero{.n = n, .x = v_.data()});
+      B::run(ops::zero<float>{.n = n, .x = m_.data()});
+      B::run(ops::zero<float>{.n = n, .x = v_.data()});
     }
     decay_runs_ = B::template allocate<DecayRun>(runs.size());
     if (!runs.empty()) mpar::copy_to_rank<B>(runs.data(), decay_runs_.data(), runs.size());
@@ -286,7 +286,7 @@ class ZeroAdamW {
         auto& p = *buckets_.params()[s.param];
         if (p.grad.size() == s.size) continue;
         p.grad = uninitialized_buffer<float>(s.size);
-        B::run(ops::zero{.n = s.size, .x = p.grad.data()});
+        B::run(ops::zero<float>{.n = s.size, .x = p.grad.data()});
         p.grad_zeroed = true;
       }
   }
@@ -376,8 +376,8 @@ class ZeroAdamW {
       (this->*round_gathered_)(b);
     else
       for (const auto& s : buckets_.bucket(b).slots)
-        B::run(
-            ops::copy{.n = s.size, .src = full_[b].data() + s.offset, .dst = buckets_.params()[s.param]->value.data()});
+        B::run(ops::copy<float>{
+            .n = s.size, .src = full_[b].data() + s.offset, .dst = buckets_.params()[s.param]->value.data()});
     full_[b] = Buffer<float>{};
   }
   /** Stage 3: one user fewer of bucket `b`; the last frees its parameters' values. */
@@ -405,7 +405,8 @@ class ZeroAdamW {
         const auto& prm = *buckets_.params()[pc.param];
         require(prm.value.size() > pc.param_offset, "ZeroAdamW::store_gathered: parameter ", prm.name,
                 " is not gathered");
-        B::run(ops::copy{.n = pc.size, .src = prm.value.data() + pc.param_offset, .dst = w_.data() + pc.shard_offset});
+        B::run(ops::copy<float>{
+            .n = pc.size, .src = prm.value.data() + pc.param_offset, .dst = w_.data() + pc.shard_offset});
       }
   }
   /**
@@ -459,7 +460,7 @@ class ZeroAdamW {
     if constexpr (mpar::host_reads_rank_memory<B>)
       std::copy_n(from, n, to);
     else
-      B::run(ops::copy{.n = n, .src = from, .dst = to});
+      B::run(ops::copy<float>{.n = n, .src = from, .dst = to});
   }
 
   /** This rank's weight block of bucket `b` (stage 3: its fp32 master), a range of `w_`. */
@@ -476,10 +477,10 @@ class ZeroAdamW {
   void widen_rounded(std::size_t b) {
     const Bucket& bk = buckets_.bucket(b);
     Buffer<T> rounded = B::template allocate<T>(bk.size);  // written whole by the conversion
-    if (bk.size != 0) B::run(ops::convert{.n = bk.size, .src = full_[b].data(), .dst = rounded.data()});
+    if (bk.size != 0) B::run(ops::convert<float, T>{.n = bk.size, .src = full_[b].data(), .dst = rounded.data()});
     for (const auto& s : bk.slots)
       if (s.size != 0)
-        B::run(ops::convert{
+        B::run(ops::convert<T, float>{
             .n = s.size, .src = rounded.data() + s.offset, .dst = buckets_.params()[s.param]->value.data()});
   }
 
@@ -494,7 +495,8 @@ class ZeroAdamW {
           std::copy_n(value.begin() + std::ptrdiff_t(pc.param_offset), pc.size,
                       w_.begin() + std::ptrdiff_t(pc.shard_offset));
         else
-          B::run(ops::copy{.n = pc.size, .src = value.data() + pc.param_offset, .dst = w_.data() + pc.shard_offset});
+          B::run(ops::copy<float>{
+              .n = pc.size, .src = value.data() + pc.param_offset, .dst = w_.data() + pc.shard_offset});
       }
     users_.assign(buckets_.bucket_count(), 0);
     gathering_.resize(buckets_.bucket_count());

@@ -87,13 +87,13 @@ class WeightLag {
       const nn::Parameter& p = *versioned_[k];
       const auto& now = p.value;
       if (previous_[k].size() != now.size()) previous_[k] = uninitialized_buffer<float>(now.size());
-      B::run(ops::copy{.n = now.size(), .src = now.data(), .dst = previous_[k].data()});
+      B::run(ops::copy<float>{.n = now.size(), .src = now.data(), .dst = previous_[k].data()});
       if (p.bf16_copy.empty()) {
         prev_bf16_[k] = {};  // outside passes: rounded at its first swap
         continue;
       }
       if (prev_bf16_[k].size() != p.bf16_copy.size()) prev_bf16_[k] = uninitialized_buffer<bf16>(p.bf16_copy.size());
-      B::run(ops::copy{.n = p.bf16_copy.size(), .src = p.bf16_copy.data(), .dst = prev_bf16_[k].data()});
+      B::run(ops::copy<bf16>{.n = p.bf16_copy.size(), .src = p.bf16_copy.data(), .dst = prev_bf16_[k].data()});
     }
   }
   /** Drops the older version (after loading weights: the next step's passes run on them, lag 0). */
@@ -134,9 +134,10 @@ class WeightLag {
     const nn::Parameter& p = *versioned_[k];
     auto& older = p.value;  // swapped in: the older values
     prev_bf16_[k] = uninitialized_buffer<bf16>(older.size());
-    B::run(ops::convert{.n = older.size(), .src = older.data(), .dst = prev_bf16_[k].data()});
+    B::run(ops::convert<float, bf16>{.n = older.size(), .src = older.data(), .dst = prev_bf16_[k].data()});
     if (!p.gemm_operand_only)
-      B::run(ops::convert{.n = older.size(), .src = prev_bf16_[k].data(), .dst = versioned_[k]->value.data()});
+      B::run(ops::convert<bf16, float>{
+          .n = older.size(), .src = prev_bf16_[k].data(), .dst = versioned_[k]->value.data()});
   }
   void swap_all() {
     for (std::size_t k = 0; k < versioned_.size(); ++k) std::swap(versioned_[k]->value, previous_[k]);

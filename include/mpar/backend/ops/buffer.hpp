@@ -1,7 +1,7 @@
 #pragma once
 /**
  * @file The buffer operations on rank memory (`ops::zero`, `fill`, `copy`, `copy_2d`, `copy_2d_batched`, `convert`,
- * `init_values`), class templates over their element types, deduced from the operands at the call, with their host
+ * `init_values`), class templates over their element types, named at the call, with their host
  * reference (backend/host/buffer_ops.hpp). See backend/ops/operation.hpp.
  *
  * With them no host loop touches rank memory: a layer zeroes, fills, copies, converts and initialises its buffers
