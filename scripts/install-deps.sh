@@ -3,7 +3,7 @@
 # Works as root or through sudo. clang and its runtime libraries (libFuzzer, sanitizers) build the
 # fuzz targets of tests/fuzz, which CI runs; clang-format checks the formatted files (scripts/check-format.sh).
 set -euo pipefail
-packages=(cmake g++ make catch2 libopenblas-dev libdnnl-dev libopenmpi-dev openmpi-bin clang libclang-rt-dev clang-format)
+packages=(cmake g++ make ninja-build catch2 libopenblas-dev libdnnl-dev libopenmpi-dev openmpi-bin clang libclang-rt-dev clang-format)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
